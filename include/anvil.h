@@ -1,0 +1,116 @@
+/*
+ * anvil — an LLM inference engine for the Qwen3 family.
+ *
+ * The public C API. Every handle is opaque and comes with a create/destroy pair; every
+ * fallible call returns an anvil_status and passes results through out-parameters. When a
+ * call fails, anvil_last_error() (per thread) holds a one-line message naming the file and
+ * the problem; handles also keep their own last error (anvil_model_errmsg, ...).
+ *
+ * Usage:
+ *
+ *     anvil_model *model;
+ *     if (anvil_model_open("Qwen3-0.6B/", NULL, &model) != ANVIL_OK) {
+ *         fprintf(stderr, "%s\n", anvil_last_error());
+ *         return 1;
+ *     }
+ *     anvil_session_params sp = anvil_session_default_params();
+ *     anvil_session *s;
+ *     if (anvil_session_create(model, &sp, &s) != ANVIL_OK) { ... }
+ *     int32_t prompt[] = {9707, 11, 1879};
+ *     float *logits = malloc(sizeof(float) * anvil_model_vocab_size(model));
+ *     anvil_session_eval(s, prompt, 3, ANVIL_LOGITS_LAST, logits);
+ *     ...
+ *     anvil_session_destroy(s);
+ *     anvil_model_close(model);
+ */
+#ifndef ANVIL_H
+#define ANVIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum anvil_status {
+    ANVIL_OK = 0,
+    ANVIL_ERR_INVALID_ARG,  /* the caller passed something that cannot be right */
+    ANVIL_ERR_IO,           /* a file could not be opened, read or mapped */
+    ANVIL_ERR_FORMAT,       /* a file is malformed: bad header, sizes, offsets, json */
+    ANVIL_ERR_UNSUPPORTED,  /* well-formed, but anvil does not handle it (architecture, type) */
+    ANVIL_ERR_NOMEM,        /* host or device memory exhausted */
+    ANVIL_ERR_BACKEND,      /* the compute backend failed (device lost, driver error) */
+    ANVIL_ERR_RANGE,        /* context full, token id out of range, ... */
+} anvil_status;
+
+/* The last error message of the calling thread; never NULL. Valid until the next failing call. */
+const char *anvil_last_error(void);
+/* A static name for a status code. */
+const char *anvil_status_str(anvil_status s);
+
+typedef struct anvil_model anvil_model;
+typedef struct anvil_session anvil_session;
+
+typedef struct anvil_model_params {
+    int n_threads; /* CPU threads for loading and the CPU backend; 0 = all cores */
+} anvil_model_params;
+
+/*
+ * Opens a model: a Hugging Face directory (config.json + model.safetensors or shards), a
+ * .gguf file, or "synthetic:NAME[:TYPE]" (random weights of a real shape, e.g.
+ * "synthetic:qwen3-0.6b:bf16"). params may be NULL. The model maps its files; the caller
+ * frees it with anvil_model_close.
+ */
+anvil_status anvil_model_open(const char *path, const anvil_model_params *params,
+                              anvil_model **out);
+void anvil_model_close(anvil_model *model);
+const char *anvil_model_errmsg(const anvil_model *model);
+int32_t anvil_model_vocab_size(const anvil_model *model);
+/* Writes a human-readable description (architecture, shapes, tensor types and bytes) into
+ * buf (NUL-terminated, truncated to cap). Returns the length it needed. */
+size_t anvil_model_describe(const anvil_model *model, char *buf, size_t cap);
+
+typedef enum anvil_backend_kind {
+    ANVIL_BACKEND_AUTO = 0, /* Vulkan when a device is present, else CPU */
+    ANVIL_BACKEND_CPU,
+    ANVIL_BACKEND_VULKAN,
+} anvil_backend_kind;
+
+typedef struct anvil_session_params {
+    anvil_backend_kind backend;
+    int device;     /* Vulkan device index; -1 = best (or ANVIL_DEVICE) */
+    int n_ctx;      /* context length (KV cache size); 0 = min(model's, 4096) */
+    int n_threads;  /* CPU backend threads; 0 = all cores */
+} anvil_session_params;
+
+anvil_session_params anvil_session_default_params(void);
+/* Creates a session on model (which must outlive it): caches, backend, programs. */
+anvil_status anvil_session_create(anvil_model *model, const anvil_session_params *params,
+                                  anvil_session **out);
+void anvil_session_destroy(anvil_session *s);
+const char *anvil_session_errmsg(const anvil_session *s);
+/* The backend the session runs on: "cpu" or "vulkan". */
+const char *anvil_session_backend_name(const anvil_session *s);
+
+typedef enum anvil_logits_mode {
+    ANVIL_LOGITS_NONE = 0, /* only advance the cache */
+    ANVIL_LOGITS_LAST,     /* logits_out holds [vocab]: the last token's row */
+    ANVIL_LOGITS_ALL,      /* logits_out holds [n_tokens, vocab] */
+} anvil_logits_mode;
+
+/*
+ * Feeds n tokens at the session's current position (a prompt, or one decode token) and
+ * advances the position by n. logits_out is caller-owned, sized by mode.
+ */
+anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
+                                anvil_logits_mode mode, float *logits_out);
+/* Tokens in the cache so far. */
+int anvil_session_position(const anvil_session *s);
+/* Forgets the cache: the next eval starts at position 0. */
+void anvil_session_reset(anvil_session *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,416 @@
+/*
+ * The CPU backend: the reference executor. Simple and obviously correct, in float32 from
+ * the stored weights (dequantised one row of blocks at a time), multithreaded over rows and
+ * heads. Every other backend is checked against it.
+ *
+ * A program is the graph plus a static memory plan: each computed node gets a buffer at
+ * compile time, reused once the node's last consumer has run, so a run allocates nothing.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "backends/backend.h"
+#include "quant/quant.h"
+
+struct cpu_state {
+    int64_t ne[MAX_DIMS];
+    float *data;
+};
+
+struct cpu_backend {
+    struct backend base;
+    struct thread_pool *pool;
+    struct cpu_state *states;
+    int n_states;
+};
+
+struct cpu_program {
+    struct cpu_backend *b;
+    struct graph g;      /* a copy of the compiled graph's nodes */
+    float **bufs;        /* per node: its values (NULL for weights and tokens) */
+    float **slabs;       /* the distinct allocations behind bufs */
+    int n_slabs;
+    float *scratch;      /* per thread: max_k floats of dequantised weight rows */
+    int64_t scratch_per_thread;
+    /* the run's inputs */
+    const int32_t *tokens;
+    int pos0;
+};
+
+#define MATMUL_ROWS 8 /* weight rows dequantised together, reused across all T inputs */
+
+/* ---- kernels ---- */
+
+static float dot(const float *a, const float *b, int64_t n) {
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+struct matmul_job {
+    const float *x;  /* {K, T} */
+    const uint8_t *w; /* {K, N} rows of row_bytes */
+    float *out;      /* {N, T} */
+    int64_t K, N, T;
+    size_t row_bytes;
+    dequantize_row_fn to_f32;
+    struct cpu_program *p;
+};
+
+static void matmul_rows(void *ctx, int64_t begin, int64_t end, int thread) {
+    struct matmul_job *j = ctx;
+    float *rows = j->p->scratch + (size_t)thread * (size_t)j->p->scratch_per_thread;
+    for (int64_t n0 = begin * MATMUL_ROWS; n0 < MIN(end * MATMUL_ROWS, j->N); n0 += MATMUL_ROWS) {
+        int64_t nr = MIN(MATMUL_ROWS, j->N - n0);
+        for (int64_t r = 0; r < nr; r++)
+            j->to_f32(j->w + (size_t)(n0 + r) * j->row_bytes, rows + r * j->K, j->K);
+        for (int64_t t = 0; t < j->T; t++) {
+            const float *xt = j->x + t * j->K;
+            for (int64_t r = 0; r < nr; r++) j->out[t * j->N + n0 + r] = dot(xt, rows + r * j->K, j->K);
+        }
+    }
+}
+
+static void op_matmul(struct cpu_program *p, const struct node *n, const float *x,
+                      const struct tensor_info *w, float *out) {
+    struct matmul_job j = {x, w->data, out, w->ne[0], w->ne[1], node_nelem(n) / w->ne[1], 0,
+                           dtype_traits(w->type)->to_f32, p};
+    dtype_row_size(w->type, w->ne[0], &j.row_bytes);
+    int64_t groups = (j.N + MATMUL_ROWS - 1) / MATMUL_ROWS;
+    thread_pool_for(p->b->pool, groups, 1, matmul_rows, &j);
+}
+
+static void op_embed(const struct tensor_info *w, const int32_t *tokens, int64_t T, float *out) {
+    size_t row_bytes;
+    dtype_row_size(w->type, w->ne[0], &row_bytes);
+    for (int64_t t = 0; t < T; t++)
+        dtype_traits(w->type)->to_f32((const uint8_t *)w->data + (size_t)tokens[t] * row_bytes,
+                                      out + t * w->ne[0], w->ne[0]);
+}
+
+static void op_rms_norm(const struct node *n, const float *x, const float *w, float *out) {
+    int64_t D = n->ne[0], rows = node_nelem(n) / D;
+    float eps = n->p.f[0], add = n->p.i[0] ? 1.0f : 0.0f;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * D;
+        float ss = dot(xr, xr, D);
+        float inv = 1.0f / sqrtf(ss / (float)D + eps);
+        for (int64_t i = 0; i < D; i++) out[r * D + i] = xr[i] * inv * (w[i] + add);
+    }
+}
+
+static void op_rope(const struct node *n, const float *x, int pos0, float *out) {
+    int64_t D = n->ne[0], H = n->ne[1], T = n->ne[2];
+    int n_rot = n->p.i[0], half = n_rot / 2;
+    double theta = n->p.f[0];
+    for (int64_t t = 0; t < T; t++) {
+        double pos = (double)(pos0 + t);
+        for (int i = 0; i < half; i++) {
+            double freq = pow(theta, -2.0 * i / n_rot);
+            float c = (float)cos(pos * freq), s = (float)sin(pos * freq);
+            for (int64_t h = 0; h < H; h++) {
+                const float *xh = x + (t * H + h) * D;
+                float *oh = out + (t * H + h) * D;
+                float a = xh[i], b = xh[i + half];
+                oh[i] = a * c - b * s;
+                oh[i + half] = b * c + a * s;
+            }
+        }
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = n_rot; i < D; i++) out[(t * H + h) * D + i] = x[(t * H + h) * D + i];
+    }
+}
+
+struct attn_job {
+    const float *q;       /* {D, H, T} */
+    const float *kc, *vc; /* {D, Hkv, S} */
+    float *out;           /* {Dv, H, T} */
+    int64_t D, Dv, H, Hkv, T;
+    int pos0;
+    float scale;
+    struct cpu_program *p;
+};
+
+static void attn_heads(void *ctx, int64_t begin, int64_t end, int thread) {
+    struct attn_job *j = ctx;
+    float *scores = j->p->scratch + (size_t)thread * (size_t)j->p->scratch_per_thread;
+    for (int64_t th = begin; th < end; th++) {
+        int64_t t = th / j->H, h = th % j->H, hk = h / (j->H / j->Hkv);
+        int64_t n_kv = j->pos0 + t + 1;
+        const float *q = j->q + (t * j->H + h) * j->D;
+        float mx = -INFINITY;
+        for (int64_t s = 0; s < n_kv; s++) {
+            scores[s] = dot(q, j->kc + (s * j->Hkv + hk) * j->D, j->D) * j->scale;
+            mx = fmaxf(mx, scores[s]);
+        }
+        float sum = 0;
+        for (int64_t s = 0; s < n_kv; s++) sum += scores[s] = expf(scores[s] - mx);
+        float *o = j->out + (t * j->H + h) * j->Dv;
+        for (int64_t i = 0; i < j->Dv; i++) o[i] = 0;
+        for (int64_t s = 0; s < n_kv; s++) {
+            const float *v = j->vc + (s * j->Hkv + hk) * j->Dv;
+            float w = scores[s] / sum;
+            for (int64_t i = 0; i < j->Dv; i++) o[i] += w * v[i];
+        }
+    }
+}
+
+static void op_attention(struct cpu_program *p, const struct node *n, const float *q,
+                         const float *k, const float *v, struct cpu_state *kc,
+                         struct cpu_state *vc, float *out) {
+    const struct node *qn = &p->g.nodes[n->src[0]], *kn = &p->g.nodes[n->src[1]];
+    int64_t D = qn->ne[0], H = qn->ne[1], T = qn->ne[2], Hkv = kn->ne[1], Dv = n->ne[0];
+    for (int64_t t = 0; t < T; t++) {
+        memcpy(kc->data + (p->pos0 + t) * Hkv * D, k + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
+        memcpy(vc->data + (p->pos0 + t) * Hkv * Dv, v + t * Hkv * Dv, (size_t)(Hkv * Dv) * sizeof(float));
+    }
+    struct attn_job j = {q, kc->data, vc->data, out, D, Dv, H, Hkv, T, p->pos0, n->p.f[0], p};
+    thread_pool_for(p->b->pool, H * T, 1, attn_heads, &j);
+}
+
+/* ---- programs ---- */
+
+static anvil_status cpu_run(struct program *prog, const int32_t *tokens, int pos0, float *out) {
+    struct cpu_program *p = (struct cpu_program *)prog;
+    p->tokens = tokens;
+    p->pos0 = pos0;
+    for (int i = 0; i < p->g.n_nodes; i++) {
+        const struct node *n = &p->g.nodes[i];
+        float *o = p->bufs[i];
+        const float *s0 = n->src[0] >= 0 ? p->bufs[n->src[0]] : NULL;
+        const float *s1 = n->src[1] >= 0 ? p->bufs[n->src[1]] : NULL;
+        switch (n->op) {
+        case OP_TOKENS:
+        case OP_WEIGHT:
+        case OP_STATE:
+        case OP_RESHAPE:
+            break;
+        case OP_EMBED:
+            op_embed(p->g.nodes[n->src[0]].weight, tokens, n->ne[1], o);
+            break;
+        case OP_RMS_NORM:
+            op_rms_norm(n, s0, s1, o);
+            break;
+        case OP_MATMUL:
+            op_matmul(p, n, s0, p->g.nodes[n->src[1]].weight, o);
+            break;
+        case OP_ROPE:
+            op_rope(n, s0, pos0, o);
+            break;
+        case OP_ATTENTION:
+            op_attention(p, n, s0, s1, p->bufs[n->src[2]],
+                         &p->b->states[p->g.nodes[n->src[3]].state],
+                         &p->b->states[p->g.nodes[n->src[4]].state], o);
+            break;
+        case OP_SWIGLU:
+            for (int64_t e = 0; e < node_nelem(n); e++) o[e] = s0[e] / (1.0f + expf(-s0[e])) * s1[e];
+            break;
+        case OP_ADD:
+            for (int64_t e = 0; e < node_nelem(n); e++) o[e] = s0[e] + s1[e];
+            break;
+        case OP_ROWS:
+            memcpy(o, s0 + n->p.i[0] * n->ne[0], (size_t)node_nelem(n) * sizeof(float));
+            break;
+        case OP_COUNT:
+            return err_set(ANVIL_ERR_BACKEND, "cpu: bad op");
+        }
+    }
+    if (out) {
+        const struct node *on = &p->g.nodes[p->g.output];
+        memcpy(out, p->bufs[p->g.output], (size_t)node_nelem(on) * sizeof(float));
+    }
+    return ANVIL_OK;
+}
+
+static void cpu_program_destroy(struct program *prog) {
+    struct cpu_program *p = (struct cpu_program *)prog;
+    if (!p) return;
+    for (int i = 0; i < p->n_slabs; i++) free(p->slabs[i]);
+    free(p->slabs);
+    free(p->bufs);
+    free(p->scratch);
+    graph_free(&p->g);
+    free(p);
+}
+
+/* Leaf weights the CPU reads must be of a type it can dequantise. */
+static anvil_status check_weight(const struct node *n) {
+    if (!dtype_supported(n->weight->type))
+        return err_set(ANVIL_ERR_UNSUPPORTED, "%s: tensor %s has type %s, which the CPU backend "
+                       "cannot compute with", n->weight->file, n->weight->name,
+                       dtype_name(n->weight->type));
+    return ANVIL_OK;
+}
+
+static anvil_status bind_state(struct cpu_backend *b, const struct node *n) {
+    if (n->state < b->n_states) {
+        struct cpu_state *s = &b->states[n->state];
+        if (memcmp(s->ne, n->ne, sizeof s->ne) != 0)
+            return err_set(ANVIL_ERR_BACKEND, "cpu: state %s redeclared with another shape", n->name);
+        return ANVIL_OK;
+    }
+    if (n->state != b->n_states) return err_set(ANVIL_ERR_BACKEND, "cpu: states out of order");
+    struct cpu_state *ns = realloc(b->states, (size_t)(b->n_states + 1) * sizeof *ns);
+    if (!ns) return err_set(ANVIL_ERR_NOMEM, "out of memory");
+    b->states = ns;
+    struct cpu_state *s = &b->states[b->n_states];
+    memcpy(s->ne, n->ne, sizeof s->ne);
+    s->data = calloc((size_t)node_nelem(n), sizeof(float));
+    if (!s->data)
+        return err_set(ANVIL_ERR_NOMEM, "cpu: cannot allocate %.1f MiB for %s",
+                       (double)node_nelem(n) * 4 / (1 << 20), n->name);
+    b->n_states++;
+    return ANVIL_OK;
+}
+
+static anvil_status cpu_compile(struct backend *base, const struct graph *g, struct program **out) {
+    struct cpu_backend *b = (struct cpu_backend *)base;
+    *out = NULL;
+    struct cpu_program *p = xcalloc(1, sizeof *p);
+    if (!p) return ANVIL_ERR_NOMEM;
+    p->b = b;
+    anvil_status st = graph_init(&p->g, g->n_tokens);
+    int n = g->n_nodes;
+    int *last_use = NULL, *root = NULL, *slab_of = NULL;
+    int64_t *slab_size = NULL;
+    bool *slab_free = NULL;
+    if (st != ANVIL_OK) goto fail;
+    free(p->g.nodes);
+    p->g = *g;
+    p->g.nodes = xmalloc((size_t)n * sizeof *p->g.nodes);
+    p->g.cap_nodes = n;
+    p->bufs = xcalloc((size_t)n, sizeof *p->bufs);
+    p->slabs = xcalloc((size_t)n, sizeof *p->slabs);
+    last_use = xmalloc((size_t)n * sizeof *last_use);
+    root = xmalloc((size_t)n * sizeof *root);
+    slab_of = xmalloc((size_t)n * sizeof *slab_of);
+    slab_size = xcalloc((size_t)n, sizeof *slab_size);
+    slab_free = xcalloc((size_t)n, sizeof *slab_free);
+    if (!p->g.nodes || !p->bufs || !p->slabs || !last_use || !root || !slab_of || !slab_size ||
+        !slab_free) {
+        st = ANVIL_ERR_NOMEM;
+        goto fail;
+    }
+    memcpy(p->g.nodes, g->nodes, (size_t)n * sizeof *p->g.nodes);
+
+    /* reshapes alias their source: plan on the root node */
+    int64_t max_k = 1;
+    for (int i = 0; i < n; i++) {
+        const struct node *nd = &p->g.nodes[i];
+        root[i] = nd->op == OP_RESHAPE ? root[nd->src[0]] : i;
+        last_use[i] = i;
+        for (int s = 0; s < GRAPH_MAX_SRC; s++)
+            if (nd->src[s] >= 0) last_use[root[nd->src[s]]] = i;
+        if (nd->op == OP_WEIGHT && (st = check_weight(nd)) != ANVIL_OK) goto fail;
+        if (nd->op == OP_STATE && (st = bind_state(b, nd)) != ANVIL_OK) goto fail;
+        if (nd->op == OP_MATMUL) max_k = MAX(max_k, nd->ne[1] ? p->g.nodes[nd->src[0]].ne[0] * MATMUL_ROWS : 1);
+        if (nd->op == OP_ATTENTION) max_k = MAX(max_k, p->g.nodes[nd->src[3]].ne[2]);
+    }
+    last_use[root[g->output]] = n; /* the output survives the run */
+
+    /* greedy plan: best-fitting free slab, else a new one */
+    for (int i = 0; i < n; i++) {
+        const struct node *nd = &p->g.nodes[i];
+        slab_of[i] = -1;
+        if (nd->op == OP_STATE) {
+            p->bufs[i] = b->states[nd->state].data;
+            continue;
+        }
+        if (nd->op == OP_TOKENS) continue;
+        if (nd->op == OP_WEIGHT) {
+            /* matmul and embed read weights in place; small ones read elementwise (norms)
+             * get a float32 copy */
+            bool elementwise = false;
+            for (int c = i + 1; c < n; c++)
+                for (int s = 0; s < GRAPH_MAX_SRC; s++)
+                    if (p->g.nodes[c].src[s] == i && p->g.nodes[c].op != OP_MATMUL &&
+                        p->g.nodes[c].op != OP_EMBED)
+                        elementwise = true;
+            if (!elementwise) continue;
+            float *f = malloc((size_t)node_nelem(nd) * sizeof(float));
+            if (!f) {
+                st = err_set(ANVIL_ERR_NOMEM, "cpu: out of memory");
+                goto fail;
+            }
+            p->slabs[p->n_slabs] = f;
+            slab_size[p->n_slabs++] = 0; /* never reused */
+            dtype_traits(nd->weight->type)->to_f32(nd->weight->data, f, node_nelem(nd));
+            p->bufs[i] = f;
+            continue;
+        }
+        if (nd->op == OP_RESHAPE) {
+            p->bufs[i] = p->bufs[root[i]];
+            continue;
+        }
+        int64_t need = node_nelem(nd), best = -1;
+        for (int s = 0; s < p->n_slabs; s++)
+            if (slab_free[s] && slab_size[s] >= need && (best < 0 || slab_size[s] < slab_size[best]))
+                best = s;
+        if (best < 0) {
+            best = p->n_slabs++;
+            slab_size[best] = need;
+            p->slabs[best] = malloc((size_t)need * sizeof(float));
+            if (!p->slabs[best]) {
+                st = err_set(ANVIL_ERR_NOMEM, "cpu: out of memory for activations");
+                goto fail;
+            }
+        }
+        slab_free[best] = false;
+        slab_of[i] = (int)best;
+        p->bufs[i] = p->slabs[best];
+        /* sources whose last consumer is this node give their slab back; freeing only after
+         * this node's own slab is taken keeps inputs and output apart */
+        for (int s = 0; s < GRAPH_MAX_SRC; s++) {
+            int src = nd->src[s] >= 0 ? root[nd->src[s]] : -1;
+            if (src >= 0 && last_use[src] == i && slab_of[src] >= 0) slab_free[slab_of[src]] = true;
+        }
+    }
+    p->scratch_per_thread = max_k;
+    p->scratch = xmalloc((size_t)thread_pool_size(b->pool) * (size_t)max_k * sizeof(float));
+    if (!p->scratch) {
+        st = ANVIL_ERR_NOMEM;
+        goto fail;
+    }
+    free(last_use);
+    free(root);
+    free(slab_of);
+    free(slab_size);
+    free(slab_free);
+    *out = (struct program *)p;
+    return ANVIL_OK;
+fail:
+    free(last_use);
+    free(root);
+    free(slab_of);
+    free(slab_size);
+    free(slab_free);
+    cpu_program_destroy((struct program *)p);
+    return st;
+}
+
+static void cpu_destroy(struct backend *base) {
+    struct cpu_backend *b = (struct cpu_backend *)base;
+    for (int i = 0; i < b->n_states; i++) free(b->states[i].data);
+    free(b->states);
+    thread_pool_destroy(b->pool);
+    free(b);
+}
+
+static const struct backend_vtable cpu_vtable = {
+    "cpu", cpu_destroy, cpu_compile, cpu_program_destroy, cpu_run,
+};
+
+anvil_status backend_cpu_create(int n_threads, struct backend **out) {
+    *out = NULL;
+    struct cpu_backend *b = xcalloc(1, sizeof *b);
+    if (!b) return ANVIL_ERR_NOMEM;
+    b->base.vt = &cpu_vtable;
+    anvil_status st = thread_pool_create(n_threads, &b->pool);
+    if (st != ANVIL_OK) {
+        free(b);
+        return st;
+    }
+    *out = &b->base;
+    return ANVIL_OK;
+}

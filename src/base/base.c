@@ -1,0 +1,391 @@
+/* base: errors, logging, allocation, file mapping, threads, time, fp16. */
+#include "base.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- errors ---- */
+
+static _Thread_local char err_buf[1024] = "no error";
+
+anvil_status err_set(anvil_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err_buf, sizeof err_buf, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+void err_prefix(const char *fmt, ...) {
+    char old[sizeof err_buf];
+    memcpy(old, err_buf, sizeof old);
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(err_buf, sizeof err_buf, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < sizeof err_buf)
+        snprintf(err_buf + n, sizeof err_buf - (size_t)n, ": %.*s", (int)(sizeof err_buf - 3), old);
+}
+
+const char *err_get(void) { return err_buf; }
+
+const char *anvil_last_error(void) { return err_buf; }
+
+const char *anvil_status_str(anvil_status s) {
+    switch (s) {
+    case ANVIL_OK: return "ok";
+    case ANVIL_ERR_INVALID_ARG: return "invalid argument";
+    case ANVIL_ERR_IO: return "i/o error";
+    case ANVIL_ERR_FORMAT: return "malformed file";
+    case ANVIL_ERR_UNSUPPORTED: return "unsupported";
+    case ANVIL_ERR_NOMEM: return "out of memory";
+    case ANVIL_ERR_BACKEND: return "backend failure";
+    case ANVIL_ERR_RANGE: return "out of range";
+    }
+    return "unknown status";
+}
+
+/* ---- logging ---- */
+
+static int log_threshold(void) {
+    static int level = -1;
+    if (level < 0) {
+        const char *e = getenv("ANVIL_LOG");
+        level = LOG_WARN;
+        if (e) {
+            if (!strcmp(e, "error")) level = LOG_ERROR;
+            else if (!strcmp(e, "info")) level = LOG_INFO;
+            else if (!strcmp(e, "debug")) level = LOG_DEBUG;
+        }
+    }
+    return level;
+}
+
+bool log_enabled(enum log_level level) { return (int)level <= log_threshold(); }
+
+void log_msg(enum log_level level, const char *fmt, ...) {
+    static const char *names[] = {"error", "warning", "info", "debug"};
+    if (!log_enabled(level)) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "anvil: %s: ", names[level]);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* ---- allocation ---- */
+
+void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) err_set(ANVIL_ERR_NOMEM, "out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *xcalloc(size_t count, size_t size) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p) err_set(ANVIL_ERR_NOMEM, "out of memory allocating %zu x %zu bytes", count, size);
+    return p;
+}
+
+char *xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = xmalloc(n);
+    if (p) memcpy(p, s, n);
+    return p;
+}
+
+char *xasprintf(const char *fmt, ...) {
+    va_list ap, ap2;
+    va_start(ap, fmt);
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *p = n >= 0 ? xmalloc((size_t)n + 1) : NULL;
+    if (p) vsnprintf(p, (size_t)n + 1, fmt, ap2);
+    va_end(ap2);
+    return p;
+}
+
+/* ---- files ---- */
+
+anvil_status mapped_file_open(struct mapped_file *mf, const char *path) {
+    memset(mf, 0, sizeof *mf);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return err_set(ANVIL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return err_set(ANVIL_ERR_IO, "%s: not a regular file", path);
+    }
+    mf->size = (size_t)st.st_size;
+    if (mf->size > 0) {
+        void *p = mmap(NULL, mf->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            close(fd);
+            return err_set(ANVIL_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
+        }
+        mf->data = p;
+    }
+    close(fd);
+    mf->path = xstrdup(path);
+    if (!mf->path) {
+        mapped_file_close(mf);
+        return ANVIL_ERR_NOMEM;
+    }
+    return ANVIL_OK;
+}
+
+void mapped_file_close(struct mapped_file *mf) {
+    if (mf->data) munmap((void *)mf->data, mf->size);
+    free(mf->path);
+    memset(mf, 0, sizeof *mf);
+}
+
+anvil_status read_text_file(const char *path, size_t max_size, char **out, size_t *out_len) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return err_set(ANVIL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 4096, len = 0;
+    char *buf = xmalloc(cap);
+    if (!buf) {
+        fclose(f);
+        return ANVIL_ERR_NOMEM;
+    }
+    for (;;) {
+        if (len + 1 >= cap) {
+            if (cap > max_size) {
+                free(buf);
+                fclose(f);
+                return err_set(ANVIL_ERR_FORMAT, "%s: larger than %zu bytes", path, max_size);
+            }
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return err_set(ANVIL_ERR_NOMEM, "%s: out of memory", path);
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + len, 1, cap - 1 - len, f);
+        len += got;
+        if (got == 0) break;
+    }
+    bool failed = ferror(f);
+    fclose(f);
+    if (failed) {
+        free(buf);
+        return err_set(ANVIL_ERR_IO, "%s: read error", path);
+    }
+    if (len > max_size) {
+        free(buf);
+        return err_set(ANVIL_ERR_FORMAT, "%s: larger than %zu bytes", path, max_size);
+    }
+    buf[len] = 0;
+    *out = buf;
+    if (out_len) *out_len = len;
+    return ANVIL_OK;
+}
+
+/* ---- threads ---- */
+
+struct thread_pool {
+    int n;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    uint64_t generation;   /* bumped for every parallel loop */
+    int pending;           /* workers still running the current loop */
+    bool quit;
+    /* the current loop */
+    parallel_fn fn;
+    void *ctx;
+    int64_t n_items, chunk;
+    int64_t next; /* next chunk start, taken under mu */
+};
+
+static void pool_run_chunks(struct thread_pool *p, int thread) {
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        int64_t b = p->next;
+        p->next += p->chunk;
+        pthread_mutex_unlock(&p->mu);
+        if (b >= p->n_items) break;
+        int64_t e = MIN(b + p->chunk, p->n_items);
+        p->fn(p->ctx, b, e, thread);
+    }
+}
+
+struct worker_arg {
+    struct thread_pool *pool;
+    int index;
+};
+
+static void *pool_worker(void *arg) {
+    struct worker_arg *wa = arg;
+    struct thread_pool *p = wa->pool;
+    int index = wa->index;
+    free(wa);
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        while (!p->quit && p->generation == seen) pthread_cond_wait(&p->work_cv, &p->mu);
+        if (p->quit) {
+            pthread_mutex_unlock(&p->mu);
+            return NULL;
+        }
+        seen = p->generation;
+        pthread_mutex_unlock(&p->mu);
+        pool_run_chunks(p, index);
+        pthread_mutex_lock(&p->mu);
+        if (--p->pending == 0) pthread_cond_signal(&p->done_cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+int cpu_count(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+anvil_status thread_pool_create(int n_threads, struct thread_pool **out) {
+    *out = NULL;
+    if (n_threads <= 0) n_threads = cpu_count();
+    struct thread_pool *p = xcalloc(1, sizeof *p);
+    if (!p) return ANVIL_ERR_NOMEM;
+    p->n = n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work_cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
+    p->threads = xcalloc((size_t)n_threads, sizeof *p->threads);
+    if (!p->threads) {
+        thread_pool_destroy(p);
+        return ANVIL_ERR_NOMEM;
+    }
+    for (int i = 1; i < n_threads; i++) {
+        struct worker_arg *wa = xmalloc(sizeof *wa);
+        if (!wa) {
+            p->n = i;
+            thread_pool_destroy(p);
+            return ANVIL_ERR_NOMEM;
+        }
+        wa->pool = p;
+        wa->index = i;
+        if (pthread_create(&p->threads[i], NULL, pool_worker, wa) != 0) {
+            free(wa);
+            p->n = i;
+            thread_pool_destroy(p);
+            return err_set(ANVIL_ERR_NOMEM, "cannot start worker thread");
+        }
+    }
+    *out = p;
+    return ANVIL_OK;
+}
+
+void thread_pool_destroy(struct thread_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->quit = true;
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->work_cv);
+    pthread_cond_destroy(&p->done_cv);
+    free(p->threads);
+    free(p);
+}
+
+int thread_pool_size(const struct thread_pool *p) { return p ? p->n : 1; }
+
+void thread_pool_for(struct thread_pool *p, int64_t n, int64_t grain, parallel_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    int workers = p ? p->n : 1;
+    if (workers == 1 || n <= grain) {
+        fn(ctx, 0, n, 0);
+        return;
+    }
+    /* a few chunks per thread balance uneven rows without much locking */
+    int64_t chunk = MAX(grain, (n + workers * 4 - 1) / (workers * 4));
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->ctx = ctx;
+    p->n_items = n;
+    p->chunk = chunk;
+    p->next = 0;
+    p->pending = p->n - 1;
+    p->generation++;
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+    pool_run_chunks(p, 0);
+    pthread_mutex_lock(&p->mu);
+    while (p->pending > 0) pthread_cond_wait(&p->done_cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+double time_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- fp16 ---- */
+
+float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    uint32_t u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: renormalise */
+            int e = -1;
+            do {
+                e++;
+                man <<= 1;
+            } while (!(man & 0x400));
+            u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000;
+    int32_t exp = (int32_t)((u >> 23) & 0xff);
+    uint32_t man = u & 0x7fffff;
+    if (exp == 255) return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
+    exp = exp - 127 + 15;
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00);
+    if (exp <= 0) {
+        if (exp < -10) return (uint16_t)sign;
+        man |= 0x800000;
+        uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t half = 1u << (shift - 1);
+        uint32_t rounded = (man + half - 1 + ((man >> shift) & 1)) >> shift;
+        return (uint16_t)(sign | rounded);
+    }
+    uint32_t r = (uint32_t)exp << 10 | (man >> 13);
+    uint32_t rem = man & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++; /* may carry into the exponent: fine */
+    return (uint16_t)(sign | r);
+}

@@ -1,0 +1,212 @@
+/* engine: models and sessions behind the public API. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "anvil.h"
+#include "engine_impl.h"
+#include "quant/quant.h"
+
+#define PREFILL_CHUNK 512
+
+/* Copies the thread's last error into a handle and returns st. */
+static anvil_status keep_err(char *dst, anvil_status st) {
+    if (st != ANVIL_OK) snprintf(dst, ERRMSG_LEN, "%s", err_get());
+    return st;
+}
+
+anvil_status anvil_model_open(const char *path, const anvil_model_params *params,
+                              anvil_model **out) {
+    if (!out) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_model_open: out is NULL");
+    *out = NULL;
+    anvil_model *m = xcalloc(1, sizeof *m);
+    if (!m) return ANVIL_ERR_NOMEM;
+    m->n_threads = params ? params->n_threads : 0;
+    anvil_status st = model_file_open(path, m->n_threads, &m->file);
+    if (st == ANVIL_OK) st = model_bind(&m->model, m->file);
+    if (st != ANVIL_OK) {
+        anvil_model_close(m);
+        return st;
+    }
+    *out = m;
+    return ANVIL_OK;
+}
+
+void anvil_model_close(anvil_model *m) {
+    if (!m) return;
+    model_unbind(&m->model);
+    model_file_close(m->file);
+    free(m);
+}
+
+const char *anvil_model_errmsg(const anvil_model *m) { return m ? m->err : anvil_last_error(); }
+
+int32_t anvil_model_vocab_size(const anvil_model *m) { return m->file->hp.n_vocab; }
+
+size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
+    const struct model_file *mf = m->file;
+    const struct hparams *hp = &mf->hp;
+    uint64_t bytes, params;
+    model_file_totals(mf, &bytes, &params);
+    size_t len = 0;
+#define OUT(...)                                                                           \
+    do {                                                                                   \
+        int k = snprintf(buf + MIN(len, cap), cap > len ? cap - len : 0, __VA_ARGS__);     \
+        if (k > 0) len += (size_t)k;                                                       \
+    } while (0)
+    if (cap) buf[0] = 0;
+    OUT("model:        %s\n", mf->path);
+    OUT("format:       %s\n", mf->kind == MODEL_FILE_HF     ? "Hugging Face safetensors"
+                              : mf->kind == MODEL_FILE_GGUF ? "GGUF"
+                                                            : "synthetic (random weights)");
+    OUT("architecture: %s\n", arch_name(hp->arch));
+    OUT("parameters:   %.3f B (%llu)\n", (double)params / 1e9, (unsigned long long)params);
+    OUT("size:         %.2f GiB (%llu bytes)\n", (double)bytes / (1 << 30),
+        (unsigned long long)bytes);
+    OUT("layers:       %d\n", hp->n_layer);
+    OUT("hidden:       %d\n", hp->n_embd);
+    OUT("heads:        %d q / %d kv x %d (rotary %d, theta %g)\n", hp->n_head, hp->n_head_kv,
+        hp->head_dim, hp->n_rot, (double)hp->rope_theta);
+    OUT("ffn:          %d\n", hp->n_ff);
+    if (hp->n_expert)
+        OUT("experts:      %d, %d per token, width %d, shared %d\n", hp->n_expert,
+            hp->n_expert_used, hp->n_ff_exp, hp->n_ff_shexp);
+    OUT("vocab:        %d\n", hp->n_vocab);
+    OUT("context:      %d\n", hp->n_ctx_train);
+    OUT("embeddings:   %s\n", hp->tied_embeddings ? "tied" : "untied");
+    OUT("tensor types:\n");
+    uint64_t count[DT_COUNT] = {0}, tbytes[DT_COUNT] = {0};
+    for (int i = 0; i < mf->n_tensors; i++) {
+        int t = mf->tensors[i].type;
+        if (t >= 0 && t < DT_COUNT) {
+            count[t]++;
+            tbytes[t] += mf->tensors[i].size;
+        }
+    }
+    for (int t = 0; t < DT_COUNT; t++)
+        if (count[t])
+            OUT("  %-6s %5llu tensors  %10.2f MiB\n", dtype_name(t), (unsigned long long)count[t],
+                (double)tbytes[t] / (1 << 20));
+#undef OUT
+    return len;
+}
+
+anvil_session_params anvil_session_default_params(void) {
+    anvil_session_params p = {ANVIL_BACKEND_AUTO, -1, 0, 0};
+    return p;
+}
+
+anvil_status anvil_session_create(anvil_model *model, const anvil_session_params *params,
+                                  anvil_session **out) {
+    if (!model || !out) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_create: NULL argument");
+    *out = NULL;
+    anvil_session_params p = params ? *params : anvil_session_default_params();
+    const struct hparams *hp = &model->file->hp;
+    if (p.n_ctx < 0) return keep_err(model->err, err_set(ANVIL_ERR_INVALID_ARG, "negative context size"));
+    int n_ctx = p.n_ctx ? p.n_ctx : (hp->n_ctx_train > 0 ? MIN(hp->n_ctx_train, 4096) : 4096);
+    anvil_session *s = xcalloc(1, sizeof *s);
+    if (!s) return keep_err(model->err, ANVIL_ERR_NOMEM);
+    s->model = model;
+    s->n_ctx = n_ctx;
+    anvil_status st;
+    switch (p.backend) {
+    case ANVIL_BACKEND_AUTO:
+    case ANVIL_BACKEND_CPU:
+        st = backend_cpu_create(p.n_threads ? p.n_threads : model->n_threads, &s->backend);
+        break;
+    case ANVIL_BACKEND_VULKAN:
+        st = err_set(ANVIL_ERR_UNSUPPORTED, "this build of anvil has no Vulkan backend");
+        break;
+    default:
+        st = err_set(ANVIL_ERR_INVALID_ARG, "unknown backend %d", (int)p.backend);
+    }
+    if (st == ANVIL_OK) {
+        struct build_opts o = {1, n_ctx, false};
+        struct graph g;
+        st = model_build_graph(&model->model, &o, &g);
+        if (st == ANVIL_OK) {
+            st = s->backend->vt->compile(s->backend, &g, &s->decode);
+            graph_free(&g);
+        }
+    }
+    if (st != ANVIL_OK) {
+        keep_err(model->err, st);
+        anvil_session_destroy(s);
+        return st;
+    }
+    *out = s;
+    return ANVIL_OK;
+}
+
+void anvil_session_destroy(anvil_session *s) {
+    if (!s) return;
+    if (s->backend) {
+        if (s->decode) s->backend->vt->program_destroy(s->decode);
+        if (s->prefill) s->backend->vt->program_destroy(s->prefill);
+        backend_destroy(s->backend);
+    }
+    free(s);
+}
+
+const char *anvil_session_errmsg(const anvil_session *s) { return s ? s->err : anvil_last_error(); }
+
+const char *anvil_session_backend_name(const anvil_session *s) { return s->backend->vt->name; }
+
+int anvil_session_position(const anvil_session *s) { return s->pos; }
+
+void anvil_session_reset(anvil_session *s) { s->pos = 0; }
+
+/* The program for a chunk of T tokens, compiled on first use and kept for the next chunk. */
+static anvil_status chunk_program(anvil_session *s, int T, bool last_only, struct program **out) {
+    if (T == 1) {
+        *out = s->decode;
+        return ANVIL_OK;
+    }
+    if (s->prefill && s->prefill_T == T && s->prefill_last_only == last_only) {
+        *out = s->prefill;
+        return ANVIL_OK;
+    }
+    if (s->prefill) s->backend->vt->program_destroy(s->prefill);
+    s->prefill = NULL;
+    struct build_opts o = {T, s->n_ctx, last_only};
+    struct graph g;
+    anvil_status st = model_build_graph(&s->model->model, &o, &g);
+    if (st != ANVIL_OK) return st;
+    st = s->backend->vt->compile(s->backend, &g, &s->prefill);
+    graph_free(&g);
+    if (st != ANVIL_OK) return st;
+    s->prefill_T = T;
+    s->prefill_last_only = last_only;
+    *out = s->prefill;
+    return ANVIL_OK;
+}
+
+anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
+                                anvil_logits_mode mode, float *logits_out) {
+    if (!s) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_eval: session is NULL");
+    if (n <= 0 || !tokens || (mode != ANVIL_LOGITS_NONE && !logits_out))
+        return keep_err(s->err, err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_eval: no tokens or no output buffer"));
+    int V = s->model->file->hp.n_vocab;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return keep_err(s->err, err_set(ANVIL_ERR_RANGE, "token id %d out of range 0..%d",
+                                            tokens[i], V - 1));
+    if (n > s->n_ctx - s->pos)
+        return keep_err(s->err, err_set(ANVIL_ERR_RANGE,
+                                        "context full: %d tokens in the cache + %d new > %d",
+                                        s->pos, n, s->n_ctx));
+    for (int done = 0; done < n;) {
+        int T = MIN(PREFILL_CHUNK, n - done);
+        bool last_chunk = done + T == n;
+        bool last_only = mode != ANVIL_LOGITS_ALL;
+        struct program *p;
+        anvil_status st = chunk_program(s, T, last_only, &p);
+        float *dst = NULL;
+        if (mode == ANVIL_LOGITS_ALL) dst = logits_out + (size_t)done * (size_t)V;
+        else if (mode == ANVIL_LOGITS_LAST && last_chunk) dst = logits_out;
+        if (st == ANVIL_OK) st = s->backend->vt->run(p, tokens + done, s->pos, dst);
+        if (st != ANVIL_OK) return keep_err(s->err, st);
+        s->pos += T;
+        done += T;
+    }
+    return ANVIL_OK;
+}

@@ -1,0 +1,170 @@
+/*
+ * Synthetic models: real Qwen3 shapes with seeded random weights, generated in memory, so
+ * that benchmarks and the README's first command need no download.
+ *
+ *   synthetic:NAME[:TYPE]   NAME from the table below, TYPE a weight type (default BF16;
+ *                           norms stay F32 as in GGUF files)
+ */
+#include <stdio.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "model_file.h"
+#include "quant/quant.h"
+
+struct shape {
+    const char *name;
+    int n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab;
+    bool tied;
+};
+
+static const struct shape shapes[] = {
+    {"qwen3-tiny", 2, 128, 4, 2, 32, 256, 512, true},
+    {"qwen3-0.6b", 28, 1024, 16, 8, 128, 3072, 151936, true},
+    {"qwen3-1.7b", 28, 2048, 16, 8, 128, 6144, 151936, true},
+    {"qwen3-4b", 36, 2560, 32, 8, 128, 9728, 151936, true},
+    {"qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, false},
+    {"qwen3-14b", 40, 5120, 40, 8, 128, 17408, 151936, false},
+};
+
+struct gen_job {
+    struct tensor_info *t;
+    uint64_t seed;
+    float scale;  /* uniform in [-scale, scale); 0 means constant 1 (norm weights) */
+    int64_t row;  /* row length */
+    size_t row_bytes;
+};
+
+static void gen_rows(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    struct gen_job *j = ctx;
+    const struct dtype_traits *tr = dtype_traits(j->t->type);
+    float *tmp = malloc((size_t)j->row * sizeof(float));
+    if (!tmp) return; /* cannot happen for the shapes above; rows stay zero */
+    for (int64_t r = begin; r < end; r++) {
+        struct rng g = {j->seed ^ ((uint64_t)r * 0x9e3779b97f4a7c15ull)};
+        for (int64_t i = 0; i < j->row; i++)
+            tmp[i] = j->scale == 0 ? 1.0f : j->scale * rng_uniform(&g);
+        tr->from_f32(tmp, (uint8_t *)j->t->data + (size_t)r * j->row_bytes, j->row);
+    }
+    free(tmp);
+}
+
+anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *mf) {
+    char name[64];
+    const char *colon = strchr(spec, ':');
+    size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
+    if (nlen >= sizeof name) nlen = sizeof name - 1;
+    memcpy(name, spec, nlen);
+    name[nlen] = 0;
+    const struct shape *s = NULL;
+    for (size_t i = 0; i < ARRAY_LEN(shapes); i++)
+        if (!strcmp(shapes[i].name, name)) s = &shapes[i];
+    if (!s) {
+        char list[256] = "";
+        for (size_t i = 0; i < ARRAY_LEN(shapes); i++) {
+            strcat(list, i ? ", " : "");
+            strcat(list, shapes[i].name);
+        }
+        return err_set(ANVIL_ERR_INVALID_ARG, "synthetic:%s: unknown shape (known: %s)", name, list);
+    }
+    int wtype = DT_BF16;
+    if (colon) {
+        wtype = dtype_from_name(colon + 1);
+        if (wtype < 0 || !dtype_traits(wtype)->from_f32 || !dtype_traits(wtype)->to_f32)
+            return err_set(ANVIL_ERR_UNSUPPORTED, "synthetic:%s: unknown or unsupported weight "
+                           "type \"%s\"", name, colon + 1);
+    }
+    struct hparams *hp = &mf->hp;
+    memset(hp, 0, sizeof *hp);
+    hp->arch = ARCH_QWEN3;
+    hp->n_layer = s->n_layer;
+    hp->n_embd = s->n_embd;
+    hp->n_head = s->n_head;
+    hp->n_head_kv = s->n_head_kv;
+    hp->head_dim = s->head_dim;
+    hp->n_rot = s->head_dim;
+    hp->n_ff = s->n_ff;
+    hp->n_vocab = s->n_vocab;
+    hp->n_ctx_train = 40960;
+    hp->rope_theta = 1000000.0f;
+    hp->rms_eps = 1e-6f;
+    hp->tied_embeddings = s->tied;
+
+    /* the tensor list: name, ne0, ne1, is_norm */
+    struct {
+        char name[64];
+        int64_t ne0, ne1;
+        bool norm;
+    } list[11 * 64 + 3]; /* 11 tensors a layer, shapes of at most 64 layers */
+    int n = 0;
+#define ADD(nm, a, b, isnorm)                                                              \
+    do {                                                                                   \
+        snprintf(list[n].name, sizeof list[n].name, "%s", nm);                             \
+        list[n].ne0 = a;                                                                   \
+        list[n].ne1 = b;                                                                   \
+        list[n].norm = isnorm;                                                             \
+        n++;                                                                               \
+    } while (0)
+    int q = s->n_head * s->head_dim, kv = s->n_head_kv * s->head_dim;
+    ADD("token_embd.weight", s->n_embd, s->n_vocab, false);
+    ADD("output_norm.weight", s->n_embd, 1, true);
+    if (!s->tied) ADD("output.weight", s->n_embd, s->n_vocab, false);
+    for (int l = 0; l < s->n_layer; l++) {
+        char b[64];
+#define LAYER(suffix, a, bb, isnorm)                                                       \
+    do {                                                                                   \
+        snprintf(b, sizeof b, "blk.%d.%s", l, suffix);                                     \
+        ADD(b, a, bb, isnorm);                                                             \
+    } while (0)
+        LAYER("attn_norm.weight", s->n_embd, 1, true);
+        LAYER("attn_q.weight", s->n_embd, q, false);
+        LAYER("attn_k.weight", s->n_embd, kv, false);
+        LAYER("attn_v.weight", s->n_embd, kv, false);
+        LAYER("attn_output.weight", q, s->n_embd, false);
+        LAYER("attn_q_norm.weight", s->head_dim, 1, true);
+        LAYER("attn_k_norm.weight", s->head_dim, 1, true);
+        LAYER("ffn_norm.weight", s->n_embd, 1, true);
+        LAYER("ffn_gate.weight", s->n_embd, s->n_ff, false);
+        LAYER("ffn_up.weight", s->n_embd, s->n_ff, false);
+        LAYER("ffn_down.weight", s->n_ff, s->n_embd, false);
+#undef LAYER
+    }
+#undef ADD
+
+    size_t total = 0, offsets[ARRAY_LEN(list)];
+    for (int i = 0; i < n; i++) {
+        int type = list[i].norm ? DT_F32 : wtype;
+        size_t row;
+        if (!dtype_row_size(type, list[i].ne0, &row))
+            return err_set(ANVIL_ERR_UNSUPPORTED, "synthetic:%s: rows of %lld do not fit %s blocks",
+                           name, (long long)list[i].ne0, dtype_name(type));
+        offsets[i] = total;
+        total += (row * (size_t)list[i].ne1 + 255) & ~(size_t)255;
+    }
+    mf->owned = malloc(total);
+    if (!mf->owned)
+        return err_set(ANVIL_ERR_NOMEM, "synthetic:%s: cannot allocate %.1f GiB for the weights",
+                       name, (double)total / (1 << 30));
+    struct thread_pool *pool;
+    anvil_status st = thread_pool_create(n_threads, &pool);
+    if (st != ANVIL_OK) return st;
+    for (int i = 0; i < n && st == ANVIL_OK; i++) {
+        int type = list[i].norm ? DT_F32 : wtype;
+        int64_t ne[2] = {list[i].ne0, list[i].ne1};
+        size_t row;
+        dtype_row_size(type, ne[0], &row);
+        st = model_file_add_tensor(mf, list[i].name, type, list[i].ne1 > 1 ? 2 : 1, ne,
+                                   (uint8_t *)mf->owned + offsets[i], row * (size_t)ne[1],
+                                   "synthetic");
+        if (st != ANVIL_OK) break;
+        /* weights scaled by 1/sqrt(fan-in) keep activations of order one through the layers;
+         * embeddings by a fixed small scale */
+        struct gen_job job = {&mf->tensors[mf->n_tensors - 1], 0x5eed0000ull + (uint64_t)i,
+                              list[i].norm ? 0.0f : (i == 0 ? 0.5f : 1.7f / sqrtf((float)ne[0])),
+                              ne[0], row};
+        thread_pool_for(pool, ne[1], 16, gen_rows, &job);
+    }
+    thread_pool_destroy(pool);
+    return st;
+}

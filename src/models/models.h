@@ -1,0 +1,42 @@
+/*
+ * models: one file per architecture, each a small description on shared blocks: which
+ * tensors it needs (bind) and how its forward pass is built as a graph (build).
+ */
+#ifndef ANVIL_MODELS_H
+#define ANVIL_MODELS_H
+
+#include "formats/model_file.h"
+#include "graph/graph.h"
+
+struct model;
+
+struct build_opts {
+    int n_tokens;   /* T */
+    int n_ctx;      /* S: KV cache slots */
+    bool last_only; /* produce logits for the last token only */
+};
+
+struct model_arch {
+    enum arch arch;
+    /* Finds and checks every tensor; fills m->weights. Errors name the file and tensor. */
+    anvil_status (*bind)(struct model *m);
+    /* Appends the forward pass to g and returns the logits node ({V, T} or {V, 1}). */
+    int (*build)(const struct model *m, struct graph *g, const struct build_opts *o);
+};
+
+struct model {
+    struct model_file *file;
+    const struct hparams *hp;
+    const struct model_arch *arch;
+    void *weights; /* the arch's bound tensors, owned (free) */
+};
+
+/* Binds mf to its architecture; m->file stays the caller's. */
+anvil_status model_bind(struct model *m, struct model_file *mf);
+void model_unbind(struct model *m);
+/* Builds the complete graph for opts into g (initialised here; caller frees). */
+anvil_status model_build_graph(const struct model *m, const struct build_opts *o, struct graph *g);
+
+extern const struct model_arch arch_qwen3;
+
+#endif

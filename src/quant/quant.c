@@ -1,0 +1,85 @@
+/* quant: the type table, and the plain float types. Block formats live in quant_blocks.c. */
+#include "quant.h"
+
+#include <ctype.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "quant_impl.h"
+
+static void f32_to_f32(const void *src, float *dst, int64_t n) {
+    memcpy(dst, src, (size_t)n * sizeof(float));
+}
+static void f32_from_f32(const float *src, void *dst, int64_t n) {
+    memcpy(dst, src, (size_t)n * sizeof(float));
+}
+static void f16_row_to_f32(const void *src, float *dst, int64_t n) {
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]);
+}
+static void f16_row_from_f32(const float *src, void *dst, int64_t n) {
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = f32_to_f16(src[i]);
+}
+static void bf16_row_to_f32(const void *src, float *dst, int64_t n) {
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+}
+static void bf16_row_from_f32(const float *src, void *dst, int64_t n) {
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+}
+
+static const struct dtype_traits table[DT_COUNT] = {
+    [DT_F32] = {"F32", 1, 4, f32_to_f32, f32_from_f32},
+    [DT_F16] = {"F16", 1, 2, f16_row_to_f32, f16_row_from_f32},
+    [DT_BF16] = {"BF16", 1, 2, bf16_row_to_f32, bf16_row_from_f32},
+    [DT_Q4_0] = {"Q4_0", 32, 18, QUANT_FNS(q4_0)},
+    [DT_Q4_1] = {"Q4_1", 32, 20, QUANT_FNS(q4_1)},
+    [DT_Q5_0] = {"Q5_0", 32, 22, QUANT_FNS(q5_0)},
+    [DT_Q5_1] = {"Q5_1", 32, 24, QUANT_FNS(q5_1)},
+    [DT_Q8_0] = {"Q8_0", 32, 34, QUANT_FNS(q8_0)},
+    [DT_Q8_1] = {"Q8_1", 32, 36, NULL, NULL},
+    [DT_Q2_K] = {"Q2_K", 256, 84, QUANT_FNS(q2_k)},
+    [DT_Q3_K] = {"Q3_K", 256, 110, QUANT_FNS(q3_k)},
+    [DT_Q4_K] = {"Q4_K", 256, 144, QUANT_FNS(q4_k)},
+    [DT_Q5_K] = {"Q5_K", 256, 176, QUANT_FNS(q5_k)},
+    [DT_Q6_K] = {"Q6_K", 256, 210, QUANT_FNS(q6_k)},
+    [DT_Q8_K] = {"Q8_K", 256, 292, QUANT_FNS(q8_k)},
+    [DT_I8] = {"I8", 1, 1, NULL, NULL},
+    [DT_I16] = {"I16", 1, 2, NULL, NULL},
+    [DT_I32] = {"I32", 1, 4, NULL, NULL},
+    [DT_I64] = {"I64", 1, 8, NULL, NULL},
+    [DT_F64] = {"F64", 1, 8, NULL, NULL},
+};
+
+const struct dtype_traits *dtype_traits(int type) {
+    if (type < 0 || type >= DT_COUNT || !table[type].name) return NULL;
+    return &table[type];
+}
+
+const char *dtype_name(int type) {
+    const struct dtype_traits *t = dtype_traits(type);
+    return t ? t->name : "unknown";
+}
+
+int dtype_from_name(const char *name) {
+    for (int i = 0; i < DT_COUNT; i++) {
+        if (!table[i].name) continue;
+        const char *a = table[i].name, *b = name;
+        while (*a && *b && toupper((unsigned char)*a) == toupper((unsigned char)*b)) a++, b++;
+        if (!*a && !*b) return i;
+    }
+    return -1;
+}
+
+bool dtype_row_size(int type, int64_t n, size_t *out) {
+    const struct dtype_traits *t = dtype_traits(type);
+    if (!t || n < 0 || n % t->block_size) return false;
+    return size_mul((size_t)(n / t->block_size), (size_t)t->type_size, out);
+}
+
+bool dtype_supported(int type) {
+    const struct dtype_traits *t = dtype_traits(type);
+    return t && t->to_f32;
+}

@@ -1,0 +1,62 @@
+/*
+ * quant: tensor element types and their block layouts.
+ *
+ * The numbering is ggml's (GGUF stores it), so a GGUF type id is a dtype. A row of n
+ * elements of a block type holds n / block_size blocks of type_size bytes; n must be a
+ * multiple of the block size. The CPU backend multiplies weights row by row, dequantising
+ * one row of blocks at a time into float32 (never a dequantised copy of the model).
+ */
+#ifndef ANVIL_QUANT_H
+#define ANVIL_QUANT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum dtype {
+    DT_F32 = 0,
+    DT_F16 = 1,
+    DT_Q4_0 = 2,
+    DT_Q4_1 = 3,
+    DT_Q5_0 = 6,
+    DT_Q5_1 = 7,
+    DT_Q8_0 = 8,
+    DT_Q8_1 = 9,
+    DT_Q2_K = 10,
+    DT_Q3_K = 11,
+    DT_Q4_K = 12,
+    DT_Q5_K = 13,
+    DT_Q6_K = 14,
+    DT_Q8_K = 15,
+    DT_I8 = 24,
+    DT_I16 = 25,
+    DT_I32 = 26,
+    DT_I64 = 27,
+    DT_F64 = 28,
+    DT_BF16 = 30,
+    DT_COUNT = 40,
+};
+
+typedef void (*dequantize_row_fn)(const void *src, float *dst, int64_t n);
+typedef void (*quantize_row_fn)(const float *src, void *dst, int64_t n);
+
+struct dtype_traits {
+    const char *name;          /* "Q4_K", as llama.cpp names it; NULL for unknown ids */
+    int block_size;            /* elements per block (1 for plain types) */
+    int type_size;             /* bytes per block */
+    dequantize_row_fn to_f32;  /* NULL where anvil cannot compute with the type */
+    quantize_row_fn from_f32;  /* NULL where anvil cannot write the type */
+};
+
+/* Traits of a type id; NULL for ids outside the table (a hostile file may hold any). */
+const struct dtype_traits *dtype_traits(int type);
+const char *dtype_name(int type);
+/* Parses "bf16", "Q8_0", ... (case-insensitive); -1 if unknown. */
+int dtype_from_name(const char *name);
+/* Bytes of a row of n elements; false when n is not a multiple of the block size or the
+ * type is unknown. */
+bool dtype_row_size(int type, int64_t n, size_t *out);
+/* Whether anvil can compute with the type (it has a to_f32). */
+bool dtype_supported(int type);
+
+#endif

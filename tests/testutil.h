@@ -1,0 +1,27 @@
+/* Helpers shared by the test programs: reference data, running the anvil CLI, temp files. */
+#ifndef ANVIL_TESTUTIL_H
+#define ANVIL_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* Reads a whole file; NULL if missing. Caller frees. */
+char *tu_read_file(const char *path, size_t *len);
+/* Path under the reference data: tu_testdata("reference/qwen3-tiny/golden.json"); static buffer
+ * rotated among 8 slots. */
+const char *tu_testdata(const char *rel);
+/* Runs "anvil ARGS" through the shell; captures stdout (and stderr) into new strings.
+ * Returns the exit status. */
+int tu_run_anvil(char **out, char **err, const char *args_fmt, ...);
+/* A fresh temporary directory (removed by tu_cleanup_dir). */
+char *tu_tmpdir(void);
+void tu_rmdir(const char *dir);
+/* Writes bytes to a file. */
+void tu_write_file(const char *path, const void *data, size_t len);
+/* Parses an int array field of a JSON object text ("prompt_ids": [...]); caller frees. */
+int32_t *tu_json_ids(const char *json, const char *key, int *n);
+
+#endif

@@ -1,0 +1,36 @@
+/* The anvil command: shared helpers for its subcommands (one file each). */
+#ifndef ANVIL_CLI_H
+#define ANVIL_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "anvil.h"
+
+/* Options every model-running command takes. */
+struct common_opts {
+    const char *model;
+    anvil_backend_kind backend;
+    int device;
+    int n_ctx;
+    int n_threads;
+};
+
+/* If argv[*i] is a common option, consumes it (and its value) and returns 1; returns -1 on a
+ * bad value (message printed), 0 if the option is not a common one. */
+int common_opt(struct common_opts *o, int argc, char **argv, int *i);
+void common_opts_init(struct common_opts *o, const char *default_model);
+/* Opens the model and a session; prints the error and returns false on failure. */
+bool open_model_session(const struct common_opts *o, anvil_model **m, anvil_session **s);
+/* The value after a flag, or an error message and NULL. */
+const char *opt_value(int argc, char **argv, int *i);
+/* Parses "1,2,3" into a new array (caller frees); false with a message on bad input. */
+bool parse_ids(const char *s, int32_t **ids, int *n);
+bool parse_int(const char *s, int lo, int hi, int *out);
+int fail(const char *fmt, ...);
+
+int cmd_eval(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif

@@ -1,0 +1,172 @@
+/*
+ * anvil bench [-m MODEL] [-p 512] [-n 128] [-r 5] [-o md|json]
+ *
+ * llama-bench's two tests: pp (prompt processing: one prefill of P tokens) and tg (text
+ * generation: N single-token decode steps), each repeated r times after an untimed warm-up,
+ * reported as tokens/s mean ± stddev. tg also reports ms/token and the weight bytes streamed
+ * per second. With no -m it benchmarks synthetic:qwen3-0.6b.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+struct result {
+    const char *test;
+    int n_prompt, n_gen;
+    double *ts; /* tokens/s per repetition */
+    int reps;
+    double mean, sd;
+};
+
+static void stats(struct result *r) {
+    double s = 0, ss = 0;
+    for (int i = 0; i < r->reps; i++) s += r->ts[i];
+    r->mean = s / r->reps;
+    for (int i = 0; i < r->reps; i++) ss += (r->ts[i] - r->mean) * (r->ts[i] - r->mean);
+    r->sd = r->reps > 1 ? sqrt(ss / (r->reps - 1)) : 0;
+}
+
+/* One timed pp run: prefill P tokens from an empty cache. */
+static bool run_pp(anvil_session *s, const int32_t *toks, int P, float *logits, double *secs) {
+    anvil_session_reset(s);
+    double t0 = now();
+    if (anvil_session_eval(s, toks, P, ANVIL_LOGITS_LAST, logits) != ANVIL_OK) return false;
+    *secs = now() - t0;
+    return true;
+}
+
+/* One timed tg run: N decode steps after a one-token start. */
+static bool run_tg(anvil_session *s, int N, float *logits, int V, double *secs) {
+    anvil_session_reset(s);
+    int32_t tok = 1;
+    if (anvil_session_eval(s, &tok, 1, ANVIL_LOGITS_LAST, logits) != ANVIL_OK) return false;
+    double t0 = now();
+    for (int i = 0; i < N; i++) {
+        tok = (int32_t)((i * 7919 + 13) % V);
+        if (anvil_session_eval(s, &tok, 1, ANVIL_LOGITS_LAST, logits) != ANVIL_OK) return false;
+    }
+    *secs = now() - t0;
+    return true;
+}
+
+int cmd_bench(int argc, char **argv) {
+    struct common_opts co;
+    common_opts_init(&co, "synthetic:qwen3-0.6b");
+    int P = 512, N = 128, reps = 5;
+    bool p_set = false, n_set = false, r_set = false, json = false;
+    for (int i = 1; i < argc; i++) {
+        int r = common_opt(&co, argc, argv, &i);
+        if (r < 0) return 1;
+        if (r) continue;
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "-p") || !strcmp(a, "-n") || !strcmp(a, "-r")) {
+            if (!(v = opt_value(argc, argv, &i))) return 1;
+            int *dst = a[1] == 'p' ? &P : a[1] == 'n' ? &N : &reps;
+            if (!parse_int(v, a[1] == 'r' ? 1 : 0, 1 << 20, dst)) return fail("bad %s \"%s\"", a, v);
+            *(a[1] == 'p' ? &p_set : a[1] == 'n' ? &n_set : &r_set) = true;
+        } else if (!strcmp(a, "-o")) {
+            if (!(v = opt_value(argc, argv, &i))) return 1;
+            if (!strcmp(v, "json")) json = true;
+            else if (strcmp(v, "md") != 0) return fail("-o must be md or json");
+        } else {
+            return fail("bench: unknown option \"%s\"", a);
+        }
+    }
+    anvil_model *m;
+    anvil_session *s;
+    if (co.n_ctx == 0) co.n_ctx = P + N + 8 > 512 ? P + N + 8 : 512;
+    if (!open_model_session(&co, &m, &s)) return 1;
+    const char *backend = anvil_session_backend_name(s);
+    if (!strcmp(backend, "cpu") && !p_set && !n_set && !r_set) {
+        /* the CPU backend is the reference, not a fast path: keep the default run short */
+        P = 64, N = 16, reps = 2;
+        fprintf(stderr, "anvil: bench on the CPU reference backend: -p %d -n %d -r %d\n", P, N, reps);
+    }
+    int V = anvil_model_vocab_size(m);
+    int32_t *toks = malloc(((size_t)P + 1) * sizeof *toks);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    double *samples = malloc(2 * (size_t)reps * sizeof *samples);
+    int rc = 1;
+    if (!toks || !logits || !samples) {
+        fail("out of memory");
+        goto done;
+    }
+    for (int i = 0; i < P; i++) toks[i] = (int32_t)((i * 31 + 7) % V);
+    struct result res[2] = {{"pp", P, 0, samples, 0, 0, 0}, {"tg", 0, N, samples + reps, 0, 0, 0}};
+    int n_res = 0;
+    double secs;
+    if (P > 0) {
+        if (!run_pp(s, toks, P, logits, &secs)) goto eval_fail; /* warm-up */
+        for (int r = 0; r < reps; r++) {
+            if (!run_pp(s, toks, P, logits, &secs)) goto eval_fail;
+            res[n_res].ts[r] = P / secs;
+        }
+        res[n_res].reps = reps;
+        stats(&res[n_res++]);
+    }
+    if (N > 0) {
+        if (!run_tg(s, N < 8 ? N : 8, logits, V, &secs)) goto eval_fail; /* warm-up */
+        res[n_res] = res[1];
+        for (int r = 0; r < reps; r++) {
+            if (!run_tg(s, N, logits, V, &secs)) goto eval_fail;
+            res[n_res].ts[r] = N / secs;
+        }
+        res[n_res].reps = reps;
+        stats(&res[n_res++]);
+    }
+    char desc[4096];
+    anvil_model_describe(m, desc, sizeof desc);
+    double gib = 0, bparams = 0;
+    const char *line = strstr(desc, "size:");
+    if (line) sscanf(line, "size: %lf", &gib);
+    line = strstr(desc, "parameters:");
+    if (line) sscanf(line, "parameters: %lf", &bparams);
+    if (json) {
+        printf("[\n");
+        for (int i = 0; i < n_res; i++) {
+            struct result *r = &res[i];
+            printf("  {\"model_filename\": \"%s\", \"model_type\": \"%s\", \"model_size\": %.0f, "
+                   "\"model_n_params\": %.0f, \"backends\": \"%s\", \"n_prompt\": %d, "
+                   "\"n_gen\": %d, \"avg_ts\": %.6f, \"stddev_ts\": %.6f, \"samples_ts\": [",
+                   co.model, co.model, gib * (1 << 30), bparams * 1e9, backend, r->n_prompt,
+                   r->n_gen, r->mean, r->sd);
+            for (int k = 0; k < r->reps; k++) printf("%s%.6f", k ? ", " : "", r->ts[k]);
+            printf("], \"ms_per_token\": %.6f", 1000.0 / r->mean);
+            if (r->n_gen) printf(", \"gb_per_s\": %.3f", gib * 1.073741824 * r->mean);
+            printf("}%s\n", i + 1 < n_res ? "," : "");
+        }
+        printf("]\n");
+    } else {
+        printf("| model | size | params | backend | test | t/s | ms/token | GB/s |\n");
+        printf("| --- | ---: | ---: | --- | --- | ---: | ---: | ---: |\n");
+        for (int i = 0; i < n_res; i++) {
+            struct result *r = &res[i];
+            char test[32], gbs[32] = "";
+            snprintf(test, sizeof test, "%s%d", r->test, r->n_prompt ? r->n_prompt : r->n_gen);
+            if (r->n_gen) snprintf(gbs, sizeof gbs, "%.1f", gib * 1.073741824 * r->mean);
+            printf("| %s | %.2f GiB | %.2f B | %s | %s | %.2f ± %.2f | %.3f | %s |\n", co.model,
+                   gib, bparams, backend, test, r->mean, r->sd, 1000.0 / r->mean, gbs);
+        }
+    }
+    rc = 0;
+    goto done;
+eval_fail:
+    fail("%s", anvil_session_errmsg(s));
+done:
+    free(toks);
+    free(logits);
+    free(samples);
+    anvil_session_destroy(s);
+    anvil_model_close(m);
+    return rc;
+}

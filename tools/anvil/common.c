@@ -1,0 +1,125 @@
+/* Shared option parsing for the anvil subcommands. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+int fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("anvil: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 1;
+}
+
+const char *opt_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        fail("%s needs a value", argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+bool parse_int(const char *s, int lo, int hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = (int)v;
+    return true;
+}
+
+bool parse_ids(const char *s, int32_t **ids, int *n) {
+    *ids = NULL;
+    *n = 0;
+    size_t cap = 1;
+    for (const char *c = s; *c; c++) cap += *c == ',';
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) return false;
+    const char *p = s;
+    int k = 0;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (errno || end == p || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
+            free(v);
+            fail("bad token id list \"%s\"", s);
+            return false;
+        }
+        v[k++] = (int32_t)x;
+        p = *end ? end + 1 : end;
+    }
+    if (k == 0) {
+        free(v);
+        fail("empty token id list");
+        return false;
+    }
+    *ids = v;
+    *n = k;
+    return true;
+}
+
+void common_opts_init(struct common_opts *o, const char *default_model) {
+    memset(o, 0, sizeof *o);
+    o->model = default_model;
+    o->backend = ANVIL_BACKEND_AUTO;
+    o->device = -1;
+}
+
+int common_opt(struct common_opts *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i], *v;
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        o->model = v;
+    } else if (!strcmp(a, "--backend")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        if (!strcmp(v, "cpu")) o->backend = ANVIL_BACKEND_CPU;
+        else if (!strcmp(v, "vulkan")) o->backend = ANVIL_BACKEND_VULKAN;
+        else if (!strcmp(v, "auto")) o->backend = ANVIL_BACKEND_AUTO;
+        else return fail("--backend must be cpu, vulkan or auto, not \"%s\"", v), -1;
+    } else if (!strcmp(a, "--device")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        if (!parse_int(v, 0, 1000, &o->device)) return fail("bad --device \"%s\"", v), -1;
+    } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        if (!parse_int(v, 1, 1 << 24, &o->n_ctx)) return fail("bad context size \"%s\"", v), -1;
+    } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        if (!parse_int(v, 1, 1024, &o->n_threads)) return fail("bad thread count \"%s\"", v), -1;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+bool open_model_session(const struct common_opts *o, anvil_model **m, anvil_session **s) {
+    *m = NULL;
+    *s = NULL;
+    if (!o->model) {
+        fail("no model: pass -m MODEL");
+        return false;
+    }
+    anvil_model_params mp = {o->n_threads};
+    if (anvil_model_open(o->model, &mp, m) != ANVIL_OK) {
+        fail("%s", anvil_last_error());
+        return false;
+    }
+    anvil_session_params sp = anvil_session_default_params();
+    sp.backend = o->backend;
+    sp.device = o->device;
+    sp.n_ctx = o->n_ctx;
+    sp.n_threads = o->n_threads;
+    if (anvil_session_create(*m, &sp, s) != ANVIL_OK) {
+        fail("%s", anvil_model_errmsg(*m));
+        anvil_model_close(*m);
+        *m = NULL;
+        return false;
+    }
+    return true;
+}
