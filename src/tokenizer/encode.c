@@ -27,7 +27,7 @@ enum {
     SMALL_PIECE = 32,       /* pieces up to this many bytes use the rescan */
     CACHE_MIN_TEXT = 4096,  /* texts shorter than this get no cache */
     CACHE_MAX_PIECE = 64,   /* longer pieces are not cached */
-    CACHE_SLOTS = 1 << 15,
+    CACHE_SLOTS = 1 << 13,
 };
 
 struct sym {
@@ -63,7 +63,7 @@ struct bpe_work {
     pcre2_jit_stack *jit_stack;
 };
 
-anvil_status id_vec_push(struct id_vec *iv, int32_t id) {
+anvil_status id_vec_grow(struct id_vec *iv, int32_t id) {
     if (iv->n == iv->cap) {
         size_t cap = iv->cap ? 2 * iv->cap : 64;
         int32_t *v = realloc(iv->v, cap * sizeof *v);
@@ -230,7 +230,21 @@ anvil_status bpe_piece(const struct anvil_tokenizer *t, struct bpe_work *w, cons
 
 static anvil_status bpe_cached(const struct anvil_tokenizer *t, struct bpe_work *w,
                                const uint8_t *p, size_t n, struct id_vec *out) {
-    if (!w->slots || n > CACHE_MAX_PIECE || n == 1) return bpe_piece(t, w, p, n, 0, out);
+    if (n == 1) return t->byte_id[p[0]] >= 0 ? id_vec_push(out, t->byte_id[p[0]]) : ANVIL_OK;
+    int32_t whole = n <= CACHE_MAX_PIECE ? tok_lookup(t, p, n) : -1;
+    if (whole >= 0) {
+        uint8_t known = atomic_load_explicit(&t->whole[whole], memory_order_relaxed);
+        if (known == 1) return id_vec_push(out, whole);
+        if (known == 0) {
+            size_t first = out->n;
+            anvil_status st = bpe_piece(t, w, p, n, 0, out);
+            if (st != ANVIL_OK) return st;
+            bool same = out->n == first + 1 && out->v[first] == whole;
+            atomic_store_explicit(&t->whole[whole], same ? 1 : 2, memory_order_relaxed);
+            return ANVIL_OK;
+        }
+    }
+    if (!w->slots || n > CACHE_MAX_PIECE) return bpe_piece(t, w, p, n, 0, out);
     uint64_t h = tok_hash_bytes(p, n) | 1;
     size_t i = h & (CACHE_SLOTS - 1);
     for (;; i = (i + 1) & (CACHE_SLOTS - 1)) {
@@ -364,9 +378,19 @@ anvil_status tokenizer_encode(const struct anvil_tokenizer *t, const uint8_t *te
         st = err_set(ANVIL_ERR_NOMEM, "out of memory");
         goto done;
     }
+    /* prose averages over 4 bytes a token: start with room for that */
+    if (len / 3 + 16 > out->cap) {
+        int32_t *v = realloc(out->v, (len / 3 + 16) * sizeof *v);
+        if (!v) {
+            st = err_set(ANVIL_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        out->v = v;
+        out->cap = len / 3 + 16;
+    }
     if (len >= CACHE_MIN_TEXT) {
         w->slots = calloc(CACHE_SLOTS, sizeof *w->slots);
-        w->arena_cap = (size_t)CACHE_SLOTS * 64;
+        w->arena_cap = (size_t)CACHE_SLOTS * 48;
         w->arena = malloc(w->arena_cap);
         if (!w->slots || !w->arena) { /* the cache is an optimisation: go without */
             free(w->slots);

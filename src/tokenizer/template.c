@@ -199,9 +199,9 @@ static anvil_status qwen3_tool_calls(struct buf *b, const char *json, struct str
         if ((first && content.n) || !first) puts_(b, "\n");
         first = false;
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
-        if (fn && !cJSON_IsNull(fn)) call = fn;
-        const cJSON *name = cJSON_GetObjectItemCaseSensitive(call, "name");
-        const cJSON *args = cJSON_GetObjectItemCaseSensitive(call, "arguments");
+        const cJSON *c = fn && !cJSON_IsNull(fn) ? fn : call;
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(c, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(c, "arguments");
         if (!cJSON_IsString(name)) {
             cJSON_Delete(calls);
             return err_set(ANVIL_ERR_INVALID_ARG, "chat message: a tool call has no name");

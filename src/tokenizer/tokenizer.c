@@ -122,12 +122,21 @@ uint64_t tok_hash_bytes(const uint8_t *p, size_t n) {
     return h ^ (h >> 32);
 }
 
+static void slot_key(const uint8_t *p, size_t n, uint8_t key[1 + VOCAB_INLINE]) {
+    memset(key, 0, 1 + VOCAB_INLINE);
+    key[0] = n <= VOCAB_INLINE ? (uint8_t)n : 255;
+    memcpy(key + 1, p, MIN(n, (size_t)VOCAB_INLINE));
+}
+
 int32_t tok_lookup(const struct anvil_tokenizer *t, const uint8_t *p, size_t n) {
+    uint8_t key[1 + VOCAB_INLINE];
+    slot_key(p, n, key);
     for (uint64_t i = tok_hash_bytes(p, n);; i++) {
-        uint32_t s = t->vocab_slots[i & t->vocab_mask];
-        if (!s) return -1;
-        int32_t id = (int32_t)(s - 1);
-        if (tok_len(t, id) == n && !memcmp(tok_bytes(t, id), p, n)) return id;
+        const struct vocab_slot *s = &t->vocab_slots[i & t->vocab_mask];
+        if (s->id < 0) return -1;
+        if (memcmp(s->key, key, sizeof key)) continue;
+        if (n <= VOCAB_INLINE || (tok_len(t, s->id) == n && !memcmp(tok_bytes(t, s->id), p, n)))
+            return s->id;
     }
 }
 
@@ -153,7 +162,8 @@ static anvil_status build_tokens(struct anvil_tokenizer *t, const struct tokeniz
     t->bytes = xmalloc(total + 1);
     t->offs = xmalloc((d->n_tokens + 1) * sizeof *t->offs);
     t->attr = xcalloc(d->n_tokens + 1, 1);
-    if (!t->bytes || !t->offs || !t->attr) return ANVIL_ERR_NOMEM;
+    t->whole = xcalloc(d->n_tokens + 1, sizeof *t->whole);
+    if (!t->bytes || !t->offs || !t->attr || !t->whole) return ANVIL_ERR_NOMEM;
     size_t k = 0;
     for (size_t i = 0; i < d->n_tokens; i++) {
         const uint8_t *s = (const uint8_t *)d->tokens[i];
@@ -178,8 +188,9 @@ static anvil_status build_tokens(struct anvil_tokenizer *t, const struct tokeniz
     if (k > UINT32_MAX) return err_set(ANVIL_ERR_FORMAT, "%s: vocabulary too large", src_name(d));
 
     uint64_t cap = pow2_at_least(2 * d->n_tokens + 2);
-    t->vocab_slots = xcalloc(cap, sizeof *t->vocab_slots);
+    t->vocab_slots = xmalloc(cap * sizeof *t->vocab_slots);
     if (!t->vocab_slots) return ANVIL_ERR_NOMEM;
+    for (uint64_t i = 0; i < cap; i++) t->vocab_slots[i].id = -1;
     t->vocab_mask = (uint32_t)(cap - 1);
     int n_added = 0;
     for (int32_t id = 0; id < t->n_vocab; id++) {
@@ -190,9 +201,10 @@ static anvil_status build_tokens(struct anvil_tokenizer *t, const struct tokeniz
         }
         if (tok_lookup(t, tok_bytes(t, id), tok_len(t, id)) >= 0) continue; /* first wins */
         for (uint64_t i = tok_hash_bytes(tok_bytes(t, id), tok_len(t, id));; i++) {
-            uint32_t *s = &t->vocab_slots[i & t->vocab_mask];
-            if (!*s) {
-                *s = (uint32_t)id + 1;
+            struct vocab_slot *s = &t->vocab_slots[i & t->vocab_mask];
+            if (s->id < 0) {
+                s->id = id;
+                slot_key(tok_bytes(t, id), tok_len(t, id), s->key);
                 break;
             }
         }
@@ -416,6 +428,7 @@ void anvil_tokenizer_close(anvil_tokenizer *t) {
     free(t->bytes);
     free(t->offs);
     free(t->attr);
+    free((void *)t->whole);
     free(t->vocab_slots);
     free(t->merge_slots);
     free(t->added);

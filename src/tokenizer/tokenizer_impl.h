@@ -5,6 +5,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <stdatomic.h>
 
 #include "tokenizer/tokenizer.h"
 
@@ -13,6 +14,15 @@ enum {
     TOK_PRESENT = 1, /* the id has a token (ids may have holes) */
     TOK_ADDED = 2,   /* matched literally in text before pre-tokenization */
     TOK_SPECIAL = 4, /* a control token (<|im_end|>): a stop/format token, not text */
+};
+
+/* A vocabulary hash slot. Its key holds the token's length and first bytes, so that a lookup
+ * of a short token (most are) touches one cache line. */
+enum { VOCAB_INLINE = 11 };
+struct vocab_slot {
+    int32_t id; /* -1 when empty */
+    uint8_t key[1 + VOCAB_INLINE]; /* length (255 if longer than VOCAB_INLINE), then the
+                                      bytes, zero-padded */
 };
 
 /* One merge: the pair (left, right) becomes id, with priority rank (lower first). */
@@ -35,8 +45,8 @@ struct anvil_tokenizer {
     uint32_t *offs;         /* [n_vocab + 1]: token i is bytes[offs[i] .. offs[i+1]) */
     uint8_t *attr;          /* [n_vocab] TOK_* */
 
-    /* ordinary tokens by their bytes: open addressing, slot = id + 1, 0 empty */
-    uint32_t *vocab_slots;
+    /* ordinary tokens by their bytes: open addressing */
+    struct vocab_slot *vocab_slots;
     uint32_t vocab_mask;
 
     struct merge_slot *merge_slots; /* open addressing by key */
@@ -44,6 +54,10 @@ struct anvil_tokenizer {
     size_t n_merges;
 
     int32_t byte_id[256];   /* the single-byte token of each byte, -1 if none */
+    /* [n_vocab] does BPE of the token's own bytes give back just that token? 0 = not known
+     * yet, 1 = yes, 2 = no. Filled in lazily by encoding (most words of prose are one token,
+     * and this turns their BPE into one lookup); relaxed atomics, so threads may share it. */
+    _Atomic uint8_t *whole;
 
     int32_t *added;         /* [n_added] ids of added tokens, longest first */
     int n_added;
@@ -105,7 +119,14 @@ struct id_vec {
     int32_t *v;
     size_t n, cap;
 };
-anvil_status id_vec_push(struct id_vec *iv, int32_t id);
+anvil_status id_vec_grow(struct id_vec *iv, int32_t id);
+static inline anvil_status id_vec_push(struct id_vec *iv, int32_t id) {
+    if (iv->n < iv->cap) {
+        iv->v[iv->n++] = id;
+        return ANVIL_OK;
+    }
+    return id_vec_grow(iv, id);
+}
 struct bpe_work;
 struct bpe_work *bpe_work_new(void);
 void bpe_work_free(struct bpe_work *w);
