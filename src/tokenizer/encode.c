@@ -61,6 +61,7 @@ struct bpe_work {
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit_stack;
+    bool plain_heap; /* tests: every piece through bpe_heap, no cache, no whole-token memo */
 };
 
 anvil_status id_vec_grow(struct id_vec *iv, int32_t id) {
@@ -230,6 +231,7 @@ anvil_status bpe_piece(const struct anvil_tokenizer *t, struct bpe_work *w, cons
 
 static anvil_status bpe_cached(const struct anvil_tokenizer *t, struct bpe_work *w,
                                const uint8_t *p, size_t n, struct id_vec *out) {
+    if (w->plain_heap) return bpe_heap(t, w, p, n, out);
     if (n == 1) return t->byte_id[p[0]] >= 0 ? id_vec_push(out, t->byte_id[p[0]]) : ANVIL_OK;
     int32_t whole = n <= CACHE_MAX_PIECE ? tok_lookup(t, p, n) : -1;
     if (whole >= 0) {
@@ -369,10 +371,11 @@ static bool added_at(const struct anvil_tokenizer *t, const uint8_t *s, size_t n
     return false;
 }
 
-anvil_status tokenizer_encode(const struct anvil_tokenizer *t, const uint8_t *text, size_t len,
-                              struct id_vec *out) {
+anvil_status tokenizer_encode_ex(const struct anvil_tokenizer *t, const uint8_t *text,
+                                 size_t len, bool plain_heap, struct id_vec *out) {
     struct bpe_work *w = bpe_work_new();
     if (!w) return ANVIL_ERR_NOMEM;
+    w->plain_heap = plain_heap;
     anvil_status st = ANVIL_OK;
     if (!(w->md = pcre2_match_data_create_from_pattern(t->re, NULL))) {
         st = err_set(ANVIL_ERR_NOMEM, "out of memory");
@@ -388,7 +391,7 @@ anvil_status tokenizer_encode(const struct anvil_tokenizer *t, const uint8_t *te
         out->v = v;
         out->cap = len / 3 + 16;
     }
-    if (len >= CACHE_MIN_TEXT) {
+    if (len >= CACHE_MIN_TEXT && !plain_heap) {
         w->slots = calloc(CACHE_SLOTS, sizeof *w->slots);
         w->arena_cap = (size_t)CACHE_SLOTS * 48;
         w->arena = malloc(w->arena_cap);
@@ -416,4 +419,9 @@ anvil_status tokenizer_encode(const struct anvil_tokenizer *t, const uint8_t *te
 done:
     bpe_work_free(w);
     return st;
+}
+
+anvil_status tokenizer_encode(const struct anvil_tokenizer *t, const uint8_t *text, size_t len,
+                              struct id_vec *out) {
+    return tokenizer_encode_ex(t, text, len, false, out);
 }

@@ -573,7 +573,7 @@ static size_t stream_bytes(struct anvil_detokenizer *d, const uint8_t *p, size_t
         size_t m = (size_t)d->n_pending;
         memcpy(buf, d->pending, m);
         size_t take = MIN(n, 4 - m);
-        memcpy(buf + m, p, take);
+        if (take) memcpy(buf + m, p, take);
         int bad, k = utf8_seq(buf, m + take, &bad);
         if (k > 0) { /* it completed */
             memcpy(d->out + len, buf, (size_t)k);
@@ -645,7 +645,8 @@ anvil_status anvil_detokenizer_flush(anvil_detokenizer *d, const char **text, si
     *text = "";
     *len = 0;
     if (!reserve(d, 32)) return err_set(ANVIL_ERR_NOMEM, "out of memory");
-    size_t k = stream_bytes(d, NULL, 0, true);
+    static const uint8_t none[1];
+    size_t k = stream_bytes(d, none, 0, true);
     d->out[k] = 0;
     *text = d->out;
     *len = k;

@@ -136,6 +136,10 @@ anvil_status bpe_piece(const struct anvil_tokenizer *t, struct bpe_work *w, cons
 /* Encodes text (already validated as UTF-8). */
 anvil_status tokenizer_encode(const struct anvil_tokenizer *t, const uint8_t *text, size_t len,
                               struct id_vec *out);
+/* The same, with plain_heap: every piece through the heap BPE (Hugging Face's algorithm),
+ * without the piece cache and the whole-token memo — the oracle the tests compare with. */
+anvil_status tokenizer_encode_ex(const struct anvil_tokenizer *t, const uint8_t *text,
+                                 size_t len, bool plain_heap, struct id_vec *out);
 
 /* Recognises a chat template text. */
 enum chat_template_kind chat_template_recognise(const char *text);
