@@ -133,6 +133,10 @@ void bpe_work_free(struct bpe_work *w);
 anvil_status bpe_piece(const struct anvil_tokenizer *t, struct bpe_work *w, const uint8_t *p,
                        size_t n, int force, struct id_vec *out);
 
+/* Tests: checks the rank-bucket queue of long-piece BPE against a scan; returns the number of
+ * wrong pops. */
+int rank_queue_selftest(uint64_t seed, int n_ops);
+
 /* Encodes text (already validated as UTF-8). */
 anvil_status tokenizer_encode(const struct anvil_tokenizer *t, const uint8_t *text, size_t len,
                               struct id_vec *out);

@@ -282,6 +282,48 @@ static void test_random_against_oracle(void **state) {
     free(buf);
 }
 
+/* Long pieces (one regex match each) go through the rank-bucket queue: it must pop in the
+ * plain heap's order. */
+static void test_long_pieces_against_oracle(void **state) {
+    (void)state;
+    struct rng r = {99};
+    const char *sets[] = {"ab", "aab", "eht", "a", "\xc3\xa9\xc3\xa8" "e", "!?.", " \t", "\n ",
+                          "\xe4\xb8\xad\xe6\x96\x87", "\xf0\x9f\x98\x80\xf0\x9f\x91\x8d"};
+    char *buf = malloc(20000);
+    for (int iter = 0; iter < 300; iter++) {
+        const char *set = sets[iter % ARRAY_LEN(sets)];
+        size_t units = 0, k = 0, len = 33 + rng_next(&r) % 8000;
+        const char *u[8];
+        size_t ul[8];
+        for (const char *c = set; *c && units < 8;) { /* the set's characters */
+            int bad, m = utf8_seq((const uint8_t *)c, strlen(c), &bad);
+            u[units] = c;
+            ul[units++] = (size_t)m;
+            c += m;
+        }
+        while (k < len) {
+            size_t j = rng_next(&r) % units;
+            size_t rep = rng_next(&r) % 3 == 0 ? 1 + rng_next(&r) % 40 : 1;
+            for (size_t x = 0; x < rep; x++) memcpy(buf + k, u[j], ul[j]), k += ul[j];
+        }
+        int32_t *ids;
+        size_t n;
+        assert_int_equal(anvil_tokenize(qwen3, buf, k, 0, &ids, &n), ANVIL_OK);
+        struct id_vec iv;
+        encode_oracle(qwen3, buf, k, &iv);
+        assert_int_equal(iv.n, n);
+        assert_memory_equal(iv.v, ids, n * sizeof *ids);
+        free(iv.v);
+        free(ids);
+    }
+    free(buf);
+}
+
+static void test_rank_queue(void **state) {
+    (void)state; /* out-of-order pushes are rare in real BPE: exercise them here */
+    for (uint64_t seed = 1; seed <= 20; seed++) assert_int_equal(rank_queue_selftest(seed, 4000), 0);
+}
+
 static void test_scan_and_heap_agree(void **state) {
     (void)state;
     struct rng r = {7};
@@ -756,6 +798,8 @@ int main(void) {
         cmocka_unit_test(test_template_reference),
         cmocka_unit_test(test_template_small_model),
         cmocka_unit_test(test_random_against_oracle),
+        cmocka_unit_test(test_long_pieces_against_oracle),
+        cmocka_unit_test(test_rank_queue),
         cmocka_unit_test(test_scan_and_heap_agree),
         cmocka_unit_test(test_pathological),
         cmocka_unit_test(test_invalid_utf8),
