@@ -199,14 +199,20 @@ static anvil_status build_tokens(struct anvil_tokenizer *t, const struct tokeniz
             n_added++;
             continue;
         }
-        if (tok_lookup(t, tok_bytes(t, id), tok_len(t, id)) >= 0) continue; /* first wins */
-        for (uint64_t i = tok_hash_bytes(tok_bytes(t, id), tok_len(t, id));; i++) {
+        const uint8_t *p = tok_bytes(t, id);
+        uint32_t n = tok_len(t, id);
+        uint8_t key[1 + VOCAB_INLINE];
+        slot_key(p, n, key);
+        for (uint64_t i = tok_hash_bytes(p, n);; i++) {
             struct vocab_slot *s = &t->vocab_slots[i & t->vocab_mask];
             if (s->id < 0) {
                 s->id = id;
-                slot_key(tok_bytes(t, id), tok_len(t, id), s->key);
+                memcpy(s->key, key, sizeof key);
                 break;
             }
+            if (!memcmp(s->key, key, sizeof key) && tok_len(t, s->id) == n &&
+                !memcmp(tok_bytes(t, s->id), p, n))
+                break; /* the same bytes twice: the first id wins */
         }
     }
     for (int b = 0; b < 256; b++) {
@@ -287,9 +293,16 @@ static anvil_status build_merges(struct anvil_tokenizer *t, const struct tokeniz
         int32_t ib = lookup_spelt(t, b, nb, scratch);
         int32_t ic = -1;
         if (ia >= 0 && ib >= 0) {
-            memcpy(cat, tok_bytes(t, ia), tok_len(t, ia));
-            memcpy(cat + tok_len(t, ia), tok_bytes(t, ib), tok_len(t, ib));
-            ic = tok_lookup(t, cat, tok_len(t, ia) + tok_len(t, ib));
+            uint32_t la = tok_len(t, ia), lb = tok_len(t, ib);
+            memcpy(cat, tok_bytes(t, ia), la);
+            memcpy(cat + la, tok_bytes(t, ib), lb);
+            /* BPE vocabularies usually number merge r's token 256 + r: try that first */
+            int32_t guess = (int32_t)MIN(r + 256, (size_t)INT32_MAX);
+            if (guess < t->n_vocab && !(t->attr[guess] & TOK_ADDED) &&
+                tok_len(t, guess) == la + lb && !memcmp(tok_bytes(t, guess), cat, la + lb))
+                ic = guess;
+            else
+                ic = tok_lookup(t, cat, la + lb);
         }
         if (ic < 0) {
             st = err_set(ANVIL_ERR_FORMAT, "%s: merge %zu (\"%.*s\" + \"%.*s\") names a token "
