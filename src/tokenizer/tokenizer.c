@@ -64,22 +64,21 @@ static bool byte_is_printable(int b) {
     return (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
 }
 
+/* The 68 bytes that are not printable stand for U+0100.. in increasing order: 0x00..0x20 (33),
+ * 0x7f..0xa0 (34), 0xad (1). */
 uint32_t codepoint_of_byte(uint8_t b) {
     if (byte_is_printable(b)) return b;
-    int k = 0; /* the other bytes take U+0100.. in increasing order */
-    for (int c = 0; c < b; c++) k += !byte_is_printable(c);
-    return 256u + (uint32_t)k;
+    if (b <= 0x20) return 256u + b;
+    if (b >= 0x7f && b <= 0xa0) return 256u + 33 + (b - 0x7fu);
+    return 256u + 67; /* 0xad */
 }
 
 int byte_of_codepoint(uint32_t cp) {
-    static int16_t table[324];
-    static bool ready;
-    if (!ready) { /* idempotent: racing threads write the same values */
-        for (int i = 0; i < 324; i++) table[i] = -1;
-        for (int b = 0; b < 256; b++) table[codepoint_of_byte((uint8_t)b)] = (int16_t)b;
-        ready = true;
-    }
-    return cp < 324 ? table[cp] : -1;
+    if (cp < 256) return byte_is_printable((int)cp) ? (int)cp : -1;
+    uint32_t k = cp - 256;
+    if (k < 33) return (int)k;
+    if (k < 67) return (int)(0x7f + k - 33);
+    return k == 67 ? 0xad : -1;
 }
 
 /* Converts a byte-level spelling to raw bytes in out (capacity >= n). False if some code

@@ -324,6 +324,24 @@ static void test_rank_queue(void **state) {
     for (uint64_t seed = 1; seed <= 20; seed++) assert_int_equal(rank_queue_selftest(seed, 4000), 0);
 }
 
+static void test_byte_spelling(void **state) {
+    (void)state; /* GPT-2's bytes_to_unicode: a bijection, printable bytes stand for themselves */
+    int seen[324] = {0};
+    for (int b = 0; b < 256; b++) {
+        uint32_t cp = codepoint_of_byte((uint8_t)b);
+        assert_true(cp < 324);
+        assert_int_equal(byte_of_codepoint(cp), b);
+        seen[cp]++;
+    }
+    assert_int_equal(codepoint_of_byte(' '), 0x120);  /* 'Ġ' */
+    assert_int_equal(codepoint_of_byte('\n'), 0x10a); /* 'Ċ' */
+    assert_int_equal(codepoint_of_byte(0xad), 0x143);
+    assert_int_equal(codepoint_of_byte('A'), 'A');
+    assert_int_equal(byte_of_codepoint(0x144), -1);
+    assert_int_equal(byte_of_codepoint(' '), -1);
+    for (int cp = 0; cp < 324; cp++) assert_true(seen[cp] <= 1);
+}
+
 static void test_scan_and_heap_agree(void **state) {
     (void)state;
     struct rng r = {7};
@@ -800,6 +818,7 @@ int main(void) {
         cmocka_unit_test(test_random_against_oracle),
         cmocka_unit_test(test_long_pieces_against_oracle),
         cmocka_unit_test(test_rank_queue),
+        cmocka_unit_test(test_byte_spelling),
         cmocka_unit_test(test_scan_and_heap_agree),
         cmocka_unit_test(test_pathological),
         cmocka_unit_test(test_invalid_utf8),
