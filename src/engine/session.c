@@ -107,8 +107,9 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     if (!s) return keep_err(model->err, ANVIL_ERR_NOMEM);
     s->model = model;
     s->n_ctx = n_ctx;
-    anvil_status st;
-    switch (p.backend) {
+    s->tokens = xmalloc((size_t)n_ctx * sizeof *s->tokens);
+    anvil_status st = s->tokens ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    if (st == ANVIL_OK) switch (p.backend) {
     case ANVIL_BACKEND_AUTO:
     case ANVIL_BACKEND_CPU:
         st = backend_cpu_create(p.n_threads ? p.n_threads : model->n_threads, &s->backend);
@@ -144,6 +145,7 @@ void anvil_session_destroy(anvil_session *s) {
         if (s->prefill) s->backend->vt->program_destroy(s->prefill);
         backend_destroy(s->backend);
     }
+    free(s->tokens);
     free(s);
 }
 
@@ -154,6 +156,23 @@ const char *anvil_session_backend_name(const anvil_session *s) { return s->backe
 int anvil_session_position(const anvil_session *s) { return s->pos; }
 
 void anvil_session_reset(anvil_session *s) { s->pos = 0; }
+
+const int32_t *anvil_session_tokens(const anvil_session *s, int *n) {
+    *n = s->pos;
+    return s->tokens;
+}
+
+anvil_status anvil_session_truncate(anvil_session *s, int n) {
+    if (n < 0 || n > s->pos)
+        return keep_err(s->err, err_set(ANVIL_ERR_INVALID_ARG, "cannot truncate %d cached tokens to %d", s->pos, n));
+    bool recurrent = false;
+    for (int l = 0; l < s->model->file->hp.n_layer; l++) recurrent |= s->model->file->hp.layer_recurrent[l];
+    if (recurrent && n != s->pos && n != 0)
+        return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "a recurrent model's cache can only "
+                                        "be kept whole or reset, not cut to %d of %d tokens", n, s->pos));
+    s->pos = n; /* later tokens are overwritten in place: attention only reads rows < pos */
+    return ANVIL_OK;
+}
 
 /* The program for a chunk of T tokens, compiled on first use and kept for the next chunk. */
 static anvil_status chunk_program(anvil_session *s, int T, bool last_only, struct program **out) {
@@ -205,6 +224,7 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
         else if (mode == ANVIL_LOGITS_LAST && last_chunk) dst = logits_out;
         if (st == ANVIL_OK) st = s->backend->vt->run(p, tokens + done, s->pos, dst);
         if (st != ANVIL_OK) return keep_err(s->err, st);
+        memcpy(s->tokens + s->pos, tokens + done, (size_t)T * sizeof *tokens);
         s->pos += T;
         done += T;
     }
