@@ -572,6 +572,7 @@ struct gguf_writer {
     size_t *sizes;       /* [n_tensors] bytes of each tensor */
     uint64_t data_size;  /* running, aligned */
     uint64_t next;       /* tensors written */
+    size_t part;         /* bytes of tensor `next` written so far */
     uint32_t alignment;
     bool header_done, failed;
 };
@@ -763,12 +764,16 @@ static anvil_status write_header(struct gguf_writer *w) {
 anvil_status gguf_writer_write(struct gguf_writer *w, const void *data, size_t size) {
     anvil_status st = write_header(w);
     if (st != ANVIL_OK) return st;
-    if (w->next >= w->n_tensors || size != w->sizes[w->next])
-        return err_set(ANVIL_ERR_INVALID_ARG, "%s: tensor data %llu of %zu bytes does not match "
-                       "the tensors added", w->path, (unsigned long long)w->next, size);
-    w->next++;
+    if (w->next >= w->n_tensors || size > w->sizes[w->next] - w->part)
+        return err_set(ANVIL_ERR_INVALID_ARG, "%s: %zu bytes of data for tensor %llu exceed the "
+                       "tensors added", w->path, size, (unsigned long long)w->next);
     st = wr(w, data, size);
-    if (st == ANVIL_OK) st = pad(w, size);
+    w->part += size;
+    if (st == ANVIL_OK && w->part == w->sizes[w->next]) {
+        st = pad(w, w->part);
+        w->next++;
+        w->part = 0;
+    }
     return st;
 }
 

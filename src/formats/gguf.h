@@ -164,7 +164,7 @@ anvil_status gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum gg
 anvil_status gguf_writer_copy_kv(struct gguf_writer *w, const struct gguf_kv *kv);
 anvil_status gguf_writer_add_tensor(struct gguf_writer *w, const char *name, int type,
                                     int n_dims, const int64_t *ne);
-/* The bytes of the next tensor (size must be its size). */
+/* Bytes of the tensors, in the order added; a tensor may come in several parts. */
 anvil_status gguf_writer_write(struct gguf_writer *w, const void *data, size_t size);
 /* Writes what is left and closes the file; on any earlier failure removes it. Frees w. */
 anvil_status gguf_writer_finish(struct gguf_writer *w);

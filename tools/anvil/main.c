@@ -15,6 +15,7 @@ static const struct {
     {"bench", cmd_bench, "measure prompt processing and generation speed"},
     {"eval", cmd_eval, "run token ids through a model and print/write logits"},
     {"info", cmd_info, "describe a model: architecture, shapes, tensor types"},
+    {"quantize", cmd_quantize, "write a model as GGUF of a type (F16, Q8_0, Q4_K_M, ...)"},
 };
 
 static void usage(FILE *f) {
