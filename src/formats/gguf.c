@@ -908,6 +908,17 @@ anvil_status gguf_read_hparams(const struct gguf_file *gf, struct hparams *hp) {
                            gf->path, arch);
         for (int l = 0; l < hp->n_layer && l < MAX_LAYERS; l++)
             hp->layer_recurrent[l] = (l + 1) % interval != 0;
+        /* the converter also writes the per-layer pattern: it wins when present */
+        char rkey[128];
+        snprintf(rkey, sizeof rkey, "%s.attention.recurrent_layers", arch);
+        const struct gguf_array *rl = gguf_get_arr(gf, rkey);
+        if (rl) {
+            if (rl->type != GGUF_BOOL || rl->count != (uint64_t)hp->n_layer)
+                return err_set(ANVIL_ERR_FORMAT, "%s: %s must be a bool array of %d entries",
+                               gf->path, rkey, hp->n_layer);
+            for (int l = 0; l < hp->n_layer && l < MAX_LAYERS; l++)
+                hp->layer_recurrent[l] = rl->data[l] != 0;
+        }
     }
     /* GGUF stores final norm weights: the converter already added the 1 */
     hp->norm_zero_centred = false;
@@ -944,4 +955,52 @@ anvil_status gguf_model_open(const char *path, struct model_file *mf) {
 void gguf_model_close(struct model_file *mf) {
     gguf_close(mf->gguf);
     mf->gguf = NULL;
+}
+
+/* ------------------------------------------------------------------ description */
+
+size_t gguf_describe(const struct gguf_file *gf, char *buf, size_t cap) {
+    size_t len = 0;
+#define OUT(...)                                                                           \
+    do {                                                                                   \
+        int k = snprintf(buf + MIN(len, cap), cap > len ? cap - len : 0, __VA_ARGS__);     \
+        if (k > 0) len += (size_t)k;                                                       \
+    } while (0)
+    OUT("gguf:         version %u, %lld tensors, %lld metadata keys, alignment %u\n",
+        gf->version, (long long)gf->n_tensors, (long long)gf->n_kv, gf->alignment);
+    for (int64_t i = 0; i < gf->n_kv; i++) {
+        const struct gguf_kv *kv = &gf->kv[i];
+        const struct gguf_value *v = &kv->v;
+        OUT("  %-40s ", kv->key);
+        switch (v->type) {
+        case GGUF_STRING: {
+            OUT("\"");
+            uint64_t n = MIN(v->str.len, 48);
+            for (uint64_t c = 0; c < n; c++) {
+                unsigned char ch = (unsigned char)v->str.ptr[c];
+                if (ch == '\n') OUT("\\n");
+                else if (ch < 32 || ch == 127) OUT("\\x%02x", ch);
+                else OUT("%c", ch);
+            }
+            OUT(n < v->str.len ? "\"... (%llu bytes)\n" : "\"\n", (unsigned long long)v->str.len);
+            break;
+        }
+        case GGUF_ARRAY:
+            OUT("[%s x %llu]\n", gguf_type_name(v->arr.type), (unsigned long long)v->arr.count);
+            break;
+        case GGUF_F32: case GGUF_F64:
+            OUT("%g\n", v->f);
+            break;
+        case GGUF_BOOL:
+            OUT("%s\n", v->u ? "true" : "false");
+            break;
+        case GGUF_I8: case GGUF_I16: case GGUF_I32: case GGUF_I64:
+            OUT("%lld\n", (long long)v->i);
+            break;
+        default:
+            OUT("%llu\n", (unsigned long long)v->u);
+        }
+    }
+#undef OUT
+    return len;
 }

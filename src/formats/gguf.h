@@ -171,6 +171,10 @@ anvil_status gguf_writer_finish(struct gguf_writer *w);
 /* Abandons the file (removed). Frees w. */
 void gguf_writer_abort(struct gguf_writer *w);
 
+/* A summary of the file: version, counts, and every metadata pair (long strings cut, arrays as
+ * type and count), snprintf-style: returns the length it needs. */
+size_t gguf_describe(const struct gguf_file *gf, char *buf, size_t cap);
+
 /* Reads the hyperparameters of a parsed file (general.architecture and "<arch>.*" keys). */
 anvil_status gguf_read_hparams(const struct gguf_file *gf, struct hparams *hp);
 

@@ -200,17 +200,26 @@ static int attn_v_rank(const struct model_file *mf, int i) {
     return rank;
 }
 
+/* Dimensions without trailing ones, as ggml counts them (ggml_n_dims): llama.cpp decides and
+ * writes with this count, so a [64, 1] router vector is a 1-D tensor there. */
+static int eff_dims(const struct tensor_info *t) {
+    int n = t->n_dims;
+    while (n > 1 && t->ne[n - 1] == 1) n--;
+    return n;
+}
+
 /* The type a tensor is written as. */
 static int target_type(const struct model_file *mf, const struct quant_mix *mix, int i,
                        bool *fell_back) {
     const struct tensor_info *t = &mf->tensors[i];
     *fell_back = false;
-    if (quant_tensor_quantizable(t->name, t->n_dims))
-        return quant_mix_type(mix, t->name, t->n_dims, t->ne[0],
+    int n_dims = eff_dims(t);
+    if (quant_tensor_quantizable(t->name, n_dims))
+        return quant_mix_type(mix, t->name, n_dims, t->ne[0],
                               quant_is_attn_v(t->name) ? attn_v_rank(mf, i) : 0, fell_back);
     /* kept as they are in a GGUF; from a checkpoint, as llama.cpp's converter stores them */
     if (mf->kind == MODEL_FILE_GGUF) return t->type;
-    if (t->n_dims <= 1 || strstr(t->name, "_norm.weight") || strstr(t->name, "ffn_gate_inp") ||
+    if (n_dims <= 1 || strstr(t->name, "_norm.weight") || strstr(t->name, "ffn_gate_inp") ||
         strstr(t->name, "ssm_conv1d"))
         return DT_F32;
     return mix->ft->base_type == DT_F32 || mix->ft->base_type == DT_F16 ||
@@ -294,7 +303,7 @@ anvil_status gguf_quantize(const char *in, const char *out, const char *type, in
         dtype_row_size(types[i], t->ne[0], &row);
         max_out = MAX(max_out, row * (size_t)(t->ne[1] * t->ne[2] * t->ne[3]));
         max_ne0 = MAX(max_ne0, t->ne[0]);
-        st = gguf_writer_add_tensor(w, t->name, types[i], t->n_dims, t->ne);
+        st = gguf_writer_add_tensor(w, t->name, types[i], eff_dims(t), t->ne);
     }
     if (st != ANVIL_OK) goto done;
     buf = xmalloc(MAX(max_out, 1));
