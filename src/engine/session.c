@@ -5,6 +5,7 @@
 #include "anvil.h"
 #include "engine_impl.h"
 #include "quant/quant.h"
+#include "formats/gguf.h"
 
 #define PREFILL_CHUNK 512
 
@@ -86,6 +87,7 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
         if (count[t])
             OUT("  %-6s %5llu tensors  %10.2f MiB\n", dtype_name(t), (unsigned long long)count[t],
                 (double)tbytes[t] / (1 << 20));
+    if (mf->gguf) len += gguf_describe(mf->gguf, buf + MIN(len, cap), cap > len ? cap - len : 0);
 #undef OUT
     return len;
 }
