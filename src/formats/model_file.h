@@ -54,6 +54,9 @@ struct hparams {
     int ssm_conv_kernel, ssm_n_k_heads, ssm_n_v_heads, ssm_d_k, ssm_d_v;
     /* per layer: true where the layer is linear attention (Gated DeltaNet) */
     bool layer_recurrent[MAX_LAYERS];
+    /* per layer, MoE models: true where the layer has a dense MLP of n_ff instead of experts
+     * (Hugging Face mlp_only_layers / decoder_sparse_step; GGUF files have none) */
+    bool layer_dense_ffn[MAX_LAYERS];
     /* HF Next/3.5 checkpoints store RMSNorm weights zero-centred (scale is 1 + w) */
     bool norm_zero_centred;
 };
