@@ -71,6 +71,8 @@ enum op {
                       p.i[0] = Hk, p.i[1] = Dk, p.i[2] = 1 when src4 holds A_log (Hugging
                       Face; the decay rate is -exp(A_log)), 0 when it holds -exp(A_log) itself
                       (GGUF ssm_a); p.f[0] = eps of the q/k L2 norm (1e-6).
+                      A run at pos0 == 0 starts a new sequence: both states count as zero
+                      (whatever they held), so a session reset needs no state clearing.
                       1. conv: xc[c][t] = silu(sum_j w[c][j] * x[c][t - (Kc-1) + j]), inputs
                          before t = 0 taken from the conv state (the last Kc-1 inputs, oldest
                          first), which then holds this batch's last Kc-1 inputs.

@@ -218,6 +218,10 @@ static void op_gdn(struct cpu_program *p, const struct node *n, float *out) {
     const struct node *xn = &p->g.nodes[n->src[0]];
     int64_t Cc = xn->ne[0], T = xn->ne[1], Kc = p->g.nodes[n->src[3]].ne[0], Hv = n->ne[1];
     float *xc = p->op_scratch;
+    if (p->pos0 == 0) { /* a new sequence */
+        memset(cs, 0, (size_t)node_nelem(&p->g.nodes[n->src[6]]) * sizeof(float));
+        memset(p->bufs[n->src[7]], 0, (size_t)node_nelem(&p->g.nodes[n->src[7]]) * sizeof(float));
+    }
     /* 1. causal depthwise conv with its rolling state, then SiLU */
     for (int64_t c = 0; c < Cc; c++) {
         const float *wc = w + c * Kc;
