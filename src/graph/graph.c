@@ -209,7 +209,8 @@ int graph_sigmoid_mul(struct graph *g, int x, int gate) {
 }
 
 int graph_gdn(struct graph *g, int qkv, int b, int a, int conv_w, int A, int dt_bias,
-              int conv_state, int ssm_state, int n_k_heads, int d_k, bool a_is_log) {
+              int conv_state, int ssm_state, int n_k_heads, int d_k, bool a_is_log,
+              bool v_tiled) {
     const struct node *xn = N(g, qkv), *bn = N(g, b), *sn = N(g, ssm_state);
     int64_t Cc = xn->ne[0], T = xn->ne[1], Hv = bn->ne[0], Dv = sn->ne[0];
     int64_t Kc = N(g, conv_w)->ne[0];
@@ -225,6 +226,7 @@ int graph_gdn(struct graph *g, int qkv, int b, int a, int conv_w, int A, int dt_
         g->nodes[i].p.i[0] = n_k_heads;
         g->nodes[i].p.i[1] = d_k;
         g->nodes[i].p.i[2] = a_is_log;
+        g->nodes[i].p.i[3] = v_tiled;
         g->nodes[i].p.f[0] = 1e-6f;
     }
     return i;

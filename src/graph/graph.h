@@ -68,7 +68,10 @@ enum op {
                       src1 b {Hv, T}, src2 a {Hv, T}, src3 conv weight {Kc, Cc} (any shape with
                       ne0 = Kc and Kc*Cc elements), src4 A {Hv}, src5 dt_bias {Hv},
                       src6 conv state {Kc-1, Cc}, src7 recurrent state {Dv, Dk, Hv}.
-                      p.i[0] = Hk, p.i[1] = Dk, p.i[2] = 1 when src4 holds A_log (Hugging
+                      p.i[0] = Hk, p.i[1] = Dk, p.i[3] = 1 when value heads are tiled (value
+                      head h reads key head h % Hk, as llama.cpp's qwen35 GGUF files reorder
+                      them), 0 when grouped (h / (Hv/Hk), Hugging Face).
+                      p.i[2] = 1 when src4 holds A_log (Hugging
                       Face; the decay rate is -exp(A_log)), 0 when it holds -exp(A_log) itself
                       (GGUF ssm_a); p.f[0] = eps of the q/k L2 norm (1e-6).
                       A run at pos0 == 0 starts a new sequence: both states count as zero
@@ -77,7 +80,8 @@ enum op {
                          before t = 0 taken from the conv state (the last Kc-1 inputs, oldest
                          first), which then holds this batch's last Kc-1 inputs.
                       2. per token t and value head h (key head hk = h / (Hv/Hk)):
-                         q = l2norm(xc q of hk) / sqrt(Dk), k = l2norm(xc k of hk), v = xc v of h,
+                         q = l2norm(xc q of hk) / sqrt(Dk), k = l2norm(xc k of hk), v = xc v of h
+                         (hk as p.i[3] says),
                          beta = sigmoid(b[h]), g = A[h] * softplus(a[h] + dt_bias[h]),
                          S = exp(g) * S;  S += k ⊗ (beta * (v - Sᵀk));  out[h] = Sᵀq,
                          with S the state's Dk x Dv matrix of head h (element (i, j) at
@@ -140,7 +144,8 @@ int graph_moe(struct graph *g, int x, int logits, int gate, int up, int down, in
               bool norm_topk);
 int graph_sigmoid_mul(struct graph *g, int x, int gate);
 int graph_gdn(struct graph *g, int qkv, int b, int a, int conv_w, int A, int dt_bias,
-              int conv_state, int ssm_state, int n_k_heads, int d_k, bool a_is_log);
+              int conv_state, int ssm_state, int n_k_heads, int d_k, bool a_is_log,
+              bool v_tiled);
 /* Marks the output and checks the graph (shapes, sources). */
 anvil_status graph_finish(struct graph *g, int output);
 

@@ -46,9 +46,17 @@ anvil_status bind_attn(const struct model_file *mf, int l, struct attn_weights *
     return ANVIL_OK;
 }
 
+/* The FFN's input norm: ffn_norm, or post_attention_norm in llama.cpp's hybrid files. */
+static const struct tensor_info *bind_ffn_norm(const struct model_file *mf, int l) {
+    char name[64];
+    snprintf(name, sizeof name, "blk.%d.post_attention_norm.weight", l);
+    if (model_file_find(mf, name)) return bind_tensor(mf, name, mf->hp.n_embd, 1, 1);
+    return bind_tensorf(mf, mf->hp.n_embd, 1, 1, "blk.%d.ffn_norm.weight", l);
+}
+
 anvil_status bind_ffn(const struct model_file *mf, int l, struct ffn_weights *w) {
     const struct hparams *hp = &mf->hp;
-    if (!(w->norm = bind_tensorf(mf, hp->n_embd, 1, 1, "blk.%d.ffn_norm.weight", l)) ||
+    if (!(w->norm = bind_ffn_norm(mf, l)) ||
         !(w->gate = bind_tensorf(mf, hp->n_embd, hp->n_ff, 1, "blk.%d.ffn_gate.weight", l)) ||
         !(w->up = bind_tensorf(mf, hp->n_embd, hp->n_ff, 1, "blk.%d.ffn_up.weight", l)) ||
         !(w->down = bind_tensorf(mf, hp->n_ff, hp->n_embd, 1, "blk.%d.ffn_down.weight", l)))
@@ -169,7 +177,7 @@ anvil_status bind_moe(struct model *m, int l, struct moe_weights *w) {
     const struct hparams *hp = &mf->hp;
     int64_t C = hp->n_embd, F = hp->n_ff_exp, Fs = hp->n_ff_shexp;
     anvil_status st;
-    if (!(w->norm = bind_tensorf(mf, C, 1, 1, "blk.%d.ffn_norm.weight", l)) ||
+    if (!(w->norm = bind_ffn_norm(mf, l)) ||
         !(w->gate_inp = bind_tensorf(mf, C, hp->n_expert, 1, "blk.%d.ffn_gate_inp.weight", l)))
         return ANVIL_ERR_FORMAT;
     if ((st = bind_experts(m, l, "ffn_gate_exps", "gate_proj", C, F, &w->gate)) != ANVIL_OK ||
@@ -234,6 +242,34 @@ anvil_status bind_gdn(struct model *m, int l, enum gdn_layout layout, struct gdn
     int Cc = 2 * Hk * Dk + Hv * Dv;
     anvil_status st = ANVIL_OK;
     if (!(w->norm = bind_tensorf(mf, C, 1, 1, "blk.%d.attn_norm.weight", l))) return ANVIL_ERR_FORMAT;
+    char name[128];
+    snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", l);
+    if (model_file_find(mf, name)) { /* GGUF */
+        snprintf(name, sizeof name, "blk.%d.ssm_ba.weight", l);
+        const struct tensor_info *ba = model_file_find(mf, name);
+        if (!bind_proj(m, &w->qkv, C, Cc, "blk.%d.attn_qkv.weight", l) ||
+            !bind_proj(m, &w->z, C, (int64_t)Hv * Dv, "blk.%d.attn_gate.weight", l))
+            return ANVIL_ERR_FORMAT;
+        if (ba) {
+            int b_off[] = {0}, a_off[] = {r}, ba_w[] = {r};
+            if (!(ba = bind_tensor(mf, name, C, 2 * Hv, 1))) return ANVIL_ERR_FORMAT;
+            if ((st = pick_rows(m, &w->b, ba, Hk, 2 * r, 1, b_off, ba_w)) != ANVIL_OK ||
+                (st = pick_rows(m, &w->a, ba, Hk, 2 * r, 1, a_off, ba_w)) != ANVIL_OK)
+                return st;
+        } else if (!bind_proj(m, &w->b, C, Hv, "blk.%d.ssm_beta.weight", l) ||
+                   !bind_proj(m, &w->a, C, Hv, "blk.%d.ssm_alpha.weight", l)) {
+            return ANVIL_ERR_FORMAT;
+        }
+        w->A_is_log = false;
+        w->v_tiled = hp->arch == ARCH_QWEN35 || hp->arch == ARCH_QWEN35_MOE;
+        if (!(w->conv = bind_tensorf(mf, Kc, Cc, 1, "blk.%d.ssm_conv1d.weight", l)) ||
+            !(w->A = bind_tensorf(mf, Hv, 1, 1, "blk.%d.ssm_a", l)) ||
+            !(w->dt_bias = bind_tensorf(mf, Hv, 1, 1, "blk.%d.ssm_dt.bias", l)) ||
+            !(w->gnorm = bind_tensorf(mf, Dv, 1, 1, "blk.%d.ssm_norm.weight", l)) ||
+            !(w->out = bind_tensorf(mf, (int64_t)Hv * Dv, C, 1, "blk.%d.ssm_out.weight", l)))
+            return ANVIL_ERR_FORMAT;
+        return ANVIL_OK;
+    }
     if (layout == GDN_HF_NEXT) {
         int W = 2 * Dk + 2 * r * Dv;
         const struct tensor_info *qkvz, *ba;
@@ -286,7 +322,7 @@ int block_gdn(struct graph *g, const struct hparams *hp, const struct gdn_weight
     int b = graph_matmul(g, h, proj_node(g, &w->b));
     int a = graph_matmul(g, h, proj_node(g, &w->a));
     int y = graph_gdn(g, qkv, b, a, graph_weight(g, w->conv), graph_weight(g, w->A),
-                      graph_weight(g, w->dt_bias), cs, ss, Hk, Dk, w->A_is_log);
+                      graph_weight(g, w->dt_bias), cs, ss, Hk, Dk, w->A_is_log, w->v_tiled);
     /* the gated RMSNorm: norm(y) with a plain weight, times silu(z) */
     y = graph_rms_norm(g, y, graph_weight(g, w->gnorm), hp->rms_eps, false);
     y = graph_swiglu(g, graph_reshape(g, z, Dv, Hv, T), y);

@@ -71,6 +71,10 @@ enum gdn_layout {
     GDN_HF_NEXT, /* in_proj_qkvz, in_proj_ba: interleaved per key-head group */
     GDN_HF_35,   /* in_proj_qkv (q | k | v), in_proj_z, in_proj_b, in_proj_a */
 };
+/* GGUF files (llama.cpp's converter) are recognised by their names whatever the layout
+ * asked for: attn_qkv (q | k | v), attn_gate (z), ssm_ba (Next: b, a interleaved per
+ * key-head group as in_proj_ba) or ssm_beta + ssm_alpha, ssm_conv1d, ssm_a = -exp(A_log),
+ * ssm_dt.bias, ssm_norm, ssm_out; qwen35/qwen35moe files tile the value heads. */
 
 struct gdn_weights {
     const struct tensor_info *norm;  /* {C}: the layer's input norm */
@@ -80,6 +84,7 @@ struct gdn_weights {
     const struct tensor_info *conv;  /* {Kc, Cc} (HF: {Kc, 1, Cc}) */
     const struct tensor_info *A;     /* {Hv}: A_log (HF) or -exp(A_log) (GGUF) */
     bool A_is_log;
+    bool v_tiled;                    /* value head h reads key head h % Hk (else h / (Hv/Hk)) */
     const struct tensor_info *dt_bias; /* {Hv} */
     const struct tensor_info *gnorm;   /* {Dv}: the gated RMSNorm, plain weight */
     const struct tensor_info *out;     /* {Hv*Dv, C} */

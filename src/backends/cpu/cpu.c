@@ -162,7 +162,7 @@ struct gdn_job {
     float *S;                /* {Dv, Dk, Hv} */
     float *out;              /* {Dv, Hv, T} */
     int64_t Hk, Hv, Dk, Dv, T, Cc;
-    bool a_is_log;
+    bool a_is_log, v_tiled;
     float eps;
     struct cpu_program *p;
 };
@@ -174,7 +174,7 @@ static void gdn_heads(void *ctx, int64_t begin, int64_t end, int thread) {
     float *kn = qn + j->Dk, *d = kn + j->Dk;
     int64_t Dk = j->Dk, Dv = j->Dv;
     for (int64_t h = begin; h < end; h++) {
-        int64_t hk = h / (j->Hv / j->Hk);
+        int64_t hk = j->v_tiled ? h % j->Hk : h / (j->Hv / j->Hk);
         float A = j->a_is_log ? -expf(j->A[h]) : j->A[h];
         float *S = j->S + h * Dk * Dv;
         for (int64_t t = 0; t < j->T; t++) {
@@ -243,7 +243,8 @@ static void op_gdn(struct cpu_program *p, const struct node *n, float *out) {
     /* 2. the delta rule, one value head per task */
     struct gdn_job j = {xc, p->bufs[n->src[1]], p->bufs[n->src[2]], p->bufs[n->src[4]],
                         p->bufs[n->src[5]], p->bufs[n->src[7]], out, n->p.i[0], Hv,
-                        n->p.i[1], n->ne[0], T, Cc, n->p.i[2] != 0, n->p.f[0], p};
+                        n->p.i[1], n->ne[0], T, Cc, n->p.i[2] != 0, n->p.i[3] != 0,
+                        n->p.f[0], p};
     thread_pool_for(p->b->pool, Hv, 1, gdn_heads, &j);
 }
 
