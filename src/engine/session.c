@@ -70,6 +70,12 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
     if (hp->n_expert)
         OUT("experts:      %d, %d per token, width %d, shared %d\n", hp->n_expert,
             hp->n_expert_used, hp->n_ff_exp, hp->n_ff_shexp);
+    int n_rec = 0;
+    for (int l = 0; l < hp->n_layer; l++) n_rec += hp->layer_recurrent[l];
+    if (n_rec)
+        OUT("deltanet:     %d of %d layers, %d k / %d v heads x %d / %d, conv %d\n", n_rec,
+            hp->n_layer, hp->ssm_n_k_heads, hp->ssm_n_v_heads, hp->ssm_d_k, hp->ssm_d_v,
+            hp->ssm_conv_kernel);
     OUT("vocab:        %d\n", hp->n_vocab);
     OUT("context:      %d\n", hp->n_ctx_train);
     OUT("embeddings:   %s\n", hp->tied_embeddings ? "tied" : "untied");
