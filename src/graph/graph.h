@@ -30,7 +30,7 @@
 
 enum op {
     OP_TOKENS,     /* leaf: the T input token ids (int32) */
-    OP_WEIGHT,     /* leaf: a model tensor */
+    OP_WEIGHT,     /* leaf: a model tensor (3-D {K, N, E} for GGUF's merged experts) */
     OP_STATE,      /* leaf: a persistent per-session tensor, f32, zeroed at creation */
     OP_EMBED,      /* src0 weight {C, V}; out {C, T}: rows of src0 picked by the tokens */
     OP_RMS_NORM,   /* src0 x {D, ...}, src1 weight {D}; out = x / rms(x) * w per row of D;
@@ -64,28 +64,32 @@ enum op {
                        broadcast); out = x * sigmoid(g). Gated attention output, the shared
                        expert's gate. */
     OP_GDN,        /* Gated DeltaNet over T tokens, from the input projections to the core output
-                      (before its gated norm). src0 qkv {Cc, T} (projected, before the conv),
-                      src1 b {Hv, T}, src2 a {Hv, T}, src3 conv weight {Kc, Cc} (any shape with
-                      ne0 = Kc and Kc*Cc elements), src4 A {Hv}, src5 dt_bias {Hv},
-                      src6 conv state {Kc-1, Cc}, src7 recurrent state {Dv, Dk, Hv}.
-                      p.i[0] = Hk, p.i[1] = Dk, p.i[3] = 1 when value heads are tiled (value
-                      head h reads key head h % Hk, as llama.cpp's qwen35 GGUF files reorder
-                      them), 0 when grouped (h / (Hv/Hk), Hugging Face).
-                      p.i[2] = 1 when src4 holds A_log (Hugging
-                      Face; the decay rate is -exp(A_log)), 0 when it holds -exp(A_log) itself
-                      (GGUF ssm_a); p.f[0] = eps of the q/k L2 norm (1e-6).
+                      (before its gated norm). Sources:
+                        src0 qkv {Cc, T}: the projected input, before the conv; channels
+                             [0, Hk*Dk) q, [Hk*Dk, 2*Hk*Dk) k, then Hv*Dv of v (head-major)
+                        src1 b {Hv, T}, src2 a {Hv, T}: the beta and decay inputs
+                        src3 conv weight {Kc, Cc} (any shape with ne0 = Kc, Kc*Cc elements)
+                        src4 A {Hv}, src5 dt_bias {Hv}
+                        src6 conv state {Kc-1, Cc}, src7 recurrent state {Dv, Dk, Hv}
+                      Params: p.i[0] = Hk, p.i[1] = Dk; p.i[2] = 1 when src4 holds A_log
+                      (Hugging Face: the rate is -exp(A_log)), 0 when it holds the rate
+                      -exp(A_log) itself (GGUF ssm_a); p.i[3] = 1 when value heads are tiled
+                      (value head h reads key head hk = h % Hk: llama.cpp's qwen35 files
+                      reorder them so), 0 when grouped (hk = h / (Hv/Hk), Hugging Face);
+                      p.f[0] = eps of the L2 norm (1e-6).
                       A run at pos0 == 0 starts a new sequence: both states count as zero
-                      (whatever they held), so a session reset needs no state clearing.
-                      1. conv: xc[c][t] = silu(sum_j w[c][j] * x[c][t - (Kc-1) + j]), inputs
-                         before t = 0 taken from the conv state (the last Kc-1 inputs, oldest
-                         first), which then holds this batch's last Kc-1 inputs.
-                      2. per token t and value head h (key head hk = h / (Hv/Hk)):
-                         q = l2norm(xc q of hk) / sqrt(Dk), k = l2norm(xc k of hk), v = xc v of h
-                         (hk as p.i[3] says),
-                         beta = sigmoid(b[h]), g = A[h] * softplus(a[h] + dt_bias[h]),
-                         S = exp(g) * S;  S += k ⊗ (beta * (v - Sᵀk));  out[h] = Sᵀq,
-                         with S the state's Dk x Dv matrix of head h (element (i, j) at
-                         j + Dv * (i + Dk * h)). out {Dv, Hv, T}. */
+                      whatever they held (a session reset needs no clearing).
+                      1. conv, per channel c: xc[t][c] = silu(sum_j w[c][j] * x[t-(Kc-1)+j][c])
+                         (w[c][j] at j + Kc*c), inputs before t = 0 from the conv state
+                         (the previous Kc-1 inputs, oldest first at j + (Kc-1)*c); the state
+                         then holds the last Kc-1 inputs.
+                      2. per value head h, token by token: with l2norm(x) = x / sqrt(x·x + eps),
+                         q = l2norm(xc q of hk) / sqrt(Dk), k = l2norm(xc k of hk),
+                         v = xc v of h, beta = sigmoid(b[h]),
+                         g = rate[h] * softplus(a[h] + dt_bias[h]) (negative: a decay),
+                         S = exp(g) * S;  S += k ⊗ (beta * (v - Sᵀk));  out[t][h] = Sᵀq,
+                         where S is head h's Dk x Dv state, element (i, j) at
+                         j + Dv * (i + Dk * h). out {Dv, Hv, T}. */
     OP_COUNT,
 };
 
