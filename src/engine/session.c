@@ -62,6 +62,8 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
     OUT("parameters:   %.3f B (%llu)\n", (double)params / 1e9, (unsigned long long)params);
     OUT("size:         %.2f GiB (%llu bytes)\n", (double)bytes / (1 << 30),
         (unsigned long long)bytes);
+    OUT("read/token:   %.2f GiB of weights per decode step\n",
+        (double)model_file_bytes_per_token(mf) / (1 << 30));
     OUT("layers:       %d\n", hp->n_layer);
     OUT("hidden:       %d\n", hp->n_embd);
     OUT("heads:        %d q / %d kv x %d (rotary %d, theta %g)\n", hp->n_head, hp->n_head_kv,

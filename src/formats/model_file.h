@@ -96,6 +96,9 @@ void model_file_close(struct model_file *mf);
 const struct tensor_info *model_file_find(const struct model_file *mf, const char *name);
 /* Total bytes of all tensors, and number of parameters. */
 void model_file_totals(const struct model_file *mf, uint64_t *bytes, uint64_t *params);
+/* Weight bytes one decode step reads: every tensor, but the k used of E experts of an MoE
+ * layer (merged ffn_*_exps or per-expert tensors) and one row of an untied embedding. */
+uint64_t model_file_bytes_per_token(const struct model_file *mf);
 
 /* --- the individual formats (model_file.c dispatches) --- */
 
