@@ -15,6 +15,8 @@ static const struct {
     {"bench", cmd_bench, "measure prompt processing and generation speed"},
     {"eval", cmd_eval, "run token ids through a model and print/write logits"},
     {"info", cmd_info, "describe a model: architecture, shapes, tensor types"},
+    {"tokenize", cmd_tokenize, "text on stdin to token ids (--decode: ids to text)"},
+    {"template", cmd_template, "render a conversation with the model's chat template"},
 };
 
 static void usage(FILE *f) {
