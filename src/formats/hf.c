@@ -509,6 +509,8 @@ anvil_status hf_open(const char *dir, struct model_file *mf) {
         st = hf_parse_config(text, cfg_path, &mf->hp);
         free(text);
     }
+    /* checked here too so that the message names config.json */
+    if (st == ANVIL_OK) st = hparams_validate(&mf->hp, cfg_path);
     free(cfg_path);
     if (st != ANVIL_OK) return st;
 
