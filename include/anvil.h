@@ -110,6 +110,64 @@ int anvil_session_position(const anvil_session *s);
 /* Forgets the cache: the next eval starts at position 0. */
 void anvil_session_reset(anvil_session *s);
 
+/* ---- sampling ---- */
+
+/* How the next token is chosen; see src/engine/sampler.h for the exact chain. */
+typedef struct anvil_sampling {
+    float temperature;       /* <= 0: greedy (argmax) */
+    int top_k;               /* 0: off (at most 256 candidates are considered) */
+    float top_p;             /* 1: off */
+    float min_p;             /* 0: off */
+    float repeat_penalty;    /* 1: off */
+    float presence_penalty;  /* 0: off */
+    float frequency_penalty; /* 0: off */
+    int penalty_last_n;      /* how many recent tokens the penalties look at */
+    uint64_t seed;           /* same seed, same prompt: same tokens */
+} anvil_sampling;
+
+/* Greedy, no penalties. */
+anvil_sampling anvil_sampling_default(void);
+
+/* ---- generation ---- */
+
+typedef struct anvil_generate_params {
+    anvil_sampling sampling;
+    int max_tokens;              /* budget of generated tokens (> 0) */
+    const int32_t *stop_tokens;  /* end-of-turn ids (e.g. <|im_end|>, <|endoftext|>) */
+    int n_stop_tokens;
+} anvil_generate_params;
+
+typedef enum anvil_stop_reason {
+    ANVIL_STOP_NONE = 0,
+    ANVIL_STOP_EOS,      /* a stop token was chosen (not delivered, not in the cache) */
+    ANVIL_STOP_LENGTH,   /* max_tokens reached */
+    ANVIL_STOP_CALLBACK, /* the callback asked to stop (stop string, Ctrl-C, disconnect) */
+    ANVIL_STOP_CONTEXT,  /* the context is full */
+} anvil_stop_reason;
+
+typedef struct anvil_generate_stats {
+    int n_prompt, n_generated;
+    double prompt_seconds, generate_seconds;
+    anvil_stop_reason stop;
+} anvil_generate_stats;
+
+/* Called with each generated token as soon as it is known; return non-zero to stop. */
+typedef int (*anvil_token_fn)(void *user, int32_t token);
+
+/*
+ * Appends prompt[n_prompt] at the session's position (n_prompt may be 0 to continue), then
+ * generates up to p->max_tokens tokens, delivering each to fn. Generated tokens enter the
+ * cache, so a later call continues the conversation. stats may be NULL.
+ */
+anvil_status anvil_session_generate(anvil_session *s, const int32_t *prompt, int n_prompt,
+                                    const anvil_generate_params *p, anvil_token_fn fn,
+                                    void *user, anvil_generate_stats *stats);
+/* The tokens in the cache, in order (session-owned; valid until the next call). */
+const int32_t *anvil_session_tokens(const anvil_session *s, int *n);
+/* Drops cached tokens from position n on (n <= position): a new prompt sharing a prefix with
+ * the cache only prefills the part after it. */
+anvil_status anvil_session_truncate(anvil_session *s, int n);
+
 /* ---- Tokenizer and chat templates ----------------------------------------------------------
  *
  * Byte-level BPE exactly as Hugging Face `tokenizers` runs the Qwen vocabularies, and the
