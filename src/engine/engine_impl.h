@@ -19,6 +19,7 @@ struct anvil_session {
     struct backend *backend;
     int n_ctx;
     int pos;            /* tokens in the cache */
+    int32_t *tokens;    /* [n_ctx]: the ids at positions 0 .. pos-1 */
     struct program *decode;  /* T = 1 */
     struct program *prefill; /* the last prefill program compiled, for prefill_T tokens */
     int prefill_T;

@@ -1,0 +1,150 @@
+/* generate: greedy generation matches step-by-step argmax; stops; continuation; seeds. */
+#include <stdlib.h>
+
+#include "anvil.h"
+#include "testutil.h"
+
+struct collect {
+    int32_t toks[256];
+    int n, stop_after;
+};
+
+static int collect_fn(void *user, int32_t t) {
+    struct collect *c = user;
+    c->toks[c->n++] = t;
+    return c->stop_after && c->n >= c->stop_after;
+}
+
+static anvil_model *model;
+
+static int setup(void **state) {
+    (void)state;
+    anvil_model_params mp = {2};
+    return anvil_model_open("synthetic:qwen3-tiny", &mp, &model) == ANVIL_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    anvil_model_close(model);
+    return 0;
+}
+
+static anvil_session *session(void) {
+    anvil_session_params sp = anvil_session_default_params();
+    sp.backend = ANVIL_BACKEND_CPU;
+    sp.n_ctx = 128;
+    anvil_session *s;
+    assert_int_equal(anvil_session_create(model, &sp, &s), ANVIL_OK);
+    return s;
+}
+
+static void test_greedy_matches_eval(void **state) {
+    (void)state;
+    anvil_session *s = session();
+    int32_t prompt[] = {3, 14, 15, 92};
+    anvil_generate_params gp = {anvil_sampling_default(), 10, NULL, 0};
+    struct collect c = {.n = 0};
+    anvil_generate_stats st;
+    assert_int_equal(anvil_session_generate(s, prompt, 4, &gp, collect_fn, &c, &st), ANVIL_OK);
+    assert_int_equal(c.n, 10);
+    assert_int_equal(st.stop, ANVIL_STOP_LENGTH);
+    assert_int_equal(anvil_session_position(s), 14);
+
+    /* the same by hand */
+    anvil_session *r = session();
+    float *logits = malloc(sizeof(float) * (size_t)anvil_model_vocab_size(model));
+    assert_int_equal(anvil_session_eval(r, prompt, 4, ANVIL_LOGITS_LAST, logits), ANVIL_OK);
+    for (int i = 0; i < 10; i++) {
+        int32_t best = 0;
+        for (int v = 1; v < anvil_model_vocab_size(model); v++)
+            if (logits[v] > logits[best]) best = v;
+        assert_int_equal(best, c.toks[i]);
+        assert_int_equal(anvil_session_eval(r, &best, 1, ANVIL_LOGITS_LAST, logits), ANVIL_OK);
+    }
+    /* a stop token ends generation without being delivered */
+    anvil_session_reset(s);
+    int32_t stop = c.toks[3];
+    gp.stop_tokens = &stop;
+    gp.n_stop_tokens = 1;
+    struct collect d = {.n = 0};
+    assert_int_equal(anvil_session_generate(s, prompt, 4, &gp, collect_fn, &d, &st), ANVIL_OK);
+    assert_int_equal(st.stop, ANVIL_STOP_EOS);
+    for (int i = 0; i < d.n; i++) assert_int_not_equal(d.toks[i], stop);
+    /* the callback stops it */
+    anvil_session_reset(s);
+    gp.n_stop_tokens = 0;
+    struct collect e = {.n = 0, .stop_after = 2};
+    assert_int_equal(anvil_session_generate(s, prompt, 4, &gp, collect_fn, &e, &st), ANVIL_OK);
+    assert_int_equal(st.stop, ANVIL_STOP_CALLBACK);
+    assert_int_equal(e.n, 2);
+    free(logits);
+    anvil_session_destroy(r);
+    anvil_session_destroy(s);
+}
+
+static void test_continuation_and_seed(void **state) {
+    (void)state;
+    int32_t prompt[] = {7, 8, 9};
+    anvil_generate_params gp = {anvil_sampling_default(), 6, NULL, 0};
+    gp.sampling.temperature = 1.0f;
+    gp.sampling.seed = 99;
+    anvil_session *a = session(), *b = session();
+    struct collect ca = {.n = 0}, cb = {.n = 0};
+    assert_int_equal(anvil_session_generate(a, prompt, 3, &gp, collect_fn, &ca, NULL), ANVIL_OK);
+    /* in two halves, continuing from the cache */
+    gp.max_tokens = 3;
+    assert_int_equal(anvil_session_generate(b, prompt, 3, &gp, collect_fn, &cb, NULL), ANVIL_OK);
+    assert_int_equal(anvil_session_generate(b, NULL, 0, &gp, collect_fn, &cb, NULL), ANVIL_OK);
+    assert_int_equal(cb.n, 6);
+    assert_memory_equal(ca.toks, cb.toks, 6 * sizeof(int32_t));
+    int n;
+    const int32_t *cached = anvil_session_tokens(b, &n);
+    assert_int_equal(n, 9);
+    assert_memory_equal(cached + 3, cb.toks, 6 * sizeof(int32_t));
+    /* truncation back to the prompt, then the same seed gives the same tokens */
+    assert_int_equal(anvil_session_truncate(b, 3), ANVIL_OK);
+    gp.max_tokens = 6;
+    struct collect cc = {.n = 0};
+    assert_int_equal(anvil_session_generate(b, NULL, 0, &gp, collect_fn, &cc, NULL), ANVIL_OK);
+    assert_memory_equal(ca.toks, cc.toks, 6 * sizeof(int32_t));
+    assert_int_equal(anvil_session_truncate(b, 100), ANVIL_ERR_INVALID_ARG);
+    anvil_session_destroy(a);
+    anvil_session_destroy(b);
+}
+
+/* A hybrid model's recurrent state cannot step back a token: continuing must give the
+ * same tokens as one uninterrupted run (the engine replays the history). */
+static void test_continuation_recurrent(void **state) {
+    (void)state;
+    anvil_model_params mp = {2};
+    anvil_model *hm;
+    assert_int_equal(anvil_model_open("synthetic:qwen3.6-tiny", &mp, &hm), ANVIL_OK);
+    anvil_session_params sp = anvil_session_default_params();
+    sp.backend = ANVIL_BACKEND_CPU;
+    sp.n_ctx = 64;
+    anvil_session *a, *b;
+    assert_int_equal(anvil_session_create(hm, &sp, &a), ANVIL_OK);
+    assert_int_equal(anvil_session_create(hm, &sp, &b), ANVIL_OK);
+    int32_t prompt[] = {7, 8, 9};
+    anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0};
+    gp.sampling.temperature = 0;
+    struct collect ca = {.n = 0}, cb = {.n = 0};
+    assert_int_equal(anvil_session_generate(a, prompt, 3, &gp, collect_fn, &ca, NULL), ANVIL_OK);
+    gp.max_tokens = 4;
+    assert_int_equal(anvil_session_generate(b, prompt, 3, &gp, collect_fn, &cb, NULL), ANVIL_OK);
+    assert_int_equal(anvil_session_generate(b, NULL, 0, &gp, collect_fn, &cb, NULL), ANVIL_OK);
+    assert_int_equal(cb.n, 8);
+    assert_memory_equal(ca.toks, cb.toks, 8 * sizeof(int32_t));
+    anvil_session_destroy(a);
+    anvil_session_destroy(b);
+    anvil_model_close(hm);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_matches_eval),
+        cmocka_unit_test(test_continuation_and_seed),
+        cmocka_unit_test(test_continuation_recurrent),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
