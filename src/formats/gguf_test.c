@@ -2,6 +2,7 @@
  * GGUF: malformed files (each with its own clear error), the writer -> reader round trip with
  * every value type, and `anvil quantize` against llama.cpp's own files (byte for byte).
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -351,6 +352,41 @@ static void test_writer_roundtrip(void **state) {
     free(dir);
 }
 
+/* Two metadata values are equal (deep, nested arrays included). */
+static bool value_equal(const struct gguf_value *x, const struct gguf_value *y) {
+    if (x->type != y->type) return false;
+    switch (x->type) {
+    case GGUF_STRING:
+        return x->str.len == y->str.len && !memcmp(x->str.ptr, y->str.ptr, x->str.len);
+    case GGUF_F32: case GGUF_F64:
+        return x->f == y->f;
+    case GGUF_ARRAY: {
+        const struct gguf_array *a = &x->arr, *b = &y->arr;
+        if (a->type != b->type || a->count != b->count) return false;
+        for (uint64_t k = 0; k < a->count; k++) {
+            size_t lx, ly;
+            const char *sx = gguf_arr_str(a, k, &lx), *sy = gguf_arr_str(b, k, &ly);
+            double fx, fy;
+            if (a->type == GGUF_ARRAY) {
+                if (!value_equal(&a->elems[k], &b->elems[k])) return false;
+            } else if (sx) {
+                if (!sy || lx != ly || memcmp(sx, sy, lx)) return false;
+            } else if (!gguf_arr_float(a, k, &fx) || !gguf_arr_float(b, k, &fy) || fx != fy) {
+                return false;
+            }
+        }
+        return true;
+    }
+    default:
+        return x->u == y->u;
+    }
+}
+
+static void assert_kv_equal(const struct gguf_kv *x, const struct gguf_kv *y) {
+    if (!y) fail_msg("key %s missing", x->key);
+    if (!value_equal(&x->v, &y->v)) fail_msg("key %s differs", x->key);
+}
+
 /* ------------------------------------------------------------------ anvil quantize */
 
 static void assert_same_file(const char *a, const char *b) {
@@ -399,7 +435,7 @@ static void test_quantize_like_llama(void **state) {
 }
 
 /* From the Hugging Face checkpoint (bf16): the same tensors, types and bytes as llama.cpp's
- * convert + quantize, and the hyperparameters read back equal. */
+ * convert + quantize, the hyperparameters read back equal, and the same tokenizer metadata. */
 static void test_quantize_from_hf(void **state) {
     (void)state;
     char *dir = tu_tmpdir();
@@ -429,6 +465,14 @@ static void test_quantize_from_hf(void **state) {
     assert_int_equal(a->hp.n_ff, b->hp.n_ff);
     assert_int_equal(a->hp.n_vocab, b->hp.n_vocab);
     assert_true(a->hp.rope_theta == b->hp.rope_theta && a->hp.rms_eps == b->hp.rms_eps);
+    /* the tokenizer, converted from tokenizer.json / tokenizer_config.json, as llama.cpp does */
+    int n_tok = 0;
+    for (int64_t i = 0; i < b->gguf->n_kv; i++)
+        if (!strncmp(b->gguf->kv[i].key, "tokenizer.", 10)) {
+            assert_kv_equal(&b->gguf->kv[i], gguf_find_kv(a->gguf, b->gguf->kv[i].key));
+            n_tok++;
+        }
+    assert_int_equal(n_tok, 9);
     model_file_close(a);
     model_file_close(b);
     tu_rmdir(dir);
@@ -448,26 +492,7 @@ static void test_copy_roundtrip(void **state) {
     assert_int_equal(gguf_open(in, &a), ANVIL_OK);
     assert_int_equal(gguf_open(out, &b), ANVIL_OK);
     assert_int_equal(a->n_kv, b->n_kv);
-    for (int64_t i = 0; i < a->n_kv; i++) {
-        const struct gguf_kv *x = &a->kv[i], *y = gguf_find_kv(b, x->key);
-        assert_non_null(y);
-        assert_int_equal(x->v.type, y->v.type);
-        if (x->v.type == GGUF_STRING)
-            assert_true(x->v.str.len == y->v.str.len && !memcmp(x->v.str.ptr, y->v.str.ptr, x->v.str.len));
-        else if (x->v.type == GGUF_ARRAY) {
-            assert_int_equal(x->v.arr.count, y->v.arr.count);
-            for (uint64_t k = 0; k < x->v.arr.count; k++) {
-                size_t lx, ly;
-                const char *sx = gguf_arr_str(&x->v.arr, k, &lx), *sy = gguf_arr_str(&y->v.arr, k, &ly);
-                int64_t ix, iy;
-                if (sx) assert_true(sy && lx == ly && !memcmp(sx, sy, lx));
-                else assert_true(gguf_arr_int(&x->v.arr, k, &ix) && gguf_arr_int(&y->v.arr, k, &iy) && ix == iy);
-            }
-        } else if (x->v.type == GGUF_F32 || x->v.type == GGUF_F64)
-            assert_true(x->v.f == y->v.f);
-        else
-            assert_true(x->v.u == y->v.u);
-    }
+    for (int64_t i = 0; i < a->n_kv; i++) assert_kv_equal(&a->kv[i], gguf_find_kv(b, a->kv[i].key));
     assert_int_equal(a->n_tensors, b->n_tensors);
     for (int64_t i = 0; i < a->n_tensors; i++) {
         const struct gguf_tensor *x = &a->tensors[i], *y = gguf_find_tensor(b, x->name);
