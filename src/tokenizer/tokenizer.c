@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "formats/gguf.h"
 #include "tokenizer/tokenizer_impl.h"
 
 /* ---- UTF-8 ---------------------------------------------------------------------------- */
@@ -428,9 +429,14 @@ anvil_status anvil_tokenizer_open(const char *path, anvil_tokenizer **out) {
     struct stat sb;
     if (stat(path, &sb) != 0)
         return err_set(ANVIL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (S_ISREG(sb.st_mode) && ends_with(path, ".gguf"))
-        return err_set(ANVIL_ERR_UNSUPPORTED, "%s: reading a tokenizer from GGUF metadata is not "
-                       "wired yet (tokenizer_create takes its arrays)", path);
+    if (S_ISREG(sb.st_mode) && ends_with(path, ".gguf")) {
+        struct gguf_file *gf;
+        anvil_status st = gguf_open(path, &gf);
+        if (st != ANVIL_OK) return st;
+        st = tokenizer_load_gguf(gf, out);
+        gguf_close(gf);
+        return st;
+    }
     return tokenizer_load_hf(path, out);
 }
 
