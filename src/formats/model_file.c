@@ -156,6 +156,9 @@ anvil_status hparams_validate(const struct hparams *hp, const char *path) {
     CHECK(hp->rms_eps > 0 && hp->rms_eps < 1, "rms norm eps %g out of range",
           (double)hp->rms_eps);
     CHECK(hp->n_ctx_train >= 0, "negative context length");
+    if (hp->arch == ARCH_QWEN3 || hp->arch == ARCH_QWEN35)
+        CHECK(hp->n_ff > 0, "intermediate size %d: a dense model needs a positive MLP width",
+              hp->n_ff);
     if (hp->arch == ARCH_QWEN3_MOE || hp->arch == ARCH_QWEN3_NEXT || hp->arch == ARCH_QWEN35_MOE) {
         CHECK(hp->n_expert > 0 && hp->n_expert <= 4096, "expert count %d out of range",
               hp->n_expert);
