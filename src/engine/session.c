@@ -6,6 +6,7 @@
 #include "anvil.h"
 #include "engine_impl.h"
 #include "quant/quant.h"
+#include "formats/gguf.h"
 
 #define PREFILL_CHUNK 512
 
@@ -63,6 +64,8 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
     OUT("parameters:   %.3f B (%llu)\n", (double)params / 1e9, (unsigned long long)params);
     OUT("size:         %.2f GiB (%llu bytes)\n", (double)bytes / (1 << 30),
         (unsigned long long)bytes);
+    OUT("read/token:   %.2f GiB of weights per decode step\n",
+        (double)model_file_bytes_per_token(mf) / (1 << 30));
     OUT("layers:       %d\n", hp->n_layer);
     OUT("hidden:       %d\n", hp->n_embd);
     OUT("heads:        %d q / %d kv x %d (rotary %d, theta %g)\n", hp->n_head, hp->n_head_kv,
@@ -71,6 +74,12 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
     if (hp->n_expert)
         OUT("experts:      %d, %d per token, width %d, shared %d\n", hp->n_expert,
             hp->n_expert_used, hp->n_ff_exp, hp->n_ff_shexp);
+    int n_rec = 0;
+    for (int l = 0; l < hp->n_layer; l++) n_rec += hp->layer_recurrent[l];
+    if (n_rec)
+        OUT("deltanet:     %d of %d layers, %d k / %d v heads x %d / %d, conv %d\n", n_rec,
+            hp->n_layer, hp->ssm_n_k_heads, hp->ssm_n_v_heads, hp->ssm_d_k, hp->ssm_d_v,
+            hp->ssm_conv_kernel);
     OUT("vocab:        %d\n", hp->n_vocab);
     OUT("context:      %d\n", hp->n_ctx_train);
     OUT("embeddings:   %s\n", hp->tied_embeddings ? "tied" : "untied");
@@ -87,6 +96,7 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
         if (count[t])
             OUT("  %-6s %5llu tensors  %10.2f MiB\n", dtype_name(t), (unsigned long long)count[t],
                 (double)tbytes[t] / (1 << 20));
+    if (mf->gguf) len += gguf_describe(mf->gguf, buf + MIN(len, cap), cap > len ? cap - len : 0);
 #undef OUT
     return len;
 }

@@ -139,7 +139,8 @@ anvil_status hf_parse_config(const char *json, const char *path, struct hparams 
     INT_FIELD("head_dim", hp->n_head ? hp->n_embd / hp->n_head : 0, &hp->head_dim);
     INT_FIELD("intermediate_size", 0, &hp->n_ff);
     INT_FIELD("max_position_embeddings", 0, &hp->n_ctx_train);
-    INT_FIELD("num_experts", 0, &hp->n_expert);
+    INT_FIELD("num_local_experts", 0, &hp->n_expert); /* Qwen3-MoE's name in transformers 5 */
+    INT_FIELD("num_experts", hp->n_expert, &hp->n_expert);
     INT_FIELD("num_experts_per_tok", 0, &hp->n_expert_used);
     INT_FIELD("moe_intermediate_size", 0, &hp->n_ff_exp);
     INT_FIELD("shared_expert_intermediate_size", 0, &hp->n_ff_shexp);
@@ -148,7 +149,8 @@ anvil_status hf_parse_config(const char *json, const char *path, struct hparams 
     INT_FIELD("linear_num_value_heads", 0, &hp->ssm_n_v_heads);
     INT_FIELD("linear_key_head_dim", 0, &hp->ssm_d_k);
     INT_FIELD("linear_value_head_dim", 0, &hp->ssm_d_v);
-    if (!json_bool(cfg, "norm_topk_prob", false, &hp->norm_topk_prob)) {
+    /* Qwen3.5-MoE's router always renormalises its top k (its config has no such key) */
+    if (!json_bool(cfg, "norm_topk_prob", hp->arch == ARCH_QWEN35_MOE, &hp->norm_topk_prob)) {
         st = err_set(ANVIL_ERR_FORMAT, "%s: \"norm_topk_prob\" must be a boolean", path);
         goto done;
     }
@@ -201,6 +203,27 @@ anvil_status hf_parse_config(const char *json, const char *path, struct hparams 
     if (hp->n_layer > MAX_LAYERS) {
         st = err_set(ANVIL_ERR_FORMAT, "%s: %d layers (at most %d)", path, hp->n_layer, MAX_LAYERS);
         goto done;
+    }
+    if (hp->n_expert > 0) {
+        /* a layer has experts unless listed in mlp_only_layers or off the sparse step */
+        int step;
+        INT_FIELD("decoder_sparse_step", 1, &step);
+        for (int i = 0; i < hp->n_layer; i++) hp->layer_dense_ffn[i] = step > 0 && (i + 1) % step != 0;
+        const cJSON *mlp_only = cJSON_GetObjectItemCaseSensitive(cfg, "mlp_only_layers");
+        if (mlp_only && !cJSON_IsNull(mlp_only) && !cJSON_IsArray(mlp_only)) {
+            st = err_set(ANVIL_ERR_FORMAT, "%s: \"mlp_only_layers\" must be an array", path);
+            goto done;
+        }
+        const cJSON *e;
+        cJSON_ArrayForEach(e, mlp_only) {
+            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= hp->n_layer ||
+                e->valuedouble != floor(e->valuedouble)) {
+                st = err_set(ANVIL_ERR_FORMAT, "%s: mlp_only_layers entry is not a layer index "
+                             "below %d", path, hp->n_layer);
+                goto done;
+            }
+            hp->layer_dense_ffn[(int)e->valuedouble] = true;
+        }
     }
     bool hybrid = hp->arch == ARCH_QWEN3_NEXT || hp->arch == ARCH_QWEN35 ||
                   hp->arch == ARCH_QWEN35_MOE;

@@ -85,6 +85,21 @@ void model_file_totals(const struct model_file *mf, uint64_t *bytes, uint64_t *p
     if (params) *params = p;
 }
 
+uint64_t model_file_bytes_per_token(const struct model_file *mf) {
+    const struct hparams *hp = &mf->hp;
+    uint64_t b = 0;
+    for (int i = 0; i < mf->n_tensors; i++) {
+        const struct tensor_info *t = &mf->tensors[i];
+        if (hp->n_expert > 0 && (strstr(t->name, "_exps.") || strstr(t->name, ".mlp.experts.")))
+            b += t->size / (uint64_t)hp->n_expert * (uint64_t)hp->n_expert_used;
+        else if (!strcmp(t->name, "token_embd.weight") && !hp->tied_embeddings && t->ne[1] > 0)
+            b += t->size / (uint64_t)t->ne[1];
+        else
+            b += t->size;
+    }
+    return b;
+}
+
 anvil_status model_file_add_tensor(struct model_file *mf, const char *name, int type,
                                    int n_dims, const int64_t *ne, const void *data,
                                    size_t size, const char *file) {
