@@ -3,7 +3,8 @@
 set -eu
 pkgs="build-essential cmake ninja-build pkg-config libcmocka-dev libcjson-dev \
 libpcre2-dev libutf8proc-dev libvulkan-dev libvulkan-volk-dev glslc \
-mesa-vulkan-drivers vulkan-validationlayers"
+mesa-vulkan-drivers vulkan-validationlayers \
+libmicrohttpd-dev libcurl4-openssl-dev"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive

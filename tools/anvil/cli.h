@@ -32,5 +32,6 @@ int fail(const char *fmt, ...);
 int cmd_eval(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 #endif

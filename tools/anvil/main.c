@@ -15,6 +15,7 @@ static const struct {
     {"bench", cmd_bench, "measure prompt processing and generation speed"},
     {"eval", cmd_eval, "run token ids through a model and print/write logits"},
     {"info", cmd_info, "describe a model: architecture, shapes, tensor types"},
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server"},
 };
 
 static void usage(FILE *f) {
