@@ -272,10 +272,11 @@ static char *render_chat(struct server *s, const cJSON *req, bool add_generation
     bool thinking = true;
     if (tools && !cJSON_IsArray(tools)) {
         BAD(e, "tools", "'tools' must be an array");
+    } else if (tools && cJSON_GetArraySize(tools) > 0) {
+        BAD(e, "tools", "tool definitions are not supported by this server yet");
     } else if (get_object(req, "chat_template_kwargs", &kw, e) &&
                (!kw || get_bool(kw, "enable_thinking", &thinking, e))) {
-        if (tools && cJSON_GetArraySize(tools) == 0) tools = NULL;
-        if (srv_text_render_chat(s->text, msgs, tools, add_generation_prompt, thinking, &text) !=
+        if (srv_text_render_chat(s->text, msgs, NULL, add_generation_prompt, thinking, &text) !=
             ANVIL_OK)
             BAD(e, "messages", "the chat template failed on these messages: %s", anvil_last_error());
     }
