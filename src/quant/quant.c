@@ -13,17 +13,25 @@ static void f32_to_f32(const void *src, float *dst, int64_t n) {
 static void f32_from_f32(const float *src, void *dst, int64_t n) {
     memcpy(dst, src, (size_t)n * sizeof(float));
 }
+/* Rows may sit at any byte offset (a safetensors header need not be padded): load through
+ * memcpy, which compiles to plain loads. */
+static inline uint16_t load_u16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
 static void f16_row_to_f32(const void *src, float *dst, int64_t n) {
-    const uint16_t *s = src;
-    for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]);
+    const uint8_t *s = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(load_u16(s + 2 * i));
 }
 static void f16_row_from_f32(const float *src, void *dst, int64_t n) {
     uint16_t *d = dst;
     for (int64_t i = 0; i < n; i++) d[i] = f32_to_f16(src[i]);
 }
 static void bf16_row_to_f32(const void *src, float *dst, int64_t n) {
-    const uint16_t *s = src;
-    for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+    const uint8_t *s = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(load_u16(s + 2 * i));
 }
 static void bf16_row_from_f32(const float *src, void *dst, int64_t n) {
     uint16_t *d = dst;
