@@ -260,8 +260,9 @@ static enum MHD_Result generate(struct server *s, struct MHD_Connection *c, enum
     if (!ok && !server_stopping(s)) {
         res = MHD_NO; /* the client is gone: close without an answer */
     } else if (!ok || j->error != ANVIL_OK) {
-        res = fail(s, c, ep, ok ? 500 : 503, "server_error", NULL, "%s",
-                   ok ? j->errmsg : "the server is shutting down");
+        bool stopping = server_stopping(s);
+        res = fail(s, c, ep, stopping ? 503 : 500, "server_error", NULL, "%s",
+                   stopping ? "the server is shutting down" : j->errmsg);
     } else {
         res = send_json(s, c, ep, 200, api_job_response(s, j));
     }

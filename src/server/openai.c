@@ -6,7 +6,7 @@
  *   model, stream, stream_options.include_usage, max_tokens, max_completion_tokens,
  *   temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
  *   repetition_penalty, seed, stop (string or list), n (1 only), ignore_eos (vLLM's),
- *   chat: messages, tools, chat_template_kwargs.enable_thinking;
+ *   chat: messages, tools (an empty list only), chat_template_kwargs.enable_thinking;
  *   completions: prompt (a string, or token ids; or a list of one of those).
  * Defaults follow OpenAI: temperature 1, top_p 1; without a seed each request draws one.
  */

@@ -189,6 +189,10 @@ static void run_job(struct server *s, struct job *j) {
         st = r.error;
         snprintf(msg, sizeof msg, "%s", anvil_last_error());
     }
+    if (st == ANVIL_OK && atomic_load(&s->stopping) && !atomic_load(&j->cancelled)) {
+        st = ANVIL_ERR_BACKEND; /* cut short: not a finished answer */
+        snprintf(msg, sizeof msg, "the server is shutting down");
+    }
     if (st == ANVIL_OK) {
         /* whatever the filters still hold is output, unless a stop string ended it */
         sbuf_clear(&r.piece);
@@ -209,7 +213,7 @@ static void run_job(struct server *s, struct job *j) {
     pthread_mutex_unlock(&j->mu);
     metrics_generation(&s->metrics, j->n_prompt, n_cached, stats.n_generated,
                        stats.prompt_seconds, stats.generate_seconds, cancelled);
-    if (st != ANVIL_OK) log_warn("serve: generation failed: %s", msg);
+    if (st != ANVIL_OK && !atomic_load(&s->stopping)) log_warn("serve: generation failed: %s", msg);
     job_finish(j, st, msg);
     think_split_free(&r.think);
     stop_filter_free(&r.stop);

@@ -49,7 +49,7 @@ int32_t srv_text_vocab_size(const struct srv_text *t);
 struct srv_decoder;
 anvil_status srv_decoder_create(struct srv_text *t, struct srv_decoder **out);
 void srv_decoder_destroy(struct srv_decoder *d);
-/* Appends the complete characters that id adds. */
+/* Appends the complete characters that id adds (nothing for a special token). */
 anvil_status srv_decoder_push(struct srv_decoder *d, int32_t id, struct sbuf *out);
 /* Appends what is still held (an incomplete character, as U+FFFD). */
 void srv_decoder_flush(struct srv_decoder *d, struct sbuf *out);

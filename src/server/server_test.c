@@ -11,6 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -257,7 +260,7 @@ static int start_server(void **state) {
         FILE *f = freopen(errpath, "w", stderr);
         (void)f;
         execl(ANVIL_BIN, ANVIL_BIN, "serve", "-m", tu_testdata("reference/qwen3-small"), "--port",
-              "0", "-t", "2", "--backend", "cpu", "--api-key", KEY, "--timeout", "10",
+              "0", "-t", "2", "--backend", "cpu", "--api-key", KEY, "--timeout", "2",
               (char *)NULL);
         _exit(127);
     }
@@ -285,7 +288,37 @@ static int start_server(void **state) {
 /* SIGTERM: the server ends its requests and exits 0, promptly. */
 static int stop_server(void **state) {
     (void)state;
+    /* one long stream running and one request waiting when the signal comes */
+    struct call busy, waiting;
+    call_init(&busy, "POST", "/v1/completions", "{\"prompt\":\"Busy\",\"max_tokens\":4000,"
+              "\"temperature\":0,\"ignore_eos\":true,\"stream\":true}", KEY);
+    call_init(&waiting, "POST", "/v1/completions", "{\"prompt\":\"Waiting\",\"max_tokens\":4}", KEY);
+    CURLM *m = curl_multi_init();
+    curl_multi_add_handle(m, busy.h);
+    int running = 1;
+    for (double t0 = now(); now() - t0 < 5 && busy.body.len < 200;) {
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 20, NULL);
+    }
+    assert_true(busy.body.len >= 200);
+    curl_multi_add_handle(m, waiting.h);
+    for (double t0 = now(); now() - t0 < 0.3;) {
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 20, NULL);
+    }
     assert_int_equal(kill(server_pid, SIGTERM), 0);
+    for (double t0 = now(); running && now() - t0 < 10;) {
+        curl_multi_perform(m, &running);
+        if (running) curl_multi_poll(m, NULL, 0, 20, NULL);
+    }
+    assert_int_equal(running, 0); /* both answered or cut, not left hanging */
+    long st = call_status(&waiting);
+    assert_true(st == 503 || st == 0);
+    curl_multi_remove_handle(m, busy.h);
+    curl_multi_remove_handle(m, waiting.h);
+    call_free(&busy);
+    call_free(&waiting);
+    curl_multi_cleanup(m);
     int status = 0;
     double t0 = now();
     pid_t r;
@@ -740,6 +773,35 @@ static void test_disconnect(void **state) {
     assert_server_alive();
 }
 
+/* A client that stops sending mid-request is dropped after the idle timeout (2 s here). */
+static void test_slow_client(void **state) {
+    (void)state;
+    const char *partial[] = {
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " KEY
+        "\r\nContent-Length: 50\r\n\r\n{\"prompt\":",
+        "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow",
+    };
+    for (int i = 0; i < 2; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)server_port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+        assert_int_equal(send(fd, partial[i], strlen(partial[i]), 0), (ssize_t)strlen(partial[i]));
+        struct timeval tv = {8, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        double t0 = now();
+        char buf[512];
+        while (recv(fd, buf, sizeof buf, 0) > 0) continue;
+        double dt = now() - t0;
+        close(fd);
+        if (dt < 1.5 || dt > 6) fail_msg("a stalled client was dropped after %.2f s, not ~2 s", dt);
+    }
+    char *out;
+    assert_int_equal(http("GET", "/health", NULL, NULL, &out), 200);
+    free(out);
+    assert_server_alive();
+}
+
 /* /metrics is valid Prometheus text, and its counters add up. */
 static void test_metrics(void **state) {
     (void)state;
@@ -794,6 +856,7 @@ int main(void) {
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_concurrent_streams),
         cmocka_unit_test(test_disconnect),
+        cmocka_unit_test(test_slow_client),
         cmocka_unit_test(test_metrics),
     };
     return cmocka_run_group_tests(tests, start_server, stop_server);

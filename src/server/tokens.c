@@ -10,6 +10,7 @@ struct srv_text {
 };
 
 struct srv_decoder {
+    const anvil_tokenizer *tok;
     anvil_detokenizer *dec;
 };
 
@@ -137,6 +138,7 @@ anvil_status srv_text_detokenize(struct srv_text *t, const int32_t *ids, int n, 
 anvil_status srv_decoder_create(struct srv_text *t, struct srv_decoder **out) {
     *out = xcalloc(1, sizeof **out);
     if (!*out) return ANVIL_ERR_NOMEM;
+    (*out)->tok = t->tok;
     anvil_status st = anvil_detokenizer_create(t->tok, &(*out)->dec);
     if (st != ANVIL_OK) {
         free(*out);
@@ -152,6 +154,8 @@ void srv_decoder_destroy(struct srv_decoder *d) {
 }
 
 anvil_status srv_decoder_push(struct srv_decoder *d, int32_t id, struct sbuf *out) {
+    /* control tokens (<|im_start|>, ...) are not text: left out, as vLLM and OpenAI do */
+    if (anvil_tokenizer_is_special(d->tok, id)) return ANVIL_OK;
     const char *text;
     size_t len;
     anvil_status st = anvil_detokenizer_push(d->dec, id, &text, &len);
