@@ -257,3 +257,5 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
     }
     return ANVIL_OK;
 }
+
+int anvil_session_context_size(const anvil_session *s) { return s->n_ctx; }
