@@ -168,6 +168,15 @@ const int32_t *anvil_session_tokens(const anvil_session *s, int *n);
  * the cache only prefills the part after it. */
 anvil_status anvil_session_truncate(anvil_session *s, int n);
 
+/* ---- devices ---- */
+
+/* One line per Vulkan device (index: name, type, memory), or why there are none, into buf
+ * (NUL-terminated, truncated to cap). Returns the length it needed. */
+size_t anvil_list_devices(char *buf, size_t cap);
+/* What one decode step costs the session's backend (dispatches, barriers, submits per token);
+ * empty for the CPU backend. Returns the length. */
+size_t anvil_session_describe_program(const anvil_session *s, char *buf, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif
