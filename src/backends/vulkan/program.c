@@ -79,6 +79,7 @@ struct vk_program {
     VkCommandBuffer cb_one;   /* one step, then the logits copied to readback */
     VkCommandBuffer cb_batch; /* STEPS_PER_BATCH steps */
     VkCommandBuffer cb_copy;  /* the logits copied to readback */
+    VkCommandBuffer cb_single; /* one step (the tail of a run shorter than a batch) */
     struct vk_stats stats;
 };
 
@@ -403,8 +404,8 @@ static void record_copy_logits(struct vk_program *p, VkCommandBuffer cb) {
 
 static anvil_status record(struct vk_program *p) {
     struct vk_device *d = p->b->d;
-    VkCommandBuffer *cbs[3] = {&p->cb_one, &p->cb_batch, &p->cb_copy};
-    for (int c = 0; c < 3; c++) {
+    VkCommandBuffer *cbs[4] = {&p->cb_one, &p->cb_batch, &p->cb_copy, &p->cb_single};
+    for (int c = 0; c < 4; c++) {
         anvil_status st = vk_cmd_alloc(d, cbs[c]);
         if (st != ANVIL_OK) return st;
         VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
@@ -416,8 +417,11 @@ static anvil_status record(struct vk_program *p) {
         } else if (c == 1) {
             for (int s = 0; s < STEPS_PER_BATCH; s++) record_step(p, *cbs[c], false);
             barrier(*cbs[c], STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
-        } else {
+        } else if (c == 2) {
             record_copy_logits(p, *cbs[c]);
+        } else {
+            record_step(p, *cbs[c], false);
+            barrier(*cbs[c], STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
         }
         if ((st = vk_result(vkEndCommandBuffer(*cbs[c]), "vkEndCommandBuffer")) != ANVIL_OK) return st;
     }
@@ -536,8 +540,8 @@ void vk_program_destroy(struct vk_program *p) {
     if (!p) return;
     struct vk_device *d = p->b->d;
     vkDeviceWaitIdle(d->dev);
-    VkCommandBuffer cbs[3] = {p->cb_one, p->cb_batch, p->cb_copy};
-    for (int i = 0; i < 3; i++)
+    VkCommandBuffer cbs[4] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single};
+    for (int i = 0; i < 4; i++)
         if (cbs[i]) vkFreeCommandBuffers(d->dev, d->pool, 1, &cbs[i]);
     vk_buffer_destroy(d, &p->arena);
     vk_buffer_destroy(d, &p->ctl);
@@ -589,7 +593,8 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
     c->budget = (uint32_t)r->max_new;
     /* steps: one per fed token, one per generated token (the last one enters the cache) */
     int64_t steps = (int64_t)r->n_feed + r->max_new;
-    int64_t batches = (steps + STEPS_PER_BATCH - 1) / STEPS_PER_BATCH, submitted = 0, waited = 0;
+    /* full batches, then single steps for the tail */
+    int64_t batches = steps / STEPS_PER_BATCH + steps % STEPS_PER_BATCH, submitted = 0, waited = 0;
     uint64_t vals[2] = {0, 0};
     anvil_status st = ANVIL_OK;
     int delivered = 0;
@@ -597,7 +602,11 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
     while (st == ANVIL_OK) {
         /* keep two batches in flight */
         while (st == ANVIL_OK && !stopping && submitted < batches && submitted - waited < 2)
-            st = vk_submit(d, &p->cb_batch, 1, &vals[submitted++ % 2]);
+        {
+            VkCommandBuffer *cb = submitted < steps / STEPS_PER_BATCH ? &p->cb_batch : &p->cb_single;
+            st = vk_submit(d, cb, 1, &vals[submitted % 2]);
+            submitted++;
+        }
         if (st != ANVIL_OK || waited == submitted) break;
         st = vk_wait(d, vals[waited++ % 2]);
         if (st != ANVIL_OK) break;

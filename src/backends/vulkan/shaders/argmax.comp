@@ -13,8 +13,8 @@ layout(push_constant) uniform PC {
     uint V;
 } pc;
 
-shared float bv[32];
-shared uint bi[32];
+shared float bv[256];
+shared uint bi[256];
 
 void main() {
     if (pc.ctl.stop != 0u) return;
