@@ -259,7 +259,7 @@ static anvil_status lower_attention(struct lower *L, int i) {
                        "(the only pattern the decode program fuses)", a->name);
     const struct node *q = N(L, a->src[0]), *k = N(L, a->src[1]);
     uint32_t D = (uint32_t)q->ne[0], H = (uint32_t)q->ne[1], Hkv = (uint32_t)k->ne[1];
-    if (D > 512 || (int)D != L->p->b->pl.attn_d || (int)(H / Hkv) != L->p->b->pl.attn_g)
+    if (D > 512 || D % 4 || (int)D != L->p->b->pl.attn_d || (int)(H / Hkv) != L->p->b->pl.attn_g)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention shape D=%u H=%u Hkv=%u unsupported", D, H, Hkv);
     /* q after norm+rope lives in the rope node's buffer */
     struct pc_qk pk = {0};

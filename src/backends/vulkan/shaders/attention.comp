@@ -15,14 +15,15 @@ const uint DPT = (D + 127) / 128; /* head dims per thread */
 
 layout(push_constant) uniform PC {
     Floats q;       /* [H, D] */
-    Floats kc, vc;  /* [S, Hkv, D] */
+    Vec4s kc;       /* [S, Hkv, D] (D % 4 == 0) */
+    Floats vc;      /* [S, Hkv, D] */
     Floats part;    /* [H, NC, D + 2] */
     Ctl ctl;
     uint Hkv, NC;
     float scale;
 } pc;
 
-shared float qs[G][D];
+shared vec4 qs[G][D / 4];
 shared float sc[G][TILE];
 
 void main() {
@@ -32,7 +33,10 @@ void main() {
     uint L = (n + pc.NC - 1u) / pc.NC;
     uint begin = c * L, end = min(begin + L, n);
     for (uint g = 0; g < G; g++)
-        for (uint d = t; d < D; d += TILE) qs[g][d] = pc.q.v[(j * G + g) * D + d] * pc.scale;
+        for (uint d = t; d < D / 4; d += TILE) {
+            uint b = (j * G + g) * D + 4 * d;
+            qs[g][d] = vec4(pc.q.v[b], pc.q.v[b + 1], pc.q.v[b + 2], pc.q.v[b + 3]) * pc.scale;
+        }
     float m[G], l[G], o[G][DPT];
     for (uint g = 0; g < G; g++) {
         m[g] = -1.0 / 0.0;
@@ -46,10 +50,11 @@ void main() {
         for (uint g = 0; g < G; g++) s[g] = -1.0 / 0.0;
         if (p < end) {
             for (uint g = 0; g < G; g++) s[g] = 0.0;
-            uint base = (p * pc.Hkv + j) * D;
-            for (uint d = 0; d < D; d++) {
-                float kv = pc.kc.v[base + d];
-                for (uint g = 0; g < G; g++) s[g] += qs[g][d] * kv;
+            /* by far the longest loop: one cache row per thread, 16 bytes a load */
+            uint base = (p * pc.Hkv + j) * (D / 4);
+            for (uint d = 0; d < D / 4; d++) {
+                vec4 kv = pc.kc.v[base + d];
+                for (uint g = 0; g < G; g++) s[g] += dot(qs[g][d], kv);
             }
         }
         for (uint g = 0; g < G; g++) sc[g][t] = s[g];
