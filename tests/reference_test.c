@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backends/backend.h"
 #include "testutil.h"
 
 #define TOL 1e-3f
@@ -103,7 +104,11 @@ static void test_reference_models(void **state) {
     (void)state;
     const char *backends = getenv("ANVIL_TEST_BACKENDS");
     char list[256];
-    snprintf(list, sizeof list, "%s", backends && *backends ? backends : "cpu");
+    /* by default the CPU and, where a Vulkan device exists (lavapipe in CI), Vulkan */
+    char why[256];
+    bool have_vk = backend_vulkan_available(why, sizeof why);
+    if (!have_vk && !(backends && *backends)) fprintf(stderr, "reference_test: vulkan skipped: %s\n", why);
+    snprintf(list, sizeof list, "%s", backends && *backends ? backends : have_vk ? "cpu,vulkan" : "cpu");
     for (char *b = strtok(list, ","); b; b = strtok(NULL, ",")) {
         for (size_t i = 0; i < sizeof dense_models / sizeof *dense_models; i++) {
             char dir[1024];
