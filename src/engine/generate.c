@@ -1,5 +1,6 @@
 /* engine: the generate loop — prefill the prompt, then decode and sample token by token. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "anvil.h"
 #include "engine_impl.h"
@@ -60,6 +61,13 @@ static anvil_status generate_on_device(anvil_session *s, const int32_t *prompt, 
     return st;
 }
 
+static bool has_recurrent_layers(const anvil_session *s) {
+    const struct hparams *hp = &s->model->file->hp;
+    for (int l = 0; l < hp->n_layer; l++)
+        if (hp->layer_recurrent[l]) return true;
+    return false;
+}
+
 anvil_status anvil_session_generate(anvil_session *s, const int32_t *prompt, int n_prompt,
                                     const anvil_generate_params *p, anvil_token_fn fn,
                                     void *user, anvil_generate_stats *stats) {
@@ -84,11 +92,24 @@ anvil_status anvil_session_generate(anvil_session *s, const int32_t *prompt, int
     if (st == ANVIL_OK) {
         if (n_prompt > 0) {
             st = anvil_session_eval(s, prompt, n_prompt, ANVIL_LOGITS_LAST, logits);
-        } else {
+        } else if (!has_recurrent_layers(s)) {
             /* continue: recompute the last token's logits */
             int32_t last = s->tokens[s->pos - 1];
             s->pos--;
             st = anvil_session_eval(s, &last, 1, ANVIL_LOGITS_LAST, logits);
+        } else {
+            /* a recurrent state already holds the last token and cannot step back one:
+             * replay the whole history from a fresh state instead */
+            int n = s->pos;
+            int32_t *hist = xmalloc((size_t)n * sizeof *hist);
+            if (!hist) {
+                st = ANVIL_ERR_NOMEM;
+            } else {
+                memcpy(hist, s->tokens, (size_t)n * sizeof *hist);
+                s->pos = 0;
+                st = anvil_session_eval(s, hist, n, ANVIL_LOGITS_LAST, logits);
+                free(hist);
+            }
         }
     }
     stats->n_prompt = n_prompt;

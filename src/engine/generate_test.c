@@ -112,10 +112,39 @@ static void test_continuation_and_seed(void **state) {
     anvil_session_destroy(b);
 }
 
+/* A hybrid model's recurrent state cannot step back a token: continuing must give the
+ * same tokens as one uninterrupted run (the engine replays the history). */
+static void test_continuation_recurrent(void **state) {
+    (void)state;
+    anvil_model_params mp = {2};
+    anvil_model *hm;
+    assert_int_equal(anvil_model_open("synthetic:qwen3.6-tiny", &mp, &hm), ANVIL_OK);
+    anvil_session_params sp = anvil_session_default_params();
+    sp.backend = ANVIL_BACKEND_CPU;
+    sp.n_ctx = 64;
+    anvil_session *a, *b;
+    assert_int_equal(anvil_session_create(hm, &sp, &a), ANVIL_OK);
+    assert_int_equal(anvil_session_create(hm, &sp, &b), ANVIL_OK);
+    int32_t prompt[] = {7, 8, 9};
+    anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0};
+    gp.sampling.temperature = 0;
+    struct collect ca = {.n = 0}, cb = {.n = 0};
+    assert_int_equal(anvil_session_generate(a, prompt, 3, &gp, collect_fn, &ca, NULL), ANVIL_OK);
+    gp.max_tokens = 4;
+    assert_int_equal(anvil_session_generate(b, prompt, 3, &gp, collect_fn, &cb, NULL), ANVIL_OK);
+    assert_int_equal(anvil_session_generate(b, NULL, 0, &gp, collect_fn, &cb, NULL), ANVIL_OK);
+    assert_int_equal(cb.n, 8);
+    assert_memory_equal(ca.toks, cb.toks, 8 * sizeof(int32_t));
+    anvil_session_destroy(a);
+    anvil_session_destroy(b);
+    anvil_model_close(hm);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_matches_eval),
         cmocka_unit_test(test_continuation_and_seed),
+        cmocka_unit_test(test_continuation_recurrent),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,10 +1,12 @@
 /* engine: models and sessions behind the public API. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "anvil.h"
 #include "engine_impl.h"
 #include "quant/quant.h"
+#include "formats/gguf.h"
 
 #define PREFILL_CHUNK 512
 
@@ -50,7 +52,7 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
     size_t len = 0;
 #define OUT(...)                                                                           \
     do {                                                                                   \
-        int k = snprintf(buf + MIN(len, cap), cap > len ? cap - len : 0, __VA_ARGS__);     \
+        int k = snprintf(cap > len ? buf + len : NULL, cap > len ? cap - len : 0, __VA_ARGS__); \
         if (k > 0) len += (size_t)k;                                                       \
     } while (0)
     if (cap) buf[0] = 0;
@@ -62,6 +64,8 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
     OUT("parameters:   %.3f B (%llu)\n", (double)params / 1e9, (unsigned long long)params);
     OUT("size:         %.2f GiB (%llu bytes)\n", (double)bytes / (1 << 30),
         (unsigned long long)bytes);
+    OUT("read/token:   %.2f GiB of weights per decode step\n",
+        (double)model_file_bytes_per_token(mf) / (1 << 30));
     OUT("layers:       %d\n", hp->n_layer);
     OUT("hidden:       %d\n", hp->n_embd);
     OUT("heads:        %d q / %d kv x %d (rotary %d, theta %g)\n", hp->n_head, hp->n_head_kv,
@@ -70,6 +74,12 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
     if (hp->n_expert)
         OUT("experts:      %d, %d per token, width %d, shared %d\n", hp->n_expert,
             hp->n_expert_used, hp->n_ff_exp, hp->n_ff_shexp);
+    int n_rec = 0;
+    for (int l = 0; l < hp->n_layer; l++) n_rec += hp->layer_recurrent[l];
+    if (n_rec)
+        OUT("deltanet:     %d of %d layers, %d k / %d v heads x %d / %d, conv %d\n", n_rec,
+            hp->n_layer, hp->ssm_n_k_heads, hp->ssm_n_v_heads, hp->ssm_d_k, hp->ssm_d_v,
+            hp->ssm_conv_kernel);
     OUT("vocab:        %d\n", hp->n_vocab);
     OUT("context:      %d\n", hp->n_ctx_train);
     OUT("embeddings:   %s\n", hp->tied_embeddings ? "tied" : "untied");
@@ -86,6 +96,7 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
         if (count[t])
             OUT("  %-6s %5llu tensors  %10.2f MiB\n", dtype_name(t), (unsigned long long)count[t],
                 (double)tbytes[t] / (1 << 20));
+    if (mf->gguf) len += gguf_describe(mf->gguf, buf + MIN(len, cap), cap > len ? cap - len : 0);
 #undef OUT
     return len;
 }
@@ -135,6 +146,16 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
         st = model_build_graph(&model->model, &o, &g);
         if (st == ANVIL_OK) {
             st = s->backend->vt->compile(s->backend, &g, &s->decode);
+            if (st == ANVIL_ERR_UNSUPPORTED && p.backend == ANVIL_BACKEND_AUTO &&
+                s->backend->vt->generate) {
+                /* auto: a model (or weight type) the Vulkan backend cannot run yet goes to
+                 * the CPU rather than failing */
+                log_warn("%s; running on the CPU", err_get());
+                backend_destroy(s->backend);
+                s->backend = NULL;
+                st = backend_cpu_create(p.n_threads ? p.n_threads : model->n_threads, &s->backend);
+                if (st == ANVIL_OK) st = s->backend->vt->compile(s->backend, &g, &s->decode);
+            }
             graph_free(&g);
         }
     }
@@ -208,6 +229,20 @@ static anvil_status chunk_program(anvil_session *s, int T, bool last_only, struc
     return ANVIL_OK;
 }
 
+/* Logits that are NaN or infinite mean broken weights (or a broken kernel): an error, never
+ * a silent garbage token. Checks rows [0, n_rows) of V floats. */
+static anvil_status check_finite(const anvil_session *s, const float *rows, int n_rows, int V,
+                                 int pos0) {
+    for (int r = 0; r < n_rows; r++)
+        for (int i = 0; i < V; i++)
+            if (!isfinite(rows[(size_t)r * (size_t)V + (size_t)i]))
+                return err_set(ANVIL_ERR_FORMAT, "%s: the model computed a non-finite logit "
+                               "(%g for token %d at position %d): its weights are likely NaN or "
+                               "Inf", s->model->file->path,
+                               (double)rows[(size_t)r * (size_t)V + (size_t)i], i, pos0 + r);
+    return ANVIL_OK;
+}
+
 anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
                                 anvil_logits_mode mode, float *logits_out) {
     if (!s) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_eval: session is NULL");
@@ -250,6 +285,8 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
         if (mode == ANVIL_LOGITS_ALL) dst = logits_out + (size_t)done * (size_t)V;
         else if (mode == ANVIL_LOGITS_LAST && last_chunk) dst = logits_out;
         if (st == ANVIL_OK) st = s->backend->vt->run(p, tokens + done, s->pos, dst);
+        if (st == ANVIL_OK && dst)
+            st = check_finite(s, dst, last_only ? 1 : T, V, last_only ? s->pos + T - 1 : s->pos);
         if (st != ANVIL_OK) return keep_err(s->err, st);
         memcpy(s->tokens + s->pos, tokens + done, (size_t)T * sizeof *tokens);
         s->pos += T;

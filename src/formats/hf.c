@@ -128,11 +128,19 @@ anvil_status hf_parse_config(const char *json, const char *path, struct hparams 
     REQUIRED("num_hidden_layers", &hp->n_layer);
     REQUIRED("num_attention_heads", &hp->n_head);
     REQUIRED("vocab_size", &hp->n_vocab);
+    if (!cJSON_GetObjectItemCaseSensitive(cfg, "head_dim") && hp->n_head > 0 &&
+        hp->n_embd % hp->n_head != 0) {
+        st = err_set(ANVIL_ERR_FORMAT, "%s: hidden_size %d is not divisible by "
+                     "num_attention_heads %d (and no head_dim is given)", path, hp->n_embd,
+                     hp->n_head);
+        goto done;
+    }
     INT_FIELD("num_key_value_heads", hp->n_head, &hp->n_head_kv);
     INT_FIELD("head_dim", hp->n_head ? hp->n_embd / hp->n_head : 0, &hp->head_dim);
     INT_FIELD("intermediate_size", 0, &hp->n_ff);
     INT_FIELD("max_position_embeddings", 0, &hp->n_ctx_train);
-    INT_FIELD("num_experts", 0, &hp->n_expert);
+    INT_FIELD("num_local_experts", 0, &hp->n_expert); /* Qwen3-MoE's name in transformers 5 */
+    INT_FIELD("num_experts", hp->n_expert, &hp->n_expert);
     INT_FIELD("num_experts_per_tok", 0, &hp->n_expert_used);
     INT_FIELD("moe_intermediate_size", 0, &hp->n_ff_exp);
     INT_FIELD("shared_expert_intermediate_size", 0, &hp->n_ff_shexp);
@@ -141,7 +149,8 @@ anvil_status hf_parse_config(const char *json, const char *path, struct hparams 
     INT_FIELD("linear_num_value_heads", 0, &hp->ssm_n_v_heads);
     INT_FIELD("linear_key_head_dim", 0, &hp->ssm_d_k);
     INT_FIELD("linear_value_head_dim", 0, &hp->ssm_d_v);
-    if (!json_bool(cfg, "norm_topk_prob", false, &hp->norm_topk_prob)) {
+    /* Qwen3.5-MoE's router always renormalises its top k (its config has no such key) */
+    if (!json_bool(cfg, "norm_topk_prob", hp->arch == ARCH_QWEN35_MOE, &hp->norm_topk_prob)) {
         st = err_set(ANVIL_ERR_FORMAT, "%s: \"norm_topk_prob\" must be a boolean", path);
         goto done;
     }
@@ -194,6 +203,27 @@ anvil_status hf_parse_config(const char *json, const char *path, struct hparams 
     if (hp->n_layer > MAX_LAYERS) {
         st = err_set(ANVIL_ERR_FORMAT, "%s: %d layers (at most %d)", path, hp->n_layer, MAX_LAYERS);
         goto done;
+    }
+    if (hp->n_expert > 0) {
+        /* a layer has experts unless listed in mlp_only_layers or off the sparse step */
+        int step;
+        INT_FIELD("decoder_sparse_step", 1, &step);
+        for (int i = 0; i < hp->n_layer; i++) hp->layer_dense_ffn[i] = step > 0 && (i + 1) % step != 0;
+        const cJSON *mlp_only = cJSON_GetObjectItemCaseSensitive(cfg, "mlp_only_layers");
+        if (mlp_only && !cJSON_IsNull(mlp_only) && !cJSON_IsArray(mlp_only)) {
+            st = err_set(ANVIL_ERR_FORMAT, "%s: \"mlp_only_layers\" must be an array", path);
+            goto done;
+        }
+        const cJSON *e;
+        cJSON_ArrayForEach(e, mlp_only) {
+            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= hp->n_layer ||
+                e->valuedouble != floor(e->valuedouble)) {
+                st = err_set(ANVIL_ERR_FORMAT, "%s: mlp_only_layers entry is not a layer index "
+                             "below %d", path, hp->n_layer);
+                goto done;
+            }
+            hp->layer_dense_ffn[(int)e->valuedouble] = true;
+        }
     }
     bool hybrid = hp->arch == ARCH_QWEN3_NEXT || hp->arch == ARCH_QWEN35 ||
                   hp->arch == ARCH_QWEN35_MOE;
@@ -297,8 +327,43 @@ static int st_dtype(const char *s) {
     return -1;
 }
 
+static int cmp_by_data(const void *a, const void *b) {
+    const struct tensor_info *x = *(const struct tensor_info *const *)a,
+                             *y = *(const struct tensor_info *const *)b;
+    const uint8_t *px = x->data, *py = y->data;
+    return px < py ? -1 : px > py;
+}
+
+/* No two tensors of one file may share bytes (a header that lies could otherwise alias a
+ * weight onto another). Checks the tensors mf gained from index first on. */
+static anvil_status check_overlaps(struct model_file *mf, int first, const uint8_t *base,
+                                   const char *path) {
+    int n = mf->n_tensors - first;
+    if (n < 2) return ANVIL_OK;
+    const struct tensor_info **v = xmalloc((size_t)n * sizeof *v);
+    if (!v) return ANVIL_ERR_NOMEM;
+    int k = 0;
+    for (int i = first; i < mf->n_tensors; i++)
+        if (mf->tensors[i].size) v[k++] = &mf->tensors[i];
+    qsort(v, (size_t)k, sizeof *v, cmp_by_data);
+    anvil_status st = ANVIL_OK;
+    for (int i = 1; i < k; i++) {
+        const uint8_t *prev = v[i - 1]->data, *cur = v[i]->data;
+        if (cur < prev + v[i - 1]->size) {
+            st = err_set(ANVIL_ERR_FORMAT, "%s: tensors %s [%zu, %zu) and %s [%zu, %zu) overlap",
+                         path, v[i - 1]->name, (size_t)(prev - base),
+                         (size_t)(prev - base) + v[i - 1]->size, v[i]->name,
+                         (size_t)(cur - base), (size_t)(cur - base) + v[i]->size);
+            break;
+        }
+    }
+    free(v);
+    return st;
+}
+
 anvil_status safetensors_parse(const struct mapped_file *map, struct model_file *mf) {
     const char *path = map->path;
+    int first = mf->n_tensors;
     if (map->size < 8) return err_set(ANVIL_ERR_FORMAT, "%s: truncated (%zu bytes)", path, map->size);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | map->data[i];
@@ -353,12 +418,22 @@ anvil_status safetensors_parse(const struct mapped_file *map, struct model_file 
             ne[n_dims - 1 - d] = (int64_t)v->valuedouble; /* reversed: ne[0] is contiguous */
             ok = ok && size_mul(count, (size_t)v->valuedouble, &count);
         }
-        double b = cJSON_GetArrayItem(offs, 0)->valuedouble;
-        double en = cJSON_GetArrayItem(offs, 1)->valuedouble;
+        if (!ok) {
+            st = err_set(ANVIL_ERR_FORMAT, "%s: tensor \"%s\": shape is not a list of "
+                         "non-negative integers (or its size overflows)", path, e->string);
+            break;
+        }
+        const cJSON *ob = cJSON_GetArrayItem(offs, 0), *oe = cJSON_GetArrayItem(offs, 1);
+        if (!cJSON_IsNumber(ob) || !cJSON_IsNumber(oe) || ob->valuedouble != floor(ob->valuedouble) ||
+            oe->valuedouble != floor(oe->valuedouble)) {
+            st = err_set(ANVIL_ERR_FORMAT, "%s: tensor \"%s\": data_offsets are not integers",
+                         path, e->string);
+            break;
+        }
+        double b = ob->valuedouble, en = oe->valuedouble;
         size_t bytes;
-        if (!ok || !cJSON_IsNumber(cJSON_GetArrayItem(offs, 0)) ||
-            !cJSON_IsNumber(cJSON_GetArrayItem(offs, 1)) || b < 0 || en < b ||
-            en > (double)data_size || !size_mul(count, (size_t)dtype_traits(type)->type_size, &bytes) ||
+        if (b < 0 || en < b || en > (double)data_size ||
+            !size_mul(count, (size_t)dtype_traits(type)->type_size, &bytes) ||
             (size_t)en - (size_t)b != bytes) {
             st = err_set(ANVIL_ERR_FORMAT,
                          "%s: tensor \"%s\": shape and data_offsets [%.0f, %.0f] disagree or lie "
@@ -370,6 +445,7 @@ anvil_status safetensors_parse(const struct mapped_file *map, struct model_file 
         if (st != ANVIL_OK) break;
     }
     cJSON_Delete(root);
+    if (st == ANVIL_OK) st = check_overlaps(mf, first, base, path);
     return st;
 }
 
@@ -393,6 +469,10 @@ static anvil_status open_sharded(struct model_file *mf, const char *index_path) 
     if (st != ANVIL_OK) return st;
     cJSON *root = cJSON_Parse(text);
     free(text);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return err_set(ANVIL_ERR_FORMAT, "%s: not a JSON object", index_path);
+    }
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(wm)) {
         cJSON_Delete(root);
@@ -452,6 +532,8 @@ anvil_status hf_open(const char *dir, struct model_file *mf) {
         st = hf_parse_config(text, cfg_path, &mf->hp);
         free(text);
     }
+    /* checked here too so that the message names config.json */
+    if (st == ANVIL_OK) st = hparams_validate(&mf->hp, cfg_path);
     free(cfg_path);
     if (st != ANVIL_OK) return st;
 

@@ -85,6 +85,21 @@ void model_file_totals(const struct model_file *mf, uint64_t *bytes, uint64_t *p
     if (params) *params = p;
 }
 
+uint64_t model_file_bytes_per_token(const struct model_file *mf) {
+    const struct hparams *hp = &mf->hp;
+    uint64_t b = 0;
+    for (int i = 0; i < mf->n_tensors; i++) {
+        const struct tensor_info *t = &mf->tensors[i];
+        if (hp->n_expert > 0 && (strstr(t->name, "_exps.") || strstr(t->name, ".mlp.experts.")))
+            b += t->size / (uint64_t)hp->n_expert * (uint64_t)hp->n_expert_used;
+        else if (!strcmp(t->name, "token_embd.weight") && !hp->tied_embeddings && t->ne[1] > 0)
+            b += t->size / (uint64_t)t->ne[1];
+        else
+            b += t->size;
+    }
+    return b;
+}
+
 anvil_status model_file_add_tensor(struct model_file *mf, const char *name, int type,
                                    int n_dims, const int64_t *ne, const void *data,
                                    size_t size, const char *file) {
@@ -141,6 +156,9 @@ anvil_status hparams_validate(const struct hparams *hp, const char *path) {
     CHECK(hp->rms_eps > 0 && hp->rms_eps < 1, "rms norm eps %g out of range",
           (double)hp->rms_eps);
     CHECK(hp->n_ctx_train >= 0, "negative context length");
+    if (hp->arch == ARCH_QWEN3 || hp->arch == ARCH_QWEN35)
+        CHECK(hp->n_ff > 0, "intermediate size %d: a dense model needs a positive MLP width",
+              hp->n_ff);
     if (hp->arch == ARCH_QWEN3_MOE || hp->arch == ARCH_QWEN3_NEXT || hp->arch == ARCH_QWEN35_MOE) {
         CHECK(hp->n_expert > 0 && hp->n_expert <= 4096, "expert count %d out of range",
               hp->n_expert);

@@ -54,6 +54,9 @@ struct hparams {
     int ssm_conv_kernel, ssm_n_k_heads, ssm_n_v_heads, ssm_d_k, ssm_d_v;
     /* per layer: true where the layer is linear attention (Gated DeltaNet) */
     bool layer_recurrent[MAX_LAYERS];
+    /* per layer, MoE models: true where the layer has a dense MLP of n_ff instead of experts
+     * (Hugging Face mlp_only_layers / decoder_sparse_step; GGUF files have none) */
+    bool layer_dense_ffn[MAX_LAYERS];
     /* HF Next/3.5 checkpoints store RMSNorm weights zero-centred (scale is 1 + w) */
     bool norm_zero_centred;
 };
@@ -93,6 +96,9 @@ void model_file_close(struct model_file *mf);
 const struct tensor_info *model_file_find(const struct model_file *mf, const char *name);
 /* Total bytes of all tensors, and number of parameters. */
 void model_file_totals(const struct model_file *mf, uint64_t *bytes, uint64_t *params);
+/* Weight bytes one decode step reads: every tensor, but the k used of E experts of an MoE
+ * layer (merged ffn_*_exps or per-expert tensors) and one row of an untied embedding. */
+uint64_t model_file_bytes_per_token(const struct model_file *mf);
 
 /* --- the individual formats (model_file.c dispatches) --- */
 

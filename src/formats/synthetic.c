@@ -25,12 +25,36 @@ static const struct shape shapes[] = {
     {"qwen3-4b", 36, 2560, 32, 8, 128, 9728, 151936, true},
     {"qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, false},
     {"qwen3-14b", 40, 5120, 40, 8, 128, 17408, 151936, false},
+    {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, false},
+    {"qwen3.6-35b-a3b", 40, 2048, 16, 2, 256, 0, 248320, false},
+    {"qwen3moe-tiny", 2, 128, 4, 2, 32, 256, 512, false},
+    {"qwen3.6-tiny", 4, 128, 4, 2, 32, 0, 512, false},
+};
+
+/* The MoE and hybrid shapes' further settings (a shape not listed is dense Qwen3). Their
+ * tensors are named and laid out as in llama.cpp's GGUF files: merged experts, the
+ * DeltaNet's attn_qkv / attn_gate / ssm_*, norms with the 1 already added. */
+struct moe_shape {
+    const char *name;
+    enum arch arch;
+    int n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
+    int full_attn_interval; /* hybrids: every Nth layer is full attention, the rest GDN */
+    int ssm_n_k_heads, ssm_n_v_heads, ssm_d_k, ssm_d_v;
+    float partial_rotary, rope_theta;
+};
+
+static const struct moe_shape moe_shapes[] = {
+    {"qwen3-30b-a3b", ARCH_QWEN3_MOE, 128, 8, 768, 0, 0, 0, 0, 0, 0, 1.0f, 1e6f},
+    {"qwen3.6-35b-a3b", ARCH_QWEN35_MOE, 256, 8, 512, 512, 4, 16, 32, 128, 128, 0.25f, 1e7f},
+    {"qwen3moe-tiny", ARCH_QWEN3_MOE, 8, 2, 64, 0, 0, 0, 0, 0, 0, 1.0f, 1e6f},
+    {"qwen3.6-tiny", ARCH_QWEN35_MOE, 8, 2, 64, 64, 4, 2, 4, 32, 32, 0.25f, 1e7f},
 };
 
 struct gen_job {
     struct tensor_info *t;
     uint64_t seed;
-    float scale;  /* uniform in [-scale, scale); 0 means constant 1 (norm weights) */
+    float scale;  /* uniform in [-scale, scale); 0 means the constant fill */
+    float fill;
     int64_t row;  /* row length */
     size_t row_bytes;
 };
@@ -44,7 +68,7 @@ static void gen_rows(void *ctx, int64_t begin, int64_t end, int thread) {
     for (int64_t r = begin; r < end; r++) {
         struct rng g = {j->seed ^ ((uint64_t)r * 0x9e3779b97f4a7c15ull)};
         for (int64_t i = 0; i < j->row; i++)
-            tmp[i] = j->scale == 0 ? 1.0f : j->scale * rng_uniform(&g);
+            tmp[i] = j->scale == 0 ? j->fill : j->scale * rng_uniform(&g);
         tr->from_f32(tmp, (uint8_t *)j->t->data + (size_t)r * j->row_bytes, j->row);
     }
     free(tmp);
@@ -75,37 +99,58 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
             return err_set(ANVIL_ERR_UNSUPPORTED, "synthetic:%s: unknown or unsupported weight "
                            "type \"%s\"", name, colon + 1);
     }
+    static const struct moe_shape dense = {"", ARCH_QWEN3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0f, 1e6f};
+    const struct moe_shape *x = &dense;
+    for (size_t i = 0; i < ARRAY_LEN(moe_shapes); i++)
+        if (!strcmp(moe_shapes[i].name, name)) x = &moe_shapes[i];
     struct hparams *hp = &mf->hp;
     memset(hp, 0, sizeof *hp);
-    hp->arch = ARCH_QWEN3;
+    hp->arch = x->arch;
     hp->n_layer = s->n_layer;
     hp->n_embd = s->n_embd;
     hp->n_head = s->n_head;
     hp->n_head_kv = s->n_head_kv;
     hp->head_dim = s->head_dim;
-    hp->n_rot = s->head_dim;
+    hp->n_rot = (int)(s->head_dim * x->partial_rotary) & ~1;
     hp->n_ff = s->n_ff;
     hp->n_vocab = s->n_vocab;
     hp->n_ctx_train = 40960;
-    hp->rope_theta = 1000000.0f;
+    hp->rope_theta = x->rope_theta;
+    hp->n_expert = x->n_expert;
+    hp->n_expert_used = x->n_expert_used;
+    hp->n_ff_exp = x->n_ff_exp;
+    hp->n_ff_shexp = x->n_ff_shexp;
+    hp->norm_topk_prob = x->n_expert > 0;
+    hp->ssm_conv_kernel = x->full_attn_interval ? 4 : 0;
+    hp->ssm_n_k_heads = x->ssm_n_k_heads;
+    hp->ssm_n_v_heads = x->ssm_n_v_heads;
+    hp->ssm_d_k = x->ssm_d_k;
+    hp->ssm_d_v = x->ssm_d_v;
+    for (int l = 0; l < s->n_layer && x->full_attn_interval; l++)
+        hp->layer_recurrent[l] = (l + 1) % x->full_attn_interval != 0;
     hp->rms_eps = 1e-6f;
     hp->tied_embeddings = s->tied;
 
-    /* the tensor list: name, ne0, ne1, is_norm */
+    /* the tensor list: name, ne0, ne1, ne2, kept in F32 (norms, small tensors), and a constant
+     * fill (0: random) */
     struct {
         char name[64];
-        int64_t ne0, ne1;
+        int64_t ne0, ne1, ne2;
         bool norm;
-    } list[11 * 64 + 3]; /* 11 tensors a layer, shapes of at most 64 layers */
+        float fill;
+    } list[20 * 64 + 3]; /* at most 20 tensors a layer, shapes of at most 64 layers */
     int n = 0;
-#define ADD(nm, a, b, isnorm)                                                              \
+#define ADD3(nm, a, b, c, isf32, fl)                                                       \
     do {                                                                                   \
         snprintf(list[n].name, sizeof list[n].name, "%s", nm);                             \
         list[n].ne0 = a;                                                                   \
         list[n].ne1 = b;                                                                   \
-        list[n].norm = isnorm;                                                             \
+        list[n].ne2 = c;                                                                   \
+        list[n].norm = isf32;                                                              \
+        list[n].fill = fl;                                                                 \
         n++;                                                                               \
     } while (0)
+#define ADD(nm, a, b, isnorm) ADD3(nm, a, b, 1, isnorm, (isnorm) ? 1.0f : 0.0f)
     int q = s->n_head * s->head_dim, kv = s->n_head_kv * s->head_dim;
     ADD("token_embd.weight", s->n_embd, s->n_vocab, false);
     ADD("output_norm.weight", s->n_embd, 1, true);
@@ -117,17 +162,50 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
         snprintf(b, sizeof b, "blk.%d.%s", l, suffix);                                     \
         ADD(b, a, bb, isnorm);                                                             \
     } while (0)
+#define LAYER3(suffix, a, bb, c, isf32, fl)                                                \
+    do {                                                                                   \
+        snprintf(b, sizeof b, "blk.%d.%s", l, suffix);                                     \
+        ADD3(b, a, bb, c, isf32, fl);                                                      \
+    } while (0)
         LAYER("attn_norm.weight", s->n_embd, 1, true);
-        LAYER("attn_q.weight", s->n_embd, q, false);
-        LAYER("attn_k.weight", s->n_embd, kv, false);
-        LAYER("attn_v.weight", s->n_embd, kv, false);
-        LAYER("attn_output.weight", q, s->n_embd, false);
-        LAYER("attn_q_norm.weight", s->head_dim, 1, true);
-        LAYER("attn_k_norm.weight", s->head_dim, 1, true);
+        if (hp->layer_recurrent[l]) { /* Gated DeltaNet, llama.cpp's names and conventions */
+            int Hv = x->ssm_n_v_heads, Cc = 2 * x->ssm_n_k_heads * x->ssm_d_k + Hv * x->ssm_d_v;
+            LAYER("attn_qkv.weight", s->n_embd, Cc, false);
+            LAYER("attn_gate.weight", s->n_embd, Hv * x->ssm_d_v, false);
+            LAYER("ssm_beta.weight", s->n_embd, Hv, false);
+            LAYER("ssm_alpha.weight", s->n_embd, Hv, false);
+            LAYER3("ssm_conv1d.weight", hp->ssm_conv_kernel, Cc, 1, true, 0.0f);
+            LAYER3("ssm_a", Hv, 1, 1, true, -1.0f);
+            LAYER("ssm_dt.bias", Hv, 1, true);
+            LAYER("ssm_norm.weight", x->ssm_d_v, 1, true);
+            LAYER("ssm_out.weight", Hv * x->ssm_d_v, s->n_embd, false);
+        } else {
+            int qrows = x->full_attn_interval ? 2 * q : q; /* gated: query and gate per head */
+            LAYER("attn_q.weight", s->n_embd, qrows, false);
+            LAYER("attn_k.weight", s->n_embd, kv, false);
+            LAYER("attn_v.weight", s->n_embd, kv, false);
+            LAYER("attn_output.weight", q, s->n_embd, false);
+            LAYER("attn_q_norm.weight", s->head_dim, 1, true);
+            LAYER("attn_k_norm.weight", s->head_dim, 1, true);
+        }
         LAYER("ffn_norm.weight", s->n_embd, 1, true);
-        LAYER("ffn_gate.weight", s->n_embd, s->n_ff, false);
-        LAYER("ffn_up.weight", s->n_embd, s->n_ff, false);
-        LAYER("ffn_down.weight", s->n_ff, s->n_embd, false);
+        if (x->n_expert) {
+            LAYER3("ffn_gate_inp.weight", s->n_embd, x->n_expert, 1, true, 0.0f);
+            LAYER3("ffn_gate_exps.weight", s->n_embd, x->n_ff_exp, x->n_expert, false, 0.0f);
+            LAYER3("ffn_up_exps.weight", s->n_embd, x->n_ff_exp, x->n_expert, false, 0.0f);
+            LAYER3("ffn_down_exps.weight", x->n_ff_exp, s->n_embd, x->n_expert, false, 0.0f);
+            if (x->n_ff_shexp) {
+                LAYER3("ffn_gate_inp_shexp.weight", s->n_embd, 1, 1, true, 0.0f);
+                LAYER("ffn_gate_shexp.weight", s->n_embd, x->n_ff_shexp, false);
+                LAYER("ffn_up_shexp.weight", s->n_embd, x->n_ff_shexp, false);
+                LAYER("ffn_down_shexp.weight", x->n_ff_shexp, s->n_embd, false);
+            }
+        } else {
+            LAYER("ffn_gate.weight", s->n_embd, s->n_ff, false);
+            LAYER("ffn_up.weight", s->n_embd, s->n_ff, false);
+            LAYER("ffn_down.weight", s->n_ff, s->n_embd, false);
+        }
+#undef LAYER3
 #undef LAYER
     }
 #undef ADD
@@ -140,7 +218,7 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
             return err_set(ANVIL_ERR_UNSUPPORTED, "synthetic:%s: rows of %lld do not fit %s blocks",
                            name, (long long)list[i].ne0, dtype_name(type));
         offsets[i] = total;
-        total += (row * (size_t)list[i].ne1 + 255) & ~(size_t)255;
+        total += (row * (size_t)(list[i].ne1 * list[i].ne2) + 255) & ~(size_t)255;
     }
     mf->owned = malloc(total);
     if (!mf->owned)
@@ -151,19 +229,19 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
     if (st != ANVIL_OK) return st;
     for (int i = 0; i < n && st == ANVIL_OK; i++) {
         int type = list[i].norm ? DT_F32 : wtype;
-        int64_t ne[2] = {list[i].ne0, list[i].ne1};
+        int64_t ne[3] = {list[i].ne0, list[i].ne1, list[i].ne2};
         size_t row;
         dtype_row_size(type, ne[0], &row);
-        st = model_file_add_tensor(mf, list[i].name, type, list[i].ne1 > 1 ? 2 : 1, ne,
-                                   (uint8_t *)mf->owned + offsets[i], row * (size_t)ne[1],
-                                   "synthetic");
+        st = model_file_add_tensor(mf, list[i].name, type, ne[2] > 1 ? 3 : ne[1] > 1 ? 2 : 1, ne,
+                                   (uint8_t *)mf->owned + offsets[i],
+                                   row * (size_t)(ne[1] * ne[2]), "synthetic");
         if (st != ANVIL_OK) break;
         /* weights scaled by 1/sqrt(fan-in) keep activations of order one through the layers;
          * embeddings by a fixed small scale */
         struct gen_job job = {&mf->tensors[mf->n_tensors - 1], 0x5eed0000ull + (uint64_t)i,
-                              list[i].norm ? 0.0f : (i == 0 ? 0.5f : 1.7f / sqrtf((float)ne[0])),
-                              ne[0], row};
-        thread_pool_for(pool, ne[1], 16, gen_rows, &job);
+                              list[i].fill != 0 ? 0.0f : (i == 0 ? 0.5f : 1.7f / sqrtf((float)ne[0])),
+                              list[i].fill, ne[0], row};
+        thread_pool_for(pool, ne[1] * ne[2], 16, gen_rows, &job);
     }
     thread_pool_destroy(pool);
     return st;

@@ -9,7 +9,8 @@
 const char *op_name(enum op op) {
     static const char *names[OP_COUNT] = {
         "tokens", "weight", "state", "embed", "rms_norm", "matmul", "rope",
-        "attention", "swiglu", "add", "rows", "reshape"};
+        "attention", "swiglu", "add", "rows", "reshape", "weight_stack", "weight_rows",
+        "moe", "sigmoid_mul", "gdn"};
     return (unsigned)op < OP_COUNT ? names[op] : "?";
 }
 
@@ -153,6 +154,82 @@ int graph_reshape(struct graph *g, int x, int64_t ne0, int64_t ne1, int64_t ne2)
     assert(node_nelem(N(g, x)) == ne0 * ne1 * ne2);
     int s[] = {x};
     return append(g, OP_RESHAPE, ne0, ne1, ne2, s, 1);
+}
+
+/* n == 1: one merged {K, N, E} tensor (GGUF ffn_*_exps); else n tensors of {K, N}. */
+int graph_weight_stack(struct graph *g, const struct tensor_info *const *slices, int n) {
+    if (n == 1) return graph_weight(g, slices[0]);
+    for (int e = 1; e < n; e++)
+        assert(slices[e]->ne[0] == slices[0]->ne[0] && slices[e]->ne[1] == slices[0]->ne[1] &&
+               slices[e]->type == slices[0]->type);
+    int i = append(g, OP_WEIGHT_STACK, slices[0]->ne[0], slices[0]->ne[1], n, NULL, 0);
+    if (i >= 0) {
+        g->nodes[i].stack = slices;
+        g->nodes[i].weight = slices[0];
+        snprintf(g->nodes[i].name, sizeof g->nodes[i].name, "%s[%d]", slices[0]->name, n);
+    }
+    return i;
+}
+
+int graph_weight_rows(struct graph *g, const struct tensor_info *t, const int32_t *rows, int n) {
+    for (int r = 0; r < n; r++) assert(rows[r] >= 0 && rows[r] < t->ne[1]);
+    int i = append(g, OP_WEIGHT_ROWS, t->ne[0], n, 1, NULL, 0);
+    if (i >= 0) {
+        g->nodes[i].weight = t;
+        g->nodes[i].rows = rows;
+        snprintf(g->nodes[i].name, sizeof g->nodes[i].name, "%s{rows}", t->name);
+    }
+    return i;
+}
+
+int graph_moe(struct graph *g, int x, int logits, int gate, int up, int down, int k,
+              bool norm_topk) {
+    const struct node *xn = N(g, x), *ln = N(g, logits), *gn = N(g, gate), *un = N(g, up),
+                      *dn = N(g, down);
+    int64_t C = xn->ne[0], T = xn->ne[1], E = gn->ne[2], F = gn->ne[1];
+    assert(xn->ne[2] == 1 && ln->ne[0] == E && ln->ne[1] == T);
+    assert(gn->ne[0] == C && un->ne[0] == C && un->ne[1] == F && un->ne[2] == E);
+    assert(dn->ne[0] == F && dn->ne[1] == C && dn->ne[2] == E);
+    assert(k > 0 && k <= E);
+    int s[] = {x, logits, gate, up, down};
+    int i = append(g, OP_MOE, C, T, 1, s, 5);
+    if (i >= 0) {
+        g->nodes[i].p.i[0] = k;
+        g->nodes[i].p.i[1] = norm_topk;
+    }
+    return i;
+}
+
+int graph_sigmoid_mul(struct graph *g, int x, int gate) {
+    const struct node *xn = N(g, x), *gn = N(g, gate);
+    assert(gn->ne[0] == xn->ne[0] || gn->ne[0] == 1);
+    assert(node_nelem(gn) / gn->ne[0] == node_nelem(xn) / xn->ne[0]);
+    int s[] = {x, gate};
+    return append(g, OP_SIGMOID_MUL, xn->ne[0], xn->ne[1], xn->ne[2], s, 2);
+}
+
+int graph_gdn(struct graph *g, int qkv, int b, int a, int conv_w, int A, int dt_bias,
+              int conv_state, int ssm_state, int n_k_heads, int d_k, bool a_is_log,
+              bool v_tiled) {
+    const struct node *xn = N(g, qkv), *bn = N(g, b), *sn = N(g, ssm_state);
+    int64_t Cc = xn->ne[0], T = xn->ne[1], Hv = bn->ne[0], Dv = sn->ne[0];
+    int64_t Kc = N(g, conv_w)->ne[0];
+    assert(xn->ne[2] == 1 && bn->ne[1] == T && node_nelem(N(g, a)) == Hv * T);
+    assert(Cc == 2 * (int64_t)n_k_heads * d_k + Hv * Dv && Hv % n_k_heads == 0);
+    assert(node_nelem(N(g, conv_w)) == Kc * Cc && Kc >= 1);
+    assert(node_nelem(N(g, A)) == Hv && node_nelem(N(g, dt_bias)) == Hv);
+    assert(N(g, conv_state)->ne[0] == Kc - 1 && N(g, conv_state)->ne[1] == Cc);
+    assert(sn->ne[1] == d_k && sn->ne[2] == Hv);
+    int s[] = {qkv, b, a, conv_w, A, dt_bias, conv_state, ssm_state};
+    int i = append(g, OP_GDN, Dv, Hv, T, s, 8);
+    if (i >= 0) {
+        g->nodes[i].p.i[0] = n_k_heads;
+        g->nodes[i].p.i[1] = d_k;
+        g->nodes[i].p.i[2] = a_is_log;
+        g->nodes[i].p.i[3] = v_tiled;
+        g->nodes[i].p.f[0] = 1e-6f;
+    }
+    return i;
 }
 
 anvil_status graph_finish(struct graph *g, int output) {

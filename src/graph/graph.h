@@ -10,6 +10,10 @@
  * ne = {C, T}; per-head views are ne = {D, H, T}. Letters in comments:
  *   T tokens in the batch, C hidden size, V vocab, H query heads, Hkv kv heads, D head dim,
  *   F feed-forward width, S context length (KV cache slots).
+ * Mixture of experts: E experts, k of them used per token, F expert width.
+ * Gated DeltaNet (linear attention): Hk key heads of Dk, Hv value heads of Dv (Hv a multiple
+ *   of Hk: value head h reads key head h / (Hv / Hk)), Kc conv kernel width,
+ *   Cc = 2*Hk*Dk + Hv*Dv conv channels (q of every key head, then k, then v).
  *
  * Nodes are appended in execution order: every node's sources precede it. States are
  * tensors that outlive a run (the KV cache); a backend allocates them once per session and
@@ -26,7 +30,7 @@
 
 enum op {
     OP_TOKENS,     /* leaf: the T input token ids (int32) */
-    OP_WEIGHT,     /* leaf: a model tensor */
+    OP_WEIGHT,     /* leaf: a model tensor (3-D {K, N, E} for GGUF's merged experts) */
     OP_STATE,      /* leaf: a persistent per-session tensor, f32, zeroed at creation */
     OP_EMBED,      /* src0 weight {C, V}; out {C, T}: rows of src0 picked by the tokens */
     OP_RMS_NORM,   /* src0 x {D, ...}, src1 weight {D}; out = x / rms(x) * w per row of D;
@@ -42,12 +46,56 @@ enum op {
     OP_ADD,        /* src0 + src1, same shape */
     OP_ROWS,       /* src0 {C, T}; out {C, p.i[1]}: rows p.i[0] .. p.i[0] + p.i[1] - 1 */
     OP_RESHAPE,    /* src0 viewed with a new shape of the same element count (no copy) */
+    /* --- mixture of experts and the hybrid (Gated DeltaNet) models --- */
+    OP_WEIGHT_STACK, /* leaf {K, N, E}: E model tensors of {K, N} each (Hugging Face stores one
+                        tensor per expert), viewed as one 3-D weight; n.stack[e] is slice e.
+                        A device backend may copy the slices into one buffer at upload. */
+    OP_WEIGHT_ROWS,  /* leaf {K, N}: rows n.rows[0 .. N-1] of the model tensor n.weight, in
+                        that order (splits fused projections: Next's in_proj_qkvz, the query /
+                        gate halves of a gated q_proj). A device backend gathers the rows once
+                        at upload; rows are whole blocks, so any dtype works. */
+    OP_MOE,        /* src0 x {C, T}, src1 router logits {E, T}, src2 gate {C, F, E},
+                      src3 up {C, F, E}, src4 down {F, C, E} (each an OP_WEIGHT of a merged
+                      3-D tensor or an OP_WEIGHT_STACK). Per token: p = softmax(logits) in f32,
+                      the k = p.i[0] largest (ties: lower expert id), divided by their sum when
+                      p.i[1] (norm_topk_prob); out {C, T} = sum over the k of
+                      p_e * down_e(silu(gate_e x) * up_e x). */
+    OP_SIGMOID_MUL, /* src0 x {N, R...}, src1 g {N, R...} or {1, R...} (one gate per row of N,
+                       broadcast); out = x * sigmoid(g). Gated attention output, the shared
+                       expert's gate. */
+    OP_GDN,        /* Gated DeltaNet over T tokens, from the input projections to the core output
+                      (before its gated norm). Sources:
+                        src0 qkv {Cc, T}: the projected input, before the conv; channels
+                             [0, Hk*Dk) q, [Hk*Dk, 2*Hk*Dk) k, then Hv*Dv of v (head-major)
+                        src1 b {Hv, T}, src2 a {Hv, T}: the beta and decay inputs
+                        src3 conv weight {Kc, Cc} (any shape with ne0 = Kc, Kc*Cc elements)
+                        src4 A {Hv}, src5 dt_bias {Hv}
+                        src6 conv state {Kc-1, Cc}, src7 recurrent state {Dv, Dk, Hv}
+                      Params: p.i[0] = Hk, p.i[1] = Dk; p.i[2] = 1 when src4 holds A_log
+                      (Hugging Face: the rate is -exp(A_log)), 0 when it holds the rate
+                      -exp(A_log) itself (GGUF ssm_a); p.i[3] = 1 when value heads are tiled
+                      (value head h reads key head hk = h % Hk: llama.cpp's qwen35 files
+                      reorder them so), 0 when grouped (hk = h / (Hv/Hk), Hugging Face);
+                      p.f[0] = eps of the L2 norm (1e-6).
+                      A run at pos0 == 0 starts a new sequence: both states count as zero
+                      whatever they held (a session reset needs no clearing).
+                      1. conv, per channel c: xc[t][c] = silu(sum_j w[c][j] * x[t-(Kc-1)+j][c])
+                         (w[c][j] at j + Kc*c), inputs before t = 0 from the conv state
+                         (the previous Kc-1 inputs, oldest first at j + (Kc-1)*c); the state
+                         then holds the last Kc-1 inputs.
+                      2. per value head h, token by token: with l2norm(x) = x / sqrt(x·x + eps),
+                         q = l2norm(xc q of hk) / sqrt(Dk), k = l2norm(xc k of hk),
+                         v = xc v of h, beta = sigmoid(b[h]),
+                         g = rate[h] * softplus(a[h] + dt_bias[h]) (negative: a decay),
+                         S = exp(g) * S;  S += k ⊗ (beta * (v - Sᵀk));  out[t][h] = Sᵀq,
+                         where S is head h's Dk x Dv state, element (i, j) at
+                         j + Dv * (i + Dk * h). out {Dv, Hv, T}. */
     OP_COUNT,
 };
 
 const char *op_name(enum op op);
 
-#define GRAPH_MAX_SRC 5
+#define GRAPH_MAX_SRC 8
 
 struct op_params {
     float f[4];
@@ -61,6 +109,8 @@ struct node {
     struct op_params p;
     const struct tensor_info *weight; /* OP_WEIGHT */
     int state;                        /* OP_STATE: index into the graph's state list */
+    const struct tensor_info *const *stack; /* OP_WEIGHT_STACK: ne[2] slices (not owned) */
+    const int32_t *rows;              /* OP_WEIGHT_ROWS: ne[1] row indices (not owned) */
     char name[48];                    /* for messages and debugging */
 };
 
@@ -91,6 +141,15 @@ int graph_swiglu(struct graph *g, int gate, int up);
 int graph_add(struct graph *g, int a, int b);
 int graph_rows(struct graph *g, int x, int first, int count);
 int graph_reshape(struct graph *g, int x, int64_t ne0, int64_t ne1, int64_t ne2);
+/* Weights that outlive the graph (the lists are the model's): */
+int graph_weight_stack(struct graph *g, const struct tensor_info *const *slices, int n);
+int graph_weight_rows(struct graph *g, const struct tensor_info *t, const int32_t *rows, int n);
+int graph_moe(struct graph *g, int x, int logits, int gate, int up, int down, int k,
+              bool norm_topk);
+int graph_sigmoid_mul(struct graph *g, int x, int gate);
+int graph_gdn(struct graph *g, int qkv, int b, int a, int conv_w, int A, int dt_bias,
+              int conv_state, int ssm_state, int n_k_heads, int d_k, bool a_is_log,
+              bool v_tiled);
 /* Marks the output and checks the graph (shapes, sources). */
 anvil_status graph_finish(struct graph *g, int output);
 

@@ -3,7 +3,8 @@
 
 #include "models.h"
 
-static const struct model_arch *const archs[] = {&arch_qwen3};
+static const struct model_arch *const archs[] = {&arch_qwen3, &arch_qwen3_moe, &arch_qwen3_next,
+                                                 &arch_qwen35, &arch_qwen35_moe};
 
 anvil_status model_bind(struct model *m, struct model_file *mf) {
     memset(m, 0, sizeof *m);
@@ -22,6 +23,22 @@ anvil_status model_bind(struct model *m, struct model_file *mf) {
 void model_unbind(struct model *m) {
     free(m->weights);
     m->weights = NULL;
+    for (int i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
+    free(m->allocs);
+    m->allocs = NULL;
+    m->n_allocs = 0;
+}
+
+void *model_alloc(struct model *m, size_t bytes) {
+    void **na = realloc(m->allocs, (size_t)(m->n_allocs + 1) * sizeof *na);
+    if (!na) {
+        err_set(ANVIL_ERR_NOMEM, "out of memory binding the model");
+        return NULL;
+    }
+    m->allocs = na;
+    void *p = xcalloc(1, bytes ? bytes : 1);
+    if (p) m->allocs[m->n_allocs++] = p;
+    return p;
 }
 
 anvil_status model_build_graph(const struct model *m, const struct build_opts *o, struct graph *g) {

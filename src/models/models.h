@@ -29,7 +29,13 @@ struct model {
     const struct hparams *hp;
     const struct model_arch *arch;
     void *weights; /* the arch's bound tensors, owned (free) */
+    void **allocs; /* further allocations of the binding (expert lists, row maps), owned */
+    int n_allocs;
 };
+
+/* Zeroed memory that lives as long as the binding (freed by model_unbind); NULL and an
+ * error recorded when out of memory. */
+void *model_alloc(struct model *m, size_t bytes);
 
 /* Binds mf to its architecture; m->file stays the caller's. */
 anvil_status model_bind(struct model *m, struct model_file *mf);
@@ -38,5 +44,9 @@ void model_unbind(struct model *m);
 anvil_status model_build_graph(const struct model *m, const struct build_opts *o, struct graph *g);
 
 extern const struct model_arch arch_qwen3;
+extern const struct model_arch arch_qwen3_moe;
+extern const struct model_arch arch_qwen3_next;
+extern const struct model_arch arch_qwen35;
+extern const struct model_arch arch_qwen35_moe;
 
 #endif

@@ -15,6 +15,11 @@ static const struct {
     {"bench", cmd_bench, "measure prompt processing and generation speed"},
     {"eval", cmd_eval, "run token ids through a model and print/write logits"},
     {"info", cmd_info, "describe a model: architecture, shapes, tensor types"},
+    {"tokenize", cmd_tokenize, "text on stdin to token ids (--decode: ids to text)"},
+    {"template", cmd_template, "render a conversation with the model's chat template"},
+    {"run", cmd_run, "generate an answer to a prompt, streamed"},
+    {"chat", cmd_chat, "a multi-turn chat in the terminal"},
+    {"quantize", cmd_quantize, "write a model as GGUF of a type (F16, Q8_0, Q4_K_M, ...)"},
 };
 
 static void usage(FILE *f) {

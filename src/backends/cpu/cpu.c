@@ -32,6 +32,8 @@ struct cpu_program {
     int n_slabs;
     float *scratch;      /* per thread: max_k floats of dequantised weight rows */
     int64_t scratch_per_thread;
+    float *op_scratch;   /* intermediates of OP_MOE and OP_GDN (the largest one's need) */
+    int32_t *op_iscratch; /* OP_MOE routing: expert ids, token lists */
     /* the run's inputs */
     const int32_t *tokens;
     int pos0;
@@ -51,6 +53,7 @@ static float dot(const float *a, const float *b, int64_t n) {
 struct matmul_job {
     const float *x;  /* {K, T} */
     const uint8_t *w; /* {K, N} rows of row_bytes */
+    const int32_t *rows; /* NULL, or output row n reads weight row rows[n] */
     float *out;      /* {N, T} */
     int64_t K, N, T;
     size_t row_bytes;
@@ -64,7 +67,8 @@ static void matmul_rows(void *ctx, int64_t begin, int64_t end, int thread) {
     for (int64_t n0 = begin * MATMUL_ROWS; n0 < MIN(end * MATMUL_ROWS, j->N); n0 += MATMUL_ROWS) {
         int64_t nr = MIN(MATMUL_ROWS, j->N - n0);
         for (int64_t r = 0; r < nr; r++)
-            j->to_f32(j->w + (size_t)(n0 + r) * j->row_bytes, rows + r * j->K, j->K);
+            j->to_f32(j->w + (size_t)(j->rows ? j->rows[n0 + r] : n0 + r) * j->row_bytes,
+                      rows + r * j->K, j->K);
         for (int64_t t = 0; t < j->T; t++) {
             const float *xt = j->x + t * j->K;
             for (int64_t r = 0; r < nr; r++) j->out[t * j->N + n0 + r] = dot(xt, rows + r * j->K, j->K);
@@ -72,13 +76,176 @@ static void matmul_rows(void *ctx, int64_t begin, int64_t end, int thread) {
     }
 }
 
-static void op_matmul(struct cpu_program *p, const struct node *n, const float *x,
-                      const struct tensor_info *w, float *out) {
-    struct matmul_job j = {x, w->data, out, w->ne[0], w->ne[1], node_nelem(n) / w->ne[1], 0,
-                           dtype_traits(w->type)->to_f32, p};
-    dtype_row_size(w->type, w->ne[0], &j.row_bytes);
+/* out {N, T} = x {K, T} · Wᵀ for a weight of N rows of K starting at data (row map or NULL) */
+static void matmul_raw(struct cpu_program *p, const float *x, int type, const void *data,
+                       const int32_t *rows, int64_t K, int64_t N, int64_t T, float *out) {
+    struct matmul_job j = {x, data, rows, out, K, N, T, 0, dtype_traits(type)->to_f32, p};
+    dtype_row_size(type, K, &j.row_bytes);
     int64_t groups = (j.N + MATMUL_ROWS - 1) / MATMUL_ROWS;
     thread_pool_for(p->b->pool, groups, 1, matmul_rows, &j);
+}
+
+static void op_matmul(struct cpu_program *p, const struct node *n, const struct node *wn,
+                      const float *x, float *out) {
+    const struct tensor_info *w = wn->weight;
+    matmul_raw(p, x, w->type, w->data, wn->op == OP_WEIGHT_ROWS ? wn->rows : NULL, wn->ne[0],
+               wn->ne[1], node_nelem(n) / wn->ne[1], out);
+}
+
+/* Slice e ({K, N}) of a 3-D weight: a merged tensor or a stack of per-expert tensors. */
+static const void *expert_slice(const struct node *wn, int64_t e) {
+    if (wn->op == OP_WEIGHT_STACK) return wn->stack[e]->data;
+    size_t row_bytes;
+    dtype_row_size(wn->weight->type, wn->ne[0], &row_bytes);
+    return (const uint8_t *)wn->weight->data + (size_t)e * (size_t)wn->ne[1] * row_bytes;
+}
+
+/* Mixture of experts (see OP_MOE). Tokens are grouped by expert so that each expert's
+ * weights are dequantised once per batch; the matmuls inside are multithreaded. */
+static void op_moe(struct cpu_program *p, const struct node *n, const float *x,
+                   const float *logits, float *out) {
+    const struct node *gn = &p->g.nodes[n->src[2]], *un = &p->g.nodes[n->src[3]],
+                      *dn = &p->g.nodes[n->src[4]];
+    int64_t C = n->ne[0], T = n->ne[1], E = gn->ne[2], F = gn->ne[1];
+    int k = n->p.i[0];
+    bool norm = n->p.i[1];
+    int32_t *ids = p->op_iscratch, *list = ids + T * k; /* ids {k, T}; list: tokens of e */
+    float *wts = p->op_scratch, *xg = wts + T * k, *hg = xg + C * T, *hu = hg + F * T,
+          *yd = hu + F * T;
+    for (int64_t t = 0; t < T; t++) {
+        const float *l = logits + t * E;
+        float mx = -INFINITY, sum = 0;
+        for (int64_t e = 0; e < E; e++) mx = fmaxf(mx, l[e]);
+        for (int64_t e = 0; e < E; e++) sum += expf(l[e] - mx);
+        float picked = 0;
+        for (int i = 0; i < k; i++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                bool used = false;
+                for (int j = 0; j < i; j++) used = used || ids[t * k + j] == e;
+                if (!used && (best < 0 || l[e] > l[best])) best = e;
+            }
+            ids[t * k + i] = (int32_t)best;
+            wts[t * k + i] = expf(l[best] - mx) / sum;
+            picked += wts[t * k + i];
+        }
+        if (norm)
+            for (int i = 0; i < k; i++) wts[t * k + i] /= picked;
+    }
+    memset(out, 0, (size_t)(C * T) * sizeof(float));
+    for (int64_t e = 0; e < E; e++) {
+        int64_t m = 0;
+        for (int64_t t = 0; t < T; t++)
+            for (int i = 0; i < k; i++)
+                if (ids[t * k + i] == e) list[m++] = (int32_t)(t * k + i);
+        if (!m) continue;
+        for (int64_t r = 0; r < m; r++)
+            memcpy(xg + r * C, x + (list[r] / k) * C, (size_t)C * sizeof(float));
+        matmul_raw(p, xg, gn->weight->type, expert_slice(gn, e), NULL, C, F, m, hg);
+        matmul_raw(p, xg, un->weight->type, expert_slice(un, e), NULL, C, F, m, hu);
+        for (int64_t i = 0; i < F * m; i++) hg[i] = hg[i] / (1.0f + expf(-hg[i])) * hu[i];
+        matmul_raw(p, hg, dn->weight->type, expert_slice(dn, e), NULL, F, C, m, yd);
+        for (int64_t r = 0; r < m; r++) {
+            float w = wts[list[r]];
+            float *o = out + (list[r] / k) * C;
+            for (int64_t c = 0; c < C; c++) o[c] += w * yd[r * C + c];
+        }
+    }
+}
+
+static float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+struct gdn_job {
+    const float *xc;         /* {Cc, T} after the conv */
+    const float *b, *a;      /* {Hv, T} */
+    const float *A, *dt_bias; /* {Hv} */
+    float *S;                /* {Dv, Dk, Hv} */
+    float *out;              /* {Dv, Hv, T} */
+    int64_t Hk, Hv, Dk, Dv, T, Cc;
+    bool a_is_log, v_tiled;
+    float eps;
+    struct cpu_program *p;
+};
+
+/* One value head over all T tokens: heads are independent, tokens sequential. */
+static void gdn_heads(void *ctx, int64_t begin, int64_t end, int thread) {
+    struct gdn_job *j = ctx;
+    float *qn = j->p->scratch + (size_t)thread * (size_t)j->p->scratch_per_thread;
+    float *kn = qn + j->Dk, *d = kn + j->Dk;
+    int64_t Dk = j->Dk, Dv = j->Dv;
+    for (int64_t h = begin; h < end; h++) {
+        int64_t hk = j->v_tiled ? h % j->Hk : h / (j->Hv / j->Hk);
+        float A = j->a_is_log ? -expf(j->A[h]) : j->A[h];
+        float *S = j->S + h * Dk * Dv;
+        for (int64_t t = 0; t < j->T; t++) {
+            const float *xt = j->xc + t * j->Cc;
+            const float *q = xt + hk * Dk, *k = xt + j->Hk * Dk + hk * Dk;
+            const float *v = xt + 2 * j->Hk * Dk + h * Dv;
+            float qs = 1.0f / sqrtf(dot(q, q, Dk) + j->eps) / sqrtf((float)Dk);
+            float ks = 1.0f / sqrtf(dot(k, k, Dk) + j->eps);
+            for (int64_t i = 0; i < Dk; i++) {
+                qn[i] = q[i] * qs;
+                kn[i] = k[i] * ks;
+            }
+            float beta = 1.0f / (1.0f + expf(-j->b[t * j->Hv + h]));
+            float decay = expf(A * softplusf(j->a[t * j->Hv + h] + j->dt_bias[h]));
+            /* d = beta * (v - Sᵀk) after the decay */
+            for (int64_t c = 0; c < Dv; c++) d[c] = 0;
+            for (int64_t i = 0; i < Dk; i++) {
+                float *Si = S + i * Dv;
+                for (int64_t c = 0; c < Dv; c++) {
+                    Si[c] *= decay;
+                    d[c] += Si[c] * kn[i];
+                }
+            }
+            for (int64_t c = 0; c < Dv; c++) d[c] = beta * (v[c] - d[c]);
+            float *o = j->out + (t * j->Hv + h) * Dv;
+            for (int64_t c = 0; c < Dv; c++) o[c] = 0;
+            for (int64_t i = 0; i < Dk; i++) {
+                float *Si = S + i * Dv;
+                for (int64_t c = 0; c < Dv; c++) {
+                    Si[c] += kn[i] * d[c];
+                    o[c] += Si[c] * qn[i];
+                }
+            }
+        }
+    }
+}
+
+static void op_gdn(struct cpu_program *p, const struct node *n, float *out) {
+    const float *x = p->bufs[n->src[0]], *w = p->bufs[n->src[3]];
+    float *cs = p->bufs[n->src[6]];
+    const struct node *xn = &p->g.nodes[n->src[0]];
+    int64_t Cc = xn->ne[0], T = xn->ne[1], Kc = p->g.nodes[n->src[3]].ne[0], Hv = n->ne[1];
+    float *xc = p->op_scratch;
+    if (p->pos0 == 0) { /* a new sequence */
+        memset(cs, 0, (size_t)node_nelem(&p->g.nodes[n->src[6]]) * sizeof(float));
+        memset(p->bufs[n->src[7]], 0, (size_t)node_nelem(&p->g.nodes[n->src[7]]) * sizeof(float));
+    }
+    /* 1. causal depthwise conv with its rolling state, then SiLU */
+    for (int64_t c = 0; c < Cc; c++) {
+        const float *wc = w + c * Kc;
+        float *st = cs + c * (Kc - 1);
+        for (int64_t t = 0; t < T; t++) {
+            float acc = 0;
+            for (int64_t j = 0; j < Kc; j++) {
+                int64_t src = t - (Kc - 1) + j; /* < 0: from the state */
+                acc += wc[j] * (src < 0 ? st[Kc - 1 + src] : x[src * Cc + c]);
+            }
+            xc[t * Cc + c] = acc / (1.0f + expf(-acc));
+        }
+        /* keep the last Kc-1 inputs (from the state when T is shorter) */
+        for (int64_t j = 0; j < Kc - 1; j++) {
+            int64_t src = T - (Kc - 1) + j;
+            st[j] = src < 0 ? st[j + T] : x[src * Cc + c]; /* j + T > j: not yet overwritten */
+        }
+    }
+    /* 2. the delta rule, one value head per task */
+    struct gdn_job j = {xc, p->bufs[n->src[1]], p->bufs[n->src[2]], p->bufs[n->src[4]],
+                        p->bufs[n->src[5]], p->bufs[n->src[7]], out, n->p.i[0], Hv,
+                        n->p.i[1], n->ne[0], T, Cc, n->p.i[2] != 0, n->p.i[3] != 0,
+                        n->p.f[0], p};
+    thread_pool_for(p->b->pool, Hv, 1, gdn_heads, &j);
 }
 
 static void op_embed(const struct tensor_info *w, const int32_t *tokens, int64_t T, float *out) {
@@ -183,6 +350,8 @@ static anvil_status cpu_run(struct program *prog, const int32_t *tokens, int pos
         switch (n->op) {
         case OP_TOKENS:
         case OP_WEIGHT:
+        case OP_WEIGHT_STACK:
+        case OP_WEIGHT_ROWS:
         case OP_STATE:
         case OP_RESHAPE:
             break;
@@ -193,7 +362,7 @@ static anvil_status cpu_run(struct program *prog, const int32_t *tokens, int pos
             op_rms_norm(n, s0, s1, o);
             break;
         case OP_MATMUL:
-            op_matmul(p, n, s0, p->g.nodes[n->src[1]].weight, o);
+            op_matmul(p, n, &p->g.nodes[n->src[1]], s0, o);
             break;
         case OP_ROPE:
             op_rope(n, s0, pos0, o);
@@ -211,6 +380,20 @@ static anvil_status cpu_run(struct program *prog, const int32_t *tokens, int pos
             break;
         case OP_ROWS:
             memcpy(o, s0 + n->p.i[0] * n->ne[0], (size_t)node_nelem(n) * sizeof(float));
+            break;
+        case OP_MOE:
+            op_moe(p, n, s0, s1, o);
+            break;
+        case OP_SIGMOID_MUL: {
+            int64_t N = n->ne[0], gN = p->g.nodes[n->src[1]].ne[0];
+            for (int64_t e = 0; e < node_nelem(n); e++) {
+                float gv = s1[gN == 1 ? e / N : e];
+                o[e] = s0[e] / (1.0f + expf(-gv));
+            }
+            break;
+        }
+        case OP_GDN:
+            op_gdn(p, n, o);
             break;
         case OP_COUNT:
             return err_set(ANVIL_ERR_BACKEND, "cpu: bad op");
@@ -230,6 +413,8 @@ static void cpu_program_destroy(struct program *prog) {
     free(p->slabs);
     free(p->bufs);
     free(p->scratch);
+    free(p->op_scratch);
+    free(p->op_iscratch);
     graph_free(&p->g);
     free(p);
 }
@@ -295,14 +480,31 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
     memcpy(p->g.nodes, g->nodes, (size_t)n * sizeof *p->g.nodes);
 
     /* reshapes alias their source: plan on the root node */
-    int64_t max_k = 1;
+    int64_t max_k = 1, op_need = 0, op_ineed = 0;
     for (int i = 0; i < n; i++) {
         const struct node *nd = &p->g.nodes[i];
         root[i] = nd->op == OP_RESHAPE ? root[nd->src[0]] : i;
         last_use[i] = i;
         for (int s = 0; s < GRAPH_MAX_SRC; s++)
             if (nd->src[s] >= 0) last_use[root[nd->src[s]]] = i;
-        if (nd->op == OP_WEIGHT && (st = check_weight(nd)) != ANVIL_OK) goto fail;
+        if ((nd->op == OP_WEIGHT || nd->op == OP_WEIGHT_ROWS) && (st = check_weight(nd)) != ANVIL_OK)
+            goto fail;
+        for (int e = 0; nd->op == OP_WEIGHT_STACK && e < nd->ne[2]; e++) {
+            struct node slice = *nd;
+            slice.weight = nd->stack[e];
+            if ((st = check_weight(&slice)) != ANVIL_OK) goto fail;
+        }
+        if (nd->op == OP_MOE) {
+            int64_t C = nd->ne[0], T = nd->ne[1], F = p->g.nodes[nd->src[2]].ne[1],
+                    k = nd->p.i[0];
+            op_need = MAX(op_need, T * k + 2 * C * T + 2 * F * T);
+            op_ineed = MAX(op_ineed, 2 * T * k);
+            max_k = MAX(max_k, MAX(C, F) * MATMUL_ROWS);
+        }
+        if (nd->op == OP_GDN) {
+            op_need = MAX(op_need, node_nelem(&p->g.nodes[nd->src[0]]));
+            max_k = MAX(max_k, 2 * nd->p.i[1] + nd->ne[0]);
+        }
         if (nd->op == OP_STATE && (st = bind_state(b, nd)) != ANVIL_OK) goto fail;
         if (nd->op == OP_MATMUL) max_k = MAX(max_k, nd->ne[1] ? p->g.nodes[nd->src[0]].ne[0] * MATMUL_ROWS : 1);
         if (nd->op == OP_ATTENTION) max_k = MAX(max_k, p->g.nodes[nd->src[3]].ne[2]);
@@ -317,7 +519,7 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
             p->bufs[i] = b->states[nd->state].data;
             continue;
         }
-        if (nd->op == OP_TOKENS) continue;
+        if (nd->op == OP_TOKENS || nd->op == OP_WEIGHT_STACK || nd->op == OP_WEIGHT_ROWS) continue;
         if (nd->op == OP_WEIGHT) {
             /* matmul and embed read weights in place; small ones read elementwise (norms)
              * get a float32 copy */
@@ -325,7 +527,7 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
             for (int c = i + 1; c < n; c++)
                 for (int s = 0; s < GRAPH_MAX_SRC; s++)
                     if (p->g.nodes[c].src[s] == i && p->g.nodes[c].op != OP_MATMUL &&
-                        p->g.nodes[c].op != OP_EMBED)
+                        p->g.nodes[c].op != OP_EMBED && p->g.nodes[c].op != OP_MOE)
                         elementwise = true;
             if (!elementwise) continue;
             float *f = malloc((size_t)node_nelem(nd) * sizeof(float));
@@ -368,7 +570,9 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
     }
     p->scratch_per_thread = max_k;
     p->scratch = xmalloc((size_t)thread_pool_size(b->pool) * (size_t)max_k * sizeof(float));
-    if (!p->scratch) {
+    p->op_scratch = xmalloc((size_t)MAX(op_need, 1) * sizeof(float));
+    p->op_iscratch = xmalloc((size_t)MAX(op_ineed, 1) * sizeof(int32_t));
+    if (!p->scratch || !p->op_scratch || !p->op_iscratch) {
         st = ANVIL_ERR_NOMEM;
         goto fail;
     }

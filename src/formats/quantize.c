@@ -1,0 +1,353 @@
+/* quantize: llama.cpp's file types and per-tensor mixes, and the GGUF conversion. */
+#include "quantize.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "gguf.h"
+#include "quant/quant.h"
+
+#define GGML_QNT_VERSION 2
+
+static const struct ftype_info ftypes[] = {
+    {"F32", 0, DT_F32},      {"F16", 1, DT_F16},       {"BF16", 32, DT_BF16},
+    {"Q4_0", 2, DT_Q4_0},    {"Q4_1", 3, DT_Q4_1},     {"Q5_0", 8, DT_Q5_0},
+    {"Q5_1", 9, DT_Q5_1},    {"Q8_0", 7, DT_Q8_0},     {"Q2_K", 10, DT_Q2_K},
+    {"Q3_K_S", 11, DT_Q3_K}, {"Q3_K_M", 12, DT_Q3_K},  {"Q3_K_L", 13, DT_Q3_K},
+    {"Q4_K_S", 14, DT_Q4_K}, {"Q4_K_M", 15, DT_Q4_K},  {"Q5_K_S", 16, DT_Q5_K},
+    {"Q5_K_M", 17, DT_Q5_K}, {"Q6_K", 18, DT_Q6_K},
+};
+/* llama-quantize's aliases */
+static const struct {
+    const char *alias, *name;
+} aliases[] = {{"Q3_K", "Q3_K_M"}, {"Q4_K", "Q4_K_M"}, {"Q5_K", "Q5_K_M"}};
+
+static bool name_eq(const char *a, const char *b) {
+    while (*a && *b && toupper((unsigned char)*a) == toupper((unsigned char)*b)) a++, b++;
+    return !*a && !*b;
+}
+
+const struct ftype_info *ftype_from_name(const char *name) {
+    for (size_t i = 0; i < ARRAY_LEN(aliases); i++)
+        if (name_eq(name, aliases[i].alias)) name = aliases[i].name;
+    for (size_t i = 0; i < ARRAY_LEN(ftypes); i++)
+        if (name_eq(name, ftypes[i].name)) return &ftypes[i];
+    return NULL;
+}
+
+const char *ftype_names(void) {
+    return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, "
+           "Q4_K_M, Q5_K_S, Q5_K_M, Q6_K";
+}
+
+static bool contains(const char *s, const char *part) { return strstr(s, part) != NULL; }
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
+bool quant_is_attn_v(const char *name) {
+    return contains(name, "attn_v.weight") || contains(name, "attn_qkv.weight") ||
+           contains(name, "attn_kv_b.weight");
+}
+
+bool quant_tensor_quantizable(const char *name, int n_dims) {
+    return n_dims >= 2 && ends_with(name, "weight") && !contains(name, "_norm.weight") &&
+           !contains(name, "ffn_gate_inp.weight") && !contains(name, "ssm_conv1d");
+}
+
+void quant_mix_init(struct quant_mix *m, const struct ftype_info *ft, const struct model_file *mf) {
+    memset(m, 0, sizeof *m);
+    m->ft = ft;
+    m->n_layer = mf->hp.n_layer;
+    m->n_gqa = mf->hp.n_head_kv ? mf->hp.n_head / mf->hp.n_head_kv : 1;
+    m->n_expert = mf->hp.n_expert;
+    m->tied = !model_file_find(mf, "output.weight");
+    for (int i = 0; i < mf->n_tensors; i++) m->n_attn_v += quant_is_attn_v(mf->tensors[i].name);
+}
+
+static bool use_more_bits(int i, int n) {
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+static int block_of(int type) { return dtype_traits(type)->block_size; }
+
+int quant_mix_type(const struct quant_mix *m, const char *name, int n_dims, int64_t ne0,
+                   int i_attn_v, bool *fell_back) {
+    (void)n_dims;
+    const int ft = m->ft->ftype;
+    int t = m->ft->base_type;
+    *fell_back = false;
+    if (t == DT_F32 || t == DT_F16 || t == DT_BF16) return t;
+    enum { Q2_K = 10, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M };
+    int layer = 0;
+    sscanf(name, "blk.%d.", &layer);
+    bool output = !strcmp(name, "output.weight"), embd = !strcmp(name, "token_embd.weight");
+    if (output || (m->tied && embd)) {
+        if (ne0 % block_of(t)) t = DT_Q8_0;
+        else if (t != DT_Q8_0) t = DT_Q6_K;
+    } else if (embd) {
+        /* the base type */
+    } else if (quant_is_attn_v(name)) {
+        if (ft == Q2_K) t = m->n_gqa >= 4 ? DT_Q4_K : DT_Q3_K;
+        else if (ft == Q3_K_M) t = i_attn_v < 2 ? DT_Q5_K : DT_Q4_K;
+        else if (ft == Q3_K_L) t = DT_Q5_K;
+        else if ((ft == Q4_K_M || ft == Q5_K_M) && use_more_bits(i_attn_v, m->n_attn_v)) t = DT_Q6_K;
+        else if (ft == Q4_K_S && i_attn_v < 4) t = DT_Q5_K;
+        if (m->n_expert == 8) t = DT_Q8_0;
+    } else if (contains(name, "attn_k.weight")) {
+        if (m->n_expert == 8) t = DT_Q8_0;
+    } else if (contains(name, "ffn_down")) {
+        int i = layer, n = m->n_layer;
+        if (ft == Q2_K) t = DT_Q3_K;
+        else if (ft == Q3_K_M) t = i < n / 16 ? DT_Q5_K : DT_Q4_K;
+        else if (ft == Q3_K_L) t = DT_Q5_K;
+        else if (ft == Q4_K_M) {
+            if (use_more_bits(i, n)) t = DT_Q6_K;
+        } else if (ft == Q5_K_M && use_more_bits(i, n)) t = DT_Q6_K;
+        else if (ft == Q4_K_S && i < n / 8) t = DT_Q5_K;
+    } else if (contains(name, "attn_output.weight")) {
+        if (m->n_expert == 8) {
+            if (ft == Q2_K || ft == Q3_K_S || ft == Q3_K_M || ft == Q4_K_S || ft == Q4_K_M) t = DT_Q5_K;
+        } else {
+            if (ft == Q2_K) t = DT_Q3_K;
+            else if (ft == Q3_K_M) t = DT_Q4_K;
+            else if (ft == Q3_K_L) t = DT_Q5_K;
+        }
+    }
+    if (ne0 % block_of(t)) {
+        *fell_back = true;
+        switch (t) {
+        case DT_Q2_K: case DT_Q3_K: t = DT_Q4_0; break;
+        case DT_Q4_K: t = DT_Q5_0; break;
+        case DT_Q5_K: t = DT_Q5_1; break;
+        case DT_Q6_K: t = DT_Q8_0; break;
+        default: break;
+        }
+        if (ne0 % block_of(t)) t = DT_F16;
+    }
+    return t;
+}
+
+/* ------------------------------------------------------------------ conversion */
+
+struct convert_job {
+    const uint8_t *src;
+    uint8_t *dst;
+    size_t src_row, dst_row;
+    int64_t ne0;
+    dequantize_row_fn to_f32;
+    quantize_row_fn from_f32;
+    float *scratch; /* [threads][ne0] */
+};
+
+static void convert_rows(void *ctx, int64_t begin, int64_t end, int thread) {
+    struct convert_job *j = ctx;
+    float *tmp = j->scratch + (size_t)thread * (size_t)j->ne0;
+    for (int64_t r = begin; r < end; r++) {
+        j->to_f32(j->src + (size_t)r * j->src_row, tmp, j->ne0);
+        j->from_f32(tmp, j->dst + (size_t)r * j->dst_row, j->ne0);
+    }
+}
+
+/* The key/values of a Hugging Face checkpoint's architecture (qwen3 only). */
+static anvil_status write_hf_metadata(struct gguf_writer *w, const struct model_file *mf) {
+    const struct hparams *hp = &mf->hp;
+    const char *a = arch_name(hp->arch);
+    char key[96];
+    anvil_status st = gguf_writer_set_str(w, "general.architecture", a);
+#define U32(suffix, v)                                                                     \
+    if (st == ANVIL_OK) {                                                                  \
+        snprintf(key, sizeof key, "%s.%s", a, suffix);                                     \
+        st = gguf_writer_set_u32(w, key, (uint32_t)(v));                                   \
+    }
+#define F32(suffix, v)                                                                     \
+    if (st == ANVIL_OK) {                                                                  \
+        snprintf(key, sizeof key, "%s.%s", a, suffix);                                     \
+        st = gguf_writer_set_f32(w, key, v);                                               \
+    }
+    U32("block_count", hp->n_layer);
+    U32("context_length", hp->n_ctx_train);
+    U32("embedding_length", hp->n_embd);
+    U32("feed_forward_length", hp->n_ff);
+    U32("attention.head_count", hp->n_head);
+    U32("attention.head_count_kv", hp->n_head_kv);
+    F32("rope.freq_base", hp->rope_theta);
+    F32("attention.layer_norm_rms_epsilon", hp->rms_eps);
+    U32("attention.key_length", hp->head_dim);
+    U32("attention.value_length", hp->head_dim);
+#undef U32
+#undef F32
+    return st;
+}
+
+/* The layer of "blk.N.*", or -1. */
+static int layer_of(const char *name) {
+    int l;
+    return sscanf(name, "blk.%d.", &l) == 1 ? l : -1;
+}
+
+/* Rank of tensor i among the attention-v-like tensors, in (layer, name) order. */
+static int attn_v_rank(const struct model_file *mf, int i) {
+    int li = layer_of(mf->tensors[i].name), rank = 0;
+    for (int k = 0; k < mf->n_tensors; k++) {
+        const char *nk = mf->tensors[k].name;
+        if (k == i || !quant_is_attn_v(nk)) continue;
+        int lk = layer_of(nk);
+        if (lk < li || (lk == li && strcmp(nk, mf->tensors[i].name) < 0)) rank++;
+    }
+    return rank;
+}
+
+/* Dimensions without trailing ones, as ggml counts them (ggml_n_dims): llama.cpp decides and
+ * writes with this count, so a [64, 1] router vector is a 1-D tensor there. */
+static int eff_dims(const struct tensor_info *t) {
+    int n = t->n_dims;
+    while (n > 1 && t->ne[n - 1] == 1) n--;
+    return n;
+}
+
+/* The type a tensor is written as. */
+static int target_type(const struct model_file *mf, const struct quant_mix *mix, int i,
+                       bool *fell_back) {
+    const struct tensor_info *t = &mf->tensors[i];
+    *fell_back = false;
+    int n_dims = eff_dims(t);
+    if (quant_tensor_quantizable(t->name, n_dims))
+        return quant_mix_type(mix, t->name, n_dims, t->ne[0],
+                              quant_is_attn_v(t->name) ? attn_v_rank(mf, i) : 0, fell_back);
+    /* kept as they are in a GGUF; from a checkpoint, as llama.cpp's converter stores them */
+    if (mf->kind == MODEL_FILE_GGUF) return t->type;
+    if (n_dims <= 1 || strstr(t->name, "_norm.weight") || strstr(t->name, "ffn_gate_inp") ||
+        strstr(t->name, "ssm_conv1d"))
+        return DT_F32;
+    return mix->ft->base_type == DT_F32 || mix->ft->base_type == DT_F16 ||
+                   mix->ft->base_type == DT_BF16
+               ? mix->ft->base_type
+               : DT_F16;
+}
+
+/* llama.cpp writes tensors sorted by layer (non-layer tensors first), then by name. */
+static const struct model_file *sort_mf;
+static int cmp_llama_order(const void *a, const void *b) {
+    const char *x = sort_mf->tensors[*(const int *)a].name, *y = sort_mf->tensors[*(const int *)b].name;
+    int lx = layer_of(x), ly = layer_of(y);
+    return lx != ly ? (lx < ly ? -1 : 1) : strcmp(x, y);
+}
+
+anvil_status gguf_quantize(const char *in, const char *out, const char *type, int n_threads,
+                           struct quantize_stats *stats) {
+    memset(stats, 0, sizeof *stats);
+    const struct ftype_info *ft = ftype_from_name(type);
+    if (!ft)
+        return err_set(ANVIL_ERR_INVALID_ARG, "unknown file type \"%s\" (known: %s)", type,
+                       ftype_names());
+    struct model_file *mf = NULL;
+    struct gguf_writer *w = NULL;
+    struct thread_pool *pool = NULL;
+    uint8_t *buf = NULL;
+    float *scratch = NULL;
+    int *types = NULL, *order = NULL;
+    anvil_status st = model_file_open(in, n_threads, &mf);
+    if (st != ANVIL_OK) return st;
+    if (mf->kind != MODEL_FILE_GGUF && mf->hp.arch != ARCH_QWEN3) {
+        st = err_set(ANVIL_ERR_UNSUPPORTED, "%s: writing GGUF from a %s checkpoint is not "
+                     "supported (qwen3 only: convert with llama.cpp's convert_hf_to_gguf.py, then "
+                     "quantize the GGUF)", in, arch_name(mf->hp.arch));
+        goto done;
+    }
+    struct quant_mix mix;
+    quant_mix_init(&mix, ft, mf);
+    types = xcalloc((size_t)mf->n_tensors + 1, sizeof *types);
+    order = xcalloc((size_t)mf->n_tensors + 1, sizeof *order);
+    if (!types || !order) {
+        st = ANVIL_ERR_NOMEM;
+        goto done;
+    }
+    for (int i = 0; i < mf->n_tensors; i++) order[i] = i;
+    sort_mf = mf; /* qsort has no context argument; quantize runs one at a time */
+    qsort(order, (size_t)mf->n_tensors, sizeof *order, cmp_llama_order);
+    if ((st = thread_pool_create(n_threads, &pool)) != ANVIL_OK) goto done;
+    if ((st = gguf_writer_create(out, &w)) != ANVIL_OK) goto done;
+
+    /* metadata */
+    if (mf->gguf) {
+        for (int64_t i = 0; i < mf->gguf->n_kv && st == ANVIL_OK; i++) {
+            const struct gguf_kv *kv = &mf->gguf->kv[i];
+            if (strcmp(kv->key, "general.file_type") && strcmp(kv->key, "general.quantization_version"))
+                st = gguf_writer_copy_kv(w, kv);
+        }
+    } else {
+        st = write_hf_metadata(w, mf);
+    }
+    if (st == ANVIL_OK) st = gguf_writer_set_u32(w, "general.quantization_version", GGML_QNT_VERSION);
+    if (st == ANVIL_OK) st = gguf_writer_set_u32(w, "general.file_type", (uint32_t)ft->ftype);
+
+    /* tensor table */
+    size_t max_out = 0;
+    int64_t max_ne0 = 0;
+    for (int k = 0; k < mf->n_tensors && st == ANVIL_OK; k++) {
+        int i = order[k];
+        const struct tensor_info *t = &mf->tensors[i];
+        bool fb;
+        types[i] = target_type(mf, &mix, i, &fb);
+        stats->n_fallback += fb;
+        if (types[i] != t->type &&
+            (!dtype_traits(t->type)->to_f32 || !dtype_traits(types[i])->from_f32)) {
+            st = err_set(ANVIL_ERR_UNSUPPORTED, "%s: tensor %s: cannot convert %s to %s", in,
+                         t->name, dtype_name(t->type), dtype_name(types[i]));
+            break;
+        }
+        size_t row;
+        dtype_row_size(types[i], t->ne[0], &row);
+        max_out = MAX(max_out, row * (size_t)(t->ne[1] * t->ne[2] * t->ne[3]));
+        max_ne0 = MAX(max_ne0, t->ne[0]);
+        st = gguf_writer_add_tensor(w, t->name, types[i], eff_dims(t), t->ne);
+    }
+    if (st != ANVIL_OK) goto done;
+    buf = xmalloc(MAX(max_out, 1));
+    scratch = xmalloc((size_t)thread_pool_size(pool) * (size_t)MAX(max_ne0, 1) * sizeof(float));
+    if (!buf || !scratch) {
+        st = ANVIL_ERR_NOMEM;
+        goto done;
+    }
+
+    /* data */
+    for (int k = 0; k < mf->n_tensors && st == ANVIL_OK; k++) {
+        int i = order[k];
+        const struct tensor_info *t = &mf->tensors[i];
+        int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
+        size_t out_row, size;
+        dtype_row_size(types[i], t->ne[0], &out_row);
+        size = out_row * (size_t)rows;
+        stats->bytes_in += t->size;
+        stats->bytes_out += size;
+        stats->n_tensors++;
+        stats->count[types[i]]++;
+        stats->bytes[types[i]] += size;
+        if (types[i] == t->type) {
+            st = gguf_writer_write(w, t->data, t->size);
+            continue;
+        }
+        stats->n_quantized += dtype_traits(types[i])->block_size > 1;
+        struct convert_job j = {t->data, buf, 0, out_row, t->ne[0], dtype_traits(t->type)->to_f32,
+                                dtype_traits(types[i])->from_f32, scratch};
+        dtype_row_size(t->type, t->ne[0], &j.src_row);
+        thread_pool_for(pool, rows, 1, convert_rows, &j);
+        st = gguf_writer_write(w, buf, size);
+    }
+    if (st == ANVIL_OK) {
+        st = gguf_writer_finish(w);
+        w = NULL;
+    }
+done:
+    gguf_writer_abort(w);
+    thread_pool_destroy(pool);
+    free(buf);
+    free(scratch);
+    free(types);
+    free(order);
+    model_file_close(mf);
+    return st;
+}

@@ -1,0 +1,92 @@
+/* anvil run and anvil chat: determinism, agreement with eval's greedy ids, stats, errors. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#define SMALL tu_testdata("reference/qwen3-small")
+
+static void test_run_deterministic_and_stats(void **state) {
+    (void)state;
+    char *a = NULL, *b = NULL, *err = NULL;
+    assert_int_equal(tu_run_anvil(&a, &err, "run -m %s --backend cpu -p 'Tell me a story' -n 12 --seed 7", SMALL), 0);
+    assert_int_equal(tu_run_anvil(&b, NULL, "run -m %s --backend cpu -p 'Tell me a story' -n 12 --seed 7", SMALL), 0);
+    assert_string_equal(a, b);
+    assert_non_null(strstr(err, "Prompt: "));
+    assert_non_null(strstr(err, "Generation: "));
+    assert_non_null(strstr(err, "Peak memory: "));
+    free(a), free(b), free(err);
+}
+
+static void test_run_raw_greedy_matches_eval(void **state) {
+    (void)state;
+    /* the prompt's ids, greedy ids from eval, and their text must be what run prints */
+    char *ids = NULL, *greedy = NULL, *text = NULL, *run = NULL;
+    char *dir = tu_tmpdir(), in[512], greedy_file[512];
+    snprintf(in, sizeof in, "%s/prompt.txt", dir);
+    tu_write_file(in, "The cat sat", 11);
+    assert_int_equal(tu_run_anvil(&ids, NULL, "tokenize -m %s < %s", SMALL, in), 0);
+    ids[strcspn(ids, "\n")] = 0;
+    assert_int_equal(tu_run_anvil(&greedy, NULL, "eval -m %s --backend cpu --prompt-ids %s -n 5", SMALL, ids), 0);
+    /* greedy: g0,...,g5 — run stops after 6 tokens */
+    char *list = greedy + strlen("greedy: ");
+    list[strcspn(list, "\n")] = 0;
+    assert_int_equal(tu_run_anvil(&text, NULL, "run -m %s --backend cpu --raw -p 'The cat sat' --temp 0 -n 6 2>/dev/null", SMALL), 0);
+    char *expect = NULL;
+    snprintf(greedy_file, sizeof greedy_file, "%s/greedy.txt", dir);
+    tu_write_file(greedy_file, list, strlen(list));
+    assert_int_equal(tu_run_anvil(&expect, NULL, "tokenize -m %s --decode < %s", SMALL, greedy_file), 0);
+    tu_rmdir(dir);
+    free(dir);
+    /* run prints the answer then a newline */
+    size_t el = strlen(expect);
+    while (el && expect[el - 1] == '\n') expect[--el] = 0;
+    if (strncmp(text, expect, el) != 0) fail_msg("run printed \"%s\", eval's greedy ids decode to \"%s\"", text, expect);
+    free(ids), free(greedy), free(text), free(run), free(expect);
+}
+
+static void test_chat_turns(void **state) {
+    (void)state;
+    char *out = NULL, *err = NULL;
+    char *dir = tu_tmpdir(), in[512];
+    snprintf(in, sizeof in, "%s/chat.txt", dir);
+    const char *script = "Hello\nAnd again\n/reset\nThird\n/exit\n";
+    tu_write_file(in, script, strlen(script));
+    assert_int_equal(tu_run_anvil(&out, &err, "chat -m %s --backend cpu -n 6 --seed 1 --thinking off < %s",
+                                  SMALL, in), 0);
+    tu_rmdir(dir);
+    free(dir);
+    assert_non_null(strstr(err, "conversation reset"));
+    int lines = 0;
+    for (char *c = out; *c; c++) lines += *c == '\n';
+    assert_true(lines >= 3);
+    free(out), free(err);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    char *err = NULL;
+    assert_int_equal(tu_run_anvil(NULL, &err, "run -m %s", SMALL), 1);
+    assert_non_null(strstr(err, "-p PROMPT"));
+    free(err);
+    assert_int_equal(tu_run_anvil(NULL, &err, "run -m synthetic:qwen3-tiny -p hi"), 1);
+    assert_non_null(strstr(err, "synthetic:qwen3-tiny"));
+    free(err);
+    assert_int_equal(tu_run_anvil(NULL, &err, "run -m %s -p hi --temp -1", SMALL), 1);
+    assert_non_null(strstr(err, "--temp"));
+    free(err);
+    assert_int_equal(tu_run_anvil(NULL, &err, "chat -m %s --thinking maybe", SMALL), 1);
+    assert_non_null(strstr(err, "--thinking"));
+    free(err);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_run_deterministic_and_stats),
+        cmocka_unit_test(test_run_raw_greedy_matches_eval),
+        cmocka_unit_test(test_chat_turns),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

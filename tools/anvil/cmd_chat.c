@@ -1,0 +1,118 @@
+/*
+ * anvil chat -m MODEL [--thinking on|off] [--system TEXT] [sampling flags]
+ *
+ * A multi-turn chat in the terminal: line editing and history from libedit, /reset and
+ * /exit, thinking shown dimmed. The cache carries over between turns: each turn appends only
+ * its own tokens — the end of the previous answer (<|im_end|>, which generation stops at and
+ * does not feed) and the new ChatML user turn — so a turn prefills only its new text. The
+ * model's earlier answers stay in the cache exactly as generated, thinking included.
+ */
+#include <editline/readline.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gen.h"
+
+/* The tokens of one new turn: a fresh conversation renders through the chat template; a
+ * continuation closes the previous answer and opens the next user/assistant turns. */
+static anvil_status turn_ids(struct gen_ctx *g, const struct gen_opts *o, const char *line,
+                             bool first, int32_t **ids, size_t *n) {
+    char *text = NULL;
+    size_t len;
+    anvil_status st;
+    anvil_chat_message msgs[2] = {{"system", o->system, NULL, NULL}, {"user", line, NULL, NULL}};
+    size_t skip = o->system ? 0 : 1;
+    char *turn = NULL;
+    st = anvil_chat_template_apply(g->tok, msgs + skip, 2 - skip, 1, o->thinking, &turn, &len);
+    if (st != ANVIL_OK) return st;
+    if (first) {
+        text = turn;
+    } else {
+        /* the template's rendering of the user turn alone, minus any system preamble it adds */
+        const char *start = strstr(turn, "<|im_start|>user");
+        if (!start) start = turn;
+        text = malloc(strlen(start) + 16);
+        if (!text) {
+            free(turn);
+            return ANVIL_ERR_NOMEM;
+        }
+        sprintf(text, "<|im_end|>\n%s", start);
+        free(turn);
+        len = strlen(text);
+    }
+    st = anvil_tokenize(g->tok, text, len, 0, ids, n);
+    free(text);
+    return st;
+}
+
+int cmd_chat(int argc, char **argv) {
+    struct gen_opts o;
+    gen_opts_init(&o);
+    o.gp.max_tokens = 4096;
+    for (int i = 1; i < argc; i++) {
+        int r = gen_opt(&o, argc, argv, &i);
+        if (r < 0) return 1;
+        if (!r) return fail("chat: unknown option \"%s\"", argv[i]);
+    }
+    struct gen_ctx g;
+    if (!gen_open(&o, &g)) return 1;
+    bool tty = isatty(STDIN_FILENO);
+    if (tty)
+        fprintf(stderr, "anvil chat: %s on %s. /reset starts over, /exit (or Ctrl-D) leaves.\n",
+                o.co.model, anvil_session_backend_name(g.session));
+    gen_install_sigint();
+    bool first = true;
+    int rc = 0;
+    char *line;
+    while ((line = readline(tty ? "> " : "")) != NULL) {
+        if (!*line) {
+            free(line);
+            continue;
+        }
+        if (tty) add_history(line);
+        if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) {
+            free(line);
+            break;
+        }
+        if (!strcmp(line, "/reset")) {
+            anvil_session_reset(g.session);
+            first = true;
+            fprintf(stderr, "(conversation reset)\n");
+            free(line);
+            continue;
+        }
+        int32_t *ids;
+        size_t n;
+        if (turn_ids(&g, &o, line, first, &ids, &n) != ANVIL_OK) {
+            fail("%s", anvil_last_error());
+            free(line);
+            rc = 1;
+            break;
+        }
+        free(line);
+        anvil_generate_stats st;
+        anvil_status s = gen_stream(&g, &o, ids, (int)n, &st);
+        free(ids);
+        printf("\n");
+        if (s != ANVIL_OK) {
+            fail("%s", anvil_session_errmsg(g.session));
+            if (s != ANVIL_ERR_RANGE) {
+                rc = 1;
+                break;
+            }
+            fprintf(stderr, "(the context is full: /reset to start over)\n");
+            continue;
+        }
+        first = false;
+        if (st.stop == ANVIL_STOP_CALLBACK) fprintf(stderr, "(stopped)\n");
+        if (st.stop == ANVIL_STOP_LENGTH || st.stop == ANVIL_STOP_CALLBACK) {
+            /* the answer did not end its turn: close it ourselves next time */
+        }
+        if (tty) fprintf(stderr, "[%d tokens, %.1f tokens/s]\n", st.n_generated,
+                         st.generate_seconds > 0 ? st.n_generated / st.generate_seconds : 0.0);
+    }
+    gen_close(&g);
+    return rc;
+}

@@ -1,0 +1,206 @@
+/*
+ * anvil tokenize -m MODEL_OR_TOKENIZER [--decode] [--plain]
+ * anvil tokenize -m MODEL_OR_TOKENIZER --bench [--bench-file FILE]
+ *
+ * Encodes all of standard input, exactly as given (no newline stripped), and prints the ids
+ * comma-separated on one line. --decode reads ids (separated by commas and/or whitespace) and
+ * prints their text with nothing added, as Hugging Face's decode gives it (an incomplete or
+ * invalid UTF-8 sequence comes out as U+FFFD). --plain encodes added-token text
+ * ("<|im_start|>") as ordinary text.
+ *
+ * --bench measures encoding speed on one core: English prose (FILE, or the licence texts in
+ * /usr/share/common-licenses) and pathological 1 MB inputs.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+static char *read_all(FILE *f, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        char *nb = realloc(buf, cap * 2);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    if (buf && ferror(f)) {
+        free(buf);
+        buf = NULL;
+    }
+    if (buf) {
+        buf[n < cap ? n : cap - 1] = 0;
+        *len = n;
+    }
+    return buf;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int decode(anvil_tokenizer *tok, const char *in) {
+    anvil_detokenizer *dec;
+    if (anvil_detokenizer_create(tok, &dec) != ANVIL_OK) return fail("%s", anvil_last_error());
+    const char *p = in, *text;
+    size_t len;
+    int rc = 0;
+    for (;;) {
+        while (*p == ',' || isspace((unsigned char)*p)) p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < INT32_MIN || v > INT32_MAX ||
+            (*end && *end != ',' && !isspace((unsigned char)*end))) {
+            rc = fail("tokenize --decode: bad token id near \"%.20s\"", p);
+            break;
+        }
+        p = end;
+        if (anvil_detokenizer_push(dec, (int32_t)v, &text, &len) != ANVIL_OK) {
+            rc = fail("%s", anvil_last_error());
+            break;
+        }
+        fwrite(text, 1, len, stdout);
+    }
+    if (!rc && anvil_detokenizer_flush(dec, &text, &len) == ANVIL_OK) fwrite(text, 1, len, stdout);
+    anvil_detokenizer_destroy(dec);
+    return rc;
+}
+
+/* Encodes text repeatedly for at least min_s seconds; returns MB/s and the token count. */
+static double measure(anvil_tokenizer *tok, const char *text, size_t len, double min_s,
+                      size_t *n_tokens, double *first_s) {
+    int reps = 0;
+    double t0 = now(), t;
+    do {
+        int32_t *ids;
+        double a = now();
+        if (anvil_tokenize(tok, text, len, 0, &ids, n_tokens) != ANVIL_OK) {
+            fail("%s", anvil_last_error());
+            return -1;
+        }
+        if (reps == 0) *first_s = now() - a;
+        free(ids);
+        reps++;
+        t = now() - t0;
+    } while (t < min_s);
+    return (double)len * reps / t / 1e6;
+}
+
+static int bench(anvil_tokenizer *tok, const char *file) {
+    size_t len = 0;
+    char *prose = NULL;
+    if (file) {
+        FILE *f = fopen(file, "rb");
+        if (!f) return fail("%s: cannot open: %s", file, strerror(errno));
+        prose = read_all(f, &len);
+        fclose(f);
+    } else {
+        FILE *f = popen("cat /usr/share/common-licenses/* 2>/dev/null", "r");
+        if (f) {
+            prose = read_all(f, &len);
+            pclose(f);
+        }
+        file = "/usr/share/common-licenses/*";
+    }
+    if (!prose || !len) return fail("tokenize --bench: no prose text (pass --bench-file FILE)");
+    size_t n;
+    double first;
+    double mbs = measure(tok, prose, len, 2.0, &n, &first);
+    if (mbs < 0) return 1;
+    printf("prose       %-32s %8.1f KB %8zu tokens %7.1f MB/s\n", file, len / 1e3, n, mbs);
+    free(prose);
+
+    const size_t mb = 1 << 20;
+    char *buf = malloc(mb + 1);
+    if (!buf) return fail("out of memory");
+    static const struct {
+        const char *name, *unit;
+    } cases[] = {
+        {"letter", "a"},  {"spaces", " "},       {"newlines", "\n"},
+        {"digits", "7"},  {"emoji", "\xf0\x9f\x98\x80"}, {"cjk", "\xe4\xb8\xad"},
+        {"punct", "!"},   {"space-a", " a"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        size_t u = strlen(cases[c].unit), k = 0;
+        while (k + u <= mb) memcpy(buf + k, cases[c].unit, u), k += u;
+        mbs = measure(tok, buf, k, 0.5, &n, &first);
+        if (mbs < 0) return 1;
+        printf("1 MB %-10s %-27s %8.1f KB %8zu tokens %7.1f MB/s (first call %.3f s)\n",
+               cases[c].name, "", k / 1e3, n, mbs, first);
+    }
+    free(buf);
+    return 0;
+}
+
+int cmd_tokenize(int argc, char **argv) {
+    const char *model = NULL, *bench_file = NULL;
+    bool do_decode = false, do_bench = false;
+    int flags = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!(model = opt_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--decode")) {
+            do_decode = true;
+        } else if (!strcmp(a, "--plain")) {
+            flags |= ANVIL_TOKENIZE_PLAIN;
+        } else if (!strcmp(a, "--bench")) {
+            do_bench = true;
+        } else if (!strcmp(a, "--bench-file")) {
+            if (!(bench_file = opt_value(argc, argv, &i))) return 1;
+            do_bench = true;
+        } else {
+            return fail("tokenize: unknown option \"%s\"", a);
+        }
+    }
+    if (!model) return fail("tokenize: -m MODEL_OR_TOKENIZER is required");
+    double t0 = now();
+    anvil_tokenizer *tok;
+    if (anvil_tokenizer_open(model, &tok) != ANVIL_OK) return fail("%s", anvil_last_error());
+    if (do_bench) {
+        printf("load        %-32s %8.3f s (%d tokens)\n", model, now() - t0,
+               anvil_tokenizer_vocab_size(tok));
+        int rc = bench(tok, bench_file);
+        anvil_tokenizer_close(tok);
+        return rc;
+    }
+    size_t len;
+    char *in = read_all(stdin, &len);
+    if (!in) {
+        anvil_tokenizer_close(tok);
+        return fail("tokenize: cannot read standard input");
+    }
+    int rc = 0;
+    if (do_decode) {
+        rc = decode(tok, in);
+    } else {
+        int32_t *ids;
+        size_t n;
+        if (anvil_tokenize(tok, in, len, flags, &ids, &n) != ANVIL_OK) {
+            rc = fail("tokenize: standard input: %s", anvil_last_error());
+        } else {
+            for (size_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
+            putchar('\n');
+            free(ids);
+        }
+    }
+    free(in);
+    anvil_tokenizer_close(tok);
+    if (fflush(stdout) != 0) rc = fail("tokenize: cannot write output");
+    return rc;
+}

@@ -1,0 +1,45 @@
+/* What anvil run and anvil chat share: model + tokenizer, sampling flags, streaming with
+ * thinking shown dimmed, Ctrl-C, and the closing statistics. */
+#ifndef ANVIL_GEN_H
+#define ANVIL_GEN_H
+
+#include <signal.h>
+
+#include "cli.h"
+
+struct gen_opts {
+    struct common_opts co;
+    anvil_generate_params gp;
+    int thinking;      /* 1 on (the template's default), 0 off */
+    const char *system;
+    bool seed_set;
+};
+
+struct gen_ctx {
+    anvil_model *model;
+    anvil_session *session;
+    anvil_tokenizer *tok;
+    anvil_detokenizer *dec;
+    int32_t stop_ids[4];
+    int32_t think_open, think_close;
+    bool in_think;
+    bool color;             /* stdout is a terminal */
+    int n_printed;
+};
+
+void gen_opts_init(struct gen_opts *o);
+/* Consumes sampling/generation flags like common_opt: 1 taken, 0 not ours, -1 bad value. */
+int gen_opt(struct gen_opts *o, int argc, char **argv, int *i);
+/* Opens model, session and tokenizer; prints the error and returns false on failure. */
+bool gen_open(struct gen_opts *o, struct gen_ctx *g);
+void gen_close(struct gen_ctx *g);
+/* Generates from prompt ids, streaming text to stdout; fills stats. */
+anvil_status gen_stream(struct gen_ctx *g, const struct gen_opts *o, const int32_t *ids, int n,
+                        anvil_generate_stats *stats);
+/* mlx-lm's three closing lines on stderr. */
+void gen_print_stats(const struct gen_ctx *g, const anvil_generate_stats *st);
+/* Set by SIGINT while generating; the token callback stops the generation. */
+extern volatile sig_atomic_t gen_interrupted;
+void gen_install_sigint(void);
+
+#endif
