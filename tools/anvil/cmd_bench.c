@@ -135,7 +135,7 @@ int cmd_bench(int argc, char **argv) {
             cpu += tg_cpu_seconds;
         }
         if (trace) {
-            char buf[1024];
+            char buf[8192];
             anvil_session_describe_program(s, buf, sizeof buf);
             fprintf(stderr, "anvil: tg: host CPU time %.2f us/token; %s\n", cpu / reps / N * 1e6,
                     buf[0] ? buf : "(no device program)");

@@ -92,6 +92,13 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     memset(out, 0, sizeof *out);
     out->attn_g = attn_g;
     out->attn_d = attn_d;
+    out->matvec_wg = MATVEC_WG;
+    out->matvec_nr = MATVEC_NR;
+    const char *e = getenv("ANVIL_VK_MATVEC_WG");
+    if (e && atoi(e) >= 32 && atoi(e) <= 1024 && atoi(e) % 32 == 0) out->matvec_wg = (uint32_t)atoi(e);
+    e = getenv("ANVIL_VK_MATVEC_NR");
+    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr = (uint32_t)atoi(e);
+    if (out->matvec_wg / d->subgroup_size > 32) out->matvec_wg = 32 * d->subgroup_size;
     VkPushConstantRange pr = {VK_SHADER_STAGE_COMPUTE_BIT, 0, VK_PUSH_BYTES};
     VkPipelineLayoutCreateInfo li = {VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, NULL, 0, 0, NULL, 1, &pr};
     anvil_status st = vk_result(vkCreatePipelineLayout(d->dev, &li, NULL, &out->layout), "vkCreatePipelineLayout");
@@ -123,8 +130,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         VkSpecializationMapEntry ent[4];
         uint32_t n = 0;
         if (k <= K_MATVEC_SWIGLU_BF16) {
-            vals[0] = MATVEC_WG;
-            vals[1] = MATVEC_NR;
+            vals[0] = out->matvec_wg;
+            vals[1] = out->matvec_nr;
             vals[2] = k >= K_MATVEC_SWIGLU_F32;
             n = 3;
         } else if (k == K_ATTENTION) {

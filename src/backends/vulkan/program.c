@@ -80,6 +80,8 @@ struct vk_program {
     VkCommandBuffer cb_batch; /* STEPS_PER_BATCH steps */
     VkCommandBuffer cb_copy;  /* the logits copied to readback */
     VkCommandBuffer cb_single; /* one step (the tail of a run shorter than a batch) */
+    VkCommandBuffer cb_prof;   /* ANVIL_VK_PROFILE=1: one step with a timestamp per kernel */
+    VkQueryPool queries;
     struct vk_stats stats;
 };
 
@@ -197,7 +199,8 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
             pc.o0 = addr_of(L, j);
             L->done[a] = L->done[b] = L->done[j] = true;
             uint32_t gx, gy;
-            grid((pc.rows0 + MATVEC_NR - 1) / MATVEC_NR, &gx, &gy);
+            uint32_t nr = L->p->b->pl.matvec_nr;
+            grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
             return emit(L->p, kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32), gx, gy, &pc, sizeof pc);
         }
     }
@@ -233,7 +236,8 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (!pc.res) pc.res = pc.o0;
     if (!pc.normw) pc.normw = pc.x;
     uint32_t gx, gy;
-    grid((total + MATVEC_NR - 1) / MATVEC_NR, &gx, &gy);
+    uint32_t nr = L->p->b->pl.matvec_nr;
+    grid((total + nr - 1) / nr, &gx, &gy);
     return emit(L->p, kern, gx, gy, &pc, sizeof pc);
 }
 
@@ -402,8 +406,38 @@ static void record_copy_logits(struct vk_program *p, VkCommandBuffer cb) {
             VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
 }
 
+static anvil_status record_profile(struct vk_program *p) {
+    struct vk_device *d = p->b->d;
+    VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                                .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = (uint32_t)p->n_ops + 1};
+    anvil_status st = vk_result(vkCreateQueryPool(d->dev, &qi, NULL, &p->queries), "vkCreateQueryPool");
+    if (st == ANVIL_OK) st = vk_cmd_alloc(d, &p->cb_prof);
+    if (st != ANVIL_OK) return st;
+    VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL, 0, NULL};
+    VkCommandBuffer cb = p->cb_prof;
+    vkBeginCommandBuffer(cb, &bi);
+    vkCmdResetQueryPool(cb, p->queries, 0, (uint32_t)p->n_ops + 1);
+    barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+    vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, 0);
+    for (int i = 0; i < p->n_ops; i++) {
+        const struct vk_dispatch *o = &p->ops[i];
+        barrier(cb, STAGE_C, RW, STAGE_C, RW);
+        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p->b->pl.p[o->k]);
+        vkCmdPushConstants(cb, p->b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, o->push_size, o->push);
+        vkCmdDispatch(cb, o->gx, o->gy, o->gz);
+        vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, (uint32_t)i + 1);
+    }
+    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    return vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
+}
+
 static anvil_status record(struct vk_program *p) {
     struct vk_device *d = p->b->d;
+    const char *prof = getenv("ANVIL_VK_PROFILE");
+    if (prof && *prof && strcmp(prof, "0") != 0) {
+        anvil_status st = record_profile(p);
+        if (st != ANVIL_OK) return st;
+    }
     VkCommandBuffer *cbs[4] = {&p->cb_one, &p->cb_batch, &p->cb_copy, &p->cb_single};
     for (int c = 0; c < 4; c++) {
         anvil_status st = vk_cmd_alloc(d, cbs[c]);
@@ -540,9 +574,10 @@ void vk_program_destroy(struct vk_program *p) {
     if (!p) return;
     struct vk_device *d = p->b->d;
     vkDeviceWaitIdle(d->dev);
-    VkCommandBuffer cbs[4] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single};
-    for (int i = 0; i < 4; i++)
+    VkCommandBuffer cbs[5] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single, p->cb_prof};
+    for (int i = 0; i < 5; i++)
         if (cbs[i]) vkFreeCommandBuffers(d->dev, d->pool, 1, &cbs[i]);
+    if (p->queries) vkDestroyQueryPool(d->dev, p->queries, NULL);
     vk_buffer_destroy(d, &p->arena);
     vk_buffer_destroy(d, &p->ctl);
     vk_buffer_destroy(d, &p->readback);
@@ -643,4 +678,65 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
         if (st == ANVIL_OK) memcpy(r->logits, p->readback.map, (size_t)p->V * 4);
     }
     return st;
+}
+
+static const char *kernel_names[K_COUNT] = {
+    "matvec_f32", "matvec_f16", "matvec_bf16", "matvec_swiglu_f32", "matvec_swiglu_f16",
+    "matvec_swiglu_bf16", "embed_f32", "embed_f16", "embed_bf16", "qk_rope_kv", "attention",
+    "attn_merge", "argmax"};
+
+size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
+    size_t len = 0;
+#define OUT(...)                                                                           \
+    do {                                                                                   \
+        int k_ = snprintf(buf + MIN(len, cap), cap > len ? cap - len : 0, __VA_ARGS__);    \
+        if (k_ > 0) len += (size_t)k_;                                                     \
+    } while (0)
+    if (cap) buf[0] = 0;
+    if (!p->cb_prof) return 0;
+    struct vk_device *d = p->b->d;
+    int n = p->n_ops, reps = 10;
+    uint64_t *ts = calloc((size_t)n + 1, sizeof *ts);
+    double *ns = calloc((size_t)n, sizeof *ns);
+    if (!ts || !ns) goto out;
+    int pos = MAX(0, p->n_ctx - 8);
+    for (int r = 0; r < reps; r++) {
+        ctl_reset(p, 1, pos);
+        ((volatile struct vk_ctl *)p->ctl.map)->budget = 1000;
+        uint64_t v;
+        if (vk_submit(d, &p->cb_prof, 1, &v) != ANVIL_OK || vk_wait(d, v) != ANVIL_OK) goto out;
+        if (vkGetQueryPoolResults(d->dev, p->queries, 0, (uint32_t)n + 1, ((size_t)n + 1) * 8, ts, 8,
+                                  VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT) != VK_SUCCESS)
+            goto out;
+        if (r >= 2) /* warm-up excluded */
+            for (int i = 0; i < n; i++) ns[i] += (double)(ts[i + 1] - ts[i]) * d->props.limits.timestampPeriod;
+    }
+    double by_kind[K_COUNT] = {0}, total = 0;
+    int count[K_COUNT] = {0};
+    for (int i = 0; i < n; i++) {
+        ns[i] /= reps - 2;
+        by_kind[p->ops[i].k] += ns[i];
+        count[p->ops[i].k]++;
+        total += ns[i];
+    }
+    OUT("GPU time of one step at position %d (kernel + its barrier, timestamps): %.1f us\n", pos, total / 1e3);
+    for (int k = 0; k < K_COUNT; k++)
+        if (count[k])
+            OUT("  %-20s %4d x  %8.1f us  (%4.1f%%)\n", kernel_names[k], count[k], by_kind[k] / 1e3,
+                100 * by_kind[k] / total);
+    /* the single most expensive kernels */
+    for (int top = 0; top < 5; top++) {
+        int best = -1;
+        for (int i = 0; i < n; i++)
+            if (ns[i] >= 0 && (best < 0 || ns[i] > ns[best])) best = i;
+        if (best < 0) break;
+        OUT("  top: #%d %s grid %ux%u: %.1f us\n", best, kernel_names[p->ops[best].k], p->ops[best].gx,
+            p->ops[best].gy, ns[best] / 1e3);
+        ns[best] = -1;
+    }
+out:
+    free(ts);
+    free(ns);
+#undef OUT
+    return len;
 }

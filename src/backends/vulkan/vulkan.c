@@ -211,9 +211,10 @@ static anvil_status vk_generate(struct program *p, const struct gen_request *r, 
 static void vk_describe(struct program *p, char *buf, size_t cap) {
     struct vk_stats s;
     vk_program_stats((struct vk_program *)p, &s);
-    snprintf(buf, cap, "per token: %d dispatches, %d barriers, 0 descriptor writes, 0 command "
-             "buffers recorded, %.3f submits (steps queued %d per submit)", s.dispatches, s.barriers,
-             1.0 / 8, 8);
+    int k = snprintf(buf, cap, "per token: %d dispatches, %d barriers, 0 descriptor writes, 0 command "
+                     "buffers recorded, %.3f submits (steps queued %d per submit)\n", s.dispatches,
+                     s.barriers, 1.0 / 8, 8);
+    if (k > 0 && (size_t)k < cap) vk_program_profile((struct vk_program *)p, buf + k, cap - (size_t)k);
 }
 
 static void vk_destroy(struct backend *base) {

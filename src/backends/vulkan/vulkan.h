@@ -36,6 +36,8 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
 void vk_program_destroy(struct vk_program *p);
 anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float *logits);
 anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res);
+/* With ANVIL_VK_PROFILE=1: GPU time per kernel of one step, as text. */
+size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap);
 void vk_program_stats(const struct vk_program *p, struct vk_stats *s);
 
 #endif

@@ -109,6 +109,8 @@ enum vk_kernel {
 };
 
 #define VK_PUSH_BYTES 128
+/* matvec defaults: threads per workgroup and rows per workgroup (ANVIL_VK_MATVEC_WG and
+ * ANVIL_VK_MATVEC_NR override them, for tuning) */
 #define MATVEC_WG 128
 #define MATVEC_NR 2
 
@@ -118,6 +120,7 @@ struct vk_pipelines {
     char cache_path[1024];
     VkPipeline p[K_COUNT];
     int attn_g, attn_d; /* the attention pipeline's specialisation */
+    uint32_t matvec_wg, matvec_nr;
 };
 
 /* Creates every pipeline; attention is specialised for G query heads per kv head and head
