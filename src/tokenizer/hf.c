@@ -625,7 +625,7 @@ anvil_status tokenizer_load_hf(const char *path, struct anvil_tokenizer **out) {
         goto done;
     }
     s.base = s.p = (const char *)mf.data;
-    s.end = s.p + mf.size;
+    s.end = mf.size ? s.p + mf.size : s.p; /* an empty file maps to NULL */
     s.file = file;
     if (mf.size == 0) {
         st = err_set(ANVIL_ERR_FORMAT, "%s: empty file, not a tokenizer.json", file);

@@ -287,7 +287,7 @@ static void test_random_against_oracle(void **state) {
 static void test_long_pieces_against_oracle(void **state) {
     (void)state;
     struct rng r = {99};
-    const char *sets[] = {"ab", "aab", "eht", "a", "\xc3\xa9\xc3\xa8" "e", "!?.", " \t", "\n ",
+    const char *sets[] = {"ab", "aab", "eht", "a", ("\xc3\xa9\xc3\xa8" "e"), "!?.", " \t", "\n ",
                           "\xe4\xb8\xad\xe6\x96\x87", "\xf0\x9f\x98\x80\xf0\x9f\x91\x8d"};
     char *buf = malloc(20000);
     for (int iter = 0; iter < 300; iter++) {
@@ -397,7 +397,7 @@ static void test_pathological(void **state) {
 static void test_invalid_utf8(void **state) {
     (void)state;
     const char *bad[] = {"\xff", "abc\xc3", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80",
-                         "a\x80" "b", "\xe4\xb8", "ok \xf0\x9f\x98"};
+                         ("a\x80" "b"), "\xe4\xb8", "ok \xf0\x9f\x98"};
     for (size_t i = 0; i < ARRAY_LEN(bad); i++) {
         int32_t *ids = (int32_t *)1;
         size_t n = 99;

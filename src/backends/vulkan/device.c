@@ -167,7 +167,8 @@ size_t vk_describe_devices(char *buf, size_t cap) {
     size_t len = 0;
 #define OUT(...)                                                                           \
     do {                                                                                   \
-        int k = snprintf(buf + MIN(len, cap), cap > len ? cap - len : 0, __VA_ARGS__);     \
+        char *dst_ = len < cap ? buf + len : NULL;                                         \
+        int k = snprintf(dst_, dst_ ? cap - len : 0, __VA_ARGS__);                         \
         if (k > 0) len += (size_t)k;                                                       \
     } while (0)
     if (cap) buf[0] = 0;

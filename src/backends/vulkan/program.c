@@ -689,7 +689,8 @@ size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
     size_t len = 0;
 #define OUT(...)                                                                           \
     do {                                                                                   \
-        int k_ = snprintf(buf + MIN(len, cap), cap > len ? cap - len : 0, __VA_ARGS__);    \
+        char *dst_ = len < cap ? buf + len : NULL;                                         \
+        int k_ = snprintf(dst_, dst_ ? cap - len : 0, __VA_ARGS__);                        \
         if (k_ > 0) len += (size_t)k_;                                                     \
     } while (0)
     if (cap) buf[0] = 0;
