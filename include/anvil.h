@@ -190,7 +190,8 @@ anvil_status anvil_session_truncate(anvil_session *s, int n);
 typedef struct anvil_tokenizer anvil_tokenizer;
 
 /* Opens a tokenizer: a Hugging Face model directory (tokenizer.json, plus
- * tokenizer_config.json for the chat template and the eos token) or a tokenizer.json file.
+ * tokenizer_config.json for the chat template and the eos token), a tokenizer.json file, or
+ * a .gguf file (its tokenizer.ggml.* metadata and tokenizer.chat_template).
  * The caller frees it with anvil_tokenizer_close. */
 anvil_status anvil_tokenizer_open(const char *path, anvil_tokenizer **out);
 void anvil_tokenizer_close(anvil_tokenizer *tok);

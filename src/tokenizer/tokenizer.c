@@ -428,9 +428,16 @@ anvil_status anvil_tokenizer_open(const char *path, anvil_tokenizer **out) {
     struct stat sb;
     if (stat(path, &sb) != 0)
         return err_set(ANVIL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (S_ISREG(sb.st_mode) && ends_with(path, ".gguf"))
-        return err_set(ANVIL_ERR_UNSUPPORTED, "%s: reading a tokenizer from GGUF metadata is not "
-                       "wired yet (tokenizer_create takes its arrays)", path);
+    if (S_ISREG(sb.st_mode)) { /* a GGUF file, by its magic or its name */
+        char magic[4] = {0};
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            if (fread(magic, 1, 4, f) != 4) memset(magic, 0, 4);
+            fclose(f);
+        }
+        if (!memcmp(magic, "GGUF", 4) || ends_with(path, ".gguf"))
+            return tokenizer_load_gguf(path, out);
+    }
     return tokenizer_load_hf(path, out);
 }
 

@@ -487,9 +487,9 @@ static void test_open_errors(void **state) {
     assert_int_equal(anvil_tokenizer_open(tu_testdata("reference/qwen3-tiny/config.json"), &t),
                      ANVIL_ERR_FORMAT);
     assert_non_null(strstr(anvil_last_error(), "not a Hugging Face tokenizer.json"));
-    /* GGUF: not through this path yet */
-    assert_int_equal(anvil_tokenizer_open(tu_testdata("gguf/qwen3-tiny/qwen3-tiny-F32.gguf"), &t),
-                     ANVIL_ERR_UNSUPPORTED);
+    /* not a GGUF file after all */
+    assert_int_equal(anvil_tokenizer_open(tu_testdata("reference/qwen3-tiny/model.safetensors"),
+                                          &t), ANVIL_ERR_FORMAT);
     char *dir = tu_tmpdir(), path[1100];
     size_t len;
     char *full = tu_read_file(tu_testdata("reference/qwen3-small/tokenizer.json"), &len);
@@ -683,6 +683,64 @@ static void test_desc_constructor(void **state) {
     arrays_free(&a);
 }
 
+/* GGUF metadata (llama.cpp's conversion of qwen3-small) gives the same tokenizer as the
+ * tokenizer.json it came from. */
+static void test_gguf(void **state) {
+    (void)state;
+    anvil_tokenizer *hf, *gg;
+    assert_int_equal(anvil_tokenizer_open(tu_testdata("reference/qwen3-small"), &hf), ANVIL_OK);
+    assert_int_equal(anvil_tokenizer_open(tu_testdata("gguf/qwen3-small/qwen3-small-Q8_0.gguf"),
+                                          &gg), ANVIL_OK);
+    assert_int_equal(anvil_tokenizer_vocab_size(gg), 2048);
+    assert_int_equal(anvil_tokenizer_eos(gg), 2047);
+    assert_int_equal(anvil_tokenizer_find(gg, "<|im_start|>"), 2046);
+    assert_true(anvil_tokenizer_is_special(gg, 2045));
+    int n;
+    char **lines = read_lines(tu_testdata("reference/tokenizer/encode.jsonl"), &n);
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        char *text = json_str(lines[i], "text", &len);
+        /* the GGUF tokenizer normalises to NFC (as real Qwen vocabularies do); qwen3-small's
+         * tokenizer.json does not: compare on text that NFC leaves alone */
+        utf8proc_uint8_t *nfc;
+        utf8proc_ssize_t nlen = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)len,
+                                             &nfc, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        bool is_nfc = nlen == (utf8proc_ssize_t)len && !memcmp(nfc, text, len);
+        free(nfc);
+        if (is_nfc) {
+            int32_t *x, *y;
+            size_t nx, ny;
+            assert_int_equal(anvil_tokenize(hf, text, len, 0, &x, &nx), ANVIL_OK);
+            assert_int_equal(anvil_tokenize(gg, text, len, 0, &y, &ny), ANVIL_OK);
+            assert_int_equal(nx, ny);
+            assert_memory_equal(x, y, nx * sizeof *x);
+            free(x);
+            free(y);
+        }
+        free(text);
+    }
+    free_lines(lines);
+    anvil_chat_message m[] = {{"user", "Hi", NULL, NULL}};
+    char *out;
+    size_t len;
+    assert_int_equal(anvil_chat_template_apply(gg, m, 1, 0, 1, &out, &len), ANVIL_OK);
+    assert_string_equal(out, "<|im_start|>user\nHi<|im_end|>\n");
+    free(out);
+    anvil_tokenizer_close(gg);
+    /* every architecture's file carries one */
+    const char *files[] = {"gguf/qwen3moe-tiny/qwen3moe-tiny-F32.gguf",
+                           "gguf/qwen3next-tiny/qwen3next-tiny-F32.gguf",
+                           "gguf/qwen3_5-tiny/qwen3_5-tiny-F32.gguf",
+                           "gguf/qwen3_5moe-tiny/qwen3_5moe-tiny-F32.gguf"};
+    for (size_t f = 0; f < ARRAY_LEN(files); f++) {
+        if (anvil_tokenizer_open(tu_testdata(files[f]), &gg) != ANVIL_OK)
+            fail_msg("%s: %s", files[f], anvil_last_error());
+        assert_int_equal(anvil_tokenizer_vocab_size(gg), 2048);
+        anvil_tokenizer_close(gg);
+    }
+    anvil_tokenizer_close(hf);
+}
+
 /* The Qwen3.5 regex keeps combining marks inside words; Qwen2's splits them off. */
 static void test_qwen35_regex(void **state) {
     (void)state;
@@ -828,6 +886,7 @@ int main(void) {
         cmocka_unit_test(test_load_time),
         cmocka_unit_test(test_desc_constructor),
         cmocka_unit_test(test_qwen35_regex),
+        cmocka_unit_test(test_gguf),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
