@@ -620,16 +620,21 @@ anvil_status tokenizer_load_hf(const char *path, struct anvil_tokenizer **out) {
     struct scan s = {0};
     anvil_status st = mapped_file_open(&mf, file);
     if (st != ANVIL_OK) {
-        if (is_dir(path))
-            err_set(st, "%s: no tokenizer.json in this directory (%s)", path, anvil_last_error());
+        if (is_dir(path)) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", anvil_last_error());
+            err_set(st, "%s: no tokenizer.json in this directory (%s)", path, why);
+        }
         goto done;
     }
-    s.base = s.p = (const char *)mf.data;
-    s.end = s.p + mf.size;
     s.file = file;
     if (mf.size == 0) {
         st = err_set(ANVIL_ERR_FORMAT, "%s: empty file, not a tokenizer.json", file);
-    } else if (!scan_top(&s, &h)) {
+        goto unmap;
+    }
+    s.base = s.p = (const char *)mf.data;
+    s.end = s.p + mf.size;
+    if (!scan_top(&s, &h)) {
         st = s.st;
     } else {
         struct stat sb;
@@ -645,6 +650,7 @@ anvil_status tokenizer_load_hf(const char *path, struct anvil_tokenizer **out) {
         }
         if (st == ANVIL_OK) st = build(file, &s, &h, cfg, out);
     }
+unmap:
     mapped_file_close(&mf);
 done:
     free_parts(&h);
