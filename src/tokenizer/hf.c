@@ -22,6 +22,7 @@
  *               "merges": ["a b", ...] | [["a", "b"], ...], ...} }
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,7 +159,8 @@ static bool scan_string(struct scan *s, size_t *off, uint32_t *len) {
 }
 
 static bool skip_string(struct scan *s) {
-    for (s->p++; s->p < s->end && *s->p != '"'; s->p += *s->p == '\\' ? 2 : 1) {}
+    for (s->p++; s->p < s->end && *s->p != '"'; s->p++)
+        if (*s->p == '\\' && s->end - s->p > 1) s->p++;
     if (s->p >= s->end) return scan_fail(s, "unterminated string");
     s->p++;
     return true;
@@ -188,13 +190,17 @@ static bool scan_skip(struct scan *s, const char **start) {
     return s->p > *start || scan_fail(s, "missing value");
 }
 
+/* A non-negative integer (token ids); by hand, since the mapping is not NUL-terminated. */
 static bool scan_int(struct scan *s, long *v) {
     ws(s);
-    char *e;
-    errno = 0;
-    *v = strtol(s->p, &e, 10);
-    if (e == s->p || errno || e > s->end) return scan_fail(s, "expected an integer");
-    s->p = e;
+    const char *start = s->p;
+    long x = 0;
+    while (s->p < s->end && *s->p >= '0' && *s->p <= '9') {
+        if (x > (LONG_MAX - 9) / 10) return scan_fail(s, "integer too large");
+        x = x * 10 + (*s->p++ - '0');
+    }
+    if (s->p == start) return scan_fail(s, "expected a token id");
+    *v = x;
     return true;
 }
 
