@@ -167,6 +167,8 @@ const int32_t *anvil_session_tokens(const anvil_session *s, int *n);
 /* Drops cached tokens from position n on (n <= position): a new prompt sharing a prefix with
  * the cache only prefills the part after it. */
 anvil_status anvil_session_truncate(anvil_session *s, int n);
+/* The context length: the most tokens the cache holds. */
+int anvil_session_context_size(const anvil_session *s);
 
 /* ---- Tokenizer and chat templates ----------------------------------------------------------
  *
@@ -280,6 +282,15 @@ typedef struct anvil_chat_message {
 anvil_status anvil_chat_template_apply(const anvil_tokenizer *tok, const anvil_chat_message *msgs,
                                        size_t n_msgs, int add_generation_prompt,
                                        int enable_thinking, char **out, size_t *out_len);
+
+/* ---- devices ---- */
+
+/* One line per Vulkan device (index: name, type, memory), or why there are none, into buf
+ * (NUL-terminated, truncated to cap). Returns the length it needed. */
+size_t anvil_list_devices(char *buf, size_t cap);
+/* What one decode step costs the session's backend (dispatches, barriers, submits per token);
+ * empty for the CPU backend. Returns the length. */
+size_t anvil_session_describe_program(const anvil_session *s, char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "formats/gguf.h"
 #include "tokenizer/tokenizer_impl.h"
 
 /* ---- UTF-8 ---------------------------------------------------------------------------- */
@@ -435,8 +436,14 @@ anvil_status anvil_tokenizer_open(const char *path, anvil_tokenizer **out) {
             if (fread(magic, 1, 4, f) != 4) memset(magic, 0, 4);
             fclose(f);
         }
-        if (!memcmp(magic, "GGUF", 4) || ends_with(path, ".gguf"))
-            return tokenizer_load_gguf(path, out);
+        if (!memcmp(magic, "GGUF", 4) || ends_with(path, ".gguf")) {
+            struct gguf_file *gf;
+            anvil_status st = gguf_open(path, &gf);
+            if (st != ANVIL_OK) return st;
+            st = tokenizer_load_gguf(gf, out);
+            gguf_close(gf);
+            return st;
+        }
     }
     return tokenizer_load_hf(path, out);
 }
