@@ -746,6 +746,44 @@ static void test_gguf(void **state) {
     anvil_tokenizer_close(hf);
 }
 
+/* Added tokens are matched by their literal text and decode as Hugging Face's ByteLevel
+ * decoder reads them: byte-level when every character has a byte, literally otherwise. */
+static void test_added_token_decoding(void **state) {
+    (void)state;
+    static char spell[256][4];
+    const char *tokens[258];
+    int32_t types[258];
+    for (int b = 0; b < 256; b++) {
+        utf8proc_encode_char((utf8proc_int32_t)codepoint_of_byte((uint8_t)b),
+                             (utf8proc_uint8_t *)spell[b]);
+        tokens[b] = spell[b];
+        types[b] = TOKEN_TYPE_NORMAL;
+    }
+    tokens[256] = "<\xc4\xa0x>"; /* "<Ġx>": every character is a byte's spelling */
+    types[256] = TOKEN_TYPE_USER_DEFINED;
+    tokens[257] = "<|a b|>";     /* a raw space has no byte-level reading */
+    types[257] = TOKEN_TYPE_CONTROL;
+    struct tokenizer_desc d = {.n_tokens = 258, .tokens = tokens, .token_types = types,
+                               .pre = "qwen2", .eos_id = -1, .bos_id = -1, .pad_id = -1};
+    anvil_tokenizer *t;
+    assert_int_equal(tokenizer_create(&d, &t), ANVIL_OK);
+    const char *text = "<\xc4\xa0x><|a b|>";
+    int32_t *ids;
+    size_t n;
+    assert_int_equal(anvil_tokenize(t, text, strlen(text), 0, &ids, &n), ANVIL_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 256);
+    assert_int_equal(ids[1], 257);
+    assert_int_equal(anvil_tokenizer_find(t, "<|a b|>"), 257);
+    char *back;
+    size_t len;
+    assert_int_equal(anvil_detokenize(t, ids, n, &back, &len), ANVIL_OK);
+    assert_string_equal(back, "< x><|a b|>");
+    free(back);
+    free(ids);
+    anvil_tokenizer_close(t);
+}
+
 /* The Qwen3.5 regex keeps combining marks inside words; Qwen2's splits them off. */
 static void test_qwen35_regex(void **state) {
     (void)state;
@@ -891,6 +929,7 @@ int main(void) {
         cmocka_unit_test(test_load_time),
         cmocka_unit_test(test_desc_constructor),
         cmocka_unit_test(test_qwen35_regex),
+        cmocka_unit_test(test_added_token_decoding),
         cmocka_unit_test(test_gguf),
         cmocka_unit_test(test_cli),
     };
