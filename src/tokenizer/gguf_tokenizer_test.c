@@ -72,7 +72,7 @@ static void test_no_tokenizer(void **state) {
     snprintf(out, sizeof out, "%s/notok.gguf", dir);
     char *o = NULL, *e = NULL;
     assert_int_equal(tu_run_anvil(&o, &e, "quantize -m %s -o %s --type Q8_0",
-                                  tu_testdata("reference/qwen3-small"), out), 0);
+                                  tu_testdata("reference/qwen3-tiny"), out), 0);
     anvil_tokenizer *t;
     assert_int_not_equal(anvil_tokenizer_open(out, &t), ANVIL_OK);
     assert_non_null(strstr(anvil_last_error(), "tokenizer.ggml.model missing"));

@@ -487,9 +487,11 @@ static void test_open_errors(void **state) {
     assert_int_equal(anvil_tokenizer_open(tu_testdata("reference/qwen3-tiny/config.json"), &t),
                      ANVIL_ERR_FORMAT);
     assert_non_null(strstr(anvil_last_error(), "not a Hugging Face tokenizer.json"));
-    /* GGUF: not through this path yet */
+    /* GGUF: the tokenizer from its metadata */
     assert_int_equal(anvil_tokenizer_open(tu_testdata("gguf/qwen3-tiny/qwen3-tiny-F32.gguf"), &t),
-                     ANVIL_ERR_UNSUPPORTED);
+                     ANVIL_OK);
+    assert_int_equal(anvil_tokenizer_vocab_size(t), 2048);
+    anvil_tokenizer_close(t);
     char *dir = tu_tmpdir(), path[1100];
     size_t len;
     char *full = tu_read_file(tu_testdata("reference/qwen3-small/tokenizer.json"), &len);
