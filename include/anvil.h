@@ -282,6 +282,13 @@ typedef struct anvil_chat_message {
 anvil_status anvil_chat_template_apply(const anvil_tokenizer *tok, const anvil_chat_message *msgs,
                                        size_t n_msgs, int add_generation_prompt,
                                        int enable_thinking, char **out, size_t *out_len);
+/* The same with tool definitions: tools_json is a JSON array of tool schemas (OpenAI style,
+ * {"type": "function", "function": {...}}), or NULL / "[]" for none; the template lists them
+ * in the system turn, each printed as Python's json.dumps prints it (key order kept). */
+anvil_status anvil_chat_template_apply_tools(const anvil_tokenizer *tok,
+                                             const anvil_chat_message *msgs, size_t n_msgs,
+                                             const char *tools_json, int add_generation_prompt,
+                                             int enable_thinking, char **out, size_t *out_len);
 
 /* ---- devices ---- */
 

@@ -189,8 +189,11 @@ static void render_case(const char *line, const char *what) {
     size_t len;
     int gen = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
     int think = cJSON_IsTrue(cJSON_GetObjectItem(c, "enable_thinking"));
-    assert_int_equal(anvil_chat_template_apply(qwen3, m, (size_t)n, gen, think, &out, &len),
-                     ANVIL_OK);
+    const cJSON *tools = cJSON_GetObjectItem(c, "tools");
+    char *tools_json = tools ? cJSON_PrintUnformatted(tools) : NULL;
+    assert_int_equal(anvil_chat_template_apply_tools(qwen3, m, (size_t)n, tools_json, gen, think,
+                                                     &out, &len), ANVIL_OK);
+    free(tools_json);
     const char *expect = cJSON_GetStringValue(cJSON_GetObjectItem(c, "rendered"));
     if (len != strlen(expect) || memcmp(out, expect, len))
         fail_msg("%s: rendered differently:\n%s\n---- expected:\n%s", what, out, expect);
@@ -896,6 +899,22 @@ static void test_cli(void **state) {
                                   qwen3_dir(), path), 0);
     snprintf(expect, sizeof expect, "%s<|im_start|>assistant\n<think>\n\n</think>\n\n", r1);
     assert_string_equal(out, expect);
+    free(out);
+    free(err);
+    char tools[1100];
+    snprintf(tools, sizeof tools, "%s/tools.json", dir);
+    const char *tdef = "[{\"name\": \"ping\", \"parameters\": {}}]";
+    tu_write_file(tools, tdef, strlen(tdef));
+    assert_int_equal(tu_run_anvil(&out, &err, "template -m %s --messages %s --tools %s",
+                                  qwen3_dir(), path, tools), 0);
+    assert_non_null(strstr(out, "<|im_start|>system\nBe brief.\n\n# Tools\n"));
+    assert_non_null(strstr(out, "<tools>\n{\"name\": \"ping\", \"parameters\": {}}\n</tools>"));
+    free(out);
+    free(err);
+    tu_write_file(tools, "{}", 2);
+    assert_int_not_equal(tu_run_anvil(&out, &err, "template -m %s --messages %s --tools %s",
+                                      qwen3_dir(), path, tools), 0);
+    assert_non_null(strstr(err, "tools.json"));
     free(out);
     free(err);
     tu_write_file(path, "{\"role\": 1}", 11);
