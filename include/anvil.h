@@ -282,6 +282,15 @@ anvil_status anvil_chat_template_apply(const anvil_tokenizer *tok, const anvil_c
                                        size_t n_msgs, int add_generation_prompt,
                                        int enable_thinking, char **out, size_t *out_len);
 
+/* ---- devices ---- */
+
+/* One line per Vulkan device (index: name, type, memory), or why there are none, into buf
+ * (NUL-terminated, truncated to cap). Returns the length it needed. */
+size_t anvil_list_devices(char *buf, size_t cap);
+/* What one decode step costs the session's backend (dispatches, barriers, submits per token);
+ * empty for the CPU backend. Returns the length. */
+size_t anvil_session_describe_program(const anvil_session *s, char *buf, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

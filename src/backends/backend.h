@@ -14,6 +14,28 @@
 struct backend;
 struct program;
 
+/* A decode loop run by the backend itself (see backend_vtable.generate). */
+struct gen_request {
+    const int32_t *feed; /* [n_feed] tokens run first, at positions pos0 .. (n_feed >= 1) */
+    int n_feed;
+    int pos0;
+    int max_new;         /* tokens to generate greedily after the feed (0: only feed) */
+    const int32_t *stop; /* [n_stop] stop ids (at most 16): chosen, they end the loop */
+    int n_stop;
+    int (*on_token)(void *user, int32_t token); /* each generated token; non-zero stops */
+    void *user;
+    int32_t *out;        /* [max_new] when not NULL: the generated tokens */
+    float *logits;       /* when not NULL: the logits of the last step run */
+};
+
+struct gen_result {
+    int n_out;    /* tokens generated and delivered */
+    int n_cached; /* tokens that entered the cache from pos0 on */
+    int stop;     /* GEN_STOP_* */
+    int32_t stop_token;
+};
+enum { GEN_STOP_NONE, GEN_STOP_BUDGET, GEN_STOP_EOS, GEN_STOP_CONTEXT, GEN_STOP_CALLBACK };
+
 struct backend_vtable {
     const char *name;
     void (*destroy)(struct backend *b);
@@ -25,6 +47,12 @@ struct backend_vtable {
     /* Runs p on tokens[T] (T = the graph's n_tokens) at pos0. out, when not NULL, receives
      * the output node as f32 {ne0, ne1} (caller-owned, ne0 * ne1 floats). */
     anvil_status (*run)(struct program *p, const int32_t *tokens, int pos0, float *out);
+    /* Optional (NULL if absent): runs the feed and then greedy generation on the device with
+     * a T = 1 program, without a host round trip per token. A generated token enters the
+     * cache when the next step runs; the last one allowed by max_new does too. */
+    anvil_status (*generate)(struct program *p, const struct gen_request *r, struct gen_result *res);
+    /* Optional: per-step counts of the T = 1 program (dispatches, barriers), for --trace. */
+    void (*describe)(struct program *p, char *buf, size_t cap);
 };
 
 struct backend {
@@ -36,5 +64,11 @@ static inline void backend_destroy(struct backend *b) {
 }
 
 anvil_status backend_cpu_create(int n_threads, struct backend **out);
+/* device < 0: the best device (or ANVIL_DEVICE). */
+anvil_status backend_vulkan_create(int device, struct backend **out);
+/* Whether Vulkan has a usable device; why not, otherwise. */
+bool backend_vulkan_available(char *why, size_t cap);
+/* Lines describing the Vulkan devices. */
+size_t backend_vulkan_describe_devices(char *buf, size_t cap);
 
 #endif

@@ -12,6 +12,55 @@ static bool is_stop(const anvil_generate_params *p, int32_t t) {
     return false;
 }
 
+/* Greedy generation by the backend's own decode loop: the prompt and every generated token
+ * run on the device with no host round trip per token. Same semantics as the loop below. */
+static anvil_status generate_on_device(anvil_session *s, const int32_t *prompt, int n_prompt,
+                                       const anvil_generate_params *p, anvil_token_fn fn,
+                                       void *user, anvil_generate_stats *stats) {
+    int V = s->model->file->hp.n_vocab;
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return err_set(ANVIL_ERR_RANGE, "token id %d out of range 0..%d", prompt[i], V - 1);
+    const int32_t *feed = prompt;
+    int32_t last;
+    int n_feed = n_prompt;
+    if (n_prompt == 0) { /* continue: rerun the last cached token */
+        last = s->tokens[s->pos - 1];
+        s->pos--;
+        feed = &last;
+        n_feed = 1;
+    }
+    if (n_feed > s->n_ctx - s->pos)
+        return err_set(ANVIL_ERR_RANGE, "context full: %d tokens in the cache + %d new > %d",
+                       s->pos, n_feed, s->n_ctx);
+    int32_t *out = xmalloc((size_t)p->max_tokens * sizeof *out);
+    if (!out) return ANVIL_ERR_NOMEM;
+    double t0 = time_now();
+    struct gen_request r = {feed, n_feed, s->pos, p->max_tokens, p->stop_tokens, p->n_stop_tokens,
+                            fn, user, out, NULL};
+    struct gen_result res;
+    anvil_status st = s->backend->vt->generate(s->decode, &r, &res);
+    double t1 = time_now();
+    if (st == ANVIL_OK) {
+        /* the history: the feed, then the generated tokens that entered the cache */
+        memcpy(s->tokens + s->pos, feed, (size_t)n_feed * sizeof *feed);
+        int gen_cached = res.n_cached - n_feed;
+        if (gen_cached > 0) memcpy(s->tokens + s->pos + n_feed, out, (size_t)gen_cached * sizeof *out);
+        s->pos += res.n_cached;
+        stats->n_prompt = n_prompt;
+        stats->n_generated = res.n_out;
+        stats->prompt_seconds = 0;
+        stats->generate_seconds = t1 - t0;
+        stats->stop = res.stop == GEN_STOP_BUDGET    ? ANVIL_STOP_LENGTH
+                      : res.stop == GEN_STOP_EOS     ? ANVIL_STOP_EOS
+                      : res.stop == GEN_STOP_CONTEXT ? ANVIL_STOP_CONTEXT
+                      : res.stop == GEN_STOP_CALLBACK ? ANVIL_STOP_CALLBACK
+                                                      : ANVIL_STOP_NONE;
+    }
+    free(out);
+    return st;
+}
+
 static bool has_recurrent_layers(const anvil_session *s) {
     const struct hparams *hp = &s->model->file->hp;
     for (int l = 0; l < hp->n_layer; l++)
@@ -30,6 +79,10 @@ anvil_status anvil_session_generate(anvil_session *s, const int32_t *prompt, int
         return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_generate: bad arguments");
     if (n_prompt == 0 && s->pos == 0)
         return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_generate: nothing to continue from");
+    const anvil_sampling *sp = &p->sampling;
+    if (s->backend->vt->generate && sp->temperature <= 0 && sp->repeat_penalty == 1.0f &&
+        sp->presence_penalty == 0 && sp->frequency_penalty == 0 && p->n_stop_tokens <= 16)
+        return generate_on_device(s, prompt, n_prompt, p, fn, user, stats);
     int V = s->model->file->hp.n_vocab;
     float *logits = xmalloc((size_t)V * sizeof *logits);
     void *scratch = xmalloc(SAMPLER_MAX_K * (sizeof(float) + 8) + 64);

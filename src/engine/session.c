@@ -123,11 +123,20 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     if (st == ANVIL_OK) switch (p.backend) {
     case ANVIL_BACKEND_AUTO:
     case ANVIL_BACKEND_CPU:
+        if (p.backend == ANVIL_BACKEND_AUTO && backend_vulkan_available(NULL, 0)) {
+            st = backend_vulkan_create(p.device, &s->backend);
+            break;
+        }
         st = backend_cpu_create(p.n_threads ? p.n_threads : model->n_threads, &s->backend);
         break;
-    case ANVIL_BACKEND_VULKAN:
-        st = err_set(ANVIL_ERR_UNSUPPORTED, "this build of anvil has no Vulkan backend");
+    case ANVIL_BACKEND_VULKAN: {
+        char why[256];
+        if (!backend_vulkan_available(why, sizeof why))
+            st = err_set(ANVIL_ERR_UNSUPPORTED, "--backend vulkan: %s", why);
+        else
+            st = backend_vulkan_create(p.device, &s->backend);
         break;
+    }
     default:
         st = err_set(ANVIL_ERR_INVALID_ARG, "unknown backend %d", (int)p.backend);
     }
@@ -137,6 +146,16 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
         st = model_build_graph(&model->model, &o, &g);
         if (st == ANVIL_OK) {
             st = s->backend->vt->compile(s->backend, &g, &s->decode);
+            if (st == ANVIL_ERR_UNSUPPORTED && p.backend == ANVIL_BACKEND_AUTO &&
+                s->backend->vt->generate) {
+                /* auto: a model (or weight type) the Vulkan backend cannot run yet goes to
+                 * the CPU rather than failing */
+                log_warn("%s; running on the CPU", err_get());
+                backend_destroy(s->backend);
+                s->backend = NULL;
+                st = backend_cpu_create(p.n_threads ? p.n_threads : model->n_threads, &s->backend);
+                if (st == ANVIL_OK) st = s->backend->vt->compile(s->backend, &g, &s->decode);
+            }
             graph_free(&g);
         }
     }
@@ -238,6 +257,24 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
         return keep_err(s->err, err_set(ANVIL_ERR_RANGE,
                                         "context full: %d tokens in the cache + %d new > %d",
                                         s->pos, n, s->n_ctx));
+    if (s->backend->vt->generate) {
+        /* a device decode loop: the prompt runs through the decode program a token at a time,
+         * queued without host round trips unless every row's logits are wanted */
+        anvil_status st = ANVIL_OK;
+        if (mode == ANVIL_LOGITS_ALL) {
+            for (int i = 0; i < n && st == ANVIL_OK; i++)
+                st = s->backend->vt->run(s->decode, tokens + i, s->pos + i, logits_out + (size_t)i * (size_t)V);
+        } else {
+            struct gen_request r = {tokens, n, s->pos, 0, NULL, 0, NULL, NULL, NULL,
+                                    mode == ANVIL_LOGITS_LAST ? logits_out : NULL};
+            struct gen_result res;
+            st = s->backend->vt->generate(s->decode, &r, &res);
+        }
+        if (st != ANVIL_OK) return keep_err(s->err, st);
+        memcpy(s->tokens + s->pos, tokens, (size_t)n * sizeof *tokens);
+        s->pos += n;
+        return ANVIL_OK;
+    }
     for (int done = 0; done < n;) {
         int T = MIN(PREFILL_CHUNK, n - done);
         bool last_chunk = done + T == n;
@@ -259,3 +296,10 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
 }
 
 int anvil_session_context_size(const anvil_session *s) { return s->n_ctx; }
+size_t anvil_list_devices(char *buf, size_t cap) { return backend_vulkan_describe_devices(buf, cap); }
+
+size_t anvil_session_describe_program(const anvil_session *s, char *buf, size_t cap) {
+    if (cap) buf[0] = 0;
+    if (s->backend->vt->describe) s->backend->vt->describe(s->decode, buf, cap);
+    return strlen(buf);
+}

@@ -45,17 +45,26 @@ static bool run_pp(anvil_session *s, const int32_t *toks, int P, float *logits, 
     return true;
 }
 
-/* One timed tg run: N decode steps after a one-token start. */
-static bool run_tg(anvil_session *s, int N, float *logits, int V, double *secs) {
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double tg_cpu_seconds; /* host CPU time of the last tg run */
+
+/* One timed tg run: N greedy tokens generated after a P-token prompt (untimed), through
+ * anvil_session_generate (the backend's device loop where it has one). */
+static bool run_tg(anvil_session *s, const int32_t *toks, int P, int N, double *secs) {
     anvil_session_reset(s);
-    int32_t tok = 1;
-    if (anvil_session_eval(s, &tok, 1, ANVIL_LOGITS_LAST, logits) != ANVIL_OK) return false;
-    double t0 = now();
-    for (int i = 0; i < N; i++) {
-        tok = (int32_t)((i * 7919 + 13) % V);
-        if (anvil_session_eval(s, &tok, 1, ANVIL_LOGITS_LAST, logits) != ANVIL_OK) return false;
-    }
+    if (P > 1 && anvil_session_eval(s, toks, P - 1, ANVIL_LOGITS_NONE, NULL) != ANVIL_OK) return false;
+    anvil_generate_params gp = {anvil_sampling_default(), N, NULL, 0};
+    int32_t first = P > 0 ? toks[P - 1] : 1;
+    anvil_generate_stats st;
+    double t0 = now(), c0 = cpu_now();
+    if (anvil_session_generate(s, &first, 1, &gp, NULL, NULL, &st) != ANVIL_OK) return false;
     *secs = now() - t0;
+    tg_cpu_seconds = cpu_now() - c0;
     return true;
 }
 
@@ -63,7 +72,7 @@ int cmd_bench(int argc, char **argv) {
     struct common_opts co;
     common_opts_init(&co, "synthetic:qwen3-0.6b");
     int P = 512, N = 128, reps = 5;
-    bool p_set = false, n_set = false, r_set = false, json = false;
+    bool p_set = false, n_set = false, r_set = false, json = false, trace = false;
     for (int i = 1; i < argc; i++) {
         int r = common_opt(&co, argc, argv, &i);
         if (r < 0) return 1;
@@ -74,6 +83,8 @@ int cmd_bench(int argc, char **argv) {
             int *dst = a[1] == 'p' ? &P : a[1] == 'n' ? &N : &reps;
             if (!parse_int(v, a[1] == 'r' ? 1 : 0, 1 << 20, dst)) return fail("bad %s \"%s\"", a, v);
             *(a[1] == 'p' ? &p_set : a[1] == 'n' ? &n_set : &r_set) = true;
+        } else if (!strcmp(a, "--trace")) {
+            trace = true;
         } else if (!strcmp(a, "-o")) {
             if (!(v = opt_value(argc, argv, &i))) return 1;
             if (!strcmp(v, "json")) json = true;
@@ -115,11 +126,19 @@ int cmd_bench(int argc, char **argv) {
         stats(&res[n_res++]);
     }
     if (N > 0) {
-        if (!run_tg(s, N < 8 ? N : 8, logits, V, &secs)) goto eval_fail; /* warm-up */
+        if (!run_tg(s, toks, P, N < 8 ? N : 8, &secs)) goto eval_fail; /* warm-up */
         res[n_res] = res[1];
+        double cpu = 0;
         for (int r = 0; r < reps; r++) {
-            if (!run_tg(s, N, logits, V, &secs)) goto eval_fail;
+            if (!run_tg(s, toks, P, N, &secs)) goto eval_fail;
             res[n_res].ts[r] = N / secs;
+            cpu += tg_cpu_seconds;
+        }
+        if (trace) {
+            char buf[8192];
+            anvil_session_describe_program(s, buf, sizeof buf);
+            fprintf(stderr, "anvil: tg: host CPU time %.2f us/token; %s\n", cpu / reps / N * 1e6,
+                    buf[0] ? buf : "(no device program)");
         }
         res[n_res].reps = reps;
         stats(&res[n_res++]);

@@ -9,6 +9,12 @@ int cmd_info(int argc, char **argv) {
     struct common_opts co;
     common_opts_init(&co, NULL);
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--devices")) { /* anvil info --devices: the Vulkan devices */
+            char buf[8192];
+            anvil_list_devices(buf, sizeof buf);
+            fputs(buf, stdout);
+            return 0;
+        }
         int r = common_opt(&co, argc, argv, &i);
         if (r < 0) return 1;
         if (!r) return fail("info: unknown option \"%s\"", argv[i]);

@@ -1,0 +1,355 @@
+/* Vulkan device layer: the loader is opened at run time through volk, so a machine without
+ * Vulkan still runs anvil on the CPU. Picks a discrete GPU first. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vulkan_impl.h"
+
+anvil_status vk_result(VkResult r, const char *what) {
+    if (r == VK_SUCCESS) return ANVIL_OK;
+    if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY)
+        return err_set(ANVIL_ERR_NOMEM, "vulkan: %s: out of %s memory (VkResult %d)", what,
+                       r == VK_ERROR_OUT_OF_DEVICE_MEMORY ? "device" : "host", (int)r);
+    return err_set(ANVIL_ERR_BACKEND, "vulkan: %s failed (VkResult %d)", what, (int)r);
+}
+
+static bool loader_ready(void) {
+    static int state; /* 0 unknown, 1 loaded, -1 absent */
+    if (state == 0) state = volkInitialize() == VK_SUCCESS ? 1 : -1;
+    return state > 0;
+}
+
+static bool want_validation(void) {
+    const char *v = getenv("ANVIL_VALIDATE");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+static bool has_layer(const char *name) {
+    uint32_t n = 0;
+    vkEnumerateInstanceLayerProperties(&n, NULL);
+    VkLayerProperties *l = calloc(n ? n : 1, sizeof *l);
+    bool found = false;
+    if (l && vkEnumerateInstanceLayerProperties(&n, l) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n; i++) found |= !strcmp(l[i].layerName, name);
+    free(l);
+    return found;
+}
+
+static bool has_instance_ext(const char *name) {
+    uint32_t n = 0;
+    vkEnumerateInstanceExtensionProperties(NULL, &n, NULL);
+    VkExtensionProperties *e = calloc(n ? n : 1, sizeof *e);
+    bool found = false;
+    if (e && vkEnumerateInstanceExtensionProperties(NULL, &n, e) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n; i++) found |= !strcmp(e[i].extensionName, name);
+    free(e);
+    return found;
+}
+
+static VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlagBitsEXT sev,
+                                                 VkDebugUtilsMessageTypeFlagsEXT type,
+                                                 const VkDebugUtilsMessengerCallbackDataEXT *data,
+                                                 void *user) {
+    (void)type;
+    struct vk_device *d = user;
+    if (sev & (VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT)) {
+        if (d->n_validation_msgs++ == 0)
+            snprintf(d->validation_msg, sizeof d->validation_msg, "%s", data->pMessage);
+        log_msg(LOG_ERROR, "vulkan validation: %s", data->pMessage);
+    }
+    return VK_FALSE;
+}
+
+static anvil_status make_instance(struct vk_device *d, bool validate) {
+    VkApplicationInfo app = {VK_STRUCTURE_TYPE_APPLICATION_INFO, NULL, "anvil", 1, "anvil", 1,
+                             VK_API_VERSION_1_2};
+    const char *layers[1], *exts[1];
+    uint32_t n_layers = 0, n_exts = 0;
+    if (validate) {
+        if (!has_layer("VK_LAYER_KHRONOS_validation"))
+            return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: ANVIL_VALIDATE is set but the layer "
+                           "VK_LAYER_KHRONOS_validation is not installed (vulkan-validationlayers)");
+        layers[n_layers++] = "VK_LAYER_KHRONOS_validation";
+    }
+    bool debug = has_instance_ext(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
+    if (debug) exts[n_exts++] = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
+    VkInstanceCreateInfo ci = {VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, NULL, 0, &app, n_layers,
+                               layers, n_exts, exts};
+    anvil_status st = vk_result(vkCreateInstance(&ci, NULL, &d->instance), "vkCreateInstance");
+    if (st != ANVIL_OK) return st;
+    volkLoadInstanceOnly(d->instance);
+    if (debug) {
+        VkDebugUtilsMessengerCreateInfoEXT mi = {
+            VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT, NULL, 0,
+            VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT,
+            VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT,
+            on_message, d};
+        st = vk_result(vkCreateDebugUtilsMessengerEXT(d->instance, &mi, NULL, &d->messenger),
+                       "vkCreateDebugUtilsMessengerEXT");
+    }
+    return st;
+}
+
+static int type_rank(VkPhysicalDeviceType t) {
+    switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 0;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 1;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return 3;
+    default: return 4;
+    }
+}
+
+static const char *type_name(VkPhysicalDeviceType t) {
+    static const char *n[] = {"discrete", "integrated", "virtual", "cpu", "other"};
+    return n[type_rank(t)];
+}
+
+/* Why a physical device cannot run anvil, or NULL. */
+static const char *unusable(VkPhysicalDevice p) {
+    VkPhysicalDeviceProperties pr;
+    vkGetPhysicalDeviceProperties(p, &pr);
+    if (pr.apiVersion < VK_API_VERSION_1_2) return "Vulkan 1.2 is required";
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    VkPhysicalDeviceFeatures2 f = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f12};
+    vkGetPhysicalDeviceFeatures2(p, &f);
+    if (!f12.bufferDeviceAddress) return "no buffer device address";
+    if (!f12.timelineSemaphore) return "no timeline semaphores";
+    VkPhysicalDeviceSubgroupProperties sg = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sg};
+    vkGetPhysicalDeviceProperties2(p, &p2);
+    if (!(sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) ||
+        !(sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT))
+        return "no subgroup arithmetic in compute shaders";
+    if (sg.subgroupSize < 4 || sg.subgroupSize > 128) return "unusual subgroup size";
+    return NULL;
+}
+
+static anvil_status enumerate(VkInstance inst, VkPhysicalDevice **out, uint32_t *n) {
+    *out = NULL;
+    *n = 0;
+    anvil_status st = vk_result(vkEnumeratePhysicalDevices(inst, n, NULL), "vkEnumeratePhysicalDevices");
+    if (st != ANVIL_OK || *n == 0) return st;
+    *out = calloc(*n, sizeof **out);
+    if (!*out) return err_set(ANVIL_ERR_NOMEM, "out of memory");
+    return vk_result(vkEnumeratePhysicalDevices(inst, n, *out), "vkEnumeratePhysicalDevices");
+}
+
+bool vk_available(char *why, size_t why_cap) {
+    static int state; /* 0 unknown, 1 yes, -1 no */
+    static char reason[256];
+    if (state == 0) {
+        state = -1;
+        if (!loader_ready()) {
+            snprintf(reason, sizeof reason, "no Vulkan loader (libvulkan.so.1) on this system");
+        } else {
+            struct vk_device d = {0};
+            VkPhysicalDevice *pd = NULL;
+            uint32_t n = 0;
+            if (make_instance(&d, false) != ANVIL_OK || enumerate(d.instance, &pd, &n) != ANVIL_OK) {
+                snprintf(reason, sizeof reason, "%s", err_get());
+            } else {
+                for (uint32_t i = 0; i < n; i++)
+                    if (!unusable(pd[i])) state = 1;
+                if (state < 0) snprintf(reason, sizeof reason, "no usable Vulkan device (%u found)", n);
+            }
+            free(pd);
+            if (d.messenger) vkDestroyDebugUtilsMessengerEXT(d.instance, d.messenger, NULL);
+            if (d.instance) vkDestroyInstance(d.instance, NULL);
+        }
+    }
+    if (why && why_cap) snprintf(why, why_cap, "%s", state > 0 ? "" : reason);
+    return state > 0;
+}
+
+size_t vk_describe_devices(char *buf, size_t cap) {
+    size_t len = 0;
+#define OUT(...)                                                                           \
+    do {                                                                                   \
+        int k = snprintf(buf + MIN(len, cap), cap > len ? cap - len : 0, __VA_ARGS__);     \
+        if (k > 0) len += (size_t)k;                                                       \
+    } while (0)
+    if (cap) buf[0] = 0;
+    char why[256];
+    if (!loader_ready()) {
+        OUT("no Vulkan loader (libvulkan.so.1): anvil runs on the CPU\n");
+        return len;
+    }
+    struct vk_device d = {0};
+    VkPhysicalDevice *pd = NULL;
+    uint32_t n = 0;
+    if (make_instance(&d, false) != ANVIL_OK || enumerate(d.instance, &pd, &n) != ANVIL_OK) {
+        OUT("Vulkan: %s\n", err_get());
+    } else if (n == 0) {
+        OUT("no Vulkan devices: anvil runs on the CPU\n");
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        VkPhysicalDeviceProperties pr;
+        VkPhysicalDeviceMemoryProperties mp;
+        vkGetPhysicalDeviceProperties(pd[i], &pr);
+        vkGetPhysicalDeviceMemoryProperties(pd[i], &mp);
+        VkDeviceSize local = 0;
+        for (uint32_t h = 0; h < mp.memoryHeapCount; h++)
+            if (mp.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
+                local = MAX(local, mp.memoryHeaps[h].size);
+        const char *u = unusable(pd[i]);
+        OUT("%u: %s (%s, Vulkan %u.%u, %.1f GiB device-local)%s%s\n", i, pr.deviceName,
+            type_name(pr.deviceType), VK_API_VERSION_MAJOR(pr.apiVersion),
+            VK_API_VERSION_MINOR(pr.apiVersion), (double)local / (1 << 30),
+            u ? ": unusable, " : "", u ? u : "");
+    }
+    (void)why;
+    free(pd);
+    if (d.messenger) vkDestroyDebugUtilsMessengerEXT(d.instance, d.messenger, NULL);
+    if (d.instance) vkDestroyInstance(d.instance, NULL);
+#undef OUT
+    return len;
+}
+
+anvil_status vk_device_create(int index, struct vk_device **out) {
+    *out = NULL;
+    if (!loader_ready())
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no Vulkan loader (libvulkan.so.1) on this system");
+    const char *env = getenv("ANVIL_DEVICE");
+    if (index < 0 && env && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end || v < 0 || v > 1000)
+            return err_set(ANVIL_ERR_INVALID_ARG, "ANVIL_DEVICE=\"%s\" is not a device index", env);
+        index = (int)v;
+    }
+    struct vk_device *d = xcalloc(1, sizeof *d);
+    if (!d) return ANVIL_ERR_NOMEM;
+    VkPhysicalDevice *pd = NULL;
+    uint32_t n = 0;
+    anvil_status st = make_instance(d, want_validation());
+    if (st == ANVIL_OK) st = enumerate(d->instance, &pd, &n);
+    if (st != ANVIL_OK) goto fail;
+    if (n == 0) {
+        st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no Vulkan devices");
+        goto fail;
+    }
+    int pick = -1;
+    if (index >= 0) {
+        if ((uint32_t)index >= n) {
+            st = err_set(ANVIL_ERR_INVALID_ARG, "vulkan: device %d does not exist (%u devices; "
+                         "see anvil info --devices)", index, n);
+            goto fail;
+        }
+        const char *u = unusable(pd[index]);
+        if (u) {
+            st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: device %d cannot run anvil: %s", index, u);
+            goto fail;
+        }
+        pick = index;
+    } else {
+        int best_rank = 99;
+        for (uint32_t i = 0; i < n; i++) {
+            VkPhysicalDeviceProperties pr;
+            vkGetPhysicalDeviceProperties(pd[i], &pr);
+            if (!unusable(pd[i]) && type_rank(pr.deviceType) < best_rank) {
+                best_rank = type_rank(pr.deviceType);
+                pick = (int)i;
+            }
+        }
+        if (pick < 0) {
+            st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: none of the %u devices can run anvil", n);
+            goto fail;
+        }
+    }
+    d->index = pick;
+    d->phys = pd[pick];
+    vkGetPhysicalDeviceProperties(d->phys, &d->props);
+    vkGetPhysicalDeviceMemoryProperties(d->phys, &d->mem);
+    VkPhysicalDeviceSubgroupProperties sg = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sg};
+    vkGetPhysicalDeviceProperties2(d->phys, &p2);
+    d->subgroup_size = sg.subgroupSize;
+
+    uint32_t nq = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(d->phys, &nq, NULL);
+    VkQueueFamilyProperties qf[64];
+    nq = MIN(nq, 64);
+    vkGetPhysicalDeviceQueueFamilyProperties(d->phys, &nq, qf);
+    d->queue_family = UINT32_MAX;
+    for (uint32_t i = 0; i < nq && d->queue_family == UINT32_MAX; i++)
+        if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) d->queue_family = i;
+    if (d->queue_family == UINT32_MAX) {
+        st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s has no compute queue", d->props.deviceName);
+        goto fail;
+    }
+    float prio = 1.0f;
+    VkDeviceQueueCreateInfo qi = {VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, NULL, 0,
+                                  d->queue_family, 1, &prio};
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    f12.bufferDeviceAddress = VK_TRUE;
+    f12.timelineSemaphore = VK_TRUE;
+    VkDeviceCreateInfo dci = {VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f12, 0, 1, &qi, 0, NULL, 0, NULL, NULL};
+    st = vk_result(vkCreateDevice(d->phys, &dci, NULL, &d->dev), "vkCreateDevice");
+    if (st != ANVIL_OK) goto fail;
+    volkLoadDevice(d->dev);
+    vkGetDeviceQueue(d->dev, d->queue_family, 0, &d->queue);
+    VkCommandPoolCreateInfo pci = {VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, NULL,
+                                   VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, d->queue_family};
+    st = vk_result(vkCreateCommandPool(d->dev, &pci, NULL, &d->pool), "vkCreateCommandPool");
+    if (st != ANVIL_OK) goto fail;
+    VkSemaphoreTypeCreateInfo sti = {VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO, NULL,
+                                     VK_SEMAPHORE_TYPE_TIMELINE, 0};
+    VkSemaphoreCreateInfo sci = {VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO, &sti, 0};
+    st = vk_result(vkCreateSemaphore(d->dev, &sci, NULL, &d->timeline), "vkCreateSemaphore");
+    if (st != ANVIL_OK) goto fail;
+    free(pd);
+    log_info("vulkan: device %d: %s (subgroup %u)", pick, d->props.deviceName, d->subgroup_size);
+    *out = d;
+    return ANVIL_OK;
+fail:
+    free(pd);
+    vk_device_destroy(d);
+    return st;
+}
+
+void vk_device_destroy(struct vk_device *d) {
+    if (!d) return;
+    if (d->dev) {
+        vkDeviceWaitIdle(d->dev);
+        if (d->timeline) vkDestroySemaphore(d->dev, d->timeline, NULL);
+        if (d->pool) vkDestroyCommandPool(d->dev, d->pool, NULL);
+        vkDestroyDevice(d->dev, NULL);
+    }
+    if (d->messenger) vkDestroyDebugUtilsMessengerEXT(d->instance, d->messenger, NULL);
+    if (d->instance) vkDestroyInstance(d->instance, NULL);
+    free(d);
+}
+
+anvil_status vk_check_validation(struct vk_device *d) {
+    if (d->n_validation_msgs)
+        return err_set(ANVIL_ERR_BACKEND, "vulkan validation (%d messages): %s",
+                       d->n_validation_msgs, d->validation_msg);
+    return ANVIL_OK;
+}
+
+anvil_status vk_submit(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t n, uint64_t *value) {
+    uint64_t v = d->timeline_value + 1;
+    VkTimelineSemaphoreSubmitInfo ti = {VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO, NULL, 0,
+                                        NULL, 1, &v};
+    VkSubmitInfo si = {VK_STRUCTURE_TYPE_SUBMIT_INFO, &ti, 0, NULL, NULL, n, cbs, 1, &d->timeline};
+    anvil_status st = vk_result(vkQueueSubmit(d->queue, 1, &si, VK_NULL_HANDLE), "vkQueueSubmit");
+    if (st != ANVIL_OK) return st;
+    d->timeline_value = v;
+    if (value) *value = v;
+    return ANVIL_OK;
+}
+
+anvil_status vk_wait(struct vk_device *d, uint64_t value) {
+    VkSemaphoreWaitInfo wi = {VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, NULL, 0, 1, &d->timeline, &value};
+    anvil_status st = vk_result(vkWaitSemaphores(d->dev, &wi, UINT64_MAX), "vkWaitSemaphores");
+    if (st == ANVIL_OK) st = vk_check_validation(d);
+    return st;
+}
+
+anvil_status vk_cmd_alloc(struct vk_device *d, VkCommandBuffer *cb) {
+    VkCommandBufferAllocateInfo ai = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, NULL, d->pool,
+                                      VK_COMMAND_BUFFER_LEVEL_PRIMARY, 1};
+    return vk_result(vkAllocateCommandBuffers(d->dev, &ai, cb), "vkAllocateCommandBuffers");
+}

@@ -1,0 +1,151 @@
+/* Vulkan memory: buffers reached by device address, and the staging uploader. Weights, the
+ * KV cache and activations live in DEVICE_LOCAL memory; nothing silently falls back to host
+ * memory. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "vulkan_impl.h"
+
+#define STAGING_BYTES (64u << 20)
+
+static int find_type(struct vk_device *d, uint32_t bits, VkMemoryPropertyFlags want) {
+    for (uint32_t i = 0; i < d->mem.memoryTypeCount; i++)
+        if ((bits & (1u << i)) && (d->mem.memoryTypes[i].propertyFlags & want) == want) return (int)i;
+    return -1;
+}
+
+VkDeviceSize vk_device_local_bytes(struct vk_device *d) {
+    VkDeviceSize best = 0;
+    for (uint32_t h = 0; h < d->mem.memoryHeapCount; h++)
+        if (d->mem.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
+            best = MAX(best, d->mem.memoryHeaps[h].size);
+    return best;
+}
+
+anvil_status vk_buffer_create(struct vk_device *d, VkDeviceSize size, enum vk_mem_kind kind,
+                              const char *what, struct vk_buffer *out) {
+    memset(out, 0, sizeof *out);
+    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+    bi.size = size ? size : 16;
+    bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT |
+               VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+    bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    anvil_status st = vk_result(vkCreateBuffer(d->dev, &bi, NULL, &out->buf), "vkCreateBuffer");
+    if (st != ANVIL_OK) return st;
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(d->dev, out->buf, &req);
+    const VkMemoryPropertyFlags DL = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT,
+                                HV = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT,
+                                HC = VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                                CA = VK_MEMORY_PROPERTY_HOST_CACHED_BIT;
+    int type = -1;
+    switch (kind) {
+    case VK_MEM_DEVICE: type = find_type(d, req.memoryTypeBits, DL); break;
+    case VK_MEM_CONTROL:
+        type = find_type(d, req.memoryTypeBits, DL | HV | HC);
+        if (type < 0) type = find_type(d, req.memoryTypeBits, HV | HC);
+        break;
+    case VK_MEM_READBACK:
+        type = find_type(d, req.memoryTypeBits, HV | HC | CA);
+        if (type < 0) type = find_type(d, req.memoryTypeBits, HV | HC);
+        break;
+    case VK_MEM_STAGING: type = find_type(d, req.memoryTypeBits, HV | HC); break;
+    }
+    if (type < 0) {
+        vk_buffer_destroy(d, out);
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s has no suitable memory type for %s",
+                       d->props.deviceName, what);
+    }
+    VkMemoryAllocateFlagsInfo fi = {VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_FLAGS_INFO, NULL,
+                                    VK_MEMORY_ALLOCATE_DEVICE_ADDRESS_BIT, 0};
+    VkMemoryAllocateInfo ai = {VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, &fi, req.size, (uint32_t)type};
+    VkResult r = vkAllocateMemory(d->dev, &ai, NULL, &out->mem);
+    if (r != VK_SUCCESS) {
+        vk_buffer_destroy(d, out);
+        if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY)
+            return err_set(ANVIL_ERR_NOMEM, "vulkan: cannot allocate %.1f MiB for %s on %s",
+                           (double)req.size / (1 << 20), what, d->props.deviceName);
+        return vk_result(r, "vkAllocateMemory");
+    }
+    st = vk_result(vkBindBufferMemory(d->dev, out->buf, out->mem, 0), "vkBindBufferMemory");
+    if (st == ANVIL_OK && (d->mem.memoryTypes[type].propertyFlags & HV))
+        st = vk_result(vkMapMemory(d->dev, out->mem, 0, VK_WHOLE_SIZE, 0, &out->map), "vkMapMemory");
+    if (st != ANVIL_OK) {
+        vk_buffer_destroy(d, out);
+        return st;
+    }
+    VkBufferDeviceAddressInfo ai2 = {VK_STRUCTURE_TYPE_BUFFER_DEVICE_ADDRESS_INFO, NULL, out->buf};
+    out->addr = vkGetBufferDeviceAddress(d->dev, &ai2);
+    out->size = size;
+    return ANVIL_OK;
+}
+
+void vk_buffer_destroy(struct vk_device *d, struct vk_buffer *b) {
+    if (b->map) vkUnmapMemory(d->dev, b->mem);
+    if (b->buf) vkDestroyBuffer(d->dev, b->buf, NULL);
+    if (b->mem) vkFreeMemory(d->dev, b->mem, NULL);
+    memset(b, 0, sizeof *b);
+}
+
+anvil_status vk_uploader_init(struct vk_uploader *u, struct vk_device *d, uint64_t total) {
+    memset(u, 0, sizeof *u);
+    u->d = d;
+    u->total = total;
+    u->progress = isatty(2) && total >= (256u << 20);
+    anvil_status st = vk_buffer_create(d, STAGING_BYTES, VK_MEM_STAGING, "the staging buffer", &u->staging);
+    if (st == ANVIL_OK) st = vk_cmd_alloc(d, &u->cb);
+    return st;
+}
+
+static anvil_status flush(struct vk_uploader *u) {
+    if (!u->used) return ANVIL_OK;
+    anvil_status st = vk_result(vkEndCommandBuffer(u->cb), "vkEndCommandBuffer");
+    uint64_t v;
+    if (st == ANVIL_OK) st = vk_submit(u->d, &u->cb, 1, &v);
+    if (st == ANVIL_OK) st = vk_wait(u->d, v);
+    u->used = 0;
+    if (u->progress) {
+        fprintf(stderr, "\ranvil: uploading weights %5.1f%% (%.2f / %.2f GiB)",
+                100.0 * (double)u->done / (double)u->total, (double)u->done / (1 << 30),
+                (double)u->total / (1 << 30));
+        fflush(stderr);
+    }
+    return st;
+}
+
+anvil_status vk_upload(struct vk_uploader *u, struct vk_buffer *dst, VkDeviceSize dst_off,
+                       size_t n, vk_fill_fn fill, void *ctx) {
+    size_t done = 0;
+    while (done < n) {
+        if (u->used == STAGING_BYTES) {
+            anvil_status st = flush(u);
+            if (st != ANVIL_OK) return st;
+        }
+        if (u->used == 0) {
+            VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
+                                           VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
+            anvil_status st = vk_result(vkBeginCommandBuffer(u->cb, &bi), "vkBeginCommandBuffer");
+            if (st != ANVIL_OK) return st;
+        }
+        size_t k = MIN(n - done, (size_t)(STAGING_BYTES - u->used));
+        fill((uint8_t *)u->staging.map + u->used, done, k, ctx);
+        VkBufferCopy c = {u->used, dst_off + done, k};
+        vkCmdCopyBuffer(u->cb, u->staging.buf, dst->buf, 1, &c);
+        u->used += (k + 15) & ~(size_t)15;
+        if (u->used > STAGING_BYTES) u->used = STAGING_BYTES;
+        done += k;
+        u->done += k;
+    }
+    return ANVIL_OK;
+}
+
+anvil_status vk_uploader_finish(struct vk_uploader *u) {
+    anvil_status st = flush(u);
+    if (u->progress) fprintf(stderr, "\n");
+    vk_buffer_destroy(u->d, &u->staging);
+    if (u->cb) vkFreeCommandBuffers(u->d->dev, u->d->pool, 1, &u->cb);
+    u->cb = VK_NULL_HANDLE;
+    return st;
+}

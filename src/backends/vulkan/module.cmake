@@ -1,0 +1,41 @@
+# The Vulkan backend: volk (the loader is opened at run time, so anvil runs without Vulkan)
+# and the shaders, compiled by glslc at build time into uint32_t arrays (generated/shaders).
+find_program(GLSLC glslc REQUIRED)
+set(ANVIL_VK_DIR ${CMAKE_CURRENT_LIST_DIR})
+set(ANVIL_SHADER_OUT ${CMAKE_CURRENT_BINARY_DIR}/generated/shaders)
+file(MAKE_DIRECTORY ${ANVIL_SHADER_OUT})
+
+# name source defines
+set(ANVIL_SHADER_VARIANTS
+  "matvec_f32 matvec.comp -DW_F32"
+  "matvec_f16 matvec.comp -DW_F16"
+  "matvec_bf16 matvec.comp -DW_BF16"
+  "embed_f32 embed.comp -DW_F32"
+  "embed_f16 embed.comp -DW_F16"
+  "embed_bf16 embed.comp -DW_BF16"
+  "qk_rope_kv qk_rope_kv.comp -DANVIL"
+  "attention attention.comp -DANVIL"
+  "attn_merge attn_merge.comp -DANVIL"
+  "argmax argmax.comp -DANVIL")
+set(ANVIL_SHADER_INCS)
+file(GLOB ANVIL_SHADER_DEPS CONFIGURE_DEPENDS ${ANVIL_VK_DIR}/shaders/*.glsl ${ANVIL_VK_DIR}/shaders/*.comp)
+foreach(v ${ANVIL_SHADER_VARIANTS})
+  separate_arguments(parts UNIX_COMMAND "${v}")
+  list(GET parts 0 name)
+  list(GET parts 1 src)
+  list(SUBLIST parts 2 -1 defs)
+  add_custom_command(
+    OUTPUT ${ANVIL_SHADER_OUT}/${name}.inc
+    COMMAND ${GLSLC} --target-env=vulkan1.2 -O -mfmt=c ${defs} -o ${ANVIL_SHADER_OUT}/${name}.inc ${ANVIL_VK_DIR}/shaders/${src}
+    DEPENDS ${ANVIL_SHADER_DEPS}
+    COMMENT "glslc ${name}")
+  list(APPEND ANVIL_SHADER_INCS ${ANVIL_SHADER_OUT}/${name}.inc)
+endforeach()
+add_custom_target(anvil_shaders DEPENDS ${ANVIL_SHADER_INCS})
+list(APPEND ANVIL_OBJ_DEPENDS anvil_shaders)
+
+# volk ships as a header plus volk.c (libvulkan-volk-dev); it is compiled into the library.
+list(APPEND ANVIL_SOURCES /usr/include/volk.c)
+set_source_files_properties(/usr/include/volk.c PROPERTIES COMPILE_OPTIONS "-w")
+add_compile_definitions(VK_NO_PROTOTYPES)
+list(APPEND ANVIL_DEPS ${CMAKE_DL_LIBS})

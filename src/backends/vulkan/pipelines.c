@@ -1,0 +1,180 @@
+/* Vulkan pipelines: one compute pipeline per kernel variant, created when a session starts,
+ * from SPIR-V embedded at build time; a persistent VkPipelineCache in the user's cache
+ * directory makes a second start compile nothing. No descriptor sets: kernels take device
+ * addresses and sizes as push constants. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "vulkan_impl.h"
+
+static const uint32_t spv_matvec_f32[] =
+#include "shaders/matvec_f32.inc"
+    ;
+static const uint32_t spv_matvec_f16[] =
+#include "shaders/matvec_f16.inc"
+    ;
+static const uint32_t spv_matvec_bf16[] =
+#include "shaders/matvec_bf16.inc"
+    ;
+static const uint32_t spv_embed_f32[] =
+#include "shaders/embed_f32.inc"
+    ;
+static const uint32_t spv_embed_f16[] =
+#include "shaders/embed_f16.inc"
+    ;
+static const uint32_t spv_embed_bf16[] =
+#include "shaders/embed_bf16.inc"
+    ;
+static const uint32_t spv_qk_rope_kv[] =
+#include "shaders/qk_rope_kv.inc"
+    ;
+static const uint32_t spv_attention[] =
+#include "shaders/attention.inc"
+    ;
+static const uint32_t spv_attn_merge[] =
+#include "shaders/attn_merge.inc"
+    ;
+static const uint32_t spv_argmax[] =
+#include "shaders/argmax.inc"
+    ;
+
+#define SPV(a) a, sizeof a
+
+static const struct {
+    const uint32_t *code;
+    size_t size;
+    const char *name;
+} kernels[K_COUNT] = {
+    [K_MATVEC_F32] = {SPV(spv_matvec_f32), "matvec_f32"},
+    [K_MATVEC_F16] = {SPV(spv_matvec_f16), "matvec_f16"},
+    [K_MATVEC_BF16] = {SPV(spv_matvec_bf16), "matvec_bf16"},
+    [K_MATVEC_SWIGLU_F32] = {SPV(spv_matvec_f32), "matvec_swiglu_f32"},
+    [K_MATVEC_SWIGLU_F16] = {SPV(spv_matvec_f16), "matvec_swiglu_f16"},
+    [K_MATVEC_SWIGLU_BF16] = {SPV(spv_matvec_bf16), "matvec_swiglu_bf16"},
+    [K_EMBED_F32] = {SPV(spv_embed_f32), "embed_f32"},
+    [K_EMBED_F16] = {SPV(spv_embed_f16), "embed_f16"},
+    [K_EMBED_BF16] = {SPV(spv_embed_bf16), "embed_bf16"},
+    [K_QK_ROPE_KV] = {SPV(spv_qk_rope_kv), "qk_rope_kv"},
+    [K_ATTENTION] = {SPV(spv_attention), "attention"},
+    [K_ATTN_MERGE] = {SPV(spv_attn_merge), "attn_merge"},
+    [K_ARGMAX] = {SPV(spv_argmax), "argmax"},
+};
+
+static void cache_path(struct vk_device *d, char *out, size_t cap) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[900];
+    if (xdg && *xdg) snprintf(dir, sizeof dir, "%s/anvil", xdg);
+    else if (home && *home) snprintf(dir, sizeof dir, "%s/.cache/anvil", home);
+    else {
+        out[0] = 0;
+        return;
+    }
+    /* make the directory (and its parent, for ~/.cache) */
+    char parent[900];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash) {
+        *slash = 0;
+        mkdir(parent, 0755);
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        out[0] = 0;
+        return;
+    }
+    snprintf(out, cap, "%s/pipelines-%04x-%04x.bin", dir, d->props.vendorID, d->props.deviceID);
+}
+
+anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, struct vk_pipelines *out) {
+    memset(out, 0, sizeof *out);
+    out->attn_g = attn_g;
+    out->attn_d = attn_d;
+    out->matvec_wg = MATVEC_WG;
+    out->matvec_nr = MATVEC_NR;
+    const char *e = getenv("ANVIL_VK_MATVEC_WG");
+    if (e && atoi(e) >= 32 && atoi(e) <= 1024 && atoi(e) % 32 == 0) out->matvec_wg = (uint32_t)atoi(e);
+    e = getenv("ANVIL_VK_MATVEC_NR");
+    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr = (uint32_t)atoi(e);
+    if (out->matvec_wg / d->subgroup_size > 32) out->matvec_wg = 32 * d->subgroup_size;
+    VkPushConstantRange pr = {VK_SHADER_STAGE_COMPUTE_BIT, 0, VK_PUSH_BYTES};
+    VkPipelineLayoutCreateInfo li = {VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, NULL, 0, 0, NULL, 1, &pr};
+    anvil_status st = vk_result(vkCreatePipelineLayout(d->dev, &li, NULL, &out->layout), "vkCreatePipelineLayout");
+    if (st != ANVIL_OK) return st;
+
+    cache_path(d, out->cache_path, sizeof out->cache_path);
+    size_t len = 0;
+    char *data = NULL;
+    if (out->cache_path[0] && access(out->cache_path, R_OK) == 0 &&
+        read_text_file(out->cache_path, 256u << 20, &data, &len) != ANVIL_OK)
+        data = NULL;
+    VkPipelineCacheCreateInfo ci = {VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO, NULL, 0, data ? len : 0, data};
+    VkResult r = vkCreatePipelineCache(d->dev, &ci, NULL, &out->cache);
+    if (r != VK_SUCCESS && data) { /* a stale or damaged cache: start empty */
+        ci.initialDataSize = 0;
+        ci.pInitialData = NULL;
+        r = vkCreatePipelineCache(d->dev, &ci, NULL, &out->cache);
+    }
+    free(data);
+    if ((st = vk_result(r, "vkCreatePipelineCache")) != ANVIL_OK) return st;
+
+    for (int k = 0; k < K_COUNT && st == ANVIL_OK; k++) {
+        VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
+                                       kernels[k].size, kernels[k].code};
+        VkShaderModule mod;
+        st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
+        if (st != ANVIL_OK) break;
+        uint32_t vals[4] = {0};
+        VkSpecializationMapEntry ent[4];
+        uint32_t n = 0;
+        if (k <= K_MATVEC_SWIGLU_BF16) {
+            vals[0] = out->matvec_wg;
+            vals[1] = out->matvec_nr;
+            vals[2] = k >= K_MATVEC_SWIGLU_F32;
+            n = 3;
+        } else if (k == K_ATTENTION) {
+            vals[0] = (uint32_t)attn_g;
+            vals[1] = (uint32_t)attn_d;
+            n = 2;
+        }
+        for (uint32_t i = 0; i < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};
+        VkSpecializationInfo si = {n, ent, n * 4, vals};
+        VkComputePipelineCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+        pci.stage = (VkPipelineShaderStageCreateInfo){VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                                                      NULL, 0, VK_SHADER_STAGE_COMPUTE_BIT, mod, "main",
+                                                      n ? &si : NULL};
+        pci.layout = out->layout;
+        st = vk_result(vkCreateComputePipelines(d->dev, out->cache, 1, &pci, NULL, &out->p[k]),
+                       kernels[k].name);
+        vkDestroyShaderModule(d->dev, mod, NULL);
+    }
+    return st;
+}
+
+void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p) {
+    if (p->cache && p->cache_path[0]) {
+        size_t len = 0;
+        if (vkGetPipelineCacheData(d->dev, p->cache, &len, NULL) == VK_SUCCESS && len) {
+            void *buf = malloc(len);
+            if (buf && vkGetPipelineCacheData(d->dev, p->cache, &len, buf) == VK_SUCCESS) {
+                char tmp[1100];
+                snprintf(tmp, sizeof tmp, "%s.tmp", p->cache_path);
+                FILE *f = fopen(tmp, "wb");
+                if (f) {
+                    bool ok = fwrite(buf, 1, len, f) == len;
+                    ok &= fclose(f) == 0;
+                    if (ok) rename(tmp, p->cache_path);
+                    else remove(tmp);
+                }
+            }
+            free(buf);
+        }
+    }
+    for (int k = 0; k < K_COUNT; k++)
+        if (p->p[k]) vkDestroyPipeline(d->dev, p->p[k], NULL);
+    if (p->cache) vkDestroyPipelineCache(d->dev, p->cache, NULL);
+    if (p->layout) vkDestroyPipelineLayout(d->dev, p->layout, NULL);
+    memset(p, 0, sizeof *p);
+}

@@ -1,0 +1,742 @@
+/*
+ * The decode program: the T = 1 graph compiled once per session into a fixed list of fused
+ * kernels over a static memory plan (one device arena, the same addresses every token),
+ * recorded once into command buffers that are resubmitted for every token.
+ *
+ * Per token nothing is recorded, no descriptor is written (there are none: kernels take
+ * device addresses as push constants, fixed at recording), nothing is allocated. What
+ * changes per token lives in the control block (struct vk_ctl): the kernels read the token
+ * and the position from it, and the step's last kernel (argmax) writes the next token,
+ * advances the position and raises the stop flag, so steps can be queued back to back.
+ *
+ * Fusion (pattern-matched on the graph's op sequence; models know nothing of it):
+ *   rms_norm -> matmul(s)        the norm is applied while the matvec reads its input
+ *   matmuls sharing an input     one dispatch (q, k, v)
+ *   matmul gate, up -> swiglu    one dispatch
+ *   matmul -> add                the residual add in the matvec's store
+ *   q/k rms_norm -> rope -> attention's cache write   one dispatch (qk_rope_kv)
+ *   attention                    split over the sequence + a merge
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant/quant.h"
+#include "vulkan_impl.h"
+#include "vulkan.h"
+
+#define ATTN_CHUNKS 16
+#define STEPS_PER_BATCH 8
+#define ALIGN 256
+
+struct vk_dispatch {
+    enum vk_kernel k;
+    uint32_t gx, gy, gz;
+    uint32_t push_size;
+    uint8_t push[VK_PUSH_BYTES];
+};
+
+struct pc_matvec {
+    uint64_t x, normw, ctl, w0, w1, w2, o0, o1, o2, res;
+    uint32_t Kp8, K, rows0, rows1, rows2, flags;
+    float eps;
+};
+struct pc_embed {
+    uint64_t w, out, ctl;
+    uint32_t Kp8;
+};
+struct pc_qk {
+    uint64_t q, k, v, qnorm, knorm, q_out, kc, vc, rope, ctl;
+    uint32_t D, H, Hkv, n_rot;
+    float eps;
+};
+struct pc_attn {
+    uint64_t q, kc, vc, part, ctl;
+    uint32_t Hkv, NC;
+    float scale;
+};
+struct pc_merge {
+    uint64_t part, out, ctl;
+    uint32_t D, NC;
+};
+struct pc_argmax {
+    uint64_t logits, ctl;
+    uint32_t V;
+};
+
+struct vk_program {
+    struct vk_backend *b;
+    int n_ctx;
+    uint32_t V;
+    struct vk_buffer arena;    /* activations */
+    struct vk_buffer ctl;      /* struct vk_ctl + [2 n_ctx] */
+    struct vk_buffer readback; /* logits [V] */
+    struct vk_buffer rope;     /* [n_ctx, n_rot / 2, 2] */
+    VkDeviceSize logits_off;
+    struct vk_dispatch *ops;
+    int n_ops, cap_ops;
+    VkCommandBuffer cb_one;   /* one step, then the logits copied to readback */
+    VkCommandBuffer cb_batch; /* STEPS_PER_BATCH steps */
+    VkCommandBuffer cb_copy;  /* the logits copied to readback */
+    VkCommandBuffer cb_single; /* one step (the tail of a run shorter than a batch) */
+    VkCommandBuffer cb_prof;   /* ANVIL_VK_PROFILE=1: one step with a timestamp per kernel */
+    VkQueryPool queries;
+    struct vk_stats stats;
+};
+
+/* ---- lowering ---- */
+
+struct lower {
+    struct vk_program *p;
+    const struct graph *g;
+    int *root;             /* reshape/rows aliases resolved */
+    int *n_cons;           /* consumers per node (by root) */
+    VkDeviceSize *off;     /* arena offset of each materialised node, or -1 */
+    bool *done;            /* fused into an earlier kernel */
+    VkDeviceSize arena_size;
+};
+
+static VkDeviceSize round_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1) / a * a; }
+
+static VkDeviceSize alloc_node(struct lower *L, int i) {
+    int r = L->root[i];
+    if (L->off[r] == (VkDeviceSize)-1) {
+        L->off[r] = L->arena_size;
+        /* padded to 8 floats and zeroed once: kernels read inputs in chunks of 8 */
+        L->arena_size += round_up(round_up((VkDeviceSize)node_nelem(&L->g->nodes[r]), 8) * 4 + 32, ALIGN);
+    }
+    return L->off[r];
+}
+
+static uint64_t addr_of(struct lower *L, int i) {
+    return L->p->arena.addr + alloc_node(L, i);
+}
+
+static anvil_status emit(struct vk_program *p, enum vk_kernel k, uint32_t gx, uint32_t gy,
+                         const void *push, size_t size) {
+    if (p->n_ops == p->cap_ops) {
+        int cap = p->cap_ops ? p->cap_ops * 2 : 256;
+        struct vk_dispatch *n = realloc(p->ops, (size_t)cap * sizeof *n);
+        if (!n) return err_set(ANVIL_ERR_NOMEM, "out of memory");
+        p->ops = n;
+        p->cap_ops = cap;
+    }
+    struct vk_dispatch *d = &p->ops[p->n_ops++];
+    memset(d, 0, sizeof *d);
+    d->k = k;
+    d->gx = gx;
+    d->gy = gy;
+    d->gz = 1;
+    d->push_size = (uint32_t)size;
+    memcpy(d->push, push, size);
+    return ANVIL_OK;
+}
+
+static int kernel_for(int type, enum vk_kernel f32) {
+    switch (type) {
+    case DT_F32: return f32;
+    case DT_F16: return f32 + 1;
+    case DT_BF16: return f32 + 2;
+    default: return -1;
+    }
+}
+
+static const struct node *N(struct lower *L, int i) { return &L->g->nodes[i]; }
+
+/* The matvec input: a deferred rms_norm's input (fused), or the node itself. */
+static void matvec_input(struct lower *L, int src, struct pc_matvec *pc) {
+    int r = L->root[src];
+    if (N(L, r)->op == OP_RMS_NORM) {
+        const struct node *n = N(L, r);
+        pc->x = addr_of(L, n->src[0]);
+        pc->normw = vk_weight_addr(L->p->b, N(L, n->src[1])->weight, true, n->p.i[0] != 0);
+        pc->flags |= 1;
+        pc->eps = n->p.f[0];
+    } else {
+        pc->x = addr_of(L, src);
+    }
+}
+
+static void grid(uint32_t wgs, uint32_t *gx, uint32_t *gy) {
+    *gx = MIN(wgs, 32768u);
+    *gy = (wgs + *gx - 1) / *gx;
+}
+
+static anvil_status lower_matmuls(struct lower *L, int i) {
+    const struct node *n = N(L, i);
+    int x = n->src[0];
+    /* siblings: later matmuls on the same input, same weight type */
+    int group[3] = {i}, ng = 1;
+    int type = N(L, n->src[1])->weight->type;
+    for (int j = i + 1; j < L->g->n_nodes && ng < 3; j++) {
+        const struct node *m = N(L, j);
+        if (m->op == OP_MATMUL && !L->done[j] && L->root[m->src[0]] == L->root[x] &&
+            N(L, m->src[1])->weight->type == type)
+            group[ng++] = j;
+    }
+    struct pc_matvec pc = {0};
+    pc.ctl = L->p->ctl.addr;
+    int64_t K = N(L, x)->ne[0];
+    pc.K = (uint32_t)K;
+    pc.Kp8 = (uint32_t)(round_up((VkDeviceSize)K, 8) / 8);
+    matvec_input(L, x, &pc);
+    int kern = kernel_for(type, K_MATVEC_F32);
+    if (kern < 0)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no matrix-vector kernel for %s weights (%s)",
+                       dtype_name(type), N(L, n->src[1])->name);
+    /* gate/up -> swiglu */
+    if (ng >= 2) {
+        for (int j = group[1] + 1; j < L->g->n_nodes; j++) {
+            const struct node *s = N(L, j);
+            if (s->op != OP_SWIGLU) continue;
+            int a = L->root[s->src[0]], b = L->root[s->src[1]];
+            if (!((a == group[0] && b == group[1]) || (a == group[1] && b == group[0]))) continue;
+            if (L->n_cons[a] != 1 || L->n_cons[b] != 1) break;
+            pc.w0 = vk_weight_addr(L->p->b, N(L, N(L, a)->src[1])->weight, false, false);
+            pc.w1 = vk_weight_addr(L->p->b, N(L, N(L, b)->src[1])->weight, false, false);
+            pc.rows0 = (uint32_t)N(L, a)->ne[0];
+            pc.o0 = addr_of(L, j);
+            L->done[a] = L->done[b] = L->done[j] = true;
+            uint32_t gx, gy;
+            uint32_t nr = L->p->b->pl.matvec_nr;
+            grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
+            return emit(L->p, kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32), gx, gy, &pc, sizeof pc);
+        }
+    }
+    /* a lone matmul whose only consumer is an add: fold the residual into its store */
+    if (ng == 1 && L->n_cons[i] == 1) {
+        for (int j = i + 1; j < L->g->n_nodes; j++) {
+            const struct node *a = N(L, j);
+            if (a->op != OP_ADD) continue;
+            int s0 = L->root[a->src[0]], s1 = L->root[a->src[1]];
+            if (s0 != i && s1 != i) continue;
+            pc.res = addr_of(L, s0 == i ? a->src[1] : a->src[0]);
+            pc.flags |= 2;
+            pc.o0 = addr_of(L, j);
+            L->done[j] = true;
+            break;
+        }
+    }
+    uint64_t *w[3] = {&pc.w0, &pc.w1, &pc.w2}, *o[3] = {&pc.o0, &pc.o1, &pc.o2};
+    uint32_t *rows[3] = {&pc.rows0, &pc.rows1, &pc.rows2};
+    uint32_t total = 0;
+    for (int k = 0; k < ng; k++) {
+        const struct node *m = N(L, group[k]);
+        *w[k] = vk_weight_addr(L->p->b, N(L, m->src[1])->weight, false, false);
+        if (!*o[k]) *o[k] = addr_of(L, group[k]);
+        *rows[k] = (uint32_t)m->ne[0];
+        total += *rows[k];
+        L->done[group[k]] = true;
+    }
+    for (int k = ng; k < 3; k++) { /* unused slots point at valid memory */
+        *w[k] = pc.w0;
+        *o[k] = pc.o0;
+    }
+    if (!pc.res) pc.res = pc.o0;
+    if (!pc.normw) pc.normw = pc.x;
+    uint32_t gx, gy;
+    uint32_t nr = L->p->b->pl.matvec_nr;
+    grid((total + nr - 1) / nr, &gx, &gy);
+    return emit(L->p, kern, gx, gy, &pc, sizeof pc);
+}
+
+/* q = rope(rms_norm(q_raw)), k = rope(rms_norm(k_raw)), v = v_raw: returns the pieces. */
+static bool match_qk(struct lower *L, int src, int *raw, const struct node **norm, const struct node **rope) {
+    const struct node *r = N(L, L->root[src]);
+    if (r->op != OP_ROPE) return false;
+    const struct node *nm = N(L, L->root[r->src[0]]);
+    if (nm->op != OP_RMS_NORM) return false;
+    *rope = r;
+    *norm = nm;
+    *raw = nm->src[0];
+    return true;
+}
+
+static anvil_status lower_attention(struct lower *L, int i) {
+    const struct node *a = N(L, i);
+    const struct node *qn, *qr, *kn, *kr;
+    int q_raw, k_raw;
+    if (!match_qk(L, a->src[0], &q_raw, &qn, &qr) || !match_qk(L, a->src[1], &k_raw, &kn, &kr) ||
+        qr->p.i[0] != kr->p.i[0] || qr->p.f[0] != kr->p.f[0])
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention %s is not fed by q/k rms_norm -> rope "
+                       "(the only pattern the decode program fuses)", a->name);
+    const struct node *q = N(L, a->src[0]), *k = N(L, a->src[1]);
+    uint32_t D = (uint32_t)q->ne[0], H = (uint32_t)q->ne[1], Hkv = (uint32_t)k->ne[1];
+    if (D > 512 || D % 4 || (int)D != L->p->b->pl.attn_d || (int)(H / Hkv) != L->p->b->pl.attn_g)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention shape D=%u H=%u Hkv=%u unsupported", D, H, Hkv);
+    /* q after norm+rope lives in the rope node's buffer */
+    struct pc_qk pk = {0};
+    pk.q = addr_of(L, q_raw);
+    pk.k = addr_of(L, k_raw);
+    pk.v = addr_of(L, a->src[2]);
+    pk.qnorm = vk_weight_addr(L->p->b, N(L, qn->src[1])->weight, true, qn->p.i[0] != 0);
+    pk.knorm = vk_weight_addr(L->p->b, N(L, kn->src[1])->weight, true, kn->p.i[0] != 0);
+    pk.q_out = addr_of(L, a->src[0]);
+    pk.kc = vk_state_addr(L->p->b, N(L, a->src[3])->state);
+    pk.vc = vk_state_addr(L->p->b, N(L, a->src[4])->state);
+    pk.rope = L->p->rope.addr;
+    pk.ctl = L->p->ctl.addr;
+    pk.D = D;
+    pk.H = H;
+    pk.Hkv = Hkv;
+    pk.n_rot = (uint32_t)qr->p.i[0];
+    pk.eps = qn->p.f[0];
+    if (kn->p.f[0] != qn->p.f[0])
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: q and k norms with different eps");
+    anvil_status st = emit(L->p, K_QK_ROPE_KV, H + 2 * Hkv, 1, &pk, sizeof pk);
+    if (st != ANVIL_OK) return st;
+
+    /* partials: H x NC x (D + 2) floats, in the arena under the attention node's slot + a
+     * scratch slot of their own */
+    VkDeviceSize part = L->arena_size;
+    L->arena_size += round_up((VkDeviceSize)H * ATTN_CHUNKS * (D + 2) * 4, ALIGN);
+    struct pc_attn pa = {pk.q_out, pk.kc, pk.vc, L->p->arena.addr + part, pk.ctl, Hkv, ATTN_CHUNKS, a->p.f[0]};
+    st = emit(L->p, K_ATTENTION, Hkv, ATTN_CHUNKS, &pa, sizeof pa);
+    if (st != ANVIL_OK) return st;
+    struct pc_merge pm = {L->p->arena.addr + part, addr_of(L, i), pk.ctl, D, ATTN_CHUNKS};
+    return emit(L->p, K_ATTN_MERGE, H, 1, &pm, sizeof pm);
+}
+
+/* Walks the graph in order and emits the fused kernels. The arena's base address is not
+ * known until its size is: the walk runs twice, first to size it. */
+static anvil_status lower_graph(struct lower *L) {
+    const struct graph *g = L->g;
+    int n = g->n_nodes;
+    for (int i = 0; i < n; i++) {
+        L->off[i] = (VkDeviceSize)-1;
+        L->done[i] = false;
+    }
+    L->arena_size = 0;
+    L->p->n_ops = 0;
+    for (int i = 0; i < n; i++) {
+        const struct node *nd = N(L, i);
+        if (L->done[i]) continue;
+        anvil_status st = ANVIL_OK;
+        switch (nd->op) {
+        case OP_TOKENS:
+        case OP_WEIGHT:
+        case OP_STATE:
+        case OP_RESHAPE:
+        case OP_ROWS:
+        case OP_ROPE:
+            break;
+        case OP_RMS_NORM: {
+            /* fused into its consumers: matmuls, or (q/k norm) rope -> attention */
+            bool ok = true;
+            for (int j = i + 1; j < n; j++)
+                for (int s = 0; s < GRAPH_MAX_SRC; s++)
+                    if (N(L, j)->src[s] >= 0 && L->root[N(L, j)->src[s]] == i && N(L, j)->op != OP_MATMUL &&
+                        N(L, j)->op != OP_ROPE)
+                        ok = false;
+            if (!ok) st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: rms_norm %s feeds something other "
+                                  "than matmuls or rope", nd->name);
+            break;
+        }
+        case OP_EMBED: {
+            const struct tensor_info *w = N(L, nd->src[0])->weight;
+            int kern = kernel_for(w->type, K_EMBED_F32);
+            if (kern < 0) {
+                st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no embedding kernel for %s", dtype_name(w->type));
+                break;
+            }
+            struct pc_embed pe = {vk_weight_addr(L->p->b, w, false, false), addr_of(L, i), L->p->ctl.addr,
+                                  (uint32_t)(round_up((VkDeviceSize)w->ne[0], 8) / 8)};
+            st = emit(L->p, kern, 1, 1, &pe, sizeof pe);
+            break;
+        }
+        case OP_MATMUL:
+            st = lower_matmuls(L, i);
+            break;
+        case OP_ATTENTION:
+            st = lower_attention(L, i);
+            break;
+        case OP_ADD:
+        case OP_SWIGLU:
+        default:
+            st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s %s is not part of a pattern the decode "
+                         "program fuses", op_name(nd->op), nd->name);
+        }
+        if (st != ANVIL_OK) return st;
+    }
+    int out = L->root[g->output];
+    if (N(L, out)->op != OP_MATMUL)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph's output is not a matmul");
+    L->p->logits_off = alloc_node(L, out);
+    /* the last op: argmax, next token, position */
+    struct pc_argmax pa = {L->p->arena.addr + L->p->logits_off, L->p->ctl.addr, L->p->V};
+    return emit(L->p, K_ARGMAX, 1, 1, &pa, sizeof pa);
+}
+
+/* ---- recording ---- */
+
+static void barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkAccessFlags sa,
+                    VkPipelineStageFlags dst, VkAccessFlags da) {
+    VkMemoryBarrier mb = {VK_STRUCTURE_TYPE_MEMORY_BARRIER, NULL, sa, da};
+    vkCmdPipelineBarrier(cb, src, dst, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+#define STAGE_C VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+#define RW (VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT)
+
+static void record_step(struct vk_program *p, VkCommandBuffer cb, bool count) {
+    VkPipeline bound = VK_NULL_HANDLE;
+    for (int i = 0; i < p->n_ops; i++) {
+        const struct vk_dispatch *d = &p->ops[i];
+        /* every kernel depends on the one before it (at least through the control block) */
+        barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT,
+                STAGE_C, RW);
+        VkPipeline pl = p->b->pl.p[d->k];
+        if (pl != bound) vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pl);
+        bound = pl;
+        vkCmdPushConstants(cb, p->b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, d->push_size, d->push);
+        vkCmdDispatch(cb, d->gx, d->gy, d->gz);
+        if (count) {
+            p->stats.dispatches++;
+            p->stats.barriers++;
+        }
+    }
+}
+
+static void record_copy_logits(struct vk_program *p, VkCommandBuffer cb) {
+    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
+    VkBufferCopy c = {p->logits_off, 0, (VkDeviceSize)p->V * 4};
+    vkCmdCopyBuffer(cb, p->arena.buf, p->readback.buf, 1, &c);
+    barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT | STAGE_C, VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT,
+            VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+}
+
+static anvil_status record_profile(struct vk_program *p) {
+    struct vk_device *d = p->b->d;
+    VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                                .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = (uint32_t)p->n_ops + 1};
+    anvil_status st = vk_result(vkCreateQueryPool(d->dev, &qi, NULL, &p->queries), "vkCreateQueryPool");
+    if (st == ANVIL_OK) st = vk_cmd_alloc(d, &p->cb_prof);
+    if (st != ANVIL_OK) return st;
+    VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL, 0, NULL};
+    VkCommandBuffer cb = p->cb_prof;
+    vkBeginCommandBuffer(cb, &bi);
+    vkCmdResetQueryPool(cb, p->queries, 0, (uint32_t)p->n_ops + 1);
+    barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+    vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, 0);
+    for (int i = 0; i < p->n_ops; i++) {
+        const struct vk_dispatch *o = &p->ops[i];
+        barrier(cb, STAGE_C, RW, STAGE_C, RW);
+        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p->b->pl.p[o->k]);
+        vkCmdPushConstants(cb, p->b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, o->push_size, o->push);
+        vkCmdDispatch(cb, o->gx, o->gy, o->gz);
+        vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, (uint32_t)i + 1);
+    }
+    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    return vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
+}
+
+static anvil_status record(struct vk_program *p) {
+    struct vk_device *d = p->b->d;
+    const char *prof = getenv("ANVIL_VK_PROFILE");
+    if (prof && *prof && strcmp(prof, "0") != 0) {
+        anvil_status st = record_profile(p);
+        if (st != ANVIL_OK) return st;
+    }
+    VkCommandBuffer *cbs[4] = {&p->cb_one, &p->cb_batch, &p->cb_copy, &p->cb_single};
+    for (int c = 0; c < 4; c++) {
+        anvil_status st = vk_cmd_alloc(d, cbs[c]);
+        if (st != ANVIL_OK) return st;
+        VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
+                                       VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT, NULL};
+        if ((st = vk_result(vkBeginCommandBuffer(*cbs[c], &bi), "vkBeginCommandBuffer")) != ANVIL_OK) return st;
+        if (c == 0) {
+            record_step(p, *cbs[c], true);
+            record_copy_logits(p, *cbs[c]);
+        } else if (c == 1) {
+            for (int s = 0; s < STEPS_PER_BATCH; s++) record_step(p, *cbs[c], false);
+            barrier(*cbs[c], STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+        } else if (c == 2) {
+            record_copy_logits(p, *cbs[c]);
+        } else {
+            record_step(p, *cbs[c], false);
+            barrier(*cbs[c], STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+        }
+        if ((st = vk_result(vkEndCommandBuffer(*cbs[c]), "vkEndCommandBuffer")) != ANVIL_OK) return st;
+    }
+    return ANVIL_OK;
+}
+
+/* ---- the program ---- */
+
+struct plain { const uint8_t *src; size_t row_in, row_out; };
+static void fill_plain(void *dst, size_t offset, size_t n, void *ctx) {
+    memcpy(dst, ((const struct plain *)ctx)->src + offset, n);
+}
+
+static anvil_status make_rope(struct vk_program *p, const struct graph *g) {
+    int n_rot = 0;
+    float theta = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct node *n = &g->nodes[i];
+        if (n->op != OP_ROPE) continue;
+        if (n_rot && (n->p.i[0] != n_rot || n->p.f[0] != theta))
+            return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: layers with different rope parameters");
+        n_rot = n->p.i[0];
+        theta = n->p.f[0];
+    }
+    if (!n_rot) n_rot = 2;
+    int half = n_rot / 2;
+    size_t count = (size_t)p->n_ctx * (size_t)half * 2;
+    float *tab = xmalloc(count * sizeof *tab);
+    if (!tab) return ANVIL_ERR_NOMEM;
+    /* the CPU backend's formula, in double */
+    for (int pos = 0; pos < p->n_ctx; pos++)
+        for (int i = 0; i < half; i++) {
+            double freq = pow(theta, -2.0 * i / n_rot);
+            tab[((size_t)pos * half + i) * 2] = (float)cos(pos * freq);
+            tab[((size_t)pos * half + i) * 2 + 1] = (float)sin(pos * freq);
+        }
+    anvil_status st = vk_buffer_create(p->b->d, count * 4, VK_MEM_DEVICE, "the rope table", &p->rope);
+    struct vk_uploader u;
+    if (st == ANVIL_OK) st = vk_uploader_init(&u, p->b->d, count * 4);
+    struct plain f = {(const uint8_t *)tab, count * 4, count * 4};
+    if (st == ANVIL_OK) {
+        st = vk_upload(&u, &p->rope, 0, count * 4, fill_plain, &f);
+        anvil_status s2 = vk_uploader_finish(&u);
+        if (st == ANVIL_OK) st = s2;
+    }
+    free(tab);
+    return st;
+}
+
+anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, struct vk_program **out) {
+    *out = NULL;
+    struct vk_program *p = xcalloc(1, sizeof *p);
+    if (!p) return ANVIL_ERR_NOMEM;
+    p->b = b;
+    int n = g->n_nodes;
+    struct lower L = {p, g, xmalloc((size_t)n * sizeof(int)), xcalloc((size_t)n, sizeof(int)),
+                      xmalloc((size_t)n * sizeof(VkDeviceSize)), xcalloc((size_t)n, sizeof(bool)), 0};
+    anvil_status st = L.root && L.n_cons && L.off && L.done ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    if (st != ANVIL_OK) goto done;
+    p->n_ctx = 0;
+    for (int i = 0; i < n; i++) {
+        const struct node *nd = &g->nodes[i];
+        L.root[i] = (nd->op == OP_RESHAPE || nd->op == OP_ROWS) ? L.root[nd->src[0]] : i;
+        for (int s = 0; s < GRAPH_MAX_SRC; s++)
+            if (nd->src[s] >= 0) L.n_cons[L.root[nd->src[s]]]++;
+        if (nd->op == OP_STATE) p->n_ctx = (int)nd->ne[2];
+    }
+    if (!p->n_ctx) {
+        st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph has no KV cache");
+        goto done;
+    }
+    p->V = (uint32_t)g->nodes[g->output].ne[0];
+    /* first pass sizes the arena (addresses are offsets from 0), the second emits */
+    if ((st = lower_graph(&L)) != ANVIL_OK) goto done;
+    st = vk_buffer_create(b->d, L.arena_size, VK_MEM_DEVICE, "activations", &p->arena);
+    if (st == ANVIL_OK)
+        st = vk_buffer_create(b->d, sizeof(struct vk_ctl) + (size_t)p->n_ctx * 8, VK_MEM_CONTROL,
+                              "the control block", &p->ctl);
+    if (st == ANVIL_OK)
+        st = vk_buffer_create(b->d, (VkDeviceSize)p->V * 4, VK_MEM_READBACK, "logits", &p->readback);
+    if (st == ANVIL_OK) st = make_rope(p, g);
+    if (st == ANVIL_OK) st = lower_graph(&L);
+    if (st != ANVIL_OK) goto done;
+    memset(p->ctl.map, 0, p->ctl.size);
+    ((struct vk_ctl *)p->ctl.map)->n_ctx = (uint32_t)p->n_ctx;
+    ((struct vk_ctl *)p->ctl.map)->stop = CTL_STOP_BUDGET;
+    /* zero the arena once: its padding stays zero for ever */
+    VkCommandBuffer cb;
+    if ((st = vk_cmd_alloc(b->d, &cb)) != ANVIL_OK) goto done;
+    VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
+                                   VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
+    vkBeginCommandBuffer(cb, &bi);
+    vkCmdFillBuffer(cb, p->arena.buf, 0, VK_WHOLE_SIZE, 0);
+    vkEndCommandBuffer(cb);
+    uint64_t v;
+    st = vk_submit(b->d, &cb, 1, &v);
+    if (st == ANVIL_OK) st = vk_wait(b->d, v);
+    vkFreeCommandBuffers(b->d->dev, b->d->pool, 1, &cb);
+    if (st == ANVIL_OK) st = record(p);
+    log_info("vulkan: decode program: %d kernels per token, arena %.2f MiB", p->n_ops,
+             (double)L.arena_size / (1 << 20));
+done:
+    free(L.root);
+    free(L.n_cons);
+    free(L.off);
+    free(L.done);
+    if (st != ANVIL_OK) {
+        vk_program_destroy(p);
+        return st;
+    }
+    *out = p;
+    return ANVIL_OK;
+}
+
+void vk_program_destroy(struct vk_program *p) {
+    if (!p) return;
+    struct vk_device *d = p->b->d;
+    vkDeviceWaitIdle(d->dev);
+    VkCommandBuffer cbs[5] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single, p->cb_prof};
+    for (int i = 0; i < 5; i++)
+        if (cbs[i]) vkFreeCommandBuffers(d->dev, d->pool, 1, &cbs[i]);
+    if (p->queries) vkDestroyQueryPool(d->dev, p->queries, NULL);
+    vk_buffer_destroy(d, &p->arena);
+    vk_buffer_destroy(d, &p->ctl);
+    vk_buffer_destroy(d, &p->readback);
+    vk_buffer_destroy(d, &p->rope);
+    free(p->ops);
+    free(p);
+}
+
+void vk_program_stats(const struct vk_program *p, struct vk_stats *s) { *s = p->stats; }
+
+static void ctl_reset(struct vk_program *p, int32_t token, int pos0) {
+    volatile struct vk_ctl *c = p->ctl.map;
+    c->token = (uint32_t)token;
+    c->pos = (uint32_t)pos0;
+    c->stop = 0;
+    c->n_out = 0;
+    c->budget = 0;
+    c->n_feed = 0;
+    c->feed_idx = 0;
+    c->n_eos = 0;
+    c->eos_hit = 0;
+    c->steps = 0;
+}
+
+anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float *logits) {
+    if (pos0 >= p->n_ctx) return err_set(ANVIL_ERR_RANGE, "vulkan: position %d past the context", pos0);
+    ctl_reset(p, token, pos0);
+    uint64_t v;
+    anvil_status st = vk_submit(p->b->d, &p->cb_one, 1, &v);
+    if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
+    if (st == ANVIL_OK && logits) memcpy(logits, p->readback.map, (size_t)p->V * 4);
+    return st;
+}
+
+anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res) {
+    memset(res, 0, sizeof *res);
+    struct vk_device *d = p->b->d;
+    if (r->n_feed < 1 || r->pos0 < 0 || r->pos0 + r->n_feed > p->n_ctx || r->max_new < 0 ||
+        r->n_stop > CTL_MAX_EOS)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: bad generate request (%d tokens at %d, "
+                       "context %d, %d stop ids)", r->n_feed, r->pos0, p->n_ctx, r->n_stop);
+    ctl_reset(p, r->feed[0], r->pos0);
+    volatile struct vk_ctl *c = p->ctl.map;
+    for (int i = 1; i < r->n_feed; i++) c->data[i - 1] = (uint32_t)r->feed[i];
+    c->n_feed = (uint32_t)(r->n_feed - 1);
+    for (int i = 0; i < r->n_stop; i++) c->eos[i] = (uint32_t)r->stop[i];
+    c->n_eos = (uint32_t)r->n_stop;
+    c->budget = (uint32_t)r->max_new;
+    /* steps: one per fed token, one per generated token (the last one enters the cache) */
+    int64_t steps = (int64_t)r->n_feed + r->max_new;
+    /* full batches, then single steps for the tail */
+    int64_t batches = steps / STEPS_PER_BATCH + steps % STEPS_PER_BATCH, submitted = 0, waited = 0;
+    uint64_t vals[2] = {0, 0};
+    anvil_status st = ANVIL_OK;
+    int delivered = 0;
+    bool stopping = false;
+    while (st == ANVIL_OK) {
+        /* keep two batches in flight */
+        while (st == ANVIL_OK && !stopping && submitted < batches && submitted - waited < 2)
+        {
+            VkCommandBuffer *cb = submitted < steps / STEPS_PER_BATCH ? &p->cb_batch : &p->cb_single;
+            st = vk_submit(d, cb, 1, &vals[submitted % 2]);
+            submitted++;
+        }
+        if (st != ANVIL_OK || waited == submitted) break;
+        st = vk_wait(d, vals[waited++ % 2]);
+        if (st != ANVIL_OK) break;
+        uint32_t n_out = c->n_out;
+        while (delivered < (int)n_out && !stopping) {
+            int32_t tok = (int32_t)c->data[p->n_ctx + delivered];
+            if (r->out) r->out[delivered] = tok;
+            delivered++;
+            if (r->on_token && r->on_token(r->user, tok)) {
+                /* the device stops once this token has entered the cache */
+                c->budget = (uint32_t)delivered;
+                res->stop = GEN_STOP_CALLBACK;
+                stopping = true;
+            }
+        }
+        if (c->stop) stopping = true;
+    }
+    if (st != ANVIL_OK) return st;
+    res->n_out = delivered;
+    int cached = (int)c->pos - r->pos0;
+    res->n_cached = MIN(cached, r->n_feed + delivered);
+    if (res->stop != GEN_STOP_CALLBACK) {
+        switch (c->stop) {
+        case CTL_STOP_BUDGET: res->stop = GEN_STOP_BUDGET; break;
+        case CTL_STOP_EOS: res->stop = GEN_STOP_EOS; res->stop_token = (int32_t)c->eos_hit; break;
+        case CTL_STOP_CONTEXT: res->stop = GEN_STOP_CONTEXT; break;
+        default: res->stop = GEN_STOP_NONE;
+        }
+    }
+    if (r->logits) {
+        uint64_t v;
+        st = vk_submit(d, &p->cb_copy, 1, &v);
+        if (st == ANVIL_OK) st = vk_wait(d, v);
+        if (st == ANVIL_OK) memcpy(r->logits, p->readback.map, (size_t)p->V * 4);
+    }
+    return st;
+}
+
+static const char *kernel_names[K_COUNT] = {
+    "matvec_f32", "matvec_f16", "matvec_bf16", "matvec_swiglu_f32", "matvec_swiglu_f16",
+    "matvec_swiglu_bf16", "embed_f32", "embed_f16", "embed_bf16", "qk_rope_kv", "attention",
+    "attn_merge", "argmax"};
+
+size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
+    size_t len = 0;
+#define OUT(...)                                                                           \
+    do {                                                                                   \
+        int k_ = snprintf(buf + MIN(len, cap), cap > len ? cap - len : 0, __VA_ARGS__);    \
+        if (k_ > 0) len += (size_t)k_;                                                     \
+    } while (0)
+    if (cap) buf[0] = 0;
+    if (!p->cb_prof) return 0;
+    struct vk_device *d = p->b->d;
+    int n = p->n_ops, reps = 10;
+    uint64_t *ts = calloc((size_t)n + 1, sizeof *ts);
+    double *ns = calloc((size_t)n, sizeof *ns);
+    if (!ts || !ns) goto out;
+    int pos = MAX(0, p->n_ctx - 8);
+    for (int r = 0; r < reps; r++) {
+        ctl_reset(p, 1, pos);
+        ((volatile struct vk_ctl *)p->ctl.map)->budget = 1000;
+        uint64_t v;
+        if (vk_submit(d, &p->cb_prof, 1, &v) != ANVIL_OK || vk_wait(d, v) != ANVIL_OK) goto out;
+        if (vkGetQueryPoolResults(d->dev, p->queries, 0, (uint32_t)n + 1, ((size_t)n + 1) * 8, ts, 8,
+                                  VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT) != VK_SUCCESS)
+            goto out;
+        if (r >= 2) /* warm-up excluded */
+            for (int i = 0; i < n; i++) ns[i] += (double)(ts[i + 1] - ts[i]) * d->props.limits.timestampPeriod;
+    }
+    double by_kind[K_COUNT] = {0}, total = 0;
+    int count[K_COUNT] = {0};
+    for (int i = 0; i < n; i++) {
+        ns[i] /= reps - 2;
+        by_kind[p->ops[i].k] += ns[i];
+        count[p->ops[i].k]++;
+        total += ns[i];
+    }
+    OUT("GPU time of one step at position %d (kernel + its barrier, timestamps): %.1f us\n", pos, total / 1e3);
+    for (int k = 0; k < K_COUNT; k++)
+        if (count[k])
+            OUT("  %-20s %4d x  %8.1f us  (%4.1f%%)\n", kernel_names[k], count[k], by_kind[k] / 1e3,
+                100 * by_kind[k] / total);
+    /* the single most expensive kernels */
+    for (int top = 0; top < 5; top++) {
+        int best = -1;
+        for (int i = 0; i < n; i++)
+            if (ns[i] >= 0 && (best < 0 || ns[i] > ns[best])) best = i;
+        if (best < 0) break;
+        OUT("  top: #%d %s grid %ux%u: %.1f us\n", best, kernel_names[p->ops[best].k], p->ops[best].gx,
+            p->ops[best].gy, ns[best] / 1e3);
+        ns[best] = -1;
+    }
+out:
+    free(ts);
+    free(ns);
+#undef OUT
+    return len;
+}

@@ -1,0 +1,43 @@
+/* The Vulkan backend object, shared by vulkan.c (weights, states, vtable) and program.c. */
+#ifndef ANVIL_VULKAN_H
+#define ANVIL_VULKAN_H
+
+#include "vulkan_impl.h"
+
+struct vk_weight {
+    const struct tensor_info *t;
+    bool as_f32, plus1; /* norm weights: float32, 1 + w for zero-centred norms */
+    uint32_t Kp;        /* row stride in elements: ne[0] rounded up to 8 */
+    struct vk_buffer buf;
+};
+
+struct vk_stats {
+    int dispatches, barriers; /* per step */
+};
+
+struct vk_backend {
+    struct backend base;
+    struct vk_device *d;
+    struct vk_pipelines pl;
+    bool have_pl;
+    struct vk_weight *w;
+    int n_w;
+    struct vk_buffer states; /* every state (KV cache), float32, zeroed */
+    VkDeviceSize *state_off;
+    int64_t (*state_ne)[MAX_DIMS];
+    int n_states;
+};
+
+uint64_t vk_weight_addr(struct vk_backend *b, const struct tensor_info *t, bool as_f32, bool plus1);
+uint64_t vk_state_addr(struct vk_backend *b, int state);
+
+struct vk_program;
+anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, struct vk_program **out);
+void vk_program_destroy(struct vk_program *p);
+anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float *logits);
+anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res);
+/* With ANVIL_VK_PROFILE=1: GPU time per kernel of one step, as text. */
+size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap);
+void vk_program_stats(const struct vk_program *p, struct vk_stats *s);
+
+#endif

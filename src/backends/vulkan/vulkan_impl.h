@@ -1,0 +1,144 @@
+/*
+ * The Vulkan backend's internals, split by lifetime as its files are:
+ *   device.c     the loader (volk), instance, physical device choice, logical device, queue,
+ *                validation messages
+ *   memory.c     buffers (every one reached by device address: no descriptors at all),
+ *                device-local memory checks, the staging uploader
+ *   pipelines.c  shader modules from the embedded SPIR-V, the persistent pipeline cache,
+ *                one compute pipeline per kernel variant
+ *   program.c    the decode program: graph -> fused kernels, a static memory plan, the step
+ *                recorded once and resubmitted per token
+ *   vulkan.c     the backend object (weights, states) and its vtable
+ */
+#ifndef ANVIL_VULKAN_IMPL_H
+#define ANVIL_VULKAN_IMPL_H
+
+#include <volk.h>
+
+#include "backends/backend.h"
+
+struct vk_device {
+    VkInstance instance;
+    VkDebugUtilsMessengerEXT messenger;
+    VkPhysicalDevice phys;
+    VkPhysicalDeviceProperties props;
+    VkPhysicalDeviceMemoryProperties mem;
+    uint32_t subgroup_size;
+    VkDevice dev;
+    VkQueue queue;
+    uint32_t queue_family;
+    VkCommandPool pool;
+    VkSemaphore timeline; /* signalled with ++timeline_value by every submit */
+    uint64_t timeline_value;
+    int index; /* in enumeration order */
+    /* validation messages of error or warning severity since creation; any makes the
+     * backend's next call fail */
+    int n_validation_msgs;
+    char validation_msg[512];
+};
+
+/* Whether a Vulkan loader and at least one device exist (cheap after the first call). */
+bool vk_available(char *why, size_t why_cap);
+/* One line per physical device (index: name, type, memory, usability) into buf. */
+size_t vk_describe_devices(char *buf, size_t cap);
+/* Opens device index (enumeration order), or the best one (discrete first) when index < 0
+ * (ANVIL_DEVICE overrides). ANVIL_VALIDATE=1 turns the validation layer on. */
+anvil_status vk_device_create(int index, struct vk_device **out);
+void vk_device_destroy(struct vk_device *d);
+/* Fails with the first validation message if any arrived. */
+anvil_status vk_check_validation(struct vk_device *d);
+/* One submission of cbs that signals the next timeline value; returns it in *value. */
+anvil_status vk_submit(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t n, uint64_t *value);
+anvil_status vk_wait(struct vk_device *d, uint64_t value);
+/* A primary command buffer from the device's pool; begin/end by the caller. */
+anvil_status vk_cmd_alloc(struct vk_device *d, VkCommandBuffer *cb);
+anvil_status vk_result(VkResult r, const char *what);
+
+/* ---- memory ---- */
+
+struct vk_buffer {
+    VkBuffer buf;
+    VkDeviceMemory mem;
+    VkDeviceSize size;
+    VkDeviceAddress addr;
+    void *map; /* host-visible buffers: mapped for their lifetime */
+};
+
+enum vk_mem_kind {
+    VK_MEM_DEVICE,   /* DEVICE_LOCAL, never host memory */
+    VK_MEM_CONTROL,  /* DEVICE_LOCAL | HOST_VISIBLE | HOST_COHERENT when the device has it
+                        (resizable BAR), else HOST_VISIBLE | HOST_COHERENT */
+    VK_MEM_READBACK, /* HOST_VISIBLE | HOST_CACHED (else coherent) */
+    VK_MEM_STAGING,  /* HOST_VISIBLE | HOST_COHERENT */
+};
+
+anvil_status vk_buffer_create(struct vk_device *d, VkDeviceSize size, enum vk_mem_kind kind,
+                              const char *what, struct vk_buffer *out);
+void vk_buffer_destroy(struct vk_device *d, struct vk_buffer *b);
+/* Bytes of device-local memory in the largest device-local heap (budget where known). */
+VkDeviceSize vk_device_local_bytes(struct vk_device *d);
+
+/* Copies host data into device buffers through one reused staging buffer. */
+struct vk_uploader {
+    struct vk_device *d;
+    struct vk_buffer staging;
+    VkCommandBuffer cb;
+    VkDeviceSize used;
+    uint64_t total, done; /* bytes, for the progress bar */
+    bool progress;
+};
+anvil_status vk_uploader_init(struct vk_uploader *u, struct vk_device *d, uint64_t total);
+/* Copies n bytes; fill(dst, n, ctx) writes them into staging memory (so rows can be repacked
+ * on the way). */
+typedef void (*vk_fill_fn)(void *dst, size_t offset, size_t n, void *ctx);
+anvil_status vk_upload(struct vk_uploader *u, struct vk_buffer *dst, VkDeviceSize dst_off,
+                       size_t n, vk_fill_fn fill, void *ctx);
+anvil_status vk_uploader_finish(struct vk_uploader *u);
+
+/* ---- pipelines ---- */
+
+enum vk_kernel {
+    K_MATVEC_F32, K_MATVEC_F16, K_MATVEC_BF16,
+    K_MATVEC_SWIGLU_F32, K_MATVEC_SWIGLU_F16, K_MATVEC_SWIGLU_BF16,
+    K_EMBED_F32, K_EMBED_F16, K_EMBED_BF16,
+    K_QK_ROPE_KV,
+    K_ATTENTION,
+    K_ATTN_MERGE,
+    K_ARGMAX,
+    K_COUNT,
+};
+
+#define VK_PUSH_BYTES 128
+/* matvec defaults: threads per workgroup and rows per workgroup (ANVIL_VK_MATVEC_WG and
+ * ANVIL_VK_MATVEC_NR override them, for tuning) */
+#define MATVEC_WG 128
+#define MATVEC_NR 2
+
+struct vk_pipelines {
+    VkPipelineLayout layout; /* push constants only */
+    VkPipelineCache cache;
+    char cache_path[1024];
+    VkPipeline p[K_COUNT];
+    int attn_g, attn_d; /* the attention pipeline's specialisation */
+    uint32_t matvec_wg, matvec_nr;
+};
+
+/* Creates every pipeline; attention is specialised for G query heads per kv head and head
+ * dim D. Loads/saves the pipeline cache in $XDG_CACHE_HOME/anvil (or ~/.cache/anvil). */
+anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, struct vk_pipelines *out);
+void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p);
+
+/* ---- the control block (matches Ctl in shaders/common.glsl) ---- */
+
+struct vk_ctl {
+    uint32_t token, pos, stop, n_out, budget, n_feed, feed_idx, n_ctx, n_eos, eos_hit, steps;
+    uint32_t pad[5];
+    uint32_t eos[16];
+    uint32_t data[]; /* [n_ctx] feed, [n_ctx] generated */
+};
+#define CTL_STOP_BUDGET 1
+#define CTL_STOP_EOS 2
+#define CTL_STOP_CONTEXT 3
+#define CTL_MAX_EOS 16
+
+#endif
