@@ -304,6 +304,7 @@ static void derive_model_name(struct server *s) {
     while (n > 1 && p[n - 1] == '/') n--;
     size_t b = n;
     while (b > 0 && p[b - 1] != '/') b--;
+    if (n - b > 5 && !strncmp(p + n - 5, ".gguf", 5)) n -= 5;
     snprintf(s->model_name, sizeof s->model_name, "%.*s", (int)(n - b), p + b);
 }
 
