@@ -88,7 +88,7 @@ static void call_init(struct call *c, const char *method, const char *path, cons
     curl_easy_setopt(c->h, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(c->h, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(c->h, CURLOPT_WRITEDATA, &c->body);
-    curl_easy_setopt(c->h, CURLOPT_TIMEOUT, 60L);
+    curl_easy_setopt(c->h, CURLOPT_TIMEOUT, (long)(120 * SLOW));
     curl_easy_setopt(c->h, CURLOPT_NOSIGNAL, 1L);
     c->headers = curl_slist_append(NULL, "Content-Type: application/json");
     if (key) {
@@ -664,8 +664,10 @@ static void test_concurrent_streams(void **state) {
     assert_int_equal(running, 0);
     CURLMsg *msg;
     int left, ok = 0;
-    while ((msg = curl_multi_info_read(m, &left)))
+    while ((msg = curl_multi_info_read(m, &left))) {
         if (msg->msg == CURLMSG_DONE && msg->data.result == CURLE_OK) ok++;
+        else if (msg->msg == CURLMSG_DONE) print_error("a client failed: %s\n", curl_easy_strerror(msg->data.result));
+    }
     assert_int_equal(ok, N_CLIENTS);
     for (int i = 0; i < N_CLIENTS; i++) {
         assert_int_equal(call_status(&calls[i]), 200);
