@@ -606,6 +606,7 @@ static bool added_at(const struct anvil_tokenizer *t, const uint8_t *s, size_t n
 
 anvil_status tokenizer_encode_ex(const struct anvil_tokenizer *t, const uint8_t *text,
                                  size_t len, bool plain_heap, struct id_vec *out) {
+    if (len == 0) return ANVIL_OK; /* nothing to encode (and text may be NULL) */
     struct bpe_work *w = bpe_work_new();
     if (!w) return ANVIL_ERR_NOMEM;
     w->plain_heap = plain_heap;
