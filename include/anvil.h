@@ -33,6 +33,11 @@
 extern "C" {
 #endif
 
+/* The library is built with hidden visibility; everything declared here is its interface. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 typedef enum anvil_status {
     ANVIL_OK = 0,
     ANVIL_ERR_INVALID_ARG,  /* the caller passed something that cannot be right */
@@ -298,6 +303,10 @@ size_t anvil_list_devices(char *buf, size_t cap);
 /* What one decode step costs the session's backend (dispatches, barriers, submits per token);
  * empty for the CPU backend. Returns the length. */
 size_t anvil_session_describe_program(const anvil_session *s, char *buf, size_t cap);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }
