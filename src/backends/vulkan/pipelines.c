@@ -98,7 +98,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     if (e && atoi(e) >= 32 && atoi(e) <= 1024 && atoi(e) % 32 == 0) out->matvec_wg = (uint32_t)atoi(e);
     e = getenv("ANVIL_VK_MATVEC_NR");
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr = (uint32_t)atoi(e);
-    if (out->matvec_wg / d->subgroup_size > 32) out->matvec_wg = 32 * d->subgroup_size;
+    if (out->matvec_wg < d->subgroup_size) out->matvec_wg = d->subgroup_size;
     VkPushConstantRange pr = {VK_SHADER_STAGE_COMPUTE_BIT, 0, VK_PUSH_BYTES};
     VkPipelineLayoutCreateInfo li = {VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, NULL, 0, 0, NULL, 1, &pr};
     anvil_status st = vk_result(vkCreatePipelineLayout(d->dev, &li, NULL, &out->layout), "vkCreatePipelineLayout");
@@ -137,7 +137,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         } else if (k == K_ATTENTION) {
             vals[0] = (uint32_t)attn_g;
             vals[1] = (uint32_t)attn_d;
-            n = 2;
+            vals[2] = d->subgroup_size;
+            vals[3] = 4 * d->subgroup_size; /* workgroup: 4 subgroups */
+            n = 4;
         }
         for (uint32_t i = 0; i < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};
         VkSpecializationInfo si = {n, ent, n * 4, vals};

@@ -52,7 +52,7 @@ struct pc_qk {
     float eps;
 };
 struct pc_attn {
-    uint64_t q, kc, vc, part, ctl;
+    uint64_t q, kc, vc, part, ctl; /* q: the roped queries */
     uint32_t Hkv, NC;
     float scale;
 };
@@ -158,6 +158,11 @@ static void matvec_input(struct lower *L, int src, struct pc_matvec *pc) {
     }
 }
 
+/* each subgroup of a matvec workgroup computes matvec_nr rows */
+static uint32_t matvec_rows_per_wg(struct vk_backend *b) {
+    return b->pl.matvec_wg / b->d->subgroup_size * b->pl.matvec_nr;
+}
+
 static void grid(uint32_t wgs, uint32_t *gx, uint32_t *gy) {
     *gx = MIN(wgs, 32768u);
     *gy = (wgs + *gx - 1) / *gx;
@@ -199,7 +204,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
             pc.o0 = addr_of(L, j);
             L->done[a] = L->done[b] = L->done[j] = true;
             uint32_t gx, gy;
-            uint32_t nr = L->p->b->pl.matvec_nr;
+            uint32_t nr = matvec_rows_per_wg(L->p->b);
             grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
             return emit(L->p, kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32), gx, gy, &pc, sizeof pc);
         }
@@ -236,7 +241,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (!pc.res) pc.res = pc.o0;
     if (!pc.normw) pc.normw = pc.x;
     uint32_t gx, gy;
-    uint32_t nr = L->p->b->pl.matvec_nr;
+    uint32_t nr = matvec_rows_per_wg(L->p->b);
     grid((total + nr - 1) / nr, &gx, &gy);
     return emit(L->p, kern, gx, gy, &pc, sizeof pc);
 }

@@ -1,99 +1,114 @@
 #version 460
 /* Attention of one query token over the cache, split across the sequence: workgroup
  * (kv head j, chunk c) handles the G = H / Hkv query heads of kv head j over cache rows
- * [c * L, min((c + 1) * L, n)), n = pos + 1, L = ceil(n / NC), with an online softmax, and
- * writes a partial (max m, sum l, unnormalised o[D]) per query head; attn_merge combines the
- * NC partials. Threads: one cache row each for the scores, one head dim each for the values. */
+ * [c * L, min((c + 1) * L, n)), n = pos + 1, L = ceil(n / NC), and writes a partial
+ * (max m, sum l, unnormalised o[D]) per query head; attn_merge combines the NC partials.
+ *
+ * Each subgroup walks every NSG-th row of the chunk with an online softmax; its lanes split
+ * the row (16 bytes each, so a row of 128 floats is one coalesced load per subgroup), the
+ * score is a subgroup sum. The subgroups' partials are combined through shared memory. */
 #include "common.glsl"
 
-layout(local_size_x = 128) in;
+layout(local_size_x_id = 3) in;             /* NSG * SG */
 layout(constant_id = 0) const uint G = 2;   /* query heads per kv head */
-layout(constant_id = 1) const uint D = 128; /* head dim */
+layout(constant_id = 1) const uint D = 128; /* head dim, a multiple of 4 */
+layout(constant_id = 2) const uint SG = 32; /* subgroup size */
 
-const uint TILE = 128;
-const uint DPT = (D + 127) / 128; /* head dims per thread */
+const uint NSG = 4;
+const uint D4 = D / 4;
+const uint CPL = (D4 + SG - 1) / SG; /* vec4 chunks of a row per lane */
 
 layout(push_constant) uniform PC {
     Floats q;       /* [H, D] */
-    Vec4s kc;       /* [S, Hkv, D] (D % 4 == 0) */
-    Floats vc;      /* [S, Hkv, D] */
+    Vec4s kc;       /* [S, Hkv, D] */
+    Vec4s vc;       /* [S, Hkv, D] */
     Floats part;    /* [H, NC, D + 2] */
     Ctl ctl;
     uint Hkv, NC;
     float scale;
 } pc;
 
-shared vec4 qs[G][D / 4];
-shared float sc[G][TILE];
+shared float sm[NSG][G], sl[NSG][G];
+shared vec4 so[NSG][G][D4];
 
 void main() {
     if (pc.ctl.stop != 0u) return;
-    uint j = gl_WorkGroupID.x, c = gl_WorkGroupID.y, t = gl_LocalInvocationID.x;
+    uint j = gl_WorkGroupID.x, c = gl_WorkGroupID.y;
+    uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
     uint n = pc.ctl.pos + 1u;
     uint L = (n + pc.NC - 1u) / pc.NC;
-    uint begin = c * L, end = min(begin + L, n);
-    for (uint g = 0; g < G; g++)
-        for (uint d = t; d < D / 4; d += TILE) {
-            uint b = (j * G + g) * D + 4 * d;
-            qs[g][d] = vec4(pc.q.v[b], pc.q.v[b + 1], pc.q.v[b + 2], pc.q.v[b + 3]) * pc.scale;
-        }
-    float m[G], l[G], o[G][DPT];
+    uint begin = min(c * L, n), end = min(begin + L, n);
+
+    vec4 qv[G][CPL], o[G][CPL];
+    float m[G], l[G];
     for (uint g = 0; g < G; g++) {
         m[g] = -1.0 / 0.0;
         l[g] = 0.0;
-        for (uint i = 0; i < DPT; i++) o[g][i] = 0.0;
+        for (uint k = 0; k < CPL; k++) {
+            uint c4 = lane + k * SG;
+            uint b = (j * G + g) * D + 4u * c4;
+            qv[g][k] = c4 < D4 ? vec4(pc.q.v[b], pc.q.v[b + 1u], pc.q.v[b + 2u], pc.q.v[b + 3u]) * pc.scale
+                               : vec4(0.0);
+            o[g][k] = vec4(0.0);
+        }
     }
-    barrier();
-    for (uint p0 = begin; p0 < end; p0 += TILE) {
-        uint p = p0 + t;
-        float s[G];
-        for (uint g = 0; g < G; g++) s[g] = -1.0 / 0.0;
-        if (p < end) {
-            for (uint g = 0; g < G; g++) s[g] = 0.0;
-            /* by far the longest loop: one cache row per thread, 16 bytes a load */
-            uint base = (p * pc.Hkv + j) * (D / 4);
-            for (uint d = 0; d < D / 4; d++) {
-                vec4 kv = pc.kc.v[base + d];
-                for (uint g = 0; g < G; g++) s[g] += dot(qs[g][d], kv);
-            }
+    /* by far the most time goes here: two coalesced row loads per position */
+    for (uint p = begin + sg; p < end; p += NSG) {
+        uint base = (p * pc.Hkv + j) * D4;
+        vec4 kv[CPL], vv[CPL];
+        for (uint k = 0; k < CPL; k++) {
+            uint c4 = lane + k * SG;
+            kv[k] = c4 < D4 ? pc.kc.v[base + c4] : vec4(0.0);
+            vv[k] = c4 < D4 ? pc.vc.v[base + c4] : vec4(0.0);
         }
-        for (uint g = 0; g < G; g++) sc[g][t] = s[g];
-        barrier();
-        uint nt = min(TILE, end - p0);
-        float corr[G];
         for (uint g = 0; g < G; g++) {
-            float mx = m[g];
-            for (uint i = 0; i < nt; i++) mx = max(mx, sc[g][i]);
-            corr[g] = exp(m[g] - mx);
-            m[g] = mx;
+            float s = 0.0;
+            for (uint k = 0; k < CPL; k++) s += dot(qv[g][k], kv[k]);
+            s = subgroupAdd(s);
+            float mn = max(m[g], s);
+            float corr = exp(m[g] - mn), e = exp(s - mn);
+            l[g] = l[g] * corr + e;
+            for (uint k = 0; k < CPL; k++) o[g][k] = o[g][k] * corr + e * vv[k];
+            m[g] = mn;
         }
-        barrier();
-        for (uint g = 0; g < G; g++) {
-            sc[g][t] = t < nt ? exp(s[g] - m[g]) : 0.0;
-            l[g] *= corr[g];
-            for (uint i = 0; i < DPT; i++) o[g][i] *= corr[g];
-        }
-        barrier();
-        for (uint i = 0; i < nt; i++) {
-            uint base = ((p0 + i) * pc.Hkv + j) * D;
-            for (uint dd = 0; dd < DPT; dd++) {
-                uint d = t + dd * TILE;
-                float vv = d < D ? pc.vc.v[base + d] : 0.0;
-                for (uint g = 0; g < G; g++) o[g][dd] += sc[g][i] * vv;
-            }
-            for (uint g = 0; g < G; g++) l[g] += sc[g][i];
-        }
-        barrier();
     }
     for (uint g = 0; g < G; g++) {
+        if (lane == 0u) {
+            sm[sg][g] = m[g];
+            sl[sg][g] = l[g];
+        }
+        for (uint k = 0; k < CPL; k++) {
+            uint c4 = lane + k * SG;
+            if (c4 < D4) so[sg][g][c4] = o[g][k];
+        }
+    }
+    barrier();
+    /* combine the subgroups: thread t handles vec4 chunk t of every head */
+    uint t = gl_LocalInvocationID.x;
+    for (uint g = 0; g < G; g++) {
+        float M = -1.0 / 0.0;
+        for (uint s = 0; s < NSG; s++) M = max(M, sm[s][g]);
+        float lsum = 0.0;
+        vec4 acc = vec4(0.0);
+        for (uint s = 0; s < NSG; s++) {
+            float w = sm[s][g] == -1.0 / 0.0 ? 0.0 : exp(sm[s][g] - M);
+            lsum += w * sl[s][g];
+            if (t < D4) acc += w * so[s][g][t];
+        }
         uint h = j * G + g, off = (h * pc.NC + c) * (D + 2u);
         if (t == 0u) {
-            pc.part.v[off] = m[g];
-            pc.part.v[off + 1u] = l[g];
+            pc.part.v[off] = M;
+            pc.part.v[off + 1u] = lsum;
         }
-        for (uint dd = 0; dd < DPT; dd++) {
-            uint d = t + dd * TILE;
-            if (d < D) pc.part.v[off + 2u + d] = o[g][dd];
+        for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) {
+            vec4 a = d4 == t ? acc : vec4(0.0);
+            if (d4 != t) /* D4 > workgroup size: recompute for this chunk */
+                for (uint s = 0; s < NSG; s++)
+                    a += (sm[s][g] == -1.0 / 0.0 ? 0.0 : exp(sm[s][g] - M)) * so[s][g][d4];
+            pc.part.v[off + 2u + 4u * d4] = a.x;
+            pc.part.v[off + 3u + 4u * d4] = a.y;
+            pc.part.v[off + 4u + 4u * d4] = a.z;
+            pc.part.v[off + 5u + 4u * d4] = a.w;
         }
     }
 }
