@@ -26,7 +26,7 @@
 #include "vulkan_impl.h"
 #include "vulkan.h"
 
-#define ATTN_CHUNKS 16
+#define ATTN_CHUNKS 16 /* default; ANVIL_VK_ATTN_CHUNKS overrides (1 .. 256) */
 #define STEPS_PER_BATCH 8
 #define ALIGN 256
 
@@ -158,10 +158,9 @@ static void matvec_input(struct lower *L, int src, struct pc_matvec *pc) {
     }
 }
 
-/* each subgroup of a matvec workgroup computes matvec_nr rows */
-static uint32_t matvec_rows_per_wg(struct vk_backend *b) {
-    return b->pl.matvec_wg / b->d->subgroup_size * b->pl.matvec_nr;
-}
+/* a matvec workgroup computes matvec_nr rows, all its threads splitting K (measured faster
+ * on the H100 than a subgroup per row: docs/PERF.md) */
+static uint32_t matvec_rows_per_wg(struct vk_backend *b) { return b->pl.matvec_nr; }
 
 static void grid(uint32_t wgs, uint32_t *gx, uint32_t *gy) {
     *gx = MIN(wgs, 32768u);
@@ -294,12 +293,15 @@ static anvil_status lower_attention(struct lower *L, int i) {
 
     /* partials: H x NC x (D + 2) floats, in the arena under the attention node's slot + a
      * scratch slot of their own */
+    uint32_t nc = ATTN_CHUNKS;
+    const char *e = getenv("ANVIL_VK_ATTN_CHUNKS");
+    if (e && atoi(e) >= 1 && atoi(e) <= 256) nc = (uint32_t)atoi(e);
     VkDeviceSize part = L->arena_size;
-    L->arena_size += round_up((VkDeviceSize)H * ATTN_CHUNKS * (D + 2) * 4, ALIGN);
-    struct pc_attn pa = {pk.q_out, pk.kc, pk.vc, L->p->arena.addr + part, pk.ctl, Hkv, ATTN_CHUNKS, a->p.f[0]};
-    st = emit(L->p, K_ATTENTION, Hkv, ATTN_CHUNKS, &pa, sizeof pa);
+    L->arena_size += round_up((VkDeviceSize)H * nc * (D + 2) * 4, ALIGN);
+    struct pc_attn pa = {pk.q_out, pk.kc, pk.vc, L->p->arena.addr + part, pk.ctl, Hkv, nc, a->p.f[0]};
+    st = emit(L->p, K_ATTENTION, Hkv, nc, &pa, sizeof pa);
     if (st != ANVIL_OK) return st;
-    struct pc_merge pm = {L->p->arena.addr + part, addr_of(L, i), pk.ctl, D, ATTN_CHUNKS};
+    struct pc_merge pm = {L->p->arena.addr + part, addr_of(L, i), pk.ctl, D, nc};
     return emit(L->p, K_ATTN_MERGE, H, 1, &pm, sizeof pm);
 }
 

@@ -109,10 +109,10 @@ enum vk_kernel {
 };
 
 #define VK_PUSH_BYTES 128
-/* matvec defaults: threads per workgroup and rows per subgroup (ANVIL_VK_MATVEC_WG and
+/* matvec defaults: threads per workgroup and rows per workgroup (ANVIL_VK_MATVEC_WG and
  * ANVIL_VK_MATVEC_NR override them, for tuning) */
 #define MATVEC_WG 128
-#define MATVEC_NR 1
+#define MATVEC_NR 2
 
 struct vk_pipelines {
     VkPipelineLayout layout; /* push constants only */

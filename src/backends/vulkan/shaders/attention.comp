@@ -52,14 +52,26 @@ void main() {
             o[g][k] = vec4(0.0);
         }
     }
-    /* by far the most time goes here: two coalesced row loads per position */
-    for (uint p = begin + sg; p < end; p += NSG) {
-        uint base = (p * pc.Hkv + j) * D4;
+    /* by far the most time goes here: two coalesced row loads per position, the next
+     * position's rows loaded while this one is computed */
+    vec4 kn[CPL], vn[CPL];
+    uint p = begin + sg;
+    for (uint k = 0; k < CPL; k++) {
+        uint c4 = lane + k * SG;
+        bool ok = p < end && c4 < D4;
+        kn[k] = ok ? pc.kc.v[(p * pc.Hkv + j) * D4 + c4] : vec4(0.0);
+        vn[k] = ok ? pc.vc.v[(p * pc.Hkv + j) * D4 + c4] : vec4(0.0);
+    }
+    for (; p < end; p += NSG) {
         vec4 kv[CPL], vv[CPL];
+        uint pn = p + NSG;
         for (uint k = 0; k < CPL; k++) {
+            kv[k] = kn[k];
+            vv[k] = vn[k];
             uint c4 = lane + k * SG;
-            kv[k] = c4 < D4 ? pc.kc.v[base + c4] : vec4(0.0);
-            vv[k] = c4 < D4 ? pc.vc.v[base + c4] : vec4(0.0);
+            bool ok = pn < end && c4 < D4;
+            kn[k] = ok ? pc.kc.v[(pn * pc.Hkv + j) * D4 + c4] : vec4(0.0);
+            vn[k] = ok ? pc.vc.v[(pn * pc.Hkv + j) * D4 + c4] : vec4(0.0);
         }
         for (uint g = 0; g < G; g++) {
             float s = 0.0;

@@ -1,6 +1,8 @@
 #version 460
 /* Combines attention's NC partials (m, l, o[D]) of each query head: one workgroup per head.
- * out[h][d] = sum_c e^(m_c - M) o_c[d] / sum_c e^(m_c - M) l_c, M = max_c m_c. */
+ * out[h][d] = sum_c w_c o_c[d] / sum_c w_c l_c, w_c = e^(m_c - M), M = max_c m_c.
+ * The weights are computed once into shared memory; then each thread's NC loads of o_c[d]
+ * are independent (no chain of dependent loads). */
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
@@ -12,23 +14,29 @@ layout(push_constant) uniform PC {
     uint D, NC;
 } pc;
 
+shared float w[256];
+shared float inv_l;
+
 void main() {
     if (pc.ctl.stop != 0u) return;
-    uint h = gl_WorkGroupID.x, D = pc.D;
+    uint h = gl_WorkGroupID.x, D = pc.D, t = gl_LocalInvocationID.x;
     uint base = h * pc.NC * (D + 2u);
-    float M = -1.0 / 0.0;
-    for (uint c = 0; c < pc.NC; c++) M = max(M, pc.part.v[base + c * (D + 2u)]);
-    float L = 0.0;
-    for (uint c = 0; c < pc.NC; c++) {
-        float mc = pc.part.v[base + c * (D + 2u)];
-        L += mc == -1.0 / 0.0 ? 0.0 : exp(mc - M) * pc.part.v[base + c * (D + 2u) + 1u];
-    }
-    for (uint d = gl_LocalInvocationID.x; d < D; d += gl_WorkGroupSize.x) {
-        float acc = 0.0;
+    for (uint c = t; c < pc.NC; c += gl_WorkGroupSize.x) w[c] = pc.part.v[base + c * (D + 2u)];
+    barrier();
+    if (t == 0u) {
+        float M = -1.0 / 0.0;
+        for (uint c = 0; c < pc.NC; c++) M = max(M, w[c]);
+        float L = 0.0;
         for (uint c = 0; c < pc.NC; c++) {
-            float mc = pc.part.v[base + c * (D + 2u)];
-            if (mc != -1.0 / 0.0) acc += exp(mc - M) * pc.part.v[base + c * (D + 2u) + 2u + d];
+            w[c] = w[c] == -1.0 / 0.0 ? 0.0 : exp(w[c] - M);
+            L += w[c] * pc.part.v[base + c * (D + 2u) + 1u];
         }
-        pc.out_.v[h * D + d] = acc / L;
+        inv_l = 1.0 / L;
+    }
+    barrier();
+    for (uint d = t; d < D; d += gl_WorkGroupSize.x) {
+        float acc = 0.0;
+        for (uint c = 0; c < pc.NC; c++) acc += w[c] * pc.part.v[base + c * (D + 2u) + 2u + d];
+        pc.out_.v[h * D + d] = acc * inv_l;
     }
 }
