@@ -13,7 +13,6 @@ set(ANVIL_SHADER_VARIANTS
   "embed_f32 embed.comp -DW_F32"
   "embed_f16 embed.comp -DW_F16"
   "embed_bf16 embed.comp -DW_BF16"
-  "qk_rope_kv qk_rope_kv.comp -DANVIL"
   "attention attention.comp -DANVIL"
   "attn_merge attn_merge.comp -DANVIL"
   "argmax argmax.comp -DANVIL")

@@ -29,9 +29,6 @@ static const uint32_t spv_embed_f16[] =
 static const uint32_t spv_embed_bf16[] =
 #include "shaders/embed_bf16.inc"
     ;
-static const uint32_t spv_qk_rope_kv[] =
-#include "shaders/qk_rope_kv.inc"
-    ;
 static const uint32_t spv_attention[] =
 #include "shaders/attention.inc"
     ;
@@ -58,7 +55,6 @@ static const struct {
     [K_EMBED_F32] = {SPV(spv_embed_f32), "embed_f32"},
     [K_EMBED_F16] = {SPV(spv_embed_f16), "embed_f16"},
     [K_EMBED_BF16] = {SPV(spv_embed_bf16), "embed_bf16"},
-    [K_QK_ROPE_KV] = {SPV(spv_qk_rope_kv), "qk_rope_kv"},
     [K_ATTENTION] = {SPV(spv_attention), "attention"},
     [K_ATTN_MERGE] = {SPV(spv_attn_merge), "attn_merge"},
     [K_ARGMAX] = {SPV(spv_argmax), "argmax"},

@@ -14,8 +14,8 @@
  *   matmuls sharing an input     one dispatch (q, k, v)
  *   matmul gate, up -> swiglu    one dispatch
  *   matmul -> add                the residual add in the matvec's store
- *   q/k rms_norm -> rope -> attention's cache write   one dispatch (qk_rope_kv)
- *   attention                    split over the sequence + a merge
+ *   q/k rms_norm -> rope -> KV write -> attention   one dispatch, split over the
+ *                                sequence, + a merge
  */
 #include <math.h>
 #include <stdio.h>
@@ -26,7 +26,7 @@
 #include "vulkan_impl.h"
 #include "vulkan.h"
 
-#define ATTN_CHUNKS 16 /* default; ANVIL_VK_ATTN_CHUNKS overrides (1 .. 256) */
+#define ATTN_CHUNKS 32 /* default; ANVIL_VK_ATTN_CHUNKS overrides (1 .. 256) */
 #define STEPS_PER_BATCH 8
 #define ALIGN 256
 
@@ -46,15 +46,10 @@ struct pc_embed {
     uint64_t w, out, ctl;
     uint32_t Kp8;
 };
-struct pc_qk {
-    uint64_t q, k, v, qnorm, knorm, q_out, kc, vc, rope, ctl;
-    uint32_t D, H, Hkv, n_rot;
-    float eps;
-};
 struct pc_attn {
-    uint64_t q, kc, vc, part, ctl; /* q: the roped queries */
-    uint32_t Hkv, NC;
-    float scale;
+    uint64_t q, k, v, qnorm, knorm, kc, vc, rope, part, ctl;
+    uint32_t Hkv, NC, n_rot;
+    float eps, scale;
 };
 struct pc_merge {
     uint64_t part, out, ctl;
@@ -269,39 +264,33 @@ static anvil_status lower_attention(struct lower *L, int i) {
     uint32_t D = (uint32_t)q->ne[0], H = (uint32_t)q->ne[1], Hkv = (uint32_t)k->ne[1];
     if (D > 512 || D % 4 || (int)D != L->p->b->pl.attn_d || (int)(H / Hkv) != L->p->b->pl.attn_g)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention shape D=%u H=%u Hkv=%u unsupported", D, H, Hkv);
-    /* q after norm+rope lives in the rope node's buffer */
-    struct pc_qk pk = {0};
-    pk.q = addr_of(L, q_raw);
-    pk.k = addr_of(L, k_raw);
-    pk.v = addr_of(L, a->src[2]);
-    pk.qnorm = vk_weight_addr(L->p->b, N(L, qn->src[1])->weight, true, qn->p.i[0] != 0);
-    pk.knorm = vk_weight_addr(L->p->b, N(L, kn->src[1])->weight, true, kn->p.i[0] != 0);
-    pk.q_out = addr_of(L, a->src[0]);
-    pk.kc = vk_state_addr(L->p->b, N(L, a->src[3])->state);
-    pk.vc = vk_state_addr(L->p->b, N(L, a->src[4])->state);
-    pk.rope = L->p->rope.addr;
-    pk.ctl = L->p->ctl.addr;
-    pk.D = D;
-    pk.H = H;
-    pk.Hkv = Hkv;
-    pk.n_rot = (uint32_t)qr->p.i[0];
-    pk.eps = qn->p.f[0];
     if (kn->p.f[0] != qn->p.f[0])
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: q and k norms with different eps");
-    anvil_status st = emit(L->p, K_QK_ROPE_KV, H + 2 * Hkv, 1, &pk, sizeof pk);
-    if (st != ANVIL_OK) return st;
-
-    /* partials: H x NC x (D + 2) floats, in the arena under the attention node's slot + a
-     * scratch slot of their own */
     uint32_t nc = ATTN_CHUNKS;
     const char *e = getenv("ANVIL_VK_ATTN_CHUNKS");
     if (e && atoi(e) >= 1 && atoi(e) <= 256) nc = (uint32_t)atoi(e);
+    /* partials: H x NC x (D + 2) floats, a scratch slot of their own */
     VkDeviceSize part = L->arena_size;
     L->arena_size += round_up((VkDeviceSize)H * nc * (D + 2) * 4, ALIGN);
-    struct pc_attn pa = {pk.q_out, pk.kc, pk.vc, L->p->arena.addr + part, pk.ctl, Hkv, nc, a->p.f[0]};
-    st = emit(L->p, K_ATTENTION, Hkv, nc, &pa, sizeof pa);
+    struct pc_attn pa = {0};
+    pa.q = addr_of(L, q_raw);
+    pa.k = addr_of(L, k_raw);
+    pa.v = addr_of(L, a->src[2]);
+    pa.qnorm = vk_weight_addr(L->p->b, N(L, qn->src[1])->weight, true, qn->p.i[0] != 0);
+    pa.knorm = vk_weight_addr(L->p->b, N(L, kn->src[1])->weight, true, kn->p.i[0] != 0);
+    pa.kc = vk_state_addr(L->p->b, N(L, a->src[3])->state);
+    pa.vc = vk_state_addr(L->p->b, N(L, a->src[4])->state);
+    pa.rope = L->p->rope.addr;
+    pa.part = L->p->arena.addr + part;
+    pa.ctl = L->p->ctl.addr;
+    pa.Hkv = Hkv;
+    pa.NC = nc;
+    pa.n_rot = (uint32_t)qr->p.i[0];
+    pa.eps = qn->p.f[0];
+    pa.scale = a->p.f[0];
+    anvil_status st = emit(L->p, K_ATTENTION, Hkv, nc, &pa, sizeof pa);
     if (st != ANVIL_OK) return st;
-    struct pc_merge pm = {L->p->arena.addr + part, addr_of(L, i), pk.ctl, D, nc};
+    struct pc_merge pm = {L->p->arena.addr + part, addr_of(L, i), pa.ctl, D, nc};
     return emit(L->p, K_ATTN_MERGE, H, 1, &pm, sizeof pm);
 }
 
@@ -689,7 +678,7 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
 
 static const char *kernel_names[K_COUNT] = {
     "matvec_f32", "matvec_f16", "matvec_bf16", "matvec_swiglu_f32", "matvec_swiglu_f16",
-    "matvec_swiglu_bf16", "embed_f32", "embed_f16", "embed_bf16", "qk_rope_kv", "attention",
+    "matvec_swiglu_bf16", "embed_f32", "embed_f16", "embed_bf16", "attention",
     "attn_merge", "argmax"};
 
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {

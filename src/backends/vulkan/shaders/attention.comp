@@ -1,5 +1,12 @@
 #version 460
-/* Attention of one query token over the cache, split across the sequence: workgroup
+/* q/k RMSNorm -> RoPE -> KV-cache write -> attention of one query token over the cache, in
+ * one dispatch. Each workgroup normalises and rotates the G query heads it needs itself;
+ * the workgroup whose chunk holds the current position also makes that position's k row
+ * (norm, rope) and v row, writes them to the cache and uses them from shared memory (no
+ * other workgroup reads that row). NeoX pairing (i, i + n_rot/2), cos/sin from a table
+ * computed on the host in double: rope[pos][i] = (cos, sin).
+ *
+ * Attention is split across the sequence: workgroup
  * (kv head j, chunk c) handles the G = H / Hkv query heads of kv head j over cache rows
  * [c * L, min((c + 1) * L, n)), n = pos + 1, L = ceil(n / NC), and writes a partial
  * (max m, sum l, unnormalised o[D]) per query head; attn_merge combines the NC partials.
@@ -19,17 +26,48 @@ const uint D4 = D / 4;
 const uint CPL = (D4 + SG - 1) / SG; /* vec4 chunks of a row per lane */
 
 layout(push_constant) uniform PC {
-    Floats q;       /* [H, D] */
-    Vec4s kc;       /* [S, Hkv, D] */
-    Vec4s vc;       /* [S, Hkv, D] */
-    Floats part;    /* [H, NC, D + 2] */
+    Floats q, k, v;      /* raw projections: [H, D], [Hkv, D], [Hkv, D] */
+    Floats qnorm, knorm; /* [D] */
+    Vec4s kc;            /* [S, Hkv, D] */
+    Vec4s vc;            /* [S, Hkv, D] */
+    Floats rope;         /* [S, n_rot / 2, 2] */
+    Floats part;         /* [H, NC, D + 2] */
     Ctl ctl;
-    uint Hkv, NC;
-    float scale;
+    uint Hkv, NC, n_rot;
+    float eps, scale;
 } pc;
 
 shared float sm[NSG][G], sl[NSG][G];
 shared vec4 so[NSG][G][D4];
+shared float xs[G + 1][D]; /* normalised rows: the G query heads, then k */
+shared float ys[G + 1][D]; /* the same, rotated */
+shared vec4 vnew[D4];
+
+/* RMS-normalises row src[D] with weight w into xs[slot] (one subgroup). */
+void norm_row(Floats src, uint off, Floats w, uint slot, uint lane) {
+    float ss = 0.0;
+    for (uint d = lane; d < D; d += SG) {
+        float x = src.v[off + d];
+        xs[slot][d] = x;
+        ss += x * x;
+    }
+    float inv = 1.0 / sqrt(subgroupAdd(ss) / float(D) + pc.eps);
+    for (uint d = lane; d < D; d += SG) xs[slot][d] *= inv * w.v[d];
+}
+
+/* chunk c4 of cache row p (the current position's from shared memory) */
+void load_row(uint p, uint end, uint pos, uint j, uint c4, out vec4 kv, out vec4 vv) {
+    if (p >= end || c4 >= D4) {
+        kv = vec4(0.0);
+        vv = vec4(0.0);
+    } else if (p == pos) {
+        kv = vec4(ys[G][4u * c4], ys[G][4u * c4 + 1u], ys[G][4u * c4 + 2u], ys[G][4u * c4 + 3u]);
+        vv = vnew[c4];
+    } else {
+        kv = pc.kc.v[(p * pc.Hkv + j) * D4 + c4];
+        vv = pc.vc.v[(p * pc.Hkv + j) * D4 + c4];
+    }
+}
 
 void main() {
     if (pc.ctl.stop != 0u) return;
@@ -39,6 +77,39 @@ void main() {
     uint L = (n + pc.NC - 1u) / pc.NC;
     uint begin = min(c * L, n), end = min(begin + L, n);
 
+    uint pos = n - 1u, t = gl_LocalInvocationID.x;
+    bool mine = begin <= pos && pos < end; /* this chunk holds the current position */
+    /* q (and k) rows: norm, then rotate */
+    for (uint g = sg; g < G + 1u; g += NSG)
+        if (g < G) norm_row(pc.q, (j * G + g) * D, pc.qnorm, g, lane);
+        else if (mine) norm_row(pc.k, j * D, pc.knorm, G, lane);
+    barrier();
+    uint half_ = pc.n_rot / 2u;
+    for (uint i = t; i < (G + 1u) * D; i += gl_WorkGroupSize.x) {
+        uint g = i / D, d = i % D;
+        if (g == G && !mine) break;
+        float y = xs[g][d];
+        if (d < pc.n_rot) {
+            uint r = d < half_ ? d : d - half_;
+            float cs = pc.rope.v[(pos * half_ + r) * 2u], sn = pc.rope.v[(pos * half_ + r) * 2u + 1u];
+            float a = xs[g][r], b = xs[g][r + half_];
+            y = d < half_ ? a * cs - b * sn : b * cs + a * sn;
+        }
+        ys[g][d] = y;
+    }
+    if (mine)
+        for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) {
+            uint b = j * D + 4u * d4;
+            vnew[d4] = vec4(pc.v.v[b], pc.v.v[b + 1u], pc.v.v[b + 2u], pc.v.v[b + 3u]);
+        }
+    barrier();
+    if (mine) /* the cache rows of this position, for the steps to come */
+        for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) {
+            uint row = (pos * pc.Hkv + j) * D4 + d4;
+            pc.kc.v[row] = vec4(ys[G][4u * d4], ys[G][4u * d4 + 1u], ys[G][4u * d4 + 2u], ys[G][4u * d4 + 3u]);
+            pc.vc.v[row] = vnew[d4];
+        }
+
     vec4 qv[G][CPL], o[G][CPL];
     float m[G], l[G];
     for (uint g = 0; g < G; g++) {
@@ -46,8 +117,8 @@ void main() {
         l[g] = 0.0;
         for (uint k = 0; k < CPL; k++) {
             uint c4 = lane + k * SG;
-            uint b = (j * G + g) * D + 4u * c4;
-            qv[g][k] = c4 < D4 ? vec4(pc.q.v[b], pc.q.v[b + 1u], pc.q.v[b + 2u], pc.q.v[b + 3u]) * pc.scale
+            qv[g][k] = c4 < D4 ? vec4(ys[g][4u * c4], ys[g][4u * c4 + 1u], ys[g][4u * c4 + 2u],
+                                      ys[g][4u * c4 + 3u]) * pc.scale
                                : vec4(0.0);
             o[g][k] = vec4(0.0);
         }
@@ -56,22 +127,14 @@ void main() {
      * position's rows loaded while this one is computed */
     vec4 kn[CPL], vn[CPL];
     uint p = begin + sg;
-    for (uint k = 0; k < CPL; k++) {
-        uint c4 = lane + k * SG;
-        bool ok = p < end && c4 < D4;
-        kn[k] = ok ? pc.kc.v[(p * pc.Hkv + j) * D4 + c4] : vec4(0.0);
-        vn[k] = ok ? pc.vc.v[(p * pc.Hkv + j) * D4 + c4] : vec4(0.0);
-    }
+    for (uint k = 0; k < CPL; k++) load_row(p, end, pos, j, lane + k * SG, kn[k], vn[k]);
     for (; p < end; p += NSG) {
         vec4 kv[CPL], vv[CPL];
         uint pn = p + NSG;
         for (uint k = 0; k < CPL; k++) {
             kv[k] = kn[k];
             vv[k] = vn[k];
-            uint c4 = lane + k * SG;
-            bool ok = pn < end && c4 < D4;
-            kn[k] = ok ? pc.kc.v[(pn * pc.Hkv + j) * D4 + c4] : vec4(0.0);
-            vn[k] = ok ? pc.vc.v[(pn * pc.Hkv + j) * D4 + c4] : vec4(0.0);
+            load_row(pn, end, pos, j, lane + k * SG, kn[k], vn[k]);
         }
         for (uint g = 0; g < G; g++) {
             float s = 0.0;
@@ -96,7 +159,6 @@ void main() {
     }
     barrier();
     /* combine the subgroups: thread t handles vec4 chunk t of every head */
-    uint t = gl_LocalInvocationID.x;
     for (uint g = 0; g < G; g++) {
         float M = -1.0 / 0.0;
         for (uint s = 0; s < NSG; s++) M = max(M, sm[s][g]);
