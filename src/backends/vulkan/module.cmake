@@ -14,7 +14,6 @@ set(ANVIL_SHADER_VARIANTS
   "embed_f16 embed.comp -DW_F16"
   "embed_bf16 embed.comp -DW_BF16"
   "attention attention.comp -DANVIL"
-  "attn_merge attn_merge.comp -DANVIL"
   "argmax argmax.comp -DANVIL")
 set(ANVIL_SHADER_INCS)
 file(GLOB ANVIL_SHADER_DEPS CONFIGURE_DEPENDS ${ANVIL_VK_DIR}/shaders/*.glsl ${ANVIL_VK_DIR}/shaders/*.comp)

@@ -32,9 +32,6 @@ static const uint32_t spv_embed_bf16[] =
 static const uint32_t spv_attention[] =
 #include "shaders/attention.inc"
     ;
-static const uint32_t spv_attn_merge[] =
-#include "shaders/attn_merge.inc"
-    ;
 static const uint32_t spv_argmax[] =
 #include "shaders/argmax.inc"
     ;
@@ -56,7 +53,6 @@ static const struct {
     [K_EMBED_F16] = {SPV(spv_embed_f16), "embed_f16"},
     [K_EMBED_BF16] = {SPV(spv_embed_bf16), "embed_bf16"},
     [K_ATTENTION] = {SPV(spv_attention), "attention"},
-    [K_ATTN_MERGE] = {SPV(spv_attn_merge), "attn_merge"},
     [K_ARGMAX] = {SPV(spv_argmax), "argmax"},
 };
 

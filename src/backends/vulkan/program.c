@@ -15,7 +15,7 @@
  *   matmul gate, up -> swiglu    one dispatch
  *   matmul -> add                the residual add in the matvec's store
  *   q/k rms_norm -> rope -> KV write -> attention   one dispatch, split over the
- *                                sequence, + a merge
+ *                                sequence, merged by the last workgroup of each kv head
  */
 #include <math.h>
 #include <stdio.h>
@@ -47,13 +47,9 @@ struct pc_embed {
     uint32_t Kp8;
 };
 struct pc_attn {
-    uint64_t q, k, v, qnorm, knorm, kc, vc, rope, part, ctl;
+    uint64_t q, k, v, qnorm, knorm, kc, vc, rope, part, cnt, out, ctl;
     uint32_t Hkv, NC, n_rot;
     float eps, scale;
-};
-struct pc_merge {
-    uint64_t part, out, ctl;
-    uint32_t D, NC;
 };
 struct pc_argmax {
     uint64_t logits, ctl;
@@ -269,9 +265,11 @@ static anvil_status lower_attention(struct lower *L, int i) {
     uint32_t nc = ATTN_CHUNKS;
     const char *e = getenv("ANVIL_VK_ATTN_CHUNKS");
     if (e && atoi(e) >= 1 && atoi(e) <= 256) nc = (uint32_t)atoi(e);
-    /* partials: H x NC x (D + 2) floats, a scratch slot of their own */
+    /* partials: H x NC x (D + 2) floats, and Hkv counters (zero between steps) */
     VkDeviceSize part = L->arena_size;
     L->arena_size += round_up((VkDeviceSize)H * nc * (D + 2) * 4, ALIGN);
+    VkDeviceSize cnt = L->arena_size;
+    L->arena_size += round_up((VkDeviceSize)Hkv * 4, ALIGN);
     struct pc_attn pa = {0};
     pa.q = addr_of(L, q_raw);
     pa.k = addr_of(L, k_raw);
@@ -282,16 +280,15 @@ static anvil_status lower_attention(struct lower *L, int i) {
     pa.vc = vk_state_addr(L->p->b, N(L, a->src[4])->state);
     pa.rope = L->p->rope.addr;
     pa.part = L->p->arena.addr + part;
+    pa.cnt = L->p->arena.addr + cnt;
+    pa.out = addr_of(L, i);
     pa.ctl = L->p->ctl.addr;
     pa.Hkv = Hkv;
     pa.NC = nc;
     pa.n_rot = (uint32_t)qr->p.i[0];
     pa.eps = qn->p.f[0];
     pa.scale = a->p.f[0];
-    anvil_status st = emit(L->p, K_ATTENTION, Hkv, nc, &pa, sizeof pa);
-    if (st != ANVIL_OK) return st;
-    struct pc_merge pm = {L->p->arena.addr + part, addr_of(L, i), pa.ctl, D, nc};
-    return emit(L->p, K_ATTN_MERGE, H, 1, &pm, sizeof pm);
+    return emit(L->p, K_ATTENTION, Hkv, nc, &pa, sizeof pa);
 }
 
 /* Walks the graph in order and emits the fused kernels. The arena's base address is not
@@ -678,8 +675,7 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
 
 static const char *kernel_names[K_COUNT] = {
     "matvec_f32", "matvec_f16", "matvec_bf16", "matvec_swiglu_f32", "matvec_swiglu_f16",
-    "matvec_swiglu_bf16", "embed_f32", "embed_f16", "embed_bf16", "attention",
-    "attn_merge", "argmax"};
+    "matvec_swiglu_bf16", "embed_f32", "embed_f16", "embed_bf16", "attention", "argmax"};
 
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
     size_t len = 0;

@@ -9,12 +9,17 @@
  * Attention is split across the sequence: workgroup
  * (kv head j, chunk c) handles the G = H / Hkv query heads of kv head j over cache rows
  * [c * L, min((c + 1) * L, n)), n = pos + 1, L = ceil(n / NC), and writes a partial
- * (max m, sum l, unnormalised o[D]) per query head; attn_merge combines the NC partials.
+ * (max m, sum l, unnormalised o[D]) per query head. The last workgroup of a kv head to
+ * finish (a counter per kv head, reset by that workgroup) merges the NC partials:
+ * out[h][d] = sum_c w_c o_c[d] / sum_c w_c l_c, w_c = e^(m_c - M), M = max_c m_c.
  *
  * Each subgroup walks every NSG-th row of the chunk with an online softmax; its lanes split
  * the row (16 bytes each, so a row of 128 floats is one coalesced load per subgroup), the
  * score is a subgroup sum. The subgroups' partials are combined through shared memory. */
 #include "common.glsl"
+
+layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CFloats { float v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Counters { uint v[]; };
 
 layout(local_size_x_id = 3) in;             /* NSG * SG */
 layout(constant_id = 0) const uint G = 2;   /* query heads per kv head */
@@ -31,7 +36,9 @@ layout(push_constant) uniform PC {
     Vec4s kc;            /* [S, Hkv, D] */
     Vec4s vc;            /* [S, Hkv, D] */
     Floats rope;         /* [S, n_rot / 2, 2] */
-    Floats part;         /* [H, NC, D + 2] */
+    CFloats part;        /* [H, NC, D + 2] */
+    Counters cnt;        /* [Hkv], zero between steps */
+    Floats out_;         /* [H, D] */
     Ctl ctl;
     uint Hkv, NC, n_rot;
     float eps, scale;
@@ -42,6 +49,9 @@ shared vec4 so[NSG][G][D4];
 shared float xs[G + 1][D]; /* normalised rows: the G query heads, then k */
 shared float ys[G + 1][D]; /* the same, rotated */
 shared vec4 vnew[D4];
+shared bool last_wg;
+shared float mw[G][256]; /* merge weights (NC <= 256) */
+shared float inv_l[G];
 
 /* RMS-normalises row src[D] with weight w into xs[slot] (one subgroup). */
 void norm_row(Floats src, uint off, Floats w, uint slot, uint lane) {
@@ -184,5 +194,36 @@ void main() {
             pc.part.v[off + 4u + 4u * d4] = a.z;
             pc.part.v[off + 5u + 4u * d4] = a.w;
         }
+    }
+    /* the last workgroup of kv head j merges: the partials must be visible first */
+    memoryBarrierBuffer();
+    barrier();
+    if (t == 0u) last_wg = atomicAdd(pc.cnt.v[j], 1u) == pc.NC - 1u;
+    barrier();
+    if (!last_wg) return;
+    memoryBarrierBuffer();
+    if (t == 0u) pc.cnt.v[j] = 0u; /* ready for the next step */
+    for (uint i = t; i < G * pc.NC; i += gl_WorkGroupSize.x) {
+        uint g = i / pc.NC, cc = i % pc.NC;
+        mw[g][cc] = pc.part.v[((j * G + g) * pc.NC + cc) * (D + 2u)];
+    }
+    barrier();
+    if (t < G) {
+        float M = -1.0 / 0.0;
+        for (uint cc = 0; cc < pc.NC; cc++) M = max(M, mw[t][cc]);
+        float Ls = 0.0;
+        for (uint cc = 0; cc < pc.NC; cc++) {
+            float w = mw[t][cc] == -1.0 / 0.0 ? 0.0 : exp(mw[t][cc] - M);
+            mw[t][cc] = w;
+            Ls += w * pc.part.v[((j * G + t) * pc.NC + cc) * (D + 2u) + 1u];
+        }
+        inv_l[t] = 1.0 / Ls;
+    }
+    barrier();
+    for (uint i = t; i < G * D; i += gl_WorkGroupSize.x) {
+        uint g = i / D, d = i % D, h = j * G + g;
+        float acc = 0.0;
+        for (uint cc = 0; cc < pc.NC; cc++) acc += mw[g][cc] * pc.part.v[(h * pc.NC + cc) * (D + 2u) + 2u + d];
+        pc.out_.v[h * D + d] = acc * inv_l[g];
     }
 }
