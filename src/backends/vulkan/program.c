@@ -26,7 +26,7 @@
 #include "vulkan_impl.h"
 #include "vulkan.h"
 
-#define ATTN_CHUNKS 32 /* default; ANVIL_VK_ATTN_CHUNKS overrides (1 .. 256) */
+#define ATTN_CHUNKS 32 /* default; ANVIL_VK_ATTN_CHUNKS overrides (1 .. 64) */
 #define STEPS_PER_BATCH 8
 #define ALIGN 256
 
@@ -264,7 +264,7 @@ static anvil_status lower_attention(struct lower *L, int i) {
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: q and k norms with different eps");
     uint32_t nc = ATTN_CHUNKS;
     const char *e = getenv("ANVIL_VK_ATTN_CHUNKS");
-    if (e && atoi(e) >= 1 && atoi(e) <= 256) nc = (uint32_t)atoi(e);
+    if (e && atoi(e) >= 1 && atoi(e) <= 64) nc = (uint32_t)atoi(e);
     /* partials: H x NC x (D + 2) floats, and Hkv counters (zero between steps) */
     VkDeviceSize part = L->arena_size;
     L->arena_size += round_up((VkDeviceSize)H * nc * (D + 2) * 4, ALIGN);

@@ -50,7 +50,7 @@ shared float xs[G + 1][D]; /* normalised rows: the G query heads, then k */
 shared float ys[G + 1][D]; /* the same, rotated */
 shared vec4 vnew[D4];
 shared bool last_wg;
-shared float mw[G][256]; /* merge weights (NC <= 256) */
+shared float mw[G][64], lw[G][64]; /* merge: m (then weights) and l of each chunk (NC <= 64) */
 shared float inv_l[G];
 
 /* RMS-normalises row src[D] with weight w into xs[slot] (one subgroup). */
@@ -203,9 +203,10 @@ void main() {
     if (!last_wg) return;
     memoryBarrierBuffer();
     if (t == 0u) pc.cnt.v[j] = 0u; /* ready for the next step */
-    for (uint i = t; i < G * pc.NC; i += gl_WorkGroupSize.x) {
+    for (uint i = t; i < G * pc.NC; i += gl_WorkGroupSize.x) { /* all (m, l) loads at once */
         uint g = i / pc.NC, cc = i % pc.NC;
         mw[g][cc] = pc.part.v[((j * G + g) * pc.NC + cc) * (D + 2u)];
+        lw[g][cc] = pc.part.v[((j * G + g) * pc.NC + cc) * (D + 2u) + 1u];
     }
     barrier();
     if (t < G) {
@@ -215,15 +216,22 @@ void main() {
         for (uint cc = 0; cc < pc.NC; cc++) {
             float w = mw[t][cc] == -1.0 / 0.0 ? 0.0 : exp(mw[t][cc] - M);
             mw[t][cc] = w;
-            Ls += w * pc.part.v[((j * G + t) * pc.NC + cc) * (D + 2u) + 1u];
+            Ls += w * lw[t][cc];
         }
         inv_l[t] = 1.0 / Ls;
     }
     barrier();
     for (uint i = t; i < G * D; i += gl_WorkGroupSize.x) {
         uint g = i / D, d = i % D, h = j * G + g;
-        float acc = 0.0;
-        for (uint cc = 0; cc < pc.NC; cc++) acc += mw[g][cc] * pc.part.v[(h * pc.NC + cc) * (D + 2u) + 2u + d];
-        pc.out_.v[h * D + d] = acc * inv_l[g];
+        float a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0; /* four loads in flight */
+        uint cc = 0, base = h * pc.NC * (D + 2u) + 2u + d;
+        for (; cc + 4u <= pc.NC; cc += 4u) {
+            a0 += mw[g][cc] * pc.part.v[base + cc * (D + 2u)];
+            a1 += mw[g][cc + 1u] * pc.part.v[base + (cc + 1u) * (D + 2u)];
+            a2 += mw[g][cc + 2u] * pc.part.v[base + (cc + 2u) * (D + 2u)];
+            a3 += mw[g][cc + 3u] * pc.part.v[base + (cc + 3u) * (D + 2u)];
+        }
+        for (; cc < pc.NC; cc++) a0 += mw[g][cc] * pc.part.v[base + cc * (D + 2u)];
+        pc.out_.v[h * D + d] = (a0 + a1 + a2 + a3) * inv_l[g];
     }
 }
