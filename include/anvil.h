@@ -167,6 +167,8 @@ const int32_t *anvil_session_tokens(const anvil_session *s, int *n);
 /* Drops cached tokens from position n on (n <= position): a new prompt sharing a prefix with
  * the cache only prefills the part after it. */
 anvil_status anvil_session_truncate(anvil_session *s, int n);
+/* The context length: the most tokens the cache holds. */
+int anvil_session_context_size(const anvil_session *s);
 
 /* ---- Tokenizer and chat templates ----------------------------------------------------------
  *

@@ -4,7 +4,8 @@ set -eu
 pkgs="build-essential cmake ninja-build pkg-config libcmocka-dev libcjson-dev \
 libpcre2-dev libutf8proc-dev libedit-dev libvulkan-dev libvulkan-volk-dev glslc \
 mesa-vulkan-drivers vulkan-validationlayers \
-clang-14 libclang-rt-14-dev"
+clang-14 libclang-rt-14-dev \
+libmicrohttpd-dev libcurl4-openssl-dev"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive

@@ -295,6 +295,7 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
     return ANVIL_OK;
 }
 
+int anvil_session_context_size(const anvil_session *s) { return s->n_ctx; }
 size_t anvil_list_devices(char *buf, size_t cap) { return backend_vulkan_describe_devices(buf, cap); }
 
 size_t anvil_session_describe_program(const anvil_session *s, char *buf, size_t cap) {

@@ -1,6 +1,7 @@
 /* quantize: llama.cpp's file types and per-tensor mixes, and the GGUF conversion. */
 #include "quantize.h"
 
+#include <cjson/cJSON.h>
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,6 +183,164 @@ static anvil_status write_hf_metadata(struct gguf_writer *w, const struct model_
     return st;
 }
 
+/* llama.cpp's converter: added tokens that look special are CONTROL even when not marked. */
+static bool looks_special(const char *t) {
+    size_t n = strlen(t);
+    return !strcmp(t, "<pad>") || !strcmp(t, "<mask>") ||
+           (n >= 4 && !strncmp(t, "<|", 2) && !strcmp(t + n - 2, "|>")) ||
+           (!strncmp(t, "<unused", 7) && t[n - 1] == '>');
+}
+
+/* A special token of tokenizer_config.json ("eos_token": "<|im_end|>" or {"content": ...}). */
+static const char *config_token(const cJSON *cfg, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static cJSON *read_json(const char *path, anvil_status *st) {
+    char *text;
+    size_t len;
+    *st = read_text_file(path, 1u << 30, &text, &len);
+    if (*st != ANVIL_OK) return NULL;
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!j) *st = err_set(ANVIL_ERR_FORMAT, "%s: not valid JSON", path);
+    return j;
+}
+
+/* tokenizer.json + tokenizer_config.json of a checkpoint -> tokenizer.ggml.* as llama.cpp's
+ * converter writes them (byte-level BPE: model "gpt2", pre "qwen2"; ids the vocabulary does
+ * not fill become "[PADn]" of type UNUSED). A checkpoint without tokenizer.json gets none. */
+static anvil_status write_hf_tokenizer(struct gguf_writer *w, const struct model_file *mf) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", mf->dir ? mf->dir : mf->path);
+    FILE *f = fopen(path, "rb");
+    if (!f) return ANVIL_OK;
+    fclose(f);
+    anvil_status st;
+    cJSON *tj = read_json(path, &st), *cfg = NULL;
+    if (!tj) return st;
+    int n = mf->hp.n_vocab;
+    const char **tokens = xcalloc((size_t)n, sizeof *tokens);
+    int32_t *types = xcalloc((size_t)n, sizeof *types);
+    char **pads = xcalloc((size_t)n, sizeof *pads);
+    const char **merges = NULL;
+    char **merge_buf = NULL;
+    int n_merges = 0;
+    if (!tokens || !types || !pads) {
+        st = ANVIL_ERR_NOMEM;
+        goto done;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(tj, "model");
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
+    if (!cJSON_IsObject(vocab) || !cJSON_IsString(type) || strcmp(type->valuestring, "BPE")) {
+        st = err_set(ANVIL_ERR_UNSUPPORTED, "%s: only BPE tokenizers can be written to GGUF", path);
+        goto done;
+    }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, vocab) {
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= n) {
+            st = err_set(ANVIL_ERR_FORMAT, "%s: token %s has an id outside the model's %d rows",
+                         path, e->string, n);
+            goto done;
+        }
+        tokens[(int)e->valuedouble] = e->string;
+        types[(int)e->valuedouble] = 1; /* NORMAL */
+    }
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(tj, "added_tokens")) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
+        if (!cJSON_IsNumber(id) || !cJSON_IsString(content) || id->valuedouble < 0 ||
+            id->valuedouble >= n) {
+            st = err_set(ANVIL_ERR_FORMAT, "%s: bad added token", path);
+            goto done;
+        }
+        int i = (int)id->valuedouble;
+        tokens[i] = content->valuestring;
+        types[i] = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "special")) ||
+                           looks_special(content->valuestring)
+                       ? 3  /* CONTROL */
+                       : 4; /* USER_DEFINED */
+    }
+    for (int i = 0; i < n; i++)
+        if (!tokens[i]) {
+            if (!(pads[i] = xasprintf("[PAD%d]", i))) {
+                st = ANVIL_ERR_NOMEM;
+                goto done;
+            }
+            tokens[i] = pads[i];
+            types[i] = 5; /* UNUSED */
+        }
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    n_merges = cJSON_GetArraySize(m);
+    merges = xcalloc((size_t)n_merges + 1, sizeof *merges);
+    merge_buf = xcalloc((size_t)n_merges + 1, sizeof *merge_buf);
+    if (!merges || !merge_buf) {
+        st = ANVIL_ERR_NOMEM;
+        goto done;
+    }
+    int k = 0;
+    cJSON_ArrayForEach(e, m) {
+        if (cJSON_IsString(e)) {
+            merges[k] = e->valuestring;
+        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 &&
+                   cJSON_IsString(cJSON_GetArrayItem(e, 0)) && cJSON_IsString(cJSON_GetArrayItem(e, 1))) {
+            merge_buf[k] = xasprintf("%s %s", cJSON_GetArrayItem(e, 0)->valuestring,
+                                     cJSON_GetArrayItem(e, 1)->valuestring);
+            if (!(merges[k] = merge_buf[k])) {
+                st = ANVIL_ERR_NOMEM;
+                goto done;
+            }
+        } else {
+            st = err_set(ANVIL_ERR_FORMAT, "%s: merge %d is neither \"a b\" nor [a, b]", path, k);
+            goto done;
+        }
+        k++;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", mf->dir ? mf->dir : mf->path);
+    if ((f = fopen(path, "rb"))) {
+        fclose(f);
+        if (!(cfg = read_json(path, &st))) goto done;
+    }
+    if ((st = gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2")) != ANVIL_OK) goto done;
+    if ((st = gguf_writer_set_str(w, "tokenizer.ggml.pre", "qwen2")) != ANVIL_OK) goto done;
+    if ((st = gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", tokens, (uint64_t)n)) != ANVIL_OK) goto done;
+    if ((st = gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_I32, types, (uint64_t)n)) != ANVIL_OK) goto done;
+    if ((st = gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, (uint64_t)n_merges)) != ANVIL_OK) goto done;
+    if (cfg) {
+        static const char *const keys[][2] = {{"bos_token", "tokenizer.ggml.bos_token_id"},
+                                              {"eos_token", "tokenizer.ggml.eos_token_id"},
+                                              {"pad_token", "tokenizer.ggml.padding_token_id"}};
+        for (size_t q = 0; q < ARRAY_LEN(keys) && st == ANVIL_OK; q++) {
+            const char *tok = config_token(cfg, keys[q][0]);
+            for (int i = 0; tok && i < n; i++)
+                if (!strcmp(tokens[i], tok)) {
+                    st = gguf_writer_set_u32(w, keys[q][1], (uint32_t)i);
+                    break;
+                }
+        }
+        const cJSON *ab = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
+        if (st == ANVIL_OK && cJSON_IsBool(ab))
+            st = gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", cJSON_IsTrue(ab));
+        const cJSON *tmpl = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
+        if (st == ANVIL_OK && cJSON_IsString(tmpl))
+            st = gguf_writer_set_str(w, "tokenizer.chat_template", tmpl->valuestring);
+    }
+done:
+    for (int i = 0; pads && i < n; i++) free(pads[i]);
+    for (int i = 0; merge_buf && i < n_merges; i++) free(merge_buf[i]);
+    free(pads);
+    free(merge_buf);
+    free(merges);
+    free(tokens);
+    free(types);
+    cJSON_Delete(tj);
+    cJSON_Delete(cfg);
+    return st;
+}
+
 /* The layer of "blk.N.*", or -1. */
 static int layer_of(const char *name) {
     int l;
@@ -280,6 +439,7 @@ anvil_status gguf_quantize(const char *in, const char *out, const char *type, in
         }
     } else {
         st = write_hf_metadata(w, mf);
+        if (st == ANVIL_OK) st = write_hf_tokenizer(w, mf);
     }
     if (st == ANVIL_OK) st = gguf_writer_set_u32(w, "general.quantization_version", GGML_QNT_VERSION);
     if (st == ANVIL_OK) st = gguf_writer_set_u32(w, "general.file_type", (uint32_t)ft->ftype);

@@ -2,8 +2,17 @@
  * Synthetic models: real Qwen3 shapes with seeded random weights, generated in memory, so
  * that benchmarks and the README's first command need no download.
  *
- *   synthetic:NAME[:TYPE]   NAME from the table below, TYPE a weight type (default BF16;
- *                           norms stay F32 as in GGUF files)
+ *   synthetic:NAME[:TYPE]   NAME from the table below, TYPE a llama.cpp file type (F32, F16,
+ *                           BF16 (default), Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K, ... with
+ *                           llama.cpp's per-tensor mixes, see quantize.h) or any block type
+ *                           anvil computes with (Q5_1, Q8_K, ...: every weight that type);
+ *                           norms stay F32 as in GGUF files
+ *
+ * Float weights are seeded uniform values. Block-quantized weights are not quantized from
+ * floats (the K-quant reference quantizers would take minutes for an 8B model): every block
+ * is random bytes with its scale fields overwritten by sane values, so the dequantized
+ * weights have about the magnitude the float ones would have. The data layout, and so the
+ * speed of everything that reads it, is that of a real file. Generation runs on all threads.
  */
 #include <stdio.h>
 #include <math.h>
@@ -11,6 +20,8 @@
 
 #include "model_file.h"
 #include "quant/quant.h"
+#include "quant/quant_impl.h"
+#include "quantize.h"
 
 struct shape {
     const char *name;
@@ -59,17 +70,64 @@ struct gen_job {
     size_t row_bytes;
 };
 
+/* Random blocks with scales such that the weights are about uniform in [-scale, scale]. */
+static void gen_block_row(int type, uint8_t *row, int64_t n, float scale, struct rng *g,
+                          size_t row_bytes) {
+    for (size_t i = 0; i < row_bytes; i += 8) {
+        uint64_t r = rng_next(g);
+        memcpy(row + i, &r, MIN(8, row_bytes - i));
+    }
+    int64_t nb = n / dtype_traits(type)->block_size;
+    for (int64_t b = 0; b < nb; b++) {
+        switch (type) {
+        case DT_Q4_0: ((block_q4_0 *)row)[b].d = f32_to_f16(scale / 8); break;
+        case DT_Q5_0: ((block_q5_0 *)row)[b].d = f32_to_f16(scale / 16); break;
+        case DT_Q8_0: ((block_q8_0 *)row)[b].d = f32_to_f16(scale / 127); break;
+        case DT_Q4_1:
+            ((block_q4_1 *)row)[b].d = f32_to_f16(2 * scale / 15);
+            ((block_q4_1 *)row)[b].m = f32_to_f16(-scale);
+            break;
+        case DT_Q5_1:
+            ((block_q5_1 *)row)[b].d = f32_to_f16(2 * scale / 31);
+            ((block_q5_1 *)row)[b].m = f32_to_f16(-scale);
+            break;
+        /* K-quants: random sub-block scales s and mins m; d * s * q - dmin * m averages 0 */
+        case DT_Q2_K:
+            ((block_q2_K *)row)[b].d = f32_to_f16(2 * scale / 45);
+            ((block_q2_K *)row)[b].dmin = f32_to_f16(scale / 15);
+            break;
+        case DT_Q3_K: ((block_q3_K *)row)[b].d = f32_to_f16(scale / 128); break;
+        case DT_Q4_K:
+            ((block_q4_K *)row)[b].d = f32_to_f16(2 * scale / (63 * 15));
+            ((block_q4_K *)row)[b].dmin = f32_to_f16(scale / 63);
+            break;
+        case DT_Q5_K:
+            ((block_q5_K *)row)[b].d = f32_to_f16(2 * scale / (63 * 31));
+            ((block_q5_K *)row)[b].dmin = f32_to_f16(scale / 63);
+            break;
+        case DT_Q6_K: ((block_q6_K *)row)[b].d = f32_to_f16(scale / (128 * 32)); break;
+        case DT_Q8_K: ((block_q8_K *)row)[b].d = scale / 127; break; /* bsums stay random */
+        default: break;
+        }
+    }
+}
+
 static void gen_rows(void *ctx, int64_t begin, int64_t end, int thread) {
     (void)thread;
     struct gen_job *j = ctx;
     const struct dtype_traits *tr = dtype_traits(j->t->type);
-    float *tmp = malloc((size_t)j->row * sizeof(float));
-    if (!tmp) return; /* cannot happen for the shapes above; rows stay zero */
+    float *tmp = tr->block_size > 1 ? NULL : malloc((size_t)j->row * sizeof(float));
+    if (tr->block_size == 1 && !tmp) return; /* cannot happen for the shapes above; rows stay zero */
     for (int64_t r = begin; r < end; r++) {
         struct rng g = {j->seed ^ ((uint64_t)r * 0x9e3779b97f4a7c15ull)};
+        uint8_t *dst = (uint8_t *)j->t->data + (size_t)r * j->row_bytes;
+        if (!tmp) {
+            gen_block_row(j->t->type, dst, j->row, j->scale, &g, j->row_bytes);
+            continue;
+        }
         for (int64_t i = 0; i < j->row; i++)
             tmp[i] = j->scale == 0 ? j->fill : j->scale * rng_uniform(&g);
-        tr->from_f32(tmp, (uint8_t *)j->t->data + (size_t)r * j->row_bytes, j->row);
+        tr->from_f32(tmp, dst, j->row);
     }
     free(tmp);
 }
@@ -93,16 +151,22 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
         return err_set(ANVIL_ERR_INVALID_ARG, "synthetic:%s: unknown shape (known: %s)", name, list);
     }
     int wtype = DT_BF16;
+    const struct ftype_info *ft = NULL;
     if (colon) {
-        wtype = dtype_from_name(colon + 1);
+        ft = ftype_from_name(colon + 1);
+        wtype = ft ? ft->base_type : dtype_from_name(colon + 1);
         if (wtype < 0 || !dtype_traits(wtype)->from_f32 || !dtype_traits(wtype)->to_f32)
             return err_set(ANVIL_ERR_UNSUPPORTED, "synthetic:%s: unknown or unsupported weight "
-                           "type \"%s\"", name, colon + 1);
+                           "type \"%s\" (file types: %s)", name, colon + 1, ftype_names());
     }
     static const struct moe_shape dense = {"", ARCH_QWEN3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0f, 1e6f};
     const struct moe_shape *x = &dense;
     for (size_t i = 0; i < ARRAY_LEN(moe_shapes); i++)
         if (!strcmp(moe_shapes[i].name, name)) x = &moe_shapes[i];
+    /* every layer has one attention-v-like tensor (attn_v, or the DeltaNet's attn_qkv), so a
+     * layer's rank among them is its index */
+    struct quant_mix mix = {ft, s->n_layer, s->n_head / s->n_head_kv, x->n_expert, s->n_layer,
+                            s->tied};
     struct hparams *hp = &mf->hp;
     memset(hp, 0, sizeof *hp);
     hp->arch = x->arch;
@@ -211,8 +275,15 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
 #undef ADD
 
     size_t total = 0, offsets[ARRAY_LEN(list)];
+    int types[ARRAY_LEN(list)];
     for (int i = 0; i < n; i++) {
-        int type = list[i].norm ? DT_F32 : wtype;
+        bool fell_back;
+        int layer = 0;
+        sscanf(list[i].name, "blk.%d.", &layer);
+        types[i] = list[i].norm ? DT_F32
+                   : ft         ? quant_mix_type(&mix, list[i].name, 2, list[i].ne0, layer, &fell_back)
+                                : wtype;
+        int type = types[i];
         size_t row;
         if (!dtype_row_size(type, list[i].ne0, &row))
             return err_set(ANVIL_ERR_UNSUPPORTED, "synthetic:%s: rows of %lld do not fit %s blocks",
@@ -228,7 +299,7 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
     anvil_status st = thread_pool_create(n_threads, &pool);
     if (st != ANVIL_OK) return st;
     for (int i = 0; i < n && st == ANVIL_OK; i++) {
-        int type = list[i].norm ? DT_F32 : wtype;
+        int type = types[i];
         int64_t ne[3] = {list[i].ne0, list[i].ne1, list[i].ne2};
         size_t row;
         dtype_row_size(type, ne[0], &row);

@@ -36,9 +36,34 @@ struct sym {
     uint32_t len;       /* bytes covered; 0 once merged into its left neighbour */
 };
 
-struct heap_ent {
-    uint64_t key; /* rank << 32 | position of the left symbol */
-    int32_t id;   /* the token the merge makes, to recognise stale entries */
+/* A candidate merge in the heap: rank << 32 | position of its left symbol. Each rank is one
+ * line of the merges list, so one pair: an entry is stale exactly when the pair now at its
+ * position has another rank (a side that changed only ever grew into another token). */
+typedef uint64_t heap_ent;
+
+/*
+ * The same queue for long pieces, as buckets by rank: each bucket holds positions in a FIFO
+ * while they arrive in increasing order (the common case: merges sweep left to right) and in a
+ * small heap otherwise; a heap of the ranks that have a non-empty bucket picks the bucket.
+ * Pops come out in exactly the (rank, position) order of the plain heap, in O(1) per entry
+ * on a long run of one character instead of O(log n) cache misses.
+ */
+struct rq_bucket {
+    uint32_t rank;
+    bool in_heap;
+    uint32_t *fifo; /* positions, increasing; [head, n) are live */
+    size_t head, n, cap;
+    uint32_t *late; /* positions that came out of order: a min-heap */
+    size_t n_late, cap_late;
+};
+
+struct rank_queue {
+    int32_t *bucket_of_rank; /* [n_merges], -1 = none */
+    size_t n_ranks;
+    struct rq_bucket *b;
+    size_t n_b, cap_b;
+    uint32_t *heap; /* bucket indices, a min-heap by rank */
+    size_t n_heap, cap_heap;
 };
 
 struct cache_slot {
@@ -50,7 +75,7 @@ struct cache_slot {
 struct bpe_work {
     struct sym *syms;
     size_t syms_cap;
-    struct heap_ent *heap;
+    heap_ent *heap;
     size_t heap_n, heap_cap;
     /* cache */
     struct cache_slot *slots;
@@ -61,6 +86,8 @@ struct bpe_work {
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit_stack;
+    bool plain_heap; /* tests: every piece through bpe_heap, no cache, no whole-token memo */
+    struct rank_queue rq;
 };
 
 anvil_status id_vec_grow(struct id_vec *iv, int32_t id) {
@@ -81,6 +108,13 @@ void bpe_work_free(struct bpe_work *w) {
     if (!w) return;
     free(w->syms);
     free(w->heap);
+    for (size_t i = 0; i < w->rq.cap_b; i++) {
+        free(w->rq.b[i].fifo);
+        free(w->rq.b[i].late);
+    }
+    free(w->rq.b);
+    free(w->rq.heap);
+    free(w->rq.bucket_of_rank);
     free(w->slots);
     free(w->arena);
     if (w->md) pcre2_match_data_free(w->md);
@@ -91,32 +125,207 @@ void bpe_work_free(struct bpe_work *w) {
 
 /* ---- BPE --------------------------------------------------------------------------------- */
 
-static void heap_push(struct bpe_work *w, uint32_t rank, uint32_t pos, int32_t id) {
-    /* capacity is reserved by the caller: at most 3 pushes per merge plus the initial pairs */
+static void sift_down(heap_ent *h, size_t n, size_t i, heap_ent e) {
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && h[c + 1] < h[c]) c++;
+        if (e <= h[c]) break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = e;
+}
+
+static void heap_push(struct bpe_work *w, uint32_t rank, uint32_t pos) {
+    /* capacity is reserved by the caller: the initial pairs plus two per merge */
     size_t i = w->heap_n++;
-    struct heap_ent e = {(uint64_t)rank << 32 | pos, id};
+    heap_ent e = (uint64_t)rank << 32 | pos;
     while (i > 0) {
         size_t parent = (i - 1) / 2;
-        if (w->heap[parent].key <= e.key) break;
+        if (w->heap[parent] <= e) break;
         w->heap[i] = w->heap[parent];
         i = parent;
     }
     w->heap[i] = e;
 }
 
-static struct heap_ent heap_pop(struct bpe_work *w) {
-    struct heap_ent top = w->heap[0], last = w->heap[--w->heap_n];
-    size_t i = 0, n = w->heap_n;
+static heap_ent heap_pop(struct bpe_work *w) {
+    heap_ent top = w->heap[0], last = w->heap[--w->heap_n];
+    if (w->heap_n) sift_down(w->heap, w->heap_n, 0, last);
+    return top;
+}
+
+static bool grow_u32(uint32_t **p, size_t *cap, size_t need) {
+    if (need <= *cap) return true;
+    size_t c = MAX(need, 2 * *cap + 16);
+    uint32_t *q = realloc(*p, c * sizeof *q);
+    if (!q) return false;
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+static anvil_status rq_init(struct rank_queue *q, size_t n_ranks) {
+    if (q->n_ranks < n_ranks) {
+        free(q->bucket_of_rank);
+        q->bucket_of_rank = malloc(n_ranks * sizeof *q->bucket_of_rank);
+        if (!q->bucket_of_rank) {
+            q->n_ranks = 0;
+            return err_set(ANVIL_ERR_NOMEM, "out of memory");
+        }
+        q->n_ranks = n_ranks;
+        for (size_t i = 0; i < n_ranks; i++) q->bucket_of_rank[i] = -1;
+    }
+    return ANVIL_OK;
+}
+
+/* Empties the queue for the next piece (the buckets keep their memory). */
+static void rq_clear(struct rank_queue *q) {
+    for (size_t i = 0; i < q->n_b; i++) {
+        q->bucket_of_rank[q->b[i].rank] = -1;
+        q->b[i].head = q->b[i].n = q->b[i].n_late = 0;
+        q->b[i].in_heap = false;
+    }
+    q->n_b = 0;
+    q->n_heap = 0;
+}
+
+static bool rq_less(const struct rank_queue *q, uint32_t a, uint32_t b) {
+    return q->b[a].rank < q->b[b].rank;
+}
+
+static void rq_heap_up(struct rank_queue *q, size_t i) {
+    uint32_t v = q->heap[i];
+    for (; i > 0 && rq_less(q, v, q->heap[(i - 1) / 2]); i = (i - 1) / 2)
+        q->heap[i] = q->heap[(i - 1) / 2];
+    q->heap[i] = v;
+}
+
+static void rq_heap_down(struct rank_queue *q) {
+    size_t i = 0, n = q->n_heap;
+    uint32_t v = q->heap[0];
     for (;;) {
         size_t c = 2 * i + 1;
         if (c >= n) break;
-        if (c + 1 < n && w->heap[c + 1].key < w->heap[c].key) c++;
-        if (last.key <= w->heap[c].key) break;
-        w->heap[i] = w->heap[c];
+        if (c + 1 < n && rq_less(q, q->heap[c + 1], q->heap[c])) c++;
+        if (!rq_less(q, q->heap[c], v)) break;
+        q->heap[i] = q->heap[c];
         i = c;
     }
-    if (n) w->heap[i] = last;
+    q->heap[i] = v;
+}
+
+static void late_push(struct rq_bucket *b, uint32_t pos) {
+    size_t i = b->n_late++;
+    for (; i > 0 && pos < b->late[(i - 1) / 2]; i = (i - 1) / 2) b->late[i] = b->late[(i - 1) / 2];
+    b->late[i] = pos;
+}
+
+static uint32_t late_pop(struct rq_bucket *b) {
+    uint32_t top = b->late[0], v = b->late[--b->n_late];
+    size_t i = 0, n = b->n_late;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && b->late[c + 1] < b->late[c]) c++;
+        if (v <= b->late[c]) break;
+        b->late[i] = b->late[c];
+        i = c;
+    }
+    if (n) b->late[i] = v;
     return top;
+}
+
+static bool rq_push(struct rank_queue *q, uint32_t rank, uint32_t pos) {
+    int32_t k = q->bucket_of_rank[rank];
+    if (k < 0) {
+        if (q->n_b == q->cap_b) {
+            size_t cap = 2 * q->cap_b + 16;
+            struct rq_bucket *nb = realloc(q->b, cap * sizeof *nb);
+            if (!nb) return false;
+            memset(nb + q->cap_b, 0, (cap - q->cap_b) * sizeof *nb);
+            q->b = nb;
+            q->cap_b = cap;
+        }
+        k = (int32_t)q->n_b++;
+        q->bucket_of_rank[rank] = k;
+        q->b[k].rank = rank;
+    }
+    struct rq_bucket *b = &q->b[k];
+    if (b->head == b->n || pos > b->fifo[b->n - 1]) {
+        if (b->head == b->n) b->head = b->n = 0;
+        if (!grow_u32(&b->fifo, &b->cap, b->n + 1)) return false;
+        b->fifo[b->n++] = pos;
+    } else {
+        if (!grow_u32(&b->late, &b->cap_late, b->n_late + 1)) return false;
+        late_push(b, pos);
+    }
+    if (!b->in_heap) {
+        if (!grow_u32(&q->heap, &q->cap_heap, q->n_heap + 1)) return false;
+        q->heap[q->n_heap++] = (uint32_t)k;
+        rq_heap_up(q, q->n_heap - 1);
+        b->in_heap = true;
+    }
+    return true;
+}
+
+/* Pops the least (rank, position); false when empty. */
+static bool rq_pop(struct rank_queue *q, uint32_t *rank, uint32_t *pos) {
+    if (!q->n_heap) return false;
+    struct rq_bucket *b = &q->b[q->heap[0]];
+    *rank = b->rank;
+    bool from_fifo = b->head < b->n && (!b->n_late || b->fifo[b->head] < b->late[0]);
+    *pos = from_fifo ? b->fifo[b->head++] : late_pop(b);
+    if (b->head == b->n && !b->n_late) { /* empty: its rank leaves the heap */
+        b->in_heap = false;
+        q->heap[0] = q->heap[--q->n_heap];
+        if (q->n_heap) rq_heap_down(q);
+    }
+    return true;
+}
+
+/* Tests: pushes random (rank, position) pairs, interleaved with pops, into a rank queue and
+ * checks every pop against the least pushed entry still in (found by a scan). Returns the
+ * number of mismatches, or -1 when out of memory. */
+int rank_queue_selftest(uint64_t seed, int n_ops) {
+    struct rank_queue q = {0};
+    uint64_t *live = malloc((size_t)n_ops * sizeof *live);
+    int bad = 0;
+    size_t n_live = 0;
+    if (!live || rq_init(&q, 64) != ANVIL_OK) {
+        free(live);
+        return -1;
+    }
+    for (int i = 0; i < n_ops; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t r = (uint32_t)(seed >> 33);
+        if (r % 3 || !n_live) {
+            uint32_t rank = r % 64, pos = (r >> 8) % 100000;
+            if (!rq_push(&q, rank, pos)) {
+                bad = -1;
+                break;
+            }
+            live[n_live++] = (uint64_t)rank << 32 | pos;
+        } else {
+            size_t best = 0;
+            for (size_t k = 1; k < n_live; k++)
+                if (live[k] < live[best]) best = k;
+            uint32_t rank, pos;
+            if (!rq_pop(&q, &rank, &pos) || ((uint64_t)rank << 32 | pos) != live[best]) bad++;
+            live[best] = live[--n_live];
+        }
+    }
+    rq_clear(&q);
+    for (size_t i = 0; i < q.cap_b; i++) {
+        free(q.b[i].fifo);
+        free(q.b[i].late);
+    }
+    free(q.b);
+    free(q.heap);
+    free(q.bucket_of_rank);
+    free(live);
+    return bad;
 }
 
 static anvil_status bpe_heap(const struct anvil_tokenizer *t, struct bpe_work *w,
@@ -145,31 +354,52 @@ static anvil_status bpe_heap(const struct anvil_tokenizer *t, struct bpe_work *w
     }
     if (m == 0) return ANVIL_OK;
     s[m - 1].next = -1;
+    /* the plain heap is Hugging Face's algorithm, kept as the tests' oracle */
+    bool buckets = !w->plain_heap;
+    struct rank_queue *q = &w->rq;
+    if (buckets && rq_init(q, t->n_merges) != ANVIL_OK) return ANVIL_ERR_NOMEM;
+    bool ok = true;
     w->heap_n = 0;
     for (int32_t i = 0; i + 1 < m; i++) {
         const struct merge_slot *ms = tok_merge(t, s[i].id, s[i + 1].id);
-        if (ms) heap_push(w, ms->rank, (uint32_t)i, ms->id);
+        if (!ms) continue;
+        if (buckets) ok &= rq_push(q, ms->rank, (uint32_t)i);
+        else w->heap[w->heap_n++] = (uint64_t)ms->rank << 32 | (uint32_t)i;
     }
-    while (w->heap_n) {
-        struct heap_ent e = heap_pop(w);
-        int32_t pos = (int32_t)(uint32_t)e.key;
+    for (size_t i = w->heap_n / 2; i-- > 0;) /* heapify: O(n) */
+        sift_down(w->heap, w->heap_n, i, w->heap[i]);
+    for (;;) {
+        uint32_t rank, upos;
+        if (buckets) {
+            if (!rq_pop(q, &rank, &upos)) break;
+        } else {
+            if (!w->heap_n) break;
+            heap_ent e = heap_pop(w);
+            rank = (uint32_t)(e >> 32);
+            upos = (uint32_t)e;
+        }
+        int32_t pos = (int32_t)upos;
         if (s[pos].len == 0 || s[pos].next < 0) continue;
         int32_t nx = s[pos].next;
-        /* stale when either side has changed since the entry was pushed: the pair then
-         * makes another token (a changed side only ever grows) */
         const struct merge_slot *ms = tok_merge(t, s[pos].id, s[nx].id);
-        if (!ms || ms->id != e.id) continue;
-        s[pos].id = e.id;
+        if (!ms || ms->rank != rank) continue; /* stale */
+        s[pos].id = ms->id;
         s[pos].len += s[nx].len;
         s[pos].next = s[nx].next;
         if (s[nx].next >= 0) s[s[nx].next].prev = pos;
         s[nx].len = 0;
         int32_t pv = s[pos].prev;
-        if (pv >= 0 && (ms = tok_merge(t, s[pv].id, s[pos].id)))
-            heap_push(w, ms->rank, (uint32_t)pv, ms->id);
-        if (s[pos].next >= 0 && (ms = tok_merge(t, s[pos].id, s[s[pos].next].id)))
-            heap_push(w, ms->rank, (uint32_t)pos, ms->id);
+        if (pv >= 0 && (ms = tok_merge(t, s[pv].id, s[pos].id))) {
+            if (buckets) ok &= rq_push(q, ms->rank, (uint32_t)pv);
+            else heap_push(w, ms->rank, (uint32_t)pv);
+        }
+        if (s[pos].next >= 0 && (ms = tok_merge(t, s[pos].id, s[s[pos].next].id))) {
+            if (buckets) ok &= rq_push(q, ms->rank, (uint32_t)pos);
+            else heap_push(w, ms->rank, (uint32_t)pos);
+        }
     }
+    if (buckets) rq_clear(q);
+    if (!ok) return err_set(ANVIL_ERR_NOMEM, "out of memory");
     for (int32_t i = 0; i >= 0; i = s[i].next) {
         anvil_status st = id_vec_push(out, s[i].id);
         if (st != ANVIL_OK) return st;
@@ -228,23 +458,29 @@ anvil_status bpe_piece(const struct anvil_tokenizer *t, struct bpe_work *w, cons
 
 /* ---- piece cache ---------------------------------------------------------------------- */
 
+/* BPE of a piece, taking the whole-token memo when the piece is a token. */
+static anvil_status bpe_uncached(const struct anvil_tokenizer *t, struct bpe_work *w,
+                                 const uint8_t *p, size_t n, struct id_vec *out) {
+    int32_t whole = n <= CACHE_MAX_PIECE ? tok_lookup(t, p, n) : -1;
+    if (whole < 0) return bpe_piece(t, w, p, n, 0, out);
+    uint8_t known = atomic_load_explicit(&t->whole[whole], memory_order_relaxed);
+    if (known == 1) return id_vec_push(out, whole);
+    size_t first = out->n;
+    anvil_status st = bpe_piece(t, w, p, n, 0, out);
+    if (st == ANVIL_OK && known == 0) {
+        bool same = out->n == first + 1 && out->v[first] == whole;
+        atomic_store_explicit(&t->whole[whole], same ? 1 : 2, memory_order_relaxed);
+    }
+    return st;
+}
+
+/* BPE of a piece through the per-call cache: a small table of the pieces seen so far, which
+ * stays in the core's own cache while the vocabulary's tables (megabytes) do not. */
 static anvil_status bpe_cached(const struct anvil_tokenizer *t, struct bpe_work *w,
                                const uint8_t *p, size_t n, struct id_vec *out) {
+    if (w->plain_heap) return bpe_heap(t, w, p, n, out);
     if (n == 1) return t->byte_id[p[0]] >= 0 ? id_vec_push(out, t->byte_id[p[0]]) : ANVIL_OK;
-    int32_t whole = n <= CACHE_MAX_PIECE ? tok_lookup(t, p, n) : -1;
-    if (whole >= 0) {
-        uint8_t known = atomic_load_explicit(&t->whole[whole], memory_order_relaxed);
-        if (known == 1) return id_vec_push(out, whole);
-        if (known == 0) {
-            size_t first = out->n;
-            anvil_status st = bpe_piece(t, w, p, n, 0, out);
-            if (st != ANVIL_OK) return st;
-            bool same = out->n == first + 1 && out->v[first] == whole;
-            atomic_store_explicit(&t->whole[whole], same ? 1 : 2, memory_order_relaxed);
-            return ANVIL_OK;
-        }
-    }
-    if (!w->slots || n > CACHE_MAX_PIECE) return bpe_piece(t, w, p, n, 0, out);
+    if (!w->slots || n > CACHE_MAX_PIECE) return bpe_uncached(t, w, p, n, out);
     uint64_t h = tok_hash_bytes(p, n) | 1;
     size_t i = h & (CACHE_SLOTS - 1);
     for (;; i = (i + 1) & (CACHE_SLOTS - 1)) {
@@ -260,7 +496,7 @@ static anvil_status bpe_cached(const struct anvil_tokenizer *t, struct bpe_work 
         }
     }
     size_t first = out->n;
-    anvil_status st = bpe_piece(t, w, p, n, 0, out);
+    anvil_status st = bpe_uncached(t, w, p, n, out);
     if (st != ANVIL_OK) return st;
     size_t n_ids = out->n - first;
     size_t need = ((n + 3) & ~(size_t)3) + n_ids * sizeof(int32_t);
@@ -369,10 +605,11 @@ static bool added_at(const struct anvil_tokenizer *t, const uint8_t *s, size_t n
     return false;
 }
 
-anvil_status tokenizer_encode(const struct anvil_tokenizer *t, const uint8_t *text, size_t len,
-                              struct id_vec *out) {
+anvil_status tokenizer_encode_ex(const struct anvil_tokenizer *t, const uint8_t *text,
+                                 size_t len, bool plain_heap, struct id_vec *out) {
     struct bpe_work *w = bpe_work_new();
     if (!w) return ANVIL_ERR_NOMEM;
+    w->plain_heap = plain_heap;
     anvil_status st = ANVIL_OK;
     if (!(w->md = pcre2_match_data_create_from_pattern(t->re, NULL))) {
         st = err_set(ANVIL_ERR_NOMEM, "out of memory");
@@ -388,7 +625,7 @@ anvil_status tokenizer_encode(const struct anvil_tokenizer *t, const uint8_t *te
         out->v = v;
         out->cap = len / 3 + 16;
     }
-    if (len >= CACHE_MIN_TEXT) {
+    if (len >= CACHE_MIN_TEXT && !plain_heap) {
         w->slots = calloc(CACHE_SLOTS, sizeof *w->slots);
         w->arena_cap = (size_t)CACHE_SLOTS * 48;
         w->arena = malloc(w->arena_cap);
@@ -416,4 +653,9 @@ anvil_status tokenizer_encode(const struct anvil_tokenizer *t, const uint8_t *te
 done:
     bpe_work_free(w);
     return st;
+}
+
+anvil_status tokenizer_encode(const struct anvil_tokenizer *t, const uint8_t *text, size_t len,
+                              struct id_vec *out) {
+    return tokenizer_encode_ex(t, text, len, false, out);
 }

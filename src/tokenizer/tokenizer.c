@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "formats/gguf.h"
 #include "tokenizer/tokenizer_impl.h"
 
 /* ---- UTF-8 ---------------------------------------------------------------------------- */
@@ -64,22 +65,21 @@ static bool byte_is_printable(int b) {
     return (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
 }
 
+/* The 68 bytes that are not printable stand for U+0100.. in increasing order: 0x00..0x20 (33),
+ * 0x7f..0xa0 (34), 0xad (1). */
 uint32_t codepoint_of_byte(uint8_t b) {
     if (byte_is_printable(b)) return b;
-    int k = 0; /* the other bytes take U+0100.. in increasing order */
-    for (int c = 0; c < b; c++) k += !byte_is_printable(c);
-    return 256u + (uint32_t)k;
+    if (b <= 0x20) return 256u + b;
+    if (b >= 0x7f && b <= 0xa0) return 256u + 33 + (b - 0x7fu);
+    return 256u + 67; /* 0xad */
 }
 
 int byte_of_codepoint(uint32_t cp) {
-    static int16_t table[324];
-    static bool ready;
-    if (!ready) { /* idempotent: racing threads write the same values */
-        for (int i = 0; i < 324; i++) table[i] = -1;
-        for (int b = 0; b < 256; b++) table[codepoint_of_byte((uint8_t)b)] = (int16_t)b;
-        ready = true;
-    }
-    return cp < 324 ? table[cp] : -1;
+    if (cp < 256) return byte_is_printable((int)cp) ? (int)cp : -1;
+    uint32_t k = cp - 256;
+    if (k < 33) return (int)k;
+    if (k < 67) return (int)(0x7f + k - 33);
+    return k == 67 ? 0xad : -1;
 }
 
 /* Converts a byte-level spelling to raw bytes in out (capacity >= n). False if some code
@@ -199,14 +199,20 @@ static anvil_status build_tokens(struct anvil_tokenizer *t, const struct tokeniz
             n_added++;
             continue;
         }
-        if (tok_lookup(t, tok_bytes(t, id), tok_len(t, id)) >= 0) continue; /* first wins */
-        for (uint64_t i = tok_hash_bytes(tok_bytes(t, id), tok_len(t, id));; i++) {
+        const uint8_t *p = tok_bytes(t, id);
+        uint32_t n = tok_len(t, id);
+        uint8_t key[1 + VOCAB_INLINE];
+        slot_key(p, n, key);
+        for (uint64_t i = tok_hash_bytes(p, n);; i++) {
             struct vocab_slot *s = &t->vocab_slots[i & t->vocab_mask];
             if (s->id < 0) {
                 s->id = id;
-                slot_key(tok_bytes(t, id), tok_len(t, id), s->key);
+                memcpy(s->key, key, sizeof key);
                 break;
             }
+            if (!memcmp(s->key, key, sizeof key) && tok_len(t, s->id) == n &&
+                !memcmp(tok_bytes(t, s->id), p, n))
+                break; /* the same bytes twice: the first id wins */
         }
     }
     for (int b = 0; b < 256; b++) {
@@ -287,9 +293,16 @@ static anvil_status build_merges(struct anvil_tokenizer *t, const struct tokeniz
         int32_t ib = lookup_spelt(t, b, nb, scratch);
         int32_t ic = -1;
         if (ia >= 0 && ib >= 0) {
-            memcpy(cat, tok_bytes(t, ia), tok_len(t, ia));
-            memcpy(cat + tok_len(t, ia), tok_bytes(t, ib), tok_len(t, ib));
-            ic = tok_lookup(t, cat, tok_len(t, ia) + tok_len(t, ib));
+            uint32_t la = tok_len(t, ia), lb = tok_len(t, ib);
+            memcpy(cat, tok_bytes(t, ia), la);
+            memcpy(cat + la, tok_bytes(t, ib), lb);
+            /* BPE vocabularies usually number merge r's token 256 + r: try that first */
+            int32_t guess = (int32_t)MIN(r + 256, (size_t)INT32_MAX);
+            if (guess < t->n_vocab && !(t->attr[guess] & TOK_ADDED) &&
+                tok_len(t, guess) == la + lb && !memcmp(tok_bytes(t, guess), cat, la + lb))
+                ic = guess;
+            else
+                ic = tok_lookup(t, cat, la + lb);
         }
         if (ic < 0) {
             st = err_set(ANVIL_ERR_FORMAT, "%s: merge %zu (\"%.*s\" + \"%.*s\") names a token "
@@ -416,9 +429,14 @@ anvil_status anvil_tokenizer_open(const char *path, anvil_tokenizer **out) {
     struct stat sb;
     if (stat(path, &sb) != 0)
         return err_set(ANVIL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (S_ISREG(sb.st_mode) && ends_with(path, ".gguf"))
-        return err_set(ANVIL_ERR_UNSUPPORTED, "%s: reading a tokenizer from GGUF metadata is not "
-                       "wired yet (tokenizer_create takes its arrays)", path);
+    if (S_ISREG(sb.st_mode) && ends_with(path, ".gguf")) {
+        struct gguf_file *gf;
+        anvil_status st = gguf_open(path, &gf);
+        if (st != ANVIL_OK) return st;
+        st = tokenizer_load_gguf(gf, out);
+        gguf_close(gf);
+        return st;
+    }
     return tokenizer_load_hf(path, out);
 }
 
@@ -573,7 +591,7 @@ static size_t stream_bytes(struct anvil_detokenizer *d, const uint8_t *p, size_t
         size_t m = (size_t)d->n_pending;
         memcpy(buf, d->pending, m);
         size_t take = MIN(n, 4 - m);
-        memcpy(buf + m, p, take);
+        if (take) memcpy(buf + m, p, take);
         int bad, k = utf8_seq(buf, m + take, &bad);
         if (k > 0) { /* it completed */
             memcpy(d->out + len, buf, (size_t)k);
@@ -645,7 +663,8 @@ anvil_status anvil_detokenizer_flush(anvil_detokenizer *d, const char **text, si
     *text = "";
     *len = 0;
     if (!reserve(d, 32)) return err_set(ANVIL_ERR_NOMEM, "out of memory");
-    size_t k = stream_bytes(d, NULL, 0, true);
+    static const uint8_t none[1];
+    size_t k = stream_bytes(d, none, 0, true);
     d->out[k] = 0;
     *text = d->out;
     *len = k;

@@ -92,6 +92,10 @@ anvil_status tokenizer_create(const struct tokenizer_desc *desc, struct anvil_to
  * tokenizer_config.json, for the chat template and eos token), or a tokenizer.json file. */
 anvil_status tokenizer_load_hf(const char *path, struct anvil_tokenizer **out);
 
+/* Builds the tokenizer of a GGUF file from its tokenizer.ggml.* metadata (tokenizer/gguf.c). */
+struct gguf_file;
+anvil_status tokenizer_load_gguf(const struct gguf_file *gf, struct anvil_tokenizer **out);
+
 /* The pre-tokenizer regexes by name (NULL if unknown). */
 const char *tokenizer_pre_regex(const char *name);
 

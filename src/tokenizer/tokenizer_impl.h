@@ -133,9 +133,17 @@ void bpe_work_free(struct bpe_work *w);
 anvil_status bpe_piece(const struct anvil_tokenizer *t, struct bpe_work *w, const uint8_t *p,
                        size_t n, int force, struct id_vec *out);
 
+/* Tests: checks the rank-bucket queue of long-piece BPE against a scan; returns the number of
+ * wrong pops. */
+int rank_queue_selftest(uint64_t seed, int n_ops);
+
 /* Encodes text (already validated as UTF-8). */
 anvil_status tokenizer_encode(const struct anvil_tokenizer *t, const uint8_t *text, size_t len,
                               struct id_vec *out);
+/* The same, with plain_heap: every piece through the heap BPE (Hugging Face's algorithm),
+ * without the piece cache and the whole-token memo — the oracle the tests compare with. */
+anvil_status tokenizer_encode_ex(const struct anvil_tokenizer *t, const uint8_t *text,
+                                 size_t len, bool plain_heap, struct id_vec *out);
 
 /* Recognises a chat template text. */
 enum chat_template_kind chat_template_recognise(const char *text);

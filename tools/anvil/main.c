@@ -20,6 +20,7 @@ static const struct {
     {"run", cmd_run, "generate an answer to a prompt, streamed"},
     {"chat", cmd_chat, "a multi-turn chat in the terminal"},
     {"quantize", cmd_quantize, "write a model as GGUF of a type (F16, Q8_0, Q4_K_M, ...)"},
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server"},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,530 @@
+/*
+ * GGUF: malformed files (each with its own clear error), the writer -> reader round trip with
+ * every value type, and `anvil quantize` against llama.cpp's own files (byte for byte).
+ */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "formats/gguf.h"
+#include "formats/quantize.h"
+#include "quant/quant.h"
+
+/* ------------------------------------------------------------------ a raw file builder */
+
+struct raw {
+    uint8_t *p;
+    size_t len, cap;
+};
+static void put(struct raw *r, const void *d, size_t n) {
+    if (r->len + n > r->cap) {
+        r->cap = (r->len + n) * 2 + 256;
+        r->p = realloc(r->p, r->cap);
+    }
+    memcpy(r->p + r->len, d, n);
+    r->len += n;
+}
+static void u32(struct raw *r, uint32_t v) { put(r, &v, 4); }
+static void u64(struct raw *r, uint64_t v) { put(r, &v, 8); }
+static void str(struct raw *r, const char *s) {
+    u64(r, strlen(s));
+    put(r, s, strlen(s));
+}
+
+enum mutation {
+    M_NONE, M_MAGIC, M_VERSION1, M_VERSION_BE, M_HUGE_TENSOR_COUNT, M_HUGE_KV_COUNT,
+    M_HUGE_STRLEN, M_HUGE_ARRAY, M_BAD_VALUE_TYPE, M_DUP_KEY, M_BAD_ALIGNMENT, M_NDIMS5,
+    M_ZERO_DIM, M_DIM_OVERFLOW, M_BAD_TYPE, M_BAD_BLOCK, M_OFFSET_PAST_END, M_MISALIGNED,
+    M_OVERLAP, M_DUP_TENSOR, M_DEEP_NESTING, M_LONG_NAME, M_COUNT
+};
+
+static const char *const expected_error[M_COUNT] = {
+    [M_MAGIC] = "bad magic",
+    [M_VERSION1] = "unsupported GGUF version 1",
+    [M_VERSION_BE] = "big-endian",
+    [M_HUGE_TENSOR_COUNT] = "tensor count",
+    [M_HUGE_KV_COUNT] = "metadata count",
+    [M_HUGE_STRLEN] = "runs past the end of the file",
+    [M_HUGE_ARRAY] = "cannot fit in the",
+    [M_BAD_VALUE_TYPE] = "unknown value type",
+    [M_DUP_KEY] = "metadata key general.name appears twice",
+    [M_BAD_ALIGNMENT] = "general.alignment must be",
+    [M_NDIMS5] = "has 5 dimensions",
+    [M_ZERO_DIM] = "dimension 1 is 0",
+    [M_DIM_OVERFLOW] = "element count overflows",
+    [M_BAD_TYPE] = "unknown type id 99",
+    [M_BAD_BLOCK] = "not a multiple of the Q8_0 block size",
+    [M_OFFSET_PAST_END] = "lies past the end of the file",
+    [M_MISALIGNED] = "not a multiple of the alignment",
+    [M_OVERLAP] = "overlap",
+    [M_DUP_TENSOR] = "tensor a appears twice",
+    [M_DEEP_NESTING] = "nested deeper",
+    [M_LONG_NAME] = "has length 69 (at most 63)",
+};
+
+/* A small valid file (tensors a: F32 [8, 2], b: Q8_0 [32, 2], c: F16 [16]) with one mutation. */
+static struct raw make_file(enum mutation m) {
+    struct raw r = {0};
+    put(&r, m == M_MAGIC ? "GGUX" : "GGUF", 4);
+    u32(&r, m == M_VERSION1 ? 1 : m == M_VERSION_BE ? 0x03000000 : 3);
+    u64(&r, m == M_HUGE_TENSOR_COUNT ? (1ull << 60) : 3);
+    int n_kv = 5 + (m == M_DUP_KEY) + (m == M_DEEP_NESTING);
+    u64(&r, m == M_HUGE_KV_COUNT ? (1ull << 62) : (uint64_t)n_kv);
+    str(&r, "general.architecture");
+    u32(&r, GGUF_STRING);
+    if (m == M_HUGE_STRLEN) u64(&r, 1ull << 40), put(&r, "qwen3", 5);
+    else str(&r, "qwen3");
+    str(&r, "general.name");
+    u32(&r, m == M_BAD_VALUE_TYPE ? 77 : GGUF_STRING);
+    str(&r, "tiny");
+    str(&r, "test.u32s");
+    u32(&r, GGUF_ARRAY);
+    u32(&r, GGUF_U32);
+    u64(&r, m == M_HUGE_ARRAY ? (1ull << 61) : 3);
+    u32(&r, 1), u32(&r, 2), u32(&r, 3);
+    str(&r, "test.nested"); /* [[1, 2], ["x"]] */
+    u32(&r, GGUF_ARRAY);
+    u32(&r, GGUF_ARRAY);
+    u64(&r, 2);
+    u32(&r, GGUF_I16), u64(&r, 2);
+    int16_t h[2] = {1, -2};
+    put(&r, h, 4);
+    u32(&r, GGUF_STRING), u64(&r, 1), str(&r, "x");
+    str(&r, "general.alignment");
+    u32(&r, GGUF_U32);
+    u32(&r, m == M_BAD_ALIGNMENT ? 24 : 32);
+    if (m == M_DUP_KEY) {
+        str(&r, "general.name");
+        u32(&r, GGUF_STRING);
+        str(&r, "again");
+    }
+    if (m == M_DEEP_NESTING) {
+        str(&r, "test.deep");
+        u32(&r, GGUF_ARRAY);
+        for (int d = 0; d < 12; d++) u32(&r, GGUF_ARRAY), u64(&r, 1);
+        u32(&r, GGUF_U8), u64(&r, 0);
+    }
+    /* tensor infos */
+    str(&r, m == M_LONG_NAME ? "a_name_that_is_far_too_long_for_ggml_which_allows_sixty_three_bytes!!" : "a");
+    u32(&r, m == M_NDIMS5 ? 5 : 2);
+    u64(&r, 8), u64(&r, m == M_ZERO_DIM ? 0 : 2);
+    if (m == M_NDIMS5) u64(&r, 1), u64(&r, 1), u64(&r, 1);
+    u32(&r, DT_F32);
+    u64(&r, 0);
+    str(&r, m == M_DUP_TENSOR ? "a" : "b");
+    u32(&r, 2);
+    u64(&r, m == M_BAD_BLOCK ? 48 : 32), u64(&r, m == M_DIM_OVERFLOW ? (1ull << 62) : 2);
+    u32(&r, m == M_BAD_TYPE ? 99 : DT_Q8_0);
+    u64(&r, m == M_MISALIGNED ? 80 : m == M_OVERLAP ? 32 : 64);
+    str(&r, "c");
+    u32(&r, 1);
+    u64(&r, 16);
+    u32(&r, DT_F16);
+    u64(&r, m == M_OFFSET_PAST_END ? 1024 : 160);
+    while (r.len % 32) put(&r, "", 1);
+    uint8_t data[192];
+    for (size_t i = 0; i < sizeof data; i++) data[i] = (uint8_t)(i * 7);
+    put(&r, data, sizeof data);
+    return r;
+}
+
+/* Parses bytes from an exact-size heap copy (so that sanitizers see any over-read). */
+static anvil_status parse_copy(const uint8_t *p, size_t n, struct gguf_file **gf) {
+    uint8_t *copy = malloc(n ? n : 1);
+    memcpy(copy, p, n);
+    anvil_status st = gguf_parse(copy, n, "bad.gguf", gf);
+    if (st == ANVIL_OK) gguf_close(*gf);
+    free(copy);
+    return st;
+}
+
+static void test_valid_file(void **state) {
+    (void)state;
+    struct raw r = make_file(M_NONE);
+    struct gguf_file *gf;
+    assert_int_equal(gguf_parse(r.p, r.len, "ok.gguf", &gf), ANVIL_OK);
+    assert_int_equal(gf->n_tensors, 3);
+    assert_int_equal(gf->n_kv, 5);
+    const struct gguf_array *a = gguf_get_arr(gf, "test.u32s");
+    assert_non_null(a);
+    int64_t v;
+    assert_true(gguf_arr_int(a, 2, &v) && v == 3);
+    a = gguf_get_arr(gf, "test.nested");
+    assert_non_null(a);
+    assert_int_equal(a->type, GGUF_ARRAY);
+    assert_int_equal(a->count, 2);
+    assert_true(gguf_arr_int(&a->elems[0].arr, 1, &v) && v == -2);
+    size_t len;
+    const char *s = gguf_arr_str(&a->elems[1].arr, 0, &len);
+    assert_true(s && len == 1 && *s == 'x');
+    const struct gguf_tensor *c = gguf_find_tensor(gf, "c");
+    assert_non_null(c);
+    assert_ptr_equal(c->data, r.p + gf->data_offset + 160);
+    assert_int_equal(c->size, 32);
+    gguf_close(gf);
+    /* version 2 has the same layout */
+    r.p[4] = 2;
+    assert_int_equal(gguf_parse(r.p, r.len, "v2.gguf", &gf), ANVIL_OK);
+    assert_int_equal(gf->version, 2);
+    gguf_close(gf);
+    free(r.p);
+}
+
+static void test_malformed(void **state) {
+    (void)state;
+    for (int m = 1; m < M_COUNT; m++) {
+        struct raw r = make_file((enum mutation)m);
+        struct gguf_file *gf = NULL;
+        anvil_status st = parse_copy(r.p, r.len, &gf);
+        if (st == ANVIL_OK || !strstr(err_get(), expected_error[m]))
+            fprintf(stderr, "mutation %d: status %d, error \"%s\", expected \"%s\"\n", m, st,
+                    err_get(), expected_error[m]);
+        assert_int_not_equal(st, ANVIL_OK);
+        assert_non_null(strstr(err_get(), expected_error[m]));
+        assert_non_null(strstr(err_get(), "bad.gguf")); /* names the file */
+        free(r.p);
+    }
+}
+
+/* Truncated at every length: always an error that says so, never a crash or over-read. */
+static void test_truncated_everywhere(void **state) {
+    (void)state;
+    struct raw r = make_file(M_NONE);
+    for (size_t n = 0; n < r.len; n++) {
+        struct gguf_file *gf;
+        anvil_status st = parse_copy(r.p, n, &gf);
+        assert_int_not_equal(st, ANVIL_OK);
+        const char *e = err_get();
+        if (!strstr(e, "truncated") && !strstr(e, "bad magic") && !strstr(e, "past the end") &&
+            !strstr(e, "cannot fit"))
+            fail_msg("truncated at %zu: unexpected error \"%s\"", n, e);
+    }
+    free(r.p);
+}
+
+/* The CLI: a clear message and exit status 1. */
+static void test_cli_errors(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    enum mutation ms[] = {M_MAGIC, M_OVERLAP, M_OFFSET_PAST_END};
+    for (size_t i = 0; i < sizeof ms / sizeof *ms; i++) {
+        struct raw r = make_file(ms[i]);
+        char path[1024];
+        snprintf(path, sizeof path, "%s/bad%zu.gguf", dir, i);
+        tu_write_file(path, r.p, r.len);
+        char *out = NULL, *err = NULL;
+        int rc = tu_run_anvil(&out, &err, "info -m %s", path);
+        assert_int_equal(rc, 1);
+        assert_non_null(strstr(err, expected_error[ms[i]]));
+        assert_non_null(strstr(err, path));
+        free(out);
+        free(err);
+        free(r.p);
+    }
+    /* truncated in the middle of the tensor infos */
+    struct raw r = make_file(M_NONE);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/cut.gguf", dir);
+    tu_write_file(path, r.p, r.len / 2);
+    char *out = NULL, *err = NULL;
+    assert_int_equal(tu_run_anvil(&out, &err, "info -m %s", path), 1);
+    assert_non_null(strstr(err, "truncated"));
+    free(out);
+    free(err);
+    free(r.p);
+    tu_rmdir(dir);
+    free(dir);
+}
+
+/* ------------------------------------------------------------------ writer round trip */
+
+static void test_writer_roundtrip(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/rt.gguf", dir);
+    struct gguf_writer *w;
+    assert_int_equal(gguf_writer_create(path, &w), ANVIL_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "k.u32", 4000000000u), ANVIL_OK);
+    assert_int_equal(gguf_writer_set_i32(w, "k.i32", -7), ANVIL_OK);
+    assert_int_equal(gguf_writer_set_f32(w, "k.f32", 0.25f), ANVIL_OK);
+    assert_int_equal(gguf_writer_set_bool(w, "k.bool", true), ANVIL_OK);
+    assert_int_equal(gguf_writer_set_str(w, "k.str", "héllo"), ANVIL_OK);
+    const char *strs[] = {"a", "", "ccc"};
+    assert_int_equal(gguf_writer_set_arr_str(w, "k.strs", strs, 3), ANVIL_OK);
+    double f64s[] = {1.5, -2.25};
+    assert_int_equal(gguf_writer_set_arr(w, "k.f64s", GGUF_F64, f64s, 2), ANVIL_OK);
+    /* every other scalar type and a nested array, through copy_kv */
+    struct gguf_kv kv = {"k.u8", {.type = GGUF_U8, .u = 200}};
+    assert_int_equal(gguf_writer_copy_kv(w, &kv), ANVIL_OK);
+    kv = (struct gguf_kv){"k.i8", {.type = GGUF_I8, .i = -100}};
+    assert_int_equal(gguf_writer_copy_kv(w, &kv), ANVIL_OK);
+    kv = (struct gguf_kv){"k.u16", {.type = GGUF_U16, .u = 65000}};
+    assert_int_equal(gguf_writer_copy_kv(w, &kv), ANVIL_OK);
+    kv = (struct gguf_kv){"k.i16", {.type = GGUF_I16, .i = -30000}};
+    assert_int_equal(gguf_writer_copy_kv(w, &kv), ANVIL_OK);
+    kv = (struct gguf_kv){"k.u64", {.type = GGUF_U64, .u = 1ull << 50}};
+    assert_int_equal(gguf_writer_copy_kv(w, &kv), ANVIL_OK);
+    kv = (struct gguf_kv){"k.i64", {.type = GGUF_I64, .i = -(1ll << 40)}};
+    assert_int_equal(gguf_writer_copy_kv(w, &kv), ANVIL_OK);
+    kv = (struct gguf_kv){"k.f64", {.type = GGUF_F64, .f = 1e300}};
+    assert_int_equal(gguf_writer_copy_kv(w, &kv), ANVIL_OK);
+    int32_t inner_data[2] = {5, -6};
+    struct gguf_str inner_strs[1] = {{"zz", 2}};
+    struct gguf_value elems[2] = {
+        {.type = GGUF_ARRAY, .arr = {GGUF_I32, 2, (const uint8_t *)inner_data, NULL, NULL}},
+        {.type = GGUF_ARRAY, .arr = {GGUF_STRING, 1, NULL, inner_strs, NULL}},
+    };
+    kv = (struct gguf_kv){"k.nested", {.type = GGUF_ARRAY, .arr = {GGUF_ARRAY, 2, NULL, NULL, elems}}};
+    assert_int_equal(gguf_writer_copy_kv(w, &kv), ANVIL_OK);
+    assert_int_not_equal(gguf_writer_set_u32(w, "k.u32", 1), ANVIL_OK); /* duplicate key */
+
+    /* tensors: F32, Q8_0 and Q4_K from the same floats */
+    float src[512];
+    struct rng g = {42};
+    for (int i = 0; i < 512; i++) src[i] = rng_uniform(&g);
+    int types[] = {DT_F32, DT_Q8_0, DT_Q4_K, DT_BF16};
+    uint8_t *bytes[4];
+    size_t sizes[4];
+    for (int t = 0; t < 4; t++) {
+        int64_t ne[2] = {256, 2};
+        size_t row;
+        assert_true(dtype_row_size(types[t], 256, &row));
+        sizes[t] = row * 2;
+        bytes[t] = malloc(sizes[t]);
+        dtype_traits(types[t])->from_f32(src, bytes[t], 256);
+        dtype_traits(types[t])->from_f32(src + 256, bytes[t] + row, 256);
+        char name[16];
+        snprintf(name, sizeof name, "t%d", t);
+        assert_int_equal(gguf_writer_add_tensor(w, name, types[t], 2, ne), ANVIL_OK);
+    }
+    for (int t = 0; t < 4; t++) {
+        /* in two parts, as the quantizer may write them */
+        assert_int_equal(gguf_writer_write(w, bytes[t], 10), ANVIL_OK);
+        assert_int_equal(gguf_writer_write(w, bytes[t] + 10, sizes[t] - 10), ANVIL_OK);
+    }
+    assert_int_equal(gguf_writer_finish(w), ANVIL_OK);
+
+    struct gguf_file *gf;
+    assert_int_equal(gguf_open(path, &gf), ANVIL_OK);
+    int64_t iv;
+    double fv;
+    bool bv;
+    size_t len;
+    assert_true(gguf_get_int(gf, "k.u32", &iv) && iv == 4000000000ll);
+    assert_true(gguf_get_int(gf, "k.i32", &iv) && iv == -7);
+    assert_true(gguf_get_float(gf, "k.f32", &fv) && fv == 0.25);
+    assert_true(gguf_get_bool(gf, "k.bool", &bv) && bv);
+    const char *s = gguf_get_str(gf, "k.str", &len);
+    assert_true(s && len == strlen("héllo") && !memcmp(s, "héllo", len));
+    const struct gguf_array *a = gguf_get_arr(gf, "k.strs");
+    assert_true(a && a->count == 3);
+    assert_true((s = gguf_arr_str(a, 2, &len)) && len == 3 && !memcmp(s, "ccc", 3));
+    assert_true(gguf_arr_str(a, 1, &len) && len == 0);
+    a = gguf_get_arr(gf, "k.f64s");
+    assert_true(a && gguf_arr_float(a, 1, &fv) && fv == -2.25);
+    assert_true(gguf_get_int(gf, "k.u8", &iv) && iv == 200);
+    assert_true(gguf_get_int(gf, "k.i8", &iv) && iv == -100);
+    assert_true(gguf_get_int(gf, "k.u16", &iv) && iv == 65000);
+    assert_true(gguf_get_int(gf, "k.i16", &iv) && iv == -30000);
+    assert_true(gguf_get_int(gf, "k.u64", &iv) && iv == 1ll << 50);
+    assert_true(gguf_get_int(gf, "k.i64", &iv) && iv == -(1ll << 40));
+    assert_true(gguf_get_float(gf, "k.f64", &fv) && fv == 1e300);
+    assert_false(gguf_get_int(gf, "k.str", &iv)); /* wrong kind */
+    assert_false(gguf_get_int(gf, "k.absent", &iv));
+    a = gguf_get_arr(gf, "k.nested");
+    assert_true(a && a->type == GGUF_ARRAY && a->count == 2);
+    assert_true(gguf_arr_int(&a->elems[0].arr, 1, &iv) && iv == -6);
+    assert_true((s = gguf_arr_str(&a->elems[1].arr, 0, &len)) && len == 2 && !memcmp(s, "zz", 2));
+    assert_int_equal(gf->n_tensors, 4);
+    for (int t = 0; t < 4; t++) {
+        char name[16];
+        snprintf(name, sizeof name, "t%d", t);
+        const struct gguf_tensor *tt = gguf_find_tensor(gf, name);
+        assert_non_null(tt);
+        assert_int_equal(tt->type, types[t]);
+        assert_int_equal(tt->ne[0], 256);
+        assert_int_equal(tt->ne[1], 2);
+        assert_int_equal(tt->size, sizes[t]);
+        assert_memory_equal(tt->data, bytes[t], sizes[t]);
+        free(bytes[t]);
+    }
+    gguf_close(gf);
+    tu_rmdir(dir);
+    free(dir);
+}
+
+/* Two metadata values are equal (deep, nested arrays included). */
+static bool value_equal(const struct gguf_value *x, const struct gguf_value *y) {
+    if (x->type != y->type) return false;
+    switch (x->type) {
+    case GGUF_STRING:
+        return x->str.len == y->str.len && !memcmp(x->str.ptr, y->str.ptr, x->str.len);
+    case GGUF_F32: case GGUF_F64:
+        return x->f == y->f;
+    case GGUF_ARRAY: {
+        const struct gguf_array *a = &x->arr, *b = &y->arr;
+        if (a->type != b->type || a->count != b->count) return false;
+        for (uint64_t k = 0; k < a->count; k++) {
+            size_t lx, ly;
+            const char *sx = gguf_arr_str(a, k, &lx), *sy = gguf_arr_str(b, k, &ly);
+            double fx, fy;
+            if (a->type == GGUF_ARRAY) {
+                if (!value_equal(&a->elems[k], &b->elems[k])) return false;
+            } else if (sx) {
+                if (!sy || lx != ly || memcmp(sx, sy, lx)) return false;
+            } else if (!gguf_arr_float(a, k, &fx) || !gguf_arr_float(b, k, &fy) || fx != fy) {
+                return false;
+            }
+        }
+        return true;
+    }
+    default:
+        return x->u == y->u;
+    }
+}
+
+static void assert_kv_equal(const struct gguf_kv *x, const struct gguf_kv *y) {
+    if (!y) fail_msg("key %s missing", x->key);
+    if (!value_equal(&x->v, &y->v)) fail_msg("key %s differs", x->key);
+}
+
+/* ------------------------------------------------------------------ anvil quantize */
+
+static void assert_same_file(const char *a, const char *b) {
+    size_t la, lb;
+    char *x = tu_read_file(a, &la), *y = tu_read_file(b, &lb);
+    assert_non_null(x);
+    assert_non_null(y);
+    if (la != lb || memcmp(x, y, la)) fail_msg("%s differs from %s", a, b);
+    free(x);
+    free(y);
+}
+
+/* llama-quantize without an importance matrix runs the reference quantizers, which anvil's
+ * are: the same F32 file quantized to the same type must give the same file, byte for byte
+ * (same metadata, mix, tensor order and block bytes; and so the same logits). */
+static void test_quantize_like_llama(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    static const struct {
+        const char *model, *type;
+    } cases[] = {
+        {"qwen3-small", "Q4_K_M"}, {"qwen3-small", "Q6_K"},   {"qwen3-small", "Q8_0"},
+        {"qwen3-small", "Q2_K"},   {"qwen3-small", "Q3_K_M"}, {"qwen3-small", "Q4_K_S"},
+        {"qwen3-small", "Q5_K_M"}, {"qwen3-small", "Q4_0"},   {"qwen3-tiny", "Q4_K_M"},
+        {"qwen3moe-tiny", "Q4_K_M"}, {"qwen3next-tiny", "Q4_K_M"}, {"qwen3_5moe-tiny", "Q4_0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char in[1024], ref[1024], out[1024];
+        snprintf(in, sizeof in, "%s", tu_testdata("gguf/"));
+        snprintf(in + strlen(in), sizeof in - strlen(in), "%s/%s-F32.gguf", cases[i].model,
+                 cases[i].model);
+        snprintf(ref, sizeof ref, "%s", tu_testdata("gguf/"));
+        snprintf(ref + strlen(ref), sizeof ref - strlen(ref), "%s/%s-%s.gguf", cases[i].model,
+                 cases[i].model, cases[i].type);
+        snprintf(out, sizeof out, "%s/out-%zu.gguf", dir, i);
+        char *o = NULL, *e = NULL;
+        int rc = tu_run_anvil(&o, &e, "quantize -m %s -o %s --type %s", in, out, cases[i].type);
+        if (rc) fprintf(stderr, "%s\n", e);
+        assert_int_equal(rc, 0);
+        assert_same_file(out, ref);
+        free(o);
+        free(e);
+    }
+    tu_rmdir(dir);
+    free(dir);
+}
+
+/* From the Hugging Face checkpoint (bf16): the same tensors, types and bytes as llama.cpp's
+ * convert + quantize, the hyperparameters read back equal, and the same tokenizer metadata. */
+static void test_quantize_from_hf(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    char out[1024], ref[1024], hf[1024];
+    snprintf(out, sizeof out, "%s/hf-q4km.gguf", dir);
+    snprintf(hf, sizeof hf, "%s", tu_testdata("reference/qwen3-small"));
+    snprintf(ref, sizeof ref, "%s", tu_testdata("gguf/qwen3-small/qwen3-small-Q4_K_M.gguf"));
+    char *o = NULL, *e = NULL;
+    assert_int_equal(tu_run_anvil(&o, &e, "quantize -m %s -o %s --type Q4_K_M", hf, out), 0);
+    free(o);
+    free(e);
+    struct model_file *a, *b;
+    assert_int_equal(model_file_open(out, 1, &a), ANVIL_OK);
+    assert_int_equal(model_file_open(ref, 1, &b), ANVIL_OK);
+    assert_int_equal(a->n_tensors, b->n_tensors);
+    for (int i = 0; i < a->n_tensors; i++) {
+        const struct tensor_info *x = &a->tensors[i], *y = model_file_find(b, x->name);
+        assert_non_null(y);
+        assert_int_equal(x->type, y->type);
+        assert_int_equal(x->size, y->size);
+        assert_memory_equal(x->data, y->data, x->size);
+    }
+    assert_int_equal(a->hp.n_layer, b->hp.n_layer);
+    assert_int_equal(a->hp.n_embd, b->hp.n_embd);
+    assert_int_equal(a->hp.n_head_kv, b->hp.n_head_kv);
+    assert_int_equal(a->hp.head_dim, b->hp.head_dim);
+    assert_int_equal(a->hp.n_ff, b->hp.n_ff);
+    assert_int_equal(a->hp.n_vocab, b->hp.n_vocab);
+    assert_true(a->hp.rope_theta == b->hp.rope_theta && a->hp.rms_eps == b->hp.rms_eps);
+    /* the tokenizer, converted from tokenizer.json / tokenizer_config.json, as llama.cpp does */
+    int n_tok = 0;
+    for (int64_t i = 0; i < b->gguf->n_kv; i++)
+        if (!strncmp(b->gguf->kv[i].key, "tokenizer.", 10)) {
+            assert_kv_equal(&b->gguf->kv[i], gguf_find_kv(a->gguf, b->gguf->kv[i].key));
+            n_tok++;
+        }
+    assert_int_equal(n_tok, 9);
+    model_file_close(a);
+    model_file_close(b);
+    tu_rmdir(dir);
+    free(dir);
+}
+
+/* A file anvil writes reads back identically: F32 -> F32 keeps every pair and every byte. */
+static void test_copy_roundtrip(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    char out[1024], in[1024];
+    snprintf(out, sizeof out, "%s/copy.gguf", dir);
+    snprintf(in, sizeof in, "%s", tu_testdata("gguf/qwen3-small/qwen3-small-F32.gguf"));
+    struct quantize_stats s;
+    assert_int_equal(gguf_quantize(in, out, "F32", 2, &s), ANVIL_OK);
+    struct gguf_file *a, *b;
+    assert_int_equal(gguf_open(in, &a), ANVIL_OK);
+    assert_int_equal(gguf_open(out, &b), ANVIL_OK);
+    assert_int_equal(a->n_kv, b->n_kv);
+    for (int64_t i = 0; i < a->n_kv; i++) assert_kv_equal(&a->kv[i], gguf_find_kv(b, a->kv[i].key));
+    assert_int_equal(a->n_tensors, b->n_tensors);
+    for (int64_t i = 0; i < a->n_tensors; i++) {
+        const struct gguf_tensor *x = &a->tensors[i], *y = gguf_find_tensor(b, x->name);
+        assert_non_null(y);
+        assert_int_equal(x->type, y->type);
+        assert_int_equal(x->size, y->size);
+        assert_memory_equal(x->data, y->data, x->size);
+    }
+    gguf_close(a);
+    gguf_close(b);
+    /* a bad type name is refused and leaves no file */
+    assert_int_not_equal(gguf_quantize(in, out, "Q9_X", 1, &s), ANVIL_OK);
+    assert_non_null(strstr(err_get(), "unknown file type"));
+    tu_rmdir(dir);
+    free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_valid_file),
+        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_truncated_everywhere),
+        cmocka_unit_test(test_cli_errors),
+        cmocka_unit_test(test_writer_roundtrip),
+        cmocka_unit_test(test_quantize_like_llama),
+        cmocka_unit_test(test_quantize_from_hf),
+        cmocka_unit_test(test_copy_roundtrip),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,621 @@
+/*
+ * server: the OpenAI API shapes — parsing and checking chat and completion requests into
+ * jobs, and building responses, stream chunks and error objects.
+ *
+ * Accepted request fields (anything else is ignored, as vLLM and llama.cpp do):
+ *   model, stream, stream_options.include_usage, max_tokens, max_completion_tokens,
+ *   temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
+ *   repetition_penalty, seed, stop (string or list), n (1 only), ignore_eos (vLLM's),
+ *   chat: messages, tools (an empty list only), chat_template_kwargs.enable_thinking;
+ *   completions: prompt (a string, or token ids; or a list of one of those).
+ * Defaults follow OpenAI: temperature 1, top_p 1; without a seed each request draws one.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "server_impl.h"
+
+void api_error_set(struct api_error *e, int status, const char *type, const char *code,
+                   const char *param, const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+}
+
+#define BAD(e, param, ...) api_error_set(e, 400, "invalid_request_error", NULL, param, __VA_ARGS__)
+
+cJSON *api_error_json(const struct api_error *e) {
+    cJSON *root = cJSON_CreateObject(), *err = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "type", e->type);
+    if (e->param[0]) cJSON_AddStringToObject(err, "param", e->param);
+    else cJSON_AddNullToObject(err, "param");
+    if (e->code) cJSON_AddStringToObject(err, "code", e->code);
+    else cJSON_AddNullToObject(err, "code");
+    return root;
+}
+
+/* The nesting depth of a JSON text, counted without parsing (brackets outside strings). */
+static int json_depth(const char *s, size_t n, int limit) {
+    int depth = 0, max = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (c == '\\') i++;
+            else if (c == '"') in_str = false;
+        } else if (c == '"') {
+            in_str = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > max) max = depth;
+            if (max > limit) return max;
+        } else if (c == ']' || c == '}') {
+            depth--;
+        }
+    }
+    return max;
+}
+
+cJSON *api_parse_body(const char *body, size_t len, int max_depth, struct api_error *e) {
+    if (len == 0) {
+        BAD(e, NULL, "the request body is empty; expected a JSON object");
+        return NULL;
+    }
+    if (!utf8_valid(body, len)) {
+        BAD(e, NULL, "the request body is not valid UTF-8");
+        return NULL;
+    }
+    if (json_depth(body, len, max_depth) > max_depth) {
+        BAD(e, NULL, "the request body nests deeper than %d levels", max_depth);
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
+    if (root) {
+        while (end < body + len && (*end == ' ' || *end == '\n' || *end == '\r' || *end == '\t'))
+            end++;
+        if (end != body + len) {
+            cJSON_Delete(root);
+            root = NULL;
+        }
+    }
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        size_t off = at && at >= body && at <= body + len ? (size_t)(at - body) : 0;
+        BAD(e, NULL, "the request body is not valid JSON (near byte %zu)", off);
+        return NULL;
+    }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        BAD(e, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+/* ---- typed fields: absent or null leaves *out as it is ---- */
+
+static const cJSON *field(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static bool get_number(const cJSON *o, const char *key, double lo, double hi, double *out,
+                       struct api_error *e) {
+    const cJSON *v = field(o, key);
+    if (!v) return true;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+        BAD(e, key, "'%s' must be a number", key);
+        return false;
+    }
+    if (v->valuedouble < lo || v->valuedouble > hi) {
+        BAD(e, key, "'%s' must be between %g and %g, not %g", key, lo, hi, v->valuedouble);
+        return false;
+    }
+    *out = v->valuedouble;
+    return true;
+}
+
+static bool get_int(const cJSON *o, const char *key, double lo, double hi, int64_t *out,
+                    struct api_error *e) {
+    const cJSON *v = field(o, key);
+    if (!v) return true;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) {
+        BAD(e, key, "'%s' must be an integer", key);
+        return false;
+    }
+    if (v->valuedouble < lo || v->valuedouble > hi) {
+        BAD(e, key, "'%s' must be between %.0f and %.0f, not %.0f", key, lo, hi, v->valuedouble);
+        return false;
+    }
+    *out = (int64_t)v->valuedouble;
+    return true;
+}
+
+static bool get_bool(const cJSON *o, const char *key, bool *out, struct api_error *e) {
+    const cJSON *v = field(o, key);
+    if (!v) return true;
+    if (!cJSON_IsBool(v)) {
+        BAD(e, key, "'%s' must be true or false", key);
+        return false;
+    }
+    *out = cJSON_IsTrue(v);
+    return true;
+}
+
+static bool get_object(const cJSON *o, const char *key, const cJSON **out, struct api_error *e) {
+    const cJSON *v = field(o, key);
+    *out = NULL;
+    if (!v) return true;
+    if (!cJSON_IsObject(v)) {
+        BAD(e, key, "'%s' must be an object", key);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+/* "model", when given, must name the served model. */
+static bool check_model(struct server *s, const cJSON *req, struct api_error *e) {
+    const cJSON *m = field(req, "model");
+    if (!m) return true;
+    if (!cJSON_IsString(m)) {
+        BAD(e, "model", "'model' must be a string");
+        return false;
+    }
+    if (strcmp(m->valuestring, s->model_name) != 0) {
+        api_error_set(e, 404, "invalid_request_error", "model_not_found", "model",
+                      "the model '%.200s' does not exist; this server serves '%.200s'",
+                      m->valuestring, s->model_name);
+        return false;
+    }
+    return true;
+}
+
+/* ---- chat messages ---- */
+
+/* Copies messages into the shape the template renders: string contents (text parts joined
+ * by newlines), roles checked. */
+static cJSON *normalize_messages(const cJSON *msgs, struct api_error *e) {
+    if (!msgs || !cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0) {
+        BAD(e, "messages", "'messages' must be a non-empty array");
+        return NULL;
+    }
+    cJSON *out = cJSON_CreateArray();
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        char param[48];
+        snprintf(param, sizeof param, "messages[%d]", i);
+        if (!cJSON_IsObject(m)) {
+            BAD(e, param, "'%s' must be an object", param);
+            goto fail;
+        }
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role)) {
+            BAD(e, param, "'%s.role' must be a string", param);
+            goto fail;
+        }
+        const char *r = role->valuestring;
+        if (!strcmp(r, "developer")) r = "system";
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool")) {
+            BAD(e, param, "'%s.role' must be system, developer, user, assistant or tool, not '%.64s'",
+                param, role->valuestring);
+            goto fail;
+        }
+        const cJSON *content = field(m, "content");
+        struct sbuf text = {0};
+        sbuf_adds(&text, "");
+        if (cJSON_IsString(content)) {
+            sbuf_adds(&text, content->valuestring);
+        } else if (cJSON_IsArray(content)) {
+            const cJSON *part;
+            int k = 0;
+            cJSON_ArrayForEach(part, content) {
+                const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+                const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+                if (!cJSON_IsObject(part) || !cJSON_IsString(type) ||
+                    strcmp(type->valuestring, "text") || !cJSON_IsString(t)) {
+                    BAD(e, param, "'%s.content' parts must be {\"type\": \"text\", \"text\": ...} "
+                        "(this model reads text only)", param);
+                    sbuf_free(&text);
+                    goto fail;
+                }
+                if (k++) sbuf_adds(&text, "\n");
+                sbuf_adds(&text, t->valuestring);
+            }
+        } else if (content || strcmp(r, "assistant")) {
+            BAD(e, param, "'%s.content' must be a string or a list of text parts", param);
+            sbuf_free(&text);
+            goto fail;
+        }
+        cJSON *n = cJSON_CreateObject();
+        cJSON_AddStringToObject(n, "role", r);
+        cJSON_AddStringToObject(n, "content", text.p);
+        sbuf_free(&text);
+        const cJSON *rc = field(m, "reasoning_content"), *tc = field(m, "tool_calls");
+        if (rc && !cJSON_IsString(rc)) {
+            cJSON_Delete(n);
+            BAD(e, param, "'%s.reasoning_content' must be a string", param);
+            goto fail;
+        }
+        if (rc) cJSON_AddStringToObject(n, "reasoning_content", rc->valuestring);
+        if (tc && !cJSON_IsArray(tc)) {
+            cJSON_Delete(n);
+            BAD(e, param, "'%s.tool_calls' must be an array", param);
+            goto fail;
+        }
+        if (tc) cJSON_AddItemToObject(n, "tool_calls", cJSON_Duplicate(tc, true));
+        cJSON_AddItemToArray(out, n);
+        i++;
+    }
+    return out;
+fail:
+    cJSON_Delete(out);
+    return NULL;
+}
+
+/* Renders a chat request's messages into the prompt text. */
+static char *render_chat(struct server *s, const cJSON *req, bool add_generation_prompt,
+                         struct api_error *e) {
+    cJSON *msgs = normalize_messages(field(req, "messages"), e);
+    if (!msgs) return NULL;
+    char *text = NULL;
+    const cJSON *kw = NULL, *tools = field(req, "tools");
+    bool thinking = true;
+    if (tools && !cJSON_IsArray(tools)) {
+        BAD(e, "tools", "'tools' must be an array");
+    } else if (tools && cJSON_GetArraySize(tools) > 0) {
+        BAD(e, "tools", "tool definitions are not supported by this server yet");
+    } else if (get_object(req, "chat_template_kwargs", &kw, e) &&
+               (!kw || get_bool(kw, "enable_thinking", &thinking, e))) {
+        if (srv_text_render_chat(s->text, msgs, NULL, add_generation_prompt, thinking, &text) !=
+            ANVIL_OK)
+            BAD(e, "messages", "the chat template failed on these messages: %s", anvil_last_error());
+    }
+    cJSON_Delete(msgs);
+    return text;
+}
+
+/* A completion prompt: a string, token ids, or a list holding one of those. */
+static bool completion_prompt(struct server *s, const cJSON *req, int32_t **ids, int *n,
+                              struct api_error *e) {
+    const cJSON *p = field(req, "prompt");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
+        (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+        p = p->child;
+    else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1 && !cJSON_IsNumber(p->child)) {
+        BAD(e, "prompt", "one prompt per request is supported, not a batch");
+        return false;
+    }
+    if (cJSON_IsString(p)) {
+        if (srv_text_tokenize(s->text, p->valuestring, ids, n) != ANVIL_OK) {
+            BAD(e, "prompt", "cannot tokenize the prompt: %s", anvil_last_error());
+            return false;
+        }
+        return true;
+    }
+    if (cJSON_IsArray(p)) {
+        int count = cJSON_GetArraySize(p), V = srv_text_vocab_size(s->text);
+        *ids = xmalloc((size_t)(count ? count : 1) * sizeof **ids);
+        *n = 0;
+        const cJSON *t;
+        cJSON_ArrayForEach(t, p) {
+            if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) ||
+                t->valuedouble < 0 || t->valuedouble >= V) {
+                BAD(e, "prompt", "a token-id prompt must hold integers in [0, %d)", V);
+                free(*ids);
+                *ids = NULL;
+                return false;
+            }
+            (*ids)[(*n)++] = (int32_t)t->valuedouble;
+        }
+        return true;
+    }
+    BAD(e, "prompt", "'prompt' must be a string or a list of token ids");
+    return false;
+}
+
+static bool parse_stops(const cJSON *req, struct job *j, struct api_error *e) {
+    const cJSON *st = field(req, "stop");
+    if (!st) return true;
+    if (cJSON_IsString(st)) {
+        if (!*st->valuestring || strlen(st->valuestring) > MAX_STOP_LEN) {
+            BAD(e, "stop", "a stop string must have 1 to %d bytes", MAX_STOP_LEN);
+            return false;
+        }
+        j->stops[j->n_stops++] = xstrdup(st->valuestring);
+        return true;
+    }
+    if (!cJSON_IsArray(st) || cJSON_GetArraySize(st) > MAX_STOP_STRINGS) {
+        BAD(e, "stop", "'stop' must be a string or a list of at most %d strings", MAX_STOP_STRINGS);
+        return false;
+    }
+    const cJSON *x;
+    cJSON_ArrayForEach(x, st) {
+        if (!cJSON_IsString(x) || !*x->valuestring || strlen(x->valuestring) > MAX_STOP_LEN) {
+            BAD(e, "stop", "each stop string must be a string of 1 to %d bytes", MAX_STOP_LEN);
+            return false;
+        }
+        j->stops[j->n_stops++] = xstrdup(x->valuestring);
+    }
+    return true;
+}
+
+static bool parse_sampling(struct server *s, const cJSON *req, struct job *j,
+                           struct api_error *e) {
+    anvil_sampling *sp = &j->gen.sampling;
+    *sp = anvil_sampling_default();
+    double temp = 1.0, top_p = 1.0, min_p = 0.0, pres = 0.0, freq = 0.0, rep = 1.0;
+    int64_t top_k = 0, seed = -1, n = 1;
+    if (!get_number(req, "temperature", 0, 2, &temp, e) || !get_number(req, "top_p", 0, 1, &top_p, e) ||
+        !get_number(req, "min_p", 0, 1, &min_p, e) ||
+        !get_number(req, "presence_penalty", -2, 2, &pres, e) ||
+        !get_number(req, "frequency_penalty", -2, 2, &freq, e) ||
+        !get_number(req, "repetition_penalty", 0.01, 10, &rep, e) ||
+        !get_int(req, "top_k", -1, 1e9, &top_k, e) ||
+        !get_int(req, "seed", -9.2e18, 9.2e18, &seed, e) || !get_int(req, "n", 1, 1, &n, e))
+        return false;
+    if (top_p <= 0) {
+        BAD(e, "top_p", "'top_p' must be greater than 0");
+        return false;
+    }
+    bool logprobs = false;
+    const cJSON *lp = field(req, "logprobs");
+    if (lp && (cJSON_IsTrue(lp) || (cJSON_IsNumber(lp) && lp->valuedouble > 0))) logprobs = true;
+    if (logprobs) {
+        BAD(e, "logprobs", "logprobs are not supported by this server");
+        return false;
+    }
+    sp->temperature = (float)temp;
+    sp->top_p = (float)top_p;
+    sp->min_p = (float)min_p;
+    sp->presence_penalty = (float)pres;
+    sp->frequency_penalty = (float)freq;
+    sp->repeat_penalty = (float)rep;
+    sp->top_k = top_k > 0 ? (int)MIN(top_k, 1 << 30) : 0;
+    if (field(req, "seed")) {
+        sp->seed = (uint64_t)seed;
+    } else {
+        pthread_mutex_lock(&s->mu);
+        sp->seed = s->next_id * 0x9e3779b97f4a7c15ull + (uint64_t)time(NULL);
+        pthread_mutex_unlock(&s->mu);
+    }
+    return true;
+}
+
+struct job *api_job_from_request(struct server *s, enum job_kind kind, const cJSON *req,
+                                 struct api_error *e) {
+    struct job *j = job_new();
+    char *rendered = NULL;
+    if (!j) {
+        api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return NULL;
+    }
+    j->kind = kind;
+    j->created = (int64_t)time(NULL);
+    pthread_mutex_lock(&s->mu);
+    uint64_t id = s->next_id++;
+    pthread_mutex_unlock(&s->mu);
+    snprintf(j->id, sizeof j->id, "%s-%016llx", kind == JOB_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)(id * 0xbf58476d1ce4e5b9ull));
+    const cJSON *so = NULL;
+    int64_t max_tokens = -1;
+    if (!check_model(s, req, e) || !get_bool(req, "stream", &j->stream, e) ||
+        !get_object(req, "stream_options", &so, e) ||
+        (so && !get_bool(so, "include_usage", &j->include_usage, e)) ||
+        !get_bool(req, "ignore_eos", &j->ignore_eos, e) ||
+        !get_int(req, "max_tokens", 1, 1e9, &max_tokens, e) ||
+        !get_int(req, "max_completion_tokens", 1, 1e9, &max_tokens, e) ||
+        !parse_sampling(s, req, j, e) || !parse_stops(req, j, e))
+        goto fail;
+    if (max_tokens > s->opt.max_tokens) {
+        BAD(e, field(req, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens",
+            "at most %d tokens can be generated per request, not %lld", s->opt.max_tokens,
+            (long long)max_tokens);
+        goto fail;
+    }
+    if (kind == JOB_CHAT) {
+        if (!(rendered = render_chat(s, req, true, e))) goto fail;
+        if (srv_text_tokenize(s->text, rendered, &j->prompt, &j->n_prompt) != ANVIL_OK) {
+            BAD(e, "messages", "cannot tokenize the rendered chat: %s", anvil_last_error());
+            goto fail;
+        }
+        j->reasoning_split = true;
+        j->think_open = think_prompt_open(rendered);
+    } else {
+        bool echo = false;
+        if (!get_bool(req, "echo", &echo, e)) goto fail;
+        if (echo || field(req, "suffix")) {
+            BAD(e, echo ? "echo" : "suffix", "'%s' is not supported by this server",
+                echo ? "echo" : "suffix");
+            goto fail;
+        }
+        if (!completion_prompt(s, req, &j->prompt, &j->n_prompt, e)) goto fail;
+    }
+    if (j->n_prompt == 0) {
+        BAD(e, kind == JOB_CHAT ? "messages" : "prompt", "the prompt is empty");
+        goto fail;
+    }
+    int limit = s->opt.max_prompt_tokens ? MIN(s->opt.max_prompt_tokens, s->n_ctx - 1) : s->n_ctx - 1;
+    if (j->n_prompt > limit) {
+        api_error_set(e, 400, "invalid_request_error", "context_length_exceeded",
+                      kind == JOB_CHAT ? "messages" : "prompt",
+                      "the prompt has %d tokens; this server takes at most %d", j->n_prompt, limit);
+        goto fail;
+    }
+    if (max_tokens < 0) {
+        max_tokens = MIN(s->opt.default_max_tokens, s->n_ctx - j->n_prompt);
+    } else if (j->n_prompt + max_tokens > s->n_ctx) {
+        api_error_set(e, 400, "invalid_request_error", "context_length_exceeded",
+                      field(req, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens",
+                      "the context holds %d tokens, but the prompt has %d and max_tokens asks for "
+                      "%lld more", s->n_ctx, j->n_prompt, (long long)max_tokens);
+        goto fail;
+    }
+    j->gen.max_tokens = (int)max_tokens;
+    free(rendered);
+    return j;
+fail:
+    free(rendered);
+    job_release(s, j);
+    return NULL;
+}
+
+/* ---- responses ---- */
+
+static cJSON *usage_json(const struct job *j) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", j->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", j->n_generated);
+    cJSON_AddNumberToObject(u, "total_tokens", j->n_prompt + j->n_generated);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", j->n_cached);
+    return u;
+}
+
+static cJSON *envelope(struct server *s, const struct job *j, const char *object) {
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "id", j->id);
+    cJSON_AddStringToObject(r, "object", object);
+    cJSON_AddNumberToObject(r, "created", (double)j->created);
+    cJSON_AddStringToObject(r, "model", s->model_name);
+    return r;
+}
+
+cJSON *api_job_response(struct server *s, struct job *j) {
+    bool chat = j->kind == JOB_CHAT;
+    cJSON *r = envelope(s, j, chat ? "chat.completion" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(r, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (chat) {
+        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", j->content.p ? j->content.p : "");
+        if (j->reasoning.len) cJSON_AddStringToObject(m, "reasoning_content", j->reasoning.p);
+    } else {
+        cJSON_AddStringToObject(c, "text", j->content.p ? j->content.p : "");
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason", j->finish_reason ? j->finish_reason : "stop");
+    cJSON_AddItemToObject(r, "usage", usage_json(j));
+    return r;
+}
+
+cJSON *api_stream_chunk(struct server *s, const struct job *j, bool role, const char *content,
+                        const char *reasoning, const char *finish_reason, bool usage) {
+    bool chat = j->kind == JOB_CHAT;
+    cJSON *r = envelope(s, j, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(r, "choices");
+    if (usage) {
+        cJSON_AddItemToObject(r, "usage", usage_json(j));
+        return r;
+    }
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (chat) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (role) cJSON_AddStringToObject(d, "role", "assistant");
+        if (role || (content && *content)) cJSON_AddStringToObject(d, "content", content ? content : "");
+        if (reasoning && *reasoning) cJSON_AddStringToObject(d, "reasoning_content", reasoning);
+    } else {
+        cJSON_AddStringToObject(c, "text", content ? content : "");
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    if (finish_reason) cJSON_AddStringToObject(c, "finish_reason", finish_reason);
+    else cJSON_AddNullToObject(c, "finish_reason");
+    if (j->include_usage) cJSON_AddNullToObject(r, "usage");
+    return r;
+}
+
+cJSON *api_models(struct server *s) {
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "object", "list");
+    cJSON *data = cJSON_AddArrayToObject(r, "data"), *m = cJSON_CreateObject();
+    cJSON_AddItemToArray(data, m);
+    cJSON_AddStringToObject(m, "id", s->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)s->created);
+    cJSON_AddStringToObject(m, "owned_by", "anvil");
+    cJSON_AddNumberToObject(m, "max_model_len", s->n_ctx);
+    return r;
+}
+
+/* POST /tokenize: {"prompt": text} or {"messages": [...], "add_generation_prompt": bool,
+ * "chat_template_kwargs": {...}} → {"tokens": [...], "count": n, "max_model_len": n_ctx}. */
+cJSON *api_tokenize(struct server *s, const cJSON *req, struct api_error *e) {
+    if (!check_model(s, req, e)) return NULL;
+    const cJSON *prompt = field(req, "prompt");
+    int32_t *ids = NULL;
+    int n = 0;
+    if (field(req, "messages")) {
+        bool agp = true;
+        if (!get_bool(req, "add_generation_prompt", &agp, e)) return NULL;
+        char *text = render_chat(s, req, agp, e);
+        if (!text) return NULL;
+        anvil_status st = srv_text_tokenize(s->text, text, &ids, &n);
+        free(text);
+        if (st != ANVIL_OK) {
+            BAD(e, "messages", "cannot tokenize: %s", anvil_last_error());
+            return NULL;
+        }
+    } else if (cJSON_IsString(prompt)) {
+        if (srv_text_tokenize(s->text, prompt->valuestring, &ids, &n) != ANVIL_OK) {
+            BAD(e, "prompt", "cannot tokenize: %s", anvil_last_error());
+            return NULL;
+        }
+    } else {
+        BAD(e, "prompt", "give 'prompt' (a string) or 'messages'");
+        return NULL;
+    }
+    cJSON *r = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(r, "tokens");
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    cJSON_AddNumberToObject(r, "count", n);
+    cJSON_AddNumberToObject(r, "max_model_len", s->n_ctx);
+    free(ids);
+    return r;
+}
+
+/* POST /detokenize: {"tokens": [...]} → {"prompt": text}. */
+cJSON *api_detokenize(struct server *s, const cJSON *req, struct api_error *e) {
+    if (!check_model(s, req, e)) return NULL;
+    const cJSON *toks = field(req, "tokens");
+    if (!cJSON_IsArray(toks)) {
+        BAD(e, "tokens", "'tokens' must be a list of token ids");
+        return NULL;
+    }
+    int count = cJSON_GetArraySize(toks), V = srv_text_vocab_size(s->text), n = 0;
+    int32_t *ids = xmalloc((size_t)(count ? count : 1) * sizeof *ids);
+    const cJSON *t;
+    cJSON_ArrayForEach(t, toks) {
+        if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
+            t->valuedouble >= V) {
+            BAD(e, "tokens", "token ids must be integers in [0, %d)", V);
+            free(ids);
+            return NULL;
+        }
+        ids[n++] = (int32_t)t->valuedouble;
+    }
+    struct sbuf text = {0};
+    sbuf_adds(&text, "");
+    anvil_status st = srv_text_detokenize(s->text, ids, n, &text);
+    free(ids);
+    if (st != ANVIL_OK) {
+        sbuf_free(&text);
+        BAD(e, "tokens", "cannot detokenize: %s", anvil_last_error());
+        return NULL;
+    }
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "prompt", text.p);
+    sbuf_free(&text);
+    return r;
+}

@@ -1,0 +1,367 @@
+/* server: lifecycle, the FIFO queue, and the worker that owns the session. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server_impl.h"
+
+void server_options_default(struct server_options *o) {
+    memset(o, 0, sizeof *o);
+    o->session = anvil_session_default_params();
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->max_body = 1 << 20;
+    o->max_json_depth = 32;
+    o->max_tokens = 4096;
+    o->default_max_tokens = 512;
+    o->max_queue = 256;
+    o->max_connections = 512;
+    o->timeout_s = 60;
+}
+
+/* ---- jobs ---- */
+
+struct job *job_new(void) {
+    struct job *j = xcalloc(1, sizeof *j);
+    if (!j) return NULL;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    atomic_init(&j->cancelled, false);
+    j->refs = 1;
+    j->state = JOB_QUEUED;
+    return j;
+}
+
+static void job_free(struct job *j) {
+    free(j->prompt);
+    for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
+    sbuf_free(&j->content);
+    sbuf_free(&j->reasoning);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+void job_release(struct server *s, struct job *j) {
+    if (!j) return;
+    pthread_mutex_lock(&s->mu);
+    bool last = --j->refs == 0;
+    pthread_mutex_unlock(&s->mu);
+    if (last) job_free(j);
+}
+
+static void job_finish(struct job *j, anvil_status error, const char *msg) {
+    pthread_mutex_lock(&j->mu);
+    j->state = JOB_DONE;
+    if (error != ANVIL_OK) {
+        j->error = error;
+        snprintf(j->errmsg, sizeof j->errmsg, "%s", msg);
+    }
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+bool server_enqueue(struct server *s, struct job *j) {
+    pthread_mutex_lock(&s->mu);
+    bool ok = !atomic_load(&s->stopping) && s->ready && s->queue_len < s->opt.max_queue;
+    if (ok) {
+        j->refs++;
+        j->next = NULL;
+        if (s->queue_tail) s->queue_tail->next = j;
+        else s->queue_head = j;
+        s->queue_tail = j;
+        s->queue_len++;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+/* Unlinks j from the queue; the caller holds s->mu. */
+static bool unqueue_locked(struct server *s, struct job *j) {
+    struct job **pp = &s->queue_head, *prev = NULL;
+    while (*pp && *pp != j) prev = *pp, pp = &(*pp)->next;
+    if (!*pp) return false;
+    *pp = j->next;
+    if (s->queue_tail == j) s->queue_tail = prev;
+    j->next = NULL;
+    s->queue_len--;
+    return true;
+}
+
+void server_cancel(struct server *s, struct job *j) {
+    atomic_store(&j->cancelled, true);
+    pthread_mutex_lock(&s->mu);
+    bool was_queued = unqueue_locked(s, j);
+    if (was_queued) j->refs--; /* the queue's reference; the caller still holds one */
+    pthread_mutex_unlock(&s->mu);
+    if (was_queued) {
+        job_finish(j, ANVIL_OK, "");
+        metrics_generation(&s->metrics, 0, 0, 0, 0, 0, true);
+    }
+}
+
+void server_state(struct server *s, int *queue_len, int *running, bool *ready) {
+    pthread_mutex_lock(&s->mu);
+    *queue_len = s->queue_len;
+    *running = s->running != NULL;
+    *ready = s->ready;
+    pthread_mutex_unlock(&s->mu);
+}
+
+bool server_stopping(struct server *s) { return atomic_load(&s->stopping); }
+
+/* ---- running one job ---- */
+
+struct run {
+    struct server *srv;
+    struct job *job;
+    struct srv_decoder *dec;
+    struct stop_filter stop;
+    struct think_split think;
+    struct sbuf piece, released;
+    bool stop_string;
+    anvil_status error;
+};
+
+/* Passes released text on to the job (through the <think> split for chats). */
+static void emit(struct run *r, bool flush) {
+    struct job *j = r->job;
+    pthread_mutex_lock(&j->mu);
+    if (j->reasoning_split) {
+        if (r->released.len) think_split_push(&r->think, r->released.p, r->released.len,
+                                              &j->content, &j->reasoning);
+        if (flush) think_split_flush(&r->think, &j->content, &j->reasoning);
+    } else if (r->released.len) {
+        sbuf_add(&j->content, r->released.p, r->released.len);
+    }
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    sbuf_clear(&r->released);
+}
+
+/* The generate loop's token callback: decode, filter, hand over; non-zero stops. */
+static int on_token(void *user, int32_t tok) {
+    struct run *r = user;
+    if (atomic_load(&r->job->cancelled) || atomic_load(&r->srv->stopping)) return 1;
+    sbuf_clear(&r->piece);
+    anvil_status st = srv_decoder_push(r->dec, tok, &r->piece);
+    if (st != ANVIL_OK) {
+        r->error = st;
+        return 1;
+    }
+    if (r->piece.len && stop_filter_push(&r->stop, r->piece.p, r->piece.len, &r->released))
+        r->stop_string = true;
+    if (r->released.len) emit(r, false);
+    return r->stop_string;
+}
+
+static void run_job(struct server *s, struct job *j) {
+    struct run r = {.srv = s, .job = j};
+    char msg[256] = "";
+    anvil_generate_stats stats = {0};
+    int n_cached = 0;
+    anvil_status st = srv_decoder_create(s->text, &r.dec);
+    if (st == ANVIL_OK) st = stop_filter_init(&r.stop, (const char *const *)j->stops, j->n_stops);
+    think_split_init(&r.think, j->think_open);
+    if (st == ANVIL_OK) {
+        /* keep the longest common prefix of the cache and the prompt; at least one prompt
+         * token is fed again, for the logits the first new token is sampled from */
+        const int32_t *cached = anvil_session_tokens(s->session, &n_cached);
+        int keep = 0;
+        while (keep < n_cached && keep < j->n_prompt && cached[keep] == j->prompt[keep]) keep++;
+        if (keep >= j->n_prompt) keep = j->n_prompt - 1;
+        if (anvil_session_truncate(s->session, keep) != ANVIL_OK) {
+            anvil_session_reset(s->session); /* a recurrent state cannot be cut back */
+            keep = 0;
+        }
+        n_cached = keep;
+        anvil_generate_params gp = j->gen;
+        if (!j->ignore_eos) gp.stop_tokens = srv_text_stop_tokens(s->text, &gp.n_stop_tokens);
+        st = anvil_session_generate(s->session, j->prompt + keep, j->n_prompt - keep, &gp,
+                                    on_token, &r, &stats);
+        if (st != ANVIL_OK) snprintf(msg, sizeof msg, "%s", anvil_last_error());
+    } else {
+        snprintf(msg, sizeof msg, "%s", anvil_last_error());
+    }
+    if (st == ANVIL_OK && r.error != ANVIL_OK) {
+        st = r.error;
+        snprintf(msg, sizeof msg, "%s", anvil_last_error());
+    }
+    if (st == ANVIL_OK && atomic_load(&s->stopping) && !atomic_load(&j->cancelled)) {
+        st = ANVIL_ERR_BACKEND; /* cut short: not a finished answer */
+        snprintf(msg, sizeof msg, "the server is shutting down");
+    }
+    if (st == ANVIL_OK) {
+        /* whatever the filters still hold is output, unless a stop string ended it */
+        sbuf_clear(&r.piece);
+        if (r.dec) srv_decoder_flush(r.dec, &r.piece);
+        if (r.piece.len && stop_filter_push(&r.stop, r.piece.p, r.piece.len, &r.released))
+            r.stop_string = true;
+        stop_filter_flush(&r.stop, &r.released);
+        emit(&r, true);
+    }
+    bool cancelled = atomic_load(&j->cancelled);
+    pthread_mutex_lock(&j->mu);
+    j->n_cached = n_cached;
+    j->n_generated = stats.n_generated;
+    j->finish_reason = r.stop_string || stats.stop == ANVIL_STOP_EOS ||
+                               stats.stop == ANVIL_STOP_CALLBACK
+                           ? "stop"
+                           : "length";
+    pthread_mutex_unlock(&j->mu);
+    metrics_generation(&s->metrics, j->n_prompt, n_cached, stats.n_generated,
+                       stats.prompt_seconds, stats.generate_seconds, cancelled);
+    if (st != ANVIL_OK && !atomic_load(&s->stopping)) log_warn("serve: generation failed: %s", msg);
+    job_finish(j, st, msg);
+    think_split_free(&r.think);
+    stop_filter_free(&r.stop);
+    srv_decoder_destroy(r.dec);
+    sbuf_free(&r.piece);
+    sbuf_free(&r.released);
+}
+
+/* ---- the worker: loads the model, then runs the queue ---- */
+
+static anvil_status load(struct server *s) {
+    anvil_model_params mp = {s->opt.n_threads};
+    anvil_status st = anvil_model_open(s->opt.model_path, &mp, &s->model);
+    if (st != ANVIL_OK) return st;
+    st = anvil_session_create(s->model, &s->opt.session, &s->session);
+    if (st != ANVIL_OK) return err_set(st, "%s", anvil_model_errmsg(s->model));
+    st = srv_text_open(s->opt.model_path, &s->text);
+    if (st != ANVIL_OK) return st;
+    s->n_ctx = anvil_session_context_size(s->session);
+    return ANVIL_OK;
+}
+
+static void *worker_main(void *arg) {
+    struct server *s = arg;
+    anvil_status st = load(s);
+    pthread_mutex_lock(&s->mu);
+    if (st != ANVIL_OK) {
+        s->load_failed = true;
+        s->load_status = st;
+        snprintf(s->load_error, sizeof s->load_error, "%s", anvil_last_error());
+    } else {
+        s->ready = true;
+        log_info("serve: model %s loaded (context %d)", s->model_name, s->n_ctx);
+    }
+    pthread_cond_broadcast(&s->cv);
+    while (st == ANVIL_OK) {
+        while (!s->queue_head && !atomic_load(&s->stopping)) pthread_cond_wait(&s->cv, &s->mu);
+        if (atomic_load(&s->stopping)) break;
+        struct job *j = s->queue_head; /* the queue's reference passes to the worker */
+        s->queue_head = j->next;
+        if (!s->queue_head) s->queue_tail = NULL;
+        j->next = NULL;
+        s->queue_len--;
+        s->running = j;
+        pthread_mutex_lock(&j->mu);
+        j->state = JOB_RUNNING;
+        pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+        pthread_mutex_unlock(&s->mu);
+
+        run_job(s, j);
+
+        pthread_mutex_lock(&s->mu);
+        s->running = NULL;
+        pthread_mutex_unlock(&s->mu);
+        job_release(s, j);
+        pthread_mutex_lock(&s->mu);
+    }
+    /* stopping: whatever still waits is answered with an error */
+    while (s->queue_head) {
+        struct job *j = s->queue_head;
+        unqueue_locked(s, j);
+        j->refs--;
+        job_finish(j, ANVIL_ERR_BACKEND, "the server is shutting down");
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ---- lifecycle ---- */
+
+static void derive_model_name(struct server *s) {
+    if (s->opt.model_name && *s->opt.model_name) {
+        snprintf(s->model_name, sizeof s->model_name, "%s", s->opt.model_name);
+        return;
+    }
+    const char *p = s->opt.model_path;
+    if (!strncmp(p, "synthetic:", 10)) {
+        snprintf(s->model_name, sizeof s->model_name, "%s", p);
+        return;
+    }
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && p[b - 1] != '/') b--;
+    snprintf(s->model_name, sizeof s->model_name, "%.*s", (int)(n - b), p + b);
+}
+
+anvil_status server_start(const struct server_options *o, struct server **out) {
+    *out = NULL;
+    if (!o->model_path || !*o->model_path)
+        return err_set(ANVIL_ERR_INVALID_ARG, "serve: no model given");
+    if (o->max_body < 64 || o->max_json_depth < 2 || o->max_tokens < 1 ||
+        o->default_max_tokens < 1 || o->max_queue < 1 || o->max_connections < 1 ||
+        o->timeout_s < 1 || o->port < 0 || o->port > 65535 || o->max_prompt_tokens < 0)
+        return err_set(ANVIL_ERR_INVALID_ARG, "serve: an option is out of range");
+    struct server *s = xcalloc(1, sizeof *s);
+    if (!s) return ANVIL_ERR_NOMEM;
+    s->opt = *o;
+    if (!s->opt.host) s->opt.host = "127.0.0.1";
+    derive_model_name(s);
+    s->created = (int64_t)time(NULL);
+    s->next_id = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() << 32;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    atomic_init(&s->stopping, false);
+    metrics_init(&s->metrics);
+    anvil_status st = http_start(s);
+    if (st == ANVIL_OK) {
+        if (pthread_create(&s->worker, NULL, worker_main, s) != 0)
+            st = err_set(ANVIL_ERR_NOMEM, "serve: cannot start the worker thread");
+        else
+            s->worker_started = true;
+    }
+    if (st != ANVIL_OK) {
+        server_stop(s);
+        return st;
+    }
+    *out = s;
+    return ANVIL_OK;
+}
+
+int server_port(const struct server *s) { return s->port; }
+
+anvil_status server_wait_ready(struct server *s) {
+    pthread_mutex_lock(&s->mu);
+    while (!s->ready && !s->load_failed) pthread_cond_wait(&s->cv, &s->mu);
+    anvil_status st = s->ready ? ANVIL_OK : s->load_status;
+    if (st != ANVIL_OK) err_set(st, "%s", s->load_error);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+void server_stop(struct server *s) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    atomic_store(&s->stopping, true);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    /* the worker ends the running job at its next token and fails the queued ones; the
+     * connection threads waiting on them then finish, and the daemon can join them */
+    if (s->worker_started) pthread_join(s->worker, NULL);
+    http_stop(s);
+    srv_text_close(s->text);
+    anvil_session_destroy(s->session);
+    anvil_model_close(s->model);
+    metrics_free(&s->metrics);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}

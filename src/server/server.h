@@ -1,0 +1,71 @@
+/*
+ * server: `anvil serve` — an OpenAI-compatible HTTP server over one model session.
+ *
+ *     struct server_options o;
+ *     server_options_default(&o);
+ *     o.model_path = "Qwen3-0.6B/";
+ *     struct server *srv;
+ *     if (server_start(&o, &srv) != ANVIL_OK) { ...anvil_last_error()... }
+ *     printf("listening on port %d\n", server_port(srv));
+ *     if (server_wait_ready(srv) != ANVIL_OK) { ... the model failed to load ... }
+ *     ... wait for SIGTERM ...
+ *     server_stop(srv);
+ *
+ * Endpoints: POST /v1/chat/completions, POST /v1/completions (streamed as server-sent events
+ * when "stream": true), GET /v1/models, GET /health, GET /metrics (Prometheus text), POST
+ * /tokenize, POST /detokenize.
+ *
+ * Scheduling: the model has one session, owned by one worker thread. Every generation request
+ * is validated and tokenized on its own connection thread, then joins a FIFO queue; the worker
+ * runs the queue head to completion (prefill, then decode until a stop), then takes the next.
+ * A request's wait is therefore bounded by the work queued before it, which max_tokens and the
+ * prompt limit bound. A request whose client goes away (disconnect, timeout) is taken out of
+ * the queue at once, or, if running, stops at its next token. Before running a request the
+ * worker keeps the longest common prefix of the cached tokens and the new prompt, so a request
+ * continuing a conversation only prefills its new tokens.
+ *
+ * Parts: server.c (lifecycle, queue, worker), http.c (libmicrohttpd glue: routing, auth,
+ * limits, streaming), openai.c (request parsing and response shapes), metrics.c, textstream.c
+ * (stop strings and the <think> split over decoded text), tokens.c (the tokenizer as the
+ * server uses it).
+ */
+#ifndef ANVIL_SERVER_H
+#define ANVIL_SERVER_H
+
+#include <stddef.h>
+
+#include "anvil.h"
+
+struct server_options {
+    const char *model_path;  /* what anvil_model_open takes */
+    const char *model_name;  /* the id clients use; NULL: the model path's last component */
+    anvil_session_params session;
+    int n_threads;           /* model loading threads (0 = all) */
+    const char *host;        /* address to listen on; default "127.0.0.1" */
+    int port;                /* 0: any free port (see server_port) */
+    const char *api_key;     /* NULL or "": no authentication */
+    size_t max_body;         /* request body limit in bytes */
+    int max_json_depth;      /* nesting limit of request bodies */
+    int max_prompt_tokens;   /* 0: the context size less one */
+    int max_tokens;          /* the largest max_tokens a request may ask for */
+    int default_max_tokens;  /* used when a request gives none (still capped by the context) */
+    int max_queue;           /* waiting generation requests beyond this get 503 */
+    int max_connections;     /* simultaneous connections (each has a thread) */
+    int timeout_s;           /* a client idle this long (not sending, not reading) is dropped */
+};
+
+void server_options_default(struct server_options *o);
+
+struct server;
+
+/* Starts listening and begins loading the model in the background (/health answers 503
+ * until it is loaded). The options' strings must outlive the server. */
+anvil_status server_start(const struct server_options *o, struct server **out);
+/* The port the server listens on. */
+int server_port(const struct server *s);
+/* Blocks until the model is loaded (ANVIL_OK) or has failed to load (its error). */
+anvil_status server_wait_ready(struct server *s);
+/* Stops accepting, ends every request (queued and running), joins all threads, frees. */
+void server_stop(struct server *s);
+
+#endif

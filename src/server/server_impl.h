@@ -1,0 +1,231 @@
+/* server internals shared by its parts (see server.h for the overview). */
+#ifndef ANVIL_SERVER_IMPL_H
+#define ANVIL_SERVER_IMPL_H
+
+#include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/base.h"
+#include "server.h"
+
+/* ---- a growable byte string (always NUL-terminated when p != NULL) ---- */
+
+struct sbuf {
+    char *p;
+    size_t len, cap;
+};
+bool sbuf_add(struct sbuf *b, const char *s, size_t n);
+bool sbuf_adds(struct sbuf *b, const char *s);
+bool sbuf_printf(struct sbuf *b, const char *fmt, ...) PRINTF_LIKE(2, 3);
+void sbuf_clear(struct sbuf *b);
+void sbuf_free(struct sbuf *b);
+/* Removes the first n bytes. */
+void sbuf_consume(struct sbuf *b, size_t n);
+
+/* ---- the tokenizer as the server uses it (tokens.c) ---- */
+
+struct srv_text;
+/* Loads the tokenizer and chat template that ship with the model at model_path. */
+anvil_status srv_text_open(const char *model_path, struct srv_text **out);
+void srv_text_close(struct srv_text *t);
+/* End-of-turn ids (<|im_end|>, <|endoftext|>), text-owned. */
+const int32_t *srv_text_stop_tokens(const struct srv_text *t, int *n);
+/* Renders messages (a validated array of {role, content[, reasoning_content]} objects with
+ * string contents) and tools (NULL or an array) with the model's chat template; *out is a new
+ * string the caller frees. */
+anvil_status srv_text_render_chat(struct srv_text *t, const cJSON *messages, const cJSON *tools,
+                                  bool add_generation_prompt, bool enable_thinking, char **out);
+/* Text → ids (special-token text such as <|im_start|> becomes its special id); *ids is new,
+ * the caller frees it. */
+anvil_status srv_text_tokenize(struct srv_text *t, const char *text, int32_t **ids, int *n);
+/* ids → text into out; out-of-range ids are an error. */
+anvil_status srv_text_detokenize(struct srv_text *t, const int32_t *ids, int n, struct sbuf *out);
+int32_t srv_text_vocab_size(const struct srv_text *t);
+
+/* Turns a stream of ids into text, a piece per id, holding back incomplete UTF-8. */
+struct srv_decoder;
+anvil_status srv_decoder_create(struct srv_text *t, struct srv_decoder **out);
+void srv_decoder_destroy(struct srv_decoder *d);
+/* Appends the complete characters that id adds (nothing for a special token). */
+anvil_status srv_decoder_push(struct srv_decoder *d, int32_t id, struct sbuf *out);
+/* Appends what is still held (an incomplete character, as U+FFFD). */
+void srv_decoder_flush(struct srv_decoder *d, struct sbuf *out);
+
+/* ---- text filters over the decoded stream (textstream.c) ---- */
+
+/* Stop strings: text is released as soon as it cannot be the start of a stop string; at a
+ * match, the text before the stop string is released and everything after is dropped. */
+struct stop_filter {
+    char **stops; /* [n], filter-owned copies */
+    int n;
+    struct sbuf held;
+    bool stopped;
+};
+anvil_status stop_filter_init(struct stop_filter *f, const char *const *stops, int n);
+void stop_filter_free(struct stop_filter *f);
+/* Feeds s[n]; appends releasable text to out. Returns true once a stop string has matched. */
+bool stop_filter_push(struct stop_filter *f, const char *s, size_t n, struct sbuf *out);
+/* At the end of generation: releases what is held (unless stopped). */
+void stop_filter_flush(struct stop_filter *f, struct sbuf *out);
+
+/* Splits "<think>reasoning</think>content" into the two parts, streaming: a <think> is
+ * recognised only at the start of the output (after whitespace), or the output starts inside
+ * the block when the prompt opened it; newlines next to the tags are dropped. */
+enum think_state { THINK_START, THINK_REASONING, THINK_CONTENT };
+struct think_split {
+    enum think_state state;
+    bool section_start; /* drop leading newlines of the section */
+    struct sbuf held;
+};
+void think_split_init(struct think_split *t, bool in_reasoning);
+void think_split_free(struct think_split *t);
+void think_split_push(struct think_split *t, const char *s, size_t n, struct sbuf *content,
+                      struct sbuf *reasoning);
+void think_split_flush(struct think_split *t, struct sbuf *content, struct sbuf *reasoning);
+/* True when a rendered prompt ends inside an open <think> block. */
+bool think_prompt_open(const char *prompt);
+
+/* True when s[n] is well-formed UTF-8. */
+bool utf8_valid(const char *s, size_t n);
+
+/* ---- metrics (metrics.c) ---- */
+
+enum endpoint {
+    EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE,
+    EP_OTHER, EP_COUNT
+};
+#define METRICS_STATUSES 12
+
+struct metrics {
+    pthread_mutex_t mu;
+    double start_time;
+    uint64_t requests[EP_COUNT][METRICS_STATUSES]; /* by endpoint and status (see metrics.c) */
+    uint64_t prompt_tokens, cached_tokens, generated_tokens;
+    uint64_t generations, cancelled;
+    double prompt_seconds, generate_seconds;
+    double last_prompt_tps, last_generate_tps;
+};
+void metrics_init(struct metrics *m);
+void metrics_free(struct metrics *m);
+void metrics_request(struct metrics *m, enum endpoint ep, int status);
+void metrics_generation(struct metrics *m, int n_prompt, int n_cached, int n_generated,
+                        double prompt_s, double generate_s, bool cancelled);
+/* Appends the Prometheus text exposition. */
+void metrics_render(struct metrics *m, int queue_depth, int running, bool ready,
+                    struct sbuf *out);
+
+/* ---- a generation request (job), shared by its connection thread and the worker ---- */
+
+enum job_kind { JOB_CHAT, JOB_COMPLETION };
+enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
+
+#define MAX_STOP_STRINGS 16
+#define MAX_STOP_LEN 256
+
+struct job {
+    /* set by the connection thread before the job is queued, then read-only */
+    enum job_kind kind;
+    bool stream, include_usage;
+    char id[48];
+    int64_t created;
+    int32_t *prompt; /* [n_prompt] */
+    int n_prompt;
+    anvil_generate_params gen;
+    bool ignore_eos;
+    char *stops[MAX_STOP_STRINGS];
+    int n_stops;
+    bool reasoning_split, think_open; /* chat: split <think>; the prompt opened the block */
+
+    /* guarded by mu; cv signals every change */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    enum job_state state;
+    struct sbuf content, reasoning; /* all text so far (non-streamed) or not yet sent */
+    const char *finish_reason;      /* "stop" / "length" once done */
+    int n_cached, n_generated;      /* usage */
+    anvil_status error;             /* a backend failure */
+    char errmsg[256];
+
+    atomic_bool cancelled; /* the client went away: stop as soon as possible */
+    int refs;              /* guarded by the server's mu */
+    struct job *next;      /* queue link, guarded by the server's mu */
+};
+
+/* ---- the server ---- */
+
+struct MHD_Daemon;
+
+struct server {
+    struct server_options opt;
+    char model_name[256];
+    int64_t created;
+
+    /* loaded by the worker before ready is set; read-only afterwards */
+    anvil_model *model;
+    anvil_session *session;
+    struct srv_text *text;
+    int n_ctx;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;       /* queue changes, readiness, stopping */
+    bool ready, load_failed;
+    atomic_bool stopping;
+    anvil_status load_status;
+    char load_error[512];
+    struct job *queue_head, *queue_tail;
+    int queue_len;
+    struct job *running;
+    uint64_t next_id;
+
+    pthread_t worker;
+    bool worker_started;
+    struct MHD_Daemon *daemon;
+    int port;
+    struct metrics metrics;
+};
+
+/* server.c: the queue */
+struct job *job_new(void);
+void job_release(struct server *s, struct job *j);
+/* Queues j (taking a reference); false when the queue is full or the server stops. */
+bool server_enqueue(struct server *s, struct job *j);
+/* The client went away: unqueue j if it still waits, else make it stop at its next token. */
+void server_cancel(struct server *s, struct job *j);
+void server_state(struct server *s, int *queue_len, int *running, bool *ready);
+bool server_stopping(struct server *s);
+
+/* http.c */
+anvil_status http_start(struct server *s);
+void http_stop(struct server *s);
+
+/* openai.c: JSON request parsing and response shapes. An error is reported as an HTTP
+ * status and an OpenAI error object. */
+struct api_error {
+    int status;
+    const char *type;  /* invalid_request_error, authentication_error, ... */
+    const char *code;  /* NULL or a machine-readable code */
+    char param[64];    /* the offending field, or "" */
+    char message[512];
+};
+void api_error_set(struct api_error *e, int status, const char *type, const char *code,
+                   const char *param, const char *fmt, ...) PRINTF_LIKE(6, 7);
+cJSON *api_error_json(const struct api_error *e);
+/* Parses a body (at most max_depth deep, valid UTF-8) into a JSON object. */
+cJSON *api_parse_body(const char *body, size_t len, int max_depth, struct api_error *e);
+/* Builds a job from a chat or completion request; NULL with e set when the request is bad. */
+struct job *api_job_from_request(struct server *s, enum job_kind kind, const cJSON *req,
+                                 struct api_error *e);
+/* The non-streamed response of a finished job. */
+cJSON *api_job_response(struct server *s, struct job *j);
+/* The streamed chunk carrying the new text in content/reasoning (either may be empty), or
+ * the role (first chunk), or the finish reason; usage chunk when usage. */
+cJSON *api_stream_chunk(struct server *s, const struct job *j, bool role, const char *content,
+                        const char *reasoning, const char *finish_reason, bool usage);
+cJSON *api_models(struct server *s);
+cJSON *api_tokenize(struct server *s, const cJSON *req, struct api_error *e);
+cJSON *api_detokenize(struct server *s, const cJSON *req, struct api_error *e);
+
+#endif

@@ -1,0 +1,863 @@
+/*
+ * `anvil serve` end to end: starts the real server (the anvil binary) on a free loopback port
+ * with the qwen3-small reference model and talks HTTP to it through libcurl.
+ */
+#include <curl/curl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+
+#include "testutil.h"
+
+#define KEY "test-key-123"
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define N_CLIENTS 50
+
+static pid_t server_pid;
+static int server_port;
+static char *tmpdir;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- HTTP through libcurl ---- */
+
+struct buf {
+    char *p;
+    size_t len;
+};
+
+static size_t on_body(char *data, size_t size, size_t n, void *user) {
+    struct buf *b = user;
+    size_t add = size * n;
+    b->p = realloc(b->p, b->len + add + 1);
+    memcpy(b->p + b->len, data, add);
+    b->len += add;
+    b->p[b->len] = 0;
+    return add;
+}
+
+struct call {
+    CURL *h;
+    struct curl_slist *headers;
+    struct buf body;
+    char *request;
+};
+
+static void call_init(struct call *c, const char *method, const char *path, const char *body,
+                      const char *key) {
+    memset(c, 0, sizeof *c);
+    c->h = curl_easy_init();
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", server_port, path);
+    curl_easy_setopt(c->h, CURLOPT_URL, url);
+    curl_easy_setopt(c->h, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(c->h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c->h, CURLOPT_WRITEDATA, &c->body);
+    curl_easy_setopt(c->h, CURLOPT_TIMEOUT, 60L);
+    curl_easy_setopt(c->h, CURLOPT_NOSIGNAL, 1L);
+    c->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    if (key) {
+        char auth[128];
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", key);
+        c->headers = curl_slist_append(c->headers, auth);
+    }
+    curl_easy_setopt(c->h, CURLOPT_HTTPHEADER, c->headers);
+    if (body) {
+        c->request = strdup(body);
+        curl_easy_setopt(c->h, CURLOPT_POSTFIELDS, c->request);
+        curl_easy_setopt(c->h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    }
+}
+
+static long call_status(struct call *c) {
+    long status = 0;
+    curl_easy_getinfo(c->h, CURLINFO_RESPONSE_CODE, &status);
+    return status;
+}
+
+static void call_free(struct call *c) {
+    curl_easy_cleanup(c->h);
+    curl_slist_free_all(c->headers);
+    free(c->body.p);
+    free(c->request);
+}
+
+/* One blocking request; returns the status and the body (caller frees). */
+static long http(const char *method, const char *path, const char *body, const char *key,
+                 char **out) {
+    struct call c;
+    call_init(&c, method, path, body, key);
+    CURLcode rc = curl_easy_perform(c.h);
+    if (rc != CURLE_OK) fail_msg("%s %s: %s", method, path, curl_easy_strerror(rc));
+    long status = call_status(&c);
+    *out = c.body.p ? c.body.p : strdup("");
+    c.body.p = NULL;
+    call_free(&c);
+    return status;
+}
+
+/* POST with the key; the response must be 200 JSON. */
+static cJSON *post_ok(const char *path, const char *body) {
+    char *out;
+    long st = http("POST", path, body, KEY, &out);
+    if (st != 200) fail_msg("POST %s -> %ld: %s", path, st, out);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    free(out);
+    return j;
+}
+
+static const cJSON *get(const cJSON *o, const char *path) {
+    /* "a.b.0.c": object keys and array indices */
+    char key[64];
+    while (o && *path) {
+        size_t n = strcspn(path, ".");
+        snprintf(key, sizeof key, "%.*s", (int)n, path);
+        o = cJSON_IsArray(o) ? cJSON_GetArrayItem(o, atoi(key)) : cJSON_GetObjectItemCaseSensitive(o, key);
+        path += n + (path[n] == '.');
+    }
+    return o;
+}
+
+static int get_int(const cJSON *o, const char *path) {
+    const cJSON *v = get(o, path);
+    if (!cJSON_IsNumber(v)) fail_msg("%s is not a number", path);
+    return v->valueint;
+}
+
+static const char *get_str(const cJSON *o, const char *path) {
+    const cJSON *v = get(o, path);
+    if (!cJSON_IsString(v)) fail_msg("%s is not a string", path);
+    return v->valuestring;
+}
+
+/* A parsed event stream: the JSON events in order; done when "data: [DONE]" ended it. */
+struct sse {
+    cJSON *events[4096];
+    int n;
+    bool done;
+};
+
+static void sse_parse(const char *body, struct sse *s) {
+    memset(s, 0, sizeof *s);
+    const char *p = body;
+    while (*p) {
+        const char *end = strstr(p, "\n\n");
+        assert_non_null(end); /* every event ends with a blank line */
+        assert_false(s->done); /* nothing after [DONE] */
+        assert_memory_equal(p, "data: ", 6);
+        if (!strncmp(p + 6, "[DONE]", 6)) {
+            s->done = true;
+        } else {
+            assert_true(s->n < 4096);
+            s->events[s->n] = cJSON_ParseWithLength(p + 6, (size_t)(end - p - 6));
+            assert_non_null(s->events[s->n]);
+            s->n++;
+        }
+        p = end + 2;
+    }
+}
+
+static void sse_free(struct sse *s) {
+    for (int i = 0; i < s->n; i++) cJSON_Delete(s->events[i]);
+}
+
+/* What a streamed answer adds up to. */
+struct streamed {
+    char content[8192], reasoning[8192];
+    char finish[16];
+    int prompt_tokens, completion_tokens, total_tokens; /* -1 when no usage chunk */
+};
+
+static void sse_collect(const struct sse *s, bool chat, struct streamed *r) {
+    memset(r, 0, sizeof *r);
+    r->prompt_tokens = r->completion_tokens = r->total_tokens = -1;
+    assert_true(s->done);
+    for (int i = 0; i < s->n; i++) {
+        const cJSON *e = s->events[i];
+        assert_null(get(e, "error"));
+        assert_string_equal(get_str(e, "object"), chat ? "chat.completion.chunk" : "text_completion");
+        const cJSON *choices = get(e, "choices");
+        assert_true(cJSON_IsArray(choices));
+        if (cJSON_GetArraySize(choices) == 0) { /* the usage chunk: last */
+            assert_int_equal(i, s->n - 1);
+            r->prompt_tokens = get_int(e, "usage.prompt_tokens");
+            r->completion_tokens = get_int(e, "usage.completion_tokens");
+            r->total_tokens = get_int(e, "usage.total_tokens");
+            continue;
+        }
+        assert_int_equal(r->finish[0], 0); /* nothing but usage after the finish */
+        if (chat) {
+            const cJSON *role = get(e, "choices.0.delta.role");
+            assert_true(i == 0 ? cJSON_IsString(role) && !strcmp(role->valuestring, "assistant")
+                               : role == NULL);
+            const cJSON *c = get(e, "choices.0.delta.content"), *rc = get(e, "choices.0.delta.reasoning_content");
+            if (cJSON_IsString(c)) strcat(r->content, c->valuestring);
+            if (cJSON_IsString(rc)) strcat(r->reasoning, rc->valuestring);
+        } else {
+            strcat(r->content, get_str(e, "choices.0.text"));
+        }
+        const cJSON *f = get(e, "choices.0.finish_reason");
+        if (cJSON_IsString(f)) snprintf(r->finish, sizeof r->finish, "%s", f->valuestring);
+        else assert_true(cJSON_IsNull(f));
+    }
+    assert_true(r->finish[0]);
+}
+
+static void stream_request(const char *path, const char *body, bool chat, struct streamed *r) {
+    char *out;
+    long st = http("POST", path, body, KEY, &out);
+    if (st != 200) fail_msg("POST %s -> %ld: %s", path, st, out);
+    struct sse s;
+    sse_parse(out, &s);
+    sse_collect(&s, chat, r);
+    sse_free(&s);
+    free(out);
+}
+
+static int count_tokens(const char *tokenize_body) {
+    cJSON *r = post_ok("/tokenize", tokenize_body);
+    int n = get_int(r, "count");
+    assert_int_equal(cJSON_GetArraySize(get(r, "tokens")), n);
+    cJSON_Delete(r);
+    return n;
+}
+
+/* The server must still be running. */
+static void assert_server_alive(void) {
+    int status;
+    assert_int_equal(waitpid(server_pid, &status, WNOHANG), 0);
+}
+
+/* ---- server process ---- */
+
+static int start_server(void **state) {
+    (void)state;
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    tmpdir = tu_tmpdir();
+    char errpath[512];
+    snprintf(errpath, sizeof errpath, "%s/serve.err", tmpdir);
+    server_pid = fork();
+    if (server_pid == 0) {
+        FILE *f = freopen(errpath, "w", stderr);
+        (void)f;
+        execl(ANVIL_BIN, ANVIL_BIN, "serve", "-m", tu_testdata("reference/qwen3-small"), "--port",
+              "0", "-t", "2", "--backend", "cpu", "--api-key", KEY, "--timeout", "2",
+              (char *)NULL);
+        _exit(127);
+    }
+    assert_true(server_pid > 0);
+    /* the port, from the "listening on" line */
+    for (double t0 = now(); !server_port && now() - t0 < 20; usleep(20000)) {
+        char *err = tu_read_file(errpath, NULL);
+        const char *p = err ? strstr(err, "listening on http://127.0.0.1:") : NULL;
+        if (p) server_port = atoi(p + strlen("listening on http://127.0.0.1:"));
+        free(err);
+        assert_server_alive();
+    }
+    assert_true(server_port > 0);
+    for (double t0 = now(); now() - t0 < 30; usleep(20000)) {
+        char *out;
+        long st = http("GET", "/health", NULL, NULL, &out);
+        free(out);
+        if (st == 200) return 0;
+        assert_int_equal(st, 503); /* loading */
+    }
+    fail_msg("the server did not become ready");
+    return 0;
+}
+
+/* SIGTERM: the server ends its requests and exits 0, promptly. */
+static int stop_server(void **state) {
+    (void)state;
+    /* one long stream running and one request waiting when the signal comes */
+    struct call busy, waiting;
+    call_init(&busy, "POST", "/v1/completions", "{\"prompt\":\"Busy\",\"max_tokens\":4000,"
+              "\"temperature\":0,\"ignore_eos\":true,\"stream\":true}", KEY);
+    call_init(&waiting, "POST", "/v1/completions", "{\"prompt\":\"Waiting\",\"max_tokens\":4}", KEY);
+    CURLM *m = curl_multi_init();
+    curl_multi_add_handle(m, busy.h);
+    int running = 1;
+    for (double t0 = now(); now() - t0 < 5 && busy.body.len < 200;) {
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 20, NULL);
+    }
+    assert_true(busy.body.len >= 200);
+    curl_multi_add_handle(m, waiting.h);
+    for (double t0 = now(); now() - t0 < 0.3;) {
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 20, NULL);
+    }
+    assert_int_equal(kill(server_pid, SIGTERM), 0);
+    for (double t0 = now(); running && now() - t0 < 10;) {
+        curl_multi_perform(m, &running);
+        if (running) curl_multi_poll(m, NULL, 0, 20, NULL);
+    }
+    assert_int_equal(running, 0); /* both answered or cut, not left hanging */
+    long st = call_status(&waiting);
+    assert_true(st == 503 || st == 0);
+    curl_multi_remove_handle(m, busy.h);
+    curl_multi_remove_handle(m, waiting.h);
+    call_free(&busy);
+    call_free(&waiting);
+    curl_multi_cleanup(m);
+    int status = 0;
+    double t0 = now();
+    pid_t r;
+    while ((r = waitpid(server_pid, &status, WNOHANG)) == 0 && now() - t0 < 10) usleep(10000);
+    if (r == 0) {
+        kill(server_pid, SIGKILL);
+        waitpid(server_pid, &status, 0);
+        fail_msg("the server did not exit within 10 s of SIGTERM");
+    }
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    tu_rmdir(tmpdir);
+    free(tmpdir);
+    curl_global_cleanup();
+    return 0;
+}
+
+/* ---- tests ---- */
+
+static void test_auth(void **state) {
+    (void)state;
+    char *out;
+    assert_int_equal(http("GET", "/health", NULL, NULL, &out), 200);
+    free(out);
+    const char *keys[] = {NULL, "wrong-key", "test-key-12", "test-key-1234"};
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(http("GET", "/v1/models", NULL, keys[i], &out), 401);
+        cJSON *e = cJSON_Parse(out);
+        assert_string_equal(get_str(e, "error.type"), "authentication_error");
+        cJSON_Delete(e);
+        free(out);
+        assert_int_equal(http("POST", "/v1/completions", "{\"prompt\":\"hi\"}", keys[i], &out), 401);
+        free(out);
+        assert_int_equal(http("GET", "/metrics", NULL, keys[i], &out), 401);
+        free(out);
+    }
+    assert_int_equal(http("GET", "/v1/models", NULL, KEY, &out), 200);
+    cJSON *m = cJSON_Parse(out);
+    assert_string_equal(get_str(m, "object"), "list");
+    assert_string_equal(get_str(m, "data.0.id"), "qwen3-small");
+    cJSON_Delete(m);
+    free(out);
+    assert_server_alive();
+}
+
+#define CHAT_MSGS "[{\"role\":\"system\",\"content\":\"You are terse.\"},{\"role\":\"user\",\"content\":\"Name three colours.\"}]"
+
+static void test_chat(void **state) {
+    (void)state;
+    int n_prompt = count_tokens("{\"messages\":" CHAT_MSGS "}");
+    assert_true(n_prompt > 10);
+    cJSON *r = post_ok("/v1/chat/completions",
+                       "{\"model\":\"qwen3-small\",\"messages\":" CHAT_MSGS ",\"max_tokens\":12,\"temperature\":0}");
+    assert_string_equal(get_str(r, "object"), "chat.completion");
+    assert_true(!strncmp(get_str(r, "id"), "chatcmpl-", 9));
+    assert_string_equal(get_str(r, "model"), "qwen3-small");
+    assert_string_equal(get_str(r, "choices.0.message.role"), "assistant");
+    const char *content = get_str(r, "choices.0.message.content");
+    const char *finish = get_str(r, "choices.0.finish_reason");
+    int completion = get_int(r, "usage.completion_tokens");
+    assert_int_equal(get_int(r, "usage.prompt_tokens"), n_prompt);
+    assert_int_equal(get_int(r, "usage.total_tokens"), n_prompt + completion);
+    assert_true(completion >= 1 && completion <= 12);
+    if (!strcmp(finish, "length")) assert_int_equal(completion, 12);
+    else assert_string_equal(finish, "stop");
+
+    /* the same request streamed: the same text and usage */
+    struct streamed s;
+    stream_request("/v1/chat/completions",
+                   "{\"messages\":" CHAT_MSGS ",\"max_tokens\":12,\"temperature\":0,\"stream\":true,"
+                   "\"stream_options\":{\"include_usage\":true}}", true, &s);
+    assert_string_equal(s.content, content);
+    assert_string_equal(s.finish, finish);
+    assert_int_equal(s.prompt_tokens, n_prompt);
+    assert_int_equal(s.completion_tokens, completion);
+    assert_int_equal(s.total_tokens, n_prompt + completion);
+    cJSON_Delete(r);
+
+    /* without include_usage there is no usage chunk; thinking off renders a longer prompt */
+    stream_request("/v1/chat/completions",
+                   "{\"messages\":" CHAT_MSGS ",\"max_tokens\":3,\"stream\":true,"
+                   "\"chat_template_kwargs\":{\"enable_thinking\":false}}", true, &s);
+    assert_int_equal(s.prompt_tokens, -1);
+    int n_nothink = count_tokens("{\"messages\":" CHAT_MSGS ",\"chat_template_kwargs\":{\"enable_thinking\":false}}");
+    assert_true(n_nothink > n_prompt);
+    r = post_ok("/v1/chat/completions", "{\"messages\":" CHAT_MSGS ",\"max_completion_tokens\":2,"
+                "\"chat_template_kwargs\":{\"enable_thinking\":false},\"seed\":7,\"temperature\":0.8}");
+    assert_int_equal(get_int(r, "usage.prompt_tokens"), n_nothink);
+    assert_true(get_int(r, "usage.completion_tokens") <= 2);
+    cJSON_Delete(r);
+    assert_server_alive();
+}
+
+static void test_completions(void **state) {
+    (void)state;
+    int n_prompt = count_tokens("{\"prompt\":\"The capital of France is\"}");
+    cJSON *r = post_ok("/v1/completions", "{\"prompt\":\"The capital of France is\",\"max_tokens\":10,"
+                       "\"temperature\":0,\"ignore_eos\":true}");
+    assert_string_equal(get_str(r, "object"), "text_completion");
+    assert_string_equal(get_str(r, "choices.0.finish_reason"), "length");
+    assert_int_equal(get_int(r, "usage.prompt_tokens"), n_prompt);
+    assert_int_equal(get_int(r, "usage.completion_tokens"), 10);
+    assert_int_equal(get_int(r, "usage.total_tokens"), n_prompt + 10);
+    struct streamed s;
+    stream_request("/v1/completions", "{\"prompt\":\"The capital of France is\",\"max_tokens\":10,"
+                   "\"temperature\":0,\"ignore_eos\":true,\"stream\":true,"
+                   "\"stream_options\":{\"include_usage\":true}}", false, &s);
+    assert_string_equal(s.content, get_str(r, "choices.0.text"));
+    assert_string_equal(s.finish, "length");
+    assert_int_equal(s.completion_tokens, 10);
+    assert_int_equal(s.prompt_tokens, n_prompt);
+    cJSON_Delete(r);
+
+    /* a prompt of token ids; the same seed gives the same sampled text */
+    const char *seeded = "{\"prompt\":[72,2025,532,604],\"max_tokens\":8,\"temperature\":1.0,"
+                         "\"top_k\":40,\"top_p\":0.9,\"seed\":1234,\"ignore_eos\":true}";
+    cJSON *a = post_ok("/v1/completions", seeded), *b = post_ok("/v1/completions", seeded);
+    assert_int_equal(get_int(a, "usage.prompt_tokens"), 4);
+    assert_string_equal(get_str(a, "choices.0.text"), get_str(b, "choices.0.text"));
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    assert_server_alive();
+}
+
+/* A JSON string literal of s (for building request bodies). */
+static char *json_str(const char *s) {
+    cJSON *j = cJSON_CreateString(s);
+    char *out = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    return out;
+}
+
+static void test_stop_strings(void **state) {
+    (void)state;
+    const char *base = "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0,"
+                       "\"ignore_eos\":true";
+    char body[1024];
+    snprintf(body, sizeof body, "%s}", base);
+    cJSON *r = post_ok("/v1/completions", body);
+    char full[4096];
+    snprintf(full, sizeof full, "%s", get_str(r, "choices.0.text"));
+    cJSON_Delete(r);
+    /* a stop string from the middle of the greedy text: three ASCII letters */
+    size_t len = strlen(full), k = len / 3;
+    while (k + 3 < len && !(full[k] >= 'a' && full[k] <= 'z' && full[k + 1] >= 'a' &&
+                            full[k + 1] <= 'z' && full[k + 2] >= 'a' && full[k + 2] <= 'z'))
+        k++;
+    if (k + 3 >= len) fail_msg("no ASCII run in the greedy text \"%s\"", full);
+    char stop[4] = {full[k], full[k + 1], full[k + 2], 0};
+    size_t at = (size_t)(strstr(full, stop) - full);
+    char *js = json_str(stop);
+    snprintf(body, sizeof body, "%s,\"stop\":[\"never-there\",%s]}", base, js);
+    r = post_ok("/v1/completions", body);
+    assert_string_equal(get_str(r, "choices.0.finish_reason"), "stop");
+    const char *text = get_str(r, "choices.0.text");
+    assert_int_equal(strlen(text), at);
+    assert_memory_equal(text, full, at);
+    assert_true(get_int(r, "usage.completion_tokens") < 24);
+    cJSON_Delete(r);
+    /* streamed: the same text, and no chunk ever shows the stop string or its start */
+    snprintf(body, sizeof body, "%s,\"stop\":%s,\"stream\":true}", base, js);
+    struct streamed s;
+    stream_request("/v1/completions", body, false, &s);
+    assert_string_equal(s.finish, "stop");
+    assert_int_equal(strlen(s.content), at);
+    assert_memory_equal(s.content, full, at);
+    free(js);
+    /* a stop string that never occurs changes nothing */
+    snprintf(body, sizeof body, "%s,\"stop\":\"\\u0001never\"}", base);
+    r = post_ok("/v1/completions", body);
+    assert_string_equal(get_str(r, "choices.0.text"), full);
+    assert_string_equal(get_str(r, "choices.0.finish_reason"), "length");
+    cJSON_Delete(r);
+    assert_server_alive();
+}
+
+/* A request that repeats or continues the previous one prefills only its new tokens. */
+static void test_prefix_reuse(void **state) {
+    (void)state;
+    const char *body = "{\"prompt\":\"Prefix reuse: the same prompt twice\",\"max_tokens\":4,\"temperature\":0}";
+    cJSON *a = post_ok("/v1/completions", body), *b = post_ok("/v1/completions", body);
+    int n = get_int(b, "usage.prompt_tokens");
+    assert_int_equal(get_int(b, "usage.prompt_tokens_details.cached_tokens"), n - 1);
+    assert_string_equal(get_str(a, "choices.0.text"), get_str(b, "choices.0.text"));
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+
+    /* a chat's second turn reuses the first turn's prompt */
+    const char *turn1 = "[{\"role\":\"user\",\"content\":\"First question, rather long so the prefix counts.\"}]";
+    char req[2048];
+    snprintf(req, sizeof req, "{\"messages\":%s,\"max_tokens\":6,\"temperature\":0,"
+             "\"chat_template_kwargs\":{\"enable_thinking\":false}}", turn1);
+    cJSON *r1 = post_ok("/v1/chat/completions", req);
+    char *reply = json_str(get_str(r1, "choices.0.message.content"));
+    snprintf(req, sizeof req, "{\"messages\":[{\"role\":\"user\",\"content\":\"First question, rather "
+             "long so the prefix counts.\"},{\"role\":\"assistant\",\"content\":%s},{\"role\":\"user\","
+             "\"content\":\"Second.\"}],\"max_tokens\":4,\"temperature\":0,"
+             "\"chat_template_kwargs\":{\"enable_thinking\":false}}", reply);
+    cJSON *r2 = post_ok("/v1/chat/completions", req);
+    int cached = get_int(r2, "usage.prompt_tokens_details.cached_tokens");
+    /* shared: the first turn up to the assistant's opening (the template drops the empty think
+     * block of earlier turns, so the match ends there); with thinking on, the generation
+     * prompt renders exactly that opening */
+    snprintf(req, sizeof req, "{\"messages\":%s}", turn1);
+    int n_shared = count_tokens(req);
+    assert_true(cached >= n_shared - 1);
+    assert_true(cached < get_int(r2, "usage.prompt_tokens"));
+    free(reply);
+    cJSON_Delete(r1);
+    cJSON_Delete(r2);
+}
+
+/* Every malformed request gets a 4xx with an OpenAI error object. */
+static void test_malformed(void **state) {
+    (void)state;
+    static char big_prompt[40000], big_body[1 << 21], deep[200];
+    /* a prompt longer than the context (4096), as token ids */
+    char *p = big_prompt + sprintf(big_prompt, "{\"prompt\":[");
+    for (int i = 0; i < 4200; i++) p += sprintf(p, "%s5", i ? "," : "");
+    sprintf(p, "]}");
+    memset(big_body, ' ', sizeof big_body - 1);
+    memcpy(big_body, "{\"prompt\":\"x\"", 13);
+    big_body[sizeof big_body - 2] = '}';
+    for (int i = 0; i < 60; i++) deep[i] = '[', deep[119 - i] = ']';
+    static const struct {
+        const char *method, *path, *body;
+        long status;
+        const char *param; /* expected "param", or NULL */
+    } cases[] = {
+        {"POST", "/v1/chat/completions", "{", 400, NULL},
+        {"POST", "/v1/chat/completions", "", 400, NULL},
+        {"POST", "/v1/chat/completions", "[1,2]", 400, NULL},
+        {"POST", "/v1/chat/completions", "{\"messages\":[]} trailing", 400, NULL},
+        {"POST", "/v1/chat/completions", "{\"messages\":\"hi\"}", 400, "messages"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[]}", 400, "messages"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages[0]"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":7,\"content\":\"x\"}]}", 400, "messages[0]"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400, "messages[0]"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400, "messages[0]"},
+        {"POST", "/v1/chat/completions", "{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404, "model"},
+        {"POST", "/v1/chat/completions", "{\"model\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 400, "model"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":\"9\"}", 400, "max_tokens"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", 400, "max_tokens"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1.5}", 400, "max_tokens"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":100000}", 400, "max_tokens"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":-1}", 400, "temperature"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_p\":\"high\"}", 400, "top_p"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":\"yes\"}", 400, "stream"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"\"]}", 400, "stop"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":{}}", 400, "stop"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "n"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", 400, "logprobs"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}}", 400, "enable_thinking"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":4090}", 400, "max_tokens"},
+        {"POST", "/v1/chat/completions", deep, 400, NULL},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", 400, NULL},
+        {"POST", "/v1/completions", "{}", 400, "prompt"},
+        {"POST", "/v1/completions", "{\"prompt\":\"\"}", 400, "prompt"},
+        {"POST", "/v1/completions", "{\"prompt\":[1,99999]}", 400, "prompt"},
+        {"POST", "/v1/completions", "{\"prompt\":[\"a\",\"b\"]}", 400, "prompt"},
+        {"POST", "/v1/completions", "{\"prompt\":\"x\",\"echo\":true}", 400, "echo"},
+        {"POST", "/v1/completions", big_prompt, 400, "prompt"},
+        {"POST", "/v1/completions", big_body, 413, NULL},
+        {"POST", "/tokenize", "{\"prompt\":3}", 400, "prompt"},
+        {"POST", "/detokenize", "{\"tokens\":[1,-1]}", 400, "tokens"},
+        {"POST", "/detokenize", "{\"tokens\":\"1 2\"}", 400, "tokens"},
+        {"GET", "/v1/chat/completions", NULL, 405, NULL},
+        {"DELETE", "/v1/models", NULL, 405, NULL},
+        {"GET", "/v1/models/other-model", NULL, 404, NULL},
+        {"GET", "/v2/everything", NULL, 404, NULL},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
+        char *out;
+        long st = http(cases[i].method, cases[i].path, cases[i].body, KEY, &out);
+        if (st != cases[i].status)
+            fail_msg("case %zu (%s %s %.80s): status %ld, expected %ld: %s", i, cases[i].method,
+                     cases[i].path, cases[i].body ? cases[i].body : "", st, cases[i].status, out);
+        cJSON *e = cJSON_Parse(out);
+        if (!e) fail_msg("case %zu: the error is not JSON: %s", i, out);
+        assert_true(cJSON_IsString(get(e, "error.message")));
+        assert_true(cJSON_IsString(get(e, "error.type")));
+        assert_non_null(get(e, "error.param"));
+        assert_non_null(get(e, "error.code"));
+        if (cases[i].param) {
+            const cJSON *param = get(e, "error.param");
+            if (!cJSON_IsString(param) || strcmp(param->valuestring, cases[i].param))
+                fail_msg("case %zu: param %s, expected %s", i, out, cases[i].param);
+        }
+        if (st == 400 && strstr(cases[i].path, "completions") && cases[i].body == big_prompt)
+            assert_string_equal(get_str(e, "error.code"), "context_length_exceeded");
+        cJSON_Delete(e);
+        free(out);
+    }
+    assert_server_alive();
+}
+
+/* 50 clients stream at once; each gets its whole, correct answer. */
+static void test_concurrent_streams(void **state) {
+    (void)state;
+    enum { PROMPTS = 5 };
+    char bodies[PROMPTS][512], expect[PROMPTS][4096];
+    for (int k = 0; k < PROMPTS; k++) {
+        snprintf(bodies[k], sizeof bodies[k], "{\"messages\":[{\"role\":\"user\",\"content\":\"Client "
+                 "question number %d\"}],\"max_tokens\":16,\"temperature\":0", k);
+        char plain[600];
+        snprintf(plain, sizeof plain, "%.500s}", bodies[k]);
+        cJSON *r = post_ok("/v1/chat/completions", plain);
+        snprintf(expect[k], sizeof expect[k], "%s", get_str(r, "choices.0.message.content"));
+        cJSON_Delete(r);
+        strcat(bodies[k], ",\"stream\":true}");
+    }
+    static struct call calls[N_CLIENTS];
+    CURLM *m = curl_multi_init();
+    curl_multi_setopt(m, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)N_CLIENTS);
+    for (int i = 0; i < N_CLIENTS; i++) {
+        call_init(&calls[i], "POST", "/v1/chat/completions", bodies[i % PROMPTS], KEY);
+        curl_easy_setopt(calls[i].h, CURLOPT_FORBID_REUSE, 1L);
+        curl_multi_add_handle(m, calls[i].h);
+    }
+    double t0 = now();
+    int running = 1;
+    while (running && now() - t0 < 60) {
+        curl_multi_perform(m, &running);
+        if (running) curl_multi_poll(m, NULL, 0, 100, NULL);
+    }
+    assert_int_equal(running, 0);
+    CURLMsg *msg;
+    int left, ok = 0;
+    while ((msg = curl_multi_info_read(m, &left)))
+        if (msg->msg == CURLMSG_DONE && msg->data.result == CURLE_OK) ok++;
+    assert_int_equal(ok, N_CLIENTS);
+    for (int i = 0; i < N_CLIENTS; i++) {
+        assert_int_equal(call_status(&calls[i]), 200);
+        struct sse s;
+        sse_parse(calls[i].body.p, &s);
+        struct streamed r;
+        sse_collect(&s, true, &r);
+        assert_string_equal(r.content, expect[i % PROMPTS]);
+        sse_free(&s);
+        curl_multi_remove_handle(m, calls[i].h);
+        call_free(&calls[i]);
+    }
+    curl_multi_cleanup(m);
+    assert_server_alive();
+}
+
+/* The value of a metric sample line "name{labels} value" (or "name value"); -1 if absent. */
+static double metric(const char *text, const char *sample) {
+    size_t n = strlen(sample);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (!strncmp(p, sample, n) && p[n] == ' ') return strtod(p + n + 1, NULL);
+    return -1;
+}
+
+static char *get_metrics(void) {
+    char *out;
+    assert_int_equal(http("GET", "/metrics", NULL, KEY, &out), 200);
+    return out;
+}
+
+struct abort_ctx {
+    struct buf body;
+    int events_before_abort;
+};
+
+static size_t on_body_abort(char *data, size_t size, size_t n, void *user) {
+    struct abort_ctx *a = user;
+    on_body(data, size, n, &a->body);
+    int events = 0;
+    for (const char *p = a->body.p; (p = strstr(p, "\n\n")); p += 2) events++;
+    return events >= a->events_before_abort ? 0 : size * n; /* 0: curl aborts, closes */
+}
+
+/* A client that hangs up mid-stream stops its generation and frees the model at once; one
+ * that hangs up while queued leaves the queue. */
+static void test_disconnect(void **state) {
+    (void)state;
+    char *m0 = get_metrics();
+    double cancelled0 = metric(m0, "anvil_generations_cancelled_total");
+    double generated0 = metric(m0, "anvil_generated_tokens_total");
+    free(m0);
+    /* a generation that would run for the whole context */
+    const char *longreq = "{\"prompt\":\"Tell me everything\",\"max_tokens\":4000,\"temperature\":0,"
+                          "\"ignore_eos\":true,\"stream\":true}";
+    struct call a;
+    call_init(&a, "POST", "/v1/completions", longreq, KEY);
+    struct abort_ctx ctx = {{0}, 5};
+    curl_easy_setopt(a.h, CURLOPT_WRITEFUNCTION, on_body_abort);
+    curl_easy_setopt(a.h, CURLOPT_WRITEDATA, &ctx);
+    assert_int_equal(curl_easy_perform(a.h), CURLE_WRITE_ERROR); /* we hung up */
+    curl_easy_cleanup(a.h); /* closes the socket */
+    a.h = NULL;
+    free(ctx.body.p);
+    double t0 = now();
+    cJSON *r = post_ok("/v1/completions", "{\"prompt\":\"Next in line\",\"max_tokens\":4,\"temperature\":0}");
+    double waited = now() - t0;
+    cJSON_Delete(r);
+    assert_true(waited < 3.0);
+    char *m1 = get_metrics();
+    assert_int_equal(metric(m1, "anvil_generations_cancelled_total"), cancelled0 + 1);
+    /* the long request stopped far short of its 4000 tokens */
+    assert_true(metric(m1, "anvil_generated_tokens_total") - generated0 < 1000);
+    free(m1);
+
+    /* hanging up while queued behind a running (non-streamed) request, then hanging up that */
+    struct call runner, queued;
+    call_init(&runner, "POST", "/v1/completions",
+              "{\"prompt\":\"Keep busy\",\"max_tokens\":4000,\"temperature\":0,\"ignore_eos\":true}", KEY);
+    call_init(&queued, "POST", "/v1/completions", "{\"prompt\":\"Waiting\",\"max_tokens\":4}", KEY);
+    CURLM *m = curl_multi_init();
+    curl_multi_add_handle(m, runner.h);
+    int running;
+    double busy = 0, depth = 0;
+    for (t0 = now(); now() - t0 < 5 && busy < 1; usleep(5000)) { /* the runner has its turn */
+        curl_multi_perform(m, &running);
+        char *mt = get_metrics();
+        busy = metric(mt, "anvil_requests_running");
+        free(mt);
+    }
+    assert_int_equal(busy, 1);
+    curl_multi_add_handle(m, queued.h);
+    for (t0 = now(); now() - t0 < 5 && depth < 1; usleep(5000)) {
+        curl_multi_perform(m, &running);
+        char *mt = get_metrics();
+        depth = metric(mt, "anvil_queue_depth");
+        free(mt);
+    }
+    assert_int_equal(depth, 1);
+    curl_multi_remove_handle(m, queued.h); /* hang up */
+    call_free(&queued);
+    for (t0 = now(); now() - t0 < 1 && depth > 0; usleep(5000)) {
+        curl_multi_perform(m, &running);
+        char *mt = get_metrics();
+        depth = metric(mt, "anvil_queue_depth");
+        free(mt);
+    }
+    assert_int_equal(depth, 0);
+    curl_multi_remove_handle(m, runner.h); /* hang up on the running one */
+    call_free(&runner);
+    curl_multi_cleanup(m);
+    for (t0 = now(); now() - t0 < 1 && busy > 0; usleep(5000)) {
+        char *mt = get_metrics();
+        busy = metric(mt, "anvil_requests_running");
+        free(mt);
+    }
+    assert_int_equal(busy, 0);
+    m1 = get_metrics();
+    assert_int_equal(metric(m1, "anvil_generations_cancelled_total"), cancelled0 + 3);
+    assert_true(metric(m1, "anvil_generated_tokens_total") - generated0 < 3000);
+    free(m1);
+    call_free(&a);
+    assert_server_alive();
+}
+
+/* A client that stops sending mid-request is dropped after the idle timeout (2 s here). */
+static void test_slow_client(void **state) {
+    (void)state;
+    const char *partial[] = {
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " KEY
+        "\r\nContent-Length: 50\r\n\r\n{\"prompt\":",
+        "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow",
+    };
+    for (int i = 0; i < 2; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)server_port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+        assert_int_equal(send(fd, partial[i], strlen(partial[i]), 0), (ssize_t)strlen(partial[i]));
+        struct timeval tv = {8, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        double t0 = now();
+        char buf[512];
+        while (recv(fd, buf, sizeof buf, 0) > 0) continue;
+        double dt = now() - t0;
+        close(fd);
+        if (dt < 1.5 || dt > 6) fail_msg("a stalled client was dropped after %.2f s, not ~2 s", dt);
+    }
+    char *out;
+    assert_int_equal(http("GET", "/health", NULL, NULL, &out), 200);
+    free(out);
+    assert_server_alive();
+}
+
+/* /metrics is valid Prometheus text, and its counters add up. */
+static void test_metrics(void **state) {
+    (void)state;
+    char *text = get_metrics();
+    int samples = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (!strncmp(line, "# HELP ", 7) || !strncmp(line, "# TYPE ", 7)) continue;
+        assert_true(line[0] != '#');
+        const char *p = line;
+        assert_true((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == '_');
+        while ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_') p++;
+        if (*p == '{') {
+            while (*p != '}') {
+                p++;
+                while (*p && *p != '=') p++;
+                assert_memory_equal(p, "=\"", 2);
+                p = strchr(p + 2, '"');
+                assert_non_null(p);
+                p++;
+                assert_true(*p == ',' || *p == '}');
+            }
+            p++;
+        }
+        assert_int_equal(*p, ' ');
+        char *end;
+        strtod(p + 1, &end);
+        assert_true(end > p + 1 && *end == 0);
+        samples++;
+    }
+    free(text);
+    assert_true(samples > 10);
+    text = get_metrics();
+    assert_true(metric(text, "anvil_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"}") >= N_CLIENTS + 5);
+    assert_true(metric(text, "anvil_requests_total{endpoint=\"/v1/models\",status=\"401\"}") >= 4);
+    assert_true(metric(text, "anvil_request_errors_total") >= 40);
+    assert_true(metric(text, "anvil_generated_tokens_total") > N_CLIENTS * 1);
+    assert_true(metric(text, "anvil_prompt_tokens_cached_total") > 0);
+    assert_true(metric(text, "anvil_generate_tokens_per_second") > 0);
+    assert_int_equal(metric(text, "anvil_queue_depth"), 0);
+    assert_int_equal(metric(text, "anvil_model_loaded"), 1);
+    free(text);
+    assert_server_alive();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_auth),
+        cmocka_unit_test(test_chat),
+        cmocka_unit_test(test_completions),
+        cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_prefix_reuse),
+        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_concurrent_streams),
+        cmocka_unit_test(test_disconnect),
+        cmocka_unit_test(test_slow_client),
+        cmocka_unit_test(test_metrics),
+    };
+    return cmocka_run_group_tests(tests, start_server, stop_server);
+}

@@ -1,0 +1,170 @@
+/* server: the tokenizer as the server uses it — chat rendering, ids ↔ text, stop ids. */
+#include <stdlib.h>
+
+#include "server_impl.h"
+
+struct srv_text {
+    anvil_tokenizer *tok;
+    int32_t stop_ids[4];
+    int n_stop;
+};
+
+struct srv_decoder {
+    const anvil_tokenizer *tok;
+    anvil_detokenizer *dec;
+};
+
+static void add_stop(struct srv_text *t, int32_t id) {
+    if (id < 0) return;
+    for (int i = 0; i < t->n_stop; i++)
+        if (t->stop_ids[i] == id) return;
+    if (t->n_stop < (int)ARRAY_LEN(t->stop_ids)) t->stop_ids[t->n_stop++] = id;
+}
+
+anvil_status srv_text_open(const char *model_path, struct srv_text **out) {
+    *out = NULL;
+    struct srv_text *t = xcalloc(1, sizeof *t);
+    if (!t) return ANVIL_ERR_NOMEM;
+    anvil_status st = anvil_tokenizer_open(model_path, &t->tok);
+    if (st != ANVIL_OK) {
+        free(t);
+        return st;
+    }
+    add_stop(t, anvil_tokenizer_eos(t->tok));
+    add_stop(t, anvil_tokenizer_find(t->tok, "<|im_end|>"));
+    add_stop(t, anvil_tokenizer_find(t->tok, "<|endoftext|>"));
+    *out = t;
+    return ANVIL_OK;
+}
+
+void srv_text_close(struct srv_text *t) {
+    if (!t) return;
+    anvil_tokenizer_close(t->tok);
+    free(t);
+}
+
+const int32_t *srv_text_stop_tokens(const struct srv_text *t, int *n) {
+    *n = t->n_stop;
+    return t->stop_ids;
+}
+
+int32_t srv_text_vocab_size(const struct srv_text *t) { return anvil_tokenizer_vocab_size(t->tok); }
+
+static const char *str_or_null(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+anvil_status srv_text_render_chat(struct srv_text *t, const cJSON *messages, const cJSON *tools,
+                                  bool add_generation_prompt, bool enable_thinking, char **out) {
+    *out = NULL;
+    if (tools && cJSON_GetArraySize(tools) > 0)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "tool definitions are not supported yet");
+    int n = cJSON_GetArraySize(messages);
+    anvil_chat_message *msgs = xcalloc((size_t)(n ? n : 1), sizeof *msgs);
+    char **calls = xcalloc((size_t)(n ? n : 1), sizeof *calls);
+    anvil_status st = msgs && calls ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, messages) {
+        if (st != ANVIL_OK) break;
+        msgs[i].role = str_or_null(m, "role");
+        msgs[i].content = str_or_null(m, "content");
+        msgs[i].reasoning_content = str_or_null(m, "reasoning_content");
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        if (tc) {
+            if (!(calls[i] = cJSON_PrintUnformatted(tc))) st = ANVIL_ERR_NOMEM;
+            msgs[i].tool_calls = calls[i];
+        }
+        i++;
+    }
+    size_t len;
+    if (st == ANVIL_OK)
+        st = anvil_chat_template_apply(t->tok, msgs, (size_t)n, add_generation_prompt,
+                                       enable_thinking, out, &len);
+    for (int k = 0; calls && k < n; k++) cJSON_free(calls[k]);
+    free(calls);
+    free(msgs);
+    return st;
+}
+
+anvil_status srv_text_tokenize(struct srv_text *t, const char *text, int32_t **ids, int *n) {
+    size_t count = 0;
+    anvil_status st = anvil_tokenize(t->tok, text, strlen(text), 0, ids, &count);
+    if (st != ANVIL_OK) return st;
+    if (count > (size_t)INT32_MAX / 2) {
+        free(*ids);
+        *ids = NULL;
+        return err_set(ANVIL_ERR_RANGE, "the text has too many tokens");
+    }
+    *n = (int)count;
+    return ANVIL_OK;
+}
+
+/* Appends s[n] with every malformed UTF-8 sequence replaced by U+FFFD, so that JSON output
+ * stays valid whatever the ids were. */
+static void add_valid_utf8(struct sbuf *out, const char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        size_t j = i;
+        while (j < n && (unsigned char)s[j] < 0x80) j++;
+        sbuf_add(out, s + i, j - i);
+        if (j >= n) break;
+        size_t len = 1;
+        unsigned c = (unsigned char)s[j];
+        if ((c & 0xe0) == 0xc0) len = 2;
+        else if ((c & 0xf0) == 0xe0) len = 3;
+        else if ((c & 0xf8) == 0xf0) len = 4;
+        if (j + len <= n && len > 1 && utf8_valid(s + j, len)) {
+            sbuf_add(out, s + j, len);
+            i = j + len;
+        } else {
+            sbuf_adds(out, "\xef\xbf\xbd");
+            i = j + 1;
+        }
+    }
+}
+
+anvil_status srv_text_detokenize(struct srv_text *t, const int32_t *ids, int n, struct sbuf *out) {
+    char *text = NULL;
+    size_t len = 0;
+    anvil_status st = anvil_detokenize(t->tok, ids, (size_t)n, &text, &len);
+    if (st != ANVIL_OK) return st;
+    add_valid_utf8(out, text, len);
+    free(text);
+    return ANVIL_OK;
+}
+
+anvil_status srv_decoder_create(struct srv_text *t, struct srv_decoder **out) {
+    *out = xcalloc(1, sizeof **out);
+    if (!*out) return ANVIL_ERR_NOMEM;
+    (*out)->tok = t->tok;
+    anvil_status st = anvil_detokenizer_create(t->tok, &(*out)->dec);
+    if (st != ANVIL_OK) {
+        free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+void srv_decoder_destroy(struct srv_decoder *d) {
+    if (!d) return;
+    anvil_detokenizer_destroy(d->dec);
+    free(d);
+}
+
+anvil_status srv_decoder_push(struct srv_decoder *d, int32_t id, struct sbuf *out) {
+    /* control tokens (<|im_start|>, ...) are not text: left out, as vLLM and OpenAI do */
+    if (anvil_tokenizer_is_special(d->tok, id)) return ANVIL_OK;
+    const char *text;
+    size_t len;
+    anvil_status st = anvil_detokenizer_push(d->dec, id, &text, &len);
+    if (st == ANVIL_OK) add_valid_utf8(out, text, len);
+    return st;
+}
+
+void srv_decoder_flush(struct srv_decoder *d, struct sbuf *out) {
+    const char *text;
+    size_t len;
+    if (anvil_detokenizer_flush(d->dec, &text, &len) == ANVIL_OK) add_valid_utf8(out, text, len);
+}

@@ -1,0 +1,144 @@
+/*
+ * anvil serve -m MODEL [--host ADDR] [--port N] [--api-key KEY] ...
+ *
+ * An OpenAI-compatible HTTP server (src/server/server.h). Prints the address it listens on to
+ * stderr, serves until SIGINT or SIGTERM, then ends every request and exits 0.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "server/server.h"
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: anvil serve -m MODEL [options]\n"
+            "  --host ADDR             address to listen on (default 127.0.0.1)\n"
+            "  --port N                port (default 8080; 0 = any free port)\n"
+            "  --api-key KEY           require 'Authorization: Bearer KEY' (or set ANVIL_API_KEY)\n"
+            "  --model-name NAME       the model id clients use (default: the model's name)\n"
+            "  --max-tokens N          most tokens one request may generate (4096)\n"
+            "  --default-max-tokens N  when a request sets none (512)\n"
+            "  --max-prompt N          most prompt tokens (default: the context less one)\n"
+            "  --max-body BYTES        request body limit (1048576)\n"
+            "  --max-queue N           waiting requests before 503 (256)\n"
+            "  --max-connections N     simultaneous connections (512)\n"
+            "  --timeout SECONDS       drop a client idle this long (60)\n"
+            "  -c, --ctx N  -t, --threads N  --backend cpu|vulkan|auto  --device N\n");
+}
+
+struct ready_wait {
+    struct server *srv;
+    anvil_status status;
+    char error[512];
+};
+
+/* Waits for the model in the background, then wakes the main thread's sigwait. */
+static void *wait_ready(void *arg) {
+    struct ready_wait *w = arg;
+    w->status = server_wait_ready(w->srv);
+    if (w->status != ANVIL_OK) snprintf(w->error, sizeof w->error, "%s", anvil_last_error());
+    kill(getpid(), SIGUSR1);
+    return NULL;
+}
+
+int cmd_serve(int argc, char **argv) {
+    struct common_opts co;
+    common_opts_init(&co, NULL);
+    struct server_options o;
+    server_options_default(&o);
+    o.api_key = getenv("ANVIL_API_KEY");
+    for (int i = 1; i < argc; i++) {
+        int r = common_opt(&co, argc, argv, &i);
+        if (r < 0) return 1;
+        if (r) continue;
+        const char *a = argv[i], *v;
+        int n;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage();
+            return 0;
+        }
+        if (!(v = opt_value(argc, argv, &i))) return 1;
+        if (!strcmp(a, "--host")) o.host = v;
+        else if (!strcmp(a, "--api-key")) o.api_key = v;
+        else if (!strcmp(a, "--model-name")) o.model_name = v;
+        else if (!strcmp(a, "--port")) {
+            if (!parse_int(v, 0, 65535, &o.port)) return fail("bad --port \"%s\"", v);
+        } else if (!strcmp(a, "--max-tokens")) {
+            if (!parse_int(v, 1, 1 << 24, &o.max_tokens)) return fail("bad --max-tokens \"%s\"", v);
+        } else if (!strcmp(a, "--default-max-tokens")) {
+            if (!parse_int(v, 1, 1 << 24, &o.default_max_tokens))
+                return fail("bad --default-max-tokens \"%s\"", v);
+        } else if (!strcmp(a, "--max-prompt")) {
+            if (!parse_int(v, 1, 1 << 24, &o.max_prompt_tokens)) return fail("bad --max-prompt \"%s\"", v);
+        } else if (!strcmp(a, "--max-body")) {
+            if (!parse_int(v, 1024, 1 << 30, &n)) return fail("bad --max-body \"%s\"", v);
+            o.max_body = (size_t)n;
+        } else if (!strcmp(a, "--max-queue")) {
+            if (!parse_int(v, 1, 1 << 20, &o.max_queue)) return fail("bad --max-queue \"%s\"", v);
+        } else if (!strcmp(a, "--max-connections")) {
+            if (!parse_int(v, 1, 1 << 16, &o.max_connections))
+                return fail("bad --max-connections \"%s\"", v);
+        } else if (!strcmp(a, "--timeout")) {
+            if (!parse_int(v, 1, 86400, &o.timeout_s)) return fail("bad --timeout \"%s\"", v);
+        } else {
+            usage();
+            return fail("serve: unknown option \"%s\"", a);
+        }
+    }
+    if (!co.model) return fail("serve: no model: pass -m MODEL");
+    o.model_path = co.model;
+    o.n_threads = co.n_threads;
+    o.session.backend = co.backend;
+    o.session.device = co.device;
+    o.session.n_ctx = co.n_ctx;
+    o.session.n_threads = co.n_threads;
+
+    /* signals are taken by sigwait below, so every thread the server starts blocks them */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+
+    struct server *srv;
+    if (server_start(&o, &srv) != ANVIL_OK) return fail("%s", anvil_last_error());
+    bool v6 = strchr(o.host, ':') != NULL;
+    fprintf(stderr, "anvil: listening on http://%s%s%s:%d (loading %s)\n", v6 ? "[" : "", o.host,
+            v6 ? "]" : "", server_port(srv), o.model_path);
+    if (!o.api_key || !*o.api_key) {
+        if (strcmp(o.host, "127.0.0.1") && strcmp(o.host, "localhost") && strcmp(o.host, "::1"))
+            fprintf(stderr, "anvil: warning: listening beyond this machine without --api-key\n");
+    }
+    struct ready_wait w = {srv, ANVIL_OK, ""};
+    pthread_t waiter;
+    if (pthread_create(&waiter, NULL, wait_ready, &w) != 0) {
+        server_stop(srv);
+        return fail("serve: cannot start a thread");
+    }
+    int rc = 0;
+    for (;;) {
+        int sig = 0;
+        sigwait(&set, &sig);
+        if (sig == SIGPIPE) continue;
+        if (sig == SIGUSR1) {
+            if (w.status != ANVIL_OK) {
+                rc = fail("%s", w.error);
+                break;
+            }
+            fprintf(stderr, "anvil: ready\n");
+            continue;
+        }
+        fprintf(stderr, "anvil: %s: shutting down\n", sig == SIGINT ? "interrupt" : "terminated");
+        break;
+    }
+    pthread_join(waiter, NULL); /* a model still loading finishes first: loading cannot stop */
+    server_stop(srv);
+    return rc;
+}
