@@ -31,10 +31,10 @@ struct vk_device {
     VkSemaphore timeline; /* signalled with ++timeline_value by every submit */
     uint64_t timeline_value;
     int index; /* in enumeration order */
-    /* validation messages of error or warning severity since creation; any makes the
-     * backend's next call fail */
+    /* validation messages (errors, warnings): the process's count when this device was
+     * created; any message after that makes the backend's next call fail */
     int n_validation_msgs;
-    char validation_msg[512];
+    char validation_msg[512]; /* the first message (in the process's instance holder) */
 };
 
 /* Whether a Vulkan loader and at least one device exist (cheap after the first call). */
