@@ -10,9 +10,11 @@ set(ANVIL_SHADER_VARIANTS
   "matvec_f32 matvec.comp -DW_F32"
   "matvec_f16 matvec.comp -DW_F16"
   "matvec_bf16 matvec.comp -DW_BF16"
+  "matvec_q8_0 matvec.comp -DW_Q8_0"
   "embed_f32 embed.comp -DW_F32"
   "embed_f16 embed.comp -DW_F16"
   "embed_bf16 embed.comp -DW_BF16"
+  "embed_q8_0 embed.comp -DW_Q8_0"
   "attention attention.comp -DANVIL"
   "argmax argmax.comp -DANVIL")
 set(ANVIL_SHADER_INCS)

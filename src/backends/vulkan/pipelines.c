@@ -20,6 +20,12 @@ static const uint32_t spv_matvec_f16[] =
 static const uint32_t spv_matvec_bf16[] =
 #include "shaders/matvec_bf16.inc"
     ;
+static const uint32_t spv_matvec_q8_0[] =
+#include "shaders/matvec_q8_0.inc"
+    ;
+static const uint32_t spv_embed_q8_0[] =
+#include "shaders/embed_q8_0.inc"
+    ;
 static const uint32_t spv_embed_f32[] =
 #include "shaders/embed_f32.inc"
     ;
@@ -46,6 +52,9 @@ static const struct {
     [K_MATVEC_F32] = {SPV(spv_matvec_f32), "matvec_f32"},
     [K_MATVEC_F16] = {SPV(spv_matvec_f16), "matvec_f16"},
     [K_MATVEC_BF16] = {SPV(spv_matvec_bf16), "matvec_bf16"},
+    [K_MATVEC_Q8_0] = {SPV(spv_matvec_q8_0), "matvec_q8_0"},
+    [K_MATVEC_SWIGLU_Q8_0] = {SPV(spv_matvec_q8_0), "matvec_swiglu_q8_0"},
+    [K_EMBED_Q8_0] = {SPV(spv_embed_q8_0), "embed_q8_0"},
     [K_MATVEC_SWIGLU_F32] = {SPV(spv_matvec_f32), "matvec_swiglu_f32"},
     [K_MATVEC_SWIGLU_F16] = {SPV(spv_matvec_f16), "matvec_swiglu_f16"},
     [K_MATVEC_SWIGLU_BF16] = {SPV(spv_matvec_bf16), "matvec_swiglu_bf16"},
@@ -122,7 +131,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         uint32_t vals[4] = {0};
         VkSpecializationMapEntry ent[4];
         uint32_t n = 0;
-        if (k <= K_MATVEC_SWIGLU_BF16) {
+        if (k <= K_MATVEC_SWIGLU_Q8_0) {
             vals[0] = out->matvec_wg;
             vals[1] = out->matvec_nr;
             vals[2] = k >= K_MATVEC_SWIGLU_F32;

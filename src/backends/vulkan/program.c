@@ -94,8 +94,9 @@ static VkDeviceSize alloc_node(struct lower *L, int i) {
     int r = L->root[i];
     if (L->off[r] == (VkDeviceSize)-1) {
         L->off[r] = L->arena_size;
-        /* padded to 8 floats and zeroed once: kernels read inputs in chunks of 8 */
-        L->arena_size += round_up(round_up((VkDeviceSize)node_nelem(&L->g->nodes[r]), 8) * 4 + 32, ALIGN);
+        /* padded to 128 floats and zeroed once: matvecs read inputs in chunks of 8 up to the
+         * weights' padded row length (128 for Q8_0) */
+        L->arena_size += round_up(round_up((VkDeviceSize)node_nelem(&L->g->nodes[r]), 128) * 4 + 32, ALIGN);
     }
     return L->off[r];
 }
@@ -129,6 +130,7 @@ static int kernel_for(int type, enum vk_kernel f32) {
     case DT_F32: return f32;
     case DT_F16: return f32 + 1;
     case DT_BF16: return f32 + 2;
+    case DT_Q8_0: return f32 + 3;
     default: return -1;
     }
 }
@@ -174,7 +176,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     pc.ctl = L->p->ctl.addr;
     int64_t K = N(L, x)->ne[0];
     pc.K = (uint32_t)K;
-    pc.Kp8 = (uint32_t)(round_up((VkDeviceSize)K, 8) / 8);
+    pc.Kp8 = vk_weight_kp(L->p->b, N(L, n->src[1])->weight) / 8;
     matvec_input(L, x, &pc);
     int kern = kernel_for(type, K_MATVEC_F32);
     if (kern < 0)
@@ -334,7 +336,7 @@ static anvil_status lower_graph(struct lower *L) {
                 break;
             }
             struct pc_embed pe = {vk_weight_addr(L->p->b, w, false, false), addr_of(L, i), L->p->ctl.addr,
-                                  (uint32_t)(round_up((VkDeviceSize)w->ne[0], 8) / 8)};
+                                  vk_weight_kp(L->p->b, w) / 8};
             st = emit(L->p, kern, 1, 1, &pe, sizeof pe);
             break;
         }
@@ -674,8 +676,9 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
 }
 
 static const char *kernel_names[K_COUNT] = {
-    "matvec_f32", "matvec_f16", "matvec_bf16", "matvec_swiglu_f32", "matvec_swiglu_f16",
-    "matvec_swiglu_bf16", "embed_f32", "embed_f16", "embed_bf16", "attention", "argmax"};
+    "matvec_f32", "matvec_f16", "matvec_bf16", "matvec_q8_0", "matvec_swiglu_f32",
+    "matvec_swiglu_f16", "matvec_swiglu_bf16", "matvec_swiglu_q8_0", "embed_f32", "embed_f16",
+    "embed_bf16", "embed_q8_0", "attention", "argmax"};
 
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
     size_t len = 0;

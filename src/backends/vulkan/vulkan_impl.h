@@ -98,9 +98,10 @@ anvil_status vk_uploader_finish(struct vk_uploader *u);
 /* ---- pipelines ---- */
 
 enum vk_kernel {
-    K_MATVEC_F32, K_MATVEC_F16, K_MATVEC_BF16,
-    K_MATVEC_SWIGLU_F32, K_MATVEC_SWIGLU_F16, K_MATVEC_SWIGLU_BF16,
-    K_EMBED_F32, K_EMBED_F16, K_EMBED_BF16,
+    /* per weight type, in the order F32, F16, BF16, Q8_0 (kernel_for) */
+    K_MATVEC_F32, K_MATVEC_F16, K_MATVEC_BF16, K_MATVEC_Q8_0,
+    K_MATVEC_SWIGLU_F32, K_MATVEC_SWIGLU_F16, K_MATVEC_SWIGLU_BF16, K_MATVEC_SWIGLU_Q8_0,
+    K_EMBED_F32, K_EMBED_F16, K_EMBED_BF16, K_EMBED_Q8_0,
     K_ATTENTION,
     K_ARGMAX,
     K_COUNT,
