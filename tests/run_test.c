@@ -46,6 +46,25 @@ static void test_run_raw_greedy_matches_eval(void **state) {
     free(ids), free(greedy), free(text), free(run), free(expect);
 }
 
+static void test_stop_string(void **state) {
+    (void)state;
+    char *full = NULL, *cut = NULL;
+    assert_int_equal(tu_run_anvil(&full, NULL, "run -m %s --backend cpu --raw -p 'Once upon' --temp 0 -n 30 2>/dev/null", SMALL), 0);
+    /* a stop string taken from the middle of the answer: the output ends right before it */
+    size_t len = strlen(full);
+    assert_true(len > 12);
+    char stop[4] = {full[10], full[11], 0};
+    if (strchr(stop, '\'') || strchr(stop, '\n') || (unsigned char)stop[0] >= 0x80 || (unsigned char)stop[1] >= 0x80)
+        skip(); /* keep the shell quoting simple */
+    assert_int_equal(tu_run_anvil(&cut, NULL, "run -m %s --backend cpu --raw -p 'Once upon' --temp 0 -n 30 --stop '%s' 2>/dev/null",
+                                  SMALL, stop), 0);
+    char *at = strstr(full, stop);
+    size_t keep = (size_t)(at - full);
+    assert_int_equal(strlen(cut), keep + 1); /* + the closing newline */
+    assert_memory_equal(cut, full, keep);
+    free(full), free(cut);
+}
+
 static void test_chat_turns(void **state) {
     (void)state;
     char *out = NULL, *err = NULL;
@@ -85,6 +104,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_run_deterministic_and_stats),
         cmocka_unit_test(test_run_raw_greedy_matches_eval),
+        cmocka_unit_test(test_stop_string),
         cmocka_unit_test(test_chat_turns),
         cmocka_unit_test(test_errors),
     };

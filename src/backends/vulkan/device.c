@@ -90,6 +90,7 @@ static anvil_status make_instance(struct vk_device *d, bool validate) {
                                layers, n_exts, exts};
     anvil_status st = vk_result(vkCreateInstance(&ci, NULL, &d->instance), "vkCreateInstance");
     if (st != ANVIL_OK) return st;
+    pin_loaded_libraries(); /* sanitizer builds: keep the driver mapped for leak reports */
     volkLoadInstanceOnly(d->instance);
     if (debug) {
         VkDebugUtilsMessengerCreateInfoEXT mi = {
