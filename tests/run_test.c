@@ -46,6 +46,22 @@ static void test_run_raw_greedy_matches_eval(void **state) {
     free(ids), free(greedy), free(text), free(run), free(expect);
 }
 
+/* Sampling with a seed gives the same tokens on the CPU and on Vulkan (lavapipe in CI). */
+static void test_seed_across_backends(void **state) {
+    (void)state;
+    char *cpu = NULL, *vk = NULL, *err = NULL;
+    assert_int_equal(tu_run_anvil(&cpu, NULL, "run -m %s --backend cpu -p 'Tell me a story' -n 12 --seed 11 --temp 0.8 2>/dev/null", SMALL), 0);
+    int rc = tu_run_anvil(&vk, &err, "run -m %s --backend vulkan -p 'Tell me a story' -n 12 --seed 11 --temp 0.8", SMALL);
+    if (rc != 0 && err && strstr(err, "--backend vulkan:")) {
+        fprintf(stderr, "no Vulkan device: %s", err);
+        free(cpu), free(vk), free(err);
+        skip();
+    }
+    assert_int_equal(rc, 0);
+    assert_string_equal(cpu, vk);
+    free(cpu), free(vk), free(err);
+}
+
 static void test_stop_string(void **state) {
     (void)state;
     char *full = NULL, *cut = NULL;
@@ -104,6 +120,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_run_deterministic_and_stats),
         cmocka_unit_test(test_run_raw_greedy_matches_eval),
+        cmocka_unit_test(test_seed_across_backends),
         cmocka_unit_test(test_stop_string),
         cmocka_unit_test(test_chat_turns),
         cmocka_unit_test(test_errors),
