@@ -165,7 +165,10 @@ def gguf_tokenizer(d, cfg):
 
 
 def main():
-    shutil.rmtree(os.path.join(ROOT, "corpus"), ignore_errors=True)
+    # only the corpora written here (others, such as fuzz_openai_request's, are kept by hand)
+    for t in ["fuzz_safetensors", "fuzz_config", "fuzz_hf_index", "fuzz_gguf",
+              "fuzz_chat_template", "fuzz_tokenizer_json", "fuzz_tokenize"]:
+        shutil.rmtree(os.path.join(ROOT, "corpus", t), ignore_errors=True)
     put("fuzz_safetensors", "tiny-f32", safetensors(TENSORS))
     put("fuzz_safetensors", "tiny-bf16-meta", safetensors(TENSORS, "BF16", {"format": "pt"}, pad=True))
     put("fuzz_safetensors", "tiny-f16-untied",
@@ -200,14 +203,6 @@ def main():
     put("fuzz_gguf", "all-types", gguf_types())
     tok, cfg = tokenizer_fixture()
     put("fuzz_gguf", "tokenizer", gguf_tokenizer(tok, cfg))
-
-    with open(os.path.join(ROOT, "fixtures", "qwen3-tokenizer", "tokenizer.json"), "rb") as f:
-        put("fuzz_tokenizer_json", "qwen3-400", f.read())
-    with open(os.path.join(TESTDATA, "tokenizer", "encode.jsonl"), encoding="utf-8") as f:
-        lines = [json.loads(l) for l in f]
-    for i, l in enumerate(lines[:12]):
-        put("fuzz_tokenize", "enc%02d" % i, b"\x00" + l["text"].encode())
-    put("fuzz_tokenize", "plain", b"\x01<|im_start|>user hi<|im_end|>")
 
     def chat(bits, msgs):
         return bytes([bits]) + b"\0".join(b"\0".join(f.encode() for f in m) for m in msgs)
@@ -268,6 +263,45 @@ def main():
             f.write(w + "\n")
         for k in gkeys:
             f.write('"%s"\n' % k)
+
+    tokenizer_seeds()
+
+
+def tokenizer_seeds():
+    """Seeds for fuzz_tokenizer_json (small tokenizer.json files) and fuzz_tokenize."""
+    byte_tokens = {}
+    bs = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]
+    k = 0
+    for b in range(256):
+        byte_tokens[chr(b) if b in bs else chr(256 + (k := k + 1) - 1)] = b
+    vocab = dict(byte_tokens)
+    merges = [["\u0120", "t"], ["h", "e"], ["\u0120t", "he"], ["a", "a"]]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    regex = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"
+             "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+    pre = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+    added = [{"id": len(vocab), "content": "<|im_end|>", "special": True, "lstrip": False,
+              "rstrip": False, "single_word": False, "normalized": False}]
+    def tok(merge_form, normalizer):
+        return json.dumps({"version": "1.0", "added_tokens": added, "normalizer": normalizer,
+                           "pre_tokenizer": pre, "decoder": {"type": "ByteLevel"},
+                           "model": {"type": "BPE", "vocab": vocab, "merges": merge_form}},
+                          ensure_ascii=False)
+    put("fuzz_tokenizer_json", "pairs-nfc", tok(merges, {"type": "NFC"}))
+    put("fuzz_tokenizer_json", "strings", tok([a + " " + b for a, b in merges], None))
+    put("fuzz_tokenizer_json", "gpt2-regex", json.dumps(
+        {"model": {"vocab": vocab, "merges": []}, "pre_tokenizer": {"type": "ByteLevel", "use_regex": True}}))
+    for name, text in [("prose", "\x00The quick brown fox, it's 42 <|im_end|> the end.\n"),
+                       ("plain", "\x01<|im_end|><think> a"),
+                       ("unicode", "\x00caf\u00e9 cafe\u0301 \u4e2d\u6587 \U0001F600  \n\n\t x"),
+                       ("runs", "\x00" + "a" * 300 + " " * 300 + "!" * 50),
+                       ("ids", b"\x02\xe4\x00\xb8\x00\xad\x00a\x00\xf0\x00"),
+                       ("invalid", b"\x00ab\xff\xc3")]:
+        put("fuzz_tokenize", name, text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
+
 
 
 if __name__ == "__main__":

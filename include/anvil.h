@@ -33,6 +33,11 @@
 extern "C" {
 #endif
 
+/* The library is built with hidden visibility; everything declared here is its interface. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 typedef enum anvil_status {
     ANVIL_OK = 0,
     ANVIL_ERR_INVALID_ARG,  /* the caller passed something that cannot be right */
@@ -192,7 +197,8 @@ int anvil_session_context_size(const anvil_session *s);
 typedef struct anvil_tokenizer anvil_tokenizer;
 
 /* Opens a tokenizer: a Hugging Face model directory (tokenizer.json, plus
- * tokenizer_config.json for the chat template and the eos token) or a tokenizer.json file.
+ * tokenizer_config.json for the chat template and the eos token), a tokenizer.json file, or
+ * a .gguf file (its tokenizer.ggml.* metadata and tokenizer.chat_template).
  * The caller frees it with anvil_tokenizer_close. */
 anvil_status anvil_tokenizer_open(const char *path, anvil_tokenizer **out);
 void anvil_tokenizer_close(anvil_tokenizer *tok);
@@ -281,6 +287,13 @@ typedef struct anvil_chat_message {
 anvil_status anvil_chat_template_apply(const anvil_tokenizer *tok, const anvil_chat_message *msgs,
                                        size_t n_msgs, int add_generation_prompt,
                                        int enable_thinking, char **out, size_t *out_len);
+/* The same with tool definitions: tools_json is a JSON array of tool schemas (OpenAI style,
+ * {"type": "function", "function": {...}}), or NULL / "[]" for none; the template lists them
+ * in the system turn, each printed as Python's json.dumps prints it (key order kept). */
+anvil_status anvil_chat_template_apply_tools(const anvil_tokenizer *tok,
+                                             const anvil_chat_message *msgs, size_t n_msgs,
+                                             const char *tools_json, int add_generation_prompt,
+                                             int enable_thinking, char **out, size_t *out_len);
 
 /* ---- devices ---- */
 
@@ -290,6 +303,10 @@ size_t anvil_list_devices(char *buf, size_t cap);
 /* What one decode step costs the session's backend (dispatches, barriers, submits per token);
  * empty for the CPU backend. Returns the length. */
 size_t anvil_session_describe_program(const anvil_session *s, char *buf, size_t cap);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

@@ -63,10 +63,31 @@ conversations = [
      {"role": S, "content": "second system"}, {"role": "other", "content": "dropped"}],
     [{"role": U, "content": "多语言 🌍 <|im_start|> \r\n"}],
 ]
-for msgs in conversations:
+weather = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city — «quoted» \"text\"",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "scale": {"type": "number", "default": 0.5}, "units": {"enum": ["C", "F"]},
+        "strict": {"type": "boolean", "default": False}, "note": {"default": None}},
+        "required": ["city"]}}}
+plain_tool = {"name": "ping", "parameters": {}}
+with_tools = [
+    ([{"role": U, "content": "weather in Paris?"}], [weather]),
+    ([{"role": S, "content": "You are terse."}, {"role": U, "content": "ping"}],
+     [weather, plain_tool]),
+    ([{"role": U, "content": "q"}, {"role": A, "content": "", "tool_calls": [
+        {"function": {"name": "ping", "arguments": {}}}]},
+      {"role": T, "content": "pong"}], [plain_tool]),
+    ([{"role": U, "content": "no tools after all"}], []),
+]
+cases = [(m, None) for m in conversations] + with_tools
+for msgs, tools in cases:
     for gen in (True, False):
         for think in (True, False):
             out = tpl.render(messages=msgs, add_generation_prompt=gen, enable_thinking=think,
-                             tools=None, bos_token=None, eos_token="<|im_end|>")
-            print(json.dumps({"messages": msgs, "add_generation_prompt": gen,
-                              "enable_thinking": think, "rendered": out}, ensure_ascii=False))
+                             tools=tools, bos_token=None, eos_token="<|im_end|>")
+            case = {"messages": msgs, "add_generation_prompt": gen, "enable_thinking": think,
+                    "rendered": out}
+            if tools is not None:
+                case["tools"] = tools
+            print(json.dumps(case, ensure_ascii=False))

@@ -1,7 +1,9 @@
 /* base: errors, logging, allocation, file mapping, threads, time, fp16. */
 #include "base.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
@@ -333,6 +335,18 @@ void thread_pool_for(struct thread_pool *p, int64_t n, int64_t grain, parallel_f
     while (p->pending > 0) pthread_cond_wait(&p->done_cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
 }
+
+#ifdef ANVIL_SANITIZE
+static int pin_one(struct dl_phdr_info *info, size_t size, void *ctx) {
+    (void)size;
+    (void)ctx;
+    if (info->dlpi_name && info->dlpi_name[0]) dlopen(info->dlpi_name, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+    return 0;
+}
+void pin_loaded_libraries(void) { dl_iterate_phdr(pin_one, NULL); }
+#else
+void pin_loaded_libraries(void) {}
+#endif
 
 double time_now(void) {
     struct timespec ts;

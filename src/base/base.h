@@ -78,6 +78,12 @@ void thread_pool_for(struct thread_pool *pool, int64_t n, int64_t grain, paralle
                      void *ctx);
 int cpu_count(void);
 
+/* In sanitizer builds (ANVIL_SANITIZE), makes every shared library loaded so far permanent
+ * (RTLD_NODELETE), so that a driver the Vulkan loader unloads stays symbolised in
+ * LeakSanitizer's report and its own leaks can be suppressed by name
+ * (.ci/lsan.supp). Does nothing in other builds. */
+void pin_loaded_libraries(void);
+
 /* Monotonic clock in seconds. */
 double time_now(void);
 

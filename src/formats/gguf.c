@@ -943,6 +943,11 @@ anvil_status gguf_model_open(const char *path, struct model_file *mf) {
     anvil_status st = gguf_open(path, &gf);
     if (st != ANVIL_OK) return st;
     mf->gguf = gf;
+    /* the model's tensor table checks names one by one: bound the work a hostile file can ask
+     * for (real Qwen files have under 2,000 tensors; experts are merged) */
+    if (gf->n_tensors > GGUF_MAX_MODEL_TENSORS)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "%s: %lld tensors (a model has at most %d)",
+                       path, (long long)gf->n_tensors, GGUF_MAX_MODEL_TENSORS);
     if ((st = gguf_read_hparams(gf, &mf->hp)) != ANVIL_OK) return st;
     for (int64_t i = 0; i < gf->n_tensors && st == ANVIL_OK; i++) {
         const struct gguf_tensor *t = &gf->tensors[i];

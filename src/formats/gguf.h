@@ -41,6 +41,7 @@
 #define GGUF_MAX_NAME 64      /* tensor names are shorter (ggml's GGML_MAX_NAME) */
 #define GGUF_MAX_KEY 65535    /* key length bound */
 #define GGUF_MAX_NESTING 8    /* arrays of arrays of ... */
+#define GGUF_MAX_MODEL_TENSORS 65536 /* tensors a model file may have (gguf_model_open) */
 
 enum gguf_type {
     GGUF_U8 = 0,

@@ -165,6 +165,11 @@ static void test_valid_file(void **state) {
     assert_ptr_equal(c->data, r.p + gf->data_offset + 160);
     assert_int_equal(c->size, 32);
     gguf_close(gf);
+    /* version 2 has the same layout */
+    r.p[4] = 2;
+    assert_int_equal(gguf_parse(r.p, r.len, "v2.gguf", &gf), ANVIL_OK);
+    assert_int_equal(gf->version, 2);
+    gguf_close(gf);
     free(r.p);
 }
 

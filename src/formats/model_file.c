@@ -58,6 +58,7 @@ void model_file_close(struct model_file *mf) {
     if (mf->kind == MODEL_FILE_GGUF) gguf_model_close(mf);
     for (int i = 0; i < mf->n_tensors; i++) free(mf->tensors[i].name);
     free(mf->tensors);
+    free(mf->index);
     for (int i = 0; i < mf->n_maps; i++) mapped_file_close(&mf->maps[i]);
     free(mf->maps);
     free(mf->owned);
@@ -66,10 +67,43 @@ void model_file_close(struct model_file *mf) {
     free(mf);
 }
 
+static size_t name_hash(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return (size_t)h;
+}
+
 const struct tensor_info *model_file_find(const struct model_file *mf, const char *name) {
-    for (int i = 0; i < mf->n_tensors; i++)
-        if (!strcmp(mf->tensors[i].name, name)) return &mf->tensors[i];
-    return NULL;
+    if (!mf->index) {
+        for (int i = 0; i < mf->n_tensors; i++)
+            if (!strcmp(mf->tensors[i].name, name)) return &mf->tensors[i];
+        return NULL;
+    }
+    for (size_t k = name_hash(name) & (mf->index_cap - 1);; k = (k + 1) & (mf->index_cap - 1)) {
+        int slot = mf->index[k];
+        if (!slot) return NULL;
+        if (!strcmp(mf->tensors[slot - 1].name, name)) return &mf->tensors[slot - 1];
+    }
+}
+
+static void index_insert(struct model_file *mf, int i) {
+    size_t k = name_hash(mf->tensors[i].name) & (mf->index_cap - 1);
+    while (mf->index[k]) k = (k + 1) & (mf->index_cap - 1);
+    mf->index[k] = i + 1;
+}
+
+/* Keeps the index at most half full; without memory it is dropped (finds scan). */
+static void index_add(struct model_file *mf, int i) {
+    if ((size_t)(i + 1) * 2 > mf->index_cap) {
+        size_t cap = mf->index_cap ? mf->index_cap * 2 : 64;
+        while ((size_t)(i + 1) * 2 > cap) cap *= 2;
+        int *ni = calloc(cap, sizeof *ni);
+        free(mf->index);
+        mf->index = ni;
+        mf->index_cap = ni ? cap : 0;
+        for (int j = 0; ni && j < i; j++) index_insert(mf, j);
+    }
+    if (mf->index) index_insert(mf, i);
 }
 
 void model_file_totals(const struct model_file *mf, uint64_t *bytes, uint64_t *params) {
@@ -124,6 +158,7 @@ anvil_status model_file_add_tensor(struct model_file *mf, const char *name, int 
     t->data = data;
     t->size = size;
     t->file = file;
+    index_add(mf, mf->n_tensors);
     mf->n_tensors++;
     return ANVIL_OK;
 }

@@ -86,6 +86,10 @@ struct model_file {
     int n_maps;
     void *owned;              /* synthetic: the generated weights */
     struct gguf_file *gguf;   /* GGUF: the parsed file (metadata for the tokenizer) */
+    /* name → tensor hash index (open addressing; slot = tensor index + 1, 0 empty): a MoE
+     * checkpoint in Hugging Face layout has one tensor per expert, 30,000 and more */
+    int *index;
+    size_t index_cap;         /* a power of two, at least twice n_tensors */
 };
 
 /* Opens any model path (see anvil_model_open). On failure *out is NULL and the error names

@@ -46,7 +46,12 @@ enum op {
     OP_ADD,        /* src0 + src1, same shape */
     OP_ROWS,       /* src0 {C, T}; out {C, p.i[1]}: rows p.i[0] .. p.i[0] + p.i[1] - 1 */
     OP_RESHAPE,    /* src0 viewed with a new shape of the same element count (no copy) */
-    /* --- mixture of experts and the hybrid (Gated DeltaNet) models --- */
+    /* --- mixture of experts and the hybrid (Gated DeltaNet) models ---
+     * Coarse on purpose, one node per region a device backend runs as one or two kernels:
+     * OP_MOE as a top-k kernel writing expert ids and weights to a small device buffer, then
+     * expert mat-vec kernels indexing the 3-D weights by those ids (no host round trip);
+     * OP_GDN in decode as one kernel per layer, a workgroup per value head, updating both
+     * states in place (prefill may use the chunked form: same result up to rounding). */
     OP_WEIGHT_STACK, /* leaf {K, N, E}: E model tensors of {K, N} each (Hugging Face stores one
                         tensor per expert), viewed as one 3-D weight; n.stack[e] is slice e.
                         A device backend may copy the slices into one buffer at upload. */

@@ -272,14 +272,19 @@ static void *worker_main(void *arg) {
         job_release(s, j);
         pthread_mutex_lock(&s->mu);
     }
-    /* stopping: whatever still waits is answered with an error */
-    while (s->queue_head) {
-        struct job *j = s->queue_head;
-        unqueue_locked(s, j);
-        j->refs--;
-        job_finish(j, ANVIL_ERR_BACKEND, "the server is shutting down");
-    }
+    /* stopping: whatever still waits is answered with an error (the queue's references are
+     * released outside the lock: a connection may have let go of its own already) */
+    struct job *drained = s->queue_head;
+    s->queue_head = s->queue_tail = NULL;
+    s->queue_len = 0;
     pthread_mutex_unlock(&s->mu);
+    while (drained) {
+        struct job *j = drained;
+        drained = j->next;
+        j->next = NULL;
+        job_finish(j, ANVIL_ERR_BACKEND, "the server is shutting down");
+        job_release(s, j);
+    }
     return NULL;
 }
 
@@ -299,6 +304,7 @@ static void derive_model_name(struct server *s) {
     while (n > 1 && p[n - 1] == '/') n--;
     size_t b = n;
     while (b > 0 && p[b - 1] != '/') b--;
+    if (n - b > 5 && !strncmp(p + n - 5, ".gguf", 5)) n -= 5;
     snprintf(s->model_name, sizeof s->model_name, "%.*s", (int)(n - b), p + b);
 }
 

@@ -594,11 +594,10 @@ done:
 static bool added_at(const struct anvil_tokenizer *t, const uint8_t *s, size_t n, int32_t *id,
                      size_t *len) {
     for (int k = 0; k < t->n_added; k++) {
-        int32_t a = t->added[k];
-        uint32_t m = tok_len(t, a);
-        if (m <= n && !memcmp(tok_bytes(t, a), s, m)) {
-            *id = a;
-            *len = m;
+        const struct added_token *a = &t->added[k];
+        if (a->len <= n && !memcmp(a->text, s, a->len)) {
+            *id = a->id;
+            *len = a->len;
             return true;
         }
     }
@@ -607,6 +606,7 @@ static bool added_at(const struct anvil_tokenizer *t, const uint8_t *s, size_t n
 
 anvil_status tokenizer_encode_ex(const struct anvil_tokenizer *t, const uint8_t *text,
                                  size_t len, bool plain_heap, struct id_vec *out) {
+    if (len == 0) return ANVIL_OK; /* nothing to encode (and text may be NULL) */
     struct bpe_work *w = bpe_work_new();
     if (!w) return ANVIL_ERR_NOMEM;
     w->plain_heap = plain_heap;

@@ -22,6 +22,7 @@
  *               "merges": ["a b", ...] | [["a", "b"], ...], ...} }
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,7 +159,8 @@ static bool scan_string(struct scan *s, size_t *off, uint32_t *len) {
 }
 
 static bool skip_string(struct scan *s) {
-    for (s->p++; s->p < s->end && *s->p != '"'; s->p += *s->p == '\\' ? 2 : 1) {}
+    for (s->p++; s->p < s->end && *s->p != '"'; s->p++)
+        if (*s->p == '\\' && s->end - s->p > 1) s->p++;
     if (s->p >= s->end) return scan_fail(s, "unterminated string");
     s->p++;
     return true;
@@ -188,13 +190,17 @@ static bool scan_skip(struct scan *s, const char **start) {
     return s->p > *start || scan_fail(s, "missing value");
 }
 
+/* A non-negative integer (token ids); by hand, since the mapping is not NUL-terminated. */
 static bool scan_int(struct scan *s, long *v) {
     ws(s);
-    char *e;
-    errno = 0;
-    *v = strtol(s->p, &e, 10);
-    if (e == s->p || errno || e > s->end) return scan_fail(s, "expected an integer");
-    s->p = e;
+    const char *start = s->p;
+    long x = 0;
+    while (s->p < s->end && *s->p >= '0' && *s->p <= '9') {
+        if (x > (LONG_MAX - 9) / 10) return scan_fail(s, "integer too large");
+        x = x * 10 + (*s->p++ - '0');
+    }
+    if (s->p == start) return scan_fail(s, "expected a token id");
+    *v = x;
     return true;
 }
 
@@ -620,16 +626,21 @@ anvil_status tokenizer_load_hf(const char *path, struct anvil_tokenizer **out) {
     struct scan s = {0};
     anvil_status st = mapped_file_open(&mf, file);
     if (st != ANVIL_OK) {
-        if (is_dir(path))
-            err_set(st, "%s: no tokenizer.json in this directory (%s)", path, anvil_last_error());
+        if (is_dir(path)) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", anvil_last_error());
+            err_set(st, "%s: no tokenizer.json in this directory (%s)", path, why);
+        }
         goto done;
     }
-    s.base = s.p = (const char *)mf.data;
-    s.end = mf.size ? s.p + mf.size : s.p; /* an empty file maps to NULL */
     s.file = file;
     if (mf.size == 0) {
         st = err_set(ANVIL_ERR_FORMAT, "%s: empty file, not a tokenizer.json", file);
-    } else if (!scan_top(&s, &h)) {
+        goto unmap;
+    }
+    s.base = s.p = (const char *)mf.data;
+    s.end = s.p + mf.size;
+    if (!scan_top(&s, &h)) {
         st = s.st;
     } else {
         struct stat sb;
@@ -645,6 +656,7 @@ anvil_status tokenizer_load_hf(const char *path, struct anvil_tokenizer **out) {
         }
         if (st == ANVIL_OK) st = build(file, &s, &h, cfg, out);
     }
+unmap:
     mapped_file_close(&mf);
 done:
     free_parts(&h);

@@ -10,8 +10,8 @@
  *   Qwen3-235B-A22B (the file in testdata/tokenizer/qwen3). Recognised by a hash of its text
  *   (trailing whitespace ignored), checked against that file by the tests.
  *
- * Not supported: the `tools` argument (tool definitions in the system prompt); tool calls in
- * assistant turns and tool-result turns are.
+ * Tool definitions (the `tools` argument) go into the system turn as the template writes them;
+ * tool calls in assistant turns and tool-result turns are rendered too.
  */
 #include <math.h>
 #include <stdio.h>
@@ -217,9 +217,27 @@ static anvil_status qwen3_tool_calls(struct buf *b, const char *json, struct str
     return ANVIL_OK;
 }
 
-static anvil_status render_qwen3(const anvil_chat_message *m, size_t n, bool gen_prompt,
-                                 bool thinking, struct buf *b) {
-    if (n && role_is(&m[0], "system")) {
+static anvil_status render_qwen3(const anvil_chat_message *m, size_t n, const cJSON *tools,
+                                 bool gen_prompt, bool thinking, struct buf *b) {
+    if (cJSON_GetArraySize(tools) > 0) {
+        puts_(b, "<|im_start|>system\n");
+        if (n && role_is(&m[0], "system")) {
+            put_str(b, str_of(m[0].content));
+            puts_(b, "\n\n");
+        }
+        puts_(b, "# Tools\n\nYou may call one or more functions to assist with the user query."
+                 "\n\nYou are provided with function signatures within <tools></tools> XML tags:"
+                 "\n<tools>");
+        const cJSON *tool;
+        cJSON_ArrayForEach(tool, tools) {
+            puts_(b, "\n");
+            tojson(b, tool);
+        }
+        puts_(b, "\n</tools>\n\nFor each function call, return a json object with function name "
+                 "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                 "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+                 "</tool_call><|im_end|>\n");
+    } else if (n && role_is(&m[0], "system")) {
         puts_(b, "<|im_start|>system\n");
         put_str(b, str_of(m[0].content));
         puts_(b, "<|im_end|>\n");
@@ -284,6 +302,14 @@ static anvil_status render_qwen3(const anvil_chat_message *m, size_t n, bool gen
 anvil_status anvil_chat_template_apply(const anvil_tokenizer *t, const anvil_chat_message *msgs,
                                        size_t n, int add_generation_prompt, int enable_thinking,
                                        char **out, size_t *out_len) {
+    return anvil_chat_template_apply_tools(t, msgs, n, NULL, add_generation_prompt,
+                                           enable_thinking, out, out_len);
+}
+
+anvil_status anvil_chat_template_apply_tools(const anvil_tokenizer *t,
+                                             const anvil_chat_message *msgs, size_t n,
+                                             const char *tools_json, int add_generation_prompt,
+                                             int enable_thinking, char **out, size_t *out_len) {
     if (!t || !out || !out_len || (!msgs && n))
         return err_set(ANVIL_ERR_INVALID_ARG, "anvil_chat_template_apply: NULL argument");
     *out = NULL;
@@ -291,23 +317,30 @@ anvil_status anvil_chat_template_apply(const anvil_tokenizer *t, const anvil_cha
     for (size_t i = 0; i < n; i++)
         if (!msgs[i].role)
             return err_set(ANVIL_ERR_INVALID_ARG, "chat message %zu has no role", i);
+    cJSON *tools = NULL;
+    if (tools_json && !(tools = cJSON_Parse(tools_json), cJSON_IsArray(tools))) {
+        cJSON_Delete(tools);
+        return err_set(ANVIL_ERR_INVALID_ARG, "chat template: tools is not a JSON array");
+    }
     struct buf b = {0};
     anvil_status st;
     switch (t->template_kind) {
     case CHAT_TEMPLATE_QWEN3:
-        st = render_qwen3(msgs, n, add_generation_prompt, enable_thinking, &b);
+        st = render_qwen3(msgs, n, tools, add_generation_prompt, enable_thinking, &b);
         break;
     case CHAT_TEMPLATE_NONE:
-        return err_set(ANVIL_ERR_UNSUPPORTED, "%s: the tokenizer has no chat template", t->source);
+        st = err_set(ANVIL_ERR_UNSUPPORTED, "%s: the tokenizer has no chat template", t->source);
+        break;
     default: {
         const char *s = t->chat_template;
         size_t k = 0;
         while (s[k] && s[k] != '\n' && k < 60) k++;
-        return err_set(ANVIL_ERR_UNSUPPORTED, "%s: unrecognised chat template (%zu bytes, "
-                       "starting \"%.*s\"); anvil renders the Qwen3 template", t->source,
-                       strlen(s), (int)k, s);
+        st = err_set(ANVIL_ERR_UNSUPPORTED, "%s: unrecognised chat template (%zu bytes, "
+                     "starting \"%.*s\"); anvil renders the Qwen3 template", t->source,
+                     strlen(s), (int)k, s);
     }
     }
+    cJSON_Delete(tools);
     if (st == ANVIL_OK && b.oom) st = err_set(ANVIL_ERR_NOMEM, "out of memory");
     if (st == ANVIL_OK && !b.p && !(b.p = calloc(1, 1))) st = err_set(ANVIL_ERR_NOMEM, "out of memory");
     if (st != ANVIL_OK) {

@@ -173,11 +173,9 @@ static anvil_status build_tokens(struct anvil_tokenizer *t, const struct tokeniz
         if (n == 0) continue; /* a hole */
         t->attr[i] = TOK_PRESENT;
         size_t m;
-        if (type == TOKEN_TYPE_CONTROL || type == TOKEN_TYPE_USER_DEFINED) {
+        if (type == TOKEN_TYPE_CONTROL || type == TOKEN_TYPE_USER_DEFINED)
             t->attr[i] |= TOK_ADDED | (type == TOKEN_TYPE_CONTROL ? TOK_SPECIAL : 0);
-            memcpy(t->bytes + k, s, n);
-            m = n;
-        } else if (!unspell(s, n, t->bytes + k, &m)) {
+        if (!unspell(s, n, t->bytes + k, &m)) {
             /* not a byte-level spelling: take its text literally */
             memcpy(t->bytes + k, s, n);
             m = n;
@@ -220,19 +218,26 @@ static anvil_status build_tokens(struct anvil_tokenizer *t, const struct tokeniz
         t->byte_id[b] = tok_lookup(t, &c, 1);
     }
 
+    size_t added_bytes = 0;
+    for (int32_t id = 0; id < t->n_vocab; id++)
+        if (t->attr[id] & TOK_ADDED) added_bytes += desc_len(d->tokens, d->token_lens, (size_t)id);
     t->added = xmalloc(((size_t)n_added + 1) * sizeof *t->added);
-    if (!t->added) return ANVIL_ERR_NOMEM;
+    t->added_text = xmalloc(added_bytes + 1);
+    if (!t->added || !t->added_text) return ANVIL_ERR_NOMEM;
+    size_t at = 0;
     for (int32_t id = 0; id < t->n_vocab; id++)
         if (t->attr[id] & TOK_ADDED) {
-            t->added[t->n_added++] = id;
-            t->added_first[tok_bytes(t, id)[0]] = true;
+            uint32_t n = desc_len(d->tokens, d->token_lens, (size_t)id);
+            memcpy(t->added_text + at, d->tokens[id], n);
+            t->added[t->n_added++] = (struct added_token){id, n, t->added_text + at};
+            t->added_first[t->added_text[at]] = true;
+            at += n;
         }
     /* longest first, so that the first match at a position is the longest */
     for (int i = 1; i < t->n_added; i++) {
-        int32_t v = t->added[i];
+        struct added_token v = t->added[i];
         int j = i;
-        for (; j > 0 && tok_len(t, t->added[j - 1]) < tok_len(t, v); j--)
-            t->added[j] = t->added[j - 1];
+        for (; j > 0 && t->added[j - 1].len < v.len; j--) t->added[j] = t->added[j - 1];
         t->added[j] = v;
     }
     return ANVIL_OK;
@@ -429,13 +434,21 @@ anvil_status anvil_tokenizer_open(const char *path, anvil_tokenizer **out) {
     struct stat sb;
     if (stat(path, &sb) != 0)
         return err_set(ANVIL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (S_ISREG(sb.st_mode) && ends_with(path, ".gguf")) {
-        struct gguf_file *gf;
-        anvil_status st = gguf_open(path, &gf);
-        if (st != ANVIL_OK) return st;
-        st = tokenizer_load_gguf(gf, out);
-        gguf_close(gf);
-        return st;
+    if (S_ISREG(sb.st_mode)) { /* a GGUF file, by its magic or its name */
+        char magic[4] = {0};
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            if (fread(magic, 1, 4, f) != 4) memset(magic, 0, 4);
+            fclose(f);
+        }
+        if (!memcmp(magic, "GGUF", 4) || ends_with(path, ".gguf")) {
+            struct gguf_file *gf;
+            anvil_status st = gguf_open(path, &gf);
+            if (st != ANVIL_OK) return st;
+            st = tokenizer_load_gguf(gf, out);
+            gguf_close(gf);
+            return st;
+        }
     }
     return tokenizer_load_hf(path, out);
 }
@@ -450,6 +463,7 @@ void anvil_tokenizer_close(anvil_tokenizer *t) {
     free(t->vocab_slots);
     free(t->merge_slots);
     free(t->added);
+    free(t->added_text);
     free(t->pre_name);
     free(t->chat_template);
     if (t->re) pcre2_code_free(t->re);
@@ -462,10 +476,8 @@ int32_t anvil_tokenizer_bos(const anvil_tokenizer *t) { return t->bos_id; }
 
 int32_t anvil_tokenizer_find(const anvil_tokenizer *t, const char *text) {
     size_t n = strlen(text);
-    for (int i = 0; i < t->n_added; i++) {
-        int32_t id = t->added[i];
-        if (tok_len(t, id) == n && !memcmp(tok_bytes(t, id), text, n)) return id;
-    }
+    for (int i = 0; i < t->n_added; i++)
+        if (t->added[i].len == n && !memcmp(t->added[i].text, text, n)) return t->added[i].id;
     return n ? tok_lookup(t, (const uint8_t *)text, n) : -1;
 }
 

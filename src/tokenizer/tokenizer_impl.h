@@ -59,7 +59,16 @@ struct anvil_tokenizer {
      * and this turns their BPE into one lookup); relaxed atomics, so threads may share it. */
     _Atomic uint8_t *whole;
 
-    int32_t *added;         /* [n_added] ids of added tokens, longest first */
+    /* [n_added] added tokens, longest first: their literal text, matched in the input. (Their
+     * bytes in `bytes` are what they decode to: like Hugging Face's ByteLevel decoder, the
+     * byte-level reading of the text when every character has one, else the text itself;
+     * the same for all-ASCII tokens.) */
+    struct added_token {
+        int32_t id;
+        uint32_t len;
+        const uint8_t *text; /* into added_text */
+    } *added;
+    uint8_t *added_text;
     int n_added;
     bool added_first[256];  /* some added token starts with this byte */
 

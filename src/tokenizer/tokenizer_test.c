@@ -189,8 +189,11 @@ static void render_case(const char *line, const char *what) {
     size_t len;
     int gen = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
     int think = cJSON_IsTrue(cJSON_GetObjectItem(c, "enable_thinking"));
-    assert_int_equal(anvil_chat_template_apply(qwen3, m, (size_t)n, gen, think, &out, &len),
-                     ANVIL_OK);
+    const cJSON *tools = cJSON_GetObjectItem(c, "tools");
+    char *tools_json = tools ? cJSON_PrintUnformatted(tools) : NULL;
+    assert_int_equal(anvil_chat_template_apply_tools(qwen3, m, (size_t)n, tools_json, gen, think,
+                                                     &out, &len), ANVIL_OK);
+    free(tools_json);
     const char *expect = cJSON_GetStringValue(cJSON_GetObjectItem(c, "rendered"));
     if (len != strlen(expect) || memcmp(out, expect, len))
         fail_msg("%s: rendered differently:\n%s\n---- expected:\n%s", what, out, expect);
@@ -487,6 +490,9 @@ static void test_open_errors(void **state) {
     assert_int_equal(anvil_tokenizer_open(tu_testdata("reference/qwen3-tiny/config.json"), &t),
                      ANVIL_ERR_FORMAT);
     assert_non_null(strstr(anvil_last_error(), "not a Hugging Face tokenizer.json"));
+    /* not a GGUF file after all */
+    assert_int_equal(anvil_tokenizer_open(tu_testdata("reference/qwen3-tiny/model.safetensors"),
+                                          &t), ANVIL_ERR_FORMAT);
     /* GGUF: the tokenizer from its metadata */
     assert_int_equal(anvil_tokenizer_open(tu_testdata("gguf/qwen3-tiny/qwen3-tiny-F32.gguf"), &t),
                      ANVIL_OK);
@@ -685,6 +691,102 @@ static void test_desc_constructor(void **state) {
     arrays_free(&a);
 }
 
+/* GGUF metadata (llama.cpp's conversion of qwen3-small) gives the same tokenizer as the
+ * tokenizer.json it came from. */
+static void test_gguf(void **state) {
+    (void)state;
+    anvil_tokenizer *hf, *gg;
+    assert_int_equal(anvil_tokenizer_open(tu_testdata("reference/qwen3-small"), &hf), ANVIL_OK);
+    assert_int_equal(anvil_tokenizer_open(tu_testdata("gguf/qwen3-small/qwen3-small-Q8_0.gguf"),
+                                          &gg), ANVIL_OK);
+    assert_int_equal(anvil_tokenizer_vocab_size(gg), 2048);
+    assert_int_equal(anvil_tokenizer_eos(gg), 2047);
+    assert_int_equal(anvil_tokenizer_find(gg, "<|im_start|>"), 2046);
+    assert_true(anvil_tokenizer_is_special(gg, 2045));
+    int n;
+    char **lines = read_lines(tu_testdata("reference/tokenizer/encode.jsonl"), &n);
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        char *text = json_str(lines[i], "text", &len);
+        /* the GGUF tokenizer normalises to NFC (as real Qwen vocabularies do); qwen3-small's
+         * tokenizer.json does not: compare on text that NFC leaves alone */
+        utf8proc_uint8_t *nfc;
+        utf8proc_ssize_t nlen = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)len,
+                                             &nfc, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        bool is_nfc = nlen == (utf8proc_ssize_t)len && !memcmp(nfc, text, len);
+        free(nfc);
+        if (is_nfc) {
+            int32_t *x, *y;
+            size_t nx, ny;
+            assert_int_equal(anvil_tokenize(hf, text, len, 0, &x, &nx), ANVIL_OK);
+            assert_int_equal(anvil_tokenize(gg, text, len, 0, &y, &ny), ANVIL_OK);
+            assert_int_equal(nx, ny);
+            assert_memory_equal(x, y, nx * sizeof *x);
+            free(x);
+            free(y);
+        }
+        free(text);
+    }
+    free_lines(lines);
+    anvil_chat_message m[] = {{"user", "Hi", NULL, NULL}};
+    char *out;
+    size_t len;
+    assert_int_equal(anvil_chat_template_apply(gg, m, 1, 0, 1, &out, &len), ANVIL_OK);
+    assert_string_equal(out, "<|im_start|>user\nHi<|im_end|>\n");
+    free(out);
+    anvil_tokenizer_close(gg);
+    /* every architecture's file carries one */
+    const char *files[] = {"gguf/qwen3moe-tiny/qwen3moe-tiny-F32.gguf",
+                           "gguf/qwen3next-tiny/qwen3next-tiny-F32.gguf",
+                           "gguf/qwen3_5-tiny/qwen3_5-tiny-F32.gguf",
+                           "gguf/qwen3_5moe-tiny/qwen3_5moe-tiny-F32.gguf"};
+    for (size_t f = 0; f < ARRAY_LEN(files); f++) {
+        if (anvil_tokenizer_open(tu_testdata(files[f]), &gg) != ANVIL_OK)
+            fail_msg("%s: %s", files[f], anvil_last_error());
+        assert_int_equal(anvil_tokenizer_vocab_size(gg), 2048);
+        anvil_tokenizer_close(gg);
+    }
+    anvil_tokenizer_close(hf);
+}
+
+/* Added tokens are matched by their literal text and decode as Hugging Face's ByteLevel
+ * decoder reads them: byte-level when every character has a byte, literally otherwise. */
+static void test_added_token_decoding(void **state) {
+    (void)state;
+    static char spell[256][4];
+    const char *tokens[258];
+    int32_t types[258];
+    for (int b = 0; b < 256; b++) {
+        utf8proc_encode_char((utf8proc_int32_t)codepoint_of_byte((uint8_t)b),
+                             (utf8proc_uint8_t *)spell[b]);
+        tokens[b] = spell[b];
+        types[b] = TOKEN_TYPE_NORMAL;
+    }
+    tokens[256] = "<\xc4\xa0x>"; /* "<Ġx>": every character is a byte's spelling */
+    types[256] = TOKEN_TYPE_USER_DEFINED;
+    tokens[257] = "<|a b|>";     /* a raw space has no byte-level reading */
+    types[257] = TOKEN_TYPE_CONTROL;
+    struct tokenizer_desc d = {.n_tokens = 258, .tokens = tokens, .token_types = types,
+                               .pre = "qwen2", .eos_id = -1, .bos_id = -1, .pad_id = -1};
+    anvil_tokenizer *t;
+    assert_int_equal(tokenizer_create(&d, &t), ANVIL_OK);
+    const char *text = "<\xc4\xa0x><|a b|>";
+    int32_t *ids;
+    size_t n;
+    assert_int_equal(anvil_tokenize(t, text, strlen(text), 0, &ids, &n), ANVIL_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 256);
+    assert_int_equal(ids[1], 257);
+    assert_int_equal(anvil_tokenizer_find(t, "<|a b|>"), 257);
+    char *back;
+    size_t len;
+    assert_int_equal(anvil_detokenize(t, ids, n, &back, &len), ANVIL_OK);
+    assert_string_equal(back, "< x><|a b|>");
+    free(back);
+    free(ids);
+    anvil_tokenizer_close(t);
+}
+
 /* The Qwen3.5 regex keeps combining marks inside words; Qwen2's splits them off. */
 static void test_qwen35_regex(void **state) {
     (void)state;
@@ -799,6 +901,22 @@ static void test_cli(void **state) {
     assert_string_equal(out, expect);
     free(out);
     free(err);
+    char tools[1100];
+    snprintf(tools, sizeof tools, "%s/tools.json", dir);
+    const char *tdef = "[{\"name\": \"ping\", \"parameters\": {}}]";
+    tu_write_file(tools, tdef, strlen(tdef));
+    assert_int_equal(tu_run_anvil(&out, &err, "template -m %s --messages %s --tools %s",
+                                  qwen3_dir(), path, tools), 0);
+    assert_non_null(strstr(out, "<|im_start|>system\nBe brief.\n\n# Tools\n"));
+    assert_non_null(strstr(out, "<tools>\n{\"name\": \"ping\", \"parameters\": {}}\n</tools>"));
+    free(out);
+    free(err);
+    tu_write_file(tools, "{}", 2);
+    assert_int_not_equal(tu_run_anvil(&out, &err, "template -m %s --messages %s --tools %s",
+                                      qwen3_dir(), path, tools), 0);
+    assert_non_null(strstr(err, "tools.json"));
+    free(out);
+    free(err);
     tu_write_file(path, "{\"role\": 1}", 11);
     assert_int_not_equal(tu_run_anvil(&out, &err, "template -m %s --messages %s", qwen3_dir(), path), 0);
     assert_non_null(strstr(err, "m.json"));
@@ -830,6 +948,8 @@ int main(void) {
         cmocka_unit_test(test_load_time),
         cmocka_unit_test(test_desc_constructor),
         cmocka_unit_test(test_qwen35_regex),
+        cmocka_unit_test(test_added_token_decoding),
+        cmocka_unit_test(test_gguf),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

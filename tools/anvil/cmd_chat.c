@@ -107,11 +107,8 @@ int cmd_chat(int argc, char **argv) {
         }
         first = false;
         if (st.stop == ANVIL_STOP_CALLBACK) fprintf(stderr, "(stopped)\n");
-        if (st.stop == ANVIL_STOP_LENGTH || st.stop == ANVIL_STOP_CALLBACK) {
-            /* the answer did not end its turn: close it ourselves next time */
-        }
-        if (tty) fprintf(stderr, "[%d tokens, %.1f tokens/s]\n", st.n_generated,
-                         st.generate_seconds > 0 ? st.n_generated / st.generate_seconds : 0.0);
+        if (tty) fprintf(stderr, "[prefilled %d tokens, generated %d, %.1f tokens/s]\n", st.n_prompt,
+                         st.n_generated, st.generate_seconds > 0 ? st.n_generated / st.generate_seconds : 0.0);
     }
     gen_close(&g);
     return rc;

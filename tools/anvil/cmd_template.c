@@ -1,10 +1,10 @@
 /*
  * anvil template -m MODEL_OR_TOKENIZER --messages FILE.json [--no-generation-prompt]
- *                [--thinking on|off]
+ *                [--thinking on|off] [--tools TOOLS.json]
  *
  * Prints the conversation in FILE.json rendered with the model's chat template, exactly, with
  * nothing added. FILE.json is an array of {"role", "content"} objects (an assistant turn may
- * also have "reasoning_content" and "tool_calls").
+ * also have "reasoning_content" and "tool_calls"); TOOLS.json an array of tool definitions.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +14,29 @@
 
 #include "cli.h"
 
+/* Reads a whole file (NUL-terminated); NULL with a message on failure. */
+static char *slurp(const char *file, size_t *len) {
+    FILE *f = fopen(file, "rb");
+    if (!f) {
+        fail("%s: cannot open", file);
+        return NULL;
+    }
+    size_t cap = 1 << 16;
+    char *text = malloc(cap);
+    *len = 0;
+    while (text) {
+        *len += fread(text + *len, 1, cap - 1 - *len, f);
+        if (*len < cap - 1) break;
+        char *nt = realloc(text, cap *= 2);
+        if (!nt) free(text);
+        text = nt;
+    }
+    fclose(f);
+    if (!text) fail("out of memory");
+    else text[*len] = 0;
+    return text;
+}
+
 static const char *str_field(const cJSON *o, const char *k, bool *bad) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     if (!v || cJSON_IsNull(v)) return NULL;
@@ -22,7 +45,7 @@ static const char *str_field(const cJSON *o, const char *k, bool *bad) {
 }
 
 int cmd_template(int argc, char **argv) {
-    const char *model = NULL, *file = NULL;
+    const char *model = NULL, *file = NULL, *tools_file = NULL;
     int gen_prompt = 1, thinking = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -30,6 +53,8 @@ int cmd_template(int argc, char **argv) {
             if (!(model = opt_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--messages")) {
             if (!(file = opt_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--tools")) {
+            if (!(tools_file = opt_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--no-generation-prompt")) {
             gen_prompt = 0;
         } else if (!strcmp(a, "--thinking")) {
@@ -44,23 +69,29 @@ int cmd_template(int argc, char **argv) {
     if (!model) return fail("template: -m MODEL_OR_TOKENIZER is required");
     if (!file) return fail("template: --messages FILE.json is required");
 
-    FILE *f = fopen(file, "rb");
-    if (!f) return fail("%s: cannot open", file);
-    size_t cap = 1 << 16, len = 0;
-    char *text = malloc(cap);
-    while (text) {
-        len += fread(text + len, 1, cap - len, f);
-        if (len < cap) break;
-        char *nt = realloc(text, cap *= 2);
-        if (!nt) free(text);
-        text = nt;
+    size_t len;
+    char *text = slurp(file, &len), *tools = NULL;
+    if (!text) return 1;
+    if (tools_file) {
+        size_t tlen;
+        if (!(tools = slurp(tools_file, &tlen))) {
+            free(text);
+            return 1;
+        }
+        cJSON *t = cJSON_ParseWithLength(tools, tlen);
+        bool ok = cJSON_IsArray(t);
+        cJSON_Delete(t);
+        if (!ok) {
+            free(text);
+            free(tools);
+            return fail("%s: not a JSON array of tool definitions", tools_file);
+        }
     }
-    fclose(f);
-    if (!text) return fail("out of memory");
     cJSON *root = cJSON_ParseWithLength(text, len);
     free(text);
     if (!root || !cJSON_IsArray(root)) {
         cJSON_Delete(root);
+        free(tools);
         return fail("%s: not a JSON array of {\"role\", \"content\"} messages", file);
     }
     int n = cJSON_GetArraySize(root);
@@ -94,8 +125,8 @@ int cmd_template(int argc, char **argv) {
     }
     char *out;
     size_t out_len;
-    if (anvil_chat_template_apply(tok, msgs, (size_t)n, gen_prompt, thinking, &out, &out_len) !=
-        ANVIL_OK) {
+    if (anvil_chat_template_apply_tools(tok, msgs, (size_t)n, tools, gen_prompt, thinking, &out,
+                                        &out_len) != ANVIL_OK) {
         rc = fail("%s", anvil_last_error());
     } else {
         fwrite(out, 1, out_len, stdout);
@@ -107,6 +138,7 @@ done:
     for (int i = 0; i < n && owned; i++) free(owned[i]);
     free(owned);
     free(msgs);
+    free(tools);
     cJSON_Delete(root);
     return rc;
 }

@@ -180,12 +180,12 @@ int cmd_tokenize(int argc, char **argv) {
         }
     }
     if (!model) return fail("tokenize: -m MODEL_OR_TOKENIZER is required");
-    double t0 = now();
+    double t0 = now(), c0 = cpu_now();
     anvil_tokenizer *tok;
     if (anvil_tokenizer_open(model, &tok) != ANVIL_OK) return fail("%s", anvil_last_error());
     if (do_bench) {
-        printf("load %s: %.3f s wall (%d tokens)\n", model, now() - t0,
-               anvil_tokenizer_vocab_size(tok));
+        printf("load %s: %.3f s cpu, %.3f s wall (%d tokens)\n", model, cpu_now() - c0,
+               now() - t0, anvil_tokenizer_vocab_size(tok));
         int rc = bench(tok, bench_file);
         anvil_tokenizer_close(tok);
         return rc;

@@ -84,6 +84,11 @@ int gen_opt(struct gen_opts *o, int argc, char **argv, int *i) {
         if (!strcmp(v, "on")) o->thinking = 1;
         else if (!strcmp(v, "off")) o->thinking = 0;
         else return fail("--thinking must be on or off"), -1;
+    } else if (!strcmp(a, "--stop")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        if (!*v) return fail("--stop needs a non-empty string"), -1;
+        if (o->n_stops == (int)(sizeof o->stops / sizeof *o->stops)) return fail("too many --stop strings"), -1;
+        o->stops[o->n_stops++] = v;
     } else if (!strcmp(a, "--system")) {
         if (!(o->system = opt_value(argc, argv, i))) return -1;
     } else {
@@ -122,10 +127,17 @@ bool gen_open(struct gen_opts *o, struct gen_ctx *g) {
     g->think_open = anvil_tokenizer_find(g->tok, "<think>");
     g->think_close = anvil_tokenizer_find(g->tok, "</think>");
     g->color = isatty(STDOUT_FILENO);
+    if (stop_filter_init(&g->stop, o->stops, o->n_stops) != ANVIL_OK) {
+        fail("%s", anvil_last_error());
+        gen_close(g);
+        return false;
+    }
     return true;
 }
 
 void gen_close(struct gen_ctx *g) {
+    stop_filter_free(&g->stop);
+    free(g->out.p);
     anvil_detokenizer_destroy(g->dec);
     anvil_session_destroy(g->session);
     anvil_model_close(g->model);
@@ -141,24 +153,35 @@ static int on_token(void *user, int32_t id) {
         fputs("\033[2m", stdout);
         g->in_think = true;
     }
-    if (anvil_detokenizer_push(g->dec, id, &text, &len) == ANVIL_OK && len) fwrite(text, 1, len, stdout);
+    bool stop = false;
+    if (anvil_detokenizer_push(g->dec, id, &text, &len) == ANVIL_OK && len) {
+        g->out.len = 0;
+        stop = stop_filter_push(&g->stop, text, len, &g->out);
+        if (g->out.len) fwrite(g->out.p, 1, g->out.len, stdout);
+    }
     if (id == g->think_close && g->in_think) {
         fputs("\033[0m", stdout);
         g->in_think = false;
     }
     fflush(stdout);
     g->n_printed++;
-    return gen_interrupted != 0;
+    return stop || gen_interrupted != 0;
 }
 
 anvil_status gen_stream(struct gen_ctx *g, const struct gen_opts *o, const int32_t *ids, int n,
                         anvil_generate_stats *stats) {
     gen_interrupted = 0;
     anvil_detokenizer_reset(g->dec);
+    g->stop.stopped = false;
+    g->stop.held.len = 0;
     anvil_status st = anvil_session_generate(g->session, ids, n, &o->gp, on_token, g, stats);
     const char *text;
     size_t len;
-    if (anvil_detokenizer_flush(g->dec, &text, &len) == ANVIL_OK && len) fwrite(text, 1, len, stdout);
+    g->out.len = 0;
+    if (anvil_detokenizer_flush(g->dec, &text, &len) == ANVIL_OK && len)
+        stop_filter_push(&g->stop, text, len, &g->out);
+    stop_filter_flush(&g->stop, &g->out);
+    if (g->out.len) fwrite(g->out.p, 1, g->out.len, stdout);
     if (g->in_think) fputs("\033[0m", stdout);
     g->in_think = false;
     fflush(stdout);

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include "cli.h"
+#include "server/server_impl.h" /* the stop-string filter the server uses too */
 
 struct gen_opts {
     struct common_opts co;
@@ -13,6 +14,8 @@ struct gen_opts {
     int thinking;      /* 1 on (the template's default), 0 off */
     const char *system;
     bool seed_set;
+    const char *stops[16]; /* --stop strings */
+    int n_stops;
 };
 
 struct gen_ctx {
@@ -25,6 +28,8 @@ struct gen_ctx {
     bool in_think;
     bool color;             /* stdout is a terminal */
     int n_printed;
+    struct stop_filter stop;
+    struct sbuf out;
 };
 
 void gen_opts_init(struct gen_opts *o);

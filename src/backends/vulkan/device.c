@@ -1,5 +1,6 @@
 /* Vulkan device layer: the loader is opened at run time through volk, so a machine without
  * Vulkan still runs anvil on the CPU. Picks a discrete GPU first. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,14 +48,25 @@ static bool has_instance_ext(const char *name) {
     return found;
 }
 
+/* One instance per process, created on first use and kept until exit: every device (and
+ * session) shares it, and the loader keeps the driver loaded for the process's lifetime. */
+static struct {
+    pthread_mutex_t lock;
+    bool tried;
+    anvil_status st;
+    char err[512];
+    struct vk_device holder; /* instance + messenger; validation messages counted here */
+} g = {PTHREAD_MUTEX_INITIALIZER, false, ANVIL_OK, "", {0}};
+
 static VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlagBitsEXT sev,
                                                  VkDebugUtilsMessageTypeFlagsEXT type,
                                                  const VkDebugUtilsMessengerCallbackDataEXT *data,
                                                  void *user) {
     (void)type;
-    struct vk_device *d = user;
+    (void)user;
+    struct vk_device *d = &g.holder;
     if (sev & (VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT)) {
-        if (d->n_validation_msgs++ == 0)
+        if (__atomic_fetch_add(&d->n_validation_msgs, 1, __ATOMIC_SEQ_CST) == 0)
             snprintf(d->validation_msg, sizeof d->validation_msg, "%s", data->pMessage);
         log_msg(LOG_ERROR, "vulkan validation: %s", data->pMessage);
     }
@@ -78,17 +90,33 @@ static anvil_status make_instance(struct vk_device *d, bool validate) {
                                layers, n_exts, exts};
     anvil_status st = vk_result(vkCreateInstance(&ci, NULL, &d->instance), "vkCreateInstance");
     if (st != ANVIL_OK) return st;
+    pin_loaded_libraries(); /* sanitizer builds: keep the driver mapped for leak reports */
     volkLoadInstanceOnly(d->instance);
     if (debug) {
         VkDebugUtilsMessengerCreateInfoEXT mi = {
             VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT, NULL, 0,
             VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT,
             VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT,
-            on_message, d};
+            on_message, NULL};
         st = vk_result(vkCreateDebugUtilsMessengerEXT(d->instance, &mi, NULL, &d->messenger),
                        "vkCreateDebugUtilsMessengerEXT");
     }
     return st;
+}
+
+/* The process's instance (validation on when ANVIL_VALIDATE is set at first use). */
+static anvil_status shared_instance(VkInstance *out) {
+    pthread_mutex_lock(&g.lock);
+    if (!g.tried) {
+        g.tried = true;
+        g.st = make_instance(&g.holder, want_validation());
+        if (g.st != ANVIL_OK) snprintf(g.err, sizeof g.err, "%s", err_get());
+    }
+    anvil_status st = g.st;
+    *out = g.holder.instance;
+    pthread_mutex_unlock(&g.lock);
+    if (st != ANVIL_OK) return err_set(st, "%s", g.err);
+    return ANVIL_OK;
 }
 
 static int type_rank(VkPhysicalDeviceType t) {
@@ -144,10 +172,10 @@ bool vk_available(char *why, size_t why_cap) {
         if (!loader_ready()) {
             snprintf(reason, sizeof reason, "no Vulkan loader (libvulkan.so.1) on this system");
         } else {
-            struct vk_device d = {0};
+            VkInstance inst;
             VkPhysicalDevice *pd = NULL;
             uint32_t n = 0;
-            if (make_instance(&d, false) != ANVIL_OK || enumerate(d.instance, &pd, &n) != ANVIL_OK) {
+            if (shared_instance(&inst) != ANVIL_OK || enumerate(inst, &pd, &n) != ANVIL_OK) {
                 snprintf(reason, sizeof reason, "%s", err_get());
             } else {
                 for (uint32_t i = 0; i < n; i++)
@@ -155,8 +183,6 @@ bool vk_available(char *why, size_t why_cap) {
                 if (state < 0) snprintf(reason, sizeof reason, "no usable Vulkan device (%u found)", n);
             }
             free(pd);
-            if (d.messenger) vkDestroyDebugUtilsMessengerEXT(d.instance, d.messenger, NULL);
-            if (d.instance) vkDestroyInstance(d.instance, NULL);
         }
     }
     if (why && why_cap) snprintf(why, why_cap, "%s", state > 0 ? "" : reason);
@@ -177,10 +203,10 @@ size_t vk_describe_devices(char *buf, size_t cap) {
         OUT("no Vulkan loader (libvulkan.so.1): anvil runs on the CPU\n");
         return len;
     }
-    struct vk_device d = {0};
+    VkInstance inst;
     VkPhysicalDevice *pd = NULL;
     uint32_t n = 0;
-    if (make_instance(&d, false) != ANVIL_OK || enumerate(d.instance, &pd, &n) != ANVIL_OK) {
+    if (shared_instance(&inst) != ANVIL_OK || enumerate(inst, &pd, &n) != ANVIL_OK) {
         OUT("Vulkan: %s\n", err_get());
     } else if (n == 0) {
         OUT("no Vulkan devices: anvil runs on the CPU\n");
@@ -202,8 +228,6 @@ size_t vk_describe_devices(char *buf, size_t cap) {
     }
     (void)why;
     free(pd);
-    if (d.messenger) vkDestroyDebugUtilsMessengerEXT(d.instance, d.messenger, NULL);
-    if (d.instance) vkDestroyInstance(d.instance, NULL);
 #undef OUT
     return len;
 }
@@ -224,7 +248,8 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     if (!d) return ANVIL_ERR_NOMEM;
     VkPhysicalDevice *pd = NULL;
     uint32_t n = 0;
-    anvil_status st = make_instance(d, want_validation());
+    anvil_status st = shared_instance(&d->instance);
+    d->n_validation_msgs = __atomic_load_n(&g.holder.n_validation_msgs, __ATOMIC_SEQ_CST);
     if (st == ANVIL_OK) st = enumerate(d->instance, &pd, &n);
     if (st != ANVIL_OK) goto fail;
     if (n == 0) {
@@ -318,15 +343,15 @@ void vk_device_destroy(struct vk_device *d) {
         if (d->pool) vkDestroyCommandPool(d->dev, d->pool, NULL);
         vkDestroyDevice(d->dev, NULL);
     }
-    if (d->messenger) vkDestroyDebugUtilsMessengerEXT(d->instance, d->messenger, NULL);
-    if (d->instance) vkDestroyInstance(d->instance, NULL);
-    free(d);
+    free(d); /* the instance is the process's (shared_instance) */
 }
 
 anvil_status vk_check_validation(struct vk_device *d) {
-    if (d->n_validation_msgs)
-        return err_set(ANVIL_ERR_BACKEND, "vulkan validation (%d messages): %s",
-                       d->n_validation_msgs, d->validation_msg);
+    /* messages since this device was created (d->n_validation_msgs holds the count then) */
+    int n = __atomic_load_n(&g.holder.n_validation_msgs, __ATOMIC_SEQ_CST) - d->n_validation_msgs;
+    if (n > 0)
+        return err_set(ANVIL_ERR_BACKEND, "vulkan validation (%d messages): %s", n,
+                       g.holder.validation_msg);
     return ANVIL_OK;
 }
 

@@ -10,12 +10,12 @@ set(ANVIL_SHADER_VARIANTS
   "matvec_f32 matvec.comp -DW_F32"
   "matvec_f16 matvec.comp -DW_F16"
   "matvec_bf16 matvec.comp -DW_BF16"
+  "matvec_q8_0 matvec.comp -DW_Q8_0"
   "embed_f32 embed.comp -DW_F32"
   "embed_f16 embed.comp -DW_F16"
   "embed_bf16 embed.comp -DW_BF16"
-  "qk_rope_kv qk_rope_kv.comp -DANVIL"
+  "embed_q8_0 embed.comp -DW_Q8_0"
   "attention attention.comp -DANVIL"
-  "attn_merge attn_merge.comp -DANVIL"
   "argmax argmax.comp -DANVIL")
 set(ANVIL_SHADER_INCS)
 file(GLOB ANVIL_SHADER_DEPS CONFIGURE_DEPENDS ${ANVIL_VK_DIR}/shaders/*.glsl ${ANVIL_VK_DIR}/shaders/*.comp)

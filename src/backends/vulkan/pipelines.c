@@ -20,6 +20,12 @@ static const uint32_t spv_matvec_f16[] =
 static const uint32_t spv_matvec_bf16[] =
 #include "shaders/matvec_bf16.inc"
     ;
+static const uint32_t spv_matvec_q8_0[] =
+#include "shaders/matvec_q8_0.inc"
+    ;
+static const uint32_t spv_embed_q8_0[] =
+#include "shaders/embed_q8_0.inc"
+    ;
 static const uint32_t spv_embed_f32[] =
 #include "shaders/embed_f32.inc"
     ;
@@ -29,14 +35,8 @@ static const uint32_t spv_embed_f16[] =
 static const uint32_t spv_embed_bf16[] =
 #include "shaders/embed_bf16.inc"
     ;
-static const uint32_t spv_qk_rope_kv[] =
-#include "shaders/qk_rope_kv.inc"
-    ;
 static const uint32_t spv_attention[] =
 #include "shaders/attention.inc"
-    ;
-static const uint32_t spv_attn_merge[] =
-#include "shaders/attn_merge.inc"
     ;
 static const uint32_t spv_argmax[] =
 #include "shaders/argmax.inc"
@@ -52,15 +52,16 @@ static const struct {
     [K_MATVEC_F32] = {SPV(spv_matvec_f32), "matvec_f32"},
     [K_MATVEC_F16] = {SPV(spv_matvec_f16), "matvec_f16"},
     [K_MATVEC_BF16] = {SPV(spv_matvec_bf16), "matvec_bf16"},
+    [K_MATVEC_Q8_0] = {SPV(spv_matvec_q8_0), "matvec_q8_0"},
+    [K_MATVEC_SWIGLU_Q8_0] = {SPV(spv_matvec_q8_0), "matvec_swiglu_q8_0"},
+    [K_EMBED_Q8_0] = {SPV(spv_embed_q8_0), "embed_q8_0"},
     [K_MATVEC_SWIGLU_F32] = {SPV(spv_matvec_f32), "matvec_swiglu_f32"},
     [K_MATVEC_SWIGLU_F16] = {SPV(spv_matvec_f16), "matvec_swiglu_f16"},
     [K_MATVEC_SWIGLU_BF16] = {SPV(spv_matvec_bf16), "matvec_swiglu_bf16"},
     [K_EMBED_F32] = {SPV(spv_embed_f32), "embed_f32"},
     [K_EMBED_F16] = {SPV(spv_embed_f16), "embed_f16"},
     [K_EMBED_BF16] = {SPV(spv_embed_bf16), "embed_bf16"},
-    [K_QK_ROPE_KV] = {SPV(spv_qk_rope_kv), "qk_rope_kv"},
     [K_ATTENTION] = {SPV(spv_attention), "attention"},
-    [K_ATTN_MERGE] = {SPV(spv_attn_merge), "attn_merge"},
     [K_ARGMAX] = {SPV(spv_argmax), "argmax"},
 };
 
@@ -98,6 +99,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     if (e && atoi(e) >= 32 && atoi(e) <= 1024 && atoi(e) % 32 == 0) out->matvec_wg = (uint32_t)atoi(e);
     e = getenv("ANVIL_VK_MATVEC_NR");
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr = (uint32_t)atoi(e);
+    if (out->matvec_wg < d->subgroup_size) out->matvec_wg = d->subgroup_size;
     if (out->matvec_wg / d->subgroup_size > 32) out->matvec_wg = 32 * d->subgroup_size;
     VkPushConstantRange pr = {VK_SHADER_STAGE_COMPUTE_BIT, 0, VK_PUSH_BYTES};
     VkPipelineLayoutCreateInfo li = {VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, NULL, 0, 0, NULL, 1, &pr};
@@ -129,7 +131,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         uint32_t vals[4] = {0};
         VkSpecializationMapEntry ent[4];
         uint32_t n = 0;
-        if (k <= K_MATVEC_SWIGLU_BF16) {
+        if (k <= K_MATVEC_SWIGLU_Q8_0) {
             vals[0] = out->matvec_wg;
             vals[1] = out->matvec_nr;
             vals[2] = k >= K_MATVEC_SWIGLU_F32;
@@ -137,7 +139,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         } else if (k == K_ATTENTION) {
             vals[0] = (uint32_t)attn_g;
             vals[1] = (uint32_t)attn_d;
-            n = 2;
+            vals[2] = d->subgroup_size;
+            vals[3] = 4 * d->subgroup_size; /* workgroup: 4 subgroups */
+            n = 4;
         }
         for (uint32_t i = 0; i < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};
         VkSpecializationInfo si = {n, ent, n * 4, vals};

@@ -14,8 +14,8 @@
  *   matmuls sharing an input     one dispatch (q, k, v)
  *   matmul gate, up -> swiglu    one dispatch
  *   matmul -> add                the residual add in the matvec's store
- *   q/k rms_norm -> rope -> attention's cache write   one dispatch (qk_rope_kv)
- *   attention                    split over the sequence + a merge
+ *   q/k rms_norm -> rope -> KV write -> attention   one dispatch, split over the
+ *                                sequence, merged by the last workgroup of each kv head
  */
 #include <math.h>
 #include <stdio.h>
@@ -26,7 +26,7 @@
 #include "vulkan_impl.h"
 #include "vulkan.h"
 
-#define ATTN_CHUNKS 16
+#define ATTN_CHUNKS 32 /* default; ANVIL_VK_ATTN_CHUNKS overrides (1 .. 64) */
 #define STEPS_PER_BATCH 8
 #define ALIGN 256
 
@@ -46,19 +46,10 @@ struct pc_embed {
     uint64_t w, out, ctl;
     uint32_t Kp8;
 };
-struct pc_qk {
-    uint64_t q, k, v, qnorm, knorm, q_out, kc, vc, rope, ctl;
-    uint32_t D, H, Hkv, n_rot;
-    float eps;
-};
 struct pc_attn {
-    uint64_t q, kc, vc, part, ctl;
-    uint32_t Hkv, NC;
-    float scale;
-};
-struct pc_merge {
-    uint64_t part, out, ctl;
-    uint32_t D, NC;
+    uint64_t q, k, v, qnorm, knorm, kc, vc, rope, part, cnt, out, ctl;
+    uint32_t Hkv, NC, n_rot;
+    float eps, scale;
 };
 struct pc_argmax {
     uint64_t logits, ctl;
@@ -103,8 +94,9 @@ static VkDeviceSize alloc_node(struct lower *L, int i) {
     int r = L->root[i];
     if (L->off[r] == (VkDeviceSize)-1) {
         L->off[r] = L->arena_size;
-        /* padded to 8 floats and zeroed once: kernels read inputs in chunks of 8 */
-        L->arena_size += round_up(round_up((VkDeviceSize)node_nelem(&L->g->nodes[r]), 8) * 4 + 32, ALIGN);
+        /* padded to 128 floats and zeroed once: matvecs read inputs in chunks of 8 up to the
+         * weights' padded row length (128 for Q8_0) */
+        L->arena_size += round_up(round_up((VkDeviceSize)node_nelem(&L->g->nodes[r]), 128) * 4 + 32, ALIGN);
     }
     return L->off[r];
 }
@@ -138,6 +130,7 @@ static int kernel_for(int type, enum vk_kernel f32) {
     case DT_F32: return f32;
     case DT_F16: return f32 + 1;
     case DT_BF16: return f32 + 2;
+    case DT_Q8_0: return f32 + 3;
     default: return -1;
     }
 }
@@ -157,6 +150,10 @@ static void matvec_input(struct lower *L, int src, struct pc_matvec *pc) {
         pc->x = addr_of(L, src);
     }
 }
+
+/* a matvec workgroup computes matvec_nr rows, all its threads splitting K (measured faster
+ * on the H100 than a subgroup per row: docs/PERF.md) */
+static uint32_t matvec_rows_per_wg(struct vk_backend *b) { return b->pl.matvec_nr; }
 
 static void grid(uint32_t wgs, uint32_t *gx, uint32_t *gy) {
     *gx = MIN(wgs, 32768u);
@@ -179,7 +176,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     pc.ctl = L->p->ctl.addr;
     int64_t K = N(L, x)->ne[0];
     pc.K = (uint32_t)K;
-    pc.Kp8 = (uint32_t)(round_up((VkDeviceSize)K, 8) / 8);
+    pc.Kp8 = vk_weight_kp(L->p->b, N(L, n->src[1])->weight) / 8;
     matvec_input(L, x, &pc);
     int kern = kernel_for(type, K_MATVEC_F32);
     if (kern < 0)
@@ -199,7 +196,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
             pc.o0 = addr_of(L, j);
             L->done[a] = L->done[b] = L->done[j] = true;
             uint32_t gx, gy;
-            uint32_t nr = L->p->b->pl.matvec_nr;
+            uint32_t nr = matvec_rows_per_wg(L->p->b);
             grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
             return emit(L->p, kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32), gx, gy, &pc, sizeof pc);
         }
@@ -236,7 +233,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (!pc.res) pc.res = pc.o0;
     if (!pc.normw) pc.normw = pc.x;
     uint32_t gx, gy;
-    uint32_t nr = L->p->b->pl.matvec_nr;
+    uint32_t nr = matvec_rows_per_wg(L->p->b);
     grid((total + nr - 1) / nr, &gx, &gy);
     return emit(L->p, kern, gx, gy, &pc, sizeof pc);
 }
@@ -265,37 +262,35 @@ static anvil_status lower_attention(struct lower *L, int i) {
     uint32_t D = (uint32_t)q->ne[0], H = (uint32_t)q->ne[1], Hkv = (uint32_t)k->ne[1];
     if (D > 512 || D % 4 || (int)D != L->p->b->pl.attn_d || (int)(H / Hkv) != L->p->b->pl.attn_g)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention shape D=%u H=%u Hkv=%u unsupported", D, H, Hkv);
-    /* q after norm+rope lives in the rope node's buffer */
-    struct pc_qk pk = {0};
-    pk.q = addr_of(L, q_raw);
-    pk.k = addr_of(L, k_raw);
-    pk.v = addr_of(L, a->src[2]);
-    pk.qnorm = vk_weight_addr(L->p->b, N(L, qn->src[1])->weight, true, qn->p.i[0] != 0);
-    pk.knorm = vk_weight_addr(L->p->b, N(L, kn->src[1])->weight, true, kn->p.i[0] != 0);
-    pk.q_out = addr_of(L, a->src[0]);
-    pk.kc = vk_state_addr(L->p->b, N(L, a->src[3])->state);
-    pk.vc = vk_state_addr(L->p->b, N(L, a->src[4])->state);
-    pk.rope = L->p->rope.addr;
-    pk.ctl = L->p->ctl.addr;
-    pk.D = D;
-    pk.H = H;
-    pk.Hkv = Hkv;
-    pk.n_rot = (uint32_t)qr->p.i[0];
-    pk.eps = qn->p.f[0];
     if (kn->p.f[0] != qn->p.f[0])
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: q and k norms with different eps");
-    anvil_status st = emit(L->p, K_QK_ROPE_KV, H + 2 * Hkv, 1, &pk, sizeof pk);
-    if (st != ANVIL_OK) return st;
-
-    /* partials: H x NC x (D + 2) floats, in the arena under the attention node's slot + a
-     * scratch slot of their own */
+    uint32_t nc = ATTN_CHUNKS;
+    const char *e = getenv("ANVIL_VK_ATTN_CHUNKS");
+    if (e && atoi(e) >= 1 && atoi(e) <= 64) nc = (uint32_t)atoi(e);
+    /* partials: H x NC x (D + 2) floats, and Hkv counters (zero between steps) */
     VkDeviceSize part = L->arena_size;
-    L->arena_size += round_up((VkDeviceSize)H * ATTN_CHUNKS * (D + 2) * 4, ALIGN);
-    struct pc_attn pa = {pk.q_out, pk.kc, pk.vc, L->p->arena.addr + part, pk.ctl, Hkv, ATTN_CHUNKS, a->p.f[0]};
-    st = emit(L->p, K_ATTENTION, Hkv, ATTN_CHUNKS, &pa, sizeof pa);
-    if (st != ANVIL_OK) return st;
-    struct pc_merge pm = {L->p->arena.addr + part, addr_of(L, i), pk.ctl, D, ATTN_CHUNKS};
-    return emit(L->p, K_ATTN_MERGE, H, 1, &pm, sizeof pm);
+    L->arena_size += round_up((VkDeviceSize)H * nc * (D + 2) * 4, ALIGN);
+    VkDeviceSize cnt = L->arena_size;
+    L->arena_size += round_up((VkDeviceSize)Hkv * 4, ALIGN);
+    struct pc_attn pa = {0};
+    pa.q = addr_of(L, q_raw);
+    pa.k = addr_of(L, k_raw);
+    pa.v = addr_of(L, a->src[2]);
+    pa.qnorm = vk_weight_addr(L->p->b, N(L, qn->src[1])->weight, true, qn->p.i[0] != 0);
+    pa.knorm = vk_weight_addr(L->p->b, N(L, kn->src[1])->weight, true, kn->p.i[0] != 0);
+    pa.kc = vk_state_addr(L->p->b, N(L, a->src[3])->state);
+    pa.vc = vk_state_addr(L->p->b, N(L, a->src[4])->state);
+    pa.rope = L->p->rope.addr;
+    pa.part = L->p->arena.addr + part;
+    pa.cnt = L->p->arena.addr + cnt;
+    pa.out = addr_of(L, i);
+    pa.ctl = L->p->ctl.addr;
+    pa.Hkv = Hkv;
+    pa.NC = nc;
+    pa.n_rot = (uint32_t)qr->p.i[0];
+    pa.eps = qn->p.f[0];
+    pa.scale = a->p.f[0];
+    return emit(L->p, K_ATTENTION, Hkv, nc, &pa, sizeof pa);
 }
 
 /* Walks the graph in order and emits the fused kernels. The arena's base address is not
@@ -341,7 +336,7 @@ static anvil_status lower_graph(struct lower *L) {
                 break;
             }
             struct pc_embed pe = {vk_weight_addr(L->p->b, w, false, false), addr_of(L, i), L->p->ctl.addr,
-                                  (uint32_t)(round_up((VkDeviceSize)w->ne[0], 8) / 8)};
+                                  vk_weight_kp(L->p->b, w) / 8};
             st = emit(L->p, kern, 1, 1, &pe, sizeof pe);
             break;
         }
@@ -681,9 +676,9 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
 }
 
 static const char *kernel_names[K_COUNT] = {
-    "matvec_f32", "matvec_f16", "matvec_bf16", "matvec_swiglu_f32", "matvec_swiglu_f16",
-    "matvec_swiglu_bf16", "embed_f32", "embed_f16", "embed_bf16", "qk_rope_kv", "attention",
-    "attn_merge", "argmax"};
+    "matvec_f32", "matvec_f16", "matvec_bf16", "matvec_q8_0", "matvec_swiglu_f32",
+    "matvec_swiglu_f16", "matvec_swiglu_bf16", "matvec_swiglu_q8_0", "embed_f32", "embed_f16",
+    "embed_bf16", "embed_q8_0", "attention", "argmax"};
 
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
     size_t len = 0;

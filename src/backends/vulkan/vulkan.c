@@ -23,6 +23,11 @@ uint64_t vk_weight_addr(struct vk_backend *b, const struct tensor_info *t, bool 
     return w ? w->buf.addr : 0;
 }
 
+uint32_t vk_weight_kp(struct vk_backend *b, const struct tensor_info *t) {
+    struct vk_weight *w = find_weight(b, t, false);
+    return w ? w->Kp : 0;
+}
+
 uint64_t vk_state_addr(struct vk_backend *b, int state) {
     return b->states.addr + b->state_off[state];
 }
@@ -39,14 +44,43 @@ static anvil_status want_weight(struct vk_backend *b, const struct tensor_info *
     w->t = t;
     w->as_f32 = as_f32;
     w->plus1 = plus1;
-    w->Kp = (uint32_t)((t->ne[0] + 7) / 8 * 8);
+    int a = t->type == DT_Q8_0 && !as_f32 ? 128 : 8; /* Q8_0: whole super-blocks of 4 blocks */
+    w->Kp = (uint32_t)((t->ne[0] + a - 1) / a * a);
     return ANVIL_OK;
 }
 
 static size_t weight_bytes(const struct vk_weight *w) {
     int64_t rows = w->t->ne[1] * w->t->ne[2] * w->t->ne[3];
+    if (w->t->type == DT_Q8_0 && !w->as_f32) return (size_t)rows * (w->Kp / 128) * 136;
     size_t el = w->as_f32 ? 4 : (size_t)dtype_traits(w->t->type)->type_size;
     return (size_t)rows * w->Kp * el;
+}
+
+/* Q8_0 rows repacked into super-blocks of 128 weights: 128 int8 quants, then 4 f16 scales
+ * (zero quants and scales past the row's end). */
+struct q8_ctx {
+    const uint8_t *src;
+    size_t blocks_in, sb_out; /* per row: 34-byte blocks in, 136-byte super-blocks out */
+};
+
+static void fill_q8_0(void *dst, size_t offset, size_t n, void *ctx) {
+    const struct q8_ctx *q = ctx;
+    uint8_t *o = dst, sb[136];
+    for (size_t done = 0; done < n;) {
+        size_t at = offset + done, sbi = at / 136, c = at % 136;
+        size_t row = sbi / q->sb_out, s = sbi % q->sb_out;
+        memset(sb, 0, sizeof sb);
+        for (size_t b = 0; b < 4; b++) {
+            size_t blk = s * 4 + b;
+            if (blk >= q->blocks_in) break;
+            const uint8_t *in = q->src + (row * q->blocks_in + blk) * 34;
+            memcpy(sb + b * 32, in + 2, 32);
+            memcpy(sb + 128 + b * 2, in, 2);
+        }
+        size_t k = MIN(n - done, 136 - c);
+        memcpy(o + done, sb + c, k);
+        done += k;
+    }
 }
 
 /* Fills staging memory with rows padded to Kp with zeros. */
@@ -93,7 +127,12 @@ static anvil_status upload_weights(struct vk_backend *b, int first) {
                 for (int64_t e = 0; e < n * rows; e++) conv[e] += 1.0f;
             f = (struct fill_ctx){(const uint8_t *)conv, (size_t)n * 4, (size_t)w->Kp * 4};
         }
-        st = vk_upload(&u, &w->buf, 0, bytes, fill_rows, &f);
+        if (w->t->type == DT_Q8_0 && !w->as_f32) {
+            struct q8_ctx q = {w->t->data, (size_t)n / 32, w->Kp / 128};
+            st = vk_upload(&u, &w->buf, 0, bytes, fill_q8_0, &q);
+        } else {
+            st = vk_upload(&u, &w->buf, 0, bytes, fill_rows, &f);
+        }
         free(conv); /* vk_upload has copied it into staging memory */
     }
     anvil_status st2 = vk_uploader_finish(&u);
@@ -153,7 +192,7 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
         anvil_status st = ANVIL_OK;
         if (n->op == OP_MATMUL || n->op == OP_EMBED) {
             const struct tensor_info *t = g->nodes[n->src[n->op == OP_MATMUL ? 1 : 0]].weight;
-            if (t->type != DT_F32 && t->type != DT_F16 && t->type != DT_BF16)
+            if (t->type != DT_F32 && t->type != DT_F16 && t->type != DT_BF16 && t->type != DT_Q8_0)
                 return err_set(ANVIL_ERR_UNSUPPORTED, "%s: tensor %s has type %s, which the Vulkan "
                                "backend cannot compute with yet", t->file, t->name, dtype_name(t->type));
             st = want_weight(b, t, false, false);

@@ -29,6 +29,8 @@ struct vk_backend {
 };
 
 uint64_t vk_weight_addr(struct vk_backend *b, const struct tensor_info *t, bool as_f32, bool plus1);
+/* A weight's padded row length in elements (the row stride the kernels use). */
+uint32_t vk_weight_kp(struct vk_backend *b, const struct tensor_info *t);
 uint64_t vk_state_addr(struct vk_backend *b, int state);
 
 struct vk_program;

@@ -31,10 +31,10 @@ struct vk_device {
     VkSemaphore timeline; /* signalled with ++timeline_value by every submit */
     uint64_t timeline_value;
     int index; /* in enumeration order */
-    /* validation messages of error or warning severity since creation; any makes the
-     * backend's next call fail */
+    /* validation messages (errors, warnings): the process's count when this device was
+     * created; any message after that makes the backend's next call fail */
     int n_validation_msgs;
-    char validation_msg[512];
+    char validation_msg[512]; /* the first message (in the process's instance holder) */
 };
 
 /* Whether a Vulkan loader and at least one device exist (cheap after the first call). */
@@ -98,12 +98,11 @@ anvil_status vk_uploader_finish(struct vk_uploader *u);
 /* ---- pipelines ---- */
 
 enum vk_kernel {
-    K_MATVEC_F32, K_MATVEC_F16, K_MATVEC_BF16,
-    K_MATVEC_SWIGLU_F32, K_MATVEC_SWIGLU_F16, K_MATVEC_SWIGLU_BF16,
-    K_EMBED_F32, K_EMBED_F16, K_EMBED_BF16,
-    K_QK_ROPE_KV,
+    /* per weight type, in the order F32, F16, BF16, Q8_0 (kernel_for) */
+    K_MATVEC_F32, K_MATVEC_F16, K_MATVEC_BF16, K_MATVEC_Q8_0,
+    K_MATVEC_SWIGLU_F32, K_MATVEC_SWIGLU_F16, K_MATVEC_SWIGLU_BF16, K_MATVEC_SWIGLU_Q8_0,
+    K_EMBED_F32, K_EMBED_F16, K_EMBED_BF16, K_EMBED_Q8_0,
     K_ATTENTION,
-    K_ATTN_MERGE,
     K_ARGMAX,
     K_COUNT,
 };

@@ -1,6 +1,6 @@
 /*
  * The Vulkan decode program against the CPU backend (the oracle), on synthetic Qwen3 models
- * of every weight type the Vulkan backend supports, with the validation layer on (any
+ * of every weight type the Vulkan backend supports (F32, F16, BF16, Q8_0), with the validation layer on (any
  * message fails the call that follows it): logits of every row, greedy generation on the
  * device vs the host loop, and the stop flag (queued steps after a stop change nothing).
  * Skips, saying why, only where no Vulkan device exists at all.
@@ -15,7 +15,7 @@
 #include "backends/backend.h"
 #include "testutil.h"
 
-static const char *types[] = {"f32", "f16", "bf16"};
+static const char *types[] = {"f32", "f16", "bf16", "q8_0"};
 
 static anvil_session *session(anvil_model *m, anvil_backend_kind kind) {
     anvil_session_params sp = anvil_session_default_params();

@@ -1,99 +1,237 @@
 #version 460
-/* Attention of one query token over the cache, split across the sequence: workgroup
+/* q/k RMSNorm -> RoPE -> KV-cache write -> attention of one query token over the cache, in
+ * one dispatch. Each workgroup normalises and rotates the G query heads it needs itself;
+ * the workgroup whose chunk holds the current position also makes that position's k row
+ * (norm, rope) and v row, writes them to the cache and uses them from shared memory (no
+ * other workgroup reads that row). NeoX pairing (i, i + n_rot/2), cos/sin from a table
+ * computed on the host in double: rope[pos][i] = (cos, sin).
+ *
+ * Attention is split across the sequence: workgroup
  * (kv head j, chunk c) handles the G = H / Hkv query heads of kv head j over cache rows
- * [c * L, min((c + 1) * L, n)), n = pos + 1, L = ceil(n / NC), with an online softmax, and
- * writes a partial (max m, sum l, unnormalised o[D]) per query head; attn_merge combines the
- * NC partials. Threads: one cache row each for the scores, one head dim each for the values. */
+ * [c * L, min((c + 1) * L, n)), n = pos + 1, L = ceil(n / NC), and writes a partial
+ * (max m, sum l, unnormalised o[D]) per query head. The last workgroup of a kv head to
+ * finish (a counter per kv head, reset by that workgroup) merges the NC partials:
+ * out[h][d] = sum_c w_c o_c[d] / sum_c w_c l_c, w_c = e^(m_c - M), M = max_c m_c.
+ *
+ * Each subgroup walks every NSG-th row of the chunk with an online softmax; its lanes split
+ * the row (16 bytes each, so a row of 128 floats is one coalesced load per subgroup), the
+ * score is a subgroup sum. The subgroups' partials are combined through shared memory. */
 #include "common.glsl"
 
-layout(local_size_x = 128) in;
-layout(constant_id = 0) const uint G = 2;   /* query heads per kv head */
-layout(constant_id = 1) const uint D = 128; /* head dim */
+layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CFloats { float v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Counters { uint v[]; };
 
-const uint TILE = 128;
-const uint DPT = (D + 127) / 128; /* head dims per thread */
+layout(local_size_x_id = 3) in;             /* NSG * SG */
+layout(constant_id = 0) const uint G = 2;   /* query heads per kv head */
+layout(constant_id = 1) const uint D = 128; /* head dim, a multiple of 4 */
+layout(constant_id = 2) const uint SG = 32; /* subgroup size */
+
+const uint NSG = 4;
+const uint D4 = D / 4;
+const uint CPL = (D4 + SG - 1) / SG; /* vec4 chunks of a row per lane */
 
 layout(push_constant) uniform PC {
-    Floats q;       /* [H, D] */
-    Vec4s kc;       /* [S, Hkv, D] (D % 4 == 0) */
-    Floats vc;      /* [S, Hkv, D] */
-    Floats part;    /* [H, NC, D + 2] */
+    Floats q, k, v;      /* raw projections: [H, D], [Hkv, D], [Hkv, D] */
+    Floats qnorm, knorm; /* [D] */
+    Vec4s kc;            /* [S, Hkv, D] */
+    Vec4s vc;            /* [S, Hkv, D] */
+    Floats rope;         /* [S, n_rot / 2, 2] */
+    CFloats part;        /* [H, NC, D + 2] */
+    Counters cnt;        /* [Hkv], zero between steps */
+    Floats out_;         /* [H, D] */
     Ctl ctl;
-    uint Hkv, NC;
-    float scale;
+    uint Hkv, NC, n_rot;
+    float eps, scale;
 } pc;
 
-shared vec4 qs[G][D / 4];
-shared float sc[G][TILE];
+shared float sm[NSG][G], sl[NSG][G];
+shared vec4 so[NSG][G][D4];
+shared float xs[G + 1][D]; /* normalised rows: the G query heads, then k */
+shared float ys[G + 1][D]; /* the same, rotated */
+shared vec4 vnew[D4];
+shared bool last_wg;
+shared float mw[G][64], lw[G][64]; /* merge: m (then weights) and l of each chunk (NC <= 64) */
+shared float inv_l[G];
+
+/* RMS-normalises row src[D] with weight w into xs[slot] (one subgroup). */
+void norm_row(Floats src, uint off, Floats w, uint slot, uint lane) {
+    float ss = 0.0;
+    for (uint d = lane; d < D; d += SG) {
+        float x = src.v[off + d];
+        xs[slot][d] = x;
+        ss += x * x;
+    }
+    float inv = 1.0 / sqrt(subgroupAdd(ss) / float(D) + pc.eps);
+    for (uint d = lane; d < D; d += SG) xs[slot][d] *= inv * w.v[d];
+}
+
+/* chunk c4 of cache row p (the current position's from shared memory) */
+void load_row(uint p, uint end, uint pos, uint j, uint c4, out vec4 kv, out vec4 vv) {
+    if (p >= end || c4 >= D4) {
+        kv = vec4(0.0);
+        vv = vec4(0.0);
+    } else if (p == pos) {
+        kv = vec4(ys[G][4u * c4], ys[G][4u * c4 + 1u], ys[G][4u * c4 + 2u], ys[G][4u * c4 + 3u]);
+        vv = vnew[c4];
+    } else {
+        kv = pc.kc.v[(p * pc.Hkv + j) * D4 + c4];
+        vv = pc.vc.v[(p * pc.Hkv + j) * D4 + c4];
+    }
+}
 
 void main() {
     if (pc.ctl.stop != 0u) return;
-    uint j = gl_WorkGroupID.x, c = gl_WorkGroupID.y, t = gl_LocalInvocationID.x;
+    uint j = gl_WorkGroupID.x, c = gl_WorkGroupID.y;
+    uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
     uint n = pc.ctl.pos + 1u;
     uint L = (n + pc.NC - 1u) / pc.NC;
-    uint begin = c * L, end = min(begin + L, n);
-    for (uint g = 0; g < G; g++)
-        for (uint d = t; d < D / 4; d += TILE) {
-            uint b = (j * G + g) * D + 4 * d;
-            qs[g][d] = vec4(pc.q.v[b], pc.q.v[b + 1], pc.q.v[b + 2], pc.q.v[b + 3]) * pc.scale;
+    uint begin = min(c * L, n), end = min(begin + L, n);
+
+    uint pos = n - 1u, t = gl_LocalInvocationID.x;
+    bool mine = begin <= pos && pos < end; /* this chunk holds the current position */
+    /* q (and k) rows: norm, then rotate */
+    for (uint g = sg; g < G + 1u; g += NSG)
+        if (g < G) norm_row(pc.q, (j * G + g) * D, pc.qnorm, g, lane);
+        else if (mine) norm_row(pc.k, j * D, pc.knorm, G, lane);
+    barrier();
+    uint half_ = pc.n_rot / 2u;
+    for (uint i = t; i < (G + 1u) * D; i += gl_WorkGroupSize.x) {
+        uint g = i / D, d = i % D;
+        if (g == G && !mine) break;
+        float y = xs[g][d];
+        if (d < pc.n_rot) {
+            uint r = d < half_ ? d : d - half_;
+            float cs = pc.rope.v[(pos * half_ + r) * 2u], sn = pc.rope.v[(pos * half_ + r) * 2u + 1u];
+            float a = xs[g][r], b = xs[g][r + half_];
+            y = d < half_ ? a * cs - b * sn : b * cs + a * sn;
         }
-    float m[G], l[G], o[G][DPT];
+        ys[g][d] = y;
+    }
+    if (mine)
+        for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) {
+            uint b = j * D + 4u * d4;
+            vnew[d4] = vec4(pc.v.v[b], pc.v.v[b + 1u], pc.v.v[b + 2u], pc.v.v[b + 3u]);
+        }
+    barrier();
+    if (mine) /* the cache rows of this position, for the steps to come */
+        for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) {
+            uint row = (pos * pc.Hkv + j) * D4 + d4;
+            pc.kc.v[row] = vec4(ys[G][4u * d4], ys[G][4u * d4 + 1u], ys[G][4u * d4 + 2u], ys[G][4u * d4 + 3u]);
+            pc.vc.v[row] = vnew[d4];
+        }
+
+    vec4 qv[G][CPL], o[G][CPL];
+    float m[G], l[G];
     for (uint g = 0; g < G; g++) {
         m[g] = -1.0 / 0.0;
         l[g] = 0.0;
-        for (uint i = 0; i < DPT; i++) o[g][i] = 0.0;
+        for (uint k = 0; k < CPL; k++) {
+            uint c4 = lane + k * SG;
+            qv[g][k] = c4 < D4 ? vec4(ys[g][4u * c4], ys[g][4u * c4 + 1u], ys[g][4u * c4 + 2u],
+                                      ys[g][4u * c4 + 3u]) * pc.scale
+                               : vec4(0.0);
+            o[g][k] = vec4(0.0);
+        }
     }
-    barrier();
-    for (uint p0 = begin; p0 < end; p0 += TILE) {
-        uint p = p0 + t;
-        float s[G];
-        for (uint g = 0; g < G; g++) s[g] = -1.0 / 0.0;
-        if (p < end) {
-            for (uint g = 0; g < G; g++) s[g] = 0.0;
-            /* by far the longest loop: one cache row per thread, 16 bytes a load */
-            uint base = (p * pc.Hkv + j) * (D / 4);
-            for (uint d = 0; d < D / 4; d++) {
-                vec4 kv = pc.kc.v[base + d];
-                for (uint g = 0; g < G; g++) s[g] += dot(qs[g][d], kv);
-            }
+    /* by far the most time goes here: two coalesced row loads per position, the next
+     * position's rows loaded while this one is computed */
+    vec4 kn[CPL], vn[CPL];
+    uint p = begin + sg;
+    for (uint k = 0; k < CPL; k++) load_row(p, end, pos, j, lane + k * SG, kn[k], vn[k]);
+    for (; p < end; p += NSG) {
+        vec4 kv[CPL], vv[CPL];
+        uint pn = p + NSG;
+        for (uint k = 0; k < CPL; k++) {
+            kv[k] = kn[k];
+            vv[k] = vn[k];
+            load_row(pn, end, pos, j, lane + k * SG, kn[k], vn[k]);
         }
-        for (uint g = 0; g < G; g++) sc[g][t] = s[g];
-        barrier();
-        uint nt = min(TILE, end - p0);
-        float corr[G];
         for (uint g = 0; g < G; g++) {
-            float mx = m[g];
-            for (uint i = 0; i < nt; i++) mx = max(mx, sc[g][i]);
-            corr[g] = exp(m[g] - mx);
-            m[g] = mx;
+            float s = 0.0;
+            for (uint k = 0; k < CPL; k++) s += dot(qv[g][k], kv[k]);
+            s = subgroupAdd(s);
+            float mn = max(m[g], s);
+            float corr = exp(m[g] - mn), e = exp(s - mn);
+            l[g] = l[g] * corr + e;
+            for (uint k = 0; k < CPL; k++) o[g][k] = o[g][k] * corr + e * vv[k];
+            m[g] = mn;
         }
-        barrier();
-        for (uint g = 0; g < G; g++) {
-            sc[g][t] = t < nt ? exp(s[g] - m[g]) : 0.0;
-            l[g] *= corr[g];
-            for (uint i = 0; i < DPT; i++) o[g][i] *= corr[g];
-        }
-        barrier();
-        for (uint i = 0; i < nt; i++) {
-            uint base = ((p0 + i) * pc.Hkv + j) * D;
-            for (uint dd = 0; dd < DPT; dd++) {
-                uint d = t + dd * TILE;
-                float vv = d < D ? pc.vc.v[base + d] : 0.0;
-                for (uint g = 0; g < G; g++) o[g][dd] += sc[g][i] * vv;
-            }
-            for (uint g = 0; g < G; g++) l[g] += sc[g][i];
-        }
-        barrier();
     }
     for (uint g = 0; g < G; g++) {
+        if (lane == 0u) {
+            sm[sg][g] = m[g];
+            sl[sg][g] = l[g];
+        }
+        for (uint k = 0; k < CPL; k++) {
+            uint c4 = lane + k * SG;
+            if (c4 < D4) so[sg][g][c4] = o[g][k];
+        }
+    }
+    barrier();
+    /* combine the subgroups: thread t handles vec4 chunk t of every head */
+    for (uint g = 0; g < G; g++) {
+        float M = -1.0 / 0.0;
+        for (uint s = 0; s < NSG; s++) M = max(M, sm[s][g]);
+        float lsum = 0.0;
+        vec4 acc = vec4(0.0);
+        for (uint s = 0; s < NSG; s++) {
+            float w = sm[s][g] == -1.0 / 0.0 ? 0.0 : exp(sm[s][g] - M);
+            lsum += w * sl[s][g];
+            if (t < D4) acc += w * so[s][g][t];
+        }
         uint h = j * G + g, off = (h * pc.NC + c) * (D + 2u);
         if (t == 0u) {
-            pc.part.v[off] = m[g];
-            pc.part.v[off + 1u] = l[g];
+            pc.part.v[off] = M;
+            pc.part.v[off + 1u] = lsum;
         }
-        for (uint dd = 0; dd < DPT; dd++) {
-            uint d = t + dd * TILE;
-            if (d < D) pc.part.v[off + 2u + d] = o[g][dd];
+        for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) {
+            vec4 a = d4 == t ? acc : vec4(0.0);
+            if (d4 != t) /* D4 > workgroup size: recompute for this chunk */
+                for (uint s = 0; s < NSG; s++)
+                    a += (sm[s][g] == -1.0 / 0.0 ? 0.0 : exp(sm[s][g] - M)) * so[s][g][d4];
+            pc.part.v[off + 2u + 4u * d4] = a.x;
+            pc.part.v[off + 3u + 4u * d4] = a.y;
+            pc.part.v[off + 4u + 4u * d4] = a.z;
+            pc.part.v[off + 5u + 4u * d4] = a.w;
         }
+    }
+    /* the last workgroup of kv head j merges: the partials must be visible first */
+    memoryBarrierBuffer();
+    barrier();
+    if (t == 0u) last_wg = atomicAdd(pc.cnt.v[j], 1u) == pc.NC - 1u;
+    barrier();
+    if (!last_wg) return;
+    memoryBarrierBuffer();
+    if (t == 0u) pc.cnt.v[j] = 0u; /* ready for the next step */
+    for (uint i = t; i < G * pc.NC; i += gl_WorkGroupSize.x) { /* all (m, l) loads at once */
+        uint g = i / pc.NC, cc = i % pc.NC;
+        mw[g][cc] = pc.part.v[((j * G + g) * pc.NC + cc) * (D + 2u)];
+        lw[g][cc] = pc.part.v[((j * G + g) * pc.NC + cc) * (D + 2u) + 1u];
+    }
+    barrier();
+    if (t < G) {
+        float M = -1.0 / 0.0;
+        for (uint cc = 0; cc < pc.NC; cc++) M = max(M, mw[t][cc]);
+        float Ls = 0.0;
+        for (uint cc = 0; cc < pc.NC; cc++) {
+            float w = mw[t][cc] == -1.0 / 0.0 ? 0.0 : exp(mw[t][cc] - M);
+            mw[t][cc] = w;
+            Ls += w * lw[t][cc];
+        }
+        inv_l[t] = 1.0 / Ls;
+    }
+    barrier();
+    for (uint i = t; i < G * D; i += gl_WorkGroupSize.x) {
+        uint g = i / D, d = i % D, h = j * G + g;
+        float a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0; /* four loads in flight */
+        uint cc = 0, base = h * pc.NC * (D + 2u) + 2u + d;
+        for (; cc + 4u <= pc.NC; cc += 4u) {
+            a0 += mw[g][cc] * pc.part.v[base + cc * (D + 2u)];
+            a1 += mw[g][cc + 1u] * pc.part.v[base + (cc + 1u) * (D + 2u)];
+            a2 += mw[g][cc + 2u] * pc.part.v[base + (cc + 2u) * (D + 2u)];
+            a3 += mw[g][cc + 3u] * pc.part.v[base + (cc + 3u) * (D + 2u)];
+        }
+        for (; cc < pc.NC; cc++) a0 += mw[g][cc] * pc.part.v[base + cc * (D + 2u)];
+        pc.out_.v[h * D + d] = (a0 + a1 + a2 + a3) * inv_l[g];
     }
 }

@@ -56,4 +56,19 @@ void load8(W w, uint c, out vec4 a, out vec4 b) {
     a = vec4(bf2(u.x), bf2(u.y));
     b = vec4(bf2(u.z), bf2(u.w));
 }
+#elif defined(W_Q8_0)
+/* Q8_0 repacked on upload: 128 weights = 4 blocks -> 128 bytes of int8 quants, then the 4
+ * f16 scales (8 bytes): 17 uvec2 per 128 weights; rows padded to 128 weights. */
+layout(buffer_reference, std430, buffer_reference_align = 8) buffer W { uvec2 v[]; };
+vec4 i8x4(uint u) {
+    return vec4(bitfieldExtract(int(u), 0, 8), bitfieldExtract(int(u), 8, 8),
+                bitfieldExtract(int(u), 16, 8), bitfieldExtract(int(u), 24, 8));
+}
+void load8(W w, uint c, out vec4 a, out vec4 b) {
+    uint sb = c >> 4u, i = c & 15u;
+    uvec2 q = w.v[sb * 17u + i], sc = w.v[sb * 17u + 16u];
+    float d = unpackHalf2x16((i & 8u) != 0u ? sc.y : sc.x)[(i >> 2u) & 1u];
+    a = i8x4(q.x) * d;
+    b = i8x4(q.y) * d;
+}
 #endif
