@@ -75,6 +75,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     for (int i = 0; i < mf.n_tensors; i++) free(mf.tensors[i].name);
     free(mf.tensors);
+    free(mf.index);
     gguf_close(gf);
     return 0;
 }
