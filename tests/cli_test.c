@@ -27,6 +27,12 @@ static void test_errors(void **state) {
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --backend gpu", "--backend");
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --logits /nonexistent/dir/x", "cannot open");
     expect_fail("info", "-m MODEL");
+    /* a device that does not exist: the error lists the ones that do (or says there is no
+     * Vulkan at all) */
+    char *err = NULL;
+    assert_int_equal(tu_run_anvil(NULL, &err, "eval -m synthetic:qwen3-tiny --backend vulkan --device 99 --prompt-ids 1"), 1);
+    assert_true(strstr(err, "device 99 does not exist; the devices are 0: ") || strstr(err, "--backend vulkan:"));
+    free(err);
 }
 
 static void test_eval_output(void **state) {

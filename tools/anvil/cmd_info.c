@@ -11,8 +11,9 @@ int cmd_info(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--devices")) { /* anvil info --devices: the Vulkan devices */
             char buf[8192];
-            anvil_list_devices(buf, sizeof buf);
+            size_t n = anvil_list_devices(buf, sizeof buf);
             fputs(buf, stdout);
+            if (n == 0 || buf[strlen(buf) - 1] != '\n') fputc('\n', stdout);
             return 0;
         }
         int r = common_opt(&co, argc, argv, &i);

@@ -259,8 +259,15 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     int pick = -1;
     if (index >= 0) {
         if ((uint32_t)index >= n) {
-            st = err_set(ANVIL_ERR_INVALID_ARG, "vulkan: device %d does not exist (%u devices; "
-                         "see anvil info --devices)", index, n);
+            char list[512] = "";
+            for (uint32_t k = 0; k < n; k++) {
+                VkPhysicalDeviceProperties pr;
+                vkGetPhysicalDeviceProperties(pd[k], &pr);
+                size_t used = strlen(list);
+                snprintf(list + used, sizeof list - used, "%s%u: %s", k ? ", " : "", k, pr.deviceName);
+            }
+            st = err_set(ANVIL_ERR_INVALID_ARG, "vulkan: device %d does not exist; the devices are %s",
+                         index, list);
             goto fail;
         }
         const char *u = unusable(pd[index]);
