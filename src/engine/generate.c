@@ -1,5 +1,6 @@
 /* engine: the generate loop — prefill the prompt, then decode and sample token by token. */
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "anvil.h"
@@ -68,7 +69,7 @@ static bool has_recurrent_layers(const anvil_session *s) {
     return false;
 }
 
-anvil_status anvil_session_generate(anvil_session *s, const int32_t *prompt, int n_prompt,
+static anvil_status session_generate(anvil_session *s, const int32_t *prompt, int n_prompt,
                                     const anvil_generate_params *p, anvil_token_fn fn,
                                     void *user, anvil_generate_stats *stats) {
     anvil_generate_stats st_local;
@@ -143,5 +144,14 @@ anvil_status anvil_session_generate(anvil_session *s, const int32_t *prompt, int
     stats->generate_seconds = time_now() - t0;
     free(logits);
     free(scratch);
+    return st;
+}
+
+anvil_status anvil_session_generate(anvil_session *s, const int32_t *prompt, int n_prompt,
+                                    const anvil_generate_params *p, anvil_token_fn fn,
+                                    void *user, anvil_generate_stats *stats) {
+    anvil_status st = session_generate(s, prompt, n_prompt, p, fn, user, stats);
+    /* the session keeps its last error, as anvil_session_eval does */
+    if (st != ANVIL_OK && s) snprintf(s->err, ERRMSG_LEN, "%s", err_get());
     return st;
 }

@@ -431,6 +431,10 @@ anvil_status anvil_tokenizer_open(const char *path, anvil_tokenizer **out) {
     if (!out) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_tokenizer_open: out is NULL");
     *out = NULL;
     if (!path) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_tokenizer_open: path is NULL");
+    if (!strncmp(path, "synthetic:", 10))
+        return err_set(ANVIL_ERR_UNSUPPORTED, "%s: a synthetic model has random weights and no "
+                       "tokenizer, so it cannot turn text into tokens (anvil bench and anvil eval "
+                       "--prompt-ids run it)", path);
     struct stat sb;
     if (stat(path, &sb) != 0)
         return err_set(ANVIL_ERR_IO, "%s: cannot open: %s", path, strerror(errno));

@@ -108,8 +108,12 @@ bool gen_open(struct gen_opts *o, struct gen_ctx *g) {
         fail("%s", anvil_last_error());
         return false;
     }
-    if (anvil_detokenizer_create(g->tok, &g->dec) != ANVIL_OK || !open_model_session(&o->co, &g->model, &g->session)) {
-        if (!g->model) fail("%s", anvil_last_error());
+    if (anvil_detokenizer_create(g->tok, &g->dec) != ANVIL_OK) {
+        fail("%s", anvil_last_error());
+        gen_close(g);
+        return false;
+    }
+    if (!open_model_session(&o->co, &g->model, &g->session)) { /* it said why */
         gen_close(g);
         return false;
     }

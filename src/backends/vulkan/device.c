@@ -9,6 +9,9 @@
 
 anvil_status vk_result(VkResult r, const char *what) {
     if (r == VK_SUCCESS) return ANVIL_OK;
+    if (r == VK_ERROR_DEVICE_LOST)
+        return err_set(ANVIL_ERR_BACKEND, "vulkan: %s: the GPU was lost (VK_ERROR_DEVICE_LOST: a GPU "
+                       "fault, a driver reset or a hang); restart anvil", what);
     if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY)
         return err_set(ANVIL_ERR_NOMEM, "vulkan: %s: out of %s memory (VkResult %d)", what,
                        r == VK_ERROR_OUT_OF_DEVICE_MEMORY ? "device" : "host", (int)r);
@@ -232,6 +235,69 @@ size_t vk_describe_devices(char *buf, size_t cap) {
     return len;
 }
 
+/* "123", "512M", "8G", "1.5G" (K, M, G, T are powers of 1024) -> bytes; false if malformed. */
+static bool parse_bytes(const char *s, VkDeviceSize *out) {
+    char *end;
+    double v = strtod(s, &end);
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0, end++; break;
+    case 'm': case 'M': mul = 1048576.0, end++; break;
+    case 'g': case 'G': mul = 1073741824.0, end++; break;
+    case 't': case 'T': mul = 1099511627776.0, end++; break;
+    default: break;
+    }
+    if (mul > 1 && end[0] == 'i' && end[1] == 'B') end += 2;
+    else if (*end == 'B') end++;
+    if (end == s || *end || !(v > 0) || v * mul > 1e18) return false;
+    *out = (VkDeviceSize)(v * mul);
+    return true;
+}
+
+/* The failure-handling settings from the environment (see struct vk_device). */
+static anvil_status read_failure_env(struct vk_device *d) {
+    d->timeout_s = 120;
+    const char *e = getenv("ANVIL_VK_TIMEOUT");
+    if (e && *e) {
+        char *end;
+        double t = strtod(e, &end);
+        if (*end || !(t >= 1 && t <= 1e6))
+            return err_set(ANVIL_ERR_INVALID_ARG, "ANVIL_VK_TIMEOUT=\"%s\" is not a number of seconds "
+                           "(1 or more)", e);
+        d->timeout_s = t;
+    }
+    e = getenv("ANVIL_VK_MAX_MEMORY");
+    if (e && *e && !parse_bytes(e, &d->max_mem))
+        return err_set(ANVIL_ERR_INVALID_ARG, "ANVIL_VK_MAX_MEMORY=\"%s\" is not a size (such as "
+                       "512M or 8G)", e);
+    e = getenv("ANVIL_VK_FAULT");
+    if (e && *e) {
+        static const char *kinds[] = {"", "lost", "hang", "oom"};
+        const char *colon = strchr(e, ':');
+        char *end = NULL;
+        long at = colon ? strtol(colon + 1, &end, 10) : 0;
+        for (int k = 1; k < 4 && colon; k++)
+            if ((size_t)(colon - e) == strlen(kinds[k]) && !strncmp(e, kinds[k], strlen(kinds[k])))
+                d->fault_kind = k;
+        if (!d->fault_kind || !end || *end || at < 1 || at > 1000000)
+            return err_set(ANVIL_ERR_INVALID_ARG, "ANVIL_VK_FAULT=\"%s\": expected lost:N, hang:N or "
+                           "oom:N", e);
+        d->fault_at = (int)at;
+    }
+    return ANVIL_OK;
+}
+
+static bool has_device_ext(VkPhysicalDevice pd, const char *name) {
+    uint32_t n = 0;
+    if (vkEnumerateDeviceExtensionProperties(pd, NULL, &n, NULL) != VK_SUCCESS || n == 0) return false;
+    VkExtensionProperties *e = malloc(n * sizeof *e);
+    bool found = false;
+    if (e && vkEnumerateDeviceExtensionProperties(pd, NULL, &n, e) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n && !found; i++) found = !strcmp(e[i].extensionName, name);
+    free(e);
+    return found;
+}
+
 anvil_status vk_device_create(int index, struct vk_device **out) {
     *out = NULL;
     if (!loader_ready())
@@ -248,7 +314,12 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     if (!d) return ANVIL_ERR_NOMEM;
     VkPhysicalDevice *pd = NULL;
     uint32_t n = 0;
-    anvil_status st = shared_instance(&d->instance);
+    anvil_status st = read_failure_env(d);
+    if (st != ANVIL_OK) {
+        free(d);
+        return st;
+    }
+    st = shared_instance(&d->instance);
     d->n_validation_msgs = __atomic_load_n(&g.holder.n_validation_msgs, __ATOMIC_SEQ_CST);
     if (st == ANVIL_OK) st = enumerate(d->instance, &pd, &n);
     if (st != ANVIL_OK) goto fail;
@@ -318,7 +389,12 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
     f12.bufferDeviceAddress = VK_TRUE;
     f12.timelineSemaphore = VK_TRUE;
-    VkDeviceCreateInfo dci = {VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f12, 0, 1, &qi, 0, NULL, 0, NULL, NULL};
+    const char *dev_exts[4];
+    uint32_t n_dev_exts = 0;
+    d->has_budget = has_device_ext(d->phys, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
+    if (d->has_budget) dev_exts[n_dev_exts++] = VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
+    VkDeviceCreateInfo dci = {VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f12, 0, 1, &qi, 0, NULL,
+                              n_dev_exts, dev_exts, NULL};
     st = vk_result(vkCreateDevice(d->phys, &dci, NULL, &d->dev), "vkCreateDevice");
     if (st != ANVIL_OK) goto fail;
     volkLoadDevice(d->dev);
@@ -345,7 +421,7 @@ fail:
 void vk_device_destroy(struct vk_device *d) {
     if (!d) return;
     if (d->dev) {
-        vkDeviceWaitIdle(d->dev);
+        vk_idle(d);
         if (d->timeline) vkDestroySemaphore(d->dev, d->timeline, NULL);
         if (d->pool) vkDestroyCommandPool(d->dev, d->pool, NULL);
         vkDestroyDevice(d->dev, NULL);
@@ -362,23 +438,63 @@ anvil_status vk_check_validation(struct vk_device *d) {
     return ANVIL_OK;
 }
 
+/* Marks the device unusable from now on; returns the error (already recorded). */
+static anvil_status device_failed(struct vk_device *d, anvil_status st) {
+    if (!d->lost) {
+        d->lost = true;
+        snprintf(d->lost_msg, sizeof d->lost_msg, "%s", anvil_last_error());
+    }
+    return st;
+}
+
+static anvil_status check_lost(struct vk_device *d) {
+    if (!d->lost) return ANVIL_OK;
+    return err_set(ANVIL_ERR_BACKEND, "%s (the device failed earlier; nothing more runs on it)",
+                   d->lost_msg);
+}
+
 anvil_status vk_submit(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t n, uint64_t *value) {
+    anvil_status st = check_lost(d);
+    if (st != ANVIL_OK) return st;
     uint64_t v = d->timeline_value + 1;
     VkTimelineSemaphoreSubmitInfo ti = {VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO, NULL, 0,
                                         NULL, 1, &v};
     VkSubmitInfo si = {VK_STRUCTURE_TYPE_SUBMIT_INFO, &ti, 0, NULL, NULL, n, cbs, 1, &d->timeline};
-    anvil_status st = vk_result(vkQueueSubmit(d->queue, 1, &si, VK_NULL_HANDLE), "vkQueueSubmit");
-    if (st != ANVIL_OK) return st;
+    VkResult r;
+    bool fault = ++d->n_submits == d->fault_at;
+    if (fault && d->fault_kind == VK_FAULT_LOST) r = VK_ERROR_DEVICE_LOST;
+    else if (fault && d->fault_kind == VK_FAULT_HANG) r = VK_SUCCESS; /* never signals */
+    else r = vkQueueSubmit(d->queue, 1, &si, VK_NULL_HANDLE);
+    st = vk_result(r, "vkQueueSubmit");
+    if (st != ANVIL_OK) return r == VK_ERROR_DEVICE_LOST ? device_failed(d, st) : st;
     d->timeline_value = v;
     if (value) *value = v;
     return ANVIL_OK;
 }
 
 anvil_status vk_wait(struct vk_device *d, uint64_t value) {
+    anvil_status st = check_lost(d);
+    if (st != ANVIL_OK) return st;
     VkSemaphoreWaitInfo wi = {VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, NULL, 0, 1, &d->timeline, &value};
-    anvil_status st = vk_result(vkWaitSemaphores(d->dev, &wi, UINT64_MAX), "vkWaitSemaphores");
-    if (st == ANVIL_OK) st = vk_check_validation(d);
-    return st;
+    /* in slices of a second, so that a GPU that stopped answering becomes an error rather
+     * than a process that waits forever */
+    VkResult r = VK_TIMEOUT;
+    for (double waited = 0; r == VK_TIMEOUT && waited < d->timeout_s; waited += 1.0)
+        r = vkWaitSemaphores(d->dev, &wi, 1000000000ull);
+    if (r == VK_TIMEOUT) {
+        err_set(ANVIL_ERR_BACKEND, "vulkan: %s has not finished its work in %.0f s: the GPU is hung "
+                "or far too slow for this model (ANVIL_VK_TIMEOUT sets the limit)",
+                d->props.deviceName, d->timeout_s);
+        d->hung = true;
+        return device_failed(d, ANVIL_ERR_BACKEND);
+    }
+    st = vk_result(r, "vkWaitSemaphores");
+    if (st != ANVIL_OK) return r == VK_ERROR_DEVICE_LOST ? device_failed(d, st) : st;
+    return vk_check_validation(d);
+}
+
+void vk_idle(struct vk_device *d) {
+    if (!d->hung) vkDeviceWaitIdle(d->dev);
 }
 
 anvil_status vk_cmd_alloc(struct vk_device *d, VkCommandBuffer *cb) {

@@ -16,11 +16,31 @@ static int find_type(struct vk_device *d, uint32_t bits, VkMemoryPropertyFlags w
     return -1;
 }
 
+const char *vk_fmt_bytes(char buf[32], uint64_t n) {
+    if (n >= (1ull << 30)) snprintf(buf, 32, "%.2f GiB", (double)n / (1ull << 30));
+    else if (n >= (1ull << 20)) snprintf(buf, 32, "%.1f MiB", (double)n / (1ull << 20));
+    else if (n >= 1024) snprintf(buf, 32, "%.1f KiB", (double)n / 1024);
+    else snprintf(buf, 32, "%llu bytes", (unsigned long long)n);
+    return buf;
+}
+
 VkDeviceSize vk_device_local_bytes(struct vk_device *d) {
+    VkPhysicalDeviceMemoryBudgetPropertiesEXT budget = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT};
+    if (d->has_budget) {
+        VkPhysicalDeviceMemoryProperties2 mp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2,
+                                                .pNext = &budget};
+        vkGetPhysicalDeviceMemoryProperties2(d->phys, &mp);
+    }
     VkDeviceSize best = 0;
-    for (uint32_t h = 0; h < d->mem.memoryHeapCount; h++)
-        if (d->mem.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
-            best = MAX(best, d->mem.memoryHeaps[h].size);
+    for (uint32_t h = 0; h < d->mem.memoryHeapCount; h++) {
+        if (!(d->mem.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)) continue;
+        VkDeviceSize size = d->mem.memoryHeaps[h].size;
+        /* the budget counts what this process already holds as available to it */
+        if (d->has_budget && budget.heapBudget[h]) size = MIN(size, budget.heapBudget[h]);
+        best = MAX(best, size);
+    }
+    if (d->max_mem) best = MIN(best, d->max_mem);
     return best;
 }
 
@@ -61,12 +81,18 @@ anvil_status vk_buffer_create(struct vk_device *d, VkDeviceSize size, enum vk_me
     VkMemoryAllocateFlagsInfo fi = {VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_FLAGS_INFO, NULL,
                                     VK_MEMORY_ALLOCATE_DEVICE_ADDRESS_BIT, 0};
     VkMemoryAllocateInfo ai = {VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, &fi, req.size, (uint32_t)type};
-    VkResult r = vkAllocateMemory(d->dev, &ai, NULL, &out->mem);
+    VkResult r = ++d->n_allocs == d->fault_at && d->fault_kind == VK_FAULT_OOM
+                     ? VK_ERROR_OUT_OF_DEVICE_MEMORY
+                     : vkAllocateMemory(d->dev, &ai, NULL, &out->mem);
     if (r != VK_SUCCESS) {
         vk_buffer_destroy(d, out);
         if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY)
-            return err_set(ANVIL_ERR_NOMEM, "vulkan: cannot allocate %.1f MiB for %s on %s",
-                           (double)req.size / (1 << 20), what, d->props.deviceName);
+        {
+            char sz[32];
+            return err_set(ANVIL_ERR_NOMEM, "vulkan: cannot allocate %s for %s on %s: out of %s memory",
+                           vk_fmt_bytes(sz, req.size), what, d->props.deviceName,
+                           r == VK_ERROR_OUT_OF_DEVICE_MEMORY ? "device" : "host");
+        }
         return vk_result(r, "vkAllocateMemory");
     }
     st = vk_result(vkBindBufferMemory(d->dev, out->buf, out->mem, 0), "vkBindBufferMemory");

@@ -568,7 +568,7 @@ done:
 void vk_program_destroy(struct vk_program *p) {
     if (!p) return;
     struct vk_device *d = p->b->d;
-    vkDeviceWaitIdle(d->dev);
+    vk_idle(d);
     VkCommandBuffer cbs[5] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single, p->cb_prof};
     for (int i = 0; i < 5; i++)
         if (cbs[i]) vkFreeCommandBuffers(d->dev, d->pool, 1, &cbs[i]);

@@ -215,11 +215,14 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
     }
     for (int i = first_new; i < b->n_w; i++) new_bytes += weight_bytes(&b->w[i]);
     VkDeviceSize have = vk_device_local_bytes(b->d);
-    if (new_bytes + state_bytes > have)
-        return err_set(ANVIL_ERR_NOMEM, "vulkan: the model does not fit on %s: %.2f GiB of weights "
-                       "+ %.2f GiB of KV cache > %.2f GiB of device memory (try a smaller context "
-                       "with -c, or --backend cpu)", b->d->props.deviceName, (double)new_bytes / (1 << 30),
-                       (double)state_bytes / (1 << 30), (double)have / (1 << 30));
+    if (new_bytes + state_bytes > have) {
+        char w[32], kv[32], h[32];
+        return err_set(ANVIL_ERR_NOMEM, "vulkan: the model does not fit on %s: %s of weights + %s of "
+                       "KV cache and states > %s of device memory%s (try a smaller context with -c, "
+                       "a smaller quantization, or --backend cpu)", b->d->props.deviceName,
+                       vk_fmt_bytes(w, new_bytes), vk_fmt_bytes(kv, state_bytes), vk_fmt_bytes(h, have),
+                       b->d->max_mem && have == b->d->max_mem ? " (the ANVIL_VK_MAX_MEMORY limit)" : "");
+    }
     anvil_status st = upload_weights(b, first_new);
     if (st == ANVIL_OK) st = bind_states(b, g);
     if (st == ANVIL_OK && !b->have_pl) {
@@ -259,7 +262,7 @@ static void vk_describe(struct program *p, char *buf, size_t cap) {
 static void vk_destroy(struct backend *base) {
     struct vk_backend *b = (struct vk_backend *)base;
     if (b->d) {
-        vkDeviceWaitIdle(b->d->dev);
+        vk_idle(b->d);
         for (int i = 0; i < b->n_w; i++) vk_buffer_destroy(b->d, &b->w[i].buf);
         vk_buffer_destroy(b->d, &b->states);
         if (b->have_pl) vk_pipelines_destroy(b->d, &b->pl);

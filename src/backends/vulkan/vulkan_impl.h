@@ -35,7 +35,18 @@ struct vk_device {
      * created; any message after that makes the backend's next call fail */
     int n_validation_msgs;
     char validation_msg[512]; /* the first message (in the process's instance holder) */
+    /* failure handling: once the device is lost (or stopped answering), every later submit
+     * and wait fails at once with lost_msg instead of touching the device again */
+    bool lost, hung; /* hung: a wait timed out (waiting again could block for ever) */
+    char lost_msg[256];
+    double timeout_s;      /* ANVIL_VK_TIMEOUT: longest wait for one submission (default 120) */
+    bool has_budget;       /* VK_EXT_memory_budget enabled */
+    VkDeviceSize max_mem;  /* ANVIL_VK_MAX_MEMORY: a cap on device memory (0: none) */
+    /* ANVIL_VK_FAULT=KIND:N makes the N-th submit (lost, hang) or device allocation (oom)
+     * fail as a real device would: for testing the failure paths */
+    int fault_kind, fault_at, n_submits, n_allocs;
 };
+enum { VK_FAULT_NONE, VK_FAULT_LOST, VK_FAULT_HANG, VK_FAULT_OOM };
 
 /* Whether a Vulkan loader and at least one device exist (cheap after the first call). */
 bool vk_available(char *why, size_t why_cap);
@@ -50,6 +61,9 @@ anvil_status vk_check_validation(struct vk_device *d);
 /* One submission of cbs that signals the next timeline value; returns it in *value. */
 anvil_status vk_submit(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t n, uint64_t *value);
 anvil_status vk_wait(struct vk_device *d, uint64_t value);
+/* Waits until the device is idle (before freeing what it may use); returns at once on a
+ * device that stopped answering (a lost device answers at once). */
+void vk_idle(struct vk_device *d);
 /* A primary command buffer from the device's pool; begin/end by the caller. */
 anvil_status vk_cmd_alloc(struct vk_device *d, VkCommandBuffer *cb);
 anvil_status vk_result(VkResult r, const char *what);
@@ -75,7 +89,10 @@ enum vk_mem_kind {
 anvil_status vk_buffer_create(struct vk_device *d, VkDeviceSize size, enum vk_mem_kind kind,
                               const char *what, struct vk_buffer *out);
 void vk_buffer_destroy(struct vk_device *d, struct vk_buffer *b);
-/* Bytes of device-local memory in the largest device-local heap (budget where known). */
+/* "1.50 GiB", "12.3 MiB", "512 bytes" into buf */
+const char *vk_fmt_bytes(char buf[32], uint64_t n);
+/* Bytes of device-local memory anvil may use: the largest device-local heap, or its budget
+ * (VK_EXT_memory_budget: what other processes leave), capped by ANVIL_VK_MAX_MEMORY. */
 VkDeviceSize vk_device_local_bytes(struct vk_device *d);
 
 /* Copies host data into device buffers through one reused staging buffer. */
