@@ -1,4 +1,5 @@
 /* The anvil command's contract: exit codes, messages, and the eval/info output shapes. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,6 +36,25 @@ static void test_errors(void **state) {
     free(err);
 }
 
+/* Every command answers --help with its usage on stdout and exit 0, running nothing. */
+static void test_help(void **state) {
+    (void)state;
+    const char *cmds[] = {"bench", "eval", "info", "tokenize", "template", "run", "chat", "quantize"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char *out = NULL, *err = NULL;
+        assert_int_equal(tu_run_anvil(&out, &err, "%s --help", cmds[i]), 0);
+        char want[64];
+        snprintf(want, sizeof want, "usage: anvil %s", cmds[i]);
+        if (!strstr(out, want)) fail_msg("%s --help printed:\n%s%s", cmds[i], out, err);
+        free(out);
+        free(err);
+    }
+    char *out = NULL;
+    assert_int_equal(tu_run_anvil(&out, NULL, "run -m x -h"), 0);
+    assert_non_null(strstr(out, "--temp"));
+    free(out);
+}
+
 static void test_eval_output(void **state) {
     (void)state;
     char *out = NULL, *err = NULL;
@@ -64,6 +84,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_eval_output),
+        cmocka_unit_test(test_help),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

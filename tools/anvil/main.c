@@ -23,6 +23,38 @@ static const struct {
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server"},
 };
 
+#define COMMON "  -m, --model MODEL   a Hugging Face directory, a .gguf file or synthetic:NAME[:TYPE]\n" \
+               "  --backend cpu|vulkan|auto   (default auto: Vulkan where a usable GPU exists)\n" \
+               "  --device N          Vulkan device (anvil info --devices; or ANVIL_DEVICE)\n" \
+               "  -c, --ctx N         context length (default min(model's, 4096))\n" \
+               "  -t, --threads N     CPU threads (default all cores)\n"
+#define SAMPLING "  -n N                most tokens to generate\n" \
+                 "  --temp T  --top-k K  --top-p P  --min-p P  --seed S\n" \
+                 "  --repeat-penalty R  --repeat-last-n N  --presence-penalty P  --frequency-penalty P\n" \
+                 "  --stop TEXT         stop when the text appears (repeatable)\n" \
+                 "  --system TEXT       a system message   --thinking on|off\n"
+
+/* The options of each command that does not print its own usage. */
+static const struct {
+    const char *name, *text;
+} usages[] = {
+    {"bench", "usage: anvil bench [-m MODEL] [-p 512] [-n 128] [-r 5] [-o md|json] [--trace]\n"
+              "  -p N  prompt tokens (pp test; 0 skips it)   -n N  generated tokens (tg test)\n"
+              "  -r N  repetitions   -o md|json  output   --trace  per-token dispatch counts\n"
+              "  with no -m: synthetic:qwen3-0.6b on the best device\n" COMMON},
+    {"eval", "usage: anvil eval -m MODEL --prompt-ids 1,2,3 [--feed-ids 4,5 | -n N] [--logits FILE]\n"
+             "  prefills the prompt, then one decode step per --feed-ids id or N greedy steps;\n"
+             "  prints the greedy ids; --logits writes float32 rows of vocab_size\n" COMMON},
+    {"info", "usage: anvil info -m MODEL | anvil info --devices\n" COMMON},
+    {"tokenize", "usage: anvil tokenize -m MODEL [--plain] < text    anvil tokenize -m MODEL --decode < ids\n"
+                 "  --bench / --bench-file FILE  measure encoding speed\n"},
+    {"template", "usage: anvil template -m MODEL --messages FILE.json [--tools FILE.json]\n"
+                 "  [--no-generation-prompt] [--thinking on|off]\n"},
+    {"run", "usage: anvil run -m MODEL -p PROMPT [options]   (-p - reads stdin)\n"
+            "  --raw               feed the prompt as is, without the chat template\n" SAMPLING COMMON},
+    {"chat", "usage: anvil chat -m MODEL [options]   (/reset, /exit)\n" SAMPLING COMMON},
+};
+
 static void usage(FILE *f) {
     fprintf(f, "usage: anvil COMMAND [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
@@ -35,6 +67,14 @@ int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 1 : 0;
+    }
+    for (size_t i = 0; i < sizeof usages / sizeof usages[0]; i++) {
+        if (strcmp(argv[1], usages[i].name)) continue;
+        for (int a = 2; a < argc; a++)
+            if (!strcmp(argv[a], "-h") || !strcmp(argv[a], "--help")) {
+                fputs(usages[i].text, stdout);
+                return 0;
+            }
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
