@@ -95,6 +95,10 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
                                   anvil_session **out);
 void anvil_session_destroy(anvil_session *s);
 const char *anvil_session_errmsg(const anvil_session *s);
+/* Non-zero when the session's device has failed (VK_ERROR_DEVICE_LOST, or a GPU that stopped
+ * answering): nothing more can run on it, every call fails; why (when not NULL) receives
+ * the reason. A new session (and, after a driver reset, a new process) is needed. */
+int anvil_session_failed(const anvil_session *s, char *why, size_t cap);
 /* The backend the session runs on: "cpu" or "vulkan". */
 const char *anvil_session_backend_name(const anvil_session *s);
 

@@ -9,7 +9,13 @@
  * Every case must end with exit status 1 and one message saying what happened, or succeed
  * when N is past the run's last submission/allocation.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
 #include <stdbool.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +160,118 @@ static void test_device_hang(void **state) {
     unsetenv("ANVIL_VK_TIMEOUT");
 }
 
+/* ---- the server on a failing device ---- */
+
+/* One HTTP/1.0 exchange on 127.0.0.1:port; returns the status (0 if none) and the body. */
+static int http(int port, const char *method, const char *path, const char *body, char **out) {
+    *out = NULL;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        if (fd >= 0) close(fd);
+        return 0;
+    }
+    struct timeval tv = {60, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char req[2048];
+    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n%s", method, path, body ? strlen(body) : 0,
+                     body ? body : "");
+    if (write(fd, req, (size_t)n) != n) {
+        close(fd);
+        return 0;
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *buf = calloc(1, cap);
+    ssize_t r;
+    while (buf && len + 1 < cap && (r = read(fd, buf + len, cap - 1 - len)) > 0) len += (size_t)r;
+    close(fd);
+    int status = 0;
+    if (buf && sscanf(buf, "HTTP/1.%*d %d", &status) == 1) {
+        const char *b = strstr(buf, "\r\n\r\n");
+        *out = strdup(b ? b + 4 : "");
+    }
+    free(buf);
+    return status;
+}
+
+static void test_server_device_lost(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), errpath[512];
+    snprintf(errpath, sizeof errpath, "%s/serve.err", dir);
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":12}";
+    int request_failures = 0;
+    for (int k = 1; k <= 40; k++) {
+        char v[32];
+        snprintf(v, sizeof v, "lost:%d", k);
+        setenv("ANVIL_VK_FAULT", v, 1);
+        unlink(errpath); /* the last server's port must not be read as this one's */
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (!freopen(errpath, "w", stderr)) _exit(127);
+            execl(ANVIL_BIN, ANVIL_BIN, "serve", "-m", tu_testdata(SMALL), "--port", "0",
+                  "--backend", "vulkan", (char *)NULL);
+            _exit(127);
+        }
+        assert_true(pid > 0);
+        int port = 0, status = 0, health = 0;
+        pid_t done = 0;
+        char *out = NULL;
+        for (double t0 = now_s(); now_s() - t0 < 60; usleep(20000)) {
+            if ((done = waitpid(pid, &status, WNOHANG)) != 0) break;
+            char *err = tu_read_file(errpath, NULL);
+            const char *p = err ? strstr(err, "listening on http://127.0.0.1:") : NULL;
+            if (p && !port) port = atoi(p + strlen("listening on http://127.0.0.1:"));
+            free(err);
+            if (port && (health = http(port, "GET", "/health", NULL, &out)) == 200) break;
+            free(out);
+            out = NULL;
+        }
+        free(out);
+        if (done) { /* the fault hit while loading: the server says so and exits 1 */
+            char *err = tu_read_file(errpath, NULL);
+            assert_true(WIFEXITED(status));
+            assert_int_equal(WEXITSTATUS(status), 1);
+            if (!strstr(err, "the GPU was lost")) fail_msg("%s: %s", v, err);
+            free(err);
+            continue;
+        }
+        assert_int_equal(health, 200);
+        int st = http(port, "POST", "/v1/chat/completions", chat, &out);
+        if (st == 200) { /* past the request's last submission: done */
+            free(out);
+            kill(pid, SIGTERM);
+            waitpid(pid, &status, 0);
+            break;
+        }
+        /* the request that met the failure gets a server error naming it... */
+        if (st != 500 || !strstr(out, "the GPU was lost")) fail_msg("%s: %d %s", v, st, out);
+        free(out);
+        /* ...then the server reports itself unhealthy and refuses work at once */
+        assert_int_equal(http(port, "GET", "/health", NULL, &out), 503);
+        assert_non_null(strstr(out, "\"status\":\"error\""));
+        free(out);
+        double t0 = now_s();
+        assert_int_equal(http(port, "POST", "/v1/chat/completions", chat, &out), 503);
+        assert_non_null(strstr(out, "device_failed"));
+        assert_true(now_s() - t0 < 5);
+        free(out);
+        /* /tokenize needs no device */
+        assert_int_equal(http(port, "POST", "/tokenize", "{\"content\":\"a b\"}", &out), 200);
+        free(out);
+        kill(pid, SIGTERM);
+        waitpid(pid, &status, 0);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0);
+        request_failures++;
+    }
+    unsetenv("ANVIL_VK_FAULT");
+    assert_true(request_failures >= 2);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     char why[256];
     if (!backend_vulkan_available(why, sizeof why)) {
@@ -165,6 +283,7 @@ int main(void) {
         cmocka_unit_test_setup(test_failed_allocations, setup),
         cmocka_unit_test_setup(test_device_lost, setup),
         cmocka_unit_test_setup(test_device_hang, setup),
+        cmocka_unit_test_setup(test_server_device_lost, setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

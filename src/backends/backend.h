@@ -53,6 +53,9 @@ struct backend_vtable {
     anvil_status (*generate)(struct program *p, const struct gen_request *r, struct gen_result *res);
     /* Optional: per-step counts of the T = 1 program (dispatches, barriers), for --trace. */
     void (*describe)(struct program *p, char *buf, size_t cap);
+    /* Optional: whether the backend's device has failed (lost, or stopped answering), so
+     * that nothing more can run on it; why receives the reason. */
+    bool (*failed)(struct backend *b, char *why, size_t cap);
 };
 
 struct backend {

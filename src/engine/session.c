@@ -182,6 +182,11 @@ void anvil_session_destroy(anvil_session *s) {
 
 const char *anvil_session_errmsg(const anvil_session *s) { return s ? s->err : anvil_last_error(); }
 
+int anvil_session_failed(const anvil_session *s, char *why, size_t cap) {
+    if (why && cap) why[0] = 0;
+    return s && s->backend->vt->failed && s->backend->vt->failed(s->backend, why, why ? cap : 0);
+}
+
 const char *anvil_session_backend_name(const anvil_session *s) { return s->backend->vt->name; }
 
 int anvil_session_position(const anvil_session *s) { return s->pos; }

@@ -276,10 +276,13 @@ static enum MHD_Result handle(struct server *s, struct MHD_Connection *c, struct
     int qlen, running;
     bool ready;
     server_state(s, &qlen, &running, &ready);
+    char why[256];
+    bool failed = server_failed(s, why, sizeof why);
     if (ep == EP_HEALTH) {
         cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "status", ready ? "ok" : "loading");
-        return send_json(s, c, ep, ready ? 200 : 503, o);
+        cJSON_AddStringToObject(o, "status", failed ? "error" : ready ? "ok" : "loading");
+        if (failed) cJSON_AddStringToObject(o, "error", why);
+        return send_json(s, c, ep, ready && !failed ? 200 : 503, o);
     }
     if (ep == EP_METRICS) {
         struct sbuf t = {0};
@@ -290,6 +293,9 @@ static enum MHD_Result handle(struct server *s, struct MHD_Connection *c, struct
     }
     if (!ready)
         return fail(s, c, ep, 503, "server_error", "model_loading", "%s", "the model is still loading");
+    if (failed && (ep == EP_CHAT || ep == EP_COMPLETIONS))
+        return fail(s, c, ep, 503, "server_error", "device_failed",
+                    "the model's device failed (%s); restart the server", why);
     if (ep == EP_MODELS) {
         const char *id = url + strlen("/v1/models");
         if (*id == '/') {

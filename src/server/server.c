@@ -64,7 +64,7 @@ static void job_finish(struct job *j, anvil_status error, const char *msg) {
 
 bool server_enqueue(struct server *s, struct job *j) {
     pthread_mutex_lock(&s->mu);
-    bool ok = !atomic_load(&s->stopping) && s->ready && s->queue_len < s->opt.max_queue;
+    bool ok = !atomic_load(&s->stopping) && s->ready && !s->failed && s->queue_len < s->opt.max_queue;
     if (ok) {
         j->refs++;
         j->next = NULL;
@@ -111,6 +111,14 @@ void server_state(struct server *s, int *queue_len, int *running, bool *ready) {
 }
 
 bool server_stopping(struct server *s) { return atomic_load(&s->stopping); }
+
+bool server_failed(struct server *s, char *why, size_t cap) {
+    pthread_mutex_lock(&s->mu);
+    bool f = s->failed;
+    if (f) snprintf(why, cap, "%s", s->failed_msg);
+    pthread_mutex_unlock(&s->mu);
+    return f;
+}
 
 /* ---- running one job ---- */
 
@@ -265,9 +273,16 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
 
         run_job(s, j);
+        char why[256];
+        bool failed = anvil_session_failed(s->session, why, sizeof why);
+        if (failed) log_warn("serve: the model's device failed: %s; no more requests can run", why);
 
         pthread_mutex_lock(&s->mu);
         s->running = NULL;
+        if (failed && !s->failed) {
+            s->failed = true;
+            snprintf(s->failed_msg, sizeof s->failed_msg, "%s", why);
+        }
         pthread_mutex_unlock(&s->mu);
         job_release(s, j);
         pthread_mutex_lock(&s->mu);

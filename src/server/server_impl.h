@@ -178,6 +178,8 @@ struct server {
     struct job *queue_head, *queue_tail;
     int queue_len;
     struct job *running;
+    bool failed;             /* the session's device failed: nothing more can run */
+    char failed_msg[256];
     uint64_t next_id;
 
     pthread_t worker;
@@ -195,6 +197,8 @@ bool server_enqueue(struct server *s, struct job *j);
 /* The client went away: unqueue j if it still waits, else make it stop at its next token. */
 void server_cancel(struct server *s, struct job *j);
 void server_state(struct server *s, int *queue_len, int *running, bool *ready);
+/* Whether the model's device failed (then why holds the reason). */
+bool server_failed(struct server *s, char *why, size_t cap);
 bool server_stopping(struct server *s);
 
 /* http.c */

@@ -274,8 +274,15 @@ static void vk_destroy(struct backend *base) {
     free(b);
 }
 
+static bool vk_failed(struct backend *base, char *why, size_t cap) {
+    struct vk_backend *b = (struct vk_backend *)base;
+    if (b->d->lost && cap) snprintf(why, cap, "%s", b->d->lost_msg);
+    return b->d->lost;
+}
+
 static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
+    vk_failed,
 };
 
 anvil_status backend_vulkan_create(int device, struct backend **out) {
