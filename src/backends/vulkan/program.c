@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "quant/quant.h"
 #include "vulkan_impl.h"
@@ -607,6 +608,42 @@ anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float
     return st;
 }
 
+/* Pacing of the generate loop's waits. With two batches in flight the GPU always has the next
+ * one queued, so the host need not wake the moment a batch completes: it sleeps through most
+ * of a batch's expected time (the mean of the last ones) and only then waits on the semaphore,
+ * where a driver may spin. ANVIL_VK_PACE=0 turns it off. */
+struct pacer {
+    bool on;
+    int n;         /* batches completed */
+    double t_last; /* when the last wait returned */
+    double mean;   /* seconds per step: completions come a batch's duration apart */
+};
+
+static bool pacing_on(void) {
+    const char *e = getenv("ANVIL_VK_PACE");
+    return !e || strcmp(e, "0") != 0;
+}
+
+/* before waiting for a batch of steps */
+static void pace(struct pacer *pc, int steps) {
+    if (!pc->on || pc->n < 2) return;
+    double left = pc->t_last + 0.8 * pc->mean * steps - time_now();
+    if (left < 200e-6) return; /* not worth a sleep's wake-up latency */
+    struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* after a batch of steps completed */
+static void pace_done(struct pacer *pc, int steps) {
+    double t = time_now();
+    if (pc->n >= 1) {
+        double dt = (t - pc->t_last) / steps;
+        pc->mean = pc->n == 1 ? dt : 0.75 * pc->mean + 0.25 * dt;
+    }
+    pc->t_last = t;
+    pc->n++;
+}
+
 anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res) {
     memset(res, 0, sizeof *res);
     struct vk_device *d = p->b->d;
@@ -629,6 +666,7 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
     anvil_status st = ANVIL_OK;
     int delivered = 0;
     bool stopping = false;
+    struct pacer pc = {.on = pacing_on()};
     while (st == ANVIL_OK) {
         /* keep two batches in flight */
         while (st == ANVIL_OK && !stopping && submitted < batches && submitted - waited < 2)
@@ -638,7 +676,10 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
             submitted++;
         }
         if (st != ANVIL_OK || waited == submitted) break;
+        int batch_steps = waited < steps / STEPS_PER_BATCH ? STEPS_PER_BATCH : 1;
+        pace(&pc, batch_steps);
         st = vk_wait(d, vals[waited++ % 2]);
+        pace_done(&pc, batch_steps);
         if (st != ANVIL_OK) break;
         uint32_t n_out = c->n_out;
         while (delivered < (int)n_out && !stopping) {
