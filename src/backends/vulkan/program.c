@@ -95,9 +95,9 @@ static VkDeviceSize alloc_node(struct lower *L, int i) {
     int r = L->root[i];
     if (L->off[r] == (VkDeviceSize)-1) {
         L->off[r] = L->arena_size;
-        /* padded to 128 floats and zeroed once: matvecs read inputs in chunks of 8 up to the
-         * weights' padded row length (128 for Q8_0) */
-        L->arena_size += round_up(round_up((VkDeviceSize)node_nelem(&L->g->nodes[r]), 128) * 4 + 32, ALIGN);
+        /* padded to 256 floats and zeroed once: matvecs read inputs up to the weights' padded
+         * row length (whole super-blocks of up to 256) */
+        L->arena_size += round_up(round_up((VkDeviceSize)node_nelem(&L->g->nodes[r]), 256) * 4 + 32, ALIGN);
     }
     return L->off[r];
 }
@@ -126,14 +126,10 @@ static anvil_status emit(struct vk_program *p, enum vk_kernel k, uint32_t gx, ui
     return ANVIL_OK;
 }
 
+/* The kernel of family f32 (K_MATVEC_F32, ...) for a weight type, or -1. */
 static int kernel_for(int type, enum vk_kernel f32) {
-    switch (type) {
-    case DT_F32: return f32;
-    case DT_F16: return f32 + 1;
-    case DT_BF16: return f32 + 2;
-    case DT_Q8_0: return f32 + 3;
-    default: return -1;
-    }
+    int k = vk_weight_kind(type);
+    return k < 0 ? -1 : (int)f32 + k;
 }
 
 static const struct node *N(struct lower *L, int i) { return &L->g->nodes[i]; }
@@ -717,9 +713,14 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
 }
 
 static const char *kernel_names[K_COUNT] = {
-    "matvec_f32", "matvec_f16", "matvec_bf16", "matvec_q8_0", "matvec_swiglu_f32",
-    "matvec_swiglu_f16", "matvec_swiglu_bf16", "matvec_swiglu_q8_0", "embed_f32", "embed_f16",
-    "embed_bf16", "embed_q8_0", "attention", "argmax"};
+    "matvec_f32", "matvec_f16", "matvec_bf16", "matvec_q8_0", "matvec_q4_0", "matvec_q4_1",
+    "matvec_q5_0", "matvec_q5_1", "matvec_q4_k", "matvec_q5_k", "matvec_q6_k",
+    "matvec_swiglu_f32", "matvec_swiglu_f16", "matvec_swiglu_bf16", "matvec_swiglu_q8_0",
+    "matvec_swiglu_q4_0", "matvec_swiglu_q4_1", "matvec_swiglu_q5_0", "matvec_swiglu_q5_1",
+    "matvec_swiglu_q4_k", "matvec_swiglu_q5_k", "matvec_swiglu_q6_k", "embed_f32", "embed_f16",
+    "embed_bf16", "embed_q8_0", "embed_q4_0", "embed_q4_1", "embed_q5_0", "embed_q5_1",
+    "embed_q4_k", "embed_q5_k", "embed_q6_k", "attention", "argmax",
+};
 
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
     size_t len = 0;

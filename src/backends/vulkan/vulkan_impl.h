@@ -114,11 +114,20 @@ anvil_status vk_uploader_finish(struct vk_uploader *u);
 
 /* ---- pipelines ---- */
 
+/* The weight types the matvec and embedding kernels read, in kernel order. */
+#define VK_WEIGHT_KINDS 11
+/* A weight type's index among them, or -1. */
+int vk_weight_kind(int dtype);
+
 enum vk_kernel {
-    /* per weight type, in the order F32, F16, BF16, Q8_0 (kernel_for) */
-    K_MATVEC_F32, K_MATVEC_F16, K_MATVEC_BF16, K_MATVEC_Q8_0,
+    /* per weight kind (vk_weight_kind) */
+    K_MATVEC_F32, K_MATVEC_F16, K_MATVEC_BF16, K_MATVEC_Q8_0, K_MATVEC_Q4_0, K_MATVEC_Q4_1,
+    K_MATVEC_Q5_0, K_MATVEC_Q5_1, K_MATVEC_Q4_K, K_MATVEC_Q5_K, K_MATVEC_Q6_K,
     K_MATVEC_SWIGLU_F32, K_MATVEC_SWIGLU_F16, K_MATVEC_SWIGLU_BF16, K_MATVEC_SWIGLU_Q8_0,
-    K_EMBED_F32, K_EMBED_F16, K_EMBED_BF16, K_EMBED_Q8_0,
+    K_MATVEC_SWIGLU_Q4_0, K_MATVEC_SWIGLU_Q4_1, K_MATVEC_SWIGLU_Q5_0, K_MATVEC_SWIGLU_Q5_1,
+    K_MATVEC_SWIGLU_Q4_K, K_MATVEC_SWIGLU_Q5_K, K_MATVEC_SWIGLU_Q6_K,
+    K_EMBED_F32, K_EMBED_F16, K_EMBED_BF16, K_EMBED_Q8_0, K_EMBED_Q4_0, K_EMBED_Q4_1,
+    K_EMBED_Q5_0, K_EMBED_Q5_1, K_EMBED_Q4_K, K_EMBED_Q5_K, K_EMBED_Q6_K,
     K_ATTENTION,
     K_ARGMAX,
     K_COUNT,

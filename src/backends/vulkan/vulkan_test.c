@@ -1,6 +1,7 @@
 /*
  * The Vulkan decode program against the CPU backend (the oracle), on synthetic Qwen3 models
- * of every weight type the Vulkan backend supports (F32, F16, BF16, Q8_0), with the validation layer on (any
+ * of every weight type the Vulkan backend supports (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q4_K, Q5_K, Q6_K, and Q4_K_M's mix), with the validation layer on (any
  * message fails the call that follows it): logits of every row, greedy generation on the
  * device vs the host loop, and the stop flag (queued steps after a stop change nothing).
  * Skips, saying why, only where no Vulkan device exists at all.
@@ -15,7 +16,12 @@
 #include "backends/backend.h"
 #include "testutil.h"
 
-static const char *types[] = {"f32", "f16", "bf16", "q8_0"};
+/* shape:type; qwen3-tiny-k's widths are whole 256-blocks, as the K-quants need */
+static const char *models[] = {
+    "qwen3-tiny:f32",   "qwen3-tiny:f16",   "qwen3-tiny:bf16",  "qwen3-tiny:q8_0",
+    "qwen3-tiny-k:q4_0", "qwen3-tiny-k:q4_1", "qwen3-tiny-k:q5_0", "qwen3-tiny-k:q5_1",
+    "qwen3-tiny-k:q4_k", "qwen3-tiny-k:q5_k", "qwen3-tiny-k:q6_k", "qwen3-tiny-k:Q4_K_M",
+};
 
 static anvil_session *session(anvil_model *m, anvil_backend_kind kind) {
     anvil_session_params sp = anvil_session_default_params();
@@ -41,9 +47,9 @@ static int collect(void *user, int32_t tok) {
 
 static void test_against_cpu(void **state) {
     (void)state;
-    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+    for (size_t t = 0; t < sizeof models / sizeof *models; t++) {
         char spec[64];
-        snprintf(spec, sizeof spec, "synthetic:qwen3-tiny:%s", types[t]);
+        snprintf(spec, sizeof spec, "synthetic:%s", models[t]);
         anvil_model *m;
         assert_int_equal(anvil_model_open(spec, NULL, &m), ANVIL_OK);
         anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
