@@ -100,57 +100,48 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
 /* GGUF's own blocks of 256 (16-byte aligned: Q4_K 144 bytes, Q5_K 176): d, dmin (f16), 12
  * bytes of 6-bit sub-block scales and mins, [Q5_K: 32 bytes of fifth bits], 128 bytes of
  * nibbles; byte l of a 32-byte run holds weight l (low nibble) and l + 32 (high nibble) of its
- * 64-weight group. A unit is 16 nibble bytes (one 16-byte load): 32 weights in two
- * sub-blocks of 32. */
-#define UG 4
+ * 64-weight group. A unit is 8 nibble bytes: 16 weights in two sub-blocks of 32. */
+#define UG 2
 #if defined(W_Q4_K)
-#define BLK 9u /* uvec4 per block */
-#define QS 1u
+#define BLK 18u /* uvec2 per block */
+#define QS 2u
 #else
-#define BLK 11u
-#define QS 3u
+#define BLK 22u
+#define QS 6u
 #endif
-layout(buffer_reference, std430, buffer_reference_align = 16) buffer W { uvec4 v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer W { uvec2 v[]; };
 uint unit_pos(uint u, uint g) {
-    uint k = u & 7u;
-    return (u >> 3u) * 256u + (k >> 1u) * 64u + (k & 1u) * 16u + (g >> 1u) * 32u + (g & 1u) * 8u;
+    uint k = u & 15u;
+    return (u >> 4u) * 256u + (k >> 2u) * 64u + g * 32u + (k & 3u) * 8u;
 }
-uint sbyte(uvec4 h, uint i) {
-    uint w = i < 4u ? h.y : (i < 8u ? h.z : h.w);
+uint sbyte(uvec2 h0, uvec2 h1, uint i) {
+    uint w = i < 4u ? h0.y : (i < 8u ? h1.x : h1.y);
     return (w >> (8u * (i & 3u))) & 255u;
 }
 /* scale and min of sub-block j (0..7) */
-vec2 scale_min(uvec4 h, uint j) {
-    if (j < 4u) return vec2(sbyte(h, j) & 63u, sbyte(h, j + 4u) & 63u);
-    uint a = sbyte(h, j + 4u);
-    return vec2((a & 15u) | ((sbyte(h, j - 4u) >> 6u) << 4u), (a >> 4u) | ((sbyte(h, j) >> 6u) << 4u));
+vec2 scale_min(uvec2 h0, uvec2 h1, uint j) {
+    if (j < 4u) return vec2(sbyte(h0, h1, j) & 63u, sbyte(h0, h1, j + 4u) & 63u);
+    uint a = sbyte(h0, h1, j + 4u);
+    return vec2((a & 15u) | ((sbyte(h0, h1, j - 4u) >> 6u) << 4u),
+                (a >> 4u) | ((sbyte(h0, h1, j) >> 6u) << 4u));
 }
 void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], out vec2 so[UG]) {
-    uint base = (row * (U >> 3u) + (u >> 3u)) * BLK, k = u & 7u, j = k >> 1u;
-    uvec4 h = w.v[base], q = w.v[base + QS + k];
-    vec2 dm = unpackHalf2x16(h.x);
-    vec2 s0 = scale_min(h, 2u * j), s1 = scale_min(h, 2u * j + 1u);
-    so[0] = so[1] = vec2(dm.x * s0.x, -dm.y * s0.y);
-    so[2] = so[3] = vec2(dm.x * s1.x, -dm.y * s1.y);
+    uint base = (row * (U >> 4u) + (u >> 4u)) * BLK, k = u & 15u, j = k >> 2u;
+    uvec2 h0 = w.v[base], h1 = w.v[base + 1u], q = w.v[base + QS + k];
+    vec2 dm = unpackHalf2x16(h0.x);
+    vec2 s0 = scale_min(h0, h1, 2u * j), s1 = scale_min(h0, h1, 2u * j + 1u);
+    so[0] = vec2(dm.x * s0.x, -dm.y * s0.y);
+    so[1] = vec2(dm.x * s1.x, -dm.y * s1.y);
     qa[0] = nib_lo(q.x);
     qb[0] = nib_lo(q.y);
-    qa[1] = nib_lo(q.z);
-    qb[1] = nib_lo(q.w);
-    qa[2] = nib_hi(q.x);
-    qb[2] = nib_hi(q.y);
-    qa[3] = nib_hi(q.z);
-    qb[3] = nib_hi(q.w);
+    qa[1] = nib_hi(q.x);
+    qb[1] = nib_hi(q.y);
 #if defined(W_Q5_K)
-    uvec4 hb = w.v[base + 1u + (k & 1u)]; /* fifth bits of the same 16 byte positions */
-    uint lo = 2u * j, hi = lo + 1u;
-    qa[0] += 16.0 * bytebit(hb.x, lo);
-    qb[0] += 16.0 * bytebit(hb.y, lo);
-    qa[1] += 16.0 * bytebit(hb.z, lo);
-    qb[1] += 16.0 * bytebit(hb.w, lo);
-    qa[2] += 16.0 * bytebit(hb.x, hi);
-    qb[2] += 16.0 * bytebit(hb.y, hi);
-    qa[3] += 16.0 * bytebit(hb.z, hi);
-    qb[3] += 16.0 * bytebit(hb.w, hi);
+    uvec2 h = w.v[base + 2u + (k & 3u)]; /* fifth bits of the same 8 byte positions */
+    qa[0] += 16.0 * bytebit(h.x, 2u * j);
+    qb[0] += 16.0 * bytebit(h.y, 2u * j);
+    qa[1] += 16.0 * bytebit(h.x, 2u * j + 1u);
+    qb[1] += 16.0 * bytebit(h.y, 2u * j + 1u);
 #endif
 }
 
@@ -158,13 +149,13 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
 /* Q6_K blocks (210 bytes in GGUF) padded on upload to 224 bytes, 16-byte aligned: ql[128],
  * qh[64], scales[16] (int8), d (f16). Each half of 128 weights: ql byte l holds weights l
  * (low) and l + 64 (high), ql byte l + 32 weights l + 32 and l + 96, qh byte l their top two
- * bits (0-1, 2-3, 4-5, 6-7 for l, l + 32, l + 64, l + 96); a scale per 16 weights. A unit is
- * 16 positions l (three 16-byte loads): 64 weights. */
-#define UG 8
-layout(buffer_reference, std430, buffer_reference_align = 16) buffer W { uvec4 v[]; };
+ * bits (0-1, 2-3, 4-5, 6-7 for l, l + 32, l + 64, l + 96); a scale per 16 weights. A unit is 8
+ * positions l: 32 weights. */
+#define UG 4
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer W { uvec2 v[]; };
 uint unit_pos(uint u, uint g) {
-    uint k = u & 3u;
-    return (u >> 2u) * 256u + (k >> 1u) * 128u + (g >> 1u) * 32u + (k & 1u) * 16u + (g & 1u) * 8u;
+    uint k = u & 7u;
+    return (u >> 3u) * 256u + (k >> 2u) * 128u + g * 32u + (k & 3u) * 8u;
 }
 vec4 q6(uint l, uint lsh, uint h, uint hsh) {
     uvec4 lo = (uvec4(l) >> (uvec4(0u, 8u, 16u, 24u) + lsh)) & 15u;
@@ -172,85 +163,80 @@ vec4 q6(uint l, uint lsh, uint h, uint hsh) {
     return vec4(lo | (hi << 4u)) - 32.0;
 }
 void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], out vec2 so[UG]) {
-    uint base = (row * (U >> 2u) + (u >> 2u)) * 14u, k = u & 3u, hf = k >> 1u, e = k & 1u;
-    uvec4 lo = w.v[base + hf * 4u + e], hi = w.v[base + hf * 4u + 2u + e];
-    uvec4 qh = w.v[base + 8u + hf * 2u + e], sv = w.v[base + 12u];
-    float d = unpackHalf2x16(w.v[base + 13u].x).x;
-    for (uint m = 0u; m < 4u; m++) {
-        uint i = hf * 8u + e + 2u * m; /* the scale of these 16 positions of quarter m */
-        float sc = d * float(bitfieldExtract(int(sv[i >> 2u]), int(8u * (i & 3u)), 8));
-        so[2u * m] = so[2u * m + 1u] = vec2(sc, 0.0);
+    uint base = (row * (U >> 3u) + (u >> 3u)) * 28u, k = u & 7u, hf = k >> 2u, l8 = k & 3u;
+    uvec2 lo = w.v[base + hf * 8u + l8], hi = w.v[base + hf * 8u + 4u + l8];
+    uvec2 qh = w.v[base + 16u + hf * 4u + l8], sv = w.v[base + 24u + hf];
+    float d = unpackHalf2x16(w.v[base + 26u].x).x;
+    uint is = l8 >> 1u;
+    for (uint g = 0u; g < 4u; g++) {
+        uint i = is + 2u * g;
+        so[g] = vec2(d * float(bitfieldExtract(int(i < 4u ? sv.x : sv.y), int(8u * (i & 3u)), 8)), 0.0);
     }
     qa[0] = q6(lo.x, 0u, qh.x, 0u);
     qb[0] = q6(lo.y, 0u, qh.y, 0u);
-    qa[1] = q6(lo.z, 0u, qh.z, 0u);
-    qb[1] = q6(lo.w, 0u, qh.w, 0u);
-    qa[2] = q6(hi.x, 0u, qh.x, 2u);
-    qb[2] = q6(hi.y, 0u, qh.y, 2u);
-    qa[3] = q6(hi.z, 0u, qh.z, 2u);
-    qb[3] = q6(hi.w, 0u, qh.w, 2u);
-    qa[4] = q6(lo.x, 4u, qh.x, 4u);
-    qb[4] = q6(lo.y, 4u, qh.y, 4u);
-    qa[5] = q6(lo.z, 4u, qh.z, 4u);
-    qb[5] = q6(lo.w, 4u, qh.w, 4u);
-    qa[6] = q6(hi.x, 4u, qh.x, 6u);
-    qb[6] = q6(hi.y, 4u, qh.y, 6u);
-    qa[7] = q6(hi.z, 4u, qh.z, 6u);
-    qb[7] = q6(hi.w, 4u, qh.w, 6u);
+    qa[1] = q6(hi.x, 0u, qh.x, 2u);
+    qb[1] = q6(hi.y, 0u, qh.y, 2u);
+    qa[2] = q6(lo.x, 4u, qh.x, 4u);
+    qb[2] = q6(lo.y, 4u, qh.y, 4u);
+    qa[3] = q6(hi.x, 4u, qh.x, 6u);
+    qb[3] = q6(hi.y, 4u, qh.y, 6u);
 }
 
 #elif defined(W_Q4_0) || defined(W_Q4_1) || defined(W_Q5_0) || defined(W_Q5_1)
 /* The 32-weight blocks, repacked on upload in super-blocks of 8 blocks (256 weights, the
  * same bytes as the file, 16-byte aligned): the 8 blocks' 16 nibble bytes, [Q5: their 8
  * 32-bit fifth-bit words], their 8 f16 scales d, [Q4_1/Q5_1: their 8 f16 mins m]. Nibble byte
- * i of a block holds weight i (low) and i + 16 (high). A unit is a block: 32 weights. */
-#define UG 4
+ * i of a block holds weight i (low) and i + 16 (high). A unit is 8 nibble bytes: 16 weights. */
+#define UG 2
 #if defined(W_Q4_0)
-#define BLK 9u /* uvec4 per super-block */
-#define QD 8u
+#define BLK 18u
+#define QH 0u
+#define QD 16u
 #elif defined(W_Q4_1)
-#define BLK 10u
-#define QD 8u
-#define QM 9u
+#define BLK 20u
+#define QH 0u
+#define QD 16u
+#define QM 18u
 #elif defined(W_Q5_0)
-#define BLK 11u
-#define QH 8u
-#define QD 10u
+#define BLK 22u
+#define QH 16u
+#define QD 20u
 #else
-#define BLK 12u
-#define QH 8u
-#define QD 10u
-#define QM 11u
+#define BLK 24u
+#define QH 16u
+#define QD 20u
+#define QM 22u
 #endif
-layout(buffer_reference, std430, buffer_reference_align = 16) buffer W { uvec4 v[]; };
-uint unit_pos(uint u, uint g) { return 32u * u + 8u * g; }
-float half_at(uvec4 v, uint i) { return unpackHalf2x16(v[i >> 1u])[i & 1u]; }
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer W { uvec2 v[]; };
+uint unit_pos(uint u, uint g) {
+    uint k = u & 15u;
+    return (u >> 4u) * 256u + (k >> 1u) * 32u + g * 16u + (k & 1u) * 8u;
+}
+float half_at(uvec2 v, uint i) { return unpackHalf2x16((i & 2u) != 0u ? v.y : v.x)[i & 1u]; }
 void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], out vec2 so[UG]) {
-    uint base = (row * (U >> 3u) + (u >> 3u)) * BLK, b = u & 7u;
-    uvec4 q = w.v[base + b];
-    float d = half_at(w.v[base + QD], b);
+    uint base = (row * (U >> 4u) + (u >> 4u)) * BLK, k = u & 15u, b = k >> 1u, hf = k & 1u;
+    uvec2 q = w.v[base + k];
+    float d = half_at(w.v[base + QD + (b >> 2u)], b & 3u);
     qa[0] = nib_lo(q.x);
     qb[0] = nib_lo(q.y);
-    qa[1] = nib_lo(q.z);
-    qb[1] = nib_lo(q.w);
-    qa[2] = nib_hi(q.x);
-    qb[2] = nib_hi(q.y);
-    qa[3] = nib_hi(q.z);
-    qb[3] = nib_hi(q.w);
+    qa[1] = nib_hi(q.x);
+    qb[1] = nib_hi(q.y);
 #if defined(W_Q5_0) || defined(W_Q5_1)
-    uint h = w.v[base + QH + (b >> 2u)][b & 3u];
-    for (uint g = 0u; g < 4u; g++) {
-        qa[g] += 16.0 * bits4(h, 8u * g);
-        qb[g] += 16.0 * bits4(h, 8u * g + 4u);
-    }
+    uvec2 hv = w.v[base + QH + (b >> 1u)];
+    uint h = (b & 1u) != 0u ? hv.y : hv.x, s = hf * 8u;
+    qa[0] += 16.0 * bits4(h, s);
+    qb[0] += 16.0 * bits4(h, s + 4u);
+    qa[1] += 16.0 * bits4(h, s + 16u);
+    qb[1] += 16.0 * bits4(h, s + 20u);
 #endif
 #if defined(W_Q4_1) || defined(W_Q5_1)
-    float m = half_at(w.v[base + QM], b);
+    float m = half_at(w.v[base + QM + (b >> 2u)], b & 3u);
 #elif defined(W_Q4_0)
     float m = -8.0 * d;
 #else
     float m = -16.0 * d;
 #endif
-    for (uint g = 0u; g < 4u; g++) so[g] = vec2(d, m);
+    so[0] = vec2(d, m);
+    so[1] = vec2(d, m);
 }
 #endif
