@@ -162,6 +162,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     if (e && atoi(e) >= 32 && atoi(e) <= 1024 && atoi(e) % 32 == 0) out->matvec_wg = (uint32_t)atoi(e);
     e = getenv("ANVIL_VK_MATVEC_NR");
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr = (uint32_t)atoi(e);
+    out->matvec_nr_q = MATVEC_NR_Q;
+    e = getenv("ANVIL_VK_MATVEC_NR_Q");
+    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_q = (uint32_t)atoi(e);
     if (out->matvec_wg < d->subgroup_size) out->matvec_wg = d->subgroup_size;
     if (out->matvec_wg / d->subgroup_size > 32) out->matvec_wg = 32 * d->subgroup_size;
     VkPushConstantRange pr = {VK_SHADER_STAGE_COMPUTE_BIT, 0, VK_PUSH_BYTES};
@@ -196,7 +199,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         uint32_t n = 0;
         if (k < K_EMBED_F32) {
             vals[0] = out->matvec_wg;
-            vals[1] = out->matvec_nr;
+            vals[1] = vk_matvec_rows(out, (k - K_MATVEC_F32) % VK_WEIGHT_KINDS);
             vals[2] = k >= K_MATVEC_SWIGLU_F32;
             n = 3;
         } else if (k == K_ATTENTION) {

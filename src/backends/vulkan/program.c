@@ -150,7 +150,9 @@ static void matvec_input(struct lower *L, int src, struct pc_matvec *pc) {
 
 /* a matvec workgroup computes matvec_nr rows, all its threads splitting K (measured faster
  * on the H100 than a subgroup per row: docs/PERF.md) */
-static uint32_t matvec_rows_per_wg(struct vk_backend *b) { return b->pl.matvec_nr; }
+static uint32_t matvec_rows_per_wg(struct vk_backend *b, int type) {
+    return vk_matvec_rows(&b->pl, vk_weight_kind(type));
+}
 
 static void grid(uint32_t wgs, uint32_t *gx, uint32_t *gy) {
     *gx = MIN(wgs, 32768u);
@@ -193,7 +195,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
             pc.o0 = addr_of(L, j);
             L->done[a] = L->done[b] = L->done[j] = true;
             uint32_t gx, gy;
-            uint32_t nr = matvec_rows_per_wg(L->p->b);
+            uint32_t nr = matvec_rows_per_wg(L->p->b, type);
             grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
             return emit(L->p, kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32), gx, gy, &pc, sizeof pc);
         }
@@ -230,7 +232,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (!pc.res) pc.res = pc.o0;
     if (!pc.normw) pc.normw = pc.x;
     uint32_t gx, gy;
-    uint32_t nr = matvec_rows_per_wg(L->p->b);
+    uint32_t nr = matvec_rows_per_wg(L->p->b, type);
     grid((total + nr - 1) / nr, &gx, &gy);
     return emit(L->p, kern, gx, gy, &pc, sizeof pc);
 }

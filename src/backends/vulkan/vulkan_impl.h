@@ -114,7 +114,8 @@ anvil_status vk_uploader_finish(struct vk_uploader *u);
 
 /* ---- pipelines ---- */
 
-/* The weight types the matvec and embedding kernels read, in kernel order. */
+/* The weight types the matvec and embedding kernels read, in kernel order (F32, F16, BF16,
+ * Q8_0, then the 4- to 6-bit block types). */
 #define VK_WEIGHT_KINDS 11
 /* A weight type's index among them, or -1. */
 int vk_weight_kind(int dtype);
@@ -138,6 +139,8 @@ enum vk_kernel {
  * ANVIL_VK_MATVEC_NR override them, for tuning) */
 #define MATVEC_WG 128
 #define MATVEC_NR 2
+/* rows per workgroup for the 4- to 6-bit block types (ANVIL_VK_MATVEC_NR_Q) */
+#define MATVEC_NR_Q 2
 
 struct vk_pipelines {
     VkPipelineLayout layout; /* push constants only */
@@ -145,13 +148,17 @@ struct vk_pipelines {
     char cache_path[1024];
     VkPipeline p[K_COUNT];
     int attn_g, attn_d; /* the attention pipeline's specialisation */
-    uint32_t matvec_wg, matvec_nr;
+    uint32_t matvec_wg, matvec_nr, matvec_nr_q;
 };
 
 /* Creates every pipeline; attention is specialised for G query heads per kv head and head
  * dim D. Loads/saves the pipeline cache in $XDG_CACHE_HOME/anvil (or ~/.cache/anvil). */
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, struct vk_pipelines *out);
 void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p);
+/* Rows per matvec workgroup for weight kind `kind` (vk_weight_kind). */
+static inline uint32_t vk_matvec_rows(const struct vk_pipelines *p, int kind) {
+    return kind >= 4 ? p->matvec_nr_q : p->matvec_nr;
+}
 
 /* ---- the control block (matches Ctl in shaders/common.glsl) ---- */
 
