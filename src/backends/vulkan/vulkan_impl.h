@@ -139,8 +139,9 @@ enum vk_kernel {
  * ANVIL_VK_MATVEC_NR override them, for tuning) */
 #define MATVEC_WG 128
 #define MATVEC_NR 2
-/* rows per workgroup for the 4- to 6-bit block types (ANVIL_VK_MATVEC_NR_Q) */
-#define MATVEC_NR_Q 2
+/* rows per workgroup for Q4_0, Q4_1, Q5_0, Q5_1 (ANVIL_VK_MATVEC_NR_Q; the K-quants keep
+ * MATVEC_NR): measured best on the H100 (docs/PERF.md) */
+#define MATVEC_NR_Q 4
 
 struct vk_pipelines {
     VkPipelineLayout layout; /* push constants only */
@@ -157,7 +158,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
 void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p);
 /* Rows per matvec workgroup for weight kind `kind` (vk_weight_kind). */
 static inline uint32_t vk_matvec_rows(const struct vk_pipelines *p, int kind) {
-    return kind >= 4 ? p->matvec_nr_q : p->matvec_nr;
+    return kind >= 4 && kind <= 7 ? p->matvec_nr_q : p->matvec_nr;
 }
 
 /* ---- the control block (matches Ctl in shaders/common.glsl) ---- */
