@@ -30,7 +30,10 @@ set(ANVIL_SHADER_VARIANTS
   "embed_q5_k embed.comp -DW_Q5_K"
   "embed_q6_k embed.comp -DW_Q6_K"
   "attention attention.comp -DANVIL"
-  "argmax argmax.comp -DANVIL")
+  "argmax argmax.comp -DANVIL"
+  "ew ew.comp -DANVIL"
+  "moe_topk moe_topk.comp -DANVIL"
+  "gdn gdn.comp -DANVIL")
 set(ANVIL_SHADER_INCS)
 file(GLOB ANVIL_SHADER_DEPS CONFIGURE_DEPENDS ${ANVIL_VK_DIR}/shaders/*.glsl ${ANVIL_VK_DIR}/shaders/*.comp)
 foreach(v ${ANVIL_SHADER_VARIANTS})
