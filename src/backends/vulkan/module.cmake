@@ -29,8 +29,6 @@ set(ANVIL_SHADER_VARIANTS
   "embed_q4_k embed.comp -DW_Q4_K"
   "embed_q5_k embed.comp -DW_Q5_K"
   "embed_q6_k embed.comp -DW_Q6_K"
-  "matvec_dot_q4_k matvec_dot.comp -DW_Q4_K"
-  "matvec_dot_q5_k matvec_dot.comp -DW_Q5_K"
   "attention attention.comp -DANVIL"
   "argmax argmax.comp -DANVIL")
 set(ANVIL_SHADER_INCS)

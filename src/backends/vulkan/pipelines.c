@@ -77,12 +77,6 @@ static const uint32_t spv_embed_q5_k[] =
 static const uint32_t spv_embed_q6_k[] =
 #include "shaders/embed_q6_k.inc"
     ;
-static const uint32_t spv_matvec_dot_q4_k[] =
-#include "shaders/matvec_dot_q4_k.inc"
-    ;
-static const uint32_t spv_matvec_dot_q5_k[] =
-#include "shaders/matvec_dot_q5_k.inc"
-    ;
 static const uint32_t spv_attention[] =
 #include "shaders/attention.inc"
     ;
@@ -130,10 +124,6 @@ static const struct {
     [K_EMBED_Q4_K] = {SPV(spv_embed_q4_k), "embed_q4_k"},
     [K_EMBED_Q5_K] = {SPV(spv_embed_q5_k), "embed_q5_k"},
     [K_EMBED_Q6_K] = {SPV(spv_embed_q6_k), "embed_q6_k"},
-    [K_MATVEC_DOT_Q4_K] = {SPV(spv_matvec_dot_q4_k), "matvec_dot_q4_k"},
-    [K_MATVEC_DOT_Q5_K] = {SPV(spv_matvec_dot_q5_k), "matvec_dot_q5_k"},
-    [K_MATVEC_SWIGLU_DOT_Q4_K] = {SPV(spv_matvec_dot_q4_k), "matvec_swiglu_dot_q4_k"},
-    [K_MATVEC_SWIGLU_DOT_Q5_K] = {SPV(spv_matvec_dot_q5_k), "matvec_swiglu_dot_q5_k"},
     [K_ATTENTION] = {SPV(spv_attention), "attention"},
     [K_ARGMAX] = {SPV(spv_argmax), "argmax"},
 };
@@ -173,9 +163,6 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     e = getenv("ANVIL_VK_MATVEC_NR");
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr = (uint32_t)atoi(e);
     out->matvec_nr_q = MATVEC_NR_Q;
-    out->matvec_nr_dot = MATVEC_NR;
-    e = getenv("ANVIL_VK_MATVEC_NR_DOT");
-    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_dot = (uint32_t)atoi(e);
     e = getenv("ANVIL_VK_MATVEC_NR_Q");
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_q = (uint32_t)atoi(e);
     if (out->matvec_wg < d->subgroup_size) out->matvec_wg = d->subgroup_size;
@@ -202,8 +189,6 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     if ((st = vk_result(r, "vkCreatePipelineCache")) != ANVIL_OK) return st;
 
     for (int k = 0; k < K_COUNT && st == ANVIL_OK; k++) {
-        bool dot = k >= K_MATVEC_DOT_Q4_K && k <= K_MATVEC_SWIGLU_DOT_Q5_K;
-        if (dot && !d->has_dot) continue; /* the device has no int8 dot products */
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;
@@ -216,11 +201,6 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
             vals[0] = out->matvec_wg;
             vals[1] = vk_matvec_rows(out, (k - K_MATVEC_F32) % VK_WEIGHT_KINDS);
             vals[2] = k >= K_MATVEC_SWIGLU_F32;
-            n = 3;
-        } else if (dot) {
-            vals[0] = out->matvec_wg;
-            vals[1] = out->matvec_nr_dot;
-            vals[2] = k >= K_MATVEC_SWIGLU_DOT_Q4_K;
             n = 3;
         } else if (k == K_ATTENTION) {
             vals[0] = (uint32_t)attn_g;

@@ -181,14 +181,6 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (kern < 0)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no matrix-vector kernel for %s weights (%s)",
                        dtype_name(type), N(L, n->src[1])->name);
-    /* Q4_K / Q5_K with int8 dot products where the device has them (x fits shared memory) */
-    int swiglu_step = K_MATVEC_SWIGLU_F32 - K_MATVEC_F32;
-    uint32_t nr = matvec_rows_per_wg(L->p->b, type);
-    if ((type == DT_Q4_K || type == DT_Q5_K) && L->p->b->d->has_dot && pc.Kp8 * 8 <= 12288) {
-        kern = type == DT_Q4_K ? K_MATVEC_DOT_Q4_K : K_MATVEC_DOT_Q5_K;
-        swiglu_step = K_MATVEC_SWIGLU_DOT_Q4_K - K_MATVEC_DOT_Q4_K;
-        nr = L->p->b->pl.matvec_nr_dot;
-    }
     /* gate/up -> swiglu */
     if (ng >= 2) {
         for (int j = group[1] + 1; j < L->g->n_nodes; j++) {
@@ -203,8 +195,9 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
             pc.o0 = addr_of(L, j);
             L->done[a] = L->done[b] = L->done[j] = true;
             uint32_t gx, gy;
+            uint32_t nr = matvec_rows_per_wg(L->p->b, type);
             grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
-            return emit(L->p, kern + swiglu_step, gx, gy, &pc, sizeof pc);
+            return emit(L->p, kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32), gx, gy, &pc, sizeof pc);
         }
     }
     /* a lone matmul whose only consumer is an add: fold the residual into its store */
@@ -239,6 +232,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (!pc.res) pc.res = pc.o0;
     if (!pc.normw) pc.normw = pc.x;
     uint32_t gx, gy;
+    uint32_t nr = matvec_rows_per_wg(L->p->b, type);
     grid((total + nr - 1) / nr, &gx, &gy);
     return emit(L->p, kern, gx, gy, &pc, sizeof pc);
 }
@@ -727,8 +721,7 @@ static const char *kernel_names[K_COUNT] = {
     "matvec_swiglu_q4_0", "matvec_swiglu_q4_1", "matvec_swiglu_q5_0", "matvec_swiglu_q5_1",
     "matvec_swiglu_q4_k", "matvec_swiglu_q5_k", "matvec_swiglu_q6_k", "embed_f32", "embed_f16",
     "embed_bf16", "embed_q8_0", "embed_q4_0", "embed_q4_1", "embed_q5_0", "embed_q5_1",
-    "embed_q4_k", "embed_q5_k", "embed_q6_k", "matvec_dot_q4_k", "matvec_dot_q5_k",
-    "matvec_swiglu_dot_q4_k", "matvec_swiglu_dot_q5_k", "attention", "argmax",
+    "embed_q4_k", "embed_q5_k", "embed_q6_k", "attention", "argmax",
 };
 
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {

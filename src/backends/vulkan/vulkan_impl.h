@@ -130,8 +130,6 @@ enum vk_kernel {
     K_MATVEC_SWIGLU_Q4_K, K_MATVEC_SWIGLU_Q5_K, K_MATVEC_SWIGLU_Q6_K,
     K_EMBED_F32, K_EMBED_F16, K_EMBED_BF16, K_EMBED_Q8_0, K_EMBED_Q4_0, K_EMBED_Q4_1,
     K_EMBED_Q5_0, K_EMBED_Q5_1, K_EMBED_Q4_K, K_EMBED_Q5_K, K_EMBED_Q6_K,
-    /* Q4_K / Q5_K with int8 dot products (only where the device has them) */
-    K_MATVEC_DOT_Q4_K, K_MATVEC_DOT_Q5_K, K_MATVEC_SWIGLU_DOT_Q4_K, K_MATVEC_SWIGLU_DOT_Q5_K,
     K_ATTENTION,
     K_ARGMAX,
     K_COUNT,
@@ -152,7 +150,7 @@ struct vk_pipelines {
     char cache_path[1024];
     VkPipeline p[K_COUNT];
     int attn_g, attn_d; /* the attention pipeline's specialisation */
-    uint32_t matvec_wg, matvec_nr, matvec_nr_q, matvec_nr_dot; /* rows: ANVIL_VK_MATVEC_NR_DOT */
+    uint32_t matvec_wg, matvec_nr, matvec_nr_q;
 };
 
 /* Creates every pipeline; attention is specialised for G query heads per kv head and head
