@@ -41,7 +41,6 @@ struct vk_device {
     char lost_msg[256];
     double timeout_s;      /* ANVIL_VK_TIMEOUT: longest wait for one submission (default 120) */
     bool has_budget;       /* VK_EXT_memory_budget enabled */
-    bool has_dot;          /* shaderIntegerDotProduct enabled (int8 dot products) */
     VkDeviceSize max_mem;  /* ANVIL_VK_MAX_MEMORY: a cap on device memory (0: none) */
     /* ANVIL_VK_FAULT=KIND:N makes the N-th submit (lost, hang) or device allocation (oom)
      * fail as a real device would: for testing the failure paths */
