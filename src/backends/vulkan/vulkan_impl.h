@@ -30,6 +30,7 @@ struct vk_device {
     VkCommandPool pool;
     VkSemaphore timeline; /* signalled with ++timeline_value by every submit */
     uint64_t timeline_value;
+    uint64_t submitted_value; /* the last value a real vkQueueSubmit will signal */
     int index; /* in enumeration order */
     /* validation messages (errors, warnings): the process's count when this device was
      * created; any message after that makes the backend's next call fail */
