@@ -222,6 +222,18 @@ static void run_job(struct server *s, struct job *j) {
     metrics_generation(&s->metrics, j->n_prompt, n_cached, stats.n_generated,
                        stats.prompt_seconds, stats.generate_seconds, cancelled);
     if (st != ANVIL_OK && !atomic_load(&s->stopping)) log_warn("serve: generation failed: %s", msg);
+    /* a failed device is recorded before the client hears of the failure, so that what it
+     * asks next (/health) already knows */
+    char why[256];
+    if (st != ANVIL_OK && anvil_session_failed(s->session, why, sizeof why)) {
+        log_warn("serve: the model's device failed: %s; no more requests can run", why);
+        pthread_mutex_lock(&s->mu);
+        if (!s->failed) {
+            s->failed = true;
+            snprintf(s->failed_msg, sizeof s->failed_msg, "%s", why);
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
     job_finish(j, st, msg);
     think_split_free(&r.think);
     stop_filter_free(&r.stop);
@@ -273,16 +285,8 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
 
         run_job(s, j);
-        char why[256];
-        bool failed = anvil_session_failed(s->session, why, sizeof why);
-        if (failed) log_warn("serve: the model's device failed: %s; no more requests can run", why);
-
         pthread_mutex_lock(&s->mu);
         s->running = NULL;
-        if (failed && !s->failed) {
-            s->failed = true;
-            snprintf(s->failed_msg, sizeof s->failed_msg, "%s", why);
-        }
         pthread_mutex_unlock(&s->mu);
         job_release(s, j);
         pthread_mutex_lock(&s->mu);

@@ -393,6 +393,23 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     uint32_t n_dev_exts = 0;
     d->has_budget = has_device_ext(d->phys, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
     if (d->has_budget) dev_exts[n_dev_exts++] = VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
+    /* 4-way int8 dot products (core in 1.3, else the KHR extension) for the K-quant matvecs
+     * on int8-rounded activations: opt-in, ANVIL_VK_DOT=1 (a precision trade, docs/PERF.md) */
+    VkPhysicalDeviceShaderIntegerDotProductFeatures fdot = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
+    bool dot_ext = has_device_ext(d->phys, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
+    const char *dot_env = getenv("ANVIL_VK_DOT");
+    if ((d->props.apiVersion >= VK_API_VERSION_1_3 || dot_ext) && dot_env && !strcmp(dot_env, "1")) {
+        VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &fdot};
+        vkGetPhysicalDeviceFeatures2(d->phys, &f2);
+        d->has_dot = fdot.shaderIntegerDotProduct == VK_TRUE;
+    }
+    if (d->has_dot) {
+        fdot.pNext = NULL;
+        f12.pNext = &fdot;
+        if (d->props.apiVersion < VK_API_VERSION_1_3)
+            dev_exts[n_dev_exts++] = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
+    }
     VkDeviceCreateInfo dci = {VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f12, 0, 1, &qi, 0, NULL,
                               n_dev_exts, dev_exts, NULL};
     st = vk_result(vkCreateDevice(d->phys, &dci, NULL, &d->dev), "vkCreateDevice");

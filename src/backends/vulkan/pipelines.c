@@ -23,8 +23,26 @@ static const uint32_t spv_matvec_bf16[] =
 static const uint32_t spv_matvec_q8_0[] =
 #include "shaders/matvec_q8_0.inc"
     ;
-static const uint32_t spv_embed_q8_0[] =
-#include "shaders/embed_q8_0.inc"
+static const uint32_t spv_matvec_q4_0[] =
+#include "shaders/matvec_q4_0.inc"
+    ;
+static const uint32_t spv_matvec_q4_1[] =
+#include "shaders/matvec_q4_1.inc"
+    ;
+static const uint32_t spv_matvec_q5_0[] =
+#include "shaders/matvec_q5_0.inc"
+    ;
+static const uint32_t spv_matvec_q5_1[] =
+#include "shaders/matvec_q5_1.inc"
+    ;
+static const uint32_t spv_matvec_q4_k[] =
+#include "shaders/matvec_q4_k.inc"
+    ;
+static const uint32_t spv_matvec_q5_k[] =
+#include "shaders/matvec_q5_k.inc"
+    ;
+static const uint32_t spv_matvec_q6_k[] =
+#include "shaders/matvec_q6_k.inc"
     ;
 static const uint32_t spv_embed_f32[] =
 #include "shaders/embed_f32.inc"
@@ -34,6 +52,36 @@ static const uint32_t spv_embed_f16[] =
     ;
 static const uint32_t spv_embed_bf16[] =
 #include "shaders/embed_bf16.inc"
+    ;
+static const uint32_t spv_embed_q8_0[] =
+#include "shaders/embed_q8_0.inc"
+    ;
+static const uint32_t spv_embed_q4_0[] =
+#include "shaders/embed_q4_0.inc"
+    ;
+static const uint32_t spv_embed_q4_1[] =
+#include "shaders/embed_q4_1.inc"
+    ;
+static const uint32_t spv_embed_q5_0[] =
+#include "shaders/embed_q5_0.inc"
+    ;
+static const uint32_t spv_embed_q5_1[] =
+#include "shaders/embed_q5_1.inc"
+    ;
+static const uint32_t spv_embed_q4_k[] =
+#include "shaders/embed_q4_k.inc"
+    ;
+static const uint32_t spv_embed_q5_k[] =
+#include "shaders/embed_q5_k.inc"
+    ;
+static const uint32_t spv_embed_q6_k[] =
+#include "shaders/embed_q6_k.inc"
+    ;
+static const uint32_t spv_matvec_dot_q4_k[] =
+#include "shaders/matvec_dot_q4_k.inc"
+    ;
+static const uint32_t spv_matvec_dot_q5_k[] =
+#include "shaders/matvec_dot_q5_k.inc"
     ;
 static const uint32_t spv_attention[] =
 #include "shaders/attention.inc"
@@ -53,14 +101,39 @@ static const struct {
     [K_MATVEC_F16] = {SPV(spv_matvec_f16), "matvec_f16"},
     [K_MATVEC_BF16] = {SPV(spv_matvec_bf16), "matvec_bf16"},
     [K_MATVEC_Q8_0] = {SPV(spv_matvec_q8_0), "matvec_q8_0"},
-    [K_MATVEC_SWIGLU_Q8_0] = {SPV(spv_matvec_q8_0), "matvec_swiglu_q8_0"},
-    [K_EMBED_Q8_0] = {SPV(spv_embed_q8_0), "embed_q8_0"},
+    [K_MATVEC_Q4_0] = {SPV(spv_matvec_q4_0), "matvec_q4_0"},
+    [K_MATVEC_Q4_1] = {SPV(spv_matvec_q4_1), "matvec_q4_1"},
+    [K_MATVEC_Q5_0] = {SPV(spv_matvec_q5_0), "matvec_q5_0"},
+    [K_MATVEC_Q5_1] = {SPV(spv_matvec_q5_1), "matvec_q5_1"},
+    [K_MATVEC_Q4_K] = {SPV(spv_matvec_q4_k), "matvec_q4_k"},
+    [K_MATVEC_Q5_K] = {SPV(spv_matvec_q5_k), "matvec_q5_k"},
+    [K_MATVEC_Q6_K] = {SPV(spv_matvec_q6_k), "matvec_q6_k"},
     [K_MATVEC_SWIGLU_F32] = {SPV(spv_matvec_f32), "matvec_swiglu_f32"},
     [K_MATVEC_SWIGLU_F16] = {SPV(spv_matvec_f16), "matvec_swiglu_f16"},
     [K_MATVEC_SWIGLU_BF16] = {SPV(spv_matvec_bf16), "matvec_swiglu_bf16"},
+    [K_MATVEC_SWIGLU_Q8_0] = {SPV(spv_matvec_q8_0), "matvec_swiglu_q8_0"},
+    [K_MATVEC_SWIGLU_Q4_0] = {SPV(spv_matvec_q4_0), "matvec_swiglu_q4_0"},
+    [K_MATVEC_SWIGLU_Q4_1] = {SPV(spv_matvec_q4_1), "matvec_swiglu_q4_1"},
+    [K_MATVEC_SWIGLU_Q5_0] = {SPV(spv_matvec_q5_0), "matvec_swiglu_q5_0"},
+    [K_MATVEC_SWIGLU_Q5_1] = {SPV(spv_matvec_q5_1), "matvec_swiglu_q5_1"},
+    [K_MATVEC_SWIGLU_Q4_K] = {SPV(spv_matvec_q4_k), "matvec_swiglu_q4_k"},
+    [K_MATVEC_SWIGLU_Q5_K] = {SPV(spv_matvec_q5_k), "matvec_swiglu_q5_k"},
+    [K_MATVEC_SWIGLU_Q6_K] = {SPV(spv_matvec_q6_k), "matvec_swiglu_q6_k"},
     [K_EMBED_F32] = {SPV(spv_embed_f32), "embed_f32"},
     [K_EMBED_F16] = {SPV(spv_embed_f16), "embed_f16"},
     [K_EMBED_BF16] = {SPV(spv_embed_bf16), "embed_bf16"},
+    [K_EMBED_Q8_0] = {SPV(spv_embed_q8_0), "embed_q8_0"},
+    [K_EMBED_Q4_0] = {SPV(spv_embed_q4_0), "embed_q4_0"},
+    [K_EMBED_Q4_1] = {SPV(spv_embed_q4_1), "embed_q4_1"},
+    [K_EMBED_Q5_0] = {SPV(spv_embed_q5_0), "embed_q5_0"},
+    [K_EMBED_Q5_1] = {SPV(spv_embed_q5_1), "embed_q5_1"},
+    [K_EMBED_Q4_K] = {SPV(spv_embed_q4_k), "embed_q4_k"},
+    [K_EMBED_Q5_K] = {SPV(spv_embed_q5_k), "embed_q5_k"},
+    [K_EMBED_Q6_K] = {SPV(spv_embed_q6_k), "embed_q6_k"},
+    [K_MATVEC_DOT_Q4_K] = {SPV(spv_matvec_dot_q4_k), "matvec_dot_q4_k"},
+    [K_MATVEC_DOT_Q5_K] = {SPV(spv_matvec_dot_q5_k), "matvec_dot_q5_k"},
+    [K_MATVEC_SWIGLU_DOT_Q4_K] = {SPV(spv_matvec_dot_q4_k), "matvec_swiglu_dot_q4_k"},
+    [K_MATVEC_SWIGLU_DOT_Q5_K] = {SPV(spv_matvec_dot_q5_k), "matvec_swiglu_dot_q5_k"},
     [K_ATTENTION] = {SPV(spv_attention), "attention"},
     [K_ARGMAX] = {SPV(spv_argmax), "argmax"},
 };
@@ -99,6 +172,12 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     if (e && atoi(e) >= 32 && atoi(e) <= 1024 && atoi(e) % 32 == 0) out->matvec_wg = (uint32_t)atoi(e);
     e = getenv("ANVIL_VK_MATVEC_NR");
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr = (uint32_t)atoi(e);
+    out->matvec_nr_q = MATVEC_NR_Q;
+    out->matvec_nr_dot = MATVEC_NR;
+    e = getenv("ANVIL_VK_MATVEC_NR_DOT");
+    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_dot = (uint32_t)atoi(e);
+    e = getenv("ANVIL_VK_MATVEC_NR_Q");
+    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_q = (uint32_t)atoi(e);
     if (out->matvec_wg < d->subgroup_size) out->matvec_wg = d->subgroup_size;
     if (out->matvec_wg / d->subgroup_size > 32) out->matvec_wg = 32 * d->subgroup_size;
     VkPushConstantRange pr = {VK_SHADER_STAGE_COMPUTE_BIT, 0, VK_PUSH_BYTES};
@@ -123,6 +202,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     if ((st = vk_result(r, "vkCreatePipelineCache")) != ANVIL_OK) return st;
 
     for (int k = 0; k < K_COUNT && st == ANVIL_OK; k++) {
+        bool dot = k >= K_MATVEC_DOT_Q4_K && k <= K_MATVEC_SWIGLU_DOT_Q5_K;
+        if (dot && !d->has_dot) continue; /* the device has no int8 dot products */
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;
@@ -131,10 +212,15 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         uint32_t vals[4] = {0};
         VkSpecializationMapEntry ent[4];
         uint32_t n = 0;
-        if (k <= K_MATVEC_SWIGLU_Q8_0) {
+        if (k < K_EMBED_F32) {
             vals[0] = out->matvec_wg;
-            vals[1] = out->matvec_nr;
+            vals[1] = vk_matvec_rows(out, (k - K_MATVEC_F32) % VK_WEIGHT_KINDS);
             vals[2] = k >= K_MATVEC_SWIGLU_F32;
+            n = 3;
+        } else if (dot) {
+            vals[0] = out->matvec_wg;
+            vals[1] = out->matvec_nr_dot;
+            vals[2] = k >= K_MATVEC_SWIGLU_DOT_Q4_K;
             n = 3;
         } else if (k == K_ATTENTION) {
             vals[0] = (uint32_t)attn_g;

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "quant/quant.h"
 #include "vulkan_impl.h"
@@ -94,9 +95,9 @@ static VkDeviceSize alloc_node(struct lower *L, int i) {
     int r = L->root[i];
     if (L->off[r] == (VkDeviceSize)-1) {
         L->off[r] = L->arena_size;
-        /* padded to 128 floats and zeroed once: matvecs read inputs in chunks of 8 up to the
-         * weights' padded row length (128 for Q8_0) */
-        L->arena_size += round_up(round_up((VkDeviceSize)node_nelem(&L->g->nodes[r]), 128) * 4 + 32, ALIGN);
+        /* padded to 256 floats and zeroed once: matvecs read inputs up to the weights' padded
+         * row length (whole super-blocks of up to 256) */
+        L->arena_size += round_up(round_up((VkDeviceSize)node_nelem(&L->g->nodes[r]), 256) * 4 + 32, ALIGN);
     }
     return L->off[r];
 }
@@ -125,14 +126,10 @@ static anvil_status emit(struct vk_program *p, enum vk_kernel k, uint32_t gx, ui
     return ANVIL_OK;
 }
 
+/* The kernel of family f32 (K_MATVEC_F32, ...) for a weight type, or -1. */
 static int kernel_for(int type, enum vk_kernel f32) {
-    switch (type) {
-    case DT_F32: return f32;
-    case DT_F16: return f32 + 1;
-    case DT_BF16: return f32 + 2;
-    case DT_Q8_0: return f32 + 3;
-    default: return -1;
-    }
+    int k = vk_weight_kind(type);
+    return k < 0 ? -1 : (int)f32 + k;
 }
 
 static const struct node *N(struct lower *L, int i) { return &L->g->nodes[i]; }
@@ -153,7 +150,9 @@ static void matvec_input(struct lower *L, int src, struct pc_matvec *pc) {
 
 /* a matvec workgroup computes matvec_nr rows, all its threads splitting K (measured faster
  * on the H100 than a subgroup per row: docs/PERF.md) */
-static uint32_t matvec_rows_per_wg(struct vk_backend *b) { return b->pl.matvec_nr; }
+static uint32_t matvec_rows_per_wg(struct vk_backend *b, int type) {
+    return vk_matvec_rows(&b->pl, vk_weight_kind(type));
+}
 
 static void grid(uint32_t wgs, uint32_t *gx, uint32_t *gy) {
     *gx = MIN(wgs, 32768u);
@@ -182,6 +181,14 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (kern < 0)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no matrix-vector kernel for %s weights (%s)",
                        dtype_name(type), N(L, n->src[1])->name);
+    /* Q4_K / Q5_K with int8 dot products where the device has them (x fits shared memory) */
+    int swiglu_step = K_MATVEC_SWIGLU_F32 - K_MATVEC_F32;
+    uint32_t nr = matvec_rows_per_wg(L->p->b, type);
+    if ((type == DT_Q4_K || type == DT_Q5_K) && L->p->b->d->has_dot && pc.Kp8 * 8 <= 12288) {
+        kern = type == DT_Q4_K ? K_MATVEC_DOT_Q4_K : K_MATVEC_DOT_Q5_K;
+        swiglu_step = K_MATVEC_SWIGLU_DOT_Q4_K - K_MATVEC_DOT_Q4_K;
+        nr = L->p->b->pl.matvec_nr_dot;
+    }
     /* gate/up -> swiglu */
     if (ng >= 2) {
         for (int j = group[1] + 1; j < L->g->n_nodes; j++) {
@@ -196,9 +203,8 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
             pc.o0 = addr_of(L, j);
             L->done[a] = L->done[b] = L->done[j] = true;
             uint32_t gx, gy;
-            uint32_t nr = matvec_rows_per_wg(L->p->b);
             grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
-            return emit(L->p, kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32), gx, gy, &pc, sizeof pc);
+            return emit(L->p, kern + swiglu_step, gx, gy, &pc, sizeof pc);
         }
     }
     /* a lone matmul whose only consumer is an add: fold the residual into its store */
@@ -233,7 +239,6 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (!pc.res) pc.res = pc.o0;
     if (!pc.normw) pc.normw = pc.x;
     uint32_t gx, gy;
-    uint32_t nr = matvec_rows_per_wg(L->p->b);
     grid((total + nr - 1) / nr, &gx, &gy);
     return emit(L->p, kern, gx, gy, &pc, sizeof pc);
 }
@@ -607,6 +612,42 @@ anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float
     return st;
 }
 
+/* Pacing of the generate loop's waits. With two batches in flight the GPU always has the next
+ * one queued, so the host need not wake the moment a batch completes: it sleeps through most
+ * of a batch's expected time (the mean of the last ones) and only then waits on the semaphore,
+ * where a driver may spin. ANVIL_VK_PACE=0 turns it off. */
+struct pacer {
+    bool on;
+    int n;         /* batches completed */
+    double t_last; /* when the last wait returned */
+    double mean;   /* seconds per step: completions come a batch's duration apart */
+};
+
+static bool pacing_on(void) {
+    const char *e = getenv("ANVIL_VK_PACE");
+    return !e || strcmp(e, "0") != 0;
+}
+
+/* before waiting for a batch of steps */
+static void pace(struct pacer *pc, int steps) {
+    if (!pc->on || pc->n < 2) return;
+    double left = pc->t_last + 0.8 * pc->mean * steps - time_now();
+    if (left < 200e-6) return; /* not worth a sleep's wake-up latency */
+    struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* after a batch of steps completed */
+static void pace_done(struct pacer *pc, int steps) {
+    double t = time_now();
+    if (pc->n >= 1) {
+        double dt = (t - pc->t_last) / steps;
+        pc->mean = pc->n == 1 ? dt : 0.75 * pc->mean + 0.25 * dt;
+    }
+    pc->t_last = t;
+    pc->n++;
+}
+
 anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res) {
     memset(res, 0, sizeof *res);
     struct vk_device *d = p->b->d;
@@ -629,6 +670,7 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
     anvil_status st = ANVIL_OK;
     int delivered = 0;
     bool stopping = false;
+    struct pacer pc = {.on = pacing_on()};
     while (st == ANVIL_OK) {
         /* keep two batches in flight */
         while (st == ANVIL_OK && !stopping && submitted < batches && submitted - waited < 2)
@@ -638,7 +680,10 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
             submitted++;
         }
         if (st != ANVIL_OK || waited == submitted) break;
+        int batch_steps = waited < steps / STEPS_PER_BATCH ? STEPS_PER_BATCH : 1;
+        pace(&pc, batch_steps);
         st = vk_wait(d, vals[waited++ % 2]);
+        pace_done(&pc, batch_steps);
         if (st != ANVIL_OK) break;
         uint32_t n_out = c->n_out;
         while (delivered < (int)n_out && !stopping) {
@@ -676,9 +721,15 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
 }
 
 static const char *kernel_names[K_COUNT] = {
-    "matvec_f32", "matvec_f16", "matvec_bf16", "matvec_q8_0", "matvec_swiglu_f32",
-    "matvec_swiglu_f16", "matvec_swiglu_bf16", "matvec_swiglu_q8_0", "embed_f32", "embed_f16",
-    "embed_bf16", "embed_q8_0", "attention", "argmax"};
+    "matvec_f32", "matvec_f16", "matvec_bf16", "matvec_q8_0", "matvec_q4_0", "matvec_q4_1",
+    "matvec_q5_0", "matvec_q5_1", "matvec_q4_k", "matvec_q5_k", "matvec_q6_k",
+    "matvec_swiglu_f32", "matvec_swiglu_f16", "matvec_swiglu_bf16", "matvec_swiglu_q8_0",
+    "matvec_swiglu_q4_0", "matvec_swiglu_q4_1", "matvec_swiglu_q5_0", "matvec_swiglu_q5_1",
+    "matvec_swiglu_q4_k", "matvec_swiglu_q5_k", "matvec_swiglu_q6_k", "embed_f32", "embed_f16",
+    "embed_bf16", "embed_q8_0", "embed_q4_0", "embed_q4_1", "embed_q5_0", "embed_q5_1",
+    "embed_q4_k", "embed_q5_k", "embed_q6_k", "matvec_dot_q4_k", "matvec_dot_q5_k",
+    "matvec_swiglu_dot_q4_k", "matvec_swiglu_dot_q5_k", "attention", "argmax",
+};
 
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
     size_t len = 0;

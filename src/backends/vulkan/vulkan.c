@@ -32,6 +32,107 @@ uint64_t vk_state_addr(struct vk_backend *b, int state) {
     return b->states.addr + b->state_off[state];
 }
 
+/* How each weight type lies in device memory (common.glsl reads it): rows padded to whole
+ * super-blocks of sb_weights; quantized blocks regrouped by pack (NULL: the file's bytes as
+ * they are). */
+struct vk_layout {
+    int type;
+    int sb_weights, sb_bytes;
+    int blocks, block_bytes; /* file blocks per super-block, and their size */
+    void (*pack)(const uint8_t *in, int b, uint8_t *sb); /* block b of the super-block */
+};
+
+/* Q8_0 (34 bytes: d, 32 int8): 4 blocks -> 128 quants, then 4 scales */
+static void pack_q8_0(const uint8_t *in, int b, uint8_t *sb) {
+    memcpy(sb + b * 32, in + 2, 32);
+    memcpy(sb + 128 + b * 2, in, 2);
+}
+/* Q6_K (210 bytes): padded to 224, for 16-byte alignment */
+static void pack_q6_k(const uint8_t *in, int b, uint8_t *sb) {
+    (void)b;
+    memcpy(sb, in, 210);
+}
+/* Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins re-encoded for a cheap decode of a
+ * pair of sub-blocks (common.glsl scales_pair): f_j = sc(2j) | m(2j) << 6 | sc(2j+1) << 12 |
+ * m(2j+1) << 18; words A = f_0, f_1 low halves, B = f_2, f_3 low halves, C = their top bytes. */
+static void k4_scale_min(int j, const uint8_t *q, uint32_t *sc, uint32_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+static void pack_k_scales(const uint8_t *in, uint8_t *out) {
+    uint32_t f[4];
+    for (int j = 0; j < 4; j++) {
+        uint32_t s0, m0, s1, m1;
+        k4_scale_min(2 * j, in + 4, &s0, &m0);
+        k4_scale_min(2 * j + 1, in + 4, &s1, &m1);
+        f[j] = s0 | m0 << 6 | s1 << 12 | m1 << 18;
+    }
+    uint32_t w[3] = {(f[0] & 0xFFFF) | (f[1] & 0xFFFF) << 16, (f[2] & 0xFFFF) | (f[3] & 0xFFFF) << 16,
+                     (f[0] >> 16) | (f[1] >> 16) << 8 | (f[2] >> 16) << 16 | (f[3] >> 16) << 24};
+    for (int i = 0; i < 12; i++) out[4 + i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
+}
+static void pack_q4_k(const uint8_t *in, int b, uint8_t *sb) {
+    (void)b;
+    memcpy(sb, in, 144);
+    pack_k_scales(in, sb);
+}
+static void pack_q5_k(const uint8_t *in, int b, uint8_t *sb) {
+    (void)b;
+    memcpy(sb, in, 176);
+    pack_k_scales(in, sb);
+}
+/* The 32-weight blocks, 8 to a super-block: nibbles, [fifth bits], d, [m]. */
+static void pack_q4_0(const uint8_t *in, int b, uint8_t *sb) { /* d, qs[16] */
+    memcpy(sb + b * 16, in + 2, 16);
+    memcpy(sb + 128 + b * 2, in, 2);
+}
+static void pack_q4_1(const uint8_t *in, int b, uint8_t *sb) { /* d, m, qs[16] */
+    memcpy(sb + b * 16, in + 4, 16);
+    memcpy(sb + 128 + b * 2, in, 2);
+    memcpy(sb + 144 + b * 2, in + 2, 2);
+}
+static void pack_q5_0(const uint8_t *in, int b, uint8_t *sb) { /* d, qh[4], qs[16] */
+    memcpy(sb + b * 16, in + 6, 16);
+    memcpy(sb + 128 + b * 4, in + 2, 4);
+    memcpy(sb + 160 + b * 2, in, 2);
+}
+static void pack_q5_1(const uint8_t *in, int b, uint8_t *sb) { /* d, m, qh[4], qs[16] */
+    memcpy(sb + b * 16, in + 8, 16);
+    memcpy(sb + 128 + b * 4, in + 4, 4);
+    memcpy(sb + 160 + b * 2, in, 2);
+    memcpy(sb + 176 + b * 2, in + 2, 2);
+}
+
+static const struct vk_layout layouts[VK_WEIGHT_KINDS] = {
+    {DT_F32, 8, 32, 0, 0, NULL},
+    {DT_F16, 8, 16, 0, 0, NULL},
+    {DT_BF16, 8, 16, 0, 0, NULL},
+    {DT_Q8_0, 128, 136, 4, 34, pack_q8_0},
+    {DT_Q4_0, 256, 144, 8, 18, pack_q4_0},
+    {DT_Q4_1, 256, 160, 8, 20, pack_q4_1},
+    {DT_Q5_0, 256, 176, 8, 22, pack_q5_0},
+    {DT_Q5_1, 256, 192, 8, 24, pack_q5_1},
+    {DT_Q4_K, 256, 144, 1, 144, pack_q4_k},
+    {DT_Q5_K, 256, 176, 1, 176, pack_q5_k},
+    {DT_Q6_K, 256, 224, 1, 210, pack_q6_k},
+};
+
+int vk_weight_kind(int dtype) {
+    for (int i = 0; i < VK_WEIGHT_KINDS; i++)
+        if (layouts[i].type == dtype) return i;
+    return -1;
+}
+
+static const struct vk_layout *layout_of(int dtype) {
+    int k = vk_weight_kind(dtype);
+    return k >= 0 ? &layouts[k] : NULL;
+}
+
 /* Weights a graph reads: the matmul and embedding weights in their own type, the norm
  * weights as float32. */
 static anvil_status want_weight(struct vk_backend *b, const struct tensor_info *t, bool as_f32, bool plus1) {
@@ -44,40 +145,43 @@ static anvil_status want_weight(struct vk_backend *b, const struct tensor_info *
     w->t = t;
     w->as_f32 = as_f32;
     w->plus1 = plus1;
-    int a = t->type == DT_Q8_0 && !as_f32 ? 128 : 8; /* Q8_0: whole super-blocks of 4 blocks */
-    w->Kp = (uint32_t)((t->ne[0] + a - 1) / a * a);
+    w->Kp = (uint32_t)((t->ne[0] + 255) / 256 * 256);
+    if (!as_f32) {
+        const struct vk_layout *l = layout_of(t->type);
+        w->Kp = (uint32_t)((t->ne[0] + l->sb_weights - 1) / l->sb_weights * l->sb_weights);
+    }
     return ANVIL_OK;
 }
 
 static size_t weight_bytes(const struct vk_weight *w) {
     int64_t rows = w->t->ne[1] * w->t->ne[2] * w->t->ne[3];
-    if (w->t->type == DT_Q8_0 && !w->as_f32) return (size_t)rows * (w->Kp / 128) * 136;
-    size_t el = w->as_f32 ? 4 : (size_t)dtype_traits(w->t->type)->type_size;
-    return (size_t)rows * w->Kp * el;
+    if (w->as_f32) return (size_t)rows * w->Kp * 4;
+    const struct vk_layout *l = layout_of(w->t->type);
+    return (size_t)rows * (w->Kp / l->sb_weights) * l->sb_bytes;
 }
 
-/* Q8_0 rows repacked into super-blocks of 128 weights: 128 int8 quants, then 4 f16 scales
- * (zero quants and scales past the row's end). */
-struct q8_ctx {
+/* Quantized rows repacked into the kernels' super-blocks (common.glsl), zero past the row's
+ * end (zero scales: zero weights). */
+struct repack_ctx {
+    const struct vk_layout *l;
     const uint8_t *src;
-    size_t blocks_in, sb_out; /* per row: 34-byte blocks in, 136-byte super-blocks out */
+    size_t blocks_in, sb_out; /* per row: the file's blocks in, super-blocks out */
 };
 
-static void fill_q8_0(void *dst, size_t offset, size_t n, void *ctx) {
-    const struct q8_ctx *q = ctx;
-    uint8_t *o = dst, sb[136];
+static void fill_repack(void *dst, size_t offset, size_t n, void *ctx) {
+    const struct repack_ctx *q = ctx;
+    const struct vk_layout *l = q->l;
+    uint8_t *o = dst, sb[256];
     for (size_t done = 0; done < n;) {
-        size_t at = offset + done, sbi = at / 136, c = at % 136;
+        size_t at = offset + done, sbi = at / l->sb_bytes, c = at % l->sb_bytes;
         size_t row = sbi / q->sb_out, s = sbi % q->sb_out;
-        memset(sb, 0, sizeof sb);
-        for (size_t b = 0; b < 4; b++) {
-            size_t blk = s * 4 + b;
+        memset(sb, 0, l->sb_bytes);
+        for (int b = 0; b < l->blocks; b++) {
+            size_t blk = s * (size_t)l->blocks + (size_t)b;
             if (blk >= q->blocks_in) break;
-            const uint8_t *in = q->src + (row * q->blocks_in + blk) * 34;
-            memcpy(sb + b * 32, in + 2, 32);
-            memcpy(sb + 128 + b * 2, in, 2);
+            l->pack(q->src + (row * q->blocks_in + blk) * l->block_bytes, b, sb);
         }
-        size_t k = MIN(n - done, 136 - c);
+        size_t k = MIN(n - done, l->sb_bytes - c);
         memcpy(o + done, sb + c, k);
         done += k;
     }
@@ -127,10 +231,15 @@ static anvil_status upload_weights(struct vk_backend *b, int first) {
                 for (int64_t e = 0; e < n * rows; e++) conv[e] += 1.0f;
             f = (struct fill_ctx){(const uint8_t *)conv, (size_t)n * 4, (size_t)w->Kp * 4};
         }
-        if (w->t->type == DT_Q8_0 && !w->as_f32) {
-            struct q8_ctx q = {w->t->data, (size_t)n / 32, w->Kp / 128};
-            st = vk_upload(&u, &w->buf, 0, bytes, fill_q8_0, &q);
+        const struct vk_layout *l = w->as_f32 ? NULL : layout_of(w->t->type);
+        if (l && l->pack) {
+            struct repack_ctx q = {l, w->t->data, (size_t)n / (size_t)tr->block_size,
+                                   w->Kp / (size_t)l->sb_weights};
+            st = vk_upload(&u, &w->buf, 0, bytes, fill_repack, &q);
         } else {
+            if (l && tr->block_size > 1) /* whole blocks, as in the file (K-quants: Kp = n) */
+                f = (struct fill_ctx){w->t->data, (size_t)n / (size_t)tr->block_size * (size_t)tr->type_size,
+                                      (size_t)w->Kp / (size_t)tr->block_size * (size_t)tr->type_size};
             st = vk_upload(&u, &w->buf, 0, bytes, fill_rows, &f);
         }
         free(conv); /* vk_upload has copied it into staging memory */
@@ -192,7 +301,7 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
         anvil_status st = ANVIL_OK;
         if (n->op == OP_MATMUL || n->op == OP_EMBED) {
             const struct tensor_info *t = g->nodes[n->src[n->op == OP_MATMUL ? 1 : 0]].weight;
-            if (t->type != DT_F32 && t->type != DT_F16 && t->type != DT_BF16 && t->type != DT_Q8_0)
+            if (vk_weight_kind(t->type) < 0)
                 return err_set(ANVIL_ERR_UNSUPPORTED, "%s: tensor %s has type %s, which the Vulkan "
                                "backend cannot compute with yet", t->file, t->name, dtype_name(t->type));
             st = want_weight(b, t, false, false);

@@ -41,6 +41,7 @@ struct vk_device {
     char lost_msg[256];
     double timeout_s;      /* ANVIL_VK_TIMEOUT: longest wait for one submission (default 120) */
     bool has_budget;       /* VK_EXT_memory_budget enabled */
+    bool has_dot;          /* shaderIntegerDotProduct enabled (int8 dot products) */
     VkDeviceSize max_mem;  /* ANVIL_VK_MAX_MEMORY: a cap on device memory (0: none) */
     /* ANVIL_VK_FAULT=KIND:N makes the N-th submit (lost, hang) or device allocation (oom)
      * fail as a real device would: for testing the failure paths */
@@ -117,11 +118,23 @@ anvil_status vk_uploader_finish(struct vk_uploader *u);
 
 /* ---- pipelines ---- */
 
+/* The weight types the matvec and embedding kernels read, in kernel order (F32, F16, BF16,
+ * Q8_0, then the 4- to 6-bit block types). */
+#define VK_WEIGHT_KINDS 11
+/* A weight type's index among them, or -1. */
+int vk_weight_kind(int dtype);
+
 enum vk_kernel {
-    /* per weight type, in the order F32, F16, BF16, Q8_0 (kernel_for) */
-    K_MATVEC_F32, K_MATVEC_F16, K_MATVEC_BF16, K_MATVEC_Q8_0,
+    /* per weight kind (vk_weight_kind) */
+    K_MATVEC_F32, K_MATVEC_F16, K_MATVEC_BF16, K_MATVEC_Q8_0, K_MATVEC_Q4_0, K_MATVEC_Q4_1,
+    K_MATVEC_Q5_0, K_MATVEC_Q5_1, K_MATVEC_Q4_K, K_MATVEC_Q5_K, K_MATVEC_Q6_K,
     K_MATVEC_SWIGLU_F32, K_MATVEC_SWIGLU_F16, K_MATVEC_SWIGLU_BF16, K_MATVEC_SWIGLU_Q8_0,
-    K_EMBED_F32, K_EMBED_F16, K_EMBED_BF16, K_EMBED_Q8_0,
+    K_MATVEC_SWIGLU_Q4_0, K_MATVEC_SWIGLU_Q4_1, K_MATVEC_SWIGLU_Q5_0, K_MATVEC_SWIGLU_Q5_1,
+    K_MATVEC_SWIGLU_Q4_K, K_MATVEC_SWIGLU_Q5_K, K_MATVEC_SWIGLU_Q6_K,
+    K_EMBED_F32, K_EMBED_F16, K_EMBED_BF16, K_EMBED_Q8_0, K_EMBED_Q4_0, K_EMBED_Q4_1,
+    K_EMBED_Q5_0, K_EMBED_Q5_1, K_EMBED_Q4_K, K_EMBED_Q5_K, K_EMBED_Q6_K,
+    /* Q4_K / Q5_K with int8 dot products (only where the device has them) */
+    K_MATVEC_DOT_Q4_K, K_MATVEC_DOT_Q5_K, K_MATVEC_SWIGLU_DOT_Q4_K, K_MATVEC_SWIGLU_DOT_Q5_K,
     K_ATTENTION,
     K_ARGMAX,
     K_COUNT,
@@ -132,6 +145,9 @@ enum vk_kernel {
  * ANVIL_VK_MATVEC_NR override them, for tuning) */
 #define MATVEC_WG 128
 #define MATVEC_NR 2
+/* rows per workgroup for Q4_0, Q4_1, Q5_0, Q5_1 (ANVIL_VK_MATVEC_NR_Q; the K-quants keep
+ * MATVEC_NR): measured best on the H100 (docs/PERF.md) */
+#define MATVEC_NR_Q 4
 
 struct vk_pipelines {
     VkPipelineLayout layout; /* push constants only */
@@ -139,13 +155,17 @@ struct vk_pipelines {
     char cache_path[1024];
     VkPipeline p[K_COUNT];
     int attn_g, attn_d; /* the attention pipeline's specialisation */
-    uint32_t matvec_wg, matvec_nr;
+    uint32_t matvec_wg, matvec_nr, matvec_nr_q, matvec_nr_dot; /* rows: ANVIL_VK_MATVEC_NR_DOT */
 };
 
 /* Creates every pipeline; attention is specialised for G query heads per kv head and head
  * dim D. Loads/saves the pipeline cache in $XDG_CACHE_HOME/anvil (or ~/.cache/anvil). */
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, struct vk_pipelines *out);
 void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p);
+/* Rows per matvec workgroup for weight kind `kind` (vk_weight_kind). */
+static inline uint32_t vk_matvec_rows(const struct vk_pipelines *p, int kind) {
+    return kind >= 4 && kind <= 7 ? p->matvec_nr_q : p->matvec_nr;
+}
 
 /* ---- the control block (matches Ctl in shaders/common.glsl) ---- */
 

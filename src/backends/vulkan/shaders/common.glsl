@@ -34,7 +34,25 @@ layout(buffer_reference, std430, buffer_reference_align = 16) buffer Ctl {
 #define CTL_STOP_EOS 2u
 #define CTL_STOP_CONTEXT 3u
 
-/* Weights: rows padded to a multiple of 8 elements; load8 reads elements 8c .. 8c+7. */
+/* Weights. A row is read in units: a unit is UG groups of 8 consecutive weights (one group
+ * for the float types and Q8_0, more where a block's bytes interleave distant weights, as
+ * the low and high nibbles of Q4_K do), and every weight of a row belongs to exactly one unit.
+ *   unit_pos(u, g)          the row element where group g of unit u starts
+ *   unit_load(w, row, U, u, qa, qb, so)
+ *                           group g's weights are so[g].x * (qa[g], qb[g]) + so[g].y
+ * U = units per row. Rows are padded (with zero weights) to Kp elements: a multiple of 8 for
+ * the float types, 128 for Q8_0, 256 for the K-quants and the legacy 32-blocks (which are
+ * repacked on upload in super-blocks of 8). */
+vec4 nib_lo(uint u) { return vec4((uvec4(u) >> uvec4(0u, 8u, 16u, 24u)) & 15u); }
+vec4 nib_hi(uint u) { return vec4((uvec4(u) >> uvec4(4u, 12u, 20u, 28u)) & 15u); }
+/* bits s .. s+3 of x, each as 0.0 or 1.0 */
+vec4 bits4(uint x, uint s) { return vec4((uvec4(x >> s) >> uvec4(0u, 1u, 2u, 3u)) & 1u); }
+/* bit b of each byte of u */
+vec4 bytebit(uint u, uint b) { return vec4((uvec4(u) >> (uvec4(0u, 8u, 16u, 24u) + b)) & 1u); }
+
+#if defined(W_F32) || defined(W_F16) || defined(W_BF16) || defined(W_Q8_0)
+#define UG 1
+/* load8 reads elements 8c .. 8c+7 of the (padded) matrix */
 #if defined(W_F32)
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer W { vec4 v[]; };
 void load8(W w, uint c, out vec4 a, out vec4 b) {
@@ -70,5 +88,152 @@ void load8(W w, uint c, out vec4 a, out vec4 b) {
     float d = unpackHalf2x16((i & 8u) != 0u ? sc.y : sc.x)[(i >> 2u) & 1u];
     a = i8x4(q.x) * d;
     b = i8x4(q.y) * d;
+}
+#endif
+uint unit_pos(uint u, uint g) { return 8u * u; }
+void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], out vec2 so[UG]) {
+    load8(w, row * U + u, qa[0], qb[0]);
+    so[0] = vec2(1.0, 0.0);
+}
+
+#elif defined(W_Q4_K) || defined(W_Q5_K)
+/* GGUF's blocks of 256 (16-byte aligned: Q4_K 144 bytes, Q5_K 176): d, dmin (f16), 12 bytes
+ * of 6-bit sub-block scales and mins (re-encoded on upload: scales_pair), [Q5_K: 32 bytes of
+ * fifth bits], 128 bytes of
+ * nibbles; byte l of a 32-byte run holds weight l (low nibble) and l + 32 (high nibble) of its
+ * 64-weight group. A unit is 8 nibble bytes: 16 weights in two sub-blocks of 32. */
+#define UG 2
+#if defined(W_Q4_K)
+#define BLK 18u /* uvec2 per block */
+#define QS 2u
+#else
+#define BLK 22u
+#define QS 6u
+#endif
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer W { uvec2 v[]; };
+uint unit_pos(uint u, uint g) {
+    uint k = u & 15u;
+    return (u >> 4u) * 256u + (k >> 2u) * 64u + g * 32u + (k & 3u) * 8u;
+}
+/* scale and min of sub-blocks 2j and 2j+1 (sc0, m0, sc1, m1), from the header as re-encoded on
+ * upload (vulkan.c pack_k_scales) */
+uvec4 scales_pair(uvec2 h0, uvec2 h1, uint j) {
+    uint lo = ((j < 2u ? h0.y : h1.x) >> (16u * (j & 1u))) & 0xFFFFu;
+    uint f = lo | (((h1.y >> (8u * j)) & 0xFFu) << 16u);
+    return (uvec4(f) >> uvec4(0u, 6u, 12u, 18u)) & 63u;
+}
+void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], out vec2 so[UG]) {
+    uint base = (row * (U >> 4u) + (u >> 4u)) * BLK, k = u & 15u, j = k >> 2u;
+    uvec2 h0 = w.v[base], h1 = w.v[base + 1u], q = w.v[base + QS + k];
+    vec2 dm = unpackHalf2x16(h0.x);
+    vec4 sm = vec4(scales_pair(h0, h1, j));
+    so[0] = vec2(dm.x * sm.x, -dm.y * sm.y);
+    so[1] = vec2(dm.x * sm.z, -dm.y * sm.w);
+    qa[0] = nib_lo(q.x);
+    qb[0] = nib_lo(q.y);
+    qa[1] = nib_hi(q.x);
+    qb[1] = nib_hi(q.y);
+#if defined(W_Q5_K)
+    uvec2 h = w.v[base + 2u + (k & 3u)]; /* fifth bits of the same 8 byte positions */
+    qa[0] += 16.0 * bytebit(h.x, 2u * j);
+    qb[0] += 16.0 * bytebit(h.y, 2u * j);
+    qa[1] += 16.0 * bytebit(h.x, 2u * j + 1u);
+    qb[1] += 16.0 * bytebit(h.y, 2u * j + 1u);
+#endif
+}
+
+#elif defined(W_Q6_K)
+/* Q6_K blocks (210 bytes in GGUF) padded on upload to 224 bytes, 16-byte aligned: ql[128],
+ * qh[64], scales[16] (int8), d (f16). Each half of 128 weights: ql byte l holds weights l
+ * (low) and l + 64 (high), ql byte l + 32 weights l + 32 and l + 96, qh byte l their top two
+ * bits (0-1, 2-3, 4-5, 6-7 for l, l + 32, l + 64, l + 96); a scale per 16 weights. A unit is 8
+ * positions l: 32 weights. */
+#define UG 4
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer W { uvec2 v[]; };
+uint unit_pos(uint u, uint g) {
+    uint k = u & 7u;
+    return (u >> 3u) * 256u + (k >> 2u) * 128u + g * 32u + (k & 3u) * 8u;
+}
+vec4 q6(uint l, uint lsh, uint h, uint hsh) {
+    uvec4 lo = (uvec4(l) >> (uvec4(0u, 8u, 16u, 24u) + lsh)) & 15u;
+    uvec4 hi = (uvec4(h) >> (uvec4(0u, 8u, 16u, 24u) + hsh)) & 3u;
+    return vec4(lo | (hi << 4u)) - 32.0;
+}
+void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], out vec2 so[UG]) {
+    uint base = (row * (U >> 3u) + (u >> 3u)) * 28u, k = u & 7u, hf = k >> 2u, l8 = k & 3u;
+    uvec2 lo = w.v[base + hf * 8u + l8], hi = w.v[base + hf * 8u + 4u + l8];
+    uvec2 qh = w.v[base + 16u + hf * 4u + l8], sv = w.v[base + 24u + hf];
+    float d = unpackHalf2x16(w.v[base + 26u].x).x;
+    uint is = l8 >> 1u;
+    for (uint g = 0u; g < 4u; g++) {
+        uint i = is + 2u * g;
+        so[g] = vec2(d * float(bitfieldExtract(int(i < 4u ? sv.x : sv.y), int(8u * (i & 3u)), 8)), 0.0);
+    }
+    qa[0] = q6(lo.x, 0u, qh.x, 0u);
+    qb[0] = q6(lo.y, 0u, qh.y, 0u);
+    qa[1] = q6(hi.x, 0u, qh.x, 2u);
+    qb[1] = q6(hi.y, 0u, qh.y, 2u);
+    qa[2] = q6(lo.x, 4u, qh.x, 4u);
+    qb[2] = q6(lo.y, 4u, qh.y, 4u);
+    qa[3] = q6(hi.x, 4u, qh.x, 6u);
+    qb[3] = q6(hi.y, 4u, qh.y, 6u);
+}
+
+#elif defined(W_Q4_0) || defined(W_Q4_1) || defined(W_Q5_0) || defined(W_Q5_1)
+/* The 32-weight blocks, repacked on upload in super-blocks of 8 blocks (256 weights, the
+ * same bytes as the file, 16-byte aligned): the 8 blocks' 16 nibble bytes, [Q5: their 8
+ * 32-bit fifth-bit words], their 8 f16 scales d, [Q4_1/Q5_1: their 8 f16 mins m]. Nibble byte
+ * i of a block holds weight i (low) and i + 16 (high). A unit is 8 nibble bytes: 16 weights. */
+#define UG 2
+#if defined(W_Q4_0)
+#define BLK 18u
+#define QH 0u
+#define QD 16u
+#elif defined(W_Q4_1)
+#define BLK 20u
+#define QH 0u
+#define QD 16u
+#define QM 18u
+#elif defined(W_Q5_0)
+#define BLK 22u
+#define QH 16u
+#define QD 20u
+#else
+#define BLK 24u
+#define QH 16u
+#define QD 20u
+#define QM 22u
+#endif
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer W { uvec2 v[]; };
+uint unit_pos(uint u, uint g) {
+    uint k = u & 15u;
+    return (u >> 4u) * 256u + (k >> 1u) * 32u + g * 16u + (k & 1u) * 8u;
+}
+float half_at(uvec2 v, uint i) { return unpackHalf2x16((i & 2u) != 0u ? v.y : v.x)[i & 1u]; }
+void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], out vec2 so[UG]) {
+    uint base = (row * (U >> 4u) + (u >> 4u)) * BLK, k = u & 15u, b = k >> 1u, hf = k & 1u;
+    uvec2 q = w.v[base + k];
+    float d = half_at(w.v[base + QD + (b >> 2u)], b & 3u);
+    qa[0] = nib_lo(q.x);
+    qb[0] = nib_lo(q.y);
+    qa[1] = nib_hi(q.x);
+    qb[1] = nib_hi(q.y);
+#if defined(W_Q5_0) || defined(W_Q5_1)
+    uvec2 hv = w.v[base + QH + (b >> 1u)];
+    uint h = (b & 1u) != 0u ? hv.y : hv.x, s = hf * 8u;
+    qa[0] += 16.0 * bits4(h, s);
+    qb[0] += 16.0 * bits4(h, s + 4u);
+    qa[1] += 16.0 * bits4(h, s + 16u);
+    qb[1] += 16.0 * bits4(h, s + 20u);
+#endif
+#if defined(W_Q4_1) || defined(W_Q5_1)
+    float m = half_at(w.v[base + QM + (b >> 2u)], b & 3u);
+#elif defined(W_Q4_0)
+    float m = -8.0 * d;
+#else
+    float m = -16.0 * d;
+#endif
+    so[0] = vec2(d, m);
+    so[1] = vec2(d, m);
 }
 #endif

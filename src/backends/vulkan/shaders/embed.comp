@@ -13,11 +13,15 @@ layout(push_constant) uniform PC {
 
 void main() {
     if (pc.ctl.stop != 0u) return;
-    uint tok = pc.ctl.token;
-    for (uint c = gl_LocalInvocationID.x; c < pc.Kp8; c += gl_WorkGroupSize.x) {
-        vec4 a, b;
-        load8(pc.w, tok * pc.Kp8 + c, a, b);
-        pc.out_.v[2 * c] = a;
-        pc.out_.v[2 * c + 1] = b;
+    uint tok = pc.ctl.token, U = pc.Kp8 / UG;
+    for (uint u = gl_LocalInvocationID.x; u < U; u += gl_WorkGroupSize.x) {
+        vec4 qa[UG], qb[UG];
+        vec2 so[UG];
+        unit_load(pc.w, tok, U, u, qa, qb, so);
+        for (uint k = 0; k < UG; k++) {
+            uint p = unit_pos(u, k) >> 2u;
+            pc.out_.v[p] = qa[k] * so[k].x + so[k].y;
+            pc.out_.v[p + 1u] = qb[k] * so[k].x + so[k].y;
+        }
     }
 }

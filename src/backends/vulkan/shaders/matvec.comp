@@ -4,8 +4,8 @@
  *   x may be RMS-normalised on the fly (norm -> projection): dot(W, x * w) / rms(x)
  *   out = res + W · x                 (the residual add folded into the projection)
  *   out = silu(W0 · x) * (W1 · x)     (MODE 1: gate/up -> SwiGLU)
- * K = input width (Kp = K rounded up to 8, the row stride; x is zero past K).
- * Each workgroup computes NR consecutive rows; its threads split K in chunks of 8. */
+ * K = input width (Kp = the rows' padded length, common.glsl; x is zero past K).
+ * Each workgroup computes NR consecutive rows; its threads split K in units (common.glsl). */
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
@@ -40,27 +40,41 @@ void main() {
     for (uint r = 0; r < NA; r++) acc[r] = 0.0;
     float ss = 0.0;
     bool norm = (pc.flags & 1u) != 0u;
-    for (uint c = gl_LocalInvocationID.x; c < pc.Kp8; c += gl_WorkGroupSize.x) {
-        vec4 xa = pc.x.v[2 * c], xb = pc.x.v[2 * c + 1];
-        if (norm) {
-            ss += dot(xa, xa) + dot(xb, xb);
-            xa *= pc.normw.v[2 * c];
-            xb *= pc.normw.v[2 * c + 1];
+    /* a thread takes units of the rows (UG groups of 8 weights each, common.glsl); the x values
+     * of a unit are loaded (and normalised) once for all the workgroup's rows */
+    uint U = pc.Kp8 / UG;
+    for (uint u = gl_LocalInvocationID.x; u < U; u += gl_WorkGroupSize.x) {
+        vec4 xa[UG], xb[UG];
+        float xs[UG];
+        for (uint k = 0; k < UG; k++) {
+            uint p = unit_pos(u, k) >> 2u;
+            xa[k] = pc.x.v[p];
+            xb[k] = pc.x.v[p + 1u];
+            if (norm) {
+                ss += dot(xa[k], xa[k]) + dot(xb[k], xb[k]);
+                xa[k] *= pc.normw.v[p];
+                xb[k] *= pc.normw.v[p + 1u];
+            }
+            xs[k] = dot(xa[k] + xb[k], vec4(1.0));
         }
         for (uint r = 0; r < NR; r++) {
             uint g = row0 + r;
             if (g >= total) break;
-            vec4 wa, wb;
+            vec4 qa[UG], qb[UG];
+            vec2 so[UG];
             if (MODE == 1u) {
-                load8(pc.w0, g * pc.Kp8 + c, wa, wb);
-                acc[r] += dot(wa, xa) + dot(wb, xb);
-                load8(pc.w1, g * pc.Kp8 + c, wa, wb);
-                acc[NR + r] += dot(wa, xa) + dot(wb, xb);
+                unit_load(pc.w0, g, U, u, qa, qb, so);
+                for (uint k = 0; k < UG; k++)
+                    acc[r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
+                unit_load(pc.w1, g, U, u, qa, qb, so);
+                for (uint k = 0; k < UG; k++)
+                    acc[NR + r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
             } else {
-                if (g < pc.rows0) load8(pc.w0, g * pc.Kp8 + c, wa, wb);
-                else if (g < pc.rows0 + pc.rows1) load8(pc.w1, (g - pc.rows0) * pc.Kp8 + c, wa, wb);
-                else load8(pc.w2, (g - pc.rows0 - pc.rows1) * pc.Kp8 + c, wa, wb);
-                acc[r] += dot(wa, xa) + dot(wb, xb);
+                if (g < pc.rows0) unit_load(pc.w0, g, U, u, qa, qb, so);
+                else if (g < pc.rows0 + pc.rows1) unit_load(pc.w1, g - pc.rows0, U, u, qa, qb, so);
+                else unit_load(pc.w2, g - pc.rows0 - pc.rows1, U, u, qa, qb, so);
+                for (uint k = 0; k < UG; k++)
+                    acc[r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
             }
         }
     }
