@@ -389,9 +389,15 @@ static bool vk_failed(struct backend *base, char *why, size_t cap) {
     return b->d->lost;
 }
 
+static void vk_memory(struct backend *base, uint64_t *now, uint64_t *peak) {
+    struct vk_backend *b = (struct vk_backend *)base;
+    *now = b->d->mem_now;
+    *peak = b->d->mem_peak;
+}
+
 static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
-    vk_failed,
+    vk_failed, vk_memory,
 };
 
 anvil_status backend_vulkan_create(int device, struct backend **out) {

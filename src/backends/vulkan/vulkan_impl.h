@@ -46,6 +46,8 @@ struct vk_device {
     /* ANVIL_VK_FAULT=KIND:N makes the N-th submit (lost, hang) or device allocation (oom)
      * fail as a real device would: for testing the failure paths */
     int fault_kind, fault_at, n_submits, n_allocs;
+    /* device-local memory allocated now, and the most at once (anvil_session_memory) */
+    VkDeviceSize mem_now, mem_peak;
 };
 enum { VK_FAULT_NONE, VK_FAULT_LOST, VK_FAULT_HANG, VK_FAULT_OOM };
 
@@ -77,6 +79,7 @@ struct vk_buffer {
     VkDeviceSize size;
     VkDeviceAddress addr;
     void *map; /* host-visible buffers: mapped for their lifetime */
+    VkDeviceSize counted; /* bytes of device-local memory it adds to mem_now */
 };
 
 enum vk_mem_kind {
