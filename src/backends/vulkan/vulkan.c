@@ -92,6 +92,40 @@ static void pack_q6_k(const uint8_t *in, int b, uint8_t *sb) {
     (void)b;
     memcpy(sb, in, 210);
 }
+/* Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins re-encoded for a cheap decode of a
+ * pair of sub-blocks (common.glsl scales_pair): f_j = sc(2j) | m(2j) << 6 | sc(2j+1) << 12 |
+ * m(2j+1) << 18; words A = f_0, f_1 low halves, B = f_2, f_3 low halves, C = their top bytes. */
+static void k4_scale_min(int j, const uint8_t *q, uint32_t *sc, uint32_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+static void pack_k_scales(const uint8_t *in, uint8_t *out) {
+    uint32_t f[4];
+    for (int j = 0; j < 4; j++) {
+        uint32_t s0, m0, s1, m1;
+        k4_scale_min(2 * j, in + 4, &s0, &m0);
+        k4_scale_min(2 * j + 1, in + 4, &s1, &m1);
+        f[j] = s0 | m0 << 6 | s1 << 12 | m1 << 18;
+    }
+    uint32_t w[3] = {(f[0] & 0xFFFF) | (f[1] & 0xFFFF) << 16, (f[2] & 0xFFFF) | (f[3] & 0xFFFF) << 16,
+                     (f[0] >> 16) | (f[1] >> 16) << 8 | (f[2] >> 16) << 16 | (f[3] >> 16) << 24};
+    for (int i = 0; i < 12; i++) out[4 + i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
+}
+static void pack_q4_k(const uint8_t *in, int b, uint8_t *sb) {
+    (void)b;
+    memcpy(sb, in, 144);
+    pack_k_scales(in, sb);
+}
+static void pack_q5_k(const uint8_t *in, int b, uint8_t *sb) {
+    (void)b;
+    memcpy(sb, in, 176);
+    pack_k_scales(in, sb);
+}
 /* The 32-weight blocks, 8 to a super-block: nibbles, [fifth bits], d, [m]. */
 static void pack_q4_0(const uint8_t *in, int b, uint8_t *sb) { /* d, qs[16] */
     memcpy(sb + b * 16, in + 2, 16);
@@ -123,8 +157,8 @@ static const struct vk_layout layouts[VK_WEIGHT_KINDS] = {
     {DT_Q4_1, 256, 160, 8, 20, pack_q4_1},
     {DT_Q5_0, 256, 176, 8, 22, pack_q5_0},
     {DT_Q5_1, 256, 192, 8, 24, pack_q5_1},
-    {DT_Q4_K, 256, 144, 1, 144, NULL},
-    {DT_Q5_K, 256, 176, 1, 176, NULL},
+    {DT_Q4_K, 256, 144, 1, 144, pack_q4_k},
+    {DT_Q5_K, 256, 176, 1, 176, pack_q5_k},
     {DT_Q6_K, 256, 224, 1, 210, pack_q6_k},
 };
 
@@ -444,9 +478,15 @@ static bool vk_failed(struct backend *base, char *why, size_t cap) {
     return b->d->lost;
 }
 
+static void vk_memory(struct backend *base, uint64_t *now, uint64_t *peak) {
+    struct vk_backend *b = (struct vk_backend *)base;
+    *now = b->d->mem_now;
+    *peak = b->d->mem_peak;
+}
+
 static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
-    vk_failed,
+    vk_failed, vk_memory,
 };
 
 anvil_status backend_vulkan_create(int device, struct backend **out) {

@@ -30,6 +30,7 @@ struct vk_device {
     VkCommandPool pool;
     VkSemaphore timeline; /* signalled with ++timeline_value by every submit */
     uint64_t timeline_value;
+    uint64_t submitted_value; /* the last value a real vkQueueSubmit will signal */
     int index; /* in enumeration order */
     /* validation messages (errors, warnings): the process's count when this device was
      * created; any message after that makes the backend's next call fail */
@@ -45,6 +46,8 @@ struct vk_device {
     /* ANVIL_VK_FAULT=KIND:N makes the N-th submit (lost, hang) or device allocation (oom)
      * fail as a real device would: for testing the failure paths */
     int fault_kind, fault_at, n_submits, n_allocs;
+    /* device-local memory allocated now, and the most at once (anvil_session_memory) */
+    VkDeviceSize mem_now, mem_peak;
 };
 enum { VK_FAULT_NONE, VK_FAULT_LOST, VK_FAULT_HANG, VK_FAULT_OOM };
 
@@ -76,6 +79,7 @@ struct vk_buffer {
     VkDeviceSize size;
     VkDeviceAddress addr;
     void *map; /* host-visible buffers: mapped for their lifetime */
+    VkDeviceSize counted; /* bytes of device-local memory it adds to mem_now */
 };
 
 enum vk_mem_kind {

@@ -59,6 +59,12 @@ static void test_against_cpu(void **state) {
         assert_int_equal(anvil_model_open(spec, NULL, &m), ANVIL_OK);
         anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
         assert_string_equal(anvil_session_backend_name(vk), "vulkan");
+        /* memory: the GPU's allocations (weights, cache, arena) on Vulkan, none on the CPU */
+        anvil_memory_stats mc, mv;
+        assert_int_equal(anvil_session_memory(cpu, &mc), ANVIL_OK);
+        assert_int_equal(anvil_session_memory(vk, &mv), ANVIL_OK);
+        assert_true(mc.device_bytes == 0 && mc.device_peak_bytes == 0 && mc.host_peak_bytes > 0);
+        assert_true(mv.device_bytes > 0 && mv.device_peak_bytes >= mv.device_bytes);
         int V = anvil_model_vocab_size(m);
         /* 7 prompt tokens: every row's logits */
         int32_t prompt[7] = {3, 141, 59, 26, 5, 358, 97};
