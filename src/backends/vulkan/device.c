@@ -463,7 +463,10 @@ anvil_status vk_submit(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t
     VkResult r;
     bool fault = ++d->n_submits == d->fault_at;
     if (fault && d->fault_kind == VK_FAULT_LOST) r = VK_ERROR_DEVICE_LOST;
-    else if (fault && d->fault_kind == VK_FAULT_HANG) r = VK_SUCCESS; /* never signals */
+    else if (fault && d->fault_kind == VK_FAULT_HANG) {
+        r = VK_SUCCESS; /* never signals */
+        d->hang_injected = true;
+    }
     else {
         r = vkQueueSubmit(d->queue, 1, &si, VK_NULL_HANDLE);
         if (r == VK_SUCCESS) d->submitted_value = v;
@@ -497,7 +500,8 @@ anvil_status vk_wait(struct vk_device *d, uint64_t value) {
 }
 
 void vk_idle(struct vk_device *d) {
-    if (!d->hung) {
+    /* an injected hang submitted nothing: the device does become idle */
+    if (!d->hung || d->hang_injected) {
         vkDeviceWaitIdle(d->dev);
         return;
     }

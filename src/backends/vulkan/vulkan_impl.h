@@ -46,6 +46,7 @@ struct vk_device {
     /* ANVIL_VK_FAULT=KIND:N makes the N-th submit (lost, hang) or device allocation (oom)
      * fail as a real device would: for testing the failure paths */
     int fault_kind, fault_at, n_submits, n_allocs;
+    bool hang_injected;
     /* device-local memory allocated now, and the most at once (anvil_session_memory) */
     VkDeviceSize mem_now, mem_peak;
 };
