@@ -16,6 +16,15 @@
  *   matmul -> add                the residual add in the matvec's store
  *   q/k rms_norm -> rope -> KV write -> attention   one dispatch, split over the
  *                                sequence, merged by the last workgroup of each kv head
+ *   MoE                          router matvec (grouped with the shared expert's gate
+ *                                logit), top-k kernel -> routing buffer, experts' gate/up ->
+ *                                SwiGLU, experts' down summed (+ the shared expert as one more,
+ *                                weighted by sigmoid of its logit, + the residual)
+ *   Gated DeltaNet -> gated RMSNorm * silu(z)       one dispatch per layer (gdn.comp); the
+ *                                conv's past inputs live in a ring in the arena, not in the
+ *                                graph's conv state (which the program leaves unused)
+ *   anything else (the gated attention's sigmoid gate, unmatched add / swiglu / rms_norm)
+ *                                the element-wise kernel (ew.comp)
  */
 #include <math.h>
 #include <stdio.h>

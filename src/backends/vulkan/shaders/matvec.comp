@@ -50,41 +50,52 @@ void main() {
     /* a thread takes units of the rows (UG groups of 8 weights each, common.glsl); the x values
      * of a unit are loaded (and normalised) once for all the workgroup's rows */
     uint U = pc.Kp8 / UG;
-    /* MODE 3 with flags & 4: one more expert, the shared one (weights w1, input normw, Kp8 in
-     * K, weight sigmoid(o2[0])) */
-    uint NS = MODE == 3u ? pc.rows1 + ((pc.flags & 4u) != 0u ? 1u : 0u) : 1u;
-    for (uint s = 0; s < NS; s++) {
-        /* the expert's first row, its routing weight, where its input starts (in vec4s) */
-        uint rbase = 0u, xoff = 0u, Us = U;
-        float pw = 1.0;
-        bool shx = MODE == 3u && s == pc.rows1;
-        Vec4s xv = shx ? pc.normw : pc.x;
-        W wv = shx ? pc.w1 : pc.w0;
-        if (MODE == 2u) {
-            rbase = floatBitsToUint(pc.o1.v[gl_WorkGroupID.y]) * pc.rows0;
-        } else if (shx) {
-            pw = 1.0 / (1.0 + exp(-pc.o2.v[0]));
-            Us = pc.K / UG;
-        } else if (MODE == 3u) {
-            rbase = floatBitsToUint(pc.o1.v[s]) * pc.rows0;
-            pw = pc.o1.v[64u + s];
-            xoff = s * (pc.rows2 >> 2u);
-        }
-        for (uint u = gl_LocalInvocationID.x; u < Us; u += gl_WorkGroupSize.x) {
+    if (MODE == 3u) {
+        /* the experts' (s, unit) pairs flattened over the threads (an expert's row is short);
+         * with flags & 4 one more expert, the shared one: weights w1, input normw, Kp8 in K,
+         * weight sigmoid(o2[0]) */
+        uint nE = pc.rows1, Ush = (pc.flags & 4u) != 0u ? pc.K / UG : 0u;
+        float psh = Ush > 0u ? 1.0 / (1.0 + exp(-pc.o2.v[0])) : 0.0;
+        for (uint idx = gl_LocalInvocationID.x; idx < nE * U + Ush; idx += gl_WorkGroupSize.x) {
+            bool shx = idx >= nE * U;
+            uint s = shx ? nE : idx / U, u = shx ? idx - nE * U : idx % U;
+            uint Us = shx ? Ush : U;
+            uint rbase = shx ? 0u : floatBitsToUint(pc.o1.v[s]) * pc.rows0;
+            float pw = shx ? psh : pc.o1.v[64u + s];
+            uint xoff = shx ? 0u : s * (pc.rows2 >> 2u);
+            Vec4s xv = shx ? pc.normw : pc.x;
+            W wv = shx ? pc.w1 : pc.w0;
             vec4 xa[UG], xb[UG];
             float xs[UG];
             for (uint k = 0; k < UG; k++) {
                 uint p = (unit_pos(u, k) >> 2u) + xoff;
-                xa[k] = xv.v[p];
-                xb[k] = xv.v[p + 1u];
+                xa[k] = xv.v[p] * pw;
+                xb[k] = xv.v[p + 1u] * pw;
+                xs[k] = dot(xa[k] + xb[k], vec4(1.0));
+            }
+            for (uint r = 0; r < NR; r++) {
+                uint g = row0 + r;
+                if (g >= total) break;
+                vec4 qa[UG], qb[UG];
+                vec2 so[UG];
+                unit_load(wv, rbase + g, Us, u, qa, qb, so);
+                for (uint k = 0; k < UG; k++)
+                    acc[r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
+            }
+        }
+    } else {
+        uint rbase = MODE == 2u ? floatBitsToUint(pc.o1.v[gl_WorkGroupID.y]) * pc.rows0 : 0u;
+        for (uint u = gl_LocalInvocationID.x; u < U; u += gl_WorkGroupSize.x) {
+            vec4 xa[UG], xb[UG];
+            float xs[UG];
+            for (uint k = 0; k < UG; k++) {
+                uint p = unit_pos(u, k) >> 2u;
+                xa[k] = pc.x.v[p];
+                xb[k] = pc.x.v[p + 1u];
                 if (norm) {
                     ss += dot(xa[k], xa[k]) + dot(xb[k], xb[k]);
                     xa[k] *= pc.normw.v[p];
                     xb[k] *= pc.normw.v[p + 1u];
-                }
-                if (MODE == 3u) {
-                    xa[k] *= pw;
-                    xb[k] *= pw;
                 }
                 xs[k] = dot(xa[k] + xb[k], vec4(1.0));
             }
@@ -101,8 +112,7 @@ void main() {
                     for (uint k = 0; k < UG; k++)
                         acc[NR + r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
                 } else {
-                    if (MODE == 3u) unit_load(wv, rbase + g, Us, u, qa, qb, so);
-                    else if (g < pc.rows0) unit_load(pc.w0, g, U, u, qa, qb, so);
+                    if (g < pc.rows0) unit_load(pc.w0, g, U, u, qa, qb, so);
                     else if (g < pc.rows0 + pc.rows1) unit_load(pc.w1, g - pc.rows0, U, u, qa, qb, so);
                     else unit_load(pc.w2, g - pc.rows0 - pc.rows1, U, u, qa, qb, so);
                     for (uint k = 0; k < UG; k++)
