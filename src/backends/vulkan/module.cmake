@@ -32,7 +32,8 @@ set(ANVIL_SHADER_VARIANTS
   "matvec_dot_q4_k matvec_dot.comp -DW_Q4_K"
   "matvec_dot_q5_k matvec_dot.comp -DW_Q5_K"
   "attention attention.comp -DANVIL"
-  "argmax argmax.comp -DANVIL")
+  "argmax argmax.comp -DANVIL"
+  "sample sample.comp -DANVIL")
 set(ANVIL_SHADER_INCS)
 file(GLOB ANVIL_SHADER_DEPS CONFIGURE_DEPENDS ${ANVIL_VK_DIR}/shaders/*.glsl ${ANVIL_VK_DIR}/shaders/*.comp)
 foreach(v ${ANVIL_SHADER_VARIANTS})

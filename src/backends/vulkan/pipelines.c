@@ -89,6 +89,9 @@ static const uint32_t spv_attention[] =
 static const uint32_t spv_argmax[] =
 #include "shaders/argmax.inc"
     ;
+static const uint32_t spv_sample[] =
+#include "shaders/sample.inc"
+    ;
 
 #define SPV(a) a, sizeof a
 
@@ -136,6 +139,7 @@ static const struct {
     [K_MATVEC_SWIGLU_DOT_Q5_K] = {SPV(spv_matvec_dot_q5_k), "matvec_swiglu_dot_q5_k"},
     [K_ATTENTION] = {SPV(spv_attention), "attention"},
     [K_ARGMAX] = {SPV(spv_argmax), "argmax"},
+    [K_SAMPLE] = {SPV(spv_sample), "sample"},
 };
 
 static void cache_path(struct vk_device *d, char *out, size_t cap) {

@@ -137,6 +137,7 @@ enum vk_kernel {
     K_MATVEC_DOT_Q4_K, K_MATVEC_DOT_Q5_K, K_MATVEC_SWIGLU_DOT_Q4_K, K_MATVEC_SWIGLU_DOT_Q5_K,
     K_ATTENTION,
     K_ARGMAX,
+    K_SAMPLE,
     K_COUNT,
 };
 
@@ -173,7 +174,10 @@ struct vk_ctl {
     uint32_t token, pos, stop, n_out, budget, n_feed, feed_idx, n_ctx, n_eos, eos_hit, steps;
     uint32_t pad[5];
     uint32_t eos[16];
-    uint32_t data[]; /* [n_ctx] feed, [n_ctx] generated */
+    /* the sampling chain's parameters (struct sampling_params), set per request */
+    float s_inv_temp, s_rp, s_inv_rp, s_presence, s_frequency, s_top_p, s_min_p;
+    uint32_t s_greedy, s_penalties, s_K, s_window, s_seed_lo, s_seed_hi, s_pad[3];
+    uint32_t data[]; /* [n_ctx] feed, [n_ctx] generated, [n_ctx] history (token at each position) */
 };
 #define CTL_STOP_BUDGET 1
 #define CTL_STOP_EOS 2
