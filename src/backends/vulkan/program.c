@@ -82,6 +82,7 @@ struct vk_program {
     struct vk_dispatch sample_op;
     VkCommandBuffer cb_batch_s, cb_single_s;
     VkCommandBuffer cb_prof;   /* ANVIL_VK_PROFILE=1: one step with a timestamp per kernel */
+    VkCommandBuffer cb_prof_s; /* and the sampling kernel alone, between two timestamps */
     VkQueryPool queries;
     struct vk_stats stats;
 };
@@ -434,10 +435,27 @@ static void record_copy_logits(struct vk_program *p, VkCommandBuffer cb) {
 static anvil_status record_profile(struct vk_program *p) {
     struct vk_device *d = p->b->d;
     VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
-                                .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = (uint32_t)p->n_ops + 1};
+                                .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = (uint32_t)p->n_ops + 3};
     anvil_status st = vk_result(vkCreateQueryPool(d->dev, &qi, NULL, &p->queries), "vkCreateQueryPool");
     if (st == ANVIL_OK) st = vk_cmd_alloc(d, &p->cb_prof);
+    if (st == ANVIL_OK) st = vk_cmd_alloc(d, &p->cb_prof_s);
     if (st != ANVIL_OK) return st;
+    {
+        VkCommandBufferBeginInfo bs = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL, 0, NULL};
+        VkCommandBuffer c = p->cb_prof_s;
+        uint32_t q = (uint32_t)p->n_ops + 1;
+        vkBeginCommandBuffer(c, &bs);
+        vkCmdResetQueryPool(c, p->queries, q, 2);
+        barrier(c, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+        vkCmdWriteTimestamp(c, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, q);
+        vkCmdBindPipeline(c, VK_PIPELINE_BIND_POINT_COMPUTE, p->b->pl.p[K_SAMPLE]);
+        vkCmdPushConstants(c, p->b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, p->sample_op.push_size,
+                           p->sample_op.push);
+        vkCmdDispatch(c, p->sample_op.gx, 1, 1);
+        vkCmdWriteTimestamp(c, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, q + 1);
+        barrier(c, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+        if ((st = vk_result(vkEndCommandBuffer(c), "vkEndCommandBuffer")) != ANVIL_OK) return st;
+    }
     VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL, 0, NULL};
     VkCommandBuffer cb = p->cb_prof;
     vkBeginCommandBuffer(cb, &bi);
@@ -600,9 +618,9 @@ void vk_program_destroy(struct vk_program *p) {
     if (!p) return;
     struct vk_device *d = p->b->d;
     vk_idle(d);
-    VkCommandBuffer cbs[7] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single, p->cb_prof, p->cb_batch_s,
-                              p->cb_single_s};
-    for (int i = 0; i < 7; i++)
+    VkCommandBuffer cbs[8] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single, p->cb_prof, p->cb_batch_s,
+                              p->cb_single_s, p->cb_prof_s};
+    for (int i = 0; i < 8; i++)
         if (cbs[i]) vkFreeCommandBuffers(d->dev, d->pool, 1, &cbs[i]);
     if (p->queries) vkDestroyQueryPool(d->dev, p->queries, NULL);
     vk_buffer_destroy(d, &p->arena);
@@ -899,6 +917,28 @@ size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
         OUT("  top: #%d %s grid %ux%u: %.1f us\n", best, kernel_names[p->ops[best].k], p->ops[best].gx,
             p->ops[best].gy, ns[best] / 1e3);
         ns[best] = -1;
+    }
+    /* the sampling variant's last kernel instead of the argmax, on the same logits */
+    static const struct { const char *what; int K, window; float top_p, rp; } cfg[] = {
+        {"top-k 20, top-p 0.95", 20, 0, 0.95f, 1.0f},
+        {"no top-k (K 256), top-p 0.95, repeat penalty over 64", 256, 64, 0.95f, 1.1f},
+    };
+    for (size_t c = 0; c < sizeof cfg / sizeof *cfg; c++) {
+        struct sampling_params sp = {0, cfg[c].rp != 1.0f, 1.0f / 0.7f, cfg[c].rp, 1.0f / cfg[c].rp, 0, 0,
+                                     cfg[c].top_p, 0, cfg[c].K, cfg[c].window, 42};
+        double sum = 0;
+        for (int r = 0; r < reps; r++) {
+            ctl_reset(p, 1, pos);
+            ((volatile struct vk_ctl *)p->ctl.map)->budget = 1000;
+            ctl_set_sampling(p->ctl.map, p->V, &sp);
+            uint64_t v, t2[2];
+            if (vk_submit(d, &p->cb_prof_s, 1, &v) != ANVIL_OK || vk_wait(d, v) != ANVIL_OK) goto out;
+            if (vkGetQueryPoolResults(d->dev, p->queries, (uint32_t)n + 1, 2, sizeof t2, t2, 8,
+                                      VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT) != VK_SUCCESS)
+                goto out;
+            if (r >= 2) sum += (double)(t2[1] - t2[0]) * d->props.limits.timestampPeriod;
+        }
+        OUT("  sample (sampling variant, instead of argmax; %s): %.1f us\n", cfg[c].what, sum / (reps - 2) / 1e3);
     }
 out:
     free(ts);
