@@ -1,10 +1,13 @@
 /*
- * anvil bench [-m MODEL] [-p 512] [-n 128] [-r 5] [-o md|json]
+ * anvil bench [-m MODEL] [-p 512] [-n 128] [-r 5] [-o md|json] [--temp T --top-k K --top-p P
+ *             --min-p P --repeat-penalty R --seed S]
  *
  * llama-bench's two tests: pp (prompt processing: one prefill of P tokens) and tg (text
  * generation: N single-token decode steps), each repeated r times after an untimed warm-up,
  * reported as tokens/s mean ± stddev. tg also reports ms/token and the weight bytes streamed
  * per second (those one decode step reads: the used experts of an MoE, one embedding row). With no -m it benchmarks synthetic:qwen3-0.6b.
+ * tg is greedy unless the sampling options are given (then it measures the sampling chain:
+ * on Vulkan, sample.comp in the decode program instead of the argmax).
  */
 #include <math.h>
 #include <stdio.h>
@@ -54,13 +57,15 @@ static double cpu_now(clockid_t clock) {
 /* host CPU time of the last tg run: the whole process (the driver's threads included), and
  * the thread that runs the decode loop */
 static double tg_cpu_seconds, tg_thread_cpu_seconds;
+/* how tg chooses its tokens (greedy unless --temp etc.) */
+static anvil_sampling tg_sampling;
 
 /* One timed tg run: N greedy tokens generated after a P-token prompt (untimed), through
  * anvil_session_generate (the backend's device loop where it has one). */
 static bool run_tg(anvil_session *s, const int32_t *toks, int P, int N, double *secs) {
     anvil_session_reset(s);
     if (P > 1 && anvil_session_eval(s, toks, P - 1, ANVIL_LOGITS_NONE, NULL) != ANVIL_OK) return false;
-    anvil_generate_params gp = {anvil_sampling_default(), N, NULL, 0};
+    anvil_generate_params gp = {tg_sampling, N, NULL, 0};
     int32_t first = P > 0 ? toks[P - 1] : 1;
     anvil_generate_stats st;
     double t0 = now(), c0 = cpu_now(CLOCK_PROCESS_CPUTIME_ID), h0 = cpu_now(CLOCK_THREAD_CPUTIME_ID);
@@ -76,6 +81,7 @@ int cmd_bench(int argc, char **argv) {
     common_opts_init(&co, "synthetic:qwen3-0.6b");
     int P = 512, N = 128, reps = 5;
     bool p_set = false, n_set = false, r_set = false, json = false, trace = false;
+    tg_sampling = anvil_sampling_default();
     for (int i = 1; i < argc; i++) {
         int r = common_opt(&co, argc, argv, &i);
         if (r < 0) return 1;
@@ -86,6 +92,24 @@ int cmd_bench(int argc, char **argv) {
             int *dst = a[1] == 'p' ? &P : a[1] == 'n' ? &N : &reps;
             if (!parse_int(v, a[1] == 'r' ? 1 : 0, 1 << 20, dst)) return fail("bad %s \"%s\"", a, v);
             *(a[1] == 'p' ? &p_set : a[1] == 'n' ? &n_set : &r_set) = true;
+        } else if (!strcmp(a, "--temp") || !strcmp(a, "--top-p") || !strcmp(a, "--min-p") ||
+                   !strcmp(a, "--repeat-penalty")) {
+            if (!(v = opt_value(argc, argv, &i))) return 1;
+            char *end;
+            float x = strtof(v, &end);
+            if (end == v || *end || !(x >= 0 && x <= 100)) return fail("bad %s \"%s\"", a, v);
+            *(!strcmp(a, "--temp")    ? &tg_sampling.temperature
+              : !strcmp(a, "--top-p") ? &tg_sampling.top_p
+              : !strcmp(a, "--min-p") ? &tg_sampling.min_p
+                                      : &tg_sampling.repeat_penalty) = x;
+        } else if (!strcmp(a, "--top-k")) {
+            if (!(v = opt_value(argc, argv, &i))) return 1;
+            if (!parse_int(v, 0, 1 << 20, &tg_sampling.top_k)) return fail("bad %s \"%s\"", a, v);
+        } else if (!strcmp(a, "--seed")) {
+            if (!(v = opt_value(argc, argv, &i))) return 1;
+            char *end;
+            tg_sampling.seed = strtoull(v, &end, 10);
+            if (end == v || *end) return fail("bad --seed \"%s\"", v);
         } else if (!strcmp(a, "--trace")) {
             trace = true;
         } else if (!strcmp(a, "-o")) {

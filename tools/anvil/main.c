@@ -41,6 +41,8 @@ static const struct {
     {"bench", "usage: anvil bench [-m MODEL] [-p 512] [-n 128] [-r 5] [-o md|json] [--trace]\n"
               "  -p N  prompt tokens (pp test; 0 skips it)   -n N  generated tokens (tg test)\n"
               "  -r N  repetitions   -o md|json  output   --trace  per-token dispatch counts\n"
+              "  --temp T --top-k K --top-p P --min-p P --repeat-penalty R --seed S: tg samples\n"
+              "    with them (default: greedy)\n"
               "  with no -m: synthetic:qwen3-0.6b on the best device\n" COMMON},
     {"eval", "usage: anvil eval -m MODEL --prompt-ids 1,2,3 [--feed-ids 4,5 | -n N] [--logits FILE]\n"
              "  prefills the prompt, then one decode step per --feed-ids id or N greedy steps;\n"

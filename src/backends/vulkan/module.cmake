@@ -33,7 +33,8 @@ set(ANVIL_SHADER_VARIANTS
   "argmax argmax.comp -DANVIL"
   "ew ew.comp -DANVIL"
   "moe_topk moe_topk.comp -DANVIL"
-  "gdn gdn.comp -DANVIL")
+  "gdn gdn.comp -DANVIL"
+  "sample sample.comp -DANVIL")
 set(ANVIL_SHADER_INCS)
 file(GLOB ANVIL_SHADER_DEPS CONFIGURE_DEPENDS ${ANVIL_VK_DIR}/shaders/*.glsl ${ANVIL_VK_DIR}/shaders/*.comp)
 foreach(v ${ANVIL_SHADER_VARIANTS})

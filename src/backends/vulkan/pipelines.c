@@ -92,6 +92,9 @@ static const uint32_t spv_moe_topk[] =
 static const uint32_t spv_gdn[] =
 #include "shaders/gdn.inc"
     ;
+static const uint32_t spv_sample[] =
+#include "shaders/sample.inc"
+    ;
 
 #define SPV(a) a, sizeof a
 
@@ -160,6 +163,7 @@ static const struct {
     [K_EW] = {SPV(spv_ew), "ew"},
     [K_MOE_TOPK] = {SPV(spv_moe_topk), "moe_topk"},
     [K_GDN] = {SPV(spv_gdn), "gdn"},
+    [K_SAMPLE] = {SPV(spv_sample), "sample"},
 };
 
 const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }

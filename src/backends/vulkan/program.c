@@ -79,6 +79,12 @@ struct pc_argmax {
     uint64_t logits, ctl;
     uint32_t V;
 };
+struct pc_sample {
+    uint64_t logits, ctl, part, cnt;
+    uint32_t V, NWG;
+};
+#define SAMPLE_CH 2048  /* logits per workgroup of sample.comp */
+#define SAMPLE_MAXK 256 /* SAMPLER_MAX_K */
 
 struct vk_program {
     struct vk_backend *b;
@@ -95,7 +101,11 @@ struct vk_program {
     VkCommandBuffer cb_batch; /* STEPS_PER_BATCH steps */
     VkCommandBuffer cb_copy;  /* the logits copied to readback */
     VkCommandBuffer cb_single; /* one step (the tail of a run shorter than a batch) */
+    /* the sampling variant: the same steps ending in sample.comp instead of argmax */
+    struct vk_dispatch sample_op;
+    VkCommandBuffer cb_batch_s, cb_single_s;
     VkCommandBuffer cb_prof;   /* ANVIL_VK_PROFILE=1: one step with a timestamp per kernel */
+    VkCommandBuffer cb_prof_s; /* and the sampling kernel alone, between two timestamps */
     VkQueryPool queries;
     struct vk_stats stats;
 };
@@ -584,6 +594,21 @@ static anvil_status lower_graph(struct lower *L) {
     if (N(L, out)->op != OP_MATMUL)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph's output is not a matmul");
     L->p->logits_off = alloc_node(L, out);
+    /* the sampling variant's last op: its partial lists and counter (zero between steps) */
+    uint32_t nwg = (L->p->V + SAMPLE_CH - 1) / SAMPLE_CH;
+    VkDeviceSize part = L->arena_size;
+    L->arena_size += round_up((VkDeviceSize)nwg * SAMPLE_MAXK * 8, ALIGN);
+    VkDeviceSize cnt = L->arena_size;
+    L->arena_size += ALIGN;
+    struct pc_sample ps = {L->p->arena.addr + L->p->logits_off, L->p->ctl.addr, L->p->arena.addr + part,
+                           L->p->arena.addr + cnt, L->p->V, nwg};
+    struct vk_dispatch *so = &L->p->sample_op;
+    memset(so, 0, sizeof *so);
+    so->k = K_SAMPLE;
+    so->gx = nwg;
+    so->gy = so->gz = 1;
+    so->push_size = sizeof ps;
+    memcpy(so->push, &ps, sizeof ps);
     /* the last op: argmax, next token, position */
     struct pc_argmax pa = {L->p->arena.addr + L->p->logits_off, L->p->ctl.addr, L->p->V};
     return emit(L->p, K_ARGMAX, 1, 1, &pa, sizeof pa);
@@ -600,10 +625,11 @@ static void barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkAccessFlags 
 #define STAGE_C VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
 #define RW (VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT)
 
-static void record_step(struct vk_program *p, VkCommandBuffer cb, bool count) {
+/* One step; sampling: ending in the sampling kernel instead of the argmax. */
+static void record_step(struct vk_program *p, VkCommandBuffer cb, bool count, bool sampling) {
     VkPipeline bound = VK_NULL_HANDLE;
     for (int i = 0; i < p->n_ops; i++) {
-        const struct vk_dispatch *d = &p->ops[i];
+        const struct vk_dispatch *d = sampling && i == p->n_ops - 1 ? &p->sample_op : &p->ops[i];
         /* every kernel depends on the one before it (at least through the control block) */
         barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT,
                 STAGE_C, RW);
@@ -630,10 +656,27 @@ static void record_copy_logits(struct vk_program *p, VkCommandBuffer cb) {
 static anvil_status record_profile(struct vk_program *p) {
     struct vk_device *d = p->b->d;
     VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
-                                .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = (uint32_t)p->n_ops + 1};
+                                .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = (uint32_t)p->n_ops + 3};
     anvil_status st = vk_result(vkCreateQueryPool(d->dev, &qi, NULL, &p->queries), "vkCreateQueryPool");
     if (st == ANVIL_OK) st = vk_cmd_alloc(d, &p->cb_prof);
+    if (st == ANVIL_OK) st = vk_cmd_alloc(d, &p->cb_prof_s);
     if (st != ANVIL_OK) return st;
+    {
+        VkCommandBufferBeginInfo bs = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL, 0, NULL};
+        VkCommandBuffer c = p->cb_prof_s;
+        uint32_t q = (uint32_t)p->n_ops + 1;
+        vkBeginCommandBuffer(c, &bs);
+        vkCmdResetQueryPool(c, p->queries, q, 2);
+        barrier(c, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+        vkCmdWriteTimestamp(c, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, q);
+        vkCmdBindPipeline(c, VK_PIPELINE_BIND_POINT_COMPUTE, p->b->pl.p[K_SAMPLE]);
+        vkCmdPushConstants(c, p->b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, p->sample_op.push_size,
+                           p->sample_op.push);
+        vkCmdDispatch(c, p->sample_op.gx, 1, 1);
+        vkCmdWriteTimestamp(c, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, q + 1);
+        barrier(c, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+        if ((st = vk_result(vkEndCommandBuffer(c), "vkEndCommandBuffer")) != ANVIL_OK) return st;
+    }
     VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL, 0, NULL};
     VkCommandBuffer cb = p->cb_prof;
     vkBeginCommandBuffer(cb, &bi);
@@ -659,23 +702,24 @@ static anvil_status record(struct vk_program *p) {
         anvil_status st = record_profile(p);
         if (st != ANVIL_OK) return st;
     }
-    VkCommandBuffer *cbs[4] = {&p->cb_one, &p->cb_batch, &p->cb_copy, &p->cb_single};
-    for (int c = 0; c < 4; c++) {
+    VkCommandBuffer *cbs[6] = {&p->cb_one, &p->cb_batch, &p->cb_copy, &p->cb_single, &p->cb_batch_s,
+                               &p->cb_single_s};
+    for (int c = 0; c < 6; c++) {
         anvil_status st = vk_cmd_alloc(d, cbs[c]);
         if (st != ANVIL_OK) return st;
         VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
                                        VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT, NULL};
         if ((st = vk_result(vkBeginCommandBuffer(*cbs[c], &bi), "vkBeginCommandBuffer")) != ANVIL_OK) return st;
         if (c == 0) {
-            record_step(p, *cbs[c], true);
+            record_step(p, *cbs[c], true, false);
             record_copy_logits(p, *cbs[c]);
-        } else if (c == 1) {
-            for (int s = 0; s < STEPS_PER_BATCH; s++) record_step(p, *cbs[c], false);
+        } else if (c == 1 || c == 4) {
+            for (int s = 0; s < STEPS_PER_BATCH; s++) record_step(p, *cbs[c], false, c == 4);
             barrier(*cbs[c], STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
         } else if (c == 2) {
             record_copy_logits(p, *cbs[c]);
         } else {
-            record_step(p, *cbs[c], false);
+            record_step(p, *cbs[c], false, c == 5);
             barrier(*cbs[c], STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
         }
         if ((st = vk_result(vkEndCommandBuffer(*cbs[c]), "vkEndCommandBuffer")) != ANVIL_OK) return st;
@@ -754,7 +798,7 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
     if ((st = lower_graph(&L)) != ANVIL_OK) goto done;
     st = vk_buffer_create(b->d, L.arena_size, VK_MEM_DEVICE, "activations", &p->arena);
     if (st == ANVIL_OK)
-        st = vk_buffer_create(b->d, sizeof(struct vk_ctl) + (size_t)p->n_ctx * 8, VK_MEM_CONTROL,
+        st = vk_buffer_create(b->d, sizeof(struct vk_ctl) + (size_t)p->n_ctx * 12, VK_MEM_CONTROL,
                               "the control block", &p->ctl);
     if (st == ANVIL_OK)
         st = vk_buffer_create(b->d, (VkDeviceSize)p->V * 4, VK_MEM_READBACK, "logits", &p->readback);
@@ -796,8 +840,9 @@ void vk_program_destroy(struct vk_program *p) {
     if (!p) return;
     struct vk_device *d = p->b->d;
     vk_idle(d);
-    VkCommandBuffer cbs[5] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single, p->cb_prof};
-    for (int i = 0; i < 5; i++)
+    VkCommandBuffer cbs[8] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single, p->cb_prof, p->cb_batch_s,
+                              p->cb_single_s, p->cb_prof_s};
+    for (int i = 0; i < 8; i++)
         if (cbs[i]) vkFreeCommandBuffers(d->dev, d->pool, 1, &cbs[i]);
     if (p->queries) vkDestroyQueryPool(d->dev, p->queries, NULL);
     vk_buffer_destroy(d, &p->arena);
@@ -870,6 +915,22 @@ static void pace_done(struct pacer *pc, int steps) {
     pc->n++;
 }
 
+static void ctl_set_sampling(volatile struct vk_ctl *c, uint32_t V, const struct sampling_params *sp) {
+    c->s_inv_temp = sp->inv_temp;
+    c->s_rp = sp->rp;
+    c->s_inv_rp = sp->inv_rp;
+    c->s_presence = sp->presence;
+    c->s_frequency = sp->frequency;
+    c->s_top_p = sp->top_p;
+    c->s_min_p = sp->min_p;
+    c->s_greedy = sp->greedy != 0;
+    c->s_penalties = sp->penalties != 0;
+    c->s_K = (uint32_t)MIN(MAX(sp->K, 1), MIN(SAMPLE_MAXK, (int)V));
+    c->s_window = sp->window < 0 ? 0xffffffffu : (uint32_t)sp->window;
+    c->s_seed_lo = (uint32_t)sp->seed;
+    c->s_seed_hi = (uint32_t)(sp->seed >> 32);
+}
+
 anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res) {
     memset(res, 0, sizeof *res);
     struct vk_device *d = p->b->d;
@@ -884,6 +945,19 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
     for (int i = 0; i < r->n_stop; i++) c->eos[i] = (uint32_t)r->stop[i];
     c->n_eos = (uint32_t)r->n_stop;
     c->budget = (uint32_t)r->max_new;
+    const struct sampling_params *sp = r->sampling;
+    if (sp) {
+        ctl_set_sampling(c, p->V, sp);
+        /* the penalties' window reaches back before this request: its tokens from the cache */
+        if (sp->penalties) {
+            int from = sp->window < 0 || sp->window >= r->pos0 ? 0 : r->pos0 - sp->window;
+            if (r->n_history < r->pos0)
+                return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: sampling with penalties needs the "
+                               "%d tokens before position %d", r->pos0, r->pos0);
+            for (int i = from; i < r->pos0; i++) c->data[2 * p->n_ctx + i] = (uint32_t)r->history[i];
+        }
+    }
+    VkCommandBuffer *cb_batch = sp ? &p->cb_batch_s : &p->cb_batch, *cb_single = sp ? &p->cb_single_s : &p->cb_single;
     /* steps: one per fed token, one per generated token (the last one enters the cache) */
     int64_t steps = (int64_t)r->n_feed + r->max_new;
     /* full batches, then single steps for the tail */
@@ -897,7 +971,7 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
         /* keep two batches in flight */
         while (st == ANVIL_OK && !stopping && submitted < batches && submitted - waited < 2)
         {
-            VkCommandBuffer *cb = submitted < steps / STEPS_PER_BATCH ? &p->cb_batch : &p->cb_single;
+            VkCommandBuffer *cb = submitted < steps / STEPS_PER_BATCH ? cb_batch : cb_single;
             st = vk_submit(d, cb, 1, &vals[submitted % 2]);
             submitted++;
         }
@@ -939,6 +1013,69 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
         if (st == ANVIL_OK) st = vk_wait(d, v);
         if (st == ANVIL_OK) memcpy(r->logits, p->readback.map, (size_t)p->V * 4);
     }
+    return st;
+}
+
+anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, const struct sampling_params *sp,
+                            const int32_t *hist, int n_hist, int32_t *out) {
+    struct vk_device *d = b->d;
+    if (V < 1 || n_hist < 1) return err_set(ANVIL_ERR_INVALID_ARG, "vk_sample_once: bad arguments");
+    anvil_status st = ANVIL_OK;
+    if (!b->have_pl) {
+        st = vk_pipelines_create(d, 1, 128, &b->pl);
+        if (st != ANVIL_OK) return st;
+        b->have_pl = true;
+    }
+    int n_ctx = n_hist + 1;
+    uint32_t nwg = ((uint32_t)V + SAMPLE_CH - 1) / SAMPLE_CH;
+    struct vk_buffer lg = {0}, ctl = {0}, scratch = {0};
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    st = vk_buffer_create(d, (VkDeviceSize)V * 4, VK_MEM_DEVICE, "test logits", &lg);
+    if (st == ANVIL_OK)
+        st = vk_buffer_create(d, sizeof(struct vk_ctl) + (size_t)n_ctx * 12, VK_MEM_CONTROL, "test control", &ctl);
+    if (st == ANVIL_OK)
+        st = vk_buffer_create(d, (VkDeviceSize)nwg * SAMPLE_MAXK * 8 + ALIGN, VK_MEM_DEVICE, "test scratch", &scratch);
+    if (st == ANVIL_OK) {
+        struct vk_uploader u;
+        struct plain f = {(const uint8_t *)logits, 0, 0};
+        st = vk_uploader_init(&u, d, (uint64_t)V * 4);
+        if (st == ANVIL_OK) st = vk_upload(&u, &lg, 0, (size_t)V * 4, fill_plain, &f);
+        anvil_status s2 = vk_uploader_finish(&u);
+        if (st == ANVIL_OK) st = s2;
+    }
+    if (st != ANVIL_OK) goto done;
+    volatile struct vk_ctl *c = ctl.map;
+    memset(ctl.map, 0, ctl.size);
+    c->n_ctx = (uint32_t)n_ctx;
+    c->token = (uint32_t)hist[n_hist - 1];
+    c->pos = (uint32_t)(n_hist - 1);
+    c->budget = 1;
+    for (int i = 0; i < n_hist - 1; i++) c->data[2 * n_ctx + i] = (uint32_t)hist[i];
+    ctl_set_sampling(c, (uint32_t)V, sp);
+    struct pc_sample ps = {lg.addr, ctl.addr, scratch.addr, scratch.addr + (VkDeviceSize)nwg * SAMPLE_MAXK * 8,
+                           (uint32_t)V, nwg};
+    if ((st = vk_cmd_alloc(d, &cb)) != ANVIL_OK) goto done;
+    VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
+                                   VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
+    vkBeginCommandBuffer(cb, &bi);
+    vkCmdFillBuffer(cb, scratch.buf, 0, VK_WHOLE_SIZE, 0);
+    barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+    vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, b->pl.p[K_SAMPLE]);
+    vkCmdPushConstants(cb, b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof ps, &ps);
+    vkCmdDispatch(cb, nwg, 1, 1);
+    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    if ((st = vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer")) != ANVIL_OK) goto done;
+    uint64_t v;
+    st = vk_submit(d, &cb, 1, &v);
+    if (st == ANVIL_OK) st = vk_wait(d, v);
+    if (st == ANVIL_OK && c->n_out != 1)
+        st = err_set(ANVIL_ERR_BACKEND, "vk_sample_once: the kernel chose no token (stop %u)", c->stop);
+    if (st == ANVIL_OK) *out = (int32_t)c->data[n_ctx];
+done:
+    if (cb) vkFreeCommandBuffers(d->dev, d->pool, 1, &cb);
+    vk_buffer_destroy(d, &lg);
+    vk_buffer_destroy(d, &ctl);
+    vk_buffer_destroy(d, &scratch);
     return st;
 }
 
@@ -992,6 +1129,28 @@ size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
         OUT("  top: #%d %s grid %ux%u: %.1f us\n", best, vk_kernel_name(p->ops[best].k), p->ops[best].gx,
             p->ops[best].gy, ns[best] / 1e3);
         ns[best] = -1;
+    }
+    /* the sampling variant's last kernel instead of the argmax, on the same logits */
+    static const struct { const char *what; int K, window; float top_p, rp; } cfg[] = {
+        {"top-k 20, top-p 0.95", 20, 0, 0.95f, 1.0f},
+        {"no top-k (K 256), top-p 0.95, repeat penalty over 64", 256, 64, 0.95f, 1.1f},
+    };
+    for (size_t c = 0; c < sizeof cfg / sizeof *cfg; c++) {
+        struct sampling_params sp = {0, cfg[c].rp != 1.0f, 1.0f / 0.7f, cfg[c].rp, 1.0f / cfg[c].rp, 0, 0,
+                                     cfg[c].top_p, 0, cfg[c].K, cfg[c].window, 42};
+        double sum = 0;
+        for (int r = 0; r < reps; r++) {
+            ctl_reset(p, 1, pos);
+            ((volatile struct vk_ctl *)p->ctl.map)->budget = 1000;
+            ctl_set_sampling(p->ctl.map, p->V, &sp);
+            uint64_t v, t2[2];
+            if (vk_submit(d, &p->cb_prof_s, 1, &v) != ANVIL_OK || vk_wait(d, v) != ANVIL_OK) goto out;
+            if (vkGetQueryPoolResults(d->dev, p->queries, (uint32_t)n + 1, 2, sizeof t2, t2, 8,
+                                      VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT) != VK_SUCCESS)
+                goto out;
+            if (r >= 2) sum += (double)(t2[1] - t2[0]) * d->props.limits.timestampPeriod;
+        }
+        OUT("  sample (sampling variant, instead of argmax; %s): %.1f us\n", cfg[c].what, sum / (reps - 2) / 1e3);
     }
 out:
     free(ts);

@@ -48,6 +48,11 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
 void vk_program_destroy(struct vk_program *p);
 anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float *logits);
 anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res);
+/* Runs the sampling kernel once over logits [V] (any V), as the step at position n_hist - 1
+ * whose token is hist[n_hist - 1] (the earlier ones being the history): the token it
+ * chooses. For testing it against sampler.c. */
+anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, const struct sampling_params *sp,
+                            const int32_t *hist, int n_hist, int32_t *out);
 /* With ANVIL_VK_PROFILE=1: GPU time per kernel of one step, as text. */
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap);
 void vk_program_stats(const struct vk_program *p, struct vk_stats *s);

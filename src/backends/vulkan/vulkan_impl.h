@@ -145,6 +145,7 @@ enum vk_kernel {
     K_EW,       /* ew.comp: add, sigmoid_mul, swiglu, rms_norm left unfused */
     K_MOE_TOPK, /* the router */
     K_GDN,      /* a Gated DeltaNet layer */
+    K_SAMPLE,
     K_COUNT,
 };
 
@@ -182,7 +183,10 @@ struct vk_ctl {
     uint32_t token, pos, stop, n_out, budget, n_feed, feed_idx, n_ctx, n_eos, eos_hit, steps;
     uint32_t pad[5];
     uint32_t eos[16];
-    uint32_t data[]; /* [n_ctx] feed, [n_ctx] generated */
+    /* the sampling chain's parameters (struct sampling_params), set per request */
+    float s_inv_temp, s_rp, s_inv_rp, s_presence, s_frequency, s_top_p, s_min_p;
+    uint32_t s_greedy, s_penalties, s_K, s_window, s_seed_lo, s_seed_hi, s_pad[3];
+    uint32_t data[]; /* [n_ctx] feed, [n_ctx] generated, [n_ctx] history (token at each position) */
 };
 #define CTL_STOP_BUDGET 1
 #define CTL_STOP_EOS 2

@@ -1,9 +1,8 @@
 #version 460
-/* The end of a decode step: the fed token is now in the cache (pos advances); the next input
- * is the next fed token, or else the argmax of the logits (lowest id on ties), which is also
- * appended to the generated tokens. Stops on the budget, a stop token, or a full context;
- * every later step then does nothing. One workgroup. */
+/* The end of a greedy decode step: the argmax of the logits (lowest id on ties) is the next
+ * token (step.glsl). One workgroup. */
 #include "common.glsl"
+#include "step.glsl"
 
 layout(local_size_x = 1024) in;
 
@@ -39,29 +38,5 @@ void main() {
             best_i = bi[0];
         }
     }
-    if (t != 0u) return;
-    uint n_ctx = pc.ctl.n_ctx;
-    pc.ctl.steps += 1u;
-    uint pos = pc.ctl.pos + 1u;
-    pc.ctl.pos = pos;
-    if (feeding) {
-        pc.ctl.token = pc.ctl.data[fi];
-        pc.ctl.feed_idx = fi + 1u;
-        if (pos >= n_ctx) pc.ctl.stop = CTL_STOP_CONTEXT;
-        return;
-    }
-    if (done) {
-        pc.ctl.stop = CTL_STOP_BUDGET;
-        return;
-    }
-    for (uint e = 0; e < pc.ctl.n_eos; e++)
-        if (pc.ctl.eos[e] == best_i) {
-            pc.ctl.eos_hit = best_i;
-            pc.ctl.stop = CTL_STOP_EOS;
-            return;
-        }
-    pc.ctl.data[n_ctx + n_out] = best_i;
-    pc.ctl.n_out = n_out + 1u;
-    pc.ctl.token = best_i;
-    if (pos >= n_ctx) pc.ctl.stop = CTL_STOP_CONTEXT;
+    if (t == 0u) step_end(pc.ctl, feeding, done, best_i);
 }

@@ -27,7 +27,13 @@ layout(buffer_reference, std430, buffer_reference_align = 16) buffer Ctl {
     uint steps;    /* steps that ran (not skipped) */
     uint pad0, pad1, pad2, pad3, pad4;
     uint eos[16];
-    uint data[];   /* [n_ctx] feed, then [n_ctx] generated */
+    /* the sampling chain's parameters (struct sampling_params), set per request */
+    float s_inv_temp, s_rp, s_inv_rp, s_presence, s_frequency, s_top_p, s_min_p;
+    uint s_greedy, s_penalties, s_K;
+    uint s_window; /* 0xffffffff: the whole history */
+    uint s_seed_lo, s_seed_hi, s_pad0, s_pad1, s_pad2;
+    uint data[];   /* [n_ctx] feed, then [n_ctx] generated, then [n_ctx] history: the token
+                      at each position (the host writes the window before a request) */
 };
 
 #define CTL_STOP_BUDGET 1u

@@ -1,0 +1,235 @@
+#version 460
+/* The end of a sampling decode step: the sampling chain of engine/sampler.h on the GPU,
+ * choosing exactly the token sampler.c chooses from the same logits (every float operation
+ * `precise` and in the same order; sampler_exp from adds and multiplies alone; the
+ * candidates in a total order), then step.glsl.
+ *
+ * NWG workgroups, one per chunk of CH logits: each applies the penalties of the tokens in
+ * its chunk (the history window in the control block), sorts its chunk (bitonic, in shared
+ * memory) and writes its K best to part[wg]. The last workgroup to finish (an atomic
+ * counter) merges the NWG sorted lists into the K best (rounds of bitonic merges: the best so
+ * far plus the next lists), then runs the soft part of the chain on one thread and ends the
+ * step. Order: logit descending, lower id first among equals (the key (orderable bits, id)).
+ */
+#extension GL_EXT_control_flow_attributes : enable
+#include "common.glsl"
+#include "step.glsl"
+
+#define CH 2048u   /* logits per workgroup */
+#define MAXK 256u  /* SAMPLER_MAX_K */
+
+layout(local_size_x = 1024) in;
+
+layout(buffer_reference, std430, buffer_reference_align = 8) coherent buffer Keys { uvec2 v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Counter { uint v[]; };
+
+layout(push_constant) uniform PC {
+    Floats logits; /* [V] */
+    Ctl ctl;
+    Keys part;     /* [NWG][MAXK] (key, id) */
+    Counter cnt;   /* [1], zero between steps */
+    uint V;
+    uint NWG;      /* ceil(V / CH) */
+} pc;
+
+shared uvec2 key[CH];
+shared float ex[MAXK];
+shared float cs[MAXK];
+shared bool last_wg;
+shared uint chosen_s;
+
+const uvec2 PAD = uvec2(0u, 0xffffffffu); /* after every real candidate */
+
+/* orderable bits: a > b as floats iff fkey(a) > fkey(b) (+0 and -0 equal; NaN undefined) */
+uint fkey(float f) {
+    uint u = floatBitsToUint(f);
+    if (u == 0x80000000u) u = 0u;
+    return (u & 0x80000000u) != 0u ? ~u : (u | 0x80000000u);
+}
+float unkey(uint k) { return uintBitsToFloat((k & 0x80000000u) != 0u ? (k & 0x7fffffffu) : ~k); }
+bool before(uvec2 a, uvec2 b) { return a.x > b.x || (a.x == b.x && a.y < b.y); }
+
+/* sampler_ftz: |x| < 2^-100 is 0 (a comparison: the same answer whether or not a denormal
+ * is flushed) */
+float ftz(float x) { return abs(x) < uintBitsToFloat(0x0d800000u) ? 0.0 : x; }
+
+/* sampler_exp, operation for operation (constants as the bits of sampler.c's) */
+float sexp(float x) {
+    if (!(x > -80.0)) return 0.0;
+    if (x > -uintBitsToFloat(0x33800000u)) return 1.0; /* -2^-24 */
+    precise float t = x * uintBitsToFloat(0x3fb8aa3bu);
+    precise float t2 = t + 0.5;
+    precise float k = floor(t2);
+    precise float kc1 = k * uintBitsToFloat(0x3f318000u);
+    precise float r0 = x - kc1;
+    precise float kc2 = k * uintBitsToFloat(0xb95e8083u);
+    precise float r = r0 - kc2;
+    precise float p = uintBitsToFloat(0x39506967u);
+    precise float q;
+    q = p * r; p = q + uintBitsToFloat(0x3ab743ceu);
+    q = p * r; p = q + uintBitsToFloat(0x3c088908u);
+    q = p * r; p = q + uintBitsToFloat(0x3d2aa9c1u);
+    q = p * r; p = q + uintBitsToFloat(0x3e2aaaaau);
+    q = p * r; p = q + 0.5;
+    precise float rr = r * r;
+    precise float y0 = p * rr;
+    precise float y1 = y0 + r;
+    precise float y = y1 + 1.0;
+    precise float res = y * uintBitsToFloat(uint(int(k) + 127) << 23);
+    return res;
+}
+
+uint hash32(uint x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+/* the token at position q of the history; P is the current step's (its token is not in the
+ * history yet) */
+uint tok_at(uint q, uint P, uint n_ctx) { return q == P ? pc.ctl.token : pc.ctl.data[2u * n_ctx + q]; }
+
+/* one compare-exchange of bitonic sorting step (k, j): thread t's pair */
+void cmpx(uint t, uint j, uint k) {
+    uint i = ((t & ~(j - 1u)) << 1u) | (t & (j - 1u));
+    uint l = i | j;
+    uvec2 a = key[i], b = key[l];
+    bool up = (i & k) == 0u; /* this block ends in `before` order, else reversed */
+    if (up ? before(b, a) : before(a, b)) {
+        key[i] = b;
+        key[l] = a;
+    }
+}
+
+void main() {
+    if (pc.ctl.stop != 0u) return;
+    uint t = gl_LocalInvocationID.x, wg = gl_WorkGroupID.x;
+    uint fi = pc.ctl.feed_idx, n_out = pc.ctl.n_out;
+    bool feeding = fi < pc.ctl.n_feed;
+    bool done = !feeding && n_out >= pc.ctl.budget;
+    bool work = !feeding && !done;
+    uint K = pc.ctl.s_K;
+    if (work) {
+        uint lo = wg * CH;
+        for (uint i = t; i < CH; i += gl_WorkGroupSize.x) {
+            uint id = lo + i;
+            key[i] = id < pc.V ? uvec2(fkey(pc.logits.v[id]), id) : PAD;
+        }
+        barrier();
+        if (pc.ctl.s_penalties != 0u) {
+            /* step 1 for this chunk's tokens: each distinct token of the window once, by the
+             * thread that holds its first occurrence */
+            uint P = pc.ctl.pos, n_ctx = pc.ctl.n_ctx, W = pc.ctl.s_window;
+            uint a = (W == 0xffffffffu || W > P) ? 0u : P + 1u - W;
+            for (uint q = a + t; q <= P; q += gl_WorkGroupSize.x) {
+                uint tok = tok_at(q, P, n_ctx);
+                if (tok < lo || tok >= lo + CH || tok >= pc.V) continue;
+                bool seen = false;
+                for (uint r = a; r < q && !seen; r++) seen = tok_at(r, P, n_ctx) == tok;
+                if (seen) continue;
+                uint c = 0u;
+                for (uint r = q; r <= P; r++) c += tok_at(r, P, n_ctx) == tok ? 1u : 0u;
+                float l = ftz(pc.logits.v[tok]);
+                precise float m = l > 0.0 ? l * pc.ctl.s_inv_rp : l * pc.ctl.s_rp;
+                l = ftz(m);
+                precise float m2 = l - pc.ctl.s_presence;
+                l = ftz(m2);
+                precise float fc = pc.ctl.s_frequency * float(c);
+                precise float m3 = l - fc;
+                l = ftz(m3);
+                key[tok - lo] = uvec2(fkey(l), tok);
+            }
+            barrier();
+        }
+        for (uint k = 2u; k <= CH; k <<= 1u)
+            for (uint j = k >> 1u; j > 0u; j >>= 1u) {
+                cmpx(t, j, k);
+                barrier();
+            }
+        for (uint i = t; i < K; i += gl_WorkGroupSize.x) pc.part.v[wg * MAXK + i] = key[i];
+    }
+    /* the last workgroup merges: the partial lists must be visible first */
+    memoryBarrierBuffer();
+    barrier();
+    if (t == 0u) last_wg = atomicAdd(pc.cnt.v[0], 1u) == pc.NWG - 1u;
+    barrier();
+    if (!last_wg) return;
+    memoryBarrierBuffer();
+    if (t == 0u) pc.cnt.v[0] = 0u; /* ready for the next step */
+    if (work) {
+        /* step 2: slots of Kp keys; slot 0 holds the best so far (in `before` order), the
+         * others the next lists, odd slots reversed, so that the bitonic sort can start at
+         * blocks of 2 Kp; after each round key[0 .. Kp) are the best Kp of all seen */
+        uint Kp = 1u;
+        while (Kp < K) Kp <<= 1u;
+        uint S = CH / Kp, next = 0u;
+        bool first = true;
+        while (first || next < pc.NWG) {
+            for (uint i = t; i < CH; i += gl_WorkGroupSize.x) {
+                uint s = i / Kp, r = i % Kp;
+                if (s == 0u && !first) continue;
+                uint list = first ? s : next + s - 1u;
+                uint rr = (s & 1u) != 0u ? Kp - 1u - r : r;
+                key[i] = list < pc.NWG && rr < K ? pc.part.v[list * MAXK + rr] : PAD;
+            }
+            next = first ? S : next + S - 1u;
+            first = false;
+            barrier();
+            for (uint k = 2u * Kp; k <= CH; k <<= 1u)
+                for (uint j = k >> 1u; j > 0u; j >>= 1u) {
+                    cmpx(t, j, k);
+                    barrier();
+                }
+        }
+        if (pc.ctl.s_greedy != 0u) { /* step 3 */
+            if (t == 0u) chosen_s = key[0].y;
+        } else {
+            /* step 4: the exponentials in parallel, the sums in order on one thread */
+            if (t < K) {
+                precise float d = ftz(unkey(key[t].x)) - ftz(unkey(key[0].x));
+                precise float x = d * pc.ctl.s_inv_temp;
+                ex[t] = sexp(x);
+            }
+            barrier();
+            if (t == 0u) {
+                precise float run = 0.0;
+                for (uint i = 0u; i < K; i++) {
+                    run = run + ex[i];
+                    cs[i] = run;
+                }
+                uint kept = K;
+                if (pc.ctl.s_top_p < 1.0) { /* step 5 */
+                    precise float want = pc.ctl.s_top_p * cs[K - 1u];
+                    for (uint i = 0u; i < K; i++)
+                        if (cs[i] >= want) {
+                            kept = i + 1u;
+                            break;
+                        }
+                }
+                if (pc.ctl.s_min_p > 0.0) { /* step 6 */
+                    precise float fl = pc.ctl.s_min_p * ex[0];
+                    for (uint k = 1u; k < kept; k++)
+                        if (ex[k] < fl) {
+                            kept = k;
+                            break;
+                        }
+                }
+                /* step 7: counter = the chosen token's position */
+                uint h = hash32(pc.ctl.s_seed_lo ^ hash32(pc.ctl.s_seed_hi ^ hash32(pc.ctl.pos + 1u)));
+                precise float u = float(h >> 8u) * (1.0 / 16777216.0);
+                precise float target = u * cs[kept - 1u];
+                uint c = key[kept - 1u].y;
+                for (uint i = 0u; i < kept; i++)
+                    if (cs[i] > target) {
+                        c = key[i].y;
+                        break;
+                    }
+                chosen_s = c;
+            }
+        }
+    }
+    if (t == 0u) step_end(pc.ctl, feeding, done, work ? chosen_s : 0u);
+}
