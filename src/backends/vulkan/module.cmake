@@ -30,7 +30,20 @@ set(ANVIL_SHADER_VARIANTS
   "embed_q5_k embed.comp -DW_Q5_K"
   "embed_q6_k embed.comp -DW_Q6_K"
   "attention attention.comp -DANVIL"
-  "argmax argmax.comp -DANVIL")
+  "argmax argmax.comp -DANVIL"
+  "mm_f32 mm.comp -DW_F32"
+  "mm_f16 mm.comp -DW_F16"
+  "mm_bf16 mm.comp -DW_BF16"
+  "mm_q8_0 mm.comp -DW_Q8_0"
+  "mm_q4_0 mm.comp -DW_Q4_0"
+  "mm_q4_1 mm.comp -DW_Q4_1"
+  "mm_q5_0 mm.comp -DW_Q5_0"
+  "mm_q5_1 mm.comp -DW_Q5_1"
+  "mm_q4_k mm.comp -DW_Q4_K"
+  "mm_q5_k mm.comp -DW_Q5_K"
+  "mm_q6_k mm.comp -DW_Q6_K"
+  "rows rows.comp -DANVIL"
+  "attn_prefill attn_prefill.comp -DANVIL")
 set(ANVIL_SHADER_INCS)
 file(GLOB ANVIL_SHADER_DEPS CONFIGURE_DEPENDS ${ANVIL_VK_DIR}/shaders/*.glsl ${ANVIL_VK_DIR}/shaders/*.comp)
 foreach(v ${ANVIL_SHADER_VARIANTS})

@@ -131,6 +131,14 @@ enum vk_kernel {
     K_EMBED_Q5_0, K_EMBED_Q5_1, K_EMBED_Q4_K, K_EMBED_Q5_K, K_EMBED_Q6_K,
     K_ATTENTION,
     K_ARGMAX,
+    /* the prefill program (prefill.c), per weight kind: matrix-matrix products, embedding rows */
+    K_MM_F32, K_MM_F16, K_MM_BF16, K_MM_Q8_0, K_MM_Q4_0, K_MM_Q4_1, K_MM_Q5_0, K_MM_Q5_1,
+    K_MM_Q4_K, K_MM_Q5_K, K_MM_Q6_K,
+    K_EMBEDT_F32, K_EMBEDT_F16, K_EMBEDT_BF16, K_EMBEDT_Q8_0, K_EMBEDT_Q4_0, K_EMBEDT_Q4_1,
+    K_EMBEDT_Q5_0, K_EMBEDT_Q5_1, K_EMBEDT_Q4_K, K_EMBEDT_Q5_K, K_EMBEDT_Q6_K,
+    /* rows.comp's modes, in its MODE order */
+    K_ROWS_NORM, K_ROWS_ROPE, K_ROWS_ADD, K_ROWS_SWIGLU, K_ROWS_KVWRITE,
+    K_ATTN_PREFILL,
     K_COUNT,
 };
 
