@@ -124,6 +124,40 @@ static const uint32_t spv_attn_prefill[] =
 #include "shaders/attn_prefill.inc"
     ;
 
+static const uint32_t spv_mm_coop_f32[] =
+#include "shaders/mm_coop_f32.inc"
+    ;
+static const uint32_t spv_mm_coop_f16[] =
+#include "shaders/mm_coop_f16.inc"
+    ;
+static const uint32_t spv_mm_coop_bf16[] =
+#include "shaders/mm_coop_bf16.inc"
+    ;
+static const uint32_t spv_mm_coop_q8_0[] =
+#include "shaders/mm_coop_q8_0.inc"
+    ;
+static const uint32_t spv_mm_coop_q4_0[] =
+#include "shaders/mm_coop_q4_0.inc"
+    ;
+static const uint32_t spv_mm_coop_q4_1[] =
+#include "shaders/mm_coop_q4_1.inc"
+    ;
+static const uint32_t spv_mm_coop_q5_0[] =
+#include "shaders/mm_coop_q5_0.inc"
+    ;
+static const uint32_t spv_mm_coop_q5_1[] =
+#include "shaders/mm_coop_q5_1.inc"
+    ;
+static const uint32_t spv_mm_coop_q4_k[] =
+#include "shaders/mm_coop_q4_k.inc"
+    ;
+static const uint32_t spv_mm_coop_q5_k[] =
+#include "shaders/mm_coop_q5_k.inc"
+    ;
+static const uint32_t spv_mm_coop_q6_k[] =
+#include "shaders/mm_coop_q6_k.inc"
+    ;
+
 #define SPV(a) a, sizeof a
 
 static const struct {
@@ -194,6 +228,17 @@ static const struct {
     [K_ROWS_SWIGLU] = {SPV(spv_rows), "rows_swiglu"},
     [K_ROWS_KVWRITE] = {SPV(spv_rows), "rows_kvwrite"},
     [K_ATTN_PREFILL] = {SPV(spv_attn_prefill), "attn_prefill"},
+    [K_MMC_F32] = {SPV(spv_mm_coop_f32), "mm_coop_f32"},
+    [K_MMC_F16] = {SPV(spv_mm_coop_f16), "mm_coop_f16"},
+    [K_MMC_BF16] = {SPV(spv_mm_coop_bf16), "mm_coop_bf16"},
+    [K_MMC_Q8_0] = {SPV(spv_mm_coop_q8_0), "mm_coop_q8_0"},
+    [K_MMC_Q4_0] = {SPV(spv_mm_coop_q4_0), "mm_coop_q4_0"},
+    [K_MMC_Q4_1] = {SPV(spv_mm_coop_q4_1), "mm_coop_q4_1"},
+    [K_MMC_Q5_0] = {SPV(spv_mm_coop_q5_0), "mm_coop_q5_0"},
+    [K_MMC_Q5_1] = {SPV(spv_mm_coop_q5_1), "mm_coop_q5_1"},
+    [K_MMC_Q4_K] = {SPV(spv_mm_coop_q4_k), "mm_coop_q4_k"},
+    [K_MMC_Q5_K] = {SPV(spv_mm_coop_q5_k), "mm_coop_q5_k"},
+    [K_MMC_Q6_K] = {SPV(spv_mm_coop_q6_k), "mm_coop_q6_k"},
 };
 
 static void cache_path(struct vk_device *d, char *out, size_t cap) {
@@ -257,6 +302,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     if ((st = vk_result(r, "vkCreatePipelineCache")) != ANVIL_OK) return st;
 
     for (int k = 0; k < K_COUNT && st == ANVIL_OK; k++) {
+        if (k >= K_MMC_F32 && k <= K_MMC_Q6_K && !d->coopmat) continue; /* needs the extension */
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;
@@ -276,6 +322,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
             vals[2] = d->subgroup_size;
             vals[3] = 4 * d->subgroup_size; /* workgroup: 4 subgroups */
             n = 4;
+        } else if (k == K_ATTN_PREFILL) {
+            vals[0] = (uint32_t)attn_g;
+            n = 1;
         } else if (k >= K_MM_F32 && k < K_ROWS_NORM) {
             vals[0] = k >= K_EMBEDT_F32; /* mm.comp's MODE */
             n = 1;

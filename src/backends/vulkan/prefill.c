@@ -10,11 +10,13 @@
  *   embed          mm.comp MODE 1: the chunk's token rows of the embedding table
  *   matmul         mm.comp: a tiled matrix-matrix product, weight tiles dequantised into
  *                  shared memory (every weight type the decode kernels read); a residual add
- *                  that is the product's only consumer is folded into its store
+ *                  that is the product's only consumer is folded into its store. Where the
+ *                  device has cooperative matrices (and ANVIL_VK_COOPMAT=1), mm_coop.comp:
+ *                  the same tiles as float16 on 16x16x16 matrices, float32 sums
  *   rms_norm, rope, add, swiglu   rows.comp
  *   attention      rows.comp MODE 4 writes the chunk's k, v rows into the caches at pos0 + t,
  *                  then attn_prefill.comp: causal attention of each query over rows
- *                  0 .. pos0 + t
+ *                  0 .. pos0 + t, a workgroup per (kv head, token) for its G query heads
  * pos0 and the tokens live in a small host-visible params block read by the kernels, so the
  * recording does not depend on them. Ops other than these (MoE, Gated DeltaNet, gates) make
  * the compile fail with ANVIL_ERR_UNSUPPORTED: the session then runs prompts through the
@@ -221,7 +223,8 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
                 }
                 break;
             }
-            st = emit(p, (enum vk_kernel)(K_MM_F32 + kind), (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc);
+            enum vk_kernel kern = (enum vk_kernel)((b->d->coopmat ? K_MMC_F32 : K_MM_F32) + kind);
+            st = emit(p, kern, (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc); /* 64 x 64 tiles */
             break;
         }
         case OP_ROPE: {
@@ -245,7 +248,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
             const struct node *q = NODE(P, nd->src[0]), *k = NODE(P, nd->src[1]), *v = NODE(P, nd->src[2]);
             uint32_t D = (uint32_t)q->ne[0], H = (uint32_t)q->ne[1], Hkv = (uint32_t)k->ne[1], T = (uint32_t)q->ne[2];
             if (D > 256 || k->ne[0] != D || v->ne[0] != D || v->ne[1] != Hkv || !Hkv || H % Hkv ||
-                nd->ne[0] != D) {
+                nd->ne[0] != D || (int)(H / Hkv) != b->pl.attn_g) {
                 st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: attention shape D=%u H=%u Hkv=%u", D, H, Hkv);
                 break;
             }
@@ -253,7 +256,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
             struct pc_rows kv = {addr(p, P, nd->src[1]), addr(p, P, nd->src[2]), kc, vc, prm, D, T * Hkv, Hkv, 0, 0};
             st = emit(p, K_ROWS_KVWRITE, T * Hkv, 0, &kv, sizeof kv);
             struct pc_attn_pf pa = {addr(p, P, nd->src[0]), kc, vc, addr(p, P, i), prm, T, H, Hkv, D, nd->p.f[0]};
-            if (st == ANVIL_OK) st = emit(p, K_ATTN_PREFILL, H, T, &pa, sizeof pa);
+            if (st == ANVIL_OK) st = emit(p, K_ATTN_PREFILL, Hkv, T, &pa, sizeof pa);
             break;
         }
         default:

@@ -54,6 +54,10 @@ static void eval(anvil_session *s, const int32_t *t, int n, anvil_logits_mode mo
 }
 
 static void check_model(const char *spec) {
+    /* float32 everywhere: rounding only; the cooperative-matrix products (ANVIL_VK_COOPMAT=1,
+     * where the device has them) take float16 inputs */
+    const char *cm = getenv("ANVIL_VK_COOPMAT");
+    float tol = cm && !strcmp(cm, "1") ? 5e-2f : 2e-3f;
     anvil_model *m;
     assert_int_equal(anvil_model_open(spec, NULL, &m), ANVIL_OK);
     int V = anvil_model_vocab_size(m);
@@ -71,7 +75,7 @@ static void check_model(const char *spec) {
     eval(vk, prompt, N_PROMPT, ANVIL_LOGITS_ALL, b, 70);
     float d = max_diff(a, b, (size_t)N_PROMPT * (size_t)V);
     fprintf(stderr, "%s: prefill (chunks 70 + 30), all rows: max |vulkan - cpu| = %.3g\n", spec, (double)d);
-    assert_true(d < 2e-3f);
+    assert_true(d < tol);
     anvil_session_destroy(cpu);
     anvil_session_destroy(vk);
 
@@ -81,7 +85,7 @@ static void check_model(const char *spec) {
     eval(dec, prompt, N_PROMPT, ANVIL_LOGITS_LAST, b, 1);
     d = max_diff(a, b, (size_t)V);
     fprintf(stderr, "%s: last row, prefill vs decode program: %.3g\n", spec, (double)d);
-    assert_true(d < 1e-3f);
+    assert_true(d < tol);
     anvil_generate_params gp = {anvil_sampling_default(), N_GEN, NULL, 0};
     int32_t ga[N_GEN + 1] = {0}, gb[N_GEN + 1] = {0};
     anvil_generate_stats sa, sb;
@@ -97,7 +101,7 @@ static void check_model(const char *spec) {
     d = max_diff(a, b, (size_t)N_MORE * (size_t)V);
     fprintf(stderr, "%s: %d more tokens at %d: max |prefill - decode| = %.3g\n", spec, N_MORE,
             N_PROMPT + 1 + N_GEN, (double)d);
-    assert_true(d < 1e-3f);
+    assert_true(d < tol);
     anvil_session_destroy(pre);
     anvil_session_destroy(dec);
     anvil_model_close(m);
