@@ -34,7 +34,31 @@ set(ANVIL_SHADER_VARIANTS
   "ew ew.comp -DANVIL"
   "moe_topk moe_topk.comp -DANVIL"
   "gdn gdn.comp -DANVIL"
-  "sample sample.comp -DANVIL")
+  "sample sample.comp -DANVIL"
+  "mm_f32 mm.comp -DW_F32"
+  "mm_f16 mm.comp -DW_F16"
+  "mm_bf16 mm.comp -DW_BF16"
+  "mm_q8_0 mm.comp -DW_Q8_0"
+  "mm_q4_0 mm.comp -DW_Q4_0"
+  "mm_q4_1 mm.comp -DW_Q4_1"
+  "mm_q5_0 mm.comp -DW_Q5_0"
+  "mm_q5_1 mm.comp -DW_Q5_1"
+  "mm_q4_k mm.comp -DW_Q4_K"
+  "mm_q5_k mm.comp -DW_Q5_K"
+  "mm_q6_k mm.comp -DW_Q6_K"
+  "rows rows.comp -DANVIL"
+  "attn_prefill attn_prefill.comp -DANVIL"
+  "mm_coop_f32 mm_coop.comp -DW_F32"
+  "mm_coop_f16 mm_coop.comp -DW_F16"
+  "mm_coop_bf16 mm_coop.comp -DW_BF16"
+  "mm_coop_q8_0 mm_coop.comp -DW_Q8_0"
+  "mm_coop_q4_0 mm_coop.comp -DW_Q4_0"
+  "mm_coop_q4_1 mm_coop.comp -DW_Q4_1"
+  "mm_coop_q5_0 mm_coop.comp -DW_Q5_0"
+  "mm_coop_q5_1 mm_coop.comp -DW_Q5_1"
+  "mm_coop_q4_k mm_coop.comp -DW_Q4_K"
+  "mm_coop_q5_k mm_coop.comp -DW_Q5_K"
+  "mm_coop_q6_k mm_coop.comp -DW_Q6_K")
 set(ANVIL_SHADER_INCS)
 file(GLOB ANVIL_SHADER_DEPS CONFIGURE_DEPENDS ${ANVIL_VK_DIR}/shaders/*.glsl ${ANVIL_VK_DIR}/shaders/*.comp)
 foreach(v ${ANVIL_SHADER_VARIANTS})
