@@ -92,11 +92,11 @@ static void test_model_larger_than_device(void **state) {
         fprintf(stderr, "gpu_failure_test: device has %.1f GiB: no synthetic model is larger\n", heap);
         return;
     }
-    double t0 = now_s();
+    /* (the refusal comes before any device allocation by construction, vk_compile's fit
+     * check; a time bound would not tell on lavapipe, where an upload is a memcpy) */
     assert_int_equal(tu_run_anvil(NULL, &err, "eval -m %s --backend vulkan --prompt-ids 1,2 -n 1", pick), 1);
     assert_non_null(strstr(err, "the model does not fit on"));
     assert_non_null(strstr(err, "GiB of weights"));
-    assert_true(now_s() - t0 < 60); /* nothing was uploaded */
     free(err);
 }
 
