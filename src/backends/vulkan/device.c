@@ -393,23 +393,6 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     uint32_t n_dev_exts = 0;
     d->has_budget = has_device_ext(d->phys, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
     if (d->has_budget) dev_exts[n_dev_exts++] = VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
-    /* 4-way int8 dot products (core in 1.3, else the KHR extension) for the K-quant matvecs
-     * on int8-rounded activations: opt-in, ANVIL_VK_DOT=1 (a precision trade, docs/PERF.md) */
-    VkPhysicalDeviceShaderIntegerDotProductFeatures fdot = {
-        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
-    bool dot_ext = has_device_ext(d->phys, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
-    const char *dot_env = getenv("ANVIL_VK_DOT");
-    if ((d->props.apiVersion >= VK_API_VERSION_1_3 || dot_ext) && dot_env && !strcmp(dot_env, "1")) {
-        VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &fdot};
-        vkGetPhysicalDeviceFeatures2(d->phys, &f2);
-        d->has_dot = fdot.shaderIntegerDotProduct == VK_TRUE;
-    }
-    if (d->has_dot) {
-        fdot.pNext = NULL;
-        f12.pNext = &fdot;
-        if (d->props.apiVersion < VK_API_VERSION_1_3)
-            dev_exts[n_dev_exts++] = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
-    }
     VkDeviceCreateInfo dci = {VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f12, 0, 1, &qi, 0, NULL,
                               n_dev_exts, dev_exts, NULL};
     st = vk_result(vkCreateDevice(d->phys, &dci, NULL, &d->dev), "vkCreateDevice");
@@ -480,8 +463,14 @@ anvil_status vk_submit(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t
     VkResult r;
     bool fault = ++d->n_submits == d->fault_at;
     if (fault && d->fault_kind == VK_FAULT_LOST) r = VK_ERROR_DEVICE_LOST;
-    else if (fault && d->fault_kind == VK_FAULT_HANG) r = VK_SUCCESS; /* never signals */
-    else r = vkQueueSubmit(d->queue, 1, &si, VK_NULL_HANDLE);
+    else if (fault && d->fault_kind == VK_FAULT_HANG) {
+        r = VK_SUCCESS; /* never signals */
+        d->hang_injected = true;
+    }
+    else {
+        r = vkQueueSubmit(d->queue, 1, &si, VK_NULL_HANDLE);
+        if (r == VK_SUCCESS) d->submitted_value = v;
+    }
     st = vk_result(r, "vkQueueSubmit");
     if (st != ANVIL_OK) return r == VK_ERROR_DEVICE_LOST ? device_failed(d, st) : st;
     d->timeline_value = v;
@@ -511,7 +500,17 @@ anvil_status vk_wait(struct vk_device *d, uint64_t value) {
 }
 
 void vk_idle(struct vk_device *d) {
-    if (!d->hung) vkDeviceWaitIdle(d->dev);
+    /* an injected hang submitted nothing: the device does become idle */
+    if (!d->hung || d->hang_injected) {
+        vkDeviceWaitIdle(d->dev);
+        return;
+    }
+    /* a wait timed out: vkDeviceWaitIdle could block for ever, but what was really submitted
+     * may still be running (an injected hang, a slow device): wait for it, within the limit,
+     * so that nothing it uses is freed under it */
+    VkSemaphoreWaitInfo wi = {VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, NULL, 0, 1, &d->timeline,
+                              &d->submitted_value};
+    vkWaitSemaphores(d->dev, &wi, (uint64_t)(d->timeout_s * 1e9));
 }
 
 anvil_status vk_cmd_alloc(struct vk_device *d, VkCommandBuffer *cb) {

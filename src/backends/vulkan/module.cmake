@@ -29,11 +29,12 @@ set(ANVIL_SHADER_VARIANTS
   "embed_q4_k embed.comp -DW_Q4_K"
   "embed_q5_k embed.comp -DW_Q5_K"
   "embed_q6_k embed.comp -DW_Q6_K"
-  "matvec_dot_q4_k matvec_dot.comp -DW_Q4_K"
-  "matvec_dot_q5_k matvec_dot.comp -DW_Q5_K"
   "attention attention.comp -DANVIL"
   "argmax argmax.comp -DANVIL"
-  "sample sample.comp -DANVIL")
+  "sample sample.comp -DANVIL"
+  "ew ew.comp -DANVIL"
+  "moe_topk moe_topk.comp -DANVIL"
+  "gdn gdn.comp -DANVIL")
 set(ANVIL_SHADER_INCS)
 file(GLOB ANVIL_SHADER_DEPS CONFIGURE_DEPENDS ${ANVIL_VK_DIR}/shaders/*.glsl ${ANVIL_VK_DIR}/shaders/*.comp)
 foreach(v ${ANVIL_SHADER_VARIANTS})

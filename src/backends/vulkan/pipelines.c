@@ -77,12 +77,6 @@ static const uint32_t spv_embed_q5_k[] =
 static const uint32_t spv_embed_q6_k[] =
 #include "shaders/embed_q6_k.inc"
     ;
-static const uint32_t spv_matvec_dot_q4_k[] =
-#include "shaders/matvec_dot_q4_k.inc"
-    ;
-static const uint32_t spv_matvec_dot_q5_k[] =
-#include "shaders/matvec_dot_q5_k.inc"
-    ;
 static const uint32_t spv_attention[] =
 #include "shaders/attention.inc"
     ;
@@ -91,6 +85,15 @@ static const uint32_t spv_argmax[] =
     ;
 static const uint32_t spv_sample[] =
 #include "shaders/sample.inc"
+    ;
+static const uint32_t spv_ew[] =
+#include "shaders/ew.inc"
+    ;
+static const uint32_t spv_moe_topk[] =
+#include "shaders/moe_topk.inc"
+    ;
+static const uint32_t spv_gdn[] =
+#include "shaders/gdn.inc"
     ;
 
 #define SPV(a) a, sizeof a
@@ -122,6 +125,28 @@ static const struct {
     [K_MATVEC_SWIGLU_Q4_K] = {SPV(spv_matvec_q4_k), "matvec_swiglu_q4_k"},
     [K_MATVEC_SWIGLU_Q5_K] = {SPV(spv_matvec_q5_k), "matvec_swiglu_q5_k"},
     [K_MATVEC_SWIGLU_Q6_K] = {SPV(spv_matvec_q6_k), "matvec_swiglu_q6_k"},
+    [K_MOE_GU_F32] = {SPV(spv_matvec_f32), "moe_gu_f32"},
+    [K_MOE_GU_F16] = {SPV(spv_matvec_f16), "moe_gu_f16"},
+    [K_MOE_GU_BF16] = {SPV(spv_matvec_bf16), "moe_gu_bf16"},
+    [K_MOE_GU_Q8_0] = {SPV(spv_matvec_q8_0), "moe_gu_q8_0"},
+    [K_MOE_GU_Q4_0] = {SPV(spv_matvec_q4_0), "moe_gu_q4_0"},
+    [K_MOE_GU_Q4_1] = {SPV(spv_matvec_q4_1), "moe_gu_q4_1"},
+    [K_MOE_GU_Q5_0] = {SPV(spv_matvec_q5_0), "moe_gu_q5_0"},
+    [K_MOE_GU_Q5_1] = {SPV(spv_matvec_q5_1), "moe_gu_q5_1"},
+    [K_MOE_GU_Q4_K] = {SPV(spv_matvec_q4_k), "moe_gu_q4_k"},
+    [K_MOE_GU_Q5_K] = {SPV(spv_matvec_q5_k), "moe_gu_q5_k"},
+    [K_MOE_GU_Q6_K] = {SPV(spv_matvec_q6_k), "moe_gu_q6_k"},
+    [K_MOE_DOWN_F32] = {SPV(spv_matvec_f32), "moe_down_f32"},
+    [K_MOE_DOWN_F16] = {SPV(spv_matvec_f16), "moe_down_f16"},
+    [K_MOE_DOWN_BF16] = {SPV(spv_matvec_bf16), "moe_down_bf16"},
+    [K_MOE_DOWN_Q8_0] = {SPV(spv_matvec_q8_0), "moe_down_q8_0"},
+    [K_MOE_DOWN_Q4_0] = {SPV(spv_matvec_q4_0), "moe_down_q4_0"},
+    [K_MOE_DOWN_Q4_1] = {SPV(spv_matvec_q4_1), "moe_down_q4_1"},
+    [K_MOE_DOWN_Q5_0] = {SPV(spv_matvec_q5_0), "moe_down_q5_0"},
+    [K_MOE_DOWN_Q5_1] = {SPV(spv_matvec_q5_1), "moe_down_q5_1"},
+    [K_MOE_DOWN_Q4_K] = {SPV(spv_matvec_q4_k), "moe_down_q4_k"},
+    [K_MOE_DOWN_Q5_K] = {SPV(spv_matvec_q5_k), "moe_down_q5_k"},
+    [K_MOE_DOWN_Q6_K] = {SPV(spv_matvec_q6_k), "moe_down_q6_k"},
     [K_EMBED_F32] = {SPV(spv_embed_f32), "embed_f32"},
     [K_EMBED_F16] = {SPV(spv_embed_f16), "embed_f16"},
     [K_EMBED_BF16] = {SPV(spv_embed_bf16), "embed_bf16"},
@@ -133,14 +158,15 @@ static const struct {
     [K_EMBED_Q4_K] = {SPV(spv_embed_q4_k), "embed_q4_k"},
     [K_EMBED_Q5_K] = {SPV(spv_embed_q5_k), "embed_q5_k"},
     [K_EMBED_Q6_K] = {SPV(spv_embed_q6_k), "embed_q6_k"},
-    [K_MATVEC_DOT_Q4_K] = {SPV(spv_matvec_dot_q4_k), "matvec_dot_q4_k"},
-    [K_MATVEC_DOT_Q5_K] = {SPV(spv_matvec_dot_q5_k), "matvec_dot_q5_k"},
-    [K_MATVEC_SWIGLU_DOT_Q4_K] = {SPV(spv_matvec_dot_q4_k), "matvec_swiglu_dot_q4_k"},
-    [K_MATVEC_SWIGLU_DOT_Q5_K] = {SPV(spv_matvec_dot_q5_k), "matvec_swiglu_dot_q5_k"},
     [K_ATTENTION] = {SPV(spv_attention), "attention"},
     [K_ARGMAX] = {SPV(spv_argmax), "argmax"},
     [K_SAMPLE] = {SPV(spv_sample), "sample"},
+    [K_EW] = {SPV(spv_ew), "ew"},
+    [K_MOE_TOPK] = {SPV(spv_moe_topk), "moe_topk"},
+    [K_GDN] = {SPV(spv_gdn), "gdn"},
 };
+
+const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }
 
 static void cache_path(struct vk_device *d, char *out, size_t cap) {
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
@@ -177,13 +203,18 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     e = getenv("ANVIL_VK_MATVEC_NR");
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr = (uint32_t)atoi(e);
     out->matvec_nr_q = MATVEC_NR_Q;
-    out->matvec_nr_dot = MATVEC_NR;
-    e = getenv("ANVIL_VK_MATVEC_NR_DOT");
-    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_dot = (uint32_t)atoi(e);
     e = getenv("ANVIL_VK_MATVEC_NR_Q");
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_q = (uint32_t)atoi(e);
     if (out->matvec_wg < d->subgroup_size) out->matvec_wg = d->subgroup_size;
     if (out->matvec_wg / d->subgroup_size > 32) out->matvec_wg = 32 * d->subgroup_size;
+    /* attention.comp's shared memory (NSG = 4 subgroups): refuse what the device cannot
+     * hold rather than fail (or hang) at dispatch */
+    size_t G = (size_t)attn_g, D = (size_t)attn_d;
+    size_t attn_shared = 8 * 4 * G + 4 * G * D + 8 * (G + 1) * D + 4 * D + 2 * 4 * 64 * G + 4 * G + 16;
+    if (attn_shared > d->props.limits.maxComputeSharedMemorySize)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention with %d query heads per kv head of "
+                       "dim %d needs %zu bytes of shared memory; %s has %u", attn_g, attn_d, attn_shared,
+                       d->props.deviceName, d->props.limits.maxComputeSharedMemorySize);
     VkPushConstantRange pr = {VK_SHADER_STAGE_COMPUTE_BIT, 0, VK_PUSH_BYTES};
     VkPipelineLayoutCreateInfo li = {VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, NULL, 0, 0, NULL, 1, &pr};
     anvil_status st = vk_result(vkCreatePipelineLayout(d->dev, &li, NULL, &out->layout), "vkCreatePipelineLayout");
@@ -206,8 +237,6 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     if ((st = vk_result(r, "vkCreatePipelineCache")) != ANVIL_OK) return st;
 
     for (int k = 0; k < K_COUNT && st == ANVIL_OK; k++) {
-        bool dot = k >= K_MATVEC_DOT_Q4_K && k <= K_MATVEC_SWIGLU_DOT_Q5_K;
-        if (dot && !d->has_dot) continue; /* the device has no int8 dot products */
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;
@@ -219,12 +248,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         if (k < K_EMBED_F32) {
             vals[0] = out->matvec_wg;
             vals[1] = vk_matvec_rows(out, (k - K_MATVEC_F32) % VK_WEIGHT_KINDS);
-            vals[2] = k >= K_MATVEC_SWIGLU_F32;
-            n = 3;
-        } else if (dot) {
-            vals[0] = out->matvec_wg;
-            vals[1] = out->matvec_nr_dot;
-            vals[2] = k >= K_MATVEC_SWIGLU_DOT_Q4_K;
+            vals[2] = (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS); /* MODE */
             n = 3;
         } else if (k == K_ATTENTION) {
             vals[0] = (uint32_t)attn_g;
