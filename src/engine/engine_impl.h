@@ -24,6 +24,7 @@ struct anvil_session {
     struct program *prefill; /* the last prefill program compiled, for prefill_T tokens */
     int prefill_T;
     bool prefill_last_only;
+    bool no_prefill; /* the backend has no prefill program for this model: token by token */
     char err[ERRMSG_LEN];
 };
 

@@ -47,6 +47,16 @@ static anvil_status generate_on_device(anvil_session *s, const int32_t *prompt, 
     if (n_feed > s->n_ctx - s->pos)
         return err_set(ANVIL_ERR_RANGE, "context full: %d tokens in the cache + %d new > %d",
                        s->pos, n_feed, s->n_ctx);
+    double t_pre = time_now();
+    if (n_feed > 1) {
+        /* all but the last prompt token through the prefill program (where the backend has
+         * one for this model; else eval feeds them through the decode loop as well) */
+        anvil_status st = anvil_session_eval(s, feed, n_feed - 1, ANVIL_LOGITS_NONE, NULL);
+        if (st != ANVIL_OK) return st;
+        feed += n_feed - 1;
+        n_feed = 1;
+    }
+    t_pre = time_now() - t_pre;
     int32_t *out = xmalloc((size_t)p->max_tokens * sizeof *out);
     if (!out) return ANVIL_ERR_NOMEM;
     double t0 = time_now();
@@ -70,9 +80,10 @@ static anvil_status generate_on_device(anvil_session *s, const int32_t *prompt, 
         s->pos += res.n_cached;
         stats->n_prompt = n_prompt;
         stats->n_generated = res.n_out;
-        /* the prompt's time: until the first generated token (all of it if none came) */
+        /* the prompt's time: the prefill program, then the device loop until the first
+         * generated token (all of it if none came) */
         double t_first = ft.t_first > 0 ? ft.t_first : t1;
-        stats->prompt_seconds = t_first - t0;
+        stats->prompt_seconds = t_pre + (t_first - t0);
         stats->generate_seconds = t1 - t_first;
         stats->stop = res.stop == GEN_STOP_BUDGET    ? ANVIL_STOP_LENGTH
                       : res.stop == GEN_STOP_EOS     ? ANVIL_STOP_EOS

@@ -265,7 +265,23 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
         return keep_err(s->err, err_set(ANVIL_ERR_RANGE,
                                         "context full: %d tokens in the cache + %d new > %d",
                                         s->pos, n, s->n_ctx));
-    if (s->backend->vt->generate) {
+    /* a device backend: prompts go in chunks through its prefill program where it has one
+     * for this model (ANVIL_PREFILL_CHUNK sets the chunk size; 1 turns prefill off), else
+     * through the decode program a token at a time */
+    int chunk = PREFILL_CHUNK;
+    const char *ce = getenv("ANVIL_PREFILL_CHUNK");
+    if (ce && atoi(ce) >= 1) chunk = atoi(ce);
+    if (s->backend->vt->generate && !s->no_prefill && chunk > 1 && n > 1) {
+        struct program *p;
+        anvil_status st = chunk_program(s, MIN(chunk, n), mode != ANVIL_LOGITS_ALL, &p);
+        if (st == ANVIL_ERR_UNSUPPORTED) {
+            log_info("%s; prompts run token by token", err_get());
+            s->no_prefill = true;
+        } else if (st != ANVIL_OK) {
+            return keep_err(s->err, st);
+        }
+    }
+    if (s->backend->vt->generate && (s->no_prefill || chunk == 1)) {
         /* a device decode loop: the prompt runs through the decode program a token at a time,
          * queued without host round trips unless every row's logits are wanted */
         anvil_status st = ANVIL_OK;
@@ -284,7 +300,7 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
         return ANVIL_OK;
     }
     for (int done = 0; done < n;) {
-        int T = MIN(PREFILL_CHUNK, n - done);
+        int T = MIN(chunk, n - done);
         bool last_chunk = done + T == n;
         bool last_only = mode != ANVIL_LOGITS_ALL;
         struct program *p;

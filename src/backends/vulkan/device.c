@@ -287,6 +287,38 @@ static anvil_status read_failure_env(struct vk_device *d) {
     return ANVIL_OK;
 }
 
+static bool has_device_ext(VkPhysicalDevice pd, const char *name);
+
+/* Whether the prefill's cooperative-matrix products (shaders/mm_coop.comp) can run: asked
+ * for with ANVIL_VK_COOPMAT=1 (off by default until checked on the GPU machine), and the
+ * device has VK_NV_cooperative_matrix with 16x16x16 float16 x float16 -> float32 subgroup
+ * matrices, float16 arithmetic, the Vulkan memory model (the shader's scopes) and subgroups
+ * of 32. */
+static bool want_coopmat(VkPhysicalDevice pd, uint32_t subgroup_size) {
+    const char *e = getenv("ANVIL_VK_COOPMAT");
+    if (!e || strcmp(e, "1") != 0 || subgroup_size != 32 ||
+        !has_device_ext(pd, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) || !vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)
+        return false;
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV cm = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, .pNext = &cm};
+    VkPhysicalDeviceFeatures2 f = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f12};
+    vkGetPhysicalDeviceFeatures2(pd, &f);
+    if (!cm.cooperativeMatrix || !f12.shaderFloat16 || !f12.vulkanMemoryModel) return false;
+    uint32_t n = 0;
+    if (vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(pd, &n, NULL) != VK_SUCCESS || !n) return false;
+    VkCooperativeMatrixPropertiesNV *p = calloc(n, sizeof *p);
+    bool ok = false;
+    for (uint32_t i = 0; p && i < n; i++) p[i].sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV;
+    if (p && vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(pd, &n, p) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n; i++)
+            ok |= p[i].MSize == 16 && p[i].NSize == 16 && p[i].KSize == 16 &&
+                  p[i].AType == VK_COMPONENT_TYPE_FLOAT16_NV && p[i].BType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+                  p[i].CType == VK_COMPONENT_TYPE_FLOAT32_NV && p[i].DType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+                  p[i].scope == VK_SCOPE_SUBGROUP_NV;
+    free(p);
+    return ok;
+}
+
 static bool has_device_ext(VkPhysicalDevice pd, const char *name) {
     uint32_t n = 0;
     if (vkEnumerateDeviceExtensionProperties(pd, NULL, &n, NULL) != VK_SUCCESS || n == 0) return false;
@@ -393,6 +425,15 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     uint32_t n_dev_exts = 0;
     d->has_budget = has_device_ext(d->phys, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
     if (d->has_budget) dev_exts[n_dev_exts++] = VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV cmf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV,
+                                                       .cooperativeMatrix = VK_TRUE};
+    d->coopmat = want_coopmat(d->phys, d->subgroup_size);
+    if (d->coopmat) {
+        dev_exts[n_dev_exts++] = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
+        f12.shaderFloat16 = VK_TRUE;
+        f12.vulkanMemoryModel = VK_TRUE;
+        f12.pNext = &cmf;
+    }
     VkDeviceCreateInfo dci = {VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f12, 0, 1, &qi, 0, NULL,
                               n_dev_exts, dev_exts, NULL};
     st = vk_result(vkCreateDevice(d->phys, &dci, NULL, &d->dev), "vkCreateDevice");
@@ -409,7 +450,8 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     st = vk_result(vkCreateSemaphore(d->dev, &sci, NULL, &d->timeline), "vkCreateSemaphore");
     if (st != ANVIL_OK) goto fail;
     free(pd);
-    log_info("vulkan: device %d: %s (subgroup %u)", pick, d->props.deviceName, d->subgroup_size);
+    log_info("vulkan: device %d: %s (subgroup %u%s)", pick, d->props.deviceName, d->subgroup_size,
+             d->coopmat ? ", cooperative matrices for prefill" : "");
     *out = d;
     return ANVIL_OK;
 fail:

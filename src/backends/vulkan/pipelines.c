@@ -83,9 +83,6 @@ static const uint32_t spv_attention[] =
 static const uint32_t spv_argmax[] =
 #include "shaders/argmax.inc"
     ;
-static const uint32_t spv_sample[] =
-#include "shaders/sample.inc"
-    ;
 static const uint32_t spv_ew[] =
 #include "shaders/ew.inc"
     ;
@@ -94,6 +91,83 @@ static const uint32_t spv_moe_topk[] =
     ;
 static const uint32_t spv_gdn[] =
 #include "shaders/gdn.inc"
+    ;
+static const uint32_t spv_sample[] =
+#include "shaders/sample.inc"
+    ;
+
+static const uint32_t spv_mm_f32[] =
+#include "shaders/mm_f32.inc"
+    ;
+static const uint32_t spv_mm_f16[] =
+#include "shaders/mm_f16.inc"
+    ;
+static const uint32_t spv_mm_bf16[] =
+#include "shaders/mm_bf16.inc"
+    ;
+static const uint32_t spv_mm_q8_0[] =
+#include "shaders/mm_q8_0.inc"
+    ;
+static const uint32_t spv_mm_q4_0[] =
+#include "shaders/mm_q4_0.inc"
+    ;
+static const uint32_t spv_mm_q4_1[] =
+#include "shaders/mm_q4_1.inc"
+    ;
+static const uint32_t spv_mm_q5_0[] =
+#include "shaders/mm_q5_0.inc"
+    ;
+static const uint32_t spv_mm_q5_1[] =
+#include "shaders/mm_q5_1.inc"
+    ;
+static const uint32_t spv_mm_q4_k[] =
+#include "shaders/mm_q4_k.inc"
+    ;
+static const uint32_t spv_mm_q5_k[] =
+#include "shaders/mm_q5_k.inc"
+    ;
+static const uint32_t spv_mm_q6_k[] =
+#include "shaders/mm_q6_k.inc"
+    ;
+static const uint32_t spv_rows[] =
+#include "shaders/rows.inc"
+    ;
+static const uint32_t spv_attn_prefill[] =
+#include "shaders/attn_prefill.inc"
+    ;
+
+static const uint32_t spv_mm_coop_f32[] =
+#include "shaders/mm_coop_f32.inc"
+    ;
+static const uint32_t spv_mm_coop_f16[] =
+#include "shaders/mm_coop_f16.inc"
+    ;
+static const uint32_t spv_mm_coop_bf16[] =
+#include "shaders/mm_coop_bf16.inc"
+    ;
+static const uint32_t spv_mm_coop_q8_0[] =
+#include "shaders/mm_coop_q8_0.inc"
+    ;
+static const uint32_t spv_mm_coop_q4_0[] =
+#include "shaders/mm_coop_q4_0.inc"
+    ;
+static const uint32_t spv_mm_coop_q4_1[] =
+#include "shaders/mm_coop_q4_1.inc"
+    ;
+static const uint32_t spv_mm_coop_q5_0[] =
+#include "shaders/mm_coop_q5_0.inc"
+    ;
+static const uint32_t spv_mm_coop_q5_1[] =
+#include "shaders/mm_coop_q5_1.inc"
+    ;
+static const uint32_t spv_mm_coop_q4_k[] =
+#include "shaders/mm_coop_q4_k.inc"
+    ;
+static const uint32_t spv_mm_coop_q5_k[] =
+#include "shaders/mm_coop_q5_k.inc"
+    ;
+static const uint32_t spv_mm_coop_q6_k[] =
+#include "shaders/mm_coop_q6_k.inc"
     ;
 
 #define SPV(a) a, sizeof a
@@ -160,10 +234,49 @@ static const struct {
     [K_EMBED_Q6_K] = {SPV(spv_embed_q6_k), "embed_q6_k"},
     [K_ATTENTION] = {SPV(spv_attention), "attention"},
     [K_ARGMAX] = {SPV(spv_argmax), "argmax"},
-    [K_SAMPLE] = {SPV(spv_sample), "sample"},
     [K_EW] = {SPV(spv_ew), "ew"},
     [K_MOE_TOPK] = {SPV(spv_moe_topk), "moe_topk"},
     [K_GDN] = {SPV(spv_gdn), "gdn"},
+    [K_SAMPLE] = {SPV(spv_sample), "sample"},
+    [K_MM_F32] = {SPV(spv_mm_f32), "mm_f32"},
+    [K_MM_F16] = {SPV(spv_mm_f16), "mm_f16"},
+    [K_MM_BF16] = {SPV(spv_mm_bf16), "mm_bf16"},
+    [K_MM_Q8_0] = {SPV(spv_mm_q8_0), "mm_q8_0"},
+    [K_MM_Q4_0] = {SPV(spv_mm_q4_0), "mm_q4_0"},
+    [K_MM_Q4_1] = {SPV(spv_mm_q4_1), "mm_q4_1"},
+    [K_MM_Q5_0] = {SPV(spv_mm_q5_0), "mm_q5_0"},
+    [K_MM_Q5_1] = {SPV(spv_mm_q5_1), "mm_q5_1"},
+    [K_MM_Q4_K] = {SPV(spv_mm_q4_k), "mm_q4_k"},
+    [K_MM_Q5_K] = {SPV(spv_mm_q5_k), "mm_q5_k"},
+    [K_MM_Q6_K] = {SPV(spv_mm_q6_k), "mm_q6_k"},
+    [K_EMBEDT_F32] = {SPV(spv_mm_f32), "embed_rows_f32"},
+    [K_EMBEDT_F16] = {SPV(spv_mm_f16), "embed_rows_f16"},
+    [K_EMBEDT_BF16] = {SPV(spv_mm_bf16), "embed_rows_bf16"},
+    [K_EMBEDT_Q8_0] = {SPV(spv_mm_q8_0), "embed_rows_q8_0"},
+    [K_EMBEDT_Q4_0] = {SPV(spv_mm_q4_0), "embed_rows_q4_0"},
+    [K_EMBEDT_Q4_1] = {SPV(spv_mm_q4_1), "embed_rows_q4_1"},
+    [K_EMBEDT_Q5_0] = {SPV(spv_mm_q5_0), "embed_rows_q5_0"},
+    [K_EMBEDT_Q5_1] = {SPV(spv_mm_q5_1), "embed_rows_q5_1"},
+    [K_EMBEDT_Q4_K] = {SPV(spv_mm_q4_k), "embed_rows_q4_k"},
+    [K_EMBEDT_Q5_K] = {SPV(spv_mm_q5_k), "embed_rows_q5_k"},
+    [K_EMBEDT_Q6_K] = {SPV(spv_mm_q6_k), "embed_rows_q6_k"},
+    [K_ROWS_NORM] = {SPV(spv_rows), "rows_norm"},
+    [K_ROWS_ROPE] = {SPV(spv_rows), "rows_rope"},
+    [K_ROWS_ADD] = {SPV(spv_rows), "rows_add"},
+    [K_ROWS_SWIGLU] = {SPV(spv_rows), "rows_swiglu"},
+    [K_ROWS_KVWRITE] = {SPV(spv_rows), "rows_kvwrite"},
+    [K_ATTN_PREFILL] = {SPV(spv_attn_prefill), "attn_prefill"},
+    [K_MMC_F32] = {SPV(spv_mm_coop_f32), "mm_coop_f32"},
+    [K_MMC_F16] = {SPV(spv_mm_coop_f16), "mm_coop_f16"},
+    [K_MMC_BF16] = {SPV(spv_mm_coop_bf16), "mm_coop_bf16"},
+    [K_MMC_Q8_0] = {SPV(spv_mm_coop_q8_0), "mm_coop_q8_0"},
+    [K_MMC_Q4_0] = {SPV(spv_mm_coop_q4_0), "mm_coop_q4_0"},
+    [K_MMC_Q4_1] = {SPV(spv_mm_coop_q4_1), "mm_coop_q4_1"},
+    [K_MMC_Q5_0] = {SPV(spv_mm_coop_q5_0), "mm_coop_q5_0"},
+    [K_MMC_Q5_1] = {SPV(spv_mm_coop_q5_1), "mm_coop_q5_1"},
+    [K_MMC_Q4_K] = {SPV(spv_mm_coop_q4_k), "mm_coop_q4_k"},
+    [K_MMC_Q5_K] = {SPV(spv_mm_coop_q5_k), "mm_coop_q5_k"},
+    [K_MMC_Q6_K] = {SPV(spv_mm_coop_q6_k), "mm_coop_q6_k"},
 };
 
 const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }
@@ -237,6 +350,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     if ((st = vk_result(r, "vkCreatePipelineCache")) != ANVIL_OK) return st;
 
     for (int k = 0; k < K_COUNT && st == ANVIL_OK; k++) {
+        if (k >= K_MMC_F32 && k <= K_MMC_Q6_K && !d->coopmat) continue; /* needs the extension */
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;
@@ -256,6 +370,15 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
             vals[2] = d->subgroup_size;
             vals[3] = 4 * d->subgroup_size; /* workgroup: 4 subgroups */
             n = 4;
+        } else if (k == K_ATTN_PREFILL) {
+            vals[0] = (uint32_t)attn_g;
+            n = 1;
+        } else if (k >= K_MM_F32 && k < K_ROWS_NORM) {
+            vals[0] = k >= K_EMBEDT_F32; /* mm.comp's MODE */
+            n = 1;
+        } else if (k >= K_ROWS_NORM && k <= K_ROWS_KVWRITE) {
+            vals[0] = (uint32_t)(k - K_ROWS_NORM);
+            n = 1;
         }
         for (uint32_t i = 0; i < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};
         VkSpecializationInfo si = {n, ent, n * 4, vals};

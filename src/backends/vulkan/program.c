@@ -734,7 +734,7 @@ static void fill_plain(void *dst, size_t offset, size_t n, void *ctx) {
     memcpy(dst, ((const struct plain *)ctx)->src + offset, n);
 }
 
-static anvil_status make_rope(struct vk_program *p, const struct graph *g) {
+anvil_status vk_rope_table(struct vk_backend *b, const struct graph *g, int n_ctx, struct vk_buffer *out) {
     int n_rot = 0;
     float theta = 0;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -747,22 +747,22 @@ static anvil_status make_rope(struct vk_program *p, const struct graph *g) {
     }
     if (!n_rot) n_rot = 2;
     int half = n_rot / 2;
-    size_t count = (size_t)p->n_ctx * (size_t)half * 2;
+    size_t count = (size_t)n_ctx * (size_t)half * 2;
     float *tab = xmalloc(count * sizeof *tab);
     if (!tab) return ANVIL_ERR_NOMEM;
     /* the CPU backend's formula, in double */
-    for (int pos = 0; pos < p->n_ctx; pos++)
+    for (int pos = 0; pos < n_ctx; pos++)
         for (int i = 0; i < half; i++) {
             double freq = pow(theta, -2.0 * i / n_rot);
             tab[((size_t)pos * half + i) * 2] = (float)cos(pos * freq);
             tab[((size_t)pos * half + i) * 2 + 1] = (float)sin(pos * freq);
         }
-    anvil_status st = vk_buffer_create(p->b->d, count * 4, VK_MEM_DEVICE, "the rope table", &p->rope);
+    anvil_status st = vk_buffer_create(b->d, count * 4, VK_MEM_DEVICE, "the rope table", out);
     struct vk_uploader u;
-    if (st == ANVIL_OK) st = vk_uploader_init(&u, p->b->d, count * 4);
+    if (st == ANVIL_OK) st = vk_uploader_init(&u, b->d, count * 4);
     struct plain f = {(const uint8_t *)tab, count * 4, count * 4};
     if (st == ANVIL_OK) {
-        st = vk_upload(&u, &p->rope, 0, count * 4, fill_plain, &f);
+        st = vk_upload(&u, out, 0, count * 4, fill_plain, &f);
         anvil_status s2 = vk_uploader_finish(&u);
         if (st == ANVIL_OK) st = s2;
     }
@@ -802,7 +802,7 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
                               "the control block", &p->ctl);
     if (st == ANVIL_OK)
         st = vk_buffer_create(b->d, (VkDeviceSize)p->V * 4, VK_MEM_READBACK, "logits", &p->readback);
-    if (st == ANVIL_OK) st = make_rope(p, g);
+    if (st == ANVIL_OK) st = vk_rope_table(b, g, p->n_ctx, &p->rope);
     if (st == ANVIL_OK) st = lower_graph(&L);
     if (st != ANVIL_OK) goto done;
     memset(p->ctl.map, 0, p->ctl.size);

@@ -361,12 +361,23 @@ static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
     return st;
 }
 
+/* A compiled program: the decode program (T = 1) or a prefill program (T > 1). */
+struct vk_prog {
+    struct vk_program *decode;
+    struct vk_prefill *prefill;
+};
+
+static void vk_prog_destroy(struct program *pp) {
+    struct vk_prog *p = (struct vk_prog *)pp;
+    if (!p) return;
+    vk_program_destroy(p->decode);
+    vk_prefill_destroy(p->prefill);
+    free(p);
+}
+
 static anvil_status vk_compile(struct backend *base, const struct graph *g, struct program **out) {
     struct vk_backend *b = (struct vk_backend *)base;
     *out = NULL;
-    if (g->n_tokens != 1)
-        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: only the decode program (T = 1) exists; "
-                       "a prompt runs through it a token at a time");
     /* the weights this graph reads, and how */
     int first_new = b->n_w;
     uint64_t new_bytes = 0, state_bytes = 0;
@@ -427,34 +438,42 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
         st = vk_pipelines_create(b->d, attn_g ? attn_g : 1, attn_d ? attn_d : 128, &b->pl);
         b->have_pl = st == ANVIL_OK;
     }
-    struct vk_program *p = NULL;
-    if (st == ANVIL_OK) st = vk_program_create(b, g, &p);
+    struct vk_prog *p = xcalloc(1, sizeof *p);
+    if (!p) st = ANVIL_ERR_NOMEM;
+    if (st == ANVIL_OK)
+        st = g->n_tokens == 1 ? vk_program_create(b, g, &p->decode) : vk_prefill_create(b, g, &p->prefill);
     if (st == ANVIL_OK) st = vk_check_validation(b->d);
     if (st != ANVIL_OK) {
-        vk_program_destroy(p);
+        vk_prog_destroy((struct program *)p);
         return st;
     }
     *out = (struct program *)p;
     return ANVIL_OK;
 }
 
-static void vk_prog_destroy(struct program *p) { vk_program_destroy((struct vk_program *)p); }
-
-static anvil_status vk_run(struct program *p, const int32_t *tokens, int pos0, float *out) {
-    return vk_program_run((struct vk_program *)p, tokens[0], pos0, out);
+static anvil_status vk_run(struct program *pp, const int32_t *tokens, int pos0, float *out) {
+    struct vk_prog *p = (struct vk_prog *)pp;
+    if (p->prefill) return vk_prefill_run(p->prefill, tokens, pos0, out);
+    return vk_program_run(p->decode, tokens[0], pos0, out);
 }
 
-static anvil_status vk_generate(struct program *p, const struct gen_request *r, struct gen_result *res) {
-    return vk_program_generate((struct vk_program *)p, r, res);
+static anvil_status vk_generate(struct program *pp, const struct gen_request *r, struct gen_result *res) {
+    struct vk_prog *p = (struct vk_prog *)pp;
+    if (!p->decode) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: generate needs the decode program");
+    return vk_program_generate(p->decode, r, res);
 }
 
-static void vk_describe(struct program *p, char *buf, size_t cap) {
+static void vk_describe(struct program *pp, char *buf, size_t cap) {
+    struct vk_prog *pr = (struct vk_prog *)pp;
+    if (cap) buf[0] = 0;
+    if (!pr->decode) return;
+    struct vk_program *p = pr->decode;
     struct vk_stats s;
-    vk_program_stats((struct vk_program *)p, &s);
+    vk_program_stats(p, &s);
     int k = snprintf(buf, cap, "per token: %d dispatches, %d barriers, 0 descriptor writes, 0 command "
                      "buffers recorded, %.3f submits (steps queued %d per submit)\n", s.dispatches,
                      s.barriers, 1.0 / 8, 8);
-    if (k > 0 && (size_t)k < cap) vk_program_profile((struct vk_program *)p, buf + k, cap - (size_t)k);
+    if (k > 0 && (size_t)k < cap) vk_program_profile(p, buf + k, cap - (size_t)k);
 }
 
 static void vk_destroy(struct backend *base) {

@@ -43,6 +43,10 @@ uint64_t vk_wnode_addr(struct vk_backend *b, const struct node *n);
 uint32_t vk_wnode_kp(struct vk_backend *b, const struct node *n);
 uint64_t vk_state_addr(struct vk_backend *b, int state);
 
+/* The rope table [n_ctx, n_rot / 2, 2] (cos, sin, computed in double as the CPU backend
+ * does) for the graph's rope nodes, which must share n_rot and theta. */
+anvil_status vk_rope_table(struct vk_backend *b, const struct graph *g, int n_ctx, struct vk_buffer *out);
+
 struct vk_program;
 anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, struct vk_program **out);
 void vk_program_destroy(struct vk_program *p);
@@ -56,5 +60,14 @@ anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, co
 /* With ANVIL_VK_PROFILE=1: GPU time per kernel of one step, as text. */
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap);
 void vk_program_stats(const struct vk_program *p, struct vk_stats *s);
+
+/* The prefill program (prefill.c): a graph of T > 1 tokens (dense models) as matrix-matrix
+ * products and row kernels over a chunk, recorded once, sharing the backend's weights and
+ * KV cache with the decode program. ANVIL_ERR_UNSUPPORTED for graphs with ops it lacks. */
+struct vk_prefill;
+anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, struct vk_prefill **out);
+void vk_prefill_destroy(struct vk_prefill *p);
+/* Runs the chunk tokens[T] at pos0; out (when not NULL) receives the output rows. */
+anvil_status vk_prefill_run(struct vk_prefill *p, const int32_t *tokens, int pos0, float *out);
 
 #endif

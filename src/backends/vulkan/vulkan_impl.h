@@ -42,6 +42,8 @@ struct vk_device {
     char lost_msg[256];
     double timeout_s;      /* ANVIL_VK_TIMEOUT: longest wait for one submission (default 120) */
     bool has_budget;       /* VK_EXT_memory_budget enabled */
+    bool coopmat;          /* VK_NV_cooperative_matrix enabled (ANVIL_VK_COOPMAT=1): prefill's
+                              K_MMC_* kernels exist */
     VkDeviceSize max_mem;  /* ANVIL_VK_MAX_MEMORY: a cap on device memory (0: none) */
     /* ANVIL_VK_FAULT=KIND:N makes the N-th submit (lost, hang) or device allocation (oom)
      * fail as a real device would: for testing the failure paths */
@@ -142,10 +144,21 @@ enum vk_kernel {
     K_EMBED_Q5_0, K_EMBED_Q5_1, K_EMBED_Q4_K, K_EMBED_Q5_K, K_EMBED_Q6_K,
     K_ATTENTION,
     K_ARGMAX,
-    K_SAMPLE,
     K_EW,       /* ew.comp: add, sigmoid_mul, swiglu, rms_norm left unfused */
     K_MOE_TOPK, /* the router */
     K_GDN,      /* a Gated DeltaNet layer */
+    K_SAMPLE,
+    /* the prefill program (prefill.c), per weight kind: matrix-matrix products, embedding rows */
+    K_MM_F32, K_MM_F16, K_MM_BF16, K_MM_Q8_0, K_MM_Q4_0, K_MM_Q4_1, K_MM_Q5_0, K_MM_Q5_1,
+    K_MM_Q4_K, K_MM_Q5_K, K_MM_Q6_K,
+    K_EMBEDT_F32, K_EMBEDT_F16, K_EMBEDT_BF16, K_EMBEDT_Q8_0, K_EMBEDT_Q4_0, K_EMBEDT_Q4_1,
+    K_EMBEDT_Q5_0, K_EMBEDT_Q5_1, K_EMBEDT_Q4_K, K_EMBEDT_Q5_K, K_EMBEDT_Q6_K,
+    /* rows.comp's modes, in its MODE order */
+    K_ROWS_NORM, K_ROWS_ROPE, K_ROWS_ADD, K_ROWS_SWIGLU, K_ROWS_KVWRITE,
+    K_ATTN_PREFILL,
+    /* mm.comp's products on cooperative matrices (mm_coop.comp), only where d->coopmat */
+    K_MMC_F32, K_MMC_F16, K_MMC_BF16, K_MMC_Q8_0, K_MMC_Q4_0, K_MMC_Q4_1, K_MMC_Q5_0, K_MMC_Q5_1,
+    K_MMC_Q4_K, K_MMC_Q5_K, K_MMC_Q6_K,
     K_COUNT,
 };
 

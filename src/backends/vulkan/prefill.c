@@ -1,0 +1,384 @@
+/*
+ * The prefill program: a graph of T > 1 tokens (a prompt chunk) compiled into one kernel per
+ * op over a static memory plan, recorded once into a command buffer that is resubmitted for
+ * every chunk of that size. It shares the backend's uploaded weights and KV cache (states)
+ * with the decode program, so a prompt prefilled here continues token by token there.
+ *
+ * Legend: T = tokens of the chunk, K = input width, N = output width, H / Hkv = query / kv
+ * heads, D = head dim, S = context (cache rows). Activations are row-major [T, C] floats.
+ *
+ *   embed          mm.comp MODE 1: the chunk's token rows of the embedding table
+ *   matmul         mm.comp: a tiled matrix-matrix product, weight tiles dequantised into
+ *                  shared memory (every weight type the decode kernels read); a residual add
+ *                  that is the product's only consumer is folded into its store. Where the
+ *                  device has cooperative matrices (and ANVIL_VK_COOPMAT=1), mm_coop.comp:
+ *                  the same tiles as float16 on 16x16x16 matrices, float32 sums
+ *   rms_norm, rope, add, swiglu   rows.comp
+ *   attention      rows.comp MODE 4 writes the chunk's k, v rows into the caches at pos0 + t,
+ *                  then attn_prefill.comp: causal attention of each query over rows
+ *                  0 .. pos0 + t, a workgroup per (kv head, token) for its G query heads
+ * pos0 and the tokens live in a small host-visible params block read by the kernels, so the
+ * recording does not depend on them. Ops other than these (MoE, Gated DeltaNet, gates) make
+ * the compile fail with ANVIL_ERR_UNSUPPORTED: the session then runs prompts through the
+ * decode program a token at a time.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vulkan_impl.h"
+#include "vulkan.h"
+
+#define ALIGN 256
+
+struct pf_op {
+    enum vk_kernel k;
+    uint32_t gx, gy;
+    uint32_t push_size;
+    uint8_t push[VK_PUSH_BYTES];
+};
+
+/* must match the push constants of mm.comp, rows.comp and attn_prefill.comp */
+struct pc_mm {
+    uint64_t x, w, y, res, prm;
+    uint32_t T, K, N, Kp8, flags;
+};
+struct pc_rows {
+    uint64_t a, b, c, out, prm;
+    uint32_t n, rows, H, n_rot;
+    float eps;
+};
+struct pc_attn_pf {
+    uint64_t q, kc, vc, out, prm;
+    uint32_t T, H, Hkv, D;
+    float scale;
+};
+
+struct vk_prefill {
+    struct vk_backend *b;
+    int T, n_ctx;
+    struct vk_buffer arena;    /* activations, reused by lifetime */
+    struct vk_buffer prm;      /* pos0, T, -, -, tokens[T] (uint32) */
+    struct vk_buffer readback; /* the output rows */
+    struct vk_buffer rope;
+    VkDeviceSize out_off, out_bytes;
+    struct pf_op *ops;
+    int n_ops, cap_ops;
+    VkCommandBuffer cb;
+};
+
+struct plan {
+    const struct graph *g;
+    int *root;              /* reshape / rows views resolved to the node they view */
+    VkDeviceSize *view;     /* byte offset of a view into its root */
+    int *last;              /* the last node reading each root */
+    VkDeviceSize *off;      /* arena offset of each materialised root, or -1 */
+    VkDeviceSize size;
+};
+
+static VkDeviceSize round_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1) / a * a; }
+
+static bool materialised(enum op op) {
+    return op == OP_EMBED || op == OP_RMS_NORM || op == OP_MATMUL || op == OP_ROPE ||
+           op == OP_ATTENTION || op == OP_ADD || op == OP_SWIGLU;
+}
+
+/* Offsets for every materialised node: a block is reused once the last node reading it has
+ * run (every kernel is followed by a barrier), best fit among the free blocks. A block is
+ * released one node late, so that a product with a fused residual add (which writes the
+ * next node's block) never writes over its own input. */
+static anvil_status plan_memory(struct plan *P) {
+    const struct graph *g = P->g;
+    int n = g->n_nodes;
+    struct blk { VkDeviceSize off, size; } *fr = xmalloc((size_t)n * sizeof *fr), *pend = xmalloc((size_t)n * sizeof *pend);
+    if (!fr || !pend) {
+        free(fr);
+        free(pend);
+        return ANVIL_ERR_NOMEM;
+    }
+    int n_free = 0, n_pend = 0;
+    P->size = 0;
+    for (int i = 0; i < n; i++) {
+        const struct node *nd = &g->nodes[i];
+        P->off[i] = (VkDeviceSize)-1;
+        if (!materialised(nd->op)) continue;
+        VkDeviceSize need = round_up((VkDeviceSize)node_nelem(nd) * 4, ALIGN);
+        int best = -1;
+        for (int f = 0; f < n_free; f++)
+            if (fr[f].size >= need && (best < 0 || fr[f].size < fr[best].size)) best = f;
+        if (best >= 0) {
+            P->off[i] = fr[best].off;
+            fr[best] = fr[--n_free];
+        } else {
+            P->off[i] = P->size;
+            P->size += need;
+        }
+        for (int f = 0; f < n_pend; f++) fr[n_free++] = pend[f];
+        n_pend = 0;
+        /* the inputs whose last reader this is */
+        for (int s = 0; s < GRAPH_MAX_SRC; s++) {
+            int src = nd->src[s];
+            if (src < 0) continue;
+            int r = P->root[src];
+            if (P->last[r] != i || P->off[r] == (VkDeviceSize)-1 || r == i) continue;
+            bool dup = false; /* the same input twice */
+            for (int f = 0; f < n_pend; f++) dup |= pend[f].off == P->off[r];
+            if (!dup) pend[n_pend++] = (struct blk){P->off[r], round_up((VkDeviceSize)node_nelem(&g->nodes[r]) * 4, ALIGN)};
+        }
+    }
+    free(fr);
+    free(pend);
+    return ANVIL_OK;
+}
+
+static anvil_status emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push, size_t size) {
+    if (p->n_ops == p->cap_ops) {
+        int cap = p->cap_ops ? p->cap_ops * 2 : 256;
+        struct pf_op *o = realloc(p->ops, (size_t)cap * sizeof *o);
+        if (!o) return err_set(ANVIL_ERR_NOMEM, "out of memory");
+        p->ops = o;
+        p->cap_ops = cap;
+    }
+    struct pf_op *o = &p->ops[p->n_ops++];
+    memset(o, 0, sizeof *o);
+    o->k = k;
+    if (gy) { /* a 2-D grid as given */
+        o->gx = wgs;
+        o->gy = gy;
+    } else { /* wgs workgroups, numbered x + y * gx by the kernel */
+        o->gx = MIN(wgs, 32768u);
+        o->gy = (wgs + o->gx - 1) / o->gx;
+    }
+    o->push_size = (uint32_t)size;
+    memcpy(o->push, push, size);
+    return ANVIL_OK;
+}
+
+static uint64_t addr(struct vk_prefill *p, struct plan *P, int i) {
+    int r = P->root[i];
+    return p->arena.addr + P->off[r] + P->view[i];
+}
+
+static const struct node *NODE(struct plan *P, int i) { return &P->g->nodes[i]; }
+
+static anvil_status lower(struct vk_prefill *p, struct plan *P) {
+    const struct graph *g = P->g;
+    struct vk_backend *b = p->b;
+    uint64_t prm = p->prm.addr, any = p->arena.addr;
+    bool *done = xcalloc((size_t)g->n_nodes, sizeof *done);
+    if (!done) return ANVIL_ERR_NOMEM;
+    anvil_status st = ANVIL_OK;
+    for (int i = 0; i < g->n_nodes && st == ANVIL_OK; i++) {
+        const struct node *nd = NODE(P, i);
+        if (done[i]) continue;
+        uint32_t ne0 = (uint32_t)nd->ne[0], rows = (uint32_t)(node_nelem(nd) / (nd->ne[0] ? nd->ne[0] : 1));
+        switch (nd->op) {
+        case OP_TOKENS:
+        case OP_WEIGHT:
+        case OP_STATE:
+        case OP_RESHAPE:
+        case OP_ROWS:
+            break;
+        case OP_EMBED: {
+            const struct tensor_info *w = NODE(P, nd->src[0])->weight;
+            int kind = w ? vk_weight_kind(w->type) : -1;
+            if (kind < 0) {
+                st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: no embedding kernel for %s", nd->name);
+                break;
+            }
+            struct pc_mm pc = {any, vk_weight_addr(b, w, false, false), addr(p, P, i), any, prm,
+                               rows, ne0, 0, vk_weight_kp(b, w) / 8, 0};
+            st = emit(p, (enum vk_kernel)(K_EMBEDT_F32 + kind), rows, 0, &pc, sizeof pc);
+            break;
+        }
+        case OP_RMS_NORM: {
+            const struct node *w = NODE(P, nd->src[1]);
+            struct pc_rows pc = {addr(p, P, nd->src[0]), vk_weight_addr(b, w->weight, true, nd->p.i[0] != 0), any,
+                                 addr(p, P, i), prm, ne0, rows, 0, 0, nd->p.f[0]};
+            st = emit(p, K_ROWS_NORM, rows, 0, &pc, sizeof pc);
+            break;
+        }
+        case OP_MATMUL: {
+            const struct node *wn = NODE(P, nd->src[1]);
+            int kind = wn->op == OP_WEIGHT && wn->weight ? vk_weight_kind(wn->weight->type) : -1;
+            if (kind < 0) {
+                st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: matmul %s has no kernel", nd->name);
+                break;
+            }
+            struct pc_mm pc = {addr(p, P, nd->src[0]), vk_weight_addr(b, wn->weight, false, false), addr(p, P, i),
+                               any, prm, rows, (uint32_t)NODE(P, nd->src[0])->ne[0], ne0,
+                               vk_weight_kp(b, wn->weight) / 8, 0};
+            /* the residual add that is this product's only reader: y = res + x W */
+            for (int j = i + 1; j < g->n_nodes; j++) {
+                const struct node *a = NODE(P, j);
+                if (!materialised(a->op)) continue;
+                /* only the next kernel's node (plan_memory keeps its block apart from x) */
+                if (a->op == OP_ADD && P->last[i] == j && P->root[a->src[0]] != P->root[a->src[1]] &&
+                    node_nelem(a) == node_nelem(nd)) {
+                    int other = P->root[a->src[0]] == i ? a->src[1] : a->src[0];
+                    pc.res = addr(p, P, other);
+                    pc.y = addr(p, P, j);
+                    pc.flags = 1;
+                    done[j] = true;
+                }
+                break;
+            }
+            enum vk_kernel kern = (enum vk_kernel)((b->d->coopmat ? K_MMC_F32 : K_MM_F32) + kind);
+            st = emit(p, kern, (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc); /* 64 x 64 tiles */
+            break;
+        }
+        case OP_ROPE: {
+            struct pc_rows pc = {addr(p, P, nd->src[0]), any, p->rope.addr, addr(p, P, i), prm, ne0, rows,
+                                 (uint32_t)nd->ne[1], (uint32_t)nd->p.i[0], 0};
+            st = emit(p, K_ROWS_ROPE, rows, 0, &pc, sizeof pc);
+            break;
+        }
+        case OP_ADD:
+        case OP_SWIGLU: {
+            if (node_nelem(NODE(P, nd->src[0])) != node_nelem(nd) || node_nelem(NODE(P, nd->src[1])) != node_nelem(nd)) {
+                st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: %s broadcasts", nd->name);
+                break;
+            }
+            struct pc_rows pc = {addr(p, P, nd->src[0]), addr(p, P, nd->src[1]), any, addr(p, P, i), prm, ne0,
+                                 rows, 0, 0, 0};
+            st = emit(p, nd->op == OP_ADD ? K_ROWS_ADD : K_ROWS_SWIGLU, rows, 0, &pc, sizeof pc);
+            break;
+        }
+        case OP_ATTENTION: {
+            const struct node *q = NODE(P, nd->src[0]), *k = NODE(P, nd->src[1]), *v = NODE(P, nd->src[2]);
+            uint32_t D = (uint32_t)q->ne[0], H = (uint32_t)q->ne[1], Hkv = (uint32_t)k->ne[1], T = (uint32_t)q->ne[2];
+            if (D > 256 || k->ne[0] != D || v->ne[0] != D || v->ne[1] != Hkv || !Hkv || H % Hkv ||
+                nd->ne[0] != D || (int)(H / Hkv) != b->pl.attn_g) {
+                st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: attention shape D=%u H=%u Hkv=%u", D, H, Hkv);
+                break;
+            }
+            uint64_t kc = vk_state_addr(b, NODE(P, nd->src[3])->state), vc = vk_state_addr(b, NODE(P, nd->src[4])->state);
+            struct pc_rows kv = {addr(p, P, nd->src[1]), addr(p, P, nd->src[2]), kc, vc, prm, D, T * Hkv, Hkv, 0, 0};
+            st = emit(p, K_ROWS_KVWRITE, T * Hkv, 0, &kv, sizeof kv);
+            struct pc_attn_pf pa = {addr(p, P, nd->src[0]), kc, vc, addr(p, P, i), prm, T, H, Hkv, D, nd->p.f[0]};
+            if (st == ANVIL_OK) st = emit(p, K_ATTN_PREFILL, Hkv, T, &pa, sizeof pa);
+            break;
+        }
+        default:
+            st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: no kernel for %s (%s)", op_name(nd->op), nd->name);
+        }
+    }
+    free(done);
+    return st;
+}
+
+#define STAGE_C VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+#define RW (VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT)
+
+static void barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkAccessFlags sa, VkPipelineStageFlags dst,
+                    VkAccessFlags da) {
+    VkMemoryBarrier mb = {VK_STRUCTURE_TYPE_MEMORY_BARRIER, NULL, sa, da};
+    vkCmdPipelineBarrier(cb, src, dst, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+static anvil_status record(struct vk_prefill *p) {
+    anvil_status st = vk_cmd_alloc(p->b->d, &p->cb);
+    if (st != ANVIL_OK) return st;
+    VkCommandBuffer cb = p->cb;
+    VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL, 0, NULL};
+    if ((st = vk_result(vkBeginCommandBuffer(cb, &bi), "vkBeginCommandBuffer")) != ANVIL_OK) return st;
+    VkPipeline bound = VK_NULL_HANDLE;
+    for (int i = 0; i < p->n_ops; i++) {
+        const struct pf_op *o = &p->ops[i];
+        barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+        VkPipeline pl = p->b->pl.p[o->k];
+        if (pl != bound) vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pl);
+        bound = pl;
+        vkCmdPushConstants(cb, p->b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, o->push_size, o->push);
+        vkCmdDispatch(cb, o->gx, o->gy, 1);
+    }
+    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
+    VkBufferCopy c = {p->out_off, 0, p->out_bytes};
+    vkCmdCopyBuffer(cb, p->arena.buf, p->readback.buf, 1, &c);
+    barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT | STAGE_C, VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT,
+            VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    return vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
+}
+
+anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, struct vk_prefill **out) {
+    *out = NULL;
+    struct vk_prefill *p = xcalloc(1, sizeof *p);
+    if (!p) return ANVIL_ERR_NOMEM;
+    p->b = b;
+    p->T = g->n_tokens;
+    int n = g->n_nodes;
+    struct plan P = {g, xmalloc((size_t)n * sizeof(int)), xcalloc((size_t)n, sizeof(VkDeviceSize)),
+                     xmalloc((size_t)n * sizeof(int)), xmalloc((size_t)n * sizeof(VkDeviceSize)), 0};
+    anvil_status st = P.root && P.view && P.last && P.off ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    if (st != ANVIL_OK) goto done;
+    for (int i = 0; i < n; i++) {
+        const struct node *nd = &g->nodes[i];
+        P.last[i] = -1;
+        P.root[i] = i;
+        if (nd->op == OP_RESHAPE || nd->op == OP_ROWS) {
+            P.root[i] = P.root[nd->src[0]];
+            P.view[i] = P.view[nd->src[0]];
+            if (nd->op == OP_ROWS) P.view[i] += (VkDeviceSize)nd->p.i[0] * (VkDeviceSize)nd->ne[0] * 4;
+        }
+        for (int s = 0; s < GRAPH_MAX_SRC; s++)
+            if (nd->src[s] >= 0) P.last[P.root[nd->src[s]]] = i;
+        if (nd->op == OP_STATE) p->n_ctx = (int)nd->ne[2];
+    }
+    int o = g->output;
+    P.last[P.root[o]] = n; /* the output is never reused */
+    if (!p->n_ctx || !materialised(g->nodes[P.root[o]].op)) {
+        st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: no KV cache or no computed output");
+        goto done;
+    }
+    if ((st = plan_memory(&P)) != ANVIL_OK) goto done;
+    p->out_off = P.off[P.root[o]] + P.view[o];
+    p->out_bytes = (VkDeviceSize)node_nelem(&g->nodes[o]) * 4;
+    st = vk_buffer_create(b->d, P.size, VK_MEM_DEVICE, "prefill activations", &p->arena);
+    if (st == ANVIL_OK)
+        st = vk_buffer_create(b->d, 16 + (VkDeviceSize)p->T * 4, VK_MEM_CONTROL, "prefill params", &p->prm);
+    if (st == ANVIL_OK) st = vk_buffer_create(b->d, p->out_bytes, VK_MEM_READBACK, "prefill output", &p->readback);
+    if (st == ANVIL_OK) st = vk_rope_table(b, g, p->n_ctx, &p->rope);
+    if (st == ANVIL_OK) st = lower(p, &P);
+    if (st == ANVIL_OK) st = record(p);
+    if (st == ANVIL_OK)
+        log_info("vulkan: prefill program for %d tokens: %d kernels, arena %.2f MiB", p->T, p->n_ops,
+                 (double)P.size / (1 << 20));
+done:
+    free(P.root);
+    free(P.view);
+    free(P.last);
+    free(P.off);
+    if (st != ANVIL_OK) {
+        vk_prefill_destroy(p);
+        return st;
+    }
+    *out = p;
+    return ANVIL_OK;
+}
+
+void vk_prefill_destroy(struct vk_prefill *p) {
+    if (!p) return;
+    struct vk_device *d = p->b->d;
+    vk_idle(d);
+    if (p->cb) vkFreeCommandBuffers(d->dev, d->pool, 1, &p->cb);
+    vk_buffer_destroy(d, &p->arena);
+    vk_buffer_destroy(d, &p->prm);
+    vk_buffer_destroy(d, &p->readback);
+    vk_buffer_destroy(d, &p->rope);
+    free(p->ops);
+    free(p);
+}
+
+anvil_status vk_prefill_run(struct vk_prefill *p, const int32_t *tokens, int pos0, float *out) {
+    if (pos0 < 0 || pos0 + p->T > p->n_ctx)
+        return err_set(ANVIL_ERR_RANGE, "vulkan: %d tokens at position %d pass the context (%d)", p->T, pos0, p->n_ctx);
+    uint32_t *prm = p->prm.map;
+    prm[0] = (uint32_t)pos0;
+    prm[1] = (uint32_t)p->T;
+    memcpy(prm + 4, tokens, (size_t)p->T * 4);
+    uint64_t v;
+    anvil_status st = vk_submit(p->b->d, &p->cb, 1, &v);
+    if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
+    if (st == ANVIL_OK && out) memcpy(out, p->readback.map, p->out_bytes);
+    return st;
+}

@@ -1,0 +1,134 @@
+/*
+ * The Vulkan prefill program (prefill.c) against the CPU backend and against the decode
+ * program: prompts longer than a tile (64) cut in chunks that are not multiples of it, every
+ * row's logits vs the CPU; a prompt prefilled in chunks, then decoded, equals the same prompt
+ * fed token by token through the decode program (greedy tokens equal, logits within rounding),
+ * and a second prompt prefilled at a position > 0 after decoding. The validation layer is on
+ * where installed. Skips only where no Vulkan device exists.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "anvil.h"
+#include "backends/backend.h"
+#include "testutil.h"
+
+#define N_PROMPT 100
+#define N_MORE 13
+#define N_GEN 10
+
+static anvil_session *session(anvil_model *m, anvil_backend_kind kind) {
+    anvil_session_params sp = anvil_session_default_params();
+    sp.backend = kind;
+    sp.n_ctx = 160;
+    anvil_session *s = NULL;
+    if (anvil_session_create(m, &sp, &s) != ANVIL_OK) fprintf(stderr, "%s\n", anvil_model_errmsg(m));
+    assert_non_null(s);
+    return s;
+}
+
+static float max_diff(const float *a, const float *b, size_t n) {
+    float w = 0;
+    for (size_t i = 0; i < n; i++) w = fmaxf(w, fabsf(a[i] - b[i]));
+    return w;
+}
+
+static int collect(void *user, int32_t tok) {
+    int32_t *v = user;
+    v[1 + v[0]++] = tok;
+    return 0;
+}
+
+/* eval with prompts cut in chunks of `chunk` tokens (1: the decode program only) */
+static void eval(anvil_session *s, const int32_t *t, int n, anvil_logits_mode mode, float *out, int chunk) {
+    char c[16];
+    snprintf(c, sizeof c, "%d", chunk);
+    setenv("ANVIL_PREFILL_CHUNK", c, 1);
+    anvil_status st = anvil_session_eval(s, t, n, mode, out);
+    if (st != ANVIL_OK) fprintf(stderr, "eval: %s\n", anvil_session_errmsg(s));
+    assert_int_equal(st, ANVIL_OK);
+    unsetenv("ANVIL_PREFILL_CHUNK");
+}
+
+static void check_model(const char *spec) {
+    /* float32 everywhere: rounding only; the cooperative-matrix products (ANVIL_VK_COOPMAT=1,
+     * where the device has them) take float16 inputs */
+    const char *cm = getenv("ANVIL_VK_COOPMAT");
+    float tol = cm && !strcmp(cm, "1") ? 5e-2f : 2e-3f;
+    anvil_model *m;
+    assert_int_equal(anvil_model_open(spec, NULL, &m), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    int32_t prompt[N_PROMPT + N_MORE];
+    for (int i = 0; i < N_PROMPT + N_MORE; i++) prompt[i] = (int32_t)((i * 7919 + 13) % V);
+    size_t rows = N_PROMPT + N_MORE;
+    float *a = malloc(sizeof(float) * rows * (size_t)V), *b = malloc(sizeof(float) * rows * (size_t)V);
+    assert_non_null(a);
+    assert_non_null(b);
+
+    /* every row vs the CPU: chunks of 70 then 30 (one full 64-tile and a partial one) */
+    anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
+    assert_string_equal(anvil_session_backend_name(vk), "vulkan");
+    eval(cpu, prompt, N_PROMPT, ANVIL_LOGITS_ALL, a, 512);
+    eval(vk, prompt, N_PROMPT, ANVIL_LOGITS_ALL, b, 70);
+    float d = max_diff(a, b, (size_t)N_PROMPT * (size_t)V);
+    fprintf(stderr, "%s: prefill (chunks 70 + 30), all rows: max |vulkan - cpu| = %.3g\n", spec, (double)d);
+    assert_true(d < tol);
+    anvil_session_destroy(cpu);
+    anvil_session_destroy(vk);
+
+    /* prefill then decode == decode only */
+    anvil_session *pre = session(m, ANVIL_BACKEND_VULKAN), *dec = session(m, ANVIL_BACKEND_VULKAN);
+    eval(pre, prompt, N_PROMPT, ANVIL_LOGITS_LAST, a, 45);
+    eval(dec, prompt, N_PROMPT, ANVIL_LOGITS_LAST, b, 1);
+    d = max_diff(a, b, (size_t)V);
+    fprintf(stderr, "%s: last row, prefill vs decode program: %.3g\n", spec, (double)d);
+    assert_true(d < tol);
+    anvil_generate_params gp = {anvil_sampling_default(), N_GEN, NULL, 0};
+    int32_t ga[N_GEN + 1] = {0}, gb[N_GEN + 1] = {0};
+    anvil_generate_stats sa, sb;
+    int32_t next = 17;
+    assert_int_equal(anvil_session_generate(pre, &next, 1, &gp, collect, ga, &sa), ANVIL_OK);
+    assert_int_equal(anvil_session_generate(dec, &next, 1, &gp, collect, gb, &sb), ANVIL_OK);
+    assert_int_equal(ga[0], N_GEN);
+    assert_memory_equal(ga, gb, sizeof ga);
+    assert_int_equal(anvil_session_position(pre), anvil_session_position(dec));
+    /* more prompt at a position > 0, every row */
+    eval(pre, prompt + N_PROMPT, N_MORE, ANVIL_LOGITS_ALL, a, 64);
+    eval(dec, prompt + N_PROMPT, N_MORE, ANVIL_LOGITS_ALL, b, 1);
+    d = max_diff(a, b, (size_t)N_MORE * (size_t)V);
+    fprintf(stderr, "%s: %d more tokens at %d: max |prefill - decode| = %.3g\n", spec, N_MORE,
+            N_PROMPT + 1 + N_GEN, (double)d);
+    assert_true(d < tol);
+    anvil_session_destroy(pre);
+    anvil_session_destroy(dec);
+    anvil_model_close(m);
+    free(a);
+    free(b);
+}
+
+static void test_prefill(void **state) {
+    (void)state;
+    /* odd row counts (vocab 1001, ffn 768) and K-quant tiles; a float type; real weights */
+    check_model("synthetic:qwen3-tiny-k:q4_k");
+    check_model("synthetic:qwen3-tiny:bf16");
+    char path[1024];
+    snprintf(path, sizeof path, "%s", tu_testdata("reference/qwen3-small"));
+    check_model(path);
+}
+
+int main(void) {
+    char why[256];
+    if (!backend_vulkan_available(why, sizeof why)) {
+        printf("prefill_test: skipped: %s\n", why);
+        return 0;
+    }
+    if (access("/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json", R_OK) == 0)
+        setenv("ANVIL_VALIDATE", "1", 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prefill),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,84 @@
+#version 460
+/* Prefill: causal attention of a chunk's T queries over the KV cache (which already holds the
+ * chunk's own rows: the KV-write kernel runs first). Workgroup (kv head j, token t): the G =
+ * H / Hkv query heads of kv head j at token t attend over cache rows 0 .. pos0 + t, 64 rows
+ * at a time with an online softmax, so each k and v row is read once for the G heads; thread
+ * i scores row s0 + i for every head, then each thread accumulates its D / 64 output
+ * dimensions of every head over the block.
+ *   q [T, H, D], caches [S, Hkv, D], out [T, H, D]; D <= 256, G <= 16 (a specialisation constant). */
+#include "common.glsl"
+
+layout(local_size_x = 64) in;
+
+layout(push_constant) uniform PC {
+    Floats q, kc, vc, out_;
+    Floats prm; /* pos0 at [0] */
+    uint T, H, Hkv, D;
+    float scale;
+} pc;
+
+layout(constant_id = 0) const uint G = 4; /* query heads per kv head */
+const uint B = 64u;
+shared float qs[G][256];
+shared float ps[G][B];
+
+void main() {
+    uint j = gl_WorkGroupID.x, t = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
+    if (t >= pc.T) return;
+    uint D = pc.D;
+    uint n = floatBitsToUint(pc.prm.v[0]) + t + 1u;
+    for (uint g = 0u; g < G; g++)
+        for (uint d = tid; d < D; d += B) qs[g][d] = pc.q.v[(t * pc.H + j * G + g) * D + d] * pc.scale;
+    barrier();
+    float m[G], l[G], acc[G][4];
+    for (uint g = 0u; g < G; g++) {
+        m[g] = -1.0 / 0.0;
+        l[g] = 0.0;
+        for (uint i = 0u; i < 4u; i++) acc[g][i] = 0.0;
+    }
+    for (uint s0 = 0u; s0 < n; s0 += B) {
+        uint s = s0 + tid;
+        float sc[G];
+        for (uint g = 0u; g < G; g++) sc[g] = s < n ? 0.0 : -1.0 / 0.0;
+        if (s < n) {
+            uint kb = (s * pc.Hkv + j) * D;
+            for (uint d = 0u; d < D; d++) {
+                float k = pc.kc.v[kb + d];
+                for (uint g = 0u; g < G; g++) sc[g] += qs[g][d] * k;
+            }
+        }
+        for (uint g = 0u; g < G; g++) ps[g][tid] = sc[g];
+        barrier();
+        float mb[G];
+        for (uint g = 0u; g < G; g++) {
+            mb[g] = m[g];
+            for (uint i = 0u; i < B; i++) mb[g] = max(mb[g], ps[g][i]);
+        }
+        barrier();
+        for (uint g = 0u; g < G; g++) ps[g][tid] = s < n ? exp(sc[g] - mb[g]) : 0.0;
+        barrier();
+        uint nb = min(B, n - s0);
+        for (uint g = 0u; g < G; g++) {
+            float alpha = exp(m[g] - mb[g]);
+            l[g] *= alpha;
+            for (uint i = 0u; i < 4u; i++) acc[g][i] *= alpha;
+            m[g] = mb[g];
+        }
+        for (uint r = 0u; r < nb; r++) {
+            uint vb = ((s0 + r) * pc.Hkv + j) * D;
+            float v[4];
+            for (uint i = 0u; i < 4u; i++) v[i] = tid + B * i < D ? pc.vc.v[vb + tid + B * i] : 0.0;
+            for (uint g = 0u; g < G; g++) {
+                float p = ps[g][r];
+                l[g] += p;
+                for (uint i = 0u; i < 4u; i++) acc[g][i] += p * v[i];
+            }
+        }
+        barrier();
+    }
+    for (uint g = 0u; g < G; g++)
+        for (uint i = 0u; i < 4u; i++) {
+            uint d = tid + B * i;
+            if (d < D) pc.out_.v[(t * pc.H + j * G + g) * D + d] = acc[g][i] / l[g];
+        }
+}

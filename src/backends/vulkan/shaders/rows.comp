@@ -1,0 +1,69 @@
+#version 460
+/* Prefill: the row-wise and element-wise ops over a chunk of T tokens, one workgroup per row
+ * of n floats (rows = the node's elements / n):
+ *   MODE 0  rms_norm   out[r] = a[r] * b / rms(a[r])       (b: the norm weight [n], 1 + w
+ *                      already folded in at upload for zero-centred norms)
+ *   MODE 1  rope       a: [T, H, n], NeoX pairing (i, i + n_rot/2) at position pos0 + t,
+ *                      cos/sin from the table c [n_ctx, n_rot/2, 2] (the decode program's)
+ *   MODE 2  add        out = a + b
+ *   MODE 3  swiglu     out = silu(a) * b
+ *   MODE 4  KV write   a: k [T, H, n], b: v [T, H, n] -> rows pos0 + t of the caches
+ *                      c (k) and out (v), both [S, H, n]
+ * pos0 comes from the params block (prm[0]). */
+#include "common.glsl"
+
+layout(local_size_x = 128) in;
+layout(constant_id = 0) const uint MODE = 0;
+
+layout(push_constant) uniform PC {
+    Floats a, b, c, out_;
+    Floats prm;
+    uint n, rows, H, n_rot;
+    float eps;
+} pc;
+
+shared float red[128];
+
+void main() {
+    uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    if (r >= pc.rows) return;
+    uint tid = gl_LocalInvocationID.x, n = pc.n, base = r * n;
+    uint pos0 = floatBitsToUint(pc.prm.v[0]);
+    if (MODE == 0u) {
+        float ss = 0.0;
+        for (uint i = tid; i < n; i += 128u) ss += pc.a.v[base + i] * pc.a.v[base + i];
+        red[tid] = ss;
+        barrier();
+        for (uint s = 64u; s > 0u; s >>= 1u) {
+            if (tid < s) red[tid] += red[tid + s];
+            barrier();
+        }
+        float inv = 1.0 / sqrt(red[0] / float(n) + pc.eps);
+        for (uint i = tid; i < n; i += 128u) pc.out_.v[base + i] = pc.a.v[base + i] * inv * pc.b.v[i];
+    } else if (MODE == 1u) {
+        uint pos = pos0 + r / pc.H, half_ = pc.n_rot / 2u;
+        for (uint i = tid; i < n; i += 128u) {
+            float y = pc.a.v[base + i];
+            if (i < pc.n_rot) {
+                uint q = i < half_ ? i : i - half_;
+                float cs = pc.c.v[(pos * half_ + q) * 2u], sn = pc.c.v[(pos * half_ + q) * 2u + 1u];
+                float x0 = pc.a.v[base + q], x1 = pc.a.v[base + q + half_];
+                y = i < half_ ? x0 * cs - x1 * sn : x1 * cs + x0 * sn;
+            }
+            pc.out_.v[base + i] = y;
+        }
+    } else if (MODE == 2u) {
+        for (uint i = tid; i < n; i += 128u) pc.out_.v[base + i] = pc.a.v[base + i] + pc.b.v[base + i];
+    } else if (MODE == 3u) {
+        for (uint i = tid; i < n; i += 128u) {
+            float g = pc.a.v[base + i];
+            pc.out_.v[base + i] = g / (1.0 + exp(-g)) * pc.b.v[base + i];
+        }
+    } else {
+        uint t = r / pc.H, h = r % pc.H, dst = ((pos0 + t) * pc.H + h) * n;
+        for (uint i = tid; i < n; i += 128u) {
+            pc.c.v[dst + i] = pc.a.v[base + i];
+            pc.out_.v[dst + i] = pc.b.v[base + i];
+        }
+    }
+}
