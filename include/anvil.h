@@ -304,6 +304,15 @@ anvil_status anvil_chat_template_apply_tools(const anvil_tokenizer *tok,
 /* One line per Vulkan device (index: name, type, memory), or why there are none, into buf
  * (NUL-terminated, truncated to cap). Returns the length it needed. */
 size_t anvil_list_devices(char *buf, size_t cap);
+/* Memory a session uses, in bytes. */
+typedef struct anvil_memory_stats {
+    uint64_t device_bytes;      /* device (GPU) memory the session's backend holds now; 0 on CPU */
+    uint64_t device_peak_bytes; /* the most device memory it has held at once */
+    uint64_t host_peak_bytes;   /* the process's peak resident set size */
+} anvil_memory_stats;
+/* Fills *out. The peak memory mlx-lm prints is device_peak_bytes on a GPU backend,
+ * host_peak_bytes on the CPU. */
+anvil_status anvil_session_memory(const anvil_session *s, anvil_memory_stats *out);
 /* What one decode step costs the session's backend (dispatches, barriers, submits per token);
  * empty for the CPU backend. Returns the length. */
 size_t anvil_session_describe_program(const anvil_session *s, char *buf, size_t cap);

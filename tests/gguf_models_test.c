@@ -147,8 +147,6 @@ static void test_float_files(void **state) {
     for (char *b = strtok(list, ","); b; b = strtok(NULL, ","))
         for (size_t m = 0; m < sizeof models / sizeof *models; m++)
             for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
-                /* the Vulkan decode program covers the dense models (the first two) so far */
-                if (!strcmp(b, "vulkan") && m >= 2) continue;
                 char model[1024], ref[1024];
                 snprintf(model, sizeof model, "%s", tu_testdata("gguf/"));
                 snprintf(model + strlen(model), sizeof model - strlen(model), "%s/%s-%s.gguf",

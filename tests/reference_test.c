@@ -132,8 +132,6 @@ static void test_reference_models(void **state) {
     snprintf(list, sizeof list, "%s", backends && *backends ? backends : have_vk ? "cpu,vulkan" : "cpu");
     for (char *b = strtok(list, ","); b; b = strtok(NULL, ",")) {
         for (size_t i = 0; i < sizeof dense_models / sizeof *dense_models; i++) {
-            /* the Vulkan decode program covers the dense Qwen3 models (the first three) so far */
-            if (!strcmp(b, "vulkan") && i >= 3) continue;
             char dir[1024];
             snprintf(dir, sizeof dir, "%s", tu_testdata("reference/"));
             strncat(dir, dense_models[i], sizeof dir - strlen(dir) - 1);

@@ -14,18 +14,38 @@
 struct backend;
 struct program;
 
+/* The sampling chain's parameters as derived by sampler_prepare (engine/sampler.h, which
+ * specifies the chain); a device backend runs the same chain on them. */
+struct sampling_params {
+    int greedy;          /* the argmax of the (penalised) logits */
+    int penalties;       /* step 1 applies */
+    float inv_temp;      /* 1 / temperature */
+    float rp, inv_rp;    /* repetition penalty and its inverse */
+    float presence, frequency;
+    float top_p, min_p;
+    int K;               /* candidates, 1 .. SAMPLER_MAX_K (and <= V) */
+    int window;          /* tokens of history the penalties look at; < 0: all */
+    uint64_t seed;
+};
+
 /* A decode loop run by the backend itself (see backend_vtable.generate). */
 struct gen_request {
     const int32_t *feed; /* [n_feed] tokens run first, at positions pos0 .. (n_feed >= 1) */
     int n_feed;
     int pos0;
-    int max_new;         /* tokens to generate greedily after the feed (0: only feed) */
+    int max_new;         /* tokens to generate after the feed (0: only feed) */
     const int32_t *stop; /* [n_stop] stop ids (at most 16): chosen, they end the loop */
     int n_stop;
     int (*on_token)(void *user, int32_t token); /* each generated token; non-zero stops */
     void *user;
     int32_t *out;        /* [max_new] when not NULL: the generated tokens */
     float *logits;       /* when not NULL: the logits of the last step run */
+    /* how generated tokens are chosen: NULL is the plain argmax (no penalties); else the
+     * sampling chain, whose penalties look at history[n_history] (the tokens at positions
+     * 0 .. pos0-1, n_history == pos0) and then at the feed and the generated tokens */
+    const struct sampling_params *sampling;
+    const int32_t *history;
+    int n_history;
 };
 
 struct gen_result {
@@ -47,8 +67,8 @@ struct backend_vtable {
     /* Runs p on tokens[T] (T = the graph's n_tokens) at pos0. out, when not NULL, receives
      * the output node as f32 {ne0, ne1} (caller-owned, ne0 * ne1 floats). */
     anvil_status (*run)(struct program *p, const int32_t *tokens, int pos0, float *out);
-    /* Optional (NULL if absent): runs the feed and then greedy generation on the device with
-     * a T = 1 program, without a host round trip per token. A generated token enters the
+    /* Optional (NULL if absent): runs the feed and then generation (greedy, or the sampling
+     * chain) on the device with a T = 1 program, without a host round trip per token. A generated token enters the
      * cache when the next step runs; the last one allowed by max_new does too. */
     anvil_status (*generate)(struct program *p, const struct gen_request *r, struct gen_result *res);
     /* Optional: per-step counts of the T = 1 program (dispatches, barriers), for --trace. */
@@ -56,6 +76,9 @@ struct backend_vtable {
     /* Optional: whether the backend's device has failed (lost, or stopped answering), so
      * that nothing more can run on it; why receives the reason. */
     bool (*failed)(struct backend *b, char *why, size_t cap);
+    /* Optional: the device memory the backend holds now and the most it has held at once
+     * (bytes of device-local allocations). NULL: host memory only (the CPU backend). */
+    void (*memory)(struct backend *b, uint64_t *now, uint64_t *peak);
 };
 
 struct backend {

@@ -13,8 +13,9 @@ static bool is_stop(const anvil_generate_params *p, int32_t t) {
     return false;
 }
 
-/* Greedy generation by the backend's own decode loop: the prompt and every generated token
- * run on the device with no host round trip per token. Same semantics as the loop below. */
+/* Generation by the backend's own decode loop: the prompt and every generated token run on
+ * the device, the next token chosen there (argmax, or the sampling chain of sampler.h), with
+ * no host round trip per token. Same semantics as the loop below. */
 static anvil_status generate_on_device(anvil_session *s, const int32_t *prompt, int n_prompt,
                                        const anvil_generate_params *p, anvil_token_fn fn,
                                        void *user, anvil_generate_stats *stats) {
@@ -47,8 +48,14 @@ static anvil_status generate_on_device(anvil_session *s, const int32_t *prompt, 
     int32_t *out = xmalloc((size_t)p->max_tokens * sizeof *out);
     if (!out) return ANVIL_ERR_NOMEM;
     double t0 = time_now();
-    struct gen_request r = {feed, n_feed, s->pos, p->max_tokens, p->stop_tokens, p->n_stop_tokens,
-                            fn, user, out, NULL};
+    struct sampling_params sp;
+    sampler_prepare(&p->sampling, V, &sp);
+    struct gen_request r = {.feed = feed, .n_feed = n_feed, .pos0 = s->pos, .max_new = p->max_tokens,
+                            .stop = p->stop_tokens, .n_stop = p->n_stop_tokens, .on_token = fn,
+                            .user = user, .out = out,
+                            /* the plain argmax unless the chain has something to do */
+                            .sampling = sp.greedy && !sp.penalties ? NULL : &sp,
+                            .history = s->tokens, .n_history = s->pos};
     struct gen_result res;
     anvil_status st = s->backend->vt->generate(s->decode, &r, &res);
     double t1 = time_now();
@@ -90,13 +97,13 @@ static anvil_status session_generate(anvil_session *s, const int32_t *prompt, in
         return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_generate: bad arguments");
     if (n_prompt == 0 && s->pos == 0)
         return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_generate: nothing to continue from");
-    const anvil_sampling *sp = &p->sampling;
-    if (s->backend->vt->generate && sp->temperature <= 0 && sp->repeat_penalty == 1.0f &&
-        sp->presence_penalty == 0 && sp->frequency_penalty == 0 && p->n_stop_tokens <= 16)
+    struct sampling_params spp;
+    sampler_prepare(&p->sampling, s->model->file->hp.n_vocab, &spp);
+    if (s->backend->vt->generate && p->n_stop_tokens <= 16 && spp.greedy && !spp.penalties)
         return generate_on_device(s, prompt, n_prompt, p, fn, user, stats);
     int V = s->model->file->hp.n_vocab;
     float *logits = xmalloc((size_t)V * sizeof *logits);
-    void *scratch = xmalloc(SAMPLER_MAX_K * (sizeof(float) + 8) + 64);
+    void *scratch = xmalloc(SAMPLER_SCRATCH_BYTES);
     anvil_status st = logits && scratch ? ANVIL_OK : ANVIL_ERR_NOMEM;
 
     double t0 = time_now();

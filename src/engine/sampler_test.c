@@ -98,11 +98,65 @@ static void test_uniform(void **state) {
     assert_true(sampler_uniform(1ull << 32, 5) != sampler_uniform(2ull << 32, 5));
 }
 
+static void test_exp(void **state) {
+    (void)state;
+    /* close to exp over the range that matters, exactly 1 at 0, 0 far below */
+    double worst = 0;
+    for (int i = 0; i < 800000; i++) {
+        float x = -80.0f * (float)i / 800000.0f;
+        float y = sampler_exp(x);
+        double want = exp((double)x);
+        double rel = fabs(y - want) / want;
+        if (rel > worst) worst = rel;
+    }
+    if (worst >= 3e-7) fail_msg("sampler_exp: relative error %.3g", worst);
+    assert_true(sampler_exp(0.0f) == 1.0f);
+    assert_true(sampler_exp(-1e-30f) == 1.0f);
+    assert_true(sampler_exp(-80.5f) == 0.0f);
+    assert_true(sampler_exp(-INFINITY) == 0.0f);
+    assert_true(sampler_exp(NAN) == 0.0f);
+    assert_true(sampler_ftz(1e-35f) == 0.0f && sampler_ftz(-1e-31f) == 0.0f && sampler_ftz(1e-29f) == 1e-29f);
+}
+
+/* top-p is relative to the K candidates: with top_k 2 over (0.4, 0.4, 0.2), top_p 0.5 keeps
+ * the first only (0.4 / 0.8 = 0.5); over the whole vocabulary it would keep both. */
+static void test_top_p_over_candidates(void **state) {
+    (void)state;
+    float base[3] = {logf(0.4f), logf(0.4f) - 1e-6f, logf(0.2f)};
+    anvil_sampling p = anvil_sampling_default();
+    p.temperature = 1.0f;
+    p.top_k = 2;
+    p.top_p = 0.5f;
+    for (uint32_t i = 0; i < 200; i++) {
+        float l[3] = {base[0], base[1], base[2]};
+        assert_int_equal(sampler_sample(l, 3, &p, NULL, 0, i, scratch), 0);
+    }
+    /* prepare: the derived parameters */
+    struct sampling_params sp;
+    p.temperature = 0.5f;
+    p.top_k = 1000;
+    p.repeat_penalty = 1.0f;
+    p.penalty_last_n = -5;
+    sampler_prepare(&p, 100, &sp);
+    assert_false(sp.greedy);
+    assert_true(sp.inv_temp == 2.0f);
+    assert_int_equal(sp.K, 100);
+    assert_int_equal(sp.window, -1);
+    assert_false(sp.penalties);
+    p.temperature = 1e-38f;
+    p.presence_penalty = 0.5f;
+    sampler_prepare(&p, 100000, &sp);
+    assert_true(sp.greedy);
+    assert_int_equal(sp.K, SAMPLER_MAX_K);
+    assert_true(sp.penalties);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),       cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_distribution), cmocka_unit_test(test_top_p_min_p),
-        cmocka_unit_test(test_uniform),
+        cmocka_unit_test(test_uniform),      cmocka_unit_test(test_exp),
+        cmocka_unit_test(test_top_p_over_candidates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,6 +2,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
 
 #include "anvil.h"
 #include "engine_impl.h"
@@ -287,8 +289,8 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
             for (int i = 0; i < n && st == ANVIL_OK; i++)
                 st = s->backend->vt->run(s->decode, tokens + i, s->pos + i, logits_out + (size_t)i * (size_t)V);
         } else {
-            struct gen_request r = {tokens, n, s->pos, 0, NULL, 0, NULL, NULL, NULL,
-                                    mode == ANVIL_LOGITS_LAST ? logits_out : NULL};
+            struct gen_request r = {.feed = tokens, .n_feed = n, .pos0 = s->pos,
+                                    .logits = mode == ANVIL_LOGITS_LAST ? logits_out : NULL};
             struct gen_result res;
             st = s->backend->vt->generate(s->decode, &r, &res);
         }
@@ -319,6 +321,15 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
 
 int anvil_session_context_size(const anvil_session *s) { return s->n_ctx; }
 size_t anvil_list_devices(char *buf, size_t cap) { return backend_vulkan_describe_devices(buf, cap); }
+
+anvil_status anvil_session_memory(const anvil_session *s, anvil_memory_stats *out) {
+    if (!s || !out) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_memory: NULL argument");
+    memset(out, 0, sizeof *out);
+    if (s->backend->vt->memory) s->backend->vt->memory(s->backend, &out->device_bytes, &out->device_peak_bytes);
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) out->host_peak_bytes = (uint64_t)ru.ru_maxrss * 1024; /* KiB on Linux */
+    return ANVIL_OK;
+}
 
 size_t anvil_session_describe_program(const anvil_session *s, char *buf, size_t cap) {
     if (cap) buf[0] = 0;

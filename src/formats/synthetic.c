@@ -42,6 +42,12 @@ static const struct shape shapes[] = {
     {"qwen3.6-35b-a3b", 40, 2048, 16, 2, 256, 0, 248320, false},
     {"qwen3moe-tiny", 2, 128, 4, 2, 32, 256, 512, false},
     {"qwen3.6-tiny", 4, 128, 4, 2, 32, 0, 512, false},
+    /* float types only: widths and counts that are multiples of no workgroup or block size */
+    {"qwen3moe-odd", 2, 72, 6, 2, 20, 120, 509, false},
+    {"qwen3.6-odd", 4, 72, 6, 2, 24, 0, 509, false},
+    /* Qwen3.6-35B-A3B's heads (attention 16 x 256 over 2 kv heads, DeltaNet 16 / 32 x 128)
+     * in a small model */
+    {"qwen3.6-heads", 4, 256, 16, 2, 256, 0, 512, false},
 };
 
 /* The MoE and hybrid shapes' further settings (a shape not listed is dense Qwen3). Their
@@ -61,6 +67,9 @@ static const struct moe_shape moe_shapes[] = {
     {"qwen3.6-35b-a3b", ARCH_QWEN35_MOE, 256, 8, 512, 512, 4, 16, 32, 128, 128, 0.25f, 1e7f},
     {"qwen3moe-tiny", ARCH_QWEN3_MOE, 8, 2, 64, 0, 0, 0, 0, 0, 0, 1.0f, 1e6f},
     {"qwen3.6-tiny", ARCH_QWEN35_MOE, 8, 2, 64, 64, 4, 2, 4, 32, 32, 0.25f, 1e7f},
+    {"qwen3moe-odd", ARCH_QWEN3_MOE, 7, 3, 52, 0, 0, 0, 0, 0, 0, 1.0f, 1e6f},
+    {"qwen3.6-odd", ARCH_QWEN35_MOE, 7, 3, 52, 44, 4, 3, 6, 20, 12, 0.25f, 1e7f},
+    {"qwen3.6-heads", ARCH_QWEN35_MOE, 8, 2, 64, 64, 4, 16, 32, 128, 128, 0.25f, 1e7f},
 };
 
 struct gen_job {

@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -193,13 +192,15 @@ anvil_status gen_stream(struct gen_ctx *g, const struct gen_opts *o, const int32
 }
 
 void gen_print_stats(const struct gen_ctx *g, const anvil_generate_stats *st) {
-    (void)g;
     fflush(stdout);
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
+    /* the GPU's memory on a GPU backend (what mlx-lm reports), the process's on the CPU */
+    anvil_memory_stats mem = {0};
+    anvil_session_memory(g->session, &mem);
+    uint64_t peak = !strcmp(anvil_session_backend_name(g->session), "cpu") ? mem.host_peak_bytes
+                                                                           : mem.device_peak_bytes;
     fprintf(stderr, "Prompt: %d tokens, %.3f tokens-per-sec\n", st->n_prompt,
             st->prompt_seconds > 0 ? st->n_prompt / st->prompt_seconds : 0.0);
     fprintf(stderr, "Generation: %d tokens, %.3f tokens-per-sec\n", st->n_generated,
             st->generate_seconds > 0 ? st->n_generated / st->generate_seconds : 0.0);
-    fprintf(stderr, "Peak memory: %.3f GB\n", (double)ru.ru_maxrss * 1024 / 1e9);
+    fprintf(stderr, "Peak memory: %.3f GB\n", (double)peak / 1e9);
 }

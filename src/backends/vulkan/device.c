@@ -505,8 +505,14 @@ anvil_status vk_submit(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t
     VkResult r;
     bool fault = ++d->n_submits == d->fault_at;
     if (fault && d->fault_kind == VK_FAULT_LOST) r = VK_ERROR_DEVICE_LOST;
-    else if (fault && d->fault_kind == VK_FAULT_HANG) r = VK_SUCCESS; /* never signals */
-    else r = vkQueueSubmit(d->queue, 1, &si, VK_NULL_HANDLE);
+    else if (fault && d->fault_kind == VK_FAULT_HANG) {
+        r = VK_SUCCESS; /* never signals */
+        d->hang_injected = true;
+    }
+    else {
+        r = vkQueueSubmit(d->queue, 1, &si, VK_NULL_HANDLE);
+        if (r == VK_SUCCESS) d->submitted_value = v;
+    }
     st = vk_result(r, "vkQueueSubmit");
     if (st != ANVIL_OK) return r == VK_ERROR_DEVICE_LOST ? device_failed(d, st) : st;
     d->timeline_value = v;
@@ -536,7 +542,17 @@ anvil_status vk_wait(struct vk_device *d, uint64_t value) {
 }
 
 void vk_idle(struct vk_device *d) {
-    if (!d->hung) vkDeviceWaitIdle(d->dev);
+    /* an injected hang submitted nothing: the device does become idle */
+    if (!d->hung || d->hang_injected) {
+        vkDeviceWaitIdle(d->dev);
+        return;
+    }
+    /* a wait timed out: vkDeviceWaitIdle could block for ever, but what was really submitted
+     * may still be running (an injected hang, a slow device): wait for it, within the limit,
+     * so that nothing it uses is freed under it */
+    VkSemaphoreWaitInfo wi = {VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, NULL, 0, 1, &d->timeline,
+                              &d->submitted_value};
+    vkWaitSemaphores(d->dev, &wi, (uint64_t)(d->timeout_s * 1e9));
 }
 
 anvil_status vk_cmd_alloc(struct vk_device *d, VkCommandBuffer *cb) {

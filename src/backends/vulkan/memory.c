@@ -102,6 +102,11 @@ anvil_status vk_buffer_create(struct vk_device *d, VkDeviceSize size, enum vk_me
         vk_buffer_destroy(d, out);
         return st;
     }
+    if (d->mem.memoryTypes[type].propertyFlags & DL) {
+        out->counted = req.size;
+        d->mem_now += req.size;
+        d->mem_peak = MAX(d->mem_peak, d->mem_now);
+    }
     VkBufferDeviceAddressInfo ai2 = {VK_STRUCTURE_TYPE_BUFFER_DEVICE_ADDRESS_INFO, NULL, out->buf};
     out->addr = vkGetBufferDeviceAddress(d->dev, &ai2);
     out->size = size;
@@ -112,6 +117,7 @@ void vk_buffer_destroy(struct vk_device *d, struct vk_buffer *b) {
     if (b->map) vkUnmapMemory(d->dev, b->mem);
     if (b->buf) vkDestroyBuffer(d->dev, b->buf, NULL);
     if (b->mem) vkFreeMemory(d->dev, b->mem, NULL);
+    d->mem_now -= b->counted;
     memset(b, 0, sizeof *b);
 }
 

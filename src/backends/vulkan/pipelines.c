@@ -83,6 +83,15 @@ static const uint32_t spv_attention[] =
 static const uint32_t spv_argmax[] =
 #include "shaders/argmax.inc"
     ;
+static const uint32_t spv_ew[] =
+#include "shaders/ew.inc"
+    ;
+static const uint32_t spv_moe_topk[] =
+#include "shaders/moe_topk.inc"
+    ;
+static const uint32_t spv_gdn[] =
+#include "shaders/gdn.inc"
+    ;
 
 static const uint32_t spv_mm_f32[] =
 #include "shaders/mm_f32.inc"
@@ -187,6 +196,28 @@ static const struct {
     [K_MATVEC_SWIGLU_Q4_K] = {SPV(spv_matvec_q4_k), "matvec_swiglu_q4_k"},
     [K_MATVEC_SWIGLU_Q5_K] = {SPV(spv_matvec_q5_k), "matvec_swiglu_q5_k"},
     [K_MATVEC_SWIGLU_Q6_K] = {SPV(spv_matvec_q6_k), "matvec_swiglu_q6_k"},
+    [K_MOE_GU_F32] = {SPV(spv_matvec_f32), "moe_gu_f32"},
+    [K_MOE_GU_F16] = {SPV(spv_matvec_f16), "moe_gu_f16"},
+    [K_MOE_GU_BF16] = {SPV(spv_matvec_bf16), "moe_gu_bf16"},
+    [K_MOE_GU_Q8_0] = {SPV(spv_matvec_q8_0), "moe_gu_q8_0"},
+    [K_MOE_GU_Q4_0] = {SPV(spv_matvec_q4_0), "moe_gu_q4_0"},
+    [K_MOE_GU_Q4_1] = {SPV(spv_matvec_q4_1), "moe_gu_q4_1"},
+    [K_MOE_GU_Q5_0] = {SPV(spv_matvec_q5_0), "moe_gu_q5_0"},
+    [K_MOE_GU_Q5_1] = {SPV(spv_matvec_q5_1), "moe_gu_q5_1"},
+    [K_MOE_GU_Q4_K] = {SPV(spv_matvec_q4_k), "moe_gu_q4_k"},
+    [K_MOE_GU_Q5_K] = {SPV(spv_matvec_q5_k), "moe_gu_q5_k"},
+    [K_MOE_GU_Q6_K] = {SPV(spv_matvec_q6_k), "moe_gu_q6_k"},
+    [K_MOE_DOWN_F32] = {SPV(spv_matvec_f32), "moe_down_f32"},
+    [K_MOE_DOWN_F16] = {SPV(spv_matvec_f16), "moe_down_f16"},
+    [K_MOE_DOWN_BF16] = {SPV(spv_matvec_bf16), "moe_down_bf16"},
+    [K_MOE_DOWN_Q8_0] = {SPV(spv_matvec_q8_0), "moe_down_q8_0"},
+    [K_MOE_DOWN_Q4_0] = {SPV(spv_matvec_q4_0), "moe_down_q4_0"},
+    [K_MOE_DOWN_Q4_1] = {SPV(spv_matvec_q4_1), "moe_down_q4_1"},
+    [K_MOE_DOWN_Q5_0] = {SPV(spv_matvec_q5_0), "moe_down_q5_0"},
+    [K_MOE_DOWN_Q5_1] = {SPV(spv_matvec_q5_1), "moe_down_q5_1"},
+    [K_MOE_DOWN_Q4_K] = {SPV(spv_matvec_q4_k), "moe_down_q4_k"},
+    [K_MOE_DOWN_Q5_K] = {SPV(spv_matvec_q5_k), "moe_down_q5_k"},
+    [K_MOE_DOWN_Q6_K] = {SPV(spv_matvec_q6_k), "moe_down_q6_k"},
     [K_EMBED_F32] = {SPV(spv_embed_f32), "embed_f32"},
     [K_EMBED_F16] = {SPV(spv_embed_f16), "embed_f16"},
     [K_EMBED_BF16] = {SPV(spv_embed_bf16), "embed_bf16"},
@@ -200,6 +231,9 @@ static const struct {
     [K_EMBED_Q6_K] = {SPV(spv_embed_q6_k), "embed_q6_k"},
     [K_ATTENTION] = {SPV(spv_attention), "attention"},
     [K_ARGMAX] = {SPV(spv_argmax), "argmax"},
+    [K_EW] = {SPV(spv_ew), "ew"},
+    [K_MOE_TOPK] = {SPV(spv_moe_topk), "moe_topk"},
+    [K_GDN] = {SPV(spv_gdn), "gdn"},
     [K_MM_F32] = {SPV(spv_mm_f32), "mm_f32"},
     [K_MM_F16] = {SPV(spv_mm_f16), "mm_f16"},
     [K_MM_BF16] = {SPV(spv_mm_bf16), "mm_bf16"},
@@ -241,6 +275,8 @@ static const struct {
     [K_MMC_Q6_K] = {SPV(spv_mm_coop_q6_k), "mm_coop_q6_k"},
 };
 
+const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }
+
 static void cache_path(struct vk_device *d, char *out, size_t cap) {
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     char dir[900];
@@ -280,6 +316,14 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_q = (uint32_t)atoi(e);
     if (out->matvec_wg < d->subgroup_size) out->matvec_wg = d->subgroup_size;
     if (out->matvec_wg / d->subgroup_size > 32) out->matvec_wg = 32 * d->subgroup_size;
+    /* attention.comp's shared memory (NSG = 4 subgroups): refuse what the device cannot
+     * hold rather than fail (or hang) at dispatch */
+    size_t G = (size_t)attn_g, D = (size_t)attn_d;
+    size_t attn_shared = 8 * 4 * G + 4 * G * D + 8 * (G + 1) * D + 4 * D + 2 * 4 * 64 * G + 4 * G + 16;
+    if (attn_shared > d->props.limits.maxComputeSharedMemorySize)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention with %d query heads per kv head of "
+                       "dim %d needs %zu bytes of shared memory; %s has %u", attn_g, attn_d, attn_shared,
+                       d->props.deviceName, d->props.limits.maxComputeSharedMemorySize);
     VkPushConstantRange pr = {VK_SHADER_STAGE_COMPUTE_BIT, 0, VK_PUSH_BYTES};
     VkPipelineLayoutCreateInfo li = {VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, NULL, 0, 0, NULL, 1, &pr};
     anvil_status st = vk_result(vkCreatePipelineLayout(d->dev, &li, NULL, &out->layout), "vkCreatePipelineLayout");
@@ -314,7 +358,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         if (k < K_EMBED_F32) {
             vals[0] = out->matvec_wg;
             vals[1] = vk_matvec_rows(out, (k - K_MATVEC_F32) % VK_WEIGHT_KINDS);
-            vals[2] = k >= K_MATVEC_SWIGLU_F32;
+            vals[2] = (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS); /* MODE */
             n = 3;
         } else if (k == K_ATTENTION) {
             vals[0] = (uint32_t)attn_g;

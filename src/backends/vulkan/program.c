@@ -16,6 +16,15 @@
  *   matmul -> add                the residual add in the matvec's store
  *   q/k rms_norm -> rope -> KV write -> attention   one dispatch, split over the
  *                                sequence, merged by the last workgroup of each kv head
+ *   MoE                          router matvec (grouped with the shared expert's gate
+ *                                logit), top-k kernel -> routing buffer, experts' gate/up ->
+ *                                SwiGLU, experts' down summed (+ the shared expert as one more,
+ *                                weighted by sigmoid of its logit, + the residual)
+ *   Gated DeltaNet -> gated RMSNorm * silu(z)       one dispatch per layer (gdn.comp); the
+ *                                conv's past inputs live in a ring in the arena, not in the
+ *                                graph's conv state (which the program leaves unused)
+ *   anything else (the gated attention's sigmoid gate, unmatched add / swiglu / rms_norm)
+ *                                the element-wise kernel (ew.comp)
  */
 #include <math.h>
 #include <stdio.h>
@@ -51,6 +60,20 @@ struct pc_attn {
     uint64_t q, k, v, qnorm, knorm, kc, vc, rope, part, cnt, out, ctl;
     uint32_t Hkv, NC, n_rot;
     float eps, scale;
+};
+struct pc_ew {
+    uint64_t a, b, out, ctl;
+    uint32_t n, ne0, bdiv, op;
+    float eps;
+};
+struct pc_topk {
+    uint64_t logits, route, ctl;
+    uint32_t E, k, norm;
+};
+struct pc_gdn {
+    uint64_t qkv, b, a, convw, A, dtb, ring, S, z, gnorm, out, ctl;
+    uint32_t Hk, Dk, Hv, Dv, Kc, flags;
+    float eps_l2, eps;
 };
 struct pc_argmax {
     uint64_t logits, ctl;
@@ -159,46 +182,71 @@ static void grid(uint32_t wgs, uint32_t *gx, uint32_t *gy) {
     *gy = (wgs + *gx - 1) / *gx;
 }
 
+/* The first node after i that reads node i (through reshapes), or -1. */
+static int consumer(struct lower *L, int i) {
+    for (int j = i + 1; j < L->g->n_nodes; j++) {
+        const struct node *m = N(L, j);
+        if (m->op == OP_RESHAPE || m->op == OP_ROWS) continue;
+        for (int s = 0; s < GRAPH_MAX_SRC; s++)
+            if (m->src[s] >= 0 && L->root[m->src[s]] == i) return j;
+    }
+    return -1;
+}
+
+/* Matmul i feeding a SwiGLU with another matmul of the same input and weight type (gate
+ * and up): returns that SwiGLU's index, or -1. */
+static int swiglu_of(struct lower *L, int i) {
+    if (L->n_cons[i] != 1) return -1;
+    int j = consumer(L, i);
+    if (j < 0 || N(L, j)->op != OP_SWIGLU) return -1;
+    int a = L->root[N(L, j)->src[0]], b = L->root[N(L, j)->src[1]];
+    int o = a == i ? b : a;
+    if (o == i || N(L, o)->op != OP_MATMUL || L->done[o] || L->n_cons[o] != 1 ||
+        L->root[N(L, o)->src[0]] != L->root[N(L, i)->src[0]] ||
+        N(L, N(L, o)->src[1])->weight->type != N(L, N(L, i)->src[1])->weight->type ||
+        N(L, o)->ne[0] != N(L, i)->ne[0])
+        return -1;
+    return j;
+}
+
 static anvil_status lower_matmuls(struct lower *L, int i) {
     const struct node *n = N(L, i);
     int x = n->src[0];
-    /* siblings: later matmuls on the same input, same weight type */
-    int group[3] = {i}, ng = 1;
     int type = N(L, n->src[1])->weight->type;
-    for (int j = i + 1; j < L->g->n_nodes && ng < 3; j++) {
-        const struct node *m = N(L, j);
-        if (m->op == OP_MATMUL && !L->done[j] && L->root[m->src[0]] == L->root[x] &&
-            N(L, m->src[1])->weight->type == type)
-            group[ng++] = j;
-    }
     struct pc_matvec pc = {0};
     pc.ctl = L->p->ctl.addr;
     int64_t K = N(L, x)->ne[0];
     pc.K = (uint32_t)K;
-    pc.Kp8 = vk_weight_kp(L->p->b, N(L, n->src[1])->weight) / 8;
+    pc.Kp8 = vk_wnode_kp(L->p->b, N(L, n->src[1])) / 8;
     matvec_input(L, x, &pc);
     int kern = kernel_for(type, K_MATVEC_F32);
     if (kern < 0)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no matrix-vector kernel for %s weights (%s)",
                        dtype_name(type), N(L, n->src[1])->name);
     /* gate/up -> swiglu */
-    if (ng >= 2) {
-        for (int j = group[1] + 1; j < L->g->n_nodes; j++) {
-            const struct node *s = N(L, j);
-            if (s->op != OP_SWIGLU) continue;
-            int a = L->root[s->src[0]], b = L->root[s->src[1]];
-            if (!((a == group[0] && b == group[1]) || (a == group[1] && b == group[0]))) continue;
-            if (L->n_cons[a] != 1 || L->n_cons[b] != 1) break;
-            pc.w0 = vk_weight_addr(L->p->b, N(L, N(L, a)->src[1])->weight, false, false);
-            pc.w1 = vk_weight_addr(L->p->b, N(L, N(L, b)->src[1])->weight, false, false);
-            pc.rows0 = (uint32_t)N(L, a)->ne[0];
-            pc.o0 = addr_of(L, j);
-            L->done[a] = L->done[b] = L->done[j] = true;
-            uint32_t gx, gy;
-            uint32_t nr = matvec_rows_per_wg(L->p->b, type);
-            grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
-            return emit(L->p, kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32), gx, gy, &pc, sizeof pc);
-        }
+    int j = swiglu_of(L, i);
+    if (j >= 0) {
+        int a = L->root[N(L, j)->src[0]], b = L->root[N(L, j)->src[1]];
+        pc.w0 = vk_wnode_addr(L->p->b, N(L, N(L, a)->src[1]));
+        pc.w1 = vk_wnode_addr(L->p->b, N(L, N(L, b)->src[1]));
+        pc.rows0 = (uint32_t)N(L, a)->ne[0];
+        pc.o0 = addr_of(L, j);
+        pc.w2 = pc.w0;
+        pc.o1 = pc.o2 = pc.res = pc.o0;
+        if (!pc.normw) pc.normw = pc.x;
+        L->done[a] = L->done[b] = L->done[j] = true;
+        uint32_t gx, gy;
+        uint32_t nr = matvec_rows_per_wg(L->p->b, type);
+        grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
+        return emit(L->p, kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32), gx, gy, &pc, sizeof pc);
+    }
+    /* siblings: later matmuls on the same input, same weight type (not gate/up pairs) */
+    int group[3] = {i}, ng = 1;
+    for (int k = i + 1; k < L->g->n_nodes && ng < 3; k++) {
+        const struct node *m = N(L, k);
+        if (m->op == OP_MATMUL && !L->done[k] && L->root[m->src[0]] == L->root[x] &&
+            N(L, m->src[1])->weight->type == type && swiglu_of(L, k) < 0)
+            group[ng++] = k;
     }
     /* a lone matmul whose only consumer is an add: fold the residual into its store */
     if (ng == 1 && L->n_cons[i] == 1) {
@@ -207,6 +255,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
             if (a->op != OP_ADD) continue;
             int s0 = L->root[a->src[0]], s1 = L->root[a->src[1]];
             if (s0 != i && s1 != i) continue;
+            if ((s0 == i ? s1 : s0) > i) break; /* the other term comes later */
             pc.res = addr_of(L, s0 == i ? a->src[1] : a->src[0]);
             pc.flags |= 2;
             pc.o0 = addr_of(L, j);
@@ -219,7 +268,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     uint32_t total = 0;
     for (int k = 0; k < ng; k++) {
         const struct node *m = N(L, group[k]);
-        *w[k] = vk_weight_addr(L->p->b, N(L, m->src[1])->weight, false, false);
+        *w[k] = vk_wnode_addr(L->p->b, N(L, m->src[1]));
         if (!*o[k]) *o[k] = addr_of(L, group[k]);
         *rows[k] = (uint32_t)m->ne[0];
         total += *rows[k];
@@ -292,6 +341,163 @@ static anvil_status lower_attention(struct lower *L, int i) {
     return emit(L->p, K_ATTENTION, Hkv, nc, &pa, sizeof pa);
 }
 
+static VkDeviceSize alloc_scratch(struct lower *L, VkDeviceSize bytes) {
+    VkDeviceSize off = L->arena_size;
+    L->arena_size += round_up(bytes, ALIGN);
+    return off;
+}
+
+static anvil_status emit_ew(struct lower *L, uint32_t op, uint64_t a, uint64_t b, uint64_t out,
+                            int64_t n, int64_t ne0, int64_t bdiv, float eps) {
+    struct pc_ew pe = {a, b, out, L->p->ctl.addr, (uint32_t)n, (uint32_t)ne0, (uint32_t)bdiv, op, eps};
+    uint32_t gx, gy;
+    grid(op == 3 ? (uint32_t)(n / ne0) : (uint32_t)((n + 255) / 256), &gx, &gy);
+    return emit(L->p, K_EW, gx, gy, &pe, sizeof pe);
+}
+
+/* The add that is node i's only consumer, if its other term is already computed: returns
+ * the add and sets *other; else -1. */
+static int residual_add(struct lower *L, int i, int *other) {
+    if (L->n_cons[i] != 1) return -1;
+    int j = consumer(L, i);
+    if (j < 0 || N(L, j)->op != OP_ADD) return -1;
+    int s0 = L->root[N(L, j)->src[0]], s1 = L->root[N(L, j)->src[1]];
+    int o = s0 == i ? s1 : s0;
+    if (o > i) return -1;
+    *other = o;
+    return j;
+}
+
+/* OP_MOE: the router (top-k kernel), the experts' gate/up -> SwiGLU (a workgroup row per
+ * chosen expert), the down projections summed with their weights (+ the residual when the
+ * MoE's only consumer adds it). */
+static anvil_status lower_moe(struct lower *L, int i) {
+    const struct node *n = N(L, i);
+    const struct node *gn = N(L, n->src[2]), *un = N(L, n->src[3]), *dn = N(L, n->src[4]);
+    uint32_t C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1], E = (uint32_t)gn->ne[2], k = (uint32_t)n->p.i[0];
+    if (E > 1024 || k > 64 || k > E)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s: %u experts, %u used (at most 1024, 64)",
+                       n->name, E, k);
+    if (gn->weight->type != un->weight->type)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s: gate and up experts of different types", n->name);
+    int kgu = kernel_for(gn->weight->type, K_MOE_GU_F32), kd = kernel_for(dn->weight->type, K_MOE_DOWN_F32);
+    if (kgu < 0 || kd < 0)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no expert kernels for %s", n->name);
+    uint64_t base = L->p->arena.addr;
+    uint64_t route = base + alloc_scratch(L, 128 * 4);
+    uint32_t stride = (uint32_t)round_up(F, 256);
+    uint64_t act = base + alloc_scratch(L, (VkDeviceSize)k * stride * 4 + 32);
+    struct pc_topk pt = {addr_of(L, n->src[1]), route, L->p->ctl.addr, E, k, (uint32_t)(n->p.i[1] != 0)};
+    anvil_status st = emit(L->p, K_MOE_TOPK, 1, 1, &pt, sizeof pt);
+    if (st != ANVIL_OK) return st;
+    struct pc_matvec pc = {0};
+    pc.ctl = L->p->ctl.addr;
+    matvec_input(L, n->src[0], &pc);
+    if (!pc.normw) pc.normw = pc.x;
+    pc.w0 = vk_wnode_addr(L->p->b, gn);
+    pc.w1 = vk_wnode_addr(L->p->b, un);
+    pc.w2 = pc.w0;
+    pc.o0 = pc.o2 = pc.res = act;
+    pc.o1 = route;
+    pc.Kp8 = vk_wnode_kp(L->p->b, gn) / 8;
+    pc.K = C;
+    pc.rows0 = F;
+    pc.rows1 = k;
+    pc.rows2 = stride;
+    uint32_t nr = matvec_rows_per_wg(L->p->b, gn->weight->type);
+    if ((st = emit(L->p, kgu, (F + nr - 1) / nr, k, &pc, sizeof pc)) != ANVIL_OK) return st;
+    struct pc_matvec pd = {0};
+    pd.ctl = L->p->ctl.addr;
+    pd.x = pd.normw = act;
+    pd.w0 = pd.w1 = pd.w2 = vk_wnode_addr(L->p->b, dn);
+    pd.o1 = route;
+    pd.Kp8 = vk_wnode_kp(L->p->b, dn) / 8;
+    pd.K = F;
+    pd.rows0 = C;
+    pd.rows1 = k;
+    pd.rows2 = stride;
+    /* the shared expert (Next, 3.5): y + sigmoid(gl) * down_sh(swiglu(gate_sh h, up_sh h)), then
+     * the residual: the shared expert's down projection joins the experts' as one more */
+    int a1 = L->n_cons[i] == 1 ? consumer(L, i) : -1;
+    if (a1 >= 0 && N(L, a1)->op == OP_ADD && L->n_cons[a1] == 1) {
+        int sm = L->root[N(L, a1)->src[L->root[N(L, a1)->src[0]] == i ? 1 : 0]];
+        const struct node *smn = N(L, sm);
+        int sh = smn->op == OP_SIGMOID_MUL ? L->root[smn->src[0]] : -1;
+        int gl = smn->op == OP_SIGMOID_MUL ? L->root[smn->src[1]] : -1;
+        int sw = sh >= 0 && N(L, sh)->op == OP_MATMUL ? L->root[N(L, sh)->src[0]] : -1;
+        int gate = sw >= 0 && N(L, sw)->op == OP_SWIGLU ? L->root[N(L, sw)->src[0]] : -1;
+        if (L->n_cons[sm] == 1 && sh >= 0 && L->n_cons[sh] == 1 && N(L, gl)->op == OP_MATMUL &&
+            L->done[gl] && N(L, gl)->ne[0] == 1 && sw >= 0 && L->n_cons[sw] == 1 && gate >= 0 &&
+            N(L, gate)->op == OP_MATMUL && !L->done[gate] && swiglu_of(L, gate) == sw &&
+            N(L, N(L, sh)->src[1])->weight->type == dn->weight->type) {
+            /* the shared expert's gate/up -> SwiGLU first */
+            if ((st = lower_matmuls(L, gate)) != ANVIL_OK) return st;
+            pd.flags |= 4;
+            pd.w1 = vk_wnode_addr(L->p->b, N(L, N(L, sh)->src[1]));
+            pd.normw = addr_of(L, sw);
+            pd.K = vk_wnode_kp(L->p->b, N(L, N(L, sh)->src[1])) / 8;
+            pd.o2 = addr_of(L, gl);
+            L->done[sh] = L->done[sm] = L->done[a1] = true;
+            i = a1; /* the sum of both stands for the MoE's output from here */
+        }
+    }
+    int other, add = residual_add(L, i, &other);
+    if (add >= 0) {
+        pd.res = addr_of(L, other);
+        pd.flags |= 2;
+        pd.o0 = addr_of(L, add);
+        L->done[add] = true;
+    } else {
+        pd.o0 = addr_of(L, i);
+        pd.res = pd.o0;
+    }
+    if (!(pd.flags & 4)) pd.o2 = pd.o0;
+    nr = matvec_rows_per_wg(L->p->b, dn->weight->type);
+    uint32_t gx, gy;
+    grid((C + nr - 1) / nr, &gx, &gy);
+    return emit(L->p, kd, gx, gy, &pd, sizeof pd);
+}
+
+/* OP_GDN with its gated RMSNorm (rms_norm of the output, then swiglu(z, it)): one kernel. */
+static anvil_status lower_gdn(struct lower *L, int i) {
+    const struct node *n = N(L, i);
+    int j = consumer(L, i), s = j >= 0 ? consumer(L, j) : -1;
+    if (L->n_cons[i] != 1 || j < 0 || N(L, j)->op != OP_RMS_NORM || L->n_cons[j] != 1 || s < 0 ||
+        N(L, s)->op != OP_SWIGLU || L->root[N(L, s)->src[1]] != j)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s is not followed by its gated norm "
+                       "(the only pattern the decode program fuses)", n->name);
+    const struct node *nm = N(L, j), *qkv = N(L, n->src[0]), *cs = N(L, n->src[6]);
+    uint32_t Hk = (uint32_t)n->p.i[0], Dk = (uint32_t)n->p.i[1], Hv = (uint32_t)N(L, n->src[1])->ne[0],
+             Dv = (uint32_t)n->ne[0], Kc = (uint32_t)cs->ne[0] + 1, Cc = (uint32_t)qkv->ne[0];
+    if (Dk > 256 || Dv > 256 || nm->ne[0] != Dv)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s: head dims %u, %u (at most 256)", n->name, Dk, Dv);
+    struct vk_backend *b = L->p->b;
+    struct pc_gdn pg = {0};
+    pg.qkv = addr_of(L, n->src[0]);
+    pg.b = addr_of(L, n->src[1]);
+    pg.a = addr_of(L, n->src[2]);
+    pg.convw = vk_weight_addr(b, N(L, n->src[3])->weight, true, false);
+    pg.A = vk_weight_addr(b, N(L, n->src[4])->weight, true, false);
+    pg.dtb = vk_weight_addr(b, N(L, n->src[5])->weight, true, false);
+    /* the conv's past inputs: a ring of Kc rows in the arena (gdn.comp) */
+    pg.ring = L->p->arena.addr + alloc_scratch(L, (VkDeviceSize)Kc * Cc * 4);
+    pg.S = vk_state_addr(b, N(L, n->src[7])->state);
+    pg.z = addr_of(L, N(L, s)->src[0]);
+    pg.gnorm = vk_weight_addr(b, N(L, nm->src[1])->weight, true, nm->p.i[0] != 0);
+    pg.out = addr_of(L, s);
+    pg.ctl = L->p->ctl.addr;
+    pg.Hk = Hk;
+    pg.Dk = Dk;
+    pg.Hv = Hv;
+    pg.Dv = Dv;
+    pg.Kc = Kc;
+    pg.flags = (n->p.i[2] ? 1u : 0u) | (n->p.i[3] ? 2u : 0u);
+    pg.eps_l2 = n->p.f[0];
+    pg.eps = nm->p.f[0];
+    L->done[j] = L->done[s] = true;
+    return emit(L->p, K_GDN, Hv, 1, &pg, sizeof pg);
+}
+
 /* Walks the graph in order and emits the fused kernels. The arena's base address is not
  * known until its size is: the walk runs twice, first to size it. */
 static anvil_status lower_graph(struct lower *L) {
@@ -315,18 +521,41 @@ static anvil_status lower_graph(struct lower *L) {
         case OP_ROWS:
         case OP_ROPE:
             break;
+        case OP_WEIGHT_STACK:
+        case OP_WEIGHT_ROWS:
+            break;
         case OP_RMS_NORM: {
-            /* fused into its consumers: matmuls, or (q/k norm) rope -> attention */
-            bool ok = true;
+            /* fused into its consumers: matmuls, experts, or (q/k norm) rope -> attention;
+             * computed on its own for anything else */
+            bool fused = true;
             for (int j = i + 1; j < n; j++)
                 for (int s = 0; s < GRAPH_MAX_SRC; s++)
                     if (N(L, j)->src[s] >= 0 && L->root[N(L, j)->src[s]] == i && N(L, j)->op != OP_MATMUL &&
-                        N(L, j)->op != OP_ROPE)
-                        ok = false;
-            if (!ok) st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: rms_norm %s feeds something other "
-                                  "than matmuls or rope", nd->name);
+                        N(L, j)->op != OP_ROPE && !(N(L, j)->op == OP_MOE && s == 0))
+                        fused = false;
+            if (!fused)
+                st = emit_ew(L, 3, addr_of(L, nd->src[0]),
+                             vk_weight_addr(L->p->b, N(L, nd->src[1])->weight, true, nd->p.i[0] != 0),
+                             addr_of(L, i), node_nelem(nd), nd->ne[0], 1, nd->p.f[0]);
             break;
         }
+        case OP_ADD:
+        case OP_SWIGLU:
+            st = emit_ew(L, nd->op == OP_ADD ? 0 : 2, addr_of(L, nd->src[0]), addr_of(L, nd->src[1]),
+                         addr_of(L, i), node_nelem(nd), nd->ne[0], 1, 0);
+            break;
+        case OP_SIGMOID_MUL: {
+            const struct node *gt = N(L, nd->src[1]);
+            st = emit_ew(L, 1, addr_of(L, nd->src[0]), addr_of(L, nd->src[1]), addr_of(L, i),
+                         node_nelem(nd), nd->ne[0], gt->ne[0] == 1 ? nd->ne[0] : 1, 0);
+            break;
+        }
+        case OP_MOE:
+            st = lower_moe(L, i);
+            break;
+        case OP_GDN:
+            st = lower_gdn(L, i);
+            break;
         case OP_EMBED: {
             const struct tensor_info *w = N(L, nd->src[0])->weight;
             int kern = kernel_for(w->type, K_EMBED_F32);
@@ -345,8 +574,6 @@ static anvil_status lower_graph(struct lower *L) {
         case OP_ATTENTION:
             st = lower_attention(L, i);
             break;
-        case OP_ADD:
-        case OP_SWIGLU:
         default:
             st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s %s is not part of a pattern the decode "
                          "program fuses", op_name(nd->op), nd->name);
@@ -515,7 +742,8 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
         L.root[i] = (nd->op == OP_RESHAPE || nd->op == OP_ROWS) ? L.root[nd->src[0]] : i;
         for (int s = 0; s < GRAPH_MAX_SRC; s++)
             if (nd->src[s] >= 0) L.n_cons[L.root[nd->src[s]]]++;
-        if (nd->op == OP_STATE) p->n_ctx = (int)nd->ne[2];
+        /* the context: the attention caches' length (hybrids have other states too) */
+        if (nd->op == OP_ATTENTION) p->n_ctx = (int)g->nodes[nd->src[3]].ne[2];
     }
     if (!p->n_ctx) {
         st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph has no KV cache");
@@ -714,15 +942,6 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
     return st;
 }
 
-static const char *kernel_names[K_COUNT] = {
-    "matvec_f32", "matvec_f16", "matvec_bf16", "matvec_q8_0", "matvec_q4_0", "matvec_q4_1",
-    "matvec_q5_0", "matvec_q5_1", "matvec_q4_k", "matvec_q5_k", "matvec_q6_k",
-    "matvec_swiglu_f32", "matvec_swiglu_f16", "matvec_swiglu_bf16", "matvec_swiglu_q8_0",
-    "matvec_swiglu_q4_0", "matvec_swiglu_q4_1", "matvec_swiglu_q5_0", "matvec_swiglu_q5_1",
-    "matvec_swiglu_q4_k", "matvec_swiglu_q5_k", "matvec_swiglu_q6_k", "embed_f32", "embed_f16",
-    "embed_bf16", "embed_q8_0", "embed_q4_0", "embed_q4_1", "embed_q5_0", "embed_q5_1",
-    "embed_q4_k", "embed_q5_k", "embed_q6_k", "attention", "argmax",
-};
 
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
     size_t len = 0;
@@ -762,7 +981,7 @@ size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
     OUT("GPU time of one step at position %d (kernel + its barrier, timestamps): %.1f us\n", pos, total / 1e3);
     for (int k = 0; k < K_COUNT; k++)
         if (count[k])
-            OUT("  %-20s %4d x  %8.1f us  (%4.1f%%)\n", kernel_names[k], count[k], by_kind[k] / 1e3,
+            OUT("  %-20s %4d x  %8.1f us  (%4.1f%%)\n", vk_kernel_name((enum vk_kernel)k), count[k], by_kind[k] / 1e3,
                 100 * by_kind[k] / total);
     /* the single most expensive kernels */
     for (int top = 0; top < 5; top++) {
@@ -770,7 +989,7 @@ size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
         for (int i = 0; i < n; i++)
             if (ns[i] >= 0 && (best < 0 || ns[i] > ns[best])) best = i;
         if (best < 0) break;
-        OUT("  top: #%d %s grid %ux%u: %.1f us\n", best, kernel_names[p->ops[best].k], p->ops[best].gx,
+        OUT("  top: #%d %s grid %ux%u: %.1f us\n", best, vk_kernel_name(p->ops[best].k), p->ops[best].gx,
             p->ops[best].gy, ns[best] / 1e3);
         ns[best] = -1;
     }

@@ -11,10 +11,40 @@ bool backend_vulkan_available(char *why, size_t cap) { return vk_available(why, 
 
 size_t backend_vulkan_describe_devices(char *buf, size_t cap) { return vk_describe_devices(buf, cap); }
 
-static struct vk_weight *find_weight(struct vk_backend *b, const struct tensor_info *t, bool as_f32) {
-    for (int i = 0; i < b->n_w; i++)
-        if (b->w[i].t == t && b->w[i].as_f32 == as_f32) return &b->w[i];
+/* The identity of a weight: its tensor, and the stack or row list of a weight node. */
+struct wkey {
+    const struct tensor_info *t;
+    const struct tensor_info *const *stack;
+    const int32_t *rows;
+    int n_stack, n_rows;
+};
+
+static struct wkey key_of_tensor(const struct tensor_info *t) { return (struct wkey){t, NULL, NULL, 0, 0}; }
+
+static struct wkey key_of_node(const struct node *n) {
+    struct wkey k = key_of_tensor(n->weight);
+    if (n->op == OP_WEIGHT_STACK) {
+        k.stack = n->stack;
+        k.n_stack = (int)n->ne[2];
+    } else if (n->op == OP_WEIGHT_ROWS) {
+        k.rows = n->rows;
+        k.n_rows = (int)n->ne[1];
+    }
+    return k;
+}
+
+static struct vk_weight *find_key(struct vk_backend *b, struct wkey k, bool as_f32) {
+    for (int i = 0; i < b->n_w; i++) {
+        struct vk_weight *w = &b->w[i];
+        if (w->t == k.t && w->as_f32 == as_f32 && w->stack == k.stack && w->n_stack == k.n_stack &&
+            w->rows == k.rows && w->n_rows == k.n_rows)
+            return w;
+    }
     return NULL;
+}
+
+static struct vk_weight *find_weight(struct vk_backend *b, const struct tensor_info *t, bool as_f32) {
+    return find_key(b, key_of_tensor(t), as_f32);
 }
 
 uint64_t vk_weight_addr(struct vk_backend *b, const struct tensor_info *t, bool as_f32, bool plus1) {
@@ -25,6 +55,16 @@ uint64_t vk_weight_addr(struct vk_backend *b, const struct tensor_info *t, bool 
 
 uint32_t vk_weight_kp(struct vk_backend *b, const struct tensor_info *t) {
     struct vk_weight *w = find_weight(b, t, false);
+    return w ? w->Kp : 0;
+}
+
+uint64_t vk_wnode_addr(struct vk_backend *b, const struct node *n) {
+    struct vk_weight *w = find_key(b, key_of_node(n), false);
+    return w ? w->buf.addr : 0;
+}
+
+uint32_t vk_wnode_kp(struct vk_backend *b, const struct node *n) {
+    struct vk_weight *w = find_key(b, key_of_node(n), false);
     return w ? w->Kp : 0;
 }
 
@@ -51,6 +91,40 @@ static void pack_q8_0(const uint8_t *in, int b, uint8_t *sb) {
 static void pack_q6_k(const uint8_t *in, int b, uint8_t *sb) {
     (void)b;
     memcpy(sb, in, 210);
+}
+/* Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins re-encoded for a cheap decode of a
+ * pair of sub-blocks (common.glsl scales_pair): f_j = sc(2j) | m(2j) << 6 | sc(2j+1) << 12 |
+ * m(2j+1) << 18; words A = f_0, f_1 low halves, B = f_2, f_3 low halves, C = their top bytes. */
+static void k4_scale_min(int j, const uint8_t *q, uint32_t *sc, uint32_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+static void pack_k_scales(const uint8_t *in, uint8_t *out) {
+    uint32_t f[4];
+    for (int j = 0; j < 4; j++) {
+        uint32_t s0, m0, s1, m1;
+        k4_scale_min(2 * j, in + 4, &s0, &m0);
+        k4_scale_min(2 * j + 1, in + 4, &s1, &m1);
+        f[j] = s0 | m0 << 6 | s1 << 12 | m1 << 18;
+    }
+    uint32_t w[3] = {(f[0] & 0xFFFF) | (f[1] & 0xFFFF) << 16, (f[2] & 0xFFFF) | (f[3] & 0xFFFF) << 16,
+                     (f[0] >> 16) | (f[1] >> 16) << 8 | (f[2] >> 16) << 16 | (f[3] >> 16) << 24};
+    for (int i = 0; i < 12; i++) out[4 + i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
+}
+static void pack_q4_k(const uint8_t *in, int b, uint8_t *sb) {
+    (void)b;
+    memcpy(sb, in, 144);
+    pack_k_scales(in, sb);
+}
+static void pack_q5_k(const uint8_t *in, int b, uint8_t *sb) {
+    (void)b;
+    memcpy(sb, in, 176);
+    pack_k_scales(in, sb);
 }
 /* The 32-weight blocks, 8 to a super-block: nibbles, [fifth bits], d, [m]. */
 static void pack_q4_0(const uint8_t *in, int b, uint8_t *sb) { /* d, qs[16] */
@@ -83,8 +157,8 @@ static const struct vk_layout layouts[VK_WEIGHT_KINDS] = {
     {DT_Q4_1, 256, 160, 8, 20, pack_q4_1},
     {DT_Q5_0, 256, 176, 8, 22, pack_q5_0},
     {DT_Q5_1, 256, 192, 8, 24, pack_q5_1},
-    {DT_Q4_K, 256, 144, 1, 144, NULL},
-    {DT_Q5_K, 256, 176, 1, 176, NULL},
+    {DT_Q4_K, 256, 144, 1, 144, pack_q4_k},
+    {DT_Q5_K, 256, 176, 1, 176, pack_q5_k},
     {DT_Q6_K, 256, 224, 1, 210, pack_q6_k},
 };
 
@@ -100,36 +174,66 @@ static const struct vk_layout *layout_of(int dtype) {
 }
 
 /* Weights a graph reads: the matmul and embedding weights in their own type, the norm
- * weights as float32. */
-static anvil_status want_weight(struct vk_backend *b, const struct tensor_info *t, bool as_f32, bool plus1) {
-    if (find_weight(b, t, as_f32)) return ANVIL_OK;
+ * weights (and the other small float vectors) as float32. */
+static anvil_status want_key(struct vk_backend *b, struct wkey k, bool as_f32, bool plus1) {
+    if (find_key(b, k, as_f32)) return ANVIL_OK;
     struct vk_weight *nw = realloc(b->w, (size_t)(b->n_w + 1) * sizeof *nw);
     if (!nw) return err_set(ANVIL_ERR_NOMEM, "out of memory");
     b->w = nw;
     struct vk_weight *w = &b->w[b->n_w++];
     memset(w, 0, sizeof *w);
-    w->t = t;
+    w->t = k.t;
+    w->stack = k.stack;
+    w->n_stack = k.n_stack;
+    w->rows = k.rows;
+    w->n_rows = k.n_rows;
     w->as_f32 = as_f32;
     w->plus1 = plus1;
-    w->Kp = (uint32_t)((t->ne[0] + 255) / 256 * 256);
-    if (!as_f32) {
+    const struct tensor_info *t = k.t;
+    if (as_f32) { /* one row of every element, padded to 256 (kernels read vectors wide) */
+        int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+        w->Kp = (uint32_t)((n + 255) / 256 * 256);
+    } else {
         const struct vk_layout *l = layout_of(t->type);
         w->Kp = (uint32_t)((t->ne[0] + l->sb_weights - 1) / l->sb_weights * l->sb_weights);
     }
     return ANVIL_OK;
 }
 
+static anvil_status want_weight(struct vk_backend *b, const struct tensor_info *t, bool as_f32, bool plus1) {
+    return want_key(b, key_of_tensor(t), as_f32, plus1);
+}
+
+/* rows of a weight as uploaded */
+static int64_t weight_rows(const struct vk_weight *w) {
+    if (w->as_f32) return 1;
+    if (w->rows) return w->n_rows;
+    int64_t r = w->t->ne[1] * w->t->ne[2] * w->t->ne[3];
+    return w->stack ? r * w->n_stack : r;
+}
+
 static size_t weight_bytes(const struct vk_weight *w) {
-    int64_t rows = w->t->ne[1] * w->t->ne[2] * w->t->ne[3];
-    if (w->as_f32) return (size_t)rows * w->Kp * 4;
+    int64_t rows = weight_rows(w);
+    if (w->as_f32) return (size_t)w->Kp * 4;
     const struct vk_layout *l = layout_of(w->t->type);
     return (size_t)rows * (w->Kp / l->sb_weights) * l->sb_bytes;
+}
+
+/* Where row r of a weight lies in host memory (row_bytes: a row's size in the file). */
+static const uint8_t *src_row(const struct vk_weight *w, size_t r, size_t row_bytes) {
+    if (w->rows) return (const uint8_t *)w->t->data + (size_t)w->rows[r] * row_bytes;
+    if (w->stack) {
+        size_t per = (size_t)(w->t->ne[1] * w->t->ne[2] * w->t->ne[3]);
+        return (const uint8_t *)w->stack[r / per]->data + (r % per) * row_bytes;
+    }
+    return (const uint8_t *)w->t->data + r * row_bytes;
 }
 
 /* Quantized rows repacked into the kernels' super-blocks (common.glsl), zero past the row's
  * end (zero scales: zero weights). */
 struct repack_ctx {
     const struct vk_layout *l;
+    const struct vk_weight *w; /* NULL: src holds the rows one after another */
     const uint8_t *src;
     size_t blocks_in, sb_out; /* per row: the file's blocks in, super-blocks out */
 };
@@ -145,7 +249,9 @@ static void fill_repack(void *dst, size_t offset, size_t n, void *ctx) {
         for (int b = 0; b < l->blocks; b++) {
             size_t blk = s * (size_t)l->blocks + (size_t)b;
             if (blk >= q->blocks_in) break;
-            l->pack(q->src + (row * q->blocks_in + blk) * l->block_bytes, b, sb);
+            const uint8_t *rs = q->w ? src_row(q->w, row, q->blocks_in * l->block_bytes)
+                                     : q->src + row * q->blocks_in * l->block_bytes;
+            l->pack(rs + blk * l->block_bytes, b, sb);
         }
         size_t k = MIN(n - done, l->sb_bytes - c);
         memcpy(o + done, sb + c, k);
@@ -157,6 +263,7 @@ static void fill_repack(void *dst, size_t offset, size_t n, void *ctx) {
 struct fill_ctx {
     const uint8_t *src;
     size_t row_in, row_out;
+    const struct vk_weight *w; /* NULL: src holds the rows one after another */
 };
 
 static void fill_rows(void *dst, size_t offset, size_t n, void *ctx) {
@@ -166,7 +273,8 @@ static void fill_rows(void *dst, size_t offset, size_t n, void *ctx) {
         size_t r = (offset + done) / f->row_out, c = (offset + done) % f->row_out;
         size_t k = MIN(n - done, f->row_out - c);
         size_t copy = c < f->row_in ? MIN(k, f->row_in - c) : 0;
-        memcpy(o + done, f->src + r * f->row_in + c, copy);
+        const uint8_t *rs = f->w ? src_row(f->w, r, f->row_in) : f->src + r * f->row_in;
+        memcpy(o + done, rs + c, copy);
         memset(o + done + copy, 0, k - copy);
         done += k;
     }
@@ -183,29 +291,30 @@ static anvil_status upload_weights(struct vk_backend *b, int first) {
         st = vk_buffer_create(b->d, bytes, VK_MEM_DEVICE, w->t->name, &w->buf);
         if (st != ANVIL_OK) break;
         const struct dtype_traits *tr = dtype_traits(w->t->type);
-        int64_t n = w->t->ne[0], rows = w->t->ne[1] * w->t->ne[2] * w->t->ne[3];
+        int64_t n = w->t->ne[0];
         float *conv = NULL;
-        struct fill_ctx f = {w->t->data, (size_t)n * (size_t)tr->type_size, (size_t)w->Kp * (size_t)tr->type_size};
-        if (w->as_f32) { /* norm weights: small vectors, converted to float32 first */
-            conv = xmalloc((size_t)(n * rows) * sizeof *conv);
+        struct fill_ctx f = {w->t->data, (size_t)n * (size_t)tr->type_size, (size_t)w->Kp * (size_t)tr->type_size, w};
+        if (w->as_f32) { /* small vectors, converted to float32 first, as one padded row */
+            n = w->t->ne[0] * w->t->ne[1] * w->t->ne[2] * w->t->ne[3];
+            conv = xmalloc((size_t)n * sizeof *conv);
             if (!conv) {
                 st = ANVIL_ERR_NOMEM;
                 break;
             }
-            tr->to_f32(w->t->data, conv, n * rows);
+            tr->to_f32(w->t->data, conv, n);
             if (w->plus1)
-                for (int64_t e = 0; e < n * rows; e++) conv[e] += 1.0f;
-            f = (struct fill_ctx){(const uint8_t *)conv, (size_t)n * 4, (size_t)w->Kp * 4};
+                for (int64_t e = 0; e < n; e++) conv[e] += 1.0f;
+            f = (struct fill_ctx){(const uint8_t *)conv, (size_t)n * 4, (size_t)w->Kp * 4, NULL};
         }
         const struct vk_layout *l = w->as_f32 ? NULL : layout_of(w->t->type);
         if (l && l->pack) {
-            struct repack_ctx q = {l, w->t->data, (size_t)n / (size_t)tr->block_size,
+            struct repack_ctx q = {l, w, w->t->data, (size_t)n / (size_t)tr->block_size,
                                    w->Kp / (size_t)l->sb_weights};
             st = vk_upload(&u, &w->buf, 0, bytes, fill_repack, &q);
         } else {
             if (l && tr->block_size > 1) /* whole blocks, as in the file (K-quants: Kp = n) */
                 f = (struct fill_ctx){w->t->data, (size_t)n / (size_t)tr->block_size * (size_t)tr->type_size,
-                                      (size_t)w->Kp / (size_t)tr->block_size * (size_t)tr->type_size};
+                                      (size_t)w->Kp / (size_t)tr->block_size * (size_t)tr->type_size, w};
             st = vk_upload(&u, &w->buf, 0, bytes, fill_rows, &f);
         }
         free(conv); /* vk_upload has copied it into staging memory */
@@ -276,12 +385,26 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
     for (int i = 0; i < g->n_nodes; i++) {
         const struct node *n = &g->nodes[i];
         anvil_status st = ANVIL_OK;
-        if (n->op == OP_MATMUL || n->op == OP_EMBED) {
-            const struct tensor_info *t = g->nodes[n->src[n->op == OP_MATMUL ? 1 : 0]].weight;
-            if (vk_weight_kind(t->type) < 0)
-                return err_set(ANVIL_ERR_UNSUPPORTED, "%s: tensor %s has type %s, which the Vulkan "
-                               "backend cannot compute with yet", t->file, t->name, dtype_name(t->type));
-            st = want_weight(b, t, false, false);
+        if (n->op == OP_MATMUL || n->op == OP_EMBED || n->op == OP_MOE) {
+            int s0 = n->op == OP_MATMUL ? 1 : n->op == OP_MOE ? 2 : 0, s1 = n->op == OP_MOE ? 4 : s0;
+            for (int s = s0; s <= s1 && st == ANVIL_OK; s++) {
+                const struct node *wn = &g->nodes[n->src[s]];
+                const struct tensor_info *t = wn->weight;
+                if (!t)
+                    return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s %s reads a computed matrix",
+                                   op_name(n->op), n->name);
+                if (vk_weight_kind(t->type) < 0)
+                    return err_set(ANVIL_ERR_UNSUPPORTED, "%s: tensor %s has type %s, which the Vulkan "
+                                   "backend cannot compute with yet", t->file, t->name, dtype_name(t->type));
+                st = want_key(b, key_of_node(wn), false, false);
+            }
+        } else if (n->op == OP_GDN) {
+            for (int s = 3; s <= 5 && st == ANVIL_OK; s++) {
+                const struct tensor_info *t = g->nodes[n->src[s]].weight;
+                if (!t || !dtype_supported(t->type))
+                    return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s has no usable parameter %d", n->name, s);
+                st = want_weight(b, t, true, false);
+            }
         } else if (n->op == OP_RMS_NORM) {
             const struct tensor_info *t = g->nodes[n->src[1]].weight;
             if (!t || !dtype_supported(t->type))
@@ -374,9 +497,15 @@ static bool vk_failed(struct backend *base, char *why, size_t cap) {
     return b->d->lost;
 }
 
+static void vk_memory(struct backend *base, uint64_t *now, uint64_t *peak) {
+    struct vk_backend *b = (struct vk_backend *)base;
+    *now = b->d->mem_now;
+    *peak = b->d->mem_peak;
+}
+
 static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
-    vk_failed,
+    vk_failed, vk_memory,
 };
 
 anvil_status backend_vulkan_create(int device, struct backend **out) {

@@ -6,8 +6,14 @@
 
 struct vk_weight {
     const struct tensor_info *t;
-    bool as_f32, plus1; /* norm weights: float32, 1 + w for zero-centred norms */
-    uint32_t Kp;        /* row stride in elements: ne[0] rounded up to 8 */
+    /* a weight node's other forms: E tensors stacked into one (OP_WEIGHT_STACK, stack[e]
+     * for e < n_stack), or rows gathered from t (OP_WEIGHT_ROWS, rows[r] for r < n_rows) */
+    const struct tensor_info *const *stack;
+    const int32_t *rows;
+    int n_stack, n_rows;
+    bool as_f32, plus1; /* small float vectors (norm weights, GDN parameters): float32, whole
+                           tensor as one row padded to 256; 1 + w for zero-centred norms */
+    uint32_t Kp;        /* row stride in elements: ne[0] rounded up to the type's block */
     struct vk_buffer buf;
 };
 
@@ -31,6 +37,10 @@ struct vk_backend {
 uint64_t vk_weight_addr(struct vk_backend *b, const struct tensor_info *t, bool as_f32, bool plus1);
 /* A weight's padded row length in elements (the row stride the kernels use). */
 uint32_t vk_weight_kp(struct vk_backend *b, const struct tensor_info *t);
+/* The same for a weight node of a graph (OP_WEIGHT, OP_WEIGHT_STACK, OP_WEIGHT_ROWS), in its
+ * own type (stacked and gathered weights are uploaded as one matrix of all their rows). */
+uint64_t vk_wnode_addr(struct vk_backend *b, const struct node *n);
+uint32_t vk_wnode_kp(struct vk_backend *b, const struct node *n);
 uint64_t vk_state_addr(struct vk_backend *b, int state);
 
 /* The rope table [n_ctx, n_rot / 2, 2] (cos, sin, computed in double as the CPU backend

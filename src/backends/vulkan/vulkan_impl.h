@@ -30,6 +30,7 @@ struct vk_device {
     VkCommandPool pool;
     VkSemaphore timeline; /* signalled with ++timeline_value by every submit */
     uint64_t timeline_value;
+    uint64_t submitted_value; /* the last value a real vkQueueSubmit will signal */
     int index; /* in enumeration order */
     /* validation messages (errors, warnings): the process's count when this device was
      * created; any message after that makes the backend's next call fail */
@@ -47,6 +48,9 @@ struct vk_device {
     /* ANVIL_VK_FAULT=KIND:N makes the N-th submit (lost, hang) or device allocation (oom)
      * fail as a real device would: for testing the failure paths */
     int fault_kind, fault_at, n_submits, n_allocs;
+    bool hang_injected;
+    /* device-local memory allocated now, and the most at once (anvil_session_memory) */
+    VkDeviceSize mem_now, mem_peak;
 };
 enum { VK_FAULT_NONE, VK_FAULT_LOST, VK_FAULT_HANG, VK_FAULT_OOM };
 
@@ -78,6 +82,7 @@ struct vk_buffer {
     VkDeviceSize size;
     VkDeviceAddress addr;
     void *map; /* host-visible buffers: mapped for their lifetime */
+    VkDeviceSize counted; /* bytes of device-local memory it adds to mem_now */
 };
 
 enum vk_mem_kind {
@@ -129,10 +134,19 @@ enum vk_kernel {
     K_MATVEC_SWIGLU_F32, K_MATVEC_SWIGLU_F16, K_MATVEC_SWIGLU_BF16, K_MATVEC_SWIGLU_Q8_0,
     K_MATVEC_SWIGLU_Q4_0, K_MATVEC_SWIGLU_Q4_1, K_MATVEC_SWIGLU_Q5_0, K_MATVEC_SWIGLU_Q5_1,
     K_MATVEC_SWIGLU_Q4_K, K_MATVEC_SWIGLU_Q5_K, K_MATVEC_SWIGLU_Q6_K,
+    /* the experts' kernels (matvec.comp MODE 2 and 3) */
+    K_MOE_GU_F32, K_MOE_GU_F16, K_MOE_GU_BF16, K_MOE_GU_Q8_0, K_MOE_GU_Q4_0, K_MOE_GU_Q4_1,
+    K_MOE_GU_Q5_0, K_MOE_GU_Q5_1, K_MOE_GU_Q4_K, K_MOE_GU_Q5_K, K_MOE_GU_Q6_K,
+    K_MOE_DOWN_F32, K_MOE_DOWN_F16, K_MOE_DOWN_BF16, K_MOE_DOWN_Q8_0, K_MOE_DOWN_Q4_0,
+    K_MOE_DOWN_Q4_1, K_MOE_DOWN_Q5_0, K_MOE_DOWN_Q5_1, K_MOE_DOWN_Q4_K, K_MOE_DOWN_Q5_K,
+    K_MOE_DOWN_Q6_K,
     K_EMBED_F32, K_EMBED_F16, K_EMBED_BF16, K_EMBED_Q8_0, K_EMBED_Q4_0, K_EMBED_Q4_1,
     K_EMBED_Q5_0, K_EMBED_Q5_1, K_EMBED_Q4_K, K_EMBED_Q5_K, K_EMBED_Q6_K,
     K_ATTENTION,
     K_ARGMAX,
+    K_EW,       /* ew.comp: add, sigmoid_mul, swiglu, rms_norm left unfused */
+    K_MOE_TOPK, /* the router */
+    K_GDN,      /* a Gated DeltaNet layer */
     /* the prefill program (prefill.c), per weight kind: matrix-matrix products, embedding rows */
     K_MM_F32, K_MM_F16, K_MM_BF16, K_MM_Q8_0, K_MM_Q4_0, K_MM_Q4_1, K_MM_Q5_0, K_MM_Q5_1,
     K_MM_Q4_K, K_MM_Q5_K, K_MM_Q6_K,
@@ -169,6 +183,7 @@ struct vk_pipelines {
  * dim D. Loads/saves the pipeline cache in $XDG_CACHE_HOME/anvil (or ~/.cache/anvil). */
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, struct vk_pipelines *out);
 void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p);
+const char *vk_kernel_name(enum vk_kernel k);
 /* Rows per matvec workgroup for weight kind `kind` (vk_weight_kind). */
 static inline uint32_t vk_matvec_rows(const struct vk_pipelines *p, int kind) {
     return kind >= 4 && kind <= 7 ? p->matvec_nr_q : p->matvec_nr;

@@ -45,7 +45,7 @@ layout(push_constant) uniform PC {
 } pc;
 
 shared float sm[NSG][G], sl[NSG][G];
-shared vec4 so[NSG][G][D4];
+shared vec4 so[G][D4]; /* the subgroups' outputs, combined one subgroup at a time */
 shared float xs[G + 1][D]; /* normalised rows: the G query heads, then k */
 shared float ys[G + 1][D]; /* the same, rotated */
 shared vec4 vnew[D4];
@@ -157,38 +157,39 @@ void main() {
             m[g] = mn;
         }
     }
-    for (uint g = 0; g < G; g++) {
+    for (uint g = 0; g < G; g++)
         if (lane == 0u) {
             sm[sg][g] = m[g];
             sl[sg][g] = l[g];
         }
-        for (uint k = 0; k < CPL; k++) {
-            uint c4 = lane + k * SG;
-            if (c4 < D4) so[sg][g][c4] = o[g][k];
-        }
-    }
     barrier();
-    /* combine the subgroups: thread t handles vec4 chunk t of every head */
+    /* combine the subgroups: one at a time adds its weighted output into so (shared memory
+     * for one: G = 8 heads of D = 256 must fit in 32 KiB) */
+    for (uint s = 0; s < NSG; s++) {
+        if (sg == s)
+            for (uint g = 0; g < G; g++) {
+                float M = -1.0 / 0.0;
+                for (uint s2 = 0; s2 < NSG; s2++) M = max(M, sm[s2][g]);
+                float w = m[g] == -1.0 / 0.0 ? 0.0 : exp(m[g] - M);
+                for (uint k = 0; k < CPL; k++) {
+                    uint c4 = lane + k * SG;
+                    if (c4 < D4) so[g][c4] = (s == 0u ? vec4(0.0) : so[g][c4]) + w * o[g][k];
+                }
+            }
+        barrier();
+    }
     for (uint g = 0; g < G; g++) {
         float M = -1.0 / 0.0;
         for (uint s = 0; s < NSG; s++) M = max(M, sm[s][g]);
         float lsum = 0.0;
-        vec4 acc = vec4(0.0);
-        for (uint s = 0; s < NSG; s++) {
-            float w = sm[s][g] == -1.0 / 0.0 ? 0.0 : exp(sm[s][g] - M);
-            lsum += w * sl[s][g];
-            if (t < D4) acc += w * so[s][g][t];
-        }
+        for (uint s = 0; s < NSG; s++) lsum += (sm[s][g] == -1.0 / 0.0 ? 0.0 : exp(sm[s][g] - M)) * sl[s][g];
         uint h = j * G + g, off = (h * pc.NC + c) * (D + 2u);
         if (t == 0u) {
             pc.part.v[off] = M;
             pc.part.v[off + 1u] = lsum;
         }
         for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) {
-            vec4 a = d4 == t ? acc : vec4(0.0);
-            if (d4 != t) /* D4 > workgroup size: recompute for this chunk */
-                for (uint s = 0; s < NSG; s++)
-                    a += (sm[s][g] == -1.0 / 0.0 ? 0.0 : exp(sm[s][g] - M)) * so[s][g][d4];
+            vec4 a = so[g][d4];
             pc.part.v[off + 2u + 4u * d4] = a.x;
             pc.part.v[off + 3u + 4u * d4] = a.y;
             pc.part.v[off + 4u + 4u * d4] = a.z;

@@ -97,8 +97,9 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
 }
 
 #elif defined(W_Q4_K) || defined(W_Q5_K)
-/* GGUF's own blocks of 256 (16-byte aligned: Q4_K 144 bytes, Q5_K 176): d, dmin (f16), 12
- * bytes of 6-bit sub-block scales and mins, [Q5_K: 32 bytes of fifth bits], 128 bytes of
+/* GGUF's blocks of 256 (16-byte aligned: Q4_K 144 bytes, Q5_K 176): d, dmin (f16), 12 bytes
+ * of 6-bit sub-block scales and mins (re-encoded on upload: scales_pair), [Q5_K: 32 bytes of
+ * fifth bits], 128 bytes of
  * nibbles; byte l of a 32-byte run holds weight l (low nibble) and l + 32 (high nibble) of its
  * 64-weight group. A unit is 8 nibble bytes: 16 weights in two sub-blocks of 32. */
 #define UG 2
@@ -114,24 +115,20 @@ uint unit_pos(uint u, uint g) {
     uint k = u & 15u;
     return (u >> 4u) * 256u + (k >> 2u) * 64u + g * 32u + (k & 3u) * 8u;
 }
-uint sbyte(uvec2 h0, uvec2 h1, uint i) {
-    uint w = i < 4u ? h0.y : (i < 8u ? h1.x : h1.y);
-    return (w >> (8u * (i & 3u))) & 255u;
-}
-/* scale and min of sub-block j (0..7) */
-vec2 scale_min(uvec2 h0, uvec2 h1, uint j) {
-    if (j < 4u) return vec2(sbyte(h0, h1, j) & 63u, sbyte(h0, h1, j + 4u) & 63u);
-    uint a = sbyte(h0, h1, j + 4u);
-    return vec2((a & 15u) | ((sbyte(h0, h1, j - 4u) >> 6u) << 4u),
-                (a >> 4u) | ((sbyte(h0, h1, j) >> 6u) << 4u));
+/* scale and min of sub-blocks 2j and 2j+1 (sc0, m0, sc1, m1), from the header as re-encoded on
+ * upload (vulkan.c pack_k_scales) */
+uvec4 scales_pair(uvec2 h0, uvec2 h1, uint j) {
+    uint lo = ((j < 2u ? h0.y : h1.x) >> (16u * (j & 1u))) & 0xFFFFu;
+    uint f = lo | (((h1.y >> (8u * j)) & 0xFFu) << 16u);
+    return (uvec4(f) >> uvec4(0u, 6u, 12u, 18u)) & 63u;
 }
 void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], out vec2 so[UG]) {
     uint base = (row * (U >> 4u) + (u >> 4u)) * BLK, k = u & 15u, j = k >> 2u;
     uvec2 h0 = w.v[base], h1 = w.v[base + 1u], q = w.v[base + QS + k];
     vec2 dm = unpackHalf2x16(h0.x);
-    vec2 s0 = scale_min(h0, h1, 2u * j), s1 = scale_min(h0, h1, 2u * j + 1u);
-    so[0] = vec2(dm.x * s0.x, -dm.y * s0.y);
-    so[1] = vec2(dm.x * s1.x, -dm.y * s1.y);
+    vec4 sm = vec4(scales_pair(h0, h1, j));
+    so[0] = vec2(dm.x * sm.x, -dm.y * sm.y);
+    so[1] = vec2(dm.x * sm.z, -dm.y * sm.w);
     qa[0] = nib_lo(q.x);
     qb[0] = nib_lo(q.y);
     qa[1] = nib_hi(q.x);

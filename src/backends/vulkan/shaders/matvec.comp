@@ -4,6 +4,12 @@
  *   x may be RMS-normalised on the fly (norm -> projection): dot(W, x * w) / rms(x)
  *   out = res + W · x                 (the residual add folded into the projection)
  *   out = silu(W0 · x) * (W1 · x)     (MODE 1: gate/up -> SwiGLU)
+ * and the mixture of experts, two kernels, reading the k chosen experts from the routing
+ * buffer of the top-k kernel (ids at o1[0 .. k), as uint bits, weights at o1[64 ..]): the
+ * weights of all experts are stacked ([E * rows, Kp]), the rows of expert e start at row e * rows.
+ *   MODE 2: workgroup (i, s): out[s * rows2 + r] = silu(Wg_e · x) * (Wu_e · x), e = id[s]
+ *   MODE 3: out = [res +] sum over s < rows1 of p_s * W_e · x_s, x_s at x + s * rows2
+ *           (the down projection, summed over the experts)
  * K = input width (Kp = the rows' padded length, common.glsl; x is zero past K).
  * Each workgroup computes NR consecutive rows; its threads split K in units (common.glsl). */
 #include "common.glsl"
@@ -31,11 +37,12 @@ shared float red_ss[32];
 
 void main() {
     if (pc.ctl.stop != 0u) return;
-    uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    uint wg = MODE == 2u ? gl_WorkGroupID.x : gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
     uint row0 = wg * NR;
-    uint total = MODE == 1u ? pc.rows0 : pc.rows0 + pc.rows1 + pc.rows2;
+    uint total = MODE >= 1u ? pc.rows0 : pc.rows0 + pc.rows1 + pc.rows2;
     if (row0 >= total) return;
-    const uint NA = MODE == 1u ? 2u * NR : NR;
+    const bool GATED = MODE == 1u || MODE == 2u;
+    const uint NA = GATED ? 2u * NR : NR;
     float acc[2 * 8];
     for (uint r = 0; r < NA; r++) acc[r] = 0.0;
     float ss = 0.0;
@@ -43,38 +50,74 @@ void main() {
     /* a thread takes units of the rows (UG groups of 8 weights each, common.glsl); the x values
      * of a unit are loaded (and normalised) once for all the workgroup's rows */
     uint U = pc.Kp8 / UG;
-    for (uint u = gl_LocalInvocationID.x; u < U; u += gl_WorkGroupSize.x) {
-        vec4 xa[UG], xb[UG];
-        float xs[UG];
-        for (uint k = 0; k < UG; k++) {
-            uint p = unit_pos(u, k) >> 2u;
-            xa[k] = pc.x.v[p];
-            xb[k] = pc.x.v[p + 1u];
-            if (norm) {
-                ss += dot(xa[k], xa[k]) + dot(xb[k], xb[k]);
-                xa[k] *= pc.normw.v[p];
-                xb[k] *= pc.normw.v[p + 1u];
+    if (MODE == 3u) {
+        /* the experts' (s, unit) pairs flattened over the threads (an expert's row is short);
+         * with flags & 4 one more expert, the shared one: weights w1, input normw, Kp8 in K,
+         * weight sigmoid(o2[0]) */
+        uint nE = pc.rows1, Ush = (pc.flags & 4u) != 0u ? pc.K / UG : 0u;
+        float psh = Ush > 0u ? 1.0 / (1.0 + exp(-pc.o2.v[0])) : 0.0;
+        for (uint idx = gl_LocalInvocationID.x; idx < nE * U + Ush; idx += gl_WorkGroupSize.x) {
+            bool shx = idx >= nE * U;
+            uint s = shx ? nE : idx / U, u = shx ? idx - nE * U : idx % U;
+            uint Us = shx ? Ush : U;
+            uint rbase = shx ? 0u : floatBitsToUint(pc.o1.v[s]) * pc.rows0;
+            float pw = shx ? psh : pc.o1.v[64u + s];
+            uint xoff = shx ? 0u : s * (pc.rows2 >> 2u);
+            Vec4s xv = shx ? pc.normw : pc.x;
+            W wv = shx ? pc.w1 : pc.w0;
+            vec4 xa[UG], xb[UG];
+            float xs[UG];
+            for (uint k = 0; k < UG; k++) {
+                uint p = (unit_pos(u, k) >> 2u) + xoff;
+                xa[k] = xv.v[p] * pw;
+                xb[k] = xv.v[p + 1u] * pw;
+                xs[k] = dot(xa[k] + xb[k], vec4(1.0));
             }
-            xs[k] = dot(xa[k] + xb[k], vec4(1.0));
+            for (uint r = 0; r < NR; r++) {
+                uint g = row0 + r;
+                if (g >= total) break;
+                vec4 qa[UG], qb[UG];
+                vec2 so[UG];
+                unit_load(wv, rbase + g, Us, u, qa, qb, so);
+                for (uint k = 0; k < UG; k++)
+                    acc[r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
+            }
         }
-        for (uint r = 0; r < NR; r++) {
-            uint g = row0 + r;
-            if (g >= total) break;
-            vec4 qa[UG], qb[UG];
-            vec2 so[UG];
-            if (MODE == 1u) {
-                unit_load(pc.w0, g, U, u, qa, qb, so);
-                for (uint k = 0; k < UG; k++)
-                    acc[r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
-                unit_load(pc.w1, g, U, u, qa, qb, so);
-                for (uint k = 0; k < UG; k++)
-                    acc[NR + r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
-            } else {
-                if (g < pc.rows0) unit_load(pc.w0, g, U, u, qa, qb, so);
-                else if (g < pc.rows0 + pc.rows1) unit_load(pc.w1, g - pc.rows0, U, u, qa, qb, so);
-                else unit_load(pc.w2, g - pc.rows0 - pc.rows1, U, u, qa, qb, so);
-                for (uint k = 0; k < UG; k++)
-                    acc[r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
+    } else {
+        uint rbase = MODE == 2u ? floatBitsToUint(pc.o1.v[gl_WorkGroupID.y]) * pc.rows0 : 0u;
+        for (uint u = gl_LocalInvocationID.x; u < U; u += gl_WorkGroupSize.x) {
+            vec4 xa[UG], xb[UG];
+            float xs[UG];
+            for (uint k = 0; k < UG; k++) {
+                uint p = unit_pos(u, k) >> 2u;
+                xa[k] = pc.x.v[p];
+                xb[k] = pc.x.v[p + 1u];
+                if (norm) {
+                    ss += dot(xa[k], xa[k]) + dot(xb[k], xb[k]);
+                    xa[k] *= pc.normw.v[p];
+                    xb[k] *= pc.normw.v[p + 1u];
+                }
+                xs[k] = dot(xa[k] + xb[k], vec4(1.0));
+            }
+            for (uint r = 0; r < NR; r++) {
+                uint g = row0 + r;
+                if (g >= total) break;
+                vec4 qa[UG], qb[UG];
+                vec2 so[UG];
+                if (GATED) {
+                    unit_load(pc.w0, rbase + g, U, u, qa, qb, so);
+                    for (uint k = 0; k < UG; k++)
+                        acc[r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
+                    unit_load(pc.w1, rbase + g, U, u, qa, qb, so);
+                    for (uint k = 0; k < UG; k++)
+                        acc[NR + r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
+                } else {
+                    if (g < pc.rows0) unit_load(pc.w0, g, U, u, qa, qb, so);
+                    else if (g < pc.rows0 + pc.rows1) unit_load(pc.w1, g - pc.rows0, U, u, qa, qb, so);
+                    else unit_load(pc.w2, g - pc.rows0 - pc.rows1, U, u, qa, qb, so);
+                    for (uint k = 0; k < UG; k++)
+                        acc[r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
+                }
             }
         }
     }
@@ -93,14 +136,14 @@ void main() {
     float a = 0.0, b = 0.0, s2 = 0.0;
     for (uint i = 0; i < gl_NumSubgroups; i++) {
         a += red[t][i];
-        if (MODE == 1u) b += red[NR + t][i];
+        if (GATED) b += red[NR + t][i];
         s2 += red_ss[i];
     }
     float scale = norm ? 1.0 / sqrt(s2 / float(pc.K) + pc.eps) : 1.0;
     a *= scale;
-    if (MODE == 1u) {
+    if (GATED) {
         b *= scale;
-        pc.o0.v[g] = a / (1.0 + exp(-a)) * b;
+        pc.o0.v[MODE == 2u ? gl_WorkGroupID.y * pc.rows2 + g : g] = a / (1.0 + exp(-a)) * b;
     } else if (g < pc.rows0) {
         pc.o0.v[g] = (pc.flags & 2u) != 0u ? pc.res.v[g] + a : a;
     } else if (g < pc.rows0 + pc.rows1) {

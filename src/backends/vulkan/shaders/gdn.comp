@@ -1,0 +1,138 @@
+#version 460
+/* A Gated DeltaNet layer: its decode step (OP_GDN, T = 1) with its gated RMSNorm, one
+ * workgroup per value head h (key head hk: h % Hk when tiled, else h / (Hv / Hk)):
+ *   1. the causal conv of the q, k and v channels, then SiLU; the past conv inputs
+ *      are a ring of Kc rows (row p % Kc holds the input of position p; positions before 0 read
+ *      as zero, so a sequence starting at 0 needs no clearing); the workgroup writes its
+ *      channels current input to row pos % Kc (q/k channels: only the first value head of
+ *      the key head), a row no workgroup reads in this step
+ *   2. q = l2norm(q) / sqrt(Dk), k = l2norm(k), beta = sigmoid(b), decay = exp(g) with
+ *      g = rate * softplus(a + dt_bias), rate = -exp(A_log) (flags & 1) or A itself
+ *   3. the delta rule on the Dk x Dv state S (element (i, j) at j + Dv * (i + Dk*h)),
+ *      in place; at position 0 the old state counts as zero:
+ *      S = decay * S;  S += k ⊗ beta (v - Sᵀk);  y = Sᵀq
+ *   4. out = y / rms(y) * gnorm * silu(z)   (the gated RMSNorm)  */
+#include "common.glsl"
+
+/* 512 threads: column j of the state goes to threads j % 128 + 128 * part, part p taking
+ * rows p, p + NP, ... (kept in registers between the two passes over them) */
+layout(local_size_x = 512) in;
+const uint NT = 512u, NC = 128u, NP = NT / NC;
+
+layout(push_constant) uniform PC {
+    Floats qkv;   /* [Cc] the input projection */
+    Floats b, a;  /* [Hv] */
+    Floats convw; /* [Cc, Kc] */
+    Floats A, dtb; /* [Hv] */
+    Floats ring;  /* [Kc, Cc] */
+    Floats S;     /* [Hv, Dk, Dv] */
+    Floats z;     /* [Hv, Dv] */
+    Floats gnorm; /* [Dv] */
+    Floats out_;  /* [Hv, Dv] */
+    Ctl ctl;
+    uint Hk, Dk, Hv, Dv, Kc, flags;
+    float eps_l2, eps;
+} pc;
+
+const uint DMAX = 256u, RMAX = DMAX / NP;
+shared float qs[DMAX], ks[DMAX], vs[DMAX], ys[DMAX];
+shared float red[128][2]; /* per subgroup (512 threads of subgroups of 4 or more) */
+shared float part_sum[NP][NC];
+
+/* sums of x and y over the workgroup */
+vec2 wg_sum2(float x, float y) {
+    x = subgroupAdd(x);
+    y = subgroupAdd(y);
+    barrier();
+    if (subgroupElect()) {
+        red[gl_SubgroupID][0] = x;
+        red[gl_SubgroupID][1] = y;
+    }
+    barrier();
+    vec2 s = vec2(0.0);
+    for (uint i = 0; i < gl_NumSubgroups; i++) s += vec2(red[i][0], red[i][1]);
+    return s;
+}
+
+void main() {
+    if (pc.ctl.stop != 0u) return;
+    uint h = gl_WorkGroupID.x, t = gl_LocalInvocationID.x;
+    uint pos = pc.ctl.pos, Dk = pc.Dk, Dv = pc.Dv, Kc = pc.Kc;
+    uint Cc = 2u * pc.Hk * Dk + pc.Hv * Dv;
+    bool tiled = (pc.flags & 2u) != 0u;
+    uint r = pc.Hv / pc.Hk, hk = tiled ? h % pc.Hk : h / r;
+    bool owner = tiled ? h < pc.Hk : h % r == 0u;
+    for (uint i = t; i < 2u * Dk + Dv; i += NT) {
+        uint c = i < Dk ? hk * Dk + i : i < 2u * Dk ? pc.Hk * Dk + hk * Dk + (i - Dk)
+                                                   : 2u * pc.Hk * Dk + h * Dv + (i - 2u * Dk);
+        float x = pc.qkv.v[c];
+        float acc = pc.convw.v[c * Kc + Kc - 1u] * x;
+        for (uint j = 0; j + 1u < Kc; j++) {
+            int p = int(pos) - int(Kc - 1u) + int(j);
+            if (p >= 0) acc += pc.convw.v[c * Kc + j] * pc.ring.v[(uint(p) % Kc) * Cc + c];
+        }
+        float y = acc / (1.0 + exp(-acc));
+        if (i < Dk) qs[i] = y;
+        else if (i < 2u * Dk) ks[i - Dk] = y;
+        else vs[i - 2u * Dk] = y;
+        if (i >= 2u * Dk || owner) pc.ring.v[(pos % Kc) * Cc + c] = x;
+    }
+    barrier();
+    float sq = 0.0, sk = 0.0;
+    for (uint i = t; i < Dk; i += NT) {
+        sq += qs[i] * qs[i];
+        sk += ks[i] * ks[i];
+    }
+    vec2 s = wg_sum2(sq, sk);
+    float iq = 1.0 / sqrt(s.x + pc.eps_l2) / sqrt(float(Dk)), ik = 1.0 / sqrt(s.y + pc.eps_l2);
+    for (uint i = t; i < Dk; i += NT) {
+        qs[i] *= iq;
+        ks[i] *= ik;
+    }
+    float beta = 1.0 / (1.0 + exp(-pc.b.v[h]));
+    float rate = (pc.flags & 1u) != 0u ? -exp(pc.A.v[h]) : pc.A.v[h];
+    float xa = pc.a.v[h] + pc.dtb.v[h];
+    float decay = exp(rate * (xa > 20.0 ? xa : log(1.0 + exp(xa))));
+    barrier();
+    bool fresh = pos == 0u;
+    uint c0 = t % NC, part = t / NC;
+    for (uint jb = 0; jb < Dv; jb += NC) { /* uniform loop: barriers inside */
+        uint j = jb + c0;
+        bool on = j < Dv;
+        uint base = Dv * Dk * h + j;
+        float sr[RMAX];
+        float kvm = 0.0;
+        for (uint r = 0, i = part; r < RMAX; r++, i += NP) {
+            sr[r] = on && i < Dk && !fresh ? pc.S.v[base + Dv * i] * decay : 0.0;
+            if (i < Dk) kvm += sr[r] * ks[i];
+        }
+        part_sum[part][c0] = kvm;
+        barrier();
+        kvm = 0.0;
+        for (uint p = 0; p < NP; p++) kvm += part_sum[p][c0];
+        float delta = on ? beta * (vs[j] - kvm) : 0.0, o = 0.0;
+        barrier();
+        for (uint r = 0, i = part; r < RMAX; r++, i += NP) {
+            if (!on || i >= Dk) continue;
+            float sv = sr[r] + ks[i] * delta;
+            pc.S.v[base + Dv * i] = sv;
+            o += sv * qs[i];
+        }
+        part_sum[part][c0] = o;
+        barrier();
+        if (on && part == 0u) {
+            o = 0.0;
+            for (uint p = 0; p < NP; p++) o += part_sum[p][c0];
+            ys[j] = o;
+        }
+        barrier();
+    }
+    float sy = 0.0;
+    for (uint j = t; j < Dv; j += NT) sy += ys[j] * ys[j];
+    s = wg_sum2(sy, 0.0);
+    float inv = 1.0 / sqrt(s.x / float(Dv) + pc.eps);
+    for (uint j = t; j < Dv; j += NT) {
+        float zz = pc.z.v[h * Dv + j];
+        pc.out_.v[h * Dv + j] = ys[j] * inv * pc.gnorm.v[j] * (zz / (1.0 + exp(-zz)));
+    }
+}
