@@ -1,6 +1,7 @@
 #include "testutil.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,4 +79,26 @@ int32_t *tu_json_ids(const char *json, const char *key, int *n) {
     for (int i = 0; i < *n; i++) ids[i] = (int32_t)cJSON_GetArrayItem(arr, i)->valuedouble;
     cJSON_Delete(root);
     return ids;
+}
+
+anvil_session *tu_session(anvil_model *m, anvil_backend_kind kind, int n_ctx) {
+    anvil_session_params sp = anvil_session_default_params();
+    sp.backend = kind;
+    sp.n_ctx = n_ctx;
+    anvil_session *s = NULL;
+    if (anvil_session_create(m, &sp, &s) != ANVIL_OK) fprintf(stderr, "%s\n", anvil_model_errmsg(m));
+    assert_non_null(s);
+    return s;
+}
+
+float tu_max_diff(const float *a, const float *b, size_t n) {
+    float w = 0;
+    for (size_t i = 0; i < n; i++) w = fmaxf(w, fabsf(a[i] - b[i]));
+    return w;
+}
+
+int tu_collect(void *user, int32_t tok) {
+    int32_t *v = user;
+    v[1 + v[0]++] = tok;
+    return 0;
 }

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "anvil.h"
+
 /* Reads a whole file; NULL if missing. Caller frees. */
 char *tu_read_file(const char *path, size_t *len);
 /* Path under the reference data: tu_testdata("reference/qwen3-tiny/golden.json"); static buffer
@@ -23,5 +25,13 @@ void tu_rmdir(const char *dir);
 void tu_write_file(const char *path, const void *data, size_t len);
 /* Parses an int array field of a JSON object text ("prompt_ids": [...]); caller frees. */
 int32_t *tu_json_ids(const char *json, const char *key, int *n);
+
+/* A session of model m on backend kind with an n_ctx context; fails the test (printing the
+ * model's error) if it cannot be made. Caller destroys it. */
+anvil_session *tu_session(anvil_model *m, anvil_backend_kind kind, int n_ctx);
+/* The largest |a[i] - b[i]| over n floats. */
+float tu_max_diff(const float *a, const float *b, size_t n);
+/* A token callback that appends to v: v[0] counts, v[1..] the tokens. */
+int tu_collect(void *v, int32_t tok);
 
 #endif

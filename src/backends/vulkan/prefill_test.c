@@ -20,27 +20,7 @@
 #define N_MORE 13
 #define N_GEN 10
 
-static anvil_session *session(anvil_model *m, anvil_backend_kind kind) {
-    anvil_session_params sp = anvil_session_default_params();
-    sp.backend = kind;
-    sp.n_ctx = 160;
-    anvil_session *s = NULL;
-    if (anvil_session_create(m, &sp, &s) != ANVIL_OK) fprintf(stderr, "%s\n", anvil_model_errmsg(m));
-    assert_non_null(s);
-    return s;
-}
-
-static float max_diff(const float *a, const float *b, size_t n) {
-    float w = 0;
-    for (size_t i = 0; i < n; i++) w = fmaxf(w, fabsf(a[i] - b[i]));
-    return w;
-}
-
-static int collect(void *user, int32_t tok) {
-    int32_t *v = user;
-    v[1 + v[0]++] = tok;
-    return 0;
-}
+static anvil_session *session(anvil_model *m, anvil_backend_kind kind) { return tu_session(m, kind, 160); }
 
 /* eval with prompts cut in chunks of `chunk` tokens (1: the decode program only) */
 static void eval(anvil_session *s, const int32_t *t, int n, anvil_logits_mode mode, float *out, int chunk) {
@@ -73,7 +53,7 @@ static void check_model(const char *spec) {
     assert_string_equal(anvil_session_backend_name(vk), "vulkan");
     eval(cpu, prompt, N_PROMPT, ANVIL_LOGITS_ALL, a, 512);
     eval(vk, prompt, N_PROMPT, ANVIL_LOGITS_ALL, b, 70);
-    float d = max_diff(a, b, (size_t)N_PROMPT * (size_t)V);
+    float d = tu_max_diff(a, b, (size_t)N_PROMPT * (size_t)V);
     fprintf(stderr, "%s: prefill (chunks 70 + 30), all rows: max |vulkan - cpu| = %.3g\n", spec, (double)d);
     assert_true(d < tol);
     anvil_session_destroy(cpu);
@@ -83,22 +63,22 @@ static void check_model(const char *spec) {
     anvil_session *pre = session(m, ANVIL_BACKEND_VULKAN), *dec = session(m, ANVIL_BACKEND_VULKAN);
     eval(pre, prompt, N_PROMPT, ANVIL_LOGITS_LAST, a, 45);
     eval(dec, prompt, N_PROMPT, ANVIL_LOGITS_LAST, b, 1);
-    d = max_diff(a, b, (size_t)V);
+    d = tu_max_diff(a, b, (size_t)V);
     fprintf(stderr, "%s: last row, prefill vs decode program: %.3g\n", spec, (double)d);
     assert_true(d < tol);
     anvil_generate_params gp = {anvil_sampling_default(), N_GEN, NULL, 0};
     int32_t ga[N_GEN + 1] = {0}, gb[N_GEN + 1] = {0};
     anvil_generate_stats sa, sb;
     int32_t next = 17;
-    assert_int_equal(anvil_session_generate(pre, &next, 1, &gp, collect, ga, &sa), ANVIL_OK);
-    assert_int_equal(anvil_session_generate(dec, &next, 1, &gp, collect, gb, &sb), ANVIL_OK);
+    assert_int_equal(anvil_session_generate(pre, &next, 1, &gp, tu_collect, ga, &sa), ANVIL_OK);
+    assert_int_equal(anvil_session_generate(dec, &next, 1, &gp, tu_collect, gb, &sb), ANVIL_OK);
     assert_int_equal(ga[0], N_GEN);
     assert_memory_equal(ga, gb, sizeof ga);
     assert_int_equal(anvil_session_position(pre), anvil_session_position(dec));
     /* more prompt at a position > 0, every row */
     eval(pre, prompt + N_PROMPT, N_MORE, ANVIL_LOGITS_ALL, a, 64);
     eval(dec, prompt + N_PROMPT, N_MORE, ANVIL_LOGITS_ALL, b, 1);
-    d = max_diff(a, b, (size_t)N_MORE * (size_t)V);
+    d = tu_max_diff(a, b, (size_t)N_MORE * (size_t)V);
     fprintf(stderr, "%s: %d more tokens at %d: max |prefill - decode| = %.3g\n", spec, N_MORE,
             N_PROMPT + 1 + N_GEN, (double)d);
     assert_true(d < tol);

@@ -32,27 +32,7 @@ static const char *models[] = {
     "qwen3.6-heads:q8_0",
 };
 
-static anvil_session *session(anvil_model *m, anvil_backend_kind kind) {
-    anvil_session_params sp = anvil_session_default_params();
-    sp.backend = kind;
-    sp.n_ctx = 40;
-    anvil_session *s = NULL;
-    if (anvil_session_create(m, &sp, &s) != ANVIL_OK) fprintf(stderr, "%s\n", anvil_model_errmsg(m));
-    assert_non_null(s);
-    return s;
-}
-
-static float max_diff(const float *a, const float *b, size_t n) {
-    float w = 0;
-    for (size_t i = 0; i < n; i++) w = fmaxf(w, fabsf(a[i] - b[i]));
-    return w;
-}
-
-static int collect(void *user, int32_t tok) {
-    int32_t *v = user;
-    v[1 + v[0]++] = tok;
-    return 0;
-}
+static anvil_session *session(anvil_model *m, anvil_backend_kind kind) { return tu_session(m, kind, 40); }
 
 static void test_against_cpu(void **state) {
     (void)state;
@@ -75,7 +55,7 @@ static void test_against_cpu(void **state) {
         float *a = malloc(sizeof(float) * 7 * (size_t)V), *b = malloc(sizeof(float) * 7 * (size_t)V);
         assert_int_equal(anvil_session_eval(cpu, prompt, 7, ANVIL_LOGITS_ALL, a), ANVIL_OK);
         assert_int_equal(anvil_session_eval(vk, prompt, 7, ANVIL_LOGITS_ALL, b), ANVIL_OK);
-        float d = max_diff(a, b, 7 * (size_t)V);
+        float d = tu_max_diff(a, b, 7 * (size_t)V);
         fprintf(stderr, "%s: all rows: max |vulkan - cpu| = %.3g\n", spec, (double)d);
         assert_true(d < 1e-3f);
         /* greedy generation: the device loop vs the host loop, from the same cache */
@@ -83,8 +63,8 @@ static void test_against_cpu(void **state) {
         int32_t ga[16] = {0}, gb[16] = {0};
         anvil_generate_stats sa, sb;
         int32_t next = 17;
-        assert_int_equal(anvil_session_generate(cpu, &next, 1, &gp, collect, ga, &sa), ANVIL_OK);
-        assert_int_equal(anvil_session_generate(vk, &next, 1, &gp, collect, gb, &sb), ANVIL_OK);
+        assert_int_equal(anvil_session_generate(cpu, &next, 1, &gp, tu_collect, ga, &sa), ANVIL_OK);
+        assert_int_equal(anvil_session_generate(vk, &next, 1, &gp, tu_collect, gb, &sb), ANVIL_OK);
         assert_int_equal(ga[0], 12);
         assert_int_equal(gb[0], 12);
         assert_memory_equal(ga, gb, sizeof ga);
@@ -104,8 +84,8 @@ static void test_against_cpu(void **state) {
         int n_feed = recurrent ? 9 : 1;
         assert_int_equal(anvil_session_truncate(cpu, recurrent ? 0 : 8), ANVIL_OK);
         assert_int_equal(anvil_session_truncate(vk, recurrent ? 0 : 8), ANVIL_OK);
-        assert_int_equal(anvil_session_generate(cpu, feed, n_feed, &gs, collect, sa2, &sa), ANVIL_OK);
-        assert_int_equal(anvil_session_generate(vk, feed, n_feed, &gs, collect, sb2, &sb), ANVIL_OK);
+        assert_int_equal(anvil_session_generate(cpu, feed, n_feed, &gs, tu_collect, sa2, &sa), ANVIL_OK);
+        assert_int_equal(anvil_session_generate(vk, feed, n_feed, &gs, tu_collect, sb2, &sb), ANVIL_OK);
         assert_int_equal(sa.stop, ANVIL_STOP_EOS);
         assert_int_equal(sb.stop, ANVIL_STOP_EOS);
         assert_memory_equal(sa2, sb2, sizeof sa2);
@@ -113,7 +93,7 @@ static void test_against_cpu(void **state) {
         int32_t probe = 77;
         assert_int_equal(anvil_session_eval(cpu, &probe, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
         assert_int_equal(anvil_session_eval(vk, &probe, 1, ANVIL_LOGITS_LAST, b), ANVIL_OK);
-        d = max_diff(a, b, (size_t)V);
+        d = tu_max_diff(a, b, (size_t)V);
         fprintf(stderr, "%s: after a stop: max |vulkan - cpu| = %.3g\n", spec, (double)d);
         assert_true(d < 1e-3f);
         free(a);
@@ -227,16 +207,16 @@ static void test_sampled_generation(void **state) {
         int32_t a[20] = {0}, b1[20] = {0}, b2[20] = {0}, c[20] = {0};
         anvil_session_reset(cpu);
         anvil_session_reset(vk);
-        assert_int_equal(anvil_session_generate(cpu, prompt, 5, &gp, collect, a, NULL), ANVIL_OK);
-        assert_int_equal(anvil_session_generate(vk, prompt, 5, &gp, collect, b1, NULL), ANVIL_OK);
+        assert_int_equal(anvil_session_generate(cpu, prompt, 5, &gp, tu_collect, a, NULL), ANVIL_OK);
+        assert_int_equal(anvil_session_generate(vk, prompt, 5, &gp, tu_collect, b1, NULL), ANVIL_OK);
         anvil_session_reset(vk);
-        assert_int_equal(anvil_session_generate(vk, prompt, 5, &gp, collect, b2, NULL), ANVIL_OK);
+        assert_int_equal(anvil_session_generate(vk, prompt, 5, &gp, tu_collect, b2, NULL), ANVIL_OK);
         /* in two calls: 6 tokens, then 8 more continuing from the cache */
         anvil_session_reset(vk);
         gp.max_tokens = 6;
-        assert_int_equal(anvil_session_generate(vk, prompt, 5, &gp, collect, c, NULL), ANVIL_OK);
+        assert_int_equal(anvil_session_generate(vk, prompt, 5, &gp, tu_collect, c, NULL), ANVIL_OK);
         gp.max_tokens = 8;
-        assert_int_equal(anvil_session_generate(vk, NULL, 0, &gp, collect, c, NULL), ANVIL_OK);
+        assert_int_equal(anvil_session_generate(vk, NULL, 0, &gp, tu_collect, c, NULL), ANVIL_OK);
         assert_int_equal(a[0], 14);
         assert_memory_equal(b1, b2, sizeof b1);
         if (memcmp(a, b1, sizeof a) != 0) {
@@ -268,8 +248,8 @@ static void test_sampled_generation(void **state) {
         gp.sampling.repeat_penalty = 1.3f;
         gp.sampling.seed = 77;
         int32_t a[16] = {0}, b1[16] = {0};
-        assert_int_equal(anvil_session_generate(cpu, prompt, 5, &gp, collect, a, NULL), ANVIL_OK);
-        assert_int_equal(anvil_session_generate(vk, prompt, 5, &gp, collect, b1, NULL), ANVIL_OK);
+        assert_int_equal(anvil_session_generate(cpu, prompt, 5, &gp, tu_collect, a, NULL), ANVIL_OK);
+        assert_int_equal(anvil_session_generate(vk, prompt, 5, &gp, tu_collect, b1, NULL), ANVIL_OK);
         assert_int_equal(a[0], 10);
         if (memcmp(a, b1, sizeof a) != 0) fail_msg("%s: CPU and Vulkan sampled different tokens", more[k]);
         anvil_session_destroy(cpu);
