@@ -289,14 +289,15 @@ static anvil_status read_failure_env(struct vk_device *d) {
 
 static bool has_device_ext(VkPhysicalDevice pd, const char *name);
 
-/* Whether the prefill's cooperative-matrix products (shaders/mm_coop.comp) can run: asked
- * for with ANVIL_VK_COOPMAT=1 (off by default until checked on the GPU machine), and the
- * device has VK_NV_cooperative_matrix with 16x16x16 float16 x float16 -> float32 subgroup
- * matrices, float16 arithmetic, the Vulkan memory model (the shader's scopes) and subgroups
- * of 32. */
+/* Whether the prefill's cooperative-matrix products (shaders/dq.comp, shaders/mm_h.comp) can
+ * run: the device has VK_NV_cooperative_matrix with 16x16x16 float16 x float16 -> float32
+ * subgroup matrices, float16 arithmetic, the Vulkan memory model (the shader's scopes) and
+ * subgroups of 32. On by default (checked against the CPU on the H100: inputs rounded to
+ * float16 move logits by ~1e-3 of their scale, docs/PERF.md §15); ANVIL_VK_COOPMAT=0 turns it
+ * off (the float32 shared-memory tiles of mm.comp then run everywhere). */
 static bool want_coopmat(VkPhysicalDevice pd, uint32_t subgroup_size) {
     const char *e = getenv("ANVIL_VK_COOPMAT");
-    if (!e || strcmp(e, "1") != 0 || subgroup_size != 32 ||
+    if ((e && !strcmp(e, "0")) || subgroup_size != 32 ||
         !has_device_ext(pd, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) || !vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)
         return false;
     VkPhysicalDeviceCooperativeMatrixFeaturesNV cm = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};

@@ -48,17 +48,19 @@ set(ANVIL_SHADER_VARIANTS
   "mm_q6_k mm.comp -DW_Q6_K"
   "rows rows.comp -DANVIL"
   "attn_prefill attn_prefill.comp -DANVIL"
-  "mm_coop_f32 mm_coop.comp -DW_F32"
-  "mm_coop_f16 mm_coop.comp -DW_F16"
-  "mm_coop_bf16 mm_coop.comp -DW_BF16"
-  "mm_coop_q8_0 mm_coop.comp -DW_Q8_0"
-  "mm_coop_q4_0 mm_coop.comp -DW_Q4_0"
-  "mm_coop_q4_1 mm_coop.comp -DW_Q4_1"
-  "mm_coop_q5_0 mm_coop.comp -DW_Q5_0"
-  "mm_coop_q5_1 mm_coop.comp -DW_Q5_1"
-  "mm_coop_q4_k mm_coop.comp -DW_Q4_K"
-  "mm_coop_q5_k mm_coop.comp -DW_Q5_K"
-  "mm_coop_q6_k mm_coop.comp -DW_Q6_K")
+  "dq_f32 dq.comp -DW_F32"
+  "dq_f16 dq.comp -DW_F16"
+  "dq_bf16 dq.comp -DW_BF16"
+  "dq_q8_0 dq.comp -DW_Q8_0"
+  "dq_q4_0 dq.comp -DW_Q4_0"
+  "dq_q4_1 dq.comp -DW_Q4_1"
+  "dq_q5_0 dq.comp -DW_Q5_0"
+  "dq_q5_1 dq.comp -DW_Q5_1"
+  "dq_q4_k dq.comp -DW_Q4_K"
+  "dq_q5_k dq.comp -DW_Q5_K"
+  "dq_q6_k dq.comp -DW_Q6_K"
+  "mm_h_64x64_k32 mm_h.comp -DWM=2u -DTM=2u -DTN=1u -DBK=32u"
+  "mm_h_64x64_k64 mm_h.comp -DWM=2u -DTM=2u -DTN=1u -DBK=64u")
 set(ANVIL_SHADER_INCS)
 file(GLOB ANVIL_SHADER_DEPS CONFIGURE_DEPENDS ${ANVIL_VK_DIR}/shaders/*.glsl ${ANVIL_VK_DIR}/shaders/*.comp)
 foreach(v ${ANVIL_SHADER_VARIANTS})

@@ -136,38 +136,44 @@ static const uint32_t spv_attn_prefill[] =
 #include "shaders/attn_prefill.inc"
     ;
 
-static const uint32_t spv_mm_coop_f32[] =
-#include "shaders/mm_coop_f32.inc"
+static const uint32_t spv_dq_f32[] =
+#include "shaders/dq_f32.inc"
     ;
-static const uint32_t spv_mm_coop_f16[] =
-#include "shaders/mm_coop_f16.inc"
+static const uint32_t spv_dq_f16[] =
+#include "shaders/dq_f16.inc"
     ;
-static const uint32_t spv_mm_coop_bf16[] =
-#include "shaders/mm_coop_bf16.inc"
+static const uint32_t spv_dq_bf16[] =
+#include "shaders/dq_bf16.inc"
     ;
-static const uint32_t spv_mm_coop_q8_0[] =
-#include "shaders/mm_coop_q8_0.inc"
+static const uint32_t spv_dq_q8_0[] =
+#include "shaders/dq_q8_0.inc"
     ;
-static const uint32_t spv_mm_coop_q4_0[] =
-#include "shaders/mm_coop_q4_0.inc"
+static const uint32_t spv_dq_q4_0[] =
+#include "shaders/dq_q4_0.inc"
     ;
-static const uint32_t spv_mm_coop_q4_1[] =
-#include "shaders/mm_coop_q4_1.inc"
+static const uint32_t spv_dq_q4_1[] =
+#include "shaders/dq_q4_1.inc"
     ;
-static const uint32_t spv_mm_coop_q5_0[] =
-#include "shaders/mm_coop_q5_0.inc"
+static const uint32_t spv_dq_q5_0[] =
+#include "shaders/dq_q5_0.inc"
     ;
-static const uint32_t spv_mm_coop_q5_1[] =
-#include "shaders/mm_coop_q5_1.inc"
+static const uint32_t spv_dq_q5_1[] =
+#include "shaders/dq_q5_1.inc"
     ;
-static const uint32_t spv_mm_coop_q4_k[] =
-#include "shaders/mm_coop_q4_k.inc"
+static const uint32_t spv_dq_q4_k[] =
+#include "shaders/dq_q4_k.inc"
     ;
-static const uint32_t spv_mm_coop_q5_k[] =
-#include "shaders/mm_coop_q5_k.inc"
+static const uint32_t spv_dq_q5_k[] =
+#include "shaders/dq_q5_k.inc"
     ;
-static const uint32_t spv_mm_coop_q6_k[] =
-#include "shaders/mm_coop_q6_k.inc"
+static const uint32_t spv_dq_q6_k[] =
+#include "shaders/dq_q6_k.inc"
+    ;
+static const uint32_t spv_mm_h_64x64_k32[] =
+#include "shaders/mm_h_64x64_k32.inc"
+    ;
+static const uint32_t spv_mm_h_64x64_k64[] =
+#include "shaders/mm_h_64x64_k64.inc"
     ;
 
 #define SPV(a) a, sizeof a
@@ -266,17 +272,19 @@ static const struct {
     [K_ROWS_SWIGLU] = {SPV(spv_rows), "rows_swiglu"},
     [K_ROWS_KVWRITE] = {SPV(spv_rows), "rows_kvwrite"},
     [K_ATTN_PREFILL] = {SPV(spv_attn_prefill), "attn_prefill"},
-    [K_MMC_F32] = {SPV(spv_mm_coop_f32), "mm_coop_f32"},
-    [K_MMC_F16] = {SPV(spv_mm_coop_f16), "mm_coop_f16"},
-    [K_MMC_BF16] = {SPV(spv_mm_coop_bf16), "mm_coop_bf16"},
-    [K_MMC_Q8_0] = {SPV(spv_mm_coop_q8_0), "mm_coop_q8_0"},
-    [K_MMC_Q4_0] = {SPV(spv_mm_coop_q4_0), "mm_coop_q4_0"},
-    [K_MMC_Q4_1] = {SPV(spv_mm_coop_q4_1), "mm_coop_q4_1"},
-    [K_MMC_Q5_0] = {SPV(spv_mm_coop_q5_0), "mm_coop_q5_0"},
-    [K_MMC_Q5_1] = {SPV(spv_mm_coop_q5_1), "mm_coop_q5_1"},
-    [K_MMC_Q4_K] = {SPV(spv_mm_coop_q4_k), "mm_coop_q4_k"},
-    [K_MMC_Q5_K] = {SPV(spv_mm_coop_q5_k), "mm_coop_q5_k"},
-    [K_MMC_Q6_K] = {SPV(spv_mm_coop_q6_k), "mm_coop_q6_k"},
+    [K_DQ_F32] = {SPV(spv_dq_f32), "dq_f32"},
+    [K_DQ_F16] = {SPV(spv_dq_f16), "dq_f16"},
+    [K_DQ_BF16] = {SPV(spv_dq_bf16), "dq_bf16"},
+    [K_DQ_Q8_0] = {SPV(spv_dq_q8_0), "dq_q8_0"},
+    [K_DQ_Q4_0] = {SPV(spv_dq_q4_0), "dq_q4_0"},
+    [K_DQ_Q4_1] = {SPV(spv_dq_q4_1), "dq_q4_1"},
+    [K_DQ_Q5_0] = {SPV(spv_dq_q5_0), "dq_q5_0"},
+    [K_DQ_Q5_1] = {SPV(spv_dq_q5_1), "dq_q5_1"},
+    [K_DQ_Q4_K] = {SPV(spv_dq_q4_k), "dq_q4_k"},
+    [K_DQ_Q5_K] = {SPV(spv_dq_q5_k), "dq_q5_k"},
+    [K_DQ_Q6_K] = {SPV(spv_dq_q6_k), "dq_q6_k"},
+    [K_MMH_64X64_K32] = {SPV(spv_mm_h_64x64_k32), "mm_h_64x64_k32"},
+    [K_MMH_64X64_K64] = {SPV(spv_mm_h_64x64_k64), "mm_h_64x64_k64"},
 };
 
 const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }
@@ -350,7 +358,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     if ((st = vk_result(r, "vkCreatePipelineCache")) != ANVIL_OK) return st;
 
     for (int k = 0; k < K_COUNT && st == ANVIL_OK; k++) {
-        if (k >= K_MMC_F32 && k <= K_MMC_Q6_K && !d->coopmat) continue; /* needs the extension */
+        if (k >= K_MMH_64X64_K32 && k <= K_MMH_64X64_K64 && !d->coopmat) continue; /* needs the extension */
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;

@@ -54,6 +54,28 @@ struct pc_attn_pf {
     float scale;
 };
 
+/* dq.comp and mm_h.comp */
+struct pc_dq {
+    uint64_t w, y;
+    uint32_t r0, rows, U, Kp;
+};
+struct pc_mmh {
+    uint64_t x, w, y, res;
+    uint32_t T, K, N, Kp, ldy, nb, flags;
+};
+
+/* Groups of 8 weights per unit of each weight kind (UG in common.glsl). */
+static const uint8_t unit_groups[VK_WEIGHT_KINDS] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 4};
+
+/* The float16 copy of a weight that mm_h.comp reads is made in pieces of at most this many
+ * bytes (the LM head alone would take 1.2 GiB at 8B), each dequantised just before use. */
+#define DQ_SCRATCH_MAX ((VkDeviceSize)64 << 20)
+
+/* mm_h.comp's tile shapes (tokens x outputs), in K_MMH_* order; ANVIL_VK_MMH=1 picks the
+ * second (K walked 64 at a time instead of 32). On the H100 at pp512 (docs/PERF.md §15):
+ * 64x64 K32 3618 t/s, 64x64 K64 3541, 32x64 K32 2883, 64x128 K32 1525. */
+static const uint32_t mmh_tile[2][2] = {{64, 64}, {64, 64}};
+
 struct vk_prefill {
     struct vk_backend *b;
     int T, n_ctx;
@@ -61,10 +83,17 @@ struct vk_prefill {
     struct vk_buffer prm;      /* pos0, T, -, -, tokens[T] (uint32) */
     struct vk_buffer readback; /* the output rows */
     struct vk_buffer rope;
+    struct vk_buffer dq;       /* float16 weight rows for mm_h.comp (cooperative matrices) */
+    int mmh;                   /* its tile shape: index into mmh_tile */
     VkDeviceSize out_off, out_bytes;
     struct pf_op *ops;
     int n_ops, cap_ops;
     VkCommandBuffer cb;
+    /* ANVIL_VK_PROFILE=1: a timestamp after every kernel; the GPU time per kernel, summed
+     * over the runs, is printed when the program is destroyed */
+    VkQueryPool queries;
+    double *prof_ns;
+    int prof_runs;
 };
 
 struct plan {
@@ -161,6 +190,45 @@ static uint64_t addr(struct vk_prefill *p, struct plan *P, int i) {
 
 static const struct node *NODE(struct plan *P, int i) { return &P->g->nodes[i]; }
 
+/* Rows of a weight whose float16 copy fits DQ_SCRATCH_MAX: a multiple of every tile width. */
+static uint32_t dq_rows(uint32_t N, uint32_t Kp) {
+    VkDeviceSize r = DQ_SCRATCH_MAX / ((VkDeviceSize)Kp * 2) / 128 * 128;
+    return (uint32_t)MIN((VkDeviceSize)N, MAX(r, (VkDeviceSize)128));
+}
+
+/* The product of mm (its push constants for mm.comp) on cooperative matrices: the weight
+ * dequantised to float16 piece by piece (dq.comp), each piece multiplied (mm_h.comp). */
+static anvil_status emit_mmh(struct vk_prefill *p, const struct tensor_info *w, int kind, const struct pc_mm *mm) {
+    uint32_t Kp = mm->Kp8 * 8, R = dq_rows(mm->N, Kp), U = mm->Kp8 / unit_groups[kind];
+    const uint32_t *tile = mmh_tile[p->mmh];
+    anvil_status st = ANVIL_OK;
+    for (uint32_t r0 = 0; r0 < mm->N && st == ANVIL_OK; r0 += R) {
+        uint32_t n = MIN(R, mm->N - r0);
+        struct pc_dq dq = {mm->w, p->dq.addr, r0, n, U, Kp};
+        st = emit(p, (enum vk_kernel)(K_DQ_F32 + kind), (n * U + 255) / 256, 0, &dq, sizeof dq);
+        struct pc_mmh pc = {mm->x, p->dq.addr, mm->y, mm->res, mm->T, mm->K, n, Kp, mm->N, r0, mm->flags};
+        if (st == ANVIL_OK)
+            st = emit(p, (enum vk_kernel)(K_MMH_64X64_K32 + p->mmh), (n + tile[1] - 1) / tile[1],
+                      (mm->T + tile[0] - 1) / tile[0], &pc, sizeof pc);
+    }
+    (void)w;
+    return st;
+}
+
+/* Bytes of float16 weight rows the largest product of the graph needs at a time. */
+static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P) {
+    VkDeviceSize size = 0;
+    for (int i = 0; i < P->g->n_nodes; i++) {
+        const struct node *nd = NODE(P, i);
+        if (nd->op != OP_MATMUL) continue;
+        const struct node *wn = NODE(P, nd->src[1]);
+        if (wn->op != OP_WEIGHT || !wn->weight || vk_weight_kind(wn->weight->type) < 0) continue;
+        uint32_t Kp = vk_weight_kp(b, wn->weight);
+        size = MAX(size, (VkDeviceSize)dq_rows((uint32_t)nd->ne[0], Kp) * Kp * 2);
+    }
+    return size;
+}
+
 static anvil_status lower(struct vk_prefill *p, struct plan *P) {
     const struct graph *g = P->g;
     struct vk_backend *b = p->b;
@@ -223,8 +291,11 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
                 }
                 break;
             }
-            enum vk_kernel kern = (enum vk_kernel)((b->d->coopmat ? K_MMC_F32 : K_MM_F32) + kind);
-            st = emit(p, kern, (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc); /* 64 x 64 tiles */
+            if (p->dq.buf && rows >= 16) {
+                st = emit_mmh(p, wn->weight, kind, &pc);
+                break;
+            }
+            st = emit(p, (enum vk_kernel)(K_MM_F32 + kind), (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc);
             break;
         }
         case OP_ROPE: {
@@ -282,6 +353,10 @@ static anvil_status record(struct vk_prefill *p) {
     VkCommandBuffer cb = p->cb;
     VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL, 0, NULL};
     if ((st = vk_result(vkBeginCommandBuffer(cb, &bi), "vkBeginCommandBuffer")) != ANVIL_OK) return st;
+    if (p->queries) {
+        vkCmdResetQueryPool(cb, p->queries, 0, (uint32_t)p->n_ops + 1);
+        vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, 0);
+    }
     VkPipeline bound = VK_NULL_HANDLE;
     for (int i = 0; i < p->n_ops; i++) {
         const struct pf_op *o = &p->ops[i];
@@ -291,6 +366,7 @@ static anvil_status record(struct vk_prefill *p) {
         bound = pl;
         vkCmdPushConstants(cb, p->b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, o->push_size, o->push);
         vkCmdDispatch(cb, o->gx, o->gy, 1);
+        if (p->queries) vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, (uint32_t)i + 1);
     }
     barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
     VkBufferCopy c = {p->out_off, 0, p->out_bytes};
@@ -338,7 +414,20 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         st = vk_buffer_create(b->d, 16 + (VkDeviceSize)p->T * 4, VK_MEM_CONTROL, "prefill params", &p->prm);
     if (st == ANVIL_OK) st = vk_buffer_create(b->d, p->out_bytes, VK_MEM_READBACK, "prefill output", &p->readback);
     if (st == ANVIL_OK) st = vk_rope_table(b, g, p->n_ctx, &p->rope);
+    if (st == ANVIL_OK && b->d->coopmat) {
+        const char *e = getenv("ANVIL_VK_MMH");
+        p->mmh = e && !strcmp(e, "1");
+        VkDeviceSize dq = dq_scratch_size(b, &P);
+        if (dq) st = vk_buffer_create(b->d, dq, VK_MEM_DEVICE, "prefill float16 weights", &p->dq);
+    }
     if (st == ANVIL_OK) st = lower(p, &P);
+    const char *prof = getenv("ANVIL_VK_PROFILE");
+    if (st == ANVIL_OK && prof && *prof && strcmp(prof, "0") != 0) {
+        VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                                    .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = (uint32_t)p->n_ops + 1};
+        st = vk_result(vkCreateQueryPool(b->d->dev, &qi, NULL, &p->queries), "vkCreateQueryPool");
+        if (st == ANVIL_OK && !(p->prof_ns = xcalloc((size_t)p->n_ops, sizeof *p->prof_ns))) st = ANVIL_ERR_NOMEM;
+    }
     if (st == ANVIL_OK) st = record(p);
     if (st == ANVIL_OK)
         log_info("vulkan: prefill program for %d tokens: %d kernels, arena %.2f MiB", p->T, p->n_ops,
@@ -356,15 +445,38 @@ done:
     return ANVIL_OK;
 }
 
+/* The profile (ANVIL_VK_PROFILE=1): GPU time per kernel, per run, on stderr. */
+static void print_profile(struct vk_prefill *p) {
+    int runs = p->prof_runs;
+    if (!p->prof_ns || runs < 1) return;
+    double by_kind[K_COUNT] = {0}, total = 0;
+    int count[K_COUNT] = {0};
+    for (int i = 0; i < p->n_ops; i++) {
+        by_kind[p->ops[i].k] += p->prof_ns[i] / runs;
+        count[p->ops[i].k]++;
+        total += p->prof_ns[i] / runs;
+    }
+    fprintf(stderr, "GPU time of one %d-token prefill chunk (kernel + its barrier, timestamps, %d runs): %.1f us\n",
+            p->T, runs, total / 1e3);
+    for (int k = 0; k < K_COUNT; k++)
+        if (count[k])
+            fprintf(stderr, "  %-20s %5d x  %10.1f us  (%4.1f%%)\n", vk_kernel_name((enum vk_kernel)k), count[k],
+                    by_kind[k] / 1e3, 100 * by_kind[k] / total);
+}
+
 void vk_prefill_destroy(struct vk_prefill *p) {
     if (!p) return;
     struct vk_device *d = p->b->d;
     vk_idle(d);
+    print_profile(p);
+    if (p->queries) vkDestroyQueryPool(d->dev, p->queries, NULL);
+    free(p->prof_ns);
     if (p->cb) vkFreeCommandBuffers(d->dev, d->pool, 1, &p->cb);
     vk_buffer_destroy(d, &p->arena);
     vk_buffer_destroy(d, &p->prm);
     vk_buffer_destroy(d, &p->readback);
     vk_buffer_destroy(d, &p->rope);
+    vk_buffer_destroy(d, &p->dq);
     free(p->ops);
     free(p);
 }
@@ -380,5 +492,13 @@ anvil_status vk_prefill_run(struct vk_prefill *p, const int32_t *tokens, int pos
     anvil_status st = vk_submit(p->b->d, &p->cb, 1, &v);
     if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
     if (st == ANVIL_OK && out) memcpy(out, p->readback.map, p->out_bytes);
+    if (st == ANVIL_OK && p->queries) {
+        uint64_t *ts = xcalloc((size_t)p->n_ops + 1, sizeof *ts);
+        if (ts && vkGetQueryPoolResults(p->b->d->dev, p->queries, 0, (uint32_t)p->n_ops + 1, ((size_t)p->n_ops + 1) * 8,
+                                        ts, 8, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT) == VK_SUCCESS && ++p->prof_runs)
+            for (int i = 0; i < p->n_ops; i++)
+                p->prof_ns[i] += (double)(ts[i + 1] - ts[i]) * p->b->d->props.limits.timestampPeriod;
+        free(ts);
+    }
     return st;
 }

@@ -42,8 +42,8 @@ struct vk_device {
     char lost_msg[256];
     double timeout_s;      /* ANVIL_VK_TIMEOUT: longest wait for one submission (default 120) */
     bool has_budget;       /* VK_EXT_memory_budget enabled */
-    bool coopmat;          /* VK_NV_cooperative_matrix enabled (ANVIL_VK_COOPMAT=1): prefill's
-                              K_MMC_* kernels exist */
+    bool coopmat;          /* VK_NV_cooperative_matrix enabled (unless ANVIL_VK_COOPMAT=0): prefill's
+                              K_MMH_* kernels exist */
     VkDeviceSize max_mem;  /* ANVIL_VK_MAX_MEMORY: a cap on device memory (0: none) */
     /* ANVIL_VK_FAULT=KIND:N makes the N-th submit (lost, hang) or device allocation (oom)
      * fail as a real device would: for testing the failure paths */
@@ -156,9 +156,12 @@ enum vk_kernel {
     /* rows.comp's modes, in its MODE order */
     K_ROWS_NORM, K_ROWS_ROPE, K_ROWS_ADD, K_ROWS_SWIGLU, K_ROWS_KVWRITE,
     K_ATTN_PREFILL,
-    /* mm.comp's products on cooperative matrices (mm_coop.comp), only where d->coopmat */
-    K_MMC_F32, K_MMC_F16, K_MMC_BF16, K_MMC_Q8_0, K_MMC_Q4_0, K_MMC_Q4_1, K_MMC_Q5_0, K_MMC_Q5_1,
-    K_MMC_Q4_K, K_MMC_Q5_K, K_MMC_Q6_K,
+    /* weights dequantised to float16 rows (dq.comp), per weight kind, for mm_h.comp */
+    K_DQ_F32, K_DQ_F16, K_DQ_BF16, K_DQ_Q8_0, K_DQ_Q4_0, K_DQ_Q4_1, K_DQ_Q5_0, K_DQ_Q5_1,
+    K_DQ_Q4_K, K_DQ_Q5_K, K_DQ_Q6_K,
+    /* float16 products on cooperative matrices (mm_h.comp), per tile shape (tokens x
+     * outputs, and weights of K per step), only where d->coopmat */
+    K_MMH_64X64_K32, K_MMH_64X64_K64,
     K_COUNT,
 };
 

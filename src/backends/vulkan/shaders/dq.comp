@@ -1,0 +1,33 @@
+#version 460
+/* Prefill: rows r0 .. r0+rows-1 of a weight matrix dequantised to float16, for the
+ * cooperative-matrix product (mm_h.comp) that reads them: y[r][p] for p < Kp, row stride Kp
+ * (the weights' padded row length, a multiple of 8; the padding holds zero weights).
+ * A thread per unit (common.glsl): it reads the unit once and writes all UG of its groups,
+ * so every weight is read and converted once per prompt chunk. */
+#include "common.glsl"
+
+layout(local_size_x = 256) in;
+
+/* four float16 in a uvec2 (packHalf2x16): no 16-bit types needed, so it runs everywhere */
+layout(buffer_reference, std430, buffer_reference_align = 8) buffer Halves4 { uvec2 v[]; };
+uvec2 pack4(vec4 v) { return uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw)); }
+
+layout(push_constant) uniform PC {
+    W w;
+    Halves4 y;
+    uint r0, rows, U, Kp;
+} pc;
+
+void main() {
+    uint gid = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+    uint r = gid / pc.U, u = gid - r * pc.U;
+    if (r >= pc.rows) return;
+    vec4 qa[UG], qb[UG];
+    vec2 so[UG];
+    unit_load(pc.w, pc.r0 + r, pc.U, u, qa, qb, so);
+    for (uint g = 0u; g < UG; g++) {
+        uint o = (r * pc.Kp + unit_pos(u, g)) >> 2u;
+        pc.y.v[o] = pack4(qa[g] * so[g].x + so[g].y);
+        pc.y.v[o + 1u] = pack4(qb[g] * so[g].x + so[g].y);
+    }
+}
