@@ -13,6 +13,11 @@ static bool is_stop(const anvil_generate_params *p, int32_t t) {
     return false;
 }
 
+static bool has_recurrent_layers(const anvil_session *s);
+static anvil_status generate_fed(anvil_session *s, const int32_t *feed, int n_feed, int n_prompt,
+                                 const anvil_generate_params *p, anvil_token_fn fn, void *user,
+                                 anvil_generate_stats *stats);
+
 /* Generation by the backend's own decode loop: the prompt and every generated token run on
  * the device, the next token chosen there (argmax, or the sampling chain of sampler.h), with
  * no host round trip per token. Same semantics as the loop below. */
@@ -24,14 +29,32 @@ static anvil_status generate_on_device(anvil_session *s, const int32_t *prompt, 
         if (prompt[i] < 0 || prompt[i] >= V)
             return err_set(ANVIL_ERR_RANGE, "token id %d out of range 0..%d", prompt[i], V - 1);
     const int32_t *feed = prompt;
-    int32_t last;
+    int32_t last, *hist = NULL;
     int n_feed = n_prompt;
-    if (n_prompt == 0) { /* continue: rerun the last cached token */
+    if (n_prompt == 0 && !has_recurrent_layers(s)) { /* continue: rerun the last cached token */
         last = s->tokens[s->pos - 1];
         s->pos--;
         feed = &last;
         n_feed = 1;
+    } else if (n_prompt == 0) {
+        /* a recurrent state already holds the last token and cannot step back one: replay
+         * the whole history from a fresh state (position 0 starts one) */
+        if (!(hist = xmalloc((size_t)s->pos * sizeof *hist))) return ANVIL_ERR_NOMEM;
+        memcpy(hist, s->tokens, (size_t)s->pos * sizeof *hist);
+        feed = hist;
+        n_feed = s->pos;
+        s->pos = 0;
     }
+    anvil_status st = generate_fed(s, feed, n_feed, n_prompt, p, fn, user, stats);
+    free(hist);
+    return st;
+}
+
+/* generate_on_device after the continuation case: feed n_feed tokens, then generate. */
+static anvil_status generate_fed(anvil_session *s, const int32_t *feed, int n_feed, int n_prompt,
+                                 const anvil_generate_params *p, anvil_token_fn fn, void *user,
+                                 anvil_generate_stats *stats) {
+    int V = s->model->file->hp.n_vocab;
     if (n_feed > s->n_ctx - s->pos)
         return err_set(ANVIL_ERR_RANGE, "context full: %d tokens in the cache + %d new > %d",
                        s->pos, n_feed, s->n_ctx);

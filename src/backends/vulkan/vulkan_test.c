@@ -187,7 +187,7 @@ static void test_sample_kernel_exact(void **state) {
 /* Sampled generation on the device: the same seed gives the same tokens on every run and on
  * the CPU (whose logits differ from the GPU's by ~1e-5: equality holds unless a draw lands
  * within that of a boundary, which these fixed seeds do not); a continuation in two calls
- * equals one call; penalties included. */
+ * equals one call (dense, MoE and hybrid); penalties included. */
 static void test_sampled_generation(void **state) {
     (void)state;
     anvil_model *m;
@@ -252,6 +252,15 @@ static void test_sampled_generation(void **state) {
         assert_int_equal(anvil_session_generate(vk, prompt, 5, &gp, tu_collect, b1, NULL), ANVIL_OK);
         assert_int_equal(a[0], 10);
         if (memcmp(a, b1, sizeof a) != 0) fail_msg("%s: CPU and Vulkan sampled different tokens", more[k]);
+        /* continued in a second call: the hybrid's recurrent state cannot step back a token,
+         * so the continuation replays the history from a fresh state */
+        int32_t c[16] = {0};
+        anvil_session_reset(vk);
+        gp.max_tokens = 6;
+        assert_int_equal(anvil_session_generate(vk, prompt, 5, &gp, tu_collect, c, NULL), ANVIL_OK);
+        gp.max_tokens = 4;
+        assert_int_equal(anvil_session_generate(vk, NULL, 0, &gp, tu_collect, c, NULL), ANVIL_OK);
+        if (memcmp(b1, c, sizeof c) != 0) fail_msg("%s: a continuation differs from one call", more[k]);
         anvil_session_destroy(cpu);
         anvil_session_destroy(vk);
         anvil_model_close(m);
