@@ -266,6 +266,18 @@ static const struct {
     [K_EMBEDT_Q4_K] = {SPV(spv_mm_q4_k), "embed_rows_q4_k"},
     [K_EMBEDT_Q5_K] = {SPV(spv_mm_q5_k), "embed_rows_q5_k"},
     [K_EMBEDT_Q6_K] = {SPV(spv_mm_q6_k), "embed_rows_q6_k"},
+    [K_MMOE_F32] = {SPV(spv_mm_f32), "mm_experts_f32"},
+    [K_MMOE_F16] = {SPV(spv_mm_f16), "mm_experts_f16"},
+    [K_MMOE_BF16] = {SPV(spv_mm_bf16), "mm_experts_bf16"},
+    [K_MMOE_Q8_0] = {SPV(spv_mm_q8_0), "mm_experts_q8_0"},
+    [K_MMOE_Q4_0] = {SPV(spv_mm_q4_0), "mm_experts_q4_0"},
+    [K_MMOE_Q4_1] = {SPV(spv_mm_q4_1), "mm_experts_q4_1"},
+    [K_MMOE_Q5_0] = {SPV(spv_mm_q5_0), "mm_experts_q5_0"},
+    [K_MMOE_Q5_1] = {SPV(spv_mm_q5_1), "mm_experts_q5_1"},
+    [K_MMOE_Q4_K] = {SPV(spv_mm_q4_k), "mm_experts_q4_k"},
+    [K_MMOE_Q5_K] = {SPV(spv_mm_q5_k), "mm_experts_q5_k"},
+    [K_MMOE_Q6_K] = {SPV(spv_mm_q6_k), "mm_experts_q6_k"},
+    [K_MM_REDUCE] = {SPV(spv_mm_f32), "mm_reduce_slots"},
     [K_ROWS_NORM] = {SPV(spv_rows), "rows_norm"},
     [K_ROWS_ROPE] = {SPV(spv_rows), "rows_rope"},
     [K_ROWS_ADD] = {SPV(spv_rows), "rows_add"},
@@ -285,6 +297,8 @@ static const struct {
     [K_DQ_Q6_K] = {SPV(spv_dq_q6_k), "dq_q6_k"},
     [K_MMH_64X64_K32] = {SPV(spv_mm_h_64x64_k32), "mm_h_64x64_k32"},
     [K_MMH_64X64_K64] = {SPV(spv_mm_h_64x64_k64), "mm_h_64x64_k64"},
+    [K_MOE_ROUTE] = {SPV(spv_moe_topk), "moe_route"},
+    [K_MOE_BUCKET] = {SPV(spv_moe_topk), "moe_bucket"},
 };
 
 const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }
@@ -381,8 +395,11 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         } else if (k == K_ATTN_PREFILL) {
             vals[0] = (uint32_t)attn_g;
             n = 1;
-        } else if (k >= K_MM_F32 && k < K_ROWS_NORM) {
-            vals[0] = k >= K_EMBEDT_F32; /* mm.comp's MODE */
+        } else if (k >= K_MM_F32 && k < K_ROWS_NORM) { /* mm.comp's MODE */
+            vals[0] = k == K_MM_REDUCE ? 4 : k >= K_MMOE_F32 ? 2 : k >= K_EMBEDT_F32 ? 1 : 0;
+            n = 1;
+        } else if (k == K_MOE_ROUTE || k == K_MOE_BUCKET) { /* moe_topk.comp's MODE */
+            vals[0] = k == K_MOE_ROUTE ? 1 : 2;
             n = 1;
         } else if (k >= K_ROWS_NORM && k <= K_ROWS_KVWRITE) {
             vals[0] = (uint32_t)(k - K_ROWS_NORM);

@@ -33,7 +33,7 @@
 
 struct pf_op {
     enum vk_kernel k;
-    uint32_t gx, gy;
+    uint32_t gx, gy, gz;
     uint32_t push_size;
     uint8_t push[VK_PUSH_BYTES];
 };
@@ -42,6 +42,12 @@ struct pf_op {
 struct pc_mm {
     uint64_t x, w, y, res, prm;
     uint32_t T, K, N, Kp8, flags;
+    uint64_t w1, lists, route; /* the experts (MODE 2, 4) */
+    uint32_t E, k;
+};
+struct pc_topk { /* moe_topk.comp */
+    uint64_t logits, route, ctl;
+    uint32_t E, k, norm, T;
 };
 struct pc_rows {
     uint64_t a, b, c, out, prm;
@@ -84,6 +90,7 @@ struct vk_prefill {
     struct vk_buffer readback; /* the output rows */
     struct vk_buffer rope;
     struct vk_buffer dq;       /* float16 weight rows for mm_h.comp (cooperative matrices) */
+    struct vk_buffer moe;      /* routing, expert lists, expert activations and outputs */
     int mmh;                   /* its tile shape: index into mmh_tile */
     VkDeviceSize out_off, out_bytes;
     struct pf_op *ops;
@@ -109,7 +116,7 @@ static VkDeviceSize round_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1
 
 static bool materialised(enum op op) {
     return op == OP_EMBED || op == OP_RMS_NORM || op == OP_MATMUL || op == OP_ROPE ||
-           op == OP_ATTENTION || op == OP_ADD || op == OP_SWIGLU;
+           op == OP_ATTENTION || op == OP_ADD || op == OP_SWIGLU || op == OP_MOE;
 }
 
 /* Offsets for every materialised node: a block is reused once the last node reading it has
@@ -171,6 +178,7 @@ static anvil_status emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, u
     struct pf_op *o = &p->ops[p->n_ops++];
     memset(o, 0, sizeof *o);
     o->k = k;
+    o->gz = 1;
     if (gy) { /* a 2-D grid as given */
         o->gx = wgs;
         o->gy = gy;
@@ -215,6 +223,58 @@ static anvil_status emit_mmh(struct vk_prefill *p, const struct tensor_info *w, 
     return st;
 }
 
+/* The mixture of experts' scratch for T tokens (moe_topk.comp, mm.comp MODE 2 and 4): the
+ * routing (128 floats a token), the lists (a count per expert, then T entries per expert),
+ * the gate/up activations [T * k, F] and the experts' outputs [T * k, C]. */
+struct moe_layout {
+    VkDeviceSize route, lists, act, slots, size;
+};
+static struct moe_layout moe_layout(uint32_t T, uint32_t C, uint32_t F, uint32_t E, uint32_t k) {
+    struct moe_layout m = {0, 0, 0, 0, 0};
+    m.lists = round_up((VkDeviceSize)T * 128 * 4, ALIGN);
+    m.act = m.lists + round_up(((VkDeviceSize)E + (VkDeviceSize)E * T) * 4, ALIGN);
+    m.slots = m.act + round_up((VkDeviceSize)T * k * F * 4, ALIGN);
+    m.size = m.slots + round_up((VkDeviceSize)T * k * C * 4, ALIGN);
+    return m;
+}
+static struct moe_layout moe_of(struct plan *P, const struct node *nd) {
+    const struct node *gn = NODE(P, nd->src[2]);
+    return moe_layout((uint32_t)nd->ne[1], (uint32_t)gn->ne[0], (uint32_t)gn->ne[1], (uint32_t)gn->ne[2],
+                      (uint32_t)nd->p.i[0]);
+}
+
+/* The mixture of experts over the chunk: every token routed (a workgroup each), the choices
+ * sorted by expert, then each expert's gate/up -> SwiGLU and weighted down projection over
+ * the tokens that chose it (tiles of 64 of them: the expert's weights are read once per 64
+ * tokens, not once per token), and the k outputs of each token summed. */
+static anvil_status lower_moe(struct vk_prefill *p, struct plan *P, int i) {
+    const struct node *nd = NODE(P, i);
+    const struct node *gn = NODE(P, nd->src[2]), *un = NODE(P, nd->src[3]), *dn = NODE(P, nd->src[4]);
+    uint32_t C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1], E = (uint32_t)gn->ne[2], k = (uint32_t)nd->p.i[0];
+    uint32_t T = (uint32_t)nd->ne[1];
+    int kg = gn->weight ? vk_weight_kind(gn->weight->type) : -1, kd = dn->weight ? vk_weight_kind(dn->weight->type) : -1;
+    if (E > 1024 || k > 64 || k > E || T > 65535 || !un->weight || !dn->weight || kg < 0 || kd < 0 ||
+        gn->weight->type != un->weight->type)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: %s: no expert kernels for this shape or type", nd->name);
+    struct moe_layout m = moe_layout(T, C, F, E, k);
+    uint64_t base = p->moe.addr, any = p->arena.addr;
+    struct pc_topk pt = {addr(p, P, nd->src[1]), base + m.route, any, E, k, (uint32_t)(nd->p.i[1] != 0), T};
+    anvil_status st = emit(p, K_MOE_ROUTE, T, 1, &pt, sizeof pt);
+    pt.logits = base + m.lists;
+    if (st == ANVIL_OK) st = emit(p, K_MOE_BUCKET, 1, 1, &pt, sizeof pt);
+    struct pc_mm gu = {addr(p, P, nd->src[0]), vk_wnode_addr(p->b, gn), base + m.act, any, p->prm.addr, T, C, F,
+                       vk_wnode_kp(p->b, gn) / 8, 2, vk_wnode_addr(p->b, un), base + m.lists, base + m.route, E, k};
+    if (st == ANVIL_OK && (st = emit(p, (enum vk_kernel)(K_MMOE_F32 + kg), (F + 63) / 64, (T + 63) / 64, &gu, sizeof gu)) == ANVIL_OK)
+        p->ops[p->n_ops - 1].gz = E;
+    struct pc_mm dw = {base + m.act, vk_wnode_addr(p->b, dn), base + m.slots, any, p->prm.addr, T, F, C,
+                       vk_wnode_kp(p->b, dn) / 8, 0, 0, base + m.lists, base + m.route, E, k};
+    if (st == ANVIL_OK && (st = emit(p, (enum vk_kernel)(K_MMOE_F32 + kd), (C + 63) / 64, (T + 63) / 64, &dw, sizeof dw)) == ANVIL_OK)
+        p->ops[p->n_ops - 1].gz = E;
+    struct pc_mm sum = {base + m.slots, any, addr(p, P, i), any, p->prm.addr, T, 0, C, 0, 0, 0, 0, 0, E, k};
+    if (st == ANVIL_OK) st = emit(p, K_MM_REDUCE, (T * C + 255) / 256, 0, &sum, sizeof sum);
+    return st;
+}
+
 /* Bytes of float16 weight rows the largest product of the graph needs at a time. */
 static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P) {
     VkDeviceSize size = 0;
@@ -243,6 +303,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
         switch (nd->op) {
         case OP_TOKENS:
         case OP_WEIGHT:
+        case OP_WEIGHT_STACK:
         case OP_STATE:
         case OP_RESHAPE:
         case OP_ROWS:
@@ -255,7 +316,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
                 break;
             }
             struct pc_mm pc = {any, vk_weight_addr(b, w, false, false), addr(p, P, i), any, prm,
-                               rows, ne0, 0, vk_weight_kp(b, w) / 8, 0};
+                               rows, ne0, 0, vk_weight_kp(b, w) / 8, 0, 0, 0, 0, 0, 0};
             st = emit(p, (enum vk_kernel)(K_EMBEDT_F32 + kind), rows, 0, &pc, sizeof pc);
             break;
         }
@@ -275,7 +336,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
             }
             struct pc_mm pc = {addr(p, P, nd->src[0]), vk_weight_addr(b, wn->weight, false, false), addr(p, P, i),
                                any, prm, rows, (uint32_t)NODE(P, nd->src[0])->ne[0], ne0,
-                               vk_weight_kp(b, wn->weight) / 8, 0};
+                               vk_weight_kp(b, wn->weight) / 8, 0, 0, 0, 0, 0, 0};
             /* the residual add that is this product's only reader: y = res + x W */
             for (int j = i + 1; j < g->n_nodes; j++) {
                 const struct node *a = NODE(P, j);
@@ -315,6 +376,9 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
             st = emit(p, nd->op == OP_ADD ? K_ROWS_ADD : K_ROWS_SWIGLU, rows, 0, &pc, sizeof pc);
             break;
         }
+        case OP_MOE:
+            st = lower_moe(p, P, i);
+            break;
         case OP_ATTENTION: {
             const struct node *q = NODE(P, nd->src[0]), *k = NODE(P, nd->src[1]), *v = NODE(P, nd->src[2]);
             uint32_t D = (uint32_t)q->ne[0], H = (uint32_t)q->ne[1], Hkv = (uint32_t)k->ne[1], T = (uint32_t)q->ne[2];
@@ -365,7 +429,7 @@ static anvil_status record(struct vk_prefill *p) {
         if (pl != bound) vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pl);
         bound = pl;
         vkCmdPushConstants(cb, p->b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, o->push_size, o->push);
-        vkCmdDispatch(cb, o->gx, o->gy, 1);
+        vkCmdDispatch(cb, o->gx, o->gy, o->gz);
         if (p->queries) vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, (uint32_t)i + 1);
     }
     barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
@@ -419,6 +483,12 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         p->mmh = e && !strcmp(e, "1");
         VkDeviceSize dq = dq_scratch_size(b, &P);
         if (dq) st = vk_buffer_create(b->d, dq, VK_MEM_DEVICE, "prefill float16 weights", &p->dq);
+    }
+    if (st == ANVIL_OK) {
+        VkDeviceSize moe = 0;
+        for (int i = 0; i < n; i++)
+            if (g->nodes[i].op == OP_MOE) moe = MAX(moe, moe_of(&P, &g->nodes[i]).size);
+        if (moe) st = vk_buffer_create(b->d, moe, VK_MEM_DEVICE, "prefill experts", &p->moe);
     }
     if (st == ANVIL_OK) st = lower(p, &P);
     const char *prof = getenv("ANVIL_VK_PROFILE");
@@ -477,6 +547,7 @@ void vk_prefill_destroy(struct vk_prefill *p) {
     vk_buffer_destroy(d, &p->readback);
     vk_buffer_destroy(d, &p->rope);
     vk_buffer_destroy(d, &p->dq);
+    vk_buffer_destroy(d, &p->moe);
     free(p->ops);
     free(p);
 }

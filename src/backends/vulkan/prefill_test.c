@@ -96,7 +96,11 @@ static void test_prefill(void **state) {
     /* odd row counts (vocab 1001, ffn 768) and K-quant tiles; a float type; real weights */
     check_model("synthetic:qwen3-tiny-k:q4_k");
     check_model("synthetic:qwen3-tiny:bf16");
+    /* the experts grouped by expert: odd sizes, a K-quant; the reference MoE model */
+    check_model("synthetic:qwen3moe-odd:q4_k");
     char path[1024];
+    snprintf(path, sizeof path, "%s", tu_testdata("reference/qwen3moe-tiny"));
+    check_model(path);
     snprintf(path, sizeof path, "%s", tu_testdata("reference/qwen3-small"));
     check_model(path);
 }

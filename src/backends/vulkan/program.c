@@ -66,9 +66,9 @@ struct pc_ew {
     uint32_t n, ne0, bdiv, op;
     float eps;
 };
-struct pc_topk {
+struct pc_topk { /* moe_topk.comp */
     uint64_t logits, route, ctl;
-    uint32_t E, k, norm;
+    uint32_t E, k, norm, T;
 };
 struct pc_gdn {
     uint64_t qkv, b, a, convw, A, dtb, ring, S, z, gnorm, out, ctl;
@@ -397,7 +397,7 @@ static anvil_status lower_moe(struct lower *L, int i) {
     uint64_t route = base + alloc_scratch(L, 128 * 4);
     uint32_t stride = (uint32_t)round_up(F, 256);
     uint64_t act = base + alloc_scratch(L, (VkDeviceSize)k * stride * 4 + 32);
-    struct pc_topk pt = {addr_of(L, n->src[1]), route, L->p->ctl.addr, E, k, (uint32_t)(n->p.i[1] != 0)};
+    struct pc_topk pt = {addr_of(L, n->src[1]), route, L->p->ctl.addr, E, k, (uint32_t)(n->p.i[1] != 0), 1};
     anvil_status st = emit(L->p, K_MOE_TOPK, 1, 1, &pt, sizeof pt);
     if (st != ANVIL_OK) return st;
     struct pc_matvec pc = {0};

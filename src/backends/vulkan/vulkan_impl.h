@@ -153,6 +153,10 @@ enum vk_kernel {
     K_MM_Q4_K, K_MM_Q5_K, K_MM_Q6_K,
     K_EMBEDT_F32, K_EMBEDT_F16, K_EMBEDT_BF16, K_EMBEDT_Q8_0, K_EMBEDT_Q4_0, K_EMBEDT_Q4_1,
     K_EMBEDT_Q5_0, K_EMBEDT_Q5_1, K_EMBEDT_Q4_K, K_EMBEDT_Q5_K, K_EMBEDT_Q6_K,
+    /* mm.comp MODE 2: the experts' products grouped by expert; MODE 4: their sum per token */
+    K_MMOE_F32, K_MMOE_F16, K_MMOE_BF16, K_MMOE_Q8_0, K_MMOE_Q4_0, K_MMOE_Q4_1, K_MMOE_Q5_0,
+    K_MMOE_Q5_1, K_MMOE_Q4_K, K_MMOE_Q5_K, K_MMOE_Q6_K,
+    K_MM_REDUCE,
     /* rows.comp's modes, in its MODE order */
     K_ROWS_NORM, K_ROWS_ROPE, K_ROWS_ADD, K_ROWS_SWIGLU, K_ROWS_KVWRITE,
     K_ATTN_PREFILL,
@@ -162,6 +166,8 @@ enum vk_kernel {
     /* float16 products on cooperative matrices (mm_h.comp), per tile shape (tokens x
      * outputs, and weights of K per step), only where d->coopmat */
     K_MMH_64X64_K32, K_MMH_64X64_K64,
+    /* moe_topk.comp for the prefill: MODE 1 routes every token, MODE 2 sorts them by expert */
+    K_MOE_ROUTE, K_MOE_BUCKET,
     K_COUNT,
 };
 

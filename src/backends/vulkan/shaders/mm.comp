@@ -1,6 +1,7 @@
 #version 460
-/* Prefill: matrix-matrix products over a chunk of T tokens (MODE 0), and the embedding rows of
- * the chunk's tokens (MODE 1), for every weight type common.glsl reads.
+/* Prefill: matrix-matrix products over a chunk of T tokens (MODE 0), the embedding rows of
+ * the chunk's tokens (MODE 1), the mixture of experts' products grouped by expert (MODE 2) and
+ * the sum of their outputs per token (MODE 4), for every weight type common.glsl reads.
  *   MODE 0: y[t][n] = sum_k x[t][k] * W[n][k]  (+ res[t][n] when flags & 1)
  *           x [T, K] (row stride K), W [N, Kp] (rows padded, common.glsl), y, res [T, N].
  *           A workgroup computes a BM x BN tile of y (BM tokens, BN outputs), 256 threads each
@@ -22,11 +23,17 @@ layout(push_constant) uniform PC {
     Floats res; /* [T, N], flags & 1 */
     Floats prm; /* params block: pos0, n, then the tokens (as uints) from index 4 */
     uint T, K, N, Kp8, flags;
+    /* MODE 2 and 4 */
+    W w1;         /* the up experts (flags & 2) */
+    Floats lists; /* moe_topk.comp MODE 2: per expert a count, then its entries t * k + slot */
+    Floats route; /* per token 128: expert ids, then weights from 64 */
+    uint E, k;
 } pc;
 
 const uint BM = 64, BN = 64, BK = 32, PAD = 68;
 shared float xs[BK][PAD];
 shared float ws[BK][PAD];
+shared float wu[BK][PAD]; /* MODE 2, gated: the up experts' tile */
 
 /* the unit and group holding row element p (a multiple of 8): the inverse of unit_pos */
 void unit_of(uint p, out uint u, out uint g) {
@@ -48,13 +55,13 @@ void unit_of(uint p, out uint u, out uint g) {
 #endif
 }
 
-/* weights p .. p+7 of row n */
-void load_octet(uint n, uint p, out vec4 a, out vec4 b) {
+/* weights p .. p+7 of row n of w */
+void load_octet(W w, uint n, uint p, out vec4 a, out vec4 b) {
     uint U = pc.Kp8 / UG, u, g;
     unit_of(p, u, g);
     vec4 qa[UG], qb[UG];
     vec2 so[UG];
-    unit_load(pc.w, n, U, u, qa, qb, so);
+    unit_load(w, n, U, u, qa, qb, so);
     a = qa[g] * so[g].x + so[g].y;
     b = qb[g] * so[g].x + so[g].y;
 }
@@ -67,14 +74,96 @@ void embed_rows() {
         uint p = 8u * o;
         if (p >= pc.K) break;
         vec4 a, b;
-        load_octet(tok, p, a, b);
+        load_octet(pc.w, tok, p, a, b);
         for (uint e = 0u; e < 8u && p + e < pc.K; e++) pc.y.v[t * pc.K + p + e] = e < 4u ? a[e] : b[e - 4u];
     }
+}
+
+/* MODE 2: the experts' products for the tokens that chose them. Workgroup (n tile, row
+ * tile, expert e) takes rows r0 .. r0+63 of e's list (entries t * k + slot), when it has
+ * that many. flags & 2: y[entry] = silu(x[t] Wg_e) * (x[t] Wu_e) (gate, up: w, w1);
+ * else y[entry] = p * x[entry] W_e, p the entry's routing weight (the down projection,
+ * each entry's own input row). The weights of all experts are stacked: e's rows from e * N. */
+void experts() {
+    uint e = gl_WorkGroupID.z, cnt = floatBitsToUint(pc.lists.v[e]), r0 = gl_WorkGroupID.y * BM;
+    if (r0 >= cnt) return;
+    bool gated = (pc.flags & 2u) != 0u;
+    uint tid = gl_LocalInvocationID.x, n0 = gl_WorkGroupID.x * BN;
+    uint tx = tid & 15u, ty = tid >> 4u, lr = tid >> 2u, lo = (tid & 3u) * 8u;
+    uint lbase = pc.E + e * pc.T;
+    bool have = r0 + lr < cnt;
+    uint ent = have ? floatBitsToUint(pc.lists.v[lbase + r0 + lr]) : 0u;
+    uint xrow = gated ? ent / pc.k : ent;
+    float acc[4][4], accu[4][4];
+    for (uint i = 0u; i < 4u; i++)
+        for (uint j = 0u; j < 4u; j++) acc[i][j] = accu[i][j] = 0.0;
+    uint Kp = pc.Kp8 * 8u;
+    for (uint k0 = 0u; k0 < pc.K; k0 += BK) {
+        uint k = k0 + lo;
+        for (uint q = 0u; q < 8u; q++) xs[lo + q][lr] = (have && k + q < pc.K) ? pc.x.v[xrow * pc.K + k + q] : 0.0;
+        uint n = n0 + lr;
+        vec4 a = vec4(0.0), b = vec4(0.0), c = vec4(0.0), d = vec4(0.0);
+        if (n < pc.N && k < Kp) {
+            load_octet(pc.w, e * pc.N + n, k, a, b);
+            if (gated) load_octet(pc.w1, e * pc.N + n, k, c, d);
+        }
+        for (uint q = 0u; q < 4u; q++) {
+            ws[lo + q][lr] = a[q];
+            ws[lo + 4u + q][lr] = b[q];
+            wu[lo + q][lr] = c[q];
+            wu[lo + 4u + q][lr] = d[q];
+        }
+        barrier();
+        for (uint kk = 0u; kk < BK; kk++) {
+            float xv[4], wv[4], uv[4];
+            for (uint i = 0u; i < 4u; i++) xv[i] = xs[kk][ty + 16u * i];
+            for (uint j = 0u; j < 4u; j++) {
+                wv[j] = ws[kk][tx + 16u * j];
+                uv[j] = wu[kk][tx + 16u * j];
+            }
+            for (uint i = 0u; i < 4u; i++)
+                for (uint j = 0u; j < 4u; j++) {
+                    acc[i][j] += xv[i] * wv[j];
+                    accu[i][j] += xv[i] * uv[j];
+                }
+        }
+        barrier();
+    }
+    for (uint i = 0u; i < 4u; i++) {
+        uint r = r0 + ty + 16u * i;
+        if (r >= cnt) break;
+        uint en = floatBitsToUint(pc.lists.v[lbase + r]), tok = en / pc.k;
+        float p = gated ? 1.0 : pc.route.v[tok * 128u + 64u + (en - tok * pc.k)];
+        for (uint j = 0u; j < 4u; j++) {
+            uint n = n0 + tx + 16u * j;
+            if (n >= pc.N) continue;
+            float g = acc[i][j];
+            pc.y.v[en * pc.N + n] = gated ? g / (1.0 + exp(-g)) * accu[i][j] : p * g;
+        }
+    }
+}
+
+/* MODE 4: y[t][n] = sum over the k slots of x[t * k + slot][n] (the experts' outputs). */
+void reduce_slots() {
+    uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+    if (i >= pc.T * pc.N) return;
+    uint t = i / pc.N, n = i - t * pc.N;
+    float s = 0.0;
+    for (uint q = 0u; q < pc.k; q++) s += pc.x.v[(t * pc.k + q) * pc.N + n];
+    pc.y.v[i] = s;
 }
 
 void main() {
     if (MODE == 1u) {
         embed_rows();
+        return;
+    }
+    if (MODE == 2u) {
+        experts();
+        return;
+    }
+    if (MODE == 4u) {
+        reduce_slots();
         return;
     }
     uint tid = gl_LocalInvocationID.x;
@@ -93,7 +182,7 @@ void main() {
         /* W tile: rows n0 .. n0+63, dequantised (the padding past K holds zero weights) */
         uint n = n0 + lr;
         vec4 a = vec4(0.0), b = vec4(0.0);
-        if (n < pc.N && k < Kp) load_octet(n, k, a, b);
+        if (n < pc.N && k < Kp) load_octet(pc.w, n, k, a, b);
         for (uint e = 0u; e < 4u; e++) {
             ws[lo + e][lr] = a[e];
             ws[lo + 4u + e][lr] = b[e];
