@@ -283,6 +283,7 @@ static const struct {
     [K_ROWS_ADD] = {SPV(spv_rows), "rows_add"},
     [K_ROWS_SWIGLU] = {SPV(spv_rows), "rows_swiglu"},
     [K_ROWS_KVWRITE] = {SPV(spv_rows), "rows_kvwrite"},
+    [K_ROWS_SIGMUL] = {SPV(spv_rows), "rows_sigmoid_mul"},
     [K_ATTN_PREFILL] = {SPV(spv_attn_prefill), "attn_prefill"},
     [K_DQ_F32] = {SPV(spv_dq_f32), "dq_f32"},
     [K_DQ_F16] = {SPV(spv_dq_f16), "dq_f16"},
@@ -299,6 +300,8 @@ static const struct {
     [K_MMH_64X64_K64] = {SPV(spv_mm_h_64x64_k64), "mm_h_64x64_k64"},
     [K_MOE_ROUTE] = {SPV(spv_moe_topk), "moe_route"},
     [K_MOE_BUCKET] = {SPV(spv_moe_topk), "moe_bucket"},
+    [K_GDN_PREFILL] = {SPV(spv_gdn), "gdn_prefill"},
+    [K_GDN_RING] = {SPV(spv_gdn), "gdn_ring"},
 };
 
 const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }
@@ -401,7 +404,10 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         } else if (k == K_MOE_ROUTE || k == K_MOE_BUCKET) { /* moe_topk.comp's MODE */
             vals[0] = k == K_MOE_ROUTE ? 1 : 2;
             n = 1;
-        } else if (k >= K_ROWS_NORM && k <= K_ROWS_KVWRITE) {
+        } else if (k == K_GDN_PREFILL || k == K_GDN_RING) { /* gdn.comp's MODE */
+            vals[0] = k == K_GDN_PREFILL ? 1 : 2;
+            n = 1;
+        } else if (k >= K_ROWS_NORM && k <= K_ROWS_SIGMUL) {
             vals[0] = (uint32_t)(k - K_ROWS_NORM);
             n = 1;
         }

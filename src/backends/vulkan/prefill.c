@@ -45,6 +45,11 @@ struct pc_mm {
     uint64_t w1, lists, route; /* the experts (MODE 2, 4) */
     uint32_t E, k;
 };
+struct pc_gdn { /* gdn.comp */
+    uint64_t qkv, b, a, convw, A, dtb, ring, S, z, gnorm, out, ctl;
+    uint32_t Hk, Dk, Hv, Dv, Kc, flags;
+    float eps_l2, eps;
+};
 struct pc_topk { /* moe_topk.comp */
     uint64_t logits, route, ctl;
     uint32_t E, k, norm, T;
@@ -116,7 +121,8 @@ static VkDeviceSize round_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1
 
 static bool materialised(enum op op) {
     return op == OP_EMBED || op == OP_RMS_NORM || op == OP_MATMUL || op == OP_ROPE ||
-           op == OP_ATTENTION || op == OP_ADD || op == OP_SWIGLU || op == OP_MOE;
+           op == OP_ATTENTION || op == OP_ADD || op == OP_SWIGLU || op == OP_MOE || op == OP_GDN ||
+           op == OP_SIGMOID_MUL;
 }
 
 /* Offsets for every materialised node: a block is reused once the last node reading it has
@@ -275,6 +281,29 @@ static anvil_status lower_moe(struct vk_prefill *p, struct plan *P, int i) {
     return st;
 }
 
+/* A Gated DeltaNet layer over the chunk: the recurrent form, a workgroup per value head
+ * taking the tokens in turn (gdn.comp MODE 1), then the conv ring takes the chunk's last
+ * inputs (MODE 2). The gated norm after it is the prefill's rms_norm and swiglu. */
+static anvil_status lower_gdn(struct vk_prefill *p, struct plan *P, int i) {
+    const struct node *n = NODE(P, i), *cs = NODE(P, n->src[6]), *qkv = NODE(P, n->src[0]);
+    struct vk_backend *b = p->b;
+    uint32_t Hk = (uint32_t)n->p.i[0], Dk = (uint32_t)n->p.i[1], Hv = (uint32_t)NODE(P, n->src[1])->ne[0],
+             Dv = (uint32_t)n->ne[0], Kc = (uint32_t)cs->ne[0] + 1, Cc = (uint32_t)qkv->ne[0];
+    if (Dk > 256 || Dv > 256 || Cc != 2 * Hk * Dk + Hv * Dv)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: %s: head dims %u, %u (at most 256)", n->name, Dk, Dv);
+    uint64_t any = p->arena.addr;
+    struct pc_gdn pg = {addr(p, P, n->src[0]), addr(p, P, n->src[1]), addr(p, P, n->src[2]),
+                        vk_weight_addr(b, NODE(P, n->src[3])->weight, true, false),
+                        vk_weight_addr(b, NODE(P, n->src[4])->weight, true, false),
+                        vk_weight_addr(b, NODE(P, n->src[5])->weight, true, false),
+                        vk_state_addr(b, cs->state), vk_state_addr(b, NODE(P, n->src[7])->state),
+                        p->prm.addr, any, addr(p, P, i), any, Hk, Dk, Hv, Dv, Kc,
+                        (n->p.i[2] ? 1u : 0u) | (n->p.i[3] ? 2u : 0u), n->p.f[0], 0};
+    anvil_status st = emit(p, K_GDN_PREFILL, Hv, 1, &pg, sizeof pg);
+    if (st == ANVIL_OK) st = emit(p, K_GDN_RING, (Kc * Cc + 511) / 512, 1, &pg, sizeof pg);
+    return st;
+}
+
 /* Bytes of float16 weight rows the largest product of the graph needs at a time. */
 static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P) {
     VkDeviceSize size = 0;
@@ -282,8 +311,9 @@ static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P) {
         const struct node *nd = NODE(P, i);
         if (nd->op != OP_MATMUL) continue;
         const struct node *wn = NODE(P, nd->src[1]);
-        if (wn->op != OP_WEIGHT || !wn->weight || vk_weight_kind(wn->weight->type) < 0) continue;
-        uint32_t Kp = vk_weight_kp(b, wn->weight);
+        if ((wn->op != OP_WEIGHT && wn->op != OP_WEIGHT_ROWS) || !wn->weight || vk_weight_kind(wn->weight->type) < 0)
+            continue;
+        uint32_t Kp = vk_wnode_kp(b, wn);
         size = MAX(size, (VkDeviceSize)dq_rows((uint32_t)nd->ne[0], Kp) * Kp * 2);
     }
     return size;
@@ -304,6 +334,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
         case OP_TOKENS:
         case OP_WEIGHT:
         case OP_WEIGHT_STACK:
+        case OP_WEIGHT_ROWS:
         case OP_STATE:
         case OP_RESHAPE:
         case OP_ROWS:
@@ -329,14 +360,14 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
         }
         case OP_MATMUL: {
             const struct node *wn = NODE(P, nd->src[1]);
-            int kind = wn->op == OP_WEIGHT && wn->weight ? vk_weight_kind(wn->weight->type) : -1;
+            int kind = (wn->op == OP_WEIGHT || wn->op == OP_WEIGHT_ROWS) && wn->weight ? vk_weight_kind(wn->weight->type) : -1;
             if (kind < 0) {
                 st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: matmul %s has no kernel", nd->name);
                 break;
             }
-            struct pc_mm pc = {addr(p, P, nd->src[0]), vk_weight_addr(b, wn->weight, false, false), addr(p, P, i),
+            struct pc_mm pc = {addr(p, P, nd->src[0]), vk_wnode_addr(b, wn), addr(p, P, i),
                                any, prm, rows, (uint32_t)NODE(P, nd->src[0])->ne[0], ne0,
-                               vk_weight_kp(b, wn->weight) / 8, 0, 0, 0, 0, 0, 0};
+                               vk_wnode_kp(b, wn) / 8, 0, 0, 0, 0, 0, 0};
             /* the residual add that is this product's only reader: y = res + x W */
             for (int j = i + 1; j < g->n_nodes; j++) {
                 const struct node *a = NODE(P, j);
@@ -379,6 +410,20 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
         case OP_MOE:
             st = lower_moe(p, P, i);
             break;
+        case OP_GDN:
+            st = lower_gdn(p, P, i);
+            break;
+        case OP_SIGMOID_MUL: {
+            uint32_t gN = (uint32_t)NODE(P, nd->src[1])->ne[0];
+            if ((gN != 1 && gN != ne0) || node_nelem(NODE(P, nd->src[1])) != (int64_t)rows * gN) {
+                st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: %s: gate shape", nd->name);
+                break;
+            }
+            struct pc_rows pc = {addr(p, P, nd->src[0]), addr(p, P, nd->src[1]), any, addr(p, P, i), prm, ne0,
+                                 rows, gN == 1 ? 1 : ne0, 0, 0};
+            st = emit(p, K_ROWS_SIGMUL, rows, 0, &pc, sizeof pc);
+            break;
+        }
         case OP_ATTENTION: {
             const struct node *q = NODE(P, nd->src[0]), *k = NODE(P, nd->src[1]), *v = NODE(P, nd->src[2]);
             uint32_t D = (uint32_t)q->ne[0], H = (uint32_t)q->ne[1], Hkv = (uint32_t)k->ne[1], T = (uint32_t)q->ne[2];

@@ -33,13 +33,17 @@ static void eval(anvil_session *s, const int32_t *t, int n, anvil_logits_mode mo
     unsetenv("ANVIL_PREFILL_CHUNK");
 }
 
-static void check_model(const char *spec) {
+/* tol_cpu: Vulkan vs the CPU (the Gated DeltaNet's recurrences let float rounding grow: the
+ * decode program alone differs from the CPU by ~1e-3 on qwen3next-tiny); prefill vs the
+ * decode program is held to the float32 tolerance always */
+static void check_model(const char *spec, float tol_cpu) {
     /* float32 everywhere: rounding only. The cooperative-matrix products (on by default where
      * the device has them; not on lavapipe) take float16 inputs: the float32 path is checked
      * unless ANVIL_VK_COOPMAT=1 asks for them, at a float16 tolerance. */
     const char *cm = getenv("ANVIL_VK_COOPMAT");
     if (!cm) setenv("ANVIL_VK_COOPMAT", "0", 1);
     float tol = cm && !strcmp(cm, "1") ? 5e-2f : 2e-3f;
+    tol_cpu = MAX(tol_cpu, tol);
     anvil_model *m;
     assert_int_equal(anvil_model_open(spec, NULL, &m), ANVIL_OK);
     int V = anvil_model_vocab_size(m);
@@ -57,7 +61,7 @@ static void check_model(const char *spec) {
     eval(vk, prompt, N_PROMPT, ANVIL_LOGITS_ALL, b, 70);
     float d = tu_max_diff(a, b, (size_t)N_PROMPT * (size_t)V);
     fprintf(stderr, "%s: prefill (chunks 70 + 30), all rows: max |vulkan - cpu| = %.3g\n", spec, (double)d);
-    assert_true(d < tol);
+    assert_true(d < tol_cpu);
     anvil_session_destroy(cpu);
     anvil_session_destroy(vk);
 
@@ -94,15 +98,23 @@ static void check_model(const char *spec) {
 static void test_prefill(void **state) {
     (void)state;
     /* odd row counts (vocab 1001, ffn 768) and K-quant tiles; a float type; real weights */
-    check_model("synthetic:qwen3-tiny-k:q4_k");
-    check_model("synthetic:qwen3-tiny:bf16");
+    check_model("synthetic:qwen3-tiny-k:q4_k", 0);
+    check_model("synthetic:qwen3-tiny:bf16", 0);
     /* the experts grouped by expert: odd sizes, a K-quant; the reference MoE model */
-    check_model("synthetic:qwen3moe-odd:q4_k");
+    check_model("synthetic:qwen3moe-odd:q4_k", 0);
     char path[1024];
     snprintf(path, sizeof path, "%s", tu_testdata("reference/qwen3moe-tiny"));
-    check_model(path);
+    check_model(path, 0);
+    /* the hybrids: Gated DeltaNet layers (their conv ring and state handed to the decode
+     * program), gated attention, the shared expert; odd head counts */
+    check_model("synthetic:qwen3.6-odd:q4_k", 0);
+    static const char *hybrids[] = {"reference/qwen3next-tiny", "reference/qwen3_5moe-tiny"};
+    for (size_t h = 0; h < sizeof hybrids / sizeof *hybrids; h++) {
+        snprintf(path, sizeof path, "%s", tu_testdata(hybrids[h]));
+        check_model(path, 1e-2f);
+    }
     snprintf(path, sizeof path, "%s", tu_testdata("reference/qwen3-small"));
-    check_model(path);
+    check_model(path, 0);
 }
 
 int main(void) {

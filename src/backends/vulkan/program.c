@@ -21,8 +21,8 @@
  *                                SwiGLU, experts' down summed (+ the shared expert as one more,
  *                                weighted by sigmoid of its logit, + the residual)
  *   Gated DeltaNet -> gated RMSNorm * silu(z)       one dispatch per layer (gdn.comp); the
- *                                conv's past inputs live in a ring in the arena, not in the
- *                                graph's conv state (which the program leaves unused)
+ *                                conv's past inputs live in a ring of Kc rows in the conv
+ *                                state's memory (vulkan.c sizes it so; prefill.c writes it too)
  *   anything else (the gated attention's sigmoid gate, unmatched add / swiglu / rms_norm)
  *                                the element-wise kernel (ew.comp)
  */
@@ -476,9 +476,9 @@ static anvil_status lower_gdn(struct lower *L, int i) {
         N(L, s)->op != OP_SWIGLU || L->root[N(L, s)->src[1]] != j)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s is not followed by its gated norm "
                        "(the only pattern the decode program fuses)", n->name);
-    const struct node *nm = N(L, j), *qkv = N(L, n->src[0]), *cs = N(L, n->src[6]);
+    const struct node *nm = N(L, j), *cs = N(L, n->src[6]);
     uint32_t Hk = (uint32_t)n->p.i[0], Dk = (uint32_t)n->p.i[1], Hv = (uint32_t)N(L, n->src[1])->ne[0],
-             Dv = (uint32_t)n->ne[0], Kc = (uint32_t)cs->ne[0] + 1, Cc = (uint32_t)qkv->ne[0];
+             Dv = (uint32_t)n->ne[0], Kc = (uint32_t)cs->ne[0] + 1;
     if (Dk > 256 || Dv > 256 || nm->ne[0] != Dv)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s: head dims %u, %u (at most 256)", n->name, Dk, Dv);
     struct vk_backend *b = L->p->b;
@@ -489,8 +489,9 @@ static anvil_status lower_gdn(struct lower *L, int i) {
     pg.convw = vk_weight_addr(b, N(L, n->src[3])->weight, true, false);
     pg.A = vk_weight_addr(b, N(L, n->src[4])->weight, true, false);
     pg.dtb = vk_weight_addr(b, N(L, n->src[5])->weight, true, false);
-    /* the conv's past inputs: a ring of Kc rows in the arena (gdn.comp) */
-    pg.ring = L->p->arena.addr + alloc_scratch(L, (VkDeviceSize)Kc * Cc * 4);
+    /* the conv's past inputs: a ring of Kc rows, in the conv state's memory (sized for it,
+     * vulkan.c), where the prefill program finds it too */
+    pg.ring = vk_state_addr(b, cs->state);
     pg.S = vk_state_addr(b, N(L, n->src[7])->state);
     pg.z = addr_of(L, N(L, s)->src[0]);
     pg.gnorm = vk_weight_addr(b, N(L, nm->src[1])->weight, true, nm->p.i[0] != 0);

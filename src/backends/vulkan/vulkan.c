@@ -336,14 +336,21 @@ static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
     b->state_off = xcalloc((size_t)g->n_states, sizeof *b->state_off);
     b->state_ne = xcalloc((size_t)g->n_states, sizeof *b->state_ne);
     if (!b->state_off || !b->state_ne) return ANVIL_ERR_NOMEM;
+    /* a Gated DeltaNet conv state {Kc-1, Cc} is kept as a ring of Kc rows (gdn.comp) */
+    bool *ring = xcalloc((size_t)g->n_nodes, sizeof *ring);
+    if (!ring) return ANVIL_ERR_NOMEM;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == OP_GDN) ring[g->nodes[i].src[6]] = true;
     VkDeviceSize size = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const struct node *n = &g->nodes[i];
         if (n->op != OP_STATE) continue;
         b->state_off[n->state] = size;
         memcpy(b->state_ne[n->state], n->ne, sizeof n->ne);
-        size += ((VkDeviceSize)node_nelem(n) * 4 + 255) / 256 * 256;
+        VkDeviceSize elems = ring[i] ? (VkDeviceSize)(n->ne[0] + 1) * (VkDeviceSize)n->ne[1] : (VkDeviceSize)node_nelem(n);
+        size += (elems * 4 + 255) / 256 * 256;
     }
+    free(ring);
     b->n_states = g->n_states;
     anvil_status st = vk_buffer_create(b->d, size, VK_MEM_DEVICE, "the KV cache", &b->states);
     if (st != ANVIL_OK) return st;

@@ -158,7 +158,7 @@ enum vk_kernel {
     K_MMOE_Q5_1, K_MMOE_Q4_K, K_MMOE_Q5_K, K_MMOE_Q6_K,
     K_MM_REDUCE,
     /* rows.comp's modes, in its MODE order */
-    K_ROWS_NORM, K_ROWS_ROPE, K_ROWS_ADD, K_ROWS_SWIGLU, K_ROWS_KVWRITE,
+    K_ROWS_NORM, K_ROWS_ROPE, K_ROWS_ADD, K_ROWS_SWIGLU, K_ROWS_KVWRITE, K_ROWS_SIGMUL,
     K_ATTN_PREFILL,
     /* weights dequantised to float16 rows (dq.comp), per weight kind, for mm_h.comp */
     K_DQ_F32, K_DQ_F16, K_DQ_BF16, K_DQ_Q8_0, K_DQ_Q4_0, K_DQ_Q4_1, K_DQ_Q5_0, K_DQ_Q5_1,
@@ -168,6 +168,8 @@ enum vk_kernel {
     K_MMH_64X64_K32, K_MMH_64X64_K64,
     /* moe_topk.comp for the prefill: MODE 1 routes every token, MODE 2 sorts them by expert */
     K_MOE_ROUTE, K_MOE_BUCKET,
+    /* gdn.comp for the prefill: MODE 1 a chunk's tokens in turn, MODE 2 the conv ring */
+    K_GDN_PREFILL, K_GDN_RING,
     K_COUNT,
 };
 

@@ -11,7 +11,13 @@
  *   3. the delta rule on the Dk x Dv state S (element (i, j) at j + Dv * (i + Dk*h)),
  *      in place; at position 0 the old state counts as zero:
  *      S = decay * S;  S += k ⊗ beta (v - Sᵀk);  y = Sᵀq
- *   4. out = y / rms(y) * gnorm * silu(z)   (the gated RMSNorm)  */
+ *   4. out = y / rms(y) * gnorm * silu(z)   (the gated RMSNorm)
+ * MODE 1 (prefill): the same for the T tokens of a chunk at positions pos0 .. pos0+T-1, one
+ * after another in each workgroup; qkv [T, Cc], b and a [T, Hv]; the conv reads the chunk's
+ * own rows, and the ring only for positions before pos0 (this kernel does not write it);
+ * out [T, Hv, Dv] is y itself (the gated norm is left to the prefill's own kernels). The
+ * params block (pos0, T) comes in z; gnorm and ctl are not read.
+ * MODE 2 (prefill, after MODE 1): the ring takes the chunk's last Kc inputs.  */
 #include "common.glsl"
 
 /* 512 threads: column j of the state goes to threads j % 128 + 128 * part, part p taking
@@ -34,6 +40,8 @@ layout(push_constant) uniform PC {
     float eps_l2, eps;
 } pc;
 
+layout(constant_id = 0) const uint MODE = 0;
+
 const uint DMAX = 256u, RMAX = DMAX / NP;
 shared float qs[DMAX], ks[DMAX], vs[DMAX], ys[DMAX];
 shared float red[128][2]; /* per subgroup (512 threads of subgroups of 4 or more) */
@@ -54,10 +62,10 @@ vec2 wg_sum2(float x, float y) {
     return s;
 }
 
-void main() {
-    if (pc.ctl.stop != 0u) return;
+/* One token: position pos; in a prefill (MODE 1) row tr of the chunk, which starts at pos0. */
+void step(uint pos, uint tr, uint pos0) {
     uint h = gl_WorkGroupID.x, t = gl_LocalInvocationID.x;
-    uint pos = pc.ctl.pos, Dk = pc.Dk, Dv = pc.Dv, Kc = pc.Kc;
+    uint Dk = pc.Dk, Dv = pc.Dv, Kc = pc.Kc;
     uint Cc = 2u * pc.Hk * Dk + pc.Hv * Dv;
     bool tiled = (pc.flags & 2u) != 0u;
     uint r = pc.Hv / pc.Hk, hk = tiled ? h % pc.Hk : h / r;
@@ -65,17 +73,20 @@ void main() {
     for (uint i = t; i < 2u * Dk + Dv; i += NT) {
         uint c = i < Dk ? hk * Dk + i : i < 2u * Dk ? pc.Hk * Dk + hk * Dk + (i - Dk)
                                                    : 2u * pc.Hk * Dk + h * Dv + (i - 2u * Dk);
-        float x = pc.qkv.v[c];
+        float x = pc.qkv.v[tr * Cc + c];
         float acc = pc.convw.v[c * Kc + Kc - 1u] * x;
         for (uint j = 0; j + 1u < Kc; j++) {
             int p = int(pos) - int(Kc - 1u) + int(j);
-            if (p >= 0) acc += pc.convw.v[c * Kc + j] * pc.ring.v[(uint(p) % Kc) * Cc + c];
+            if (MODE == 1u && p >= int(pos0)) /* an earlier row of the chunk */
+                acc += pc.convw.v[c * Kc + j] * pc.qkv.v[(uint(p) - pos0) * Cc + c];
+            else if (p >= 0)
+                acc += pc.convw.v[c * Kc + j] * pc.ring.v[(uint(p) % Kc) * Cc + c];
         }
         float y = acc / (1.0 + exp(-acc));
         if (i < Dk) qs[i] = y;
         else if (i < 2u * Dk) ks[i - Dk] = y;
         else vs[i - 2u * Dk] = y;
-        if (i >= 2u * Dk || owner) pc.ring.v[(pos % Kc) * Cc + c] = x;
+        if (MODE == 0u && (i >= 2u * Dk || owner)) pc.ring.v[(pos % Kc) * Cc + c] = x;
     }
     barrier();
     float sq = 0.0, sk = 0.0;
@@ -89,9 +100,9 @@ void main() {
         qs[i] *= iq;
         ks[i] *= ik;
     }
-    float beta = 1.0 / (1.0 + exp(-pc.b.v[h]));
+    float beta = 1.0 / (1.0 + exp(-pc.b.v[tr * pc.Hv + h]));
     float rate = (pc.flags & 1u) != 0u ? -exp(pc.A.v[h]) : pc.A.v[h];
-    float xa = pc.a.v[h] + pc.dtb.v[h];
+    float xa = pc.a.v[tr * pc.Hv + h] + pc.dtb.v[h];
     float decay = exp(rate * (xa > 20.0 ? xa : log(1.0 + exp(xa))));
     barrier();
     bool fresh = pos == 0u;
@@ -127,6 +138,11 @@ void main() {
         }
         barrier();
     }
+    if (MODE == 1u) {
+        for (uint j = t; j < Dv; j += NT) pc.out_.v[(tr * pc.Hv + h) * Dv + j] = ys[j];
+        barrier(); /* qs, ks, vs, ys are the next token's */
+        return;
+    }
     float sy = 0.0;
     for (uint j = t; j < Dv; j += NT) sy += ys[j] * ys[j];
     s = wg_sum2(sy, 0.0);
@@ -135,4 +151,23 @@ void main() {
         float zz = pc.z.v[h * Dv + j];
         pc.out_.v[h * Dv + j] = ys[j] * inv * pc.gnorm.v[j] * (zz / (1.0 + exp(-zz)));
     }
+}
+
+void main() {
+    if (MODE == 0u) {
+        if (pc.ctl.stop != 0u) return;
+        step(pc.ctl.pos, 0u, 0u);
+        return;
+    }
+    uint pos0 = floatBitsToUint(pc.z.v[0]), T = floatBitsToUint(pc.z.v[1]);
+    if (MODE == 1u) {
+        for (uint tr = 0u; tr < T; tr++) step(pos0 + tr, tr, pos0);
+        return;
+    }
+    /* MODE 2: ring row p % Kc takes the input of position p, for the chunk's last Kc */
+    uint Cc = 2u * pc.Hk * pc.Dk + pc.Hv * pc.Dv, n = min(T, pc.Kc);
+    uint i = gl_GlobalInvocationID.x;
+    if (i >= n * Cc) return;
+    uint tr = T - n + i / Cc, c = i % Cc;
+    pc.ring.v[((pos0 + tr) % pc.Kc) * Cc + c] = pc.qkv.v[tr * Cc + c];
 }

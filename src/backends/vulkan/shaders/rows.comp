@@ -9,6 +9,8 @@
  *   MODE 3  swiglu     out = silu(a) * b
  *   MODE 4  KV write   a: k [T, H, n], b: v [T, H, n] -> rows pos0 + t of the caches
  *                      c (k) and out (v), both [S, H, n]
+ *   MODE 5  sigmoid_mul out = a * sigmoid(b), b with H = n gates a row, or H = 1 (one gate
+ *                      for the row)
  * pos0 comes from the params block (prm[0]). */
 #include "common.glsl"
 
@@ -58,6 +60,11 @@ void main() {
         for (uint i = tid; i < n; i += 128u) {
             float g = pc.a.v[base + i];
             pc.out_.v[base + i] = g / (1.0 + exp(-g)) * pc.b.v[base + i];
+        }
+    } else if (MODE == 5u) {
+        for (uint i = tid; i < n; i += 128u) {
+            float g = pc.b.v[pc.H == 1u ? r : base + i];
+            pc.out_.v[base + i] = pc.a.v[base + i] / (1.0 + exp(-g));
         }
     } else {
         uint t = r / pc.H, h = r % pc.H, dst = ((pos0 + t) * pc.H + h) * n;
