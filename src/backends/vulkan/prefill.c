@@ -383,7 +383,11 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
                 }
                 break;
             }
-            if (p->dq.buf && rows >= 16) {
+            /* float16 products for the big matrices; the narrow ones (<= 512 outputs: a MoE
+             * router, the Gated DeltaNet's beta and decay inputs, gates) cost little in float32,
+             * and a router's choice or an exp() is where float16's rounding would show: on the
+             * H100 it flipped experts (logits off by up to 5.5 on qwen3_5moe-tiny) */
+            if (p->dq.buf && rows >= 16 && ne0 > 512) {
                 st = emit_mmh(p, wn->weight, kind, &pc);
                 break;
             }
