@@ -175,6 +175,9 @@ static const uint32_t spv_mm_h_64x64_k32[] =
 static const uint32_t spv_mm_h_64x64_k64[] =
 #include "shaders/mm_h_64x64_k64.inc"
     ;
+static const uint32_t spv_mm_h_moe[] =
+#include "shaders/mm_h_moe.inc"
+    ;
 
 #define SPV(a) a, sizeof a
 
@@ -298,6 +301,7 @@ static const struct {
     [K_DQ_Q6_K] = {SPV(spv_dq_q6_k), "dq_q6_k"},
     [K_MMH_64X64_K32] = {SPV(spv_mm_h_64x64_k32), "mm_h_64x64_k32"},
     [K_MMH_64X64_K64] = {SPV(spv_mm_h_64x64_k64), "mm_h_64x64_k64"},
+    [K_MMH_MOE] = {SPV(spv_mm_h_moe), "mm_h_experts"},
     [K_MOE_ROUTE] = {SPV(spv_moe_topk), "moe_route"},
     [K_MOE_BUCKET] = {SPV(spv_moe_topk), "moe_bucket"},
     [K_GDN_PREFILL] = {SPV(spv_gdn), "gdn_prefill"},
@@ -375,7 +379,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     if ((st = vk_result(r, "vkCreatePipelineCache")) != ANVIL_OK) return st;
 
     for (int k = 0; k < K_COUNT && st == ANVIL_OK; k++) {
-        if (k >= K_MMH_64X64_K32 && k <= K_MMH_64X64_K64 && !d->coopmat) continue; /* needs the extension */
+        if (k >= K_MMH_64X64_K32 && k <= K_MMH_MOE && !d->coopmat) continue; /* needs the extension */
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;

@@ -73,6 +73,8 @@ struct pc_dq {
 struct pc_mmh {
     uint64_t x, w, y, res;
     uint32_t T, K, N, Kp, ldy, nb, flags;
+    uint64_t lists, route; /* the experts (K_MMH_MOE) */
+    uint32_t E, k, e0;
 };
 
 /* Groups of 8 weights per unit of each weight kind (UG in common.glsl). */
@@ -97,6 +99,7 @@ struct vk_prefill {
     struct vk_buffer dq;       /* float16 weight rows for mm_h.comp (cooperative matrices) */
     struct vk_buffer moe;      /* routing, expert lists, expert activations and outputs */
     int mmh;                   /* its tile shape: index into mmh_tile */
+    bool f16;                  /* products on float16 inputs allowed (not in the hybrids) */
     VkDeviceSize out_off, out_bytes;
     struct pf_op *ops;
     int n_ops, cap_ops;
@@ -220,7 +223,7 @@ static anvil_status emit_mmh(struct vk_prefill *p, const struct tensor_info *w, 
         uint32_t n = MIN(R, mm->N - r0);
         struct pc_dq dq = {mm->w, p->dq.addr, r0, n, U, Kp};
         st = emit(p, (enum vk_kernel)(K_DQ_F32 + kind), (n * U + 255) / 256, 0, &dq, sizeof dq);
-        struct pc_mmh pc = {mm->x, p->dq.addr, mm->y, mm->res, mm->T, mm->K, n, Kp, mm->N, r0, mm->flags};
+        struct pc_mmh pc = {mm->x, p->dq.addr, mm->y, mm->res, mm->T, mm->K, n, Kp, mm->N, r0, mm->flags, 0, 0, 0, 0, 0};
         if (st == ANVIL_OK)
             st = emit(p, (enum vk_kernel)(K_MMH_64X64_K32 + p->mmh), (n + tile[1] - 1) / tile[1],
                       (mm->T + tile[0] - 1) / tile[0], &pc, sizeof pc);
@@ -233,15 +236,28 @@ static anvil_status emit_mmh(struct vk_prefill *p, const struct tensor_info *w, 
  * routing (128 floats a token), the lists (a count per expert, then T entries per expert),
  * the gate/up activations [T * k, F] and the experts' outputs [T * k, C]. */
 struct moe_layout {
-    VkDeviceSize route, lists, act, slots, size;
+    VkDeviceSize route, lists, act, up, slots, size;
 };
 static struct moe_layout moe_layout(uint32_t T, uint32_t C, uint32_t F, uint32_t E, uint32_t k) {
-    struct moe_layout m = {0, 0, 0, 0, 0};
+    struct moe_layout m = {0, 0, 0, 0, 0, 0};
     m.lists = round_up((VkDeviceSize)T * 128 * 4, ALIGN);
     m.act = m.lists + round_up(((VkDeviceSize)E + (VkDeviceSize)E * T) * 4, ALIGN);
-    m.slots = m.act + round_up((VkDeviceSize)T * k * F * 4, ALIGN);
+    m.up = m.act + round_up((VkDeviceSize)T * k * F * 4, ALIGN); /* the gate/up products, apart */
+    m.slots = m.up + round_up((VkDeviceSize)T * k * F * 4, ALIGN);
     m.size = m.slots + round_up((VkDeviceSize)T * k * C * 4, ALIGN);
     return m;
+}
+
+/* Experts per float16 piece of a stacked weight of N rows of Kp each (at least one). */
+static uint32_t dq_experts(uint32_t E, uint32_t N, uint32_t Kp) {
+    VkDeviceSize per = (VkDeviceSize)N * Kp * 2;
+    return (uint32_t)MIN((VkDeviceSize)E, MAX(DQ_SCRATCH_MAX / per, (VkDeviceSize)1));
+}
+
+/* Whether a mixture's experts run on cooperative matrices (float16 inputs): for real
+ * models' sizes; the router before them stays in float32 (at most 512 outputs) */
+static bool moe_on_coopmat(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_t F) {
+    return p->dq.buf != VK_NULL_HANDLE && p->f16 && T >= 16 && C >= 256 && F >= 256;
 }
 static struct moe_layout moe_of(struct plan *P, const struct node *nd) {
     const struct node *gn = NODE(P, nd->src[2]);
@@ -268,6 +284,33 @@ static anvil_status lower_moe(struct vk_prefill *p, struct plan *P, int i) {
     anvil_status st = emit(p, K_MOE_ROUTE, T, 1, &pt, sizeof pt);
     pt.logits = base + m.lists;
     if (st == ANVIL_OK) st = emit(p, K_MOE_BUCKET, 1, 1, &pt, sizeof pt);
+    if (st == ANVIL_OK && moe_on_coopmat(p, T, C, F)) {
+        /* gate and up apart, SwiGLU over their rows, the weighted down projection: each
+         * matrix dequantised a piece of experts at a time */
+        const struct node *mats[3] = {gn, un, dn};
+        uint64_t outs[3] = {base + m.act, base + m.up, base + m.slots};
+        for (int w = 0; w < 3 && st == ANVIL_OK; w++) {
+            uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F, Kp = vk_wnode_kp(p->b, mats[w]);
+            int kind = vk_weight_kind(mats[w]->weight->type);
+            uint32_t EP = dq_experts(E, N, Kp), U = Kp / 8 / unit_groups[kind];
+            for (uint32_t e0 = 0; e0 < E && st == ANVIL_OK; e0 += EP) {
+                uint32_t ne = MIN(EP, E - e0);
+                struct pc_dq dq = {vk_wnode_addr(p->b, mats[w]), p->dq.addr, e0 * N, ne * N, U, Kp};
+                st = emit(p, (enum vk_kernel)(K_DQ_F32 + kind), (ne * N * U + 255) / 256, 0, &dq, sizeof dq);
+                struct pc_mmh mh = {w < 2 ? addr(p, P, nd->src[0]) : base + m.act, p->dq.addr, outs[w], any, T, K, N,
+                                    Kp, N, 0, w < 2 ? 2u : 0u, base + m.lists, base + m.route, E, k, e0};
+                if (st == ANVIL_OK && (st = emit(p, K_MMH_MOE, (N + 63) / 64, (T + 63) / 64, &mh, sizeof mh)) == ANVIL_OK)
+                    p->ops[p->n_ops - 1].gz = ne;
+            }
+            if (w == 1 && st == ANVIL_OK) { /* act = silu(gate) * up */
+                struct pc_rows sw = {base + m.act, base + m.up, any, base + m.act, p->prm.addr, F, T * k, 0, 0, 0};
+                st = emit(p, K_ROWS_SWIGLU, T * k, 0, &sw, sizeof sw);
+            }
+        }
+        struct pc_mm sum = {base + m.slots, any, addr(p, P, i), any, p->prm.addr, T, 0, C, 0, 0, 0, 0, 0, E, k};
+        if (st == ANVIL_OK) st = emit(p, K_MM_REDUCE, (T * C + 255) / 256, 0, &sum, sizeof sum);
+        return st;
+    }
     struct pc_mm gu = {addr(p, P, nd->src[0]), vk_wnode_addr(p->b, gn), base + m.act, any, p->prm.addr, T, C, F,
                        vk_wnode_kp(p->b, gn) / 8, 2, vk_wnode_addr(p->b, un), base + m.lists, base + m.route, E, k};
     if (st == ANVIL_OK && (st = emit(p, (enum vk_kernel)(K_MMOE_F32 + kg), (F + 63) / 64, (T + 63) / 64, &gu, sizeof gu)) == ANVIL_OK)
@@ -309,6 +352,16 @@ static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P) {
     VkDeviceSize size = 0;
     for (int i = 0; i < P->g->n_nodes; i++) {
         const struct node *nd = NODE(P, i);
+        if (nd->op == OP_MOE) {
+            const struct node *gn = NODE(P, nd->src[2]);
+            uint32_t C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1], E = (uint32_t)gn->ne[2];
+            for (int w = 2; w <= 4; w++) {
+                const struct node *wn = NODE(P, nd->src[w]);
+                uint32_t N = w < 4 ? F : C, Kp = vk_wnode_kp(b, wn);
+                if (Kp) size = MAX(size, (VkDeviceSize)dq_experts(E, N, Kp) * N * Kp * 2);
+            }
+            continue;
+        }
         if (nd->op != OP_MATMUL) continue;
         const struct node *wn = NODE(P, nd->src[1]);
         if ((wn->op != OP_WEIGHT && wn->op != OP_WEIGHT_ROWS) || !wn->weight || vk_weight_kind(wn->weight->type) < 0)
@@ -387,7 +440,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
              * router, the Gated DeltaNet's beta and decay inputs, gates) cost little in float32,
              * and a router's choice or an exp() is where float16's rounding would show: on the
              * H100 it flipped experts (logits off by up to 5.5 on qwen3_5moe-tiny) */
-            if (p->dq.buf && rows >= 16 && ne0 > 512) {
+            if (p->dq.buf && p->f16 && rows >= 16 && ne0 > 512) {
                 st = emit_mmh(p, wn->weight, kind, &pc);
                 break;
             }
@@ -527,7 +580,13 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         st = vk_buffer_create(b->d, 16 + (VkDeviceSize)p->T * 4, VK_MEM_CONTROL, "prefill params", &p->prm);
     if (st == ANVIL_OK) st = vk_buffer_create(b->d, p->out_bytes, VK_MEM_READBACK, "prefill output", &p->readback);
     if (st == ANVIL_OK) st = vk_rope_table(b, g, p->n_ctx, &p->rope);
-    if (st == ANVIL_OK && b->d->coopmat) {
+    /* In a hybrid (Gated DeltaNet) model every product stays in float32: on the H100,
+     * float16 inputs moved a synthetic Qwen3.6 shape's logits by a median 0.2 (dense
+     * products) or 0.08 (experts) of a scale of 3, where Qwen3-MoE's moved by 0.0075
+     * (docs/PERF.md §18) */
+    p->f16 = true;
+    for (int i = 0; i < n; i++) p->f16 &= g->nodes[i].op != OP_GDN;
+    if (st == ANVIL_OK && b->d->coopmat && p->f16) {
         const char *e = getenv("ANVIL_VK_MMH");
         p->mmh = e && !strcmp(e, "1");
         VkDeviceSize dq = dq_scratch_size(b, &P);

@@ -165,7 +165,7 @@ enum vk_kernel {
     K_DQ_Q4_K, K_DQ_Q5_K, K_DQ_Q6_K,
     /* float16 products on cooperative matrices (mm_h.comp), per tile shape (tokens x
      * outputs, and weights of K per step), only where d->coopmat */
-    K_MMH_64X64_K32, K_MMH_64X64_K64,
+    K_MMH_64X64_K32, K_MMH_64X64_K64, K_MMH_MOE /* the experts, rows gathered */,
     /* moe_topk.comp for the prefill: MODE 1 routes every token, MODE 2 sorts them by expert */
     K_MOE_ROUTE, K_MOE_BUCKET,
     /* gdn.comp for the prefill: MODE 1 a chunk's tokens in turn, MODE 2 the conv ring */

@@ -38,7 +38,16 @@ layout(push_constant) uniform PC {
     Floats y;  /* [T, ldy] from column nb */
     Floats res;
     uint T, K, N, Kp, ldy, nb, flags;
+    /* GATHER: the experts of a mixture, grouped by expert (mm.comp MODE 2 on float32 tiles
+     * does the same): workgroup z takes expert e0 + z, its rows in w from z * N; the rows of
+     * y are the entries t * k + slot of that expert's list; x row t (flags & 2) or the
+     * entry's own row (the down projection, then scaled by the entry's routing weight) */
+    Floats lists, route;
+    uint E, k, e0;
 } pc;
+
+uint xrows[XV]; /* the x row of each of this thread's loads, or ~0u: none */
+uint wrow0;     /* the first row of this workgroup's weight matrix in w */
 
 shared float16_t xs[BM * SK];
 shared float16_t ws[BN * SK];
@@ -50,9 +59,9 @@ uvec4 wr[WV];
 void fetch(uint t0, uint n0, uint k0) {
     uint tid = gl_LocalInvocationID.x;
     for (uint i = 0u; i < XV; i++) {
-        uint e = tid + 256u * i, row = e / (BK / 4u), k = k0 + (e % (BK / 4u)) * 4u, t = t0 + row;
+        uint e = tid + 256u * i, k = k0 + (e % (BK / 4u)) * 4u, t = xrows[i];
         vec4 v = vec4(0.0);
-        if (t < pc.T) {
+        if (t != ~0u) {
             uint a = t * pc.K + k;
             if ((pc.K & 3u) == 0u) {
                 if (k < pc.K) v = Vec4s(pc.x).v[a >> 2u];
@@ -65,7 +74,7 @@ void fetch(uint t0, uint n0, uint k0) {
     }
     for (uint i = 0u; i < WV; i++) {
         uint e = tid + 256u * i, row = e / (BK / 8u), k = k0 + (e % (BK / 8u)) * 8u, n = n0 + row;
-        wr[i] = n < pc.N && k < pc.Kp ? pc.w.v[(n * pc.Kp + k) >> 3u] : uvec4(0u);
+        wr[i] = n < pc.N && k < pc.Kp ? pc.w.v[((wrow0 + n) * pc.Kp + k) >> 3u] : uvec4(0u);
     }
 }
 
@@ -89,11 +98,31 @@ void main() {
     uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
     uint n0 = gl_WorkGroupID.x * BN, t0 = gl_WorkGroupID.y * BM;
     uint sm = (sg / WN) * (TM * 16u), sn = (sg % WN) * (TN * 16u);
+#ifdef GATHER
+    uint ex = pc.e0 + gl_WorkGroupID.z, cnt = floatBitsToUint(pc.lists.v[ex]), lb = pc.E + ex * pc.T;
+    if (t0 >= cnt) return;
+    wrow0 = gl_WorkGroupID.z * pc.N;
+    for (uint i = 0u; i < XV; i++) {
+        uint r = t0 + (gl_LocalInvocationID.x + 256u * i) / (BK / 4u);
+        uint en = r < cnt ? floatBitsToUint(pc.lists.v[lb + r]) : ~0u;
+        xrows[i] = en == ~0u || (pc.flags & 2u) == 0u ? en : en / pc.k;
+    }
+#else
+    wrow0 = 0u;
+    for (uint i = 0u; i < XV; i++) {
+        uint t = t0 + (gl_LocalInvocationID.x + 256u * i) / (BK / 4u);
+        xrows[i] = t < pc.T ? t : ~0u;
+    }
+#endif
     fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc[TM][TN];
     /* a tile inside T and N, rows 16-byte aligned, goes straight to memory at the end (its
      * sums start from the residual); an edge tile through shared memory, one subgroup at a
      * time */
+#ifdef GATHER
+    bool inside = false;
+#else
     bool inside = t0 + BM <= pc.T && n0 + BN <= pc.N && (pc.ldy & 3u) == 0u && (pc.nb & 3u) == 0u;
+#endif
     bool res_in = inside && (pc.flags & 1u) != 0u;
     for (uint i = 0u; i < TM; i++)
         for (uint j = 0u; j < TN; j++) {
@@ -130,11 +159,19 @@ void main() {
                     subgroupBarrier();
                     for (uint e = lane; e < 256u; e += 32u) {
                         uint t = t0 + sm + 16u * i + (e >> 4u), n = n0 + sn + 16u * j + (e & 15u);
+#ifdef GATHER
+                        if (t >= cnt || n >= pc.N) continue;
+                        uint en = floatBitsToUint(pc.lists.v[lb + t]), tok = en / pc.k;
+                        float v = cs[e];
+                        if ((pc.flags & 2u) == 0u) v *= pc.route.v[tok * 128u + 64u + (en - tok * pc.k)];
+                        pc.y.v[en * pc.ldy + n] = v;
+#else
                         if (t >= pc.T || n >= pc.N) continue;
                         uint a = t * pc.ldy + pc.nb + n;
                         float v = cs[e];
                         if ((pc.flags & 1u) != 0u) v += pc.res.v[a];
                         pc.y.v[a] = v;
+#endif
                     }
                 }
             }
