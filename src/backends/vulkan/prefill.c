@@ -11,16 +11,24 @@
  *   matmul         mm.comp: a tiled matrix-matrix product, weight tiles dequantised into
  *                  shared memory (every weight type the decode kernels read); a residual add
  *                  that is the product's only consumer is folded into its store. Where the
- *                  device has cooperative matrices (and ANVIL_VK_COOPMAT=1), mm_coop.comp:
- *                  the same tiles as float16 on 16x16x16 matrices, float32 sums
- *   rms_norm, rope, add, swiglu   rows.comp
+ *                  device has cooperative matrices (unless ANVIL_VK_COOPMAT=0), products of
+ *                  more than 512 outputs run as dq.comp (the weight to float16, in pieces)
+ *                  then mm_h.comp (16x16x16 float16 matrices, float32 sums); not in models
+ *                  with Gated DeltaNet layers (float16 moved their logits too far)
+ *   rms_norm, rope, add, swiglu, sigmoid_mul   rows.comp
  *   attention      rows.comp MODE 4 writes the chunk's k, v rows into the caches at pos0 + t,
  *                  then attn_prefill.comp: causal attention of each query over rows
  *                  0 .. pos0 + t, a workgroup per (kv head, token) for its G query heads
+ *   moe            moe_topk.comp routes every token and sorts the choices by expert; each
+ *                  expert's products over the tokens that chose it (mm.comp MODE 2, or
+ *                  mm_h.comp GATHER on cooperative matrices); mm.comp MODE 4 sums a token's k
+ *   gdn            gdn.comp MODE 1: the recurrent form, a workgroup per value head walking
+ *                  the chunk's tokens; MODE 2: the conv ring (in the conv state's memory,
+ *                  shared with the decode program) takes the chunk's last inputs
  * pos0 and the tokens live in a small host-visible params block read by the kernels, so the
- * recording does not depend on them. Ops other than these (MoE, Gated DeltaNet, gates) make
- * the compile fail with ANVIL_ERR_UNSUPPORTED: the session then runs prompts through the
- * decode program a token at a time.
+ * recording does not depend on them. An op or shape outside these makes the compile fail
+ * with ANVIL_ERR_UNSUPPORTED: the session then runs prompts through the decode program a
+ * token at a time.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -215,7 +223,7 @@ static uint32_t dq_rows(uint32_t N, uint32_t Kp) {
 
 /* The product of mm (its push constants for mm.comp) on cooperative matrices: the weight
  * dequantised to float16 piece by piece (dq.comp), each piece multiplied (mm_h.comp). */
-static anvil_status emit_mmh(struct vk_prefill *p, const struct tensor_info *w, int kind, const struct pc_mm *mm) {
+static anvil_status emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm) {
     uint32_t Kp = mm->Kp8 * 8, R = dq_rows(mm->N, Kp), U = mm->Kp8 / unit_groups[kind];
     const uint32_t *tile = mmh_tile[p->mmh];
     anvil_status st = ANVIL_OK;
@@ -228,7 +236,6 @@ static anvil_status emit_mmh(struct vk_prefill *p, const struct tensor_info *w, 
             st = emit(p, (enum vk_kernel)(K_MMH_64X64_K32 + p->mmh), (n + tile[1] - 1) / tile[1],
                       (mm->T + tile[0] - 1) / tile[0], &pc, sizeof pc);
     }
-    (void)w;
     return st;
 }
 
@@ -437,11 +444,11 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
                 break;
             }
             /* float16 products for the big matrices; the narrow ones (<= 512 outputs: a MoE
-             * router, the Gated DeltaNet's beta and decay inputs, gates) cost little in float32,
-             * and a router's choice or an exp() is where float16's rounding would show: on the
-             * H100 it flipped experts (logits off by up to 5.5 on qwen3_5moe-tiny) */
+             * router, gates) cost little in float32, and a router's choice or an exp() is
+             * where float16's rounding shows: on the H100 it flipped experts (logits off by up
+             * to 5.5 on qwen3_5moe-tiny, before the hybrids went all float32) */
             if (p->dq.buf && p->f16 && rows >= 16 && ne0 > 512) {
-                st = emit_mmh(p, wn->weight, kind, &pc);
+                st = emit_mmh(p, kind, &pc);
                 break;
             }
             st = emit(p, (enum vk_kernel)(K_MM_F32 + kind), (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc);
