@@ -108,6 +108,8 @@ struct vk_prefill {
     struct vk_buffer moe;      /* routing, expert lists, expert activations and outputs */
     int mmh;                   /* its tile shape: index into mmh_tile */
     bool f16;                  /* products on float16 inputs allowed (not in the hybrids) */
+    bool dq_emulate;           /* ANVIL_VK_DQ_EMULATE=1 where there are no cooperative matrices
+                                  (tests): dq.comp's float16 rows multiplied by mm.comp */
     VkDeviceSize out_off, out_bytes;
     struct pf_op *ops;
     int n_ops, cap_ops;
@@ -231,10 +233,16 @@ static anvil_status emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm 
         uint32_t n = MIN(R, mm->N - r0);
         struct pc_dq dq = {mm->w, p->dq.addr, r0, n, U, Kp};
         st = emit(p, (enum vk_kernel)(K_DQ_F32 + kind), (n * U + 255) / 256, 0, &dq, sizeof dq);
+        if (st != ANVIL_OK) break;
+        if (p->dq_emulate) { /* (tests) the float16 rows through mm.comp's float16 kernel */
+            struct pc_mm m16 = *mm;
+            m16.w = p->dq.addr;
+            st = emit(p, K_MM_F16, (n + 63) / 64, (mm->T + 63) / 64, &m16, sizeof m16);
+            continue;
+        }
         struct pc_mmh pc = {mm->x, p->dq.addr, mm->y, mm->res, mm->T, mm->K, n, Kp, mm->N, r0, mm->flags, 0, 0, 0, 0, 0};
-        if (st == ANVIL_OK)
-            st = emit(p, (enum vk_kernel)(K_MMH_64X64_K32 + p->mmh), (n + tile[1] - 1) / tile[1],
-                      (mm->T + tile[0] - 1) / tile[0], &pc, sizeof pc);
+        st = emit(p, (enum vk_kernel)(K_MMH_64X64_K32 + p->mmh), (n + tile[1] - 1) / tile[1],
+                  (mm->T + tile[0] - 1) / tile[0], &pc, sizeof pc);
     }
     return st;
 }
@@ -264,7 +272,7 @@ static uint32_t dq_experts(uint32_t E, uint32_t N, uint32_t Kp) {
 /* Whether a mixture's experts run on cooperative matrices (float16 inputs): for real
  * models' sizes; the router before them stays in float32 (at most 512 outputs) */
 static bool moe_on_coopmat(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_t F) {
-    return p->dq.buf != VK_NULL_HANDLE && p->f16 && T >= 16 && C >= 256 && F >= 256;
+    return p->dq.buf != VK_NULL_HANDLE && !p->dq_emulate && p->f16 && T >= 16 && C >= 256 && F >= 256;
 }
 static struct moe_layout moe_of(struct plan *P, const struct node *nd) {
     const struct node *gn = NODE(P, nd->src[2]);
@@ -447,7 +455,8 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
              * router, gates) cost little in float32, and a router's choice or an exp() is
              * where float16's rounding shows: on the H100 it flipped experts (logits off by up
              * to 5.5 on qwen3_5moe-tiny, before the hybrids went all float32) */
-            if (p->dq.buf && p->f16 && rows >= 16 && ne0 > 512) {
+            if (p->dq.buf && p->f16 && rows >= 16 && ne0 > (p->dq_emulate ? 0u : 512u) &&
+                (!p->dq_emulate || dq_rows(ne0, pc.Kp8 * 8) == ne0)) {
                 st = emit_mmh(p, kind, &pc);
                 break;
             }
@@ -593,7 +602,9 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
      * (docs/PERF.md §18) */
     p->f16 = true;
     for (int i = 0; i < n; i++) p->f16 &= g->nodes[i].op != OP_GDN;
-    if (st == ANVIL_OK && b->d->coopmat && p->f16) {
+    const char *emu = getenv("ANVIL_VK_DQ_EMULATE");
+    p->dq_emulate = !b->d->coopmat && emu && !strcmp(emu, "1");
+    if (st == ANVIL_OK && (b->d->coopmat || p->dq_emulate) && p->f16) {
         const char *e = getenv("ANVIL_VK_MMH");
         p->mmh = e && !strcmp(e, "1");
         VkDeviceSize dq = dq_scratch_size(b, &P);

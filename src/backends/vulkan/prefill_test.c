@@ -40,9 +40,10 @@ static void check_model(const char *spec, float tol_cpu) {
     /* float32 everywhere: rounding only. The cooperative-matrix products (on by default where
      * the device has them; not on lavapipe) take float16 inputs: the float32 path is checked
      * unless ANVIL_VK_COOPMAT=1 asks for them, at a float16 tolerance. */
-    const char *cm = getenv("ANVIL_VK_COOPMAT");
+    const char *cm = getenv("ANVIL_VK_COOPMAT"), *emu = getenv("ANVIL_VK_DQ_EMULATE");
     if (!cm) setenv("ANVIL_VK_COOPMAT", "0", 1);
-    float tol = cm && !strcmp(cm, "1") ? 5e-2f : 2e-3f;
+    bool f16 = (cm && !strcmp(cm, "1")) || (emu && !strcmp(emu, "1"));
+    float tol = f16 ? 5e-2f : 2e-3f;
     tol_cpu = MAX(tol_cpu, tol);
     anvil_model *m;
     assert_int_equal(anvil_model_open(spec, NULL, &m), ANVIL_OK);
@@ -117,6 +118,20 @@ static void test_prefill(void **state) {
     check_model(path, 0);
 }
 
+/* The float16 weight rows the cooperative-matrix products read (dq.comp), checked where
+ * there are no cooperative matrices (lavapipe): ANVIL_VK_DQ_EMULATE=1 multiplies them with
+ * mm.comp's float16 kernel instead. Every weight kind dq.comp converts: K-quants (Q4_K with
+ * Q6_K tensors), Q8_0, a legacy 32-block type, a float type; odd sizes. */
+static void test_prefill_float16_weights(void **state) {
+    (void)state;
+    setenv("ANVIL_VK_DQ_EMULATE", "1", 1);
+    static const char *specs[] = {"synthetic:qwen3-tiny-k:q4_k", "synthetic:qwen3-tiny-k:q8_0",
+                                  "synthetic:qwen3-tiny-k:q5_1", "synthetic:qwen3-tiny:bf16",
+                                  "synthetic:qwen3moe-odd:q4_k"};
+    for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) check_model(specs[i], 0);
+    unsetenv("ANVIL_VK_DQ_EMULATE");
+}
+
 int main(void) {
     char why[256];
     if (!backend_vulkan_available(why, sizeof why)) {
@@ -127,6 +142,7 @@ int main(void) {
         setenv("ANVIL_VALIDATE", "1", 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill),
+        cmocka_unit_test(test_prefill_float16_weights),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
