@@ -114,6 +114,10 @@ anvil_status vk_buffer_create(struct vk_device *d, VkDeviceSize size, enum vk_me
 }
 
 void vk_buffer_destroy(struct vk_device *d, struct vk_buffer *b) {
+    if (d->abandoned) { /* see vk_idle */
+        memset(b, 0, sizeof *b);
+        return;
+    }
     if (b->map) vkUnmapMemory(d->dev, b->mem);
     if (b->buf) vkDestroyBuffer(d->dev, b->buf, NULL);
     if (b->mem) vkFreeMemory(d->dev, b->mem, NULL);
@@ -176,6 +180,10 @@ anvil_status vk_upload(struct vk_uploader *u, struct vk_buffer *dst, VkDeviceSiz
 anvil_status vk_uploader_finish(struct vk_uploader *u) {
     anvil_status st = flush(u);
     if (u->progress) fprintf(stderr, "\n");
+    /* after a failed flush a copy may still be reading the staging buffer (a wait that timed
+     * out on a slow device): wait for it; where even that fails, leave the buffer to the
+     * failed device rather than free it under the copy */
+    if (st != ANVIL_OK && !vk_idle(u->d)) return st; /* abandoned: see vk_idle */
     vk_buffer_destroy(u->d, &u->staging);
     if (u->cb) vkFreeCommandBuffers(u->d->dev, u->d->pool, 1, &u->cb);
     u->cb = VK_NULL_HANDLE;

@@ -663,11 +663,12 @@ static void print_profile(struct vk_prefill *p) {
 void vk_prefill_destroy(struct vk_prefill *p) {
     if (!p) return;
     struct vk_device *d = p->b->d;
-    vk_idle(d);
-    print_profile(p);
-    if (p->queries) vkDestroyQueryPool(d->dev, p->queries, NULL);
+    if (vk_idle(d)) { /* else abandoned with the device (vk_idle) */
+        print_profile(p);
+        if (p->queries) vkDestroyQueryPool(d->dev, p->queries, NULL);
+        if (p->cb) vkFreeCommandBuffers(d->dev, d->pool, 1, &p->cb);
+    }
     free(p->prof_ns);
-    if (p->cb) vkFreeCommandBuffers(d->dev, d->pool, 1, &p->cb);
     vk_buffer_destroy(d, &p->arena);
     vk_buffer_destroy(d, &p->prm);
     vk_buffer_destroy(d, &p->readback);

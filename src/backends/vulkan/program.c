@@ -820,7 +820,7 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
     uint64_t v;
     st = vk_submit(b->d, &cb, 1, &v);
     if (st == ANVIL_OK) st = vk_wait(b->d, v);
-    vkFreeCommandBuffers(b->d->dev, b->d->pool, 1, &cb);
+    if (st == ANVIL_OK || vk_idle(b->d)) vkFreeCommandBuffers(b->d->dev, b->d->pool, 1, &cb);
     if (st == ANVIL_OK) st = record(p);
     log_info("vulkan: decode program: %d kernels per token, arena %.2f MiB", p->n_ops,
              (double)L.arena_size / (1 << 20));
@@ -840,12 +840,13 @@ done:
 void vk_program_destroy(struct vk_program *p) {
     if (!p) return;
     struct vk_device *d = p->b->d;
-    vk_idle(d);
-    VkCommandBuffer cbs[8] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single, p->cb_prof, p->cb_batch_s,
-                              p->cb_single_s, p->cb_prof_s};
-    for (int i = 0; i < 8; i++)
-        if (cbs[i]) vkFreeCommandBuffers(d->dev, d->pool, 1, &cbs[i]);
-    if (p->queries) vkDestroyQueryPool(d->dev, p->queries, NULL);
+    if (vk_idle(d)) { /* else abandoned with the device (vk_idle) */
+        VkCommandBuffer cbs[8] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single, p->cb_prof, p->cb_batch_s,
+                                  p->cb_single_s, p->cb_prof_s};
+        for (int i = 0; i < 8; i++)
+            if (cbs[i]) vkFreeCommandBuffers(d->dev, d->pool, 1, &cbs[i]);
+        if (p->queries) vkDestroyQueryPool(d->dev, p->queries, NULL);
+    }
     vk_buffer_destroy(d, &p->arena);
     vk_buffer_destroy(d, &p->ctl);
     vk_buffer_destroy(d, &p->readback);
@@ -1073,7 +1074,8 @@ anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, co
         st = err_set(ANVIL_ERR_BACKEND, "vk_sample_once: the kernel chose no token (stop %u)", c->stop);
     if (st == ANVIL_OK) *out = (int32_t)c->data[n_ctx];
 done:
-    if (cb) vkFreeCommandBuffers(d->dev, d->pool, 1, &cb);
+    if (st != ANVIL_OK) vk_idle(d); /* nothing freed under a copy still running */
+    if (cb && !d->abandoned) vkFreeCommandBuffers(d->dev, d->pool, 1, &cb);
     vk_buffer_destroy(d, &lg);
     vk_buffer_destroy(d, &ctl);
     vk_buffer_destroy(d, &scratch);

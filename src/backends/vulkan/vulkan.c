@@ -364,7 +364,7 @@ static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
     uint64_t v;
     st = vk_submit(b->d, &cb, 1, &v);
     if (st == ANVIL_OK) st = vk_wait(b->d, v);
-    vkFreeCommandBuffers(b->d->dev, b->d->pool, 1, &cb);
+    if (st == ANVIL_OK || vk_idle(b->d)) vkFreeCommandBuffers(b->d->dev, b->d->pool, 1, &cb);
     return st;
 }
 
@@ -485,8 +485,7 @@ static void vk_describe(struct program *pp, char *buf, size_t cap) {
 
 static void vk_destroy(struct backend *base) {
     struct vk_backend *b = (struct vk_backend *)base;
-    if (b->d) {
-        vk_idle(b->d);
+    if (b->d && vk_idle(b->d)) { /* else abandoned with the device (vk_idle) */
         for (int i = 0; i < b->n_w; i++) vk_buffer_destroy(b->d, &b->w[i].buf);
         vk_buffer_destroy(b->d, &b->states);
         if (b->have_pl) vk_pipelines_destroy(b->d, &b->pl);

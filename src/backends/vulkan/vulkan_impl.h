@@ -49,6 +49,9 @@ struct vk_device {
      * fail as a real device would: for testing the failure paths */
     int fault_kind, fault_at, n_submits, n_allocs;
     bool hang_injected;
+    /* work still running on a device that stopped answering (vk_idle gave up): its objects
+     * are left alone rather than freed under it (a leak on a failed device, not a crash) */
+    bool abandoned;
     /* device-local memory allocated now, and the most at once (anvil_session_memory) */
     VkDeviceSize mem_now, mem_peak;
 };
@@ -67,9 +70,11 @@ anvil_status vk_check_validation(struct vk_device *d);
 /* One submission of cbs that signals the next timeline value; returns it in *value. */
 anvil_status vk_submit(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t n, uint64_t *value);
 anvil_status vk_wait(struct vk_device *d, uint64_t value);
-/* Waits until the device is idle (before freeing what it may use); returns at once on a
- * device that stopped answering (a lost device answers at once). */
-void vk_idle(struct vk_device *d);
+/* Waits until the device is idle (before freeing what it may use). On a device that stopped
+ * answering, waits at most max(ANVIL_VK_TIMEOUT, 10 s) for what was really submitted; past
+ * that it gives up, sets d->abandoned and returns false (the destroy functions then leave
+ * the device's objects alone). */
+bool vk_idle(struct vk_device *d);
 /* A primary command buffer from the device's pool; begin/end by the caller. */
 anvil_status vk_cmd_alloc(struct vk_device *d, VkCommandBuffer *cb);
 anvil_status vk_result(VkResult r, const char *what);
