@@ -26,14 +26,7 @@
 
 /* Under the sanitizers a run takes seconds: there the fault points are sampled (1..6, then
  * steps of a third), every one of them elsewhere. */
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifdef SANITIZED
+#ifdef TU_SANITIZED
 #define NEXT_FAULT(k) ((k) += (k) < 6 ? 1 : (k) / 3)
 #else
 #define NEXT_FAULT(k) ((k)++)
@@ -82,7 +75,7 @@ static void test_model_larger_than_device(void **state) {
     /* a real model larger than the device's memory: refused before any upload (quickly).
      * Not under the sanitizers: there, making the synthetic model's gigabytes of random
      * weights on the host alone takes minutes (the check itself is the one above). */
-#ifdef SANITIZED
+#ifdef TU_SANITIZED
     return;
 #endif
     char *out = NULL;

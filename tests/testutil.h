@@ -34,4 +34,14 @@ float tu_max_diff(const float *a, const float *b, size_t n);
 /* A token callback that appends to v: v[0] counts, v[1..] the tokens. */
 int tu_collect(void *v, int32_t tok);
 
+/* TU_SANITIZED: built with AddressSanitizer (gcc or clang), where runs take several times
+ * longer and some cases are cut down */
+#if defined(__SANITIZE_ADDRESS__)
+#define TU_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TU_SANITIZED 1
+#endif
+#endif
+
 #endif
