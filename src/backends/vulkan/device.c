@@ -422,7 +422,7 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
     f12.bufferDeviceAddress = VK_TRUE;
     f12.timelineSemaphore = VK_TRUE;
-    const char *dev_exts[4];
+    const char *dev_exts[5];
     uint32_t n_dev_exts = 0;
     d->has_budget = has_device_ext(d->phys, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
     if (d->has_budget) dev_exts[n_dev_exts++] = VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
@@ -434,6 +434,17 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
         f12.shaderFloat16 = VK_TRUE;
         f12.vulkanMemoryModel = VK_TRUE;
         f12.pNext = &cmf;
+    }
+    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR pef = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,
+        .pipelineExecutableInfo = VK_TRUE};
+    const char *ps = getenv("ANVIL_VK_PIPELINE_STATS");
+    d->exec_stats = ps && strcmp(ps, "1") == 0 &&
+                    has_device_ext(d->phys, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+    if (d->exec_stats) {
+        dev_exts[n_dev_exts++] = VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
+        pef.pNext = f12.pNext;
+        f12.pNext = &pef;
     }
     VkDeviceCreateInfo dci = {VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f12, 0, 1, &qi, 0, NULL,
                               n_dev_exts, dev_exts, NULL};

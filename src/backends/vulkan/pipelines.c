@@ -334,6 +334,28 @@ static void cache_path(struct vk_device *d, char *out, size_t cap) {
     snprintf(out, cap, "%s/pipelines-%04x-%04x.bin", dir, d->props.vendorID, d->props.deviceID);
 }
 
+/* the driver's statistics of a pipeline (NVIDIA: registers per thread, shared memory...), one
+ * line per kernel on stderr: a diagnostic for kernel work (ANVIL_VK_PIPELINE_STATS=1) */
+static void print_exec_stats(struct vk_device *d, VkPipeline p, const char *name) {
+    VkPipelineExecutableInfoKHR ei = {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR, NULL, p, 0};
+    VkPipelineExecutableStatisticKHR s[32];
+    uint32_t n = 32;
+    for (uint32_t i = 0; i < n; i++) s[i] = (VkPipelineExecutableStatisticKHR){.sType = VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR};
+    VkResult r = vkGetPipelineExecutableStatisticsKHR(d->dev, &ei, &n, s);
+    if (r != VK_SUCCESS && r != VK_INCOMPLETE) return;
+    fprintf(stderr, "pipeline %-26s", name);
+    for (uint32_t i = 0; i < n; i++) {
+        fprintf(stderr, " | %s ", s[i].name);
+        switch (s[i].format) {
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: fprintf(stderr, "%u", s[i].value.b32); break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: fprintf(stderr, "%lld", (long long)s[i].value.i64); break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: fprintf(stderr, "%llu", (unsigned long long)s[i].value.u64); break;
+        default: fprintf(stderr, "%g", s[i].value.f64); break;
+        }
+    }
+    fputc('\n', stderr);
+}
+
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, struct vk_pipelines *out) {
     memset(out, 0, sizeof *out);
     out->attn_g = attn_g;
@@ -347,6 +369,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     out->matvec_nr_q = MATVEC_NR_Q;
     e = getenv("ANVIL_VK_MATVEC_NR_Q");
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_q = (uint32_t)atoi(e);
+    out->matvec_pipe = 1;
+    e = getenv("ANVIL_VK_MATVEC_PIPE");
+    if (e && atoi(e) >= 1 && atoi(e) <= 4) out->matvec_pipe = (uint32_t)atoi(e);
     if (out->matvec_wg < d->subgroup_size) out->matvec_wg = d->subgroup_size;
     if (out->matvec_wg / d->subgroup_size > 32) out->matvec_wg = 32 * d->subgroup_size;
     /* attention.comp's shared memory (NSG = 4 subgroups): refuse what the device cannot
@@ -392,7 +417,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
             vals[0] = out->matvec_wg;
             vals[1] = vk_matvec_rows(out, (k - K_MATVEC_F32) % VK_WEIGHT_KINDS);
             vals[2] = (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS); /* MODE */
-            n = 3;
+            vals[3] = out->matvec_pipe;
+            n = 4;
         } else if (k == K_ATTENTION) {
             vals[0] = (uint32_t)attn_g;
             vals[1] = (uint32_t)attn_d;
@@ -422,8 +448,11 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
                                                       NULL, 0, VK_SHADER_STAGE_COMPUTE_BIT, mod, "main",
                                                       n ? &si : NULL};
         pci.layout = out->layout;
-        st = vk_result(vkCreateComputePipelines(d->dev, out->cache, 1, &pci, NULL, &out->p[k]),
+        if (d->exec_stats) pci.flags = VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
+        st = vk_result(vkCreateComputePipelines(d->dev, d->exec_stats ? VK_NULL_HANDLE : out->cache, 1, &pci,
+                                                NULL, &out->p[k]),
                        kernels[k].name);
+        if (st == ANVIL_OK && d->exec_stats) print_exec_stats(d, out->p[k], kernels[k].name);
         vkDestroyShaderModule(d->dev, mod, NULL);
     }
     return st;

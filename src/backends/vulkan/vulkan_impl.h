@@ -42,6 +42,8 @@ struct vk_device {
     char lost_msg[256];
     double timeout_s;      /* ANVIL_VK_TIMEOUT: longest wait for one submission (default 120) */
     bool has_budget;       /* VK_EXT_memory_budget enabled */
+    bool exec_stats;       /* ANVIL_VK_PIPELINE_STATS=1 and VK_KHR_pipeline_executable_properties:
+                              each pipeline's compiler statistics (registers...) to stderr */
     bool coopmat;          /* VK_NV_cooperative_matrix enabled (unless ANVIL_VK_COOPMAT=0): prefill's
                               K_MMH_* kernels exist */
     VkDeviceSize max_mem;  /* ANVIL_VK_MAX_MEMORY: a cap on device memory (0: none) */
@@ -193,7 +195,7 @@ struct vk_pipelines {
     char cache_path[1024];
     VkPipeline p[K_COUNT];
     int attn_g, attn_d; /* the attention pipeline's specialisation */
-    uint32_t matvec_wg, matvec_nr, matvec_nr_q;
+    uint32_t matvec_wg, matvec_nr, matvec_nr_q, matvec_pipe;
 };
 
 /* Creates every pipeline; attention is specialised for G query heads per kv head and head

@@ -104,6 +104,45 @@ static void test_against_cpu(void **state) {
     }
 }
 
+/* Decode attention over a longer cache, split in few chunks (ANVIL_VK_ATTN_CHUNKS): each
+ * subgroup then walks many rows, in several batches of rows loaded together, and the chunks
+ * are uneven; the prompt runs through the decode program a token at a time
+ * (ANVIL_PREFILL_CHUNK=1), so every row of the logits is one decode step's. Head shapes:
+ * D = 64, G = 2 and D = 256, G = 8 (Qwen3.6-35B-A3B's). */
+static void test_long_attention(void **state) {
+    (void)state;
+    static const char *specs[] = {"synthetic:qwen3-tiny-k:q4_k", "synthetic:qwen3.6-heads:q8_0"};
+    static const char *chunks[] = {"1", "3", "64"};
+    enum { N = 90 };
+    int32_t prompt[N];
+    for (int i = 0; i < N; i++) prompt[i] = (int32_t)((i * 37 + 11) % 200);
+    setenv("ANVIL_PREFILL_CHUNK", "1", 1);
+    for (size_t s = 0; s < 2; s++) {
+        anvil_model *m;
+        assert_int_equal(anvil_model_open(specs[s], NULL, &m), ANVIL_OK);
+        int V = anvil_model_vocab_size(m);
+        float *a = malloc(sizeof(float) * N * (size_t)V), *b = malloc(sizeof(float) * N * (size_t)V);
+        anvil_session *cpu = tu_session(m, ANVIL_BACKEND_CPU, 128);
+        assert_int_equal(anvil_session_eval(cpu, prompt, N, ANVIL_LOGITS_ALL, a), ANVIL_OK);
+        for (size_t c = 0; c < 3; c++) {
+            setenv("ANVIL_VK_ATTN_CHUNKS", chunks[c], 1);
+            anvil_session *vk = tu_session(m, ANVIL_BACKEND_VULKAN, 128);
+            assert_int_equal(anvil_session_eval(vk, prompt, N, ANVIL_LOGITS_ALL, b), ANVIL_OK);
+            float d = tu_max_diff(a, b, N * (size_t)V);
+            fprintf(stderr, "%s, %s attention chunks, %d decode steps: max |vulkan - cpu| = %.3g\n", specs[s],
+                    chunks[c], N, (double)d);
+            assert_true(d < 1e-3f);
+            anvil_session_destroy(vk);
+        }
+        unsetenv("ANVIL_VK_ATTN_CHUNKS");
+        anvil_session_destroy(cpu);
+        free(a);
+        free(b);
+        anvil_model_close(m);
+    }
+    unsetenv("ANVIL_PREFILL_CHUNK");
+}
+
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void) {
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
@@ -279,6 +318,7 @@ int main(void) {
         cmocka_unit_test(test_sample_kernel_exact),
         cmocka_unit_test(test_sampled_generation),
         cmocka_unit_test(test_against_cpu),
+        cmocka_unit_test(test_long_attention),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,6 +17,7 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NR = 2;
 layout(constant_id = 2) const uint MODE = 0;
+layout(constant_id = 3) const uint PIPE = 1; /* units a thread takes per iteration (MODE 0-2) */
 
 layout(push_constant) uniform PC {
     Vec4s x;     /* [Kp] */
@@ -84,39 +85,48 @@ void main() {
             }
         }
     } else {
+        /* PIPE units a thread per iteration, with no branch in the body (rows past the end and
+         * units past the row are clamped to valid ones and count zero), so that the compiler can
+         * issue every load of the iteration before the first product: what bounds the kernel is
+         * how many bytes each thread has in flight */
         uint rbase = MODE == 2u ? floatBitsToUint(pc.o1.v[gl_WorkGroupID.y]) * pc.rows0 : 0u;
-        for (uint u = gl_LocalInvocationID.x; u < U; u += gl_WorkGroupSize.x) {
-            vec4 xa[UG], xb[UG];
-            float xs[UG];
-            for (uint k = 0; k < UG; k++) {
-                uint p = unit_pos(u, k) >> 2u;
-                xa[k] = pc.x.v[p];
-                xb[k] = pc.x.v[p + 1u];
-                if (norm) {
-                    ss += dot(xa[k], xa[k]) + dot(xb[k], xb[k]);
-                    xa[k] *= pc.normw.v[p];
-                    xb[k] *= pc.normw.v[p + 1u];
+        for (uint u0 = gl_LocalInvocationID.x; u0 < U; u0 += gl_WorkGroupSize.x * PIPE) {
+            for (uint p = 0u; p < PIPE; p++) {
+                uint up = u0 + p * gl_WorkGroupSize.x;
+                bool live = up < U;
+                uint u = live ? up : u0;
+                vec4 xa[UG], xb[UG];
+                float xs[UG];
+                for (uint k = 0; k < UG; k++) {
+                    uint q = unit_pos(u, k) >> 2u;
+                    xa[k] = live ? pc.x.v[q] : vec4(0.0);
+                    xb[k] = live ? pc.x.v[q + 1u] : vec4(0.0);
+                    if (norm) {
+                        ss += dot(xa[k], xa[k]) + dot(xb[k], xb[k]);
+                        xa[k] *= pc.normw.v[q];
+                        xb[k] *= pc.normw.v[q + 1u];
+                    }
+                    xs[k] = dot(xa[k] + xb[k], vec4(1.0));
                 }
-                xs[k] = dot(xa[k] + xb[k], vec4(1.0));
-            }
-            for (uint r = 0; r < NR; r++) {
-                uint g = row0 + r;
-                if (g >= total) break;
-                vec4 qa[UG], qb[UG];
-                vec2 so[UG];
-                if (GATED) {
-                    unit_load(pc.w0, rbase + g, U, u, qa, qb, so);
-                    for (uint k = 0; k < UG; k++)
-                        acc[r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
-                    unit_load(pc.w1, rbase + g, U, u, qa, qb, so);
-                    for (uint k = 0; k < UG; k++)
-                        acc[NR + r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
-                } else {
-                    if (g < pc.rows0) unit_load(pc.w0, g, U, u, qa, qb, so);
-                    else if (g < pc.rows0 + pc.rows1) unit_load(pc.w1, g - pc.rows0, U, u, qa, qb, so);
-                    else unit_load(pc.w2, g - pc.rows0 - pc.rows1, U, u, qa, qb, so);
-                    for (uint k = 0; k < UG; k++)
-                        acc[r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
+                for (uint r = 0; r < NR; r++) {
+                    uint g = min(row0 + r, total - 1u);
+                    vec4 qa[UG], qb[UG];
+                    vec2 so[UG];
+                    if (GATED) {
+                        unit_load(pc.w0, rbase + g, U, u, qa, qb, so);
+                        for (uint k = 0; k < UG; k++)
+                            acc[r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
+                        unit_load(pc.w1, rbase + g, U, u, qa, qb, so);
+                        for (uint k = 0; k < UG; k++)
+                            acc[NR + r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
+                    } else {
+                        uint r1 = pc.rows0 + pc.rows1;
+                        W wv = g < pc.rows0 ? pc.w0 : g < r1 ? pc.w1 : pc.w2;
+                        uint gr = g < pc.rows0 ? g : g < r1 ? g - pc.rows0 : g - r1;
+                        unit_load(wv, gr, U, u, qa, qb, so);
+                        for (uint k = 0; k < UG; k++)
+                            acc[r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
+                    }
                 }
             }
         }
