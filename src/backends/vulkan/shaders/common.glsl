@@ -49,31 +49,12 @@ layout(buffer_reference, std430, buffer_reference_align = 16) buffer Ctl {
  * U = units per row. Rows are padded (with zero weights) to Kp elements: a multiple of 8 for
  * the float types, 128 for Q8_0, 256 for the K-quants and the legacy 32-blocks (which are
  * repacked on upload in super-blocks of 8). */
-/* Quantised weights become floats without int-to-float conversions (on NVIDIA those run at
- * an eighth of the FMA rate, and they bounded every quantised kernel): a field q of n bits is
- * moved into the top n bits of the mantissa of 1.0, which gives f = 1 + q / 2^n exactly, and
- * the group's scale and offset absorb the factor and the 1: d q + m = 2^n d f + (m - 2^n d).
- *   mv(x, a, b)      x shifted so that its bit a lands on bit b (a constant shift once inlined)
- *   mv4(x, a, b)     the same for bit a of each of x's four bytes
- *   one_plus(m)      the floats 1.0 with mantissa bits m
- *   u2f(v)           small unsigned integers (< 2^23) as floats, exactly */
-uint mv(uint x, uint a, uint b) { return a <= b ? x << (b - a) : x >> (a - b); }
-uvec4 mv4(uint x, uint a, uint b) {
-    return uvec4(mv(x, a, b), mv(x, a + 8u, b), mv(x, a + 16u, b), mv(x, a + 24u, b));
-}
-vec4 one_plus(uvec4 m) { return uintBitsToFloat(m | 0x3F800000u); }
-vec4 u2f(uvec4 v) { return uintBitsToFloat(v | 0x4B000000u) - 8388608.0; }
-/* the nibble at bit s of each byte as 1 + q / 16 */
-vec4 nib4(uint u, uint s) { return one_plus(mv4(u, s, 19u) & 0x00780000u); }
-/* the same nibble with a fifth bit from h as 1 + q / 32: nib5 takes bit b of each byte of h,
- * nib5_bits bits b .. b+3 of h (one per byte of u) */
-vec4 nib5(uint u, uint s, uint h, uint b) {
-    return one_plus((mv4(u, s, 18u) & 0x003C0000u) | (mv4(h, b, 22u) & 0x00400000u));
-}
-vec4 nib5_bits(uint u, uint s, uint h, uint b) {
-    uvec4 hb = uvec4(mv(h, b, 22u), mv(h, b + 1u, 22u), mv(h, b + 2u, 22u), mv(h, b + 3u, 22u));
-    return one_plus((mv4(u, s, 18u) & 0x003C0000u) | (hb & 0x00400000u));
-}
+vec4 nib_lo(uint u) { return vec4((uvec4(u) >> uvec4(0u, 8u, 16u, 24u)) & 15u); }
+vec4 nib_hi(uint u) { return vec4((uvec4(u) >> uvec4(4u, 12u, 20u, 28u)) & 15u); }
+/* bits s .. s+3 of x, each as 0.0 or 1.0 */
+vec4 bits4(uint x, uint s) { return vec4((uvec4(x >> s) >> uvec4(0u, 1u, 2u, 3u)) & 1u); }
+/* bit b of each byte of u */
+vec4 bytebit(uint u, uint b) { return vec4((uvec4(u) >> (uvec4(0u, 8u, 16u, 24u) + b)) & 1u); }
 
 #if defined(W_F32) || defined(W_F16) || defined(W_BF16) || defined(W_Q8_0)
 #define UG 1
@@ -103,22 +84,22 @@ void load8(W w, uint c, out vec4 a, out vec4 b) {
 /* Q8_0 repacked on upload: 128 weights = 4 blocks -> 128 bytes of int8 quants, then the 4
  * f16 scales (8 bytes): 17 uvec2 per 128 weights; rows padded to 128 weights. */
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer W { uvec2 v[]; };
-/* each int8 q as 1 + (q + 128) / 256: the top bit flipped, the byte in the top 8 mantissa bits */
-vec4 i8f(uint u) { return one_plus((mv4(u, 0u, 15u) & 0x007F8000u) ^ 0x00400000u); }
+vec4 i8x4(uint u) {
+    return vec4(bitfieldExtract(int(u), 0, 8), bitfieldExtract(int(u), 8, 8),
+                bitfieldExtract(int(u), 16, 8), bitfieldExtract(int(u), 24, 8));
+}
+void load8(W w, uint c, out vec4 a, out vec4 b) {
+    uint sb = c >> 4u, i = c & 15u;
+    uvec2 q = w.v[sb * 17u + i], sc = w.v[sb * 17u + 16u];
+    float d = unpackHalf2x16((i & 8u) != 0u ? sc.y : sc.x)[(i >> 2u) & 1u];
+    a = i8x4(q.x) * d;
+    b = i8x4(q.y) * d;
+}
 #endif
 uint unit_pos(uint u, uint g) { return 8u * u; }
 void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], out vec2 so[UG]) {
-#if defined(W_Q8_0)
-    uint c = row * U + u, sb = c >> 4u, i = c & 15u;
-    uvec2 q = w.v[sb * 17u + i], sc = w.v[sb * 17u + 16u];
-    float d = unpackHalf2x16((i & 8u) != 0u ? sc.y : sc.x)[(i >> 2u) & 1u];
-    qa[0] = i8f(q.x);
-    qb[0] = i8f(q.y);
-    so[0] = vec2(256.0 * d, -384.0 * d);
-#else
     load8(w, row * U + u, qa[0], qb[0]);
     so[0] = vec2(1.0, 0.0);
-#endif
 }
 
 #elif defined(W_Q4_K) || defined(W_Q5_K)
@@ -151,23 +132,20 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
     uint base = (row * (U >> 4u) + (u >> 4u)) * BLK, k = u & 15u, j = k >> 2u;
     uvec2 h0 = w.v[base], h1 = w.v[base + 1u], q = w.v[base + QS + k];
     vec2 dm = unpackHalf2x16(h0.x);
-    vec4 sm = u2f(scales_pair(h0, h1, j));
-#if defined(W_Q4_K)
-    const float F = 16.0;
-    qa[0] = nib4(q.x, 0u);
-    qb[0] = nib4(q.y, 0u);
-    qa[1] = nib4(q.x, 4u);
-    qb[1] = nib4(q.y, 4u);
-#else
-    const float F = 32.0;
-    uvec2 h = w.v[base + 2u + (k & 3u)] >> (2u * j); /* fifth bits of the same 8 byte positions */
-    qa[0] = nib5(q.x, 0u, h.x, 0u);
-    qb[0] = nib5(q.y, 0u, h.y, 0u);
-    qa[1] = nib5(q.x, 4u, h.x, 1u);
-    qb[1] = nib5(q.y, 4u, h.y, 1u);
+    vec4 sm = vec4(scales_pair(h0, h1, j));
+    so[0] = vec2(dm.x * sm.x, -dm.y * sm.y);
+    so[1] = vec2(dm.x * sm.z, -dm.y * sm.w);
+    qa[0] = nib_lo(q.x);
+    qb[0] = nib_lo(q.y);
+    qa[1] = nib_hi(q.x);
+    qb[1] = nib_hi(q.y);
+#if defined(W_Q5_K)
+    uvec2 h = w.v[base + 2u + (k & 3u)]; /* fifth bits of the same 8 byte positions */
+    qa[0] += 16.0 * bytebit(h.x, 2u * j);
+    qb[0] += 16.0 * bytebit(h.y, 2u * j);
+    qa[1] += 16.0 * bytebit(h.x, 2u * j + 1u);
+    qb[1] += 16.0 * bytebit(h.y, 2u * j + 1u);
 #endif
-    so[0] = vec2(F * dm.x * sm.x, -F * dm.x * sm.x - dm.y * sm.y);
-    so[1] = vec2(F * dm.x * sm.z, -F * dm.x * sm.z - dm.y * sm.w);
 }
 
 #elif defined(W_Q6_K)
@@ -182,10 +160,10 @@ uint unit_pos(uint u, uint g) {
     uint k = u & 7u;
     return (u >> 3u) * 256u + (k >> 2u) * 128u + g * 32u + (k & 3u) * 8u;
 }
-/* the 6-bit q (low nibble at bit lsh of each byte of l, top two bits at bit hsh of h) as
- * 1 + q / 64; the weight d s (q - 32) = 64 d s f - 96 d s */
 vec4 q6(uint l, uint lsh, uint h, uint hsh) {
-    return one_plus((mv4(l, lsh, 17u) & 0x001E0000u) | (mv4(h, hsh, 21u) & 0x00600000u));
+    uvec4 lo = (uvec4(l) >> (uvec4(0u, 8u, 16u, 24u) + lsh)) & 15u;
+    uvec4 hi = (uvec4(h) >> (uvec4(0u, 8u, 16u, 24u) + hsh)) & 3u;
+    return vec4(lo | (hi << 4u)) - 32.0;
 }
 void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], out vec2 so[UG]) {
     uint base = (row * (U >> 3u) + (u >> 3u)) * 28u, k = u & 7u, hf = k >> 2u, l8 = k & 3u;
@@ -195,10 +173,7 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
     uint is = l8 >> 1u;
     for (uint g = 0u; g < 4u; g++) {
         uint i = is + 2u * g;
-        /* the int8 scale, its top bit flipped, as a float: s + 128 */
-        uint sb = (((i < 4u ? sv.x : sv.y) >> (8u * (i & 3u))) & 0xFFu) ^ 0x80u;
-        float ds = d * (uintBitsToFloat(sb | 0x4B000000u) - 8388736.0);
-        so[g] = vec2(64.0 * ds, -96.0 * ds);
+        so[g] = vec2(d * float(bitfieldExtract(int(i < 4u ? sv.x : sv.y), int(8u * (i & 3u)), 8)), 0.0);
     }
     qa[0] = q6(lo.x, 0u, qh.x, 0u);
     qb[0] = q6(lo.y, 0u, qh.y, 0u);
@@ -245,20 +220,17 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
     uint base = (row * (U >> 4u) + (u >> 4u)) * BLK, k = u & 15u, b = k >> 1u, hf = k & 1u;
     uvec2 q = w.v[base + k];
     float d = half_at(w.v[base + QD + (b >> 2u)], b & 3u);
+    qa[0] = nib_lo(q.x);
+    qb[0] = nib_lo(q.y);
+    qa[1] = nib_hi(q.x);
+    qb[1] = nib_hi(q.y);
 #if defined(W_Q5_0) || defined(W_Q5_1)
-    const float F = 32.0;
     uvec2 hv = w.v[base + QH + (b >> 1u)];
-    uint h = ((b & 1u) != 0u ? hv.y : hv.x) >> (hf * 8u);
-    qa[0] = nib5_bits(q.x, 0u, h, 0u);
-    qb[0] = nib5_bits(q.y, 0u, h, 4u);
-    qa[1] = nib5_bits(q.x, 4u, h, 16u);
-    qb[1] = nib5_bits(q.y, 4u, h, 20u);
-#else
-    const float F = 16.0;
-    qa[0] = nib4(q.x, 0u);
-    qb[0] = nib4(q.y, 0u);
-    qa[1] = nib4(q.x, 4u);
-    qb[1] = nib4(q.y, 4u);
+    uint h = (b & 1u) != 0u ? hv.y : hv.x, s = hf * 8u;
+    qa[0] += 16.0 * bits4(h, s);
+    qb[0] += 16.0 * bits4(h, s + 4u);
+    qa[1] += 16.0 * bits4(h, s + 16u);
+    qb[1] += 16.0 * bits4(h, s + 20u);
 #endif
 #if defined(W_Q4_1) || defined(W_Q5_1)
     float m = half_at(w.v[base + QM + (b >> 2u)], b & 3u);
@@ -267,7 +239,7 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
 #else
     float m = -16.0 * d;
 #endif
-    so[0] = vec2(F * d, m - F * d);
-    so[1] = so[0];
+    so[0] = vec2(d, m);
+    so[1] = vec2(d, m);
 }
 #endif
