@@ -36,7 +36,7 @@
 #include "vulkan_impl.h"
 #include "vulkan.h"
 
-#define ATTN_CHUNKS 32 /* default; ANVIL_VK_ATTN_CHUNKS overrides (1 .. 64) */
+#define ATTN_CHUNKS 64 /* the most chunks (attention.comp uses fewer for short caches); ANVIL_VK_ATTN_CHUNKS overrides (1 .. 64) */
 #define STEPS_PER_BATCH 8
 #define ALIGN 256
 

@@ -104,11 +104,11 @@ static void test_against_cpu(void **state) {
     }
 }
 
-/* Decode attention over a longer cache, split in few chunks (ANVIL_VK_ATTN_CHUNKS): each
- * subgroup then walks many rows, in several batches of rows loaded together, and the chunks
- * are uneven; the prompt runs through the decode program a token at a time
- * (ANVIL_PREFILL_CHUNK=1), so every row of the logits is one decode step's. Head shapes:
- * D = 64, G = 2 and D = 256, G = 8 (Qwen3.6-35B-A3B's). */
+/* Decode attention over a longer cache, split in few chunks (ANVIL_VK_ATTN_CHUNKS: 1 and 3,
+ * so each subgroup walks many rows and the chunks are uneven) and in as many as the length
+ * asks for (64: one more chunk every 16 rows); the prompt runs through the decode program a
+ * token at a time (ANVIL_PREFILL_CHUNK=1), so every row of the logits is one decode step's.
+ * Head shapes: D = 64, G = 2 and D = 256, G = 8 (Qwen3.6-35B-A3B's). */
 static void test_long_attention(void **state) {
     (void)state;
     static const char *specs[] = {"synthetic:qwen3-tiny-k:q4_k", "synthetic:qwen3.6-heads:q8_0"};
