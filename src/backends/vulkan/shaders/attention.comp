@@ -23,6 +23,7 @@
 #include "common.glsl"
 
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CFloats { float v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CVec4s { vec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Counters { uint v[]; };
 
 layout(local_size_x_id = 3) in;             /* NSG * SG */
@@ -41,7 +42,7 @@ layout(push_constant) uniform PC {
     Vec4s kc;            /* [S, Hkv, D] */
     Vec4s vc;            /* [S, Hkv, D] */
     Floats rope;         /* [S, n_rot / 2, 2] */
-    CFloats part;        /* [H, NC, D + 2] */
+    CFloats part;        /* o [H, NC, D], then (m, l) [H, NC, 2] */
     Counters cnt;        /* [Hkv], zero between steps */
     Floats out_;         /* [H, D] */
     Ctl ctl;
@@ -50,7 +51,9 @@ layout(push_constant) uniform PC {
 } pc;
 
 shared float sm[NSG][G], sl[NSG][G];
-shared vec4 so[G][D4]; /* the subgroups' outputs, combined one subgroup at a time */
+shared vec4 so[G][D4]; /* the subgroups' outputs, combined one subgroup at a time; before
+                          that, so[0] holds this position's rope table: (cos, sin) of pair i
+                          in so[0][i / 2].xy or .zw (no room for another array at G = 8, D = 256) */
 shared float xs[G + 1][D]; /* normalised rows: the G query heads, then k */
 shared float ys[G + 1][D]; /* the same, rotated */
 shared vec4 vnew[D4];
@@ -68,6 +71,23 @@ void norm_row(Floats src, uint off, Floats w, uint slot, uint lane) {
     }
     float inv = 1.0 / sqrt(subgroupAdd(ss) / float(D) + pc.eps);
     for (uint d = lane; d < D; d += SG) xs[slot][d] *= inv * w.v[d];
+}
+
+/* chunk c4 of cache row p from memory: zero past the end and for the current position's
+ * row, which is not in the cache yet (patch_row) */
+void load_glob(uint p, uint end, uint pos, uint j, uint c4, out vec4 kv, out vec4 vv) {
+    bool live = p < end && p != pos && c4 < D4;
+    uint idx = (min(p, pos) * pc.Hkv + j) * D4 + min(c4, D4 - 1u);
+    kv = live ? pc.kc.v[idx] : vec4(0.0);
+    vv = live ? pc.vc.v[idx] : vec4(0.0);
+}
+
+/* the current position's row from shared memory, where p is it */
+void patch_row(uint p, uint pos, uint c4, inout vec4 kv, inout vec4 vv) {
+    if (p == pos && c4 < D4) {
+        kv = vec4(ys[G][4u * c4], ys[G][4u * c4 + 1u], ys[G][4u * c4 + 2u], ys[G][4u * c4 + 3u]);
+        vv = vnew[c4];
+    }
 }
 
 /* chunk c4 of cache row p (the current position's from shared memory) */
@@ -96,21 +116,35 @@ void main() {
 
     uint pos = n - 1u, t = gl_LocalInvocationID.x;
     bool mine = begin <= pos && pos < end; /* this chunk holds the current position */
+    /* the loads that need nothing but the position go first, so that their latencies
+     * overlap: this position's rope table, the subgroup's first two cache rows, q and k */
+    uint half_ = pc.n_rot / 2u;
+    for (uint i = t; i < (half_ + 1u) / 2u; i += gl_WorkGroupSize.x) {
+        uint b = (pos * half_ + 2u * i) * 2u;
+        bool two = 2u * i + 1u < half_;
+        so[0][i] = vec4(pc.rope.v[b], pc.rope.v[b + 1u], two ? pc.rope.v[b + 2u] : 0.0, two ? pc.rope.v[b + 3u] : 0.0);
+    }
+    uint p = begin + sg;
+    vec4 k0[CPL], v0[CPL], k1[CPL], v1[CPL]; /* rows p and p + NSG */
+    for (uint k = 0; k < CPL; k++) {
+        load_glob(p, end, pos, j, lane + k * SG, k0[k], v0[k]);
+        load_glob(p + NSG, end, pos, j, lane + k * SG, k1[k], v1[k]);
+    }
     /* q (and k) rows: norm, then rotate */
     for (uint g = sg; g < G + 1u; g += NSG)
         if (g < G) norm_row(pc.q, (j * G + g) * D, pc.qnorm, g, lane);
         else if (mine) norm_row(pc.k, j * D, pc.knorm, G, lane);
     barrier();
-    uint half_ = pc.n_rot / 2u;
     for (uint i = t; i < (G + 1u) * D; i += gl_WorkGroupSize.x) {
         uint g = i / D, d = i % D;
         if (g == G && !mine) break;
         float y = xs[g][d];
         if (d < pc.n_rot) {
             uint r = d < half_ ? d : d - half_;
-            float cs = pc.rope.v[(pos * half_ + r) * 2u], sn = pc.rope.v[(pos * half_ + r) * 2u + 1u];
+            vec4 c2 = so[0][r >> 1u];
+            vec2 cs = (r & 1u) != 0u ? c2.zw : c2.xy;
             float a = xs[g][r], b = xs[g][r + half_];
-            y = d < half_ ? a * cs - b * sn : b * cs + a * sn;
+            y = d < half_ ? a * cs.x - b * cs.y : b * cs.x + a * cs.y;
         }
         ys[g][d] = y;
     }
@@ -140,18 +174,21 @@ void main() {
             o[g][k] = vec4(0.0);
         }
     }
-    /* by far the most time goes here: two coalesced row loads per position, the next
-     * position's rows loaded while this one is computed */
-    vec4 kn[CPL], vn[CPL];
-    uint p = begin + sg;
-    for (uint k = 0; k < CPL; k++) load_row(p, end, pos, j, lane + k * SG, kn[k], vn[k]);
+    /* by far the most time goes here: two coalesced row loads per position, the rows two
+     * positions ahead loaded while this one is computed */
+    for (uint k = 0; k < CPL; k++) {
+        patch_row(p, pos, lane + k * SG, k0[k], v0[k]);
+        patch_row(p + NSG, pos, lane + k * SG, k1[k], v1[k]);
+    }
     for (; p < end; p += NSG) {
         vec4 kv[CPL], vv[CPL];
-        uint pn = p + NSG;
+        uint pn = p + 2u * NSG;
         for (uint k = 0; k < CPL; k++) {
-            kv[k] = kn[k];
-            vv[k] = vn[k];
-            load_row(pn, end, pos, j, lane + k * SG, kn[k], vn[k]);
+            kv[k] = k0[k];
+            vv[k] = v0[k];
+            k0[k] = k1[k];
+            v0[k] = v1[k];
+            load_row(pn, end, pos, j, lane + k * SG, k1[k], v1[k]);
         }
         for (uint g = 0; g < G; g++) {
             float s = 0.0;
@@ -190,18 +227,12 @@ void main() {
         for (uint s = 0; s < NSG; s++) M = max(M, sm[s][g]);
         float lsum = 0.0;
         for (uint s = 0; s < NSG; s++) lsum += (sm[s][g] == -1.0 / 0.0 ? 0.0 : exp(sm[s][g] - M)) * sl[s][g];
-        uint h = j * G + g, off = (h * pc.NC + c) * (D + 2u);
+        uint h = j * G + g, ml = pc.Hkv * G * pc.NC * D + (h * pc.NC + c) * 2u;
         if (t == 0u) {
-            pc.part.v[off] = M;
-            pc.part.v[off + 1u] = lsum;
+            pc.part.v[ml] = M;
+            pc.part.v[ml + 1u] = lsum;
         }
-        for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) {
-            vec4 a = so[g][d4];
-            pc.part.v[off + 2u + 4u * d4] = a.x;
-            pc.part.v[off + 3u + 4u * d4] = a.y;
-            pc.part.v[off + 4u + 4u * d4] = a.z;
-            pc.part.v[off + 5u + 4u * d4] = a.w;
-        }
+        for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) CVec4s(pc.part).v[(h * pc.NC + c) * D4 + d4] = so[g][d4];
     }
     /* the last workgroup of kv head j merges: the partials must be visible first */
     memoryBarrierBuffer();
@@ -211,10 +242,11 @@ void main() {
     if (!last_wg) return;
     memoryBarrierBuffer();
     if (t == 0u) pc.cnt.v[j] = 0u; /* ready for the next step */
+    uint mlb = pc.Hkv * G * pc.NC * D;
     for (uint i = t; i < G * NE; i += gl_WorkGroupSize.x) { /* all (m, l) loads at once */
         uint g = i / NE, cc = i % NE;
-        mw[g][cc] = pc.part.v[((j * G + g) * pc.NC + cc) * (D + 2u)];
-        lw[g][cc] = pc.part.v[((j * G + g) * pc.NC + cc) * (D + 2u) + 1u];
+        mw[g][cc] = pc.part.v[mlb + ((j * G + g) * pc.NC + cc) * 2u];
+        lw[g][cc] = pc.part.v[mlb + ((j * G + g) * pc.NC + cc) * 2u + 1u];
     }
     barrier();
     if (t < G) {
@@ -229,17 +261,19 @@ void main() {
         inv_l[t] = 1.0 / Ls;
     }
     barrier();
-    for (uint i = t; i < G * D; i += gl_WorkGroupSize.x) {
-        uint g = i / D, d = i % D, h = j * G + g;
-        float a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0; /* four loads in flight */
-        uint cc = 0, base = h * pc.NC * (D + 2u) + 2u + d;
-        for (; cc + 4u <= NE; cc += 4u) {
-            a0 += mw[g][cc] * pc.part.v[base + cc * (D + 2u)];
-            a1 += mw[g][cc + 1u] * pc.part.v[base + (cc + 1u) * (D + 2u)];
-            a2 += mw[g][cc + 2u] * pc.part.v[base + (cc + 2u) * (D + 2u)];
-            a3 += mw[g][cc + 3u] * pc.part.v[base + (cc + 3u) * (D + 2u)];
+    for (uint i = t; i < G * D4; i += gl_WorkGroupSize.x) {
+        uint g = i / D4, d4 = i % D4, h = j * G + g, base = h * pc.NC * D4 + d4;
+        vec4 a = vec4(0.0);
+        for (uint c0 = 0; c0 < NE; c0 += 8u) { /* eight loads in flight */
+            vec4 v[8];
+            for (uint u = 0; u < 8u; u++) v[u] = CVec4s(pc.part).v[base + min(c0 + u, NE - 1u) * D4];
+            for (uint u = 0; u < 8u; u++) a += c0 + u < NE ? mw[g][c0 + u] * v[u] : vec4(0.0);
         }
-        for (; cc < NE; cc++) a0 += mw[g][cc] * pc.part.v[base + cc * (D + 2u)];
-        pc.out_.v[h * D + d] = (a0 + a1 + a2 + a3) * inv_l[g];
+        a *= inv_l[g];
+        uint o4 = h * D + 4u * d4;
+        pc.out_.v[o4] = a.x;
+        pc.out_.v[o4 + 1u] = a.y;
+        pc.out_.v[o4 + 2u] = a.z;
+        pc.out_.v[o4 + 3u] = a.w;
     }
 }
