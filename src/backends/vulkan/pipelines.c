@@ -178,6 +178,9 @@ static const uint32_t spv_mm_h_64x64_k64[] =
 static const uint32_t spv_mm_h_moe[] =
 #include "shaders/mm_h_moe.inc"
     ;
+static const uint32_t spv_attn_flash[] =
+#include "shaders/attn_flash.inc"
+    ;
 
 #define SPV(a) a, sizeof a
 
@@ -302,6 +305,7 @@ static const struct {
     [K_MMH_64X64_K32] = {SPV(spv_mm_h_64x64_k32), "mm_h_64x64_k32"},
     [K_MMH_64X64_K64] = {SPV(spv_mm_h_64x64_k64), "mm_h_64x64_k64"},
     [K_MMH_MOE] = {SPV(spv_mm_h_moe), "mm_h_experts"},
+    [K_ATTN_FLASH] = {SPV(spv_attn_flash), "attn_flash"},
     [K_MOE_ROUTE] = {SPV(spv_moe_topk), "moe_route"},
     [K_MOE_BUCKET] = {SPV(spv_moe_topk), "moe_bucket"},
     [K_GDN_PREFILL] = {SPV(spv_gdn), "gdn_prefill"},
@@ -405,6 +409,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
 
     for (int k = 0; k < K_COUNT && st == ANVIL_OK; k++) {
         if (k >= K_MMH_64X64_K32 && k <= K_MMH_MOE && !d->coopmat) continue; /* needs the extension */
+        if (k == K_ATTN_FLASH && (!d->coopmat || !vk_flash_fits(attn_g, attn_d))) continue;
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;
@@ -425,6 +430,10 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
             vals[2] = d->subgroup_size;
             vals[3] = 4 * d->subgroup_size; /* workgroup: 4 subgroups */
             n = 4;
+        } else if (k == K_ATTN_FLASH) {
+            vals[0] = (uint32_t)attn_g;
+            vals[1] = (uint32_t)attn_d;
+            n = 2;
         } else if (k == K_ATTN_PREFILL) {
             vals[0] = (uint32_t)attn_g;
             n = 1;

@@ -108,6 +108,8 @@ struct vk_prefill {
     struct vk_buffer moe;      /* routing, expert lists, expert activations and outputs */
     int mmh;                   /* its tile shape: index into mmh_tile */
     bool f16;                  /* products on float16 inputs allowed (not in the hybrids) */
+    bool flash;                /* attention on cooperative matrices (attn_flash.comp): where the
+                                  pipeline exists and f16; ANVIL_VK_FLASH=0 turns it off */
     bool dq_emulate;           /* ANVIL_VK_DQ_EMULATE=1 where there are no cooperative matrices
                                   (tests): dq.comp's float16 rows multiplied by mm.comp */
     VkDeviceSize out_off, out_bytes;
@@ -509,7 +511,10 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
             struct pc_rows kv = {addr(p, P, nd->src[1]), addr(p, P, nd->src[2]), kc, vc, prm, D, T * Hkv, Hkv, 0, 0};
             st = emit(p, K_ROWS_KVWRITE, T * Hkv, 0, &kv, sizeof kv);
             struct pc_attn_pf pa = {addr(p, P, nd->src[0]), kc, vc, addr(p, P, i), prm, T, H, Hkv, D, nd->p.f[0]};
-            if (st == ANVIL_OK) st = emit(p, K_ATTN_PREFILL, Hkv, T, &pa, sizeof pa);
+            if (st == ANVIL_OK && p->flash)
+                st = emit(p, K_ATTN_FLASH, Hkv, (T + 64 / (H / Hkv) - 1) / (64 / (H / Hkv)), &pa, sizeof pa);
+            else if (st == ANVIL_OK)
+                st = emit(p, K_ATTN_PREFILL, Hkv, T, &pa, sizeof pa);
             break;
         }
         default:
@@ -602,6 +607,8 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
      * (docs/PERF.md §18) */
     p->f16 = true;
     for (int i = 0; i < n; i++) p->f16 &= g->nodes[i].op != OP_GDN;
+    const char *fl = getenv("ANVIL_VK_FLASH");
+    p->flash = p->f16 && b->pl.p[K_ATTN_FLASH] != VK_NULL_HANDLE && !(fl && !strcmp(fl, "0"));
     const char *emu = getenv("ANVIL_VK_DQ_EMULATE");
     p->dq_emulate = !b->d->coopmat && emu && !strcmp(emu, "1");
     if (st == ANVIL_OK && (b->d->coopmat || p->dq_emulate) && p->f16) {

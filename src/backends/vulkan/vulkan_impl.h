@@ -173,6 +173,8 @@ enum vk_kernel {
     /* float16 products on cooperative matrices (mm_h.comp), per tile shape (tokens x
      * outputs, and weights of K per step), only where d->coopmat */
     K_MMH_64X64_K32, K_MMH_64X64_K64, K_MMH_MOE /* the experts, rows gathered */,
+    K_ATTN_FLASH, /* the prefill's causal attention on cooperative matrices (attn_flash.comp),
+                     where d->coopmat and the heads fit it (vk_flash_fits) */
     /* moe_topk.comp for the prefill: MODE 1 routes every token, MODE 2 sorts them by expert */
     K_MOE_ROUTE, K_MOE_BUCKET,
     /* gdn.comp for the prefill: MODE 1 a chunk's tokens in turn, MODE 2 the conv ring */
@@ -204,6 +206,10 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
 void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p);
 const char *vk_kernel_name(enum vk_kernel k);
 /* Rows per matvec workgroup for weight kind `kind` (vk_weight_kind). */
+/* attn_flash.comp's shapes: heads of a multiple of 16 dimensions up to 128, a number of query
+ * heads per kv head that divides its 64 query rows */
+static inline bool vk_flash_fits(int g, int d) { return g >= 1 && 64 % g == 0 && d % 16 == 0 && d >= 16 && d <= 128; }
+
 static inline uint32_t vk_matvec_rows(const struct vk_pipelines *p, int kind) {
     return kind >= 4 && kind <= 7 ? p->matvec_nr_q : p->matvec_nr;
 }

@@ -1,0 +1,148 @@
+#version 460
+/* Prefill: causal attention of a chunk's T queries over the KV cache on cooperative matrices
+ * (VK_NV_cooperative_matrix, 16 x 16 x 16, float16 inputs, float32 sums), for heads of D <= 128
+ * dimensions (a multiple of 16) and G query heads per kv head dividing 64. The cache already
+ * holds the chunk's own rows (the KV-write kernel runs first).
+ *
+ * Workgroup (kv head j, block b): 64 query rows, row r = token t0 + r / G, head j G + r % G
+ * (t0 = b * 64 / G), so every k and v row is read once for all of them; 4 subgroups of 16
+ * rows. Keys are walked BK at a time through shared memory (float16): S = Q K^T on the
+ * matrices, masked (key s attends to query token t where s <= pos0 + t) and softmaxed by the
+ * subgroup's lanes (two per row), then O += P V on the matrices.
+ *
+ * Two passes over the keys: the first only finds each row's maximum score, the second sums
+ * exp(s - max) and P V. An online softmax would have to rescale the float32 accumulators of O
+ * row by row at every block, which these matrices cannot do in place; the extra pass costs
+ * a third more products and no rescaling.
+ *   q [T, H, D], caches [S, Hkv, D], out [T, H, D]. */
+#extension GL_NV_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#include "common.glsl"
+
+layout(local_size_x = 128) in;
+layout(constant_id = 0) const uint G = 4;   /* query heads per kv head, dividing 64 */
+layout(constant_id = 1) const uint D = 128; /* head dimension: a multiple of 16, <= 128 */
+
+layout(push_constant) uniform PC {
+    Floats q, kc, vc, out_;
+    Floats prm; /* pos0 at [0] */
+    uint T, H, Hkv, D_;
+    float scale;
+} pc;
+
+const uint BK = 32u;          /* keys per step */
+const uint TQ = 64u / G;      /* query tokens per workgroup */
+const uint SD = D + 8u;       /* shared row stride of q, k and v, in halves */
+const uint SP = BK + 8u;      /* of P */
+const uint QH = 64u * SD;     /* the queries' halves (only at the start) */
+const uint KH = 2u * BK * SD + 64u * SP; /* k, v and P */
+shared float16_t hb[QH > KH ? QH : KH];
+shared float sb[4u * 16u * BK]; /* each subgroup's scores, then its output, 16 columns at a time */
+
+/* rows s0 .. s0 + BK - 1 of cache c (float32) into hb from offset base, as float16; zero
+ * past n */
+void stage(Floats c, uint s0, uint n, uint j, uint base) {
+    for (uint e = gl_LocalInvocationID.x; e < BK * D / 4u; e += 128u) {
+        uint r = e / (D / 4u), d4 = e % (D / 4u), s = s0 + r;
+        vec4 v = s < n ? Vec4s(c).v[((s * pc.Hkv + j) * D >> 2u) + d4] : vec4(0.0);
+        uint o = base + r * SD + 4u * d4;
+        hb[o] = float16_t(v.x);
+        hb[o + 1u] = float16_t(v.y);
+        hb[o + 2u] = float16_t(v.z);
+        hb[o + 3u] = float16_t(v.w);
+    }
+}
+
+void main() {
+    uint j = gl_WorkGroupID.x, t0 = gl_WorkGroupID.y * TQ;
+    uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+    uint pos0 = floatBitsToUint(pc.prm.v[0]);
+    uint n = pos0 + min(t0 + TQ, pc.T); /* keys any row of the block attends to */
+
+    /* the block's queries, scaled, as float16 */
+    for (uint e = gl_LocalInvocationID.x; e < 64u * D / 4u; e += 128u) {
+        uint r = e / (D / 4u), d4 = e % (D / 4u), t = t0 + r / G;
+        vec4 v = t < pc.T ? Vec4s(pc.q).v[((t * pc.H + j * G + r % G) * D >> 2u) + d4] * pc.scale : vec4(0.0);
+        uint o = r * SD + 4u * d4;
+        hb[o] = float16_t(v.x);
+        hb[o + 1u] = float16_t(v.y);
+        hb[o + 2u] = float16_t(v.z);
+        hb[o + 3u] = float16_t(v.w);
+    }
+    barrier();
+    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> qa[D / 16u];
+    for (uint kk = 0u; kk < D / 16u; kk++) coopMatLoadNV(qa[kk], hb, 16u * sg * SD + 16u * kk, SD, false);
+    barrier();
+
+    /* this lane's row of the subgroup's 16 and its half of the BK columns */
+    uint row = lane >> 1u, c0 = (lane & 1u) * (BK / 2u);
+    uint rt = t0 + (16u * sg + row) / G;       /* the row's token */
+    uint last = rt < pc.T ? pos0 + rt : 0u;    /* the last key it attends to */
+    bool live = rt < pc.T;
+    const uint KO = 0u, VO = BK * SD, PO = 2u * BK * SD;
+    uint SB = sg * 16u * BK; /* the subgroup's part of sb */
+
+    float mx = -1.0 / 0.0;
+    for (uint pass = 0u; pass < 2u; pass++) {
+        fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> o[D / 16u];
+        for (uint kd = 0u; kd < D / 16u; kd++) o[kd] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
+        float lsum = 0.0;
+        for (uint s0 = 0u; s0 < n; s0 += BK) {
+            stage(pc.kc, s0, n, j, KO);
+            if (pass == 1u) stage(pc.vc, s0, n, j, VO);
+            barrier();
+            for (uint kb = 0u; kb < BK / 16u; kb++) {
+                fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
+                for (uint kk = 0u; kk < D / 16u; kk++) {
+                    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> kbm;
+                    coopMatLoadNV(kbm, hb, KO + 16u * kb * SD + 16u * kk, SD, true);
+                    s = coopMatMulAddNV(qa[kk], kbm, s);
+                }
+                coopMatStoreNV(s, sb, SB + 16u * kb, BK, false);
+            }
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            if (pass == 0u) {
+                for (uint c = c0; c < c0 + BK / 2u; c++)
+                    if (live && s0 + c <= last) mx = max(mx, sb[SB + row * BK + c]);
+            } else {
+                for (uint c = c0; c < c0 + BK / 2u; c++) {
+                    float p = live && s0 + c <= last ? exp(sb[SB + row * BK + c] - mx) : 0.0;
+                    lsum += p;
+                    hb[PO + (16u * sg + row) * SP + c] = float16_t(p);
+                }
+                subgroupMemoryBarrierShared();
+                subgroupBarrier();
+                for (uint kb = 0u; kb < BK / 16u; kb++) {
+                    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> pa;
+                    coopMatLoadNV(pa, hb, PO + 16u * sg * SP + 16u * kb, SP, false);
+                    for (uint kd = 0u; kd < D / 16u; kd++) {
+                        fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> vb;
+                        coopMatLoadNV(vb, hb, VO + 16u * kb * SD + 16u * kd, SD, false);
+                        o[kd] = coopMatMulAddNV(pa, vb, o[kd]);
+                    }
+                }
+            }
+            barrier();
+        }
+        if (pass == 0u) {
+            mx = max(mx, subgroupShuffleXor(mx, 1u));
+            continue;
+        }
+        lsum += subgroupShuffleXor(lsum, 1u);
+        /* out = O / l, 16 columns at a time through the subgroup's scores area */
+        for (uint kd = 0u; kd < D / 16u; kd++) {
+            coopMatStoreNV(o[kd], sb, SB, 16u, false);
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            if (live) {
+                uint r = 16u * sg + row, ob = (rt * pc.H + j * G + r % G) * D + 16u * kd + (lane & 1u) * 8u;
+                for (uint c = 0u; c < 8u; c++) pc.out_.v[ob + c] = sb[SB + row * 16u + (lane & 1u) * 8u + c] / lsum;
+            }
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+        }
+    }
+}
