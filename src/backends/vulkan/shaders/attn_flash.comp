@@ -16,6 +16,7 @@
  * a third more products and no rescaling.
  *   q [T, H, D], caches [S, Hkv, D], out [T, H, D]. */
 #extension GL_NV_cooperative_matrix : require
+#extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -73,7 +74,7 @@ void main() {
     }
     barrier();
     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> qa[D / 16u];
-    for (uint kk = 0u; kk < D / 16u; kk++) coopMatLoadNV(qa[kk], hb, 16u * sg * SD + 16u * kk, SD, false);
+    [[unroll]] for (uint kk = 0u; kk < D / 16u; kk++) coopMatLoadNV(qa[kk], hb, 16u * sg * SD + 16u * kk, SD, false);
     barrier();
 
     /* this lane's row of the subgroup's 16 and its half of the BK columns */
@@ -85,17 +86,17 @@ void main() {
     uint SB = sg * 16u * BK; /* the subgroup's part of sb */
 
     float mx = -1.0 / 0.0;
-    for (uint pass = 0u; pass < 2u; pass++) {
+    [[unroll]] for (uint pass = 0u; pass < 2u; pass++) {
         fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> o[D / 16u];
-        for (uint kd = 0u; kd < D / 16u; kd++) o[kd] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
+        [[unroll]] for (uint kd = 0u; kd < D / 16u; kd++) o[kd] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
         float lsum = 0.0;
         for (uint s0 = 0u; s0 < n; s0 += BK) {
             stage(pc.kc, s0, n, j, KO);
             if (pass == 1u) stage(pc.vc, s0, n, j, VO);
             barrier();
-            for (uint kb = 0u; kb < BK / 16u; kb++) {
+            [[unroll]] for (uint kb = 0u; kb < BK / 16u; kb++) {
                 fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
-                for (uint kk = 0u; kk < D / 16u; kk++) {
+                [[unroll]] for (uint kk = 0u; kk < D / 16u; kk++) {
                     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> kbm;
                     coopMatLoadNV(kbm, hb, KO + 16u * kb * SD + 16u * kk, SD, true);
                     s = coopMatMulAddNV(qa[kk], kbm, s);
@@ -115,10 +116,10 @@ void main() {
                 }
                 subgroupMemoryBarrierShared();
                 subgroupBarrier();
-                for (uint kb = 0u; kb < BK / 16u; kb++) {
+                [[unroll]] for (uint kb = 0u; kb < BK / 16u; kb++) {
                     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> pa;
                     coopMatLoadNV(pa, hb, PO + 16u * sg * SP + 16u * kb, SP, false);
-                    for (uint kd = 0u; kd < D / 16u; kd++) {
+                    [[unroll]] for (uint kd = 0u; kd < D / 16u; kd++) {
                         fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> vb;
                         coopMatLoadNV(vb, hb, VO + 16u * kb * SD + 16u * kd, SD, false);
                         o[kd] = coopMatMulAddNV(pa, vb, o[kd]);
@@ -133,13 +134,13 @@ void main() {
         }
         lsum += subgroupShuffleXor(lsum, 1u);
         /* out = O / l, 16 columns at a time through the subgroup's scores area */
-        for (uint kd = 0u; kd < D / 16u; kd++) {
+        [[unroll]] for (uint kd = 0u; kd < D / 16u; kd++) {
             coopMatStoreNV(o[kd], sb, SB, 16u, false);
             subgroupMemoryBarrierShared();
             subgroupBarrier();
             if (live) {
                 uint r = 16u * sg + row, ob = (rt * pc.H + j * G + r % G) * D + 16u * kd + (lane & 1u) * 8u;
-                for (uint c = 0u; c < 8u; c++) pc.out_.v[ob + c] = sb[SB + row * 16u + (lane & 1u) * 8u + c] / lsum;
+                [[unroll]] for (uint c = 0u; c < 8u; c++) pc.out_.v[ob + c] = sb[SB + row * 16u + (lane & 1u) * 8u + c] / lsum;
             }
             subgroupMemoryBarrierShared();
             subgroupBarrier();
