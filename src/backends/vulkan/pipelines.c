@@ -376,6 +376,19 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     out->matvec_pipe = 1;
     e = getenv("ANVIL_VK_MATVEC_PIPE");
     if (e && atoi(e) >= 1 && atoi(e) <= 4) out->matvec_pipe = (uint32_t)atoi(e);
+    static const char *kind_names[VK_WEIGHT_KINDS] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1",
+                                                       "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"};
+    for (int i = 0; i < VK_WEIGHT_KINDS; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "ANVIL_VK_MATVEC_NR_%s", kind_names[i]);
+        e = getenv(name);
+        if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_kind[i] = (uint32_t)atoi(e);
+        snprintf(name, sizeof name, "ANVIL_VK_MATVEC_WG_%s", kind_names[i]);
+        e = getenv(name);
+        if (e && atoi(e) >= (int)d->subgroup_size && atoi(e) <= 1024 && atoi(e) % (int)d->subgroup_size == 0 &&
+            atoi(e) / (int)d->subgroup_size <= 32)
+            out->matvec_wg_kind[i] = (uint32_t)atoi(e);
+    }
     if (out->matvec_wg < d->subgroup_size) out->matvec_wg = d->subgroup_size;
     if (out->matvec_wg / d->subgroup_size > 32) out->matvec_wg = 32 * d->subgroup_size;
     /* attention.comp's shared memory (NSG = 4 subgroups): refuse what the device cannot
@@ -419,8 +432,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         VkSpecializationMapEntry ent[4];
         uint32_t n = 0;
         if (k < K_EMBED_F32) {
-            vals[0] = out->matvec_wg;
-            vals[1] = vk_matvec_rows(out, (k - K_MATVEC_F32) % VK_WEIGHT_KINDS);
+            int kind = (k - K_MATVEC_F32) % VK_WEIGHT_KINDS;
+            vals[0] = out->matvec_wg_kind[kind] ? out->matvec_wg_kind[kind] : out->matvec_wg;
+            vals[1] = vk_matvec_rows(out, kind);
             vals[2] = (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS); /* MODE */
             vals[3] = out->matvec_pipe;
             n = 4;

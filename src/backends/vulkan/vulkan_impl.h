@@ -198,6 +198,9 @@ struct vk_pipelines {
     VkPipeline p[K_COUNT];
     int attn_g, attn_d; /* the attention pipeline's specialisation */
     uint32_t matvec_wg, matvec_nr, matvec_nr_q, matvec_pipe;
+    /* per weight kind, for tuning: ANVIL_VK_MATVEC_NR_<KIND> / _WG_<KIND> (KIND as in
+     * kernel order: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K), 0 where not set */
+    uint32_t matvec_nr_kind[VK_WEIGHT_KINDS], matvec_wg_kind[VK_WEIGHT_KINDS];
 };
 
 /* Creates every pipeline; attention is specialised for G query heads per kv head and head
@@ -205,12 +208,13 @@ struct vk_pipelines {
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, struct vk_pipelines *out);
 void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p);
 const char *vk_kernel_name(enum vk_kernel k);
-/* Rows per matvec workgroup for weight kind `kind` (vk_weight_kind). */
 /* attn_flash.comp's shapes: heads of a multiple of 16 dimensions up to 128, a number of query
  * heads per kv head that divides its 64 query rows */
 static inline bool vk_flash_fits(int g, int d) { return g >= 1 && 64 % g == 0 && d % 16 == 0 && d >= 16 && d <= 128; }
 
+/* Rows per matvec workgroup for weight kind `kind` (vk_weight_kind). */
 static inline uint32_t vk_matvec_rows(const struct vk_pipelines *p, int kind) {
+    if (p->matvec_nr_kind[kind]) return p->matvec_nr_kind[kind];
     return kind >= 4 && kind <= 7 ? p->matvec_nr_q : p->matvec_nr;
 }
 
