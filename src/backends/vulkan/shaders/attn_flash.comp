@@ -38,8 +38,11 @@ const uint TQ = 64u / G;      /* query tokens per workgroup */
 const uint SD = D + 8u;       /* shared row stride of q, k and v, in halves */
 const uint SP = BK + 8u;      /* of P */
 const uint QH = 64u * SD;     /* the queries' halves (only at the start) */
-const uint KH = 2u * BK * SD + 64u * SP; /* k, v and P */
-shared float16_t hb[QH > KH ? QH : KH];
+const uint KH = 2u * BK * SD; /* k and v */
+/* q, then k and v, as float16 four to an element (one store per four values; the matrices
+ * load with offsets and strides in elements of four halves); P apart */
+shared uvec2 hb[(QH > KH ? QH : KH) / 4u];
+shared float16_t ph[64u * SP];
 shared float sb[4u * 16u * BK]; /* each subgroup's scores, then its output, 16 columns at a time */
 
 /* rows s0 .. s0 + BK - 1 of cache c (float32) into hb from offset base, as float16; zero
@@ -48,11 +51,7 @@ void stage(Floats c, uint s0, uint n, uint j, uint base) {
     for (uint e = gl_LocalInvocationID.x; e < BK * D / 4u; e += 128u) {
         uint r = e / (D / 4u), d4 = e % (D / 4u), s = s0 + r;
         vec4 v = s < n ? Vec4s(c).v[((s * pc.Hkv + j) * D >> 2u) + d4] : vec4(0.0);
-        uint o = base + r * SD + 4u * d4;
-        hb[o] = float16_t(v.x);
-        hb[o + 1u] = float16_t(v.y);
-        hb[o + 2u] = float16_t(v.z);
-        hb[o + 3u] = float16_t(v.w);
+        hb[(base + r * SD + 4u * d4) >> 2u] = uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw));
     }
 }
 
@@ -66,15 +65,11 @@ void main() {
     for (uint e = gl_LocalInvocationID.x; e < 64u * D / 4u; e += 128u) {
         uint r = e / (D / 4u), d4 = e % (D / 4u), t = t0 + r / G;
         vec4 v = t < pc.T ? Vec4s(pc.q).v[((t * pc.H + j * G + r % G) * D >> 2u) + d4] * pc.scale : vec4(0.0);
-        uint o = r * SD + 4u * d4;
-        hb[o] = float16_t(v.x);
-        hb[o + 1u] = float16_t(v.y);
-        hb[o + 2u] = float16_t(v.z);
-        hb[o + 3u] = float16_t(v.w);
+        hb[(r * SD + 4u * d4) >> 2u] = uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw));
     }
     barrier();
     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> qa[D / 16u];
-    [[unroll]] for (uint kk = 0u; kk < D / 16u; kk++) coopMatLoadNV(qa[kk], hb, 16u * sg * SD + 16u * kk, SD, false);
+    [[unroll]] for (uint kk = 0u; kk < D / 16u; kk++) coopMatLoadNV(qa[kk], hb, (16u * sg * SD + 16u * kk) >> 2u, SD / 4u, false);
     barrier();
 
     /* this lane's row of the subgroup's 16 and its half of the BK columns */
@@ -82,7 +77,7 @@ void main() {
     uint rt = t0 + (16u * sg + row) / G;       /* the row's token */
     uint last = rt < pc.T ? pos0 + rt : 0u;    /* the last key it attends to */
     bool live = rt < pc.T;
-    const uint KO = 0u, VO = BK * SD, PO = 2u * BK * SD;
+    const uint KO = 0u, VO = BK * SD;
     uint SB = sg * 16u * BK; /* the subgroup's part of sb */
 
     float mx = -1.0 / 0.0;
@@ -98,7 +93,7 @@ void main() {
                 fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
                 [[unroll]] for (uint kk = 0u; kk < D / 16u; kk++) {
                     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> kbm;
-                    coopMatLoadNV(kbm, hb, KO + 16u * kb * SD + 16u * kk, SD, true);
+                    coopMatLoadNV(kbm, hb, (KO + 16u * kb * SD + 16u * kk) >> 2u, SD / 4u, true);
                     s = coopMatMulAddNV(qa[kk], kbm, s);
                 }
                 coopMatStoreNV(s, sb, SB + 16u * kb, BK, false);
@@ -112,16 +107,16 @@ void main() {
                 for (uint c = c0; c < c0 + BK / 2u; c++) {
                     float p = live && s0 + c <= last ? exp(sb[SB + row * BK + c] - mx) : 0.0;
                     lsum += p;
-                    hb[PO + (16u * sg + row) * SP + c] = float16_t(p);
+                    ph[(16u * sg + row) * SP + c] = float16_t(p);
                 }
                 subgroupMemoryBarrierShared();
                 subgroupBarrier();
                 [[unroll]] for (uint kb = 0u; kb < BK / 16u; kb++) {
                     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> pa;
-                    coopMatLoadNV(pa, hb, PO + 16u * sg * SP + 16u * kb, SP, false);
+                    coopMatLoadNV(pa, ph, 16u * sg * SP + 16u * kb, SP, false);
                     [[unroll]] for (uint kd = 0u; kd < D / 16u; kd++) {
                         fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> vb;
-                        coopMatLoadNV(vb, hb, VO + 16u * kb * SD + 16u * kd, SD, false);
+                        coopMatLoadNV(vb, hb, (VO + 16u * kb * SD + 16u * kd) >> 2u, SD / 4u, false);
                         o[kd] = coopMatMulAddNV(pa, vb, o[kd]);
                     }
                 }

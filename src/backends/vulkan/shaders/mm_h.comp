@@ -49,8 +49,10 @@ layout(push_constant) uniform PC {
 uint xrows[XV]; /* the x row of each of this thread's loads, or ~0u: none */
 uint wrow0;     /* the first row of this workgroup's weight matrix in w */
 
-shared float16_t xs[BM * SK];
-shared float16_t ws[BN * SK];
+/* the tiles as float16, four to an element (one store per four values; the matrices load
+ * from them with offsets and strides in elements of four halves) */
+shared uvec2 xs[BM * SK / 4u];
+shared uvec2 ws[BN * SK / 4u];
 shared float cs[256u];
 
 vec4 xr[XV];
@@ -82,15 +84,12 @@ void stash() {
     uint tid = gl_LocalInvocationID.x;
     for (uint i = 0u; i < XV; i++) {
         uint e = tid + 256u * i, o = (e / (BK / 4u)) * SK + (e % (BK / 4u)) * 4u;
-        for (uint j = 0u; j < 4u; j++) xs[o + j] = float16_t(xr[i][j]);
+        xs[o >> 2u] = uvec2(packHalf2x16(xr[i].xy), packHalf2x16(xr[i].zw));
     }
     for (uint i = 0u; i < WV; i++) {
         uint e = tid + 256u * i, o = (e / (BK / 8u)) * SK + (e % (BK / 8u)) * 8u;
-        for (uint j = 0u; j < 4u; j++) {
-            f16vec2 h = unpackFloat2x16(wr[i][j]);
-            ws[o + 2u * j] = h.x;
-            ws[o + 2u * j + 1u] = h.y;
-        }
+        ws[o >> 2u] = wr[i].xy;
+        ws[(o >> 2u) + 1u] = wr[i].zw;
     }
 }
 
@@ -137,8 +136,8 @@ void main() {
         if (k0 + BK < pc.K) fetch(t0, n0, k0 + BK);
         for (uint kk = 0u; kk < BK; kk += 16u) {
             fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> A[TM], B[TN];
-            for (uint i = 0u; i < TM; i++) coopMatLoadNV(A[i], xs, (sm + 16u * i) * SK + kk, SK, false);
-            for (uint j = 0u; j < TN; j++) coopMatLoadNV(B[j], ws, (sn + 16u * j) * SK + kk, SK, true);
+            for (uint i = 0u; i < TM; i++) coopMatLoadNV(A[i], xs, ((sm + 16u * i) * SK + kk) >> 2u, SK / 4u, false);
+            for (uint j = 0u; j < TN; j++) coopMatLoadNV(B[j], ws, ((sn + 16u * j) * SK + kk) >> 2u, SK / 4u, true);
             for (uint i = 0u; i < TM; i++)
                 for (uint j = 0u; j < TN; j++) acc[i][j] = coopMatMulAddNV(A[i], B[j], acc[i][j]);
         }
