@@ -42,8 +42,9 @@ const uint KH = 2u * BK * SD; /* k and v */
 /* q, then k and v, as float16 four to an element (one store per four values; the matrices
  * load with offsets and strides in elements of four halves); P apart */
 shared uvec2 hb[(QH > KH ? QH : KH) / 4u];
-shared float16_t ph[64u * SP];
+shared uvec4 ph[64u * SP / 8u]; /* P, eight halves to an element */
 shared float sb[4u * 16u * BK]; /* each subgroup's scores, then its output, 16 columns at a time */
+vec4 sb4(uint i) { return vec4(sb[4u * i], sb[4u * i + 1u], sb[4u * i + 2u], sb[4u * i + 3u]); }
 
 /* rows s0 .. s0 + BK - 1 of cache c (float32) into hb from offset base, as float16; zero
  * past n */
@@ -100,20 +101,31 @@ void main() {
             }
             subgroupMemoryBarrierShared();
             subgroupBarrier();
+            uint sr = (SB + row * BK + c0) / 4u; /* this lane's 16 scores (BK = 32), as vec4 */
             if (pass == 0u) {
-                for (uint c = c0; c < c0 + BK / 2u; c++)
-                    if (live && s0 + c <= last) mx = max(mx, sb[SB + row * BK + c]);
-            } else {
-                for (uint c = c0; c < c0 + BK / 2u; c++) {
-                    float p = live && s0 + c <= last ? exp(sb[SB + row * BK + c] - mx) : 0.0;
-                    lsum += p;
-                    ph[(16u * sg + row) * SP + c] = float16_t(p);
+                [[unroll]] for (uint c4 = 0u; c4 < 4u; c4++) {
+                    vec4 v = sb4(sr + c4);
+                    [[unroll]] for (uint e = 0u; e < 4u; e++)
+                        if (live && s0 + c0 + 4u * c4 + e <= last) mx = max(mx, v[e]);
                 }
+            } else {
+                uint w[8];
+                [[unroll]] for (uint c4 = 0u; c4 < 4u; c4++) {
+                    vec4 v = sb4(sr + c4), p;
+                    [[unroll]] for (uint e = 0u; e < 4u; e++)
+                        p[e] = live && s0 + c0 + 4u * c4 + e <= last ? exp(v[e] - mx) : 0.0;
+                    lsum += p.x + p.y + p.z + p.w;
+                    w[2u * c4] = packHalf2x16(p.xy);
+                    w[2u * c4 + 1u] = packHalf2x16(p.zw);
+                }
+                uint pr = ((16u * sg + row) * SP + c0) / 8u;
+                ph[pr] = uvec4(w[0], w[1], w[2], w[3]);
+                ph[pr + 1u] = uvec4(w[4], w[5], w[6], w[7]);
                 subgroupMemoryBarrierShared();
                 subgroupBarrier();
                 [[unroll]] for (uint kb = 0u; kb < BK / 16u; kb++) {
                     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> pa;
-                    coopMatLoadNV(pa, ph, 16u * sg * SP + 16u * kb, SP, false);
+                    coopMatLoadNV(pa, ph, (16u * sg * SP + 16u * kb) / 8u, SP / 8u, false);
                     [[unroll]] for (uint kd = 0u; kd < D / 16u; kd++) {
                         fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> vb;
                         coopMatLoadNV(vb, hb, (VO + 16u * kb * SD + 16u * kd) >> 2u, SD / 4u, false);
@@ -135,7 +147,9 @@ void main() {
             subgroupBarrier();
             if (live) {
                 uint r = 16u * sg + row, ob = (rt * pc.H + j * G + r % G) * D + 16u * kd + (lane & 1u) * 8u;
-                [[unroll]] for (uint c = 0u; c < 8u; c++) pc.out_.v[ob + c] = sb[SB + row * 16u + (lane & 1u) * 8u + c] / lsum;
+                uint so = (SB + row * 16u + (lane & 1u) * 8u) / 4u;
+                Vec4s(pc.out_).v[ob >> 2u] = sb4(so) / lsum;
+                Vec4s(pc.out_).v[(ob >> 2u) + 1u] = sb4(so + 1u) / lsum;
             }
             subgroupMemoryBarrierShared();
             subgroupBarrier();
