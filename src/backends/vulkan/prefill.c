@@ -101,7 +101,7 @@ struct vk_prefill {
     struct vk_backend *b;
     int T, n_ctx;
     struct vk_buffer arena;    /* activations, reused by lifetime */
-    struct vk_buffer prm;      /* pos0, T, -, -, tokens[T] (uint32) */
+    struct vk_buffer prm;      /* pos0, T, 0 (a control block's stop word), -, tokens[T] (uint32) */
     struct vk_buffer readback; /* the output rows */
     struct vk_buffer rope;
     struct vk_buffer dq;       /* float16 weight rows for mm_h.comp (cooperative matrices) */
@@ -453,6 +453,26 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
                 }
                 break;
             }
+            uint32_t Kx = (uint32_t)NODE(P, nd->src[0])->ne[0];
+            if (rows == 1 && pc.Kp8 * 8 == Kx) {
+                /* one row (the LM head of the prompt's last token): the decode program's
+                 * matrix-vector kernel streams the weight once, where mm.comp's 64-row tiles
+                 * would compute 63 rows for nothing (8B: 5.9 ms a chunk). Its control block is
+                 * prm, whose stop word (prm[2]) is zero. */
+                struct pc_matvec mv = {0};
+                mv.x = pc.x;
+                mv.ctl = prm;
+                mv.w0 = pc.w;
+                mv.o0 = pc.y;
+                mv.res = pc.res;
+                mv.Kp8 = pc.Kp8;
+                mv.K = Kx;
+                mv.rows0 = ne0;
+                mv.flags = pc.flags ? 2u : 0u;
+                uint32_t nr = vk_matvec_rows(&b->pl, kind);
+                st = emit(p, (enum vk_kernel)(K_MATVEC_F32 + kind), (ne0 + nr - 1) / nr, 0, &mv, sizeof mv);
+                break;
+            }
             /* float16 products for the big matrices; the narrow ones (<= 512 outputs: a MoE
              * router, gates) cost little in float32, and a router's choice or an exp() is
              * where float16's rounding shows: on the H100 it flipped experts (logits off by up
@@ -692,6 +712,8 @@ anvil_status vk_prefill_run(struct vk_prefill *p, const int32_t *tokens, int pos
     uint32_t *prm = p->prm.map;
     prm[0] = (uint32_t)pos0;
     prm[1] = (uint32_t)p->T;
+    prm[2] = 0; /* the stop word of a control block, for the one-row matrix-vector products */
+    prm[3] = 0;
     memcpy(prm + 4, tokens, (size_t)p->T * 4);
     uint64_t v;
     anvil_status st = vk_submit(p->b->d, &p->cb, 1, &v);

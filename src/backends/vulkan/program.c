@@ -47,11 +47,6 @@ struct vk_dispatch {
     uint8_t push[VK_PUSH_BYTES];
 };
 
-struct pc_matvec {
-    uint64_t x, normw, ctl, w0, w1, w2, o0, o1, o2, res;
-    uint32_t Kp8, K, rows0, rows1, rows2, flags;
-    float eps;
-};
 struct pc_embed {
     uint64_t w, out, ctl;
     uint32_t Kp8;

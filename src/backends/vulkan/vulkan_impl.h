@@ -218,6 +218,13 @@ static inline uint32_t vk_matvec_rows(const struct vk_pipelines *p, int kind) {
     return kind >= 4 && kind <= 7 ? p->matvec_nr_q : p->matvec_nr;
 }
 
+/* matvec.comp's push constants (the decode program's, and the prefill's one-row products) */
+struct pc_matvec {
+    uint64_t x, normw, ctl, w0, w1, w2, o0, o1, o2, res;
+    uint32_t Kp8, K, rows0, rows1, rows2, flags;
+    float eps;
+};
+
 /* ---- the control block (matches Ctl in shaders/common.glsl) ---- */
 
 struct vk_ctl {
