@@ -403,6 +403,7 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sg};
     vkGetPhysicalDeviceProperties2(d->phys, &p2);
     d->subgroup_size = sg.subgroupSize;
+    d->subgroup_shuffle = (sg.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) != 0;
 
     uint32_t nq = 0;
     vkGetPhysicalDeviceQueueFamilyProperties(d->phys, &nq, NULL);

@@ -422,7 +422,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
 
     for (int k = 0; k < K_COUNT && st == ANVIL_OK; k++) {
         if (k >= K_MMH_64X64_K32 && k <= K_MMH_MOE && !d->coopmat) continue; /* needs the extension */
-        if (k == K_ATTN_FLASH && (!d->coopmat || !vk_flash_fits(attn_g, attn_d))) continue;
+        if (k == K_ATTN_FLASH && (!d->coopmat || !d->subgroup_shuffle || !vk_flash_fits(attn_g, attn_d))) continue;
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;

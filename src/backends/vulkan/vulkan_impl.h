@@ -42,6 +42,7 @@ struct vk_device {
     char lost_msg[256];
     double timeout_s;      /* ANVIL_VK_TIMEOUT: longest wait for one submission (default 120) */
     bool has_budget;       /* VK_EXT_memory_budget enabled */
+    bool subgroup_shuffle; /* subgroupShuffleXor (attn_flash.comp) */
     bool exec_stats;       /* ANVIL_VK_PIPELINE_STATS=1 and VK_KHR_pipeline_executable_properties:
                               each pipeline's compiler statistics (registers...) to stderr */
     bool coopmat;          /* VK_NV_cooperative_matrix enabled (unless ANVIL_VK_COOPMAT=0): prefill's
