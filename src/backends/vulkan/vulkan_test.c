@@ -111,6 +111,11 @@ static void test_against_cpu(void **state) {
  * Head shapes: D = 64, G = 2 and D = 256, G = 8 (Qwen3.6-35B-A3B's). */
 static void test_long_attention(void **state) {
     (void)state;
+    /* shader numerics through the same host code as test_against_cpu: not worth its minutes
+     * under the sanitizers */
+#ifdef TU_SANITIZED
+    skip();
+#endif
     static const char *specs[] = {"synthetic:qwen3-tiny-k:q4_k", "synthetic:qwen3.6-heads:q8_0"};
     static const char *chunks[] = {"1", "3", "64"};
     enum { N = 90 };
