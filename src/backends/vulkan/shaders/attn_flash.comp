@@ -13,7 +13,7 @@
  * Two passes over the keys: the first only finds each row's maximum score, the second sums
  * exp(s - max) and P V. An online softmax would have to rescale the float32 accumulators of O
  * row by row at every block, which these matrices cannot do in place; the extra pass costs
- * a third more products and no rescaling.
+ * half as many products again (QK^T twice) and no rescaling.
  *   q [T, H, D], caches [S, Hkv, D], out [T, H, D]. */
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_control_flow_attributes : require
