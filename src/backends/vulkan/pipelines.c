@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "quant/quant.h"
 #include "vulkan_impl.h"
 
 static const uint32_t spv_matvec_f32[] =
@@ -376,14 +377,13 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     out->matvec_pipe = 1;
     e = getenv("ANVIL_VK_MATVEC_PIPE");
     if (e && atoi(e) >= 1 && atoi(e) <= 4) out->matvec_pipe = (uint32_t)atoi(e);
-    static const char *kind_names[VK_WEIGHT_KINDS] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1",
-                                                       "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"};
     for (int i = 0; i < VK_WEIGHT_KINDS; i++) {
+        const char *kind_name = dtype_name(vk_weight_kind_dtype(i)); /* "Q6_K" */
         char name[64];
-        snprintf(name, sizeof name, "ANVIL_VK_MATVEC_NR_%s", kind_names[i]);
+        snprintf(name, sizeof name, "ANVIL_VK_MATVEC_NR_%s", kind_name);
         e = getenv(name);
         if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_kind[i] = (uint32_t)atoi(e);
-        snprintf(name, sizeof name, "ANVIL_VK_MATVEC_WG_%s", kind_names[i]);
+        snprintf(name, sizeof name, "ANVIL_VK_MATVEC_WG_%s", kind_name);
         e = getenv(name);
         if (e && atoi(e) >= (int)d->subgroup_size && atoi(e) <= 1024 && atoi(e) % (int)d->subgroup_size == 0 &&
             atoi(e) / (int)d->subgroup_size <= 32)

@@ -531,8 +531,9 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
             struct pc_rows kv = {addr(p, P, nd->src[1]), addr(p, P, nd->src[2]), kc, vc, prm, D, T * Hkv, Hkv, 0, 0};
             st = emit(p, K_ROWS_KVWRITE, T * Hkv, 0, &kv, sizeof kv);
             struct pc_attn_pf pa = {addr(p, P, nd->src[0]), kc, vc, addr(p, P, i), prm, T, H, Hkv, D, nd->p.f[0]};
+            uint32_t tq = 64 / (H / Hkv); /* attn_flash.comp's query tokens per workgroup */
             if (st == ANVIL_OK && p->flash && (int)D == b->pl.attn_d) /* the pipeline's D */
-                st = emit(p, K_ATTN_FLASH, Hkv, (T + 64 / (H / Hkv) - 1) / (64 / (H / Hkv)), &pa, sizeof pa);
+                st = emit(p, K_ATTN_FLASH, Hkv, (T + tq - 1) / tq, &pa, sizeof pa);
             else if (st == ANVIL_OK)
                 st = emit(p, K_ATTN_PREFILL, Hkv, T, &pa, sizeof pa);
             break;

@@ -168,6 +168,8 @@ int vk_weight_kind(int dtype) {
     return -1;
 }
 
+int vk_weight_kind_dtype(int kind) { return layouts[kind].type; }
+
 static const struct vk_layout *layout_of(int dtype) {
     int k = vk_weight_kind(dtype);
     return k >= 0 ? &layouts[k] : NULL;

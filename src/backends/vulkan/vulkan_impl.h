@@ -134,6 +134,8 @@ anvil_status vk_uploader_finish(struct vk_uploader *u);
 #define VK_WEIGHT_KINDS 11
 /* A weight type's index among them, or -1. */
 int vk_weight_kind(int dtype);
+/* The weight type (DT_*) of kind `kind`, 0 <= kind < VK_WEIGHT_KINDS. */
+int vk_weight_kind_dtype(int kind);
 
 enum vk_kernel {
     /* per weight kind (vk_weight_kind) */
@@ -200,7 +202,7 @@ struct vk_pipelines {
     int attn_g, attn_d; /* the attention pipeline's specialisation */
     uint32_t matvec_wg, matvec_nr, matvec_nr_q, matvec_pipe;
     /* per weight kind, for tuning: ANVIL_VK_MATVEC_NR_<KIND> / _WG_<KIND> (KIND as in
-     * kernel order: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K), 0 where not set */
+     * the type's name, dtype_name: Q6_K), 0 where not set */
     uint32_t matvec_nr_kind[VK_WEIGHT_KINDS], matvec_wg_kind[VK_WEIGHT_KINDS];
 };
 

@@ -82,12 +82,15 @@ void load_glob(uint p, uint end, uint pos, uint j, uint c4, out vec4 kv, out vec
     vv = live ? pc.vc.v[idx] : vec4(0.0);
 }
 
+/* chunk c4 of the current position's k and v rows, made in shared memory */
+void cur_row(uint c4, out vec4 kv, out vec4 vv) {
+    kv = vec4(ys[G][4u * c4], ys[G][4u * c4 + 1u], ys[G][4u * c4 + 2u], ys[G][4u * c4 + 3u]);
+    vv = vnew[c4];
+}
+
 /* the current position's row from shared memory, where p is it */
 void patch_row(uint p, uint pos, uint c4, inout vec4 kv, inout vec4 vv) {
-    if (p == pos && c4 < D4) {
-        kv = vec4(ys[G][4u * c4], ys[G][4u * c4 + 1u], ys[G][4u * c4 + 2u], ys[G][4u * c4 + 3u]);
-        vv = vnew[c4];
-    }
+    if (p == pos && c4 < D4) cur_row(c4, kv, vv);
 }
 
 /* chunk c4 of cache row p (the current position's from shared memory) */
@@ -96,8 +99,7 @@ void load_row(uint p, uint end, uint pos, uint j, uint c4, out vec4 kv, out vec4
         kv = vec4(0.0);
         vv = vec4(0.0);
     } else if (p == pos) {
-        kv = vec4(ys[G][4u * c4], ys[G][4u * c4 + 1u], ys[G][4u * c4 + 2u], ys[G][4u * c4 + 3u]);
-        vv = vnew[c4];
+        cur_row(c4, kv, vv);
     } else {
         kv = pc.kc.v[(p * pc.Hkv + j) * D4 + c4];
         vv = pc.vc.v[(p * pc.Hkv + j) * D4 + c4];
