@@ -423,7 +423,7 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
     f12.bufferDeviceAddress = VK_TRUE;
     f12.timelineSemaphore = VK_TRUE;
-    const char *dev_exts[5];
+    const char *dev_exts[6];
     uint32_t n_dev_exts = 0;
     d->has_budget = has_device_ext(d->phys, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
     if (d->has_budget) dev_exts[n_dev_exts++] = VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
@@ -435,6 +435,30 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
         f12.shaderFloat16 = VK_TRUE;
         f12.vulkanMemoryModel = VK_TRUE;
         f12.pNext = &cmf;
+    }
+    /* integer dot products (VK_KHR_shader_integer_dot_product: the instance asks for Vulkan 1.2,
+     * so not the 1.3 core feature) */
+    VkPhysicalDeviceShaderIntegerDotProductFeatures idf = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
+    if (has_device_ext(d->phys, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
+        VkPhysicalDeviceShaderIntegerDotProductProperties idp = {
+            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES};
+        VkPhysicalDeviceProperties2 ip2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &idp};
+        vkGetPhysicalDeviceProperties2(d->phys, &ip2);
+        VkPhysicalDeviceFeatures2 if2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &idf};
+        vkGetPhysicalDeviceFeatures2(d->phys, &if2);
+        const char *qx = getenv("ANVIL_VK_QX");
+        d->int_dot = idf.shaderIntegerDotProduct && !(qx && strcmp(qx, "0") == 0);
+        d->int_dot_use = d->int_dot && ((qx && strcmp(qx, "1") == 0) ||
+                                        (idp.integerDotProduct4x8BitPackedSignedAccelerated &&
+                                         idp.integerDotProduct4x8BitPackedMixedSignednessAccelerated));
+    }
+    if (d->int_dot) {
+        dev_exts[n_dev_exts++] = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
+        idf = (VkPhysicalDeviceShaderIntegerDotProductFeatures){
+            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES,
+            .pNext = f12.pNext, .shaderIntegerDotProduct = VK_TRUE};
+        f12.pNext = &idf;
     }
     VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR pef = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,
@@ -463,8 +487,9 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     st = vk_result(vkCreateSemaphore(d->dev, &sci, NULL, &d->timeline), "vkCreateSemaphore");
     if (st != ANVIL_OK) goto fail;
     free(pd);
-    log_info("vulkan: device %d: %s (subgroup %u%s)", pick, d->props.deviceName, d->subgroup_size,
-             d->coopmat ? ", cooperative matrices for prefill" : "");
+    log_info("vulkan: device %d: %s (subgroup %u%s%s)", pick, d->props.deviceName, d->subgroup_size,
+             d->coopmat ? ", cooperative matrices for prefill" : "",
+             d->int_dot_use ? ", integer dot products for decode" : "");
     *out = d;
     return ANVIL_OK;
 fail:

@@ -62,7 +62,12 @@ set(ANVIL_SHADER_VARIANTS
   "mm_h_64x64_k32 mm_h.comp -DWM=2u -DTM=2u -DTN=1u -DBK=32u"
   "mm_h_64x64_k64 mm_h.comp -DWM=2u -DTM=2u -DTN=1u -DBK=64u"
   "mm_h_moe mm_h.comp -DWM=2u -DTM=2u -DTN=1u -DBK=32u -DGATHER"
-  "attn_flash attn_flash.comp -DANVIL")
+  "attn_flash attn_flash.comp -DANVIL"
+  "qx qx.comp -DANVIL"
+  "matvec_qx_q8_0 matvec.comp -DW_Q8_0 -DQX"
+  "matvec_qx_q4_k matvec.comp -DW_Q4_K -DQX"
+  "matvec_qx_q5_k matvec.comp -DW_Q5_K -DQX"
+  "matvec_qx_q6_k matvec.comp -DW_Q6_K -DQX")
 set(ANVIL_SHADER_INCS)
 file(GLOB ANVIL_SHADER_DEPS CONFIGURE_DEPENDS ${ANVIL_VK_DIR}/shaders/*.glsl ${ANVIL_VK_DIR}/shaders/*.comp)
 foreach(v ${ANVIL_SHADER_VARIANTS})

@@ -182,6 +182,21 @@ static const uint32_t spv_mm_h_moe[] =
 static const uint32_t spv_attn_flash[] =
 #include "shaders/attn_flash.inc"
     ;
+static const uint32_t spv_qx[] =
+#include "shaders/qx.inc"
+    ;
+static const uint32_t spv_matvec_qx_q8_0[] =
+#include "shaders/matvec_qx_q8_0.inc"
+    ;
+static const uint32_t spv_matvec_qx_q4_k[] =
+#include "shaders/matvec_qx_q4_k.inc"
+    ;
+static const uint32_t spv_matvec_qx_q5_k[] =
+#include "shaders/matvec_qx_q5_k.inc"
+    ;
+static const uint32_t spv_matvec_qx_q6_k[] =
+#include "shaders/matvec_qx_q6_k.inc"
+    ;
 
 #define SPV(a) a, sizeof a
 
@@ -311,6 +326,15 @@ static const struct {
     [K_MOE_BUCKET] = {SPV(spv_moe_topk), "moe_bucket"},
     [K_GDN_PREFILL] = {SPV(spv_gdn), "gdn_prefill"},
     [K_GDN_RING] = {SPV(spv_gdn), "gdn_ring"},
+    [K_QX] = {SPV(spv_qx), "qx"},
+    [K_MATVEC_QX_Q8_0] = {SPV(spv_matvec_qx_q8_0), "matvec_qx_q8_0"},
+    [K_MATVEC_QX_Q4_K] = {SPV(spv_matvec_qx_q4_k), "matvec_qx_q4_k"},
+    [K_MATVEC_QX_Q5_K] = {SPV(spv_matvec_qx_q5_k), "matvec_qx_q5_k"},
+    [K_MATVEC_QX_Q6_K] = {SPV(spv_matvec_qx_q6_k), "matvec_qx_q6_k"},
+    [K_MATVEC_SWIGLU_QX_Q8_0] = {SPV(spv_matvec_qx_q8_0), "matvec_swiglu_qx_q8_0"},
+    [K_MATVEC_SWIGLU_QX_Q4_K] = {SPV(spv_matvec_qx_q4_k), "matvec_swiglu_qx_q4_k"},
+    [K_MATVEC_SWIGLU_QX_Q5_K] = {SPV(spv_matvec_qx_q5_k), "matvec_swiglu_qx_q5_k"},
+    [K_MATVEC_SWIGLU_QX_Q6_K] = {SPV(spv_matvec_qx_q6_k), "matvec_swiglu_qx_q6_k"},
 };
 
 const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }
@@ -423,6 +447,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     for (int k = 0; k < K_COUNT && st == ANVIL_OK; k++) {
         if (k >= K_MMH_64X64_K32 && k <= K_MMH_MOE && !d->coopmat) continue; /* needs the extension */
         if (k == K_ATTN_FLASH && (!d->coopmat || !d->subgroup_shuffle || !vk_flash_fits(attn_g, attn_d))) continue;
+        if (k >= K_QX && k <= K_MATVEC_SWIGLU_QX_Q6_K && !d->int_dot) continue;
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;
@@ -431,11 +456,14 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         uint32_t vals[4] = {0};
         VkSpecializationMapEntry ent[4];
         uint32_t n = 0;
-        if (k < K_EMBED_F32) {
-            int kind = (k - K_MATVEC_F32) % VK_WEIGHT_KINDS;
+        if (k < K_EMBED_F32 || (k > K_QX && k < K_COUNT)) {
+            bool qx = k > K_QX;
+            int kind = qx ? vk_weight_kind(vk_qx_dtype((k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS))
+                          : (k - K_MATVEC_F32) % VK_WEIGHT_KINDS;
             vals[0] = out->matvec_wg_kind[kind] ? out->matvec_wg_kind[kind] : out->matvec_wg;
             vals[1] = vk_matvec_rows(out, kind);
-            vals[2] = (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS); /* MODE */
+            vals[2] = qx ? (uint32_t)((k - K_MATVEC_QX_Q8_0) / VK_QX_KINDS) /* MODE */
+                         : (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS);
             vals[3] = out->matvec_pipe;
             n = 4;
         } else if (k == K_ATTENTION) {

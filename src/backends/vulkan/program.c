@@ -56,6 +56,11 @@ struct pc_attn {
     uint32_t Hkv, NC, n_rot;
     float eps, scale;
 };
+struct pc_qx {
+    uint64_t x, normw, ctl, q, d;
+    uint32_t K, Kp, flags;
+    float eps;
+};
 struct pc_ew {
     uint64_t a, b, out, ctl;
     uint32_t n, ne0, bdiv, op;
@@ -115,6 +120,9 @@ struct lower {
     VkDeviceSize *off;     /* arena offset of each materialised node, or -1 */
     bool *done;            /* fused into an earlier kernel */
     VkDeviceSize arena_size;
+    /* matvec inputs already rounded to int8 blocks (qx.comp), by input and norm */
+    struct { uint64_t x, normw; VkDeviceSize q; } qx[8];
+    int n_qx;
 };
 
 static VkDeviceSize round_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1) / a * a; }
@@ -214,6 +222,35 @@ static int swiglu_of(struct lower *L, int i) {
     return j;
 }
 
+static VkDeviceSize alloc_scratch(struct lower *L, VkDeviceSize bytes);
+
+/* The matvec input of pc (x, and its norm when flags & 1) rounded to int8 blocks by qx.comp
+ * (once per input and norm: later matvecs of the same input reuse it); pc then points at the
+ * int8s and scales, the norm applied. */
+static anvil_status qx_input(struct lower *L, struct pc_matvec *pc) {
+    uint64_t normw = (pc->flags & 1) ? pc->normw : 0;
+    uint32_t Kp = (uint32_t)round_up(pc->K, 256);
+    int i = 0;
+    while (i < L->n_qx && !(L->qx[i].x == pc->x && L->qx[i].normw == normw)) i++;
+    if (i == L->n_qx) {
+        if (L->n_qx == (int)(sizeof L->qx / sizeof *L->qx)) L->n_qx = i = 0; /* forget the oldest */
+        struct pc_qx pq = {pc->x, normw ? normw : pc->x, L->p->ctl.addr, 0, 0, pc->K, Kp, pc->flags & 1, pc->eps};
+        VkDeviceSize q = alloc_scratch(L, Kp + Kp / 8);
+        pq.q = L->p->arena.addr + q;
+        pq.d = pq.q + Kp;
+        anvil_status st = emit(L->p, K_QX, (Kp + 1023) / 1024, 1, &pq, sizeof pq);
+        if (st != ANVIL_OK) return st;
+        L->qx[i].x = pc->x;
+        L->qx[i].normw = normw;
+        L->qx[i].q = q;
+        L->n_qx++;
+    }
+    pc->x = L->p->arena.addr + L->qx[i].q;
+    pc->normw = pc->x + Kp;
+    pc->flags &= ~1u;
+    return ANVIL_OK;
+}
+
 static anvil_status lower_matmuls(struct lower *L, int i) {
     const struct node *n = N(L, i);
     int x = n->src[0];
@@ -228,6 +265,14 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (kern < 0)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no matrix-vector kernel for %s weights (%s)",
                        dtype_name(type), N(L, n->src[1])->name);
+    int qxi = L->p->b->d->int_dot_use ? vk_qx_index(type) : -1;
+    if (qxi >= 0) {
+        anvil_status st = qx_input(L, &pc);
+        if (st != ANVIL_OK) return st;
+        kern = K_MATVEC_QX_Q8_0 + qxi;
+    }
+    /* the SwiGLU variant of kernel kern */
+    int kern_swiglu = qxi >= 0 ? kern + VK_QX_KINDS : kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32);
     /* gate/up -> swiglu */
     int j = swiglu_of(L, i);
     if (j >= 0) {
@@ -243,7 +288,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         uint32_t gx, gy;
         uint32_t nr = matvec_rows_per_wg(L->p->b, type);
         grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
-        return emit(L->p, kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32), gx, gy, &pc, sizeof pc);
+        return emit(L->p, kern_swiglu, gx, gy, &pc, sizeof pc);
     }
     /* siblings: later matmuls on the same input, same weight type (not gate/up pairs) */
     int group[3] = {i}, ng = 1;
@@ -514,6 +559,7 @@ static anvil_status lower_graph(struct lower *L) {
         L->done[i] = false;
     }
     L->arena_size = 0;
+    L->n_qx = 0;
     L->p->n_ops = 0;
     for (int i = 0; i < n; i++) {
         const struct node *nd = N(L, i);
@@ -772,8 +818,9 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
     if (!p) return ANVIL_ERR_NOMEM;
     p->b = b;
     int n = g->n_nodes;
-    struct lower L = {p, g, xmalloc((size_t)n * sizeof(int)), xcalloc((size_t)n, sizeof(int)),
-                      xmalloc((size_t)n * sizeof(VkDeviceSize)), xcalloc((size_t)n, sizeof(bool)), 0};
+    struct lower L = {.p = p, .g = g, .root = xmalloc((size_t)n * sizeof(int)),
+                      .n_cons = xcalloc((size_t)n, sizeof(int)),
+                      .off = xmalloc((size_t)n * sizeof(VkDeviceSize)), .done = xcalloc((size_t)n, sizeof(bool))};
     anvil_status st = L.root && L.n_cons && L.off && L.done ? ANVIL_OK : ANVIL_ERR_NOMEM;
     if (st != ANVIL_OK) goto done;
     p->n_ctx = 0;

@@ -170,6 +170,16 @@ int vk_weight_kind(int dtype) {
 
 int vk_weight_kind_dtype(int kind) { return layouts[kind].type; }
 
+static const int qx_types[VK_QX_KINDS] = {DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K};
+
+int vk_qx_index(int dtype) {
+    for (int i = 0; i < VK_QX_KINDS; i++)
+        if (qx_types[i] == dtype) return i;
+    return -1;
+}
+
+int vk_qx_dtype(int index) { return qx_types[index]; }
+
 static const struct vk_layout *layout_of(int dtype) {
     int k = vk_weight_kind(dtype);
     return k >= 0 ? &layouts[k] : NULL;

@@ -45,6 +45,10 @@ struct vk_device {
     bool subgroup_shuffle; /* subgroupShuffleXor (attn_flash.comp) */
     bool exec_stats;       /* ANVIL_VK_PIPELINE_STATS=1 and VK_KHR_pipeline_executable_properties:
                               each pipeline's compiler statistics (registers...) to stderr */
+    bool int_dot;          /* integer dot products enabled (shaderIntegerDotProduct): the K_QX
+                              and K_MATVEC_*QX* kernels exist; used by the decode program where
+                              the device accelerates them, or ANVIL_VK_QX=1 (ANVIL_VK_QX=0: never) */
+    bool int_dot_use;
     bool coopmat;          /* VK_NV_cooperative_matrix enabled (unless ANVIL_VK_COOPMAT=0): prefill's
                               K_MMH_* kernels exist */
     VkDeviceSize max_mem;  /* ANVIL_VK_MAX_MEMORY: a cap on device memory (0: none) */
@@ -136,6 +140,11 @@ anvil_status vk_uploader_finish(struct vk_uploader *u);
 int vk_weight_kind(int dtype);
 /* The weight type (DT_*) of kind `kind`, 0 <= kind < VK_WEIGHT_KINDS. */
 int vk_weight_kind_dtype(int kind);
+/* The weight types with integer-dot-product matvecs (K_MATVEC_QX_*: Q8_0, Q4_K, Q5_K, Q6_K):
+ * a type's index among them or -1, and the type of an index. */
+#define VK_QX_KINDS 4
+int vk_qx_index(int dtype);
+int vk_qx_dtype(int index);
 
 enum vk_kernel {
     /* per weight kind (vk_weight_kind) */
@@ -182,6 +191,12 @@ enum vk_kernel {
     K_MOE_ROUTE, K_MOE_BUCKET,
     /* gdn.comp for the prefill: MODE 1 a chunk's tokens in turn, MODE 2 the conv ring */
     K_GDN_PREFILL, K_GDN_RING,
+    /* the decode matvecs on integer dot products (where d->int_dot): qx.comp rounds an input
+     * to int8 blocks, matvec.comp QX multiplies (MODE 0, then MODE 1: gate/up -> SwiGLU), for
+     * the weight types of vk_qx_index */
+    K_QX,
+    K_MATVEC_QX_Q8_0, K_MATVEC_QX_Q4_K, K_MATVEC_QX_Q5_K, K_MATVEC_QX_Q6_K,
+    K_MATVEC_SWIGLU_QX_Q8_0, K_MATVEC_SWIGLU_QX_Q4_K, K_MATVEC_SWIGLU_QX_Q5_K, K_MATVEC_SWIGLU_QX_Q6_K,
     K_COUNT,
 };
 

@@ -7,6 +7,9 @@
 #extension GL_EXT_buffer_reference : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#ifdef QX
+#extension GL_EXT_spirv_intrinsics : require
+#endif
 
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer Floats { float v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer Vec4s { vec4 v[]; };
@@ -56,6 +59,24 @@ vec4 bits4(uint x, uint s) { return vec4((uvec4(x >> s) >> uvec4(0u, 1u, 2u, 3u)
 /* bit b of each byte of u */
 vec4 bytebit(uint u, uint b) { return vec4((uvec4(u) >> (uvec4(0u, 8u, 16u, 24u) + b)) & 1u); }
 
+#ifdef QX
+/* Integer dot products of four 8-bit lanes packed in a uint (SPV_KHR_integer_dot_product,
+ * packed format 0), which glslang has no syntax for: sdot4 signed x signed, sudot4 signed
+ * (a) x unsigned (b). */
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int sdot4(uint a, uint b, spirv_literal int fmt);
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4452)
+int sudot4(uint a, uint b, spirv_literal int fmt);
+/* Weights as packed 8-bit integers: unit_load_i(w, row, U, u, qi, so) gives group g's 8
+ * weights as so[g].x * qi[g] + so[g].y, the integers in qi[g] (element order, four per
+ * uint), signed for Q8_0 (WDOT = sdot4), unsigned for the K-quants (WDOT = sudot4). */
+#if defined(W_Q8_0)
+#define WDOT(x, q) sdot4(x, q, 0)
+#else
+#define WDOT(x, q) sudot4(x, q, 0)
+#endif
+#endif
+
 #if defined(W_F32) || defined(W_F16) || defined(W_BF16) || defined(W_Q8_0)
 #define UG 1
 /* load8 reads elements 8c .. 8c+7 of the (padded) matrix */
@@ -97,6 +118,14 @@ void load8(W w, uint c, out vec4 a, out vec4 b) {
 }
 #endif
 uint unit_pos(uint u, uint g) { return 8u * u; }
+#if defined(QX) && defined(W_Q8_0)
+void unit_load_i(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG]) {
+    uint c = row * U + u, sb = c >> 4u, i = c & 15u;
+    uvec2 sc = w.v[sb * 17u + 16u];
+    qi[0] = w.v[sb * 17u + i];
+    so[0] = vec2(unpackHalf2x16((i & 8u) != 0u ? sc.y : sc.x)[(i >> 2u) & 1u], 0.0);
+}
+#endif
 void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], out vec2 so[UG]) {
     load8(w, row * U + u, qa[0], qb[0]);
     so[0] = vec2(1.0, 0.0);
@@ -147,6 +176,23 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
     qb[1] += 16.0 * bytebit(h.y, 2u * j + 1u);
 #endif
 }
+#ifdef QX
+void unit_load_i(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG]) {
+    uint base = (row * (U >> 4u) + (u >> 4u)) * BLK, k = u & 15u, j = k >> 2u;
+    uvec2 h0 = w.v[base], h1 = w.v[base + 1u], q = w.v[base + QS + k];
+    vec2 dm = unpackHalf2x16(h0.x);
+    vec4 sm = vec4(scales_pair(h0, h1, j));
+    so[0] = vec2(dm.x * sm.x, -dm.y * sm.y);
+    so[1] = vec2(dm.x * sm.z, -dm.y * sm.w);
+    qi[0] = q & 0x0F0F0F0Fu;
+    qi[1] = (q >> 4u) & 0x0F0F0F0Fu;
+#if defined(W_Q5_K)
+    uvec2 h = w.v[base + 2u + (k & 3u)];
+    qi[0] |= ((h >> (2u * j)) & 0x01010101u) << 4u;
+    qi[1] |= ((h >> (2u * j + 1u)) & 0x01010101u) << 4u;
+#endif
+}
+#endif
 
 #elif defined(W_Q6_K)
 /* Q6_K blocks (210 bytes in GGUF) padded on upload to 224 bytes, 16-byte aligned: ql[128],
@@ -184,6 +230,28 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
     qa[3] = q6(hi.x, 4u, qh.x, 6u);
     qb[3] = q6(hi.y, 4u, qh.y, 6u);
 }
+#ifdef QX
+/* the 6-bit values 0 .. 63 (the offset of 32 goes to so.y) */
+uvec2 q6i(uvec2 l, uint lsh, uvec2 h, uint hsh) {
+    return ((l >> lsh) & 0x0F0F0F0Fu) | (((h >> hsh) & 0x03030303u) << 4u);
+}
+void unit_load_i(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG]) {
+    uint base = (row * (U >> 3u) + (u >> 3u)) * 28u, k = u & 7u, hf = k >> 2u, l8 = k & 3u;
+    uvec2 lo = w.v[base + hf * 8u + l8], hi = w.v[base + hf * 8u + 4u + l8];
+    uvec2 qh = w.v[base + 16u + hf * 4u + l8], sv = w.v[base + 24u + hf];
+    float d = unpackHalf2x16(w.v[base + 26u].x).x;
+    uint is = l8 >> 1u;
+    for (uint g = 0u; g < 4u; g++) {
+        uint i = is + 2u * g;
+        float a = d * float(bitfieldExtract(int(i < 4u ? sv.x : sv.y), int(8u * (i & 3u)), 8));
+        so[g] = vec2(a, -32.0 * a);
+    }
+    qi[0] = q6i(lo, 0u, qh, 0u);
+    qi[1] = q6i(hi, 0u, qh, 2u);
+    qi[2] = q6i(lo, 4u, qh, 4u);
+    qi[3] = q6i(hi, 4u, qh, 6u);
+}
+#endif
 
 #elif defined(W_Q4_0) || defined(W_Q4_1) || defined(W_Q5_0) || defined(W_Q5_1)
 /* The 32-weight blocks, repacked on upload in super-blocks of 8 blocks (256 weights, the

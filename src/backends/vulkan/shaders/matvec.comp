@@ -11,7 +11,10 @@
  *   MODE 3: out = [res +] sum over s < rows1 of p_s * W_e · x_s, x_s at x + s * rows2
  *           (the down projection, summed over the experts)
  * K = input width (Kp = the rows' padded length, common.glsl; x is zero past K).
- * Each workgroup computes NR consecutive rows; its threads split K in units (common.glsl). */
+ * Each workgroup computes NR consecutive rows; its threads split K in units (common.glsl).
+ * QX (Q8_0, Q4_K, Q5_K, Q6_K; MODE 0 and 1): x comes rounded to int8 in blocks of 32 (qx.comp:
+ * the int8s at x, the blocks' scales at normw, the norm already applied) and each group of 8
+ * weights is two integer dot products of four lanes. */
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
@@ -19,9 +22,16 @@ layout(constant_id = 1) const uint NR = 2;
 layout(constant_id = 2) const uint MODE = 0;
 layout(constant_id = 3) const uint PIPE = 1; /* units a thread takes per iteration (MODE 0-2) */
 
+layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uvec2 v[]; };
+
 layout(push_constant) uniform PC {
+#ifdef QX
+    UVec2s x;    /* [Kp / 8]: 8 int8 each */
+    Floats normw; /* [Kp / 32]: the blocks' scales */
+#else
     Vec4s x;     /* [Kp] */
     Vec4s normw; /* [Kp], flags & 1 */
+#endif
     Ctl ctl;
     W w0, w1, w2; /* [rows_i, Kp] */
     Floats o0, o1, o2; /* [rows_i] */
@@ -51,6 +61,9 @@ void main() {
     /* a thread takes units of the rows (UG groups of 8 weights each, common.glsl); the x values
      * of a unit are loaded (and normalised) once for all the workgroup's rows */
     uint U = pc.Kp8 / UG;
+#ifdef QX
+    {
+#else
     if (MODE == 3u) {
         /* the experts' (s, unit) pairs flattened over the threads (an expert's row is short);
          * with flags & 4 one more expert, the shared one: weights w1, input normw, Kp8 in K,
@@ -85,16 +98,49 @@ void main() {
             }
         }
     } else {
+#endif
         /* PIPE units a thread per iteration, with no branch in the body (rows past the end and
          * units past the row are clamped to valid ones and count zero), so that the compiler can
          * issue every load of the iteration before the first product: what bounds the kernel is
          * how many bytes each thread has in flight */
+#ifndef QX
         uint rbase = MODE == 2u ? floatBitsToUint(pc.o1.v[gl_WorkGroupID.y]) * pc.rows0 : 0u;
+#endif
         for (uint u0 = gl_LocalInvocationID.x; u0 < U; u0 += gl_WorkGroupSize.x * PIPE) {
             for (uint p = 0u; p < PIPE; p++) {
                 uint up = u0 + p * gl_WorkGroupSize.x;
                 bool live = up < U;
                 uint u = live ? up : u0;
+#ifdef QX
+                uvec2 xq[UG];
+                float xd[UG], xs[UG];
+                for (uint k = 0; k < UG; k++) {
+                    uint q = unit_pos(u, k);
+                    xq[k] = live ? pc.x.v[q >> 3u] : uvec2(0u);
+                    xd[k] = pc.normw.v[q >> 5u];
+                    xs[k] = xd[k] * float(sdot4(xq[k].x, 0x01010101u, 0) + sdot4(xq[k].y, 0x01010101u, 0));
+                }
+                for (uint r = 0; r < NR; r++) {
+                    uint g = min(row0 + r, total - 1u);
+                    uvec2 qi[UG];
+                    vec2 so[UG];
+                    if (GATED) {
+                        unit_load_i(pc.w0, g, U, u, qi, so);
+                        for (uint k = 0; k < UG; k++)
+                            acc[r] += so[k].x * xd[k] * float(WDOT(xq[k].x, qi[k].x) + WDOT(xq[k].y, qi[k].y)) + so[k].y * xs[k];
+                        unit_load_i(pc.w1, g, U, u, qi, so);
+                        for (uint k = 0; k < UG; k++)
+                            acc[NR + r] += so[k].x * xd[k] * float(WDOT(xq[k].x, qi[k].x) + WDOT(xq[k].y, qi[k].y)) + so[k].y * xs[k];
+                    } else {
+                        uint r1 = pc.rows0 + pc.rows1;
+                        W wv = g < pc.rows0 ? pc.w0 : g < r1 ? pc.w1 : pc.w2;
+                        uint gr = g < pc.rows0 ? g : g < r1 ? g - pc.rows0 : g - r1;
+                        unit_load_i(wv, gr, U, u, qi, so);
+                        for (uint k = 0; k < UG; k++)
+                            acc[r] += so[k].x * xd[k] * float(WDOT(xq[k].x, qi[k].x) + WDOT(xq[k].y, qi[k].y)) + so[k].y * xs[k];
+                    }
+                }
+#else
                 vec4 xa[UG], xb[UG];
                 float xs[UG];
                 for (uint k = 0; k < UG; k++) {
@@ -128,6 +174,7 @@ void main() {
                             acc[r] += so[k].x * (dot(qa[k], xa[k]) + dot(qb[k], xb[k])) + so[k].y * xs[k];
                     }
                 }
+#endif
             }
         }
     }
