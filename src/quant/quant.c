@@ -2,6 +2,7 @@
 #include "quant.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <string.h>
 
 #include "base/base.h"
@@ -90,4 +91,18 @@ bool dtype_row_size(int type, int64_t n, size_t *out) {
 bool dtype_supported(int type) {
     const struct dtype_traits *t = dtype_traits(type);
     return t && t->to_f32;
+}
+
+void x_round_q8(const float *x, float *out, int64_t n) {
+    for (int64_t b = 0; b < n; b += 32) {
+        int64_t m = MIN(32, n - b);
+        float amax = 0;
+        for (int64_t i = 0; i < m; i++) amax = fmaxf(amax, fabsf(x[b + i]));
+        float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+        for (int64_t i = 0; i < m; i++) out[b + i] = d * nearbyintf(x[b + i] * id);
+    }
+}
+
+bool dtype_rounds_x(int type) {
+    return type == DT_Q8_0 || type == DT_Q4_K || type == DT_Q5_K || type == DT_Q6_K;
 }

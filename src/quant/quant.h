@@ -59,4 +59,12 @@ bool dtype_row_size(int type, int64_t n, size_t *out);
 /* Whether anvil can compute with the type (it has a to_f32). */
 bool dtype_supported(int type);
 
+/* A matrix-vector input rounded to int8 in blocks of 32, as the integer-dot-product matvecs
+ * see it (Vulkan qx.comp): per block d = max|x| / 127, each x becomes d * round(x / d)
+ * (nearest, ties to even); out may be x. A last partial block is a block of its own. */
+void x_round_q8(const float *x, float *out, int64_t n);
+/* Whether the Vulkan decode program multiplies weights of this type by rounded inputs
+ * (Q8_0, Q4_K, Q5_K, Q6_K) where it uses integer dot products. */
+bool dtype_rounds_x(int type);
+
 #endif

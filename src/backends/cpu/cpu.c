@@ -8,6 +8,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backends/backend.h"
 #include "quant/quant.h"
@@ -37,6 +38,10 @@ struct cpu_program {
     /* the run's inputs */
     const int32_t *tokens;
     int pos0;
+    /* ANVIL_CPU_QX=1: one-token matmuls with weights of dtype_rounds_x multiply the input
+     * rounded to int8 blocks (x_round_q8), as the Vulkan decode program's integer dot
+     * products do: the oracle for that path */
+    bool round_x;
 };
 
 #define MATMUL_ROWS 8 /* weight rows dequantised together, reused across all T inputs */
@@ -88,6 +93,11 @@ static void matmul_raw(struct cpu_program *p, const float *x, int type, const vo
 static void op_matmul(struct cpu_program *p, const struct node *n, const struct node *wn,
                       const float *x, float *out) {
     const struct tensor_info *w = wn->weight;
+    if (p->round_x && node_nelem(n) == wn->ne[1] && dtype_rounds_x(w->type)) {
+        x_round_q8(x, p->op_scratch, wn->ne[0]);
+        if (getenv("PERTURB")) { for (int64_t i = 0; i < wn->ne[0]; i++) p->op_scratch[i] = x[i] * (1.0f + 1.2e-7f); x_round_q8(p->op_scratch, p->op_scratch, wn->ne[0]); }
+        x = p->op_scratch;
+    }
     matmul_raw(p, x, w->type, w->data, wn->op == OP_WEIGHT_ROWS ? wn->rows : NULL, wn->ne[0],
                wn->ne[1], node_nelem(n) / wn->ne[1], out);
 }
@@ -455,6 +465,8 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
     struct cpu_program *p = xcalloc(1, sizeof *p);
     if (!p) return ANVIL_ERR_NOMEM;
     p->b = b;
+    const char *rx = getenv("ANVIL_CPU_QX");
+    p->round_x = rx && strcmp(rx, "1") == 0;
     anvil_status st = graph_init(&p->g, g->n_tokens);
     int n = g->n_nodes;
     int *last_use = NULL, *root = NULL, *slab_of = NULL;
@@ -506,7 +518,10 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
             max_k = MAX(max_k, 2 * nd->p.i[1] + nd->ne[0]);
         }
         if (nd->op == OP_STATE && (st = bind_state(b, nd)) != ANVIL_OK) goto fail;
-        if (nd->op == OP_MATMUL) max_k = MAX(max_k, nd->ne[1] ? p->g.nodes[nd->src[0]].ne[0] * MATMUL_ROWS : 1);
+        if (nd->op == OP_MATMUL) {
+            max_k = MAX(max_k, nd->ne[1] ? p->g.nodes[nd->src[0]].ne[0] * MATMUL_ROWS : 1);
+            op_need = MAX(op_need, p->g.nodes[nd->src[0]].ne[0]); /* the rounded input */
+        }
         if (nd->op == OP_ATTENTION) max_k = MAX(max_k, p->g.nodes[nd->src[3]].ne[2]);
     }
     last_use[root[g->output]] = n; /* the output survives the run */

@@ -447,11 +447,9 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
         vkGetPhysicalDeviceProperties2(d->phys, &ip2);
         VkPhysicalDeviceFeatures2 if2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &idf};
         vkGetPhysicalDeviceFeatures2(d->phys, &if2);
-        const char *qx = getenv("ANVIL_VK_QX");
-        d->int_dot = idf.shaderIntegerDotProduct && !(qx && strcmp(qx, "0") == 0);
-        d->int_dot_use = d->int_dot && ((qx && strcmp(qx, "1") == 0) ||
-                                        (idp.integerDotProduct4x8BitPackedSignedAccelerated &&
-                                         idp.integerDotProduct4x8BitPackedMixedSignednessAccelerated));
+        d->int_dot = idf.shaderIntegerDotProduct;
+        d->int_dot_fast = idp.integerDotProduct4x8BitPackedSignedAccelerated &&
+                          idp.integerDotProduct4x8BitPackedMixedSignednessAccelerated;
     }
     if (d->int_dot) {
         dev_exts[n_dev_exts++] = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
@@ -489,7 +487,7 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     free(pd);
     log_info("vulkan: device %d: %s (subgroup %u%s%s)", pick, d->props.deviceName, d->subgroup_size,
              d->coopmat ? ", cooperative matrices for prefill" : "",
-             d->int_dot_use ? ", integer dot products for decode" : "");
+             d->int_dot_fast ? ", integer dot products" : "");
     *out = d;
     return ANVIL_OK;
 fail:
@@ -555,6 +553,12 @@ anvil_status vk_submit(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t
     d->timeline_value = v;
     if (value) *value = v;
     return ANVIL_OK;
+}
+
+bool vk_use_qx(const struct vk_device *d) {
+    const char *e = getenv("ANVIL_VK_QX");
+    if (!d->int_dot || (e && strcmp(e, "0") == 0)) return false;
+    return d->int_dot_fast || (e && strcmp(e, "1") == 0);
 }
 
 anvil_status vk_wait(struct vk_device *d, uint64_t value) {

@@ -121,6 +121,7 @@ struct lower {
     bool *done;            /* fused into an earlier kernel */
     VkDeviceSize arena_size;
     /* matvec inputs already rounded to int8 blocks (qx.comp), by input and norm */
+    bool use_qx;           /* vk_use_qx when the program was made */
     struct { uint64_t x, normw; VkDeviceSize q; } qx[8];
     int n_qx;
 };
@@ -265,7 +266,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (kern < 0)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no matrix-vector kernel for %s weights (%s)",
                        dtype_name(type), N(L, n->src[1])->name);
-    int qxi = L->p->b->d->int_dot_use ? vk_qx_index(type) : -1;
+    int qxi = L->use_qx ? vk_qx_index(type) : -1;
     if (qxi >= 0) {
         anvil_status st = qx_input(L, &pc);
         if (st != ANVIL_OK) return st;
@@ -479,7 +480,10 @@ static anvil_status lower_moe(struct lower *L, int i) {
         if (L->n_cons[sm] == 1 && sh >= 0 && L->n_cons[sh] == 1 && N(L, gl)->op == OP_MATMUL &&
             L->done[gl] && N(L, gl)->ne[0] == 1 && sw >= 0 && L->n_cons[sw] == 1 && gate >= 0 &&
             N(L, gate)->op == OP_MATMUL && !L->done[gate] && swiglu_of(L, gate) == sw &&
-            N(L, N(L, sh)->src[1])->weight->type == dn->weight->type) {
+            N(L, N(L, sh)->src[1])->weight->type == dn->weight->type &&
+            !(L->use_qx && vk_qx_index(dn->weight->type) >= 0)) {
+            /* (with integer dot products the shared expert's down projection is a matvec of
+             * its own, on rounded inputs like every one-token matmul) */
             /* the shared expert's gate/up -> SwiGLU first */
             if ((st = lower_matmuls(L, gate)) != ANVIL_OK) return st;
             pd.flags |= 4;
@@ -820,7 +824,8 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
     int n = g->n_nodes;
     struct lower L = {.p = p, .g = g, .root = xmalloc((size_t)n * sizeof(int)),
                       .n_cons = xcalloc((size_t)n, sizeof(int)),
-                      .off = xmalloc((size_t)n * sizeof(VkDeviceSize)), .done = xcalloc((size_t)n, sizeof(bool))};
+                      .off = xmalloc((size_t)n * sizeof(VkDeviceSize)), .done = xcalloc((size_t)n, sizeof(bool)),
+                      .use_qx = vk_use_qx(b->d)};
     anvil_status st = L.root && L.n_cons && L.off && L.done ? ANVIL_OK : ANVIL_ERR_NOMEM;
     if (st != ANVIL_OK) goto done;
     p->n_ctx = 0;
@@ -1124,6 +1129,71 @@ done:
     return st;
 }
 
+
+anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w, const float *x,
+                               const float *normw, float eps, float *out, int8_t *xq, float *xd) {
+    struct vk_device *d = b->d;
+    int qxi = vk_qx_index(w->type);
+    if (!d->int_dot || qxi < 0) return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qx_matvec_once: no integer dot products for %s", dtype_name(w->type));
+    anvil_status st = ANVIL_OK;
+    if (!b->have_pl) {
+        st = vk_pipelines_create(d, 1, 128, &b->pl);
+        if (st != ANVIL_OK) return st;
+        b->have_pl = true;
+    }
+    if ((st = vk_upload_tensor(b, w)) != ANVIL_OK) return st;
+    uint32_t K = (uint32_t)w->ne[0], N = (uint32_t)w->ne[1], Kq = (K + 255) / 256 * 256;
+    /* one host-visible buffer: ctl | x [Kq] | normw [Kq] | xq [Kq bytes] + xd [Kq / 32] | out [N] */
+    VkDeviceSize o_x = round_up(sizeof(struct vk_ctl) + 64, ALIGN), o_n = o_x + round_up((VkDeviceSize)Kq * 4, ALIGN),
+                 o_q = o_n + round_up((VkDeviceSize)Kq * 4, ALIGN), o_o = o_q + round_up(Kq + Kq / 8, ALIGN),
+                 size = o_o + round_up((VkDeviceSize)N * 4, ALIGN);
+    struct vk_buffer buf = {0};
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    if ((st = vk_buffer_create(d, size, VK_MEM_READBACK, "test qx", &buf)) != ANVIL_OK) return st;
+    uint8_t *m = buf.map;
+    memset(m, 0, size);
+    memcpy(m + o_x, x, (size_t)K * 4);
+    if (normw) memcpy(m + o_n, normw, (size_t)K * 4);
+    struct pc_qx pq = {buf.addr + o_x, buf.addr + o_n, buf.addr, buf.addr + o_q, buf.addr + o_q + Kq, K, Kq,
+                       normw ? 1u : 0u, eps};
+    struct pc_matvec pc = {0};
+    pc.x = buf.addr + o_q;
+    pc.normw = buf.addr + o_q + Kq;
+    pc.ctl = buf.addr;
+    pc.w0 = pc.w1 = pc.w2 = vk_weight_addr(b, w, false, false);
+    pc.o0 = pc.o1 = pc.o2 = pc.res = buf.addr + o_o;
+    pc.Kp8 = vk_weight_kp(b, w) / 8;
+    pc.K = K;
+    pc.rows0 = N;
+    uint32_t nr = vk_matvec_rows(&b->pl, vk_weight_kind(w->type)), gx, gy;
+    grid((N + nr - 1) / nr, &gx, &gy);
+    if ((st = vk_cmd_alloc(d, &cb)) != ANVIL_OK) goto done;
+    VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
+                                   VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
+    vkBeginCommandBuffer(cb, &bi);
+    vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, b->pl.p[K_QX]);
+    vkCmdPushConstants(cb, b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof pq, &pq);
+    vkCmdDispatch(cb, (Kq + 1023) / 1024, 1, 1);
+    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, STAGE_C, RW);
+    vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, b->pl.p[K_MATVEC_QX_Q8_0 + qxi]);
+    vkCmdPushConstants(cb, b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof pc, &pc);
+    vkCmdDispatch(cb, gx, gy, 1);
+    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    if ((st = vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer")) != ANVIL_OK) goto done;
+    uint64_t v;
+    st = vk_submit(d, &cb, 1, &v);
+    if (st == ANVIL_OK) st = vk_wait(d, v);
+    if (st == ANVIL_OK) {
+        memcpy(out, m + o_o, (size_t)N * 4);
+        memcpy(xq, m + o_q, Kq);
+        memcpy(xd, m + o_q + Kq, (size_t)Kq / 8);
+    }
+done:
+    if (st != ANVIL_OK) vk_idle(d);
+    if (cb && !d->abandoned) vkFreeCommandBuffers(d->dev, d->pool, 1, &cb);
+    vk_buffer_destroy(d, &buf);
+    return st;
+}
 
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
     size_t len = 0;

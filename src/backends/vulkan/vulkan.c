@@ -335,6 +335,14 @@ static anvil_status upload_weights(struct vk_backend *b, int first) {
     return st != ANVIL_OK ? st : st2;
 }
 
+anvil_status vk_upload_tensor(struct vk_backend *b, const struct tensor_info *t) {
+    if (!layout_of(t->type)) return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no kernels for %s", dtype_name(t->type));
+    int first = b->n_w;
+    anvil_status st = want_weight(b, t, false, false);
+    if (st == ANVIL_OK && b->n_w > first) st = upload_weights(b, first);
+    return st;
+}
+
 static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
     if (b->n_states) {
         for (int i = 0; i < g->n_nodes; i++) {

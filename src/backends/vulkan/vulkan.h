@@ -57,6 +57,15 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
  * chooses. For testing it against sampler.c. */
 anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, const struct sampling_params *sp,
                             const int32_t *hist, int n_hist, int32_t *out);
+/* For tests: uploads one weight tensor (its rows packed as the kernels read them), found
+ * afterwards by vk_weight_addr / vk_weight_kp. */
+anvil_status vk_upload_tensor(struct vk_backend *b, const struct tensor_info *t);
+/* For tests: qx.comp then matvec.comp QX (MODE 0) once, out = W · round(x [* normw / rms])
+ * for W of a vk_qx_index type ({K, N}); also returns the rounded input as the kernels hold
+ * it: xq [round_up(K, 256)] int8s and xd [round_up(K, 256) / 32] block scales. normw NULL:
+ * no norm. */
+anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w, const float *x,
+                               const float *normw, float eps, float *out, int8_t *xq, float *xd);
 /* With ANVIL_VK_PROFILE=1: GPU time per kernel of one step, as text. */
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap);
 void vk_program_stats(const struct vk_program *p, struct vk_stats *s);

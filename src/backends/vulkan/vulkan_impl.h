@@ -46,9 +46,8 @@ struct vk_device {
     bool exec_stats;       /* ANVIL_VK_PIPELINE_STATS=1 and VK_KHR_pipeline_executable_properties:
                               each pipeline's compiler statistics (registers...) to stderr */
     bool int_dot;          /* integer dot products enabled (shaderIntegerDotProduct): the K_QX
-                              and K_MATVEC_*QX* kernels exist; used by the decode program where
-                              the device accelerates them, or ANVIL_VK_QX=1 (ANVIL_VK_QX=0: never) */
-    bool int_dot_use;
+                              and K_MATVEC_*QX* kernels exist (vk_use_qx says when they run) */
+    bool int_dot_fast;     /* and the device accelerates 4 x 8-bit packed ones */
     bool coopmat;          /* VK_NV_cooperative_matrix enabled (unless ANVIL_VK_COOPMAT=0): prefill's
                               K_MMH_* kernels exist */
     VkDeviceSize max_mem;  /* ANVIL_VK_MAX_MEMORY: a cap on device memory (0: none) */
@@ -77,6 +76,9 @@ anvil_status vk_check_validation(struct vk_device *d);
 /* One submission of cbs that signals the next timeline value; returns it in *value. */
 anvil_status vk_submit(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t n, uint64_t *value);
 anvil_status vk_wait(struct vk_device *d, uint64_t value);
+/* Whether a decode program made now uses the integer-dot-product matvecs: where the device
+ * has them and accelerates them, or ANVIL_VK_QX=1 asks; ANVIL_VK_QX=0 never. */
+bool vk_use_qx(const struct vk_device *d);
 /* Waits until the device is idle (before freeing what it may use). On a device that stopped
  * answering, waits at most max(ANVIL_VK_TIMEOUT, 10 s) for what was really submitted; past
  * that it gives up, sets d->abandoned and returns false (the destroy functions then leave

@@ -17,6 +17,8 @@
 #include "backends/backend.h"
 #include "backends/vulkan/vulkan.h"
 #include "engine/sampler.h"
+#include "formats/model_file.h"
+#include "quant/quant.h"
 #include "testutil.h"
 
 /* shape:type; qwen3-tiny-k's widths are whole 256-blocks, as the K-quants need; the MoE
@@ -34,11 +36,10 @@ static const char *models[] = {
 
 static anvil_session *session(anvil_model *m, anvil_backend_kind kind) { return tu_session(m, kind, 40); }
 
-static void test_against_cpu(void **state) {
-    (void)state;
-    for (size_t t = 0; t < sizeof models / sizeof *models; t++) {
+static void against_cpu(const char *const *list, size_t n_list) {
+    for (size_t t = 0; t < n_list; t++) {
         char spec[64];
-        snprintf(spec, sizeof spec, "synthetic:%s", models[t]);
+        snprintf(spec, sizeof spec, "synthetic:%s", list[t]);
         anvil_model *m;
         assert_int_equal(anvil_model_open(spec, NULL, &m), ANVIL_OK);
         anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
@@ -104,6 +105,80 @@ static void test_against_cpu(void **state) {
     }
 }
 
+static void test_against_cpu(void **state) {
+    (void)state;
+    setenv("ANVIL_VK_QX", "0", 1);
+    against_cpu(models, sizeof models / sizeof *models);
+    unsetenv("ANVIL_VK_QX");
+}
+
+/* The decode program with its integer-dot-product matvecs (ANVIL_VK_QX=1) against the CPU
+ * rounding one-token matmul inputs the same way (ANVIL_CPU_QX=1), on every weight type they
+ * take, dense, MoE with a shared expert, hybrid. test_qx_kernels checks the kernels exactly;
+ * here whole steps are compared, where a value at a rounding tie may go either way on the
+ * two sides (their float32 sums differ by an ulp) and the random tiny models amplify one such
+ * step to ~3% of the logits' scale: so each decode row within 8% of the scale and on average
+ * within 2% (a wrong block, scale or layout is off by the whole scale). The prompt goes
+ * through the prefill program (float inputs on both sides) and must agree to 1e-3. */
+static void test_against_cpu_qx(void **state) {
+    (void)state;
+    static const char *qx_models[] = {
+        "qwen3-tiny:q8_0", "qwen3-tiny-k:q8_0", "qwen3-tiny-k:q4_k", "qwen3-tiny-k:q5_k",
+        "qwen3-tiny-k:q6_k", "qwen3-tiny-k:Q4_K_M", "qwen3moe-tiny:q8_0", "qwen3.6-tiny:q8_0",
+        "qwen3.6-heads:q8_0",
+    };
+    size_t n_models = sizeof qx_models / sizeof *qx_models;
+#ifdef TU_SANITIZED
+    n_models = 3; /* the host code is the same for every type; minutes under the sanitizers */
+#endif
+    setenv("ANVIL_VK_QX", "1", 1);
+    setenv("ANVIL_CPU_QX", "1", 1);
+    for (size_t t = 0; t < n_models; t++) {
+        char spec[64];
+        snprintf(spec, sizeof spec, "synthetic:%s", qx_models[t]);
+        anvil_model *m;
+        assert_int_equal(anvil_model_open(spec, NULL, &m), ANVIL_OK);
+        anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
+        int V = anvil_model_vocab_size(m);
+        int32_t prompt[7] = {3, 141, 59, 26, 5, 358, 97};
+        float *a = malloc(sizeof(float) * 7 * (size_t)V), *b = malloc(sizeof(float) * 7 * (size_t)V);
+        assert_int_equal(anvil_session_eval(cpu, prompt, 7, ANVIL_LOGITS_ALL, a), ANVIL_OK);
+        assert_int_equal(anvil_session_eval(vk, prompt, 7, ANVIL_LOGITS_ALL, b), ANVIL_OK);
+        float d = tu_max_diff(a, b, 7 * (size_t)V);
+        assert_true(d < 1e-3f);
+        double worst = 0, mean = 0;
+        for (int i = 0; i < 6; i++) {
+            int32_t tok = (int32_t)((i * 53 + 7) % V);
+            assert_int_equal(anvil_session_eval(cpu, &tok, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
+            assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, b), ANVIL_OK);
+            float scale = 0, sum = 0;
+            for (int j = 0; j < V; j++) {
+                scale = fmaxf(scale, fabsf(a[j]));
+                sum += fabsf(a[j] - b[j]);
+            }
+            worst = fmax(worst, tu_max_diff(a, b, (size_t)V) / scale);
+            mean = fmax(mean, sum / V / scale);
+        }
+        fprintf(stderr, "%s, integer dot products: decode rows within %.3g of the logits' scale (mean %.3g)\n",
+                spec, worst, mean);
+        assert_true(worst < 0.08 && mean < 0.02);
+        /* the device loop on the same kernels */
+        anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0};
+        int32_t gb[16] = {0}, next = 17;
+        anvil_generate_stats sb;
+        assert_int_equal(anvil_session_generate(vk, &next, 1, &gp, tu_collect, gb, &sb), ANVIL_OK);
+        assert_int_equal(gb[0], 8);
+        assert_int_equal(sb.stop, ANVIL_STOP_LENGTH);
+        free(a);
+        free(b);
+        anvil_session_destroy(cpu);
+        anvil_session_destroy(vk);
+        anvil_model_close(m);
+    }
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_CPU_QX");
+}
+
 /* Decode attention over a longer cache, split in few chunks (ANVIL_VK_ATTN_CHUNKS: 1 and 3,
  * so each subgroup walks many rows and the chunks are uneven) and in as many as the length
  * asks for (64: one more chunk every 16 rows); the prompt runs through the decode program a
@@ -122,6 +197,7 @@ static void test_long_attention(void **state) {
     int32_t prompt[N];
     for (int i = 0; i < N; i++) prompt[i] = (int32_t)((i * 37 + 11) % 200);
     setenv("ANVIL_PREFILL_CHUNK", "1", 1);
+    setenv("ANVIL_VK_QX", "0", 1); /* the float matvecs: the CPU's 90-token prompt is one matmul */
     for (size_t s = 0; s < 2; s++) {
         anvil_model *m;
         assert_int_equal(anvil_model_open(specs[s], NULL, &m), ANVIL_OK);
@@ -146,6 +222,7 @@ static void test_long_attention(void **state) {
         anvil_model_close(m);
     }
     unsetenv("ANVIL_PREFILL_CHUNK");
+    unsetenv("ANVIL_VK_QX");
 }
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -154,6 +231,91 @@ static uint32_t rnd(void) {
     return (uint32_t)(rng_state >> 33);
 }
 static float rndf(void) { return (float)(rnd() >> 8) / 16777216.0f; } /* [0, 1) */
+
+/* The integer-dot-product matvec (qx.comp rounding the input, matvec.comp QX) of every weight
+ * type it takes, on random weights and inputs of awkward sizes (rows no workgroup divides,
+ * widths of partial super-blocks), with and without the norm folded in: the rounding against
+ * x_round_q8's rule (a value may round the other way only at a tie, where the two sides'
+ * float32 arithmetic may differ by an ulp), and the product exactly (to float rounding)
+ * against the CPU's dequantised weights times the rounded input the kernel returns. */
+static void test_qx_kernels(void **state) {
+    (void)state;
+    struct backend *base;
+    assert_int_equal(backend_vulkan_create(-1, &base), ANVIL_OK);
+    struct vk_backend *b = (struct vk_backend *)base;
+    static const int types[] = {DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K};
+    static const struct { int K, N; } shapes[] = {{256, 37}, {1280, 129}, {4096, 3}, {96, 61}};
+    int checked = 0;
+    /* the backend keeps each weight by its tensor_info: all stay alive until it is destroyed */
+    struct tensor_info infos[32];
+    uint8_t *datas[32];
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+            for (int norm = 0; norm < 2; norm++) {
+                int type = types[ti], K = shapes[si].K, N = shapes[si].N;
+                const struct dtype_traits *tr = dtype_traits(type);
+                if (K % tr->block_size) continue;
+                int Kq = (K + 255) / 256 * 256;
+                float *wf = malloc(sizeof(float) * (size_t)K * (size_t)N), *wd = malloc(sizeof(float) * (size_t)K);
+                size_t row_bytes;
+                assert_true(dtype_row_size(type, K, &row_bytes));
+                uint8_t *wq = malloc(row_bytes * (size_t)N);
+                for (size_t i = 0; i < (size_t)K * (size_t)N; i++) wf[i] = (rndf() * 2 - 1) * (1 + (float)(i % 7));
+                for (int n = 0; n < N; n++) tr->from_f32(wf + (size_t)n * K, wq + (size_t)n * row_bytes, K);
+                float x[4096], nw[4096], out[129], xd[128];
+                int8_t xq[4096];
+                for (int i = 0; i < K; i++) {
+                    x[i] = (rndf() * 2 - 1) * (i % 97 == 0 ? 40.0f : 1.0f);
+                    nw[i] = 0.5f + rndf();
+                }
+                for (int i = 32; i < 64 && i < K; i++) x[i] = 0; /* a block of zeros */
+                assert_true(checked < 32);
+                struct tensor_info *t = &infos[checked];
+                *t = (struct tensor_info){.name = "test weight", .type = type, .n_dims = 2, .ne = {K, N, 1, 1},
+                                          .data = wq, .size = row_bytes * (size_t)N};
+                datas[checked] = wq;
+                assert_int_equal(vk_qx_matvec_once(b, t, x, norm ? nw : NULL, 1e-6f, out, xq, xd), ANVIL_OK);
+                /* the rounding */
+                double ss = 0;
+                for (int i = 0; i < K; i++) ss += (double)x[i] * x[i];
+                double scale = norm ? 1.0 / sqrt(ss / K + 1e-6) : 1.0;
+                for (int b0 = 0; b0 < Kq; b0 += 32) {
+                    double amax = 0, v[32];
+                    for (int i = 0; i < 32; i++) {
+                        v[i] = b0 + i < K ? x[b0 + i] * scale * (norm ? nw[b0 + i] : 1.0) : 0.0;
+                        amax = fmax(amax, fabs(v[i]));
+                    }
+                    assert_true(fabs(xd[b0 / 32] - amax / 127) <= 1e-5 * amax + 1e-30);
+                    for (int i = 0; i < 32; i++) {
+                        double t = amax > 0 ? v[i] * 127 / amax : 0;
+                        if (fabs(xq[b0 + i] - t) > 0.5 + 1e-4)
+                            fail_msg("%s K %d norm %d: element %d rounds to %d, %.6f wanted", dtype_name(type), K,
+                                     norm, b0 + i, xq[b0 + i], t);
+                    }
+                }
+                /* the product of the same rounded input */
+                for (int n = 0; n < N; n++) {
+                    tr->to_f32(wq + (size_t)n * row_bytes, wd, K);
+                    double ref = 0, mag = 0;
+                    for (int i = 0; i < K; i++) {
+                        double term = (double)wd[i] * xd[i / 32] * xq[i];
+                        ref += term;
+                        mag += fabs(term);
+                    }
+                    if (fabs(out[n] - ref) > 1e-5 * mag + 1e-6)
+                        fail_msg("%s K %d N %d norm %d: row %d: vulkan %.7g, cpu %.7g", dtype_name(type), K, N,
+                                 norm, n, (double)out[n], ref);
+                }
+                checked++;
+                free(wf);
+                free(wd);
+            }
+    fprintf(stderr, "integer-dot-product matvec: %d cases equal to the CPU's\n", checked);
+    assert_true(checked >= 24);
+    assert_int_equal(vk_check_validation(b->d), ANVIL_OK);
+    backend_destroy(base);
+    for (int i = 0; i < checked; i++) free(datas[i]);
+}
 
 /* The sampling kernel chooses exactly the token sampler.c chooses from the same logits:
  * vocabularies of one chunk, several and Qwen3's; ties, denormals, -0; every step of the
@@ -321,8 +483,10 @@ int main(void) {
         setenv("ANVIL_VALIDATE", "1", 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sample_kernel_exact),
+        cmocka_unit_test(test_qx_kernels),
         cmocka_unit_test(test_sampled_generation),
         cmocka_unit_test(test_against_cpu),
+        cmocka_unit_test(test_against_cpu_qx),
         cmocka_unit_test(test_long_attention),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
