@@ -95,7 +95,6 @@ static void op_matmul(struct cpu_program *p, const struct node *n, const struct 
     const struct tensor_info *w = wn->weight;
     if (p->round_x && node_nelem(n) == wn->ne[1] && dtype_rounds_x(w->type)) {
         x_round_q8(x, p->op_scratch, wn->ne[0]);
-        if (getenv("PERTURB")) { for (int64_t i = 0; i < wn->ne[0]; i++) p->op_scratch[i] = x[i] * (1.0f + 1.2e-7f); x_round_q8(p->op_scratch, p->op_scratch, wn->ne[0]); }
         x = p->op_scratch;
     }
     matmul_raw(p, x, w->type, w->data, wn->op == OP_WEIGHT_ROWS ? wn->rows : NULL, wn->ne[0],

@@ -124,9 +124,10 @@ static void test_against_cpu_qx(void **state) {
     (void)state;
     static const char *qx_models[] = {
         "qwen3-tiny:q8_0", "qwen3-tiny-k:q8_0", "qwen3-tiny-k:q4_k", "qwen3-tiny-k:q5_k",
-        "qwen3-tiny-k:q6_k", "qwen3-tiny-k:Q4_K_M", "qwen3moe-tiny:q8_0", "qwen3.6-tiny:q8_0",
-        "qwen3.6-heads:q8_0",
+        "qwen3-tiny-k:q6_k", "qwen3-tiny-k:Q4_K_M", "qwen3moe-tiny:q8_0", "qwen3.6-heads:q8_0",
     };
+    /* (not qwen3.6-tiny: its decode rows move by ~30% of their scale when the CPU's rounded
+     * inputs alone are perturbed by an ulp, so no bound would tell a flip from a bug) */
     size_t n_models = sizeof qx_models / sizeof *qx_models;
 #ifdef TU_SANITIZED
     n_models = 3; /* the host code is the same for every type; minutes under the sanitizers */
@@ -282,7 +283,7 @@ static void test_qx_kernels(void **state) {
                 for (int b0 = 0; b0 < Kq; b0 += 32) {
                     double amax = 0, v[32];
                     for (int i = 0; i < 32; i++) {
-                        v[i] = b0 + i < K ? x[b0 + i] * scale * (norm ? nw[b0 + i] : 1.0) : 0.0;
+                        v[i] = b0 + i < K ? x[b0 + i] * (norm ? nw[b0 + i] : 1.0) : 0.0;
                         amax = fmax(amax, fabs(v[i]));
                     }
                     assert_true(fabs(xd[b0 / 32] - amax / 127) <= 1e-5 * amax + 1e-30);
@@ -302,6 +303,8 @@ static void test_qx_kernels(void **state) {
                         ref += term;
                         mag += fabs(term);
                     }
+                    ref *= scale; /* the norm's 1 / rms, applied after the products */
+                    mag *= scale;
                     if (fabs(out[n] - ref) > 1e-5 * mag + 1e-6)
                         fail_msg("%s K %d N %d norm %d: row %d: vulkan %.7g, cpu %.7g", dtype_name(type), K, N,
                                  norm, n, (double)out[n], ref);
