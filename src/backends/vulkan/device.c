@@ -557,7 +557,7 @@ anvil_status vk_submit(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t
 
 bool vk_use_qx(const struct vk_device *d) {
     const char *e = getenv("ANVIL_VK_QX");
-    if (!d->int_dot || !d->subgroup_shuffle || (e && strcmp(e, "0") == 0)) return false;
+    if (!d->int_dot || (e && strcmp(e, "0") == 0)) return false;
     return d->int_dot_fast || (e && strcmp(e, "1") == 0);
 }
 

@@ -447,7 +447,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     for (int k = 0; k < K_COUNT && st == ANVIL_OK; k++) {
         if (k >= K_MMH_64X64_K32 && k <= K_MMH_MOE && !d->coopmat) continue; /* needs the extension */
         if (k == K_ATTN_FLASH && (!d->coopmat || !d->subgroup_shuffle || !vk_flash_fits(attn_g, attn_d))) continue;
-        if (k >= K_QX && k <= K_MATVEC_SWIGLU_QX_Q6_K && (!d->int_dot || !d->subgroup_shuffle)) continue;
+        if (k >= K_QX && k <= K_MATVEC_SWIGLU_QX_Q6_K && !d->int_dot) continue;
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;

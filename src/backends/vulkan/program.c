@@ -225,9 +225,9 @@ static int swiglu_of(struct lower *L, int i) {
 
 static VkDeviceSize alloc_scratch(struct lower *L, VkDeviceSize bytes);
 
-/* The matvec input of pc (x, and its norm weight when flags & 1) rounded to int8 blocks by
- * qx.comp (once per input and norm: later matvecs of the same input reuse it); pc then points
- * at the int8s and scales (and keeps flags & 1: the matvec applies 1 / rms). */
+/* The matvec input of pc (x, and its norm when flags & 1) rounded to int8 blocks by qx.comp
+ * (once per input and norm: later matvecs of the same input reuse it); pc then points at the
+ * int8s and scales, the norm applied. */
 static anvil_status qx_input(struct lower *L, struct pc_matvec *pc) {
     uint64_t normw = (pc->flags & 1) ? pc->normw : 0;
     uint32_t Kp = (uint32_t)round_up(pc->K, 256);
@@ -236,10 +236,10 @@ static anvil_status qx_input(struct lower *L, struct pc_matvec *pc) {
     if (i == L->n_qx) {
         if (L->n_qx == (int)(sizeof L->qx / sizeof *L->qx)) L->n_qx = i = 0; /* forget the oldest */
         struct pc_qx pq = {pc->x, normw ? normw : pc->x, L->p->ctl.addr, 0, 0, pc->K, Kp, pc->flags & 1, pc->eps};
-        VkDeviceSize q = alloc_scratch(L, Kp + Kp / 4);
+        VkDeviceSize q = alloc_scratch(L, Kp + Kp / 8);
         pq.q = L->p->arena.addr + q;
         pq.d = pq.q + Kp;
-        anvil_status st = emit(L->p, K_QX, Kp / 1024 + (Kp % 1024 != 0), 1, &pq, sizeof pq);
+        anvil_status st = emit(L->p, K_QX, (Kp + 1023) / 1024, 1, &pq, sizeof pq);
         if (st != ANVIL_OK) return st;
         L->qx[i].x = pc->x;
         L->qx[i].normw = normw;
@@ -247,8 +247,23 @@ static anvil_status qx_input(struct lower *L, struct pc_matvec *pc) {
         L->n_qx++;
     }
     pc->x = L->p->arena.addr + L->qx[i].q;
-    pc->normw = pc->x + Kp; /* the scales, then (norm) the sums of squares */
+    pc->normw = pc->x + Kp;
+    pc->flags &= ~1u;
     return ANVIL_OK;
+}
+
+/* Whether matmul i (with its gate/up partner) reads enough weight bytes for integer dot
+ * products to pay for rounding its input: on the H100 a rounding dispatch costs ~4.6 us and
+ * saves about a third of a K-quant matvec's time, so the 0.6B's matrices (2-7 MB) lost 16%
+ * and an 8B's (9-60 MB) gained 17% (docs/PERF.md section 23). ANVIL_VK_QX_MIN_MB (default 8). */
+static bool qx_worth(struct lower *L, int i) {
+    const struct node *w = N(L, N(L, i)->src[1]);
+    const char *e = getenv("ANVIL_VK_QX_MIN_MB");
+    double min_mb = e ? atof(e) : 8.0;
+    size_t row = 0;
+    if (!dtype_row_size(w->weight->type, w->ne[0], &row)) return false;
+    double mb = (double)row * (double)w->ne[1] * (swiglu_of(L, i) >= 0 ? 2 : 1) / 1e6;
+    return mb >= min_mb;
 }
 
 static anvil_status lower_matmuls(struct lower *L, int i) {
@@ -265,7 +280,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (kern < 0)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no matrix-vector kernel for %s weights (%s)",
                        dtype_name(type), N(L, n->src[1])->name);
-    int qxi = L->use_qx ? vk_qx_index(type) : -1;
+    int qxi = L->use_qx && qx_worth(L, i) ? vk_qx_index(type) : -1;
     if (qxi >= 0) {
         anvil_status st = qx_input(L, &pc);
         if (st != ANVIL_OK) return st;
@@ -480,7 +495,7 @@ static anvil_status lower_moe(struct lower *L, int i) {
             L->done[gl] && N(L, gl)->ne[0] == 1 && sw >= 0 && L->n_cons[sw] == 1 && gate >= 0 &&
             N(L, gate)->op == OP_MATMUL && !L->done[gate] && swiglu_of(L, gate) == sw &&
             N(L, N(L, sh)->src[1])->weight->type == dn->weight->type &&
-            !(L->use_qx && vk_qx_index(dn->weight->type) >= 0)) {
+            !(L->use_qx && vk_qx_index(dn->weight->type) >= 0 && qx_worth(L, sh))) {
             /* (with integer dot products the shared expert's down projection is a matvec of
              * its own, on rounded inputs like every one-token matmul) */
             /* the shared expert's gate/up -> SwiGLU first */
@@ -1133,7 +1148,7 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
                                const float *normw, float eps, float *out, int8_t *xq, float *xd) {
     struct vk_device *d = b->d;
     int qxi = vk_qx_index(w->type);
-    if (!d->int_dot || !d->subgroup_shuffle || qxi < 0) return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qx_matvec_once: no integer dot products for %s", dtype_name(w->type));
+    if (!d->int_dot || qxi < 0) return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qx_matvec_once: no integer dot products for %s", dtype_name(w->type));
     anvil_status st = ANVIL_OK;
     if (!b->have_pl) {
         st = vk_pipelines_create(d, 1, 128, &b->pl);
@@ -1144,7 +1159,7 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     uint32_t K = (uint32_t)w->ne[0], N = (uint32_t)w->ne[1], Kq = (K + 255) / 256 * 256;
     /* one host-visible buffer: ctl | x [Kq] | normw [Kq] | xq [Kq bytes] + xd [Kq / 32] | out [N] */
     VkDeviceSize o_x = round_up(sizeof(struct vk_ctl) + 64, ALIGN), o_n = o_x + round_up((VkDeviceSize)Kq * 4, ALIGN),
-                 o_q = o_n + round_up((VkDeviceSize)Kq * 4, ALIGN), o_o = o_q + round_up(Kq + Kq / 4, ALIGN),
+                 o_q = o_n + round_up((VkDeviceSize)Kq * 4, ALIGN), o_o = o_q + round_up(Kq + Kq / 8, ALIGN),
                  size = o_o + round_up((VkDeviceSize)N * 4, ALIGN);
     struct vk_buffer buf = {0};
     VkCommandBuffer cb = VK_NULL_HANDLE;
@@ -1164,8 +1179,6 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     pc.Kp8 = vk_weight_kp(b, w) / 8;
     pc.K = K;
     pc.rows0 = N;
-    pc.flags = normw ? 1u : 0u;
-    pc.eps = eps;
     uint32_t nr = vk_matvec_rows(&b->pl, vk_weight_kind(w->type)), gx, gy;
     grid((N + nr - 1) / nr, &gx, &gy);
     if ((st = vk_cmd_alloc(d, &cb)) != ANVIL_OK) goto done;

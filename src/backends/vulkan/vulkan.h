@@ -60,10 +60,10 @@ anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, co
 /* For tests: uploads one weight tensor (its rows packed as the kernels read them), found
  * afterwards by vk_weight_addr / vk_weight_kp. */
 anvil_status vk_upload_tensor(struct vk_backend *b, const struct tensor_info *t);
-/* For tests: qx.comp then matvec.comp QX (MODE 0) once, out = W · round(x [* normw]) [/ rms(x)]
+/* For tests: qx.comp then matvec.comp QX (MODE 0) once, out = W · round(x [* normw / rms])
  * for W of a vk_qx_index type ({K, N}); also returns the rounded input as the kernels hold
- * it: xq [round_up(K, 256)] int8s and xd [round_up(K, 256) / 32] block scales (of x * normw,
- * before the 1 / rms). normw NULL: no norm. */
+ * it: xq [round_up(K, 256)] int8s and xd [round_up(K, 256) / 32] block scales. normw NULL:
+ * no norm. */
 anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w, const float *x,
                                const float *normw, float eps, float *out, int8_t *xq, float *xd);
 /* With ANVIL_VK_PROFILE=1: GPU time per kernel of one step, as text. */

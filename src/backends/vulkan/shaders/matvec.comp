@@ -13,9 +13,8 @@
  * K = input width (Kp = the rows' padded length, common.glsl; x is zero past K).
  * Each workgroup computes NR consecutive rows; its threads split K in units (common.glsl).
  * QX (Q8_0, Q4_K, Q5_K, Q6_K; MODE 0 and 1): x comes rounded to int8 in blocks of 32 (qx.comp:
- * the int8s at x, the blocks' scales at normw, with flags & 1 the norm weight applied and the
- * blocks' sums of squares after the scales, for the 1 / rms this kernel applies) and each
- * group of 8 weights is two integer dot products of four lanes. */
+ * the int8s at x, the blocks' scales at normw, the norm already applied) and each group of 8
+ * weights is two integer dot products of four lanes. */
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
@@ -64,10 +63,6 @@ void main() {
     uint U = pc.Kp8 / UG;
 #ifdef QX
     {
-        if (norm) { /* sum of x^2 from the blocks' sums */
-            uint nb = ((pc.K + 255u) & ~255u) / 32u;
-            for (uint j = gl_LocalInvocationID.x; j < nb; j += gl_WorkGroupSize.x) ss += pc.normw.v[nb + j];
-        }
 #else
     if (MODE == 3u) {
         /* the experts' (s, unit) pairs flattened over the threads (an expert's row is short);
