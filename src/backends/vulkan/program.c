@@ -52,7 +52,7 @@ struct pc_embed {
     uint32_t Kp8;
 };
 struct pc_attn {
-    uint64_t q, k, v, qnorm, knorm, kc, vc, rope, part, cnt, out, ctl;
+    uint64_t q, k, v, qnorm, knorm, kc, vc, rope, part, cnt, out, ctl, xq;
     uint32_t Hkv, NC, n_rot;
     float eps, scale;
 };
@@ -239,8 +239,17 @@ static anvil_status qx_input(struct lower *L, struct pc_matvec *pc) {
         VkDeviceSize q = alloc_scratch(L, Kp + Kp / 8);
         pq.q = L->p->arena.addr + q;
         pq.d = pq.q + Kp;
-        anvil_status st = emit(L->p, K_QX, (Kp + 1023) / 1024, 1, &pq, sizeof pq);
-        if (st != ANVIL_OK) return st;
+        /* the attention that produced x rounds its output itself (attention.comp xq) */
+        struct pc_attn *pa = NULL;
+        for (int k = L->p->n_ops - 1; k >= 0 && !pa; k--)
+            if (L->p->ops[k].k == K_ATTENTION && ((struct pc_attn *)L->p->ops[k].push)->out == pc->x)
+                pa = (struct pc_attn *)L->p->ops[k].push;
+        if (pa && !normw && L->p->b->d->subgroup_shuffle && L->p->b->pl.attn_d % 32 == 0) {
+            pa->xq = pq.q;
+        } else {
+            anvil_status st = emit(L->p, K_QX, (Kp + 1023) / 1024, 1, &pq, sizeof pq);
+            if (st != ANVIL_OK) return st;
+        }
         L->qx[i].x = pc->x;
         L->qx[i].normw = normw;
         L->qx[i].q = q;

@@ -21,6 +21,8 @@
  * the row (16 bytes each, so a row of 128 floats is one coalesced load per subgroup), the
  * score is a subgroup sum. The subgroups' partials are combined through shared memory. */
 #include "common.glsl"
+#extension GL_EXT_buffer_reference_uvec2 : require
+#extension GL_KHR_shader_subgroup_shuffle : require
 
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CFloats { float v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CVec4s { vec4 v[]; };
@@ -36,6 +38,8 @@ const uint D4 = D / 4;
 const uint CPL = (D4 + SG - 1) / SG; /* vec4 chunks of a row per lane */
 const uint RPC = 16; /* cache rows per chunk before another chunk is used */
 
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer QBytes { uint v[]; };
+
 layout(push_constant) uniform PC {
     Floats q, k, v;      /* raw projections: [H, D], [Hkv, D], [Hkv, D] */
     Floats qnorm, knorm; /* [D] */
@@ -46,6 +50,9 @@ layout(push_constant) uniform PC {
     Counters cnt;        /* [Hkv], zero between steps */
     Floats out_;         /* [H, D] */
     Ctl ctl;
+    QBytes xq;           /* not null: the output also rounded to int8 blocks of 32 for an
+                            integer-dot-product matvec (qx.comp's layout: int8s [Kq], then
+                            the blocks' scales, Kq = H * D rounded up to 256); D % 32 == 0 */
     uint Hkv, NC, n_rot;
     float eps, scale;
 } pc;
@@ -277,5 +284,18 @@ void main() {
         pc.out_.v[o4 + 1u] = a.y;
         pc.out_.v[o4 + 2u] = a.z;
         pc.out_.v[o4 + 3u] = a.w;
+        if (uvec2(pc.xq) != uvec2(0u)) {
+            /* a block is 8 consecutive lanes (G * D4 and the workgroup are multiples of 8) */
+            vec4 av = abs(a);
+            float amax = max(max(av.x, av.y), max(av.z, av.w));
+            amax = max(amax, subgroupShuffleXor(amax, 1u));
+            amax = max(amax, subgroupShuffleXor(amax, 2u));
+            amax = max(amax, subgroupShuffleXor(amax, 4u));
+            float id = amax > 0.0 ? 127.0 / amax : 0.0;
+            ivec4 q = ivec4(roundEven(a * id));
+            uint vi = o4 / 4u, Kq = (pc.Hkv * G * D + 255u) & ~255u;
+            pc.xq.v[vi] = uint(q.x & 255) | (uint(q.y & 255) << 8u) | (uint(q.z & 255) << 16u) | (uint(q.w & 255) << 24u);
+            if ((vi & 7u) == 0u) pc.xq.v[Kq / 4u + vi / 8u] = floatBitsToUint(amax / 127.0);
+        }
     }
 }

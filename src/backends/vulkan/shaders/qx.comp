@@ -23,33 +23,32 @@ layout(push_constant) uniform PC {
 } pc;
 
 shared float red[256];
+shared float red_sg[32];
 
 void main() {
     if (pc.ctl.stop != 0u) return;
     uint t = gl_LocalInvocationID.x, i = gl_WorkGroupID.x * 256u + t; /* vec4 index */
+    bool norm = (pc.flags & 1u) != 0u;
+    /* this thread's values and norm weights first, then the sum of squares of the whole x
+     * (every workgroup sums it: x is at most a few hundred KiB, read from L2) */
+    vec4 v = 4u * i < pc.K ? pc.x.v[i] : vec4(0.0), w = vec4(1.0);
+    if (norm)
+        for (uint c = 0u; c < 4u; c++) w[c] = 4u * i + c < pc.K ? pc.normw.v[4u * i + c] : 0.0;
     float scale = 1.0;
-    if ((pc.flags & 1u) != 0u) {
+    if (norm) {
         float ss = 0.0;
         for (uint j = t; j < (pc.K + 3u) / 4u; j += 256u) {
-            vec4 v = pc.x.v[j];
-            ss += dot(v, v);
+            vec4 u = pc.x.v[j];
+            ss += dot(u, u);
         }
-        red[t] = ss;
+        ss = subgroupAdd(ss);
+        if (subgroupElect()) red_sg[gl_SubgroupID] = ss;
         barrier();
-        for (uint s = 128u; s > 0u; s >>= 1u) {
-            if (t < s) red[t] += red[t + s];
-            barrier();
-        }
-        scale = 1.0 / sqrt(red[0] / float(pc.K) + pc.eps);
-        barrier();
+        ss = 0.0;
+        for (uint s = 0u; s < gl_NumSubgroups; s++) ss += red_sg[s];
+        scale = 1.0 / sqrt(ss / float(pc.K) + pc.eps);
     }
-    vec4 v = vec4(0.0);
-    if (4u * i < pc.K) {
-        v = pc.x.v[i] * scale;
-        if ((pc.flags & 1u) != 0u)
-            for (uint c = 0u; c < 4u; c++)
-                v[c] = 4u * i + c < pc.K ? v[c] * pc.normw.v[4u * i + c] : 0.0;
-    }
+    v = v * scale * w;
     /* the block's 8 threads (consecutive) exchange their maxima through shared memory */
     vec4 a = abs(v);
     red[t] = max(max(a.x, a.y), max(a.z, a.w));
