@@ -159,11 +159,45 @@ static void test_llama_blocks(void **state) {
     }
 }
 
+/* x_round_q8: per block of 32 (a last partial block on its own) every value becomes
+ * d * round(x / d), d = max|x| / 127; ties to even; zero blocks stay zero; in place works. */
+static void test_x_round_q8(void **state) {
+    (void)state;
+    float x[70], y[70];
+    for (int i = 0; i < 70; i++) x[i] = (float)((i * 37) % 23) - 11.0f + 0.01f * (float)i;
+    for (int i = 32; i < 64; i++) x[i] = 0.0f;              /* a zero block */
+    x[64] = -127.0f;                                          /* the partial block's max */
+    x[65] = 0.5f;                                             /* a tie: 0.5 -> 0 */
+    x[66] = 1.5f;                                             /* a tie: 1.5 -> 2 */
+    x[67] = -2.5f;                                            /* a tie: -2.5 -> -2 */
+    x[68] = 126.4f;
+    x[69] = 3.0f;
+    x_round_q8(x, y, 70);
+    for (int b = 0; b < 70; b += 32) {
+        int m = b + 32 <= 70 ? 32 : 70 - b;
+        float amax = 0;
+        for (int i = 0; i < m; i++) amax = fmaxf(amax, fabsf(x[b + i]));
+        float d = amax / 127.0f;
+        for (int i = 0; i < m; i++) {
+            float want = d * nearbyintf(x[b + i] * (amax > 0 ? 127.0f / amax : 0.0f));
+            assert_true(y[b + i] == want);
+            assert_true(fabsf(y[b + i] - x[b + i]) <= d / 2 * 1.0001f);
+        }
+    }
+    for (int i = 32; i < 64; i++) assert_true(y[i] == 0.0f);
+    assert_true(y[64] == -127.0f && y[65] == 0.0f && y[66] == 2.0f && y[67] == -2.0f && y[68] == 126.0f);
+    x_round_q8(x, x, 70); /* in place */
+    assert_memory_equal(x, y, sizeof x);
+    assert_true(dtype_rounds_x(DT_Q4_K) && dtype_rounds_x(DT_Q8_0) && !dtype_rounds_x(DT_BF16) &&
+                !dtype_rounds_x(DT_Q4_0));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hand_made_blocks),
         cmocka_unit_test(test_roundtrip_bounds),
         cmocka_unit_test(test_llama_blocks),
+        cmocka_unit_test(test_x_round_q8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,7 @@
  * tg is greedy unless the sampling options are given (then it measures the sampling chain:
  * on Vulkan, sample.comp in the decode program instead of the argmax).
  */
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,44 @@ static double cpu_now(clockid_t clock) {
     struct timespec ts;
     clock_gettime(clock, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* CPU time per thread of the process (/proc/self/task/TID/schedstat: nanoseconds on a CPU),
+ * to tell the decode loop's own time from the driver's threads (--trace) */
+struct thread_time {
+    int tid;
+    char name[32];
+    double ns;
+};
+enum { MAX_THREADS = 256 };
+
+static int thread_times(struct thread_time *out) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < MAX_THREADS) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        char path[300];
+        snprintf(path, sizeof path, "/proc/self/task/%s/schedstat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        double ns = 0;
+        bool ok = fscanf(f, "%lf", &ns) == 1;
+        fclose(f);
+        if (!ok) continue;
+        out[n].tid = atoi(e->d_name);
+        out[n].ns = ns;
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        out[n].name[0] = 0;
+        if ((f = fopen(path, "r"))) {
+            if (fgets(out[n].name, sizeof out[n].name, f)) out[n].name[strcspn(out[n].name, "\n")] = 0;
+            fclose(f);
+        }
+        n++;
+    }
+    closedir(d);
+    return n;
 }
 
 /* host CPU time of the last tg run: the whole process (the driver's threads included), and
@@ -156,6 +195,8 @@ int cmd_bench(int argc, char **argv) {
         if (!run_tg(s, toks, P, N < 8 ? N : 8, &secs)) goto eval_fail; /* warm-up */
         res[n_res] = res[1];
         double cpu = 0, thread_cpu = 0;
+        static struct thread_time t0[MAX_THREADS], t1[MAX_THREADS];
+        int n0 = trace ? thread_times(t0) : 0;
         for (int r = 0; r < reps; r++) {
             if (!run_tg(s, toks, P, N, &secs)) goto eval_fail;
             res[n_res].ts[r] = N / secs;
@@ -168,6 +209,15 @@ int cmd_bench(int argc, char **argv) {
             fprintf(stderr, "anvil: tg: host CPU time %.2f us/token (the decode loop's thread: "
                     "%.2f); %s\n", cpu / reps / N * 1e6, thread_cpu / reps / N * 1e6,
                     buf[0] ? buf : "(no device program)");
+            int n1 = thread_times(t1);
+            for (int i = 0; i < n1; i++) {
+                double before = 0;
+                for (int j = 0; j < n0; j++)
+                    if (t0[j].tid == t1[i].tid) before = t0[j].ns;
+                double us = (t1[i].ns - before) / 1e3 / reps / N;
+                if (us >= 0.5)
+                    fprintf(stderr, "anvil: tg: thread %d (%s): %.2f us/token\n", t1[i].tid, t1[i].name, us);
+            }
         }
         res[n_res].reps = reps;
         stats(&res[n_res++]);
