@@ -93,6 +93,28 @@ static int thread_times(struct thread_time *out) {
     return n;
 }
 
+/* with --trace: CPU time per thread summed over the timed generations (not their prompts) */
+static bool tg_per_thread;
+static struct thread_time tg_threads[MAX_THREADS];
+static int tg_n_threads;
+
+static void add_thread_times(const struct thread_time *t0, int n0, const struct thread_time *t1, int n1) {
+    for (int i = 0; i < n1; i++) {
+        double before = 0;
+        for (int j = 0; j < n0; j++)
+            if (t0[j].tid == t1[i].tid) before = t0[j].ns;
+        int k = 0;
+        while (k < tg_n_threads && tg_threads[k].tid != t1[i].tid) k++;
+        if (k == tg_n_threads) {
+            if (k == MAX_THREADS) continue;
+            tg_threads[k] = t1[i];
+            tg_threads[k].ns = 0;
+            tg_n_threads++;
+        }
+        tg_threads[k].ns += t1[i].ns - before;
+    }
+}
+
 /* host CPU time of the last tg run: the whole process (the driver's threads included), and
  * the thread that runs the decode loop */
 static double tg_cpu_seconds, tg_thread_cpu_seconds;
@@ -107,11 +129,14 @@ static bool run_tg(anvil_session *s, const int32_t *toks, int P, int N, double *
     anvil_generate_params gp = {tg_sampling, N, NULL, 0};
     int32_t first = P > 0 ? toks[P - 1] : 1;
     anvil_generate_stats st;
+    static struct thread_time th0[MAX_THREADS], th1[MAX_THREADS];
+    int n0 = tg_per_thread ? thread_times(th0) : 0;
     double t0 = now(), c0 = cpu_now(CLOCK_PROCESS_CPUTIME_ID), h0 = cpu_now(CLOCK_THREAD_CPUTIME_ID);
     if (anvil_session_generate(s, &first, 1, &gp, NULL, NULL, &st) != ANVIL_OK) return false;
     *secs = now() - t0;
     tg_cpu_seconds = cpu_now(CLOCK_PROCESS_CPUTIME_ID) - c0;
     tg_thread_cpu_seconds = cpu_now(CLOCK_THREAD_CPUTIME_ID) - h0;
+    if (tg_per_thread) add_thread_times(th0, n0, th1, thread_times(th1));
     return true;
 }
 
@@ -195,8 +220,8 @@ int cmd_bench(int argc, char **argv) {
         if (!run_tg(s, toks, P, N < 8 ? N : 8, &secs)) goto eval_fail; /* warm-up */
         res[n_res] = res[1];
         double cpu = 0, thread_cpu = 0;
-        static struct thread_time t0[MAX_THREADS], t1[MAX_THREADS];
-        int n0 = trace ? thread_times(t0) : 0;
+        tg_per_thread = trace;
+        tg_n_threads = 0;
         for (int r = 0; r < reps; r++) {
             if (!run_tg(s, toks, P, N, &secs)) goto eval_fail;
             res[n_res].ts[r] = N / secs;
@@ -209,14 +234,11 @@ int cmd_bench(int argc, char **argv) {
             fprintf(stderr, "anvil: tg: host CPU time %.2f us/token (the decode loop's thread: "
                     "%.2f); %s\n", cpu / reps / N * 1e6, thread_cpu / reps / N * 1e6,
                     buf[0] ? buf : "(no device program)");
-            int n1 = thread_times(t1);
-            for (int i = 0; i < n1; i++) {
-                double before = 0;
-                for (int j = 0; j < n0; j++)
-                    if (t0[j].tid == t1[i].tid) before = t0[j].ns;
-                double us = (t1[i].ns - before) / 1e3 / reps / N;
+            for (int i = 0; i < tg_n_threads; i++) {
+                double us = tg_threads[i].ns / 1e3 / reps / N;
                 if (us >= 0.5)
-                    fprintf(stderr, "anvil: tg: thread %d (%s): %.2f us/token\n", t1[i].tid, t1[i].name, us);
+                    fprintf(stderr, "anvil: tg: thread %d (%s): %.2f us/token\n", tg_threads[i].tid,
+                            tg_threads[i].name, us);
             }
         }
         res[n_res].reps = reps;
