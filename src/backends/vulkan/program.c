@@ -234,7 +234,7 @@ static anvil_status qx_input(struct lower *L, struct pc_matvec *pc) {
     int i = 0;
     while (i < L->n_qx && !(L->qx[i].x == pc->x && L->qx[i].normw == normw)) i++;
     if (i == L->n_qx) {
-        if (L->n_qx == (int)(sizeof L->qx / sizeof *L->qx)) L->n_qx = i = 0; /* forget the oldest */
+        if (L->n_qx == (int)(sizeof L->qx / sizeof *L->qx)) L->n_qx = i = 0; /* full: start over */
         struct pc_qx pq = {pc->x, normw ? normw : pc->x, L->p->ctl.addr, 0, 0, pc->K, Kp, pc->flags & 1, pc->eps};
         VkDeviceSize q = alloc_scratch(L, Kp + Kp / 8);
         pq.q = L->p->arena.addr + q;

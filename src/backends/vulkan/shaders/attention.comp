@@ -294,7 +294,7 @@ void main() {
             float id = amax > 0.0 ? 127.0 / amax : 0.0;
             ivec4 q = ivec4(roundEven(a * id));
             uint vi = o4 / 4u, Kq = (pc.Hkv * G * D + 255u) & ~255u;
-            pc.xq.v[vi] = uint(q.x & 255) | (uint(q.y & 255) << 8u) | (uint(q.z & 255) << 16u) | (uint(q.w & 255) << 24u);
+            pc.xq.v[vi] = pack_i8x4(q);
             if ((vi & 7u) == 0u) pc.xq.v[Kq / 4u + vi / 8u] = floatBitsToUint(amax / 127.0);
         }
     }

@@ -59,6 +59,12 @@ vec4 bits4(uint x, uint s) { return vec4((uvec4(x >> s) >> uvec4(0u, 1u, 2u, 3u)
 /* bit b of each byte of u */
 vec4 bytebit(uint u, uint b) { return vec4((uvec4(u) >> (uvec4(0u, 8u, 16u, 24u) + b)) & 1u); }
 
+/* four int8 (-127 .. 127) packed in a uint, element order: the rounded matvec inputs (qx.comp,
+ * attention.comp) */
+uint pack_i8x4(ivec4 q) {
+    return uint(q.x & 255) | (uint(q.y & 255) << 8u) | (uint(q.z & 255) << 16u) | (uint(q.w & 255) << 24u);
+}
+
 #ifdef QX
 /* Integer dot products of four 8-bit lanes packed in a uint (SPV_KHR_integer_dot_product,
  * packed format 0), which glslang has no syntax for: sdot4 signed x signed, sudot4 signed

@@ -60,7 +60,7 @@ void main() {
     float id = amax > 0.0 ? 127.0 / amax : 0.0;
     ivec4 qi = ivec4(roundEven(v * id));
     if (4u * i < pc.Kp) {
-        pc.q.v[i] = uint(qi.x & 255) | (uint(qi.y & 255) << 8u) | (uint(qi.z & 255) << 16u) | (uint(qi.w & 255) << 24u);
+        pc.q.v[i] = pack_i8x4(qi);
         if ((t & 7u) == 0u) pc.d.v[i >> 3u] = d;
     }
 }
