@@ -163,19 +163,32 @@ uvec4 scales_pair(uvec2 h0, uvec2 h1, uint j) {
     uint f = lo | (((h1.y >> (8u * j)) & 0xFFu) << 16u);
     return (uvec4(f) >> uvec4(0u, 6u, 12u, 18u)) & 63u;
 }
-void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], out vec2 so[UG]) {
-    uint base = (row * (U >> 4u) + (u >> 4u)) * BLK, k = u & 15u, j = k >> 2u;
+/* unit u's 8 nibble bytes, [Q5_K: the fifth bits of the same byte positions,] its sub-block
+ * pair j and the two groups' scale and offset */
+uvec2 k_unit(W w, uint row, uint U, uint u, out uvec2 h, out uint j, out vec2 so[UG]) {
+    uint base = (row * (U >> 4u) + (u >> 4u)) * BLK, k = u & 15u;
+    j = k >> 2u;
     uvec2 h0 = w.v[base], h1 = w.v[base + 1u], q = w.v[base + QS + k];
     vec2 dm = unpackHalf2x16(h0.x);
     vec4 sm = vec4(scales_pair(h0, h1, j));
     so[0] = vec2(dm.x * sm.x, -dm.y * sm.y);
     so[1] = vec2(dm.x * sm.z, -dm.y * sm.w);
+#if defined(W_Q5_K)
+    h = w.v[base + 2u + (k & 3u)];
+#else
+    h = uvec2(0u);
+#endif
+    return q;
+}
+void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], out vec2 so[UG]) {
+    uvec2 h;
+    uint j;
+    uvec2 q = k_unit(w, row, U, u, h, j, so);
     qa[0] = nib_lo(q.x);
     qb[0] = nib_lo(q.y);
     qa[1] = nib_hi(q.x);
     qb[1] = nib_hi(q.y);
 #if defined(W_Q5_K)
-    uvec2 h = w.v[base + 2u + (k & 3u)]; /* fifth bits of the same 8 byte positions */
     qa[0] += 16.0 * bytebit(h.x, 2u * j);
     qb[0] += 16.0 * bytebit(h.y, 2u * j);
     qa[1] += 16.0 * bytebit(h.x, 2u * j + 1u);
@@ -184,16 +197,12 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
 }
 #ifdef QX
 void unit_load_i(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG]) {
-    uint base = (row * (U >> 4u) + (u >> 4u)) * BLK, k = u & 15u, j = k >> 2u;
-    uvec2 h0 = w.v[base], h1 = w.v[base + 1u], q = w.v[base + QS + k];
-    vec2 dm = unpackHalf2x16(h0.x);
-    vec4 sm = vec4(scales_pair(h0, h1, j));
-    so[0] = vec2(dm.x * sm.x, -dm.y * sm.y);
-    so[1] = vec2(dm.x * sm.z, -dm.y * sm.w);
+    uvec2 h;
+    uint j;
+    uvec2 q = k_unit(w, row, U, u, h, j, so);
     qi[0] = q & 0x0F0F0F0Fu;
     qi[1] = (q >> 4u) & 0x0F0F0F0Fu;
 #if defined(W_Q5_K)
-    uvec2 h = w.v[base + 2u + (k & 3u)];
     qi[0] |= ((h >> (2u * j)) & 0x01010101u) << 4u;
     qi[1] |= ((h >> (2u * j + 1u)) & 0x01010101u) << 4u;
 #endif
@@ -217,16 +226,25 @@ vec4 q6(uint l, uint lsh, uint h, uint hsh) {
     uvec4 hi = (uvec4(h) >> (uvec4(0u, 8u, 16u, 24u) + hsh)) & 3u;
     return vec4(lo | (hi << 4u)) - 32.0;
 }
-void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], out vec2 so[UG]) {
+/* unit u's low-nibble bytes (lo, hi), their top-bit bytes qh, and its four groups' scales */
+void q6_unit(W w, uint row, uint U, uint u, out uvec2 lo, out uvec2 hi, out uvec2 qh, out float sc[4]) {
     uint base = (row * (U >> 3u) + (u >> 3u)) * 28u, k = u & 7u, hf = k >> 2u, l8 = k & 3u;
-    uvec2 lo = w.v[base + hf * 8u + l8], hi = w.v[base + hf * 8u + 4u + l8];
-    uvec2 qh = w.v[base + 16u + hf * 4u + l8], sv = w.v[base + 24u + hf];
+    lo = w.v[base + hf * 8u + l8];
+    hi = w.v[base + hf * 8u + 4u + l8];
+    qh = w.v[base + 16u + hf * 4u + l8];
+    uvec2 sv = w.v[base + 24u + hf];
     float d = unpackHalf2x16(w.v[base + 26u].x).x;
     uint is = l8 >> 1u;
     for (uint g = 0u; g < 4u; g++) {
         uint i = is + 2u * g;
-        so[g] = vec2(d * float(bitfieldExtract(int(i < 4u ? sv.x : sv.y), int(8u * (i & 3u)), 8)), 0.0);
+        sc[g] = d * float(bitfieldExtract(int(i < 4u ? sv.x : sv.y), int(8u * (i & 3u)), 8));
     }
+}
+void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], out vec2 so[UG]) {
+    uvec2 lo, hi, qh;
+    float sc[4];
+    q6_unit(w, row, U, u, lo, hi, qh, sc);
+    for (uint g = 0u; g < 4u; g++) so[g] = vec2(sc[g], 0.0);
     qa[0] = q6(lo.x, 0u, qh.x, 0u);
     qb[0] = q6(lo.y, 0u, qh.y, 0u);
     qa[1] = q6(hi.x, 0u, qh.x, 2u);
@@ -242,16 +260,10 @@ uvec2 q6i(uvec2 l, uint lsh, uvec2 h, uint hsh) {
     return ((l >> lsh) & 0x0F0F0F0Fu) | (((h >> hsh) & 0x03030303u) << 4u);
 }
 void unit_load_i(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG]) {
-    uint base = (row * (U >> 3u) + (u >> 3u)) * 28u, k = u & 7u, hf = k >> 2u, l8 = k & 3u;
-    uvec2 lo = w.v[base + hf * 8u + l8], hi = w.v[base + hf * 8u + 4u + l8];
-    uvec2 qh = w.v[base + 16u + hf * 4u + l8], sv = w.v[base + 24u + hf];
-    float d = unpackHalf2x16(w.v[base + 26u].x).x;
-    uint is = l8 >> 1u;
-    for (uint g = 0u; g < 4u; g++) {
-        uint i = is + 2u * g;
-        float a = d * float(bitfieldExtract(int(i < 4u ? sv.x : sv.y), int(8u * (i & 3u)), 8));
-        so[g] = vec2(a, -32.0 * a);
-    }
+    uvec2 lo, hi, qh;
+    float sc[4];
+    q6_unit(w, row, U, u, lo, hi, qh, sc);
+    for (uint g = 0u; g < 4u; g++) so[g] = vec2(sc[g], -32.0 * sc[g]);
     qi[0] = q6i(lo, 0u, qh, 0u);
     qi[1] = q6i(hi, 0u, qh, 2u);
     qi[2] = q6i(lo, 4u, qh, 4u);
