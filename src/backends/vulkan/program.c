@@ -120,8 +120,8 @@ struct lower {
     VkDeviceSize *off;     /* arena offset of each materialised node, or -1 */
     bool *done;            /* fused into an earlier kernel */
     VkDeviceSize arena_size;
-    /* matvec inputs already rounded to int8 blocks (qx.comp), by input and norm */
     bool use_qx;           /* vk_use_qx when the program was made */
+    /* matvec inputs already rounded to int8 blocks (qx.comp), by input and norm */
     struct { uint64_t x, normw; VkDeviceSize q; } qx[8];
     int n_qx;
 };

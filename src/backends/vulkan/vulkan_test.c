@@ -246,6 +246,10 @@ static void test_qx_kernels(void **state) {
     struct backend *base;
     assert_int_equal(backend_vulkan_create(-1, &base), ANVIL_OK);
     struct vk_backend *b = (struct vk_backend *)base;
+    if (!b->d->int_dot) { /* the device has no integer dot products: the decode never uses them */
+        backend_destroy(base);
+        skip();
+    }
     static const int types[] = {DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K};
     static const struct { int K, N; } shapes[] = {{256, 37}, {1280, 129}, {4096, 3}, {96, 61}};
     int checked = 0;
