@@ -44,7 +44,7 @@ struct vk_dispatch {
     enum vk_kernel k;
     uint32_t gx, gy, gz;
     uint32_t push_size;
-    uint8_t push[VK_PUSH_BYTES];
+    _Alignas(8) uint8_t push[VK_PUSH_BYTES]; /* a push-constant struct (8-byte addresses) */
 };
 
 struct pc_embed {
