@@ -170,15 +170,19 @@ int vk_weight_kind(int dtype) {
 
 int vk_weight_kind_dtype(int kind) { return layouts[kind].type; }
 
-static const int qx_types[VK_QX_KINDS] = {DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K};
-
+/* the types dtype_rounds_x names, in weight-kind order */
 int vk_qx_index(int dtype) {
-    for (int i = 0; i < VK_QX_KINDS; i++)
-        if (qx_types[i] == dtype) return i;
-    return -1;
+    int k = vk_weight_kind(dtype), i = 0;
+    if (k < 0 || !dtype_rounds_x(dtype)) return -1;
+    for (int j = 0; j < k; j++) i += dtype_rounds_x(layouts[j].type);
+    return i;
 }
 
-int vk_qx_dtype(int index) { return qx_types[index]; }
+int vk_qx_dtype(int index) {
+    for (int j = 0; j < VK_WEIGHT_KINDS; j++)
+        if (dtype_rounds_x(layouts[j].type) && index-- == 0) return layouts[j].type;
+    return -1;
+}
 
 static const struct vk_layout *layout_of(int dtype) {
     int k = vk_weight_kind(dtype);

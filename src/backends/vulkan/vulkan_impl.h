@@ -142,8 +142,8 @@ anvil_status vk_uploader_finish(struct vk_uploader *u);
 int vk_weight_kind(int dtype);
 /* The weight type (DT_*) of kind `kind`, 0 <= kind < VK_WEIGHT_KINDS. */
 int vk_weight_kind_dtype(int kind);
-/* The weight types with integer-dot-product matvecs (K_MATVEC_QX_*: Q8_0, Q4_K, Q5_K, Q6_K):
- * a type's index among them or -1, and the type of an index. */
+/* The weight types with integer-dot-product matvecs (dtype_rounds_x: Q8_0, Q4_K, Q5_K, Q6_K,
+ * the order of K_MATVEC_QX_*): a type's index among them or -1, and the type of an index. */
 #define VK_QX_KINDS 4
 int vk_qx_index(int dtype);
 int vk_qx_dtype(int index);

@@ -36,10 +36,23 @@ static const char *models[] = {
 
 static anvil_session *session(anvil_model *m, anvil_backend_kind kind) { return tu_session(m, kind, 40); }
 
-static void against_cpu(const char *const *list, size_t n_list) {
-    for (size_t t = 0; t < n_list; t++) {
+/* The 7-token prompt through both sessions (on Vulkan the prefill program): every row's
+ * logits, into a and b ([7, V] each), within 1e-3 of each other. */
+static void prompt_rows_agree(const char *spec, anvil_session *cpu, anvil_session *vk, int V, float *a, float *b) {
+    int32_t prompt[7] = {3, 141, 59, 26, 5, 358, 97};
+    assert_int_equal(anvil_session_eval(cpu, prompt, 7, ANVIL_LOGITS_ALL, a), ANVIL_OK);
+    assert_int_equal(anvil_session_eval(vk, prompt, 7, ANVIL_LOGITS_ALL, b), ANVIL_OK);
+    float d = tu_max_diff(a, b, 7 * (size_t)V);
+    fprintf(stderr, "%s: all rows: max |vulkan - cpu| = %.3g\n", spec, (double)d);
+    assert_true(d < 1e-3f);
+}
+
+static void test_against_cpu(void **state) {
+    (void)state;
+    setenv("ANVIL_VK_QX", "0", 1); /* the float matvecs, as the CPU computes them */
+    for (size_t t = 0; t < sizeof models / sizeof *models; t++) {
         char spec[64];
-        snprintf(spec, sizeof spec, "synthetic:%s", list[t]);
+        snprintf(spec, sizeof spec, "synthetic:%s", models[t]);
         anvil_model *m;
         assert_int_equal(anvil_model_open(spec, NULL, &m), ANVIL_OK);
         anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
@@ -51,14 +64,8 @@ static void against_cpu(const char *const *list, size_t n_list) {
         assert_true(mc.device_bytes == 0 && mc.device_peak_bytes == 0 && mc.host_peak_bytes > 0);
         assert_true(mv.device_bytes > 0 && mv.device_peak_bytes >= mv.device_bytes);
         int V = anvil_model_vocab_size(m);
-        /* 7 prompt tokens: every row's logits */
-        int32_t prompt[7] = {3, 141, 59, 26, 5, 358, 97};
         float *a = malloc(sizeof(float) * 7 * (size_t)V), *b = malloc(sizeof(float) * 7 * (size_t)V);
-        assert_int_equal(anvil_session_eval(cpu, prompt, 7, ANVIL_LOGITS_ALL, a), ANVIL_OK);
-        assert_int_equal(anvil_session_eval(vk, prompt, 7, ANVIL_LOGITS_ALL, b), ANVIL_OK);
-        float d = tu_max_diff(a, b, 7 * (size_t)V);
-        fprintf(stderr, "%s: all rows: max |vulkan - cpu| = %.3g\n", spec, (double)d);
-        assert_true(d < 1e-3f);
+        prompt_rows_agree(spec, cpu, vk, V, a, b);
         /* greedy generation: the device loop vs the host loop, from the same cache */
         anvil_generate_params gp = {anvil_sampling_default(), 12, NULL, 0};
         int32_t ga[16] = {0}, gb[16] = {0};
@@ -94,7 +101,7 @@ static void against_cpu(const char *const *list, size_t n_list) {
         int32_t probe = 77;
         assert_int_equal(anvil_session_eval(cpu, &probe, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
         assert_int_equal(anvil_session_eval(vk, &probe, 1, ANVIL_LOGITS_LAST, b), ANVIL_OK);
-        d = tu_max_diff(a, b, (size_t)V);
+        float d = tu_max_diff(a, b, (size_t)V);
         fprintf(stderr, "%s: after a stop: max |vulkan - cpu| = %.3g\n", spec, (double)d);
         assert_true(d < 1e-3f);
         free(a);
@@ -103,12 +110,6 @@ static void against_cpu(const char *const *list, size_t n_list) {
         anvil_session_destroy(vk);
         anvil_model_close(m);
     }
-}
-
-static void test_against_cpu(void **state) {
-    (void)state;
-    setenv("ANVIL_VK_QX", "0", 1);
-    against_cpu(models, sizeof models / sizeof *models);
     unsetenv("ANVIL_VK_QX");
 }
 
@@ -142,12 +143,8 @@ static void test_against_cpu_qx(void **state) {
         assert_int_equal(anvil_model_open(spec, NULL, &m), ANVIL_OK);
         anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
         int V = anvil_model_vocab_size(m);
-        int32_t prompt[7] = {3, 141, 59, 26, 5, 358, 97};
         float *a = malloc(sizeof(float) * 7 * (size_t)V), *b = malloc(sizeof(float) * 7 * (size_t)V);
-        assert_int_equal(anvil_session_eval(cpu, prompt, 7, ANVIL_LOGITS_ALL, a), ANVIL_OK);
-        assert_int_equal(anvil_session_eval(vk, prompt, 7, ANVIL_LOGITS_ALL, b), ANVIL_OK);
-        float d = tu_max_diff(a, b, 7 * (size_t)V);
-        assert_true(d < 1e-3f);
+        prompt_rows_agree(spec, cpu, vk, V, a, b);
         double worst = 0, mean = 0;
         for (int i = 0; i < 6; i++) {
             int32_t tok = (int32_t)((i * 53 + 7) % V);

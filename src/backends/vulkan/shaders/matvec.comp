@@ -43,6 +43,13 @@ layout(push_constant) uniform PC {
     float eps;
 } pc;
 
+#ifdef QX
+/* one group of 8 weights (so.x * qi + so.y) times its 8 rounded inputs (xd * xq, summing to xs) */
+float qdot(uvec2 xq, float xd, float xs, uvec2 qi, vec2 so) {
+    return so.x * xd * float(WDOT(xq.x, qi.x) + WDOT(xq.y, qi.y)) + so.y * xs;
+}
+#endif
+
 shared float red[2 * 8][32]; /* [rows][subgroups] (NR <= 8, up to 32 subgroups) */
 shared float red_ss[32];
 
@@ -127,17 +134,17 @@ void main() {
                     if (GATED) {
                         unit_load_i(pc.w0, g, U, u, qi, so);
                         for (uint k = 0; k < UG; k++)
-                            acc[r] += so[k].x * xd[k] * float(WDOT(xq[k].x, qi[k].x) + WDOT(xq[k].y, qi[k].y)) + so[k].y * xs[k];
+                            acc[r] += qdot(xq[k], xd[k], xs[k], qi[k], so[k]);
                         unit_load_i(pc.w1, g, U, u, qi, so);
                         for (uint k = 0; k < UG; k++)
-                            acc[NR + r] += so[k].x * xd[k] * float(WDOT(xq[k].x, qi[k].x) + WDOT(xq[k].y, qi[k].y)) + so[k].y * xs[k];
+                            acc[NR + r] += qdot(xq[k], xd[k], xs[k], qi[k], so[k]);
                     } else {
                         uint r1 = pc.rows0 + pc.rows1;
                         W wv = g < pc.rows0 ? pc.w0 : g < r1 ? pc.w1 : pc.w2;
                         uint gr = g < pc.rows0 ? g : g < r1 ? g - pc.rows0 : g - r1;
                         unit_load_i(wv, gr, U, u, qi, so);
                         for (uint k = 0; k < UG; k++)
-                            acc[r] += so[k].x * xd[k] * float(WDOT(xq[k].x, qi[k].x) + WDOT(xq[k].y, qi[k].y)) + so[k].y * xs[k];
+                            acc[r] += qdot(xq[k], xd[k], xs[k], qi[k], so[k]);
                     }
                 }
 #else
