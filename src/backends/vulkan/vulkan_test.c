@@ -493,5 +493,8 @@ int main(void) {
         cmocka_unit_test(test_against_cpu_qx),
         cmocka_unit_test(test_long_attention),
     };
+    /* ANVIL_TEST_FILTER=test_qx_kernels runs the tests matching a pattern (e.g. on a GPU
+     * machine without the test data) */
+    if (getenv("ANVIL_TEST_FILTER")) cmocka_set_test_filter(getenv("ANVIL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
