@@ -24,9 +24,8 @@ layout(constant_id = 0) const uint MODE = 0;
 const uint EMAX = 1024u;
 shared float lg[EMAX];
 shared float red_v[64]; /* per subgroup (subgroups of 4 or more) */
-shared uint red_i[64];
 shared uint chosen[64];
-shared float mx_s, sum_s;
+shared float mx_s;
 shared uint cnt[EMAX];
 
 void bucket() {
@@ -53,7 +52,8 @@ void main() {
     uint lo = MODE == 1u ? gl_WorkGroupID.x * pc.E : 0u, ro = MODE == 1u ? gl_WorkGroupID.x * 128u : 0u;
     float mx = -1.0 / 0.0;
     for (uint i = t; i < pc.E; i += 256u) {
-        lg[i] = pc.logits.v[lo + i];
+        float v = pc.logits.v[lo + i];
+        lg[i] = isnan(v) ? -1.0 / 0.0 : v; /* a total order, whatever the logits hold */
         mx = max(mx, lg[i]);
     }
     mx = subgroupMax(mx);
@@ -65,55 +65,29 @@ void main() {
         mx_s = m;
     }
     barrier();
+    /* each expert's rank among all (larger logit first, ties to the lower id): the k of
+     * rank < k are the chosen, in rank order; and the softmax's sum */
     float sum = 0.0;
-    for (uint i = t; i < pc.E; i += 256u) sum += exp(lg[i] - mx_s);
+    for (uint i = t; i < pc.E; i += 256u) {
+        float v = lg[i];
+        sum += exp(v - mx_s);
+        uint rank = 0u;
+        for (uint e = 0u; e < pc.E; e++) {
+            float u = lg[e];
+            rank += u > v || (u == v && e < i) ? 1u : 0u;
+        }
+        if (rank < pc.k) chosen[rank] = i;
+    }
     sum = subgroupAdd(sum);
-    barrier();
     if (subgroupElect()) red_v[sg] = sum;
     barrier();
     if (t == 0u) {
         float s2 = 0.0;
         for (uint s = 0; s < gl_NumSubgroups; s++) s2 += red_v[s];
-        sum_s = s2;
-    }
-    barrier();
-    /* k rounds of a workgroup argmax over the experts not chosen yet */
-    for (uint r = 0; r < pc.k; r++) {
-        float bv = -1.0 / 0.0;
-        uint bi = 0xffffffffu;
-        for (uint i = t; i < pc.E; i += 256u) {
-            bool taken = false;
-            for (uint c = 0; c < r; c++) taken = taken || chosen[c] == i;
-            if (!taken && (bi == 0xffffffffu || lg[i] > bv)) {
-                bv = lg[i];
-                bi = i;
-            }
-        }
-        float m = subgroupMax(bi == 0xffffffffu ? -1.0 / 0.0 : bv);
-        uint mi = subgroupMin(bi != 0xffffffffu && bv == m ? bi : 0xffffffffu);
-        if (subgroupElect()) {
-            red_v[sg] = m;
-            red_i[sg] = mi;
-        }
-        barrier();
-        if (t == 0u) {
-            float best = -1.0 / 0.0;
-            uint besti = 0xffffffffu;
-            for (uint s = 0; s < gl_NumSubgroups; s++)
-                if (red_i[s] != 0xffffffffu && (besti == 0xffffffffu || red_v[s] > best ||
-                                                 (red_v[s] == best && red_i[s] < besti))) {
-                    best = red_v[s];
-                    besti = red_i[s];
-                }
-            chosen[r] = besti;
-        }
-        barrier();
-    }
-    if (t == 0u) {
         float tot = 0.0;
-        for (uint r = 0; r < pc.k; r++) tot += exp(lg[chosen[r]] - mx_s) / sum_s;
+        for (uint r = 0; r < pc.k; r++) tot += exp(lg[chosen[r]] - mx_s) / s2;
         for (uint r = 0; r < pc.k; r++) {
-            float p = exp(lg[chosen[r]] - mx_s) / sum_s;
+            float p = exp(lg[chosen[r]] - mx_s) / s2;
             pc.route.v[ro + r] = uintBitsToFloat(chosen[r]);
             pc.route.v[ro + 64u + r] = pc.norm != 0u ? p / tot : p;
         }
