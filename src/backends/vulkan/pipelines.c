@@ -415,10 +415,15 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     }
     if (out->matvec_wg < d->subgroup_size) out->matvec_wg = d->subgroup_size;
     if (out->matvec_wg / d->subgroup_size > 32) out->matvec_wg = 32 * d->subgroup_size;
-    /* attention.comp's shared memory (NSG = 4 subgroups): refuse what the device cannot
-     * hold rather than fail (or hang) at dispatch */
+    /* attention.comp's subgroups per workgroup (ANVIL_VK_ATTN_NSG, 1 .. 8) */
+    out->attn_nsg = 4;
+    e = getenv("ANVIL_VK_ATTN_NSG");
+    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->attn_nsg = (uint32_t)atoi(e);
+    if (out->attn_nsg * d->subgroup_size > d->props.limits.maxComputeWorkGroupSize[0]) out->attn_nsg = 4;
+    /* its shared memory: refuse what the device cannot hold rather than fail (or hang) at
+     * dispatch */
     size_t G = (size_t)attn_g, D = (size_t)attn_d;
-    size_t attn_shared = 8 * 4 * G + 4 * G * D + 8 * (G + 1) * D + 4 * D + 2 * 4 * 64 * G + 4 * G + 16;
+    size_t attn_shared = 8 * out->attn_nsg * G + 4 * G * D + 8 * (G + 1) * D + 4 * D + 2 * 4 * 64 * G + 4 * G + 16;
     if (attn_shared > d->props.limits.maxComputeSharedMemorySize)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention with %d query heads per kv head of "
                        "dim %d needs %zu bytes of shared memory; %s has %u", attn_g, attn_d, attn_shared,
@@ -453,8 +458,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         VkShaderModule mod;
         st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
         if (st != ANVIL_OK) break;
-        uint32_t vals[4] = {0};
-        VkSpecializationMapEntry ent[4];
+        uint32_t vals[5] = {0};
+        VkSpecializationMapEntry ent[5];
         uint32_t n = 0;
         if (k < K_EMBED_F32 || (k > K_QX && k < K_COUNT)) {
             bool qx = k > K_QX;
@@ -470,8 +475,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
             vals[0] = (uint32_t)attn_g;
             vals[1] = (uint32_t)attn_d;
             vals[2] = d->subgroup_size;
-            vals[3] = 4 * d->subgroup_size; /* workgroup: 4 subgroups */
-            n = 4;
+            vals[3] = out->attn_nsg * d->subgroup_size; /* workgroup: NSG subgroups */
+            vals[4] = out->attn_nsg;
+            n = 5;
         } else if (k == K_ATTN_FLASH) {
             vals[0] = (uint32_t)attn_g;
             vals[1] = (uint32_t)attn_d;

@@ -217,6 +217,7 @@ struct vk_pipelines {
     char cache_path[1024];
     VkPipeline p[K_COUNT];
     int attn_g, attn_d; /* the attention pipeline's specialisation */
+    uint32_t attn_nsg;  /* and its subgroups per workgroup */
     uint32_t matvec_wg, matvec_nr, matvec_nr_q, matvec_pipe;
     /* per weight kind, for tuning: ANVIL_VK_MATVEC_NR_<KIND> / _WG_<KIND> (KIND as in
      * the type's name, dtype_name: Q6_K), 0 where not set */

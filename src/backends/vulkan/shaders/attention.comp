@@ -32,8 +32,7 @@ layout(local_size_x_id = 3) in;             /* NSG * SG */
 layout(constant_id = 0) const uint G = 2;   /* query heads per kv head */
 layout(constant_id = 1) const uint D = 128; /* head dim, a multiple of 4 */
 layout(constant_id = 2) const uint SG = 32; /* subgroup size */
-
-const uint NSG = 4;
+layout(constant_id = 4) const uint NSG = 4; /* subgroups per workgroup */
 const uint D4 = D / 4;
 const uint CPL = (D4 + SG - 1) / SG; /* vec4 chunks of a row per lane */
 const uint RPC = 16; /* cache rows per chunk before another chunk is used */
