@@ -33,6 +33,8 @@ static const struct shape shapes[] = {
     {"qwen3-tiny", 2, 128, 4, 2, 32, 256, 512, true},
     /* widths of whole 256-blocks (K-quants), odd counts of them and of rows */
     {"qwen3-tiny-k", 2, 256, 4, 2, 64, 768, 1001, true},
+    /* a vocabulary of several argmax / sampling workgroups, the last one partial */
+    {"qwen3-tiny-v", 2, 128, 4, 2, 32, 256, 10007, false},
     {"qwen3-0.6b", 28, 1024, 16, 8, 128, 3072, 151936, true},
     {"qwen3-1.7b", 28, 2048, 16, 8, 128, 6144, 151936, true},
     {"qwen3-4b", 36, 2560, 32, 8, 128, 9728, 151936, true},

@@ -38,6 +38,7 @@
 
 #define ATTN_CHUNKS 64 /* the most chunks (attention.comp uses fewer for short caches); ANVIL_VK_ATTN_CHUNKS overrides (1 .. 64) */
 #define STEPS_PER_BATCH 8
+#define ARGMAX_CH 2048 /* logits per argmax.comp workgroup (its CH) */
 #define ALIGN 256
 
 struct vk_dispatch {
@@ -76,8 +77,8 @@ struct pc_gdn {
     float eps_l2, eps;
 };
 struct pc_argmax {
-    uint64_t logits, ctl;
-    uint32_t V;
+    uint64_t logits, ctl, part, cnt;
+    uint32_t V, nwg;
 };
 struct pc_sample {
     uint64_t logits, ctl, part, cnt;
@@ -679,8 +680,11 @@ static anvil_status lower_graph(struct lower *L) {
     so->push_size = sizeof ps;
     memcpy(so->push, &ps, sizeof ps);
     /* the last op: argmax, next token, position */
-    struct pc_argmax pa = {L->p->arena.addr + L->p->logits_off, L->p->ctl.addr, L->p->V};
-    return emit(L->p, K_ARGMAX, 1, 1, &pa, sizeof pa);
+    uint32_t anwg = (L->p->V + ARGMAX_CH - 1) / ARGMAX_CH;
+    VkDeviceSize apart = alloc_scratch(L, (VkDeviceSize)anwg * 8), acnt = alloc_scratch(L, 4);
+    struct pc_argmax pa = {L->p->arena.addr + L->p->logits_off, L->p->ctl.addr, L->p->arena.addr + apart,
+                           L->p->arena.addr + acnt, L->p->V, anwg};
+    return emit(L->p, K_ARGMAX, anwg, 1, &pa, sizeof pa);
 }
 
 /* ---- recording ---- */

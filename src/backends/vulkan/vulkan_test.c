@@ -21,12 +21,13 @@
 #include "quant/quant.h"
 #include "testutil.h"
 
-/* shape:type; qwen3-tiny-k's widths are whole 256-blocks, as the K-quants need; the MoE
+/* shape:type; qwen3-tiny-k's widths are whole 256-blocks, as the K-quants need;
+ * qwen3-tiny-v's vocabulary spans several argmax and sampling workgroups; the MoE
  * (qwen3moe-*) and hybrid (qwen3.6-*: Gated DeltaNet, gated attention, MoE with a shared
  * expert) shapes, the -odd ones of widths and counts no workgroup or block size divides,
  * qwen3.6-heads with the head shapes of Qwen3.6-35B-A3B */
 static const char *models[] = {
-    "qwen3-tiny:f32",   "qwen3-tiny:f16",   "qwen3-tiny:bf16",  "qwen3-tiny:q8_0",
+    "qwen3-tiny:f32",   "qwen3-tiny:f16",   "qwen3-tiny:bf16",  "qwen3-tiny:q8_0", "qwen3-tiny-v:f16",
     "qwen3-tiny-k:q4_0", "qwen3-tiny-k:q4_1", "qwen3-tiny-k:q5_0", "qwen3-tiny-k:q5_1",
     "qwen3-tiny-k:q4_k", "qwen3-tiny-k:q5_k", "qwen3-tiny-k:q6_k", "qwen3-tiny-k:Q4_K_M",
     "qwen3moe-tiny:bf16", "qwen3moe-tiny:q8_0", "qwen3moe-odd:f32", "qwen3moe-odd:f16",

@@ -1,19 +1,55 @@
 #version 460
 /* The end of a greedy decode step: the argmax of the logits (lowest id on ties) is the next
- * token (step.glsl). One workgroup. */
+ * token (step.glsl). Workgroup w takes logits [w * CH, (w + 1) * CH) and leaves its best
+ * (value, id) in part[w]; the last workgroup to finish (a counter, reset by it) merges the
+ * NWG of them and ends the step. */
 #include "common.glsl"
 #include "step.glsl"
 
-layout(local_size_x = 1024) in;
+layout(local_size_x = 256) in;
+
+layout(buffer_reference, std430, buffer_reference_align = 8) coherent buffer Pairs { uvec2 v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Counter { uint v[]; };
 
 layout(push_constant) uniform PC {
     Floats logits; /* [V] */
     Ctl ctl;
-    uint V;
+    Pairs part;    /* [NWG] (value bits, id) */
+    Counter cnt;   /* zero between steps */
+    uint V, NWG;
 } pc;
 
-shared float bv[256];
-shared uint bi[256];
+const uint CH = 2048u; /* logits per workgroup (program.c ARGMAX_CH) */
+const uint NONE = 0xffffffffu;
+
+shared float bv[32];
+shared uint bi[32];
+shared bool last_wg;
+
+/* (v, i) becomes the better of itself and (v2, i2): the larger value, then the lower id;
+ * id NONE stands for nothing */
+void better(inout float v, inout uint i, float v2, uint i2) {
+    if (i2 != NONE && (i == NONE || v2 > v || (v2 == v && i2 < i))) {
+        v = v2;
+        i = i2;
+    }
+}
+
+/* the workgroup's best of the threads' (v, i), in thread 0 */
+void wg_best(inout float v, inout uint i) {
+    float m = subgroupMax(i == NONE ? -1.0 / 0.0 : v);
+    uint mi = subgroupMin(i != NONE && v == m ? i : NONE);
+    if (subgroupElect()) {
+        bv[gl_SubgroupID] = m;
+        bi[gl_SubgroupID] = mi;
+    }
+    barrier();
+    if (gl_LocalInvocationID.x == 0u) {
+        v = -1.0 / 0.0;
+        i = NONE;
+        for (uint s = 0; s < gl_NumSubgroups; s++) better(v, i, bv[s], bi[s]);
+    }
+}
 
 void main() {
     if (pc.ctl.stop != 0u) return;
@@ -21,22 +57,35 @@ void main() {
     uint fi = pc.ctl.feed_idx, n_out = pc.ctl.n_out;
     bool feeding = fi < pc.ctl.n_feed;
     bool done = !feeding && n_out >= pc.ctl.budget;
-    uint best_i = 0xffffffffu;
+    float best = -1.0 / 0.0;
+    uint best_i = NONE;
     if (!feeding && !done) {
-        float best = -1.0 / 0.0;
-        for (uint i = t; i < pc.V; i += gl_WorkGroupSize.x) {
+        uint hi = min((gl_WorkGroupID.x + 1u) * CH, pc.V);
+        for (uint i = gl_WorkGroupID.x * CH + t; i < hi; i += 256u) {
             float x = pc.logits.v[i];
-            if (x > best || best_i == 0xffffffffu) { best = x; best_i = i; }
+            if (x > best || best_i == NONE) {
+                best = x;
+                best_i = i;
+            }
         }
-        float m = subgroupMax(best);
-        uint mi = subgroupMin(best == m ? best_i : 0xffffffffu);
-        if (subgroupElect()) { bv[gl_SubgroupID] = m; bi[gl_SubgroupID] = mi; }
-        barrier();
-        if (t == 0u) {
-            for (uint s = 0; s < gl_NumSubgroups; s++)
-                if (bv[s] > bv[0] || (bv[s] == bv[0] && bi[s] < bi[0])) { bv[0] = bv[s]; bi[0] = bi[s]; }
-            best_i = bi[0];
-        }
+        wg_best(best, best_i);
     }
-    if (t == 0u) step_end(pc.ctl, feeding, done, best_i);
+    if (t == 0u) pc.part.v[gl_WorkGroupID.x] = uvec2(floatBitsToUint(best), best_i);
+    memoryBarrierBuffer();
+    barrier();
+    if (t == 0u) last_wg = atomicAdd(pc.cnt.v[0], 1u) == pc.NWG - 1u;
+    barrier();
+    if (!last_wg) return;
+    memoryBarrierBuffer();
+    best = -1.0 / 0.0;
+    best_i = NONE;
+    for (uint w = t; w < pc.NWG; w += 256u) {
+        uvec2 p = pc.part.v[w];
+        better(best, best_i, uintBitsToFloat(p.x), p.y);
+    }
+    wg_best(best, best_i);
+    if (t == 0u) {
+        pc.cnt.v[0] = 0u; /* ready for the next step */
+        step_end(pc.ctl, feeding, done, best_i);
+    }
 }
