@@ -35,6 +35,8 @@ layout(constant_id = 2) const uint SG = 32; /* subgroup size */
 layout(constant_id = 4) const uint NSG = 4; /* subgroups per workgroup */
 const uint D4 = D / 4;
 const uint CPL = (D4 + SG - 1) / SG; /* vec4 chunks of a row per lane */
+const uint DL = (D + SG - 1) / SG;   /* values of a row per lane */
+const uint RS = (G + NSG) / NSG;     /* q/k rows a subgroup normalises, at most */
 const uint RPC = 16; /* cache rows per chunk before another chunk is used */
 
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer QBytes { uint v[]; };
@@ -66,18 +68,6 @@ shared vec4 vnew[D4];
 shared bool last_wg;
 shared float mw[G][64], lw[G][64]; /* merge: m (then weights) and l of each chunk (NC <= 64) */
 shared float inv_l[G];
-
-/* RMS-normalises row src[D] with weight w into xs[slot] (one subgroup). */
-void norm_row(Floats src, uint off, Floats w, uint slot, uint lane) {
-    float ss = 0.0;
-    for (uint d = lane; d < D; d += SG) {
-        float x = src.v[off + d];
-        xs[slot][d] = x;
-        ss += x * x;
-    }
-    float inv = 1.0 / sqrt(subgroupAdd(ss) / float(D) + pc.eps);
-    for (uint d = lane; d < D; d += SG) xs[slot][d] *= inv * w.v[d];
-}
 
 /* chunk c4 of cache row p from memory: zero past the end and for the current position's
  * row, which is not in the cache yet (patch_row) */
@@ -138,10 +128,32 @@ void main() {
         load_glob(p, end, pos, j, lane + k * SG, k0[k], v0[k]);
         load_glob(p + NSG, end, pos, j, lane + k * SG, k1[k], v1[k]);
     }
-    /* q (and k) rows: norm, then rotate */
-    for (uint g = sg; g < G + 1u; g += NSG)
-        if (g < G) norm_row(pc.q, (j * G + g) * D, pc.qnorm, g, lane);
-        else if (mine) norm_row(pc.k, j * D, pc.knorm, G, lane);
+    /* q (and k) rows: norm, then rotate. A subgroup's rows (g = sg, sg + NSG, ...) and the
+     * norms' weights are all loaded before the first sum, so that their latencies overlap */
+    float xv[RS][DL], wq[DL], wk[DL];
+    for (uint r = 0; r < RS; r++) {
+        uint g = sg + r * NSG;
+        for (uint i = 0; i < DL; i++) {
+            uint d = lane + i * SG;
+            xv[r][i] = d >= D ? 0.0 : g < G ? pc.q.v[(j * G + g) * D + d] : g == G && mine ? pc.k.v[j * D + d] : 0.0;
+        }
+    }
+    for (uint i = 0; i < DL; i++) {
+        uint d = lane + i * SG;
+        wq[i] = d < D ? pc.qnorm.v[d] : 0.0;
+        wk[i] = d < D && mine ? pc.knorm.v[d] : 0.0;
+    }
+    for (uint r = 0; r < RS; r++) {
+        uint g = sg + r * NSG;
+        if (g > G || (g == G && !mine)) continue; /* the same for the whole subgroup */
+        float ss = 0.0;
+        for (uint i = 0; i < DL; i++) ss += xv[r][i] * xv[r][i];
+        float inv = 1.0 / sqrt(subgroupAdd(ss) / float(D) + pc.eps);
+        for (uint i = 0; i < DL; i++) {
+            uint d = lane + i * SG;
+            if (d < D) xs[g][d] = xv[r][i] * (inv * (g < G ? wq[i] : wk[i]));
+        }
+    }
     barrier();
     for (uint i = t; i < (G + 1u) * D; i += gl_WorkGroupSize.x) {
         uint g = i / D, d = i % D;
