@@ -398,6 +398,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     out->matvec_nr_q = MATVEC_NR_Q;
     e = getenv("ANVIL_VK_MATVEC_NR_Q");
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_q = (uint32_t)atoi(e);
+    e = getenv("ANVIL_VK_MATVEC_NR_MOE");
+    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_moe = (uint32_t)atoi(e);
     out->matvec_pipe = 1;
     e = getenv("ANVIL_VK_MATVEC_PIPE");
     if (e && atoi(e) >= 1 && atoi(e) <= 4) out->matvec_pipe = (uint32_t)atoi(e);
@@ -465,10 +467,11 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
             bool qx = k > K_QX;
             int kind = qx ? vk_weight_kind(vk_qx_dtype((k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS))
                           : (k - K_MATVEC_F32) % VK_WEIGHT_KINDS;
+            uint32_t mode = qx ? (uint32_t)((k - K_MATVEC_QX_Q8_0) / VK_QX_KINDS)
+                               : (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS);
             vals[0] = out->matvec_wg_kind[kind] ? out->matvec_wg_kind[kind] : out->matvec_wg;
-            vals[1] = vk_matvec_rows(out, kind);
-            vals[2] = qx ? (uint32_t)((k - K_MATVEC_QX_Q8_0) / VK_QX_KINDS) /* MODE */
-                         : (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS);
+            vals[1] = vk_matvec_rows_mode(out, kind, mode);
+            vals[2] = mode;
             vals[3] = out->matvec_pipe;
             n = 4;
         } else if (k == K_ATTENTION) {

@@ -479,7 +479,7 @@ static anvil_status lower_moe(struct lower *L, int i) {
     pc.rows0 = F;
     pc.rows1 = k;
     pc.rows2 = stride;
-    uint32_t nr = matvec_rows_per_wg(L->p->b, gn->weight->type);
+    uint32_t nr = vk_matvec_rows_mode(&L->p->b->pl, vk_weight_kind(gn->weight->type), 2);
     if ((st = emit(L->p, kgu, (F + nr - 1) / nr, k, &pc, sizeof pc)) != ANVIL_OK) return st;
     struct pc_matvec pd = {0};
     pd.ctl = L->p->ctl.addr;
@@ -530,7 +530,7 @@ static anvil_status lower_moe(struct lower *L, int i) {
         pd.res = pd.o0;
     }
     if (!(pd.flags & 4)) pd.o2 = pd.o0;
-    nr = matvec_rows_per_wg(L->p->b, dn->weight->type);
+    nr = vk_matvec_rows_mode(&L->p->b->pl, vk_weight_kind(dn->weight->type), 3);
     uint32_t gx, gy;
     grid((C + nr - 1) / nr, &gx, &gy);
     return emit(L->p, kd, gx, gy, &pd, sizeof pd);

@@ -219,6 +219,7 @@ struct vk_pipelines {
     int attn_g, attn_d; /* the attention pipeline's specialisation */
     uint32_t attn_nsg;  /* and its subgroups per workgroup */
     uint32_t matvec_wg, matvec_nr, matvec_nr_q, matvec_pipe;
+    uint32_t matvec_nr_moe; /* the experts' kernels' rows per workgroup, 0: as the kind's */
     /* per weight kind, for tuning: ANVIL_VK_MATVEC_NR_<KIND> / _WG_<KIND> (KIND as in
      * the type's name, dtype_name: Q6_K), 0 where not set */
     uint32_t matvec_nr_kind[VK_WEIGHT_KINDS], matvec_wg_kind[VK_WEIGHT_KINDS];
@@ -237,6 +238,12 @@ static inline bool vk_flash_fits(int g, int d) { return g >= 1 && 64 % g == 0 &&
 static inline uint32_t vk_matvec_rows(const struct vk_pipelines *p, int kind) {
     if (p->matvec_nr_kind[kind]) return p->matvec_nr_kind[kind];
     return kind >= 4 && kind <= 7 ? p->matvec_nr_q : p->matvec_nr;
+}
+
+/* Rows per workgroup of a matvec kernel of weight kind `kind` and MODE `mode`: the experts'
+ * kernels (MODE 2, 3) take ANVIL_VK_MATVEC_NR_MOE where set. */
+static inline uint32_t vk_matvec_rows_mode(const struct vk_pipelines *p, int kind, uint32_t mode) {
+    return mode >= 2 && p->matvec_nr_moe ? p->matvec_nr_moe : vk_matvec_rows(p, kind);
 }
 
 /* matvec.comp's push constants (the decode program's, and the prefill's one-row products) */
