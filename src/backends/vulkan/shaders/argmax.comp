@@ -22,8 +22,8 @@ layout(push_constant) uniform PC {
 const uint CH = 2048u; /* logits per workgroup (program.c ARGMAX_CH) */
 const uint NONE = 0xffffffffu;
 
-shared float bv[32];
-shared uint bi[32];
+shared float bv[256]; /* per subgroup (of any size) */
+shared uint bi[256];
 shared bool last_wg;
 
 /* (v, i) becomes the better of itself and (v2, i2): the larger value, then the lower id;
