@@ -113,9 +113,20 @@ static int every_fault(const char *kind, const char *expect, const char *args) {
         snprintf(v, sizeof v, "%s:%d", kind, k);
         setenv("ANVIL_VK_FAULT", v, 1);
         char *err = NULL;
-        double t0 = now_s();
-        int rc = tu_run_anvil(NULL, &err, "%s", args);
-        double dt = now_s() - t0;
+        double t0, dt;
+        int rc;
+        for (int tries = 0;; tries++) {
+            t0 = now_s();
+            rc = tu_run_anvil(NULL, &err, "%s", args);
+            dt = now_s() - t0;
+            /* a timeout that is not the injected hang: a real submission outlasted the short
+             * limit (a loaded machine, the sanitizers); the same point again, a few times */
+            bool slow = rc == 1 && strcmp(kind, "hang") == 0 && err &&
+                        !strstr(err, "[the hang ANVIL_VK_FAULT injected]");
+            if (!slow || tries == 3) break;
+            free(err);
+            err = NULL;
+        }
         if (rc == 0) {
             free(err);
             unsetenv("ANVIL_VK_FAULT");

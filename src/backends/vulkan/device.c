@@ -572,8 +572,8 @@ anvil_status vk_wait(struct vk_device *d, uint64_t value) {
         r = vkWaitSemaphores(d->dev, &wi, 1000000000ull);
     if (r == VK_TIMEOUT) {
         err_set(ANVIL_ERR_BACKEND, "vulkan: %s has not finished its work in %.0f s: the GPU is hung "
-                "or far too slow for this model (ANVIL_VK_TIMEOUT sets the limit)",
-                d->props.deviceName, d->timeout_s);
+                "or far too slow for this model (ANVIL_VK_TIMEOUT sets the limit)%s",
+                d->props.deviceName, d->timeout_s, d->hang_injected ? " [the hang ANVIL_VK_FAULT injected]" : "");
         d->hung = true;
         return device_failed(d, ANVIL_ERR_BACKEND);
     }
