@@ -1092,20 +1092,52 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
     return st;
 }
 
+/* For the test hooks: the pipelines made on first use (attention specialised for nothing). */
+static anvil_status test_pipelines(struct vk_backend *b) {
+    if (b->have_pl) return ANVIL_OK;
+    anvil_status st = vk_pipelines_create(b->d, 1, 128, &b->pl);
+    if (st == ANVIL_OK) b->have_pl = true;
+    return st;
+}
+
+/* For the test hooks: one command buffer of dispatches, each after a barrier (zero_first:
+ * that buffer filled with zeros before them), submitted and waited for; host-visible results
+ * are readable when it returns ANVIL_OK. */
+struct test_dispatch { enum vk_kernel k; const void *push; size_t size; uint32_t gx; };
+static anvil_status test_run(struct vk_backend *b, const struct test_dispatch *ds, int n, VkBuffer zero_first) {
+    struct vk_device *d = b->d;
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    anvil_status st = vk_cmd_alloc(d, &cb);
+    if (st != ANVIL_OK) return st;
+    VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
+                                   VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
+    vkBeginCommandBuffer(cb, &bi);
+    if (zero_first) vkCmdFillBuffer(cb, zero_first, 0, VK_WHOLE_SIZE, 0);
+    for (int i = 0; i < n; i++) {
+        barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, b->pl.p[ds[i].k]);
+        vkCmdPushConstants(cb, b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, (uint32_t)ds[i].size, ds[i].push);
+        vkCmdDispatch(cb, ds[i].gx, 1, 1);
+    }
+    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    st = vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
+    uint64_t v;
+    if (st == ANVIL_OK) st = vk_submit(d, &cb, 1, &v);
+    if (st == ANVIL_OK) st = vk_wait(d, v);
+    if (st != ANVIL_OK) vk_idle(d); /* nothing freed under work still running */
+    if (!d->abandoned) vkFreeCommandBuffers(d->dev, d->pool, 1, &cb);
+    return st;
+}
+
 anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, const struct sampling_params *sp,
                             const int32_t *hist, int n_hist, int32_t *out) {
     struct vk_device *d = b->d;
     if (V < 1 || n_hist < 1) return err_set(ANVIL_ERR_INVALID_ARG, "vk_sample_once: bad arguments");
-    anvil_status st = ANVIL_OK;
-    if (!b->have_pl) {
-        st = vk_pipelines_create(d, 1, 128, &b->pl);
-        if (st != ANVIL_OK) return st;
-        b->have_pl = true;
-    }
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
     int n_ctx = n_hist + 1;
     uint32_t nwg = ((uint32_t)V + SAMPLE_CH - 1) / SAMPLE_CH;
     struct vk_buffer lg = {0}, ctl = {0}, scratch = {0};
-    VkCommandBuffer cb = VK_NULL_HANDLE;
     st = vk_buffer_create(d, (VkDeviceSize)V * 4, VK_MEM_DEVICE, "test logits", &lg);
     if (st == ANVIL_OK)
         st = vk_buffer_create(d, sizeof(struct vk_ctl) + (size_t)n_ctx * 12, VK_MEM_CONTROL, "test control", &ctl);
@@ -1130,26 +1162,13 @@ anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, co
     ctl_set_sampling(c, (uint32_t)V, sp);
     struct pc_sample ps = {lg.addr, ctl.addr, scratch.addr, scratch.addr + (VkDeviceSize)nwg * SAMPLE_MAXK * 8,
                            (uint32_t)V, nwg};
-    if ((st = vk_cmd_alloc(d, &cb)) != ANVIL_OK) goto done;
-    VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
-                                   VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
-    vkBeginCommandBuffer(cb, &bi);
-    vkCmdFillBuffer(cb, scratch.buf, 0, VK_WHOLE_SIZE, 0);
-    barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
-    vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, b->pl.p[K_SAMPLE]);
-    vkCmdPushConstants(cb, b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof ps, &ps);
-    vkCmdDispatch(cb, nwg, 1, 1);
-    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
-    if ((st = vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer")) != ANVIL_OK) goto done;
-    uint64_t v;
-    st = vk_submit(d, &cb, 1, &v);
-    if (st == ANVIL_OK) st = vk_wait(d, v);
+    struct test_dispatch one = {K_SAMPLE, &ps, sizeof ps, nwg};
+    st = test_run(b, &one, 1, scratch.buf);
     if (st == ANVIL_OK && c->n_out != 1)
         st = err_set(ANVIL_ERR_BACKEND, "vk_sample_once: the kernel chose no token (stop %u)", c->stop);
     if (st == ANVIL_OK) *out = (int32_t)c->data[n_ctx];
 done:
-    if (st != ANVIL_OK) vk_idle(d); /* nothing freed under a copy still running */
-    if (cb && !d->abandoned) vkFreeCommandBuffers(d->dev, d->pool, 1, &cb);
+    if (st != ANVIL_OK) vk_idle(d); /* nothing freed under an upload still running */
     vk_buffer_destroy(d, &lg);
     vk_buffer_destroy(d, &ctl);
     vk_buffer_destroy(d, &scratch);
@@ -1162,12 +1181,8 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     struct vk_device *d = b->d;
     int qxi = vk_qx_index(w->type);
     if (!d->int_dot || qxi < 0) return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qx_matvec_once: no integer dot products for %s", dtype_name(w->type));
-    anvil_status st = ANVIL_OK;
-    if (!b->have_pl) {
-        st = vk_pipelines_create(d, 1, 128, &b->pl);
-        if (st != ANVIL_OK) return st;
-        b->have_pl = true;
-    }
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
     if ((st = vk_upload_tensor(b, w)) != ANVIL_OK) return st;
     uint32_t K = (uint32_t)w->ne[0], N = (uint32_t)w->ne[1], Kq = (K + 255) / 256 * 256;
     /* one host-visible buffer: ctl | x [Kq] | normw [Kq] | xq [Kq bytes] + xd [Kq / 32] | out [N] */
@@ -1175,7 +1190,6 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
                  o_q = o_n + round_up((VkDeviceSize)Kq * 4, ALIGN), o_o = o_q + round_up(Kq + Kq / 8, ALIGN),
                  size = o_o + round_up((VkDeviceSize)N * 4, ALIGN);
     struct vk_buffer buf = {0};
-    VkCommandBuffer cb = VK_NULL_HANDLE;
     if ((st = vk_buffer_create(d, size, VK_MEM_READBACK, "test qx", &buf)) != ANVIL_OK) return st;
     uint8_t *m = buf.map;
     memset(m, 0, size);
@@ -1192,32 +1206,47 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     pc.Kp8 = vk_weight_kp(b, w) / 8;
     pc.K = K;
     pc.rows0 = N;
-    uint32_t nr = vk_matvec_rows(&b->pl, vk_weight_kind(w->type)), gx, gy;
-    grid((N + nr - 1) / nr, &gx, &gy);
-    if ((st = vk_cmd_alloc(d, &cb)) != ANVIL_OK) goto done;
-    VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
-                                   VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
-    vkBeginCommandBuffer(cb, &bi);
-    vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, b->pl.p[K_QX]);
-    vkCmdPushConstants(cb, b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof pq, &pq);
-    vkCmdDispatch(cb, (Kq + 1023) / 1024, 1, 1);
-    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, STAGE_C, RW);
-    vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, b->pl.p[K_MATVEC_QX_Q8_0 + qxi]);
-    vkCmdPushConstants(cb, b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof pc, &pc);
-    vkCmdDispatch(cb, gx, gy, 1);
-    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
-    if ((st = vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer")) != ANVIL_OK) goto done;
-    uint64_t v;
-    st = vk_submit(d, &cb, 1, &v);
-    if (st == ANVIL_OK) st = vk_wait(d, v);
+    uint32_t nr = vk_matvec_rows(&b->pl, vk_weight_kind(w->type));
+    if ((N + nr - 1) / nr > 65535) {
+        vk_buffer_destroy(d, &buf);
+        return err_set(ANVIL_ERR_INVALID_ARG, "vk_qx_matvec_once: %u rows are too many", N);
+    }
+    struct test_dispatch two[2] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024},
+                                   {(enum vk_kernel)(K_MATVEC_QX_Q8_0 + qxi), &pc, sizeof pc, (N + nr - 1) / nr}};
+    st = test_run(b, two, 2, VK_NULL_HANDLE);
     if (st == ANVIL_OK) {
         memcpy(out, m + o_o, (size_t)N * 4);
         memcpy(xq, m + o_q, Kq);
         memcpy(xd, m + o_q + Kq, (size_t)Kq / 8);
     }
-done:
-    if (st != ANVIL_OK) vk_idle(d);
-    if (cb && !d->abandoned) vkFreeCommandBuffers(d->dev, d->pool, 1, &cb);
+    vk_buffer_destroy(d, &buf);
+    return st;
+}
+
+anvil_status vk_topk_once(struct vk_backend *b, const float *logits, int E, int k, bool norm, int32_t *ids,
+                          float *weights) {
+    struct vk_device *d = b->d;
+    if (E < 1 || E > 1024 || k < 1 || k > 64 || k > E)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vk_topk_once: %d of %d experts", k, E);
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
+    /* one host-visible buffer: ctl | logits [E] | routing [128] */
+    VkDeviceSize o_l = round_up(sizeof(struct vk_ctl) + 64, ALIGN), o_r = o_l + round_up((VkDeviceSize)E * 4, ALIGN);
+    struct vk_buffer buf = {0};
+    if ((st = vk_buffer_create(d, o_r + 128 * 4, VK_MEM_READBACK, "test top-k", &buf)) != ANVIL_OK) return st;
+    uint8_t *m = buf.map;
+    memset(m, 0, buf.size);
+    memcpy(m + o_l, logits, (size_t)E * 4);
+    struct pc_topk pt = {buf.addr + o_l, buf.addr + o_r, buf.addr, (uint32_t)E, (uint32_t)k, norm ? 1u : 0u, 1};
+    struct test_dispatch one = {K_MOE_TOPK, &pt, sizeof pt, 1};
+    st = test_run(b, &one, 1, VK_NULL_HANDLE);
+    if (st == ANVIL_OK) {
+        const float *r = (const float *)(m + o_r);
+        for (int i = 0; i < k; i++) {
+            memcpy(&ids[i], &r[i], 4);
+            weights[i] = r[64 + i];
+        }
+    }
     vk_buffer_destroy(d, &buf);
     return st;
 }

@@ -66,6 +66,10 @@ anvil_status vk_upload_tensor(struct vk_backend *b, const struct tensor_info *t)
  * no norm. */
 anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w, const float *x,
                                const float *normw, float eps, float *out, int8_t *xq, float *xd);
+/* For tests: the MoE router kernel (moe_topk.comp, decode) once over logits [E]: the k
+ * experts it chooses, in order, and their weights (normalised to sum 1 when norm). */
+anvil_status vk_topk_once(struct vk_backend *b, const float *logits, int E, int k, bool norm, int32_t *ids,
+                          float *weights);
 /* With ANVIL_VK_PROFILE=1: GPU time per kernel of one step, as text. */
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap);
 void vk_program_stats(const struct vk_program *p, struct vk_stats *s);

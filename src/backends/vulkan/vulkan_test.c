@@ -322,6 +322,60 @@ static void test_qx_kernels(void **state) {
     for (int i = 0; i < checked; i++) free(datas[i]);
 }
 
+/* The MoE router kernel (moe_topk.comp) chooses the experts the CPU backend's op_moe chooses:
+ * the k largest logits by repeated argmax, the lower id among equals (logits drawn from a
+ * few values, so that ties are everywhere), for expert counts below, at and above the
+ * workgroup's 256 threads, up to 1024, and k up to 64; the weights softmax(logits) of the
+ * chosen, normalised to sum 1 with norm. */
+static void test_topk_kernel(void **state) {
+    (void)state;
+    struct backend *base;
+    assert_int_equal(backend_vulkan_create(-1, &base), ANVIL_OK);
+    struct vk_backend *b = (struct vk_backend *)base;
+    static const int Es[] = {1, 7, 128, 256, 257, 512, 1024}, ks[] = {1, 2, 8, 10, 64};
+    int cases = 0;
+    static float lg[1024];
+    for (size_t ei = 0; ei < sizeof Es / sizeof *Es; ei++)
+        for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
+            for (int norm = 0; norm < 2; norm++) {
+                int E = Es[ei], k = ks[ki];
+                if (k > E) continue;
+                int levels = 1 + (int)(rnd() % 12); /* 1: every logit equal */
+                for (int e = 0; e < E; e++) lg[e] = (float)(rnd() % (uint32_t)levels) * 0.75f - 3.0f;
+                int32_t ids[64], want[64];
+                float w[64], ww[64];
+                assert_int_equal(vk_topk_once(b, lg, E, k, norm != 0, ids, w), ANVIL_OK);
+                float mx = -INFINITY, sum = 0, picked = 0;
+                for (int e = 0; e < E; e++) mx = fmaxf(mx, lg[e]);
+                for (int e = 0; e < E; e++) sum += expf(lg[e] - mx);
+                for (int i = 0; i < k; i++) {
+                    int best = -1;
+                    for (int e = 0; e < E; e++) {
+                        bool used = false;
+                        for (int j = 0; j < i; j++) used = used || want[j] == e;
+                        if (!used && (best < 0 || lg[e] > lg[best])) best = e;
+                    }
+                    want[i] = best;
+                    ww[i] = expf(lg[best] - mx) / sum;
+                    picked += ww[i];
+                }
+                for (int i = 0; i < k; i++) {
+                    if (norm) ww[i] /= picked;
+                    if (ids[i] != want[i])
+                        fail_msg("E %d k %d norm %d (%d levels): choice %d is expert %d, %d wanted", E, k, norm,
+                                 levels, i, ids[i], want[i]);
+                    if (fabsf(w[i] - ww[i]) > 1e-5f * ww[i] + 1e-7f)
+                        fail_msg("E %d k %d norm %d: weight %d %.7g, %.7g wanted", E, k, norm, i, (double)w[i],
+                                 (double)ww[i]);
+                }
+                cases++;
+            }
+    fprintf(stderr, "router top-k: %d cases equal to the CPU's choice\n", cases);
+    assert_true(cases == 56);
+    assert_int_equal(vk_check_validation(b->d), ANVIL_OK);
+    backend_destroy(base);
+}
+
 /* The sampling kernel chooses exactly the token sampler.c chooses from the same logits:
  * vocabularies of one chunk, several and Qwen3's; ties, denormals, -0; every step of the
  * chain on and off; penalties over windows; many counters. */
@@ -489,6 +543,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sample_kernel_exact),
         cmocka_unit_test(test_qx_kernels),
+        cmocka_unit_test(test_topk_kernel),
         cmocka_unit_test(test_sampled_generation),
         cmocka_unit_test(test_against_cpu),
         cmocka_unit_test(test_against_cpu_qx),
