@@ -66,8 +66,9 @@ anvil_status vk_upload_tensor(struct vk_backend *b, const struct tensor_info *t)
  * no norm. */
 anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w, const float *x,
                                const float *normw, float eps, float *out, int8_t *xq, float *xd);
-/* For tests: the MoE router kernel (moe_topk.comp, decode) once over logits [E]: the k
- * experts it chooses, in order, and their weights (normalised to sum 1 when norm). */
+/* For tests: the MoE router kernel (moe_topk.comp, decode) once over logits [E] (1 .. 1024
+ * experts, k 1 .. 64, else ANVIL_ERR_INVALID_ARG): the k experts it chooses, in order, into
+ * the caller's ids [k], and their weights (normalised to sum 1 when norm) into weights [k]. */
 anvil_status vk_topk_once(struct vk_backend *b, const float *logits, int E, int k, bool norm, int32_t *ids,
                           float *weights);
 /* With ANVIL_VK_PROFILE=1: GPU time per kernel of one step, as text. */
