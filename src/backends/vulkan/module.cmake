@@ -67,7 +67,10 @@ set(ANVIL_SHADER_VARIANTS
   "matvec_qx_q8_0 matvec.comp -DW_Q8_0 -DQX"
   "matvec_qx_q4_k matvec.comp -DW_Q4_K -DQX"
   "matvec_qx_q5_k matvec.comp -DW_Q5_K -DQX"
-  "matvec_qx_q6_k matvec.comp -DW_Q6_K -DQX")
+  "matvec_qx_q6_k matvec.comp -DW_Q6_K -DQX"
+  "matvec_route_f32 matvec.comp -DW_F32 -DROUTE"
+  "matvec_route_f16 matvec.comp -DW_F16 -DROUTE"
+  "matvec_route_bf16 matvec.comp -DW_BF16 -DROUTE")
 set(ANVIL_SHADER_INCS)
 file(GLOB ANVIL_SHADER_DEPS CONFIGURE_DEPENDS ${ANVIL_VK_DIR}/shaders/*.glsl ${ANVIL_VK_DIR}/shaders/*.comp)
 foreach(v ${ANVIL_SHADER_VARIANTS})

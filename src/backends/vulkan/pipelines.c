@@ -197,6 +197,15 @@ static const uint32_t spv_matvec_qx_q5_k[] =
 static const uint32_t spv_matvec_qx_q6_k[] =
 #include "shaders/matvec_qx_q6_k.inc"
     ;
+static const uint32_t spv_matvec_route_f32[] =
+#include "shaders/matvec_route_f32.inc"
+    ;
+static const uint32_t spv_matvec_route_f16[] =
+#include "shaders/matvec_route_f16.inc"
+    ;
+static const uint32_t spv_matvec_route_bf16[] =
+#include "shaders/matvec_route_bf16.inc"
+    ;
 
 #define SPV(a) a, sizeof a
 
@@ -335,6 +344,9 @@ static const struct {
     [K_MATVEC_SWIGLU_QX_Q4_K] = {SPV(spv_matvec_qx_q4_k), "matvec_swiglu_qx_q4_k"},
     [K_MATVEC_SWIGLU_QX_Q5_K] = {SPV(spv_matvec_qx_q5_k), "matvec_swiglu_qx_q5_k"},
     [K_MATVEC_SWIGLU_QX_Q6_K] = {SPV(spv_matvec_qx_q6_k), "matvec_swiglu_qx_q6_k"},
+    [K_MATVEC_ROUTE_F32] = {SPV(spv_matvec_route_f32), "matvec_route_f32"},
+    [K_MATVEC_ROUTE_F16] = {SPV(spv_matvec_route_f16), "matvec_route_f16"},
+    [K_MATVEC_ROUTE_BF16] = {SPV(spv_matvec_route_bf16), "matvec_route_bf16"},
 };
 
 const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }
@@ -464,11 +476,13 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         VkSpecializationMapEntry ent[5];
         uint32_t n = 0;
         if (k < K_EMBED_F32 || (k > K_QX && k < K_COUNT)) {
-            bool qx = k > K_QX;
-            int kind = qx ? vk_weight_kind(vk_qx_dtype((k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS))
-                          : (k - K_MATVEC_F32) % VK_WEIGHT_KINDS;
-            uint32_t mode = qx ? (uint32_t)((k - K_MATVEC_QX_Q8_0) / VK_QX_KINDS)
-                               : (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS);
+            bool qx = k > K_QX && k < K_MATVEC_ROUTE_F32, route = k >= K_MATVEC_ROUTE_F32;
+            int kind = route ? k - K_MATVEC_ROUTE_F32 /* F32, F16, BF16: kinds 0, 1, 2 */
+                       : qx  ? vk_weight_kind(vk_qx_dtype((k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS))
+                             : (k - K_MATVEC_F32) % VK_WEIGHT_KINDS;
+            uint32_t mode = route ? 0
+                            : qx  ? (uint32_t)((k - K_MATVEC_QX_Q8_0) / VK_QX_KINDS)
+                                  : (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS);
             vals[0] = out->matvec_wg_kind[kind] ? out->matvec_wg_kind[kind] : out->matvec_wg;
             vals[1] = vk_matvec_rows_mode(out, kind, mode);
             vals[2] = mode;

@@ -443,6 +443,24 @@ static int residual_add(struct lower *L, int i, int *other) {
     return j;
 }
 
+/* The matvec that produced the router's logits (E rows) if it can choose the experts itself
+ * (one float matrix of F32, F16 or BF16: K_MATVEC_ROUTE_*), or NULL (moe_topk.comp does).
+ * ANVIL_VK_ROUTE_FUSE=0 never. */
+static struct vk_dispatch *router_op(struct lower *L, uint64_t logits, uint32_t E) {
+    const char *e = getenv("ANVIL_VK_ROUTE_FUSE");
+    if (e && strcmp(e, "0") == 0) return NULL;
+    for (int k = L->p->n_ops - 1; k >= 0; k--) {
+        struct vk_dispatch *d = &L->p->ops[k];
+        if (d->k < K_MATVEC_F32 || d->k >= K_EMBED_F32) continue;
+        struct pc_matvec *pm = (struct pc_matvec *)d->push;
+        if (pm->o0 != logits) continue;
+        bool ok = (d->k == K_MATVEC_F32 || d->k == K_MATVEC_F16 || d->k == K_MATVEC_BF16) &&
+                  pm->rows0 == E && pm->rows1 == 0 && pm->rows2 == 0 && !(pm->flags & 2) && E <= 1024;
+        return ok ? d : NULL;
+    }
+    return NULL;
+}
+
 /* OP_MOE: the router (top-k kernel), the experts' gate/up -> SwiGLU (a workgroup row per
  * chosen expert), the down projections summed with their weights (+ the residual when the
  * MoE's only consumer adds it). */
@@ -459,12 +477,21 @@ static anvil_status lower_moe(struct lower *L, int i) {
     if (kgu < 0 || kd < 0)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no expert kernels for %s", n->name);
     uint64_t base = L->p->arena.addr;
-    uint64_t route = base + alloc_scratch(L, 128 * 4);
+    /* the routing buffer: ids [64], weights [64], the router matvec's counter */
+    uint64_t route = base + alloc_scratch(L, 132 * 4);
     uint32_t stride = (uint32_t)round_up(F, 256);
     uint64_t act = base + alloc_scratch(L, (VkDeviceSize)k * stride * 4 + 32);
-    struct pc_topk pt = {addr_of(L, n->src[1]), route, L->p->ctl.addr, E, k, (uint32_t)(n->p.i[1] != 0), 1};
-    anvil_status st = emit(L->p, K_MOE_TOPK, 1, 1, &pt, sizeof pt);
-    if (st != ANVIL_OK) return st;
+    anvil_status st = ANVIL_OK;
+    struct vk_dispatch *rop = router_op(L, addr_of(L, n->src[1]), E);
+    if (rop) { /* the router's matvec chooses the experts itself */
+        struct pc_matvec *pr = (struct pc_matvec *)rop->push;
+        rop->k = K_MATVEC_ROUTE_F32 + (rop->k - K_MATVEC_F32);
+        pr->o1 = route;
+        pr->route_k = k | (n->p.i[1] != 0 ? 1u << 16 : 0);
+    } else {
+        struct pc_topk pt = {addr_of(L, n->src[1]), route, L->p->ctl.addr, E, k, (uint32_t)(n->p.i[1] != 0), 1};
+        if ((st = emit(L->p, K_MOE_TOPK, 1, 1, &pt, sizeof pt)) != ANVIL_OK) return st;
+    }
     struct pc_matvec pc = {0};
     pc.ctl = L->p->ctl.addr;
     matvec_input(L, n->src[0], &pc);

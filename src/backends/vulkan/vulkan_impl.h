@@ -199,6 +199,8 @@ enum vk_kernel {
     K_QX,
     K_MATVEC_QX_Q8_0, K_MATVEC_QX_Q4_K, K_MATVEC_QX_Q5_K, K_MATVEC_QX_Q6_K,
     K_MATVEC_SWIGLU_QX_Q8_0, K_MATVEC_SWIGLU_QX_Q4_K, K_MATVEC_SWIGLU_QX_Q5_K, K_MATVEC_SWIGLU_QX_Q6_K,
+    /* the MoE router's matvec choosing the experts itself (matvec.comp ROUTE, MODE 0) */
+    K_MATVEC_ROUTE_F32, K_MATVEC_ROUTE_F16, K_MATVEC_ROUTE_BF16,
     K_COUNT,
 };
 
@@ -251,6 +253,7 @@ struct pc_matvec {
     uint64_t x, normw, ctl, w0, w1, w2, o0, o1, o2, res;
     uint32_t Kp8, K, rows0, rows1, rows2, flags;
     float eps;
+    uint32_t route_k; /* K_MATVEC_ROUTE_*: k | norm << 16 */
 };
 
 /* ---- the control block (matches Ctl in shaders/common.glsl) ---- */

@@ -41,7 +41,18 @@ layout(push_constant) uniform PC {
     uint rows0, rows1, rows2;
     uint flags;
     float eps;
+    uint route_k; /* ROUTE: k | norm << 16 */
 } pc;
+
+#ifdef ROUTE
+/* The MoE router's logits (one matrix, MODE 0): the last workgroup to finish (a counter at
+ * o1[128]) chooses the experts into the routing buffer o1 (route.glsl), as moe_topk.comp
+ * would in a dispatch of its own. */
+#include "route.glsl"
+layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CFloats { float v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CUInts { uint v[]; };
+shared bool last_r;
+#endif
 
 #ifdef QX
 /* one group of 8 weights (so.x * qi + so.y) times its 8 rounded inputs (xd * xq, summing to xs) */
@@ -194,6 +205,32 @@ void main() {
     }
     barrier();
     uint t = gl_LocalInvocationID.x;
+#ifdef ROUTE
+    {
+        uint g = row0 + t;
+        if (t < NR && g < total) {
+            float a = 0.0, s2 = 0.0;
+            for (uint i = 0; i < gl_NumSubgroups; i++) {
+                a += red[t][i];
+                s2 += red_ss[i];
+            }
+            CFloats(pc.o0).v[g] = norm ? a * (1.0 / sqrt(s2 / float(pc.K) + pc.eps)) : a;
+        }
+        memoryBarrierBuffer();
+        barrier();
+        if (t == 0u) last_r = atomicAdd(CUInts(pc.o1).v[128u], 1u) == (total + NR - 1u) / NR - 1u;
+        barrier();
+        if (!last_r) return;
+        memoryBarrierBuffer();
+        for (uint i = t; i < total; i += gl_WorkGroupSize.x) {
+            float v = CFloats(pc.o0).v[i];
+            lg[i] = isnan(v) ? -1.0 / 0.0 : v;
+        }
+        if (t == 0u) CUInts(pc.o1).v[128u] = 0u; /* ready for the next step */
+        route_topk(total, pc.route_k & 0xffffu, (pc.route_k >> 16u) != 0u, pc.o1, 0u);
+        return;
+    }
+#endif
     if (t >= NR) return;
     uint g = row0 + t;
     if (g >= total) return;

@@ -21,11 +21,8 @@ layout(push_constant) uniform PC {
 
 layout(constant_id = 0) const uint MODE = 0;
 
-const uint EMAX = 1024u;
-shared float lg[EMAX];
-shared float red_v[64]; /* per subgroup (subgroups of 4 or more) */
-shared uint chosen[64];
-shared float mx_s;
+#include "route.glsl"
+
 shared uint cnt[EMAX];
 
 void bucket() {
@@ -48,48 +45,11 @@ void main() {
         return;
     }
     if (MODE == 0u && pc.ctl.stop != 0u) return;
-    uint t = gl_LocalInvocationID.x, sg = gl_SubgroupID;
+    uint t = gl_LocalInvocationID.x;
     uint lo = MODE == 1u ? gl_WorkGroupID.x * pc.E : 0u, ro = MODE == 1u ? gl_WorkGroupID.x * 128u : 0u;
-    float mx = -1.0 / 0.0;
     for (uint i = t; i < pc.E; i += 256u) {
         float v = pc.logits.v[lo + i];
         lg[i] = isnan(v) ? -1.0 / 0.0 : v; /* a total order, whatever the logits hold */
-        mx = max(mx, lg[i]);
     }
-    mx = subgroupMax(mx);
-    if (subgroupElect()) red_v[sg] = mx;
-    barrier();
-    if (t == 0u) {
-        float m = -1.0 / 0.0;
-        for (uint s = 0; s < gl_NumSubgroups; s++) m = max(m, red_v[s]);
-        mx_s = m;
-    }
-    barrier();
-    /* each expert's rank among all (larger logit first, ties to the lower id): the k of
-     * rank < k are the chosen, in rank order; and the softmax's sum */
-    float sum = 0.0;
-    for (uint i = t; i < pc.E; i += 256u) {
-        float v = lg[i];
-        sum += exp(v - mx_s);
-        uint rank = 0u;
-        for (uint e = 0u; e < pc.E; e++) {
-            float u = lg[e];
-            rank += u > v || (u == v && e < i) ? 1u : 0u;
-        }
-        if (rank < pc.k) chosen[rank] = i;
-    }
-    sum = subgroupAdd(sum);
-    if (subgroupElect()) red_v[sg] = sum;
-    barrier();
-    if (t == 0u) {
-        float s2 = 0.0;
-        for (uint s = 0; s < gl_NumSubgroups; s++) s2 += red_v[s];
-        float tot = 0.0;
-        for (uint r = 0; r < pc.k; r++) tot += exp(lg[chosen[r]] - mx_s) / s2;
-        for (uint r = 0; r < pc.k; r++) {
-            float p = exp(lg[chosen[r]] - mx_s) / s2;
-            pc.route.v[ro + r] = uintBitsToFloat(chosen[r]);
-            pc.route.v[ro + 64u + r] = pc.norm != 0u ? p / tot : p;
-        }
-    }
+    route_topk(pc.E, pc.k, pc.norm != 0u, pc.route, ro);
 }
