@@ -437,7 +437,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
     /* its shared memory: refuse what the device cannot hold rather than fail (or hang) at
      * dispatch */
     size_t G = (size_t)attn_g, D = (size_t)attn_d;
-    size_t attn_shared = 8 * out->attn_nsg * G + 4 * G * D + 8 * (G + 1) * D + 4 * D + 2 * 4 * 64 * G + 4 * G + 16;
+    size_t attn_shared = 8 * out->attn_nsg * G + 4 * G * D + 8 * (G + 1) * D + 4 * D + 16;
     if (attn_shared > d->props.limits.maxComputeSharedMemorySize)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention with %d query heads per kv head of "
                        "dim %d needs %zu bytes of shared memory; %s has %u", attn_g, attn_d, attn_shared,

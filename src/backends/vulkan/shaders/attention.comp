@@ -11,15 +11,17 @@
  * [c * L, min((c + 1) * L, n)), n = pos + 1, L = ceil(n / NE), and writes a partial
  * (max m, sum l, unnormalised o[D]) per query head. The last workgroup of a kv head to
  * finish (a counter per kv head, reset by that workgroup) merges the NE partials:
- * out[h][d] = sum_c w_c o_c[d] / sum_c w_c l_c, w_c = e^(m_c - M), M = max_c m_c.
- * NE, the chunks in use, follows the length: about RPC rows per chunk, at most the grid's NC
- * (workgroups c >= NE return at once). Short caches then merge few partials, long ones get
- * all NC chunks (each subgroup's rows are a chain of dependent loads: more chunks, shorter
- * chains).
+ * out[h][d] = sum_c w_c o_c[d] / sum_c w_c l_c, w_c = e^(m_c - M), M = max_c m_c, reading
+ * each chunk's (m, l) and o together, a batch at a time, with a running maximum.
+ * NE, the chunks in use, follows the length: RPC rows per chunk (one pass of every
+ * subgroup), at most the grid's NC (workgroups c >= NE return at once).
  *
- * Each subgroup walks every NSG-th row of the chunk with an online softmax; its lanes split
- * the row (16 bytes each, so a row of 128 floats is one coalesced load per subgroup), the
- * score is a subgroup sum. The subgroups' partials are combined through shared memory. */
+ * A subgroup takes RPS = SG / LPR consecutive rows per pass, LPR lanes a row: each lane
+ * holds every LPR-th 16-byte piece of its row's k, so a row's score is a reduction over LPR
+ * lanes, not the whole subgroup, and all the pass's k and v loads are in flight at once.
+ * The softmax runs per pass over the subgroup (online across passes); each lane then adds
+ * its vec4s of the output over the pass's rows, their weights shuffled from the rows' lanes.
+ * The subgroups' partials are combined through shared memory. */
 #include "common.glsl"
 #extension GL_EXT_buffer_reference_uvec2 : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -37,7 +39,10 @@ const uint D4 = D / 4;
 const uint CPL = (D4 + SG - 1) / SG; /* vec4 chunks of a row per lane */
 const uint DL = (D + SG - 1) / SG;   /* values of a row per lane */
 const uint RS = (G + NSG) / NSG;     /* q/k rows a subgroup normalises, at most */
-const uint RPC = 16; /* cache rows per chunk before another chunk is used */
+const uint LPR = SG < 4u ? SG : 4u;  /* lanes per cache row */
+const uint RPS = SG / LPR;           /* rows per subgroup pass */
+const uint KPL = (D4 + LPR - 1) / LPR; /* vec4 pieces of a k row per lane */
+const uint RPC = NSG * RPS;          /* cache rows per chunk before another chunk is used */
 
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer QBytes { uint v[]; };
 
@@ -63,43 +68,43 @@ shared vec4 so[G][D4]; /* the subgroups' outputs, combined one subgroup at a tim
                           that, so[0] holds this position's rope table: (cos, sin) of pair i
                           in so[0][i / 2].xy or .zw (no room for another array at G = 8, D = 256) */
 shared float xs[G + 1][D]; /* normalised rows: the G query heads, then k */
-shared float ys[G + 1][D]; /* the same, rotated */
+shared vec4 ys[G + 1][D4]; /* the same, rotated */
 shared vec4 vnew[D4];
 shared bool last_wg;
-shared float mw[G][64], lw[G][64]; /* merge: m (then weights) and l of each chunk (NC <= 64) */
-shared float inv_l[G];
 
-/* chunk c4 of cache row p from memory: zero past the end and for the current position's
- * row, which is not in the cache yet (patch_row) */
-void load_glob(uint p, uint end, uint pos, uint j, uint c4, out vec4 kv, out vec4 vv) {
-    bool live = p < end && p != pos && c4 < D4;
-    uint idx = (min(p, pos) * pc.Hkv + j) * D4 + min(c4, D4 - 1u);
-    kv = live ? pc.kc.v[idx] : vec4(0.0);
-    vv = live ? pc.vc.v[idx] : vec4(0.0);
-}
-
-/* chunk c4 of the current position's k and v rows, made in shared memory */
-void cur_row(uint c4, out vec4 kv, out vec4 vv) {
-    kv = vec4(ys[G][4u * c4], ys[G][4u * c4 + 1u], ys[G][4u * c4 + 2u], ys[G][4u * c4 + 3u]);
-    vv = vnew[c4];
-}
-
-/* the current position's row from shared memory, where p is it */
-void patch_row(uint p, uint pos, uint c4, inout vec4 kv, inout vec4 vv) {
-    if (p == pos && c4 < D4) cur_row(c4, kv, vv);
-}
-
-/* chunk c4 of cache row p (the current position's from shared memory) */
-void load_row(uint p, uint end, uint pos, uint j, uint c4, out vec4 kv, out vec4 vv) {
-    if (p >= end || c4 >= D4) {
-        kv = vec4(0.0);
-        vv = vec4(0.0);
-    } else if (p == pos) {
-        cur_row(c4, kv, vv);
-    } else {
-        kv = pc.kc.v[(p * pc.Hkv + j) * D4 + c4];
-        vv = pc.vc.v[(p * pc.Hkv + j) * D4 + c4];
+/* a pass's rows from memory, zero past the end and for the current position's row (not in
+ * the cache yet: pass_patch puts it in): this lane's pieces of k row base + lane / LPR, and
+ * its vec4s of the v rows base .. base + RPS - 1 */
+void pass_load_k(uint base, uint end, uint pos, uint j, uint lane, out vec4 kr[KPL]) {
+    uint p = base + lane / LPR;
+    bool live = p < end && p != pos;
+    for (uint i = 0; i < KPL; i++) {
+        uint c4 = lane % LPR + i * LPR;
+        kr[i] = live && c4 < D4 ? pc.kc.v[(p * pc.Hkv + j) * D4 + c4] : vec4(0.0);
     }
+}
+
+void pass_load_v(uint base, uint end, uint pos, uint j, uint lane, out vec4 vr[RPS][CPL]) {
+    for (uint r = 0; r < RPS; r++)
+        for (uint k = 0; k < CPL; k++) {
+            uint q = base + r, c4 = lane + k * SG;
+            vr[r][k] = q < end && q != pos && c4 < D4 ? pc.vc.v[(q * pc.Hkv + j) * D4 + c4] : vec4(0.0);
+        }
+}
+
+/* the current position's k and v rows from shared memory, where the pass holds it */
+void pass_patch(uint base, uint pos, uint lane, inout vec4 kr[KPL], inout vec4 vr[RPS][CPL]) {
+    if (pos < base || pos >= base + RPS) return;
+    if (base + lane / LPR == pos)
+        for (uint i = 0; i < KPL; i++) {
+            uint c4 = lane % LPR + i * LPR;
+            if (c4 < D4) kr[i] = ys[G][c4];
+        }
+    for (uint r = 0; r < RPS; r++) /* constant indices: vr stays in registers */
+        for (uint k = 0; k < CPL; k++) {
+            uint c4 = lane + k * SG;
+            if (base + r == pos && c4 < D4) vr[r][k] = vnew[c4];
+        }
 }
 
 void main() {
@@ -122,12 +127,10 @@ void main() {
         bool two = 2u * i + 1u < half_;
         so[0][i] = vec4(pc.rope.v[b], pc.rope.v[b + 1u], two ? pc.rope.v[b + 2u] : 0.0, two ? pc.rope.v[b + 3u] : 0.0);
     }
-    uint p = begin + sg;
-    vec4 k0[CPL], v0[CPL], k1[CPL], v1[CPL]; /* rows p and p + NSG */
-    for (uint k = 0; k < CPL; k++) {
-        load_glob(p, end, pos, j, lane + k * SG, k0[k], v0[k]);
-        load_glob(p + NSG, end, pos, j, lane + k * SG, k1[k], v1[k]);
-    }
+    uint base0 = begin + sg * RPS; /* this subgroup's first pass */
+    vec4 kr[KPL], vr[RPS][CPL];
+    pass_load_k(base0, end, pos, j, lane, kr);
+    pass_load_v(base0, end, pos, j, lane, vr);
     /* q (and k) rows: norm, then rotate. A subgroup's rows (g = sg, sg + NSG, ...) and the
      * norms' weights are all loaded before the first sum, so that their latencies overlap */
     float xv[RS][DL], wq[DL], wk[DL];
@@ -166,7 +169,7 @@ void main() {
             float a = xs[g][r], b = xs[g][r + half_];
             y = d < half_ ? a * cs.x - b * cs.y : b * cs.x + a * cs.y;
         }
-        ys[g][d] = y;
+        ys[g][d >> 2u][d & 3u] = y;
     }
     if (mine)
         for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) {
@@ -177,49 +180,45 @@ void main() {
     if (mine) /* the cache rows of this position, for the steps to come */
         for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) {
             uint row = (pos * pc.Hkv + j) * D4 + d4;
-            pc.kc.v[row] = vec4(ys[G][4u * d4], ys[G][4u * d4 + 1u], ys[G][4u * d4 + 2u], ys[G][4u * d4 + 3u]);
+            pc.kc.v[row] = ys[G][d4];
             pc.vc.v[row] = vnew[d4];
         }
 
-    vec4 qv[G][CPL], o[G][CPL];
+    vec4 o[G][CPL];
     float m[G], l[G];
     for (uint g = 0; g < G; g++) {
         m[g] = -1.0 / 0.0;
         l[g] = 0.0;
-        for (uint k = 0; k < CPL; k++) {
-            uint c4 = lane + k * SG;
-            qv[g][k] = c4 < D4 ? vec4(ys[g][4u * c4], ys[g][4u * c4 + 1u], ys[g][4u * c4 + 2u],
-                                      ys[g][4u * c4 + 3u]) * pc.scale
-                               : vec4(0.0);
-            o[g][k] = vec4(0.0);
-        }
+        for (uint k = 0; k < CPL; k++) o[g][k] = vec4(0.0);
     }
-    /* by far the most time goes here: two coalesced row loads per position, the rows two
-     * positions ahead loaded while this one is computed */
-    for (uint k = 0; k < CPL; k++) {
-        patch_row(p, pos, lane + k * SG, k0[k], v0[k]);
-        patch_row(p + NSG, pos, lane + k * SG, k1[k], v1[k]);
-    }
-    for (; p < end; p += NSG) {
-        vec4 kv[CPL], vv[CPL];
-        uint pn = p + 2u * NSG;
-        for (uint k = 0; k < CPL; k++) {
-            kv[k] = k0[k];
-            vv[k] = v0[k];
-            k0[k] = k1[k];
-            v0[k] = v1[k];
-            load_row(pn, end, pos, j, lane + k * SG, k1[k], v1[k]);
-        }
+    /* by far the most time goes here: a pass's RPS rows are loaded at once, its k during
+     * the previous pass (the first pass's k and v before the norms). Prefetching v as well
+     * costs registers enough to halve the workgroups resident at long contexts. */
+    for (uint base = base0; base < end; base += NSG * RPS) {
+        vec4 kn[KPL];
+        pass_load_k(base + NSG * RPS, end, pos, j, lane, kn);
+        if (base != base0) pass_load_v(base, end, pos, j, lane, vr);
+        pass_patch(base, pos, lane, kr, vr);
+        bool live = base + lane / LPR < end;
         for (uint g = 0; g < G; g++) {
             float s = 0.0;
-            for (uint k = 0; k < CPL; k++) s += dot(qv[g][k], kv[k]);
-            s = subgroupAdd(s);
-            float mn = max(m[g], s);
-            float corr = exp(m[g] - mn), e = exp(s - mn);
-            l[g] = l[g] * corr + e;
-            for (uint k = 0; k < CPL; k++) o[g][k] = o[g][k] * corr + e * vv[k];
+            for (uint i = 0; i < KPL; i++) {
+                uint c4 = lane % LPR + i * LPR;
+                s += dot(ys[g][min(c4, D4 - 1u)], kr[i]); /* kr is zero past D4 */
+            }
+            for (uint w = 1u; w < LPR; w <<= 1u) s += subgroupShuffleXor(s, w);
+            s = live ? s * pc.scale : -1.0 / 0.0;
+            float mn = max(m[g], subgroupMax(s)); /* finite: the pass has a live row */
+            float corr = exp(m[g] - mn), e = live ? exp(s - mn) : 0.0;
+            l[g] = l[g] * corr + subgroupAdd(lane % LPR == 0u ? e : 0.0);
+            for (uint k = 0; k < CPL; k++) o[g][k] *= corr;
+            for (uint r = 0; r < RPS; r++) {
+                float er = subgroupShuffle(e, r * LPR);
+                for (uint k = 0; k < CPL; k++) o[g][k] += er * vr[r][k];
+            }
             m[g] = mn;
         }
+        for (uint i = 0; i < KPL; i++) kr[i] = kn[i];
     }
     for (uint g = 0; g < G; g++)
         if (lane == 0u) {
@@ -263,33 +262,33 @@ void main() {
     memoryBarrierBuffer();
     if (t == 0u) pc.cnt.v[j] = 0u; /* ready for the next step */
     uint mlb = pc.Hkv * G * pc.NC * D;
-    for (uint i = t; i < G * NE; i += gl_WorkGroupSize.x) { /* all (m, l) loads at once */
-        uint g = i / NE, cc = i % NE;
-        mw[g][cc] = pc.part.v[mlb + ((j * G + g) * pc.NC + cc) * 2u];
-        lw[g][cc] = pc.part.v[mlb + ((j * G + g) * pc.NC + cc) * 2u + 1u];
-    }
-    barrier();
-    if (t < G) {
-        float M = -1.0 / 0.0;
-        for (uint cc = 0; cc < NE; cc++) M = max(M, mw[t][cc]);
-        float Ls = 0.0;
-        for (uint cc = 0; cc < NE; cc++) {
-            float w = mw[t][cc] == -1.0 / 0.0 ? 0.0 : exp(mw[t][cc] - M);
-            mw[t][cc] = w;
-            Ls += w * lw[t][cc];
-        }
-        inv_l[t] = 1.0 / Ls;
-    }
-    barrier();
     for (uint i = t; i < G * D4; i += gl_WorkGroupSize.x) {
         uint g = i / D4, d4 = i % D4, h = j * G + g, base = h * pc.NC * D4 + d4;
         vec4 a = vec4(0.0);
-        for (uint c0 = 0; c0 < NE; c0 += 8u) { /* eight loads in flight */
+        float M = -1.0 / 0.0, Ls = 0.0;
+        for (uint c0 = 0; c0 < NE; c0 += 8u) { /* eight chunks' (m, l, o) in flight */
+            float mv[8], lv[8];
             vec4 v[8];
-            for (uint u = 0; u < 8u; u++) v[u] = CVec4s(pc.part).v[base + min(c0 + u, NE - 1u) * D4];
-            for (uint u = 0; u < 8u; u++) a += c0 + u < NE ? mw[g][c0 + u] * v[u] : vec4(0.0);
+            for (uint u = 0; u < 8u; u++) {
+                uint cc = min(c0 + u, NE - 1u), ml = mlb + (h * pc.NC + cc) * 2u;
+                mv[u] = c0 + u < NE ? pc.part.v[ml] : -1.0 / 0.0;
+                lv[u] = pc.part.v[ml + 1u];
+                v[u] = CVec4s(pc.part).v[base + cc * D4];
+            }
+            float Mn = M;
+            for (uint u = 0; u < 8u; u++) Mn = max(Mn, mv[u]);
+            if (Mn == -1.0 / 0.0) continue; /* no rows yet (empty chunks) */
+            float corr = exp(M - Mn);
+            a *= corr;
+            Ls *= corr;
+            for (uint u = 0; u < 8u; u++) {
+                float w = exp(mv[u] - Mn); /* 0 for an empty chunk or one past NE */
+                a += w * v[u];
+                Ls += w * lv[u];
+            }
+            M = Mn;
         }
-        a *= inv_l[g];
+        a *= 1.0 / Ls;
         uint o4 = h * D + 4u * d4;
         pc.out_.v[o4] = a.x;
         pc.out_.v[o4 + 1u] = a.y;
