@@ -691,12 +691,13 @@ static anvil_status lower_graph(struct lower *L) {
     if (N(L, out)->op != OP_MATMUL)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph's output is not a matmul");
     L->p->logits_off = alloc_node(L, out);
-    /* the sampling variant's last op: its partial lists and counter (zero between steps) */
+    /* the sampling variant's last op: its partial lists and its merge tree's counters (fewer
+     * than the workgroups; zero between steps) */
     uint32_t nwg = (L->p->V + SAMPLE_CH - 1) / SAMPLE_CH;
     VkDeviceSize part = L->arena_size;
     L->arena_size += round_up((VkDeviceSize)nwg * SAMPLE_MAXK * 8, ALIGN);
     VkDeviceSize cnt = L->arena_size;
-    L->arena_size += ALIGN;
+    L->arena_size += round_up((VkDeviceSize)nwg * 4, ALIGN);
     struct pc_sample ps = {L->p->arena.addr + L->p->logits_off, L->p->ctl.addr, L->p->arena.addr + part,
                            L->p->arena.addr + cnt, L->p->V, nwg};
     struct vk_dispatch *so = &L->p->sample_op;
@@ -1172,7 +1173,8 @@ anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, co
     if (st == ANVIL_OK)
         st = vk_buffer_create(d, sizeof(struct vk_ctl) + (size_t)n_ctx * 12, VK_MEM_CONTROL, "test control", &ctl);
     if (st == ANVIL_OK)
-        st = vk_buffer_create(d, (VkDeviceSize)nwg * SAMPLE_MAXK * 8 + ALIGN, VK_MEM_DEVICE, "test scratch", &scratch);
+        st = vk_buffer_create(d, (VkDeviceSize)nwg * SAMPLE_MAXK * 8 + round_up((VkDeviceSize)nwg * 4, ALIGN),
+                              VK_MEM_DEVICE, "test scratch", &scratch);
     if (st == ANVIL_OK) {
         struct vk_uploader u;
         struct plain f = {(const uint8_t *)logits, 0, 0};

@@ -384,7 +384,7 @@ static void test_sample_kernel_exact(void **state) {
     struct backend *base;
     assert_int_equal(backend_vulkan_create(-1, &base), ANVIL_OK);
     struct vk_backend *b = (struct vk_backend *)base;
-    static const int vocab[] = {151936, 2048, 5000, 100, 7};
+    static const int vocab[] = {151936, 2048, 5000, 100, 7, 1050000}; /* 1 to 513 workgroups: 1 to 4 merge levels */
     char scratch[SAMPLER_SCRATCH_BYTES];
     int cases = 0, differ_from_greedy = 0;
     for (size_t vi = 0; vi < sizeof vocab / sizeof *vocab; vi++) {

@@ -5,11 +5,15 @@
  * candidates in a total order), then step.glsl.
  *
  * NWG workgroups, one per chunk of CH logits: each applies the penalties of the tokens in
- * its chunk (the history window in the control block), sorts its chunk (bitonic, in shared
- * memory) and writes its K best to part[wg]. The last workgroup to finish (an atomic
- * counter) merges the NWG sorted lists into the K best (rounds of bitonic merges: the best so
- * far plus the next lists), then runs the soft part of the chain on one thread and ends the
- * step. Order: logit descending, lower id first among equals (the key (orderable bits, id)).
+ * its chunk (the history window in the control block) and sorts its chunk (bitonic, in
+ * shared memory). The sorted lists are then merged up a tree of fan-in F = CH / Kp (Kp = K
+ * rounded up to a power of two): at each node the last of its children's workgroups to
+ * finish (a counter per node) loads the children's K best (part[first leaf of the child])
+ * and sorts them together; the others stop. The workgroup that completes the root runs the
+ * soft part of the chain on one thread and ends the step. Levels: 75 lists of K = 256
+ * (F = 8) take 3, of K = 20 (F = 64) 2, where one workgroup merging all lists in rounds
+ * of F would take 11 and 2 rounds, each a full set of bitonic stages.
+ * Order: logit descending, lower id first among equals (the key (orderable bits, id)).
  */
 #extension GL_EXT_control_flow_attributes : enable
 #include "common.glsl"
@@ -27,7 +31,7 @@ layout(push_constant) uniform PC {
     Floats logits; /* [V] */
     Ctl ctl;
     Keys part;     /* [NWG][MAXK] (key, id) */
-    Counter cnt;   /* [1], zero between steps */
+    Counter cnt;   /* [tree nodes] (< 2 NWG), zero between steps */
     uint V;
     uint NWG;      /* ceil(V / CH) */
 } pc;
@@ -149,41 +153,48 @@ void main() {
                 cmpx(t, j, k);
                 barrier();
             }
-        for (uint i = t; i < K; i += gl_WorkGroupSize.x) pc.part.v[wg * MAXK + i] = key[i];
     }
-    /* the last workgroup merges: the partial lists must be visible first */
-    memoryBarrierBuffer();
-    barrier();
-    if (t == 0u) last_wg = atomicAdd(pc.cnt.v[0], 1u) == pc.NWG - 1u;
-    barrier();
-    if (!last_wg) return;
-    memoryBarrierBuffer();
-    if (t == 0u) pc.cnt.v[0] = 0u; /* ready for the next step */
-    if (work) {
-        /* step 2: slots of Kp keys; slot 0 holds the best so far (in `before` order), the
-         * others the next lists, odd slots reversed, so that the bitonic sort can start at
-         * blocks of 2 Kp; after each round key[0 .. Kp) are the best Kp of all seen */
-        uint Kp = 1u;
-        while (Kp < K) Kp <<= 1u;
-        uint S = CH / Kp, next = 0u;
-        bool first = true;
-        while (first || next < pc.NWG) {
-            for (uint i = t; i < CH; i += gl_WorkGroupSize.x) {
-                uint s = i / Kp, r = i % Kp;
-                if (s == 0u && !first) continue;
-                uint list = first ? s : next + s - 1u;
-                uint rr = (s & 1u) != 0u ? Kp - 1u - r : r;
-                key[i] = list < pc.NWG && rr < K ? pc.part.v[list * MAXK + rr] : PAD;
-            }
-            next = first ? S : next + S - 1u;
-            first = false;
+    /* the merge tree: level l's node n covers the leaves [n F^l, (n + 1) F^l); its list is
+     * stored at part[n F^l] */
+    uint Kp = 1u;
+    while (Kp < K) Kp <<= 1u;
+    uint F = CH / Kp, span = 1u, node_base = 0u; /* span = F^(l-1); counters of level l from node_base */
+    while (span < pc.NWG) {
+        uint leaf0 = wg / (span * F) * (span * F); /* this node's first leaf */
+        uint E = (min(pc.NWG, leaf0 + span * F) - leaf0 + span - 1u) / span; /* its children */
+        if (E > 1u) {
+            if (work) /* this workgroup's list, at its child's first leaf */
+                for (uint i = t; i < K; i += gl_WorkGroupSize.x) pc.part.v[(wg / span * span) * MAXK + i] = key[i];
+            memoryBarrierBuffer();
             barrier();
-            for (uint k = 2u * Kp; k <= CH; k <<= 1u)
-                for (uint j = k >> 1u; j > 0u; j >>= 1u) {
-                    cmpx(t, j, k);
-                    barrier();
+            uint c = node_base + wg / (span * F);
+            if (t == 0u) last_wg = atomicAdd(pc.cnt.v[c], 1u) == E - 1u;
+            barrier();
+            if (!last_wg) return;
+            memoryBarrierBuffer();
+            if (t == 0u) pc.cnt.v[c] = 0u; /* ready for the next step */
+            if (work) {
+                /* the children's lists in slots of Kp keys, odd slots reversed, so that the
+                 * bitonic sort can start at blocks of 2 Kp */
+                uint P = 2u * Kp;
+                while (P < E * Kp) P <<= 1u;
+                for (uint i = t; i < P; i += gl_WorkGroupSize.x) {
+                    uint sl = i / Kp, r = i % Kp;
+                    uint rr = (sl & 1u) != 0u ? Kp - 1u - r : r;
+                    key[i] = sl < E && rr < K ? pc.part.v[(leaf0 + sl * span) * MAXK + rr] : PAD;
                 }
+                barrier();
+                for (uint k = 2u * Kp; k <= P; k <<= 1u)
+                    for (uint j = k >> 1u; j > 0u; j >>= 1u) {
+                        if (t < P / 2u) cmpx(t, j, k);
+                        barrier();
+                    }
+            }
         }
+        node_base += (pc.NWG + span * F - 1u) / (span * F);
+        span *= F;
+    }
+    if (work) {
         if (pc.ctl.s_greedy != 0u) { /* step 3 */
             if (t == 0u) chosen_s = key[0].y;
         } else {
