@@ -26,6 +26,17 @@ static void test_errors(void **state) {
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1,99999", "out of range");
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --ctx 4 -n 8", "context full");
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --backend gpu", "--backend");
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --kv-cache f8", "--kv-cache must be f16 or f32");
+    /* the variable as well: an error, not a silent default (ctest sets it to f32) */
+    const char *kv = getenv("ANVIL_KV_CACHE");
+    char keep[16];
+    snprintf(keep, sizeof keep, "%s", kv ? kv : "");
+    setenv("ANVIL_KV_CACHE", "q8", 1);
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --backend cpu", "ANVIL_KV_CACHE=q8");
+    if (kv)
+        setenv("ANVIL_KV_CACHE", keep, 1);
+    else
+        unsetenv("ANVIL_KV_CACHE");
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --logits /nonexistent/dir/x", "cannot open");
     expect_fail("info", "-m MODEL");
     /* a device that does not exist: the error lists the ones that do (or says there is no

@@ -28,7 +28,7 @@ static void usage(void) {
             "  --max-queue N           waiting requests before 503 (256)\n"
             "  --max-connections N     simultaneous connections (512)\n"
             "  --timeout SECONDS       drop a client idle this long (60)\n"
-            "  -c, --ctx N  -t, --threads N  --backend cpu|vulkan|auto  --device N\n");
+            "  -c, --ctx N  -t, --threads N  --backend cpu|vulkan|auto  --device N  --kv-cache f16|f32\n");
 }
 
 struct ready_wait {

@@ -89,6 +89,10 @@ int common_opt(struct common_opts *o, int argc, char **argv, int *i) {
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
         if (!(v = opt_value(argc, argv, i))) return -1;
         if (!parse_int(v, 1, 1 << 24, &o->n_ctx)) return fail("bad context size \"%s\"", v), -1;
+    } else if (!strcmp(a, "--kv-cache")) { /* read by the backends as ANVIL_KV_CACHE */
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        if (strcmp(v, "f16") && strcmp(v, "f32")) return fail("--kv-cache must be f16 or f32, not \"%s\"", v), -1;
+        setenv("ANVIL_KV_CACHE", v, 1);
     } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
         if (!(v = opt_value(argc, argv, i))) return -1;
         if (!parse_int(v, 1, 1024, &o->n_threads)) return fail("bad thread count \"%s\"", v), -1;

@@ -27,6 +27,7 @@ static const struct {
                "  --backend cpu|vulkan|auto   (default auto: Vulkan where a usable GPU exists)\n" \
                "  --device N          Vulkan device (anvil info --devices; or ANVIL_DEVICE)\n" \
                "  -c, --ctx N         context length (default min(model's, 4096))\n" \
+               "  --kv-cache f16|f32  the KV cache's type (default f16; or ANVIL_KV_CACHE)\n" \
                "  -t, --threads N     CPU threads (default all cores)\n"
 #define SAMPLING "  -n N                most tokens to generate\n" \
                  "  --temp T  --top-k K  --top-p P  --min-p P  --seed S\n" \

@@ -23,6 +23,7 @@ struct cpu_backend {
     struct thread_pool *pool;
     struct cpu_state *states;
     int n_states;
+    bool kv16; /* ANVIL_KV_CACHE: k and v rounded to float16 in the cache (backend_kv_cache_f16) */
 };
 
 struct cpu_program {
@@ -338,8 +339,13 @@ static void op_attention(struct cpu_program *p, const struct node *n, const floa
     const struct node *qn = &p->g.nodes[n->src[0]], *kn = &p->g.nodes[n->src[1]];
     int64_t D = qn->ne[0], H = qn->ne[1], T = qn->ne[2], Hkv = kn->ne[1], Dv = n->ne[0];
     for (int64_t t = 0; t < T; t++) {
-        memcpy(kc->data + (p->pos0 + t) * Hkv * D, k + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
-        memcpy(vc->data + (p->pos0 + t) * Hkv * Dv, v + t * Hkv * Dv, (size_t)(Hkv * Dv) * sizeof(float));
+        float *kd = kc->data + (p->pos0 + t) * Hkv * D, *vd = vc->data + (p->pos0 + t) * Hkv * Dv;
+        memcpy(kd, k + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
+        memcpy(vd, v + t * Hkv * Dv, (size_t)(Hkv * Dv) * sizeof(float));
+        if (p->b->kv16) { /* the values a float16 cache holds (stored as float32 here) */
+            for (int64_t e = 0; e < Hkv * D; e++) kd[e] = f16_to_f32(f32_to_f16(kd[e]));
+            for (int64_t e = 0; e < Hkv * Dv; e++) vd[e] = f16_to_f32(f32_to_f16(vd[e]));
+        }
     }
     struct attn_job j = {q, kc->data, vc->data, out, D, Dv, H, Hkv, T, p->pos0, n->p.f[0], p};
     thread_pool_for(p->b->pool, H * T, 1, attn_heads, &j);
@@ -624,7 +630,8 @@ anvil_status backend_cpu_create(int n_threads, struct backend **out) {
     struct cpu_backend *b = xcalloc(1, sizeof *b);
     if (!b) return ANVIL_ERR_NOMEM;
     b->base.vt = &cpu_vtable;
-    anvil_status st = thread_pool_create(n_threads, &b->pool);
+    anvil_status st = backend_kv_cache_f16(&b->kv16);
+    if (st == ANVIL_OK) st = thread_pool_create(n_threads, &b->pool);
     if (st != ANVIL_OK) {
         free(b);
         return st;

@@ -397,7 +397,7 @@ static void print_exec_stats(struct vk_device *d, VkPipeline p, const char *name
     fputc('\n', stderr);
 }
 
-anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, struct vk_pipelines *out) {
+anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out) {
     memset(out, 0, sizeof *out);
     out->attn_g = attn_g;
     out->attn_d = attn_d;
@@ -472,8 +472,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
         VkShaderModule mod;
         st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
         if (st != ANVIL_OK) break;
-        uint32_t vals[5] = {0};
-        VkSpecializationMapEntry ent[5];
+        uint32_t vals[6] = {0};
+        VkSpecializationMapEntry ent[6];
         uint32_t n = 0;
         if (k < K_EMBED_F32 || (k > K_QX && k < K_COUNT)) {
             bool qx = k > K_QX && k < K_MATVEC_ROUTE_F32, route = k >= K_MATVEC_ROUTE_F32;
@@ -516,6 +516,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, st
             n = 1;
         }
         for (uint32_t i = 0; i < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};
+        ent[n] = (VkSpecializationMapEntry){29, n * 4, 4}; /* common.glsl's KV16 */
+        vals[n++] = kv16;
         VkSpecializationInfo si = {n, ent, n * 4, vals};
         VkComputePipelineCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
         pci.stage = (VkPipelineShaderStageCreateInfo){VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,

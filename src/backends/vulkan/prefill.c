@@ -522,7 +522,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
         case OP_ATTENTION: {
             const struct node *q = NODE(P, nd->src[0]), *k = NODE(P, nd->src[1]), *v = NODE(P, nd->src[2]);
             uint32_t D = (uint32_t)q->ne[0], H = (uint32_t)q->ne[1], Hkv = (uint32_t)k->ne[1], T = (uint32_t)q->ne[2];
-            if (D > 256 || k->ne[0] != D || v->ne[0] != D || v->ne[1] != Hkv || !Hkv || H % Hkv ||
+            if (D > 256 || D % 4 || k->ne[0] != D || v->ne[0] != D || v->ne[1] != Hkv || !Hkv || H % Hkv ||
                 nd->ne[0] != D || (int)(H / Hkv) != b->pl.attn_g) {
                 st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: attention shape D=%u H=%u Hkv=%u", D, H, Hkv);
                 break;

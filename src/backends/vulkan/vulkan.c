@@ -347,6 +347,15 @@ anvil_status vk_upload_tensor(struct vk_backend *b, const struct tensor_info *t)
     return st;
 }
 
+/* The states that are attention caches (float16 where kv16), by node; the caller frees it. */
+static bool *kv_cache_nodes(const struct graph *g) {
+    bool *kv = xcalloc((size_t)g->n_nodes, sizeof *kv);
+    if (kv)
+        for (int i = 0; i < g->n_nodes; i++)
+            if (g->nodes[i].op == OP_ATTENTION) kv[g->nodes[i].src[3]] = kv[g->nodes[i].src[4]] = true;
+    return kv;
+}
+
 static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
     if (b->n_states) {
         for (int i = 0; i < g->n_nodes; i++) {
@@ -361,8 +370,12 @@ static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
     b->state_ne = xcalloc((size_t)g->n_states, sizeof *b->state_ne);
     if (!b->state_off || !b->state_ne) return ANVIL_ERR_NOMEM;
     /* a Gated DeltaNet conv state {Kc-1, Cc} is kept as a ring of Kc rows (gdn.comp) */
-    bool *ring = xcalloc((size_t)g->n_nodes, sizeof *ring);
-    if (!ring) return ANVIL_ERR_NOMEM;
+    bool *ring = xcalloc((size_t)g->n_nodes, sizeof *ring), *kv = kv_cache_nodes(g);
+    if (!ring || !kv) {
+        free(ring);
+        free(kv);
+        return ANVIL_ERR_NOMEM;
+    }
     for (int i = 0; i < g->n_nodes; i++)
         if (g->nodes[i].op == OP_GDN) ring[g->nodes[i].src[6]] = true;
     VkDeviceSize size = 0;
@@ -372,9 +385,10 @@ static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
         b->state_off[n->state] = size;
         memcpy(b->state_ne[n->state], n->ne, sizeof n->ne);
         VkDeviceSize elems = ring[i] ? (VkDeviceSize)(n->ne[0] + 1) * (VkDeviceSize)n->ne[1] : (VkDeviceSize)node_nelem(n);
-        size += (elems * 4 + 255) / 256 * 256;
+        size += (elems * (kv[i] && b->kv16 ? 2 : 4) + 255) / 256 * 256;
     }
     free(ring);
+    free(kv);
     b->n_states = g->n_states;
     anvil_status st = vk_buffer_create(b->d, size, VK_MEM_DEVICE, "the KV cache", &b->states);
     if (st != ANVIL_OK) return st;
@@ -441,8 +455,6 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
             if (!t || !dtype_supported(t->type))
                 return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: norm %s has no usable weight", n->name);
             st = want_weight(b, t, true, n->p.i[0] != 0);
-        } else if (n->op == OP_STATE && b->n_states == 0) {
-            state_bytes += (uint64_t)node_nelem(n) * 4;
         } else if (n->op == OP_ATTENTION) {
             const struct node *q = &g->nodes[n->src[0]], *k = &g->nodes[n->src[1]];
             int gg = (int)(q->ne[1] / k->ne[1]), dd = (int)q->ne[0];
@@ -454,6 +466,13 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
         if (st != ANVIL_OK) return st;
     }
     for (int i = first_new; i < b->n_w; i++) new_bytes += weight_bytes(&b->w[i]);
+    if (b->n_states == 0) { /* the states to come (bind_states) */
+        bool *kv = kv_cache_nodes(g);
+        if (!kv) return ANVIL_ERR_NOMEM;
+        for (int i = 0; i < g->n_nodes; i++)
+            if (g->nodes[i].op == OP_STATE) state_bytes += (uint64_t)node_nelem(&g->nodes[i]) * (kv[i] && b->kv16 ? 2 : 4);
+        free(kv);
+    }
     VkDeviceSize have = vk_device_local_bytes(b->d);
     if (new_bytes + state_bytes > have) {
         char w[32], kv[32], h[32];
@@ -466,7 +485,7 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
     anvil_status st = upload_weights(b, first_new);
     if (st == ANVIL_OK) st = bind_states(b, g);
     if (st == ANVIL_OK && !b->have_pl) {
-        st = vk_pipelines_create(b->d, attn_g ? attn_g : 1, attn_d ? attn_d : 128, &b->pl);
+        st = vk_pipelines_create(b->d, attn_g ? attn_g : 1, attn_d ? attn_d : 128, b->kv16, &b->pl);
         b->have_pl = st == ANVIL_OK;
     }
     struct vk_prog *p = xcalloc(1, sizeof *p);
@@ -543,7 +562,8 @@ anvil_status backend_vulkan_create(int device, struct backend **out) {
     struct vk_backend *b = xcalloc(1, sizeof *b);
     if (!b) return ANVIL_ERR_NOMEM;
     b->base.vt = &vk_vtable;
-    anvil_status st = vk_device_create(device, &b->d);
+    anvil_status st = backend_kv_cache_f16(&b->kv16);
+    if (st == ANVIL_OK) st = vk_device_create(device, &b->d);
     if (st != ANVIL_OK) {
         free(b);
         return st;

@@ -28,7 +28,8 @@ struct vk_backend {
     bool have_pl;
     struct vk_weight *w;
     int n_w;
-    struct vk_buffer states; /* every state (KV cache), float32, zeroed */
+    struct vk_buffer states; /* every state, zeroed: float32, the attention caches float16 if kv16 */
+    bool kv16;               /* ANVIL_KV_CACHE (backend_kv_cache_f16) */
     VkDeviceSize *state_off;
     int64_t (*state_ne)[MAX_DIMS];
     int n_states;

@@ -48,9 +48,26 @@ static void prompt_rows_agree(const char *spec, anvil_session *cpu, anvil_sessio
     assert_true(d < 1e-3f);
 }
 
+/* ANVIL_KV_CACHE for a test, and back to what it was (ctest sets f32) */
+static char kv_saved[16];
+static bool kv_was_set;
+static void kv_cache_set(const char *v) {
+    const char *e = getenv("ANVIL_KV_CACHE");
+    kv_was_set = e != NULL;
+    snprintf(kv_saved, sizeof kv_saved, "%s", e ? e : "");
+    setenv("ANVIL_KV_CACHE", v, 1);
+}
+static void kv_cache_restore(void) {
+    if (kv_was_set)
+        setenv("ANVIL_KV_CACHE", kv_saved, 1);
+    else
+        unsetenv("ANVIL_KV_CACHE");
+}
+
 static void test_against_cpu(void **state) {
     (void)state;
     setenv("ANVIL_VK_QX", "0", 1); /* the float matvecs, as the CPU computes them */
+    kv_cache_set("f16"); /* the default caches (both backends round k and v alike) */
     for (size_t t = 0; t < sizeof models / sizeof *models; t++) {
         char spec[64];
         snprintf(spec, sizeof spec, "synthetic:%s", models[t]);
@@ -112,6 +129,7 @@ static void test_against_cpu(void **state) {
         anvil_model_close(m);
     }
     unsetenv("ANVIL_VK_QX");
+    kv_cache_restore();
 }
 
 /* The decode program with its integer-dot-product matvecs (ANVIL_VK_QX=1) against the CPU
@@ -193,7 +211,7 @@ static void test_long_attention(void **state) {
     skip();
 #endif
     static const char *specs[] = {"synthetic:qwen3-tiny-k:q4_k", "synthetic:qwen3.6-heads:q8_0"};
-    static const char *chunks[] = {"1", "3", "64"};
+    static const char *chunks[] = {"1", "3", "64"}, *caches[] = {"f16", "f32", "f16"};
     enum { N = 90 };
     int32_t prompt[N];
     for (int i = 0; i < N; i++) prompt[i] = (int32_t)((i * 37 + 11) % 200);
@@ -204,20 +222,24 @@ static void test_long_attention(void **state) {
         assert_int_equal(anvil_model_open(specs[s], NULL, &m), ANVIL_OK);
         int V = anvil_model_vocab_size(m);
         float *a = malloc(sizeof(float) * N * (size_t)V), *b = malloc(sizeof(float) * N * (size_t)V);
-        anvil_session *cpu = tu_session(m, ANVIL_BACKEND_CPU, 128);
-        assert_int_equal(anvil_session_eval(cpu, prompt, N, ANVIL_LOGITS_ALL, a), ANVIL_OK);
-        for (size_t c = 0; c < 3; c++) {
+        for (size_t c = 0; c < 3; c++) { /* the CPU's rows with the same cache type */
+            kv_cache_set(caches[c]);
+            if (c == 0 || strcmp(caches[c], caches[c - 1])) {
+                anvil_session *cpu = tu_session(m, ANVIL_BACKEND_CPU, 128);
+                assert_int_equal(anvil_session_eval(cpu, prompt, N, ANVIL_LOGITS_ALL, a), ANVIL_OK);
+                anvil_session_destroy(cpu);
+            }
             setenv("ANVIL_VK_ATTN_CHUNKS", chunks[c], 1);
             anvil_session *vk = tu_session(m, ANVIL_BACKEND_VULKAN, 128);
+            kv_cache_restore();
             assert_int_equal(anvil_session_eval(vk, prompt, N, ANVIL_LOGITS_ALL, b), ANVIL_OK);
             float d = tu_max_diff(a, b, N * (size_t)V);
-            fprintf(stderr, "%s, %s attention chunks, %d decode steps: max |vulkan - cpu| = %.3g\n", specs[s],
-                    chunks[c], N, (double)d);
+            fprintf(stderr, "%s, %s attention chunks, %s cache, %d decode steps: max |vulkan - cpu| = %.3g\n",
+                    specs[s], chunks[c], caches[c], N, (double)d);
             assert_true(d < 1e-3f);
             anvil_session_destroy(vk);
         }
         unsetenv("ANVIL_VK_ATTN_CHUNKS");
-        anvil_session_destroy(cpu);
         free(a);
         free(b);
         anvil_model_close(m);

@@ -2,8 +2,9 @@
 /* q/k RMSNorm -> RoPE -> KV-cache write -> attention of one query token over the cache, in
  * one dispatch. Each workgroup normalises and rotates the G query heads it needs itself;
  * the workgroup whose chunk holds the current position also makes that position's k row
- * (norm, rope) and v row, writes them to the cache and uses them from shared memory (no
- * other workgroup reads that row). NeoX pairing (i, i + n_rot/2), cos/sin from a table
+ * (norm, rope) and v row, writes them to the cache (float16 unless KV16 is off) and uses
+ * them, rounded as the cache holds them, from shared memory (no other workgroup reads that
+ * row). NeoX pairing (i, i + n_rot/2), cos/sin from a table
  * computed on the host in double: rope[pos][i] = (cos, sin).
  *
  * Attention is split across the sequence: workgroup
@@ -49,8 +50,8 @@ layout(buffer_reference, std430, buffer_reference_align = 16) buffer QBytes { ui
 layout(push_constant) uniform PC {
     Floats q, k, v;      /* raw projections: [H, D], [Hkv, D], [Hkv, D] */
     Floats qnorm, knorm; /* [D] */
-    Vec4s kc;            /* [S, Hkv, D] */
-    Vec4s vc;            /* [S, Hkv, D] */
+    Floats kc;           /* [S, Hkv, D] float16 (KV16) or float32 */
+    Floats vc;
     Floats rope;         /* [S, n_rot / 2, 2] */
     CFloats part;        /* o [H, NC, D], then (m, l) [H, NC, 2] */
     Counters cnt;        /* [Hkv], zero between steps */
@@ -80,7 +81,7 @@ void pass_load_k(uint base, uint end, uint pos, uint j, uint lane, out vec4 kr[K
     bool live = p < end && p != pos;
     for (uint i = 0; i < KPL; i++) {
         uint c4 = lane % LPR + i * LPR;
-        kr[i] = live && c4 < D4 ? pc.kc.v[(p * pc.Hkv + j) * D4 + c4] : vec4(0.0);
+        kr[i] = live && c4 < D4 ? kv_get(pc.kc, (p * pc.Hkv + j) * D4 + c4) : vec4(0.0);
     }
 }
 
@@ -88,7 +89,7 @@ void pass_load_v(uint base, uint end, uint pos, uint j, uint lane, out vec4 vr[R
     for (uint r = 0; r < RPS; r++)
         for (uint k = 0; k < CPL; k++) {
             uint q = base + r, c4 = lane + k * SG;
-            vr[r][k] = q < end && q != pos && c4 < D4 ? pc.vc.v[(q * pc.Hkv + j) * D4 + c4] : vec4(0.0);
+            vr[r][k] = q < end && q != pos && c4 < D4 ? kv_get(pc.vc, (q * pc.Hkv + j) * D4 + c4) : vec4(0.0);
         }
 }
 
@@ -169,19 +170,20 @@ void main() {
             float a = xs[g][r], b = xs[g][r + half_];
             y = d < half_ ? a * cs.x - b * cs.y : b * cs.x + a * cs.y;
         }
+        if (g == G) y = kv_round(vec4(y)).x; /* as the cache holds it */
         ys[g][d >> 2u][d & 3u] = y;
     }
     if (mine)
         for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) {
             uint b = j * D + 4u * d4;
-            vnew[d4] = vec4(pc.v.v[b], pc.v.v[b + 1u], pc.v.v[b + 2u], pc.v.v[b + 3u]);
+            vnew[d4] = kv_round(vec4(pc.v.v[b], pc.v.v[b + 1u], pc.v.v[b + 2u], pc.v.v[b + 3u]));
         }
     barrier();
     if (mine) /* the cache rows of this position, for the steps to come */
         for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) {
             uint row = (pos * pc.Hkv + j) * D4 + d4;
-            pc.kc.v[row] = ys[G][d4];
-            pc.vc.v[row] = vnew[d4];
+            kv_put(pc.kc, row, ys[G][d4]);
+            kv_put(pc.vc, row, vnew[d4]);
         }
 
     vec4 o[G][CPL];

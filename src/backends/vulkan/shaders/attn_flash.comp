@@ -27,7 +27,7 @@ layout(constant_id = 0) const uint G = 4;   /* query heads per kv head, dividing
 layout(constant_id = 1) const uint D = 128; /* head dimension: a multiple of 16, <= 128 */
 
 layout(push_constant) uniform PC {
-    Floats q, kc, vc, out_;
+    Floats q, kc, vc, out_; /* the caches: float16 (KV16) or float32 */
     Floats prm; /* pos0 at [0] */
     uint T, H, Hkv, D_;
     float scale;
@@ -50,9 +50,9 @@ vec4 sb4(uint i) { return vec4(sb[4u * i], sb[4u * i + 1u], sb[4u * i + 2u], sb[
  * past n */
 void stage(Floats c, uint s0, uint n, uint j, uint base) {
     for (uint e = gl_LocalInvocationID.x; e < BK * D / 4u; e += 128u) {
-        uint r = e / (D / 4u), d4 = e % (D / 4u), s = s0 + r;
-        vec4 v = s < n ? Vec4s(c).v[((s * pc.Hkv + j) * D >> 2u) + d4] : vec4(0.0);
-        hb[(base + r * SD + 4u * d4) >> 2u] = uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw));
+        uint r = e / (D / 4u), d4 = e % (D / 4u), s = s0 + r, i4 = ((s * pc.Hkv + j) * D >> 2u) + d4;
+        hb[(base + r * SD + 4u * d4) >> 2u] =
+            s >= n ? uvec2(0u) : KV16 ? Halves4(c).v[i4] : to_halves4(Vec4s(c).v[i4]);
     }
 }
 

@@ -6,13 +6,14 @@
  * i scores row s0 + i for every head (4 dimensions a load), the block's maxima come from
  * subgroup reductions, then each thread accumulates its D / 64 output dimensions of every
  * head over the block.
- *   q [T, H, D], caches [S, Hkv, D], out [T, H, D]; D <= 256, G <= 16 (a specialisation constant). */
+ *   q [T, H, D], caches [S, Hkv, D] (KV16: float16), out [T, H, D]; D <= 256 and a multiple of 4,
+ *   G <= 16 (a specialisation constant). */
 #include "common.glsl"
 
 layout(local_size_x = 64) in;
 
 layout(push_constant) uniform PC {
-    Floats q, kc, vc, out_;
+    Floats q, kc, vc, out_; /* the caches: float16 (KV16) or float32 */
     Floats prm; /* pos0 at [0] */
     uint T, H, Hkv, D;
     float scale;
@@ -49,16 +50,9 @@ void main() {
         for (uint g = 0u; g < G; g++) sc[g] = 0.0;
         if (s < n) {
             uint kb = (s * pc.Hkv + j) * D;
-            if ((D & 3u) == 0u) { /* whole vec4 rows: one load per 4 dimensions */
-                for (uint d4 = 0u; d4 < D4; d4++) {
-                    vec4 k = Vec4s(pc.kc).v[(kb >> 2u) + d4];
-                    for (uint g = 0u; g < G; g++) sc[g] += dot(qs[g][d4], k);
-                }
-            } else {
-                for (uint d = 0u; d < D; d++) {
-                    float k = pc.kc.v[kb + d];
-                    for (uint g = 0u; g < G; g++) sc[g] += qs[g][d >> 2u][d & 3u] * k;
-                }
+            for (uint d4 = 0u; d4 < D4; d4++) { /* one load per 4 dimensions */
+                vec4 k = kv_get(pc.kc, (kb >> 2u) + d4);
+                for (uint g = 0u; g < G; g++) sc[g] += dot(qs[g][d4], k);
             }
         } else {
             for (uint g = 0u; g < G; g++) sc[g] = -1.0 / 0.0;
@@ -83,7 +77,10 @@ void main() {
         for (uint r = 0u; r < nb; r++) {
             uint vb = ((s0 + r) * pc.Hkv + j) * D;
             float v[4];
-            for (uint i = 0u; i < 4u; i++) v[i] = tid + B * i < D ? pc.vc.v[vb + tid + B * i] : 0.0;
+            for (uint i = 0u; i < 4u; i++) {
+                uint d = tid + B * i;
+                v[i] = d < D ? kv_get(pc.vc, (vb + d) >> 2u)[d & 3u] : 0.0;
+            }
             for (uint g = 0u; g < G; g++) {
                 float p = ps[g][r];
                 l[g] += p;

@@ -14,6 +14,23 @@
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer Floats { float v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer Vec4s { vec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer UVec4s { uvec4 v[]; };
+/* float16 four to a uvec2 (packHalf2x16: no 16-bit types needed, so it runs everywhere): the
+ * KV cache [S, Hkv, D] (D a multiple of 4), the prefill's dequantised weights */
+layout(buffer_reference, std430, buffer_reference_align = 8) buffer Halves4 { uvec2 v[]; };
+vec4 halves4(uvec2 u) { return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y)); }
+uvec2 to_halves4(vec4 v) { return uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw)); }
+/* The attention caches' element type: float16 (the default) or float32 (ANVIL_KV_CACHE=f32),
+ * set for every pipeline; kv_get / kv_put take 4 elements at index i4 * 4 of a cache. */
+layout(constant_id = 29) const bool KV16 = true;
+vec4 kv_get(Floats c, uint i4) { return KV16 ? halves4(Halves4(c).v[i4]) : Vec4s(c).v[i4]; }
+void kv_put(Floats c, uint i4, vec4 v) {
+    if (KV16)
+        Halves4(c).v[i4] = to_halves4(v);
+    else
+        Vec4s(c).v[i4] = v;
+}
+/* v as the cache holds it */
+vec4 kv_round(vec4 v) { return KV16 ? halves4(to_halves4(v)) : v; }
 
 /* Must match struct vk_ctl in vulkan_impl.h. */
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer Ctl {

@@ -8,9 +8,8 @@
 
 layout(local_size_x = 256) in;
 
-/* four float16 in a uvec2 (packHalf2x16): no 16-bit types needed, so it runs everywhere */
-layout(buffer_reference, std430, buffer_reference_align = 8) buffer Halves4 { uvec2 v[]; };
-uvec2 pack4(vec4 v) { return uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw)); }
+/* four float16 in a uvec2 (common.glsl's Halves4, packHalf2x16): no 16-bit types needed, so
+ * it runs everywhere */
 
 layout(push_constant) uniform PC {
     W w;
@@ -27,7 +26,7 @@ void main() {
     unit_load(pc.w, pc.r0 + r, pc.U, u, qa, qb, so);
     for (uint g = 0u; g < UG; g++) {
         uint o = (r * pc.Kp + unit_pos(u, g)) >> 2u;
-        pc.y.v[o] = pack4(qa[g] * so[g].x + so[g].y);
-        pc.y.v[o + 1u] = pack4(qb[g] * so[g].x + so[g].y);
+        pc.y.v[o] = to_halves4(qa[g] * so[g].x + so[g].y);
+        pc.y.v[o + 1u] = to_halves4(qb[g] * so[g].x + so[g].y);
     }
 }

@@ -8,7 +8,7 @@
  *   MODE 2  add        out = a + b
  *   MODE 3  swiglu     out = silu(a) * b
  *   MODE 4  KV write   a: k [T, H, n], b: v [T, H, n] -> rows pos0 + t of the caches
- *                      c (k) and out (v), both [S, H, n]
+ *                      c (k) and out (v), both [S, H, n] (KV16: float16; n a multiple of 4)
  *   MODE 5  sigmoid_mul out = a * sigmoid(b), b with H = n gates a row, or H = 1 (one gate
  *                      for the row)
  * pos0 comes from the params block (prm[0]). */
@@ -67,10 +67,10 @@ void main() {
             pc.out_.v[base + i] = pc.a.v[base + i] / (1.0 + exp(-g));
         }
     } else {
-        uint t = r / pc.H, h = r % pc.H, dst = ((pos0 + t) * pc.H + h) * n;
-        for (uint i = tid; i < n; i += 128u) {
-            pc.c.v[dst + i] = pc.a.v[base + i];
-            pc.out_.v[dst + i] = pc.b.v[base + i];
+        uint t = r / pc.H, h = r % pc.H, dst = ((pos0 + t) * pc.H + h) * n; /* n % 4 == 0 */
+        for (uint i = 4u * tid; i < n; i += 512u) {
+            kv_put(pc.c, (dst + i) >> 2u, Vec4s(pc.a).v[(base + i) >> 2u]);
+            kv_put(pc.out_, (dst + i) >> 2u, Vec4s(pc.b).v[(base + i) >> 2u]);
         }
     }
 }
