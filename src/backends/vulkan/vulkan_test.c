@@ -248,6 +248,39 @@ static void test_long_attention(void **state) {
     unsetenv("ANVIL_VK_QX");
 }
 
+/* The float16 cache takes half the float32 cache's device memory: the saving is positive and
+ * grows with the context exactly as the caches do (to their 256-byte alignment), on a dense
+ * model and on a hybrid (whose recurrent states stay float32). */
+static void test_kv_cache_memory(void **state) {
+    (void)state;
+    static const char *specs[] = {"synthetic:qwen3-tiny:f16", "synthetic:qwen3.6-tiny:bf16"};
+    for (size_t s = 0; s < 2; s++) {
+        anvil_model *m;
+        assert_int_equal(anvil_model_open(specs[s], NULL, &m), ANVIL_OK);
+        int64_t bytes[2][2]; /* [f16, f32][context 128, 256] */
+        float *logits = malloc(sizeof(float) * (size_t)anvil_model_vocab_size(m));
+        for (int t = 0; t < 2; t++)
+            for (int c = 0; c < 2; c++) {
+                kv_cache_set(t ? "f32" : "f16");
+                anvil_session *vk = tu_session(m, ANVIL_BACKEND_VULKAN, 128 << c);
+                kv_cache_restore();
+                int32_t tok = 7;
+                assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, logits), ANVIL_OK);
+                anvil_memory_stats ms;
+                assert_int_equal(anvil_session_memory(vk, &ms), ANVIL_OK);
+                bytes[t][c] = (int64_t)ms.device_bytes;
+                anvil_session_destroy(vk);
+            }
+        int64_t save128 = bytes[1][0] - bytes[0][0], save256 = bytes[1][1] - bytes[0][1];
+        fprintf(stderr, "%s: the float16 cache saves %lld bytes at 128 tokens, %lld at 256\n", specs[s],
+                (long long)save128, (long long)save256);
+        assert_true(save128 > 0);
+        assert_true(llabs(save256 - 2 * save128) <= 64 * 256); /* a few states' alignment */
+        free(logits);
+        anvil_model_close(m);
+    }
+}
+
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void) {
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
@@ -577,6 +610,7 @@ int main(void) {
         cmocka_unit_test(test_against_cpu),
         cmocka_unit_test(test_against_cpu_qx),
         cmocka_unit_test(test_long_attention),
+        cmocka_unit_test(test_kv_cache_memory),
     };
     /* ANVIL_TEST_FILTER=test_qx_kernels runs the tests matching a pattern (e.g. on a GPU
      * machine without the test data) */
