@@ -82,11 +82,21 @@ typedef enum anvil_backend_kind {
     ANVIL_BACKEND_VULKAN,
 } anvil_backend_kind;
 
+/* The attention caches' element type. float16 halves their memory and, at long contexts, the
+ * bytes decode attention reads; k and v are rounded to it as they are written (the CPU backend
+ * rounds them the same way and stores float32). */
+typedef enum anvil_kv_cache {
+    ANVIL_KV_DEFAULT = 0, /* ANVIL_KV_CACHE (f16 or f32; another value is an error), else f16 */
+    ANVIL_KV_F16,
+    ANVIL_KV_F32,
+} anvil_kv_cache;
+
 typedef struct anvil_session_params {
     anvil_backend_kind backend;
     int device;     /* Vulkan device index; -1 = best (or ANVIL_DEVICE) */
     int n_ctx;      /* context length (KV cache size); 0 = min(model's, 4096) */
     int n_threads;  /* CPU backend threads; 0 = all cores */
+    anvil_kv_cache kv_cache;
 } anvil_session_params;
 
 anvil_session_params anvil_session_default_params(void);

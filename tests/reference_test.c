@@ -30,6 +30,7 @@ struct ref_case {
     const char *golden;  /* directory holding golden.json and the logits */
     const char *backend;
     float tol;           /* 0: tolerance(golden) */
+    const char *opts;    /* more eval options, or NULL */
 };
 
 /* 1e-3, or the reference's own cached-vs-uncached noise when larger (see the top). */
@@ -64,8 +65,8 @@ static void check_model(const struct ref_case *c) {
     int fd = mkstemp(logits_path);
     assert_true(fd >= 0);
     char *out = NULL, *err = NULL;
-    int rc = tu_run_anvil(&out, &err, "eval -m %s --backend %s --prompt-ids %s --feed-ids %s "
-                          "--logits %s", c->model, c->backend, pstr, gstr, logits_path);
+    int rc = tu_run_anvil(&out, &err, "eval -m %s --backend %s %s --prompt-ids %s --feed-ids %s "
+                          "--logits %s", c->model, c->backend, c->opts ? c->opts : "", pstr, gstr, logits_path);
     if (rc != 0) fprintf(stderr, "anvil eval failed (%d): %s\n", rc, err ? err : "");
     assert_int_equal(rc, 0);
 
@@ -136,7 +137,7 @@ static void test_reference_models(void **state) {
             char dir[1024];
             snprintf(dir, sizeof dir, "%s", tu_testdata("reference/"));
             strncat(dir, dense_models[i], sizeof dir - strlen(dir) - 1);
-            struct ref_case c = {dir, dir, b, 0};
+            struct ref_case c = {dir, dir, b, 0, NULL};
             check_model(&c);
         }
     }
@@ -153,22 +154,14 @@ static void test_reference_f16_cache(void **state) {
     char why[256];
     bool have_vk = backend_vulkan_available(why, sizeof why);
     static const char *models[] = {"qwen3-tiny", "qwen3moe-tiny", "qwen3next-tiny"};
-    const char *saved = getenv("ANVIL_KV_CACHE");
-    char keep[16];
-    snprintf(keep, sizeof keep, "%s", saved ? saved : "");
-    setenv("ANVIL_KV_CACHE", "f16", 1);
     for (int b = 0; b < (have_vk ? 2 : 1); b++)
         for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
             char dir[1024];
             snprintf(dir, sizeof dir, "%s", tu_testdata("reference/"));
             strncat(dir, models[i], sizeof dir - strlen(dir) - 1);
-            struct ref_case c = {dir, dir, b ? "vulkan" : "cpu", 3e-2f};
+            struct ref_case c = {dir, dir, b ? "vulkan" : "cpu", 3e-2f, "--kv-cache f16"};
             check_model(&c);
         }
-    if (saved)
-        setenv("ANVIL_KV_CACHE", keep, 1);
-    else
-        unsetenv("ANVIL_KV_CACHE");
 }
 
 /* A published Qwen3.5/3.6 checkpoint is multimodal: model_type qwen3_5[_moe] with the
@@ -231,7 +224,7 @@ static void multimodal_variant(const char *model, const char *model_type) {
     assert_int_equal(fwrite(st + 8 + hlen, 1, len - 8 - hlen, f), len - 8 - hlen);
     fclose(f);
 
-    struct ref_case c = {dir, src, "cpu", 0};
+    struct ref_case c = {dir, src, "cpu", 0, NULL};
     check_model(&c);
 
     tu_rmdir(dir);

@@ -82,9 +82,14 @@ int32_t *tu_json_ids(const char *json, const char *key, int *n) {
 }
 
 anvil_session *tu_session(anvil_model *m, anvil_backend_kind kind, int n_ctx) {
+    return tu_session_kv(m, kind, n_ctx, ANVIL_KV_DEFAULT);
+}
+
+anvil_session *tu_session_kv(anvil_model *m, anvil_backend_kind kind, int n_ctx, anvil_kv_cache kv) {
     anvil_session_params sp = anvil_session_default_params();
     sp.backend = kind;
     sp.n_ctx = n_ctx;
+    sp.kv_cache = kv;
     anvil_session *s = NULL;
     if (anvil_session_create(m, &sp, &s) != ANVIL_OK) fprintf(stderr, "%s\n", anvil_model_errmsg(m));
     assert_non_null(s);

@@ -29,6 +29,8 @@ int32_t *tu_json_ids(const char *json, const char *key, int *n);
 /* A session of model m on backend kind with an n_ctx context; fails the test (printing the
  * model's error) if it cannot be made. Caller destroys it. */
 anvil_session *tu_session(anvil_model *m, anvil_backend_kind kind, int n_ctx);
+/* The same with the KV cache's type (tu_session: ANVIL_KV_DEFAULT). */
+anvil_session *tu_session_kv(anvil_model *m, anvil_backend_kind kind, int n_ctx, anvil_kv_cache kv);
 /* The largest |a[i] - b[i]| over n floats. */
 float tu_max_diff(const float *a, const float *b, size_t n);
 /* A token callback that appends to v: v[0] counts, v[1..] the tokens. */

@@ -9,9 +9,6 @@
 #ifndef ANVIL_BACKEND_H
 #define ANVIL_BACKEND_H
 
-#include <stdlib.h>
-#include <string.h>
-
 #include "graph/graph.h"
 
 struct backend;
@@ -92,21 +89,12 @@ static inline void backend_destroy(struct backend *b) {
     if (b) b->vt->destroy(b);
 }
 
-/* The attention caches' element type, from ANVIL_KV_CACHE: "f16" (the default: half the
- * memory, and at long contexts the attention reads half the bytes) or "f32". Both backends
- * store k and v rounded the same way, so that they compute the same attention. Another value
- * is an error. */
-static inline anvil_status backend_kv_cache_f16(bool *f16) {
-    const char *e = getenv("ANVIL_KV_CACHE");
-    *f16 = !e || !*e || strcmp(e, "f16") == 0;
-    if (!*f16 && strcmp(e, "f32") != 0)
-        return err_set(ANVIL_ERR_INVALID_ARG, "ANVIL_KV_CACHE=%s: the KV cache is f16 (the default) or f32", e);
-    return ANVIL_OK;
-}
-
-anvil_status backend_cpu_create(int n_threads, struct backend **out);
+/* kv16: the attention caches hold float16 (anvil_kv_cache): the Vulkan backend stores them so,
+ * the CPU rounds k and v the same way and stores float32, so that both compute the same
+ * attention. */
+anvil_status backend_cpu_create(int n_threads, bool kv16, struct backend **out);
 /* device < 0: the best device (or ANVIL_DEVICE). */
-anvil_status backend_vulkan_create(int device, struct backend **out);
+anvil_status backend_vulkan_create(int device, bool kv16, struct backend **out);
 /* Whether Vulkan has a usable device; why not, otherwise. */
 bool backend_vulkan_available(char *why, size_t cap);
 /* Lines describing the Vulkan devices. */

@@ -105,8 +105,22 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
 }
 
 anvil_session_params anvil_session_default_params(void) {
-    anvil_session_params p = {ANVIL_BACKEND_AUTO, -1, 0, 0};
+    anvil_session_params p = {ANVIL_BACKEND_AUTO, -1, 0, 0, ANVIL_KV_DEFAULT};
     return p;
+}
+
+/* Whether the attention caches are float16: kv, or ANVIL_KV_CACHE where kv is the default. */
+static anvil_status kv_cache_f16(anvil_kv_cache kv, bool *f16) {
+    if (kv == ANVIL_KV_F16 || kv == ANVIL_KV_F32) {
+        *f16 = kv == ANVIL_KV_F16;
+        return ANVIL_OK;
+    }
+    if (kv != ANVIL_KV_DEFAULT) return err_set(ANVIL_ERR_INVALID_ARG, "unknown KV cache type %d", (int)kv);
+    const char *e = getenv("ANVIL_KV_CACHE");
+    *f16 = !e || !*e || strcmp(e, "f16") == 0;
+    if (!*f16 && strcmp(e, "f32") != 0)
+        return err_set(ANVIL_ERR_INVALID_ARG, "ANVIL_KV_CACHE=%s: the KV cache is f16 (the default) or f32", e);
+    return ANVIL_OK;
 }
 
 anvil_status anvil_session_create(anvil_model *model, const anvil_session_params *params,
@@ -123,21 +137,23 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     s->n_ctx = n_ctx;
     s->tokens = xmalloc((size_t)n_ctx * sizeof *s->tokens);
     anvil_status st = s->tokens ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    bool kv16 = true;
+    if (st == ANVIL_OK) st = kv_cache_f16(p.kv_cache, &kv16);
     if (st == ANVIL_OK) switch (p.backend) {
     case ANVIL_BACKEND_AUTO:
     case ANVIL_BACKEND_CPU:
         if (p.backend == ANVIL_BACKEND_AUTO && backend_vulkan_available(NULL, 0)) {
-            st = backend_vulkan_create(p.device, &s->backend);
+            st = backend_vulkan_create(p.device, kv16, &s->backend);
             break;
         }
-        st = backend_cpu_create(p.n_threads ? p.n_threads : model->n_threads, &s->backend);
+        st = backend_cpu_create(p.n_threads ? p.n_threads : model->n_threads, kv16, &s->backend);
         break;
     case ANVIL_BACKEND_VULKAN: {
         char why[256];
         if (!backend_vulkan_available(why, sizeof why))
             st = err_set(ANVIL_ERR_UNSUPPORTED, "--backend vulkan: %s", why);
         else
-            st = backend_vulkan_create(p.device, &s->backend);
+            st = backend_vulkan_create(p.device, kv16, &s->backend);
         break;
     }
     default:
@@ -156,7 +172,7 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
                 log_warn("%s; running on the CPU", err_get());
                 backend_destroy(s->backend);
                 s->backend = NULL;
-                st = backend_cpu_create(p.n_threads ? p.n_threads : model->n_threads, &s->backend);
+                st = backend_cpu_create(p.n_threads ? p.n_threads : model->n_threads, kv16, &s->backend);
                 if (st == ANVIL_OK) st = s->backend->vt->compile(s->backend, &g, &s->decode);
             }
             graph_free(&g);

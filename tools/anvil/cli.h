@@ -14,6 +14,7 @@ struct common_opts {
     int device;
     int n_ctx;
     int n_threads;
+    anvil_kv_cache kv_cache;
 };
 
 /* If argv[*i] is a common option, consumes it (and its value) and returns 1; returns -1 on a

@@ -97,6 +97,7 @@ int cmd_serve(int argc, char **argv) {
     o.session.device = co.device;
     o.session.n_ctx = co.n_ctx;
     o.session.n_threads = co.n_threads;
+    o.session.kv_cache = co.kv_cache;
 
     /* signals are taken by sigwait below, so every thread the server starts blocks them */
     sigset_t set;

@@ -89,10 +89,11 @@ int common_opt(struct common_opts *o, int argc, char **argv, int *i) {
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
         if (!(v = opt_value(argc, argv, i))) return -1;
         if (!parse_int(v, 1, 1 << 24, &o->n_ctx)) return fail("bad context size \"%s\"", v), -1;
-    } else if (!strcmp(a, "--kv-cache")) { /* read by the backends as ANVIL_KV_CACHE */
+    } else if (!strcmp(a, "--kv-cache")) {
         if (!(v = opt_value(argc, argv, i))) return -1;
-        if (strcmp(v, "f16") && strcmp(v, "f32")) return fail("--kv-cache must be f16 or f32, not \"%s\"", v), -1;
-        setenv("ANVIL_KV_CACHE", v, 1);
+        if (!strcmp(v, "f16")) o->kv_cache = ANVIL_KV_F16;
+        else if (!strcmp(v, "f32")) o->kv_cache = ANVIL_KV_F32;
+        else return fail("--kv-cache must be f16 or f32, not \"%s\"", v), -1;
     } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
         if (!(v = opt_value(argc, argv, i))) return -1;
         if (!parse_int(v, 1, 1024, &o->n_threads)) return fail("bad thread count \"%s\"", v), -1;
@@ -119,6 +120,7 @@ bool open_model_session(const struct common_opts *o, anvil_model **m, anvil_sess
     sp.device = o->device;
     sp.n_ctx = o->n_ctx;
     sp.n_threads = o->n_threads;
+    sp.kv_cache = o->kv_cache;
     if (anvil_session_create(*m, &sp, s) != ANVIL_OK) {
         fail("%s", anvil_model_errmsg(*m));
         anvil_model_close(*m);

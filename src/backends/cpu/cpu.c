@@ -23,7 +23,7 @@ struct cpu_backend {
     struct thread_pool *pool;
     struct cpu_state *states;
     int n_states;
-    bool kv16; /* ANVIL_KV_CACHE: k and v rounded to float16 in the cache (backend_kv_cache_f16) */
+    bool kv16; /* k and v rounded to float16 in the cache (backend_cpu_create) */
 };
 
 struct cpu_program {
@@ -625,13 +625,13 @@ static const struct backend_vtable cpu_vtable = {
     "cpu", cpu_destroy, cpu_compile, cpu_program_destroy, cpu_run, NULL, NULL, NULL, NULL,
 };
 
-anvil_status backend_cpu_create(int n_threads, struct backend **out) {
+anvil_status backend_cpu_create(int n_threads, bool kv16, struct backend **out) {
     *out = NULL;
     struct cpu_backend *b = xcalloc(1, sizeof *b);
     if (!b) return ANVIL_ERR_NOMEM;
     b->base.vt = &cpu_vtable;
-    anvil_status st = backend_kv_cache_f16(&b->kv16);
-    if (st == ANVIL_OK) st = thread_pool_create(n_threads, &b->pool);
+    b->kv16 = kv16;
+    anvil_status st = thread_pool_create(n_threads, &b->pool);
     if (st != ANVIL_OK) {
         free(b);
         return st;

@@ -86,6 +86,10 @@ struct pc_sample {
 };
 #define SAMPLE_CH 2048  /* logits per workgroup of sample.comp */
 #define SAMPLE_MAXK 256 /* SAMPLER_MAX_K */
+/* sample.comp's scratch: the workgroups' sorted lists, then its merge tree's counters (fewer
+ * than the workgroups; zero between steps) */
+#define SAMPLE_PART_BYTES(nwg) round_up((VkDeviceSize)(nwg) * SAMPLE_MAXK * 8, ALIGN)
+#define SAMPLE_CNT_BYTES(nwg) round_up((VkDeviceSize)(nwg) * 4, ALIGN)
 
 struct vk_program {
     struct vk_backend *b;
@@ -691,13 +695,12 @@ static anvil_status lower_graph(struct lower *L) {
     if (N(L, out)->op != OP_MATMUL)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph's output is not a matmul");
     L->p->logits_off = alloc_node(L, out);
-    /* the sampling variant's last op: its partial lists and its merge tree's counters (fewer
-     * than the workgroups; zero between steps) */
+    /* the sampling variant's last op, and its scratch */
     uint32_t nwg = (L->p->V + SAMPLE_CH - 1) / SAMPLE_CH;
     VkDeviceSize part = L->arena_size;
-    L->arena_size += round_up((VkDeviceSize)nwg * SAMPLE_MAXK * 8, ALIGN);
+    L->arena_size += SAMPLE_PART_BYTES(nwg);
     VkDeviceSize cnt = L->arena_size;
-    L->arena_size += round_up((VkDeviceSize)nwg * 4, ALIGN);
+    L->arena_size += SAMPLE_CNT_BYTES(nwg);
     struct pc_sample ps = {L->p->arena.addr + L->p->logits_off, L->p->ctl.addr, L->p->arena.addr + part,
                            L->p->arena.addr + cnt, L->p->V, nwg};
     struct vk_dispatch *so = &L->p->sample_op;
@@ -1173,8 +1176,8 @@ anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, co
     if (st == ANVIL_OK)
         st = vk_buffer_create(d, sizeof(struct vk_ctl) + (size_t)n_ctx * 12, VK_MEM_CONTROL, "test control", &ctl);
     if (st == ANVIL_OK)
-        st = vk_buffer_create(d, (VkDeviceSize)nwg * SAMPLE_MAXK * 8 + round_up((VkDeviceSize)nwg * 4, ALIGN),
-                              VK_MEM_DEVICE, "test scratch", &scratch);
+        st = vk_buffer_create(d, SAMPLE_PART_BYTES(nwg) + SAMPLE_CNT_BYTES(nwg), VK_MEM_DEVICE, "test scratch",
+                              &scratch);
     if (st == ANVIL_OK) {
         struct vk_uploader u;
         struct plain f = {(const uint8_t *)logits, 0, 0};
@@ -1192,8 +1195,7 @@ anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, co
     c->budget = 1;
     for (int i = 0; i < n_hist - 1; i++) c->data[2 * n_ctx + i] = (uint32_t)hist[i];
     ctl_set_sampling(c, (uint32_t)V, sp);
-    struct pc_sample ps = {lg.addr, ctl.addr, scratch.addr, scratch.addr + (VkDeviceSize)nwg * SAMPLE_MAXK * 8,
-                           (uint32_t)V, nwg};
+    struct pc_sample ps = {lg.addr, ctl.addr, scratch.addr, scratch.addr + SAMPLE_PART_BYTES(nwg), (uint32_t)V, nwg};
     struct test_dispatch one = {K_SAMPLE, &ps, sizeof ps, nwg};
     st = test_run(b, &one, 1, scratch.buf);
     if (st == ANVIL_OK && c->n_out != 1)

@@ -557,13 +557,13 @@ static const struct backend_vtable vk_vtable = {
     vk_failed, vk_memory,
 };
 
-anvil_status backend_vulkan_create(int device, struct backend **out) {
+anvil_status backend_vulkan_create(int device, bool kv16, struct backend **out) {
     *out = NULL;
     struct vk_backend *b = xcalloc(1, sizeof *b);
     if (!b) return ANVIL_ERR_NOMEM;
     b->base.vt = &vk_vtable;
-    anvil_status st = backend_kv_cache_f16(&b->kv16);
-    if (st == ANVIL_OK) st = vk_device_create(device, &b->d);
+    b->kv16 = kv16;
+    anvil_status st = vk_device_create(device, &b->d);
     if (st != ANVIL_OK) {
         free(b);
         return st;

@@ -29,7 +29,7 @@ struct vk_backend {
     struct vk_weight *w;
     int n_w;
     struct vk_buffer states; /* every state, zeroed: float32, the attention caches float16 if kv16 */
-    bool kv16;               /* ANVIL_KV_CACHE (backend_kv_cache_f16) */
+    bool kv16;               /* backend_vulkan_create's */
     VkDeviceSize *state_off;
     int64_t (*state_ne)[MAX_DIMS];
     int n_states;

@@ -228,8 +228,8 @@ struct vk_pipelines {
 };
 
 /* Creates every pipeline; attention is specialised for G query heads per kv head and head
- * dim D. Loads/saves the pipeline cache in $XDG_CACHE_HOME/anvil (or ~/.cache/anvil). */
-/* kv16: the attention caches are float16 (common.glsl's KV16, set in every pipeline) */
+ * dim D, and every pipeline for the attention caches' type (kv16: float16; common.glsl's
+ * KV16). Loads/saves the pipeline cache in $XDG_CACHE_HOME/anvil (or ~/.cache/anvil). */
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out);
 void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p);
 const char *vk_kernel_name(enum vk_kernel k);

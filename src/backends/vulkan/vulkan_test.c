@@ -48,32 +48,17 @@ static void prompt_rows_agree(const char *spec, anvil_session *cpu, anvil_sessio
     assert_true(d < 1e-3f);
 }
 
-/* ANVIL_KV_CACHE for a test, and back to what it was (ctest sets f32) */
-static char kv_saved[16];
-static bool kv_was_set;
-static void kv_cache_set(const char *v) {
-    const char *e = getenv("ANVIL_KV_CACHE");
-    kv_was_set = e != NULL;
-    snprintf(kv_saved, sizeof kv_saved, "%s", e ? e : "");
-    setenv("ANVIL_KV_CACHE", v, 1);
-}
-static void kv_cache_restore(void) {
-    if (kv_was_set)
-        setenv("ANVIL_KV_CACHE", kv_saved, 1);
-    else
-        unsetenv("ANVIL_KV_CACHE");
-}
-
 static void test_against_cpu(void **state) {
     (void)state;
     setenv("ANVIL_VK_QX", "0", 1); /* the float matvecs, as the CPU computes them */
-    kv_cache_set("f16"); /* the default caches (both backends round k and v alike) */
     for (size_t t = 0; t < sizeof models / sizeof *models; t++) {
         char spec[64];
         snprintf(spec, sizeof spec, "synthetic:%s", models[t]);
         anvil_model *m;
         assert_int_equal(anvil_model_open(spec, NULL, &m), ANVIL_OK);
-        anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
+        /* the default float16 caches (both backends round k and v alike) */
+        anvil_session *cpu = tu_session_kv(m, ANVIL_BACKEND_CPU, 40, ANVIL_KV_F16),
+                      *vk = tu_session_kv(m, ANVIL_BACKEND_VULKAN, 40, ANVIL_KV_F16);
         assert_string_equal(anvil_session_backend_name(vk), "vulkan");
         /* memory: the GPU's allocations (weights, cache, arena) on Vulkan, none on the CPU */
         anvil_memory_stats mc, mv;
@@ -129,7 +114,6 @@ static void test_against_cpu(void **state) {
         anvil_model_close(m);
     }
     unsetenv("ANVIL_VK_QX");
-    kv_cache_restore();
 }
 
 /* The decode program with its integer-dot-product matvecs (ANVIL_VK_QX=1) against the CPU
@@ -211,7 +195,8 @@ static void test_long_attention(void **state) {
     skip();
 #endif
     static const char *specs[] = {"synthetic:qwen3-tiny-k:q4_k", "synthetic:qwen3.6-heads:q8_0"};
-    static const char *chunks[] = {"1", "3", "64"}, *caches[] = {"f16", "f32", "f16"};
+    static const char *chunks[] = {"1", "3", "64"};
+    static const anvil_kv_cache caches[] = {ANVIL_KV_F16, ANVIL_KV_F32, ANVIL_KV_F16};
     enum { N = 90 };
     int32_t prompt[N];
     for (int i = 0; i < N; i++) prompt[i] = (int32_t)((i * 37 + 11) % 200);
@@ -223,19 +208,17 @@ static void test_long_attention(void **state) {
         int V = anvil_model_vocab_size(m);
         float *a = malloc(sizeof(float) * N * (size_t)V), *b = malloc(sizeof(float) * N * (size_t)V);
         for (size_t c = 0; c < 3; c++) { /* the CPU's rows with the same cache type */
-            kv_cache_set(caches[c]);
-            if (c == 0 || strcmp(caches[c], caches[c - 1])) {
-                anvil_session *cpu = tu_session(m, ANVIL_BACKEND_CPU, 128);
+            if (c == 0 || caches[c] != caches[c - 1]) {
+                anvil_session *cpu = tu_session_kv(m, ANVIL_BACKEND_CPU, 128, caches[c]);
                 assert_int_equal(anvil_session_eval(cpu, prompt, N, ANVIL_LOGITS_ALL, a), ANVIL_OK);
                 anvil_session_destroy(cpu);
             }
             setenv("ANVIL_VK_ATTN_CHUNKS", chunks[c], 1);
-            anvil_session *vk = tu_session(m, ANVIL_BACKEND_VULKAN, 128);
-            kv_cache_restore();
+            anvil_session *vk = tu_session_kv(m, ANVIL_BACKEND_VULKAN, 128, caches[c]);
             assert_int_equal(anvil_session_eval(vk, prompt, N, ANVIL_LOGITS_ALL, b), ANVIL_OK);
             float d = tu_max_diff(a, b, N * (size_t)V);
             fprintf(stderr, "%s, %s attention chunks, %s cache, %d decode steps: max |vulkan - cpu| = %.3g\n",
-                    specs[s], chunks[c], caches[c], N, (double)d);
+                    specs[s], chunks[c], caches[c] == ANVIL_KV_F16 ? "f16" : "f32", N, (double)d);
             assert_true(d < 1e-3f);
             anvil_session_destroy(vk);
         }
@@ -261,9 +244,7 @@ static void test_kv_cache_memory(void **state) {
         float *logits = malloc(sizeof(float) * (size_t)anvil_model_vocab_size(m));
         for (int t = 0; t < 2; t++)
             for (int c = 0; c < 2; c++) {
-                kv_cache_set(t ? "f32" : "f16");
-                anvil_session *vk = tu_session(m, ANVIL_BACKEND_VULKAN, 128 << c);
-                kv_cache_restore();
+                anvil_session *vk = tu_session_kv(m, ANVIL_BACKEND_VULKAN, 128 << c, t ? ANVIL_KV_F32 : ANVIL_KV_F16);
                 int32_t tok = 7;
                 assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, logits), ANVIL_OK);
                 anvil_memory_stats ms;
@@ -297,7 +278,7 @@ static float rndf(void) { return (float)(rnd() >> 8) / 16777216.0f; } /* [0, 1) 
 static void test_qx_kernels(void **state) {
     (void)state;
     struct backend *base;
-    assert_int_equal(backend_vulkan_create(-1, &base), ANVIL_OK);
+    assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
     struct vk_backend *b = (struct vk_backend *)base;
     if (!b->d->int_dot) { /* the device has no integer dot products: the decode never uses them */
         backend_destroy(base);
@@ -385,7 +366,7 @@ static void test_qx_kernels(void **state) {
 static void test_topk_kernel(void **state) {
     (void)state;
     struct backend *base;
-    assert_int_equal(backend_vulkan_create(-1, &base), ANVIL_OK);
+    assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
     struct vk_backend *b = (struct vk_backend *)base;
     static const int Es[] = {1, 7, 128, 256, 257, 512, 1024}, ks[] = {1, 2, 8, 10, 64};
     int cases = 0;
@@ -437,7 +418,7 @@ static void test_topk_kernel(void **state) {
 static void test_sample_kernel_exact(void **state) {
     (void)state;
     struct backend *base;
-    assert_int_equal(backend_vulkan_create(-1, &base), ANVIL_OK);
+    assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
     struct vk_backend *b = (struct vk_backend *)base;
     /* 1 to 513 workgroups: 1 to 4 merge levels (the largest not under the sanitizers: the
      * tree is the GPU's, and the CPU's million-logit draws take long there) */
