@@ -108,6 +108,18 @@ void pass_patch(uint base, uint pos, uint lane, inout vec4 kr[KPL], inout vec4 v
         }
 }
 
+/* the merge's batch of chunks c0 .. c0 + 7 of query head h: m (-inf past NE, where nothing
+ * is loaded), l and this thread's vec4 of o (base: its offset in the partials) */
+void merge_load(uint c0, uint NE, uint mlb, uint h, uint base, out float mv[8], out float lv[8], out vec4 v[8]) {
+    for (uint u = 0; u < 8u; u++) {
+        uint cc = c0 + u, ml = mlb + (h * pc.NC + cc) * 2u;
+        bool live = cc < NE;
+        mv[u] = live ? pc.part.v[ml] : -1.0 / 0.0;
+        lv[u] = live ? pc.part.v[ml + 1u] : 0.0;
+        v[u] = live ? CVec4s(pc.part).v[base + cc * D4] : vec4(0.0);
+    }
+}
+
 void main() {
     if (pc.ctl.stop != 0u) return;
     uint j = gl_WorkGroupID.x, c = gl_WorkGroupID.y;
@@ -268,27 +280,33 @@ void main() {
         uint g = i / D4, d4 = i % D4, h = j * G + g, base = h * pc.NC * D4 + d4;
         vec4 a = vec4(0.0);
         float M = -1.0 / 0.0, Ls = 0.0;
-        for (uint c0 = 0; c0 < NE; c0 += 8u) { /* eight chunks' (m, l, o) in flight */
-            float mv[8], lv[8];
-            vec4 v[8];
-            for (uint u = 0; u < 8u; u++) {
-                uint cc = min(c0 + u, NE - 1u), ml = mlb + (h * pc.NC + cc) * 2u;
-                mv[u] = c0 + u < NE ? pc.part.v[ml] : -1.0 / 0.0;
-                lv[u] = pc.part.v[ml + 1u];
-                v[u] = CVec4s(pc.part).v[base + cc * D4];
-            }
+        /* eight chunks' (m, l, o) a batch; the next batch's loads in flight while this one
+         * is summed */
+        float mv[8], lv[8];
+        vec4 v[8];
+        merge_load(0u, NE, mlb, h, base, mv, lv, v);
+        for (uint c0 = 0; c0 < NE; c0 += 8u) {
+            float mn[8], ln[8];
+            vec4 vn[8];
+            merge_load(c0 + 8u, NE, mlb, h, base, mn, ln, vn);
             float Mn = M;
             for (uint u = 0; u < 8u; u++) Mn = max(Mn, mv[u]);
-            if (Mn == -1.0 / 0.0) continue; /* no rows yet (empty chunks) */
-            float corr = exp(M - Mn);
-            a *= corr;
-            Ls *= corr;
-            for (uint u = 0; u < 8u; u++) {
-                float w = exp(mv[u] - Mn); /* 0 for an empty chunk or one past NE */
-                a += w * v[u];
-                Ls += w * lv[u];
+            if (Mn != -1.0 / 0.0) { /* else no rows yet (empty chunks) */
+                float corr = exp(M - Mn);
+                a *= corr;
+                Ls *= corr;
+                for (uint u = 0; u < 8u; u++) {
+                    float w = exp(mv[u] - Mn); /* 0 for an empty chunk or one past NE */
+                    a += w * v[u];
+                    Ls += w * lv[u];
+                }
+                M = Mn;
             }
-            M = Mn;
+            for (uint u = 0; u < 8u; u++) {
+                mv[u] = mn[u];
+                lv[u] = ln[u];
+                v[u] = vn[u];
+            }
         }
         a *= 1.0 / Ls;
         uint o4 = h * D + 4u * d4;
