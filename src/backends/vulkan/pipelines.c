@@ -397,6 +397,48 @@ static void print_exec_stats(struct vk_device *d, VkPipeline p, const char *name
     fputc('\n', stderr);
 }
 
+/* A workgroup size from the environment: a multiple of the subgroup, at most 32 subgroups. */
+static uint32_t env_wg(const struct vk_device *d, const char *name, uint32_t dflt) {
+    const char *e = getenv(name);
+    int v = e ? atoi(e) : 0;
+    if (v >= (int)d->subgroup_size && v <= 1024 && v % (int)d->subgroup_size == 0 && v / (int)d->subgroup_size <= 32)
+        return (uint32_t)v;
+    return dflt;
+}
+
+static uint32_t env_nr(const char *name, uint32_t dflt) {
+    const char *e = getenv(name);
+    return e && atoi(e) >= 1 && atoi(e) <= 8 ? (uint32_t)atoi(e) : dflt;
+}
+
+/* The integer-dot-product kernels' rows and threads per workgroup, per type (vk_qx_index
+ * order: Q8_0, Q4_K, Q5_K, Q6_K) and MODE (0: a product, 1: gate/up -> SwiGLU). They do far
+ * fewer instructions per weight than the float kernels and prefer other shapes; measured on
+ * the H100 (docs/PERF.md section 26, 8B Q4_K_M +4.9%, Q8_0 +2.0%). Q5_K takes Q4_K's. */
+static const struct { uint8_t nr[2]; uint16_t wg[2]; uint8_t pipe[2]; } QX_SHAPE[VK_QX_KINDS] = {
+    {{2, 2}, {128, 256}, {1, 1}}, /* Q8_0 (the 0.6B's LM head, K 1024, lost 3% at WG 256) */
+    {{1, 2}, {128, 128}, {1, 1}}, /* Q4_K */
+    {{1, 2}, {128, 128}, {1, 1}}, /* Q5_K */
+    {{4, 2}, {128, 128}, {1, 1}}, /* Q6_K */
+};
+
+static void qx_shapes(const struct vk_device *d, struct vk_pipelines *out) {
+    for (int q = 0; q < VK_QX_KINDS; q++)
+        for (int m = 0; m < 2; m++) {
+            const char *kind = dtype_name(vk_qx_dtype(q));
+            char name[64];
+            snprintf(name, sizeof name, "ANVIL_VK_QX_NR_%s%s", kind, m ? "_SWIGLU" : "");
+            out->qx_nr[q][m] = env_nr(name, QX_SHAPE[q].nr[m]);
+            snprintf(name, sizeof name, "ANVIL_VK_QX_WG_%s%s", kind, m ? "_SWIGLU" : "");
+            uint32_t wg = QX_SHAPE[q].wg[m];
+            if (wg > d->props.limits.maxComputeWorkGroupSize[0] || wg % d->subgroup_size || wg / d->subgroup_size > 32)
+                wg = MATVEC_WG;
+            out->qx_wg[q][m] = env_wg(d, name, MAX(wg, d->subgroup_size));
+            snprintf(name, sizeof name, "ANVIL_VK_QX_PIPE_%s%s", kind, m ? "_SWIGLU" : "");
+            out->qx_pipe[q][m] = env_nr(name, QX_SHAPE[q].pipe[m]);
+        }
+}
+
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out) {
     memset(out, 0, sizeof *out);
     out->attn_g = attn_g;
@@ -429,6 +471,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     }
     if (out->matvec_wg < d->subgroup_size) out->matvec_wg = d->subgroup_size;
     if (out->matvec_wg / d->subgroup_size > 32) out->matvec_wg = 32 * d->subgroup_size;
+    qx_shapes(d, out);
     /* attention.comp's subgroups per workgroup (ANVIL_VK_ATTN_NSG, 1 .. 8) */
     out->attn_nsg = 4;
     e = getenv("ANVIL_VK_ATTN_NSG");
@@ -485,6 +528,11 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
                                   : (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS);
             vals[0] = out->matvec_wg_kind[kind] ? out->matvec_wg_kind[kind] : out->matvec_wg;
             vals[1] = vk_matvec_rows_mode(out, kind, mode);
+            if (qx) {
+                vals[0] = out->qx_wg[(k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS][mode];
+                vals[1] = out->qx_nr[(k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS][mode];
+                vals[3] = out->qx_pipe[(k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS][mode];
+            }
             vals[2] = mode;
             vals[3] = out->matvec_pipe;
             n = 4;

@@ -300,6 +300,8 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         if (st != ANVIL_OK) return st;
         kern = K_MATVEC_QX_Q8_0 + qxi;
     }
+    /* rows per workgroup */
+    uint32_t nr = qxi >= 0 ? L->p->b->pl.qx_nr[qxi][swiglu_of(L, i) >= 0] : matvec_rows_per_wg(L->p->b, type);
     /* the SwiGLU variant of kernel kern */
     int kern_swiglu = qxi >= 0 ? kern + VK_QX_KINDS : kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32);
     /* gate/up -> swiglu */
@@ -315,7 +317,6 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         if (!pc.normw) pc.normw = pc.x;
         L->done[a] = L->done[b] = L->done[j] = true;
         uint32_t gx, gy;
-        uint32_t nr = matvec_rows_per_wg(L->p->b, type);
         grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
         return emit(L->p, kern_swiglu, gx, gy, &pc, sizeof pc);
     }
@@ -360,7 +361,6 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (!pc.res) pc.res = pc.o0;
     if (!pc.normw) pc.normw = pc.x;
     uint32_t gx, gy;
-    uint32_t nr = matvec_rows_per_wg(L->p->b, type);
     grid((total + nr - 1) / nr, &gx, &gy);
     return emit(L->p, kern, gx, gy, &pc, sizeof pc);
 }
@@ -1240,7 +1240,7 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     pc.Kp8 = vk_weight_kp(b, w) / 8;
     pc.K = K;
     pc.rows0 = N;
-    uint32_t nr = vk_matvec_rows(&b->pl, vk_weight_kind(w->type));
+    uint32_t nr = b->pl.qx_nr[qxi][0];
     struct test_dispatch two[2] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024},
                                    {(enum vk_kernel)(K_MATVEC_QX_Q8_0 + qxi), &pc, sizeof pc, (N + nr - 1) / nr}};
     st = test_run(b, two, 2, VK_NULL_HANDLE);

@@ -225,6 +225,10 @@ struct vk_pipelines {
     /* per weight kind, for tuning: ANVIL_VK_MATVEC_NR_<KIND> / _WG_<KIND> (KIND as in
      * the type's name, dtype_name: Q6_K), 0 where not set */
     uint32_t matvec_nr_kind[VK_WEIGHT_KINDS], matvec_wg_kind[VK_WEIGHT_KINDS];
+    /* the integer-dot-product kernels' shapes, [vk_qx_index][MODE 0 | 1 (SwiGLU)]: tuned
+     * defaults (pipelines.c), ANVIL_VK_QX_NR_<KIND>[_SWIGLU] / _WG_ / _PIPE_ (rows, threads
+     * per workgroup, units per thread per iteration) */
+    uint32_t qx_nr[VK_QX_KINDS][2], qx_wg[VK_QX_KINDS][2], qx_pipe[VK_QX_KINDS][2];
 };
 
 /* Creates every pipeline; attention is specialised for G query heads per kv head and head
