@@ -217,8 +217,9 @@ int cmd_bench(int argc, char **argv) {
         stats(&res[n_res++]);
     }
     if (N > 0) {
-        /* warm-up: a whole repetition (with 8 tokens only, a single 64-token repetition of the
-         * 0.6B on the H100 measured 341 instead of ~806 t/s: docs/PERF.md section 26) */
+        /* warm-up: a whole repetition (after 8 tokens only, the first single 64-token
+         * repetition on a freshly started H100 measured the 0.6B at 341 instead of ~806 t/s:
+         * docs/PERF.md section 26) */
         if (!run_tg(s, toks, P, N, &secs)) goto eval_fail;
         res[n_res] = res[1];
         double cpu = 0, thread_cpu = 0;
