@@ -414,7 +414,8 @@ static uint32_t env_nr(const char *name, uint32_t dflt) {
 /* The integer-dot-product kernels' rows and threads per workgroup, per type (vk_qx_index
  * order: Q8_0, Q4_K, Q5_K, Q6_K) and MODE (0: a product, 1: gate/up -> SwiGLU). They do far
  * fewer instructions per weight than the float kernels and prefer other shapes; measured on
- * the H100 (docs/PERF.md section 26, 8B Q4_K_M +4.9%, Q8_0 +2.0%). Q5_K takes Q4_K's. */
+ * the H100 (docs/PERF.md section 26: 8B Q4_K_M 271 -> 286 t/s, Q6_K +5%). Q5_K takes Q4_K's;
+ * units per thread per iteration (PIPE) were never measured apart from the float kernels'. */
 static const struct { uint8_t nr[2]; uint16_t wg[2]; uint8_t pipe[2]; } QX_SHAPE[VK_QX_KINDS] = {
     {{2, 2}, {128, 256}, {1, 1}}, /* Q8_0 (the 0.6B's LM head, K 1024, lost 3% at WG 256) */
     {{1, 2}, {128, 128}, {1, 1}}, /* Q4_K */
@@ -528,13 +529,14 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
                                   : (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS);
             vals[0] = out->matvec_wg_kind[kind] ? out->matvec_wg_kind[kind] : out->matvec_wg;
             vals[1] = vk_matvec_rows_mode(out, kind, mode);
-            if (qx) {
-                vals[0] = out->qx_wg[(k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS][mode];
-                vals[1] = out->qx_nr[(k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS][mode];
-                vals[3] = out->qx_pipe[(k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS][mode];
-            }
             vals[2] = mode;
             vals[3] = out->matvec_pipe;
+            if (qx) {
+                int q = (k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS;
+                vals[0] = out->qx_wg[q][mode];
+                vals[1] = out->qx_nr[q][mode];
+                vals[3] = out->qx_pipe[q][mode];
+            }
             n = 4;
         } else if (k == K_ATTENTION) {
             vals[0] = (uint32_t)attn_g;
