@@ -440,6 +440,28 @@ static void qx_shapes(const struct vk_device *d, struct vk_pipelines *out) {
         }
 }
 
+bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t vals[4]) {
+    if (!(k < K_EMBED_F32 || (k > K_QX && k < K_COUNT))) return false;
+    bool qx = k > K_QX && k < K_MATVEC_ROUTE_F32, route = k >= K_MATVEC_ROUTE_F32;
+    int kind = route ? (int)(k - K_MATVEC_ROUTE_F32) /* F32, F16, BF16: kinds 0, 1, 2 */
+               : qx  ? vk_weight_kind(vk_qx_dtype((k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS))
+                     : (int)(k - K_MATVEC_F32) % VK_WEIGHT_KINDS;
+    uint32_t mode = route ? 0
+                    : qx  ? (uint32_t)((k - K_MATVEC_QX_Q8_0) / VK_QX_KINDS)
+                          : (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS);
+    vals[0] = p->matvec_wg_kind[kind] ? p->matvec_wg_kind[kind] : p->matvec_wg;
+    vals[1] = vk_matvec_rows_mode(p, kind, mode);
+    vals[2] = mode;
+    vals[3] = p->matvec_pipe;
+    if (qx) {
+        int q = (k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS;
+        vals[0] = p->qx_wg[q][mode];
+        vals[1] = p->qx_nr[q][mode];
+        vals[3] = p->qx_pipe[q][mode];
+    }
+    return true;
+}
+
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out) {
     memset(out, 0, sizeof *out);
     out->attn_g = attn_g;
@@ -519,24 +541,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         uint32_t vals[6] = {0};
         VkSpecializationMapEntry ent[6];
         uint32_t n = 0;
-        if (k < K_EMBED_F32 || (k > K_QX && k < K_COUNT)) {
-            bool qx = k > K_QX && k < K_MATVEC_ROUTE_F32, route = k >= K_MATVEC_ROUTE_F32;
-            int kind = route ? k - K_MATVEC_ROUTE_F32 /* F32, F16, BF16: kinds 0, 1, 2 */
-                       : qx  ? vk_weight_kind(vk_qx_dtype((k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS))
-                             : (k - K_MATVEC_F32) % VK_WEIGHT_KINDS;
-            uint32_t mode = route ? 0
-                            : qx  ? (uint32_t)((k - K_MATVEC_QX_Q8_0) / VK_QX_KINDS)
-                                  : (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS);
-            vals[0] = out->matvec_wg_kind[kind] ? out->matvec_wg_kind[kind] : out->matvec_wg;
-            vals[1] = vk_matvec_rows_mode(out, kind, mode);
-            vals[2] = mode;
-            vals[3] = out->matvec_pipe;
-            if (qx) {
-                int q = (k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS;
-                vals[0] = out->qx_wg[q][mode];
-                vals[1] = out->qx_nr[q][mode];
-                vals[3] = out->qx_pipe[q][mode];
-            }
+        if (vk_matvec_spec(out, (enum vk_kernel)k, vals)) {
             n = 4;
         } else if (k == K_ATTENTION) {
             vals[0] = (uint32_t)attn_g;

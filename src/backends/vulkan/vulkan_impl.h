@@ -236,6 +236,9 @@ struct vk_pipelines {
  * KV16). Loads/saves the pipeline cache in $XDG_CACHE_HOME/anvil (or ~/.cache/anvil). */
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out);
 void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p);
+/* matvec.comp's specialisation constants 0-3 for kernel k (workgroup size, rows per
+ * workgroup, MODE, units per thread per iteration); false if k is not a matvec kernel. */
+bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t vals[4]);
 const char *vk_kernel_name(enum vk_kernel k);
 /* attn_flash.comp's shapes: heads of a multiple of 16 dimensions up to 128, a number of query
  * heads per kv head that divides its 64 query rows */

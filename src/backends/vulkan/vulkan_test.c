@@ -275,14 +275,15 @@ static float rndf(void) { return (float)(rnd() >> 8) / 16777216.0f; } /* [0, 1) 
  * x_round_q8's rule (a value may round the other way only at a tie, where the two sides'
  * float32 arithmetic may differ by an ulp), and the product exactly (to float rounding)
  * against the CPU's dequantised weights times the rounded input the kernel returns. */
-static void test_qx_kernels(void **state) {
-    (void)state;
+/* One backend's check of the kernels (their shapes as the environment sets them): the
+ * cases checked, or -1 where the device has no integer dot products. */
+static int qx_kernels_check(void) {
     struct backend *base;
     assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
     struct vk_backend *b = (struct vk_backend *)base;
     if (!b->d->int_dot) { /* the device has no integer dot products: the decode never uses them */
         backend_destroy(base);
-        skip();
+        return -1;
     }
     static const int types[] = {DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K};
     static const struct { int K, N; } shapes[] = {{256, 37}, {1280, 129}, {4096, 3}, {96, 61}};
@@ -351,11 +352,48 @@ static void test_qx_kernels(void **state) {
                 free(wf);
                 free(wd);
             }
-    fprintf(stderr, "integer-dot-product matvec: %d cases equal to the CPU's\n", checked);
-    assert_true(checked >= 24);
+    /* the specialisation follows the shapes' knobs (ANVIL_VK_QX_*; one once did not); the
+     * pipelines exist once a kernel has run */
+    static const struct { enum vk_kernel k; const char *nr, *wg, *pipe; } knobs[] = {
+        {K_MATVEC_QX_Q8_0, "ANVIL_VK_QX_NR_Q8_0", "ANVIL_VK_QX_WG_Q8_0", "ANVIL_VK_QX_PIPE_Q8_0"},
+        {K_MATVEC_QX_Q4_K, "ANVIL_VK_QX_NR_Q4_K", "ANVIL_VK_QX_WG_Q4_K", "ANVIL_VK_QX_PIPE_Q4_K"},
+        {K_MATVEC_QX_Q5_K, "ANVIL_VK_QX_NR_Q5_K", "ANVIL_VK_QX_WG_Q5_K", "ANVIL_VK_QX_PIPE_Q5_K"},
+        {K_MATVEC_QX_Q6_K, "ANVIL_VK_QX_NR_Q6_K", "ANVIL_VK_QX_WG_Q6_K", "ANVIL_VK_QX_PIPE_Q6_K"},
+        {K_MATVEC_SWIGLU_QX_Q4_K, "ANVIL_VK_QX_NR_Q4_K_SWIGLU", "ANVIL_VK_QX_WG_Q4_K_SWIGLU",
+         "ANVIL_VK_QX_PIPE_Q4_K_SWIGLU"},
+    };
+    for (size_t i = 0; i < sizeof knobs / sizeof *knobs; i++) {
+        uint32_t v[4];
+        assert_true(vk_matvec_spec(&b->pl, knobs[i].k, v));
+        const char *e[3] = {getenv(knobs[i].wg), getenv(knobs[i].nr), getenv(knobs[i].pipe)};
+        for (int j = 0; j < 3; j++)
+            if (e[j]) assert_int_equal(v[j == 2 ? 3 : j], atoi(e[j]));
+        assert_int_equal(v[2], knobs[i].k >= K_MATVEC_SWIGLU_QX_Q8_0 ? 1 : 0);
+    }
     assert_int_equal(vk_check_validation(b->d), ANVIL_OK);
     backend_destroy(base);
     for (int i = 0; i < checked; i++) free(datas[i]);
+    return checked;
+}
+
+static void test_qx_kernels(void **state) {
+    (void)state;
+    int checked = qx_kernels_check();
+    if (checked < 0) skip();
+    fprintf(stderr, "integer-dot-product matvec: %d cases equal to the CPU's (default shapes)\n", checked);
+    assert_true(checked >= 24);
+    /* other shapes than the tuned defaults, for whoever tunes them on another GPU */
+    static const char *const env[][2] = {
+        {"ANVIL_VK_QX_NR_Q8_0", "3"}, {"ANVIL_VK_QX_WG_Q8_0", "64"},  {"ANVIL_VK_QX_NR_Q4_K", "2"},
+        {"ANVIL_VK_QX_PIPE_Q4_K", "2"}, {"ANVIL_VK_QX_NR_Q5_K", "4"}, {"ANVIL_VK_QX_WG_Q5_K", "256"},
+        {"ANVIL_VK_QX_NR_Q6_K", "1"}, {"ANVIL_VK_QX_PIPE_Q6_K", "3"},
+    };
+    size_t n_env = sizeof env / sizeof *env;
+    for (size_t i = 0; i < n_env; i++) setenv(env[i][0], env[i][1], 1);
+    checked = qx_kernels_check();
+    for (size_t i = 0; i < n_env; i++) unsetenv(env[i][0]);
+    fprintf(stderr, "integer-dot-product matvec: %d cases equal to the CPU's (other shapes)\n", checked);
+    assert_true(checked >= 24);
 }
 
 /* The MoE router kernel (moe_topk.comp) chooses the experts the CPU backend's op_moe chooses:
