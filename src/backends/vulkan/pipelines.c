@@ -397,13 +397,18 @@ static void print_exec_stats(struct vk_device *d, VkPipeline p, const char *name
     fputc('\n', stderr);
 }
 
-/* A workgroup size from the environment: a multiple of the subgroup, at most 32 subgroups. */
+/* Whether matvec.comp can run with workgroups of wg threads on d: a multiple of the
+ * subgroup, at most 32 subgroups (its shared arrays), within the device's limits. */
+static bool matvec_wg_ok(const struct vk_device *d, uint32_t wg) {
+    return wg >= d->subgroup_size && wg % d->subgroup_size == 0 && wg / d->subgroup_size <= 32 &&
+           wg <= d->props.limits.maxComputeWorkGroupSize[0] && wg <= d->props.limits.maxComputeWorkGroupInvocations;
+}
+
+/* A workgroup size from the environment, where matvec_wg_ok. */
 static uint32_t env_wg(const struct vk_device *d, const char *name, uint32_t dflt) {
     const char *e = getenv(name);
     int v = e ? atoi(e) : 0;
-    if (v >= (int)d->subgroup_size && v <= 1024 && v % (int)d->subgroup_size == 0 && v / (int)d->subgroup_size <= 32)
-        return (uint32_t)v;
-    return dflt;
+    return v > 0 && matvec_wg_ok(d, (uint32_t)v) ? (uint32_t)v : dflt;
 }
 
 static uint32_t env_nr(const char *name, uint32_t dflt) {
@@ -432,9 +437,8 @@ static void qx_shapes(const struct vk_device *d, struct vk_pipelines *out) {
             out->qx_nr[q][m] = env_nr(name, QX_SHAPE[q].nr[m]);
             snprintf(name, sizeof name, "ANVIL_VK_QX_WG_%s%s", kind, m ? "_SWIGLU" : "");
             uint32_t wg = QX_SHAPE[q].wg[m];
-            if (wg > d->props.limits.maxComputeWorkGroupSize[0] || wg % d->subgroup_size || wg / d->subgroup_size > 32)
-                wg = MATVEC_WG;
-            out->qx_wg[q][m] = env_wg(d, name, MAX(wg, d->subgroup_size));
+            if (!matvec_wg_ok(d, wg)) wg = MAX(MATVEC_WG, d->subgroup_size);
+            out->qx_wg[q][m] = env_wg(d, name, wg);
             snprintf(name, sizeof name, "ANVIL_VK_QX_PIPE_%s%s", kind, m ? "_SWIGLU" : "");
             out->qx_pipe[q][m] = env_nr(name, QX_SHAPE[q].pipe[m]);
         }
