@@ -444,6 +444,14 @@ static void qx_shapes(const struct vk_device *d, struct vk_pipelines *out) {
         }
 }
 
+/* Rows per workgroup of the float kernels of weight kind `kind` (vk_weight_kind) and MODE
+ * `mode`: the experts' kernels (MODE 2, 3) take ANVIL_VK_MATVEC_NR_MOE where set. */
+static uint32_t float_rows(const struct vk_pipelines *p, int kind, uint32_t mode) {
+    if (mode >= 2 && p->matvec_nr_moe) return p->matvec_nr_moe;
+    if (p->matvec_nr_kind[kind]) return p->matvec_nr_kind[kind];
+    return kind >= 4 && kind <= 7 ? p->matvec_nr_q : p->matvec_nr;
+}
+
 bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t vals[4]) {
     if (!(k < K_EMBED_F32 || (k > K_QX && k < K_COUNT))) return false;
     bool qx = k > K_QX && k < K_MATVEC_ROUTE_F32, route = k >= K_MATVEC_ROUTE_F32;
@@ -454,7 +462,7 @@ bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t val
                     : qx  ? (uint32_t)((k - K_MATVEC_QX_Q8_0) / VK_QX_KINDS)
                           : (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS);
     vals[0] = p->matvec_wg_kind[kind] ? p->matvec_wg_kind[kind] : p->matvec_wg;
-    vals[1] = vk_matvec_rows_mode(p, kind, mode);
+    vals[1] = float_rows(p, kind, mode);
     vals[2] = mode;
     vals[3] = p->matvec_pipe;
     if (qx) {

@@ -469,7 +469,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
                 mv.K = Kx;
                 mv.rows0 = ne0;
                 mv.flags = pc.flags ? 2u : 0u;
-                uint32_t nr = vk_matvec_rows(&b->pl, kind);
+                uint32_t nr = vk_matvec_rows(&b->pl, K_MATVEC_F32 + kind);
                 st = emit(p, (enum vk_kernel)(K_MATVEC_F32 + kind), (ne0 + nr - 1) / nr, 0, &mv, sizeof mv);
                 break;
             }

@@ -190,12 +190,6 @@ static void matvec_input(struct lower *L, int src, struct pc_matvec *pc) {
     }
 }
 
-/* a matvec workgroup computes matvec_nr rows, all its threads splitting K (measured faster
- * on the H100 than a subgroup per row: docs/PERF.md) */
-static uint32_t matvec_rows_per_wg(struct vk_backend *b, int type) {
-    return vk_matvec_rows(&b->pl, vk_weight_kind(type));
-}
-
 static void grid(uint32_t wgs, uint32_t *gx, uint32_t *gy) {
     *gx = MIN(wgs, 32768u);
     *gy = (wgs + *gx - 1) / *gx;
@@ -300,8 +294,6 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         if (st != ANVIL_OK) return st;
         kern = K_MATVEC_QX_Q8_0 + qxi;
     }
-    /* rows per workgroup */
-    uint32_t nr = qxi >= 0 ? L->p->b->pl.qx_nr[qxi][swiglu_of(L, i) >= 0] : matvec_rows_per_wg(L->p->b, type);
     /* the SwiGLU variant of kernel kern */
     int kern_swiglu = qxi >= 0 ? kern + VK_QX_KINDS : kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32);
     /* gate/up -> swiglu */
@@ -316,7 +308,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         pc.o1 = pc.o2 = pc.res = pc.o0;
         if (!pc.normw) pc.normw = pc.x;
         L->done[a] = L->done[b] = L->done[j] = true;
-        uint32_t gx, gy;
+        uint32_t gx, gy, nr = vk_matvec_rows(&L->p->b->pl, kern_swiglu);
         grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
         return emit(L->p, kern_swiglu, gx, gy, &pc, sizeof pc);
     }
@@ -360,7 +352,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     }
     if (!pc.res) pc.res = pc.o0;
     if (!pc.normw) pc.normw = pc.x;
-    uint32_t gx, gy;
+    uint32_t gx, gy, nr = vk_matvec_rows(&L->p->b->pl, kern);
     grid((total + nr - 1) / nr, &gx, &gy);
     return emit(L->p, kern, gx, gy, &pc, sizeof pc);
 }
@@ -510,7 +502,7 @@ static anvil_status lower_moe(struct lower *L, int i) {
     pc.rows0 = F;
     pc.rows1 = k;
     pc.rows2 = stride;
-    uint32_t nr = vk_matvec_rows_mode(&L->p->b->pl, vk_weight_kind(gn->weight->type), 2);
+    uint32_t nr = vk_matvec_rows(&L->p->b->pl, kgu);
     if ((st = emit(L->p, kgu, (F + nr - 1) / nr, k, &pc, sizeof pc)) != ANVIL_OK) return st;
     struct pc_matvec pd = {0};
     pd.ctl = L->p->ctl.addr;
@@ -561,7 +553,7 @@ static anvil_status lower_moe(struct lower *L, int i) {
         pd.res = pd.o0;
     }
     if (!(pd.flags & 4)) pd.o2 = pd.o0;
-    nr = vk_matvec_rows_mode(&L->p->b->pl, vk_weight_kind(dn->weight->type), 3);
+    nr = vk_matvec_rows(&L->p->b->pl, kd);
     uint32_t gx, gy;
     grid((C + nr - 1) / nr, &gx, &gy);
     return emit(L->p, kd, gx, gy, &pd, sizeof pd);
@@ -1240,7 +1232,7 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     pc.Kp8 = vk_weight_kp(b, w) / 8;
     pc.K = K;
     pc.rows0 = N;
-    uint32_t nr = b->pl.qx_nr[qxi][0];
+    uint32_t nr = vk_matvec_rows(&b->pl, K_MATVEC_QX_Q8_0 + qxi);
     struct test_dispatch two[2] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024},
                                    {(enum vk_kernel)(K_MATVEC_QX_Q8_0 + qxi), &pc, sizeof pc, (N + nr - 1) / nr}};
     st = test_run(b, two, 2, VK_NULL_HANDLE);

@@ -244,16 +244,10 @@ const char *vk_kernel_name(enum vk_kernel k);
  * heads per kv head that divides its 64 query rows */
 static inline bool vk_flash_fits(int g, int d) { return g >= 1 && 64 % g == 0 && d % 16 == 0 && d >= 16 && d <= 128; }
 
-/* Rows per matvec workgroup for weight kind `kind` (vk_weight_kind). */
-static inline uint32_t vk_matvec_rows(const struct vk_pipelines *p, int kind) {
-    if (p->matvec_nr_kind[kind]) return p->matvec_nr_kind[kind];
-    return kind >= 4 && kind <= 7 ? p->matvec_nr_q : p->matvec_nr;
-}
-
-/* Rows per workgroup of a matvec kernel of weight kind `kind` and MODE `mode`: the experts'
- * kernels (MODE 2, 3) take ANVIL_VK_MATVEC_NR_MOE where set. */
-static inline uint32_t vk_matvec_rows_mode(const struct vk_pipelines *p, int kind, uint32_t mode) {
-    return mode >= 2 && p->matvec_nr_moe ? p->matvec_nr_moe : vk_matvec_rows(p, kind);
+/* Rows per workgroup of matvec kernel k (its specialisation: the dispatch's grid follows it). */
+static inline uint32_t vk_matvec_rows(const struct vk_pipelines *p, enum vk_kernel k) {
+    uint32_t v[4];
+    return vk_matvec_spec(p, k, v) ? v[1] : 1;
 }
 
 /* matvec.comp's push constants (the decode program's, and the prefill's one-row products) */
