@@ -274,9 +274,9 @@ static float rndf(void) { return (float)(rnd() >> 8) / 16777216.0f; } /* [0, 1) 
  * widths of partial super-blocks), with and without the norm folded in: the rounding against
  * x_round_q8's rule (a value may round the other way only at a tie, where the two sides'
  * float32 arithmetic may differ by an ulp), and the product exactly (to float rounding)
- * against the CPU's dequantised weights times the rounded input the kernel returns. */
-/* One backend's check of the kernels (their shapes as the environment sets them): the
- * cases checked, or -1 where the device has no integer dot products. */
+ * against the CPU's dequantised weights times the rounded input the kernel returns. One
+ * backend's check, with the kernels' shapes as the environment sets them: the cases checked,
+ * or -1 where the device has no integer dot products. */
 static int qx_kernels_check(void) {
     struct backend *base;
     assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
