@@ -66,16 +66,13 @@ shared bool last_r;
  * At tq, as uints (nbp = flags >> 8, the consumer's padded blocks, Kp / 32): [0, 8 nbp) the
  * int8s, [8 nbp, 9 nbp) the blocks' scales, [9 nbp, 10 nbp) the blocks' counters, [10 nbp,
  * 11 nbp) their sums of squares, 11 nbp the counter of rounded blocks. Counters are zero
- * between steps (the last to count resets them); blocks past n stay zero from the start.
- * Loads are spread over the threads and the sums are taken from shared memory in loops of
- * constant length: a thread walking the block in L2 made each tail ~10 us. */
+ * between steps (the last to count resets them); blocks past n stay zero from the start. */
 shared uint tail_blk[2];
 shared uint tail_glob;
-shared float tail_x[32], tail_v[32], tail_amax, tail_ss, tail_scale;
-shared float tail_red[256], tail_g[8];
+shared float tail_scale;
 
 void round_tail(uint row0, uint total) {
-    uint t = gl_LocalInvocationID.x, WGS = gl_WorkGroupSize.x, nbp = pc.flags >> 8u, nb = (total + 31u) / 32u;
+    uint t = gl_LocalInvocationID.x, nbp = pc.flags >> 8u, nb = (total + 31u) / 32u;
     bool norm = (pc.flags & 16u) != 0u;
     CUInts u = pc.tq;
     CFloats f = CFloats(pc.tq);
@@ -83,75 +80,50 @@ void round_tail(uint row0, uint total) {
     /* the blocks this workgroup wrote rows of (two at most: NR <= 32) */
     uint b0 = row0 / 32u, nmine = (min(row0 + NR, total) - 1u) / 32u - b0 + 1u;
     if (t == 0u) tail_glob = 0u;
-    if (t < NR) memoryBarrierBuffer();
+    memoryBarrierBuffer();
     barrier();
     if (t < nmine) {
         uint b = b0 + t, w0 = 32u * b / NR, w1 = (min(32u * b + 32u, total) - 1u) / NR;
         tail_blk[t] = atomicAdd(u.v[C + b], 1u) == w1 - w0 ? b + 1u : 0u;
     }
     barrier();
-    for (uint k = 0u; k < nmine; k++) {
-        if (tail_blk[k] == 0u) continue;
-        uint b = tail_blk[k] - 1u;
+    if (t < nmine && tail_blk[t] != 0u) {
+        uint b = tail_blk[t] - 1u;
         memoryBarrierBuffer();
-        for (uint i = t; i < 32u; i += WGS) {
+        u.v[C + b] = 0u;
+        precise float ss = 0.0;
+        float v[32], amax = 0.0;
+        for (uint i = 0u; i < 32u; i++) {
             uint r = 32u * b + i;
             float x = r < total ? CFloats(pc.o0).v[r] : 0.0;
-            tail_x[i] = x;
-            tail_v[i] = norm && r < total ? x * pc.tn.v[r] : x;
+            ss += x * x;
+            v[i] = norm && r < total ? x * pc.tn.v[r] : x;
+            amax = max(amax, abs(v[i]));
         }
-        barrier();
-        if (t == 0u) {
-            u.v[C + b] = 0u;
-            precise float ss = 0.0;
-            float amax = 0.0;
-            for (uint i = 0u; i < 32u; i++) {
-                ss += tail_x[i] * tail_x[i];
-                amax = max(amax, abs(tail_v[i]));
-            }
-            tail_ss = ss;
-            tail_amax = amax;
-        }
-        barrier();
-        float amax = tail_amax;
         precise float id = amax > 0.0 ? 127.0 / amax : 0.0, d = amax / 127.0; /* as qx.comp */
-        for (uint j = t; j < 8u; j += WGS)
-            u.v[8u * b + j] = pack_i8x4(ivec4(roundEven(vec4(tail_v[4u * j], tail_v[4u * j + 1u], tail_v[4u * j + 2u],
-                                                             tail_v[4u * j + 3u]) * id)));
-        if (t == 0u) {
-            f.v[D + b] = d;
-            if (norm) {
-                f.v[S + b] = tail_ss;
-                memoryBarrierBuffer();
-                if (atomicAdd(u.v[G], 1u) == nb - 1u) tail_glob = 1u;
-            }
+        for (uint j = 0u; j < 8u; j++)
+            u.v[8u * b + j] = pack_i8x4(ivec4(roundEven(vec4(v[4u * j], v[4u * j + 1u], v[4u * j + 2u], v[4u * j + 3u]) * id)));
+        f.v[D + b] = d;
+        if (norm) {
+            f.v[S + b] = ss;
+            memoryBarrierBuffer();
+            if (atomicAdd(u.v[G], 1u) == nb - 1u) tail_glob = 1u;
         }
-        barrier();
     }
+    if (!norm) return;
+    barrier();
     if (tail_glob == 0u) return;
-    /* every block is rounded: the norm's scale from the blocks' sums (each 32 in order, then
-     * those in order, as qx.comp), then each block's scale times it */
+    /* every block is rounded: the norm's scale (the blocks' sums in order), then each scale */
     memoryBarrierBuffer();
-    precise float s = 0.0;
-    for (uint c = 0u; c < nb; c += 256u) {
-        for (uint i = t; i < 256u; i += WGS) tail_red[i] = c + i < nb ? f.v[S + c + i] : 0.0;
-        barrier();
-        for (uint g = t; g < 8u; g += WGS) {
-            precise float sg = 0.0;
-            for (uint i = 0u; i < 32u; i++) sg += tail_red[32u * g + i];
-            tail_g[g] = sg;
-        }
-        barrier();
-        if (t == 0u)
-            for (uint g = 0u; g < min(8u, (nb - c + 31u) / 32u); g++) s += tail_g[g];
-    }
     if (t == 0u) {
+        precise float s = 0.0;
+        for (uint b = 0u; b < nb; b++) s += f.v[S + b];
         precise float sc = 1.0 / sqrt(s / float(total) + pc.eps);
         tail_scale = sc;
         u.v[G] = 0u;
     }
     barrier();
-    for (uint b = t; b < nb; b += WGS) f.v[D + b] = f.v[D + b] * tail_scale;
+    for (uint b = t; b < nb; b += gl_WorkGroupSize.x) f.v[D + b] = f.v[D + b] * tail_scale;
 }
 #endif
 

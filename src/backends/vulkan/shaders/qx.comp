@@ -26,7 +26,7 @@ layout(push_constant) uniform PC {
 } pc;
 
 shared float red[256];
-shared float red_g[8];
+shared float red_sg[1];
 
 void main() {
     if (pc.ctl.stop != 0u) return;
@@ -39,8 +39,8 @@ void main() {
     float scale = 1.0;
     if (norm) {
         /* the sum of squares of the whole x (every workgroup sums it: x is at most a few
-         * hundred KiB, read from L2), in matvec.comp round_tail's order: each block of 32 in
-         * order, each 32 blocks' sums in order, then those in order. 256 blocks at a time. */
+         * hundred KiB, read from L2): 256 blocks at a time, one a thread, then thread 0 adds
+         * them in order */
         uint nb = (pc.K + 31u) / 32u;
         precise float s = 0.0;
         for (uint c = 0u; c < nb; c += 256u) {
@@ -55,21 +55,16 @@ void main() {
                 }
             red[t] = sb;
             barrier();
-            if (t < 8u) {
-                precise float sg = 0.0;
-                for (uint k = 0u; k < 32u; k++) sg += red[32u * t + k];
-                red_g[t] = sg;
-            }
-            barrier();
             if (t == 0u)
-                for (uint g = 0u; g < min(8u, (nb - c + 31u) / 32u); g++) s += red_g[g];
+                for (uint k = 0u; k < min(256u, nb - c); k++) s += red[k];
+            barrier();
         }
         if (t == 0u) {
             precise float sc = 1.0 / sqrt(s / float(pc.K) + pc.eps);
-            red_g[0] = sc;
+            red_sg[0] = sc;
         }
         barrier();
-        scale = red_g[0];
+        scale = red_sg[0];
     }
     v = v * w;
     /* the block's 8 threads (consecutive) exchange their maxima through shared memory */
