@@ -224,30 +224,9 @@ static int swiglu_of(struct lower *L, int i) {
 
 static VkDeviceSize alloc_scratch(struct lower *L, VkDeviceSize bytes);
 
-/* Whether a dispatch is a matvec of MODE 0 or 1 (matvec.comp without experts or routing). */
-static bool plain_matvec(enum vk_kernel k) {
-    return k <= K_MATVEC_SWIGLU_Q6_K || (k >= K_MATVEC_QX_Q8_0 && k <= K_MATVEC_SWIGLU_QX_Q6_K);
-}
-
-/* The matvec that has just written x (the last dispatch so far, with x, K values, its only
- * output: a projection with the residual add folded in, or a SwiGLU) can round x itself as it
- * finishes (matvec.comp round_tail), saving the rounding dispatch and a barrier: its push
- * constants, or NULL. ANVIL_VK_QX_TAIL=0 keeps the dispatch (for measuring). */
-static struct pc_matvec *tail_producer(struct lower *L, uint64_t x, uint32_t K) {
-    const char *e = getenv("ANVIL_VK_QX_TAIL");
-    if (L->p->n_ops == 0 || (e && atoi(e) == 0)) return NULL;
-    struct vk_dispatch *d = &L->p->ops[L->p->n_ops - 1];
-    if (!plain_matvec(d->k)) return NULL;
-    struct pc_matvec *pm = (struct pc_matvec *)d->push;
-    /* flags & 1 (a norm of its own input) would need eps twice */
-    if (pm->o0 != x || pm->rows0 != K || pm->rows1 || pm->rows2 || (pm->flags & (1u | 8u))) return NULL;
-    return pm;
-}
-
-/* The matvec input of pc (x, and its norm when flags & 1) rounded to int8 blocks, by the
- * matvec that wrote x (tail_producer) or else by qx.comp (once per input and norm: later
- * matvecs of the same input reuse it); pc then points at the int8s and scales, the norm
- * applied. */
+/* The matvec input of pc (x, and its norm when flags & 1) rounded to int8 blocks by qx.comp
+ * (once per input and norm: later matvecs of the same input reuse it); pc then points at the
+ * int8s and scales, the norm applied. */
 static anvil_status qx_input(struct lower *L, struct pc_matvec *pc) {
     uint64_t normw = (pc->flags & 1) ? pc->normw : 0;
     uint32_t Kp = (uint32_t)round_up(pc->K, 256);
@@ -256,10 +235,7 @@ static anvil_status qx_input(struct lower *L, struct pc_matvec *pc) {
     if (i == L->n_qx) {
         if (L->n_qx == (int)(sizeof L->qx / sizeof *L->qx)) L->n_qx = i = 0; /* full: start over */
         struct pc_qx pq = {pc->x, normw ? normw : pc->x, L->p->ctl.addr, 0, 0, pc->K, Kp, pc->flags & 1, pc->eps};
-        struct pc_matvec *pm = tail_producer(L, pc->x, pc->K);
-        /* the int8s [Kp bytes], the scales [Kp / 32], and round_tail's counters and sums
-         * [2 Kp / 32 + 1] (zero from the start, as the blocks past K) */
-        VkDeviceSize q = alloc_scratch(L, Kp + Kp / 8 + (pm ? Kp / 4 + 4 : 0));
+        VkDeviceSize q = alloc_scratch(L, Kp + Kp / 8);
         pq.q = L->p->arena.addr + q;
         pq.d = pq.q + Kp;
         /* the attention that produced x rounds its output itself (attention.comp xq) */
@@ -267,12 +243,7 @@ static anvil_status qx_input(struct lower *L, struct pc_matvec *pc) {
         for (int k = L->p->n_ops - 1; k >= 0 && !pa; k--)
             if (L->p->ops[k].k == K_ATTENTION && ((struct pc_attn *)L->p->ops[k].push)->out == pc->x)
                 pa = (struct pc_attn *)L->p->ops[k].push;
-        if (pm) {
-            pm->flags |= 8u | (normw ? 16u : 0u) | (Kp / 32) << 8;
-            pm->tq = pq.q;
-            pm->tn = normw ? normw : pq.q;
-            pm->eps = pc->eps;
-        } else if (pa && !normw && L->p->b->d->subgroup_shuffle && L->p->b->pl.attn_d % 32 == 0) {
+        if (pa && !normw && L->p->b->d->subgroup_shuffle && L->p->b->pl.attn_d % 32 == 0) {
             pa->xq = pq.q;
         } else {
             anvil_status st = emit(L->p, K_QX, (Kp + 1023) / 1024, 1, &pq, sizeof pq);
@@ -1271,61 +1242,6 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
         memcpy(xd, m + o_q + Kq, (size_t)Kq / 8);
     }
     vk_buffer_destroy(d, &buf);
-    return st;
-}
-
-anvil_status vk_qx_tail_once(struct vk_backend *b, const struct tensor_info *w, const float *x,
-                             const float *normw, float eps, float *out, int8_t *q, float *d,
-                             int8_t *q_ref, float *d_ref, bool *counters_zero) {
-    struct vk_device *d_ = b->d;
-    int kind = vk_weight_kind(w->type);
-    if (kind < 0) return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qx_tail_once: no matvec for %s", dtype_name(w->type));
-    anvil_status st = test_pipelines(b);
-    if (st != ANVIL_OK) return st;
-    if ((st = vk_upload_tensor(b, w)) != ANVIL_OK) return st;
-    uint32_t K = (uint32_t)w->ne[0], N = (uint32_t)w->ne[1], Kq = (K + 255) / 256 * 256, Nq = (N + 255) / 256 * 256;
-    /* one host-visible buffer: ctl | x [Kq] | out [Nq] | normw [Nq] | the tail's q, d, counters
-     * and sums [Nq + 3 Nq / 8 + 4] | qx.comp's q, d [Nq + Nq / 8] */
-    VkDeviceSize o_x = round_up(sizeof(struct vk_ctl) + 64, ALIGN), o_o = o_x + round_up((VkDeviceSize)Kq * 4, ALIGN),
-                 o_n = o_o + round_up((VkDeviceSize)Nq * 4, ALIGN), o_t = o_n + round_up((VkDeviceSize)Nq * 4, ALIGN),
-                 o_r = o_t + round_up(Nq + 3 * Nq / 8 + 4, ALIGN), size = o_r + round_up(Nq + Nq / 8, ALIGN);
-    struct vk_buffer buf = {0};
-    if ((st = vk_buffer_create(d_, size, VK_MEM_READBACK, "test qx tail", &buf)) != ANVIL_OK) return st;
-    uint8_t *m = buf.map;
-    memset(m, 0, size);
-    memcpy(m + o_x, x, (size_t)K * 4);
-    if (normw) memcpy(m + o_n, normw, (size_t)N * 4);
-    struct pc_matvec pc = {0};
-    pc.x = pc.normw = buf.addr + o_x;
-    pc.ctl = buf.addr;
-    pc.w0 = pc.w1 = pc.w2 = vk_weight_addr(b, w, false, false);
-    pc.o0 = pc.o1 = pc.o2 = pc.res = buf.addr + o_o;
-    pc.Kp8 = vk_weight_kp(b, w) / 8;
-    pc.K = K;
-    pc.rows0 = N;
-    pc.flags = 8u | (normw ? 16u : 0u) | (Nq / 32) << 8;
-    pc.eps = eps;
-    pc.tq = buf.addr + o_t;
-    pc.tn = normw ? buf.addr + o_n : pc.tq;
-    struct pc_qx pq = {buf.addr + o_o, buf.addr + o_n, buf.addr, buf.addr + o_r, buf.addr + o_r + Nq, N, Nq,
-                       normw ? 1u : 0u, eps};
-    enum vk_kernel k = (enum vk_kernel)(K_MATVEC_F32 + kind);
-    uint32_t nr = vk_matvec_rows(&b->pl, k);
-    struct test_dispatch ds[3] = {{k, &pc, sizeof pc, (N + nr - 1) / nr},
-                                  {K_QX, &pq, sizeof pq, (Nq + 1023) / 1024},
-                                  {k, &pc, sizeof pc, (N + nr - 1) / nr}};
-    st = test_run(b, ds, 3, VK_NULL_HANDLE);
-    if (st == ANVIL_OK) {
-        memcpy(out, m + o_o, (size_t)N * 4);
-        memcpy(q, m + o_t, Nq);
-        memcpy(d, m + o_t + Nq, (size_t)Nq / 8);
-        memcpy(q_ref, m + o_r, Nq);
-        memcpy(d_ref, m + o_r + Nq, (size_t)Nq / 8);
-        *counters_zero = true;
-        for (size_t i = 0; i < (size_t)Nq / 4 + 4; i++)
-            if (m[o_t + Nq + Nq / 8 + i] && (i < (size_t)Nq / 8 || i >= (size_t)Nq / 4)) *counters_zero = false;
-    }
-    vk_buffer_destroy(d_, &buf);
     return st;
 }
 

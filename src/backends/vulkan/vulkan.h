@@ -67,13 +67,6 @@ anvil_status vk_upload_tensor(struct vk_backend *b, const struct tensor_info *t)
  * no norm. */
 anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w, const float *x,
                                const float *normw, float eps, float *out, int8_t *xq, float *xd);
-/* For tests: a matvec (MODE 0, W of any weight kind, {K, N}) rounding its output out = W · x
- * itself (matvec.comp round_tail; with normw [N] the norm folded in) into q [round_up(N, 256)]
- * int8s and d [round_up(N, 256) / 32] scales, run twice; and qx.comp rounding the same out into
- * q_ref, d_ref. *counters_zero: round_tail left its counters at zero for the next step. */
-anvil_status vk_qx_tail_once(struct vk_backend *b, const struct tensor_info *w, const float *x,
-                             const float *normw, float eps, float *out, int8_t *q, float *d,
-                             int8_t *q_ref, float *d_ref, bool *counters_zero);
 /* For tests: the MoE router kernel (moe_topk.comp, decode) once over logits [E] (1 .. 1024
  * experts, k 1 .. 64, else ANVIL_ERR_INVALID_ARG): the k experts it chooses, in order, into
  * the caller's ids [k], and their weights (normalised to sum 1 when norm) into weights [k]. */

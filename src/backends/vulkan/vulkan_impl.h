@@ -256,9 +256,7 @@ struct pc_matvec {
     uint32_t Kp8, K, rows0, rows1, rows2, flags;
     float eps;
     uint32_t route_k; /* K_MATVEC_ROUTE_*: k | norm << 16 */
-    uint64_t tq, tn;  /* flags & 8: the output rounded for a QX matvec (matvec.comp round_tail) */
 };
-_Static_assert(sizeof(struct pc_matvec) <= VK_PUSH_BYTES, "matvec push constants");
 
 /* ---- the control block (matches Ctl in shaders/common.glsl) ---- */
 

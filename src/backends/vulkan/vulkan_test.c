@@ -396,70 +396,6 @@ static void test_qx_kernels(void **state) {
     assert_true(checked >= 24);
 }
 
-/* A matvec rounding its own output for the next QX matvec (matvec.comp round_tail) rounds it
- * bit for bit as qx.comp does, with and without the norm, for outputs of partial blocks
- * and several blocks, workgroups of rows that do and do not divide a block (rows per
- * workgroup 3: some workgroups write two blocks), and leaves its counters at zero. */
-static int qx_tail_check(void) {
-    struct backend *base;
-    assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
-    struct vk_backend *b = (struct vk_backend *)base;
-    static const int types[] = {DT_F32, DT_Q8_0};
-    static const struct { int K, N; } shapes[] = {{64, 37}, {256, 129}, {96, 300}, {128, 1024}};
-    enum { NQ = 1024 };
-    static float wf[128 * 1024], x[256], nw[1024], out[1024], d[NQ / 32], dr[NQ / 32];
-    static int8_t q[NQ], qr[NQ];
-    struct tensor_info infos[16];
-    uint8_t *datas[16];
-    int checked = 0;
-    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
-        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
-            for (int norm = 0; norm < 2; norm++) {
-                int type = types[ti], K = shapes[si].K, N = shapes[si].N, Nq = (N + 255) / 256 * 256;
-                const struct dtype_traits *tr = dtype_traits(type);
-                size_t row_bytes;
-                assert_true(dtype_row_size(type, K, &row_bytes));
-                for (int i = 0; i < K * N; i++) wf[i] = (rndf() * 2 - 1) * (i % 89 == 0 ? 30.0f : 1.0f);
-                for (int i = 0; i < K; i++) x[i] = rndf() * 2 - 1;
-                for (int i = 0; i < N; i++) nw[i] = 0.5f + rndf();
-                uint8_t *wq = malloc(row_bytes * (size_t)N);
-                for (int n = 0; n < N; n++) tr->from_f32(wf + (size_t)n * K, wq + (size_t)n * row_bytes, K);
-                struct tensor_info *t = &infos[checked];
-                *t = (struct tensor_info){.name = "test weight", .type = type, .n_dims = 2, .ne = {K, N, 1, 1},
-                                          .data = wq, .size = row_bytes * (size_t)N};
-                datas[checked] = wq;
-                bool zero = false;
-                memset(q, 0x55, sizeof q);
-                assert_int_equal(vk_qx_tail_once(b, t, x, norm ? nw : NULL, 1e-6f, out, q, d, qr, dr, &zero), ANVIL_OK);
-                for (int i = 0; i < Nq; i++)
-                    if (q[i] != qr[i] || memcmp(&d[i / 32], &dr[i / 32], 4))
-                        fail_msg("%s K %d N %d norm %d: element %d rounds to %d x %.9g, qx.comp's %d x %.9g",
-                                 dtype_name(type), K, N, norm, i, q[i], (double)d[i / 32], qr[i], (double)dr[i / 32]);
-                if (!zero) fail_msg("%s K %d N %d norm %d: counters left set", dtype_name(type), K, N, norm);
-                int nonzero = 0;
-                for (int i = 0; i < N / 32; i++) nonzero += d[i] > 0;
-                assert_int_equal(nonzero, N / 32);
-                checked++;
-            }
-    assert_int_equal(vk_check_validation(b->d), ANVIL_OK);
-    backend_destroy(base);
-    for (int i = 0; i < checked; i++) free(datas[i]);
-    return checked;
-}
-
-static void test_qx_tail(void **state) {
-    (void)state;
-    static const char *nr[] = {NULL, "1", "3", "8"};
-    for (size_t i = 0; i < sizeof nr / sizeof *nr; i++) {
-        if (nr[i]) setenv("ANVIL_VK_MATVEC_NR", nr[i], 1);
-        int checked = qx_tail_check();
-        unsetenv("ANVIL_VK_MATVEC_NR");
-        fprintf(stderr, "matvec rounding its output: %d cases equal to qx.comp's (rows a workgroup: %s)\n",
-                checked, nr[i] ? nr[i] : "default");
-        assert_int_equal(checked, 16);
-    }
-}
-
 /* The MoE router kernel (moe_topk.comp) chooses the experts the CPU backend's op_moe chooses:
  * the k largest logits by repeated argmax, the lower id among equals (logits drawn from a
  * few values, so that ties are everywhere), for expert counts below, at and above the
@@ -688,7 +624,6 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sample_kernel_exact),
         cmocka_unit_test(test_qx_kernels),
-        cmocka_unit_test(test_qx_tail),
         cmocka_unit_test(test_topk_kernel),
         cmocka_unit_test(test_sampled_generation),
         cmocka_unit_test(test_against_cpu),

@@ -14,9 +14,7 @@
  * Each workgroup computes NR consecutive rows; its threads split K in units (common.glsl).
  * QX (Q8_0, Q4_K, Q5_K, Q6_K; MODE 0 and 1): x comes rounded to int8 in blocks of 32 (qx.comp:
  * the int8s at x, the blocks' scales at normw, the norm already applied) and each group of 8
- * weights is two integer dot products of four lanes.
- * flags & 8 (MODE 0 with one matrix, MODE 1): the output also rounded for the next QX matvec,
- * as qx.comp would round it in a dispatch of its own (round_tail below). */
+ * weights is two integer dot products of four lanes. */
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
@@ -25,8 +23,6 @@ layout(constant_id = 2) const uint MODE = 0;
 layout(constant_id = 3) const uint PIPE = 1; /* units a thread takes per iteration (MODE 0-2) */
 
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uvec2 v[]; };
-layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CFloats { float v[]; };
-layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CUInts { uint v[]; };
 
 layout(push_constant) uniform PC {
 #ifdef QX
@@ -46,85 +42,16 @@ layout(push_constant) uniform PC {
     uint flags;
     float eps;
     uint route_k; /* ROUTE: k | norm << 16 */
-    CUInts tq;    /* flags & 8: the rounded output (round_tail) */
-    Floats tn;    /* flags & 16: its norm's weights [rows0] */
 } pc;
-
 
 #ifdef ROUTE
 /* The MoE router's logits (one matrix, MODE 0): the last workgroup to finish (a counter at
  * o1[128]) chooses the experts into the routing buffer o1 (route.glsl), as moe_topk.comp
  * would in a dispatch of its own. */
 #include "route.glsl"
+layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CFloats { float v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CUInts { uint v[]; };
 shared bool last_r;
-#else
-/* flags & 8: the output o0 (rows0 = n values, MODE 0 with one matrix or MODE 1) rounded to int8
- * blocks of 32 for the QX matvec that reads it, exactly as qx.comp rounds it (the same
- * operations in the same order), so that its rounding dispatch and the barrier before it go.
- * The last workgroup to write a block's rows rounds the block; with flags & 16 (the norm with
- * weights tn folded in, eps) the last block to be rounded also scales every block by 1 / rms.
- * At tq, as uints (nbp = flags >> 8, the consumer's padded blocks, Kp / 32): [0, 8 nbp) the
- * int8s, [8 nbp, 9 nbp) the blocks' scales, [9 nbp, 10 nbp) the blocks' counters, [10 nbp,
- * 11 nbp) their sums of squares, 11 nbp the counter of rounded blocks. Counters are zero
- * between steps (the last to count resets them); blocks past n stay zero from the start. */
-shared uint tail_blk[2];
-shared uint tail_glob;
-shared float tail_scale;
-
-void round_tail(uint row0, uint total) {
-    uint t = gl_LocalInvocationID.x, nbp = pc.flags >> 8u, nb = (total + 31u) / 32u;
-    bool norm = (pc.flags & 16u) != 0u;
-    CUInts u = pc.tq;
-    CFloats f = CFloats(pc.tq);
-    uint D = 8u * nbp, C = 9u * nbp, S = 10u * nbp, G = 11u * nbp;
-    /* the blocks this workgroup wrote rows of (two at most: NR <= 32) */
-    uint b0 = row0 / 32u, nmine = (min(row0 + NR, total) - 1u) / 32u - b0 + 1u;
-    if (t == 0u) tail_glob = 0u;
-    memoryBarrierBuffer();
-    barrier();
-    if (t < nmine) {
-        uint b = b0 + t, w0 = 32u * b / NR, w1 = (min(32u * b + 32u, total) - 1u) / NR;
-        tail_blk[t] = atomicAdd(u.v[C + b], 1u) == w1 - w0 ? b + 1u : 0u;
-    }
-    barrier();
-    if (t < nmine && tail_blk[t] != 0u) {
-        uint b = tail_blk[t] - 1u;
-        memoryBarrierBuffer();
-        u.v[C + b] = 0u;
-        precise float ss = 0.0;
-        float v[32], amax = 0.0;
-        for (uint i = 0u; i < 32u; i++) {
-            uint r = 32u * b + i;
-            float x = r < total ? CFloats(pc.o0).v[r] : 0.0;
-            ss += x * x;
-            v[i] = norm && r < total ? x * pc.tn.v[r] : x;
-            amax = max(amax, abs(v[i]));
-        }
-        precise float id = amax > 0.0 ? 127.0 / amax : 0.0, d = amax / 127.0; /* as qx.comp */
-        for (uint j = 0u; j < 8u; j++)
-            u.v[8u * b + j] = pack_i8x4(ivec4(roundEven(vec4(v[4u * j], v[4u * j + 1u], v[4u * j + 2u], v[4u * j + 3u]) * id)));
-        f.v[D + b] = d;
-        if (norm) {
-            f.v[S + b] = ss;
-            memoryBarrierBuffer();
-            if (atomicAdd(u.v[G], 1u) == nb - 1u) tail_glob = 1u;
-        }
-    }
-    if (!norm) return;
-    barrier();
-    if (tail_glob == 0u) return;
-    /* every block is rounded: the norm's scale (the blocks' sums in order), then each scale */
-    memoryBarrierBuffer();
-    if (t == 0u) {
-        precise float s = 0.0;
-        for (uint b = 0u; b < nb; b++) s += f.v[S + b];
-        precise float sc = 1.0 / sqrt(s / float(total) + pc.eps);
-        tail_scale = sc;
-        u.v[G] = 0u;
-    }
-    barrier();
-    for (uint b = t; b < nb; b += gl_WorkGroupSize.x) f.v[D + b] = f.v[D + b] * tail_scale;
-}
 #endif
 
 #ifdef QX
@@ -304,32 +231,25 @@ void main() {
         return;
     }
 #endif
-    bool tail = MODE <= 1u && (pc.flags & 8u) != 0u;
+    if (t >= NR) return;
     uint g = row0 + t;
-    if (t < NR && g < total) {
-        float a = 0.0, b = 0.0, s2 = 0.0;
-        for (uint i = 0; i < gl_NumSubgroups; i++) {
-            a += red[t][i];
-            if (GATED) b += red[NR + t][i];
-            s2 += red_ss[i];
-        }
-        float scale = norm ? 1.0 / sqrt(s2 / float(pc.K) + pc.eps) : 1.0;
-        a *= scale;
-        if (tail) { /* the one output, o0 (rows0 = total), seen by the other workgroups' tails */
-            CFloats(pc.o0).v[g] = GATED ? a / (1.0 + exp(-a)) * (b * scale)
-                                        : (pc.flags & 2u) != 0u ? pc.res.v[g] + a : a;
-        } else if (GATED) {
-            b *= scale;
-            pc.o0.v[MODE == 2u ? gl_WorkGroupID.y * pc.rows2 + g : g] = a / (1.0 + exp(-a)) * b;
-        } else if (g < pc.rows0) {
-            pc.o0.v[g] = (pc.flags & 2u) != 0u ? pc.res.v[g] + a : a;
-        } else if (g < pc.rows0 + pc.rows1) {
-            pc.o1.v[g - pc.rows0] = a;
-        } else {
-            pc.o2.v[g - pc.rows0 - pc.rows1] = a;
-        }
+    if (g >= total) return;
+    float a = 0.0, b = 0.0, s2 = 0.0;
+    for (uint i = 0; i < gl_NumSubgroups; i++) {
+        a += red[t][i];
+        if (GATED) b += red[NR + t][i];
+        s2 += red_ss[i];
     }
-#ifndef ROUTE
-    if (tail) round_tail(row0, total);
-#endif
+    float scale = norm ? 1.0 / sqrt(s2 / float(pc.K) + pc.eps) : 1.0;
+    a *= scale;
+    if (GATED) {
+        b *= scale;
+        pc.o0.v[MODE == 2u ? gl_WorkGroupID.y * pc.rows2 + g : g] = a / (1.0 + exp(-a)) * b;
+    } else if (g < pc.rows0) {
+        pc.o0.v[g] = (pc.flags & 2u) != 0u ? pc.res.v[g] + a : a;
+    } else if (g < pc.rows0 + pc.rows1) {
+        pc.o1.v[g - pc.rows0] = a;
+    } else {
+        pc.o2.v[g - pc.rows0 - pc.rows1] = a;
+    }
 }
