@@ -45,6 +45,9 @@ struct vk_dispatch {
     enum vk_kernel k;
     uint32_t gx, gy, gz;
     uint32_t push_size;
+    /* no barrier before it: it neither reads nor writes what the dispatch before it writes,
+     * nor writes what that one reads, so the two may run at once */
+    bool overlap;
     _Alignas(8) uint8_t push[VK_PUSH_BYTES]; /* a push-constant struct (8-byte addresses) */
 };
 
@@ -129,6 +132,9 @@ struct lower {
     /* matvec inputs already rounded to int8 blocks (qx.comp), by input and norm */
     struct { uint64_t x, normw; VkDeviceSize q; } qx[8];
     int n_qx;
+    /* the last matvec dispatch without a residual (its index, or -1) and the node its input
+     * is: the next one on the same input (another weight type) need not wait for it */
+    int mm_op, mm_input;
 };
 
 static VkDeviceSize round_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1) / a * a; }
@@ -350,11 +356,23 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         *w[k] = pc.w0;
         *o[k] = pc.o0;
     }
+    bool residual = pc.res != 0;
     if (!pc.res) pc.res = pc.o0;
     if (!pc.normw) pc.normw = pc.x;
     uint32_t gx, gy, nr = vk_matvec_rows(&L->p->b->pl, kern);
     grid((total + nr - 1) / nr, &gx, &gy);
-    return emit(L->p, kern, gx, gy, &pc, sizeof pc);
+    /* right after a matvec of the same input (the v projection of another type than q and
+     * k): both only read that input and write their own outputs (nodes never share arena
+     * space), so no barrier between them. ANVIL_VK_OVERLAP=0 keeps it (for measuring). */
+    const char *e = getenv("ANVIL_VK_OVERLAP");
+    bool overlap = !residual && L->mm_op >= 0 && L->mm_op == L->p->n_ops - 1 && L->mm_input == L->root[x] &&
+                   !(e && atoi(e) == 0);
+    anvil_status st = emit(L->p, kern, gx, gy, &pc, sizeof pc);
+    if (st != ANVIL_OK) return st;
+    L->p->ops[L->p->n_ops - 1].overlap = overlap;
+    L->mm_op = residual ? -1 : L->p->n_ops - 1;
+    L->mm_input = L->root[x];
+    return ANVIL_OK;
 }
 
 /* q = rope(rms_norm(q_raw)), k = rope(rms_norm(k_raw)), v = v_raw: returns the pieces. */
@@ -611,6 +629,7 @@ static anvil_status lower_graph(struct lower *L) {
     }
     L->arena_size = 0;
     L->n_qx = 0;
+    L->mm_op = -1;
     L->p->n_ops = 0;
     for (int i = 0; i < n; i++) {
         const struct node *nd = N(L, i);
@@ -726,9 +745,11 @@ static void record_step(struct vk_program *p, VkCommandBuffer cb, bool count, bo
     VkPipeline bound = VK_NULL_HANDLE;
     for (int i = 0; i < p->n_ops; i++) {
         const struct vk_dispatch *d = sampling && i == p->n_ops - 1 ? &p->sample_op : &p->ops[i];
-        /* every kernel depends on the one before it (at least through the control block) */
-        barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT,
-                STAGE_C, RW);
+        /* every kernel depends on the one before it (at least through the control block, which
+         * only the step's last kernel writes), but for independent matvecs (overlap) */
+        if (!d->overlap)
+            barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT,
+                    STAGE_C, RW);
         VkPipeline pl = p->b->pl.p[d->k];
         if (pl != bound) vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pl);
         bound = pl;
@@ -736,7 +757,7 @@ static void record_step(struct vk_program *p, VkCommandBuffer cb, bool count, bo
         vkCmdDispatch(cb, d->gx, d->gy, d->gz);
         if (count) {
             p->stats.dispatches++;
-            p->stats.barriers++;
+            p->stats.barriers += !d->overlap;
         }
     }
 }

@@ -182,6 +182,58 @@ static void test_against_cpu_qx(void **state) {
     unsetenv("ANVIL_CPU_QX");
 }
 
+/* Two matvecs of the same input run with no barrier between them (the Q4_K_M mix's Q6_K v
+ * projection after the Q4_K q and k): the decode program has fewer barriers than dispatches,
+ * and its decode rows and greedy tokens equal those with every barrier (ANVIL_VK_OVERLAP=0),
+ * on the float and on the integer-dot-product matvecs. (lavapipe runs dispatches one after
+ * another, so only a GPU could show a missing barrier that mattered: docs/PERF.md, s85.) */
+static void test_overlap(void **state) {
+    (void)state;
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:Q4_K_M", NULL, &m), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    float *a[2] = {malloc(sizeof(float) * (size_t)V), malloc(sizeof(float) * (size_t)V)};
+    setenv("ANVIL_VK_QX_MIN_MB", "0", 1);
+    for (int qx = 0; qx < 2; qx++) {
+        setenv("ANVIL_VK_QX", qx ? "1" : "0", 1);
+        int32_t gen[2][16] = {{0}};
+        int dispatches[2] = {0}, barriers[2] = {0};
+        float diff = 0;
+        for (int ov = 0; ov < 2; ov++) {
+            setenv("ANVIL_VK_OVERLAP", ov ? "1" : "0", 1);
+            anvil_session *vk = session(m, ANVIL_BACKEND_VULKAN);
+            int32_t prompt[5] = {3, 141, 59, 26, 5}, next = 17;
+            assert_int_equal(anvil_session_eval(vk, prompt, 5, ANVIL_LOGITS_LAST, a[ov]), ANVIL_OK);
+            for (int i = 0; i < 4; i++) { /* decode rows */
+                int32_t tok = (int32_t)((i * 53 + 7) % V);
+                assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, a[ov]), ANVIL_OK);
+            }
+            anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0};
+            anvil_generate_stats sg;
+            assert_int_equal(anvil_session_generate(vk, &next, 1, &gp, tu_collect, gen[ov], &sg), ANVIL_OK);
+            char desc[4096];
+            anvil_session_describe_program(vk, desc, sizeof desc);
+            assert_int_equal(sscanf(strstr(desc, "per token:"), "per token: %d dispatches, %d barriers",
+                                    &dispatches[ov], &barriers[ov]), 2);
+            anvil_session_destroy(vk);
+        }
+        unsetenv("ANVIL_VK_OVERLAP");
+        diff = tu_max_diff(a[0], a[1], (size_t)V);
+        fprintf(stderr, "overlap (qx %d): %d dispatches, %d barriers (%d without); rows differ by %g\n", qx,
+                dispatches[1], barriers[1], barriers[0], (double)diff);
+        assert_int_equal(dispatches[0], dispatches[1]);
+        assert_int_equal(barriers[0], dispatches[0]);
+        assert_true(barriers[1] < barriers[0]);
+        assert_true(diff == 0);
+        assert_memory_equal(gen[0], gen[1], sizeof gen[0]);
+    }
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_VK_QX_MIN_MB");
+    free(a[0]);
+    free(a[1]);
+    anvil_model_close(m);
+}
+
 /* Decode attention over a longer cache, split in few chunks (ANVIL_VK_ATTN_CHUNKS: 1 and 3,
  * so each subgroup walks many rows and the chunks are uneven) and in as many as the length
  * asks for (64: one more chunk every 16 rows); the prompt runs through the decode program a
@@ -628,6 +680,7 @@ int main(void) {
         cmocka_unit_test(test_sampled_generation),
         cmocka_unit_test(test_against_cpu),
         cmocka_unit_test(test_against_cpu_qx),
+        cmocka_unit_test(test_overlap),
         cmocka_unit_test(test_long_attention),
         cmocka_unit_test(test_kv_cache_memory),
     };
