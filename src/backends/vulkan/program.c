@@ -37,7 +37,7 @@
 #include "vulkan.h"
 
 #define ATTN_CHUNKS 64 /* the most chunks (attention.comp uses fewer for short caches); ANVIL_VK_ATTN_CHUNKS overrides (1 .. 64) */
-#define STEPS_PER_BATCH 8
+#define STEPS_PER_BATCH 8 /* steps recorded in one command buffer; ANVIL_VK_BATCH overrides (1 .. 64) */
 #define ARGMAX_CH 2048 /* logits per argmax.comp workgroup (its CH) */
 #define ALIGN 256
 
@@ -106,7 +106,8 @@ struct vk_program {
     struct vk_dispatch *ops;
     int n_ops, cap_ops;
     VkCommandBuffer cb_one;   /* one step, then the logits copied to readback */
-    VkCommandBuffer cb_batch; /* STEPS_PER_BATCH steps */
+    VkCommandBuffer cb_batch; /* spb steps */
+    int spb;                  /* steps per batch: STEPS_PER_BATCH or ANVIL_VK_BATCH */
     VkCommandBuffer cb_copy;  /* the logits copied to readback */
     VkCommandBuffer cb_single; /* one step (the tail of a run shorter than a batch) */
     /* the sampling variant: the same steps ending in sample.comp instead of argmax */
@@ -814,6 +815,8 @@ static anvil_status record_profile(struct vk_program *p) {
 
 static anvil_status record(struct vk_program *p) {
     struct vk_device *d = p->b->d;
+    const char *e = getenv("ANVIL_VK_BATCH");
+    p->spb = e && atoi(e) >= 1 && atoi(e) <= 64 ? atoi(e) : STEPS_PER_BATCH;
     const char *prof = getenv("ANVIL_VK_PROFILE");
     if (prof && *prof && strcmp(prof, "0") != 0) {
         anvil_status st = record_profile(p);
@@ -831,7 +834,7 @@ static anvil_status record(struct vk_program *p) {
             record_step(p, *cbs[c], true, false);
             record_copy_logits(p, *cbs[c]);
         } else if (c == 1 || c == 4) {
-            for (int s = 0; s < STEPS_PER_BATCH; s++) record_step(p, *cbs[c], false, c == 4);
+            for (int s = 0; s < p->spb; s++) record_step(p, *cbs[c], false, c == 4);
             barrier(*cbs[c], STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
         } else if (c == 2) {
             record_copy_logits(p, *cbs[c]);
@@ -973,7 +976,10 @@ void vk_program_destroy(struct vk_program *p) {
     free(p);
 }
 
-void vk_program_stats(const struct vk_program *p, struct vk_stats *s) { *s = p->stats; }
+void vk_program_stats(const struct vk_program *p, struct vk_stats *s) {
+    *s = p->stats;
+    s->steps_per_submit = p->spb;
+}
 
 static void ctl_reset(struct vk_program *p, int32_t token, int pos0) {
     volatile struct vk_ctl *c = p->ctl.map;
@@ -1081,7 +1087,7 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
     /* steps: one per fed token, one per generated token (the last one enters the cache) */
     int64_t steps = (int64_t)r->n_feed + r->max_new;
     /* full batches, then single steps for the tail */
-    int64_t batches = steps / STEPS_PER_BATCH + steps % STEPS_PER_BATCH, submitted = 0, waited = 0;
+    int64_t batches = steps / p->spb + steps % p->spb, submitted = 0, waited = 0;
     uint64_t vals[2] = {0, 0};
     anvil_status st = ANVIL_OK;
     int delivered = 0;
@@ -1091,12 +1097,12 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
         /* keep two batches in flight */
         while (st == ANVIL_OK && !stopping && submitted < batches && submitted - waited < 2)
         {
-            VkCommandBuffer *cb = submitted < steps / STEPS_PER_BATCH ? cb_batch : cb_single;
+            VkCommandBuffer *cb = submitted < steps / p->spb ? cb_batch : cb_single;
             st = vk_submit(d, cb, 1, &vals[submitted % 2]);
             submitted++;
         }
         if (st != ANVIL_OK || waited == submitted) break;
-        int batch_steps = waited < steps / STEPS_PER_BATCH ? STEPS_PER_BATCH : 1;
+        int batch_steps = waited < steps / p->spb ? p->spb : 1;
         pace(&pc, batch_steps);
         st = vk_wait(d, vals[waited++ % 2]);
         pace_done(&pc, batch_steps);

@@ -522,7 +522,7 @@ static void vk_describe(struct program *pp, char *buf, size_t cap) {
     vk_program_stats(p, &s);
     int k = snprintf(buf, cap, "per token: %d dispatches, %d barriers, 0 descriptor writes, 0 command "
                      "buffers recorded, %.3f submits (steps queued %d per submit)\n", s.dispatches,
-                     s.barriers, 1.0 / 8, 8);
+                     s.barriers, 1.0 / s.steps_per_submit, s.steps_per_submit);
     if (k > 0 && (size_t)k < cap) vk_program_profile(p, buf + k, cap - (size_t)k);
 }
 

@@ -19,6 +19,7 @@ struct vk_weight {
 
 struct vk_stats {
     int dispatches, barriers; /* per step */
+    int steps_per_submit;     /* steps recorded in one command buffer, submitted together */
 };
 
 struct vk_backend {
