@@ -231,15 +231,24 @@ static int swiglu_of(struct lower *L, int i) {
 
 static VkDeviceSize alloc_scratch(struct lower *L, VkDeviceSize bytes);
 
+/* The rounding of pc's input (x, and its norm when flags & 1) among those already made: its
+ * index in L->qx, or -1. */
+static int qx_find(const struct lower *L, const struct pc_matvec *pc) {
+    uint64_t normw = (pc->flags & 1) ? pc->normw : 0;
+    for (int i = 0; i < L->n_qx; i++)
+        if (L->qx[i].x == pc->x && L->qx[i].normw == normw) return i;
+    return -1;
+}
+
 /* The matvec input of pc (x, and its norm when flags & 1) rounded to int8 blocks by qx.comp
  * (once per input and norm: later matvecs of the same input reuse it); pc then points at the
  * int8s and scales, the norm applied. */
 static anvil_status qx_input(struct lower *L, struct pc_matvec *pc) {
     uint64_t normw = (pc->flags & 1) ? pc->normw : 0;
     uint32_t Kp = (uint32_t)round_up(pc->K, 256);
-    int i = 0;
-    while (i < L->n_qx && !(L->qx[i].x == pc->x && L->qx[i].normw == normw)) i++;
-    if (i == L->n_qx) {
+    int i = qx_find(L, pc);
+    if (i < 0) {
+        i = L->n_qx;
         if (L->n_qx == (int)(sizeof L->qx / sizeof *L->qx)) L->n_qx = i = 0; /* full: start over */
         struct pc_qx pq = {pc->x, normw ? normw : pc->x, L->p->ctl.addr, 0, 0, pc->K, Kp, pc->flags & 1, pc->eps};
         VkDeviceSize q = alloc_scratch(L, Kp + Kp / 8);
@@ -295,7 +304,10 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (kern < 0)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no matrix-vector kernel for %s weights (%s)",
                        dtype_name(type), N(L, n->src[1])->name);
-    int qxi = L->use_qx && qx_worth(L, i) ? vk_qx_index(type) : -1;
+    /* an input already rounded for another matvec costs this one no rounding, whatever its
+     * size (the Q4_K_M mix's 3.4 MB Q6_K v projections of an 8B after the q/k: +1.3%,
+     * docs/PERF.md section 27) */
+    int qxi = L->use_qx && (qx_worth(L, i) || qx_find(L, &pc) >= 0) ? vk_qx_index(type) : -1;
     if (qxi >= 0) {
         anvil_status st = qx_input(L, &pc);
         if (st != ANVIL_OK) return st;

@@ -234,6 +234,40 @@ static void test_overlap(void **state) {
     anvil_model_close(m);
 }
 
+/* A matrix below the integer path's size threshold still takes it when its input is already
+ * rounded for another matrix (no rounding to pay for): qwen3-tiny-k:Q4_K_M's v projection
+ * (128 x 256 Q6_K, 26880 bytes) after q (256 x 256 Q4_K, 36864 bytes) with ANVIL_VK_QX_MIN_MB
+ * between the two runs the same kernels as with every matrix on the integer path: the same
+ * dispatches and the same rows, bit for bit (a float v would move them). */
+static void test_qx_cached_input(void **state) {
+    (void)state;
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:Q4_K_M", NULL, &m), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    float *a[2] = {malloc(sizeof(float) * (size_t)V), malloc(sizeof(float) * (size_t)V)};
+    int dispatches[2];
+    static const char *min_mb[2] = {"0", "0.03"};
+    setenv("ANVIL_VK_QX", "1", 1);
+    for (int r = 0; r < 2; r++) {
+        setenv("ANVIL_VK_QX_MIN_MB", min_mb[r], 1);
+        anvil_session *vk = session(m, ANVIL_BACKEND_VULKAN);
+        int32_t prompt[5] = {3, 141, 59, 26, 5}, tok = 17;
+        assert_int_equal(anvil_session_eval(vk, prompt, 5, ANVIL_LOGITS_LAST, a[r]), ANVIL_OK);
+        assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, a[r]), ANVIL_OK);
+        char desc[4096];
+        anvil_session_describe_program(vk, desc, sizeof desc);
+        assert_int_equal(sscanf(strstr(desc, "per token:"), "per token: %d dispatches", &dispatches[r]), 1);
+        anvil_session_destroy(vk);
+    }
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_VK_QX_MIN_MB");
+    assert_int_equal(dispatches[0], dispatches[1]);
+    assert_memory_equal(a[0], a[1], sizeof(float) * (size_t)V);
+    free(a[0]);
+    free(a[1]);
+    anvil_model_close(m);
+}
+
 /* Decode attention over a longer cache, split in few chunks (ANVIL_VK_ATTN_CHUNKS: 1 and 3,
  * so each subgroup walks many rows and the chunks are uneven) and in as many as the length
  * asks for (64: one more chunk every 16 rows); the prompt runs through the decode program a
@@ -681,6 +715,7 @@ int main(void) {
         cmocka_unit_test(test_against_cpu),
         cmocka_unit_test(test_against_cpu_qx),
         cmocka_unit_test(test_overlap),
+        cmocka_unit_test(test_qx_cached_input),
         cmocka_unit_test(test_long_attention),
         cmocka_unit_test(test_kv_cache_memory),
     };
