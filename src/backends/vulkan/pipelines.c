@@ -411,6 +411,7 @@ static uint32_t env_wg(const struct vk_device *d, const char *name, uint32_t dfl
     return v > 0 && matvec_wg_ok(d, (uint32_t)v) ? (uint32_t)v : dflt;
 }
 
+/* A count of rows (or units) per workgroup from the environment, 1 .. 8, else dflt. */
 static uint32_t env_nr(const char *name, uint32_t dflt) {
     const char *e = getenv(name);
     return e && atoi(e) >= 1 && atoi(e) <= 8 ? (uint32_t)atoi(e) : dflt;
@@ -479,16 +480,11 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     out->attn_g = attn_g;
     out->attn_d = attn_d;
     out->matvec_wg = MATVEC_WG;
-    out->matvec_nr = MATVEC_NR;
     const char *e = getenv("ANVIL_VK_MATVEC_WG");
     if (e && atoi(e) >= 32 && atoi(e) <= 1024 && atoi(e) % 32 == 0) out->matvec_wg = (uint32_t)atoi(e);
-    e = getenv("ANVIL_VK_MATVEC_NR");
-    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr = (uint32_t)atoi(e);
-    out->matvec_nr_q = MATVEC_NR_Q;
-    e = getenv("ANVIL_VK_MATVEC_NR_Q");
-    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_q = (uint32_t)atoi(e);
-    e = getenv("ANVIL_VK_MATVEC_NR_MOE");
-    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_moe = (uint32_t)atoi(e);
+    out->matvec_nr = env_nr("ANVIL_VK_MATVEC_NR", MATVEC_NR);
+    out->matvec_nr_q = env_nr("ANVIL_VK_MATVEC_NR_Q", MATVEC_NR_Q);
+    out->matvec_nr_moe = env_nr("ANVIL_VK_MATVEC_NR_MOE", 0);
     out->matvec_pipe = 1;
     e = getenv("ANVIL_VK_MATVEC_PIPE");
     if (e && atoi(e) >= 1 && atoi(e) <= 4) out->matvec_pipe = (uint32_t)atoi(e);
@@ -496,13 +492,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         const char *kind_name = dtype_name(vk_weight_kind_dtype(i)); /* "Q6_K" */
         char name[64];
         snprintf(name, sizeof name, "ANVIL_VK_MATVEC_NR_%s", kind_name);
-        e = getenv(name);
-        if (e && atoi(e) >= 1 && atoi(e) <= 8) out->matvec_nr_kind[i] = (uint32_t)atoi(e);
+        out->matvec_nr_kind[i] = env_nr(name, 0);
         snprintf(name, sizeof name, "ANVIL_VK_MATVEC_WG_%s", kind_name);
-        e = getenv(name);
-        if (e && atoi(e) >= (int)d->subgroup_size && atoi(e) <= 1024 && atoi(e) % (int)d->subgroup_size == 0 &&
-            atoi(e) / (int)d->subgroup_size <= 32)
-            out->matvec_wg_kind[i] = (uint32_t)atoi(e);
+        out->matvec_wg_kind[i] = env_wg(d, name, 0);
     }
     if (out->matvec_wg < d->subgroup_size) out->matvec_wg = d->subgroup_size;
     if (out->matvec_wg / d->subgroup_size > 32) out->matvec_wg = 32 * d->subgroup_size;

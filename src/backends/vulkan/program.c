@@ -369,7 +369,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         *w[k] = pc.w0;
         *o[k] = pc.o0;
     }
-    bool residual = pc.res != 0;
+    bool residual = (pc.flags & 2) != 0; /* the add folded in reads pc.res */
     if (!pc.res) pc.res = pc.o0;
     if (!pc.normw) pc.normw = pc.x;
     uint32_t gx, gy, nr = vk_matvec_rows(&L->p->b->pl, kern);

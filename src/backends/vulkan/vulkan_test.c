@@ -182,6 +182,15 @@ static void test_against_cpu_qx(void **state) {
     unsetenv("ANVIL_CPU_QX");
 }
 
+/* A Vulkan session's decode step as --trace counts it: dispatches and barriers per token. */
+static void program_counts(const anvil_session *vk, int *dispatches, int *barriers) {
+    char desc[4096];
+    anvil_session_describe_program(vk, desc, sizeof desc);
+    const char *p = strstr(desc, "per token:");
+    assert_non_null(p);
+    assert_int_equal(sscanf(p, "per token: %d dispatches, %d barriers", dispatches, barriers), 2);
+}
+
 /* Two matvecs of the same input run with no barrier between them (the Q4_K_M mix's Q6_K v
  * projection after the Q4_K q and k): the decode program has fewer barriers than dispatches,
  * and its decode rows and greedy tokens equal those with every barrier (ANVIL_VK_OVERLAP=0),
@@ -216,10 +225,7 @@ static void test_overlap(void **state) {
             anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0};
             anvil_generate_stats sg;
             assert_int_equal(anvil_session_generate(vk, &next, 1, &gp, tu_collect, gen[ov], &sg), ANVIL_OK);
-            char desc[4096];
-            anvil_session_describe_program(vk, desc, sizeof desc);
-            assert_int_equal(sscanf(strstr(desc, "per token:"), "per token: %d dispatches, %d barriers",
-                                    &dispatches[ov], &barriers[ov]), 2);
+            program_counts(vk, &dispatches[ov], &barriers[ov]);
             anvil_session_destroy(vk);
         }
         unsetenv("ANVIL_VK_OVERLAP");
@@ -253,7 +259,7 @@ static void test_qx_cached_input(void **state) {
     assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:Q4_K_M", NULL, &m), ANVIL_OK);
     int V = anvil_model_vocab_size(m);
     float *a[2] = {malloc(sizeof(float) * (size_t)V), malloc(sizeof(float) * (size_t)V)};
-    int dispatches[2];
+    int dispatches[2], barriers[2];
     static const char *min_mb[2] = {"0", "0.03"};
     setenv("ANVIL_VK_QX", "1", 1);
     for (int r = 0; r < 2; r++) {
@@ -262,9 +268,7 @@ static void test_qx_cached_input(void **state) {
         int32_t prompt[5] = {3, 141, 59, 26, 5}, tok = 17;
         assert_int_equal(anvil_session_eval(vk, prompt, 5, ANVIL_LOGITS_LAST, a[r]), ANVIL_OK);
         assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, a[r]), ANVIL_OK);
-        char desc[4096];
-        anvil_session_describe_program(vk, desc, sizeof desc);
-        assert_int_equal(sscanf(strstr(desc, "per token:"), "per token: %d dispatches", &dispatches[r]), 1);
+        program_counts(vk, &dispatches[r], &barriers[r]);
         anvil_session_destroy(vk);
     }
     unsetenv("ANVIL_VK_QX");
