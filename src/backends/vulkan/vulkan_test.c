@@ -48,10 +48,30 @@ static void prompt_rows_agree(const char *spec, anvil_session *cpu, anvil_sessio
     assert_true(d < 1e-3f);
 }
 
+/* Under the sanitizers (whose CI pass is about the host code: the kernels' numerics are the
+ * plain build's to check) the models whose host path another already takes are left out:
+ * every weight type's upload repacking, the vocabulary over several workgroups, the Q4_K_M
+ * mix, and one MoE and two hybrid shapes stay. */
+#ifdef TU_SANITIZED
+static bool host_path_repeated(const char *model) {
+    static const char *const repeated[] = {
+        "qwen3-tiny:f16",      "qwen3-tiny:bf16",     "qwen3-tiny-k:q4_k", "qwen3moe-tiny:bf16",
+        "qwen3moe-tiny:q8_0",  "qwen3moe-odd:f32",    "qwen3.6-tiny:bf16", "qwen3.6-tiny:q8_0",
+        "qwen3.6-odd:f32",
+    };
+    for (size_t i = 0; i < sizeof repeated / sizeof *repeated; i++)
+        if (!strcmp(model, repeated[i])) return true;
+    return false;
+}
+#endif
+
 static void test_against_cpu(void **state) {
     (void)state;
     setenv("ANVIL_VK_QX", "0", 1); /* the float matvecs, as the CPU computes them */
     for (size_t t = 0; t < sizeof models / sizeof *models; t++) {
+#ifdef TU_SANITIZED
+        if (host_path_repeated(models[t])) continue;
+#endif
         char spec[64];
         snprintf(spec, sizeof spec, "synthetic:%s", models[t]);
         anvil_model *m;
