@@ -1,8 +1,8 @@
 /*
  * GPU failures, through the CLI on the Vulkan device (lavapipe in CI), validation layers on:
  *   - a model larger than device memory: a clear error naming the sizes, before any upload;
- *   - a device allocation that fails, at every allocation in turn;
- *   - VK_ERROR_DEVICE_LOST at every submission in turn, during loading, prompt and generation;
+ *   - a device allocation that fails, at each allocation in turn (NEXT_FAULT);
+ *   - VK_ERROR_DEVICE_LOST at each submission in turn, during loading, prompt and generation;
  *   - a GPU that stops answering: an error after ANVIL_VK_TIMEOUT seconds, no hang.
  * The failures mid-run are injected with ANVIL_VK_FAULT=KIND:N (src/backends/vulkan/device.c),
  * which makes the N-th vkQueueSubmit or vkAllocateMemory return what a failing driver returns.
