@@ -76,9 +76,19 @@ static VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlag
     return VK_FALSE;
 }
 
+/* the shared instance's Vulkan version (make_instance) */
+static uint32_t instance_api = VK_API_VERSION_1_2;
+
 static anvil_status make_instance(struct vk_device *d, bool validate) {
-    VkApplicationInfo app = {VK_STRUCTURE_TYPE_APPLICATION_INFO, NULL, "anvil", 1, "anvil", 1,
-                             VK_API_VERSION_1_2};
+    /* Vulkan 1.3 where the loader has it: SPIR-V 1.6, which the workgroup matrices' kernel
+     * (mm_cm2.comp) needs; anvil itself asks for no more than 1.2 */
+    uint32_t api = VK_API_VERSION_1_2;
+    if (vkEnumerateInstanceVersion && vkEnumerateInstanceVersion(&api) == VK_SUCCESS && api >= VK_API_VERSION_1_3)
+        api = VK_API_VERSION_1_3;
+    else
+        api = VK_API_VERSION_1_2;
+    instance_api = api;
+    VkApplicationInfo app = {VK_STRUCTURE_TYPE_APPLICATION_INFO, NULL, "anvil", 1, "anvil", 1, api};
     const char *layers[1], *exts[1];
     uint32_t n_layers = 0, n_exts = 0;
     if (validate) {
@@ -320,6 +330,77 @@ static bool want_coopmat(VkPhysicalDevice pd, uint32_t subgroup_size) {
     return ok;
 }
 
+/* VK_KHR_cooperative_matrix and VK_NV_cooperative_matrix2 postdate Debian 12's Vulkan headers
+ * (1.3.239): the structures anvil needs, as the registry defines them. */
+#define CM2_STYPE_KHR_FEATURES ((VkStructureType)1000506000)
+#define CM2_STYPE_FEATURES ((VkStructureType)1000593000)
+#define CM2_STYPE_FLEX_PROPERTIES ((VkStructureType)1000593001)
+#define CM2_STYPE_PROPERTIES ((VkStructureType)1000593002)
+struct cm_khr_features {
+    VkStructureType sType;
+    void *pNext;
+    VkBool32 cooperativeMatrix, cooperativeMatrixRobustBufferAccess;
+};
+struct cm2_features {
+    VkStructureType sType;
+    void *pNext;
+    VkBool32 workgroupScope, flexibleDimensions, reductions, conversions, perElementOperations,
+        tensorAddressing, blockLoads;
+};
+struct cm2_properties {
+    VkStructureType sType;
+    void *pNext;
+    uint32_t workgroupScopeMaxWorkgroupSize, flexibleDimensionsMaxDimension, workgroupScopeReservedSharedMemory;
+};
+struct cm2_flex {
+    VkStructureType sType;
+    void *pNext;
+    uint32_t MGranularity, NGranularity, KGranularity;
+    uint32_t AType, BType, CType, ResultType; /* VkComponentTypeKHR: 0 float16, 1 float32 */
+    VkBool32 saturatingAccumulation;
+    uint32_t scope; /* VkScopeKHR: 2 workgroup */
+    uint32_t workgroupInvocations;
+};
+typedef VkResult(VKAPI_PTR *cm2_flex_fn)(VkPhysicalDevice, uint32_t *, struct cm2_flex *);
+
+/* Whether the prefill's products can run on workgroup-scope matrices (shaders/mm_cm2.comp):
+ * VK_NV_cooperative_matrix2 with workgroup scope, flexible dimensions and tensor addressing,
+ * workgroups of VK_CM2_THREADS, and float16 x float16 -> float32 products whose granularity
+ * divides the kernel's tile (VK_CM2_BM x VK_CM2_BN, VK_CM2_BK at a time). Only where the
+ * subgroup matrices (want_coopmat) are on too; ANVIL_VK_CM2=0 turns it off. */
+static bool want_coopmat2(VkInstance inst, VkPhysicalDevice pd) {
+    const char *e = getenv("ANVIL_VK_CM2");
+    if ((e && !strcmp(e, "0")) || !has_device_ext(pd, "VK_KHR_cooperative_matrix") ||
+        !has_device_ext(pd, "VK_NV_cooperative_matrix2"))
+        return false;
+    cm2_flex_fn flex = (cm2_flex_fn)vkGetInstanceProcAddr(inst, "vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV");
+    if (!flex) return false;
+    struct cm2_features f2 = {.sType = CM2_STYPE_FEATURES};
+    struct cm_khr_features fk = {.sType = CM2_STYPE_KHR_FEATURES, .pNext = &f2};
+    VkPhysicalDeviceFeatures2 f = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &fk};
+    vkGetPhysicalDeviceFeatures2(pd, &f);
+    if (!fk.cooperativeMatrix || !f2.workgroupScope || !f2.flexibleDimensions || !f2.tensorAddressing) return false;
+    struct cm2_properties pr = {.sType = CM2_STYPE_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &pr};
+    vkGetPhysicalDeviceProperties2(pd, &p2);
+    if (pr.workgroupScopeMaxWorkgroupSize < VK_CM2_THREADS || pr.flexibleDimensionsMaxDimension < VK_CM2_BM ||
+        pr.flexibleDimensionsMaxDimension < VK_CM2_BN)
+        return false;
+    uint32_t n = 0;
+    if (flex(pd, &n, NULL) != VK_SUCCESS || !n) return false;
+    struct cm2_flex *p = calloc(n, sizeof *p);
+    bool ok = false;
+    for (uint32_t i = 0; p && i < n; i++) p[i].sType = CM2_STYPE_FLEX_PROPERTIES;
+    if (p && flex(pd, &n, p) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n; i++)
+            ok |= p[i].AType == 0 && p[i].BType == 0 && p[i].CType == 1 && p[i].ResultType == 1 && p[i].scope == 2 &&
+                  p[i].workgroupInvocations == VK_CM2_THREADS && p[i].MGranularity && VK_CM2_BM % p[i].MGranularity == 0 &&
+                  p[i].NGranularity && VK_CM2_BN % p[i].NGranularity == 0 && p[i].KGranularity &&
+                  VK_CM2_BK % p[i].KGranularity == 0;
+    free(p);
+    return ok;
+}
+
 static bool has_device_ext(VkPhysicalDevice pd, const char *name) {
     uint32_t n = 0;
     if (vkEnumerateDeviceExtensionProperties(pd, NULL, &n, NULL) != VK_SUCCESS || n == 0) return false;
@@ -423,7 +504,7 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
     f12.bufferDeviceAddress = VK_TRUE;
     f12.timelineSemaphore = VK_TRUE;
-    const char *dev_exts[6];
+    const char *dev_exts[8];
     uint32_t n_dev_exts = 0;
     d->has_budget = has_device_ext(d->phys, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
     if (d->has_budget) dev_exts[n_dev_exts++] = VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
@@ -435,6 +516,16 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
         f12.shaderFloat16 = VK_TRUE;
         f12.vulkanMemoryModel = VK_TRUE;
         f12.pNext = &cmf;
+    }
+    struct cm2_features cm2f = {.sType = CM2_STYPE_FEATURES, .workgroupScope = VK_TRUE, .flexibleDimensions = VK_TRUE,
+                                .tensorAddressing = VK_TRUE};
+    struct cm_khr_features cmkf = {.sType = CM2_STYPE_KHR_FEATURES, .pNext = &cm2f, .cooperativeMatrix = VK_TRUE};
+    d->coopmat2 = d->coopmat && instance_api >= VK_API_VERSION_1_3 && d->props.apiVersion >= VK_API_VERSION_1_3 && want_coopmat2(d->instance, d->phys);
+    if (d->coopmat2) {
+        dev_exts[n_dev_exts++] = "VK_KHR_cooperative_matrix";
+        dev_exts[n_dev_exts++] = "VK_NV_cooperative_matrix2";
+        cm2f.pNext = f12.pNext;
+        f12.pNext = &cmkf;
     }
     /* integer dot products (VK_KHR_shader_integer_dot_product: the instance asks for Vulkan 1.2,
      * so not the 1.3 core feature) */
@@ -486,7 +577,7 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     if (st != ANVIL_OK) goto fail;
     free(pd);
     log_info("vulkan: device %d: %s (subgroup %u%s%s)", pick, d->props.deviceName, d->subgroup_size,
-             d->coopmat ? ", cooperative matrices for prefill" : "",
+             d->coopmat2 ? ", workgroup cooperative matrices for prefill" : d->coopmat ? ", cooperative matrices for prefill" : "",
              d->int_dot_fast ? ", integer dot products" : "");
     *out = d;
     return ANVIL_OK;

@@ -176,6 +176,9 @@ static const uint32_t spv_mm_h_64x64_k32[] =
 static const uint32_t spv_mm_h_64x64_k64[] =
 #include "shaders/mm_h_64x64_k64.inc"
     ;
+static const uint32_t spv_mm_cm2[] =
+#include "shaders/prebuilt/mm_cm2.inc"
+    ;
 static const uint32_t spv_mm_h_moe[] =
 #include "shaders/mm_h_moe.inc"
     ;
@@ -329,6 +332,7 @@ static const struct {
     [K_DQ_Q6_K] = {SPV(spv_dq_q6_k), "dq_q6_k"},
     [K_MMH_64X64_K32] = {SPV(spv_mm_h_64x64_k32), "mm_h_64x64_k32"},
     [K_MMH_64X64_K64] = {SPV(spv_mm_h_64x64_k64), "mm_h_64x64_k64"},
+    [K_MMH_CM2] = {SPV(spv_mm_cm2), "mm_cm2"},
     [K_MMH_MOE] = {SPV(spv_mm_h_moe), "mm_h_experts"},
     [K_ATTN_FLASH] = {SPV(spv_attn_flash), "attn_flash"},
     [K_MOE_ROUTE] = {SPV(spv_moe_topk), "moe_route"},
@@ -535,6 +539,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
 
     for (int k = 0; k < K_COUNT && st == ANVIL_OK; k++) {
         if (k >= K_MMH_64X64_K32 && k <= K_MMH_MOE && !d->coopmat) continue; /* needs the extension */
+        if (k == K_MMH_CM2 && !d->coopmat2) continue;
         if (k == K_ATTN_FLASH && (!d->coopmat || !d->subgroup_shuffle || !vk_flash_fits(attn_g, attn_d))) continue;
         if (k >= K_QX && k <= K_MATVEC_SWIGLU_QX_Q6_K && !d->int_dot) continue;
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,

@@ -13,8 +13,11 @@
  *                  that is the product's only consumer is folded into its store. Where the
  *                  device has cooperative matrices (unless ANVIL_VK_COOPMAT=0), products of
  *                  more than 512 outputs run as dq.comp (the weight to float16, in pieces)
- *                  then mm_h.comp (16x16x16 float16 matrices, float32 sums); not in models
- *                  with Gated DeltaNet layers (float16 moved their logits too far)
+ *                  then mm_h.comp (16x16x16 float16 matrices, float32 sums), or where it
+ *                  has VK_NV_cooperative_matrix2 (unless ANVIL_VK_CM2=0), x to float16 too
+ *                  (dq.comp's float path) then mm_cm2.comp (128x128 workgroup matrices, the
+ *                  tiles cut by tensor layouts); not in models with Gated DeltaNet layers
+ *                  (float16 moved their logits too far)
  *   rms_norm, rope, add, swiglu, sigmoid_mul   rows.comp
  *   attention      rows.comp MODE 4 writes the chunk's k, v rows into the caches at pos0 + t,
  *                  then attn_prefill.comp: causal attention of each query over rows
@@ -41,6 +44,8 @@
 
 struct pf_op {
     enum vk_kernel k;
+    bool overlap; /* recorded without the barrier before it (it shares no memory with the ops
+                     since the last barrier: a group of products, emit_mmh) */
     uint32_t gx, gy, gz;
     uint32_t push_size;
     uint8_t push[VK_PUSH_BYTES];
@@ -105,8 +110,15 @@ struct vk_prefill {
     struct vk_buffer readback; /* the output rows */
     struct vk_buffer rope;
     struct vk_buffer dq;       /* float16 weight rows for mm_h.comp (cooperative matrices) */
+    struct vk_buffer xh;       /* a product's x as float16 for mm_cm2.comp (only where d->coopmat2) */
     struct vk_buffer moe;      /* routing, expert lists, expert activations and outputs */
     int mmh;                   /* its tile shape: index into mmh_tile */
+    /* products of one input waiting to be emitted together on workgroup matrices (q, k, v;
+     * gate, up): their weights dequantised side by side into dq, then the products side by
+     * side, so that small ones (8B's k and v: 32 tiles for 132 SMs) run beside a big one */
+    struct pc_mm grp[4];
+    int grp_kind[4], n_grp, grp_max; /* grp_max 1 (ANVIL_VK_PF_GROUP=0): one at a time */
+    VkDeviceSize grp_bytes;
     bool f16;                  /* products on float16 inputs allowed (not in the hybrids) */
     bool flash;                /* attention on cooperative matrices (attn_flash.comp): where the
                                   pipeline exists and f16; ANVIL_VK_FLASH=0 turns it off */
@@ -188,7 +200,10 @@ static anvil_status plan_memory(struct plan *P) {
     return ANVIL_OK;
 }
 
-static anvil_status emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push, size_t size) {
+static anvil_status flush_group(struct vk_prefill *p);
+
+static anvil_status emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push,
+                            size_t size) {
     if (p->n_ops == p->cap_ops) {
         int cap = p->cap_ops ? p->cap_ops * 2 : 256;
         struct pf_op *o = realloc(p->ops, (size_t)cap * sizeof *o);
@@ -212,6 +227,12 @@ static anvil_status emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, u
     return ANVIL_OK;
 }
 
+/* An op after whatever products wait in the group. */
+static anvil_status emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push, size_t size) {
+    anvil_status st = flush_group(p);
+    return st == ANVIL_OK ? emit_op(p, k, wgs, gy, push, size) : st;
+}
+
 static uint64_t addr(struct vk_prefill *p, struct plan *P, int i) {
     int r = P->root[i];
     return p->arena.addr + P->off[r] + P->view[i];
@@ -225,12 +246,76 @@ static uint32_t dq_rows(uint32_t N, uint32_t Kp) {
     return (uint32_t)MIN((VkDeviceSize)N, MAX(r, (VkDeviceSize)128));
 }
 
+/* The waiting group of products on workgroup matrices: x to float16 (once for all of them),
+ * every weight to float16 at its own place in dq, then the products; only the first of each
+ * kind waits at a barrier. */
+static anvil_status flush_group(struct vk_prefill *p) {
+    if (!p->n_grp) return ANVIL_OK;
+    const struct pc_mm *m0 = &p->grp[0];
+    int n = p->n_grp;
+    p->n_grp = 0;
+    p->grp_bytes = 0;
+    struct pc_dq xq = {m0->x, p->xh.addr, 0, m0->T, m0->K / 8, m0->K};
+    anvil_status st = emit_op(p, K_DQ_F32, (m0->T * (m0->K / 8) + 255) / 256, 0, &xq, sizeof xq);
+    VkDeviceSize off = 0;
+    for (int g = 0; g < n && st == ANVIL_OK; g++) {
+        const struct pc_mm *mm = &p->grp[g];
+        uint32_t Kp = mm->Kp8 * 8, U = mm->Kp8 / unit_groups[p->grp_kind[g]];
+        struct pc_dq dq = {mm->w, p->dq.addr + off, 0, mm->N, U, Kp};
+        st = emit_op(p, (enum vk_kernel)(K_DQ_F32 + p->grp_kind[g]), (mm->N * U + 255) / 256, 0, &dq, sizeof dq);
+        if (st == ANVIL_OK) p->ops[p->n_ops - 1].overlap = true; /* beside x's rounding */
+        off += (VkDeviceSize)mm->N * Kp * 2;
+    }
+    off = 0;
+    for (int g = 0; g < n && st == ANVIL_OK; g++) {
+        const struct pc_mm *mm = &p->grp[g];
+        uint32_t Kp = mm->Kp8 * 8;
+        struct pc_mmh pc = {p->xh.addr, p->dq.addr + off, mm->y, mm->res, mm->T, mm->K, mm->N, Kp, mm->N, 0,
+                            mm->flags, 0, 0, 0, 0, 0};
+        st = emit_op(p, K_MMH_CM2, (mm->N + VK_CM2_BN - 1) / VK_CM2_BN, (mm->T + VK_CM2_BM - 1) / VK_CM2_BM, &pc,
+                     sizeof pc);
+        if (st == ANVIL_OK && g > 0) p->ops[p->n_ops - 1].overlap = true;
+        off += (VkDeviceSize)mm->N * Kp * 2;
+    }
+    return st;
+}
+
+/* whether [a, a + na) and [b, b + nb) share a byte */
+static bool ranges_meet(uint64_t a, uint64_t na, uint64_t b, uint64_t nb) { return a < b + nb && b < a + na; }
+
 /* The product of mm (its push constants for mm.comp) on cooperative matrices: the weight
- * dequantised to float16 piece by piece (dq.comp), each piece multiplied (mm_h.comp). */
+ * dequantised to float16 piece by piece (dq.comp), each piece multiplied (mm_h.comp); on
+ * workgroup matrices (mm_cm2.comp) a product whose float16 weight fits dq whole joins the
+ * group of those before it that read the same x (flush_group), else x is rounded and the
+ * weight's pieces go one at a time. */
 static anvil_status emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm) {
     uint32_t Kp = mm->Kp8 * 8, R = dq_rows(mm->N, Kp), U = mm->Kp8 / unit_groups[kind];
-    const uint32_t *tile = mmh_tile[p->mmh];
-    anvil_status st = ANVIL_OK;
+    bool cm2 = p->xh.buf != VK_NULL_HANDLE && !p->dq_emulate && mm->K % 8 == 0 &&
+               (VkDeviceSize)mm->T * mm->K * 2 <= p->xh.size;
+    VkDeviceSize bytes = (VkDeviceSize)mm->N * Kp * 2;
+    if (cm2 && R == mm->N) {
+        uint64_t xb = (uint64_t)mm->T * mm->K * 4, yb = (uint64_t)mm->T * mm->N * 4;
+        bool joins = p->n_grp > 0 && p->n_grp < p->grp_max && p->grp[0].x == mm->x && p->grp[0].T == mm->T &&
+                     p->grp[0].K == mm->K && p->grp_bytes + bytes <= p->dq.size &&
+                     !ranges_meet(mm->x, xb, mm->y, yb) && !(mm->flags && ranges_meet(mm->x, xb, mm->res, yb));
+        for (int g = 0; joins && g < p->n_grp; g++) {
+            const struct pc_mm *o = &p->grp[g];
+            uint64_t ob = (uint64_t)o->T * o->N * 4;
+            joins = !ranges_meet(o->y, ob, mm->y, yb) && !(mm->flags && ranges_meet(o->y, ob, mm->res, yb)) &&
+                    !(o->flags && ranges_meet(o->res, ob, mm->y, yb));
+        }
+        anvil_status st = joins ? ANVIL_OK : flush_group(p);
+        if (st != ANVIL_OK) return st;
+        p->grp[p->n_grp] = *mm;
+        p->grp_kind[p->n_grp++] = kind;
+        p->grp_bytes += bytes;
+        return ANVIL_OK;
+    }
+    anvil_status st = flush_group(p);
+    if (st == ANVIL_OK && cm2) { /* x rounded to float16 (rows of K, a multiple of 8) */
+        struct pc_dq xq = {mm->x, p->xh.addr, 0, mm->T, mm->K / 8, mm->K};
+        st = emit(p, K_DQ_F32, (mm->T * (mm->K / 8) + 255) / 256, 0, &xq, sizeof xq);
+    }
     for (uint32_t r0 = 0; r0 < mm->N && st == ANVIL_OK; r0 += R) {
         uint32_t n = MIN(R, mm->N - r0);
         struct pc_dq dq = {mm->w, p->dq.addr, r0, n, U, Kp};
@@ -242,9 +327,14 @@ static anvil_status emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm 
             st = emit(p, K_MM_F16, (n + 63) / 64, (mm->T + 63) / 64, &m16, sizeof m16);
             continue;
         }
-        struct pc_mmh pc = {mm->x, p->dq.addr, mm->y, mm->res, mm->T, mm->K, n, Kp, mm->N, r0, mm->flags, 0, 0, 0, 0, 0};
-        st = emit(p, (enum vk_kernel)(K_MMH_64X64_K32 + p->mmh), (n + tile[1] - 1) / tile[1],
-                  (mm->T + tile[0] - 1) / tile[0], &pc, sizeof pc);
+        struct pc_mmh pc = {cm2 ? p->xh.addr : mm->x, p->dq.addr, mm->y, mm->res, mm->T, mm->K, n, Kp, mm->N, r0,
+                            mm->flags, 0, 0, 0, 0, 0};
+        if (cm2)
+            st = emit(p, K_MMH_CM2, (n + VK_CM2_BN - 1) / VK_CM2_BN, (mm->T + VK_CM2_BM - 1) / VK_CM2_BM, &pc,
+                      sizeof pc);
+        else
+            st = emit(p, (enum vk_kernel)(K_MMH_64X64_K32 + p->mmh), (n + mmh_tile[p->mmh][1] - 1) / mmh_tile[p->mmh][1],
+                      (mm->T + mmh_tile[p->mmh][0] - 1) / mmh_tile[p->mmh][0], &pc, sizeof pc);
     }
     return st;
 }
@@ -568,7 +658,7 @@ static anvil_status record(struct vk_prefill *p) {
     VkPipeline bound = VK_NULL_HANDLE;
     for (int i = 0; i < p->n_ops; i++) {
         const struct pf_op *o = &p->ops[i];
-        barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+        if (!o->overlap) barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
         VkPipeline pl = p->b->pl.p[o->k];
         if (pl != bound) vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pl);
         bound = pl;
@@ -635,8 +725,14 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     if (st == ANVIL_OK && (b->d->coopmat || p->dq_emulate) && p->f16) {
         const char *e = getenv("ANVIL_VK_MMH");
         p->mmh = e && !strcmp(e, "1");
+        const char *grp = getenv("ANVIL_VK_PF_GROUP");
+        p->grp_max = grp && !strcmp(grp, "0") ? 1 : 4;
         VkDeviceSize dq = dq_scratch_size(b, &P);
         if (dq) st = vk_buffer_create(b->d, dq, VK_MEM_DEVICE, "prefill float16 weights", &p->dq);
+        VkDeviceSize xh = 0; /* (no buffer: no workgroup matrices) */
+        for (int i = 0; i < n && b->d->coopmat2 && !p->dq_emulate; i++)
+            if (g->nodes[i].op == OP_MATMUL) xh = MAX(xh, (VkDeviceSize)p->T * (VkDeviceSize)g->nodes[g->nodes[i].src[0]].ne[0] * 2);
+        if (st == ANVIL_OK && xh) st = vk_buffer_create(b->d, xh, VK_MEM_DEVICE, "prefill float16 inputs", &p->xh);
     }
     if (st == ANVIL_OK) {
         VkDeviceSize moe = 0;
@@ -644,7 +740,9 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
             if (g->nodes[i].op == OP_MOE) moe = MAX(moe, moe_of(&P, &g->nodes[i]).size);
         if (moe) st = vk_buffer_create(b->d, moe, VK_MEM_DEVICE, "prefill experts", &p->moe);
     }
+    p->grp_max = MAX(p->grp_max, 1);
     if (st == ANVIL_OK) st = lower(p, &P);
+    if (st == ANVIL_OK) st = flush_group(p);
     const char *prof = getenv("ANVIL_VK_PROFILE");
     if (st == ANVIL_OK && prof && *prof && strcmp(prof, "0") != 0) {
         VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
@@ -702,6 +800,7 @@ void vk_prefill_destroy(struct vk_prefill *p) {
     vk_buffer_destroy(d, &p->readback);
     vk_buffer_destroy(d, &p->rope);
     vk_buffer_destroy(d, &p->dq);
+    vk_buffer_destroy(d, &p->xh);
     vk_buffer_destroy(d, &p->moe);
     free(p->ops);
     free(p);

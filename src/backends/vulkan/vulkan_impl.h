@@ -50,6 +50,8 @@ struct vk_device {
     bool int_dot_fast;     /* and the device accelerates 4 x 8-bit packed ones */
     bool coopmat;          /* VK_NV_cooperative_matrix enabled (unless ANVIL_VK_COOPMAT=0): prefill's
                               K_MMH_* kernels exist */
+    bool coopmat2;         /* and VK_NV_cooperative_matrix2's workgroup matrices (want_coopmat2):
+                              the prefill's products on mm_cm2.comp */
     VkDeviceSize max_mem;  /* ANVIL_VK_MAX_MEMORY: a cap on device memory (0: none) */
     /* ANVIL_VK_FAULT=KIND:N makes the N-th submit (lost, hang) or device allocation (oom)
      * fail as a real device would: for testing the failure paths */
@@ -186,7 +188,9 @@ enum vk_kernel {
     K_DQ_Q4_K, K_DQ_Q5_K, K_DQ_Q6_K,
     /* float16 products on cooperative matrices (mm_h.comp), per tile shape (tokens x
      * outputs, and weights of K per step), only where d->coopmat */
-    K_MMH_64X64_K32, K_MMH_64X64_K64, K_MMH_MOE /* the experts, rows gathered */,
+    K_MMH_64X64_K32, K_MMH_64X64_K64,
+    /* the same on workgroup-scope matrices (mm_cm2.comp), only where d->coopmat2 */
+    K_MMH_CM2, K_MMH_MOE /* the experts, rows gathered */,
     K_ATTN_FLASH, /* the prefill's causal attention on cooperative matrices (attn_flash.comp),
                      where d->coopmat and the heads fit it (vk_flash_fits) */
     /* moe_topk.comp for the prefill: MODE 1 routes every token, MODE 2 sorts them by expert */
@@ -205,6 +209,12 @@ enum vk_kernel {
 };
 
 #define VK_PUSH_BYTES 128
+/* mm_cm2.comp's tile: VK_CM2_BM tokens x VK_CM2_BN outputs, K walked VK_CM2_BK at a time, by
+ * workgroups of VK_CM2_THREADS (its defaults; the device must take these sizes) */
+#define VK_CM2_BM 128
+#define VK_CM2_BN 128
+#define VK_CM2_BK 64
+#define VK_CM2_THREADS 256
 /* matvec defaults: threads per workgroup and rows per workgroup (ANVIL_VK_MATVEC_WG and
  * ANVIL_VK_MATVEC_NR override them, for tuning) */
 #define MATVEC_WG 128

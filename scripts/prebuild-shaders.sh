@@ -1,0 +1,32 @@
+#!/bin/bash
+# Compiles the kernels that Debian 12's glslc cannot (GL_NV_cooperative_matrix2 needs glslang
+# 14.3 or newer) into src/backends/vulkan/shaders/prebuilt/NAME.inc, the form glslc -mfmt=c
+# writes, which the build embeds as it embeds the others. Each file records the source's
+# sha256; the test prebuilt_shaders_current fails when a source changed and this was not rerun.
+#   GLSLANG=/path/to/glslang scripts/prebuild-shaders.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GLSLANG=${GLSLANG:-glslang}
+SRC=src/backends/vulkan/shaders
+OUT=$SRC/prebuilt
+# name source defines
+VARIANTS=(
+  "mm_cm2 mm_cm2.comp -DBM=128 -DBN=128 -DBK=64"
+)
+version=$("$GLSLANG" --version | sed -n 's/^Glslang Version: //p')
+mkdir -p "$OUT"
+tmp=$(mktemp)
+trap 'rm -f "$tmp"' EXIT
+for v in "${VARIANTS[@]}"; do
+  read -r name src defs <<<"$v"
+  # shellcheck disable=SC2086
+  "$GLSLANG" -V --target-env vulkan1.3 $defs -x -o "$tmp" "$SRC/$src" > /dev/null
+  sum=$(sha256sum "$SRC/$src" | cut -d' ' -f1)
+  {
+    echo "/* $name: $src $defs, glslang $version; source sha256 $sum */"
+    echo "{"
+    grep -v '^[[:space:]]*//' "$tmp"
+    echo "}"
+  } > "$OUT/$name.inc"
+  echo "$OUT/$name.inc"
+done
