@@ -373,7 +373,8 @@ static bool want_coopmat2(VkInstance inst, VkPhysicalDevice pd) {
     if ((e && !strcmp(e, "0")) || !has_device_ext(pd, "VK_KHR_cooperative_matrix") ||
         !has_device_ext(pd, "VK_NV_cooperative_matrix2"))
         return false;
-    cm2_flex_fn flex = (cm2_flex_fn)vkGetInstanceProcAddr(inst, "vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV");
+    cm2_flex_fn flex =
+        (cm2_flex_fn)vkGetInstanceProcAddr(inst, "vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV");
     if (!flex) return false;
     struct cm2_features f2 = {.sType = CM2_STYPE_FEATURES};
     struct cm_khr_features fk = {.sType = CM2_STYPE_KHR_FEATURES, .pNext = &f2};
@@ -393,10 +394,10 @@ static bool want_coopmat2(VkInstance inst, VkPhysicalDevice pd) {
     for (uint32_t i = 0; p && i < n; i++) p[i].sType = CM2_STYPE_FLEX_PROPERTIES;
     if (p && flex(pd, &n, p) == VK_SUCCESS)
         for (uint32_t i = 0; i < n; i++)
-            ok |= p[i].AType == 0 && p[i].BType == 0 && p[i].CType == 1 && p[i].ResultType == 1 && p[i].scope == 2 &&
-                  p[i].workgroupInvocations == VK_CM2_THREADS && p[i].MGranularity && VK_CM2_BM % p[i].MGranularity == 0 &&
-                  p[i].NGranularity && VK_CM2_BN % p[i].NGranularity == 0 && p[i].KGranularity &&
-                  VK_CM2_BK % p[i].KGranularity == 0;
+            ok |= p[i].AType == 0 && p[i].BType == 0 && p[i].CType == 1 && p[i].ResultType == 1 &&
+                  p[i].scope == 2 && p[i].workgroupInvocations == VK_CM2_THREADS && p[i].MGranularity &&
+                  VK_CM2_BM % p[i].MGranularity == 0 && p[i].NGranularity && VK_CM2_BN % p[i].NGranularity == 0 &&
+                  p[i].KGranularity && VK_CM2_BK % p[i].KGranularity == 0;
     free(p);
     return ok;
 }
@@ -520,15 +521,16 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     struct cm2_features cm2f = {.sType = CM2_STYPE_FEATURES, .workgroupScope = VK_TRUE, .flexibleDimensions = VK_TRUE,
                                 .tensorAddressing = VK_TRUE};
     struct cm_khr_features cmkf = {.sType = CM2_STYPE_KHR_FEATURES, .pNext = &cm2f, .cooperativeMatrix = VK_TRUE};
-    d->coopmat2 = d->coopmat && instance_api >= VK_API_VERSION_1_3 && d->props.apiVersion >= VK_API_VERSION_1_3 && want_coopmat2(d->instance, d->phys);
+    d->coopmat2 = d->coopmat && instance_api >= VK_API_VERSION_1_3 && d->props.apiVersion >= VK_API_VERSION_1_3 &&
+                  want_coopmat2(d->instance, d->phys);
     if (d->coopmat2) {
         dev_exts[n_dev_exts++] = "VK_KHR_cooperative_matrix";
         dev_exts[n_dev_exts++] = "VK_NV_cooperative_matrix2";
         cm2f.pNext = f12.pNext;
         f12.pNext = &cmkf;
     }
-    /* integer dot products (VK_KHR_shader_integer_dot_product: the instance asks for Vulkan 1.2,
-     * so not the 1.3 core feature) */
+    /* integer dot products (VK_KHR_shader_integer_dot_product's own feature structure, not
+     * Vulkan 1.3's: the same on a 1.2 device and on a 1.3 one) */
     VkPhysicalDeviceShaderIntegerDotProductFeatures idf = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
     if (has_device_ext(d->phys, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
@@ -577,7 +579,9 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     if (st != ANVIL_OK) goto fail;
     free(pd);
     log_info("vulkan: device %d: %s (subgroup %u%s%s)", pick, d->props.deviceName, d->subgroup_size,
-             d->coopmat2 ? ", workgroup cooperative matrices for prefill" : d->coopmat ? ", cooperative matrices for prefill" : "",
+             d->coopmat2  ? ", workgroup cooperative matrices for prefill"
+             : d->coopmat ? ", cooperative matrices for prefill"
+                          : "",
              d->int_dot_fast ? ", integer dot products" : "");
     *out = d;
     return ANVIL_OK;

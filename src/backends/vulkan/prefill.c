@@ -16,8 +16,9 @@
  *                  then mm_h.comp (16x16x16 float16 matrices, float32 sums), or where it
  *                  has VK_NV_cooperative_matrix2 (unless ANVIL_VK_CM2=0), x to float16 too
  *                  (dq.comp's float path) then mm_cm2.comp (128x128 workgroup matrices, the
- *                  tiles cut by tensor layouts); not in models with Gated DeltaNet layers
- *                  (float16 moved their logits too far)
+ *                  tiles cut by tensor layouts; products of one input side by side: q, k,
+ *                  v; gate, up); not in models with Gated DeltaNet layers (float16 moved
+ *                  their logits too far)
  *   rms_norm, rope, add, swiglu, sigmoid_mul   rows.comp
  *   attention      rows.comp MODE 4 writes the chunk's k, v rows into the caches at pos0 + t,
  *                  then attn_prefill.comp: causal attention of each query over rows
@@ -248,7 +249,7 @@ static uint32_t dq_rows(uint32_t N, uint32_t Kp) {
 
 /* The waiting group of products on workgroup matrices: x to float16 (once for all of them),
  * every weight to float16 at its own place in dq, then the products; only the first of each
- * kind waits at a barrier. */
+ * kind waits at a barrier (8B Q4_K_M pp512 +4.4% on the H100, docs/PERF.md §29). */
 static anvil_status flush_group(struct vk_prefill *p) {
     if (!p->n_grp) return ANVIL_OK;
     const struct pc_mm *m0 = &p->grp[0];
@@ -256,14 +257,14 @@ static anvil_status flush_group(struct vk_prefill *p) {
     p->n_grp = 0;
     p->grp_bytes = 0;
     struct pc_dq xq = {m0->x, p->xh.addr, 0, m0->T, m0->K / 8, m0->K};
-    anvil_status st = emit_op(p, K_DQ_F32, (m0->T * (m0->K / 8) + 255) / 256, 0, &xq, sizeof xq);
+    anvil_status st = p->dq_emulate ? ANVIL_OK : emit_op(p, K_DQ_F32, (m0->T * (m0->K / 8) + 255) / 256, 0, &xq, sizeof xq);
     VkDeviceSize off = 0;
     for (int g = 0; g < n && st == ANVIL_OK; g++) {
         const struct pc_mm *mm = &p->grp[g];
         uint32_t Kp = mm->Kp8 * 8, U = mm->Kp8 / unit_groups[p->grp_kind[g]];
         struct pc_dq dq = {mm->w, p->dq.addr + off, 0, mm->N, U, Kp};
         st = emit_op(p, (enum vk_kernel)(K_DQ_F32 + p->grp_kind[g]), (mm->N * U + 255) / 256, 0, &dq, sizeof dq);
-        if (st == ANVIL_OK) p->ops[p->n_ops - 1].overlap = true; /* beside x's rounding */
+        if (st == ANVIL_OK && (g > 0 || !p->dq_emulate)) p->ops[p->n_ops - 1].overlap = true; /* beside x's rounding */
         off += (VkDeviceSize)mm->N * Kp * 2;
     }
     off = 0;
@@ -272,8 +273,13 @@ static anvil_status flush_group(struct vk_prefill *p) {
         uint32_t Kp = mm->Kp8 * 8;
         struct pc_mmh pc = {p->xh.addr, p->dq.addr + off, mm->y, mm->res, mm->T, mm->K, mm->N, Kp, mm->N, 0,
                             mm->flags, 0, 0, 0, 0, 0};
-        st = emit_op(p, K_MMH_CM2, (mm->N + VK_CM2_BN - 1) / VK_CM2_BN, (mm->T + VK_CM2_BM - 1) / VK_CM2_BM, &pc,
-                     sizeof pc);
+        struct pc_mm m16 = *mm; /* (tests) mm.comp's float16 kernel on the same rows */
+        m16.w = p->dq.addr + off;
+        if (p->dq_emulate)
+            st = emit_op(p, K_MM_F16, (mm->N + 63) / 64, (mm->T + 63) / 64, &m16, sizeof m16);
+        else
+            st = emit_op(p, K_MMH_CM2, (mm->N + VK_CM2_BN - 1) / VK_CM2_BN, (mm->T + VK_CM2_BM - 1) / VK_CM2_BM, &pc,
+                         sizeof pc);
         if (st == ANVIL_OK && g > 0) p->ops[p->n_ops - 1].overlap = true;
         off += (VkDeviceSize)mm->N * Kp * 2;
     }
@@ -293,7 +299,9 @@ static anvil_status emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm 
     bool cm2 = p->xh.buf != VK_NULL_HANDLE && !p->dq_emulate && mm->K % 8 == 0 &&
                (VkDeviceSize)mm->T * mm->K * 2 <= p->xh.size;
     VkDeviceSize bytes = (VkDeviceSize)mm->N * Kp * 2;
-    if (cm2 && R == mm->N) {
+    /* (the tests' float16 emulation groups its products the same way, so that lavapipe checks
+     * the groups' bookkeeping) */
+    if ((cm2 || p->dq_emulate) && R == mm->N) {
         uint64_t xb = (uint64_t)mm->T * mm->K * 4, yb = (uint64_t)mm->T * mm->N * 4;
         bool joins = p->n_grp > 0 && p->n_grp < p->grp_max && p->grp[0].x == mm->x && p->grp[0].T == mm->T &&
                      p->grp[0].K == mm->K && p->grp_bytes + bytes <= p->dq.size &&
