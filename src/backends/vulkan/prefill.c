@@ -382,8 +382,9 @@ static struct moe_layout moe_of(struct plan *P, const struct node *nd) {
 
 /* The mixture of experts over the chunk: every token routed (a workgroup each), the choices
  * sorted by expert, then each expert's gate/up -> SwiGLU and weighted down projection over
- * the tokens that chose it (tiles of 64 of them: the expert's weights are read once per 64
- * tokens, not once per token), and the k outputs of each token summed. */
+ * the tokens that chose it (tiles of 64 of them on mm.comp, 32 on cooperative matrices: the
+ * expert's weights are read once per tile, not once per token), and the k outputs of each
+ * token summed. */
 static anvil_status lower_moe(struct vk_prefill *p, struct plan *P, int i) {
     const struct node *nd = NODE(P, i);
     const struct node *gn = NODE(P, nd->src[2]), *un = NODE(P, nd->src[3]), *dn = NODE(P, nd->src[4]);
@@ -414,7 +415,9 @@ static anvil_status lower_moe(struct vk_prefill *p, struct plan *P, int i) {
                 st = emit(p, (enum vk_kernel)(K_DQ_F32 + kind), (ne * N * U + 255) / 256, 0, &dq, sizeof dq);
                 struct pc_mmh mh = {w < 2 ? addr(p, P, nd->src[0]) : base + m.act, p->dq.addr, outs[w], any, T, K, N,
                                     Kp, N, 0, w < 2 ? 2u : 0u, base + m.lists, base + m.route, E, k, e0};
-                if (st == ANVIL_OK && (st = emit(p, K_MMH_MOE, (N + 63) / 64, (T + 63) / 64, &mh, sizeof mh)) == ANVIL_OK)
+                /* tiles of 32 tokens x 128 outputs (a 512-token chunk of 30B-A3B gives an expert
+                 * 32 tokens on average: 64-token tiles were 2.9% slower, docs/PERF.md §29) */
+                if (st == ANVIL_OK && (st = emit(p, K_MMH_MOE, (N + 127) / 128, (T + 31) / 32, &mh, sizeof mh)) == ANVIL_OK)
                     p->ops[p->n_ops - 1].gz = ne;
             }
             if (w == 1 && st == ANVIL_OK) { /* act = silu(gate) * up */
