@@ -210,7 +210,8 @@ enum vk_kernel {
 
 #define VK_PUSH_BYTES 128
 /* mm_cm2.comp's tile: VK_CM2_BM tokens x VK_CM2_BN outputs, K walked VK_CM2_BK at a time, by
- * workgroups of VK_CM2_THREADS (its defaults; the device must take these sizes) */
+ * workgroups of VK_CM2_THREADS: the sizes scripts/prebuild-shaders.sh compiles it with, which
+ * the device must take (want_coopmat2) */
 #define VK_CM2_BM 128
 #define VK_CM2_BN 128
 #define VK_CM2_BK 64
