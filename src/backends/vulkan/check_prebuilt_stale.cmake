@@ -1,0 +1,21 @@
+# ctest prebuilt_shaders_stale_caught: check_prebuilt.cmake must fail on a source edited
+# after its SPIR-V was made (a copy of the shaders in WORK, one byte added to each source).
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK}/prebuilt)
+file(GLOB incs ${DIR}/prebuilt/*.inc)
+foreach(inc ${incs})
+  file(COPY ${inc} DESTINATION ${WORK}/prebuilt)
+  file(STRINGS ${inc} head LIMIT_COUNT 1)
+  string(REGEX REPLACE "^/\\* [^:]+: ([^ ]+) .*$" "\\1" src "${head}")
+  file(READ ${DIR}/${src} text)
+  file(WRITE ${WORK}/${src} "${text}\n")
+endforeach()
+execute_process(COMMAND ${CMAKE_COMMAND} -DDIR=${WORK} -P ${CMAKE_CURRENT_LIST_DIR}/check_prebuilt.cmake
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(rc EQUAL 0)
+  message(FATAL_ERROR "check_prebuilt.cmake passed an edited source")
+endif()
+if(NOT err MATCHES "is stale")
+  message(FATAL_ERROR "check_prebuilt.cmake failed for another reason: ${err}")
+endif()
+message(STATUS "an edited source is caught")
