@@ -95,8 +95,14 @@ struct pc_mmh {
 static const uint8_t unit_groups[VK_WEIGHT_KINDS] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 4};
 
 /* The float16 copy of a weight that mm_h.comp reads is made in pieces of at most this many
- * bytes (the LM head alone would take 1.2 GiB at 8B), each dequantised just before use. */
-#define DQ_SCRATCH_MAX ((VkDeviceSize)64 << 20)
+ * bytes (the LM head alone would take 1.2 GiB at 8B), each dequantised just before use:
+ * 64 MiB, or ANVIL_VK_DQ_MAX_MB (1 .. 4096; for experiments: at 96 the 8B's gate, up and down
+ * go whole, and gate and up group on workgroup matrices) */
+static VkDeviceSize dq_scratch_max(void) {
+    const char *e = getenv("ANVIL_VK_DQ_MAX_MB");
+    long mb = e ? strtol(e, NULL, 10) : 0;
+    return (VkDeviceSize)(mb >= 1 && mb <= 4096 ? mb : 64) << 20;
+}
 
 /* mm_h.comp's tile shapes (tokens x outputs), in K_MMH_* order; ANVIL_VK_MMH=1 picks the
  * second (K walked 64 at a time instead of 32). On the H100 at pp512 (docs/PERF.md §15):
@@ -120,6 +126,7 @@ struct vk_prefill {
     struct pc_mm grp[4];
     int grp_kind[4], n_grp, grp_max; /* grp_max 1 (ANVIL_VK_PF_GROUP=0): one at a time */
     VkDeviceSize grp_bytes;
+    uint32_t cm2_min_tiles; /* ANVIL_VK_CM2_MIN_TILES (flush_group) */
     bool f16;                  /* products on float16 inputs allowed (not in the hybrids) */
     bool flash;                /* attention on cooperative matrices (attn_flash.comp): where the
                                   pipeline exists and f16; ANVIL_VK_FLASH=0 turns it off */
@@ -241,9 +248,9 @@ static uint64_t addr(struct vk_prefill *p, struct plan *P, int i) {
 
 static const struct node *NODE(struct plan *P, int i) { return &P->g->nodes[i]; }
 
-/* Rows of a weight whose float16 copy fits DQ_SCRATCH_MAX: a multiple of every tile width. */
+/* Rows of a weight whose float16 copy fits dq_scratch_max(): a multiple of every tile width. */
 static uint32_t dq_rows(uint32_t N, uint32_t Kp) {
-    VkDeviceSize r = DQ_SCRATCH_MAX / ((VkDeviceSize)Kp * 2) / 128 * 128;
+    VkDeviceSize r = dq_scratch_max() / ((VkDeviceSize)Kp * 2) / 128 * 128;
     return (uint32_t)MIN((VkDeviceSize)N, MAX(r, (VkDeviceSize)128));
 }
 
@@ -256,15 +263,21 @@ static anvil_status flush_group(struct vk_prefill *p) {
     int n = p->n_grp;
     p->n_grp = 0;
     p->grp_bytes = 0;
+    /* a group of fewer tiles than ANVIL_VK_CM2_MIN_TILES (for experiments; default 0) runs on
+     * the subgroup matrices instead, x as it is */
+    uint32_t tiles = 0;
+    for (int g = 0; g < n; g++)
+        tiles += (p->grp[g].N + VK_CM2_BN - 1) / VK_CM2_BN * ((p->grp[g].T + VK_CM2_BM - 1) / VK_CM2_BM);
+    bool small = tiles < p->cm2_min_tiles, xh = !p->dq_emulate && !small;
     struct pc_dq xq = {m0->x, p->xh.addr, 0, m0->T, m0->K / 8, m0->K};
-    anvil_status st = p->dq_emulate ? ANVIL_OK : emit_op(p, K_DQ_F32, (m0->T * (m0->K / 8) + 255) / 256, 0, &xq, sizeof xq);
+    anvil_status st = xh ? emit_op(p, K_DQ_F32, (m0->T * (m0->K / 8) + 255) / 256, 0, &xq, sizeof xq) : ANVIL_OK;
     VkDeviceSize off = 0;
     for (int g = 0; g < n && st == ANVIL_OK; g++) {
         const struct pc_mm *mm = &p->grp[g];
         uint32_t Kp = mm->Kp8 * 8, U = mm->Kp8 / unit_groups[p->grp_kind[g]];
         struct pc_dq dq = {mm->w, p->dq.addr + off, 0, mm->N, U, Kp};
         st = emit_op(p, (enum vk_kernel)(K_DQ_F32 + p->grp_kind[g]), (mm->N * U + 255) / 256, 0, &dq, sizeof dq);
-        if (st == ANVIL_OK && (g > 0 || !p->dq_emulate)) p->ops[p->n_ops - 1].overlap = true; /* beside x's rounding */
+        if (st == ANVIL_OK && (g > 0 || xh)) p->ops[p->n_ops - 1].overlap = true; /* beside x's rounding */
         off += (VkDeviceSize)mm->N * Kp * 2;
     }
     off = 0;
@@ -275,9 +288,14 @@ static anvil_status flush_group(struct vk_prefill *p) {
                             mm->flags, 0, 0, 0, 0, 0};
         struct pc_mm m16 = *mm; /* (tests) mm.comp's float16 kernel on the same rows */
         m16.w = p->dq.addr + off;
-        if (p->dq_emulate)
+        if (p->dq_emulate) {
             st = emit_op(p, K_MM_F16, (mm->N + 63) / 64, (mm->T + 63) / 64, &m16, sizeof m16);
-        else
+        } else if (small) {
+            const uint32_t *tile = mmh_tile[p->mmh];
+            pc.x = mm->x;
+            st = emit_op(p, (enum vk_kernel)(K_MMH_64X64_K32 + p->mmh), (mm->N + tile[1] - 1) / tile[1],
+                         (mm->T + tile[0] - 1) / tile[0], &pc, sizeof pc);
+        } else
             st = emit_op(p, K_MMH_CM2, (mm->N + VK_CM2_BN - 1) / VK_CM2_BN, (mm->T + VK_CM2_BM - 1) / VK_CM2_BM, &pc,
                          sizeof pc);
         if (st == ANVIL_OK && g > 0) p->ops[p->n_ops - 1].overlap = true;
@@ -366,7 +384,7 @@ static struct moe_layout moe_layout(uint32_t T, uint32_t C, uint32_t F, uint32_t
 /* Experts per float16 piece of a stacked weight of N rows of Kp each (at least one). */
 static uint32_t dq_experts(uint32_t E, uint32_t N, uint32_t Kp) {
     VkDeviceSize per = (VkDeviceSize)N * Kp * 2;
-    return (uint32_t)MIN((VkDeviceSize)E, MAX(DQ_SCRATCH_MAX / per, (VkDeviceSize)1));
+    return (uint32_t)MIN((VkDeviceSize)E, MAX(dq_scratch_max() / per, (VkDeviceSize)1));
 }
 
 /* Whether a mixture's experts run on cooperative matrices (float16 inputs): for real
@@ -466,10 +484,12 @@ static anvil_status lower_gdn(struct vk_prefill *p, struct plan *P, int i) {
 }
 
 /* Bytes of float16 weight rows the largest product of the graph needs at a time. */
-static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P) {
-    VkDeviceSize size = 0;
+static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P, bool groups) {
+    VkDeviceSize size = 0, run = 0; /* run: the whole weights of the products of one input so far */
+    int run_x = -1;
     for (int i = 0; i < P->g->n_nodes; i++) {
         const struct node *nd = NODE(P, i);
+        if (nd->op != OP_MATMUL && materialised(nd->op)) run_x = -1;
         if (nd->op == OP_MOE) {
             const struct node *gn = NODE(P, nd->src[2]);
             uint32_t C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1], E = (uint32_t)gn->ne[2];
@@ -484,8 +504,18 @@ static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P) {
         const struct node *wn = NODE(P, nd->src[1]);
         if ((wn->op != OP_WEIGHT && wn->op != OP_WEIGHT_ROWS) || !wn->weight || vk_weight_kind(wn->weight->type) < 0)
             continue;
-        uint32_t Kp = vk_wnode_kp(b, wn);
-        size = MAX(size, (VkDeviceSize)dq_rows((uint32_t)nd->ne[0], Kp) * Kp * 2);
+        uint32_t Kp = vk_wnode_kp(b, wn), R = dq_rows((uint32_t)nd->ne[0], Kp);
+        size = MAX(size, (VkDeviceSize)R * Kp * 2);
+        /* on workgroup matrices consecutive products of one input whose weights go whole
+         * share the buffer side by side (emit_mmh's groups, at most 4) */
+        int x = P->root[nd->src[0]];
+        if (groups && R == (uint32_t)nd->ne[0]) {
+            run = x == run_x ? run + (VkDeviceSize)R * Kp * 2 : (VkDeviceSize)R * Kp * 2;
+            run_x = x;
+            size = MAX(size, MIN(run, 4 * dq_scratch_max()));
+        } else {
+            run_x = -1;
+        }
     }
     return size;
 }
@@ -738,7 +768,9 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         p->mmh = e && !strcmp(e, "1");
         const char *grp = getenv("ANVIL_VK_PF_GROUP");
         p->grp_max = grp && !strcmp(grp, "0") ? 1 : 4;
-        VkDeviceSize dq = dq_scratch_size(b, &P);
+        const char *mt = getenv("ANVIL_VK_CM2_MIN_TILES");
+        p->cm2_min_tiles = mt ? (uint32_t)strtoul(mt, NULL, 10) : 0;
+        VkDeviceSize dq = dq_scratch_size(b, &P, b->d->coopmat2 || p->dq_emulate);
         if (dq) st = vk_buffer_create(b->d, dq, VK_MEM_DEVICE, "prefill float16 weights", &p->dq);
         VkDeviceSize xh = 0; /* (no buffer: no workgroup matrices) */
         for (int i = 0; i < n && b->d->coopmat2 && !p->dq_emulate; i++)
