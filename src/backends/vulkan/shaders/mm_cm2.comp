@@ -3,7 +3,7 @@
  * VK_KHR_cooperative_matrix): y[t][nb + n] = sum_k x[t][k] * W[n][k]  (+ res[t][nb + n]
  * when flags & 1), the product of mm_h.comp, with its push constants, except that x [T, K]
  * is float16 here (dq.comp's float path rounds the float rows first: loading float tiles
- * and converting them in the kernel was 37% slower on the H100, docs/PERF.md §29); W the
+ * and converting them in the kernel was 32% slower on the H100, docs/PERF.md §29); W the
  * float16 rows [N][Kp] that dq.comp wrote, y and res rows of ldy floats from column nb.
  *
  * A workgroup computes a BM x BN tile of y as one matrix: tensor layouts cut the tiles of x
