@@ -589,10 +589,18 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
                                                       n ? &si : NULL};
         pci.layout = out->layout;
         if (d->exec_stats) pci.flags = VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
-        st = vk_result(vkCreateComputePipelines(d->dev, d->exec_stats ? VK_NULL_HANDLE : out->cache, 1, &pci,
-                                                NULL, &out->p[k]),
-                       kernels[k].name);
-        if (st == ANVIL_OK && d->exec_stats) print_exec_stats(d, out->p[k], kernels[k].name);
+        VkResult r = vkCreateComputePipelines(d->dev, d->exec_stats ? VK_NULL_HANDLE : out->cache, 1, &pci, NULL,
+                                              &out->p[k]);
+        if (r != VK_SUCCESS && k == K_MMH_CM2) {
+            /* the one kernel compiled by another glslang than the build's (shaders/prebuilt): a
+             * driver that turns it down leaves the prefill on the subgroup matrices */
+            log_warn("vulkan: the driver refused mm_cm2 (%d): prefill products stay on subgroup matrices", (int)r);
+            out->p[k] = VK_NULL_HANDLE;
+            d->coopmat2 = false;
+            r = VK_SUCCESS;
+        }
+        st = vk_result(r, kernels[k].name);
+        if (st == ANVIL_OK && d->exec_stats && out->p[k]) print_exec_stats(d, out->p[k], kernels[k].name);
         vkDestroyShaderModule(d->dev, mod, NULL);
     }
     return st;
