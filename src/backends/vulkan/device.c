@@ -202,6 +202,21 @@ bool vk_available(char *why, size_t why_cap) {
     return state > 0;
 }
 
+static bool want_coopmat(VkPhysicalDevice pd, uint32_t subgroup_size);
+static bool want_coopmat2(VkInstance inst, VkPhysicalDevice pd);
+static uint32_t instance_api;
+
+/* What the prefill's products run on there (as vk_device_create would choose) */
+static const char *matrices(VkInstance inst, VkPhysicalDevice pd, uint32_t api) {
+    VkPhysicalDeviceSubgroupProperties sg = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sg};
+    vkGetPhysicalDeviceProperties2(pd, &p2);
+    if (!want_coopmat(pd, sg.subgroupSize)) return "";
+    if (instance_api >= VK_API_VERSION_1_3 && api >= VK_API_VERSION_1_3 && want_coopmat2(inst, pd))
+        return "; prefill on workgroup cooperative matrices";
+    return "; prefill on cooperative matrices";
+}
+
 size_t vk_describe_devices(char *buf, size_t cap) {
     size_t len = 0;
 #define OUT(...)                                                                           \
@@ -234,10 +249,10 @@ size_t vk_describe_devices(char *buf, size_t cap) {
             if (mp.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
                 local = MAX(local, mp.memoryHeaps[h].size);
         const char *u = unusable(pd[i]);
-        OUT("%u: %s (%s, Vulkan %u.%u, %.1f GiB device-local)%s%s\n", i, pr.deviceName,
+        OUT("%u: %s (%s, Vulkan %u.%u, %.1f GiB device-local%s)%s%s\n", i, pr.deviceName,
             type_name(pr.deviceType), VK_API_VERSION_MAJOR(pr.apiVersion),
             VK_API_VERSION_MINOR(pr.apiVersion), (double)local / (1 << 30),
-            u ? ": unusable, " : "", u ? u : "");
+            u ? "" : matrices(inst, pd[i], pr.apiVersion), u ? ": unusable, " : "", u ? u : "");
     }
     (void)why;
     free(pd);
