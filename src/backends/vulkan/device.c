@@ -203,8 +203,7 @@ bool vk_available(char *why, size_t why_cap) {
 }
 
 static bool want_coopmat(VkPhysicalDevice pd, uint32_t subgroup_size);
-static bool want_coopmat2(VkInstance inst, VkPhysicalDevice pd);
-static uint32_t instance_api;
+static bool want_coopmat2(VkInstance inst, VkPhysicalDevice pd, uint32_t api);
 
 /* What the prefill's products run on there (as vk_device_create would choose) */
 static const char *matrices(VkInstance inst, VkPhysicalDevice pd, uint32_t api) {
@@ -212,8 +211,7 @@ static const char *matrices(VkInstance inst, VkPhysicalDevice pd, uint32_t api) 
     VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sg};
     vkGetPhysicalDeviceProperties2(pd, &p2);
     if (!want_coopmat(pd, sg.subgroupSize)) return "";
-    if (instance_api >= VK_API_VERSION_1_3 && api >= VK_API_VERSION_1_3 && want_coopmat2(inst, pd))
-        return "; prefill on workgroup cooperative matrices";
+    if (want_coopmat2(inst, pd, api)) return "; prefill on workgroup cooperative matrices";
     return "; prefill on cooperative matrices";
 }
 
@@ -382,10 +380,12 @@ typedef VkResult(VKAPI_PTR *cm2_flex_fn)(VkPhysicalDevice, uint32_t *, struct cm
  * VK_NV_cooperative_matrix2 with workgroup scope, flexible dimensions and tensor addressing,
  * workgroups of VK_CM2_THREADS, and float16 x float16 -> float32 products whose granularity
  * divides the kernel's tile (VK_CM2_BM x VK_CM2_BN, VK_CM2_BK at a time). Only where the
- * subgroup matrices (want_coopmat) are on too; ANVIL_VK_CM2=0 turns it off. */
-static bool want_coopmat2(VkInstance inst, VkPhysicalDevice pd) {
+ * subgroup matrices (want_coopmat) are on too; ANVIL_VK_CM2=0 turns it off. The kernel is
+ * SPIR-V 1.6: the instance and the device (its Vulkan version api) must be 1.3. */
+static bool want_coopmat2(VkInstance inst, VkPhysicalDevice pd, uint32_t api) {
     const char *e = getenv("ANVIL_VK_CM2");
-    if ((e && !strcmp(e, "0")) || !has_device_ext(pd, "VK_KHR_cooperative_matrix") ||
+    if ((e && !strcmp(e, "0")) || instance_api < VK_API_VERSION_1_3 || api < VK_API_VERSION_1_3 ||
+        !has_device_ext(pd, "VK_KHR_cooperative_matrix") ||
         !has_device_ext(pd, "VK_NV_cooperative_matrix2"))
         return false;
     cm2_flex_fn flex =
@@ -536,8 +536,7 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     struct cm2_features cm2f = {.sType = CM2_STYPE_FEATURES, .workgroupScope = VK_TRUE, .flexibleDimensions = VK_TRUE,
                                 .tensorAddressing = VK_TRUE};
     struct cm_khr_features cmkf = {.sType = CM2_STYPE_KHR_FEATURES, .pNext = &cm2f, .cooperativeMatrix = VK_TRUE};
-    d->coopmat2 = d->coopmat && instance_api >= VK_API_VERSION_1_3 && d->props.apiVersion >= VK_API_VERSION_1_3 &&
-                  want_coopmat2(d->instance, d->phys);
+    d->coopmat2 = d->coopmat && want_coopmat2(d->instance, d->phys, d->props.apiVersion);
     if (d->coopmat2) {
         dev_exts[n_dev_exts++] = "VK_KHR_cooperative_matrix";
         dev_exts[n_dev_exts++] = "VK_NV_cooperative_matrix2";

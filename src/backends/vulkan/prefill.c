@@ -254,6 +254,23 @@ static uint32_t dq_rows(uint32_t N, uint32_t Kp) {
     return (uint32_t)MIN((VkDeviceSize)N, MAX(r, (VkDeviceSize)128));
 }
 
+/* x [T, K] floats rounded to float16 into xh, for mm_cm2.comp (K a multiple of 8) */
+static anvil_status emit_x_half(struct vk_prefill *p, const struct pc_mm *mm) {
+    struct pc_dq xq = {mm->x, p->xh.addr, 0, mm->T, mm->K / 8, mm->K};
+    return emit_op(p, K_DQ_F32, (mm->T * (mm->K / 8) + 255) / 256, 0, &xq, sizeof xq);
+}
+
+/* The product pc (pc->N outputs of pc->T tokens) on workgroup matrices (cm2) or on mm_h.comp's
+ * tiles of the chosen shape. */
+static anvil_status emit_tiles(struct vk_prefill *p, bool cm2, const struct pc_mmh *pc) {
+    if (cm2)
+        return emit_op(p, K_MMH_CM2, (pc->N + VK_CM2_BN - 1) / VK_CM2_BN, (pc->T + VK_CM2_BM - 1) / VK_CM2_BM, pc,
+                       sizeof *pc);
+    const uint32_t *tile = mmh_tile[p->mmh];
+    return emit_op(p, (enum vk_kernel)(K_MMH_64X64_K32 + p->mmh), (pc->N + tile[1] - 1) / tile[1],
+                   (pc->T + tile[0] - 1) / tile[0], pc, sizeof *pc);
+}
+
 /* The waiting group of products on workgroup matrices: x to float16 (once for all of them),
  * every weight to float16 at its own place in dq, then the products; only the first of each
  * kind waits at a barrier (8B Q4_K_M pp512 +4.4% on the H100, docs/PERF.md §29). */
@@ -269,8 +286,7 @@ static anvil_status flush_group(struct vk_prefill *p) {
     for (int g = 0; g < n; g++)
         tiles += (p->grp[g].N + VK_CM2_BN - 1) / VK_CM2_BN * ((p->grp[g].T + VK_CM2_BM - 1) / VK_CM2_BM);
     bool small = tiles < p->cm2_min_tiles, xh = !p->dq_emulate && !small;
-    struct pc_dq xq = {m0->x, p->xh.addr, 0, m0->T, m0->K / 8, m0->K};
-    anvil_status st = xh ? emit_op(p, K_DQ_F32, (m0->T * (m0->K / 8) + 255) / 256, 0, &xq, sizeof xq) : ANVIL_OK;
+    anvil_status st = xh ? emit_x_half(p, m0) : ANVIL_OK;
     VkDeviceSize off = 0;
     for (int g = 0; g < n && st == ANVIL_OK; g++) {
         const struct pc_mm *mm = &p->grp[g];
@@ -284,20 +300,12 @@ static anvil_status flush_group(struct vk_prefill *p) {
     for (int g = 0; g < n && st == ANVIL_OK; g++) {
         const struct pc_mm *mm = &p->grp[g];
         uint32_t Kp = mm->Kp8 * 8;
-        struct pc_mmh pc = {p->xh.addr, p->dq.addr + off, mm->y, mm->res, mm->T, mm->K, mm->N, Kp, mm->N, 0,
-                            mm->flags, 0, 0, 0, 0, 0};
+        struct pc_mmh pc = {xh ? p->xh.addr : mm->x, p->dq.addr + off, mm->y, mm->res, mm->T, mm->K, mm->N, Kp,
+                            mm->N, 0, mm->flags, 0, 0, 0, 0, 0};
         struct pc_mm m16 = *mm; /* (tests) mm.comp's float16 kernel on the same rows */
         m16.w = p->dq.addr + off;
-        if (p->dq_emulate) {
-            st = emit_op(p, K_MM_F16, (mm->N + 63) / 64, (mm->T + 63) / 64, &m16, sizeof m16);
-        } else if (small) {
-            const uint32_t *tile = mmh_tile[p->mmh];
-            pc.x = mm->x;
-            st = emit_op(p, (enum vk_kernel)(K_MMH_64X64_K32 + p->mmh), (mm->N + tile[1] - 1) / tile[1],
-                         (mm->T + tile[0] - 1) / tile[0], &pc, sizeof pc);
-        } else
-            st = emit_op(p, K_MMH_CM2, (mm->N + VK_CM2_BN - 1) / VK_CM2_BN, (mm->T + VK_CM2_BM - 1) / VK_CM2_BM, &pc,
-                         sizeof pc);
+        st = p->dq_emulate ? emit_op(p, K_MM_F16, (mm->N + 63) / 64, (mm->T + 63) / 64, &m16, sizeof m16)
+                           : emit_tiles(p, xh, &pc);
         if (st == ANVIL_OK && g > 0) p->ops[p->n_ops - 1].overlap = true;
         off += (VkDeviceSize)mm->N * Kp * 2;
     }
@@ -338,10 +346,7 @@ static anvil_status emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm 
         return ANVIL_OK;
     }
     anvil_status st = flush_group(p);
-    if (st == ANVIL_OK && cm2) { /* x rounded to float16 (rows of K, a multiple of 8) */
-        struct pc_dq xq = {mm->x, p->xh.addr, 0, mm->T, mm->K / 8, mm->K};
-        st = emit(p, K_DQ_F32, (mm->T * (mm->K / 8) + 255) / 256, 0, &xq, sizeof xq);
-    }
+    if (st == ANVIL_OK && cm2) st = emit_x_half(p, mm);
     for (uint32_t r0 = 0; r0 < mm->N && st == ANVIL_OK; r0 += R) {
         uint32_t n = MIN(R, mm->N - r0);
         struct pc_dq dq = {mm->w, p->dq.addr, r0, n, U, Kp};
@@ -355,12 +360,7 @@ static anvil_status emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm 
         }
         struct pc_mmh pc = {cm2 ? p->xh.addr : mm->x, p->dq.addr, mm->y, mm->res, mm->T, mm->K, n, Kp, mm->N, r0,
                             mm->flags, 0, 0, 0, 0, 0};
-        if (cm2)
-            st = emit(p, K_MMH_CM2, (n + VK_CM2_BN - 1) / VK_CM2_BN, (mm->T + VK_CM2_BM - 1) / VK_CM2_BM, &pc,
-                      sizeof pc);
-        else
-            st = emit(p, (enum vk_kernel)(K_MMH_64X64_K32 + p->mmh), (n + mmh_tile[p->mmh][1] - 1) / mmh_tile[p->mmh][1],
-                      (mm->T + mmh_tile[p->mmh][0] - 1) / mmh_tile[p->mmh][0], &pc, sizeof pc);
+        st = emit_tiles(p, cm2, &pc);
     }
     return st;
 }
