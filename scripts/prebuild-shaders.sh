@@ -11,7 +11,7 @@ SRC=src/backends/vulkan/shaders
 OUT=$SRC/prebuilt
 # name source defines
 VARIANTS=(
-  "mm_cm2 mm_cm2.comp -DBM=128 -DBN=128 -DBK=64"
+  "mm_cm2 mm_cm2.comp -DBM=128 -DBN=128 -DBK=64 -DU=4"
 )
 version=$("$GLSLANG" --version | sed -n 's/^Glslang Version: //p')
 mkdir -p "$OUT"

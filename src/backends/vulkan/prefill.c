@@ -96,12 +96,14 @@ static const uint8_t unit_groups[VK_WEIGHT_KINDS] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 
 
 /* The float16 copy of a weight that mm_h.comp reads is made in pieces of at most this many
  * bytes (the LM head alone would take 1.2 GiB at 8B), each dequantised just before use:
- * 64 MiB, or ANVIL_VK_DQ_MAX_MB (1 .. 4096; for experiments: at 96 the 8B's gate, up and down
- * go whole, and gate and up group on workgroup matrices) */
+ * 256 MiB, or ANVIL_VK_DQ_MAX_MB (1 .. 4096). Large enough that the 8B's gate, up and down
+ * (96 MiB each) go whole and gate and up group on workgroup matrices (64 MiB pieces: 8B
+ * Q4_K_M pp512 -16%), and that a 30B-A3B piece holds 128 experts' weights (96 MiB: -8%),
+ * docs/PERF.md §30 */
 static VkDeviceSize dq_scratch_max(void) {
     const char *e = getenv("ANVIL_VK_DQ_MAX_MB");
     long mb = e ? strtol(e, NULL, 10) : 0;
-    return (VkDeviceSize)(mb >= 1 && mb <= 4096 ? mb : 64) << 20;
+    return (VkDeviceSize)(mb >= 1 && mb <= 4096 ? mb : 256) << 20;
 }
 
 /* mm_h.comp's tile shapes (tokens x outputs), in K_MMH_* order; ANVIL_VK_MMH=1 picks the
@@ -126,7 +128,6 @@ struct vk_prefill {
     struct pc_mm grp[4];
     int grp_kind[4], n_grp, grp_max; /* grp_max 1 (ANVIL_VK_PF_GROUP=0): one at a time */
     VkDeviceSize grp_bytes;
-    uint32_t cm2_min_tiles; /* ANVIL_VK_CM2_MIN_TILES (flush_group) */
     bool f16;                  /* products on float16 inputs allowed (not in the hybrids) */
     bool flash;                /* attention on cooperative matrices (attn_flash.comp): where the
                                   pipeline exists and f16; ANVIL_VK_FLASH=0 turns it off */
@@ -280,12 +281,7 @@ static anvil_status flush_group(struct vk_prefill *p) {
     int n = p->n_grp;
     p->n_grp = 0;
     p->grp_bytes = 0;
-    /* a group of fewer tiles than ANVIL_VK_CM2_MIN_TILES (for experiments; default 0) runs on
-     * the subgroup matrices instead, x as it is */
-    uint32_t tiles = 0;
-    for (int g = 0; g < n; g++)
-        tiles += (p->grp[g].N + VK_CM2_BN - 1) / VK_CM2_BN * ((p->grp[g].T + VK_CM2_BM - 1) / VK_CM2_BM);
-    bool small = tiles < p->cm2_min_tiles, xh = !p->dq_emulate && !small;
+    bool xh = !p->dq_emulate;
     anvil_status st = xh ? emit_x_half(p, m0) : ANVIL_OK;
     VkDeviceSize off = 0;
     for (int g = 0; g < n && st == ANVIL_OK; g++) {
@@ -768,8 +764,6 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         p->mmh = e && !strcmp(e, "1");
         const char *grp = getenv("ANVIL_VK_PF_GROUP");
         p->grp_max = grp && !strcmp(grp, "0") ? 1 : 4;
-        const char *mt = getenv("ANVIL_VK_CM2_MIN_TILES");
-        p->cm2_min_tiles = mt ? (uint32_t)strtoul(mt, NULL, 10) : 0;
         VkDeviceSize dq = dq_scratch_size(b, &P, b->d->coopmat2 || p->dq_emulate);
         if (dq) st = vk_buffer_create(b->d, dq, VK_MEM_DEVICE, "prefill float16 weights", &p->dq);
         VkDeviceSize xh = 0; /* (no buffer: no workgroup matrices) */
