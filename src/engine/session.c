@@ -10,7 +10,7 @@
 #include "quant/quant.h"
 #include "formats/gguf.h"
 
-#define PREFILL_CHUNK 512
+#define PREFILL_CHUNK 2048
 
 /* Copies the thread's last error into a handle and returns st. */
 static anvil_status keep_err(char *dst, anvil_status st) {

@@ -128,6 +128,13 @@ struct vk_prefill {
     struct pc_mm grp[4];
     int grp_kind[4], n_grp, grp_max; /* grp_max 1 (ANVIL_VK_PF_GROUP=0): one at a time */
     VkDeviceSize grp_bytes;
+    /* dq in two halves of half_size (the largest group's weights), the groups taking them in
+     * turn: a group's weights are dequantised beside the group before it, its ops placed at
+     * hoist_at (just after that group's products; -1 where something else used dq since: the
+     * weights' pieces, the experts). 8B pp512 +2.7% on the H100 (docs/PERF.md §30);
+     * ANVIL_VK_PF_HOIST=0 (half_size 0): one buffer, each group's weights just before it. */
+    VkDeviceSize half_size;
+    int half, hoist_at;
     bool f16;                  /* products on float16 inputs allowed (not in the hybrids) */
     bool flash;                /* attention on cooperative matrices (attn_flash.comp): where the
                                   pipeline exists and f16; ANVIL_VK_FLASH=0 turns it off */
@@ -236,10 +243,23 @@ static anvil_status emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs
     return ANVIL_OK;
 }
 
-/* An op after whatever products wait in the group. */
+/* An op after whatever products wait in the group. One that writes or reads dq (the
+ * weights' pieces, the experts) ends the hoisting of the next group's dequantisation. */
 static anvil_status emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push, size_t size) {
     anvil_status st = flush_group(p);
+    if ((k >= K_DQ_F32 && k <= K_DQ_Q6_K) || (k >= K_MMH_64X64_K32 && k <= K_MMH_MOE) || k == K_MM_F16) p->hoist_at = -1;
     return st == ANVIL_OK ? emit_op(p, k, wgs, gy, push, size) : st;
+}
+
+/* emit_op, the op then moved to index at (the ops from there one later) */
+static anvil_status insert_op(struct vk_prefill *p, int at, enum vk_kernel k, uint32_t wgs, const void *push,
+                              size_t size) {
+    anvil_status st = emit_op(p, k, wgs, 0, push, size);
+    if (st != ANVIL_OK) return st;
+    struct pf_op o = p->ops[p->n_ops - 1];
+    memmove(&p->ops[at + 1], &p->ops[at], (size_t)(p->n_ops - 1 - at) * sizeof o);
+    p->ops[at] = o;
+    return ANVIL_OK;
 }
 
 static uint64_t addr(struct vk_prefill *p, struct plan *P, int i) {
@@ -282,28 +302,40 @@ static anvil_status flush_group(struct vk_prefill *p) {
     p->n_grp = 0;
     p->grp_bytes = 0;
     bool xh = !p->dq_emulate;
+    uint64_t base = p->dq.addr + (VkDeviceSize)p->half * p->half_size;
     anvil_status st = xh ? emit_x_half(p, m0) : ANVIL_OK;
     VkDeviceSize off = 0;
     for (int g = 0; g < n && st == ANVIL_OK; g++) {
         const struct pc_mm *mm = &p->grp[g];
         uint32_t Kp = mm->Kp8 * 8, U = mm->Kp8 / unit_groups[p->grp_kind[g]];
-        struct pc_dq dq = {mm->w, p->dq.addr + off, 0, mm->N, U, Kp};
-        st = emit_op(p, (enum vk_kernel)(K_DQ_F32 + p->grp_kind[g]), (mm->N * U + 255) / 256, 0, &dq, sizeof dq);
-        if (st == ANVIL_OK && (g > 0 || xh)) p->ops[p->n_ops - 1].overlap = true; /* beside x's rounding */
+        struct pc_dq dq = {mm->w, base + off, 0, mm->N, U, Kp};
+        enum vk_kernel k = (enum vk_kernel)(K_DQ_F32 + p->grp_kind[g]);
+        if (p->hoist_at >= 0) { /* beside the group before */
+            int at = p->hoist_at++;
+            st = insert_op(p, at, k, (mm->N * U + 255) / 256, &dq, sizeof dq);
+            if (st == ANVIL_OK) p->ops[at].overlap = true;
+        } else {
+            st = emit_op(p, k, (mm->N * U + 255) / 256, 0, &dq, sizeof dq);
+            if (st == ANVIL_OK && (g > 0 || xh)) p->ops[p->n_ops - 1].overlap = true; /* beside x's rounding */
+        }
         off += (VkDeviceSize)mm->N * Kp * 2;
     }
     off = 0;
     for (int g = 0; g < n && st == ANVIL_OK; g++) {
         const struct pc_mm *mm = &p->grp[g];
         uint32_t Kp = mm->Kp8 * 8;
-        struct pc_mmh pc = {xh ? p->xh.addr : mm->x, p->dq.addr + off, mm->y, mm->res, mm->T, mm->K, mm->N, Kp,
+        struct pc_mmh pc = {xh ? p->xh.addr : mm->x, base + off, mm->y, mm->res, mm->T, mm->K, mm->N, Kp,
                             mm->N, 0, mm->flags, 0, 0, 0, 0, 0};
         struct pc_mm m16 = *mm; /* (tests) mm.comp's float16 kernel on the same rows */
-        m16.w = p->dq.addr + off;
+        m16.w = base + off;
         st = p->dq_emulate ? emit_op(p, K_MM_F16, (mm->N + 63) / 64, (mm->T + 63) / 64, &m16, sizeof m16)
                            : emit_tiles(p, xh, &pc);
         if (st == ANVIL_OK && g > 0) p->ops[p->n_ops - 1].overlap = true;
         off += (VkDeviceSize)mm->N * Kp * 2;
+    }
+    if (p->half_size) { /* the next group: the other half, dequantised beside these */
+        p->hoist_at = p->n_ops;
+        p->half ^= 1;
     }
     return st;
 }
@@ -323,10 +355,11 @@ static anvil_status emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm 
     VkDeviceSize bytes = (VkDeviceSize)mm->N * Kp * 2;
     /* (the tests' float16 emulation groups its products the same way, so that lavapipe checks
      * the groups' bookkeeping) */
-    if ((cm2 || p->dq_emulate) && R == mm->N) {
+    VkDeviceSize room = p->half_size ? p->half_size : p->dq.size;
+    if ((cm2 || p->dq_emulate) && R == mm->N && bytes <= room) {
         uint64_t xb = (uint64_t)mm->T * mm->K * 4, yb = (uint64_t)mm->T * mm->N * 4;
         bool joins = p->n_grp > 0 && p->n_grp < p->grp_max && p->grp[0].x == mm->x && p->grp[0].T == mm->T &&
-                     p->grp[0].K == mm->K && p->grp_bytes + bytes <= p->dq.size &&
+                     p->grp[0].K == mm->K && p->grp_bytes + bytes <= room &&
                      !ranges_meet(mm->x, xb, mm->y, yb) && !(mm->flags && ranges_meet(mm->x, xb, mm->res, yb));
         for (int g = 0; joins && g < p->n_grp; g++) {
             const struct pc_mm *o = &p->grp[g];
@@ -480,7 +513,7 @@ static anvil_status lower_gdn(struct vk_prefill *p, struct plan *P, int i) {
 }
 
 /* Bytes of float16 weight rows the largest product of the graph needs at a time. */
-static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P, bool groups) {
+static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P, bool groups, VkDeviceSize *max_run) {
     VkDeviceSize size = 0, run = 0; /* run: the whole weights of the products of one input so far */
     int run_x = -1;
     for (int i = 0; i < P->g->n_nodes; i++) {
@@ -509,6 +542,7 @@ static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P, bool g
             run = x == run_x ? run + (VkDeviceSize)R * Kp * 2 : (VkDeviceSize)R * Kp * 2;
             run_x = x;
             size = MAX(size, MIN(run, 4 * dq_scratch_max()));
+            *max_run = MAX(*max_run, MIN(run, 4 * dq_scratch_max()));
         } else {
             run_x = -1;
         }
@@ -764,7 +798,12 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         p->mmh = e && !strcmp(e, "1");
         const char *grp = getenv("ANVIL_VK_PF_GROUP");
         p->grp_max = grp && !strcmp(grp, "0") ? 1 : 4;
-        VkDeviceSize dq = dq_scratch_size(b, &P, b->d->coopmat2 || p->dq_emulate);
+        VkDeviceSize max_run = 0, dq = dq_scratch_size(b, &P, b->d->coopmat2 || p->dq_emulate, &max_run);
+        const char *ho = getenv("ANVIL_VK_PF_HOIST");
+        if (!(ho && !strcmp(ho, "0")) && p->grp_max > 1 && max_run) {
+            p->half_size = round_up(max_run, 256);
+            dq = MAX(dq, 2 * p->half_size);
+        }
         if (dq) st = vk_buffer_create(b->d, dq, VK_MEM_DEVICE, "prefill float16 weights", &p->dq);
         VkDeviceSize xh = 0; /* (no buffer: no workgroup matrices) */
         for (int i = 0; i < n && b->d->coopmat2 && !p->dq_emulate; i++)
@@ -778,6 +817,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         if (moe) st = vk_buffer_create(b->d, moe, VK_MEM_DEVICE, "prefill experts", &p->moe);
     }
     p->grp_max = MAX(p->grp_max, 1);
+    p->hoist_at = -1;
     if (st == ANVIL_OK) st = lower(p, &P);
     if (st == ANVIL_OK) st = flush_group(p);
     const char *prof = getenv("ANVIL_VK_PROFILE");
