@@ -318,6 +318,7 @@ static const struct {
     [K_ROWS_SWIGLU] = {SPV(spv_rows), "rows_swiglu"},
     [K_ROWS_KVWRITE] = {SPV(spv_rows), "rows_kvwrite"},
     [K_ROWS_SIGMUL] = {SPV(spv_rows), "rows_sigmoid_mul"},
+    [K_ROWS_NORM_ROPE] = {SPV(spv_rows), "rows_norm_rope"},
     [K_ATTN_PREFILL] = {SPV(spv_attn_prefill), "attn_prefill"},
     [K_DQ_F32] = {SPV(spv_dq_f32), "dq_f32"},
     [K_DQ_F16] = {SPV(spv_dq_f16), "dq_f16"},
@@ -575,7 +576,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         } else if (k == K_GDN_PREFILL || k == K_GDN_RING) { /* gdn.comp's MODE */
             vals[0] = k == K_GDN_PREFILL ? 1 : 2;
             n = 1;
-        } else if (k >= K_ROWS_NORM && k <= K_ROWS_SIGMUL) {
+        } else if (k >= K_ROWS_NORM && k <= K_ROWS_NORM_ROPE) {
             vals[0] = (uint32_t)(k - K_ROWS_NORM);
             n = 1;
         }

@@ -72,6 +72,8 @@ struct pc_rows {
     uint64_t a, b, c, out, prm;
     uint32_t n, rows, H, n_rot;
     float eps;
+    uint32_t flags; /* 1: rms_norm and swiglu also write float16 rows to h */
+    uint64_t h;
 };
 struct pc_attn_pf {
     uint64_t q, kc, vc, out, prm;
@@ -135,6 +137,7 @@ struct vk_prefill {
      * ANVIL_VK_PF_HOIST=0 (half_size 0): one buffer, each group's weights just before it. */
     VkDeviceSize half_size;
     int half, hoist_at;
+    uint64_t xh_of; /* the x whose float16 rows the kernel just emitted wrote into xh (or 0) */
     bool f16;                  /* products on float16 inputs allowed (not in the hybrids) */
     bool flash;                /* attention on cooperative matrices (attn_flash.comp): where the
                                   pipeline exists and f16; ANVIL_VK_FLASH=0 turns it off */
@@ -247,6 +250,7 @@ static anvil_status emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs
  * weights' pieces, the experts) ends the hoisting of the next group's dequantisation. */
 static anvil_status emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push, size_t size) {
     anvil_status st = flush_group(p);
+    p->xh_of = 0;
     if ((k >= K_DQ_F32 && k <= K_DQ_Q6_K) || (k >= K_MMH_64X64_K32 && k <= K_MMH_MOE) || k == K_MM_F16) p->hoist_at = -1;
     return st == ANVIL_OK ? emit_op(p, k, wgs, gy, push, size) : st;
 }
@@ -303,7 +307,7 @@ static anvil_status flush_group(struct vk_prefill *p) {
     p->grp_bytes = 0;
     bool xh = !p->dq_emulate;
     uint64_t base = p->dq.addr + (VkDeviceSize)p->half * p->half_size;
-    anvil_status st = xh ? emit_x_half(p, m0) : ANVIL_OK;
+    anvil_status st = xh && p->xh_of != m0->x ? emit_x_half(p, m0) : ANVIL_OK;
     VkDeviceSize off = 0;
     for (int g = 0; g < n && st == ANVIL_OK; g++) {
         const struct pc_mm *mm = &p->grp[g];
@@ -375,7 +379,7 @@ static anvil_status emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm 
         return ANVIL_OK;
     }
     anvil_status st = flush_group(p);
-    if (st == ANVIL_OK && cm2) st = emit_x_half(p, mm);
+    if (st == ANVIL_OK && cm2 && p->xh_of != mm->x) st = emit_x_half(p, mm);
     for (uint32_t r0 = 0; r0 < mm->N && st == ANVIL_OK; r0 += R) {
         uint32_t n = MIN(R, mm->N - r0);
         struct pc_dq dq = {mm->w, p->dq.addr, r0, n, U, Kp};
@@ -468,7 +472,7 @@ static anvil_status lower_moe(struct vk_prefill *p, struct plan *P, int i) {
                     p->ops[p->n_ops - 1].gz = ne;
             }
             if (w == 1 && st == ANVIL_OK) { /* act = silu(gate) * up */
-                struct pc_rows sw = {base + m.act, base + m.up, any, base + m.act, p->prm.addr, F, T * k, 0, 0, 0};
+                struct pc_rows sw = {base + m.act, base + m.up, any, base + m.act, p->prm.addr, F, T * k, 0, 0, 0, 0, 0};
                 st = emit(p, K_ROWS_SWIGLU, T * k, 0, &sw, sizeof sw);
             }
         }
@@ -550,6 +554,34 @@ static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P, bool g
     return size;
 }
 
+/* The one node that reads node i (through no view), or -1. */
+static int only_reader(struct plan *P, int i) {
+    int who = -1;
+    for (int j = i + 1; j < P->g->n_nodes && j <= P->last[i]; j++)
+        for (int s = 0; s < GRAPH_MAX_SRC; s++) {
+            int src = NODE(P, j)->src[s];
+            if (src < 0 || P->root[src] != i) continue;
+            if ((who >= 0 && who != j) || src != i) return -1;
+            who = j;
+        }
+    return who;
+}
+
+/* Whether node i's rows (a row kernel's output) should also be written as float16 into xh:
+ * where its first reader is a product that would round them there itself (emit_x_half; the
+ * row length a multiple of 8, as mm_cm2.comp's x needs) */
+static bool half_rows(struct vk_prefill *p, struct plan *P, int i) {
+    const struct node *nd = NODE(P, i);
+    uint64_t K = (uint64_t)nd->ne[0], n = (uint64_t)node_nelem(nd);
+    if (p->xh.buf == VK_NULL_HANDLE || p->dq_emulate || K % 8 || n * 2 > p->xh.size) return false;
+    for (int j = i + 1; j < P->g->n_nodes && j <= P->last[i]; j++)
+        for (int s = 0; s < GRAPH_MAX_SRC; s++) {
+            int src = NODE(P, j)->src[s];
+            if (src >= 0 && P->root[src] == i) return NODE(P, j)->op == OP_MATMUL && s == 0 && src == i;
+        }
+    return false;
+}
+
 static anvil_status lower(struct vk_prefill *p, struct plan *P) {
     const struct graph *g = P->g;
     struct vk_backend *b = p->b;
@@ -585,8 +617,27 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
         case OP_RMS_NORM: {
             const struct node *w = NODE(P, nd->src[1]);
             struct pc_rows pc = {addr(p, P, nd->src[0]), vk_weight_addr(b, w->weight, true, nd->p.i[0] != 0), any,
-                                 addr(p, P, i), prm, ne0, rows, 0, 0, nd->p.f[0]};
+                                 addr(p, P, i), prm, ne0, rows, 0, 0, nd->p.f[0], 0, 0};
+            /* the q/k norms: their rope, the norm's only reader, in the same kernel */
+            int j = only_reader(P, i);
+            const struct node *rn = j > i ? NODE(P, j) : NULL;
+            if (rn && rn->op == OP_ROPE && rn->src[0] == i && ne0 <= 1024 && rn->ne[0] == nd->ne[0] &&
+                node_nelem(rn) == node_nelem(nd) && (uint32_t)rn->p.i[0] <= ne0) {
+                pc.c = p->rope.addr;
+                pc.out = addr(p, P, j);
+                pc.H = (uint32_t)rn->ne[1];
+                pc.n_rot = (uint32_t)rn->p.i[0];
+                st = emit(p, K_ROWS_NORM_ROPE, rows, 0, &pc, sizeof pc);
+                done[j] = true;
+                break;
+            }
+            bool half = half_rows(p, P, i);
+            if (half) {
+                pc.flags = 1;
+                pc.h = p->xh.addr;
+            }
             st = emit(p, K_ROWS_NORM, rows, 0, &pc, sizeof pc);
+            if (half) p->xh_of = addr(p, P, i);
             break;
         }
         case OP_MATMUL: {
@@ -648,7 +699,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
         }
         case OP_ROPE: {
             struct pc_rows pc = {addr(p, P, nd->src[0]), any, p->rope.addr, addr(p, P, i), prm, ne0, rows,
-                                 (uint32_t)nd->ne[1], (uint32_t)nd->p.i[0], 0};
+                                 (uint32_t)nd->ne[1], (uint32_t)nd->p.i[0], 0, 0, 0};
             st = emit(p, K_ROWS_ROPE, rows, 0, &pc, sizeof pc);
             break;
         }
@@ -659,8 +710,14 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
                 break;
             }
             struct pc_rows pc = {addr(p, P, nd->src[0]), addr(p, P, nd->src[1]), any, addr(p, P, i), prm, ne0,
-                                 rows, 0, 0, 0};
+                                 rows, 0, 0, 0, 0, 0};
+            bool half = nd->op == OP_SWIGLU && half_rows(p, P, i);
+            if (half) {
+                pc.flags = 1;
+                pc.h = p->xh.addr;
+            }
             st = emit(p, nd->op == OP_ADD ? K_ROWS_ADD : K_ROWS_SWIGLU, rows, 0, &pc, sizeof pc);
+            if (half) p->xh_of = addr(p, P, i);
             break;
         }
         case OP_MOE:
@@ -676,7 +733,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
                 break;
             }
             struct pc_rows pc = {addr(p, P, nd->src[0]), addr(p, P, nd->src[1]), any, addr(p, P, i), prm, ne0,
-                                 rows, gN == 1 ? 1 : ne0, 0, 0};
+                                 rows, gN == 1 ? 1 : ne0, 0, 0, 0, 0};
             st = emit(p, K_ROWS_SIGMUL, rows, 0, &pc, sizeof pc);
             break;
         }
@@ -689,7 +746,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
                 break;
             }
             uint64_t kc = vk_state_addr(b, NODE(P, nd->src[3])->state), vc = vk_state_addr(b, NODE(P, nd->src[4])->state);
-            struct pc_rows kv = {addr(p, P, nd->src[1]), addr(p, P, nd->src[2]), kc, vc, prm, D, T * Hkv, Hkv, 0, 0};
+            struct pc_rows kv = {addr(p, P, nd->src[1]), addr(p, P, nd->src[2]), kc, vc, prm, D, T * Hkv, Hkv, 0, 0, 0, 0};
             st = emit(p, K_ROWS_KVWRITE, T * Hkv, 0, &kv, sizeof kv);
             struct pc_attn_pf pa = {addr(p, P, nd->src[0]), kc, vc, addr(p, P, i), prm, T, H, Hkv, D, nd->p.f[0]};
             uint32_t tq = 64 / (H / Hkv); /* attn_flash.comp's query tokens per workgroup */

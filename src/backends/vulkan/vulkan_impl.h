@@ -181,7 +181,7 @@ enum vk_kernel {
     K_MMOE_Q5_1, K_MMOE_Q4_K, K_MMOE_Q5_K, K_MMOE_Q6_K,
     K_MM_REDUCE,
     /* rows.comp's modes, in its MODE order */
-    K_ROWS_NORM, K_ROWS_ROPE, K_ROWS_ADD, K_ROWS_SWIGLU, K_ROWS_KVWRITE, K_ROWS_SIGMUL,
+    K_ROWS_NORM, K_ROWS_ROPE, K_ROWS_ADD, K_ROWS_SWIGLU, K_ROWS_KVWRITE, K_ROWS_SIGMUL, K_ROWS_NORM_ROPE,
     K_ATTN_PREFILL,
     /* weights dequantised to float16 rows (dq.comp), per weight kind, for mm_h.comp */
     K_DQ_F32, K_DQ_F16, K_DQ_BF16, K_DQ_Q8_0, K_DQ_Q4_0, K_DQ_Q4_1, K_DQ_Q5_0, K_DQ_Q5_1,

@@ -11,7 +11,13 @@
  *                      c (k) and out (v), both [S, H, n] (KV16: float16; n a multiple of 4)
  *   MODE 5  sigmoid_mul out = a * sigmoid(b), b with H = n gates a row, or H = 1 (one gate
  *                      for the row)
- * pos0 comes from the params block (prm[0]). */
+ *   MODE 6  rms_norm then rope (the q/k norms of attention, rope's rows of H heads): one
+ *                      kernel and no barrier between them; out may be a (a row is read
+ *                      whole before it is written)
+ * pos0 comes from the params block (prm[0]). With flags & 1, rms_norm and swiglu also write
+ * their rows as float16 to h (the next product's input on workgroup matrices, mm_cm2.comp,
+ * which would otherwise round them in a kernel of its own). Rows of a multiple of 4 floats
+ * go 4 at a time. */
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
@@ -22,9 +28,38 @@ layout(push_constant) uniform PC {
     Floats prm;
     uint n, rows, H, n_rot;
     float eps;
+    uint flags;
+    Floats h;
 } pc;
 
 shared float red[128];
+shared float row[1024]; /* MODE 6: the normed row (n <= 1024) */
+
+/* 1 / rms of row a[base .. base + n) + eps, the same in every invocation */
+float inv_rms(uint base, uint n, uint tid) {
+    float ss = 0.0;
+    if (n % 4u == 0u) {
+        for (uint i = tid; i < n / 4u; i += 128u) {
+            vec4 v = Vec4s(pc.a).v[base / 4u + i];
+            ss += dot(v, v);
+        }
+    } else {
+        for (uint i = tid; i < n; i += 128u) ss += pc.a.v[base + i] * pc.a.v[base + i];
+    }
+    ss = subgroupAdd(ss);
+    if (subgroupElect()) red[gl_SubgroupID] = ss;
+    barrier();
+    float tot = 0.0;
+    for (uint s = 0u; s < gl_NumSubgroups; s++) tot += red[s];
+    return 1.0 / sqrt(tot / float(n) + pc.eps);
+}
+
+/* element i of row r's output (at base + i): as float, and as float16 where flags ask */
+void put4(uint base, uint i4, vec4 y) {
+    Vec4s(pc.out_).v[base / 4u + i4] = y;
+    if ((pc.flags & 1u) != 0u) Halves4(pc.h).v[base / 4u + i4] = to_halves4(y);
+}
+void put1(uint base, uint i, float y) { pc.out_.v[base + i] = y; } /* (flags & 1 needs n % 4 == 0) */
 
 void main() {
     uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
@@ -32,16 +67,27 @@ void main() {
     uint tid = gl_LocalInvocationID.x, n = pc.n, base = r * n;
     uint pos0 = floatBitsToUint(pc.prm.v[0]);
     if (MODE == 0u) {
-        float ss = 0.0;
-        for (uint i = tid; i < n; i += 128u) ss += pc.a.v[base + i] * pc.a.v[base + i];
-        red[tid] = ss;
-        barrier();
-        for (uint s = 64u; s > 0u; s >>= 1u) {
-            if (tid < s) red[tid] += red[tid + s];
-            barrier();
+        float inv = inv_rms(base, n, tid);
+        if (n % 4u == 0u) {
+            for (uint i = tid; i < n / 4u; i += 128u) put4(base, i, Vec4s(pc.a).v[base / 4u + i] * inv * Vec4s(pc.b).v[i]);
+        } else {
+            for (uint i = tid; i < n; i += 128u) put1(base, i, pc.a.v[base + i] * inv * pc.b.v[i]);
         }
-        float inv = 1.0 / sqrt(red[0] / float(n) + pc.eps);
-        for (uint i = tid; i < n; i += 128u) pc.out_.v[base + i] = pc.a.v[base + i] * inv * pc.b.v[i];
+    } else if (MODE == 6u) {
+        float inv = inv_rms(base, n, tid);
+        for (uint i = tid; i < n; i += 128u) row[i] = pc.a.v[base + i] * inv * pc.b.v[i];
+        barrier();
+        uint pos = pos0 + r / pc.H, half_ = pc.n_rot / 2u;
+        for (uint i = tid; i < n; i += 128u) {
+            float y = row[i];
+            if (i < pc.n_rot) {
+                uint q = i < half_ ? i : i - half_;
+                float cs = pc.c.v[(pos * half_ + q) * 2u], sn = pc.c.v[(pos * half_ + q) * 2u + 1u];
+                float x0 = row[q], x1 = row[q + half_];
+                y = i < half_ ? x0 * cs - x1 * sn : x1 * cs + x0 * sn;
+            }
+            pc.out_.v[base + i] = y;
+        }
     } else if (MODE == 1u) {
         uint pos = pos0 + r / pc.H, half_ = pc.n_rot / 2u;
         for (uint i = tid; i < n; i += 128u) {
@@ -57,9 +103,16 @@ void main() {
     } else if (MODE == 2u) {
         for (uint i = tid; i < n; i += 128u) pc.out_.v[base + i] = pc.a.v[base + i] + pc.b.v[base + i];
     } else if (MODE == 3u) {
-        for (uint i = tid; i < n; i += 128u) {
-            float g = pc.a.v[base + i];
-            pc.out_.v[base + i] = g / (1.0 + exp(-g)) * pc.b.v[base + i];
+        if (n % 4u == 0u) {
+            for (uint i = tid; i < n / 4u; i += 128u) {
+                vec4 g = Vec4s(pc.a).v[base / 4u + i];
+                put4(base, i, g / (1.0 + exp(-g)) * Vec4s(pc.b).v[base / 4u + i]);
+            }
+        } else {
+            for (uint i = tid; i < n; i += 128u) {
+                float g = pc.a.v[base + i];
+                put1(base, i, g / (1.0 + exp(-g)) * pc.b.v[base + i]);
+            }
         }
     } else if (MODE == 5u) {
         for (uint i = tid; i < n; i += 128u) {
