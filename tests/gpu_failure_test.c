@@ -155,6 +155,41 @@ static void test_failed_allocations(void **state) {
     assert_true(every_fault("oom", "cannot allocate", args) >= 5);
 }
 
+/* A device with no room for a long chunk's prefill buffers: the chunk halves (a warning) and
+ * the prompt still runs, with the same result. The fault hits the first prefill allocation
+ * of a 1024-token chunk (its number read from the debug log of a clean run). */
+static void test_prefill_chunk_halves(void **state) {
+    (void)state;
+    char ids[8192], args[9000];
+    size_t len = 0;
+    for (int i = 0; i < 1100; i++) len += (size_t)snprintf(ids + len, sizeof ids - len, "%s%d", i ? "," : "", 1 + i * 7 % 500);
+    snprintf(args, sizeof args, "eval -m %s --backend vulkan --prompt-ids %s -n 3", tu_testdata(TINY), ids);
+    setenv("ANVIL_PREFILL_CHUNK", "1024", 1);
+    setenv("ANVIL_LOG", "debug", 1);
+    char *out0 = NULL, *err = NULL;
+    assert_int_equal(tu_run_anvil(&out0, &err, "%s", args), 0);
+    const char *a = strstr(err, " bytes for prefill activations");
+    assert_non_null(a);
+    while (a > err && a[-1] != ':') a--; /* "allocation N: BYTES bytes for ..." */
+    while (a > err && a[-1] != ' ') a--;
+    int n = atoi(a);
+    assert_true(n > 1);
+    free(err);
+    setenv("ANVIL_LOG", "warn", 1);
+    char v[32], *out = NULL;
+    snprintf(v, sizeof v, "oom:%d", n);
+    setenv("ANVIL_VK_FAULT", v, 1);
+    assert_int_equal(tu_run_anvil(&out, &err, "%s", args), 0);
+    assert_non_null(strstr(err, "prompts go in chunks of 512 tokens instead of 1024"));
+    assert_string_equal(out, out0);
+    free(out);
+    free(out0);
+    free(err);
+    unsetenv("ANVIL_PREFILL_CHUNK");
+    unsetenv("ANVIL_VK_FAULT");
+    setenv("ANVIL_LOG", "error", 1);
+}
+
 static void test_device_lost(void **state) {
     (void)state;
     char args[1024];
@@ -325,6 +360,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_model_larger_than_device, setup),
         cmocka_unit_test_setup(test_failed_allocations, setup),
+        cmocka_unit_test_setup(test_prefill_chunk_halves, setup),
         cmocka_unit_test_setup(test_device_lost, setup),
         cmocka_unit_test_setup(test_device_hang, setup),
         cmocka_unit_test_setup_teardown(test_server_device_lost, setup, kill_server),

@@ -23,6 +23,7 @@ struct anvil_session {
     struct program *decode;  /* T = 1 */
     struct program *prefill; /* the last prefill program compiled, for prefill_T tokens */
     int prefill_T;
+    int chunk_cap; /* (0: none) the largest chunk whose prefill program the device had room for */
     bool prefill_last_only;
     bool no_prefill; /* the backend has no prefill program for this model: token by token */
     char err[ERRMSG_LEN];

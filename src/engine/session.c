@@ -10,7 +10,11 @@
 #include "quant/quant.h"
 #include "formats/gguf.h"
 
+/* Prompt tokens per prefill chunk: 2048 (the 8B's pp4096 on the H100: 8007 t/s in chunks of
+ * 512, 9750 in chunks of 2048, docs/PERF.md §30). Where the device has no room for a chunk's
+ * buffers, the chunk halves, down to PREFILL_CHUNK_MIN (chunk_program). */
 #define PREFILL_CHUNK 2048
+#define PREFILL_CHUNK_MIN 512
 
 /* Copies the thread's last error into a handle and returns st. */
 static anvil_status keep_err(char *dst, anvil_status st) {
@@ -229,7 +233,9 @@ anvil_status anvil_session_truncate(anvil_session *s, int n) {
 }
 
 /* The program for a chunk of T tokens, compiled on first use and kept for the next chunk. */
-static anvil_status chunk_program(anvil_session *s, int T, bool last_only, struct program **out) {
+static anvil_status chunk_program(anvil_session *s, int *T_io, bool last_only, struct program **out) {
+    int T = *T_io;
+    if (s->chunk_cap && T > s->chunk_cap) T = *T_io = s->chunk_cap;
     if (T == 1) {
         *out = s->decode;
         return ANVIL_OK;
@@ -246,6 +252,13 @@ static anvil_status chunk_program(anvil_session *s, int T, bool last_only, struc
     if (st != ANVIL_OK) return st;
     st = s->backend->vt->compile(s->backend, &g, &s->prefill);
     graph_free(&g);
+    if (st == ANVIL_ERR_NOMEM && T / 2 >= PREFILL_CHUNK_MIN) {
+        /* no room for this many tokens' buffers: half as many (the next chunks too) */
+        log_warn("%s; prompts go in chunks of %d tokens instead of %d", err_get(), T / 2, T);
+        s->prefill = NULL;
+        s->chunk_cap = *T_io = T / 2;
+        return chunk_program(s, T_io, last_only, out);
+    }
     if (st != ANVIL_OK) return st;
     s->prefill_T = T;
     s->prefill_last_only = last_only;
@@ -289,7 +302,8 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
     if (ce && atoi(ce) >= 1) chunk = atoi(ce);
     if (s->backend->vt->generate && !s->no_prefill && chunk > 1 && n > 1) {
         struct program *p;
-        anvil_status st = chunk_program(s, MIN(chunk, n), mode != ANVIL_LOGITS_ALL, &p);
+        int T = MIN(chunk, n);
+        anvil_status st = chunk_program(s, &T, mode != ANVIL_LOGITS_ALL, &p);
         if (st == ANVIL_ERR_UNSUPPORTED) {
             log_info("%s; prompts run token by token", err_get());
             s->no_prefill = true;
@@ -317,10 +331,10 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
     }
     for (int done = 0; done < n;) {
         int T = MIN(chunk, n - done);
-        bool last_chunk = done + T == n;
         bool last_only = mode != ANVIL_LOGITS_ALL;
         struct program *p;
-        anvil_status st = chunk_program(s, T, last_only, &p);
+        anvil_status st = chunk_program(s, &T, last_only, &p);
+        bool last_chunk = done + T == n;
         float *dst = NULL;
         if (mode == ANVIL_LOGITS_ALL) dst = logits_out + (size_t)done * (size_t)V;
         else if (mode == ANVIL_LOGITS_LAST && last_chunk) dst = logits_out;

@@ -81,6 +81,7 @@ anvil_status vk_buffer_create(struct vk_device *d, VkDeviceSize size, enum vk_me
     VkMemoryAllocateFlagsInfo fi = {VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_FLAGS_INFO, NULL,
                                     VK_MEMORY_ALLOCATE_DEVICE_ADDRESS_BIT, 0};
     VkMemoryAllocateInfo ai = {VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, &fi, req.size, (uint32_t)type};
+    log_debug("vulkan: allocation %d: %llu bytes for %s", d->n_allocs + 1, (unsigned long long)req.size, what);
     VkResult r = ++d->n_allocs == d->fault_at && d->fault_kind == VK_FAULT_OOM
                      ? VK_ERROR_OUT_OF_DEVICE_MEMORY
                      : vkAllocateMemory(d->dev, &ai, NULL, &out->mem);
