@@ -12,6 +12,7 @@ OUT=$SRC/prebuilt
 # name source defines
 VARIANTS=(
   "mm_cm2 mm_cm2.comp -DBM=128 -DBN=128 -DBK=64 -DU=4"
+  "mm_cm2_moe mm_cm2.comp -DBM=32 -DBN=128 -DBK=64 -DU=4 -DMOE"
 )
 version=$("$GLSLANG" --version | sed -n 's/^Glslang Version: //p')
 mkdir -p "$OUT"

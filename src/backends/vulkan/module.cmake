@@ -33,6 +33,7 @@ set(ANVIL_SHADER_VARIANTS
   "argmax argmax.comp -DANVIL"
   "ew ew.comp -DANVIL"
   "moe_topk moe_topk.comp -DANVIL"
+  "moe_rows moe_rows.comp -DANVIL"
   "gdn gdn.comp -DANVIL"
   "sample sample.comp -DANVIL"
   "mm_f32 mm.comp -DW_F32"

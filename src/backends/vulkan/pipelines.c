@@ -179,6 +179,12 @@ static const uint32_t spv_mm_h_64x64_k64[] =
 static const uint32_t spv_mm_cm2[] =
 #include "shaders/prebuilt/mm_cm2.inc"
     ;
+static const uint32_t spv_mm_cm2_moe[] =
+#include "shaders/prebuilt/mm_cm2_moe.inc"
+    ;
+static const uint32_t spv_moe_rows[] =
+#include "shaders/moe_rows.inc"
+    ;
 static const uint32_t spv_mm_h_moe[] =
 #include "shaders/mm_h_moe.inc"
     ;
@@ -334,10 +340,14 @@ static const struct {
     [K_MMH_64X64_K32] = {SPV(spv_mm_h_64x64_k32), "mm_h_64x64_k32"},
     [K_MMH_64X64_K64] = {SPV(spv_mm_h_64x64_k64), "mm_h_64x64_k64"},
     [K_MMH_CM2] = {SPV(spv_mm_cm2), "mm_cm2"},
+    [K_MMH_CM2_MOE] = {SPV(spv_mm_cm2_moe), "mm_cm2_experts"},
     [K_MMH_MOE] = {SPV(spv_mm_h_moe), "mm_h_experts"},
     [K_ATTN_FLASH] = {SPV(spv_attn_flash), "attn_flash"},
     [K_MOE_ROUTE] = {SPV(spv_moe_topk), "moe_route"},
     [K_MOE_BUCKET] = {SPV(spv_moe_topk), "moe_bucket"},
+    [K_MOE_OFFS] = {SPV(spv_moe_rows), "moe_offsets"},
+    [K_MOE_GATHER] = {SPV(spv_moe_rows), "moe_gather"},
+    [K_MOE_SCATTER] = {SPV(spv_moe_rows), "moe_scatter"},
     [K_GDN_PREFILL] = {SPV(spv_gdn), "gdn_prefill"},
     [K_GDN_RING] = {SPV(spv_gdn), "gdn_ring"},
     [K_QX] = {SPV(spv_qx), "qx"},
@@ -540,7 +550,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
 
     for (int k = 0; k < K_COUNT && st == ANVIL_OK; k++) {
         if (k >= K_MMH_64X64_K32 && k <= K_MMH_MOE && !d->coopmat) continue; /* needs the extension */
-        if (k == K_MMH_CM2 && !d->coopmat2) continue;
+        if ((k == K_MMH_CM2 || k == K_MMH_CM2_MOE) && !d->coopmat2) continue;
         if (k == K_ATTN_FLASH && (!d->coopmat || !d->subgroup_shuffle || !vk_flash_fits(attn_g, attn_d))) continue;
         if (k >= K_QX && k <= K_MATVEC_SWIGLU_QX_Q6_K && !d->int_dot) continue;
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
@@ -573,6 +583,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         } else if (k == K_MOE_ROUTE || k == K_MOE_BUCKET) { /* moe_topk.comp's MODE */
             vals[0] = k == K_MOE_ROUTE ? 1 : 2;
             n = 1;
+        } else if (k >= K_MOE_OFFS && k <= K_MOE_SCATTER) { /* moe_rows.comp's MODE */
+            vals[0] = (uint32_t)(k - K_MOE_OFFS);
+            n = 1;
         } else if (k == K_GDN_PREFILL || k == K_GDN_RING) { /* gdn.comp's MODE */
             vals[0] = k == K_GDN_PREFILL ? 1 : 2;
             n = 1;
@@ -592,6 +605,11 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         if (d->exec_stats) pci.flags = VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
         VkResult r = vkCreateComputePipelines(d->dev, d->exec_stats ? VK_NULL_HANDLE : out->cache, 1, &pci, NULL,
                                               &out->p[k]);
+        if (r != VK_SUCCESS && k == K_MMH_CM2_MOE) { /* the experts stay on subgroup matrices */
+            log_warn("vulkan: the driver refused mm_cm2_experts (%d)", (int)r);
+            out->p[k] = VK_NULL_HANDLE;
+            r = VK_SUCCESS;
+        }
         if (r != VK_SUCCESS && k == K_MMH_CM2) {
             /* the one kernel compiled by another glslang than the build's (shaders/prebuilt): a
              * driver that turns it down leaves the prefill on the subgroup matrices */

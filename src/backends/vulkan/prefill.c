@@ -75,6 +75,10 @@ struct pc_rows {
     uint32_t flags; /* 1: rms_norm and swiglu also write float16 rows to h */
     uint64_t h;
 };
+struct pc_moe_rows { /* moe_rows.comp */
+    uint64_t lists, route, src, dst, aux;
+    uint32_t E, k, T, K, bm, R;
+};
 struct pc_attn_pf {
     uint64_t q, kc, vc, out, prm;
     uint32_t T, H, Hkv, D;
@@ -403,14 +407,28 @@ static anvil_status emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm 
  * the gate/up activations [T * k, F] and the experts' outputs [T * k, C]. */
 struct moe_layout {
     VkDeviceSize route, lists, act, up, slots, size;
+    /* on workgroup matrices (moe_cm2): the experts' rows compact, each expert's padded to a
+     * multiple of VK_CM2_MOE_BM, R of them at most: offsets [E + 1] and the map of rows to
+     * entries [R] (aux), x as float16 [R, max(C, F)] (xg, then SwiGLU's float16 output),
+     * gate [R, F] and up [R, F] in float32, the down projection [R, C] */
+    VkDeviceSize aux, xg, gc, uc, dc;
+    uint32_t R;
 };
-static struct moe_layout moe_layout(uint32_t T, uint32_t C, uint32_t F, uint32_t E, uint32_t k) {
-    struct moe_layout m = {0, 0, 0, 0, 0, 0};
+static struct moe_layout moe_layout(uint32_t T, uint32_t C, uint32_t F, uint32_t E, uint32_t k, bool compact) {
+    struct moe_layout m;
+    memset(&m, 0, sizeof m);
     m.lists = round_up((VkDeviceSize)T * 128 * 4, ALIGN);
     m.act = m.lists + round_up(((VkDeviceSize)E + (VkDeviceSize)E * T) * 4, ALIGN);
     m.up = m.act + round_up((VkDeviceSize)T * k * F * 4, ALIGN); /* the gate/up products, apart */
     m.slots = m.up + round_up((VkDeviceSize)T * k * F * 4, ALIGN);
     m.size = m.slots + round_up((VkDeviceSize)T * k * C * 4, ALIGN);
+    m.R = (T * k + E * (VK_CM2_MOE_BM - 1) + VK_CM2_MOE_BM - 1) / VK_CM2_MOE_BM * VK_CM2_MOE_BM;
+    m.aux = m.size;
+    m.xg = m.aux + round_up(((VkDeviceSize)E + 1 + m.R) * 4, ALIGN);
+    m.gc = m.xg + round_up((VkDeviceSize)m.R * MAX(C, F) * 2, ALIGN);
+    m.uc = m.gc + round_up((VkDeviceSize)m.R * F * 4, ALIGN);
+    m.dc = m.uc + round_up((VkDeviceSize)m.R * F * 4, ALIGN);
+    if (compact) m.size = m.dc + round_up((VkDeviceSize)m.R * C * 4, ALIGN);
     return m;
 }
 
@@ -425,10 +443,31 @@ static uint32_t dq_experts(uint32_t E, uint32_t N, uint32_t Kp) {
 static bool moe_on_coopmat(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_t F) {
     return p->dq.buf != VK_NULL_HANDLE && !p->dq_emulate && p->f16 && T >= 16 && C >= 256 && F >= 256;
 }
-static struct moe_layout moe_of(struct plan *P, const struct node *nd) {
+/* Whether a mixture's experts run on workgroup-scope matrices (mm_cm2.comp MOE) over their
+ * rows laid out compact (moe_rows.comp); ANVIL_VK_MOE_CM2=0 keeps mm_h.comp's gathered tiles */
+static bool moe_compact(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_t F) {
+    const char *e = getenv("ANVIL_VK_MOE_CM2");
+    return moe_on_coopmat(p, T, C, F) && p->xh.buf != VK_NULL_HANDLE && p->b->pl.p[K_MMH_CM2_MOE] != VK_NULL_HANDLE &&
+           C % 8 == 0 && F % 8 == 0 && !(e && !strcmp(e, "0"));
+}
+
+static struct moe_layout moe_of(struct vk_prefill *p, struct plan *P, const struct node *nd) {
     const struct node *gn = NODE(P, nd->src[2]);
-    return moe_layout((uint32_t)nd->ne[1], (uint32_t)gn->ne[0], (uint32_t)gn->ne[1], (uint32_t)gn->ne[2],
-                      (uint32_t)nd->p.i[0]);
+    uint32_t T = (uint32_t)nd->ne[1], C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1];
+    return moe_layout(T, C, F, (uint32_t)gn->ne[2], (uint32_t)nd->p.i[0], moe_compact(p, T, C, F));
+}
+
+/* Experts e0 .. e0 + ep - 1 of stacked weight wn (N rows each) dequantised to float16 at
+ * dst; beside: with no barrier before it (the op before reads neither dst nor what it writes) */
+static anvil_status emit_moe_dq(struct vk_prefill *p, const struct node *wn, uint32_t N, uint32_t E, uint32_t e0,
+                                uint32_t ep, uint64_t dst, bool beside) {
+    uint32_t Kp = vk_wnode_kp(p->b, wn), ne = MIN(ep, E - e0);
+    int kind = vk_weight_kind(wn->weight->type);
+    uint32_t U = Kp / 8 / unit_groups[kind];
+    struct pc_dq dq = {vk_wnode_addr(p->b, wn), dst, e0 * N, ne * N, U, Kp};
+    anvil_status st = emit(p, (enum vk_kernel)(K_DQ_F32 + kind), (ne * N * U + 255) / 256, 0, &dq, sizeof dq);
+    if (st == ANVIL_OK && beside) p->ops[p->n_ops - 1].overlap = true;
+    return st;
 }
 
 /* The mixture of experts over the chunk: every token routed (a workgroup each), the choices
@@ -445,12 +484,59 @@ static anvil_status lower_moe(struct vk_prefill *p, struct plan *P, int i) {
     if (E > 1024 || k > 64 || k > E || T > 65535 || !un->weight || !dn->weight || kg < 0 || kd < 0 ||
         gn->weight->type != un->weight->type)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: %s: no expert kernels for this shape or type", nd->name);
-    struct moe_layout m = moe_layout(T, C, F, E, k);
+    bool compact = moe_compact(p, T, C, F);
+    struct moe_layout m = moe_layout(T, C, F, E, k, compact);
     uint64_t base = p->moe.addr, any = p->arena.addr;
     struct pc_topk pt = {addr(p, P, nd->src[1]), base + m.route, any, E, k, (uint32_t)(nd->p.i[1] != 0), T};
     anvil_status st = emit(p, K_MOE_ROUTE, T, 1, &pt, sizeof pt);
     pt.logits = base + m.lists;
     if (st == ANVIL_OK) st = emit(p, K_MOE_BUCKET, 1, 1, &pt, sizeof pt);
+    if (st == ANVIL_OK && compact) {
+        /* the rows expert after expert (each expert's padded to whole tiles), x gathered
+         * into them as float16; gate and up over them, SwiGLU over their rows (writing down's
+         * float16 x), the down projection, its rows scattered back to the entries' slots with
+         * their routing weights: each matrix dequantised a piece of experts at a time */
+        struct pc_moe_rows mr = {base + m.lists, base + m.route, addr(p, P, nd->src[0]), base + m.xg, base + m.aux,
+                                 E, k, T, C, VK_CM2_MOE_BM, m.R};
+        st = emit(p, K_MOE_OFFS, 1, 1, &mr, sizeof mr);
+        if (st == ANVIL_OK) st = emit(p, K_MOE_GATHER, m.R, 0, &mr, sizeof mr);
+        /* the pieces (gate's, up's, down's) in turn, dequantised into the two halves of dq in
+         * turn: a piece's dequantisation runs beside the product of the piece before */
+        const struct node *mats[3] = {gn, un, dn};
+        uint64_t outs[3] = {base + m.gc, base + m.uc, base + m.dc};
+        VkDeviceSize half = p->dq.size / 2 / ALIGN * ALIGN;
+        uint32_t EP[3];
+        for (int w = 0; w < 3; w++) EP[w] = dq_experts(E, w < 2 ? F : C, vk_wnode_kp(p->b, mats[w]));
+        int n_pc = 0;
+        for (int w = 0; w < 3 && st == ANVIL_OK; w++) {
+            uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F, Kp = vk_wnode_kp(p->b, mats[w]);
+            for (uint32_t e0 = 0; e0 < E && st == ANVIL_OK; e0 += EP[w], n_pc++) {
+                uint64_t dqa = p->dq.addr + (VkDeviceSize)(n_pc & 1) * half;
+                if (n_pc == 0) st = emit_moe_dq(p, mats[0], F, E, 0, EP[0], p->dq.addr, false);
+                if (w == 2 && e0 == 0 && st == ANVIL_OK) { /* gate = silu(gate) * up, and as float16 into xg */
+                    struct pc_rows sw = {base + m.gc, base + m.uc, any, base + m.gc, p->prm.addr, F, m.R, 0, 0, 0, 1,
+                                         base + m.xg};
+                    st = emit(p, K_ROWS_SWIGLU, m.R, 0, &sw, sizeof sw);
+                }
+                struct pc_mmh mh = {base + m.xg, dqa, outs[w], any, T, K, N, Kp, N, 0, 0, base + m.aux, any, E, k, e0};
+                if (st == ANVIL_OK && (st = emit(p, K_MMH_CM2_MOE, (N + VK_CM2_BN - 1) / VK_CM2_BN,
+                                                 (T + VK_CM2_MOE_BM - 1) / VK_CM2_MOE_BM, &mh, sizeof mh)) == ANVIL_OK)
+                    p->ops[p->n_ops - 1].gz = MIN(EP[w], E - e0);
+                /* the next piece's weights, beside this product */
+                int nw = e0 + EP[w] < E ? w : w + 1;
+                uint32_t ne0 = nw == w ? e0 + EP[w] : 0;
+                if (nw < 3 && st == ANVIL_OK)
+                    st = emit_moe_dq(p, mats[nw], nw < 2 ? F : C, E, ne0, EP[nw],
+                                     p->dq.addr + (VkDeviceSize)((n_pc + 1) & 1) * half, true);
+            }
+        }
+        struct pc_moe_rows sc = {base + m.lists, base + m.route, base + m.dc, base + m.slots, base + m.aux,
+                                 E, k, T, C, VK_CM2_MOE_BM, m.R};
+        if (st == ANVIL_OK) st = emit(p, K_MOE_SCATTER, m.R, 0, &sc, sizeof sc);
+        struct pc_mm sum = {base + m.slots, any, addr(p, P, i), any, p->prm.addr, T, 0, C, 0, 0, 0, 0, 0, E, k};
+        if (st == ANVIL_OK) st = emit(p, K_MM_REDUCE, (T * C + 255) / 256, 0, &sum, sizeof sum);
+        return st;
+    }
     if (st == ANVIL_OK && moe_on_coopmat(p, T, C, F)) {
         /* gate and up apart, SwiGLU over their rows, the weighted down projection: each
          * matrix dequantised a piece of experts at a time */
@@ -529,7 +615,8 @@ static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P, bool g
             for (int w = 2; w <= 4; w++) {
                 const struct node *wn = NODE(P, nd->src[w]);
                 uint32_t N = w < 4 ? F : C, Kp = vk_wnode_kp(b, wn);
-                if (Kp) size = MAX(size, (VkDeviceSize)dq_experts(E, N, Kp) * N * Kp * 2);
+                /* (on workgroup matrices two pieces: one dequantised beside the other's product) */
+                if (Kp) size = MAX(size, (groups ? 2 : 1) * round_up((VkDeviceSize)dq_experts(E, N, Kp) * N * Kp * 2, ALIGN));
             }
             continue;
         }
@@ -686,9 +773,11 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
                 break;
             }
             /* float16 products for the big matrices; the narrow ones (<= 512 outputs: a MoE
-             * router, gates) cost little in float32, and a router's choice or an exp() is
-             * where float16's rounding shows: on the H100 it flipped experts (logits off by up
-             * to 5.5 on qwen3_5moe-tiny, before the hybrids went all float32) */
+             * router, the 30B-A3B's k and v) stay in float32: a router's choice is where
+             * float16's rounding shows (on the H100 it flipped experts: logits off by up to 5.5
+             * on qwen3_5moe-tiny, before the hybrids went all float32), and rounding k and v
+             * to float16 moved the 30B-A3B's routing too (docs/PERF.md §30: +24% at pp512,
+             * but qwen3moe-tiny against the CPU 0.0096 -> 0.028) */
             if (p->dq.buf && p->f16 && rows >= 16 && ne0 > (p->dq_emulate ? 0u : 512u) &&
                 (!p->dq_emulate || dq_rows(ne0, pc.Kp8 * 8) == ne0)) {
                 st = emit_mmh(p, kind, &pc);
@@ -870,7 +959,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     if (st == ANVIL_OK) {
         VkDeviceSize moe = 0;
         for (int i = 0; i < n; i++)
-            if (g->nodes[i].op == OP_MOE) moe = MAX(moe, moe_of(&P, &g->nodes[i]).size);
+            if (g->nodes[i].op == OP_MOE) moe = MAX(moe, moe_of(p, &P, &g->nodes[i]).size);
         if (moe) st = vk_buffer_create(b->d, moe, VK_MEM_DEVICE, "prefill experts", &p->moe);
     }
     p->grp_max = MAX(p->grp_max, 1);

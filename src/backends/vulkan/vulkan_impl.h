@@ -190,11 +190,13 @@ enum vk_kernel {
      * outputs, and weights of K per step), only where d->coopmat */
     K_MMH_64X64_K32, K_MMH_64X64_K64,
     /* the same on workgroup-scope matrices (mm_cm2.comp), only where d->coopmat2 */
-    K_MMH_CM2, K_MMH_MOE /* the experts, rows gathered */,
+    K_MMH_CM2, K_MMH_CM2_MOE, K_MMH_MOE /* the experts, rows gathered */,
     K_ATTN_FLASH, /* the prefill's causal attention on cooperative matrices (attn_flash.comp),
                      where d->coopmat and the heads fit it (vk_flash_fits) */
     /* moe_topk.comp for the prefill: MODE 1 routes every token, MODE 2 sorts them by expert */
     K_MOE_ROUTE, K_MOE_BUCKET,
+    /* moe_rows.comp: MODE 0 the experts' row offsets, 1 their x rows gathered, 2 scattered back */
+    K_MOE_OFFS, K_MOE_GATHER, K_MOE_SCATTER,
     /* gdn.comp for the prefill: MODE 1 a chunk's tokens in turn, MODE 2 the conv ring */
     K_GDN_PREFILL, K_GDN_RING,
     /* the decode matvecs on integer dot products (where d->int_dot): qx.comp rounds an input
@@ -216,6 +218,8 @@ enum vk_kernel {
 #define VK_CM2_BN 128
 #define VK_CM2_BK 64
 #define VK_CM2_THREADS 256
+/* mm_cm2.comp MOE's tile: VK_CM2_MOE_BM rows of one expert x VK_CM2_BN outputs */
+#define VK_CM2_MOE_BM 32
 /* matvec defaults: threads per workgroup and rows per workgroup (ANVIL_VK_MATVEC_WG and
  * ANVIL_VK_MATVEC_NR override them, for tuning) */
 #define MATVEC_WG 128

@@ -19,6 +19,12 @@
  * multiple of the tile, K not of U * BK, odd row strides) take clamping layouts, K a step at
  * a time: loads past T, N or K read zeros and stores past T or N are dropped.
  *
+ * MOE: the experts of a mixture, over rows laid out expert after expert (moe_rows.comp), each
+ * expert's padded to a multiple of BM: workgroup z takes expert e0 + z, its rows of x and y
+ * from offs[e0 + z] (lists holds offs [E + 1], uints), its float16 weight rows from z * N;
+ * no residual. Padding rows hold whatever was there and their results are never read (a row
+ * of y depends on its row of x alone), so every tile is whole.
+ *
  * Debian 12's glslc (glslang 11.13) does not know GL_NV_cooperative_matrix2: this source is
  * compiled by a newer glslang into shaders/prebuilt/ (scripts/prebuild-shaders.sh), and the
  * build embeds that SPIR-V. */
@@ -62,19 +68,27 @@ layout(push_constant) uniform PC {
 #define LOAD(j)                                                                               \
     MAT_W a##j;                                                                               \
     MAT_X b##j;                                                                               \
-    coopMatLoadTensorNV(a##j, pc.w.v, 0, sliceTensorLayoutNV(lw, n0, BN, k0 + (j) * BK, BK)); \
-    coopMatLoadTensorNV(b##j, pc.x.v, 0, sliceTensorLayoutNV(lx, t0, BM, k0 + (j) * BK, BK), tr);
+    coopMatLoadTensorNV(a##j, pc.w.v, wo, sliceTensorLayoutNV(lw, n0, BN, k0 + (j) * BK, BK)); \
+    coopMatLoadTensorNV(b##j, pc.x.v, xo, sliceTensorLayoutNV(lx, t0, BM, k0 + (j) * BK, BK), tr);
 #define MUL(j) acc = coopMatMulAdd(a##j, b##j, acc);
 
 void main() {
     uint n0 = gl_WorkGroupID.x * BN, t0 = gl_WorkGroupID.y * BM;
+#ifdef MOE
+    uint e = pc.e0 + gl_WorkGroupID.z, rb = floatBitsToUint(pc.lists.v[e]);
+    uint T = floatBitsToUint(pc.lists.v[e + 1u]) - rb; /* this expert's rows, padded */
+    if (t0 >= T) return;
+    uint xo = rb * pc.K, wo = gl_WorkGroupID.z * pc.N * pc.Kp, yo = rb * pc.ldy;
+#else
+    uint T = pc.T, xo = 0u, wo = 0u, yo = 0u;
+#endif
     tensorViewNV<2, false, 1, 0> tr = createTensorViewNV(2, false, 1, 0);
     MAT_Y acc = MAT_Y(0.0);
-    bool whole = t0 + BM <= pc.T && n0 + BN <= pc.N && pc.K % (U * BK) == 0u &&
+    bool whole = t0 + BM <= T && n0 + BN <= pc.N && pc.K % (U * BK) == 0u &&
                  pc.Kp % 8u == 0u && pc.ldy % 8u == 0u && pc.nb % 8u == 0u;
     if (whole) {
         tensorLayoutNV<2> lx = createTensorLayoutNV(2);
-        lx = setTensorLayoutDimensionNV(lx, pc.T, pc.K);
+        lx = setTensorLayoutDimensionNV(lx, T, pc.K);
         lx = setTensorLayoutStrideNV(lx, pc.K & ~7u, 1);
         tensorLayoutNV<2> lw = createTensorLayoutNV(2);
         lw = setTensorLayoutDimensionNV(lw, pc.N, pc.Kp);
@@ -84,22 +98,22 @@ void main() {
             MUL(0) MUL(1) MUL(2) MUL(3)
         }
         tensorLayoutNV<2> ly = createTensorLayoutNV(2);
-        ly = setTensorLayoutDimensionNV(ly, pc.T, pc.nb + pc.N);
+        ly = setTensorLayoutDimensionNV(ly, T, pc.nb + pc.N);
         ly = setTensorLayoutStrideNV(ly, pc.ldy & ~7u, 1);
         if ((pc.flags & 1u) != 0u) {
             MAT_Y r;
-            coopMatLoadTensorNV(r, pc.res.v, 0, sliceTensorLayoutNV(ly, t0, BM, pc.nb + n0, BN), tr);
+            coopMatLoadTensorNV(r, pc.res.v, yo, sliceTensorLayoutNV(ly, t0, BM, pc.nb + n0, BN), tr);
             acc = acc + r;
         }
-        coopMatStoreTensorNV(acc, pc.y.v, 0, sliceTensorLayoutNV(ly, t0, BM, pc.nb + n0, BN), tr);
+        coopMatStoreTensorNV(acc, pc.y.v, yo, sliceTensorLayoutNV(ly, t0, BM, pc.nb + n0, BN), tr);
         return;
     }
     tensorLayoutNV<2, CLAMP> lx = createTensorLayoutNV(2, CLAMP);
-    lx = setTensorLayoutDimensionNV(lx, pc.T, pc.K);
+    lx = setTensorLayoutDimensionNV(lx, T, pc.K);
     tensorLayoutNV<2, CLAMP> lw = createTensorLayoutNV(2, CLAMP);
     lw = setTensorLayoutDimensionNV(lw, pc.N, pc.Kp);
     tensorLayoutNV<2, CLAMP> ly = createTensorLayoutNV(2, CLAMP);
-    ly = setTensorLayoutDimensionNV(ly, pc.T, pc.nb + pc.N);
+    ly = setTensorLayoutDimensionNV(ly, T, pc.nb + pc.N);
     ly = setTensorLayoutStrideNV(ly, pc.ldy, 1);
     [[dont_unroll]] for (uint k0 = 0u; k0 < pc.K; k0 += BK) {
         LOAD(0)
@@ -107,8 +121,8 @@ void main() {
     }
     if ((pc.flags & 1u) != 0u) {
         MAT_Y r;
-        coopMatLoadTensorNV(r, pc.res.v, 0, sliceTensorLayoutNV(ly, t0, BM, pc.nb + n0, BN), tr);
+        coopMatLoadTensorNV(r, pc.res.v, yo, sliceTensorLayoutNV(ly, t0, BM, pc.nb + n0, BN), tr);
         acc = acc + r;
     }
-    coopMatStoreTensorNV(acc, pc.y.v, 0, sliceTensorLayoutNV(ly, t0, BM, pc.nb + n0, BN), tr);
+    coopMatStoreTensorNV(acc, pc.y.v, yo, sliceTensorLayoutNV(ly, t0, BM, pc.nb + n0, BN), tr);
 }

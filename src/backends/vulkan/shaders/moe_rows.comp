@@ -1,0 +1,62 @@
+#version 460
+/* Prefill, the experts of a mixture on workgroup-scope matrices (mm_cm2.comp MOE): their rows
+ * laid out compact, expert after expert, instead of gathered tile by tile. With the lists of
+ * moe_topk.comp MODE 2 (lists[e] the count of expert e, its entries t * k + slot from
+ * E + e * T):
+ *   MODE 0  one workgroup: offs[e] = the rows of the experts before e, each expert's count
+ *           rounded up to a multiple of bm (mm_cm2.comp MOE's tile)
+ *   MODE 1  workgroup r: row r belongs to expert e (offs[e] <= r < offs[e + 1]); if it is
+ *           one of the expert's own (not padding), entry en = its list's (r - offs[e])-th:
+ *           map[r] = en, and dst row r = src row en / k (the token's x) as float16; padding
+ *           rows: map[r] = ~0
+ *   MODE 2  workgroup r: dst row map[r] = src row r times the entry's routing weight (padding
+ *           rows: nothing)
+ * aux holds offs [E + 1] then map [T * k] (uints). Rows of K floats, K a multiple of 4. */
+#include "common.glsl"
+
+layout(local_size_x = 128) in;
+layout(constant_id = 0) const uint MODE = 0;
+
+layout(push_constant) uniform PC {
+    Floats lists, route, src, dst, aux;
+    uint E, k, T, K, bm, R;
+} pc;
+
+uint offs(uint e) { return floatBitsToUint(pc.aux.v[e]); }
+
+void main() {
+    uint tid = gl_LocalInvocationID.x, r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    if (MODE == 0u) {
+        if (tid == 0u) {
+            uint s = 0u;
+            for (uint e = 0u; e < pc.E; e++) {
+                pc.aux.v[e] = uintBitsToFloat(s);
+                s += (floatBitsToUint(pc.lists.v[e]) + pc.bm - 1u) / pc.bm * pc.bm;
+            }
+            pc.aux.v[pc.E] = uintBitsToFloat(s);
+        }
+        return;
+    }
+    if (r >= pc.R) return;
+    uint K4 = pc.K / 4u;
+    if (MODE == 1u) {
+        uint lo = 0u, hi = pc.E; /* the last e with offs(e) <= r */
+        while (hi - lo > 1u) {
+            uint mid = (lo + hi) / 2u;
+            if (offs(mid) <= r) lo = mid;
+            else hi = mid;
+        }
+        uint at = r - offs(lo);
+        bool own = r < offs(pc.E) && at < floatBitsToUint(pc.lists.v[lo]);
+        uint en = own ? floatBitsToUint(pc.lists.v[pc.E + lo * pc.T + at]) : ~0u;
+        if (tid == 0u) pc.aux.v[pc.E + 1u + r] = uintBitsToFloat(en);
+        if (!own) return;
+        uint row = en / pc.k;
+        for (uint i = tid; i < K4; i += 128u) Halves4(pc.dst).v[r * K4 + i] = to_halves4(Vec4s(pc.src).v[row * K4 + i]);
+    } else {
+        uint en = floatBitsToUint(pc.aux.v[pc.E + 1u + r]), tok = en / pc.k;
+        if (en == ~0u) return;
+        float w = pc.route.v[tok * 128u + 64u + (en - tok * pc.k)];
+        for (uint i = tid; i < K4; i += 128u) Vec4s(pc.dst).v[en * K4 + i] = Vec4s(pc.src).v[r * K4 + i] * w;
+    }
+}
