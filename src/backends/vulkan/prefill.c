@@ -127,6 +127,7 @@ struct vk_prefill {
     struct vk_buffer dq;       /* float16 weight rows for mm_h.comp (cooperative matrices) */
     struct vk_buffer xh;       /* a product's x as float16 for mm_cm2.comp (only where d->coopmat2) */
     struct vk_buffer moe;      /* routing, expert lists, expert activations and outputs */
+    struct vk_buffer part;     /* split products' partial sums (split_k) */
     int mmh;                   /* its tile shape: index into mmh_tile */
     /* products of one input waiting to be emitted together on workgroup matrices (q, k, v;
      * gate, up): their weights dequantised side by side into dq, then the products side by
@@ -641,6 +642,15 @@ static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P, bool g
     return size;
 }
 
+/* Ways to split K of a float32 product of T rows, N outputs (mm.comp's 64 x 64 tiles) when
+ * it has too few tiles to fill a GPU: to ~128 workgroups, at most 8 ways, two K steps each at
+ * least (the 30B-A3B's router, 16 tiles, and its k and v, 64). 1: not split. */
+static uint32_t split_k(uint32_t T, uint32_t N, uint32_t K) {
+    uint32_t tiles = ((N + 63) / 64) * ((T + 63) / 64);
+    uint32_t S = MIN(MIN(128 / MAX(tiles, 1u), 8u), K / 64);
+    return S >= 2 ? S : 1;
+}
+
 /* The one node that reads node i (through no view), or -1. */
 static int only_reader(struct plan *P, int i) {
     int who = -1;
@@ -781,6 +791,16 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
             if (p->dq.buf && p->f16 && rows >= 16 && ne0 > (p->dq_emulate ? 0u : 512u) &&
                 (!p->dq_emulate || dq_rows(ne0, pc.Kp8 * 8) == ne0)) {
                 st = emit_mmh(p, kind, &pc);
+                break;
+            }
+            uint32_t S = pc.flags ? 1 : split_k(rows, ne0, pc.K);
+            if (S > 1 && (VkDeviceSize)S * rows * ne0 * 4 <= p->part.size) {
+                /* few tiles: K split S ways into partials, added up by mm.comp MODE 4 */
+                struct pc_mm sum = {p->part.addr, any, pc.y, any, prm, rows, 0, ne0, 0, 0, 0, 0, 0, 0, S};
+                pc.y = p->part.addr;
+                st = emit(p, (enum vk_kernel)(K_MM_F32 + kind), (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc);
+                if (st == ANVIL_OK) p->ops[p->n_ops - 1].gz = S;
+                if (st == ANVIL_OK) st = emit(p, K_MM_REDUCE, (rows * ne0 + 255) / 256, 0, &sum, sizeof sum);
                 break;
             }
             st = emit(p, (enum vk_kernel)(K_MM_F32 + kind), (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc);
@@ -961,6 +981,15 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         for (int i = 0; i < n; i++)
             if (g->nodes[i].op == OP_MOE) moe = MAX(moe, moe_of(p, &P, &g->nodes[i]).size);
         if (moe) st = vk_buffer_create(b->d, moe, VK_MEM_DEVICE, "prefill experts", &p->moe);
+        VkDeviceSize part = 0; /* for any product that may be split (split_k) */
+        for (int i = 0; i < n; i++) {
+            const struct node *nd = &g->nodes[i];
+            if (nd->op != OP_MATMUL) continue;
+            uint32_t N = (uint32_t)nd->ne[0], T = (uint32_t)(node_nelem(nd) / MAX(nd->ne[0], 1));
+            uint32_t S = split_k(T, N, (uint32_t)g->nodes[nd->src[0]].ne[0]);
+            if (S > 1) part = MAX(part, (VkDeviceSize)S * T * N * 4);
+        }
+        if (st == ANVIL_OK && part) st = vk_buffer_create(b->d, part, VK_MEM_DEVICE, "prefill partial sums", &p->part);
     }
     p->grp_max = MAX(p->grp_max, 1);
     p->hoist_at = -1;
@@ -1025,6 +1054,7 @@ void vk_prefill_destroy(struct vk_prefill *p) {
     vk_buffer_destroy(d, &p->dq);
     vk_buffer_destroy(d, &p->xh);
     vk_buffer_destroy(d, &p->moe);
+    vk_buffer_destroy(d, &p->part);
     free(p->ops);
     free(p);
 }

@@ -174,11 +174,16 @@ void main() {
     for (uint i = 0u; i < 4u; i++)
         for (uint j = 0u; j < 4u; j++) acc[i][j] = 0.0;
     uint Kp = pc.Kp8 * 8u;
-    for (uint k0 = 0u; k0 < pc.K; k0 += BK) {
+    /* split K (a grid of S > 1 in z, for products of few tiles): workgroup z sums its own
+     * range of K, a multiple of BK, into partials laid out [T][S][N] (no residual), which
+     * reduce_slots (MODE 4, k = S) adds up */
+    uint S = gl_NumWorkGroups.z, kr = (pc.K + S * BK - 1u) / (S * BK) * BK;
+    uint kb = gl_WorkGroupID.z * kr, ke = min(pc.K, kb + kr);
+    for (uint k0 = kb; k0 < ke; k0 += BK) {
         /* x tile: rows t0 .. t0+63, columns k0 .. k0+31 (zero past T and K) */
         uint t = t0 + lr, k = k0 + lo;
         for (uint e = 0u; e < 8u; e++)
-            xs[lo + e][lr] = (t < pc.T && k + e < pc.K) ? pc.x.v[t * pc.K + k + e] : 0.0;
+            xs[lo + e][lr] = (t < pc.T && k + e < ke) ? pc.x.v[t * pc.K + k + e] : 0.0;
         /* W tile: rows n0 .. n0+63, dequantised (the padding past K holds zero weights) */
         uint n = n0 + lr;
         vec4 a = vec4(0.0), b = vec4(0.0);
@@ -205,7 +210,7 @@ void main() {
             if (n >= pc.N) continue;
             float v = acc[i][j];
             if ((pc.flags & 1u) != 0u) v += pc.res.v[t * pc.N + n];
-            pc.y.v[t * pc.N + n] = v;
+            pc.y.v[(t * S + gl_WorkGroupID.z) * pc.N + n] = v;
         }
     }
 }
