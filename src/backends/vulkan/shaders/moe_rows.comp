@@ -24,17 +24,24 @@ layout(push_constant) uniform PC {
 
 uint offs(uint e) { return floatBitsToUint(pc.aux.v[e]); }
 
+shared uint part[128]; /* MODE 0: each subgroup's sum */
+
 void main() {
     uint tid = gl_LocalInvocationID.x, r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-    if (MODE == 0u) {
-        if (tid == 0u) {
-            uint s = 0u;
-            for (uint e = 0u; e < pc.E; e++) {
-                pc.aux.v[e] = uintBitsToFloat(s);
-                s += (floatBitsToUint(pc.lists.v[e]) + pc.bm - 1u) / pc.bm * pc.bm;
-            }
-            pc.aux.v[pc.E] = uintBitsToFloat(s);
+    if (MODE == 0u) { /* 128 experts at a time: a scan by subgroups, then across them */
+        uint carry = 0u;
+        for (uint e0 = 0u; e0 < pc.E; e0 += 128u) {
+            uint e = e0 + tid, c = e < pc.E ? (floatBitsToUint(pc.lists.v[e]) + pc.bm - 1u) / pc.bm * pc.bm : 0u;
+            uint incl = subgroupInclusiveAdd(c);
+            if (gl_SubgroupInvocationID == gl_SubgroupSize - 1u) part[gl_SubgroupID] = incl;
+            barrier();
+            uint before = carry;
+            for (uint g = 0u; g < gl_SubgroupID; g++) before += part[g];
+            if (e < pc.E) pc.aux.v[e] = uintBitsToFloat(before + incl - c);
+            for (uint g = 0u; g < gl_NumSubgroups; g++) carry += part[g];
+            barrier();
         }
+        if (tid == 0u) pc.aux.v[pc.E] = uintBitsToFloat(carry);
         return;
     }
     if (r >= pc.R) return;
