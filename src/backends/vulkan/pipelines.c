@@ -605,17 +605,13 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         if (d->exec_stats) pci.flags = VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
         VkResult r = vkCreateComputePipelines(d->dev, d->exec_stats ? VK_NULL_HANDLE : out->cache, 1, &pci, NULL,
                                               &out->p[k]);
-        if (r != VK_SUCCESS && k == K_MMH_CM2_MOE) { /* the experts stay on subgroup matrices */
-            log_warn("vulkan: the driver refused mm_cm2_experts (%d)", (int)r);
+        if (r != VK_SUCCESS && (k == K_MMH_CM2 || k == K_MMH_CM2_MOE)) {
+            /* the kernels compiled by another glslang than the build's (shaders/prebuilt): a
+             * driver that turns one down leaves those products on the subgroup matrices */
+            log_warn("vulkan: the driver refused %s (%d): those prefill products stay on subgroup matrices",
+                     kernels[k].name, (int)r);
             out->p[k] = VK_NULL_HANDLE;
-            r = VK_SUCCESS;
-        }
-        if (r != VK_SUCCESS && k == K_MMH_CM2) {
-            /* the one kernel compiled by another glslang than the build's (shaders/prebuilt): a
-             * driver that turns it down leaves the prefill on the subgroup matrices */
-            log_warn("vulkan: the driver refused mm_cm2 (%d): prefill products stay on subgroup matrices", (int)r);
-            out->p[k] = VK_NULL_HANDLE;
-            d->coopmat2 = false;
+            if (k == K_MMH_CM2) d->coopmat2 = false;
             r = VK_SUCCESS;
         }
         st = vk_result(r, kernels[k].name);

@@ -509,11 +509,11 @@ static anvil_status lower_moe(struct vk_prefill *p, struct plan *P, int i) {
         uint32_t EP[3];
         for (int w = 0; w < 3; w++) EP[w] = dq_experts(E, w < 2 ? F : C, vk_wnode_kp(p->b, mats[w]));
         int n_pc = 0;
+        if (st == ANVIL_OK) st = emit_moe_dq(p, mats[0], F, E, 0, EP[0], p->dq.addr, false);
         for (int w = 0; w < 3 && st == ANVIL_OK; w++) {
             uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F, Kp = vk_wnode_kp(p->b, mats[w]);
             for (uint32_t e0 = 0; e0 < E && st == ANVIL_OK; e0 += EP[w], n_pc++) {
                 uint64_t dqa = p->dq.addr + (VkDeviceSize)(n_pc & 1) * half;
-                if (n_pc == 0) st = emit_moe_dq(p, mats[0], F, E, 0, EP[0], p->dq.addr, false);
                 if (w == 2 && e0 == 0 && st == ANVIL_OK) { /* gate = silu(gate) * up, and as float16 into xg */
                     struct pc_rows sw = {base + m.gc, base + m.uc, any, base + m.gc, p->prm.addr, F, m.R, 0, 0, 0, 1,
                                          base + m.xg};
@@ -534,23 +534,17 @@ static anvil_status lower_moe(struct vk_prefill *p, struct plan *P, int i) {
         struct pc_moe_rows sc = {base + m.lists, base + m.route, base + m.dc, base + m.slots, base + m.aux,
                                  E, k, T, C, VK_CM2_MOE_BM, m.R};
         if (st == ANVIL_OK) st = emit(p, K_MOE_SCATTER, m.R, 0, &sc, sizeof sc);
-        struct pc_mm sum = {base + m.slots, any, addr(p, P, i), any, p->prm.addr, T, 0, C, 0, 0, 0, 0, 0, E, k};
-        if (st == ANVIL_OK) st = emit(p, K_MM_REDUCE, (T * C + 255) / 256, 0, &sum, sizeof sum);
-        return st;
-    }
-    if (st == ANVIL_OK && moe_on_coopmat(p, T, C, F)) {
+    } else if (st == ANVIL_OK && moe_on_coopmat(p, T, C, F)) {
         /* gate and up apart, SwiGLU over their rows, the weighted down projection: each
          * matrix dequantised a piece of experts at a time */
         const struct node *mats[3] = {gn, un, dn};
         uint64_t outs[3] = {base + m.act, base + m.up, base + m.slots};
         for (int w = 0; w < 3 && st == ANVIL_OK; w++) {
             uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F, Kp = vk_wnode_kp(p->b, mats[w]);
-            int kind = vk_weight_kind(mats[w]->weight->type);
-            uint32_t EP = dq_experts(E, N, Kp), U = Kp / 8 / unit_groups[kind];
+            uint32_t EP = dq_experts(E, N, Kp);
             for (uint32_t e0 = 0; e0 < E && st == ANVIL_OK; e0 += EP) {
                 uint32_t ne = MIN(EP, E - e0);
-                struct pc_dq dq = {vk_wnode_addr(p->b, mats[w]), p->dq.addr, e0 * N, ne * N, U, Kp};
-                st = emit(p, (enum vk_kernel)(K_DQ_F32 + kind), (ne * N * U + 255) / 256, 0, &dq, sizeof dq);
+                st = emit_moe_dq(p, mats[w], N, E, e0, EP, p->dq.addr, false);
                 struct pc_mmh mh = {w < 2 ? addr(p, P, nd->src[0]) : base + m.act, p->dq.addr, outs[w], any, T, K, N,
                                     Kp, N, 0, w < 2 ? 2u : 0u, base + m.lists, base + m.route, E, k, e0};
                 /* tiles of 32 tokens x 128 outputs (a 512-token chunk of 30B-A3B gives an expert
@@ -563,18 +557,18 @@ static anvil_status lower_moe(struct vk_prefill *p, struct plan *P, int i) {
                 st = emit(p, K_ROWS_SWIGLU, T * k, 0, &sw, sizeof sw);
             }
         }
-        struct pc_mm sum = {base + m.slots, any, addr(p, P, i), any, p->prm.addr, T, 0, C, 0, 0, 0, 0, 0, E, k};
-        if (st == ANVIL_OK) st = emit(p, K_MM_REDUCE, (T * C + 255) / 256, 0, &sum, sizeof sum);
-        return st;
+    } else if (st == ANVIL_OK) { /* float32 tiles (mm.comp MODE 2) */
+        struct pc_mm gu = {addr(p, P, nd->src[0]), vk_wnode_addr(p->b, gn), base + m.act, any, p->prm.addr, T, C, F,
+                           vk_wnode_kp(p->b, gn) / 8, 2, vk_wnode_addr(p->b, un), base + m.lists, base + m.route, E, k};
+        if ((st = emit(p, (enum vk_kernel)(K_MMOE_F32 + kg), (F + 63) / 64, (T + 63) / 64, &gu, sizeof gu)) == ANVIL_OK)
+            p->ops[p->n_ops - 1].gz = E;
+        struct pc_mm dw = {base + m.act, vk_wnode_addr(p->b, dn), base + m.slots, any, p->prm.addr, T, F, C,
+                           vk_wnode_kp(p->b, dn) / 8, 0, 0, base + m.lists, base + m.route, E, k};
+        if (st == ANVIL_OK &&
+            (st = emit(p, (enum vk_kernel)(K_MMOE_F32 + kd), (C + 63) / 64, (T + 63) / 64, &dw, sizeof dw)) == ANVIL_OK)
+            p->ops[p->n_ops - 1].gz = E;
     }
-    struct pc_mm gu = {addr(p, P, nd->src[0]), vk_wnode_addr(p->b, gn), base + m.act, any, p->prm.addr, T, C, F,
-                       vk_wnode_kp(p->b, gn) / 8, 2, vk_wnode_addr(p->b, un), base + m.lists, base + m.route, E, k};
-    if (st == ANVIL_OK && (st = emit(p, (enum vk_kernel)(K_MMOE_F32 + kg), (F + 63) / 64, (T + 63) / 64, &gu, sizeof gu)) == ANVIL_OK)
-        p->ops[p->n_ops - 1].gz = E;
-    struct pc_mm dw = {base + m.act, vk_wnode_addr(p->b, dn), base + m.slots, any, p->prm.addr, T, F, C,
-                       vk_wnode_kp(p->b, dn) / 8, 0, 0, base + m.lists, base + m.route, E, k};
-    if (st == ANVIL_OK && (st = emit(p, (enum vk_kernel)(K_MMOE_F32 + kd), (C + 63) / 64, (T + 63) / 64, &dw, sizeof dw)) == ANVIL_OK)
-        p->ops[p->n_ops - 1].gz = E;
+    /* every path leaves each entry's output in its slot: the sum over a token's slots */
     struct pc_mm sum = {base + m.slots, any, addr(p, P, i), any, p->prm.addr, T, 0, C, 0, 0, 0, 0, 0, E, k};
     if (st == ANVIL_OK) st = emit(p, K_MM_REDUCE, (T * C + 255) / 256, 0, &sum, sizeof sum);
     return st;
