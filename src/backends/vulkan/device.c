@@ -500,6 +500,13 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sg};
     vkGetPhysicalDeviceProperties2(d->phys, &p2);
     d->subgroup_size = sg.subgroupSize;
+    if (has_device_ext(d->phys, VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME)) {
+        VkPhysicalDeviceShaderSMBuiltinsPropertiesNV sm = {
+            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV};
+        VkPhysicalDeviceProperties2 smp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sm};
+        vkGetPhysicalDeviceProperties2(d->phys, &smp);
+        d->sm_count = sm.shaderSMCount;
+    }
     d->subgroup_shuffle = (sg.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) != 0;
 
     uint32_t nq = 0;

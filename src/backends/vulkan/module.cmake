@@ -71,7 +71,10 @@ set(ANVIL_SHADER_VARIANTS
   "matvec_qx_q6_k matvec.comp -DW_Q6_K -DQX"
   "matvec_route_f32 matvec.comp -DW_F32 -DROUTE"
   "matvec_route_f16 matvec.comp -DW_F16 -DROUTE"
-  "matvec_route_bf16 matvec.comp -DW_BF16 -DROUTE")
+  "matvec_route_bf16 matvec.comp -DW_BF16 -DROUTE"
+  "mega_f32 mega.comp -DW_F32"
+  "mega_f16 mega.comp -DW_F16"
+  "mega_bf16 mega.comp -DW_BF16")
 set(ANVIL_SHADER_INCS)
 file(GLOB ANVIL_SHADER_DEPS CONFIGURE_DEPENDS ${ANVIL_VK_DIR}/shaders/*.glsl ${ANVIL_VK_DIR}/shaders/*.comp)
 foreach(v ${ANVIL_SHADER_VARIANTS})

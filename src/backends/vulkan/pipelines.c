@@ -215,6 +215,15 @@ static const uint32_t spv_matvec_route_f16[] =
 static const uint32_t spv_matvec_route_bf16[] =
 #include "shaders/matvec_route_bf16.inc"
     ;
+static const uint32_t spv_mega_f32[] =
+#include "shaders/mega_f32.inc"
+    ;
+static const uint32_t spv_mega_f16[] =
+#include "shaders/mega_f16.inc"
+    ;
+static const uint32_t spv_mega_bf16[] =
+#include "shaders/mega_bf16.inc"
+    ;
 
 #define SPV(a) a, sizeof a
 
@@ -362,6 +371,9 @@ static const struct {
     [K_MATVEC_ROUTE_F32] = {SPV(spv_matvec_route_f32), "matvec_route_f32"},
     [K_MATVEC_ROUTE_F16] = {SPV(spv_matvec_route_f16), "matvec_route_f16"},
     [K_MATVEC_ROUTE_BF16] = {SPV(spv_matvec_route_bf16), "matvec_route_bf16"},
+    [K_MEGA_F32] = {SPV(spv_mega_f32), "mega_f32"},
+    [K_MEGA_F16] = {SPV(spv_mega_f16), "mega_f16"},
+    [K_MEGA_BF16] = {SPV(spv_mega_bf16), "mega_bf16"},
 };
 
 const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }
@@ -469,7 +481,7 @@ static uint32_t float_rows(const struct vk_pipelines *p, int kind, uint32_t mode
 }
 
 bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t vals[4]) {
-    if (!(k < K_EMBED_F32 || (k > K_QX && k < K_COUNT))) return false;
+    if (!(k < K_EMBED_F32 || (k > K_QX && k <= K_MATVEC_ROUTE_BF16))) return false;
     bool qx = k > K_QX && k < K_MATVEC_ROUTE_F32, route = k >= K_MATVEC_ROUTE_F32;
     int kind = route ? (int)(k - K_MATVEC_ROUTE_F32) /* F32, F16, BF16: kinds 0, 1, 2 */
                : qx  ? vk_weight_kind(vk_qx_dtype((k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS))
@@ -488,6 +500,35 @@ bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t val
         vals[3] = p->qx_pipe[q][mode];
     }
     return true;
+}
+
+/* mega.comp's shape (the persistent decode step, program.c form_mega): one workgroup of
+ * ANVIL_VK_MEGA_WG threads (1024, or the device's most) per SM, where the device says how many
+ * SMs it has (VK_NV_shader_sm_builtins: the grid must be resident all at once).
+ * ANVIL_VK_MEGA=0 turns it off, =1 on also where the SM count is unknown (one workgroup: for
+ * tests on lavapipe); ANVIL_VK_MEGA_GRID, _PF (groups of 8 weights a lane loads at a time,
+ * 1 .. 8) override. Attention units go to as many subgroups of a workgroup as 16 KiB of
+ * shared memory holds: (G + 2) rows of D floats each. */
+static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct vk_pipelines *out) {
+    const char *e = getenv("ANVIL_VK_MEGA");
+    int want = e ? atoi(e) : -1;
+    uint32_t sg = d->subgroup_size;
+    out->mega_grid = want == 0 ? 0 : d->sm_count ? d->sm_count : want == 1 ? 1 : 0;
+    if (want < 0) out->mega_grid = 0; /* off by default until measured (docs/PERF.md section 31) */
+    e = getenv("ANVIL_VK_MEGA_GRID");
+    if (out->mega_grid && e && atoi(e) >= 1 && atoi(e) <= 4096) out->mega_grid = (uint32_t)atoi(e);
+    uint32_t wg = MIN(1024u, MIN(d->props.limits.maxComputeWorkGroupInvocations, d->props.limits.maxComputeWorkGroupSize[0]));
+    e = getenv("ANVIL_VK_MEGA_WG");
+    if (e && atoi(e) >= (int)sg && (uint32_t)atoi(e) <= wg) wg = (uint32_t)atoi(e);
+    out->mega_wg = wg / sg * sg;
+    out->mega_pf = 4;
+    e = getenv("ANVIL_VK_MEGA_PF");
+    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->mega_pf = (uint32_t)atoi(e);
+    uint32_t row = (uint32_t)(attn_g + 2) * (uint32_t)attn_d * 4u;
+    out->mega_asg = MIN(out->mega_wg / sg, 16384u / row);
+    if (out->mega_asg == 0 || out->mega_asg * row > d->props.limits.maxComputeSharedMemorySize || out->mega_wg == 0 ||
+        !d->subgroup_shuffle)
+        out->mega_grid = 0;
 }
 
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out) {
@@ -527,6 +568,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention with %d query heads per kv head of "
                        "dim %d needs %zu bytes of shared memory; %s has %u", attn_g, attn_d, attn_shared,
                        d->props.deviceName, d->props.limits.maxComputeSharedMemorySize);
+    mega_shape(d, attn_g, attn_d, out);
     VkPushConstantRange pr = {VK_SHADER_STAGE_COMPUTE_BIT, 0, VK_PUSH_BYTES};
     VkPipelineLayoutCreateInfo li = {VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, NULL, 0, 0, NULL, 1, &pr};
     anvil_status st = vk_result(vkCreatePipelineLayout(d->dev, &li, NULL, &out->layout), "vkCreatePipelineLayout");
@@ -553,13 +595,14 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         if ((k == K_MMH_CM2 || k == K_MMH_CM2_MOE) && !d->coopmat2) continue;
         if (k == K_ATTN_FLASH && (!d->coopmat || !d->subgroup_shuffle || !vk_flash_fits(attn_g, attn_d))) continue;
         if (k >= K_QX && k <= K_MATVEC_SWIGLU_QX_Q6_K && !d->int_dot) continue;
+        if (k >= K_MEGA_F32 && k <= K_MEGA_BF16 && !out->mega_grid) continue;
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;
         st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
         if (st != ANVIL_OK) break;
-        uint32_t vals[6] = {0};
-        VkSpecializationMapEntry ent[6];
+        uint32_t vals[8] = {0};
+        VkSpecializationMapEntry ent[8];
         uint32_t n = 0;
         if (vk_matvec_spec(out, (enum vk_kernel)k, vals)) {
             n = 4;
@@ -570,6 +613,14 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[3] = out->attn_nsg * d->subgroup_size; /* workgroup: NSG subgroups */
             vals[4] = out->attn_nsg;
             n = 5;
+        } else if (k >= K_MEGA_F32 && k <= K_MEGA_BF16) {
+            vals[0] = out->mega_wg;
+            vals[1] = (uint32_t)attn_g;
+            vals[2] = (uint32_t)attn_d;
+            vals[3] = d->subgroup_size;
+            vals[4] = out->mega_pf;
+            vals[5] = out->mega_asg;
+            n = 6;
         } else if (k == K_ATTN_FLASH) {
             vals[0] = (uint32_t)attn_g;
             vals[1] = (uint32_t)attn_d;

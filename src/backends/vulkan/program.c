@@ -116,6 +116,7 @@ struct vk_program {
     VkCommandBuffer cb_prof;   /* ANVIL_VK_PROFILE=1: one step with a timestamp per kernel */
     VkCommandBuffer cb_prof_s; /* and the sampling kernel alone, between two timestamps */
     VkQueryPool queries;
+    struct vk_buffer mega; /* the persistent step's phases, then its counter (form_mega) */
     struct vk_stats stats;
 };
 
@@ -742,6 +743,104 @@ static anvil_status lower_graph(struct lower *L) {
     return emit(L->p, K_ARGMAX, anwg, 1, &pa, sizeof pa);
 }
 
+/* ---- the persistent step ---- */
+
+/* mega.comp's phase: the push constants of a dispatch it replaces */
+struct vk_phase {
+    uint32_t kind;  /* 1 a product (matvec.comp MODE 0), 2 gate/up -> SwiGLU, 3 attention's
+                       chunks, 4 their merge */
+    uint32_t tasks; /* rows (1, 2) */
+    uint32_t pad[2];
+    _Alignas(8) uint8_t push[VK_PUSH_BYTES];
+};
+struct pc_mega {
+    uint64_t phases, ctl, cnt;
+    uint32_t n_phases;
+};
+#define MEGA_CNT_BYTES 256
+
+/* The phase kind of dispatch d for a persistent step over weights of float kind *type
+ * (K_MATVEC_F32 + kind; set by the first matvec), or 0 where d cannot join one. */
+static uint32_t mega_kind(const struct vk_dispatch *d, int *type) {
+    int t = -1;
+    uint32_t kind = 0;
+    if (d->k >= K_MATVEC_F32 && d->k <= K_MATVEC_BF16) t = d->k - K_MATVEC_F32, kind = 1;
+    if (d->k >= K_MATVEC_SWIGLU_F32 && d->k <= K_MATVEC_SWIGLU_BF16) t = d->k - K_MATVEC_SWIGLU_F32, kind = 2;
+    if (d->k == K_ATTENTION) return ((const struct pc_attn *)d->push)->xq ? 0 : 3; /* float output only */
+    if (!kind || d->overlap || (*type >= 0 && t != *type)) return 0;
+    *type = t;
+    return kind;
+}
+
+/* The longest run of float matvecs (one weight type) and attentions becomes one mega.comp
+ * dispatch whose workgroups meet where the run had barriers (an attention's chunks and their
+ * merge are two phases). ANVIL_VK_MEGA_LMHEAD=0 leaves out a product of the vocabulary's size
+ * (for measuring). */
+static anvil_status form_mega(struct vk_program *p) {
+    const struct vk_pipelines *pl = &p->b->pl;
+    if (!pl->mega_grid) return ANVIL_OK;
+    const char *e = getenv("ANVIL_VK_MEGA_LMHEAD");
+    bool lm = !(e && atoi(e) == 0);
+    int best = -1, best_n = 0, best_type = -1, best_ph = 0;
+    for (int i = 0; i < p->n_ops;) {
+        int type = -1, j = i, n_ph = 0;
+        for (; j < p->n_ops; j++) {
+            const struct vk_dispatch *d = &p->ops[j];
+            uint32_t kind = mega_kind(d, &type);
+            if (!kind || (!lm && kind == 1 && ((const struct pc_matvec *)d->push)->rows0 >= p->V)) break;
+            n_ph += kind == 3 ? 2 : 1;
+        }
+        if (j - i > best_n && type >= 0) best = i, best_n = j - i, best_type = type, best_ph = n_ph;
+        i = j > i ? j : i + 1;
+    }
+    if (best_n < 2) return ANVIL_OK;
+    VkDeviceSize ph_bytes = round_up((VkDeviceSize)best_ph * sizeof(struct vk_phase), ALIGN);
+    anvil_status st = vk_buffer_create(p->b->d, ph_bytes + MEGA_CNT_BYTES, VK_MEM_CONTROL,
+                                       "the persistent step's phases", &p->mega);
+    if (st != ANVIL_OK) return st;
+    memset(p->mega.map, 0, p->mega.size);
+    struct vk_phase *ph = p->mega.map;
+    int k = 0;
+    for (int i = best; i < best + best_n; i++) {
+        const struct vk_dispatch *d = &p->ops[i];
+        int type = best_type;
+        uint32_t kind = mega_kind(d, &type);
+        const struct pc_matvec *pm = (const struct pc_matvec *)d->push;
+        ph[k].kind = kind;
+        ph[k].tasks = kind == 1 ? pm->rows0 + pm->rows1 + pm->rows2 : kind == 2 ? pm->rows0 : 0;
+        memcpy(ph[k++].push, d->push, d->push_size);
+        if (kind == 3) {
+            ph[k].kind = 4;
+            memcpy(ph[k++].push, d->push, d->push_size);
+        }
+    }
+    struct pc_mega pm = {p->mega.addr, p->ctl.addr, p->mega.addr + ph_bytes, (uint32_t)best_ph};
+    struct vk_dispatch *d = &p->ops[best];
+    memset(d, 0, sizeof *d);
+    d->k = (enum vk_kernel)(K_MEGA_F32 + best_type);
+    d->gx = pl->mega_grid;
+    d->gy = d->gz = 1;
+    d->push_size = sizeof pm;
+    memcpy(d->push, &pm, sizeof pm);
+    memmove(&p->ops[best + 1], &p->ops[best + best_n], (size_t)(p->n_ops - best - best_n) * sizeof *p->ops);
+    p->n_ops -= best_n - 1;
+    p->stats.meetings = best_ph - 1;
+    log_info("vulkan: the persistent step: %d dispatches as %d phases of %u workgroups of %u threads", best_n,
+             best_ph, pl->mega_grid, pl->mega_wg);
+    return ANVIL_OK;
+}
+
+/* The persistent step's workgroups did not all meet (mega.comp gave up waiting): the step's
+ * results are void. */
+static anvil_status mega_fault(struct vk_program *p) {
+    volatile struct vk_ctl *c = p->ctl.map;
+    if (!c->fault) return ANVIL_OK;
+    c->fault = 0;
+    return err_set(ANVIL_ERR_BACKEND, "vulkan: the %u workgroups of the persistent decode step did not all run at "
+                   "once on %s (ANVIL_VK_MEGA_GRID=%u is too many; ANVIL_VK_MEGA=0 turns it off)",
+                   p->b->pl.mega_grid, p->b->d->props.deviceName, p->b->pl.mega_grid);
+}
+
 /* ---- recording ---- */
 
 static void barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkAccessFlags sa,
@@ -954,6 +1053,7 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
     st = vk_submit(b->d, &cb, 1, &v);
     if (st == ANVIL_OK) st = vk_wait(b->d, v);
     if (st == ANVIL_OK || vk_idle(b->d)) vkFreeCommandBuffers(b->d->dev, b->d->pool, 1, &cb);
+    if (st == ANVIL_OK) st = form_mega(p);
     if (st == ANVIL_OK) st = record(p);
     log_info("vulkan: decode program: %d kernels per token, arena %.2f MiB", p->n_ops,
              (double)L.arena_size / (1 << 20));
@@ -984,6 +1084,7 @@ void vk_program_destroy(struct vk_program *p) {
     vk_buffer_destroy(d, &p->ctl);
     vk_buffer_destroy(d, &p->readback);
     vk_buffer_destroy(d, &p->rope);
+    vk_buffer_destroy(d, &p->mega);
     free(p->ops);
     free(p);
 }
@@ -1013,6 +1114,7 @@ anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float
     uint64_t v;
     anvil_status st = vk_submit(p->b->d, &p->cb_one, 1, &v);
     if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
+    if (st == ANVIL_OK) st = mega_fault(p);
     if (st == ANVIL_OK && logits) memcpy(logits, p->readback.map, (size_t)p->V * 4);
     return st;
 }
@@ -1118,6 +1220,7 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
         pace(&pc, batch_steps);
         st = vk_wait(d, vals[waited++ % 2]);
         pace_done(&pc, batch_steps);
+        if (st == ANVIL_OK) st = mega_fault(p);
         if (st != ANVIL_OK) break;
         uint32_t n_out = c->n_out;
         while (delivered < (int)n_out && !stopping) {

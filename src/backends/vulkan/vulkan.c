@@ -523,6 +523,9 @@ static void vk_describe(struct program *pp, char *buf, size_t cap) {
     int k = snprintf(buf, cap, "per token: %d dispatches, %d barriers, 0 descriptor writes, 0 command "
                      "buffers recorded, %.3f submits (steps queued %d per submit)\n", s.dispatches,
                      s.barriers, 1.0 / s.steps_per_submit, s.steps_per_submit);
+    if (s.meetings && k > 0 && (size_t)k < cap)
+        k += snprintf(buf + k, cap - (size_t)k, "persistent step: %d meetings of its workgroups per token\n",
+                      s.meetings);
     if (k > 0 && (size_t)k < cap) vk_program_profile(p, buf + k, cap - (size_t)k);
 }
 

@@ -19,6 +19,7 @@ struct vk_weight {
 
 struct vk_stats {
     int dispatches, barriers; /* per step */
+    int meetings;             /* per step, of the persistent step's workgroups (mega.comp) */
     int steps_per_submit;     /* steps recorded in one command buffer, submitted together */
 };
 

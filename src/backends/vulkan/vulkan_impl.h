@@ -24,6 +24,7 @@ struct vk_device {
     VkPhysicalDeviceProperties props;
     VkPhysicalDeviceMemoryProperties mem;
     uint32_t subgroup_size;
+    uint32_t sm_count; /* streaming multiprocessors (VK_NV_shader_sm_builtins), 0 if unknown */
     VkDevice dev;
     VkQueue queue;
     uint32_t queue_family;
@@ -207,6 +208,9 @@ enum vk_kernel {
     K_MATVEC_SWIGLU_QX_Q8_0, K_MATVEC_SWIGLU_QX_Q4_K, K_MATVEC_SWIGLU_QX_Q5_K, K_MATVEC_SWIGLU_QX_Q6_K,
     /* the MoE router's matvec choosing the experts itself (matvec.comp ROUTE, MODE 0) */
     K_MATVEC_ROUTE_F32, K_MATVEC_ROUTE_F16, K_MATVEC_ROUTE_BF16,
+    /* the decode step's float matvecs and attentions in one persistent dispatch (mega.comp),
+     * per float weight kind, where vk_mega_grid says so */
+    K_MEGA_F32, K_MEGA_F16, K_MEGA_BF16,
     K_COUNT,
 };
 
@@ -244,6 +248,9 @@ struct vk_pipelines {
      * defaults (pipelines.c), ANVIL_VK_QX_NR_<KIND>[_SWIGLU] / _WG_ / _PIPE_ (rows, threads
      * per workgroup, units per thread per iteration) */
     uint32_t qx_nr[VK_QX_KINDS][2], qx_wg[VK_QX_KINDS][2], qx_pipe[VK_QX_KINDS][2];
+    /* mega.comp: workgroups (0: no persistent step), threads per workgroup, groups of 8
+     * weights a lane loads at a time, subgroups per workgroup taking attention units */
+    uint32_t mega_grid, mega_wg, mega_pf, mega_asg;
 };
 
 /* Creates every pipeline; attention is specialised for G query heads per kv head and head
@@ -277,7 +284,8 @@ struct pc_matvec {
 
 struct vk_ctl {
     uint32_t token, pos, stop, n_out, budget, n_feed, feed_idx, n_ctx, n_eos, eos_hit, steps;
-    uint32_t pad[5];
+    uint32_t fault; /* mega.comp's workgroups did not all meet (the grid was not resident) */
+    uint32_t pad[4];
     uint32_t eos[16];
     /* the sampling chain's parameters (struct sampling_params), set per request */
     float s_inv_temp, s_rp, s_inv_rp, s_presence, s_frequency, s_top_p, s_min_p;

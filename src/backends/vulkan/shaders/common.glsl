@@ -45,7 +45,8 @@ layout(buffer_reference, std430, buffer_reference_align = 16) buffer Ctl {
     uint n_eos;
     uint eos_hit;  /* the stop token chosen */
     uint steps;    /* steps that ran (not skipped) */
-    uint pad0, pad1, pad2, pad3, pad4;
+    uint fault;    /* mega.comp: its workgroups did not all meet (the grid was not resident) */
+    uint pad1, pad2, pad3, pad4;
     uint eos[16];
     /* the sampling chain's parameters (struct sampling_params), set per request */
     float s_inv_temp, s_rp, s_inv_rp, s_presence, s_frequency, s_top_p, s_min_p;
