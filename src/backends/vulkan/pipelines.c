@@ -507,8 +507,8 @@ bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t val
  * SMs it has (VK_NV_shader_sm_builtins: the grid must be resident all at once).
  * ANVIL_VK_MEGA=0 turns it off, =1 on also where the SM count is unknown (one workgroup: for
  * tests on lavapipe); ANVIL_VK_MEGA_GRID, _PF (groups of 8 weights a lane loads at a time,
- * 1 .. 8) override. Attention units go to as many subgroups of a workgroup as 16 KiB of
- * shared memory holds: (G + 2) rows of D floats each. */
+ * 1 .. 16), _R (rows a subgroup multiplies at once, even) override. Attention units go to as many subgroups of a workgroup as the
+ * shared memory left holds (at most 16 KiB): (G + 2) rows of D floats each. */
 static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct vk_pipelines *out) {
     const char *e = getenv("ANVIL_VK_MEGA");
     int want = e ? atoi(e) : -1;
@@ -521,14 +521,19 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
     e = getenv("ANVIL_VK_MEGA_WG");
     if (e && atoi(e) >= (int)sg && (uint32_t)atoi(e) <= wg) wg = (uint32_t)atoi(e);
     out->mega_wg = wg / sg * sg;
+    out->mega_r = 4;
+    e = getenv("ANVIL_VK_MEGA_R");
+    if (e && atoi(e) >= 2 && atoi(e) <= 16 && atoi(e) % 2 == 0) out->mega_r = (uint32_t)atoi(e);
+    if (out->mega_r > sg) out->mega_r = sg & ~1u; /* lane s writes slot s */
     out->mega_pf = 4;
     e = getenv("ANVIL_VK_MEGA_PF");
-    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->mega_pf = (uint32_t)atoi(e);
-    uint32_t row = (uint32_t)(attn_g + 2) * (uint32_t)attn_d * 4u;
-    out->mega_asg = MIN(out->mega_wg / sg, 16384u / row);
-    if (out->mega_asg == 0 || out->mega_asg * row > d->props.limits.maxComputeSharedMemorySize || out->mega_wg == 0 ||
-        !d->subgroup_shuffle)
-        out->mega_grid = 0;
+    if (e && atoi(e) >= 1 && atoi(e) <= 16) out->mega_pf = (uint32_t)atoi(e);
+    /* shared memory: a product's input (16 KiB), the subgroups' sums (512 bytes), the attention
+     * subgroups' rows in what is left, at most 16 KiB */
+    uint32_t row = (uint32_t)(attn_g + 2) * (uint32_t)attn_d * 4u, fixed = 16384u + 512u;
+    uint32_t room = d->props.limits.maxComputeSharedMemorySize > fixed ? d->props.limits.maxComputeSharedMemorySize - fixed : 0;
+    out->mega_asg = MIN(out->mega_wg / sg, MIN(room, 16384u) / row);
+    if (out->mega_asg == 0 || out->mega_wg == 0 || out->mega_wg / sg > 128 || !d->subgroup_shuffle) out->mega_grid = 0;
 }
 
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out) {
@@ -620,7 +625,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[3] = d->subgroup_size;
             vals[4] = out->mega_pf;
             vals[5] = out->mega_asg;
-            n = 6;
+            vals[6] = out->mega_r;
+            n = 7;
         } else if (k == K_ATTN_FLASH) {
             vals[0] = (uint32_t)attn_g;
             vals[1] = (uint32_t)attn_d;

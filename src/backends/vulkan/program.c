@@ -758,76 +758,99 @@ struct pc_mega {
     uint32_t n_phases;
 };
 #define MEGA_CNT_BYTES 256
+#define MEGA_XS4 1024 /* mega.comp's XS4: a product's input of at most 4 XS4 floats */
 
 /* The phase kind of dispatch d for a persistent step over weights of float kind *type
  * (K_MATVEC_F32 + kind; set by the first matvec), or 0 where d cannot join one. */
-static uint32_t mega_kind(const struct vk_dispatch *d, int *type) {
+static uint32_t mega_kind(const struct vk_dispatch *d, int *type, bool attn) {
     int t = -1;
     uint32_t kind = 0;
     if (d->k >= K_MATVEC_F32 && d->k <= K_MATVEC_BF16) t = d->k - K_MATVEC_F32, kind = 1;
     if (d->k >= K_MATVEC_SWIGLU_F32 && d->k <= K_MATVEC_SWIGLU_BF16) t = d->k - K_MATVEC_SWIGLU_F32, kind = 2;
-    if (d->k == K_ATTENTION) return ((const struct pc_attn *)d->push)->xq ? 0 : 3; /* float output only */
+    if (d->k == K_ATTENTION) return attn && !((const struct pc_attn *)d->push)->xq ? 3 : 0; /* float output only */
     if (!kind || d->overlap || (*type >= 0 && t != *type)) return 0;
+    if (((const struct pc_matvec *)d->push)->Kp8 > MEGA_XS4 / 2) return 0; /* its input fits shared memory */
     *type = t;
     return kind;
 }
 
-/* The longest run of float matvecs (one weight type) and attentions becomes one mega.comp
- * dispatch whose workgroups meet where the run had barriers (an attention's chunks and their
- * merge are two phases). ANVIL_VK_MEGA_LMHEAD=0 leaves out a product of the vocabulary's size
- * (for measuring). */
+/* Each run of float matvecs (one weight type) and attentions, of two dispatches or more,
+ * becomes one mega.comp dispatch whose workgroups meet where the run had barriers (an
+ * attention's chunks and their merge are two phases). For measuring: ANVIL_VK_MEGA_LMHEAD=0
+ * leaves out a product of the vocabulary's size, ANVIL_VK_MEGA_ATTN=0 the attentions,
+ * ANVIL_VK_MEGA_SKIP=MASK skips the work of phase kinds (bit kind - 1; wrong results). */
 static anvil_status form_mega(struct vk_program *p) {
     const struct vk_pipelines *pl = &p->b->pl;
     if (!pl->mega_grid) return ANVIL_OK;
     const char *e = getenv("ANVIL_VK_MEGA_LMHEAD");
     bool lm = !(e && atoi(e) == 0);
-    int best = -1, best_n = 0, best_type = -1, best_ph = 0;
-    for (int i = 0; i < p->n_ops;) {
-        int type = -1, j = i, n_ph = 0;
-        for (; j < p->n_ops; j++) {
+    e = getenv("ANVIL_VK_MEGA_ATTN");
+    bool attn = !(e && atoi(e) == 0);
+    e = getenv("ANVIL_VK_MEGA_SKIP");
+    uint32_t skip = e ? (uint32_t)atoi(e) : 0;
+    int n = p->n_ops, n_runs = 0, n_ph = 0;
+    int *start = malloc(sizeof(int) * (size_t)n), *len = malloc(sizeof(int) * (size_t)n),
+        *rtype = malloc(sizeof(int) * (size_t)n);
+    anvil_status st = start && len && rtype ? ANVIL_OK : err_set(ANVIL_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == ANVIL_OK && i < n;) {
+        int type = -1, j = i, ph = 0;
+        for (; j < n; j++) {
             const struct vk_dispatch *d = &p->ops[j];
-            uint32_t kind = mega_kind(d, &type);
+            uint32_t kind = mega_kind(d, &type, attn);
             if (!kind || (!lm && kind == 1 && ((const struct pc_matvec *)d->push)->rows0 >= p->V)) break;
-            n_ph += kind == 3 ? 2 : 1;
+            ph += kind == 3 ? 2 : 1;
         }
-        if (j - i > best_n && type >= 0) best = i, best_n = j - i, best_type = type, best_ph = n_ph;
+        if (j - i >= 2 && type >= 0) {
+            start[n_runs] = i;
+            len[n_runs] = j - i;
+            rtype[n_runs++] = type;
+            n_ph += ph;
+        }
         i = j > i ? j : i + 1;
     }
-    if (best_n < 2) return ANVIL_OK;
-    VkDeviceSize ph_bytes = round_up((VkDeviceSize)best_ph * sizeof(struct vk_phase), ALIGN);
-    anvil_status st = vk_buffer_create(p->b->d, ph_bytes + MEGA_CNT_BYTES, VK_MEM_CONTROL,
-                                       "the persistent step's phases", &p->mega);
-    if (st != ANVIL_OK) return st;
-    memset(p->mega.map, 0, p->mega.size);
-    struct vk_phase *ph = p->mega.map;
-    int k = 0;
-    for (int i = best; i < best + best_n; i++) {
-        const struct vk_dispatch *d = &p->ops[i];
-        int type = best_type;
-        uint32_t kind = mega_kind(d, &type);
-        const struct pc_matvec *pm = (const struct pc_matvec *)d->push;
-        ph[k].kind = kind;
-        ph[k].tasks = kind == 1 ? pm->rows0 + pm->rows1 + pm->rows2 : kind == 2 ? pm->rows0 : 0;
-        memcpy(ph[k++].push, d->push, d->push_size);
-        if (kind == 3) {
-            ph[k].kind = 4;
-            memcpy(ph[k++].push, d->push, d->push_size);
+    VkDeviceSize ph_bytes = round_up((VkDeviceSize)n_ph * sizeof(struct vk_phase), ALIGN);
+    if (st == ANVIL_OK && n_runs)
+        st = vk_buffer_create(p->b->d, ph_bytes + (VkDeviceSize)n_runs * MEGA_CNT_BYTES, VK_MEM_CONTROL,
+                              "the persistent step's phases", &p->mega);
+    if (st == ANVIL_OK && n_runs) {
+        memset(p->mega.map, 0, p->mega.size);
+        struct vk_phase *ph = p->mega.map;
+        int w = 0, o = 0, k = 0; /* ops written, read; phases written */
+        for (int r = 0; r < n_runs; r++) {
+            while (o < start[r]) p->ops[w++] = p->ops[o++];
+            struct pc_mega pm = {p->mega.addr + (VkDeviceSize)k * sizeof *ph, p->ctl.addr,
+                                 p->mega.addr + ph_bytes + (VkDeviceSize)r * MEGA_CNT_BYTES, 0};
+            for (; o < start[r] + len[r]; o++) {
+                const struct vk_dispatch *d = &p->ops[o];
+                int type = rtype[r];
+                uint32_t kind = mega_kind(d, &type, attn);
+                const struct pc_matvec *pmv = (const struct pc_matvec *)d->push;
+                for (uint32_t part = 0; part < (kind == 3 ? 2u : 1u); part++) {
+                    ph[k].kind = kind + part;
+                    if (skip & (1u << (kind + part - 1))) ph[k].kind |= 0x100;
+                    ph[k].tasks = kind == 1 ? pmv->rows0 + pmv->rows1 + pmv->rows2 : kind == 2 ? pmv->rows0 : 0;
+                    memcpy(ph[k++].push, d->push, d->push_size);
+                    pm.n_phases++;
+                }
+            }
+            p->stats.meetings += (int)pm.n_phases - 1;
+            struct vk_dispatch *d = &p->ops[w++];
+            memset(d, 0, sizeof *d);
+            d->k = (enum vk_kernel)(K_MEGA_F32 + rtype[r]);
+            d->gx = pl->mega_grid;
+            d->gy = d->gz = 1;
+            d->push_size = sizeof pm;
+            memcpy(d->push, &pm, sizeof pm);
         }
+        while (o < n) p->ops[w++] = p->ops[o++];
+        p->n_ops = w;
+        log_info("vulkan: the persistent step: %d runs of dispatches as %d phases, %u workgroups of %u threads", n_runs,
+                 n_ph, pl->mega_grid, pl->mega_wg);
     }
-    struct pc_mega pm = {p->mega.addr, p->ctl.addr, p->mega.addr + ph_bytes, (uint32_t)best_ph};
-    struct vk_dispatch *d = &p->ops[best];
-    memset(d, 0, sizeof *d);
-    d->k = (enum vk_kernel)(K_MEGA_F32 + best_type);
-    d->gx = pl->mega_grid;
-    d->gy = d->gz = 1;
-    d->push_size = sizeof pm;
-    memcpy(d->push, &pm, sizeof pm);
-    memmove(&p->ops[best + 1], &p->ops[best + best_n], (size_t)(p->n_ops - best - best_n) * sizeof *p->ops);
-    p->n_ops -= best_n - 1;
-    p->stats.meetings = best_ph - 1;
-    log_info("vulkan: the persistent step: %d dispatches as %d phases of %u workgroups of %u threads", best_n,
-             best_ph, pl->mega_grid, pl->mega_wg);
-    return ANVIL_OK;
+    free(start);
+    free(len);
+    free(rtype);
+    return st;
 }
 
 /* The persistent step's workgroups did not all meet (mega.comp gave up waiting): the step's

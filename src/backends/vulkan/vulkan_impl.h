@@ -249,8 +249,9 @@ struct vk_pipelines {
      * per workgroup, units per thread per iteration) */
     uint32_t qx_nr[VK_QX_KINDS][2], qx_wg[VK_QX_KINDS][2], qx_pipe[VK_QX_KINDS][2];
     /* mega.comp: workgroups (0: no persistent step), threads per workgroup, groups of 8
-     * weights a lane loads at a time, subgroups per workgroup taking attention units */
-    uint32_t mega_grid, mega_wg, mega_pf, mega_asg;
+     * weights a lane loads at a time, subgroups per workgroup taking attention units, rows a
+     * subgroup multiplies at once */
+    uint32_t mega_grid, mega_wg, mega_pf, mega_asg, mega_r;
 };
 
 /* Creates every pipeline; attention is specialised for G query heads per kv head and head

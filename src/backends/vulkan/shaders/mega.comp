@@ -38,6 +38,7 @@ layout(constant_id = 2) const uint D = 128;  /* head dim, a multiple of 4 */
 layout(constant_id = 3) const uint SG = 32;  /* subgroup size */
 layout(constant_id = 4) const uint PF = 4;   /* groups of 8 weights a lane loads at a time */
 layout(constant_id = 5) const uint ASG = 8;  /* subgroups of a workgroup that take attention units */
+layout(constant_id = 6) const uint R = 4;    /* rows a subgroup multiplies at once (even; gate/up: R / 2 pairs) */
 const uint D4 = D / 4;
 const uint LPR = SG < 8u ? SG : 8u;        /* lanes per cache row */
 const uint RPS = SG / LPR;                 /* rows per pass */
@@ -64,6 +65,9 @@ layout(push_constant) uniform PC {
 } mp;
 
 shared float as_[ASG * AW]; /* per attention subgroup: q rows [G][D], then k and v of this position */
+const uint XS4 = 1024u;      /* a product's input in shared memory: K <= 4 XS4 (form_mega checks) */
+shared vec4 xs_[XS4];        /* x [* normw] */
+shared float ss_[128];       /* the subgroups' sums of squares */
 
 void dec8(uvec4 r[NV], out vec4 a, out vec4 b) {
 #if defined(W_F32)
@@ -86,12 +90,15 @@ uint word(uint base, uint i) { return mp.ph.v[base + i / 4u][i & 3u]; }
 
 /* every workgroup's writes so far made visible to every workgroup: all arrive at the
  * counter, then wait for all (the m-th meeting waits for m arrivals of each) */
-void meet(uint m) {
+void meet(uint m, uint landed) {
     memoryBarrierBuffer();
     barrier();
+    if (gl_LocalInvocationID.x == 0u) atomicAdd(mp.cnt.n, 1u);
+    /* the loads issued for the next phase land while the others arrive (a use the compiler
+     * cannot drop, so that it does not sink them past the meeting) */
+    if (landed == 0x9e3779b9u && gl_LocalInvocationID.x == 0xffffu) mp.ctl.pad1 = landed;
     if (gl_LocalInvocationID.x == 0u) {
         uint want = m * gl_NumWorkGroups.x;
-        atomicAdd(mp.cnt.n, 1u);
         uint polls = mp.ctl.fault != 0u ? (1u << 22) - 1u : 0u; /* after a fault, no more waiting */
         while (atomicLoad(mp.cnt.n, gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsRelaxed) < want) {
             if (++polls == (1u << 22)) { /* the grid is not resident: give up */
@@ -104,38 +111,6 @@ void meet(uint m) {
     memoryBarrierBuffer();
 }
 
-/* PF groups of row `row` (PF * SG groups from group i0 on) into r */
-void load_groups(WR w, uint row, uint Kp8, uint i0, out uvec4 r[PF][NV]) {
-    uint lane = gl_SubgroupInvocationID;
-    for (uint k = 0; k < PF; k++) {
-        uint c = lane + (i0 + k) * SG;
-        for (uint t = 0; t < NV; t++) r[k][t] = c < Kp8 ? w.v[(row * Kp8 + c) * NV + t] : uvec4(0u);
-    }
-}
-
-/* this lane's share of dot(row, x [* nw]) over groups i0 .. i0 + PF - 1 (and of the second
- * row's, ru, where dual), and of sum(x^2) */
-void dot_groups(uvec4 r[PF][NV], uvec4 ru[PF][NV], bool dual, Vec4s x, Vec4s nw, bool norm, uint Kp8, uint i0,
-                inout float acc, inout float accu, inout float ss) {
-    uint lane = gl_SubgroupInvocationID;
-    for (uint k = 0; k < PF; k++) {
-        uint c = lane + (i0 + k) * SG;
-        if (c >= Kp8) break;
-        vec4 xa = x.v[2u * c], xb = x.v[2u * c + 1u], a, b;
-        if (norm) {
-            ss += dot(xa, xa) + dot(xb, xb);
-            xa *= nw.v[2u * c];
-            xb *= nw.v[2u * c + 1u];
-        }
-        dec8(r[k], a, b);
-        acc += dot(a, xa) + dot(b, xb);
-        if (dual) {
-            dec8(ru[k], a, b);
-            accu += dot(a, xa) + dot(b, xb);
-        }
-    }
-}
-
 /* The matvec phase's row g: which matrix, and its row in it */
 void mv_pick(uint b, uint g, out WR w, out uint gr) {
     uint rows0 = word(b, 22u), rows1 = word(b, 23u);
@@ -143,34 +118,114 @@ void mv_pick(uint b, uint g, out WR w, out uint gr) {
     gr = g < rows0 ? g : g < rows0 + rows1 ? g - rows0 : g - rows0 - rows1;
 }
 
+/* Slot s (< R) of a product phase's iteration i0: the subgroup's rows are gs + i NS,
+ * i = 0, 1, ..., R at a time (gate/up: R / 2 rows, slots R / 2 .. R - 1 the up matrix's);
+ * its matrix and row in it, and its output row u; false past the phase's rows. */
+bool mv_slot(uint b, uint kind, uint tasks, uint gs, uint NS, uint i0, uint s, out WR w, out uint gr, out uint u) {
+    uint h = kind == 2u ? s % (R / 2u) : s;
+    u = gs + (i0 + h) * NS;
+    gr = u;
+    w = WR(word2(b, kind == 2u && s >= R / 2u ? 8u : 6u));
+    if (u >= tasks) return false;
+    if (kind == 1u) mv_pick(b, u, w, gr);
+    return true;
+}
+
+/* groups kb .. kb + PF - 1 of each slot's row (this lane's: group lane + k SG) */
+void mv_load(uint b, uint kind, uint tasks, uint gs, uint NS, uint i0, uint Kp8, uint kb, out uvec4 r[R][PF][NV]) {
+    uint lane = gl_SubgroupInvocationID;
+    for (uint s = 0; s < R; s++) {
+        WR w;
+        uint gr, u;
+        bool live = mv_slot(b, kind, tasks, gs, NS, i0, s, w, gr, u);
+        for (uint k = 0; k < PF; k++) {
+            uint c = lane + (kb + k) * SG;
+            for (uint t = 0; t < NV; t++) r[s][k][t] = live && c < Kp8 ? w.v[(gr * Kp8 + c) * NV + t] : uvec4(0u);
+        }
+    }
+}
+
 /* ---- attention ---- */
 
-/* unit (j, c) of the attention phase (pc_attn at b) at position pos; NE chunks */
-void attn_unit(uint b, uint j, uint c, uint NE, uint pos, uint sa) {
+/* four elements of a cache at i4 as stored (float16: in .xy), and as floats */
+uvec4 kv_raw(Floats c, uint i4) { return KV16 ? uvec4(Halves4(c).v[i4], 0u, 0u) : floatBitsToUint(Vec4s(c).v[i4]); }
+vec4 kv_val(uvec4 r) { return KV16 ? halves4(r.xy) : uintBitsToFloat(r); }
+
+/* chunk c's cache rows [begin, end) of NE at position pos */
+void attn_span(uint c, uint NE, uint pos, out uint begin, out uint end) {
+    uint n = pos + 1u, L = (n + NE - 1u) / NE;
+    begin = min(c * L, n);
+    end = min(begin + L, n);
+}
+
+/* a pass's rows as stored, zero past the end and for the current position (made in this
+ * step: attn_unit patches it in): this lane's pieces of k row base + lane / LPR, and its
+ * vec4s of v rows base .. base + RPS - 1 */
+void attn_load(Floats kc, Floats vc, uint Hkv, uint j, uint base, uint end, uint pos, out uvec4 kr[KPL],
+               out uvec4 vr[RPS][CPL]) {
+    uint lane = gl_SubgroupInvocationID;
+    uint p = base + lane / LPR;
+    bool live = p < end && p != pos;
+    for (uint i = 0; i < KPL; i++) {
+        uint c4 = lane % LPR + i * LPR;
+        kr[i] = live && c4 < D4 ? kv_raw(kc, (p * Hkv + j) * D4 + c4) : uvec4(0u);
+    }
+    for (uint r = 0; r < RPS; r++)
+        for (uint k = 0; k < CPL; k++) {
+            uint q = base + r, c4 = lane + k * SG;
+            vr[r][k] = q < end && q != pos && c4 < D4 ? kv_raw(vc, (q * Hkv + j) * D4 + c4) : uvec4(0u);
+        }
+}
+
+/* what a unit needs that this step's phases before it do not make: its first pass of the
+ * cache, this position's rope table and the norms' weights (loaded before the meeting) */
+void attn_pre(uint b, uint j, uint c, uint NE, uint pos, out uvec4 kr[KPL], out uvec4 vr[RPS][CPL],
+              out float rc[DL], out float rs[DL], out float wq[DL], out float wk[DL]) {
+    uint lane = gl_SubgroupInvocationID;
+    uint begin, end;
+    attn_span(c, NE, pos, begin, end);
+    attn_load(Floats(word2(b, 10u)), Floats(word2(b, 12u)), word(b, 26u), j, begin, end, pos, kr, vr);
+    Floats qnorm = Floats(word2(b, 6u)), knorm = Floats(word2(b, 8u)), rope = Floats(word2(b, 14u));
+    uint half_ = word(b, 28u) / 2u;
+    for (uint i = 0; i < DL; i++) {
+        uint d = lane + i * SG, r = d < half_ ? d : d - half_;
+        bool rot = d < 2u * half_;
+        rc[i] = rot ? rope.v[(pos * half_ + r) * 2u] : 1.0;
+        rs[i] = rot ? rope.v[(pos * half_ + r) * 2u + 1u] : 0.0;
+        wq[i] = d < D ? qnorm.v[d] : 0.0;
+        wk[i] = d < D ? knorm.v[d] : 0.0;
+    }
+}
+
+/* unit (j, c) of the attention phase (pc_attn at b) at position pos; NE chunks; sa: this
+ * subgroup's shared rows; kr, vr, rc, rs, wq, wk: attn_pre's */
+void attn_unit(uint b, uint j, uint c, uint NE, uint pos, uint sa, uvec4 kr[KPL], uvec4 vr[RPS][CPL], float rc[DL],
+               float rs[DL], float wq[DL], float wk[DL]) {
     uint lane = gl_SubgroupInvocationID;
     Floats q = Floats(word2(b, 0u)), k = Floats(word2(b, 2u)), v = Floats(word2(b, 4u));
-    Floats qnorm = Floats(word2(b, 6u)), knorm = Floats(word2(b, 8u));
-    Floats kc = Floats(word2(b, 10u)), vc = Floats(word2(b, 12u)), rope = Floats(word2(b, 14u));
+    Floats kc = Floats(word2(b, 10u)), vc = Floats(word2(b, 12u));
     Floats part = Floats(word2(b, 16u));
-    uint Hkv = word(b, 26u), NC = word(b, 27u), n_rot = word(b, 28u);
+    uint Hkv = word(b, 26u), NC = word(b, 27u), half_ = word(b, 28u) / 2u;
     float eps = uintBitsToFloat(word(b, 29u)), scale = uintBitsToFloat(word(b, 30u));
-    uint n = pos + 1u, L = (n + NE - 1u) / NE;
-    uint begin = min(c * L, n), end = min(begin + L, n);
-    bool mine = begin <= pos && pos < end;
+    uint begin, end;
+    attn_span(c, NE, pos, begin, end);
+    bool mine = begin <= pos && pos < end; /* this chunk holds the current position */
     uint base_s = sa * AW; /* q rows at base_s, k at + G * D, v at + (G + 1) * D */
-    uint half_ = n_rot / 2u;
+    /* the second pass's rows, in flight while q is made */
+    uvec4 kn[KPL], vn[RPS][CPL];
+    attn_load(kc, vc, Hkv, j, begin + RPS, end, pos, kn, vn);
 
     /* the G query rows (and k, v where mine): normalised into shared memory */
-    float xv[G + 1u][DL], wq[DL], wk[DL];
+    float xv[G + 1u][DL];
     for (uint g = 0; g <= G; g++)
         for (uint i = 0; i < DL; i++) {
             uint d = lane + i * SG;
             xv[g][i] = d >= D ? 0.0 : g < G ? q.v[(j * G + g) * D + d] : mine ? k.v[j * D + d] : 0.0;
         }
+    float vv[DL];
     for (uint i = 0; i < DL; i++) {
         uint d = lane + i * SG;
-        wq[i] = d < D ? qnorm.v[d] : 0.0;
-        wk[i] = d < D && mine ? knorm.v[d] : 0.0;
+        vv[i] = d < D && mine ? v.v[j * D + d] : 0.0;
     }
     for (uint g = 0; g <= G; g++) {
         if (g == G && !mine) break;
@@ -185,30 +240,28 @@ void attn_unit(uint b, uint j, uint c, uint NE, uint pos, uint sa) {
     subgroupMemoryBarrierShared();
     subgroupBarrier();
     /* rotate (NeoX pairs (i, i + n_rot / 2)) */
-    float yv[G + 1u][DL];
     for (uint g = 0; g <= G; g++)
         for (uint i = 0; i < DL; i++) {
             uint d = lane + i * SG;
             float y = d < D ? as_[base_s + g * D + d] : 0.0;
-            if (d < n_rot && (g < G || mine)) {
+            if (d < 2u * half_) {
                 uint r = d < half_ ? d : d - half_;
-                float cs = rope.v[(pos * half_ + r) * 2u], sn = rope.v[(pos * half_ + r) * 2u + 1u];
                 float a = as_[base_s + g * D + r], bb = as_[base_s + g * D + r + half_];
-                y = d < half_ ? a * cs - bb * sn : bb * cs + a * sn;
+                y = d < half_ ? a * rc[i] - bb * rs[i] : bb * rc[i] + a * rs[i];
             }
-            yv[g][i] = y;
+            xv[g][i] = y;
         }
     subgroupMemoryBarrierShared();
     subgroupBarrier();
     for (uint g = 0; g <= G; g++)
         for (uint i = 0; i < DL; i++) {
             uint d = lane + i * SG;
-            if (d < D) as_[base_s + g * D + d] = g == G ? kv_round(vec4(yv[g][i])).x : yv[g][i];
+            if (d < D) as_[base_s + g * D + d] = g == G ? kv_round(vec4(xv[g][i])).x : xv[g][i];
         }
     if (mine) /* this position's v row, as the cache holds it */
         for (uint i = 0; i < DL; i++) {
             uint d = lane + i * SG;
-            if (d < D) as_[base_s + (G + 1u) * D + d] = kv_round(vec4(v.v[j * D + d])).x;
+            if (d < D) as_[base_s + (G + 1u) * D + d] = kv_round(vec4(vv[i])).x;
         }
     subgroupMemoryBarrierShared();
     subgroupBarrier();
@@ -229,37 +282,27 @@ void attn_unit(uint b, uint j, uint c, uint NE, uint pos, uint sa) {
     for (uint base = begin; base < end; base += RPS) {
         uint p = base + lane / LPR;
         bool live = p < end;
-        vec4 kr[KPL], vr[RPS][CPL];
+        vec4 kf[KPL], vf[RPS][CPL];
         for (uint i = 0; i < KPL; i++) {
-            uint c4 = lane % LPR + i * LPR;
-            kr[i] = vec4(0.0);
-            if (live && c4 < D4) {
-                if (p == pos) {
-                    uint kb = base_s + G * D + 4u * c4;
-                    kr[i] = vec4(as_[kb], as_[kb + 1u], as_[kb + 2u], as_[kb + 3u]);
-                } else {
-                    kr[i] = kv_get(kc, (p * Hkv + j) * D4 + c4);
-                }
-            }
+            uint c4 = lane % LPR + i * LPR, kb = base_s + G * D + 4u * min(c4, D4 - 1u);
+            kf[i] = p == pos && c4 < D4 ? vec4(as_[kb], as_[kb + 1u], as_[kb + 2u], as_[kb + 3u]) : kv_val(kr[i]);
         }
         for (uint r = 0; r < RPS; r++)
             for (uint kk = 0; kk < CPL; kk++) {
-                uint pr = base + r, c4 = lane + kk * SG;
-                vr[r][kk] = vec4(0.0);
-                if (pr < end && c4 < D4) {
-                    if (pr == pos) {
-                        uint vb = base_s + (G + 1u) * D + 4u * c4;
-                        vr[r][kk] = vec4(as_[vb], as_[vb + 1u], as_[vb + 2u], as_[vb + 3u]);
-                    } else {
-                        vr[r][kk] = kv_get(vc, (pr * Hkv + j) * D4 + c4);
-                    }
-                }
+                uint c4 = lane + kk * SG, vb = base_s + (G + 1u) * D + 4u * min(c4, D4 - 1u);
+                vf[r][kk] = base + r == pos && c4 < D4 ? vec4(as_[vb], as_[vb + 1u], as_[vb + 2u], as_[vb + 3u])
+                                                        : kv_val(vr[r][kk]);
             }
+        /* the pass after next, in flight while this one is summed */
+        for (uint i = 0; i < KPL; i++) kr[i] = kn[i];
+        for (uint r = 0; r < RPS; r++)
+            for (uint kk = 0; kk < CPL; kk++) vr[r][kk] = vn[r][kk];
+        if (base + 2u * RPS < end) attn_load(kc, vc, Hkv, j, base + 2u * RPS, end, pos, kn, vn);
         for (uint g = 0; g < G; g++) {
             float s = 0.0;
             for (uint i = 0; i < KPL; i++) {
                 uint c4 = min(lane % LPR + i * LPR, D4 - 1u), qb = base_s + g * D + 4u * c4;
-                s += dot(vec4(as_[qb], as_[qb + 1u], as_[qb + 2u], as_[qb + 3u]), kr[i]); /* kr is zero past D4 */
+                s += dot(vec4(as_[qb], as_[qb + 1u], as_[qb + 2u], as_[qb + 3u]), kf[i]); /* kf is zero past D4 */
             }
             for (uint w = 1u; w < LPR; w <<= 1u) s += subgroupShuffleXor(s, w);
             s = live ? s * scale : -1.0 / 0.0;
@@ -269,7 +312,7 @@ void attn_unit(uint b, uint j, uint c, uint NE, uint pos, uint sa) {
             for (uint kk = 0; kk < CPL; kk++) o[g][kk] *= corr;
             for (uint r = 0; r < RPS; r++) {
                 float er = subgroupShuffle(e, r * LPR);
-                for (uint kk = 0; kk < CPL; kk++) o[g][kk] += er * vr[r][kk];
+                for (uint kk = 0; kk < CPL; kk++) o[g][kk] += er * vf[r][kk];
             }
             m[g] = mn;
         }
@@ -344,56 +387,81 @@ void main() {
         uint b = p * 9u;
         uvec4 h = mp.ph.v[b];
         b += 1u;
-        uint kind = h.x, tasks = h.y;
-        /* the first weights of this subgroup's first unit, before the meeting */
-        uvec4 pre[PF][NV], preu[PF][NV];
-        bool have = (kind == 1u || kind == 2u) && gs < tasks;
-        if (have) {
-            uint Kp8 = word(b, 20u);
-            if (kind == 1u) {
-                WR w;
-                uint gr;
-                mv_pick(b, gs, w, gr);
-                load_groups(w, gr, Kp8, 0u, pre);
-            } else {
-                load_groups(WR(word2(b, 6u)), gs, Kp8, 0u, pre);
-                load_groups(WR(word2(b, 8u)), gs, Kp8, 0u, preu);
-            }
+        uint kind = (h.x & 0x100u) != 0u ? 0u : h.x, tasks = h.y; /* 0x100: skipped, for measuring */
+        /* the first weights of this subgroup's first rows, before the meeting */
+        uvec4 pre[R][PF][NV];
+        if ((kind == 1u || kind == 2u) && gs < tasks) mv_load(b, kind, tasks, gs, NS, 0u, word(b, 20u), 0u, pre);
+        uvec4 akr[KPL], avr[RPS][CPL];
+        float arc[DL], ars[DL], awq[DL], awk[DL];
+        uint NE = 0u, ua = sgl * nwg + wg;
+        if (kind == 3u) {
+            NE = min(word(b, 27u), (pos + RPC) / RPC); /* ceil((pos + 1) / RPC), at most NC */
+            if (sgl < ASG && ua < word(b, 26u) * NE) attn_pre(b, ua / NE, ua % NE, NE, pos, akr, avr, arc, ars, awq, awk);
         }
-        if (p > 0u) meet(++meetings);
+        uint landed = 0u;
+        for (uint s2 = 0; s2 < R; s2++)
+            for (uint k = 0; k < PF; k++) landed ^= (kind == 1u || kind == 2u) && gs < tasks ? pre[s2][k][0].x : 0u;
+        if (kind == 3u)
+            for (uint i = 0; i < KPL; i++) landed ^= akr[i].x ^ avr[i % RPS][0].x;
+        if (p > 0u) meet(++meetings, landed);
         if (kind == 1u || kind == 2u) {
             Vec4s x = Vec4s(word2(b, 0u)), nw = Vec4s(word2(b, 2u));
             uint Kp8 = word(b, 20u), K = word(b, 21u), flags = word(b, 25u);
             float eps = uintBitsToFloat(word(b, 26u));
             bool norm = (flags & 1u) != 0u;
-            for (uint u = gs; u < tasks; u += NS) {
-                float acc = 0.0, accu = 0.0, ss = 0.0;
-                WR w, wu = WR(word2(b, 8u));
-                uint gr = u;
-                if (kind == 1u) mv_pick(b, u, w, gr);
-                else w = WR(word2(b, 6u));
-                for (uint i0 = 0u; i0 * SG < Kp8; i0 += PF) {
-                    uvec4 r[PF][NV], ru[PF][NV];
-                    if (i0 == 0u && u == gs) {
-                        for (uint k = 0; k < PF; k++)
-                            for (uint t = 0; t < NV; t++) {
-                                r[k][t] = pre[k][t];
-                                ru[k][t] = preu[k][t];
-                            }
-                    } else {
-                        load_groups(w, gr, Kp8, i0, r);
-                        if (kind == 2u) load_groups(wu, gr, Kp8, i0, ru);
-                    }
-                    dot_groups(r, ru, kind == 2u, x, nw, norm, Kp8, i0, acc, accu, ss);
+            uint step = kind == 2u ? R / 2u : R;
+            /* the input (normalised by the norm's weight; 1 / rms applied to the sums) staged
+             * in shared memory once per workgroup */
+            float ssp = 0.0;
+            for (uint i = gl_LocalInvocationID.x; i < 2u * Kp8; i += gl_WorkGroupSize.x) {
+                vec4 xv = x.v[i];
+                if (norm) {
+                    ssp += dot(xv, xv);
+                    xv *= nw.v[i];
                 }
-                acc = subgroupAdd(acc);
-                if (kind == 2u) accu = subgroupAdd(accu);
-                if (norm) ss = subgroupAdd(ss);
-                float sc = norm ? 1.0 / sqrt(ss / float(K) + eps) : 1.0;
-                if (lane == 0u) {
-                    float a = acc * sc;
+                xs_[i] = xv;
+            }
+            if (norm) {
+                ssp = subgroupAdd(ssp);
+                if (subgroupElect()) ss_[sgl] = ssp;
+            }
+            barrier();
+            float ss = 0.0;
+            if (norm)
+                for (uint i = 0u; i < gl_NumSubgroups; i++) ss += ss_[i];
+            float sc = norm ? 1.0 / sqrt(ss / float(K) + eps) : 1.0;
+            for (uint i0 = 0u; gs + i0 * NS < tasks; i0 += step) {
+                float acc[R];
+                for (uint s2 = 0; s2 < R; s2++) acc[s2] = 0.0;
+                for (uint kb = 0u; kb * SG < Kp8; kb += PF) {
+                    uvec4 r[R][PF][NV];
+                    if (i0 == 0u && kb == 0u) {
+                        for (uint s2 = 0; s2 < R; s2++)
+                            for (uint k = 0; k < PF; k++)
+                                for (uint t = 0; t < NV; t++) r[s2][k][t] = pre[s2][k][t];
+                    } else {
+                        mv_load(b, kind, tasks, gs, NS, i0, Kp8, kb, r);
+                    }
+                    for (uint k = 0; k < PF; k++) {
+                        uint c = lane + (kb + k) * SG;
+                        if (c >= Kp8) break;
+                        vec4 xa = xs_[2u * c], xb = xs_[2u * c + 1u], wa, wb;
+                        for (uint s2 = 0; s2 < R; s2++) {
+                            uvec4 rr[NV];
+                            for (uint t = 0; t < NV; t++) rr[t] = r[s2][k][t];
+                            dec8(rr, wa, wb);
+                            acc[s2] += dot(wa, xa) + dot(wb, xb);
+                        }
+                    }
+                }
+                for (uint s2 = 0; s2 < R; s2++) acc[s2] = subgroupAdd(acc[s2]);
+                for (uint s2 = 0; s2 < step; s2++) {
+                    WR w;
+                    uint gr, u;
+                    if (lane != s2 || !mv_slot(b, kind, tasks, gs, NS, i0, s2, w, gr, u)) continue;
+                    float a = acc[s2] * sc;
                     if (kind == 2u) {
-                        float bu = accu * sc;
+                        float bu = acc[s2 + R / 2u] * sc;
                         Floats(word2(b, 12u)).v[u] = a / (1.0 + exp(-a)) * bu;
                     } else {
                         uint rows0 = word(b, 22u), rows1 = word(b, 23u);
@@ -408,11 +476,14 @@ void main() {
             }
         } else if (kind == 3u || kind == 4u) {
             uint Hkv = word(b, 26u), NC = word(b, 27u);
-            uint NE = min(NC, (pos + RPC) / RPC); /* ceil((pos + 1) / RPC) */
+            NE = min(NC, (pos + RPC) / RPC); /* ceil((pos + 1) / RPC) */
             if (kind == 3u) {
                 if (sgl < ASG) {
                     uint na = ASG * nwg, sa = sgl;
-                    for (uint u = sgl * nwg + wg; u < Hkv * NE; u += na) attn_unit(b, u / NE, u % NE, NE, pos, sa);
+                    for (uint u = ua; u < Hkv * NE; u += na) {
+                        if (u != ua) attn_pre(b, u / NE, u % NE, NE, pos, akr, avr, arc, ars, awq, awk);
+                        attn_unit(b, u / NE, u % NE, NE, pos, sa, akr, avr, arc, ars, awq, awk);
+                    }
                 }
             } else {
                 for (uint u = gs; u < Hkv * G; u += NS) merge_unit(b, u, NE);
