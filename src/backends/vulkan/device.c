@@ -583,6 +583,20 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
         pef.pNext = f12.pNext;
         f12.pNext = &pef;
     }
+    /* the device's clock in shaders, for measuring mega.comp's phases (ANVIL_VK_MEGA_CLOCK=1) */
+    VkPhysicalDeviceShaderClockFeaturesKHR clf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CLOCK_FEATURES_KHR};
+    const char *mc = getenv("ANVIL_VK_MEGA_CLOCK");
+    if (mc && strcmp(mc, "1") == 0 && has_device_ext(d->phys, VK_KHR_SHADER_CLOCK_EXTENSION_NAME)) {
+        VkPhysicalDeviceFeatures2 cf2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &clf};
+        vkGetPhysicalDeviceFeatures2(d->phys, &cf2);
+        if (clf.shaderDeviceClock) {
+            d->shader_clock = true;
+            dev_exts[n_dev_exts++] = VK_KHR_SHADER_CLOCK_EXTENSION_NAME;
+            clf = (VkPhysicalDeviceShaderClockFeaturesKHR){.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CLOCK_FEATURES_KHR,
+                                                         .pNext = f12.pNext, .shaderDeviceClock = VK_TRUE};
+            f12.pNext = &clf;
+        }
+    }
     VkDeviceCreateInfo dci = {VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f12, 0, 1, &qi, 0, NULL,
                               n_dev_exts, dev_exts, NULL};
     st = vk_result(vkCreateDevice(d->phys, &dci, NULL, &d->dev), "vkCreateDevice");

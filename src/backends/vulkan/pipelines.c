@@ -224,6 +224,9 @@ static const uint32_t spv_mega_f16[] =
 static const uint32_t spv_mega_bf16[] =
 #include "shaders/mega_bf16.inc"
     ;
+static const uint32_t spv_mega_bf16_clk[] =
+#include "shaders/mega_bf16_clk.inc"
+    ;
 
 #define SPV(a) a, sizeof a
 
@@ -374,6 +377,7 @@ static const struct {
     [K_MEGA_F32] = {SPV(spv_mega_f32), "mega_f32"},
     [K_MEGA_F16] = {SPV(spv_mega_f16), "mega_f16"},
     [K_MEGA_BF16] = {SPV(spv_mega_bf16), "mega_bf16"},
+    [K_MEGA_BF16_CLK] = {SPV(spv_mega_bf16_clk), "mega_bf16_clk"},
 };
 
 const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }
@@ -528,9 +532,9 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
     out->mega_pf = 4;
     e = getenv("ANVIL_VK_MEGA_PF");
     if (e && atoi(e) >= 1 && atoi(e) <= 16) out->mega_pf = (uint32_t)atoi(e);
-    /* shared memory: a product's input (16 KiB), the subgroups' sums (512 bytes), the attention
+    /* shared memory: a product's input (16 KiB), the subgroups' sums and the phase records (1 KiB), the attention
      * subgroups' rows in what is left, at most 16 KiB */
-    uint32_t row = (uint32_t)(attn_g + 2) * (uint32_t)attn_d * 4u, fixed = 16384u + 512u;
+    uint32_t row = (uint32_t)(attn_g + 2) * (uint32_t)attn_d * 4u, fixed = 16384u + 1024u;
     uint32_t room = d->props.limits.maxComputeSharedMemorySize > fixed ? d->props.limits.maxComputeSharedMemorySize - fixed : 0;
     out->mega_asg = MIN(out->mega_wg / sg, MIN(room, 16384u) / row);
     if (out->mega_asg == 0 || out->mega_wg == 0 || out->mega_wg / sg > 128 || !d->subgroup_shuffle) out->mega_grid = 0;
@@ -600,7 +604,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         if ((k == K_MMH_CM2 || k == K_MMH_CM2_MOE) && !d->coopmat2) continue;
         if (k == K_ATTN_FLASH && (!d->coopmat || !d->subgroup_shuffle || !vk_flash_fits(attn_g, attn_d))) continue;
         if (k >= K_QX && k <= K_MATVEC_SWIGLU_QX_Q6_K && !d->int_dot) continue;
-        if (k >= K_MEGA_F32 && k <= K_MEGA_BF16 && !out->mega_grid) continue;
+        if (k >= K_MEGA_F32 && k <= K_MEGA_BF16_CLK && !out->mega_grid) continue;
+        if (k == K_MEGA_BF16_CLK && !d->shader_clock) continue;
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;
@@ -618,7 +623,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[3] = out->attn_nsg * d->subgroup_size; /* workgroup: NSG subgroups */
             vals[4] = out->attn_nsg;
             n = 5;
-        } else if (k >= K_MEGA_F32 && k <= K_MEGA_BF16) {
+        } else if (k >= K_MEGA_F32 && k <= K_MEGA_BF16_CLK) {
             vals[0] = out->mega_wg;
             vals[1] = (uint32_t)attn_g;
             vals[2] = (uint32_t)attn_d;

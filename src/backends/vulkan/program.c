@@ -117,6 +117,9 @@ struct vk_program {
     VkCommandBuffer cb_prof_s; /* and the sampling kernel alone, between two timestamps */
     VkQueryPool queries;
     struct vk_buffer mega; /* the persistent step's phases, then its counter (form_mega) */
+    struct vk_buffer clk;  /* ANVIL_VK_MEGA_CLOCK=1: its meetings' times, and each phase's kind */
+    uint32_t *clk_kind;
+    int clk_phases, clk_runs;
     struct vk_stats stats;
 };
 
@@ -754,7 +757,7 @@ struct vk_phase {
     _Alignas(8) uint8_t push[VK_PUSH_BYTES];
 };
 struct pc_mega {
-    uint64_t phases, ctl, cnt;
+    uint64_t phases, ctl, cnt, clk;
     uint32_t n_phases;
 };
 #define MEGA_CNT_BYTES 256
@@ -812,6 +815,15 @@ static anvil_status form_mega(struct vk_program *p) {
     if (st == ANVIL_OK && n_runs)
         st = vk_buffer_create(p->b->d, ph_bytes + (VkDeviceSize)n_runs * MEGA_CNT_BYTES, VK_MEM_CONTROL,
                               "the persistent step's phases", &p->mega);
+    bool clock = p->b->d->shader_clock;
+    VkDeviceSize clk_bytes = (VkDeviceSize)(n_ph + 2 * n_runs) * pl->mega_grid * 16;
+    if (st == ANVIL_OK && n_runs && clock) {
+        st = vk_buffer_create(p->b->d, clk_bytes, VK_MEM_READBACK, "the persistent step's clock", &p->clk);
+        p->clk_kind = calloc((size_t)n_ph, sizeof *p->clk_kind);
+        if (st == ANVIL_OK && !p->clk_kind) st = err_set(ANVIL_ERR_NOMEM, "out of memory");
+        p->clk_phases = n_ph;
+        p->clk_runs = n_runs;
+    }
     if (st == ANVIL_OK && n_runs) {
         memset(p->mega.map, 0, p->mega.size);
         struct vk_phase *ph = p->mega.map;
@@ -819,7 +831,8 @@ static anvil_status form_mega(struct vk_program *p) {
         for (int r = 0; r < n_runs; r++) {
             while (o < start[r]) p->ops[w++] = p->ops[o++];
             struct pc_mega pm = {p->mega.addr + (VkDeviceSize)k * sizeof *ph, p->ctl.addr,
-                                 p->mega.addr + ph_bytes + (VkDeviceSize)r * MEGA_CNT_BYTES, 0};
+                                 p->mega.addr + ph_bytes + (VkDeviceSize)r * MEGA_CNT_BYTES,
+                                 clock ? p->clk.addr + (VkDeviceSize)(k + 2 * r) * pl->mega_grid * 16 : 0, 0};
             for (; o < start[r] + len[r]; o++) {
                 const struct vk_dispatch *d = &p->ops[o];
                 int type = rtype[r];
@@ -829,6 +842,7 @@ static anvil_status form_mega(struct vk_program *p) {
                     ph[k].kind = kind + part;
                     if (skip & (1u << (kind + part - 1))) ph[k].kind |= 0x100;
                     ph[k].tasks = kind == 1 ? pmv->rows0 + pmv->rows1 + pmv->rows2 : kind == 2 ? pmv->rows0 : 0;
+                    if (clock) p->clk_kind[k] = kind + part + (kind == 1 && ph[k].tasks >= p->V ? 4 : 0);
                     memcpy(ph[k++].push, d->push, d->push_size);
                     pm.n_phases++;
                 }
@@ -837,6 +851,7 @@ static anvil_status form_mega(struct vk_program *p) {
             struct vk_dispatch *d = &p->ops[w++];
             memset(d, 0, sizeof *d);
             d->k = (enum vk_kernel)(K_MEGA_F32 + rtype[r]);
+            if (clock && d->k == K_MEGA_BF16) d->k = K_MEGA_BF16_CLK;
             d->gx = pl->mega_grid;
             d->gy = d->gz = 1;
             d->push_size = sizeof pm;
@@ -1093,9 +1108,54 @@ done:
     return ANVIL_OK;
 }
 
+/* ANVIL_VK_MEGA_CLOCK=1: where the last step's persistent dispatches spent their time, per
+ * phase kind: a phase's work runs from the meeting before it (each workgroup's leaving; the
+ * earliest) to the last workgroup's arrival at the next, its meeting from that arrival to the
+ * workgroups' leaving (their mean); the spread is the last arrival less the first. */
+static void mega_clock_report(struct vk_program *p) {
+    static const char *names[] = {"", "products", "gate/up", "attention", "merge", "LM head"};
+    uint32_t G = p->b->pl.mega_grid;
+    const uint64_t *t = p->clk.map;
+    double work[6] = {0}, meet[6] = {0}, spread[6] = {0};
+    int n[6] = {0};
+    double total = 0;
+    /* one run per step is the default (ANVIL_VK_MEGA_ATTN=1) */
+    int np = p->clk_runs == 1 ? p->clk_phases : 0;
+    if (!np) {
+        log_warn("vulkan: the clock report takes a single persistent dispatch (ANVIL_VK_MEGA_ATTN=1)");
+        return;
+    }
+    for (int ph = 0; ph < np; ph++) {
+        uint64_t start = UINT64_MAX, last = 0, first = UINT64_MAX;
+        double leave = 0;
+        for (uint32_t w = 0; w < G; w++) {
+            uint64_t s0 = t[((size_t)ph * G + w) * 2 + 1], a = t[((size_t)(ph + 1) * G + w) * 2];
+            start = MIN(start, s0);
+            last = MAX(last, a);
+            first = MIN(first, a);
+            if (ph + 1 < np) leave += (double)t[((size_t)(ph + 1) * G + w) * 2 + 1];
+        }
+        int kind = (int)p->clk_kind[ph];
+        if (kind < 1 || kind > 5) continue;
+        work[kind] += (double)(last - start) / 1e3;
+        meet[kind] += ph + 1 < np ? (leave / G - (double)last) / 1e3 : 0;
+        spread[kind] += (double)(last - first) / 1e3;
+        n[kind]++;
+        total += (double)(last - start) / 1e3 + (ph + 1 < np ? (leave / G - (double)last) / 1e3 : 0);
+    }
+    fprintf(stderr, "persistent step, last step (us; the device clock): %.1f in all\n", total);
+    for (int i = 1; i < 6; i++)
+        if (n[i])
+            fprintf(stderr, "  %-10s %3d x  work %7.2f  meeting after %5.2f  arrivals spread %5.2f  (sums %.1f / %.1f)\n",
+                    names[i], n[i], work[i] / n[i], meet[i] / n[i], spread[i] / n[i], work[i], meet[i]);
+}
+
 void vk_program_destroy(struct vk_program *p) {
     if (!p) return;
     struct vk_device *d = p->b->d;
+    if (p->clk.map && p->clk_kind && vk_idle(d)) mega_clock_report(p);
+    vk_buffer_destroy(d, &p->clk);
+    free(p->clk_kind);
     if (vk_idle(d)) { /* else abandoned with the device (vk_idle) */
         VkCommandBuffer cbs[8] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single, p->cb_prof, p->cb_batch_s,
                                   p->cb_single_s, p->cb_prof_s};

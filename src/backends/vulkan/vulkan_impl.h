@@ -25,6 +25,7 @@ struct vk_device {
     VkPhysicalDeviceMemoryProperties mem;
     uint32_t subgroup_size;
     uint32_t sm_count; /* streaming multiprocessors (VK_NV_shader_sm_builtins), 0 if unknown */
+    bool shader_clock; /* VK_KHR_shader_clock's device clock (ANVIL_VK_MEGA_CLOCK=1): K_MEGA_BF16_CLK */
     VkDevice dev;
     VkQueue queue;
     uint32_t queue_family;
@@ -211,6 +212,7 @@ enum vk_kernel {
     /* the decode step's float matvecs and attentions in one persistent dispatch (mega.comp),
      * per float weight kind, where vk_mega_grid says so */
     K_MEGA_F32, K_MEGA_F16, K_MEGA_BF16,
+    K_MEGA_BF16_CLK, /* the same timing its phases, where d->shader_clock */
     K_COUNT,
 };
 

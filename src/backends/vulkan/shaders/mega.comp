@@ -30,6 +30,9 @@
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_buffer_reference_uvec2 : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#ifdef CLOCK
+#extension GL_EXT_shader_realtime_clock : require
+#endif
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
@@ -57,10 +60,13 @@ layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer WR
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer Phases { uvec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Counter { uint n; };
 
+layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uvec2 v[]; };
+
 layout(push_constant) uniform PC {
     Phases ph; /* per phase 9 uvec4: (kind, tasks, 0, 0), then the dispatch's push constants */
     Ctl ctl;
     Counter cnt; /* zero between steps */
+    UVec2s clk;  /* CLOCK: per meeting m and workgroup, its arrival and its leaving [m][wg][2] */
     uint n_phases;
 } mp;
 
@@ -82,18 +88,30 @@ void dec8(uvec4 r[NV], out vec4 a, out vec4 b) {
 #endif
 }
 
-uvec2 word2(uint base, uint i) {
-    uvec4 a = mp.ph.v[base + i / 4u];
+/* the phase records in use (this one's, and the next one's being read): a record is 9 uvec4,
+ * the header (kind, tasks, 0, 0), then the dispatch's push constants, word i of them at
+ * word(slot, i) */
+shared uvec4 phs[2][9];
+uvec2 word2(uint slot, uint i) {
+    uvec4 a = phs[slot][1u + i / 4u];
     return (i & 2u) != 0u ? a.zw : a.xy;
 }
-uint word(uint base, uint i) { return mp.ph.v[base + i / 4u][i & 3u]; }
+uint word(uint slot, uint i) { return phs[slot][1u + i / 4u][i & 3u]; }
 
 /* every workgroup's writes so far made visible to every workgroup: all arrive at the
- * counter, then wait for all (the m-th meeting waits for m arrivals of each) */
-void meet(uint m, uint landed) {
+ * counter (meet_arrive), then wait for all (meet_wait; the m-th meeting waits for m arrivals
+ * of each). Between the two each subgroup issues the next phase's loads that need nothing of
+ * the phase before (weights, cache rows): after the fence, which would wait for them too. */
+void meet_arrive(uint m) {
     memoryBarrierBuffer();
     barrier();
+#ifdef CLOCK
+    if (gl_LocalInvocationID.x == 0u) mp.clk.v[(m * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 2u] = clockRealtime2x32EXT();
+#endif
     if (gl_LocalInvocationID.x == 0u) atomicAdd(mp.cnt.n, 1u);
+}
+
+void meet_wait(uint m, uint landed) {
     /* the loads issued for the next phase land while the others arrive (a use the compiler
      * cannot drop, so that it does not sink them past the meeting) */
     if (landed == 0x9e3779b9u && gl_LocalInvocationID.x == 0xffffu) mp.ctl.pad1 = landed;
@@ -106,6 +124,9 @@ void meet(uint m, uint landed) {
                 break;
             }
         }
+#ifdef CLOCK
+        mp.clk.v[(m * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 2u + 1u] = clockRealtime2x32EXT();
+#endif
     }
     barrier();
     memoryBarrierBuffer();
@@ -335,40 +356,43 @@ void attn_unit(uint b, uint j, uint c, uint NE, uint pos, uint sa, uvec4 kr[KPL]
 }
 
 /* query head h's chunks merged: out[h][d] = sum_c w_c o_c[d] / sum_c w_c l_c,
- * w_c = e^(m_c - M), M = max_c m_c */
+ * w_c = e^(m_c - M), M = max_c m_c; the chunks' (m, l) a lane each, then their o in batches
+ * of 16 with every load of a batch in flight */
+const uint NCL = (64u + SG - 1u) / SG; /* chunks a lane (NC <= 64) */
 void merge_unit(uint b, uint h, uint NE) {
     uint lane = gl_SubgroupInvocationID;
     Floats part = Floats(word2(b, 16u)), out_ = Floats(word2(b, 20u));
     uint Hkv = word(b, 26u), NC = word(b, 27u);
     uint mlb = Hkv * G * NC * D;
+    float mv[NCL], lv[NCL], M = -1.0 / 0.0;
+    for (uint i = 0; i < NCL; i++) {
+        uint c = lane + i * SG;
+        mv[i] = c < NE ? part.v[mlb + (h * NC + c) * 2u] : -1.0 / 0.0;
+        lv[i] = c < NE ? part.v[mlb + (h * NC + c) * 2u + 1u] : 0.0;
+        M = max(M, mv[i]);
+    }
+    M = subgroupMax(M);
+    float Ls = 0.0;
+    for (uint i = 0; i < NCL; i++) {
+        mv[i] = mv[i] == -1.0 / 0.0 ? 0.0 : exp(mv[i] - M); /* the chunk's weight */
+        Ls += mv[i] * lv[i];
+    }
+    Ls = subgroupAdd(Ls);
     vec4 a[CPL];
     for (uint kk = 0; kk < CPL; kk++) a[kk] = vec4(0.0);
-    float M = -1.0 / 0.0, Ls = 0.0;
-    for (uint c0 = 0; c0 < NE; c0 += 8u) {
-        float mv[8], lv[8];
-        vec4 ov[8][CPL];
-        for (uint u = 0; u < 8u; u++) {
-            uint cc = c0 + u, ml = mlb + (h * NC + cc) * 2u;
-            bool live = cc < NE;
-            mv[u] = live ? part.v[ml] : -1.0 / 0.0;
-            lv[u] = live ? part.v[ml + 1u] : 0.0;
+    for (uint c0 = 0; c0 < NE; c0 += 16u) {
+        vec4 ov[16][CPL];
+        for (uint u = 0; u < 16u; u++)
             for (uint kk = 0; kk < CPL; kk++) {
-                uint c4 = lane + kk * SG;
-                ov[u][kk] = live && c4 < D4 ? Vec4s(part).v[(h * NC + cc) * D4 + c4] : vec4(0.0);
+                uint cc = c0 + u, c4 = lane + kk * SG;
+                ov[u][kk] = cc < NE && c4 < D4 ? Vec4s(part).v[(h * NC + cc) * D4 + c4] : vec4(0.0);
             }
-        }
-        float Mn = M;
-        for (uint u = 0; u < 8u; u++) Mn = max(Mn, mv[u]);
-        if (Mn == -1.0 / 0.0) continue; /* empty chunks so far */
-        float corr = exp(M - Mn);
-        Ls *= corr;
-        for (uint kk = 0; kk < CPL; kk++) a[kk] *= corr;
-        for (uint u = 0; u < 8u; u++) {
-            float w = exp(mv[u] - Mn);
-            Ls += w * lv[u];
+        for (uint u = 0; u < 16u; u++) {
+            uint cc = c0 + u;
+            float w = 0.0;
+            for (uint i = 0; i < NCL; i++) w = cc / SG == i ? subgroupShuffle(mv[i], cc % SG) : w;
             for (uint kk = 0; kk < CPL; kk++) a[kk] += w * ov[u][kk];
         }
-        M = Mn;
     }
     for (uint kk = 0; kk < CPL; kk++) {
         uint c4 = lane + kk * SG;
@@ -383,10 +407,15 @@ void main() {
     uint gs = sgl * nwg + wg, NS = gl_NumSubgroups * nwg; /* this subgroup in the grid */
     uint lane = gl_SubgroupInvocationID;
     uint meetings = 0u;
+#ifdef CLOCK
+    if (gl_LocalInvocationID.x == 0u) mp.clk.v[gl_WorkGroupID.x * 2u + 1u] = clockRealtime2x32EXT();
+#endif
     for (uint p = 0u; p < mp.n_phases; p++) {
-        uint b = p * 9u;
-        uvec4 h = mp.ph.v[b];
-        b += 1u;
+        uint b = p & 1u;
+        if (gl_LocalInvocationID.x < 9u) phs[b][gl_LocalInvocationID.x] = mp.ph.v[p * 9u + gl_LocalInvocationID.x];
+        if (p > 0u) meet_arrive(meetings + 1u);
+        else barrier();
+        uvec4 h = phs[b][0];
         uint kind = (h.x & 0x100u) != 0u ? 0u : h.x, tasks = h.y; /* 0x100: skipped, for measuring */
         /* the first weights of this subgroup's first rows, before the meeting */
         uvec4 pre[R][PF][NV];
@@ -403,7 +432,7 @@ void main() {
             for (uint k = 0; k < PF; k++) landed ^= (kind == 1u || kind == 2u) && gs < tasks ? pre[s2][k][0].x : 0u;
         if (kind == 3u)
             for (uint i = 0; i < KPL; i++) landed ^= akr[i].x ^ avr[i % RPS][0].x;
-        if (p > 0u) meet(++meetings, landed);
+        if (p > 0u) meet_wait(++meetings, landed);
         if (kind == 1u || kind == 2u) {
             Vec4s x = Vec4s(word2(b, 0u)), nw = Vec4s(word2(b, 2u));
             uint Kp8 = word(b, 20u), K = word(b, 21u), flags = word(b, 25u);
@@ -490,6 +519,11 @@ void main() {
             }
         }
     }
+#ifdef CLOCK
+    barrier();
+    if (gl_LocalInvocationID.x == 0u)
+        mp.clk.v[((meetings + 1u) * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 2u] = clockRealtime2x32EXT();
+#endif
     /* the last workgroup out resets the counter for the next step (every other has passed
      * every meeting by then) */
     if (gl_LocalInvocationID.x == 0u && meetings > 0u) {
