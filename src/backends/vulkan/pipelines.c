@@ -507,12 +507,13 @@ bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t val
 }
 
 /* mega.comp's shape (the persistent decode step, program.c form_mega): one workgroup of
- * ANVIL_VK_MEGA_WG threads (1024, or the device's most) per SM, where the device says how many
- * SMs it has (VK_NV_shader_sm_builtins: the grid must be resident all at once).
- * ANVIL_VK_MEGA=0 turns it off, =1 on also where the SM count is unknown (one workgroup: for
- * tests on lavapipe); ANVIL_VK_MEGA_GRID, _PF (groups of 8 weights a lane loads at a time,
- * 1 .. 16), _R (rows a subgroup multiplies at once, even) override. Attention units go to as many subgroups of a workgroup as the
- * shared memory left holds (at most 16 KiB): (G + 2) rows of D floats each. */
+ * ANVIL_VK_MEGA_WG threads (256, measured best on the H100: docs/PERF.md section 31) per SM,
+ * where the device says how many SMs it has (VK_NV_shader_sm_builtins: the grid must be
+ * resident all at once). ANVIL_VK_MEGA=0 turns it off, =1 on also where the SM count is
+ * unknown (one workgroup: for tests on lavapipe); ANVIL_VK_MEGA_GRID, _PF (groups of 8
+ * weights a lane loads at a time, 1 .. 16), _R (rows a subgroup multiplies at once, even)
+ * override. Attention units go to as many subgroups of a workgroup as the shared memory left
+ * holds (at most 16 KiB): (G + 2) rows of D floats each. */
 static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct vk_pipelines *out) {
     const char *e = getenv("ANVIL_VK_MEGA");
     int want = e ? atoi(e) : -1;
@@ -521,15 +522,17 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
     if (want < 0) out->mega_grid = 0; /* off by default until measured (docs/PERF.md section 31) */
     e = getenv("ANVIL_VK_MEGA_GRID");
     if (out->mega_grid && e && atoi(e) >= 1 && atoi(e) <= 4096) out->mega_grid = (uint32_t)atoi(e);
-    uint32_t wg = MIN(1024u, MIN(d->props.limits.maxComputeWorkGroupInvocations, d->props.limits.maxComputeWorkGroupSize[0]));
+    uint32_t wg = MIN(256u, MIN(d->props.limits.maxComputeWorkGroupInvocations, d->props.limits.maxComputeWorkGroupSize[0]));
     e = getenv("ANVIL_VK_MEGA_WG");
-    if (e && atoi(e) >= (int)sg && (uint32_t)atoi(e) <= wg) wg = (uint32_t)atoi(e);
+    if (e && atoi(e) >= (int)sg && atoi(e) <= 1024 && (uint32_t)atoi(e) <= d->props.limits.maxComputeWorkGroupInvocations &&
+        (uint32_t)atoi(e) <= d->props.limits.maxComputeWorkGroupSize[0])
+        wg = (uint32_t)atoi(e);
     out->mega_wg = wg / sg * sg;
-    out->mega_r = 4;
+    out->mega_r = 2;
     e = getenv("ANVIL_VK_MEGA_R");
     if (e && atoi(e) >= 2 && atoi(e) <= 16 && atoi(e) % 2 == 0) out->mega_r = (uint32_t)atoi(e);
     if (out->mega_r > sg) out->mega_r = sg & ~1u; /* lane s writes slot s */
-    out->mega_pf = 4;
+    out->mega_pf = 8;
     e = getenv("ANVIL_VK_MEGA_PF");
     if (e && atoi(e) >= 1 && atoi(e) <= 16) out->mega_pf = (uint32_t)atoi(e);
     /* shared memory: a product's input (16 KiB), the subgroups' sums and the phase records (1 KiB), the attention
@@ -537,7 +540,11 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
     uint32_t row = (uint32_t)(attn_g + 2) * (uint32_t)attn_d * 4u, fixed = 16384u + 1024u;
     uint32_t room = d->props.limits.maxComputeSharedMemorySize > fixed ? d->props.limits.maxComputeSharedMemorySize - fixed : 0;
     out->mega_asg = MIN(out->mega_wg / sg, MIN(room, 16384u) / row);
-    if (out->mega_asg == 0 || out->mega_wg == 0 || out->mega_wg / sg > 128 || !d->subgroup_shuffle) out->mega_grid = 0;
+    /* the attention merge: a lane per chunk (64 at most) of each of up to 16 subgroups */
+    uint32_t msw = MIN(out->mega_wg / sg, 16u);
+    if (out->mega_asg == 0 || out->mega_wg == 0 || out->mega_wg / sg > 128 || !d->subgroup_shuffle || !msw ||
+        (64 + msw - 1) / msw > sg)
+        out->mega_grid = 0;
 }
 
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out) {

@@ -355,49 +355,70 @@ void attn_unit(uint b, uint j, uint c, uint NE, uint pos, uint sa, uvec4 kr[KPL]
     subgroupBarrier(); /* the shared rows are the next unit's */
 }
 
-/* query head h's chunks merged: out[h][d] = sum_c w_c o_c[d] / sum_c w_c l_c,
- * w_c = e^(m_c - M), M = max_c m_c; the chunks' (m, l) a lane each, then their o in batches
- * of 16 with every load of a batch in flight */
-const uint NCL = (64u + SG - 1u) / SG; /* chunks a lane (NC <= 64) */
-void merge_unit(uint b, uint h, uint NE) {
-    uint lane = gl_SubgroupInvocationID;
+/* Query head h's chunks merged: out[h][d] = sum_c w_c o_c[d] / sum_c w_c l_c,
+ * w_c = e^(m_c - M), M = max_c m_c, by one workgroup: its first MS subgroups take every
+ * MS-th chunk each (their (m, l) a lane each, then their o, all loads in flight at once), and
+ * the first subgroup adds up their sums through shared memory (xs_, ss_). */
+const uint MS = 16u;                              /* subgroups merging a head, at most */
+const uint NSGW = gl_WorkGroupSize.x / SG;        /* subgroups of a workgroup */
+const uint MSW = NSGW < MS ? NSGW : MS;           /* those merging */
+const uint MCH = (64u + MSW - 1u) / MSW;          /* chunks a subgroup (NC <= 64), at most SG (mega_shape) */
+void merge_head(uint b, uint h, uint NE) {
+    uint lane = gl_SubgroupInvocationID, sgl = gl_SubgroupID, ms = min(gl_NumSubgroups, MS);
     Floats part = Floats(word2(b, 16u)), out_ = Floats(word2(b, 20u));
     uint Hkv = word(b, 26u), NC = word(b, 27u);
     uint mlb = Hkv * G * NC * D;
-    float mv[NCL], lv[NCL], M = -1.0 / 0.0;
-    for (uint i = 0; i < NCL; i++) {
-        uint c = lane + i * SG;
-        mv[i] = c < NE ? part.v[mlb + (h * NC + c) * 2u] : -1.0 / 0.0;
-        lv[i] = c < NE ? part.v[mlb + (h * NC + c) * 2u + 1u] : 0.0;
-        M = max(M, mv[i]);
-    }
-    M = subgroupMax(M);
-    float Ls = 0.0;
-    for (uint i = 0; i < NCL; i++) {
-        mv[i] = mv[i] == -1.0 / 0.0 ? 0.0 : exp(mv[i] - M); /* the chunk's weight */
-        Ls += mv[i] * lv[i];
-    }
-    Ls = subgroupAdd(Ls);
-    vec4 a[CPL];
-    for (uint kk = 0; kk < CPL; kk++) a[kk] = vec4(0.0);
-    for (uint c0 = 0; c0 < NE; c0 += 16u) {
-        vec4 ov[16][CPL];
-        for (uint u = 0; u < 16u; u++)
+    if (sgl < ms) {
+        /* this subgroup's chunks: sgl + u ms, u < MCH */
+        uint cl = sgl + lane * ms; /* the chunk whose (m, l) this lane holds */
+        bool live = lane < MCH && cl < NE;
+        float m = live ? part.v[mlb + (h * NC + cl) * 2u] : -1.0 / 0.0;
+        float l = live ? part.v[mlb + (h * NC + cl) * 2u + 1u] : 0.0;
+        vec4 ov[MCH][CPL];
+        for (uint u = 0; u < MCH; u++)
             for (uint kk = 0; kk < CPL; kk++) {
-                uint cc = c0 + u, c4 = lane + kk * SG;
+                uint cc = sgl + u * ms, c4 = lane + kk * SG;
                 ov[u][kk] = cc < NE && c4 < D4 ? Vec4s(part).v[(h * NC + cc) * D4 + c4] : vec4(0.0);
             }
-        for (uint u = 0; u < 16u; u++) {
-            uint cc = c0 + u;
-            float w = 0.0;
-            for (uint i = 0; i < NCL; i++) w = cc / SG == i ? subgroupShuffle(mv[i], cc % SG) : w;
-            for (uint kk = 0; kk < CPL; kk++) a[kk] += w * ov[u][kk];
+        float M = subgroupMax(m);
+        float w = m == -1.0 / 0.0 ? 0.0 : exp(m - M);
+        float L = subgroupAdd(w * l);
+        vec4 a[CPL];
+        for (uint kk = 0; kk < CPL; kk++) a[kk] = vec4(0.0);
+        for (uint u = 0; u < MCH; u++) {
+            float wu = subgroupShuffle(w, u);
+            for (uint kk = 0; kk < CPL; kk++) a[kk] += wu * ov[u][kk];
+        }
+        for (uint kk = 0; kk < CPL; kk++) {
+            uint c4 = lane + kk * SG;
+            if (c4 < D4) xs_[sgl * D4 + c4] = a[kk];
+        }
+        if (lane == 0u) {
+            ss_[sgl] = M;
+            ss_[64u + sgl] = L;
         }
     }
-    for (uint kk = 0; kk < CPL; kk++) {
-        uint c4 = lane + kk * SG;
-        if (c4 < D4) Vec4s(out_).v[h * D4 + c4] = a[kk] * (1.0 / Ls);
+    barrier();
+    if (sgl == 0u) {
+        float M = -1.0 / 0.0;
+        for (uint s2 = 0; s2 < ms; s2++) M = max(M, ss_[s2]);
+        float L = 0.0;
+        vec4 a[CPL];
+        for (uint kk = 0; kk < CPL; kk++) a[kk] = vec4(0.0);
+        for (uint s2 = 0; s2 < ms; s2++) {
+            float f = ss_[s2] == -1.0 / 0.0 ? 0.0 : exp(ss_[s2] - M);
+            L += f * ss_[64u + s2];
+            for (uint kk = 0; kk < CPL; kk++) {
+                uint c4 = lane + kk * SG;
+                if (c4 < D4) a[kk] += f * xs_[s2 * D4 + c4];
+            }
+        }
+        for (uint kk = 0; kk < CPL; kk++) {
+            uint c4 = lane + kk * SG;
+            if (c4 < D4) Vec4s(out_).v[h * D4 + c4] = a[kk] * (1.0 / L);
+        }
     }
+    barrier();
 }
 
 void main() {
@@ -515,7 +536,7 @@ void main() {
                     }
                 }
             } else {
-                for (uint u = gs; u < Hkv * G; u += NS) merge_unit(b, u, NE);
+                for (uint hh = wg; hh < Hkv * G; hh += nwg) merge_head(b, hh, NE); /* uniform in the workgroup */
             }
         }
     }
