@@ -779,14 +779,14 @@ static uint32_t mega_kind(const struct vk_dispatch *d, int *type, bool attn) {
 
 /* Each run of float matvecs (one weight type) and attentions, of two dispatches or more,
  * becomes one mega.comp dispatch whose workgroups meet where the run had barriers (an
- * attention's chunks and their merge are two phases). For measuring: ANVIL_VK_MEGA_LMHEAD=0
- * leaves out a product of the vocabulary's size, ANVIL_VK_MEGA_ATTN=0 the attentions,
+ * attention's chunks and their merge are two phases), but a product of the vocabulary's size
+ * (ANVIL_VK_MEGA_LMHEAD=1 takes it in). For measuring: ANVIL_VK_MEGA_ATTN=0 leaves out the attentions,
  * ANVIL_VK_MEGA_SKIP=MASK skips the work of phase kinds (bit kind - 1; wrong results). */
 static anvil_status form_mega(struct vk_program *p) {
     const struct vk_pipelines *pl = &p->b->pl;
     if (!pl->mega_grid) return ANVIL_OK;
     const char *e = getenv("ANVIL_VK_MEGA_LMHEAD");
-    bool lm = !(e && atoi(e) == 0);
+    bool lm = e && atoi(e) == 1; /* the LM head's own kernel streams it faster (PERF.md section 31) */
     e = getenv("ANVIL_VK_MEGA_ATTN");
     bool attn = !(e && atoi(e) == 0);
     e = getenv("ANVIL_VK_MEGA_SKIP");

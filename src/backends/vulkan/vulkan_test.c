@@ -338,6 +338,63 @@ static void test_long_attention(void **state) {
     unsetenv("ANVIL_VK_QX");
 }
 
+/* The persistent step (mega.comp, ANVIL_VK_MEGA=1; on lavapipe one workgroup, so its
+ * meetings are the workgroup's own): the decode rows of a 600-token prompt run a token at a
+ * time through it equal those of the dispatches it replaces to 1e-4 (float16 caches: 3e-3), on
+ * the float weight types, and on MoE and hybrid graphs (whose float matvecs and
+ * attentions form shorter runs). 600 positions make 38 attention chunks, more than the merge's
+ * subgroups would reach if they took too few chunks each (64 threads: 8 subgroups of 8 chunks).
+ * (Grids of several workgroups are the GPU's to check: on lavapipe they give wrong rows without
+ * the fault, docs/PERF.md section 31.) */
+static void test_persistent_step(void **state) {
+    (void)state;
+#ifdef TU_SANITIZED
+    skip(); /* shader numerics through the host code of test_against_cpu */
+#endif
+    static const struct { const char *spec; anvil_kv_cache kv; int n; } cases[] = {
+        {"synthetic:qwen3-tiny:bf16", ANVIL_KV_F16, 600}, {"synthetic:qwen3-tiny:f32", ANVIL_KV_F32, 600},
+        {"synthetic:qwen3-tiny:f16", ANVIL_KV_F32, 40},   {"synthetic:qwen3moe-tiny:bf16", ANVIL_KV_F32, 40},
+        {"synthetic:qwen3.6-tiny:bf16", ANVIL_KV_F32, 40},
+    };
+    enum { N = 600 };
+    int32_t prompt[N];
+    for (int i = 0; i < N; i++) prompt[i] = (int32_t)((i * 37 + 11) % 200);
+    setenv("ANVIL_PREFILL_CHUNK", "1", 1);
+    setenv("ANVIL_VK_MEGA_WG", "64", 1);
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        anvil_model *m;
+        assert_int_equal(anvil_model_open(cases[c].spec, NULL, &m), ANVIL_OK);
+        int V = anvil_model_vocab_size(m), n = cases[c].n;
+        float *r[2] = {malloc(sizeof(float) * (size_t)n * (size_t)V), malloc(sizeof(float) * (size_t)n * (size_t)V)};
+        int meetings = 0;
+        for (int mega = 0; mega < 2; mega++) {
+            setenv("ANVIL_VK_MEGA", mega ? "1" : "0", 1);
+            anvil_session *vk = tu_session_kv(m, ANVIL_BACKEND_VULKAN, N + 8, cases[c].kv);
+            assert_int_equal(anvil_session_eval(vk, prompt, n, ANVIL_LOGITS_ALL, r[mega]), ANVIL_OK);
+            char desc[4096];
+            anvil_session_describe_program(vk, desc, sizeof desc);
+            const char *p = strstr(desc, "persistent step:");
+            if (mega) assert_non_null(p);
+            else assert_null(p);
+            if (p) assert_int_equal(sscanf(p, "persistent step: %d meetings", &meetings), 1);
+            anvil_session_destroy(vk);
+        }
+        float d = tu_max_diff(r[0], r[1], (size_t)n * (size_t)V);
+        fprintf(stderr, "%s: %d decode steps through the persistent step (%d meetings a token): max |diff| = %.3g\n",
+                cases[c].spec, n, meetings, (double)d);
+        assert_true(meetings > 0);
+        /* float16 caches: a value at a rounding tie goes either way when the two programs' float32
+         * k differ by an ulp (docs/PERF.md section 25), which moves later rows by ~1e-3 */
+        assert_true(d < (cases[c].kv == ANVIL_KV_F16 ? 3e-3f : 1e-4f));
+        free(r[0]);
+        free(r[1]);
+        anvil_model_close(m);
+    }
+    unsetenv("ANVIL_VK_MEGA");
+    unsetenv("ANVIL_VK_MEGA_WG");
+    unsetenv("ANVIL_PREFILL_CHUNK");
+}
+
 /* The float16 cache takes half the float32 cache's device memory: the saving is positive and
  * grows with the context exactly as the caches do (to their 256-byte alignment), on a dense
  * model and on a hybrid (whose recurrent states stay float32). */
@@ -738,6 +795,7 @@ int main(void) {
         cmocka_unit_test(test_overlap),
         cmocka_unit_test(test_qx_cached_input),
         cmocka_unit_test(test_long_attention),
+        cmocka_unit_test(test_persistent_step),
         cmocka_unit_test(test_kv_cache_memory),
     };
     /* ANVIL_TEST_FILTER=test_qx_kernels runs the tests matching a pattern (e.g. on a GPU
