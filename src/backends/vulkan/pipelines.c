@@ -531,6 +531,12 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
     e = getenv("ANVIL_VK_MEGA_R");
     if (e && atoi(e) >= 2 && atoi(e) <= 16 && atoi(e) % 2 == 0) out->mega_r = (uint32_t)atoi(e);
     if (out->mega_r > sg) out->mega_r = sg & ~1u; /* lane s writes slot s */
+    out->mega_lpr = 8; /* attention: lanes per cache row, rows per chunk (ANVIL_VK_MEGA_LPR, _RPC) */
+    e = getenv("ANVIL_VK_MEGA_LPR");
+    if (e && (atoi(e) == 2 || atoi(e) == 4 || atoi(e) == 8 || atoi(e) == 16)) out->mega_lpr = (uint32_t)atoi(e);
+    out->mega_rpc = 8;
+    e = getenv("ANVIL_VK_MEGA_RPC");
+    if (e && atoi(e) >= 1 && atoi(e) <= 256) out->mega_rpc = (uint32_t)atoi(e);
     out->mega_pf = 8;
     e = getenv("ANVIL_VK_MEGA_PF");
     if (e && atoi(e) >= 1 && atoi(e) <= 16) out->mega_pf = (uint32_t)atoi(e);
@@ -617,8 +623,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         VkShaderModule mod;
         st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
         if (st != ANVIL_OK) break;
-        uint32_t vals[8] = {0};
-        VkSpecializationMapEntry ent[8];
+        uint32_t vals[10] = {0};
+        VkSpecializationMapEntry ent[10];
         uint32_t n = 0;
         if (vk_matvec_spec(out, (enum vk_kernel)k, vals)) {
             n = 4;
@@ -637,7 +643,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[4] = out->mega_pf;
             vals[5] = out->mega_asg;
             vals[6] = out->mega_r;
-            n = 7;
+            vals[7] = out->mega_lpr;
+            vals[8] = out->mega_rpc;
+            n = 9;
         } else if (k == K_ATTN_FLASH) {
             vals[0] = (uint32_t)attn_g;
             vals[1] = (uint32_t)attn_d;

@@ -43,12 +43,13 @@ layout(constant_id = 4) const uint PF = 4;   /* groups of 8 weights a lane loads
 layout(constant_id = 5) const uint ASG = 8;  /* subgroups of a workgroup that take attention units */
 layout(constant_id = 6) const uint R = 4;    /* rows a subgroup multiplies at once (even; gate/up: R / 2 pairs) */
 const uint D4 = D / 4;
-const uint LPR = SG < 8u ? SG : 8u;        /* lanes per cache row */
+layout(constant_id = 7) const uint LPRM = 8u; /* lanes per cache row, at most */
+layout(constant_id = 8) const uint RPC = 8u;  /* fewest cache rows per attention chunk */
+const uint LPR = SG < LPRM ? SG : LPRM;    /* lanes per cache row */
 const uint RPS = SG / LPR;                 /* rows per pass */
 const uint KPL = (D4 + LPR - 1u) / LPR;    /* vec4 pieces of a k row per lane */
 const uint CPL = (D4 + SG - 1u) / SG;      /* vec4s of an output row per lane */
 const uint DL = (D + SG - 1u) / SG;        /* values of a row per lane */
-const uint RPC = 16u;                      /* fewest cache rows per chunk */
 const uint AW = (G + 2u) * D;              /* an attention subgroup's shared floats */
 
 #if defined(W_F32)
