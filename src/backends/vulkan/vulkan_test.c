@@ -342,8 +342,9 @@ static void test_long_attention(void **state) {
  * meetings are the workgroup's own): the decode rows of a 600-token prompt run a token at a
  * time through it equal those of the dispatches it replaces to 1e-4 (float16 caches: 3e-3), on
  * the float weight types, and on MoE and hybrid graphs (whose float matvecs and
- * attentions form shorter runs). 600 positions make 38 attention chunks, more than the merge's
- * subgroups would reach if they took too few chunks each (64 threads: 8 subgroups of 8 chunks).
+ * attentions form shorter runs). 600 positions make 64 attention chunks (at least 8 rows
+ * each), more than the merge's subgroups reach if they take too few chunks each (64 threads:
+ * 8 subgroups of 8 chunks; 4 each, as a version did, left half the chunks out).
  * (Grids of several workgroups are the GPU's to check: on lavapipe they give wrong rows without
  * the fault, docs/PERF.md section 31.) */
 static void test_persistent_step(void **state) {
