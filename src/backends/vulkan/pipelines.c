@@ -519,8 +519,10 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
     int want = e ? atoi(e) : -1;
     uint32_t sg = d->subgroup_size;
     out->mega_grid = want == 0 ? 0 : d->sm_count ? d->sm_count : want == 1 ? 1 : 0;
+    /* other grids only where the device says how many SMs it has: on lavapipe several
+     * workgroups give wrong rows without the fault (docs/PERF.md section 31) */
     e = getenv("ANVIL_VK_MEGA_GRID");
-    if (out->mega_grid && e && atoi(e) >= 1 && atoi(e) <= 4096) out->mega_grid = (uint32_t)atoi(e);
+    if (out->mega_grid && d->sm_count && e && atoi(e) >= 1 && atoi(e) <= 4096) out->mega_grid = (uint32_t)atoi(e);
     uint32_t wg = MIN(256u, MIN(d->props.limits.maxComputeWorkGroupInvocations, d->props.limits.maxComputeWorkGroupSize[0]));
     e = getenv("ANVIL_VK_MEGA_WG");
     if (e && atoi(e) >= (int)sg && atoi(e) <= 1024 && (uint32_t)atoi(e) <= d->props.limits.maxComputeWorkGroupInvocations &&

@@ -119,7 +119,7 @@ struct vk_program {
     struct vk_buffer mega; /* the persistent step's phases, then its counter (form_mega) */
     struct vk_buffer clk;  /* ANVIL_VK_MEGA_CLOCK=1: its meetings' times, and each phase's kind */
     uint32_t *clk_kind;
-    int clk_phases, clk_runs;
+    int clk_phases;
     struct vk_stats stats;
 };
 
@@ -815,14 +815,16 @@ static anvil_status form_mega(struct vk_program *p) {
     if (st == ANVIL_OK && n_runs)
         st = vk_buffer_create(p->b->d, ph_bytes + (VkDeviceSize)n_runs * MEGA_CNT_BYTES, VK_MEM_CONTROL,
                               "the persistent step's phases", &p->mega);
-    bool clock = p->b->d->shader_clock;
+    /* the clock report: a single run of BF16 weights (the one variant built with the clock) */
+    bool clock = p->b->d->shader_clock && n_runs == 1 && rtype[0] == K_MATVEC_BF16 - K_MATVEC_F32;
+    if (p->b->d->shader_clock && !clock)
+        log_warn("vulkan: ANVIL_VK_MEGA_CLOCK=1 times a single persistent dispatch of BF16 weights only");
     VkDeviceSize clk_bytes = (VkDeviceSize)(n_ph + 2 * n_runs) * pl->mega_grid * 16;
     if (st == ANVIL_OK && n_runs && clock) {
         st = vk_buffer_create(p->b->d, clk_bytes, VK_MEM_READBACK, "the persistent step's clock", &p->clk);
         p->clk_kind = calloc((size_t)n_ph, sizeof *p->clk_kind);
         if (st == ANVIL_OK && !p->clk_kind) st = err_set(ANVIL_ERR_NOMEM, "out of memory");
         p->clk_phases = n_ph;
-        p->clk_runs = n_runs;
     }
     if (st == ANVIL_OK && n_runs) {
         memset(p->mega.map, 0, p->mega.size);
@@ -1119,12 +1121,7 @@ static void mega_clock_report(struct vk_program *p) {
     double work[6] = {0}, meet[6] = {0}, spread[6] = {0};
     int n[6] = {0};
     double total = 0;
-    /* one run per step is the default (ANVIL_VK_MEGA_ATTN=1) */
-    int np = p->clk_runs == 1 ? p->clk_phases : 0;
-    if (!np) {
-        log_warn("vulkan: the clock report takes a single persistent dispatch (ANVIL_VK_MEGA_ATTN=1)");
-        return;
-    }
+    int np = p->clk_phases; /* form_mega times a single run */
     for (int ph = 0; ph < np; ph++) {
         uint64_t start = UINT64_MAX, last = 0, first = UINT64_MAX;
         double leave = 0;

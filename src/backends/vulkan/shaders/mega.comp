@@ -5,23 +5,25 @@
  * dispatches had a barrier between them (docs/PERF.md section 31).
  *
  * What a barrier costs is not the wait itself but that each kernel's first loads start only
- * after the whole of the kernel before has finished. So here every subgroup issues its first
- * weight loads of a phase *before* the meeting that makes the phase's input ready: the
- * weights stream while the last workgroups of the phase before finish.
+ * after the whole of the kernel before has finished. So here each workgroup, once it has
+ * arrived at a meeting, issues the next phase's loads that need nothing of the phase before
+ * (weights, cache rows, the rope table) and only then waits: they stream while the last
+ * workgroups finish. (Issued before the arrival, the fence of the arrival waited for them.)
  *
- * Work is dealt per subgroup, never per workgroup: no workgroup barrier inside a phase.
- * Subgroup s of workgroup w is the (s * workgroups + w)-th of the grid, so a phase of few
+ * Work is dealt per subgroup (no workgroup barrier inside a phase but the shared input's):
+ * subgroup s of workgroup w is the (s * workgroups + w)-th of the grid, so a phase of few
  * units spreads over every SM.
- *   MV      a row of q/k/v (rows0 + rows1 + rows2 rows of w0, w1, w2), o, down, LM head:
- *           out = [res +] dot(W, x [* normw]) [/ rms(x)]; the subgroup's lanes split the row
- *           in groups of 8 weights, PF groups a lane at a time (the first PF before the
- *           meeting), the norm's sum of squares taken over the same loads
- *   SWIGLU  rows r of gate (w0) and up (w1): out = silu(g) * u
+ *   MV      rows of q/k/v (rows0 + rows1 + rows2 rows of w0, w1, w2), o, down, LM head:
+ *           out = [res +] dot(W, x [* normw]) [/ rms(x)]; x (times the norm's weight) is
+ *           staged in shared memory once per workgroup with its sum of squares; a subgroup
+ *           takes R rows at once, its lanes PF groups of 8 weights of each at a time
+ *   SWIGLU  rows r of gate (w0) and up (w1), R / 2 of each at once: out = silu(g) * u
  *   ATTN    (kv head j, chunk c) of attention.comp's work: the G query heads' norm and rope,
  *           the current position's k and v rows made and written to the cache by the chunk
  *           that holds the position, scores over the chunk's rows LPR lanes a row, the
  *           online softmax, a partial (m, l, o) per query head
- *   MERGE   query head h: its chunks' partials merged into the attention output
+ *   MERGE   query head h by a workgroup: its subgroups take every n-th chunk, the first adds
+ *           their sums into the attention output
  * The grid must be resident all at once: the host asks for one workgroup per SM (one in all
  * on lavapipe). A meeting that waits ~2^22 polls (it never should) raises the control
  * block's fault and the host reports an error. Activations are read through the cache:
@@ -39,9 +41,9 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint G = 2;    /* query heads per kv head */
 layout(constant_id = 2) const uint D = 128;  /* head dim, a multiple of 4 */
 layout(constant_id = 3) const uint SG = 32;  /* subgroup size */
-layout(constant_id = 4) const uint PF = 4;   /* groups of 8 weights a lane loads at a time */
+layout(constant_id = 4) const uint PF = 8;   /* groups of 8 weights a lane loads at a time */
 layout(constant_id = 5) const uint ASG = 8;  /* subgroups of a workgroup that take attention units */
-layout(constant_id = 6) const uint R = 4;    /* rows a subgroup multiplies at once (even; gate/up: R / 2 pairs) */
+layout(constant_id = 6) const uint R = 2;    /* rows a subgroup multiplies at once (even; gate/up: R / 2 pairs) */
 const uint D4 = D / 4;
 layout(constant_id = 7) const uint LPRM = 8u; /* lanes per cache row, at most */
 layout(constant_id = 8) const uint RPC = 8u;  /* fewest cache rows per attention chunk */
