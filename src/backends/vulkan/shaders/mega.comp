@@ -434,11 +434,16 @@ void main() {
 #ifdef CLOCK
     if (gl_LocalInvocationID.x == 0u) mp.clk.v[gl_WorkGroupID.x * 2u + 1u] = clockRealtime2x32EXT();
 #endif
+    /* phase p's record is read during phase p - 1 (its workgroup barrier publishes it), so
+     * that the load is not in the way of the arrival */
+    if (gl_LocalInvocationID.x < 9u) phs[0][gl_LocalInvocationID.x] = mp.ph.v[gl_LocalInvocationID.x];
+    barrier();
     for (uint p = 0u; p < mp.n_phases; p++) {
         uint b = p & 1u;
-        if (gl_LocalInvocationID.x < 9u) phs[b][gl_LocalInvocationID.x] = mp.ph.v[p * 9u + gl_LocalInvocationID.x];
         if (p > 0u) meet_arrive(meetings + 1u);
-        else barrier();
+        /* every subgroup is past phase p - 1, whose record slot this is */
+        if (gl_LocalInvocationID.x < 9u && p + 1u < mp.n_phases)
+            phs[b ^ 1u][gl_LocalInvocationID.x] = mp.ph.v[(p + 1u) * 9u + gl_LocalInvocationID.x];
         uvec4 h = phs[b][0];
         uint kind = (h.x & 0x100u) != 0u ? 0u : h.x, tasks = h.y; /* 0x100: skipped, for measuring */
         /* the first weights of this subgroup's first rows, before the meeting */
