@@ -796,18 +796,18 @@ static anvil_status form_mega(struct vk_program *p) {
         *rtype = malloc(sizeof(int) * (size_t)n);
     anvil_status st = start && len && rtype ? ANVIL_OK : err_set(ANVIL_ERR_NOMEM, "out of memory");
     for (int i = 0; st == ANVIL_OK && i < n;) {
-        int type = -1, j = i, ph = 0;
+        int type = -1, j = i, nph = 0;
         for (; j < n; j++) {
             const struct vk_dispatch *d = &p->ops[j];
             uint32_t kind = mega_kind(d, &type, attn);
             if (!kind || (!lm && kind == 1 && ((const struct pc_matvec *)d->push)->rows0 >= p->V)) break;
-            ph += kind == 3 ? 2 : 1;
+            nph += kind == 3 ? 2 : 1;
         }
         if (j - i >= 2 && type >= 0) {
             start[n_runs] = i;
             len[n_runs] = j - i;
             rtype[n_runs++] = type;
-            n_ph += ph;
+            n_ph += nph;
         }
         i = j > i ? j : i + 1;
     }
@@ -1150,10 +1150,8 @@ static void mega_clock_report(struct vk_program *p) {
 void vk_program_destroy(struct vk_program *p) {
     if (!p) return;
     struct vk_device *d = p->b->d;
-    if (p->clk.map && p->clk_kind && vk_idle(d)) mega_clock_report(p);
-    vk_buffer_destroy(d, &p->clk);
-    free(p->clk_kind);
     if (vk_idle(d)) { /* else abandoned with the device (vk_idle) */
+        if (p->clk.map && p->clk_kind) mega_clock_report(p);
         VkCommandBuffer cbs[8] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single, p->cb_prof, p->cb_batch_s,
                                   p->cb_single_s, p->cb_prof_s};
         for (int i = 0; i < 8; i++)
@@ -1165,6 +1163,8 @@ void vk_program_destroy(struct vk_program *p) {
     vk_buffer_destroy(d, &p->readback);
     vk_buffer_destroy(d, &p->rope);
     vk_buffer_destroy(d, &p->mega);
+    vk_buffer_destroy(d, &p->clk);
+    free(p->clk_kind);
     free(p->ops);
     free(p);
 }

@@ -210,7 +210,7 @@ enum vk_kernel {
     /* the MoE router's matvec choosing the experts itself (matvec.comp ROUTE, MODE 0) */
     K_MATVEC_ROUTE_F32, K_MATVEC_ROUTE_F16, K_MATVEC_ROUTE_BF16,
     /* the decode step's float matvecs and attentions in one persistent dispatch (mega.comp),
-     * per float weight kind, where vk_mega_grid says so */
+     * per float weight kind, where mega_grid (pipelines.c mega_shape) says so */
     K_MEGA_F32, K_MEGA_F16, K_MEGA_BF16,
     K_MEGA_BF16_CLK, /* the same timing its phases, where d->shader_clock */
     K_COUNT,

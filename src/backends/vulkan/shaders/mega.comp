@@ -446,16 +446,16 @@ void main() {
             phs[b ^ 1u][gl_LocalInvocationID.x] = mp.ph.v[(p + 1u) * 9u + gl_LocalInvocationID.x];
         uvec4 h = phs[b][0];
         uint kind = (h.x & 0x100u) != 0u ? 0u : h.x, tasks = h.y; /* 0x100: skipped, for measuring */
-        /* the first weights of this subgroup's first rows, before the meeting */
+        /* after the arrival, before the wait: the first weights of this subgroup's first rows,
+         * or its first attention unit's cache rows, rope table and norm weights */
         uvec4 pre[R][PF][NV];
         if ((kind == 1u || kind == 2u) && gs < tasks) mv_load(b, kind, tasks, gs, NS, 0u, word(b, 20u), 0u, pre);
         uvec4 akr[KPL], avr[RPS][CPL];
         float arc[DL], ars[DL], awq[DL], awk[DL];
-        uint NE = 0u, ua = sgl * nwg + wg;
-        if (kind == 3u) {
-            NE = min(word(b, 27u), (pos + RPC) / RPC); /* ceil((pos + 1) / RPC), at most NC */
-            if (sgl < ASG && ua < word(b, 26u) * NE) attn_pre(b, ua / NE, ua % NE, NE, pos, akr, avr, arc, ars, awq, awk);
-        }
+        /* attention's chunks: ceil((pos + 1) / RPC), at most NC */
+        uint NE = kind == 3u || kind == 4u ? min(word(b, 27u), (pos + RPC) / RPC) : 0u, ua = sgl * nwg + wg;
+        if (kind == 3u && sgl < ASG && ua < word(b, 26u) * NE)
+            attn_pre(b, ua / NE, ua % NE, NE, pos, akr, avr, arc, ars, awq, awk);
         uint landed = 0u;
         for (uint s2 = 0; s2 < R; s2++)
             for (uint k = 0; k < PF; k++) landed ^= (kind == 1u || kind == 2u) && gs < tasks ? pre[s2][k][0].x : 0u;
@@ -533,8 +533,7 @@ void main() {
                 }
             }
         } else if (kind == 3u || kind == 4u) {
-            uint Hkv = word(b, 26u), NC = word(b, 27u);
-            NE = min(NC, (pos + RPC) / RPC); /* ceil((pos + 1) / RPC) */
+            uint Hkv = word(b, 26u);
             if (kind == 3u) {
                 if (sgl < ASG) {
                     uint na = ASG * nwg, sa = sgl;
