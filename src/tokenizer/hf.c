@@ -533,6 +533,12 @@ static anvil_status build(const char *file, struct scan *s, struct hf_parts *h, 
                            "single_word are not supported", file, content);
         max_id = MAX(max_id, (long)id->valuedouble);
     }
+    /* ids index dense tables: a few holes are fine (Qwen's added tokens sit past the vocab),
+     * an id far past the number of tokens would make gigabytes of holes */
+    size_t n_given = h->n_vocab + (size_t)cJSON_GetArraySize(h->added_tokens);
+    if ((size_t)max_id + 1 > 2 * n_given + 1024)
+        return err_set(ANVIL_ERR_FORMAT, "%s: token id %ld for %zu tokens (the ids must be about dense)", file,
+                       max_id, n_given);
     size_t n = (size_t)max_id + 1;
     const char **tokens = calloc(n, sizeof *tokens);
     uint32_t *lens = calloc(n, sizeof *lens);

@@ -519,6 +519,9 @@ static void test_open_errors(void **state) {
         {"{\"model\": {\"vocab\": {\"a\": 0, \"b\": 0}}, \"pre_tokenizer\": "
          "{\"type\": \"ByteLevel\", \"use_regex\": true}}", 0, ANVIL_ERR_FORMAT},
         {"[1, 2, 3]", 0, ANVIL_ERR_FORMAT},
+        /* ids so sparse that the tables would take gigabytes (found by fuzz_tokenizer_json) */
+        {"{\"model\": {\"vocab\": {\"a\": 0, \"b\": 100000000}, \"merges\": []}, \"pre_tokenizer\": "
+         "{\"type\": \"ByteLevel\", \"use_regex\": true}}", 0, ANVIL_ERR_FORMAT},
     };
     for (size_t c = 0; c < ARRAY_LEN(cases); c++) {
         snprintf(path, sizeof path, "%s/tokenizer.json", dir);
