@@ -75,7 +75,9 @@ set(ANVIL_SHADER_VARIANTS
   "mega_f32 mega.comp -DW_F32"
   "mega_f16 mega.comp -DW_F16"
   "mega_bf16 mega.comp -DW_BF16"
-  "mega_bf16_clk mega.comp -DW_BF16 -DCLOCK")
+  "mega_bf16_clk mega.comp -DW_BF16 -DCLOCK"
+  "mega_qx mega.comp -DMQX -DQX"
+  "mega_qx_clk mega.comp -DMQX -DQX -DCLOCK")
 set(ANVIL_SHADER_INCS)
 file(GLOB ANVIL_SHADER_DEPS CONFIGURE_DEPENDS ${ANVIL_VK_DIR}/shaders/*.glsl ${ANVIL_VK_DIR}/shaders/*.comp)
 foreach(v ${ANVIL_SHADER_VARIANTS})

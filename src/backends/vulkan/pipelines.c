@@ -227,6 +227,12 @@ static const uint32_t spv_mega_bf16[] =
 static const uint32_t spv_mega_bf16_clk[] =
 #include "shaders/mega_bf16_clk.inc"
     ;
+static const uint32_t spv_mega_qx[] =
+#include "shaders/mega_qx.inc"
+    ;
+static const uint32_t spv_mega_qx_clk[] =
+#include "shaders/mega_qx_clk.inc"
+    ;
 
 #define SPV(a) a, sizeof a
 
@@ -378,6 +384,8 @@ static const struct {
     [K_MEGA_F16] = {SPV(spv_mega_f16), "mega_f16"},
     [K_MEGA_BF16] = {SPV(spv_mega_bf16), "mega_bf16"},
     [K_MEGA_BF16_CLK] = {SPV(spv_mega_bf16_clk), "mega_bf16_clk"},
+    [K_MEGA_QX] = {SPV(spv_mega_qx), "mega_qx"},
+    [K_MEGA_QX_CLK] = {SPV(spv_mega_qx_clk), "mega_qx_clk"},
 };
 
 const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }
@@ -542,15 +550,20 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
     out->mega_pf = 8;
     e = getenv("ANVIL_VK_MEGA_PF");
     if (e && atoi(e) >= 1 && atoi(e) <= 16) out->mega_pf = (uint32_t)atoi(e);
-    /* shared memory: a product's input (16 KiB), the subgroups' sums and the phase records (1 KiB), the attention
-     * subgroups' rows in what is left, at most 16 KiB */
-    uint32_t row = (uint32_t)(attn_g + 2) * (uint32_t)attn_d * 4u, fixed = 16384u + 1024u;
+    out->mega_pfq = 2; /* MQX: slots of 64 weights a lane loads at a time (ANVIL_VK_MEGA_PFQ) */
+    e = getenv("ANVIL_VK_MEGA_PFQ");
+    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->mega_pfq = (uint32_t)atoi(e);
+    /* shared memory: a product's input (16 KiB of floats; MQX: 24 KiB of int8 and their blocks' scales and sums),
+     * the subgroups' sums and the phase records (1 KiB), the attention subgroups' rows in what is left, at most
+     * 16 KiB */
+    uint32_t row = (uint32_t)(attn_g + 2) * (uint32_t)attn_d * 4u, fixed = 24576u + 1024u;
     uint32_t room = d->props.limits.maxComputeSharedMemorySize > fixed ? d->props.limits.maxComputeSharedMemorySize - fixed : 0;
     out->mega_asg = MIN(out->mega_wg / sg, MIN(room, 16384u) / row);
     /* the attention merge: a lane per chunk (64 at most) of each of up to 16 subgroups */
     uint32_t msw = MIN(out->mega_wg / sg, 16u);
+    /* (its sums in the product input's 1024 vec4s; the rounding of MQX's inputs needs 8 lanes a block) */
     if (out->mega_asg == 0 || out->mega_wg == 0 || out->mega_wg / sg > 128 || !d->subgroup_shuffle || !msw ||
-        (64 + msw - 1) / msw > sg)
+        (64 + msw - 1) / msw > sg || msw * (uint32_t)attn_d / 4 > 1024 || sg < 8)
         out->mega_grid = 0;
 }
 
@@ -618,15 +631,16 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         if ((k == K_MMH_CM2 || k == K_MMH_CM2_MOE) && !d->coopmat2) continue;
         if (k == K_ATTN_FLASH && (!d->coopmat || !d->subgroup_shuffle || !vk_flash_fits(attn_g, attn_d))) continue;
         if (k >= K_QX && k <= K_MATVEC_SWIGLU_QX_Q6_K && !d->int_dot) continue;
-        if (k >= K_MEGA_F32 && k <= K_MEGA_BF16_CLK && !out->mega_grid) continue;
-        if (k == K_MEGA_BF16_CLK && !d->shader_clock) continue;
+        if (k >= K_MEGA_F32 && k <= K_MEGA_QX_CLK && !out->mega_grid) continue;
+        if ((k == K_MEGA_QX || k == K_MEGA_QX_CLK) && !d->int_dot) continue;
+        if ((k == K_MEGA_BF16_CLK || k == K_MEGA_QX_CLK) && !d->shader_clock) continue;
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;
         st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
         if (st != ANVIL_OK) break;
-        uint32_t vals[10] = {0};
-        VkSpecializationMapEntry ent[10];
+        uint32_t vals[12] = {0};
+        VkSpecializationMapEntry ent[12];
         uint32_t n = 0;
         if (vk_matvec_spec(out, (enum vk_kernel)k, vals)) {
             n = 4;
@@ -637,7 +651,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[3] = out->attn_nsg * d->subgroup_size; /* workgroup: NSG subgroups */
             vals[4] = out->attn_nsg;
             n = 5;
-        } else if (k >= K_MEGA_F32 && k <= K_MEGA_BF16_CLK) {
+        } else if (k >= K_MEGA_F32 && k <= K_MEGA_QX_CLK) {
             vals[0] = out->mega_wg;
             vals[1] = (uint32_t)attn_g;
             vals[2] = (uint32_t)attn_d;
@@ -647,7 +661,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[6] = out->mega_r;
             vals[7] = out->mega_lpr;
             vals[8] = out->mega_rpc;
-            n = 9;
+            vals[9] = out->mega_pfq;
+            n = 10;
         } else if (k == K_ATTN_FLASH) {
             vals[0] = (uint32_t)attn_g;
             vals[1] = (uint32_t)attn_d;

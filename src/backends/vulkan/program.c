@@ -48,6 +48,9 @@ struct vk_dispatch {
     /* no barrier before it: it neither reads nor writes what the dispatch before it writes,
      * nor writes what that one reads, so the two may run at once */
     bool overlap;
+    /* a product the persistent step takes on integer dot products (form_mega, mega.comp MQX):
+     * its weights' MQX type + 1 (1 Q4_K, 2 Q6_K); lowered with float inputs and no rounding */
+    uint8_t mqx;
     _Alignas(8) uint8_t push[VK_PUSH_BYTES]; /* a push-constant struct (8-byte addresses) */
 };
 
@@ -134,6 +137,7 @@ struct lower {
     bool *done;            /* fused into an earlier kernel */
     VkDeviceSize arena_size;
     bool use_qx;           /* vk_use_qx when the program was made */
+    bool mega_qx;          /* and the persistent step takes the K-quant products (mqx_code) */
     /* matvec inputs already rounded to int8 blocks (qx.comp), by input and norm */
     struct { uint64_t x, normw; VkDeviceSize q; } qx[8];
     int n_qx;
@@ -294,6 +298,14 @@ static bool qx_worth(struct lower *L, int i) {
     return mb >= min_mb;
 }
 
+/* The MQX type + 1 (struct vk_dispatch's mqx) of matmul i where the persistent step takes it
+ * on integer dot products, rounding its input itself (mega.comp MQX): Q4_K and Q6_K weights,
+ * inputs of at most 16384, not the LM head (its own kernel streams it faster), else 0. */
+static int mqx_code(struct lower *L, int i, int type, uint32_t Kp8) {
+    if (!L->mega_qx || N(L, i)->ne[0] >= L->p->V || Kp8 * 8 > 16384 || Kp8 % 32) return 0;
+    return type == DT_Q4_K ? 1 : type == DT_Q6_K ? 2 : 0;
+}
+
 static anvil_status lower_matmuls(struct lower *L, int i) {
     const struct node *n = N(L, i);
     int x = n->src[0];
@@ -311,7 +323,8 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     /* an input already rounded for another matvec costs this one no rounding, whatever its
      * size (the Q4_K_M mix's 3.4 MB Q6_K v projections of an 8B after the q/k: +1.3%,
      * docs/PERF.md section 27) */
-    int qxi = L->use_qx && (qx_worth(L, i) || qx_find(L, &pc) >= 0) ? vk_qx_index(type) : -1;
+    int mq = mqx_code(L, i, type, pc.Kp8);
+    int qxi = !mq && L->use_qx && (qx_worth(L, i) || qx_find(L, &pc) >= 0) ? vk_qx_index(type) : -1;
     if (qxi >= 0) {
         anvil_status st = qx_input(L, &pc);
         if (st != ANVIL_OK) return st;
@@ -333,7 +346,9 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         L->done[a] = L->done[b] = L->done[j] = true;
         uint32_t gx, gy, nr = vk_matvec_rows(&L->p->b->pl, kern_swiglu);
         grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
-        return emit(L->p, kern_swiglu, gx, gy, &pc, sizeof pc);
+        anvil_status st = emit(L->p, kern_swiglu, gx, gy, &pc, sizeof pc);
+        if (st == ANVIL_OK) L->p->ops[L->p->n_ops - 1].mqx = (uint8_t)mq;
+        return st;
     }
     /* siblings: later matmuls on the same input, same weight type (not gate/up pairs) */
     int group[3] = {i}, ng = 1;
@@ -387,6 +402,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     anvil_status st = emit(L->p, kern, gx, gy, &pc, sizeof pc);
     if (st != ANVIL_OK) return st;
     L->p->ops[L->p->n_ops - 1].overlap = overlap;
+    L->p->ops[L->p->n_ops - 1].mqx = (uint8_t)mq;
     L->mm_op = residual ? -1 : L->p->n_ops - 1;
     L->mm_input = L->root[x];
     return ANVIL_OK;
@@ -765,9 +781,15 @@ struct pc_mega {
 
 /* The phase kind of dispatch d for a persistent step over weights of float kind *type
  * (K_MATVEC_F32 + kind; set by the first matvec), or 0 where d cannot join one. */
+#define MEGA_MQX 100 /* a run's type: products on integer dot products (K_MEGA_QX) */
 static uint32_t mega_kind(const struct vk_dispatch *d, int *type, bool attn) {
     int t = -1;
     uint32_t kind = 0;
+    if (d->mqx) { /* lowered for K_MEGA_QX: every one joins a run (form_mega) */
+        if (*type >= 0 && *type != MEGA_MQX) return 0;
+        *type = MEGA_MQX;
+        return d->k >= K_MATVEC_SWIGLU_F32 && d->k < K_MATVEC_SWIGLU_F32 + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32) ? 2 : 1;
+    }
     if (d->k >= K_MATVEC_F32 && d->k <= K_MATVEC_BF16) t = d->k - K_MATVEC_F32, kind = 1;
     if (d->k >= K_MATVEC_SWIGLU_F32 && d->k <= K_MATVEC_SWIGLU_BF16) t = d->k - K_MATVEC_SWIGLU_F32, kind = 2;
     if (d->k == K_ATTENTION) return attn && !((const struct pc_attn *)d->push)->xq ? 3 : 0; /* float output only */
@@ -803,7 +825,7 @@ static anvil_status form_mega(struct vk_program *p) {
             if (!kind || (!lm && kind == 1 && ((const struct pc_matvec *)d->push)->rows0 >= p->V)) break;
             nph += kind == 3 ? 2 : 1;
         }
-        if (j - i >= 2 && type >= 0) {
+        if ((j - i >= 2 || type == MEGA_MQX) && type >= 0) {
             start[n_runs] = i;
             len[n_runs] = j - i;
             rtype[n_runs++] = type;
@@ -811,14 +833,20 @@ static anvil_status form_mega(struct vk_program *p) {
         }
         i = j > i ? j : i + 1;
     }
+    for (int i = 0, r = 0; st == ANVIL_OK && i < n; i++) { /* an MQX product left out would have no input */
+        while (r < n_runs && start[r] + len[r] <= i) r++;
+        if (p->ops[i].mqx && !(r < n_runs && start[r] <= i))
+            st = err_set(ANVIL_ERR_BACKEND, "vulkan: internal error: a product lowered for the persistent step is not in one");
+    }
     VkDeviceSize ph_bytes = round_up((VkDeviceSize)n_ph * sizeof(struct vk_phase), ALIGN);
     if (st == ANVIL_OK && n_runs)
         st = vk_buffer_create(p->b->d, ph_bytes + (VkDeviceSize)n_runs * MEGA_CNT_BYTES, VK_MEM_CONTROL,
                               "the persistent step's phases", &p->mega);
-    /* the clock report: a single run of BF16 weights (the one variant built with the clock) */
-    bool clock = p->b->d->shader_clock && n_runs == 1 && rtype[0] == K_MATVEC_BF16 - K_MATVEC_F32;
+    /* the clock report: a single run of BF16 or MQX weights (the variants built with the clock) */
+    bool clock = p->b->d->shader_clock && n_runs == 1 &&
+                 (rtype[0] == K_MATVEC_BF16 - K_MATVEC_F32 || rtype[0] == MEGA_MQX);
     if (p->b->d->shader_clock && !clock)
-        log_warn("vulkan: ANVIL_VK_MEGA_CLOCK=1 times a single persistent dispatch of BF16 weights only");
+        log_warn("vulkan: ANVIL_VK_MEGA_CLOCK=1 times a single persistent dispatch of BF16 or K-quant weights only");
     VkDeviceSize clk_bytes = (VkDeviceSize)(n_ph + 2 * n_runs) * pl->mega_grid * 16;
     if (st == ANVIL_OK && n_runs && clock) {
         st = vk_buffer_create(p->b->d, clk_bytes, VK_MEM_READBACK, "the persistent step's clock", &p->clk);
@@ -844,16 +872,20 @@ static anvil_status form_mega(struct vk_program *p) {
                     ph[k].kind = kind + part;
                     if (skip & (1u << (kind + part - 1))) ph[k].kind |= 0x100;
                     ph[k].tasks = kind == 1 ? pmv->rows0 + pmv->rows1 + pmv->rows2 : kind == 2 ? pmv->rows0 : 0;
+                    if (d->mqx) {
+                        ph[k].pad[0] = d->mqx - 1u; /* mega.comp's WT_ */
+                        ph[k].pad[1] = d->overlap;  /* no meeting before it */
+                    }
                     if (clock) p->clk_kind[k] = kind + part + (kind == 1 && ph[k].tasks >= p->V ? 4 : 0);
                     memcpy(ph[k++].push, d->push, d->push_size);
                     pm.n_phases++;
                 }
             }
-            p->stats.meetings += (int)pm.n_phases - 1;
+            for (uint32_t q = 1; q < pm.n_phases; q++) p->stats.meetings += !ph[k - pm.n_phases + q].pad[1];
             struct vk_dispatch *d = &p->ops[w++];
             memset(d, 0, sizeof *d);
-            d->k = (enum vk_kernel)(K_MEGA_F32 + rtype[r]);
-            if (clock && d->k == K_MEGA_BF16) d->k = K_MEGA_BF16_CLK;
+            d->k = rtype[r] == MEGA_MQX ? K_MEGA_QX : (enum vk_kernel)(K_MEGA_F32 + rtype[r]);
+            if (clock) d->k = d->k == K_MEGA_BF16 ? K_MEGA_BF16_CLK : K_MEGA_QX_CLK;
             d->gx = pl->mega_grid;
             d->gy = d->gz = 1;
             d->push_size = sizeof pm;
@@ -1051,6 +1083,8 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
                       .n_cons = xcalloc((size_t)n, sizeof(int)),
                       .off = xmalloc((size_t)n * sizeof(VkDeviceSize)), .done = xcalloc((size_t)n, sizeof(bool)),
                       .use_qx = vk_use_qx(b->d)};
+    const char *mq_env = getenv("ANVIL_VK_MEGA_QX");
+    L.mega_qx = L.use_qx && b->pl.mega_grid && b->pl.p[K_MEGA_QX] && !(mq_env && atoi(mq_env) == 0);
     anvil_status st = L.root && L.n_cons && L.off && L.done ? ANVIL_OK : ANVIL_ERR_NOMEM;
     if (st != ANVIL_OK) goto done;
     p->n_ctx = 0;
@@ -1425,18 +1459,23 @@ done:
 
 
 anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w, const float *x,
-                               const float *normw, float eps, float *out, int8_t *xq, float *xd) {
+                               const float *normw, float eps, float *out, int8_t *xq, float *xd, float *out_mega) {
     struct vk_device *d = b->d;
     int qxi = vk_qx_index(w->type);
     if (!d->int_dot || qxi < 0) return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qx_matvec_once: no integer dot products for %s", dtype_name(w->type));
+    uint32_t wt = w->type == DT_Q4_K ? 0 : w->type == DT_Q6_K ? 1 : 2;
+    if (out_mega && (wt > 1 || !b->pl.mega_grid || !b->pl.p[K_MEGA_QX]))
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qx_matvec_once: no persistent step for %s", dtype_name(w->type));
     anvil_status st = test_pipelines(b);
     if (st != ANVIL_OK) return st;
     if ((st = vk_upload_tensor(b, w)) != ANVIL_OK) return st;
     uint32_t K = (uint32_t)w->ne[0], N = (uint32_t)w->ne[1], Kq = (K + 255) / 256 * 256;
-    /* one host-visible buffer: ctl | x [Kq] | normw [Kq] | xq [Kq bytes] + xd [Kq / 32] | out [N] */
+    /* one host-visible buffer: ctl | x [Kq] | normw [Kq] | xq [Kq bytes] + xd [Kq / 32] | out [N]
+     * | out_mega [N] | the phase record | the counter */
     VkDeviceSize o_x = round_up(sizeof(struct vk_ctl) + 64, ALIGN), o_n = o_x + round_up((VkDeviceSize)Kq * 4, ALIGN),
                  o_q = o_n + round_up((VkDeviceSize)Kq * 4, ALIGN), o_o = o_q + round_up(Kq + Kq / 8, ALIGN),
-                 size = o_o + round_up((VkDeviceSize)N * 4, ALIGN);
+                 o_m = o_o + round_up((VkDeviceSize)N * 4, ALIGN), o_p = o_m + round_up((VkDeviceSize)N * 4, ALIGN),
+                 o_c = o_p + round_up(sizeof(struct vk_phase), ALIGN), size = o_c + MEGA_CNT_BYTES;
     struct vk_buffer buf = {0};
     if ((st = vk_buffer_create(d, size, VK_MEM_READBACK, "test qx", &buf)) != ANVIL_OK) return st;
     uint8_t *m = buf.map;
@@ -1455,11 +1494,24 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     pc.K = K;
     pc.rows0 = N;
     uint32_t nr = vk_matvec_rows(&b->pl, K_MATVEC_QX_Q8_0 + qxi);
-    struct test_dispatch two[2] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024},
-                                   {(enum vk_kernel)(K_MATVEC_QX_Q8_0 + qxi), &pc, sizeof pc, (N + nr - 1) / nr}};
-    st = test_run(b, two, 2, VK_NULL_HANDLE);
+    /* the persistent step's phase: the product of the float input */
+    struct vk_phase *ph = (struct vk_phase *)(m + o_p);
+    struct pc_matvec pm = pc;
+    pm.x = buf.addr + o_x;
+    pm.normw = normw ? buf.addr + o_n : pm.x;
+    pm.flags = normw ? 1u : 0u;
+    pm.eps = eps;
+    pm.o0 = pm.o1 = pm.o2 = pm.res = buf.addr + o_m;
+    *ph = (struct vk_phase){.kind = 1, .tasks = N, .pad = {wt, 0}};
+    memcpy(ph->push, &pm, sizeof pm);
+    struct pc_mega pg = {buf.addr + o_p, buf.addr, buf.addr + o_c, 0, 1};
+    struct test_dispatch ds[3] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024},
+                                  {(enum vk_kernel)(K_MATVEC_QX_Q8_0 + qxi), &pc, sizeof pc, (N + nr - 1) / nr},
+                                  {K_MEGA_QX, &pg, sizeof pg, b->pl.mega_grid}};
+    st = test_run(b, ds, out_mega ? 3 : 2, VK_NULL_HANDLE);
     if (st == ANVIL_OK) {
         memcpy(out, m + o_o, (size_t)N * 4);
+        if (out_mega) memcpy(out_mega, m + o_m, (size_t)N * 4);
         memcpy(xq, m + o_q, Kq);
         memcpy(xd, m + o_q + Kq, (size_t)Kq / 8);
     }

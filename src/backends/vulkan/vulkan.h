@@ -66,9 +66,10 @@ anvil_status vk_upload_tensor(struct vk_backend *b, const struct tensor_info *t)
 /* For tests: qx.comp then matvec.comp QX (MODE 0) once, out = W · round(x [* normw / rms])
  * for W of a vk_qx_index type ({K, N}); also returns the rounded input as the kernels hold
  * it: xq [round_up(K, 256)] int8s and xd [round_up(K, 256) / 32] block scales. normw NULL:
- * no norm. */
+ * no norm. out_mega not NULL: the same product as a phase of the persistent step (mega.comp
+ * MQX, rounding x itself), where the device has it for W's type (else ANVIL_ERR_UNSUPPORTED). */
 anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w, const float *x,
-                               const float *normw, float eps, float *out, int8_t *xq, float *xd);
+                               const float *normw, float eps, float *out, int8_t *xq, float *xd, float *out_mega);
 /* For tests: the MoE router kernel (moe_topk.comp, decode) once over logits [E] (1 .. 1024
  * experts, k 1 .. 64, else ANVIL_ERR_INVALID_ARG): the k experts it chooses, in order, into
  * the caller's ids [k], and their weights (normalised to sum 1 when norm) into weights [k]. */

@@ -213,6 +213,8 @@ enum vk_kernel {
      * per float weight kind, where mega_grid (pipelines.c mega_shape) says so */
     K_MEGA_F32, K_MEGA_F16, K_MEGA_BF16,
     K_MEGA_BF16_CLK, /* the same timing its phases, where d->shader_clock */
+    K_MEGA_QX,       /* Q4_K and Q6_K weights on integer dot products, where d->int_dot */
+    K_MEGA_QX_CLK,
     K_COUNT,
 };
 
@@ -253,7 +255,7 @@ struct vk_pipelines {
     /* mega.comp: workgroups (0: no persistent step), threads per workgroup, groups of 8
      * weights a lane loads at a time, subgroups per workgroup taking attention units, rows a
      * subgroup multiplies at once */
-    uint32_t mega_grid, mega_wg, mega_pf, mega_asg, mega_r, mega_lpr, mega_rpc;
+    uint32_t mega_grid, mega_wg, mega_pf, mega_asg, mega_r, mega_lpr, mega_rpc, mega_pfq;
 };
 
 /* Creates every pipeline; attention is specialised for G query heads per kv head and head

@@ -457,7 +457,7 @@ static int qx_kernels_check(void) {
     }
     static const int types[] = {DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K};
     static const struct { int K, N; } shapes[] = {{256, 37}, {1280, 129}, {4096, 3}, {96, 61}};
-    int checked = 0;
+    int checked = 0, mega_checked = 0;
     /* the backend keeps each weight by its tensor_info: all stay alive until it is destroyed */
     struct tensor_info infos[32];
     uint8_t *datas[32];
@@ -474,7 +474,7 @@ static int qx_kernels_check(void) {
                 uint8_t *wq = malloc(row_bytes * (size_t)N);
                 for (size_t i = 0; i < (size_t)K * (size_t)N; i++) wf[i] = (rndf() * 2 - 1) * (1 + (float)(i % 7));
                 for (int n = 0; n < N; n++) tr->from_f32(wf + (size_t)n * K, wq + (size_t)n * row_bytes, K);
-                float x[4096], nw[4096], out[129], xd[128];
+                float x[4096], nw[4096], out[129], xd[128], outm[129];
                 int8_t xq[4096];
                 for (int i = 0; i < K; i++) {
                     x[i] = (rndf() * 2 - 1) * (i % 97 == 0 ? 40.0f : 1.0f);
@@ -486,7 +486,10 @@ static int qx_kernels_check(void) {
                 *t = (struct tensor_info){.name = "test weight", .type = type, .n_dims = 2, .ne = {K, N, 1, 1},
                                           .data = wq, .size = row_bytes * (size_t)N};
                 datas[checked] = wq;
-                assert_int_equal(vk_qx_matvec_once(b, t, x, norm ? nw : NULL, 1e-6f, out, xq, xd), ANVIL_OK);
+                /* and as a phase of the persistent step, where it takes the type (mega.comp MQX) */
+                bool mega = b->pl.mega_grid && b->pl.p[K_MEGA_QX] && (type == DT_Q4_K || type == DT_Q6_K);
+                assert_int_equal(vk_qx_matvec_once(b, t, x, norm ? nw : NULL, 1e-6f, out, xq, xd, mega ? outm : NULL),
+                                 ANVIL_OK);
                 /* the rounding */
                 double ss = 0;
                 for (int i = 0; i < K; i++) ss += (double)x[i] * x[i];
@@ -517,8 +520,13 @@ static int qx_kernels_check(void) {
                     if (fabs(out[n] - ref) > 1e-5 * mag + 1e-6)
                         fail_msg("%s K %d N %d norm %d: row %d: vulkan %.7g, cpu %.7g", dtype_name(type), K, N,
                                  norm, n, (double)out[n], ref);
+                    /* (the persistent step rounds x by the same rule, in the same order) */
+                    if (mega && fabs(outm[n] - ref) > 1e-5 * mag + 1e-6)
+                        fail_msg("%s K %d N %d norm %d: row %d: persistent step %.7g, cpu %.7g", dtype_name(type), K,
+                                 N, norm, n, (double)outm[n], ref);
                 }
                 checked++;
+                mega_checked += mega;
                 free(wf);
                 free(wd);
             }
@@ -541,6 +549,9 @@ static int qx_kernels_check(void) {
         assert_int_equal(v[2], knobs[i].k >= K_MATVEC_SWIGLU_QX_Q8_0 ? 1 : 0);
     }
     assert_int_equal(vk_check_validation(b->d), ANVIL_OK);
+    /* where the persistent step runs (ANVIL_VK_MEGA=1 on lavapipe), its Q4_K and Q6_K cases */
+    if (b->pl.mega_grid) assert_int_equal(mega_checked, 12);
+    fprintf(stderr, "  of them %d also as phases of the persistent step\n", mega_checked);
     backend_destroy(base);
     for (int i = 0; i < checked; i++) free(datas[i]);
     return checked;
@@ -548,6 +559,7 @@ static int qx_kernels_check(void) {
 
 static void test_qx_kernels(void **state) {
     (void)state;
+    setenv("ANVIL_VK_MEGA", "1", 1); /* the persistent step's products too (one workgroup on lavapipe) */
     int checked = qx_kernels_check();
     if (checked < 0) skip();
     fprintf(stderr, "integer-dot-product matvec: %d cases equal to the CPU's (default shapes)\n", checked);
@@ -556,7 +568,8 @@ static void test_qx_kernels(void **state) {
     static const char *const env[][2] = {
         {"ANVIL_VK_QX_NR_Q8_0", "3"}, {"ANVIL_VK_QX_WG_Q8_0", "64"},  {"ANVIL_VK_QX_NR_Q4_K", "2"},
         {"ANVIL_VK_QX_PIPE_Q4_K", "2"}, {"ANVIL_VK_QX_NR_Q5_K", "4"}, {"ANVIL_VK_QX_WG_Q5_K", "256"},
-        {"ANVIL_VK_QX_NR_Q6_K", "1"}, {"ANVIL_VK_QX_PIPE_Q6_K", "3"},
+        {"ANVIL_VK_QX_NR_Q6_K", "1"}, {"ANVIL_VK_QX_PIPE_Q6_K", "3"}, {"ANVIL_VK_MEGA_PFQ", "3"},
+        {"ANVIL_VK_MEGA_R", "4"},
     };
     size_t n_env = sizeof env / sizeof *env;
     for (size_t i = 0; i < n_env; i++) setenv(env[i][0], env[i][1], 1);
@@ -564,6 +577,7 @@ static void test_qx_kernels(void **state) {
     for (size_t i = 0; i < n_env; i++) unsetenv(env[i][0]);
     fprintf(stderr, "integer-dot-product matvec: %d cases equal to the CPU's (other shapes)\n", checked);
     assert_true(checked >= 24);
+    unsetenv("ANVIL_VK_MEGA");
 }
 
 /* The MoE router kernel (moe_topk.comp) chooses the experts the CPU backend's op_moe chooses:

@@ -59,6 +59,9 @@ const uint NV = 2u; /* uvec4 per group of 8 weights */
 #else
 const uint NV = 1u;
 #endif
+#ifdef MQX
+layout(constant_id = 9) const uint PFQ = 2u; /* MQX: slots of 64 weights a lane loads at a time */
+#endif
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer WR { uvec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer Phases { uvec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Counter { uint n; };
@@ -69,15 +72,29 @@ layout(push_constant) uniform PC {
     Phases ph; /* per phase 9 uvec4: (kind, tasks, 0, 0), then the dispatch's push constants */
     Ctl ctl;
     Counter cnt; /* zero between steps */
-    UVec2s clk;  /* CLOCK: per meeting m and workgroup, its arrival and its leaving [m][wg][2] */
+    UVec2s clk;  /* CLOCK: per phase p and workgroup, its arrival at the meeting before p and its leaving [p][wg][2] */
     uint n_phases;
 } mp;
 
 shared float as_[ASG * AW]; /* per attention subgroup: q rows [G][D], then k and v of this position */
+#ifdef MQX
+/* a product's input rounded to int8 (qx.comp's rule, the norm applied), 16 to a uvec4:
+ * K <= 16 XQ16 (form_mega checks); per 16 of them (d of their block of 32, d * their sum) */
+const uint XQ16 = 1024u;
+shared uvec4 xq_[XQ16];
+shared vec2 xp_[XQ16];
+/* the attention merge's sums go through xq_ */
+#define MS_PUT(i, v) xq_[i] = floatBitsToUint(v)
+#define MS_GET(i) uintBitsToFloat(xq_[i])
+#else
 const uint XS4 = 1024u;      /* a product's input in shared memory: K <= 4 XS4 (form_mega checks) */
 shared vec4 xs_[XS4];        /* x [* normw] */
+#define MS_PUT(i, v) xs_[i] = v
+#define MS_GET(i) xs_[i]
+#endif
 shared float ss_[128];       /* the subgroups' sums of squares */
 
+#ifndef MQX
 void dec8(uvec4 r[NV], out vec4 a, out vec4 b) {
 #if defined(W_F32)
     a = uintBitsToFloat(r[0]);
@@ -90,6 +107,7 @@ void dec8(uvec4 r[NV], out vec4 a, out vec4 b) {
     b = vec4(bf2(r[0].z), bf2(r[0].w));
 #endif
 }
+#endif
 
 /* the phase records in use (this one's, and the next one's being read): a record is 9 uvec4,
  * the header (kind, tasks, 0, 0), then the dispatch's push constants, word i of them at
@@ -106,11 +124,7 @@ uint word(uint slot, uint i) { return phs[slot][1u + i / 4u][i & 3u]; }
  * of each). Between the two each subgroup issues the next phase's loads that need nothing of
  * the phase before (weights, cache rows): after the fence, which would wait for them too. */
 void meet_arrive(uint m) {
-    memoryBarrierBuffer();
-    barrier();
-#ifdef CLOCK
-    if (gl_LocalInvocationID.x == 0u) mp.clk.v[(m * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 2u] = clockRealtime2x32EXT();
-#endif
+    /* (the caller's fence and workgroup barrier come first) */
     if (gl_LocalInvocationID.x == 0u) atomicAdd(mp.cnt.n, 1u);
 }
 
@@ -127,9 +141,6 @@ void meet_wait(uint m, uint landed) {
                 break;
             }
         }
-#ifdef CLOCK
-        mp.clk.v[(m * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 2u + 1u] = clockRealtime2x32EXT();
-#endif
     }
     barrier();
     memoryBarrierBuffer();
@@ -168,6 +179,148 @@ void mv_load(uint b, uint kind, uint tasks, uint gs, uint NS, uint i0, uint Kp8,
         }
     }
 }
+
+#ifdef MQX
+/* ---- products on integer dot products (MQX: Q4_K, Q6_K weights) ----
+ * A lane takes a row in slots of 64 weights: slot k of a Q4_K row is units lane + 2k SG and
+ * lane + (2k + 1) SG (a unit: half of a block's 32-byte run, 16 bytes, 32 weights: its low
+ * nibbles 16 weights of sub-block 2j, its high ones the same 16 of sub-block 2j + 1), so that
+ * a subgroup's loads are contiguous; slot k of a Q6_K row is unit lane + k SG (16 positions l
+ * of a half block: ql bytes l and l + 32, qh bytes l, four runs of 16 weights). A slot is four
+ * pieces of 16 weights, each with a scale and an offset, each against 16 inputs xq_[px]. */
+const uint WT_Q4_K = 0u, WT_Q6_K = 1u;
+layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer WR1 { uint v[]; };
+
+/* slot k of row gr of w (Kp weights a row): its raw 16-byte pieces r, and for Q6_K the block's d */
+void q_load(uint wt, WR w, uint gr, uint Kp, uint k, bool live, out uvec4 r[4], out uint d6) {
+    uint lane = gl_SubgroupInvocationID, nb = Kp / 256u;
+    d6 = 0u;
+    if (wt == WT_Q4_K) { /* 144-byte blocks: 9 uvec4, the header (d, dmin, scales) first */
+        for (uint h = 0u; h < 2u; h++) {
+            uint c = lane + (2u * k + h) * SG, base = (gr * nb + c / 8u) * 9u;
+            bool ok = live && c < 8u * nb;
+            r[2u * h] = ok ? w.v[base + 1u + c % 8u] : uvec4(0u);
+            r[2u * h + 1u] = ok ? w.v[base] : uvec4(0u);
+        }
+    } else { /* 224-byte blocks: 14 uvec4, ql [8], qh [4], scales [1], d */
+        uint c = lane + k * SG, base = (gr * nb + c / 4u) * 14u, hf = (c >> 1u) & 1u, l1 = c & 1u;
+        bool ok = live && c < 4u * nb;
+        r[0] = ok ? w.v[base + hf * 4u + l1] : uvec4(0u);
+        r[1] = ok ? w.v[base + hf * 4u + 2u + l1] : uvec4(0u);
+        r[2] = ok ? w.v[base + 8u + hf * 2u + l1] : uvec4(0u);
+        r[3] = ok ? w.v[base + 12u] : uvec4(0u);
+        d6 = ok ? WR1(w).v[(base + 13u) * 4u] : 0u;
+    }
+}
+
+/* where slot k's four pieces of inputs are (in 16s) */
+void q_xpos(uint wt, uint Kp, uint k, out uint px[4]) {
+    uint lane = gl_SubgroupInvocationID;
+    if (wt == WT_Q4_K) {
+        for (uint h = 0u; h < 2u; h++) {
+            uint c = lane + (2u * k + h) * SG;
+            px[2u * h] = (c / 8u) * 16u + ((c % 8u) / 2u) * 4u + (c & 1u);
+            px[2u * h + 1u] = px[2u * h] + 2u;
+        }
+    } else {
+        uint c = lane + k * SG, b16 = (c / 4u) * 16u + ((c >> 1u) & 1u) * 8u + (c & 1u);
+        for (uint i = 0u; i < 4u; i++) px[i] = b16 + 2u * i;
+    }
+    /* past the row the weights are zero, and the inputs (staged ones: finite) any */
+    for (uint i = 0u; i < 4u; i++) px[i] = min(px[i], Kp / 16u - 1u);
+}
+
+/* slot k's pieces as unsigned bytes, with their scales and offsets: piece i of 16 weights is
+ * so[i].x * wq[i] + so[i].y */
+void q_pieces(uint wt, uint k, uvec4 r[4], uint d6, out uvec4 wq[4], out vec2 so[4]) {
+    uint lane = gl_SubgroupInvocationID;
+    if (wt == WT_Q4_K) {
+        for (uint h = 0u; h < 2u; h++) {
+            uint c = lane + (2u * k + h) * SG;
+            uvec4 hd = r[2u * h + 1u];
+            vec2 dm = unpackHalf2x16(hd.x);
+            /* scales_pair of common.glsl's Q4_K (the header as vulkan.c pack_k_scales re-encodes it) */
+            uint j = (c % 8u) / 2u;
+            uint lo = ((j < 2u ? hd.y : hd.z) >> (16u * (j & 1u))) & 0xFFFFu;
+            uint f = lo | (((hd.w >> (8u * j)) & 0xFFu) << 16u);
+            vec4 sm = vec4((uvec4(f) >> uvec4(0u, 6u, 12u, 18u)) & 63u);
+            wq[2u * h] = r[2u * h] & 0x0F0F0F0Fu;
+            wq[2u * h + 1u] = (r[2u * h] >> 4u) & 0x0F0F0F0Fu;
+            so[2u * h] = vec2(dm.x * sm.x, -dm.y * sm.y);
+            so[2u * h + 1u] = vec2(dm.x * sm.z, -dm.y * sm.w);
+        }
+    } else {
+        uint c = lane + k * SG, hf = (c >> 1u) & 1u, l1 = c & 1u;
+        float d = unpackHalf2x16(d6).x;
+        uvec2 sv = hf == 0u ? r[3].xy : r[3].zw;
+        for (uint i = 0u; i < 4u; i++) {
+            uint si = l1 + 2u * i;
+            float sc = d * float(bitfieldExtract(int(si < 4u ? sv.x : sv.y), int(8u * (si & 3u)), 8));
+            so[i] = vec2(sc, -32.0 * sc);
+        }
+        wq[0] = (r[0] & 0x0F0F0F0Fu) | ((r[2] & 0x03030303u) << 4u);
+        wq[1] = (r[1] & 0x0F0F0F0Fu) | (((r[2] >> 2u) & 0x03030303u) << 4u);
+        wq[2] = ((r[0] >> 4u) & 0x0F0F0F0Fu) | (((r[2] >> 4u) & 0x03030303u) << 4u);
+        wq[3] = ((r[1] >> 4u) & 0x0F0F0F0Fu) | (((r[2] >> 6u) & 0x03030303u) << 4u);
+    }
+}
+
+/* 16 int8 inputs times 16 unsigned 8-bit weights */
+int dot16(uvec4 x, uvec4 w) { return sudot4(x.x, w.x, 0) + sudot4(x.y, w.y, 0) + sudot4(x.z, w.z, 0) + sudot4(x.w, w.w, 0); }
+
+/* slot k of each of the R rows of the subgroup's iteration i0 (mv_slot), loaded */
+void q_load_rows(uint b, uint kind, uint tasks, uint wt, uint gs, uint NS, uint i0, uint Kp, uint kb,
+                 out uvec4 r[R][PFQ][4], out uint d6[R][PFQ]) {
+    for (uint s = 0; s < R; s++) {
+        WR w;
+        uint gr, u;
+        bool live = mv_slot(b, kind, tasks, gs, NS, i0, s, w, gr, u);
+        for (uint k = 0; k < PFQ; k++) q_load(wt, w, gr, Kp, kb + k, live, r[s][k], d6[s][k]);
+    }
+}
+
+/* The input of a product phase: x (flags & 1: x * normw / rms(x)) rounded as qx.comp does (per
+ * block of 32: d = max |v| / 127, q = round(v / d), ties to even) into xq_, xp_; by the
+ * workgroup, whose threads take 4 values each (a block's 8 in one subgroup). */
+void q_stage(Vec4s x, Vec4s nw, uint Kp, uint K, bool norm, float eps) {
+    uint t = gl_LocalInvocationID.x, n4 = Kp / 4u, sgl = gl_SubgroupID;
+    float scale = 1.0;
+    if (norm) {
+        float ssp = 0.0;
+        for (uint i = t; i < n4; i += gl_WorkGroupSize.x) {
+            vec4 v = x.v[i];
+            ssp += dot(v, v);
+        }
+        ssp = subgroupAdd(ssp);
+        if (subgroupElect()) ss_[sgl] = ssp;
+        barrier();
+        float ss = 0.0;
+        for (uint i = 0u; i < gl_NumSubgroups; i++) ss += ss_[i];
+        scale = 1.0 / sqrt(ss / float(K) + eps);
+    }
+    for (uint i0 = 0u; i0 < n4; i0 += gl_WorkGroupSize.x) { /* uniform: the shuffles need every lane */
+        uint i = i0 + t;
+        bool live = i < n4;
+        vec4 v = live ? x.v[i] : vec4(0.0);
+        if (norm) v = v * scale * (live ? nw.v[i] : vec4(0.0));
+        vec4 a = abs(v);
+        float amax = max(max(a.x, a.y), max(a.z, a.w));
+        amax = max(amax, subgroupShuffleXor(amax, 1u));
+        amax = max(amax, subgroupShuffleXor(amax, 2u));
+        amax = max(amax, subgroupShuffleXor(amax, 4u));
+        float d = amax / 127.0, id = amax > 0.0 ? 127.0 / amax : 0.0;
+        ivec4 qi = ivec4(roundEven(v * id));
+        int s4 = qi.x + qi.y + qi.z + qi.w;
+        s4 += subgroupShuffleXor(s4, 1u);
+        s4 += subgroupShuffleXor(s4, 2u);
+        if (live) {
+            xq_[i >> 2u][i & 3u] = pack_i8x4(qi);
+            if ((i & 3u) == 0u) xp_[i >> 2u] = vec2(d, d * float(s4));
+        }
+    }
+    barrier();
+}
+#endif
 
 /* ---- attention ---- */
 
@@ -394,7 +547,7 @@ void merge_head(uint b, uint h, uint NE) {
         }
         for (uint kk = 0; kk < CPL; kk++) {
             uint c4 = lane + kk * SG;
-            if (c4 < D4) xs_[sgl * D4 + c4] = a[kk];
+            if (c4 < D4) MS_PUT(sgl * D4 + c4, a[kk]);
         }
         if (lane == 0u) {
             ss_[sgl] = M;
@@ -413,7 +566,7 @@ void merge_head(uint b, uint h, uint NE) {
             L += f * ss_[64u + s2];
             for (uint kk = 0; kk < CPL; kk++) {
                 uint c4 = lane + kk * SG;
-                if (c4 < D4) a[kk] += f * xs_[s2 * D4 + c4];
+                if (c4 < D4) a[kk] += f * MS_GET(s2 * D4 + c4);
             }
         }
         for (uint kk = 0; kk < CPL; kk++) {
@@ -438,9 +591,24 @@ void main() {
      * that the load is not in the way of the arrival */
     if (gl_LocalInvocationID.x < 9u) phs[0][gl_LocalInvocationID.x] = mp.ph.v[gl_LocalInvocationID.x];
     barrier();
+#ifdef MQX
+    uvec4 staged = uvec4(0u); /* the input now in xq_, xp_: x's and normw's addresses (0: none) */
+    bool staged_norm = false;
+#endif
     for (uint p = 0u; p < mp.n_phases; p++) {
         uint b = p & 1u;
-        if (p > 0u) meet_arrive(meetings + 1u);
+        /* h.w & 1: this phase needs nothing of the one before (it reads the same input and
+         * writes other rows: the v projection after q and k of another weight type), no meeting */
+        if (p > 0u) {
+            memoryBarrierBuffer();
+            barrier();
+        }
+        bool meet = p > 0u && (phs[b][0].w & 1u) == 0u;
+#ifdef CLOCK
+        if (p > 0u && gl_LocalInvocationID.x == 0u)
+            mp.clk.v[(p * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 2u] = clockRealtime2x32EXT();
+#endif
+        if (meet) meet_arrive(meetings + 1u);
         /* every subgroup is past phase p - 1, whose record slot this is */
         if (gl_LocalInvocationID.x < 9u && p + 1u < mp.n_phases)
             phs[b ^ 1u][gl_LocalInvocationID.x] = mp.ph.v[(p + 1u) * 9u + gl_LocalInvocationID.x];
@@ -448,8 +616,15 @@ void main() {
         uint kind = (h.x & 0x100u) != 0u ? 0u : h.x, tasks = h.y; /* 0x100: skipped, for measuring */
         /* after the arrival, before the wait: the first weights of this subgroup's first rows,
          * or its first attention unit's cache rows, rope table and norm weights */
+#ifdef MQX
+        uint wt = h.z, Kp = word(b, 20u) * 8u;
+        uvec4 pre[R][PFQ][4];
+        uint pre6[R][PFQ];
+        if ((kind == 1u || kind == 2u) && gs < tasks) q_load_rows(b, kind, tasks, wt, gs, NS, 0u, Kp, 0u, pre, pre6);
+#else
         uvec4 pre[R][PF][NV];
         if ((kind == 1u || kind == 2u) && gs < tasks) mv_load(b, kind, tasks, gs, NS, 0u, word(b, 20u), 0u, pre);
+#endif
         uvec4 akr[KPL], avr[RPS][CPL];
         float arc[DL], ars[DL], awq[DL], awk[DL];
         /* attention's chunks: ceil((pos + 1) / RPC), at most NC */
@@ -457,11 +632,97 @@ void main() {
         if (kind == 3u && sgl < ASG && ua < word(b, 26u) * NE)
             attn_pre(b, ua / NE, ua % NE, NE, pos, akr, avr, arc, ars, awq, awk);
         uint landed = 0u;
+#ifdef MQX
+        for (uint s2 = 0; s2 < R; s2++)
+            for (uint k = 0; k < PFQ; k++) landed ^= (kind == 1u || kind == 2u) && gs < tasks ? pre[s2][k][0].x : 0u;
+#else
         for (uint s2 = 0; s2 < R; s2++)
             for (uint k = 0; k < PF; k++) landed ^= (kind == 1u || kind == 2u) && gs < tasks ? pre[s2][k][0].x : 0u;
+#endif
         if (kind == 3u)
             for (uint i = 0; i < KPL; i++) landed ^= akr[i].x ^ avr[i % RPS][0].x;
-        if (p > 0u) meet_wait(++meetings, landed);
+        if (meet) meet_wait(++meetings, landed);
+#ifdef CLOCK
+        if (p > 0u && gl_LocalInvocationID.x == 0u)
+            mp.clk.v[(p * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 2u + 1u] = clockRealtime2x32EXT();
+#endif
+#ifdef MQX
+        if (kind == 1u || kind == 2u) {
+            uint K = word(b, 21u), flags = word(b, 25u);
+            bool norm = (flags & 1u) != 0u;
+            uvec4 xin = uvec4(word2(b, 0u), norm ? word2(b, 2u) : uvec2(0u));
+            if (xin != staged || norm != staged_norm) /* uniform in the workgroup */
+                q_stage(Vec4s(word2(b, 0u)), Vec4s(word2(b, 2u)), Kp, K, norm, uintBitsToFloat(word(b, 26u)));
+            staged = xin;
+            staged_norm = norm;
+            uint step = kind == 2u ? R / 2u : R;
+            uint nslot = (Kp / 64u + SG - 1u) / SG; /* slots of a row per lane */
+            /* the subgroup's batches: iteration it (rows gs + (it step + i) NS), slots kb .. kb + PFQ - 1;
+             * the next batch's loads are issued before this one is summed */
+            uint nbi = (nslot + PFQ - 1u) / PFQ, nit = gs < tasks ? (tasks - 1u - gs) / NS / step + 1u : 0u;
+            uvec4 r[R][PFQ][4];
+            uint d6[R][PFQ];
+            for (uint s2 = 0; s2 < R; s2++)
+                for (uint k = 0; k < PFQ; k++) {
+                    for (uint i = 0; i < 4u; i++) r[s2][k][i] = pre[s2][k][i];
+                    d6[s2][k] = pre6[s2][k];
+                }
+            float acc[R];
+            for (uint s2 = 0; s2 < R; s2++) acc[s2] = 0.0;
+            for (uint t = 0u; t < nit * nbi; t++) {
+                uint i0 = (t / nbi) * step, kb = (t % nbi) * PFQ;
+                uvec4 rn[R][PFQ][4];
+                uint dn[R][PFQ];
+                if (t + 1u < nit * nbi)
+                    q_load_rows(b, kind, tasks, wt, gs, NS, ((t + 1u) / nbi) * step, Kp, ((t + 1u) % nbi) * PFQ, rn, dn);
+                for (uint k = 0; k < PFQ; k++) {
+                    if (kb + k >= nslot) break;
+                    uint px[4];
+                    q_xpos(wt, Kp, kb + k, px);
+                    uvec4 xq[4];
+                    vec2 xp[4];
+                    for (uint i = 0; i < 4u; i++) {
+                        xq[i] = xq_[px[i]];
+                        xp[i] = xp_[px[i]];
+                    }
+                    for (uint s2 = 0; s2 < R; s2++) {
+                        uvec4 wq[4];
+                        vec2 so[4];
+                        q_pieces(wt, kb + k, r[s2][k], d6[s2][k], wq, so);
+                        for (uint i = 0; i < 4u; i++)
+                            acc[s2] += so[i].x * xp[i].x * float(dot16(xq[i], wq[i])) + so[i].y * xp[i].y;
+                    }
+                }
+                for (uint s2 = 0; s2 < R; s2++)
+                    for (uint k = 0; k < PFQ; k++) {
+                        for (uint i = 0; i < 4u; i++) r[s2][k][i] = rn[s2][k][i];
+                        d6[s2][k] = dn[s2][k];
+                    }
+                if (kb + PFQ < nslot) continue; /* the rows go on */
+                for (uint s2 = 0; s2 < R; s2++) acc[s2] = subgroupAdd(acc[s2]);
+                for (uint s2 = 0; s2 < step; s2++) {
+                    WR w;
+                    uint gr, u;
+                    if (lane != s2 || !mv_slot(b, kind, tasks, gs, NS, i0, s2, w, gr, u)) continue;
+                    float a = acc[s2];
+                    if (kind == 2u) {
+                        float bu = acc[s2 + R / 2u];
+                        Floats(word2(b, 12u)).v[u] = a / (1.0 + exp(-a)) * bu;
+                    } else {
+                        uint rows0 = word(b, 22u), rows1 = word(b, 23u);
+                        if (u < rows0)
+                            Floats(word2(b, 12u)).v[u] = (flags & 2u) != 0u ? Floats(word2(b, 18u)).v[u] + a : a;
+                        else if (u < rows0 + rows1)
+                            Floats(word2(b, 14u)).v[u - rows0] = a;
+                        else
+                            Floats(word2(b, 16u)).v[u - rows0 - rows1] = a;
+                    }
+                }
+                for (uint s2 = 0; s2 < R; s2++) acc[s2] = 0.0;
+            }
+        } else if (kind == 3u || kind == 4u) {
+            if (kind == 4u) staged = uvec4(0u); /* the merge's sums go through xq_ */
+#else
         if (kind == 1u || kind == 2u) {
             Vec4s x = Vec4s(word2(b, 0u)), nw = Vec4s(word2(b, 2u));
             uint Kp8 = word(b, 20u), K = word(b, 21u), flags = word(b, 25u);
@@ -533,6 +794,7 @@ void main() {
                 }
             }
         } else if (kind == 3u || kind == 4u) {
+#endif
             uint Hkv = word(b, 26u);
             if (kind == 3u) {
                 if (sgl < ASG) {
@@ -550,7 +812,7 @@ void main() {
 #ifdef CLOCK
     barrier();
     if (gl_LocalInvocationID.x == 0u)
-        mp.clk.v[((meetings + 1u) * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 2u] = clockRealtime2x32EXT();
+        mp.clk.v[(mp.n_phases * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 2u] = clockRealtime2x32EXT();
 #endif
     /* the last workgroup out resets the counter for the next step (every other has passed
      * every meeting by then) */
