@@ -553,6 +553,8 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
     out->mega_pfq = 2; /* MQX: slots of 64 weights a lane loads at a time (ANVIL_VK_MEGA_PFQ) */
     e = getenv("ANVIL_VK_MEGA_PFQ");
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->mega_pfq = (uint32_t)atoi(e);
+    e = getenv("ANVIL_VK_MEGA_QPIPE"); /* MQX: the next batch's loads before a batch is summed (1) or after (0) */
+    out->mega_qpipe = !(e && atoi(e) == 0);
     /* shared memory: a product's input (16 KiB of floats; MQX: 24 KiB of int8 and their blocks' scales and sums),
      * the subgroups' sums and the phase records (1 KiB), the attention subgroups' rows in what is left, at most
      * 16 KiB */
@@ -662,7 +664,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[7] = out->mega_lpr;
             vals[8] = out->mega_rpc;
             vals[9] = out->mega_pfq;
-            n = 10;
+            vals[10] = out->mega_qpipe;
+            n = 11;
         } else if (k == K_ATTN_FLASH) {
             vals[0] = (uint32_t)attn_g;
             vals[1] = (uint32_t)attn_d;

@@ -876,7 +876,10 @@ static anvil_status form_mega(struct vk_program *p) {
                         ph[k].pad[0] = d->mqx - 1u; /* mega.comp's WT_ */
                         ph[k].pad[1] = d->overlap;  /* no meeting before it */
                     }
-                    if (clock) p->clk_kind[k] = kind + part + (kind == 1 && ph[k].tasks >= p->V ? 4 : 0);
+                    /* the clock's kinds: products by their rows, the LM head apart */
+                    if (clock)
+                        p->clk_kind[k] = (kind + part + (kind == 1 && ph[k].tasks >= p->V ? 4 : 0)) |
+                                         (kind <= 2 ? ph[k].tasks << 8 : 0);
                     memcpy(ph[k++].push, d->push, d->push_size);
                     pm.n_phases++;
                 }
@@ -1152,8 +1155,10 @@ static void mega_clock_report(struct vk_program *p) {
     static const char *names[] = {"", "products", "gate/up", "attention", "merge", "LM head"};
     uint32_t G = p->b->pl.mega_grid;
     const uint64_t *t = p->clk.map;
-    double work[6] = {0}, meet[6] = {0}, spread[6] = {0};
-    int n[6] = {0};
+    enum { NG = 24 };
+    uint32_t key[NG];
+    double work[NG] = {0}, meet[NG] = {0}, spread[NG] = {0};
+    int n[NG] = {0}, ng = 0;
     double total = 0;
     int np = p->clk_phases; /* form_mega times a single run */
     for (int ph = 0; ph < np; ph++) {
@@ -1166,19 +1171,31 @@ static void mega_clock_report(struct vk_program *p) {
             first = MIN(first, a);
             if (ph + 1 < np) leave += (double)t[((size_t)(ph + 1) * G + w) * 2 + 1];
         }
-        int kind = (int)p->clk_kind[ph];
+        uint32_t kind = p->clk_kind[ph] & 0xff;
         if (kind < 1 || kind > 5) continue;
-        work[kind] += (double)(last - start) / 1e3;
-        meet[kind] += ph + 1 < np ? (leave / G - (double)last) / 1e3 : 0;
-        spread[kind] += (double)(last - first) / 1e3;
-        n[kind]++;
-        total += (double)(last - start) / 1e3 + (ph + 1 < np ? (leave / G - (double)last) / 1e3 : 0);
+        int g = 0;
+        while (g < ng && key[g] != p->clk_kind[ph]) g++;
+        if (g == ng) {
+            if (ng == NG) continue;
+            key[ng++] = p->clk_kind[ph];
+        }
+        double m = ph + 1 < np ? (leave / G - (double)last) / 1e3 : 0;
+        work[g] += (double)(last - start) / 1e3;
+        meet[g] += m;
+        spread[g] += (double)(last - first) / 1e3;
+        n[g]++;
+        total += (double)(last - start) / 1e3 + m;
     }
     fprintf(stderr, "persistent step, last step (us; the device clock): %.1f in all\n", total);
-    for (int i = 1; i < 6; i++)
-        if (n[i])
-            fprintf(stderr, "  %-10s %3d x  work %7.2f  meeting after %5.2f  arrivals spread %5.2f  (sums %.1f / %.1f)\n",
-                    names[i], n[i], work[i] / n[i], meet[i] / n[i], spread[i] / n[i], work[i], meet[i]);
+    for (int g = 0; g < ng; g++) {
+        char name[32];
+        if (key[g] >> 8)
+            snprintf(name, sizeof name, "%s %u", names[key[g] & 0xff], key[g] >> 8);
+        else
+            snprintf(name, sizeof name, "%s", names[key[g] & 0xff]);
+        fprintf(stderr, "  %-16s %3d x  work %7.2f  then %5.2f  arrivals spread %5.2f  (sums %.1f / %.1f)\n", name,
+                n[g], work[g] / n[g], meet[g] / n[g], spread[g] / n[g], work[g], meet[g]);
+    }
 }
 
 void vk_program_destroy(struct vk_program *p) {

@@ -61,6 +61,7 @@ const uint NV = 1u;
 #endif
 #ifdef MQX
 layout(constant_id = 9) const uint PFQ = 2u; /* MQX: slots of 64 weights a lane loads at a time */
+layout(constant_id = 10) const bool QPIPE = true; /* MQX: the next batch's loads issued before a batch is summed */
 #endif
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer WR { uvec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer Phases { uvec4 v[]; };
@@ -144,6 +145,15 @@ void meet_wait(uint m, uint landed) {
     }
     barrier();
     memoryBarrierBuffer();
+}
+
+/* the wait of phase p's meeting (where it has one), then the clock's stamp of the leaving */
+void phase_wait(bool meet, inout uint meetings, uint landed, uint p) {
+    if (meet) meet_wait(++meetings, landed);
+#ifdef CLOCK
+    if (p > 0u && gl_LocalInvocationID.x == 0u)
+        mp.clk.v[(p * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 2u + 1u] = clockRealtime2x32EXT();
+#endif
 }
 
 /* The matvec phase's row g: which matrix, and its row in it */
@@ -277,6 +287,53 @@ void q_load_rows(uint b, uint kind, uint tasks, uint wt, uint gs, uint NS, uint 
         bool live = mv_slot(b, kind, tasks, gs, NS, i0, s, w, gr, u);
         for (uint k = 0; k < PFQ; k++) q_load(wt, w, gr, Kp, kb + k, live, r[s][k], d6[s][k]);
     }
+}
+
+/* batch t of a subgroup's product phase (iteration t / nbi: rows gs + (i0 + i) NS, i < step;
+ * slots kb .. kb + PFQ - 1 of them): its sums into acc, and where they end the rows, the rows'
+ * outputs (lane i writes row i) */
+void q_batch(uint b, uint kind, uint tasks, uint wt, uint gs, uint NS, uint Kp, uint nslot, uint nbi, uint step,
+             uint flags, uint t, uvec4 r[R][PFQ][4], uint d6[R][PFQ], inout float acc[R]) {
+    uint lane = gl_SubgroupInvocationID, i0 = (t / nbi) * step, kb = (t % nbi) * PFQ;
+    for (uint k = 0u; k < PFQ; k++) {
+        if (kb + k >= nslot) break;
+        uint px[4];
+        q_xpos(wt, Kp, kb + k, px);
+        uvec4 xq[4];
+        vec2 xp[4];
+        for (uint i = 0u; i < 4u; i++) {
+            xq[i] = xq_[px[i]];
+            xp[i] = xp_[px[i]];
+        }
+        for (uint s2 = 0u; s2 < R; s2++) {
+            uvec4 wq[4];
+            vec2 so[4];
+            q_pieces(wt, kb + k, r[s2][k], d6[s2][k], wq, so);
+            for (uint i = 0u; i < 4u; i++)
+                acc[s2] += so[i].x * xp[i].x * float(dot16(xq[i], wq[i])) + so[i].y * xp[i].y;
+        }
+    }
+    if (kb + PFQ < nslot) return; /* the rows go on */
+    for (uint s2 = 0u; s2 < R; s2++) acc[s2] = subgroupAdd(acc[s2]);
+    for (uint s2 = 0u; s2 < step; s2++) {
+        WR w;
+        uint gr, u;
+        if (lane != s2 || !mv_slot(b, kind, tasks, gs, NS, i0, s2, w, gr, u)) continue;
+        float a = acc[s2];
+        if (kind == 2u) {
+            float bu = acc[s2 + R / 2u];
+            Floats(word2(b, 12u)).v[u] = a / (1.0 + exp(-a)) * bu;
+        } else {
+            uint rows0 = word(b, 22u), rows1 = word(b, 23u);
+            if (u < rows0)
+                Floats(word2(b, 12u)).v[u] = (flags & 2u) != 0u ? Floats(word2(b, 18u)).v[u] + a : a;
+            else if (u < rows0 + rows1)
+                Floats(word2(b, 14u)).v[u - rows0] = a;
+            else
+                Floats(word2(b, 16u)).v[u - rows0 - rows1] = a;
+        }
+    }
+    for (uint s2 = 0u; s2 < R; s2++) acc[s2] = 0.0;
 }
 
 /* The input of a product phase: x (flags & 1: x * normw / rms(x)) rounded as qx.comp does (per
@@ -614,40 +671,21 @@ void main() {
             phs[b ^ 1u][gl_LocalInvocationID.x] = mp.ph.v[(p + 1u) * 9u + gl_LocalInvocationID.x];
         uvec4 h = phs[b][0];
         uint kind = (h.x & 0x100u) != 0u ? 0u : h.x, tasks = h.y; /* 0x100: skipped, for measuring */
-        /* after the arrival, before the wait: the first weights of this subgroup's first rows,
-         * or its first attention unit's cache rows, rope table and norm weights */
-#ifdef MQX
-        uint wt = h.z, Kp = word(b, 20u) * 8u;
-        uvec4 pre[R][PFQ][4];
-        uint pre6[R][PFQ];
-        if ((kind == 1u || kind == 2u) && gs < tasks) q_load_rows(b, kind, tasks, wt, gs, NS, 0u, Kp, 0u, pre, pre6);
-#else
-        uvec4 pre[R][PF][NV];
-        if ((kind == 1u || kind == 2u) && gs < tasks) mv_load(b, kind, tasks, gs, NS, 0u, word(b, 20u), 0u, pre);
-#endif
-        uvec4 akr[KPL], avr[RPS][CPL];
-        float arc[DL], ars[DL], awq[DL], awk[DL];
-        /* attention's chunks: ceil((pos + 1) / RPC), at most NC */
-        uint NE = kind == 3u || kind == 4u ? min(word(b, 27u), (pos + RPC) / RPC) : 0u, ua = sgl * nwg + wg;
-        if (kind == 3u && sgl < ASG && ua < word(b, 26u) * NE)
-            attn_pre(b, ua / NE, ua % NE, NE, pos, akr, avr, arc, ars, awq, awk);
-        uint landed = 0u;
-#ifdef MQX
-        for (uint s2 = 0; s2 < R; s2++)
-            for (uint k = 0; k < PFQ; k++) landed ^= (kind == 1u || kind == 2u) && gs < tasks ? pre[s2][k][0].x : 0u;
-#else
-        for (uint s2 = 0; s2 < R; s2++)
-            for (uint k = 0; k < PF; k++) landed ^= (kind == 1u || kind == 2u) && gs < tasks ? pre[s2][k][0].x : 0u;
-#endif
-        if (kind == 3u)
-            for (uint i = 0; i < KPL; i++) landed ^= akr[i].x ^ avr[i % RPS][0].x;
-        if (meet) meet_wait(++meetings, landed);
-#ifdef CLOCK
-        if (p > 0u && gl_LocalInvocationID.x == 0u)
-            mp.clk.v[(p * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 2u + 1u] = clockRealtime2x32EXT();
-#endif
-#ifdef MQX
+        /* each kind's branch (the kind is the same for the whole grid) issues, after the arrival and
+         * before the wait, the loads that need nothing of the phase before: the first weights of this
+         * subgroup's first rows, or its first attention unit's cache rows, rope table and norm
+         * weights; within the branch, so that one kind's prefetched registers are not live in another's */
+        uint NE = kind == 3u || kind == 4u ? min(word(b, 27u), (pos + RPC) / RPC) : 0u; /* attention's chunks */
         if (kind == 1u || kind == 2u) {
+#ifdef MQX
+            uint wt = h.z, Kp = word(b, 20u) * 8u;
+            uvec4 r[R][PFQ][4];
+            uint d6[R][PFQ];
+            if (gs < tasks) q_load_rows(b, kind, tasks, wt, gs, NS, 0u, Kp, 0u, r, d6);
+            uint landed = 0u;
+            for (uint s2 = 0u; s2 < R; s2++)
+                for (uint k = 0u; k < PFQ; k++) landed ^= gs < tasks ? r[s2][k][0].x : 0u;
+            phase_wait(meet, meetings, landed, p);
             uint K = word(b, 21u), flags = word(b, 25u);
             bool norm = (flags & 1u) != 0u;
             uvec4 xin = uvec4(word2(b, 0u), norm ? word2(b, 2u) : uvec2(0u));
@@ -660,70 +698,32 @@ void main() {
             /* the subgroup's batches: iteration it (rows gs + (it step + i) NS), slots kb .. kb + PFQ - 1;
              * the next batch's loads are issued before this one is summed */
             uint nbi = (nslot + PFQ - 1u) / PFQ, nit = gs < tasks ? (tasks - 1u - gs) / NS / step + 1u : 0u;
-            uvec4 r[R][PFQ][4];
-            uint d6[R][PFQ];
-            for (uint s2 = 0; s2 < R; s2++)
-                for (uint k = 0; k < PFQ; k++) {
-                    for (uint i = 0; i < 4u; i++) r[s2][k][i] = pre[s2][k][i];
-                    d6[s2][k] = pre6[s2][k];
-                }
             float acc[R];
-            for (uint s2 = 0; s2 < R; s2++) acc[s2] = 0.0;
-            for (uint t = 0u; t < nit * nbi; t++) {
-                uint i0 = (t / nbi) * step, kb = (t % nbi) * PFQ;
-                uvec4 rn[R][PFQ][4];
-                uint dn[R][PFQ];
-                if (t + 1u < nit * nbi)
-                    q_load_rows(b, kind, tasks, wt, gs, NS, ((t + 1u) / nbi) * step, Kp, ((t + 1u) % nbi) * PFQ, rn, dn);
-                for (uint k = 0; k < PFQ; k++) {
-                    if (kb + k >= nslot) break;
-                    uint px[4];
-                    q_xpos(wt, Kp, kb + k, px);
-                    uvec4 xq[4];
-                    vec2 xp[4];
-                    for (uint i = 0; i < 4u; i++) {
-                        xq[i] = xq_[px[i]];
-                        xp[i] = xp_[px[i]];
-                    }
-                    for (uint s2 = 0; s2 < R; s2++) {
-                        uvec4 wq[4];
-                        vec2 so[4];
-                        q_pieces(wt, kb + k, r[s2][k], d6[s2][k], wq, so);
-                        for (uint i = 0; i < 4u; i++)
-                            acc[s2] += so[i].x * xp[i].x * float(dot16(xq[i], wq[i])) + so[i].y * xp[i].y;
-                    }
+            for (uint s2 = 0u; s2 < R; s2++) acc[s2] = 0.0;
+            uint T = nit * nbi;
+            if (QPIPE) {
+                /* two sets of registers in turn (a copy from one to the other would wait for the loads) */
+                uvec4 r2[R][PFQ][4];
+                uint e2[R][PFQ];
+                for (uint t = 0u; t < T; t += 2u) {
+                    if (t + 1u < T) q_load_rows(b, kind, tasks, wt, gs, NS, ((t + 1u) / nbi) * step, Kp, ((t + 1u) % nbi) * PFQ, r2, e2);
+                    q_batch(b, kind, tasks, wt, gs, NS, Kp, nslot, nbi, step, flags, t, r, d6, acc);
+                    if (t + 2u < T) q_load_rows(b, kind, tasks, wt, gs, NS, ((t + 2u) / nbi) * step, Kp, ((t + 2u) % nbi) * PFQ, r, d6);
+                    if (t + 1u < T) q_batch(b, kind, tasks, wt, gs, NS, Kp, nslot, nbi, step, flags, t + 1u, r2, e2, acc);
                 }
-                for (uint s2 = 0; s2 < R; s2++)
-                    for (uint k = 0; k < PFQ; k++) {
-                        for (uint i = 0; i < 4u; i++) r[s2][k][i] = rn[s2][k][i];
-                        d6[s2][k] = dn[s2][k];
-                    }
-                if (kb + PFQ < nslot) continue; /* the rows go on */
-                for (uint s2 = 0; s2 < R; s2++) acc[s2] = subgroupAdd(acc[s2]);
-                for (uint s2 = 0; s2 < step; s2++) {
-                    WR w;
-                    uint gr, u;
-                    if (lane != s2 || !mv_slot(b, kind, tasks, gs, NS, i0, s2, w, gr, u)) continue;
-                    float a = acc[s2];
-                    if (kind == 2u) {
-                        float bu = acc[s2 + R / 2u];
-                        Floats(word2(b, 12u)).v[u] = a / (1.0 + exp(-a)) * bu;
-                    } else {
-                        uint rows0 = word(b, 22u), rows1 = word(b, 23u);
-                        if (u < rows0)
-                            Floats(word2(b, 12u)).v[u] = (flags & 2u) != 0u ? Floats(word2(b, 18u)).v[u] + a : a;
-                        else if (u < rows0 + rows1)
-                            Floats(word2(b, 14u)).v[u - rows0] = a;
-                        else
-                            Floats(word2(b, 16u)).v[u - rows0 - rows1] = a;
-                    }
+            } else {
+                for (uint t = 0u; t < T; t++) {
+                    if (t > 0u) q_load_rows(b, kind, tasks, wt, gs, NS, (t / nbi) * step, Kp, (t % nbi) * PFQ, r, d6);
+                    q_batch(b, kind, tasks, wt, gs, NS, Kp, nslot, nbi, step, flags, t, r, d6, acc);
                 }
-                for (uint s2 = 0; s2 < R; s2++) acc[s2] = 0.0;
             }
-        } else if (kind == 3u || kind == 4u) {
-            if (kind == 4u) staged = uvec4(0u); /* the merge's sums go through xq_ */
 #else
-        if (kind == 1u || kind == 2u) {
+            uvec4 pre[R][PF][NV];
+            if (gs < tasks) mv_load(b, kind, tasks, gs, NS, 0u, word(b, 20u), 0u, pre);
+            uint landed = 0u;
+            for (uint s2 = 0; s2 < R; s2++)
+                for (uint k = 0; k < PF; k++) landed ^= gs < tasks ? pre[s2][k][0].x : 0u;
+            phase_wait(meet, meetings, landed, p);
             Vec4s x = Vec4s(word2(b, 0u)), nw = Vec4s(word2(b, 2u));
             uint Kp8 = word(b, 20u), K = word(b, 21u), flags = word(b, 25u);
             float eps = uintBitsToFloat(word(b, 26u));
@@ -793,19 +793,29 @@ void main() {
                     }
                 }
             }
-        } else if (kind == 3u || kind == 4u) {
 #endif
-            uint Hkv = word(b, 26u);
-            if (kind == 3u) {
-                if (sgl < ASG) {
-                    uint na = ASG * nwg, sa = sgl;
-                    for (uint u = ua; u < Hkv * NE; u += na) {
-                        if (u != ua) attn_pre(b, u / NE, u % NE, NE, pos, akr, avr, arc, ars, awq, awk);
-                        attn_unit(b, u / NE, u % NE, NE, pos, sa, akr, avr, arc, ars, awq, awk);
-                    }
+        } else if (kind == 3u) {
+            uvec4 akr[KPL], avr[RPS][CPL];
+            float arc[DL], ars[DL], awq[DL], awk[DL];
+            uint ua = sgl * nwg + wg, Hkv = word(b, 26u);
+            if (sgl < ASG && ua < Hkv * NE) attn_pre(b, ua / NE, ua % NE, NE, pos, akr, avr, arc, ars, awq, awk);
+            uint landed = 0u;
+            for (uint i = 0; i < KPL; i++) landed ^= akr[i].x ^ avr[i % RPS][0].x;
+            phase_wait(meet, meetings, landed, p);
+            if (sgl < ASG) {
+                uint na = ASG * nwg, sa = sgl;
+                for (uint u = ua; u < Hkv * NE; u += na) {
+                    if (u != ua) attn_pre(b, u / NE, u % NE, NE, pos, akr, avr, arc, ars, awq, awk);
+                    attn_unit(b, u / NE, u % NE, NE, pos, sa, akr, avr, arc, ars, awq, awk);
                 }
-            } else {
-                for (uint hh = wg; hh < Hkv * G; hh += nwg) merge_head(b, hh, NE); /* uniform in the workgroup */
+            }
+        } else {
+            phase_wait(meet, meetings, 0u, p);
+            if (kind == 4u) {
+#ifdef MQX
+                staged = uvec4(0u); /* the merge's sums go through xq_ */
+#endif
+                for (uint hh = wg; hh < word(b, 26u) * G; hh += nwg) merge_head(b, hh, NE); /* uniform in the workgroup */
             }
         }
     }
