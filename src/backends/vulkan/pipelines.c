@@ -550,11 +550,11 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
     out->mega_pf = 8;
     e = getenv("ANVIL_VK_MEGA_PF");
     if (e && atoi(e) >= 1 && atoi(e) <= 16) out->mega_pf = (uint32_t)atoi(e);
-    out->mega_pfq = 2; /* MQX: slots of 64 weights a lane loads at a time (ANVIL_VK_MEGA_PFQ) */
+    out->mega_pfq = 1; /* MQX: slots of 64 weights a lane loads at a time (ANVIL_VK_MEGA_PFQ) */
     e = getenv("ANVIL_VK_MEGA_PFQ");
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->mega_pfq = (uint32_t)atoi(e);
-    e = getenv("ANVIL_VK_MEGA_QPIPE"); /* MQX: the next batch's loads before a batch is summed (1) or after (0) */
-    out->mega_qpipe = !(e && atoi(e) == 0);
+    e = getenv("ANVIL_VK_MEGA_QPIPE"); /* MQX: the next batch's loads before a batch is summed (1; lost on the H100) */
+    out->mega_qpipe = e && atoi(e) == 1;
     /* shared memory: a product's input (16 KiB of floats; MQX: 24 KiB of int8 and their blocks' scales and sums),
      * the subgroups' sums and the phase records (1 KiB), the attention subgroups' rows in what is left, at most
      * 16 KiB */

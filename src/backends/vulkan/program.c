@@ -300,10 +300,30 @@ static bool qx_worth(struct lower *L, int i) {
 
 /* The MQX type + 1 (struct vk_dispatch's mqx) of matmul i where the persistent step takes it
  * on integer dot products, rounding its input itself (mega.comp MQX): Q4_K and Q6_K weights,
- * inputs of at most 16384, not the LM head (its own kernel streams it faster), else 0. */
+ * inputs of at most 16384, not the LM head; else 0. */
 static int mqx_code(struct lower *L, int i, int type, uint32_t Kp8) {
     if (!L->mega_qx || N(L, i)->ne[0] >= L->p->V || Kp8 * 8 > 16384 || Kp8 % 32) return 0;
     return type == DT_Q4_K ? 1 : type == DT_Q6_K ? 2 : 0;
+}
+
+/* Whether the persistent step should take a model's K-quant products (mqx_code): where every
+ * one of them (gate/up: the pair) reads less than ANVIL_VK_MQX_MAX_MB (default 8). On the
+ * H100 a 0.6B Q4_K_M gained 14% and an 8B's (9-57 MB) lost 7% (its products stream faster as
+ * dispatches on a GPU full of threads than in the persistent step's one workgroup an SM,
+ * docs/PERF.md section 32). */
+static bool mqx_small(struct lower *L) {
+    const char *e = getenv("ANVIL_VK_MQX_MAX_MB");
+    double max_mb = e ? atof(e) : 8.0;
+    for (int i = 0; i < L->g->n_nodes; i++) {
+        const struct node *n = N(L, i);
+        if (n->op != OP_MATMUL || n->ne[0] >= L->p->V) continue;
+        const struct node *w = N(L, n->src[1]);
+        if (!w->weight || (w->weight->type != DT_Q4_K && w->weight->type != DT_Q6_K)) continue;
+        size_t row = 0;
+        if (!dtype_row_size(w->weight->type, w->ne[0], &row)) return false;
+        if ((double)row * (double)w->ne[1] * (swiglu_of(L, i) >= 0 ? 2 : 1) / 1e6 >= max_mb) return false;
+    }
+    return true;
 }
 
 static anvil_status lower_matmuls(struct lower *L, int i) {
@@ -1086,8 +1106,7 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
                       .n_cons = xcalloc((size_t)n, sizeof(int)),
                       .off = xmalloc((size_t)n * sizeof(VkDeviceSize)), .done = xcalloc((size_t)n, sizeof(bool)),
                       .use_qx = vk_use_qx(b->d)};
-    const char *mq_env = getenv("ANVIL_VK_MEGA_QX");
-    L.mega_qx = L.use_qx && b->pl.mega_grid && b->pl.p[K_MEGA_QX] && !(mq_env && atoi(mq_env) == 0);
+
     anvil_status st = L.root && L.n_cons && L.off && L.done ? ANVIL_OK : ANVIL_ERR_NOMEM;
     if (st != ANVIL_OK) goto done;
     p->n_ctx = 0;
@@ -1104,6 +1123,9 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
         goto done;
     }
     p->V = (uint32_t)g->nodes[g->output].ne[0];
+    const char *mq_env = getenv("ANVIL_VK_MEGA_QX"); /* 0 never, 1 whatever the products' sizes */
+    L.mega_qx = L.use_qx && b->pl.mega_grid && b->pl.p[K_MEGA_QX] && !(mq_env && atoi(mq_env) == 0) &&
+                ((mq_env && atoi(mq_env) == 1) || mqx_small(&L));
     /* first pass sizes the arena (addresses are offsets from 0), the second emits */
     if ((st = lower_graph(&L)) != ANVIL_OK) goto done;
     st = vk_buffer_create(b->d, L.arena_size, VK_MEM_DEVICE, "activations", &p->arena);
