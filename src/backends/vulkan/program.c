@@ -802,9 +802,10 @@ struct pc_mega {
 #define MEGA_CNT_BYTES 256
 #define MEGA_XS4 1024 /* mega.comp's XS4: a product's input of at most 4 XS4 floats */
 
-/* The phase kind of dispatch d for a persistent step over weights of float kind *type
- * (K_MATVEC_F32 + kind; set by the first matvec), or 0 where d cannot join one. */
 #define MEGA_MQX 100 /* a run's type: products on integer dot products (K_MEGA_QX) */
+/* The phase kind of dispatch d for a persistent step over weights of float kind *type
+ * (K_MATVEC_F32 + kind; set by the first matvec) or of K-quants on integer dot products
+ * (MEGA_MQX: the products lowered for it), or 0 where d cannot join one. */
 static uint32_t mega_kind(const struct vk_dispatch *d, int *type, bool attn) {
     int t = -1;
     uint32_t kind = 0;
@@ -1109,7 +1110,6 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
                       .n_cons = xcalloc((size_t)n, sizeof(int)),
                       .off = xmalloc((size_t)n * sizeof(VkDeviceSize)), .done = xcalloc((size_t)n, sizeof(bool)),
                       .use_qx = vk_use_qx(b->d)};
-
     anvil_status st = L.root && L.n_cons && L.off && L.done ? ANVIL_OK : ANVIL_ERR_NOMEM;
     if (st != ANVIL_OK) goto done;
     p->n_ctx = 0;

@@ -2,7 +2,9 @@
 /* The decode step's layers in one dispatch (a persistent grid): a run of the decode program's
  * float matvecs (norm -> q/k/v, o + residual, gate/up -> SwiGLU, down + residual, the LM
  * head) and attentions, whose workgroups stay resident and meet at a counter where the
- * dispatches had a barrier between them (docs/PERF.md section 31).
+ * dispatches had a barrier between them (docs/PERF.md section 31). With MQX (and QX) the
+ * products are Q4_K or Q6_K ones (a phase's type in its header) on integer dot products, each
+ * workgroup rounding the product's input to int8 itself (section 32).
  *
  * What a barrier costs is not the wait itself but that each kernel's first loads start only
  * after the whole of the kernel before has finished. So here each workgroup, once it has
@@ -123,7 +125,8 @@ uint word(uint slot, uint i) { return phs[slot][1u + i / 4u][i & 3u]; }
 /* every workgroup's writes so far made visible to every workgroup: all arrive at the
  * counter (meet_arrive), then wait for all (meet_wait; the m-th meeting waits for m arrivals
  * of each). Between the two each subgroup issues the next phase's loads that need nothing of
- * the phase before (weights, cache rows): after the fence, which would wait for them too. */
+ * the phase before (weights, cache rows): after the fence, which would wait for them too.
+ * A phase whose header says it needs nothing of the phase before has no meeting. */
 void meet_arrive(uint m) {
     /* (the caller's fence and workgroup barrier come first) */
     if (gl_LocalInvocationID.x == 0u) atomicAdd(mp.cnt.n, 1u);
