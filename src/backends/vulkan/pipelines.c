@@ -555,6 +555,8 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->mega_pfq = (uint32_t)atoi(e);
     e = getenv("ANVIL_VK_MEGA_QPIPE"); /* MQX: the next batch's loads before a batch is summed (1; lost on the H100) */
     out->mega_qpipe = e && atoi(e) == 1;
+    e = getenv("ANVIL_VK_MEGA_QLG"); /* MQX: rows of fewer slots than lanes taken by groups of lanes (1) */
+    out->mega_qlg = !(e && atoi(e) == 0);
     /* shared memory: a product's input (16 KiB of floats; MQX: 24 KiB of int8 and their blocks' scales and sums),
      * the subgroups' sums and the phase records (1 KiB), the attention subgroups' rows in what is left, at most
      * 16 KiB */
@@ -641,8 +643,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         VkShaderModule mod;
         st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
         if (st != ANVIL_OK) break;
-        uint32_t vals[12] = {0};
-        VkSpecializationMapEntry ent[12];
+        uint32_t vals[13] = {0};
+        VkSpecializationMapEntry ent[13];
         uint32_t n = 0;
         if (vk_matvec_spec(out, (enum vk_kernel)k, vals)) {
             n = 4;
@@ -665,7 +667,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[8] = out->mega_rpc;
             vals[9] = out->mega_pfq;
             vals[10] = out->mega_qpipe;
-            n = 11;
+            vals[11] = out->mega_qlg;
+            n = 12;
         } else if (k == K_ATTN_FLASH) {
             vals[0] = (uint32_t)attn_g;
             vals[1] = (uint32_t)attn_d;

@@ -255,7 +255,7 @@ struct vk_pipelines {
     /* mega.comp: workgroups (0: no persistent step), threads per workgroup, groups of 8
      * weights a lane loads at a time, subgroups per workgroup taking attention units, rows a
      * subgroup multiplies at once */
-    uint32_t mega_grid, mega_wg, mega_pf, mega_asg, mega_r, mega_lpr, mega_rpc, mega_pfq, mega_qpipe;
+    uint32_t mega_grid, mega_wg, mega_pf, mega_asg, mega_r, mega_lpr, mega_rpc, mega_pfq, mega_qpipe, mega_qlg;
 };
 
 /* Creates every pipeline; attention is specialised for G query heads per kv head and head

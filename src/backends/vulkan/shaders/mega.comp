@@ -64,6 +64,7 @@ const uint NV = 1u;
 #ifdef MQX
 layout(constant_id = 9) const uint PFQ = 2u; /* MQX: slots of 64 weights a lane loads at a time */
 layout(constant_id = 10) const bool QPIPE = true; /* MQX: the next batch's loads issued before a batch is summed */
+layout(constant_id = 11) const bool QLG = true; /* MQX: rows shorter than SG slots taken by groups of lanes */
 #endif
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer WR { uvec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer Phases { uvec4 v[]; };
@@ -205,18 +206,18 @@ const uint WT_Q4_K = 0u, WT_Q6_K = 1u;
 layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer WR1 { uint v[]; };
 
 /* slot k of row gr of w (Kp weights a row): its raw 16-byte pieces r, and for Q6_K the block's d */
-void q_load(uint wt, WR w, uint gr, uint Kp, uint k, bool live, out uvec4 r[4], out uint d6) {
-    uint lane = gl_SubgroupInvocationID, nb = Kp / 256u;
+void q_load(uint wt, WR w, uint gr, uint Kp, uint k, uint lg, bool live, out uvec4 r[4], out uint d6) {
+    uint lane = gl_SubgroupInvocationID % lg, nb = Kp / 256u;
     d6 = 0u;
     if (wt == WT_Q4_K) { /* 144-byte blocks: 9 uvec4, the header (d, dmin, scales) first */
         for (uint h = 0u; h < 2u; h++) {
-            uint c = lane + (2u * k + h) * SG, base = (gr * nb + c / 8u) * 9u;
+            uint c = lane + (2u * k + h) * lg, base = (gr * nb + c / 8u) * 9u;
             bool ok = live && c < 8u * nb;
             r[2u * h] = ok ? w.v[base + 1u + c % 8u] : uvec4(0u);
             r[2u * h + 1u] = ok ? w.v[base] : uvec4(0u);
         }
     } else { /* 224-byte blocks: 14 uvec4, ql [8], qh [4], scales [1], d */
-        uint c = lane + k * SG, base = (gr * nb + c / 4u) * 14u, hf = (c >> 1u) & 1u, l1 = c & 1u;
+        uint c = lane + k * lg, base = (gr * nb + c / 4u) * 14u, hf = (c >> 1u) & 1u, l1 = c & 1u;
         bool ok = live && c < 4u * nb;
         r[0] = ok ? w.v[base + hf * 4u + l1] : uvec4(0u);
         r[1] = ok ? w.v[base + hf * 4u + 2u + l1] : uvec4(0u);
@@ -227,16 +228,16 @@ void q_load(uint wt, WR w, uint gr, uint Kp, uint k, bool live, out uvec4 r[4], 
 }
 
 /* where slot k's four pieces of inputs are (in 16s) */
-void q_xpos(uint wt, uint Kp, uint k, out uint px[4]) {
-    uint lane = gl_SubgroupInvocationID;
+void q_xpos(uint wt, uint Kp, uint k, uint lg, out uint px[4]) {
+    uint lane = gl_SubgroupInvocationID % lg;
     if (wt == WT_Q4_K) {
         for (uint h = 0u; h < 2u; h++) {
-            uint c = lane + (2u * k + h) * SG;
+            uint c = lane + (2u * k + h) * lg;
             px[2u * h] = (c / 8u) * 16u + ((c % 8u) / 2u) * 4u + (c & 1u);
             px[2u * h + 1u] = px[2u * h] + 2u;
         }
     } else {
-        uint c = lane + k * SG, b16 = (c / 4u) * 16u + ((c >> 1u) & 1u) * 8u + (c & 1u);
+        uint c = lane + k * lg, b16 = (c / 4u) * 16u + ((c >> 1u) & 1u) * 8u + (c & 1u);
         for (uint i = 0u; i < 4u; i++) px[i] = b16 + 2u * i;
     }
     /* past the row the weights are zero, and the inputs (staged ones: finite) any */
@@ -245,11 +246,11 @@ void q_xpos(uint wt, uint Kp, uint k, out uint px[4]) {
 
 /* slot k's pieces as unsigned bytes, with their scales and offsets: piece i of 16 weights is
  * so[i].x * wq[i] + so[i].y */
-void q_pieces(uint wt, uint k, uvec4 r[4], uint d6, out uvec4 wq[4], out vec2 so[4]) {
-    uint lane = gl_SubgroupInvocationID;
+void q_pieces(uint wt, uint k, uint lg, uvec4 r[4], uint d6, out uvec4 wq[4], out vec2 so[4]) {
+    uint lane = gl_SubgroupInvocationID % lg;
     if (wt == WT_Q4_K) {
         for (uint h = 0u; h < 2u; h++) {
-            uint c = lane + (2u * k + h) * SG;
+            uint c = lane + (2u * k + h) * lg;
             uvec4 hd = r[2u * h + 1u];
             vec2 dm = unpackHalf2x16(hd.x);
             /* scales_pair of common.glsl's Q4_K (the header as vulkan.c pack_k_scales re-encodes it) */
@@ -263,7 +264,7 @@ void q_pieces(uint wt, uint k, uvec4 r[4], uint d6, out uvec4 wq[4], out vec2 so
             so[2u * h + 1u] = vec2(dm.x * sm.z, -dm.y * sm.w);
         }
     } else {
-        uint c = lane + k * SG, hf = (c >> 1u) & 1u, l1 = c & 1u;
+        uint c = lane + k * lg, hf = (c >> 1u) & 1u, l1 = c & 1u;
         float d = unpackHalf2x16(d6).x;
         uvec2 sv = hf == 0u ? r[3].xy : r[3].zw;
         for (uint i = 0u; i < 4u; i++) {
@@ -281,27 +282,49 @@ void q_pieces(uint wt, uint k, uvec4 r[4], uint d6, out uvec4 wq[4], out vec2 so
 /* 16 int8 inputs times 16 unsigned 8-bit weights */
 int dot16(uvec4 x, uvec4 w) { return sudot4(x.x, w.x, 0) + sudot4(x.y, w.y, 0) + sudot4(x.z, w.z, 0) + sudot4(x.w, w.w, 0); }
 
-/* slot k of each of the R rows of the subgroup's iteration i0 (mv_slot), loaded */
-void q_load_rows(uint b, uint kind, uint tasks, uint wt, uint gs, uint NS, uint i0, uint Kp, uint kb,
+/* Slot s (< R) of a product phase's iteration i0 for this lane: as mv_slot, with the
+ * subgroup's lanes in groups of lg, group g taking rows gs + (i0 + i SG / lg + g) NS */
+bool q_slot(uint b, uint kind, uint tasks, uint gs, uint NS, uint i0, uint s, uint lg, out WR w, out uint gr,
+            out uint u) {
+    uint h = kind == 2u ? s % (R / 2u) : s;
+    u = gs + (i0 + h * (SG / lg) + gl_SubgroupInvocationID / lg) * NS;
+    gr = u;
+    w = WR(word2(b, kind == 2u && s >= R / 2u ? 8u : 6u));
+    if (u >= tasks) return false;
+    if (kind == 1u) mv_pick(b, u, w, gr);
+    return true;
+}
+
+/* slot k of each of the R rows of the subgroup's iteration i0 (q_slot), loaded */
+void q_load_rows(uint b, uint kind, uint tasks, uint wt, uint gs, uint NS, uint i0, uint Kp, uint kb, uint lg,
                  out uvec4 r[R][PFQ][4], out uint d6[R][PFQ]) {
-    for (uint s = 0; s < R; s++) {
+    for (uint s = 0u; s < R; s++) {
         WR w;
         uint gr, u;
-        bool live = mv_slot(b, kind, tasks, gs, NS, i0, s, w, gr, u);
-        for (uint k = 0; k < PFQ; k++) q_load(wt, w, gr, Kp, kb + k, live, r[s][k], d6[s][k]);
+        bool live = q_slot(b, kind, tasks, gs, NS, i0, s, lg, w, gr, u);
+        for (uint k = 0u; k < PFQ; k++) q_load(wt, w, gr, Kp, kb + k, lg, live, r[s][k], d6[s][k]);
     }
+}
+
+/* the lanes a row takes: where a row has fewer slots than the subgroup lanes, groups of lanes
+ * (at least 4) take a row each */
+uint q_lanes(uint Kp) {
+    uint lg = SG;
+    if (QLG)
+        while (lg > 4u && lg / 2u >= Kp / 64u) lg /= 2u;
+    return lg;
 }
 
 /* batch t of a subgroup's product phase (iteration t / nbi: rows gs + (i0 + i) NS, i < step;
  * slots kb .. kb + PFQ - 1 of them): its sums into acc, and where they end the rows, the rows'
  * outputs (lane i writes row i) */
-void q_batch(uint b, uint kind, uint tasks, uint wt, uint gs, uint NS, uint Kp, uint nslot, uint nbi, uint step,
-             uint flags, uint t, uvec4 r[R][PFQ][4], uint d6[R][PFQ], inout float acc[R]) {
-    uint lane = gl_SubgroupInvocationID, i0 = (t / nbi) * step, kb = (t % nbi) * PFQ;
+void q_batch(uint b, uint kind, uint tasks, uint wt, uint gs, uint NS, uint Kp, uint lg, uint nslot, uint nbi,
+             uint step, uint flags, uint t, uvec4 r[R][PFQ][4], uint d6[R][PFQ], inout float acc[R]) {
+    uint lane = gl_SubgroupInvocationID, i0 = (t / nbi) * step * (SG / lg), kb = (t % nbi) * PFQ;
     for (uint k = 0u; k < PFQ; k++) {
         if (kb + k >= nslot) break;
         uint px[4];
-        q_xpos(wt, Kp, kb + k, px);
+        q_xpos(wt, Kp, kb + k, lg, px);
         uvec4 xq[4];
         vec2 xp[4];
         for (uint i = 0u; i < 4u; i++) {
@@ -311,17 +334,21 @@ void q_batch(uint b, uint kind, uint tasks, uint wt, uint gs, uint NS, uint Kp, 
         for (uint s2 = 0u; s2 < R; s2++) {
             uvec4 wq[4];
             vec2 so[4];
-            q_pieces(wt, kb + k, r[s2][k], d6[s2][k], wq, so);
+            q_pieces(wt, kb + k, lg, r[s2][k], d6[s2][k], wq, so);
             for (uint i = 0u; i < 4u; i++)
                 acc[s2] += so[i].x * xp[i].x * float(dot16(xq[i], wq[i])) + so[i].y * xp[i].y;
         }
     }
     if (kb + PFQ < nslot) return; /* the rows go on */
-    for (uint s2 = 0u; s2 < R; s2++) acc[s2] = subgroupAdd(acc[s2]);
+    for (uint s2 = 0u; s2 < R; s2++)
+        if (lg == SG)
+            acc[s2] = subgroupAdd(acc[s2]);
+        else
+            for (uint m = 1u; m < lg; m <<= 1u) acc[s2] += subgroupShuffleXor(acc[s2], m);
     for (uint s2 = 0u; s2 < step; s2++) {
         WR w;
         uint gr, u;
-        if (lane != s2 || !mv_slot(b, kind, tasks, gs, NS, i0, s2, w, gr, u)) continue;
+        if (lane % lg != s2 || !q_slot(b, kind, tasks, gs, NS, i0, s2, lg, w, gr, u)) continue;
         float a = acc[s2];
         if (kind == 2u) {
             float bu = acc[s2 + R / 2u];
@@ -684,7 +711,8 @@ void main() {
             uint wt = h.z, Kp = word(b, 20u) * 8u;
             uvec4 r[R][PFQ][4];
             uint d6[R][PFQ];
-            if (gs < tasks) q_load_rows(b, kind, tasks, wt, gs, NS, 0u, Kp, 0u, r, d6);
+            uint lg = q_lanes(Kp);
+            if (gs < tasks) q_load_rows(b, kind, tasks, wt, gs, NS, 0u, Kp, 0u, lg, r, d6);
             uint landed = 0u;
             for (uint s2 = 0u; s2 < R; s2++)
                 for (uint k = 0u; k < PFQ; k++) landed ^= gs < tasks ? r[s2][k][0].x : 0u;
@@ -696,28 +724,33 @@ void main() {
                 q_stage(Vec4s(word2(b, 0u)), Vec4s(word2(b, 2u)), Kp, K, norm, uintBitsToFloat(word(b, 26u)));
             staged = xin;
             staged_norm = norm;
-            uint step = kind == 2u ? R / 2u : R;
-            uint nslot = (Kp / 64u + SG - 1u) / SG; /* slots of a row per lane */
-            /* the subgroup's batches: iteration it (rows gs + (it step + i) NS), slots kb .. kb + PFQ - 1;
-             * the next batch's loads are issued before this one is summed */
-            uint nbi = (nslot + PFQ - 1u) / PFQ, nit = gs < tasks ? (tasks - 1u - gs) / NS / step + 1u : 0u;
+            uint step = kind == 2u ? R / 2u : R, ng = SG / lg;
+            uint nslot = (Kp / 64u + lg - 1u) / lg; /* slots of a row per lane */
+            /* the subgroup's batches: iteration it (rows gs + (it step ng + i ng + g) NS, g = lane / lg),
+             * slots kb .. kb + PFQ - 1 */
+            uint nbi = (nslot + PFQ - 1u) / PFQ, nit = gs < tasks ? (tasks - 1u - gs) / NS / (step * ng) + 1u : 0u;
             float acc[R];
             for (uint s2 = 0u; s2 < R; s2++) acc[s2] = 0.0;
             uint T = nit * nbi;
             if (QPIPE) {
-                /* two sets of registers in turn (a copy from one to the other would wait for the loads) */
+                /* the next batch's loads issued before a batch is summed, in two sets of registers in
+                 * turn (a copy from one to the other would wait for the loads) */
                 uvec4 r2[R][PFQ][4];
                 uint e2[R][PFQ];
                 for (uint t = 0u; t < T; t += 2u) {
-                    if (t + 1u < T) q_load_rows(b, kind, tasks, wt, gs, NS, ((t + 1u) / nbi) * step, Kp, ((t + 1u) % nbi) * PFQ, r2, e2);
-                    q_batch(b, kind, tasks, wt, gs, NS, Kp, nslot, nbi, step, flags, t, r, d6, acc);
-                    if (t + 2u < T) q_load_rows(b, kind, tasks, wt, gs, NS, ((t + 2u) / nbi) * step, Kp, ((t + 2u) % nbi) * PFQ, r, d6);
-                    if (t + 1u < T) q_batch(b, kind, tasks, wt, gs, NS, Kp, nslot, nbi, step, flags, t + 1u, r2, e2, acc);
+                    if (t + 1u < T)
+                        q_load_rows(b, kind, tasks, wt, gs, NS, ((t + 1u) / nbi) * step * ng, Kp, ((t + 1u) % nbi) * PFQ, lg,
+                                    r2, e2);
+                    q_batch(b, kind, tasks, wt, gs, NS, Kp, lg, nslot, nbi, step, flags, t, r, d6, acc);
+                    if (t + 2u < T)
+                        q_load_rows(b, kind, tasks, wt, gs, NS, ((t + 2u) / nbi) * step * ng, Kp, ((t + 2u) % nbi) * PFQ, lg,
+                                    r, d6);
+                    if (t + 1u < T) q_batch(b, kind, tasks, wt, gs, NS, Kp, lg, nslot, nbi, step, flags, t + 1u, r2, e2, acc);
                 }
             } else {
                 for (uint t = 0u; t < T; t++) {
-                    if (t > 0u) q_load_rows(b, kind, tasks, wt, gs, NS, (t / nbi) * step, Kp, (t % nbi) * PFQ, r, d6);
-                    q_batch(b, kind, tasks, wt, gs, NS, Kp, nslot, nbi, step, flags, t, r, d6, acc);
+                    if (t > 0u) q_load_rows(b, kind, tasks, wt, gs, NS, (t / nbi) * step * ng, Kp, (t % nbi) * PFQ, lg, r, d6);
+                    q_batch(b, kind, tasks, wt, gs, NS, Kp, lg, nslot, nbi, step, flags, t, r, d6, acc);
                 }
             }
 #else
