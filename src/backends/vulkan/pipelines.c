@@ -386,6 +386,8 @@ static const struct {
     [K_MEGA_BF16_CLK] = {SPV(spv_mega_bf16_clk), "mega_bf16_clk"},
     [K_MEGA_QX] = {SPV(spv_mega_qx), "mega_qx"},
     [K_MEGA_QX_CLK] = {SPV(spv_mega_qx_clk), "mega_qx_clk"},
+    [K_MEGA_QXK] = {SPV(spv_mega_qx), "mega_qx_k"},
+    [K_MEGA_QX8] = {SPV(spv_mega_qx), "mega_qx_8"},
 };
 
 const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }
@@ -635,16 +637,16 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         if ((k == K_MMH_CM2 || k == K_MMH_CM2_MOE) && !d->coopmat2) continue;
         if (k == K_ATTN_FLASH && (!d->coopmat || !d->subgroup_shuffle || !vk_flash_fits(attn_g, attn_d))) continue;
         if (k >= K_QX && k <= K_MATVEC_SWIGLU_QX_Q6_K && !d->int_dot) continue;
-        if (k >= K_MEGA_F32 && k <= K_MEGA_QX_CLK && !out->mega_grid) continue;
-        if ((k == K_MEGA_QX || k == K_MEGA_QX_CLK) && !d->int_dot) continue;
+        if (k >= K_MEGA_F32 && k <= K_MEGA_QX8 && !out->mega_grid) continue;
+        if (k >= K_MEGA_QX && k <= K_MEGA_QX8 && !d->int_dot) continue;
         if ((k == K_MEGA_BF16_CLK || k == K_MEGA_QX_CLK) && !d->shader_clock) continue;
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;
         st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
         if (st != ANVIL_OK) break;
-        uint32_t vals[13] = {0};
-        VkSpecializationMapEntry ent[13];
+        uint32_t vals[14] = {0};
+        VkSpecializationMapEntry ent[14];
         uint32_t n = 0;
         if (vk_matvec_spec(out, (enum vk_kernel)k, vals)) {
             n = 4;
@@ -655,7 +657,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[3] = out->attn_nsg * d->subgroup_size; /* workgroup: NSG subgroups */
             vals[4] = out->attn_nsg;
             n = 5;
-        } else if (k >= K_MEGA_F32 && k <= K_MEGA_QX_CLK) {
+        } else if (k >= K_MEGA_F32 && k <= K_MEGA_QX8) {
             vals[0] = out->mega_wg;
             vals[1] = (uint32_t)attn_g;
             vals[2] = (uint32_t)attn_d;
@@ -668,7 +670,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[9] = out->mega_pfq;
             vals[10] = out->mega_qpipe;
             vals[11] = out->mega_qlg;
-            n = 12;
+            vals[12] = k == K_MEGA_QXK ? 3 : k == K_MEGA_QX8 ? 4 : 7; /* MQX's weight types (1 << WT_) */
+            n = 13;
         } else if (k == K_ATTN_FLASH) {
             vals[0] = (uint32_t)attn_g;
             vals[1] = (uint32_t)attn_d;

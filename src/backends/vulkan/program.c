@@ -49,7 +49,7 @@ struct vk_dispatch {
      * nor writes what that one reads, so the two may run at once */
     bool overlap;
     /* a product the persistent step takes on integer dot products (form_mega, mega.comp MQX):
-     * its weights' MQX type + 1 (1 Q4_K, 2 Q6_K); lowered with float inputs and no rounding */
+     * its weights' MQX type + 1 (1 Q4_K, 2 Q6_K, 3 Q8_0); lowered with float inputs and no rounding */
     uint8_t mqx;
     _Alignas(8) uint8_t push[VK_PUSH_BYTES]; /* a push-constant struct (8-byte addresses) */
 };
@@ -299,11 +299,11 @@ static bool qx_worth(struct lower *L, int i) {
 }
 
 /* The MQX type + 1 (struct vk_dispatch's mqx) of matmul i where the persistent step takes it
- * on integer dot products, rounding its input itself (mega.comp MQX): Q4_K and Q6_K weights,
- * inputs of at most 16384, not the LM head; else 0. */
+ * on integer dot products, rounding its input itself (mega.comp MQX): Q4_K, Q6_K and Q8_0
+ * weights, inputs of at most 16384, not the LM head; else 0. */
 static int mqx_code(struct lower *L, int i, int type, uint32_t Kp8) {
-    if (!L->mega_qx || N(L, i)->ne[0] >= L->p->V || Kp8 * 8 > 16384 || Kp8 % 32) return 0;
-    return type == DT_Q4_K ? 1 : type == DT_Q6_K ? 2 : 0;
+    if (!L->mega_qx || N(L, i)->ne[0] >= L->p->V || Kp8 * 8 > 16384 || Kp8 % 16) return 0;
+    return type == DT_Q4_K ? 1 : type == DT_Q6_K ? 2 : type == DT_Q8_0 ? 3 : 0;
 }
 
 /* Whether the persistent step should take a model's K-quant products (mqx_code): a dense
@@ -321,7 +321,8 @@ static bool mqx_small(struct lower *L) {
         if (n->op == OP_MOE || n->op == OP_GDN) return false;
         if (n->op != OP_MATMUL || n->ne[0] >= L->p->V) continue;
         const struct node *w = N(L, n->src[1]);
-        if (!w->weight || (w->weight->type != DT_Q4_K && w->weight->type != DT_Q6_K)) continue;
+        if (!w->weight || (w->weight->type != DT_Q4_K && w->weight->type != DT_Q6_K && w->weight->type != DT_Q8_0))
+            continue;
         size_t row = 0;
         if (!dtype_row_size(w->weight->type, w->ne[0], &row)) return false;
         if ((double)row * (double)w->ne[1] * (swiglu_of(L, i) >= 0 ? 2 : 1) / 1e6 >= max_mb) return false;
@@ -887,6 +888,7 @@ static anvil_status form_mega(struct vk_program *p) {
             struct pc_mega pm = {p->mega.addr + (VkDeviceSize)k * sizeof *ph, p->ctl.addr,
                                  p->mega.addr + ph_bytes + (VkDeviceSize)r * MEGA_CNT_BYTES,
                                  clock ? p->clk.addr + (VkDeviceSize)(k + 2 * r) * pl->mega_grid * 16 : 0, 0};
+            uint32_t types = 0; /* MQX: the run's weight types, 1 << mega.comp's WT_ */
             for (; o < start[r] + len[r]; o++) {
                 const struct vk_dispatch *d = &p->ops[o];
                 int type = rtype[r];
@@ -897,6 +899,7 @@ static anvil_status form_mega(struct vk_program *p) {
                     if (skip & (1u << (kind + part - 1))) ph[k].kind |= 0x100;
                     ph[k].tasks = kind == 1 ? pmv->rows0 + pmv->rows1 + pmv->rows2 : kind == 2 ? pmv->rows0 : 0;
                     if (d->mqx) {
+                        types |= 1u << (d->mqx - 1);
                         ph[k].pad[0] = d->mqx - 1u; /* mega.comp's WT_ */
                         ph[k].pad[1] = d->overlap;  /* no meeting before it */
                     }
@@ -912,6 +915,8 @@ static anvil_status form_mega(struct vk_program *p) {
             struct vk_dispatch *d = &p->ops[w++];
             memset(d, 0, sizeof *d);
             d->k = rtype[r] == MEGA_MQX ? K_MEGA_QX : (enum vk_kernel)(K_MEGA_F32 + rtype[r]);
+            if (rtype[r] == MEGA_MQX) /* the variant compiled for the run's weight types only (registers) */
+                d->k = (types & ~3u) == 0 ? K_MEGA_QXK : types == 4 ? K_MEGA_QX8 : K_MEGA_QX;
             if (clock) d->k = d->k == K_MEGA_BF16 ? K_MEGA_BF16_CLK : K_MEGA_QX_CLK;
             d->gx = pl->mega_grid;
             d->gy = d->gz = 1;
@@ -1505,11 +1510,11 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     struct vk_device *d = b->d;
     int qxi = vk_qx_index(w->type);
     if (!d->int_dot || qxi < 0) return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qx_matvec_once: no integer dot products for %s", dtype_name(w->type));
-    uint32_t wt = w->type == DT_Q4_K ? 0 : w->type == DT_Q6_K ? 1 : 2;
-    if (out_mega && (wt > 1 || !b->pl.mega_grid || !b->pl.p[K_MEGA_QX]))
-        return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qx_matvec_once: no persistent step for %s", dtype_name(w->type));
     anvil_status st = test_pipelines(b);
     if (st != ANVIL_OK) return st;
+    uint32_t wt = w->type == DT_Q4_K ? 0 : w->type == DT_Q6_K ? 1 : w->type == DT_Q8_0 ? 2 : 3;
+    if (out_mega && (wt > 2 || !b->pl.mega_grid || !b->pl.p[K_MEGA_QX]))
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qx_matvec_once: no persistent step for %s", dtype_name(w->type));
     if ((st = vk_upload_tensor(b, w)) != ANVIL_OK) return st;
     uint32_t K = (uint32_t)w->ne[0], N = (uint32_t)w->ne[1], Kq = (K + 255) / 256 * 256;
     /* one host-visible buffer: ctl | x [Kq] | normw [Kq] | xq [Kq bytes] + xd [Kq / 32] | out [N]

@@ -213,8 +213,9 @@ enum vk_kernel {
      * per float weight kind, where mega_grid (pipelines.c mega_shape) says so */
     K_MEGA_F32, K_MEGA_F16, K_MEGA_BF16,
     K_MEGA_BF16_CLK, /* the same timing its phases, where d->shader_clock */
-    K_MEGA_QX,       /* Q4_K and Q6_K weights on integer dot products, where d->int_dot */
+    K_MEGA_QX,       /* Q4_K, Q6_K and Q8_0 weights on integer dot products, where d->int_dot */
     K_MEGA_QX_CLK,
+    K_MEGA_QXK, K_MEGA_QX8, /* the same compiled for Q4_K and Q6_K only, for Q8_0 only */
     K_COUNT,
 };
 

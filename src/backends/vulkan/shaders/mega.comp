@@ -65,6 +65,8 @@ const uint NV = 1u;
 layout(constant_id = 9) const uint PFQ = 2u; /* MQX: slots of 64 weights a lane loads at a time */
 layout(constant_id = 10) const bool QPIPE = true; /* MQX: the next batch's loads issued before a batch is summed */
 layout(constant_id = 11) const bool QLG = true; /* MQX: rows shorter than SG slots taken by groups of lanes */
+layout(constant_id = 12) const uint QT = 7u;     /* MQX: the weight types compiled in (1 << WT_); the rest never run */
+const bool Q4K = (QT & 1u) != 0u, Q6K = (QT & 2u) != 0u, Q80 = (QT & 4u) != 0u;
 #endif
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer WR { uvec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer Phases { uvec4 v[]; };
@@ -202,21 +204,29 @@ void mv_load(uint b, uint kind, uint tasks, uint gs, uint NS, uint i0, uint Kp8,
  * a subgroup's loads are contiguous; slot k of a Q6_K row is unit lane + k SG (16 positions l
  * of a half block: ql bytes l and l + 32, qh bytes l, four runs of 16 weights). A slot is four
  * pieces of 16 weights, each with a scale and an offset, each against 16 inputs xq_[px]. */
-const uint WT_Q4_K = 0u, WT_Q6_K = 1u;
+const uint WT_Q4_K = 0u, WT_Q6_K = 1u, WT_Q8_0 = 2u;
 layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer WR1 { uint v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer WR2 { uvec2 v[]; };
 
-/* slot k of row gr of w (Kp weights a row): its raw 16-byte pieces r, and for Q6_K the block's d */
+/* slot k of row gr of w (Kp weights a row): its raw 16-byte pieces r, and for Q6_K the block's
+ * d, for Q8_0 its two blocks' scales */
 void q_load(uint wt, WR w, uint gr, uint Kp, uint k, uint lg, bool live, out uvec4 r[4], out uint d6) {
     uint lane = gl_SubgroupInvocationID % lg, nb = Kp / 256u;
     d6 = 0u;
-    if (wt == WT_Q4_K) { /* 144-byte blocks: 9 uvec4, the header (d, dmin, scales) first */
+    if (Q4K && wt == WT_Q4_K) { /* 144-byte blocks: 9 uvec4, the header (d, dmin, scales) first */
         for (uint h = 0u; h < 2u; h++) {
             uint c = lane + (2u * k + h) * lg, base = (gr * nb + c / 8u) * 9u;
             bool ok = live && c < 8u * nb;
             r[2u * h] = ok ? w.v[base + 1u + c % 8u] : uvec4(0u);
             r[2u * h + 1u] = ok ? w.v[base] : uvec4(0u);
         }
-    } else { /* 224-byte blocks: 14 uvec4, ql [8], qh [4], scales [1], d */
+    } else if (Q80 && wt == WT_Q8_0) { /* repacked (common.glsl): 128 int8, then 4 f16 scales, 17 uvec2 */
+        uint c = lane + k * lg, base = (gr * (Kp / 128u) + c / 2u) * 17u, hf = c & 1u;
+        bool ok = live && c < Kp / 64u;
+        for (uint i = 0u; i < 4u; i++)
+            r[i] = ok ? uvec4(WR2(w).v[base + hf * 8u + 2u * i], WR2(w).v[base + hf * 8u + 2u * i + 1u]) : uvec4(0u);
+        d6 = ok ? WR1(w).v[(base + 16u) * 2u + hf] : 0u; /* this half's two blocks' scales */
+    } else if (Q6K) { /* 224-byte blocks: 14 uvec4, ql [8], qh [4], scales [1], d */
         uint c = lane + k * lg, base = (gr * nb + c / 4u) * 14u, hf = (c >> 1u) & 1u, l1 = c & 1u;
         bool ok = live && c < 4u * nb;
         r[0] = ok ? w.v[base + hf * 4u + l1] : uvec4(0u);
@@ -230,13 +240,15 @@ void q_load(uint wt, WR w, uint gr, uint Kp, uint k, uint lg, bool live, out uve
 /* where slot k's four pieces of inputs are (in 16s) */
 void q_xpos(uint wt, uint Kp, uint k, uint lg, out uint px[4]) {
     uint lane = gl_SubgroupInvocationID % lg;
-    if (wt == WT_Q4_K) {
+    if (Q4K && wt == WT_Q4_K) {
         for (uint h = 0u; h < 2u; h++) {
             uint c = lane + (2u * k + h) * lg;
             px[2u * h] = (c / 8u) * 16u + ((c % 8u) / 2u) * 4u + (c & 1u);
             px[2u * h + 1u] = px[2u * h] + 2u;
         }
-    } else {
+    } else if (Q80 && wt == WT_Q8_0) {
+        for (uint i = 0u; i < 4u; i++) px[i] = (lane + k * lg) * 4u + i;
+    } else if (Q6K) {
         uint c = lane + k * lg, b16 = (c / 4u) * 16u + ((c >> 1u) & 1u) * 8u + (c & 1u);
         for (uint i = 0u; i < 4u; i++) px[i] = b16 + 2u * i;
     }
@@ -245,10 +257,10 @@ void q_xpos(uint wt, uint Kp, uint k, uint lg, out uint px[4]) {
 }
 
 /* slot k's pieces as unsigned bytes, with their scales and offsets: piece i of 16 weights is
- * so[i].x * wq[i] + so[i].y */
+ * so[i].x * wq[i] + so[i].y (Q8_0's: signed bytes, no offset) */
 void q_pieces(uint wt, uint k, uint lg, uvec4 r[4], uint d6, out uvec4 wq[4], out vec2 so[4]) {
     uint lane = gl_SubgroupInvocationID % lg;
-    if (wt == WT_Q4_K) {
+    if (Q4K && wt == WT_Q4_K) {
         for (uint h = 0u; h < 2u; h++) {
             uint c = lane + (2u * k + h) * lg;
             uvec4 hd = r[2u * h + 1u];
@@ -263,7 +275,13 @@ void q_pieces(uint wt, uint k, uint lg, uvec4 r[4], uint d6, out uvec4 wq[4], ou
             so[2u * h] = vec2(dm.x * sm.x, -dm.y * sm.y);
             so[2u * h + 1u] = vec2(dm.x * sm.z, -dm.y * sm.w);
         }
-    } else {
+    } else if (Q80 && wt == WT_Q8_0) { /* signed bytes (q_batch takes them so) */
+        vec2 d = unpackHalf2x16(d6);
+        for (uint i = 0u; i < 4u; i++) {
+            wq[i] = r[i];
+            so[i] = vec2(d[i / 2u], 0.0);
+        }
+    } else if (Q6K) {
         uint c = lane + k * lg, hf = (c >> 1u) & 1u, l1 = c & 1u;
         float d = unpackHalf2x16(d6).x;
         uvec2 sv = hf == 0u ? r[3].xy : r[3].zw;
@@ -279,8 +297,9 @@ void q_pieces(uint wt, uint k, uint lg, uvec4 r[4], uint d6, out uvec4 wq[4], ou
     }
 }
 
-/* 16 int8 inputs times 16 unsigned 8-bit weights */
+/* 16 int8 inputs times 16 unsigned 8-bit weights; times 16 signed ones */
 int dot16(uvec4 x, uvec4 w) { return sudot4(x.x, w.x, 0) + sudot4(x.y, w.y, 0) + sudot4(x.z, w.z, 0) + sudot4(x.w, w.w, 0); }
+int dot16s(uvec4 x, uvec4 w) { return sdot4(x.x, w.x, 0) + sdot4(x.y, w.y, 0) + sdot4(x.z, w.z, 0) + sdot4(x.w, w.w, 0); }
 
 /* Slot s (< R) of a product phase's iteration i0 for this lane: as mv_slot, with the
  * subgroup's lanes in groups of lg, group g taking rows gs + (i0 + i SG / lg + g) NS */
@@ -321,24 +340,44 @@ uint q_lanes(uint Kp) {
 void q_batch(uint b, uint kind, uint tasks, uint wt, uint gs, uint NS, uint Kp, uint lg, uint nslot, uint nbi,
              uint step, uint flags, uint t, uvec4 r[R][PFQ][4], uint d6[R][PFQ], inout float acc[R]) {
     uint lane = gl_SubgroupInvocationID, i0 = (t / nbi) * step * (SG / lg), kb = (t % nbi) * PFQ;
-    for (uint k = 0u; k < PFQ; k++) {
-        if (kb + k >= nslot) break;
-        uint px[4];
-        q_xpos(wt, Kp, kb + k, lg, px);
-        uvec4 xq[4];
-        vec2 xp[4];
-        for (uint i = 0u; i < 4u; i++) {
-            xq[i] = xq_[px[i]];
-            xp[i] = xp_[px[i]];
+    /* (Q8_0's loop apart: its signed weights take the dispatches' sums exactly) */
+    if (Q80 && wt == WT_Q8_0)
+        for (uint k = 0u; k < PFQ; k++) {
+            if (kb + k >= nslot) break;
+            uint px[4];
+            q_xpos(WT_Q8_0, Kp, kb + k, lg, px);
+            uvec4 xq[4];
+            vec2 xp[4];
+            for (uint i = 0u; i < 4u; i++) {
+                xq[i] = xq_[px[i]];
+                xp[i] = xp_[px[i]];
+            }
+            for (uint s2 = 0u; s2 < R; s2++) {
+                uvec4 wq[4];
+                vec2 so[4];
+                q_pieces(WT_Q8_0, kb + k, lg, r[s2][k], d6[s2][k], wq, so);
+                for (uint i = 0u; i < 4u; i++) acc[s2] += so[i].x * xp[i].x * float(dot16s(xq[i], wq[i]));
+            }
         }
-        for (uint s2 = 0u; s2 < R; s2++) {
-            uvec4 wq[4];
-            vec2 so[4];
-            q_pieces(wt, kb + k, lg, r[s2][k], d6[s2][k], wq, so);
-            for (uint i = 0u; i < 4u; i++)
-                acc[s2] += so[i].x * xp[i].x * float(dot16(xq[i], wq[i])) + so[i].y * xp[i].y;
+    else
+        for (uint k = 0u; k < PFQ; k++) {
+            if (kb + k >= nslot) break;
+            uint px[4];
+            q_xpos(wt, Kp, kb + k, lg, px);
+            uvec4 xq[4];
+            vec2 xp[4];
+            for (uint i = 0u; i < 4u; i++) {
+                xq[i] = xq_[px[i]];
+                xp[i] = xp_[px[i]];
+            }
+            for (uint s2 = 0u; s2 < R; s2++) {
+                uvec4 wq[4];
+                vec2 so[4];
+                q_pieces(wt, kb + k, lg, r[s2][k], d6[s2][k], wq, so);
+                for (uint i = 0u; i < 4u; i++)
+                    acc[s2] += so[i].x * xp[i].x * float(dot16(xq[i], wq[i])) + so[i].y * xp[i].y;
+            }
         }
-    }
     if (kb + PFQ < nslot) return; /* the rows go on */
     for (uint s2 = 0u; s2 < R; s2++)
         if (lg == SG)
