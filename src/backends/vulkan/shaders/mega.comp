@@ -182,6 +182,22 @@ bool mv_slot(uint b, uint kind, uint tasks, uint gs, uint NS, uint i0, uint s, o
     return true;
 }
 
+/* a product phase's result for its row u: a (gate/up: silu(a) * bu), stored as the dispatch
+ * would (q/k/v into their three outputs, o and down plus the residual with flags & 2) */
+void mv_store(uint b, uint kind, uint u, float a, float bu, uint flags) {
+    if (kind == 2u) {
+        Floats(word2(b, 12u)).v[u] = a / (1.0 + exp(-a)) * bu;
+        return;
+    }
+    uint rows0 = word(b, 22u), rows1 = word(b, 23u);
+    if (u < rows0)
+        Floats(word2(b, 12u)).v[u] = (flags & 2u) != 0u ? Floats(word2(b, 18u)).v[u] + a : a;
+    else if (u < rows0 + rows1)
+        Floats(word2(b, 14u)).v[u - rows0] = a;
+    else
+        Floats(word2(b, 16u)).v[u - rows0 - rows1] = a;
+}
+
 /* groups kb .. kb + PF - 1 of each slot's row (this lane's: group lane + k SG) */
 void mv_load(uint b, uint kind, uint tasks, uint gs, uint NS, uint i0, uint Kp8, uint kb, out uvec4 r[R][PF][NV]) {
     uint lane = gl_SubgroupInvocationID;
@@ -387,20 +403,8 @@ void q_batch(uint b, uint kind, uint tasks, uint wt, uint gs, uint NS, uint Kp, 
     for (uint s2 = 0u; s2 < step; s2++) {
         WR w;
         uint gr, u;
-        if (lane % lg != s2 || !q_slot(b, kind, tasks, gs, NS, i0, s2, lg, w, gr, u)) continue;
-        float a = acc[s2];
-        if (kind == 2u) {
-            float bu = acc[s2 + R / 2u];
-            Floats(word2(b, 12u)).v[u] = a / (1.0 + exp(-a)) * bu;
-        } else {
-            uint rows0 = word(b, 22u), rows1 = word(b, 23u);
-            if (u < rows0)
-                Floats(word2(b, 12u)).v[u] = (flags & 2u) != 0u ? Floats(word2(b, 18u)).v[u] + a : a;
-            else if (u < rows0 + rows1)
-                Floats(word2(b, 14u)).v[u - rows0] = a;
-            else
-                Floats(word2(b, 16u)).v[u - rows0 - rows1] = a;
-        }
+        if (lane % lg == s2 && q_slot(b, kind, tasks, gs, NS, i0, s2, lg, w, gr, u))
+            mv_store(b, kind, u, acc[s2], kind == 2u ? acc[(s2 + R / 2u) % R] : 0.0, flags);
     }
     for (uint s2 = 0u; s2 < R; s2++) acc[s2] = 0.0;
 }
@@ -852,20 +856,8 @@ void main() {
                 for (uint s2 = 0; s2 < step; s2++) {
                     WR w;
                     uint gr, u;
-                    if (lane != s2 || !mv_slot(b, kind, tasks, gs, NS, i0, s2, w, gr, u)) continue;
-                    float a = acc[s2] * sc;
-                    if (kind == 2u) {
-                        float bu = acc[s2 + R / 2u] * sc;
-                        Floats(word2(b, 12u)).v[u] = a / (1.0 + exp(-a)) * bu;
-                    } else {
-                        uint rows0 = word(b, 22u), rows1 = word(b, 23u);
-                        if (u < rows0)
-                            Floats(word2(b, 12u)).v[u] = (flags & 2u) != 0u ? Floats(word2(b, 18u)).v[u] + a : a;
-                        else if (u < rows0 + rows1)
-                            Floats(word2(b, 14u)).v[u - rows0] = a;
-                        else
-                            Floats(word2(b, 16u)).v[u - rows0 - rows1] = a;
-                    }
+                    if (lane == s2 && mv_slot(b, kind, tasks, gs, NS, i0, s2, w, gr, u))
+                        mv_store(b, kind, u, acc[s2] * sc, kind == 2u ? acc[(s2 + R / 2u) % R] * sc : 0.0, flags);
                 }
             }
 #endif
