@@ -213,13 +213,15 @@ void mv_load(uint b, uint kind, uint tasks, uint gs, uint NS, uint i0, uint Kp8,
 }
 
 #ifdef MQX
-/* ---- products on integer dot products (MQX: Q4_K, Q6_K weights) ----
- * A lane takes a row in slots of 64 weights: slot k of a Q4_K row is units lane + 2k SG and
- * lane + (2k + 1) SG (a unit: half of a block's 32-byte run, 16 bytes, 32 weights: its low
- * nibbles 16 weights of sub-block 2j, its high ones the same 16 of sub-block 2j + 1), so that
- * a subgroup's loads are contiguous; slot k of a Q6_K row is unit lane + k SG (16 positions l
- * of a half block: ql bytes l and l + 32, qh bytes l, four runs of 16 weights). A slot is four
- * pieces of 16 weights, each with a scale and an offset, each against 16 inputs xq_[px]. */
+/* ---- products on integer dot products (MQX: Q4_K, Q6_K, Q8_0 weights) ----
+ * A row is taken by lg lanes of a subgroup (q_lanes: all SG, or groups of fewer for rows of
+ * fewer slots, each group a row of its own), lane l of them in slots of 64 weights: slot k of
+ * a Q4_K row is units l + 2k lg and l + (2k + 1) lg (a unit: half of a block's 32-byte run, 16
+ * bytes, 32 weights: its low nibbles 16 weights of sub-block 2j, its high ones the same 16 of
+ * sub-block 2j + 1), so that a subgroup's loads are contiguous; slot k of a Q6_K row is unit
+ * l + k lg (16 positions p of a half block: ql bytes p and p + 32, qh bytes p, four runs of 16
+ * weights); of a Q8_0 row half a 128-weight block. A slot is four pieces of 16 weights, each
+ * with a scale and an offset, each against 16 inputs xq_[px]. */
 const uint WT_Q4_K = 0u, WT_Q6_K = 1u, WT_Q8_0 = 2u;
 layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer WR1 { uint v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer WR2 { uvec2 v[]; };
@@ -350,9 +352,9 @@ uint q_lanes(uint Kp) {
     return lg;
 }
 
-/* batch t of a subgroup's product phase (iteration t / nbi: rows gs + (i0 + i) NS, i < step;
- * slots kb .. kb + PFQ - 1 of them): its sums into acc, and where they end the rows, the rows'
- * outputs (lane i writes row i) */
+/* batch t of a subgroup's product phase (iteration t / nbi: rows q_slot's, step of them a group
+ * of lg lanes; slots kb .. kb + PFQ - 1 of them): its sums into acc, and where they end the
+ * rows, the rows' outputs (lane i of a group writes its row i) */
 void q_batch(uint b, uint kind, uint tasks, uint wt, uint gs, uint NS, uint Kp, uint lg, uint nslot, uint nbi,
              uint step, uint flags, uint t, uvec4 r[R][PFQ][4], uint d6[R][PFQ], inout float acc[R]) {
     uint lane = gl_SubgroupInvocationID, i0 = (t / nbi) * step * (SG / lg), kb = (t % nbi) * PFQ;
