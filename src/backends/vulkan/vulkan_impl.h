@@ -255,7 +255,8 @@ struct vk_pipelines {
     uint32_t qx_nr[VK_QX_KINDS][2], qx_wg[VK_QX_KINDS][2], qx_pipe[VK_QX_KINDS][2];
     /* mega.comp: workgroups (0: no persistent step), threads per workgroup, groups of 8
      * weights a lane loads at a time, subgroups per workgroup taking attention units, rows a
-     * subgroup multiplies at once */
+     * subgroup multiplies at once, attention's lanes a row and rows a chunk; MQX: slots of 64
+     * weights a lane loads at a time, the next batch's loads pipelined, lane groups (bools) */
     uint32_t mega_grid, mega_wg, mega_pf, mega_asg, mega_r, mega_lpr, mega_rpc, mega_pfq, mega_qpipe, mega_qlg;
 };
 
