@@ -298,12 +298,15 @@ static bool qx_worth(struct lower *L, int i) {
     return mb >= min_mb;
 }
 
+/* mega.comp's WT_ (its phase header's weight type) for weights of a type MQX takes, or -1 */
+static int mqx_wt(int type) { return type == DT_Q4_K ? 0 : type == DT_Q6_K ? 1 : type == DT_Q8_0 ? 2 : -1; }
+
 /* The MQX type + 1 (struct vk_dispatch's mqx) of matmul i where the persistent step takes it
  * on integer dot products, rounding its input itself (mega.comp MQX): Q4_K, Q6_K and Q8_0
  * weights, inputs of at most 16384, not the LM head; else 0. */
 static int mqx_code(struct lower *L, int i, int type, uint32_t Kp8) {
     if (!L->mega_qx || N(L, i)->ne[0] >= L->p->V || Kp8 * 8 > 16384 || Kp8 % 16) return 0;
-    return type == DT_Q4_K ? 1 : type == DT_Q6_K ? 2 : type == DT_Q8_0 ? 3 : 0;
+    return mqx_wt(type) + 1;
 }
 
 /* Whether the persistent step should take a model's K-quant products (mqx_code): a dense
@@ -321,8 +324,7 @@ static bool mqx_small(struct lower *L) {
         if (n->op == OP_MOE || n->op == OP_GDN) return false;
         if (n->op != OP_MATMUL || n->ne[0] >= L->p->V) continue;
         const struct node *w = N(L, n->src[1]);
-        if (!w->weight || (w->weight->type != DT_Q4_K && w->weight->type != DT_Q6_K && w->weight->type != DT_Q8_0))
-            continue;
+        if (!w->weight || mqx_wt(w->weight->type) < 0) continue;
         size_t row = 0;
         if (!dtype_row_size(w->weight->type, w->ne[0], &row)) return false;
         if ((double)row * (double)w->ne[1] * (swiglu_of(L, i) >= 0 ? 2 : 1) / 1e6 >= max_mb) return false;
@@ -793,7 +795,8 @@ struct vk_phase {
     uint32_t kind;  /* 1 a product (matvec.comp MODE 0), 2 gate/up -> SwiGLU, 3 attention's
                        chunks, 4 their merge */
     uint32_t tasks; /* rows (1, 2) */
-    uint32_t pad[2];
+    uint32_t wt;      /* MQX products: the weights' type (mega.comp's WT_) */
+    uint32_t no_meet; /* 1: it needs nothing of the phase before (MQX), which it follows without a meeting */
     _Alignas(8) uint8_t push[VK_PUSH_BYTES];
 };
 struct pc_mega {
@@ -900,8 +903,8 @@ static anvil_status form_mega(struct vk_program *p) {
                     ph[k].tasks = kind == 1 ? pmv->rows0 + pmv->rows1 + pmv->rows2 : kind == 2 ? pmv->rows0 : 0;
                     if (d->mqx) {
                         types |= 1u << (d->mqx - 1);
-                        ph[k].pad[0] = d->mqx - 1u; /* mega.comp's WT_ */
-                        ph[k].pad[1] = d->overlap;  /* no meeting before it */
+                        ph[k].wt = d->mqx - 1u;
+                        ph[k].no_meet = d->overlap;
                     }
                     /* the clock's kinds: products by their rows, the LM head apart */
                     if (clock)
@@ -911,7 +914,7 @@ static anvil_status form_mega(struct vk_program *p) {
                     pm.n_phases++;
                 }
             }
-            for (uint32_t q = 1; q < pm.n_phases; q++) p->stats.meetings += !ph[k - pm.n_phases + q].pad[1];
+            for (uint32_t q = 1; q < pm.n_phases; q++) p->stats.meetings += !ph[k - pm.n_phases + q].no_meet;
             struct vk_dispatch *d = &p->ops[w++];
             memset(d, 0, sizeof *d);
             d->k = rtype[r] == MEGA_MQX ? K_MEGA_QX : (enum vk_kernel)(K_MEGA_F32 + rtype[r]);
@@ -1512,8 +1515,8 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     if (!d->int_dot || qxi < 0) return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qx_matvec_once: no integer dot products for %s", dtype_name(w->type));
     anvil_status st = test_pipelines(b);
     if (st != ANVIL_OK) return st;
-    uint32_t wt = w->type == DT_Q4_K ? 0 : w->type == DT_Q6_K ? 1 : w->type == DT_Q8_0 ? 2 : 3;
-    if (out_mega && (wt > 2 || !b->pl.mega_grid || !b->pl.p[K_MEGA_QX]))
+    int wt = mqx_wt(w->type);
+    if (out_mega && (wt < 0 || !b->pl.mega_grid || !b->pl.p[K_MEGA_QX]))
         return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qx_matvec_once: no persistent step for %s", dtype_name(w->type));
     if ((st = vk_upload_tensor(b, w)) != ANVIL_OK) return st;
     uint32_t K = (uint32_t)w->ne[0], N = (uint32_t)w->ne[1], Kq = (K + 255) / 256 * 256;
@@ -1549,7 +1552,7 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     pm.flags = normw ? 1u : 0u;
     pm.eps = eps;
     pm.o0 = pm.o1 = pm.o2 = pm.res = buf.addr + o_m;
-    *ph = (struct vk_phase){.kind = 1, .tasks = N, .pad = {wt, 0}};
+    *ph = (struct vk_phase){.kind = 1, .tasks = N, .wt = (uint32_t)wt};
     memcpy(ph->push, &pm, sizeof pm);
     struct pc_mega pg = {buf.addr + o_p, buf.addr, buf.addr + o_c, 0, 1};
     struct test_dispatch ds[3] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024},

@@ -75,7 +75,7 @@ layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Cou
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uvec2 v[]; };
 
 layout(push_constant) uniform PC {
-    Phases ph; /* per phase 9 uvec4: (kind, tasks, 0, 0), then the dispatch's push constants */
+    Phases ph; /* per phase 9 uvec4: (kind, tasks, wt, no_meet), then the dispatch's push constants */
     Ctl ctl;
     Counter cnt; /* zero between steps */
     UVec2s clk;  /* CLOCK: per phase p and workgroup, its arrival at the meeting before p and its leaving [p][wg][2] */
@@ -116,7 +116,7 @@ void dec8(uvec4 r[NV], out vec4 a, out vec4 b) {
 #endif
 
 /* the phase records in use (this one's, and the next one's being read): a record is 9 uvec4,
- * the header (kind, tasks, 0, 0), then the dispatch's push constants, word i of them at
+ * the header (kind, tasks, wt, no_meet), then the dispatch's push constants, word i of them at
  * word(slot, i) */
 shared uvec4 phs[2][9];
 uvec2 word2(uint slot, uint i) {
@@ -724,8 +724,8 @@ void main() {
     if (gl_LocalInvocationID.x < 9u) phs[0][gl_LocalInvocationID.x] = mp.ph.v[gl_LocalInvocationID.x];
     barrier();
 #ifdef MQX
-    uvec4 staged = uvec4(0u); /* the input now in xq_, xp_: x's and normw's addresses (0: none) */
-    bool staged_norm = false;
+    /* the input now in xq_, xp_: x's address and its norm's (0 without one; all 0: none) */
+    uvec4 staged = uvec4(0u);
 #endif
     for (uint p = 0u; p < mp.n_phases; p++) {
         uint b = p & 1u;
@@ -765,10 +765,9 @@ void main() {
             uint K = word(b, 21u), flags = word(b, 25u);
             bool norm = (flags & 1u) != 0u;
             uvec4 xin = uvec4(word2(b, 0u), norm ? word2(b, 2u) : uvec2(0u));
-            if (xin != staged || norm != staged_norm) /* uniform in the workgroup */
+            if (xin != staged) /* uniform in the workgroup */
                 q_stage(Vec4s(word2(b, 0u)), Vec4s(word2(b, 2u)), Kp, K, norm, uintBitsToFloat(word(b, 26u)));
             staged = xin;
-            staged_norm = norm;
             uint step = kind == 2u ? R / 2u : R, ng = SG / lg;
             uint nslot = (Kp / 64u + lg - 1u) / lg; /* slots of a row per lane */
             /* the subgroup's batches: iteration it (rows gs + (it step ng + i ng + g) NS, g = lane / lg),
