@@ -206,6 +206,30 @@ static const uint32_t spv_matvec_qx_q5_k[] =
 static const uint32_t spv_matvec_qx_q6_k[] =
 #include "shaders/matvec_qx_q6_k.inc"
     ;
+static const uint32_t spv_matvec_qxv_q8_0[] =
+#include "shaders/matvec_qxv_q8_0.inc"
+    ;
+static const uint32_t spv_matvec_qxv_q4_k[] =
+#include "shaders/matvec_qxv_q4_k.inc"
+    ;
+static const uint32_t spv_matvec_qxv_q5_k[] =
+#include "shaders/matvec_qxv_q5_k.inc"
+    ;
+static const uint32_t spv_matvec_qxv_q6_k[] =
+#include "shaders/matvec_qxv_q6_k.inc"
+    ;
+static const uint32_t spv_matvec_qxt_q8_0[] =
+#include "shaders/matvec_qxt_q8_0.inc"
+    ;
+static const uint32_t spv_matvec_qxt_q4_k[] =
+#include "shaders/matvec_qxt_q4_k.inc"
+    ;
+static const uint32_t spv_matvec_qxt_q5_k[] =
+#include "shaders/matvec_qxt_q5_k.inc"
+    ;
+static const uint32_t spv_matvec_qxt_q6_k[] =
+#include "shaders/matvec_qxt_q6_k.inc"
+    ;
 static const uint32_t spv_matvec_route_f32[] =
 #include "shaders/matvec_route_f32.inc"
     ;
@@ -377,6 +401,46 @@ static const struct {
     [K_MATVEC_SWIGLU_QX_Q4_K] = {SPV(spv_matvec_qx_q4_k), "matvec_swiglu_qx_q4_k"},
     [K_MATVEC_SWIGLU_QX_Q5_K] = {SPV(spv_matvec_qx_q5_k), "matvec_swiglu_qx_q5_k"},
     [K_MATVEC_SWIGLU_QX_Q6_K] = {SPV(spv_matvec_qx_q6_k), "matvec_swiglu_qx_q6_k"},
+    [K_MATVEC_QXV + 8] = {SPV(spv_matvec_qxv_q8_0), "matvec_qx_q8_0_x1"},
+    [K_MATVEC_QXV + 9] = {SPV(spv_matvec_qxv_q4_k), "matvec_qx_q4_k_x1"},
+    [K_MATVEC_QXV + 10] = {SPV(spv_matvec_qxv_q5_k), "matvec_qx_q5_k_x1"},
+    [K_MATVEC_QXV + 11] = {SPV(spv_matvec_qxv_q6_k), "matvec_qx_q6_k_x1"},
+    [K_MATVEC_QXV + 12] = {SPV(spv_matvec_qxv_q8_0), "matvec_swiglu_qx_q8_0_x1"},
+    [K_MATVEC_QXV + 13] = {SPV(spv_matvec_qxv_q4_k), "matvec_swiglu_qx_q4_k_x1"},
+    [K_MATVEC_QXV + 14] = {SPV(spv_matvec_qxv_q5_k), "matvec_swiglu_qx_q5_k_x1"},
+    [K_MATVEC_QXV + 15] = {SPV(spv_matvec_qxv_q6_k), "matvec_swiglu_qx_q6_k_x1"},
+    [K_MATVEC_QXV + 16] = {SPV(spv_matvec_qxv_q8_0), "matvec_qx_q8_0_x2"},
+    [K_MATVEC_QXV + 17] = {SPV(spv_matvec_qxv_q4_k), "matvec_qx_q4_k_x2"},
+    [K_MATVEC_QXV + 18] = {SPV(spv_matvec_qxv_q5_k), "matvec_qx_q5_k_x2"},
+    [K_MATVEC_QXV + 19] = {SPV(spv_matvec_qxv_q6_k), "matvec_qx_q6_k_x2"},
+    [K_MATVEC_QXV + 20] = {SPV(spv_matvec_qxv_q8_0), "matvec_swiglu_qx_q8_0_x2"},
+    [K_MATVEC_QXV + 21] = {SPV(spv_matvec_qxv_q4_k), "matvec_swiglu_qx_q4_k_x2"},
+    [K_MATVEC_QXV + 22] = {SPV(spv_matvec_qxv_q5_k), "matvec_swiglu_qx_q5_k_x2"},
+    [K_MATVEC_QXV + 23] = {SPV(spv_matvec_qxv_q6_k), "matvec_swiglu_qx_q6_k_x2"},
+    [K_MATVEC_QXV + 24] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x0"},
+    [K_MATVEC_QXV + 25] = {SPV(spv_matvec_qxt_q4_k), "matvec_qxt_q4_k_x0"},
+    [K_MATVEC_QXV + 26] = {SPV(spv_matvec_qxt_q5_k), "matvec_qxt_q5_k_x0"},
+    [K_MATVEC_QXV + 27] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x0"},
+    [K_MATVEC_QXV + 28] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x0"},
+    [K_MATVEC_QXV + 29] = {SPV(spv_matvec_qxt_q4_k), "matvec_swiglu_qxt_q4_k_x0"},
+    [K_MATVEC_QXV + 30] = {SPV(spv_matvec_qxt_q5_k), "matvec_swiglu_qxt_q5_k_x0"},
+    [K_MATVEC_QXV + 31] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x0"},
+    [K_MATVEC_QXV + 32] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x1"},
+    [K_MATVEC_QXV + 33] = {SPV(spv_matvec_qxt_q4_k), "matvec_qxt_q4_k_x1"},
+    [K_MATVEC_QXV + 34] = {SPV(spv_matvec_qxt_q5_k), "matvec_qxt_q5_k_x1"},
+    [K_MATVEC_QXV + 35] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x1"},
+    [K_MATVEC_QXV + 36] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x1"},
+    [K_MATVEC_QXV + 37] = {SPV(spv_matvec_qxt_q4_k), "matvec_swiglu_qxt_q4_k_x1"},
+    [K_MATVEC_QXV + 38] = {SPV(spv_matvec_qxt_q5_k), "matvec_swiglu_qxt_q5_k_x1"},
+    [K_MATVEC_QXV + 39] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x1"},
+    [K_MATVEC_QXV + 40] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x2"},
+    [K_MATVEC_QXV + 41] = {SPV(spv_matvec_qxt_q4_k), "matvec_qxt_q4_k_x2"},
+    [K_MATVEC_QXV + 42] = {SPV(spv_matvec_qxt_q5_k), "matvec_qxt_q5_k_x2"},
+    [K_MATVEC_QXV + 43] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x2"},
+    [K_MATVEC_QXV + 44] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x2"},
+    [K_MATVEC_QXV + 45] = {SPV(spv_matvec_qxt_q4_k), "matvec_swiglu_qxt_q4_k_x2"},
+    [K_MATVEC_QXV + 46] = {SPV(spv_matvec_qxt_q5_k), "matvec_swiglu_qxt_q5_k_x2"},
+    [K_MATVEC_QXV + 47] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x2"},
     [K_MATVEC_ROUTE_F32] = {SPV(spv_matvec_route_f32), "matvec_route_f32"},
     [K_MATVEC_ROUTE_F16] = {SPV(spv_matvec_route_f16), "matvec_route_f16"},
     [K_MATVEC_ROUTE_BF16] = {SPV(spv_matvec_route_bf16), "matvec_route_bf16"},
@@ -495,6 +559,14 @@ static uint32_t float_rows(const struct vk_pipelines *p, int kind, uint32_t mode
 }
 
 bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t vals[4]) {
+    if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST) { /* the QX variants: their plain shape (teams: qxv_spec) */
+        int q = (k - K_MATVEC_QXV) % 4, mode = ((k - K_MATVEC_QXV) / 4) % 2;
+        vals[0] = p->qx_wg[q][mode];
+        vals[1] = p->qx_nr[q][mode];
+        vals[2] = (uint32_t)mode;
+        vals[3] = p->qx_pipe[q][mode];
+        return true;
+    }
     if (!(k < K_EMBED_F32 || (k > K_QX && k <= K_MATVEC_ROUTE_BF16))) return false;
     bool qx = k > K_QX && k < K_MATVEC_ROUTE_F32, route = k >= K_MATVEC_ROUTE_F32;
     int kind = route ? (int)(k - K_MATVEC_ROUTE_F32) /* F32, F16, BF16: kinds 0, 1, 2 */
@@ -573,6 +645,35 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
         out->mega_grid = 0;
 }
 
+/* matvec.comp's specialisation (constants 0-5) for the QX variant k (K_MATVEC_QXV ..,
+ * vk_qxv): the type's QX shape; XM; teams (QXT): NT = 8 / NR teams of 64 threads for the
+ * K-quants, Q6_K's of 2 rows, Q8_0's as its QX shape (measured on the H100, docs/PERF.md
+ * section 33: 8B Q4_K_M 294 -> 309 t/s, where teams of 128 threads gave 290 and Q6_K's of 4
+ * rows 300), narrower where a workgroup of NT would exceed 32 subgroups or the device's
+ * limits. False where the teams' rows do not divide 8. */
+static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, int k, uint32_t vals[6]) {
+    int i = k - K_MATVEC_QXV, q = i % 4, mode = (i / 4) % 2, xm = (i / 8) % 3, teams = i / 24;
+    uint32_t nr = p->qx_nr[q][mode], wg = p->qx_wg[q][mode], nt = 1, sg = d->subgroup_size;
+    if (teams) {
+        if (vk_qx_dtype(q) != DT_Q8_0) wg = MAX(64u, sg);
+        if (vk_qx_dtype(q) == DT_Q6_K) nr = p->qxt_nr6 ? p->qxt_nr6 : 2;
+        if (p->qxt_tw[xm]) wg = p->qxt_tw[xm];
+        if (8 % nr) return false;
+        nt = 8 / nr;
+        while (wg > sg && !matvec_wg_ok(d, wg * nt)) wg -= sg; /* narrower teams (lavapipe's subgroups) */
+        if (!matvec_wg_ok(d, wg * nt)) return false;
+    }
+    if (vals) {
+        vals[0] = wg * nt;
+        vals[1] = nr;
+        vals[2] = (uint32_t)mode;
+        vals[3] = p->qx_pipe[q][mode];
+        vals[4] = nt;
+        vals[5] = (uint32_t)xm;
+    }
+    return true;
+}
+
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out) {
     memset(out, 0, sizeof *out);
     out->attn_g = attn_g;
@@ -597,6 +698,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     if (out->matvec_wg < d->subgroup_size) out->matvec_wg = d->subgroup_size;
     if (out->matvec_wg / d->subgroup_size > 32) out->matvec_wg = 32 * d->subgroup_size;
     qx_shapes(d, out);
+    out->qxt_tw[0] = out->qxt_tw[2] = env_wg(d, "ANVIL_VK_QXT_TW", 0);
+    out->qxt_tw[1] = env_wg(d, "ANVIL_VK_QXT_TW1", out->qxt_tw[0]);
+    out->qxt_nr6 = env_nr("ANVIL_VK_QXT_NR_Q6_K", 0);
     /* attention.comp's subgroups per workgroup (ANVIL_VK_ATTN_NSG, 1 .. 8) */
     out->attn_nsg = 4;
     e = getenv("ANVIL_VK_ATTN_NSG");
@@ -640,6 +744,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         if (k >= K_MEGA_F32 && k <= K_MEGA_QX8 && !out->mega_grid) continue;
         if (k >= K_MEGA_QX && k <= K_MEGA_QX8 && !d->int_dot) continue;
         if ((k == K_MEGA_BF16_CLK || k == K_MEGA_QX_CLK) && !d->shader_clock) continue;
+        if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST && (!kernels[k].code || !d->int_dot || !qxv_spec(d, out, k, NULL)))
+            continue;
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
         VkShaderModule mod;
@@ -648,7 +754,10 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         uint32_t vals[14] = {0};
         VkSpecializationMapEntry ent[14];
         uint32_t n = 0;
-        if (vk_matvec_spec(out, (enum vk_kernel)k, vals)) {
+        if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST) {
+            qxv_spec(d, out, k, vals);
+            n = 6;
+        } else if (vk_matvec_spec(out, (enum vk_kernel)k, vals)) {
             n = 4;
         } else if (k == K_ATTENTION) {
             vals[0] = (uint32_t)attn_g;

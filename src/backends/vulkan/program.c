@@ -68,6 +68,10 @@ struct pc_qx {
     uint32_t K, Kp, flags;
     float eps;
 };
+struct pc_qxt { /* matvec.comp QX where it rounds its outputs (flags & 16) */
+    struct pc_matvec m;
+    uint64_t xq, nw;
+};
 struct pc_ew {
     uint64_t a, b, out, ctl;
     uint32_t n, ne0, bdiv, op;
@@ -138,8 +142,11 @@ struct lower {
     VkDeviceSize arena_size;
     bool use_qx;           /* vk_use_qx when the program was made */
     bool mega_qx;          /* and the persistent step takes the K-quant products (mqx_code) */
-    /* matvec inputs already rounded to int8 blocks (qx.comp), by input and norm */
-    struct { uint64_t x, normw; VkDeviceSize q; } qx[8];
+    bool qxr; /* integer-dot-product products round their outputs for the next one (qx_round) */
+    /* matvec inputs already rounded to int8 blocks, by input and norm: by qx.comp (blocks of
+     * 32, the norm applied) or by their producer (own: blocks of 8, the norm's 1 / rms left
+     * to the consumer) */
+    struct { uint64_t x, normw; VkDeviceSize q; bool own; } qx[8];
     int n_qx;
     /* the last matvec dispatch without a residual (its index, or -1) and the node its input
      * is: the next one on the same input (another weight type) need not wait for it */
@@ -251,7 +258,7 @@ static int qx_find(const struct lower *L, const struct pc_matvec *pc) {
 /* The matvec input of pc (x, and its norm when flags & 1) rounded to int8 blocks by qx.comp
  * (once per input and norm: later matvecs of the same input reuse it); pc then points at the
  * int8s and scales, the norm applied. */
-static anvil_status qx_input(struct lower *L, struct pc_matvec *pc) {
+static anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm) {
     uint64_t normw = (pc->flags & 1) ? pc->normw : 0;
     uint32_t Kp = (uint32_t)round_up(pc->K, 256);
     int i = qx_find(L, pc);
@@ -276,12 +283,50 @@ static anvil_status qx_input(struct lower *L, struct pc_matvec *pc) {
         L->qx[i].x = pc->x;
         L->qx[i].normw = normw;
         L->qx[i].q = q;
+        L->qx[i].own = false;
         L->n_qx++;
     }
     pc->x = L->p->arena.addr + L->qx[i].q;
     pc->normw = pc->x + Kp;
     pc->flags &= ~1u;
+    *xm = !L->qx[i].own ? 0 : normw ? 2 : 1; /* matvec.comp's XM */
     return ANVIL_OK;
+}
+
+/* Whether the QX product writing node out (rows values) rounds them for the next product
+ * itself (matvec.comp QXT, flags & 16), with no qx.comp dispatch: where the first matmul after
+ * out that reads it, directly or through an RMS norm (whose weights the rounding folds in,
+ * flags & 32), has weights the integer dot products take (it will find the rounding made,
+ * qx_find, and take it whatever its size, with XM 1 or 2). Sets pq's rounding and registers it. */
+static VkDeviceSize alloc_scratch(struct lower *L, VkDeviceSize bytes);
+static bool qx_round(struct lower *L, int out, uint32_t rows, struct pc_qxt *pq) {
+    if (!L->qxr || rows % 256) return false;
+    for (int k = out + 1; k < L->g->n_nodes; k++) {
+        const struct node *m = N(L, k);
+        if (m->op != OP_MATMUL || L->done[k]) continue;
+        int r = L->root[m->src[0]];
+        const struct node *nm = N(L, r);
+        bool norm = nm->op == OP_RMS_NORM && L->root[nm->src[0]] == out;
+        if (r != out && !norm) continue;
+        int qxi = vk_qx_index(N(L, m->src[1])->weight->type);
+        if (qxi < 0 || L->mega_qx || !L->p->b->pl.p[vk_qxv(0, norm ? 2 : 1, swiglu_of(L, k) >= 0, qxi)]) return false;
+        uint64_t normw = norm ? vk_weight_addr(L->p->b, N(L, nm->src[1])->weight, true, nm->p.i[0] != 0) : 0;
+        uint64_t x = addr_of(L, out);
+        if (qx_find(L, &(struct pc_matvec){.x = x, .normw = normw, .flags = norm}) >= 0) return false;
+        int i = L->n_qx;
+        if (L->n_qx == (int)(sizeof L->qx / sizeof *L->qx)) L->n_qx = i = 0;
+        VkDeviceSize q = alloc_scratch(L, 2 * (VkDeviceSize)rows); /* int8s, scales, sums of squares */
+        L->qx[i].x = x;
+        L->qx[i].normw = normw;
+        L->qx[i].q = q;
+        L->qx[i].own = true;
+        L->n_qx++;
+        pq->xq = L->p->arena.addr + q;
+        pq->nw = norm ? normw : x;
+        pq->m.flags |= 16u | (norm ? 32u : 0u);
+        return true;
+    }
+    return false;
 }
 
 /* Whether matmul i (with its gate/up partner) reads enough weight bytes for integer dot
@@ -351,13 +396,17 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
      * docs/PERF.md section 27) */
     int mq = mqx_code(L, i, type, pc.Kp8);
     int qxi = !mq && L->use_qx && (qx_worth(L, i) || qx_find(L, &pc) >= 0) ? vk_qx_index(type) : -1;
+    int xm = 0; /* matvec.comp's XM: how the input was rounded */
     if (qxi >= 0) {
-        anvil_status st = qx_input(L, &pc);
+        anvil_status st = qx_input(L, &pc, &xm);
         if (st != ANVIL_OK) return st;
-        kern = K_MATVEC_QX_Q8_0 + qxi;
+        kern = xm ? vk_qxv(0, xm, 0, qxi) : K_MATVEC_QX_Q8_0 + qxi;
     }
     /* the SwiGLU variant of kernel kern */
-    int kern_swiglu = qxi >= 0 ? kern + VK_QX_KINDS : kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32);
+    int kern_swiglu = qxi >= 0 ? (xm ? vk_qxv(0, xm, 1, qxi) : kern + VK_QX_KINDS)
+                               : kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32);
+    struct pc_qxt pq = {0}; /* where it rounds its outputs (qx_round) */
+    bool qxt = false;
     /* gate/up -> swiglu */
     int j = swiglu_of(L, i);
     if (j >= 0) {
@@ -370,9 +419,15 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         pc.o1 = pc.o2 = pc.res = pc.o0;
         if (!pc.normw) pc.normw = pc.x;
         L->done[a] = L->done[b] = L->done[j] = true;
-        uint32_t gx, gy, nr = vk_matvec_rows(&L->p->b->pl, kern_swiglu);
+        pq.m = pc;
+        if (qxi >= 0 && L->p->b->pl.p[vk_qxv(1, xm, 1, qxi)] && qx_round(L, j, pc.rows0, &pq)) {
+            qxt = true;
+            kern_swiglu = vk_qxv(1, xm, 1, qxi);
+        }
+        uint32_t gx, gy, nr = qxt ? 8 : vk_matvec_rows(&L->p->b->pl, kern_swiglu);
         grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
-        anvil_status st = emit(L->p, kern_swiglu, gx, gy, &pc, sizeof pc);
+        anvil_status st = qxt ? emit(L->p, kern_swiglu, gx, gy, &pq, sizeof pq)
+                              : emit(L->p, kern_swiglu, gx, gy, &pc, sizeof pc);
         if (st == ANVIL_OK) L->p->ops[L->p->n_ops - 1].mqx = (uint8_t)mq;
         return st;
     }
@@ -385,6 +440,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
             group[ng++] = k;
     }
     /* a lone matmul whose only consumer is an add: fold the residual into its store */
+    int out_node = i;
     if (ng == 1 && L->n_cons[i] == 1) {
         for (int j = i + 1; j < L->g->n_nodes; j++) {
             const struct node *a = N(L, j);
@@ -396,6 +452,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
             pc.flags |= 2;
             pc.o0 = addr_of(L, j);
             L->done[j] = true;
+            out_node = j;
             break;
         }
     }
@@ -417,7 +474,13 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     bool residual = (pc.flags & 2) != 0; /* the add folded in reads pc.res */
     if (!pc.res) pc.res = pc.o0;
     if (!pc.normw) pc.normw = pc.x;
-    uint32_t gx, gy, nr = vk_matvec_rows(&L->p->b->pl, kern);
+    pq.m = pc;
+    if (qxi >= 0 && ng == 1 && n->ne[0] < L->p->V && L->p->b->pl.p[vk_qxv(1, xm, 0, qxi)] &&
+        qx_round(L, out_node, pc.rows0, &pq)) {
+        qxt = true;
+        kern = vk_qxv(1, xm, 0, qxi);
+    }
+    uint32_t gx, gy, nr = qxt ? 8 : vk_matvec_rows(&L->p->b->pl, kern);
     grid((total + nr - 1) / nr, &gx, &gy);
     /* right after a matvec of the same input (the v projection of another type than q and
      * k): both only read that input and write their own outputs (nodes never share arena
@@ -425,7 +488,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     const char *e = getenv("ANVIL_VK_OVERLAP");
     bool overlap = !residual && L->mm_op >= 0 && L->mm_op == L->p->n_ops - 1 && L->mm_input == L->root[x] &&
                    !(e && atoi(e) == 0);
-    anvil_status st = emit(L->p, kern, gx, gy, &pc, sizeof pc);
+    anvil_status st = qxt ? emit(L->p, kern, gx, gy, &pq, sizeof pq) : emit(L->p, kern, gx, gy, &pc, sizeof pc);
     if (st != ANVIL_OK) return st;
     L->p->ops[L->p->n_ops - 1].overlap = overlap;
     L->p->ops[L->p->n_ops - 1].mqx = (uint8_t)mq;
@@ -1137,6 +1200,8 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
     const char *mq_env = getenv("ANVIL_VK_MEGA_QX"); /* 0 never, 1 whatever the products' sizes */
     L.mega_qx = L.use_qx && b->pl.mega_grid && b->pl.p[K_MEGA_QX] && !(mq_env && atoi(mq_env) == 0) &&
                 ((mq_env && atoi(mq_env) == 1) || mqx_small(&L));
+    const char *qxr_env = getenv("ANVIL_VK_QXR"); /* 0: no product rounds its outputs for the next (qx_round) */
+    L.qxr = L.use_qx && !L.mega_qx && !(qxr_env && atoi(qxr_env) == 0);
     /* first pass sizes the arena (addresses are offsets from 0), the second emits */
     if ((st = lower_graph(&L)) != ANVIL_OK) goto done;
     st = vk_buffer_create(b->d, L.arena_size, VK_MEM_DEVICE, "activations", &p->arena);
@@ -1458,6 +1523,78 @@ static anvil_status test_run(struct vk_backend *b, const struct test_dispatch *d
     if (st == ANVIL_OK) st = vk_wait(d, v);
     if (st != ANVIL_OK) vk_idle(d); /* nothing freed under work still running */
     if (!d->abandoned) vkFreeCommandBuffers(d->dev, d->pool, 1, &cb);
+    return st;
+}
+
+anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, const struct tensor_info *wb,
+                         const struct tensor_info *wc, const float *x, const float *res, const float *nw, float eps,
+                         int8_t *xq, float *xd, float *y, uint8_t *yq, float *z) {
+    struct vk_device *d = b->d;
+    const struct tensor_info *ws[3] = {wa, wb, wc};
+    uint32_t K = (uint32_t)wa->ne[0], N1 = (uint32_t)wa->ne[1], N2 = (uint32_t)wc->ne[1], Kq = (K + 255) / 256 * 256;
+    int qa = vk_qx_index(wa->type), qc = vk_qx_index(wc->type);
+    if (!d->int_dot || qa < 0 || qc < 0 || N1 % 256 || wc->ne[0] != N1 || (wb && (wb->type != wa->type ||
+        wb->ne[0] != K || wb->ne[1] != N1)) || (wb && res))
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qxr_once: no such products");
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
+    int ka = vk_qxv(1, 0, wb != NULL, qa), kc = vk_qxv(0, nw ? 2 : 1, 0, qc);
+    if (!b->pl.p[ka] || !b->pl.p[kc]) return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qxr_once: no pipelines");
+    for (int i = 0; i < 3 && st == ANVIL_OK; i++)
+        if (ws[i]) st = vk_upload_tensor(b, ws[i]);
+    if (st != ANVIL_OK) return st;
+    /* one host-visible buffer: ctl | x [Kq] | xq [Kq bytes] + xd [Kq / 32] | res [N1] | nw [N1] | y [N1]
+     * | yq [2 N1 bytes] | z [N2] */
+    VkDeviceSize o_x = round_up(sizeof(struct vk_ctl) + 64, ALIGN), o_q = o_x + round_up((VkDeviceSize)Kq * 4, ALIGN),
+                 o_r = o_q + round_up(Kq + Kq / 8, ALIGN), o_n = o_r + round_up((VkDeviceSize)N1 * 4, ALIGN),
+                 o_y = o_n + round_up((VkDeviceSize)N1 * 4, ALIGN), o_yq = o_y + round_up((VkDeviceSize)N1 * 4, ALIGN),
+                 o_z = o_yq + round_up((VkDeviceSize)N1 * 2, ALIGN), size = o_z + round_up((VkDeviceSize)N2 * 4, ALIGN);
+    struct vk_buffer buf = {0};
+    if ((st = vk_buffer_create(d, size, VK_MEM_READBACK, "test qxr", &buf)) != ANVIL_OK) return st;
+    uint8_t *m = buf.map;
+    memset(m, 0, size);
+    memcpy(m + o_x, x, (size_t)K * 4);
+    if (res) memcpy(m + o_r, res, (size_t)N1 * 4);
+    if (nw) memcpy(m + o_n, nw, (size_t)N1 * 4);
+    struct pc_qx pq = {buf.addr + o_x, buf.addr + o_x, buf.addr, buf.addr + o_q, buf.addr + o_q + Kq, K, Kq, 0, eps};
+    struct pc_qxt pa = {0};
+    pa.m.x = buf.addr + o_q;
+    pa.m.normw = buf.addr + o_q + Kq;
+    pa.m.ctl = buf.addr;
+    pa.m.w0 = pa.m.w2 = vk_weight_addr(b, wa, false, false);
+    pa.m.w1 = wb ? vk_weight_addr(b, wb, false, false) : pa.m.w0;
+    pa.m.o0 = pa.m.o1 = pa.m.o2 = buf.addr + o_y;
+    pa.m.res = res ? buf.addr + o_r : pa.m.o0;
+    pa.m.Kp8 = vk_weight_kp(b, wa) / 8;
+    pa.m.K = K;
+    pa.m.rows0 = N1;
+    pa.m.flags = 16u | (res ? 2u : 0u) | (nw ? 32u : 0u);
+    pa.m.eps = eps;
+    pa.xq = buf.addr + o_yq;
+    pa.nw = nw ? buf.addr + o_n : pa.m.o0;
+    struct pc_matvec pc = {0};
+    pc.x = buf.addr + o_yq;
+    pc.normw = buf.addr + o_yq + N1;
+    pc.ctl = buf.addr;
+    pc.w0 = pc.w1 = pc.w2 = vk_weight_addr(b, wc, false, false);
+    pc.o0 = pc.o1 = pc.o2 = pc.res = buf.addr + o_z;
+    pc.Kp8 = vk_weight_kp(b, wc) / 8;
+    pc.K = N1;
+    pc.rows0 = N2;
+    pc.eps = eps;
+    uint32_t nr = vk_matvec_rows(&b->pl, (enum vk_kernel)kc);
+    struct test_dispatch ds[3] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024},
+                                  {(enum vk_kernel)ka, &pa, sizeof pa, N1 / 8},
+                                  {(enum vk_kernel)kc, &pc, sizeof pc, (N2 + nr - 1) / nr}};
+    st = test_run(b, ds, 3, VK_NULL_HANDLE);
+    if (st == ANVIL_OK) {
+        memcpy(xq, m + o_q, Kq);
+        memcpy(xd, m + o_q + Kq, (size_t)Kq / 8);
+        memcpy(y, m + o_y, (size_t)N1 * 4);
+        memcpy(yq, m + o_yq, (size_t)N1 * 2);
+        memcpy(z, m + o_z, (size_t)N2 * 4);
+    }
+    vk_buffer_destroy(d, &buf);
     return st;
 }
 

@@ -70,6 +70,16 @@ anvil_status vk_upload_tensor(struct vk_backend *b, const struct tensor_info *t)
  * MQX, rounding x itself), where the device has it for W's type (else ANVIL_ERR_UNSUPPORTED). */
 anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w, const float *x,
                                const float *normw, float eps, float *out, int8_t *xq, float *xd, float *out_mega);
+/* For tests: a product that rounds its outputs for the next one (matvec.comp QXT), then that
+ * next one (XM 2 where nw, else XM 1), once: qx.comp rounds x [K] (no norm) into xq [Kq]
+ * and xd [Kq / 32] (Kq = K rounded up to 256); y = [res +] wa · x, or silu(wa · x) * (wb · x)
+ * (wb: gate/up, no res), [N1] (a multiple of 256); yq [2 N1 bytes] = y [* nw] rounded in
+ * blocks of 8: N1 int8s, N1 / 8 scales, N1 / 8 sums of the blocks' squares of y; z = wc · yq
+ * [N2] (divided by rms(y) with eps where nw). ANVIL_ERR_UNSUPPORTED where the device or the
+ * types have no such kernels. */
+anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, const struct tensor_info *wb,
+                         const struct tensor_info *wc, const float *x, const float *res, const float *nw, float eps,
+                         int8_t *xq, float *xd, float *y, uint8_t *yq, float *z);
 /* For tests: the MoE router kernel (moe_topk.comp, decode) once over logits [E] (1 .. 1024
  * experts, k 1 .. 64, else ANVIL_ERR_INVALID_ARG): the k experts it chooses, in order, into
  * the caller's ids [k], and their weights (normalised to sum 1 when norm) into weights [k]. */

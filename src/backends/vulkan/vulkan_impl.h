@@ -216,8 +216,19 @@ enum vk_kernel {
     K_MEGA_QX,       /* Q4_K, Q6_K and Q8_0 weights on integer dot products, where d->int_dot */
     K_MEGA_QX_CLK,
     K_MEGA_QXK, K_MEGA_QX8, /* the same compiled for Q4_K and Q6_K only, for Q8_0 only */
+    /* matvec.comp QX variants (vk_qxv): plain or with teams of threads a workgroup (8 rows in
+     * all, which may round their outputs for the next product themselves: program.c
+     * qx_round), by the input's rounding (XM 0: blocks of 32, qx.comp's; 1: blocks of 8, their
+     * producer's; 2: the same with the norm's 1 / rms left to the consumer) and MODE; the plain
+     * XM 0 ones are K_MATVEC_QX_* (these slots stay empty) */
+    K_MATVEC_QXV,
+    K_MATVEC_QXV_LAST = K_MATVEC_QXV + 47,
     K_COUNT,
 };
+
+/* The matvec.comp QX variant: teams (0 or 1), the input's rounding XM (0-2), MODE (0, 1), the
+ * type's vk_qx_index */
+static inline int vk_qxv(int teams, int xm, int mode, int qxi) { return K_MATVEC_QXV + ((teams * 3 + xm) * 2 + mode) * 4 + qxi; }
 
 #define VK_PUSH_BYTES 128
 /* mm_cm2.comp's tile: VK_CM2_BM tokens x VK_CM2_BN outputs, K walked VK_CM2_BK at a time, by
@@ -253,6 +264,10 @@ struct vk_pipelines {
      * defaults (pipelines.c), ANVIL_VK_QX_NR_<KIND>[_SWIGLU] / _WG_ / _PIPE_ (rows, threads
      * per workgroup, units per thread per iteration) */
     uint32_t qx_nr[VK_QX_KINDS][2], qx_wg[VK_QX_KINDS][2], qx_pipe[VK_QX_KINDS][2];
+    /* knobs of the QXT variants (pipelines.c qxv_spec): threads a team by XM, 0 for the
+     * default (ANVIL_VK_QXT_TW, _TW1 for XM 1: the down projections), rows a team of Q6_K
+     * weights (ANVIL_VK_QXT_NR_Q6_K) */
+    uint32_t qxt_tw[3], qxt_nr6;
     /* mega.comp: workgroups (0: no persistent step), threads per workgroup, groups of 8
      * weights a lane loads at a time, subgroups per workgroup taking attention units, rows a
      * subgroup multiplies at once, attention's lanes a row and rows a chunk; MQX: slots of 64

@@ -200,6 +200,54 @@ static void program_counts(const anvil_session *vk, int *dispatches, int *barrie
     assert_int_equal(sscanf(p, "per token: %d dispatches, %d barriers", dispatches, barriers), 2);
 }
 
+/* Products that round their outputs for the next product (program.c qx_round, on by default)
+ * take the rounding dispatches away: three a layer in a dense model (the norms' inputs of
+ * the attention and the MLP, the SwiGLU's output), and the decode rows stay as close to the
+ * CPU's (ANVIL_CPU_QX=1) as test_against_cpu_qx asks, with them (blocks of 8) and without
+ * (ANVIL_VK_QXR=0: qx.comp's blocks of 32). */
+static void test_qxr_program(void **state) {
+    (void)state;
+#ifdef TU_SANITIZED
+    skip(); /* the host code is test_against_cpu_qx's */
+#endif
+    setenv("ANVIL_VK_QX", "1", 1);
+    setenv("ANVIL_VK_QX_MIN_MB", "0", 1);
+    setenv("ANVIL_CPU_QX", "1", 1);
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:Q4_K_M", NULL, &m), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
+    int dispatches[2], barriers[2];
+    for (int qxr = 0; qxr < 2; qxr++) {
+        setenv("ANVIL_VK_QXR", qxr ? "1" : "0", 1);
+        anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
+        double worst = 0;
+        for (int i = 0; i < 6; i++) {
+            int32_t tok = (int32_t)((i * 31 + 5) % V);
+            assert_int_equal(anvil_session_eval(cpu, &tok, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
+            assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, b), ANVIL_OK);
+            float scale = 0;
+            for (int j = 0; j < V; j++) scale = fmaxf(scale, fabsf(a[j]));
+            worst = fmax(worst, tu_max_diff(a, b, (size_t)V) / scale);
+        }
+        program_counts(vk, &dispatches[qxr], &barriers[qxr]);
+        fprintf(stderr, "qwen3-tiny-k Q4_K_M, ANVIL_VK_QXR=%d: %d dispatches, %d barriers; rows within %.3g of the scale\n",
+                qxr, dispatches[qxr], barriers[qxr], worst);
+        assert_true(worst < 0.08);
+        anvil_session_destroy(cpu);
+        anvil_session_destroy(vk);
+    }
+    assert_int_equal(dispatches[0] - dispatches[1], 3 * 2);
+    assert_int_equal(barriers[0] - barriers[1], 3 * 2);
+    unsetenv("ANVIL_VK_QXR");
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_VK_QX_MIN_MB");
+    unsetenv("ANVIL_CPU_QX");
+    free(a);
+    free(b);
+    anvil_model_close(m);
+}
+
 /* Two matvecs of the same input run with no barrier between them (the Q4_K_M mix's Q6_K v
  * projection after the Q4_K q and k): the decode program has fewer barriers than dispatches,
  * and its decode rows and greedy tokens equal those with every barrier (ANVIL_VK_OVERLAP=0),
@@ -615,6 +663,149 @@ static void test_qx_kernels(void **state) {
     unsetenv("ANVIL_VK_MEGA");
 }
 
+/* Random weights of a type, [N, K], quantised; the dequantised rows into wf. */
+static uint8_t *qx_weights(int type, int K, int N, float *wf, struct tensor_info *t) {
+    const struct dtype_traits *tr = dtype_traits(type);
+    size_t row_bytes;
+    assert_true(dtype_row_size(type, K, &row_bytes));
+    uint8_t *wq = malloc(row_bytes * (size_t)N);
+    for (size_t i = 0; i < (size_t)K * (size_t)N; i++) wf[i] = (rndf() * 2 - 1) * (1 + (float)(i % 5));
+    for (int n = 0; n < N; n++) tr->from_f32(wf + (size_t)n * K, wq + (size_t)n * row_bytes, K);
+    for (int n = 0; n < N; n++) tr->to_f32(wq + (size_t)n * row_bytes, wf + (size_t)n * K, K);
+    *t = (struct tensor_info){.name = "test weight", .type = type, .n_dims = 2, .ne = {K, N, 1, 1}, .data = wq,
+                              .size = row_bytes * (size_t)N};
+    return wq;
+}
+
+/* Products that round their outputs for the next product themselves (matvec.comp QXT: the
+ * residual added, or gate/up -> SwiGLU; with the next norm's weights or without), and that
+ * next product (XM 2: the norm's 1 / rms from the blocks' sums of squares; XM 1), against the
+ * CPU: the outputs from qx.comp's rounded input (1e-5 of the terms' magnitude), their rounding
+ * in blocks of 8 from the GPU's outputs (each within half a step of v * 127 / max|v|, the
+ * scales and sums of squares to 1e-5), and the next product from that rounding. Returns the
+ * cases checked, -1 where the device has no integer dot products. */
+static int qxr_kernels_check(void) {
+    struct backend *base;
+    assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
+    struct vk_backend *b = (struct vk_backend *)base;
+    if (!b->d->int_dot) {
+        backend_destroy(base);
+        return -1;
+    }
+    static const struct { int ta, tc, swiglu, res, norm, K, N1, N2; } cases[] = {
+        {DT_Q4_K, DT_Q6_K, 0, 1, 1, 1280, 512, 37},  {DT_Q6_K, DT_Q4_K, 0, 1, 0, 256, 256, 300},
+        {DT_Q8_0, DT_Q8_0, 0, 0, 1, 384, 256, 61},   {DT_Q4_K, DT_Q4_K, 1, 0, 0, 1280, 256, 129},
+        {DT_Q5_K, DT_Q6_K, 1, 0, 1, 512, 512, 3},    {DT_Q6_K, DT_Q8_0, 1, 0, 0, 256, 768, 77},
+        {DT_Q8_0, DT_Q5_K, 1, 0, 1, 256, 256, 40},   {DT_Q5_K, DT_Q8_0, 0, 1, 1, 768, 256, 9},
+    };
+    struct tensor_info infos[3 * 8];
+    uint8_t *datas[3 * 8];
+    int n_inf = 0, checked = 0;
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        int K = cases[ci].K, N1 = cases[ci].N1, N2 = cases[ci].N2;
+        float *wa = malloc(sizeof(float) * (size_t)K * N1), *wb = malloc(sizeof(float) * (size_t)K * N1),
+              *wc = malloc(sizeof(float) * (size_t)N1 * N2);
+        struct tensor_info *ta = &infos[n_inf], *tb = cases[ci].swiglu ? &infos[n_inf + 1] : NULL, *tc = &infos[n_inf + 2];
+        datas[n_inf] = qx_weights(cases[ci].ta, K, N1, wa, ta);
+        datas[n_inf + 1] = cases[ci].swiglu ? qx_weights(cases[ci].ta, K, N1, wb, &infos[n_inf + 1]) : NULL;
+        datas[n_inf + 2] = qx_weights(cases[ci].tc, N1, N2, wc, tc);
+        n_inf += 3;
+        static float x[1280], res[768], nw[768], xd[40], y[768], z[300];
+        static int8_t xq[1280];
+        static uint8_t yq[2 * 768];
+        for (int i = 0; i < K; i++) x[i] = (rndf() * 2 - 1) * (i % 61 == 0 ? 20.0f : 1.0f);
+        for (int i = 0; i < N1; i++) {
+            res[i] = (rndf() * 2 - 1) * 30;
+            nw[i] = 0.25f + rndf();
+        }
+        anvil_status st = vk_qxr_once(b, ta, tb, tc, x, cases[ci].res ? res : NULL, cases[ci].norm ? nw : NULL, 1e-6f,
+                                      xq, xd, y, yq, z);
+        if (st == ANVIL_ERR_UNSUPPORTED) { /* no such pipelines on this device */
+            free(wa), free(wb), free(wc);
+            continue;
+        }
+        assert_int_equal(st, ANVIL_OK);
+        const char *name = dtype_name(cases[ci].ta);
+        /* the outputs, from qx.comp's rounded input */
+        for (int n = 0; n < N1; n++) {
+            double g = 0, u = 0, mg = 0, mu = 0;
+            for (int i = 0; i < K; i++) {
+                double xv = (double)xd[i / 32] * xq[i];
+                g += wa[(size_t)n * K + i] * xv;
+                mg += fabs(wa[(size_t)n * K + i] * xv);
+                if (cases[ci].swiglu) {
+                    u += wb[(size_t)n * K + i] * xv;
+                    mu += fabs(wb[(size_t)n * K + i] * xv);
+                }
+            }
+            double ref = cases[ci].swiglu ? g / (1 + exp(-g)) * u : (cases[ci].res ? res[n] : 0) + g;
+            double tol = cases[ci].swiglu ? 2e-5 * (mg * fabs(u) + mu * fabs(g)) + 1e-5
+                                          : 1e-5 * mg + 1e-6 + 1e-6 * fabs(res[n]);
+            if (fabs(y[n] - ref) > tol)
+                fail_msg("case %zu (%s): output %d is %.7g, %.7g wanted", ci, name, n, (double)y[n], ref);
+        }
+        /* their rounding, from the GPU's outputs */
+        const int8_t *q = (const int8_t *)yq;
+        const float *d = (const float *)(yq + N1), *ssb = (const float *)(yq + N1 + N1 / 2);
+        double ss_all = 0;
+        for (int b0 = 0; b0 < N1; b0 += 8) {
+            double amax = 0, v[8], s2 = 0;
+            for (int i = 0; i < 8; i++) {
+                v[i] = (double)y[b0 + i] * (cases[ci].norm ? nw[b0 + i] : 1.0);
+                amax = fmax(amax, fabs(v[i]));
+                s2 += (double)y[b0 + i] * y[b0 + i];
+            }
+            ss_all += ssb[b0 / 8];
+            if (fabs(d[b0 / 8] - amax / 127) > 1e-6 * amax || fabs(ssb[b0 / 8] - s2) > 1e-5 * s2 + 1e-30)
+                fail_msg("case %zu (%s): block %d's scale %.7g (%.7g wanted), sum of squares %.7g (%.7g)", ci, name,
+                         b0 / 8, (double)d[b0 / 8], amax / 127, (double)ssb[b0 / 8], s2);
+            for (int i = 0; i < 8; i++) {
+                double t = amax > 0 ? v[i] * 127 / amax : 0;
+                if (fabs(q[b0 + i] - t) > 0.5 + 1e-4)
+                    fail_msg("case %zu (%s): element %d rounds to %d, %.6f wanted", ci, name, b0 + i, q[b0 + i], t);
+            }
+        }
+        /* the next product of that rounding */
+        double inv = cases[ci].norm ? 1 / sqrt(ss_all / N1 + 1e-6) : 1.0;
+        for (int n = 0; n < N2; n++) {
+            double ref = 0, mag = 0;
+            for (int i = 0; i < N1; i++) {
+                double term = (double)wc[(size_t)n * N1 + i] * d[i / 8] * q[i];
+                ref += term;
+                mag += fabs(term);
+            }
+            if (fabs(z[n] - ref * inv) > (1e-5 * mag + 1e-6) * inv)
+                fail_msg("case %zu (%s -> %s): next product's row %d is %.7g, %.7g wanted", ci, name,
+                         dtype_name(cases[ci].tc), n, (double)z[n], ref * inv);
+        }
+        checked++;
+        free(wa), free(wb), free(wc);
+    }
+    assert_int_equal(vk_check_validation(b->d), ANVIL_OK);
+    backend_destroy(base);
+    for (int i = 0; i < n_inf; i++) free(datas[i]);
+    return checked;
+}
+
+static void test_qxr_kernels(void **state) {
+    (void)state;
+    int checked = qxr_kernels_check();
+    if (checked < 0) skip();
+    fprintf(stderr, "products rounding their outputs: %d cases equal to the CPU's (default shapes)\n", checked);
+    assert_int_equal(checked, 8);
+    /* other team shapes */
+    static const char *const env[][2] = {
+        {"ANVIL_VK_QXT_TW", "32"}, {"ANVIL_VK_QXT_TW1", "128"}, {"ANVIL_VK_QXT_NR_Q6_K", "1"},
+        {"ANVIL_VK_QX_NR_Q8_0", "4"}, {"ANVIL_VK_QX_PIPE_Q4_K", "2"},
+    };
+    size_t n_env = sizeof env / sizeof *env;
+    for (size_t i = 0; i < n_env; i++) setenv(env[i][0], env[i][1], 1);
+    checked = qxr_kernels_check();
+    for (size_t i = 0; i < n_env; i++) unsetenv(env[i][0]);
+    fprintf(stderr, "products rounding their outputs: %d cases equal to the CPU's (other shapes)\n", checked);
+    assert_int_equal(checked, 8);
+}
+
 /* The MoE router kernel (moe_topk.comp) chooses the experts the CPU backend's op_moe chooses:
  * the k largest logits by repeated argmax, the lower id among equals (logits drawn from a
  * few values, so that ties are everywhere), for expert counts below, at and above the
@@ -843,6 +1034,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sample_kernel_exact),
         cmocka_unit_test(test_qx_kernels),
+        cmocka_unit_test(test_qxr_kernels),
+        cmocka_unit_test(test_qxr_program),
         cmocka_unit_test(test_topk_kernel),
         cmocka_unit_test(test_sampled_generation),
         cmocka_unit_test(test_against_cpu),

@@ -12,17 +12,33 @@
  *           (the down projection, summed over the experts)
  * K = input width (Kp = the rows' padded length, common.glsl; x is zero past K).
  * Each workgroup computes NR consecutive rows; its threads split K in units (common.glsl).
- * QX (Q8_0, Q4_K, Q5_K, Q6_K; MODE 0 and 1): x comes rounded to int8 in blocks of 32 (qx.comp:
- * the int8s at x, the blocks' scales at normw, the norm already applied) and each group of 8
- * weights is two integer dot products of four lanes. */
+ * QX (Q8_0, Q4_K, Q5_K, Q6_K; MODE 0 and 1): x comes rounded to int8 (the int8s at x, the
+ * blocks' scales at normw) and each group of 8 weights is two integer dot products of four
+ * lanes; XM says how x was rounded:
+ *   0  in blocks of 32, the norm applied (qx.comp, attention.comp);
+ *   1  in blocks of 8 by the product that wrote it (QXT below);
+ *   2  the same, with the norm's weights applied and its 1 / rms left to this product, which
+ *      finds it from the blocks' sums of squares (after their scales).
+ * QXT: teams of threads a workgroup, each taking NR rows as a workgroup of NT times fewer
+ * threads would, 8 rows in all, which it rounds for the next product (flags & 16) in a block
+ * of 8 into xq: [Rp / 4] uints of four int8, [Rp / 8] scales, [Rp / 8] sums of squares of the
+ * outputs (Rp = rows0 rounded up to 256); flags & 32: the outputs times the next norm's
+ * weights nw are rounded (XM 2 for the next product). */
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint NR = 2;
 layout(constant_id = 2) const uint MODE = 0;
 layout(constant_id = 3) const uint PIPE = 1; /* units a thread takes per iteration (MODE 0-2) */
+#ifdef QXV /* the QX variants of XM 1, 2 and QXT (built apart: the others' code stays as it was) */
+layout(constant_id = 4) const uint NT = 1;   /* QXT: teams a workgroup */
+layout(constant_id = 5) const uint XM = 0;   /* how x was rounded */
+#endif
 
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uvec2 v[]; };
+#ifdef QXT
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer UInts { uint v[]; };
+#endif
 
 layout(push_constant) uniform PC {
 #ifdef QX
@@ -42,6 +58,10 @@ layout(push_constant) uniform PC {
     uint flags;
     float eps;
     uint route_k; /* ROUTE: k | norm << 16 */
+#ifdef QXT
+    UInts xq;    /* flags & 16 */
+    Floats nw;   /* flags & 32: [rows0] */
+#endif
 } pc;
 
 #ifdef ROUTE
@@ -63,19 +83,53 @@ float qdot(uvec2 xq, float xd, float xs, uvec2 qi, vec2 so) {
 
 shared float red[2 * 8][32]; /* [rows][subgroups] (NR <= 8, up to 32 subgroups) */
 shared float red_ss[32];
+#ifdef QXT
+shared float rq[8], rnw[8];
+#endif
 
 void main() {
     if (pc.ctl.stop != 0u) return;
     uint wg = MODE == 2u ? gl_WorkGroupID.x : gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+#ifdef QXT
+    /* the thread's team and its index in it */
+    uint TW = gl_WorkGroupSize.x / NT, team = gl_LocalInvocationID.x / TW, tl = gl_LocalInvocationID.x % TW;
+    uint row0 = (wg * NT + team) * NR;
+#define TID tl
+#define TWS TW
+#else
     uint row0 = wg * NR;
+#define TID gl_LocalInvocationID.x
+#define TWS gl_WorkGroupSize.x
+#endif
     uint total = MODE >= 1u ? pc.rows0 : pc.rows0 + pc.rows1 + pc.rows2;
+#ifdef QXT
+    if (wg * NT * NR >= total) return;
+#else
     if (row0 >= total) return;
+#endif
     const bool GATED = MODE == 1u || MODE == 2u;
     const uint NA = GATED ? 2u * NR : NR;
     float acc[2 * 8];
     for (uint r = 0; r < NA; r++) acc[r] = 0.0;
     float ss = 0.0;
+#ifdef QXV
+    const bool norm = XM == 2u;
+    const uint XSH = XM == 0u ? 5u : 3u; /* x's blocks: of 32 or 8 */
+    if (norm)
+        for (uint i = gl_LocalInvocationID.x; i < (pc.K + 7u) / 8u; i += gl_WorkGroupSize.x)
+            ss += pc.normw.v[(pc.K + 255u) / 256u * 32u + i];
+#ifdef QXT
+    /* flags & 16: the rounding's norm weights and the residual terms loaded first */
+    float nwv = 0.0, resv = 0.0;
+    if ((pc.flags & 16u) != 0u) {
+        uint i = wg * NT * NR + gl_LocalInvocationID.x;
+        if ((pc.flags & 32u) != 0u && gl_LocalInvocationID.x < 8u && i < pc.rows0) nwv = pc.nw.v[i];
+        if ((pc.flags & 2u) != 0u && tl < NR && row0 + tl < pc.rows0) resv = pc.res.v[row0 + tl];
+    }
+#endif
+#else
     bool norm = (pc.flags & 1u) != 0u;
+#endif
     /* a thread takes units of the rows (UG groups of 8 weights each, common.glsl); the x values
      * of a unit are loaded (and normalised) once for all the workgroup's rows */
     uint U = pc.Kp8 / UG;
@@ -124,9 +178,9 @@ void main() {
 #ifndef QX
         uint rbase = MODE == 2u ? floatBitsToUint(pc.o1.v[gl_WorkGroupID.y]) * pc.rows0 : 0u;
 #endif
-        for (uint u0 = gl_LocalInvocationID.x; u0 < U; u0 += gl_WorkGroupSize.x * PIPE) {
+        for (uint u0 = TID; u0 < U; u0 += TWS * PIPE) {
             for (uint p = 0u; p < PIPE; p++) {
-                uint up = u0 + p * gl_WorkGroupSize.x;
+                uint up = u0 + p * TWS;
                 bool live = up < U;
                 uint u = live ? up : u0;
 #ifdef QX
@@ -135,7 +189,11 @@ void main() {
                 for (uint k = 0; k < UG; k++) {
                     uint q = unit_pos(u, k);
                     xq[k] = live ? pc.x.v[q >> 3u] : uvec2(0u);
+#ifdef QXV
+                    xd[k] = pc.normw.v[q >> XSH];
+#else
                     xd[k] = pc.normw.v[q >> 5u];
+#endif
                     xs[k] = xd[k] * float(sdot4(xq[k].x, 0x01010101u, 0) + sdot4(xq[k].y, 0x01010101u, 0));
                 }
                 for (uint r = 0; r < NR; r++) {
@@ -231,6 +289,56 @@ void main() {
         return;
     }
 #endif
+#ifdef QXT
+    uint g = row0 + tl, spt = gl_NumSubgroups / NT; /* the team's subgroups */
+    float v = 0.0;
+    if (tl < NR && g < total) {
+        float a = 0.0, b = 0.0, s2 = 0.0;
+        for (uint i = 0; i < gl_NumSubgroups; i++) {
+            if (i / spt == team) {
+                a += red[tl][i];
+                if (GATED) b += red[NR + tl][i];
+            }
+            s2 += red_ss[i];
+        }
+        float scale = norm ? 1.0 / sqrt(s2 / float(pc.K) + pc.eps) : 1.0;
+        a *= scale;
+        if (GATED) {
+            b *= scale;
+            v = a / (1.0 + exp(-a)) * b;
+            pc.o0.v[g] = v;
+        } else if (g < pc.rows0) {
+            v = (pc.flags & 2u) != 0u ? ((pc.flags & 16u) != 0u ? resv : pc.res.v[g]) + a : a;
+            pc.o0.v[g] = v;
+        } else if (g < pc.rows0 + pc.rows1) {
+            pc.o1.v[g - pc.rows0] = a;
+        } else {
+            pc.o2.v[g - pc.rows0 - pc.rows1] = a;
+        }
+    }
+    /* the workgroup's 8 outputs rounded for the next product */
+    if ((pc.flags & 16u) == 0u) return;
+    if (tl < NR) rq[team * NR + tl] = v;
+    if (t < 8u) rnw[t] = nwv;
+    barrier();
+    if (t == 0u) {
+        uint b0 = wg * NT * NR, Rp = (pc.rows0 + 255u) & ~255u;
+        float vw[8], amax = 0.0, s2 = 0.0;
+        for (uint i = 0u; i < 8u; i++) {
+            float x = rq[i];
+            vw[i] = (pc.flags & 32u) != 0u ? x * rnw[i] : x;
+            amax = max(amax, abs(vw[i]));
+            s2 += x * x;
+        }
+        float id = amax > 0.0 ? 127.0 / amax : 0.0;
+        ivec4 q0 = ivec4(roundEven(vec4(vw[0], vw[1], vw[2], vw[3]) * id));
+        ivec4 q1 = ivec4(roundEven(vec4(vw[4], vw[5], vw[6], vw[7]) * id));
+        pc.xq.v[b0 / 4u] = pack_i8x4(q0);
+        pc.xq.v[b0 / 4u + 1u] = pack_i8x4(q1);
+        pc.xq.v[Rp / 4u + b0 / 8u] = floatBitsToUint(amax / 127.0);
+        pc.xq.v[Rp / 4u + Rp / 8u + b0 / 8u] = floatBitsToUint(s2);
+    }
+#else
     if (t >= NR) return;
     uint g = row0 + t;
     if (g >= total) return;
@@ -252,4 +360,5 @@ void main() {
     } else {
         pc.o2.v[g - pc.rows0 - pc.rows1] = a;
     }
+#endif
 }
