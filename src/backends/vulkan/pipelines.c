@@ -744,7 +744,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         if (k >= K_MEGA_F32 && k <= K_MEGA_QX8 && !out->mega_grid) continue;
         if (k >= K_MEGA_QX && k <= K_MEGA_QX8 && !d->int_dot) continue;
         if ((k == K_MEGA_BF16_CLK || k == K_MEGA_QX_CLK) && !d->shader_clock) continue;
-        if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST && (!kernels[k].code || !d->int_dot || !qxv_spec(d, out, k, NULL)))
+        /* (only where the decode takes integer dot products: 40 pipelines lavapipe would compile
+         * at every start) */
+        if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST && (!kernels[k].code || !vk_use_qx(d) || !qxv_spec(d, out, k, NULL)))
             continue;
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
                                        kernels[k].size, kernels[k].code};
