@@ -143,6 +143,7 @@ struct lower {
     bool use_qx;           /* vk_use_qx when the program was made */
     bool mega_qx;          /* and the persistent step takes the K-quant products (mqx_code) */
     bool qxr; /* integer-dot-product products round their outputs for the next one (qx_round) */
+    bool qxt_all; /* and the others run as teams too (ANVIL_VK_QXT_ALL=1, an experiment) */
     /* matvec inputs already rounded to int8 blocks, by input and norm: by qx.comp (blocks of
      * 32, the norm applied) or by their producer (own: blocks of 8, the norm's 1 / rms left
      * to the consumer) */
@@ -420,7 +421,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         if (!pc.normw) pc.normw = pc.x;
         L->done[a] = L->done[b] = L->done[j] = true;
         pq.m = pc;
-        if (qxi >= 0 && L->p->b->pl.p[vk_qxv(1, xm, 1, qxi)] && qx_round(L, j, pc.rows0, &pq)) {
+        if (qxi >= 0 && L->p->b->pl.p[vk_qxv(1, xm, 1, qxi)] && (qx_round(L, j, pc.rows0, &pq) || L->qxt_all)) {
             qxt = true;
             kern_swiglu = vk_qxv(1, xm, 1, qxi);
         }
@@ -475,8 +476,8 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (!pc.res) pc.res = pc.o0;
     if (!pc.normw) pc.normw = pc.x;
     pq.m = pc;
-    if (qxi >= 0 && ng == 1 && n->ne[0] < L->p->V && L->p->b->pl.p[vk_qxv(1, xm, 0, qxi)] &&
-        qx_round(L, out_node, pc.rows0, &pq)) {
+    if (qxi >= 0 && L->p->b->pl.p[vk_qxv(1, xm, 0, qxi)] &&
+        ((ng == 1 && n->ne[0] < L->p->V && qx_round(L, out_node, pc.rows0, &pq)) || L->qxt_all)) {
         qxt = true;
         kern = vk_qxv(1, xm, 0, qxi);
     }
@@ -1202,6 +1203,8 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
                 ((mq_env && atoi(mq_env) == 1) || mqx_small(&L));
     const char *qxr_env = getenv("ANVIL_VK_QXR"); /* 0: no product rounds its outputs for the next (qx_round) */
     L.qxr = L.use_qx && !L.mega_qx && !(qxr_env && atoi(qxr_env) == 0);
+    const char *qa_env = getenv("ANVIL_VK_QXT_ALL");
+    L.qxt_all = L.qxr && qa_env && atoi(qa_env) == 1;
     /* first pass sizes the arena (addresses are offsets from 0), the second emits */
     if ((st = lower_graph(&L)) != ANVIL_OK) goto done;
     st = vk_buffer_create(b->d, L.arena_size, VK_MEM_DEVICE, "activations", &p->arena);
