@@ -48,7 +48,8 @@ struct vk_device {
     bool exec_stats;       /* ANVIL_VK_PIPELINE_STATS=1 and VK_KHR_pipeline_executable_properties:
                               each pipeline's compiler statistics (registers...) to stderr */
     bool int_dot;          /* integer dot products enabled (shaderIntegerDotProduct): the K_QX
-                              and K_MATVEC_*QX* kernels exist (vk_use_qx says when they run) */
+                              and K_MATVEC_*QX_* kernels exist (vk_use_qx says when they run;
+                              the K_MATVEC_QXV variants exist only then) */
     bool int_dot_fast;     /* and the device accelerates 4 x 8-bit packed ones */
     bool coopmat;          /* VK_NV_cooperative_matrix enabled (unless ANVIL_VK_COOPMAT=0): prefill's
                               K_MMH_* kernels exist */
@@ -220,7 +221,7 @@ enum vk_kernel {
      * all, which may round their outputs for the next product themselves: program.c
      * qx_round), by the input's rounding (XM 0: blocks of 32, qx.comp's; 1: blocks of 8, their
      * producer's; 2: the same with the norm's 1 / rms left to the consumer) and MODE; the plain
-     * XM 0 ones are K_MATVEC_QX_* (these slots stay empty) */
+     * XM 0 ones are K_MATVEC_QX_* (these slots stay empty); where vk_use_qx */
     K_MATVEC_QXV,
     K_MATVEC_QXV_LAST = K_MATVEC_QXV + 47,
     K_COUNT,
