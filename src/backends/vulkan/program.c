@@ -1529,6 +1529,22 @@ static anvil_status test_run(struct vk_backend *b, const struct test_dispatch *d
     return st;
 }
 
+/* For the tests' products: matvec.comp's push constants for out [N] = w · (xq, xd), one
+ * matrix of input width K */
+static struct pc_matvec test_matvec_pc(struct vk_backend *b, const struct tensor_info *w, uint64_t ctl, uint64_t xq,
+                                       uint64_t xd, uint64_t out, uint32_t K, uint32_t N) {
+    struct pc_matvec pc = {0};
+    pc.x = xq;
+    pc.normw = xd;
+    pc.ctl = ctl;
+    pc.w0 = pc.w1 = pc.w2 = vk_weight_addr(b, w, false, false);
+    pc.o0 = pc.o1 = pc.o2 = pc.res = out;
+    pc.Kp8 = vk_weight_kp(b, w) / 8;
+    pc.K = K;
+    pc.rows0 = N;
+    return pc;
+}
+
 anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, const struct tensor_info *wb,
                          const struct tensor_info *wc, const float *x, const float *res, const float *nw, float eps,
                          int8_t *xq, float *xd, float *y, uint8_t *yq, float *z) {
@@ -1560,30 +1576,14 @@ anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, con
     if (res) memcpy(m + o_r, res, (size_t)N1 * 4);
     if (nw) memcpy(m + o_n, nw, (size_t)N1 * 4);
     struct pc_qx pq = {buf.addr + o_x, buf.addr + o_x, buf.addr, buf.addr + o_q, buf.addr + o_q + Kq, K, Kq, 0, eps};
-    struct pc_qxt pa = {0};
-    pa.m.x = buf.addr + o_q;
-    pa.m.normw = buf.addr + o_q + Kq;
-    pa.m.ctl = buf.addr;
-    pa.m.w0 = pa.m.w2 = vk_weight_addr(b, wa, false, false);
-    pa.m.w1 = wb ? vk_weight_addr(b, wb, false, false) : pa.m.w0;
-    pa.m.o0 = pa.m.o1 = pa.m.o2 = buf.addr + o_y;
-    pa.m.res = res ? buf.addr + o_r : pa.m.o0;
-    pa.m.Kp8 = vk_weight_kp(b, wa) / 8;
-    pa.m.K = K;
-    pa.m.rows0 = N1;
+    struct pc_qxt pa = {test_matvec_pc(b, wa, buf.addr, buf.addr + o_q, buf.addr + o_q + Kq, buf.addr + o_y, K, N1), 0, 0};
+    if (wb) pa.m.w1 = vk_weight_addr(b, wb, false, false);
+    if (res) pa.m.res = buf.addr + o_r;
     pa.m.flags = 16u | (res ? 2u : 0u) | (nw ? 32u : 0u);
     pa.m.eps = eps;
     pa.xq = buf.addr + o_yq;
     pa.nw = nw ? buf.addr + o_n : pa.m.o0;
-    struct pc_matvec pc = {0};
-    pc.x = buf.addr + o_yq;
-    pc.normw = buf.addr + o_yq + N1;
-    pc.ctl = buf.addr;
-    pc.w0 = pc.w1 = pc.w2 = vk_weight_addr(b, wc, false, false);
-    pc.o0 = pc.o1 = pc.o2 = pc.res = buf.addr + o_z;
-    pc.Kp8 = vk_weight_kp(b, wc) / 8;
-    pc.K = N1;
-    pc.rows0 = N2;
+    struct pc_matvec pc = test_matvec_pc(b, wc, buf.addr, buf.addr + o_yq, buf.addr + o_yq + N1, buf.addr + o_z, N1, N2);
     pc.eps = eps;
     uint32_t nr = vk_matvec_rows(&b->pl, (enum vk_kernel)kc);
     struct test_dispatch ds[3] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024},
@@ -1674,15 +1674,7 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     if (normw) memcpy(m + o_n, normw, (size_t)K * 4);
     struct pc_qx pq = {buf.addr + o_x, buf.addr + o_n, buf.addr, buf.addr + o_q, buf.addr + o_q + Kq, K, Kq,
                        normw ? 1u : 0u, eps};
-    struct pc_matvec pc = {0};
-    pc.x = buf.addr + o_q;
-    pc.normw = buf.addr + o_q + Kq;
-    pc.ctl = buf.addr;
-    pc.w0 = pc.w1 = pc.w2 = vk_weight_addr(b, w, false, false);
-    pc.o0 = pc.o1 = pc.o2 = pc.res = buf.addr + o_o;
-    pc.Kp8 = vk_weight_kp(b, w) / 8;
-    pc.K = K;
-    pc.rows0 = N;
+    struct pc_matvec pc = test_matvec_pc(b, w, buf.addr, buf.addr + o_q, buf.addr + o_q + Kq, buf.addr + o_o, K, N);
     uint32_t nr = vk_matvec_rows(&b->pl, K_MATVEC_QX_Q8_0 + qxi);
     /* the persistent step's phase: the product of the float input */
     struct vk_phase *ph = (struct vk_phase *)(m + o_p);
