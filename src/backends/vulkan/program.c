@@ -256,16 +256,25 @@ static int qx_find(const struct lower *L, const struct pc_matvec *pc) {
     return -1;
 }
 
-/* The matvec input of pc (x, and its norm when flags & 1) rounded to int8 blocks by qx.comp
- * (once per input and norm: later matvecs of the same input reuse it); pc then points at the
- * int8s and scales, the norm applied. */
+/* Records the rounding of x (with the norm of weights normw, or 0) at arena offset q. */
+static void qx_register(struct lower *L, uint64_t x, uint64_t normw, VkDeviceSize q, bool own) {
+    if (L->n_qx == (int)(sizeof L->qx / sizeof *L->qx)) L->n_qx = 0; /* full: start over */
+    L->qx[L->n_qx].x = x;
+    L->qx[L->n_qx].normw = normw;
+    L->qx[L->n_qx].q = q;
+    L->qx[L->n_qx].own = own;
+    L->n_qx++;
+}
+
+/* The matvec input of pc (x, and its norm when flags & 1) rounded to int8 blocks: found among
+ * those made (qx_find: by qx.comp, attention.comp or the product that wrote x, qx_round) or
+ * made by qx.comp; pc then points at the int8s and scales, and *xm says how they were rounded
+ * (matvec.comp's XM: 0 the norm applied, 1 or 2 by the producer, 2 its 1 / rms left to pc). */
 static anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm) {
     uint64_t normw = (pc->flags & 1) ? pc->normw : 0;
     uint32_t Kp = (uint32_t)round_up(pc->K, 256);
     int i = qx_find(L, pc);
     if (i < 0) {
-        i = L->n_qx;
-        if (L->n_qx == (int)(sizeof L->qx / sizeof *L->qx)) L->n_qx = i = 0; /* full: start over */
         struct pc_qx pq = {pc->x, normw ? normw : pc->x, L->p->ctl.addr, 0, 0, pc->K, Kp, pc->flags & 1, pc->eps};
         VkDeviceSize q = alloc_scratch(L, Kp + Kp / 8);
         pq.q = L->p->arena.addr + q;
@@ -281,11 +290,8 @@ static anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm) {
             anvil_status st = emit(L->p, K_QX, (Kp + 1023) / 1024, 1, &pq, sizeof pq);
             if (st != ANVIL_OK) return st;
         }
-        L->qx[i].x = pc->x;
-        L->qx[i].normw = normw;
-        L->qx[i].q = q;
-        L->qx[i].own = false;
-        L->n_qx++;
+        qx_register(L, pc->x, normw, q, false);
+        i = L->n_qx - 1;
     }
     pc->x = L->p->arena.addr + L->qx[i].q;
     pc->normw = pc->x + Kp;
@@ -310,18 +316,12 @@ static bool qx_round(struct lower *L, int out, uint32_t rows, struct pc_qxt *pq)
         bool norm = nm->op == OP_RMS_NORM && L->root[nm->src[0]] == out;
         if (r != out && !norm) continue;
         int qxi = vk_qx_index(N(L, m->src[1])->weight->type);
-        if (qxi < 0 || L->mega_qx || !L->p->b->pl.p[vk_qxv(0, norm ? 2 : 1, swiglu_of(L, k) >= 0, qxi)]) return false;
+        if (qxi < 0 || !L->p->b->pl.p[vk_qxv(0, norm ? 2 : 1, swiglu_of(L, k) >= 0, qxi)]) return false;
         uint64_t normw = norm ? vk_weight_addr(L->p->b, N(L, nm->src[1])->weight, true, nm->p.i[0] != 0) : 0;
         uint64_t x = addr_of(L, out);
         if (qx_find(L, &(struct pc_matvec){.x = x, .normw = normw, .flags = norm}) >= 0) return false;
-        int i = L->n_qx;
-        if (L->n_qx == (int)(sizeof L->qx / sizeof *L->qx)) L->n_qx = i = 0;
         VkDeviceSize q = alloc_scratch(L, 2 * (VkDeviceSize)rows); /* int8s, scales, sums of squares */
-        L->qx[i].x = x;
-        L->qx[i].normw = normw;
-        L->qx[i].q = q;
-        L->qx[i].own = true;
-        L->n_qx++;
+        qx_register(L, x, normw, q, true);
         pq->xq = L->p->arena.addr + q;
         pq->nw = norm ? normw : x;
         pq->m.flags |= 16u | (norm ? 32u : 0u);
