@@ -75,8 +75,8 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
  * and xd [Kq / 32] (Kq = K rounded up to 256); y = [res +] wa · x, or silu(wa · x) * (wb · x)
  * (wb: gate/up, no res), [N1] (a multiple of 256); yq [2 N1 bytes] = y [* nw] rounded in
  * blocks of 8: N1 int8s, N1 / 8 scales, N1 / 8 sums of the blocks' squares of y; z = wc · yq
- * [N2] (divided by rms(y) with eps where nw). ANVIL_ERR_UNSUPPORTED where the device or the
- * types have no such kernels. */
+ * [N2] (divided by rms(y) with eps where nw); every output into the caller's arrays.
+ * ANVIL_ERR_UNSUPPORTED where the device or the types have no such kernels. */
 anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, const struct tensor_info *wb,
                          const struct tensor_info *wc, const float *x, const float *res, const float *nw, float eps,
                          int8_t *xq, float *xd, float *y, uint8_t *yq, float *z);
