@@ -234,6 +234,10 @@ static void run_job(struct server *s, struct job *j) {
         }
         pthread_mutex_unlock(&s->mu);
     }
+    /* no longer running by the time its client hears the answer (the metrics say so) */
+    pthread_mutex_lock(&s->mu);
+    s->running = NULL;
+    pthread_mutex_unlock(&s->mu);
     job_finish(j, st, msg);
     think_split_free(&r.think);
     stop_filter_free(&r.stop);
@@ -284,10 +288,7 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&j->mu);
         pthread_mutex_unlock(&s->mu);
 
-        run_job(s, j);
-        pthread_mutex_lock(&s->mu);
-        s->running = NULL;
-        pthread_mutex_unlock(&s->mu);
+        run_job(s, j); /* sets s->running back to NULL */
         job_release(s, j);
         pthread_mutex_lock(&s->mu);
     }

@@ -742,7 +742,12 @@ static void test_disconnect(void **state) {
     assert_true(metric(m1, "anvil_generated_tokens_total") - generated0 < 1000);
     free(m1);
 
-    /* hanging up while queued behind a running (non-streamed) request, then hanging up that */
+    /* hanging up while queued behind a running (non-streamed) request, then hanging up that;
+     * the server is idle first, so that the request seen running is the runner */
+    m1 = get_metrics();
+    assert_int_equal(metric(m1, "anvil_requests_running"), 0);
+    assert_int_equal(metric(m1, "anvil_queue_depth"), 0);
+    free(m1);
     struct call runner, queued;
     call_init(&runner, "POST", "/v1/completions",
               "{\"prompt\":\"Keep busy\",\"max_tokens\":4000,\"temperature\":0,\"ignore_eos\":true}", KEY);
