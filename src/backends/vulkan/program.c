@@ -305,7 +305,6 @@ static anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm) {
  * out that reads it, directly or through an RMS norm (whose weights the rounding folds in,
  * flags & 32), has weights the integer dot products take (it will find the rounding made,
  * qx_find, and take it whatever its size, with XM 1 or 2). Sets pq's rounding and registers it. */
-static VkDeviceSize alloc_scratch(struct lower *L, VkDeviceSize bytes);
 static bool qx_round(struct lower *L, int out, uint32_t rows, struct pc_qxt *pq) {
     if (!L->qxr || rows % 256) return false;
     for (int k = out + 1; k < L->g->n_nodes; k++) {
@@ -1529,6 +1528,17 @@ static anvil_status test_run(struct vk_backend *b, const struct test_dispatch *d
     return st;
 }
 
+/* The tests' host-visible buffers: the control block, then n regions of bytes[i] each,
+ * aligned; their offsets into off[], the buffer's size returned. */
+static VkDeviceSize test_layout(int n, const VkDeviceSize *bytes, VkDeviceSize *off) {
+    VkDeviceSize o = round_up(sizeof(struct vk_ctl) + 64, ALIGN);
+    for (int i = 0; i < n; i++) {
+        off[i] = o;
+        o += round_up(bytes[i], ALIGN);
+    }
+    return o;
+}
+
 /* For the tests' products: matvec.comp's push constants for out [N] = w · (xq, xd), one
  * matrix of input width K */
 static struct pc_matvec test_matvec_pc(struct vk_backend *b, const struct tensor_info *w, uint64_t ctl, uint64_t xq,
@@ -1564,10 +1574,10 @@ anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, con
     if (st != ANVIL_OK) return st;
     /* one host-visible buffer: ctl | x [Kq] | xq [Kq bytes] + xd [Kq / 32] | res [N1] | nw [N1] | y [N1]
      * | yq [2 N1 bytes] | z [N2] */
-    VkDeviceSize o_x = round_up(sizeof(struct vk_ctl) + 64, ALIGN), o_q = o_x + round_up((VkDeviceSize)Kq * 4, ALIGN),
-                 o_r = o_q + round_up(Kq + Kq / 8, ALIGN), o_n = o_r + round_up((VkDeviceSize)N1 * 4, ALIGN),
-                 o_y = o_n + round_up((VkDeviceSize)N1 * 4, ALIGN), o_yq = o_y + round_up((VkDeviceSize)N1 * 4, ALIGN),
-                 o_z = o_yq + round_up((VkDeviceSize)N1 * 2, ALIGN), size = o_z + round_up((VkDeviceSize)N2 * 4, ALIGN);
+    VkDeviceSize f1 = (VkDeviceSize)N1 * 4, o[7];
+    VkDeviceSize size = test_layout(7, (VkDeviceSize[7]){(VkDeviceSize)Kq * 4, Kq + Kq / 8, f1, f1, f1,
+                                                          2 * (VkDeviceSize)N1, (VkDeviceSize)N2 * 4}, o);
+    VkDeviceSize o_x = o[0], o_q = o[1], o_r = o[2], o_n = o[3], o_y = o[4], o_yq = o[5], o_z = o[6];
     struct vk_buffer buf = {0};
     if ((st = vk_buffer_create(d, size, VK_MEM_READBACK, "test qxr", &buf)) != ANVIL_OK) return st;
     uint8_t *m = buf.map;
@@ -1662,10 +1672,10 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     uint32_t K = (uint32_t)w->ne[0], N = (uint32_t)w->ne[1], Kq = (K + 255) / 256 * 256;
     /* one host-visible buffer: ctl | x [Kq] | normw [Kq] | xq [Kq bytes] + xd [Kq / 32] | out [N]
      * | out_mega [N] | the phase record | the counter */
-    VkDeviceSize o_x = round_up(sizeof(struct vk_ctl) + 64, ALIGN), o_n = o_x + round_up((VkDeviceSize)Kq * 4, ALIGN),
-                 o_q = o_n + round_up((VkDeviceSize)Kq * 4, ALIGN), o_o = o_q + round_up(Kq + Kq / 8, ALIGN),
-                 o_m = o_o + round_up((VkDeviceSize)N * 4, ALIGN), o_p = o_m + round_up((VkDeviceSize)N * 4, ALIGN),
-                 o_c = o_p + round_up(sizeof(struct vk_phase), ALIGN), size = o_c + MEGA_CNT_BYTES;
+    VkDeviceSize fk = (VkDeviceSize)Kq * 4, fn = (VkDeviceSize)N * 4, o[7];
+    VkDeviceSize size = test_layout(7, (VkDeviceSize[7]){fk, fk, Kq + Kq / 8, fn, fn, sizeof(struct vk_phase),
+                                                          MEGA_CNT_BYTES}, o);
+    VkDeviceSize o_x = o[0], o_n = o[1], o_q = o[2], o_o = o[3], o_m = o[4], o_p = o[5], o_c = o[6];
     struct vk_buffer buf = {0};
     if ((st = vk_buffer_create(d, size, VK_MEM_READBACK, "test qx", &buf)) != ANVIL_OK) return st;
     uint8_t *m = buf.map;
@@ -1709,9 +1719,10 @@ anvil_status vk_topk_once(struct vk_backend *b, const float *logits, int E, int 
     anvil_status st = test_pipelines(b);
     if (st != ANVIL_OK) return st;
     /* one host-visible buffer: ctl | logits [E] | routing [128] */
-    VkDeviceSize o_l = round_up(sizeof(struct vk_ctl) + 64, ALIGN), o_r = o_l + round_up((VkDeviceSize)E * 4, ALIGN);
+    VkDeviceSize o[2], size = test_layout(2, (VkDeviceSize[2]){(VkDeviceSize)E * 4, 128 * 4}, o);
+    VkDeviceSize o_l = o[0], o_r = o[1];
     struct vk_buffer buf = {0};
-    if ((st = vk_buffer_create(d, o_r + 128 * 4, VK_MEM_READBACK, "test top-k", &buf)) != ANVIL_OK) return st;
+    if ((st = vk_buffer_create(d, size, VK_MEM_READBACK, "test top-k", &buf)) != ANVIL_OK) return st;
     uint8_t *m = buf.map;
     memset(m, 0, buf.size);
     memcpy(m + o_l, logits, (size_t)E * 4);
