@@ -646,14 +646,16 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
 }
 
 /* matvec.comp's specialisation (constants 0-5) for the QX variant k (K_MATVEC_QXV ..,
- * vk_qxv): the type's QX shape; XM; teams (QXT): NT = 8 / NR teams of 64 threads for the
- * K-quants, Q6_K's of 2 rows, Q8_0's as its QX shape (measured on the H100, docs/PERF.md
+ * vk_qxv): the type's QX shape (vk_matvec_spec's); XM; teams (QXT): NT = 8 / NR teams of 64
+ * threads for the K-quants, Q6_K's of 2 rows, Q8_0's as its QX shape (measured on the H100, docs/PERF.md
  * section 33: 8B Q4_K_M 294 -> 309 t/s, where teams of 128 threads gave 290 and Q6_K's of 4
  * rows 300), narrower where a workgroup of NT would exceed 32 subgroups or the device's
  * limits. False where the teams' rows do not divide 8. */
 static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, int k, uint32_t vals[6]) {
-    int i = k - K_MATVEC_QXV, q = i % 4, mode = (i / 4) % 2, xm = (i / 8) % 3, teams = i / 24;
-    uint32_t nr = p->qx_nr[q][mode], wg = p->qx_wg[q][mode], nt = 1, sg = d->subgroup_size;
+    int i = k - K_MATVEC_QXV, q = i % 4, xm = (i / 8) % 3, teams = i / 24;
+    uint32_t plain[4]; /* threads, rows, MODE, PIPE */
+    vk_matvec_spec(p, (enum vk_kernel)k, plain);
+    uint32_t wg = plain[0], nr = plain[1], nt = 1, sg = d->subgroup_size;
     if (teams) {
         if (vk_qx_dtype(q) != DT_Q8_0) wg = MAX(64u, sg);
         if (vk_qx_dtype(q) == DT_Q6_K) nr = p->qxt_nr6 ? p->qxt_nr6 : 2;
@@ -666,8 +668,8 @@ static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, in
     if (vals) {
         vals[0] = wg * nt;
         vals[1] = nr;
-        vals[2] = (uint32_t)mode;
-        vals[3] = p->qx_pipe[q][mode];
+        vals[2] = plain[2];
+        vals[3] = plain[3];
         vals[4] = nt;
         vals[5] = (uint32_t)xm;
     }
