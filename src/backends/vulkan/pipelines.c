@@ -559,13 +559,9 @@ static uint32_t float_rows(const struct vk_pipelines *p, int kind, uint32_t mode
 }
 
 bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t vals[4]) {
-    if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST) { /* the QX variants: their plain shape (teams: qxv_spec) */
+    if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST) { /* the QX variants: their plain kernel's shape (teams: qxv_spec) */
         int q = (k - K_MATVEC_QXV) % 4, mode = ((k - K_MATVEC_QXV) / 4) % 2;
-        vals[0] = p->qx_wg[q][mode];
-        vals[1] = p->qx_nr[q][mode];
-        vals[2] = (uint32_t)mode;
-        vals[3] = p->qx_pipe[q][mode];
-        return true;
+        return vk_matvec_spec(p, (enum vk_kernel)(K_MATVEC_QX_Q8_0 + mode * VK_QX_KINDS + q), vals);
     }
     if (!(k < K_EMBED_F32 || (k > K_QX && k <= K_MATVEC_ROUTE_BF16))) return false;
     bool qx = k > K_QX && k < K_MATVEC_ROUTE_F32, route = k >= K_MATVEC_ROUTE_F32;
