@@ -143,7 +143,7 @@ struct lower {
     bool use_qx;           /* vk_use_qx when the program was made */
     bool mega_qx;          /* and the persistent step takes the K-quant products (mqx_code) */
     bool qxr; /* integer-dot-product products round their outputs for the next one (qx_round) */
-    bool qxt_all; /* and the others run as teams too (ANVIL_VK_QXT_ALL=1, an experiment) */
+    int qxt_all; /* the other products as teams too: 0 none, 1 those of Q4_K weights, 2 all (qxt_consumer) */
     /* matvec inputs already rounded to int8 blocks, by input and norm: by qx.comp (blocks of
      * 32, the norm applied) or by their producer (own: blocks of 8, the norm's 1 / rms left
      * to the consumer) */
@@ -377,6 +377,15 @@ static bool mqx_small(struct lower *L) {
     return true;
 }
 
+/* Whether a product of weights of `type` that feeds no rounding (q/k/v, the LM head) runs as
+ * teams anyway (matvec.comp QXT: 8 rows a workgroup, so it reads the norm's sums of squares
+ * 8 times less often). On the H100 (docs/PERF.md section 35) with Q4_K weights and their
+ * plain kernels at 2 rows: 8B Q4_K_M +2.1%, 14B +2.4%, 4B +1.0%; as teams the Q6_K products
+ * lost 1.5% (8B Q6_K) and the Q8_0 ones 0.6%. ANVIL_VK_QXT_ALL: 0 never, 2 every type. */
+static bool qxt_consumer(const struct lower *L, int type) {
+    return L->qxt_all == 2 || (L->qxt_all == 1 && type == DT_Q4_K);
+}
+
 static anvil_status lower_matmuls(struct lower *L, int i) {
     const struct node *n = N(L, i);
     int x = n->src[0];
@@ -420,7 +429,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         if (!pc.normw) pc.normw = pc.x;
         L->done[a] = L->done[b] = L->done[j] = true;
         pq.m = pc;
-        if (qxi >= 0 && L->p->b->pl.p[vk_qxv(1, xm, 1, qxi)] && (qx_round(L, j, pc.rows0, &pq) || L->qxt_all)) {
+        if (qxi >= 0 && L->p->b->pl.p[vk_qxv(1, xm, 1, qxi)] && (qx_round(L, j, pc.rows0, &pq) || qxt_consumer(L, type))) {
             qxt = true;
             kern_swiglu = vk_qxv(1, xm, 1, qxi);
         }
@@ -476,7 +485,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (!pc.normw) pc.normw = pc.x;
     pq.m = pc;
     if (qxi >= 0 && L->p->b->pl.p[vk_qxv(1, xm, 0, qxi)] &&
-        ((ng == 1 && n->ne[0] < L->p->V && qx_round(L, out_node, pc.rows0, &pq)) || L->qxt_all)) {
+        ((ng == 1 && n->ne[0] < L->p->V && qx_round(L, out_node, pc.rows0, &pq)) || qxt_consumer(L, type))) {
         qxt = true;
         kern = vk_qxv(1, xm, 0, qxi);
     }
@@ -1203,7 +1212,7 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
     const char *qxr_env = getenv("ANVIL_VK_QXR"); /* 0: no product rounds its outputs for the next (qx_round) */
     L.qxr = L.use_qx && !L.mega_qx && !(qxr_env && atoi(qxr_env) == 0);
     const char *qa_env = getenv("ANVIL_VK_QXT_ALL");
-    L.qxt_all = L.qxr && qa_env && atoi(qa_env) == 1;
+    L.qxt_all = !L.qxr ? 0 : qa_env && (atoi(qa_env) == 0 || atoi(qa_env) == 2) ? atoi(qa_env) : 1;
     /* first pass sizes the arena (addresses are offsets from 0), the second emits */
     if ((st = lower_graph(&L)) != ANVIL_OK) goto done;
     st = vk_buffer_create(b->d, L.arena_size, VK_MEM_DEVICE, "activations", &p->arena);
