@@ -266,6 +266,16 @@ static void qx_register(struct lower *L, uint64_t x, uint64_t normw, VkDeviceSiz
     L->n_qx++;
 }
 
+/* The attention dispatch that wrote x, where it can round its output to int8 blocks itself
+ * for an integer-dot-product product (attention.comp xq: no qx.comp dispatch), else NULL. */
+static struct pc_attn *attn_rounder(struct lower *L, uint64_t x) {
+    if (!L->p->b->d->subgroup_shuffle || L->p->b->pl.attn_d % 32) return NULL;
+    for (int k = L->p->n_ops - 1; k >= 0; k--)
+        if (L->p->ops[k].k == K_ATTENTION && ((struct pc_attn *)L->p->ops[k].push)->out == x)
+            return (struct pc_attn *)L->p->ops[k].push;
+    return NULL;
+}
+
 /* The matvec input of pc (x, and its norm when flags & 1) rounded to int8 blocks: found among
  * those made (qx_find: by qx.comp, attention.comp or the product that wrote x, qx_round) or
  * made by qx.comp; pc then points at the int8s and scales, and *xm says how they were rounded
@@ -279,12 +289,8 @@ static anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm) {
         VkDeviceSize q = alloc_scratch(L, Kp + Kp / 8);
         pq.q = L->p->arena.addr + q;
         pq.d = pq.q + Kp;
-        /* the attention that produced x rounds its output itself (attention.comp xq) */
-        struct pc_attn *pa = NULL;
-        for (int k = L->p->n_ops - 1; k >= 0 && !pa; k--)
-            if (L->p->ops[k].k == K_ATTENTION && ((struct pc_attn *)L->p->ops[k].push)->out == pc->x)
-                pa = (struct pc_attn *)L->p->ops[k].push;
-        if (pa && !normw && L->p->b->d->subgroup_shuffle && L->p->b->pl.attn_d % 32 == 0) {
+        struct pc_attn *pa = normw ? NULL : attn_rounder(L, pc->x);
+        if (pa) {
             pa->xq = pq.q;
         } else {
             anvil_status st = emit(L->p, K_QX, (Kp + 1023) / 1024, 1, &pq, sizeof pq);
@@ -300,33 +306,43 @@ static anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm) {
     return ANVIL_OK;
 }
 
-/* Whether the QX product writing node out (rows values) rounds them for the next product
- * itself (matvec.comp QXT, flags & 16), with no qx.comp dispatch: where the first matmul after
- * out that reads it, directly or through an RMS norm (whose weights the rounding folds in,
- * flags & 32), has weights the integer dot products take (it will find the rounding made,
- * qx_find, and take it whatever its size, with XM 1 or 2). Sets pq's rounding and registers it. */
-static bool qx_round(struct lower *L, int out, uint32_t rows, struct pc_qxt *pq) {
+/* Whether a QX product writing node out (rows values) can round them for the next product:
+ * the first matmul after out that reads it, directly or through an RMS norm (*norm: that
+ * norm, else NULL), has weights the integer dot products take. */
+static bool qx_round_to(struct lower *L, int out, uint32_t rows, const struct node **norm) {
     if (!L->qxr || rows % 256) return false;
     for (int k = out + 1; k < L->g->n_nodes; k++) {
         const struct node *m = N(L, k);
         if (m->op != OP_MATMUL || L->done[k]) continue;
         int r = L->root[m->src[0]];
         const struct node *nm = N(L, r);
-        bool norm = nm->op == OP_RMS_NORM && L->root[nm->src[0]] == out;
-        if (r != out && !norm) continue;
+        bool nrm = nm->op == OP_RMS_NORM && L->root[nm->src[0]] == out;
+        if (r != out && !nrm) continue;
         int qxi = vk_qx_index(N(L, m->src[1])->weight->type);
-        if (qxi < 0 || !L->p->b->pl.p[vk_qxv(0, norm ? 2 : 1, swiglu_of(L, k) >= 0, qxi)]) return false;
-        uint64_t normw = norm ? vk_weight_addr(L->p->b, N(L, nm->src[1])->weight, true, nm->p.i[0] != 0) : 0;
-        uint64_t x = addr_of(L, out);
-        if (qx_find(L, &(struct pc_matvec){.x = x, .normw = normw, .flags = norm}) >= 0) return false;
-        VkDeviceSize q = alloc_scratch(L, 2 * (VkDeviceSize)rows); /* int8s, scales, sums of squares */
-        qx_register(L, x, normw, q, true);
-        pq->xq = L->p->arena.addr + q;
-        pq->nw = norm ? normw : x;
-        pq->m.flags |= 16u | (norm ? 32u : 0u);
+        if (qxi < 0 || !L->p->b->pl.p[vk_qxv(0, nrm ? 2 : 1, swiglu_of(L, k) >= 0, qxi)]) return false;
+        *norm = nrm ? nm : NULL;
         return true;
     }
     return false;
+}
+
+/* Whether the QX product writing node out (rows values) rounds them for the next product
+ * itself (matvec.comp QXT, flags & 16), with no qx.comp dispatch: where the first matmul after
+ * out that reads it, directly or through an RMS norm (whose weights the rounding folds in,
+ * flags & 32), has weights the integer dot products take (it will find the rounding made,
+ * qx_find, and take it whatever its size, with XM 1 or 2). Sets pq's rounding and registers it. */
+static bool qx_round(struct lower *L, int out, uint32_t rows, struct pc_qxt *pq) {
+    const struct node *nm = NULL;
+    if (!qx_round_to(L, out, rows, &nm)) return false;
+    uint64_t normw = nm ? vk_weight_addr(L->p->b, N(L, nm->src[1])->weight, true, nm->p.i[0] != 0) : 0;
+    uint64_t x = addr_of(L, out);
+    if (qx_find(L, &(struct pc_matvec){.x = x, .normw = normw, .flags = nm != NULL}) >= 0) return false;
+    VkDeviceSize q = alloc_scratch(L, 2 * (VkDeviceSize)rows); /* int8s, scales, sums of squares */
+    qx_register(L, x, normw, q, true);
+    pq->xq = L->p->arena.addr + q;
+    pq->nw = nm ? normw : x;
+    pq->m.flags |= 16u | (nm ? 32u : 0u);
+    return true;
 }
 
 /* Whether matmul i (with its gate/up partner) reads enough weight bytes for integer dot
@@ -356,14 +372,16 @@ static int mqx_code(struct lower *L, int i, int type, uint32_t Kp8) {
 
 /* Whether the persistent step should take a model's K-quant products (mqx_code): a dense
  * model's, where every one of them (gate/up: the pair) reads less than ANVIL_VK_MQX_MAX_MB
- * (default 16). On the H100 (docs/PERF.md section 32) Qwen3-0.6B Q4_K_M gained 14%, Q6_K 27%,
- * the 1.7B (gate/up 14 MB) 12%; the 4B (28 MB) lost 16% and the 8B (57 MB) 7%: big products
+ * (default 8). On the H100 (docs/PERF.md section 32) Qwen3-0.6B Q4_K_M gained 14%, Q6_K 27%,
+ * the 1.7B (gate/up 14 MB) 12%; the 4B (28 MB) lost 16% and the 8B (57 MB) 7%. Since the
+ * products round their outputs themselves (sections 33, 35) the 1.7B Q4_K_M is 2.6% faster
+ * as dispatches, the 0.6B (3.5 MB) still 10% slower: hence 8, not 16. Big products
  * stream faster as dispatches, a GPU full of threads, than in the persistent step's one
  * workgroup an SM. The MoE and hybrid models, whose experts and recurrent layers cut the
  * runs short, lost 3% (30B-A3B) and 6% (Qwen3.6-35B-A3B, forced). */
 static bool mqx_small(struct lower *L) {
     const char *e = getenv("ANVIL_VK_MQX_MAX_MB");
-    double max_mb = e ? atof(e) : 16.0;
+    double max_mb = e ? atof(e) : 8.0;
     for (int i = 0; i < L->g->n_nodes; i++) {
         const struct node *n = N(L, i);
         if (n->op == OP_MOE || n->op == OP_GDN) return false;
@@ -386,6 +404,19 @@ static bool qxt_consumer(const struct lower *L, int type) {
     return L->qxt_all == 2 || (L->qxt_all == 1 && type == DT_Q4_K);
 }
 
+/* The add that is node i's only consumer, if its other term is already computed: returns
+ * the add and sets *other; else -1. */
+static int residual_add(struct lower *L, int i, int *other) {
+    if (L->n_cons[i] != 1) return -1;
+    int j = consumer(L, i);
+    if (j < 0 || N(L, j)->op != OP_ADD) return -1;
+    int s0 = L->root[N(L, j)->src[0]], s1 = L->root[N(L, j)->src[1]];
+    int o = s0 == i ? s1 : s0;
+    if (o > i) return -1;
+    *other = o;
+    return j;
+}
+
 static anvil_status lower_matmuls(struct lower *L, int i) {
     const struct node *n = N(L, i);
     int x = n->src[0];
@@ -402,9 +433,16 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
                        dtype_name(type), N(L, n->src[1])->name);
     /* an input already rounded for another matvec costs this one no rounding, whatever its
      * size (the Q4_K_M mix's 3.4 MB Q6_K v projections of an 8B after the q/k: +1.3%,
-     * docs/PERF.md section 27) */
+     * docs/PERF.md section 27), nor one the attention rounds where the product rounds its
+     * own output for the next (the o projection before the gate/up: 4B Q4_K_M +9%; before a
+     * MoE router, which takes float inputs, the 30B-A3B lost 1%: section 35) */
     int mq = mqx_code(L, i, type, pc.Kp8);
-    int qxi = !mq && L->use_qx && (qx_worth(L, i) || qx_find(L, &pc) >= 0) ? vk_qx_index(type) : -1;
+    const struct node *nn;
+    int ot, ra = residual_add(L, i, &ot);
+    bool qx_free = qx_find(L, &pc) >= 0 ||
+                   (!(pc.flags & 1) && swiglu_of(L, i) < 0 && attn_rounder(L, pc.x) &&
+                    qx_round_to(L, ra >= 0 ? ra : i, (uint32_t)n->ne[0], &nn));
+    int qxi = !mq && L->use_qx && (qx_worth(L, i) || qx_free) ? vk_qx_index(type) : -1;
     int xm = 0; /* matvec.comp's XM: how the input was rounded */
     if (qxi >= 0) {
         anvil_status st = qx_input(L, &pc, &xm);
@@ -449,21 +487,13 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
             group[ng++] = k;
     }
     /* a lone matmul whose only consumer is an add: fold the residual into its store */
-    int out_node = i;
-    if (ng == 1 && L->n_cons[i] == 1) {
-        for (int j = i + 1; j < L->g->n_nodes; j++) {
-            const struct node *a = N(L, j);
-            if (a->op != OP_ADD) continue;
-            int s0 = L->root[a->src[0]], s1 = L->root[a->src[1]];
-            if (s0 != i && s1 != i) continue;
-            if ((s0 == i ? s1 : s0) > i) break; /* the other term comes later */
-            pc.res = addr_of(L, s0 == i ? a->src[1] : a->src[0]);
-            pc.flags |= 2;
-            pc.o0 = addr_of(L, j);
-            L->done[j] = true;
-            out_node = j;
-            break;
-        }
+    int out_node = i, other, add = ng == 1 ? residual_add(L, i, &other) : -1;
+    if (add >= 0) {
+        pc.res = addr_of(L, other);
+        pc.flags |= 2;
+        pc.o0 = addr_of(L, add);
+        L->done[add] = true;
+        out_node = add;
     }
     uint64_t *w[3] = {&pc.w0, &pc.w1, &pc.w2}, *o[3] = {&pc.o0, &pc.o1, &pc.o2};
     uint32_t *rows[3] = {&pc.rows0, &pc.rows1, &pc.rows2};
@@ -573,19 +603,6 @@ static anvil_status emit_ew(struct lower *L, uint32_t op, uint64_t a, uint64_t b
     uint32_t gx, gy;
     grid(op == 3 ? (uint32_t)(n / ne0) : (uint32_t)((n + 255) / 256), &gx, &gy);
     return emit(L->p, K_EW, gx, gy, &pe, sizeof pe);
-}
-
-/* The add that is node i's only consumer, if its other term is already computed: returns
- * the add and sets *other; else -1. */
-static int residual_add(struct lower *L, int i, int *other) {
-    if (L->n_cons[i] != 1) return -1;
-    int j = consumer(L, i);
-    if (j < 0 || N(L, j)->op != OP_ADD) return -1;
-    int s0 = L->root[N(L, j)->src[0]], s1 = L->root[N(L, j)->src[1]];
-    int o = s0 == i ? s1 : s0;
-    if (o > i) return -1;
-    *other = o;
-    return j;
 }
 
 /* The matvec that produced the router's logits (E rows) if it can choose the experts itself
