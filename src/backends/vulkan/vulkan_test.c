@@ -250,6 +250,55 @@ static void test_qxr_program(void **state) {
     anvil_model_close(m);
 }
 
+/* The o projection reads its input rounded by the attention (no qx.comp dispatch), so it
+ * takes integer dot products whatever its size where it rounds its own output for the next
+ * product, and then every later product of the chain does too (program.c qx_free): on the
+ * 2-layer tiny model, whose matrices are all under ANVIL_VK_QX_MIN_MB, the step's kernels
+ * (ANVIL_VK_PROFILE's table) include the o projection as teams on the attention's blocks of
+ * 32 (matvec_qxt_q4_k_x0) and no rounding dispatch; the decode rows stay as close to the
+ * CPU's rounded-input rows as test_against_cpu_qx asks. */
+static void test_qx_from_attention(void **state) {
+    (void)state;
+#ifdef TU_SANITIZED
+    skip(); /* the host code is test_against_cpu_qx's */
+#endif
+    setenv("ANVIL_VK_QX", "1", 1);
+    setenv("ANVIL_CPU_QX", "1", 1);
+    setenv("ANVIL_VK_MEGA", "0", 1);
+    setenv("ANVIL_VK_PROFILE", "1", 1);
+    unsetenv("ANVIL_VK_QX_MIN_MB");
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:Q4_K_M", NULL, &m), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
+    anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
+    double worst = 0;
+    for (int i = 0; i < 6; i++) {
+        int32_t tok = (int32_t)((i * 37 + 3) % V);
+        assert_int_equal(anvil_session_eval(cpu, &tok, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
+        assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, b), ANVIL_OK);
+        float scale = 0;
+        for (int j = 0; j < V; j++) scale = fmaxf(scale, fabsf(a[j]));
+        worst = fmax(worst, tu_max_diff(a, b, (size_t)V) / scale);
+    }
+    char desc[8192];
+    anvil_session_describe_program(vk, desc, sizeof desc);
+    fprintf(stderr, "qwen3-tiny-k Q4_K_M, products under ANVIL_VK_QX_MIN_MB: rows within %.3g of the scale\n%s",
+            worst, desc);
+    assert_true(worst < 0.08);
+    assert_non_null(strstr(desc, "matvec_qxt_q4_k_x0 "));
+    assert_null(strstr(desc, "  qx "));
+    anvil_session_destroy(cpu);
+    anvil_session_destroy(vk);
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_CPU_QX");
+    unsetenv("ANVIL_VK_MEGA");
+    unsetenv("ANVIL_VK_PROFILE");
+    free(a);
+    free(b);
+    anvil_model_close(m);
+}
+
 /* Two matvecs of the same input run with no barrier between them (the Q4_K_M mix's Q6_K v
  * projection after the Q4_K q and k): the decode program has fewer barriers than dispatches,
  * and its decode rows and greedy tokens equal those with every barrier (ANVIL_VK_OVERLAP=0),
@@ -1040,6 +1089,7 @@ int main(void) {
         cmocka_unit_test(test_qx_kernels),
         cmocka_unit_test(test_qxr_kernels),
         cmocka_unit_test(test_qxr_program),
+        cmocka_unit_test(test_qx_from_attention),
         cmocka_unit_test(test_topk_kernel),
         cmocka_unit_test(test_sampled_generation),
         cmocka_unit_test(test_against_cpu),
