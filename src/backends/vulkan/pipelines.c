@@ -224,6 +224,16 @@ static const uint32_t spv_matvec_qxt_q8_0[] =
 static const uint32_t spv_matvec_qxt_q4_k[] =
 #include "shaders/matvec_qxt_q4_k.inc"
     ;
+/* Q4_K's products (MODE 0) in wide units (common.glsl QWIDE); its SwiGLUs keep the narrow ones */
+static const uint32_t spv_matvec_qxw_q4_k[] =
+#include "shaders/matvec_qxw_q4_k.inc"
+    ;
+static const uint32_t spv_matvec_qxvw_q4_k[] =
+#include "shaders/matvec_qxvw_q4_k.inc"
+    ;
+static const uint32_t spv_matvec_qxtw_q4_k[] =
+#include "shaders/matvec_qxtw_q4_k.inc"
+    ;
 static const uint32_t spv_matvec_qxt_q5_k[] =
 #include "shaders/matvec_qxt_q5_k.inc"
     ;
@@ -394,7 +404,7 @@ static const struct {
     [K_GDN_RING] = {SPV(spv_gdn), "gdn_ring"},
     [K_QX] = {SPV(spv_qx), "qx"},
     [K_MATVEC_QX_Q8_0] = {SPV(spv_matvec_qx_q8_0), "matvec_qx_q8_0"},
-    [K_MATVEC_QX_Q4_K] = {SPV(spv_matvec_qx_q4_k), "matvec_qx_q4_k"},
+    [K_MATVEC_QX_Q4_K] = {SPV(spv_matvec_qxw_q4_k), "matvec_qx_q4_k"},
     [K_MATVEC_QX_Q5_K] = {SPV(spv_matvec_qx_q5_k), "matvec_qx_q5_k"},
     [K_MATVEC_QX_Q6_K] = {SPV(spv_matvec_qx_q6_k), "matvec_qx_q6_k"},
     [K_MATVEC_SWIGLU_QX_Q8_0] = {SPV(spv_matvec_qx_q8_0), "matvec_swiglu_qx_q8_0"},
@@ -402,7 +412,7 @@ static const struct {
     [K_MATVEC_SWIGLU_QX_Q5_K] = {SPV(spv_matvec_qx_q5_k), "matvec_swiglu_qx_q5_k"},
     [K_MATVEC_SWIGLU_QX_Q6_K] = {SPV(spv_matvec_qx_q6_k), "matvec_swiglu_qx_q6_k"},
     [K_MATVEC_QXV + 8] = {SPV(spv_matvec_qxv_q8_0), "matvec_qx_q8_0_x1"},
-    [K_MATVEC_QXV + 9] = {SPV(spv_matvec_qxv_q4_k), "matvec_qx_q4_k_x1"},
+    [K_MATVEC_QXV + 9] = {SPV(spv_matvec_qxvw_q4_k), "matvec_qx_q4_k_x1"},
     [K_MATVEC_QXV + 10] = {SPV(spv_matvec_qxv_q5_k), "matvec_qx_q5_k_x1"},
     [K_MATVEC_QXV + 11] = {SPV(spv_matvec_qxv_q6_k), "matvec_qx_q6_k_x1"},
     [K_MATVEC_QXV + 12] = {SPV(spv_matvec_qxv_q8_0), "matvec_swiglu_qx_q8_0_x1"},
@@ -410,7 +420,7 @@ static const struct {
     [K_MATVEC_QXV + 14] = {SPV(spv_matvec_qxv_q5_k), "matvec_swiglu_qx_q5_k_x1"},
     [K_MATVEC_QXV + 15] = {SPV(spv_matvec_qxv_q6_k), "matvec_swiglu_qx_q6_k_x1"},
     [K_MATVEC_QXV + 16] = {SPV(spv_matvec_qxv_q8_0), "matvec_qx_q8_0_x2"},
-    [K_MATVEC_QXV + 17] = {SPV(spv_matvec_qxv_q4_k), "matvec_qx_q4_k_x2"},
+    [K_MATVEC_QXV + 17] = {SPV(spv_matvec_qxvw_q4_k), "matvec_qx_q4_k_x2"},
     [K_MATVEC_QXV + 18] = {SPV(spv_matvec_qxv_q5_k), "matvec_qx_q5_k_x2"},
     [K_MATVEC_QXV + 19] = {SPV(spv_matvec_qxv_q6_k), "matvec_qx_q6_k_x2"},
     [K_MATVEC_QXV + 20] = {SPV(spv_matvec_qxv_q8_0), "matvec_swiglu_qx_q8_0_x2"},
@@ -418,7 +428,7 @@ static const struct {
     [K_MATVEC_QXV + 22] = {SPV(spv_matvec_qxv_q5_k), "matvec_swiglu_qx_q5_k_x2"},
     [K_MATVEC_QXV + 23] = {SPV(spv_matvec_qxv_q6_k), "matvec_swiglu_qx_q6_k_x2"},
     [K_MATVEC_QXV + 24] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x0"},
-    [K_MATVEC_QXV + 25] = {SPV(spv_matvec_qxt_q4_k), "matvec_qxt_q4_k_x0"},
+    [K_MATVEC_QXV + 25] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x0"},
     [K_MATVEC_QXV + 26] = {SPV(spv_matvec_qxt_q5_k), "matvec_qxt_q5_k_x0"},
     [K_MATVEC_QXV + 27] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x0"},
     [K_MATVEC_QXV + 28] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x0"},
@@ -426,7 +436,7 @@ static const struct {
     [K_MATVEC_QXV + 30] = {SPV(spv_matvec_qxt_q5_k), "matvec_swiglu_qxt_q5_k_x0"},
     [K_MATVEC_QXV + 31] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x0"},
     [K_MATVEC_QXV + 32] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x1"},
-    [K_MATVEC_QXV + 33] = {SPV(spv_matvec_qxt_q4_k), "matvec_qxt_q4_k_x1"},
+    [K_MATVEC_QXV + 33] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x1"},
     [K_MATVEC_QXV + 34] = {SPV(spv_matvec_qxt_q5_k), "matvec_qxt_q5_k_x1"},
     [K_MATVEC_QXV + 35] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x1"},
     [K_MATVEC_QXV + 36] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x1"},
@@ -434,7 +444,7 @@ static const struct {
     [K_MATVEC_QXV + 38] = {SPV(spv_matvec_qxt_q5_k), "matvec_swiglu_qxt_q5_k_x1"},
     [K_MATVEC_QXV + 39] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x1"},
     [K_MATVEC_QXV + 40] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x2"},
-    [K_MATVEC_QXV + 41] = {SPV(spv_matvec_qxt_q4_k), "matvec_qxt_q4_k_x2"},
+    [K_MATVEC_QXV + 41] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x2"},
     [K_MATVEC_QXV + 42] = {SPV(spv_matvec_qxt_q5_k), "matvec_qxt_q5_k_x2"},
     [K_MATVEC_QXV + 43] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x2"},
     [K_MATVEC_QXV + 44] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x2"},

@@ -160,7 +160,40 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
  * of 6-bit sub-block scales and mins (re-encoded on upload: scales_pair), [Q5_K: 32 bytes of
  * fifth bits], 128 bytes of
  * nibbles; byte l of a 32-byte run holds weight l (low nibble) and l + 32 (high nibble) of its
- * 64-weight group. A unit is 8 nibble bytes: 16 weights in two sub-blocks of 32. */
+ * 64-weight group. A unit is 8 nibble bytes: 16 weights in two sub-blocks of 32.
+ * QWIDE (Q4_K on integer dot products: the products of MODE 0, pipelines.c): a unit is a 16-byte
+ * half of a 32-byte run, 32 weights in four groups of 8 (the low nibbles of its bytes 0-7 and
+ * 8-15: sub-block 2j; then their high nibbles: 2j + 1), the header read as one uvec4 and its
+ * scales decoded once per 32 weights. A thread's 16-byte loads stream the o and down
+ * projections 12-20% faster on the H100; the SwiGLU's four rows of them lost (docs/PERF.md
+ * section 35). */
+/* scale and min of sub-blocks 2j and 2j+1 (sc0, m0, sc1, m1), from the header as re-encoded on
+ * upload (vulkan.c pack_k_scales) */
+uvec4 scales_pair(uvec2 h0, uvec2 h1, uint j) {
+    uint lo = ((j < 2u ? h0.y : h1.x) >> (16u * (j & 1u))) & 0xFFFFu;
+    uint f = lo | (((h1.y >> (8u * j)) & 0xFFu) << 16u);
+    return (uvec4(f) >> uvec4(0u, 6u, 12u, 18u)) & 63u;
+}
+#if defined(W_Q4_K) && defined(QX) && defined(QWIDE)
+#define UG 4
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer W { uvec4 v[]; };
+uint unit_pos(uint u, uint g) {
+    uint k = u & 7u;
+    return (u >> 3u) * 256u + (k >> 1u) * 64u + (g >> 1u) * 32u + (k & 1u) * 16u + (g & 1u) * 8u;
+}
+void unit_load_i(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG]) {
+    uint base = (row * (U >> 3u) + (u >> 3u)) * 9u, k = u & 7u; /* 9 uvec4 a block */
+    uvec4 h = w.v[base], q = w.v[base + 1u + k];
+    vec2 dm = unpackHalf2x16(h.x);
+    vec4 sm = vec4(scales_pair(h.xy, h.zw, k >> 1u));
+    so[0] = so[1] = vec2(dm.x * sm.x, -dm.y * sm.y);
+    so[2] = so[3] = vec2(dm.x * sm.z, -dm.y * sm.w);
+    qi[0] = q.xy & 0x0F0F0F0Fu;
+    qi[1] = q.zw & 0x0F0F0F0Fu;
+    qi[2] = (q.xy >> 4u) & 0x0F0F0F0Fu;
+    qi[3] = (q.zw >> 4u) & 0x0F0F0F0Fu;
+}
+#else
 #define UG 2
 #if defined(W_Q4_K)
 #define BLK 18u /* uvec2 per block */
@@ -173,13 +206,6 @@ layout(buffer_reference, std430, buffer_reference_align = 16) buffer W { uvec2 v
 uint unit_pos(uint u, uint g) {
     uint k = u & 15u;
     return (u >> 4u) * 256u + (k >> 2u) * 64u + g * 32u + (k & 3u) * 8u;
-}
-/* scale and min of sub-blocks 2j and 2j+1 (sc0, m0, sc1, m1), from the header as re-encoded on
- * upload (vulkan.c pack_k_scales) */
-uvec4 scales_pair(uvec2 h0, uvec2 h1, uint j) {
-    uint lo = ((j < 2u ? h0.y : h1.x) >> (16u * (j & 1u))) & 0xFFFFu;
-    uint f = lo | (((h1.y >> (8u * j)) & 0xFFu) << 16u);
-    return (uvec4(f) >> uvec4(0u, 6u, 12u, 18u)) & 63u;
 }
 /* unit u's 8 nibble bytes, [Q5_K: the fifth bits of the same byte positions,] its sub-block
  * pair j and the two groups' scale and offset */
@@ -226,6 +252,7 @@ void unit_load_i(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG
 #endif
 }
 #endif
+#endif /* QWIDE */
 
 #elif defined(W_Q6_K)
 /* Q6_K blocks (210 bytes in GGUF) padded on upload to 224 bytes, 16-byte aligned: ql[128],
