@@ -224,7 +224,7 @@ static const uint32_t spv_matvec_qxt_q8_0[] =
 static const uint32_t spv_matvec_qxt_q4_k[] =
 #include "shaders/matvec_qxt_q4_k.inc"
     ;
-/* Q4_K's products (MODE 0) in wide units (common.glsl QWIDE); its SwiGLUs keep the narrow ones */
+/* Q4_K's and Q5_K's products (MODE 0) in wide units (common.glsl QWIDE); their SwiGLUs keep the narrow ones */
 static const uint32_t spv_matvec_qxw_q4_k[] =
 #include "shaders/matvec_qxw_q4_k.inc"
     ;
@@ -233,6 +233,15 @@ static const uint32_t spv_matvec_qxvw_q4_k[] =
     ;
 static const uint32_t spv_matvec_qxtw_q4_k[] =
 #include "shaders/matvec_qxtw_q4_k.inc"
+    ;
+static const uint32_t spv_matvec_qxw_q5_k[] =
+#include "shaders/matvec_qxw_q5_k.inc"
+    ;
+static const uint32_t spv_matvec_qxvw_q5_k[] =
+#include "shaders/matvec_qxvw_q5_k.inc"
+    ;
+static const uint32_t spv_matvec_qxtw_q5_k[] =
+#include "shaders/matvec_qxtw_q5_k.inc"
     ;
 static const uint32_t spv_matvec_qxt_q5_k[] =
 #include "shaders/matvec_qxt_q5_k.inc"
@@ -405,7 +414,7 @@ static const struct {
     [K_QX] = {SPV(spv_qx), "qx"},
     [K_MATVEC_QX_Q8_0] = {SPV(spv_matvec_qx_q8_0), "matvec_qx_q8_0"},
     [K_MATVEC_QX_Q4_K] = {SPV(spv_matvec_qxw_q4_k), "matvec_qx_q4_k"},
-    [K_MATVEC_QX_Q5_K] = {SPV(spv_matvec_qx_q5_k), "matvec_qx_q5_k"},
+    [K_MATVEC_QX_Q5_K] = {SPV(spv_matvec_qxw_q5_k), "matvec_qx_q5_k"},
     [K_MATVEC_QX_Q6_K] = {SPV(spv_matvec_qx_q6_k), "matvec_qx_q6_k"},
     [K_MATVEC_SWIGLU_QX_Q8_0] = {SPV(spv_matvec_qx_q8_0), "matvec_swiglu_qx_q8_0"},
     [K_MATVEC_SWIGLU_QX_Q4_K] = {SPV(spv_matvec_qx_q4_k), "matvec_swiglu_qx_q4_k"},
@@ -413,7 +422,7 @@ static const struct {
     [K_MATVEC_SWIGLU_QX_Q6_K] = {SPV(spv_matvec_qx_q6_k), "matvec_swiglu_qx_q6_k"},
     [K_MATVEC_QXV + 8] = {SPV(spv_matvec_qxv_q8_0), "matvec_qx_q8_0_x1"},
     [K_MATVEC_QXV + 9] = {SPV(spv_matvec_qxvw_q4_k), "matvec_qx_q4_k_x1"},
-    [K_MATVEC_QXV + 10] = {SPV(spv_matvec_qxv_q5_k), "matvec_qx_q5_k_x1"},
+    [K_MATVEC_QXV + 10] = {SPV(spv_matvec_qxvw_q5_k), "matvec_qx_q5_k_x1"},
     [K_MATVEC_QXV + 11] = {SPV(spv_matvec_qxv_q6_k), "matvec_qx_q6_k_x1"},
     [K_MATVEC_QXV + 12] = {SPV(spv_matvec_qxv_q8_0), "matvec_swiglu_qx_q8_0_x1"},
     [K_MATVEC_QXV + 13] = {SPV(spv_matvec_qxv_q4_k), "matvec_swiglu_qx_q4_k_x1"},
@@ -421,7 +430,7 @@ static const struct {
     [K_MATVEC_QXV + 15] = {SPV(spv_matvec_qxv_q6_k), "matvec_swiglu_qx_q6_k_x1"},
     [K_MATVEC_QXV + 16] = {SPV(spv_matvec_qxv_q8_0), "matvec_qx_q8_0_x2"},
     [K_MATVEC_QXV + 17] = {SPV(spv_matvec_qxvw_q4_k), "matvec_qx_q4_k_x2"},
-    [K_MATVEC_QXV + 18] = {SPV(spv_matvec_qxv_q5_k), "matvec_qx_q5_k_x2"},
+    [K_MATVEC_QXV + 18] = {SPV(spv_matvec_qxvw_q5_k), "matvec_qx_q5_k_x2"},
     [K_MATVEC_QXV + 19] = {SPV(spv_matvec_qxv_q6_k), "matvec_qx_q6_k_x2"},
     [K_MATVEC_QXV + 20] = {SPV(spv_matvec_qxv_q8_0), "matvec_swiglu_qx_q8_0_x2"},
     [K_MATVEC_QXV + 21] = {SPV(spv_matvec_qxv_q4_k), "matvec_swiglu_qx_q4_k_x2"},
@@ -429,7 +438,7 @@ static const struct {
     [K_MATVEC_QXV + 23] = {SPV(spv_matvec_qxv_q6_k), "matvec_swiglu_qx_q6_k_x2"},
     [K_MATVEC_QXV + 24] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x0"},
     [K_MATVEC_QXV + 25] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x0"},
-    [K_MATVEC_QXV + 26] = {SPV(spv_matvec_qxt_q5_k), "matvec_qxt_q5_k_x0"},
+    [K_MATVEC_QXV + 26] = {SPV(spv_matvec_qxtw_q5_k), "matvec_qxt_q5_k_x0"},
     [K_MATVEC_QXV + 27] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x0"},
     [K_MATVEC_QXV + 28] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x0"},
     [K_MATVEC_QXV + 29] = {SPV(spv_matvec_qxt_q4_k), "matvec_swiglu_qxt_q4_k_x0"},
@@ -437,7 +446,7 @@ static const struct {
     [K_MATVEC_QXV + 31] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x0"},
     [K_MATVEC_QXV + 32] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x1"},
     [K_MATVEC_QXV + 33] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x1"},
-    [K_MATVEC_QXV + 34] = {SPV(spv_matvec_qxt_q5_k), "matvec_qxt_q5_k_x1"},
+    [K_MATVEC_QXV + 34] = {SPV(spv_matvec_qxtw_q5_k), "matvec_qxt_q5_k_x1"},
     [K_MATVEC_QXV + 35] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x1"},
     [K_MATVEC_QXV + 36] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x1"},
     [K_MATVEC_QXV + 37] = {SPV(spv_matvec_qxt_q4_k), "matvec_swiglu_qxt_q4_k_x1"},
@@ -445,7 +454,7 @@ static const struct {
     [K_MATVEC_QXV + 39] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x1"},
     [K_MATVEC_QXV + 40] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x2"},
     [K_MATVEC_QXV + 41] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x2"},
-    [K_MATVEC_QXV + 42] = {SPV(spv_matvec_qxt_q5_k), "matvec_qxt_q5_k_x2"},
+    [K_MATVEC_QXV + 42] = {SPV(spv_matvec_qxtw_q5_k), "matvec_qxt_q5_k_x2"},
     [K_MATVEC_QXV + 43] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x2"},
     [K_MATVEC_QXV + 44] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x2"},
     [K_MATVEC_QXV + 45] = {SPV(spv_matvec_qxt_q4_k), "matvec_swiglu_qxt_q4_k_x2"},
@@ -535,13 +544,13 @@ static uint32_t env_nr(const char *name, uint32_t dflt) {
 /* The integer-dot-product kernels' rows and threads per workgroup, per type (vk_qx_index
  * order: Q8_0, Q4_K, Q5_K, Q6_K) and MODE (0: a product, 1: gate/up -> SwiGLU). They do far
  * fewer instructions per weight than the float kernels and prefer other shapes; measured on
- * the H100 (docs/PERF.md section 26: 8B Q4_K_M 271 -> 286 t/s, Q6_K +5%; section 35). Q5_K
- * took Q4_K's shape of then (1 row); PIPE 2 lost (sections 27, 35). Where a product runs as
+ * the H100 (docs/PERF.md section 26: 8B Q4_K_M 271 -> 286 t/s, Q6_K +5%; section 35); PIPE 2
+ * lost (sections 27, 35). Where a product runs as
  * teams (qxv_spec) a K-quant team takes NR rows, a Q8_0 workgroup's threads are its team's. */
 static const struct { uint8_t nr[2]; uint16_t wg[2]; uint8_t pipe[2]; } QX_SHAPE[VK_QX_KINDS] = {
     {{2, 2}, {128, 128}, {1, 1}}, /* Q8_0 (the 0.6B's LM head, K 1024, lost 3% at WG 256; SwiGLU 256 -> 128 +1.6%, section 35) */
     {{2, 2}, {128, 128}, {1, 1}}, /* Q4_K (products 1 -> 2 rows with the q/k/v as teams: section 35) */
-    {{1, 2}, {128, 128}, {1, 1}}, /* Q5_K */
+    {{2, 2}, {128, 128}, {1, 1}}, /* Q5_K (1 -> 2 rows with its wide units: 8B Q5_K_M +3.7%, section 35) */
     {{4, 2}, {128, 128}, {1, 1}}, /* Q6_K */
 };
 

@@ -398,10 +398,11 @@ static bool mqx_small(struct lower *L) {
 /* Whether a product of weights of `type` that feeds no rounding (q/k/v, the LM head) runs as
  * teams anyway (matvec.comp QXT: 8 rows a workgroup, so it reads the norm's sums of squares
  * 8 times less often). On the H100 (docs/PERF.md section 35) with Q4_K weights and their
- * plain kernels at 2 rows: 8B Q4_K_M +2.1%, 14B +2.4%, 4B +1.0%; as teams the Q6_K products
- * lost 1.5% (8B Q6_K) and the Q8_0 ones 0.6%. ANVIL_VK_QXT_ALL: 0 never, 2 every type. */
+ * plain kernels at 2 rows: 8B Q4_K_M +2.1%, 14B +2.4%, 4B +1.0%; Q5_K: 1.7B Q5_K_M +3.2%, the
+ * 8B and 4B the same; as teams the Q6_K products lost 1.5% (8B Q6_K) and the Q8_0 ones 0.6%.
+ * ANVIL_VK_QXT_ALL: 0 never, 2 every type. */
 static bool qxt_consumer(const struct lower *L, int type) {
-    return L->qxt_all == 2 || (L->qxt_all == 1 && type == DT_Q4_K);
+    return L->qxt_all == 2 || (L->qxt_all == 1 && (type == DT_Q4_K || type == DT_Q5_K));
 }
 
 /* The add that is node i's only consumer, if its other term is already computed: returns

@@ -161,7 +161,7 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
  * fifth bits], 128 bytes of
  * nibbles; byte l of a 32-byte run holds weight l (low nibble) and l + 32 (high nibble) of its
  * 64-weight group. A unit is 8 nibble bytes: 16 weights in two sub-blocks of 32.
- * QWIDE (Q4_K on integer dot products: the products of MODE 0, pipelines.c): a unit is a 16-byte
+ * QWIDE (Q4_K, Q5_K on integer dot products: the products of MODE 0, pipelines.c): a unit is a 16-byte
  * half of a 32-byte run, 32 weights in four groups of 8 (the low nibbles of its bytes 0-7 and
  * 8-15: sub-block 2j; then their high nibbles: 2j + 1), the header read as one uvec4 and its
  * scales decoded once per 32 weights. A thread's 16-byte loads stream the o and down
@@ -174,7 +174,7 @@ uvec4 scales_pair(uvec2 h0, uvec2 h1, uint j) {
     uint f = lo | (((h1.y >> (8u * j)) & 0xFFu) << 16u);
     return (uvec4(f) >> uvec4(0u, 6u, 12u, 18u)) & 63u;
 }
-#if defined(W_Q4_K) && defined(QX) && defined(QWIDE)
+#if defined(QX) && defined(QWIDE)
 #define UG 4
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer W { uvec4 v[]; };
 uint unit_pos(uint u, uint g) {
@@ -182,16 +182,28 @@ uint unit_pos(uint u, uint g) {
     return (u >> 3u) * 256u + (k >> 1u) * 64u + (g >> 1u) * 32u + (k & 1u) * 16u + (g & 1u) * 8u;
 }
 void unit_load_i(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG]) {
+#if defined(W_Q4_K)
     uint base = (row * (U >> 3u) + (u >> 3u)) * 9u, k = u & 7u; /* 9 uvec4 a block */
     uvec4 h = w.v[base], q = w.v[base + 1u + k];
+#else /* Q5_K: 11 uvec4 a block, the fifth bits of the unit's 16 byte positions one of them */
+    uint base = (row * (U >> 3u) + (u >> 3u)) * 11u, k = u & 7u;
+    uvec4 h = w.v[base], q = w.v[base + 3u + k], b5 = w.v[base + 1u + (k & 1u)];
+#endif
+    uint j = k >> 1u;
     vec2 dm = unpackHalf2x16(h.x);
-    vec4 sm = vec4(scales_pair(h.xy, h.zw, k >> 1u));
+    vec4 sm = vec4(scales_pair(h.xy, h.zw, j));
     so[0] = so[1] = vec2(dm.x * sm.x, -dm.y * sm.y);
     so[2] = so[3] = vec2(dm.x * sm.z, -dm.y * sm.w);
     qi[0] = q.xy & 0x0F0F0F0Fu;
     qi[1] = q.zw & 0x0F0F0F0Fu;
     qi[2] = (q.xy >> 4u) & 0x0F0F0F0Fu;
     qi[3] = (q.zw >> 4u) & 0x0F0F0F0Fu;
+#if defined(W_Q5_K)
+    qi[0] |= ((b5.xy >> (2u * j)) & 0x01010101u) << 4u;
+    qi[1] |= ((b5.zw >> (2u * j)) & 0x01010101u) << 4u;
+    qi[2] |= ((b5.xy >> (2u * j + 1u)) & 0x01010101u) << 4u;
+    qi[3] |= ((b5.zw >> (2u * j + 1u)) & 0x01010101u) << 4u;
+#endif
 }
 #else
 #define UG 2
