@@ -200,6 +200,21 @@ static void program_counts(const anvil_session *vk, int *dispatches, int *barrie
     assert_int_equal(sscanf(p, "per token: %d dispatches, %d barriers", dispatches, barriers), 2);
 }
 
+/* Six decode steps on both sessions (tokens (i * mul + add) % V), the rows' largest |Δ| over
+ * the CPU row's scale, the worst of the six (a and b: V floats each, scratch). */
+static double decode_rows_worst(anvil_session *cpu, anvil_session *vk, int V, float *a, float *b, int mul, int add) {
+    double worst = 0;
+    for (int i = 0; i < 6; i++) {
+        int32_t tok = (int32_t)((i * mul + add) % V);
+        assert_int_equal(anvil_session_eval(cpu, &tok, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
+        assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, b), ANVIL_OK);
+        float scale = 0;
+        for (int j = 0; j < V; j++) scale = fmaxf(scale, fabsf(a[j]));
+        worst = fmax(worst, tu_max_diff(a, b, (size_t)V) / scale);
+    }
+    return worst;
+}
+
 /* Products that round their outputs for the next product (program.c qx_round, on by default)
  * take the rounding dispatches away: three a layer in a dense model (the norms' inputs of
  * the attention and the MLP, the SwiGLU's output), and the decode rows stay as close to the
@@ -222,15 +237,7 @@ static void test_qxr_program(void **state) {
     for (int qxr = 0; qxr < 2; qxr++) {
         setenv("ANVIL_VK_QXR", qxr ? "1" : "0", 1);
         anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
-        double worst = 0;
-        for (int i = 0; i < 6; i++) {
-            int32_t tok = (int32_t)((i * 31 + 5) % V);
-            assert_int_equal(anvil_session_eval(cpu, &tok, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
-            assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, b), ANVIL_OK);
-            float scale = 0;
-            for (int j = 0; j < V; j++) scale = fmaxf(scale, fabsf(a[j]));
-            worst = fmax(worst, tu_max_diff(a, b, (size_t)V) / scale);
-        }
+        double worst = decode_rows_worst(cpu, vk, V, a, b, 31, 5);
         program_counts(vk, &dispatches[qxr], &barriers[qxr]);
         fprintf(stderr, "qwen3-tiny-k Q4_K_M, ANVIL_VK_QXR=%d: %d dispatches, %d barriers; rows within %.3g of the scale\n",
                 qxr, dispatches[qxr], barriers[qxr], worst);
@@ -272,15 +279,7 @@ static void test_qx_from_attention(void **state) {
     int V = anvil_model_vocab_size(m);
     float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
     anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
-    double worst = 0;
-    for (int i = 0; i < 6; i++) {
-        int32_t tok = (int32_t)((i * 37 + 3) % V);
-        assert_int_equal(anvil_session_eval(cpu, &tok, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
-        assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, b), ANVIL_OK);
-        float scale = 0;
-        for (int j = 0; j < V; j++) scale = fmaxf(scale, fabsf(a[j]));
-        worst = fmax(worst, tu_max_diff(a, b, (size_t)V) / scale);
-    }
+    double worst = decode_rows_worst(cpu, vk, V, a, b, 37, 3);
     char desc[8192];
     anvil_session_describe_program(vk, desc, sizeof desc);
     fprintf(stderr, "qwen3-tiny-k Q4_K_M, products under ANVIL_VK_QX_MIN_MB: rows within %.3g of the scale\n%s",
