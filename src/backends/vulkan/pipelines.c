@@ -676,6 +676,7 @@ static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, in
         if (vk_qx_dtype(q) != DT_Q8_0) wg = MAX(64u, sg);
         if (vk_qx_dtype(q) == DT_Q6_K) nr = p->qxt_nr6 ? p->qxt_nr6 : 2;
         if (p->qxt_tw[xm]) wg = p->qxt_tw[xm];
+        if (plain[2] == 1 && p->qxt_tw_swiglu) wg = p->qxt_tw_swiglu;
         if (8 % nr) return false;
         nt = 8 / nr;
         while (wg > sg && !matvec_wg_ok(d, wg * nt)) wg -= sg; /* narrower teams (lavapipe's subgroups) */
@@ -690,6 +691,20 @@ static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, in
         vals[5] = (uint32_t)xm;
     }
     return true;
+}
+
+/* The kernel whose SPIR-V kernel k is made from: itself, but for the Q4_K and Q5_K SwiGLUs
+ * under ANVIL_VK_QX_WIDE_SWIGLU=1, which take their MODE 0 twin's (the products' wide units,
+ * common.glsl QWIDE; on the H100 the SwiGLU of wide units with teams of 32 threads, 1 row a
+ * team, took 1039.5 us a step against 1062.8: docs/PERF.md section 35). */
+static int kernel_code(const struct vk_pipelines *p, int k) {
+    if (!p->qx_wide_swiglu) return k;
+    if (k == K_MATVEC_SWIGLU_QX_Q4_K || k == K_MATVEC_SWIGLU_QX_Q5_K) return k - VK_QX_KINDS;
+    if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST) {
+        int i = k - K_MATVEC_QXV, t = vk_qx_dtype(i % 4);
+        if ((i / 4) % 2 == 1 && (t == DT_Q4_K || t == DT_Q5_K)) return k - 4;
+    }
+    return k;
 }
 
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out) {
@@ -719,6 +734,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     out->qxt_tw[0] = out->qxt_tw[2] = env_wg(d, "ANVIL_VK_QXT_TW", 0);
     out->qxt_tw[1] = env_wg(d, "ANVIL_VK_QXT_TW1", out->qxt_tw[0]);
     out->qxt_nr6 = env_nr("ANVIL_VK_QXT_NR_Q6_K", 0);
+    out->qxt_tw_swiglu = env_wg(d, "ANVIL_VK_QXT_TW_SWIGLU", 0);
+    e = getenv("ANVIL_VK_QX_WIDE_SWIGLU");
+    out->qx_wide_swiglu = e && atoi(e) == 1;
     /* attention.comp's subgroups per workgroup (ANVIL_VK_ATTN_NSG, 1 .. 8) */
     out->attn_nsg = 4;
     e = getenv("ANVIL_VK_ATTN_NSG");
@@ -766,8 +784,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
          * at every start) */
         if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST && (!kernels[k].code || !vk_use_qx(d) || !qxv_spec(d, out, k, NULL)))
             continue;
+        int kc = kernel_code(out, k);
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
-                                       kernels[k].size, kernels[k].code};
+                                       kernels[kc].size, kernels[kc].code};
         VkShaderModule mod;
         st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
         if (st != ANVIL_OK) break;
