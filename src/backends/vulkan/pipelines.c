@@ -545,12 +545,14 @@ static uint32_t env_nr(const char *name, uint32_t dflt) {
  * order: Q8_0, Q4_K, Q5_K, Q6_K) and MODE (0: a product, 1: gate/up -> SwiGLU). They do far
  * fewer instructions per weight than the float kernels and prefer other shapes; measured on
  * the H100 (docs/PERF.md section 26: 8B Q4_K_M 271 -> 286 t/s, Q6_K +5%; section 35); PIPE 2
- * lost (sections 27, 35). Where a product runs as
- * teams (qxv_spec) a K-quant team takes NR rows, a Q8_0 workgroup's threads are its team's. */
+ * lost (sections 27, 35). Where a product runs as teams (qxv_spec) a K-quant team takes NR
+ * rows, a Q8_0 workgroup's threads are its team's. Q8_0's SwiGLU: 256 -> 128 threads +1.6%;
+ * its LM head (the 0.6B's, K 1024) lost 3% at 256 (section 35). Q4_K's products: 1 -> 2 rows
+ * with the q/k/v as teams; Q5_K's: 1 -> 2 rows with its wide units, 8B Q5_K_M +3.7%. */
 static const struct { uint8_t nr[2]; uint16_t wg[2]; uint8_t pipe[2]; } QX_SHAPE[VK_QX_KINDS] = {
-    {{2, 2}, {128, 128}, {1, 1}}, /* Q8_0 (the 0.6B's LM head, K 1024, lost 3% at WG 256; SwiGLU 256 -> 128 +1.6%, section 35) */
-    {{2, 2}, {128, 128}, {1, 1}}, /* Q4_K (products 1 -> 2 rows with the q/k/v as teams: section 35) */
-    {{2, 2}, {128, 128}, {1, 1}}, /* Q5_K (1 -> 2 rows with its wide units: 8B Q5_K_M +3.7%, section 35) */
+    {{2, 2}, {128, 128}, {1, 1}}, /* Q8_0 */
+    {{2, 2}, {128, 128}, {1, 1}}, /* Q4_K */
+    {{2, 2}, {128, 128}, {1, 1}}, /* Q5_K */
     {{4, 2}, {128, 128}, {1, 1}}, /* Q6_K */
 };
 

@@ -468,7 +468,8 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         if (!pc.normw) pc.normw = pc.x;
         L->done[a] = L->done[b] = L->done[j] = true;
         pq.m = pc;
-        if (qxi >= 0 && L->p->b->pl.p[vk_qxv(1, xm, 1, qxi)] && (qx_round(L, j, pc.rows0, &pq) || qxt_consumer(L, type))) {
+        if (qxi >= 0 && L->p->b->pl.p[vk_qxv(1, xm, 1, qxi)] &&
+            (qx_round(L, j, pc.rows0, &pq) || qxt_consumer(L, type))) {
             qxt = true;
             kern_swiglu = vk_qxv(1, xm, 1, qxi);
         }

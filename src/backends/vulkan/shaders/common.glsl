@@ -179,12 +179,12 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
  * fifth bits], 128 bytes of
  * nibbles; byte l of a 32-byte run holds weight l (low nibble) and l + 32 (high nibble) of its
  * 64-weight group. A unit is 8 nibble bytes: 16 weights in two sub-blocks of 32.
- * QWIDE (Q4_K, Q5_K on integer dot products: the products of MODE 0, pipelines.c): a unit is a 16-byte
- * half of a 32-byte run, 32 weights in four groups of 8 (the low nibbles of its bytes 0-7 and
- * 8-15: sub-block 2j; then their high nibbles: 2j + 1), the header read as one uvec4 and its
- * scales decoded once per 32 weights. A thread's 16-byte loads stream the o and down
- * projections 12-20% faster on the H100; the SwiGLU's four rows of them lost (docs/PERF.md
- * section 35). */
+ * QWIDE (Q4_K and Q5_K on integer dot products: their products of MODE 0, pipelines.c): a unit
+ * is a 16-byte half of a 32-byte run, 32 weights in four groups of 8 (the low nibbles of its
+ * bytes 0-7 and 8-15: sub-block 2j; then their high nibbles: 2j + 1), [Q5_K: the fifth bits of
+ * those 16 byte positions one uvec4,] the header one uvec4, its scales decoded once per 32
+ * weights. A thread's 16-byte loads stream the o and down projections 12-20% faster on the
+ * H100; the SwiGLU's four rows of them lost (docs/PERF.md section 35). */
 /* scale and min of sub-blocks 2j and 2j+1 (sc0, m0, sc1, m1), from the header as re-encoded on
  * upload (vulkan.c pack_k_scales) */
 uvec4 scales_pair(uvec2 h0, uvec2 h1, uint j) {
@@ -203,7 +203,7 @@ void unit_load_i(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG
 #if defined(W_Q4_K)
     uint base = (row * (U >> 3u) + (u >> 3u)) * 9u, k = u & 7u; /* 9 uvec4 a block */
     uvec4 h = w.v[base], q = w.v[base + 1u + k];
-#else /* Q5_K: 11 uvec4 a block, the fifth bits of the unit's 16 byte positions one of them */
+#else /* Q5_K: 11 uvec4 a block */
     uint base = (row * (U >> 3u) + (u >> 3u)) * 11u, k = u & 7u;
     uvec4 h = w.v[base], q = w.v[base + 3u + k], b5 = w.v[base + 1u + (k & 1u)];
 #endif
