@@ -76,6 +76,8 @@ set(ANVIL_SHADER_VARIANTS
   "matvec_qxw_q4_k matvec.comp -DW_Q4_K -DQX -DQWIDE"
   "matvec_qxvw_q4_k matvec.comp -DW_Q4_K -DQX -DQXV -DQWIDE"
   "matvec_qxtw_q4_k matvec.comp -DW_Q4_K -DQX -DQXV -DQXT -DQWIDE"
+  "matvec_qxts_q4_k matvec.comp -DW_Q4_K -DQX -DQXV -DQXT -DQXS"
+  "matvec_qxtws_q4_k matvec.comp -DW_Q4_K -DQX -DQXV -DQXT -DQWIDE -DQXS"
   "matvec_qxw_q5_k matvec.comp -DW_Q5_K -DQX -DQWIDE"
   "matvec_qxvw_q5_k matvec.comp -DW_Q5_K -DQX -DQXV -DQWIDE"
   "matvec_qxtw_q5_k matvec.comp -DW_Q5_K -DQX -DQXV -DQXT -DQWIDE"

@@ -234,6 +234,14 @@ static const uint32_t spv_matvec_qxvw_q4_k[] =
 static const uint32_t spv_matvec_qxtw_q4_k[] =
 #include "shaders/matvec_qxtw_q4_k.inc"
     ;
+/* experiments (kernel_spirv): the Q4_K SwiGLUs' teams with x staged in shared memory, in
+ * narrow and wide units */
+static const uint32_t spv_matvec_qxts_q4_k[] =
+#include "shaders/matvec_qxts_q4_k.inc"
+    ;
+static const uint32_t spv_matvec_qxtws_q4_k[] =
+#include "shaders/matvec_qxtws_q4_k.inc"
+    ;
 static const uint32_t spv_matvec_qxw_q5_k[] =
 #include "shaders/matvec_qxw_q5_k.inc"
     ;
@@ -695,18 +703,32 @@ static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, in
     return true;
 }
 
-/* The kernel whose SPIR-V kernel k is made from: itself, but for the Q4_K and Q5_K SwiGLUs
- * under ANVIL_VK_QX_WIDE_SWIGLU=1, which take their MODE 0 twin's (the products' wide units,
- * common.glsl QWIDE; on the H100 the SwiGLU of wide units with teams of 32 threads, 1 row a
- * team, took 1039.5 us a step against 1062.8: docs/PERF.md section 35). */
-static int kernel_code(const struct vk_pipelines *p, int k) {
-    if (!p->qx_wide_swiglu) return k;
-    if (k == K_MATVEC_SWIGLU_QX_Q4_K || k == K_MATVEC_SWIGLU_QX_Q5_K) return k - VK_QX_KINDS;
+/* The SPIR-V kernel k is made from: its own, but for two experiments on the SwiGLUs (docs/PERF.md
+ * section 35): ANVIL_VK_QX_WIDE_SWIGLU=1, the Q4_K and Q5_K SwiGLUs take their MODE 0 twin's
+ * (the products' wide units, common.glsl QWIDE; on the H100 the SwiGLU of wide units with teams
+ * of 32 threads, 1 row a team, took 1039.5 us a step against 1062.8); ANVIL_VK_QX_XS_SWIGLU=1,
+ * the Q4_K SwiGLUs as teams read x from shared memory (matvec.comp QXS; a CUDA replica gained
+ * 1.3-2 us a SwiGLU). */
+static void kernel_spirv(const struct vk_pipelines *p, int k, const uint32_t **code, size_t *size) {
+    int kc = k;
+    bool xs = false;
     if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST) {
         int i = k - K_MATVEC_QXV, t = vk_qx_dtype(i % 4);
-        if ((i / 4) % 2 == 1 && (t == DT_Q4_K || t == DT_Q5_K)) return k - 4;
+        bool swiglu = (i / 4) % 2 == 1;
+        if (swiglu && p->qx_wide_swiglu && (t == DT_Q4_K || t == DT_Q5_K)) kc = k - 4;
+        xs = swiglu && p->qx_xs_swiglu && t == DT_Q4_K && i / 24 == 1;
+    } else if (p->qx_wide_swiglu && (k == K_MATVEC_SWIGLU_QX_Q4_K || k == K_MATVEC_SWIGLU_QX_Q5_K)) {
+        kc = k - VK_QX_KINDS;
     }
-    return k;
+    *code = kernels[kc].code;
+    *size = kernels[kc].size;
+    if (xs && p->qx_wide_swiglu) {
+        *code = spv_matvec_qxtws_q4_k;
+        *size = sizeof spv_matvec_qxtws_q4_k;
+    } else if (xs) {
+        *code = spv_matvec_qxts_q4_k;
+        *size = sizeof spv_matvec_qxts_q4_k;
+    }
 }
 
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out) {
@@ -739,6 +761,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     out->qxt_tw_swiglu = env_wg(d, "ANVIL_VK_QXT_TW_SWIGLU", 0);
     e = getenv("ANVIL_VK_QX_WIDE_SWIGLU");
     out->qx_wide_swiglu = e && atoi(e) == 1;
+    e = getenv("ANVIL_VK_QX_XS_SWIGLU");
+    out->qx_xs_swiglu = e && atoi(e) == 1;
     /* attention.comp's subgroups per workgroup (ANVIL_VK_ATTN_NSG, 1 .. 8) */
     out->attn_nsg = 4;
     e = getenv("ANVIL_VK_ATTN_NSG");
@@ -786,9 +810,10 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
          * at every start) */
         if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST && (!kernels[k].code || !vk_use_qx(d) || !qxv_spec(d, out, k, NULL)))
             continue;
-        int kc = kernel_code(out, k);
-        VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0,
-                                       kernels[kc].size, kernels[kc].code};
+        const uint32_t *code;
+        size_t code_size;
+        kernel_spirv(out, k, &code, &code_size);
+        VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0, code_size, code};
         VkShaderModule mod;
         st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
         if (st != ANVIL_OK) break;
