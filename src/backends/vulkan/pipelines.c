@@ -242,6 +242,16 @@ static const uint32_t spv_matvec_qxts_q4_k[] =
 static const uint32_t spv_matvec_qxtws_q4_k[] =
 #include "shaders/matvec_qxtws_q4_k.inc"
     ;
+/* an experiment (kernel_spirv, ANVIL_VK_QX_Q6W=1): Q6_K's products in units read 16 bytes at a time */
+static const uint32_t spv_matvec_qxw_q6_k[] =
+#include "shaders/matvec_qxw_q6_k.inc"
+    ;
+static const uint32_t spv_matvec_qxvw_q6_k[] =
+#include "shaders/matvec_qxvw_q6_k.inc"
+    ;
+static const uint32_t spv_matvec_qxtw_q6_k[] =
+#include "shaders/matvec_qxtw_q6_k.inc"
+    ;
 static const uint32_t spv_matvec_qxw_q5_k[] =
 #include "shaders/matvec_qxw_q5_k.inc"
     ;
@@ -722,6 +732,16 @@ static void kernel_spirv(const struct vk_pipelines *p, int k, const uint32_t **c
     }
     *code = kernels[kc].code;
     *size = kernels[kc].size;
+    /* ANVIL_VK_QX_Q6W=1: Q6_K's products (MODE 0) in units of two 16-byte loads (common.glsl Q6W) */
+    if (p->qx_q6w && k == K_MATVEC_QX_Q6_K) {
+        *code = spv_matvec_qxw_q6_k;
+        *size = sizeof spv_matvec_qxw_q6_k;
+    } else if (p->qx_q6w && k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST && vk_qx_dtype((k - K_MATVEC_QXV) % 4) == DT_Q6_K &&
+               ((k - K_MATVEC_QXV) / 4) % 2 == 0) {
+        bool teams = (k - K_MATVEC_QXV) / 24 == 1;
+        *code = teams ? spv_matvec_qxtw_q6_k : spv_matvec_qxvw_q6_k;
+        *size = teams ? sizeof spv_matvec_qxtw_q6_k : sizeof spv_matvec_qxvw_q6_k;
+    }
     if (xs && p->qx_wide_swiglu) {
         *code = spv_matvec_qxtws_q4_k;
         *size = sizeof spv_matvec_qxtws_q4_k;
@@ -763,6 +783,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     out->qx_wide_swiglu = e && atoi(e) == 1;
     e = getenv("ANVIL_VK_QX_XS_SWIGLU");
     out->qx_xs_swiglu = e && atoi(e) == 1;
+    e = getenv("ANVIL_VK_QX_Q6W");
+    out->qx_q6w = e && atoi(e) == 1;
     /* attention.comp's subgroups per workgroup (ANVIL_VK_ATTN_NSG, 1 .. 8) */
     out->attn_nsg = 4;
     e = getenv("ANVIL_VK_ATTN_NSG");

@@ -703,6 +703,7 @@ static void test_qx_kernels(void **state) {
         {"ANVIL_VK_QX_PIPE_Q4_K", "2"}, {"ANVIL_VK_QX_NR_Q5_K", "4"}, {"ANVIL_VK_QX_WG_Q5_K", "256"},
         {"ANVIL_VK_QX_NR_Q6_K", "1"}, {"ANVIL_VK_QX_PIPE_Q6_K", "3"}, {"ANVIL_VK_MEGA_PFQ", "3"},
         {"ANVIL_VK_MEGA_R", "4"}, {"ANVIL_VK_MEGA_QPIPE", "1"}, {"ANVIL_VK_QX_WIDE_SWIGLU", "1"},
+        {"ANVIL_VK_QX_Q6W", "1"},
     };
     size_t n_env = sizeof env / sizeof *env;
     for (size_t i = 0; i < n_env; i++) setenv(env[i][0], env[i][1], 1);
@@ -848,7 +849,7 @@ static void test_qxr_kernels(void **state) {
     static const char *const env[][2] = {
         {"ANVIL_VK_QXT_TW", "32"}, {"ANVIL_VK_QXT_TW1", "128"}, {"ANVIL_VK_QXT_NR_Q6_K", "1"},
         {"ANVIL_VK_QX_NR_Q8_0", "4"}, {"ANVIL_VK_QX_PIPE_Q4_K", "2"}, {"ANVIL_VK_QX_WIDE_SWIGLU", "1"},
-        {"ANVIL_VK_QXT_TW_SWIGLU", "32"}, {"ANVIL_VK_QX_XS_SWIGLU", "1"},
+        {"ANVIL_VK_QXT_TW_SWIGLU", "32"}, {"ANVIL_VK_QX_XS_SWIGLU", "1"}, {"ANVIL_VK_QX_Q6W", "1"},
     };
     size_t n_env = sizeof env / sizeof *env;
     for (size_t i = 0; i < n_env; i++) setenv(env[i][0], env[i][1], 1);
