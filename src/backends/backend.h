@@ -97,6 +97,9 @@ anvil_status backend_cpu_create(int n_threads, bool kv16, struct backend **out);
 anvil_status backend_vulkan_create(int device, bool kv16, struct backend **out);
 /* Whether Vulkan has a usable device; why not, otherwise. */
 bool backend_vulkan_available(char *why, size_t cap);
+/* Whether one of them is a GPU (a CPU device such as Mesa's lavapipe is usable, but slower
+ * than the CPU backend for real models: the automatic choice leaves it to --backend vulkan). */
+bool backend_vulkan_gpu_available(void);
 /* Lines describing the Vulkan devices. */
 size_t backend_vulkan_describe_devices(char *buf, size_t cap);
 

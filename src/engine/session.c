@@ -146,7 +146,9 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     if (st == ANVIL_OK) switch (p.backend) {
     case ANVIL_BACKEND_AUTO:
     case ANVIL_BACKEND_CPU:
-        if (p.backend == ANVIL_BACKEND_AUTO && backend_vulkan_available(NULL, 0)) {
+        /* auto: Vulkan where a GPU exists, or on the device named (--device, ANVIL_DEVICE) */
+        if (p.backend == ANVIL_BACKEND_AUTO && backend_vulkan_available(NULL, 0) &&
+            (backend_vulkan_gpu_available() || p.device >= 0 || getenv("ANVIL_DEVICE"))) {
             st = backend_vulkan_create(p.device, kv16, &s->backend);
             break;
         }

@@ -177,30 +177,40 @@ static anvil_status enumerate(VkInstance inst, VkPhysicalDevice **out, uint32_t 
     return vk_result(vkEnumeratePhysicalDevices(inst, n, *out), "vkEnumeratePhysicalDevices");
 }
 
-bool vk_available(char *why, size_t why_cap) {
-    static int state; /* 0 unknown, 1 yes, -1 no */
-    static char reason[256];
+/* state: 0 unknown, 1 a usable device, 2 one of them a GPU (not a CPU device such as Mesa's
+ * lavapipe), -1 none (reason says why) */
+static int vk_probe(char *reason, size_t cap) {
+    static int state;
+    static char why[256];
     if (state == 0) {
         state = -1;
         if (!loader_ready()) {
-            snprintf(reason, sizeof reason, "no Vulkan loader (libvulkan.so.1) on this system");
+            snprintf(why, sizeof why, "no Vulkan loader (libvulkan.so.1) on this system");
         } else {
             VkInstance inst;
             VkPhysicalDevice *pd = NULL;
             uint32_t n = 0;
             if (shared_instance(&inst) != ANVIL_OK || enumerate(inst, &pd, &n) != ANVIL_OK) {
-                snprintf(reason, sizeof reason, "%s", err_get());
+                snprintf(why, sizeof why, "%s", err_get());
             } else {
-                for (uint32_t i = 0; i < n; i++)
-                    if (!unusable(pd[i])) state = 1;
-                if (state < 0) snprintf(reason, sizeof reason, "no usable Vulkan device (%u found)", n);
+                for (uint32_t i = 0; i < n; i++) {
+                    if (unusable(pd[i])) continue;
+                    VkPhysicalDeviceProperties pr;
+                    vkGetPhysicalDeviceProperties(pd[i], &pr);
+                    state = MAX(state, pr.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 1 : 2);
+                }
+                if (state < 0) snprintf(why, sizeof why, "no usable Vulkan device (%u found)", n);
             }
             free(pd);
         }
     }
-    if (why && why_cap) snprintf(why, why_cap, "%s", state > 0 ? "" : reason);
-    return state > 0;
+    if (reason && cap) snprintf(reason, cap, "%s", state > 0 ? "" : why);
+    return state;
 }
+
+bool vk_available(char *why, size_t why_cap) { return vk_probe(why, why_cap) > 0; }
+
+bool vk_gpu_available(void) { return vk_probe(NULL, 0) == 2; }
 
 static bool want_coopmat(VkPhysicalDevice pd, uint32_t subgroup_size);
 static bool want_coopmat2(VkInstance inst, VkPhysicalDevice pd, uint32_t api);

@@ -70,6 +70,8 @@ enum { VK_FAULT_NONE, VK_FAULT_LOST, VK_FAULT_HANG, VK_FAULT_OOM };
 
 /* Whether a Vulkan loader and at least one device exist (cheap after the first call). */
 bool vk_available(char *why, size_t why_cap);
+/* Whether one of the usable devices is a GPU (not a CPU device such as Mesa's lavapipe). */
+bool vk_gpu_available(void);
 /* One line per physical device (index: name, type, memory, usability) into buf. */
 size_t vk_describe_devices(char *buf, size_t cap);
 /* Opens device index (enumeration order), or the best one (discrete first) when index < 0

@@ -215,6 +215,28 @@ static double decode_rows_worst(anvil_session *cpu, anvil_session *vk, int V, fl
     return worst;
 }
 
+/* The automatic backend (anvil_session_params.backend = ANVIL_BACKEND_AUTO): Vulkan where a
+ * GPU exists or a device is named (ANVIL_DEVICE, --device), else the CPU: a CPU Vulkan device
+ * such as lavapipe is usable but slower than the CPU backend (on it `anvil bench`'s default
+ * run did not finish in 120 s). */
+static void test_auto_backend(void **state) {
+    (void)state;
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny", NULL, &m), ANVIL_OK);
+    unsetenv("ANVIL_DEVICE");
+    anvil_session *s = session(m, ANVIL_BACKEND_AUTO);
+    fprintf(stderr, "auto backend: %s (a GPU: %s)\n", anvil_session_backend_name(s),
+            backend_vulkan_gpu_available() ? "yes" : "no");
+    assert_string_equal(anvil_session_backend_name(s), backend_vulkan_gpu_available() ? "vulkan" : "cpu");
+    anvil_session_destroy(s);
+    setenv("ANVIL_DEVICE", "0", 1);
+    s = session(m, ANVIL_BACKEND_AUTO);
+    assert_string_equal(anvil_session_backend_name(s), "vulkan");
+    anvil_session_destroy(s);
+    unsetenv("ANVIL_DEVICE");
+    anvil_model_close(m);
+}
+
 /* Products that round their outputs for the next product (program.c qx_round, on by default)
  * take the rounding dispatches away: three a layer in a dense model (the norms' inputs of
  * the attention and the MLP, the SwiGLU's output), and the decode rows stay as close to the
@@ -1097,6 +1119,7 @@ int main(void) {
         cmocka_unit_test(test_qxr_kernels),
         cmocka_unit_test(test_qxr_program),
         cmocka_unit_test(test_qx_from_attention),
+        cmocka_unit_test(test_auto_backend),
         cmocka_unit_test(test_topk_kernel),
         cmocka_unit_test(test_sampled_generation),
         cmocka_unit_test(test_against_cpu),
