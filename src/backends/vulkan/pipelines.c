@@ -713,42 +713,34 @@ static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, in
     return true;
 }
 
-/* The SPIR-V kernel k is made from: its own, but for two experiments on the SwiGLUs (docs/PERF.md
- * section 35): ANVIL_VK_QX_WIDE_SWIGLU=1, the Q4_K and Q5_K SwiGLUs take their MODE 0 twin's
+/* The SPIR-V kernel k is made from: its own, but for three experiments (docs/PERF.md section
+ * 35): ANVIL_VK_QX_Q6W=1, Q6_K's products (MODE 0) in units of two 16-byte loads (common.glsl
+ * Q6W); ANVIL_VK_QX_WIDE_SWIGLU=1, the Q4_K and Q5_K SwiGLUs take their MODE 0 twin's
  * (the products' wide units, common.glsl QWIDE; on the H100 the SwiGLU of wide units with teams
  * of 32 threads, 1 row a team, took 1039.5 us a step against 1062.8); ANVIL_VK_QX_XS_SWIGLU=1,
  * the Q4_K SwiGLUs as teams read x from shared memory (matvec.comp QXS; a CUDA replica gained
  * 1.3-2 us a SwiGLU). */
 static void kernel_spirv(const struct vk_pipelines *p, int k, const uint32_t **code, size_t *size) {
-    int kc = k;
-    bool xs = false;
-    if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST) {
-        int i = k - K_MATVEC_QXV, t = vk_qx_dtype(i % 4);
-        bool swiglu = (i / 4) % 2 == 1;
-        if (swiglu && p->qx_wide_swiglu && (t == DT_Q4_K || t == DT_Q5_K)) kc = k - 4;
-        xs = swiglu && p->qx_xs_swiglu && t == DT_Q4_K && i / 24 == 1;
-    } else if (p->qx_wide_swiglu && (k == K_MATVEC_SWIGLU_QX_Q4_K || k == K_MATVEC_SWIGLU_QX_Q5_K)) {
-        kc = k - VK_QX_KINDS;
+    *code = kernels[k].code;
+    *size = kernels[k].size;
+    /* the integer-dot-product kernels: plain (K_MATVEC_QX_* and _SWIGLU_QX_*) or variants */
+    bool plain = k >= K_MATVEC_QX_Q8_0 && k <= K_MATVEC_SWIGLU_QX_Q6_K;
+    if (!plain && !(k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST)) return;
+    int i = plain ? k - K_MATVEC_QX_Q8_0 : k - K_MATVEC_QXV, t = vk_qx_dtype(i % 4);
+    bool swiglu = (i / 4) % 2 == 1, teams = !plain && i / 24 == 1;
+#define USE(a) (*code = (a), *size = sizeof(a))
+    if (swiglu && p->qx_xs_swiglu && teams && t == DT_Q4_K) {
+        if (p->qx_wide_swiglu) USE(spv_matvec_qxtws_q4_k);
+        else USE(spv_matvec_qxts_q4_k);
+    } else if (swiglu && p->qx_wide_swiglu && (t == DT_Q4_K || t == DT_Q5_K)) {
+        *code = kernels[k - 4].code; /* the MODE 0 twin (VK_QX_KINDS before, for the plain ones) */
+        *size = kernels[k - 4].size;
+    } else if (!swiglu && p->qx_q6w && t == DT_Q6_K) {
+        if (plain) USE(spv_matvec_qxw_q6_k);
+        else if (teams) USE(spv_matvec_qxtw_q6_k);
+        else USE(spv_matvec_qxvw_q6_k);
     }
-    *code = kernels[kc].code;
-    *size = kernels[kc].size;
-    /* ANVIL_VK_QX_Q6W=1: Q6_K's products (MODE 0) in units of two 16-byte loads (common.glsl Q6W) */
-    if (p->qx_q6w && k == K_MATVEC_QX_Q6_K) {
-        *code = spv_matvec_qxw_q6_k;
-        *size = sizeof spv_matvec_qxw_q6_k;
-    } else if (p->qx_q6w && k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST && vk_qx_dtype((k - K_MATVEC_QXV) % 4) == DT_Q6_K &&
-               ((k - K_MATVEC_QXV) / 4) % 2 == 0) {
-        bool teams = (k - K_MATVEC_QXV) / 24 == 1;
-        *code = teams ? spv_matvec_qxtw_q6_k : spv_matvec_qxvw_q6_k;
-        *size = teams ? sizeof spv_matvec_qxtw_q6_k : sizeof spv_matvec_qxvw_q6_k;
-    }
-    if (xs && p->qx_wide_swiglu) {
-        *code = spv_matvec_qxtws_q4_k;
-        *size = sizeof spv_matvec_qxtws_q4_k;
-    } else if (xs) {
-        *code = spv_matvec_qxts_q4_k;
-        *size = sizeof spv_matvec_qxts_q4_k;
-    }
+#undef USE
 }
 
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out) {
