@@ -197,23 +197,11 @@ static const uint32_t spv_qx[] =
 static const uint32_t spv_matvec_qx_q8_0[] =
 #include "shaders/matvec_qx_q8_0.inc"
     ;
-static const uint32_t spv_matvec_qx_q4_k[] =
-#include "shaders/matvec_qx_q4_k.inc"
-    ;
-static const uint32_t spv_matvec_qx_q5_k[] =
-#include "shaders/matvec_qx_q5_k.inc"
-    ;
 static const uint32_t spv_matvec_qx_q6_k[] =
 #include "shaders/matvec_qx_q6_k.inc"
     ;
 static const uint32_t spv_matvec_qxv_q8_0[] =
 #include "shaders/matvec_qxv_q8_0.inc"
-    ;
-static const uint32_t spv_matvec_qxv_q4_k[] =
-#include "shaders/matvec_qxv_q4_k.inc"
-    ;
-static const uint32_t spv_matvec_qxv_q5_k[] =
-#include "shaders/matvec_qxv_q5_k.inc"
     ;
 static const uint32_t spv_matvec_qxv_q6_k[] =
 #include "shaders/matvec_qxv_q6_k.inc"
@@ -221,10 +209,7 @@ static const uint32_t spv_matvec_qxv_q6_k[] =
 static const uint32_t spv_matvec_qxt_q8_0[] =
 #include "shaders/matvec_qxt_q8_0.inc"
     ;
-static const uint32_t spv_matvec_qxt_q4_k[] =
-#include "shaders/matvec_qxt_q4_k.inc"
-    ;
-/* Q4_K's and Q5_K's products (MODE 0) in wide units (common.glsl QWIDE); their SwiGLUs keep the narrow ones */
+/* Q4_K's and Q5_K's products and SwiGLUs in wide units (common.glsl QWIDE) */
 static const uint32_t spv_matvec_qxw_q4_k[] =
 #include "shaders/matvec_qxw_q4_k.inc"
     ;
@@ -234,24 +219,6 @@ static const uint32_t spv_matvec_qxvw_q4_k[] =
 static const uint32_t spv_matvec_qxtw_q4_k[] =
 #include "shaders/matvec_qxtw_q4_k.inc"
     ;
-/* experiments (kernel_spirv): the Q4_K SwiGLUs' teams with x staged in shared memory, in
- * narrow and wide units */
-static const uint32_t spv_matvec_qxts_q4_k[] =
-#include "shaders/matvec_qxts_q4_k.inc"
-    ;
-static const uint32_t spv_matvec_qxtws_q4_k[] =
-#include "shaders/matvec_qxtws_q4_k.inc"
-    ;
-/* an experiment (kernel_spirv, ANVIL_VK_QX_Q6W=1): Q6_K's products in units read 16 bytes at a time */
-static const uint32_t spv_matvec_qxw_q6_k[] =
-#include "shaders/matvec_qxw_q6_k.inc"
-    ;
-static const uint32_t spv_matvec_qxvw_q6_k[] =
-#include "shaders/matvec_qxvw_q6_k.inc"
-    ;
-static const uint32_t spv_matvec_qxtw_q6_k[] =
-#include "shaders/matvec_qxtw_q6_k.inc"
-    ;
 static const uint32_t spv_matvec_qxw_q5_k[] =
 #include "shaders/matvec_qxw_q5_k.inc"
     ;
@@ -260,9 +227,6 @@ static const uint32_t spv_matvec_qxvw_q5_k[] =
     ;
 static const uint32_t spv_matvec_qxtw_q5_k[] =
 #include "shaders/matvec_qxtw_q5_k.inc"
-    ;
-static const uint32_t spv_matvec_qxt_q5_k[] =
-#include "shaders/matvec_qxt_q5_k.inc"
     ;
 static const uint32_t spv_matvec_qxt_q6_k[] =
 #include "shaders/matvec_qxt_q6_k.inc"
@@ -435,48 +399,48 @@ static const struct {
     [K_MATVEC_QX_Q5_K] = {SPV(spv_matvec_qxw_q5_k), "matvec_qx_q5_k"},
     [K_MATVEC_QX_Q6_K] = {SPV(spv_matvec_qx_q6_k), "matvec_qx_q6_k"},
     [K_MATVEC_SWIGLU_QX_Q8_0] = {SPV(spv_matvec_qx_q8_0), "matvec_swiglu_qx_q8_0"},
-    [K_MATVEC_SWIGLU_QX_Q4_K] = {SPV(spv_matvec_qx_q4_k), "matvec_swiglu_qx_q4_k"},
-    [K_MATVEC_SWIGLU_QX_Q5_K] = {SPV(spv_matvec_qx_q5_k), "matvec_swiglu_qx_q5_k"},
+    [K_MATVEC_SWIGLU_QX_Q4_K] = {SPV(spv_matvec_qxw_q4_k), "matvec_swiglu_qx_q4_k"},
+    [K_MATVEC_SWIGLU_QX_Q5_K] = {SPV(spv_matvec_qxw_q5_k), "matvec_swiglu_qx_q5_k"},
     [K_MATVEC_SWIGLU_QX_Q6_K] = {SPV(spv_matvec_qx_q6_k), "matvec_swiglu_qx_q6_k"},
     [K_MATVEC_QXV + 8] = {SPV(spv_matvec_qxv_q8_0), "matvec_qx_q8_0_x1"},
     [K_MATVEC_QXV + 9] = {SPV(spv_matvec_qxvw_q4_k), "matvec_qx_q4_k_x1"},
     [K_MATVEC_QXV + 10] = {SPV(spv_matvec_qxvw_q5_k), "matvec_qx_q5_k_x1"},
     [K_MATVEC_QXV + 11] = {SPV(spv_matvec_qxv_q6_k), "matvec_qx_q6_k_x1"},
     [K_MATVEC_QXV + 12] = {SPV(spv_matvec_qxv_q8_0), "matvec_swiglu_qx_q8_0_x1"},
-    [K_MATVEC_QXV + 13] = {SPV(spv_matvec_qxv_q4_k), "matvec_swiglu_qx_q4_k_x1"},
-    [K_MATVEC_QXV + 14] = {SPV(spv_matvec_qxv_q5_k), "matvec_swiglu_qx_q5_k_x1"},
+    [K_MATVEC_QXV + 13] = {SPV(spv_matvec_qxvw_q4_k), "matvec_swiglu_qx_q4_k_x1"},
+    [K_MATVEC_QXV + 14] = {SPV(spv_matvec_qxvw_q5_k), "matvec_swiglu_qx_q5_k_x1"},
     [K_MATVEC_QXV + 15] = {SPV(spv_matvec_qxv_q6_k), "matvec_swiglu_qx_q6_k_x1"},
     [K_MATVEC_QXV + 16] = {SPV(spv_matvec_qxv_q8_0), "matvec_qx_q8_0_x2"},
     [K_MATVEC_QXV + 17] = {SPV(spv_matvec_qxvw_q4_k), "matvec_qx_q4_k_x2"},
     [K_MATVEC_QXV + 18] = {SPV(spv_matvec_qxvw_q5_k), "matvec_qx_q5_k_x2"},
     [K_MATVEC_QXV + 19] = {SPV(spv_matvec_qxv_q6_k), "matvec_qx_q6_k_x2"},
     [K_MATVEC_QXV + 20] = {SPV(spv_matvec_qxv_q8_0), "matvec_swiglu_qx_q8_0_x2"},
-    [K_MATVEC_QXV + 21] = {SPV(spv_matvec_qxv_q4_k), "matvec_swiglu_qx_q4_k_x2"},
-    [K_MATVEC_QXV + 22] = {SPV(spv_matvec_qxv_q5_k), "matvec_swiglu_qx_q5_k_x2"},
+    [K_MATVEC_QXV + 21] = {SPV(spv_matvec_qxvw_q4_k), "matvec_swiglu_qx_q4_k_x2"},
+    [K_MATVEC_QXV + 22] = {SPV(spv_matvec_qxvw_q5_k), "matvec_swiglu_qx_q5_k_x2"},
     [K_MATVEC_QXV + 23] = {SPV(spv_matvec_qxv_q6_k), "matvec_swiglu_qx_q6_k_x2"},
     [K_MATVEC_QXV + 24] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x0"},
     [K_MATVEC_QXV + 25] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x0"},
     [K_MATVEC_QXV + 26] = {SPV(spv_matvec_qxtw_q5_k), "matvec_qxt_q5_k_x0"},
     [K_MATVEC_QXV + 27] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x0"},
     [K_MATVEC_QXV + 28] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x0"},
-    [K_MATVEC_QXV + 29] = {SPV(spv_matvec_qxt_q4_k), "matvec_swiglu_qxt_q4_k_x0"},
-    [K_MATVEC_QXV + 30] = {SPV(spv_matvec_qxt_q5_k), "matvec_swiglu_qxt_q5_k_x0"},
+    [K_MATVEC_QXV + 29] = {SPV(spv_matvec_qxtw_q4_k), "matvec_swiglu_qxt_q4_k_x0"},
+    [K_MATVEC_QXV + 30] = {SPV(spv_matvec_qxtw_q5_k), "matvec_swiglu_qxt_q5_k_x0"},
     [K_MATVEC_QXV + 31] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x0"},
     [K_MATVEC_QXV + 32] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x1"},
     [K_MATVEC_QXV + 33] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x1"},
     [K_MATVEC_QXV + 34] = {SPV(spv_matvec_qxtw_q5_k), "matvec_qxt_q5_k_x1"},
     [K_MATVEC_QXV + 35] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x1"},
     [K_MATVEC_QXV + 36] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x1"},
-    [K_MATVEC_QXV + 37] = {SPV(spv_matvec_qxt_q4_k), "matvec_swiglu_qxt_q4_k_x1"},
-    [K_MATVEC_QXV + 38] = {SPV(spv_matvec_qxt_q5_k), "matvec_swiglu_qxt_q5_k_x1"},
+    [K_MATVEC_QXV + 37] = {SPV(spv_matvec_qxtw_q4_k), "matvec_swiglu_qxt_q4_k_x1"},
+    [K_MATVEC_QXV + 38] = {SPV(spv_matvec_qxtw_q5_k), "matvec_swiglu_qxt_q5_k_x1"},
     [K_MATVEC_QXV + 39] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x1"},
     [K_MATVEC_QXV + 40] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x2"},
     [K_MATVEC_QXV + 41] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x2"},
     [K_MATVEC_QXV + 42] = {SPV(spv_matvec_qxtw_q5_k), "matvec_qxt_q5_k_x2"},
     [K_MATVEC_QXV + 43] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x2"},
     [K_MATVEC_QXV + 44] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x2"},
-    [K_MATVEC_QXV + 45] = {SPV(spv_matvec_qxt_q4_k), "matvec_swiglu_qxt_q4_k_x2"},
-    [K_MATVEC_QXV + 46] = {SPV(spv_matvec_qxt_q5_k), "matvec_swiglu_qxt_q5_k_x2"},
+    [K_MATVEC_QXV + 45] = {SPV(spv_matvec_qxtw_q4_k), "matvec_swiglu_qxt_q4_k_x2"},
+    [K_MATVEC_QXV + 46] = {SPV(spv_matvec_qxtw_q5_k), "matvec_swiglu_qxt_q5_k_x2"},
     [K_MATVEC_QXV + 47] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x2"},
     [K_MATVEC_ROUTE_F32] = {SPV(spv_matvec_route_f32), "matvec_route_f32"},
     [K_MATVEC_ROUTE_F16] = {SPV(spv_matvec_route_f16), "matvec_route_f16"},
@@ -566,10 +530,11 @@ static uint32_t env_nr(const char *name, uint32_t dflt) {
  * lost (sections 27, 35). Where a product runs as teams (qxv_spec) a K-quant team takes NR
  * rows, a Q8_0 workgroup's threads are its team's. Q8_0's SwiGLU: 256 -> 128 threads +1.6%;
  * its LM head (the 0.6B's, K 1024) lost 3% at 256 (section 35). Q4_K's products: 1 -> 2 rows
- * with the q/k/v as teams; Q5_K's: 1 -> 2 rows with its wide units, 8B Q5_K_M +3.7%. */
+ * with the q/k/v as teams; Q5_K's: 1 -> 2 rows with its wide units, 8B Q5_K_M +3.7%. Q4_K's
+ * SwiGLU in wide units at 1 row a team of 32 threads (qxv_spec): +0.3-0.7% (section 36). */
 static const struct { uint8_t nr[2]; uint16_t wg[2]; uint8_t pipe[2]; } QX_SHAPE[VK_QX_KINDS] = {
     {{2, 2}, {128, 128}, {1, 1}}, /* Q8_0 */
-    {{2, 2}, {128, 128}, {1, 1}}, /* Q4_K */
+    {{2, 1}, {128, 128}, {1, 1}}, /* Q4_K */
     {{2, 2}, {128, 128}, {1, 1}}, /* Q5_K */
     {{4, 2}, {128, 128}, {1, 1}}, /* Q6_K */
 };
@@ -683,7 +648,7 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
 
 /* matvec.comp's specialisation (constants 0-5) for the QX variant k (K_MATVEC_QXV ..,
  * vk_qxv): the type's QX shape (vk_matvec_spec's); XM; teams (QXT): NT = 8 / NR teams of 64
- * threads for the K-quants, Q6_K's of 2 rows, Q8_0's as its QX shape (measured on the H100, docs/PERF.md
+ * threads for the K-quants (32 for the Q4_K and Q5_K SwiGLUs), Q6_K's of 2 rows, Q8_0's as its QX shape (measured on the H100, docs/PERF.md
  * section 33: 8B Q4_K_M 294 -> 309 t/s, where teams of 128 threads gave 290 and Q6_K's of 4
  * rows 300), narrower where a workgroup of NT would exceed 32 subgroups or the device's
  * limits. False where the teams' rows do not divide 8. */
@@ -694,6 +659,8 @@ static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, in
     uint32_t wg = plain[0], nr = plain[1], nt = 1, sg = d->subgroup_size;
     if (teams) {
         if (vk_qx_dtype(q) != DT_Q8_0) wg = MAX(64u, sg);
+        /* the Q4_K and Q5_K SwiGLUs (wide units): a team a subgroup of 32 */
+        if (plain[2] == 1 && (vk_qx_dtype(q) == DT_Q4_K || vk_qx_dtype(q) == DT_Q5_K)) wg = MAX(32u, sg);
         if (vk_qx_dtype(q) == DT_Q6_K) nr = p->qxt_nr6 ? p->qxt_nr6 : 2;
         if (p->qxt_tw[xm]) wg = p->qxt_tw[xm];
         if (plain[2] == 1 && p->qxt_tw_swiglu) wg = p->qxt_tw_swiglu;
@@ -711,36 +678,6 @@ static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, in
         vals[5] = (uint32_t)xm;
     }
     return true;
-}
-
-/* The SPIR-V kernel k is made from: its own, but for three experiments (docs/PERF.md section
- * 35): ANVIL_VK_QX_Q6W=1, Q6_K's products (MODE 0) in units of two 16-byte loads (common.glsl
- * Q6W); ANVIL_VK_QX_WIDE_SWIGLU=1, the Q4_K and Q5_K SwiGLUs take their MODE 0 twin's
- * (the products' wide units, common.glsl QWIDE; on the H100 the SwiGLU of wide units with teams
- * of 32 threads, 1 row a team, took 1039.5 us a step against 1062.8); ANVIL_VK_QX_XS_SWIGLU=1,
- * the Q4_K SwiGLUs as teams read x from shared memory (matvec.comp QXS; a CUDA replica gained
- * 1.3-2 us a SwiGLU). */
-static void kernel_spirv(const struct vk_pipelines *p, int k, const uint32_t **code, size_t *size) {
-    *code = kernels[k].code;
-    *size = kernels[k].size;
-    /* the integer-dot-product kernels: plain (K_MATVEC_QX_* and _SWIGLU_QX_*) or variants */
-    bool plain = k >= K_MATVEC_QX_Q8_0 && k <= K_MATVEC_SWIGLU_QX_Q6_K;
-    if (!plain && !(k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST)) return;
-    int i = plain ? k - K_MATVEC_QX_Q8_0 : k - K_MATVEC_QXV, t = vk_qx_dtype(i % 4);
-    bool swiglu = (i / 4) % 2 == 1, teams = !plain && i / 24 == 1;
-#define USE(a) (*code = (a), *size = sizeof(a))
-    if (swiglu && p->qx_xs_swiglu && teams && t == DT_Q4_K) {
-        if (p->qx_wide_swiglu) USE(spv_matvec_qxtws_q4_k);
-        else USE(spv_matvec_qxts_q4_k);
-    } else if (swiglu && p->qx_wide_swiglu && (t == DT_Q4_K || t == DT_Q5_K)) {
-        *code = kernels[k - 4].code; /* the MODE 0 twin (VK_QX_KINDS before, for the plain ones) */
-        *size = kernels[k - 4].size;
-    } else if (!swiglu && p->qx_q6w && t == DT_Q6_K) {
-        if (plain) USE(spv_matvec_qxw_q6_k);
-        else if (teams) USE(spv_matvec_qxtw_q6_k);
-        else USE(spv_matvec_qxvw_q6_k);
-    }
-#undef USE
 }
 
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out) {
@@ -771,12 +708,6 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     out->qxt_tw[1] = env_wg(d, "ANVIL_VK_QXT_TW1", out->qxt_tw[0]);
     out->qxt_nr6 = env_nr("ANVIL_VK_QXT_NR_Q6_K", 0);
     out->qxt_tw_swiglu = env_wg(d, "ANVIL_VK_QXT_TW_SWIGLU", 0);
-    e = getenv("ANVIL_VK_QX_WIDE_SWIGLU");
-    out->qx_wide_swiglu = e && atoi(e) == 1;
-    e = getenv("ANVIL_VK_QX_XS_SWIGLU");
-    out->qx_xs_swiglu = e && atoi(e) == 1;
-    e = getenv("ANVIL_VK_QX_Q6W");
-    out->qx_q6w = e && atoi(e) == 1;
     /* attention.comp's subgroups per workgroup (ANVIL_VK_ATTN_NSG, 1 .. 8) */
     out->attn_nsg = 4;
     e = getenv("ANVIL_VK_ATTN_NSG");
@@ -824,10 +755,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
          * at every start) */
         if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST && (!kernels[k].code || !vk_use_qx(d) || !qxv_spec(d, out, k, NULL)))
             continue;
-        const uint32_t *code;
-        size_t code_size;
-        kernel_spirv(out, k, &code, &code_size);
-        VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0, code_size, code};
+        VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0, kernels[k].size,
+                                       kernels[k].code};
         VkShaderModule mod;
         st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
         if (st != ANVIL_OK) break;

@@ -270,12 +270,8 @@ struct vk_pipelines {
     /* knobs of the QXT variants (pipelines.c qxv_spec): threads a team by XM, 0 for the
      * default (ANVIL_VK_QXT_TW, _TW1 for XM 1: the down projections), rows a team of Q6_K
      * weights (ANVIL_VK_QXT_NR_Q6_K), threads a team of the SwiGLUs (ANVIL_VK_QXT_TW_SWIGLU,
-     * over the others); experiments (pipelines.c kernel_spirv): the Q4_K and Q5_K SwiGLUs in
-     * the products' wide units (ANVIL_VK_QX_WIDE_SWIGLU=1), the Q4_K SwiGLUs' teams reading x
-     * from shared memory (ANVIL_VK_QX_XS_SWIGLU=1), Q6_K's products in 16-byte loads
-     * (ANVIL_VK_QX_Q6W=1) */
+     * over the others) */
     uint32_t qxt_tw[3], qxt_nr6, qxt_tw_swiglu;
-    bool qx_wide_swiglu, qx_xs_swiglu, qx_q6w;
     /* mega.comp: workgroups (0: no persistent step), threads per workgroup, groups of 8
      * weights a lane loads at a time, subgroups per workgroup taking attention units, rows a
      * subgroup multiplies at once, attention's lanes a row and rows a chunk; MQX: slots of 64

@@ -289,41 +289,8 @@ void unit_load_i(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG
  * qh[64], scales[16] (int8), d (f16). Each half of 128 weights: ql byte l holds weights l
  * (low) and l + 64 (high), ql byte l + 32 weights l + 32 and l + 96, qh byte l their top two
  * bits (0-1, 2-3, 4-5, 6-7 for l, l + 32, l + 64, l + 96); a scale per 16 weights. A unit is 8
- * positions l: 32 weights.
- * Q6W (integer dot products; an experiment, pipelines.c kernel_spirv): a unit is 16 ql bytes
- * (weights l .. l + 15 in their low nibbles, l + 64 .. in the high ones, or the same at l + 32)
- * and the 16 qh bytes of the same positions (which the unit of the other 32 also reads): 32
- * weights in two 16-byte loads, where the unit above takes three of 8 bytes. */
+ * positions l: 32 weights. */
 #define UG 4
-#if defined(QX) && defined(Q6W)
-layout(buffer_reference, std430, buffer_reference_align = 16) buffer W { uvec4 v[]; };
-/* the 6-bit values 0 .. 63 (the offset of 32 goes to so.y; as q6i below: a copy, so that the
- * other Q6_K kernels' SPIR-V stays byte for byte what it was) */
-uvec2 q6i(uvec2 l, uint lsh, uvec2 h, uint hsh) {
-    return ((l >> lsh) & 0x0F0F0F0Fu) | (((h >> hsh) & 0x03030303u) << 4u);
-}
-/* unit u: k = u & 7, half k >> 2, ql row r = (k >> 1) & 1 (positions l or l + 32), 16-byte chunk c = k & 1 */
-uint unit_pos(uint u, uint g) {
-    uint k = u & 7u;
-    return (u >> 3u) * 256u + (k >> 2u) * 128u + (g >> 1u) * 64u + ((k >> 1u) & 1u) * 32u + (k & 1u) * 16u +
-           (g & 1u) * 8u;
-}
-void unit_load_i(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG]) {
-    uint base = (row * (U >> 3u) + (u >> 3u)) * 14u, k = u & 7u, hf = k >> 2u, r = (k >> 1u) & 1u, c = k & 1u;
-    uvec4 l = w.v[base + hf * 4u + r * 2u + c], h = w.v[base + 8u + hf * 2u + c], sv = w.v[base + 12u];
-    float d = unpackHalf2x16(w.v[base + 13u].x).x;
-    /* the half's scales 2r + c (low nibbles) and 4 + 2r + c (high) */
-    uvec2 hs = hf != 0u ? sv.zw : sv.xy;
-    int b = int(8u * (2u * r + c));
-    float s0 = d * float(bitfieldExtract(int(hs.x), b, 8)), s1 = d * float(bitfieldExtract(int(hs.y), b, 8));
-    so[0] = so[1] = vec2(s0, -32.0 * s0);
-    so[2] = so[3] = vec2(s1, -32.0 * s1);
-    qi[0] = q6i(l.xy, 0u, h.xy, 2u * r);
-    qi[1] = q6i(l.zw, 0u, h.zw, 2u * r);
-    qi[2] = q6i(l.xy, 4u, h.xy, 2u * r + 4u);
-    qi[3] = q6i(l.zw, 4u, h.zw, 2u * r + 4u);
-}
-#else
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer W { uvec2 v[]; };
 uint unit_pos(uint u, uint g) {
     uint k = u & 7u;
@@ -378,7 +345,6 @@ void unit_load_i(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG
     qi[3] = q6i(hi, 4u, qh, 6u);
 }
 #endif
-#endif /* Q6W */
 
 #elif defined(W_Q4_0) || defined(W_Q4_1) || defined(W_Q5_0) || defined(W_Q5_1)
 /* The 32-weight blocks, repacked on upload in super-blocks of 8 blocks (256 weights, the

@@ -83,13 +83,6 @@ float qdot(uvec2 xq, float xd, float xs, uvec2 qi, vec2 so) {
 
 shared float red[2 * 8][32]; /* [rows][subgroups] (NR <= 8, up to 32 subgroups) */
 shared float red_ss[32];
-#ifdef QXS
-/* QXS (an experiment, QXV variants only): x staged in shared memory, its int8s and its blocks'
- * scales, where it fits (Kp <= 8192; else read from memory as without QXS) */
-const uint XS_MAX8 = 1024u;
-shared uvec2 sxq[XS_MAX8];
-shared float sxd[XS_MAX8];
-#endif
 #ifdef QXT
 shared float rq[8], rnw[8];
 #endif
@@ -140,15 +133,6 @@ void main() {
     /* a thread takes units of the rows (UG groups of 8 weights each, common.glsl); the x values
      * of a unit are loaded (and normalised) once for all the workgroup's rows */
     uint U = pc.Kp8 / UG;
-#ifdef QXS
-    const bool xsm = pc.Kp8 <= XS_MAX8;
-    if (xsm) {
-        for (uint i = gl_LocalInvocationID.x; i < pc.Kp8; i += gl_WorkGroupSize.x) sxq[i] = pc.x.v[i];
-        for (uint i = gl_LocalInvocationID.x; i < (pc.Kp8 << 3u) >> XSH; i += gl_WorkGroupSize.x)
-            sxd[i] = pc.normw.v[i];
-        barrier();
-    }
-#endif
 #ifdef QX
     {
 #else
@@ -204,10 +188,7 @@ void main() {
                 float xd[UG], xs[UG];
                 for (uint k = 0; k < UG; k++) {
                     uint q = unit_pos(u, k);
-#if defined(QXS)
-                    xq[k] = !live ? uvec2(0u) : xsm ? sxq[q >> 3u] : pc.x.v[q >> 3u];
-                    xd[k] = xsm ? sxd[q >> XSH] : pc.normw.v[q >> XSH];
-#elif defined(QXV)
+#if defined(QXV)
                     xq[k] = live ? pc.x.v[q >> 3u] : uvec2(0u);
                     xd[k] = pc.normw.v[q >> XSH];
 #else
