@@ -32,6 +32,7 @@ set(ANVIL_SHADER_VARIANTS
   "attention attention.comp -DANVIL"
   "argmax argmax.comp -DANVIL"
   "ew ew.comp -DANVIL"
+  "prefetch prefetch.comp -DANVIL"
   "moe_topk moe_topk.comp -DANVIL"
   "moe_rows moe_rows.comp -DANVIL"
   "gdn gdn.comp -DANVIL"

@@ -87,6 +87,9 @@ static const uint32_t spv_argmax[] =
 static const uint32_t spv_ew[] =
 #include "shaders/ew.inc"
     ;
+static const uint32_t spv_prefetch[] =
+#include "shaders/prefetch.inc"
+    ;
 static const uint32_t spv_moe_topk[] =
 #include "shaders/moe_topk.inc"
     ;
@@ -324,6 +327,7 @@ static const struct {
     [K_ATTENTION] = {SPV(spv_attention), "attention"},
     [K_ARGMAX] = {SPV(spv_argmax), "argmax"},
     [K_EW] = {SPV(spv_ew), "ew"},
+    [K_PREFETCH] = {SPV(spv_prefetch), "prefetch"},
     [K_MOE_TOPK] = {SPV(spv_moe_topk), "moe_topk"},
     [K_GDN] = {SPV(spv_gdn), "gdn"},
     [K_SAMPLE] = {SPV(spv_sample), "sample"},

@@ -65,6 +65,11 @@ uint64_t vk_wnode_addr(struct vk_backend *b, const struct node *n) {
     return w ? w->buf.addr : 0;
 }
 
+uint64_t vk_wnode_bytes(struct vk_backend *b, const struct node *n) {
+    struct vk_weight *w = find_key(b, key_of_node(n), false);
+    return w ? w->buf.size : 0;
+}
+
 uint32_t vk_wnode_kp(struct vk_backend *b, const struct node *n) {
     struct vk_weight *w = find_key(b, key_of_node(n), false);
     return w ? w->Kp : 0;

@@ -44,6 +44,8 @@ uint32_t vk_weight_kp(struct vk_backend *b, const struct tensor_info *t);
  * own type (stacked and gathered weights are uploaded as one matrix of all their rows). */
 uint64_t vk_wnode_addr(struct vk_backend *b, const struct node *n);
 uint32_t vk_wnode_kp(struct vk_backend *b, const struct node *n);
+/* the bytes of a weight node's device buffer (0: not uploaded) */
+uint64_t vk_wnode_bytes(struct vk_backend *b, const struct node *n);
 uint64_t vk_state_addr(struct vk_backend *b, int state);
 
 /* The rope table [n_ctx, n_rot / 2, 2] (cos, sin, computed in double as the CPU backend

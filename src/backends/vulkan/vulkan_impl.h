@@ -226,6 +226,7 @@ enum vk_kernel {
      * XM 0 ones are K_MATVEC_QX_* (these slots stay empty); where vk_use_qx */
     K_MATVEC_QXV,
     K_MATVEC_QXV_LAST = K_MATVEC_QXV + 47,
+    K_PREFETCH, /* weights read ahead into the L2 cache (prefetch.comp, program.c add_prefetch) */
     K_COUNT,
 };
 

@@ -374,6 +374,55 @@ static void test_overlap(void **state) {
     anvil_model_close(m);
 }
 
+/* Weights read into L2 beside the attention (program.c add_prefetch; on by default on NVIDIA
+ * GPUs only, so turned on here by ANVIL_VK_PREFETCH_MB): one more dispatch a layer and no more
+ * barriers, and the decode rows and greedy tokens bit for bit those without it, on the float
+ * and the integer-dot-product products (the dense pattern: attention, o, gate/up). */
+static void test_prefetch(void **state) {
+    (void)state;
+#ifdef TU_SANITIZED
+    skip(); /* as test_overlap */
+#endif
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:Q4_K_M", NULL, &m), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    float *a[2] = {malloc(sizeof(float) * (size_t)V), malloc(sizeof(float) * (size_t)V)};
+    setenv("ANVIL_VK_QX_MIN_MB", "0", 1);
+    for (int qx = 0; qx < 2; qx++) {
+        setenv("ANVIL_VK_QX", qx ? "1" : "0", 1);
+        int32_t gen[2][16] = {{0}};
+        int dispatches[2] = {0}, barriers[2] = {0};
+        for (int pf = 0; pf < 2; pf++) {
+            setenv("ANVIL_VK_PREFETCH_MB", pf ? "4" : "0", 1);
+            anvil_session *vk = session(m, ANVIL_BACKEND_VULKAN);
+            int32_t prompt[5] = {3, 141, 59, 26, 5}, next = 17;
+            assert_int_equal(anvil_session_eval(vk, prompt, 5, ANVIL_LOGITS_LAST, a[pf]), ANVIL_OK);
+            for (int i = 0; i < 4; i++) {
+                int32_t tok = (int32_t)((i * 41 + 11) % V);
+                assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, a[pf]), ANVIL_OK);
+            }
+            anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0};
+            anvil_generate_stats sg;
+            assert_int_equal(anvil_session_generate(vk, &next, 1, &gp, tu_collect, gen[pf], &sg), ANVIL_OK);
+            program_counts(vk, &dispatches[pf], &barriers[pf]);
+            anvil_session_destroy(vk);
+        }
+        unsetenv("ANVIL_VK_PREFETCH_MB");
+        float diff = tu_max_diff(a[0], a[1], (size_t)V);
+        fprintf(stderr, "prefetch (qx %d): %d dispatches (%d without), %d barriers (%d); rows differ by %g\n", qx,
+                dispatches[1], dispatches[0], barriers[1], barriers[0], (double)diff);
+        assert_int_equal(dispatches[1], dispatches[0] + 2); /* qwen3-tiny-k: 2 layers */
+        assert_int_equal(barriers[1], barriers[0]);
+        assert_true(diff == 0);
+        assert_memory_equal(gen[0], gen[1], sizeof gen[0]);
+    }
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_VK_QX_MIN_MB");
+    free(a[0]);
+    free(a[1]);
+    anvil_model_close(m);
+}
+
 /* A matrix below the integer path's size threshold still takes it when its input is already
  * rounded for another matrix (no rounding to pay for): qwen3-tiny-k:Q4_K_M's v projection
  * (128 x 256 Q6_K, 26880 bytes) after q (256 x 256 Q4_K, 36864 bytes) with ANVIL_VK_QX_MIN_MB
@@ -1112,6 +1161,7 @@ int main(void) {
         cmocka_unit_test(test_qxr_kernels),
         cmocka_unit_test(test_qxr_program),
         cmocka_unit_test(test_qx_from_attention),
+        cmocka_unit_test(test_prefetch),
         cmocka_unit_test(test_auto_backend),
         cmocka_unit_test(test_topk_kernel),
         cmocka_unit_test(test_sampled_generation),
