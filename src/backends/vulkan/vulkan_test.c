@@ -320,6 +320,53 @@ static void test_qx_from_attention(void **state) {
     anvil_model_close(m);
 }
 
+/* qwen3-tiny-k Q4_K_M on Vulkan with the variable `name` set to `off`, then to `on`, each with
+ * float (qx 0) and integer-dot-product (qx 1) products: the last of 4 decode rows after a
+ * 5-token prompt, 8 greedy tokens and the program's dispatches and barriers per token, by
+ * [qx][off 0 / on 1]. */
+struct toggled {
+    int V;
+    float *row[2][2];
+    int32_t gen[2][2][16];
+    int dispatches[2][2], barriers[2][2];
+};
+
+static void toggled_runs(const char *name, const char *off, const char *on, struct toggled *t) {
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:Q4_K_M", NULL, &m), ANVIL_OK);
+    memset(t, 0, sizeof *t);
+    t->V = anvil_model_vocab_size(m);
+    setenv("ANVIL_VK_QX_MIN_MB", "0", 1);
+    for (int qx = 0; qx < 2; qx++) {
+        setenv("ANVIL_VK_QX", qx ? "1" : "0", 1);
+        for (int r = 0; r < 2; r++) {
+            setenv(name, r ? on : off, 1);
+            float *row = t->row[qx][r] = malloc(sizeof(float) * (size_t)t->V);
+            anvil_session *vk = session(m, ANVIL_BACKEND_VULKAN);
+            int32_t prompt[5] = {3, 141, 59, 26, 5}, next = 17;
+            assert_int_equal(anvil_session_eval(vk, prompt, 5, ANVIL_LOGITS_LAST, row), ANVIL_OK);
+            for (int i = 0; i < 4; i++) {
+                int32_t tok = (int32_t)((i * 53 + 7) % t->V);
+                assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, row), ANVIL_OK);
+            }
+            anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0};
+            anvil_generate_stats sg;
+            assert_int_equal(anvil_session_generate(vk, &next, 1, &gp, tu_collect, t->gen[qx][r], &sg), ANVIL_OK);
+            program_counts(vk, &t->dispatches[qx][r], &t->barriers[qx][r]);
+            anvil_session_destroy(vk);
+        }
+        unsetenv(name);
+    }
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_VK_QX_MIN_MB");
+    anvil_model_close(m);
+}
+
+static void toggled_free(struct toggled *t) {
+    for (int qx = 0; qx < 2; qx++)
+        for (int r = 0; r < 2; r++) free(t->row[qx][r]);
+}
+
 /* Two matvecs of the same input run with no barrier between them (the Q4_K_M mix's Q6_K v
  * projection after the Q4_K q and k): the decode program has fewer barriers than dispatches,
  * and its decode rows and greedy tokens equal those with every barrier (ANVIL_VK_OVERLAP=0),
@@ -332,46 +379,19 @@ static void test_overlap(void **state) {
 #ifdef TU_SANITIZED
     skip();
 #endif
-    anvil_model *m;
-    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:Q4_K_M", NULL, &m), ANVIL_OK);
-    int V = anvil_model_vocab_size(m);
-    float *a[2] = {malloc(sizeof(float) * (size_t)V), malloc(sizeof(float) * (size_t)V)};
-    setenv("ANVIL_VK_QX_MIN_MB", "0", 1);
+    struct toggled t;
+    toggled_runs("ANVIL_VK_OVERLAP", "0", "1", &t);
     for (int qx = 0; qx < 2; qx++) {
-        setenv("ANVIL_VK_QX", qx ? "1" : "0", 1);
-        int32_t gen[2][16] = {{0}};
-        int dispatches[2] = {0}, barriers[2] = {0};
-        float diff = 0;
-        for (int ov = 0; ov < 2; ov++) {
-            setenv("ANVIL_VK_OVERLAP", ov ? "1" : "0", 1);
-            anvil_session *vk = session(m, ANVIL_BACKEND_VULKAN);
-            int32_t prompt[5] = {3, 141, 59, 26, 5}, next = 17;
-            assert_int_equal(anvil_session_eval(vk, prompt, 5, ANVIL_LOGITS_LAST, a[ov]), ANVIL_OK);
-            for (int i = 0; i < 4; i++) { /* decode rows */
-                int32_t tok = (int32_t)((i * 53 + 7) % V);
-                assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, a[ov]), ANVIL_OK);
-            }
-            anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0};
-            anvil_generate_stats sg;
-            assert_int_equal(anvil_session_generate(vk, &next, 1, &gp, tu_collect, gen[ov], &sg), ANVIL_OK);
-            program_counts(vk, &dispatches[ov], &barriers[ov]);
-            anvil_session_destroy(vk);
-        }
-        unsetenv("ANVIL_VK_OVERLAP");
-        diff = tu_max_diff(a[0], a[1], (size_t)V);
+        float diff = tu_max_diff(t.row[qx][0], t.row[qx][1], (size_t)t.V);
         fprintf(stderr, "overlap (qx %d): %d dispatches, %d barriers (%d without); rows differ by %g\n", qx,
-                dispatches[1], barriers[1], barriers[0], (double)diff);
-        assert_int_equal(dispatches[0], dispatches[1]);
-        assert_int_equal(barriers[0], dispatches[0]);
-        assert_true(barriers[1] < barriers[0]);
+                t.dispatches[qx][1], t.barriers[qx][1], t.barriers[qx][0], (double)diff);
+        assert_int_equal(t.dispatches[qx][0], t.dispatches[qx][1]);
+        assert_int_equal(t.barriers[qx][0], t.dispatches[qx][0]);
+        assert_true(t.barriers[qx][1] < t.barriers[qx][0]);
         assert_true(diff == 0);
-        assert_memory_equal(gen[0], gen[1], sizeof gen[0]);
+        assert_memory_equal(t.gen[qx][0], t.gen[qx][1], sizeof t.gen[qx][0]);
     }
-    unsetenv("ANVIL_VK_QX");
-    unsetenv("ANVIL_VK_QX_MIN_MB");
-    free(a[0]);
-    free(a[1]);
-    anvil_model_close(m);
+    toggled_free(&t);
 }
 
 /* Weights read into L2 beside the attention (program.c add_prefetch; on by default on NVIDIA
@@ -383,44 +403,18 @@ static void test_prefetch(void **state) {
 #ifdef TU_SANITIZED
     skip(); /* as test_overlap */
 #endif
-    anvil_model *m;
-    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:Q4_K_M", NULL, &m), ANVIL_OK);
-    int V = anvil_model_vocab_size(m);
-    float *a[2] = {malloc(sizeof(float) * (size_t)V), malloc(sizeof(float) * (size_t)V)};
-    setenv("ANVIL_VK_QX_MIN_MB", "0", 1);
+    struct toggled t;
+    toggled_runs("ANVIL_VK_PREFETCH_MB", "0", "4", &t);
     for (int qx = 0; qx < 2; qx++) {
-        setenv("ANVIL_VK_QX", qx ? "1" : "0", 1);
-        int32_t gen[2][16] = {{0}};
-        int dispatches[2] = {0}, barriers[2] = {0};
-        for (int pf = 0; pf < 2; pf++) {
-            setenv("ANVIL_VK_PREFETCH_MB", pf ? "4" : "0", 1);
-            anvil_session *vk = session(m, ANVIL_BACKEND_VULKAN);
-            int32_t prompt[5] = {3, 141, 59, 26, 5}, next = 17;
-            assert_int_equal(anvil_session_eval(vk, prompt, 5, ANVIL_LOGITS_LAST, a[pf]), ANVIL_OK);
-            for (int i = 0; i < 4; i++) {
-                int32_t tok = (int32_t)((i * 41 + 11) % V);
-                assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, a[pf]), ANVIL_OK);
-            }
-            anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0};
-            anvil_generate_stats sg;
-            assert_int_equal(anvil_session_generate(vk, &next, 1, &gp, tu_collect, gen[pf], &sg), ANVIL_OK);
-            program_counts(vk, &dispatches[pf], &barriers[pf]);
-            anvil_session_destroy(vk);
-        }
-        unsetenv("ANVIL_VK_PREFETCH_MB");
-        float diff = tu_max_diff(a[0], a[1], (size_t)V);
+        float diff = tu_max_diff(t.row[qx][0], t.row[qx][1], (size_t)t.V);
         fprintf(stderr, "prefetch (qx %d): %d dispatches (%d without), %d barriers (%d); rows differ by %g\n", qx,
-                dispatches[1], dispatches[0], barriers[1], barriers[0], (double)diff);
-        assert_int_equal(dispatches[1], dispatches[0] + 2); /* qwen3-tiny-k: 2 layers */
-        assert_int_equal(barriers[1], barriers[0]);
+                t.dispatches[qx][1], t.dispatches[qx][0], t.barriers[qx][1], t.barriers[qx][0], (double)diff);
+        assert_int_equal(t.dispatches[qx][1], t.dispatches[qx][0] + 2); /* qwen3-tiny-k: 2 layers */
+        assert_int_equal(t.barriers[qx][1], t.barriers[qx][0]);
         assert_true(diff == 0);
-        assert_memory_equal(gen[0], gen[1], sizeof gen[0]);
+        assert_memory_equal(t.gen[qx][0], t.gen[qx][1], sizeof t.gen[qx][0]);
     }
-    unsetenv("ANVIL_VK_QX");
-    unsetenv("ANVIL_VK_QX_MIN_MB");
-    free(a[0]);
-    free(a[1]);
-    anvil_model_close(m);
+    toggled_free(&t);
 }
 
 /* A matrix below the integer path's size threshold still takes it when its input is already
