@@ -66,6 +66,7 @@ struct pc_attn {
     uint64_t q, k, v, qnorm, knorm, kc, vc, rope, part, cnt, out, ctl, xq;
     uint32_t Hkv, NC, n_rot;
     float eps, scale;
+    uint32_t gs; /* the experiment's merge groups (attention.comp MERGE_GROUPS) */
 };
 struct pc_qx {
     uint64_t x, normw, ctl, q, d;
@@ -581,12 +582,14 @@ static anvil_status lower_attention(struct lower *L, int i) {
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: q and k norms with different eps");
     uint32_t nc = ATTN_CHUNKS;
     const char *e = getenv("ANVIL_VK_ATTN_CHUNKS");
-    if (e && atoi(e) >= 1 && atoi(e) <= 64) nc = (uint32_t)atoi(e);
-    /* partials: H x NC x (D + 2) floats, and Hkv counters (zero between steps) */
+    uint32_t gs = L->p->b->pl.attn_gs; /* (up to 256 chunks with the experiment's merge groups) */
+    if (e && atoi(e) >= 1 && atoi(e) <= (gs ? 256 : 64)) nc = (uint32_t)atoi(e);
+    /* partials: H x NC x (D + 2) floats, and Hkv counters (zero between steps; with merge
+     * groups, a counter a group too) */
     VkDeviceSize part = L->arena_size;
     L->arena_size += round_up((VkDeviceSize)H * nc * (D + 2) * 4, ALIGN);
     VkDeviceSize cnt = L->arena_size;
-    L->arena_size += round_up((VkDeviceSize)Hkv * 4, ALIGN);
+    L->arena_size += round_up((VkDeviceSize)Hkv * (1 + (gs ? (nc + gs - 1) / gs : 0)) * 4, ALIGN);
     struct pc_attn pa = {0};
     pa.q = addr_of(L, q_raw);
     pa.k = addr_of(L, k_raw);
@@ -605,6 +608,7 @@ static anvil_status lower_attention(struct lower *L, int i) {
     pa.n_rot = (uint32_t)qr->p.i[0];
     pa.eps = qn->p.f[0];
     pa.scale = a->p.f[0];
+    pa.gs = gs;
     return emit(L->p, K_ATTENTION, Hkv, nc, &pa, sizeof pa);
 }
 
