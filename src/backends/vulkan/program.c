@@ -930,7 +930,10 @@ static uint32_t mega_kind(const struct vk_dispatch *d, int *type, bool attn) {
     }
     if (d->k >= K_MATVEC_F32 && d->k <= K_MATVEC_BF16) t = d->k - K_MATVEC_F32, kind = 1;
     if (d->k >= K_MATVEC_SWIGLU_F32 && d->k <= K_MATVEC_SWIGLU_BF16) t = d->k - K_MATVEC_SWIGLU_F32, kind = 2;
-    if (d->k == K_ATTENTION) return attn && !((const struct pc_attn *)d->push)->xq ? 3 : 0; /* float output only */
+    if (d->k == K_ATTENTION) { /* float output only, and mega.comp's merge takes at most 64 chunks */
+        const struct pc_attn *pa = (const struct pc_attn *)d->push;
+        return attn && !pa->xq && pa->NC <= 64 ? 3 : 0;
+    }
     if (!kind || d->overlap || (*type >= 0 && t != *type)) return 0;
     if (((const struct pc_matvec *)d->push)->Kp8 > MEGA_XS4 / 2) return 0; /* its input fits shared memory */
     *type = t;
