@@ -1059,10 +1059,10 @@ static anvil_status form_mega(struct vk_program *p) {
  * of gate/up, at most ANVIL_VK_PREFETCH_MB (16), read by 2 workgroups a MB (a rate that ends it
  * about with the attention: more workgroups slowed the attention, fewer outlasted it); the
  * kernel does nothing where the attention reads more than 16 MB of cache a layer (those rows
- * would evict what it read). On by default on NVIDIA GPUs, measured on the H100 (50 MB of
- * L2; a GPU whose L2 is much smaller than the budget evicts what it reads before use: give it
- * a smaller one); ANVIL_VK_PREFETCH_MB=0 turns it off, another value sets the budget and turns
- * it on anywhere; ANVIL_VK_PREFETCH_WG sets its workgroups. */
+ * would evict what it read). On by default on discrete NVIDIA GPUs, measured on the H100
+ * (50 MB of L2; a GPU whose L2 is much smaller than the budget evicts what it reads before
+ * use: give it a smaller one); ANVIL_VK_PREFETCH_MB=0 turns it off, another value sets the
+ * budget and turns it on anywhere; ANVIL_VK_PREFETCH_WG sets its workgroups. */
 struct pc_prefetch {
     uint64_t a[3], ctl;
     uint32_t n[3];    /* 32-byte sectors of each range */
@@ -1072,7 +1072,8 @@ struct pc_prefetch {
 static anvil_status add_prefetch(struct vk_program *p) {
     const struct vk_device *dev = p->b->d;
     const char *e = getenv("ANVIL_VK_PREFETCH_MB");
-    double mb = e ? atof(e) : dev->props.vendorID == 0x10DE ? 16 : 0;
+    bool nvidia = dev->props.vendorID == 0x10DE && dev->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU;
+    double mb = e ? atof(e) : nvidia ? 16 : 0;
     if (!(mb > 0 && mb <= 4096) || !p->b->pl.p[K_PREFETCH]) return ANVIL_OK;
     e = getenv("ANVIL_VK_PREFETCH_WG");
     uint32_t wg_env = e && atoi(e) >= 1 && atoi(e) <= 65535 ? (uint32_t)atoi(e) : 0;
