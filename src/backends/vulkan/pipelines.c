@@ -656,10 +656,10 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
 
 /* matvec.comp's specialisation (constants 0-5) for the QX variant k (K_MATVEC_QXV ..,
  * vk_qxv): the type's QX shape (vk_matvec_spec's); XM; teams (QXT): NT = 8 / NR teams of 64
- * threads for the K-quants (32 for the Q4_K and Q5_K SwiGLUs), Q6_K's of 2 rows, Q8_0's as its QX shape (measured on the H100, docs/PERF.md
- * section 33: 8B Q4_K_M 294 -> 309 t/s, where teams of 128 threads gave 290 and Q6_K's of 4
- * rows 300), narrower where a workgroup of NT would exceed 32 subgroups or the device's
- * limits. False where the teams' rows do not divide 8. */
+ * threads for the K-quants (32 for the Q4_K and Q5_K SwiGLUs), Q6_K's of 2 rows, Q8_0's as its
+ * QX shape (measured on the H100, docs/PERF.md section 33: 8B Q4_K_M 294 -> 309 t/s, where
+ * teams of 128 threads gave 290 and Q6_K's of 4 rows 300), narrower where a workgroup of NT
+ * would exceed 32 subgroups or the device's limits. False where the teams' rows do not divide 8. */
 static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, int k, uint32_t vals[6]) {
     int i = k - K_MATVEC_QXV, q = i % 4, xm = (i / 8) % 3, teams = i / 24;
     uint32_t plain[4]; /* threads, rows, MODE, PIPE */

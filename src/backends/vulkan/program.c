@@ -1069,6 +1069,13 @@ struct pc_prefetch {
     uint32_t max_pos; /* it does nothing from this position on */
 };
 
+/* The first product after op i, or the next attention, or n_ops. */
+static int next_product(const struct vk_program *p, int i) {
+    int j = i + 1;
+    while (j < p->n_ops && !p->ops[j].wa[0] && p->ops[j].k != K_ATTENTION) j++;
+    return j;
+}
+
 static anvil_status add_prefetch(struct vk_program *p) {
     const struct vk_device *dev = p->b->d;
     const char *e = getenv("ANVIL_VK_PREFETCH_MB");
@@ -1085,12 +1092,8 @@ static anvil_status add_prefetch(struct vk_program *p) {
         ops[m++] = *d;
         if (d->k != K_ATTENTION) continue;
         /* the next two products: o (one weight), then a gate/up pair */
-        int o = i + 1, gu;
-        while (o < n && !p->ops[o].wa[0] && p->ops[o].k != K_ATTENTION) o++;
-        if (o >= n || !p->ops[o].wa[0] || p->ops[o].wa[1]) continue;
-        gu = o + 1;
-        while (gu < n && !p->ops[gu].wa[0] && p->ops[gu].k != K_ATTENTION) gu++;
-        if (gu >= n || !p->ops[gu].gated) continue;
+        int o = next_product(p, i), gu = o < n ? next_product(p, o) : n;
+        if (o >= n || !p->ops[o].wa[0] || p->ops[o].wa[1] || gu >= n || !p->ops[gu].gated) continue;
         const struct vk_dispatch *po = &p->ops[o], *pg = &p->ops[gu];
         uint64_t budget = MIN((uint64_t)(mb * 1048576.0), po->wn[0] + (pg->wn[0] + pg->wn[1]) / 4);
         struct pc_prefetch pf = {{po->wa[0], pg->wa[0], pg->wa[1]}, p->ctl.addr, {0}, 0};

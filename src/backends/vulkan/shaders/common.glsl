@@ -179,12 +179,13 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
  * fifth bits], 128 bytes of
  * nibbles; byte l of a 32-byte run holds weight l (low nibble) and l + 32 (high nibble) of its
  * 64-weight group. A unit is 8 nibble bytes: 16 weights in two sub-blocks of 32.
- * QWIDE (Q4_K and Q5_K on integer dot products: their products of MODE 0, pipelines.c): a unit
+ * QWIDE (Q4_K and Q5_K on integer dot products: every matvec_qx*_q4_k / _q5_k kernel): a unit
  * is a 16-byte half of a 32-byte run, 32 weights in four groups of 8 (the low nibbles of its
  * bytes 0-7 and 8-15: sub-block 2j; then their high nibbles: 2j + 1), [Q5_K: the fifth bits of
  * those 16 byte positions one uvec4,] the header one uvec4, its scales decoded once per 32
  * weights. A thread's 16-byte loads stream the o and down projections 12-20% faster on the
- * H100; the SwiGLU's four rows of them lost (docs/PERF.md section 35). */
+ * H100 (docs/PERF.md section 35), the SwiGLUs too at 1 row a team of 32 threads (section 36);
+ * the units of 8 bytes serve the float kernels. */
 /* scale and min of sub-blocks 2j and 2j+1 (sc0, m0, sc1, m1), from the header as re-encoded on
  * upload (vulkan.c pack_k_scales) */
 uvec4 scales_pair(uvec2 h0, uvec2 h1, uint j) {
@@ -269,19 +270,6 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
     qb[1] += 16.0 * bytebit(h.y, 2u * j + 1u);
 #endif
 }
-#ifdef QX
-void unit_load_i(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG]) {
-    uvec2 h;
-    uint j;
-    uvec2 q = k_unit(w, row, U, u, h, j, so);
-    qi[0] = q & 0x0F0F0F0Fu;
-    qi[1] = (q >> 4u) & 0x0F0F0F0Fu;
-#if defined(W_Q5_K)
-    qi[0] |= ((h >> (2u * j)) & 0x01010101u) << 4u;
-    qi[1] |= ((h >> (2u * j + 1u)) & 0x01010101u) << 4u;
-#endif
-}
-#endif
 #endif /* QWIDE */
 
 #elif defined(W_Q6_K)

@@ -188,11 +188,10 @@ void main() {
                 float xd[UG], xs[UG];
                 for (uint k = 0; k < UG; k++) {
                     uint q = unit_pos(u, k);
-#if defined(QXV)
                     xq[k] = live ? pc.x.v[q >> 3u] : uvec2(0u);
+#ifdef QXV
                     xd[k] = pc.normw.v[q >> XSH];
 #else
-                    xq[k] = live ? pc.x.v[q >> 3u] : uvec2(0u);
                     xd[k] = pc.normw.v[q >> 5u];
 #endif
                     xs[k] = xd[k] * float(sdot4(xq[k].x, 0x01010101u, 0) + sdot4(xq[k].y, 0x01010101u, 0));
