@@ -30,7 +30,6 @@ set(ANVIL_SHADER_VARIANTS
   "embed_q5_k embed.comp -DW_Q5_K"
   "embed_q6_k embed.comp -DW_Q6_K"
   "attention attention.comp -DANVIL"
-  "attention_mg attention.comp -DANVIL -DMERGE_GROUPS"
   "argmax argmax.comp -DANVIL"
   "ew ew.comp -DANVIL"
   "prefetch prefetch.comp -DANVIL"

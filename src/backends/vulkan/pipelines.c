@@ -81,10 +81,6 @@ static const uint32_t spv_embed_q6_k[] =
 static const uint32_t spv_attention[] =
 #include "shaders/attention.inc"
     ;
-/* an experiment (ANVIL_VK_ATTN_GROUP): the merge in two levels, by groups of chunks */
-static const uint32_t spv_attention_mg[] =
-#include "shaders/attention_mg.inc"
-    ;
 static const uint32_t spv_argmax[] =
 #include "shaders/argmax.inc"
     ;
@@ -721,9 +717,6 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     e = getenv("ANVIL_VK_ATTN_NSG");
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->attn_nsg = (uint32_t)atoi(e);
     if (out->attn_nsg * d->subgroup_size > d->props.limits.maxComputeWorkGroupSize[0]) out->attn_nsg = 4;
-    /* an experiment: its merge in two levels, by groups of ANVIL_VK_ATTN_GROUP chunks (2 .. 64) */
-    e = getenv("ANVIL_VK_ATTN_GROUP");
-    out->attn_gs = e && atoi(e) >= 2 && atoi(e) <= 64 ? (uint32_t)atoi(e) : 0;
     /* its shared memory: refuse what the device cannot hold rather than fail (or hang) at
      * dispatch */
     size_t G = (size_t)attn_g, D = (size_t)attn_d;
@@ -768,10 +761,6 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             continue;
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0, kernels[k].size,
                                        kernels[k].code};
-        if (k == K_ATTENTION && out->attn_gs) {
-            mi.codeSize = sizeof spv_attention_mg;
-            mi.pCode = spv_attention_mg;
-        }
         VkShaderModule mod;
         st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
         if (st != ANVIL_OK) break;

@@ -66,7 +66,6 @@ struct pc_attn {
     uint64_t q, k, v, qnorm, knorm, kc, vc, rope, part, cnt, out, ctl, xq;
     uint32_t Hkv, NC, n_rot;
     float eps, scale;
-    uint32_t gs; /* the experiment's merge groups (attention.comp MERGE_GROUPS) */
 };
 struct pc_qx {
     uint64_t x, normw, ctl, q, d;
@@ -582,14 +581,12 @@ static anvil_status lower_attention(struct lower *L, int i) {
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: q and k norms with different eps");
     uint32_t nc = ATTN_CHUNKS;
     const char *e = getenv("ANVIL_VK_ATTN_CHUNKS");
-    uint32_t gs = L->p->b->pl.attn_gs; /* (up to 256 chunks with the experiment's merge groups) */
-    if (e && atoi(e) >= 1 && atoi(e) <= (gs ? 256 : 64)) nc = (uint32_t)atoi(e);
-    /* partials: H x NC x (D + 2) floats, and Hkv counters (zero between steps; with merge
-     * groups, a counter a group too) */
+    if (e && atoi(e) >= 1 && atoi(e) <= 64) nc = (uint32_t)atoi(e);
+    /* partials: H x NC x (D + 2) floats, and Hkv counters (zero between steps) */
     VkDeviceSize part = L->arena_size;
     L->arena_size += round_up((VkDeviceSize)H * nc * (D + 2) * 4, ALIGN);
     VkDeviceSize cnt = L->arena_size;
-    L->arena_size += round_up((VkDeviceSize)Hkv * (1 + (gs ? (nc + gs - 1) / gs : 0)) * 4, ALIGN);
+    L->arena_size += round_up((VkDeviceSize)Hkv * 4, ALIGN);
     struct pc_attn pa = {0};
     pa.q = addr_of(L, q_raw);
     pa.k = addr_of(L, k_raw);
@@ -608,7 +605,6 @@ static anvil_status lower_attention(struct lower *L, int i) {
     pa.n_rot = (uint32_t)qr->p.i[0];
     pa.eps = qn->p.f[0];
     pa.scale = a->p.f[0];
-    pa.gs = gs;
     return emit(L->p, K_ATTENTION, Hkv, nc, &pa, sizeof pa);
 }
 
@@ -930,7 +926,7 @@ static uint32_t mega_kind(const struct vk_dispatch *d, int *type, bool attn) {
     }
     if (d->k >= K_MATVEC_F32 && d->k <= K_MATVEC_BF16) t = d->k - K_MATVEC_F32, kind = 1;
     if (d->k >= K_MATVEC_SWIGLU_F32 && d->k <= K_MATVEC_SWIGLU_BF16) t = d->k - K_MATVEC_SWIGLU_F32, kind = 2;
-    if (d->k == K_ATTENTION) { /* float output only, and mega.comp's merge takes at most 64 chunks */
+    if (d->k == K_ATTENTION) { /* float output only, at most 64 chunks (mega.comp's merge; ANVIL_VK_ATTN_CHUNKS) */
         const struct pc_attn *pa = (const struct pc_attn *)d->push;
         return attn && !pa->xq && pa->NC <= 64 ? 3 : 0;
     }

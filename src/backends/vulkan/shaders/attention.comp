@@ -54,7 +54,7 @@ layout(push_constant) uniform PC {
     Floats vc;
     Floats rope;         /* [S, n_rot / 2, 2] */
     CFloats part;        /* o [H, NC, D], then (m, l) [H, NC, 2] */
-    Counters cnt;        /* [Hkv], zero between steps (MERGE_GROUPS: then [Hkv][ceil(NC / gs)]) */
+    Counters cnt;        /* [Hkv], zero between steps */
     Floats out_;         /* [H, D] */
     Ctl ctl;
     QBytes xq;           /* not null: the output also rounded to int8 blocks of 32 for an
@@ -62,9 +62,6 @@ layout(push_constant) uniform PC {
                             the blocks' scales, Kq = H * D rounded up to 256); D % 32 == 0 */
     uint Hkv, NC, n_rot;
     float eps, scale;
-#ifdef MERGE_GROUPS
-    uint gs;             /* chunks a merge group (0: one merge of all chunks) */
-#endif
 } pc;
 
 shared float sm[NSG][G], sl[NSG][G];
@@ -111,58 +108,6 @@ void pass_patch(uint base, uint pos, uint lane, inout vec4 kr[KPL], inout vec4 v
         }
 }
 
-#ifdef MERGE_GROUPS
-/* the merge's batch of partials k0 .. k0 + 7 of `count` (chunks first + k * stride) of query
- * head h: m (-inf past count, where nothing is loaded), l and this thread's vec4 of o (base: its
- * offset in the partials) */
-void merge_load(uint k0, uint count, uint first, uint stride, uint mlb, uint h, uint base, out float mv[8],
-                out float lv[8], out vec4 v[8]) {
-    for (uint u = 0; u < 8u; u++) {
-        uint cc = first + (k0 + u) * stride, ml = mlb + (h * pc.NC + cc) * 2u;
-        bool live = k0 + u < count;
-        mv[u] = live ? pc.part.v[ml] : -1.0 / 0.0;
-        lv[u] = live ? pc.part.v[ml + 1u] : 0.0;
-        v[u] = live ? CVec4s(pc.part).v[base + cc * D4] : vec4(0.0);
-    }
-}
-
-/* merges `count` partials (chunks first, first + stride, ...) of query head h: this thread's
- * vec4 d4 of the unnormalised output a, under the maximum M, and the sum Ls */
-void merge_partials(uint first, uint count, uint stride, uint h, uint d4, out vec4 a, out float M, out float Ls) {
-    uint mlb = pc.Hkv * G * pc.NC * D, base = h * pc.NC * D4 + d4;
-    a = vec4(0.0);
-    M = -1.0 / 0.0;
-    Ls = 0.0;
-    /* eight chunks' (m, l, o) a batch; the next batch's loads in flight while this one is
-     * summed */
-    float mv[8], lv[8];
-    vec4 v[8];
-    merge_load(0u, count, first, stride, mlb, h, base, mv, lv, v);
-    for (uint k0 = 0; k0 < count; k0 += 8u) {
-        float mn[8], ln[8];
-        vec4 vn[8];
-        merge_load(k0 + 8u, count, first, stride, mlb, h, base, mn, ln, vn);
-        float Mn = M;
-        for (uint u = 0; u < 8u; u++) Mn = max(Mn, mv[u]);
-        if (Mn != -1.0 / 0.0) { /* else no rows yet (empty chunks) */
-            float corr = exp(M - Mn);
-            a *= corr;
-            Ls *= corr;
-            for (uint u = 0; u < 8u; u++) {
-                float w = exp(mv[u] - Mn); /* 0 for an empty chunk or one past count */
-                a += w * v[u];
-                Ls += w * lv[u];
-            }
-            M = Mn;
-        }
-        for (uint u = 0; u < 8u; u++) {
-            mv[u] = mn[u];
-            lv[u] = ln[u];
-            v[u] = vn[u];
-        }
-    }
-}
-#else
 /* the merge's batch of chunks c0 .. c0 + 7 of query head h: m (-inf past NE, where nothing
  * is loaded), l and this thread's vec4 of o (base: its offset in the partials) */
 void merge_load(uint c0, uint NE, uint mlb, uint h, uint base, out float mv[8], out float lv[8], out vec4 v[8]) {
@@ -174,7 +119,6 @@ void merge_load(uint c0, uint NE, uint mlb, uint h, uint base, out float mv[8], 
         v[u] = live ? CVec4s(pc.part).v[base + cc * D4] : vec4(0.0);
     }
 }
-#endif
 
 void main() {
     if (pc.ctl.stop != 0u) return;
@@ -323,60 +267,6 @@ void main() {
         }
         for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) CVec4s(pc.part).v[(h * pc.NC + c) * D4 + d4] = so[g][d4];
     }
-#ifdef MERGE_GROUPS
-    /* the last workgroup of kv head j merges: the partials must be visible first. With
-     * groups (pc.gs chunks each, where NE > gs), the last workgroup of each group merges the
-     * group's partials into its first chunk's slot first, then the last of those merges the
-     * groups': two shorter chains of batches instead of one of NE / 8 */
-    memoryBarrierBuffer();
-    barrier();
-    uint GS = pc.gs == 0u ? NE : pc.gs, ng = (NE + GS - 1u) / GS;
-    uint first = 0u, count = NE, stride = 1u;
-    if (ng > 1u) {
-        uint grp = c / GS, gc = pc.Hkv + j * ((pc.NC + GS - 1u) / GS) + grp;
-        first = grp * GS;
-        count = min(GS, NE - first);
-        if (t == 0u) last_wg = atomicAdd(pc.cnt.v[gc], 1u) == count - 1u;
-        barrier();
-        if (!last_wg) return;
-        memoryBarrierBuffer();
-        if (t == 0u) pc.cnt.v[gc] = 0u;
-        /* a thread's o column is its own; the (m, l) of the first chunk, which every thread of
-         * the head reads, are written after the workgroup has read them all */
-        for (uint i = t; i < G * D4; i += gl_WorkGroupSize.x) {
-            uint g = i / D4, d4 = i % D4, h = j * G + g;
-            vec4 a;
-            float M, Ls;
-            merge_partials(first, count, 1u, h, d4, a, M, Ls);
-            CVec4s(pc.part).v[(h * pc.NC + first) * D4 + d4] = a;
-            if (d4 == 0u) {
-                sm[0][g] = M;
-                sl[0][g] = Ls;
-            }
-        }
-        barrier();
-        uint mlb = pc.Hkv * G * pc.NC * D;
-        if (t < G) {
-            pc.part.v[mlb + ((j * G + t) * pc.NC + first) * 2u] = sm[0][t];
-            pc.part.v[mlb + ((j * G + t) * pc.NC + first) * 2u + 1u] = sl[0][t];
-        }
-        memoryBarrierBuffer();
-        barrier();
-        first = 0u;
-        count = ng;
-        stride = GS;
-    }
-    if (t == 0u) last_wg = atomicAdd(pc.cnt.v[j], 1u) == count - 1u;
-    barrier();
-    if (!last_wg) return;
-    memoryBarrierBuffer();
-    if (t == 0u) pc.cnt.v[j] = 0u; /* ready for the next step */
-    for (uint i = t; i < G * D4; i += gl_WorkGroupSize.x) {
-        uint g = i / D4, d4 = i % D4, h = j * G + g;
-        vec4 a;
-        float M, Ls;
-        merge_partials(first, count, stride, h, d4, a, M, Ls);
-#else
     /* the last workgroup of kv head j merges: the partials must be visible first */
     memoryBarrierBuffer();
     barrier();
@@ -418,7 +308,6 @@ void main() {
                 v[u] = vn[u];
             }
         }
-#endif
         a *= 1.0 / Ls;
         uint o4 = h * D + 4u * d4;
         pc.out_.v[o4] = a.x;
