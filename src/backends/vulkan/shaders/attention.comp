@@ -182,7 +182,7 @@ void main() {
             float a = xs[g][r], b = xs[g][r + half_];
             y = d < half_ ? a * cs.x - b * cs.y : b * cs.x + a * cs.y;
         }
-        if (g == G) y = kv_round(vec4(y)).x; /* as the cache holds it */
+        if (g == G) y = kv_round1(y); /* as the cache holds it */
         ys[g][d >> 2u][d & 3u] = y;
     }
     if (mine)

@@ -66,7 +66,7 @@ void main() {
     for (uint e = gl_LocalInvocationID.x; e < 64u * D / 4u; e += 128u) {
         uint r = e / (D / 4u), d4 = e % (D / 4u), t = t0 + r / G;
         vec4 v = t < pc.T ? Vec4s(pc.q).v[((t * pc.H + j * G + r % G) * D >> 2u) + d4] * pc.scale : vec4(0.0);
-        hb[(r * SD + 4u * d4) >> 2u] = uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw));
+        hb[(r * SD + 4u * d4) >> 2u] = to_halves4(v);
     }
     barrier();
     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> qa[D / 16u];
@@ -115,8 +115,8 @@ void main() {
                     [[unroll]] for (uint e = 0u; e < 4u; e++)
                         p[e] = live && s0 + c0 + 4u * c4 + e <= last ? exp(v[e] - mx) : 0.0;
                     lsum += p.x + p.y + p.z + p.w;
-                    w[2u * c4] = packHalf2x16(p.xy);
-                    w[2u * c4 + 1u] = packHalf2x16(p.zw);
+                    w[2u * c4] = pack_half2(p.xy);
+                    w[2u * c4 + 1u] = pack_half2(p.zw);
                 }
                 uint pr = ((16u * sg + row) * SP + c0) / 8u;
                 ph[pr] = uvec4(w[0], w[1], w[2], w[3]);

@@ -18,7 +18,19 @@ layout(buffer_reference, std430, buffer_reference_align = 16) buffer UVec4s { uv
  * KV cache [S, Hkv, D] (D a multiple of 4), the prefill's dequantised weights */
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer Halves4 { uvec2 v[]; };
 vec4 halves4(uvec2 u) { return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y)); }
-uvec2 to_halves4(vec4 v) { return uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw)); }
+/* x's float16 rounded to nearest, ties to even: Vulkan leaves the rounding of packHalf2x16
+ * to the device, and NVIDIA's rounds toward zero (every cached value half an ulp nearer zero
+ * on average; the CPU rounds to nearest). The device's h or the float16 one step further from
+ * zero, whichever is nearer x; from 65520 on infinity, as on the CPU; a NaN stays one. Without
+ * branches (selects only: the persistent step's attention pays for every instruction). */
+uint half_rne(float x) {
+    uint h = packHalf2x16(vec2(x, 0.0)) & 0xffffu, n = (h + 1u) & 0xffffu;
+    float a = abs(x - unpackHalf2x16(h).x), b = abs(x - unpackHalf2x16(n).x);
+    uint up = uint(b < a) | (uint(b == a) & h);
+    return abs(x) >= 65520.0 ? (h & 0x8000u) | 0x7c00u : up != 0u ? n : h;
+}
+uint pack_half2(vec2 v) { return half_rne(v.x) | half_rne(v.y) << 16u; }
+uvec2 to_halves4(vec4 v) { return uvec2(pack_half2(v.xy), pack_half2(v.zw)); }
 /* The attention caches' element type: float16 (the default) or float32 (ANVIL_KV_CACHE=f32),
  * set for every pipeline; kv_get / kv_put take 4 elements at index i4 * 4 of a cache. */
 layout(constant_id = 29) const bool KV16 = true;
@@ -31,6 +43,7 @@ void kv_put(Floats c, uint i4, vec4 v) {
 }
 /* v as the cache holds it */
 vec4 kv_round(vec4 v) { return KV16 ? halves4(to_halves4(v)) : v; }
+float kv_round1(float x) { return KV16 ? unpackHalf2x16(half_rne(x)).x : x; }
 
 /* Must match struct vk_ctl in vulkan_impl.h. */
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer Ctl {

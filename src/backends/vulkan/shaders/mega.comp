@@ -565,12 +565,12 @@ void attn_unit(uint b, uint j, uint c, uint NE, uint pos, uint sa, uvec4 kr[KPL]
     for (uint g = 0; g <= G; g++)
         for (uint i = 0; i < DL; i++) {
             uint d = lane + i * SG;
-            if (d < D) as_[base_s + g * D + d] = g == G ? kv_round(vec4(xv[g][i])).x : xv[g][i];
+            if (d < D) as_[base_s + g * D + d] = g == G && mine ? kv_round1(xv[g][i]) : xv[g][i];
         }
     if (mine) /* this position's v row, as the cache holds it */
         for (uint i = 0; i < DL; i++) {
             uint d = lane + i * SG;
-            if (d < D) as_[base_s + (G + 1u) * D + d] = kv_round(vec4(vv[i])).x;
+            if (d < D) as_[base_s + (G + 1u) * D + d] = kv_round1(vv[i]);
         }
     subgroupMemoryBarrierShared();
     subgroupBarrier();

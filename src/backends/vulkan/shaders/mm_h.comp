@@ -84,7 +84,7 @@ void stash() {
     uint tid = gl_LocalInvocationID.x;
     for (uint i = 0u; i < XV; i++) {
         uint e = tid + 256u * i, o = (e / (BK / 4u)) * SK + (e % (BK / 4u)) * 4u;
-        xs[o >> 2u] = uvec2(packHalf2x16(xr[i].xy), packHalf2x16(xr[i].zw));
+        xs[o >> 2u] = to_halves4(xr[i]);
     }
     for (uint i = 0u; i < WV; i++) {
         uint e = tid + 256u * i, o = (e / (BK / 8u)) * SK + (e % (BK / 8u)) * 8u;
