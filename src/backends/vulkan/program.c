@@ -1034,6 +1034,10 @@ static anvil_status form_mega(struct vk_program *p) {
             d->gy = d->gz = 1;
             d->push_size = sizeof pm;
             memcpy(d->push, &pm, sizeof pm);
+            /* a dispatch that overlapped the run's last one (the same input: a DeltaNet's ba
+             * projection after its qkvz) now follows phases that may write that input (the
+             * down projection before): its barrier back */
+            if (o < n) p->ops[o].overlap = false;
         }
         while (o < n) p->ops[w++] = p->ops[o++];
         p->n_ops = w;
@@ -1129,6 +1133,17 @@ static anvil_status mega_fault(struct vk_program *p) {
 }
 
 /* ---- recording ---- */
+
+/* A dispatch without a barrier before it (overlap) is a product beside a product of the same
+ * input, or the prefetch beside an attention: never one after a persistent step, whose phases
+ * write what follows them (form_mega gives those their barrier back). */
+static anvil_status check_overlaps(const struct vk_program *p) {
+    for (int i = 1; i < p->n_ops; i++)
+        if (p->ops[i].overlap && p->ops[i - 1].k >= K_MEGA_F32 && p->ops[i - 1].k <= K_MEGA_QX8)
+            return err_set(ANVIL_ERR_BACKEND, "vulkan: internal error: dispatch %d (%s) follows a persistent step "
+                           "without a barrier", i, vk_kernel_name(p->ops[i].k));
+    return ANVIL_OK;
+}
 
 static void barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkAccessFlags sa,
                     VkPipelineStageFlags dst, VkAccessFlags da) {
@@ -1349,6 +1364,7 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
     if (st == ANVIL_OK || vk_idle(b->d)) vkFreeCommandBuffers(b->d->dev, b->d->pool, 1, &cb);
     if (st == ANVIL_OK) st = form_mega(p);
     if (st == ANVIL_OK) st = add_prefetch(p);
+    if (st == ANVIL_OK) st = check_overlaps(p);
     if (st == ANVIL_OK) st = record(p);
     log_info("vulkan: decode program: %d kernels per token, arena %.2f MiB", p->n_ops,
              (double)L.arena_size / (1 << 20));
