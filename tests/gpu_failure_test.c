@@ -41,7 +41,11 @@ static double now_s(void) {
 
 static int setup(void **state) {
     (void)state;
-    setenv("ANVIL_VALIDATE", "1", 1);
+    /* under the validation layer where it is installed (CI's lavapipe): any message fails */
+    if (access("/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json", R_OK) == 0)
+        setenv("ANVIL_VALIDATE", "1", 1);
+    else
+        unsetenv("ANVIL_VALIDATE");
     unsetenv("ANVIL_VK_FAULT");
     unsetenv("ANVIL_VK_MAX_MEMORY");
     unsetenv("ANVIL_VK_TIMEOUT");

@@ -132,6 +132,11 @@ static void test_reference_models(void **state) {
     bool have_vk = backend_vulkan_available(why, sizeof why);
     if (!have_vk && !(backends && *backends)) fprintf(stderr, "reference_test: vulkan skipped: %s\n", why);
     snprintf(list, sizeof list, "%s", backends && *backends ? backends : have_vk ? "cpu,vulkan" : "cpu");
+    /* float32 throughout: the prefill's cooperative-matrix products (float16 inputs, on where
+     * the device has them: not lavapipe) move these logits by ~1e-2, and are held to the
+     * issue's 3e-2 by test_reference_f16_cache */
+    bool pinned = !getenv("ANVIL_VK_COOPMAT");
+    if (pinned) setenv("ANVIL_VK_COOPMAT", "0", 1);
     for (char *b = strtok(list, ","); b; b = strtok(NULL, ",")) {
         for (size_t i = 0; i < sizeof dense_models / sizeof *dense_models; i++) {
             char dir[1024];
@@ -141,6 +146,7 @@ static void test_reference_models(void **state) {
             check_model(&c);
         }
     }
+    if (pinned) unsetenv("ANVIL_VK_COOPMAT");
 }
 
 /* The default float16 KV cache (ctest runs the rest with ANVIL_KV_CACHE=f32): within 3e-2 of
