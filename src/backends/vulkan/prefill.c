@@ -85,11 +85,7 @@ struct pc_attn_pf {
     float scale;
 };
 
-/* dq.comp and mm_h.comp */
-struct pc_dq {
-    uint64_t w, y;
-    uint32_t r0, rows, U, Kp;
-};
+/* mm_h.comp */
 struct pc_mmh {
     uint64_t x, w, y, res;
     uint32_t T, K, N, Kp, ldy, nb, flags;

@@ -1874,6 +1874,25 @@ anvil_status vk_topk_once(struct vk_backend *b, const float *logits, int E, int 
     return st;
 }
 
+anvil_status vk_f16_once(struct vk_backend *b, const float *x, int n, uint16_t *out) {
+    if (n < 8 || n % 8) return err_set(ANVIL_ERR_INVALID_ARG, "vk_f16_once: %d floats", n);
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
+    VkDeviceSize o[2], size = test_layout(2, (VkDeviceSize[2]){(VkDeviceSize)n * 4, (VkDeviceSize)n * 2}, o);
+    struct vk_buffer buf = {0};
+    if ((st = vk_buffer_create(b->d, size, VK_MEM_READBACK, "test float16", &buf)) != ANVIL_OK) return st;
+    uint8_t *m = buf.map;
+    memset(m, 0, buf.size);
+    memcpy(m + o[0], x, (size_t)n * 4);
+    /* one row of n floats: n / 8 units of 8 */
+    struct pc_dq pd = {buf.addr + o[0], buf.addr + o[1], 0, 1, (uint32_t)n / 8, (uint32_t)n};
+    struct test_dispatch one = {K_DQ_F32, &pd, sizeof pd, ((uint32_t)n / 8 + 255) / 256};
+    st = test_run(b, &one, 1, VK_NULL_HANDLE);
+    if (st == ANVIL_OK) memcpy(out, m + o[1], (size_t)n * 2);
+    vk_buffer_destroy(b->d, &buf);
+    return st;
+}
+
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
     size_t len = 0;
 #define OUT(...)                                                                           \

@@ -87,6 +87,9 @@ anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, con
  * the caller's ids [k], and their weights (normalised to sum 1 when norm) into weights [k]. */
 anvil_status vk_topk_once(struct vk_backend *b, const float *logits, int E, int k, bool norm, int32_t *ids,
                           float *weights);
+/* For tests: n floats (a multiple of 8) to float16 through the shaders' conversion
+ * (common.glsl half_rne, by dq.comp over a float32 row), into out [n]. */
+anvil_status vk_f16_once(struct vk_backend *b, const float *x, int n, uint16_t *out);
 /* With ANVIL_VK_PROFILE=1: GPU time per kernel of one step, as text. */
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap);
 void vk_program_stats(const struct vk_program *p, struct vk_stats *s);

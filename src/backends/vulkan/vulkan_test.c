@@ -460,6 +460,52 @@ static void test_qx_cached_input(void **state) {
     anvil_model_close(m);
 }
 
+/* The shaders' float16 conversion (common.glsl half_rne: every float16 the GPU stores, the KV
+ * cache first) equals the CPU's f32_to_f16 bit for bit, rounding to nearest with ties to even,
+ * whatever the device's own packHalf2x16 does (NVIDIA's rounds toward zero; lavapipe's to
+ * nearest): values at every float16 tie and a hair either side of it, denormals, the largest
+ * finite values and the overflow threshold 65520, infinities, NaN, signed zeros, random ones. */
+static void test_float16_rounding(void **state) {
+    (void)state;
+    struct backend *base;
+    assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
+    struct vk_backend *b = (struct vk_backend *)base;
+    enum { N = 8192 };
+    static float x[N];
+    static uint16_t got[N];
+    int n = 0;
+    for (uint32_t h = 0; h < 0x7bff && n + 6 <= N - 64; h += 37) { /* ties: midway between h and h + 1 */
+        float mid = (f16_to_f32((uint16_t)h) + f16_to_f32((uint16_t)(h + 1))) / 2;
+        x[n++] = mid;
+        x[n++] = -mid;
+        x[n++] = nextafterf(mid, 0);
+        x[n++] = nextafterf(mid, INFINITY);
+        x[n++] = f16_to_f32((uint16_t)h);
+        x[n++] = -nextafterf(mid, INFINITY);
+    }
+    static const float special[] = {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 70000.0f, 1e30f,
+                                    INFINITY, -INFINITY, NAN, 5.96e-8f, 2.98e-8f, 2.99e-8f, 6.1e-5f, -3e-6f};
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++) x[n++] = special[i];
+    uint64_t r = 12345;
+    while (n < N) { /* random values over the float16 range */
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        x[n++] = ldexpf((float)(int32_t)(r >> 32) / 2147483648.0f, (int)(r >> 20 & 31) - 20);
+    }
+    assert_int_equal(vk_f16_once(b, x, N, got), ANVIL_OK);
+    int wrong = 0;
+    for (int i = 0; i < N; i++) {
+        uint16_t want = f32_to_f16(x[i]);
+        bool nan = (want & 0x7c00) == 0x7c00 && (want & 0x3ff);
+        bool ok = nan ? (got[i] & 0x7c00) == 0x7c00 && (got[i] & 0x3ff) : got[i] == want;
+        if (!ok && wrong++ < 8)
+            fprintf(stderr, "float16 of %.9g: 0x%04x, the CPU's 0x%04x\n", (double)x[i], got[i], want);
+    }
+    fprintf(stderr, "float16 conversion: %d values, %d unlike the CPU's\n", N, wrong);
+    assert_int_equal(wrong, 0);
+    assert_int_equal(vk_check_validation(b->d), ANVIL_OK);
+    backend_destroy(base);
+}
+
 /* Decode attention over a longer cache, split in few chunks (ANVIL_VK_ATTN_CHUNKS: 1 and 3,
  * so each subgroup walks many rows and the chunks are uneven) and in as many as the length
  * asks for (64: one more chunk every 16 rows); the prompt runs through the decode program a
@@ -1187,6 +1233,7 @@ int main(void) {
         cmocka_unit_test(test_prefetch),
         cmocka_unit_test(test_auto_backend),
         cmocka_unit_test(test_topk_kernel),
+        cmocka_unit_test(test_float16_rounding),
         cmocka_unit_test(test_sampled_generation),
         cmocka_unit_test(test_against_cpu),
         cmocka_unit_test(test_against_cpu_qx),
