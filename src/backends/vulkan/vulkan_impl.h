@@ -299,12 +299,12 @@ static inline uint32_t vk_matvec_rows(const struct vk_pipelines *p, enum vk_kern
     return vk_matvec_spec(p, k, v) ? v[1] : 1;
 }
 
-/* matvec.comp's push constants (the decode program's, and the prefill's one-row products) */
 /* dq.comp: rows r0 .. r0 + rows - 1 of a matrix to float16, U units a row, row stride Kp */
 struct pc_dq {
     uint64_t w, y;
     uint32_t r0, rows, U, Kp;
 };
+/* matvec.comp's push constants (the decode program's, and the prefill's one-row products) */
 struct pc_matvec {
     uint64_t x, normw, ctl, w0, w1, w2, o0, o1, o2, res;
     uint32_t Kp8, K, rows0, rows1, rows2, flags;

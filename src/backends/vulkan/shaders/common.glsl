@@ -20,8 +20,9 @@ layout(buffer_reference, std430, buffer_reference_align = 8) buffer Halves4 { uv
 vec4 halves4(uvec2 u) { return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y)); }
 /* x's float16 rounded to nearest, ties to even: Vulkan leaves the rounding of packHalf2x16
  * to the device, and NVIDIA's rounds toward zero (every cached value half an ulp nearer zero
- * on average; the CPU rounds to nearest). The device's h or the float16 one step further from
- * zero, whichever is nearer x; from 65520 on infinity, as on the CPU; a NaN stays one. Without
+ * on average; the CPU rounds to nearest). The device's h (toward zero or to nearest: within an
+ * ulp) or the float16 one step further from zero, whichever is nearer x; from 65520 on
+ * infinity, as on the CPU; a NaN stays one (test_float16_rounding checks it). Without
  * branches (selects only: the persistent step's attention pays for every instruction). */
 uint half_rne(float x) {
     uint h = packHalf2x16(vec2(x, 0.0)) & 0xffffu, n = (h + 1u) & 0xffffu;
