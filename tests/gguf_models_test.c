@@ -261,10 +261,7 @@ static void test_moe_hybrid_quantized(void **state) {
 }
 
 int main(void) {
-    /* float32 throughout: the prefill's cooperative-matrix products (float16 inputs, on where
-     * the device has them: not lavapipe) move these logits by ~1e-2; prefill_test checks them
-     * at their tolerance */
-    setenv("ANVIL_VK_COOPMAT", "0", 0);
+    tu_float32_prefill();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_float_files),
         cmocka_unit_test(test_small_quantized),

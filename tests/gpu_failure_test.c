@@ -42,7 +42,7 @@ static double now_s(void) {
 static int setup(void **state) {
     (void)state;
     /* under the validation layer where it is installed (CI's lavapipe): any message fails */
-    if (access("/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json", R_OK) == 0)
+    if (tu_validation_layer())
         setenv("ANVIL_VALIDATE", "1", 1);
     else
         unsetenv("ANVIL_VALIDATE");

@@ -297,11 +297,9 @@ static void test_unseen_shapes(void **state) {
 }
 
 int main(void) {
-    if (access("/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json", R_OK) == 0)
+    if (tu_validation_layer())
         setenv("ANVIL_VALIDATE", "1", 0);
-    /* float32 throughout: the prefill's cooperative-matrix products (float16 inputs, on where
-     * the device has them: not lavapipe) are prefill_test's to check, at their tolerance */
-    setenv("ANVIL_VK_COOPMAT", "0", 0);
+    tu_float32_prefill();
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_unseen_shapes)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

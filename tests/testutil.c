@@ -96,6 +96,12 @@ anvil_session *tu_session_kv(anvil_model *m, anvil_backend_kind kind, int n_ctx,
     return s;
 }
 
+bool tu_validation_layer(void) {
+    return access("/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json", R_OK) == 0;
+}
+
+void tu_float32_prefill(void) { setenv("ANVIL_VK_COOPMAT", "0", 0); }
+
 float tu_max_diff(const float *a, const float *b, size_t n) {
     float w = 0;
     for (size_t i = 0; i < n; i++) w = fmaxf(w, fabsf(a[i] - b[i]));

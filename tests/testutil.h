@@ -4,6 +4,7 @@
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
@@ -31,6 +32,14 @@ int32_t *tu_json_ids(const char *json, const char *key, int *n);
 anvil_session *tu_session(anvil_model *m, anvil_backend_kind kind, int n_ctx);
 /* The same with the KV cache's type (tu_session: ANVIL_KV_DEFAULT). */
 anvil_session *tu_session_kv(anvil_model *m, anvil_backend_kind kind, int n_ctx, anvil_kv_cache kv);
+/* Whether the Vulkan validation layer is installed (CI's lavapipe has it): the tests then set
+ * ANVIL_VALIDATE=1, and any message fails the call that follows it. */
+bool tu_validation_layer(void);
+/* Prefill on its float32 path unless ANVIL_VK_COOPMAT is set: the cooperative-matrix products
+ * (on where the device has them: not lavapipe) take float16 inputs, which move logits by
+ * ~1e-2 where these tests hold Vulkan to ~1e-3 of the CPU or the reference; prefill_test checks
+ * those products at their own tolerance (ANVIL_VK_COOPMAT=1). */
+void tu_float32_prefill(void);
 /* The largest |a[i] - b[i]| over n floats. */
 float tu_max_diff(const float *a, const float *b, size_t n);
 /* A token callback that appends to v: v[0] counts, v[1..] the tokens. */

@@ -148,7 +148,7 @@ int main(void) {
         printf("prefill_test: skipped: %s\n", why);
         return 0;
     }
-    if (access("/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json", R_OK) == 0)
+    if (tu_validation_layer())
         setenv("ANVIL_VALIDATE", "1", 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill),

@@ -1217,13 +1217,9 @@ int main(void) {
         printf("vulkan_test: skipped: %s\n", why);
         return 0;
     }
-    if (access("/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json", R_OK) == 0)
+    if (tu_validation_layer())
         setenv("ANVIL_VALIDATE", "1", 0);
-    /* The prompts' rows run through the prefill program, whose cooperative-matrix products
-     * (on where the device has them: not lavapipe) take float16 inputs; these tests hold the
-     * float32 path to 1e-3 of the CPU, and prefill_test checks those products at a float16
-     * tolerance (ANVIL_VK_COOPMAT=1). */
-    setenv("ANVIL_VK_COOPMAT", "0", 0);
+    tu_float32_prefill(); /* the prompts' rows */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sample_kernel_exact),
         cmocka_unit_test(test_qx_kernels),
