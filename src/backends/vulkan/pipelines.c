@@ -717,6 +717,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     e = getenv("ANVIL_VK_ATTN_NSG");
     if (e && atoi(e) >= 1 && atoi(e) <= 8) out->attn_nsg = (uint32_t)atoi(e);
     if (out->attn_nsg * d->subgroup_size > d->props.limits.maxComputeWorkGroupSize[0]) out->attn_nsg = 4;
+    e = getenv("ANVIL_VK_ATTN_LPR"); /* its lanes a cache row, 2 .. 16 (0: the shader's rule) */
+    out->attn_lpr = e && (atoi(e) == 2 || atoi(e) == 4 || atoi(e) == 8 || atoi(e) == 16) ? (uint32_t)atoi(e) : 0;
     /* its shared memory: refuse what the device cannot hold rather than fail (or hang) at
      * dispatch */
     size_t G = (size_t)attn_g, D = (size_t)attn_d;
@@ -778,7 +780,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[2] = d->subgroup_size;
             vals[3] = out->attn_nsg * d->subgroup_size; /* workgroup: NSG subgroups */
             vals[4] = out->attn_nsg;
-            n = 5;
+            vals[5] = out->attn_lpr;
+            n = 6;
         } else if (k >= K_MEGA_F32 && k <= K_MEGA_QX8) {
             vals[0] = out->mega_wg;
             vals[1] = (uint32_t)attn_g;
