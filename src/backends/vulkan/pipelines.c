@@ -719,6 +719,12 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     if (out->attn_nsg * d->subgroup_size > d->props.limits.maxComputeWorkGroupSize[0]) out->attn_nsg = 4;
     e = getenv("ANVIL_VK_ATTN_LPR"); /* its lanes a cache row, 2 .. 16 (0: the shader's rule) */
     out->attn_lpr = e && (atoi(e) == 2 || atoi(e) == 4 || atoi(e) == 8 || atoi(e) == 16) ? (uint32_t)atoi(e) : 0;
+    /* the query heads of a kv head split over workgroups of 4 heads each where there are 8 or
+     * more (Qwen3-30B-A3B's 8: +7.5% at 512 tokens, +11% after 4096 on the H100; docs/PERF.md
+     * section 38); ANVIL_VK_ATTN_GS sets the split (a divisor of the heads) */
+    out->attn_gs = attn_g >= 8 && attn_g % 4 == 0 ? (uint32_t)attn_g / 4 : 1;
+    e = getenv("ANVIL_VK_ATTN_GS");
+    if (e && atoi(e) >= 1 && attn_g > 0 && attn_g % atoi(e) == 0) out->attn_gs = (uint32_t)atoi(e);
     /* its shared memory: refuse what the device cannot hold rather than fail (or hang) at
      * dispatch */
     size_t G = (size_t)attn_g, D = (size_t)attn_d;
@@ -781,7 +787,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[3] = out->attn_nsg * d->subgroup_size; /* workgroup: NSG subgroups */
             vals[4] = out->attn_nsg;
             vals[5] = out->attn_lpr;
-            n = 6;
+            vals[6] = out->attn_gs;
+            n = 7;
         } else if (k >= K_MEGA_F32 && k <= K_MEGA_QX8) {
             vals[0] = out->mega_wg;
             vals[1] = (uint32_t)attn_g;

@@ -582,11 +582,13 @@ static anvil_status lower_attention(struct lower *L, int i) {
     uint32_t nc = ATTN_CHUNKS;
     const char *e = getenv("ANVIL_VK_ATTN_CHUNKS");
     if (e && atoi(e) >= 1 && atoi(e) <= 64) nc = (uint32_t)atoi(e);
-    /* partials: H x NC x (D + 2) floats, and Hkv counters (zero between steps) */
+    /* partials: H x NC x (D + 2) floats, and a counter per kv head and query-head group (zero
+     * between steps) */
+    uint32_t gs = L->p->b->pl.attn_gs;
     VkDeviceSize part = L->arena_size;
     L->arena_size += round_up((VkDeviceSize)H * nc * (D + 2) * 4, ALIGN);
     VkDeviceSize cnt = L->arena_size;
-    L->arena_size += round_up((VkDeviceSize)Hkv * 4, ALIGN);
+    L->arena_size += round_up((VkDeviceSize)Hkv * gs * 4, ALIGN);
     struct pc_attn pa = {0};
     pa.q = addr_of(L, q_raw);
     pa.k = addr_of(L, k_raw);
@@ -605,7 +607,7 @@ static anvil_status lower_attention(struct lower *L, int i) {
     pa.n_rot = (uint32_t)qr->p.i[0];
     pa.eps = qn->p.f[0];
     pa.scale = a->p.f[0];
-    return emit(L->p, K_ATTENTION, Hkv, nc, &pa, sizeof pa);
+    return emit(L->p, K_ATTENTION, Hkv * gs, nc, &pa, sizeof pa);
 }
 
 static VkDeviceSize alloc_scratch(struct lower *L, VkDeviceSize bytes) {

@@ -10,8 +10,10 @@
  * Attention is split across the sequence: workgroup
  * (kv head j, chunk c) handles the G = H / Hkv query heads of kv head j over cache rows
  * [c * L, min((c + 1) * L, n)), n = pos + 1, L = ceil(n / NE), and writes a partial
- * (max m, sum l, unnormalised o[D]) per query head. The last workgroup of a kv head to
- * finish (a counter per kv head, reset by that workgroup) merges the NE partials:
+ * (max m, sum l, unnormalised o[D]) per query head; with GS > 1 the G query heads are split
+ * into GS groups of GW, each a workgroup of its own per chunk (workgroup x = j * GS + group),
+ * its own counter, its own merge. The last workgroup of a kv head (group) to
+ * finish (a counter each, reset by that workgroup) merges the NE partials:
  * out[h][d] = sum_c w_c o_c[d] / sum_c w_c l_c, w_c = e^(m_c - M), M = max_c m_c, reading
  * each chunk's (m, l) and o together, a batch at a time, with a running maximum.
  * NE, the chunks in use, follows the length: RPC rows per chunk (one pass of every
@@ -33,13 +35,15 @@ layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Cou
 
 layout(local_size_x_id = 3) in;             /* NSG * SG */
 layout(constant_id = 0) const uint G = 2;   /* query heads per kv head */
+layout(constant_id = 6) const uint GS = 1;  /* workgroups a kv head's query heads are split over */
+const uint GW = G / GS;                     /* query heads a workgroup takes */
 layout(constant_id = 1) const uint D = 128; /* head dim, a multiple of 4 */
 layout(constant_id = 2) const uint SG = 32; /* subgroup size */
 layout(constant_id = 4) const uint NSG = 4; /* subgroups per workgroup */
 const uint D4 = D / 4;
 const uint CPL = (D4 + SG - 1) / SG; /* vec4 chunks of a row per lane */
 const uint DL = (D + SG - 1) / SG;   /* values of a row per lane */
-const uint RS = (G + NSG) / NSG;     /* q/k rows a subgroup normalises, at most */
+const uint RS = (GW + NSG) / NSG;    /* q/k rows a subgroup normalises, at most */
 layout(constant_id = 5) const uint LPRC = 0; /* lanes per cache row (ANVIL_VK_ATTN_LPR), 0: the rule */
 /* lanes per cache row: 4, 8 for heads of 256 or more (Qwen3.6's: each lane's share of a k row
  * and its prefetch halve; H100, docs/PERF.md section 38) */
@@ -57,7 +61,7 @@ layout(push_constant) uniform PC {
     Floats vc;
     Floats rope;         /* [S, n_rot / 2, 2] */
     CFloats part;        /* o [H, NC, D], then (m, l) [H, NC, 2] */
-    Counters cnt;        /* [Hkv], zero between steps */
+    Counters cnt;        /* [Hkv * GS], zero between steps */
     Floats out_;         /* [H, D] */
     Ctl ctl;
     QBytes xq;           /* not null: the output also rounded to int8 blocks of 32 for an
@@ -67,12 +71,12 @@ layout(push_constant) uniform PC {
     float eps, scale;
 } pc;
 
-shared float sm[NSG][G], sl[NSG][G];
-shared vec4 so[G][D4]; /* the subgroups' outputs, combined one subgroup at a time; before
+shared float sm[NSG][GW], sl[NSG][GW];
+shared vec4 so[GW][D4]; /* the subgroups' outputs, combined one subgroup at a time; before
                           that, so[0] holds this position's rope table: (cos, sin) of pair i
                           in so[0][i / 2].xy or .zw (no room for another array at G = 8, D = 256) */
-shared float xs[G + 1][D]; /* normalised rows: the G query heads, then k */
-shared vec4 ys[G + 1][D4]; /* the same, rotated */
+shared float xs[GW + 1][D]; /* normalised rows: the workgroup's GW query heads, then k */
+shared vec4 ys[GW + 1][D4]; /* the same, rotated */
 shared vec4 vnew[D4];
 shared bool last_wg;
 
@@ -102,7 +106,7 @@ void pass_patch(uint base, uint pos, uint lane, inout vec4 kr[KPL], inout vec4 v
     if (base + lane / LPR == pos)
         for (uint i = 0; i < KPL; i++) {
             uint c4 = lane % LPR + i * LPR;
-            if (c4 < D4) kr[i] = ys[G][c4];
+            if (c4 < D4) kr[i] = ys[GW][c4];
         }
     for (uint r = 0; r < RPS; r++) /* constant indices: vr stays in registers */
         for (uint k = 0; k < CPL; k++) {
@@ -125,7 +129,8 @@ void merge_load(uint c0, uint NE, uint mlb, uint h, uint base, out float mv[8], 
 
 void main() {
     if (pc.ctl.stop != 0u) return;
-    uint j = gl_WorkGroupID.x, c = gl_WorkGroupID.y;
+    uint jg = gl_WorkGroupID.x, j = jg / GS, c = gl_WorkGroupID.y;
+    uint h0 = j * G + jg % GS * GW; /* the workgroup's first query head */
     uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
     uint n = pc.ctl.pos + 1u;
     uint NE = min(pc.NC, (n + RPC - 1u) / RPC);
@@ -154,7 +159,7 @@ void main() {
         uint g = sg + r * NSG;
         for (uint i = 0; i < DL; i++) {
             uint d = lane + i * SG;
-            xv[r][i] = d >= D ? 0.0 : g < G ? pc.q.v[(j * G + g) * D + d] : g == G && mine ? pc.k.v[j * D + d] : 0.0;
+            xv[r][i] = d >= D ? 0.0 : g < GW ? pc.q.v[(h0 + g) * D + d] : g == GW && mine ? pc.k.v[j * D + d] : 0.0;
         }
     }
     for (uint i = 0; i < DL; i++) {
@@ -164,19 +169,19 @@ void main() {
     }
     for (uint r = 0; r < RS; r++) {
         uint g = sg + r * NSG;
-        if (g > G || (g == G && !mine)) continue; /* the same for the whole subgroup */
+        if (g > GW || (g == GW && !mine)) continue; /* the same for the whole subgroup */
         float ss = 0.0;
         for (uint i = 0; i < DL; i++) ss += xv[r][i] * xv[r][i];
         float inv = 1.0 / sqrt(subgroupAdd(ss) / float(D) + pc.eps);
         for (uint i = 0; i < DL; i++) {
             uint d = lane + i * SG;
-            if (d < D) xs[g][d] = xv[r][i] * (inv * (g < G ? wq[i] : wk[i]));
+            if (d < D) xs[g][d] = xv[r][i] * (inv * (g < GW ? wq[i] : wk[i]));
         }
     }
     barrier();
-    for (uint i = t; i < (G + 1u) * D; i += gl_WorkGroupSize.x) {
+    for (uint i = t; i < (GW + 1u) * D; i += gl_WorkGroupSize.x) {
         uint g = i / D, d = i % D;
-        if (g == G && !mine) break;
+        if (g == GW && !mine) break;
         float y = xs[g][d];
         if (d < pc.n_rot) {
             uint r = d < half_ ? d : d - half_;
@@ -185,7 +190,7 @@ void main() {
             float a = xs[g][r], b = xs[g][r + half_];
             y = d < half_ ? a * cs.x - b * cs.y : b * cs.x + a * cs.y;
         }
-        if (g == G) y = kv_round1(y); /* as the cache holds it */
+        if (g == GW) y = kv_round1(y); /* as the cache holds it */
         ys[g][d >> 2u][d & 3u] = y;
     }
     if (mine)
@@ -194,16 +199,16 @@ void main() {
             vnew[d4] = kv_round(vec4(pc.v.v[b], pc.v.v[b + 1u], pc.v.v[b + 2u], pc.v.v[b + 3u]));
         }
     barrier();
-    if (mine) /* the cache rows of this position, for the steps to come */
+    if (mine && jg % GS == 0u) /* the cache rows of this position, for the steps to come */
         for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) {
             uint row = (pos * pc.Hkv + j) * D4 + d4;
-            kv_put(pc.kc, row, ys[G][d4]);
+            kv_put(pc.kc, row, ys[GW][d4]);
             kv_put(pc.vc, row, vnew[d4]);
         }
 
-    vec4 o[G][CPL];
-    float m[G], l[G];
-    for (uint g = 0; g < G; g++) {
+    vec4 o[GW][CPL];
+    float m[GW], l[GW];
+    for (uint g = 0; g < GW; g++) {
         m[g] = -1.0 / 0.0;
         l[g] = 0.0;
         for (uint k = 0; k < CPL; k++) o[g][k] = vec4(0.0);
@@ -217,7 +222,7 @@ void main() {
         if (base != base0) pass_load_v(base, end, pos, j, lane, vr);
         pass_patch(base, pos, lane, kr, vr);
         bool live = base + lane / LPR < end;
-        for (uint g = 0; g < G; g++) {
+        for (uint g = 0; g < GW; g++) {
             float s = 0.0;
             for (uint i = 0; i < KPL; i++) {
                 uint c4 = lane % LPR + i * LPR;
@@ -237,7 +242,7 @@ void main() {
         }
         for (uint i = 0; i < KPL; i++) kr[i] = kn[i];
     }
-    for (uint g = 0; g < G; g++)
+    for (uint g = 0; g < GW; g++)
         if (lane == 0u) {
             sm[sg][g] = m[g];
             sl[sg][g] = l[g];
@@ -247,7 +252,7 @@ void main() {
      * for one: G = 8 heads of D = 256 must fit in 32 KiB) */
     for (uint s = 0; s < NSG; s++) {
         if (sg == s)
-            for (uint g = 0; g < G; g++) {
+            for (uint g = 0; g < GW; g++) {
                 float M = -1.0 / 0.0;
                 for (uint s2 = 0; s2 < NSG; s2++) M = max(M, sm[s2][g]);
                 float w = m[g] == -1.0 / 0.0 ? 0.0 : exp(m[g] - M);
@@ -258,29 +263,30 @@ void main() {
             }
         barrier();
     }
-    for (uint g = 0; g < G; g++) {
+    for (uint g = 0; g < GW; g++) {
         float M = -1.0 / 0.0;
         for (uint s = 0; s < NSG; s++) M = max(M, sm[s][g]);
         float lsum = 0.0;
         for (uint s = 0; s < NSG; s++) lsum += (sm[s][g] == -1.0 / 0.0 ? 0.0 : exp(sm[s][g] - M)) * sl[s][g];
-        uint h = j * G + g, ml = pc.Hkv * G * pc.NC * D + (h * pc.NC + c) * 2u;
+        uint h = h0 + g, ml = pc.Hkv * G * pc.NC * D + (h * pc.NC + c) * 2u;
         if (t == 0u) {
             pc.part.v[ml] = M;
             pc.part.v[ml + 1u] = lsum;
         }
         for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) CVec4s(pc.part).v[(h * pc.NC + c) * D4 + d4] = so[g][d4];
     }
-    /* the last workgroup of kv head j merges: the partials must be visible first */
+    /* the last workgroup of kv head j (of its query heads' group) merges: the partials must be
+     * visible first */
     memoryBarrierBuffer();
     barrier();
-    if (t == 0u) last_wg = atomicAdd(pc.cnt.v[j], 1u) == NE - 1u;
+    if (t == 0u) last_wg = atomicAdd(pc.cnt.v[jg], 1u) == NE - 1u;
     barrier();
     if (!last_wg) return;
     memoryBarrierBuffer();
-    if (t == 0u) pc.cnt.v[j] = 0u; /* ready for the next step */
+    if (t == 0u) pc.cnt.v[jg] = 0u; /* ready for the next step */
     uint mlb = pc.Hkv * G * pc.NC * D;
-    for (uint i = t; i < G * D4; i += gl_WorkGroupSize.x) {
-        uint g = i / D4, d4 = i % D4, h = j * G + g, base = h * pc.NC * D4 + d4;
+    for (uint i = t; i < GW * D4; i += gl_WorkGroupSize.x) {
+        uint g = i / D4, d4 = i % D4, h = h0 + g, base = h * pc.NC * D4 + d4;
         vec4 a = vec4(0.0);
         float M = -1.0 / 0.0, Ls = 0.0;
         /* eight chunks' (m, l, o) a batch; the next batch's loads in flight while this one
@@ -318,7 +324,7 @@ void main() {
         pc.out_.v[o4 + 2u] = a.z;
         pc.out_.v[o4 + 3u] = a.w;
         if (uvec2(pc.xq) != uvec2(0u)) {
-            /* a block is 8 consecutive lanes (G * D4 and the workgroup are multiples of 8) */
+            /* a block is 8 consecutive lanes (GW * D4 and the workgroup are multiples of 8) */
             vec4 av = abs(a);
             float amax = max(max(av.x, av.y), max(av.z, av.w));
             amax = max(amax, subgroupShuffleXor(amax, 1u));
