@@ -510,7 +510,8 @@ static void test_float16_rounding(void **state) {
  * so each subgroup walks many rows and the chunks are uneven) and in as many as the length
  * asks for (64: one more chunk every 16 rows); the prompt runs through the decode program a
  * token at a time (ANVIL_PREFILL_CHUNK=1), so every row of the logits is one decode step's.
- * Head shapes: D = 64, G = 2 and D = 256, G = 8 (Qwen3.6-35B-A3B's). */
+ * Head shapes: D = 64, G = 2 and D = 256, G = 8 (Qwen3.6-35B-A3B's: by default its query
+ * heads in two workgroups of 4 (attention.comp GS) and a cache row over 8 lanes (LPR)). */
 static void test_long_attention(void **state) {
     (void)state;
     /* shader numerics through the same host code as test_against_cpu: not worth its minutes
