@@ -25,9 +25,9 @@
  * continuing a conversation only prefills its new tokens.
  *
  * Parts: server.c (lifecycle, queue, worker), http.c (libmicrohttpd glue: routing, auth,
- * limits, streaming), openai.c (request parsing and response shapes), metrics.c, textstream.c
- * (stop strings and the <think> split over decoded text), tokens.c (the tokenizer as the
- * server uses it).
+ * limits, streaming), openai.c (request parsing and response shapes), metrics.c, tokens.c (the
+ * tokenizer as the server uses it); stop strings and the <think> split over decoded text are
+ * the engine's (src/engine/textstream.h), which anvil run and anvil chat use too.
  */
 #ifndef ANVIL_SERVER_H
 #define ANVIL_SERVER_H

@@ -6,7 +6,7 @@
 #include <signal.h>
 
 #include "cli.h"
-#include "server/server_impl.h" /* the stop-string filter the server uses too */
+#include "engine/textstream.h" /* stop strings, as the server filters them too */
 
 struct gen_opts {
     struct common_opts co;

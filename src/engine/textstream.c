@@ -1,9 +1,10 @@
-/* server: text over the decoded stream — byte strings, stop strings, the <think> split. */
+/* engine: text over the decoded stream — byte strings, stop strings, the <think> split
+ * (see textstream.h). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "server_impl.h"
+#include "textstream.h"
 
 /* ---- sbuf ---- */
 

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <cmocka.h>
 
-#include "server/server_impl.h"
+#include "engine/textstream.h"
 
 /* Runs text through a stop filter in pieces of `step` bytes; returns what came out. */
 static char *run_stop(const char *text, const char *const *stops, int n, size_t step,
