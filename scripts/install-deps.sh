@@ -5,7 +5,8 @@ pkgs="build-essential cmake ninja-build pkg-config libcmocka-dev libcjson-dev \
 libpcre2-dev libutf8proc-dev libedit-dev libvulkan-dev libvulkan-volk-dev glslc \
 mesa-vulkan-drivers vulkan-validationlayers \
 clang-14 libclang-rt-14-dev \
-libmicrohttpd-dev libcurl4-openssl-dev"
+libmicrohttpd-dev libcurl4-openssl-dev \
+libpng-dev libjpeg62-turbo-dev"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
