@@ -192,7 +192,7 @@ int anvil_session_context_size(const anvil_session *s);
 /* ---- Tokenizer and chat templates ----------------------------------------------------------
  *
  * Byte-level BPE exactly as Hugging Face `tokenizers` runs the Qwen vocabularies, and the
- * Qwen3 chat template rendered exactly as transformers renders it.
+ * model's own chat template (Jinja) rendered exactly as transformers renders it.
  *
  *     anvil_tokenizer *tok;
  *     if (anvil_tokenizer_open("Qwen3-0.6B/", &tok) != ANVIL_OK) { ...anvil_last_error()... }
@@ -295,8 +295,9 @@ typedef struct anvil_chat_message {
  * enable_thinking: 0 asks the model not to think (Qwen3: an empty <think></think> block
  * after the generation prompt); nonzero is the template's default.
  * *out is a new NUL-terminated string of *out_len bytes; the caller frees it with free().
- * A tokenizer without a template, or with one anvil does not recognise, is
- * ANVIL_ERR_UNSUPPORTED (the message quotes the template's start).
+ * Implemented on anvil_chat_render (enable_thinking = 0 passes enable_thinking=false).
+ * A tokenizer without a usable template is ANVIL_ERR_UNSUPPORTED; a template that raises is
+ * ANVIL_ERR_INVALID_ARG with its message.
  */
 anvil_status anvil_chat_template_apply(const anvil_tokenizer *tok, const anvil_chat_message *msgs,
                                        size_t n_msgs, int add_generation_prompt,
@@ -308,6 +309,27 @@ anvil_status anvil_chat_template_apply_tools(const anvil_tokenizer *tok,
                                              const anvil_chat_message *msgs, size_t n_msgs,
                                              const char *tools_json, int add_generation_prompt,
                                              int enable_thinking, char **out, size_t *out_len);
+
+/* Sets (replaces) the chat template the tokenizer renders with: template text (a user's file).
+ * The template is compiled here (a syntax error is ANVIL_ERR_INVALID_ARG and changes nothing).
+ * Call it before the tokenizer is shared between threads. */
+anvil_status anvil_tokenizer_set_chat_template(anvil_tokenizer *tok, const char *template_text);
+
+/*
+ * Renders with the tokenizer's chat template, as transformers' apply_chat_template does.
+ * messages_json: a JSON array of message objects as the OpenAI API and transformers take them
+ * (role, content as a string or a list of parts, reasoning_content, tool_calls with arguments as
+ * an object or a JSON string, tool_call_id, name...), passed to the template as they are.
+ * tools_json: NULL or a JSON array of tool schemas. kwargs_json: NULL or a JSON object whose
+ * keys become template variables (enable_thinking, preserve_thinking, anything). The template
+ * also sees add_generation_prompt, bos_token, eos_token. *out: new NUL-terminated string of
+ * *out_len bytes (free()). Where the template raises, ANVIL_ERR_INVALID_ARG with
+ * anvil_last_error() = the template's own message; a tokenizer without a usable template is
+ * ANVIL_ERR_UNSUPPORTED. Thread-safe.
+ */
+anvil_status anvil_chat_render(const anvil_tokenizer *tok, const char *messages_json,
+                               const char *tools_json, const char *kwargs_json,
+                               int add_generation_prompt, char **out, size_t *out_len);
 
 /* ---- devices ---- */
 

@@ -12,7 +12,8 @@ static void test_exports(void **state) {
     if (!lib) fail_msg("dlopen %s: %s", ANVIL_SHARED_LIB, dlerror());
     static const char *api[] = {"anvil_model_open", "anvil_session_create", "anvil_session_eval",
                                 "anvil_session_generate", "anvil_tokenizer_open", "anvil_tokenize",
-                                "anvil_chat_template_apply", "anvil_last_error"};
+                                "anvil_chat_template_apply", "anvil_last_error",
+                                "anvil_chat_render", "anvil_tokenizer_set_chat_template"};
     for (size_t i = 0; i < sizeof api / sizeof *api; i++)
         if (!dlsym(lib, api[i])) fail_msg("libanvil.so does not export %s", api[i]);
     /* internals stay hidden */

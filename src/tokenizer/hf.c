@@ -609,6 +609,32 @@ static bool is_dir(const char *path) {
     return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
+/* chat_template.jinja beside tokenizer.json: as in transformers, it wins over the
+ * tokenizer_config.json "chat_template". */
+static anvil_status load_template_file(const char *tokenizer_file, struct anvil_tokenizer *t) {
+    const char *slash = strrchr(tokenizer_file, '/');
+    char *path = slash ? xasprintf("%.*s/chat_template.jinja", (int)(slash - tokenizer_file),
+                                   tokenizer_file)
+                       : xstrdup("chat_template.jinja");
+    if (!path) return ANVIL_ERR_NOMEM;
+    struct stat sb;
+    anvil_status st = ANVIL_OK;
+    if (stat(path, &sb) == 0) {
+        char *text;
+        size_t len;
+        if ((st = read_text_file(path, 4u << 20, &text, &len)) == ANVIL_OK) {
+            st = tokenizer_set_template(t, text, len);
+            if (st != ANVIL_ERR_NOMEM) st = ANVIL_OK; /* reported when rendering */
+            free(text);
+        }
+    }
+    free(path);
+    if (st != ANVIL_OK) {
+        anvil_tokenizer_close(t);
+    }
+    return st;
+}
+
 anvil_status tokenizer_load_hf(const char *path, struct anvil_tokenizer **out) {
     *out = NULL;
     char *file, *cfg_file;
@@ -661,6 +687,7 @@ anvil_status tokenizer_load_hf(const char *path, struct anvil_tokenizer **out) {
             }
         }
         if (st == ANVIL_OK) st = build(file, &s, &h, cfg, out);
+        if (st == ANVIL_OK && (st = load_template_file(file, *out)) != ANVIL_OK) *out = NULL;
     }
 unmap:
     mapped_file_close(&mf);

@@ -400,11 +400,9 @@ anvil_status tokenizer_create(const struct tokenizer_desc *d, struct anvil_token
     if ((st = tokenizer_compile_regex(t, regex)) != ANVIL_OK) goto fail;
     if (d->chat_template) {
         size_t n = d->chat_template_len ? d->chat_template_len : strlen(d->chat_template);
-        st = ANVIL_ERR_NOMEM;
-        if (!(t->chat_template = xmalloc(n + 1))) goto fail;
-        memcpy(t->chat_template, d->chat_template, n);
-        t->chat_template[n] = 0;
-        t->template_kind = chat_template_recognise(t->chat_template);
+        st = tokenizer_set_template(t, d->chat_template, n);
+        if (st == ANVIL_ERR_NOMEM) goto fail;
+        st = ANVIL_OK; /* a template that does not compile is reported when rendering */
     }
     for (int k = 0; k < 3; k++) {
         int32_t id = k == 0 ? t->eos_id : k == 1 ? t->bos_id : t->pad_id;
@@ -470,6 +468,8 @@ void anvil_tokenizer_close(anvil_tokenizer *t) {
     free(t->added_text);
     free(t->pre_name);
     free(t->chat_template);
+    jinja_free(t->template_compiled);
+    free(t->template_error);
     if (t->re) pcre2_code_free(t->re);
     free(t);
 }

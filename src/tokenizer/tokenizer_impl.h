@@ -7,6 +7,7 @@
 #include <pcre2.h>
 #include <stdatomic.h>
 
+#include "template/jinja.h"
 #include "tokenizer/tokenizer.h"
 
 /* Per-token attributes. */
@@ -30,12 +31,6 @@ struct merge_slot {
     uint64_t key; /* (uint64_t)left << 32 | right; UINT64_MAX when empty */
     uint32_t rank;
     int32_t id;
-};
-
-enum chat_template_kind {
-    CHAT_TEMPLATE_NONE = 0,   /* the tokenizer came without a template */
-    CHAT_TEMPLATE_UNKNOWN,    /* a template anvil does not recognise */
-    CHAT_TEMPLATE_QWEN3,      /* Qwen3 (0.6B … 235B, hybrid thinking) */
 };
 
 struct anvil_tokenizer {
@@ -80,7 +75,8 @@ struct anvil_tokenizer {
     int32_t eos_id, bos_id, pad_id; /* -1 when absent */
 
     char *chat_template;    /* the template text, NULL when none */
-    enum chat_template_kind template_kind;
+    struct jinja_template *template_compiled; /* NULL when none or when it did not compile */
+    char *template_error;   /* why it did not compile (reported when rendering), or NULL */
 };
 
 static inline uint32_t tok_len(const struct anvil_tokenizer *t, int32_t id) {
@@ -154,9 +150,10 @@ anvil_status tokenizer_encode(const struct anvil_tokenizer *t, const uint8_t *te
 anvil_status tokenizer_encode_ex(const struct anvil_tokenizer *t, const uint8_t *text,
                                  size_t len, bool plain_heap, struct id_vec *out);
 
-/* Recognises a chat template text. */
-enum chat_template_kind chat_template_recognise(const char *text);
-/* The hash by which templates are recognised (trailing whitespace ignored). */
-uint64_t chat_template_hash(const char *text);
+/* Compiles text as the tokenizer's chat template (template.c): replaces the text, the
+ * compiled form and the error. A template that does not compile is kept as text with its
+ * error, reported when rendering (the tokenizer itself still works); returns the compile
+ * status. */
+anvil_status tokenizer_set_template(struct anvil_tokenizer *t, const char *text, size_t len);
 
 #endif

@@ -677,8 +677,22 @@ static void test_desc_constructor(void **state) {
     d.n_merges = a.n_merges;
     d.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}";
     assert_int_equal(tokenizer_create(&d, &t), ANVIL_OK); /* qwen35 regex, custom template */
+    assert_int_equal(anvil_chat_template_apply(t, m, 1, 1, 1, &out, &len), ANVIL_OK);
+    assert_string_equal(out, "Hi"); /* any template is rendered */
+    free(out);
+    anvil_tokenizer_close(t);
+    d.chat_template = "{% for m in messages %}{{ m.content }}"; /* does not compile */
+    assert_int_equal(tokenizer_create(&d, &t), ANVIL_OK);      /* the tokenizer still works */
     assert_int_equal(anvil_chat_template_apply(t, m, 1, 1, 1, &out, &len), ANVIL_ERR_UNSUPPORTED);
-    assert_non_null(strstr(anvil_last_error(), "unrecognised chat template"));
+    assert_non_null(strstr(anvil_last_error(), "endfor"));
+    assert_int_equal(anvil_tokenizer_set_chat_template(t, "{{ messages[0].role }}"), ANVIL_OK);
+    assert_int_equal(anvil_chat_template_apply(t, m, 1, 1, 1, &out, &len), ANVIL_OK);
+    assert_string_equal(out, "user");
+    free(out);
+    assert_int_equal(anvil_tokenizer_set_chat_template(t, "{% if %}"), ANVIL_ERR_INVALID_ARG);
+    assert_int_equal(anvil_chat_template_apply(t, m, 1, 1, 1, &out, &len), ANVIL_OK); /* kept */
+    assert_string_equal(out, "user");
+    free(out);
     anvil_tokenizer_close(t);
     d.chat_template = NULL;
     assert_int_equal(tokenizer_create(&d, &t), ANVIL_OK);
