@@ -1,4 +1,5 @@
 /* The anvil command's contract: exit codes, messages, and the eval/info output shapes. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,11 +92,68 @@ static void test_eval_output(void **state) {
     free(out);
 }
 
+/* A copy of qwen3-small-Q8_0.gguf with output.weight's type id set to `type` (the tensor
+ * then reads fewer bytes: its data stays in place). */
+static void patched_copy(const char *path, uint32_t type) {
+    size_t len;
+    char *f = tu_read_file(tu_testdata("gguf/qwen3-small/qwen3-small-Q8_0.gguf"), &len);
+    assert_non_null(f);
+    static const char name[] = "\x0d\0\0\0\0\0\0\0output.weight"; /* length-prefixed */
+    char *at = NULL;
+    for (size_t i = 0; i + sizeof name - 1 <= len && !at; i++)
+        if (!memcmp(f + i, name, sizeof name - 1)) at = f + i + sizeof name - 1;
+    assert_non_null(at);
+    uint32_t n_dims;
+    memcpy(&n_dims, at, 4);
+    assert_int_equal(n_dims, 2);
+    uint32_t old;
+    memcpy(&old, at + 4 + 16, 4);
+    assert_int_equal(old, 8); /* Q8_0 */
+    memcpy(at + 4 + 16, &type, 4);
+    tu_write_file(path, f, len);
+    free(f);
+}
+
+/* anvil info lists the block types; a type ggml has but anvil cannot compute with is named,
+ * as is one ggml removed, and an id ggml never had is called unknown. */
+static void test_block_types(void **state) {
+    (void)state;
+    char *out = NULL;
+    assert_int_equal(tu_run_anvil(&out, NULL, "info -m %s", tu_testdata("gguf/qwen3-small/qwen3-small-IQ1_S.gguf")), 0);
+    assert_non_null(strstr(out, "  IQ1_S      10 tensors"));
+    assert_non_null(strstr(out, "  IQ2_XXS     2 tensors"));
+    assert_non_null(strstr(out, "  Q2_K        3 tensors"));
+    free(out);
+    char *dir = tu_tmpdir(), path[1024];
+    snprintf(path, sizeof path, "%s/patched.gguf", dir);
+    patched_copy(path, 39);
+    assert_int_equal(tu_run_anvil(&out, NULL, "info -m %s", path), 0);
+    assert_non_null(strstr(out, "  MXFP4       1 tensors"));
+    free(out);
+    char args[1100];
+    snprintf(args, sizeof args, "eval -m %s --backend cpu --prompt-ids 1,2", path);
+    expect_fail(args, "tensor output.weight has type MXFP4, which the CPU backend cannot compute with");
+    snprintf(args, sizeof args, "eval -m %s --prompt-ids 1,2", path); /* auto: the same */
+    expect_fail(args, "has type MXFP4, which the");
+    patched_copy(path, 35);
+    snprintf(args, sizeof args, "info -m %s", path);
+    assert_int_equal(tu_run_anvil(&out, NULL, "%s", args), 0);
+    assert_non_null(strstr(out, "  TQ2_0       1 tensors"));
+    free(out);
+    patched_copy(path, 31);
+    expect_fail(args, "tensor output.weight has type Q4_0_4_4 (ggml type id 31), which ggml has removed");
+    patched_copy(path, 43);
+    expect_fail(args, "tensor output.weight has unknown type id 43");
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_eval_output),
         cmocka_unit_test(test_help),
+        cmocka_unit_test(test_block_types),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

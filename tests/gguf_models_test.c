@@ -6,10 +6,12 @@
  *    reference: 1e-3 absolute on every logit (or the reference's own cached-vs-uncached noise
  *    where larger, as in reference_test.c: only qwen3_5moe-tiny), greedy ids equal (the
  *    weights are the reference's bf16 weights, exactly representable in all three types);
- *  - every quantized qwen3-small file against the golden beside it — the exact float32 result
- *    for the weights as stored in that file (dequantized by gguf-py): 3e-2 absolute (our
- *    dequantization is exact; what remains is float32 summation order through the layers),
- *    greedy ids equal;
+ *  - every quantized qwen3-small file (K-quants, and the i-quant files IQ4_XS, IQ3_S,
+ *    IQ2_XXS, IQ1_S) against the golden beside it — the exact float32 result for the
+ *    weights as stored in that file (dequantized by gguf-py): 3e-2 absolute (our
+ *    dequantization is exact; what remains is float32 summation order through the layers:
+ *    2e-5 measured on the CPU), greedy ids equal; on Vulkan the types it has no kernels for
+ *    (Q2_K, Q3_K, the i-quants) must be refused by name;
  *  - the quantized tiny files against the unquantized reference: finite logits within the
  *    quantization noise, no greedy check (quantization flips near-ties). The bounds: the
  *    reference logits reach |17|; llama.cpp's own goldens for qwen3-small differ from the
@@ -164,8 +166,9 @@ static void test_float_files(void **state) {
 
 static void test_small_quantized(void **state) {
     (void)state;
-    static const char *types[] = {"Q2_K", "Q3_K_M", "Q4_0", "Q4_K_S", "Q4_K_M", "Q5_K_M",
-                                  "Q6_K", "Q8_0"};
+    static const char *types[] = {"Q2_K",   "Q3_K_S", "Q3_K_M", "Q4_0",   "Q4_K_S",  "Q4_K_M",
+                                  "Q5_K_M", "Q6_K",   "Q8_0",   "IQ4_XS", "IQ3_S",   "IQ2_XXS",
+                                  "IQ1_S"};
     char list[256];
     backend_list(list, sizeof list);
     for (char *b = strtok(list, ","); b; b = strtok(NULL, ","))
@@ -174,8 +177,8 @@ static void test_small_quantized(void **state) {
             snprintf(model, sizeof model, "%sqwen3-small-%s.gguf", tu_testdata("gguf/qwen3-small/"),
                      types[t]);
             snprintf(golden, sizeof golden, "%s%s", tu_testdata("gguf/qwen3-small/"), types[t]);
-            if (!strcmp(b, "vulkan") && types[t][1] < '4') {
-                /* Q2_K, Q3_K: no Vulkan kernels; a clear refusal */
+            if (!strcmp(b, "vulkan") && (types[t][1] < '4' || types[t][0] == 'I')) {
+                /* Q2_K, Q3_K and the i-quants: no Vulkan kernels; a clear refusal */
                 char *out = NULL, *err = NULL;
                 assert_int_equal(tu_run_anvil(&out, &err, "eval -m %s --backend vulkan --prompt-ids 1,2",
                                               model), 1);

@@ -101,7 +101,7 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
     }
     for (int t = 0; t < DT_COUNT; t++)
         if (count[t])
-            OUT("  %-6s %5llu tensors  %10.2f MiB\n", dtype_name(t), (unsigned long long)count[t],
+            OUT("  %-7s %5llu tensors  %10.2f MiB\n", dtype_name(t), (unsigned long long)count[t],
                 (double)tbytes[t] / (1 << 20));
     if (mf->gguf) len += gguf_describe(mf->gguf, buf + MIN(len, cap), cap > len ? cap - len : 0);
 #undef OUT

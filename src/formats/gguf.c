@@ -254,9 +254,15 @@ static anvil_status parse_tensor_infos(struct cursor *c, struct gguf_file *gf, u
         }
         if ((st = rd_uint(c, 4, &v, t->name)) != ANVIL_OK) return st;
         const struct dtype_traits *tr = dtype_traits(v < INT_MAX ? (int)v : -1);
-        if (!tr)
-            return err_set(ANVIL_ERR_FORMAT, "%s: tensor %s has unknown type id %llu", c->path,
-                           t->name, (unsigned long long)v);
+        if (!tr) {
+            const char *removed = dtype_removed_name(v < INT_MAX ? (int)v : -1);
+            if (removed)
+                return err_set(ANVIL_ERR_UNSUPPORTED, "%s: tensor %s has type %s (ggml type id %llu), "
+                               "which ggml has removed and anvil does not support (re-quantize the "
+                               "model)", c->path, t->name, removed, (unsigned long long)v);
+            return err_set(ANVIL_ERR_FORMAT, "%s: tensor %s has unknown type id %llu (not a ggml "
+                           "type anvil knows)", c->path, t->name, (unsigned long long)v);
+        }
         t->type = (int)v;
         size_t row;
         if (!dtype_row_size(t->type, t->ne[0], &row))

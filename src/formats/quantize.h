@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "model_file.h"
+#include "quant/quant.h"
 
 /* A llama.cpp file type: its name, llama_ftype number (general.file_type) and base type. */
 struct ftype_info {
@@ -49,8 +50,8 @@ bool quant_is_attn_v(const char *name);
 struct quantize_stats {
     int n_tensors, n_quantized, n_fallback;
     uint64_t bytes_in, bytes_out;
-    int count[40];       /* tensors written per type */
-    uint64_t bytes[40];  /* bytes written per type */
+    int count[DT_COUNT];      /* tensors written per type */
+    uint64_t bytes[DT_COUNT]; /* bytes written per type */
 };
 
 /* Writes model in (any model path) as GGUF file out of file type `type`, n_threads threads

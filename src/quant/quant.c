@@ -55,6 +55,23 @@ static const struct dtype_traits table[DT_COUNT] = {
     [DT_Q5_K] = {"Q5_K", 256, 176, QUANT_FNS(q5_k)},
     [DT_Q6_K] = {"Q6_K", 256, 210, QUANT_FNS(q6_k)},
     [DT_Q8_K] = {"Q8_K", 256, 292, QUANT_FNS(q8_k)},
+    [DT_IQ2_XXS] = {"IQ2_XXS", 256, 66, dequantize_row_iq2_xxs, NULL},
+    [DT_IQ2_XS] = {"IQ2_XS", 256, 74, dequantize_row_iq2_xs, NULL},
+    [DT_IQ2_S] = {"IQ2_S", 256, 82, dequantize_row_iq2_s, NULL},
+    [DT_IQ3_XXS] = {"IQ3_XXS", 256, 98, dequantize_row_iq3_xxs, NULL},
+    [DT_IQ3_S] = {"IQ3_S", 256, 110, dequantize_row_iq3_s, NULL},
+    [DT_IQ1_S] = {"IQ1_S", 256, 50, dequantize_row_iq1_s, NULL},
+    [DT_IQ1_M] = {"IQ1_M", 256, 56, dequantize_row_iq1_m, NULL},
+    [DT_IQ4_NL] = {"IQ4_NL", 32, 18, dequantize_row_iq4_nl, NULL},
+    [DT_IQ4_XS] = {"IQ4_XS", 256, 136, dequantize_row_iq4_xs, NULL},
+    /* known, so that a file holding them opens (anvil info lists it) and a backend names
+     * the type it cannot compute with */
+    [DT_TQ1_0] = {"TQ1_0", 256, 54, NULL, NULL},
+    [DT_TQ2_0] = {"TQ2_0", 256, 66, NULL, NULL},
+    [DT_MXFP4] = {"MXFP4", 32, 17, NULL, NULL},
+    [DT_NVFP4] = {"NVFP4", 64, 36, NULL, NULL},
+    [DT_Q1_0] = {"Q1_0", 128, 18, NULL, NULL},
+    [DT_Q2_0] = {"Q2_0", 64, 18, NULL, NULL},
     [DT_I8] = {"I8", 1, 1, NULL, NULL},
     [DT_I16] = {"I16", 1, 2, NULL, NULL},
     [DT_I32] = {"I32", 1, 4, NULL, NULL},
@@ -70,6 +87,20 @@ const struct dtype_traits *dtype_traits(int type) {
 const char *dtype_name(int type) {
     const struct dtype_traits *t = dtype_traits(type);
     return t ? t->name : "unknown";
+}
+
+const char *dtype_removed_name(int type) {
+    switch (type) {
+    case 4: return "Q4_2";
+    case 5: return "Q4_3";
+    case 31: return "Q4_0_4_4";
+    case 32: return "Q4_0_4_8";
+    case 33: return "Q4_0_8_8";
+    case 36: return "IQ4_NL_4_4";
+    case 37: return "IQ4_NL_4_8";
+    case 38: return "IQ4_NL_8_8";
+    default: return NULL;
+    }
 }
 
 int dtype_from_name(const char *name) {

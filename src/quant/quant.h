@@ -28,13 +28,29 @@ enum dtype {
     DT_Q5_K = 13,
     DT_Q6_K = 14,
     DT_Q8_K = 15,
+    DT_IQ2_XXS = 16,
+    DT_IQ2_XS = 17,
+    DT_IQ3_XXS = 18,
+    DT_IQ1_S = 19,
+    DT_IQ4_NL = 20,
+    DT_IQ3_S = 21,
+    DT_IQ2_S = 22,
+    DT_IQ4_XS = 23,
     DT_I8 = 24,
     DT_I16 = 25,
     DT_I32 = 26,
     DT_I64 = 27,
     DT_F64 = 28,
+    DT_IQ1_M = 29,
     DT_BF16 = 30,
-    DT_COUNT = 40,
+    /* types anvil knows by name and size but cannot compute with */
+    DT_TQ1_0 = 34,
+    DT_TQ2_0 = 35,
+    DT_MXFP4 = 39,
+    DT_NVFP4 = 40,
+    DT_Q1_0 = 41,
+    DT_Q2_0 = 42,
+    DT_COUNT = 43,
 };
 
 typedef void (*dequantize_row_fn)(const void *src, float *dst, int64_t n);
@@ -51,6 +67,9 @@ struct dtype_traits {
 /* Traits of a type id; NULL for ids outside the table (a hostile file may hold any). */
 const struct dtype_traits *dtype_traits(int type);
 const char *dtype_name(int type);
+/* The name of a type id ggml once had and removed (Q4_2, Q4_0_4_4, ...: ids 4, 5, 31-33,
+ * 36-38, which no current GGUF file may hold); NULL for any other id. */
+const char *dtype_removed_name(int type);
 /* Parses "bf16", "Q8_0", ... (case-insensitive); -1 if unknown. */
 int dtype_from_name(const char *name);
 /* Bytes of a row of n elements; false when n is not a multiple of the block size or the

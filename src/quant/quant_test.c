@@ -11,12 +11,14 @@
  * separately, byte for byte (formats/gguf_test.c).
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "testutil.h"
 #include "formats/model_file.h"
+#include "quant/iq_tables.h"
 #include "quant/quant.h"
 #include "quant/quant_impl.h"
 
@@ -29,9 +31,22 @@ static const struct {
     {DT_Q8_K, 0.008},
 };
 
+/* The i-quants anvil only reads: bounds for llama.cpp's blocks (made with a uniform
+ * importance matrix) against the weights they were made from, the worst measured on the
+ * test files plus about 30% (a wrong grid, sign or scale gives errors of order 1). */
+static const struct {
+    int type;
+    double bound;
+} iq_bounds[] = {
+    {DT_IQ4_XS, 0.10}, {DT_IQ3_S, 0.18}, {DT_IQ2_XXS, 0.45},
+    {DT_IQ1_S, 0.63},
+};
+
 static double bound_of(int type) {
     for (size_t i = 0; i < sizeof bounds / sizeof *bounds; i++)
         if (bounds[i].type == type) return bounds[i].bound;
+    for (size_t i = 0; i < sizeof iq_bounds / sizeof *iq_bounds; i++)
+        if (iq_bounds[i].type == type) return iq_bounds[i].bound;
     return 0;
 }
 
@@ -141,7 +156,9 @@ static void check_file(const char *f32_path, const char *q_path, int *seen) {
 static void test_llama_blocks(void **state) {
     (void)state;
     int seen[DT_COUNT] = {0};
-    static const char *small[] = {"Q2_K", "Q3_K_M", "Q4_0", "Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"};
+    static const char *small[] = {"Q2_K",   "Q3_K_S", "Q3_K_M", "Q4_0",    "Q4_K_S",
+                                  "Q4_K_M", "Q5_K_M", "Q6_K",   "Q8_0",    "IQ4_XS",
+                                  "IQ3_S",  "IQ2_XXS", "IQ1_S"};
     char f32[1024], q[1024];
     snprintf(f32, sizeof f32, "%s", tu_testdata("gguf/qwen3-small/qwen3-small-F32.gguf"));
     for (size_t i = 0; i < sizeof small / sizeof *small; i++) {
@@ -153,9 +170,228 @@ static void test_llama_blocks(void **state) {
     snprintf(f32, sizeof f32, "%s", tu_testdata("gguf/qwen3-tiny/qwen3-tiny-F32.gguf"));
     snprintf(q, sizeof q, "%s", tu_testdata("gguf/qwen3-tiny/qwen3-tiny-Q4_K_M.gguf"));
     check_file(f32, q, seen);
-    int want[] = {DT_Q2_K, DT_Q3_K, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q4_0, DT_Q8_0, DT_Q5_0};
+    int want[] = {DT_Q2_K,   DT_Q3_K,  DT_Q4_K,    DT_Q5_K,  DT_Q6_K, DT_Q4_0, DT_Q8_0,
+                  DT_Q5_0,   DT_IQ4_XS, DT_IQ3_S, DT_IQ2_XXS, DT_IQ1_S};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         if (!seen[want[i]]) fail_msg("no %s tensor in the test files", dtype_name(want[i]));
+    }
+}
+
+/* ---- the i-quants: their tables, and their dequantization against a reference ---- */
+
+static uint64_t fnv1a(const uint8_t *p, size_t n, uint64_t h) {
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+#define FNV_START 0xcbf29ce484222325ull
+
+/* The tables of iq_tables.h as ggml writes them (ggml-common.h): grids of 8 bytes an entry
+ * as uint64 (little-endian bytes), iq1s_grid as int8 values, grids of 4 bytes as uint32. */
+static const int8_t kvalues[16] = IQ_KVALUES_IQ4NL;
+static const uint8_t ksigns[128] = IQ_KSIGNS_IQ2XS;
+static const uint32_t g2xxs[512] = IQ2XXS_GRID, g2xs[1024] = IQ2XS_GRID, g2s[2048] = IQ2S_GRID;
+static const uint32_t g3xxs[256] = IQ3XXS_GRID, g3s[512] = IQ3S_GRID, g1s[2048] = IQ1S_GRID;
+
+/* byte j of entry i of a 64-bit grid held as (low, high) words */
+static int g8(const uint32_t *grid, int i, int j) { return (int)(grid[2 * i + j / 4] >> (8 * (j % 4))) & 0xff; }
+/* element j of iq1s_grid entry i, unpacked */
+static int g1(int i, int j) { return (int)((g1s[i] >> (8 * (j % 4) + 4 * (j / 4))) & 15) - 1; }
+
+static uint64_t grid8_checksum(const uint32_t *grid, int n) {
+    uint64_t h = FNV_START;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < 8; j++) {
+            uint8_t b = (uint8_t)g8(grid, i, j);
+            h = fnv1a(&b, 1, h);
+        }
+    return h;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Each table against the FNV-1a checksum of ggml's own (printed by scripts/gen_iq_tables.py
+ * from ggml-common.h), and the rules the formats state: ksigns sets the 8th sign so that the
+ * number of minus signs is even; the IQ2 grids hold the magnitudes 8, 25, 43; iq1s_grid
+ * -1, 0, 1; no grid repeats an entry. */
+static void test_iq_tables(void **state) {
+    (void)state;
+    uint64_t h = FNV_START;
+    for (int i = 0; i < 16; i++) {
+        uint8_t b = (uint8_t)kvalues[i];
+        h = fnv1a(&b, 1, h);
+        if (i) assert_true(kvalues[i] > kvalues[i - 1]);
+    }
+    assert_true(h == 0x055d06d2d8fa0f75ull);
+    assert_true(fnv1a(ksigns, 128, FNV_START) == 0xf19ba8f8c3292ba5ull);
+    for (int i = 0; i < 128; i++) assert_int_equal(ksigns[i], i | (__builtin_popcount((unsigned)i) & 1) << 7);
+    assert_true(grid8_checksum(g2xxs, 256) == 0xbb4ee025b5ac6e8eull);
+    assert_true(grid8_checksum(g2xs, 512) == 0xc9b1ee61e79909bdull);
+    assert_true(grid8_checksum(g2s, 1024) == 0x123edd38a3b62b90ull);
+    assert_true(fnv1a((const uint8_t *)g3xxs, sizeof g3xxs, FNV_START) == 0xdfa5dc83d6a155d5ull);
+    assert_true(fnv1a((const uint8_t *)g3s, sizeof g3s, FNV_START) == 0xfa37020c25b44829ull);
+    h = FNV_START;
+    for (int i = 0; i < 2048; i++)
+        for (int j = 0; j < 8; j++) {
+            int v = g1(i, j);
+            assert_true(v >= -1 && v <= 1);
+            uint8_t b = (uint8_t)(int8_t)v;
+            h = fnv1a(&b, 1, h);
+        }
+    assert_true(h == 0x6703ed863501ae2eull);
+    const struct {
+        const uint32_t *grid;
+        int n, words;
+    } grids[] = {{g2xxs, 256, 2}, {g2xs, 512, 2}, {g2s, 1024, 2}, {g3xxs, 256, 1}, {g3s, 512, 1}, {g1s, 2048, 1}};
+    uint64_t keys[2048];
+    for (size_t k = 0; k < sizeof grids / sizeof *grids; k++) {
+        for (int i = 0; i < grids[k].n; i++) {
+            const uint32_t *w = grids[k].grid + i * grids[k].words;
+            keys[i] = grids[k].words == 2 ? (uint64_t)w[1] << 32 | w[0] : w[0];
+            if (grids[k].words == 2)
+                for (int j = 0; j < 8; j++) {
+                    int b = g8(grids[k].grid, i, j);
+                    assert_true(b == 8 || b == 25 || b == 43);
+                }
+        }
+        qsort(keys, (size_t)grids[k].n, sizeof *keys, cmp_u64);
+        for (int i = 1; i < grids[k].n; i++) assert_true(keys[i] != keys[i - 1]);
+    }
+}
+
+/* What the random blocks exercised: every grid index, scale, sign pattern and delta sign
+ * a format has must appear. */
+struct seen {
+    uint8_t idx[2048], scale[64], sign[256], delta[2];
+};
+
+static unsigned rd16(const uint8_t *p) { return (unsigned)p[0] | (unsigned)p[1] << 8; }
+static uint32_t rd32(const uint8_t *p) { return rd16(p) | (uint32_t)rd16(p + 2) << 16; }
+/* sign bit j of a 7-bit stored group: the 8th makes the number of minus signs even */
+static int sign7(unsigned s, int j) { return j < 7 ? (int)(s >> j) & 1 : __builtin_popcount(s) & 1; }
+
+/* Element k of one block of `type`, from the format's description read bit by bit (not from
+ * quant_iq.c's loops), in double. */
+static double iq_reference(int type, const uint8_t *b, int k, struct seen *s) {
+    const int ib = k / 32, G = k / 8, j = k % 8; /* sub-block, group of 8, place in it */
+    const double d = type == DT_IQ1_M ? 0 : f16_to_f32((uint16_t)rd16(b));
+    unsigned idx, sc, sg;
+    switch (type) {
+    case DT_IQ2_XXS: {
+        uint32_t meta = rd32(b + 2 + 8 * ib + 4);
+        idx = b[2 + 8 * ib + G % 4], sc = meta >> 28, sg = (meta >> (7 * (G % 4))) & 127;
+        s->idx[idx] = s->scale[sc] = s->sign[sg] = 1;
+        return d * (0.5 + sc) * 0.25 * g8(g2xxs, (int)idx, j) * (sign7(sg, j) ? -1 : 1);
+    }
+    case DT_IQ2_XS: {
+        unsigned q = rd16(b + 2 + 2 * G);
+        idx = q & 511, sg = q >> 9, sc = (b[66 + ib] >> (4 * (G % 4 / 2))) & 15;
+        s->idx[idx] = s->scale[sc] = s->sign[sg] = 1;
+        return d * (0.5 + sc) * 0.25 * g8(g2xs, (int)idx, j) * (sign7(sg, j) ? -1 : 1);
+    }
+    case DT_IQ2_S:
+        idx = b[2 + G] | ((b[66 + ib] >> (2 * (G % 4))) & 3) << 8;
+        sg = b[2 + 32 + G], sc = (b[74 + ib] >> (4 * (G % 4 / 2))) & 15;
+        s->idx[idx] = s->scale[sc] = s->sign[sg] = 1;
+        return d * (0.5 + sc) * 0.25 * g8(g2s, (int)idx, j) * ((sg >> j) & 1 ? -1 : 1);
+    case DT_IQ3_XXS: {
+        uint32_t meta = rd32(b + 2 + 64 + 4 * ib);
+        idx = b[2 + k / 4], sc = meta >> 28, sg = (meta >> (7 * (G % 4))) & 127;
+        s->idx[idx] = s->scale[sc] = s->sign[sg] = 1;
+        return d * (0.5 + sc) * 0.5 * (double)((g3xxs[idx] >> (8 * (k % 4))) & 255) *
+               (sign7(sg, j) ? -1 : 1);
+    }
+    case DT_IQ3_S: {
+        int H = k / 4; /* the group of 4 */
+        idx = b[2 + H] | ((b[66 + H / 8] >> (H % 8)) & 1) << 8;
+        sg = b[74 + G], sc = (b[106 + ib / 2] >> (4 * (ib % 2))) & 15;
+        s->idx[idx] = s->scale[sc] = s->sign[sg] = 1;
+        return d * (1 + 2 * sc) * (double)((g3s[idx] >> (8 * (k % 4))) & 255) * ((sg >> j) & 1 ? -1 : 1);
+    }
+    case DT_IQ1_S: {
+        unsigned qh = rd16(b + 34 + 2 * ib);
+        idx = b[2 + G] | ((qh >> (3 * (G % 4))) & 7) << 8, sc = (qh >> 12) & 7;
+        s->idx[idx] = s->scale[sc] = s->delta[qh >> 15] = 1;
+        return d * (2 * sc + 1) * (g1((int)idx, j) + (qh >> 15 ? -0.125 : 0.125));
+    }
+    case DT_IQ1_M: {
+        unsigned h = (b[32 + G / 2] >> (4 * (G % 2))) & 15, sw[4];
+        for (int i = 0; i < 4; i++) sw[i] = rd16(b + 48 + 2 * i);
+        unsigned dh = (sw[0] >> 12) | (sw[1] >> 12) << 4 | (sw[2] >> 12) << 8 | (sw[3] >> 12) << 12;
+        idx = b[G] | (h & 7) << 8, sc = (sw[ib / 2] >> (6 * (ib % 2) + 3 * (G % 4 / 2))) & 7;
+        s->idx[idx] = s->scale[sc] = s->delta[h >> 3] = 1;
+        return f16_to_f32((uint16_t)dh) * (2 * sc + 1) * (g1((int)idx, j) + (h >> 3 ? -0.125 : 0.125));
+    }
+    case DT_IQ4_NL:
+        idx = (b[2 + k % 16] >> (4 * (k / 16))) & 15;
+        s->idx[idx] = 1;
+        return d * kvalues[idx];
+    case DT_IQ4_XS:
+        idx = (b[8 + 16 * ib + k % 16] >> (4 * (k % 32 / 16))) & 15;
+        sc = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) | ((rd16(b + 2) >> (2 * ib)) & 3) << 4;
+        s->idx[idx] = s->scale[sc] = 1;
+        return d * ((double)sc - 32) * kvalues[idx];
+    }
+    return NAN;
+}
+
+static int count(const uint8_t *v, int n) {
+    int c = 0;
+    for (int i = 0; i < n; i++) c += v[i];
+    return c;
+}
+
+/* Random blocks of each i-quant (random bytes, a random finite scale), dequantized by
+ * quant_iq.c and by iq_reference: equal to float rounding, and every grid index, scale and
+ * sign pattern of the format exercised. */
+static void test_iq_dequantize(void **state) {
+    (void)state;
+    static const struct {
+        int type, n_idx, n_scale, n_sign, n_delta;
+    } types[] = {
+        {DT_IQ2_XXS, 256, 16, 128, 0}, {DT_IQ2_XS, 512, 16, 128, 0}, {DT_IQ2_S, 1024, 16, 256, 0},
+        {DT_IQ3_XXS, 256, 16, 128, 0}, {DT_IQ3_S, 512, 16, 256, 0},  {DT_IQ1_S, 2048, 8, 0, 2},
+        {DT_IQ1_M, 2048, 8, 0, 2},     {DT_IQ4_NL, 16, 0, 0, 0},     {DT_IQ4_XS, 16, 64, 0, 0},
+    };
+    enum { BLOCKS = 1024 };
+    struct rng g = {11};
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+        const struct dtype_traits *tr = dtype_traits(types[t].type);
+        assert_non_null(tr->to_f32);
+        assert_null(tr->from_f32);
+        const int64_t n = (int64_t)BLOCKS * tr->block_size;
+        uint8_t *q = malloc((size_t)BLOCKS * (size_t)tr->type_size);
+        float *y = malloc((size_t)n * sizeof *y);
+        for (size_t i = 0; i < (size_t)BLOCKS * (size_t)tr->type_size; i++) q[i] = (uint8_t)rng_next(&g);
+        for (int blk = 0; blk < BLOCKS; blk++) {
+            uint8_t *b = q + (size_t)blk * (size_t)tr->type_size;
+            /* a scale in +-[2^-12, 2^4): no NaN, infinity or subnormal */
+            float d = ldexpf(1.0f + 0.5f * rng_uniform(&g), (int)(rng_next(&g) % 16) - 12);
+            uint16_t dh = f32_to_f16(rng_next(&g) & 1 ? -d : d);
+            if (types[t].type == DT_IQ1_M) /* its fp16 scale: the top nibbles of 4 words */
+                for (int i = 0; i < 4; i++) b[48 + 2 * i + 1] = (uint8_t)((b[48 + 2 * i + 1] & 0x0f) | ((dh >> (4 * i)) & 15) << 4);
+            else
+                memcpy(b, &dh, 2);
+        }
+        tr->to_f32(q, y, n);
+        struct seen s;
+        memset(&s, 0, sizeof s);
+        for (int64_t k = 0; k < n; k++) {
+            const uint8_t *b = q + (size_t)(k / tr->block_size) * (size_t)tr->type_size;
+            double want = iq_reference(types[t].type, b, (int)(k % tr->block_size), &s);
+            if (!(fabs(y[k] - want) <= 1e-6 * fabs(want)))
+                fail_msg("%s element %lld: %.9g, want %.9g", tr->name, (long long)k, (double)y[k], want);
+        }
+        fprintf(stderr, "%-7s %d random blocks: %d grid indices, %d scales, %d sign patterns, %d delta signs\n",
+                tr->name, BLOCKS, count(s.idx, 2048), count(s.scale, 64), count(s.sign, 256), count(s.delta, 2));
+        assert_int_equal(count(s.idx, 2048), types[t].n_idx);
+        assert_int_equal(count(s.scale, 64), types[t].n_scale);
+        assert_int_equal(count(s.sign, 256), types[t].n_sign);
+        assert_int_equal(count(s.delta, 2), types[t].n_delta);
+        free(q);
+        free(y);
     }
 }
 
@@ -197,6 +433,8 @@ int main(void) {
         cmocka_unit_test(test_hand_made_blocks),
         cmocka_unit_test(test_roundtrip_bounds),
         cmocka_unit_test(test_llama_blocks),
+        cmocka_unit_test(test_iq_tables),
+        cmocka_unit_test(test_iq_dequantize),
         cmocka_unit_test(test_x_round_q8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

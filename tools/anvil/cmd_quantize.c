@@ -38,9 +38,9 @@ int cmd_quantize(int argc, char **argv) {
            (double)s.bytes_out / (1 << 20), (double)s.bytes_in / (1 << 20));
     if (s.n_fallback) printf(", %d tensors fell back to other types (rows not a multiple of 256)", s.n_fallback);
     printf("\n");
-    for (int t = 0; t < 40; t++)
+    for (int t = 0; t < DT_COUNT; t++)
         if (s.count[t])
-            printf("  %-6s %5d tensors  %10.2f MiB\n", dtype_name(t), s.count[t],
+            printf("  %-7s %5d tensors  %10.2f MiB\n", dtype_name(t), s.count[t],
                    (double)s.bytes[t] / (1 << 20));
     return 0;
 }

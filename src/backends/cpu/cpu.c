@@ -434,12 +434,13 @@ static void cpu_program_destroy(struct program *prog) {
     free(p);
 }
 
-/* Leaf weights the CPU reads must be of a type it can dequantise. */
+/* Leaf weights the CPU reads must be of a type it can dequantise: every type anvil can
+ * compute with (those without a dequantiser, MXFP4, TQ1_0 ..., no backend supports). */
 static anvil_status check_weight(const struct node *n) {
     if (!dtype_supported(n->weight->type))
         return err_set(ANVIL_ERR_UNSUPPORTED, "%s: tensor %s has type %s, which the CPU backend "
-                       "cannot compute with", n->weight->file, n->weight->name,
-                       dtype_name(n->weight->type));
+                       "cannot compute with (anvil does not support it)", n->weight->file,
+                       n->weight->name, dtype_name(n->weight->type));
     return ANVIL_OK;
 }
 
