@@ -103,7 +103,8 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
         if (count[t])
             OUT("  %-7s %5llu tensors  %10.2f MiB\n", dtype_name(t), (unsigned long long)count[t],
                 (double)tbytes[t] / (1 << 20));
-    if (mf->gguf) len += gguf_describe(mf->gguf, buf + MIN(len, cap), cap > len ? cap - len : 0);
+    if (mf->gguf) /* (buf may be NULL when cap is 0: no pointer arithmetic on it then) */
+        len += gguf_describe(mf->gguf, cap > len ? buf + len : NULL, cap > len ? cap - len : 0);
 #undef OUT
     return len;
 }
