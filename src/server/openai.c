@@ -6,7 +6,8 @@
  *   model, stream, stream_options.include_usage, max_tokens, max_completion_tokens,
  *   temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
  *   repetition_penalty, seed, stop (string or list), n (1 only), ignore_eos (vLLM's),
- *   chat: messages, tools (an empty list only), chat_template_kwargs.enable_thinking;
+ *   chat: messages, tools (an empty list only), chat_template_kwargs (every key a template
+ *         variable; enable_thinking must be a boolean);
  *   completions: prompt (a string, or token ids; or a list of one of those).
  * Defaults follow OpenAI: temperature 1, top_p 1; without a seed each request draws one.
  */
@@ -276,7 +277,8 @@ static char *render_chat(struct server *s, const cJSON *req, bool add_generation
         BAD(e, "tools", "tool definitions are not supported by this server yet");
     } else if (get_object(req, "chat_template_kwargs", &kw, e) &&
                (!kw || get_bool(kw, "enable_thinking", &thinking, e))) {
-        if (srv_text_render_chat(s->text, msgs, NULL, add_generation_prompt, thinking, &text) !=
+        /* every key of chat_template_kwargs becomes a template variable */
+        if (srv_text_render_chat(s->text, msgs, NULL, add_generation_prompt, kw, &text) !=
             ANVIL_OK)
             BAD(e, "messages", "the chat template failed on these messages: %s", anvil_last_error());
     }

@@ -254,7 +254,8 @@ static anvil_status load(struct server *s) {
     if (st != ANVIL_OK) return st;
     st = anvil_session_create(s->model, &s->opt.session, &s->session);
     if (st != ANVIL_OK) return err_set(st, "%s", anvil_model_errmsg(s->model));
-    st = srv_text_open(s->opt.model_path, &s->text);
+    st = srv_text_open(s->opt.model_path, s->opt.chat_template, s->opt.chat_template_kwargs,
+                       &s->text);
     if (st != ANVIL_OK) return st;
     s->n_ctx = anvil_session_context_size(s->session);
     return ANVIL_OK;

@@ -52,6 +52,8 @@ struct server_options {
     int max_queue;           /* waiting generation requests beyond this get 503 */
     int max_connections;     /* simultaneous connections (each has a thread) */
     int timeout_s;           /* a client idle this long (not sending, not reading) is dropped */
+    const char *chat_template;        /* template text replacing the model's own, or NULL */
+    const char *chat_template_kwargs; /* JSON object: default template variables, or NULL */
 };
 
 void server_options_default(struct server_options *o);

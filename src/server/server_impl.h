@@ -16,15 +16,19 @@
 
 struct srv_text;
 /* Loads the tokenizer and chat template that ship with the model at model_path. */
-anvil_status srv_text_open(const char *model_path, struct srv_text **out);
+/* The model's tokenizer; template_text (NULL: the model's own) replaces its chat template,
+ * kwargs_json (NULL or a JSON object) gives default template variables. */
+anvil_status srv_text_open(const char *model_path, const char *template_text,
+                           const char *kwargs_json, struct srv_text **out);
 void srv_text_close(struct srv_text *t);
 /* End-of-turn ids (<|im_end|>, <|endoftext|>), text-owned. */
 const int32_t *srv_text_stop_tokens(const struct srv_text *t, int *n);
 /* Renders messages (a validated array of {role, content[, reasoning_content]} objects with
- * string contents) and tools (NULL or an array) with the model's chat template; *out is a new
- * string the caller frees. */
+ * string contents) and tools (NULL or an array) with the chat template; kwargs (NULL or an
+ * object: a request's chat_template_kwargs) become template variables, over the server's
+ * defaults (server_options.chat_template_kwargs). *out is a new string the caller frees. */
 anvil_status srv_text_render_chat(struct srv_text *t, const cJSON *messages, const cJSON *tools,
-                                  bool add_generation_prompt, bool enable_thinking, char **out);
+                                  bool add_generation_prompt, const cJSON *kwargs, char **out);
 /* Text → ids (special-token text such as <|im_start|> becomes its special id); *ids is new,
  * the caller frees it. */
 anvil_status srv_text_tokenize(struct srv_text *t, const char *text, int32_t **ids, int *n);

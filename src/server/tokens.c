@@ -5,6 +5,7 @@
 
 struct srv_text {
     anvil_tokenizer *tok;
+    cJSON *kwargs; /* default template variables, or NULL */
     int32_t stop_ids[4];
     int n_stop;
 };
@@ -21,7 +22,8 @@ static void add_stop(struct srv_text *t, int32_t id) {
     if (t->n_stop < (int)ARRAY_LEN(t->stop_ids)) t->stop_ids[t->n_stop++] = id;
 }
 
-anvil_status srv_text_open(const char *model_path, struct srv_text **out) {
+anvil_status srv_text_open(const char *model_path, const char *template_text,
+                           const char *kwargs_json, struct srv_text **out) {
     *out = NULL;
     struct srv_text *t = xcalloc(1, sizeof *t);
     if (!t) return ANVIL_ERR_NOMEM;
@@ -29,6 +31,14 @@ anvil_status srv_text_open(const char *model_path, struct srv_text **out) {
     if (st != ANVIL_OK) {
         free(t);
         return st;
+    }
+    if (template_text && (st = anvil_tokenizer_set_chat_template(t->tok, template_text)) != ANVIL_OK) {
+        srv_text_close(t);
+        return st;
+    }
+    if (kwargs_json && !cJSON_IsObject(t->kwargs = cJSON_Parse(kwargs_json))) {
+        srv_text_close(t);
+        return err_set(ANVIL_ERR_INVALID_ARG, "chat template keyword arguments: not a JSON object");
     }
     add_stop(t, anvil_tokenizer_eos(t->tok));
     add_stop(t, anvil_tokenizer_find(t->tok, "<|im_end|>"));
@@ -40,6 +50,7 @@ anvil_status srv_text_open(const char *model_path, struct srv_text **out) {
 void srv_text_close(struct srv_text *t) {
     if (!t) return;
     anvil_tokenizer_close(t->tok);
+    cJSON_Delete(t->kwargs);
     free(t);
 }
 
@@ -50,41 +61,32 @@ const int32_t *srv_text_stop_tokens(const struct srv_text *t, int *n) {
 
 int32_t srv_text_vocab_size(const struct srv_text *t) { return anvil_tokenizer_vocab_size(t->tok); }
 
-static const char *str_or_null(const cJSON *o, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 anvil_status srv_text_render_chat(struct srv_text *t, const cJSON *messages, const cJSON *tools,
-                                  bool add_generation_prompt, bool enable_thinking, char **out) {
+                                  bool add_generation_prompt, const cJSON *kwargs, char **out) {
     *out = NULL;
     if (tools && cJSON_GetArraySize(tools) > 0)
         return err_set(ANVIL_ERR_UNSUPPORTED, "tool definitions are not supported yet");
-    int n = cJSON_GetArraySize(messages);
-    anvil_chat_message *msgs = xcalloc((size_t)(n ? n : 1), sizeof *msgs);
-    char **calls = xcalloc((size_t)(n ? n : 1), sizeof *calls);
-    anvil_status st = msgs && calls ? ANVIL_OK : ANVIL_ERR_NOMEM;
-    int i = 0;
-    const cJSON *m;
-    cJSON_ArrayForEach(m, messages) {
-        if (st != ANVIL_OK) break;
-        msgs[i].role = str_or_null(m, "role");
-        msgs[i].content = str_or_null(m, "content");
-        msgs[i].reasoning_content = str_or_null(m, "reasoning_content");
-        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
-        if (tc) {
-            if (!(calls[i] = cJSON_PrintUnformatted(tc))) st = ANVIL_ERR_NOMEM;
-            msgs[i].tool_calls = calls[i];
-        }
-        i++;
+    /* the request's keyword arguments over the server's defaults */
+    cJSON *kw = t->kwargs ? cJSON_Duplicate(t->kwargs, true) : cJSON_CreateObject();
+    const cJSON *e;
+    cJSON_ArrayForEach(e, kwargs) {
+        if (!kw) break;
+        cJSON_DeleteItemFromObjectCaseSensitive(kw, e->string);
+        cJSON_AddItemToObject(kw, e->string, cJSON_Duplicate(e, true));
     }
+    char *msgs = cJSON_PrintUnformatted(messages);
+    char *kw_json = kw ? cJSON_PrintUnformatted(kw) : NULL;
+    char *tools_json = tools ? cJSON_PrintUnformatted(tools) : NULL;
+    anvil_status st = ANVIL_ERR_NOMEM;
     size_t len;
-    if (st == ANVIL_OK)
-        st = anvil_chat_template_apply(t->tok, msgs, (size_t)n, add_generation_prompt,
-                                       enable_thinking, out, &len);
-    for (int k = 0; calls && k < n; k++) cJSON_free(calls[k]);
-    free(calls);
-    free(msgs);
+    if (msgs && kw_json && (!tools || tools_json))
+        st = anvil_chat_render(t->tok, msgs, tools_json, kw_json, add_generation_prompt, out, &len);
+    else
+        err_set(st, "out of memory");
+    cJSON_free(msgs);
+    cJSON_free(kw_json);
+    cJSON_free(tools_json);
+    cJSON_Delete(kw);
     return st;
 }
 

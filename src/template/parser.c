@@ -630,7 +630,12 @@ static struct jnode *parse_body(struct parser *P, const char *const *ends) {
     for (;;) {
         const struct jtok *t = cur(P);
         if (t->kind == T_EOF) {
-            if (ends) return pfail(P, "missing {%% %s %%}", ends[0][0] == 'e' && ends[1] ? ends[1] : ends[0]);
+            if (ends) {
+                const char *end = ends[0];
+                for (int k = 0; ends[k]; k++)
+                    if (!strncmp(ends[k], "end", 3)) end = ends[k];
+                return pfail(P, "missing {%% %s %%}", end);
+            }
             break;
         }
         if (t->kind == T_TEXT) {

@@ -30,6 +30,27 @@ bool parse_ids(const char *s, int32_t **ids, int *n);
 bool parse_int(const char *s, int lo, int hi, int *out);
 int fail(const char *fmt, ...);
 
+/* --chat-template-file FILE (a template replacing the model's own) and --chat-template-kwargs
+ * JSON (an object whose keys become template variables), for run, chat, serve and template. */
+struct template_opts {
+    const char *file;
+    const char *kwargs;
+    char *text; /* the file's text once loaded */
+};
+/* Consumes a template option like common_opt: 1 taken, 0 not ours, -1 bad value. */
+int template_opt(struct template_opts *o, int argc, char **argv, int *i);
+/* Reads the file and checks the kwargs; prints the error and returns false on failure. */
+bool template_opts_load(struct template_opts *o);
+/* Loads, and sets the file's template on tok; prints the error and returns false on failure. */
+bool template_opts_apply(struct template_opts *o, anvil_tokenizer *tok);
+void template_opts_free(struct template_opts *o);
+/* kwargs (a JSON object, or NULL) with enable_thinking=false added when thinking is 0 (and the
+ * object does not set it); a new string (free()), NULL when kwargs is not an object. */
+char *template_kwargs_json(const char *kwargs, int thinking);
+/* Renders [system,] user with the generation prompt (run and chat). */
+anvil_status render_turn(anvil_tokenizer *tok, const char *system, const char *user, int thinking,
+                         const char *kwargs, char **out, size_t *len);
+
 int cmd_eval(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);

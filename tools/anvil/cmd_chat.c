@@ -22,10 +22,8 @@ static anvil_status turn_ids(struct gen_ctx *g, const struct gen_opts *o, const 
     char *text = NULL;
     size_t len;
     anvil_status st;
-    anvil_chat_message msgs[2] = {{"system", o->system, NULL, NULL}, {"user", line, NULL, NULL}};
-    size_t skip = o->system ? 0 : 1;
     char *turn = NULL;
-    st = anvil_chat_template_apply(g->tok, msgs + skip, 2 - skip, 1, o->thinking, &turn, &len);
+    st = render_turn(g->tok, o->system, line, o->thinking, o->tpl.kwargs, &turn, &len);
     if (st != ANVIL_OK) return st;
     if (first) {
         text = turn;

@@ -62,9 +62,7 @@ int cmd_run(int argc, char **argv) {
         text = strdup(prompt);
         text_len = strlen(prompt);
     } else {
-        anvil_chat_message msgs[2] = {{"system", o.system, NULL, NULL}, {"user", prompt, NULL, NULL}};
-        size_t first = o.system ? 0 : 1;
-        if (anvil_chat_template_apply(g.tok, msgs + first, 2 - first, 1, o.thinking, &text, &text_len) != ANVIL_OK) {
+        if (render_turn(g.tok, o.system, prompt, o.thinking, o.tpl.kwargs, &text, &text_len) != ANVIL_OK) {
             fail("%s (use --raw to skip the template)", anvil_last_error());
             goto done;
         }

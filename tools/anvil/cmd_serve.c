@@ -28,6 +28,9 @@ static void usage(void) {
             "  --max-queue N           waiting requests before 503 (256)\n"
             "  --max-connections N     simultaneous connections (512)\n"
             "  --timeout SECONDS       drop a client idle this long (60)\n"
+            "  --chat-template-file FILE   a Jinja chat template instead of the model's own\n"
+            "  --chat-template-kwargs JSON default template variables (a request's\n"
+            "                          chat_template_kwargs override them)\n"
             "  -c, --ctx N  -t, --threads N  --backend cpu|vulkan|auto  --device N  --kv-cache f16|f32\n");
 }
 
@@ -51,9 +54,11 @@ int cmd_serve(int argc, char **argv) {
     common_opts_init(&co, NULL);
     struct server_options o;
     server_options_default(&o);
+    struct template_opts tpl = {0};
     o.api_key = getenv("ANVIL_API_KEY");
     for (int i = 1; i < argc; i++) {
         int r = common_opt(&co, argc, argv, &i);
+        if (!r) r = template_opt(&tpl, argc, argv, &i);
         if (r < 0) return 1;
         if (r) continue;
         const char *a = argv[i], *v;
@@ -91,6 +96,9 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     if (!co.model) return fail("serve: no model: pass -m MODEL");
+    if (!template_opts_load(&tpl)) return 1;
+    o.chat_template = tpl.text;
+    o.chat_template_kwargs = tpl.kwargs;
     o.model_path = co.model;
     o.n_threads = co.n_threads;
     o.session.backend = co.backend;
@@ -109,7 +117,10 @@ int cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &set, NULL);
 
     struct server *srv;
-    if (server_start(&o, &srv) != ANVIL_OK) return fail("%s", anvil_last_error());
+    if (server_start(&o, &srv) != ANVIL_OK) {
+        template_opts_free(&tpl);
+        return fail("%s", anvil_last_error());
+    }
     bool v6 = strchr(o.host, ':') != NULL;
     fprintf(stderr, "anvil: listening on http://%s%s%s:%d (loading %s)\n", v6 ? "[" : "", o.host,
             v6 ? "]" : "", server_port(srv), o.model_path);
@@ -141,5 +152,6 @@ int cmd_serve(int argc, char **argv) {
     }
     pthread_join(waiter, NULL); /* a model still loading finishes first: loading cannot stop */
     server_stop(srv);
+    template_opts_free(&tpl);
     return rc;
 }

@@ -1,14 +1,18 @@
 /*
  * anvil template -m MODEL_OR_TOKENIZER --messages FILE.json [--no-generation-prompt]
- *                [--thinking on|off] [--tools TOOLS.json]
+ *                [--thinking on|off] [--tools TOOLS.json] [--chat-template-file FILE]
+ *                [--chat-template-kwargs JSON] [--bench N]
  *
- * Prints the conversation in FILE.json rendered with the model's chat template, exactly, with
- * nothing added. FILE.json is an array of {"role", "content"} objects (an assistant turn may
- * also have "reasoning_content" and "tool_calls"); TOOLS.json an array of tool definitions.
+ * Prints the conversation in FILE.json rendered with the model's chat template (or FILE's),
+ * exactly, with nothing added; exit 1 with the template's own message where it raises.
+ * FILE.json is an array of message objects as the OpenAI API takes them, passed to the
+ * template as they are; TOOLS.json an array of tool definitions. --bench N renders N times
+ * and prints the mean time of one rendering on stderr.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 
@@ -37,18 +41,21 @@ static char *slurp(const char *file, size_t *len) {
     return text;
 }
 
-static const char *str_field(const cJSON *o, const char *k, bool *bad) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!v || cJSON_IsNull(v)) return NULL;
-    if (!cJSON_IsString(v)) *bad = true;
-    return cJSON_IsString(v) ? v->valuestring : NULL;
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 int cmd_template(int argc, char **argv) {
     const char *model = NULL, *file = NULL, *tools_file = NULL;
-    int gen_prompt = 1, thinking = 1;
+    int gen_prompt = 1, thinking = 1, bench = 0;
+    struct template_opts tpl = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        int r = template_opt(&tpl, argc, argv, &i);
+        if (r < 0) return 1;
+        if (r) continue;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             if (!(model = opt_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--messages")) {
@@ -57,6 +64,9 @@ int cmd_template(int argc, char **argv) {
             if (!(tools_file = opt_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--no-generation-prompt")) {
             gen_prompt = 0;
+        } else if (!strcmp(a, "--bench")) {
+            if (!(v = opt_value(argc, argv, &i))) return 1;
+            if (!parse_int(v, 1, 100000000, &bench)) return fail("template: bad --bench \"%s\"", v);
         } else if (!strcmp(a, "--thinking")) {
             if (!(v = opt_value(argc, argv, &i))) return 1;
             if (!strcmp(v, "on")) thinking = 1;
@@ -69,76 +79,73 @@ int cmd_template(int argc, char **argv) {
     if (!model) return fail("template: -m MODEL_OR_TOKENIZER is required");
     if (!file) return fail("template: --messages FILE.json is required");
 
-    size_t len;
-    char *text = slurp(file, &len), *tools = NULL;
+    size_t len, tlen;
+    char *text = slurp(file, &len), *tools = NULL, *kwargs = NULL, *out = NULL;
+    anvil_tokenizer *tok = NULL;
+    int rc = 1;
     if (!text) return 1;
-    if (tools_file) {
-        size_t tlen;
-        if (!(tools = slurp(tools_file, &tlen))) {
-            free(text);
-            return 1;
-        }
-        cJSON *t = cJSON_ParseWithLength(tools, tlen);
-        bool ok = cJSON_IsArray(t);
-        cJSON_Delete(t);
-        if (!ok) {
-            free(text);
-            free(tools);
-            return fail("%s: not a JSON array of tool definitions", tools_file);
-        }
-    }
     cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
-    if (!root || !cJSON_IsArray(root)) {
-        cJSON_Delete(root);
-        free(tools);
-        return fail("%s: not a JSON array of {\"role\", \"content\"} messages", file);
-    }
-    int n = cJSON_GetArraySize(root);
-    anvil_chat_message *msgs = calloc((size_t)n + 1, sizeof *msgs);
-    char **owned = calloc((size_t)n + 1, sizeof *owned);
-    int rc = 0;
-    if (!msgs || !owned) {
-        rc = fail("out of memory");
+    bool ok = cJSON_IsArray(root);
+    cJSON_Delete(root);
+    if (!ok) {
+        fail("%s: not a JSON array of messages", file);
         goto done;
     }
-    for (int i = 0; i < n; i++) {
-        const cJSON *m = cJSON_GetArrayItem(root, i);
-        bool bad = !cJSON_IsObject(m);
-        msgs[i].role = str_field(m, "role", &bad);
-        msgs[i].content = str_field(m, "content", &bad);
-        msgs[i].reasoning_content = str_field(m, "reasoning_content", &bad);
-        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
-        if (calls && !cJSON_IsNull(calls)) {
-            if (!cJSON_IsArray(calls)) bad = true;
-            else msgs[i].tool_calls = owned[i] = cJSON_PrintUnformatted(calls);
-        }
-        if (bad || !msgs[i].role) {
-            rc = fail("%s: message %d: needs a string \"role\" and string \"content\"", file, i);
+    if (tools_file) {
+        if (!(tools = slurp(tools_file, &tlen))) goto done;
+        cJSON *t = cJSON_ParseWithLength(tools, tlen);
+        ok = cJSON_IsArray(t);
+        cJSON_Delete(t);
+        if (!ok) {
+            fail("%s: not a JSON array of tool definitions", tools_file);
             goto done;
         }
     }
-    anvil_tokenizer *tok;
-    if (anvil_tokenizer_open(model, &tok) != ANVIL_OK) {
-        rc = fail("%s", anvil_last_error());
+    if (!template_opts_load(&tpl)) goto done;
+    /* the kwargs as given (numbers keep their kind) unless --thinking off adds to them */
+    if (thinking == 0 && !(kwargs = template_kwargs_json(tpl.kwargs, thinking))) {
+        fail("out of memory");
         goto done;
     }
-    char *out;
-    size_t out_len;
-    if (anvil_chat_template_apply_tools(tok, msgs, (size_t)n, tools, gen_prompt, thinking, &out,
-                                        &out_len) != ANVIL_OK) {
-        rc = fail("%s", anvil_last_error());
-    } else {
-        fwrite(out, 1, out_len, stdout);
-        free(out);
-        if (fflush(stdout) != 0) rc = fail("template: cannot write output");
+    if (anvil_tokenizer_open(model, &tok) != ANVIL_OK) {
+        fail("%s", anvil_last_error());
+        goto done;
     }
-    anvil_tokenizer_close(tok);
+    if (!template_opts_apply(&tpl, tok)) goto done;
+    size_t out_len;
+    const char *kw = kwargs ? kwargs : tpl.kwargs;
+    if (anvil_chat_render(tok, text, tools, kw, gen_prompt, &out, &out_len) != ANVIL_OK) {
+        fail("%s", anvil_last_error());
+        goto done;
+    }
+    if (bench) {
+        double t0 = now_s();
+        clock_t c0 = clock();
+        for (int i = 0; i < bench; i++) {
+            char *o;
+            size_t n;
+            if (anvil_chat_render(tok, text, tools, kw, gen_prompt, &o, &n) != ANVIL_OK) {
+                fail("%s", anvil_last_error());
+                goto done;
+            }
+            free(o);
+        }
+        double dt = (now_s() - t0) / bench;
+        double cpu = (double)(clock() - c0) / CLOCKS_PER_SEC / bench;
+        fprintf(stderr, "template: %d renderings, %.1f us each (%.1f us of CPU time; %zu bytes "
+                "of messages, %zu of tools, %zu bytes out)\n", bench, dt * 1e6, cpu * 1e6, len,
+                tools ? tlen : 0, out_len);
+        rc = 0;
+        goto done;
+    }
+    fwrite(out, 1, out_len, stdout);
+    rc = fflush(stdout) != 0 ? fail("template: cannot write output") : 0;
 done:
-    for (int i = 0; i < n && owned; i++) free(owned[i]);
-    free(owned);
-    free(msgs);
+    anvil_tokenizer_close(tok);
+    template_opts_free(&tpl);
+    free(out);
+    free(kwargs);
     free(tools);
-    cJSON_Delete(root);
+    free(text);
     return rc;
 }

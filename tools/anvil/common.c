@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "cli.h"
 
 int fail(const char *fmt, ...) {
@@ -128,4 +130,100 @@ bool open_model_session(const struct common_opts *o, anvil_model **m, anvil_sess
         return false;
     }
     return true;
+}
+
+/* ---- chat template options ---------------------------------------------------------------- */
+
+int template_opt(struct template_opts *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "--chat-template-file")) {
+        if (!(o->file = opt_value(argc, argv, i))) return -1;
+    } else if (!strcmp(a, "--chat-template-kwargs")) {
+        if (!(o->kwargs = opt_value(argc, argv, i))) return -1;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+bool template_opts_load(struct template_opts *o) {
+    if (o->kwargs) {
+        cJSON *kw = cJSON_Parse(o->kwargs);
+        bool ok = cJSON_IsObject(kw);
+        cJSON_Delete(kw);
+        if (!ok) return fail("--chat-template-kwargs: not a JSON object: %s", o->kwargs), false;
+    }
+    if (o->file && !o->text) {
+        FILE *f = fopen(o->file, "rb");
+        if (!f) return fail("%s: cannot open the chat template file", o->file), false;
+        size_t cap = 1 << 14, n = 0;
+        char *text = malloc(cap);
+        while (text) {
+            n += fread(text + n, 1, cap - 1 - n, f);
+            if (n < cap - 1) break;
+            if (cap >= (8u << 20)) {
+                free(text);
+                fclose(f);
+                return fail("%s: the chat template file is larger than 8 MiB", o->file), false;
+            }
+            char *t = realloc(text, cap *= 2);
+            if (!t) free(text);
+            text = t;
+        }
+        fclose(f);
+        if (!text) return fail("out of memory"), false;
+        text[n] = 0;
+        if (strlen(text) != n) {
+            free(text);
+            return fail("%s: the chat template file contains a NUL byte", o->file), false;
+        }
+        o->text = text;
+    }
+    return true;
+}
+
+bool template_opts_apply(struct template_opts *o, anvil_tokenizer *tok) {
+    if (!template_opts_load(o)) return false;
+    if (o->text && anvil_tokenizer_set_chat_template(tok, o->text) != ANVIL_OK)
+        return fail("%s: %s", o->file, anvil_last_error()), false;
+    return true;
+}
+
+void template_opts_free(struct template_opts *o) {
+    free(o->text);
+    o->text = NULL;
+}
+
+char *template_kwargs_json(const char *kwargs, int thinking) {
+    cJSON *kw = kwargs ? cJSON_Parse(kwargs) : cJSON_CreateObject();
+    if (!cJSON_IsObject(kw)) {
+        cJSON_Delete(kw);
+        return NULL;
+    }
+    if (thinking == 0 && !cJSON_GetObjectItemCaseSensitive(kw, "enable_thinking"))
+        cJSON_AddBoolToObject(kw, "enable_thinking", false);
+    char *s = cJSON_PrintUnformatted(kw);
+    cJSON_Delete(kw);
+    return s;
+}
+
+anvil_status render_turn(anvil_tokenizer *tok, const char *system, const char *user, int thinking,
+                         const char *kwargs, char **out, size_t *len) {
+    cJSON *msgs = cJSON_CreateArray();
+    if (system) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "system");
+        cJSON_AddStringToObject(m, "content", system);
+        cJSON_AddItemToArray(msgs, m);
+    }
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "user");
+    cJSON_AddStringToObject(m, "content", user);
+    cJSON_AddItemToArray(msgs, m);
+    char *text = cJSON_PrintUnformatted(msgs), *kw = template_kwargs_json(kwargs, thinking);
+    cJSON_Delete(msgs);
+    anvil_status st = text && kw ? anvil_chat_render(tok, text, NULL, kw, 1, out, len) : ANVIL_ERR_NOMEM;
+    free(text);
+    free(kw);
+    return st;
 }

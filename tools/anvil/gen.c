@@ -45,6 +45,7 @@ static bool parse_float(const char *s, float lo, float hi, float *out) {
 
 int gen_opt(struct gen_opts *o, int argc, char **argv, int *i) {
     int r = common_opt(&o->co, argc, argv, i);
+    if (!r) r = template_opt(&o->tpl, argc, argv, i);
     if (r) return r;
     const char *a = argv[*i], *v;
     anvil_sampling *s = &o->gp.sampling;
@@ -105,6 +106,12 @@ bool gen_open(struct gen_opts *o, struct gen_ctx *g) {
     }
     if (anvil_tokenizer_open(o->co.model, &g->tok) != ANVIL_OK) {
         fail("%s", anvil_last_error());
+        return false;
+    }
+    bool tpl_ok = template_opts_apply(&o->tpl, g->tok);
+    template_opts_free(&o->tpl);
+    if (!tpl_ok) {
+        gen_close(g);
         return false;
     }
     if (anvil_detokenizer_create(g->tok, &g->dec) != ANVIL_OK) {

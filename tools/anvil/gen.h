@@ -16,6 +16,7 @@ struct gen_opts {
     bool seed_set;
     const char *stops[16]; /* --stop strings */
     int n_stops;
+    struct template_opts tpl; /* --chat-template-file, --chat-template-kwargs */
 };
 
 struct gen_ctx {

@@ -33,7 +33,9 @@ static const struct {
                  "  --temp T  --top-k K  --top-p P  --min-p P  --seed S\n" \
                  "  --repeat-penalty R  --repeat-last-n N  --presence-penalty P  --frequency-penalty P\n" \
                  "  --stop TEXT         stop when the text appears (repeatable)\n" \
-                 "  --system TEXT       a system message   --thinking on|off\n"
+                 "  --system TEXT       a system message   --thinking on|off\n" \
+                 "  --chat-template-file FILE   a Jinja chat template instead of the model's own\n" \
+                 "  --chat-template-kwargs JSON template variables: '{\"enable_thinking\": false}'\n"
 
 /* The options of each command that does not print its own usage. */
 static const struct {
@@ -52,7 +54,10 @@ static const struct {
     {"tokenize", "usage: anvil tokenize -m MODEL [--plain] < text    anvil tokenize -m MODEL --decode < ids\n"
                  "  --bench / --bench-file FILE  measure encoding speed\n"},
     {"template", "usage: anvil template -m MODEL --messages FILE.json [--tools FILE.json]\n"
-                 "  [--no-generation-prompt] [--thinking on|off]\n"},
+                 "  [--no-generation-prompt] [--thinking on|off] [--chat-template-file FILE]\n"
+                 "  [--chat-template-kwargs JSON] [--bench N]\n"
+                 "  prints the rendering; exit 1 with the template's own message where it raises;\n"
+                 "  --bench N renders N times and prints the time per rendering\n"},
     {"run", "usage: anvil run -m MODEL -p PROMPT [options]   (-p - reads stdin)\n"
             "  --raw               feed the prompt as is, without the chat template\n" SAMPLING COMMON},
     {"chat", "usage: anvil chat -m MODEL [options]   (/reset, /exit)\n" SAMPLING COMMON},
