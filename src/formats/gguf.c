@@ -893,6 +893,33 @@ anvil_status gguf_read_hparams(const struct gguf_file *gf, struct hparams *hp) {
     I("full_attention_interval", false, 4, &interval);
 #undef I
     if ((st = hp_float(gf, arch, "rope.freq_base", 10000.0, &hp->rope_theta)) != ANVIL_OK) return st;
+    /* M-RoPE sections ([11, 11, 10, 0] in qwen35 files), interleaved as llama.cpp's imrope
+     * for these architectures */
+    char skey[128];
+    snprintf(skey, sizeof skey, "%s.rope.dimension_sections", arch);
+    const struct gguf_array *secs = gguf_get_arr(gf, skey);
+    /* the image token by its text: GGUF files carry no image_token_id */
+    hp->image_token_id = -1;
+    const struct gguf_array *toks = gguf_get_arr(gf, "tokenizer.ggml.tokens");
+    for (uint64_t i = 0; toks && toks->type == GGUF_STRING && i < toks->count && i < INT32_MAX; i++) {
+        size_t len;
+        const char *t = gguf_arr_str(toks, i, &len);
+        if (t && len == 13 && !memcmp(t, "<|image_pad|>", 13)) {
+            hp->image_token_id = (int32_t)i;
+            break;
+        }
+    }
+    if (secs && (hp->arch == ARCH_QWEN35 || hp->arch == ARCH_QWEN35_MOE)) {
+        int sum = 0;
+        for (uint64_t i = 0; i < 3; i++) {
+            int64_t v;
+            if (!gguf_arr_int(secs, i, &v) || v < 0 || v > 4096)
+                return err_set(ANVIL_ERR_FORMAT, "%s: bad %s", gf->path, skey);
+            sum += hp->mrope_sections[i] = (int)v;
+        }
+        hp->mrope_interleaved = true;
+        if (sum * 2 != hp->n_rot) memset(hp->mrope_sections, 0, sizeof hp->mrope_sections);
+    }
     if ((st = hp_float(gf, arch, "attention.layer_norm_rms_epsilon", 1e-6, &hp->rms_eps)) != ANVIL_OK)
         return st;
     int value_len;
@@ -936,7 +963,6 @@ anvil_status gguf_read_hparams(const struct gguf_file *gf, struct hparams *hp) {
     if (embd->ne[1] > INT_MAX)
         return err_set(ANVIL_ERR_FORMAT, "%s: token_embd.weight has too many rows", gf->path);
     hp->n_vocab = (int)embd->ne[1];
-    const struct gguf_array *toks = gguf_get_arr(gf, "tokenizer.ggml.tokens");
     if (toks && toks->count != (uint64_t)hp->n_vocab)
         return err_set(ANVIL_ERR_FORMAT, "%s: the token list has %llu entries but "
                        "token_embd.weight has %d rows", gf->path,

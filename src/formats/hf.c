@@ -195,6 +195,29 @@ anvil_status hf_parse_config(const char *json, const char *path, struct hparams 
         st = err_set(ANVIL_ERR_FORMAT, "%s: partial_rotary_factor %g out of (0, 1]", path, partial);
         goto done;
     }
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(rp, "mrope_section");
+    if (ms) {
+        int sum = 0;
+        for (int i = 0; i < 3; i++) {
+            const cJSON *v = cJSON_GetArrayItem(ms, i);
+            if (!cJSON_IsArray(ms) || cJSON_GetArraySize(ms) != 3 || !cJSON_IsNumber(v) ||
+                v->valuedouble < 0 || v->valuedouble > 4096 || v->valuedouble != floor(v->valuedouble)) {
+                st = err_set(ANVIL_ERR_FORMAT, "%s: mrope_section must be 3 counts", path);
+                goto done;
+            }
+            sum += hp->mrope_sections[i] = (int)v->valuedouble;
+        }
+        const cJSON *il = cJSON_GetObjectItemCaseSensitive(rp, "mrope_interleaved");
+        hp->mrope_interleaved = cJSON_IsTrue(il);
+        if (sum * 2 != (int)(hp->head_dim * partial) - ((int)(hp->head_dim * partial) & 1)) {
+            st = err_set(ANVIL_ERR_FORMAT, "%s: mrope_section sums to %d pairs, the rotary "
+                         "dimensions are %d", path, sum, (int)(hp->head_dim * partial));
+            goto done;
+        }
+    }
+    const cJSON *itok = cJSON_GetObjectItemCaseSensitive(root, "image_token_id");
+    hp->image_token_id = cJSON_IsNumber(itok) && itok->valuedouble >= 0 && itok->valuedouble < 1e9
+                             ? (int32_t)itok->valuedouble : -1;
     hp->rms_eps = (float)eps;
     hp->rope_theta = (float)theta;
     hp->n_rot = (int)(hp->head_dim * partial);
@@ -263,8 +286,50 @@ done:
 
 /* ---- tensor names ---- */
 
+/* The vision tower (model.visual.*) under llama.cpp's mmproj names, so that one binder
+ * (vision/vision.c) reads both; the rest of a block's names follow ("blocks.N." -> "v.blk.N."). */
+static bool hf_vision_name(const char *rest, char *out, size_t cap) {
+    static const struct {
+        const char *hf, *gguf;
+    } names[] = {
+        {"patch_embed.proj.weight", "v.patch_embd.weight"},
+        {"patch_embed.proj.bias", "v.patch_embd.bias"},
+        {"pos_embed.weight", "v.position_embd.weight"},
+        {"merger.norm.weight", "v.post_ln.weight"},
+        {"merger.norm.bias", "v.post_ln.bias"},
+        {"merger.linear_fc1.weight", "mm.0.weight"},
+        {"merger.linear_fc1.bias", "mm.0.bias"},
+        {"merger.linear_fc2.weight", "mm.2.weight"},
+        {"merger.linear_fc2.bias", "mm.2.bias"},
+    }, block_names[] = {
+        {"norm1.", "ln1."},
+        {"norm2.", "ln2."},
+        {"attn.qkv.", "attn_qkv."},
+        {"attn.proj.", "attn_out."},
+        {"mlp.linear_fc1.", "ffn_up."},
+        {"mlp.linear_fc2.", "ffn_down."},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(names); i++)
+        if (!strcmp(rest, names[i].hf)) {
+            snprintf(out, cap, "%s", names[i].gguf);
+            return true;
+        }
+    if (strncmp(rest, "blocks.", 7) != 0) return false; /* deepstack mergers: not read */
+    char *end;
+    long layer = strtol(rest + 7, &end, 10);
+    if (end == rest + 7 || *end != '.' || layer < 0 || layer >= MAX_LAYERS) return false;
+    for (size_t i = 0; i < ARRAY_LEN(block_names); i++) {
+        size_t n = strlen(block_names[i].hf);
+        if (!strncmp(end + 1, block_names[i].hf, n)) {
+            snprintf(out, cap, "v.blk.%ld.%s%s", layer, block_names[i].gguf, end + 1 + n);
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Maps a Hugging Face tensor name to the canonical one; false for tensors anvil ignores
- * (vision tower, multi-token prediction). */
+ * (multi-token prediction). */
 static bool hf_canonical_name(const char *hf, char *out, size_t cap) {
     static const char *prefixes[] = {"model.language_model.", "model."};
     static const struct {
@@ -287,6 +352,7 @@ static bool hf_canonical_name(const char *hf, char *out, size_t cap) {
         {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
         {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
     };
+    if (!strncmp(hf, "model.visual.", 13)) return hf_vision_name(hf + 13, out, cap);
     if (!strcmp(hf, "lm_head.weight")) {
         snprintf(out, cap, "output.weight");
         return true;
@@ -400,6 +466,10 @@ anvil_status safetensors_parse(const struct mapped_file *map, struct model_file 
             break;
         }
         int n_dims = cJSON_GetArraySize(shape);
+        /* the vision tower's patch embedding, a Conv3d [C, 3, tp, P, P]: a matrix of rows
+         * (channel, t, y, x), as the processor lays out a patch's pixels */
+        bool conv3d = n_dims == 5 && !strcmp(name, "v.patch_embd.weight");
+        if (conv3d) n_dims = 2;
         if (n_dims > MAX_DIMS) {
             st = err_set(ANVIL_ERR_UNSUPPORTED, "%s: tensor \"%s\" has %d dimensions", path,
                          e->string, n_dims);
@@ -408,14 +478,19 @@ anvil_status safetensors_parse(const struct mapped_file *map, struct model_file 
         int64_t ne[MAX_DIMS] = {1, 1, 1, 1};
         size_t count = 1;
         bool ok = true;
-        for (int d = 0; d < n_dims; d++) {
+        for (int d = 0; d < cJSON_GetArraySize(shape); d++) {
             const cJSON *v = cJSON_GetArrayItem(shape, d);
             if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e15 ||
                 v->valuedouble != floor(v->valuedouble)) {
                 ok = false;
                 break;
             }
-            ne[n_dims - 1 - d] = (int64_t)v->valuedouble; /* reversed: ne[0] is contiguous */
+            size_t merged;
+            if (conv3d && d > 0) { /* reversed: ne[0] is contiguous */
+                ok = ok && size_mul((size_t)ne[0], (size_t)v->valuedouble, &merged);
+                ne[0] = ok ? (int64_t)merged : 0;
+            } else
+                ne[n_dims - 1 - d] = (int64_t)v->valuedouble;
             ok = ok && size_mul(count, (size_t)v->valuedouble, &count);
         }
         if (!ok) {

@@ -124,6 +124,8 @@ uint64_t model_file_bytes_per_token(const struct model_file *mf) {
     uint64_t b = 0;
     for (int i = 0; i < mf->n_tensors; i++) {
         const struct tensor_info *t = &mf->tensors[i];
+        if (!strncmp(t->name, "v.", 2) || !strncmp(t->name, "mm.", 3))
+            continue; /* the vision tower runs once per image, not per token */
         if (hp->n_expert > 0 && (strstr(t->name, "_exps.") || strstr(t->name, ".mlp.experts.")))
             b += t->size / (uint64_t)hp->n_expert * (uint64_t)hp->n_expert_used;
         else if (!strcmp(t->name, "token_embd.weight") && !hp->tied_embeddings && t->ne[1] > 0)

@@ -59,6 +59,14 @@ struct hparams {
     bool layer_dense_ffn[MAX_LAYERS];
     /* HF Next/3.5 checkpoints store RMSNorm weights zero-centred (scale is 1 + w) */
     bool norm_zero_centred;
+    /* M-RoPE (Qwen3.5/3.6): rotary pairs (of n_rot / 2) per position axis (temporal, height,
+     * width), interleaved (pair i on axis i % 3 while that axis has pairs left) or in
+     * sections; all 0 for plain rope. Text alone has equal positions on the three axes, so
+     * only images (3-D positions) make them matter. */
+    int mrope_sections[3];
+    bool mrope_interleaved;
+    /* multimodal checkpoints: the token that stands for an image's patches (-1: none) */
+    int32_t image_token_id;
 };
 
 struct tensor_info {

@@ -182,6 +182,7 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
                             s->tied};
     struct hparams *hp = &mf->hp;
     memset(hp, 0, sizeof *hp);
+    hp->image_token_id = -1;
     hp->arch = x->arch;
     hp->n_layer = s->n_layer;
     hp->n_embd = s->n_embd;
