@@ -349,6 +349,40 @@ anvil_status anvil_session_memory(const anvil_session *s, anvil_memory_stats *ou
  * empty for the CPU backend. Returns the length. */
 size_t anvil_session_describe_program(const anvil_session *s, char *buf, size_t cap);
 
+/* ---- images (Qwen3.5 / Qwen3.6: the CPU backend, for now) ----
+ *
+ *     anvil_image *img;
+ *     anvil_image_load(model, "cat.png", &img);     // decoded and preprocessed
+ *     // the prompt: ... <|vision_start|> then anvil_image_tokens(img) times
+ *     // anvil_model_image_token(model), <|vision_end|> ...
+ *     anvil_session_eval_images(s, ids, n, &img, 1, ANVIL_LOGITS_LAST, logits);
+ *     anvil_image_free(img);
+ */
+typedef struct anvil_image anvil_image;
+
+/* Loads the model's vision tower: from mmproj (llama.cpp's mmproj GGUF, beside a text GGUF)
+ * when not NULL, else from the Hugging Face checkpoint itself. Once per model; anvil_image_load
+ * loads the checkpoint's when none is loaded yet. */
+anvil_status anvil_model_load_vision(anvil_model *m, const char *mmproj);
+/* The token that stands for an image's patches (config.json's image_token_id), -1 if none. */
+int32_t anvil_model_image_token(const anvil_model *m);
+/* Decodes a PNG or JPEG file and preprocesses it as the model's image processor does. Free
+ * with anvil_image_free. */
+anvil_status anvil_image_load(anvil_model *m, const char *path, anvil_image **out);
+void anvil_image_free(anvil_image *img);
+/* The image tokens the image takes in a prompt. */
+int anvil_image_tokens(const anvil_image *img);
+/* The preprocessed pixel values, [*rows][*cols] float32 in the processor's order (its
+ * pixel_values), and the grid (temporal, height, width) in patches. Owned by img. */
+const float *anvil_image_pixels(const anvil_image *img, int *rows, int *cols, int grid_thw[3]);
+/* anvil_session_eval for a prompt with images: tokens hold, for each image in order, a run of
+ * exactly anvil_image_tokens(image) image tokens, which take the image's embeddings and 3-D
+ * (M-RoPE) positions; later tokens (this call's and later calls') continue from the image's
+ * largest position + 1, as transformers counts. */
+anvil_status anvil_session_eval_images(anvil_session *s, const int32_t *tokens, int n,
+                                       anvil_image *const *images, int n_images,
+                                       anvil_logits_mode mode, float *logits_out);
+
 #if defined(__GNUC__)
 #pragma GCC visibility pop
 #endif

@@ -89,6 +89,20 @@ static inline void backend_destroy(struct backend *b) {
     if (b) b->vt->destroy(b);
 }
 
+/* Inputs of a multimodal run (images in the prompt) beyond the token ids; the CPU backend
+ * takes them (backend_cpu_run_extras). */
+struct run_extras {
+    const int32_t *pos;      /* [T][3] rope positions (temporal, height, width) of each token,
+                                or NULL: pos0 + t on every axis. The cache rows stay pos0 + t. */
+    const float *embd;       /* rows of the model's width that replace token embeddings */
+    const int32_t *embd_row; /* [T]: the row of embd token t takes, -1 for its own; NULL: none */
+};
+/* Runs a program of the CPU backend (else ANVIL_ERR_UNSUPPORTED) as vt->run does, with x. */
+anvil_status backend_cpu_run_extras(struct program *p, const int32_t *tokens, int pos0,
+                                    const struct run_extras *x, float *out);
+/* Whether b is the CPU backend. */
+bool backend_is_cpu(const struct backend *b);
+
 /* kv16: the attention caches hold float16 (anvil_kv_cache): the Vulkan backend stores them so,
  * the CPU rounds k and v the same way and stores float32, so that both compute the same
  * attention. */

@@ -7,9 +7,12 @@
 
 #define ERRMSG_LEN 1024
 
+struct vision_model;
+
 struct anvil_model {
     struct model_file *file;
     struct model model;
+    struct vision_model *vision; /* the image encoder, once loaded (engine/image.c) */
     int n_threads;
     char err[ERRMSG_LEN];
 };
@@ -26,7 +29,19 @@ struct anvil_session {
     int chunk_cap; /* (0: none) the largest chunk whose prefill program the device had room for */
     bool prefill_last_only;
     bool no_prefill; /* the backend has no prefill program for this model: token by token */
+    /* after images (M-RoPE): a token's rope position is its cache row + rope_delta (images
+     * advance positions by their grid's longer side, not their token count); the images
+     * lie in rows [mm_first, mm_end) */
+    int rope_delta;
+    int mm_first, mm_end;
     char err[ERRMSG_LEN];
 };
+
+/* anvil_session_eval with a multimodal prompt's inputs (mm: positions and embedding rows of
+ * the n tokens, or NULL), on the CPU backend. */
+anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
+                             anvil_logits_mode mode, float *logits_out, const struct run_extras *mm);
+/* Closes the model's vision tower (anvil_model_close). */
+void image_model_close(anvil_model *m);
 
 #endif

@@ -41,6 +41,7 @@ anvil_status anvil_model_open(const char *path, const anvil_model_params *params
 
 void anvil_model_close(anvil_model *m) {
     if (!m) return;
+    image_model_close(m);
     model_unbind(&m->model);
     model_file_close(m->file);
     free(m);
@@ -216,7 +217,10 @@ const char *anvil_session_backend_name(const anvil_session *s) { return s->backe
 
 int anvil_session_position(const anvil_session *s) { return s->pos; }
 
-void anvil_session_reset(anvil_session *s) { s->pos = 0; }
+void anvil_session_reset(anvil_session *s) {
+    s->pos = 0;
+    s->rope_delta = s->mm_first = s->mm_end = 0;
+}
 
 const int32_t *anvil_session_tokens(const anvil_session *s, int *n) {
     *n = s->pos;
@@ -231,6 +235,10 @@ anvil_status anvil_session_truncate(anvil_session *s, int n) {
     if (recurrent && n != s->pos && n != 0)
         return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "a recurrent model's cache can only "
                                         "be kept whole or reset, not cut to %d of %d tokens", n, s->pos));
+    if (s->rope_delta && n > s->mm_first && n < s->mm_end)
+        return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "cannot cut the cache inside an "
+                                        "image (rows %d .. %d)", s->mm_first, s->mm_end - 1));
+    if (n <= s->mm_first) s->rope_delta = s->mm_first = s->mm_end = 0;
     s->pos = n; /* later tokens are overwritten in place: attention only reads rows < pos */
     return ANVIL_OK;
 }
@@ -283,9 +291,39 @@ static anvil_status check_finite(const anvil_session *s, const float *rows, int 
     return ANVIL_OK;
 }
 
+/* Runs a chunk of T tokens at cache row s->pos + done... as vt->run does; with multimodal
+ * inputs (mm, for the whole eval, from token 0) or shifted rope positions (after images)
+ * through the CPU backend's extras. */
+static anvil_status run_chunk(anvil_session *s, struct program *p, const int32_t *tokens, int done,
+                              int T, const struct run_extras *mm, float *dst) {
+    if (!mm && !s->rope_delta) return s->backend->vt->run(p, tokens + done, s->pos, dst);
+    struct run_extras x = {NULL, NULL, NULL};
+    int32_t *pos = NULL;
+    if (mm) {
+        x.pos = mm->pos ? mm->pos + 3 * (size_t)done : NULL;
+        x.embd = mm->embd;
+        x.embd_row = mm->embd_row ? mm->embd_row + done : NULL;
+    } else {
+        if (!(pos = xmalloc((size_t)T * 3 * sizeof *pos))) return ANVIL_ERR_NOMEM;
+        for (int t = 0; t < T; t++) pos[3 * t] = pos[3 * t + 1] = pos[3 * t + 2] = s->pos + t + s->rope_delta;
+        x.pos = pos;
+    }
+    anvil_status st = backend_cpu_run_extras(p, tokens + done, s->pos, &x, dst);
+    free(pos);
+    return st;
+}
+
 anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
                                 anvil_logits_mode mode, float *logits_out) {
+    return session_eval_mm(s, tokens, n, mode, logits_out, NULL);
+}
+
+anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
+                             anvil_logits_mode mode, float *logits_out, const struct run_extras *mm) {
     if (!s) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_eval: session is NULL");
+    if ((mm || s->rope_delta) && !backend_is_cpu(s->backend))
+        return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "images run on the CPU backend "
+                                        "only (--backend cpu), for now"));
     if (n <= 0 || !tokens || (mode != ANVIL_LOGITS_NONE && !logits_out))
         return keep_err(s->err, err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_eval: no tokens or no output buffer"));
     int V = s->model->file->hp.n_vocab;
@@ -341,7 +379,7 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
         float *dst = NULL;
         if (mode == ANVIL_LOGITS_ALL) dst = logits_out + (size_t)done * (size_t)V;
         else if (mode == ANVIL_LOGITS_LAST && last_chunk) dst = logits_out;
-        if (st == ANVIL_OK) st = s->backend->vt->run(p, tokens + done, s->pos, dst);
+        if (st == ANVIL_OK) st = run_chunk(s, p, tokens, done, T, mm, dst);
         if (st == ANVIL_OK && dst)
             st = check_finite(s, dst, last_only ? 1 : T, V, last_only ? s->pos + T - 1 : s->pos);
         if (st != ANVIL_OK) return keep_err(s->err, st);

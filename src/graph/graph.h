@@ -37,7 +37,12 @@ enum op {
                       p.f[0] = eps, p.i[0] = 1 when the weight is zero-centred (1 + w) */
     OP_MATMUL,     /* src0 x {K, T}, src1 weight {K, N}; out {N, T} = x · Wᵀ */
     OP_ROPE,       /* src0 x {D, H, T}; rotates the first p.i[0] dims of each head, NeoX
-                      pairing (i, i + n_rot/2), position pos0 + t; p.f[0] = theta */
+                      pairing (i, i + n_rot/2), position pos0 + t; p.f[0] = theta.
+                      M-RoPE (Qwen3.5/3.6): p.i[1..3] pairs per axis (temporal, height,
+                      width), p.f[1] = 1 when interleaved (pair i on axis i % 3 while that
+                      axis has pairs left, else temporal), 0 in sections. Positions are
+                      pos0 + t on every axis unless a run gives 3-D ones (images, the CPU
+                      backend's run_extras) */
     OP_ATTENTION,  /* src0 q {D, H, T}, src1 k {D, Hkv, T}, src2 v {D, Hkv, T},
                       src3 k cache {D, Hkv, S}, src4 v cache {D, Hkv, S}.
                       Stores k, v at rows pos0 + t of the caches, then each query attends

@@ -78,6 +78,16 @@ anvil_status bind_head(const struct model_file *mf, struct head_weights *w) {
     return ANVIL_OK;
 }
 
+/* Rope, with the model's M-RoPE sections where it has them (see OP_ROPE). */
+static int rope(struct graph *g, const struct hparams *hp, int x) {
+    int r = graph_rope(g, x, hp->n_rot, hp->rope_theta);
+    if (r >= 0 && hp->mrope_sections[0] + hp->mrope_sections[1] + hp->mrope_sections[2] > 0) {
+        for (int i = 0; i < 3; i++) g->nodes[r].p.i[1 + i] = hp->mrope_sections[i];
+        g->nodes[r].p.f[1] = hp->mrope_interleaved ? 1.0f : 0.0f;
+    }
+    return r;
+}
+
 int block_attention(struct graph *g, const struct hparams *hp, const struct attn_weights *w,
                     int x, int layer, const struct build_opts *o) {
     int T = o->n_tokens, D = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv;
@@ -94,8 +104,8 @@ int block_attention(struct graph *g, const struct hparams *hp, const struct attn
     int v = graph_reshape(g, graph_matmul(g, h, graph_weight(g, w->wv)), D, Hkv, T);
     q = graph_rms_norm(g, q, graph_weight(g, w->q_norm), hp->rms_eps, hp->norm_zero_centred);
     k = graph_rms_norm(g, k, graph_weight(g, w->k_norm), hp->rms_eps, hp->norm_zero_centred);
-    q = graph_rope(g, q, hp->n_rot, hp->rope_theta);
-    k = graph_rope(g, k, hp->n_rot, hp->rope_theta);
+    q = rope(g, hp, q);
+    k = rope(g, hp, k);
     int a = graph_attention(g, q, k, v, kc, vc, 1.0f / sqrtf((float)D));
     a = graph_reshape(g, a, (int64_t)D * H, T, 1);
     if (w->gate_rows)

@@ -1,10 +1,17 @@
 /*
  * anvil eval -m MODEL --prompt-ids 1,2,3 [--feed-ids 4,5,6 | -n N] [--logits FILE]
+ *            [--image FILE ... [--mmproj FILE] [--pixels-out FILE]]
  *
  * Prefills the prompt, then takes one decode step per --feed-ids id (teacher forcing) or N
  * greedy steps. --logits writes float32 rows of vocab_size: one per prompt position, then one
  * per decode step. Prints "greedy: a,b,c": the argmax of the last prompt row, then of each
  * decode row.
+ *
+ * Images (repeatable --image, Qwen3.5/3.6, the CPU backend): the prompt holds one image token
+ * (<|image_pad|>) per image, which is expanded to the image's token count as the processor
+ * does (so --logits has a row per expanded position); --mmproj gives the vision tower of a
+ * GGUF model; --pixels-out writes the preprocessed pixel values (float32, the processor's
+ * layout, image after image).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,10 +26,57 @@ static int32_t argmax(const float *v, int n) {
     return best;
 }
 
+/* Loads the vision tower and the images, writes their pixels (pixels_path), and expands the
+ * prompt's image tokens, one per image, to each image's count (*ids replaced). */
+static bool load_images(anvil_model *m, const char *mmproj, const char *const *paths, int n,
+                        const char *pixels_path, anvil_image **images, int32_t **ids, int *n_ids) {
+    if (anvil_model_load_vision(m, mmproj) != ANVIL_OK) return fail("%s", anvil_model_errmsg(m)), false;
+    int32_t pad = anvil_model_image_token(m);
+    if (pad < 0) return fail("the model names no image token"), false;
+    size_t total = (size_t)*n_ids;
+    for (int i = 0; i < n; i++) {
+        if (anvil_image_load(m, paths[i], &images[i]) != ANVIL_OK)
+            return fail("%s", anvil_model_errmsg(m)), false;
+        total += (size_t)anvil_image_tokens(images[i]) - 1;
+    }
+    if (pixels_path) {
+        FILE *f = fopen(pixels_path, "wb");
+        if (!f) return fail("%s: cannot open for writing", pixels_path), false;
+        bool ok = true;
+        for (int i = 0; i < n && ok; i++) {
+            int rows, cols;
+            const float *px = anvil_image_pixels(images[i], &rows, &cols, NULL);
+            ok = fwrite(px, sizeof(float) * (size_t)cols, (size_t)rows, f) == (size_t)rows;
+        }
+        if (fclose(f) != 0 || !ok) return fail("%s: write failed", pixels_path), false;
+    }
+    int found = 0;
+    for (int i = 0; i < *n_ids; i++) found += (*ids)[i] == pad;
+    if (found != n)
+        return fail("eval: the prompt has %d image tokens (%d) for %d image(s): one each", found,
+                    pad, n), false;
+    int32_t *out = malloc(total * sizeof *out);
+    if (!out) return fail("out of memory"), false;
+    for (int i = 0, k = 0, at = 0; i < *n_ids; i++) {
+        if ((*ids)[i] != pad) {
+            out[at++] = (*ids)[i];
+            continue;
+        }
+        for (int j = 0; j < anvil_image_tokens(images[k]); j++) out[at++] = pad;
+        k++;
+    }
+    free(*ids);
+    *ids = out;
+    *n_ids = (int)total;
+    return true;
+}
+
 int cmd_eval(int argc, char **argv) {
     struct common_opts co;
     common_opts_init(&co, NULL);
-    const char *prompt = NULL, *feed = NULL, *logits_path = NULL;
+    const char *prompt = NULL, *feed = NULL, *logits_path = NULL, *mmproj = NULL, *pixels_path = NULL;
+    const char *image_paths[16];
+    int n_images = 0;
     int n_gen = 0;
     for (int i = 1; i < argc; i++) {
         int r = common_opt(&co, argc, argv, &i);
@@ -38,12 +92,21 @@ int cmd_eval(int argc, char **argv) {
             if (!v || !parse_int(v, 0, 1 << 20, &n_gen)) return fail("bad -n");
         } else if (!strcmp(a, "--logits")) {
             if (!(logits_path = opt_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--image")) {
+            if (n_images == (int)(sizeof image_paths / sizeof *image_paths))
+                return fail("eval: at most %d images", n_images);
+            if (!(image_paths[n_images++] = opt_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--mmproj")) {
+            if (!(mmproj = opt_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--pixels-out")) {
+            if (!(pixels_path = opt_value(argc, argv, &i))) return 1;
         } else {
             return fail("eval: unknown option \"%s\"", a);
         }
     }
     if (!prompt) return fail("eval: --prompt-ids is required");
     if (feed && n_gen) return fail("eval: give --feed-ids or -n, not both");
+    if (!n_images && (mmproj || pixels_path)) return fail("eval: --mmproj and --pixels-out go with --image");
 
     int32_t *pids = NULL, *fids = NULL;
     int np = 0, nf = 0;
@@ -59,9 +122,12 @@ int cmd_eval(int argc, char **argv) {
     anvil_session *s = NULL;
     float *logits = NULL;
     FILE *lf = NULL;
+    anvil_image *images[16] = {NULL};
     int32_t *greedy = malloc(((size_t)steps + 1) * sizeof *greedy);
     if (!greedy || !open_model_session(&co, &m, &s)) goto done;
     int V = anvil_model_vocab_size(m);
+    if (n_images && !load_images(m, mmproj, image_paths, n_images, pixels_path, images, &pids, &np))
+        goto done;
     logits = malloc((size_t)np * (size_t)V * sizeof(float));
     if (!logits) {
         fail("out of memory");
@@ -72,7 +138,7 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     anvil_logits_mode mode = lf ? ANVIL_LOGITS_ALL : ANVIL_LOGITS_LAST;
-    if (anvil_session_eval(s, pids, np, mode, logits) != ANVIL_OK) {
+    if (anvil_session_eval_images(s, pids, np, images, n_images, mode, logits) != ANVIL_OK) {
         fail("%s", anvil_session_errmsg(s));
         goto done;
     }
@@ -108,6 +174,7 @@ int cmd_eval(int argc, char **argv) {
     rc = 0;
 done:
     if (lf) fclose(lf);
+    for (int i = 0; i < n_images; i++) anvil_image_free(images[i]);
     free(logits);
     free(greedy);
     free(pids);

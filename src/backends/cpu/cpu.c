@@ -39,6 +39,7 @@ struct cpu_program {
     /* the run's inputs */
     const int32_t *tokens;
     int pos0;
+    const struct run_extras *extras; /* NULL, or a multimodal run's (backend_cpu_run_extras) */
     /* ANVIL_CPU_QX=1: one-token matmuls with weights of dtype_rounds_x multiply the input
      * rounded to int8 blocks (x_round_q8), as the Vulkan decode program's integer dot
      * products do: the oracle for that path */
@@ -258,12 +259,18 @@ static void op_gdn(struct cpu_program *p, const struct node *n, float *out) {
     thread_pool_for(p->b->pool, Hv, 1, gdn_heads, &j);
 }
 
-static void op_embed(const struct tensor_info *w, const int32_t *tokens, int64_t T, float *out) {
+static void op_embed(const struct tensor_info *w, const int32_t *tokens, int64_t T,
+                     const struct run_extras *x, float *out) {
     size_t row_bytes;
-    dtype_row_size(w->type, w->ne[0], &row_bytes);
-    for (int64_t t = 0; t < T; t++)
-        dtype_traits(w->type)->to_f32((const uint8_t *)w->data + (size_t)tokens[t] * row_bytes,
-                                      out + t * w->ne[0], w->ne[0]);
+    int64_t C = w->ne[0];
+    dtype_row_size(w->type, C, &row_bytes);
+    for (int64_t t = 0; t < T; t++) {
+        if (x && x->embd_row && x->embd_row[t] >= 0) /* an image's embedding */
+            memcpy(out + t * C, x->embd + (size_t)x->embd_row[t] * (size_t)C, (size_t)C * sizeof(float));
+        else
+            dtype_traits(w->type)->to_f32((const uint8_t *)w->data + (size_t)tokens[t] * row_bytes,
+                                          out + t * C, C);
+    }
 }
 
 static void op_rms_norm(const struct node *n, const float *x, const float *w, float *out) {
@@ -277,13 +284,24 @@ static void op_rms_norm(const struct node *n, const float *x, const float *w, fl
     }
 }
 
-static void op_rope(const struct node *n, const float *x, int pos0, float *out) {
+/* The axis (0 temporal, 1 height, 2 width) of rotary pair i under M-RoPE sections. */
+static int mrope_axis(const struct node *n, int i) {
+    const int32_t *sec = n->p.i + 1;
+    if (n->p.f[1] != 0) /* interleaved: t h w t h w ..., an axis dropping out when spent */
+        return (i % 3 == 1 && i < 3 * sec[1]) ? 1 : (i % 3 == 2 && i < 3 * sec[2]) ? 2 : 0;
+    return i < sec[0] ? 0 : i < sec[0] + sec[1] ? 1 : 2;
+}
+
+static void op_rope(const struct node *n, const float *x, int pos0, const struct run_extras *ex,
+                    float *out) {
     int64_t D = n->ne[0], H = n->ne[1], T = n->ne[2];
     int n_rot = n->p.i[0], half = n_rot / 2;
     double theta = n->p.f[0];
+    bool mrope = ex && ex->pos && n->p.i[1] + n->p.i[2] + n->p.i[3] > 0;
     for (int64_t t = 0; t < T; t++) {
-        double pos = (double)(pos0 + t);
         for (int i = 0; i < half; i++) {
+            double pos = mrope ? (double)ex->pos[3 * t + mrope_axis(n, i)]
+                         : ex && ex->pos ? (double)ex->pos[3 * t] : (double)(pos0 + t);
             double freq = pow(theta, -2.0 * i / n_rot);
             float c = (float)cos(pos * freq), s = (float)sin(pos * freq);
             for (int64_t h = 0; h < H; h++) {
@@ -371,7 +389,7 @@ static anvil_status cpu_run(struct program *prog, const int32_t *tokens, int pos
         case OP_RESHAPE:
             break;
         case OP_EMBED:
-            op_embed(p->g.nodes[n->src[0]].weight, tokens, n->ne[1], o);
+            op_embed(p->g.nodes[n->src[0]].weight, tokens, n->ne[1], p->extras, o);
             break;
         case OP_RMS_NORM:
             op_rms_norm(n, s0, s1, o);
@@ -380,7 +398,7 @@ static anvil_status cpu_run(struct program *prog, const int32_t *tokens, int pos
             op_matmul(p, n, &p->g.nodes[n->src[1]], s0, o);
             break;
         case OP_ROPE:
-            op_rope(n, s0, pos0, o);
+            op_rope(n, s0, pos0, p->extras, o);
             break;
         case OP_ATTENTION:
             op_attention(p, n, s0, s1, p->bufs[n->src[2]],
@@ -625,6 +643,19 @@ static void cpu_destroy(struct backend *base) {
 static const struct backend_vtable cpu_vtable = {
     "cpu", cpu_destroy, cpu_compile, cpu_program_destroy, cpu_run, NULL, NULL, NULL, NULL,
 };
+
+anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens, int pos0,
+                                    const struct run_extras *x, float *out) {
+    struct cpu_program *p = (struct cpu_program *)prog;
+    if (!p || p->b->base.vt != &cpu_vtable)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "multimodal runs need the CPU backend");
+    p->extras = x;
+    anvil_status st = cpu_run(prog, tokens, pos0, out);
+    p->extras = NULL;
+    return st;
+}
+
+bool backend_is_cpu(const struct backend *b) { return b && b->vt == &cpu_vtable; }
 
 anvil_status backend_cpu_create(int n_threads, bool kv16, struct backend **out) {
     *out = NULL;

@@ -1,0 +1,157 @@
+/* The engine's image input: the vision tower of a model, preprocessed images, and prompts
+ * whose image tokens take the images' embeddings and M-RoPE positions (CPU backend). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "anvil.h"
+#include "engine_impl.h"
+#include "vision/vision.h"
+
+struct anvil_image {
+    struct image_pixels px;
+    int n_tokens;  /* grid_h * grid_w / M² */
+    int rows, cols; /* the merged grid */
+};
+
+static anvil_status keep(char *dst, anvil_status st) {
+    if (st != ANVIL_OK) snprintf(dst, ERRMSG_LEN, "%s", err_get());
+    return st;
+}
+
+void image_model_close(anvil_model *m) {
+    vision_close(m->vision);
+    m->vision = NULL;
+}
+
+anvil_status anvil_model_load_vision(anvil_model *m, const char *mmproj) {
+    if (!m) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_model_load_vision: model is NULL");
+    if (m->vision) return keep(m->err, err_set(ANVIL_ERR_INVALID_ARG, "the vision tower is already loaded"));
+    struct vision_model *vm;
+    anvil_status st = vision_open(m->file, mmproj, m->n_threads, &vm);
+    if (st != ANVIL_OK) return keep(m->err, st);
+    if (vision_hparams(vm)->out_width != m->file->hp.n_embd) {
+        st = err_set(ANVIL_ERR_FORMAT, "%s: the vision tower's output width %d is not the "
+                     "model's width %d", mmproj ? mmproj : m->file->path,
+                     vision_hparams(vm)->out_width, m->file->hp.n_embd);
+        vision_close(vm);
+        return keep(m->err, st);
+    }
+    m->vision = vm;
+    return ANVIL_OK;
+}
+
+int32_t anvil_model_image_token(const anvil_model *m) { return m->file->hp.image_token_id; }
+
+anvil_status anvil_image_load(anvil_model *m, const char *path, anvil_image **out) {
+    if (!m || !path || !out) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_image_load: NULL argument");
+    *out = NULL;
+    anvil_status st;
+    if (!m->vision && (st = anvil_model_load_vision(m, NULL)) != ANVIL_OK) return st;
+    struct image img;
+    if ((st = image_load(path, IMAGE_MAX_DECODE_PIXELS, &img)) != ANVIL_OK) return keep(m->err, st);
+    anvil_image *ai = xcalloc(1, sizeof *ai);
+    if (!ai) {
+        image_free(&img);
+        return keep(m->err, ANVIL_ERR_NOMEM);
+    }
+    st = image_preprocess(vision_image_proc(m->vision), &img, &ai->px);
+    image_free(&img);
+    if (st != ANVIL_OK) {
+        free(ai);
+        err_prefix("%s", path);
+        return keep(m->err, st);
+    }
+    int M = vision_hparams(m->vision)->merge;
+    ai->rows = ai->px.grid_h / M;
+    ai->cols = ai->px.grid_w / M;
+    ai->n_tokens = ai->rows * ai->cols;
+    *out = ai;
+    return ANVIL_OK;
+}
+
+void anvil_image_free(anvil_image *img) {
+    if (!img) return;
+    image_pixels_free(&img->px);
+    free(img);
+}
+
+int anvil_image_tokens(const anvil_image *img) { return img->n_tokens; }
+
+const float *anvil_image_pixels(const anvil_image *img, int *rows, int *cols, int grid_thw[3]) {
+    if (rows) *rows = img->px.grid_t * img->px.grid_h * img->px.grid_w;
+    if (cols) *cols = img->px.row;
+    if (grid_thw) {
+        grid_thw[0] = img->px.grid_t;
+        grid_thw[1] = img->px.grid_h;
+        grid_thw[2] = img->px.grid_w;
+    }
+    return img->px.data;
+}
+
+anvil_status anvil_session_eval_images(anvil_session *s, const int32_t *tokens, int n,
+                                       anvil_image *const *images, int n_images,
+                                       anvil_logits_mode mode, float *logits_out) {
+    if (!s) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_eval_images: session is NULL");
+    if (n_images == 0) return anvil_session_eval(s, tokens, n, mode, logits_out);
+    anvil_model *m = s->model;
+    if (n <= 0 || !tokens || n_images < 0 || !images)
+        return keep(s->err, err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_eval_images: no tokens or images"));
+    if (!m->vision)
+        return keep(s->err, err_set(ANVIL_ERR_INVALID_ARG, "the model's vision tower is not loaded "
+                                    "(anvil_model_load_vision)"));
+    const int32_t pad = m->file->hp.image_token_id;
+    if (pad < 0)
+        return keep(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "%s: the model names no image token "
+                                    "(image_token_id)", m->file->path));
+    /* each image takes the next run of its token count */
+    struct vision_span *spans = xcalloc((size_t)n_images, sizeof *spans);
+    int32_t *pos = xmalloc((size_t)n * 3 * sizeof *pos), *row = xmalloc((size_t)n * sizeof *row);
+    float *embd = NULL;
+    anvil_status st = ANVIL_ERR_NOMEM;
+    if (!spans || !pos || !row) goto done;
+    int k = 0, total = 0;
+    for (int i = 0; i < n;) {
+        if (tokens[i] != pad) {
+            row[i++] = -1;
+            continue;
+        }
+        if (k == n_images || i + images[k]->n_tokens > n) {
+            st = err_set(ANVIL_ERR_INVALID_ARG, "the prompt has more image tokens than its %d "
+                         "image(s) take", n_images);
+            goto done;
+        }
+        for (int j = 0; j < images[k]->n_tokens; j++) {
+            if (tokens[i + j] != pad) {
+                st = err_set(ANVIL_ERR_INVALID_ARG, "image %d takes %d image tokens, the prompt "
+                             "has a run of %d at %d", k + 1, images[k]->n_tokens, j, i);
+                goto done;
+            }
+            row[i + j] = total + j;
+        }
+        spans[k] = (struct vision_span){i, images[k]->n_tokens, images[k]->rows, images[k]->cols};
+        total += images[k]->n_tokens;
+        i += images[k++]->n_tokens;
+    }
+    if (k != n_images) {
+        st = err_set(ANVIL_ERR_INVALID_ARG, "%d image(s) but image tokens for %d", n_images, k);
+        goto done;
+    }
+    const int E = m->file->hp.n_embd;
+    if (!(embd = xmalloc((size_t)total * (size_t)E * sizeof *embd))) goto done;
+    for (int j = 0, at = 0; j < n_images; at += images[j++]->n_tokens)
+        if ((st = vision_encode(m->vision, &images[j]->px, embd + (size_t)at * E)) != ANVIL_OK) goto done;
+    int p0 = s->pos + s->rope_delta, row0 = s->pos;
+    int next = vision_mrope_positions(n, spans, n_images, pos);
+    for (int i = 0; i < 3 * n; i++) pos[i] += p0;
+    struct run_extras x = {pos, embd, row};
+    if ((st = session_eval_mm(s, tokens, n, mode, logits_out, &x)) != ANVIL_OK) goto done;
+    if (!s->mm_end) s->mm_first = row0 + spans[0].first;
+    s->mm_end = row0 + spans[n_images - 1].first + spans[n_images - 1].count;
+    s->rope_delta = p0 + next - s->pos;
+done:
+    free(spans);
+    free(pos);
+    free(row);
+    free(embd);
+    return keep(s->err, st);
+}

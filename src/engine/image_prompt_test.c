@@ -1,0 +1,196 @@
+/*
+ * Image prompts against transformers (../shared/testdata/reference/qwen3_5-vl-tiny): the image
+ * file preprocessed, encoded by the vision tower (from the checkpoint and from the mmproj
+ * GGUF), its embeddings in the prompt at 3-D M-RoPE positions, the text after it continuing
+ * from the image's largest position + 1: logits within 2e-2 of the reference at every prompt
+ * position and every fed greedy token (float32 KV cache, CPU), greedy ids equal. Then the
+ * errors, and the CLI (anvil eval --image, --pixels-out).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+static const char *const images[] = {"img0_224x224.png", "img1_300x200.png", "img2_97x131.jpg"};
+
+static const char *dir(void) { return tu_testdata("reference/qwen3_5-vl-tiny"); }
+
+static char *ref(const char *img, const char *suffix, size_t *len) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s%s", dir(), img, suffix);
+    char *d = tu_read_file(path, len);
+    assert_non_null(d);
+    return d;
+}
+
+static void image_path(const char *img, char *out, size_t cap) {
+    snprintf(out, cap, "%s/images/%s", dir(), img);
+}
+
+/* The prompt of img (one image token) expanded as the processor does. */
+static void check_image(anvil_model *m, const char *img) {
+    char *json = ref(img, ".json", NULL);
+    int np, ne, ng;
+    int32_t *prompt = tu_json_ids(json, "prompt_ids", &np);
+    int32_t *expanded = tu_json_ids(json, "expanded_ids", &ne);
+    int32_t *greedy = tu_json_ids(json, "greedy_ids", &ng);
+    size_t glen;
+    float *gold = (float *)ref(img, ".logits.f32", &glen);
+    const int V = anvil_model_vocab_size(m);
+    assert_int_equal(glen, (size_t)(ne + ng - 1) * V * sizeof(float));
+
+    char path[512];
+    image_path(img, path, sizeof path);
+    anvil_image *im;
+    assert_int_equal(anvil_image_load(m, path, &im), ANVIL_OK);
+    assert_int_equal(anvil_image_tokens(im), ne - np + 1);
+    anvil_session *s = tu_session_kv(m, ANVIL_BACKEND_CPU, 256, ANVIL_KV_F32);
+    float *logits = malloc((size_t)ne * V * sizeof *logits);
+    assert_int_equal(anvil_session_eval_images(s, expanded, ne, &im, 1, ANVIL_LOGITS_ALL, logits),
+                     ANVIL_OK);
+    float worst = tu_max_diff(logits, gold, (size_t)ne * V);
+    int32_t got[16];
+    for (int i = 0; i < ng; i++) {
+        const float *row = i ? logits : logits + (size_t)(ne - 1) * V;
+        got[i] = 0;
+        for (int v = 1; v < V; v++)
+            if (row[v] > row[got[i]]) got[i] = v;
+        if (i + 1 == ng) break;
+        assert_int_equal(anvil_session_eval(s, &greedy[i], 1, ANVIL_LOGITS_LAST, logits), ANVIL_OK);
+        worst = fmaxf(worst, tu_max_diff(logits, gold + (size_t)(ne + i) * V, (size_t)V));
+    }
+    printf("%s: %d image tokens, max |logit - reference| %.2e\n", img, anvil_image_tokens(im), (double)worst);
+    assert_true(worst <= 2e-2f);
+    assert_memory_equal(got, greedy, (size_t)ng * sizeof *got);
+    anvil_session_destroy(s);
+    anvil_image_free(im);
+    free(logits);
+    free(gold);
+    free(prompt);
+    free(expanded);
+    free(greedy);
+    free(json);
+}
+
+static void test_reference_hf(void **state) {
+    (void)state;
+    anvil_model *m;
+    assert_int_equal(anvil_model_open(dir(), NULL, &m), ANVIL_OK);
+    assert_int_equal(anvil_model_image_token(m), 2045);
+    for (size_t i = 0; i < N_OF(images); i++) check_image(m, images[i]);
+    anvil_model_close(m);
+}
+
+/* The tower from llama.cpp's mmproj (no text GGUF of this model exists: the language model is
+ * the checkpoint's). */
+static void test_reference_mmproj(void **state) {
+    (void)state;
+    anvil_model *m;
+    assert_int_equal(anvil_model_open(dir(), NULL, &m), ANVIL_OK);
+    char mmproj[512];
+    snprintf(mmproj, sizeof mmproj, "%s/mmproj-qwen3_5-vl-tiny-F32.gguf", dir());
+    assert_int_equal(anvil_model_load_vision(m, mmproj), ANVIL_OK);
+    assert_int_equal(anvil_model_load_vision(m, mmproj), ANVIL_ERR_INVALID_ARG); /* once */
+    check_image(m, images[2]);
+    anvil_model_close(m);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    anvil_model *m;
+    char path[512];
+    image_path(images[2], path, sizeof path);
+    assert_int_equal(anvil_model_open(dir(), NULL, &m), ANVIL_OK);
+    anvil_image *im;
+    assert_int_equal(anvil_image_load(m, "/nonexistent.png", &im), ANVIL_ERR_IO);
+    assert_int_equal(anvil_image_load(m, path, &im), ANVIL_OK);
+    anvil_session *s = tu_session_kv(m, ANVIL_BACKEND_CPU, 64, ANVIL_KV_F32);
+    float *logits = malloc(2048 * sizeof *logits);
+    int32_t ids[20] = {1, 2046};
+    for (int i = 2; i < 14; i++) ids[i] = 2045;
+    ids[14] = 2047;
+    /* 12 image tokens fit the image; 11 or 13 do not */
+    ids[13] = 2047;
+    assert_int_equal(anvil_session_eval_images(s, ids, 15, &im, 1, ANVIL_LOGITS_LAST, logits),
+                     ANVIL_ERR_INVALID_ARG);
+    assert_non_null(strstr(anvil_session_errmsg(s), "takes 12 image tokens"));
+    ids[13] = ids[14] = 2045;
+    assert_int_equal(anvil_session_eval_images(s, ids, 15, &im, 1, ANVIL_LOGITS_LAST, logits),
+                     ANVIL_ERR_INVALID_ARG);
+    assert_non_null(strstr(anvil_session_errmsg(s), "more image tokens"));
+    ids[14] = 2047;
+    assert_int_equal(anvil_session_position(s), 0);
+    assert_int_equal(anvil_session_eval_images(s, ids, 15, &im, 1, ANVIL_LOGITS_LAST, logits), ANVIL_OK);
+    /* the image took positions 1 + (0 .. 3, 0 .. 2): the next token's is 1 + 4 + 1, row 15 */
+    assert_int_equal(anvil_session_position(s), 15);
+    /* the cache cannot be cut inside the image (a hybrid model's only whole or reset anyway) */
+    assert_int_not_equal(anvil_session_truncate(s, 5), ANVIL_OK);
+    anvil_session_destroy(s);
+    anvil_image_free(im);
+    anvil_model_close(m);
+    /* a text-only model has no tower */
+    assert_int_equal(anvil_model_open(tu_testdata("reference/qwen3_5-tiny"), NULL, &m), ANVIL_OK);
+    assert_int_equal(anvil_image_load(m, path, &im), ANVIL_ERR_UNSUPPORTED);
+    assert_int_equal(anvil_model_image_token(m), -1);
+    anvil_model_close(m);
+    free(logits);
+}
+
+static void test_cli(void **state) {
+    (void)state;
+    const char *img = images[1];
+    char *json = ref(img, ".json", NULL);
+    int np, ng;
+    int32_t *prompt = tu_json_ids(json, "prompt_ids", &np);
+    int32_t *greedy = tu_json_ids(json, "greedy_ids", &ng);
+    char ids[512] = "", want[512] = "greedy: ", path[512];
+    for (int i = 0; i < np; i++) snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%d", i ? "," : "", prompt[i]);
+    for (int i = 0; i < ng; i++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", i ? "," : "", greedy[i]);
+    image_path(img, path, sizeof path);
+    char *tmp = tu_tmpdir(), px_out[600], *out = NULL, *err = NULL;
+    snprintf(px_out, sizeof px_out, "%s/px.f32", tmp);
+    assert_int_equal(tu_run_anvil(&out, &err, "eval -m %s --backend cpu --kv-cache f32 --prompt-ids %s "
+                                  "-n %d --image %s --pixels-out %s", dir(), ids, ng - 1, path, px_out), 0);
+    assert_non_null(strstr(out, want));
+    size_t a, b;
+    char *px = tu_read_file(px_out, &a), *gold = ref(img, ".pixels.f32", &b);
+    assert_int_equal(a, b);
+    float max = tu_max_diff((const float *)px, (const float *)gold, a / sizeof(float));
+    assert_true(max <= 0.02f);
+    free(out);
+    free(err);
+    /* two images for one image token; an image for a text-only model; a bad file */
+    assert_int_equal(tu_run_anvil(NULL, &err, "eval -m %s --backend cpu --prompt-ids %s --image %s --image %s",
+                                  dir(), ids, path, path), 1);
+    assert_non_null(strstr(err, "1 image tokens (2045) for 2 image(s)"));
+    free(err);
+    assert_int_equal(tu_run_anvil(NULL, &err, "eval -m %s --backend cpu --prompt-ids 1 --image %s",
+                                  tu_testdata("reference/qwen3_5-tiny"), path), 1);
+    assert_non_null(strstr(err, "vision_config"));
+    free(err);
+    assert_int_equal(tu_run_anvil(NULL, &err, "eval -m %s --backend cpu --prompt-ids %s --image %s",
+                                  dir(), ids, tu_testdata("reference/qwen3_5-vl-tiny/config.json")), 1);
+    assert_non_null(strstr(err, "not a PNG or JPEG"));
+    free(err);
+    free(px);
+    free(gold);
+    tu_rmdir(tmp);
+    free(tmp);
+    free(prompt);
+    free(greedy);
+    free(json);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reference_hf),
+        cmocka_unit_test(test_reference_mmproj),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_cli),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
