@@ -492,7 +492,7 @@ static void test_copy_roundtrip(void **state) {
     snprintf(out, sizeof out, "%s/copy.gguf", dir);
     snprintf(in, sizeof in, "%s", tu_testdata("gguf/qwen3-small/qwen3-small-F32.gguf"));
     struct quantize_stats s;
-    assert_int_equal(gguf_quantize(in, out, "F32", 2, &s), ANVIL_OK);
+    assert_int_equal(gguf_quantize(in, out, "F32", NULL, 2, &s), ANVIL_OK);
     struct gguf_file *a, *b;
     assert_int_equal(gguf_open(in, &a), ANVIL_OK);
     assert_int_equal(gguf_open(out, &b), ANVIL_OK);
@@ -509,8 +509,125 @@ static void test_copy_roundtrip(void **state) {
     gguf_close(a);
     gguf_close(b);
     /* a bad type name is refused and leaves no file */
-    assert_int_not_equal(gguf_quantize(in, out, "Q9_X", 1, &s), ANVIL_OK);
+    assert_int_not_equal(gguf_quantize(in, out, "Q9_X", NULL, 1, &s), ANVIL_OK);
     assert_non_null(strstr(err_get(), "unknown file type"));
+    tu_rmdir(dir);
+    free(dir);
+}
+
+/* An importance matrix as llama-imatrix writes it, every column of every weight matrix of
+ * the F32 file at `model` (token embeddings included) weighing 1: how the testdata's i-quant
+ * files were made. With bad_entry, blk.0.attn_q.weight's entry has one column too many. */
+static void write_uniform_imatrix(const char *model, const char *path, bool bad_entry) {
+    struct model_file *mf;
+    assert_int_equal(model_file_open(model, 1, &mf), ANVIL_OK);
+    struct gguf_writer *w;
+    assert_int_equal(gguf_writer_create(path, &w), ANVIL_OK);
+    const char *datasets[] = {"uniform"};
+    assert_int_equal(gguf_writer_set_str(w, "general.type", "imatrix"), ANVIL_OK);
+    assert_int_equal(gguf_writer_set_arr_str(w, "imatrix.datasets", datasets, 1), ANVIL_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "imatrix.chunk_count", 1), ANVIL_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "imatrix.chunk_size", 512), ANVIL_OK);
+    int64_t cols[64];
+    int n = 0;
+    for (int i = 0; i < mf->n_tensors && n < 64; i++) {
+        const struct tensor_info *t = &mf->tensors[i];
+        if (!quant_tensor_quantizable(t->name, t->n_dims)) continue;
+        char name[GGUF_MAX_NAME + 16];
+        cols[n] = t->ne[0] + (bad_entry && !strcmp(t->name, "blk.0.attn_q.weight"));
+        int64_t ne[2] = {cols[n++], 1}, one[2] = {1, 1};
+        snprintf(name, sizeof name, "%s.in_sum2", t->name);
+        assert_int_equal(gguf_writer_add_tensor(w, name, DT_F32, 2, ne), ANVIL_OK);
+        snprintf(name, sizeof name, "%s.counts", t->name);
+        assert_int_equal(gguf_writer_add_tensor(w, name, DT_F32, 2, one), ANVIL_OK);
+    }
+    assert_int_equal(n, 16);
+    for (int i = 0; i < n; i++) {
+        float *v = malloc((size_t)cols[i] * sizeof *v), c = 7; /* sums 7 over 7 tokens: 1 */
+        for (int64_t k = 0; k < cols[i]; k++) v[k] = 7;
+        assert_int_equal(gguf_writer_write(w, v, (size_t)cols[i] * sizeof *v), ANVIL_OK);
+        assert_int_equal(gguf_writer_write(w, &c, sizeof c), ANVIL_OK);
+        free(v);
+    }
+    assert_int_equal(gguf_writer_finish(w), ANVIL_OK);
+    model_file_close(mf);
+}
+
+/* The tensors of a (written by anvil) whose type is `type` against those of the same name and
+ * type in llama.cpp's file b: byte for byte; returns how many were compared. */
+static int same_blocks(const char *a, const char *b, int type) {
+    struct model_file *x, *y;
+    assert_int_equal(model_file_open(a, 1, &x), ANVIL_OK);
+    assert_int_equal(model_file_open(b, 1, &y), ANVIL_OK);
+    int n = 0;
+    for (int i = 0; i < x->n_tensors; i++) {
+        const struct tensor_info *s = &x->tensors[i], *t = model_file_find(y, s->name);
+        assert_non_null(t);
+        if (s->type != type || t->type != type) continue;
+        assert_int_equal(s->size, t->size);
+        if (memcmp(s->data, t->data, s->size)) fail_msg("%s: %s differs from %s", s->name, a, b);
+        n++;
+    }
+    model_file_close(x);
+    model_file_close(y);
+    return n;
+}
+
+/* With an importance matrix: the IQ4_XS and Q2_K blocks are llama-quantize's, byte for byte
+ * (the testdata's IQ4_XS file; the Q2_K tensors of its IQ2_XXS and IQ1_S files, which a
+ * Q2_K_S file shares), with the same types throughout and the quantize.imatrix.* keys. The
+ * other types (the Q6_K output) are quantized without importances and counted. The types
+ * below 4 bits are refused without a matrix; a bad matrix is refused by name. */
+static void test_quantize_imatrix(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    char f32[1024], im[1024], bad[1024], out[1024], ref[1024];
+    snprintf(f32, sizeof f32, "%s", tu_testdata("gguf/qwen3-small/qwen3-small-F32.gguf"));
+    snprintf(im, sizeof im, "%s/imatrix.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    snprintf(out, sizeof out, "%s/out.gguf", dir);
+    write_uniform_imatrix(f32, im, false);
+    struct quantize_stats s;
+    assert_int_equal(gguf_quantize(f32, out, "IQ4_XS", im, 2, &s), ANVIL_OK);
+    assert_int_equal(s.n_unweighted, 1);
+    assert_true(s.unweighted[DT_Q6_K]);
+    snprintf(ref, sizeof ref, "%s", tu_testdata("gguf/qwen3-small/qwen3-small-IQ4_XS.gguf"));
+    assert_int_equal(same_blocks(out, ref, DT_IQ4_XS), 15);
+    struct gguf_file *a, *b;
+    assert_int_equal(gguf_open(out, &a), ANVIL_OK);
+    assert_int_equal(gguf_open(ref, &b), ANVIL_OK);
+    assert_int_equal(a->n_kv, b->n_kv);
+    for (int64_t i = 0; i < b->n_tensors; i++)
+        assert_int_equal(b->tensors[i].type, gguf_find_tensor(a, b->tensors[i].name)->type);
+    static const char *keys[] = {"quantize.imatrix.dataset", "quantize.imatrix.entries_count",
+                                 "quantize.imatrix.chunks_count", "general.file_type"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        assert_kv_equal(gguf_find_kv(b, keys[i]), gguf_find_kv(a, keys[i]));
+    gguf_close(a);
+    gguf_close(b);
+
+    assert_int_equal(gguf_quantize(f32, out, "Q2_K_S", im, 2, &s), ANVIL_OK);
+    snprintf(ref, sizeof ref, "%s", tu_testdata("gguf/qwen3-small/qwen3-small-IQ2_XXS.gguf"));
+    assert_int_equal(same_blocks(out, ref, DT_Q2_K), 3); /* token_embd, attn_v x 2 */
+    snprintf(ref, sizeof ref, "%s", tu_testdata("gguf/qwen3-small/qwen3-small-IQ1_S.gguf"));
+    assert_int_equal(same_blocks(out, ref, DT_Q2_K), 3);
+
+    /* refusals */
+    assert_int_not_equal(gguf_quantize(f32, out, "Q2_K_S", NULL, 2, &s), ANVIL_OK);
+    assert_non_null(strstr(err_get(), "blk.0.attn_k.weight would be Q2_K, which needs an importance matrix"));
+    assert_int_not_equal(gguf_quantize(f32, out, "IQ2_XXS", NULL, 2, &s), ANVIL_OK);
+    assert_non_null(strstr(err_get(), "IQ2_XXS needs an importance matrix"));
+    assert_int_not_equal(gguf_quantize(f32, out, "IQ2_XXS", im, 2, &s), ANVIL_OK);
+    assert_non_null(strstr(err_get(), "cannot write IQ2_XXS yet"));
+    assert_int_not_equal(gguf_quantize(f32, out, "IQ4_XS", f32, 2, &s), ANVIL_OK);
+    assert_non_null(strstr(err_get(), "no importance entries"));
+    tu_write_file(bad, "not a gguf", 10);
+    assert_int_not_equal(gguf_quantize(f32, out, "IQ4_XS", bad, 2, &s), ANVIL_OK);
+    assert_non_null(strstr(err_get(), "legacy .dat format is not read"));
+    write_uniform_imatrix(f32, bad, true);
+    assert_int_not_equal(gguf_quantize(f32, out, "IQ4_XS", bad, 2, &s), ANVIL_OK);
+    assert_non_null(strstr(err_get(), "the importances of blk.0.attn_q.weight are 257 values"));
+    assert_int_equal(access(out, F_OK), -1); /* no file left behind */
     tu_rmdir(dir);
     free(dir);
 }
@@ -525,6 +642,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_like_llama),
         cmocka_unit_test(test_quantize_from_hf),
         cmocka_unit_test(test_copy_roundtrip),
+        cmocka_unit_test(test_quantize_imatrix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "gguf.h"
+#include "imatrix.h"
 #include "quant/quant.h"
 
 #define GGML_QNT_VERSION 2
@@ -17,7 +18,18 @@ static const struct ftype_info ftypes[] = {
     {"Q5_1", 9, DT_Q5_1},    {"Q8_0", 7, DT_Q8_0},     {"Q2_K", 10, DT_Q2_K},
     {"Q3_K_S", 11, DT_Q3_K}, {"Q3_K_M", 12, DT_Q3_K},  {"Q3_K_L", 13, DT_Q3_K},
     {"Q4_K_S", 14, DT_Q4_K}, {"Q4_K_M", 15, DT_Q4_K},  {"Q5_K_S", 16, DT_Q5_K},
-    {"Q5_K_M", 17, DT_Q5_K}, {"Q6_K", 18, DT_Q6_K},
+    {"Q5_K_M", 17, DT_Q5_K}, {"Q6_K", 18, DT_Q6_K},     {"Q2_K_S", 21, DT_Q2_K},
+    {"IQ4_NL", 25, DT_IQ4_NL}, {"IQ4_XS", 30, DT_IQ4_XS},
+};
+/* llama.cpp's i-quant file types anvil does not write: the quantizers of IQ1 ... IQ3 blocks
+ * search their grids under an importance matrix, which anvil does not implement. Those that
+ * hold types below 4 bits need an importance matrix in llama-quantize. */
+static const struct {
+    const char *name;
+    bool needs_imatrix;
+} unwritten[] = {
+    {"IQ2_XXS", true}, {"IQ2_XS", true}, {"IQ2_S", true}, {"IQ2_M", true},  {"IQ1_S", true},
+    {"IQ1_M", true},   {"IQ3_XXS", true}, {"IQ3_XS", true}, {"IQ3_S", false}, {"IQ3_M", false},
 };
 /* llama-quantize's aliases */
 static const struct {
@@ -38,8 +50,8 @@ const struct ftype_info *ftype_from_name(const char *name) {
 }
 
 const char *ftype_names(void) {
-    return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, "
-           "Q4_K_M, Q5_K_S, Q5_K_M, Q6_K";
+    return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q2_K_S (needs --imatrix), Q3_K_S, "
+           "Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_NL, IQ4_XS";
 }
 
 static bool contains(const char *s, const char *part) { return strstr(s, part) != NULL; }
@@ -81,7 +93,9 @@ int quant_mix_type(const struct quant_mix *m, const char *name, int n_dims, int6
     int t = m->ft->base_type;
     *fell_back = false;
     if (t == DT_F32 || t == DT_F16 || t == DT_BF16) return t;
-    enum { Q2_K = 10, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M };
+    enum { Q4_0 = 2, Q5_0 = 8, Q2_K = 10, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M,
+           Q2_K_S = 21, IQ4_NL = 25, IQ4_XS = 30 };
+    const bool iq4 = ft == IQ4_NL || ft == IQ4_XS;
     int layer = 0;
     sscanf(name, "blk.%d.", &layer);
     bool output = !strcmp(name, "output.weight"), embd = !strcmp(name, "token_embd.weight");
@@ -92,8 +106,10 @@ int quant_mix_type(const struct quant_mix *m, const char *name, int n_dims, int6
         /* the base type */
     } else if (quant_is_attn_v(name)) {
         if (ft == Q2_K) t = m->n_gqa >= 4 ? DT_Q4_K : DT_Q3_K;
+        else if (ft == Q2_K_S && m->n_gqa >= 4) t = DT_Q4_K;
         else if (ft == Q3_K_M) t = i_attn_v < 2 ? DT_Q5_K : DT_Q4_K;
         else if (ft == Q3_K_L) t = DT_Q5_K;
+        else if (iq4 && m->n_gqa >= 4) t = DT_Q5_K;
         else if ((ft == Q4_K_M || ft == Q5_K_M) && use_more_bits(i_attn_v, m->n_attn_v)) t = DT_Q6_K;
         else if (ft == Q4_K_S && i_attn_v < 4) t = DT_Q5_K;
         if (m->n_expert == 8) t = DT_Q8_0;
@@ -102,15 +118,22 @@ int quant_mix_type(const struct quant_mix *m, const char *name, int n_dims, int6
     } else if (contains(name, "ffn_down")) {
         int i = layer, n = m->n_layer;
         if (ft == Q2_K) t = DT_Q3_K;
-        else if (ft == Q3_K_M) t = i < n / 16 ? DT_Q5_K : DT_Q4_K;
+        else if (ft == Q2_K_S) {
+            if (i < n / 8) t = DT_Q4_K;
+        } else if (ft == Q3_K_M) t = i < n / 16 ? DT_Q5_K : DT_Q4_K;
         else if (ft == Q3_K_L) t = DT_Q5_K;
         else if (ft == Q4_K_M) {
             if (use_more_bits(i, n)) t = DT_Q6_K;
-        } else if (ft == Q5_K_M && use_more_bits(i, n)) t = DT_Q6_K;
+        } else if (iq4 && i < n / 8 && !m->has_imatrix) t = DT_Q5_K;
+        else if (ft == Q5_K_M && use_more_bits(i, n)) t = DT_Q6_K;
         else if (ft == Q4_K_S && i < n / 8) t = DT_Q5_K;
+        /* with an importance matrix, llama.cpp guards the first layers of Q4_0 / Q5_0 */
+        else if ((ft == Q4_0 || ft == Q5_0) && m->has_imatrix && i < n / 8)
+            t = ft == Q4_0 ? DT_Q4_1 : DT_Q5_1;
     } else if (contains(name, "attn_output.weight")) {
         if (m->n_expert == 8) {
-            if (ft == Q2_K || ft == Q3_K_S || ft == Q3_K_M || ft == Q4_K_S || ft == Q4_K_M) t = DT_Q5_K;
+            if (ft == Q2_K || ft == Q3_K_S || ft == Q3_K_M || ft == Q4_K_S || ft == Q4_K_M || iq4)
+                t = DT_Q5_K;
         } else {
             if (ft == Q2_K) t = DT_Q3_K;
             else if (ft == Q3_K_M) t = DT_Q4_K;
@@ -124,6 +147,7 @@ int quant_mix_type(const struct quant_mix *m, const char *name, int n_dims, int6
         case DT_Q4_K: t = DT_Q5_0; break;
         case DT_Q5_K: t = DT_Q5_1; break;
         case DT_Q6_K: t = DT_Q8_0; break;
+        case DT_IQ4_XS: t = DT_IQ4_NL; break;
         default: break;
         }
         if (ne0 % block_of(t)) t = DT_F16;
@@ -140,6 +164,9 @@ struct convert_job {
     int64_t ne0;
     dequantize_row_fn to_f32;
     quantize_row_fn from_f32;
+    quantize_row_w_fn from_f32_w; /* with importances qw, when set */
+    const float *qw;              /* [ne0 * n_mat]: per matrix (expert) of ne1 rows */
+    int64_t ne1;
     float *scratch; /* [threads][ne0] */
 };
 
@@ -148,7 +175,22 @@ static void convert_rows(void *ctx, int64_t begin, int64_t end, int thread) {
     float *tmp = j->scratch + (size_t)thread * (size_t)j->ne0;
     for (int64_t r = begin; r < end; r++) {
         j->to_f32(j->src + (size_t)r * j->src_row, tmp, j->ne0);
-        j->from_f32(tmp, j->dst + (size_t)r * j->dst_row, j->ne0);
+        if (j->from_f32_w)
+            j->from_f32_w(tmp, j->dst + (size_t)r * j->dst_row, j->ne0, j->qw + r / j->ne1 * j->ne0);
+        else
+            j->from_f32(tmp, j->dst + (size_t)r * j->dst_row, j->ne0);
+    }
+}
+
+/* llama.cpp's rule (tensor_requires_imatrix): the types below 3 bits, IQ3_XXS, and the Q2_K
+ * of a Q2_K_S file need importances, except in the token embeddings and the output. */
+static bool requires_imatrix(const char *name, int type, int ftype) {
+    if (!strcmp(name, "token_embd.weight") || !strcmp(name, "output.weight")) return false;
+    switch (type) {
+    case DT_IQ3_XXS: case DT_IQ2_XXS: case DT_IQ2_XS: case DT_IQ2_S: case DT_IQ1_M: case DT_IQ1_S:
+        return true;
+    case DT_Q2_K: return ftype == 21; /* Q2_K_S */
+    default: return false;
     }
 }
 
@@ -395,13 +437,27 @@ static int cmp_llama_order(const void *a, const void *b) {
     return lx != ly ? (lx < ly ? -1 : 1) : strcmp(x, y);
 }
 
-anvil_status gguf_quantize(const char *in, const char *out, const char *type, int n_threads,
-                           struct quantize_stats *stats) {
+anvil_status gguf_quantize(const char *in, const char *out, const char *type,
+                           const char *imatrix_path, int n_threads, struct quantize_stats *stats) {
     memset(stats, 0, sizeof *stats);
     const struct ftype_info *ft = ftype_from_name(type);
+    for (size_t i = 0; !ft && i < ARRAY_LEN(unwritten); i++) {
+        if (!name_eq(type, unwritten[i].name)) continue;
+        if (unwritten[i].needs_imatrix && !imatrix_path)
+            return err_set(ANVIL_ERR_INVALID_ARG, "%s needs an importance matrix for its types "
+                           "below 4 bits (--imatrix FILE, llama-imatrix's output), as in "
+                           "llama-quantize; and anvil cannot write it yet", unwritten[i].name);
+        return err_set(ANVIL_ERR_UNSUPPORTED, "anvil cannot write %s yet (its grid-searching "
+                       "quantizers are not implemented; llama-quantize can)", unwritten[i].name);
+    }
     if (!ft)
         return err_set(ANVIL_ERR_INVALID_ARG, "unknown file type \"%s\" (known: %s)", type,
                        ftype_names());
+    struct imatrix *im = NULL;
+    if (imatrix_path) {
+        anvil_status ist = imatrix_load(imatrix_path, &im);
+        if (ist != ANVIL_OK) return ist;
+    }
     struct model_file *mf = NULL;
     struct gguf_writer *w = NULL;
     struct thread_pool *pool = NULL;
@@ -409,7 +465,10 @@ anvil_status gguf_quantize(const char *in, const char *out, const char *type, in
     float *scratch = NULL;
     int *types = NULL, *order = NULL;
     anvil_status st = model_file_open(in, n_threads, &mf);
-    if (st != ANVIL_OK) return st;
+    if (st != ANVIL_OK) {
+        imatrix_free(im);
+        return st;
+    }
     if (mf->kind != MODEL_FILE_GGUF && mf->hp.arch != ARCH_QWEN3) {
         st = err_set(ANVIL_ERR_UNSUPPORTED, "%s: writing GGUF from a %s checkpoint is not "
                      "supported (qwen3 only: convert with llama.cpp's convert_hf_to_gguf.py, then "
@@ -418,6 +477,7 @@ anvil_status gguf_quantize(const char *in, const char *out, const char *type, in
     }
     struct quant_mix mix;
     quant_mix_init(&mix, ft, mf);
+    mix.has_imatrix = im != NULL;
     types = xcalloc((size_t)mf->n_tensors + 1, sizeof *types);
     order = xcalloc((size_t)mf->n_tensors + 1, sizeof *order);
     if (!types || !order) {
@@ -434,7 +494,8 @@ anvil_status gguf_quantize(const char *in, const char *out, const char *type, in
     if (mf->gguf) {
         for (int64_t i = 0; i < mf->gguf->n_kv && st == ANVIL_OK; i++) {
             const struct gguf_kv *kv = &mf->gguf->kv[i];
-            if (strcmp(kv->key, "general.file_type") && strcmp(kv->key, "general.quantization_version"))
+            if (strcmp(kv->key, "general.file_type") && strcmp(kv->key, "general.quantization_version") &&
+                !(im && !strncmp(kv->key, "quantize.imatrix.", 17))) /* rewritten below */
                 st = gguf_writer_copy_kv(w, kv);
         }
     } else {
@@ -443,6 +504,18 @@ anvil_status gguf_quantize(const char *in, const char *out, const char *type, in
     }
     if (st == ANVIL_OK) st = gguf_writer_set_u32(w, "general.quantization_version", GGML_QNT_VERSION);
     if (st == ANVIL_OK) st = gguf_writer_set_u32(w, "general.file_type", (uint32_t)ft->ftype);
+    if (im) { /* as llama-quantize records its importance matrix */
+        char path[128];
+        snprintf(path, sizeof path, "%s", imatrix_path);
+        if (st == ANVIL_OK) st = gguf_writer_set_str(w, "quantize.imatrix.file", path);
+        if (st == ANVIL_OK && im->dataset) {
+            snprintf(path, sizeof path, "%s", im->dataset);
+            st = gguf_writer_set_str(w, "quantize.imatrix.dataset", path);
+        }
+        if (st == ANVIL_OK) st = gguf_writer_set_u32(w, "quantize.imatrix.entries_count", (uint32_t)im->n_entries);
+        if (st == ANVIL_OK && im->chunk_count > 0)
+            st = gguf_writer_set_u32(w, "quantize.imatrix.chunks_count", (uint32_t)im->chunk_count);
+    }
 
     /* tensor table */
     size_t max_out = 0;
@@ -458,6 +531,16 @@ anvil_status gguf_quantize(const char *in, const char *out, const char *type, in
             st = err_set(ANVIL_ERR_UNSUPPORTED, "%s: tensor %s: cannot convert %s to %s", in,
                          t->name, dtype_name(t->type), dtype_name(types[i]));
             break;
+        }
+        if (types[i] != t->type && requires_imatrix(t->name, types[i], ft->ftype)) {
+            const struct imatrix_entry *e = im ? imatrix_find(im, t->name) : NULL;
+            if (!e) {
+                st = err_set(ANVIL_ERR_INVALID_ARG, "%s: tensor %s would be %s, which needs an "
+                             "importance matrix: %s (as llama-quantize, anvil refuses the types "
+                             "below 4 bits without one)", in, t->name, dtype_name(types[i]),
+                             im ? "the --imatrix file has none for it" : "give one with --imatrix FILE");
+                break;
+            }
         }
         size_t row;
         dtype_row_size(types[i], t->ne[0], &row);
@@ -492,7 +575,25 @@ anvil_status gguf_quantize(const char *in, const char *out, const char *type, in
         }
         stats->n_quantized += dtype_traits(types[i])->block_size > 1;
         struct convert_job j = {t->data, buf, 0, out_row, t->ne[0], dtype_traits(t->type)->to_f32,
-                                dtype_traits(types[i])->from_f32, scratch};
+                                dtype_traits(types[i])->from_f32, NULL, NULL, t->ne[1], scratch};
+        /* importances: llama.cpp's for this weight, one per column of each matrix (expert) */
+        const struct imatrix_entry *e = im ? imatrix_find(im, t->name) : NULL;
+        if (e && e->n != t->ne[0] * t->ne[2]) {
+            if (strcmp(t->name, "token_embd.weight")) {
+                st = err_set(ANVIL_ERR_FORMAT, "%s: the importances of %s are %lld values, the "
+                             "tensor has %lld columns", imatrix_path, t->name, (long long)e->n,
+                             (long long)(t->ne[0] * t->ne[2]));
+                break;
+            }
+            e = NULL; /* llama-quantize ignores a mismatch there too */
+        }
+        if (e && dtype_weighted_quantizer(types[i])) {
+            j.from_f32_w = dtype_weighted_quantizer(types[i]);
+            j.qw = e->values;
+        } else if (e && dtype_traits(types[i])->block_size > 1) {
+            stats->n_unweighted++; /* llama.cpp would weigh these; anvil cannot yet */
+            stats->unweighted[types[i]] = true;
+        }
         dtype_row_size(t->type, t->ne[0], &j.src_row);
         thread_pool_for(pool, rows, 1, convert_rows, &j);
         st = gguf_writer_write(w, buf, size);
@@ -509,5 +610,6 @@ done:
     free(types);
     free(order);
     model_file_close(mf);
+    imatrix_free(im);
     return st;
 }

@@ -6,8 +6,9 @@
  * (or the token embeddings when tied) gets Q6_K, attn_v and ffn_down get more bits in the
  * layers use_more_bits picks for _M types, and so on; a tensor whose rows do not fit the
  * chosen blocks falls back (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0,
- * then F16). Without an importance matrix llama-quantize runs the reference quantizers, which
- * are anvil's, so for the same float weights the bytes written are llama.cpp's bytes.
+ * IQ4_XS -> IQ4_NL, then F16). Without an importance matrix llama-quantize runs the reference
+ * quantizers, which are anvil's, so for the same float weights the bytes written are
+ * llama.cpp's bytes; with one (imatrix.h), so are the Q2_K, IQ4_NL and IQ4_XS blocks.
  */
 #ifndef ANVIL_QUANTIZE_H
 #define ANVIL_QUANTIZE_H
@@ -35,6 +36,7 @@ struct quant_mix {
     int n_layer, n_gqa, n_expert;
     int n_attn_v;  /* attention-v-like tensors (attn_v, attn_qkv) in the model */
     bool tied;     /* no output.weight */
+    bool has_imatrix; /* quantizing with an importance matrix (some mixes depend on it) */
 };
 void quant_mix_init(struct quant_mix *m, const struct ftype_info *ft, const struct model_file *mf);
 /* Whether llama.cpp quantizes this tensor at all (2+ dims, a weight, not a norm, router, conv). */
@@ -49,6 +51,10 @@ bool quant_is_attn_v(const char *name);
 
 struct quantize_stats {
     int n_tensors, n_quantized, n_fallback;
+    /* tensors that had importances but were quantized without them, and their types:
+     * anvil has importance-weighted quantizers only for Q2_K, IQ4_NL and IQ4_XS */
+    int n_unweighted;
+    bool unweighted[DT_COUNT];
     uint64_t bytes_in, bytes_out;
     int count[DT_COUNT];      /* tensors written per type */
     uint64_t bytes[DT_COUNT]; /* bytes written per type */
@@ -58,8 +64,12 @@ struct quantize_stats {
  * (0: all cores). From a GGUF input every metadata pair is copied (tokenizer included) and
  * general.file_type / general.quantization_version are set; from a Hugging Face checkpoint
  * the architecture's hyperparameter keys are written (qwen3 only; no tokenizer metadata yet).
+ * imatrix_path (or NULL): llama-imatrix's importance matrix (imatrix.h); the tensors of types
+ * with an importance-weighted quantizer (dtype_weighted_quantizer) are quantized under it as
+ * llama-quantize does, others without it (counted in stats); its name and counts are
+ * recorded in the quantize.imatrix.* keys. The types below 4 bits are refused without one.
  * On failure the output is removed. */
-anvil_status gguf_quantize(const char *in, const char *out, const char *type, int n_threads,
-                           struct quantize_stats *stats);
+anvil_status gguf_quantize(const char *in, const char *out, const char *type,
+                           const char *imatrix_path, int n_threads, struct quantize_stats *stats);
 
 #endif

@@ -179,7 +179,7 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
     /* every layer has one attention-v-like tensor (attn_v, or the DeltaNet's attn_qkv), so a
      * layer's rank among them is its index */
     struct quant_mix mix = {ft, s->n_layer, s->n_head / s->n_head_kv, x->n_expert, s->n_layer,
-                            s->tied};
+                            s->tied, false};
     struct hparams *hp = &mf->hp;
     memset(hp, 0, sizeof *hp);
     hp->image_token_id = -1;

@@ -62,8 +62,8 @@ static const struct dtype_traits table[DT_COUNT] = {
     [DT_IQ3_S] = {"IQ3_S", 256, 110, dequantize_row_iq3_s, NULL},
     [DT_IQ1_S] = {"IQ1_S", 256, 50, dequantize_row_iq1_s, NULL},
     [DT_IQ1_M] = {"IQ1_M", 256, 56, dequantize_row_iq1_m, NULL},
-    [DT_IQ4_NL] = {"IQ4_NL", 32, 18, dequantize_row_iq4_nl, NULL},
-    [DT_IQ4_XS] = {"IQ4_XS", 256, 136, dequantize_row_iq4_xs, NULL},
+    [DT_IQ4_NL] = {"IQ4_NL", 32, 18, QUANT_FNS(iq4_nl)},
+    [DT_IQ4_XS] = {"IQ4_XS", 256, 136, QUANT_FNS(iq4_xs)},
     /* known, so that a file holding them opens (anvil info lists it) and a backend names
      * the type it cannot compute with */
     [DT_TQ1_0] = {"TQ1_0", 256, 54, NULL, NULL},
@@ -87,6 +87,15 @@ const struct dtype_traits *dtype_traits(int type) {
 const char *dtype_name(int type) {
     const struct dtype_traits *t = dtype_traits(type);
     return t ? t->name : "unknown";
+}
+
+quantize_row_w_fn dtype_weighted_quantizer(int type) {
+    switch (type) {
+    case DT_Q2_K: return quantize_row_q2_k_w;
+    case DT_IQ4_NL: return quantize_row_iq4_nl_w;
+    case DT_IQ4_XS: return quantize_row_iq4_xs_w;
+    default: return NULL;
+    }
 }
 
 const char *dtype_removed_name(int type) {

@@ -55,6 +55,9 @@ enum dtype {
 
 typedef void (*dequantize_row_fn)(const void *src, float *dst, int64_t n);
 typedef void (*quantize_row_fn)(const float *src, void *dst, int64_t n);
+/* A quantizer that weighs each element's squared error by an importance: qw[n] for the row
+ * (llama.cpp's importance matrix, one value per column), or NULL for the unweighted result. */
+typedef void (*quantize_row_w_fn)(const float *src, void *dst, int64_t n, const float *qw);
 
 struct dtype_traits {
     const char *name;          /* "Q4_K", as llama.cpp names it; NULL for unknown ids */
@@ -77,6 +80,10 @@ int dtype_from_name(const char *name);
 bool dtype_row_size(int type, int64_t n, size_t *out);
 /* Whether anvil can compute with the type (it has a to_f32). */
 bool dtype_supported(int type);
+/* The importance-weighted quantizer of a type (as llama-quantize runs it with an importance
+ * matrix: Q2_K, IQ4_NL, IQ4_XS), NULL where anvil has none (its other quantizers ignore
+ * importances). */
+quantize_row_w_fn dtype_weighted_quantizer(int type);
 
 /* A matrix-vector input rounded to int8 in blocks of 32, as the integer-dot-product matvecs
  * see it (Vulkan qx.comp): per block d = max|x| / 127, each x becomes d * round(x / d)

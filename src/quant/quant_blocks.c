@@ -15,19 +15,8 @@
 #include "quant.h"
 #include "quant_impl.h"
 
-#define GROUP_MAX_EPS 1e-15f
-
 static inline float h2f(uint16_t h) { return f16_to_f32(h); }
 static inline uint16_t f2h(float f) { return f32_to_f16(f); }
-
-/* Round to nearest (ties to even) as ggml does it: adding 1.5 * 2^23 puts
- * the integer in the low mantissa bits (valid for |x| < 2^22). */
-static inline int nearest_int(float fval) {
-    float val = fval + 12582912.f;
-    int i;
-    memcpy(&i, &val, sizeof i);
-    return (i & 0x007fffff) - 0x00400000;
-}
 
 /* ---------------------------------------------------------------- 32-element blocks */
 
@@ -455,6 +444,170 @@ void quantize_row_q2_k(const float *x, void *dst, int64_t n) {
             const float dm = h2f(y[i].dmin) * (y[i].scales[j] >> 4);
             for (int ii = 0; ii < 16; ii++) {
                 int l = nearest_int((x[16 * j + ii] + dm) / d);
+                L[16 * j + ii] = (uint8_t)MAX(0, MIN(3, l));
+            }
+        }
+        for (int j = 0; j < QK_K; j += 128)
+            for (int l = 0; l < 32; l++)
+                y[i].qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) |
+                                               (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+    }
+}
+
+/* Q2_K under importances (ggml's quantize_row_q2_K_impl, which llama-quantize runs when it has
+ * an importance matrix): per sub-block of 16 a weighted least-squares scale and minimum
+ * (make_qkx3_quants), then the 4-bit sub-block scales and minimums fitted under the
+ * sub-blocks' total weights (make_qp_quants). */
+
+/* Scale and minimum for n values in [0, nmax] under weights (squared error), the start
+ * scale nmax / (max - min) and nstep + 1 others around it tried. */
+static float make_qkx3_quants(int n, int nmax, const float *x, const float *w, uint8_t *L,
+                              float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep) {
+    float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max <= min) {
+        memset(L, 0, (size_t)n);
+        *the_min = -min;
+        return 0.f;
+    }
+    float iscale = nmax / (max - min), scale = 1 / iscale, best_err = 0;
+    for (int i = 0; i < n; i++) {
+        int l = nearest_int(iscale * (x[i] - min));
+        L[i] = (uint8_t)MAX(0, MIN(nmax, l));
+        float diff = scale * L[i] + min - x[i];
+        float d2 = diff * diff;
+        best_err += w[i] * d2;
+    }
+    for (int is = 0; is <= nstep; is++) {
+        iscale = (rmin + rdelta * is + nmax) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; i++) {
+            int l = nearest_int(iscale * (x[i] - min));
+            l = MAX(0, MIN(nmax, l));
+            Laux[i] = (uint8_t)l;
+            sum_l += w[i] * l;
+            sum_l2 += w[i] * l * l;
+            sum_xl += w[i] * l * x[i];
+        }
+        float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (!(D > 0)) continue;
+        float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+        float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+        if (this_min > 0) {
+            this_min = 0;
+            this_scale = sum_xl / sum_l2;
+        }
+        float err = 0;
+        for (int i = 0; i < n; i++) {
+            float diff = this_scale * Laux[i] + this_min - x[i];
+            float d2 = diff * diff;
+            err += w[i] * d2;
+        }
+        if (err < best_err) {
+            memcpy(L, Laux, (size_t)n);
+            best_err = err;
+            scale = this_scale;
+            min = this_min;
+        }
+    }
+    *the_min = -min;
+    return scale;
+}
+
+/* A scale for n non-negative values quantized to [0, nmax] under weights w: 9 start scales
+ * tried, then up to 5 passes moving single quants while that lowers the error. */
+static float make_qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *w) {
+    float max = 0;
+    for (int i = 0; i < n; i++) max = MAX(max, x[i]);
+    if (max < GROUP_MAX_EPS) {
+        memset(L, 0, (size_t)n);
+        return 0.f;
+    }
+    float iscale = nmax / max;
+    for (int i = 0; i < n; i++) L[i] = (uint8_t)nearest_int(iscale * x[i]);
+    float scale = 1 / iscale, best_err = 0;
+    for (int i = 0; i < n; i++) {
+        float diff = x[i] - scale * L[i];
+        best_err += w[i] * diff * diff;
+    }
+    for (int is = -4; is <= 4; is++) {
+        if (is == 0) continue;
+        float iscale_is = (0.1f * is + nmax) / max, scale_is = 1 / iscale_is, err = 0;
+        for (int i = 0; i < n; i++) {
+            int l = MIN(nmax, nearest_int(iscale_is * x[i]));
+            float diff = x[i] - scale_is * l;
+            err += w[i] * diff * diff;
+        }
+        if (err < best_err) {
+            best_err = err;
+            iscale = iscale_is;
+        }
+    }
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = MIN(nmax, nearest_int(iscale * x[i]));
+        L[i] = (uint8_t)l;
+        sumlx += w[i] * x[i] * l;
+        suml2 += w[i] * l * l;
+    }
+    for (int pass = 0; pass < 5; pass++) {
+        int changed = 0;
+        for (int i = 0; i < n; i++) {
+            float slx = sumlx - w[i] * x[i] * L[i], sl2 = suml2 - w[i] * L[i] * L[i];
+            if (!(slx > 0 && sl2 > 0)) continue;
+            int l = MIN(nmax, nearest_int(x[i] * sl2 / slx));
+            if (l == L[i]) continue;
+            slx += w[i] * x[i] * l;
+            sl2 += w[i] * l * l;
+            if (slx * slx * suml2 > sumlx * sumlx * sl2) {
+                L[i] = (uint8_t)l;
+                sumlx = slx;
+                suml2 = sl2;
+                changed++;
+            }
+        }
+        if (!changed) break;
+    }
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+void quantize_row_q2_k_w(const float *x, void *dst, int64_t n, const float *qw) {
+    if (!qw) {
+        quantize_row_q2_k(x, dst, n);
+        return;
+    }
+    block_q2_K *y = dst;
+    uint8_t L[QK_K], Laux[16], Ls[QK_K / 16], Lm[QK_K / 16];
+    float mins[QK_K / 16], scales[QK_K / 16], sw[QK_K / 16], weight[16];
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K, qw += QK_K) {
+        float sumx2 = 0;
+        for (int j = 0; j < QK_K; j++) sumx2 += x[j] * x[j];
+        const float sigma2 = sumx2 / QK_K;
+        for (int j = 0; j < QK_K / 16; j++) {
+            sw[j] = 0;
+            for (int l = 0; l < 16; l++) {
+                weight[l] = qw[16 * j + l] * sqrtf(sigma2 + x[16 * j + l] * x[16 * j + l]);
+                sw[j] += weight[l];
+            }
+            scales[j] = make_qkx3_quants(16, 3, x + 16 * j, weight, L + 16 * j, &mins[j], Laux,
+                                         -0.9f, 0.05f, 36);
+        }
+        y[i].d = f2h(make_qp_quants(QK_K / 16, 15, scales, Ls, sw));
+        y[i].dmin = f2h(make_qp_quants(QK_K / 16, 15, mins, Lm, sw));
+        const float dm = h2f(y[i].d), mm = h2f(y[i].dmin);
+        for (int j = 0; j < QK_K / 16; j++) y[i].scales[j] = (uint8_t)(Ls[j] | (Lm[j] << 4));
+        for (int j = 0; j < QK_K / 16; j++) {
+            const float d = dm * (y[i].scales[j] & 0xF);
+            if (!d) continue;
+            const float m = mm * (y[i].scales[j] >> 4);
+            for (int ii = 0; ii < 16; ii++) {
+                int l = nearest_int((x[16 * j + ii] + m) / d);
                 L[16 * j + ii] = (uint8_t)MAX(0, MIN(3, l));
             }
         }

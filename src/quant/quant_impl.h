@@ -11,6 +11,7 @@
 
 #include <assert.h>
 #include <stdint.h>
+#include <string.h>
 
 #define QK 32    /* elements of a Q4_0 ... Q8_1 block */
 #define QK_K 256 /* elements of a K-quant super-block */
@@ -114,6 +115,27 @@ void dequantize_row_iq1_s(const void *src, float *dst, int64_t n);
 void dequantize_row_iq1_m(const void *src, float *dst, int64_t n);
 void dequantize_row_iq4_nl(const void *src, float *dst, int64_t n);
 void dequantize_row_iq4_xs(const void *src, float *dst, int64_t n);
+
+/* Quantizers weighing each element's error by an importance (quant.h's quantize_row_w_fn),
+ * as ggml's quantize_q2_K / quantize_iq4_nl / quantize_iq4_xs with quant_weights; qw NULL
+ * gives what llama-quantize writes without an importance matrix. */
+void quantize_row_q2_k_w(const float *src, void *dst, int64_t n, const float *qw);
+void quantize_row_iq4_nl_w(const float *src, void *dst, int64_t n, const float *qw);
+void quantize_row_iq4_xs_w(const float *src, void *dst, int64_t n, const float *qw);
+/* without weights: quantize_row_iq4_*_w(src, dst, n, NULL) */
+void quantize_row_iq4_nl(const float *src, void *dst, int64_t n);
+void quantize_row_iq4_xs(const float *src, void *dst, int64_t n);
+
+#define GROUP_MAX_EPS 1e-15f /* a group whose largest |x| is below this quantizes to zeros */
+
+/* Round to nearest (ties to even) as ggml does it: adding 1.5 * 2^23 puts
+ * the integer in the low mantissa bits (valid for |x| < 2^22). */
+static inline int nearest_int(float fval) {
+    float val = fval + 12582912.f;
+    int i;
+    memcpy(&i, &val, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
 
 /* The table entries of a block format: its dequantizer and its quantizer. */
 #define QUANT_FNS(name) dequantize_row_##name, quantize_row_##name

@@ -3,9 +3,11 @@
  * IQ4_XS): dequantization, giving the same floats as ggml's dequantize_row_iq* (the same
  * products in the same order). Layouts: quant_impl.h; grids and signs: iq_tables.h.
  *
- * Writing these types is not here: below 4 bits llama.cpp's quantizers search the grids
- * under an importance matrix, which anvil does not implement yet.
+ * Writing: IQ4_NL and IQ4_XS, with or without importances, as llama-quantize does. The
+ * types below 4 bits are not written: llama.cpp's quantizers for them search the grids under
+ * an importance matrix, which anvil does not implement yet.
  */
+#include <math.h>
 #include <string.h>
 
 #include "base/base.h"
@@ -199,3 +201,116 @@ void dequantize_row_iq4_xs(const void *src, float *y, int64_t n) {
         }
     }
 }
+
+/* ---------------------------------------------------------------- writing IQ4_NL, IQ4_XS */
+
+/* The index of the level of kvalues_iq4nl nearest to x (the lower one on a tie). */
+static int iq4_level(float x) {
+    if (x <= kvalues_iq4nl[0]) return 0;
+    if (x >= kvalues_iq4nl[15]) return 15;
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (x < kvalues_iq4nl[mid]) hi = mid;
+        else lo = mid;
+    }
+    return x - kvalues_iq4nl[hi - 1] < kvalues_iq4nl[hi] - x ? hi - 1 : hi;
+}
+
+/* One block of IQ4_NL (n = 32) or IQ4_XS (n = 256, sub-blocks of 32) as ggml's
+ * quantize_row_iq4_nl_impl with 7 tries, which llama-quantize runs: per sub-block the scale
+ * that maximises sum(w q x)^2 / sum(w q q) over 15 candidate scales, w = qw * sqrt(sigma2 +
+ * x^2) (sigma2 = twice the block's mean square) or x^2 without importances; IQ4_XS then
+ * rounds the sub-block scales to 6 bits of one fp16 scale and requantizes. */
+static void iq4_block(int n, const float *x, const float *qw, uint16_t *dh, uint8_t *q4,
+                      uint16_t *scales_h, uint8_t *scales_l) {
+    enum { NTRY = 7 };
+    uint8_t L[QK_K];
+    float scales[QK_K / 32], weight[32];
+    float sigma2 = 0;
+    for (int j = 0; j < n; j++) sigma2 += x[j] * x[j];
+    sigma2 *= 2.f / (float)n;
+    float max_scale = 0, amax_scale = 0;
+    for (int ib = 0; ib < n / 32; ib++) {
+        const float *xb = x + 32 * ib;
+        uint8_t *Lb = L + 32 * ib;
+        for (int j = 0; j < 32; j++)
+            weight[j] = qw ? qw[32 * ib + j] * sqrtf(sigma2 + xb[j] * xb[j]) : xb[j] * xb[j];
+        float amax = 0, max = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(xb[j]) > amax) {
+                amax = fabsf(xb[j]);
+                max = xb[j];
+            }
+        if (amax < GROUP_MAX_EPS) {
+            scales[ib] = 0;
+            continue;
+        }
+        float d = -max / kvalues_iq4nl[0], id = 1 / d, sumqx = 0, sumq2 = 0;
+        for (int j = 0; j < 32; j++) {
+            int l = iq4_level(id * xb[j]);
+            Lb[j] = (uint8_t)l;
+            float q = kvalues_iq4nl[l];
+            sumqx += weight[j] * q * xb[j];
+            sumq2 += weight[j] * q * q;
+        }
+        d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+        float best = d * sumqx;
+        for (int itry = -NTRY; itry <= NTRY; itry++) {
+            id = (float)(itry + kvalues_iq4nl[0]) / max;
+            sumqx = sumq2 = 0;
+            for (int j = 0; j < 32; j++) {
+                float q = kvalues_iq4nl[iq4_level(id * xb[j])];
+                sumqx += weight[j] * q * xb[j];
+                sumq2 += weight[j] * q * q;
+            }
+            if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                d = sumqx / sumq2;
+                best = d * sumqx;
+            }
+        }
+        scales[ib] = d;
+        if (fabsf(d) > amax_scale) {
+            amax_scale = fabsf(d);
+            max_scale = d;
+        }
+    }
+    if (n > 32) {
+        *scales_h = 0;
+        const float d = -max_scale / 32, id = d ? 1 / d : 0.f;
+        *dh = f32_to_f16(d);
+        for (int ib = 0; ib < n / 32; ib++) {
+            int l = MAX(-32, MIN(31, nearest_int(id * scales[ib])));
+            const float dl = d * (float)l, idl = dl ? 1 / dl : 0.f;
+            for (int j = 0; j < 32; j++) L[32 * ib + j] = (uint8_t)iq4_level(idl * x[32 * ib + j]);
+            l += 32;
+            if (ib % 2 == 0) scales_l[ib / 2] = (uint8_t)(l & 0xf);
+            else scales_l[ib / 2] |= (uint8_t)((l & 0xf) << 4);
+            *scales_h |= (uint16_t)((l >> 4) << (2 * ib));
+        }
+    } else {
+        *dh = f32_to_f16(scales[0]);
+        const float id = scales[0] ? 1 / scales[0] : 0;
+        for (int j = 0; j < 32; j++) L[j] = (uint8_t)iq4_level(id * x[j]);
+    }
+    for (int i = 0; i < n / 32; i++)
+        for (int j = 0; j < 16; j++) q4[16 * i + j] = (uint8_t)(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
+}
+
+void quantize_row_iq4_nl_w(const float *x, void *dst, int64_t n, const float *qw) {
+    block_iq4_nl *y = dst;
+    for (int64_t i = 0; i < n / QK; i++) {
+        uint16_t unused;
+        iq4_block(QK, x + i * QK, qw ? qw + i * QK : NULL, &y[i].d, y[i].qs, &unused, NULL);
+    }
+}
+
+void quantize_row_iq4_xs_w(const float *x, void *dst, int64_t n, const float *qw) {
+    block_iq4_xs *y = dst;
+    for (int64_t i = 0; i < n / QK_K; i++)
+        iq4_block(QK_K, x + i * QK_K, qw ? qw + i * QK_K : NULL, &y[i].d, y[i].qs, &y[i].scales_h,
+                  y[i].scales_l);
+}
+
+void quantize_row_iq4_nl(const float *x, void *dst, int64_t n) { quantize_row_iq4_nl_w(x, dst, n, NULL); }
+void quantize_row_iq4_xs(const float *x, void *dst, int64_t n) { quantize_row_iq4_xs_w(x, dst, n, NULL); }

@@ -28,7 +28,7 @@ static const struct {
 } bounds[] = {
     {DT_Q4_0, 0.105}, {DT_Q4_1, 0.100}, {DT_Q5_0, 0.052}, {DT_Q5_1, 0.050}, {DT_Q8_0, 0.0075},
     {DT_Q2_K, 0.380}, {DT_Q3_K, 0.190}, {DT_Q4_K, 0.090}, {DT_Q5_K, 0.046}, {DT_Q6_K, 0.022},
-    {DT_Q8_K, 0.008},
+    {DT_Q8_K, 0.008}, {DT_IQ4_NL, 0.095}, {DT_IQ4_XS, 0.095},
 };
 
 /* The i-quants anvil only reads: bounds for llama.cpp's blocks (made with a uniform
@@ -360,7 +360,8 @@ static void test_iq_dequantize(void **state) {
     for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
         const struct dtype_traits *tr = dtype_traits(types[t].type);
         assert_non_null(tr->to_f32);
-        assert_null(tr->from_f32);
+        /* written: IQ4_NL, IQ4_XS (the round trip above); the grids below 4 bits: not yet */
+        assert_true(!tr->from_f32 == (types[t].type != DT_IQ4_NL && types[t].type != DT_IQ4_XS));
         const int64_t n = (int64_t)BLOCKS * tr->block_size;
         uint8_t *q = malloc((size_t)BLOCKS * (size_t)tr->type_size);
         float *y = malloc((size_t)n * sizeof *y);
