@@ -452,7 +452,7 @@ struct jv jinja_method(struct jctx *c, struct jv self, struct jstr name, struct 
         if (str_eq(name, "copy")) {
             struct jlist *l = jlist_new(c, self.l->n);
             if (!l) return jv_undef(NULL);
-            memcpy(l->v, self.l->v, self.l->n * sizeof *l->v);
+            if (self.l->n) memcpy(l->v, self.l->v, self.l->n * sizeof *l->v);
             l->n = self.l->n;
             return list_val(l);
         }
@@ -715,7 +715,7 @@ struct jv jinja_filter(struct jctx *c, struct jstr name, struct jv v, struct jv 
         if (l == v.l) { /* a copy, and a tuple becomes a list */
             struct jlist *cp = jlist_new(c, l->n);
             if (!cp) return jv_undef(NULL);
-            memcpy(cp->v, l->v, l->n * sizeof *l->v);
+            if (l->n) memcpy(cp->v, l->v, l->n * sizeof *l->v);
             cp->n = l->n;
             l = cp;
         }

@@ -216,7 +216,10 @@ bool jv_from_json(struct jctx *c, const char *p, size_t n, struct jv *out);
 /* UTF-8 helpers: code point count, the byte offset of code point i (clamped). */
 size_t utf8_count(struct jstr s);
 size_t utf8_offset(struct jstr s, size_t i);
-bool str_eq(struct jstr a, const char *b);
+static inline bool str_eq(struct jstr a, const char *b) {
+    size_t n = strlen(b); /* folded where b is a literal */
+    return a.n == n && (!n || (a.p[0] == b[0] && !memcmp(a.p, b, n)));
+}
 
 /* ---- filters, tests, methods, globals (builtins.c) ---------------------------------------- */
 

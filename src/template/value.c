@@ -130,11 +130,6 @@ static bool bputs(struct jctx *c, struct jbuf *b, const char *s) { return jbuf_p
 
 /* ---- strings ------------------------------------------------------------------------------ */
 
-bool str_eq(struct jstr a, const char *b) {
-    size_t n = strlen(b);
-    return a.n == n && !memcmp(a.p, b, n);
-}
-
 /* Code points: every byte that is not a continuation byte starts one (so any bytes work). */
 size_t utf8_count(struct jstr s) {
     size_t k = 0;

@@ -192,7 +192,7 @@ anvil_status anvil_chat_template_apply_tools(const anvil_tokenizer *t,
             sb_json_str(&b, msgs[i].reasoning_content);
         }
         if (msgs[i].tool_calls) { /* the caller's text as it is: numbers keep their kind */
-            cJSON *calls = cJSON_Parse(msgs[i].tool_calls);
+            cJSON *calls = cJSON_ParseWithOpts(msgs[i].tool_calls, NULL, 1); /* nothing after */
             bool ok = cJSON_IsArray(calls);
             cJSON_Delete(calls);
             if (!ok) {
@@ -211,7 +211,7 @@ anvil_status anvil_chat_template_apply_tools(const anvil_tokenizer *t,
         return err_set(ANVIL_ERR_NOMEM, "out of memory");
     }
     if (tools_json) {
-        cJSON *tools = cJSON_Parse(tools_json);
+        cJSON *tools = cJSON_ParseWithOpts(tools_json, NULL, 1);
         bool ok = cJSON_IsArray(tools);
         cJSON_Delete(tools);
         if (!ok) {
