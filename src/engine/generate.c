@@ -139,6 +139,10 @@ static anvil_status session_generate(anvil_session *s, const int32_t *prompt, in
             int32_t last = s->tokens[s->pos - 1];
             s->pos--;
             st = anvil_session_eval(s, &last, 1, ANVIL_LOGITS_LAST, logits);
+        } else if (s->mm_end) {
+            /* the replay below would run the image tokens without their images */
+            st = err_set(ANVIL_ERR_UNSUPPORTED, "a recurrent model with images in its cache "
+                         "cannot continue without new tokens");
         } else {
             /* a recurrent state already holds the last token and cannot step back one:
              * replay the whole history from a fresh state instead */

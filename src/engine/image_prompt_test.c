@@ -129,6 +129,16 @@ static void test_errors(void **state) {
     assert_int_equal(anvil_session_position(s), 15);
     /* the cache cannot be cut inside the image (a hybrid model's only whole or reset anyway) */
     assert_int_not_equal(anvil_session_truncate(s, 5), ANVIL_OK);
+    /* generation goes on from new tokens; continuing without would replay the history
+     * without its image */
+    anvil_generate_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.max_tokens = 2;
+    anvil_generate_stats gs;
+    int32_t nl = 10, got[8] = {0};
+    assert_int_equal(anvil_session_generate(s, &nl, 1, &gp, tu_collect, got, &gs), ANVIL_OK);
+    assert_int_equal(got[0], 2);
+    assert_int_equal(anvil_session_generate(s, NULL, 0, &gp, tu_collect, got, &gs), ANVIL_ERR_UNSUPPORTED);
     anvil_session_destroy(s);
     anvil_image_free(im);
     anvil_model_close(m);

@@ -107,6 +107,7 @@ int cmd_eval(int argc, char **argv) {
     if (!prompt) return fail("eval: --prompt-ids is required");
     if (feed && n_gen) return fail("eval: give --feed-ids or -n, not both");
     if (!n_images && (mmproj || pixels_path)) return fail("eval: --mmproj and --pixels-out go with --image");
+    if (n_images && co.backend == ANVIL_BACKEND_AUTO) co.backend = ANVIL_BACKEND_CPU; /* for now */
 
     int32_t *pids = NULL, *fids = NULL;
     int np = 0, nf = 0;
