@@ -353,7 +353,7 @@ static anvil_status taps_init(int in, int out, struct taps *t) {
     double support = scale >= 1 ? 2.0 * scale : 2.0, invscale = scale >= 1 ? 1.0 / scale : 1.0;
     memset(t, 0, sizeof *t);
     t->n = (int)ceil(support) * 2 + 1;
-    double *wd = xmalloc((size_t)out * t->n * sizeof *wd);
+    double *wd = xcalloc((size_t)out * t->n, sizeof *wd); /* taps past a window stay 0 */
     t->start = xmalloc((size_t)out * sizeof *t->start);
     t->count = xmalloc((size_t)out * sizeof *t->count);
     t->w = xcalloc((size_t)out * t->n, sizeof *t->w);
