@@ -345,8 +345,9 @@ typedef struct anvil_memory_stats {
 /* Fills *out. The peak memory mlx-lm prints is device_peak_bytes on a GPU backend,
  * host_peak_bytes on the CPU. */
 anvil_status anvil_session_memory(const anvil_session *s, anvil_memory_stats *out);
-/* What one decode step costs the session's backend (dispatches, barriers, submits per token);
- * empty for the CPU backend. Returns the length. */
+/* What one decode step costs the session's backend (dispatches, barriers, submits per token),
+ * then its dispatches in order, one a line (docs/OPS.md); empty for the CPU backend. Returns
+ * the length. */
 size_t anvil_session_describe_program(const anvil_session *s, char *buf, size_t cap);
 
 /* ---- images (Qwen3.5 / Qwen3.6: the CPU backend, for now) ----

@@ -56,6 +56,14 @@ struct gen_result {
 };
 enum { GEN_STOP_NONE, GEN_STOP_BUDGET, GEN_STOP_EOS, GEN_STOP_CONTEXT, GEN_STOP_CALLBACK };
 
+/* One dispatch of a device program, timed (backend_vtable.time). */
+struct dispatch_time {
+    const char *kernel; /* its kernel's name (static) */
+    int node;           /* the graph node whose lowering emitted it, -1 for none (argmax...) */
+    double ns;          /* mean GPU time, a barrier before it */
+    uint64_t bytes;     /* the weights, cache rows and states it reads (activations not counted) */
+};
+
 struct backend_vtable {
     const char *name;
     void (*destroy)(struct backend *b);
@@ -79,6 +87,12 @@ struct backend_vtable {
     /* Optional: the device memory the backend holds now and the most it has held at once
      * (bytes of device-local allocations). NULL: host memory only (the CPU backend). */
     void (*memory)(struct backend *b, uint64_t *now, uint64_t *peak);
+    /* Optional: a T = 1 program's dispatches, each timed alone, at position pos (runs of the
+     * whole step, reps of them): out[cap], *n_out filled (backends/ops.c). The step's results
+     * and the states' contents afterwards are unspecified. */
+    anvil_status (*time)(struct program *p, int pos, int reps, struct dispatch_time *out, int cap, int *n_out);
+    /* Optional: the device's name ("llvmpipe (LLVM 15.0.7, 256 bits)"). */
+    const char *(*device_name)(struct backend *b);
 };
 
 struct backend {

@@ -60,5 +60,6 @@ int cmd_quantize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_ops(int argc, char **argv);
 
 #endif

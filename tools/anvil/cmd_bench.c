@@ -232,11 +232,15 @@ int cmd_bench(int argc, char **argv) {
             thread_cpu += tg_thread_cpu_seconds;
         }
         if (trace) {
-            char buf[8192];
-            anvil_session_describe_program(s, buf, sizeof buf);
+            /* the counts, then (ANVIL_VK_PROFILE=1) the kernels' times, then one line per
+             * dispatch: a large model's step has thousands */
+            size_t cap = 4u << 20;
+            char *buf = malloc(cap);
+            if (buf) anvil_session_describe_program(s, buf, cap);
             fprintf(stderr, "anvil: tg: host CPU time %.2f us/token (the decode loop's thread: "
                     "%.2f); %s\n", cpu / reps / N * 1e6, thread_cpu / reps / N * 1e6,
-                    buf[0] ? buf : "(no device program)");
+                    buf && buf[0] ? buf : "(no device program)");
+            free(buf);
             for (int i = 0; i < tg_n_threads; i++) {
                 double us = tg_threads[i].ns / 1e3 / reps / N;
                 if (us >= 0.5)

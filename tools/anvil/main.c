@@ -21,6 +21,7 @@ static const struct {
     {"chat", cmd_chat, "a multi-turn chat in the terminal"},
     {"quantize", cmd_quantize, "write a model as GGUF of a type (F16, Q8_0, Q4_K_M, ...)"},
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server"},
+    {"ops", cmd_ops, "check and time single Vulkan kernels against the CPU (docs/OPS.md)"},
 };
 
 #define COMMON "  -m, --model MODEL   a Hugging Face directory, a .gguf file or synthetic:NAME[:TYPE]\n" \
@@ -43,7 +44,8 @@ static const struct {
 } usages[] = {
     {"bench", "usage: anvil bench [-m MODEL] [-p 512] [-n 128] [-r 5] [-o md|json] [--trace]\n"
               "  -p N  prompt tokens (pp test; 0 skips it)   -n N  generated tokens (tg test)\n"
-              "  -r N  repetitions   -o md|json  output   --trace  per-token dispatch counts\n"
+              "  -r N  repetitions   -o md|json  output\n"
+              "  --trace  per-token dispatch counts, then the step's dispatches one a line\n"
               "  --temp T --top-k K --top-p P --min-p P --repeat-penalty R --seed S: tg samples\n"
               "    with them (default: greedy)\n"
               "  with no -m: synthetic:qwen3-0.6b on the best device\n" COMMON},

@@ -641,7 +641,7 @@ static void cpu_destroy(struct backend *base) {
 }
 
 static const struct backend_vtable cpu_vtable = {
-    "cpu", cpu_destroy, cpu_compile, cpu_program_destroy, cpu_run, NULL, NULL, NULL, NULL,
+    "cpu", cpu_destroy, cpu_compile, cpu_program_destroy, cpu_run, NULL, NULL, NULL, NULL, NULL, NULL,
 };
 
 anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens, int pos0,

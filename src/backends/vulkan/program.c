@@ -55,6 +55,7 @@ struct vk_dispatch {
      * pair (a SwiGLU) */
     uint64_t wa[3], wn[3];
     bool gated;
+    int node; /* 1 + the graph node whose lowering emitted it (vk_program_list); 0: none */
     _Alignas(8) uint8_t push[VK_PUSH_BYTES]; /* a push-constant struct (8-byte addresses) */
 };
 
@@ -132,6 +133,10 @@ struct vk_program {
     uint32_t *clk_kind;
     int clk_phases;
     struct vk_stats stats;
+    /* for vk_program_list: each graph node's op and the leaves it names (weights, states),
+     * and the node being lowered (1 + its index; 0 outside the walk) */
+    char (*labels)[128];
+    int n_labels, cur_node;
 };
 
 /* ---- lowering ---- */
@@ -191,6 +196,7 @@ static anvil_status emit(struct vk_program *p, enum vk_kernel k, uint32_t gx, ui
     d->gy = gy;
     d->gz = 1;
     d->push_size = (uint32_t)size;
+    d->node = p->cur_node;
     memcpy(d->push, push, size);
     return ANVIL_OK;
 }
@@ -801,6 +807,7 @@ static anvil_status lower_graph(struct lower *L) {
     for (int i = 0; i < n; i++) {
         const struct node *nd = N(L, i);
         if (L->done[i]) continue;
+        L->p->cur_node = i + 1;
         anvil_status st = ANVIL_OK;
         switch (nd->op) {
         case OP_TOKENS:
@@ -869,6 +876,7 @@ static anvil_status lower_graph(struct lower *L) {
         }
         if (st != ANVIL_OK) return st;
     }
+    L->p->cur_node = 0;
     int out = L->root[g->output];
     if (N(L, out)->op != OP_MATMUL)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph's output is not a matmul");
@@ -1305,6 +1313,26 @@ anvil_status vk_rope_table(struct vk_backend *b, const struct graph *g, int n_ct
     return st;
 }
 
+/* For vk_program_list: each node's op, then the leaves it reads (weights, states) by name. */
+static anvil_status node_labels(struct vk_program *p, const struct graph *g) {
+    p->labels = calloc((size_t)g->n_nodes, sizeof *p->labels);
+    if (!p->labels) return err_set(ANVIL_ERR_NOMEM, "out of memory");
+    p->n_labels = g->n_nodes;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct node *n = &g->nodes[i];
+        size_t len = (size_t)snprintf(p->labels[i], sizeof p->labels[i], "%s", op_name(n->op));
+        for (int s = 0; s < GRAPH_MAX_SRC && len < sizeof p->labels[i]; s++) {
+            const struct node *src = n->src[s] >= 0 ? &g->nodes[n->src[s]] : NULL;
+            if (src && (src->op == OP_WEIGHT || src->op == OP_WEIGHT_STACK || src->op == OP_WEIGHT_ROWS ||
+                        src->op == OP_STATE)) {
+                int k = snprintf(p->labels[i] + len, sizeof p->labels[i] - len, " %s", src->name);
+                len += k > 0 ? (size_t)k : 0;
+            }
+        }
+    }
+    return ANVIL_OK;
+}
+
 anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, struct vk_program **out) {
     *out = NULL;
     struct vk_program *p = xcalloc(1, sizeof *p);
@@ -1326,6 +1354,10 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
         /* the context: the attention caches' length (hybrids have other states too) */
         if (nd->op == OP_ATTENTION) p->n_ctx = (int)g->nodes[nd->src[3]].ne[2];
     }
+    /* a graph without attention (one region checked alone: backends/ops.c) declares a state
+     * of the context's length */
+    for (int i = 0; !p->n_ctx && i < n; i++)
+        if (g->nodes[i].op == OP_STATE && g->nodes[i].ne[0] == 1 && g->nodes[i].ne[1] == 1) p->n_ctx = (int)g->nodes[i].ne[2];
     if (!p->n_ctx) {
         st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph has no KV cache");
         goto done;
@@ -1347,6 +1379,7 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
     if (st == ANVIL_OK)
         st = vk_buffer_create(b->d, (VkDeviceSize)p->V * 4, VK_MEM_READBACK, "logits", &p->readback);
     if (st == ANVIL_OK) st = vk_rope_table(b, g, p->n_ctx, &p->rope);
+    if (st == ANVIL_OK) st = node_labels(p, g);
     if (st == ANVIL_OK) st = lower_graph(&L);
     if (st != ANVIL_OK) goto done;
     memset(p->ctl.map, 0, p->ctl.size);
@@ -1452,6 +1485,7 @@ void vk_program_destroy(struct vk_program *p) {
     vk_buffer_destroy(d, &p->mega);
     vk_buffer_destroy(d, &p->clk);
     free(p->clk_kind);
+    free(p->labels);
     free(p->ops);
     free(p);
 }
@@ -1972,4 +2006,128 @@ out:
     free(ns);
 #undef OUT
     return len;
+}
+
+/* The name of the weight at device address a (a product's), or NULL. */
+static const char *weight_at(const struct vk_program *p, uint64_t a) {
+    for (int i = 0; i < p->b->n_w; i++)
+        if (p->b->w[i].buf.addr == a && p->b->w[i].t) return p->b->w[i].t->name;
+    return NULL;
+}
+
+/* The bytes of weights, cache rows or states dispatch d reads at position pos (activations
+ * not counted: they are small beside them in decode), or 0 where it reads none of those. */
+static uint64_t dispatch_reads(const struct vk_program *p, const struct vk_dispatch *d, int pos) {
+    uint64_t n = d->wn[0] + d->wn[1] + d->wn[2];
+    if (n) return n; /* the products (lower_matmuls) */
+    const struct pc_matvec *pm = (const struct pc_matvec *)d->push;
+    size_t row = 0;
+    if (d->k >= K_MOE_GU_F32 && d->k <= K_MOE_GU_Q6_K &&
+        dtype_row_size(vk_weight_kind_dtype(d->k - K_MOE_GU_F32), (int64_t)pm->Kp8 * 8, &row))
+        return 2ull * pm->rows1 * pm->rows0 * row; /* k experts' gate and up rows */
+    if (d->k >= K_MOE_DOWN_F32 && d->k <= K_MOE_DOWN_Q6_K &&
+        dtype_row_size(vk_weight_kind_dtype(d->k - K_MOE_DOWN_F32), (int64_t)pm->Kp8 * 8, &row))
+        return (uint64_t)pm->rows1 * pm->rows0 * row; /* k experts' down rows */
+    if (d->k >= K_EMBED_F32 && d->k <= K_EMBED_Q6_K &&
+        dtype_row_size(vk_weight_kind_dtype(d->k - K_EMBED_F32), (int64_t)((const struct pc_embed *)d->push)->Kp8 * 8, &row))
+        return row;
+    if (d->k == K_ATTENTION) /* k and v rows 0 .. pos of every kv head */
+        return (uint64_t)((const struct pc_attn *)d->push)->Hkv * p->b->pl.attn_d * 2 * (p->b->kv16 ? 2 : 4) *
+               (uint64_t)(pos + 1);
+    if (d->k == K_GDN) { /* the recurrent state, read and written in place */
+        const struct pc_gdn *pg = (const struct pc_gdn *)d->push;
+        return (uint64_t)pg->Hv * pg->Dk * pg->Dv * 4;
+    }
+    if (d->k == K_ARGMAX || d->k == K_SAMPLE) return (uint64_t)p->V * 4;
+    return 0;
+}
+
+size_t vk_program_list(const struct vk_program *p, int pos, char *buf, size_t cap) {
+    size_t len = 0;
+#define OUT(...)                                                                           \
+    do {                                                                                   \
+        char *dst_ = len < cap ? buf + len : NULL;                                         \
+        int k_ = snprintf(dst_, dst_ ? cap - len : 0, __VA_ARGS__);                        \
+        if (k_ > 0) len += (size_t)k_;                                                     \
+    } while (0)
+    if (cap) buf[0] = 0;
+    pos = MAX(0, MIN(pos, p->n_ctx - 1));
+    OUT("the step's dispatches in order (bar: a barrier before it; reads: the weights, cache rows at position "
+        "%d and states it reads):\n", pos);
+    OUT("%5s  %-26s %-12s %-3s %10s  %s\n", "#", "kernel", "grid", "bar", "reads", "graph op and tensors");
+    uint64_t total = 0;
+    for (int i = 0; i < p->n_ops; i++) {
+        const struct vk_dispatch *d = &p->ops[i];
+        char grid[32], rd[32] = "-", what[320];
+        snprintf(grid, sizeof grid, "%ux%ux%u", d->gx, d->gy, d->gz);
+        uint64_t n = dispatch_reads(p, d, pos);
+        total += n;
+        if (n) vk_fmt_bytes(rd, n);
+        size_t wl = 0;
+        what[0] = 0;
+        const char *w0 = d->wa[0] ? weight_at(p, d->wa[0]) : NULL;
+        if (d->node > 0 && d->node <= p->n_labels && w0) /* a product: its op, then its weights */
+            wl = (size_t)snprintf(what, sizeof what, "%.*s %s", (int)strcspn(p->labels[d->node - 1], " "),
+                                  p->labels[d->node - 1], w0);
+        else if (d->node > 0 && d->node <= p->n_labels)
+            wl = (size_t)snprintf(what, sizeof what, "%s", p->labels[d->node - 1]);
+        else if (d->k == K_ARGMAX)
+            wl = (size_t)snprintf(what, sizeof what, "the next token (argmax; sampling: sample)");
+        else if (d->k == K_PREFETCH)
+            wl = (size_t)snprintf(what, sizeof what, "the next products' weights into L2, beside the attention");
+        else if (d->k >= K_MEGA_F32 && d->k <= K_MEGA_QX8) {
+            const struct pc_mega *pm = (const struct pc_mega *)d->push;
+            wl = (size_t)snprintf(what, sizeof what, "persistent step: %u phases", pm->n_phases);
+        }
+        /* a product's other weights (q, k, v in one dispatch) by name */
+        for (int w = 1; w < 3 && d->wa[w] && wl < sizeof what; w++) {
+            const char *nm = weight_at(p, d->wa[w]);
+            int k = snprintf(what + wl, sizeof what - wl, " + %s", nm ? nm : "?");
+            wl += k > 0 ? (size_t)k : 0;
+        }
+        OUT("%5d  %-26s %-12s %-3s %10s  %s\n", i, vk_kernel_name(d->k), grid, d->overlap ? "-" : "yes", rd, what);
+    }
+    char t[32];
+    OUT("%d dispatches; %s of weights, cache rows and states read per step at position %d\n", p->n_ops,
+        vk_fmt_bytes(t, total), pos);
+#undef OUT
+    return len;
+}
+
+anvil_status vk_program_time(struct vk_program *p, int pos, int reps, struct dispatch_time *out, int cap, int *n_out) {
+    struct vk_device *d = p->b->d;
+    *n_out = 0;
+    if (pos < 0 || pos >= p->n_ctx || reps < 1)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: timing at position %d (context %d), %d runs", pos, p->n_ctx, reps);
+    if (!d->props.limits.timestampComputeAndGraphics)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s has no timestamps", d->props.deviceName);
+    anvil_status st = p->cb_prof ? ANVIL_OK : record_profile(p); /* ANVIL_VK_PROFILE records it up front */
+    int n = p->n_ops;
+    uint64_t *ts = calloc((size_t)n + 1, sizeof *ts);
+    double *ns = calloc((size_t)n, sizeof *ns);
+    if (st == ANVIL_OK && (!ts || !ns)) st = err_set(ANVIL_ERR_NOMEM, "out of memory");
+    for (int r = 0; st == ANVIL_OK && r < reps + 1; r++) { /* the first run warms up */
+        ctl_reset(p, 1, pos);
+        ((volatile struct vk_ctl *)p->ctl.map)->budget = 1000;
+        uint64_t v;
+        st = vk_submit(d, &p->cb_prof, 1, &v);
+        if (st == ANVIL_OK) st = vk_wait(d, v);
+        if (st == ANVIL_OK)
+            st = vk_result(vkGetQueryPoolResults(d->dev, p->queries, 0, (uint32_t)n + 1, ((size_t)n + 1) * 8, ts, 8,
+                                                 VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+                           "vkGetQueryPoolResults");
+        if (st == ANVIL_OK && r > 0)
+            for (int i = 0; i < n; i++) ns[i] += (double)(ts[i + 1] - ts[i]) * d->props.limits.timestampPeriod;
+    }
+    for (int i = 0; st == ANVIL_OK && i < n && i < cap; i++) {
+        const struct vk_dispatch *o = &p->ops[i];
+        out[i].kernel = vk_kernel_name(o->k);
+        out[i].node = o->node - 1;
+        out[i].ns = ns[i] / reps;
+        out[i].bytes = dispatch_reads(p, o, pos);
+        *n_out = i + 1;
+    }
+    free(ts);
+    free(ns);
+    return st == ANVIL_OK ? vk_check_validation(d) : st;
 }

@@ -533,7 +533,9 @@ static void vk_describe(struct program *pp, char *buf, size_t cap) {
     if (s.meetings && k > 0 && (size_t)k < cap)
         k += snprintf(buf + k, cap - (size_t)k, "persistent step: %d meetings of its workgroups per token\n",
                       s.meetings);
-    if (k > 0 && (size_t)k < cap) vk_program_profile(p, buf + k, cap - (size_t)k);
+    if (k > 0 && (size_t)k < cap) k += (int)vk_program_profile(p, buf + k, cap - (size_t)k);
+    /* the dispatch list, its attention reading the cache's last rows */
+    if (k > 0 && (size_t)k < cap) vk_program_list(p, INT32_MAX, buf + k, cap - (size_t)k);
 }
 
 static void vk_destroy(struct backend *base) {
@@ -562,9 +564,18 @@ static void vk_memory(struct backend *base, uint64_t *now, uint64_t *peak) {
     *peak = b->d->mem_peak;
 }
 
+static anvil_status vk_time(struct program *pp, int pos, int reps, struct dispatch_time *out, int cap, int *n_out) {
+    struct vk_prog *p = (struct vk_prog *)pp;
+    *n_out = 0;
+    if (!p->decode) return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: per-dispatch times of the decode program only");
+    return vk_program_time(p->decode, pos, reps, out, cap, n_out);
+}
+
+static const char *vk_device_name(struct backend *base) { return ((struct vk_backend *)base)->d->props.deviceName; }
+
 static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
-    vk_failed, vk_memory,
+    vk_failed, vk_memory, vk_time, vk_device_name,
 };
 
 anvil_status backend_vulkan_create(int device, bool kv16, struct backend **out) {

@@ -93,6 +93,14 @@ anvil_status vk_f16_once(struct vk_backend *b, const float *x, int n, uint16_t *
 /* With ANVIL_VK_PROFILE=1: GPU time per kernel of one step, as text. */
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap);
 void vk_program_stats(const struct vk_program *p, struct vk_stats *s);
+/* The step's dispatches in order, one line each: index, kernel, grid, whether a barrier
+ * precedes it, the bytes of weights, cache rows (at position pos) and states it reads, and the
+ * graph op and tensors it was lowered from (anvil bench --trace). Returns the length. */
+size_t vk_program_list(const struct vk_program *p, int pos, char *buf, size_t cap);
+/* The step at position pos run reps times (after one more to warm up) with a barrier and a
+ * timestamp after every dispatch: each dispatch's mean GPU time, kernel, graph node and the
+ * bytes vk_program_list counts, into out[cap] (*n_out of them). For backend_vtable.time. */
+anvil_status vk_program_time(struct vk_program *p, int pos, int reps, struct dispatch_time *out, int cap, int *n_out);
 
 /* The prefill program (prefill.c): a graph of T > 1 tokens (dense models) as matrix-matrix
  * products and row kernels over a chunk, recorded once, sharing the backend's weights and

@@ -1,0 +1,165 @@
+/*
+ * The per-op harness (backends/ops.c) on small shapes: each region of the Vulkan backend
+ * against the CPU backend (decode: matvec, LM head + argmax, FFN, attention over a filled
+ * cache, MoE, Gated DeltaNet, embedding; prefill: products, causal attention, Gated DeltaNet),
+ * the kernels it attributes to each region, its timing path, and the decode step's listing
+ * (anvil bench --trace). Timings are not checked, only that they exist. Skips, saying why,
+ * where no Vulkan device exists.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/backend.h"
+#include "backends/ops.h"
+#include "quant/quant.h"
+#include "testutil.h"
+
+/* the case of kind (and type, for those that take one; product `what` for matvec and mm) */
+static struct ops_case find_case(enum ops_kind kind, int type, const char *what, int ctx, int T) {
+    struct ops_case cs[64];
+    const struct ops_model *m = ops_model_find("tiny");
+    assert_non_null(m);
+    int n = ops_cases(m, kind, ops_kind_prefill(kind), type, ctx, T, cs, 64);
+    assert_true(n >= 1 && n <= 64);
+    for (int i = 0; i < n; i++)
+        if (!what || !strcmp(cs[i].what, what)) return cs[i];
+    fail_msg("no case %s %s", ops_kind_name(kind), what ? what : "");
+    return cs[0];
+}
+
+/* Each region against the CPU, and timed once: the dispatches attributed to it and what they
+ * read (decode), the chunk less its baseline and the product's flops (prefill). */
+static void test_checks(void **state) {
+    (void)state;
+    static const struct {
+        enum ops_kind kind;
+        int type;
+        const char *what, *kernel; /* a kernel the region must run (decode) */
+        double bytes, flops;       /* what it must count, where not 0 */
+    } cases[] = {
+        /* 512 rows of one Q4_K block each */
+        {OPS_MATVEC, DT_Q4_K, "attn_q", "matvec_q4_k", 512.0 * 144, 0},
+        {OPS_MATVEC, DT_Q6_K, "ffn_down", "matvec_q6_k", 0, 0},
+        {OPS_MATVEC, DT_BF16, "attn_output", "matvec_bf16", 0, 0},
+        {OPS_LM_HEAD, DT_F16, NULL, "argmax", 0, 0},
+        {OPS_FFN, DT_Q8_0, NULL, "matvec_swiglu_q8_0", 0, 0},
+        /* rows 0 .. 39 of the float16 caches, k and v of 2 kv heads of 64 */
+        {OPS_ATTENTION, -1, NULL, "attention", 40.0 * 2 * 2 * 64 * 2, 0},
+        {OPS_MOE, DT_Q4_K, NULL, "moe_down_q4_k", 0, 0},
+        {OPS_GDN, -1, NULL, "gdn", 0, 0},
+        {OPS_EMBED, DT_Q5_K, NULL, "embed_q5_k", 0, 0},
+        {OPS_MM, DT_Q4_K, "ffn_up", NULL, 0, 2.0 * 70 * 256 * 768},
+        {OPS_ATTN_PREFILL, -1, NULL, NULL, 0, 0},
+        {OPS_GDN_PREFILL, -1, NULL, NULL, 0, 0},
+    };
+    size_t n = sizeof cases / sizeof *cases;
+    struct ops_opts o;
+    ops_opts_default(&o);
+    o.check_steps = 5; /* the attention reads rows written by the steps before */
+    o.bench = true;
+    o.reps = 1;
+    for (size_t i = 0; i < n; i++) {
+#ifdef TU_SANITIZED
+        /* the host code (graph building, the backends' compiles) is the same for every kind */
+        if (i % 3) continue;
+#endif
+        struct ops_case c = find_case(cases[i].kind, cases[i].type, cases[i].what, 40, 70);
+        char name[96];
+        ops_case_name(&c, name, sizeof name);
+        struct ops_result r;
+        anvil_status st = ops_run(&c, &o, &r);
+        if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
+        fprintf(stderr, "%s: max |vulkan - cpu| %.3g (%.3g of %.3g); %.1f us, %.0f bytes; kernels %s\n", name,
+                r.max_abs, r.rel, r.max_ref, r.us, r.bytes, r.kernels);
+        assert_true(r.checked);
+        assert_true(r.max_ref > 0); /* the region computed something */
+        assert_true(r.pass);
+        /* the float paths (lavapipe has no cooperative matrices, and the tests run without
+         * integer dot products) agree to float32 rounding, not just the harness's bound */
+        assert_true(r.rel < 2e-3);
+        assert_true(r.timed && r.us > 0);
+        assert_true(r.device[0] != 0);
+        if (cases[i].kernel) assert_non_null(strstr(r.kernels, cases[i].kernel));
+        if (c.T == 1) assert_true(r.n_dispatches >= 1 && r.bytes > 0);
+        if (cases[i].bytes) assert_true(r.bytes == cases[i].bytes);
+        if (cases[i].flops) assert_true(r.flops == cases[i].flops);
+    }
+}
+
+static void test_names(void **state) {
+    (void)state;
+    assert_null(ops_model_find("qwen3-9b"));
+    assert_non_null(ops_model_find("synthetic:qwen3-8b:Q4_K_M"));
+    assert_int_equal(ops_kind_from_name("attention"), OPS_ATTENTION);
+    assert_int_equal(ops_kind_from_name("nope"), -1);
+    /* every kind of a model that has it; matvec and mm over every type */
+    struct ops_case cs[256];
+    int n = ops_cases(ops_model_find("qwen3-8b"), -1, false, -1, 4096, 512, cs, 256);
+    assert_int_equal(n, 11 * 4 + 4); /* 4 products of 11 types; lm_head, ffn, attention, embed */
+    n = ops_cases(ops_model_find("qwen3-8b"), OPS_MOE, false, -1, 4096, 512, cs, 256);
+    assert_int_equal(n, 0); /* a dense model has no experts */
+    /* the CLI refuses what it cannot run, before any device */
+    char *out, *err;
+    assert_int_not_equal(tu_run_anvil(&out, &err, "ops -m qwen3-9b"), 0);
+    assert_non_null(strstr(err, "unknown model"));
+    free(out);
+    free(err);
+    assert_int_not_equal(tu_run_anvil(&out, &err, "ops -m tiny --op moe --shape prefill --type Q9"), 0);
+    free(out);
+    free(err);
+}
+
+/* anvil bench --trace's listing: one line per dispatch, as many as the step counts, in order
+ * from the embedding to the argmax */
+static void test_trace_list(void **state) {
+    (void)state;
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:q4_k", NULL, &m), ANVIL_OK);
+    anvil_session *s = tu_session(m, ANVIL_BACKEND_VULKAN, 64);
+    size_t cap = 1 << 20;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    assert_true(anvil_session_describe_program(s, buf, cap) > 0);
+    int dispatches = -1, barriers = -1, lines = 0, bars = 0, last = -1;
+    const char *p = strstr(buf, "per token:");
+    assert_non_null(p);
+    assert_int_equal(sscanf(p, "per token: %d dispatches, %d barriers", &dispatches, &barriers), 2);
+    p = strstr(buf, "graph op and tensors\n");
+    assert_non_null(p);
+    char first[64] = "", kernel[64];
+    for (p = strchr(p, '\n') + 1; *p == ' '; p = strchr(p, '\n') + 1) {
+        int idx;
+        char bar[8];
+        assert_int_equal(sscanf(p, "%d %63s %*s %7s", &idx, kernel, bar), 3);
+        assert_int_equal(idx, last + 1);
+        last = idx;
+        if (!lines++) snprintf(first, sizeof first, "%s", kernel);
+        bars += !strcmp(bar, "yes");
+    }
+    assert_int_equal(lines, dispatches);
+    assert_int_equal(bars, barriers);
+    assert_string_equal(first, "embed_q6_k"); /* the Q4_K model keeps its embedding Q6_K */
+    assert_string_equal(kernel, "argmax");
+    assert_non_null(strstr(buf, "matmul blk.0.attn_q.weight + blk.0.attn_k.weight"));
+    assert_non_null(strstr(buf, "attention k_cache.1 v_cache.1"));
+    free(buf);
+    anvil_session_destroy(s);
+    anvil_model_close(m);
+}
+
+int main(void) {
+    char why[256];
+    if (!backend_vulkan_available(why, sizeof why)) {
+        printf("ops_test: skipped: %s\n", why);
+        return 0;
+    }
+    if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 0);
+    tu_float32_prefill();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_checks),
+        cmocka_unit_test(test_trace_list),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
