@@ -184,7 +184,8 @@ void quantize_row_q8_0(const float *x, void *dst, int64_t n) {
 
 /* Symmetric quantization of n values to [-nmax, nmax-1] (stored + nmax in L), searching the
  * scale that minimises the weighted error (rmse_type 1: weights x^2). Returns the scale. */
-static float make_qx_quants(int n, int nmax, const float *x, int8_t *L, int rmse_type) {
+static float make_qx_quants(int n, int nmax, const float *x, int8_t *L, int rmse_type,
+                            const float *qw) {
     float max = 0, amax = 0;
     for (int i = 0; i < n; i++) {
         float ax = fabsf(x[i]);
@@ -205,13 +206,13 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L, int rmse
         }
         return 1 / iscale;
     }
-    /* only rmse_type 1 (weights x^2) is used by the reference quantizers */
+    /* only rmse_type 1 is used: weights x^2, or the importances qw where given */
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
         int l = nearest_int(iscale * x[i]);
         l = MAX(-nmax, MIN(nmax - 1, l));
         L[i] = (int8_t)(l + nmax);
-        float w = x[i] * x[i];
+        float w = qw ? qw[i] : x[i] * x[i];
         sumlx += w * x[i] * l;
         suml2 += w * l * l;
     }
@@ -224,7 +225,7 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L, int rmse
         for (int i = 0; i < n; i++) {
             int l = nearest_int(iscale * x[i]);
             l = MAX(-nmax, MIN(nmax - 1, l));
-            float w = x[i] * x[i];
+            float w = qw ? qw[i] : x[i] * x[i];
             sumlx += w * x[i] * l;
             suml2 += w * l * l;
         }
@@ -864,14 +865,19 @@ void dequantize_row_q6_k(const void *src, float *y, int64_t n) {
     }
 }
 
-void quantize_row_q6_k(const float *x, void *dst, int64_t n) {
+void quantize_row_q6_k(const float *x, void *dst, int64_t n) { quantize_row_q6_k_w(x, dst, n, NULL); }
+
+/* With importances: ggml's quantize_row_q6_K_impl, the sub-block scales fitted under the
+ * importances themselves (no sqrt(sigma2 + x^2) factor, unlike Q2_K and IQ4). */
+void quantize_row_q6_k_w(const float *x, void *dst, int64_t n, const float *qw) {
     block_q6_K *y = dst;
     int8_t L[QK_K];
     float scales[QK_K / 16];
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
         float max_scale = 0, max_abs_scale = 0;
         for (int ib = 0; ib < QK_K / 16; ib++) {
-            const float scale = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib, 1);
+            const float scale = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib, 1,
+                                               qw ? qw + i * QK_K + 16 * ib : NULL);
             scales[ib] = scale;
             if (fabsf(scale) > max_abs_scale) {
                 max_abs_scale = fabsf(scale);

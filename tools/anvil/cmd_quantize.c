@@ -28,7 +28,7 @@ int cmd_quantize(int argc, char **argv) {
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: anvil quantize -m MODEL -o OUT.gguf --type TYPE [--imatrix FILE] [-t THREADS]\n"
                    "TYPE: %s\n"
-                   "--imatrix FILE: llama-imatrix's importance matrix (GGUF); Q2_K, IQ4_NL and\n"
+                   "--imatrix FILE: llama-imatrix's importance matrix (GGUF); Q2_K, Q6_K, IQ4_NL and\n"
                    "IQ4_XS tensors are quantized under it as llama-quantize does\n", ftype_names());
             return 0;
         } else {
@@ -44,7 +44,7 @@ int cmd_quantize(int argc, char **argv) {
     printf("\n");
     if (s.n_unweighted) {
         printf("note: %d tensors had importances but were quantized without them (anvil weighs only "
-               "Q2_K, IQ4_NL, IQ4_XS; llama-quantize also weighs", s.n_unweighted);
+               "Q2_K, Q6_K, IQ4_NL, IQ4_XS; llama-quantize also weighs", s.n_unweighted);
         for (int t = 0; t < DT_COUNT; t++)
             if (s.unweighted[t]) printf(" %s", dtype_name(t));
         printf(")\n");
