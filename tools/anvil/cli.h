@@ -56,6 +56,9 @@ int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_template(int argc, char **argv);
+/* anvil template --parse: prints the assistant message a raw model output parses to. */
+int cmd_template_parse(const char *model, const char *file, const char *tools_file, int thinking,
+                       struct template_opts *tpl);
 int cmd_quantize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);

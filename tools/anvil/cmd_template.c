@@ -8,6 +8,8 @@
  * FILE.json is an array of message objects as the OpenAI API takes them, passed to the
  * template as they are; TOOLS.json an array of tool definitions. --bench N renders N times
  * and prints the mean time of one rendering on stderr.
+ * With --parse OUTPUT (instead of --messages), prints the assistant message a raw model output
+ * parses to (cmd_template_parse.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +50,7 @@ static double now_s(void) {
 }
 
 int cmd_template(int argc, char **argv) {
-    const char *model = NULL, *file = NULL, *tools_file = NULL;
+    const char *model = NULL, *file = NULL, *tools_file = NULL, *parse_file = NULL;
     int gen_prompt = 1, thinking = 1, bench = 0;
     struct template_opts tpl = {0};
     for (int i = 1; i < argc; i++) {
@@ -60,6 +62,8 @@ int cmd_template(int argc, char **argv) {
             if (!(model = opt_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--messages")) {
             if (!(file = opt_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--parse")) {
+            if (!(parse_file = opt_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--tools")) {
             if (!(tools_file = opt_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--no-generation-prompt")) {
@@ -77,6 +81,12 @@ int cmd_template(int argc, char **argv) {
         }
     }
     if (!model) return fail("template: -m MODEL_OR_TOKENIZER is required");
+    if (parse_file && file) return fail("template: --parse and --messages exclude each other");
+    if (parse_file) {
+        int prc = cmd_template_parse(model, parse_file, tools_file, thinking, &tpl);
+        template_opts_free(&tpl);
+        return prc;
+    }
     if (!file) return fail("template: --messages FILE.json is required");
 
     size_t len, tlen;

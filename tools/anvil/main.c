@@ -62,7 +62,10 @@ static const struct {
                  "  [--no-generation-prompt] [--thinking on|off] [--chat-template-file FILE]\n"
                  "  [--chat-template-kwargs JSON] [--bench N]\n"
                  "  prints the rendering; exit 1 with the template's own message where it raises;\n"
-                 "  --bench N renders N times and prints the time per rendering\n"},
+                 "  --bench N renders N times and prints the time per rendering\n"
+                 "       anvil template -m MODEL --parse OUTPUT.txt [--tools FILE.json] [--thinking on|off]\n"
+                 "  [--chat-template-file FILE] [--chat-template-kwargs JSON]\n"
+                 "  prints the assistant message (content, reasoning, tool calls) of a raw output\n"},
     {"run", "usage: anvil run -m MODEL -p PROMPT [options]   (-p - reads stdin)\n"
             "  --raw               feed the prompt as is, without the chat template\n" SAMPLING COMMON},
     {"chat", "usage: anvil chat -m MODEL [options]   (/reset, /exit)\n" SAMPLING COMMON},
