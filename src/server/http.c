@@ -141,7 +141,7 @@ static bool wait_job(struct server *s, struct MHD_Connection *c, struct job *j,
 
 static bool job_done(const struct job *j) { return j->state == JOB_DONE; }
 static bool job_has_news(const struct job *j) {
-    return j->state == JOB_DONE || j->content.len || j->reasoning.len;
+    return j->state == JOB_DONE || j->content.len || j->reasoning.len || j->tool_calls;
 }
 
 /* ---- streaming ---- */
@@ -179,6 +179,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         bool done = j->state == JOB_DONE;
         char *content = j->content.len ? xstrdup(j->content.p) : NULL;
         char *reasoning = j->reasoning.len ? xstrdup(j->reasoning.p) : NULL;
+        cJSON *calls = j->tool_calls;
+        j->tool_calls = NULL;
         sbuf_clear(&j->content);
         sbuf_clear(&j->reasoning);
         pthread_mutex_unlock(&j->mu);
@@ -188,6 +190,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         st->role_sent = true;
         if (content || reasoning)
             add_event(&st->out, api_stream_chunk(st->srv, j, false, content, reasoning, NULL, false));
+        if (calls) add_event(&st->out, api_stream_tool_calls(st->srv, j, calls));
+        cJSON_Delete(calls);
         free(content);
         free(reasoning);
         if (done) {

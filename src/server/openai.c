@@ -6,8 +6,10 @@
  *   model, stream, stream_options.include_usage, max_tokens, max_completion_tokens,
  *   temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
  *   repetition_penalty, seed, stop (string or list), n (1 only), ignore_eos (vLLM's),
- *   chat: messages, tools (an empty list only), chat_template_kwargs (every key a template
- *         variable; enable_thinking must be a boolean);
+ *   chat: messages (assistant tool_calls and tool results go to the template as they are),
+ *         tools, tool_choice (auto, none, required, a named function), parallel_tool_calls,
+ *         chat_template_kwargs (every key a template variable; enable_thinking must be a
+ *         boolean);
  *   completions: prompt (a string, or token ids; or a list of one of those).
  * Defaults follow OpenAI: temperature 1, top_p 1; without a seed each request draws one.
  */
@@ -184,7 +186,7 @@ static bool check_model(struct server *s, const cJSON *req, struct api_error *e)
 
 /* Copies messages into the shape the template renders: string contents (text parts joined
  * by newlines), roles checked. */
-static cJSON *normalize_messages(const cJSON *msgs, struct api_error *e) {
+static cJSON *normalize_messages(const cJSON *msgs, bool args_as_objects, struct api_error *e) {
     if (!msgs || !cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0) {
         BAD(e, "messages", "'messages' must be a non-empty array");
         return NULL;
@@ -253,7 +255,19 @@ static cJSON *normalize_messages(const cJSON *msgs, struct api_error *e) {
             BAD(e, param, "'%s.tool_calls' must be an array", param);
             goto fail;
         }
-        if (tc) cJSON_AddItemToObject(n, "tool_calls", cJSON_Duplicate(tc, true));
+        if (tc) {
+            cJSON *calls = cJSON_Duplicate(tc, true), *call, *walk = args_as_objects ? calls : NULL;
+            /* the XML templates iterate over the arguments (|items): OpenAI clients send them
+             * as a JSON string, which is parsed here (as vLLM and llama.cpp do) */
+            cJSON_ArrayForEach(call, walk) {
+                cJSON *f = cJSON_GetObjectItemCaseSensitive(call, "function");
+                cJSON *a = cJSON_GetObjectItemCaseSensitive(cJSON_IsObject(f) ? f : call, "arguments");
+                cJSON *obj = cJSON_IsString(a) ? cJSON_Parse(a->valuestring) : NULL;
+                if (cJSON_IsObject(obj)) cJSON_ReplaceItemViaPointer(cJSON_IsObject(f) ? f : call, a, obj);
+                else cJSON_Delete(obj);
+            }
+            cJSON_AddItemToObject(n, "tool_calls", calls);
+        }
         cJSON_AddItemToArray(out, n);
         i++;
     }
@@ -263,22 +277,114 @@ fail:
     return NULL;
 }
 
-/* Renders a chat request's messages into the prompt text. */
-static char *render_chat(struct server *s, const cJSON *req, bool add_generation_prompt,
-                         struct api_error *e) {
-    cJSON *msgs = normalize_messages(field(req, "messages"), e);
-    if (!msgs) return NULL;
-    char *text = NULL;
-    const cJSON *kw = NULL, *tools = field(req, "tools");
-    bool thinking = true;
+/* OpenAI's rule for function names; also what keeps a name safe inside the forced prefix. */
+static bool valid_tool_name(const char *n) {
+    size_t len = strlen(n);
+    if (len == 0 || len > 64) return false;
+    for (const char *c = n; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '_' || *c == '-' || *c == '.'))
+            return false;
+    return true;
+}
+
+/* tools, tool_choice and parallel_tool_calls into j->tc (and j->tools, j->forced); *render
+ * receives the tools the template lists (NULL: none). Without grammar-constrained sampling,
+ * "required" and a named function start the answer with the call's opening, written into
+ * the prompt (j->forced). "none": the template is not given the tools and the output is not
+ * parsed for calls. parallel_tool_calls false: only the first call is kept. */
+static bool parse_tools(struct server *s, const cJSON *req, struct job *j, const cJSON **render,
+                        struct api_error *e) {
+    const cJSON *tools = field(req, "tools"), *choice = field(req, "tool_choice"), *t;
+    bool parallel = true;
+    *render = NULL;
+    if (!get_bool(req, "parallel_tool_calls", &parallel, e)) return false;
     if (tools && !cJSON_IsArray(tools)) {
         BAD(e, "tools", "'tools' must be an array");
-    } else if (tools && cJSON_GetArraySize(tools) > 0) {
-        BAD(e, "tools", "tool definitions are not supported by this server yet");
-    } else if (get_object(req, "chat_template_kwargs", &kw, e) &&
-               (!kw || get_bool(kw, "enable_thinking", &thinking, e))) {
-        /* every key of chat_template_kwargs becomes a template variable */
-        if (srv_text_render_chat(s->text, msgs, NULL, add_generation_prompt, kw, &text) !=
+        return false;
+    }
+    int i = 0;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+        if (!cJSON_IsObject(t) || !cJSON_IsString(type) || strcmp(type->valuestring, "function") ||
+            !cJSON_IsObject(f) || !cJSON_IsString(name) || !valid_tool_name(name->valuestring) ||
+            (params && !cJSON_IsObject(params))) {
+            BAD(e, "tools", "'tools[%d]' must be {\"type\": \"function\", \"function\": {\"name\": "
+                "(letters, digits, _ - ., at most 64), \"parameters\": {...}}}", i);
+            return false;
+        }
+        i++;
+    }
+    bool have = i > 0;
+    const char *mode = have ? "auto" : "none", *named = NULL;
+    if (cJSON_IsString(choice)) {
+        mode = choice->valuestring;
+        if (strcmp(mode, "auto") && strcmp(mode, "none") && strcmp(mode, "required")) {
+            BAD(e, "tool_choice", "'tool_choice' must be auto, none, required or "
+                "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+            return false;
+        }
+    } else if (choice && !cJSON_IsNull(choice)) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(choice, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+        if (!cJSON_IsObject(choice) || !cJSON_IsString(name)) {
+            BAD(e, "tool_choice", "'tool_choice' must be auto, none, required or "
+                "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+            return false;
+        }
+        mode = "named";
+        named = name->valuestring;
+        bool found = false;
+        cJSON_ArrayForEach(t, tools) {
+            const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+            found = found || !strcmp(n->valuestring, named);
+        }
+        if (!found) {
+            BAD(e, "tool_choice", "'tool_choice' names '%.64s', which is not among the tools", named);
+            return false;
+        }
+    }
+    if (!have && strcmp(mode, "none") && strcmp(mode, "auto")) {
+        BAD(e, "tool_choice", "'tool_choice' %s needs 'tools'", mode);
+        return false;
+    }
+    j->tc.format = toolcall_format_of_template(srv_text_template(s->text));
+    j->tc.max_calls = parallel ? 0 : 1;
+    snprintf(j->call_prefix, sizeof j->call_prefix, "call_%.16s_", j->id + strcspn(j->id, "-") + 1);
+    j->tc.id_prefix = j->call_prefix;
+    if (!have || !strcmp(mode, "none")) return true;
+    if (!(j->tools = cJSON_Duplicate(tools, true))) {
+        api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return false;
+    }
+    j->tc.tools = j->tools;
+    j->tc.parse_tools = true;
+    *render = j->tools;
+    if (!strcmp(mode, "required")) {
+        j->forced = xstrdup("<tool_call>\n");
+    } else if (named) {
+        j->forced = j->tc.format == TOOLCALL_XML
+                        ? xasprintf("<tool_call>\n<function=%s>\n", named)
+                        : xasprintf("<tool_call>\n{\"name\": \"%s\", \"arguments\": ", named);
+    }
+    return true;
+}
+
+/* Renders a chat request's messages (and tools) into the prompt text. */
+static char *render_chat(struct server *s, const cJSON *req, struct job *j,
+                         bool add_generation_prompt, struct api_error *e) {
+    const cJSON *kw = NULL, *tools = NULL;
+    bool thinking = true;
+    if (!parse_tools(s, req, j, &tools, e)) return NULL;
+    cJSON *msgs = normalize_messages(field(req, "messages"), j->tc.format == TOOLCALL_XML, e);
+    if (!msgs) return NULL;
+    char *text = NULL;
+    if (get_object(req, "chat_template_kwargs", &kw, e) &&
+        (!kw || get_bool(kw, "enable_thinking", &thinking, e))) {
+        if (srv_text_render_chat(s->text, msgs, tools, add_generation_prompt, kw, &text) !=
             ANVIL_OK)
             BAD(e, "messages", "the chat template failed on these messages: %s", anvil_last_error());
     }
@@ -425,13 +531,27 @@ struct job *api_job_from_request(struct server *s, enum job_kind kind, const cJS
         goto fail;
     }
     if (kind == JOB_CHAT) {
-        if (!(rendered = render_chat(s, req, true, e))) goto fail;
+        if (!(rendered = render_chat(s, req, j, true, e))) goto fail;
+        j->think_open = toolcall_prompt_opens_think(rendered);
+        if (j->forced) {
+            /* a thinking model's open <think> is closed first: the call cannot wait for it */
+            char *forced = xasprintf("%s%s", j->think_open ? "</think>\n\n" : "", j->forced);
+            char *full = forced ? xasprintf("%s%s", rendered, forced) : NULL;
+            free(j->forced);
+            j->forced = forced;
+            free(rendered);
+            rendered = full;
+            if (!full) {
+                api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+                goto fail;
+            }
+        }
         if (srv_text_tokenize(s->text, rendered, &j->prompt, &j->n_prompt) != ANVIL_OK) {
             BAD(e, "messages", "cannot tokenize the rendered chat: %s", anvil_last_error());
             goto fail;
         }
         j->reasoning_split = true;
-        j->think_open = think_prompt_open(rendered);
+        j->tc.think_open = j->think_open;
     } else {
         bool echo = false;
         if (!get_bool(req, "echo", &echo, e)) goto fail;
@@ -501,8 +621,14 @@ cJSON *api_job_response(struct server *s, struct job *j) {
     if (chat) {
         cJSON *m = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", j->content.p ? j->content.p : "");
+        if (j->n_tool_calls && !j->content.len) cJSON_AddNullToObject(m, "content");
+        else cJSON_AddStringToObject(m, "content", j->content.p ? j->content.p : "");
         if (j->reasoning.len) cJSON_AddStringToObject(m, "reasoning_content", j->reasoning.p);
+        if (j->tool_calls) {
+            cJSON *calls = cJSON_Duplicate(j->tool_calls, true), *call;
+            cJSON_ArrayForEach(call, calls) cJSON_DeleteItemFromObjectCaseSensitive(call, "index");
+            cJSON_AddItemToObject(m, "tool_calls", calls);
+        }
     } else {
         cJSON_AddStringToObject(c, "text", j->content.p ? j->content.p : "");
     }
@@ -539,6 +665,19 @@ cJSON *api_stream_chunk(struct server *s, const struct job *j, bool role, const 
     return r;
 }
 
+cJSON *api_stream_tool_calls(struct server *s, const struct job *j, const cJSON *calls) {
+    cJSON *r = envelope(s, j, "chat.completion.chunk");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "choices"), c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON *d = cJSON_AddObjectToObject(c, "delta");
+    cJSON_AddItemToObject(d, "tool_calls", cJSON_Duplicate(calls, true));
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    if (j->include_usage) cJSON_AddNullToObject(r, "usage");
+    return r;
+}
+
 cJSON *api_models(struct server *s) {
     cJSON *r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "object", "list");
@@ -562,7 +701,10 @@ cJSON *api_tokenize(struct server *s, const cJSON *req, struct api_error *e) {
     if (field(req, "messages")) {
         bool agp = true;
         if (!get_bool(req, "add_generation_prompt", &agp, e)) return NULL;
-        char *text = render_chat(s, req, agp, e);
+        struct job tmp = {.id = "tokenize-0"}; /* the tools' rendering, without a job */
+        char *text = render_chat(s, req, &tmp, agp, e);
+        cJSON_Delete(tmp.tools);
+        free(tmp.forced);
         if (!text) return NULL;
         anvil_status st = srv_text_tokenize(s->text, text, &ids, &n);
         free(text);

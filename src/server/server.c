@@ -38,6 +38,9 @@ static void job_free(struct job *j) {
     for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
     sbuf_free(&j->content);
     sbuf_free(&j->reasoning);
+    cJSON_Delete(j->tool_calls);
+    cJSON_Delete(j->tools);
+    free(j->forced);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -127,20 +130,35 @@ struct run {
     struct job *job;
     struct srv_decoder *dec;
     struct stop_filter stop;
-    struct think_split think;
+    toolcall_parser *parser; /* chats: reasoning and tool calls */
+    struct toolcall_delta delta;
     struct sbuf piece, released;
     bool stop_string;
     anvil_status error;
 };
 
-/* Passes released text on to the job (through the <think> split for chats). */
+/* Passes released text on to the job (through the reasoning / tool-call parser for chats). */
 static void emit(struct run *r, bool flush) {
     struct job *j = r->job;
+    if (r->parser) {
+        anvil_status st = ANVIL_OK;
+        if (r->released.len)
+            st = toolcall_parser_feed(r->parser, r->released.p, r->released.len, &r->delta);
+        if (flush && st == ANVIL_OK) st = toolcall_parser_finish(r->parser, &r->delta);
+        if (st != ANVIL_OK) r->error = st;
+    }
     pthread_mutex_lock(&j->mu);
-    if (j->reasoning_split) {
-        if (r->released.len) think_split_push(&r->think, r->released.p, r->released.len,
-                                              &j->content, &j->reasoning);
-        if (flush) think_split_flush(&r->think, &j->content, &j->reasoning);
+    if (r->parser) {
+        struct toolcall_delta *d = &r->delta;
+        if (d->content.len) sbuf_add(&j->content, d->content.p, d->content.len);
+        if (d->reasoning.len) sbuf_add(&j->reasoning, d->reasoning.p, d->reasoning.len);
+        while (cJSON_GetArraySize(d->tool_calls) > 0) {
+            if (!j->tool_calls) j->tool_calls = cJSON_CreateArray();
+            if (!j->tool_calls) break;
+            cJSON_AddItemToArray(j->tool_calls, cJSON_DetachItemFromArray(d->tool_calls, 0));
+            j->n_tool_calls++;
+        }
+        toolcall_delta_clear(d);
     } else if (r->released.len) {
         sbuf_add(&j->content, r->released.p, r->released.len);
     }
@@ -172,7 +190,11 @@ static void run_job(struct server *s, struct job *j) {
     int n_cached = 0;
     anvil_status st = srv_decoder_create(s->text, &r.dec);
     if (st == ANVIL_OK) st = stop_filter_init(&r.stop, (const char *const *)j->stops, j->n_stops);
-    think_split_init(&r.think, j->think_open);
+    if (st == ANVIL_OK && j->reasoning_split && (st = toolcall_parser_create(&j->tc, &r.parser)) ==
+                                                    ANVIL_OK && j->forced) {
+        sbuf_adds(&r.released, j->forced); /* the answer's start, written into the prompt */
+        emit(&r, false);
+    }
     if (st == ANVIL_OK) {
         /* keep the longest common prefix of the cache and the prompt; at least one prompt
          * token is fed again, for the logits the first new token is sampled from */
@@ -216,7 +238,7 @@ static void run_job(struct server *s, struct job *j) {
     j->n_generated = stats.n_generated;
     j->finish_reason = r.stop_string || stats.stop == ANVIL_STOP_EOS ||
                                stats.stop == ANVIL_STOP_CALLBACK
-                           ? "stop"
+                           ? (j->n_tool_calls ? "tool_calls" : "stop")
                            : "length";
     pthread_mutex_unlock(&j->mu);
     metrics_generation(&s->metrics, j->n_prompt, n_cached, stats.n_generated,
@@ -239,7 +261,8 @@ static void run_job(struct server *s, struct job *j) {
     s->running = NULL;
     pthread_mutex_unlock(&s->mu);
     job_finish(j, st, msg);
-    think_split_free(&r.think);
+    toolcall_parser_destroy(r.parser);
+    toolcall_delta_free(&r.delta);
     stop_filter_free(&r.stop);
     srv_decoder_destroy(r.dec);
     sbuf_free(&r.piece);

@@ -26,8 +26,9 @@
  *
  * Parts: server.c (lifecycle, queue, worker), http.c (libmicrohttpd glue: routing, auth,
  * limits, streaming), openai.c (request parsing and response shapes), metrics.c, tokens.c (the
- * tokenizer as the server uses it); stop strings and the <think> split over decoded text are
- * the engine's (src/engine/textstream.h), which anvil run and anvil chat use too.
+ * tokenizer as the server uses it); stop strings over decoded text are the engine's
+ * (src/engine/textstream.h), which anvil run and anvil chat use too; a chat's reasoning and
+ * tool calls are split out of its output by src/template/toolcall.h (docs/SERVER.md).
  */
 #ifndef ANVIL_SERVER_H
 #define ANVIL_SERVER_H

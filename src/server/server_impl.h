@@ -10,6 +10,7 @@
 
 #include "base/base.h"
 #include "engine/textstream.h" /* sbuf, stop strings, the <think> split */
+#include "template/toolcall.h"  /* reasoning and tool calls in a chat's output */
 #include "server.h"
 
 /* ---- the tokenizer as the server uses it (tokens.c) ---- */
@@ -23,10 +24,13 @@ anvil_status srv_text_open(const char *model_path, const char *template_text,
 void srv_text_close(struct srv_text *t);
 /* End-of-turn ids (<|im_end|>, <|endoftext|>), text-owned. */
 const int32_t *srv_text_stop_tokens(const struct srv_text *t, int *n);
-/* Renders messages (a validated array of {role, content[, reasoning_content]} objects with
- * string contents) and tools (NULL or an array) with the chat template; kwargs (NULL or an
- * object: a request's chat_template_kwargs) become template variables, over the server's
- * defaults (server_options.chat_template_kwargs). *out is a new string the caller frees. */
+/* The model's chat template text, or NULL. */
+const char *srv_text_template(const struct srv_text *t);
+/* Renders messages (a validated array of {role, content[, reasoning_content, tool_calls]}
+ * objects with string contents) and tools (NULL or an array of tool definitions, listed in
+ * the system turn) with the chat template; kwargs (NULL or an object: a request's
+ * chat_template_kwargs) become template variables, over the server's defaults
+ * (server_options.chat_template_kwargs). *out is a new string the caller frees. */
 anvil_status srv_text_render_chat(struct srv_text *t, const cJSON *messages, const cJSON *tools,
                                   bool add_generation_prompt, const cJSON *kwargs, char **out);
 /* Text → ids (special-token text such as <|im_start|> becomes its special id); *ids is new,
@@ -92,13 +96,22 @@ struct job {
     char *stops[MAX_STOP_STRINGS];
     int n_stops;
     bool reasoning_split, think_open; /* chat: split <think>; the prompt opened the block */
+    /* chat: how the output is parsed (toolcall.h); tc.tools points at tools, tc.id_prefix at
+     * call_prefix. forced: text appended to the rendered prompt to start the answer
+     * (tool_choice required or named), which the output continues: parsed before it. */
+    struct toolcall_options tc;
+    cJSON *tools;
+    char call_prefix[40];
+    char *forced;
 
     /* guarded by mu; cv signals every change */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     enum job_state state;
     struct sbuf content, reasoning; /* all text so far (non-streamed) or not yet sent */
-    const char *finish_reason;      /* "stop" / "length" once done */
+    cJSON *tool_calls;              /* calls so far (non-streamed) or not yet sent; NULL: none */
+    int n_tool_calls;               /* calls so far */
+    const char *finish_reason;      /* "stop" / "length" / "tool_calls" once done */
     int n_cached, n_generated;      /* usage */
     anvil_status error;             /* a backend failure */
     char errmsg[256];
@@ -182,6 +195,9 @@ cJSON *api_job_response(struct server *s, struct job *j);
  * the role (first chunk), or the finish reason; usage chunk when usage. */
 cJSON *api_stream_chunk(struct server *s, const struct job *j, bool role, const char *content,
                         const char *reasoning, const char *finish_reason, bool usage);
+/* The streamed chunk carrying tool calls (an array of OpenAI tool-call deltas, each a whole
+ * call with its index). */
+cJSON *api_stream_tool_calls(struct server *s, const struct job *j, const cJSON *calls);
 cJSON *api_models(struct server *s);
 cJSON *api_tokenize(struct server *s, const cJSON *req, struct api_error *e);
 cJSON *api_detokenize(struct server *s, const cJSON *req, struct api_error *e);

@@ -61,11 +61,13 @@ const int32_t *srv_text_stop_tokens(const struct srv_text *t, int *n) {
 
 int32_t srv_text_vocab_size(const struct srv_text *t) { return anvil_tokenizer_vocab_size(t->tok); }
 
+const char *srv_text_template(const struct srv_text *t) {
+    return anvil_tokenizer_chat_template(t->tok);
+}
+
 anvil_status srv_text_render_chat(struct srv_text *t, const cJSON *messages, const cJSON *tools,
                                   bool add_generation_prompt, const cJSON *kwargs, char **out) {
     *out = NULL;
-    if (tools && cJSON_GetArraySize(tools) > 0)
-        return err_set(ANVIL_ERR_UNSUPPORTED, "tool definitions are not supported yet");
     /* the request's keyword arguments over the server's defaults */
     cJSON *kw = t->kwargs ? cJSON_Duplicate(t->kwargs, true) : cJSON_CreateObject();
     const cJSON *e;
