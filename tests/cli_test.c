@@ -33,7 +33,7 @@ static void test_errors(void **state) {
     char keep[16];
     snprintf(keep, sizeof keep, "%s", kv ? kv : "");
     setenv("ANVIL_KV_CACHE", "q8", 1);
-    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --backend cpu", "ANVIL_KV_CACHE=q8");
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --backend cpu", "ANVIL_KV_CACHE=\"q8\" is not one of: f16 f32");
     if (kv)
         setenv("ANVIL_KV_CACHE", keep, 1);
     else

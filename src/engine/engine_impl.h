@@ -34,6 +34,7 @@ struct anvil_session {
      * lie in rows [mm_first, mm_end) */
     int rope_delta;
     int mm_first, mm_end;
+    int prefill_chunk; /* prompt tokens per prefill chunk (ANVIL_PREFILL_CHUNK; 1: none) */
     char err[ERRMSG_LEN];
 };
 

@@ -9,11 +9,12 @@
 #include "engine_impl.h"
 #include "quant/quant.h"
 #include "formats/gguf.h"
+#include "base/tuning.h"
 
-/* Prompt tokens per prefill chunk: 2048 (the 8B's pp4096 on the H100: 8007 t/s in chunks of
- * 512, 9750 in chunks of 2048, docs/PERF.md §30). Where the device has no room for a chunk's
- * buffers, the chunk halves, down to PREFILL_CHUNK_MIN (chunk_program). */
-#define PREFILL_CHUNK 2048
+/* Prompt tokens per prefill chunk: 2048 by default (ANVIL_PREFILL_CHUNK; the 8B's pp4096 on
+ * the H100: 8007 t/s in chunks of 512, 9750 in chunks of 2048, docs/PERF.md §30). Where the
+ * device has no room for a chunk's buffers, the chunk halves, down to PREFILL_CHUNK_MIN
+ * (chunk_program). */
 #define PREFILL_CHUNK_MIN 512
 
 /* Copies the thread's last error into a handle and returns st. */
@@ -115,17 +116,14 @@ anvil_session_params anvil_session_default_params(void) {
     return p;
 }
 
-/* Whether the attention caches are float16: kv, or ANVIL_KV_CACHE where kv is the default. */
-static anvil_status kv_cache_f16(anvil_kv_cache kv, bool *f16) {
+/* Whether the attention caches are float16: kv, or ANVIL_KV_CACHE (t) where kv is the default. */
+static anvil_status kv_cache_f16(anvil_kv_cache kv, const struct tuning *t, bool *f16) {
     if (kv == ANVIL_KV_F16 || kv == ANVIL_KV_F32) {
         *f16 = kv == ANVIL_KV_F16;
         return ANVIL_OK;
     }
     if (kv != ANVIL_KV_DEFAULT) return err_set(ANVIL_ERR_INVALID_ARG, "unknown KV cache type %d", (int)kv);
-    const char *e = getenv("ANVIL_KV_CACHE");
-    *f16 = !e || !*e || strcmp(e, "f16") == 0;
-    if (!*f16 && strcmp(e, "f32") != 0)
-        return err_set(ANVIL_ERR_INVALID_ARG, "ANVIL_KV_CACHE=%s: the KV cache is f16 (the default) or f32", e);
+    *f16 = t->kv_cache == 0;
     return ANVIL_OK;
 }
 
@@ -143,14 +141,17 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     s->n_ctx = n_ctx;
     s->tokens = xmalloc((size_t)n_ctx * sizeof *s->tokens);
     anvil_status st = s->tokens ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    struct tuning t; /* the environment's settings, read once here */
+    if (st == ANVIL_OK) st = tuning_read(&t);
+    s->prefill_chunk = st == ANVIL_OK ? t.prefill_chunk : 0;
     bool kv16 = true;
-    if (st == ANVIL_OK) st = kv_cache_f16(p.kv_cache, &kv16);
+    if (st == ANVIL_OK) st = kv_cache_f16(p.kv_cache, &t, &kv16);
     if (st == ANVIL_OK) switch (p.backend) {
     case ANVIL_BACKEND_AUTO:
     case ANVIL_BACKEND_CPU:
         /* auto: Vulkan where a GPU exists, or on the device named (--device, ANVIL_DEVICE) */
         if (p.backend == ANVIL_BACKEND_AUTO && backend_vulkan_available(NULL, 0) &&
-            (backend_vulkan_gpu_available() || p.device >= 0 || getenv("ANVIL_DEVICE"))) {
+            (backend_vulkan_gpu_available() || p.device >= 0 || t.device >= 0)) {
             st = backend_vulkan_create(p.device, kv16, &s->backend);
             break;
         }
@@ -336,11 +337,9 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
                                         "context full: %d tokens in the cache + %d new > %d",
                                         s->pos, n, s->n_ctx));
     /* a device backend: prompts go in chunks through its prefill program where it has one
-     * for this model (ANVIL_PREFILL_CHUNK sets the chunk size; 1 turns prefill off), else
+     * for this model (s->prefill_chunk sets the chunk size; 1 turns prefill off), else
      * through the decode program a token at a time */
-    int chunk = PREFILL_CHUNK;
-    const char *ce = getenv("ANVIL_PREFILL_CHUNK");
-    if (ce && atoi(ce) >= 1) chunk = atoi(ce);
+    int chunk = s->prefill_chunk;
     if (s->backend->vt->generate && !s->no_prefill && chunk > 1 && n > 1) {
         struct program *p;
         int T = MIN(chunk, n);

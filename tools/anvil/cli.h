@@ -64,5 +64,6 @@ int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_ops(int argc, char **argv);
+int cmd_tuning(int argc, char **argv);
 
 #endif

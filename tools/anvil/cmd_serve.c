@@ -13,6 +13,7 @@
 
 #include "cli.h"
 #include "server/server.h"
+#include "base/tuning.h"
 
 static void usage(void) {
     fprintf(stderr,
@@ -55,7 +56,9 @@ int cmd_serve(int argc, char **argv) {
     struct server_options o;
     server_options_default(&o);
     struct template_opts tpl = {0};
-    o.api_key = getenv("ANVIL_API_KEY");
+    struct tuning t;
+    if (tuning_read(&t) != ANVIL_OK) return fail("%s", anvil_last_error());
+    o.api_key = t.api_key[0] ? t.api_key : NULL;
     for (int i = 1; i < argc; i++) {
         int r = common_opt(&co, argc, argv, &i);
         if (!r) r = template_opt(&tpl, argc, argv, &i);

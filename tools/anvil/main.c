@@ -22,6 +22,7 @@ static const struct {
     {"quantize", cmd_quantize, "write a model as GGUF of a type (F16, Q8_0, Q4_K_M, ...)"},
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server"},
     {"ops", cmd_ops, "check and time single Vulkan kernels against the CPU (docs/OPS.md)"},
+    {"tuning", cmd_tuning, "list the environment variables anvil reads (--markdown: docs/TUNING.md)"},
 };
 
 #define COMMON "  -m, --model MODEL   a Hugging Face directory, a .gguf file or synthetic:NAME[:TYPE]\n" \

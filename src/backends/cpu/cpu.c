@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backends/backend.h"
+#include "base/tuning.h"
 #include "quant/quant.h"
 
 struct cpu_state {
@@ -24,6 +25,7 @@ struct cpu_backend {
     struct cpu_state *states;
     int n_states;
     bool kv16; /* k and v rounded to float16 in the cache (backend_cpu_create) */
+    bool round_x; /* ANVIL_CPU_QX (when the backend was made): one-token matmul inputs rounded as QX */
 };
 
 struct cpu_program {
@@ -489,8 +491,7 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
     struct cpu_program *p = xcalloc(1, sizeof *p);
     if (!p) return ANVIL_ERR_NOMEM;
     p->b = b;
-    const char *rx = getenv("ANVIL_CPU_QX");
-    p->round_x = rx && strcmp(rx, "1") == 0;
+    p->round_x = b->round_x;
     anvil_status st = graph_init(&p->g, g->n_tokens);
     int n = g->n_nodes;
     int *last_use = NULL, *root = NULL, *slab_of = NULL;
@@ -663,7 +664,10 @@ anvil_status backend_cpu_create(int n_threads, bool kv16, struct backend **out) 
     if (!b) return ANVIL_ERR_NOMEM;
     b->base.vt = &cpu_vtable;
     b->kv16 = kv16;
-    anvil_status st = thread_pool_create(n_threads, &b->pool);
+    struct tuning t;
+    anvil_status st = tuning_read(&t);
+    b->round_x = t.cpu_qx;
+    if (st == ANVIL_OK) st = thread_pool_create(n_threads, &b->pool);
     if (st != ANVIL_OK) {
         free(b);
         return st;

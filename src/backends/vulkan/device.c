@@ -24,9 +24,12 @@ static bool loader_ready(void) {
     return state > 0;
 }
 
-static bool want_validation(void) {
-    const char *v = getenv("ANVIL_VALIDATE");
-    return v && *v && strcmp(v, "0") != 0;
+/* The environment's settings where no device is being made (listing, probing): a malformed
+ * variable is reported where a device is made. */
+static struct tuning env_tuning(void) {
+    struct tuning t;
+    (void)tuning_read(&t);
+    return t;
 }
 
 static bool has_layer(const char *name) {
@@ -117,12 +120,12 @@ static anvil_status make_instance(struct vk_device *d, bool validate) {
     return st;
 }
 
-/* The process's instance (validation on when ANVIL_VALIDATE is set at first use). */
-static anvil_status shared_instance(VkInstance *out) {
+/* The process's instance (validation on where the first user asks: ANVIL_VALIDATE). */
+static anvil_status shared_instance(bool validate, VkInstance *out) {
     pthread_mutex_lock(&g.lock);
     if (!g.tried) {
         g.tried = true;
-        g.st = make_instance(&g.holder, want_validation());
+        g.st = make_instance(&g.holder, validate);
         if (g.st != ANVIL_OK) snprintf(g.err, sizeof g.err, "%s", err_get());
     }
     anvil_status st = g.st;
@@ -190,7 +193,7 @@ static int vk_probe(char *reason, size_t cap) {
             VkInstance inst;
             VkPhysicalDevice *pd = NULL;
             uint32_t n = 0;
-            if (shared_instance(&inst) != ANVIL_OK || enumerate(inst, &pd, &n) != ANVIL_OK) {
+            if (shared_instance(env_tuning().validate, &inst) != ANVIL_OK || enumerate(inst, &pd, &n) != ANVIL_OK) {
                 snprintf(why, sizeof why, "%s", err_get());
             } else {
                 for (uint32_t i = 0; i < n; i++) {
@@ -212,16 +215,16 @@ bool vk_available(char *why, size_t why_cap) { return vk_probe(why, why_cap) > 0
 
 bool vk_gpu_available(void) { return vk_probe(NULL, 0) == 2; }
 
-static bool want_coopmat(VkPhysicalDevice pd, uint32_t subgroup_size);
-static bool want_coopmat2(VkInstance inst, VkPhysicalDevice pd, uint32_t api);
+static bool want_coopmat(const struct tuning *t, VkPhysicalDevice pd, uint32_t subgroup_size);
+static bool want_coopmat2(const struct tuning *t, VkInstance inst, VkPhysicalDevice pd, uint32_t api);
 
 /* What the prefill's products run on there (as vk_device_create would choose) */
-static const char *matrices(VkInstance inst, VkPhysicalDevice pd, uint32_t api) {
+static const char *matrices(const struct tuning *t, VkInstance inst, VkPhysicalDevice pd, uint32_t api) {
     VkPhysicalDeviceSubgroupProperties sg = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
     VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sg};
     vkGetPhysicalDeviceProperties2(pd, &p2);
-    if (!want_coopmat(pd, sg.subgroupSize)) return "";
-    if (want_coopmat2(inst, pd, api)) return "; prefill on workgroup cooperative matrices";
+    if (!want_coopmat(t, pd, sg.subgroupSize)) return "";
+    if (want_coopmat2(t, inst, pd, api)) return "; prefill on workgroup cooperative matrices";
     return "; prefill on cooperative matrices";
 }
 
@@ -242,7 +245,8 @@ size_t vk_describe_devices(char *buf, size_t cap) {
     VkInstance inst;
     VkPhysicalDevice *pd = NULL;
     uint32_t n = 0;
-    if (shared_instance(&inst) != ANVIL_OK || enumerate(inst, &pd, &n) != ANVIL_OK) {
+    struct tuning t = env_tuning();
+    if (shared_instance(t.validate, &inst) != ANVIL_OK || enumerate(inst, &pd, &n) != ANVIL_OK) {
         OUT("Vulkan: %s\n", err_get());
     } else if (n == 0) {
         OUT("no Vulkan devices: anvil runs on the CPU\n");
@@ -260,7 +264,7 @@ size_t vk_describe_devices(char *buf, size_t cap) {
         OUT("%u: %s (%s, Vulkan %u.%u, %.1f GiB device-local%s)%s%s\n", i, pr.deviceName,
             type_name(pr.deviceType), VK_API_VERSION_MAJOR(pr.apiVersion),
             VK_API_VERSION_MINOR(pr.apiVersion), (double)local / (1 << 30),
-            u ? "" : matrices(inst, pd[i], pr.apiVersion), u ? ": unusable, " : "", u ? u : "");
+            u ? "" : matrices(&t, inst, pd[i], pr.apiVersion), u ? ": unusable, " : "", u ? u : "");
     }
     (void)why;
     free(pd);
@@ -268,43 +272,12 @@ size_t vk_describe_devices(char *buf, size_t cap) {
     return len;
 }
 
-/* "123", "512M", "8G", "1.5G" (K, M, G, T are powers of 1024) -> bytes; false if malformed. */
-static bool parse_bytes(const char *s, VkDeviceSize *out) {
-    char *end;
-    double v = strtod(s, &end);
-    double mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1024.0, end++; break;
-    case 'm': case 'M': mul = 1048576.0, end++; break;
-    case 'g': case 'G': mul = 1073741824.0, end++; break;
-    case 't': case 'T': mul = 1099511627776.0, end++; break;
-    default: break;
-    }
-    if (mul > 1 && end[0] == 'i' && end[1] == 'B') end += 2;
-    else if (*end == 'B') end++;
-    if (end == s || *end || !(v > 0) || v * mul > 1e18) return false;
-    *out = (VkDeviceSize)(v * mul);
-    return true;
-}
-
-/* The failure-handling settings from the environment (see struct vk_device). */
+/* The failure-handling settings (see struct vk_device) from d->tune. */
 static anvil_status read_failure_env(struct vk_device *d) {
-    d->timeout_s = 120;
-    const char *e = getenv("ANVIL_VK_TIMEOUT");
-    if (e && *e) {
-        char *end;
-        double t = strtod(e, &end);
-        if (*end || !(t >= 1 && t <= 1e6))
-            return err_set(ANVIL_ERR_INVALID_ARG, "ANVIL_VK_TIMEOUT=\"%s\" is not a number of seconds "
-                           "(1 or more)", e);
-        d->timeout_s = t;
-    }
-    e = getenv("ANVIL_VK_MAX_MEMORY");
-    if (e && *e && !parse_bytes(e, &d->max_mem))
-        return err_set(ANVIL_ERR_INVALID_ARG, "ANVIL_VK_MAX_MEMORY=\"%s\" is not a size (such as "
-                       "512M or 8G)", e);
-    e = getenv("ANVIL_VK_FAULT");
-    if (e && *e) {
+    d->timeout_s = d->tune.vk_timeout;
+    d->max_mem = d->tune.vk_max_memory;
+    const char *e = d->tune.vk_fault;
+    if (*e) {
         static const char *kinds[] = {"", "lost", "hang", "oom"};
         const char *colon = strchr(e, ':');
         char *end = NULL;
@@ -328,9 +301,8 @@ static bool has_device_ext(VkPhysicalDevice pd, const char *name);
  * subgroups of 32. On by default (checked against the CPU on the H100: inputs rounded to
  * float16 move logits by ~1e-3 of their scale, docs/PERF.md §15); ANVIL_VK_COOPMAT=0 turns it
  * off (the float32 shared-memory tiles of mm.comp then run everywhere). */
-static bool want_coopmat(VkPhysicalDevice pd, uint32_t subgroup_size) {
-    const char *e = getenv("ANVIL_VK_COOPMAT");
-    if ((e && !strcmp(e, "0")) || subgroup_size != 32 ||
+static bool want_coopmat(const struct tuning *t, VkPhysicalDevice pd, uint32_t subgroup_size) {
+    if (!t->vk_coopmat || subgroup_size != 32 ||
         !has_device_ext(pd, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME) || !vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)
         return false;
     VkPhysicalDeviceCooperativeMatrixFeaturesNV cm = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
@@ -392,9 +364,8 @@ typedef VkResult(VKAPI_PTR *cm2_flex_fn)(VkPhysicalDevice, uint32_t *, struct cm
  * divides the kernel's tile (VK_CM2_BM x VK_CM2_BN, VK_CM2_BK at a time). Only where the
  * subgroup matrices (want_coopmat) are on too; ANVIL_VK_CM2=0 turns it off. The kernel is
  * SPIR-V 1.6: the instance and the device (its Vulkan version api) must be 1.3. */
-static bool want_coopmat2(VkInstance inst, VkPhysicalDevice pd, uint32_t api) {
-    const char *e = getenv("ANVIL_VK_CM2");
-    if ((e && !strcmp(e, "0")) || instance_api < VK_API_VERSION_1_3 || api < VK_API_VERSION_1_3 ||
+static bool want_coopmat2(const struct tuning *t, VkInstance inst, VkPhysicalDevice pd, uint32_t api) {
+    if (!t->vk_cm2 || instance_api < VK_API_VERSION_1_3 || api < VK_API_VERSION_1_3 ||
         !has_device_ext(pd, "VK_KHR_cooperative_matrix") ||
         !has_device_ext(pd, "VK_NV_cooperative_matrix2"))
         return false;
@@ -442,24 +413,18 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     *out = NULL;
     if (!loader_ready())
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no Vulkan loader (libvulkan.so.1) on this system");
-    const char *env = getenv("ANVIL_DEVICE");
-    if (index < 0 && env && *env) {
-        char *end;
-        long v = strtol(env, &end, 10);
-        if (*end || v < 0 || v > 1000)
-            return err_set(ANVIL_ERR_INVALID_ARG, "ANVIL_DEVICE=\"%s\" is not a device index", env);
-        index = (int)v;
-    }
     struct vk_device *d = xcalloc(1, sizeof *d);
     if (!d) return ANVIL_ERR_NOMEM;
     VkPhysicalDevice *pd = NULL;
     uint32_t n = 0;
-    anvil_status st = read_failure_env(d);
+    anvil_status st = tuning_read(&d->tune); /* the environment's settings, read here once */
+    if (st == ANVIL_OK) st = read_failure_env(d);
     if (st != ANVIL_OK) {
         free(d);
         return st;
     }
-    st = shared_instance(&d->instance);
+    if (index < 0) index = d->tune.device;
+    st = shared_instance(d->tune.validate, &d->instance);
     d->n_validation_msgs = __atomic_load_n(&g.holder.n_validation_msgs, __ATOMIC_SEQ_CST);
     if (st == ANVIL_OK) st = enumerate(d->instance, &pd, &n);
     if (st != ANVIL_OK) goto fail;
@@ -543,7 +508,7 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     if (d->has_budget) dev_exts[n_dev_exts++] = VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
     VkPhysicalDeviceCooperativeMatrixFeaturesNV cmf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV,
                                                        .cooperativeMatrix = VK_TRUE};
-    d->coopmat = want_coopmat(d->phys, d->subgroup_size);
+    d->coopmat = want_coopmat(&d->tune, d->phys, d->subgroup_size);
     if (d->coopmat) {
         dev_exts[n_dev_exts++] = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
         f12.shaderFloat16 = VK_TRUE;
@@ -553,7 +518,7 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     struct cm2_features cm2f = {.sType = CM2_STYPE_FEATURES, .workgroupScope = VK_TRUE, .flexibleDimensions = VK_TRUE,
                                 .tensorAddressing = VK_TRUE};
     struct cm_khr_features cmkf = {.sType = CM2_STYPE_KHR_FEATURES, .pNext = &cm2f, .cooperativeMatrix = VK_TRUE};
-    d->coopmat2 = d->coopmat && want_coopmat2(d->instance, d->phys, d->props.apiVersion);
+    d->coopmat2 = d->coopmat && want_coopmat2(&d->tune, d->instance, d->phys, d->props.apiVersion);
     if (d->coopmat2) {
         dev_exts[n_dev_exts++] = "VK_KHR_cooperative_matrix";
         dev_exts[n_dev_exts++] = "VK_NV_cooperative_matrix2";
@@ -585,8 +550,7 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR pef = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,
         .pipelineExecutableInfo = VK_TRUE};
-    const char *ps = getenv("ANVIL_VK_PIPELINE_STATS");
-    d->exec_stats = ps && strcmp(ps, "1") == 0 &&
+    d->exec_stats = d->tune.vk_pipeline_stats &&
                     has_device_ext(d->phys, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
     if (d->exec_stats) {
         dev_exts[n_dev_exts++] = VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
@@ -595,8 +559,7 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     }
     /* the device's clock in shaders, for measuring mega.comp's phases (ANVIL_VK_MEGA_CLOCK=1) */
     VkPhysicalDeviceShaderClockFeaturesKHR clf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CLOCK_FEATURES_KHR};
-    const char *mc = getenv("ANVIL_VK_MEGA_CLOCK");
-    if (mc && strcmp(mc, "1") == 0 && has_device_ext(d->phys, VK_KHR_SHADER_CLOCK_EXTENSION_NAME)) {
+    if (d->tune.vk_mega_clock && has_device_ext(d->phys, VK_KHR_SHADER_CLOCK_EXTENSION_NAME)) {
         VkPhysicalDeviceFeatures2 cf2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &clf};
         vkGetPhysicalDeviceFeatures2(d->phys, &cf2);
         if (clf.shaderDeviceClock) {
@@ -696,9 +659,8 @@ anvil_status vk_submit(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t
 }
 
 bool vk_use_qx(const struct vk_device *d) {
-    const char *e = getenv("ANVIL_VK_QX");
-    if (!d->int_dot || (e && strcmp(e, "0") == 0)) return false;
-    return d->int_dot_fast || (e && strcmp(e, "1") == 0);
+    if (!d->int_dot || d->tune.vk_qx == 0) return false;
+    return d->int_dot_fast || d->tune.vk_qx == 1;
 }
 
 anvil_status vk_wait(struct vk_device *d, uint64_t value) {

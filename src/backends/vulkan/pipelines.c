@@ -462,11 +462,8 @@ static const struct {
 const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }
 
 static void cache_path(struct vk_device *d, char *out, size_t cap) {
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     char dir[900];
-    if (xdg && *xdg) snprintf(dir, sizeof dir, "%s/anvil", xdg);
-    else if (home && *home) snprintf(dir, sizeof dir, "%s/.cache/anvil", home);
-    else {
+    if (!tuning_cache_dir(dir, sizeof dir)) {
         out[0] = 0;
         return;
     }
@@ -514,18 +511,13 @@ static bool matvec_wg_ok(const struct vk_device *d, uint32_t wg) {
            wg <= d->props.limits.maxComputeWorkGroupSize[0] && wg <= d->props.limits.maxComputeWorkGroupInvocations;
 }
 
-/* A workgroup size from the environment, where matvec_wg_ok. */
-static uint32_t env_wg(const struct vk_device *d, const char *name, uint32_t dflt) {
-    const char *e = getenv(name);
-    int v = e ? atoi(e) : 0;
+/* A workgroup size v from a knob (0: unset), where matvec_wg_ok, else dflt. */
+static uint32_t knob_wg(const struct vk_device *d, int v, uint32_t dflt) {
     return v > 0 && matvec_wg_ok(d, (uint32_t)v) ? (uint32_t)v : dflt;
 }
 
-/* A count of rows (or units) per workgroup from the environment, 1 .. 8, else dflt. */
-static uint32_t env_nr(const char *name, uint32_t dflt) {
-    const char *e = getenv(name);
-    return e && atoi(e) >= 1 && atoi(e) <= 8 ? (uint32_t)atoi(e) : dflt;
-}
+/* A count of rows (or units) per workgroup from a knob (1 .. 8; 0: unset), else dflt. */
+static uint32_t knob_nr(int v, uint32_t dflt) { return v >= 1 && v <= 8 ? (uint32_t)v : dflt; }
 
 /* The integer-dot-product kernels' rows and threads per workgroup, per type (vk_qx_index
  * order: Q8_0, Q4_K, Q5_K, Q6_K) and MODE (0: a product, 1: gate/up -> SwiGLU). They do far
@@ -543,19 +535,17 @@ static const struct { uint8_t nr[2]; uint16_t wg[2]; uint8_t pipe[2]; } QX_SHAPE
     {{4, 2}, {128, 128}, {1, 1}}, /* Q6_K */
 };
 
+/* (ANVIL_VK_QX_NR_<T>, _WG_<T>, _PIPE_<T>: the knobs' arrays hold Q8_0, Q4_K, Q5_K, Q6_K, then
+ * their _SWIGLU, tuning.h) */
 static void qx_shapes(const struct vk_device *d, struct vk_pipelines *out) {
+    const struct tuning *t = &d->tune;
     for (int q = 0; q < VK_QX_KINDS; q++)
         for (int m = 0; m < 2; m++) {
-            const char *kind = dtype_name(vk_qx_dtype(q));
-            char name[64];
-            snprintf(name, sizeof name, "ANVIL_VK_QX_NR_%s%s", kind, m ? "_SWIGLU" : "");
-            out->qx_nr[q][m] = env_nr(name, QX_SHAPE[q].nr[m]);
-            snprintf(name, sizeof name, "ANVIL_VK_QX_WG_%s%s", kind, m ? "_SWIGLU" : "");
+            out->qx_nr[q][m] = knob_nr(t->vk_qx_nr[m * VK_QX_KINDS + q], QX_SHAPE[q].nr[m]);
             uint32_t wg = QX_SHAPE[q].wg[m];
             if (!matvec_wg_ok(d, wg)) wg = MAX(MATVEC_WG, d->subgroup_size);
-            out->qx_wg[q][m] = env_wg(d, name, wg);
-            snprintf(name, sizeof name, "ANVIL_VK_QX_PIPE_%s%s", kind, m ? "_SWIGLU" : "");
-            out->qx_pipe[q][m] = env_nr(name, QX_SHAPE[q].pipe[m]);
+            out->qx_wg[q][m] = knob_wg(d, t->vk_qx_wg[m * VK_QX_KINDS + q], wg);
+            out->qx_pipe[q][m] = knob_nr(t->vk_qx_pipe[m * VK_QX_KINDS + q], QX_SHAPE[q].pipe[m]);
         }
 }
 
@@ -602,40 +592,26 @@ bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t val
  * override. Attention units go to as many subgroups of a workgroup as the shared memory left
  * holds (at most 16 KiB): (G + 2) rows of D floats each. */
 static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct vk_pipelines *out) {
-    const char *e = getenv("ANVIL_VK_MEGA");
-    int want = e ? atoi(e) : -1;
+    const struct tuning *t = &d->tune;
     uint32_t sg = d->subgroup_size;
-    out->mega_grid = want == 0 ? 0 : d->sm_count ? d->sm_count : want == 1 ? 1 : 0;
+    out->mega_grid = t->vk_mega == 0 ? 0 : d->sm_count ? d->sm_count : t->vk_mega == 1 ? 1 : 0;
     /* other grids only where the device says how many SMs it has: on lavapipe several
      * workgroups give wrong rows without the fault (docs/PERF.md section 31) */
-    e = getenv("ANVIL_VK_MEGA_GRID");
-    if (out->mega_grid && d->sm_count && e && atoi(e) >= 1 && atoi(e) <= 4096) out->mega_grid = (uint32_t)atoi(e);
+    if (out->mega_grid && d->sm_count && t->vk_mega_grid) out->mega_grid = (uint32_t)t->vk_mega_grid;
     uint32_t wg = MIN(256u, MIN(d->props.limits.maxComputeWorkGroupInvocations, d->props.limits.maxComputeWorkGroupSize[0]));
-    e = getenv("ANVIL_VK_MEGA_WG");
-    if (e && atoi(e) >= (int)sg && atoi(e) <= 1024 && (uint32_t)atoi(e) <= d->props.limits.maxComputeWorkGroupInvocations &&
-        (uint32_t)atoi(e) <= d->props.limits.maxComputeWorkGroupSize[0])
-        wg = (uint32_t)atoi(e);
+    int w = t->vk_mega_wg;
+    if (w >= (int)sg && (uint32_t)w <= d->props.limits.maxComputeWorkGroupInvocations &&
+        (uint32_t)w <= d->props.limits.maxComputeWorkGroupSize[0])
+        wg = (uint32_t)w;
     out->mega_wg = wg / sg * sg;
-    out->mega_r = 2;
-    e = getenv("ANVIL_VK_MEGA_R");
-    if (e && atoi(e) >= 2 && atoi(e) <= 16 && atoi(e) % 2 == 0) out->mega_r = (uint32_t)atoi(e);
+    out->mega_r = (uint32_t)t->vk_mega_r;
     if (out->mega_r > sg) out->mega_r = sg & ~1u; /* lane s writes slot s */
-    out->mega_lpr = 8; /* attention: lanes per cache row, rows per chunk (ANVIL_VK_MEGA_LPR, _RPC) */
-    e = getenv("ANVIL_VK_MEGA_LPR");
-    if (e && (atoi(e) == 2 || atoi(e) == 4 || atoi(e) == 8 || atoi(e) == 16)) out->mega_lpr = (uint32_t)atoi(e);
-    out->mega_rpc = 8;
-    e = getenv("ANVIL_VK_MEGA_RPC");
-    if (e && atoi(e) >= 1 && atoi(e) <= 256) out->mega_rpc = (uint32_t)atoi(e);
-    out->mega_pf = 8;
-    e = getenv("ANVIL_VK_MEGA_PF");
-    if (e && atoi(e) >= 1 && atoi(e) <= 16) out->mega_pf = (uint32_t)atoi(e);
-    out->mega_pfq = 1; /* MQX: slots of 64 weights a lane loads at a time (ANVIL_VK_MEGA_PFQ) */
-    e = getenv("ANVIL_VK_MEGA_PFQ");
-    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->mega_pfq = (uint32_t)atoi(e);
-    e = getenv("ANVIL_VK_MEGA_QPIPE"); /* MQX: the next batch's loads before a batch is summed (1; lost on the H100) */
-    out->mega_qpipe = e && atoi(e) == 1;
-    e = getenv("ANVIL_VK_MEGA_QLG"); /* MQX: rows of fewer slots than lanes taken by groups of lanes (1) */
-    out->mega_qlg = !(e && atoi(e) == 0);
+    out->mega_lpr = (uint32_t)t->vk_mega_lpr; /* attention: lanes per cache row, rows per chunk */
+    out->mega_rpc = (uint32_t)t->vk_mega_rpc;
+    out->mega_pf = (uint32_t)t->vk_mega_pf;
+    out->mega_pfq = (uint32_t)t->vk_mega_pfq; /* MQX: slots of 64 weights a lane loads at a time */
+    out->mega_qpipe = t->vk_mega_qpipe; /* MQX: the next batch's loads before a batch is summed (lost on the H100) */
+    out->mega_qlg = t->vk_mega_qlg;     /* MQX: rows of fewer slots than lanes taken by groups of lanes */
     /* shared memory: a product's input (16 KiB of floats; MQX: 24 KiB of int8 and their blocks' scales and sums),
      * the subgroups' sums and the phase records (1 KiB), the attention subgroups' rows in what is left, at most
      * 16 KiB */
@@ -688,43 +664,32 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     memset(out, 0, sizeof *out);
     out->attn_g = attn_g;
     out->attn_d = attn_d;
-    out->matvec_wg = MATVEC_WG;
-    const char *e = getenv("ANVIL_VK_MATVEC_WG");
-    if (e && atoi(e) >= 32 && atoi(e) <= 1024 && atoi(e) % 32 == 0) out->matvec_wg = (uint32_t)atoi(e);
-    out->matvec_nr = env_nr("ANVIL_VK_MATVEC_NR", MATVEC_NR);
-    out->matvec_nr_q = env_nr("ANVIL_VK_MATVEC_NR_Q", MATVEC_NR_Q);
-    out->matvec_nr_moe = env_nr("ANVIL_VK_MATVEC_NR_MOE", 0);
-    out->matvec_pipe = 1;
-    e = getenv("ANVIL_VK_MATVEC_PIPE");
-    if (e && atoi(e) >= 1 && atoi(e) <= 4) out->matvec_pipe = (uint32_t)atoi(e);
-    for (int i = 0; i < VK_WEIGHT_KINDS; i++) {
-        const char *kind_name = dtype_name(vk_weight_kind_dtype(i)); /* "Q6_K" */
-        char name[64];
-        snprintf(name, sizeof name, "ANVIL_VK_MATVEC_NR_%s", kind_name);
-        out->matvec_nr_kind[i] = env_nr(name, 0);
-        snprintf(name, sizeof name, "ANVIL_VK_MATVEC_WG_%s", kind_name);
-        out->matvec_wg_kind[i] = env_wg(d, name, 0);
+    const struct tuning *t = &d->tune;
+    out->matvec_wg = (uint32_t)t->vk_matvec_wg;
+    out->matvec_nr = (uint32_t)t->vk_matvec_nr;
+    out->matvec_nr_q = (uint32_t)t->vk_matvec_nr_q;
+    out->matvec_nr_moe = (uint32_t)t->vk_matvec_nr_moe;
+    out->matvec_pipe = (uint32_t)t->vk_matvec_pipe;
+    for (int i = 0; i < VK_WEIGHT_KINDS; i++) { /* (the knobs' arrays in weight-kind order, tuning.h) */
+        out->matvec_nr_kind[i] = knob_nr(t->vk_matvec_nr_kind[i], 0);
+        out->matvec_wg_kind[i] = knob_wg(d, t->vk_matvec_wg_kind[i], 0);
     }
     if (out->matvec_wg < d->subgroup_size) out->matvec_wg = d->subgroup_size;
     if (out->matvec_wg / d->subgroup_size > 32) out->matvec_wg = 32 * d->subgroup_size;
     qx_shapes(d, out);
-    out->qxt_tw[0] = out->qxt_tw[2] = env_wg(d, "ANVIL_VK_QXT_TW", 0);
-    out->qxt_tw[1] = env_wg(d, "ANVIL_VK_QXT_TW1", out->qxt_tw[0]);
-    out->qxt_nr6 = env_nr("ANVIL_VK_QXT_NR_Q6_K", 0);
-    out->qxt_tw_swiglu = env_wg(d, "ANVIL_VK_QXT_TW_SWIGLU", 0);
-    /* attention.comp's subgroups per workgroup (ANVIL_VK_ATTN_NSG, 1 .. 8) */
-    out->attn_nsg = 4;
-    e = getenv("ANVIL_VK_ATTN_NSG");
-    if (e && atoi(e) >= 1 && atoi(e) <= 8) out->attn_nsg = (uint32_t)atoi(e);
+    out->qxt_tw[0] = out->qxt_tw[2] = knob_wg(d, t->vk_qxt_tw, 0);
+    out->qxt_tw[1] = knob_wg(d, t->vk_qxt_tw1, out->qxt_tw[0]);
+    out->qxt_nr6 = knob_nr(t->vk_qxt_nr_q6_k, 0);
+    out->qxt_tw_swiglu = knob_wg(d, t->vk_qxt_tw_swiglu, 0);
+    /* attention.comp's subgroups per workgroup */
+    out->attn_nsg = (uint32_t)t->vk_attn_nsg;
     if (out->attn_nsg * d->subgroup_size > d->props.limits.maxComputeWorkGroupSize[0]) out->attn_nsg = 4;
-    e = getenv("ANVIL_VK_ATTN_LPR"); /* its lanes a cache row, 2 .. 16 (0: the shader's rule) */
-    out->attn_lpr = e && (atoi(e) == 2 || atoi(e) == 4 || atoi(e) == 8 || atoi(e) == 16) ? (uint32_t)atoi(e) : 0;
+    out->attn_lpr = (uint32_t)t->vk_attn_lpr; /* its lanes a cache row (0: the shader's rule) */
     /* the query heads of a kv head split over workgroups of 4 heads each where there are 8 or
      * more (Qwen3-30B-A3B's 8: +7.5% at 512 tokens, +11% after 4096 on the H100; docs/PERF.md
      * section 38); ANVIL_VK_ATTN_GS sets the split (a divisor of the heads) */
     out->attn_gs = attn_g >= 8 && attn_g % 4 == 0 ? (uint32_t)attn_g / 4 : 1;
-    e = getenv("ANVIL_VK_ATTN_GS");
-    if (e && atoi(e) >= 1 && attn_g > 0 && attn_g % atoi(e) == 0) out->attn_gs = (uint32_t)atoi(e);
+    if (t->vk_attn_gs && attn_g > 0 && attn_g % t->vk_attn_gs == 0) out->attn_gs = (uint32_t)t->vk_attn_gs;
     /* its shared memory: refuse what the device cannot hold rather than fail (or hang) at
      * dispatch */
     size_t G = (size_t)attn_g, D = (size_t)attn_d;

@@ -102,11 +102,7 @@ static const uint8_t unit_groups[VK_WEIGHT_KINDS] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 
  * (96 MiB each) go whole and gate and up group on workgroup matrices (64 MiB pieces: 8B
  * Q4_K_M pp512 -16%), and that a 30B-A3B piece holds 128 experts' weights (96 MiB: -8%),
  * docs/PERF.md §30 */
-static VkDeviceSize dq_scratch_max(void) {
-    const char *e = getenv("ANVIL_VK_DQ_MAX_MB");
-    long mb = e ? strtol(e, NULL, 10) : 0;
-    return (VkDeviceSize)(mb >= 1 && mb <= 4096 ? mb : 256) << 20;
-}
+static VkDeviceSize dq_scratch_max(const struct vk_device *d) { return (VkDeviceSize)d->tune.vk_dq_max_mb << 20; }
 
 /* mm_h.comp's tile shapes (tokens x outputs), in K_MMH_* order; ANVIL_VK_MMH=1 picks the
  * second (K walked 64 at a time instead of 32). On the H100 at pp512 (docs/PERF.md §15):
@@ -275,8 +271,8 @@ static uint64_t addr(struct vk_prefill *p, struct plan *P, int i) {
 static const struct node *NODE(struct plan *P, int i) { return &P->g->nodes[i]; }
 
 /* Rows of a weight whose float16 copy fits dq_scratch_max(): a multiple of every tile width. */
-static uint32_t dq_rows(uint32_t N, uint32_t Kp) {
-    VkDeviceSize r = dq_scratch_max() / ((VkDeviceSize)Kp * 2) / 128 * 128;
+static uint32_t dq_rows(const struct vk_device *d, uint32_t N, uint32_t Kp) {
+    VkDeviceSize r = dq_scratch_max(d) / ((VkDeviceSize)Kp * 2) / 128 * 128;
     return (uint32_t)MIN((VkDeviceSize)N, MAX(r, (VkDeviceSize)128));
 }
 
@@ -354,7 +350,7 @@ static bool ranges_meet(uint64_t a, uint64_t na, uint64_t b, uint64_t nb) { retu
  * group of those before it that read the same x (flush_group), else x is rounded and the
  * weight's pieces go one at a time. */
 static anvil_status emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm) {
-    uint32_t Kp = mm->Kp8 * 8, R = dq_rows(mm->N, Kp), U = mm->Kp8 / unit_groups[kind];
+    uint32_t Kp = mm->Kp8 * 8, R = dq_rows(p->b->d, mm->N, Kp), U = mm->Kp8 / unit_groups[kind];
     bool cm2 = p->xh.buf != VK_NULL_HANDLE && !p->dq_emulate && mm->K % 8 == 0 &&
                (VkDeviceSize)mm->T * mm->K * 2 <= p->xh.size;
     VkDeviceSize bytes = (VkDeviceSize)mm->N * Kp * 2;
@@ -430,9 +426,9 @@ static struct moe_layout moe_layout(uint32_t T, uint32_t C, uint32_t F, uint32_t
 }
 
 /* Experts per float16 piece of a stacked weight of N rows of Kp each (at least one). */
-static uint32_t dq_experts(uint32_t E, uint32_t N, uint32_t Kp) {
+static uint32_t dq_experts(const struct vk_device *d, uint32_t E, uint32_t N, uint32_t Kp) {
     VkDeviceSize per = (VkDeviceSize)N * Kp * 2;
-    return (uint32_t)MIN((VkDeviceSize)E, MAX(dq_scratch_max() / per, (VkDeviceSize)1));
+    return (uint32_t)MIN((VkDeviceSize)E, MAX(dq_scratch_max(d) / per, (VkDeviceSize)1));
 }
 
 /* Whether a mixture's experts run on cooperative matrices (float16 inputs): for real
@@ -443,9 +439,8 @@ static bool moe_on_coopmat(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_
 /* Whether a mixture's experts run on workgroup-scope matrices (mm_cm2.comp MOE) over their
  * rows laid out compact (moe_rows.comp); ANVIL_VK_MOE_CM2=0 keeps mm_h.comp's gathered tiles */
 static bool moe_compact(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_t F) {
-    const char *e = getenv("ANVIL_VK_MOE_CM2");
     return moe_on_coopmat(p, T, C, F) && p->xh.buf != VK_NULL_HANDLE && p->b->pl.p[K_MMH_CM2_MOE] != VK_NULL_HANDLE &&
-           C % 8 == 0 && F % 8 == 0 && !(e && !strcmp(e, "0"));
+           C % 8 == 0 && F % 8 == 0 && p->b->d->tune.vk_moe_cm2;
 }
 
 static struct moe_layout moe_of(struct vk_prefill *p, struct plan *P, const struct node *nd) {
@@ -503,7 +498,7 @@ static anvil_status lower_moe(struct vk_prefill *p, struct plan *P, int i) {
         uint64_t outs[3] = {base + m.gc, base + m.uc, base + m.dc};
         VkDeviceSize half = p->dq.size / 2 / ALIGN * ALIGN;
         uint32_t EP[3];
-        for (int w = 0; w < 3; w++) EP[w] = dq_experts(E, w < 2 ? F : C, vk_wnode_kp(p->b, mats[w]));
+        for (int w = 0; w < 3; w++) EP[w] = dq_experts(p->b->d, E, w < 2 ? F : C, vk_wnode_kp(p->b, mats[w]));
         int n_pc = 0;
         if (st == ANVIL_OK) st = emit_moe_dq(p, mats[0], F, E, 0, EP[0], p->dq.addr, false);
         for (int w = 0; w < 3 && st == ANVIL_OK; w++) {
@@ -537,7 +532,7 @@ static anvil_status lower_moe(struct vk_prefill *p, struct plan *P, int i) {
         uint64_t outs[3] = {base + m.act, base + m.up, base + m.slots};
         for (int w = 0; w < 3 && st == ANVIL_OK; w++) {
             uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F, Kp = vk_wnode_kp(p->b, mats[w]);
-            uint32_t EP = dq_experts(E, N, Kp);
+            uint32_t EP = dq_experts(p->b->d, E, N, Kp);
             for (uint32_t e0 = 0; e0 < E && st == ANVIL_OK; e0 += EP) {
                 uint32_t ne = MIN(EP, E - e0);
                 st = emit_moe_dq(p, mats[w], N, E, e0, EP, p->dq.addr, false);
@@ -607,7 +602,7 @@ static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P, bool g
                 const struct node *wn = NODE(P, nd->src[w]);
                 uint32_t N = w < 4 ? F : C, Kp = vk_wnode_kp(b, wn);
                 /* (on workgroup matrices two pieces: one dequantised beside the other's product) */
-                if (Kp) size = MAX(size, (groups ? 2 : 1) * round_up((VkDeviceSize)dq_experts(E, N, Kp) * N * Kp * 2, ALIGN));
+                if (Kp) size = MAX(size, (groups ? 2 : 1) * round_up((VkDeviceSize)dq_experts(b->d, E, N, Kp) * N * Kp * 2, ALIGN));
             }
             continue;
         }
@@ -615,7 +610,7 @@ static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P, bool g
         const struct node *wn = NODE(P, nd->src[1]);
         if ((wn->op != OP_WEIGHT && wn->op != OP_WEIGHT_ROWS) || !wn->weight || vk_weight_kind(wn->weight->type) < 0)
             continue;
-        uint32_t Kp = vk_wnode_kp(b, wn), R = dq_rows((uint32_t)nd->ne[0], Kp);
+        uint32_t Kp = vk_wnode_kp(b, wn), R = dq_rows(b->d, (uint32_t)nd->ne[0], Kp);
         size = MAX(size, (VkDeviceSize)R * Kp * 2);
         /* on workgroup matrices consecutive products of one input whose weights go whole
          * share the buffer side by side (emit_mmh's groups, at most 4) */
@@ -623,8 +618,8 @@ static VkDeviceSize dq_scratch_size(struct vk_backend *b, struct plan *P, bool g
         if (groups && R == (uint32_t)nd->ne[0]) {
             run = x == run_x ? run + (VkDeviceSize)R * Kp * 2 : (VkDeviceSize)R * Kp * 2;
             run_x = x;
-            size = MAX(size, MIN(run, 4 * dq_scratch_max()));
-            *max_run = MAX(*max_run, MIN(run, 4 * dq_scratch_max()));
+            size = MAX(size, MIN(run, 4 * dq_scratch_max(b->d)));
+            *max_run = MAX(*max_run, MIN(run, 4 * dq_scratch_max(b->d)));
         } else {
             run_x = -1;
         }
@@ -779,7 +774,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
              * to float16 moved the 30B-A3B's routing too (docs/PERF.md §30: +24% at pp512,
              * but qwen3moe-tiny against the CPU 0.0096 -> 0.028) */
             if (p->dq.buf && p->f16 && rows >= 16 && ne0 > (p->dq_emulate ? 0u : 512u) &&
-                (!p->dq_emulate || dq_rows(ne0, pc.Kp8 * 8) == ne0)) {
+                (!p->dq_emulate || dq_rows(p->b->d, ne0, pc.Kp8 * 8) == ne0)) {
                 st = emit_mmh(p, kind, &pc);
                 break;
             }
@@ -945,18 +940,14 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
      * (docs/PERF.md §18) */
     p->f16 = true;
     for (int i = 0; i < n; i++) p->f16 &= g->nodes[i].op != OP_GDN;
-    const char *fl = getenv("ANVIL_VK_FLASH");
-    p->flash = p->f16 && b->pl.p[K_ATTN_FLASH] != VK_NULL_HANDLE && !(fl && !strcmp(fl, "0"));
-    const char *emu = getenv("ANVIL_VK_DQ_EMULATE");
-    p->dq_emulate = !b->d->coopmat && emu && !strcmp(emu, "1");
+    const struct tuning *t = &b->d->tune;
+    p->flash = p->f16 && b->pl.p[K_ATTN_FLASH] != VK_NULL_HANDLE && t->vk_flash;
+    p->dq_emulate = !b->d->coopmat && t->vk_dq_emulate;
     if (st == ANVIL_OK && (b->d->coopmat || p->dq_emulate) && p->f16) {
-        const char *e = getenv("ANVIL_VK_MMH");
-        p->mmh = e && !strcmp(e, "1");
-        const char *grp = getenv("ANVIL_VK_PF_GROUP");
-        p->grp_max = grp && !strcmp(grp, "0") ? 1 : 4;
+        p->mmh = t->vk_mmh;
+        p->grp_max = t->vk_pf_group ? 4 : 1;
         VkDeviceSize max_run = 0, dq = dq_scratch_size(b, &P, b->d->coopmat2 || p->dq_emulate, &max_run);
-        const char *ho = getenv("ANVIL_VK_PF_HOIST");
-        if (!(ho && !strcmp(ho, "0")) && p->grp_max > 1 && max_run) {
+        if (t->vk_pf_hoist && p->grp_max > 1 && max_run) {
             p->half_size = round_up(max_run, 256);
             dq = MAX(dq, 2 * p->half_size);
         }
@@ -985,8 +976,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     p->hoist_at = -1;
     if (st == ANVIL_OK) st = lower(p, &P);
     if (st == ANVIL_OK) st = flush_group(p);
-    const char *prof = getenv("ANVIL_VK_PROFILE");
-    if (st == ANVIL_OK && prof && *prof && strcmp(prof, "0") != 0) {
+    if (st == ANVIL_OK && t->vk_profile) {
         VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
                                     .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = (uint32_t)p->n_ops + 1};
         st = vk_result(vkCreateQueryPool(b->d->dev, &qi, NULL, &p->queries), "vkCreateQueryPool");

@@ -14,6 +14,7 @@
 
 #include "anvil.h"
 #include "backends/backend.h"
+#include "engine/engine_impl.h"
 #include "testutil.h"
 
 #define N_PROMPT 100
@@ -22,15 +23,15 @@
 
 static anvil_session *session(anvil_model *m, anvil_backend_kind kind) { return tu_session(m, kind, 160); }
 
-/* eval with prompts cut in chunks of `chunk` tokens (1: the decode program only) */
+/* eval with prompts cut in chunks of `chunk` tokens (1: the decode program only): the
+ * session's setting (ANVIL_PREFILL_CHUNK when it was made) changed between evals */
 static void eval(anvil_session *s, const int32_t *t, int n, anvil_logits_mode mode, float *out, int chunk) {
-    char c[16];
-    snprintf(c, sizeof c, "%d", chunk);
-    setenv("ANVIL_PREFILL_CHUNK", c, 1);
+    int keep = s->prefill_chunk;
+    s->prefill_chunk = chunk;
     anvil_status st = anvil_session_eval(s, t, n, mode, out);
     if (st != ANVIL_OK) fprintf(stderr, "eval: %s\n", anvil_session_errmsg(s));
     assert_int_equal(st, ANVIL_OK);
-    unsetenv("ANVIL_PREFILL_CHUNK");
+    s->prefill_chunk = keep;
 }
 
 /* tol_cpu: Vulkan vs the CPU (the Gated DeltaNet's recurrences let float rounding grow: the

@@ -36,8 +36,6 @@
 #include "vulkan_impl.h"
 #include "vulkan.h"
 
-#define ATTN_CHUNKS 64 /* the most chunks (attention.comp uses fewer for short caches); ANVIL_VK_ATTN_CHUNKS overrides (1 .. 64) */
-#define STEPS_PER_BATCH 8 /* steps recorded in one command buffer; ANVIL_VK_BATCH overrides (1 .. 64) */
 #define ARGMAX_CH 2048 /* logits per argmax.comp workgroup (its CH) */
 #define ALIGN 256
 
@@ -119,7 +117,7 @@ struct vk_program {
     int n_ops, cap_ops;
     VkCommandBuffer cb_one;   /* one step, then the logits copied to readback */
     VkCommandBuffer cb_batch; /* spb steps */
-    int spb;                  /* steps per batch: STEPS_PER_BATCH or ANVIL_VK_BATCH */
+    int spb;                  /* steps per batch (ANVIL_VK_BATCH) */
     VkCommandBuffer cb_copy;  /* the logits copied to readback */
     VkCommandBuffer cb_single; /* one step (the tail of a run shorter than a batch) */
     /* the sampling variant: the same steps ending in sample.comp instead of argmax */
@@ -361,8 +359,7 @@ static bool qx_round(struct lower *L, int out, uint32_t rows, struct pc_qxt *pq)
  * and an 8B's (9-60 MB) gained 17% (docs/PERF.md section 23). ANVIL_VK_QX_MIN_MB (default 8). */
 static bool qx_worth(struct lower *L, int i) {
     const struct node *w = N(L, N(L, i)->src[1]);
-    const char *e = getenv("ANVIL_VK_QX_MIN_MB");
-    double min_mb = e ? atof(e) : 8.0;
+    double min_mb = L->p->b->d->tune.vk_qx_min_mb;
     size_t row = 0;
     if (!dtype_row_size(w->weight->type, w->ne[0], &row)) return false;
     double mb = (double)row * (double)w->ne[1] * (swiglu_of(L, i) >= 0 ? 2 : 1) / 1e6;
@@ -390,8 +387,7 @@ static int mqx_code(struct lower *L, int i, int type, uint32_t Kp8) {
  * workgroup an SM. The MoE and hybrid models, whose experts and recurrent layers cut the
  * runs short, lost 3% (30B-A3B) and 6% (Qwen3.6-35B-A3B, forced). */
 static bool mqx_small(struct lower *L) {
-    const char *e = getenv("ANVIL_VK_MQX_MAX_MB");
-    double max_mb = e ? atof(e) : 8.0;
+    double max_mb = L->p->b->d->tune.vk_mqx_max_mb;
     for (int i = 0; i < L->g->n_nodes; i++) {
         const struct node *n = N(L, i);
         if (n->op == OP_MOE || n->op == OP_GDN) return false;
@@ -543,9 +539,8 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     /* right after a matvec of the same input (the v projection of another type than q and
      * k): both only read that input and write their own outputs (nodes never share arena
      * space), so no barrier between them. ANVIL_VK_OVERLAP=0 keeps it (for measuring). */
-    const char *e = getenv("ANVIL_VK_OVERLAP");
     bool overlap = !residual && L->mm_op >= 0 && L->mm_op == L->p->n_ops - 1 && L->mm_input == L->root[x] &&
-                   !(e && atoi(e) == 0);
+                   L->p->b->d->tune.vk_overlap;
     anvil_status st = qxt ? emit(L->p, kern, gx, gy, &pq, sizeof pq) : emit(L->p, kern, gx, gy, &pc, sizeof pc);
     if (st != ANVIL_OK) return st;
     L->p->ops[L->p->n_ops - 1].overlap = overlap;
@@ -585,9 +580,7 @@ static anvil_status lower_attention(struct lower *L, int i) {
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention shape D=%u H=%u Hkv=%u unsupported", D, H, Hkv);
     if (kn->p.f[0] != qn->p.f[0])
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: q and k norms with different eps");
-    uint32_t nc = ATTN_CHUNKS;
-    const char *e = getenv("ANVIL_VK_ATTN_CHUNKS");
-    if (e && atoi(e) >= 1 && atoi(e) <= 64) nc = (uint32_t)atoi(e);
+    uint32_t nc = (uint32_t)L->p->b->d->tune.vk_attn_chunks; /* (at most 64: mega.comp's merge) */
     /* partials: H x NC x (D + 2) floats, and a counter per kv head and query-head group (zero
      * between steps) */
     uint32_t gs = L->p->b->pl.attn_gs;
@@ -634,8 +627,7 @@ static anvil_status emit_ew(struct lower *L, uint32_t op, uint64_t a, uint64_t b
  * (one float matrix of F32, F16 or BF16: K_MATVEC_ROUTE_*), or NULL (moe_topk.comp does).
  * ANVIL_VK_ROUTE_FUSE=0 never. */
 static struct vk_dispatch *router_op(struct lower *L, uint64_t logits, uint32_t E) {
-    const char *e = getenv("ANVIL_VK_ROUTE_FUSE");
-    if (e && strcmp(e, "0") == 0) return NULL;
+    if (!L->p->b->d->tune.vk_route_fuse) return NULL;
     for (int k = L->p->n_ops - 1; k >= 0; k--) {
         struct vk_dispatch *d = &L->p->ops[k];
         if (d->k < K_MATVEC_F32 || d->k >= K_EMBED_F32) continue;
@@ -954,12 +946,10 @@ static uint32_t mega_kind(const struct vk_dispatch *d, int *type, bool attn) {
 static anvil_status form_mega(struct vk_program *p) {
     const struct vk_pipelines *pl = &p->b->pl;
     if (!pl->mega_grid) return ANVIL_OK;
-    const char *e = getenv("ANVIL_VK_MEGA_LMHEAD");
-    bool lm = e && atoi(e) == 1; /* the LM head's own kernel streams it faster (PERF.md section 31) */
-    e = getenv("ANVIL_VK_MEGA_ATTN");
-    bool attn = !(e && atoi(e) == 0);
-    e = getenv("ANVIL_VK_MEGA_SKIP");
-    uint32_t skip = e ? (uint32_t)atoi(e) : 0;
+    const struct tuning *t = &p->b->d->tune;
+    bool lm = t->vk_mega_lmhead; /* the LM head's own kernel streams it faster (PERF.md section 31) */
+    bool attn = t->vk_mega_attn;
+    uint32_t skip = (uint32_t)t->vk_mega_skip;
     int n = p->n_ops, n_runs = 0, n_ph = 0;
     int *start = malloc(sizeof(int) * (size_t)n), *len = malloc(sizeof(int) * (size_t)n),
         *rtype = malloc(sizeof(int) * (size_t)n);
@@ -1088,12 +1078,10 @@ static int next_product(const struct vk_program *p, int i) {
 
 static anvil_status add_prefetch(struct vk_program *p) {
     const struct vk_device *dev = p->b->d;
-    const char *e = getenv("ANVIL_VK_PREFETCH_MB");
     bool nvidia = dev->props.vendorID == 0x10DE && dev->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU;
-    double mb = e ? atof(e) : nvidia ? 16 : 0;
+    double mb = dev->tune.vk_prefetch_mb >= 0 ? dev->tune.vk_prefetch_mb : nvidia ? 16 : 0;
     if (!(mb > 0 && mb <= 4096) || !p->b->pl.p[K_PREFETCH]) return ANVIL_OK;
-    e = getenv("ANVIL_VK_PREFETCH_WG");
-    uint32_t wg_env = e && atoi(e) >= 1 && atoi(e) <= 65535 ? (uint32_t)atoi(e) : 0;
+    uint32_t wg_env = (uint32_t)dev->tune.vk_prefetch_wg;
     int n = p->n_ops, m = 0;
     struct vk_dispatch *ops = malloc(sizeof *ops * (size_t)n * 2);
     if (!ops) return err_set(ANVIL_ERR_NOMEM, "out of memory");
@@ -1238,10 +1226,8 @@ static anvil_status record_profile(struct vk_program *p) {
 
 static anvil_status record(struct vk_program *p) {
     struct vk_device *d = p->b->d;
-    const char *e = getenv("ANVIL_VK_BATCH");
-    p->spb = e && atoi(e) >= 1 && atoi(e) <= 64 ? atoi(e) : STEPS_PER_BATCH;
-    const char *prof = getenv("ANVIL_VK_PROFILE");
-    if (prof && *prof && strcmp(prof, "0") != 0) {
+    p->spb = d->tune.vk_batch;
+    if (d->tune.vk_profile) {
         anvil_status st = record_profile(p);
         if (st != ANVIL_OK) return st;
     }
@@ -1363,13 +1349,12 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
         goto done;
     }
     p->V = (uint32_t)g->nodes[g->output].ne[0];
-    const char *mq_env = getenv("ANVIL_VK_MEGA_QX"); /* 0 never, 1 whatever the products' sizes */
-    L.mega_qx = L.use_qx && b->pl.mega_grid && b->pl.p[K_MEGA_QX] && !(mq_env && atoi(mq_env) == 0) &&
-                ((mq_env && atoi(mq_env) == 1) || mqx_small(&L));
-    const char *qxr_env = getenv("ANVIL_VK_QXR"); /* 0: no product rounds its outputs for the next (qx_round) */
-    L.qxr = L.use_qx && !L.mega_qx && !(qxr_env && atoi(qxr_env) == 0);
-    const char *qa_env = getenv("ANVIL_VK_QXT_ALL");
-    L.qxt_all = !L.qxr ? 0 : qa_env && (atoi(qa_env) == 0 || atoi(qa_env) == 2) ? atoi(qa_env) : 1;
+    const struct tuning *t = &b->d->tune;
+    /* ANVIL_VK_MEGA_QX: 0 never, 1 whatever the products' sizes */
+    L.mega_qx = L.use_qx && b->pl.mega_grid && b->pl.p[K_MEGA_QX] && t->vk_mega_qx != 0 &&
+                (t->vk_mega_qx == 1 || mqx_small(&L));
+    L.qxr = L.use_qx && !L.mega_qx && t->vk_qxr; /* 0: no product rounds its outputs for the next (qx_round) */
+    L.qxt_all = !L.qxr ? 0 : t->vk_qxt_all;
     /* first pass sizes the arena (addresses are offsets from 0), the second emits */
     if ((st = lower_graph(&L)) != ANVIL_OK) goto done;
     st = vk_buffer_create(b->d, L.arena_size, VK_MEM_DEVICE, "activations", &p->arena);
@@ -1531,11 +1516,6 @@ struct pacer {
     double mean;   /* seconds per step: completions come a batch's duration apart */
 };
 
-static bool pacing_on(void) {
-    const char *e = getenv("ANVIL_VK_PACE");
-    return !e || strcmp(e, "0") != 0;
-}
-
 /* before waiting for a batch of steps */
 static void pace(struct pacer *pc, int steps) {
     if (!pc->on || pc->n < 2) return;
@@ -1607,7 +1587,7 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
     anvil_status st = ANVIL_OK;
     int delivered = 0;
     bool stopping = false;
-    struct pacer pc = {.on = pacing_on()};
+    struct pacer pc = {.on = p->b->d->tune.vk_pace};
     while (st == ANVIL_OK) {
         /* keep two batches in flight */
         while (st == ANVIL_OK && !stopping && submitted < batches && submitted - waited < 2)

@@ -16,6 +16,7 @@
 #include <volk.h>
 
 #include "backends/backend.h"
+#include "base/tuning.h"
 
 struct vk_device {
     VkInstance instance;
@@ -65,6 +66,7 @@ struct vk_device {
     bool abandoned;
     /* device-local memory allocated now, and the most at once (anvil_session_memory) */
     VkDeviceSize mem_now, mem_peak;
+    struct tuning tune; /* the environment's settings (tuning.h), read once when the device is made */
 };
 enum { VK_FAULT_NONE, VK_FAULT_LOST, VK_FAULT_HANG, VK_FAULT_OOM };
 
@@ -244,13 +246,9 @@ static inline int vk_qxv(int teams, int xm, int mode, int qxi) { return K_MATVEC
 #define VK_CM2_THREADS 256
 /* mm_cm2.comp MOE's tile: VK_CM2_MOE_BM rows of one expert x VK_CM2_BN outputs */
 #define VK_CM2_MOE_BM 32
-/* matvec defaults: threads per workgroup and rows per workgroup (ANVIL_VK_MATVEC_WG and
- * ANVIL_VK_MATVEC_NR override them, for tuning) */
+/* matvec threads per workgroup where a tuned shape does not fit the device (the float
+ * kernels' shapes: ANVIL_VK_MATVEC_*, tuning.c) */
 #define MATVEC_WG 128
-#define MATVEC_NR 2
-/* rows per workgroup for Q4_0, Q4_1, Q5_0, Q5_1 (ANVIL_VK_MATVEC_NR_Q; the K-quants keep
- * MATVEC_NR): measured best on the H100 (docs/PERF.md) */
-#define MATVEC_NR_Q 4
 
 struct vk_pipelines {
     VkPipelineLayout layout; /* push constants only */

@@ -1,0 +1,453 @@
+/* tuning: the table of environment variables (see tuning.h) and its parser. */
+#include "base/tuning.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum knob_type { K_BOOL, K_INT, K_REAL, K_SIZE, K_CHOICE, K_TEXT };
+enum knob_class { C_USER, C_DIAGNOSTIC, C_EXPERIMENT };
+
+struct knob {
+    const char *name;  /* "<T>" where a suffix goes */
+    enum knob_type type;
+    enum knob_class cls;
+    size_t off, size;  /* the field in struct tuning (size: one element's for arrays; a buffer's) */
+    double dflt;       /* the value where unset (K_CHOICE: its index; K_TEXT: "") */
+    double min, max;   /* K_INT, K_REAL, K_SIZE */
+    int mult;          /* K_INT: a multiple of this (0: any); -1: a power of two */
+    const char *values; /* K_CHOICE: the words, space-separated; else how the default reads where
+                           it is a rule, not a number (NULL: the number) */
+    const char *const *suffix; /* the per-type names (n_suffix of them), or NULL */
+    int n_suffix;
+    const char *doc;
+};
+
+static const char *const QX_T[TUNE_QX_KINDS] = {"Q8_0", "Q4_K", "Q5_K", "Q6_K",
+                                                "Q8_0_SWIGLU", "Q4_K_SWIGLU", "Q5_K_SWIGLU", "Q6_K_SWIGLU"};
+static const char *const KIND_T[TUNE_WEIGHT_KINDS] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1",
+                                                      "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"};
+
+#define F(field) offsetof(struct tuning, field), sizeof(((struct tuning *)0)->field)
+#define FA(field) offsetof(struct tuning, field), sizeof(((struct tuning *)0)->field[0])
+#define BOOL(name, cls, field, dflt, doc) {name, K_BOOL, cls, F(field), dflt, 0, 1, 0, NULL, NULL, 0, doc}
+#define INT(name, cls, field, dflt, lo, hi, rule, doc) {name, K_INT, cls, F(field), dflt, lo, hi, 0, rule, NULL, 0, doc}
+#define REAL(name, cls, field, dflt, lo, hi, rule, doc) {name, K_REAL, cls, F(field), dflt, lo, hi, 0, rule, NULL, 0, doc}
+
+static const struct knob KNOBS[] = {
+    /* ---- user ---- */
+    {"ANVIL_LOG", K_CHOICE, C_USER, 0, 0, 1, 0, 0, 0, "error warn info debug", NULL, 0,
+     "What anvil logs to stderr (read by the logging setup, base.c, once per process)."},
+    {"ANVIL_KV_CACHE", K_CHOICE, C_USER, F(kv_cache), 0, 0, 1, 0, "f16 f32", NULL, 0,
+     "The attention caches' type where the session's parameters leave it to the default "
+     "(`--kv-cache`, `anvil_session_params.kv_cache` win). float16 halves the caches' memory "
+     "(Qwen3-8B at 40960 tokens: 5.6 instead of 11.3 GiB) and speeds long contexts (8B Q4_K_M "
+     "after 16384 tokens 157.9 -> 175.4 t/s on the H100, docs/PERF.md §25)."},
+    INT("ANVIL_PREFILL_CHUNK", C_USER, prefill_chunk, 2048, 1, 1 << 20, NULL,
+        "Tokens per chunk of a prompt through the prefill program (1: no prefill program, a "
+        "token at a time through the decode program). Where the device has no room for a "
+        "chunk's buffers the chunk halves, down to 512, with a warning."),
+    INT("ANVIL_DEVICE", C_USER, device, -1, 0, 1000, "the best",
+        "The Vulkan device index (`anvil info --devices`) where `--device` does not name one; "
+        "naming one also lets `auto` pick a CPU Vulkan device (lavapipe)."),
+    REAL("ANVIL_VK_TIMEOUT", C_USER, vk_timeout, 120, 1, 1e6, NULL,
+         "Seconds to wait for one submission before the GPU counts as hung (the session then "
+         "fails instead of waiting for ever)."),
+    {"ANVIL_VK_MAX_MEMORY", K_SIZE, C_USER, F(vk_max_memory), 0, 1, 1e18, 0, "no cap", NULL, 0,
+     "A cap on the device memory anvil allocates (such as 512M or 8G; K, M, G, T are powers of "
+     "1024): past it an allocation fails as if the device were full."},
+    {"ANVIL_API_KEY", K_TEXT, C_USER, F(api_key), 0, 0, 0, 0, "none", NULL, 0,
+     "`anvil serve`'s API key where `--api-key` gives none: requests must carry it as a bearer token."},
+    /* ---- diagnostic ---- */
+    BOOL("ANVIL_VALIDATE", C_DIAGNOSTIC, validate, 0,
+         "The Khronos validation layer on (read when the process's Vulkan instance is made): any "
+         "message fails the call that follows it."),
+    {"ANVIL_VK_FAULT", K_TEXT, C_DIAGNOSTIC, F(vk_fault), 0, 0, 0, 0, "none", NULL, 0,
+     "`lost:N`, `hang:N` or `oom:N`: the N-th submit (lost, hang) or device allocation (oom) "
+     "fails as a real device would, for testing the failure paths."},
+    BOOL("ANVIL_VK_PROFILE", C_DIAGNOSTIC, vk_profile, 0,
+         "GPU time per kernel of the decode step (and of a prefill chunk when its program ends), "
+         "printed by `anvil bench --trace` and `anvil_session_describe_program`."),
+    BOOL("ANVIL_VK_PIPELINE_STATS", C_DIAGNOSTIC, vk_pipeline_stats, 0,
+         "The driver's statistics of every pipeline (registers, local and shared memory) on "
+         "stderr, where it offers VK_KHR_pipeline_executable_properties."),
+    BOOL("ANVIL_VK_MEGA_CLOCK", C_DIAGNOSTIC, vk_mega_clock, 0,
+         "Where the persistent step's phases spent the last step (the device clock, "
+         "VK_KHR_shader_clock)."),
+    INT("ANVIL_VK_QX", C_DIAGNOSTIC, vk_qx, -1, 0, 1, "where accelerated",
+        "Integer dot products in decode (inputs rounded to int8 in blocks of 32, as llama.cpp's "
+        "CUDA backend does; logits move by ~1% of their scale): 0 keeps float inputs everywhere, "
+        "1 uses them where the device has them unaccelerated (lavapipe: tests). By default where "
+        "the device accelerates 8-bit dot products: 8B Q4_K_M decode 219 -> 262 t/s, Q8_0 203 -> "
+        "218 on the H100 (docs/PERF.md §23)."),
+    BOOL("ANVIL_CPU_QX", C_DIAGNOSTIC, cpu_qx, 0,
+         "The CPU backend rounds its one-token matmul inputs as the Vulkan integer-dot-product "
+         "path does: the oracle for that path (vulkan_test)."),
+    BOOL("ANVIL_VK_COOPMAT", C_DIAGNOSTIC, vk_coopmat, 1,
+         "The prefill's products on NVIDIA's cooperative matrices where the device has them "
+         "(float16 weights and inputs, float32 sums: logits move by ~1e-3 of their scale; 3.5x "
+         "faster at pp512 on the H100, docs/PERF.md §15); 0 keeps the float32 tiles."),
+    BOOL("ANVIL_VK_CM2", C_DIAGNOSTIC, vk_cm2, 1,
+         "The prefill's dense products on VK_NV_cooperative_matrix2's workgroup matrices "
+         "(mm_cm2.comp) where the device has them: 8B Q4_K_M pp512 5056 -> 11,070 t/s on the "
+         "H100 (docs/PERF.md §29-30); 0 keeps the subgroup matrices."),
+    BOOL("ANVIL_VK_DQ_EMULATE", C_DIAGNOSTIC, vk_dq_emulate, 0,
+         "For tests: the float16 weight pieces multiplied with the float32-tile kernel where "
+         "there are no cooperative matrices."),
+    INT("ANVIL_VK_MEGA", C_DIAGNOSTIC, vk_mega, -1, 0, 1, "where the SM count is known",
+        "The persistent decode step (mega.comp: the step's products and attentions as one "
+        "dispatch of a workgroup per SM meeting at counters; Qwen3-0.6B BF16 decode 813 -> 947 "
+        "t/s on the H100, docs/PERF.md §31): 0 off, 1 also where the SM count is unknown (one "
+        "workgroup: lavapipe, tests)."),
+    INT("ANVIL_VK_MEGA_QX", C_DIAGNOSTIC, vk_mega_qx, -1, 0, 1, "where every product is small",
+        "Dense models' Q4_K, Q6_K and Q8_0 products in the persistent step (MQX), each workgroup "
+        "rounding a product's input itself: by default where every product is under "
+        "ANVIL_VK_MQX_MAX_MB (Qwen3-0.6B Q4_K_M 796 -> 937 t/s, docs/PERF.md §32); 0 never, 1 "
+        "whatever the sizes."),
+    REAL("ANVIL_VK_QX_MIN_MB", C_DIAGNOSTIC, vk_qx_min_mb, 8, 0, 1e9, NULL,
+         "The smallest product (MB of weights, gate and up together) that takes integer dot "
+         "products behind a rounding dispatch: a rounding dispatch costs ~4.6 us on the H100, "
+         "so the 0.6B's matrices (2-7 MB) lost 16% and the 8B's gained 17% (docs/PERF.md §23)."),
+    REAL("ANVIL_VK_MQX_MAX_MB", C_EXPERIMENT, vk_mqx_max_mb, 8, 0, 1e9, NULL,
+         "MQX takes a dense model whose products are all under this many MB: the 1.7B "
+         "(gate/up 14 MB) is 2.6% faster as dispatches, the 0.6B (3.5 MB) 10% slower "
+         "(docs/PERF.md §32, §35)."),
+    REAL("ANVIL_VK_PREFETCH_MB", C_DIAGNOSTIC, vk_prefetch_mb, -1, 0, 4096,
+         "16 on discrete NVIDIA GPUs, else 0",
+         "Weights read into L2 beside the decode attention (prefetch.comp: the o projection's "
+         "and a quarter of the gate/up's, dense layers only; at most this many MB): 8B Q4_K_M "
+         "323 -> 333 t/s on the H100, whose L2 holds 50 MB (docs/PERF.md §36). 0 turns it off, "
+         "another value turns it on on any GPU."),
+    BOOL("ANVIL_VK_OVERLAP", C_DIAGNOSTIC, vk_overlap, 1,
+         "No barrier between two matrix-vector products of the same input (the Q4_K_M mix's "
+         "Q6_K v projections: 8B +1.6%); 0 keeps it."),
+    BOOL("ANVIL_VK_PACE", C_DIAGNOSTIC, vk_pace, 1,
+         "The host sleeps through most of a batch of decode steps before waiting for it "
+         "(docs/PERF.md §11); 0 waits at once."),
+    INT("ANVIL_VK_ATTN_CHUNKS", C_DIAGNOSTIC, vk_attn_chunks, 64, 1, 64, NULL,
+        "The most chunks a decode attention splits the cache into (one is used per 32 cached "
+        "rows with subgroups of 32, per 16 for heads of 256)."),
+    BOOL("ANVIL_VK_FLASH", C_DIAGNOSTIC, vk_flash, 1,
+         "The prefill's causal attention on cooperative matrices (float16 q/k/v): 8B Q4_K_M "
+         "pp4096 2011 -> 4304 t/s with the rest of docs/PERF.md §20-22; 0 keeps the float32 kernel."),
+    BOOL("ANVIL_VK_PF_GROUP", C_DIAGNOSTIC, vk_pf_group, 1,
+         "The prefill's products of one input (q, k, v; gate, up) side by side on workgroup "
+         "matrices; 0 runs them one at a time."),
+    BOOL("ANVIL_VK_PF_HOIST", C_DIAGNOSTIC, vk_pf_hoist, 1,
+         "The next group's weights dequantised beside the products before it; 0 dequantises "
+         "each group's just before it."),
+    BOOL("ANVIL_VK_MOE_CM2", C_DIAGNOSTIC, vk_moe_cm2, 1,
+         "MoE prefill experts on workgroup matrices over rows laid out expert after expert "
+         "(30B-A3B Q4_K_M pp512 3930 -> 5515 t/s); 0 keeps the gathered subgroup-matrix tiles."),
+    BOOL("ANVIL_VK_ROUTE_FUSE", C_DIAGNOSTIC, vk_route_fuse, 1,
+         "The router's matvec chooses the experts itself (float routers); 0 leaves it to "
+         "moe_topk.comp."),
+    BOOL("ANVIL_VK_QXR", C_DIAGNOSTIC, vk_qxr, 1,
+         "Products whose output feeds another QX product round it themselves (QXR: in blocks of "
+         "8, the next norm folded in): 8B Q4_K_M 294 -> 308 t/s on the H100 (docs/PERF.md §33); "
+         "0 puts a rounding dispatch before each."),
+    INT("ANVIL_VK_QXT_ALL", C_DIAGNOSTIC, vk_qxt_all, 1, 0, 2, NULL,
+        "Which products that feed no rounding run as teams (QXT) anyway: 1 those of Q4_K and "
+        "Q5_K weights (8B Q4_K_M 308 -> 314 t/s, docs/PERF.md §35), 0 none, 2 every type's."),
+    INT("ANVIL_VK_BATCH", C_DIAGNOSTIC, vk_batch, 8, 1, 64, NULL,
+        "Decode steps recorded in one command buffer and submitted together."),
+    /* ---- experiment ---- */
+    INT("ANVIL_VK_DQ_MAX_MB", C_EXPERIMENT, vk_dq_max_mb, 256, 1, 4096, NULL,
+        "The largest float16 weight piece the prefill dequantises at once (MiB): 64 MiB pieces "
+        "lost 16% at 8B Q4_K_M pp512, 96 MiB 8% at 30B-A3B (docs/PERF.md §30)."),
+    BOOL("ANVIL_VK_MMH", C_EXPERIMENT, vk_mmh, 0,
+         "mm_h.comp's tiles walking K 64 at a time instead of 32 (pp512 on the H100: 3541 "
+         "against 3618 t/s, docs/PERF.md §15)."),
+    {"ANVIL_VK_MATVEC_WG", K_INT, C_EXPERIMENT, F(vk_matvec_wg), 128, 32, 1024, 32, NULL, NULL, 0,
+     "Threads per workgroup of the float matrix-vector kernels."},
+    INT("ANVIL_VK_MATVEC_NR", C_EXPERIMENT, vk_matvec_nr, 2, 1, 8, NULL,
+        "Rows per workgroup of the float matrix-vector kernels of float weights."),
+    INT("ANVIL_VK_MATVEC_NR_Q", C_EXPERIMENT, vk_matvec_nr_q, 4, 1, 8, NULL,
+        "Rows per workgroup of the float matrix-vector kernels of the legacy quants (Q4_0 .. Q5_1)."),
+    INT("ANVIL_VK_MATVEC_NR_MOE", C_EXPERIMENT, vk_matvec_nr_moe, 0, 1, 8, "the kind's",
+        "Rows per workgroup of the experts' float matrix-vector kernels."),
+    INT("ANVIL_VK_MATVEC_PIPE", C_EXPERIMENT, vk_matvec_pipe, 1, 1, 4, NULL,
+        "Units per thread per iteration of the float matrix-vector kernels (2 lost: docs/PERF.md §27)."),
+    {"ANVIL_VK_MATVEC_NR_<T>", K_INT, C_EXPERIMENT, FA(vk_matvec_nr_kind), 0, 1, 8, 0, "as above",
+     KIND_T, TUNE_WEIGHT_KINDS, "Rows per workgroup of one weight type's float kernels."},
+    {"ANVIL_VK_MATVEC_WG_<T>", K_INT, C_EXPERIMENT, FA(vk_matvec_wg_kind), 0, 1, 1024, 0, "as above",
+     KIND_T, TUNE_WEIGHT_KINDS,
+     "Threads per workgroup of one weight type's float kernels (a multiple of the subgroup; "
+     "others are ignored)."},
+    {"ANVIL_VK_QX_NR_<T>", K_INT, C_EXPERIMENT, FA(vk_qx_nr), 0, 1, 8, 0, "the type's tuned shape",
+     QX_T, TUNE_QX_KINDS,
+     "Rows per workgroup of the integer-dot-product kernels, per type and mode (_SWIGLU: "
+     "gate/up -> SwiGLU); the defaults (pipelines.c QX_SHAPE) measured on the H100: 8B "
+     "Q4_K_M 271 -> 286 t/s (docs/PERF.md §26, §35)."},
+    {"ANVIL_VK_QX_WG_<T>", K_INT, C_EXPERIMENT, FA(vk_qx_wg), 0, 1, 1024, 0, "the type's tuned shape",
+     QX_T, TUNE_QX_KINDS, "Threads per workgroup of the integer-dot-product kernels, per type and mode."},
+    {"ANVIL_VK_QX_PIPE_<T>", K_INT, C_EXPERIMENT, FA(vk_qx_pipe), 0, 1, 8, 0, "the type's tuned shape",
+     QX_T, TUNE_QX_KINDS,
+     "Units per thread per iteration of the integer-dot-product kernels (2 lost: docs/PERF.md "
+     "§27, §35)."},
+    INT("ANVIL_VK_QXT_TW", C_EXPERIMENT, vk_qxt_tw, 0, 1, 1024, "the rule",
+        "Threads a team of the QXT products (64 for the K-quants, docs/PERF.md §33)."),
+    INT("ANVIL_VK_QXT_TW1", C_EXPERIMENT, vk_qxt_tw1, 0, 1, 1024, "ANVIL_VK_QXT_TW's",
+        "Threads a team of the QXT products whose input is rounded by qx.comp (XM 1: the down "
+        "projections)."),
+    INT("ANVIL_VK_QXT_NR_Q6_K", C_EXPERIMENT, vk_qxt_nr_q6_k, 0, 1, 8, "2",
+        "Rows a team of Q6_K weights (4 lost: 300 against 309 t/s, docs/PERF.md §33)."),
+    INT("ANVIL_VK_QXT_TW_SWIGLU", C_EXPERIMENT, vk_qxt_tw_swiglu, 0, 1, 1024, "the rule",
+        "Threads a team of the SwiGLU products (32 for Q4_K and Q5_K: +0.3-0.7%, docs/PERF.md §36)."),
+    INT("ANVIL_VK_ATTN_NSG", C_EXPERIMENT, vk_attn_nsg, 4, 1, 8, NULL,
+        "Subgroups per decode-attention workgroup."),
+    {"ANVIL_VK_ATTN_LPR", K_INT, C_EXPERIMENT, F(vk_attn_lpr), 0, 2, 16, -1, "the shader's rule", NULL, 0,
+     "Lanes of a subgroup per cached row in decode attention (2 .. 16, a power of two; the "
+     "shader's rule: 4, 8 for heads of 256 or more, as Qwen3.6's)."},
+    INT("ANVIL_VK_ATTN_GS", C_EXPERIMENT, vk_attn_gs, 0, 1, 1024, "the rule",
+        "Decode-attention workgroups a kv head's query heads are split over (a divisor of them; "
+        "the rule: one per 4 heads where there are 8 or more, as Qwen3-30B-A3B's, else 1: 30B-A3B "
+        "Q4_K_M decode 260 -> 280 t/s on the H100, docs/PERF.md §38)."),
+    INT("ANVIL_VK_MEGA_GRID", C_EXPERIMENT, vk_mega_grid, 0, 1, 4096, "the SM count",
+        "Workgroups of the persistent step (only where the SM count is known; a grid the device "
+        "cannot hold at once fails with an error naming this variable)."),
+    INT("ANVIL_VK_MEGA_WG", C_EXPERIMENT, vk_mega_wg, 0, 1, 1024, "256",
+        "Threads per workgroup of the persistent step (256 measured best, docs/PERF.md §31; at "
+        "least a subgroup)."),
+    {"ANVIL_VK_MEGA_R", K_INT, C_EXPERIMENT, F(vk_mega_r), 2, 2, 16, 2, NULL, NULL, 0,
+     "Rows a subgroup of the persistent step multiplies at once (even)."},
+    {"ANVIL_VK_MEGA_LPR", K_INT, C_EXPERIMENT, F(vk_mega_lpr), 8, 2, 16, -1, NULL, NULL, 0,
+     "The persistent step's attention: lanes per cache row (a power of two)."},
+    INT("ANVIL_VK_MEGA_RPC", C_EXPERIMENT, vk_mega_rpc, 8, 1, 256, NULL,
+        "The persistent step's attention: cache rows per chunk."),
+    INT("ANVIL_VK_MEGA_PF", C_EXPERIMENT, vk_mega_pf, 8, 1, 16, NULL,
+        "The persistent step's float products: groups of 8 weights a lane loads at a time."),
+    INT("ANVIL_VK_MEGA_PFQ", C_EXPERIMENT, vk_mega_pfq, 1, 1, 8, NULL,
+        "MQX: slots of 64 weights a lane loads at a time."),
+    BOOL("ANVIL_VK_MEGA_QPIPE", C_EXPERIMENT, vk_mega_qpipe, 0,
+         "MQX: the next batch's loads issued before a batch is summed (lost on the H100)."),
+    BOOL("ANVIL_VK_MEGA_QLG", C_EXPERIMENT, vk_mega_qlg, 1,
+         "MQX: rows of fewer slots than lanes taken by groups of lanes."),
+    BOOL("ANVIL_VK_MEGA_LMHEAD", C_EXPERIMENT, vk_mega_lmhead, 0,
+         "The LM head in the persistent step (its own kernel streams it faster, docs/PERF.md §31)."),
+    BOOL("ANVIL_VK_MEGA_ATTN", C_EXPERIMENT, vk_mega_attn, 1,
+         "The attentions in the persistent step; 0 leaves them dispatches between its runs."),
+    INT("ANVIL_VK_MEGA_SKIP", C_EXPERIMENT, vk_mega_skip, 0, 0, 65535, NULL,
+        "A mask of the persistent step's phase kinds (bit kind - 1) whose work is skipped, for "
+        "measuring what each costs (wrong results)."),
+    INT("ANVIL_VK_PREFETCH_WG", C_EXPERIMENT, vk_prefetch_wg, 0, 1, 65535, "the rule",
+        "Workgroups of the L2 prefetch dispatch."),
+};
+
+static const char *const CLASS_NAME[] = {"user", "diagnostic", "experiment"};
+
+/* "123", "512M", "8G", "1.5G" (K, M, G, T are powers of 1024) -> bytes; false if malformed. */
+static bool parse_bytes(const char *s, uint64_t *out) {
+    char *end;
+    double v = strtod(s, &end);
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0, end++; break;
+    case 'm': case 'M': mul = 1048576.0, end++; break;
+    case 'g': case 'G': mul = 1073741824.0, end++; break;
+    case 't': case 'T': mul = 1099511627776.0, end++; break;
+    default: break;
+    }
+    if (mul > 1 && end[0] == 'i' && end[1] == 'B') end += 2;
+    else if (*end == 'B') end++;
+    if (end == s || *end || !(v > 0) || v * mul > 1e18) return false;
+    *out = (uint64_t)(v * mul);
+    return true;
+}
+
+static int choice_index(const char *words, const char *v) {
+    size_t n = strlen(v);
+    int i = 0;
+    for (const char *w = words; *w; i++) {
+        size_t len = strcspn(w, " ");
+        if (len == n && !strncmp(w, v, n)) return i;
+        w += len;
+        while (*w == ' ') w++;
+    }
+    return -1;
+}
+
+static void set_default(struct tuning *t, const struct knob *k, int i) {
+    char *p = (char *)t + k->off + (size_t)i * k->size;
+    switch (k->type) {
+    case K_BOOL: case K_INT: case K_CHOICE: *(int *)p = (int)k->dflt; break;
+    case K_REAL: *(double *)p = k->dflt; break;
+    case K_SIZE: *(uint64_t *)p = (uint64_t)k->dflt; break;
+    case K_TEXT: p[0] = 0; break;
+    }
+}
+
+/* Parses v (the variable `name`) into its field; an error naming it where v is not a value. */
+static anvil_status parse(struct tuning *t, const struct knob *k, int i, const char *name, const char *v) {
+    char *p = (char *)t + k->off + (size_t)i * k->size;
+    char *end = NULL;
+    errno = 0;
+    switch (k->type) {
+    case K_BOOL:
+        if (strcmp(v, "0") && strcmp(v, "1")) return err_set(ANVIL_ERR_INVALID_ARG, "%s=\"%s\" is not 0 or 1", name, v);
+        *(int *)p = v[0] == '1';
+        return ANVIL_OK;
+    case K_INT: {
+        long x = strtol(v, &end, 10);
+        bool ok = end != v && !*end && !errno && x >= k->min && x <= k->max &&
+                  (k->mult <= 0 || x % k->mult == 0) && (k->mult >= 0 || (x & (x - 1)) == 0);
+        if (!ok)
+            return err_set(ANVIL_ERR_INVALID_ARG, "%s=\"%s\" is not an integer in %.0f .. %.0f%s", name, v, k->min,
+                           k->max, k->mult > 0 ? " (a multiple of the step)" : k->mult < 0 ? " (a power of two)" : "");
+        *(int *)p = (int)x;
+        return ANVIL_OK;
+    }
+    case K_REAL: {
+        double x = strtod(v, &end);
+        if (end == v || *end || !(x >= k->min && x <= k->max))
+            return err_set(ANVIL_ERR_INVALID_ARG, "%s=\"%s\" is not a number in %g .. %g", name, v, k->min, k->max);
+        *(double *)p = x;
+        return ANVIL_OK;
+    }
+    case K_SIZE:
+        if (!parse_bytes(v, (uint64_t *)p))
+            return err_set(ANVIL_ERR_INVALID_ARG, "%s=\"%s\" is not a size (such as 512M or 8G)", name, v);
+        return ANVIL_OK;
+    case K_CHOICE: {
+        int c = choice_index(k->values, v);
+        if (c < 0) return err_set(ANVIL_ERR_INVALID_ARG, "%s=\"%s\" is not one of: %s", name, v, k->values);
+        *(int *)p = c;
+        return ANVIL_OK;
+    }
+    case K_TEXT:
+        if (strlen(v) >= k->size) return err_set(ANVIL_ERR_INVALID_ARG, "%s: longer than %zu bytes", name, k->size - 1);
+        memcpy(p, v, strlen(v) + 1);
+        return ANVIL_OK;
+    }
+    return ANVIL_OK;
+}
+
+/* The variable's name for instance i of knob k */
+static void knob_name(const struct knob *k, int i, char *out, size_t cap) {
+    const char *t = strstr(k->name, "<T>");
+    if (!k->suffix || !t) snprintf(out, cap, "%s", k->name);
+    else snprintf(out, cap, "%.*s%s%s", (int)(t - k->name), k->name, k->suffix[i], t + 3);
+}
+
+void tuning_defaults(struct tuning *t) {
+    memset(t, 0, sizeof *t);
+    for (size_t j = 0; j < ARRAY_LEN(KNOBS); j++)
+        for (int i = 0; i < (KNOBS[j].suffix ? KNOBS[j].n_suffix : 1); i++)
+            if (KNOBS[j].size) set_default(t, &KNOBS[j], i);
+}
+
+anvil_status tuning_read(struct tuning *t) {
+    tuning_defaults(t);
+    anvil_status first = ANVIL_OK;
+    char errmsg[512] = "";
+    for (size_t j = 0; j < ARRAY_LEN(KNOBS); j++) {
+        const struct knob *k = &KNOBS[j];
+        if (!k->size) continue; /* read elsewhere (ANVIL_LOG) */
+        for (int i = 0; i < (k->suffix ? k->n_suffix : 1); i++) {
+            char name[96];
+            knob_name(k, i, name, sizeof name);
+            const char *v = getenv(name);
+            if (!v || !*v) continue;
+            anvil_status st = parse(t, k, i, name, v);
+            if (st != ANVIL_OK && first == ANVIL_OK) {
+                first = st;
+                snprintf(errmsg, sizeof errmsg, "%s", err_get());
+            }
+        }
+    }
+    return first == ANVIL_OK ? ANVIL_OK : err_set(first, "%s", errmsg);
+}
+
+bool tuning_cache_dir(char *out, size_t cap) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int n;
+    if (xdg && *xdg) n = snprintf(out, cap, "%s/anvil", xdg);
+    else if (home && *home) n = snprintf(out, cap, "%s/.cache/anvil", home);
+    else return false;
+    return n > 0 && (size_t)n < cap;
+}
+
+static void write_default(FILE *f, const struct knob *k) {
+    if (k->type == K_CHOICE) {
+        int c = (int)k->dflt;
+        const char *w = k->values;
+        for (; c > 0; c--) w += strcspn(w, " ") + 1;
+        fprintf(f, "%.*s", (int)strcspn(w, " "), w);
+    } else if (k->values) {
+        fprintf(f, "%s", k->values);
+    } else {
+        fprintf(f, "%g", k->dflt);
+    }
+}
+
+static void write_range(FILE *f, const struct knob *k) {
+    switch (k->type) {
+    case K_BOOL: fprintf(f, "0 or 1"); break;
+    case K_INT:
+        fprintf(f, "%.0f .. %.0f%s", k->min, k->max, k->mult > 1 ? ", a multiple of " : k->mult < 0 ? ", a power of two" : "");
+        if (k->mult > 1) fprintf(f, "%d", k->mult);
+        break;
+    case K_REAL: fprintf(f, "%g .. %g", k->min, k->max); break;
+    case K_SIZE: fprintf(f, "bytes, or K/M/G/T"); break;
+    case K_CHOICE: {
+        for (const char *w = k->values; *w;) {
+            size_t len = strcspn(w, " ");
+            fprintf(f, "%s%.*s", w == k->values ? "" : ", ", (int)len, w);
+            w += len;
+            while (*w == ' ') w++;
+        }
+        break;
+    }
+    case K_TEXT: fprintf(f, "text"); break;
+    }
+}
+
+void tuning_write(FILE *f, bool markdown) {
+    if (markdown) {
+        fprintf(f, "# Tuning: anvil's environment variables\n\n"
+                   "<!-- generated from src/base/tuning.c by `anvil tuning --markdown > docs/TUNING.md`; "
+                   "tuning_test fails when this file is stale -->\n\n"
+                   "Every variable anvil reads, parsed once when a session, backend or device is made. A "
+                   "malformed or out-of-range value is an error naming the variable. Classes: **user** "
+                   "(settings; where they have a CLI flag or an `anvil_session_params` field, that wins), "
+                   "**diagnostic** (tests, CI, debugging, switches that turn a measured gain off), "
+                   "**experiment** (kernel shapes kept for measuring on other GPUs; the defaults are the "
+                   "best measured on the H100). A name with `<T>` stands for one variable per suffix. "
+                   "`anvil tuning` lists them with their values now. The pipeline cache lives in "
+                   "`$XDG_CACHE_HOME/anvil`, else `$HOME/.cache/anvil`.\n");
+    }
+    for (int c = C_USER; c <= C_EXPERIMENT; c++) {
+        if (markdown) fprintf(f, "\n## %s%s\n\n| variable | values | default | what it does |\n|---|---|---|---|\n",
+                              c == C_USER ? "U" : c == C_DIAGNOSTIC ? "D" : "E", CLASS_NAME[c] + 1);
+        for (size_t j = 0; j < ARRAY_LEN(KNOBS); j++) {
+            const struct knob *k = &KNOBS[j];
+            if ((int)k->cls != c) continue;
+            if (markdown) {
+                fprintf(f, "| `%s` | ", k->name);
+                write_range(f, k);
+                fprintf(f, " | ");
+                write_default(f, k);
+                fprintf(f, " | %s", k->doc);
+                if (k->suffix) {
+                    fprintf(f, " `<T>`:");
+                    for (int i = 0; i < k->n_suffix; i++) fprintf(f, " %s", k->suffix[i]);
+                }
+                fprintf(f, " |\n");
+                continue;
+            }
+            for (int i = 0; i < (k->suffix ? k->n_suffix : 1); i++) {
+                char name[96];
+                knob_name(k, i, name, sizeof name);
+                const char *v = getenv(name);
+                fprintf(f, "%-32s %-10s %s", name, CLASS_NAME[c], v && *v ? v : "(default: ");
+                if (!(v && *v)) {
+                    write_default(f, k);
+                    fputc(')', f);
+                }
+                fputc('\n', f);
+            }
+        }
+    }
+}

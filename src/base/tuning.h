@@ -1,0 +1,124 @@
+/*
+ * tuning: every environment variable anvil reads, in one table (tuning.c): its name, type,
+ * default, range, a line of documentation and its class. The variables are parsed once, when a
+ * session, backend or device is made (tuning_read), into a struct tuning that the code reads
+ * afterwards; nothing else calls getenv (but the logging setup, base.c, for ANVIL_LOG).
+ * docs/TUNING.md is generated from the table (`anvil tuning --markdown`; tuning_test fails
+ * when the committed file is stale).
+ *
+ * Classes: user (what a user may set; the same settings are API parameters and CLI flags
+ * where they have them), diagnostic (tests, CI, debugging: validation, fault injection,
+ * profiles), experiment (kernel shapes and switches kept for measuring on other GPUs; their
+ * defaults are the measured best, docs/PERF.md).
+ *
+ * Per-type knobs: a name with "<T>" stands for one variable per suffix (ANVIL_VK_QX_NR_<T>:
+ * ANVIL_VK_QX_NR_Q4_K, ANVIL_VK_QX_NR_Q4_K_SWIGLU, ...), parsed into an array in the
+ * suffixes' order.
+ *
+ * Glossary of the knobs' abbreviations: QX integer-dot-product products (inputs rounded to
+ * int8 in blocks of 32), QXR products that round their outputs for the next product, QXT such
+ * products as teams of threads, MQX the persistent step's QX products, MEGA the persistent
+ * decode step (mega.comp), NR rows per workgroup, WG threads per workgroup, PIPE units per
+ * thread per iteration, NSG subgroups per workgroup, LPR lanes per cache row, RPC rows per
+ * chunk, GS the split of a kv head's query heads, PF/PFQ weights a lane loads at a time,
+ * CM2 VK_NV_cooperative_matrix2, MMH mm_h.comp, DQ dequantised float16 weight pieces.
+ */
+#ifndef ANVIL_TUNING_H
+#define ANVIL_TUNING_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "base/base.h"
+
+/* The suffixes of the per-type knobs, in their arrays' order */
+enum { TUNE_QX_KINDS = 8 };      /* Q8_0, Q4_K, Q5_K, Q6_K, then the same _SWIGLU (vk_qx_index order) */
+enum { TUNE_WEIGHT_KINDS = 11 }; /* F32 .. Q6_K (vk_weight_kind order) */
+
+/* Where a knob is unset its field holds the default; -1 (or 0 where the doc says so) means
+ * "the code's own rule" where a knob has no fixed default. */
+struct tuning {
+    /* user */
+    int kv_cache;            /* ANVIL_KV_CACHE: 0 f16, 1 f32 */
+    int prefill_chunk;       /* ANVIL_PREFILL_CHUNK */
+    int device;              /* ANVIL_DEVICE (-1: the best) */
+    double vk_timeout;       /* ANVIL_VK_TIMEOUT, seconds */
+    uint64_t vk_max_memory;  /* ANVIL_VK_MAX_MEMORY, bytes (0: no cap) */
+    char api_key[512];       /* ANVIL_API_KEY ("" unset) */
+    /* diagnostic */
+    int validate;            /* ANVIL_VALIDATE */
+    char vk_fault[64];       /* ANVIL_VK_FAULT ("" unset) */
+    int vk_profile;          /* ANVIL_VK_PROFILE */
+    int vk_pipeline_stats;   /* ANVIL_VK_PIPELINE_STATS */
+    int vk_mega_clock;       /* ANVIL_VK_MEGA_CLOCK */
+    int vk_qx;               /* ANVIL_VK_QX: -1 auto, 0 off, 1 on */
+    int cpu_qx;              /* ANVIL_CPU_QX */
+    int vk_coopmat;          /* ANVIL_VK_COOPMAT */
+    int vk_cm2;              /* ANVIL_VK_CM2 */
+    int vk_dq_emulate;       /* ANVIL_VK_DQ_EMULATE */
+    int vk_mega;             /* ANVIL_VK_MEGA: -1 auto, 0 off, 1 on */
+    int vk_mega_qx;          /* ANVIL_VK_MEGA_QX: -1 auto, 0 never, 1 always */
+    double vk_qx_min_mb;     /* ANVIL_VK_QX_MIN_MB */
+    double vk_mqx_max_mb;    /* ANVIL_VK_MQX_MAX_MB */
+    double vk_prefetch_mb;   /* ANVIL_VK_PREFETCH_MB (-1: 16 on discrete NVIDIA GPUs, else 0) */
+    int vk_overlap;          /* ANVIL_VK_OVERLAP */
+    int vk_pace;             /* ANVIL_VK_PACE */
+    int vk_attn_chunks;      /* ANVIL_VK_ATTN_CHUNKS */
+    int vk_flash;            /* ANVIL_VK_FLASH */
+    int vk_pf_group;         /* ANVIL_VK_PF_GROUP */
+    int vk_pf_hoist;         /* ANVIL_VK_PF_HOIST */
+    int vk_moe_cm2;          /* ANVIL_VK_MOE_CM2 */
+    int vk_route_fuse;       /* ANVIL_VK_ROUTE_FUSE */
+    int vk_qxr;              /* ANVIL_VK_QXR */
+    int vk_qxt_all;          /* ANVIL_VK_QXT_ALL */
+    int vk_batch;            /* ANVIL_VK_BATCH */
+    /* experiment */
+    int vk_dq_max_mb;        /* ANVIL_VK_DQ_MAX_MB */
+    int vk_mmh;              /* ANVIL_VK_MMH */
+    int vk_matvec_wg;        /* ANVIL_VK_MATVEC_WG */
+    int vk_matvec_nr;        /* ANVIL_VK_MATVEC_NR */
+    int vk_matvec_nr_q;      /* ANVIL_VK_MATVEC_NR_Q */
+    int vk_matvec_nr_moe;    /* ANVIL_VK_MATVEC_NR_MOE (0: the kind's) */
+    int vk_matvec_pipe;      /* ANVIL_VK_MATVEC_PIPE */
+    int vk_matvec_nr_kind[TUNE_WEIGHT_KINDS]; /* ANVIL_VK_MATVEC_NR_<T> (0: unset) */
+    int vk_matvec_wg_kind[TUNE_WEIGHT_KINDS]; /* ANVIL_VK_MATVEC_WG_<T> (0: unset) */
+    int vk_qx_nr[TUNE_QX_KINDS];   /* ANVIL_VK_QX_NR_<T> (0: the tuned shape) */
+    int vk_qx_wg[TUNE_QX_KINDS];   /* ANVIL_VK_QX_WG_<T> (0: the tuned shape) */
+    int vk_qx_pipe[TUNE_QX_KINDS]; /* ANVIL_VK_QX_PIPE_<T> (0: the tuned shape) */
+    int vk_qxt_tw;           /* ANVIL_VK_QXT_TW (0: the rule) */
+    int vk_qxt_tw1;          /* ANVIL_VK_QXT_TW1 (0: ANVIL_VK_QXT_TW's) */
+    int vk_qxt_nr_q6_k;      /* ANVIL_VK_QXT_NR_Q6_K (0: 2) */
+    int vk_qxt_tw_swiglu;    /* ANVIL_VK_QXT_TW_SWIGLU (0: the rule) */
+    int vk_attn_nsg;         /* ANVIL_VK_ATTN_NSG */
+    int vk_attn_lpr;         /* ANVIL_VK_ATTN_LPR (0: the shader's rule) */
+    int vk_attn_gs;          /* ANVIL_VK_ATTN_GS (0: the rule) */
+    int vk_mega_grid;        /* ANVIL_VK_MEGA_GRID (0: the SM count) */
+    int vk_mega_wg;          /* ANVIL_VK_MEGA_WG (0: 256) */
+    int vk_mega_r;           /* ANVIL_VK_MEGA_R */
+    int vk_mega_lpr;         /* ANVIL_VK_MEGA_LPR */
+    int vk_mega_rpc;         /* ANVIL_VK_MEGA_RPC */
+    int vk_mega_pf;          /* ANVIL_VK_MEGA_PF */
+    int vk_mega_pfq;         /* ANVIL_VK_MEGA_PFQ */
+    int vk_mega_qpipe;       /* ANVIL_VK_MEGA_QPIPE */
+    int vk_mega_qlg;         /* ANVIL_VK_MEGA_QLG */
+    int vk_mega_lmhead;      /* ANVIL_VK_MEGA_LMHEAD */
+    int vk_mega_attn;        /* ANVIL_VK_MEGA_ATTN */
+    int vk_mega_skip;        /* ANVIL_VK_MEGA_SKIP */
+    int vk_prefetch_wg;      /* ANVIL_VK_PREFETCH_WG (0: the rule) */
+};
+
+/* The table's defaults, then every variable set in the environment. A malformed or
+ * out-of-range value is an error naming the variable (t then holds the default for it). */
+anvil_status tuning_read(struct tuning *t);
+/* The defaults alone (no environment). */
+void tuning_defaults(struct tuning *t);
+
+/* The table as docs/TUNING.md (markdown), or (markdown false) as a plain list with each
+ * variable's value in the environment now. */
+void tuning_write(FILE *f, bool markdown);
+
+/* The user's cache directory for anvil: $XDG_CACHE_HOME/anvil, else $HOME/.cache/anvil,
+ * into out (cap bytes); false where neither is set or it does not fit. */
+bool tuning_cache_dir(char *out, size_t cap);
+
+#endif
