@@ -272,13 +272,30 @@ static int start_server(void **state) {
     tmpdir = tu_tmpdir();
     char errpath[512];
     snprintf(errpath, sizeof errpath, "%s/serve.err", tmpdir);
+    /* the model's own template (Qwen3) through --chat-template-file, with a tail that shows
+     * keyword arguments only where a request names extra_marker (test_template_kwargs) */
+    char tmpl_path[512];
+    snprintf(tmpl_path, sizeof tmpl_path, "%s/template.jinja", tmpdir);
+    size_t tlen;
+    char *tmpl = tu_read_file(tu_testdata("templates/Qwen3-hybrid-original.jinja"), &tlen);
+    assert_non_null(tmpl);
+    const char tail[] = "{%- if raise_now is defined %}{{ raise_exception('raised: ' ~ extra_marker) }}"
+                        "{% endif %}{%- if extra_marker is defined %}{{ extra_marker ~ server_default }}"
+                        "{% endif %}";
+    char *full = malloc(tlen + sizeof tail);
+    memcpy(full, tmpl, tlen);
+    memcpy(full + tlen, tail, sizeof tail);
+    tu_write_file(tmpl_path, full, strlen(full));
+    free(full);
+    free(tmpl);
     server_pid = fork();
     if (server_pid == 0) {
         FILE *f = freopen(errpath, "w", stderr);
         (void)f;
         execl(ANVIL_BIN, ANVIL_BIN, "serve", "-m", tu_testdata("reference/qwen3-small"), "--port",
               "0", "-t", "2", "--backend", "cpu", "--api-key", KEY, "--timeout", "2",
-              (char *)NULL);
+              "--chat-template-file", tmpl_path, "--chat-template-kwargs",
+              "{\"server_default\": \" and the server's default\"}", (char *)NULL);
         _exit(127);
     }
     assert_true(server_pid > 0);
@@ -427,6 +444,31 @@ static void test_chat(void **state) {
     assert_true(get_int(r, "usage.completion_tokens") <= 2);
     cJSON_Delete(r);
     assert_server_alive();
+}
+
+/* Every key of chat_template_kwargs reaches the template, over serve's
+ * --chat-template-kwargs; a template that raises is a 400 with its own message. */
+static void test_template_kwargs(void **state) {
+    (void)state;
+#define MSGS "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]"
+    int plain = count_tokens(MSGS "}");
+    int with_default = count_tokens(MSGS ",\"chat_template_kwargs\":{\"extra_marker\":\"alpha beta\"}}");
+    int overridden = count_tokens(MSGS ",\"chat_template_kwargs\":{\"extra_marker\":\"alpha beta\","
+                                  "\"server_default\":\"\"}}");
+    assert_true(overridden > plain);
+    assert_true(with_default > overridden);
+    char *out;
+    long st = http("POST", "/tokenize", MSGS ",\"chat_template_kwargs\":{\"extra_marker\":\"x\","
+                   "\"raise_now\":1}}", KEY, &out);
+    assert_int_equal(st, 400);
+    if (!strstr(out, "raised: x")) fail_msg("no template message in %s", out);
+    free(out);
+    st = http("POST", "/v1/chat/completions", MSGS ",\"max_tokens\":2,\"chat_template_kwargs\":{"
+              "\"extra_marker\":\"y\",\"raise_now\":true}}", KEY, &out);
+    assert_int_equal(st, 400);
+    if (!strstr(out, "raised: y")) fail_msg("no template message in %s", out);
+    free(out);
+#undef MSGS
 }
 
 static void test_completions(void **state) {
@@ -874,6 +916,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auth),
         cmocka_unit_test(test_chat),
+        cmocka_unit_test(test_template_kwargs),
         cmocka_unit_test(test_completions),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_prefix_reuse),
