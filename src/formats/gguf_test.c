@@ -576,7 +576,8 @@ static int same_blocks(const char *a, const char *b, int type) {
 /* With an importance matrix: the testdata's IQ4_XS file is llama-quantize's, every tensor and
  * key byte for byte but the matrix's path (IQ4_XS blocks, the Q6_K output); so are the Q2_K
  * tensors of its IQ2_XXS and IQ1_S files, which a Q2_K_S file shares. Types anvil has no
- * weighted quantizer for are written without importances and counted (Q4_K). The types below
+ * weighted quantizer for are written without importances and counted (Q3_K); the Q5_K output
+ * of the IQ2_XXS and IQ1_S files is the Q5_K quantizer's under importances. The types below
  * 4 bits are refused without a matrix; a bad matrix is refused by name. */
 static void test_quantize_imatrix(void **state) {
     (void)state;
@@ -606,8 +607,34 @@ static void test_quantize_imatrix(void **state) {
         assert_int_equal(b->tensors[i].type, gguf_find_tensor(a, b->tensors[i].name)->type);
     gguf_close(a);
     gguf_close(b);
-    assert_int_equal(gguf_quantize(f32, out, "Q4_K_M", im, 2, &s), ANVIL_OK);
-    assert_true(s.n_unweighted > 0 && s.unweighted[DT_Q4_K] && !s.unweighted[DT_Q6_K]);
+    assert_int_equal(gguf_quantize(f32, out, "Q3_K_M", im, 2, &s), ANVIL_OK);
+    assert_true(s.n_unweighted == 9 && s.unweighted[DT_Q3_K] && !s.unweighted[DT_Q4_K] &&
+                !s.unweighted[DT_Q5_K] && !s.unweighted[DT_Q6_K]);
+    /* Q5_K under importances: the output matrix of the IQ2_XXS and IQ1_S files */
+    struct model_file *mf, *mq;
+    assert_int_equal(model_file_open(f32, 1, &mf), ANVIL_OK);
+    const struct tensor_info *o = model_file_find(mf, "output.weight");
+    float *ones = malloc((size_t)o->ne[0] * sizeof *ones);
+    for (int64_t k = 0; k < o->ne[0]; k++) ones[k] = 1;
+    size_t row;
+    assert_true(dtype_row_size(DT_Q5_K, o->ne[0], &row));
+    uint8_t *q5 = malloc(row * (size_t)o->ne[1]);
+    for (int64_t r = 0; r < o->ne[1]; r++)
+        dtype_weighted_quantizer(DT_Q5_K)((const float *)o->data + r * o->ne[0], q5 + (size_t)r * row,
+                                          o->ne[0], ones);
+    static const char *q5_files[] = {"gguf/qwen3-small/qwen3-small-IQ2_XXS.gguf",
+                                     "gguf/qwen3-small/qwen3-small-IQ1_S.gguf"};
+    for (size_t f = 0; f < 2; f++) {
+        assert_int_equal(model_file_open(tu_testdata(q5_files[f]), 1, &mq), ANVIL_OK);
+        const struct tensor_info *t = model_file_find(mq, "output.weight");
+        assert_int_equal(t->type, DT_Q5_K);
+        assert_int_equal(t->size, row * (size_t)o->ne[1]);
+        assert_memory_equal(t->data, q5, t->size);
+        model_file_close(mq);
+    }
+    free(q5);
+    free(ones);
+    model_file_close(mf);
 
     assert_int_equal(gguf_quantize(f32, out, "Q2_K_S", im, 2, &s), ANVIL_OK);
     snprintf(ref, sizeof ref, "%s", tu_testdata("gguf/qwen3-small/qwen3-small-IQ2_XXS.gguf"));

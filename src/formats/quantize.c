@@ -590,8 +590,9 @@ anvil_status gguf_quantize(const char *in, const char *out, const char *type,
         if (e && dtype_weighted_quantizer(types[i])) {
             j.from_f32_w = dtype_weighted_quantizer(types[i]);
             j.qw = e->values;
-        } else if (e && dtype_traits(types[i])->block_size > 1) {
-            stats->n_unweighted++; /* llama.cpp would weigh these; anvil cannot yet */
+        } else if (e && dtype_traits(types[i])->block_size > 1 && types[i] != DT_Q8_0) {
+            /* llama.cpp would weigh these (not Q8_0, whose quantizer ignores them) */
+            stats->n_unweighted++;
             stats->unweighted[types[i]] = true;
         }
         dtype_row_size(t->type, t->ne[0], &j.src_row);

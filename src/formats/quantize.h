@@ -8,7 +8,8 @@
  * chosen blocks falls back (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0,
  * IQ4_XS -> IQ4_NL, then F16). Without an importance matrix llama-quantize runs the reference
  * quantizers, which are anvil's, so for the same float weights the bytes written are
- * llama.cpp's bytes; with one (imatrix.h), so are the Q2_K, Q6_K, IQ4_NL and IQ4_XS blocks.
+ * llama.cpp's bytes; with one (imatrix.h), so are the Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL and
+ * IQ4_XS blocks (and Q8_0, whose quantizer ignores importances).
  */
 #ifndef ANVIL_QUANTIZE_H
 #define ANVIL_QUANTIZE_H
@@ -52,7 +53,7 @@ bool quant_is_attn_v(const char *name);
 struct quantize_stats {
     int n_tensors, n_quantized, n_fallback;
     /* tensors that had importances but were quantized without them, and their types:
-     * anvil has importance-weighted quantizers only for Q2_K, Q6_K, IQ4_NL and IQ4_XS */
+     * anvil has importance-weighted quantizers for Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS */
     int n_unweighted;
     bool unweighted[DT_COUNT];
     uint64_t bytes_in, bytes_out;

@@ -738,8 +738,38 @@ void dequantize_row_q4_k(const void *src, float *y, int64_t n) {
 }
 
 /* The shared scale/min search of Q4_K and Q5_K: fills y's d, dmin, scales and L[256]. */
-static void kquant_scales_mins(const float *x, int nmax, float rmin, int nstep, uint16_t *yd,
-                               uint16_t *ydmin, uint8_t *yscales, uint8_t *L) {
+/* With importances qw[256] (ggml's quantize_row_q4_K_impl / q5_K_impl): per sub-block a
+ * weighted least-squares scale and minimum (make_qkx3_quants, weights qw * sqrt(sigma2 +
+ * x^2)), then the 6-bit sub-block scales and minimums fitted under the sub-blocks' total
+ * weights (make_qp_quants). */
+static void kquant_scales_mins_w(const float *x, const float *qw, int nmax, uint16_t *yd,
+                                 uint16_t *ydmin, uint8_t *yscales, uint8_t *L) {
+    uint8_t Laux[32], Ls[QK_K / 32], Lm[QK_K / 32];
+    float weights[32], sw[QK_K / 32], mins[QK_K / 32], scales[QK_K / 32];
+    float sum_x2 = 0;
+    for (int l = 0; l < QK_K; l++) sum_x2 += x[l] * x[l];
+    const float sigma2 = 2 * sum_x2 / QK_K;
+    for (int j = 0; j < QK_K / 32; j++) {
+        sw[j] = 0;
+        for (int l = 0; l < 32; l++) {
+            weights[l] = qw[32 * j + l] * sqrtf(sigma2 + x[32 * j + l] * x[32 * j + l]);
+            sw[j] += weights[l];
+        }
+        scales[j] = make_qkx3_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
+                                     -0.9f, 0.05f, 36);
+    }
+    const float d_block = make_qp_quants(QK_K / 32, 63, scales, Ls, sw);
+    const float m_block = make_qp_quants(QK_K / 32, 63, mins, Lm, sw);
+    memset(yscales, 0, 12);
+    for (int j = 0; j < QK_K / 32; j++)
+        set_scale_min_k4(j, yscales, MIN(63, Ls[j]), MIN(63, Lm[j]));
+    *yd = f2h(d_block);
+    *ydmin = f2h(m_block);
+}
+
+/* The same without importances, as the reference quantizers search. */
+static void kquant_scales_mins_ref(const float *x, int nmax, float rmin, int nstep, uint16_t *yd,
+                                   uint16_t *ydmin, uint8_t *yscales, uint8_t *L) {
     uint8_t Laux[32];
     float weights[32], mins[QK_K / 32], scales[QK_K / 32];
     float max_scale = 0, max_min = 0;
@@ -763,6 +793,14 @@ static void kquant_scales_mins(const float *x, int nmax, float rmin, int nstep, 
     }
     *yd = f2h(max_scale / 63.f);
     *ydmin = f2h(max_min / 63.f);
+}
+
+/* The scales and minimums of a Q4_K / Q5_K super-block (d, dmin, the 12 packed bytes) and its
+ * quants L[256] in [0, nmax]; with importances qw (or NULL). */
+static void kquant_scales_mins(const float *x, const float *qw, int nmax, float rmin, int nstep,
+                               uint16_t *yd, uint16_t *ydmin, uint8_t *yscales, uint8_t *L) {
+    if (qw) kquant_scales_mins_w(x, qw, nmax, yd, ydmin, yscales, L);
+    else kquant_scales_mins_ref(x, nmax, rmin, nstep, yd, ydmin, yscales, L);
     uint8_t sc, m;
     for (int j = 0; j < QK_K / 32; j++) {
         get_scale_min_k4(j, yscales, &sc, &m);
@@ -777,10 +815,15 @@ static void kquant_scales_mins(const float *x, int nmax, float rmin, int nstep, 
 }
 
 void quantize_row_q4_k(const float *x, void *dst, int64_t n) {
+    quantize_row_q4_k_w(x, dst, n, NULL);
+}
+
+void quantize_row_q4_k_w(const float *x, void *dst, int64_t n, const float *qw) {
     block_q4_K *y = dst;
     uint8_t L[QK_K];
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
-        kquant_scales_mins(x, 15, -1.f, 20, &y[i].d, &y[i].dmin, y[i].scales, L);
+        kquant_scales_mins(x, qw ? qw + i * QK_K : NULL, 15, -1.f, 20, &y[i].d, &y[i].dmin,
+                           y[i].scales, L);
         uint8_t *q = y[i].qs;
         for (int j = 0; j < QK_K; j += 64, q += 32)
             for (int l = 0; l < 32; l++) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
@@ -810,10 +853,15 @@ void dequantize_row_q5_k(const void *src, float *y, int64_t n) {
 }
 
 void quantize_row_q5_k(const float *x, void *dst, int64_t n) {
+    quantize_row_q5_k_w(x, dst, n, NULL);
+}
+
+void quantize_row_q5_k_w(const float *x, void *dst, int64_t n, const float *qw) {
     block_q5_K *y = dst;
     uint8_t L[QK_K];
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
-        kquant_scales_mins(x, 31, -0.5f, 15, &y[i].d, &y[i].dmin, y[i].scales, L);
+        kquant_scales_mins(x, qw ? qw + i * QK_K : NULL, 31, -0.5f, 15, &y[i].d, &y[i].dmin,
+                           y[i].scales, L);
         uint8_t *qh = y[i].qh, *ql = y[i].qs;
         memset(qh, 0, QK_K / 8);
         uint8_t m1 = 1, m2 = 2;
@@ -865,7 +913,9 @@ void dequantize_row_q6_k(const void *src, float *y, int64_t n) {
     }
 }
 
-void quantize_row_q6_k(const float *x, void *dst, int64_t n) { quantize_row_q6_k_w(x, dst, n, NULL); }
+void quantize_row_q6_k(const float *x, void *dst, int64_t n) {
+    quantize_row_q6_k_w(x, dst, n, NULL);
+}
 
 /* With importances: ggml's quantize_row_q6_K_impl, the sub-block scales fitted under the
  * importances themselves (no sqrt(sigma2 + x^2) factor, unlike Q2_K and IQ4). */

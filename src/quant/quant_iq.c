@@ -43,7 +43,8 @@ static inline int grid1(unsigned i, int j) {
 
 /* Eight values db * grid * sign of a group: grid entry idx, sign bits `signs` (bit j = -). */
 static inline void put8(float *y, float db, const uint32_t *grid, unsigned idx, unsigned signs) {
-    for (int j = 0; j < 8; j++) y[j] = db * (float)grid8(grid, idx, j) * (signs >> j & 1 ? -1.f : 1.f);
+    for (int j = 0; j < 8; j++)
+        y[j] = db * (float)grid8(grid, idx, j) * (signs >> j & 1 ? -1.f : 1.f);
 }
 
 static inline uint32_t load_u32(const void *p) {
@@ -294,7 +295,8 @@ static void iq4_block(int n, const float *x, const float *qw, uint16_t *dh, uint
         for (int j = 0; j < 32; j++) L[j] = (uint8_t)iq4_level(id * x[j]);
     }
     for (int i = 0; i < n / 32; i++)
-        for (int j = 0; j < 16; j++) q4[16 * i + j] = (uint8_t)(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
+        for (int j = 0; j < 16; j++)
+            q4[16 * i + j] = (uint8_t)(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
 }
 
 void quantize_row_iq4_nl_w(const float *x, void *dst, int64_t n, const float *qw) {
@@ -312,5 +314,9 @@ void quantize_row_iq4_xs_w(const float *x, void *dst, int64_t n, const float *qw
                   y[i].scales_l);
 }
 
-void quantize_row_iq4_nl(const float *x, void *dst, int64_t n) { quantize_row_iq4_nl_w(x, dst, n, NULL); }
-void quantize_row_iq4_xs(const float *x, void *dst, int64_t n) { quantize_row_iq4_xs_w(x, dst, n, NULL); }
+void quantize_row_iq4_nl(const float *x, void *dst, int64_t n) {
+    quantize_row_iq4_nl_w(x, dst, n, NULL);
+}
+void quantize_row_iq4_xs(const float *x, void *dst, int64_t n) {
+    quantize_row_iq4_xs_w(x, dst, n, NULL);
+}

@@ -43,8 +43,8 @@ int cmd_quantize(int argc, char **argv) {
     if (s.n_fallback) printf(", %d tensors fell back to other types (rows not a multiple of 256)", s.n_fallback);
     printf("\n");
     if (s.n_unweighted) {
-        printf("note: %d tensors had importances but were quantized without them (anvil weighs only "
-               "Q2_K, Q6_K, IQ4_NL, IQ4_XS; llama-quantize also weighs", s.n_unweighted);
+        printf("note: %d tensors had importances but were quantized without them (anvil weighs "
+               "Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; llama-quantize also weighs", s.n_unweighted);
         for (int t = 0; t < DT_COUNT; t++)
             if (s.unweighted[t]) printf(" %s", dtype_name(t));
         printf(")\n");
