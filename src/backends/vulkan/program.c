@@ -1995,11 +1995,47 @@ static const char *weight_at(const struct vk_program *p, uint64_t a) {
     return NULL;
 }
 
+/* The bytes of the weight at device address a, or 0. */
+static uint64_t weight_bytes_at(const struct vk_program *p, uint64_t a) {
+    for (int i = 0; i < p->b->n_w; i++)
+        if (p->b->w[i].buf.addr == a) return p->b->w[i].buf.size;
+    return 0;
+}
+
+static uint64_t attn_reads(const struct vk_program *p, const struct pc_attn *pa, int pos) {
+    return (uint64_t)pa->Hkv * p->b->pl.attn_d * 2 * (p->b->kv16 ? 2 : 4) * (uint64_t)(pos + 1);
+}
+
+/* A persistent step's phases (form_mega), in the host's view of p->mega. */
+static const struct vk_phase *mega_phases(const struct vk_program *p, const struct vk_dispatch *d, uint32_t *n) {
+    const struct pc_mega *pm = (const struct pc_mega *)d->push;
+    *n = pm->n_phases;
+    return (const struct vk_phase *)((const uint8_t *)p->mega.map + (pm->phases - p->mega.addr));
+}
+
+/* What a phase reads: its products' weights (as many as it has rows for), the attention's
+ * cache rows (its chunks; the merge reads partial sums) */
+static uint64_t phase_reads(const struct vk_program *p, const struct vk_phase *ph, int pos) {
+    const struct pc_matvec *pm = (const struct pc_matvec *)ph->push;
+    uint32_t kind = ph->kind & 0xff;
+    if (kind == 1)
+        return weight_bytes_at(p, pm->w0) + (pm->rows1 ? weight_bytes_at(p, pm->w1) : 0) +
+               (pm->rows2 ? weight_bytes_at(p, pm->w2) : 0);
+    if (kind == 2) return weight_bytes_at(p, pm->w0) + weight_bytes_at(p, pm->w1);
+    return kind == 3 ? attn_reads(p, (const struct pc_attn *)ph->push, pos) : 0;
+}
+
 /* The bytes of weights, cache rows or states dispatch d reads at position pos (activations
  * not counted: they are small beside them in decode), or 0 where it reads none of those. */
 static uint64_t dispatch_reads(const struct vk_program *p, const struct vk_dispatch *d, int pos) {
     uint64_t n = d->wn[0] + d->wn[1] + d->wn[2];
     if (n) return n; /* the products (lower_matmuls) */
+    if (d->k >= K_MEGA_F32 && d->k <= K_MEGA_QX8) {
+        uint32_t np;
+        const struct vk_phase *ph = mega_phases(p, d, &np);
+        for (uint32_t i = 0; i < np; i++) n += phase_reads(p, &ph[i], pos);
+        return n;
+    }
     const struct pc_matvec *pm = (const struct pc_matvec *)d->push;
     size_t row = 0;
     if (d->k >= K_MOE_GU_F32 && d->k <= K_MOE_GU_Q6_K &&
@@ -2011,9 +2047,7 @@ static uint64_t dispatch_reads(const struct vk_program *p, const struct vk_dispa
     if (d->k >= K_EMBED_F32 && d->k <= K_EMBED_Q6_K &&
         dtype_row_size(vk_weight_kind_dtype(d->k - K_EMBED_F32), (int64_t)((const struct pc_embed *)d->push)->Kp8 * 8, &row))
         return row;
-    if (d->k == K_ATTENTION) /* k and v rows 0 .. pos of every kv head */
-        return (uint64_t)((const struct pc_attn *)d->push)->Hkv * p->b->pl.attn_d * 2 * (p->b->kv16 ? 2 : 4) *
-               (uint64_t)(pos + 1);
+    if (d->k == K_ATTENTION) return attn_reads(p, (const struct pc_attn *)d->push, pos); /* k, v rows 0 .. pos */
     if (d->k == K_GDN) { /* the recurrent state, read and written in place */
         const struct pc_gdn *pg = (const struct pc_gdn *)d->push;
         return (uint64_t)pg->Hv * pg->Dk * pg->Dv * 4;
@@ -2066,6 +2100,26 @@ size_t vk_program_list(const struct vk_program *p, int pos, char *buf, size_t ca
             wl += k > 0 ? (size_t)k : 0;
         }
         OUT("%5d  %-26s %-12s %-3s %10s  %s\n", i, vk_kernel_name(d->k), grid, d->overlap ? "-" : "yes", rd, what);
+        if (d->k < K_MEGA_F32 || d->k > K_MEGA_QX8) continue;
+        /* the persistent step's phases, i.k: its workgroups meet before each but the first
+         * (and where no_meet), the bar column */
+        static const char *kinds[] = {"?", "product", "gate/up -> SwiGLU", "attention chunks", "attention merge"};
+        uint32_t np;
+        const struct vk_phase *ph = mega_phases(p, d, &np);
+        for (uint32_t k = 0; k < np; k++) {
+            uint32_t kind = ph[k].kind & 0xff;
+            const struct pc_matvec *pm = (const struct pc_matvec *)ph[k].push;
+            char prd[32] = "-", names[256] = "";
+            uint64_t pr = phase_reads(p, &ph[k], pos);
+            if (pr) vk_fmt_bytes(prd, pr);
+            if (kind == 1 || kind == 2) {
+                const char *a = weight_at(p, pm->w0), *b = weight_at(p, pm->w1), *c = weight_at(p, pm->w2);
+                snprintf(names, sizeof names, "%s%s%s%s%s", a ? a : "?", (kind == 2 || pm->rows1) && b ? " + " : "",
+                         (kind == 2 || pm->rows1) && b ? b : "", pm->rows2 && c ? " + " : "", pm->rows2 && c ? c : "");
+            }
+            OUT("%5d.%-3u %-25s %-12s %-3s %10s  %s%s\n", i, k, kind < 5 ? kinds[kind] : "?", "",
+                k == 0 || ph[k].no_meet ? "-" : "yes", prd, names, ph[k].kind & 0x100 ? " (skipped)" : "");
+        }
     }
     char t[32];
     OUT("%d dispatches; %s of weights, cache rows and states read per step at position %d\n", p->n_ops,
