@@ -97,6 +97,15 @@ typedef struct anvil_session_params {
     int n_ctx;      /* context length (KV cache size); 0 = min(model's, 4096) */
     int n_threads;  /* CPU backend threads; 0 = all cores */
     anvil_kv_cache kv_cache;
+    /* Prompt tokens per chunk through the prefill program (1: none, a token at a time through
+     * the decode program); 0 = ANVIL_PREFILL_CHUNK, else 2048. */
+    int prefill_chunk;
+    /* Vulkan: seconds to wait for one submission before the GPU counts as hung and the session
+     * fails (at least 1); 0 = ANVIL_VK_TIMEOUT, else 120. */
+    double gpu_timeout_s;
+    /* Vulkan: a cap on the device memory the session allocates, in bytes; 0 = ANVIL_VK_MAX_MEMORY,
+     * else none. */
+    uint64_t gpu_max_memory;
 } anvil_session_params;
 
 anvil_session_params anvil_session_default_params(void);

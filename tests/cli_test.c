@@ -28,6 +28,9 @@ static void test_errors(void **state) {
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --ctx 4 -n 8", "context full");
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --backend gpu", "--backend");
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --kv-cache f8", "--kv-cache must be f16 or f32");
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --prefill-chunk 0", "bad --prefill-chunk");
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --gpu-timeout 0.5", "bad --gpu-timeout");
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --gpu-max-memory lots", "bad --gpu-max-memory");
     /* the variable as well: an error, not a silent default (ctest sets it to f32) */
     const char *kv = getenv("ANVIL_KV_CACHE");
     char keep[16];

@@ -76,6 +76,11 @@ static void test_model_larger_than_device(void **state) {
     assert_non_null(strstr(err, "ANVIL_VK_MAX_MEMORY=\"a lot\" is not a size"));
     free(err);
     unsetenv("ANVIL_VK_MAX_MEMORY");
+    /* the same cap as a flag (anvil_session_params.gpu_max_memory) */
+    assert_int_equal(tu_run_anvil(NULL, &err, "eval -m %s --backend vulkan --gpu-max-memory 100K --prompt-ids 1,2 -n 1",
+                                  tu_testdata(TINY)), 1);
+    assert_non_null(strstr(err, "of KV cache and states > 100.0 KiB of device memory"));
+    free(err);
 
     /* a real model larger than the device's memory: refused before any upload (quickly).
      * Not under the sanitizers: there, making the synthetic model's gigabytes of random

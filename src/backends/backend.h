@@ -123,6 +123,9 @@ bool backend_is_cpu(const struct backend *b);
 anvil_status backend_cpu_create(int n_threads, bool kv16, struct backend **out);
 /* device < 0: the best device (or ANVIL_DEVICE). */
 anvil_status backend_vulkan_create(int device, bool kv16, struct backend **out);
+/* Overrides the device's wait limit (seconds, > 0) and memory cap (bytes, > 0) where given
+ * (0: keep the environment's, tuning.h); before anything is allocated. */
+void backend_vulkan_set_limits(struct backend *b, double timeout_s, uint64_t max_memory);
 /* Whether Vulkan has a usable device; why not, otherwise. */
 bool backend_vulkan_available(char *why, size_t cap);
 /* Whether one of them is a GPU (a CPU device such as Mesa's lavapipe is usable, but slower

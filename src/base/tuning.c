@@ -46,17 +46,18 @@ static const struct knob KNOBS[] = {
      "(Qwen3-8B at 40960 tokens: 5.6 instead of 11.3 GiB) and speeds long contexts (8B Q4_K_M "
      "after 16384 tokens 157.9 -> 175.4 t/s on the H100, docs/PERF.md §25)."},
     INT("ANVIL_PREFILL_CHUNK", C_USER, prefill_chunk, 2048, 1, 1 << 20, NULL,
-        "Tokens per chunk of a prompt through the prefill program (1: no prefill program, a "
+        "Tokens per chunk of a prompt through the prefill program where `--prefill-chunk` "
+        "(`anvil_session_params.prefill_chunk`) does not say (1: no prefill program, a "
         "token at a time through the decode program). Where the device has no room for a "
         "chunk's buffers the chunk halves, down to 512, with a warning."),
     INT("ANVIL_DEVICE", C_USER, device, -1, 0, 1000, "the best",
         "The Vulkan device index (`anvil info --devices`) where `--device` does not name one; "
         "naming one also lets `auto` pick a CPU Vulkan device (lavapipe)."),
     REAL("ANVIL_VK_TIMEOUT", C_USER, vk_timeout, 120, 1, 1e6, NULL,
-         "Seconds to wait for one submission before the GPU counts as hung (the session then "
+         "Where `--gpu-timeout` (`gpu_timeout_s`) does not say: seconds to wait for one submission before the GPU counts as hung (the session then "
          "fails instead of waiting for ever)."),
     {"ANVIL_VK_MAX_MEMORY", K_SIZE, C_USER, F(vk_max_memory), 0, 1, 1e18, 0, "no cap", NULL, 0,
-     "A cap on the device memory anvil allocates (such as 512M or 8G; K, M, G, T are powers of "
+     "Where `--gpu-max-memory` (`gpu_max_memory`) does not say: a cap on the device memory anvil allocates (such as 512M or 8G; K, M, G, T are powers of "
      "1024): past it an allocation fails as if the device were full."},
     {"ANVIL_API_KEY", K_TEXT, C_USER, F(api_key), 0, 0, 0, 0, "none", NULL, 0,
      "`anvil serve`'s API key where `--api-key` gives none: requests must carry it as a bearer token."},
@@ -239,7 +240,7 @@ static const struct knob KNOBS[] = {
 static const char *const CLASS_NAME[] = {"user", "diagnostic", "experiment"};
 
 /* "123", "512M", "8G", "1.5G" (K, M, G, T are powers of 1024) -> bytes; false if malformed. */
-static bool parse_bytes(const char *s, uint64_t *out) {
+bool tuning_parse_size(const char *s, uint64_t *out) {
     char *end;
     double v = strtod(s, &end);
     double mul = 1;
@@ -307,7 +308,7 @@ static anvil_status parse(struct tuning *t, const struct knob *k, int i, const c
         return ANVIL_OK;
     }
     case K_SIZE:
-        if (!parse_bytes(v, (uint64_t *)p))
+        if (!tuning_parse_size(v, (uint64_t *)p))
             return err_set(ANVIL_ERR_INVALID_ARG, "%s=\"%s\" is not a size (such as 512M or 8G)", name, v);
         return ANVIL_OK;
     case K_CHOICE: {

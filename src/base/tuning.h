@@ -117,6 +117,9 @@ void tuning_defaults(struct tuning *t);
  * variable's value in the environment now. */
 void tuning_write(FILE *f, bool markdown);
 
+/* "123", "512M", "8G", "1.5G" (K, M, G, T: powers of 1024) -> bytes; false if malformed. */
+bool tuning_parse_size(const char *s, uint64_t *out);
+
 /* The user's cache directory for anvil: $XDG_CACHE_HOME/anvil, else $HOME/.cache/anvil,
  * into out (cap bytes); false where neither is set or it does not fit. */
 bool tuning_cache_dir(char *out, size_t cap);

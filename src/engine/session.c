@@ -112,7 +112,7 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
 }
 
 anvil_session_params anvil_session_default_params(void) {
-    anvil_session_params p = {ANVIL_BACKEND_AUTO, -1, 0, 0, ANVIL_KV_DEFAULT};
+    anvil_session_params p = {ANVIL_BACKEND_AUTO, -1, 0, 0, ANVIL_KV_DEFAULT, 0, 0, 0};
     return p;
 }
 
@@ -143,7 +143,11 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     anvil_status st = s->tokens ? ANVIL_OK : ANVIL_ERR_NOMEM;
     struct tuning t; /* the environment's settings, read once here */
     if (st == ANVIL_OK) st = tuning_read(&t);
-    s->prefill_chunk = st == ANVIL_OK ? t.prefill_chunk : 0;
+    s->prefill_chunk = p.prefill_chunk > 0 ? p.prefill_chunk : t.prefill_chunk;
+    if (st == ANVIL_OK && (p.prefill_chunk < 0 || p.gpu_timeout_s < 0 || (p.gpu_timeout_s > 0 && p.gpu_timeout_s < 1) ||
+                           !(p.gpu_timeout_s <= 1e6)))
+        st = err_set(ANVIL_ERR_INVALID_ARG, "bad session parameters: prefill chunk %d, GPU timeout %g s "
+                     "(at least 1)", p.prefill_chunk, p.gpu_timeout_s);
     bool kv16 = true;
     if (st == ANVIL_OK) st = kv_cache_f16(p.kv_cache, &t, &kv16);
     if (st == ANVIL_OK) switch (p.backend) {
@@ -153,6 +157,7 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
         if (p.backend == ANVIL_BACKEND_AUTO && backend_vulkan_available(NULL, 0) &&
             (backend_vulkan_gpu_available() || p.device >= 0 || t.device >= 0)) {
             st = backend_vulkan_create(p.device, kv16, &s->backend);
+            if (st == ANVIL_OK) backend_vulkan_set_limits(s->backend, p.gpu_timeout_s, p.gpu_max_memory);
             break;
         }
         st = backend_cpu_create(p.n_threads ? p.n_threads : model->n_threads, kv16, &s->backend);
@@ -161,8 +166,8 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
         char why[256];
         if (!backend_vulkan_available(why, sizeof why))
             st = err_set(ANVIL_ERR_UNSUPPORTED, "--backend vulkan: %s", why);
-        else
-            st = backend_vulkan_create(p.device, kv16, &s->backend);
+        else if ((st = backend_vulkan_create(p.device, kv16, &s->backend)) == ANVIL_OK)
+            backend_vulkan_set_limits(s->backend, p.gpu_timeout_s, p.gpu_max_memory);
         break;
     }
     default:

@@ -15,6 +15,9 @@ struct common_opts {
     int n_ctx;
     int n_threads;
     anvil_kv_cache kv_cache;
+    int prefill_chunk;       /* 0: the library's default */
+    double gpu_timeout_s;    /* 0: the library's default */
+    uint64_t gpu_max_memory; /* 0: the library's default */
 };
 
 /* If argv[*i] is a common option, consumes it (and its value) and returns 1; returns -1 on a

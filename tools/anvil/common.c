@@ -7,6 +7,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "base/tuning.h"
 #include "cli.h"
 
 int fail(const char *fmt, ...) {
@@ -99,6 +100,18 @@ int common_opt(struct common_opts *o, int argc, char **argv, int *i) {
     } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
         if (!(v = opt_value(argc, argv, i))) return -1;
         if (!parse_int(v, 1, 1024, &o->n_threads)) return fail("bad thread count \"%s\"", v), -1;
+    } else if (!strcmp(a, "--prefill-chunk")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        if (!parse_int(v, 1, 1 << 20, &o->prefill_chunk)) return fail("bad --prefill-chunk \"%s\"", v), -1;
+    } else if (!strcmp(a, "--gpu-timeout")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        char *end;
+        o->gpu_timeout_s = strtod(v, &end);
+        if (end == v || *end || !(o->gpu_timeout_s >= 1 && o->gpu_timeout_s <= 1e6))
+            return fail("bad --gpu-timeout \"%s\" (seconds, at least 1)", v), -1;
+    } else if (!strcmp(a, "--gpu-max-memory")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        if (!tuning_parse_size(v, &o->gpu_max_memory)) return fail("bad --gpu-max-memory \"%s\" (such as 512M or 8G)", v), -1;
     } else {
         return 0;
     }
@@ -123,6 +136,9 @@ bool open_model_session(const struct common_opts *o, anvil_model **m, anvil_sess
     sp.n_ctx = o->n_ctx;
     sp.n_threads = o->n_threads;
     sp.kv_cache = o->kv_cache;
+    sp.prefill_chunk = o->prefill_chunk;
+    sp.gpu_timeout_s = o->gpu_timeout_s;
+    sp.gpu_max_memory = o->gpu_max_memory;
     if (anvil_session_create(*m, &sp, s) != ANVIL_OK) {
         fail("%s", anvil_model_errmsg(*m));
         anvil_model_close(*m);

@@ -30,7 +30,10 @@ static const struct {
                "  --device N          Vulkan device (anvil info --devices; or ANVIL_DEVICE)\n" \
                "  -c, --ctx N         context length (default min(model's, 4096))\n" \
                "  --kv-cache f16|f32  the KV cache's type (default f16; or ANVIL_KV_CACHE)\n" \
-               "  -t, --threads N     CPU threads (default all cores)\n"
+               "  -t, --threads N     CPU threads (default all cores)\n" \
+               "  --prefill-chunk N   prompt tokens per prefill chunk (default 2048; 1: none)\n" \
+               "  --gpu-timeout S     seconds before a GPU that does not answer counts as hung (120)\n" \
+               "  --gpu-max-memory SIZE  cap on device memory (such as 6G; default none)\n"
 #define SAMPLING "  -n N                most tokens to generate\n" \
                  "  --temp T  --top-k K  --top-p P  --min-p P  --seed S\n" \
                  "  --repeat-penalty R  --repeat-last-n N  --presence-penalty P  --frequency-penalty P\n" \

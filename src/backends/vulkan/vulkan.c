@@ -487,7 +487,7 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
                        "KV cache and states > %s of device memory%s (try a smaller context with -c, "
                        "a smaller quantization, or --backend cpu)", b->d->props.deviceName,
                        vk_fmt_bytes(w, new_bytes), vk_fmt_bytes(kv, state_bytes), vk_fmt_bytes(h, have),
-                       b->d->max_mem && have == b->d->max_mem ? " (the ANVIL_VK_MAX_MEMORY limit)" : "");
+                       b->d->max_mem && have == b->d->max_mem ? " (the --gpu-max-memory or ANVIL_VK_MAX_MEMORY limit)" : "");
     }
     anvil_status st = upload_weights(b, first_new);
     if (st == ANVIL_OK) st = bind_states(b, g);
@@ -577,6 +577,12 @@ static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
     vk_failed, vk_memory, vk_time, vk_device_name,
 };
+
+void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t max_memory) {
+    struct vk_backend *b = (struct vk_backend *)base;
+    if (timeout_s > 0) b->d->timeout_s = timeout_s;
+    if (max_memory > 0) b->d->max_mem = max_memory;
+}
 
 anvil_status backend_vulkan_create(int device, bool kv16, struct backend **out) {
     *out = NULL;
