@@ -15,13 +15,9 @@
  * ANVIL_VK_QX_NR_Q4_K, ANVIL_VK_QX_NR_Q4_K_SWIGLU, ...), parsed into an array in the
  * suffixes' order.
  *
- * Glossary of the knobs' abbreviations: QX integer-dot-product products (inputs rounded to
- * int8 in blocks of 32), QXR products that round their outputs for the next product, QXT such
- * products as teams of threads, MQX the persistent step's QX products, MEGA the persistent
- * decode step (mega.comp), NR rows per workgroup, WG threads per workgroup, PIPE units per
- * thread per iteration, NSG subgroups per workgroup, LPR lanes per cache row, RPC rows per
- * chunk, GS the split of a kv head's query heads, PF/PFQ weights a lane loads at a time,
- * CM2 VK_NV_cooperative_matrix2, MMH mm_h.comp, DQ dequantised float16 weight pieces.
+ * The abbreviations in the knobs' names (QX, QXR, QXT, MQX, MEGA, NR, WG, PIPE, NSG, LPR, RPC,
+ * GS, PF, CM2, MMH, DQ...) are explained where the shaders' contract is defined:
+ * src/backends/vulkan/shaders/contract.h.
  */
 #ifndef ANVIL_TUNING_H
 #define ANVIL_TUNING_H

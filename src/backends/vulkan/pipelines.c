@@ -406,46 +406,46 @@ static const struct {
     [K_MATVEC_SWIGLU_QX_Q4_K] = {SPV(spv_matvec_qxw_q4_k), "matvec_swiglu_qx_q4_k"},
     [K_MATVEC_SWIGLU_QX_Q5_K] = {SPV(spv_matvec_qxw_q5_k), "matvec_swiglu_qx_q5_k"},
     [K_MATVEC_SWIGLU_QX_Q6_K] = {SPV(spv_matvec_qx_q6_k), "matvec_swiglu_qx_q6_k"},
-    [K_MATVEC_QXV + 8] = {SPV(spv_matvec_qxv_q8_0), "matvec_qx_q8_0_x1"},
-    [K_MATVEC_QXV + 9] = {SPV(spv_matvec_qxvw_q4_k), "matvec_qx_q4_k_x1"},
-    [K_MATVEC_QXV + 10] = {SPV(spv_matvec_qxvw_q5_k), "matvec_qx_q5_k_x1"},
-    [K_MATVEC_QXV + 11] = {SPV(spv_matvec_qxv_q6_k), "matvec_qx_q6_k_x1"},
-    [K_MATVEC_QXV + 12] = {SPV(spv_matvec_qxv_q8_0), "matvec_swiglu_qx_q8_0_x1"},
-    [K_MATVEC_QXV + 13] = {SPV(spv_matvec_qxvw_q4_k), "matvec_swiglu_qx_q4_k_x1"},
-    [K_MATVEC_QXV + 14] = {SPV(spv_matvec_qxvw_q5_k), "matvec_swiglu_qx_q5_k_x1"},
-    [K_MATVEC_QXV + 15] = {SPV(spv_matvec_qxv_q6_k), "matvec_swiglu_qx_q6_k_x1"},
-    [K_MATVEC_QXV + 16] = {SPV(spv_matvec_qxv_q8_0), "matvec_qx_q8_0_x2"},
-    [K_MATVEC_QXV + 17] = {SPV(spv_matvec_qxvw_q4_k), "matvec_qx_q4_k_x2"},
-    [K_MATVEC_QXV + 18] = {SPV(spv_matvec_qxvw_q5_k), "matvec_qx_q5_k_x2"},
-    [K_MATVEC_QXV + 19] = {SPV(spv_matvec_qxv_q6_k), "matvec_qx_q6_k_x2"},
-    [K_MATVEC_QXV + 20] = {SPV(spv_matvec_qxv_q8_0), "matvec_swiglu_qx_q8_0_x2"},
-    [K_MATVEC_QXV + 21] = {SPV(spv_matvec_qxvw_q4_k), "matvec_swiglu_qx_q4_k_x2"},
-    [K_MATVEC_QXV + 22] = {SPV(spv_matvec_qxvw_q5_k), "matvec_swiglu_qx_q5_k_x2"},
-    [K_MATVEC_QXV + 23] = {SPV(spv_matvec_qxv_q6_k), "matvec_swiglu_qx_q6_k_x2"},
-    [K_MATVEC_QXV + 24] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x0"},
-    [K_MATVEC_QXV + 25] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x0"},
-    [K_MATVEC_QXV + 26] = {SPV(spv_matvec_qxtw_q5_k), "matvec_qxt_q5_k_x0"},
-    [K_MATVEC_QXV + 27] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x0"},
-    [K_MATVEC_QXV + 28] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x0"},
-    [K_MATVEC_QXV + 29] = {SPV(spv_matvec_qxtw_q4_k), "matvec_swiglu_qxt_q4_k_x0"},
-    [K_MATVEC_QXV + 30] = {SPV(spv_matvec_qxtw_q5_k), "matvec_swiglu_qxt_q5_k_x0"},
-    [K_MATVEC_QXV + 31] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x0"},
-    [K_MATVEC_QXV + 32] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x1"},
-    [K_MATVEC_QXV + 33] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x1"},
-    [K_MATVEC_QXV + 34] = {SPV(spv_matvec_qxtw_q5_k), "matvec_qxt_q5_k_x1"},
-    [K_MATVEC_QXV + 35] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x1"},
-    [K_MATVEC_QXV + 36] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x1"},
-    [K_MATVEC_QXV + 37] = {SPV(spv_matvec_qxtw_q4_k), "matvec_swiglu_qxt_q4_k_x1"},
-    [K_MATVEC_QXV + 38] = {SPV(spv_matvec_qxtw_q5_k), "matvec_swiglu_qxt_q5_k_x1"},
-    [K_MATVEC_QXV + 39] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x1"},
-    [K_MATVEC_QXV + 40] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x2"},
-    [K_MATVEC_QXV + 41] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x2"},
-    [K_MATVEC_QXV + 42] = {SPV(spv_matvec_qxtw_q5_k), "matvec_qxt_q5_k_x2"},
-    [K_MATVEC_QXV + 43] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x2"},
-    [K_MATVEC_QXV + 44] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x2"},
-    [K_MATVEC_QXV + 45] = {SPV(spv_matvec_qxtw_q4_k), "matvec_swiglu_qxt_q4_k_x2"},
-    [K_MATVEC_QXV + 46] = {SPV(spv_matvec_qxtw_q5_k), "matvec_swiglu_qxt_q5_k_x2"},
-    [K_MATVEC_QXV + 47] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x2"},
+    [K_MATVEC_QX_Q8_0_X1] = {SPV(spv_matvec_qxv_q8_0), "matvec_qx_q8_0_x1"},
+    [K_MATVEC_QX_Q4_K_X1] = {SPV(spv_matvec_qxvw_q4_k), "matvec_qx_q4_k_x1"},
+    [K_MATVEC_QX_Q5_K_X1] = {SPV(spv_matvec_qxvw_q5_k), "matvec_qx_q5_k_x1"},
+    [K_MATVEC_QX_Q6_K_X1] = {SPV(spv_matvec_qxv_q6_k), "matvec_qx_q6_k_x1"},
+    [K_MATVEC_SWIGLU_QX_Q8_0_X1] = {SPV(spv_matvec_qxv_q8_0), "matvec_swiglu_qx_q8_0_x1"},
+    [K_MATVEC_SWIGLU_QX_Q4_K_X1] = {SPV(spv_matvec_qxvw_q4_k), "matvec_swiglu_qx_q4_k_x1"},
+    [K_MATVEC_SWIGLU_QX_Q5_K_X1] = {SPV(spv_matvec_qxvw_q5_k), "matvec_swiglu_qx_q5_k_x1"},
+    [K_MATVEC_SWIGLU_QX_Q6_K_X1] = {SPV(spv_matvec_qxv_q6_k), "matvec_swiglu_qx_q6_k_x1"},
+    [K_MATVEC_QX_Q8_0_X2] = {SPV(spv_matvec_qxv_q8_0), "matvec_qx_q8_0_x2"},
+    [K_MATVEC_QX_Q4_K_X2] = {SPV(spv_matvec_qxvw_q4_k), "matvec_qx_q4_k_x2"},
+    [K_MATVEC_QX_Q5_K_X2] = {SPV(spv_matvec_qxvw_q5_k), "matvec_qx_q5_k_x2"},
+    [K_MATVEC_QX_Q6_K_X2] = {SPV(spv_matvec_qxv_q6_k), "matvec_qx_q6_k_x2"},
+    [K_MATVEC_SWIGLU_QX_Q8_0_X2] = {SPV(spv_matvec_qxv_q8_0), "matvec_swiglu_qx_q8_0_x2"},
+    [K_MATVEC_SWIGLU_QX_Q4_K_X2] = {SPV(spv_matvec_qxvw_q4_k), "matvec_swiglu_qx_q4_k_x2"},
+    [K_MATVEC_SWIGLU_QX_Q5_K_X2] = {SPV(spv_matvec_qxvw_q5_k), "matvec_swiglu_qx_q5_k_x2"},
+    [K_MATVEC_SWIGLU_QX_Q6_K_X2] = {SPV(spv_matvec_qxv_q6_k), "matvec_swiglu_qx_q6_k_x2"},
+    [K_MATVEC_QXT_Q8_0_X0] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x0"},
+    [K_MATVEC_QXT_Q4_K_X0] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x0"},
+    [K_MATVEC_QXT_Q5_K_X0] = {SPV(spv_matvec_qxtw_q5_k), "matvec_qxt_q5_k_x0"},
+    [K_MATVEC_QXT_Q6_K_X0] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x0"},
+    [K_MATVEC_SWIGLU_QXT_Q8_0_X0] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x0"},
+    [K_MATVEC_SWIGLU_QXT_Q4_K_X0] = {SPV(spv_matvec_qxtw_q4_k), "matvec_swiglu_qxt_q4_k_x0"},
+    [K_MATVEC_SWIGLU_QXT_Q5_K_X0] = {SPV(spv_matvec_qxtw_q5_k), "matvec_swiglu_qxt_q5_k_x0"},
+    [K_MATVEC_SWIGLU_QXT_Q6_K_X0] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x0"},
+    [K_MATVEC_QXT_Q8_0_X1] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x1"},
+    [K_MATVEC_QXT_Q4_K_X1] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x1"},
+    [K_MATVEC_QXT_Q5_K_X1] = {SPV(spv_matvec_qxtw_q5_k), "matvec_qxt_q5_k_x1"},
+    [K_MATVEC_QXT_Q6_K_X1] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x1"},
+    [K_MATVEC_SWIGLU_QXT_Q8_0_X1] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x1"},
+    [K_MATVEC_SWIGLU_QXT_Q4_K_X1] = {SPV(spv_matvec_qxtw_q4_k), "matvec_swiglu_qxt_q4_k_x1"},
+    [K_MATVEC_SWIGLU_QXT_Q5_K_X1] = {SPV(spv_matvec_qxtw_q5_k), "matvec_swiglu_qxt_q5_k_x1"},
+    [K_MATVEC_SWIGLU_QXT_Q6_K_X1] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x1"},
+    [K_MATVEC_QXT_Q8_0_X2] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x2"},
+    [K_MATVEC_QXT_Q4_K_X2] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x2"},
+    [K_MATVEC_QXT_Q5_K_X2] = {SPV(spv_matvec_qxtw_q5_k), "matvec_qxt_q5_k_x2"},
+    [K_MATVEC_QXT_Q6_K_X2] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x2"},
+    [K_MATVEC_SWIGLU_QXT_Q8_0_X2] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x2"},
+    [K_MATVEC_SWIGLU_QXT_Q4_K_X2] = {SPV(spv_matvec_qxtw_q4_k), "matvec_swiglu_qxt_q4_k_x2"},
+    [K_MATVEC_SWIGLU_QXT_Q5_K_X2] = {SPV(spv_matvec_qxtw_q5_k), "matvec_swiglu_qxt_q5_k_x2"},
+    [K_MATVEC_SWIGLU_QXT_Q6_K_X2] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x2"},
     [K_MATVEC_ROUTE_F32] = {SPV(spv_matvec_route_f32), "matvec_route_f32"},
     [K_MATVEC_ROUTE_F16] = {SPV(spv_matvec_route_f16), "matvec_route_f16"},
     [K_MATVEC_ROUTE_BF16] = {SPV(spv_matvec_route_bf16), "matvec_route_bf16"},
@@ -460,6 +460,39 @@ static const struct {
 };
 
 const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }
+
+/* (vulkan_impl.h vk_qxv) */
+const enum vk_kernel VK_QXV[2][3][2][VK_QX_KINDS] = {
+    {
+        {{K_MATVEC_QX_Q8_0, K_MATVEC_QX_Q4_K, K_MATVEC_QX_Q5_K, K_MATVEC_QX_Q6_K},
+         {K_MATVEC_SWIGLU_QX_Q8_0, K_MATVEC_SWIGLU_QX_Q4_K, K_MATVEC_SWIGLU_QX_Q5_K, K_MATVEC_SWIGLU_QX_Q6_K}},
+        {{K_MATVEC_QX_Q8_0_X1, K_MATVEC_QX_Q4_K_X1, K_MATVEC_QX_Q5_K_X1, K_MATVEC_QX_Q6_K_X1},
+         {K_MATVEC_SWIGLU_QX_Q8_0_X1, K_MATVEC_SWIGLU_QX_Q4_K_X1, K_MATVEC_SWIGLU_QX_Q5_K_X1, K_MATVEC_SWIGLU_QX_Q6_K_X1}},
+        {{K_MATVEC_QX_Q8_0_X2, K_MATVEC_QX_Q4_K_X2, K_MATVEC_QX_Q5_K_X2, K_MATVEC_QX_Q6_K_X2},
+         {K_MATVEC_SWIGLU_QX_Q8_0_X2, K_MATVEC_SWIGLU_QX_Q4_K_X2, K_MATVEC_SWIGLU_QX_Q5_K_X2, K_MATVEC_SWIGLU_QX_Q6_K_X2}},
+    },
+    {
+        {{K_MATVEC_QXT_Q8_0_X0, K_MATVEC_QXT_Q4_K_X0, K_MATVEC_QXT_Q5_K_X0, K_MATVEC_QXT_Q6_K_X0},
+         {K_MATVEC_SWIGLU_QXT_Q8_0_X0, K_MATVEC_SWIGLU_QXT_Q4_K_X0, K_MATVEC_SWIGLU_QXT_Q5_K_X0, K_MATVEC_SWIGLU_QXT_Q6_K_X0}},
+        {{K_MATVEC_QXT_Q8_0_X1, K_MATVEC_QXT_Q4_K_X1, K_MATVEC_QXT_Q5_K_X1, K_MATVEC_QXT_Q6_K_X1},
+         {K_MATVEC_SWIGLU_QXT_Q8_0_X1, K_MATVEC_SWIGLU_QXT_Q4_K_X1, K_MATVEC_SWIGLU_QXT_Q5_K_X1, K_MATVEC_SWIGLU_QXT_Q6_K_X1}},
+        {{K_MATVEC_QXT_Q8_0_X2, K_MATVEC_QXT_Q4_K_X2, K_MATVEC_QXT_Q5_K_X2, K_MATVEC_QXT_Q6_K_X2},
+         {K_MATVEC_SWIGLU_QXT_Q8_0_X2, K_MATVEC_SWIGLU_QXT_Q4_K_X2, K_MATVEC_SWIGLU_QXT_Q5_K_X2, K_MATVEC_SWIGLU_QXT_Q6_K_X2}},
+    },
+};
+
+/* The teams, XM, MODE and vk_qx_index of QX kernel k (VK_QXV's entry); false if k is none */
+static bool qxv_parts(int k, int *teams, int *xm, int *mode, int *qxi) {
+    for (int t = 0; t < 2; t++)
+        for (int x = 0; x < 3; x++)
+            for (int m = 0; m < 2; m++)
+                for (int q = 0; q < VK_QX_KINDS; q++)
+                    if ((int)VK_QXV[t][x][m][q] == k) {
+                        *teams = t, *xm = x, *mode = m, *qxi = q;
+                        return true;
+                    }
+    return false;
+}
 
 static void cache_path(struct vk_device *d, char *out, size_t cap) {
     char dir[900];
@@ -558,10 +591,9 @@ static uint32_t float_rows(const struct vk_pipelines *p, int kind, uint32_t mode
 }
 
 bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t vals[4]) {
-    if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST) { /* the QX variants: their plain kernel's shape (teams: qxv_spec) */
-        int q = (k - K_MATVEC_QXV) % 4, mode = ((k - K_MATVEC_QXV) / 4) % 2;
-        return vk_matvec_spec(p, (enum vk_kernel)(K_MATVEC_QX_Q8_0 + mode * VK_QX_KINDS + q), vals);
-    }
+    int vt, vx, vm, vq; /* the QX variants: their plain kernel's shape (teams: qxv_spec) */
+    if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST && qxv_parts(k, &vt, &vx, &vm, &vq))
+        return vk_matvec_spec(p, VK_QXV[0][0][vm][vq], vals);
     if (!(k < K_EMBED_F32 || (k > K_QX && k <= K_MATVEC_ROUTE_BF16))) return false;
     bool qx = k > K_QX && k < K_MATVEC_ROUTE_F32, route = k >= K_MATVEC_ROUTE_F32;
     int kind = route ? (int)(k - K_MATVEC_ROUTE_F32) /* F32, F16, BF16: kinds 0, 1, 2 */
@@ -570,15 +602,15 @@ bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t val
     uint32_t mode = route ? 0
                     : qx  ? (uint32_t)((k - K_MATVEC_QX_Q8_0) / VK_QX_KINDS)
                           : (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS);
-    vals[0] = p->matvec_wg_kind[kind] ? p->matvec_wg_kind[kind] : p->matvec_wg;
-    vals[1] = float_rows(p, kind, mode);
-    vals[2] = mode;
-    vals[3] = p->matvec_pipe;
+    vals[SPEC_WG] = p->matvec_wg_kind[kind] ? p->matvec_wg_kind[kind] : p->matvec_wg;
+    vals[MV_SPEC_NR] = float_rows(p, kind, mode);
+    vals[MV_SPEC_MODE] = mode;
+    vals[MV_SPEC_PIPE] = p->matvec_pipe;
     if (qx) {
         int q = (k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS;
-        vals[0] = p->qx_wg[q][mode];
-        vals[1] = p->qx_nr[q][mode];
-        vals[3] = p->qx_pipe[q][mode];
+        vals[SPEC_WG] = p->qx_wg[q][mode];
+        vals[MV_SPEC_NR] = p->qx_nr[q][mode];
+        vals[MV_SPEC_PIPE] = p->qx_pipe[q][mode];
     }
     return true;
 }
@@ -633,29 +665,30 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
  * teams of 128 threads gave 290 and Q6_K's of 4 rows 300), narrower where a workgroup of NT
  * would exceed 32 subgroups or the device's limits. False where the teams' rows do not divide 8. */
 static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, int k, uint32_t vals[6]) {
-    int i = k - K_MATVEC_QXV, q = i % 4, xm = (i / 8) % 3, teams = i / 24;
-    uint32_t plain[4]; /* threads, rows, MODE, PIPE */
+    int teams = 0, xm = 0, mode = 0, q = 0;
+    qxv_parts(k, &teams, &xm, &mode, &q);
+    uint32_t plain[4]; /* threads, rows, MODE, PIPE (by spec-constant id) */
     vk_matvec_spec(p, (enum vk_kernel)k, plain);
-    uint32_t wg = plain[0], nr = plain[1], nt = 1, sg = d->subgroup_size;
+    uint32_t wg = plain[SPEC_WG], nr = plain[MV_SPEC_NR], nt = 1, sg = d->subgroup_size;
     if (teams) {
         if (vk_qx_dtype(q) != DT_Q8_0) wg = MAX(64u, sg);
         /* the Q4_K and Q5_K SwiGLUs (wide units): a team a subgroup of 32 */
-        if (plain[2] == 1 && (vk_qx_dtype(q) == DT_Q4_K || vk_qx_dtype(q) == DT_Q5_K)) wg = MAX(32u, sg);
+        if (plain[MV_SPEC_MODE] == 1 && (vk_qx_dtype(q) == DT_Q4_K || vk_qx_dtype(q) == DT_Q5_K)) wg = MAX(32u, sg);
         if (vk_qx_dtype(q) == DT_Q6_K) nr = p->qxt_nr6 ? p->qxt_nr6 : 2;
         if (p->qxt_tw[xm]) wg = p->qxt_tw[xm];
-        if (plain[2] == 1 && p->qxt_tw_swiglu) wg = p->qxt_tw_swiglu;
+        if (plain[MV_SPEC_MODE] == 1 && p->qxt_tw_swiglu) wg = p->qxt_tw_swiglu;
         if (8 % nr) return false;
         nt = 8 / nr;
         while (wg > sg && !matvec_wg_ok(d, wg * nt)) wg -= sg; /* narrower teams (lavapipe's subgroups) */
         if (!matvec_wg_ok(d, wg * nt)) return false;
     }
     if (vals) {
-        vals[0] = wg * nt;
-        vals[1] = nr;
-        vals[2] = plain[2];
-        vals[3] = plain[3];
-        vals[4] = nt;
-        vals[5] = (uint32_t)xm;
+        vals[SPEC_WG] = wg * nt;
+        vals[MV_SPEC_NR] = nr;
+        vals[MV_SPEC_MODE] = plain[MV_SPEC_MODE];
+        vals[MV_SPEC_PIPE] = plain[MV_SPEC_PIPE];
+        vals[MV_SPEC_NT] = nt;
+        vals[MV_SPEC_XM] = (uint32_t)xm;
     }
     return true;
 }
@@ -742,33 +775,33 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         uint32_t n = 0;
         if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST) {
             qxv_spec(d, out, k, vals);
-            n = 6;
+            n = MV_SPEC_XM + 1;
         } else if (vk_matvec_spec(out, (enum vk_kernel)k, vals)) {
-            n = 4;
+            n = MV_SPEC_PIPE + 1;
         } else if (k == K_ATTENTION) {
-            vals[0] = (uint32_t)attn_g;
-            vals[1] = (uint32_t)attn_d;
-            vals[2] = d->subgroup_size;
-            vals[3] = out->attn_nsg * d->subgroup_size; /* workgroup: NSG subgroups */
-            vals[4] = out->attn_nsg;
-            vals[5] = out->attn_lpr;
-            vals[6] = out->attn_gs;
-            n = 7;
+            vals[ATTN_SPEC_G] = (uint32_t)attn_g;
+            vals[ATTN_SPEC_D] = (uint32_t)attn_d;
+            vals[ATTN_SPEC_SG] = d->subgroup_size;
+            vals[ATTN_SPEC_WG] = out->attn_nsg * d->subgroup_size; /* workgroup: NSG subgroups */
+            vals[ATTN_SPEC_NSG] = out->attn_nsg;
+            vals[ATTN_SPEC_LPR] = out->attn_lpr;
+            vals[ATTN_SPEC_GS] = out->attn_gs;
+            n = ATTN_SPEC_GS + 1;
         } else if (k >= K_MEGA_F32 && k <= K_MEGA_QX8) {
-            vals[0] = out->mega_wg;
-            vals[1] = (uint32_t)attn_g;
-            vals[2] = (uint32_t)attn_d;
-            vals[3] = d->subgroup_size;
-            vals[4] = out->mega_pf;
-            vals[5] = out->mega_asg;
-            vals[6] = out->mega_r;
-            vals[7] = out->mega_lpr;
-            vals[8] = out->mega_rpc;
-            vals[9] = out->mega_pfq;
-            vals[10] = out->mega_qpipe;
-            vals[11] = out->mega_qlg;
-            vals[12] = k == K_MEGA_QXK ? 3 : k == K_MEGA_QX8 ? 4 : 7; /* MQX's weight types (1 << WT_) */
-            n = 13;
+            vals[SPEC_WG] = out->mega_wg;
+            vals[MEGA_SPEC_G] = (uint32_t)attn_g;
+            vals[MEGA_SPEC_D] = (uint32_t)attn_d;
+            vals[MEGA_SPEC_SG] = d->subgroup_size;
+            vals[MEGA_SPEC_PF] = out->mega_pf;
+            vals[MEGA_SPEC_ASG] = out->mega_asg;
+            vals[MEGA_SPEC_R] = out->mega_r;
+            vals[MEGA_SPEC_LPR] = out->mega_lpr;
+            vals[MEGA_SPEC_RPC] = out->mega_rpc;
+            vals[MEGA_SPEC_PFQ] = out->mega_pfq;
+            vals[MEGA_SPEC_QPIPE] = out->mega_qpipe;
+            vals[MEGA_SPEC_QLG] = out->mega_qlg;
+            vals[MEGA_SPEC_QT] = k == K_MEGA_QXK ? 3 : k == K_MEGA_QX8 ? 4 : 7; /* MQX's weight types (1 << WT_) */
+            n = MEGA_SPEC_QT + 1;
         } else if (k == K_ATTN_FLASH) {
             vals[0] = (uint32_t)attn_g;
             vals[1] = (uint32_t)attn_d;
@@ -777,23 +810,24 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[0] = (uint32_t)attn_g;
             n = 1;
         } else if (k >= K_MM_F32 && k < K_ROWS_NORM) { /* mm.comp's MODE */
-            vals[0] = k == K_MM_REDUCE ? 4 : k >= K_MMOE_F32 ? 2 : k >= K_EMBEDT_F32 ? 1 : 0;
+            vals[SPEC_MODE] = k == K_MM_REDUCE ? 4 : k >= K_MMOE_F32 ? 2 : k >= K_EMBEDT_F32 ? 1 : 0;
             n = 1;
         } else if (k == K_MOE_ROUTE || k == K_MOE_BUCKET) { /* moe_topk.comp's MODE */
-            vals[0] = k == K_MOE_ROUTE ? 1 : 2;
+            vals[SPEC_MODE] = k == K_MOE_ROUTE ? 1 : 2;
             n = 1;
         } else if (k >= K_MOE_OFFS && k <= K_MOE_SCATTER) { /* moe_rows.comp's MODE */
-            vals[0] = (uint32_t)(k - K_MOE_OFFS);
+            vals[SPEC_MODE] = (uint32_t)(k - K_MOE_OFFS);
             n = 1;
         } else if (k == K_GDN_PREFILL || k == K_GDN_RING) { /* gdn.comp's MODE */
-            vals[0] = k == K_GDN_PREFILL ? 1 : 2;
+            vals[SPEC_MODE] = k == K_GDN_PREFILL ? 1 : 2;
             n = 1;
         } else if (k >= K_ROWS_NORM && k <= K_ROWS_NORM_ROPE) {
-            vals[0] = (uint32_t)(k - K_ROWS_NORM);
+            vals[SPEC_MODE] = (uint32_t)(k - K_ROWS_NORM);
             n = 1;
         }
+        /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*) */
         for (uint32_t i = 0; i < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};
-        ent[n] = (VkSpecializationMapEntry){29, n * 4, 4}; /* common.glsl's KV16 */
+        ent[n] = (VkSpecializationMapEntry){SPEC_KV16, n * 4, 4}; /* common.glsl's KV16 */
         vals[n++] = kv16;
         VkSpecializationInfo si = {n, ent, n * 4, vals};
         VkComputePipelineCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};

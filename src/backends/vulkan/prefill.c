@@ -55,7 +55,7 @@ struct pf_op {
 /* must match the push constants of mm.comp, rows.comp and attn_prefill.comp */
 struct pc_mm {
     uint64_t x, w, y, res, prm;
-    uint32_t T, K, N, Kp8, flags;
+    uint32_t T, K, N, Kp8, flags; /* flags: MM_RES, MM_GATED */
     uint64_t w1, lists, route; /* the experts (MODE 2, 4) */
     uint32_t E, k;
 };
@@ -72,7 +72,7 @@ struct pc_rows {
     uint64_t a, b, c, out, prm;
     uint32_t n, rows, H, n_rot;
     float eps;
-    uint32_t flags; /* 1: rms_norm and swiglu also write float16 rows to h */
+    uint32_t flags; /* ROWS_HALF: rms_norm and swiglu also write float16 rows to h */
     uint64_t h;
 };
 struct pc_moe_rows { /* moe_rows.comp */
@@ -506,7 +506,7 @@ static anvil_status lower_moe(struct vk_prefill *p, struct plan *P, int i) {
             for (uint32_t e0 = 0; e0 < E && st == ANVIL_OK; e0 += EP[w], n_pc++) {
                 uint64_t dqa = p->dq.addr + (VkDeviceSize)(n_pc & 1) * half;
                 if (w == 2 && e0 == 0 && st == ANVIL_OK) { /* gate = silu(gate) * up, and as float16 into xg */
-                    struct pc_rows sw = {base + m.gc, base + m.uc, any, base + m.gc, p->prm.addr, F, m.R, 0, 0, 0, 1,
+                    struct pc_rows sw = {base + m.gc, base + m.uc, any, base + m.gc, p->prm.addr, F, m.R, 0, 0, 0, ROWS_HALF,
                                          base + m.xg};
                     st = emit(p, K_ROWS_SWIGLU, m.R, 0, &sw, sizeof sw);
                 }
@@ -537,7 +537,7 @@ static anvil_status lower_moe(struct vk_prefill *p, struct plan *P, int i) {
                 uint32_t ne = MIN(EP, E - e0);
                 st = emit_moe_dq(p, mats[w], N, E, e0, EP, p->dq.addr, false);
                 struct pc_mmh mh = {w < 2 ? addr(p, P, nd->src[0]) : base + m.act, p->dq.addr, outs[w], any, T, K, N,
-                                    Kp, N, 0, w < 2 ? 2u : 0u, base + m.lists, base + m.route, E, k, e0};
+                                    Kp, N, 0, w < 2 ? MM_GATED : 0u, base + m.lists, base + m.route, E, k, e0};
                 /* tiles of 32 tokens x 128 outputs (a 512-token chunk of 30B-A3B gives an expert
                  * 32 tokens on average: 64-token tiles were 2.9% slower, docs/PERF.md §29) */
                 if (st == ANVIL_OK && (st = emit(p, K_MMH_MOE, (N + 127) / 128, (T + 31) / 32, &mh, sizeof mh)) == ANVIL_OK)
@@ -550,7 +550,7 @@ static anvil_status lower_moe(struct vk_prefill *p, struct plan *P, int i) {
         }
     } else if (st == ANVIL_OK) { /* float32 tiles (mm.comp MODE 2) */
         struct pc_mm gu = {addr(p, P, nd->src[0]), vk_wnode_addr(p->b, gn), base + m.act, any, p->prm.addr, T, C, F,
-                           vk_wnode_kp(p->b, gn) / 8, 2, vk_wnode_addr(p->b, un), base + m.lists, base + m.route, E, k};
+                           vk_wnode_kp(p->b, gn) / 8, MM_GATED, vk_wnode_addr(p->b, un), base + m.lists, base + m.route, E, k};
         if ((st = emit(p, (enum vk_kernel)(K_MMOE_F32 + kg), (F + 63) / 64, (T + 63) / 64, &gu, sizeof gu)) == ANVIL_OK)
             p->ops[p->n_ops - 1].gz = E;
         struct pc_mm dw = {base + m.act, vk_wnode_addr(p->b, dn), base + m.slots, any, p->prm.addr, T, F, C,
@@ -582,7 +582,7 @@ static anvil_status lower_gdn(struct vk_prefill *p, struct plan *P, int i) {
                         vk_weight_addr(b, NODE(P, n->src[5])->weight, true, false),
                         vk_state_addr(b, cs->state), vk_state_addr(b, NODE(P, n->src[7])->state),
                         p->prm.addr, any, addr(p, P, i), any, Hk, Dk, Hv, Dv, Kc,
-                        (n->p.i[2] ? 1u : 0u) | (n->p.i[3] ? 2u : 0u), n->p.f[0], 0};
+                        (n->p.i[2] ? GDN_A_LOG : 0u) | (n->p.i[3] ? GDN_TILED : 0u), n->p.f[0], 0};
     anvil_status st = emit(p, K_GDN_PREFILL, Hv, 1, &pg, sizeof pg);
     if (st == ANVIL_OK) st = emit(p, K_GDN_RING, (Kc * Cc + 511) / 512, 1, &pg, sizeof pg);
     return st;
@@ -715,7 +715,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
             }
             bool half = half_rows(p, P, i);
             if (half) {
-                pc.flags = 1;
+                pc.flags = ROWS_HALF;
                 pc.h = p->xh.addr;
             }
             st = emit(p, K_ROWS_NORM, rows, 0, &pc, sizeof pc);
@@ -742,7 +742,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
                     int other = P->root[a->src[0]] == i ? a->src[1] : a->src[0];
                     pc.res = addr(p, P, other);
                     pc.y = addr(p, P, j);
-                    pc.flags = 1;
+                    pc.flags = MM_RES;
                     done[j] = true;
                 }
                 break;
@@ -762,7 +762,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
                 mv.Kp8 = pc.Kp8;
                 mv.K = Kx;
                 mv.rows0 = ne0;
-                mv.flags = pc.flags ? 2u : 0u;
+                mv.flags = pc.flags ? MV_RES : 0u;
                 uint32_t nr = vk_matvec_rows(&b->pl, K_MATVEC_F32 + kind);
                 st = emit(p, (enum vk_kernel)(K_MATVEC_F32 + kind), (ne0 + nr - 1) / nr, 0, &mv, sizeof mv);
                 break;
@@ -807,7 +807,7 @@ static anvil_status lower(struct vk_prefill *p, struct plan *P) {
                                  rows, 0, 0, 0, 0, 0};
             bool half = nd->op == OP_SWIGLU && half_rows(p, P, i);
             if (half) {
-                pc.flags = 1;
+                pc.flags = ROWS_HALF;
                 pc.h = p->xh.addr;
             }
             st = emit(p, nd->op == OP_ADD ? K_ROWS_ADD : K_ROWS_SWIGLU, rows, 0, &pc, sizeof pc);

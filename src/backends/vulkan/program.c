@@ -71,7 +71,7 @@ struct pc_qx {
     uint32_t K, Kp, flags;
     float eps;
 };
-struct pc_qxt { /* matvec.comp QX where it rounds its outputs (flags & 16) */
+struct pc_qxt { /* matvec.comp QX where it rounds its outputs (flags & MV_ROUND) */
     struct pc_matvec m;
     uint64_t xq, nw;
 };
@@ -214,7 +214,7 @@ static void matvec_input(struct lower *L, int src, struct pc_matvec *pc) {
         const struct node *n = N(L, r);
         pc->x = addr_of(L, n->src[0]);
         pc->normw = vk_weight_addr(L->p->b, N(L, n->src[1])->weight, true, n->p.i[0] != 0);
-        pc->flags |= 1;
+        pc->flags |= MV_NORM;
         pc->eps = n->p.f[0];
     } else {
         pc->x = addr_of(L, src);
@@ -255,10 +255,10 @@ static int swiglu_of(struct lower *L, int i) {
 
 static VkDeviceSize alloc_scratch(struct lower *L, VkDeviceSize bytes);
 
-/* The rounding of pc's input (x, and its norm when flags & 1) among those already made: its
+/* The rounding of pc's input (x, and its norm when flags & MV_NORM) among those already made: its
  * index in L->qx, or -1. */
 static int qx_find(const struct lower *L, const struct pc_matvec *pc) {
-    uint64_t normw = (pc->flags & 1) ? pc->normw : 0;
+    uint64_t normw = (pc->flags & MV_NORM) ? pc->normw : 0;
     for (int i = 0; i < L->n_qx; i++)
         if (L->qx[i].x == pc->x && L->qx[i].normw == normw) return i;
     return -1;
@@ -284,16 +284,16 @@ static struct pc_attn *attn_rounder(struct lower *L, uint64_t x) {
     return NULL;
 }
 
-/* The matvec input of pc (x, and its norm when flags & 1) rounded to int8 blocks: found among
+/* The matvec input of pc (x, and its norm when flags & MV_NORM) rounded to int8 blocks: found among
  * those made (qx_find: by qx.comp, attention.comp or the product that wrote x, qx_round) or
  * made by qx.comp; pc then points at the int8s and scales, and *xm says how they were rounded
  * (matvec.comp's XM: 0 the norm applied, 1 or 2 by the producer, 2 its 1 / rms left to pc). */
 static anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm) {
-    uint64_t normw = (pc->flags & 1) ? pc->normw : 0;
+    uint64_t normw = (pc->flags & MV_NORM) ? pc->normw : 0;
     uint32_t Kp = (uint32_t)round_up(pc->K, 256);
     int i = qx_find(L, pc);
     if (i < 0) {
-        struct pc_qx pq = {pc->x, normw ? normw : pc->x, L->p->ctl.addr, 0, 0, pc->K, Kp, pc->flags & 1, pc->eps};
+        struct pc_qx pq = {pc->x, normw ? normw : pc->x, L->p->ctl.addr, 0, 0, pc->K, Kp, (pc->flags & MV_NORM) ? QX_NORM : 0u, pc->eps};
         VkDeviceSize q = alloc_scratch(L, Kp + Kp / 8);
         pq.q = L->p->arena.addr + q;
         pq.d = pq.q + Kp;
@@ -309,7 +309,7 @@ static anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm) {
     }
     pc->x = L->p->arena.addr + L->qx[i].q;
     pc->normw = pc->x + Kp;
-    pc->flags &= ~1u;
+    pc->flags &= ~MV_NORM;
     *xm = !L->qx[i].own ? 0 : normw ? 2 : 1; /* matvec.comp's XM */
     return ANVIL_OK;
 }
@@ -335,21 +335,21 @@ static bool qx_round_to(struct lower *L, int out, uint32_t rows, const struct no
 }
 
 /* Whether the QX product writing node out (rows values) rounds them for the next product
- * itself (matvec.comp QXT, flags & 16), with no qx.comp dispatch: where the first matmul after
+ * itself (matvec.comp QXT, flags & MV_ROUND), with no qx.comp dispatch: where the first matmul after
  * out that reads it, directly or through an RMS norm (whose weights the rounding folds in,
- * flags & 32), has weights the integer dot products take (it will find the rounding made,
+ * flags & MV_ROUND_NW), has weights the integer dot products take (it will find the rounding made,
  * qx_find, and take it whatever its size, with XM 1 or 2). Sets pq's rounding and registers it. */
 static bool qx_round(struct lower *L, int out, uint32_t rows, struct pc_qxt *pq) {
     const struct node *nm = NULL;
     if (!qx_round_to(L, out, rows, &nm)) return false;
     uint64_t normw = nm ? vk_weight_addr(L->p->b, N(L, nm->src[1])->weight, true, nm->p.i[0] != 0) : 0;
     uint64_t x = addr_of(L, out);
-    if (qx_find(L, &(struct pc_matvec){.x = x, .normw = normw, .flags = nm != NULL}) >= 0) return false;
+    if (qx_find(L, &(struct pc_matvec){.x = x, .normw = normw, .flags = nm ? MV_NORM : 0u}) >= 0) return false;
     VkDeviceSize q = alloc_scratch(L, 2 * (VkDeviceSize)rows); /* int8s, scales, sums of squares */
     qx_register(L, x, normw, q, true);
     pq->xq = L->p->arena.addr + q;
     pq->nw = nm ? normw : x;
-    pq->m.flags |= 16u | (nm ? 32u : 0u);
+    pq->m.flags |= MV_ROUND | (nm ? MV_ROUND_NW : 0u);
     return true;
 }
 
@@ -447,7 +447,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     const struct node *nn;
     int ot, ra = residual_add(L, i, &ot);
     bool qx_free = qx_find(L, &pc) >= 0 ||
-                   (!(pc.flags & 1) && swiglu_of(L, i) < 0 && attn_rounder(L, pc.x) &&
+                   (!(pc.flags & MV_NORM) && swiglu_of(L, i) < 0 && attn_rounder(L, pc.x) &&
                     qx_round_to(L, ra >= 0 ? ra : i, (uint32_t)n->ne[0], &nn));
     int qxi = !mq && L->use_qx && (qx_worth(L, i) || qx_free) ? vk_qx_index(type) : -1;
     int xm = 0; /* matvec.comp's XM: how the input was rounded */
@@ -505,7 +505,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     int out_node = i, other, add = ng == 1 ? residual_add(L, i, &other) : -1;
     if (add >= 0) {
         pc.res = addr_of(L, other);
-        pc.flags |= 2;
+        pc.flags |= MV_RES;
         pc.o0 = addr_of(L, add);
         L->done[add] = true;
         out_node = add;
@@ -525,7 +525,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         *w[k] = pc.w0;
         *o[k] = pc.o0;
     }
-    bool residual = (pc.flags & 2) != 0; /* the add folded in reads pc.res */
+    bool residual = (pc.flags & MV_RES) != 0; /* the add folded in reads pc.res */
     if (!pc.res) pc.res = pc.o0;
     if (!pc.normw) pc.normw = pc.x;
     pq.m = pc;
@@ -634,7 +634,7 @@ static struct vk_dispatch *router_op(struct lower *L, uint64_t logits, uint32_t 
         struct pc_matvec *pm = (struct pc_matvec *)d->push;
         if (pm->o0 != logits) continue;
         bool ok = (d->k == K_MATVEC_F32 || d->k == K_MATVEC_F16 || d->k == K_MATVEC_BF16) &&
-                  pm->rows0 == E && pm->rows1 == 0 && pm->rows2 == 0 && !(pm->flags & 2) && E <= 1024;
+                  pm->rows0 == E && pm->rows1 == 0 && pm->rows2 == 0 && !(pm->flags & MV_RES) && E <= 1024;
         return ok ? d : NULL;
     }
     return NULL;
@@ -716,7 +716,7 @@ static anvil_status lower_moe(struct lower *L, int i) {
              * its own, on rounded inputs like every one-token matmul) */
             /* the shared expert's gate/up -> SwiGLU first */
             if ((st = lower_matmuls(L, gate)) != ANVIL_OK) return st;
-            pd.flags |= 4;
+            pd.flags |= MV_SHARED;
             pd.w1 = vk_wnode_addr(L->p->b, N(L, N(L, sh)->src[1]));
             pd.normw = addr_of(L, sw);
             pd.K = vk_wnode_kp(L->p->b, N(L, N(L, sh)->src[1])) / 8;
@@ -728,14 +728,14 @@ static anvil_status lower_moe(struct lower *L, int i) {
     int other, add = residual_add(L, i, &other);
     if (add >= 0) {
         pd.res = addr_of(L, other);
-        pd.flags |= 2;
+        pd.flags |= MV_RES;
         pd.o0 = addr_of(L, add);
         L->done[add] = true;
     } else {
         pd.o0 = addr_of(L, i);
         pd.res = pd.o0;
     }
-    if (!(pd.flags & 4)) pd.o2 = pd.o0;
+    if (!(pd.flags & MV_SHARED)) pd.o2 = pd.o0;
     nr = vk_matvec_rows(&L->p->b->pl, kd);
     uint32_t gx, gy;
     grid((C + nr - 1) / nr, &gx, &gy);
@@ -776,7 +776,7 @@ static anvil_status lower_gdn(struct lower *L, int i) {
     pg.Hv = Hv;
     pg.Dv = Dv;
     pg.Kc = Kc;
-    pg.flags = (n->p.i[2] ? 1u : 0u) | (n->p.i[3] ? 2u : 0u);
+    pg.flags = (n->p.i[2] ? GDN_A_LOG : 0u) | (n->p.i[3] ? GDN_TILED : 0u);
     pg.eps_l2 = n->p.f[0];
     pg.eps = nm->p.f[0];
     L->done[j] = L->done[s] = true;
@@ -1739,7 +1739,7 @@ anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, con
     struct pc_qxt pa = {test_matvec_pc(b, wa, buf.addr, buf.addr + o_q, buf.addr + o_q + Kq, buf.addr + o_y, K, N1), 0, 0};
     if (wb) pa.m.w1 = vk_weight_addr(b, wb, false, false);
     if (res) pa.m.res = buf.addr + o_r;
-    pa.m.flags = 16u | (res ? 2u : 0u) | (nw ? 32u : 0u);
+    pa.m.flags = MV_ROUND | (res ? MV_RES : 0u) | (nw ? MV_ROUND_NW : 0u);
     pa.m.eps = eps;
     pa.xq = buf.addr + o_yq;
     pa.nw = nw ? buf.addr + o_n : pa.m.o0;
@@ -1841,7 +1841,7 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     struct pc_matvec pm = pc;
     pm.x = buf.addr + o_x;
     pm.normw = normw ? buf.addr + o_n : pm.x;
-    pm.flags = normw ? 1u : 0u;
+    pm.flags = normw ? MV_NORM : 0u;
     pm.eps = eps;
     pm.o0 = pm.o1 = pm.o2 = pm.res = buf.addr + o_m;
     *ph = (struct vk_phase){.kind = 1, .tasks = N, .wt = (uint32_t)wt};

@@ -17,6 +17,7 @@
 
 #include "backends/backend.h"
 #include "base/tuning.h"
+#include "backends/vulkan/shaders/contract.h" /* flag bits and spec-constant ids shared with the shaders */
 
 struct vk_device {
     VkInstance instance;
@@ -221,20 +222,33 @@ enum vk_kernel {
     K_MEGA_QX,       /* Q4_K, Q6_K and Q8_0 weights on integer dot products, where d->int_dot */
     K_MEGA_QX_CLK,
     K_MEGA_QXK, K_MEGA_QX8, /* the same compiled for Q4_K and Q6_K only, for Q8_0 only */
-    /* matvec.comp QX variants (vk_qxv): plain or with teams of threads a workgroup (8 rows in
-     * all, which may round their outputs for the next product themselves: program.c
-     * qx_round), by the input's rounding (XM 0: blocks of 32, qx.comp's; 1: blocks of 8, their
-     * producer's; 2: the same with the norm's 1 / rms left to the consumer) and MODE; the plain
-     * XM 0 ones are K_MATVEC_QX_* (these slots stay empty); where vk_use_qx */
-    K_MATVEC_QXV,
-    K_MATVEC_QXV_LAST = K_MATVEC_QXV + 47,
+    /* matvec.comp QX variants (vk_qxv, VK_QXV): with teams of threads a workgroup (QXT: 8 rows
+     * in all, which may round their outputs for the next product themselves: program.c
+     * qx_round) or not, by the input's rounding (XM 0: blocks of 32, qx.comp's; 1: blocks of 8,
+     * their producer's; 2: the same with the norm's 1 / rms left to the consumer), MODE (QX:
+     * products, SWIGLU_QX: gate/up) and type; the plain XM 0 ones are K_MATVEC_QX_*; where
+     * vk_use_qx */
+    K_MATVEC_QX_Q8_0_X1, K_MATVEC_QX_Q4_K_X1, K_MATVEC_QX_Q5_K_X1, K_MATVEC_QX_Q6_K_X1,
+    K_MATVEC_SWIGLU_QX_Q8_0_X1, K_MATVEC_SWIGLU_QX_Q4_K_X1, K_MATVEC_SWIGLU_QX_Q5_K_X1, K_MATVEC_SWIGLU_QX_Q6_K_X1,
+    K_MATVEC_QX_Q8_0_X2, K_MATVEC_QX_Q4_K_X2, K_MATVEC_QX_Q5_K_X2, K_MATVEC_QX_Q6_K_X2,
+    K_MATVEC_SWIGLU_QX_Q8_0_X2, K_MATVEC_SWIGLU_QX_Q4_K_X2, K_MATVEC_SWIGLU_QX_Q5_K_X2, K_MATVEC_SWIGLU_QX_Q6_K_X2,
+    K_MATVEC_QXT_Q8_0_X0, K_MATVEC_QXT_Q4_K_X0, K_MATVEC_QXT_Q5_K_X0, K_MATVEC_QXT_Q6_K_X0,
+    K_MATVEC_SWIGLU_QXT_Q8_0_X0, K_MATVEC_SWIGLU_QXT_Q4_K_X0, K_MATVEC_SWIGLU_QXT_Q5_K_X0, K_MATVEC_SWIGLU_QXT_Q6_K_X0,
+    K_MATVEC_QXT_Q8_0_X1, K_MATVEC_QXT_Q4_K_X1, K_MATVEC_QXT_Q5_K_X1, K_MATVEC_QXT_Q6_K_X1,
+    K_MATVEC_SWIGLU_QXT_Q8_0_X1, K_MATVEC_SWIGLU_QXT_Q4_K_X1, K_MATVEC_SWIGLU_QXT_Q5_K_X1, K_MATVEC_SWIGLU_QXT_Q6_K_X1,
+    K_MATVEC_QXT_Q8_0_X2, K_MATVEC_QXT_Q4_K_X2, K_MATVEC_QXT_Q5_K_X2, K_MATVEC_QXT_Q6_K_X2,
+    K_MATVEC_SWIGLU_QXT_Q8_0_X2, K_MATVEC_SWIGLU_QXT_Q4_K_X2, K_MATVEC_SWIGLU_QXT_Q5_K_X2, K_MATVEC_SWIGLU_QXT_Q6_K_X2,
     K_PREFETCH, /* weights read ahead into the L2 cache (prefetch.comp, program.c add_prefetch) */
     K_COUNT,
 };
 
-/* The matvec.comp QX variant: teams (0 or 1), the input's rounding XM (0-2), MODE (0, 1), the
- * type's vk_qx_index */
-static inline int vk_qxv(int teams, int xm, int mode, int qxi) { return K_MATVEC_QXV + ((teams * 3 + xm) * 2 + mode) * 4 + qxi; }
+/* The first and last of the QX variants beyond the plain ones */
+#define K_MATVEC_QXV K_MATVEC_QX_Q8_0_X1
+#define K_MATVEC_QXV_LAST K_MATVEC_SWIGLU_QXT_Q6_K_X2
+/* The matvec.comp QX kernels by teams (0 or 1), the input's rounding XM (0-2), MODE (0, 1) and
+ * the type's vk_qx_index (pipelines.c); teams 0, XM 0: the plain K_MATVEC_QX_* */
+extern const enum vk_kernel VK_QXV[2][3][2][VK_QX_KINDS];
+static inline int vk_qxv(int teams, int xm, int mode, int qxi) { return (int)VK_QXV[teams][xm][mode][qxi]; }
 
 #define VK_PUSH_BYTES 128
 /* mm_cm2.comp's tile: VK_CM2_BM tokens x VK_CM2_BN outputs, K walked VK_CM2_BK at a time, by
@@ -285,8 +299,9 @@ struct vk_pipelines {
  * KV16). Loads/saves the pipeline cache in $XDG_CACHE_HOME/anvil (or ~/.cache/anvil). */
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out);
 void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p);
-/* matvec.comp's specialisation constants 0-3 for kernel k (workgroup size, rows per
- * workgroup, MODE, units per thread per iteration); false if k is not a matvec kernel. */
+/* matvec.comp's specialisation constants for kernel k, by id: SPEC_WG (workgroup size),
+ * MV_SPEC_NR (rows per workgroup), MV_SPEC_MODE, MV_SPEC_PIPE (units per thread per
+ * iteration); false if k is not a matvec kernel. */
 bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t vals[4]);
 const char *vk_kernel_name(enum vk_kernel k);
 /* attn_flash.comp's shapes: heads of a multiple of 16 dimensions up to 128, a number of query
@@ -296,7 +311,7 @@ static inline bool vk_flash_fits(int g, int d) { return g >= 1 && 64 % g == 0 &&
 /* Rows per workgroup of matvec kernel k (its specialisation: the dispatch's grid follows it). */
 static inline uint32_t vk_matvec_rows(const struct vk_pipelines *p, enum vk_kernel k) {
     uint32_t v[4];
-    return vk_matvec_spec(p, k, v) ? v[1] : 1;
+    return vk_matvec_spec(p, k, v) ? v[MV_SPEC_NR] : 1;
 }
 
 /* dq.comp: rows r0 .. r0 + rows - 1 of a matrix to float16, U units a row, row stride Kp */
@@ -307,7 +322,7 @@ struct pc_dq {
 /* matvec.comp's push constants (the decode program's, and the prefill's one-row products) */
 struct pc_matvec {
     uint64_t x, normw, ctl, w0, w1, w2, o0, o1, o2, res;
-    uint32_t Kp8, K, rows0, rows1, rows2, flags;
+    uint32_t Kp8, K, rows0, rows1, rows2, flags; /* flags: MV_* (contract.h) */
     float eps;
     uint32_t route_k; /* K_MATVEC_ROUTE_*: k | norm << 16 */
 };

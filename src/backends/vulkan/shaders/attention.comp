@@ -33,18 +33,18 @@ layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CF
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CVec4s { vec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Counters { uint v[]; };
 
-layout(local_size_x_id = 3) in;             /* NSG * SG */
-layout(constant_id = 0) const uint G = 2;   /* query heads per kv head */
-layout(constant_id = 6) const uint GS = 1;  /* workgroups a kv head's query heads are split over */
+layout(local_size_x_id = ATTN_SPEC_WG) in;             /* NSG * SG */
+layout(constant_id = ATTN_SPEC_G) const uint G = 2;   /* query heads per kv head */
+layout(constant_id = ATTN_SPEC_GS) const uint GS = 1;  /* workgroups a kv head's query heads are split over */
 const uint GW = G / GS;                     /* query heads a workgroup takes */
-layout(constant_id = 1) const uint D = 128; /* head dim, a multiple of 4 */
-layout(constant_id = 2) const uint SG = 32; /* subgroup size */
-layout(constant_id = 4) const uint NSG = 4; /* subgroups per workgroup */
+layout(constant_id = ATTN_SPEC_D) const uint D = 128; /* head dim, a multiple of 4 */
+layout(constant_id = ATTN_SPEC_SG) const uint SG = 32; /* subgroup size */
+layout(constant_id = ATTN_SPEC_NSG) const uint NSG = 4; /* subgroups per workgroup */
 const uint D4 = D / 4;
 const uint CPL = (D4 + SG - 1) / SG; /* vec4 chunks of a row per lane */
 const uint DL = (D + SG - 1) / SG;   /* values of a row per lane */
 const uint RS = (GW + NSG) / NSG;    /* q/k rows a subgroup normalises, at most */
-layout(constant_id = 5) const uint LPRC = 0; /* lanes per cache row (ANVIL_VK_ATTN_LPR), 0: the rule */
+layout(constant_id = ATTN_SPEC_LPR) const uint LPRC = 0; /* lanes per cache row (ANVIL_VK_ATTN_LPR), 0: the rule */
 /* lanes per cache row: 4, 8 for heads of 256 or more (Qwen3.6's: each lane's share of a k row
  * and its prefetch halve; H100, docs/PERF.md section 38) */
 const uint LPR = LPRC != 0u ? (LPRC < SG ? LPRC : SG) : SG < 4u ? SG : D >= 256u && SG >= 8u ? 8u : 4u;

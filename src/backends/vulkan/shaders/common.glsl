@@ -4,6 +4,7 @@
  * The control block is the only thing that changes from token to token; kernels read the
  * position from it, and the argmax kernel at the end of a step writes the next token and
  * advances the position. A step whose control block says stop does nothing. */
+#include "contract.h"
 #extension GL_EXT_buffer_reference : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -34,7 +35,7 @@ uint pack_half2(vec2 v) { return half_rne(v.x) | half_rne(v.y) << 16u; }
 uvec2 to_halves4(vec4 v) { return uvec2(pack_half2(v.xy), pack_half2(v.zw)); }
 /* The attention caches' element type: float16 (the default) or float32 (ANVIL_KV_CACHE=f32),
  * set for every pipeline; kv_get / kv_put take 4 elements at index i4 * 4 of a cache. */
-layout(constant_id = 29) const bool KV16 = true;
+layout(constant_id = SPEC_KV16) const bool KV16 = true;
 vec4 kv_get(Floats c, uint i4) { return KV16 ? halves4(Halves4(c).v[i4]) : Vec4s(c).v[i4]; }
 void kv_put(Floats c, uint i4, vec4 v) {
     if (KV16)

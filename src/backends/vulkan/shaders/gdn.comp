@@ -7,7 +7,7 @@
  *      channels current input to row pos % Kc (q/k channels: only the first value head of
  *      the key head), a row no workgroup reads in this step
  *   2. q = l2norm(q) / sqrt(Dk), k = l2norm(k), beta = sigmoid(b), decay = exp(g) with
- *      g = rate * softplus(a + dt_bias), rate = -exp(A_log) (flags & 1) or A itself
+ *      g = rate * softplus(a + dt_bias), rate = -exp(A_log) (flags & GDN_A_LOG) or A itself
  *   3. the delta rule on the Dk x Dv state S (element (i, j) at j + Dv * (i + Dk*h)),
  *      in place; at position 0 the old state counts as zero:
  *      S = decay * S;  S += k ⊗ beta (v - Sᵀk);  y = Sᵀq
@@ -40,7 +40,7 @@ layout(push_constant) uniform PC {
     float eps_l2, eps;
 } pc;
 
-layout(constant_id = 0) const uint MODE = 0;
+layout(constant_id = SPEC_MODE) const uint MODE = 0;
 
 const uint DMAX = 256u, RMAX = DMAX / NP;
 shared float qs[DMAX], ks[DMAX], vs[DMAX], ys[DMAX];
@@ -67,7 +67,7 @@ void step(uint pos, uint tr, uint pos0) {
     uint h = gl_WorkGroupID.x, t = gl_LocalInvocationID.x;
     uint Dk = pc.Dk, Dv = pc.Dv, Kc = pc.Kc;
     uint Cc = 2u * pc.Hk * Dk + pc.Hv * Dv;
-    bool tiled = (pc.flags & 2u) != 0u;
+    bool tiled = (pc.flags & GDN_TILED) != 0u;
     uint r = pc.Hv / pc.Hk, hk = tiled ? h % pc.Hk : h / r;
     bool owner = tiled ? h < pc.Hk : h % r == 0u;
     for (uint i = t; i < 2u * Dk + Dv; i += NT) {
@@ -101,7 +101,7 @@ void step(uint pos, uint tr, uint pos0) {
         ks[i] *= ik;
     }
     float beta = 1.0 / (1.0 + exp(-pc.b.v[tr * pc.Hv + h]));
-    float rate = (pc.flags & 1u) != 0u ? -exp(pc.A.v[h]) : pc.A.v[h];
+    float rate = (pc.flags & GDN_A_LOG) != 0u ? -exp(pc.A.v[h]) : pc.A.v[h];
     float xa = pc.a.v[tr * pc.Hv + h] + pc.dtb.v[h];
     float decay = exp(rate * (xa > 20.0 ? xa : log(1.0 + exp(xa))));
     barrier();

@@ -20,19 +20,19 @@
  *   2  the same, with the norm's weights applied and its 1 / rms left to this product, which
  *      finds it from the blocks' sums of squares (after their scales).
  * QXT: teams of threads a workgroup, each taking NR rows as a workgroup of NT times fewer
- * threads would, 8 rows in all, which it rounds for the next product (flags & 16) in a block
+ * threads would, 8 rows in all, which it rounds for the next product (flags & MV_ROUND) in a block
  * of 8 into xq: [Rp / 4] uints of four int8, [Rp / 8] scales, [Rp / 8] sums of squares of the
- * outputs (Rp = rows0 rounded up to 256); flags & 32: the outputs times the next norm's
+ * outputs (Rp = rows0 rounded up to 256); flags & MV_ROUND_NW: the outputs times the next norm's
  * weights nw are rounded (XM 2 for the next product). */
 #include "common.glsl"
 
-layout(local_size_x_id = 0) in;
-layout(constant_id = 1) const uint NR = 2;
-layout(constant_id = 2) const uint MODE = 0;
-layout(constant_id = 3) const uint PIPE = 1; /* units a thread takes per iteration (MODE 0-2) */
+layout(local_size_x_id = SPEC_WG) in;
+layout(constant_id = MV_SPEC_NR) const uint NR = 2;
+layout(constant_id = MV_SPEC_MODE) const uint MODE = 0;
+layout(constant_id = MV_SPEC_PIPE) const uint PIPE = 1; /* units a thread takes per iteration (MODE 0-2) */
 #ifdef QXV /* the QX variants of XM 1, 2 and QXT (built apart: the others' code stays as it was) */
-layout(constant_id = 4) const uint NT = 1;   /* QXT: teams a workgroup */
-layout(constant_id = 5) const uint XM = 0;   /* how x was rounded */
+layout(constant_id = MV_SPEC_NT) const uint NT = 1;   /* QXT: teams a workgroup */
+layout(constant_id = MV_SPEC_XM) const uint XM = 0;   /* how x was rounded */
 #endif
 
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uvec2 v[]; };
@@ -46,12 +46,12 @@ layout(push_constant) uniform PC {
     Floats normw; /* [Kp / 32]: the blocks' scales */
 #else
     Vec4s x;     /* [Kp] */
-    Vec4s normw; /* [Kp], flags & 1 */
+    Vec4s normw; /* [Kp], flags & MV_NORM */
 #endif
     Ctl ctl;
     W w0, w1, w2; /* [rows_i, Kp] */
     Floats o0, o1, o2; /* [rows_i] */
-    Floats res;  /* [rows0], flags & 2 */
+    Floats res;  /* [rows0], flags & MV_RES */
     uint Kp8;    /* Kp / 8 */
     uint K;
     uint rows0, rows1, rows2;
@@ -59,8 +59,8 @@ layout(push_constant) uniform PC {
     float eps;
     uint route_k; /* ROUTE: k | norm << 16 */
 #ifdef QXT
-    UInts xq;    /* flags & 16 */
-    Floats nw;   /* flags & 32: [rows0] */
+    UInts xq;    /* flags & MV_ROUND */
+    Floats nw;   /* flags & MV_ROUND_NW: [rows0] */
 #endif
 } pc;
 
@@ -119,16 +119,16 @@ void main() {
         for (uint i = gl_LocalInvocationID.x; i < (pc.K + 7u) / 8u; i += gl_WorkGroupSize.x)
             ss += pc.normw.v[(pc.K + 255u) / 256u * 32u + i];
 #ifdef QXT
-    /* flags & 16: the rounding's norm weights and the residual terms loaded first */
+    /* flags & MV_ROUND: the rounding's norm weights and the residual terms loaded first */
     float nwv = 0.0, resv = 0.0;
-    if ((pc.flags & 16u) != 0u) {
+    if ((pc.flags & MV_ROUND) != 0u) {
         uint i = wg * NT * NR + gl_LocalInvocationID.x;
-        if ((pc.flags & 32u) != 0u && gl_LocalInvocationID.x < 8u && i < pc.rows0) nwv = pc.nw.v[i];
-        if ((pc.flags & 2u) != 0u && tl < NR && row0 + tl < pc.rows0) resv = pc.res.v[row0 + tl];
+        if ((pc.flags & MV_ROUND_NW) != 0u && gl_LocalInvocationID.x < 8u && i < pc.rows0) nwv = pc.nw.v[i];
+        if ((pc.flags & MV_RES) != 0u && tl < NR && row0 + tl < pc.rows0) resv = pc.res.v[row0 + tl];
     }
 #endif
 #else
-    bool norm = (pc.flags & 1u) != 0u;
+    bool norm = (pc.flags & MV_NORM) != 0u;
 #endif
     /* a thread takes units of the rows (UG groups of 8 weights each, common.glsl); the x values
      * of a unit are loaded (and normalised) once for all the workgroup's rows */
@@ -138,9 +138,9 @@ void main() {
 #else
     if (MODE == 3u) {
         /* the experts' (s, unit) pairs flattened over the threads (an expert's row is short);
-         * with flags & 4 one more expert, the shared one: weights w1, input normw, Kp8 in K,
+         * with flags & MV_SHARED one more expert, the shared one: weights w1, input normw, Kp8 in K,
          * weight sigmoid(o2[0]) */
-        uint nE = pc.rows1, Ush = (pc.flags & 4u) != 0u ? pc.K / UG : 0u;
+        uint nE = pc.rows1, Ush = (pc.flags & MV_SHARED) != 0u ? pc.K / UG : 0u;
         float psh = Ush > 0u ? 1.0 / (1.0 + exp(-pc.o2.v[0])) : 0.0;
         for (uint idx = gl_LocalInvocationID.x; idx < nE * U + Ush; idx += gl_WorkGroupSize.x) {
             bool shx = idx >= nE * U;
@@ -308,7 +308,7 @@ void main() {
             v = a / (1.0 + exp(-a)) * b;
             pc.o0.v[g] = v;
         } else if (g < pc.rows0) {
-            v = (pc.flags & 2u) != 0u ? ((pc.flags & 16u) != 0u ? resv : pc.res.v[g]) + a : a;
+            v = (pc.flags & MV_RES) != 0u ? ((pc.flags & MV_ROUND) != 0u ? resv : pc.res.v[g]) + a : a;
             pc.o0.v[g] = v;
         } else if (g < pc.rows0 + pc.rows1) {
             pc.o1.v[g - pc.rows0] = a;
@@ -317,7 +317,7 @@ void main() {
         }
     }
     /* the workgroup's 8 outputs rounded for the next product */
-    if ((pc.flags & 16u) == 0u) return;
+    if ((pc.flags & MV_ROUND) == 0u) return;
     if (tl < NR) rq[team * NR + tl] = v;
     if (t < 8u) rnw[t] = nwv;
     barrier();
@@ -326,7 +326,7 @@ void main() {
         float vw[8], amax = 0.0, s2 = 0.0;
         for (uint i = 0u; i < 8u; i++) {
             float x = rq[i];
-            vw[i] = (pc.flags & 32u) != 0u ? x * rnw[i] : x;
+            vw[i] = (pc.flags & MV_ROUND_NW) != 0u ? x * rnw[i] : x;
             amax = max(amax, abs(vw[i]));
             s2 += x * x;
         }
@@ -354,7 +354,7 @@ void main() {
         b *= scale;
         pc.o0.v[MODE == 2u ? gl_WorkGroupID.y * pc.rows2 + g : g] = a / (1.0 + exp(-a)) * b;
     } else if (g < pc.rows0) {
-        pc.o0.v[g] = (pc.flags & 2u) != 0u ? pc.res.v[g] + a : a;
+        pc.o0.v[g] = (pc.flags & MV_RES) != 0u ? pc.res.v[g] + a : a;
     } else if (g < pc.rows0 + pc.rows1) {
         pc.o1.v[g - pc.rows0] = a;
     } else {

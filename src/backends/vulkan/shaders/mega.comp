@@ -39,16 +39,16 @@
 #endif
 #include "common.glsl"
 
-layout(local_size_x_id = 0) in;
-layout(constant_id = 1) const uint G = 2;    /* query heads per kv head */
-layout(constant_id = 2) const uint D = 128;  /* head dim, a multiple of 4 */
-layout(constant_id = 3) const uint SG = 32;  /* subgroup size */
-layout(constant_id = 4) const uint PF = 8;   /* groups of 8 weights a lane loads at a time */
-layout(constant_id = 5) const uint ASG = 8;  /* subgroups of a workgroup that take attention units */
-layout(constant_id = 6) const uint R = 2;    /* rows a subgroup multiplies at once (even; gate/up: R / 2 pairs) */
+layout(local_size_x_id = SPEC_WG) in;
+layout(constant_id = MEGA_SPEC_G) const uint G = 2;    /* query heads per kv head */
+layout(constant_id = MEGA_SPEC_D) const uint D = 128;  /* head dim, a multiple of 4 */
+layout(constant_id = MEGA_SPEC_SG) const uint SG = 32;  /* subgroup size */
+layout(constant_id = MEGA_SPEC_PF) const uint PF = 8;   /* groups of 8 weights a lane loads at a time */
+layout(constant_id = MEGA_SPEC_ASG) const uint ASG = 8;  /* subgroups of a workgroup that take attention units */
+layout(constant_id = MEGA_SPEC_R) const uint R = 2;    /* rows a subgroup multiplies at once (even; gate/up: R / 2 pairs) */
 const uint D4 = D / 4;
-layout(constant_id = 7) const uint LPRM = 8u; /* lanes per cache row, at most */
-layout(constant_id = 8) const uint RPC = 8u;  /* fewest cache rows per attention chunk */
+layout(constant_id = MEGA_SPEC_LPR) const uint LPRM = 8u; /* lanes per cache row, at most */
+layout(constant_id = MEGA_SPEC_RPC) const uint RPC = 8u;  /* fewest cache rows per attention chunk */
 const uint LPR = SG < LPRM ? SG : LPRM;    /* lanes per cache row */
 const uint RPS = SG / LPR;                 /* rows per pass */
 const uint KPL = (D4 + LPR - 1u) / LPR;    /* vec4 pieces of a k row per lane */
@@ -62,10 +62,10 @@ const uint NV = 2u; /* uvec4 per group of 8 weights */
 const uint NV = 1u;
 #endif
 #ifdef MQX
-layout(constant_id = 9) const uint PFQ = 2u; /* MQX: slots of 64 weights a lane loads at a time */
-layout(constant_id = 10) const bool QPIPE = true; /* MQX: the next batch's loads issued before a batch is summed */
-layout(constant_id = 11) const bool QLG = true; /* MQX: rows shorter than SG slots taken by groups of lanes */
-layout(constant_id = 12) const uint QT = 7u;     /* MQX: the weight types compiled in (1 << WT_); the rest never run */
+layout(constant_id = MEGA_SPEC_PFQ) const uint PFQ = 2u; /* MQX: slots of 64 weights a lane loads at a time */
+layout(constant_id = MEGA_SPEC_QPIPE) const bool QPIPE = true; /* MQX: the next batch's loads issued before a batch is summed */
+layout(constant_id = MEGA_SPEC_QLG) const bool QLG = true; /* MQX: rows shorter than SG slots taken by groups of lanes */
+layout(constant_id = MEGA_SPEC_QT) const uint QT = 7u;     /* MQX: the weight types compiled in (1 << WT_); the rest never run */
 const bool Q4K = (QT & 1u) != 0u, Q6K = (QT & 2u) != 0u, Q80 = (QT & 4u) != 0u;
 #endif
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer WR { uvec4 v[]; };
@@ -183,7 +183,7 @@ bool mv_slot(uint b, uint kind, uint tasks, uint gs, uint NS, uint i0, uint s, o
 }
 
 /* a product phase's result for its row u: a (gate/up: silu(a) * bu), stored as the dispatch
- * would (q/k/v into their three outputs, o and down plus the residual with flags & 2) */
+ * would (q/k/v into their three outputs, o and down plus the residual with flags & MV_RES) */
 void mv_store(uint b, uint kind, uint u, float a, float bu, uint flags) {
     if (kind == 2u) {
         Floats(word2(b, 12u)).v[u] = a / (1.0 + exp(-a)) * bu;
@@ -191,7 +191,7 @@ void mv_store(uint b, uint kind, uint u, float a, float bu, uint flags) {
     }
     uint rows0 = word(b, 22u), rows1 = word(b, 23u);
     if (u < rows0)
-        Floats(word2(b, 12u)).v[u] = (flags & 2u) != 0u ? Floats(word2(b, 18u)).v[u] + a : a;
+        Floats(word2(b, 12u)).v[u] = (flags & MV_RES) != 0u ? Floats(word2(b, 18u)).v[u] + a : a;
     else if (u < rows0 + rows1)
         Floats(word2(b, 14u)).v[u - rows0] = a;
     else
@@ -411,7 +411,7 @@ void q_batch(uint b, uint kind, uint tasks, uint wt, uint gs, uint NS, uint Kp, 
     for (uint s2 = 0u; s2 < R; s2++) acc[s2] = 0.0;
 }
 
-/* The input of a product phase: x (flags & 1: x * normw / rms(x)) rounded as qx.comp does (per
+/* The input of a product phase: x (flags & MV_NORM: x * normw / rms(x)) rounded as qx.comp does (per
  * block of 32: d = max |v| / 127, q = round(v / d), ties to even) into xq_, xp_; by the
  * workgroup, whose threads take 4 values each (a block's 8 in one subgroup). */
 void q_stage(Vec4s x, Vec4s nw, uint Kp, uint K, bool norm, float eps) {
@@ -763,7 +763,7 @@ void main() {
                 for (uint k = 0u; k < PFQ; k++) landed ^= gs < tasks ? r[s2][k][0].x : 0u;
             phase_wait(meet, meetings, landed, p);
             uint K = word(b, 21u), flags = word(b, 25u);
-            bool norm = (flags & 1u) != 0u;
+            bool norm = (flags & MV_NORM) != 0u;
             uvec4 xin = uvec4(word2(b, 0u), norm ? word2(b, 2u) : uvec2(0u));
             if (xin != staged) /* uniform in the workgroup */
                 q_stage(Vec4s(word2(b, 0u)), Vec4s(word2(b, 2u)), Kp, K, norm, uintBitsToFloat(word(b, 26u)));
@@ -807,7 +807,7 @@ void main() {
             Vec4s x = Vec4s(word2(b, 0u)), nw = Vec4s(word2(b, 2u));
             uint Kp8 = word(b, 20u), K = word(b, 21u), flags = word(b, 25u);
             float eps = uintBitsToFloat(word(b, 26u));
-            bool norm = (flags & 1u) != 0u;
+            bool norm = (flags & MV_NORM) != 0u;
             uint step = kind == 2u ? R / 2u : R;
             /* the input (normalised by the norm's weight; 1 / rms applied to the sums) staged
              * in shared memory once per workgroup */

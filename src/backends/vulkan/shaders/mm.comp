@@ -2,7 +2,7 @@
 /* Prefill: matrix-matrix products over a chunk of T tokens (MODE 0), the embedding rows of
  * the chunk's tokens (MODE 1), the mixture of experts' products grouped by expert (MODE 2) and
  * the sum of their outputs per token (MODE 4), for every weight type common.glsl reads.
- *   MODE 0: y[t][n] = sum_k x[t][k] * W[n][k]  (+ res[t][n] when flags & 1)
+ *   MODE 0: y[t][n] = sum_k x[t][k] * W[n][k]  (+ res[t][n] when flags & MM_RES)
  *           x [T, K] (row stride K), W [N, Kp] (rows padded, common.glsl), y, res [T, N].
  *           A workgroup computes a BM x BN tile of y (BM tokens, BN outputs), 256 threads each
  *           4 x 4 of it; K is walked BK weights at a time: the x tile and the W tile,
@@ -14,17 +14,17 @@
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
-layout(constant_id = 0) const uint MODE = 0;
+layout(constant_id = SPEC_MODE) const uint MODE = 0;
 
 layout(push_constant) uniform PC {
     Floats x;   /* [T, K] */
     W w;        /* [N, Kp] */
     Floats y;   /* [T, N] */
-    Floats res; /* [T, N], flags & 1 */
+    Floats res; /* [T, N], flags & MM_RES */
     Floats prm; /* params block: pos0, n, then the tokens (as uints) from index 4 */
     uint T, K, N, Kp8, flags;
     /* MODE 2 and 4 */
-    W w1;         /* the up experts (flags & 2) */
+    W w1;         /* the up experts (flags & MM_GATED) */
     Floats lists; /* moe_topk.comp MODE 2: per expert a count, then its entries t * k + slot */
     Floats route; /* per token 128: expert ids, then weights from 64 */
     uint E, k;
@@ -81,13 +81,13 @@ void embed_rows() {
 
 /* MODE 2: the experts' products for the tokens that chose them. Workgroup (n tile, row
  * tile, expert e) takes rows r0 .. r0+63 of e's list (entries t * k + slot), when it has
- * that many. flags & 2: y[entry] = silu(x[t] Wg_e) * (x[t] Wu_e) (gate, up: w, w1);
+ * that many. flags & MM_GATED: y[entry] = silu(x[t] Wg_e) * (x[t] Wu_e) (gate, up: w, w1);
  * else y[entry] = p * x[entry] W_e, p the entry's routing weight (the down projection,
  * each entry's own input row). The weights of all experts are stacked: e's rows from e * N. */
 void experts() {
     uint e = gl_WorkGroupID.z, cnt = floatBitsToUint(pc.lists.v[e]), r0 = gl_WorkGroupID.y * BM;
     if (r0 >= cnt) return;
-    bool gated = (pc.flags & 2u) != 0u;
+    bool gated = (pc.flags & MM_GATED) != 0u;
     uint tid = gl_LocalInvocationID.x, n0 = gl_WorkGroupID.x * BN;
     uint tx = tid & 15u, ty = tid >> 4u, lr = tid >> 2u, lo = (tid & 3u) * 8u;
     uint lbase = pc.E + e * pc.T;
@@ -209,7 +209,7 @@ void main() {
             uint n = n0 + tx + 16u * j;
             if (n >= pc.N) continue;
             float v = acc[i][j];
-            if ((pc.flags & 1u) != 0u) v += pc.res.v[t * pc.N + n];
+            if ((pc.flags & MM_RES) != 0u) v += pc.res.v[t * pc.N + n];
             pc.y.v[(t * S + gl_WorkGroupID.z) * pc.N + n] = v;
         }
     }

@@ -1,6 +1,6 @@
 #version 460
 /* Prefill on cooperative matrices (VK_NV_cooperative_matrix: 16 x 16 x 16, float16 inputs,
- * float32 sums): y[t][nb + n] = sum_k x[t][k] * W[n][k]  (+ res[t][nb + n] when flags & 1)
+ * float32 sums): y[t][nb + n] = sum_k x[t][k] * W[n][k]  (+ res[t][nb + n] when flags & MM_RES)
  * for t < T, n < N, with W a float16 matrix [N][Kp] that dq.comp dequantised (zero past the
  * weights' width), x [T][K] floats, y and res rows of ldy floats.
  *
@@ -40,7 +40,7 @@ layout(push_constant) uniform PC {
     uint T, K, N, Kp, ldy, nb, flags;
     /* GATHER: the experts of a mixture, grouped by expert (mm.comp MODE 2 on float32 tiles
      * does the same): workgroup z takes expert e0 + z, its rows in w from z * N; the rows of
-     * y are the entries t * k + slot of that expert's list; x row t (flags & 2) or the
+     * y are the entries t * k + slot of that expert's list; x row t (flags & MM_GATED) or the
      * entry's own row (the down projection, then scaled by the entry's routing weight) */
     Floats lists, route;
     uint E, k, e0;
@@ -104,7 +104,7 @@ void main() {
     for (uint i = 0u; i < XV; i++) {
         uint r = t0 + (gl_LocalInvocationID.x + 256u * i) / (BK / 4u);
         uint en = r < cnt ? floatBitsToUint(pc.lists.v[lb + r]) : ~0u;
-        xrows[i] = en == ~0u || (pc.flags & 2u) == 0u ? en : en / pc.k;
+        xrows[i] = en == ~0u || (pc.flags & MM_GATED) == 0u ? en : en / pc.k;
     }
 #else
     wrow0 = 0u;
@@ -122,7 +122,7 @@ void main() {
 #else
     bool inside = t0 + BM <= pc.T && n0 + BN <= pc.N && (pc.ldy & 3u) == 0u && (pc.nb & 3u) == 0u;
 #endif
-    bool res_in = inside && (pc.flags & 1u) != 0u;
+    bool res_in = inside && (pc.flags & MM_RES) != 0u;
     for (uint i = 0u; i < TM; i++)
         for (uint j = 0u; j < TN; j++) {
             acc[i][j] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
@@ -162,13 +162,13 @@ void main() {
                         if (t >= cnt || n >= pc.N) continue;
                         uint en = floatBitsToUint(pc.lists.v[lb + t]), tok = en / pc.k;
                         float v = cs[e];
-                        if ((pc.flags & 2u) == 0u) v *= pc.route.v[tok * 128u + 64u + (en - tok * pc.k)];
+                        if ((pc.flags & MM_GATED) == 0u) v *= pc.route.v[tok * 128u + 64u + (en - tok * pc.k)];
                         pc.y.v[en * pc.ldy + n] = v;
 #else
                         if (t >= pc.T || n >= pc.N) continue;
                         uint a = t * pc.ldy + pc.nb + n;
                         float v = cs[e];
-                        if ((pc.flags & 1u) != 0u) v += pc.res.v[a];
+                        if ((pc.flags & MM_RES) != 0u) v += pc.res.v[a];
                         pc.y.v[a] = v;
 #endif
                     }

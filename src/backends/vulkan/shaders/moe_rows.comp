@@ -15,7 +15,7 @@
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
-layout(constant_id = 0) const uint MODE = 0;
+layout(constant_id = SPEC_MODE) const uint MODE = 0;
 
 layout(push_constant) uniform PC {
     Floats lists, route, src, dst, aux;

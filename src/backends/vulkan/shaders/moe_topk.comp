@@ -19,7 +19,7 @@ layout(push_constant) uniform PC {
     uint E, k, norm, T;
 } pc;
 
-layout(constant_id = 0) const uint MODE = 0;
+layout(constant_id = SPEC_MODE) const uint MODE = 0;
 
 #include "route.glsl"
 

@@ -1,6 +1,6 @@
 #version 460
 /* A matvec input rounded to int8 in blocks of 32, for the integer-dot-product matvecs
- * (matvec.comp with QX): v = x (flags & 1: x * w / rms(x)), per block of 32 d = max|v| / 127,
+ * (matvec.comp with QX): v = x (flags & QX_NORM: x * w / rms(x)), per block of 32 d = max|v| / 127,
  * q = round(v / d) (nearest, ties to even); the block stands for d * q. quant.c's
  * x_round_q8 computes the same on the host.
  * Out: q [Kp / 4] uints (four int8 each, element order), d [Kp / 32] floats; elements past K
@@ -13,7 +13,7 @@ layout(buffer_reference, std430, buffer_reference_align = 16) buffer UInts { uin
 
 layout(push_constant) uniform PC {
     Vec4s x;      /* [Kp], zero past K */
-    Floats normw; /* [K], flags & 1 */
+    Floats normw; /* [K], flags & QX_NORM */
     Ctl ctl;
     UInts q;
     Floats d;
@@ -28,7 +28,7 @@ shared float red_sg[32];
 void main() {
     if (pc.ctl.stop != 0u) return;
     uint t = gl_LocalInvocationID.x, i = gl_WorkGroupID.x * 256u + t; /* vec4 index */
-    bool norm = (pc.flags & 1u) != 0u;
+    bool norm = (pc.flags & QX_NORM) != 0u;
     /* this thread's values and norm weights first, then the sum of squares of the whole x
      * (every workgroup sums it: x is at most a few hundred KiB, read from L2) */
     vec4 v = 4u * i < pc.K ? pc.x.v[i] : vec4(0.0), w = vec4(1.0);

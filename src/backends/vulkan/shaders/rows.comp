@@ -14,14 +14,14 @@
  *   MODE 6  rms_norm then rope (the q/k norms of attention, rope's rows of H heads): one
  *                      kernel and no barrier between them; out may be a (a row is read
  *                      whole before it is written)
- * pos0 comes from the params block (prm[0]). With flags & 1, rms_norm and swiglu also write
+ * pos0 comes from the params block (prm[0]). With flags & ROWS_HALF, rms_norm and swiglu also write
  * their rows as float16 to h (the next product's input on workgroup matrices, mm_cm2.comp,
  * which would otherwise round them in a kernel of its own). Rows of a multiple of 4 floats
  * go 4 at a time. */
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
-layout(constant_id = 0) const uint MODE = 0;
+layout(constant_id = SPEC_MODE) const uint MODE = 0;
 
 layout(push_constant) uniform PC {
     Floats a, b, c, out_;
@@ -57,9 +57,9 @@ float inv_rms(uint base, uint n, uint tid) {
 /* element i of row r's output (at base + i): as float, and as float16 where flags ask */
 void put4(uint base, uint i4, vec4 y) {
     Vec4s(pc.out_).v[base / 4u + i4] = y;
-    if ((pc.flags & 1u) != 0u) Halves4(pc.h).v[base / 4u + i4] = to_halves4(y);
+    if ((pc.flags & ROWS_HALF) != 0u) Halves4(pc.h).v[base / 4u + i4] = to_halves4(y);
 }
-void put1(uint base, uint i, float y) { pc.out_.v[base + i] = y; } /* (flags & 1 needs n % 4 == 0) */
+void put1(uint base, uint i, float y) { pc.out_.v[base + i] = y; } /* (flags & ROWS_HALF needs n % 4 == 0) */
 
 void main() {
     uint r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;

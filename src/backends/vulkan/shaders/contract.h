@@ -1,0 +1,99 @@
+/*
+ * The contract between the Vulkan host code and the shaders: push-constant flag bits and
+ * specialisation-constant ids, defined once. Written in the common subset of C and GLSL (only
+ * #define of integer literals), so that both sides include it: common.glsl (every shader but
+ * mm_cm2.comp, whose SPIR-V is prebuilt) and vulkan_impl.h. The push-constant structs
+ * themselves are declared twice (struct pc_* in program.c and prefill.c, the shaders' PC
+ * blocks), field for field in the same order.
+ *
+ * Glossary of the abbreviations the backend's code and its knobs (docs/TUNING.md) use:
+ *   QX    integer-dot-product products: the input rounded to int8 in blocks of 32
+ *         (qx.comp), the weights' groups of 8 as packed dot products (matvec.comp QX)
+ *   QXV   the QX variants of matvec.comp beyond the plain ones (vk_qxv: XM 1, 2, teams)
+ *   XM    how a QX product's input was rounded: 0 blocks of 32 (qx.comp), 1 blocks of 8 by
+ *         the product that wrote it, 2 the same with the next norm's 1 / rms left to the reader
+ *   QXR   products that round their outputs for the next product themselves (program.c
+ *         qx_round), as QXT teams
+ *   QXT   a QX product as teams of threads a workgroup, 8 rows in all (MV_ROUND)
+ *   MQX   the persistent step's QX products (mega.comp MQX), rounding their input themselves
+ *   MEGA  the persistent decode step (mega.comp): one dispatch of a workgroup per SM that
+ *         meets at counters where the dispatches had barriers
+ *   NR    rows per workgroup; WG threads per workgroup; NT teams per workgroup; PIPE units a
+ *         thread takes per iteration; UG groups of 8 weights per unit (common.glsl)
+ *   NSG   subgroups per workgroup; SG the subgroup size; ASG the persistent step's subgroups
+ *         that take attention units
+ *   LPR   lanes per cache row (attention); RPC cache rows per chunk; GS the workgroups a kv
+ *         head's query heads are split over; G query heads per kv head; D head dimension
+ *   PF    groups of 8 weights a lane loads at a time (MEGA); PFQ slots of 64 (MQX)
+ *   QPIPE MQX: the next batch's loads issued before a batch is summed; QLG short rows taken
+ *         by groups of lanes; QT the weight types an MQX kernel is compiled for
+ *   MMH   float16 products on cooperative matrices (mm_h.comp); CM2 on workgroup-scope
+ *         matrices (VK_NV_cooperative_matrix2, mm_cm2.comp); DQ weights dequantised to
+ *         float16 rows for them (dq.comp)
+ *   KV16  float16 attention caches
+ */
+#ifndef ANVIL_VK_CONTRACT_H
+#define ANVIL_VK_CONTRACT_H
+
+/* ---- push-constant flags ---- */
+
+/* matvec.comp's flags (struct pc_matvec; also word 25 of a mega.comp product phase) */
+#define MV_NORM 1u       /* x RMS-normalised on the fly: dot(W, x * normw) / rms(x) */
+#define MV_RES 2u        /* the residual res added to the outputs */
+#define MV_SHARED 4u     /* MODE 2/3: one more expert, the shared one (w1/w2, normw's input) */
+#define MV_ROUND 16u     /* QXT: the outputs rounded for the next product into xq */
+#define MV_ROUND_NW 32u  /* QXT: the outputs times the next norm's weights nw rounded (XM 2) */
+
+/* qx.comp's flags (struct pc_qx) */
+#define QX_NORM 1u /* x * normw / rms(x) rounded */
+
+/* gdn.comp's flags (struct pc_gdn) */
+#define GDN_A_LOG 1u /* the decay rate is -exp(A) (A holds A_log), else A itself */
+#define GDN_TILED 2u /* the state tiled over workgroups */
+
+/* mm.comp's and mm_h.comp's flags (struct pc_mm, struct pc_mmh) */
+#define MM_RES 1u   /* the residual res added to y */
+#define MM_GATED 2u /* the experts' gate/up products: mm.comp MODE 2 takes gate and up (w, w1)
+                       -> SwiGLU; mm_h.comp GATHER reads x by token, unscaled (without it:
+                       the entry's own row, scaled by its routing weight) */
+
+/* rows.comp's flags (struct pc_rows) */
+#define ROWS_HALF 1u /* rms_norm and swiglu also write float16 rows to h */
+
+/* ---- specialisation-constant ids ---- */
+
+#define SPEC_WG 0    /* local_size_x_id where a kernel's workgroup size is specialised */
+#define SPEC_MODE 0  /* the MODE of mm.comp, gdn.comp, rows.comp, moe_rows.comp, moe_topk.comp */
+#define SPEC_KV16 29 /* common.glsl's KV16 (every kernel) */
+
+/* matvec.comp */
+#define MV_SPEC_NR 1
+#define MV_SPEC_MODE 2
+#define MV_SPEC_PIPE 3
+#define MV_SPEC_NT 4 /* QXV only */
+#define MV_SPEC_XM 5 /* QXV only */
+
+/* attention.comp (decode) */
+#define ATTN_SPEC_WG 3 /* local_size_x_id: NSG * SG */
+#define ATTN_SPEC_G 0
+#define ATTN_SPEC_D 1
+#define ATTN_SPEC_SG 2
+#define ATTN_SPEC_NSG 4
+#define ATTN_SPEC_LPR 5
+#define ATTN_SPEC_GS 6
+
+/* mega.comp (its workgroup size: SPEC_WG) */
+#define MEGA_SPEC_G 1
+#define MEGA_SPEC_D 2
+#define MEGA_SPEC_SG 3
+#define MEGA_SPEC_PF 4
+#define MEGA_SPEC_ASG 5
+#define MEGA_SPEC_R 6
+#define MEGA_SPEC_LPR 7
+#define MEGA_SPEC_RPC 8
+#define MEGA_SPEC_PFQ 9
+#define MEGA_SPEC_QPIPE 10
+#define MEGA_SPEC_QLG 11
+#define MEGA_SPEC_QT 12
+
+#endif
