@@ -3,8 +3,9 @@
  * the stored weights (dequantised one row of blocks at a time), multithreaded over rows and
  * heads. Every other backend is checked against it.
  *
- * A program is the graph plus a static memory plan: each computed node gets a buffer at
- * compile time, reused once the node's last consumer has run, so a run allocates nothing.
+ * A program is the graph plus a static memory plan (src/graph/plan.h): each computed node
+ * gets a block of one arena at compile time, reused once the node's last consumer has run, so
+ * a run allocates nothing.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 
 #include "backends/backend.h"
 #include "base/tuning.h"
+#include "graph/plan.h"
 #include "quant/quant.h"
 
 struct cpu_state {
@@ -32,7 +34,8 @@ struct cpu_program {
     struct cpu_backend *b;
     struct graph g;      /* a copy of the compiled graph's nodes */
     float **bufs;        /* per node: its values (NULL for weights and tokens) */
-    float **slabs;       /* the distinct allocations behind bufs */
+    float **slabs;       /* the distinct allocations behind bufs: the arena, then float32
+                            copies of weights read elementwise */
     int n_slabs;
     float *scratch;      /* per thread: max_k floats of dequantised weight rows */
     int64_t scratch_per_thread;
@@ -485,6 +488,12 @@ static anvil_status bind_state(struct cpu_backend *b, const struct node *n) {
     return ANVIL_OK;
 }
 
+/* The nodes that get a block of the arena: every computed one but views (reshapes). */
+static bool cpu_planned(const struct node *n) {
+    return n->op != OP_TOKENS && n->op != OP_WEIGHT && n->op != OP_STATE && n->op != OP_WEIGHT_STACK &&
+           n->op != OP_WEIGHT_ROWS && n->op != OP_RESHAPE;
+}
+
 static anvil_status cpu_compile(struct backend *base, const struct graph *g, struct program **out) {
     struct cpu_backend *b = (struct cpu_backend *)base;
     *out = NULL;
@@ -494,9 +503,7 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
     p->round_x = b->round_x;
     anvil_status st = graph_init(&p->g, g->n_tokens);
     int n = g->n_nodes;
-    int *last_use = NULL, *root = NULL, *slab_of = NULL;
-    int64_t *slab_size = NULL;
-    bool *slab_free = NULL;
+    struct graph_plan P = {0};
     if (st != ANVIL_OK) goto fail;
     free(p->g.nodes);
     p->g = *g;
@@ -504,26 +511,17 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
     p->g.cap_nodes = n;
     p->bufs = xcalloc((size_t)n, sizeof *p->bufs);
     p->slabs = xcalloc((size_t)n, sizeof *p->slabs);
-    last_use = xmalloc((size_t)n * sizeof *last_use);
-    root = xmalloc((size_t)n * sizeof *root);
-    slab_of = xmalloc((size_t)n * sizeof *slab_of);
-    slab_size = xcalloc((size_t)n, sizeof *slab_size);
-    slab_free = xcalloc((size_t)n, sizeof *slab_free);
-    if (!p->g.nodes || !p->bufs || !p->slabs || !last_use || !root || !slab_of || !slab_size ||
-        !slab_free) {
+    if (!p->g.nodes || !p->bufs || !p->slabs) {
         st = ANVIL_ERR_NOMEM;
         goto fail;
     }
     memcpy(p->g.nodes, g->nodes, (size_t)n * sizeof *p->g.nodes);
+    /* reshapes alias their source (rows are copies): planned on the root node */
+    if ((st = graph_plan_init(&p->g, false, &P)) != ANVIL_OK) goto fail;
 
-    /* reshapes alias their source: plan on the root node */
     int64_t max_k = 1, op_need = 0, op_ineed = 0;
     for (int i = 0; i < n; i++) {
         const struct node *nd = &p->g.nodes[i];
-        root[i] = nd->op == OP_RESHAPE ? root[nd->src[0]] : i;
-        last_use[i] = i;
-        for (int s = 0; s < GRAPH_MAX_SRC; s++)
-            if (nd->src[s] >= 0) last_use[root[nd->src[s]]] = i;
         if ((nd->op == OP_WEIGHT || nd->op == OP_WEIGHT_ROWS) && (st = check_weight(nd)) != ANVIL_OK)
             goto fail;
         for (int e = 0; nd->op == OP_WEIGHT_STACK && e < nd->ne[2]; e++) {
@@ -549,12 +547,18 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
         }
         if (nd->op == OP_ATTENTION) max_k = MAX(max_k, p->g.nodes[nd->src[3]].ne[2]);
     }
-    last_use[root[g->output]] = n; /* the output survives the run */
 
-    /* greedy plan: best-fitting free slab, else a new one */
+    /* the activations: one arena, a block reused once its last reader has run */
+    struct graph_mem mem = {cpu_planned, 64, 0};
+    if ((st = graph_plan_memory(&p->g, &mem, &P)) != ANVIL_OK) goto fail;
+    p->slabs[p->n_slabs] = aligned_alloc(64, MAX(P.size, 64));
+    if (!p->slabs[p->n_slabs]) {
+        st = err_set(ANVIL_ERR_NOMEM, "cpu: out of memory for activations");
+        goto fail;
+    }
+    char *arena = (char *)p->slabs[p->n_slabs++];
     for (int i = 0; i < n; i++) {
         const struct node *nd = &p->g.nodes[i];
-        slab_of[i] = -1;
         if (nd->op == OP_STATE) {
             p->bufs[i] = b->states[nd->state].data;
             continue;
@@ -575,38 +579,16 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
                 st = err_set(ANVIL_ERR_NOMEM, "cpu: out of memory");
                 goto fail;
             }
-            p->slabs[p->n_slabs] = f;
-            slab_size[p->n_slabs++] = 0; /* never reused */
+            p->slabs[p->n_slabs++] = f;
             dtype_traits(nd->weight->type)->to_f32(nd->weight->data, f, node_nelem(nd));
             p->bufs[i] = f;
             continue;
         }
         if (nd->op == OP_RESHAPE) {
-            p->bufs[i] = p->bufs[root[i]];
+            p->bufs[i] = p->bufs[P.root[i]];
             continue;
         }
-        int64_t need = node_nelem(nd), best = -1;
-        for (int s = 0; s < p->n_slabs; s++)
-            if (slab_free[s] && slab_size[s] >= need && (best < 0 || slab_size[s] < slab_size[best]))
-                best = s;
-        if (best < 0) {
-            best = p->n_slabs++;
-            slab_size[best] = need;
-            p->slabs[best] = malloc((size_t)need * sizeof(float));
-            if (!p->slabs[best]) {
-                st = err_set(ANVIL_ERR_NOMEM, "cpu: out of memory for activations");
-                goto fail;
-            }
-        }
-        slab_free[best] = false;
-        slab_of[i] = (int)best;
-        p->bufs[i] = p->slabs[best];
-        /* sources whose last consumer is this node give their slab back; freeing only after
-         * this node's own slab is taken keeps inputs and output apart */
-        for (int s = 0; s < GRAPH_MAX_SRC; s++) {
-            int src = nd->src[s] >= 0 ? root[nd->src[s]] : -1;
-            if (src >= 0 && last_use[src] == i && slab_of[src] >= 0) slab_free[slab_of[src]] = true;
-        }
+        p->bufs[i] = (float *)(arena + P.off[i]);
     }
     p->scratch_per_thread = max_k;
     p->scratch = xmalloc((size_t)thread_pool_size(b->pool) * (size_t)max_k * sizeof(float));
@@ -616,19 +598,11 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
         st = ANVIL_ERR_NOMEM;
         goto fail;
     }
-    free(last_use);
-    free(root);
-    free(slab_of);
-    free(slab_size);
-    free(slab_free);
+    graph_plan_free(&P);
     *out = (struct program *)p;
     return ANVIL_OK;
 fail:
-    free(last_use);
-    free(root);
-    free(slab_of);
-    free(slab_size);
-    free(slab_free);
+    graph_plan_free(&P);
     cpu_program_destroy((struct program *)p);
     return st;
 }
