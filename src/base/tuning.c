@@ -44,7 +44,7 @@ static const struct knob KNOBS[] = {
      "The attention caches' type where the session's parameters leave it to the default "
      "(`--kv-cache`, `anvil_session_params.kv_cache` win). float16 halves the caches' memory "
      "(Qwen3-8B at 40960 tokens: 5.6 instead of 11.3 GiB) and speeds long contexts (8B Q4_K_M "
-     "after 16384 tokens 157.9 -> 175.4 t/s on the H100, docs/PERF.md §25)."},
+     "after 16384 tokens 157.9 -> 175.4 t/s on the H100, docs/perf/log.md §25)."},
     INT("ANVIL_PREFILL_CHUNK", C_USER, prefill_chunk, 2048, 1, 1 << 20, NULL,
         "Tokens per chunk of a prompt through the prefill program where `--prefill-chunk` "
         "(`anvil_session_params.prefill_chunk`) does not say (1: no prefill program, a "
@@ -82,57 +82,57 @@ static const struct knob KNOBS[] = {
         "CUDA backend does; logits move by ~1% of their scale): 0 keeps float inputs everywhere, "
         "1 uses them where the device has them unaccelerated (lavapipe: tests). By default where "
         "the device accelerates 8-bit dot products: 8B Q4_K_M decode 219 -> 262 t/s, Q8_0 203 -> "
-        "218 on the H100 (docs/PERF.md §23)."),
+        "218 on the H100 (docs/perf/log.md §23)."),
     BOOL("ANVIL_CPU_QX", C_DIAGNOSTIC, cpu_qx, 0,
          "The CPU backend rounds its one-token matmul inputs as the Vulkan integer-dot-product "
          "path does: the oracle for that path (vulkan_test)."),
     BOOL("ANVIL_VK_COOPMAT", C_DIAGNOSTIC, vk_coopmat, 1,
          "The prefill's products on NVIDIA's cooperative matrices where the device has them "
          "(float16 weights and inputs, float32 sums: logits move by ~1e-3 of their scale; 3.5x "
-         "faster at pp512 on the H100, docs/PERF.md §15); 0 keeps the float32 tiles."),
+         "faster at pp512 on the H100, docs/perf/log.md §15); 0 keeps the float32 tiles."),
     BOOL("ANVIL_VK_CM2", C_DIAGNOSTIC, vk_cm2, 1,
          "The prefill's dense products on VK_NV_cooperative_matrix2's workgroup matrices "
          "(mm_cm2.comp) where the device has them: 8B Q4_K_M pp512 5056 -> 11,070 t/s on the "
-         "H100 (docs/PERF.md §29-30); 0 keeps the subgroup matrices."),
+         "H100 (docs/perf/log.md §29-30); 0 keeps the subgroup matrices."),
     BOOL("ANVIL_VK_DQ_EMULATE", C_DIAGNOSTIC, vk_dq_emulate, 0,
          "For tests: the float16 weight pieces multiplied with the float32-tile kernel where "
          "there are no cooperative matrices."),
     INT("ANVIL_VK_MEGA", C_DIAGNOSTIC, vk_mega, -1, 0, 1, "where the SM count is known",
         "The persistent decode step (mega.comp: the step's products and attentions as one "
         "dispatch of a workgroup per SM meeting at counters; Qwen3-0.6B BF16 decode 813 -> 947 "
-        "t/s on the H100, docs/PERF.md §31): 0 off, 1 also where the SM count is unknown (one "
+        "t/s on the H100, docs/perf/log.md §31): 0 off, 1 also where the SM count is unknown (one "
         "workgroup: lavapipe, tests)."),
     INT("ANVIL_VK_MEGA_QX", C_DIAGNOSTIC, vk_mega_qx, -1, 0, 1, "where every product is small",
         "Dense models' Q4_K, Q6_K and Q8_0 products in the persistent step (MQX), each workgroup "
         "rounding a product's input itself: by default where every product is under "
-        "ANVIL_VK_MQX_MAX_MB (Qwen3-0.6B Q4_K_M 796 -> 937 t/s, docs/PERF.md §32); 0 never, 1 "
+        "ANVIL_VK_MQX_MAX_MB (Qwen3-0.6B Q4_K_M 796 -> 937 t/s, docs/perf/log.md §32); 0 never, 1 "
         "whatever the sizes."),
     REAL("ANVIL_VK_QX_MIN_MB", C_DIAGNOSTIC, vk_qx_min_mb, 8, 0, 1e9, NULL,
          "The smallest product (MB of weights, gate and up together) that takes integer dot "
          "products behind a rounding dispatch: a rounding dispatch costs ~4.6 us on the H100, "
-         "so the 0.6B's matrices (2-7 MB) lost 16% and the 8B's gained 17% (docs/PERF.md §23)."),
+         "so the 0.6B's matrices (2-7 MB) lost 16% and the 8B's gained 17% (docs/perf/log.md §23)."),
     REAL("ANVIL_VK_MQX_MAX_MB", C_EXPERIMENT, vk_mqx_max_mb, 8, 0, 1e9, NULL,
          "MQX takes a dense model whose products are all under this many MB: the 1.7B "
          "(gate/up 14 MB) is 2.6% faster as dispatches, the 0.6B (3.5 MB) 10% slower "
-         "(docs/PERF.md §32, §35)."),
+         "(docs/perf/log.md §32, §35)."),
     REAL("ANVIL_VK_PREFETCH_MB", C_DIAGNOSTIC, vk_prefetch_mb, -1, 0, 4096,
          "16 on discrete NVIDIA GPUs, else 0",
          "Weights read into L2 beside the decode attention (prefetch.comp: the o projection's "
          "and a quarter of the gate/up's, dense layers only; at most this many MB): 8B Q4_K_M "
-         "323 -> 333 t/s on the H100, whose L2 holds 50 MB (docs/PERF.md §36). 0 turns it off, "
+         "323 -> 333 t/s on the H100, whose L2 holds 50 MB (docs/perf/log.md §36). 0 turns it off, "
          "another value turns it on on any GPU."),
     BOOL("ANVIL_VK_OVERLAP", C_DIAGNOSTIC, vk_overlap, 1,
          "No barrier between two matrix-vector products of the same input (the Q4_K_M mix's "
          "Q6_K v projections: 8B +1.6%); 0 keeps it."),
     BOOL("ANVIL_VK_PACE", C_DIAGNOSTIC, vk_pace, 1,
          "The host sleeps through most of a batch of decode steps before waiting for it "
-         "(docs/PERF.md §11); 0 waits at once."),
+         "(docs/perf/log.md §11); 0 waits at once."),
     INT("ANVIL_VK_ATTN_CHUNKS", C_DIAGNOSTIC, vk_attn_chunks, 64, 1, 64, NULL,
         "The most chunks a decode attention splits the cache into (one is used per 32 cached "
         "rows with subgroups of 32, per 16 for heads of 256)."),
     BOOL("ANVIL_VK_FLASH", C_DIAGNOSTIC, vk_flash, 1,
          "The prefill's causal attention on cooperative matrices (float16 q/k/v): 8B Q4_K_M "
-         "pp4096 2011 -> 4304 t/s with the rest of docs/PERF.md §20-22; 0 keeps the float32 kernel."),
+         "pp4096 2011 -> 4304 t/s with the rest of docs/perf/log.md §20-22; 0 keeps the float32 kernel."),
     BOOL("ANVIL_VK_PF_GROUP", C_DIAGNOSTIC, vk_pf_group, 1,
          "The prefill's products of one input (q, k, v; gate, up) side by side on workgroup "
          "matrices; 0 runs them one at a time."),
@@ -147,20 +147,20 @@ static const struct knob KNOBS[] = {
          "moe_topk.comp."),
     BOOL("ANVIL_VK_QXR", C_DIAGNOSTIC, vk_qxr, 1,
          "Products whose output feeds another QX product round it themselves (QXR: in blocks of "
-         "8, the next norm folded in): 8B Q4_K_M 294 -> 308 t/s on the H100 (docs/PERF.md §33); "
+         "8, the next norm folded in): 8B Q4_K_M 294 -> 308 t/s on the H100 (docs/perf/log.md §33); "
          "0 puts a rounding dispatch before each."),
     INT("ANVIL_VK_QXT_ALL", C_DIAGNOSTIC, vk_qxt_all, 1, 0, 2, NULL,
         "Which products that feed no rounding run as teams (QXT) anyway: 1 those of Q4_K and "
-        "Q5_K weights (8B Q4_K_M 308 -> 314 t/s, docs/PERF.md §35), 0 none, 2 every type's."),
+        "Q5_K weights (8B Q4_K_M 308 -> 314 t/s, docs/perf/log.md §35), 0 none, 2 every type's."),
     INT("ANVIL_VK_BATCH", C_DIAGNOSTIC, vk_batch, 8, 1, 64, NULL,
         "Decode steps recorded in one command buffer and submitted together."),
     /* ---- experiment ---- */
     INT("ANVIL_VK_DQ_MAX_MB", C_EXPERIMENT, vk_dq_max_mb, 256, 1, 4096, NULL,
         "The largest float16 weight piece the prefill dequantises at once (MiB): 64 MiB pieces "
-        "lost 16% at 8B Q4_K_M pp512, 96 MiB 8% at 30B-A3B (docs/PERF.md §30)."),
+        "lost 16% at 8B Q4_K_M pp512, 96 MiB 8% at 30B-A3B (docs/perf/log.md §30)."),
     BOOL("ANVIL_VK_MMH", C_EXPERIMENT, vk_mmh, 0,
          "mm_h.comp's tiles walking K 64 at a time instead of 32 (pp512 on the H100: 3541 "
-         "against 3618 t/s, docs/PERF.md §15)."),
+         "against 3618 t/s, docs/perf/log.md §15)."),
     {"ANVIL_VK_MATVEC_WG", K_INT, C_EXPERIMENT, F(vk_matvec_wg), 128, 32, 1024, 32, NULL, NULL, 0,
      "Threads per workgroup of the float matrix-vector kernels."},
     INT("ANVIL_VK_MATVEC_NR", C_EXPERIMENT, vk_matvec_nr, 2, 1, 8, NULL,
@@ -170,7 +170,7 @@ static const struct knob KNOBS[] = {
     INT("ANVIL_VK_MATVEC_NR_MOE", C_EXPERIMENT, vk_matvec_nr_moe, 0, 1, 8, "the kind's",
         "Rows per workgroup of the experts' float matrix-vector kernels."),
     INT("ANVIL_VK_MATVEC_PIPE", C_EXPERIMENT, vk_matvec_pipe, 1, 1, 4, NULL,
-        "Units per thread per iteration of the float matrix-vector kernels (2 lost: docs/PERF.md §27)."),
+        "Units per thread per iteration of the float matrix-vector kernels (2 lost: docs/perf/log.md §27)."),
     {"ANVIL_VK_MATVEC_NR_<T>", K_INT, C_EXPERIMENT, FA(vk_matvec_nr_kind), 0, 1, 8, 0, "as above",
      KIND_T, TUNE_WEIGHT_KINDS, "Rows per workgroup of one weight type's float kernels."},
     {"ANVIL_VK_MATVEC_WG_<T>", K_INT, C_EXPERIMENT, FA(vk_matvec_wg_kind), 0, 1, 1024, 0, "as above",
@@ -181,22 +181,22 @@ static const struct knob KNOBS[] = {
      QX_T, TUNE_QX_KINDS,
      "Rows per workgroup of the integer-dot-product kernels, per type and mode (_SWIGLU: "
      "gate/up -> SwiGLU); the defaults (pipelines.c QX_SHAPE) measured on the H100: 8B "
-     "Q4_K_M 271 -> 286 t/s (docs/PERF.md §26, §35)."},
+     "Q4_K_M 271 -> 286 t/s (docs/perf/log.md §26, §35)."},
     {"ANVIL_VK_QX_WG_<T>", K_INT, C_EXPERIMENT, FA(vk_qx_wg), 0, 1, 1024, 0, "the type's tuned shape",
      QX_T, TUNE_QX_KINDS, "Threads per workgroup of the integer-dot-product kernels, per type and mode."},
     {"ANVIL_VK_QX_PIPE_<T>", K_INT, C_EXPERIMENT, FA(vk_qx_pipe), 0, 1, 8, 0, "the type's tuned shape",
      QX_T, TUNE_QX_KINDS,
-     "Units per thread per iteration of the integer-dot-product kernels (2 lost: docs/PERF.md "
+     "Units per thread per iteration of the integer-dot-product kernels (2 lost: docs/perf/log.md "
      "§27, §35)."},
     INT("ANVIL_VK_QXT_TW", C_EXPERIMENT, vk_qxt_tw, 0, 1, 1024, "the rule",
-        "Threads a team of the QXT products (64 for the K-quants, docs/PERF.md §33)."),
+        "Threads a team of the QXT products (64 for the K-quants, docs/perf/log.md §33)."),
     INT("ANVIL_VK_QXT_TW1", C_EXPERIMENT, vk_qxt_tw1, 0, 1, 1024, "ANVIL_VK_QXT_TW's",
         "Threads a team of the QXT products whose input is rounded by qx.comp (XM 1: the down "
         "projections)."),
     INT("ANVIL_VK_QXT_NR_Q6_K", C_EXPERIMENT, vk_qxt_nr_q6_k, 0, 1, 8, "2",
-        "Rows a team of Q6_K weights (4 lost: 300 against 309 t/s, docs/PERF.md §33)."),
+        "Rows a team of Q6_K weights (4 lost: 300 against 309 t/s, docs/perf/log.md §33)."),
     INT("ANVIL_VK_QXT_TW_SWIGLU", C_EXPERIMENT, vk_qxt_tw_swiglu, 0, 1, 1024, "the rule",
-        "Threads a team of the SwiGLU products (32 for Q4_K and Q5_K: +0.3-0.7%, docs/PERF.md §36)."),
+        "Threads a team of the SwiGLU products (32 for Q4_K and Q5_K: +0.3-0.7%, docs/perf/log.md §36)."),
     INT("ANVIL_VK_ATTN_NSG", C_EXPERIMENT, vk_attn_nsg, 4, 1, 8, NULL,
         "Subgroups per decode-attention workgroup."),
     {"ANVIL_VK_ATTN_LPR", K_INT, C_EXPERIMENT, F(vk_attn_lpr), 0, 2, 16, -1, "the shader's rule", NULL, 0,
@@ -205,12 +205,12 @@ static const struct knob KNOBS[] = {
     INT("ANVIL_VK_ATTN_GS", C_EXPERIMENT, vk_attn_gs, 0, 1, 1024, "the rule",
         "Decode-attention workgroups a kv head's query heads are split over (a divisor of them; "
         "the rule: one per 4 heads where there are 8 or more, as Qwen3-30B-A3B's, else 1: 30B-A3B "
-        "Q4_K_M decode 260 -> 280 t/s on the H100, docs/PERF.md §38)."),
+        "Q4_K_M decode 260 -> 280 t/s on the H100, docs/perf/log.md §38)."),
     INT("ANVIL_VK_MEGA_GRID", C_EXPERIMENT, vk_mega_grid, 0, 1, 4096, "the SM count",
         "Workgroups of the persistent step (only where the SM count is known; a grid the device "
         "cannot hold at once fails with an error naming this variable)."),
     INT("ANVIL_VK_MEGA_WG", C_EXPERIMENT, vk_mega_wg, 0, 1, 1024, "256",
-        "Threads per workgroup of the persistent step (256 measured best, docs/PERF.md §31; at "
+        "Threads per workgroup of the persistent step (256 measured best, docs/perf/log.md §31; at "
         "least a subgroup)."),
     {"ANVIL_VK_MEGA_R", K_INT, C_EXPERIMENT, F(vk_mega_r), 2, 2, 16, 2, NULL, NULL, 0,
      "Rows a subgroup of the persistent step multiplies at once (even)."},
@@ -227,7 +227,7 @@ static const struct knob KNOBS[] = {
     BOOL("ANVIL_VK_MEGA_QLG", C_EXPERIMENT, vk_mega_qlg, 1,
          "MQX: rows of fewer slots than lanes taken by groups of lanes."),
     BOOL("ANVIL_VK_MEGA_LMHEAD", C_EXPERIMENT, vk_mega_lmhead, 0,
-         "The LM head in the persistent step (its own kernel streams it faster, docs/PERF.md §31)."),
+         "The LM head in the persistent step (its own kernel streams it faster, docs/perf/log.md §31)."),
     BOOL("ANVIL_VK_MEGA_ATTN", C_EXPERIMENT, vk_mega_attn, 1,
          "The attentions in the persistent step; 0 leaves them dispatches between its runs."),
     INT("ANVIL_VK_MEGA_SKIP", C_EXPERIMENT, vk_mega_skip, 0, 0, 65535, NULL,

@@ -9,7 +9,7 @@
  * Classes: user (what a user may set; the same settings are API parameters and CLI flags
  * where they have them), diagnostic (tests, CI, debugging: validation, fault injection,
  * profiles), experiment (kernel shapes and switches kept for measuring on other GPUs; their
- * defaults are the measured best, docs/PERF.md).
+ * defaults are the measured best, docs/perf).
  *
  * Per-type knobs: a name with "<T>" stands for one variable per suffix (ANVIL_VK_QX_NR_<T>:
  * ANVIL_VK_QX_NR_Q4_K, ANVIL_VK_QX_NR_Q4_K_SWIGLU, ...), parsed into an array in the

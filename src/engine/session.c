@@ -12,7 +12,7 @@
 #include "base/tuning.h"
 
 /* Prompt tokens per prefill chunk: 2048 by default (ANVIL_PREFILL_CHUNK; the 8B's pp4096 on
- * the H100: 8007 t/s in chunks of 512, 9750 in chunks of 2048, docs/PERF.md §30). Where the
+ * the H100: 8007 t/s in chunks of 512, 9750 in chunks of 2048, perf rule "prefill on the matrix units", docs/perf). Where the
  * device has no room for a chunk's buffers, the chunk halves, down to PREFILL_CHUNK_MIN
  * (chunk_program). */
 #define PREFILL_CHUNK_MIN 512

@@ -219,7 +219,7 @@ int cmd_bench(int argc, char **argv) {
     if (N > 0) {
         /* warm-up: a whole repetition (after 8 tokens only, the first single 64-token
          * repetition on a freshly started H100 measured the 0.6B at 341 instead of ~806 t/s:
-         * docs/PERF.md section 26) */
+         * docs/perf/README.md, how to measure) */
         if (!run_tg(s, toks, P, N, &secs)) goto eval_fail;
         res[n_res] = res[1];
         double cpu = 0, thread_cpu = 0;

@@ -299,7 +299,7 @@ static bool has_device_ext(VkPhysicalDevice pd, const char *name);
  * run: the device has VK_NV_cooperative_matrix with 16x16x16 float16 x float16 -> float32
  * subgroup matrices, float16 arithmetic, the Vulkan memory model (the shader's scopes) and
  * subgroups of 32. On by default (checked against the CPU on the H100: inputs rounded to
- * float16 move logits by ~1e-3 of their scale, docs/PERF.md §15); ANVIL_VK_COOPMAT=0 turns it
+ * float16 move logits by ~1e-3 of their scale: perf rule "prefill on the matrix units"); ANVIL_VK_COOPMAT=0 turns it
  * off (the float32 shared-memory tiles of mm.comp then run everywhere). */
 static bool want_coopmat(const struct tuning *t, VkPhysicalDevice pd, uint32_t subgroup_size) {
     if (!t->vk_coopmat || subgroup_size != 32 ||

@@ -555,12 +555,12 @@ static uint32_t knob_nr(int v, uint32_t dflt) { return v >= 1 && v <= 8 ? (uint3
 /* The integer-dot-product kernels' rows and threads per workgroup, per type (vk_qx_index
  * order: Q8_0, Q4_K, Q5_K, Q6_K) and MODE (0: a product, 1: gate/up -> SwiGLU). They do far
  * fewer instructions per weight than the float kernels and prefer other shapes; measured on
- * the H100 (docs/PERF.md section 26: 8B Q4_K_M 271 -> 286 t/s, Q6_K +5%; section 35); PIPE 2
- * lost (sections 27, 35). Where a product runs as teams (qxv_spec) a K-quant team takes NR
+ * the H100 (8B Q4_K_M 271 -> 286 t/s, Q6_K +5%: perf rule "integer dot products"); PIPE 2
+ * lost (perf rule "big products at the roofline"). Where a product runs as teams (qxv_spec) a K-quant team takes NR
  * rows, a Q8_0 workgroup's threads are its team's. Q8_0's SwiGLU: 256 -> 128 threads +1.6%;
- * its LM head (the 0.6B's, K 1024) lost 3% at 256 (section 35). Q4_K's products: 1 -> 2 rows
+ * its LM head (the 0.6B's, K 1024) lost 3% at 256 (perf rule "teams and wide units"). Q4_K's products: 1 -> 2 rows
  * with the q/k/v as teams; Q5_K's: 1 -> 2 rows with its wide units, 8B Q5_K_M +3.7%. Q4_K's
- * SwiGLU in wide units at 1 row a team of 32 threads (qxv_spec): +0.3-0.7% (section 36). */
+ * SwiGLU in wide units at 1 row a team of 32 threads (qxv_spec): +0.3-0.7% (perf rule "teams and wide units"). */
 static const struct { uint8_t nr[2]; uint16_t wg[2]; uint8_t pipe[2]; } QX_SHAPE[VK_QX_KINDS] = {
     {{2, 2}, {128, 128}, {1, 1}}, /* Q8_0 */
     {{2, 1}, {128, 128}, {1, 1}}, /* Q4_K */
@@ -616,7 +616,7 @@ bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t val
 }
 
 /* mega.comp's shape (the persistent decode step, program.c form_mega): one workgroup of
- * ANVIL_VK_MEGA_WG threads (256, measured best on the H100: docs/PERF.md section 31) per SM,
+ * ANVIL_VK_MEGA_WG threads (256, measured best on the H100: perf rule "persistent step for small models") per SM,
  * where the device says how many SMs it has (VK_NV_shader_sm_builtins: the grid must be
  * resident all at once). ANVIL_VK_MEGA=0 turns it off, =1 on also where the SM count is
  * unknown (one workgroup: for tests on lavapipe); ANVIL_VK_MEGA_GRID, _PF (groups of 8
@@ -628,7 +628,7 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
     uint32_t sg = d->subgroup_size;
     out->mega_grid = t->vk_mega == 0 ? 0 : d->sm_count ? d->sm_count : t->vk_mega == 1 ? 1 : 0;
     /* other grids only where the device says how many SMs it has: on lavapipe several
-     * workgroups give wrong rows without the fault (docs/PERF.md section 31) */
+     * workgroups give wrong rows without the fault (docs/perf/log.md §31, §37) */
     if (out->mega_grid && d->sm_count && t->vk_mega_grid) out->mega_grid = (uint32_t)t->vk_mega_grid;
     uint32_t wg = MIN(256u, MIN(d->props.limits.maxComputeWorkGroupInvocations, d->props.limits.maxComputeWorkGroupSize[0]));
     int w = t->vk_mega_wg;
@@ -661,7 +661,7 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
 /* matvec.comp's specialisation (constants 0-5) for the QX variant k (K_MATVEC_QXV ..,
  * vk_qxv): the type's QX shape (vk_matvec_spec's); XM; teams (QXT): NT = 8 / NR teams of 64
  * threads for the K-quants (32 for the Q4_K and Q5_K SwiGLUs), Q6_K's of 2 rows, Q8_0's as its
- * QX shape (measured on the H100, docs/PERF.md section 33: 8B Q4_K_M 294 -> 309 t/s, where
+ * QX shape (measured on the H100, perf rule "teams and wide units": 8B Q4_K_M 294 -> 309 t/s, where
  * teams of 128 threads gave 290 and Q6_K's of 4 rows 300), narrower where a workgroup of NT
  * would exceed 32 subgroups or the device's limits. False where the teams' rows do not divide 8. */
 static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, int k, uint32_t vals[6]) {
@@ -719,8 +719,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     if (out->attn_nsg * d->subgroup_size > d->props.limits.maxComputeWorkGroupSize[0]) out->attn_nsg = 4;
     out->attn_lpr = (uint32_t)t->vk_attn_lpr; /* its lanes a cache row (0: the shader's rule) */
     /* the query heads of a kv head split over workgroups of 4 heads each where there are 8 or
-     * more (Qwen3-30B-A3B's 8: +7.5% at 512 tokens, +11% after 4096 on the H100; docs/PERF.md
-     * section 38); ANVIL_VK_ATTN_GS sets the split (a divisor of the heads) */
+     * more (Qwen3-30B-A3B's 8: +7.5% at 512 tokens, +11% after 4096 on the H100; perf rule
+     * "decode attention's shape"); ANVIL_VK_ATTN_GS sets the split (a divisor of the heads) */
     out->attn_gs = attn_g >= 8 && attn_g % 4 == 0 ? (uint32_t)attn_g / 4 : 1;
     if (t->vk_attn_gs && attn_g > 0 && attn_g % t->vk_attn_gs == 0) out->attn_gs = (uint32_t)t->vk_attn_gs;
     /* its shared memory: refuse what the device cannot hold rather than fail (or hang) at

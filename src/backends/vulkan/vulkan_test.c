@@ -379,7 +379,7 @@ static void toggled_free(struct toggled *t) {
  * projection after the Q4_K q and k): the decode program has fewer barriers than dispatches,
  * and its decode rows and greedy tokens equal those with every barrier (ANVIL_VK_OVERLAP=0),
  * on the float and on the integer-dot-product matvecs. (lavapipe runs dispatches one after
- * another, so only a GPU could show a missing barrier that mattered: docs/PERF.md, s85.) */
+ * another, so only a GPU could show a missing barrier that mattered: docs/perf/log.md, s85.) */
 static void test_overlap(void **state) {
     (void)state;
     /* kernels' results through the same host code as test_against_cpu: not worth their time
@@ -576,7 +576,7 @@ static void test_long_attention(void **state) {
  * each), more than the merge's subgroups reach if they take too few chunks each (64 threads:
  * 8 subgroups of 8 chunks; 4 each, as a version did, left half the chunks out).
  * (Grids of several workgroups are the GPU's to check: on lavapipe they give wrong rows without
- * the fault, docs/PERF.md section 31.) */
+ * the fault, docs/perf/log.md §31, §37.) */
 static void test_persistent_step(void **state) {
     (void)state;
     /* qx: K-quant products on integer dot products on both sides (mega.comp MQX against the
@@ -649,7 +649,7 @@ static void test_persistent_step(void **state) {
             assert_true(d < 0.05 * scale && sum / all < 0.005 * scale);
         } else {
             /* float16 caches: a value at a rounding tie goes either way when the two programs'
-             * float32 k differ by an ulp (docs/PERF.md section 25), which moves later rows by ~1e-3 */
+             * float32 k differ by an ulp (docs/perf/log.md §25), which moves later rows by ~1e-3 */
             assert_true(d < (cases[c].kv == ANVIL_KV_F16 ? 3e-3f : 1e-4f));
         }
         free(r[0]);

@@ -46,7 +46,7 @@ const uint DL = (D + SG - 1) / SG;   /* values of a row per lane */
 const uint RS = (GW + NSG) / NSG;    /* q/k rows a subgroup normalises, at most */
 layout(constant_id = ATTN_SPEC_LPR) const uint LPRC = 0; /* lanes per cache row (ANVIL_VK_ATTN_LPR), 0: the rule */
 /* lanes per cache row: 4, 8 for heads of 256 or more (Qwen3.6's: each lane's share of a k row
- * and its prefetch halve; H100, docs/PERF.md section 38) */
+ * and its prefetch halve; perf rule "decode attention's shape") */
 const uint LPR = LPRC != 0u ? (LPRC < SG ? LPRC : SG) : SG < 4u ? SG : D >= 256u && SG >= 8u ? 8u : 4u;
 const uint RPS = SG / LPR;           /* rows per subgroup pass */
 const uint KPL = (D4 + LPR - 1) / LPR; /* vec4 pieces of a k row per lane */

@@ -120,7 +120,7 @@ int sudot4(uint a, uint b, spirv_literal int fmt);
 /* Q8_0 on integer dot products (QWIDE8: every matvec_qx*_q8_0 kernel) in the repacked layout
  * below: a unit is a block, 32 weights in four groups of 8 under one scale. Against units of
  * one group, the 8B Q8_0 decodes 3-4% faster on the H100 where the SwiGLU's workgroups are of
- * 128 threads (docs/PERF.md section 35; at 256 they lost 7%, section 34). */
+ * 128 threads (at 256 they lost 7%: perf rule "teams and wide units"). */
 #define UG 4
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer W { uvec2 v[]; };
 uint unit_pos(uint u, uint g) { return 32u * u + 8u * g; }
@@ -199,7 +199,7 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
  * bytes 0-7 and 8-15: sub-block 2j; then their high nibbles: 2j + 1), [Q5_K: the fifth bits of
  * those 16 byte positions one uvec4,] the header one uvec4, its scales decoded once per 32
  * weights. A thread's 16-byte loads stream the o and down projections 12-20% faster on the
- * H100 (docs/PERF.md section 35), the SwiGLUs too at 1 row a team of 32 threads (section 36);
+ * H100, the SwiGLUs too at 1 row a team of 32 threads (perf rule "teams and wide units");
  * the units of 8 bytes serve the float kernels. */
 /* scale and min of sub-blocks 2j and 2j+1 (sc0, m0, sc1, m1), from the header as re-encoded on
  * upload (vulkan.c pack_k_scales) */

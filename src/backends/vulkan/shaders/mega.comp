@@ -2,9 +2,9 @@
 /* The decode step's layers in one dispatch (a persistent grid): a run of the decode program's
  * float matvecs (norm -> q/k/v, o + residual, gate/up -> SwiGLU, down + residual, the LM
  * head) and attentions, whose workgroups stay resident and meet at a counter where the
- * dispatches had a barrier between them (docs/PERF.md section 31). With MQX (and QX) the
+ * dispatches had a barrier between them (perf rule "persistent step for small models"). With MQX (and QX) the
  * products are Q4_K or Q6_K ones (a phase's type in its header) on integer dot products, each
- * workgroup rounding the product's input to int8 itself (section 32).
+ * workgroup rounding the product's input to int8 itself (MQX, the same rule).
  *
  * What a barrier costs is not the wait itself but that each kernel's first loads start only
  * after the whole of the kernel before has finished. So here each workgroup, once it has

@@ -3,20 +3,21 @@
  * VK_KHR_cooperative_matrix): y[t][nb + n] = sum_k x[t][k] * W[n][k]  (+ res[t][nb + n]
  * when flags & 1), the product of mm_h.comp, with its push constants, except that x [T, K]
  * is float16 here (dq.comp's float path rounds the float rows first: loading float tiles
- * and converting them in the kernel was 32% slower on the H100, docs/PERF.md §29); W the
- * float16 rows [N][Kp] that dq.comp wrote, y and res rows of ldy floats from column nb.
+ * and converting them in the kernel was 32% slower on the H100, perf rule "prefill on the
+ * matrix units"); W the float16 rows [N][Kp] that dq.comp wrote, y and res rows of ldy
+ * floats from column nb.
  *
  * A workgroup computes a BN x BM tile of y's transpose, W's rows times x's rows: W's tile is
  * the A matrix as it lies in memory, x's the B matrix through a transposing view, and the
  * result goes back through the same view (W as A was 22% faster than x as A with W
- * transposed, §30). Tensor layouts cut the tiles out of memory and the driver stages them
+ * transposed). Tensor layouts cut the tiles out of memory and the driver stages them
  * through shared memory and schedules the matrix units itself.
  *
  * Whole tiles (every tile of a 512-token chunk of a real model) take layouts with no bounds
  * checks, the strides masked to multiples of 8 so that the driver can prove 16-byte rows,
  * and U steps of K are loaded before any is multiplied: on the H100 the unclamped layouts
- * gave +19%, two steps at a time +14% more, four +5% more (§30). Edge tiles (T or N not a
- * multiple of the tile, K not of U * BK, odd row strides) take clamping layouts, K a step at
+ * gave +19%, two steps at a time +14% more, four +5% more (the same rule). Edge tiles (T or
+ * N not a multiple of the tile, K not of U * BK, odd row strides) take clamping layouts, K a step at
  * a time: loads past T, N or K read zeros and stores past T or N are dropped.
  *
  * MOE: the experts of a mixture, over rows laid out expert after expert (moe_rows.comp), each

@@ -9,7 +9,7 @@
  * float16 on the way); the next step's tiles are fetched from memory into registers while
  * the subgroups multiply the current ones. Results go straight to memory, except in tiles on
  * the edges of T and N, which leave through a 16 x 16 staging area where they are cut.
- * On the H100 the small tiles with little shared memory are the fast ones (docs/PERF.md). */
+ * On the H100 the small tiles with little shared memory are the fast ones (perf rule "prefill on the matrix units"). */
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
