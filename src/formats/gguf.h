@@ -60,6 +60,8 @@ enum gguf_type {
     GGUF_TYPE_COUNT,
 };
 const char *gguf_type_name(enum gguf_type t);
+/* Bytes of a scalar value of type t; 0 for string, array and unknown types. */
+size_t gguf_type_size(enum gguf_type t);
 
 /* A string inside the mapped file: NOT NUL-terminated. */
 struct gguf_str {
