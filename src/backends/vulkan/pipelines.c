@@ -615,7 +615,7 @@ bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t val
     return true;
 }
 
-/* mega.comp's shape (the persistent decode step, program.c form_mega): one workgroup of
+/* mega.comp's shape (the persistent decode step, decode/persistent.c form_mega): one workgroup of
  * ANVIL_VK_MEGA_WG threads (256, measured best on the H100: perf rule "persistent step for small models") per SM,
  * where the device says how many SMs it has (VK_NV_shader_sm_builtins: the grid must be
  * resident all at once). ANVIL_VK_MEGA=0 turns it off, =1 on also where the SM count is

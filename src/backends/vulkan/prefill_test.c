@@ -1,5 +1,5 @@
 /*
- * The Vulkan prefill program (prefill.c) against the CPU backend and against the decode
+ * The Vulkan prefill program (prefill/) against the CPU backend and against the decode
  * program: prompts longer than a tile (64) cut in chunks that are not multiples of it, every
  * row's logits vs the CPU; a prompt prefilled in chunks, then decoded, equals the same prompt
  * fed token by token through the decode program (greedy tokens equal, logits within rounding),

@@ -1,5 +1,5 @@
 /* The Vulkan backend: the device, the weights it has uploaded, the session's states (the KV
- * cache) and the vtable. Programs are decode programs (program.c). */
+ * cache) and the vtable. Programs are decode programs (decode/). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

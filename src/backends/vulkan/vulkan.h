@@ -1,4 +1,5 @@
-/* The Vulkan backend object, shared by vulkan.c (weights, states, vtable) and program.c. */
+/* The Vulkan backend object, shared by vulkan.c (weights, states, vtable), the decode program
+ * (decode/) and the prefill program (prefill.c). */
 #ifndef ANVIL_VULKAN_H
 #define ANVIL_VULKAN_H
 
@@ -57,39 +58,9 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
 void vk_program_destroy(struct vk_program *p);
 anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float *logits);
 anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res);
-/* Runs the sampling kernel once over logits [V] (any V), as the step at position n_hist - 1
- * whose token is hist[n_hist - 1] (the earlier ones being the history): the token it
- * chooses. For testing it against sampler.c. */
-anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, const struct sampling_params *sp,
-                            const int32_t *hist, int n_hist, int32_t *out);
 /* For tests: uploads one weight tensor (its rows packed as the kernels read them), found
  * afterwards by vk_weight_addr / vk_weight_kp. */
 anvil_status vk_upload_tensor(struct vk_backend *b, const struct tensor_info *t);
-/* For tests: qx.comp then matvec.comp QX (MODE 0) once, out = W · round(x [* normw / rms])
- * for W of a vk_qx_index type ({K, N}); also returns the rounded input as the kernels hold
- * it: xq [round_up(K, 256)] int8s and xd [round_up(K, 256) / 32] block scales. normw NULL:
- * no norm. out_mega not NULL: the same product as a phase of the persistent step (mega.comp
- * MQX, rounding x itself), where the device has it for W's type (else ANVIL_ERR_UNSUPPORTED). */
-anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w, const float *x,
-                               const float *normw, float eps, float *out, int8_t *xq, float *xd, float *out_mega);
-/* For tests: a product that rounds its outputs for the next one (matvec.comp QXT), then that
- * next one (XM 2 where nw, else XM 1), once: qx.comp rounds x [K] (no norm) into xq [Kq]
- * and xd [Kq / 32] (Kq = K rounded up to 256); y = [res +] wa · x, or silu(wa · x) * (wb · x)
- * (wb: gate/up, no res), [N1] (a multiple of 256); yq [2 N1 bytes] = y [* nw] rounded in
- * blocks of 8: N1 int8s, N1 / 8 scales, N1 / 8 sums of the blocks' squares of y; z = wc · yq
- * [N2] (divided by rms(y) with eps where nw); every output into the caller's arrays.
- * ANVIL_ERR_UNSUPPORTED where the device or the types have no such kernels. */
-anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, const struct tensor_info *wb,
-                         const struct tensor_info *wc, const float *x, const float *res, const float *nw, float eps,
-                         int8_t *xq, float *xd, float *y, uint8_t *yq, float *z);
-/* For tests: the MoE router kernel (moe_topk.comp, decode) once over logits [E] (1 .. 1024
- * experts, k 1 .. 64, else ANVIL_ERR_INVALID_ARG): the k experts it chooses, in order, into
- * the caller's ids [k], and their weights (normalised to sum 1 when norm) into weights [k]. */
-anvil_status vk_topk_once(struct vk_backend *b, const float *logits, int E, int k, bool norm, int32_t *ids,
-                          float *weights);
-/* For tests: n floats (a multiple of 8) to float16 through the shaders' conversion
- * (common.glsl half_rne, by dq.comp over a float32 row), into out [n]. */
-anvil_status vk_f16_once(struct vk_backend *b, const float *x, int n, uint16_t *out);
 /* With ANVIL_VK_PROFILE=1: GPU time per kernel of one step, as text. */
 size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap);
 void vk_program_stats(const struct vk_program *p, struct vk_stats *s);
@@ -102,7 +73,7 @@ size_t vk_program_list(const struct vk_program *p, int pos, char *buf, size_t ca
  * bytes vk_program_list counts, into out[cap] (*n_out of them). For backend_vtable.time. */
 anvil_status vk_program_time(struct vk_program *p, int pos, int reps, struct dispatch_time *out, int cap, int *n_out);
 
-/* The prefill program (prefill.c): a graph of T > 1 tokens (dense models) as matrix-matrix
+/* The prefill program (prefill/): a graph of T > 1 tokens (dense models) as matrix-matrix
  * products and row kernels over a chunk, recorded once, sharing the backend's weights and
  * KV cache with the decode program. ANVIL_ERR_UNSUPPORTED for graphs with ops it lacks. */
 struct vk_prefill;

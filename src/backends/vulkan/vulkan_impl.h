@@ -6,8 +6,10 @@
  *                device-local memory checks, the staging uploader
  *   pipelines.c  shader modules from the embedded SPIR-V, the persistent pipeline cache,
  *                one compute pipeline per kernel variant
- *   program.c    the decode program: graph -> fused kernels, a static memory plan, the step
- *                recorded once and resubmitted per token
+ *   decode/      the decode program: graph -> fused kernels, a static memory plan, the step
+ *                recorded once and resubmitted per token (decode/decode.h lists its files)
+ *   prefill/     the prefill program: a chunk of tokens as matrix-matrix products and row
+ *                kernels (prefill/prefill.h lists its files)
  *   vulkan.c     the backend object (weights, states) and its vtable
  */
 #ifndef ANVIL_VULKAN_IMPL_H
@@ -179,7 +181,7 @@ enum vk_kernel {
     K_MOE_TOPK, /* the router */
     K_GDN,      /* a Gated DeltaNet layer */
     K_SAMPLE,
-    /* the prefill program (prefill.c), per weight kind: matrix-matrix products, embedding rows */
+    /* the prefill program (prefill/), per weight kind: matrix-matrix products, embedding rows */
     K_MM_F32, K_MM_F16, K_MM_BF16, K_MM_Q8_0, K_MM_Q4_0, K_MM_Q4_1, K_MM_Q5_0, K_MM_Q5_1,
     K_MM_Q4_K, K_MM_Q5_K, K_MM_Q6_K,
     K_EMBEDT_F32, K_EMBEDT_F16, K_EMBEDT_BF16, K_EMBEDT_Q8_0, K_EMBEDT_Q4_0, K_EMBEDT_Q4_1,
@@ -223,7 +225,7 @@ enum vk_kernel {
     K_MEGA_QX_CLK,
     K_MEGA_QXK, K_MEGA_QX8, /* the same compiled for Q4_K and Q6_K only, for Q8_0 only */
     /* matvec.comp QX variants (vk_qxv, VK_QXV): with teams of threads a workgroup (QXT: 8 rows
-     * in all, which may round their outputs for the next product themselves: program.c
+     * in all, which may round their outputs for the next product themselves: decode/qx.c
      * qx_round) or not, by the input's rounding (XM 0: blocks of 32, qx.comp's; 1: blocks of 8,
      * their producer's; 2: the same with the norm's 1 / rms left to the consumer), MODE (QX:
      * products, SWIGLU_QX: gate/up) and type; the plain XM 0 ones are K_MATVEC_QX_*; where
@@ -238,7 +240,7 @@ enum vk_kernel {
     K_MATVEC_SWIGLU_QXT_Q8_0_X1, K_MATVEC_SWIGLU_QXT_Q4_K_X1, K_MATVEC_SWIGLU_QXT_Q5_K_X1, K_MATVEC_SWIGLU_QXT_Q6_K_X1,
     K_MATVEC_QXT_Q8_0_X2, K_MATVEC_QXT_Q4_K_X2, K_MATVEC_QXT_Q5_K_X2, K_MATVEC_QXT_Q6_K_X2,
     K_MATVEC_SWIGLU_QXT_Q8_0_X2, K_MATVEC_SWIGLU_QXT_Q4_K_X2, K_MATVEC_SWIGLU_QXT_Q5_K_X2, K_MATVEC_SWIGLU_QXT_Q6_K_X2,
-    K_PREFETCH, /* weights read ahead into the L2 cache (prefetch.comp, program.c add_prefetch) */
+    K_PREFETCH, /* weights read ahead into the L2 cache (prefetch.comp, decode/prefetch.c add_prefetch) */
     K_COUNT,
 };
 

@@ -16,6 +16,7 @@
 #include "anvil.h"
 #include "backends/backend.h"
 #include "backends/vulkan/vulkan.h"
+#include "backends/vulkan/vulkan_testhooks.h"
 #include "engine/sampler.h"
 #include "formats/model_file.h"
 #include "quant/quant.h"
@@ -237,7 +238,7 @@ static void test_auto_backend(void **state) {
     anvil_model_close(m);
 }
 
-/* Products that round their outputs for the next product (program.c qx_round, on by default)
+/* Products that round their outputs for the next product (decode/qx.c qx_round, on by default)
  * take the rounding dispatches away: three a layer in a dense model (the norms' inputs of
  * the attention and the MLP, the SwiGLU's output), and the decode rows stay as close to the
  * CPU's (ANVIL_CPU_QX=1) as test_against_cpu_qx asks, with them (blocks of 8) and without
@@ -281,7 +282,7 @@ static void test_qxr_program(void **state) {
 
 /* The o projection reads its input rounded by the attention (no qx.comp dispatch), so it
  * takes integer dot products whatever its size where it rounds its own output for the next
- * product, and then every later product of the chain does too (program.c qx_free): on the
+ * product, and then every later product of the chain does too (decode/lower.c qx_free): on the
  * 2-layer tiny model, whose matrices are all under ANVIL_VK_QX_MIN_MB, the step's kernels
  * (ANVIL_VK_PROFILE's table) include the o projection as teams on the attention's blocks of
  * 32 (matvec_qxt_q4_k_x0) and no rounding dispatch; the decode rows stay as close to the
@@ -402,7 +403,7 @@ static void test_overlap(void **state) {
     toggled_free(&t);
 }
 
-/* Weights read into L2 beside the attention (program.c add_prefetch; on by default on NVIDIA
+/* Weights read into L2 beside the attention (decode/prefetch.c add_prefetch; on by default on NVIDIA
  * GPUs only, so turned on here by ANVIL_VK_PREFETCH_MB): one more dispatch a layer and no more
  * barriers, and the decode rows and greedy tokens bit for bit those without it, on the float
  * and the integer-dot-product products (the dense pattern: attention, o, gate/up). */

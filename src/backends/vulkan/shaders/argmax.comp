@@ -19,7 +19,7 @@ layout(push_constant) uniform PC {
     uint V, NWG;
 } pc;
 
-const uint CH = 2048u; /* logits per workgroup (program.c ARGMAX_CH) */
+const uint CH = 2048u; /* logits per workgroup (decode/decode.h ARGMAX_CH) */
 const uint NONE = 0xffffffffu;
 
 shared float bv[256]; /* per subgroup (of any size) */

@@ -1,6 +1,6 @@
 #version 460
 /* Reads weights ahead of the products that need them, so that they are in the L2 cache when
- * those run (program.c add_prefetch): dispatched with no barrier before it beside a kernel that
+ * those run (decode/prefetch.c add_prefetch): dispatched with no barrier before it beside a kernel that
  * leaves the memory bus idle (the decode attention at short contexts), it loads one word of
  * every 32-byte sector of up to three ranges, from position max_pos on nothing. It writes
  * nothing a kernel reads: the words' xor goes to the control block's unused pad4 where it

@@ -1,0 +1,279 @@
+/*
+ * The decode program's internals, shared by its files (src/backends/vulkan/decode/), one job
+ * each; vulkan.h has its interface (vk_program_create, _run, _generate...):
+ *   program.c     its lifetime: the graph lowered (twice: to size the arena, then with its
+ *                 addresses), the buffers made, the dispatch list formed and recorded; destroy
+ *   lower.c       lowering: the graph walked in order into fused dispatches over a static
+ *                 memory plan (the fusion patterns are listed there)
+ *   qx.c          the quantized-input policy: which products take integer dot products, and
+ *                 who rounds their inputs to int8 blocks (qx.comp, the attention, the product
+ *                 before, or the persistent step)
+ *   persistent.c  the persistent step: runs of dispatches become phases of one mega.comp
+ *                 dispatch; its fault check and clock report
+ *   prefetch.c    weights read ahead into the L2 cache beside the attention
+ *   record.c      the command buffers, recorded once (and the profiling one, with timestamps)
+ *   profile.c     the step looked at: GPU time per kernel, the dispatches listed, each timed
+ *   run.c         the host side per token: one step, or a generation with two batches in
+ *                 flight and the waits paced
+ * The test hooks (../vulkan_testhooks.c, built into the tests only) run single kernels with the
+ * push constants declared here.
+ */
+#ifndef ANVIL_VK_DECODE_H
+#define ANVIL_VK_DECODE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backends/vulkan/vulkan.h"
+#include "quant/quant.h"
+
+#define ARGMAX_CH 2048 /* logits per argmax.comp workgroup (its CH) */
+#define ALIGN 256
+
+struct vk_dispatch {
+    enum vk_kernel k;
+    uint32_t gx, gy, gz;
+    uint32_t push_size;
+    /* no barrier before it: it neither reads nor writes what the dispatch before it writes,
+     * nor writes what that one reads, so the two may run at once */
+    bool overlap;
+    /* a product the persistent step takes on integer dot products (form_mega, mega.comp MQX):
+     * its weights' MQX type + 1 (1 Q4_K, 2 Q6_K, 3 Q8_0); lowered with float inputs and no rounding */
+    uint8_t mqx;
+    /* the weights a product reads (device address, bytes), for add_prefetch; gated: a gate/up
+     * pair (a SwiGLU) */
+    uint64_t wa[3], wn[3];
+    bool gated;
+    int node; /* 1 + the graph node whose lowering emitted it (vk_program_list); 0: none */
+    _Alignas(8) uint8_t push[VK_PUSH_BYTES]; /* a push-constant struct (8-byte addresses) */
+};
+
+/* ---- push constants (the shaders' layouts) ---- */
+
+struct pc_embed {
+    uint64_t w, out, ctl;
+    uint32_t Kp8;
+};
+
+struct pc_attn {
+    uint64_t q, k, v, qnorm, knorm, kc, vc, rope, part, cnt, out, ctl, xq;
+    uint32_t Hkv, NC, n_rot;
+    float eps, scale;
+};
+
+struct pc_qx {
+    uint64_t x, normw, ctl, q, d;
+    uint32_t K, Kp, flags;
+    float eps;
+};
+struct pc_qxt { /* matvec.comp QX where it rounds its outputs (flags & MV_ROUND) */
+    struct pc_matvec m;
+    uint64_t xq, nw;
+};
+
+struct pc_ew {
+    uint64_t a, b, out, ctl;
+    uint32_t n, ne0, bdiv, op;
+    float eps;
+};
+
+struct pc_topk { /* moe_topk.comp */
+    uint64_t logits, route, ctl;
+    uint32_t E, k, norm, T;
+};
+
+struct pc_gdn {
+    uint64_t qkv, b, a, convw, A, dtb, ring, S, z, gnorm, out, ctl;
+    uint32_t Hk, Dk, Hv, Dv, Kc, flags;
+    float eps_l2, eps;
+};
+
+struct pc_argmax {
+    uint64_t logits, ctl, part, cnt;
+    uint32_t V, nwg;
+};
+
+struct pc_sample {
+    uint64_t logits, ctl, part, cnt;
+    uint32_t V, NWG;
+};
+
+#define SAMPLE_CH 2048  /* logits per workgroup of sample.comp */
+#define SAMPLE_MAXK 256 /* SAMPLER_MAX_K */
+
+/* sample.comp's scratch: the workgroups' sorted lists, then its merge tree's counters (fewer
+ * than the workgroups; zero between steps) */
+#define SAMPLE_PART_BYTES(nwg) round_up((VkDeviceSize)(nwg) * SAMPLE_MAXK * 8, ALIGN)
+#define SAMPLE_CNT_BYTES(nwg) round_up((VkDeviceSize)(nwg) * 4, ALIGN)
+
+/* mega.comp's phase: the push constants of a dispatch it replaces */
+struct vk_phase {
+    uint32_t kind;  /* 1 a product (matvec.comp MODE 0), 2 gate/up -> SwiGLU, 3 attention's
+                       chunks, 4 their merge */
+    uint32_t tasks; /* rows (1, 2) */
+    uint32_t wt;      /* MQX products: the weights' type (mega.comp's WT_) */
+    uint32_t no_meet; /* 1: it needs nothing of the phase before (MQX), which it follows without a meeting */
+    _Alignas(8) uint8_t push[VK_PUSH_BYTES];
+};
+
+struct pc_mega {
+    uint64_t phases, ctl, cnt, clk;
+    uint32_t n_phases;
+};
+
+#define MEGA_CNT_BYTES 256
+
+/* ---- the program ---- */
+
+/* A decode program, by owner and lifetime. Everything is made by vk_program_create and
+ * freed by vk_program_destroy (program.c); per token only the control block's contents and
+ * the statistics change. */
+struct vk_program {
+    /* ---- set at creation (program.c), read-only afterwards ---- */
+    struct vk_backend *b;
+    int n_ctx;
+    uint32_t V;
+
+    /* ---- device memory (program.c makes it; lower.c lays the arena out) ---- */
+    struct vk_buffer arena;    /* activations */
+    struct vk_buffer ctl;      /* struct vk_ctl + [2 n_ctx] */
+    struct vk_buffer readback; /* logits [V] */
+    struct vk_buffer rope;     /* [n_ctx, n_rot / 2, 2] */
+    VkDeviceSize logits_off;
+
+    /* ---- the step's dispatches: lower.c emits them, persistent.c and prefetch.c rewrite the
+     * list, record.c records it ---- */
+    struct vk_dispatch *ops;
+    int n_ops, cap_ops;
+    /* the sampling variant: the same steps ending in sample.comp instead of argmax */
+    struct vk_dispatch sample_op;
+
+    /* ---- command buffers, recorded once (record.c), submitted per token (run.c) ---- */
+    VkCommandBuffer cb_one;   /* one step, then the logits copied to readback */
+    VkCommandBuffer cb_batch; /* spb steps */
+    int spb;                  /* steps per batch (ANVIL_VK_BATCH) */
+    VkCommandBuffer cb_copy;  /* the logits copied to readback */
+    VkCommandBuffer cb_single; /* one step (the tail of a run shorter than a batch) */
+    VkCommandBuffer cb_batch_s, cb_single_s; /* the sampling variant's */
+
+    /* ---- profiling (record.c) ---- */
+    VkCommandBuffer cb_prof;   /* ANVIL_VK_PROFILE=1: one step with a timestamp per kernel */
+    VkCommandBuffer cb_prof_s; /* and the sampling kernel alone, between two timestamps */
+    VkQueryPool queries;
+
+    /* ---- the persistent step (persistent.c) ---- */
+    struct vk_buffer mega; /* the persistent step's phases, then its counter (form_mega) */
+    struct vk_buffer clk;  /* ANVIL_VK_MEGA_CLOCK=1: its meetings' times, and each phase's kind */
+    uint32_t *clk_kind;
+    int clk_phases;
+
+    /* ---- per step: counted when recording, read by vk_program_stats ---- */
+    struct vk_stats stats;
+
+    /* ---- for vk_program_list (profile.c): each graph node's op and the leaves it names
+     * (weights, states; program.c), and the node being lowered (1 + its index; 0 outside the
+     * walk; lower.c) ---- */
+    char (*labels)[128];
+    int n_labels, cur_node;
+};
+
+/* ---- lowering's state (lower.c, qx.c) ---- */
+
+struct lower {
+    struct vk_program *p;
+    const struct graph *g;
+    int *root;             /* reshape/rows aliases resolved */
+    int *n_cons;           /* consumers per node (by root) */
+    VkDeviceSize *off;     /* arena offset of each materialised node, or -1 */
+    bool *done;            /* fused into an earlier kernel */
+    VkDeviceSize arena_size;
+    bool use_qx;           /* vk_use_qx when the program was made */
+    bool mega_qx;          /* and the persistent step takes the K-quant products (mqx_code) */
+    bool qxr; /* integer-dot-product products round their outputs for the next one (qx_round) */
+    int qxt_all; /* the other products as teams too: 0 none, 1 those of Q4_K weights, 2 all (qxt_consumer) */
+    /* matvec inputs already rounded to int8 blocks, by input and norm: by qx.comp (blocks of
+     * 32, the norm applied) or by their producer (own: blocks of 8, the norm's 1 / rms left
+     * to the consumer) */
+    struct { uint64_t x, normw; VkDeviceSize q; bool own; } qx[8];
+    int n_qx;
+    /* the last matvec dispatch without a residual (its index, or -1) and the node its input
+     * is: the next one on the same input (another weight type) need not wait for it */
+    int mm_op, mm_input;
+};
+
+/* ---- small helpers ---- */
+
+static inline VkDeviceSize round_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1) / a * a; }
+
+/* The kernel of family f32 (K_MATVEC_F32, ...) for a weight type, or -1. */
+static inline int kernel_for(int type, enum vk_kernel f32) {
+    int k = vk_weight_kind(type);
+    return k < 0 ? -1 : (int)f32 + k;
+}
+
+static inline const struct node *N(struct lower *L, int i) { return &L->g->nodes[i]; }
+
+static inline void grid(uint32_t wgs, uint32_t *gx, uint32_t *gy) {
+    *gx = MIN(wgs, 32768u);
+    *gy = (wgs + *gx - 1) / *gx;
+}
+
+#define STAGE_C VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+#define RW (VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT)
+
+static inline void barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkAccessFlags sa,
+                           VkPipelineStageFlags dst, VkAccessFlags da) {
+    VkMemoryBarrier mb = {VK_STRUCTURE_TYPE_MEMORY_BARRIER, NULL, sa, da};
+    vkCmdPipelineBarrier(cb, src, dst, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+struct plain { const uint8_t *src; size_t row_in, row_out; };
+static inline void fill_plain(void *dst, size_t offset, size_t n, void *ctx) {
+    memcpy(dst, ((const struct plain *)ctx)->src + offset, n);
+}
+
+/* ---- lower.c (lowering) ---- */
+
+uint64_t node_addr(struct lower *L, int i);
+anvil_status emit_dispatch(struct vk_program *p, enum vk_kernel k, uint32_t gx, uint32_t gy,
+                           const void *push, size_t size);
+int swiglu_of(struct lower *L, int i);
+VkDeviceSize alloc_scratch(struct lower *L, VkDeviceSize bytes);
+anvil_status lower_graph(struct lower *L);
+
+/* ---- qx.c (the quantized-input policy) ---- */
+
+int qx_find(const struct lower *L, const struct pc_matvec *pc);
+struct pc_attn *attn_rounder(struct lower *L, uint64_t x);
+anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm);
+bool qx_round_to(struct lower *L, int out, uint32_t rows, const struct node **norm);
+bool qx_round(struct lower *L, int out, uint32_t rows, struct pc_qxt *pq);
+bool qx_worth(struct lower *L, int i);
+int mqx_wt(int type);
+int mqx_code(struct lower *L, int i, int type, uint32_t Kp8);
+bool mqx_small(struct lower *L);
+bool qxt_consumer(const struct lower *L, int type);
+
+/* ---- persistent.c (the persistent step) ---- */
+
+anvil_status form_mega(struct vk_program *p);
+anvil_status mega_fault(struct vk_program *p);
+void mega_clock_report(struct vk_program *p);
+
+/* ---- prefetch.c (the L2 prefetch) ---- */
+
+anvil_status add_prefetch(struct vk_program *p);
+
+/* ---- record.c (recording) ---- */
+
+anvil_status check_overlaps(const struct vk_program *p);
+anvil_status record_profile(struct vk_program *p);
+anvil_status record_program(struct vk_program *p);
+
+/* ---- run.c (the host side) ---- */
+
+void ctl_reset(struct vk_program *p, int32_t token, int pos0);
+void ctl_set_sampling(volatile struct vk_ctl *c, uint32_t V, const struct sampling_params *sp);
+
+#endif

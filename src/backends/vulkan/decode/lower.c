@@ -1,0 +1,591 @@
+/*
+ * The decode program's lowering: the T = 1 graph walked in execution order into a list of
+ * fused dispatches (struct vk_dispatch: a kernel, its grid, its push constants), over a static
+ * memory plan: every materialised node its own region of one arena (never shared, so
+ * independent products need no barrier between them), scratch after it.
+ *
+ * Fusion (pattern-matched on the graph's op sequence; models know nothing of it):
+ *   rms_norm -> matmul(s)        the norm is applied while the matvec reads its input
+ *   matmuls sharing an input     one dispatch (q, k, v)
+ *   matmul gate, up -> swiglu    one dispatch
+ *   matmul -> add                the residual add in the matvec's store
+ *   q/k rms_norm -> rope -> KV write -> attention   one dispatch, split over the
+ *                                sequence, merged by the last workgroup of each kv head
+ *   MoE                          router matvec (grouped with the shared expert's gate
+ *                                logit), top-k kernel -> routing buffer, experts' gate/up ->
+ *                                SwiGLU, experts' down summed (+ the shared expert as one more,
+ *                                weighted by sigmoid of its logit, + the residual)
+ *   Gated DeltaNet -> gated RMSNorm * silu(z)       one dispatch per layer (gdn.comp); the
+ *                                conv's past inputs live in a ring of Kc rows in the conv
+ *                                state's memory (vulkan.c sizes it so; prefill/ writes it too)
+ *   anything else (the gated attention's sigmoid gate, unmatched add / swiglu / rms_norm)
+ *                                the element-wise kernel (ew.comp)
+ *
+ * Which products take integer dot products, and who rounds their inputs, is qx.c's.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "decode.h"
+
+static VkDeviceSize alloc_node(struct lower *L, int i) {
+    int r = L->root[i];
+    if (L->off[r] == (VkDeviceSize)-1) {
+        L->off[r] = L->arena_size;
+        /* padded to 256 floats and zeroed once: matvecs read inputs up to the weights' padded
+         * row length (whole super-blocks of up to 256) */
+        L->arena_size += round_up(round_up((VkDeviceSize)node_nelem(&L->g->nodes[r]), 256) * 4 + 32, ALIGN);
+    }
+    return L->off[r];
+}
+
+uint64_t node_addr(struct lower *L, int i) {
+    return L->p->arena.addr + alloc_node(L, i);
+}
+
+anvil_status emit_dispatch(struct vk_program *p, enum vk_kernel k, uint32_t gx, uint32_t gy,
+                           const void *push, size_t size) {
+    if (p->n_ops == p->cap_ops) {
+        int cap = p->cap_ops ? p->cap_ops * 2 : 256;
+        struct vk_dispatch *n = realloc(p->ops, (size_t)cap * sizeof *n);
+        if (!n) return err_set(ANVIL_ERR_NOMEM, "out of memory");
+        p->ops = n;
+        p->cap_ops = cap;
+    }
+    struct vk_dispatch *d = &p->ops[p->n_ops++];
+    memset(d, 0, sizeof *d);
+    d->k = k;
+    d->gx = gx;
+    d->gy = gy;
+    d->gz = 1;
+    d->push_size = (uint32_t)size;
+    d->node = p->cur_node;
+    memcpy(d->push, push, size);
+    return ANVIL_OK;
+}
+
+/* The matvec input: a deferred rms_norm's input (fused), or the node itself. */
+static void matvec_input(struct lower *L, int src, struct pc_matvec *pc) {
+    int r = L->root[src];
+    if (N(L, r)->op == OP_RMS_NORM) {
+        const struct node *n = N(L, r);
+        pc->x = node_addr(L, n->src[0]);
+        pc->normw = vk_weight_addr(L->p->b, N(L, n->src[1])->weight, true, n->p.i[0] != 0);
+        pc->flags |= MV_NORM;
+        pc->eps = n->p.f[0];
+    } else {
+        pc->x = node_addr(L, src);
+    }
+}
+
+/* The first node after i that reads node i (through reshapes), or -1. */
+static int consumer(struct lower *L, int i) {
+    for (int j = i + 1; j < L->g->n_nodes; j++) {
+        const struct node *m = N(L, j);
+        if (m->op == OP_RESHAPE || m->op == OP_ROWS) continue;
+        for (int s = 0; s < GRAPH_MAX_SRC; s++)
+            if (m->src[s] >= 0 && L->root[m->src[s]] == i) return j;
+    }
+    return -1;
+}
+
+/* Matmul i feeding a SwiGLU with another matmul of the same input and weight type (gate
+ * and up): returns that SwiGLU's index, or -1. */
+int swiglu_of(struct lower *L, int i) {
+    if (L->n_cons[i] != 1) return -1;
+    int j = consumer(L, i);
+    if (j < 0 || N(L, j)->op != OP_SWIGLU) return -1;
+    int a = L->root[N(L, j)->src[0]], b = L->root[N(L, j)->src[1]];
+    int o = a == i ? b : a;
+    if (o == i || N(L, o)->op != OP_MATMUL || L->done[o] || L->n_cons[o] != 1 ||
+        L->root[N(L, o)->src[0]] != L->root[N(L, i)->src[0]] ||
+        N(L, N(L, o)->src[1])->weight->type != N(L, N(L, i)->src[1])->weight->type ||
+        N(L, o)->ne[0] != N(L, i)->ne[0])
+        return -1;
+    return j;
+}
+
+/* The add that is node i's only consumer, if its other term is already computed: returns
+ * the add and sets *other; else -1. */
+static int residual_add(struct lower *L, int i, int *other) {
+    if (L->n_cons[i] != 1) return -1;
+    int j = consumer(L, i);
+    if (j < 0 || N(L, j)->op != OP_ADD) return -1;
+    int s0 = L->root[N(L, j)->src[0]], s1 = L->root[N(L, j)->src[1]];
+    int o = s0 == i ? s1 : s0;
+    if (o > i) return -1;
+    *other = o;
+    return j;
+}
+
+static anvil_status lower_matmuls(struct lower *L, int i) {
+    const struct node *n = N(L, i);
+    int x = n->src[0];
+    int type = N(L, n->src[1])->weight->type;
+    struct pc_matvec pc = {0};
+    pc.ctl = L->p->ctl.addr;
+    int64_t K = N(L, x)->ne[0];
+    pc.K = (uint32_t)K;
+    pc.Kp8 = vk_wnode_kp(L->p->b, N(L, n->src[1])) / 8;
+    matvec_input(L, x, &pc);
+    int kern = kernel_for(type, K_MATVEC_F32);
+    if (kern < 0)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no matrix-vector kernel for %s weights (%s)",
+                       dtype_name(type), N(L, n->src[1])->name);
+    /* an input already rounded for another matvec costs this one no rounding, whatever its
+     * size (the Q4_K_M mix's 3.4 MB Q6_K v projections of an 8B after the q/k: +1.3%,
+     * docs/PERF.md section 27), nor one the attention rounds where the product rounds its
+     * own output for the next (the o projection before the gate/up: 4B Q4_K_M +9%; before a
+     * MoE router, which takes float inputs, the 30B-A3B lost 1%: section 35) */
+    int mq = mqx_code(L, i, type, pc.Kp8);
+    const struct node *nn;
+    int ot, ra = residual_add(L, i, &ot);
+    bool qx_free = qx_find(L, &pc) >= 0 ||
+                   (!(pc.flags & MV_NORM) && swiglu_of(L, i) < 0 && attn_rounder(L, pc.x) &&
+                    qx_round_to(L, ra >= 0 ? ra : i, (uint32_t)n->ne[0], &nn));
+    int qxi = !mq && L->use_qx && (qx_worth(L, i) || qx_free) ? vk_qx_index(type) : -1;
+    int xm = 0; /* matvec.comp's XM: how the input was rounded */
+    if (qxi >= 0) {
+        anvil_status st = qx_input(L, &pc, &xm);
+        if (st != ANVIL_OK) return st;
+        kern = xm ? vk_qxv(0, xm, 0, qxi) : K_MATVEC_QX_Q8_0 + qxi;
+    }
+    /* the SwiGLU variant of kernel kern */
+    int kern_swiglu = qxi >= 0 ? (xm ? vk_qxv(0, xm, 1, qxi) : kern + VK_QX_KINDS)
+                               : kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32);
+    struct pc_qxt pq = {0}; /* where it rounds its outputs (qx_round) */
+    bool qxt = false;
+    /* gate/up -> swiglu */
+    int j = swiglu_of(L, i);
+    if (j >= 0) {
+        int a = L->root[N(L, j)->src[0]], b = L->root[N(L, j)->src[1]];
+        pc.w0 = vk_wnode_addr(L->p->b, N(L, N(L, a)->src[1]));
+        pc.w1 = vk_wnode_addr(L->p->b, N(L, N(L, b)->src[1]));
+        pc.rows0 = (uint32_t)N(L, a)->ne[0];
+        pc.o0 = node_addr(L, j);
+        pc.w2 = pc.w0;
+        pc.o1 = pc.o2 = pc.res = pc.o0;
+        if (!pc.normw) pc.normw = pc.x;
+        L->done[a] = L->done[b] = L->done[j] = true;
+        pq.m = pc;
+        if (qxi >= 0 && L->p->b->pl.p[vk_qxv(1, xm, 1, qxi)] &&
+            (qx_round(L, j, pc.rows0, &pq) || qxt_consumer(L, type))) {
+            qxt = true;
+            kern_swiglu = vk_qxv(1, xm, 1, qxi);
+        }
+        uint32_t gx, gy, nr = qxt ? 8 : vk_matvec_rows(&L->p->b->pl, kern_swiglu);
+        grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
+        anvil_status st = qxt ? emit_dispatch(L->p, kern_swiglu, gx, gy, &pq, sizeof pq)
+                              : emit_dispatch(L->p, kern_swiglu, gx, gy, &pc, sizeof pc);
+        if (st != ANVIL_OK) return st;
+        struct vk_dispatch *d = &L->p->ops[L->p->n_ops - 1];
+        d->mqx = (uint8_t)mq;
+        d->wa[0] = pc.w0;
+        d->wa[1] = pc.w1;
+        d->wn[0] = vk_wnode_bytes(L->p->b, N(L, N(L, a)->src[1]));
+        d->wn[1] = vk_wnode_bytes(L->p->b, N(L, N(L, b)->src[1]));
+        d->gated = true;
+        return ANVIL_OK;
+    }
+    /* siblings: later matmuls on the same input, same weight type (not gate/up pairs) */
+    int group[3] = {i}, ng = 1;
+    for (int k = i + 1; k < L->g->n_nodes && ng < 3; k++) {
+        const struct node *m = N(L, k);
+        if (m->op == OP_MATMUL && !L->done[k] && L->root[m->src[0]] == L->root[x] &&
+            N(L, m->src[1])->weight->type == type && swiglu_of(L, k) < 0)
+            group[ng++] = k;
+    }
+    /* a lone matmul whose only consumer is an add: fold the residual into its store */
+    int out_node = i, other, add = ng == 1 ? residual_add(L, i, &other) : -1;
+    if (add >= 0) {
+        pc.res = node_addr(L, other);
+        pc.flags |= MV_RES;
+        pc.o0 = node_addr(L, add);
+        L->done[add] = true;
+        out_node = add;
+    }
+    uint64_t *w[3] = {&pc.w0, &pc.w1, &pc.w2}, *o[3] = {&pc.o0, &pc.o1, &pc.o2};
+    uint32_t *rows[3] = {&pc.rows0, &pc.rows1, &pc.rows2};
+    uint32_t total = 0;
+    for (int k = 0; k < ng; k++) {
+        const struct node *m = N(L, group[k]);
+        *w[k] = vk_wnode_addr(L->p->b, N(L, m->src[1]));
+        if (!*o[k]) *o[k] = node_addr(L, group[k]);
+        *rows[k] = (uint32_t)m->ne[0];
+        total += *rows[k];
+        L->done[group[k]] = true;
+    }
+    for (int k = ng; k < 3; k++) { /* unused slots point at valid memory */
+        *w[k] = pc.w0;
+        *o[k] = pc.o0;
+    }
+    bool residual = (pc.flags & MV_RES) != 0; /* the add folded in reads pc.res */
+    if (!pc.res) pc.res = pc.o0;
+    if (!pc.normw) pc.normw = pc.x;
+    pq.m = pc;
+    if (qxi >= 0 && L->p->b->pl.p[vk_qxv(1, xm, 0, qxi)] &&
+        ((ng == 1 && n->ne[0] < L->p->V && qx_round(L, out_node, pc.rows0, &pq)) || qxt_consumer(L, type))) {
+        qxt = true;
+        kern = vk_qxv(1, xm, 0, qxi);
+    }
+    uint32_t gx, gy, nr = qxt ? 8 : vk_matvec_rows(&L->p->b->pl, kern);
+    grid((total + nr - 1) / nr, &gx, &gy);
+    /* right after a matvec of the same input (the v projection of another type than q and
+     * k): both only read that input and write their own outputs (nodes never share arena
+     * space), so no barrier between them. ANVIL_VK_OVERLAP=0 keeps it (for measuring). */
+    bool overlap = !residual && L->mm_op >= 0 && L->mm_op == L->p->n_ops - 1 && L->mm_input == L->root[x] &&
+                   L->p->b->d->tune.vk_overlap;
+    anvil_status st = qxt ? emit_dispatch(L->p, kern, gx, gy, &pq, sizeof pq) : emit_dispatch(L->p, kern, gx, gy, &pc, sizeof pc);
+    if (st != ANVIL_OK) return st;
+    L->p->ops[L->p->n_ops - 1].overlap = overlap;
+    L->p->ops[L->p->n_ops - 1].mqx = (uint8_t)mq;
+    for (int k = 0; k < ng; k++) {
+        L->p->ops[L->p->n_ops - 1].wa[k] = *w[k];
+        L->p->ops[L->p->n_ops - 1].wn[k] = vk_wnode_bytes(L->p->b, N(L, N(L, group[k])->src[1]));
+    }
+    L->mm_op = residual ? -1 : L->p->n_ops - 1;
+    L->mm_input = L->root[x];
+    return ANVIL_OK;
+}
+
+/* q = rope(rms_norm(q_raw)), k = rope(rms_norm(k_raw)), v = v_raw: returns the pieces. */
+static bool match_qk(struct lower *L, int src, int *raw, const struct node **norm, const struct node **rope) {
+    const struct node *r = N(L, L->root[src]);
+    if (r->op != OP_ROPE) return false;
+    const struct node *nm = N(L, L->root[r->src[0]]);
+    if (nm->op != OP_RMS_NORM) return false;
+    *rope = r;
+    *norm = nm;
+    *raw = nm->src[0];
+    return true;
+}
+
+static anvil_status lower_attention(struct lower *L, int i) {
+    const struct node *a = N(L, i);
+    const struct node *qn, *qr, *kn, *kr;
+    int q_raw, k_raw;
+    if (!match_qk(L, a->src[0], &q_raw, &qn, &qr) || !match_qk(L, a->src[1], &k_raw, &kn, &kr) ||
+        qr->p.i[0] != kr->p.i[0] || qr->p.f[0] != kr->p.f[0])
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention %s is not fed by q/k rms_norm -> rope "
+                       "(the only pattern the decode program fuses)", a->name);
+    const struct node *q = N(L, a->src[0]), *k = N(L, a->src[1]);
+    uint32_t D = (uint32_t)q->ne[0], H = (uint32_t)q->ne[1], Hkv = (uint32_t)k->ne[1];
+    if (D > 512 || D % 4 || (int)D != L->p->b->pl.attn_d || (int)(H / Hkv) != L->p->b->pl.attn_g)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention shape D=%u H=%u Hkv=%u unsupported", D, H, Hkv);
+    if (kn->p.f[0] != qn->p.f[0])
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: q and k norms with different eps");
+    uint32_t nc = (uint32_t)L->p->b->d->tune.vk_attn_chunks; /* (at most 64: mega.comp's merge) */
+    /* partials: H x NC x (D + 2) floats, and a counter per kv head and query-head group (zero
+     * between steps) */
+    uint32_t gs = L->p->b->pl.attn_gs;
+    VkDeviceSize part = L->arena_size;
+    L->arena_size += round_up((VkDeviceSize)H * nc * (D + 2) * 4, ALIGN);
+    VkDeviceSize cnt = L->arena_size;
+    L->arena_size += round_up((VkDeviceSize)Hkv * gs * 4, ALIGN);
+    struct pc_attn pa = {0};
+    pa.q = node_addr(L, q_raw);
+    pa.k = node_addr(L, k_raw);
+    pa.v = node_addr(L, a->src[2]);
+    pa.qnorm = vk_weight_addr(L->p->b, N(L, qn->src[1])->weight, true, qn->p.i[0] != 0);
+    pa.knorm = vk_weight_addr(L->p->b, N(L, kn->src[1])->weight, true, kn->p.i[0] != 0);
+    pa.kc = vk_state_addr(L->p->b, N(L, a->src[3])->state);
+    pa.vc = vk_state_addr(L->p->b, N(L, a->src[4])->state);
+    pa.rope = L->p->rope.addr;
+    pa.part = L->p->arena.addr + part;
+    pa.cnt = L->p->arena.addr + cnt;
+    pa.out = node_addr(L, i);
+    pa.ctl = L->p->ctl.addr;
+    pa.Hkv = Hkv;
+    pa.NC = nc;
+    pa.n_rot = (uint32_t)qr->p.i[0];
+    pa.eps = qn->p.f[0];
+    pa.scale = a->p.f[0];
+    return emit_dispatch(L->p, K_ATTENTION, Hkv * gs, nc, &pa, sizeof pa);
+}
+
+VkDeviceSize alloc_scratch(struct lower *L, VkDeviceSize bytes) {
+    VkDeviceSize off = L->arena_size;
+    L->arena_size += round_up(bytes, ALIGN);
+    return off;
+}
+
+static anvil_status emit_ew(struct lower *L, uint32_t op, uint64_t a, uint64_t b, uint64_t out,
+                            int64_t n, int64_t ne0, int64_t bdiv, float eps) {
+    struct pc_ew pe = {a, b, out, L->p->ctl.addr, (uint32_t)n, (uint32_t)ne0, (uint32_t)bdiv, op, eps};
+    uint32_t gx, gy;
+    grid(op == 3 ? (uint32_t)(n / ne0) : (uint32_t)((n + 255) / 256), &gx, &gy);
+    return emit_dispatch(L->p, K_EW, gx, gy, &pe, sizeof pe);
+}
+
+/* The matvec that produced the router's logits (E rows) if it can choose the experts itself
+ * (one float matrix of F32, F16 or BF16: K_MATVEC_ROUTE_*), or NULL (moe_topk.comp does).
+ * ANVIL_VK_ROUTE_FUSE=0 never. */
+static struct vk_dispatch *router_op(struct lower *L, uint64_t logits, uint32_t E) {
+    if (!L->p->b->d->tune.vk_route_fuse) return NULL;
+    for (int k = L->p->n_ops - 1; k >= 0; k--) {
+        struct vk_dispatch *d = &L->p->ops[k];
+        if (d->k < K_MATVEC_F32 || d->k >= K_EMBED_F32) continue;
+        struct pc_matvec *pm = (struct pc_matvec *)d->push;
+        if (pm->o0 != logits) continue;
+        bool ok = (d->k == K_MATVEC_F32 || d->k == K_MATVEC_F16 || d->k == K_MATVEC_BF16) &&
+                  pm->rows0 == E && pm->rows1 == 0 && pm->rows2 == 0 && !(pm->flags & MV_RES) && E <= 1024;
+        return ok ? d : NULL;
+    }
+    return NULL;
+}
+
+/* OP_MOE: the router (top-k kernel), the experts' gate/up -> SwiGLU (a workgroup row per
+ * chosen expert), the down projections summed with their weights (+ the residual when the
+ * MoE's only consumer adds it). */
+static anvil_status lower_moe(struct lower *L, int i) {
+    const struct node *n = N(L, i);
+    const struct node *gn = N(L, n->src[2]), *un = N(L, n->src[3]), *dn = N(L, n->src[4]);
+    uint32_t C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1], E = (uint32_t)gn->ne[2], k = (uint32_t)n->p.i[0];
+    if (E > 1024 || k > 64 || k > E)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s: %u experts, %u used (at most 1024, 64)",
+                       n->name, E, k);
+    if (gn->weight->type != un->weight->type)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s: gate and up experts of different types", n->name);
+    int kgu = kernel_for(gn->weight->type, K_MOE_GU_F32), kd = kernel_for(dn->weight->type, K_MOE_DOWN_F32);
+    if (kgu < 0 || kd < 0)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no expert kernels for %s", n->name);
+    uint64_t base = L->p->arena.addr;
+    /* the routing buffer: ids [64], weights [64], the router matvec's counter */
+    uint64_t route = base + alloc_scratch(L, 132 * 4);
+    uint32_t stride = (uint32_t)round_up(F, 256);
+    uint64_t act = base + alloc_scratch(L, (VkDeviceSize)k * stride * 4 + 32);
+    anvil_status st = ANVIL_OK;
+    struct vk_dispatch *rop = router_op(L, node_addr(L, n->src[1]), E);
+    if (rop) { /* the router's matvec chooses the experts itself */
+        struct pc_matvec *pr = (struct pc_matvec *)rop->push;
+        rop->k = K_MATVEC_ROUTE_F32 + (rop->k - K_MATVEC_F32);
+        pr->o1 = route;
+        pr->route_k = k | (n->p.i[1] != 0 ? 1u << 16 : 0);
+    } else {
+        struct pc_topk pt = {node_addr(L, n->src[1]), route, L->p->ctl.addr, E, k, (uint32_t)(n->p.i[1] != 0), 1};
+        if ((st = emit_dispatch(L->p, K_MOE_TOPK, 1, 1, &pt, sizeof pt)) != ANVIL_OK) return st;
+    }
+    struct pc_matvec pc = {0};
+    pc.ctl = L->p->ctl.addr;
+    matvec_input(L, n->src[0], &pc);
+    if (!pc.normw) pc.normw = pc.x;
+    pc.w0 = vk_wnode_addr(L->p->b, gn);
+    pc.w1 = vk_wnode_addr(L->p->b, un);
+    pc.w2 = pc.w0;
+    pc.o0 = pc.o2 = pc.res = act;
+    pc.o1 = route;
+    pc.Kp8 = vk_wnode_kp(L->p->b, gn) / 8;
+    pc.K = C;
+    pc.rows0 = F;
+    pc.rows1 = k;
+    pc.rows2 = stride;
+    uint32_t nr = vk_matvec_rows(&L->p->b->pl, kgu);
+    if ((st = emit_dispatch(L->p, kgu, (F + nr - 1) / nr, k, &pc, sizeof pc)) != ANVIL_OK) return st;
+    struct pc_matvec pd = {0};
+    pd.ctl = L->p->ctl.addr;
+    pd.x = pd.normw = act;
+    pd.w0 = pd.w1 = pd.w2 = vk_wnode_addr(L->p->b, dn);
+    pd.o1 = route;
+    pd.Kp8 = vk_wnode_kp(L->p->b, dn) / 8;
+    pd.K = F;
+    pd.rows0 = C;
+    pd.rows1 = k;
+    pd.rows2 = stride;
+    /* the shared expert (Next, 3.5): y + sigmoid(gl) * down_sh(swiglu(gate_sh h, up_sh h)), then
+     * the residual: the shared expert's down projection joins the experts' as one more */
+    int a1 = L->n_cons[i] == 1 ? consumer(L, i) : -1;
+    if (a1 >= 0 && N(L, a1)->op == OP_ADD && L->n_cons[a1] == 1) {
+        int sm = L->root[N(L, a1)->src[L->root[N(L, a1)->src[0]] == i ? 1 : 0]];
+        const struct node *smn = N(L, sm);
+        int sh = smn->op == OP_SIGMOID_MUL ? L->root[smn->src[0]] : -1;
+        int gl = smn->op == OP_SIGMOID_MUL ? L->root[smn->src[1]] : -1;
+        int sw = sh >= 0 && N(L, sh)->op == OP_MATMUL ? L->root[N(L, sh)->src[0]] : -1;
+        int gate = sw >= 0 && N(L, sw)->op == OP_SWIGLU ? L->root[N(L, sw)->src[0]] : -1;
+        if (L->n_cons[sm] == 1 && sh >= 0 && L->n_cons[sh] == 1 && N(L, gl)->op == OP_MATMUL &&
+            L->done[gl] && N(L, gl)->ne[0] == 1 && sw >= 0 && L->n_cons[sw] == 1 && gate >= 0 &&
+            N(L, gate)->op == OP_MATMUL && !L->done[gate] && swiglu_of(L, gate) == sw &&
+            N(L, N(L, sh)->src[1])->weight->type == dn->weight->type &&
+            !(L->use_qx && vk_qx_index(dn->weight->type) >= 0 && qx_worth(L, sh))) {
+            /* (with integer dot products the shared expert's down projection is a matvec of
+             * its own, on rounded inputs like every one-token matmul) */
+            /* the shared expert's gate/up -> SwiGLU first */
+            if ((st = lower_matmuls(L, gate)) != ANVIL_OK) return st;
+            pd.flags |= MV_SHARED;
+            pd.w1 = vk_wnode_addr(L->p->b, N(L, N(L, sh)->src[1]));
+            pd.normw = node_addr(L, sw);
+            pd.K = vk_wnode_kp(L->p->b, N(L, N(L, sh)->src[1])) / 8;
+            pd.o2 = node_addr(L, gl);
+            L->done[sh] = L->done[sm] = L->done[a1] = true;
+            i = a1; /* the sum of both stands for the MoE's output from here */
+        }
+    }
+    int other, add = residual_add(L, i, &other);
+    if (add >= 0) {
+        pd.res = node_addr(L, other);
+        pd.flags |= MV_RES;
+        pd.o0 = node_addr(L, add);
+        L->done[add] = true;
+    } else {
+        pd.o0 = node_addr(L, i);
+        pd.res = pd.o0;
+    }
+    if (!(pd.flags & MV_SHARED)) pd.o2 = pd.o0;
+    nr = vk_matvec_rows(&L->p->b->pl, kd);
+    uint32_t gx, gy;
+    grid((C + nr - 1) / nr, &gx, &gy);
+    return emit_dispatch(L->p, kd, gx, gy, &pd, sizeof pd);
+}
+
+/* OP_GDN with its gated RMSNorm (rms_norm of the output, then swiglu(z, it)): one kernel. */
+static anvil_status lower_gdn(struct lower *L, int i) {
+    const struct node *n = N(L, i);
+    int j = consumer(L, i), s = j >= 0 ? consumer(L, j) : -1;
+    if (L->n_cons[i] != 1 || j < 0 || N(L, j)->op != OP_RMS_NORM || L->n_cons[j] != 1 || s < 0 ||
+        N(L, s)->op != OP_SWIGLU || L->root[N(L, s)->src[1]] != j)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s is not followed by its gated norm "
+                       "(the only pattern the decode program fuses)", n->name);
+    const struct node *nm = N(L, j), *cs = N(L, n->src[6]);
+    uint32_t Hk = (uint32_t)n->p.i[0], Dk = (uint32_t)n->p.i[1], Hv = (uint32_t)N(L, n->src[1])->ne[0],
+             Dv = (uint32_t)n->ne[0], Kc = (uint32_t)cs->ne[0] + 1;
+    if (Dk > 256 || Dv > 256 || nm->ne[0] != Dv)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s: head dims %u, %u (at most 256)", n->name, Dk, Dv);
+    struct vk_backend *b = L->p->b;
+    struct pc_gdn pg = {0};
+    pg.qkv = node_addr(L, n->src[0]);
+    pg.b = node_addr(L, n->src[1]);
+    pg.a = node_addr(L, n->src[2]);
+    pg.convw = vk_weight_addr(b, N(L, n->src[3])->weight, true, false);
+    pg.A = vk_weight_addr(b, N(L, n->src[4])->weight, true, false);
+    pg.dtb = vk_weight_addr(b, N(L, n->src[5])->weight, true, false);
+    /* the conv's past inputs: a ring of Kc rows, in the conv state's memory (sized for it,
+     * vulkan.c), where the prefill program finds it too */
+    pg.ring = vk_state_addr(b, cs->state);
+    pg.S = vk_state_addr(b, N(L, n->src[7])->state);
+    pg.z = node_addr(L, N(L, s)->src[0]);
+    pg.gnorm = vk_weight_addr(b, N(L, nm->src[1])->weight, true, nm->p.i[0] != 0);
+    pg.out = node_addr(L, s);
+    pg.ctl = L->p->ctl.addr;
+    pg.Hk = Hk;
+    pg.Dk = Dk;
+    pg.Hv = Hv;
+    pg.Dv = Dv;
+    pg.Kc = Kc;
+    pg.flags = (n->p.i[2] ? GDN_A_LOG : 0u) | (n->p.i[3] ? GDN_TILED : 0u);
+    pg.eps_l2 = n->p.f[0];
+    pg.eps = nm->p.f[0];
+    L->done[j] = L->done[s] = true;
+    return emit_dispatch(L->p, K_GDN, Hv, 1, &pg, sizeof pg);
+}
+
+/* Walks the graph in order and emits the fused kernels. The arena's base address is not
+ * known until its size is: the walk runs twice, first to size it. */
+anvil_status lower_graph(struct lower *L) {
+    const struct graph *g = L->g;
+    int n = g->n_nodes;
+    for (int i = 0; i < n; i++) {
+        L->off[i] = (VkDeviceSize)-1;
+        L->done[i] = false;
+    }
+    L->arena_size = 0;
+    L->n_qx = 0;
+    L->mm_op = -1;
+    L->p->n_ops = 0;
+    for (int i = 0; i < n; i++) {
+        const struct node *nd = N(L, i);
+        if (L->done[i]) continue;
+        L->p->cur_node = i + 1;
+        anvil_status st = ANVIL_OK;
+        switch (nd->op) {
+        case OP_TOKENS:
+        case OP_WEIGHT:
+        case OP_STATE:
+        case OP_RESHAPE:
+        case OP_ROWS:
+        case OP_ROPE:
+            break;
+        case OP_WEIGHT_STACK:
+        case OP_WEIGHT_ROWS:
+            break;
+        case OP_RMS_NORM: {
+            /* fused into its consumers: matmuls, experts, or (q/k norm) rope -> attention;
+             * computed on its own for anything else */
+            bool fused = true;
+            for (int j = i + 1; j < n; j++)
+                for (int s = 0; s < GRAPH_MAX_SRC; s++)
+                    if (N(L, j)->src[s] >= 0 && L->root[N(L, j)->src[s]] == i && N(L, j)->op != OP_MATMUL &&
+                        N(L, j)->op != OP_ROPE && !(N(L, j)->op == OP_MOE && s == 0))
+                        fused = false;
+            if (!fused)
+                st = emit_ew(L, 3, node_addr(L, nd->src[0]),
+                             vk_weight_addr(L->p->b, N(L, nd->src[1])->weight, true, nd->p.i[0] != 0),
+                             node_addr(L, i), node_nelem(nd), nd->ne[0], 1, nd->p.f[0]);
+            break;
+        }
+        case OP_ADD:
+        case OP_SWIGLU:
+            st = emit_ew(L, nd->op == OP_ADD ? 0 : 2, node_addr(L, nd->src[0]), node_addr(L, nd->src[1]),
+                         node_addr(L, i), node_nelem(nd), nd->ne[0], 1, 0);
+            break;
+        case OP_SIGMOID_MUL: {
+            const struct node *gt = N(L, nd->src[1]);
+            st = emit_ew(L, 1, node_addr(L, nd->src[0]), node_addr(L, nd->src[1]), node_addr(L, i),
+                         node_nelem(nd), nd->ne[0], gt->ne[0] == 1 ? nd->ne[0] : 1, 0);
+            break;
+        }
+        case OP_MOE:
+            st = lower_moe(L, i);
+            break;
+        case OP_GDN:
+            st = lower_gdn(L, i);
+            break;
+        case OP_EMBED: {
+            const struct tensor_info *w = N(L, nd->src[0])->weight;
+            int kern = kernel_for(w->type, K_EMBED_F32);
+            if (kern < 0) {
+                st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no embedding kernel for %s", dtype_name(w->type));
+                break;
+            }
+            struct pc_embed pe = {vk_weight_addr(L->p->b, w, false, false), node_addr(L, i), L->p->ctl.addr,
+                                  vk_weight_kp(L->p->b, w) / 8};
+            st = emit_dispatch(L->p, kern, 1, 1, &pe, sizeof pe);
+            break;
+        }
+        case OP_MATMUL:
+            st = lower_matmuls(L, i);
+            break;
+        case OP_ATTENTION:
+            st = lower_attention(L, i);
+            break;
+        default:
+            st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s %s is not part of a pattern the decode "
+                         "program fuses", op_name(nd->op), nd->name);
+        }
+        if (st != ANVIL_OK) return st;
+    }
+    L->p->cur_node = 0;
+    int out = L->root[g->output];
+    if (N(L, out)->op != OP_MATMUL)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph's output is not a matmul");
+    L->p->logits_off = alloc_node(L, out);
+    /* the sampling variant's last op, and its scratch */
+    uint32_t nwg = (L->p->V + SAMPLE_CH - 1) / SAMPLE_CH;
+    VkDeviceSize part = L->arena_size;
+    L->arena_size += SAMPLE_PART_BYTES(nwg);
+    VkDeviceSize cnt = L->arena_size;
+    L->arena_size += SAMPLE_CNT_BYTES(nwg);
+    struct pc_sample ps = {L->p->arena.addr + L->p->logits_off, L->p->ctl.addr, L->p->arena.addr + part,
+                           L->p->arena.addr + cnt, L->p->V, nwg};
+    struct vk_dispatch *so = &L->p->sample_op;
+    memset(so, 0, sizeof *so);
+    so->k = K_SAMPLE;
+    so->gx = nwg;
+    so->gy = so->gz = 1;
+    so->push_size = sizeof ps;
+    memcpy(so->push, &ps, sizeof ps);
+    /* the last op: argmax, next token, position */
+    uint32_t anwg = (L->p->V + ARGMAX_CH - 1) / ARGMAX_CH;
+    VkDeviceSize apart = alloc_scratch(L, (VkDeviceSize)anwg * 8), acnt = alloc_scratch(L, 4);
+    struct pc_argmax pa = {L->p->arena.addr + L->p->logits_off, L->p->ctl.addr, L->p->arena.addr + apart,
+                           L->p->arena.addr + acnt, L->p->V, anwg};
+    return emit_dispatch(L->p, K_ARGMAX, anwg, 1, &pa, sizeof pa);
+}

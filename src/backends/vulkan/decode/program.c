@@ -1,0 +1,184 @@
+/*
+ * The decode program: the T = 1 graph compiled once per session into a fixed list of fused
+ * kernels over a static memory plan (one device arena, the same addresses every token),
+ * recorded once into command buffers that are resubmitted for every token.
+ *
+ * Per token nothing is recorded, no descriptor is written (there are none: kernels take
+ * device addresses as push constants, fixed at recording), nothing is allocated. What
+ * changes per token lives in the control block (struct vk_ctl): the kernels read the token
+ * and the position from it, and the step's last kernel (argmax) writes the next token,
+ * advances the position and raises the stop flag, so steps can be queued back to back.
+
+ *
+ * This file: the program's lifetime. vk_program_create lowers the graph twice (lower.c; the
+ * first pass sizes the arena, the second has its addresses), makes the buffers, zeroes the
+ * arena, then forms the persistent step (persistent.c), adds the L2 prefetches (prefetch.c)
+ * and records the command buffers (record.c); vk_program_destroy undoes it. The rope table
+ * (shared with the prefill program) is made here too.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "decode.h"
+
+anvil_status vk_rope_table(struct vk_backend *b, const struct graph *g, int n_ctx, struct vk_buffer *out) {
+    int n_rot = 0;
+    float theta = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct node *n = &g->nodes[i];
+        if (n->op != OP_ROPE) continue;
+        if (n_rot && (n->p.i[0] != n_rot || n->p.f[0] != theta))
+            return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: layers with different rope parameters");
+        n_rot = n->p.i[0];
+        theta = n->p.f[0];
+    }
+    if (!n_rot) n_rot = 2;
+    int half = n_rot / 2;
+    size_t count = (size_t)n_ctx * (size_t)half * 2;
+    float *tab = xmalloc(count * sizeof *tab);
+    if (!tab) return ANVIL_ERR_NOMEM;
+    /* the CPU backend's formula, in double */
+    for (int pos = 0; pos < n_ctx; pos++)
+        for (int i = 0; i < half; i++) {
+            double freq = pow(theta, -2.0 * i / n_rot);
+            tab[((size_t)pos * half + i) * 2] = (float)cos(pos * freq);
+            tab[((size_t)pos * half + i) * 2 + 1] = (float)sin(pos * freq);
+        }
+    anvil_status st = vk_buffer_create(b->d, count * 4, VK_MEM_DEVICE, "the rope table", out);
+    struct vk_uploader u;
+    if (st == ANVIL_OK) st = vk_uploader_init(&u, b->d, count * 4);
+    struct plain f = {(const uint8_t *)tab, count * 4, count * 4};
+    if (st == ANVIL_OK) {
+        st = vk_upload(&u, out, 0, count * 4, fill_plain, &f);
+        anvil_status s2 = vk_uploader_finish(&u);
+        if (st == ANVIL_OK) st = s2;
+    }
+    free(tab);
+    return st;
+}
+
+/* For vk_program_list: each node's op, then the leaves it reads (weights, states) by name. */
+static anvil_status node_labels(struct vk_program *p, const struct graph *g) {
+    p->labels = calloc((size_t)g->n_nodes, sizeof *p->labels);
+    if (!p->labels) return err_set(ANVIL_ERR_NOMEM, "out of memory");
+    p->n_labels = g->n_nodes;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct node *n = &g->nodes[i];
+        size_t len = (size_t)snprintf(p->labels[i], sizeof p->labels[i], "%s", op_name(n->op));
+        for (int s = 0; s < GRAPH_MAX_SRC && len < sizeof p->labels[i]; s++) {
+            const struct node *src = n->src[s] >= 0 ? &g->nodes[n->src[s]] : NULL;
+            if (src && (src->op == OP_WEIGHT || src->op == OP_WEIGHT_STACK || src->op == OP_WEIGHT_ROWS ||
+                        src->op == OP_STATE)) {
+                int k = snprintf(p->labels[i] + len, sizeof p->labels[i] - len, " %s", src->name);
+                len += k > 0 ? (size_t)k : 0;
+            }
+        }
+    }
+    return ANVIL_OK;
+}
+
+anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, struct vk_program **out) {
+    *out = NULL;
+    struct vk_program *p = xcalloc(1, sizeof *p);
+    if (!p) return ANVIL_ERR_NOMEM;
+    p->b = b;
+    int n = g->n_nodes;
+    struct lower L = {.p = p, .g = g, .root = xmalloc((size_t)n * sizeof(int)),
+                      .n_cons = xcalloc((size_t)n, sizeof(int)),
+                      .off = xmalloc((size_t)n * sizeof(VkDeviceSize)), .done = xcalloc((size_t)n, sizeof(bool)),
+                      .use_qx = vk_use_qx(b->d)};
+    anvil_status st = L.root && L.n_cons && L.off && L.done ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    if (st != ANVIL_OK) goto done;
+    p->n_ctx = 0;
+    for (int i = 0; i < n; i++) {
+        const struct node *nd = &g->nodes[i];
+        L.root[i] = (nd->op == OP_RESHAPE || nd->op == OP_ROWS) ? L.root[nd->src[0]] : i;
+        for (int s = 0; s < GRAPH_MAX_SRC; s++)
+            if (nd->src[s] >= 0) L.n_cons[L.root[nd->src[s]]]++;
+        /* the context: the attention caches' length (hybrids have other states too) */
+        if (nd->op == OP_ATTENTION) p->n_ctx = (int)g->nodes[nd->src[3]].ne[2];
+    }
+    /* a graph without attention (one region checked alone: backends/ops.c) declares a state
+     * of the context's length */
+    for (int i = 0; !p->n_ctx && i < n; i++)
+        if (g->nodes[i].op == OP_STATE && g->nodes[i].ne[0] == 1 && g->nodes[i].ne[1] == 1) p->n_ctx = (int)g->nodes[i].ne[2];
+    if (!p->n_ctx) {
+        st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph has no KV cache");
+        goto done;
+    }
+    p->V = (uint32_t)g->nodes[g->output].ne[0];
+    const struct tuning *t = &b->d->tune;
+    /* ANVIL_VK_MEGA_QX: 0 never, 1 whatever the products' sizes */
+    L.mega_qx = L.use_qx && b->pl.mega_grid && b->pl.p[K_MEGA_QX] && t->vk_mega_qx != 0 &&
+                (t->vk_mega_qx == 1 || mqx_small(&L));
+    L.qxr = L.use_qx && !L.mega_qx && t->vk_qxr; /* 0: no product rounds its outputs for the next (qx_round) */
+    L.qxt_all = !L.qxr ? 0 : t->vk_qxt_all;
+    /* first pass sizes the arena (addresses are offsets from 0), the second emits */
+    if ((st = lower_graph(&L)) != ANVIL_OK) goto done;
+    st = vk_buffer_create(b->d, L.arena_size, VK_MEM_DEVICE, "activations", &p->arena);
+    if (st == ANVIL_OK)
+        st = vk_buffer_create(b->d, sizeof(struct vk_ctl) + (size_t)p->n_ctx * 12, VK_MEM_CONTROL,
+                              "the control block", &p->ctl);
+    if (st == ANVIL_OK)
+        st = vk_buffer_create(b->d, (VkDeviceSize)p->V * 4, VK_MEM_READBACK, "logits", &p->readback);
+    if (st == ANVIL_OK) st = vk_rope_table(b, g, p->n_ctx, &p->rope);
+    if (st == ANVIL_OK) st = node_labels(p, g);
+    if (st == ANVIL_OK) st = lower_graph(&L);
+    if (st != ANVIL_OK) goto done;
+    memset(p->ctl.map, 0, p->ctl.size);
+    ((struct vk_ctl *)p->ctl.map)->n_ctx = (uint32_t)p->n_ctx;
+    ((struct vk_ctl *)p->ctl.map)->stop = CTL_STOP_BUDGET;
+    /* zero the arena once: its padding stays zero for ever */
+    VkCommandBuffer cb;
+    if ((st = vk_cmd_alloc(b->d, &cb)) != ANVIL_OK) goto done;
+    VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
+                                   VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
+    vkBeginCommandBuffer(cb, &bi);
+    vkCmdFillBuffer(cb, p->arena.buf, 0, VK_WHOLE_SIZE, 0);
+    vkEndCommandBuffer(cb);
+    uint64_t v;
+    st = vk_submit(b->d, &cb, 1, &v);
+    if (st == ANVIL_OK) st = vk_wait(b->d, v);
+    if (st == ANVIL_OK || vk_idle(b->d)) vkFreeCommandBuffers(b->d->dev, b->d->pool, 1, &cb);
+    if (st == ANVIL_OK) st = form_mega(p);
+    if (st == ANVIL_OK) st = add_prefetch(p);
+    if (st == ANVIL_OK) st = check_overlaps(p);
+    if (st == ANVIL_OK) st = record_program(p);
+    log_info("vulkan: decode program: %d kernels per token, arena %.2f MiB", p->n_ops,
+             (double)L.arena_size / (1 << 20));
+done:
+    free(L.root);
+    free(L.n_cons);
+    free(L.off);
+    free(L.done);
+    if (st != ANVIL_OK) {
+        vk_program_destroy(p);
+        return st;
+    }
+    *out = p;
+    return ANVIL_OK;
+}
+
+void vk_program_destroy(struct vk_program *p) {
+    if (!p) return;
+    struct vk_device *d = p->b->d;
+    if (vk_idle(d)) { /* else abandoned with the device (vk_idle) */
+        if (p->clk.map && p->clk_kind) mega_clock_report(p);
+        VkCommandBuffer cbs[8] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single, p->cb_prof, p->cb_batch_s,
+                                  p->cb_single_s, p->cb_prof_s};
+        for (int i = 0; i < 8; i++)
+            if (cbs[i]) vkFreeCommandBuffers(d->dev, d->pool, 1, &cbs[i]);
+        if (p->queries) vkDestroyQueryPool(d->dev, p->queries, NULL);
+    }
+    vk_buffer_destroy(d, &p->arena);
+    vk_buffer_destroy(d, &p->ctl);
+    vk_buffer_destroy(d, &p->readback);
+    vk_buffer_destroy(d, &p->rope);
+    vk_buffer_destroy(d, &p->mega);
+    vk_buffer_destroy(d, &p->clk);
+    free(p->clk_kind);
+    free(p->labels);
+    free(p->ops);
+    free(p);
+}

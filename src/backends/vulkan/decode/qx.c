@@ -1,0 +1,166 @@
+/*
+ * The decode program's quantized-input policy (used by lower.c): which products take their
+ * input rounded to int8 blocks for integer dot products (matvec.comp QX), who rounds it
+ * (qx.comp, the attention that wrote it, the product before it: QXT, or the persistent step
+ * itself: MQX), and which products run as teams of threads (QXT). The rules and the
+ * measurements behind their thresholds are at each function.
+ */
+#include <stdlib.h>
+
+#include "decode.h"
+
+/* The rounding of pc's input (x, and its norm when flags & MV_NORM) among those already made: its
+ * index in L->qx, or -1. */
+int qx_find(const struct lower *L, const struct pc_matvec *pc) {
+    uint64_t normw = (pc->flags & MV_NORM) ? pc->normw : 0;
+    for (int i = 0; i < L->n_qx; i++)
+        if (L->qx[i].x == pc->x && L->qx[i].normw == normw) return i;
+    return -1;
+}
+
+/* Records the rounding of x (with the norm of weights normw, or 0) at arena offset q. */
+static void qx_register(struct lower *L, uint64_t x, uint64_t normw, VkDeviceSize q, bool own) {
+    if (L->n_qx == (int)(sizeof L->qx / sizeof *L->qx)) L->n_qx = 0; /* full: start over */
+    L->qx[L->n_qx].x = x;
+    L->qx[L->n_qx].normw = normw;
+    L->qx[L->n_qx].q = q;
+    L->qx[L->n_qx].own = own;
+    L->n_qx++;
+}
+
+/* The attention dispatch that wrote x, where it can round its output to int8 blocks itself
+ * for an integer-dot-product product (attention.comp xq: no qx.comp dispatch), else NULL. */
+struct pc_attn *attn_rounder(struct lower *L, uint64_t x) {
+    if (!L->p->b->d->subgroup_shuffle || L->p->b->pl.attn_d % 32) return NULL;
+    for (int k = L->p->n_ops - 1; k >= 0; k--)
+        if (L->p->ops[k].k == K_ATTENTION && ((struct pc_attn *)L->p->ops[k].push)->out == x)
+            return (struct pc_attn *)L->p->ops[k].push;
+    return NULL;
+}
+
+/* The matvec input of pc (x, and its norm when flags & MV_NORM) rounded to int8 blocks: found among
+ * those made (qx_find: by qx.comp, attention.comp or the product that wrote x, qx_round) or
+ * made by qx.comp; pc then points at the int8s and scales, and *xm says how they were rounded
+ * (matvec.comp's XM: 0 the norm applied, 1 or 2 by the producer, 2 its 1 / rms left to pc). */
+anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm) {
+    uint64_t normw = (pc->flags & MV_NORM) ? pc->normw : 0;
+    uint32_t Kp = (uint32_t)round_up(pc->K, 256);
+    int i = qx_find(L, pc);
+    if (i < 0) {
+        struct pc_qx pq = {pc->x, normw ? normw : pc->x, L->p->ctl.addr, 0, 0, pc->K, Kp, (pc->flags & MV_NORM) ? QX_NORM : 0u, pc->eps};
+        VkDeviceSize q = alloc_scratch(L, Kp + Kp / 8);
+        pq.q = L->p->arena.addr + q;
+        pq.d = pq.q + Kp;
+        struct pc_attn *pa = normw ? NULL : attn_rounder(L, pc->x);
+        if (pa) {
+            pa->xq = pq.q;
+        } else {
+            anvil_status st = emit_dispatch(L->p, K_QX, (Kp + 1023) / 1024, 1, &pq, sizeof pq);
+            if (st != ANVIL_OK) return st;
+        }
+        qx_register(L, pc->x, normw, q, false);
+        i = L->n_qx - 1;
+    }
+    pc->x = L->p->arena.addr + L->qx[i].q;
+    pc->normw = pc->x + Kp;
+    pc->flags &= ~MV_NORM;
+    *xm = !L->qx[i].own ? 0 : normw ? 2 : 1; /* matvec.comp's XM */
+    return ANVIL_OK;
+}
+
+/* Whether a QX product writing node out (rows values) can round them for the next product:
+ * the first matmul after out that reads it, directly or through an RMS norm (*norm: that
+ * norm, else NULL), has weights the integer dot products take. */
+bool qx_round_to(struct lower *L, int out, uint32_t rows, const struct node **norm) {
+    if (!L->qxr || rows % 256) return false;
+    for (int k = out + 1; k < L->g->n_nodes; k++) {
+        const struct node *m = N(L, k);
+        if (m->op != OP_MATMUL || L->done[k]) continue;
+        int r = L->root[m->src[0]];
+        const struct node *nm = N(L, r);
+        bool nrm = nm->op == OP_RMS_NORM && L->root[nm->src[0]] == out;
+        if (r != out && !nrm) continue;
+        int qxi = vk_qx_index(N(L, m->src[1])->weight->type);
+        if (qxi < 0 || !L->p->b->pl.p[vk_qxv(0, nrm ? 2 : 1, swiglu_of(L, k) >= 0, qxi)]) return false;
+        *norm = nrm ? nm : NULL;
+        return true;
+    }
+    return false;
+}
+
+/* Whether the QX product writing node out (rows values) rounds them for the next product
+ * itself (matvec.comp QXT, flags & MV_ROUND), with no qx.comp dispatch: where the first matmul after
+ * out that reads it, directly or through an RMS norm (whose weights the rounding folds in,
+ * flags & MV_ROUND_NW), has weights the integer dot products take (it will find the rounding made,
+ * qx_find, and take it whatever its size, with XM 1 or 2). Sets pq's rounding and registers it. */
+bool qx_round(struct lower *L, int out, uint32_t rows, struct pc_qxt *pq) {
+    const struct node *nm = NULL;
+    if (!qx_round_to(L, out, rows, &nm)) return false;
+    uint64_t normw = nm ? vk_weight_addr(L->p->b, N(L, nm->src[1])->weight, true, nm->p.i[0] != 0) : 0;
+    uint64_t x = node_addr(L, out);
+    if (qx_find(L, &(struct pc_matvec){.x = x, .normw = normw, .flags = nm ? MV_NORM : 0u}) >= 0) return false;
+    VkDeviceSize q = alloc_scratch(L, 2 * (VkDeviceSize)rows); /* int8s, scales, sums of squares */
+    qx_register(L, x, normw, q, true);
+    pq->xq = L->p->arena.addr + q;
+    pq->nw = nm ? normw : x;
+    pq->m.flags |= MV_ROUND | (nm ? MV_ROUND_NW : 0u);
+    return true;
+}
+
+/* Whether matmul i (with its gate/up partner) reads enough weight bytes for integer dot
+ * products to pay for rounding its input: on the H100 a rounding dispatch costs ~4.6 us and
+ * saves about a third of a K-quant matvec's time, so the 0.6B's matrices (2-7 MB) lost 16%
+ * and an 8B's (9-60 MB) gained 17% (docs/PERF.md section 23). ANVIL_VK_QX_MIN_MB (default 8). */
+bool qx_worth(struct lower *L, int i) {
+    const struct node *w = N(L, N(L, i)->src[1]);
+    double min_mb = L->p->b->d->tune.vk_qx_min_mb;
+    size_t row = 0;
+    if (!dtype_row_size(w->weight->type, w->ne[0], &row)) return false;
+    double mb = (double)row * (double)w->ne[1] * (swiglu_of(L, i) >= 0 ? 2 : 1) / 1e6;
+    return mb >= min_mb;
+}
+
+/* mega.comp's WT_ (its phase header's weight type) for weights of a type MQX takes, or -1 */
+int mqx_wt(int type) { return type == DT_Q4_K ? 0 : type == DT_Q6_K ? 1 : type == DT_Q8_0 ? 2 : -1; }
+
+/* The MQX type + 1 (struct vk_dispatch's mqx) of matmul i where the persistent step takes it
+ * on integer dot products, rounding its input itself (mega.comp MQX): Q4_K, Q6_K and Q8_0
+ * weights, inputs of at most 16384, not the LM head; else 0. */
+int mqx_code(struct lower *L, int i, int type, uint32_t Kp8) {
+    if (!L->mega_qx || N(L, i)->ne[0] >= L->p->V || Kp8 * 8 > 16384 || Kp8 % 16) return 0;
+    return mqx_wt(type) + 1;
+}
+
+/* Whether the persistent step should take a model's K-quant products (mqx_code): a dense
+ * model's, where every one of them (gate/up: the pair) reads less than ANVIL_VK_MQX_MAX_MB
+ * (default 8). On the H100 (docs/PERF.md section 32) Qwen3-0.6B Q4_K_M gained 14%, Q6_K 27%,
+ * the 1.7B (gate/up 14 MB) 12%; the 4B (28 MB) lost 16% and the 8B (57 MB) 7%. Since the
+ * products round their outputs themselves (sections 33, 35) the 1.7B Q4_K_M is 2.6% faster
+ * as dispatches, the 0.6B (3.5 MB) still 10% slower: hence 8, not 16. Big products
+ * stream faster as dispatches, a GPU full of threads, than in the persistent step's one
+ * workgroup an SM. The MoE and hybrid models, whose experts and recurrent layers cut the
+ * runs short, lost 3% (30B-A3B) and 6% (Qwen3.6-35B-A3B, forced). */
+bool mqx_small(struct lower *L) {
+    double max_mb = L->p->b->d->tune.vk_mqx_max_mb;
+    for (int i = 0; i < L->g->n_nodes; i++) {
+        const struct node *n = N(L, i);
+        if (n->op == OP_MOE || n->op == OP_GDN) return false;
+        if (n->op != OP_MATMUL || n->ne[0] >= L->p->V) continue;
+        const struct node *w = N(L, n->src[1]);
+        if (!w->weight || mqx_wt(w->weight->type) < 0) continue;
+        size_t row = 0;
+        if (!dtype_row_size(w->weight->type, w->ne[0], &row)) return false;
+        if ((double)row * (double)w->ne[1] * (swiglu_of(L, i) >= 0 ? 2 : 1) / 1e6 >= max_mb) return false;
+    }
+    return true;
+}
+
+/* Whether a product of weights of `type` that feeds no rounding (q/k/v, the LM head) runs as
+ * teams anyway (matvec.comp QXT: 8 rows a workgroup, so it reads the norm's sums of squares
+ * 8 times less often). On the H100 (docs/PERF.md section 35) with Q4_K weights and their
+ * plain kernels at 2 rows: 8B Q4_K_M +2.1%, 14B +2.4%, 4B +1.0%; Q5_K: 1.7B Q5_K_M +3.2%, the
+ * 8B and 4B the same; as teams the Q6_K products lost 1.5% (8B Q6_K) and the Q8_0 ones 0.6%.
+ * ANVIL_VK_QXT_ALL: 0 never, 2 every type. */
+bool qxt_consumer(const struct lower *L, int type) {
+    return L->qxt_all == 2 || (L->qxt_all == 1 && (type == DT_Q4_K || type == DT_Q5_K));
+}

@@ -1,0 +1,126 @@
+/*
+ * The decode program's recording: the dispatch list recorded once into the command buffers
+ * that every token resubmits (one step with the logits copied back, a batch of steps, the
+ * sampling variants), each dispatch after a barrier unless it overlaps the one before; and
+ * with ANVIL_VK_PROFILE=1 one step with a timestamp after every kernel, and its report.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "decode.h"
+
+/* A dispatch without a barrier before it (overlap) is a product beside a product of the same
+ * input, or the prefetch beside an attention: never one after a persistent step, whose phases
+ * write what follows them (form_mega gives those their barrier back). */
+anvil_status check_overlaps(const struct vk_program *p) {
+    for (int i = 1; i < p->n_ops; i++)
+        if (p->ops[i].overlap && p->ops[i - 1].k >= K_MEGA_F32 && p->ops[i - 1].k <= K_MEGA_QX8)
+            return err_set(ANVIL_ERR_BACKEND, "vulkan: internal error: dispatch %d (%s) follows a persistent step "
+                           "without a barrier", i, vk_kernel_name(p->ops[i].k));
+    return ANVIL_OK;
+}
+
+/* One step; sampling: ending in the sampling kernel instead of the argmax. */
+static void record_step(struct vk_program *p, VkCommandBuffer cb, bool count, bool sampling) {
+    VkPipeline bound = VK_NULL_HANDLE;
+    for (int i = 0; i < p->n_ops; i++) {
+        const struct vk_dispatch *d = sampling && i == p->n_ops - 1 ? &p->sample_op : &p->ops[i];
+        /* every kernel depends on the one before it (at least through the control block, which
+         * only the step's last kernel writes), but for independent matvecs (overlap) */
+        if (!d->overlap)
+            barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT,
+                    STAGE_C, RW);
+        VkPipeline pl = p->b->pl.p[d->k];
+        if (pl != bound) vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pl);
+        bound = pl;
+        vkCmdPushConstants(cb, p->b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, d->push_size, d->push);
+        vkCmdDispatch(cb, d->gx, d->gy, d->gz);
+        if (count) {
+            p->stats.dispatches++;
+            p->stats.barriers += !d->overlap;
+        }
+    }
+}
+
+static void record_copy_logits(struct vk_program *p, VkCommandBuffer cb) {
+    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
+    VkBufferCopy c = {p->logits_off, 0, (VkDeviceSize)p->V * 4};
+    vkCmdCopyBuffer(cb, p->arena.buf, p->readback.buf, 1, &c);
+    barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT | STAGE_C, VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT,
+            VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+}
+
+anvil_status record_profile(struct vk_program *p) {
+    struct vk_device *d = p->b->d;
+    VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                                .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = (uint32_t)p->n_ops + 3};
+    anvil_status st = vk_result(vkCreateQueryPool(d->dev, &qi, NULL, &p->queries), "vkCreateQueryPool");
+    if (st == ANVIL_OK) st = vk_cmd_alloc(d, &p->cb_prof);
+    if (st == ANVIL_OK) st = vk_cmd_alloc(d, &p->cb_prof_s);
+    if (st != ANVIL_OK) return st;
+    {
+        VkCommandBufferBeginInfo bs = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL, 0, NULL};
+        VkCommandBuffer c = p->cb_prof_s;
+        uint32_t q = (uint32_t)p->n_ops + 1;
+        vkBeginCommandBuffer(c, &bs);
+        vkCmdResetQueryPool(c, p->queries, q, 2);
+        barrier(c, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+        vkCmdWriteTimestamp(c, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, q);
+        vkCmdBindPipeline(c, VK_PIPELINE_BIND_POINT_COMPUTE, p->b->pl.p[K_SAMPLE]);
+        vkCmdPushConstants(c, p->b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, p->sample_op.push_size,
+                           p->sample_op.push);
+        vkCmdDispatch(c, p->sample_op.gx, 1, 1);
+        vkCmdWriteTimestamp(c, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, q + 1);
+        barrier(c, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+        if ((st = vk_result(vkEndCommandBuffer(c), "vkEndCommandBuffer")) != ANVIL_OK) return st;
+    }
+    VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL, 0, NULL};
+    VkCommandBuffer cb = p->cb_prof;
+    vkBeginCommandBuffer(cb, &bi);
+    vkCmdResetQueryPool(cb, p->queries, 0, (uint32_t)p->n_ops + 1);
+    barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+    vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, 0);
+    for (int i = 0; i < p->n_ops; i++) {
+        const struct vk_dispatch *o = &p->ops[i];
+        barrier(cb, STAGE_C, RW, STAGE_C, RW);
+        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p->b->pl.p[o->k]);
+        vkCmdPushConstants(cb, p->b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, o->push_size, o->push);
+        vkCmdDispatch(cb, o->gx, o->gy, o->gz);
+        vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, (uint32_t)i + 1);
+    }
+    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    return vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
+}
+
+anvil_status record_program(struct vk_program *p) {
+    struct vk_device *d = p->b->d;
+    p->spb = d->tune.vk_batch;
+    if (d->tune.vk_profile) {
+        anvil_status st = record_profile(p);
+        if (st != ANVIL_OK) return st;
+    }
+    VkCommandBuffer *cbs[6] = {&p->cb_one, &p->cb_batch, &p->cb_copy, &p->cb_single, &p->cb_batch_s,
+                               &p->cb_single_s};
+    for (int c = 0; c < 6; c++) {
+        anvil_status st = vk_cmd_alloc(d, cbs[c]);
+        if (st != ANVIL_OK) return st;
+        VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
+                                       VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT, NULL};
+        if ((st = vk_result(vkBeginCommandBuffer(*cbs[c], &bi), "vkBeginCommandBuffer")) != ANVIL_OK) return st;
+        if (c == 0) {
+            record_step(p, *cbs[c], true, false);
+            record_copy_logits(p, *cbs[c]);
+        } else if (c == 1 || c == 4) {
+            for (int s = 0; s < p->spb; s++) record_step(p, *cbs[c], false, c == 4);
+            barrier(*cbs[c], STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+        } else if (c == 2) {
+            record_copy_logits(p, *cbs[c]);
+        } else {
+            record_step(p, *cbs[c], false, c == 5);
+            barrier(*cbs[c], STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+        }
+        if ((st = vk_result(vkEndCommandBuffer(*cbs[c]), "vkEndCommandBuffer")) != ANVIL_OK) return st;
+    }
+    return ANVIL_OK;
+}

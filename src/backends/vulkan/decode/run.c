@@ -1,0 +1,173 @@
+/*
+ * The decode program's host side per token: the control block set for a request, one step
+ * (vk_program_run), or a generation (vk_program_generate) that keeps two batches of steps in
+ * flight, delivers the tokens the device chose and paces its waits.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "decode.h"
+
+void vk_program_stats(const struct vk_program *p, struct vk_stats *s) {
+    *s = p->stats;
+    s->steps_per_submit = p->spb;
+}
+
+void ctl_reset(struct vk_program *p, int32_t token, int pos0) {
+    volatile struct vk_ctl *c = p->ctl.map;
+    c->token = (uint32_t)token;
+    c->pos = (uint32_t)pos0;
+    c->stop = 0;
+    c->n_out = 0;
+    c->budget = 0;
+    c->n_feed = 0;
+    c->feed_idx = 0;
+    c->n_eos = 0;
+    c->eos_hit = 0;
+    c->steps = 0;
+}
+
+anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float *logits) {
+    if (pos0 >= p->n_ctx) return err_set(ANVIL_ERR_RANGE, "vulkan: position %d past the context", pos0);
+    ctl_reset(p, token, pos0);
+    uint64_t v;
+    anvil_status st = vk_submit(p->b->d, &p->cb_one, 1, &v);
+    if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
+    if (st == ANVIL_OK) st = mega_fault(p);
+    if (st == ANVIL_OK && logits) memcpy(logits, p->readback.map, (size_t)p->V * 4);
+    return st;
+}
+
+/* Pacing of the generate loop's waits. With two batches in flight the GPU always has the next
+ * one queued, so the host need not wake the moment a batch completes: it sleeps through most
+ * of a batch's expected time (the mean of the last ones) and only then waits on the semaphore,
+ * where a driver may spin. ANVIL_VK_PACE=0 turns it off. */
+struct pacer {
+    bool on;
+    int n;         /* batches completed */
+    double t_last; /* when the last wait returned */
+    double mean;   /* seconds per step: completions come a batch's duration apart */
+};
+
+/* before waiting for a batch of steps */
+static void pace(struct pacer *pc, int steps) {
+    if (!pc->on || pc->n < 2) return;
+    double left = pc->t_last + 0.8 * pc->mean * steps - time_now();
+    if (left < 200e-6) return; /* not worth a sleep's wake-up latency */
+    struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* after a batch of steps completed */
+static void pace_done(struct pacer *pc, int steps) {
+    double t = time_now();
+    if (pc->n >= 1) {
+        double dt = (t - pc->t_last) / steps;
+        pc->mean = pc->n == 1 ? dt : 0.75 * pc->mean + 0.25 * dt;
+    }
+    pc->t_last = t;
+    pc->n++;
+}
+
+void ctl_set_sampling(volatile struct vk_ctl *c, uint32_t V, const struct sampling_params *sp) {
+    c->s_inv_temp = sp->inv_temp;
+    c->s_rp = sp->rp;
+    c->s_inv_rp = sp->inv_rp;
+    c->s_presence = sp->presence;
+    c->s_frequency = sp->frequency;
+    c->s_top_p = sp->top_p;
+    c->s_min_p = sp->min_p;
+    c->s_greedy = sp->greedy != 0;
+    c->s_penalties = sp->penalties != 0;
+    c->s_K = (uint32_t)MIN(MAX(sp->K, 1), MIN(SAMPLE_MAXK, (int)V));
+    c->s_window = sp->window < 0 ? 0xffffffffu : (uint32_t)sp->window;
+    c->s_seed_lo = (uint32_t)sp->seed;
+    c->s_seed_hi = (uint32_t)(sp->seed >> 32);
+}
+
+anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res) {
+    memset(res, 0, sizeof *res);
+    struct vk_device *d = p->b->d;
+    if (r->n_feed < 1 || r->pos0 < 0 || r->pos0 + r->n_feed > p->n_ctx || r->max_new < 0 ||
+        r->n_stop > CTL_MAX_EOS)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: bad generate request (%d tokens at %d, "
+                       "context %d, %d stop ids)", r->n_feed, r->pos0, p->n_ctx, r->n_stop);
+    ctl_reset(p, r->feed[0], r->pos0);
+    volatile struct vk_ctl *c = p->ctl.map;
+    for (int i = 1; i < r->n_feed; i++) c->data[i - 1] = (uint32_t)r->feed[i];
+    c->n_feed = (uint32_t)(r->n_feed - 1);
+    for (int i = 0; i < r->n_stop; i++) c->eos[i] = (uint32_t)r->stop[i];
+    c->n_eos = (uint32_t)r->n_stop;
+    c->budget = (uint32_t)r->max_new;
+    const struct sampling_params *sp = r->sampling;
+    if (sp) {
+        ctl_set_sampling(c, p->V, sp);
+        /* the penalties' window reaches back before this request: its tokens from the cache */
+        if (sp->penalties) {
+            int from = sp->window < 0 || sp->window >= r->pos0 ? 0 : r->pos0 - sp->window;
+            if (r->n_history < r->pos0)
+                return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: sampling with penalties needs the "
+                               "%d tokens before position %d", r->pos0, r->pos0);
+            for (int i = from; i < r->pos0; i++) c->data[2 * p->n_ctx + i] = (uint32_t)r->history[i];
+        }
+    }
+    VkCommandBuffer *cb_batch = sp ? &p->cb_batch_s : &p->cb_batch, *cb_single = sp ? &p->cb_single_s : &p->cb_single;
+    /* steps: one per fed token, one per generated token (the last one enters the cache) */
+    int64_t steps = (int64_t)r->n_feed + r->max_new;
+    /* full batches, then single steps for the tail */
+    int64_t batches = steps / p->spb + steps % p->spb, submitted = 0, waited = 0;
+    uint64_t vals[2] = {0, 0};
+    anvil_status st = ANVIL_OK;
+    int delivered = 0;
+    bool stopping = false;
+    struct pacer pc = {.on = p->b->d->tune.vk_pace};
+    while (st == ANVIL_OK) {
+        /* keep two batches in flight */
+        while (st == ANVIL_OK && !stopping && submitted < batches && submitted - waited < 2)
+        {
+            VkCommandBuffer *cb = submitted < steps / p->spb ? cb_batch : cb_single;
+            st = vk_submit(d, cb, 1, &vals[submitted % 2]);
+            submitted++;
+        }
+        if (st != ANVIL_OK || waited == submitted) break;
+        int batch_steps = waited < steps / p->spb ? p->spb : 1;
+        pace(&pc, batch_steps);
+        st = vk_wait(d, vals[waited++ % 2]);
+        pace_done(&pc, batch_steps);
+        if (st == ANVIL_OK) st = mega_fault(p);
+        if (st != ANVIL_OK) break;
+        uint32_t n_out = c->n_out;
+        while (delivered < (int)n_out && !stopping) {
+            int32_t tok = (int32_t)c->data[p->n_ctx + delivered];
+            if (r->out) r->out[delivered] = tok;
+            delivered++;
+            if (r->on_token && r->on_token(r->user, tok)) {
+                /* the device stops once this token has entered the cache */
+                c->budget = (uint32_t)delivered;
+                res->stop = GEN_STOP_CALLBACK;
+                stopping = true;
+            }
+        }
+        if (c->stop) stopping = true;
+    }
+    if (st != ANVIL_OK) return st;
+    res->n_out = delivered;
+    int cached = (int)c->pos - r->pos0;
+    res->n_cached = MIN(cached, r->n_feed + delivered);
+    if (res->stop != GEN_STOP_CALLBACK) {
+        switch (c->stop) {
+        case CTL_STOP_BUDGET: res->stop = GEN_STOP_BUDGET; break;
+        case CTL_STOP_EOS: res->stop = GEN_STOP_EOS; res->stop_token = (int32_t)c->eos_hit; break;
+        case CTL_STOP_CONTEXT: res->stop = GEN_STOP_CONTEXT; break;
+        default: res->stop = GEN_STOP_NONE;
+        }
+    }
+    if (r->logits) {
+        uint64_t v;
+        st = vk_submit(d, &p->cb_copy, 1, &v);
+        if (st == ANVIL_OK) st = vk_wait(d, v);
+        if (st == ANVIL_OK) memcpy(r->logits, p->readback.map, (size_t)p->V * 4);
+    }
+    return st;
+}

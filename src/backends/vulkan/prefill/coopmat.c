@@ -1,0 +1,136 @@
+/*
+ * The prefill program's products on cooperative matrices: a weight dequantised to float16
+ * (dq.comp) in pieces that fit the dq buffer, each piece multiplied by mm_h.comp's tiles or,
+ * on workgroup matrices, by mm_cm2.comp with x rounded to float16 once; products of one
+ * input wait in a group to run side by side, their weights dequantised beside the group
+ * before (the hoisting).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "prefill.h"
+
+/* Rows of a weight whose float16 copy fits dq_scratch_max(): a multiple of every tile width. */
+uint32_t pf_dq_rows(const struct vk_device *d, uint32_t N, uint32_t Kp) {
+    VkDeviceSize r = dq_scratch_max(d) / ((VkDeviceSize)Kp * 2) / 128 * 128;
+    return (uint32_t)MIN((VkDeviceSize)N, MAX(r, (VkDeviceSize)128));
+}
+
+/* x [T, K] floats rounded to float16 into xh, for mm_cm2.comp (K a multiple of 8) */
+static anvil_status emit_x_half(struct vk_prefill *p, const struct pc_mm *mm) {
+    struct pc_dq xq = {mm->x, p->xh.addr, 0, mm->T, mm->K / 8, mm->K};
+    return pf_emit_op(p, K_DQ_F32, (mm->T * (mm->K / 8) + 255) / 256, 0, &xq, sizeof xq);
+}
+
+/* The product pc (pc->N outputs of pc->T tokens) on workgroup matrices (cm2) or on mm_h.comp's
+ * tiles of the chosen shape. */
+static anvil_status emit_tiles(struct vk_prefill *p, bool cm2, const struct pc_mmh *pc) {
+    if (cm2)
+        return pf_emit_op(p, K_MMH_CM2, (pc->N + VK_CM2_BN - 1) / VK_CM2_BN, (pc->T + VK_CM2_BM - 1) / VK_CM2_BM, pc,
+                          sizeof *pc);
+    const uint32_t *tile = mmh_tile[p->mmh];
+    return pf_emit_op(p, (enum vk_kernel)(K_MMH_64X64_K32 + p->mmh), (pc->N + tile[1] - 1) / tile[1],
+                      (pc->T + tile[0] - 1) / tile[0], pc, sizeof *pc);
+}
+
+/* The waiting group of products on workgroup matrices: x to float16 (once for all of them),
+ * every weight to float16 at its own place in dq, then the products; only the first of each
+ * kind waits at a barrier (8B Q4_K_M pp512 +4.4% on the H100, docs/PERF.md §29). */
+anvil_status pf_flush_group(struct vk_prefill *p) {
+    if (!p->n_grp) return ANVIL_OK;
+    const struct pc_mm *m0 = &p->grp[0];
+    int n = p->n_grp;
+    p->n_grp = 0;
+    p->grp_bytes = 0;
+    bool xh = !p->dq_emulate;
+    uint64_t base = p->dq.addr + (VkDeviceSize)p->half * p->half_size;
+    anvil_status st = xh && p->xh_of != m0->x ? emit_x_half(p, m0) : ANVIL_OK;
+    VkDeviceSize off = 0;
+    for (int g = 0; g < n && st == ANVIL_OK; g++) {
+        const struct pc_mm *mm = &p->grp[g];
+        uint32_t Kp = mm->Kp8 * 8, U = mm->Kp8 / unit_groups[p->grp_kind[g]];
+        struct pc_dq dq = {mm->w, base + off, 0, mm->N, U, Kp};
+        enum vk_kernel k = (enum vk_kernel)(K_DQ_F32 + p->grp_kind[g]);
+        if (p->hoist_at >= 0) { /* beside the group before */
+            int at = p->hoist_at++;
+            st = pf_insert_op(p, at, k, (mm->N * U + 255) / 256, &dq, sizeof dq);
+            if (st == ANVIL_OK) p->ops[at].overlap = true;
+        } else {
+            st = pf_emit_op(p, k, (mm->N * U + 255) / 256, 0, &dq, sizeof dq);
+            if (st == ANVIL_OK && (g > 0 || xh)) p->ops[p->n_ops - 1].overlap = true; /* beside x's rounding */
+        }
+        off += (VkDeviceSize)mm->N * Kp * 2;
+    }
+    off = 0;
+    for (int g = 0; g < n && st == ANVIL_OK; g++) {
+        const struct pc_mm *mm = &p->grp[g];
+        uint32_t Kp = mm->Kp8 * 8;
+        struct pc_mmh pc = {xh ? p->xh.addr : mm->x, base + off, mm->y, mm->res, mm->T, mm->K, mm->N, Kp,
+                            mm->N, 0, mm->flags, 0, 0, 0, 0, 0};
+        struct pc_mm m16 = *mm; /* (tests) mm.comp's float16 kernel on the same rows */
+        m16.w = base + off;
+        st = p->dq_emulate ? pf_emit_op(p, K_MM_F16, (mm->N + 63) / 64, (mm->T + 63) / 64, &m16, sizeof m16)
+                           : emit_tiles(p, xh, &pc);
+        if (st == ANVIL_OK && g > 0) p->ops[p->n_ops - 1].overlap = true;
+        off += (VkDeviceSize)mm->N * Kp * 2;
+    }
+    if (p->half_size) { /* the next group: the other half, dequantised beside these */
+        p->hoist_at = p->n_ops;
+        p->half ^= 1;
+    }
+    return st;
+}
+
+/* whether [a, a + na) and [b, b + nb) share a byte */
+static bool ranges_meet(uint64_t a, uint64_t na, uint64_t b, uint64_t nb) { return a < b + nb && b < a + na; }
+
+/* The product of mm (its push constants for mm.comp) on cooperative matrices: the weight
+ * dequantised to float16 piece by piece (dq.comp), each piece multiplied (mm_h.comp); on
+ * workgroup matrices (mm_cm2.comp) a product whose float16 weight fits dq whole joins the
+ * group of those before it that read the same x (flush_group), else x is rounded and the
+ * weight's pieces go one at a time. */
+anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm) {
+    uint32_t Kp = mm->Kp8 * 8, R = pf_dq_rows(p->b->d, mm->N, Kp), U = mm->Kp8 / unit_groups[kind];
+    bool cm2 = p->xh.buf != VK_NULL_HANDLE && !p->dq_emulate && mm->K % 8 == 0 &&
+               (VkDeviceSize)mm->T * mm->K * 2 <= p->xh.size;
+    VkDeviceSize bytes = (VkDeviceSize)mm->N * Kp * 2;
+    /* (the tests' float16 emulation groups its products the same way, so that lavapipe checks
+     * the groups' bookkeeping) */
+    VkDeviceSize room = p->half_size ? p->half_size : p->dq.size;
+    if ((cm2 || p->dq_emulate) && R == mm->N && bytes <= room) {
+        uint64_t xb = (uint64_t)mm->T * mm->K * 4, yb = (uint64_t)mm->T * mm->N * 4;
+        bool joins = p->n_grp > 0 && p->n_grp < p->grp_max && p->grp[0].x == mm->x && p->grp[0].T == mm->T &&
+                     p->grp[0].K == mm->K && p->grp_bytes + bytes <= room &&
+                     !ranges_meet(mm->x, xb, mm->y, yb) && !(mm->flags && ranges_meet(mm->x, xb, mm->res, yb));
+        for (int g = 0; joins && g < p->n_grp; g++) {
+            const struct pc_mm *o = &p->grp[g];
+            uint64_t ob = (uint64_t)o->T * o->N * 4;
+            joins = !ranges_meet(o->y, ob, mm->y, yb) && !(mm->flags && ranges_meet(o->y, ob, mm->res, yb)) &&
+                    !(o->flags && ranges_meet(o->res, ob, mm->y, yb));
+        }
+        anvil_status st = joins ? ANVIL_OK : pf_flush_group(p);
+        if (st != ANVIL_OK) return st;
+        p->grp[p->n_grp] = *mm;
+        p->grp_kind[p->n_grp++] = kind;
+        p->grp_bytes += bytes;
+        return ANVIL_OK;
+    }
+    anvil_status st = pf_flush_group(p);
+    if (st == ANVIL_OK && cm2 && p->xh_of != mm->x) st = emit_x_half(p, mm);
+    for (uint32_t r0 = 0; r0 < mm->N && st == ANVIL_OK; r0 += R) {
+        uint32_t n = MIN(R, mm->N - r0);
+        struct pc_dq dq = {mm->w, p->dq.addr, r0, n, U, Kp};
+        st = pf_emit(p, (enum vk_kernel)(K_DQ_F32 + kind), (n * U + 255) / 256, 0, &dq, sizeof dq);
+        if (st != ANVIL_OK) break;
+        if (p->dq_emulate) { /* (tests) the float16 rows through mm.comp's float16 kernel */
+            struct pc_mm m16 = *mm;
+            m16.w = p->dq.addr;
+            st = pf_emit(p, K_MM_F16, (n + 63) / 64, (mm->T + 63) / 64, &m16, sizeof m16);
+            continue;
+        }
+        struct pc_mmh pc = {cm2 ? p->xh.addr : mm->x, p->dq.addr, mm->y, mm->res, mm->T, mm->K, n, Kp, mm->N, r0,
+                            mm->flags, 0, 0, 0, 0, 0};
+        st = emit_tiles(p, cm2, &pc);
+    }
+    return st;
+}

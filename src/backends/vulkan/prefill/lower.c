@@ -1,0 +1,406 @@
+/*
+ * The prefill program's lowering (the op table is in prefill.h): the memory plan (a block
+ * reused once its last reader has run), then the graph walked in order into the op list,
+ * a kernel per op, the residual adds folded into the products before them.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "prefill.h"
+
+bool pf_materialised(enum op op) {
+    return op == OP_EMBED || op == OP_RMS_NORM || op == OP_MATMUL || op == OP_ROPE ||
+           op == OP_ATTENTION || op == OP_ADD || op == OP_SWIGLU || op == OP_MOE || op == OP_GDN ||
+           op == OP_SIGMOID_MUL;
+}
+
+/* Offsets for every materialised node: a block is reused once the last node reading it has
+ * run (every kernel is followed by a barrier), best fit among the free blocks. A block is
+ * released one node late, so that a product with a fused residual add (which writes the
+ * next node's block) never writes over its own input. */
+anvil_status pf_plan_memory(struct plan *P) {
+    const struct graph *g = P->g;
+    int n = g->n_nodes;
+    struct blk { VkDeviceSize off, size; } *fr = xmalloc((size_t)n * sizeof *fr), *pend = xmalloc((size_t)n * sizeof *pend);
+    if (!fr || !pend) {
+        free(fr);
+        free(pend);
+        return ANVIL_ERR_NOMEM;
+    }
+    int n_free = 0, n_pend = 0;
+    P->size = 0;
+    for (int i = 0; i < n; i++) {
+        const struct node *nd = &g->nodes[i];
+        P->off[i] = (VkDeviceSize)-1;
+        if (!pf_materialised(nd->op)) continue;
+        VkDeviceSize need = round_up((VkDeviceSize)node_nelem(nd) * 4, ALIGN);
+        int best = -1;
+        for (int f = 0; f < n_free; f++)
+            if (fr[f].size >= need && (best < 0 || fr[f].size < fr[best].size)) best = f;
+        if (best >= 0) {
+            P->off[i] = fr[best].off;
+            fr[best] = fr[--n_free];
+        } else {
+            P->off[i] = P->size;
+            P->size += need;
+        }
+        for (int f = 0; f < n_pend; f++) fr[n_free++] = pend[f];
+        n_pend = 0;
+        /* the inputs whose last reader this is */
+        for (int s = 0; s < GRAPH_MAX_SRC; s++) {
+            int src = nd->src[s];
+            if (src < 0) continue;
+            int r = P->root[src];
+            if (P->last[r] != i || P->off[r] == (VkDeviceSize)-1 || r == i) continue;
+            bool dup = false; /* the same input twice */
+            for (int f = 0; f < n_pend; f++) dup |= pend[f].off == P->off[r];
+            if (!dup) pend[n_pend++] = (struct blk){P->off[r], round_up((VkDeviceSize)node_nelem(&g->nodes[r]) * 4, ALIGN)};
+        }
+    }
+    free(fr);
+    free(pend);
+    return ANVIL_OK;
+}
+
+anvil_status pf_emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push,
+                        size_t size) {
+    if (p->n_ops == p->cap_ops) {
+        int cap = p->cap_ops ? p->cap_ops * 2 : 256;
+        struct pf_op *o = realloc(p->ops, (size_t)cap * sizeof *o);
+        if (!o) return err_set(ANVIL_ERR_NOMEM, "out of memory");
+        p->ops = o;
+        p->cap_ops = cap;
+    }
+    struct pf_op *o = &p->ops[p->n_ops++];
+    memset(o, 0, sizeof *o);
+    o->k = k;
+    o->gz = 1;
+    if (gy) { /* a 2-D grid as given */
+        o->gx = wgs;
+        o->gy = gy;
+    } else { /* wgs workgroups, numbered x + y * gx by the kernel */
+        o->gx = MIN(wgs, 32768u);
+        o->gy = (wgs + o->gx - 1) / o->gx;
+    }
+    o->push_size = (uint32_t)size;
+    memcpy(o->push, push, size);
+    return ANVIL_OK;
+}
+
+/* An op after whatever products wait in the group. One that writes or reads dq (the
+ * weights' pieces, the experts) ends the hoisting of the next group's dequantisation. */
+anvil_status pf_emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push, size_t size) {
+    anvil_status st = pf_flush_group(p);
+    p->xh_of = 0;
+    if ((k >= K_DQ_F32 && k <= K_DQ_Q6_K) || (k >= K_MMH_64X64_K32 && k <= K_MMH_MOE) || k == K_MM_F16) p->hoist_at = -1;
+    return st == ANVIL_OK ? pf_emit_op(p, k, wgs, gy, push, size) : st;
+}
+
+/* emit_op, the op then moved to index at (the ops from there one later) */
+anvil_status pf_insert_op(struct vk_prefill *p, int at, enum vk_kernel k, uint32_t wgs, const void *push,
+                          size_t size) {
+    anvil_status st = pf_emit_op(p, k, wgs, 0, push, size);
+    if (st != ANVIL_OK) return st;
+    struct pf_op o = p->ops[p->n_ops - 1];
+    memmove(&p->ops[at + 1], &p->ops[at], (size_t)(p->n_ops - 1 - at) * sizeof o);
+    p->ops[at] = o;
+    return ANVIL_OK;
+}
+
+uint64_t pf_addr(struct vk_prefill *p, struct plan *P, int i) {
+    int r = P->root[i];
+    return p->arena.addr + P->off[r] + P->view[i];
+}
+
+/* A Gated DeltaNet layer over the chunk: the recurrent form, a workgroup per value head
+ * taking the tokens in turn (gdn.comp MODE 1), then the conv ring takes the chunk's last
+ * inputs (MODE 2). The gated norm after it is the prefill's rms_norm and swiglu. */
+static anvil_status lower_gdn(struct vk_prefill *p, struct plan *P, int i) {
+    const struct node *n = NODE(P, i), *cs = NODE(P, n->src[6]), *qkv = NODE(P, n->src[0]);
+    struct vk_backend *b = p->b;
+    uint32_t Hk = (uint32_t)n->p.i[0], Dk = (uint32_t)n->p.i[1], Hv = (uint32_t)NODE(P, n->src[1])->ne[0],
+             Dv = (uint32_t)n->ne[0], Kc = (uint32_t)cs->ne[0] + 1, Cc = (uint32_t)qkv->ne[0];
+    if (Dk > 256 || Dv > 256 || Cc != 2 * Hk * Dk + Hv * Dv)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: %s: head dims %u, %u (at most 256)", n->name, Dk, Dv);
+    uint64_t any = p->arena.addr;
+    struct pc_gdn pg = {pf_addr(p, P, n->src[0]), pf_addr(p, P, n->src[1]), pf_addr(p, P, n->src[2]),
+                        vk_weight_addr(b, NODE(P, n->src[3])->weight, true, false),
+                        vk_weight_addr(b, NODE(P, n->src[4])->weight, true, false),
+                        vk_weight_addr(b, NODE(P, n->src[5])->weight, true, false),
+                        vk_state_addr(b, cs->state), vk_state_addr(b, NODE(P, n->src[7])->state),
+                        p->prm.addr, any, pf_addr(p, P, i), any, Hk, Dk, Hv, Dv, Kc,
+                        (n->p.i[2] ? GDN_A_LOG : 0u) | (n->p.i[3] ? GDN_TILED : 0u), n->p.f[0], 0};
+    anvil_status st = pf_emit(p, K_GDN_PREFILL, Hv, 1, &pg, sizeof pg);
+    if (st == ANVIL_OK) st = pf_emit(p, K_GDN_RING, (Kc * Cc + 511) / 512, 1, &pg, sizeof pg);
+    return st;
+}
+
+/* Bytes of float16 weight rows the largest product of the graph needs at a time. */
+VkDeviceSize pf_dq_scratch_size(struct vk_backend *b, struct plan *P, bool groups, VkDeviceSize *max_run) {
+    VkDeviceSize size = 0, run = 0; /* run: the whole weights of the products of one input so far */
+    int run_x = -1;
+    for (int i = 0; i < P->g->n_nodes; i++) {
+        const struct node *nd = NODE(P, i);
+        if (nd->op != OP_MATMUL && pf_materialised(nd->op)) run_x = -1;
+        if (nd->op == OP_MOE) {
+            const struct node *gn = NODE(P, nd->src[2]);
+            uint32_t C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1], E = (uint32_t)gn->ne[2];
+            for (int w = 2; w <= 4; w++) {
+                const struct node *wn = NODE(P, nd->src[w]);
+                uint32_t N = w < 4 ? F : C, Kp = vk_wnode_kp(b, wn);
+                /* (on workgroup matrices two pieces: one dequantised beside the other's product) */
+                if (Kp) size = MAX(size, (groups ? 2 : 1) * round_up((VkDeviceSize)pf_dq_experts(b->d, E, N, Kp) * N * Kp * 2, ALIGN));
+            }
+            continue;
+        }
+        if (nd->op != OP_MATMUL) continue;
+        const struct node *wn = NODE(P, nd->src[1]);
+        if ((wn->op != OP_WEIGHT && wn->op != OP_WEIGHT_ROWS) || !wn->weight || vk_weight_kind(wn->weight->type) < 0)
+            continue;
+        uint32_t Kp = vk_wnode_kp(b, wn), R = pf_dq_rows(b->d, (uint32_t)nd->ne[0], Kp);
+        size = MAX(size, (VkDeviceSize)R * Kp * 2);
+        /* on workgroup matrices consecutive products of one input whose weights go whole
+         * share the buffer side by side (emit_mmh's groups, at most 4) */
+        int x = P->root[nd->src[0]];
+        if (groups && R == (uint32_t)nd->ne[0]) {
+            run = x == run_x ? run + (VkDeviceSize)R * Kp * 2 : (VkDeviceSize)R * Kp * 2;
+            run_x = x;
+            size = MAX(size, MIN(run, 4 * dq_scratch_max(b->d)));
+            *max_run = MAX(*max_run, MIN(run, 4 * dq_scratch_max(b->d)));
+        } else {
+            run_x = -1;
+        }
+    }
+    return size;
+}
+
+/* Ways to split K of a float32 product of T rows, N outputs (mm.comp's 64 x 64 tiles) when
+ * it has too few tiles to fill a GPU: to ~128 workgroups, at most 8 ways, two K steps each at
+ * least (the 30B-A3B's router, 16 tiles, and its k and v, 64). 1: not split. */
+uint32_t pf_split_k(uint32_t T, uint32_t N, uint32_t K) {
+    uint32_t tiles = ((N + 63) / 64) * ((T + 63) / 64);
+    uint32_t S = MIN(MIN(128 / MAX(tiles, 1u), 8u), K / 64);
+    return S >= 2 ? S : 1;
+}
+
+/* The one node that reads node i (through no view), or -1. */
+static int only_reader(struct plan *P, int i) {
+    int who = -1;
+    for (int j = i + 1; j < P->g->n_nodes && j <= P->last[i]; j++)
+        for (int s = 0; s < GRAPH_MAX_SRC; s++) {
+            int src = NODE(P, j)->src[s];
+            if (src < 0 || P->root[src] != i) continue;
+            if ((who >= 0 && who != j) || src != i) return -1;
+            who = j;
+        }
+    return who;
+}
+
+/* Whether node i's rows (a row kernel's output) should also be written as float16 into xh:
+ * where its first reader is a product that would round them there itself (emit_x_half; the
+ * row length a multiple of 8, as mm_cm2.comp's x needs) */
+static bool half_rows(struct vk_prefill *p, struct plan *P, int i) {
+    const struct node *nd = NODE(P, i);
+    uint64_t K = (uint64_t)nd->ne[0], n = (uint64_t)node_nelem(nd);
+    if (p->xh.buf == VK_NULL_HANDLE || p->dq_emulate || K % 8 || n * 2 > p->xh.size) return false;
+    for (int j = i + 1; j < P->g->n_nodes && j <= P->last[i]; j++)
+        for (int s = 0; s < GRAPH_MAX_SRC; s++) {
+            int src = NODE(P, j)->src[s];
+            if (src >= 0 && P->root[src] == i) return NODE(P, j)->op == OP_MATMUL && s == 0 && src == i;
+        }
+    return false;
+}
+
+anvil_status pf_lower(struct vk_prefill *p, struct plan *P) {
+    const struct graph *g = P->g;
+    struct vk_backend *b = p->b;
+    uint64_t prm = p->prm.addr, any = p->arena.addr;
+    bool *done = xcalloc((size_t)g->n_nodes, sizeof *done);
+    if (!done) return ANVIL_ERR_NOMEM;
+    anvil_status st = ANVIL_OK;
+    for (int i = 0; i < g->n_nodes && st == ANVIL_OK; i++) {
+        const struct node *nd = NODE(P, i);
+        if (done[i]) continue;
+        uint32_t ne0 = (uint32_t)nd->ne[0], rows = (uint32_t)(node_nelem(nd) / (nd->ne[0] ? nd->ne[0] : 1));
+        switch (nd->op) {
+        case OP_TOKENS:
+        case OP_WEIGHT:
+        case OP_WEIGHT_STACK:
+        case OP_WEIGHT_ROWS:
+        case OP_STATE:
+        case OP_RESHAPE:
+        case OP_ROWS:
+            break;
+        case OP_EMBED: {
+            const struct tensor_info *w = NODE(P, nd->src[0])->weight;
+            int kind = w ? vk_weight_kind(w->type) : -1;
+            if (kind < 0) {
+                st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: no embedding kernel for %s", nd->name);
+                break;
+            }
+            struct pc_mm pc = {any, vk_weight_addr(b, w, false, false), pf_addr(p, P, i), any, prm,
+                               rows, ne0, 0, vk_weight_kp(b, w) / 8, 0, 0, 0, 0, 0, 0};
+            st = pf_emit(p, (enum vk_kernel)(K_EMBEDT_F32 + kind), rows, 0, &pc, sizeof pc);
+            break;
+        }
+        case OP_RMS_NORM: {
+            const struct node *w = NODE(P, nd->src[1]);
+            struct pc_rows pc = {pf_addr(p, P, nd->src[0]), vk_weight_addr(b, w->weight, true, nd->p.i[0] != 0), any,
+                                 pf_addr(p, P, i), prm, ne0, rows, 0, 0, nd->p.f[0], 0, 0};
+            /* the q/k norms: their rope, the norm's only reader, in the same kernel */
+            int j = only_reader(P, i);
+            const struct node *rn = j > i ? NODE(P, j) : NULL;
+            if (rn && rn->op == OP_ROPE && rn->src[0] == i && ne0 <= 1024 && rn->ne[0] == nd->ne[0] &&
+                node_nelem(rn) == node_nelem(nd) && (uint32_t)rn->p.i[0] <= ne0) {
+                pc.c = p->rope.addr;
+                pc.out = pf_addr(p, P, j);
+                pc.H = (uint32_t)rn->ne[1];
+                pc.n_rot = (uint32_t)rn->p.i[0];
+                st = pf_emit(p, K_ROWS_NORM_ROPE, rows, 0, &pc, sizeof pc);
+                done[j] = true;
+                break;
+            }
+            bool half = half_rows(p, P, i);
+            if (half) {
+                pc.flags = ROWS_HALF;
+                pc.h = p->xh.addr;
+            }
+            st = pf_emit(p, K_ROWS_NORM, rows, 0, &pc, sizeof pc);
+            if (half) p->xh_of = pf_addr(p, P, i);
+            break;
+        }
+        case OP_MATMUL: {
+            const struct node *wn = NODE(P, nd->src[1]);
+            int kind = (wn->op == OP_WEIGHT || wn->op == OP_WEIGHT_ROWS) && wn->weight ? vk_weight_kind(wn->weight->type) : -1;
+            if (kind < 0) {
+                st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: matmul %s has no kernel", nd->name);
+                break;
+            }
+            struct pc_mm pc = {pf_addr(p, P, nd->src[0]), vk_wnode_addr(b, wn), pf_addr(p, P, i),
+                               any, prm, rows, (uint32_t)NODE(P, nd->src[0])->ne[0], ne0,
+                               vk_wnode_kp(b, wn) / 8, 0, 0, 0, 0, 0, 0};
+            /* the residual add that is this product's only reader: y = res + x W */
+            for (int j = i + 1; j < g->n_nodes; j++) {
+                const struct node *a = NODE(P, j);
+                if (!pf_materialised(a->op)) continue;
+                /* only the next kernel's node (plan_memory keeps its block apart from x) */
+                if (a->op == OP_ADD && P->last[i] == j && P->root[a->src[0]] != P->root[a->src[1]] &&
+                    node_nelem(a) == node_nelem(nd)) {
+                    int other = P->root[a->src[0]] == i ? a->src[1] : a->src[0];
+                    pc.res = pf_addr(p, P, other);
+                    pc.y = pf_addr(p, P, j);
+                    pc.flags = MM_RES;
+                    done[j] = true;
+                }
+                break;
+            }
+            uint32_t Kx = (uint32_t)NODE(P, nd->src[0])->ne[0];
+            if (rows == 1 && pc.Kp8 * 8 == Kx) {
+                /* one row (the LM head of the prompt's last token): the decode program's
+                 * matrix-vector kernel streams the weight once, where mm.comp's 64-row tiles
+                 * would compute 63 rows for nothing (8B: 5.9 ms a chunk). Its control block is
+                 * prm, whose stop word (prm[2]) is zero. */
+                struct pc_matvec mv = {0};
+                mv.x = pc.x;
+                mv.ctl = prm;
+                mv.w0 = pc.w;
+                mv.o0 = pc.y;
+                mv.res = pc.res;
+                mv.Kp8 = pc.Kp8;
+                mv.K = Kx;
+                mv.rows0 = ne0;
+                mv.flags = pc.flags ? MV_RES : 0u;
+                uint32_t nr = vk_matvec_rows(&b->pl, K_MATVEC_F32 + kind);
+                st = pf_emit(p, (enum vk_kernel)(K_MATVEC_F32 + kind), (ne0 + nr - 1) / nr, 0, &mv, sizeof mv);
+                break;
+            }
+            /* float16 products for the big matrices; the narrow ones (<= 512 outputs: a MoE
+             * router, the 30B-A3B's k and v) stay in float32: a router's choice is where
+             * float16's rounding shows (on the H100 it flipped experts: logits off by up to 5.5
+             * on qwen3_5moe-tiny, before the hybrids went all float32), and rounding k and v
+             * to float16 moved the 30B-A3B's routing too (docs/PERF.md §30: +24% at pp512,
+             * but qwen3moe-tiny against the CPU 0.0096 -> 0.028) */
+            if (p->dq.buf && p->f16 && rows >= 16 && ne0 > (p->dq_emulate ? 0u : 512u) &&
+                (!p->dq_emulate || pf_dq_rows(p->b->d, ne0, pc.Kp8 * 8) == ne0)) {
+                st = pf_emit_mmh(p, kind, &pc);
+                break;
+            }
+            uint32_t S = pc.flags ? 1 : pf_split_k(rows, ne0, pc.K);
+            if (S > 1 && (VkDeviceSize)S * rows * ne0 * 4 <= p->part.size) {
+                /* few tiles: K split S ways into partials, added up by mm.comp MODE 4 */
+                struct pc_mm sum = {p->part.addr, any, pc.y, any, prm, rows, 0, ne0, 0, 0, 0, 0, 0, 0, S};
+                pc.y = p->part.addr;
+                st = pf_emit(p, (enum vk_kernel)(K_MM_F32 + kind), (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc);
+                if (st == ANVIL_OK) p->ops[p->n_ops - 1].gz = S;
+                if (st == ANVIL_OK) st = pf_emit(p, K_MM_REDUCE, (rows * ne0 + 255) / 256, 0, &sum, sizeof sum);
+                break;
+            }
+            st = pf_emit(p, (enum vk_kernel)(K_MM_F32 + kind), (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc);
+            break;
+        }
+        case OP_ROPE: {
+            struct pc_rows pc = {pf_addr(p, P, nd->src[0]), any, p->rope.addr, pf_addr(p, P, i), prm, ne0, rows,
+                                 (uint32_t)nd->ne[1], (uint32_t)nd->p.i[0], 0, 0, 0};
+            st = pf_emit(p, K_ROWS_ROPE, rows, 0, &pc, sizeof pc);
+            break;
+        }
+        case OP_ADD:
+        case OP_SWIGLU: {
+            if (node_nelem(NODE(P, nd->src[0])) != node_nelem(nd) || node_nelem(NODE(P, nd->src[1])) != node_nelem(nd)) {
+                st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: %s broadcasts", nd->name);
+                break;
+            }
+            struct pc_rows pc = {pf_addr(p, P, nd->src[0]), pf_addr(p, P, nd->src[1]), any, pf_addr(p, P, i), prm, ne0,
+                                 rows, 0, 0, 0, 0, 0};
+            bool half = nd->op == OP_SWIGLU && half_rows(p, P, i);
+            if (half) {
+                pc.flags = ROWS_HALF;
+                pc.h = p->xh.addr;
+            }
+            st = pf_emit(p, nd->op == OP_ADD ? K_ROWS_ADD : K_ROWS_SWIGLU, rows, 0, &pc, sizeof pc);
+            if (half) p->xh_of = pf_addr(p, P, i);
+            break;
+        }
+        case OP_MOE:
+            st = pf_lower_moe(p, P, i);
+            break;
+        case OP_GDN:
+            st = lower_gdn(p, P, i);
+            break;
+        case OP_SIGMOID_MUL: {
+            uint32_t gN = (uint32_t)NODE(P, nd->src[1])->ne[0];
+            if ((gN != 1 && gN != ne0) || node_nelem(NODE(P, nd->src[1])) != (int64_t)rows * gN) {
+                st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: %s: gate shape", nd->name);
+                break;
+            }
+            struct pc_rows pc = {pf_addr(p, P, nd->src[0]), pf_addr(p, P, nd->src[1]), any, pf_addr(p, P, i), prm, ne0,
+                                 rows, gN == 1 ? 1 : ne0, 0, 0, 0, 0};
+            st = pf_emit(p, K_ROWS_SIGMUL, rows, 0, &pc, sizeof pc);
+            break;
+        }
+        case OP_ATTENTION: {
+            const struct node *q = NODE(P, nd->src[0]), *k = NODE(P, nd->src[1]), *v = NODE(P, nd->src[2]);
+            uint32_t D = (uint32_t)q->ne[0], H = (uint32_t)q->ne[1], Hkv = (uint32_t)k->ne[1], T = (uint32_t)q->ne[2];
+            if (D > 256 || D % 4 || k->ne[0] != D || v->ne[0] != D || v->ne[1] != Hkv || !Hkv || H % Hkv ||
+                nd->ne[0] != D || (int)(H / Hkv) != b->pl.attn_g) {
+                st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: attention shape D=%u H=%u Hkv=%u", D, H, Hkv);
+                break;
+            }
+            uint64_t kc = vk_state_addr(b, NODE(P, nd->src[3])->state), vc = vk_state_addr(b, NODE(P, nd->src[4])->state);
+            struct pc_rows kv = {pf_addr(p, P, nd->src[1]), pf_addr(p, P, nd->src[2]), kc, vc, prm, D, T * Hkv, Hkv, 0, 0, 0, 0};
+            st = pf_emit(p, K_ROWS_KVWRITE, T * Hkv, 0, &kv, sizeof kv);
+            struct pc_attn_pf pa = {pf_addr(p, P, nd->src[0]), kc, vc, pf_addr(p, P, i), prm, T, H, Hkv, D, nd->p.f[0]};
+            uint32_t tq = 64 / (H / Hkv); /* attn_flash.comp's query tokens per workgroup */
+            if (st == ANVIL_OK && p->flash && (int)D == b->pl.attn_d) /* the pipeline's D */
+                st = pf_emit(p, K_ATTN_FLASH, Hkv, (T + tq - 1) / tq, &pa, sizeof pa);
+            else if (st == ANVIL_OK)
+                st = pf_emit(p, K_ATTN_PREFILL, Hkv, T, &pa, sizeof pa);
+            break;
+        }
+        default:
+            st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: no kernel for %s (%s)", op_name(nd->op), nd->name);
+        }
+    }
+    free(done);
+    return st;
+}

@@ -1,0 +1,169 @@
+/*
+ * The prefill program's mixture of experts over a chunk: its scratch layout, every token
+ * routed, the choices sorted by expert, each expert's products over the tokens that chose it
+ * (mm.comp, or on cooperative matrices mm_h.comp's gathered tiles or mm_cm2.comp over the
+ * experts' rows laid out compact), and each token's k outputs summed.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "prefill.h"
+
+static struct moe_layout moe_layout(uint32_t T, uint32_t C, uint32_t F, uint32_t E, uint32_t k, bool compact) {
+    struct moe_layout m;
+    memset(&m, 0, sizeof m);
+    m.lists = round_up((VkDeviceSize)T * 128 * 4, ALIGN);
+    m.act = m.lists + round_up(((VkDeviceSize)E + (VkDeviceSize)E * T) * 4, ALIGN);
+    m.up = m.act + round_up((VkDeviceSize)T * k * F * 4, ALIGN); /* the gate/up products, apart */
+    m.slots = m.up + round_up((VkDeviceSize)T * k * F * 4, ALIGN);
+    m.size = m.slots + round_up((VkDeviceSize)T * k * C * 4, ALIGN);
+    m.R = (T * k + E * (VK_CM2_MOE_BM - 1) + VK_CM2_MOE_BM - 1) / VK_CM2_MOE_BM * VK_CM2_MOE_BM;
+    m.aux = m.size;
+    m.xg = m.aux + round_up(((VkDeviceSize)E + 1 + m.R) * 4, ALIGN);
+    m.gc = m.xg + round_up((VkDeviceSize)m.R * MAX(C, F) * 2, ALIGN);
+    m.uc = m.gc + round_up((VkDeviceSize)m.R * F * 4, ALIGN);
+    m.dc = m.uc + round_up((VkDeviceSize)m.R * F * 4, ALIGN);
+    if (compact) m.size = m.dc + round_up((VkDeviceSize)m.R * C * 4, ALIGN);
+    return m;
+}
+
+/* Experts per float16 piece of a stacked weight of N rows of Kp each (at least one). */
+uint32_t pf_dq_experts(const struct vk_device *d, uint32_t E, uint32_t N, uint32_t Kp) {
+    VkDeviceSize per = (VkDeviceSize)N * Kp * 2;
+    return (uint32_t)MIN((VkDeviceSize)E, MAX(dq_scratch_max(d) / per, (VkDeviceSize)1));
+}
+
+/* Whether a mixture's experts run on cooperative matrices (float16 inputs): for real
+ * models' sizes; the router before them stays in float32 (at most 512 outputs) */
+static bool moe_on_coopmat(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_t F) {
+    return p->dq.buf != VK_NULL_HANDLE && !p->dq_emulate && p->f16 && T >= 16 && C >= 256 && F >= 256;
+}
+
+/* Whether a mixture's experts run on workgroup-scope matrices (mm_cm2.comp MOE) over their
+ * rows laid out compact (moe_rows.comp); ANVIL_VK_MOE_CM2=0 keeps mm_h.comp's gathered tiles */
+static bool moe_compact(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_t F) {
+    return moe_on_coopmat(p, T, C, F) && p->xh.buf != VK_NULL_HANDLE && p->b->pl.p[K_MMH_CM2_MOE] != VK_NULL_HANDLE &&
+           C % 8 == 0 && F % 8 == 0 && p->b->d->tune.vk_moe_cm2;
+}
+
+struct moe_layout pf_moe_of(struct vk_prefill *p, struct plan *P, const struct node *nd) {
+    const struct node *gn = NODE(P, nd->src[2]);
+    uint32_t T = (uint32_t)nd->ne[1], C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1];
+    return moe_layout(T, C, F, (uint32_t)gn->ne[2], (uint32_t)nd->p.i[0], moe_compact(p, T, C, F));
+}
+
+/* Experts e0 .. e0 + ep - 1 of stacked weight wn (N rows each) dequantised to float16 at
+ * dst; beside: with no barrier before it (the op before reads neither dst nor what it writes) */
+static anvil_status emit_moe_dq(struct vk_prefill *p, const struct node *wn, uint32_t N, uint32_t E, uint32_t e0,
+                                uint32_t ep, uint64_t dst, bool beside) {
+    uint32_t Kp = vk_wnode_kp(p->b, wn), ne = MIN(ep, E - e0);
+    int kind = vk_weight_kind(wn->weight->type);
+    uint32_t U = Kp / 8 / unit_groups[kind];
+    struct pc_dq dq = {vk_wnode_addr(p->b, wn), dst, e0 * N, ne * N, U, Kp};
+    anvil_status st = pf_emit(p, (enum vk_kernel)(K_DQ_F32 + kind), (ne * N * U + 255) / 256, 0, &dq, sizeof dq);
+    if (st == ANVIL_OK && beside) p->ops[p->n_ops - 1].overlap = true;
+    return st;
+}
+
+/* The mixture of experts over the chunk: every token routed (a workgroup each), the choices
+ * sorted by expert, then each expert's gate/up -> SwiGLU and weighted down projection over
+ * the tokens that chose it (tiles of 64 of them on mm.comp, 32 on cooperative matrices: the
+ * expert's weights are read once per tile, not once per token), and the k outputs of each
+ * token summed. */
+anvil_status pf_lower_moe(struct vk_prefill *p, struct plan *P, int i) {
+    const struct node *nd = NODE(P, i);
+    const struct node *gn = NODE(P, nd->src[2]), *un = NODE(P, nd->src[3]), *dn = NODE(P, nd->src[4]);
+    uint32_t C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1], E = (uint32_t)gn->ne[2], k = (uint32_t)nd->p.i[0];
+    uint32_t T = (uint32_t)nd->ne[1];
+    int kg = gn->weight ? vk_weight_kind(gn->weight->type) : -1, kd = dn->weight ? vk_weight_kind(dn->weight->type) : -1;
+    if (E > 1024 || k > 64 || k > E || T > 65535 || !un->weight || !dn->weight || kg < 0 || kd < 0 ||
+        gn->weight->type != un->weight->type)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: %s: no expert kernels for this shape or type", nd->name);
+    bool compact = moe_compact(p, T, C, F);
+    struct moe_layout m = moe_layout(T, C, F, E, k, compact);
+    uint64_t base = p->moe.addr, any = p->arena.addr;
+    struct pc_topk pt = {pf_addr(p, P, nd->src[1]), base + m.route, any, E, k, (uint32_t)(nd->p.i[1] != 0), T};
+    anvil_status st = pf_emit(p, K_MOE_ROUTE, T, 1, &pt, sizeof pt);
+    pt.logits = base + m.lists;
+    if (st == ANVIL_OK) st = pf_emit(p, K_MOE_BUCKET, 1, 1, &pt, sizeof pt);
+    if (st == ANVIL_OK && compact) {
+        /* the rows expert after expert (each expert's padded to whole tiles), x gathered
+         * into them as float16; gate and up over them, SwiGLU over their rows (writing down's
+         * float16 x), the down projection, its rows scattered back to the entries' slots with
+         * their routing weights: each matrix dequantised a piece of experts at a time */
+        struct pc_moe_rows mr = {base + m.lists, base + m.route, pf_addr(p, P, nd->src[0]), base + m.xg, base + m.aux,
+                                 E, k, T, C, VK_CM2_MOE_BM, m.R};
+        st = pf_emit(p, K_MOE_OFFS, 1, 1, &mr, sizeof mr);
+        if (st == ANVIL_OK) st = pf_emit(p, K_MOE_GATHER, m.R, 0, &mr, sizeof mr);
+        /* the pieces (gate's, up's, down's) in turn, dequantised into the two halves of dq in
+         * turn: a piece's dequantisation runs beside the product of the piece before */
+        const struct node *mats[3] = {gn, un, dn};
+        uint64_t outs[3] = {base + m.gc, base + m.uc, base + m.dc};
+        VkDeviceSize half = p->dq.size / 2 / ALIGN * ALIGN;
+        uint32_t EP[3];
+        for (int w = 0; w < 3; w++) EP[w] = pf_dq_experts(p->b->d, E, w < 2 ? F : C, vk_wnode_kp(p->b, mats[w]));
+        int n_pc = 0;
+        if (st == ANVIL_OK) st = emit_moe_dq(p, mats[0], F, E, 0, EP[0], p->dq.addr, false);
+        for (int w = 0; w < 3 && st == ANVIL_OK; w++) {
+            uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F, Kp = vk_wnode_kp(p->b, mats[w]);
+            for (uint32_t e0 = 0; e0 < E && st == ANVIL_OK; e0 += EP[w], n_pc++) {
+                uint64_t dqa = p->dq.addr + (VkDeviceSize)(n_pc & 1) * half;
+                if (w == 2 && e0 == 0 && st == ANVIL_OK) { /* gate = silu(gate) * up, and as float16 into xg */
+                    struct pc_rows sw = {base + m.gc, base + m.uc, any, base + m.gc, p->prm.addr, F, m.R, 0, 0, 0, ROWS_HALF,
+                                         base + m.xg};
+                    st = pf_emit(p, K_ROWS_SWIGLU, m.R, 0, &sw, sizeof sw);
+                }
+                struct pc_mmh mh = {base + m.xg, dqa, outs[w], any, T, K, N, Kp, N, 0, 0, base + m.aux, any, E, k, e0};
+                if (st == ANVIL_OK && (st = pf_emit(p, K_MMH_CM2_MOE, (N + VK_CM2_BN - 1) / VK_CM2_BN,
+                                                    (T + VK_CM2_MOE_BM - 1) / VK_CM2_MOE_BM, &mh, sizeof mh)) == ANVIL_OK)
+                    p->ops[p->n_ops - 1].gz = MIN(EP[w], E - e0);
+                /* the next piece's weights, beside this product */
+                int nw = e0 + EP[w] < E ? w : w + 1;
+                uint32_t ne0 = nw == w ? e0 + EP[w] : 0;
+                if (nw < 3 && st == ANVIL_OK)
+                    st = emit_moe_dq(p, mats[nw], nw < 2 ? F : C, E, ne0, EP[nw],
+                                     p->dq.addr + (VkDeviceSize)((n_pc + 1) & 1) * half, true);
+            }
+        }
+        struct pc_moe_rows sc = {base + m.lists, base + m.route, base + m.dc, base + m.slots, base + m.aux,
+                                 E, k, T, C, VK_CM2_MOE_BM, m.R};
+        if (st == ANVIL_OK) st = pf_emit(p, K_MOE_SCATTER, m.R, 0, &sc, sizeof sc);
+    } else if (st == ANVIL_OK && moe_on_coopmat(p, T, C, F)) {
+        /* gate and up apart, SwiGLU over their rows, the weighted down projection: each
+         * matrix dequantised a piece of experts at a time */
+        const struct node *mats[3] = {gn, un, dn};
+        uint64_t outs[3] = {base + m.act, base + m.up, base + m.slots};
+        for (int w = 0; w < 3 && st == ANVIL_OK; w++) {
+            uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F, Kp = vk_wnode_kp(p->b, mats[w]);
+            uint32_t EP = pf_dq_experts(p->b->d, E, N, Kp);
+            for (uint32_t e0 = 0; e0 < E && st == ANVIL_OK; e0 += EP) {
+                uint32_t ne = MIN(EP, E - e0);
+                st = emit_moe_dq(p, mats[w], N, E, e0, EP, p->dq.addr, false);
+                struct pc_mmh mh = {w < 2 ? pf_addr(p, P, nd->src[0]) : base + m.act, p->dq.addr, outs[w], any, T, K, N,
+                                    Kp, N, 0, w < 2 ? MM_GATED : 0u, base + m.lists, base + m.route, E, k, e0};
+                /* tiles of 32 tokens x 128 outputs (a 512-token chunk of 30B-A3B gives an expert
+                 * 32 tokens on average: 64-token tiles were 2.9% slower, docs/PERF.md §29) */
+                if (st == ANVIL_OK && (st = pf_emit(p, K_MMH_MOE, (N + 127) / 128, (T + 31) / 32, &mh, sizeof mh)) == ANVIL_OK)
+                    p->ops[p->n_ops - 1].gz = ne;
+            }
+            if (w == 1 && st == ANVIL_OK) { /* act = silu(gate) * up */
+                struct pc_rows sw = {base + m.act, base + m.up, any, base + m.act, p->prm.addr, F, T * k, 0, 0, 0, 0, 0};
+                st = pf_emit(p, K_ROWS_SWIGLU, T * k, 0, &sw, sizeof sw);
+            }
+        }
+    } else if (st == ANVIL_OK) { /* float32 tiles (mm.comp MODE 2) */
+        struct pc_mm gu = {pf_addr(p, P, nd->src[0]), vk_wnode_addr(p->b, gn), base + m.act, any, p->prm.addr, T, C, F,
+                           vk_wnode_kp(p->b, gn) / 8, MM_GATED, vk_wnode_addr(p->b, un), base + m.lists, base + m.route, E, k};
+        if ((st = pf_emit(p, (enum vk_kernel)(K_MMOE_F32 + kg), (F + 63) / 64, (T + 63) / 64, &gu, sizeof gu)) == ANVIL_OK)
+            p->ops[p->n_ops - 1].gz = E;
+        struct pc_mm dw = {base + m.act, vk_wnode_addr(p->b, dn), base + m.slots, any, p->prm.addr, T, F, C,
+                           vk_wnode_kp(p->b, dn) / 8, 0, 0, base + m.lists, base + m.route, E, k};
+        if (st == ANVIL_OK &&
+            (st = pf_emit(p, (enum vk_kernel)(K_MMOE_F32 + kd), (C + 63) / 64, (T + 63) / 64, &dw, sizeof dw)) == ANVIL_OK)
+            p->ops[p->n_ops - 1].gz = E;
+    }
+    /* every path leaves each entry's output in its slot: the sum over a token's slots */
+    struct pc_mm sum = {base + m.slots, any, pf_addr(p, P, i), any, p->prm.addr, T, 0, C, 0, 0, 0, 0, 0, E, k};
+    if (st == ANVIL_OK) st = pf_emit(p, K_MM_REDUCE, (T * C + 255) / 256, 0, &sum, sizeof sum);
+    return st;
+}

@@ -1,0 +1,223 @@
+/*
+ * The prefill program: a graph of T > 1 tokens (a prompt chunk) compiled into one kernel per
+ * op over a static memory plan, recorded once into a command buffer that is resubmitted for
+ * every chunk of that size. It shares the backend's uploaded weights and KV cache (states)
+ * with the decode program, so a prompt prefilled here continues token by token there.
+ *
+ * Legend: T = tokens of the chunk, K = input width, N = output width, H / Hkv = query / kv
+ * heads, D = head dim, S = context (cache rows). Activations are row-major [T, C] floats.
+ *
+ *   embed          mm.comp MODE 1: the chunk's token rows of the embedding table
+ *   matmul         mm.comp: a tiled matrix-matrix product, weight tiles dequantised into
+ *                  shared memory (every weight type the decode kernels read); a residual add
+ *                  that is the product's only consumer is folded into its store. Where the
+ *                  device has cooperative matrices (unless ANVIL_VK_COOPMAT=0), products of
+ *                  more than 512 outputs run as dq.comp (the weight to float16, in pieces)
+ *                  then mm_h.comp (16x16x16 float16 matrices, float32 sums), or where it
+ *                  has VK_NV_cooperative_matrix2 (unless ANVIL_VK_CM2=0), x to float16 too
+ *                  (dq.comp's float path) then mm_cm2.comp (128x128 workgroup matrices, the
+ *                  tiles cut by tensor layouts; products of one input side by side: q, k,
+ *                  v; gate, up); not in models with Gated DeltaNet layers (float16 moved
+ *                  their logits too far)
+ *   rms_norm, rope, add, swiglu, sigmoid_mul   rows.comp
+ *   attention      rows.comp MODE 4 writes the chunk's k, v rows into the caches at pos0 + t,
+ *                  then attn_prefill.comp: causal attention of each query over rows
+ *                  0 .. pos0 + t, a workgroup per (kv head, token) for its G query heads
+ *   moe            moe_topk.comp routes every token and sorts the choices by expert; each
+ *                  expert's products over the tokens that chose it (mm.comp MODE 2, or
+ *                  mm_h.comp GATHER on cooperative matrices); mm.comp MODE 4 sums a token's k
+ *   gdn            gdn.comp MODE 1: the recurrent form, a workgroup per value head walking
+ *                  the chunk's tokens; MODE 2: the conv ring (in the conv state's memory,
+ *                  shared with the decode program) takes the chunk's last inputs
+ * pos0 and the tokens live in a small host-visible params block read by the kernels, so the
+ * recording does not depend on them. An op or shape outside these makes the compile fail
+ * with ANVIL_ERR_UNSUPPORTED: the session then runs prompts through the decode program a
+ * token at a time.
+ *
+ * Its files (src/backends/vulkan/prefill/), one job each, share this header; vulkan.h has the
+ * program's interface (vk_prefill_create, _run, _destroy):
+ *   program.c   its lifetime: lowered, buffers made, recorded; a run; the profile
+ *   lower.c     lowering: the memory plan and the graph walked into the op list above
+ *   coopmat.c   products on cooperative matrices: weights dequantised to float16 in pieces,
+ *               products of one input grouped, their dequantisation hoisted beside the group
+ *               before
+ *   moe.c       the mixture of experts over the chunk
+ */
+#ifndef ANVIL_VK_PREFILL_H
+#define ANVIL_VK_PREFILL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/vulkan/vulkan.h"
+
+
+#define ALIGN 256
+
+struct pf_op {
+    enum vk_kernel k;
+    bool overlap; /* recorded without the barrier before it (it shares no memory with the ops
+                     since the last barrier: a group of products, emit_mmh) */
+    uint32_t gx, gy, gz;
+    uint32_t push_size;
+    uint8_t push[VK_PUSH_BYTES];
+};
+
+/* must match the push constants of mm.comp, rows.comp and attn_prefill.comp */
+struct pc_mm {
+    uint64_t x, w, y, res, prm;
+    uint32_t T, K, N, Kp8, flags; /* flags: MM_RES, MM_GATED */
+    uint64_t w1, lists, route; /* the experts (MODE 2, 4) */
+    uint32_t E, k;
+};
+
+struct pc_gdn { /* gdn.comp */
+    uint64_t qkv, b, a, convw, A, dtb, ring, S, z, gnorm, out, ctl;
+    uint32_t Hk, Dk, Hv, Dv, Kc, flags;
+    float eps_l2, eps;
+};
+
+struct pc_topk { /* moe_topk.comp */
+    uint64_t logits, route, ctl;
+    uint32_t E, k, norm, T;
+};
+
+struct pc_rows {
+    uint64_t a, b, c, out, prm;
+    uint32_t n, rows, H, n_rot;
+    float eps;
+    uint32_t flags; /* ROWS_HALF: rms_norm and swiglu also write float16 rows to h */
+    uint64_t h;
+};
+
+struct pc_moe_rows { /* moe_rows.comp */
+    uint64_t lists, route, src, dst, aux;
+    uint32_t E, k, T, K, bm, R;
+};
+
+struct pc_attn_pf {
+    uint64_t q, kc, vc, out, prm;
+    uint32_t T, H, Hkv, D;
+    float scale;
+};
+
+/* mm_h.comp */
+struct pc_mmh {
+    uint64_t x, w, y, res;
+    uint32_t T, K, N, Kp, ldy, nb, flags;
+    uint64_t lists, route; /* the experts (K_MMH_MOE) */
+    uint32_t E, k, e0;
+};
+
+/* Groups of 8 weights per unit of each weight kind (UG in common.glsl). */
+static const uint8_t unit_groups[VK_WEIGHT_KINDS] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 4};
+
+/* The float16 copy of a weight that mm_h.comp reads is made in pieces of at most this many
+ * bytes (the LM head alone would take 1.2 GiB at 8B), each dequantised just before use:
+ * 256 MiB, or ANVIL_VK_DQ_MAX_MB (1 .. 4096). Large enough that the 8B's gate, up and down
+ * (96 MiB each) go whole and gate and up group on workgroup matrices (64 MiB pieces: 8B
+ * Q4_K_M pp512 -16%), and that a 30B-A3B piece holds 128 experts' weights (96 MiB: -8%),
+ * docs/PERF.md §30 */
+static inline VkDeviceSize dq_scratch_max(const struct vk_device *d) { return (VkDeviceSize)d->tune.vk_dq_max_mb << 20; }
+
+/* mm_h.comp's tile shapes (tokens x outputs), in K_MMH_* order; ANVIL_VK_MMH=1 picks the
+ * second (K walked 64 at a time instead of 32). On the H100 at pp512 (docs/PERF.md §15):
+ * 64x64 K32 3618 t/s, 64x64 K64 3541, 32x64 K32 2883, 64x128 K32 1525. */
+static const uint32_t mmh_tile[2][2] = {{64, 64}, {64, 64}};
+
+struct vk_prefill {
+    struct vk_backend *b;
+    int T, n_ctx;
+    struct vk_buffer arena;    /* activations, reused by lifetime */
+    struct vk_buffer prm;      /* pos0, T, 0 (a control block's stop word), -, tokens[T] (uint32) */
+    struct vk_buffer readback; /* the output rows */
+    struct vk_buffer rope;
+    struct vk_buffer dq;       /* float16 weight rows for mm_h.comp (cooperative matrices) */
+    struct vk_buffer xh;       /* a product's x as float16 for mm_cm2.comp (only where d->coopmat2) */
+    struct vk_buffer moe;      /* routing, expert lists, expert activations and outputs */
+    struct vk_buffer part;     /* split products' partial sums (split_k) */
+    int mmh;                   /* its tile shape: index into mmh_tile */
+    /* products of one input waiting to be emitted together on workgroup matrices (q, k, v;
+     * gate, up): their weights dequantised side by side into dq, then the products side by
+     * side, so that small ones (8B's k and v: 32 tiles for 132 SMs) run beside a big one */
+    struct pc_mm grp[4];
+    int grp_kind[4], n_grp, grp_max; /* grp_max 1 (ANVIL_VK_PF_GROUP=0): one at a time */
+    VkDeviceSize grp_bytes;
+    /* dq in two halves of half_size (the largest group's weights), the groups taking them in
+     * turn: a group's weights are dequantised beside the group before it, its ops placed at
+     * hoist_at (just after that group's products; -1 where something else used dq since: the
+     * weights' pieces, the experts). 8B pp512 +2.7% on the H100 (docs/PERF.md §30);
+     * ANVIL_VK_PF_HOIST=0 (half_size 0): one buffer, each group's weights just before it. */
+    VkDeviceSize half_size;
+    int half, hoist_at;
+    uint64_t xh_of; /* the x whose float16 rows the kernel just emitted wrote into xh (or 0) */
+    bool f16;                  /* products on float16 inputs allowed (not in the hybrids) */
+    bool flash;                /* attention on cooperative matrices (attn_flash.comp): where the
+                                  pipeline exists and f16; ANVIL_VK_FLASH=0 turns it off */
+    bool dq_emulate;           /* ANVIL_VK_DQ_EMULATE=1 where there are no cooperative matrices
+                                  (tests): dq.comp's float16 rows multiplied by mm.comp */
+    VkDeviceSize out_off, out_bytes;
+    struct pf_op *ops;
+    int n_ops, cap_ops;
+    VkCommandBuffer cb;
+    /* ANVIL_VK_PROFILE=1: a timestamp after every kernel; the GPU time per kernel, summed
+     * over the runs, is printed when the program is destroyed */
+    VkQueryPool queries;
+    double *prof_ns;
+    int prof_runs;
+};
+
+struct plan {
+    const struct graph *g;
+    int *root;              /* reshape / rows views resolved to the node they view */
+    VkDeviceSize *view;     /* byte offset of a view into its root */
+    int *last;              /* the last node reading each root */
+    VkDeviceSize *off;      /* arena offset of each materialised root, or -1 */
+    VkDeviceSize size;
+};
+static inline VkDeviceSize round_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1) / a * a; }
+
+static inline const struct node *NODE(struct plan *P, int i) { return &P->g->nodes[i]; }
+
+/* The mixture of experts' scratch for T tokens (moe_topk.comp, mm.comp MODE 2 and 4): the
+ * routing (128 floats a token), the lists (a count per expert, then T entries per expert),
+ * the gate/up activations [T * k, F] and the experts' outputs [T * k, C]. */
+struct moe_layout {
+    VkDeviceSize route, lists, act, up, slots, size;
+    /* on workgroup matrices (moe_cm2): the experts' rows compact, each expert's padded to a
+     * multiple of VK_CM2_MOE_BM, R of them at most: offsets [E + 1] and the map of rows to
+     * entries [R] (aux), x as float16 [R, max(C, F)] (xg, then SwiGLU's float16 output),
+     * gate [R, F] and up [R, F] in float32, the down projection [R, C] */
+    VkDeviceSize aux, xg, gc, uc, dc;
+    uint32_t R;
+};
+
+/* ---- lower.c (lowering) ---- */
+
+bool pf_materialised(enum op op);
+anvil_status pf_plan_memory(struct plan *P);
+anvil_status pf_emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push,
+                        size_t size);
+anvil_status pf_emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push, size_t size);
+anvil_status pf_insert_op(struct vk_prefill *p, int at, enum vk_kernel k, uint32_t wgs, const void *push,
+                          size_t size);
+uint64_t pf_addr(struct vk_prefill *p, struct plan *P, int i);
+VkDeviceSize pf_dq_scratch_size(struct vk_backend *b, struct plan *P, bool groups, VkDeviceSize *max_run);
+uint32_t pf_split_k(uint32_t T, uint32_t N, uint32_t K);
+anvil_status pf_lower(struct vk_prefill *p, struct plan *P);
+
+/* ---- coopmat.c (products on cooperative matrices) ---- */
+
+uint32_t pf_dq_rows(const struct vk_device *d, uint32_t N, uint32_t Kp);
+anvil_status pf_flush_group(struct vk_prefill *p);
+anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm);
+
+/* ---- moe.c (the mixture of experts) ---- */
+
+uint32_t pf_dq_experts(const struct vk_device *d, uint32_t E, uint32_t N, uint32_t Kp);
+struct moe_layout pf_moe_of(struct vk_prefill *p, struct plan *P, const struct node *nd);
+anvil_status pf_lower_moe(struct vk_prefill *p, struct plan *P, int i);
+
+#endif

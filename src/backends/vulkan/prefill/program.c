@@ -1,0 +1,216 @@
+/*
+ * The prefill program's lifetime (see prefill.h): vk_prefill_create lowers the graph (lower.c)
+ * for its chunk size, makes the arena and scratch buffers and records the op list into one
+ * command buffer; vk_prefill_run submits it for a chunk of tokens; ANVIL_VK_PROFILE=1 adds a
+ * timestamp after every op, reported when the program is destroyed.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "prefill.h"
+
+#define STAGE_C VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+#define RW (VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT)
+
+static void barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkAccessFlags sa, VkPipelineStageFlags dst,
+                    VkAccessFlags da) {
+    VkMemoryBarrier mb = {VK_STRUCTURE_TYPE_MEMORY_BARRIER, NULL, sa, da};
+    vkCmdPipelineBarrier(cb, src, dst, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+static anvil_status record(struct vk_prefill *p) {
+    anvil_status st = vk_cmd_alloc(p->b->d, &p->cb);
+    if (st != ANVIL_OK) return st;
+    VkCommandBuffer cb = p->cb;
+    VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL, 0, NULL};
+    if ((st = vk_result(vkBeginCommandBuffer(cb, &bi), "vkBeginCommandBuffer")) != ANVIL_OK) return st;
+    if (p->queries) {
+        vkCmdResetQueryPool(cb, p->queries, 0, (uint32_t)p->n_ops + 1);
+        vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, 0);
+    }
+    VkPipeline bound = VK_NULL_HANDLE;
+    for (int i = 0; i < p->n_ops; i++) {
+        const struct pf_op *o = &p->ops[i];
+        if (!o->overlap) barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+        VkPipeline pl = p->b->pl.p[o->k];
+        if (pl != bound) vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pl);
+        bound = pl;
+        vkCmdPushConstants(cb, p->b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, o->push_size, o->push);
+        vkCmdDispatch(cb, o->gx, o->gy, o->gz);
+        if (p->queries) vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, (uint32_t)i + 1);
+    }
+    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
+    VkBufferCopy c = {p->out_off, 0, p->out_bytes};
+    vkCmdCopyBuffer(cb, p->arena.buf, p->readback.buf, 1, &c);
+    barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT | STAGE_C, VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT,
+            VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    return vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
+}
+
+anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, struct vk_prefill **out) {
+    *out = NULL;
+    struct vk_prefill *p = xcalloc(1, sizeof *p);
+    if (!p) return ANVIL_ERR_NOMEM;
+    p->b = b;
+    p->T = g->n_tokens;
+    int n = g->n_nodes;
+    struct plan P = {g, xmalloc((size_t)n * sizeof(int)), xcalloc((size_t)n, sizeof(VkDeviceSize)),
+                     xmalloc((size_t)n * sizeof(int)), xmalloc((size_t)n * sizeof(VkDeviceSize)), 0};
+    anvil_status st = P.root && P.view && P.last && P.off ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    if (st != ANVIL_OK) goto done;
+    for (int i = 0; i < n; i++) {
+        const struct node *nd = &g->nodes[i];
+        P.last[i] = -1;
+        P.root[i] = i;
+        if (nd->op == OP_RESHAPE || nd->op == OP_ROWS) {
+            P.root[i] = P.root[nd->src[0]];
+            P.view[i] = P.view[nd->src[0]];
+            if (nd->op == OP_ROWS) P.view[i] += (VkDeviceSize)nd->p.i[0] * (VkDeviceSize)nd->ne[0] * 4;
+        }
+        for (int s = 0; s < GRAPH_MAX_SRC; s++)
+            if (nd->src[s] >= 0) P.last[P.root[nd->src[s]]] = i;
+        if (nd->op == OP_STATE) p->n_ctx = (int)nd->ne[2];
+    }
+    int o = g->output;
+    P.last[P.root[o]] = n; /* the output is never reused */
+    if (!p->n_ctx || !pf_materialised(g->nodes[P.root[o]].op)) {
+        st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: no KV cache or no computed output");
+        goto done;
+    }
+    if ((st = pf_plan_memory(&P)) != ANVIL_OK) goto done;
+    p->out_off = P.off[P.root[o]] + P.view[o];
+    p->out_bytes = (VkDeviceSize)node_nelem(&g->nodes[o]) * 4;
+    st = vk_buffer_create(b->d, P.size, VK_MEM_DEVICE, "prefill activations", &p->arena);
+    if (st == ANVIL_OK)
+        st = vk_buffer_create(b->d, 16 + (VkDeviceSize)p->T * 4, VK_MEM_CONTROL, "prefill params", &p->prm);
+    if (st == ANVIL_OK) st = vk_buffer_create(b->d, p->out_bytes, VK_MEM_READBACK, "prefill output", &p->readback);
+    if (st == ANVIL_OK) st = vk_rope_table(b, g, p->n_ctx, &p->rope);
+    /* In a hybrid (Gated DeltaNet) model every product stays in float32: on the H100,
+     * float16 inputs moved a synthetic Qwen3.6 shape's logits by a median 0.2 (dense
+     * products) or 0.08 (experts) of a scale of 3, where Qwen3-MoE's moved by 0.0075
+     * (docs/PERF.md §18) */
+    p->f16 = true;
+    for (int i = 0; i < n; i++) p->f16 &= g->nodes[i].op != OP_GDN;
+    const struct tuning *t = &b->d->tune;
+    p->flash = p->f16 && b->pl.p[K_ATTN_FLASH] != VK_NULL_HANDLE && t->vk_flash;
+    p->dq_emulate = !b->d->coopmat && t->vk_dq_emulate;
+    if (st == ANVIL_OK && (b->d->coopmat || p->dq_emulate) && p->f16) {
+        p->mmh = t->vk_mmh;
+        p->grp_max = t->vk_pf_group ? 4 : 1;
+        VkDeviceSize max_run = 0, dq = pf_dq_scratch_size(b, &P, b->d->coopmat2 || p->dq_emulate, &max_run);
+        if (t->vk_pf_hoist && p->grp_max > 1 && max_run) {
+            p->half_size = round_up(max_run, 256);
+            dq = MAX(dq, 2 * p->half_size);
+        }
+        if (dq) st = vk_buffer_create(b->d, dq, VK_MEM_DEVICE, "prefill float16 weights", &p->dq);
+        VkDeviceSize xh = 0; /* (no buffer: no workgroup matrices) */
+        for (int i = 0; i < n && b->d->coopmat2 && !p->dq_emulate; i++)
+            if (g->nodes[i].op == OP_MATMUL) xh = MAX(xh, (VkDeviceSize)p->T * (VkDeviceSize)g->nodes[g->nodes[i].src[0]].ne[0] * 2);
+        if (st == ANVIL_OK && xh) st = vk_buffer_create(b->d, xh, VK_MEM_DEVICE, "prefill float16 inputs", &p->xh);
+    }
+    if (st == ANVIL_OK) {
+        VkDeviceSize moe = 0;
+        for (int i = 0; i < n; i++)
+            if (g->nodes[i].op == OP_MOE) moe = MAX(moe, pf_moe_of(p, &P, &g->nodes[i]).size);
+        if (moe) st = vk_buffer_create(b->d, moe, VK_MEM_DEVICE, "prefill experts", &p->moe);
+        VkDeviceSize part = 0; /* for any product that may be split (split_k) */
+        for (int i = 0; i < n; i++) {
+            const struct node *nd = &g->nodes[i];
+            if (nd->op != OP_MATMUL) continue;
+            uint32_t N = (uint32_t)nd->ne[0], T = (uint32_t)(node_nelem(nd) / MAX(nd->ne[0], 1));
+            uint32_t S = pf_split_k(T, N, (uint32_t)g->nodes[nd->src[0]].ne[0]);
+            if (S > 1) part = MAX(part, (VkDeviceSize)S * T * N * 4);
+        }
+        if (st == ANVIL_OK && part) st = vk_buffer_create(b->d, part, VK_MEM_DEVICE, "prefill partial sums", &p->part);
+    }
+    p->grp_max = MAX(p->grp_max, 1);
+    p->hoist_at = -1;
+    if (st == ANVIL_OK) st = pf_lower(p, &P);
+    if (st == ANVIL_OK) st = pf_flush_group(p);
+    if (st == ANVIL_OK && t->vk_profile) {
+        VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                                    .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = (uint32_t)p->n_ops + 1};
+        st = vk_result(vkCreateQueryPool(b->d->dev, &qi, NULL, &p->queries), "vkCreateQueryPool");
+        if (st == ANVIL_OK && !(p->prof_ns = xcalloc((size_t)p->n_ops, sizeof *p->prof_ns))) st = ANVIL_ERR_NOMEM;
+    }
+    if (st == ANVIL_OK) st = record(p);
+    if (st == ANVIL_OK)
+        log_info("vulkan: prefill program for %d tokens: %d kernels, arena %.2f MiB", p->T, p->n_ops,
+                 (double)P.size / (1 << 20));
+done:
+    free(P.root);
+    free(P.view);
+    free(P.last);
+    free(P.off);
+    if (st != ANVIL_OK) {
+        vk_prefill_destroy(p);
+        return st;
+    }
+    *out = p;
+    return ANVIL_OK;
+}
+
+/* The profile (ANVIL_VK_PROFILE=1): GPU time per kernel, per run, on stderr. */
+static void print_profile(struct vk_prefill *p) {
+    int runs = p->prof_runs;
+    if (!p->prof_ns || runs < 1) return;
+    double by_kind[K_COUNT] = {0}, total = 0;
+    int count[K_COUNT] = {0};
+    for (int i = 0; i < p->n_ops; i++) {
+        by_kind[p->ops[i].k] += p->prof_ns[i] / runs;
+        count[p->ops[i].k]++;
+        total += p->prof_ns[i] / runs;
+    }
+    fprintf(stderr, "GPU time of one %d-token prefill chunk (kernel + its barrier, timestamps, %d runs): %.1f us\n",
+            p->T, runs, total / 1e3);
+    for (int k = 0; k < K_COUNT; k++)
+        if (count[k])
+            fprintf(stderr, "  %-20s %5d x  %10.1f us  (%4.1f%%)\n", vk_kernel_name((enum vk_kernel)k), count[k],
+                    by_kind[k] / 1e3, 100 * by_kind[k] / total);
+}
+
+void vk_prefill_destroy(struct vk_prefill *p) {
+    if (!p) return;
+    struct vk_device *d = p->b->d;
+    if (vk_idle(d)) { /* else abandoned with the device (vk_idle) */
+        print_profile(p);
+        if (p->queries) vkDestroyQueryPool(d->dev, p->queries, NULL);
+        if (p->cb) vkFreeCommandBuffers(d->dev, d->pool, 1, &p->cb);
+    }
+    free(p->prof_ns);
+    vk_buffer_destroy(d, &p->arena);
+    vk_buffer_destroy(d, &p->prm);
+    vk_buffer_destroy(d, &p->readback);
+    vk_buffer_destroy(d, &p->rope);
+    vk_buffer_destroy(d, &p->dq);
+    vk_buffer_destroy(d, &p->xh);
+    vk_buffer_destroy(d, &p->moe);
+    vk_buffer_destroy(d, &p->part);
+    free(p->ops);
+    free(p);
+}
+
+anvil_status vk_prefill_run(struct vk_prefill *p, const int32_t *tokens, int pos0, float *out) {
+    if (pos0 < 0 || pos0 + p->T > p->n_ctx)
+        return err_set(ANVIL_ERR_RANGE, "vulkan: %d tokens at position %d pass the context (%d)", p->T, pos0, p->n_ctx);
+    uint32_t *prm = p->prm.map;
+    prm[0] = (uint32_t)pos0;
+    prm[1] = (uint32_t)p->T;
+    prm[2] = 0; /* the stop word of a control block, for the one-row matrix-vector products */
+    prm[3] = 0;
+    memcpy(prm + 4, tokens, (size_t)p->T * 4);
+    uint64_t v;
+    anvil_status st = vk_submit(p->b->d, &p->cb, 1, &v);
+    if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
+    if (st == ANVIL_OK && out) memcpy(out, p->readback.map, p->out_bytes);
+    if (st == ANVIL_OK && p->queries) {
+        uint64_t *ts = xcalloc((size_t)p->n_ops + 1, sizeof *ts);
+        if (ts && vkGetQueryPoolResults(p->b->d->dev, p->queries, 0, (uint32_t)p->n_ops + 1, ((size_t)p->n_ops + 1) * 8,
+                                        ts, 8, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT) == VK_SUCCESS && ++p->prof_runs)
+            for (int i = 0; i < p->n_ops; i++)
+                p->prof_ns[i] += (double)(ts[i + 1] - ts[i]) * p->b->d->props.limits.timestampPeriod;
+        free(ts);
+    }
+    return st;
+}

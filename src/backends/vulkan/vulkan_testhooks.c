@@ -1,0 +1,281 @@
+/*
+ * Test hooks of the Vulkan backend (declared in vulkan_testhooks.h): single kernels run once
+ * with the decode program's push constants, for vulkan_test to check against the CPU. Built
+ * into the test programs only (CMakeLists.txt: *_testhooks.c), never into libanvil.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "decode/decode.h"
+#include "vulkan_testhooks.h"
+
+/* For the test hooks: the pipelines made on first use (attention specialised for nothing). */
+static anvil_status test_pipelines(struct vk_backend *b) {
+    if (b->have_pl) return ANVIL_OK;
+    anvil_status st = vk_pipelines_create(b->d, 1, 128, b->kv16, &b->pl);
+    if (st == ANVIL_OK) b->have_pl = true;
+    return st;
+}
+
+/* For the test hooks: one command buffer of dispatches (wgs workgroups each, laid out as the
+ * decode program's grid()), each after a barrier (zero_first: that buffer filled with zeros
+ * before them), submitted and waited for; host-visible results are readable when it returns
+ * ANVIL_OK. */
+struct test_dispatch { enum vk_kernel k; const void *push; size_t size; uint32_t wgs; };
+
+static anvil_status test_run(struct vk_backend *b, const struct test_dispatch *ds, int n, VkBuffer zero_first) {
+    struct vk_device *d = b->d;
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    anvil_status st = vk_cmd_alloc(d, &cb);
+    if (st != ANVIL_OK) return st;
+    VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
+                                   VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
+    vkBeginCommandBuffer(cb, &bi);
+    if (zero_first) vkCmdFillBuffer(cb, zero_first, 0, VK_WHOLE_SIZE, 0);
+    for (int i = 0; i < n; i++) {
+        barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+        vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, b->pl.p[ds[i].k]);
+        vkCmdPushConstants(cb, b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, (uint32_t)ds[i].size, ds[i].push);
+        uint32_t gx, gy;
+        grid(ds[i].wgs, &gx, &gy);
+        vkCmdDispatch(cb, gx, gy, 1);
+    }
+    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    st = vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
+    uint64_t v;
+    if (st == ANVIL_OK) st = vk_submit(d, &cb, 1, &v);
+    if (st == ANVIL_OK) st = vk_wait(d, v);
+    if (st != ANVIL_OK) vk_idle(d); /* nothing freed under work still running */
+    if (!d->abandoned) vkFreeCommandBuffers(d->dev, d->pool, 1, &cb);
+    return st;
+}
+
+/* The tests' host-visible buffers: the control block, then n regions of bytes[i] each,
+ * aligned; their offsets into off[], the buffer's size returned. */
+static VkDeviceSize test_layout(int n, const VkDeviceSize *bytes, VkDeviceSize *off) {
+    VkDeviceSize o = round_up(sizeof(struct vk_ctl) + 64, ALIGN);
+    for (int i = 0; i < n; i++) {
+        off[i] = o;
+        o += round_up(bytes[i], ALIGN);
+    }
+    return o;
+}
+
+/* For the tests' products: matvec.comp's push constants for out [N] = w · (xq, xd), one
+ * matrix of input width K */
+static struct pc_matvec test_matvec_pc(struct vk_backend *b, const struct tensor_info *w, uint64_t ctl, uint64_t xq,
+                                       uint64_t xd, uint64_t out, uint32_t K, uint32_t N) {
+    struct pc_matvec pc = {0};
+    pc.x = xq;
+    pc.normw = xd;
+    pc.ctl = ctl;
+    pc.w0 = pc.w1 = pc.w2 = vk_weight_addr(b, w, false, false);
+    pc.o0 = pc.o1 = pc.o2 = pc.res = out;
+    pc.Kp8 = vk_weight_kp(b, w) / 8;
+    pc.K = K;
+    pc.rows0 = N;
+    return pc;
+}
+
+anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, const struct tensor_info *wb,
+                         const struct tensor_info *wc, const float *x, const float *res, const float *nw, float eps,
+                         int8_t *xq, float *xd, float *y, uint8_t *yq, float *z) {
+    struct vk_device *d = b->d;
+    const struct tensor_info *ws[3] = {wa, wb, wc};
+    uint32_t K = (uint32_t)wa->ne[0], N1 = (uint32_t)wa->ne[1], N2 = (uint32_t)wc->ne[1], Kq = (K + 255) / 256 * 256;
+    int qa = vk_qx_index(wa->type), qc = vk_qx_index(wc->type);
+    if (!d->int_dot || qa < 0 || qc < 0 || N1 % 256 || wc->ne[0] != N1 || (wb && (wb->type != wa->type ||
+        wb->ne[0] != K || wb->ne[1] != N1)) || (wb && res))
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qxr_once: no such products");
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
+    int ka = vk_qxv(1, 0, wb != NULL, qa), kc = vk_qxv(0, nw ? 2 : 1, 0, qc);
+    if (!b->pl.p[ka] || !b->pl.p[kc]) return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qxr_once: no pipelines");
+    for (int i = 0; i < 3 && st == ANVIL_OK; i++)
+        if (ws[i]) st = vk_upload_tensor(b, ws[i]);
+    if (st != ANVIL_OK) return st;
+    /* one host-visible buffer: ctl | x [Kq] | xq [Kq bytes] + xd [Kq / 32] | res [N1] | nw [N1] | y [N1]
+     * | yq [2 N1 bytes] | z [N2] */
+    VkDeviceSize f1 = (VkDeviceSize)N1 * 4, o[7];
+    VkDeviceSize size = test_layout(7, (VkDeviceSize[7]){(VkDeviceSize)Kq * 4, Kq + Kq / 8, f1, f1, f1,
+                                                          2 * (VkDeviceSize)N1, (VkDeviceSize)N2 * 4}, o);
+    VkDeviceSize o_x = o[0], o_q = o[1], o_r = o[2], o_n = o[3], o_y = o[4], o_yq = o[5], o_z = o[6];
+    struct vk_buffer buf = {0};
+    if ((st = vk_buffer_create(d, size, VK_MEM_READBACK, "test qxr", &buf)) != ANVIL_OK) return st;
+    uint8_t *m = buf.map;
+    memset(m, 0, size);
+    memcpy(m + o_x, x, (size_t)K * 4);
+    if (res) memcpy(m + o_r, res, (size_t)N1 * 4);
+    if (nw) memcpy(m + o_n, nw, (size_t)N1 * 4);
+    struct pc_qx pq = {buf.addr + o_x, buf.addr + o_x, buf.addr, buf.addr + o_q, buf.addr + o_q + Kq, K, Kq, 0, eps};
+    struct pc_qxt pa = {test_matvec_pc(b, wa, buf.addr, buf.addr + o_q, buf.addr + o_q + Kq, buf.addr + o_y, K, N1), 0, 0};
+    if (wb) pa.m.w1 = vk_weight_addr(b, wb, false, false);
+    if (res) pa.m.res = buf.addr + o_r;
+    pa.m.flags = MV_ROUND | (res ? MV_RES : 0u) | (nw ? MV_ROUND_NW : 0u);
+    pa.m.eps = eps;
+    pa.xq = buf.addr + o_yq;
+    pa.nw = nw ? buf.addr + o_n : pa.m.o0;
+    struct pc_matvec pc = test_matvec_pc(b, wc, buf.addr, buf.addr + o_yq, buf.addr + o_yq + N1, buf.addr + o_z, N1, N2);
+    pc.eps = eps;
+    uint32_t nr = vk_matvec_rows(&b->pl, (enum vk_kernel)kc);
+    struct test_dispatch ds[3] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024},
+                                  {(enum vk_kernel)ka, &pa, sizeof pa, N1 / 8},
+                                  {(enum vk_kernel)kc, &pc, sizeof pc, (N2 + nr - 1) / nr}};
+    st = test_run(b, ds, 3, VK_NULL_HANDLE);
+    if (st == ANVIL_OK) {
+        memcpy(xq, m + o_q, Kq);
+        memcpy(xd, m + o_q + Kq, (size_t)Kq / 8);
+        memcpy(y, m + o_y, (size_t)N1 * 4);
+        memcpy(yq, m + o_yq, (size_t)N1 * 2);
+        memcpy(z, m + o_z, (size_t)N2 * 4);
+    }
+    vk_buffer_destroy(d, &buf);
+    return st;
+}
+
+anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, const struct sampling_params *sp,
+                            const int32_t *hist, int n_hist, int32_t *out) {
+    struct vk_device *d = b->d;
+    if (V < 1 || n_hist < 1) return err_set(ANVIL_ERR_INVALID_ARG, "vk_sample_once: bad arguments");
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
+    int n_ctx = n_hist + 1;
+    uint32_t nwg = ((uint32_t)V + SAMPLE_CH - 1) / SAMPLE_CH;
+    struct vk_buffer lg = {0}, ctl = {0}, scratch = {0};
+    st = vk_buffer_create(d, (VkDeviceSize)V * 4, VK_MEM_DEVICE, "test logits", &lg);
+    if (st == ANVIL_OK)
+        st = vk_buffer_create(d, sizeof(struct vk_ctl) + (size_t)n_ctx * 12, VK_MEM_CONTROL, "test control", &ctl);
+    if (st == ANVIL_OK)
+        st = vk_buffer_create(d, SAMPLE_PART_BYTES(nwg) + SAMPLE_CNT_BYTES(nwg), VK_MEM_DEVICE, "test scratch",
+                              &scratch);
+    if (st == ANVIL_OK) {
+        struct vk_uploader u;
+        struct plain f = {(const uint8_t *)logits, 0, 0};
+        st = vk_uploader_init(&u, d, (uint64_t)V * 4);
+        if (st == ANVIL_OK) st = vk_upload(&u, &lg, 0, (size_t)V * 4, fill_plain, &f);
+        anvil_status s2 = vk_uploader_finish(&u);
+        if (st == ANVIL_OK) st = s2;
+    }
+    if (st != ANVIL_OK) goto done;
+    volatile struct vk_ctl *c = ctl.map;
+    memset(ctl.map, 0, ctl.size);
+    c->n_ctx = (uint32_t)n_ctx;
+    c->token = (uint32_t)hist[n_hist - 1];
+    c->pos = (uint32_t)(n_hist - 1);
+    c->budget = 1;
+    for (int i = 0; i < n_hist - 1; i++) c->data[2 * n_ctx + i] = (uint32_t)hist[i];
+    ctl_set_sampling(c, (uint32_t)V, sp);
+    struct pc_sample ps = {lg.addr, ctl.addr, scratch.addr, scratch.addr + SAMPLE_PART_BYTES(nwg), (uint32_t)V, nwg};
+    struct test_dispatch one = {K_SAMPLE, &ps, sizeof ps, nwg};
+    st = test_run(b, &one, 1, scratch.buf);
+    if (st == ANVIL_OK && c->n_out != 1)
+        st = err_set(ANVIL_ERR_BACKEND, "vk_sample_once: the kernel chose no token (stop %u)", c->stop);
+    if (st == ANVIL_OK) *out = (int32_t)c->data[n_ctx];
+done:
+    if (st != ANVIL_OK) vk_idle(d); /* nothing freed under an upload still running */
+    vk_buffer_destroy(d, &lg);
+    vk_buffer_destroy(d, &ctl);
+    vk_buffer_destroy(d, &scratch);
+    return st;
+}
+
+anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w, const float *x,
+                               const float *normw, float eps, float *out, int8_t *xq, float *xd, float *out_mega) {
+    struct vk_device *d = b->d;
+    int qxi = vk_qx_index(w->type);
+    if (!d->int_dot || qxi < 0) return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qx_matvec_once: no integer dot products for %s", dtype_name(w->type));
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
+    int wt = mqx_wt(w->type);
+    if (out_mega && (wt < 0 || !b->pl.mega_grid || !b->pl.p[K_MEGA_QX]))
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qx_matvec_once: no persistent step for %s", dtype_name(w->type));
+    if ((st = vk_upload_tensor(b, w)) != ANVIL_OK) return st;
+    uint32_t K = (uint32_t)w->ne[0], N = (uint32_t)w->ne[1], Kq = (K + 255) / 256 * 256;
+    /* one host-visible buffer: ctl | x [Kq] | normw [Kq] | xq [Kq bytes] + xd [Kq / 32] | out [N]
+     * | out_mega [N] | the phase record | the counter */
+    VkDeviceSize fk = (VkDeviceSize)Kq * 4, fn = (VkDeviceSize)N * 4, o[7];
+    VkDeviceSize size = test_layout(7, (VkDeviceSize[7]){fk, fk, Kq + Kq / 8, fn, fn, sizeof(struct vk_phase),
+                                                          MEGA_CNT_BYTES}, o);
+    VkDeviceSize o_x = o[0], o_n = o[1], o_q = o[2], o_o = o[3], o_m = o[4], o_p = o[5], o_c = o[6];
+    struct vk_buffer buf = {0};
+    if ((st = vk_buffer_create(d, size, VK_MEM_READBACK, "test qx", &buf)) != ANVIL_OK) return st;
+    uint8_t *m = buf.map;
+    memset(m, 0, size);
+    memcpy(m + o_x, x, (size_t)K * 4);
+    if (normw) memcpy(m + o_n, normw, (size_t)K * 4);
+    struct pc_qx pq = {buf.addr + o_x, buf.addr + o_n, buf.addr, buf.addr + o_q, buf.addr + o_q + Kq, K, Kq,
+                       normw ? 1u : 0u, eps};
+    struct pc_matvec pc = test_matvec_pc(b, w, buf.addr, buf.addr + o_q, buf.addr + o_q + Kq, buf.addr + o_o, K, N);
+    uint32_t nr = vk_matvec_rows(&b->pl, K_MATVEC_QX_Q8_0 + qxi);
+    /* the persistent step's phase: the product of the float input */
+    struct vk_phase *ph = (struct vk_phase *)(m + o_p);
+    struct pc_matvec pm = pc;
+    pm.x = buf.addr + o_x;
+    pm.normw = normw ? buf.addr + o_n : pm.x;
+    pm.flags = normw ? MV_NORM : 0u;
+    pm.eps = eps;
+    pm.o0 = pm.o1 = pm.o2 = pm.res = buf.addr + o_m;
+    *ph = (struct vk_phase){.kind = 1, .tasks = N, .wt = (uint32_t)wt};
+    memcpy(ph->push, &pm, sizeof pm);
+    struct pc_mega pg = {buf.addr + o_p, buf.addr, buf.addr + o_c, 0, 1};
+    struct test_dispatch ds[3] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024},
+                                  {(enum vk_kernel)(K_MATVEC_QX_Q8_0 + qxi), &pc, sizeof pc, (N + nr - 1) / nr},
+                                  {K_MEGA_QX, &pg, sizeof pg, b->pl.mega_grid}};
+    st = test_run(b, ds, out_mega ? 3 : 2, VK_NULL_HANDLE);
+    if (st == ANVIL_OK) {
+        memcpy(out, m + o_o, (size_t)N * 4);
+        if (out_mega) memcpy(out_mega, m + o_m, (size_t)N * 4);
+        memcpy(xq, m + o_q, Kq);
+        memcpy(xd, m + o_q + Kq, (size_t)Kq / 8);
+    }
+    vk_buffer_destroy(d, &buf);
+    return st;
+}
+
+anvil_status vk_topk_once(struct vk_backend *b, const float *logits, int E, int k, bool norm, int32_t *ids,
+                          float *weights) {
+    struct vk_device *d = b->d;
+    if (E < 1 || E > 1024 || k < 1 || k > 64 || k > E)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vk_topk_once: %d of %d experts", k, E);
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
+    /* one host-visible buffer: ctl | logits [E] | routing [128] */
+    VkDeviceSize o[2], size = test_layout(2, (VkDeviceSize[2]){(VkDeviceSize)E * 4, 128 * 4}, o);
+    VkDeviceSize o_l = o[0], o_r = o[1];
+    struct vk_buffer buf = {0};
+    if ((st = vk_buffer_create(d, size, VK_MEM_READBACK, "test top-k", &buf)) != ANVIL_OK) return st;
+    uint8_t *m = buf.map;
+    memset(m, 0, buf.size);
+    memcpy(m + o_l, logits, (size_t)E * 4);
+    struct pc_topk pt = {buf.addr + o_l, buf.addr + o_r, buf.addr, (uint32_t)E, (uint32_t)k, norm ? 1u : 0u, 1};
+    struct test_dispatch one = {K_MOE_TOPK, &pt, sizeof pt, 1};
+    st = test_run(b, &one, 1, VK_NULL_HANDLE);
+    if (st == ANVIL_OK) {
+        const float *r = (const float *)(m + o_r);
+        for (int i = 0; i < k; i++) {
+            memcpy(&ids[i], &r[i], 4);
+            weights[i] = r[64 + i];
+        }
+    }
+    vk_buffer_destroy(d, &buf);
+    return st;
+}
+
+anvil_status vk_f16_once(struct vk_backend *b, const float *x, int n, uint16_t *out) {
+    if (n < 8 || n % 8) return err_set(ANVIL_ERR_INVALID_ARG, "vk_f16_once: %d floats", n);
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
+    VkDeviceSize o[2], size = test_layout(2, (VkDeviceSize[2]){(VkDeviceSize)n * 4, (VkDeviceSize)n * 2}, o);
+    struct vk_buffer buf = {0};
+    if ((st = vk_buffer_create(b->d, size, VK_MEM_READBACK, "test float16", &buf)) != ANVIL_OK) return st;
+    uint8_t *m = buf.map;
+    memset(m, 0, buf.size);
+    memcpy(m + o[0], x, (size_t)n * 4);
+    /* one row of n floats: n / 8 units of 8 */
+    struct pc_dq pd = {buf.addr + o[0], buf.addr + o[1], 0, 1, (uint32_t)n / 8, (uint32_t)n};
+    struct test_dispatch one = {K_DQ_F32, &pd, sizeof pd, ((uint32_t)n / 8 + 255) / 256};
+    st = test_run(b, &one, 1, VK_NULL_HANDLE);
+    if (st == ANVIL_OK) memcpy(out, m + o[1], (size_t)n * 2);
+    vk_buffer_destroy(b->d, &buf);
+    return st;
+}
