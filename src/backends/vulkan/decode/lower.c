@@ -134,9 +134,9 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
                        dtype_name(type), N(L, n->src[1])->name);
     /* an input already rounded for another matvec costs this one no rounding, whatever its
      * size (the Q4_K_M mix's 3.4 MB Q6_K v projections of an 8B after the q/k: +1.3%,
-     * docs/PERF.md section 27), nor one the attention rounds where the product rounds its
+     * perf rule "same input, no barrier"), nor one the attention rounds where the product rounds its
      * own output for the next (the o projection before the gate/up: 4B Q4_K_M +9%; before a
-     * MoE router, which takes float inputs, the 30B-A3B lost 1%: section 35) */
+     * MoE router, which takes float inputs, the 30B-A3B lost 1%: perf rule "producers round") */
     int mq = mqx_code(L, i, type, pc.Kp8);
     const struct node *nn;
     int ot, ra = residual_add(L, i, &ot);

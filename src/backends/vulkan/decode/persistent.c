@@ -45,7 +45,7 @@ anvil_status form_mega(struct vk_program *p) {
     const struct vk_pipelines *pl = &p->b->pl;
     if (!pl->mega_grid) return ANVIL_OK;
     const struct tuning *t = &p->b->d->tune;
-    bool lm = t->vk_mega_lmhead; /* the LM head's own kernel streams it faster (PERF.md section 31) */
+    bool lm = t->vk_mega_lmhead; /* the LM head's own kernel streams it faster (perf rule "persistent step for small models") */
     bool attn = t->vk_mega_attn;
     uint32_t skip = (uint32_t)t->vk_mega_skip;
     int n = p->n_ops, n_runs = 0, n_ph = 0;

@@ -7,8 +7,8 @@
 
 #include "decode.h"
 
-/* Weights read ahead into the L2 cache while the memory bus idles (prefetch.comp; docs/PERF.md
- * section 36). At short contexts the decode attention is bound by latency (the 8B's at 528
+/* Weights read ahead into the L2 cache while the memory bus idles (prefetch.comp; perf rule
+ * "L2 prefetch beside attention"). At short contexts the decode attention is bound by latency (the 8B's at 528
  * positions: ~12 us for 2 MB a layer), so a prefetch dispatched beside it, with no barrier
  * between, reads the o projection's weights and the first part of the gate/up's, which then
  * come from L2: 8B Q4_K_M +3%, 4B +2%, 1.7B +1% on the H100. Only in the dense layer's pattern

@@ -110,7 +110,7 @@ bool qx_round(struct lower *L, int out, uint32_t rows, struct pc_qxt *pq) {
 /* Whether matmul i (with its gate/up partner) reads enough weight bytes for integer dot
  * products to pay for rounding its input: on the H100 a rounding dispatch costs ~4.6 us and
  * saves about a third of a K-quant matvec's time, so the 0.6B's matrices (2-7 MB) lost 16%
- * and an 8B's (9-60 MB) gained 17% (docs/PERF.md section 23). ANVIL_VK_QX_MIN_MB (default 8). */
+ * and an 8B's (9-60 MB) gained 17% (perf rule "integer dot products"). ANVIL_VK_QX_MIN_MB (default 8). */
 bool qx_worth(struct lower *L, int i) {
     const struct node *w = N(L, N(L, i)->src[1]);
     double min_mb = L->p->b->d->tune.vk_qx_min_mb;
@@ -133,9 +133,9 @@ int mqx_code(struct lower *L, int i, int type, uint32_t Kp8) {
 
 /* Whether the persistent step should take a model's K-quant products (mqx_code): a dense
  * model's, where every one of them (gate/up: the pair) reads less than ANVIL_VK_MQX_MAX_MB
- * (default 8). On the H100 (docs/PERF.md section 32) Qwen3-0.6B Q4_K_M gained 14%, Q6_K 27%,
+ * (default 8). On the H100 (perf rule "persistent step for small models") Qwen3-0.6B Q4_K_M gained 14%, Q6_K 27%,
  * the 1.7B (gate/up 14 MB) 12%; the 4B (28 MB) lost 16% and the 8B (57 MB) 7%. Since the
- * products round their outputs themselves (sections 33, 35) the 1.7B Q4_K_M is 2.6% faster
+ * products round their outputs themselves (perf rule "producers round") the 1.7B Q4_K_M is 2.6% faster
  * as dispatches, the 0.6B (3.5 MB) still 10% slower: hence 8, not 16. Big products
  * stream faster as dispatches, a GPU full of threads, than in the persistent step's one
  * workgroup an SM. The MoE and hybrid models, whose experts and recurrent layers cut the
@@ -157,7 +157,7 @@ bool mqx_small(struct lower *L) {
 
 /* Whether a product of weights of `type` that feeds no rounding (q/k/v, the LM head) runs as
  * teams anyway (matvec.comp QXT: 8 rows a workgroup, so it reads the norm's sums of squares
- * 8 times less often). On the H100 (docs/PERF.md section 35) with Q4_K weights and their
+ * 8 times less often). On the H100 (perf rule "teams and wide units") with Q4_K weights and their
  * plain kernels at 2 rows: 8B Q4_K_M +2.1%, 14B +2.4%, 4B +1.0%; Q5_K: 1.7B Q5_K_M +3.2%, the
  * 8B and 4B the same; as teams the Q6_K products lost 1.5% (8B Q6_K) and the Q8_0 ones 0.6%.
  * ANVIL_VK_QXT_ALL: 0 never, 2 every type. */

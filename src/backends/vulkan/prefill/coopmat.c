@@ -35,7 +35,7 @@ static anvil_status emit_tiles(struct vk_prefill *p, bool cm2, const struct pc_m
 
 /* The waiting group of products on workgroup matrices: x to float16 (once for all of them),
  * every weight to float16 at its own place in dq, then the products; only the first of each
- * kind waits at a barrier (8B Q4_K_M pp512 +4.4% on the H100, docs/PERF.md §29). */
+ * kind waits at a barrier (8B Q4_K_M pp512 +4.4% on the H100, perf rule "prefill on the matrix units"). */
 anvil_status pf_flush_group(struct vk_prefill *p) {
     if (!p->n_grp) return ANVIL_OK;
     const struct pc_mm *m0 = &p->grp[0];

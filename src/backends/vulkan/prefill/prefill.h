@@ -119,11 +119,11 @@ static const uint8_t unit_groups[VK_WEIGHT_KINDS] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 
  * 256 MiB, or ANVIL_VK_DQ_MAX_MB (1 .. 4096). Large enough that the 8B's gate, up and down
  * (96 MiB each) go whole and gate and up group on workgroup matrices (64 MiB pieces: 8B
  * Q4_K_M pp512 -16%), and that a 30B-A3B piece holds 128 experts' weights (96 MiB: -8%),
- * docs/PERF.md §30 */
+ * perf rule "prefill on the matrix units" */
 static inline VkDeviceSize dq_scratch_max(const struct vk_device *d) { return (VkDeviceSize)d->tune.vk_dq_max_mb << 20; }
 
 /* mm_h.comp's tile shapes (tokens x outputs), in K_MMH_* order; ANVIL_VK_MMH=1 picks the
- * second (K walked 64 at a time instead of 32). On the H100 at pp512 (docs/PERF.md §15):
+ * second (K walked 64 at a time instead of 32). On the H100 at pp512 (docs/perf/log.md §15):
  * 64x64 K32 3618 t/s, 64x64 K64 3541, 32x64 K32 2883, 64x128 K32 1525. */
 static const uint32_t mmh_tile[2][2] = {{64, 64}, {64, 64}};
 
@@ -148,7 +148,7 @@ struct vk_prefill {
     /* dq in two halves of half_size (the largest group's weights), the groups taking them in
      * turn: a group's weights are dequantised beside the group before it, its ops placed at
      * hoist_at (just after that group's products; -1 where something else used dq since: the
-     * weights' pieces, the experts). 8B pp512 +2.7% on the H100 (docs/PERF.md §30);
+     * weights' pieces, the experts). 8B pp512 +2.7% on the H100 (perf rule "prefill on the matrix units");
      * ANVIL_VK_PF_HOIST=0 (half_size 0): one buffer, each group's weights just before it. */
     VkDeviceSize half_size;
     int half, hoist_at;

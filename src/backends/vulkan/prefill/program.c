@@ -89,7 +89,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     /* In a hybrid (Gated DeltaNet) model every product stays in float32: on the H100,
      * float16 inputs moved a synthetic Qwen3.6 shape's logits by a median 0.2 (dense
      * products) or 0.08 (experts) of a scale of 3, where Qwen3-MoE's moved by 0.0075
-     * (docs/PERF.md §18) */
+     * (perf rule "prefill on the matrix units") */
     p->f16 = true;
     for (int i = 0; i < n; i++) p->f16 &= g->nodes[i].op != OP_GDN;
     const struct tuning *t = &b->d->tune;
