@@ -27,7 +27,7 @@ static void setup(void) {
     char *slash = strrchr(path, '/');
     if (slash) *slash = 0;
     strncat(path, "/../../shared/testdata/reference/qwen3-small", sizeof path - strlen(path) - 1);
-    if (srv_text_open(path, &srv->text) != ANVIL_OK) {
+    if (srv_text_open(path, NULL, NULL, &srv->text) != ANVIL_OK) {
         fprintf(stderr, "fuzz_openai_request: %s\n", anvil_last_error());
         abort();
     }
