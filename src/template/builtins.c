@@ -537,30 +537,6 @@ bool jinja_test(struct jctx *c, struct jstr name, struct jv v, struct jv *args, 
 
 /* ---- filters ------------------------------------------------------------------------------ */
 
-static struct jlist *as_list(struct jctx *c, struct jv v, const char *filter) {
-    struct jlist *l;
-    switch (v.k) {
-    case JV_LIST: return v.l;
-    case JV_UNDEF: return jlist_new(c, 0);
-    case JV_DICT:
-        if (!(l = jlist_new(c, v.d->n))) return NULL;
-        for (uint32_t i = 0; i < v.d->n; i++) l->v[l->n++] = jv_str(v.d->keys[i].p, v.d->keys[i].n);
-        return l;
-    case JV_STR:
-        if (!(l = jlist_new(c, 0))) return NULL;
-        for (size_t i = 0; i < v.s.n;) {
-            size_t j = i;
-            next_cp(v.s, &j);
-            if (!jstep(c, 1) || !jlist_push(c, l, jv_str(v.s.p + i, j - i))) return NULL;
-            i = j;
-        }
-        return l;
-    default:
-        jfail(c, "%s: '%s' object is not iterable", filter, jv_type_name(v));
-        return NULL;
-    }
-}
-
 /* Jinja's attribute lookup for map/selectattr/sort/...: "a.b" follows dots, ints index. */
 static struct jv attr_path(struct jctx *c, struct jv v, struct jstr path) {
     size_t i = 0;
@@ -613,7 +589,7 @@ static void merge_sort(struct sort_ctx *s, size_t *idx, size_t *tmp, size_t n) {
 
 static struct jv select_items(struct jctx *c, struct jv v, const struct fargs *a, bool attr,
                               bool keep_if, const char *filter) {
-    struct jlist *in = as_list(c, v, filter), *out = jlist_new(c, 0);
+    struct jlist *in = jinja_items(c, v, filter), *out = jlist_new(c, 0);
     if (!in || !out) return jv_undef(NULL);
     size_t first = attr ? 1 : 0;
     struct jstr path = {0};
@@ -710,7 +686,7 @@ struct jv jinja_filter(struct jctx *c, struct jstr name, struct jv v, struct jv 
         return dict_items(c, v.d, 0);
     }
     F("list") {
-        struct jlist *l = as_list(c, v, "list");
+        struct jlist *l = jinja_items(c, v, "list");
         if (!l) return jv_undef(NULL);
         if (l == v.l) { /* a copy, and a tuple becomes a list */
             struct jlist *cp = jlist_new(c, l->n);
@@ -722,7 +698,7 @@ struct jv jinja_filter(struct jctx *c, struct jstr name, struct jv v, struct jv 
         return list_val(l);
     }
     F("join") {
-        struct jlist *l = as_list(c, v, "join");
+        struct jlist *l = jinja_items(c, v, "join");
         struct jv sep = arg(&a, 0, "d", jv_str("", 0)), attr = arg(&a, 1, "attribute", none);
         if (!l) return jv_undef(NULL);
         sep = jv_to_str(c, sep);
@@ -754,7 +730,7 @@ struct jv jinja_filter(struct jctx *c, struct jstr name, struct jv v, struct jv 
         return replace(c, s.s, o.s, nw.s, cnt.k == JV_INT ? cnt.i : -1);
     }
     if (str_eq(name, "first") || str_eq(name, "last")) {
-        struct jlist *l = as_list(c, v, "first");
+        struct jlist *l = jinja_items(c, v, "first");
         if (!l) return jv_undef(NULL);
         if (!l->n) return jv_undef("No first item, sequence was empty.");
         return l->v[name.p[0] == 'f' ? 0 : l->n - 1];
@@ -762,20 +738,20 @@ struct jv jinja_filter(struct jctx *c, struct jstr name, struct jv v, struct jv 
     F("reverse") {
         if (v.k == JV_STR) {
             struct jv r = jv_str(v.s.p, v.s.n);
-            struct jlist *l = as_list(c, r, "reverse");
+            struct jlist *l = jinja_items(c, r, "reverse");
             struct jbuf b = {0};
             if (!l || !jbuf_put(c, &b, "", 0)) return jv_undef(NULL);
             for (size_t i = l->n; i-- > 0;)
                 if (!jbuf_put(c, &b, l->v[i].s.p, l->v[i].s.n)) return jv_undef(NULL);
             return jv_str(b.p, b.n);
         }
-        struct jlist *l = as_list(c, v, "reverse"), *o;
+        struct jlist *l = jinja_items(c, v, "reverse"), *o;
         if (!l || !(o = jlist_new(c, l->n))) return jv_undef(NULL);
         for (size_t i = l->n; i-- > 0;) o->v[o->n++] = l->v[i];
         return list_val(o);
     }
     F("map") {
-        struct jlist *l = as_list(c, v, "map"), *o;
+        struct jlist *l = jinja_items(c, v, "map"), *o;
         if (!l || !(o = jlist_new(c, l->n))) return jv_undef(NULL);
         struct jv attr = arg(&a, SIZE_MAX, "attribute", none);
         if (attr.k == JV_STR) {
@@ -798,7 +774,7 @@ struct jv jinja_filter(struct jctx *c, struct jstr name, struct jv v, struct jv 
     F("selectattr") return select_items(c, v, &a, true, true, "selectattr");
     F("rejectattr") return select_items(c, v, &a, true, false, "rejectattr");
     if (str_eq(name, "unique") || str_eq(name, "sort")) {
-        struct jlist *l = as_list(c, v, "sort"), *o;
+        struct jlist *l = jinja_items(c, v, "sort"), *o;
         if (!l || !(o = jlist_new(c, l->n))) return jv_undef(NULL);
         bool is_sort = name.p[0] == 's';
         bool cs = jv_truthy(arg(&a, is_sort ? 1 : 0, "case_sensitive", jv_bool(false)));

@@ -655,8 +655,10 @@ static bool assign(struct jctx *c, struct jscope *s, const struct jnode *target,
     return true;
 }
 
-/* The items a for loop walks: a list's items, a dict's keys, a string's characters. */
-static struct jlist *iter_items(struct jctx *c, struct jv v) {
+/* The items a for loop (and a filter that takes a sequence) walks: a list's items, a dict's
+ * keys, a string's characters; undefined is empty. who names the filter in the error (NULL: a
+ * for loop). */
+struct jlist *jinja_items(struct jctx *c, struct jv v, const char *who) {
     struct jlist *l;
     switch (v.k) {
     case JV_LIST: return v.l;
@@ -675,7 +677,8 @@ static struct jlist *iter_items(struct jctx *c, struct jv v) {
         }
         return l;
     default:
-        jfail(c, "'%s' object is not iterable", jv_type_name(v));
+        if (who) jfail(c, "%s: '%s' object is not iterable", who, jv_type_name(v));
+        else jfail(c, "'%s' object is not iterable", jv_type_name(v));
         return NULL;
     }
 }
@@ -683,7 +686,7 @@ static struct jlist *iter_items(struct jctx *c, struct jv v) {
 static int exec_for(struct jctx *c, struct jscope *s, const struct jnode *nd) {
     struct jv seq = eval(c, s, nd->b);
     if (c->failed) return FLOW_NONE;
-    struct jlist *items = iter_items(c, seq);
+    struct jlist *items = jinja_items(c, seq, NULL);
     if (!items) return FLOW_NONE;
     struct jscope *ls = scope_new(c, s);
     struct jloop *L = jalloc(c, sizeof *L);

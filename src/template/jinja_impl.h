@@ -195,6 +195,8 @@ const char *jv_type_name(struct jv v); /* Python's: 'str', 'list', 'dict', ... *
 bool jv_truthy(struct jv v);
 struct jv jv_str_copy(struct jctx *c, const char *p, size_t n);
 struct jlist *jlist_new(struct jctx *c, size_t cap);
+/* A sequence's items as a list (eval.c): for loops and the filters that take sequences. */
+struct jlist *jinja_items(struct jctx *c, struct jv v, const char *who);
 bool jlist_push(struct jctx *c, struct jlist *l, struct jv v);
 struct jdict *jdict_new(struct jctx *c, size_t cap);
 bool jdict_set(struct jctx *c, struct jdict *d, struct jstr key, struct jv v);
