@@ -116,6 +116,58 @@ static void test_errors(void **state) {
     free(err);
 }
 
+/* --tokenizer: a synthetic model (random weights, no tokenizer of its own) runs on text with the
+ * tokenizer of another folder, as long as its vocabulary holds the tokenizer's ids. */
+static void test_tokenizer_flag(void **state) {
+    (void)state;
+    char *out = NULL, *err = NULL;
+    /* synthetic:qwen3-tiny-v has 10007 ids; qwen3-small's tokenizer 2048 */
+    assert_int_equal(tu_run_anvil(&out, &err, "run -m synthetic:qwen3-tiny-v --tokenizer %s --backend cpu "
+                                  "-p 'Hello there' -n 5 --temp 0", SMALL), 0);
+    assert_non_null(strstr(err, "Generation: "));
+    free(out), free(err);
+    /* greedy on the same weights: the text is the tokens eval chooses, decoded */
+    char *ids = NULL, *greedy = NULL, *text = NULL, *expect = NULL;
+    char *dir = tu_tmpdir(), in[512];
+    snprintf(in, sizeof in, "%s/prompt.txt", dir);
+    tu_write_file(in, "The cat", 7);
+    assert_int_equal(tu_run_anvil(&ids, NULL, "tokenize --tokenizer %s < %s", SMALL, in), 0);
+    ids[strcspn(ids, "\n")] = 0;
+    assert_int_equal(tu_run_anvil(&greedy, NULL, "eval -m synthetic:qwen3-tiny-v --backend cpu --prompt-ids %s -n 3",
+                                  ids), 0);
+    /* the ids the tokenizer has (random weights also pick the model's ids past its 2048: no
+     * text, as for a real model's padding ids) */
+    char *list = greedy + strlen("greedy: "), kept[4096] = "";
+    list[strcspn(list, "\n")] = 0;
+    for (char *tk = strtok(list, ","); tk; tk = strtok(NULL, ","))
+        if (atoi(tk) < 2048) snprintf(kept + strlen(kept), sizeof kept - strlen(kept), "%s%s", kept[0] ? "," : "", tk);
+    assert_int_equal(tu_run_anvil(&text, NULL, "run -m synthetic:qwen3-tiny-v --tokenizer %s --backend cpu --raw "
+                                  "-p 'The cat' --temp 0 -n 4 2>/dev/null", SMALL), 0);
+    tu_write_file(in, kept[0] ? kept : "0", kept[0] ? strlen(kept) : 1);
+    assert_int_equal(tu_run_anvil(&expect, NULL, "tokenize --tokenizer %s --decode < %s", SMALL, in), 0);
+    if (!kept[0]) expect[0] = 0; /* nothing to compare */
+    tu_rmdir(dir);
+    free(dir);
+    size_t el = strlen(expect);
+    while (el && expect[el - 1] == '\n') expect[--el] = 0;
+    /* the greedy ids may end in a stop id (not printed): compare what run printed */
+    size_t tl = strlen(text);
+    while (tl && text[tl - 1] == '\n') text[--tl] = 0;
+    if (strncmp(expect, text, tl) != 0) fail_msg("run printed \"%s\", eval's greedy ids decode to \"%s\"", text, expect);
+    free(ids), free(greedy), free(text), free(expect);
+    /* a tokenizer with more ids than the model has: a clear error, for run and serve */
+    assert_int_equal(tu_run_anvil(NULL, &err, "run -m synthetic:qwen3-tiny --tokenizer %s --backend cpu -p hi", SMALL), 1);
+    assert_non_null(strstr(err, "more than the model's 512"));
+    free(err);
+    /* (server_test serves a synthetic model with --tokenizer) */
+    assert_int_equal(tu_run_anvil(NULL, &err, "serve -m synthetic:qwen3-tiny --tokenizer %s --backend cpu --port 0", SMALL), 1);
+    assert_non_null(strstr(err, "more than the model's 512"));
+    free(err);
+    assert_int_equal(tu_run_anvil(NULL, &err, "run -m synthetic:qwen3-tiny --tokenizer /nonexistent -p hi"), 1);
+    assert_non_null(strstr(err, "/nonexistent"));
+    free(err);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_run_deterministic_and_stats),
@@ -124,6 +176,7 @@ int main(void) {
         cmocka_unit_test(test_stop_string),
         cmocka_unit_test(test_chat_turns),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_tokenizer_flag),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

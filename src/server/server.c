@@ -277,9 +277,13 @@ static anvil_status load(struct server *s) {
     if (st != ANVIL_OK) return st;
     st = anvil_session_create(s->model, &s->opt.session, &s->session);
     if (st != ANVIL_OK) return err_set(st, "%s", anvil_model_errmsg(s->model));
-    st = srv_text_open(s->opt.model_path, s->opt.chat_template, s->opt.chat_template_kwargs,
-                       &s->text);
+    const char *tok_path = s->opt.tokenizer_path ? s->opt.tokenizer_path : s->opt.model_path;
+    st = srv_text_open(tok_path, s->opt.chat_template, s->opt.chat_template_kwargs, &s->text);
     if (st != ANVIL_OK) return st;
+    if (srv_text_vocab_size(s->text) > anvil_model_vocab_size(s->model))
+        return err_set(ANVIL_ERR_INVALID_ARG, "%s: the tokenizer has %d token ids, more than the "
+                       "model's %d", tok_path, (int)srv_text_vocab_size(s->text),
+                       (int)anvil_model_vocab_size(s->model));
     s->n_ctx = anvil_session_context_size(s->session);
     return ANVIL_OK;
 }

@@ -39,6 +39,7 @@
 
 struct server_options {
     const char *model_path;  /* what anvil_model_open takes */
+    const char *tokenizer_path; /* what anvil_tokenizer_open takes; NULL: model_path */
     const char *model_name;  /* the id clients use; NULL: the model path's last component */
     anvil_session_params session;
     int n_threads;           /* model loading threads (0 = all) */

@@ -16,10 +16,10 @@
 /* ---- the tokenizer as the server uses it (tokens.c) ---- */
 
 struct srv_text;
-/* Loads the tokenizer and chat template that ship with the model at model_path; template_text
- * (NULL: the model's own) replaces its chat template, kwargs_json (NULL or a JSON object) gives
- * default template variables. */
-anvil_status srv_text_open(const char *model_path, const char *template_text,
+/* Loads the tokenizer and chat template at path (what anvil_tokenizer_open takes: the model's
+ * own, or serve --tokenizer); template_text (NULL: the tokenizer's own) replaces its chat
+ * template, kwargs_json (NULL or a JSON object) gives default template variables. */
+anvil_status srv_text_open(const char *path, const char *template_text,
                            const char *kwargs_json, struct srv_text **out);
 void srv_text_close(struct srv_text *t);
 /* End-of-turn ids (<|im_end|>, <|endoftext|>), text-owned. */

@@ -912,6 +912,52 @@ static void test_metrics(void **state) {
     assert_server_alive();
 }
 
+/* serve --tokenizer: a synthetic model (no tokenizer of its own) served with the qwen3-small
+ * reference's tokenizer, in a second server beside the first. Its random weights pick ids past
+ * the tokenizer's 2048 too: counted, no text. */
+static void test_synthetic_with_tokenizer(void **state) {
+    (void)state;
+    char errpath[512];
+    snprintf(errpath, sizeof errpath, "%s/serve2.err", tmpdir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *f = freopen(errpath, "w", stderr);
+        (void)f;
+        execl(ANVIL_BIN, ANVIL_BIN, "serve", "-m", "synthetic:qwen3-tiny-v", "--tokenizer",
+              tu_testdata("reference/qwen3-small"), "--port", "0", "-t", "2", "--backend", "cpu",
+              "--api-key", KEY, (char *)NULL);
+        _exit(127);
+    }
+    assert_true(pid > 0);
+    int first_port = server_port, port = 0;
+    for (double t0 = now(); !port && now() - t0 < 20 * SLOW; usleep(20000)) {
+        char *err = tu_read_file(errpath, NULL);
+        const char *p = err ? strstr(err, "listening on http://127.0.0.1:") : NULL;
+        if (p) port = atoi(p + strlen("listening on http://127.0.0.1:"));
+        free(err);
+    }
+    assert_true(port > 0);
+    server_port = port; /* http() talks to it */
+    long st = 0;
+    for (double t0 = now(); st != 200 && now() - t0 < 30 * SLOW; usleep(20000)) {
+        char *out;
+        st = http("GET", "/health", NULL, NULL, &out);
+        free(out);
+    }
+    assert_int_equal(st, 200);
+    cJSON *r = post_ok("/v1/completions", "{\"prompt\":\"The cat\",\"max_tokens\":12,"
+                       "\"temperature\":0,\"ignore_eos\":true}");
+    assert_int_equal(get_int(r, "usage.completion_tokens"), 12);
+    assert_int_equal(get_int(r, "usage.prompt_tokens"), count_tokens("{\"prompt\":\"The cat\"}"));
+    cJSON_Delete(r);
+    server_port = first_port;
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auth),
@@ -925,6 +971,7 @@ int main(void) {
         cmocka_unit_test(test_disconnect),
         cmocka_unit_test(test_slow_client),
         cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_synthetic_with_tokenizer),
     };
     return cmocka_run_group_tests(tests, start_server, stop_server);
 }

@@ -22,12 +22,12 @@ static void add_stop(struct srv_text *t, int32_t id) {
     if (t->n_stop < (int)ARRAY_LEN(t->stop_ids)) t->stop_ids[t->n_stop++] = id;
 }
 
-anvil_status srv_text_open(const char *model_path, const char *template_text,
+anvil_status srv_text_open(const char *path, const char *template_text,
                            const char *kwargs_json, struct srv_text **out) {
     *out = NULL;
     struct srv_text *t = xcalloc(1, sizeof *t);
     if (!t) return ANVIL_ERR_NOMEM;
-    anvil_status st = anvil_tokenizer_open(model_path, &t->tok);
+    anvil_status st = anvil_tokenizer_open(path, &t->tok);
     if (st != ANVIL_OK) {
         free(t);
         return st;
@@ -160,6 +160,9 @@ void srv_decoder_destroy(struct srv_decoder *d) {
 anvil_status srv_decoder_push(struct srv_decoder *d, int32_t id, struct sbuf *out) {
     /* control tokens (<|im_start|>, ...) are not text: left out, as vLLM and OpenAI do */
     if (anvil_tokenizer_is_special(d->tok, id)) return ANVIL_OK;
+    /* ids past the tokenizer's are no text either: the padding rows of a model's embedding
+     * (a synthetic model's random weights, served with --tokenizer, do pick them) */
+    if (id >= anvil_tokenizer_vocab_size(d->tok)) return ANVIL_OK;
     const char *text;
     size_t len;
     anvil_status st = anvil_detokenizer_push(d->dec, id, &text, &len);

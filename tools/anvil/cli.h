@@ -10,6 +10,7 @@
 /* Options every model-running command takes. */
 struct common_opts {
     const char *model;
+    const char *tokenizer;   /* --tokenizer: where the tokenizer comes from; NULL: the model */
     anvil_backend_kind backend;
     int device;
     int n_ctx;
@@ -24,6 +25,11 @@ struct common_opts {
  * bad value (message printed), 0 if the option is not a common one. */
 int common_opt(struct common_opts *o, int argc, char **argv, int *i);
 void common_opts_init(struct common_opts *o, const char *default_model);
+/* Where the tokenizer comes from: --tokenizer, else the model itself. */
+const char *tokenizer_path(const struct common_opts *o);
+/* Checks that every id tok makes is one the model has (a --tokenizer for a smaller
+ * vocabulary than the model's is fine); prints the error and returns false if not. */
+bool tokenizer_fits(const anvil_tokenizer *tok, const anvil_model *m, const char *path);
 /* Opens the model and a session; prints the error and returns false on failure. */
 bool open_model_session(const struct common_opts *o, anvil_model **m, anvil_session **s);
 /* The value after a flag, or an error message and NULL. */

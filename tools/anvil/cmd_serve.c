@@ -32,7 +32,10 @@ static void usage(void) {
             "  --chat-template-file FILE   a Jinja chat template instead of the model's own\n"
             "  --chat-template-kwargs JSON default template variables (a request's\n"
             "                          chat_template_kwargs override them)\n"
-            "  -c, --ctx N  -t, --threads N  --backend cpu|vulkan|auto  --device N  --kv-cache f16|f32\n");
+            "  --tokenizer DIR         the tokenizer (a tokenizer.json folder or file, or a .gguf)\n"
+            "                          instead of the model's own: serves synthetic:NAME models\n"
+            "  -c, --ctx N  -t, --threads N  --backend cpu|vulkan|auto  --device N  --kv-cache f16|f32\n"
+            "  --prefill-chunk N  --gpu-timeout S  --gpu-max-memory SIZE  (as for anvil run)\n");
 }
 
 struct ready_wait {
@@ -103,12 +106,16 @@ int cmd_serve(int argc, char **argv) {
     o.chat_template = tpl.text;
     o.chat_template_kwargs = tpl.kwargs;
     o.model_path = co.model;
+    o.tokenizer_path = co.tokenizer;
     o.n_threads = co.n_threads;
     o.session.backend = co.backend;
     o.session.device = co.device;
     o.session.n_ctx = co.n_ctx;
     o.session.n_threads = co.n_threads;
     o.session.kv_cache = co.kv_cache;
+    o.session.prefill_chunk = co.prefill_chunk;
+    o.session.gpu_timeout_s = co.gpu_timeout_s;
+    o.session.gpu_max_memory = co.gpu_max_memory;
 
     /* signals are taken by sigwait below, so every thread the server starts blocks them */
     sigset_t set;

@@ -58,7 +58,7 @@ int cmd_template(int argc, char **argv) {
         int r = template_opt(&tpl, argc, argv, &i);
         if (r < 0) return 1;
         if (r) continue;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+        if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--tokenizer")) {
             if (!(model = opt_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--messages")) {
             if (!(file = opt_value(argc, argv, &i))) return 1;

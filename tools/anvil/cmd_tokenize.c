@@ -164,7 +164,7 @@ int cmd_tokenize(int argc, char **argv) {
     int flags = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+        if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--tokenizer")) {
             if (!(model = opt_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--decode")) {
             do_decode = true;

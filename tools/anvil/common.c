@@ -80,6 +80,9 @@ int common_opt(struct common_opts *o, int argc, char **argv, int *i) {
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
         if (!(v = opt_value(argc, argv, i))) return -1;
         o->model = v;
+    } else if (!strcmp(a, "--tokenizer")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        o->tokenizer = v;
     } else if (!strcmp(a, "--backend")) {
         if (!(v = opt_value(argc, argv, i))) return -1;
         if (!strcmp(v, "cpu")) o->backend = ANVIL_BACKEND_CPU;
@@ -116,6 +119,17 @@ int common_opt(struct common_opts *o, int argc, char **argv, int *i) {
         return 0;
     }
     return 1;
+}
+
+const char *tokenizer_path(const struct common_opts *o) {
+    return o->tokenizer ? o->tokenizer : o->model;
+}
+
+bool tokenizer_fits(const anvil_tokenizer *tok, const anvil_model *m, const char *path) {
+    int32_t nt = anvil_tokenizer_vocab_size(tok), nm = anvil_model_vocab_size(m);
+    if (nt <= nm) return true;
+    fail("%s: the tokenizer has %d token ids, more than the model's %d", path, (int)nt, (int)nm);
+    return false;
 }
 
 bool open_model_session(const struct common_opts *o, anvil_model **m, anvil_session **s) {

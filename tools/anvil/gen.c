@@ -104,7 +104,7 @@ bool gen_open(struct gen_opts *o, struct gen_ctx *g) {
         fail("no model: pass -m MODEL");
         return false;
     }
-    if (anvil_tokenizer_open(o->co.model, &g->tok) != ANVIL_OK) {
+    if (anvil_tokenizer_open(tokenizer_path(&o->co), &g->tok) != ANVIL_OK) {
         fail("%s", anvil_last_error());
         return false;
     }
@@ -119,7 +119,8 @@ bool gen_open(struct gen_opts *o, struct gen_ctx *g) {
         gen_close(g);
         return false;
     }
-    if (!open_model_session(&o->co, &g->model, &g->session)) { /* it said why */
+    if (!open_model_session(&o->co, &g->model, &g->session) || /* they said why */
+        !tokenizer_fits(g->tok, g->model, tokenizer_path(&o->co))) {
         gen_close(g);
         return false;
     }

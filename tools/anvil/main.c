@@ -33,7 +33,9 @@ static const struct {
                "  -t, --threads N     CPU threads (default all cores)\n" \
                "  --prefill-chunk N   prompt tokens per prefill chunk (default 2048; 1: none)\n" \
                "  --gpu-timeout S     seconds before a GPU that does not answer counts as hung (120)\n" \
-               "  --gpu-max-memory SIZE  cap on device memory (such as 6G; default none)\n"
+               "  --gpu-max-memory SIZE  cap on device memory (such as 6G; default none)\n" \
+               "  --tokenizer DIR     the tokenizer (a tokenizer.json folder or file, or a .gguf) instead\n" \
+               "                      of the model's own, for text: synthetic:NAME models have none\n"
 #define SAMPLING "  -n N                most tokens to generate\n" \
                  "  --temp T  --top-k K  --top-p P  --min-p P  --seed S\n" \
                  "  --repeat-penalty R  --repeat-last-n N  --presence-penalty P  --frequency-penalty P\n" \
@@ -61,10 +63,12 @@ static const struct {
              "    --pixels-out FILE writes the preprocessed pixels (float32)\n" COMMON},
     {"info", "usage: anvil info -m MODEL | anvil info --devices\n" COMMON},
     {"tokenize", "usage: anvil tokenize -m MODEL [--plain] < text    anvil tokenize -m MODEL --decode < ids\n"
+                 "  -m, --tokenizer DIR  a model or tokenizer (tokenizer.json folder or file, .gguf)\n"
                  "  --bench / --bench-file FILE  measure encoding speed\n"},
     {"template", "usage: anvil template -m MODEL --messages FILE.json [--tools FILE.json]\n"
                  "  [--no-generation-prompt] [--thinking on|off] [--chat-template-file FILE]\n"
                  "  [--chat-template-kwargs JSON] [--bench N]\n"
+                 "  -m, --tokenizer DIR  a model or tokenizer (tokenizer.json folder or file, .gguf)\n"
                  "  prints the rendering; exit 1 with the template's own message where it raises;\n"
                  "  --bench N renders N times and prints the time per rendering\n"
                  "       anvil template -m MODEL --parse OUTPUT.txt [--tools FILE.json] [--thinking on|off]\n"
