@@ -198,6 +198,86 @@ anvil_status anvil_session_truncate(anvil_session *s, int n);
 /* The context length: the most tokens the cache holds. */
 int anvil_session_context_size(const anvil_session *s);
 
+/* ---- many sequences at once (continuous batching; docs/BATCHING.md) ------------------------
+ *
+ * A batch decodes several sequences together: each step runs the waiting prompts in chunks,
+ * then one token for every sequence past its prompt, reading the model's weights once for all
+ * of them. Sequences join (anvil_batch_add) and leave (anvil_batch_remove) between steps.
+ *
+ *     anvil_batch_params bp = anvil_batch_default_params();
+ *     bp.n_seq_max = 8;
+ *     anvil_batch *b;
+ *     anvil_batch_create(model, &bp, &b);
+ *     int id;
+ *     anvil_batch_add(b, prompt, n_prompt, &gen_params, &id);   (any number of times)
+ *     while (anvil_batch_active(b) > 0) {
+ *         anvil_batch_event ev[64];
+ *         int n;
+ *         anvil_batch_step(b, ev, 64, &n);
+ *         for (int i = 0; i < n; i++)   ev[i].id gave ev[i].token (>= 0), and/or ended (ev[i].stop)
+ *             if (ev[i].stop) anvil_batch_remove(b, ev[i].id);
+ *     }
+ *     anvil_batch_destroy(b);
+ *
+ * Each sequence gives the tokens it gives alone in a session (same sampling settings and seed):
+ * its own position, cache rows (blocks of a shared pool), recurrent state (hybrids), sampling
+ * chain and RNG, stop ids and budget. Stop strings are the caller's (it removes the sequence).
+ * One thread drives a batch (no call may overlap another on the same batch). For now batches
+ * run on the CPU backend (ANVIL_BACKEND_AUTO picks it; ANVIL_BACKEND_VULKAN is unsupported).
+ */
+typedef struct anvil_batch anvil_batch;
+
+typedef struct anvil_batch_params {
+    anvil_session_params session; /* backend, threads, KV cache type, prefill chunk (the most
+                                     prompt tokens one step runs, over all joining sequences);
+                                     n_ctx: the most tokens one sequence holds */
+    int n_seq_max;  /* sequences at once; 0 = 4 */
+    int kv_block;   /* cache rows per block of the pool; 0 = 64 */
+    int kv_blocks;  /* blocks in the pool; 0 = enough for n_seq_max whole contexts */
+    int keep_logits; /* non-zero: each step's logits are kept for anvil_batch_logits */
+} anvil_batch_params;
+
+anvil_batch_params anvil_batch_default_params(void);
+/* Creates a batch on model (which must outlive it). Free with anvil_batch_destroy. */
+anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *params,
+                                anvil_batch **out);
+void anvil_batch_destroy(anvil_batch *b);
+const char *anvil_batch_errmsg(const anvil_batch *b);
+
+/*
+ * Adds a sequence: prompt[n_prompt] (n_prompt >= 1; copied) is prefilled in chunks by the
+ * coming steps, then up to p->max_tokens tokens are generated. *id receives its id (> 0).
+ * ANVIL_ERR_RANGE when the batch is full: n_seq_max sequences, or the pool's free blocks cannot
+ * hold the prompt and max_tokens (within the context) beside what the others may still take;
+ * the caller retries after a removal. A prompt longer than the context is ANVIL_ERR_RANGE too.
+ */
+anvil_status anvil_batch_add(anvil_batch *b, const int32_t *prompt, int n_prompt,
+                             const anvil_generate_params *p, int *id);
+/* Removes a sequence, finished or not (a cancellation): its slot and cache blocks are free for
+ * the next add at once. Every added id is removed once. */
+anvil_status anvil_batch_remove(anvil_batch *b, int id);
+
+typedef struct anvil_batch_event {
+    int id;                 /* the sequence */
+    int32_t token;          /* a generated token, or -1 (the sequence ended without one) */
+    anvil_stop_reason stop; /* ANVIL_STOP_NONE while it runs; else it ended with this event:
+                               EOS (a stop id was chosen: token -1), LENGTH (max_tokens, with
+                               its last token), CONTEXT (the context is full) */
+} anvil_batch_event;
+
+/*
+ * One step: prompt chunks of the joining sequences (at most the prefill chunk's tokens in all,
+ * oldest first; a sequence whose prompt ends chooses its first token), then one token for every
+ * other sequence still running. ev[cap] receives the step's events (at most one per sequence;
+ * cap >= n_seq_max), *n_ev their count. A step with nothing to run does nothing.
+ */
+anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, int *n_ev);
+/* Sequences added and not yet ended (prefilling or generating). */
+int anvil_batch_active(const anvil_batch *b);
+/* The logits (vocab floats) from which sequence id chose its last token, before its penalties
+ * (keep_logits); ANVIL_ERR_INVALID_ARG when not kept or not chosen yet. */
+anvil_status anvil_batch_logits(const anvil_batch *b, int id, float *out);
+
 /* ---- Tokenizer and chat templates ----------------------------------------------------------
  *
  * Byte-level BPE exactly as Hugging Face `tokenizers` runs the Qwen vocabularies, and the

@@ -56,6 +56,18 @@ struct gen_result {
 };
 enum { GEN_STOP_NONE, GEN_STOP_BUDGET, GEN_STOP_EOS, GEN_STOP_CONTEXT, GEN_STOP_CALLBACK };
 
+/* The run-time inputs of a batch graph's T rows (graph.h, docs/BATCHING.md). */
+struct batch_rows {
+    const int32_t *tokens; /* [T] */
+    const int32_t *seq;    /* [T] each row's sequence, 0 .. n_seqs-1; a sequence's rows are
+                              consecutive, at consecutive positions */
+    const int32_t *pos;    /* [T] each row's position in its sequence */
+    const int32_t *blocks; /* [n_seqs][max_blocks]: the pool block holding positions
+                              [i * kv_block, (i + 1) * kv_block) of each sequence, for every
+                              block its rows reach */
+    int max_blocks;
+};
+
 /* One dispatch of a device program, timed (backend_vtable.time). */
 struct dispatch_time {
     const char *kernel; /* its kernel's name (static) */
@@ -93,6 +105,9 @@ struct backend_vtable {
     anvil_status (*time)(struct program *p, int pos, int reps, struct dispatch_time *out, int cap, int *n_out);
     /* Optional: the device's name ("llvmpipe (LLVM 15.0.7, 256 bits)"). */
     const char *(*device_name)(struct backend *b);
+    /* Optional: runs a batch graph's program (graph.n_seqs > 0) on rows r (T of them, the
+     * graph's n_tokens); out as for run. NULL: the backend compiles no batch graphs. */
+    anvil_status (*run_batch)(struct program *p, const struct batch_rows *r, float *out);
 };
 
 struct backend {

@@ -42,6 +42,9 @@ struct anvil_session {
  * the n tokens, or NULL), on the CPU backend. */
 anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
                              anvil_logits_mode mode, float *logits_out, const struct run_extras *mm);
+struct tuning;
+/* Whether the attention caches are float16: kv, or ANVIL_KV_CACHE (t) where kv is the default. */
+anvil_status kv_cache_f16(anvil_kv_cache kv, const struct tuning *t, bool *f16);
 /* Closes the model's vision tower (anvil_model_close). */
 void image_model_close(anvil_model *m);
 

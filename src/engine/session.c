@@ -116,8 +116,7 @@ anvil_session_params anvil_session_default_params(void) {
     return p;
 }
 
-/* Whether the attention caches are float16: kv, or ANVIL_KV_CACHE (t) where kv is the default. */
-static anvil_status kv_cache_f16(anvil_kv_cache kv, const struct tuning *t, bool *f16) {
+anvil_status kv_cache_f16(anvil_kv_cache kv, const struct tuning *t, bool *f16) {
     if (kv == ANVIL_KV_F16 || kv == ANVIL_KV_F32) {
         *f16 = kv == ANVIL_KV_F16;
         return ANVIL_OK;
@@ -174,7 +173,7 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
         st = err_set(ANVIL_ERR_INVALID_ARG, "unknown backend %d", (int)p.backend);
     }
     if (st == ANVIL_OK) {
-        struct build_opts o = {1, n_ctx, false};
+        struct build_opts o = {1, n_ctx, false, 0, 0};
         struct graph g;
         st = model_build_graph(&model->model, &o, &g);
         if (st == ANVIL_OK) {
@@ -263,7 +262,7 @@ static anvil_status chunk_program(anvil_session *s, int *T_io, bool last_only, s
     }
     if (s->prefill) s->backend->vt->program_destroy(s->prefill);
     s->prefill = NULL;
-    struct build_opts o = {T, s->n_ctx, last_only};
+    struct build_opts o = {T, s->n_ctx, last_only, 0, 0};
     struct graph g;
     anvil_status st = model_build_graph(&s->model->model, &o, &g);
     if (st != ANVIL_OK) return st;

@@ -218,8 +218,10 @@ int graph_gdn(struct graph *g, int qkv, int b, int a, int conv_w, int A, int dt_
     assert(Cc == 2 * (int64_t)n_k_heads * d_k + Hv * Dv && Hv % n_k_heads == 0);
     assert(node_nelem(N(g, conv_w)) == Kc * Cc && Kc >= 1);
     assert(node_nelem(N(g, A)) == Hv && node_nelem(N(g, dt_bias)) == Hv);
-    assert(N(g, conv_state)->ne[0] == Kc - 1 && N(g, conv_state)->ne[1] == Cc);
-    assert(sn->ne[1] == d_k && sn->ne[2] == Hv);
+    int64_t seqs = MAX(g->n_seqs, 1);
+    assert(N(g, conv_state)->ne[0] == Kc - 1 && N(g, conv_state)->ne[1] == Cc &&
+           N(g, conv_state)->ne[2] == seqs);
+    assert(sn->ne[1] == d_k && sn->ne[2] == Hv * seqs);
     int s[] = {qkv, b, a, conv_w, A, dt_bias, conv_state, ssm_state};
     int i = append(g, OP_GDN, Dv, Hv, T, s, 8);
     if (i >= 0) {

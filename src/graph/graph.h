@@ -18,6 +18,14 @@
  * Nodes are appended in execution order: every node's sources precede it. States are
  * tensors that outlive a run (the KV cache); a backend allocates them once per session and
  * every program compiled for that session shares them by index.
+ *
+ * A batch graph (n_seqs > 0, docs/BATCHING.md) holds the states of n_seqs sequences and its
+ * rows are not one sequence's: each row carries its own sequence and position, given by the
+ * run (struct batch_rows, backend.h), the rows of one sequence consecutive at consecutive
+ * positions. Only ROPE (the row's position), ATTENTION (the sequence's cache rows, through its
+ * block table: the caches are a pool of blocks of kv_block rows) and GDN (the sequence's slices
+ * of the states) see the difference; the ops' comments below describe a session's graph (one
+ * sequence, rows at pos0 + t).
  */
 #ifndef ANVIL_GRAPH_H
 #define ANVIL_GRAPH_H
@@ -81,6 +89,8 @@ enum op {
                         src3 conv weight {Kc, Cc} (any shape with ne0 = Kc, Kc*Cc elements)
                         src4 A {Hv}, src5 dt_bias {Hv}
                         src6 conv state {Kc-1, Cc}, src7 recurrent state {Dv, Dk, Hv}
+                             (a batch graph: {Kc-1, Cc, n_seqs} and {Dv, Dk, Hv * n_seqs},
+                             sequence s's at slice s)
                       Params: p.i[0] = Hk, p.i[1] = Dk; p.i[2] = 1 when src4 holds A_log
                       (Hugging Face: the rate is -exp(A_log)), 0 when it holds the rate
                       -exp(A_log) itself (GGUF ssm_a); p.i[3] = 1 when value heads are tiled
@@ -126,6 +136,8 @@ struct node {
 
 struct graph {
     int n_tokens;     /* T */
+    int n_seqs;       /* 0: a session's graph; else a batch graph of n_seqs sequences */
+    int kv_block;     /* a batch graph's cache rows per block (the caches' S a multiple of it) */
     struct node *nodes;
     int n_nodes, cap_nodes;
     int output;       /* the node whose values a run returns (f32, {N, rows}) */

@@ -321,10 +321,11 @@ int block_gdn(struct graph *g, const struct hparams *hp, const struct gdn_weight
         Dv = hp->ssm_d_v, Kc = hp->ssm_conv_kernel;
     int Cc = 2 * Hk * Dk + Hv * Dv;
     char name[48];
+    int seqs = MAX(o->n_seqs, 1); /* a batch graph: a slice per sequence */
     snprintf(name, sizeof name, "conv_state.%d", layer);
-    int cs = graph_state(g, name, Kc - 1, Cc, 1);
+    int cs = graph_state(g, name, Kc - 1, Cc, seqs);
     snprintf(name, sizeof name, "ssm_state.%d", layer);
-    int ss = graph_state(g, name, Dv, Dk, Hv);
+    int ss = graph_state(g, name, Dv, Dk, (int64_t)Hv * seqs);
 
     int h = graph_rms_norm(g, x, graph_weight(g, w->norm), hp->rms_eps, hp->norm_zero_centred);
     int qkv = graph_matmul(g, h, proj_node(g, &w->qkv));

@@ -44,6 +44,13 @@ void *model_alloc(struct model *m, size_t bytes) {
 anvil_status model_build_graph(const struct model *m, const struct build_opts *o, struct graph *g) {
     anvil_status st = graph_init(g, o->n_tokens);
     if (st != ANVIL_OK) return st;
+    if (o->n_seqs > 0 && (o->kv_block <= 0 || o->n_ctx % o->kv_block != 0)) {
+        graph_free(g);
+        return err_set(ANVIL_ERR_INVALID_ARG, "a batch graph's cache of %d rows is not whole blocks "
+                       "of %d", o->n_ctx, o->kv_block);
+    }
+    g->n_seqs = o->n_seqs;
+    g->kv_block = o->n_seqs > 0 ? o->kv_block : 0;
     int out = m->arch->build(m, g, o);
     st = graph_finish(g, out);
     if (st != ANVIL_OK) graph_free(g);

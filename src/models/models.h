@@ -12,8 +12,12 @@ struct model;
 
 struct build_opts {
     int n_tokens;   /* T */
-    int n_ctx;      /* S: KV cache slots */
+    int n_ctx;      /* S: KV cache slots (a batch graph: the pool's rows, kv_blocks * kv_block) */
     bool last_only; /* produce logits for the last token only */
+    /* a batch graph (graph.h, docs/BATCHING.md): the states of n_seqs sequences, the caches a
+     * pool of blocks of kv_block rows; 0: a session's graph */
+    int n_seqs;
+    int kv_block;
 };
 
 struct model_arch {

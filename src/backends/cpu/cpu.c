@@ -43,8 +43,12 @@ struct cpu_program {
     int32_t *op_iscratch; /* OP_MOE routing: expert ids, token lists */
     /* the run's inputs */
     const int32_t *tokens;
-    int pos0;
     const struct run_extras *extras; /* NULL, or a multimodal run's (backend_cpu_run_extras) */
+    /* each row's sequence and position, and the sequences' block tables (struct batch_rows):
+     * a batch run's, or a session run's (sequence 0 at pos0 + t, one block: the whole cache) */
+    int32_t *row_seq, *row_pos; /* [T], owned */
+    const int32_t *blocks;
+    int max_blocks;
     /* ANVIL_CPU_QX=1: one-token matmuls with weights of dtype_rounds_x multiply the input
      * rounded to int8 blocks (x_round_q8), as the Vulkan decode program's integer dot
      * products do: the oracle for that path */
@@ -228,15 +232,19 @@ static void gdn_heads(void *ctx, int64_t begin, int64_t end, int thread) {
     }
 }
 
-static void op_gdn(struct cpu_program *p, const struct node *n, float *out) {
-    const float *x = p->bufs[n->src[0]], *w = p->bufs[n->src[3]];
-    float *cs = p->bufs[n->src[6]];
+/* One sequence's rows [r0, r0 + T) of a GDN node (rows of one sequence are consecutive). */
+static void gdn_rows(struct cpu_program *p, const struct node *n, int64_t r0, int64_t T, int32_t seq,
+                     float *out) {
     const struct node *xn = &p->g.nodes[n->src[0]];
-    int64_t Cc = xn->ne[0], T = xn->ne[1], Kc = p->g.nodes[n->src[3]].ne[0], Hv = n->ne[1];
+    int64_t Cc = xn->ne[0], Kc = p->g.nodes[n->src[3]].ne[0], Hv = n->ne[1], Dk = n->p.i[1],
+            Dv = n->ne[0];
+    const float *x = p->bufs[n->src[0]] + r0 * Cc, *w = p->bufs[n->src[3]];
+    float *cs = p->bufs[n->src[6]] + (int64_t)seq * (Kc - 1) * Cc; /* its slices of the states */
+    float *S = p->bufs[n->src[7]] + (int64_t)seq * Hv * Dk * Dv;
     float *xc = p->op_scratch;
-    if (p->pos0 == 0) { /* a new sequence */
-        memset(cs, 0, (size_t)node_nelem(&p->g.nodes[n->src[6]]) * sizeof(float));
-        memset(p->bufs[n->src[7]], 0, (size_t)node_nelem(&p->g.nodes[n->src[7]]) * sizeof(float));
+    if (p->row_pos[r0] == 0) { /* a new sequence */
+        memset(cs, 0, (size_t)((Kc - 1) * Cc) * sizeof(float));
+        memset(S, 0, (size_t)(Hv * Dk * Dv) * sizeof(float));
     }
     /* 1. causal depthwise conv with its rolling state, then SiLU */
     for (int64_t c = 0; c < Cc; c++) {
@@ -257,11 +265,19 @@ static void op_gdn(struct cpu_program *p, const struct node *n, float *out) {
         }
     }
     /* 2. the delta rule, one value head per task */
-    struct gdn_job j = {xc, p->bufs[n->src[1]], p->bufs[n->src[2]], p->bufs[n->src[4]],
-                        p->bufs[n->src[5]], p->bufs[n->src[7]], out, n->p.i[0], Hv,
-                        n->p.i[1], n->ne[0], T, Cc, n->p.i[2] != 0, n->p.i[3] != 0,
+    struct gdn_job j = {xc, p->bufs[n->src[1]] + r0 * Hv, p->bufs[n->src[2]] + r0 * Hv, p->bufs[n->src[4]],
+                        p->bufs[n->src[5]], S, out + r0 * Hv * Dv, n->p.i[0], Hv,
+                        Dk, Dv, T, Cc, n->p.i[2] != 0, n->p.i[3] != 0,
                         n->p.f[0], p};
     thread_pool_for(p->b->pool, Hv, 1, gdn_heads, &j);
+}
+
+static void op_gdn(struct cpu_program *p, const struct node *n, float *out) {
+    int64_t T = p->g.nodes[n->src[0]].ne[1];
+    for (int64_t r0 = 0, r1; r0 < T; r0 = r1) {
+        for (r1 = r0 + 1; r1 < T && p->row_seq[r1] == p->row_seq[r0];) r1++;
+        gdn_rows(p, n, r0, r1 - r0, p->row_seq[r0], out);
+    }
 }
 
 static void op_embed(const struct tensor_info *w, const int32_t *tokens, int64_t T,
@@ -297,8 +313,8 @@ static int mrope_axis(const struct node *n, int i) {
     return i < sec[0] ? 0 : i < sec[0] + sec[1] ? 1 : 2;
 }
 
-static void op_rope(const struct node *n, const float *x, int pos0, const struct run_extras *ex,
-                    float *out) {
+static void op_rope(const struct node *n, const float *x, const int32_t *row_pos,
+                    const struct run_extras *ex, float *out) {
     int64_t D = n->ne[0], H = n->ne[1], T = n->ne[2];
     int n_rot = n->p.i[0], half = n_rot / 2;
     double theta = n->p.f[0];
@@ -306,7 +322,7 @@ static void op_rope(const struct node *n, const float *x, int pos0, const struct
     for (int64_t t = 0; t < T; t++) {
         for (int i = 0; i < half; i++) {
             double pos = mrope ? (double)ex->pos[3 * t + mrope_axis(n, i)]
-                         : ex && ex->pos ? (double)ex->pos[3 * t] : (double)(pos0 + t);
+                         : ex && ex->pos ? (double)ex->pos[3 * t] : (double)row_pos[t];
             double freq = pow(theta, -2.0 * i / n_rot);
             float c = (float)cos(pos * freq), s = (float)sin(pos * freq);
             for (int64_t h = 0; h < H; h++) {
@@ -322,26 +338,35 @@ static void op_rope(const struct node *n, const float *x, int pos0, const struct
     }
 }
 
+/* The cache row holding position pos of sequence seq: in a batch graph's pool, through the
+ * sequence's block table; in a session's cache, pos itself. */
+static inline int64_t cache_row(const struct cpu_program *p, int32_t seq, int32_t pos) {
+    if (!p->g.n_seqs) return pos;
+    int64_t bs = p->g.kv_block;
+    return (int64_t)p->blocks[(size_t)seq * (size_t)p->max_blocks + (size_t)(pos / bs)] * bs + pos % bs;
+}
+
 struct attn_job {
     const float *q;       /* {D, H, T} */
     const float *kc, *vc; /* {D, Hkv, S} */
     float *out;           /* {Dv, H, T} */
     int64_t D, Dv, H, Hkv, T;
-    int pos0;
     float scale;
     struct cpu_program *p;
 };
 
 static void attn_heads(void *ctx, int64_t begin, int64_t end, int thread) {
     struct attn_job *j = ctx;
-    float *scores = j->p->scratch + (size_t)thread * (size_t)j->p->scratch_per_thread;
+    const struct cpu_program *p = j->p;
+    float *scores = p->scratch + (size_t)thread * (size_t)p->scratch_per_thread;
     for (int64_t th = begin; th < end; th++) {
         int64_t t = th / j->H, h = th % j->H, hk = h / (j->H / j->Hkv);
-        int64_t n_kv = j->pos0 + t + 1;
+        int32_t seq = p->row_seq[t];
+        int64_t n_kv = p->row_pos[t] + 1;
         const float *q = j->q + (t * j->H + h) * j->D;
         float mx = -INFINITY;
         for (int64_t s = 0; s < n_kv; s++) {
-            scores[s] = dot(q, j->kc + (s * j->Hkv + hk) * j->D, j->D) * j->scale;
+            scores[s] = dot(q, j->kc + (cache_row(p, seq, (int32_t)s) * j->Hkv + hk) * j->D, j->D) * j->scale;
             mx = fmaxf(mx, scores[s]);
         }
         float sum = 0;
@@ -349,7 +374,7 @@ static void attn_heads(void *ctx, int64_t begin, int64_t end, int thread) {
         float *o = j->out + (t * j->H + h) * j->Dv;
         for (int64_t i = 0; i < j->Dv; i++) o[i] = 0;
         for (int64_t s = 0; s < n_kv; s++) {
-            const float *v = j->vc + (s * j->Hkv + hk) * j->Dv;
+            const float *v = j->vc + (cache_row(p, seq, (int32_t)s) * j->Hkv + hk) * j->Dv;
             float w = scores[s] / sum;
             for (int64_t i = 0; i < j->Dv; i++) o[i] += w * v[i];
         }
@@ -362,7 +387,8 @@ static void op_attention(struct cpu_program *p, const struct node *n, const floa
     const struct node *qn = &p->g.nodes[n->src[0]], *kn = &p->g.nodes[n->src[1]];
     int64_t D = qn->ne[0], H = qn->ne[1], T = qn->ne[2], Hkv = kn->ne[1], Dv = n->ne[0];
     for (int64_t t = 0; t < T; t++) {
-        float *kd = kc->data + (p->pos0 + t) * Hkv * D, *vd = vc->data + (p->pos0 + t) * Hkv * Dv;
+        int64_t row = cache_row(p, p->row_seq[t], p->row_pos[t]);
+        float *kd = kc->data + row * Hkv * D, *vd = vc->data + row * Hkv * Dv;
         memcpy(kd, k + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
         memcpy(vd, v + t * Hkv * Dv, (size_t)(Hkv * Dv) * sizeof(float));
         if (p->b->kv16) { /* the values a float16 cache holds (stored as float32 here) */
@@ -370,16 +396,15 @@ static void op_attention(struct cpu_program *p, const struct node *n, const floa
             for (int64_t e = 0; e < Hkv * Dv; e++) vd[e] = f16_to_f32(f32_to_f16(vd[e]));
         }
     }
-    struct attn_job j = {q, kc->data, vc->data, out, D, Dv, H, Hkv, T, p->pos0, n->p.f[0], p};
+    struct attn_job j = {q, kc->data, vc->data, out, D, Dv, H, Hkv, T, n->p.f[0], p};
     thread_pool_for(p->b->pool, H * T, 1, attn_heads, &j);
 }
 
 /* ---- programs ---- */
 
-static anvil_status cpu_run(struct program *prog, const int32_t *tokens, int pos0, float *out) {
-    struct cpu_program *p = (struct cpu_program *)prog;
-    p->tokens = tokens;
-    p->pos0 = pos0;
+/* Runs the graph on p->tokens with the rows' sequences and positions set. */
+static anvil_status execute(struct cpu_program *p, float *out) {
+    const int32_t *tokens = p->tokens;
     for (int i = 0; i < p->g.n_nodes; i++) {
         const struct node *n = &p->g.nodes[i];
         float *o = p->bufs[i];
@@ -403,7 +428,7 @@ static anvil_status cpu_run(struct program *prog, const int32_t *tokens, int pos
             op_matmul(p, n, &p->g.nodes[n->src[1]], s0, o);
             break;
         case OP_ROPE:
-            op_rope(n, s0, pos0, p->extras, o);
+            op_rope(n, s0, p->row_pos, p->extras, o);
             break;
         case OP_ATTENTION:
             op_attention(p, n, s0, s1, p->bufs[n->src[2]],
@@ -444,6 +469,56 @@ static anvil_status cpu_run(struct program *prog, const int32_t *tokens, int pos
     return ANVIL_OK;
 }
 
+static anvil_status cpu_run(struct program *prog, const int32_t *tokens, int pos0, float *out) {
+    struct cpu_program *p = (struct cpu_program *)prog;
+    if (p->g.n_seqs) return err_set(ANVIL_ERR_BACKEND, "cpu: a batch graph runs through run_batch");
+    static const int32_t one_block = 0;
+    p->tokens = tokens;
+    for (int t = 0; t < p->g.n_tokens; t++) {
+        p->row_seq[t] = 0;
+        p->row_pos[t] = pos0 + t;
+    }
+    p->blocks = &one_block;
+    p->max_blocks = 1;
+    return execute(p, out);
+}
+
+/* The pool's rows (every cache of a graph has as many). */
+static int64_t pool_rows(const struct cpu_program *p) {
+    for (int i = 0; i < p->g.n_nodes; i++)
+        if (p->g.nodes[i].op == OP_ATTENTION) return p->g.nodes[p->g.nodes[i].src[3]].ne[2];
+    return 0;
+}
+
+static anvil_status cpu_run_batch(struct program *prog, const struct batch_rows *r, float *out) {
+    struct cpu_program *p = (struct cpu_program *)prog;
+    int T = p->g.n_tokens, n_seqs = p->g.n_seqs;
+    if (!n_seqs) return err_set(ANVIL_ERR_BACKEND, "cpu: run_batch needs a batch graph");
+    int64_t blocks_in_pool = pool_rows(p) / p->g.kv_block;
+    /* the engine's bookkeeping, checked: a wrong row would write another sequence's cache */
+    for (int t = 0; t < T; t++) {
+        int32_t q = r->seq[t], pos = r->pos[t];
+        bool next = t > 0 && q == r->seq[t - 1];
+        bool seen = false;
+        for (int u = 0; u < t && !next; u++) seen = seen || r->seq[u] == q;
+        if (q < 0 || q >= n_seqs || pos < 0 || pos / p->g.kv_block >= r->max_blocks ||
+            (blocks_in_pool && pos >= blocks_in_pool * p->g.kv_block) ||
+            (next && pos != r->pos[t - 1] + 1) || seen)
+            return err_set(ANVIL_ERR_BACKEND, "cpu: batch row %d (sequence %d, position %d) out of "
+                           "order or range", t, q, pos);
+        int32_t blk = r->blocks[(size_t)q * (size_t)r->max_blocks + (size_t)(pos / p->g.kv_block)];
+        if (blocks_in_pool && (blk < 0 || blk >= blocks_in_pool))
+            return err_set(ANVIL_ERR_BACKEND, "cpu: sequence %d's block %d is %d, outside the "
+                           "pool's %lld", q, pos / p->g.kv_block, blk, (long long)blocks_in_pool);
+        p->row_seq[t] = q;
+        p->row_pos[t] = pos;
+    }
+    p->tokens = r->tokens;
+    p->blocks = r->blocks;
+    p->max_blocks = r->max_blocks;
+    return execute(p, out);
+}
+
 static void cpu_program_destroy(struct program *prog) {
     struct cpu_program *p = (struct cpu_program *)prog;
     if (!p) return;
@@ -453,6 +528,8 @@ static void cpu_program_destroy(struct program *prog) {
     free(p->scratch);
     free(p->op_scratch);
     free(p->op_iscratch);
+    free(p->row_seq);
+    free(p->row_pos);
     graph_free(&p->g);
     free(p);
 }
@@ -594,7 +671,9 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
     p->scratch = xmalloc((size_t)thread_pool_size(b->pool) * (size_t)max_k * sizeof(float));
     p->op_scratch = xmalloc((size_t)MAX(op_need, 1) * sizeof(float));
     p->op_iscratch = xmalloc((size_t)MAX(op_ineed, 1) * sizeof(int32_t));
-    if (!p->scratch || !p->op_scratch || !p->op_iscratch) {
+    p->row_seq = xmalloc((size_t)MAX(g->n_tokens, 1) * sizeof(int32_t));
+    p->row_pos = xmalloc((size_t)MAX(g->n_tokens, 1) * sizeof(int32_t));
+    if (!p->scratch || !p->op_scratch || !p->op_iscratch || !p->row_seq || !p->row_pos) {
         st = ANVIL_ERR_NOMEM;
         goto fail;
     }
@@ -617,6 +696,7 @@ static void cpu_destroy(struct backend *base) {
 
 static const struct backend_vtable cpu_vtable = {
     "cpu", cpu_destroy, cpu_compile, cpu_program_destroy, cpu_run, NULL, NULL, NULL, NULL, NULL, NULL,
+    cpu_run_batch,
 };
 
 anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens, int pos0,

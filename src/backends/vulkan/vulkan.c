@@ -430,6 +430,9 @@ static void vk_prog_destroy(struct program *pp) {
 static anvil_status vk_compile(struct backend *base, const struct graph *g, struct program **out) {
     struct vk_backend *b = (struct vk_backend *)base;
     *out = NULL;
+    if (g->n_seqs)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: batches of sequences run on the CPU backend "
+                       "for now (docs/BATCHING.md)");
     /* the weights this graph reads, and how */
     int first_new = b->n_w;
     uint64_t new_bytes = 0, state_bytes = 0;
@@ -575,7 +578,7 @@ static const char *vk_device_name(struct backend *base) { return ((struct vk_bac
 
 static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
-    vk_failed, vk_memory, vk_time, vk_device_name,
+    vk_failed, vk_memory, vk_time, vk_device_name, NULL,
 };
 
 void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t max_memory) {

@@ -1,0 +1,388 @@
+/*
+ * engine: many sequences at once (anvil_batch_*, docs/BATCHING.md). The batch owns a backend
+ * whose states hold n_seq_max sequences: the attention caches are a pool of blocks of kv_block
+ * rows, each sequence's block table maps its positions to them; a hybrid's conv and recurrent
+ * states have a slice per sequence. A step runs prompt chunks (one sequence each, through a
+ * prefill program of that many rows), then one decode program over every sequence past its
+ * prompt, a row each, and chooses each row's next token with the sequence's own sampling chain
+ * (sampler.h), exactly as anvil_session_generate does for one sequence.
+ *
+ * Block accounting: a sequence is admitted only when the pool's free blocks, less those promised
+ * to the running sequences, hold its prompt and its budget (within the context); blocks are then
+ * taken as it grows and all returned when it ends, so no running sequence finds the pool empty.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "anvil.h"
+#include "base/tuning.h"
+#include "engine_impl.h"
+#include "sampler.h"
+
+#define BATCH_PROGRAMS 8 /* compiled programs kept (by rows and kind), least recently used out */
+
+/* One slot: a sequence, from its add to its remove. */
+struct bseq {
+    int id;            /* 0: the slot is free */
+    bool ended;        /* stopped: runs no more, holds no blocks, waits for its remove */
+    uint64_t arrival;  /* prompts prefill oldest first */
+    int32_t *tokens;   /* [n_ctx + 1]: the prompt, then the generated tokens */
+    int n_prompt;
+    int n_known;       /* prompt + generated tokens */
+    int pos;           /* tokens in the cache: the next row's position */
+    int n_generated;
+    anvil_generate_params gp; /* gp.stop_tokens points at stop */
+    int32_t *stop;
+    int32_t *blocks;   /* its row of the block tables: [max_blocks] */
+    int n_blocks;      /* blocks it holds */
+    int promised;      /* blocks it may still take */
+    bool stepped;      /* ran this step already */
+    float *logits;     /* keep_logits: [V], the logits of its last choice */
+    bool has_logits;
+};
+
+struct batch_program {
+    struct program *p;
+    int T;
+    bool last_only;
+    uint64_t used;
+};
+
+struct anvil_batch {
+    anvil_model *model;
+    struct backend *backend;
+    int V, n_ctx, n_seq_max, kv_block, kv_blocks, max_blocks, prefill_chunk;
+    bool keep_logits;
+    struct bseq *seqs;      /* [n_seq_max] */
+    int32_t *tables;        /* [n_seq_max][max_blocks] */
+    int32_t *free_blocks;   /* [kv_blocks]: a stack of the pool's free blocks */
+    int n_free, promised;   /* free blocks; of them, promised to running sequences */
+    int next_id;
+    uint64_t clock;
+    struct batch_program progs[BATCH_PROGRAMS];
+    float *out;             /* [max(n_seq_max, 1)][V]: a run's logits */
+    int32_t *row_tok, *row_seq, *row_pos; /* [max(n_seq_max, prefill_chunk)] */
+    void *scratch;          /* SAMPLER_SCRATCH_BYTES */
+    char err[ERRMSG_LEN];
+};
+
+static anvil_status keep(anvil_batch *b, anvil_status st) {
+    if (st != ANVIL_OK && b) snprintf(b->err, ERRMSG_LEN, "%s", err_get());
+    return st;
+}
+
+anvil_batch_params anvil_batch_default_params(void) {
+    anvil_batch_params p;
+    memset(&p, 0, sizeof p);
+    p.session = anvil_session_default_params();
+    return p;
+}
+
+const char *anvil_batch_errmsg(const anvil_batch *b) { return b ? b->err : anvil_last_error(); }
+
+void anvil_batch_destroy(anvil_batch *b) {
+    if (!b) return;
+    for (int i = 0; i < BATCH_PROGRAMS; i++)
+        if (b->progs[i].p) b->backend->vt->program_destroy(b->progs[i].p);
+    backend_destroy(b->backend);
+    for (int i = 0; b->seqs && i < b->n_seq_max; i++) {
+        free(b->seqs[i].tokens);
+        free(b->seqs[i].stop);
+        free(b->seqs[i].logits);
+    }
+    free(b->seqs);
+    free(b->tables);
+    free(b->free_blocks);
+    free(b->out);
+    free(b->row_tok);
+    free(b->row_seq);
+    free(b->row_pos);
+    free(b->scratch);
+    free(b);
+}
+
+anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *params,
+                                anvil_batch **out) {
+    if (!model || !out) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_batch_create: NULL argument");
+    *out = NULL;
+    anvil_batch_params p = params ? *params : anvil_batch_default_params();
+    const struct hparams *hp = &model->file->hp;
+    struct tuning t;
+    anvil_status st = tuning_read(&t);
+    if (st != ANVIL_OK) return st;
+    if (p.session.n_ctx < 0 || p.n_seq_max < 0 || p.kv_block < 0 || p.kv_blocks < 0 ||
+        p.session.prefill_chunk < 0 || p.n_seq_max > 1024)
+        return err_set(ANVIL_ERR_INVALID_ARG, "bad batch parameters: context %d, %d sequences, "
+                       "blocks of %d rows, %d blocks, prefill chunk %d", p.session.n_ctx, p.n_seq_max,
+                       p.kv_block, p.kv_blocks, p.session.prefill_chunk);
+    if (p.session.backend == ANVIL_BACKEND_VULKAN)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "batches of sequences run on the CPU backend for now "
+                       "(docs/BATCHING.md)");
+    if (p.session.backend != ANVIL_BACKEND_AUTO && p.session.backend != ANVIL_BACKEND_CPU)
+        return err_set(ANVIL_ERR_INVALID_ARG, "unknown backend %d", (int)p.session.backend);
+    bool kv16;
+    if ((st = kv_cache_f16(p.session.kv_cache, &t, &kv16)) != ANVIL_OK) return st;
+    anvil_batch *b = xcalloc(1, sizeof *b);
+    if (!b) return ANVIL_ERR_NOMEM;
+    b->model = model;
+    b->V = hp->n_vocab;
+    b->n_ctx = p.session.n_ctx ? p.session.n_ctx : (hp->n_ctx_train > 0 ? MIN(hp->n_ctx_train, 4096) : 4096);
+    b->n_seq_max = p.n_seq_max ? p.n_seq_max : 4;
+    b->kv_block = p.kv_block ? p.kv_block : 64;
+    b->max_blocks = (b->n_ctx + b->kv_block - 1) / b->kv_block;
+    b->kv_blocks = p.kv_blocks ? p.kv_blocks : b->n_seq_max * b->max_blocks;
+    b->prefill_chunk = p.session.prefill_chunk ? p.session.prefill_chunk : t.prefill_chunk;
+    b->keep_logits = p.keep_logits != 0;
+    if (b->kv_blocks < b->max_blocks) {
+        anvil_batch_destroy(b);
+        return err_set(ANVIL_ERR_INVALID_ARG, "a pool of %d blocks of %d rows cannot hold one "
+                       "context of %d", p.kv_blocks, p.kv_block ? p.kv_block : 64, p.session.n_ctx);
+    }
+    int rows = MAX(b->n_seq_max, b->prefill_chunk);
+    b->seqs = xcalloc((size_t)b->n_seq_max, sizeof *b->seqs);
+    b->tables = xcalloc((size_t)b->n_seq_max * (size_t)b->max_blocks, sizeof *b->tables);
+    b->free_blocks = xmalloc((size_t)b->kv_blocks * sizeof *b->free_blocks);
+    b->out = xmalloc((size_t)b->n_seq_max * (size_t)b->V * sizeof *b->out);
+    b->row_tok = xmalloc((size_t)rows * sizeof *b->row_tok);
+    b->row_seq = xmalloc((size_t)rows * sizeof *b->row_seq);
+    b->row_pos = xmalloc((size_t)rows * sizeof *b->row_pos);
+    b->scratch = xmalloc(SAMPLER_SCRATCH_BYTES);
+    st = b->seqs && b->tables && b->free_blocks && b->out && b->row_tok && b->row_seq &&
+                 b->row_pos && b->scratch ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    for (int i = 0; i < b->n_seq_max && st == ANVIL_OK; i++) {
+        struct bseq *q = &b->seqs[i];
+        q->blocks = b->tables + (size_t)i * (size_t)b->max_blocks;
+        q->tokens = xmalloc(((size_t)b->n_ctx + 1) * sizeof *q->tokens);
+        if (b->keep_logits) q->logits = xmalloc((size_t)b->V * sizeof *q->logits);
+        if (!q->tokens || (b->keep_logits && !q->logits)) st = ANVIL_ERR_NOMEM;
+    }
+    for (int i = 0; i < b->kv_blocks && st == ANVIL_OK; i++) b->free_blocks[i] = b->kv_blocks - 1 - i;
+    b->n_free = b->kv_blocks;
+    b->next_id = 1;
+    int threads = p.session.n_threads ? p.session.n_threads : model->n_threads;
+    if (st == ANVIL_OK) st = backend_cpu_create(threads, kv16, &b->backend);
+    if (st != ANVIL_OK) {
+        snprintf(model->err, ERRMSG_LEN, "%s", err_get());
+        anvil_batch_destroy(b);
+        return st;
+    }
+    *out = b;
+    return ANVIL_OK;
+}
+
+static struct bseq *find(const anvil_batch *b, int id) {
+    for (int i = 0; id > 0 && i < b->n_seq_max; i++)
+        if (b->seqs[i].id == id) return &b->seqs[i];
+    return NULL;
+}
+
+int anvil_batch_active(const anvil_batch *b) {
+    int n = 0;
+    for (int i = 0; i < b->n_seq_max; i++) n += b->seqs[i].id && !b->seqs[i].ended;
+    return n;
+}
+
+anvil_status anvil_batch_add(anvil_batch *b, const int32_t *prompt, int n_prompt,
+                             const anvil_generate_params *gp, int *id) {
+    if (!b || !prompt || n_prompt < 1 || !gp || !id || gp->max_tokens <= 0 ||
+        gp->n_stop_tokens < 0 || (gp->n_stop_tokens > 0 && !gp->stop_tokens))
+        return keep(b, err_set(ANVIL_ERR_INVALID_ARG, "anvil_batch_add: bad arguments"));
+    *id = 0;
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= b->V)
+            return keep(b, err_set(ANVIL_ERR_RANGE, "token id %d out of range 0..%d", prompt[i], b->V - 1));
+    if (n_prompt > b->n_ctx)
+        return keep(b, err_set(ANVIL_ERR_RANGE, "a prompt of %d tokens is longer than the context (%d)",
+                               n_prompt, b->n_ctx));
+    struct bseq *q = NULL;
+    for (int i = 0; i < b->n_seq_max && !q; i++)
+        if (!b->seqs[i].id) q = &b->seqs[i];
+    if (!q) return keep(b, err_set(ANVIL_ERR_RANGE, "the batch is full: %d sequences", b->n_seq_max));
+    int64_t rows = MIN((int64_t)n_prompt + gp->max_tokens, (int64_t)b->n_ctx);
+    int need = (int)((rows + b->kv_block - 1) / b->kv_block);
+    if (need > b->n_free - b->promised)
+        return keep(b, err_set(ANVIL_ERR_RANGE, "the batch is full: %d cache blocks needed, %d free",
+                               need, b->n_free - b->promised));
+    int32_t *stop = NULL;
+    if (gp->n_stop_tokens > 0) {
+        if (!(stop = xmalloc((size_t)gp->n_stop_tokens * sizeof *stop))) return keep(b, ANVIL_ERR_NOMEM);
+        memcpy(stop, gp->stop_tokens, (size_t)gp->n_stop_tokens * sizeof *stop);
+    }
+    free(q->stop);
+    q->stop = stop;
+    q->gp = *gp;
+    q->gp.stop_tokens = stop;
+    memcpy(q->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
+    q->n_prompt = q->n_known = n_prompt;
+    q->pos = q->n_generated = q->n_blocks = 0;
+    q->promised = need;
+    b->promised += need;
+    q->ended = q->has_logits = q->stepped = false;
+    q->arrival = ++b->clock;
+    q->id = *id = b->next_id++;
+    if (b->next_id <= 0) b->next_id = 1; /* after 2^31 adds: ids are unique among the live ones */
+    return ANVIL_OK;
+}
+
+/* Returns q's blocks to the pool and its promise; it runs no more. */
+static void end_seq(anvil_batch *b, struct bseq *q) {
+    for (int i = q->n_blocks - 1; i >= 0; i--) b->free_blocks[b->n_free++] = q->blocks[i];
+    b->promised -= q->promised;
+    q->n_blocks = q->promised = 0;
+    q->ended = true;
+}
+
+anvil_status anvil_batch_remove(anvil_batch *b, int id) {
+    struct bseq *q = b ? find(b, id) : NULL;
+    if (!q) return keep(b, err_set(ANVIL_ERR_INVALID_ARG, "anvil_batch_remove: no sequence %d", id));
+    if (!q->ended) end_seq(b, q);
+    q->id = 0;
+    return ANVIL_OK;
+}
+
+anvil_status anvil_batch_logits(const anvil_batch *b, int id, float *out) {
+    const struct bseq *q = b ? find(b, id) : NULL;
+    if (!q || !q->has_logits || !out)
+        return err_set(ANVIL_ERR_INVALID_ARG, "anvil_batch_logits: no logits kept for sequence %d", id);
+    memcpy(out, q->logits, (size_t)b->V * sizeof *out);
+    return ANVIL_OK;
+}
+
+/* Gives q the blocks its positions below end reach (promised at its add). */
+static void grow(anvil_batch *b, struct bseq *q, int end) {
+    while (q->n_blocks * b->kv_block < end) {
+        q->blocks[q->n_blocks++] = b->free_blocks[--b->n_free];
+        q->promised--;
+        b->promised--;
+    }
+}
+
+/* The program for T rows (last_only: the last row's logits only), compiled on first use. */
+static anvil_status program_for(anvil_batch *b, int T, bool last_only, struct program **out) {
+    struct batch_program *lru = &b->progs[0];
+    for (int i = 0; i < BATCH_PROGRAMS; i++) {
+        struct batch_program *bp = &b->progs[i];
+        if (bp->p && bp->T == T && bp->last_only == last_only) {
+            bp->used = ++b->clock;
+            *out = bp->p;
+            return ANVIL_OK;
+        }
+        if (!bp->p || (lru->p && bp->used < lru->used)) lru = bp;
+    }
+    if (lru->p) b->backend->vt->program_destroy(lru->p);
+    lru->p = NULL;
+    struct build_opts o = {T, b->kv_blocks * b->kv_block, last_only, b->n_seq_max, b->kv_block};
+    struct graph g;
+    anvil_status st = model_build_graph(&b->model->model, &o, &g);
+    if (st != ANVIL_OK) return st;
+    st = b->backend->vt->compile(b->backend, &g, &lru->p);
+    graph_free(&g);
+    if (st != ANVIL_OK) return st;
+    lru->T = T;
+    lru->last_only = last_only;
+    lru->used = ++b->clock;
+    *out = lru->p;
+    return ANVIL_OK;
+}
+
+/* Chooses q's next token from its logits (modified: penalties) as anvil_session_generate does,
+ * and reports it in *ev. */
+static void choose(anvil_batch *b, struct bseq *q, float *logits, anvil_batch_event *ev) {
+    if (b->keep_logits) {
+        memcpy(q->logits, logits, (size_t)b->V * sizeof *logits);
+        q->has_logits = true;
+    }
+    int32_t tok = sampler_sample(logits, b->V, &q->gp.sampling, q->tokens, q->pos,
+                                 (uint32_t)q->pos, b->scratch);
+    ev->id = q->id;
+    ev->token = tok;
+    ev->stop = ANVIL_STOP_NONE;
+    for (int i = 0; i < q->gp.n_stop_tokens; i++)
+        if (q->gp.stop_tokens[i] == tok) {
+            ev->token = -1;
+            ev->stop = ANVIL_STOP_EOS;
+        }
+    if (ev->stop == ANVIL_STOP_NONE) {
+        q->tokens[q->n_known++] = tok;
+        q->n_generated++;
+        if (q->pos >= b->n_ctx) ev->stop = ANVIL_STOP_CONTEXT; /* it cannot enter the cache */
+        else if (q->n_generated >= q->gp.max_tokens) ev->stop = ANVIL_STOP_LENGTH;
+    }
+    if (ev->stop != ANVIL_STOP_NONE) end_seq(b, q);
+}
+
+/* Runs rows [0, T) of b->row_* (their sequences' blocks grown) through a program; out, when
+ * not NULL, receives the logits of the last row (last_only) or of every row, which must be
+ * finite (else the weights are broken: an error, never a garbage token). */
+static anvil_status run_rows(anvil_batch *b, int T, bool last_only, float *out) {
+    struct program *p;
+    anvil_status st = program_for(b, T, last_only, &p);
+    if (st != ANVIL_OK) return st;
+    struct batch_rows r = {b->row_tok, b->row_seq, b->row_pos, b->tables, b->max_blocks};
+    if ((st = b->backend->vt->run_batch(p, &r, out)) != ANVIL_OK || !out) return st;
+    size_t n = (size_t)(last_only ? 1 : T) * (size_t)b->V;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(out[i]))
+            return err_set(ANVIL_ERR_FORMAT, "%s: the model computed a non-finite logit (%g for token "
+                           "%d): its weights are likely NaN or Inf", b->model->file->path,
+                           (double)out[i], (int)(i % (size_t)b->V));
+    return ANVIL_OK;
+}
+
+/* The next joining sequence (oldest first), or NULL. */
+static struct bseq *next_prompt(anvil_batch *b) {
+    struct bseq *best = NULL;
+    for (int i = 0; i < b->n_seq_max; i++) {
+        struct bseq *q = &b->seqs[i];
+        if (q->id && !q->ended && q->pos < q->n_prompt && (!best || q->arrival < best->arrival)) best = q;
+    }
+    return best;
+}
+
+anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, int *n_ev) {
+    if (!b || !ev || !n_ev || cap < b->n_seq_max)
+        return keep(b, err_set(ANVIL_ERR_INVALID_ARG, "anvil_batch_step: bad arguments (room for "
+                               "%d events at least)", b ? b->n_seq_max : 0));
+    *n_ev = 0;
+    anvil_status st = ANVIL_OK;
+    for (int i = 0; i < b->n_seq_max; i++) b->seqs[i].stepped = false;
+    /* 1. prompt chunks, oldest first, at most prefill_chunk tokens in all */
+    for (int budget = b->prefill_chunk; budget > 0 && st == ANVIL_OK;) {
+        struct bseq *q = next_prompt(b);
+        if (!q || q->stepped) break;
+        int T = MIN(q->n_prompt - q->pos, budget);
+        grow(b, q, q->pos + T);
+        for (int t = 0; t < T; t++) {
+            b->row_tok[t] = q->tokens[q->pos + t];
+            b->row_seq[t] = (int32_t)(q - b->seqs);
+            b->row_pos[t] = q->pos + t;
+        }
+        bool last = q->pos + T == q->n_prompt;
+        st = run_rows(b, T, true, last ? b->out : NULL);
+        if (st != ANVIL_OK) break;
+        q->pos += T;
+        q->stepped = true;
+        budget -= T;
+        if (last) choose(b, q, b->out, &ev[(*n_ev)++]);
+    }
+    /* 2. one token for every other running sequence: the one it chose last enters the cache */
+    int B = 0;
+    struct bseq *rows[1024];
+    for (int i = 0; i < b->n_seq_max && st == ANVIL_OK; i++) {
+        struct bseq *q = &b->seqs[i];
+        if (!q->id || q->ended || q->stepped || q->pos < q->n_prompt) continue;
+        grow(b, q, q->pos + 1);
+        b->row_tok[B] = q->tokens[q->pos];
+        b->row_seq[B] = i;
+        b->row_pos[B] = q->pos;
+        rows[B++] = q;
+    }
+    if (B > 0 && st == ANVIL_OK) st = run_rows(b, B, false, b->out);
+    for (int r = 0; r < B && st == ANVIL_OK; r++) {
+        rows[r]->pos++;
+        choose(b, rows[r], b->out + (size_t)r * (size_t)b->V, &ev[(*n_ev)++]);
+    }
+    return keep(b, st);
+}

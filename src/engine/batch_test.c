@@ -1,0 +1,307 @@
+/*
+ * batch: each sequence of a batch gives the tokens it gives alone in a session (greedy and
+ * seeded sampling; stop ids, budgets, a full context), and logits within 1e-3 of its solo run,
+ * while sequences join, wait for a slot, are cancelled and leave mid-run, prompts prefill in
+ * chunks between decode steps, and the cache's blocks are reused out of order. On the dense,
+ * MoE and hybrid reference models and a K-quant GGUF.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "anvil.h"
+#include "testutil.h"
+
+#define N_CTX 64
+#define MAX_GEN 32
+
+/* A sequence of the scenario, and what it gave alone and in the batch. */
+struct job {
+    int32_t prompt[N_CTX];
+    int n_prompt;
+    anvil_generate_params gp;
+    int32_t stop_ids[2];
+    int join;   /* the step it is added at (or later, when the batch is full) */
+    int cancel; /* the step it is removed at, unfinished (-1: never) */
+    /* alone */
+    int32_t solo[MAX_GEN];
+    int n_solo;
+    anvil_stop_reason solo_stop;
+    float *solo_logits; /* [n_solo + 1][V]: what each choice was made from */
+    /* in the batch */
+    int id;
+    int32_t got[MAX_GEN];
+    int n_got, n_choices;
+    anvil_stop_reason stop;
+    bool done;
+    float max_diff;
+};
+
+struct collect {
+    int32_t *toks;
+    int n;
+};
+
+static int collect(void *user, int32_t t) {
+    struct collect *c = user;
+    c->toks[c->n++] = t;
+    return 0;
+}
+
+/* The job alone: its tokens through anvil_session_generate, then the logits each was chosen
+ * from, by feeding them one at a time. */
+static void run_solo(anvil_model *m, struct job *j) {
+    int V = anvil_model_vocab_size(m);
+    anvil_session *s = tu_session(m, ANVIL_BACKEND_CPU, N_CTX);
+    struct collect c = {j->solo, 0};
+    anvil_generate_stats st;
+    assert_int_equal(anvil_session_generate(s, j->prompt, j->n_prompt, &j->gp, collect, &c, &st), ANVIL_OK);
+    j->n_solo = c.n;
+    j->solo_stop = st.stop;
+    anvil_session_destroy(s);
+    s = tu_session(m, ANVIL_BACKEND_CPU, N_CTX);
+    j->solo_logits = malloc((size_t)(j->n_solo + 1) * (size_t)V * sizeof(float));
+    assert_int_equal(anvil_session_eval(s, j->prompt, j->n_prompt, ANVIL_LOGITS_LAST, j->solo_logits), ANVIL_OK);
+    /* the last token delivered needs no logits after it (the choice after it is the stop's, if
+     * any: EOS is a choice made from logits too) */
+    int choices = j->n_solo + (j->solo_stop == ANVIL_STOP_EOS);
+    for (int i = 1; i < choices; i++)
+        assert_int_equal(anvil_session_eval(s, &j->solo[i - 1], 1, ANVIL_LOGITS_LAST,
+                                            j->solo_logits + (size_t)i * (size_t)V), ANVIL_OK);
+    anvil_session_destroy(s);
+}
+
+/* Runs the jobs through one batch; returns the steps it took. */
+static int run_batch(anvil_model *m, struct job *jobs, int n_jobs, const anvil_batch_params *bp) {
+    int V = anvil_model_vocab_size(m);
+    anvil_batch *b;
+    assert_int_equal(anvil_batch_create(m, bp, &b), ANVIL_OK);
+    float *logits = malloc((size_t)V * sizeof(float));
+    anvil_batch_event ev[16];
+    int step = 0, finished = 0;
+    for (; finished < n_jobs; step++) {
+        assert_true(step < 400);
+        for (int i = 0; i < n_jobs; i++) {
+            struct job *j = &jobs[i];
+            if (j->id || j->done || step < j->join) continue;
+            anvil_status st = anvil_batch_add(b, j->prompt, j->n_prompt, &j->gp, &j->id);
+            if (st == ANVIL_ERR_RANGE) assert_int_equal(j->id, 0); /* full: next step */
+            else assert_int_equal(st, ANVIL_OK);
+        }
+        for (int i = 0; i < n_jobs; i++) {
+            struct job *j = &jobs[i];
+            if (j->id && !j->done && step == j->cancel) {
+                assert_int_equal(anvil_batch_remove(b, j->id), ANVIL_OK);
+                j->done = true;
+                j->id = 0;
+                finished++;
+            }
+        }
+        int n;
+        assert_int_equal(anvil_batch_step(b, ev, 16, &n), ANVIL_OK);
+        for (int e = 0; e < n; e++) {
+            struct job *j = NULL;
+            for (int i = 0; i < n_jobs; i++)
+                if (jobs[i].id == ev[e].id && !jobs[i].done) j = &jobs[i];
+            assert_non_null(j);
+            /* the logits this choice was made from, against the solo run's */
+            assert_true(j->n_choices <= j->n_solo);
+            assert_int_equal(anvil_batch_logits(b, j->id, logits), ANVIL_OK);
+            float d = tu_max_diff(logits, j->solo_logits + (size_t)j->n_choices * (size_t)V, (size_t)V);
+            if (d > j->max_diff) j->max_diff = d;
+            j->n_choices++;
+            if (ev[e].token >= 0) {
+                assert_true(j->n_got < MAX_GEN);
+                j->got[j->n_got++] = ev[e].token;
+            }
+            if (ev[e].stop != ANVIL_STOP_NONE) {
+                j->stop = ev[e].stop;
+                j->done = true;
+                finished++;
+                assert_int_equal(anvil_batch_remove(b, j->id), ANVIL_OK);
+                j->id = 0;
+            }
+        }
+    }
+    assert_int_equal(anvil_batch_active(b), 0);
+    free(logits);
+    anvil_batch_destroy(b);
+    return step;
+}
+
+static void init_job(struct job *j, const int32_t *ids, int n, int max_tokens, int join) {
+    memset(j, 0, sizeof *j);
+    memcpy(j->prompt, ids, (size_t)n * sizeof *ids);
+    j->n_prompt = n;
+    j->gp.sampling = anvil_sampling_default();
+    j->gp.max_tokens = max_tokens;
+    j->join = join;
+    j->cancel = -1;
+}
+
+/* The scenario on one model: 7 sequences through 3 slots. */
+static void check_model(const char *path) {
+    anvil_model_params mp = {2};
+    anvil_model *m;
+    if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
+    int V = anvil_model_vocab_size(m);
+    char golden[512];
+    snprintf(golden, sizeof golden, "%s/golden.json", path);
+    char *text = tu_read_file(strstr(path, ".gguf") ? tu_testdata("reference/qwen3-small/golden.json") : golden, NULL);
+    assert_non_null(text);
+    int n_ids;
+    int32_t *ids = tu_json_ids(text, "prompt_ids", &n_ids);
+    free(text);
+    assert_true(n_ids >= 8 && n_ids < N_CTX / 2);
+    int32_t rev[N_CTX], two[N_CTX];
+    for (int i = 0; i < n_ids; i++) rev[i] = ids[n_ids - 1 - i];
+    for (int i = 0; i < N_CTX; i++) two[i] = ids[i % n_ids] * 7 % V;
+
+    struct job jobs[7];
+    init_job(&jobs[0], ids, n_ids, 12, 0);                  /* greedy */
+    init_job(&jobs[1], ids, 7, 9, 0);                       /* a shorter prompt, cancelled */
+    jobs[1].cancel = 6;
+    init_job(&jobs[2], rev, 13, 10, 1);                     /* seeded sampling */
+    jobs[2].gp.sampling.temperature = 0.9f;
+    jobs[2].gp.sampling.top_k = 40;
+    jobs[2].gp.sampling.seed = 5;
+    init_job(&jobs[3], rev, 3, 6, 2);                       /* waits for a slot */
+    init_job(&jobs[4], two, N_CTX - 4, 10, 3);              /* fills the context */
+    init_job(&jobs[5], two + 5, 11, 8, 4);                  /* penalties, and a stop id */
+    jobs[5].gp.sampling.repeat_penalty = 1.3f;
+    jobs[5].gp.sampling.presence_penalty = 0.5f;
+    init_job(&jobs[6], ids + 2, 9, 14, 5);
+    /* job 5's stop id: a token it chooses alone midway (found by running it alone first) */
+    run_solo(m, &jobs[5]);
+    if (jobs[5].n_solo > 4) {
+        jobs[5].stop_ids[0] = jobs[5].solo[4];
+        jobs[5].gp.stop_tokens = jobs[5].stop_ids;
+        jobs[5].gp.n_stop_tokens = 1;
+        free(jobs[5].solo_logits);
+    }
+    for (int i = 0; i < 7; i++)
+        if (i != 5 || jobs[5].gp.n_stop_tokens) run_solo(m, &jobs[i]);
+    assert_int_equal(jobs[4].solo_stop, ANVIL_STOP_CONTEXT);
+
+    anvil_batch_params bp = anvil_batch_default_params();
+    bp.session.backend = ANVIL_BACKEND_CPU;
+    bp.session.n_ctx = N_CTX;
+    bp.session.prefill_chunk = 5; /* prompts over several steps, between decode steps */
+    bp.n_seq_max = 3;
+    bp.kv_block = 4;              /* 16 blocks a context: reused out of order */
+    bp.keep_logits = 1;
+    run_batch(m, jobs, 7, &bp);
+    for (int i = 0; i < 7; i++) {
+        struct job *j = &jobs[i];
+        if (j->cancel >= 0) { /* what it gave before it left */
+            assert_true(j->n_got < j->n_solo);
+        } else {
+            if (j->n_got != j->n_solo || j->stop != j->solo_stop)
+                fail_msg("%s: sequence %d: %d tokens (stop %d) in the batch, %d (stop %d) alone", path, i,
+                         j->n_got, j->stop, j->n_solo, j->solo_stop);
+        }
+        for (int t = 0; t < j->n_got; t++)
+            if (j->got[t] != j->solo[t])
+                fail_msg("%s: sequence %d: token %d is %d in the batch, %d alone", path, i, t, j->got[t], j->solo[t]);
+        if (j->max_diff > 1e-3f) fail_msg("%s: sequence %d: logits %g from its solo run's", path, i, (double)j->max_diff);
+        free(j->solo_logits);
+    }
+    assert_int_equal(jobs[5].stop, ANVIL_STOP_EOS);
+    free(ids);
+    anvil_model_close(m);
+}
+
+static void test_dense(void **state) {
+    (void)state;
+    check_model(tu_testdata("reference/qwen3-tiny"));
+}
+
+static void test_moe(void **state) {
+    (void)state;
+    check_model(tu_testdata("reference/qwen3moe-tiny"));
+}
+
+static void test_hybrid_next(void **state) {
+    (void)state;
+    check_model(tu_testdata("reference/qwen3next-tiny"));
+}
+
+static void test_hybrid_35(void **state) {
+    (void)state;
+    check_model(tu_testdata("reference/qwen3_5-tiny"));
+}
+
+static void test_hybrid_35_moe(void **state) {
+    (void)state;
+    check_model(tu_testdata("reference/qwen3_5moe-tiny"));
+}
+
+static void test_kquant_gguf(void **state) {
+    (void)state;
+    check_model(tu_testdata("gguf/qwen3-small/qwen3-small-Q4_K_M.gguf"));
+}
+
+/* Admission, removal and bad input. */
+static void test_limits(void **state) {
+    (void)state;
+    anvil_model_params mp = {2};
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny", &mp, &m), ANVIL_OK);
+    anvil_batch_params bp = anvil_batch_default_params();
+    bp.session.n_ctx = 32;
+    bp.n_seq_max = 2;
+    bp.kv_block = 8;
+    bp.kv_blocks = 5; /* one context (4 blocks) and one block more */
+    anvil_batch *b;
+    assert_int_equal(anvil_batch_create(m, &bp, &b), ANVIL_OK);
+    int32_t p[40] = {1, 2, 3};
+    anvil_generate_params gp = {anvil_sampling_default(), 20, NULL, 0};
+    int a, c;
+    /* 3 + 20 tokens: 3 blocks promised; 2 free beside them */
+    assert_int_equal(anvil_batch_add(b, p, 3, &gp, &a), ANVIL_OK);
+    assert_true(a > 0);
+    assert_int_equal(anvil_batch_add(b, p, 3, &gp, &c), ANVIL_ERR_RANGE);
+    assert_non_null(strstr(anvil_batch_errmsg(b), "blocks"));
+    gp.max_tokens = 5; /* 8 rows: one block */
+    assert_int_equal(anvil_batch_add(b, p, 3, &gp, &c), ANVIL_OK);
+    assert_int_equal(anvil_batch_add(b, p, 3, &gp, &c), ANVIL_ERR_RANGE); /* two sequences at most */
+    assert_non_null(strstr(anvil_batch_errmsg(b), "full"));
+    assert_int_equal(anvil_batch_add(b, p, 33, &gp, &c), ANVIL_ERR_RANGE); /* past the context */
+    p[0] = 512;
+    assert_int_equal(anvil_batch_add(b, p, 3, &gp, &c), ANVIL_ERR_RANGE); /* not a token */
+    p[0] = 1;
+    anvil_batch_event ev[2];
+    int n;
+    assert_int_equal(anvil_batch_step(b, ev, 1, &n), ANVIL_ERR_INVALID_ARG); /* room for 2 */
+    assert_int_equal(anvil_batch_step(b, ev, 2, &n), ANVIL_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(anvil_batch_remove(b, a), ANVIL_OK);
+    assert_int_equal(anvil_batch_remove(b, a), ANVIL_ERR_INVALID_ARG);
+    assert_int_equal(anvil_batch_active(b), 1);
+    gp.max_tokens = 20;
+    assert_int_equal(anvil_batch_add(b, p, 3, &gp, &a), ANVIL_OK); /* its blocks are back */
+    float *l = malloc(sizeof(float) * 512);
+    assert_int_equal(anvil_batch_logits(b, a, l), ANVIL_ERR_INVALID_ARG); /* not kept */
+    free(l);
+    anvil_batch_destroy(b);
+    bp.kv_blocks = 3; /* less than one context */
+    assert_int_equal(anvil_batch_create(m, &bp, &b), ANVIL_ERR_INVALID_ARG);
+    bp.kv_blocks = 0;
+    bp.session.backend = ANVIL_BACKEND_VULKAN;
+    assert_int_equal(anvil_batch_create(m, &bp, &b), ANVIL_ERR_UNSUPPORTED);
+    anvil_model_close(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dense),
+        cmocka_unit_test(test_moe),
+        cmocka_unit_test(test_hybrid_next),
+        cmocka_unit_test(test_hybrid_35),
+        cmocka_unit_test(test_hybrid_35_moe),
+        cmocka_unit_test(test_kquant_gguf),
+        cmocka_unit_test(test_limits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
