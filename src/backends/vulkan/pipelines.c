@@ -12,486 +12,126 @@
 #include "quant/quant.h"
 #include "vulkan_impl.h"
 
-static const uint32_t spv_matvec_f32[] =
-#include "shaders/matvec_f32.inc"
-    ;
-static const uint32_t spv_matvec_f16[] =
-#include "shaders/matvec_f16.inc"
-    ;
-static const uint32_t spv_matvec_bf16[] =
-#include "shaders/matvec_bf16.inc"
-    ;
-static const uint32_t spv_matvec_q8_0[] =
-#include "shaders/matvec_q8_0.inc"
-    ;
-static const uint32_t spv_matvec_q4_0[] =
-#include "shaders/matvec_q4_0.inc"
-    ;
-static const uint32_t spv_matvec_q4_1[] =
-#include "shaders/matvec_q4_1.inc"
-    ;
-static const uint32_t spv_matvec_q5_0[] =
-#include "shaders/matvec_q5_0.inc"
-    ;
-static const uint32_t spv_matvec_q5_1[] =
-#include "shaders/matvec_q5_1.inc"
-    ;
-static const uint32_t spv_matvec_q4_k[] =
-#include "shaders/matvec_q4_k.inc"
-    ;
-static const uint32_t spv_matvec_q5_k[] =
-#include "shaders/matvec_q5_k.inc"
-    ;
-static const uint32_t spv_matvec_q6_k[] =
-#include "shaders/matvec_q6_k.inc"
-    ;
-static const uint32_t spv_embed_f32[] =
-#include "shaders/embed_f32.inc"
-    ;
-static const uint32_t spv_embed_f16[] =
-#include "shaders/embed_f16.inc"
-    ;
-static const uint32_t spv_embed_bf16[] =
-#include "shaders/embed_bf16.inc"
-    ;
-static const uint32_t spv_embed_q8_0[] =
-#include "shaders/embed_q8_0.inc"
-    ;
-static const uint32_t spv_embed_q4_0[] =
-#include "shaders/embed_q4_0.inc"
-    ;
-static const uint32_t spv_embed_q4_1[] =
-#include "shaders/embed_q4_1.inc"
-    ;
-static const uint32_t spv_embed_q5_0[] =
-#include "shaders/embed_q5_0.inc"
-    ;
-static const uint32_t spv_embed_q5_1[] =
-#include "shaders/embed_q5_1.inc"
-    ;
-static const uint32_t spv_embed_q4_k[] =
-#include "shaders/embed_q4_k.inc"
-    ;
-static const uint32_t spv_embed_q5_k[] =
-#include "shaders/embed_q5_k.inc"
-    ;
-static const uint32_t spv_embed_q6_k[] =
-#include "shaders/embed_q6_k.inc"
-    ;
-static const uint32_t spv_attention[] =
-#include "shaders/attention.inc"
-    ;
-static const uint32_t spv_argmax[] =
-#include "shaders/argmax.inc"
-    ;
-static const uint32_t spv_ew[] =
-#include "shaders/ew.inc"
-    ;
-static const uint32_t spv_prefetch[] =
-#include "shaders/prefetch.inc"
-    ;
-static const uint32_t spv_moe_topk[] =
-#include "shaders/moe_topk.inc"
-    ;
-static const uint32_t spv_gdn[] =
-#include "shaders/gdn.inc"
-    ;
-static const uint32_t spv_sample[] =
-#include "shaders/sample.inc"
-    ;
-
-static const uint32_t spv_mm_f32[] =
-#include "shaders/mm_f32.inc"
-    ;
-static const uint32_t spv_mm_f16[] =
-#include "shaders/mm_f16.inc"
-    ;
-static const uint32_t spv_mm_bf16[] =
-#include "shaders/mm_bf16.inc"
-    ;
-static const uint32_t spv_mm_q8_0[] =
-#include "shaders/mm_q8_0.inc"
-    ;
-static const uint32_t spv_mm_q4_0[] =
-#include "shaders/mm_q4_0.inc"
-    ;
-static const uint32_t spv_mm_q4_1[] =
-#include "shaders/mm_q4_1.inc"
-    ;
-static const uint32_t spv_mm_q5_0[] =
-#include "shaders/mm_q5_0.inc"
-    ;
-static const uint32_t spv_mm_q5_1[] =
-#include "shaders/mm_q5_1.inc"
-    ;
-static const uint32_t spv_mm_q4_k[] =
-#include "shaders/mm_q4_k.inc"
-    ;
-static const uint32_t spv_mm_q5_k[] =
-#include "shaders/mm_q5_k.inc"
-    ;
-static const uint32_t spv_mm_q6_k[] =
-#include "shaders/mm_q6_k.inc"
-    ;
-static const uint32_t spv_rows[] =
-#include "shaders/rows.inc"
-    ;
-static const uint32_t spv_attn_prefill[] =
-#include "shaders/attn_prefill.inc"
-    ;
-
-static const uint32_t spv_dq_f32[] =
-#include "shaders/dq_f32.inc"
-    ;
-static const uint32_t spv_dq_f16[] =
-#include "shaders/dq_f16.inc"
-    ;
-static const uint32_t spv_dq_bf16[] =
-#include "shaders/dq_bf16.inc"
-    ;
-static const uint32_t spv_dq_q8_0[] =
-#include "shaders/dq_q8_0.inc"
-    ;
-static const uint32_t spv_dq_q4_0[] =
-#include "shaders/dq_q4_0.inc"
-    ;
-static const uint32_t spv_dq_q4_1[] =
-#include "shaders/dq_q4_1.inc"
-    ;
-static const uint32_t spv_dq_q5_0[] =
-#include "shaders/dq_q5_0.inc"
-    ;
-static const uint32_t spv_dq_q5_1[] =
-#include "shaders/dq_q5_1.inc"
-    ;
-static const uint32_t spv_dq_q4_k[] =
-#include "shaders/dq_q4_k.inc"
-    ;
-static const uint32_t spv_dq_q5_k[] =
-#include "shaders/dq_q5_k.inc"
-    ;
-static const uint32_t spv_dq_q6_k[] =
-#include "shaders/dq_q6_k.inc"
-    ;
-static const uint32_t spv_mm_h_64x64_k32[] =
-#include "shaders/mm_h_64x64_k32.inc"
-    ;
-static const uint32_t spv_mm_h_64x64_k64[] =
-#include "shaders/mm_h_64x64_k64.inc"
-    ;
+#include "shaders/spirv.inc" /* spv_NAME[]: module.cmake's SPIR-V variants, by name */
+/* (compiled by scripts/prebuild-shaders.sh: shaders/prebuilt) */
 static const uint32_t spv_mm_cm2[] =
 #include "shaders/prebuilt/mm_cm2.inc"
     ;
 static const uint32_t spv_mm_cm2_moe[] =
 #include "shaders/prebuilt/mm_cm2_moe.inc"
     ;
-static const uint32_t spv_moe_rows[] =
-#include "shaders/moe_rows.inc"
-    ;
-static const uint32_t spv_mm_h_moe[] =
-#include "shaders/mm_h_moe.inc"
-    ;
-static const uint32_t spv_attn_flash[] =
-#include "shaders/attn_flash.inc"
-    ;
-static const uint32_t spv_qx[] =
-#include "shaders/qx.inc"
-    ;
-static const uint32_t spv_matvec_qx_q8_0[] =
-#include "shaders/matvec_qx_q8_0.inc"
-    ;
-static const uint32_t spv_matvec_qx_q6_k[] =
-#include "shaders/matvec_qx_q6_k.inc"
-    ;
-static const uint32_t spv_matvec_qxv_q8_0[] =
-#include "shaders/matvec_qxv_q8_0.inc"
-    ;
-static const uint32_t spv_matvec_qxv_q6_k[] =
-#include "shaders/matvec_qxv_q6_k.inc"
-    ;
-static const uint32_t spv_matvec_qxt_q8_0[] =
-#include "shaders/matvec_qxt_q8_0.inc"
-    ;
-/* Q4_K's and Q5_K's products and SwiGLUs in wide units (common.glsl QWIDE) */
-static const uint32_t spv_matvec_qxw_q4_k[] =
-#include "shaders/matvec_qxw_q4_k.inc"
-    ;
-static const uint32_t spv_matvec_qxvw_q4_k[] =
-#include "shaders/matvec_qxvw_q4_k.inc"
-    ;
-static const uint32_t spv_matvec_qxtw_q4_k[] =
-#include "shaders/matvec_qxtw_q4_k.inc"
-    ;
-static const uint32_t spv_matvec_qxw_q5_k[] =
-#include "shaders/matvec_qxw_q5_k.inc"
-    ;
-static const uint32_t spv_matvec_qxvw_q5_k[] =
-#include "shaders/matvec_qxvw_q5_k.inc"
-    ;
-static const uint32_t spv_matvec_qxtw_q5_k[] =
-#include "shaders/matvec_qxtw_q5_k.inc"
-    ;
-static const uint32_t spv_matvec_qxt_q6_k[] =
-#include "shaders/matvec_qxt_q6_k.inc"
-    ;
-static const uint32_t spv_matvec_route_f32[] =
-#include "shaders/matvec_route_f32.inc"
-    ;
-static const uint32_t spv_matvec_route_f16[] =
-#include "shaders/matvec_route_f16.inc"
-    ;
-static const uint32_t spv_matvec_route_bf16[] =
-#include "shaders/matvec_route_bf16.inc"
-    ;
-static const uint32_t spv_mega_f32[] =
-#include "shaders/mega_f32.inc"
-    ;
-static const uint32_t spv_mega_f16[] =
-#include "shaders/mega_f16.inc"
-    ;
-static const uint32_t spv_mega_bf16[] =
-#include "shaders/mega_bf16.inc"
-    ;
-static const uint32_t spv_mega_bf16_clk[] =
-#include "shaders/mega_bf16_clk.inc"
-    ;
-static const uint32_t spv_mega_qx[] =
-#include "shaders/mega_qx.inc"
-    ;
-static const uint32_t spv_mega_qx_clk[] =
-#include "shaders/mega_qx_clk.inc"
-    ;
 
-#define SPV(a) a, sizeof a
+/* Which specialisation constants a kernel takes (vk_pipelines_create), by their ids in
+ * contract.h: matvec.comp's (MV_SPEC_*: its QX variants' beyond the plain ones too),
+ * attention.comp's, mega.comp's, attn_flash.comp's and attn_prefill.comp's, or only its MODE
+ * (SPEC_MODE); every kernel takes SPEC_KV16. */
+enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_FLASH, SPECS_ATTN_PREFILL, SPECS_MODE };
 
-static const struct {
-    const uint32_t *code;
-    size_t size;
-    const char *name;
-} kernels[K_COUNT] = {
-    [K_MATVEC_F32] = {SPV(spv_matvec_f32), "matvec_f32"},
-    [K_MATVEC_F16] = {SPV(spv_matvec_f16), "matvec_f16"},
-    [K_MATVEC_BF16] = {SPV(spv_matvec_bf16), "matvec_bf16"},
-    [K_MATVEC_Q8_0] = {SPV(spv_matvec_q8_0), "matvec_q8_0"},
-    [K_MATVEC_Q4_0] = {SPV(spv_matvec_q4_0), "matvec_q4_0"},
-    [K_MATVEC_Q4_1] = {SPV(spv_matvec_q4_1), "matvec_q4_1"},
-    [K_MATVEC_Q5_0] = {SPV(spv_matvec_q5_0), "matvec_q5_0"},
-    [K_MATVEC_Q5_1] = {SPV(spv_matvec_q5_1), "matvec_q5_1"},
-    [K_MATVEC_Q4_K] = {SPV(spv_matvec_q4_k), "matvec_q4_k"},
-    [K_MATVEC_Q5_K] = {SPV(spv_matvec_q5_k), "matvec_q5_k"},
-    [K_MATVEC_Q6_K] = {SPV(spv_matvec_q6_k), "matvec_q6_k"},
-    [K_MATVEC_SWIGLU_F32] = {SPV(spv_matvec_f32), "matvec_swiglu_f32"},
-    [K_MATVEC_SWIGLU_F16] = {SPV(spv_matvec_f16), "matvec_swiglu_f16"},
-    [K_MATVEC_SWIGLU_BF16] = {SPV(spv_matvec_bf16), "matvec_swiglu_bf16"},
-    [K_MATVEC_SWIGLU_Q8_0] = {SPV(spv_matvec_q8_0), "matvec_swiglu_q8_0"},
-    [K_MATVEC_SWIGLU_Q4_0] = {SPV(spv_matvec_q4_0), "matvec_swiglu_q4_0"},
-    [K_MATVEC_SWIGLU_Q4_1] = {SPV(spv_matvec_q4_1), "matvec_swiglu_q4_1"},
-    [K_MATVEC_SWIGLU_Q5_0] = {SPV(spv_matvec_q5_0), "matvec_swiglu_q5_0"},
-    [K_MATVEC_SWIGLU_Q5_1] = {SPV(spv_matvec_q5_1), "matvec_swiglu_q5_1"},
-    [K_MATVEC_SWIGLU_Q4_K] = {SPV(spv_matvec_q4_k), "matvec_swiglu_q4_k"},
-    [K_MATVEC_SWIGLU_Q5_K] = {SPV(spv_matvec_q5_k), "matvec_swiglu_q5_k"},
-    [K_MATVEC_SWIGLU_Q6_K] = {SPV(spv_matvec_q6_k), "matvec_swiglu_q6_k"},
-    [K_MOE_GU_F32] = {SPV(spv_matvec_f32), "moe_gu_f32"},
-    [K_MOE_GU_F16] = {SPV(spv_matvec_f16), "moe_gu_f16"},
-    [K_MOE_GU_BF16] = {SPV(spv_matvec_bf16), "moe_gu_bf16"},
-    [K_MOE_GU_Q8_0] = {SPV(spv_matvec_q8_0), "moe_gu_q8_0"},
-    [K_MOE_GU_Q4_0] = {SPV(spv_matvec_q4_0), "moe_gu_q4_0"},
-    [K_MOE_GU_Q4_1] = {SPV(spv_matvec_q4_1), "moe_gu_q4_1"},
-    [K_MOE_GU_Q5_0] = {SPV(spv_matvec_q5_0), "moe_gu_q5_0"},
-    [K_MOE_GU_Q5_1] = {SPV(spv_matvec_q5_1), "moe_gu_q5_1"},
-    [K_MOE_GU_Q4_K] = {SPV(spv_matvec_q4_k), "moe_gu_q4_k"},
-    [K_MOE_GU_Q5_K] = {SPV(spv_matvec_q5_k), "moe_gu_q5_k"},
-    [K_MOE_GU_Q6_K] = {SPV(spv_matvec_q6_k), "moe_gu_q6_k"},
-    [K_MOE_DOWN_F32] = {SPV(spv_matvec_f32), "moe_down_f32"},
-    [K_MOE_DOWN_F16] = {SPV(spv_matvec_f16), "moe_down_f16"},
-    [K_MOE_DOWN_BF16] = {SPV(spv_matvec_bf16), "moe_down_bf16"},
-    [K_MOE_DOWN_Q8_0] = {SPV(spv_matvec_q8_0), "moe_down_q8_0"},
-    [K_MOE_DOWN_Q4_0] = {SPV(spv_matvec_q4_0), "moe_down_q4_0"},
-    [K_MOE_DOWN_Q4_1] = {SPV(spv_matvec_q4_1), "moe_down_q4_1"},
-    [K_MOE_DOWN_Q5_0] = {SPV(spv_matvec_q5_0), "moe_down_q5_0"},
-    [K_MOE_DOWN_Q5_1] = {SPV(spv_matvec_q5_1), "moe_down_q5_1"},
-    [K_MOE_DOWN_Q4_K] = {SPV(spv_matvec_q4_k), "moe_down_q4_k"},
-    [K_MOE_DOWN_Q5_K] = {SPV(spv_matvec_q5_k), "moe_down_q5_k"},
-    [K_MOE_DOWN_Q6_K] = {SPV(spv_matvec_q6_k), "moe_down_q6_k"},
-    [K_EMBED_F32] = {SPV(spv_embed_f32), "embed_f32"},
-    [K_EMBED_F16] = {SPV(spv_embed_f16), "embed_f16"},
-    [K_EMBED_BF16] = {SPV(spv_embed_bf16), "embed_bf16"},
-    [K_EMBED_Q8_0] = {SPV(spv_embed_q8_0), "embed_q8_0"},
-    [K_EMBED_Q4_0] = {SPV(spv_embed_q4_0), "embed_q4_0"},
-    [K_EMBED_Q4_1] = {SPV(spv_embed_q4_1), "embed_q4_1"},
-    [K_EMBED_Q5_0] = {SPV(spv_embed_q5_0), "embed_q5_0"},
-    [K_EMBED_Q5_1] = {SPV(spv_embed_q5_1), "embed_q5_1"},
-    [K_EMBED_Q4_K] = {SPV(spv_embed_q4_k), "embed_q4_k"},
-    [K_EMBED_Q5_K] = {SPV(spv_embed_q5_k), "embed_q5_k"},
-    [K_EMBED_Q6_K] = {SPV(spv_embed_q6_k), "embed_q6_k"},
-    [K_ATTENTION] = {SPV(spv_attention), "attention"},
-    [K_ARGMAX] = {SPV(spv_argmax), "argmax"},
-    [K_EW] = {SPV(spv_ew), "ew"},
-    [K_PREFETCH] = {SPV(spv_prefetch), "prefetch"},
-    [K_MOE_TOPK] = {SPV(spv_moe_topk), "moe_topk"},
-    [K_GDN] = {SPV(spv_gdn), "gdn"},
-    [K_SAMPLE] = {SPV(spv_sample), "sample"},
-    [K_MM_F32] = {SPV(spv_mm_f32), "mm_f32"},
-    [K_MM_F16] = {SPV(spv_mm_f16), "mm_f16"},
-    [K_MM_BF16] = {SPV(spv_mm_bf16), "mm_bf16"},
-    [K_MM_Q8_0] = {SPV(spv_mm_q8_0), "mm_q8_0"},
-    [K_MM_Q4_0] = {SPV(spv_mm_q4_0), "mm_q4_0"},
-    [K_MM_Q4_1] = {SPV(spv_mm_q4_1), "mm_q4_1"},
-    [K_MM_Q5_0] = {SPV(spv_mm_q5_0), "mm_q5_0"},
-    [K_MM_Q5_1] = {SPV(spv_mm_q5_1), "mm_q5_1"},
-    [K_MM_Q4_K] = {SPV(spv_mm_q4_k), "mm_q4_k"},
-    [K_MM_Q5_K] = {SPV(spv_mm_q5_k), "mm_q5_k"},
-    [K_MM_Q6_K] = {SPV(spv_mm_q6_k), "mm_q6_k"},
-    [K_EMBEDT_F32] = {SPV(spv_mm_f32), "embed_rows_f32"},
-    [K_EMBEDT_F16] = {SPV(spv_mm_f16), "embed_rows_f16"},
-    [K_EMBEDT_BF16] = {SPV(spv_mm_bf16), "embed_rows_bf16"},
-    [K_EMBEDT_Q8_0] = {SPV(spv_mm_q8_0), "embed_rows_q8_0"},
-    [K_EMBEDT_Q4_0] = {SPV(spv_mm_q4_0), "embed_rows_q4_0"},
-    [K_EMBEDT_Q4_1] = {SPV(spv_mm_q4_1), "embed_rows_q4_1"},
-    [K_EMBEDT_Q5_0] = {SPV(spv_mm_q5_0), "embed_rows_q5_0"},
-    [K_EMBEDT_Q5_1] = {SPV(spv_mm_q5_1), "embed_rows_q5_1"},
-    [K_EMBEDT_Q4_K] = {SPV(spv_mm_q4_k), "embed_rows_q4_k"},
-    [K_EMBEDT_Q5_K] = {SPV(spv_mm_q5_k), "embed_rows_q5_k"},
-    [K_EMBEDT_Q6_K] = {SPV(spv_mm_q6_k), "embed_rows_q6_k"},
-    [K_MMOE_F32] = {SPV(spv_mm_f32), "mm_experts_f32"},
-    [K_MMOE_F16] = {SPV(spv_mm_f16), "mm_experts_f16"},
-    [K_MMOE_BF16] = {SPV(spv_mm_bf16), "mm_experts_bf16"},
-    [K_MMOE_Q8_0] = {SPV(spv_mm_q8_0), "mm_experts_q8_0"},
-    [K_MMOE_Q4_0] = {SPV(spv_mm_q4_0), "mm_experts_q4_0"},
-    [K_MMOE_Q4_1] = {SPV(spv_mm_q4_1), "mm_experts_q4_1"},
-    [K_MMOE_Q5_0] = {SPV(spv_mm_q5_0), "mm_experts_q5_0"},
-    [K_MMOE_Q5_1] = {SPV(spv_mm_q5_1), "mm_experts_q5_1"},
-    [K_MMOE_Q4_K] = {SPV(spv_mm_q4_k), "mm_experts_q4_k"},
-    [K_MMOE_Q5_K] = {SPV(spv_mm_q5_k), "mm_experts_q5_k"},
-    [K_MMOE_Q6_K] = {SPV(spv_mm_q6_k), "mm_experts_q6_k"},
-    [K_MM_REDUCE] = {SPV(spv_mm_f32), "mm_reduce_slots"},
-    [K_ROWS_NORM] = {SPV(spv_rows), "rows_norm"},
-    [K_ROWS_ROPE] = {SPV(spv_rows), "rows_rope"},
-    [K_ROWS_ADD] = {SPV(spv_rows), "rows_add"},
-    [K_ROWS_SWIGLU] = {SPV(spv_rows), "rows_swiglu"},
-    [K_ROWS_KVWRITE] = {SPV(spv_rows), "rows_kvwrite"},
-    [K_ROWS_SIGMUL] = {SPV(spv_rows), "rows_sigmoid_mul"},
-    [K_ROWS_NORM_ROPE] = {SPV(spv_rows), "rows_norm_rope"},
-    [K_ATTN_PREFILL] = {SPV(spv_attn_prefill), "attn_prefill"},
-    [K_DQ_F32] = {SPV(spv_dq_f32), "dq_f32"},
-    [K_DQ_F16] = {SPV(spv_dq_f16), "dq_f16"},
-    [K_DQ_BF16] = {SPV(spv_dq_bf16), "dq_bf16"},
-    [K_DQ_Q8_0] = {SPV(spv_dq_q8_0), "dq_q8_0"},
-    [K_DQ_Q4_0] = {SPV(spv_dq_q4_0), "dq_q4_0"},
-    [K_DQ_Q4_1] = {SPV(spv_dq_q4_1), "dq_q4_1"},
-    [K_DQ_Q5_0] = {SPV(spv_dq_q5_0), "dq_q5_0"},
-    [K_DQ_Q5_1] = {SPV(spv_dq_q5_1), "dq_q5_1"},
-    [K_DQ_Q4_K] = {SPV(spv_dq_q4_k), "dq_q4_k"},
-    [K_DQ_Q5_K] = {SPV(spv_dq_q5_k), "dq_q5_k"},
-    [K_DQ_Q6_K] = {SPV(spv_dq_q6_k), "dq_q6_k"},
-    [K_MMH_64X64_K32] = {SPV(spv_mm_h_64x64_k32), "mm_h_64x64_k32"},
-    [K_MMH_64X64_K64] = {SPV(spv_mm_h_64x64_k64), "mm_h_64x64_k64"},
-    [K_MMH_CM2] = {SPV(spv_mm_cm2), "mm_cm2"},
-    [K_MMH_CM2_MOE] = {SPV(spv_mm_cm2_moe), "mm_cm2_experts"},
-    [K_MMH_MOE] = {SPV(spv_mm_h_moe), "mm_h_experts"},
-    [K_ATTN_FLASH] = {SPV(spv_attn_flash), "attn_flash"},
-    [K_MOE_ROUTE] = {SPV(spv_moe_topk), "moe_route"},
-    [K_MOE_BUCKET] = {SPV(spv_moe_topk), "moe_bucket"},
-    [K_MOE_OFFS] = {SPV(spv_moe_rows), "moe_offsets"},
-    [K_MOE_GATHER] = {SPV(spv_moe_rows), "moe_gather"},
-    [K_MOE_SCATTER] = {SPV(spv_moe_rows), "moe_scatter"},
-    [K_GDN_PREFILL] = {SPV(spv_gdn), "gdn_prefill"},
-    [K_GDN_RING] = {SPV(spv_gdn), "gdn_ring"},
-    [K_QX] = {SPV(spv_qx), "qx"},
-    [K_MATVEC_QX_Q8_0] = {SPV(spv_matvec_qx_q8_0), "matvec_qx_q8_0"},
-    [K_MATVEC_QX_Q4_K] = {SPV(spv_matvec_qxw_q4_k), "matvec_qx_q4_k"},
-    [K_MATVEC_QX_Q5_K] = {SPV(spv_matvec_qxw_q5_k), "matvec_qx_q5_k"},
-    [K_MATVEC_QX_Q6_K] = {SPV(spv_matvec_qx_q6_k), "matvec_qx_q6_k"},
-    [K_MATVEC_SWIGLU_QX_Q8_0] = {SPV(spv_matvec_qx_q8_0), "matvec_swiglu_qx_q8_0"},
-    [K_MATVEC_SWIGLU_QX_Q4_K] = {SPV(spv_matvec_qxw_q4_k), "matvec_swiglu_qx_q4_k"},
-    [K_MATVEC_SWIGLU_QX_Q5_K] = {SPV(spv_matvec_qxw_q5_k), "matvec_swiglu_qx_q5_k"},
-    [K_MATVEC_SWIGLU_QX_Q6_K] = {SPV(spv_matvec_qx_q6_k), "matvec_swiglu_qx_q6_k"},
-    [K_MATVEC_QX_Q8_0_X1] = {SPV(spv_matvec_qxv_q8_0), "matvec_qx_q8_0_x1"},
-    [K_MATVEC_QX_Q4_K_X1] = {SPV(spv_matvec_qxvw_q4_k), "matvec_qx_q4_k_x1"},
-    [K_MATVEC_QX_Q5_K_X1] = {SPV(spv_matvec_qxvw_q5_k), "matvec_qx_q5_k_x1"},
-    [K_MATVEC_QX_Q6_K_X1] = {SPV(spv_matvec_qxv_q6_k), "matvec_qx_q6_k_x1"},
-    [K_MATVEC_SWIGLU_QX_Q8_0_X1] = {SPV(spv_matvec_qxv_q8_0), "matvec_swiglu_qx_q8_0_x1"},
-    [K_MATVEC_SWIGLU_QX_Q4_K_X1] = {SPV(spv_matvec_qxvw_q4_k), "matvec_swiglu_qx_q4_k_x1"},
-    [K_MATVEC_SWIGLU_QX_Q5_K_X1] = {SPV(spv_matvec_qxvw_q5_k), "matvec_swiglu_qx_q5_k_x1"},
-    [K_MATVEC_SWIGLU_QX_Q6_K_X1] = {SPV(spv_matvec_qxv_q6_k), "matvec_swiglu_qx_q6_k_x1"},
-    [K_MATVEC_QX_Q8_0_X2] = {SPV(spv_matvec_qxv_q8_0), "matvec_qx_q8_0_x2"},
-    [K_MATVEC_QX_Q4_K_X2] = {SPV(spv_matvec_qxvw_q4_k), "matvec_qx_q4_k_x2"},
-    [K_MATVEC_QX_Q5_K_X2] = {SPV(spv_matvec_qxvw_q5_k), "matvec_qx_q5_k_x2"},
-    [K_MATVEC_QX_Q6_K_X2] = {SPV(spv_matvec_qxv_q6_k), "matvec_qx_q6_k_x2"},
-    [K_MATVEC_SWIGLU_QX_Q8_0_X2] = {SPV(spv_matvec_qxv_q8_0), "matvec_swiglu_qx_q8_0_x2"},
-    [K_MATVEC_SWIGLU_QX_Q4_K_X2] = {SPV(spv_matvec_qxvw_q4_k), "matvec_swiglu_qx_q4_k_x2"},
-    [K_MATVEC_SWIGLU_QX_Q5_K_X2] = {SPV(spv_matvec_qxvw_q5_k), "matvec_swiglu_qx_q5_k_x2"},
-    [K_MATVEC_SWIGLU_QX_Q6_K_X2] = {SPV(spv_matvec_qxv_q6_k), "matvec_swiglu_qx_q6_k_x2"},
-    [K_MATVEC_QXT_Q8_0_X0] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x0"},
-    [K_MATVEC_QXT_Q4_K_X0] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x0"},
-    [K_MATVEC_QXT_Q5_K_X0] = {SPV(spv_matvec_qxtw_q5_k), "matvec_qxt_q5_k_x0"},
-    [K_MATVEC_QXT_Q6_K_X0] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x0"},
-    [K_MATVEC_SWIGLU_QXT_Q8_0_X0] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x0"},
-    [K_MATVEC_SWIGLU_QXT_Q4_K_X0] = {SPV(spv_matvec_qxtw_q4_k), "matvec_swiglu_qxt_q4_k_x0"},
-    [K_MATVEC_SWIGLU_QXT_Q5_K_X0] = {SPV(spv_matvec_qxtw_q5_k), "matvec_swiglu_qxt_q5_k_x0"},
-    [K_MATVEC_SWIGLU_QXT_Q6_K_X0] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x0"},
-    [K_MATVEC_QXT_Q8_0_X1] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x1"},
-    [K_MATVEC_QXT_Q4_K_X1] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x1"},
-    [K_MATVEC_QXT_Q5_K_X1] = {SPV(spv_matvec_qxtw_q5_k), "matvec_qxt_q5_k_x1"},
-    [K_MATVEC_QXT_Q6_K_X1] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x1"},
-    [K_MATVEC_SWIGLU_QXT_Q8_0_X1] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x1"},
-    [K_MATVEC_SWIGLU_QXT_Q4_K_X1] = {SPV(spv_matvec_qxtw_q4_k), "matvec_swiglu_qxt_q4_k_x1"},
-    [K_MATVEC_SWIGLU_QXT_Q5_K_X1] = {SPV(spv_matvec_qxtw_q5_k), "matvec_swiglu_qxt_q5_k_x1"},
-    [K_MATVEC_SWIGLU_QXT_Q6_K_X1] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x1"},
-    [K_MATVEC_QXT_Q8_0_X2] = {SPV(spv_matvec_qxt_q8_0), "matvec_qxt_q8_0_x2"},
-    [K_MATVEC_QXT_Q4_K_X2] = {SPV(spv_matvec_qxtw_q4_k), "matvec_qxt_q4_k_x2"},
-    [K_MATVEC_QXT_Q5_K_X2] = {SPV(spv_matvec_qxtw_q5_k), "matvec_qxt_q5_k_x2"},
-    [K_MATVEC_QXT_Q6_K_X2] = {SPV(spv_matvec_qxt_q6_k), "matvec_qxt_q6_k_x2"},
-    [K_MATVEC_SWIGLU_QXT_Q8_0_X2] = {SPV(spv_matvec_qxt_q8_0), "matvec_swiglu_qxt_q8_0_x2"},
-    [K_MATVEC_SWIGLU_QXT_Q4_K_X2] = {SPV(spv_matvec_qxtw_q4_k), "matvec_swiglu_qxt_q4_k_x2"},
-    [K_MATVEC_SWIGLU_QXT_Q5_K_X2] = {SPV(spv_matvec_qxtw_q5_k), "matvec_swiglu_qxt_q5_k_x2"},
-    [K_MATVEC_SWIGLU_QXT_Q6_K_X2] = {SPV(spv_matvec_qxt_q6_k), "matvec_swiglu_qxt_q6_k_x2"},
-    [K_MATVEC_ROUTE_F32] = {SPV(spv_matvec_route_f32), "matvec_route_f32"},
-    [K_MATVEC_ROUTE_F16] = {SPV(spv_matvec_route_f16), "matvec_route_f16"},
-    [K_MATVEC_ROUTE_BF16] = {SPV(spv_matvec_route_bf16), "matvec_route_bf16"},
-    [K_MEGA_F32] = {SPV(spv_mega_f32), "mega_f32"},
-    [K_MEGA_F16] = {SPV(spv_mega_f16), "mega_f16"},
-    [K_MEGA_BF16] = {SPV(spv_mega_bf16), "mega_bf16"},
-    [K_MEGA_BF16_CLK] = {SPV(spv_mega_bf16_clk), "mega_bf16_clk"},
-    [K_MEGA_QX] = {SPV(spv_mega_qx), "mega_qx"},
-    [K_MEGA_QX_CLK] = {SPV(spv_mega_qx_clk), "mega_qx_clk"},
-    [K_MEGA_QXK] = {SPV(spv_mega_qx), "mega_qx_k"},
-    [K_MEGA_QX8] = {SPV(spv_mega_qx), "mega_qx_8"},
+/* a table row: SPIR-V, name, op, weight type, MODE (mega.comp: QT), specialisation */
+#define KI(spv, name, op, dtype, mode, specs) {spv, sizeof spv, name, op, dtype, 0, 0, 0, mode, specs}
+/* one of matvec.comp's QX products (op VK_OP_MATVEC, MODE 0) or SwiGLUs (VK_OP_MATVEC_SWIGLU,
+ * MODE 1), teams or not, of an input rounded as XM says */
+#define KQ(spv, name, op, dtype, teams, xm)                                                             \
+    {spv, sizeof spv, name, op, dtype, 1, teams, xm, (op) == VK_OP_MATVEC_SWIGLU,                      \
+     (teams) || (xm) ? SPECS_QXV : SPECS_MATVEC}
+/* one of mega.comp's: of weights of one float type, or on integer dot products (MQX) of the
+ * types of QT */
+#define KM(spv, name, dtype, qx, qt) {spv, sizeof spv, name, VK_OP_MEGA, dtype, qx, 0, 0, qt, SPECS_MEGA}
+/* the kernels of a weight type (VK_TYPE_KERNELS) */
+#define TYPE_ROWS(T, t)                                                                                 \
+    [K_MATVEC_##T] = KI(spv_matvec_##t, "matvec_" #t, VK_OP_MATVEC, DT_##T, 0, SPECS_MATVEC),           \
+    [K_MATVEC_SWIGLU_##T] = KI(spv_matvec_##t, "matvec_swiglu_" #t, VK_OP_MATVEC_SWIGLU, DT_##T, 1,     \
+                               SPECS_MATVEC),                                                           \
+    [K_MOE_GU_##T] = KI(spv_matvec_##t, "moe_gu_" #t, VK_OP_MOE_GU, DT_##T, 2, SPECS_MATVEC),           \
+    [K_MOE_DOWN_##T] = KI(spv_matvec_##t, "moe_down_" #t, VK_OP_MOE_DOWN, DT_##T, 3, SPECS_MATVEC),     \
+    [K_EMBED_##T] = KI(spv_embed_##t, "embed_" #t, VK_OP_EMBED, DT_##T, 0, SPECS_NONE),                 \
+    [K_MM_##T] = KI(spv_mm_##t, "mm_" #t, VK_OP_MM, DT_##T, 0, SPECS_MODE),                             \
+    [K_EMBEDT_##T] = KI(spv_mm_##t, "embed_rows_" #t, VK_OP_EMBED_ROWS, DT_##T, 1, SPECS_MODE),         \
+    [K_MMOE_##T] = KI(spv_mm_##t, "mm_experts_" #t, VK_OP_MM_EXPERTS, DT_##T, 2, SPECS_MODE),           \
+    [K_DQ_##T] = KI(spv_dq_##t, "dq_" #t, VK_OP_DQ, DT_##T, 0, SPECS_NONE),
+/* the QX kernels of a type (VK_QX_TYPE_KERNELS) */
+#define QX_ROWS(T, t)                                                                                   \
+    [K_MATVEC_QX_##T] = KQ(spv_matvec_qx_##t, "matvec_qx_" #t, VK_OP_MATVEC, DT_##T, 0, 0),             \
+    [K_MATVEC_SWIGLU_QX_##T] = KQ(spv_matvec_qx_##t, "matvec_swiglu_qx_" #t, VK_OP_MATVEC_SWIGLU,       \
+                                  DT_##T, 0, 0),                                                        \
+    [K_MATVEC_QX_##T##_X1] = KQ(spv_matvec_qxv_##t, "matvec_qx_" #t "_x1", VK_OP_MATVEC, DT_##T, 0, 1), \
+    [K_MATVEC_SWIGLU_QX_##T##_X1] = KQ(spv_matvec_qxv_##t, "matvec_swiglu_qx_" #t "_x1",                \
+                                       VK_OP_MATVEC_SWIGLU, DT_##T, 0, 1),                              \
+    [K_MATVEC_QX_##T##_X2] = KQ(spv_matvec_qxv_##t, "matvec_qx_" #t "_x2", VK_OP_MATVEC, DT_##T, 0, 2), \
+    [K_MATVEC_SWIGLU_QX_##T##_X2] = KQ(spv_matvec_qxv_##t, "matvec_swiglu_qx_" #t "_x2",                \
+                                       VK_OP_MATVEC_SWIGLU, DT_##T, 0, 2),                              \
+    [K_MATVEC_QXT_##T##_X0] = KQ(spv_matvec_qxt_##t, "matvec_qxt_" #t "_x0", VK_OP_MATVEC, DT_##T, 1, 0), \
+    [K_MATVEC_SWIGLU_QXT_##T##_X0] = KQ(spv_matvec_qxt_##t, "matvec_swiglu_qxt_" #t "_x0",              \
+                                        VK_OP_MATVEC_SWIGLU, DT_##T, 1, 0),                             \
+    [K_MATVEC_QXT_##T##_X1] = KQ(spv_matvec_qxt_##t, "matvec_qxt_" #t "_x1", VK_OP_MATVEC, DT_##T, 1, 1), \
+    [K_MATVEC_SWIGLU_QXT_##T##_X1] = KQ(spv_matvec_qxt_##t, "matvec_swiglu_qxt_" #t "_x1",              \
+                                        VK_OP_MATVEC_SWIGLU, DT_##T, 1, 1),                             \
+    [K_MATVEC_QXT_##T##_X2] = KQ(spv_matvec_qxt_##t, "matvec_qxt_" #t "_x2", VK_OP_MATVEC, DT_##T, 1, 2), \
+    [K_MATVEC_SWIGLU_QXT_##T##_X2] = KQ(spv_matvec_qxt_##t, "matvec_swiglu_qxt_" #t "_x2",              \
+                                        VK_OP_MATVEC_SWIGLU, DT_##T, 1, 2),
+
+static const struct vk_kernel_info kernels[K_COUNT] = {
+    VK_WEIGHT_TYPES(TYPE_ROWS)
+    VK_QX_TYPES(QX_ROWS)
+    [K_ATTENTION] = KI(spv_attention, "attention", VK_OP_NONE, 0, 0, SPECS_ATTN),
+    [K_ARGMAX] = KI(spv_argmax, "argmax", VK_OP_NONE, 0, 0, SPECS_NONE),
+    [K_EW] = KI(spv_ew, "ew", VK_OP_NONE, 0, 0, SPECS_NONE),
+    [K_PREFETCH] = KI(spv_prefetch, "prefetch", VK_OP_NONE, 0, 0, SPECS_NONE),
+    [K_MOE_TOPK] = KI(spv_moe_topk, "moe_topk", VK_OP_NONE, 0, 0, SPECS_NONE),
+    [K_GDN] = KI(spv_gdn, "gdn", VK_OP_NONE, 0, 0, SPECS_NONE),
+    [K_SAMPLE] = KI(spv_sample, "sample", VK_OP_NONE, 0, 0, SPECS_NONE),
+    [K_MM_REDUCE] = KI(spv_mm_f32, "mm_reduce_slots", VK_OP_NONE, 0, 4, SPECS_MODE),
+    [K_ROWS_NORM] = KI(spv_rows, "rows_norm", VK_OP_NONE, 0, 0, SPECS_MODE),
+    [K_ROWS_ROPE] = KI(spv_rows, "rows_rope", VK_OP_NONE, 0, 1, SPECS_MODE),
+    [K_ROWS_ADD] = KI(spv_rows, "rows_add", VK_OP_NONE, 0, 2, SPECS_MODE),
+    [K_ROWS_SWIGLU] = KI(spv_rows, "rows_swiglu", VK_OP_NONE, 0, 3, SPECS_MODE),
+    [K_ROWS_KVWRITE] = KI(spv_rows, "rows_kvwrite", VK_OP_NONE, 0, 4, SPECS_MODE),
+    [K_ROWS_SIGMUL] = KI(spv_rows, "rows_sigmoid_mul", VK_OP_NONE, 0, 5, SPECS_MODE),
+    [K_ROWS_NORM_ROPE] = KI(spv_rows, "rows_norm_rope", VK_OP_NONE, 0, 6, SPECS_MODE),
+    [K_ATTN_PREFILL] = KI(spv_attn_prefill, "attn_prefill", VK_OP_NONE, 0, 0, SPECS_ATTN_PREFILL),
+    [K_MMH_64X64_K32] = KI(spv_mm_h_64x64_k32, "mm_h_64x64_k32", VK_OP_NONE, 0, 0, SPECS_NONE),
+    [K_MMH_64X64_K64] = KI(spv_mm_h_64x64_k64, "mm_h_64x64_k64", VK_OP_NONE, 0, 0, SPECS_NONE),
+    [K_MMH_CM2] = KI(spv_mm_cm2, "mm_cm2", VK_OP_NONE, 0, 0, SPECS_NONE),
+    [K_MMH_CM2_MOE] = KI(spv_mm_cm2_moe, "mm_cm2_experts", VK_OP_NONE, 0, 0, SPECS_NONE),
+    [K_MMH_MOE] = KI(spv_mm_h_moe, "mm_h_experts", VK_OP_NONE, 0, 0, SPECS_NONE),
+    [K_ATTN_FLASH] = KI(spv_attn_flash, "attn_flash", VK_OP_NONE, 0, 0, SPECS_FLASH),
+    [K_MOE_ROUTE] = KI(spv_moe_topk, "moe_route", VK_OP_NONE, 0, 1, SPECS_MODE),
+    [K_MOE_BUCKET] = KI(spv_moe_topk, "moe_bucket", VK_OP_NONE, 0, 2, SPECS_MODE),
+    [K_MOE_OFFS] = KI(spv_moe_rows, "moe_offsets", VK_OP_NONE, 0, 0, SPECS_MODE),
+    [K_MOE_GATHER] = KI(spv_moe_rows, "moe_gather", VK_OP_NONE, 0, 1, SPECS_MODE),
+    [K_MOE_SCATTER] = KI(spv_moe_rows, "moe_scatter", VK_OP_NONE, 0, 2, SPECS_MODE),
+    [K_GDN_PREFILL] = KI(spv_gdn, "gdn_prefill", VK_OP_NONE, 0, 1, SPECS_MODE),
+    [K_GDN_RING] = KI(spv_gdn, "gdn_ring", VK_OP_NONE, 0, 2, SPECS_MODE),
+    [K_QX] = KI(spv_qx, "qx", VK_OP_NONE, 0, 0, SPECS_NONE),
+    [K_MATVEC_ROUTE_F32] = KI(spv_matvec_route_f32, "matvec_route_f32", VK_OP_MATVEC_ROUTE, DT_F32, 0, SPECS_MATVEC),
+    [K_MATVEC_ROUTE_F16] = KI(spv_matvec_route_f16, "matvec_route_f16", VK_OP_MATVEC_ROUTE, DT_F16, 0, SPECS_MATVEC),
+    [K_MATVEC_ROUTE_BF16] = KI(spv_matvec_route_bf16, "matvec_route_bf16", VK_OP_MATVEC_ROUTE, DT_BF16, 0, SPECS_MATVEC),
+    /* mega.comp: of one float type, or (MQX) of those of QT (1 << WT_: Q4_K 1, Q6_K 2, Q8_0 4); the
+     * clock's variants (-1: looked up by name only) */
+    [K_MEGA_F32] = KM(spv_mega_f32, "mega_f32", DT_F32, 0, 7),
+    [K_MEGA_F16] = KM(spv_mega_f16, "mega_f16", DT_F16, 0, 7),
+    [K_MEGA_BF16] = KM(spv_mega_bf16, "mega_bf16", DT_BF16, 0, 7),
+    [K_MEGA_BF16_CLK] = KM(spv_mega_bf16_clk, "mega_bf16_clk", -1, 0, 7),
+    [K_MEGA_QX] = KM(spv_mega_qx, "mega_qx", -1, 1, 7),
+    [K_MEGA_QX_CLK] = KM(spv_mega_qx_clk, "mega_qx_clk", -1, 1, 7),
+    [K_MEGA_QXK] = KM(spv_mega_qx, "mega_qx_k", -1, 1, 3),
+    [K_MEGA_QX8] = KM(spv_mega_qx, "mega_qx_8", -1, 1, 4),
 };
 
-const char *vk_kernel_name(enum vk_kernel k) { return kernels[k].name; }
+const struct vk_kernel_info *vk_kernel_info(enum vk_kernel k) { return &kernels[k]; }
 
-/* (vulkan_impl.h vk_qxv) */
-const enum vk_kernel VK_QXV[2][3][2][VK_QX_KINDS] = {
-    {
-        {{K_MATVEC_QX_Q8_0, K_MATVEC_QX_Q4_K, K_MATVEC_QX_Q5_K, K_MATVEC_QX_Q6_K},
-         {K_MATVEC_SWIGLU_QX_Q8_0, K_MATVEC_SWIGLU_QX_Q4_K, K_MATVEC_SWIGLU_QX_Q5_K, K_MATVEC_SWIGLU_QX_Q6_K}},
-        {{K_MATVEC_QX_Q8_0_X1, K_MATVEC_QX_Q4_K_X1, K_MATVEC_QX_Q5_K_X1, K_MATVEC_QX_Q6_K_X1},
-         {K_MATVEC_SWIGLU_QX_Q8_0_X1, K_MATVEC_SWIGLU_QX_Q4_K_X1, K_MATVEC_SWIGLU_QX_Q5_K_X1, K_MATVEC_SWIGLU_QX_Q6_K_X1}},
-        {{K_MATVEC_QX_Q8_0_X2, K_MATVEC_QX_Q4_K_X2, K_MATVEC_QX_Q5_K_X2, K_MATVEC_QX_Q6_K_X2},
-         {K_MATVEC_SWIGLU_QX_Q8_0_X2, K_MATVEC_SWIGLU_QX_Q4_K_X2, K_MATVEC_SWIGLU_QX_Q5_K_X2, K_MATVEC_SWIGLU_QX_Q6_K_X2}},
-    },
-    {
-        {{K_MATVEC_QXT_Q8_0_X0, K_MATVEC_QXT_Q4_K_X0, K_MATVEC_QXT_Q5_K_X0, K_MATVEC_QXT_Q6_K_X0},
-         {K_MATVEC_SWIGLU_QXT_Q8_0_X0, K_MATVEC_SWIGLU_QXT_Q4_K_X0, K_MATVEC_SWIGLU_QXT_Q5_K_X0, K_MATVEC_SWIGLU_QXT_Q6_K_X0}},
-        {{K_MATVEC_QXT_Q8_0_X1, K_MATVEC_QXT_Q4_K_X1, K_MATVEC_QXT_Q5_K_X1, K_MATVEC_QXT_Q6_K_X1},
-         {K_MATVEC_SWIGLU_QXT_Q8_0_X1, K_MATVEC_SWIGLU_QXT_Q4_K_X1, K_MATVEC_SWIGLU_QXT_Q5_K_X1, K_MATVEC_SWIGLU_QXT_Q6_K_X1}},
-        {{K_MATVEC_QXT_Q8_0_X2, K_MATVEC_QXT_Q4_K_X2, K_MATVEC_QXT_Q5_K_X2, K_MATVEC_QXT_Q6_K_X2},
-         {K_MATVEC_SWIGLU_QXT_Q8_0_X2, K_MATVEC_SWIGLU_QXT_Q4_K_X2, K_MATVEC_SWIGLU_QXT_Q5_K_X2, K_MATVEC_SWIGLU_QXT_Q6_K_X2}},
-    },
-};
+enum vk_kernel vk_kernel_for(enum vk_op op, int dtype) {
+    for (int k = 1; k < K_COUNT; k++)
+        if (kernels[k].op == op && kernels[k].dtype == dtype && !kernels[k].qx) return (enum vk_kernel)k;
+    return K_NONE;
+}
 
-/* The teams, XM, MODE and vk_qx_index of QX kernel k (VK_QXV's entry); false if k is none */
-static bool qxv_parts(int k, int *teams, int *xm, int *mode, int *qxi) {
-    for (int t = 0; t < 2; t++)
-        for (int x = 0; x < 3; x++)
-            for (int m = 0; m < 2; m++)
-                for (int q = 0; q < VK_QX_KINDS; q++)
-                    if ((int)VK_QXV[t][x][m][q] == k) {
-                        *teams = t, *xm = x, *mode = m, *qxi = q;
-                        return true;
-                    }
-    return false;
+enum vk_kernel vk_kernel_qx(enum vk_op op, int dtype, bool teams, int xm) {
+    for (int k = 1; k < K_COUNT; k++)
+        if (kernels[k].op == op && kernels[k].dtype == dtype && kernels[k].qx && kernels[k].teams == teams &&
+            kernels[k].xm == xm)
+            return (enum vk_kernel)k;
+    return K_NONE;
 }
 
 static void cache_path(struct vk_device *d, char *out, size_t cap) {
@@ -587,27 +227,23 @@ static void qx_shapes(const struct vk_device *d, struct vk_pipelines *out) {
 static uint32_t float_rows(const struct vk_pipelines *p, int kind, uint32_t mode) {
     if (mode >= 2 && p->matvec_nr_moe) return p->matvec_nr_moe;
     if (p->matvec_nr_kind[kind]) return p->matvec_nr_kind[kind];
-    return kind >= 4 && kind <= 7 ? p->matvec_nr_q : p->matvec_nr;
+    int t = vk_weight_kind_dtype(kind); /* the 4- and 5-bit blocks of 32 take ANVIL_VK_MATVEC_NR_Q */
+    return t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q5_0 || t == DT_Q5_1 ? p->matvec_nr_q : p->matvec_nr;
 }
 
 bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t vals[4]) {
-    int vt, vx, vm, vq; /* the QX variants: their plain kernel's shape (teams: qxv_spec) */
-    if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST && qxv_parts(k, &vt, &vx, &vm, &vq))
-        return vk_matvec_spec(p, VK_QXV[0][0][vm][vq], vals);
-    if (!(k < K_EMBED_F32 || (k > K_QX && k <= K_MATVEC_ROUTE_BF16))) return false;
-    bool qx = k > K_QX && k < K_MATVEC_ROUTE_F32, route = k >= K_MATVEC_ROUTE_F32;
-    int kind = route ? (int)(k - K_MATVEC_ROUTE_F32) /* F32, F16, BF16: kinds 0, 1, 2 */
-               : qx  ? vk_weight_kind(vk_qx_dtype((k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS))
-                     : (int)(k - K_MATVEC_F32) % VK_WEIGHT_KINDS;
-    uint32_t mode = route ? 0
-                    : qx  ? (uint32_t)((k - K_MATVEC_QX_Q8_0) / VK_QX_KINDS)
-                          : (uint32_t)((k - K_MATVEC_F32) / VK_WEIGHT_KINDS);
+    const struct vk_kernel_info *ki = &kernels[k];
+    if (ki->specs == SPECS_QXV) /* the QX variants: their plain kernel's shape (teams: qxv_spec) */
+        return vk_matvec_spec(p, vk_kernel_qx((enum vk_op)ki->op, ki->dtype, false, 0), vals);
+    if (ki->specs != SPECS_MATVEC) return false;
+    int kind = vk_weight_kind(ki->dtype);
+    uint32_t mode = ki->mode;
     vals[SPEC_WG] = p->matvec_wg_kind[kind] ? p->matvec_wg_kind[kind] : p->matvec_wg;
     vals[MV_SPEC_NR] = float_rows(p, kind, mode);
     vals[MV_SPEC_MODE] = mode;
     vals[MV_SPEC_PIPE] = p->matvec_pipe;
-    if (qx) {
-        int q = (k - K_MATVEC_QX_Q8_0) % VK_QX_KINDS;
+    if (ki->qx) {
+        int q = vk_qx_index(ki->dtype);
         vals[SPEC_WG] = p->qx_wg[q][mode];
         vals[MV_SPEC_NR] = p->qx_nr[q][mode];
         vals[MV_SPEC_PIPE] = p->qx_pipe[q][mode];
@@ -658,23 +294,23 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
         out->mega_grid = 0;
 }
 
-/* matvec.comp's specialisation (constants 0-5) for the QX variant k (K_MATVEC_QXV ..,
- * vk_qxv): the type's QX shape (vk_matvec_spec's); XM; teams (QXT): NT = 8 / NR teams of 64
+/* matvec.comp's specialisation (constants 0-5) for the QX variant k (SPECS_QXV,
+ * vk_kernel_qx): the type's QX shape (vk_matvec_spec's); XM; teams (QXT): NT = 8 / NR teams of 64
  * threads for the K-quants (32 for the Q4_K and Q5_K SwiGLUs), Q6_K's of 2 rows, Q8_0's as its
  * QX shape (measured on the H100, perf rule "teams and wide units": 8B Q4_K_M 294 -> 309 t/s, where
  * teams of 128 threads gave 290 and Q6_K's of 4 rows 300), narrower where a workgroup of NT
  * would exceed 32 subgroups or the device's limits. False where the teams' rows do not divide 8. */
 static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, int k, uint32_t vals[6]) {
-    int teams = 0, xm = 0, mode = 0, q = 0;
-    qxv_parts(k, &teams, &xm, &mode, &q);
+    const struct vk_kernel_info *ki = &kernels[k];
+    int teams = ki->teams, xm = ki->xm, type = ki->dtype;
     uint32_t plain[4]; /* threads, rows, MODE, PIPE (by spec-constant id) */
     vk_matvec_spec(p, (enum vk_kernel)k, plain);
     uint32_t wg = plain[SPEC_WG], nr = plain[MV_SPEC_NR], nt = 1, sg = d->subgroup_size;
     if (teams) {
-        if (vk_qx_dtype(q) != DT_Q8_0) wg = MAX(64u, sg);
+        if (type != DT_Q8_0) wg = MAX(64u, sg);
         /* the Q4_K and Q5_K SwiGLUs (wide units): a team a subgroup of 32 */
-        if (plain[MV_SPEC_MODE] == 1 && (vk_qx_dtype(q) == DT_Q4_K || vk_qx_dtype(q) == DT_Q5_K)) wg = MAX(32u, sg);
-        if (vk_qx_dtype(q) == DT_Q6_K) nr = p->qxt_nr6 ? p->qxt_nr6 : 2;
+        if (plain[MV_SPEC_MODE] == 1 && (type == DT_Q4_K || type == DT_Q5_K)) wg = MAX(32u, sg);
+        if (type == DT_Q6_K) nr = p->qxt_nr6 ? p->qxt_nr6 : 2;
         if (p->qxt_tw[xm]) wg = p->qxt_tw[xm];
         if (plain[MV_SPEC_MODE] == 1 && p->qxt_tw_swiglu) wg = p->qxt_tw_swiglu;
         if (8 % nr) return false;
@@ -691,6 +327,27 @@ static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, in
         vals[MV_SPEC_XM] = (uint32_t)xm;
     }
     return true;
+}
+
+/* Whether kernel k's pipeline is made on d: where the device has what it needs and the
+ * programs may take it */
+static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum vk_kernel k, int attn_g, int attn_d) {
+    const struct vk_kernel_info *ki = &kernels[k];
+    switch (k) {
+    case K_MMH_64X64_K32: case K_MMH_64X64_K64: case K_MMH_MOE: return d->coopmat; /* needs the extension */
+    case K_MMH_CM2: case K_MMH_CM2_MOE: return d->coopmat && d->coopmat2;
+    case K_ATTN_FLASH: return d->coopmat && d->subgroup_shuffle && vk_flash_fits(attn_g, attn_d);
+    case K_QX: return d->int_dot;
+    case K_MEGA_BF16_CLK: return p->mega_grid && d->shader_clock;
+    case K_MEGA_QX_CLK: return p->mega_grid && d->int_dot && d->shader_clock;
+    default: break;
+    }
+    if (ki->op == VK_OP_MEGA) return p->mega_grid && (!ki->qx || d->int_dot);
+    /* (the QX variants only where the decode takes integer dot products: 40 pipelines lavapipe
+     * would compile at every start) */
+    if (ki->specs == SPECS_QXV) return vk_use_qx(d) && qxv_spec(d, p, k, NULL);
+    if (ki->qx) return d->int_dot;
+    return ki->code != NULL;
 }
 
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out) {
@@ -753,18 +410,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     free(data);
     if ((st = vk_result(r, "vkCreatePipelineCache")) != ANVIL_OK) return st;
 
-    for (int k = 0; k < K_COUNT && st == ANVIL_OK; k++) {
-        if (k >= K_MMH_64X64_K32 && k <= K_MMH_MOE && !d->coopmat) continue; /* needs the extension */
-        if ((k == K_MMH_CM2 || k == K_MMH_CM2_MOE) && !d->coopmat2) continue;
-        if (k == K_ATTN_FLASH && (!d->coopmat || !d->subgroup_shuffle || !vk_flash_fits(attn_g, attn_d))) continue;
-        if (k >= K_QX && k <= K_MATVEC_SWIGLU_QX_Q6_K && !d->int_dot) continue;
-        if (k >= K_MEGA_F32 && k <= K_MEGA_QX8 && !out->mega_grid) continue;
-        if (k >= K_MEGA_QX && k <= K_MEGA_QX8 && !d->int_dot) continue;
-        if ((k == K_MEGA_BF16_CLK || k == K_MEGA_QX_CLK) && !d->shader_clock) continue;
-        /* (only where the decode takes integer dot products: 40 pipelines lavapipe would compile
-         * at every start) */
-        if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST && (!kernels[k].code || !vk_use_qx(d) || !qxv_spec(d, out, k, NULL)))
-            continue;
+    for (int k = 1; k < K_COUNT && st == ANVIL_OK; k++) {
+        if (!wanted(d, out, (enum vk_kernel)k, attn_g, attn_d)) continue;
         VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0, kernels[k].size,
                                        kernels[k].code};
         VkShaderModule mod;
@@ -773,12 +420,14 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         uint32_t vals[14] = {0};
         VkSpecializationMapEntry ent[14];
         uint32_t n = 0;
-        if (k >= K_MATVEC_QXV && k <= K_MATVEC_QXV_LAST) {
+        const struct vk_kernel_info *ki = &kernels[k];
+        if (ki->specs == SPECS_QXV) {
             qxv_spec(d, out, k, vals);
             n = MV_SPEC_XM + 1;
-        } else if (vk_matvec_spec(out, (enum vk_kernel)k, vals)) {
+        } else if (ki->specs == SPECS_MATVEC) {
+            vk_matvec_spec(out, (enum vk_kernel)k, vals);
             n = MV_SPEC_PIPE + 1;
-        } else if (k == K_ATTENTION) {
+        } else if (ki->specs == SPECS_ATTN) {
             vals[ATTN_SPEC_G] = (uint32_t)attn_g;
             vals[ATTN_SPEC_D] = (uint32_t)attn_d;
             vals[ATTN_SPEC_SG] = d->subgroup_size;
@@ -787,7 +436,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[ATTN_SPEC_LPR] = out->attn_lpr;
             vals[ATTN_SPEC_GS] = out->attn_gs;
             n = ATTN_SPEC_GS + 1;
-        } else if (k >= K_MEGA_F32 && k <= K_MEGA_QX8) {
+        } else if (ki->specs == SPECS_MEGA) {
             vals[SPEC_WG] = out->mega_wg;
             vals[MEGA_SPEC_G] = (uint32_t)attn_g;
             vals[MEGA_SPEC_D] = (uint32_t)attn_d;
@@ -800,29 +449,17 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[MEGA_SPEC_PFQ] = out->mega_pfq;
             vals[MEGA_SPEC_QPIPE] = out->mega_qpipe;
             vals[MEGA_SPEC_QLG] = out->mega_qlg;
-            vals[MEGA_SPEC_QT] = k == K_MEGA_QXK ? 3 : k == K_MEGA_QX8 ? 4 : 7; /* MQX's weight types (1 << WT_) */
+            vals[MEGA_SPEC_QT] = ki->mode; /* MQX's weight types (1 << WT_) */
             n = MEGA_SPEC_QT + 1;
-        } else if (k == K_ATTN_FLASH) {
+        } else if (ki->specs == SPECS_FLASH) {
             vals[0] = (uint32_t)attn_g;
             vals[1] = (uint32_t)attn_d;
             n = 2;
-        } else if (k == K_ATTN_PREFILL) {
+        } else if (ki->specs == SPECS_ATTN_PREFILL) {
             vals[0] = (uint32_t)attn_g;
             n = 1;
-        } else if (k >= K_MM_F32 && k < K_ROWS_NORM) { /* mm.comp's MODE */
-            vals[SPEC_MODE] = k == K_MM_REDUCE ? 4 : k >= K_MMOE_F32 ? 2 : k >= K_EMBEDT_F32 ? 1 : 0;
-            n = 1;
-        } else if (k == K_MOE_ROUTE || k == K_MOE_BUCKET) { /* moe_topk.comp's MODE */
-            vals[SPEC_MODE] = k == K_MOE_ROUTE ? 1 : 2;
-            n = 1;
-        } else if (k >= K_MOE_OFFS && k <= K_MOE_SCATTER) { /* moe_rows.comp's MODE */
-            vals[SPEC_MODE] = (uint32_t)(k - K_MOE_OFFS);
-            n = 1;
-        } else if (k == K_GDN_PREFILL || k == K_GDN_RING) { /* gdn.comp's MODE */
-            vals[SPEC_MODE] = k == K_GDN_PREFILL ? 1 : 2;
-            n = 1;
-        } else if (k >= K_ROWS_NORM && k <= K_ROWS_NORM_ROPE) {
-            vals[SPEC_MODE] = (uint32_t)(k - K_ROWS_NORM);
+        } else if (ki->specs == SPECS_MODE) { /* mm.comp, moe_topk.comp, moe_rows.comp, gdn.comp, rows.comp */
+            vals[SPEC_MODE] = ki->mode;
             n = 1;
         }
         /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*) */
@@ -873,7 +510,7 @@ void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p) {
             free(buf);
         }
     }
-    for (int k = 0; k < K_COUNT; k++)
+    for (int k = 1; k < K_COUNT; k++)
         if (p->p[k]) vkDestroyPipeline(d->dev, p->p[k], NULL);
     if (p->cache) vkDestroyPipelineCache(d->dev, p->cache, NULL);
     if (p->layout) vkDestroyPipelineLayout(d->dev, p->layout, NULL);

@@ -53,7 +53,7 @@ struct vk_device {
                               each pipeline's compiler statistics (registers...) to stderr */
     bool int_dot;          /* integer dot products enabled (shaderIntegerDotProduct): the K_QX
                               and K_MATVEC_*QX_* kernels exist (vk_use_qx says when they run;
-                              the K_MATVEC_QXV variants exist only then) */
+                              the variants beyond the plain ones exist only then) */
     bool int_dot_fast;     /* and the device accelerates 4 x 8-bit packed ones */
     bool coopmat;          /* VK_NV_cooperative_matrix enabled (unless ANVIL_VK_COOPMAT=0): prefill's
                               K_MMH_* kernels exist */
@@ -147,55 +147,68 @@ anvil_status vk_uploader_finish(struct vk_uploader *u);
 
 /* ---- pipelines ---- */
 
-/* The weight types the matvec and embedding kernels read, in kernel order (F32, F16, BF16,
- * Q8_0, then the 4- to 6-bit block types). */
+/* The weight types the matvec and embedding kernels read, in the order of vk_weight_kind (F32,
+ * F16, BF16, Q8_0, then the 4- to 6-bit block types): the type as DT_ names it, as the
+ * SPIR-V's names spell it. Every one has the kernels of VK_TYPE_KERNELS. */
+#define VK_WEIGHT_TYPES(X) \
+    X(F32, f32) X(F16, f16) X(BF16, bf16) X(Q8_0, q8_0) X(Q4_0, q4_0) X(Q4_1, q4_1) X(Q5_0, q5_0) \
+    X(Q5_1, q5_1) X(Q4_K, q4_k) X(Q5_K, q5_k) X(Q6_K, q6_k)
 #define VK_WEIGHT_KINDS 11
 /* A weight type's index among them, or -1. */
 int vk_weight_kind(int dtype);
 /* The weight type (DT_*) of kind `kind`, 0 <= kind < VK_WEIGHT_KINDS. */
 int vk_weight_kind_dtype(int kind);
-/* The weight types with integer-dot-product matvecs (dtype_rounds_x: Q8_0, Q4_K, Q5_K, Q6_K,
- * the order of K_MATVEC_QX_*): a type's index among them or -1, and the type of an index. */
+/* The weight types with integer-dot-product matvecs (dtype_rounds_x), each with the kernels
+ * of VK_QX_TYPE_KERNELS; a type's index among them (the QX shapes' and knobs' order) or -1,
+ * and the type of an index. */
+#define VK_QX_TYPES(X) X(Q8_0, q8_0) X(Q4_K, q4_k) X(Q5_K, q5_k) X(Q6_K, q6_k)
 #define VK_QX_KINDS 4
 int vk_qx_index(int dtype);
 int vk_qx_dtype(int index);
 
+/* What a kernel computes, for the kernels looked up by weight type (vk_kernel_for, vk_kernel_qx) */
+enum vk_op {
+    VK_OP_NONE,          /* a kernel of its own, named by its id only */
+    VK_OP_MATVEC,        /* matvec.comp MODE 0: y = W x, up to 3 matrices of one input */
+    VK_OP_MATVEC_SWIGLU, /* MODE 1: gate/up -> SwiGLU */
+    VK_OP_MOE_GU,        /* MODE 2: the chosen experts' gate/up -> SwiGLU */
+    VK_OP_MOE_DOWN,      /* MODE 3: their down projections, summed by weight */
+    VK_OP_MATVEC_ROUTE,  /* the MoE router's product choosing the experts itself (ROUTE) */
+    VK_OP_EMBED,         /* embed.comp: the token's row of the table */
+    VK_OP_MM,            /* the prefill's products (mm.comp MODE 0) */
+    VK_OP_EMBED_ROWS,    /* the prefill's embedding rows (mm.comp MODE 1) */
+    VK_OP_MM_EXPERTS,    /* the prefill's experts, grouped by expert (mm.comp MODE 2) */
+    VK_OP_DQ,            /* weights dequantised to float16 rows (dq.comp) for mm_h.comp */
+    VK_OP_MEGA,          /* the persistent decode step (mega.comp) */
+};
+
+/* The kernels: one compute pipeline each (pipelines.c's table says its SPIR-V, name, op,
+ * weight type and specialisation). The ids are names, never computed: a kernel for an op and a
+ * weight type is found by vk_kernel_for / vk_kernel_qx. Adding a kernel: docs/VULKAN.md. */
+/* the kernels of every weight type of VK_WEIGHT_TYPES */
+#define VK_TYPE_KERNELS(T, t) \
+    K_MATVEC_##T, K_MATVEC_SWIGLU_##T, K_MOE_GU_##T, K_MOE_DOWN_##T, K_EMBED_##T, K_MM_##T, K_EMBEDT_##T, \
+    K_MMOE_##T, K_DQ_##T,
+/* matvec.comp's QX products (MODE 0) and SwiGLUs (MODE 1) of every type of VK_QX_TYPES: plain
+ * (XM 0), on inputs rounded in blocks of 8 by their producer (_X1; _X2: with the norm's
+ * 1 / rms left to them), and as teams of threads a workgroup (QXT, by the same XM) */
+#define VK_QX_TYPE_KERNELS(T, t) \
+    K_MATVEC_QX_##T, K_MATVEC_SWIGLU_QX_##T, K_MATVEC_QX_##T##_X1, K_MATVEC_SWIGLU_QX_##T##_X1, \
+    K_MATVEC_QX_##T##_X2, K_MATVEC_SWIGLU_QX_##T##_X2, K_MATVEC_QXT_##T##_X0, K_MATVEC_SWIGLU_QXT_##T##_X0, \
+    K_MATVEC_QXT_##T##_X1, K_MATVEC_SWIGLU_QXT_##T##_X1, K_MATVEC_QXT_##T##_X2, K_MATVEC_SWIGLU_QXT_##T##_X2,
 enum vk_kernel {
-    /* per weight kind (vk_weight_kind) */
-    K_MATVEC_F32, K_MATVEC_F16, K_MATVEC_BF16, K_MATVEC_Q8_0, K_MATVEC_Q4_0, K_MATVEC_Q4_1,
-    K_MATVEC_Q5_0, K_MATVEC_Q5_1, K_MATVEC_Q4_K, K_MATVEC_Q5_K, K_MATVEC_Q6_K,
-    K_MATVEC_SWIGLU_F32, K_MATVEC_SWIGLU_F16, K_MATVEC_SWIGLU_BF16, K_MATVEC_SWIGLU_Q8_0,
-    K_MATVEC_SWIGLU_Q4_0, K_MATVEC_SWIGLU_Q4_1, K_MATVEC_SWIGLU_Q5_0, K_MATVEC_SWIGLU_Q5_1,
-    K_MATVEC_SWIGLU_Q4_K, K_MATVEC_SWIGLU_Q5_K, K_MATVEC_SWIGLU_Q6_K,
-    /* the experts' kernels (matvec.comp MODE 2 and 3) */
-    K_MOE_GU_F32, K_MOE_GU_F16, K_MOE_GU_BF16, K_MOE_GU_Q8_0, K_MOE_GU_Q4_0, K_MOE_GU_Q4_1,
-    K_MOE_GU_Q5_0, K_MOE_GU_Q5_1, K_MOE_GU_Q4_K, K_MOE_GU_Q5_K, K_MOE_GU_Q6_K,
-    K_MOE_DOWN_F32, K_MOE_DOWN_F16, K_MOE_DOWN_BF16, K_MOE_DOWN_Q8_0, K_MOE_DOWN_Q4_0,
-    K_MOE_DOWN_Q4_1, K_MOE_DOWN_Q5_0, K_MOE_DOWN_Q5_1, K_MOE_DOWN_Q4_K, K_MOE_DOWN_Q5_K,
-    K_MOE_DOWN_Q6_K,
-    K_EMBED_F32, K_EMBED_F16, K_EMBED_BF16, K_EMBED_Q8_0, K_EMBED_Q4_0, K_EMBED_Q4_1,
-    K_EMBED_Q5_0, K_EMBED_Q5_1, K_EMBED_Q4_K, K_EMBED_Q5_K, K_EMBED_Q6_K,
+    K_NONE, /* no kernel (its pipeline is always VK_NULL_HANDLE) */
+    VK_WEIGHT_TYPES(VK_TYPE_KERNELS)
     K_ATTENTION,
     K_ARGMAX,
     K_EW,       /* ew.comp: add, sigmoid_mul, swiglu, rms_norm left unfused */
     K_MOE_TOPK, /* the router */
     K_GDN,      /* a Gated DeltaNet layer */
     K_SAMPLE,
-    /* the prefill program (prefill/), per weight kind: matrix-matrix products, embedding rows */
-    K_MM_F32, K_MM_F16, K_MM_BF16, K_MM_Q8_0, K_MM_Q4_0, K_MM_Q4_1, K_MM_Q5_0, K_MM_Q5_1,
-    K_MM_Q4_K, K_MM_Q5_K, K_MM_Q6_K,
-    K_EMBEDT_F32, K_EMBEDT_F16, K_EMBEDT_BF16, K_EMBEDT_Q8_0, K_EMBEDT_Q4_0, K_EMBEDT_Q4_1,
-    K_EMBEDT_Q5_0, K_EMBEDT_Q5_1, K_EMBEDT_Q4_K, K_EMBEDT_Q5_K, K_EMBEDT_Q6_K,
-    /* mm.comp MODE 2: the experts' products grouped by expert; MODE 4: their sum per token */
-    K_MMOE_F32, K_MMOE_F16, K_MMOE_BF16, K_MMOE_Q8_0, K_MMOE_Q4_0, K_MMOE_Q4_1, K_MMOE_Q5_0,
-    K_MMOE_Q5_1, K_MMOE_Q4_K, K_MMOE_Q5_K, K_MMOE_Q6_K,
-    K_MM_REDUCE,
-    /* rows.comp's modes, in its MODE order */
+    K_MM_REDUCE, /* mm.comp MODE 4: the experts' products summed per token */
+    /* rows.comp's modes */
     K_ROWS_NORM, K_ROWS_ROPE, K_ROWS_ADD, K_ROWS_SWIGLU, K_ROWS_KVWRITE, K_ROWS_SIGMUL, K_ROWS_NORM_ROPE,
     K_ATTN_PREFILL,
-    /* weights dequantised to float16 rows (dq.comp), per weight kind, for mm_h.comp */
-    K_DQ_F32, K_DQ_F16, K_DQ_BF16, K_DQ_Q8_0, K_DQ_Q4_0, K_DQ_Q4_1, K_DQ_Q5_0, K_DQ_Q5_1,
-    K_DQ_Q4_K, K_DQ_Q5_K, K_DQ_Q6_K,
     /* float16 products on cooperative matrices (mm_h.comp), per tile shape (tokens x
      * outputs, and weights of K per step), only where d->coopmat */
     K_MMH_64X64_K32, K_MMH_64X64_K64,
@@ -210,11 +223,10 @@ enum vk_kernel {
     /* gdn.comp for the prefill: MODE 1 a chunk's tokens in turn, MODE 2 the conv ring */
     K_GDN_PREFILL, K_GDN_RING,
     /* the decode matvecs on integer dot products (where d->int_dot): qx.comp rounds an input
-     * to int8 blocks, matvec.comp QX multiplies (MODE 0, then MODE 1: gate/up -> SwiGLU), for
-     * the weight types of vk_qx_index */
+     * to int8 blocks, matvec.comp QX multiplies; the variants beyond the plain ones (XM 1, 2,
+     * teams: vk_kernel_qx) exist only where vk_use_qx */
     K_QX,
-    K_MATVEC_QX_Q8_0, K_MATVEC_QX_Q4_K, K_MATVEC_QX_Q5_K, K_MATVEC_QX_Q6_K,
-    K_MATVEC_SWIGLU_QX_Q8_0, K_MATVEC_SWIGLU_QX_Q4_K, K_MATVEC_SWIGLU_QX_Q5_K, K_MATVEC_SWIGLU_QX_Q6_K,
+    VK_QX_TYPES(VK_QX_TYPE_KERNELS)
     /* the MoE router's matvec choosing the experts itself (matvec.comp ROUTE, MODE 0) */
     K_MATVEC_ROUTE_F32, K_MATVEC_ROUTE_F16, K_MATVEC_ROUTE_BF16,
     /* the decode step's float matvecs and attentions in one persistent dispatch (mega.comp),
@@ -224,33 +236,33 @@ enum vk_kernel {
     K_MEGA_QX,       /* Q4_K, Q6_K and Q8_0 weights on integer dot products, where d->int_dot */
     K_MEGA_QX_CLK,
     K_MEGA_QXK, K_MEGA_QX8, /* the same compiled for Q4_K and Q6_K only, for Q8_0 only */
-    /* matvec.comp QX variants (vk_qxv, VK_QXV): with teams of threads a workgroup (QXT: 8 rows
-     * in all, which may round their outputs for the next product themselves: decode/qx.c
-     * qx_round) or not, by the input's rounding (XM 0: blocks of 32, qx.comp's; 1: blocks of 8,
-     * their producer's; 2: the same with the norm's 1 / rms left to the consumer), MODE (QX:
-     * products, SWIGLU_QX: gate/up) and type; the plain XM 0 ones are K_MATVEC_QX_*; where
-     * vk_use_qx */
-    K_MATVEC_QX_Q8_0_X1, K_MATVEC_QX_Q4_K_X1, K_MATVEC_QX_Q5_K_X1, K_MATVEC_QX_Q6_K_X1,
-    K_MATVEC_SWIGLU_QX_Q8_0_X1, K_MATVEC_SWIGLU_QX_Q4_K_X1, K_MATVEC_SWIGLU_QX_Q5_K_X1, K_MATVEC_SWIGLU_QX_Q6_K_X1,
-    K_MATVEC_QX_Q8_0_X2, K_MATVEC_QX_Q4_K_X2, K_MATVEC_QX_Q5_K_X2, K_MATVEC_QX_Q6_K_X2,
-    K_MATVEC_SWIGLU_QX_Q8_0_X2, K_MATVEC_SWIGLU_QX_Q4_K_X2, K_MATVEC_SWIGLU_QX_Q5_K_X2, K_MATVEC_SWIGLU_QX_Q6_K_X2,
-    K_MATVEC_QXT_Q8_0_X0, K_MATVEC_QXT_Q4_K_X0, K_MATVEC_QXT_Q5_K_X0, K_MATVEC_QXT_Q6_K_X0,
-    K_MATVEC_SWIGLU_QXT_Q8_0_X0, K_MATVEC_SWIGLU_QXT_Q4_K_X0, K_MATVEC_SWIGLU_QXT_Q5_K_X0, K_MATVEC_SWIGLU_QXT_Q6_K_X0,
-    K_MATVEC_QXT_Q8_0_X1, K_MATVEC_QXT_Q4_K_X1, K_MATVEC_QXT_Q5_K_X1, K_MATVEC_QXT_Q6_K_X1,
-    K_MATVEC_SWIGLU_QXT_Q8_0_X1, K_MATVEC_SWIGLU_QXT_Q4_K_X1, K_MATVEC_SWIGLU_QXT_Q5_K_X1, K_MATVEC_SWIGLU_QXT_Q6_K_X1,
-    K_MATVEC_QXT_Q8_0_X2, K_MATVEC_QXT_Q4_K_X2, K_MATVEC_QXT_Q5_K_X2, K_MATVEC_QXT_Q6_K_X2,
-    K_MATVEC_SWIGLU_QXT_Q8_0_X2, K_MATVEC_SWIGLU_QXT_Q4_K_X2, K_MATVEC_SWIGLU_QXT_Q5_K_X2, K_MATVEC_SWIGLU_QXT_Q6_K_X2,
     K_PREFETCH, /* weights read ahead into the L2 cache (prefetch.comp, decode/prefetch.c add_prefetch) */
     K_COUNT,
 };
 
-/* The first and last of the QX variants beyond the plain ones */
-#define K_MATVEC_QXV K_MATVEC_QX_Q8_0_X1
-#define K_MATVEC_QXV_LAST K_MATVEC_SWIGLU_QXT_Q6_K_X2
-/* The matvec.comp QX kernels by teams (0 or 1), the input's rounding XM (0-2), MODE (0, 1) and
- * the type's vk_qx_index (pipelines.c); teams 0, XM 0: the plain K_MATVEC_QX_* */
-extern const enum vk_kernel VK_QXV[2][3][2][VK_QX_KINDS];
-static inline int vk_qxv(int teams, int xm, int mode, int qxi) { return (int)VK_QXV[teams][xm][mode][qxi]; }
+/* A kernel's entry in the table (pipelines.c) */
+struct vk_kernel_info {
+    const uint32_t *code; /* its SPIR-V (size bytes) */
+    size_t size;
+    const char *name;
+    uint8_t op;      /* enum vk_op */
+    int8_t dtype;    /* the weight type it reads (DT_*) where op is not VK_OP_NONE */
+    uint8_t qx;      /* matvec.comp QX: on integer dot products (MQX for mega.comp) */
+    uint8_t teams;   /* QXT: teams of threads a workgroup, 8 rows in all */
+    uint8_t xm;      /* matvec.comp's XM: how a QX product's input was rounded (contract.h) */
+    uint8_t mode;    /* its MODE specialisation constant (matvec.comp, mm.comp, rows.comp...);
+                        mega.comp: QT, the MQX weight types it is compiled for */
+    uint8_t specs;   /* which specialisation constants it takes (pipelines.c enum specs) */
+};
+const struct vk_kernel_info *vk_kernel_info(enum vk_kernel k);
+/* The kernel of op `op` (not on integer dot products) for weights of type dtype (DT_*), or
+ * K_NONE where there is none. */
+enum vk_kernel vk_kernel_for(enum vk_op op, int dtype);
+/* matvec.comp's product (op VK_OP_MATVEC) or SwiGLU (VK_OP_MATVEC_SWIGLU) on integer dot
+ * products for weights of type dtype, as teams (QXT) or not, of an input rounded as xm says
+ * (XM 0, 1, 2); K_NONE where there is none. Its pipeline exists where the device and the
+ * decode take it (pl.p[k] != VK_NULL_HANDLE). */
+enum vk_kernel vk_kernel_qx(enum vk_op op, int dtype, bool teams, int xm);
 
 #define VK_PUSH_BYTES 128
 /* mm_cm2.comp's tile: VK_CM2_BM tokens x VK_CM2_BN outputs, K walked VK_CM2_BK at a time, by
@@ -305,7 +317,7 @@ void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p);
  * MV_SPEC_NR (rows per workgroup), MV_SPEC_MODE, MV_SPEC_PIPE (units per thread per
  * iteration); false if k is not a matvec kernel. */
 bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t vals[4]);
-const char *vk_kernel_name(enum vk_kernel k);
+static inline const char *vk_kernel_name(enum vk_kernel k) { return vk_kernel_info(k)->name; }
 /* attn_flash.comp's shapes: heads of a multiple of 16 dimensions up to 128, a number of query
  * heads per kv head that divides its 64 query rows */
 static inline bool vk_flash_fits(int g, int d) { return g >= 1 && 64 % g == 0 && d % 16 == 0 && d >= 16 && d <= 128; }

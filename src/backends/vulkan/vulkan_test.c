@@ -816,7 +816,7 @@ static int qx_kernels_check(void) {
         const char *e[3] = {getenv(knobs[i].wg), getenv(knobs[i].nr), getenv(knobs[i].pipe)};
         for (int j = 0; j < 3; j++)
             if (e[j]) assert_int_equal(v[j == 2 ? 3 : j], atoi(e[j]));
-        assert_int_equal(v[2], knobs[i].k >= K_MATVEC_SWIGLU_QX_Q8_0 ? 1 : 0);
+        assert_int_equal(v[2], vk_kernel_info(knobs[i].k)->op == VK_OP_MATVEC_SWIGLU ? 1 : 0);
     }
     assert_int_equal(vk_check_validation(b->d), ANVIL_OK);
     /* where the persistent step runs (ANVIL_VK_MEGA=1 on lavapipe), its Q4_K and Q6_K cases */

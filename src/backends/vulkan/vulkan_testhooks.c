@@ -89,7 +89,8 @@ anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, con
         return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qxr_once: no such products");
     anvil_status st = test_pipelines(b);
     if (st != ANVIL_OK) return st;
-    int ka = vk_qxv(1, 0, wb != NULL, qa), kc = vk_qxv(0, nw ? 2 : 1, 0, qc);
+    int ka = vk_kernel_qx(wb ? VK_OP_MATVEC_SWIGLU : VK_OP_MATVEC, wa->type, true, 0),
+        kc = vk_kernel_qx(VK_OP_MATVEC, wc->type, false, nw ? 2 : 1);
     if (!b->pl.p[ka] || !b->pl.p[kc]) return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qxr_once: no pipelines");
     for (int i = 0; i < 3 && st == ANVIL_OK; i++)
         if (ws[i]) st = vk_upload_tensor(b, ws[i]);
@@ -206,7 +207,8 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     struct pc_qx pq = {buf.addr + o_x, buf.addr + o_n, buf.addr, buf.addr + o_q, buf.addr + o_q + Kq, K, Kq,
                        normw ? 1u : 0u, eps};
     struct pc_matvec pc = test_matvec_pc(b, w, buf.addr, buf.addr + o_q, buf.addr + o_q + Kq, buf.addr + o_o, K, N);
-    uint32_t nr = vk_matvec_rows(&b->pl, K_MATVEC_QX_Q8_0 + qxi);
+    enum vk_kernel kq = vk_kernel_qx(VK_OP_MATVEC, w->type, false, 0);
+    uint32_t nr = vk_matvec_rows(&b->pl, kq);
     /* the persistent step's phase: the product of the float input */
     struct vk_phase *ph = (struct vk_phase *)(m + o_p);
     struct pc_matvec pm = pc;
@@ -219,7 +221,7 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     memcpy(ph->push, &pm, sizeof pm);
     struct pc_mega pg = {buf.addr + o_p, buf.addr, buf.addr + o_c, 0, 1};
     struct test_dispatch ds[3] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024},
-                                  {(enum vk_kernel)(K_MATVEC_QX_Q8_0 + qxi), &pc, sizeof pc, (N + nr - 1) / nr},
+                                  {kq, &pc, sizeof pc, (N + nr - 1) / nr},
                                   {K_MEGA_QX, &pg, sizeof pg, b->pl.mega_grid}};
     st = test_run(b, ds, out_mega ? 3 : 2, VK_NULL_HANDLE);
     if (st == ANVIL_OK) {

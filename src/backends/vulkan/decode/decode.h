@@ -206,12 +206,6 @@ struct lower {
 
 static inline VkDeviceSize round_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1) / a * a; }
 
-/* The kernel of family f32 (K_MATVEC_F32, ...) for a weight type, or -1. */
-static inline int kernel_for(int type, enum vk_kernel f32) {
-    int k = vk_weight_kind(type);
-    return k < 0 ? -1 : (int)f32 + k;
-}
-
 static inline const struct node *N(struct lower *L, int i) { return &L->g->nodes[i]; }
 
 static inline void grid(uint32_t wgs, uint32_t *gx, uint32_t *gy) {

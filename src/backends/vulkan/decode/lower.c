@@ -128,8 +128,8 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     pc.K = (uint32_t)K;
     pc.Kp8 = vk_wnode_kp(L->p->b, N(L, n->src[1])) / 8;
     matvec_input(L, x, &pc);
-    int kern = kernel_for(type, K_MATVEC_F32);
-    if (kern < 0)
+    int kern = vk_kernel_for(VK_OP_MATVEC, type);
+    if (kern == K_NONE)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no matrix-vector kernel for %s weights (%s)",
                        dtype_name(type), N(L, n->src[1])->name);
     /* an input already rounded for another matvec costs this one no rounding, whatever its
@@ -148,11 +148,11 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (qxi >= 0) {
         anvil_status st = qx_input(L, &pc, &xm);
         if (st != ANVIL_OK) return st;
-        kern = xm ? vk_qxv(0, xm, 0, qxi) : K_MATVEC_QX_Q8_0 + qxi;
+        kern = vk_kernel_qx(VK_OP_MATVEC, type, false, xm);
     }
     /* the SwiGLU variant of kernel kern */
-    int kern_swiglu = qxi >= 0 ? (xm ? vk_qxv(0, xm, 1, qxi) : kern + VK_QX_KINDS)
-                               : kern + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32);
+    int kern_swiglu = qxi >= 0 ? vk_kernel_qx(VK_OP_MATVEC_SWIGLU, type, false, xm)
+                               : vk_kernel_for(VK_OP_MATVEC_SWIGLU, type);
     struct pc_qxt pq = {0}; /* where it rounds its outputs (qx_round) */
     bool qxt = false;
     /* gate/up -> swiglu */
@@ -168,10 +168,10 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         if (!pc.normw) pc.normw = pc.x;
         L->done[a] = L->done[b] = L->done[j] = true;
         pq.m = pc;
-        if (qxi >= 0 && L->p->b->pl.p[vk_qxv(1, xm, 1, qxi)] &&
+        if (qxi >= 0 && L->p->b->pl.p[vk_kernel_qx(VK_OP_MATVEC_SWIGLU, type, true, xm)] &&
             (qx_round(L, j, pc.rows0, &pq) || qxt_consumer(L, type))) {
             qxt = true;
-            kern_swiglu = vk_qxv(1, xm, 1, qxi);
+            kern_swiglu = vk_kernel_qx(VK_OP_MATVEC_SWIGLU, type, true, xm);
         }
         uint32_t gx, gy, nr = qxt ? 8 : vk_matvec_rows(&L->p->b->pl, kern_swiglu);
         grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
@@ -223,10 +223,10 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (!pc.res) pc.res = pc.o0;
     if (!pc.normw) pc.normw = pc.x;
     pq.m = pc;
-    if (qxi >= 0 && L->p->b->pl.p[vk_qxv(1, xm, 0, qxi)] &&
+    if (qxi >= 0 && L->p->b->pl.p[vk_kernel_qx(VK_OP_MATVEC, type, true, xm)] &&
         ((ng == 1 && n->ne[0] < L->p->V && qx_round(L, out_node, pc.rows0, &pq)) || qxt_consumer(L, type))) {
         qxt = true;
-        kern = vk_qxv(1, xm, 0, qxi);
+        kern = vk_kernel_qx(VK_OP_MATVEC, type, true, xm);
     }
     uint32_t gx, gy, nr = qxt ? 8 : vk_matvec_rows(&L->p->b->pl, kern);
     grid((total + nr - 1) / nr, &gx, &gy);
@@ -324,10 +324,13 @@ static struct vk_dispatch *router_op(struct lower *L, uint64_t logits, uint32_t 
     if (!L->p->b->d->tune.vk_route_fuse) return NULL;
     for (int k = L->p->n_ops - 1; k >= 0; k--) {
         struct vk_dispatch *d = &L->p->ops[k];
-        if (d->k < K_MATVEC_F32 || d->k >= K_EMBED_F32) continue;
+        const struct vk_kernel_info *ki = vk_kernel_info(d->k);
+        if (ki->qx || (ki->op != VK_OP_MATVEC && ki->op != VK_OP_MATVEC_SWIGLU && ki->op != VK_OP_MOE_GU &&
+                       ki->op != VK_OP_MOE_DOWN))
+            continue;
         struct pc_matvec *pm = (struct pc_matvec *)d->push;
         if (pm->o0 != logits) continue;
-        bool ok = (d->k == K_MATVEC_F32 || d->k == K_MATVEC_F16 || d->k == K_MATVEC_BF16) &&
+        bool ok = ki->op == VK_OP_MATVEC && vk_kernel_for(VK_OP_MATVEC_ROUTE, ki->dtype) != K_NONE &&
                   pm->rows0 == E && pm->rows1 == 0 && pm->rows2 == 0 && !(pm->flags & MV_RES) && E <= 1024;
         return ok ? d : NULL;
     }
@@ -346,8 +349,8 @@ static anvil_status lower_moe(struct lower *L, int i) {
                        n->name, E, k);
     if (gn->weight->type != un->weight->type)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s: gate and up experts of different types", n->name);
-    int kgu = kernel_for(gn->weight->type, K_MOE_GU_F32), kd = kernel_for(dn->weight->type, K_MOE_DOWN_F32);
-    if (kgu < 0 || kd < 0)
+    int kgu = vk_kernel_for(VK_OP_MOE_GU, gn->weight->type), kd = vk_kernel_for(VK_OP_MOE_DOWN, dn->weight->type);
+    if (kgu == K_NONE || kd == K_NONE)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no expert kernels for %s", n->name);
     uint64_t base = L->p->arena.addr;
     /* the routing buffer: ids [64], weights [64], the router matvec's counter */
@@ -358,7 +361,7 @@ static anvil_status lower_moe(struct lower *L, int i) {
     struct vk_dispatch *rop = router_op(L, node_addr(L, n->src[1]), E);
     if (rop) { /* the router's matvec chooses the experts itself */
         struct pc_matvec *pr = (struct pc_matvec *)rop->push;
-        rop->k = K_MATVEC_ROUTE_F32 + (rop->k - K_MATVEC_F32);
+        rop->k = vk_kernel_for(VK_OP_MATVEC_ROUTE, vk_kernel_info(rop->k)->dtype);
         pr->o1 = route;
         pr->route_k = k | (n->p.i[1] != 0 ? 1u << 16 : 0);
     } else {
@@ -540,8 +543,8 @@ anvil_status lower_graph(struct lower *L) {
             break;
         case OP_EMBED: {
             const struct tensor_info *w = N(L, nd->src[0])->weight;
-            int kern = kernel_for(w->type, K_EMBED_F32);
-            if (kern < 0) {
+            int kern = vk_kernel_for(VK_OP_EMBED, w->type);
+            if (kern == K_NONE) {
                 st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no embedding kernel for %s", dtype_name(w->type));
                 break;
             }

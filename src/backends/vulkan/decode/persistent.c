@@ -11,21 +11,23 @@
 #include "decode.h"
 
 #define MEGA_XS4 1024 /* mega.comp's XS4: a product's input of at most 4 XS4 floats */
-#define MEGA_MQX 100 /* a run's type: products on integer dot products (K_MEGA_QX) */
+#define MEGA_MQX 100 /* a run's type: products on integer dot products (K_MEGA_QX; no DT_ value) */
 
-/* The phase kind of dispatch d for a persistent step over weights of float kind *type
- * (K_MATVEC_F32 + kind; set by the first matvec) or of K-quants on integer dot products
+/* The phase kind of dispatch d for a persistent step over weights of float type *type (DT_*,
+ * one with a mega.comp kernel; set by the first matvec) or of K-quants on integer dot products
  * (MEGA_MQX: the products lowered for it), or 0 where d cannot join one. */
 static uint32_t mega_kind(const struct vk_dispatch *d, int *type, bool attn) {
     int t = -1;
     uint32_t kind = 0;
+    const struct vk_kernel_info *ki = vk_kernel_info(d->k);
     if (d->mqx) { /* lowered for K_MEGA_QX: every one joins a run (form_mega) */
         if (*type >= 0 && *type != MEGA_MQX) return 0;
         *type = MEGA_MQX;
-        return d->k >= K_MATVEC_SWIGLU_F32 && d->k < K_MATVEC_SWIGLU_F32 + (K_MATVEC_SWIGLU_F32 - K_MATVEC_F32) ? 2 : 1;
+        return ki->op == VK_OP_MATVEC_SWIGLU ? 2 : 1;
     }
-    if (d->k >= K_MATVEC_F32 && d->k <= K_MATVEC_BF16) t = d->k - K_MATVEC_F32, kind = 1;
-    if (d->k >= K_MATVEC_SWIGLU_F32 && d->k <= K_MATVEC_SWIGLU_BF16) t = d->k - K_MATVEC_SWIGLU_F32, kind = 2;
+    if (!ki->qx && (ki->op == VK_OP_MATVEC || ki->op == VK_OP_MATVEC_SWIGLU) &&
+        vk_kernel_for(VK_OP_MEGA, ki->dtype) != K_NONE)
+        t = ki->dtype, kind = ki->op == VK_OP_MATVEC ? 1 : 2;
     if (d->k == K_ATTENTION) { /* float output only, at most 64 chunks (mega.comp's merge; ANVIL_VK_ATTN_CHUNKS) */
         const struct pc_attn *pa = (const struct pc_attn *)d->push;
         return attn && !pa->xq && pa->NC <= 64 ? 3 : 0;
@@ -79,7 +81,7 @@ anvil_status form_mega(struct vk_program *p) {
                               "the persistent step's phases", &p->mega);
     /* the clock report: a single run of BF16 or MQX weights (the variants built with the clock) */
     bool clock = p->b->d->shader_clock && n_runs == 1 &&
-                 (rtype[0] == K_MATVEC_BF16 - K_MATVEC_F32 || rtype[0] == MEGA_MQX);
+                 (rtype[0] == DT_BF16 || rtype[0] == MEGA_MQX);
     if (p->b->d->shader_clock && !clock)
         log_warn("vulkan: ANVIL_VK_MEGA_CLOCK=1 times a single persistent dispatch of BF16 or K-quant weights only");
     VkDeviceSize clk_bytes = (VkDeviceSize)(n_ph + 2 * n_runs) * pl->mega_grid * 16;
@@ -124,7 +126,7 @@ anvil_status form_mega(struct vk_program *p) {
             for (uint32_t q = 1; q < pm.n_phases; q++) p->stats.meetings += !ph[k - pm.n_phases + q].no_meet;
             struct vk_dispatch *d = &p->ops[w++];
             memset(d, 0, sizeof *d);
-            d->k = rtype[r] == MEGA_MQX ? K_MEGA_QX : (enum vk_kernel)(K_MEGA_F32 + rtype[r]);
+            d->k = rtype[r] == MEGA_MQX ? K_MEGA_QX : vk_kernel_for(VK_OP_MEGA, rtype[r]);
             if (rtype[r] == MEGA_MQX) /* the variant compiled for the run's weight types only (registers) */
                 d->k = (types & ~3u) == 0 ? K_MEGA_QXK : types == 4 ? K_MEGA_QX8 : K_MEGA_QX;
             if (clock) d->k = d->k == K_MEGA_BF16 ? K_MEGA_BF16_CLK : K_MEGA_QX_CLK;

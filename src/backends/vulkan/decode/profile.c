@@ -131,7 +131,8 @@ static uint64_t phase_reads(const struct vk_program *p, const struct vk_phase *p
 static uint64_t dispatch_reads(const struct vk_program *p, const struct vk_dispatch *d, int pos) {
     uint64_t n = d->wn[0] + d->wn[1] + d->wn[2];
     if (n) return n; /* the products (lower_matmuls) */
-    if (d->k >= K_MEGA_F32 && d->k <= K_MEGA_QX8) {
+    const struct vk_kernel_info *ki = vk_kernel_info(d->k);
+    if (ki->op == VK_OP_MEGA) {
         uint32_t np;
         const struct vk_phase *ph = mega_phases(p, d, &np);
         for (uint32_t i = 0; i < np; i++) n += phase_reads(p, &ph[i], pos);
@@ -139,14 +140,11 @@ static uint64_t dispatch_reads(const struct vk_program *p, const struct vk_dispa
     }
     const struct pc_matvec *pm = (const struct pc_matvec *)d->push;
     size_t row = 0;
-    if (d->k >= K_MOE_GU_F32 && d->k <= K_MOE_GU_Q6_K &&
-        dtype_row_size(vk_weight_kind_dtype(d->k - K_MOE_GU_F32), (int64_t)pm->Kp8 * 8, &row))
+    if (ki->op == VK_OP_MOE_GU && dtype_row_size(ki->dtype, (int64_t)pm->Kp8 * 8, &row))
         return 2ull * pm->rows1 * pm->rows0 * row; /* k experts' gate and up rows */
-    if (d->k >= K_MOE_DOWN_F32 && d->k <= K_MOE_DOWN_Q6_K &&
-        dtype_row_size(vk_weight_kind_dtype(d->k - K_MOE_DOWN_F32), (int64_t)pm->Kp8 * 8, &row))
+    if (ki->op == VK_OP_MOE_DOWN && dtype_row_size(ki->dtype, (int64_t)pm->Kp8 * 8, &row))
         return (uint64_t)pm->rows1 * pm->rows0 * row; /* k experts' down rows */
-    if (d->k >= K_EMBED_F32 && d->k <= K_EMBED_Q6_K &&
-        dtype_row_size(vk_weight_kind_dtype(d->k - K_EMBED_F32), (int64_t)((const struct pc_embed *)d->push)->Kp8 * 8, &row))
+    if (ki->op == VK_OP_EMBED && dtype_row_size(ki->dtype, (int64_t)((const struct pc_embed *)d->push)->Kp8 * 8, &row))
         return row;
     if (d->k == K_ATTENTION) return attn_reads(p, (const struct pc_attn *)d->push, pos); /* k, v rows 0 .. pos */
     if (d->k == K_GDN) { /* the recurrent state, read and written in place */
@@ -190,7 +188,7 @@ size_t vk_program_list(const struct vk_program *p, int pos, char *buf, size_t ca
             wl = (size_t)snprintf(what, sizeof what, "the next token (argmax; sampling: sample)");
         else if (d->k == K_PREFETCH)
             wl = (size_t)snprintf(what, sizeof what, "the next products' weights into L2, beside the attention");
-        else if (d->k >= K_MEGA_F32 && d->k <= K_MEGA_QX8) {
+        else if (vk_kernel_info(d->k)->op == VK_OP_MEGA) {
             const struct pc_mega *pm = (const struct pc_mega *)d->push;
             wl = (size_t)snprintf(what, sizeof what, "persistent step: %u phases", pm->n_phases);
         }
@@ -201,7 +199,7 @@ size_t vk_program_list(const struct vk_program *p, int pos, char *buf, size_t ca
             wl += k > 0 ? (size_t)k : 0;
         }
         OUT("%5d  %-26s %-12s %-3s %10s  %s\n", i, vk_kernel_name(d->k), grid, d->overlap ? "-" : "yes", rd, what);
-        if (d->k < K_MEGA_F32 || d->k > K_MEGA_QX8) continue;
+        if (vk_kernel_info(d->k)->op != VK_OP_MEGA) continue;
         /* the persistent step's phases, i.k: its workgroups meet before each but the first
          * (and where no_meet), the bar column */
         static const char *kinds[] = {"?", "product", "gate/up -> SwiGLU", "attention chunks", "attention merge"};

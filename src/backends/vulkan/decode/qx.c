@@ -80,8 +80,8 @@ bool qx_round_to(struct lower *L, int out, uint32_t rows, const struct node **no
         const struct node *nm = N(L, r);
         bool nrm = nm->op == OP_RMS_NORM && L->root[nm->src[0]] == out;
         if (r != out && !nrm) continue;
-        int qxi = vk_qx_index(N(L, m->src[1])->weight->type);
-        if (qxi < 0 || !L->p->b->pl.p[vk_qxv(0, nrm ? 2 : 1, swiglu_of(L, k) >= 0, qxi)]) return false;
+        enum vk_op op = swiglu_of(L, k) >= 0 ? VK_OP_MATVEC_SWIGLU : VK_OP_MATVEC;
+        if (!L->p->b->pl.p[vk_kernel_qx(op, N(L, m->src[1])->weight->type, false, nrm ? 2 : 1)]) return false;
         *norm = nrm ? nm : NULL;
         return true;
     }

@@ -15,7 +15,7 @@
  * write what follows them (form_mega gives those their barrier back). */
 anvil_status check_overlaps(const struct vk_program *p) {
     for (int i = 1; i < p->n_ops; i++)
-        if (p->ops[i].overlap && p->ops[i - 1].k >= K_MEGA_F32 && p->ops[i - 1].k <= K_MEGA_QX8)
+        if (p->ops[i].overlap && vk_kernel_info(p->ops[i - 1].k)->op == VK_OP_MEGA)
             return err_set(ANVIL_ERR_BACKEND, "vulkan: internal error: dispatch %d (%s) follows a persistent step "
                            "without a barrier", i, vk_kernel_name(p->ops[i].k));
     return ANVIL_OK;

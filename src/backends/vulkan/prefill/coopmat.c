@@ -29,7 +29,7 @@ static anvil_status emit_tiles(struct vk_prefill *p, bool cm2, const struct pc_m
         return pf_emit_op(p, K_MMH_CM2, (pc->N + VK_CM2_BN - 1) / VK_CM2_BN, (pc->T + VK_CM2_BM - 1) / VK_CM2_BM, pc,
                           sizeof *pc);
     const uint32_t *tile = mmh_tile[p->mmh];
-    return pf_emit_op(p, (enum vk_kernel)(K_MMH_64X64_K32 + p->mmh), (pc->N + tile[1] - 1) / tile[1],
+    return pf_emit_op(p, p->mmh ? K_MMH_64X64_K64 : K_MMH_64X64_K32, (pc->N + tile[1] - 1) / tile[1],
                       (pc->T + tile[0] - 1) / tile[0], pc, sizeof *pc);
 }
 
@@ -50,7 +50,7 @@ anvil_status pf_flush_group(struct vk_prefill *p) {
         const struct pc_mm *mm = &p->grp[g];
         uint32_t Kp = mm->Kp8 * 8, U = mm->Kp8 / unit_groups[p->grp_kind[g]];
         struct pc_dq dq = {mm->w, base + off, 0, mm->N, U, Kp};
-        enum vk_kernel k = (enum vk_kernel)(K_DQ_F32 + p->grp_kind[g]);
+        enum vk_kernel k = vk_kernel_for(VK_OP_DQ, vk_weight_kind_dtype(p->grp_kind[g]));
         if (p->hoist_at >= 0) { /* beside the group before */
             int at = p->hoist_at++;
             st = pf_insert_op(p, at, k, (mm->N * U + 255) / 256, &dq, sizeof dq);
@@ -120,7 +120,7 @@ anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm)
     for (uint32_t r0 = 0; r0 < mm->N && st == ANVIL_OK; r0 += R) {
         uint32_t n = MIN(R, mm->N - r0);
         struct pc_dq dq = {mm->w, p->dq.addr, r0, n, U, Kp};
-        st = pf_emit(p, (enum vk_kernel)(K_DQ_F32 + kind), (n * U + 255) / 256, 0, &dq, sizeof dq);
+        st = pf_emit(p, vk_kernel_for(VK_OP_DQ, vk_weight_kind_dtype(kind)), (n * U + 255) / 256, 0, &dq, sizeof dq);
         if (st != ANVIL_OK) break;
         if (p->dq_emulate) { /* (tests) the float16 rows through mm.comp's float16 kernel */
             struct pc_mm m16 = *mm;

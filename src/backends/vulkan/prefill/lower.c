@@ -92,7 +92,9 @@ anvil_status pf_emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, ui
 anvil_status pf_emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push, size_t size) {
     anvil_status st = pf_flush_group(p);
     p->xh_of = 0;
-    if ((k >= K_DQ_F32 && k <= K_DQ_Q6_K) || (k >= K_MMH_64X64_K32 && k <= K_MMH_MOE) || k == K_MM_F16) p->hoist_at = -1;
+    if (vk_kernel_info(k)->op == VK_OP_DQ || k == K_MMH_64X64_K32 || k == K_MMH_64X64_K64 || k == K_MMH_CM2 ||
+        k == K_MMH_CM2_MOE || k == K_MMH_MOE || k == K_MM_F16)
+        p->hoist_at = -1;
     return st == ANVIL_OK ? pf_emit_op(p, k, wgs, gy, push, size) : st;
 }
 
@@ -240,7 +242,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct plan *P) {
             }
             struct pc_mm pc = {any, vk_weight_addr(b, w, false, false), pf_addr(p, P, i), any, prm,
                                rows, ne0, 0, vk_weight_kp(b, w) / 8, 0, 0, 0, 0, 0, 0};
-            st = pf_emit(p, (enum vk_kernel)(K_EMBEDT_F32 + kind), rows, 0, &pc, sizeof pc);
+            st = pf_emit(p, vk_kernel_for(VK_OP_EMBED_ROWS, w->type), rows, 0, &pc, sizeof pc);
             break;
         }
         case OP_RMS_NORM: {
@@ -310,8 +312,9 @@ anvil_status pf_lower(struct vk_prefill *p, struct plan *P) {
                 mv.K = Kx;
                 mv.rows0 = ne0;
                 mv.flags = pc.flags ? MV_RES : 0u;
-                uint32_t nr = vk_matvec_rows(&b->pl, K_MATVEC_F32 + kind);
-                st = pf_emit(p, (enum vk_kernel)(K_MATVEC_F32 + kind), (ne0 + nr - 1) / nr, 0, &mv, sizeof mv);
+                enum vk_kernel k = vk_kernel_for(VK_OP_MATVEC, wn->weight->type);
+                uint32_t nr = vk_matvec_rows(&b->pl, k);
+                st = pf_emit(p, k, (ne0 + nr - 1) / nr, 0, &mv, sizeof mv);
                 break;
             }
             /* float16 products for the big matrices; the narrow ones (<= 512 outputs: a MoE
@@ -330,12 +333,12 @@ anvil_status pf_lower(struct vk_prefill *p, struct plan *P) {
                 /* few tiles: K split S ways into partials, added up by mm.comp MODE 4 */
                 struct pc_mm sum = {p->part.addr, any, pc.y, any, prm, rows, 0, ne0, 0, 0, 0, 0, 0, 0, S};
                 pc.y = p->part.addr;
-                st = pf_emit(p, (enum vk_kernel)(K_MM_F32 + kind), (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc);
+                st = pf_emit(p, vk_kernel_for(VK_OP_MM, wn->weight->type), (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc);
                 if (st == ANVIL_OK) p->ops[p->n_ops - 1].gz = S;
                 if (st == ANVIL_OK) st = pf_emit(p, K_MM_REDUCE, (rows * ne0 + 255) / 256, 0, &sum, sizeof sum);
                 break;
             }
-            st = pf_emit(p, (enum vk_kernel)(K_MM_F32 + kind), (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc);
+            st = pf_emit(p, vk_kernel_for(VK_OP_MM, wn->weight->type), (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc);
             break;
         }
         case OP_ROPE: {

@@ -60,7 +60,7 @@ static anvil_status emit_moe_dq(struct vk_prefill *p, const struct node *wn, uin
     int kind = vk_weight_kind(wn->weight->type);
     uint32_t U = Kp / 8 / unit_groups[kind];
     struct pc_dq dq = {vk_wnode_addr(p->b, wn), dst, e0 * N, ne * N, U, Kp};
-    anvil_status st = pf_emit(p, (enum vk_kernel)(K_DQ_F32 + kind), (ne * N * U + 255) / 256, 0, &dq, sizeof dq);
+    anvil_status st = pf_emit(p, vk_kernel_for(VK_OP_DQ, wn->weight->type), (ne * N * U + 255) / 256, 0, &dq, sizeof dq);
     if (st == ANVIL_OK && beside) p->ops[p->n_ops - 1].overlap = true;
     return st;
 }
@@ -154,12 +154,12 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct plan *P, int i) {
     } else if (st == ANVIL_OK) { /* float32 tiles (mm.comp MODE 2) */
         struct pc_mm gu = {pf_addr(p, P, nd->src[0]), vk_wnode_addr(p->b, gn), base + m.act, any, p->prm.addr, T, C, F,
                            vk_wnode_kp(p->b, gn) / 8, MM_GATED, vk_wnode_addr(p->b, un), base + m.lists, base + m.route, E, k};
-        if ((st = pf_emit(p, (enum vk_kernel)(K_MMOE_F32 + kg), (F + 63) / 64, (T + 63) / 64, &gu, sizeof gu)) == ANVIL_OK)
+        if ((st = pf_emit(p, vk_kernel_for(VK_OP_MM_EXPERTS, gn->weight->type), (F + 63) / 64, (T + 63) / 64, &gu, sizeof gu)) == ANVIL_OK)
             p->ops[p->n_ops - 1].gz = E;
         struct pc_mm dw = {base + m.act, vk_wnode_addr(p->b, dn), base + m.slots, any, p->prm.addr, T, F, C,
                            vk_wnode_kp(p->b, dn) / 8, 0, 0, base + m.lists, base + m.route, E, k};
         if (st == ANVIL_OK &&
-            (st = pf_emit(p, (enum vk_kernel)(K_MMOE_F32 + kd), (C + 63) / 64, (T + 63) / 64, &dw, sizeof dw)) == ANVIL_OK)
+            (st = pf_emit(p, vk_kernel_for(VK_OP_MM_EXPERTS, dn->weight->type), (C + 63) / 64, (T + 63) / 64, &dw, sizeof dw)) == ANVIL_OK)
             p->ops[p->n_ops - 1].gz = E;
     }
     /* every path leaves each entry's output in its slot: the sum over a token's slots */
