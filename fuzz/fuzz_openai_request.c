@@ -1,6 +1,6 @@
 /*
- * The server's request path, as a connection thread runs it on a request body: parse
- * (api_parse_body), build a chat and a completion job (api_job_from_request: every field's
+ * The server's request path, as a preparation thread runs it on a request body: token ids
+ * lifted out (api_lift_ids), parse (api_parse_body), build a chat and a completion job (api_job_from_request: every field's
  * checks, the chat template, tokenizing), the response shape, /tokenize and /detokenize; and
  * the stop-string and <think> filters over the input as if it were generated text. The
  * tokenizer is qwen3-small's from the reference data (next to the repository).
@@ -72,10 +72,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!srv) setup();
     char *text = fuzz_cstr(data, size);
     struct api_error e;
-    cJSON *req = api_parse_body(text, size, srv->opt.max_json_depth, &e);
+    /* the ids lifted out of a copy (the filters below read the input as it came) */
+    char *body = fuzz_cstr(data, size);
+    struct body_ids ids;
+    api_lift_ids(body, size, &ids);
+    (void)api_parse_cost(body, size);
+    cJSON *req = api_parse_body(body, size, srv->opt.max_json_depth, &e);
     if (req) {
         for (int kind = 0; kind < 2; kind++) {
-            struct job *j = api_job_from_request(srv, kind ? JOB_COMPLETION : JOB_CHAT, req, &e);
+            struct job *j = api_job_from_request(srv, kind ? JOB_COMPLETION : JOB_CHAT, req,
+                                                 &ids, &e);
             if (!j) {
                 cJSON_Delete(api_error_json(&e));
                 continue;
@@ -88,11 +94,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             job_release(srv, j);
         }
         cJSON_Delete(api_tokenize(srv, req, &e));
-        cJSON_Delete(api_detokenize(srv, req, &e));
+        cJSON_Delete(api_detokenize(srv, req, &ids, &e));
         cJSON_Delete(req);
     } else {
         cJSON_Delete(api_error_json(&e));
     }
+    free(ids.ids);
+    free(body);
     if (utf8_valid(text, size)) filters(text, strlen(text));
     free(text);
     return 0;

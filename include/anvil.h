@@ -324,11 +324,16 @@ enum {
     /* treat added-token text ("<|im_start|>") in the input as plain text, never as the
      * special token (for untrusted user text) */
     ANVIL_TOKENIZE_PLAIN = 1,
+    /* treat the text of special (control) tokens (<|im_start|>, <|im_end|>, ...) as plain
+     * text, still matching the other added tokens (<think>, <tool_call>): Hugging Face's
+     * split_special_tokens, for text from users */
+    ANVIL_TOKENIZE_NO_SPECIAL = 2,
 };
 
 /*
  * Encodes len bytes of UTF-8 text (NUL bytes are text like any other) into token ids. Added
- * tokens written in the text are matched as such unless flags has ANVIL_TOKENIZE_PLAIN. No
+ * tokens written in the text are matched as such unless flags has ANVIL_TOKENIZE_PLAIN (none)
+ * or ANVIL_TOKENIZE_NO_SPECIAL (none of the special ones). No
  * BOS/EOS is added. Empty text gives zero ids. Text that is not valid UTF-8 is an error
  * (ANVIL_ERR_INVALID_ARG, naming the byte offset).
  * *ids_out is a new array of *n_out ids (never NULL on success); the caller frees it with

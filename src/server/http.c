@@ -2,14 +2,31 @@
  * server: the HTTP side, on libmicrohttpd — routing, authentication, limits, JSON and
  * server-sent-event responses, and noticing clients that go away.
  *
- * Threads: MHD runs a thread per connection, so a request may block its own thread while it
- * waits for its turn and its tokens (the worker signals the job's condition variable). While
- * waiting, the thread wakes every WAIT_TICK_MS to look at the client's socket: a peer that
- * closed its end cancels the job at once (out of the queue, or at the running job's next
- * token). Once a stream is flowing, a failed write does the same through the response's free
- * callback. MHD's idle timeout is switched off while a request waits for the model (its
- * turn may take long) and on again while bytes move, so a client that neither sends nor reads
- * for timeout_s is dropped.
+ * Threads: MHD runs HTTP_THREADS event loops (epoll) over all the connections, and no thread
+ * ever blocks on one request: an idle or slow connection costs a socket and a little memory,
+ * never a thread. A request whose body is whole goes to the PREP_THREADS preparation threads
+ * (JSON parsing, the chat template, tokenizing: the CPU-heavy part, never done on the event
+ * loops), its connection suspended meanwhile. A generation then waits for the worker: a
+ * non-streamed one with its connection suspended until the job is done, a stream's content
+ * reader suspending whenever it has nothing to send; the job's news hook (job_signal) resumes
+ * them. A suspended connection is out of MHD's loop (no idle timeout applies to it).
+ *
+ * The watcher thread, every WATCH_TICK_MS:
+ *   - polls the sockets of the connections suspended on a job. An error or a hang-up (the
+ *     peer reset the connection) cancels the job: out of the queue, or stopped at the running
+ *     job's next token. End of file alone is not a departure: a client may close only its
+ *     sending side and still read the answer. Such a connection is probed once — an interim
+ *     "102 Processing" for a waiting HTTP/1.1 request, an SSE comment line for a stream — and
+ *     a client that has really gone answers the probe with a reset.
+ *   - cuts the connections whose request (headers and body) has not arrived within
+ *     request_timeout_s of its start, however active the client keeps them (one byte at a
+ *     time), by shutting their socket down: MHD then sees the end and closes it.
+ * MHD itself drops a client that neither sends nor reads for timeout_s.
+ *
+ * Limits: max_connections in all and max_connections_per_ip per client address (MHD refuses
+ * the rest at accept); the API key, checked as soon as the headers are in, before anything
+ * else on every path but /health; the body size; and parse_budget, the bytes that request
+ * bodies and their parsed JSON hold at once, all requests together (503 past it).
  */
 #include <errno.h>
 #include <microhttpd.h>
@@ -22,14 +39,69 @@
 
 #include "server_impl.h"
 
-#define WAIT_TICK_MS 20
+#define WATCH_TICK_MS 20
+#define HTTP_THREADS 4
+#define PREP_THREADS 2
+
+/* A connection (MHD's socket context), from accept to close; guarded by h->mu. */
+struct conn {
+    int fd;
+    double since; /* when its current request began: accept, or the previous answer's end */
+    bool busy;    /* the whole request is in: no deadline until it has been answered */
+    bool cut;     /* shut down for missing the deadline */
+    struct conn *prev, *next;
+};
+
+/* A connection that waits suspended: for its preparation, or for its job. */
+struct waiter {
+    struct http *h;
+    struct MHD_Connection *c;
+    int fd;
+    bool http11;
+    bool stream;
+    bool only_done;        /* resume when the job is done, not at every token */
+    bool suspended;        /* guarded by h->mu */
+    bool watched;          /* in h->waiters (suspended on a job); guarded by h->mu */
+    bool probed;           /* the end-of-file probe went out; guarded by h->mu */
+    atomic_bool probe_now; /* a stream: its reader is to send the probe */
+    atomic_bool gone;      /* the client went away (its job was cancelled) */
+    struct job *job;
+    struct waiter *prev, *next;
+};
+
+enum stage { ST_BODY, ST_PREP, ST_WAIT };
 
 /* Per request (MHD's con_cls). */
 struct request {
     enum endpoint ep;
-    bool answered; /* a response was queued at the first call (before the body) */
+    enum stage stage;
+    bool answered; /* a response was queued */
     bool too_big;
     struct sbuf body;
+    size_t reserved; /* of the parse budget */
+    struct conn *conn;
+    struct waiter w;
+    /* the preparation's result, written by a preparation thread before it resumes the
+     * connection: an answer, or a job (queued), or else the error */
+    cJSON *answer;
+    struct job *job;
+    struct api_error err;
+    struct request *next_prep;
+};
+
+struct http {
+    struct server *srv;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* the preparation queue, and stopping */
+    struct conn *conns;
+    struct waiter *waiters;
+    struct request *prep_head, *prep_tail;
+    bool stop;
+    int active;        /* requests begun and not completed */
+    size_t budget_used;
+    pthread_t watcher, prep[PREP_THREADS];
+    int n_prep;
+    bool watcher_started;
 };
 
 /* ---- responses ---- */
@@ -83,63 +155,110 @@ static enum MHD_Result fail(struct server *s, struct MHD_Connection *c, enum end
     return send_error(s, c, ep, &e);
 }
 
-/* ---- clients that go away ---- */
+/* ---- the parse budget ---- */
 
-/* True when the peer has closed its end (or the socket failed). A client that sends the next
- * request early (pipelining) is not mistaken for gone: its bytes are only peeked at. */
-static bool client_gone(struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return true;
-    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
-    if (poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
-    if (p.revents & POLLIN) {
-        char ch;
-        ssize_t n = recv(ci->connect_fd, &ch, 1, MSG_PEEK | MSG_DONTWAIT);
-        return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+static bool budget_take(struct http *h, struct request *rq, size_t n) {
+    pthread_mutex_lock(&h->mu);
+    bool ok = n <= h->srv->opt.parse_budget - h->budget_used;
+    if (ok) {
+        h->budget_used += n;
+        rq->reserved += n;
     }
-    return false;
-}
-
-static void set_timeout(struct MHD_Connection *c, unsigned seconds) {
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, seconds);
-}
-
-static void deadline_in(struct timespec *ts, int ms) {
-    clock_gettime(CLOCK_REALTIME, ts);
-    ts->tv_nsec += (long)ms * 1000000L;
-    ts->tv_sec += ts->tv_nsec / 1000000000L;
-    ts->tv_nsec %= 1000000000L;
-}
-
-/* Waits (with j->mu held) until ready(j) or the client goes away (false; the job is then
- * cancelled) or the server stops (false). */
-static bool wait_job(struct server *s, struct MHD_Connection *c, struct job *j,
-                     bool (*ready)(const struct job *)) {
-    bool waited = false, ok = true;
-    while (!ready(j)) {
-        if (!waited) {
-            set_timeout(c, 0); /* the wait for the model is not the client's idleness */
-            waited = true;
-        }
-        struct timespec ts;
-        deadline_in(&ts, WAIT_TICK_MS);
-        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
-        if (ready(j)) break;
-        pthread_mutex_unlock(&j->mu);
-        bool gone = client_gone(c);
-        if (gone) server_cancel(s, j);
-        pthread_mutex_lock(&j->mu);
-        if (gone || (server_stopping(s) && j->state != JOB_DONE)) {
-            ok = false;
-            break;
-        }
-    }
-    if (waited) set_timeout(c, (unsigned)s->opt.timeout_s);
+    pthread_mutex_unlock(&h->mu);
     return ok;
 }
 
-static bool job_done(const struct job *j) { return j->state == JOB_DONE; }
+static void budget_give_back(struct http *h, struct request *rq) {
+    pthread_mutex_lock(&h->mu);
+    h->budget_used -= rq->reserved;
+    rq->reserved = 0;
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void busy_error(struct api_error *e) {
+    api_error_set(e, 503, "server_error", "server_busy", NULL, "%s",
+                  "too much request data is being received and parsed at once; try again later");
+}
+
+/* ---- waiting suspended ---- */
+
+static void waiter_init(struct waiter *w, struct http *h, struct MHD_Connection *c,
+                        bool http11) {
+    memset(w, 0, sizeof *w);
+    w->h = h;
+    w->c = c;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    w->fd = ci ? ci->connect_fd : -1;
+    w->http11 = http11;
+    atomic_init(&w->probe_now, false);
+    atomic_init(&w->gone, false);
+}
+
+/* Suspends w's connection (only from MHD's callbacks); watch: the watcher polls it. */
+static void suspend_locked(struct http *h, struct waiter *w, bool watch) {
+    w->suspended = true;
+    if (watch) {
+        w->watched = true;
+        w->prev = NULL;
+        w->next = h->waiters;
+        if (h->waiters) h->waiters->prev = w;
+        h->waiters = w;
+    }
+    MHD_suspend_connection(w->c);
+}
+
+static void unwatch_locked(struct http *h, struct waiter *w) {
+    if (!w->watched) return;
+    if (w->prev) w->prev->next = w->next;
+    else h->waiters = w->next;
+    if (w->next) w->next->prev = w->prev;
+    w->prev = w->next = NULL;
+    w->watched = false;
+}
+
+static void resume_locked(struct http *h, struct waiter *w) {
+    if (!w->suspended) return;
+    w->suspended = false;
+    unwatch_locked(h, w);
+    MHD_resume_connection(w->c);
+}
+
+/* The job's news hook (the worker calls it with j->mu held). */
+static void on_news(void *arg) {
+    struct waiter *w = arg;
+    if (w->only_done && w->job->state != JOB_DONE) return;
+    pthread_mutex_lock(&w->h->mu);
+    resume_locked(w->h, w);
+    pthread_mutex_unlock(&w->h->mu);
+}
+
+/* Suspends w's connection until its job has news (with j->mu held, from MHD's callbacks). */
+static void wait_for_news(struct waiter *w, struct job *j) {
+    w->job = j;
+    j->on_news = on_news;
+    j->news_arg = w;
+    pthread_mutex_lock(&w->h->mu);
+    suspend_locked(w->h, w, true);
+    pthread_mutex_unlock(&w->h->mu);
+}
+
+/* w's request ends: its job no longer calls it, the watcher no longer sees it. */
+static void waiter_detach(struct waiter *w) {
+    if (w->job) {
+        pthread_mutex_lock(&w->job->mu);
+        if (w->job->news_arg == w) {
+            w->job->on_news = NULL;
+            w->job->news_arg = NULL;
+        }
+        pthread_mutex_unlock(&w->job->mu);
+    }
+    if (w->h) {
+        pthread_mutex_lock(&w->h->mu);
+        unwatch_locked(w->h, w);
+        pthread_mutex_unlock(&w->h->mu);
+    }
+}
+
 static bool job_has_news(const struct job *j) {
     return j->state == JOB_DONE || j->content.len || j->reasoning.len || j->tool_calls;
 }
@@ -149,7 +268,7 @@ static bool job_has_news(const struct job *j) {
 struct stream {
     struct server *srv;
     struct job *job;
-    struct MHD_Connection *conn;
+    struct waiter w;
     struct sbuf out; /* formatted events not yet handed to MHD */
     bool role_sent, finished;
 };
@@ -164,17 +283,25 @@ static void add_event(struct sbuf *out, cJSON *obj) {
     cJSON_free(text);
 }
 
-/* MHD asks for the next bytes of the stream: blocks until the job has news. */
+/* MHD asks for the next bytes of the stream: when the job has no news, the connection is
+ * suspended (0 bytes) until it has. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     struct stream *st = cls;
     struct job *j = st->job;
     while (!st->out.len) {
         if (st->finished) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (atomic_load(&st->w.gone)) return MHD_CONTENT_READER_END_WITH_ERROR;
         pthread_mutex_lock(&j->mu);
-        if (st->role_sent && !wait_job(st->srv, st->conn, j, job_has_news)) {
+        if (st->role_sent && !job_has_news(j)) {
+            if (atomic_exchange(&st->w.probe_now, false)) {
+                pthread_mutex_unlock(&j->mu);
+                sbuf_adds(&st->out, ": waiting\n\n"); /* an SSE comment: clients skip it */
+                continue;
+            }
+            wait_for_news(&st->w, j);
             pthread_mutex_unlock(&j->mu);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
+            return 0;
         }
         bool done = j->state == JOB_DONE;
         char *content = j->content.len ? xstrdup(j->content.p) : NULL;
@@ -217,6 +344,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 /* The response is gone (sent, or the connection failed): a job still running is cancelled. */
 static void stream_free(void *cls) {
     struct stream *st = cls;
+    waiter_detach(&st->w);
     pthread_mutex_lock(&st->job->mu);
     bool done = st->job->state == JOB_DONE;
     pthread_mutex_unlock(&st->job->mu);
@@ -226,62 +354,199 @@ static void stream_free(void *cls) {
     free(st);
 }
 
-/* ---- endpoints ---- */
-
-static enum MHD_Result generate(struct server *s, struct MHD_Connection *c, enum endpoint ep,
-                                const cJSON *req) {
-    struct api_error e;
-    struct job *j = api_job_from_request(s, ep == EP_CHAT ? JOB_CHAT : JOB_COMPLETION, req, &e);
-    if (!j) return send_error(s, c, ep, &e);
-    if (!server_enqueue(s, j)) {
-        job_release(s, j);
-        return fail(s, c, ep, 503, "server_error", "server_busy",
-                    "%s; try again later", server_stopping(s) ? "the server is shutting down"
-                                                              : "too many requests are waiting");
+static enum MHD_Result start_stream(struct http *h, struct MHD_Connection *c, struct request *rq) {
+    struct server *s = h->srv;
+    struct job *j = rq->job;
+    struct stream *st = xcalloc(1, sizeof *st);
+    struct MHD_Response *r = st ? MHD_create_response_from_callback(
+                                      MHD_SIZE_UNKNOWN, 16384, stream_read, st, stream_free)
+                                : NULL;
+    if (!r) {
+        free(st);
+        return MHD_NO; /* on_completed cancels and releases the job */
     }
-    if (j->stream) {
-        struct stream *st = xcalloc(1, sizeof *st);
-        struct MHD_Response *r = st ? MHD_create_response_from_callback(
-                                          MHD_SIZE_UNKNOWN, 16384, stream_read, st, stream_free)
-                                    : NULL;
-        if (!r) {
-            free(st);
-            server_cancel(s, j);
-            job_release(s, j);
-            return MHD_NO;
-        }
-        st->srv = s;
-        st->job = j; /* the stream owns the reference now */
-        st->conn = c;
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        return queue(s, c, ep, 200, r);
-    }
-    pthread_mutex_lock(&j->mu);
-    bool ok = wait_job(s, c, j, job_done);
-    pthread_mutex_unlock(&j->mu);
-    enum MHD_Result res;
-    if (!ok && !server_stopping(s)) {
-        res = MHD_NO; /* the client is gone: close without an answer */
-    } else if (!ok || j->error != ANVIL_OK) {
-        bool stopping = server_stopping(s);
-        res = fail(s, c, ep, stopping ? 503 : 500, "server_error", NULL, "%s",
-                   stopping ? "the server is shutting down" : j->errmsg);
-    } else {
-        res = send_json(s, c, ep, 200, api_job_response(s, j));
-    }
-    job_release(s, j);
-    return res;
+    st->srv = s;
+    st->job = j; /* the stream owns the reference now */
+    rq->job = NULL;
+    waiter_init(&st->w, h, c, rq->w.http11);
+    st->w.stream = true;
+    st->w.job = j;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    return queue(s, c, rq->ep, 200, r);
 }
 
-static enum MHD_Result handle(struct server *s, struct MHD_Connection *c, struct request *rq,
-                              const char *url) {
+/* A non-streamed generation: its answer once the job is done, else wait suspended. */
+static enum MHD_Result answer_job(struct http *h, struct MHD_Connection *c, struct request *rq) {
+    struct server *s = h->srv;
+    struct job *j = rq->job;
+    if (atomic_load(&rq->w.gone)) return MHD_NO; /* the client is gone: close, no answer */
+    pthread_mutex_lock(&j->mu);
+    if (j->state != JOB_DONE) {
+        rq->w.only_done = true;
+        wait_for_news(&rq->w, j);
+        pthread_mutex_unlock(&j->mu);
+        return MHD_YES;
+    }
+    pthread_mutex_unlock(&j->mu);
+    rq->answered = true;
+    if (j->error != ANVIL_OK) {
+        bool stopping = server_stopping(s);
+        return fail(s, c, rq->ep, stopping ? 503 : 500, "server_error", NULL, "%s",
+                    stopping ? "the server is shutting down" : j->errmsg);
+    }
+    return send_json(s, c, rq->ep, 200, api_job_response(s, j));
+}
+
+/* ---- preparation (on the preparation threads) ---- */
+
+static void prepare(struct http *h, struct request *rq) {
+    struct server *s = h->srv;
+    struct api_error *e = &rq->err;
+    struct body_ids ids = {0};
+    cJSON *req = NULL;
+    api_error_set(e, 500, "server_error", NULL, NULL, "%s", "out of memory");
+    if (server_stopping(s)) {
+        api_error_set(e, 503, "server_error", "server_busy", NULL, "%s",
+                      "the server is shutting down; try again later");
+    } else {
+        api_lift_ids(rq->body.p, rq->body.len, &ids);
+        if (!budget_take(h, rq, api_parse_cost(rq->body.p, rq->body.len))) busy_error(e);
+        else req = api_parse_body(rq->body.p, rq->body.len, s->opt.max_json_depth, e);
+    }
+    sbuf_free(&rq->body);
+    if (req && (rq->ep == EP_CHAT || rq->ep == EP_COMPLETIONS)) {
+        struct job *j = api_job_from_request(s, rq->ep == EP_CHAT ? JOB_CHAT : JOB_COMPLETION,
+                                             req, &ids, e);
+        if (j && !server_enqueue(s, j)) {
+            job_release(s, j);
+            j = NULL;
+            api_error_set(e, 503, "server_error", "server_busy", NULL, "%s; try again later",
+                          server_stopping(s) ? "the server is shutting down"
+                                             : "too many requests are waiting");
+        }
+        rq->job = j;
+    } else if (req) {
+        rq->answer = rq->ep == EP_TOKENIZE ? api_tokenize(s, req, e) : api_detokenize(s, req, &ids, e);
+    }
+    cJSON_Delete(req);
+    free(ids.ids);
+    budget_give_back(h, rq);
+}
+
+static void *prep_main(void *arg) {
+    struct http *h = arg;
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        while (!h->prep_head && !h->stop) pthread_cond_wait(&h->cv, &h->mu);
+        struct request *rq = h->prep_head;
+        if (!rq) break; /* stopping, and nothing left */
+        h->prep_head = rq->next_prep;
+        if (!h->prep_head) h->prep_tail = NULL;
+        pthread_mutex_unlock(&h->mu);
+        prepare(h, rq);
+        pthread_mutex_lock(&h->mu);
+        resume_locked(h, &rq->w);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* ---- the watcher ---- */
+
+static void probe_locked(struct http *h, struct waiter *w) {
+    w->probed = true;
+    if (w->stream) {
+        atomic_store(&w->probe_now, true);
+        resume_locked(h, w);
+    } else if (w->http11) {
+        /* MHD has written nothing of this request's answer yet (it is suspended before
+         * its response): an interim response is ours to send */
+        static const char p[] = "HTTP/1.1 102 Processing\r\n\r\n";
+        ssize_t n = send(w->fd, p, sizeof p - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)n; /* a failure shows as an error at the next poll */
+    }
+}
+
+static void *watch_main(void *arg) {
+    struct http *h = arg;
+    struct server *s = h->srv;
+    struct pollfd *pfd = NULL;
+    struct waiter **ws = NULL;
+    struct job **gone = NULL;
+    size_t cap = 0;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += WATCH_TICK_MS * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+        if (h->stop) break;
+        size_t n = 0, n_gone = 0;
+        for (struct waiter *w = h->waiters; w; w = w->next) {
+            if (atomic_load(&w->gone)) continue;
+            if (n == cap) {
+                size_t nc = cap ? 2 * cap : 64;
+                struct pollfd *p2 = realloc(pfd, nc * sizeof *p2);
+                if (p2) pfd = p2;
+                struct waiter **w2 = realloc(ws, nc * sizeof *w2);
+                if (w2) ws = w2;
+                struct job **g2 = realloc(gone, nc * sizeof *g2);
+                if (g2) gone = g2;
+                if (!p2 || !w2 || !g2) break;
+                cap = nc;
+            }
+            pfd[n] = (struct pollfd){.fd = w->fd, .events = POLLIN | POLLRDHUP};
+            ws[n++] = w;
+        }
+        if (n && poll(pfd, n, 0) > 0) {
+            for (size_t i = 0; i < n; i++) {
+                short r = pfd[i].revents;
+                if (r & (POLLERR | POLLHUP | POLLNVAL)) {
+                    atomic_store(&ws[i]->gone, true);
+                    job_ref(ws[i]->job);
+                    gone[n_gone++] = ws[i]->job;
+                } else if ((r & POLLRDHUP) && !ws[i]->probed) {
+                    probe_locked(h, ws[i]);
+                }
+            }
+        }
+        double now = time_now();
+        for (struct conn *k = h->conns; k; k = k->next) {
+            if (!k->busy && !k->cut && now - k->since > s->opt.request_timeout_s && k->fd >= 0) {
+                shutdown(k->fd, SHUT_RDWR);
+                k->cut = true;
+            }
+        }
+        pthread_mutex_unlock(&h->mu);
+        /* the cancelled job's end resumes its connection (the hook takes h->mu) */
+        for (size_t i = 0; i < n_gone; i++) {
+            server_cancel(s, gone[i]);
+            job_release(s, gone[i]);
+        }
+        pthread_mutex_lock(&h->mu);
+    }
+    pthread_mutex_unlock(&h->mu);
+    free(pfd);
+    free(ws);
+    free(gone);
+    return NULL;
+}
+
+/* ---- requests ---- */
+
+/* Answers what needs neither a preparation nor the model; MHD_NO + *handled false: go on. */
+static enum MHD_Result answer_at_once(struct server *s, struct MHD_Connection *c,
+                                      struct request *rq, const char *url, bool *handled) {
     enum endpoint ep = rq->ep;
     int qlen, running;
     bool ready;
     server_state(s, &qlen, &running, &ready);
     char why[256];
     bool failed = server_failed(s, why, sizeof why);
+    *handled = true;
     if (ep == EP_HEALTH) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "status", failed ? "error" : ready ? "ok" : "loading");
@@ -312,18 +577,8 @@ static enum MHD_Result handle(struct server *s, struct MHD_Connection *c, struct
         }
         return send_json(s, c, ep, 200, api_models(s));
     }
-    struct api_error e;
-    cJSON *req = api_parse_body(rq->body.p, rq->body.len, s->opt.max_json_depth, &e);
-    if (!req) return send_error(s, c, ep, &e);
-    enum MHD_Result res;
-    if (ep == EP_CHAT || ep == EP_COMPLETIONS) {
-        res = generate(s, c, ep, req);
-    } else {
-        cJSON *out = ep == EP_TOKENIZE ? api_tokenize(s, req, &e) : api_detokenize(s, req, &e);
-        res = out ? send_json(s, c, ep, 200, out) : send_error(s, c, ep, &e);
-    }
-    cJSON_Delete(req);
-    return res;
+    *handled = false;
+    return MHD_NO;
 }
 
 static const struct route {
@@ -365,73 +620,191 @@ static bool authorized(struct server *s, struct MHD_Connection *c) {
     return diff == 0;
 }
 
-/* MHD calls this first with the headers, then with each piece of the body, then once more
- * with *upload_data_size == 0. */
+static enum MHD_Result too_large(struct server *s, struct MHD_Connection *c, struct request *rq) {
+    char msg[64];
+    snprintf(msg, sizeof msg, "%zu", s->opt.max_body);
+    return fail(s, c, rq->ep, 413, "invalid_request_error", "request_too_large",
+                "the request body is larger than %s bytes", msg);
+}
+
+/* The headers are in: authentication first, then the route, the method and the size. */
+static enum MHD_Result on_headers(struct http *h, struct MHD_Connection *c, struct request *rq,
+                                  const char *url, const char *method) {
+    struct server *s = h->srv;
+    const struct route *rt = find_route(url);
+    rq->ep = rt ? rt->ep : EP_OTHER;
+    rq->answered = true;
+    if (rq->ep != EP_HEALTH && !authorized(s, c))
+        return fail(s, c, rq->ep, 401, "authentication_error", "invalid_api_key", "%s",
+                    "missing or wrong API key (send it as 'Authorization: Bearer KEY')");
+    if (!rt)
+        return fail(s, c, EP_OTHER, 404, "invalid_request_error", "not_found",
+                    "no such endpoint: %.200s", url);
+    if (strcmp(method, rt->method)) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "%s takes %s, not %.16s", rt->path, rt->method, method);
+        return fail(s, c, rq->ep, 405, "invalid_request_error", "method_not_allowed", "%s", msg);
+    }
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    unsigned long long len = cl ? strtoull(cl, NULL, 10) : 0;
+    if (len > s->opt.max_body) return too_large(s, c, rq);
+    if (len && !budget_take(h, rq, (size_t)len)) {
+        struct api_error e;
+        busy_error(&e);
+        return send_error(s, c, rq->ep, &e);
+    }
+    rq->answered = false;
+    return MHD_YES;
+}
+
+/* MHD calls this first with the headers, then with each piece of the body, then with
+ * *upload_data_size == 0 — again after every resume, until a response is queued. */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
                                   void **con_cls) {
-    (void)version;
-    struct server *s = cls;
+    struct http *h = cls;
+    struct server *s = h->srv;
     struct request *rq = *con_cls;
     if (!rq) {
         if (!(rq = xcalloc(1, sizeof *rq))) return MHD_NO;
         *con_cls = rq;
-        const struct route *rt = find_route(url);
-        rq->ep = rt ? rt->ep : EP_OTHER;
-        rq->answered = true;
-        if (!rt)
-            return fail(s, c, EP_OTHER, 404, "invalid_request_error", "not_found",
-                        "no such endpoint: %.200s", url);
-        if (strcmp(method, rt->method)) {
-            char msg[96];
-            snprintf(msg, sizeof msg, "%s takes %s, not %.16s", rt->path, rt->method, method);
-            return fail(s, c, rq->ep, 405, "invalid_request_error", "method_not_allowed", "%s", msg);
-        }
-        if (rt->ep != EP_HEALTH && !authorized(s, c))
-            return fail(s, c, rq->ep, 401, "authentication_error", "invalid_api_key", "%s",
-                        "missing or wrong API key (send it as 'Authorization: Bearer KEY')");
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > s->opt.max_body) {
-            char msg[64];
-            snprintf(msg, sizeof msg, "%zu", s->opt.max_body);
-            return fail(s, c, rq->ep, 413, "invalid_request_error", "request_too_large",
-                        "the request body is larger than %s bytes", msg);
-        }
-        rq->answered = false;
-        return MHD_YES;
+        waiter_init(&rq->w, h, c, version && !strcmp(version, MHD_HTTP_VERSION_1_1));
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        rq->conn = ci ? ci->socket_context : NULL;
+        pthread_mutex_lock(&h->mu);
+        h->active++;
+        pthread_mutex_unlock(&h->mu);
+        return on_headers(h, c, rq, url, method);
     }
     if (*upload_data_size) {
         if (!rq->answered && !rq->too_big) {
-            if (rq->body.len + *upload_data_size > s->opt.max_body) {
+            size_t add = *upload_data_size;
+            if (rq->body.len + add > s->opt.max_body) {
                 rq->too_big = true;
                 sbuf_free(&rq->body);
-            } else if (!sbuf_add(&rq->body, upload_data, *upload_data_size)) {
-                return MHD_NO;
+            } else if ((rq->body.len + add > rq->reserved &&
+                        !budget_take(h, rq, rq->body.len + add - rq->reserved)) ||
+                       !sbuf_add(&rq->body, upload_data, add)) {
+                return MHD_NO; /* over the budget without a Content-Length: drop it */
             }
         }
         *upload_data_size = 0;
         return MHD_YES;
     }
     if (rq->answered) return MHD_YES;
-    rq->answered = true;
-    if (rq->too_big) {
-        char msg[64];
-        snprintf(msg, sizeof msg, "%zu", s->opt.max_body);
-        return fail(s, c, rq->ep, 413, "invalid_request_error", "request_too_large",
-                    "the request body is larger than %s bytes", msg);
+    switch (rq->stage) {
+    case ST_BODY: {
+        if (rq->conn) {
+            pthread_mutex_lock(&h->mu);
+            rq->conn->busy = true;
+            pthread_mutex_unlock(&h->mu);
+        }
+        if (rq->too_big) {
+            rq->answered = true;
+            return too_large(s, c, rq);
+        }
+        bool handled;
+        enum MHD_Result res = answer_at_once(s, c, rq, url, &handled);
+        if (handled) {
+            rq->answered = true;
+            return res;
+        }
+        pthread_mutex_lock(&h->mu);
+        if (h->stop) { /* the preparation threads are gone */
+            pthread_mutex_unlock(&h->mu);
+            rq->answered = true;
+            return fail(s, c, rq->ep, 503, "server_error", "server_busy", "%s",
+                        "the server is shutting down; try again later");
+        }
+        rq->stage = ST_PREP;
+        rq->next_prep = NULL;
+        if (h->prep_tail) h->prep_tail->next_prep = rq;
+        else h->prep_head = rq;
+        h->prep_tail = rq;
+        suspend_locked(h, &rq->w, false);
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+        return MHD_YES;
     }
-    return handle(s, c, rq, url);
+    case ST_PREP:
+        if (rq->answer) {
+            cJSON *a = rq->answer;
+            rq->answer = NULL;
+            rq->answered = true;
+            return send_json(s, c, rq->ep, 200, a);
+        }
+        if (!rq->job) {
+            rq->answered = true;
+            return send_error(s, c, rq->ep, &rq->err);
+        }
+        if (rq->job->stream) {
+            rq->answered = true;
+            return start_stream(h, c, rq);
+        }
+        rq->stage = ST_WAIT;
+        /* fall through */
+    case ST_WAIT:
+        return answer_job(h, c, rq);
+    }
+    return MHD_NO;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe;
+    (void)c, (void)toe;
+    struct http *h = cls;
     struct request *rq = *con_cls;
     if (!rq) return;
+    waiter_detach(&rq->w);
+    if (rq->job) {
+        pthread_mutex_lock(&rq->job->mu);
+        bool done = rq->job->state == JOB_DONE;
+        pthread_mutex_unlock(&rq->job->mu);
+        if (!done) server_cancel(h->srv, rq->job);
+        job_release(h->srv, rq->job);
+    }
+    cJSON_Delete(rq->answer);
+    budget_give_back(h, rq);
+    pthread_mutex_lock(&h->mu);
+    if (rq->conn) { /* the next request on this connection starts its own deadline */
+        rq->conn->busy = false;
+        rq->conn->since = time_now();
+    }
+    h->active--;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
     sbuf_free(&rq->body);
     free(rq);
     *con_cls = NULL;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    struct http *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        struct conn *k = xcalloc(1, sizeof *k);
+        if (!k) return; /* out of memory: this one has no deadline */
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        k->fd = ci ? ci->connect_fd : -1;
+        k->since = time_now();
+        pthread_mutex_lock(&h->mu);
+        k->next = h->conns;
+        if (h->conns) h->conns->prev = k;
+        h->conns = k;
+        pthread_mutex_unlock(&h->mu);
+        *socket_context = k;
+    } else if (*socket_context) {
+        /* MHD closes the socket after this returns: the watcher never sees a reused fd */
+        struct conn *k = *socket_context;
+        pthread_mutex_lock(&h->mu);
+        if (k->prev) k->prev->next = k->next;
+        else h->conns = k->next;
+        if (k->next) k->next->prev = k->prev;
+        pthread_mutex_unlock(&h->mu);
+        free(k);
+        *socket_context = NULL;
+    }
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -444,7 +817,33 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     log_debug("serve: http: %s", msg);
 }
 
+static void stop_threads(struct http *h) {
+    pthread_mutex_lock(&h->mu);
+    h->stop = true;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    for (int i = 0; i < h->n_prep; i++) pthread_join(h->prep[i], NULL);
+    h->n_prep = 0;
+    if (h->watcher_started) pthread_join(h->watcher, NULL);
+    h->watcher_started = false;
+}
+
 anvil_status http_start(struct server *s) {
+    struct http *h = xcalloc(1, sizeof *h);
+    if (!h) return ANVIL_ERR_NOMEM;
+    h->srv = s;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    s->http = h;
+    for (int i = 0; i < PREP_THREADS; i++) {
+        if (pthread_create(&h->prep[i], NULL, prep_main, h) != 0)
+            return err_set(ANVIL_ERR_NOMEM, "serve: cannot start a thread");
+        h->n_prep++;
+    }
+    if (pthread_create(&h->watcher, NULL, watch_main, h) != 0)
+        return err_set(ANVIL_ERR_NOMEM, "serve: cannot start a thread");
+    h->watcher_started = true;
+
     char port[16];
     snprintf(port, sizeof port, "%d", s->opt.port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
@@ -453,14 +852,18 @@ anvil_status http_start(struct server *s) {
     if (gai != 0)
         return err_set(ANVIL_ERR_INVALID_ARG, "serve: cannot resolve host '%s': %s", s->opt.host,
                        gai_strerror(gai));
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->daemon = MHD_start_daemon(
-        flags, (uint16_t)s->opt.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        flags, (uint16_t)s->opt.port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)HTTP_THREADS,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->opt.max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->opt.max_connections_per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->opt.timeout_s,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024, MHD_OPTION_NOTIFY_COMPLETED,
-        on_completed, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->daemon)
         return err_set(ANVIL_ERR_IO, "serve: cannot listen on %s:%d (address in use, or not "
@@ -471,6 +874,31 @@ anvil_status http_start(struct server *s) {
 }
 
 void http_stop(struct server *s) {
+    struct http *h = s->http;
+    /* the worker is gone and every job is done, so no connection waits on one; the
+     * preparation threads answer what is still queued (503) before they end */
+    if (h) stop_threads(h);
+    if (h && s->daemon) {
+        /* the answers just given (a stream's error event among them) are still being
+         * written: stopping the daemon would cut them, so it waits for them a little */
+        double until = time_now() + 2.0;
+        pthread_mutex_lock(&h->mu);
+        while (h->active > 0 && time_now() < until) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20 * 1000000L;
+            ts.tv_sec += ts.tv_nsec / 1000000000L;
+            ts.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+        }
+        pthread_mutex_unlock(&h->mu);
+    }
     if (s->daemon) MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
+    if (h) {
+        pthread_mutex_destroy(&h->mu);
+        pthread_cond_destroy(&h->cv);
+        free(h);
+    }
+    s->http = NULL;
 }

@@ -103,6 +103,136 @@ cJSON *api_parse_body(const char *body, size_t len, int max_depth, struct api_er
     return root;
 }
 
+/* ---- token ids, lifted out before parsing ---- */
+
+#define MIN_LIFTED 16 /* shorter lists cost little as cJSON nodes */
+
+static size_t skip_ws(const char *s, size_t i, size_t n) {
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) i++;
+    return i;
+}
+
+/* The end of the string starting at s[i] == '"' (just past its closing quote), or 0. */
+static size_t skip_string(const char *s, size_t i, size_t n, bool *escaped) {
+    for (i++; i < n; i++) {
+        if (s[i] == '\\') {
+            if (escaped) *escaped = true;
+            i++;
+        } else if (s[i] == '"') {
+            return i + 1;
+        }
+    }
+    return 0;
+}
+
+/* The end of the value starting at s[i] (brackets counted outside strings), or 0. */
+static size_t skip_value(const char *s, size_t i, size_t n) {
+    int depth = 0;
+    for (; i < n; i++) {
+        char c = s[i];
+        if (c == '"') {
+            size_t e = skip_string(s, i, n, NULL);
+            if (!e) return 0;
+            i = e - 1;
+        } else if (c == '[' || c == '{') {
+            depth++;
+        } else if (c == ']' || c == '}') {
+            if (depth == 0) return i; /* the enclosing object's end */
+            if (--depth == 0) return i + 1;
+        } else if (depth == 0 && (c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r')) {
+            return i;
+        }
+    }
+    return depth == 0 ? n : 0;
+}
+
+/* Parses the list of plain integers at s[i] == '[' into out; the end (past ']'), or 0 when
+ * it holds anything else. */
+static size_t parse_int_list(const char *s, size_t i, size_t n, struct body_ids *out) {
+    size_t count = 0;
+    for (size_t k = i + 1; k < n && s[k] != ']'; k++) count += s[k] == ',';
+    int32_t *ids = malloc((count + 1) * sizeof *ids);
+    if (!ids) return 0;
+    int m = 0;
+    i = skip_ws(s, i + 1, n);
+    while (i < n && s[i] != ']') {
+        bool neg = i < n && s[i] == '-';
+        if (neg) i++;
+        size_t d = i;
+        int64_t v = 0;
+        while (i < n && s[i] >= '0' && s[i] <= '9') {
+            if (v <= INT32_MAX) v = v * 10 + (s[i] - '0');
+            i++;
+        }
+        if (i == d || (s[d] == '0' && i - d > 1) || (size_t)m > count) goto no;
+        ids[m++] = v > INT32_MAX || (neg && v) ? -1 : (int32_t)v;
+        i = skip_ws(s, i, n);
+        if (i < n && s[i] == ',') {
+            i = skip_ws(s, i + 1, n);
+            if (i < n && s[i] == ']') goto no; /* a trailing comma */
+        } else if (i >= n || s[i] != ']') {
+            goto no;
+        }
+    }
+    if (i >= n || m < MIN_LIFTED) goto no;
+    out->ids = ids;
+    out->n = m;
+    return i + 1;
+no:
+    free(ids);
+    return 0;
+}
+
+void api_lift_ids(char *body, size_t n, struct body_ids *out) {
+    memset(out, 0, sizeof *out);
+    size_t i = skip_ws(body, 0, n);
+    if (i >= n || body[i] != '{') return;
+    i = skip_ws(body, i + 1, n);
+    while (i < n && body[i] == '"') {
+        bool escaped = false;
+        size_t kend = skip_string(body, i, n, &escaped);
+        if (!kend || escaped) return; /* a key written with escapes: leave it all to cJSON */
+        const char *key = NULL;
+        if (kend - i == 8 && !memcmp(body + i, "\"prompt\"", 8)) key = "prompt";
+        else if (kend - i == 8 && !memcmp(body + i, "\"tokens\"", 8)) key = "tokens";
+        i = skip_ws(body, kend, n);
+        if (i >= n || body[i] != ':') return;
+        i = skip_ws(body, i + 1, n);
+        size_t vend = 0;
+        if (key && body[i] == '[' && (vend = parse_int_list(body, i, n, out))) {
+            /* the first of a key counts (cJSON's lookup takes the first too) */
+            out->key = key;
+            body[i] = '[';
+            body[i + 1] = ']';
+            memset(body + i + 2, ' ', vend - i - 2);
+            return;
+        }
+        if (key) return; /* its first value is not a list of ids: nothing to lift */
+        if (!(vend = skip_value(body, i, n))) return;
+        i = skip_ws(body, vend, n);
+        if (i < n && body[i] == ',') i = skip_ws(body, i + 1, n);
+        else return;
+    }
+}
+
+size_t api_parse_cost(const char *body, size_t len) {
+    size_t values = 1;
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = body[i];
+        if (in_str) {
+            if (c == '\\') i++;
+            else if (c == '"') in_str = false;
+        } else if (c == '"') {
+            in_str = true;
+        } else if (c == ',' || c == '[' || c == '{') {
+            values++;
+        }
+    }
+    /* a node (64 bytes), a key's copy, malloc's overheads; strings are copied once */
+    return values * 128 + len;
+}
+
 /* ---- typed fields: absent or null leaves *out as it is ---- */
 
 static const cJSON *field(const cJSON *o, const char *key) {
@@ -375,7 +505,8 @@ static bool parse_tools(struct server *s, const cJSON *req, struct job *j, const
 
 /* Renders a chat request's messages (and tools) into the prompt text. */
 static char *render_chat(struct server *s, const cJSON *req, struct job *j,
-                         bool add_generation_prompt, struct api_error *e) {
+                         bool add_generation_prompt, struct plain_spans *plain,
+                         struct api_error *e) {
     const cJSON *kw = NULL, *tools = NULL;
     bool thinking = true;
     if (!parse_tools(s, req, j, &tools, e)) return NULL;
@@ -384,17 +515,54 @@ static char *render_chat(struct server *s, const cJSON *req, struct job *j,
     char *text = NULL;
     if (get_object(req, "chat_template_kwargs", &kw, e) &&
         (!kw || get_bool(kw, "enable_thinking", &thinking, e))) {
-        if (srv_text_render_chat(s->text, msgs, tools, add_generation_prompt, kw, &text) !=
-            ANVIL_OK)
+        if (srv_text_render_chat_spans(s->text, msgs, tools, add_generation_prompt, kw, &text,
+                                       plain) != ANVIL_OK)
             BAD(e, "messages", "the chat template failed on these messages: %s", anvil_last_error());
     }
     cJSON_Delete(msgs);
     return text;
 }
 
+/* Token ids given as a list, lifted (when lifted->key is key and the list is the []
+ * left in its place) or in the tree, checked against [0, V). */
+static bool id_list(const cJSON *list, const char *key, const struct body_ids *lifted, int V,
+                    int32_t **ids, int *n, struct api_error *e) {
+    if (lifted && lifted->key && !strcmp(lifted->key, key) && cJSON_GetArraySize(list) == 0) {
+        for (int i = 0; i < lifted->n; i++)
+            if (lifted->ids[i] < 0 || lifted->ids[i] >= V) goto bad;
+        *ids = xmalloc((size_t)(lifted->n ? lifted->n : 1) * sizeof **ids);
+        if (!*ids) goto oom;
+        memcpy(*ids, lifted->ids, (size_t)lifted->n * sizeof **ids);
+        *n = lifted->n;
+        return true;
+    }
+    int count = cJSON_GetArraySize(list);
+    *ids = xmalloc((size_t)(count ? count : 1) * sizeof **ids);
+    if (!*ids) goto oom;
+    *n = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, list) {
+        if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) ||
+            t->valuedouble < 0 || t->valuedouble >= V) {
+            free(*ids);
+            *ids = NULL;
+            goto bad;
+        }
+        (*ids)[(*n)++] = (int32_t)t->valuedouble;
+    }
+    return true;
+bad:
+    BAD(e, key, "%s must hold integers in [0, %d)",
+        !strcmp(key, "prompt") ? "a token-id prompt" : "token ids", V);
+    return false;
+oom:
+    api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    return false;
+}
+
 /* A completion prompt: a string, token ids, or a list holding one of those. */
-static bool completion_prompt(struct server *s, const cJSON *req, int32_t **ids, int *n,
-                              struct api_error *e) {
+static bool completion_prompt(struct server *s, const cJSON *req, const struct body_ids *lifted,
+                              int32_t **ids, int *n, struct api_error *e) {
     const cJSON *p = field(req, "prompt");
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
         (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
@@ -411,21 +579,10 @@ static bool completion_prompt(struct server *s, const cJSON *req, int32_t **ids,
         return true;
     }
     if (cJSON_IsArray(p)) {
-        int count = cJSON_GetArraySize(p), V = srv_text_vocab_size(s->text);
-        *ids = xmalloc((size_t)(count ? count : 1) * sizeof **ids);
-        *n = 0;
-        const cJSON *t;
-        cJSON_ArrayForEach(t, p) {
-            if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) ||
-                t->valuedouble < 0 || t->valuedouble >= V) {
-                BAD(e, "prompt", "a token-id prompt must hold integers in [0, %d)", V);
-                free(*ids);
-                *ids = NULL;
-                return false;
-            }
-            (*ids)[(*n)++] = (int32_t)t->valuedouble;
-        }
-        return true;
+        /* the model's ids: its embedding may have fewer rows than the tokenizer has ids */
+        int V = srv_text_vocab_size(s->text);
+        if (s->n_vocab > 0 && s->n_vocab < V) V = s->n_vocab;
+        return id_list(p, "prompt", p == field(req, "prompt") ? lifted : NULL, V, ids, n, e);
     }
     BAD(e, "prompt", "'prompt' must be a string or a list of token ids");
     return false;
@@ -500,9 +657,10 @@ static bool parse_sampling(struct server *s, const cJSON *req, struct job *j,
 }
 
 struct job *api_job_from_request(struct server *s, enum job_kind kind, const cJSON *req,
-                                 struct api_error *e) {
+                                 const struct body_ids *ids, struct api_error *e) {
     struct job *j = job_new();
     char *rendered = NULL;
+    struct plain_spans plain = {0};
     if (!j) {
         api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
         return NULL;
@@ -531,7 +689,7 @@ struct job *api_job_from_request(struct server *s, enum job_kind kind, const cJS
         goto fail;
     }
     if (kind == JOB_CHAT) {
-        if (!(rendered = render_chat(s, req, j, true, e))) goto fail;
+        if (!(rendered = render_chat(s, req, j, true, &plain, e))) goto fail;
         j->think_open = toolcall_prompt_opens_think(rendered);
         if (j->forced) {
             /* a thinking model's open <think> is closed first: the call cannot wait for it */
@@ -546,7 +704,8 @@ struct job *api_job_from_request(struct server *s, enum job_kind kind, const cJS
                 goto fail;
             }
         }
-        if (srv_text_tokenize(s->text, rendered, &j->prompt, &j->n_prompt) != ANVIL_OK) {
+        if (srv_text_tokenize_chat(s->text, rendered, &plain, &j->prompt, &j->n_prompt) !=
+            ANVIL_OK) {
             BAD(e, "messages", "cannot tokenize the rendered chat: %s", anvil_last_error());
             goto fail;
         }
@@ -560,7 +719,7 @@ struct job *api_job_from_request(struct server *s, enum job_kind kind, const cJS
                 echo ? "echo" : "suffix");
             goto fail;
         }
-        if (!completion_prompt(s, req, &j->prompt, &j->n_prompt, e)) goto fail;
+        if (!completion_prompt(s, req, ids, &j->prompt, &j->n_prompt, e)) goto fail;
     }
     if (j->n_prompt == 0) {
         BAD(e, kind == JOB_CHAT ? "messages" : "prompt", "the prompt is empty");
@@ -584,9 +743,11 @@ struct job *api_job_from_request(struct server *s, enum job_kind kind, const cJS
     }
     j->gen.max_tokens = (int)max_tokens;
     free(rendered);
+    plain_spans_free(&plain);
     return j;
 fail:
     free(rendered);
+    plain_spans_free(&plain);
     job_release(s, j);
     return NULL;
 }
@@ -702,11 +863,13 @@ cJSON *api_tokenize(struct server *s, const cJSON *req, struct api_error *e) {
         bool agp = true;
         if (!get_bool(req, "add_generation_prompt", &agp, e)) return NULL;
         struct job tmp = {.id = "tokenize-0"}; /* the tools' rendering, without a job */
-        char *text = render_chat(s, req, &tmp, agp, e);
+        struct plain_spans plain = {0};
+        char *text = render_chat(s, req, &tmp, agp, &plain, e);
         cJSON_Delete(tmp.tools);
         free(tmp.forced);
         if (!text) return NULL;
-        anvil_status st = srv_text_tokenize(s->text, text, &ids, &n);
+        anvil_status st = srv_text_tokenize_chat(s->text, text, &plain, &ids, &n);
+        plain_spans_free(&plain);
         free(text);
         if (st != ANVIL_OK) {
             BAD(e, "messages", "cannot tokenize: %s", anvil_last_error());
@@ -721,8 +884,14 @@ cJSON *api_tokenize(struct server *s, const cJSON *req, struct api_error *e) {
         BAD(e, "prompt", "give 'prompt' (a string) or 'messages'");
         return NULL;
     }
-    cJSON *r = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(r, "tokens");
-    for (int i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    /* the list as text: a node per id would cost 50 times its digits */
+    struct sbuf list = {0};
+    sbuf_adds(&list, "[");
+    for (int i = 0; i < n; i++) sbuf_printf(&list, i ? ",%d" : "%d", ids[i]);
+    sbuf_adds(&list, "]");
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddRawToObject(r, "tokens", list.p ? list.p : "[]");
+    sbuf_free(&list);
     cJSON_AddNumberToObject(r, "count", n);
     cJSON_AddNumberToObject(r, "max_model_len", s->n_ctx);
     free(ids);
@@ -730,25 +899,17 @@ cJSON *api_tokenize(struct server *s, const cJSON *req, struct api_error *e) {
 }
 
 /* POST /detokenize: {"tokens": [...]} → {"prompt": text}. */
-cJSON *api_detokenize(struct server *s, const cJSON *req, struct api_error *e) {
+cJSON *api_detokenize(struct server *s, const cJSON *req, const struct body_ids *lifted,
+                      struct api_error *e) {
     if (!check_model(s, req, e)) return NULL;
     const cJSON *toks = field(req, "tokens");
     if (!cJSON_IsArray(toks)) {
         BAD(e, "tokens", "'tokens' must be a list of token ids");
         return NULL;
     }
-    int count = cJSON_GetArraySize(toks), V = srv_text_vocab_size(s->text), n = 0;
-    int32_t *ids = xmalloc((size_t)(count ? count : 1) * sizeof *ids);
-    const cJSON *t;
-    cJSON_ArrayForEach(t, toks) {
-        if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
-            t->valuedouble >= V) {
-            BAD(e, "tokens", "token ids must be integers in [0, %d)", V);
-            free(ids);
-            return NULL;
-        }
-        ids[n++] = (int32_t)t->valuedouble;
-    }
+    int32_t *ids = NULL;
+    int n = 0;
+    if (!id_list(toks, "tokens", lifted, srv_text_vocab_size(s->text), &ids, &n, e)) return NULL;
     struct sbuf text = {0};
     sbuf_adds(&text, "");
     anvil_status st = srv_text_detokenize(s->text, ids, n, &text);

@@ -16,8 +16,11 @@ void server_options_default(struct server_options *o) {
     o->max_tokens = 4096;
     o->default_max_tokens = 512;
     o->max_queue = 256;
-    o->max_connections = 512;
+    o->max_connections = 2048;
+    o->max_connections_per_ip = 128;
     o->timeout_s = 60;
+    o->request_timeout_s = 30;
+    o->parse_budget = (size_t)256 << 20;
 }
 
 /* ---- jobs ---- */
@@ -26,9 +29,8 @@ struct job *job_new(void) {
     struct job *j = xcalloc(1, sizeof *j);
     if (!j) return NULL;
     pthread_mutex_init(&j->mu, NULL);
-    pthread_cond_init(&j->cv, NULL);
     atomic_init(&j->cancelled, false);
-    j->refs = 1;
+    atomic_init(&j->refs, 1);
     j->state = JOB_QUEUED;
     return j;
 }
@@ -42,16 +44,18 @@ static void job_free(struct job *j) {
     cJSON_Delete(j->tools);
     free(j->forced);
     pthread_mutex_destroy(&j->mu);
-    pthread_cond_destroy(&j->cv);
     free(j);
 }
 
+void job_ref(struct job *j) { atomic_fetch_add(&j->refs, 1); }
+
 void job_release(struct server *s, struct job *j) {
-    if (!j) return;
-    pthread_mutex_lock(&s->mu);
-    bool last = --j->refs == 0;
-    pthread_mutex_unlock(&s->mu);
-    if (last) job_free(j);
+    (void)s;
+    if (j && atomic_fetch_sub(&j->refs, 1) == 1) job_free(j);
+}
+
+void job_signal(struct job *j) {
+    if (j->on_news) j->on_news(j->news_arg);
 }
 
 static void job_finish(struct job *j, anvil_status error, const char *msg) {
@@ -61,7 +65,7 @@ static void job_finish(struct job *j, anvil_status error, const char *msg) {
         j->error = error;
         snprintf(j->errmsg, sizeof j->errmsg, "%s", msg);
     }
-    pthread_cond_broadcast(&j->cv);
+    job_signal(j);
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -69,7 +73,7 @@ bool server_enqueue(struct server *s, struct job *j) {
     pthread_mutex_lock(&s->mu);
     bool ok = !atomic_load(&s->stopping) && s->ready && !s->failed && s->queue_len < s->opt.max_queue;
     if (ok) {
-        j->refs++;
+        job_ref(j);
         j->next = NULL;
         if (s->queue_tail) s->queue_tail->next = j;
         else s->queue_head = j;
@@ -97,7 +101,7 @@ void server_cancel(struct server *s, struct job *j) {
     atomic_store(&j->cancelled, true);
     pthread_mutex_lock(&s->mu);
     bool was_queued = unqueue_locked(s, j);
-    if (was_queued) j->refs--; /* the queue's reference; the caller still holds one */
+    if (was_queued) atomic_fetch_sub(&j->refs, 1); /* the queue's; the caller still holds one */
     pthread_mutex_unlock(&s->mu);
     if (was_queued) {
         job_finish(j, ANVIL_OK, "");
@@ -162,7 +166,7 @@ static void emit(struct run *r, bool flush) {
     } else if (r->released.len) {
         sbuf_add(&j->content, r->released.p, r->released.len);
     }
-    pthread_cond_broadcast(&j->cv);
+    job_signal(j);
     pthread_mutex_unlock(&j->mu);
     sbuf_clear(&r->released);
 }
@@ -285,6 +289,7 @@ static anvil_status load(struct server *s) {
                        "model's %d", tok_path, (int)srv_text_vocab_size(s->text),
                        (int)anvil_model_vocab_size(s->model));
     s->n_ctx = anvil_session_context_size(s->session);
+    s->n_vocab = anvil_model_vocab_size(s->model);
     return ANVIL_OK;
 }
 
@@ -312,7 +317,7 @@ static void *worker_main(void *arg) {
         s->running = j;
         pthread_mutex_lock(&j->mu);
         j->state = JOB_RUNNING;
-        pthread_cond_broadcast(&j->cv);
+        job_signal(j);
         pthread_mutex_unlock(&j->mu);
         pthread_mutex_unlock(&s->mu);
 
@@ -362,6 +367,7 @@ anvil_status server_start(const struct server_options *o, struct server **out) {
         return err_set(ANVIL_ERR_INVALID_ARG, "serve: no model given");
     if (o->max_body < 64 || o->max_json_depth < 2 || o->max_tokens < 1 ||
         o->default_max_tokens < 1 || o->max_queue < 1 || o->max_connections < 1 ||
+        o->max_connections_per_ip < 0 || o->request_timeout_s < 1 || o->parse_budget < o->max_body ||
         o->timeout_s < 1 || o->port < 0 || o->port > 65535 || o->max_prompt_tokens < 0)
         return err_set(ANVIL_ERR_INVALID_ARG, "serve: an option is out of range");
     struct server *s = xcalloc(1, sizeof *s);
@@ -407,8 +413,9 @@ void server_stop(struct server *s) {
     atomic_store(&s->stopping, true);
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    /* the worker ends the running job at its next token and fails the queued ones; the
-     * connection threads waiting on them then finish, and the daemon can join them */
+    /* the worker ends the running job at its next token and fails the queued ones (each
+     * with its error, which a stream sends before it ends); the connections waiting on them
+     * resume and answer, and then the daemon can stop */
     if (s->worker_started) pthread_join(s->worker, NULL);
     http_stop(s);
     srv_text_close(s->text);

@@ -16,7 +16,8 @@
  * /tokenize, POST /detokenize.
  *
  * Scheduling: the model has one session, owned by one worker thread. Every generation request
- * is validated and tokenized on its own connection thread, then joins a FIFO queue; the worker
+ * is validated and tokenized on a preparation thread (never on the threads that run the
+ * connections: http.c), then joins a FIFO queue; the worker
  * runs the queue head to completion (prefill, then decode until a stop), then takes the next.
  * A request's wait is therefore bounded by the work queued before it, which max_tokens and the
  * prompt limit bound. A request whose client goes away (disconnect, timeout) is taken out of
@@ -52,8 +53,13 @@ struct server_options {
     int max_tokens;          /* the largest max_tokens a request may ask for */
     int default_max_tokens;  /* used when a request gives none (still capped by the context) */
     int max_queue;           /* waiting generation requests beyond this get 503 */
-    int max_connections;     /* simultaneous connections (each has a thread) */
+    int max_connections;     /* simultaneous connections, all clients together */
+    int max_connections_per_ip; /* simultaneous connections from one client address */
     int timeout_s;           /* a client idle this long (not sending, not reading) is dropped */
+    int request_timeout_s;   /* a request's headers and body must arrive within this, however
+                                busy the client keeps the connection */
+    size_t parse_budget;     /* bytes that request bodies and their parsed JSON may hold, all
+                                requests together; a request past it gets 503 */
     const char *chat_template;        /* template text replacing the model's own, or NULL */
     const char *chat_template_kwargs; /* JSON object: default template variables, or NULL */
 };

@@ -33,8 +33,28 @@ const char *srv_text_template(const struct srv_text *t);
  * (server_options.chat_template_kwargs). *out is a new string the caller frees. */
 anvil_status srv_text_render_chat(struct srv_text *t, const cJSON *messages, const cJSON *tools,
                                   bool add_generation_prompt, const cJSON *kwargs, char **out);
-/* Text → ids (special-token text such as <|im_start|> becomes its special id); *ids is new,
- * the caller frees it. */
+/* Where control-token text in a rendered chat came from a request's strings (messages, tools,
+ * template variables) rather than from the template: [off, off + len) byte spans, in order. */
+struct plain_spans {
+    size_t *off, *len;
+    int n;
+};
+void plain_spans_free(struct plain_spans *p);
+/* Renders like srv_text_render_chat and says where in *out a request's strings wrote
+ * control-token text (<|im_end|>, ...): srv_text_tokenize_chat keeps that as plain text, so
+ * that a user cannot forge turns. A template that treats such text differently from other
+ * text (the rendering changes when it is swapped for a neutral stand-in) is an error. */
+anvil_status srv_text_render_chat_spans(struct srv_text *t, const cJSON *messages,
+                                        const cJSON *tools, bool add_generation_prompt,
+                                        const cJSON *kwargs, char **out,
+                                        struct plain_spans *plain);
+/* A rendered chat → ids: control tokens where the template wrote them (outside plain, which
+ * may be NULL), everything else as text. *ids is new, the caller frees it. */
+anvil_status srv_text_tokenize_chat(struct srv_text *t, const char *text,
+                                    const struct plain_spans *plain, int32_t **ids, int *n);
+/* A request's text → ids, control-token text such as <|im_start|> as plain text (other added
+ * tokens, <think>, are matched: Hugging Face's split_special_tokens); *ids is new, the caller
+ * frees it. */
 anvil_status srv_text_tokenize(struct srv_text *t, const char *text, int32_t **ids, int *n);
 /* ids → text into out; out-of-range ids are an error. */
 anvil_status srv_text_detokenize(struct srv_text *t, const int32_t *ids, int n, struct sbuf *out);
@@ -104,9 +124,10 @@ struct job {
     char call_prefix[40];
     char *forced;
 
-    /* guarded by mu; cv signals every change */
+    /* guarded by mu; every change calls on_news (set by the connection side, NULL: none) */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    void (*on_news)(void *arg);
+    void *news_arg;
     enum job_state state;
     struct sbuf content, reasoning; /* all text so far (non-streamed) or not yet sent */
     cJSON *tool_calls;              /* calls so far (non-streamed) or not yet sent; NULL: none */
@@ -117,13 +138,14 @@ struct job {
     char errmsg[256];
 
     atomic_bool cancelled; /* the client went away: stop as soon as possible */
-    int refs;              /* guarded by the server's mu */
+    atomic_int refs;
     struct job *next;      /* queue link, guarded by the server's mu */
 };
 
 /* ---- the server ---- */
 
 struct MHD_Daemon;
+struct http;
 
 struct server {
     struct server_options opt;
@@ -135,6 +157,7 @@ struct server {
     anvil_session *session;
     struct srv_text *text;
     int n_ctx;
+    int32_t n_vocab; /* the model's embedding rows (0: take the tokenizer's) */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;       /* queue changes, readiness, stopping */
@@ -152,13 +175,17 @@ struct server {
     pthread_t worker;
     bool worker_started;
     struct MHD_Daemon *daemon;
+    struct http *http; /* http.c's state */
     int port;
     struct metrics metrics;
 };
 
 /* server.c: the queue */
 struct job *job_new(void);
+void job_ref(struct job *j);
 void job_release(struct server *s, struct job *j);
+/* Tells the connection side that j changed (with j->mu held). */
+void job_signal(struct job *j);
 /* Queues j (taking a reference); false when the queue is full or the server stops. */
 bool server_enqueue(struct server *s, struct job *j);
 /* The client went away: unqueue j if it still waits, else make it stop at its next token. */
@@ -186,9 +213,23 @@ void api_error_set(struct api_error *e, int status, const char *type, const char
 cJSON *api_error_json(const struct api_error *e);
 /* Parses a body (at most max_depth deep, valid UTF-8) into a JSON object. */
 cJSON *api_parse_body(const char *body, size_t len, int max_depth, struct api_error *e);
-/* Builds a job from a chat or completion request; NULL with e set when the request is bad. */
+/* Token ids lifted out of a body before it is parsed: cJSON spends ~100 bytes on each element
+ * of an array, 50 times what "1," costs in the body. */
+struct body_ids {
+    const char *key; /* "prompt" or "tokens" (a top-level key), or NULL: none lifted */
+    int32_t *ids;    /* [n]; ids beyond int32 are -1 */
+    int n;
+};
+/* Rewrites body[len] in place: the first top-level "prompt" or "tokens" whose value is a list
+ * of (at least MIN_LIFTED) plain integers becomes [] padded with spaces, its ids going to out
+ * (free out->ids). A body that is not a simple object is left as it is. */
+void api_lift_ids(char *body, size_t len, struct body_ids *out);
+/* About what cJSON will allocate for body[len] (an upper bound on the parse's memory). */
+size_t api_parse_cost(const char *body, size_t len);
+/* Builds a job from a chat or completion request (ids: what api_lift_ids took out of its
+ * body, or NULL); NULL with e set when the request is bad. */
 struct job *api_job_from_request(struct server *s, enum job_kind kind, const cJSON *req,
-                                 struct api_error *e);
+                                 const struct body_ids *ids, struct api_error *e);
 /* The non-streamed response of a finished job. */
 cJSON *api_job_response(struct server *s, struct job *j);
 /* The streamed chunk carrying the new text in content/reasoning (either may be empty), or
@@ -200,6 +241,7 @@ cJSON *api_stream_chunk(struct server *s, const struct job *j, bool role, const 
 cJSON *api_stream_tool_calls(struct server *s, const struct job *j, const cJSON *calls);
 cJSON *api_models(struct server *s);
 cJSON *api_tokenize(struct server *s, const cJSON *req, struct api_error *e);
-cJSON *api_detokenize(struct server *s, const cJSON *req, struct api_error *e);
+cJSON *api_detokenize(struct server *s, const cJSON *req, const struct body_ids *ids,
+                      struct api_error *e);
 
 #endif

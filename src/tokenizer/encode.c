@@ -595,6 +595,7 @@ static bool added_at(const struct anvil_tokenizer *t, const uint8_t *s, size_t n
                      size_t *len) {
     for (int k = 0; k < t->n_added; k++) {
         const struct added_token *a = &t->added[k];
+        if (t->added_skip_special && (t->attr[a->id] & TOK_SPECIAL)) continue;
         if (a->len <= n && !memcmp(a->text, s, a->len)) {
             *id = a->id;
             *len = a->len;

@@ -497,7 +497,7 @@ anvil_status anvil_tokenize(const anvil_tokenizer *t, const char *text, size_t l
         return err_set(ANVIL_ERR_INVALID_ARG, "anvil_tokenize: NULL argument");
     *ids_out = NULL;
     *n_out = 0;
-    if (flags & ~ANVIL_TOKENIZE_PLAIN)
+    if (flags & ~(ANVIL_TOKENIZE_PLAIN | ANVIL_TOKENIZE_NO_SPECIAL))
         return err_set(ANVIL_ERR_INVALID_ARG, "anvil_tokenize: unknown flags %#x", flags);
     const uint8_t *p = (const uint8_t *)text;
     size_t bad = utf8_valid_prefix(p, len);
@@ -512,6 +512,10 @@ anvil_status anvil_tokenize(const anvil_tokenizer *t, const char *text, size_t l
         plain.n_added = 0;
         memset(plain.added_first, 0, sizeof plain.added_first);
         st = tokenizer_encode(&plain, p, len, &iv);
+    } else if (flags & ANVIL_TOKENIZE_NO_SPECIAL) {
+        struct anvil_tokenizer some = *t;
+        some.added_skip_special = true;
+        st = tokenizer_encode(&some, p, len, &iv);
     } else {
         st = tokenizer_encode(t, p, len, &iv);
     }

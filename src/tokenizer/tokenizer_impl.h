@@ -66,6 +66,7 @@ struct anvil_tokenizer {
     uint8_t *added_text;
     int n_added;
     bool added_first[256];  /* some added token starts with this byte */
+    bool added_skip_special; /* a copy for one call: special added tokens are plain text */
 
     bool nfc;
     pcre2_code *re;         /* the pre-tokenizer */

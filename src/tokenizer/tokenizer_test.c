@@ -449,6 +449,16 @@ static void test_special_tokens(void **state) {
     assert_string_equal(back, s);
     free(back);
     free(ids);
+    /* NO_SPECIAL: control-token text is text, other added tokens are still matched */
+    assert_int_equal(anvil_tokenize(qwen3, s, strlen(s), ANVIL_TOKENIZE_NO_SPECIAL, &ids, &n), ANVIL_OK);
+    assert_true(n > 2);
+    for (size_t i = 0; i + 1 < n; i++) assert_true(ids[i] < 151643);
+    assert_int_equal(ids[n - 1], 151667);
+    assert_int_equal(anvil_detokenize(qwen3, ids, n, &back, &blen), ANVIL_OK);
+    assert_string_equal(back, s);
+    free(back);
+    free(ids);
+    assert_int_equal(anvil_tokenize(qwen3, s, strlen(s), 4, &ids, &n), ANVIL_ERR_INVALID_ARG);
     int32_t bad[] = {5, 151669};
     assert_int_equal(anvil_detokenize(qwen3, bad, 2, &back, &blen), ANVIL_ERR_RANGE);
     bad[1] = -1;

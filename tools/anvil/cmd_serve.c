@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -27,8 +28,14 @@ static void usage(void) {
             "  --max-prompt N          most prompt tokens (default: the context less one)\n"
             "  --max-body BYTES        request body limit (1048576)\n"
             "  --max-queue N           waiting requests before 503 (256)\n"
-            "  --max-connections N     simultaneous connections (512)\n"
+            "  --max-connections N     simultaneous connections (2048)\n"
+            "  --max-connections-per-ip N  simultaneous connections from one address (128;\n"
+            "                          0 = no limit)\n"
             "  --timeout SECONDS       drop a client idle this long (60)\n"
+            "  --request-timeout SECONDS  a request's headers and body must arrive within\n"
+            "                          this, however active the client (30)\n"
+            "  --parse-budget MIB      memory that request bodies and their parsing may hold,\n"
+            "                          all requests together, before 503 (256)\n"
             "  --chat-template-file FILE   a Jinja chat template instead of the model's own\n"
             "  --chat-template-kwargs JSON default template variables (a request's\n"
             "                          chat_template_kwargs override them)\n"
@@ -94,14 +101,34 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--max-connections")) {
             if (!parse_int(v, 1, 1 << 16, &o.max_connections))
                 return fail("bad --max-connections \"%s\"", v);
+        } else if (!strcmp(a, "--max-connections-per-ip")) {
+            if (!parse_int(v, 0, 1 << 16, &o.max_connections_per_ip))
+                return fail("bad --max-connections-per-ip \"%s\"", v);
         } else if (!strcmp(a, "--timeout")) {
             if (!parse_int(v, 1, 86400, &o.timeout_s)) return fail("bad --timeout \"%s\"", v);
+        } else if (!strcmp(a, "--request-timeout")) {
+            if (!parse_int(v, 1, 86400, &o.request_timeout_s))
+                return fail("bad --request-timeout \"%s\"", v);
+        } else if (!strcmp(a, "--parse-budget")) {
+            if (!parse_int(v, 1, 1 << 20, &n)) return fail("bad --parse-budget \"%s\"", v);
+            o.parse_budget = (size_t)n << 20;
         } else {
             usage();
             return fail("serve: unknown option \"%s\"", a);
         }
     }
     if (!co.model) return fail("serve: no model: pass -m MODEL");
+    if (o.parse_budget < o.max_body)
+        return fail("serve: --parse-budget (%zu MiB) must hold at least one body (--max-body %zu)",
+                    o.parse_budget >> 20, o.max_body);
+    /* a socket per connection, and some for the model's files and the rest */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur < (rlim_t)o.max_connections + 256) {
+        rlim_t want = (rlim_t)o.max_connections + 256;
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
     if (!template_opts_load(&tpl)) return 1;
     o.chat_template = tpl.text;
     o.chat_template_kwargs = tpl.kwargs;
