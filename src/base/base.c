@@ -78,10 +78,65 @@ void log_msg(enum log_level level, const char *fmt, ...) {
     if (!log_enabled(level)) return;
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "anvil: %s: ", names[level]);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
+    size_t cap = n >= 0 ? 4 * (size_t)n + 8 : 0;
+    char *msg = cap ? malloc((size_t)n + 1) : NULL, *shown = msg ? malloc(cap) : NULL;
+    if (msg && shown) {
+        va_start(ap, fmt);
+        vsnprintf(msg, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+        /* messages carry names read from files: no byte of theirs may drive the terminal */
+        fprintf(stderr, "anvil: %s: %s\n", names[level], str_escape(msg, (size_t)n, true, shown, cap));
+    }
+    free(msg);
+    free(shown);
+}
+
+/* The length of the valid UTF-8 character at s[0..n), or 0. */
+static size_t utf8_char(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+    if (!len || len > n) return 0;
+    uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80) return 0;
+        cp = cp << 6 | (s[i] & 0x3f);
+    }
+    static const uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    return len;
+}
+
+char *str_escape(const char *s, size_t n, bool keep_newlines, char *out, size_t cap) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t o = 0;
+    if (!cap) return out;
+    for (size_t i = 0; i < n;) {
+        size_t len = utf8_char(u + i, n - i);
+        bool c1 = len == 2 && u[i] == 0xc2 && u[i + 1] < 0xa0; /* U+0080..U+009F: controls */
+        bool ctl = len == 1 && (u[i] < 0x20 || u[i] == 0x7f) &&
+                   !(keep_newlines && (u[i] == '\n' || u[i] == '\t'));
+        char piece[16];
+        size_t pn;
+        if (!len || ctl || c1) {
+            pn = (size_t)snprintf(piece, sizeof piece, "\\x%02x", u[i]);
+            if (c1) pn += (size_t)snprintf(piece + pn, sizeof piece - pn, "\\x%02x", u[i + 1]);
+            i += c1 ? 2 : 1;
+        } else {
+            memcpy(piece, s + i, len);
+            pn = len;
+            i += len;
+        }
+        if (o + pn + 4 > cap) { /* room for "..." and the NUL */
+            if (cap >= 4) memcpy(out + (o < cap - 4 ? o : cap - 4), "...", 3), o = (o < cap - 4 ? o : cap - 4) + 3;
+            break;
+        }
+        memcpy(out + o, piece, pn);
+        o += pn;
+    }
+    out[o < cap ? o : cap - 1] = 0;
+    return out;
 }
 
 /* ---- allocation ---- */

@@ -84,6 +84,12 @@ int cpu_count(void);
  * (.ci/lsan.supp). Does nothing in other builds. */
 void pin_loaded_libraries(void);
 
+/* Copies s[n] into out (cap bytes, NUL-terminated; cut with "..." when it does not fit) made
+ * safe for a terminal: control characters (C0 — but newline and tab when keep_newlines —,
+ * DEL, C1) and bytes that are not valid UTF-8 become \xHH. For names read from files.
+ * Returns out. */
+char *str_escape(const char *s, size_t n, bool keep_newlines, char *out, size_t cap);
+
 /* Monotonic clock in seconds. */
 double time_now(void);
 

@@ -94,12 +94,29 @@ static void test_errors_and_files(void **state) {
     free(dir);
 }
 
+/* Names from files, made safe for a terminal. */
+static void test_escape(void **state) {
+    (void)state;
+    char out[64];
+    const char in[] = "ok \xc3\xa9 \x1b[31m\x07\x7f\xc2\x9b\xff\xc3\ttab\nline";
+    assert_string_equal(str_escape(in, sizeof in - 1, true, out, sizeof out),
+                        "ok \xc3\xa9 \\x1b[31m\\x07\\x7f\\xc2\\x9b\\xff\\xc3\ttab\nline");
+    assert_string_equal(str_escape("a\tb\nc", 5, false, out, sizeof out), "a\\x09b\\x0ac");
+    /* cut with "..." where it does not fit, never inside an escape */
+    char small[12];
+    assert_string_equal(str_escape("abcdefghijklmnop", 16, false, small, sizeof small), "abcdefgh...");
+    assert_string_equal(str_escape("abcdef\x1b\x1bxyz", 11, false, small, sizeof small), "abcdef...");
+    assert_string_equal(str_escape("\xf0\x9f\x98\x80", 4, false, out, sizeof out), "\xf0\x9f\x98\x80");
+    assert_string_equal(str_escape("\xed\xa0\x80", 3, false, out, sizeof out), "\\xed\\xa0\\x80");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f16_roundtrip),
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_thread_pool),
         cmocka_unit_test(test_errors_and_files),
+        cmocka_unit_test(test_escape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

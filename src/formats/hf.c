@@ -58,6 +58,35 @@ static bool json_bool(const cJSON *obj, const char *key, bool def, bool *out) {
     return true;
 }
 
+/* The first key that appears twice in one object of v (at any depth), or NULL: JSON leaves
+ * duplicates undefined, and a reader taking the first would see another model than one
+ * taking the last. */
+static const char *duplicate_key(const cJSON *v) {
+    for (; v; v = v->next) {
+        if (cJSON_IsObject(v))
+            for (const cJSON *a = v->child; a; a = a->next)
+                for (const cJSON *b = a->next; b; b = b->next)
+                    if (a->string && b->string && !strcmp(a->string, b->string)) return a->string;
+        const char *d = duplicate_key(v->child);
+        if (d) return d;
+    }
+    return NULL;
+}
+
+/* eos_token_id (an id or a list of ids), if present, within [0, vocab). */
+static bool eos_ids_valid(const cJSON *cfg, int vocab) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, "eos_token_id");
+    if (!v || cJSON_IsNull(v)) return true;
+    if (cJSON_IsNumber(v))
+        return v->valuedouble >= 0 && v->valuedouble < vocab && v->valuedouble == floor(v->valuedouble);
+    if (!cJSON_IsArray(v)) return false;
+    for (const cJSON *e = v->child; e; e = e->next)
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble < vocab) ||
+            e->valuedouble != floor(e->valuedouble))
+            return false;
+    return true;
+}
+
 static const struct {
     const char *model_type;
     enum arch arch;
@@ -79,6 +108,14 @@ anvil_status hf_parse_config(const char *json, const char *path, struct hparams 
         return err_set(ANVIL_ERR_FORMAT, "%s: not a JSON object", path);
     }
     anvil_status st = ANVIL_OK;
+    const char *dup = duplicate_key(root);
+    if (dup) {
+        char shown[160];
+        str_escape(dup, strlen(dup), false, shown, sizeof shown);
+        st = err_set(ANVIL_ERR_FORMAT, "%s: the key \"%s\" appears twice in one object", path,
+                     shown);
+        goto done;
+    }
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     /* multimodal Qwen3.5/3.6 nest the language model's settings under text_config */
     const cJSON *cfg = root;
@@ -276,6 +313,11 @@ anvil_status hf_parse_config(const char *json, const char *path, struct hparams 
             if (interval < 1) interval = 1;
             for (int i = 0; i < hp->n_layer; i++) hp->layer_recurrent[i] = (i + 1) % interval != 0;
         }
+    }
+    if (!eos_ids_valid(cfg, hp->n_vocab) || (cfg != root && !eos_ids_valid(root, hp->n_vocab))) {
+        st = err_set(ANVIL_ERR_FORMAT, "%s: \"eos_token_id\" must be a token id in [0, %d) or a "
+                     "list of such", path, hp->n_vocab);
+        goto done;
     }
 #undef INT_FIELD
 #undef REQUIRED
@@ -628,6 +670,15 @@ anvil_status hf_open(const char *dir, struct model_file *mf) {
     }
     free(single);
     free(index);
-    if (st == ANVIL_OK) mf->hp.tied_embeddings = !model_file_find(mf, "output.weight");
+    /* as transformers: tied, the head is the embedding (a stored lm_head.weight is
+     * ignored); untied, there must be one */
+    bool head = model_file_find(mf, "output.weight") != NULL;
+    if (st == ANVIL_OK && !mf->hp.tied_embeddings && !head)
+        st = err_set(ANVIL_ERR_FORMAT, "%s/config.json: \"tie_word_embeddings\" is false, but the "
+                     "checkpoint has no lm_head.weight", mf->dir);
+    if (st == ANVIL_OK && mf->hp.tied_embeddings && head) {
+        log_debug("%s: tie_word_embeddings: lm_head.weight ignored, as transformers does", mf->dir);
+        model_file_remove_tensor(mf, "output.weight");
+    }
     return st;
 }

@@ -165,6 +165,19 @@ anvil_status model_file_add_tensor(struct model_file *mf, const char *name, int 
     return ANVIL_OK;
 }
 
+void model_file_remove_tensor(struct model_file *mf, const char *name) {
+    const struct tensor_info *t = model_file_find(mf, name);
+    if (!t) return;
+    int i = (int)(t - mf->tensors);
+    free(mf->tensors[i].name);
+    memmove(&mf->tensors[i], &mf->tensors[i + 1], (size_t)(mf->n_tensors - i - 1) * sizeof *t);
+    mf->n_tensors--;
+    free(mf->index); /* slots hold indices: rebuilt */
+    mf->index = NULL;
+    mf->index_cap = 0;
+    for (int j = 0; j < mf->n_tensors; j++) index_add(mf, j);
+}
+
 anvil_status hparams_validate(const struct hparams *hp, const char *path) {
 #define CHECK(cond, ...)                                                                  \
     do {                                                                                  \

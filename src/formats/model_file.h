@@ -98,6 +98,9 @@ struct model_file {
      * checkpoint in Hugging Face layout has one tensor per expert, 30,000 and more */
     int *index;
     size_t index_cap;         /* a power of two, at least twice n_tensors */
+    /* while a model binds (model_bind): [n_tensors] flags bind_tensor sets, so that a tensor
+     * the model never uses refuses the file instead of being ignored */
+    uint8_t *bound;
 };
 
 /* Opens any model path (see anvil_model_open). On failure *out is NULL and the error names
@@ -130,6 +133,8 @@ void gguf_model_close(struct model_file *mf);
 anvil_status model_file_add_tensor(struct model_file *mf, const char *name, int type,
                                    int n_dims, const int64_t *ne, const void *data,
                                    size_t size, const char *file);
+/* Takes the tensor of that name (if any) out of mf's table. */
+void model_file_remove_tensor(struct model_file *mf, const char *name);
 /* Checks hyperparameters for sanity (positive, divisible, within limits). */
 anvil_status hparams_validate(const struct hparams *hp, const char *path);
 

@@ -18,6 +18,7 @@ const struct tensor_info *bind_tensor(const struct model_file *mf, const char *n
                 (long long)t->ne[3], (long long)ne0, (long long)ne1, (long long)ne2);
         return NULL;
     }
+    if (mf->bound) mf->bound[t - mf->tensors] = 1;
     return t;
 }
 

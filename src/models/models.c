@@ -15,7 +15,21 @@ anvil_status model_bind(struct model *m, struct model_file *mf) {
     if (!m->arch)
         return err_set(ANVIL_ERR_UNSUPPORTED, "%s: architecture %s is not implemented yet",
                        mf->path, arch_name(mf->hp.arch));
+    free(mf->bound);
+    if (!(mf->bound = xcalloc((size_t)mf->n_tensors + 1, 1))) return ANVIL_ERR_NOMEM;
     anvil_status st = m->arch->bind(m);
+    /* every tensor is used, or the file is refused: a layer beyond the layer count, or a
+     * weight of another shape of model, would otherwise be ignored without a word (the
+     * vision tower's binds when an image comes) */
+    for (int i = 0; st == ANVIL_OK && i < mf->n_tensors; i++) {
+        const struct tensor_info *t = &mf->tensors[i];
+        if (mf->bound[i] || !strncmp(t->name, "v.", 2) || !strncmp(t->name, "mm.", 3)) continue;
+        st = err_set(ANVIL_ERR_FORMAT, "%s: tensor %s is not used by this %s model of %d layers "
+                     "(a layer beyond the layer count, or a weight of another architecture)",
+                     t->file ? t->file : mf->path, t->name, arch_name(mf->hp.arch), mf->hp.n_layer);
+    }
+    free(mf->bound);
+    mf->bound = NULL;
     if (st != ANVIL_OK) model_unbind(m);
     return st;
 }

@@ -17,9 +17,18 @@
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_impl.h"
 
-static int32_t opt_id(const struct gguf_file *gf, const char *key, size_t n_tokens) {
+/* An optional token id: absent, -1; present, it must be a token (not dropped: a model whose
+ * end-of-sequence id points nowhere would never stop). */
+static anvil_status opt_id(const struct gguf_file *gf, const char *key, size_t n_tokens,
+                           int32_t *out) {
     int64_t v;
-    return gguf_get_int(gf, key, &v) && v >= 0 && (uint64_t)v < n_tokens ? (int32_t)v : -1;
+    *out = -1;
+    if (!gguf_get_int(gf, key, &v)) return ANVIL_OK;
+    if (v < 0 || (uint64_t)v >= n_tokens)
+        return err_set(ANVIL_ERR_FORMAT, "%s: %s is %lld, not a token id in [0, %zu)", gf->path,
+                       key, (long long)v, n_tokens);
+    *out = (int32_t)v;
+    return ANVIL_OK;
 }
 
 /* Pointers and lengths of a string array's elements, into the mapping. */
@@ -101,9 +110,10 @@ anvil_status tokenizer_load_gguf(const struct gguf_file *gf, struct anvil_tokeni
     d.pre = pre;
     /* Qwen's tokenizer.json normalises to NFC; GGUF does not record it */
     d.nfc = !strncmp(pre, "qwen", 4);
-    d.eos_id = opt_id(gf, "tokenizer.ggml.eos_token_id", d.n_tokens);
-    d.bos_id = opt_id(gf, "tokenizer.ggml.bos_token_id", d.n_tokens);
-    d.pad_id = opt_id(gf, "tokenizer.ggml.padding_token_id", d.n_tokens);
+    if ((st = opt_id(gf, "tokenizer.ggml.eos_token_id", d.n_tokens, &d.eos_id)) != ANVIL_OK ||
+        (st = opt_id(gf, "tokenizer.ggml.bos_token_id", d.n_tokens, &d.bos_id)) != ANVIL_OK ||
+        (st = opt_id(gf, "tokenizer.ggml.padding_token_id", d.n_tokens, &d.pad_id)) != ANVIL_OK)
+        goto done;
     d.chat_template = tmpl;
     d.chat_template_len = tlen;
     st = tokenizer_create(&d, out);

@@ -82,10 +82,38 @@ static void test_no_tokenizer(void **state) {
     free(dir);
 }
 
+/* An end-of-sequence id that is no token (beyond the vocabulary, or negative) refuses the
+ * file; it is not dropped. The test file's value is patched in a copy. */
+static void test_bad_eos(void **state) {
+    (void)state;
+    size_t n;
+    char *bytes = tu_read_file(tu_testdata("gguf/qwen3-small/qwen3-small-Q4_K_M.gguf"), &n);
+    assert_non_null(bytes);
+    const char key[] = "tokenizer.ggml.eos_token_id";
+    char *at = memmem(bytes, n, key, sizeof key - 1);
+    assert_non_null(at);
+    char *type = at + sizeof key - 1, *value = type + 4;
+    char *dir = tu_tmpdir(), path[1024];
+    snprintf(path, sizeof path, "%s/bad-eos.gguf", dir);
+    const uint32_t values[] = {2048, 0xffffffffu}; /* the vocabulary has 2048: one past; -1 */
+    for (int k = 0; k < 2; k++) {
+        memcpy(value, &values[k], 4);
+        tu_write_file(path, bytes, n);
+        anvil_tokenizer *t = NULL;
+        assert_int_equal(anvil_tokenizer_open(path, &t), ANVIL_ERR_FORMAT);
+        assert_non_null(strstr(anvil_last_error(), "tokenizer.ggml.eos_token_id is"));
+        assert_non_null(strstr(anvil_last_error(), "not a token id in [0, 2048)"));
+    }
+    free(bytes);
+    tu_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gguf_matches_hf),
         cmocka_unit_test(test_no_tokenizer),
+        cmocka_unit_test(test_bad_eos),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -593,6 +593,14 @@ static anvil_status build(const char *file, struct scan *s, struct hf_parts *h, 
         for (int k = 0; k < 3; k++) {
             const char *c = config_token(cfg, keys[k]);
             if (c) *ids[k] = anvil_tokenizer_find(t, c);
+            if (c && k == 0 && *ids[k] < 0) { /* an end that never comes: refused */
+                char shown[96];
+                st = err_set(ANVIL_ERR_FORMAT, "%s: tokenizer_config.json's eos_token \"%s\" is not "
+                             "in the vocabulary", file, str_escape(c, strlen(c), false, shown,
+                                                                   sizeof shown));
+                anvil_tokenizer_close(t);
+                goto done;
+            }
         }
     }
     *out = t;

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "cli.h"
 
 int cmd_info(int argc, char **argv) {
@@ -31,7 +32,9 @@ int cmd_info(int argc, char **argv) {
         return fail("out of memory");
     }
     anvil_model_describe(m, buf, need);
-    fputs(buf, stdout);
+    char *shown = malloc(4 * need + 8);
+    if (shown) fputs(str_escape(buf, strlen(buf), true, shown, 4 * need + 8), stdout);
+    free(shown);
     free(buf);
     anvil_model_close(m);
     return 0;

@@ -8,15 +8,26 @@
 #include <cjson/cJSON.h>
 
 #include "base/tuning.h"
+#include "base/base.h"
 #include "cli.h"
 
 int fail(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fputs("anvil: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
+    char *msg = n >= 0 ? malloc((size_t)n + 1) : NULL, *shown = msg ? malloc(4 * (size_t)n + 8) : NULL;
+    if (msg && shown) {
+        va_start(ap, fmt);
+        vsnprintf(msg, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+        /* messages carry names read from files (tensors, metadata keys): shown escaped */
+        fprintf(stderr, "anvil: %s\n", str_escape(msg, (size_t)n, true, shown, 4 * (size_t)n + 8));
+    } else {
+        fputs("anvil: out of memory\n", stderr);
+    }
+    free(msg);
+    free(shown);
     return 1;
 }
 
