@@ -689,6 +689,20 @@ static void test_nonfinite(void **state) {
     }
 }
 
+/* A type no backend computes weights with is refused alike on every backend (the refusal
+ * comes at binding, before a backend is made). */
+static void test_weight_types(void **state) {
+    (void)state;
+    const char *backends[] = {"cpu", "vulkan"};
+    for (int b = 0; b < 2; b++) {
+        char args[256];
+        snprintf(args, sizeof args, "eval -m synthetic:qwen3-tiny-k:Q8_K --backend %s --prompt-ids 1,2 -n 1",
+                 backends[b]);
+        expect_error("q8_k-weights", args, NEEDLES("token_embd.weight has type Q8_K", "not for weights"));
+        n_cases++;
+    }
+}
+
 static void test_count(void **state) {
     (void)state;
     /* the corpus must stay at its promised size */
@@ -702,7 +716,8 @@ int main(void) {
         cmocka_unit_test(test_truncated),     cmocka_unit_test(test_header),
         cmocka_unit_test(test_tensors),       cmocka_unit_test(test_architecture),
         cmocka_unit_test(test_config),        cmocka_unit_test(test_shards),
-        cmocka_unit_test(test_nonfinite),     cmocka_unit_test(test_count),
+        cmocka_unit_test(test_nonfinite),     cmocka_unit_test(test_weight_types),
+        cmocka_unit_test(test_count),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -5,7 +5,8 @@
  *   synthetic:NAME[:TYPE]   NAME from the table below, TYPE a llama.cpp file type (F32, F16,
  *                           BF16 (default), Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K, ... with
  *                           llama.cpp's per-tensor mixes, see quantize.h) or any block type
- *                           anvil computes with (Q5_1, Q8_K, ...: every weight that type);
+ *                           anvil computes with (Q5_1, IQ4_NL, ...: every weight that type;
+ *                           Q8_K too, which loading then refuses: it is no weight type);
  *                           norms stay F32 as in GGUF files
  *
  * Float weights are seeded uniform values. Block-quantized weights are not quantized from

@@ -1,6 +1,8 @@
 /* blocks: shared pieces of the Qwen3 family's forward pass. */
 #include "blocks.h"
 
+#include "quant/quant.h"
+
 #include <math.h>
 #include <stdio.h>
 
@@ -16,6 +18,15 @@ const struct tensor_info *bind_tensor(const struct model_file *mf, const char *n
                 "%s: tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld, %lld]",
                 t->file, name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
                 (long long)t->ne[3], (long long)ne0, (long long)ne1, (long long)ne2);
+        return NULL;
+    }
+    /* Q8_K is llama.cpp's type for the activations of K-quant dot products: no GGUF stores
+     * weights in it and ggml cannot multiply by it, nor can the Vulkan backend; the CPU
+     * could, so every backend refuses it here, alike */
+    if (t->type == DT_Q8_K) {
+        err_set(ANVIL_ERR_UNSUPPORTED, "%s: tensor %s has type Q8_K, a type for intermediate "
+                "products, not for weights (no backend of anvil, nor llama.cpp, computes with it)",
+                t->file, name);
         return NULL;
     }
     if (mf->bound) mf->bound[t - mf->tensors] = 1;

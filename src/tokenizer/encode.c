@@ -521,25 +521,31 @@ static anvil_status bpe_cached(const struct anvil_tokenizer *t, struct bpe_work 
 
 /* ---- pre-tokenizer ---------------------------------------------------------------------- */
 
+/* What one match may cost (PCRE2's own default, set here so that no build changes it): a
+ * regex from a tokenizer.json that backtracks catastrophically fails in bounded time (well
+ * under a second) instead of running for minutes. */
+#define REGEX_MATCH_LIMIT 10000000u
+
 static int regex_match(const struct anvil_tokenizer *t, struct bpe_work *w, const uint8_t *s,
                        size_t n, size_t off) {
+    if (!w->mctx) {
+        if (!(w->mctx = pcre2_match_context_create(NULL))) return PCRE2_ERROR_NOMEMORY;
+        pcre2_set_match_limit(w->mctx, REGEX_MATCH_LIMIT);
+    }
     for (int attempt = 0;; attempt++) {
         int rc = t->re_jit
                      ? pcre2_jit_match(t->re, s, n, off, PCRE2_NO_UTF_CHECK, w->md, w->mctx)
                      : pcre2_match(t->re, s, n, off, PCRE2_NO_UTF_CHECK, w->md, w->mctx);
-        bool out_of_room = rc == PCRE2_ERROR_JIT_STACKLIMIT || rc == PCRE2_ERROR_HEAPLIMIT ||
-                           rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT;
+        /* memory, not time: a long piece may need more stack or heap than the defaults */
+        bool out_of_room = rc == PCRE2_ERROR_JIT_STACKLIMIT || rc == PCRE2_ERROR_HEAPLIMIT;
         if (!out_of_room || attempt == 1) return rc;
-        /* a regex that needs more room than the defaults: give it plenty, once */
-        if (!w->mctx && !(w->mctx = pcre2_match_context_create(NULL))) return rc;
+        /* more room, once; the match limit stays */
         if (t->re_jit) {
-            if (!w->jit_stack && !(w->jit_stack = pcre2_jit_stack_create(1 << 16, 1 << 28, NULL)))
+            if (!w->jit_stack && !(w->jit_stack = pcre2_jit_stack_create(1 << 16, 1 << 26, NULL)))
                 return rc;
             pcre2_jit_stack_assign(w->mctx, NULL, w->jit_stack);
         }
-        pcre2_set_heap_limit(w->mctx, 1u << 22); /* KiB: 4 GiB */
-        pcre2_set_match_limit(w->mctx, UINT32_MAX);
-        pcre2_set_depth_limit(w->mctx, UINT32_MAX);
+        pcre2_set_heap_limit(w->mctx, 1u << 18); /* KiB: 256 MiB */
     }
 }
 
@@ -570,8 +576,11 @@ static anvil_status encode_stretch(const struct anvil_tokenizer *t, struct bpe_w
         if (rc < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(rc, msg, sizeof msg);
-            st = err_set(ANVIL_ERR_RANGE, "pre-tokenizer regex failed at byte %zu: %s", off,
-                         (const char *)msg);
+            st = err_set(ANVIL_ERR_RANGE, "pre-tokenizer regex failed at byte %zu: %s%s", off,
+                         (const char *)msg, rc == PCRE2_ERROR_MATCHLIMIT
+                                                ? " (the tokenizer's regex backtracks without "
+                                                  "bound on this text)"
+                                                : "");
             goto done;
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(w->md);

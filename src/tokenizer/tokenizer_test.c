@@ -707,7 +707,24 @@ static void test_desc_constructor(void **state) {
     assert_string_equal(out, "user");
     free(out);
     anvil_tokenizer_close(t);
+    /* a regex that backtracks catastrophically fails within its match limit, in bounded
+     * time, and is never retried without limits */
     d.chat_template = NULL;
+    d.pre_regex = "(a+)+$";
+    assert_int_equal(tokenizer_create(&d, &t), ANVIL_OK);
+    char evil[64];
+    memset(evil, 'a', 40);
+    strcpy(evil + 40, "b");
+    double t0 = time_now();
+    int32_t *ids = NULL;
+    size_t n_ids;
+    assert_int_equal(anvil_tokenize(t, evil, strlen(evil), 0, &ids, &n_ids), ANVIL_ERR_RANGE);
+    double dt = time_now() - t0;
+    assert_non_null(strstr(anvil_last_error(), "backtracks without bound"));
+    if (dt > 5) fail_msg("a backtracking regex took %.1f s to fail", dt);
+    print_message("a backtracking regex failed in %.3f s\n", dt);
+    anvil_tokenizer_close(t);
+    d.pre_regex = NULL;
     assert_int_equal(tokenizer_create(&d, &t), ANVIL_OK);
     assert_int_equal(anvil_chat_template_apply(t, m, 1, 1, 1, &out, &len), ANVIL_ERR_UNSUPPORTED);
     assert_non_null(strstr(anvil_last_error(), "no chat template"));
