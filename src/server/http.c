@@ -16,7 +16,7 @@
  *     peer reset the connection) cancels the job: out of the queue, or stopped at the running
  *     job's next token. End of file alone is not a departure: a client may close only its
  *     sending side and still read the answer. Such a connection is probed once — an interim
- *     "102 Processing" for a waiting HTTP/1.1 request, an SSE comment line for a stream — and
+ *     "100 Continue" for a waiting HTTP/1.1 request, an SSE comment line for a stream — and
  *     a client that has really gone answers the probe with a reset.
  *   - cuts the connections whose request (headers and body) has not arrived within
  *     request_timeout_s of its start, however active the client keeps them (one byte at a
@@ -461,8 +461,9 @@ static void probe_locked(struct http *h, struct waiter *w) {
         resume_locked(h, w);
     } else if (w->http11) {
         /* MHD has written nothing of this request's answer yet (it is suspended before
-         * its response): an interim response is ours to send */
-        static const char p[] = "HTTP/1.1 102 Processing\r\n\r\n";
+         * its response): an interim response is ours to send. 100, the one 1xx that every
+         * client skips (Python's http.client skips no other) */
+        static const char p[] = "HTTP/1.1 100 Continue\r\n\r\n";
         ssize_t n = send(w->fd, p, sizeof p - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
         (void)n; /* a failure shows as an error at the next poll */
     }
@@ -856,7 +857,7 @@ anvil_status http_start(struct server *s) {
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->daemon = MHD_start_daemon(
         flags, (uint16_t)s->opt.port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)HTTP_THREADS,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)MIN(HTTP_THREADS, s->opt.max_connections),
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->opt.max_connections,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->opt.max_connections_per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->opt.timeout_s,
