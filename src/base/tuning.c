@@ -86,6 +86,21 @@ static const struct knob KNOBS[] = {
     BOOL("ANVIL_CPU_QX", C_DIAGNOSTIC, cpu_qx, 0,
          "The CPU backend rounds its one-token matmul inputs as the Vulkan integer-dot-product "
          "path does: the oracle for that path (vulkan_test)."),
+    INT("ANVIL_CPU_GDN_CHUNK", C_DIAGNOSTIC, cpu_gdn_chunk, 0, 0, 4096, NULL,
+        "The CPU backend's Gated DeltaNet over a prompt (more than one token) in chunks of this "
+        "many tokens, as matrix products within a chunk (the chunked form, the Vulkan prefill's); "
+        "0 keeps the recurrent form, token by token (the reference, and decode's form)."),
+    BOOL("ANVIL_VK_GDN_CHUNK", C_EXPERIMENT, vk_gdn_chunk, 1,
+         "The prefill's Gated DeltaNet layers in the chunked form (chunks of 64 tokens: "
+         "gdn_chunk.comp): Qwen3.6-35B-A3B Q4_K_M pp512 922 -> 1,015 t/s on the H200, its "
+         "DeltaNets 117 -> ~45 ms a 512-token chunk (docs/perf/log.md §40); 0 runs them in the "
+         "recurrent form, a workgroup per value head walking the tokens in turn (gdn.comp)."),
+    BOOL("ANVIL_VK_HYBRID_F16", C_EXPERIMENT, vk_hybrid_f16, 0,
+         "The prefill's products in models with Gated DeltaNet layers on float16 inputs too, as in "
+         "the other models (products of more than 512 outputs, on cooperative matrices where the "
+         "device has them); by default they stay float32 (float16 moved a synthetic Qwen3.6's "
+         "logits by a median 0.2 of a scale of 3, docs/perf/log.md §18). On: Qwen3.6-35B-A3B "
+         "Q4_K_M pp512 1,015 -> 3,305 t/s on the H200 (§40), its accuracy unproven."),
     BOOL("ANVIL_VK_COOPMAT", C_DIAGNOSTIC, vk_coopmat, 1,
          "The prefill's products on NVIDIA's cooperative matrices where the device has them "
          "(float16 weights and inputs, float32 sums: logits move by ~1e-3 of their scale; 3.5x "

@@ -49,6 +49,9 @@ struct tuning {
     int vk_mega_clock;       /* ANVIL_VK_MEGA_CLOCK */
     int vk_qx;               /* ANVIL_VK_QX: -1 auto, 0 off, 1 on */
     int cpu_qx;              /* ANVIL_CPU_QX */
+    int cpu_gdn_chunk;       /* ANVIL_CPU_GDN_CHUNK (0: the recurrent form) */
+    int vk_gdn_chunk;        /* ANVIL_VK_GDN_CHUNK: 1 the chunked form in prefill, 0 the recurrent */
+    int vk_hybrid_f16;       /* ANVIL_VK_HYBRID_F16 */
     int vk_coopmat;          /* ANVIL_VK_COOPMAT */
     int vk_cm2;              /* ANVIL_VK_CM2 */
     int vk_dq_emulate;       /* ANVIL_VK_DQ_EMULATE */

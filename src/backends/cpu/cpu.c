@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "backends/backend.h"
+#include "backends/cpu/gdn.h"
 #include "base/tuning.h"
 #include "graph/plan.h"
 #include "quant/quant.h"
@@ -28,6 +29,8 @@ struct cpu_backend {
     int n_states;
     bool kv16; /* k and v rounded to float16 in the cache (backend_cpu_create) */
     bool round_x; /* ANVIL_CPU_QX (when the backend was made): one-token matmul inputs rounded as QX */
+    int gdn_chunk; /* ANVIL_CPU_GDN_CHUNK: the Gated DeltaNet of T > 1 tokens in chunks of this many
+                      (gdn.h's chunked form), 0: token by token (the recurrent form) */
 };
 
 struct cpu_program {
@@ -173,62 +176,19 @@ static void op_moe(struct cpu_program *p, const struct node *n, const float *x,
     }
 }
 
-static float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
 struct gdn_job {
-    const float *xc;         /* {Cc, T} after the conv */
-    const float *b, *a;      /* {Hv, T} */
-    const float *A, *dt_bias; /* {Hv} */
-    float *S;                /* {Dv, Dk, Hv} */
-    float *out;              /* {Dv, Hv, T} */
-    int64_t Hk, Hv, Dk, Dv, T, Cc;
-    bool a_is_log, v_tiled;
-    float eps;
+    struct gdn_args g;
+    int64_t chunk; /* 0: the recurrent form */
     struct cpu_program *p;
 };
 
 /* One value head over all T tokens: heads are independent, tokens sequential. */
 static void gdn_heads(void *ctx, int64_t begin, int64_t end, int thread) {
     struct gdn_job *j = ctx;
-    float *qn = j->p->scratch + (size_t)thread * (size_t)j->p->scratch_per_thread;
-    float *kn = qn + j->Dk, *d = kn + j->Dk;
-    int64_t Dk = j->Dk, Dv = j->Dv;
+    float *scratch = j->p->scratch + (size_t)thread * (size_t)j->p->scratch_per_thread;
     for (int64_t h = begin; h < end; h++) {
-        int64_t hk = j->v_tiled ? h % j->Hk : h / (j->Hv / j->Hk);
-        float A = j->a_is_log ? -expf(j->A[h]) : j->A[h];
-        float *S = j->S + h * Dk * Dv;
-        for (int64_t t = 0; t < j->T; t++) {
-            const float *xt = j->xc + t * j->Cc;
-            const float *q = xt + hk * Dk, *k = xt + j->Hk * Dk + hk * Dk;
-            const float *v = xt + 2 * j->Hk * Dk + h * Dv;
-            float qs = 1.0f / sqrtf(dot(q, q, Dk) + j->eps) / sqrtf((float)Dk);
-            float ks = 1.0f / sqrtf(dot(k, k, Dk) + j->eps);
-            for (int64_t i = 0; i < Dk; i++) {
-                qn[i] = q[i] * qs;
-                kn[i] = k[i] * ks;
-            }
-            float beta = 1.0f / (1.0f + expf(-j->b[t * j->Hv + h]));
-            float decay = expf(A * softplusf(j->a[t * j->Hv + h] + j->dt_bias[h]));
-            /* d = beta * (v - Sᵀk) after the decay */
-            for (int64_t c = 0; c < Dv; c++) d[c] = 0;
-            for (int64_t i = 0; i < Dk; i++) {
-                float *Si = S + i * Dv;
-                for (int64_t c = 0; c < Dv; c++) {
-                    Si[c] *= decay;
-                    d[c] += Si[c] * kn[i];
-                }
-            }
-            for (int64_t c = 0; c < Dv; c++) d[c] = beta * (v[c] - d[c]);
-            float *o = j->out + (t * j->Hv + h) * Dv;
-            for (int64_t c = 0; c < Dv; c++) o[c] = 0;
-            for (int64_t i = 0; i < Dk; i++) {
-                float *Si = S + i * Dv;
-                for (int64_t c = 0; c < Dv; c++) {
-                    Si[c] += kn[i] * d[c];
-                    o[c] += Si[c] * qn[i];
-                }
-            }
-        }
+        if (j->chunk > 0) gdn_head_chunked(&j->g, h, j->chunk, scratch);
+        else gdn_head_recurrent(&j->g, h, scratch);
     }
 }
 
@@ -265,10 +225,10 @@ static void gdn_rows(struct cpu_program *p, const struct node *n, int64_t r0, in
         }
     }
     /* 2. the delta rule, one value head per task */
-    struct gdn_job j = {xc, p->bufs[n->src[1]] + r0 * Hv, p->bufs[n->src[2]] + r0 * Hv, p->bufs[n->src[4]],
-                        p->bufs[n->src[5]], S, out + r0 * Hv * Dv, n->p.i[0], Hv,
-                        Dk, Dv, T, Cc, n->p.i[2] != 0, n->p.i[3] != 0,
-                        n->p.f[0], p};
+    struct gdn_job j = {{xc, p->bufs[n->src[1]] + r0 * Hv, p->bufs[n->src[2]] + r0 * Hv, p->bufs[n->src[4]],
+                         p->bufs[n->src[5]], S, out + r0 * Hv * Dv, n->p.i[0], Hv, Dk, Dv, T, Cc,
+                         n->p.i[2] != 0, n->p.i[3] != 0, n->p.f[0]},
+                        T > 1 ? p->b->gdn_chunk : 0, p};
     thread_pool_for(p->b->pool, Hv, 1, gdn_heads, &j);
 }
 
@@ -615,7 +575,8 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
         }
         if (nd->op == OP_GDN) {
             op_need = MAX(op_need, node_nelem(&p->g.nodes[nd->src[0]]));
-            max_k = MAX(max_k, 2 * nd->p.i[1] + nd->ne[0]);
+            struct gdn_args ga = {.Dk = nd->p.i[1], .Dv = nd->ne[0]};
+            max_k = MAX(max_k, gdn_scratch(&ga, nd->ne[2] > 1 ? b->gdn_chunk : 0));
         }
         if (nd->op == OP_STATE && (st = bind_state(b, nd)) != ANVIL_OK) goto fail;
         if (nd->op == OP_MATMUL) {
@@ -721,6 +682,7 @@ anvil_status backend_cpu_create(int n_threads, bool kv16, struct backend **out) 
     struct tuning t;
     anvil_status st = tuning_read(&t);
     b->round_x = t.cpu_qx;
+    b->gdn_chunk = t.cpu_gdn_chunk;
     if (st == ANVIL_OK) st = thread_pool_create(n_threads, &b->pool);
     if (st != ANVIL_OK) {
         free(b);

@@ -37,6 +37,7 @@ set(ANVIL_SHADER_VARIANTS
   "moe_topk moe_topk.comp -DANVIL"
   "moe_rows moe_rows.comp -DANVIL"
   "gdn gdn.comp -DANVIL"
+  "gdn_chunk gdn_chunk.comp -DANVIL"
   "sample sample.comp -DANVIL"
   "mm_f32 mm.comp -DW_F32"
   "mm_f16 mm.comp -DW_F16"

@@ -102,6 +102,9 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_MOE_SCATTER] = KI(spv_moe_rows, "moe_scatter", VK_OP_NONE, 0, 2, SPECS_MODE),
     [K_GDN_PREFILL] = KI(spv_gdn, "gdn_prefill", VK_OP_NONE, 0, 1, SPECS_MODE),
     [K_GDN_RING] = KI(spv_gdn, "gdn_ring", VK_OP_NONE, 0, 2, SPECS_MODE),
+    [K_GDNC_PREP] = KI(spv_gdn_chunk, "gdn_chunk_prep", VK_OP_NONE, 0, 0, SPECS_MODE),
+    [K_GDNC_INTRA] = KI(spv_gdn_chunk, "gdn_chunk_intra", VK_OP_NONE, 0, 1, SPECS_MODE),
+    [K_GDNC_RECUR] = KI(spv_gdn_chunk, "gdn_chunk_recur", VK_OP_NONE, 0, 2, SPECS_MODE),
     [K_QX] = KI(spv_qx, "qx", VK_OP_NONE, 0, 0, SPECS_NONE),
     [K_MATVEC_ROUTE_F32] = KI(spv_matvec_route_f32, "matvec_route_f32", VK_OP_MATVEC_ROUTE, DT_F32, 0, SPECS_MATVEC),
     [K_MATVEC_ROUTE_F16] = KI(spv_matvec_route_f16, "matvec_route_f16", VK_OP_MATVEC_ROUTE, DT_F16, 0, SPECS_MATVEC),
@@ -338,6 +341,8 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
     case K_MMH_CM2: case K_MMH_CM2_MOE: return d->coopmat && d->coopmat2;
     case K_ATTN_FLASH: return d->coopmat && d->subgroup_shuffle && vk_flash_fits(attn_g, attn_d);
     case K_QX: return d->int_dot;
+    /* gdn_chunk.comp's 29 KiB of shared memory (without it: the recurrent form) */
+    case K_GDNC_PREP: case K_GDNC_INTRA: case K_GDNC_RECUR: return d->props.limits.maxComputeSharedMemorySize >= 30u << 10;
     case K_MEGA_BF16_CLK: return p->mega_grid && d->shader_clock;
     case K_MEGA_QX_CLK: return p->mega_grid && d->int_dot && d->shader_clock;
     default: break;

@@ -222,6 +222,9 @@ enum vk_kernel {
     K_MOE_OFFS, K_MOE_GATHER, K_MOE_SCATTER,
     /* gdn.comp for the prefill: MODE 1 a chunk's tokens in turn, MODE 2 the conv ring */
     K_GDN_PREFILL, K_GDN_RING,
+    /* gdn_chunk.comp: the prefill's Gated DeltaNet in the chunked form, its MODE 0, 1, 2 (the
+     * conv and norms; within each block of 64 tokens; the state carried over the blocks) */
+    K_GDNC_PREP, K_GDNC_INTRA, K_GDNC_RECUR,
     /* the decode matvecs on integer dot products (where d->int_dot): qx.comp rounds an input
      * to int8 blocks, matvec.comp QX multiplies; the variants beyond the plain ones (XM 1, 2,
      * teams: vk_kernel_qx) exist only where vk_use_qx */

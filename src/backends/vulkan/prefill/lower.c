@@ -114,9 +114,31 @@ uint64_t pf_addr(struct vk_prefill *p, struct plan *P, int i) {
     return p->arena.addr + P->off[r] + P->view[i];
 }
 
-/* A Gated DeltaNet layer over the chunk: the recurrent form, a workgroup per value head
- * taking the tokens in turn (gdn.comp MODE 1), then the conv ring takes the chunk's last
- * inputs (MODE 2). The gated norm after it is the prefill's rms_norm and swiglu. */
+/* Whether the chunked form (gdn_chunk.comp) runs OP_GDN node i: its state's columns in
+ * shared memory take Dk <= 128; ANVIL_VK_GDN_CHUNK=0 keeps the recurrent form. */
+static bool gdn_chunked(struct vk_prefill *p, const struct plan *P, int i) {
+    const struct node *n = &P->g->nodes[i];
+    return p->b->d->tune.vk_gdn_chunk && p->b->pl.p[K_GDNC_PREP] != VK_NULL_HANDLE && n->p.i[1] <= 128;
+}
+
+/* Bytes of gdn_chunk.comp's scratch for OP_GDN node i (its layout: the shader's off_*), 0
+ * where it runs in the recurrent form. */
+VkDeviceSize pf_gdn_scratch(struct vk_prefill *p, const struct plan *P, int i) {
+    if (!gdn_chunked(p, P, i)) return 0;
+    const struct node *n = &P->g->nodes[i];
+    VkDeviceSize T = (VkDeviceSize)n->ne[2], Hv = (VkDeviceSize)n->ne[1], Dv = (VkDeviceSize)n->ne[0],
+                 Dk = (VkDeviceSize)n->p.i[1], Cc = (VkDeviceSize)P->g->nodes[n->src[0]].ne[0];
+    VkDeviceSize floats = round_up(T * Cc, 64) + round_up(2 * T * Hv, 64) + round_up(T * Hv, 64) +
+                          round_up(T * Hv * Dv, 64) + round_up(T * Hv * Dk, 64) + (T + 63) / 64 * Hv * 64 * 64;
+    return floats * 4;
+}
+
+/* A Gated DeltaNet layer over the chunk: in the chunked form, gdn_chunk.comp's three passes
+ * (the conv and norms, a workgroup a head and 8 tokens; the blocks of 64 tokens, a workgroup
+ * a block and value head; the state over the blocks, a workgroup per 32 of a value head's
+ * columns), else the recurrent form, a workgroup per value head taking the tokens in turn
+ * (gdn.comp MODE 1); then the conv ring takes the chunk's last inputs (gdn.comp MODE 2).
+ * The gated norm after it is the prefill's rms_norm and swiglu. */
 static anvil_status lower_gdn(struct vk_prefill *p, struct plan *P, int i) {
     const struct node *n = NODE(P, i), *cs = NODE(P, n->src[6]), *qkv = NODE(P, n->src[0]);
     struct vk_backend *b = p->b;
@@ -132,7 +154,17 @@ static anvil_status lower_gdn(struct vk_prefill *p, struct plan *P, int i) {
                         vk_state_addr(b, cs->state), vk_state_addr(b, NODE(P, n->src[7])->state),
                         p->prm.addr, any, pf_addr(p, P, i), any, Hk, Dk, Hv, Dv, Kc,
                         (n->p.i[2] ? GDN_A_LOG : 0u) | (n->p.i[3] ? GDN_TILED : 0u), n->p.f[0], 0};
-    anvil_status st = pf_emit(p, K_GDN_PREFILL, Hv, 1, &pg, sizeof pg);
+    anvil_status st = ANVIL_OK;
+    if (gdn_chunked(p, P, i) && p->gdn.buf != VK_NULL_HANDLE) {
+        uint32_t T = (uint32_t)n->ne[2];
+        struct pc_gdnc pc = {pg.qkv, pg.b, pg.a, pg.convw, pg.A, pg.dtb, pg.ring, pg.S, p->prm.addr, p->gdn.addr,
+                             pg.out, Hk, Dk, Hv, Dv, Kc, pg.flags, T, pg.eps_l2};
+        st = pf_emit(p, K_GDNC_PREP, 2 * Hk + Hv, (T + 7) / 8, &pc, sizeof pc);
+        if (st == ANVIL_OK) st = pf_emit(p, K_GDNC_INTRA, (T + 63) / 64, Hv, &pc, sizeof pc);
+        if (st == ANVIL_OK) st = pf_emit(p, K_GDNC_RECUR, (Dv + 31) / 32, Hv, &pc, sizeof pc);
+    } else {
+        st = pf_emit(p, K_GDN_PREFILL, Hv, 1, &pg, sizeof pg);
+    }
     if (st == ANVIL_OK) st = pf_emit(p, K_GDN_RING, (Kc * Cc + 511) / 512, 1, &pg, sizeof pg);
     return st;
 }

@@ -26,9 +26,13 @@
  *   moe            moe_topk.comp routes every token and sorts the choices by expert; each
  *                  expert's products over the tokens that chose it (mm.comp MODE 2, or
  *                  mm_h.comp GATHER on cooperative matrices); mm.comp MODE 4 sums a token's k
- *   gdn            gdn.comp MODE 1: the recurrent form, a workgroup per value head walking
- *                  the chunk's tokens; MODE 2: the conv ring (in the conv state's memory,
- *                  shared with the decode program) takes the chunk's last inputs
+ *   gdn            gdn_chunk.comp: the chunked form (blocks of 64 tokens as matrix products,
+ *                  the state carried between them: the conv and norms, the blocks, the
+ *                  recurrence over blocks); where the heads do not fit it (Dk > 128) or
+ *                  ANVIL_VK_GDN_CHUNK=0, gdn.comp MODE 1: the recurrent form, a workgroup
+ *                  per value head walking the chunk's tokens. Then gdn.comp MODE 2: the conv
+ *                  ring (in the conv state's memory, shared with the decode program) takes
+ *                  the chunk's last inputs
  * pos0 and the tokens live in a small host-visible params block read by the kernels, so the
  * recording does not depend on them. An op or shape outside these makes the compile fail
  * with ANVIL_ERR_UNSUPPORTED: the session then runs prompts through the decode program a
@@ -77,6 +81,12 @@ struct pc_gdn { /* gdn.comp */
     uint64_t qkv, b, a, convw, A, dtb, ring, S, z, gnorm, out, ctl;
     uint32_t Hk, Dk, Hv, Dv, Kc, flags;
     float eps_l2, eps;
+};
+
+struct pc_gdnc { /* gdn_chunk.comp */
+    uint64_t qkv, b, a, convw, A, dtb, ring, S, prm, sc, out;
+    uint32_t Hk, Dk, Hv, Dv, Kc, flags, T;
+    float eps_l2;
 };
 
 struct pc_topk { /* moe_topk.comp */
@@ -138,6 +148,7 @@ struct vk_prefill {
     struct vk_buffer xh;       /* a product's x as float16 for mm_cm2.comp (only where d->coopmat2) */
     struct vk_buffer moe;      /* routing, expert lists, expert activations and outputs */
     struct vk_buffer part;     /* split products' partial sums (split_k) */
+    struct vk_buffer gdn;      /* the chunked Gated DeltaNet's intermediates (gdn_chunk.comp) */
     int mmh;                   /* its tile shape: index into mmh_tile */
     /* products of one input waiting to be emitted together on workgroup matrices (q, k, v;
      * gate, up): their weights dequantised side by side into dq, then the products side by
@@ -206,6 +217,7 @@ anvil_status pf_insert_op(struct vk_prefill *p, int at, enum vk_kernel k, uint32
 uint64_t pf_addr(struct vk_prefill *p, struct plan *P, int i);
 VkDeviceSize pf_dq_scratch_size(struct vk_backend *b, struct plan *P, bool groups, VkDeviceSize *max_run);
 uint32_t pf_split_k(uint32_t T, uint32_t N, uint32_t K);
+VkDeviceSize pf_gdn_scratch(struct vk_prefill *p, const struct plan *P, int i);
 anvil_status pf_lower(struct vk_prefill *p, struct plan *P);
 
 /* ---- coopmat.c (products on cooperative matrices) ---- */

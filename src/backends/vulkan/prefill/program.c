@@ -90,9 +90,9 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
      * float16 inputs moved a synthetic Qwen3.6 shape's logits by a median 0.2 (dense
      * products) or 0.08 (experts) of a scale of 3, where Qwen3-MoE's moved by 0.0075
      * (perf rule "prefill on the matrix units") */
-    p->f16 = true;
-    for (int i = 0; i < n; i++) p->f16 &= g->nodes[i].op != OP_GDN;
     const struct tuning *t = &b->d->tune;
+    p->f16 = true;
+    for (int i = 0; i < n; i++) p->f16 &= g->nodes[i].op != OP_GDN || t->vk_hybrid_f16;
     p->flash = p->f16 && b->pl.p[K_ATTN_FLASH] != VK_NULL_HANDLE && t->vk_flash;
     p->dq_emulate = !b->d->coopmat && t->vk_dq_emulate;
     if (st == ANVIL_OK && (b->d->coopmat || p->dq_emulate) && p->f16) {
@@ -123,6 +123,10 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
             if (S > 1) part = MAX(part, (VkDeviceSize)S * T * N * 4);
         }
         if (st == ANVIL_OK && part) st = vk_buffer_create(b->d, part, VK_MEM_DEVICE, "prefill partial sums", &p->part);
+        VkDeviceSize gdn = 0;
+        for (int i = 0; i < n; i++)
+            if (g->nodes[i].op == OP_GDN) gdn = MAX(gdn, pf_gdn_scratch(p, &P, i));
+        if (st == ANVIL_OK && gdn) st = vk_buffer_create(b->d, gdn, VK_MEM_DEVICE, "prefill Gated DeltaNet", &p->gdn);
     }
     p->grp_max = MAX(p->grp_max, 1);
     p->hoist_at = -1;
@@ -187,6 +191,7 @@ void vk_prefill_destroy(struct vk_prefill *p) {
     vk_buffer_destroy(d, &p->xh);
     vk_buffer_destroy(d, &p->moe);
     vk_buffer_destroy(d, &p->part);
+    vk_buffer_destroy(d, &p->gdn);
     free(p->ops);
     free(p);
 }
