@@ -444,7 +444,7 @@ anvil_status anvil_session_memory(const anvil_session *s, anvil_memory_stats *ou
  * the length. */
 size_t anvil_session_describe_program(const anvil_session *s, char *buf, size_t cap);
 
-/* ---- images (Qwen3.5 / Qwen3.6: the CPU backend, for now) ----
+/* ---- images (Qwen3.5 / Qwen3.6; the language model on the CPU or Vulkan backend) ----
  *
  *     anvil_image *img;
  *     anvil_image_load(model, "cat.png", &img);     // decoded and preprocessed
@@ -470,6 +470,12 @@ int anvil_image_tokens(const anvil_image *img);
 /* The preprocessed pixel values, [*rows][*cols] float32 in the processor's order (its
  * pixel_values), and the grid (temporal, height, width) in patches. Owned by img. */
 const float *anvil_image_pixels(const anvil_image *img, int *rows, int *cols, int grid_thw[3]);
+/* The width of the model's hidden states (and of an image's embeddings). */
+int anvil_model_width(const anvil_model *m);
+/* The image's embeddings as the language model takes them, out [anvil_image_tokens(img)]
+ * [anvil_model_width] (caller-allocated): encoded on the session's device where its backend
+ * has a vision encoder (Vulkan), else on the CPU. */
+anvil_status anvil_session_image_embeddings(anvil_session *s, const anvil_image *img, float *out);
 /* anvil_session_eval for a prompt with images: tokens hold, for each image in order, a run of
  * exactly anvil_image_tokens(image) image tokens, which take the image's embeddings and 3-D
  * (M-RoPE) positions; later tokens (this call's and later calls') continue from the image's

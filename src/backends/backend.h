@@ -13,6 +13,8 @@
 
 struct backend;
 struct program;
+struct run_extras;
+struct vit_desc;
 
 /* The sampling chain's parameters as derived by sampler_prepare (engine/sampler.h, which
  * specifies the chain); a device backend runs the same chain on them. */
@@ -46,6 +48,8 @@ struct gen_request {
     const struct sampling_params *sampling;
     const int32_t *history;
     int n_history;
+    int rope_delta;      /* a token's rope position is its cache row + rope_delta (after images:
+                            engine/session.c); 0 for text-only sessions */
 };
 
 struct gen_result {
@@ -108,6 +112,33 @@ struct backend_vtable {
     /* Optional: runs a batch graph's program (graph.n_seqs > 0) on rows r (T of them, the
      * graph's n_tokens); out as for run. NULL: the backend compiles no batch graphs. */
     anvil_status (*run_batch)(struct program *p, const struct batch_rows *r, float *out);
+    /* Optional: run with a multimodal prompt's inputs (struct run_extras below); NULL: the
+     * backend takes no images. */
+    anvil_status (*run_extras)(struct program *p, const int32_t *tokens, int pos0, const struct run_extras *x,
+                               float *out);
+    /* Optional: a vision encoder on the device (struct vit_desc below) for one image's
+     * pixels [gh * gw][K] (the processor's order) into out [gh * gw / M²][E]; its weights are
+     * uploaded on the first call and kept. NULL: the engine encodes on the CPU. */
+    anvil_status (*vit_encode)(struct backend *b, const struct vit_desc *d, const float *pixels, int gh, int gw,
+                               float *out);
+};
+
+/* A vision encoder as a backend runs it: the Qwen3-VL family's ViT (vision/vision.h has its
+ * math and letters), its weights as the model file holds them — matrices {K, N} in any type
+ * the backend multiplies, vectors and the position table in any float type. Owned by the
+ * caller (vision_vit_desc). */
+struct vit_block {
+    const struct tensor_info *ln1_w, *ln1_b, *qkv, *qkv_b, *out, *out_b; /* [C] [C] {C,3C} [3C] {C,C} [C] */
+    const struct tensor_info *ln2_w, *ln2_b, *up, *up_b, *down, *down_b; /* [C] [C] {C,F} [F] {F,C} [C] */
+};
+struct vit_desc {
+    int depth, C, H, F, E;  /* blocks, width, heads (D = C / H), MLP width, output width */
+    int K, M, side;         /* pixels per patch, merge size, the learned positions' side */
+    float eps, theta;       /* LayerNorm epsilon, the 2-D rope's base */
+    const struct tensor_info *patch_w, *patch_b, *pos;      /* {K, C}, [C], {C, side²} */
+    const struct tensor_info *post_w, *post_b;              /* [C] */
+    const struct tensor_info *fc1, *fc1_b, *fc2, *fc2_b;    /* {M²C, M²C}, [M²C], {M²C, E}, [E] */
+    const struct vit_block *blocks;                         /* [depth] */
 };
 
 struct backend {
@@ -118,8 +149,9 @@ static inline void backend_destroy(struct backend *b) {
     if (b) b->vt->destroy(b);
 }
 
-/* Inputs of a multimodal run (images in the prompt) beyond the token ids; the CPU backend
- * takes them (backend_cpu_run_extras). */
+/* Inputs of a multimodal run (images in the prompt) beyond the token ids (vt->run_extras).
+ * The Vulkan backend takes them in its prefill programs of M-RoPE models; its decode program
+ * (one token) only the positions, equal on the three axes (text after images). */
 struct run_extras {
     const int32_t *pos;      /* [T][3] rope positions (temporal, height, width) of each token,
                                 or NULL: pos0 + t on every axis. The cache rows stay pos0 + t. */

@@ -39,7 +39,7 @@ struct anvil_session {
 };
 
 /* anvil_session_eval with a multimodal prompt's inputs (mm: positions and embedding rows of
- * the n tokens, or NULL), on the CPU backend. */
+ * the n tokens, or NULL), on a backend with run_extras. */
 anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
                              anvil_logits_mode mode, float *logits_out, const struct run_extras *mm);
 struct tuning;

@@ -36,6 +36,10 @@ static anvil_status generate_on_device(anvil_session *s, const int32_t *prompt, 
         s->pos--;
         feed = &last;
         n_feed = 1;
+    } else if (n_prompt == 0 && s->mm_end) {
+        /* the replay below would run the image tokens without their images */
+        return err_set(ANVIL_ERR_UNSUPPORTED, "a recurrent model with images in its cache "
+                       "cannot continue without new tokens");
     } else if (n_prompt == 0) {
         /* a recurrent state already holds the last token and cannot step back one: replay
          * the whole history from a fresh state (position 0 starts one) */
@@ -78,7 +82,7 @@ static anvil_status generate_fed(anvil_session *s, const int32_t *feed, int n_fe
                             .user = user, .out = out,
                             /* the plain argmax unless the chain has something to do */
                             .sampling = sp.greedy && !sp.penalties ? NULL : &sp,
-                            .history = s->tokens, .n_history = s->pos};
+                            .history = s->tokens, .n_history = s->pos, .rope_delta = s->rope_delta};
     struct gen_result res;
     anvil_status st = s->backend->vt->generate(s->decode, &r, &res);
     double t1 = time_now();

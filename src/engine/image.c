@@ -1,5 +1,6 @@
 /* The engine's image input: the vision tower of a model, preprocessed images, and prompts
- * whose image tokens take the images' embeddings and M-RoPE positions (CPU backend). */
+ * whose image tokens take the images' embeddings and M-RoPE positions (any backend with
+ * run_extras: the CPU's, and Vulkan's prefill programs of M-RoPE models). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -41,6 +42,8 @@ anvil_status anvil_model_load_vision(anvil_model *m, const char *mmproj) {
 }
 
 int32_t anvil_model_image_token(const anvil_model *m) { return m->file->hp.image_token_id; }
+
+int anvil_model_width(const anvil_model *m) { return (int)m->file->hp.n_embd; }
 
 anvil_status anvil_image_load(anvil_model *m, const char *path, anvil_image **out) {
     if (!m || !path || !out) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_image_load: NULL argument");
@@ -86,6 +89,21 @@ const float *anvil_image_pixels(const anvil_image *img, int *rows, int *cols, in
         grid_thw[2] = img->px.grid_w;
     }
     return img->px.data;
+}
+
+/* One image's embeddings: on the session's device where its backend has a vision encoder,
+ * else on the CPU. */
+static anvil_status image_encode(anvil_session *s, const struct image_pixels *px, float *out) {
+    struct backend *b = s->backend;
+    if (!b->vt->vit_encode) return vision_encode(s->model->vision, px, out);
+    return b->vt->vit_encode(b, vision_vit_desc(s->model->vision), px->data, px->grid_h, px->grid_w, out);
+}
+
+anvil_status anvil_session_image_embeddings(anvil_session *s, const anvil_image *img, float *out) {
+    if (!s || !img || !out) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_image_embeddings: NULL argument");
+    if (!s->model->vision)
+        return keep(s->err, err_set(ANVIL_ERR_INVALID_ARG, "the model's vision tower is not loaded"));
+    return keep(s->err, image_encode(s, &img->px, out));
 }
 
 anvil_status anvil_session_eval_images(anvil_session *s, const int32_t *tokens, int n,
@@ -139,7 +157,7 @@ anvil_status anvil_session_eval_images(anvil_session *s, const int32_t *tokens, 
     const int E = m->file->hp.n_embd;
     if (!(embd = xmalloc((size_t)total * (size_t)E * sizeof *embd))) goto done;
     for (int j = 0, at = 0; j < n_images; at += images[j++]->n_tokens)
-        if ((st = vision_encode(m->vision, &images[j]->px, embd + (size_t)at * E)) != ANVIL_OK) goto done;
+        if ((st = image_encode(s, &images[j]->px, embd + (size_t)at * E)) != ANVIL_OK) goto done;
     int p0 = s->pos + s->rope_delta, row0 = s->pos;
     int next = vision_mrope_positions(n, spans, n_images, pos);
     for (int i = 0; i < 3 * n; i++) pos[i] += p0;

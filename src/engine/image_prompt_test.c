@@ -2,15 +2,17 @@
  * Image prompts against transformers (../shared/testdata/reference/qwen3_5-vl-tiny): the image
  * file preprocessed, encoded by the vision tower (from the checkpoint and from the mmproj
  * GGUF), its embeddings in the prompt at 3-D M-RoPE positions, the text after it continuing
- * from the image's largest position + 1: logits within 2e-2 of the reference at every prompt
- * position and every fed greedy token (float32 KV cache, CPU), greedy ids equal. Then the
- * errors, and the CLI (anvil eval --image, --pixels-out).
+ * from the image's largest position + 1: logits within 2e-2 (CPU) / 5e-2 (Vulkan, its prefill
+ * program taking the embeddings and positions, its decode program the text after them) of the
+ * reference at every prompt position and every fed greedy token (float32 KV cache), greedy ids
+ * equal. Then the errors, and the CLI (anvil eval --image, --pixels-out).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/backend.h"
 #include "testutil.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
@@ -32,7 +34,7 @@ static void image_path(const char *img, char *out, size_t cap) {
 }
 
 /* The prompt of img (one image token) expanded as the processor does. */
-static void check_image(anvil_model *m, const char *img) {
+static void check_image_on(anvil_model *m, const char *img, anvil_backend_kind backend, float tol) {
     char *json = ref(img, ".json", NULL);
     int np, ne, ng;
     int32_t *prompt = tu_json_ids(json, "prompt_ids", &np);
@@ -48,7 +50,13 @@ static void check_image(anvil_model *m, const char *img) {
     anvil_image *im;
     assert_int_equal(anvil_image_load(m, path, &im), ANVIL_OK);
     assert_int_equal(anvil_image_tokens(im), ne - np + 1);
-    anvil_session *s = tu_session_kv(m, ANVIL_BACKEND_CPU, 256, ANVIL_KV_F32);
+    anvil_session_params sp = anvil_session_default_params();
+    sp.backend = backend;
+    sp.n_ctx = 256;
+    sp.kv_cache = ANVIL_KV_F32;
+    sp.prefill_chunk = 16; /* an image spans chunks */
+    anvil_session *s = NULL;
+    assert_int_equal(anvil_session_create(m, &sp, &s), ANVIL_OK);
     float *logits = malloc((size_t)ne * V * sizeof *logits);
     assert_int_equal(anvil_session_eval_images(s, expanded, ne, &im, 1, ANVIL_LOGITS_ALL, logits),
                      ANVIL_OK);
@@ -63,8 +71,9 @@ static void check_image(anvil_model *m, const char *img) {
         assert_int_equal(anvil_session_eval(s, &greedy[i], 1, ANVIL_LOGITS_LAST, logits), ANVIL_OK);
         worst = fmaxf(worst, tu_max_diff(logits, gold + (size_t)(ne + i) * V, (size_t)V));
     }
-    printf("%s: %d image tokens, max |logit - reference| %.2e\n", img, anvil_image_tokens(im), (double)worst);
-    assert_true(worst <= 2e-2f);
+    printf("%s (%s): %d image tokens, max |logit - reference| %.2e\n", img, anvil_session_backend_name(s),
+           anvil_image_tokens(im), (double)worst);
+    assert_true(worst <= tol);
     assert_memory_equal(got, greedy, (size_t)ng * sizeof *got);
     anvil_session_destroy(s);
     anvil_image_free(im);
@@ -75,6 +84,8 @@ static void check_image(anvil_model *m, const char *img) {
     free(greedy);
     free(json);
 }
+
+static void check_image(anvil_model *m, const char *img) { check_image_on(m, img, ANVIL_BACKEND_CPU, 2e-2f); }
 
 static void test_reference_hf(void **state) {
     (void)state;
@@ -97,6 +108,73 @@ static void test_reference_mmproj(void **state) {
     assert_int_equal(anvil_model_load_vision(m, mmproj), ANVIL_ERR_INVALID_ARG); /* once */
     check_image(m, images[2]);
     anvil_model_close(m);
+}
+
+/* The language model on Vulkan: image rows and 3-D positions through the prefill program (in
+ * chunks of 16 tokens, check_image_on, so that an image spans chunks), the text after the image through the
+ * decode program with its rope table shifted (under the validation layer where installed) */
+static void test_reference_vulkan(void **state) {
+    (void)state;
+    char why[256];
+    if (!backend_vulkan_available(why, sizeof why)) {
+        fprintf(stderr, "image_prompt_test: vulkan skipped: %s\n", why);
+        skip();
+    }
+    if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 0);
+    anvil_model *m;
+    assert_int_equal(anvil_model_open(dir(), NULL, &m), ANVIL_OK);
+    for (size_t i = 0; i < N_OF(images); i++) check_image_on(m, images[i], ANVIL_BACKEND_VULKAN, 5e-2f);
+    anvil_model_close(m);
+}
+
+/* The vision encoder on Vulkan (prefill/vit.c and vit.comp's kernels: LayerNorm, bias and
+ * GELU, the interpolated positions, 2-D rope, full attention) against the CPU tower, on the
+ * three images' grids (48, 196 and 216 patches: attention blocks of 64 keys whole and
+ * partial) with random pixel values, from the checkpoint and from the mmproj */
+static void test_encoder_vulkan(void **state) {
+    (void)state;
+    char why[256];
+    if (!backend_vulkan_available(why, sizeof why)) {
+        fprintf(stderr, "image_prompt_test: vulkan skipped: %s\n", why);
+        skip();
+    }
+    if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 0);
+    char mmproj[512];
+    snprintf(mmproj, sizeof mmproj, "%s/mmproj-qwen3_5-vl-tiny-F32.gguf", dir());
+    for (int from_gguf = 0; from_gguf < 2; from_gguf++) {
+        anvil_model *m;
+        assert_int_equal(anvil_model_open(dir(), NULL, &m), ANVIL_OK);
+        if (from_gguf) assert_int_equal(anvil_model_load_vision(m, mmproj), ANVIL_OK);
+        anvil_session *cpu = tu_session(m, ANVIL_BACKEND_CPU, 64), *vk = tu_session(m, ANVIL_BACKEND_VULKAN, 64);
+        uint32_t seed = 12345;
+        for (size_t i = 0; i < N_OF(images); i++) {
+            char path[512];
+            image_path(images[i], path, sizeof path);
+            anvil_image *im;
+            assert_int_equal(anvil_image_load(m, path, &im), ANVIL_OK);
+            int rows, cols;
+            float *px = (float *)anvil_image_pixels(im, &rows, &cols, NULL); /* (the test's own image) */
+            for (int k = 0; k < rows * cols; k++) {
+                seed = seed * 1664525u + 1013904223u;
+                px[k] = (float)(seed >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
+            }
+            size_t n = (size_t)anvil_image_tokens(im) * (size_t)anvil_model_width(m);
+            float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+            assert_int_equal(anvil_session_image_embeddings(cpu, im, a), ANVIL_OK);
+            assert_int_equal(anvil_session_image_embeddings(vk, im, b), ANVIL_OK);
+            float worst = tu_max_diff(a, b, n), scale = 0;
+            for (size_t k = 0; k < n; k++) scale = fmaxf(scale, fabsf(a[k]));
+            printf("%s grid (random pixels, %s): max |vulkan - cpu| %.2e of %.2e\n", images[i],
+                   from_gguf ? "mmproj" : "checkpoint", (double)worst, (double)scale);
+            assert_true(worst <= 2e-3f * fmaxf(scale, 1.0f));
+            free(a);
+            free(b);
+            anvil_image_free(im);
+        }
+        anvil_session_destroy(cpu);
+        anvil_session_destroy(vk);
+        anvil_model_close(m);
+    }
 }
 
 static void test_errors(void **state) {
@@ -199,6 +277,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_hf),
         cmocka_unit_test(test_reference_mmproj),
+        cmocka_unit_test(test_reference_vulkan),
+        cmocka_unit_test(test_encoder_vulkan),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_cli),
     };

@@ -298,7 +298,7 @@ static anvil_status check_finite(const anvil_session *s, const float *rows, int 
 
 /* Runs a chunk of T tokens at cache row s->pos + done... as vt->run does; with multimodal
  * inputs (mm, for the whole eval, from token 0) or shifted rope positions (after images)
- * through the CPU backend's extras. */
+ * through the backend's run_extras. */
 static anvil_status run_chunk(anvil_session *s, struct program *p, const int32_t *tokens, int done,
                               int T, const struct run_extras *mm, float *dst) {
     if (!mm && !s->rope_delta) return s->backend->vt->run(p, tokens + done, s->pos, dst);
@@ -313,7 +313,7 @@ static anvil_status run_chunk(anvil_session *s, struct program *p, const int32_t
         for (int t = 0; t < T; t++) pos[3 * t] = pos[3 * t + 1] = pos[3 * t + 2] = s->pos + t + s->rope_delta;
         x.pos = pos;
     }
-    anvil_status st = backend_cpu_run_extras(p, tokens + done, s->pos, &x, dst);
+    anvil_status st = s->backend->vt->run_extras(p, tokens + done, s->pos, &x, dst);
     free(pos);
     return st;
 }
@@ -326,9 +326,9 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
 anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
                              anvil_logits_mode mode, float *logits_out, const struct run_extras *mm) {
     if (!s) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_eval: session is NULL");
-    if ((mm || s->rope_delta) && !backend_is_cpu(s->backend))
-        return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "images run on the CPU backend "
-                                        "only (--backend cpu), for now"));
+    if ((mm || s->rope_delta) && !s->backend->vt->run_extras)
+        return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "the %s backend takes no images",
+                                        s->backend->vt->name));
     if (n <= 0 || !tokens || (mode != ANVIL_LOGITS_NONE && !logits_out))
         return keep_err(s->err, err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_eval: no tokens or no output buffer"));
     int V = s->model->file->hp.n_vocab;
@@ -358,12 +358,21 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
     if (s->backend->vt->generate && (s->no_prefill || chunk == 1)) {
         /* a device decode loop: the prompt runs through the decode program a token at a time,
          * queued without host round trips unless every row's logits are wanted */
+        if (mm)
+            return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "images need the %s backend's "
+                                            "prefill program, which this model or setting lacks",
+                                            s->backend->vt->name));
         anvil_status st = ANVIL_OK;
         if (mode == ANVIL_LOGITS_ALL) {
-            for (int i = 0; i < n && st == ANVIL_OK; i++)
-                st = s->backend->vt->run(s->decode, tokens + i, s->pos + i, logits_out + (size_t)i * (size_t)V);
+            for (int i = 0; i < n && st == ANVIL_OK; i++) {
+                int32_t pos[3] = {s->pos + i + s->rope_delta, s->pos + i + s->rope_delta, s->pos + i + s->rope_delta};
+                struct run_extras x = {pos, NULL, NULL};
+                float *dst = logits_out + (size_t)i * (size_t)V;
+                st = s->rope_delta ? s->backend->vt->run_extras(s->decode, tokens + i, s->pos + i, &x, dst)
+                                   : s->backend->vt->run(s->decode, tokens + i, s->pos + i, dst);
+            }
         } else {
-            struct gen_request r = {.feed = tokens, .n_feed = n, .pos0 = s->pos,
+            struct gen_request r = {.feed = tokens, .n_feed = n, .pos0 = s->pos, .rope_delta = s->rope_delta,
                                     .logits = mode == ANVIL_LOGITS_LAST ? logits_out : NULL};
             struct gen_result res;
             st = s->backend->vt->generate(s->decode, &r, &res);

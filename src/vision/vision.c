@@ -8,6 +8,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "backends/backend.h"
 #include "formats/gguf.h"
 #include "quant/quant.h"
 
@@ -41,6 +42,12 @@ struct vision_model {
     float *fc1_b, *fc2_b;
     float **owned;          /* every float array above, freed by vision_close */
     int n_owned, cap_owned;
+    /* the tower as a device backend takes it (vision_vit_desc): the tensors of the file, the
+     * mmproj's described by tis (owned), the patch embedding as patch_w */
+    struct vit_desc desc;
+    struct vit_block *vblocks;
+    struct tensor_info *tis, patch_ti;
+    int n_tis, cap_tis;
 };
 
 /* ---- loading ---- */
@@ -334,6 +341,8 @@ static anvil_status read_mmproj_config(struct vision_model *vm) {
     return ANVIL_OK;
 }
 
+static anvil_status make_desc(struct vision_model *vm);
+
 anvil_status vision_open(const struct model_file *mf, const char *mmproj, int n_threads,
                          struct vision_model **out) {
     *out = NULL;
@@ -354,6 +363,7 @@ anvil_status vision_open(const struct model_file *mf, const char *mmproj, int n_
     if (st == ANVIL_OK) st = check_hparams(vm);
     if (st == ANVIL_OK) st = read_preprocessor(vm);
     if (st == ANVIL_OK) st = bind_all(vm);
+    if (st == ANVIL_OK) st = make_desc(vm);
     if (st == ANVIL_OK) st = thread_pool_create(n_threads > 0 ? n_threads : cpu_count(), &vm->pool);
     if (st != ANVIL_OK) {
         vision_close(vm);
@@ -363,8 +373,73 @@ anvil_status vision_open(const struct model_file *mf, const char *mmproj, int n_
     return ANVIL_OK;
 }
 
+/* A tensor for the device description: the checkpoint's own, or one of the mmproj's described
+ * in vm->tis. NULL if absent. */
+static const struct tensor_info *ti(struct vision_model *vm, const char *fmt, int l) {
+    char name[96];
+    snprintf(name, sizeof name, fmt, l);
+    if (!vm->gguf) return model_file_find(vm->mf, name);
+    const struct gguf_tensor *g = gguf_find_tensor(vm->gguf, name);
+    if (!g || vm->n_tis == vm->cap_tis) return NULL;
+    struct tensor_info *t = &vm->tis[vm->n_tis++];
+    *t = (struct tensor_info){g->name, g->type, g->n_dims, {g->ne[0], g->ne[1], g->ne[2], g->ne[3]}, g->data,
+                              g->size, vm->path};
+    return t;
+}
+
+/* vm->desc from the bound tower (bind_all has checked every tensor's shape and type). */
+static anvil_status make_desc(struct vision_model *vm) {
+    const struct vision_hparams *hp = &vm->hp;
+    struct vit_desc *d = &vm->desc;
+    vm->cap_tis = 12 * hp->depth + 16;
+    if (!(vm->tis = xcalloc((size_t)vm->cap_tis, sizeof *vm->tis)) ||
+        !(vm->vblocks = xcalloc((size_t)hp->depth, sizeof *vm->vblocks)))
+        return ANVIL_ERR_NOMEM;
+    const int64_t K = 3 * (int64_t)hp->temporal * hp->patch * hp->patch;
+    vm->patch_ti = (struct tensor_info){"v.patch_embd.weight", DT_F32, 2, {K, hp->width, 1, 1}, vm->patch_w,
+                                        (size_t)(K * hp->width) * sizeof(float), vm->path};
+    *d = (struct vit_desc){.depth = hp->depth, .C = hp->width, .H = hp->n_head, .F = hp->n_ff, .E = hp->out_width,
+                           .K = (int)K, .M = hp->merge, .side = (int)lround(sqrt((double)hp->n_pos)),
+                           .eps = hp->eps, .theta = hp->rope_theta};
+    /* the mmproj's patch embedding is two tensors, made one on the host (bind_patch) */
+    d->patch_w = vm->gguf ? &vm->patch_ti : ti(vm, "v.patch_embd.weight", 0);
+    d->patch_b = ti(vm, "v.patch_embd.bias", 0);
+    d->pos = ti(vm, "v.position_embd.weight", 0);
+    d->post_w = ti(vm, "v.post_ln.weight", 0);
+    d->post_b = ti(vm, "v.post_ln.bias", 0);
+    d->fc1 = ti(vm, "mm.0.weight", 0);
+    d->fc1_b = ti(vm, "mm.0.bias", 0);
+    d->fc2 = ti(vm, "mm.2.weight", 0);
+    d->fc2_b = ti(vm, "mm.2.bias", 0);
+    bool ok = d->patch_w && d->patch_b && d->pos && d->post_w && d->post_b && d->fc1 && d->fc1_b && d->fc2 && d->fc2_b;
+    for (int l = 0; l < hp->depth; l++) {
+        struct vit_block *b = &vm->vblocks[l];
+        b->ln1_w = ti(vm, "v.blk.%d.ln1.weight", l);
+        b->ln1_b = ti(vm, "v.blk.%d.ln1.bias", l);
+        b->qkv = ti(vm, "v.blk.%d.attn_qkv.weight", l);
+        b->qkv_b = ti(vm, "v.blk.%d.attn_qkv.bias", l);
+        b->out = ti(vm, "v.blk.%d.attn_out.weight", l);
+        b->out_b = ti(vm, "v.blk.%d.attn_out.bias", l);
+        b->ln2_w = ti(vm, "v.blk.%d.ln2.weight", l);
+        b->ln2_b = ti(vm, "v.blk.%d.ln2.bias", l);
+        b->up = ti(vm, "v.blk.%d.ffn_up.weight", l);
+        b->up_b = ti(vm, "v.blk.%d.ffn_up.bias", l);
+        b->down = ti(vm, "v.blk.%d.ffn_down.weight", l);
+        b->down_b = ti(vm, "v.blk.%d.ffn_down.bias", l);
+        ok &= b->ln1_w && b->ln1_b && b->qkv && b->qkv_b && b->out && b->out_b && b->ln2_w && b->ln2_b && b->up &&
+              b->up_b && b->down && b->down_b;
+    }
+    d->blocks = vm->vblocks;
+    if (!ok) return err_set(ANVIL_ERR_FORMAT, "%s: a vision tensor went missing", vm->path);
+    return ANVIL_OK;
+}
+
+const struct vit_desc *vision_vit_desc(const struct vision_model *vm) { return &vm->desc; }
+
 void vision_close(struct vision_model *vm) {
     if (!vm) return;
+    free(vm->tis);
+    free(vm->vblocks);
     for (int i = 0; i < vm->n_owned; i++) free(vm->owned[i]);
     free(vm->owned);
     free(vm->blocks);

@@ -48,6 +48,10 @@ const struct vision_hparams *vision_hparams(const struct vision_model *vm);
  * defaults with the mmproj's mean and std. */
 const struct image_proc *vision_image_proc(const struct vision_model *vm);
 
+/* The tower as a device backend runs it (backend.h's vit_desc), owned by vm. */
+struct vit_desc;
+const struct vit_desc *vision_vit_desc(const struct vision_model *vm);
+
 /* Embeddings of one preprocessed image: out [grid_h * grid_w / M²][E], caller-allocated. */
 anvil_status vision_encode(struct vision_model *vm, const struct image_pixels *px, float *out);
 

@@ -7,7 +7,7 @@
  * per decode step. Prints "greedy: a,b,c": the argmax of the last prompt row, then of each
  * decode row.
  *
- * Images (repeatable --image, Qwen3.5/3.6, the CPU backend): the prompt holds one image token
+ * Images (repeatable --image, Qwen3.5/3.6): the prompt holds one image token
  * (<|image_pad|>) per image, which is expanded to the image's token count as the processor
  * does (so --logits has a row per expanded position); --mmproj gives the vision tower of a
  * GGUF model; --pixels-out writes the preprocessed pixel values (float32, the processor's
@@ -107,7 +107,6 @@ int cmd_eval(int argc, char **argv) {
     if (!prompt) return fail("eval: --prompt-ids is required");
     if (feed && n_gen) return fail("eval: give --feed-ids or -n, not both");
     if (!n_images && (mmproj || pixels_path)) return fail("eval: --mmproj and --pixels-out go with --image");
-    if (n_images && co.backend == ANVIL_BACKEND_AUTO) co.backend = ANVIL_BACKEND_CPU; /* for now */
 
     int32_t *pids = NULL, *fids = NULL;
     int np = 0, nf = 0;

@@ -58,7 +58,7 @@ static const struct {
     {"eval", "usage: anvil eval -m MODEL --prompt-ids 1,2,3 [--feed-ids 4,5 | -n N] [--logits FILE]\n"
              "  prefills the prompt, then one decode step per --feed-ids id or N greedy steps;\n"
              "  prints the greedy ids; --logits writes float32 rows of vocab_size\n"
-             "  --image FILE (repeatable; Qwen3.5/3.6, CPU): one <|image_pad|> id in the prompt per\n"
+             "  --image FILE (repeatable; Qwen3.5/3.6): one <|image_pad|> id in the prompt per\n"
              "    image, expanded to the image's tokens; --mmproj FILE the vision tower of a GGUF;\n"
              "    --pixels-out FILE writes the preprocessed pixels (float32)\n" COMMON},
     {"info", "usage: anvil info -m MODEL | anvil info --devices\n" COMMON},

@@ -657,7 +657,7 @@ static void cpu_destroy(struct backend *base) {
 
 static const struct backend_vtable cpu_vtable = {
     "cpu", cpu_destroy, cpu_compile, cpu_program_destroy, cpu_run, NULL, NULL, NULL, NULL, NULL, NULL,
-    cpu_run_batch,
+    cpu_run_batch, backend_cpu_run_extras, NULL,
 };
 
 anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens, int pos0,

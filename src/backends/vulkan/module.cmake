@@ -52,6 +52,7 @@ set(ANVIL_SHADER_VARIANTS
   "mm_q6_k mm.comp -DW_Q6_K"
   "rows rows.comp -DANVIL"
   "attn_prefill attn_prefill.comp -DANVIL"
+  "vit vit.comp -DANVIL"
   "dq_f32 dq.comp -DW_F32"
   "dq_f16 dq.comp -DW_F16"
   "dq_bf16 dq.comp -DW_BF16"

@@ -417,6 +417,10 @@ static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
 struct vk_prog {
     struct vk_program *decode;
     struct vk_prefill *prefill;
+    /* the decode program's rope table: its parameters, and the shift it holds now (cache row
+     * r at rope position r + shift: text after images, vk_program_rope_shift) */
+    int n_rot, shift;
+    float theta;
 };
 
 static void vk_prog_destroy(struct program *pp) {
@@ -500,6 +504,7 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
     }
     struct vk_prog *p = xcalloc(1, sizeof *p);
     if (!p) st = ANVIL_ERR_NOMEM;
+    if (st == ANVIL_OK) st = vk_rope_params(g, &p->n_rot, &p->theta);
     if (st == ANVIL_OK)
         st = g->n_tokens == 1 ? vk_program_create(b, g, &p->decode) : vk_prefill_create(b, g, &p->prefill);
     if (st == ANVIL_OK) st = vk_check_validation(b->d);
@@ -511,16 +516,80 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
     return ANVIL_OK;
 }
 
+/* The decode program's rope table made to hold cache row r at position r + shift (a rewrite
+ * only when the shift changes: once per image prompt) */
+static anvil_status rope_shift(struct vk_prog *p, int shift) {
+    if (shift == p->shift) return ANVIL_OK;
+    anvil_status st = vk_program_rope_shift(p->decode, p->n_rot, p->theta, shift);
+    if (st == ANVIL_OK) p->shift = shift;
+    return st;
+}
+
 static anvil_status vk_run(struct program *pp, const int32_t *tokens, int pos0, float *out) {
     struct vk_prog *p = (struct vk_prog *)pp;
     if (p->prefill) return vk_prefill_run(p->prefill, tokens, pos0, out);
-    return vk_program_run(p->decode, tokens[0], pos0, out);
+    anvil_status st = rope_shift(p, 0);
+    return st == ANVIL_OK ? vk_program_run(p->decode, tokens[0], pos0, out) : st;
+}
+
+/* Images (prefill programs of M-RoPE models); the decode program takes a token of text after
+ * them, whose three rope positions are its cache row + the session's shift. */
+static anvil_status vk_run_extras(struct program *pp, const int32_t *tokens, int pos0, const struct run_extras *x,
+                                  float *out) {
+    struct vk_prog *p = (struct vk_prog *)pp;
+    if (p->prefill) return vk_prefill_run_mm(p->prefill, tokens, pos0, x, out);
+    if (x->embd_row && x->embd_row[0] >= 0)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: an image token runs in a prefill chunk, not alone");
+    int shift = 0;
+    if (x->pos) {
+        if (x->pos[0] != x->pos[1] || x->pos[0] != x->pos[2])
+            return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a lone token with 3-D rope positions");
+        shift = x->pos[0] - pos0;
+    }
+    anvil_status st = rope_shift(p, shift);
+    return st == ANVIL_OK ? vk_program_run(p->decode, tokens[0], pos0, out) : st;
 }
 
 static anvil_status vk_generate(struct program *pp, const struct gen_request *r, struct gen_result *res) {
     struct vk_prog *p = (struct vk_prog *)pp;
     if (!p->decode) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: generate needs the decode program");
-    return vk_program_generate(p->decode, r, res);
+    anvil_status st = rope_shift(p, r->rope_delta);
+    return st == ANVIL_OK ? vk_program_generate(p->decode, r, res) : st;
+}
+
+/* The vision encoder: its weights uploaded on the first image (matrices in their own type,
+ * vectors and the position table as float32), then prefill/vit.c's program for the image. */
+static anvil_status vk_vit_encode(struct backend *base, const struct vit_desc *d, const float *pixels, int gh, int gw,
+                                  float *out) {
+    struct vk_backend *b = (struct vk_backend *)base;
+    if (!b->have_pl) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: images are encoded after the model's programs exist");
+    int first_new = b->n_w;
+    anvil_status st = ANVIL_OK;
+    for (int l = -1; l < d->depth && st == ANVIL_OK; l++) {
+        const struct vit_block *k = l >= 0 ? &d->blocks[l] : NULL;
+        const struct tensor_info *mats[4] = {d->patch_w, d->fc1, d->fc2, NULL},
+                                 *vecs[6] = {d->patch_b, d->pos, d->post_w, d->post_b, d->fc1_b, d->fc2_b};
+        if (k) {
+            const struct tensor_info *m[4] = {k->qkv, k->out, k->up, k->down},
+                                     *v[6] = {k->ln1_w, k->ln1_b, k->qkv_b, k->out_b, k->ln2_w, k->ln2_b};
+            memcpy(mats, m, sizeof m);
+            memcpy(vecs, v, sizeof v);
+        }
+        for (int i = 0; i < 4 && st == ANVIL_OK; i++) {
+            if (!mats[i]) continue;
+            if (vk_weight_kind(mats[i]->type) < 0)
+                return err_set(ANVIL_ERR_UNSUPPORTED, "%s: vision tensor %s has type %s, which the Vulkan backend "
+                               "cannot compute with", mats[i]->file, mats[i]->name, dtype_name(mats[i]->type));
+            st = want_weight(b, mats[i], false, false);
+        }
+        for (int i = 0; i < 6 && st == ANVIL_OK; i++) st = want_weight(b, vecs[i], true, false);
+        if (k && st == ANVIL_OK) st = want_weight(b, k->up_b, true, false);
+        if (k && st == ANVIL_OK) st = want_weight(b, k->down_b, true, false);
+    }
+    if (st == ANVIL_OK && first_new < b->n_w) st = upload_weights(b, first_new);
+    if (st == ANVIL_OK) st = vk_vit_run(b, d, pixels, gh, gw, out);
+    if (st == ANVIL_OK) st = vk_check_validation(b->d);
+    return st;
 }
 
 static void vk_describe(struct program *pp, char *buf, size_t cap) {
@@ -578,7 +647,7 @@ static const char *vk_device_name(struct backend *base) { return ((struct vk_bac
 
 static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
-    vk_failed, vk_memory, vk_time, vk_device_name, NULL,
+    vk_failed, vk_memory, vk_time, vk_device_name, NULL, vk_run_extras, vk_vit_encode,
 };
 
 void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t max_memory) {

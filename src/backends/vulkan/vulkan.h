@@ -52,12 +52,20 @@ uint64_t vk_state_addr(struct vk_backend *b, int state);
 /* The rope table [n_ctx, n_rot / 2, 2] (cos, sin, computed in double as the CPU backend
  * does) for the graph's rope nodes, which must share n_rot and theta. */
 anvil_status vk_rope_table(struct vk_backend *b, const struct graph *g, int n_ctx, struct vk_buffer *out);
+/* The graph's rope parameters (the table's) */
+anvil_status vk_rope_params(const struct graph *g, int *n_rot, float *theta);
+/* The table with row r holding position r + shift, into out (created when it has no buffer). */
+anvil_status vk_rope_fill(struct vk_backend *b, int n_rot, float theta, int n_ctx, int shift, struct vk_buffer *out);
 
 struct vk_program;
 anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, struct vk_program **out);
 void vk_program_destroy(struct vk_program *p);
 anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float *logits);
 anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res);
+/* Rewrites the program's rope table so that cache row r takes rope position r + shift (after
+ * images the M-RoPE positions of text run behind the cache rows: engine/session.c
+ * rope_delta); n_rot and theta as vk_rope_params gives them. */
+anvil_status vk_program_rope_shift(struct vk_program *p, int n_rot, float theta, int shift);
 /* For tests: uploads one weight tensor (its rows packed as the kernels read them), found
  * afterwards by vk_weight_addr / vk_weight_kp. */
 anvil_status vk_upload_tensor(struct vk_backend *b, const struct tensor_info *t);
@@ -81,5 +89,14 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
 void vk_prefill_destroy(struct vk_prefill *p);
 /* Runs the chunk tokens[T] at pos0; out (when not NULL) receives the output rows. */
 anvil_status vk_prefill_run(struct vk_prefill *p, const int32_t *tokens, int pos0, float *out);
+/* The vision encoder (prefill/vit.c): one image's pixels [gh * gw][K] into out [gh * gw / M²][E];
+ * d's weights must be uploaded (vk_vit_encode in vulkan.c does it). */
+anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const float *pixels, int gh, int gw,
+                        float *out);
+/* The same with a multimodal chunk's inputs (x: 3-D rope positions, image embedding rows;
+ * backend.h's run_extras, indexed from the chunk's first token): M-RoPE models only, else
+ * ANVIL_ERR_UNSUPPORTED. */
+anvil_status vk_prefill_run_mm(struct vk_prefill *p, const int32_t *tokens, int pos0, const struct run_extras *x,
+                               float *out);
 
 #endif

@@ -208,6 +208,7 @@ enum vk_kernel {
     K_MM_REDUCE, /* mm.comp MODE 4: the experts' products summed per token */
     /* rows.comp's modes */
     K_ROWS_NORM, K_ROWS_ROPE, K_ROWS_ADD, K_ROWS_SWIGLU, K_ROWS_KVWRITE, K_ROWS_SIGMUL, K_ROWS_NORM_ROPE,
+    K_ROWS_IMAGE, /* rows.comp MODE 7: an image's embedding rows in place of token rows */
     K_ATTN_PREFILL,
     /* float16 products on cooperative matrices (mm_h.comp), per tile shape (tokens x
      * outputs, and weights of K per step), only where d->coopmat */
@@ -240,6 +241,8 @@ enum vk_kernel {
     K_MEGA_QX_CLK,
     K_MEGA_QXK, K_MEGA_QX8, /* the same compiled for Q4_K and Q6_K only, for Q8_0 only */
     K_PREFETCH, /* weights read ahead into the L2 cache (prefetch.comp, decode/prefetch.c add_prefetch) */
+    /* the vision encoder's kernels (vit.comp's modes, in its MODE order; prefill/vit.c) */
+    K_VIT_NORM, K_VIT_BIAS, K_VIT_POS, K_VIT_ROPE, K_VIT_ATTN,
     K_COUNT,
 };
 

@@ -22,7 +22,7 @@
 
 #include "decode.h"
 
-anvil_status vk_rope_table(struct vk_backend *b, const struct graph *g, int n_ctx, struct vk_buffer *out) {
+anvil_status vk_rope_params(const struct graph *g, int *n_rot_out, float *theta_out) {
     int n_rot = 0;
     float theta = 0;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -33,7 +33,23 @@ anvil_status vk_rope_table(struct vk_backend *b, const struct graph *g, int n_ct
         n_rot = n->p.i[0];
         theta = n->p.f[0];
     }
-    if (!n_rot) n_rot = 2;
+    *n_rot_out = n_rot ? n_rot : 2;
+    *theta_out = theta;
+    return ANVIL_OK;
+}
+
+anvil_status vk_rope_table(struct vk_backend *b, const struct graph *g, int n_ctx, struct vk_buffer *out) {
+    int n_rot;
+    float theta;
+    anvil_status st = vk_rope_params(g, &n_rot, &theta);
+    return st == ANVIL_OK ? vk_rope_fill(b, n_rot, theta, n_ctx, 0, out) : st;
+}
+
+anvil_status vk_program_rope_shift(struct vk_program *p, int n_rot, float theta, int shift) {
+    return vk_rope_fill(p->b, n_rot, theta, p->n_ctx, shift, &p->rope);
+}
+
+anvil_status vk_rope_fill(struct vk_backend *b, int n_rot, float theta, int n_ctx, int shift, struct vk_buffer *out) {
     int half = n_rot / 2;
     size_t count = (size_t)n_ctx * (size_t)half * 2;
     float *tab = xmalloc(count * sizeof *tab);
@@ -42,10 +58,10 @@ anvil_status vk_rope_table(struct vk_backend *b, const struct graph *g, int n_ct
     for (int pos = 0; pos < n_ctx; pos++)
         for (int i = 0; i < half; i++) {
             double freq = pow(theta, -2.0 * i / n_rot);
-            tab[((size_t)pos * half + i) * 2] = (float)cos(pos * freq);
-            tab[((size_t)pos * half + i) * 2 + 1] = (float)sin(pos * freq);
+            tab[((size_t)pos * half + i) * 2] = (float)cos((pos + shift) * freq);
+            tab[((size_t)pos * half + i) * 2 + 1] = (float)sin((pos + shift) * freq);
         }
-    anvil_status st = vk_buffer_create(b->d, count * 4, VK_MEM_DEVICE, "the rope table", out);
+    anvil_status st = out->buf ? ANVIL_OK : vk_buffer_create(b->d, count * 4, VK_MEM_DEVICE, "the rope table", out);
     struct vk_uploader u;
     if (st == ANVIL_OK) st = vk_uploader_init(&u, b->d, count * 4);
     struct plain f = {(const uint8_t *)tab, count * 4, count * 4};

@@ -275,6 +275,10 @@ anvil_status pf_lower(struct vk_prefill *p, struct plan *P) {
             struct pc_mm pc = {any, vk_weight_addr(b, w, false, false), pf_addr(p, P, i), any, prm,
                                rows, ne0, 0, vk_weight_kp(b, w) / 8, 0, 0, 0, 0, 0, 0};
             st = pf_emit(p, vk_kernel_for(VK_OP_EMBED_ROWS, w->type), rows, 0, &pc, sizeof pc);
+            if (st == ANVIL_OK && p->mm && p->images.buf) { /* images' rows over the tokens' */
+                struct pc_rows pi = {any, any, p->images.addr, pf_addr(p, P, i), prm, ne0, rows, 1, 0, 0, 0, 0};
+                st = pf_emit(p, K_ROWS_IMAGE, rows, 0, &pi, sizeof pi);
+            }
             break;
         }
         case OP_RMS_NORM: {

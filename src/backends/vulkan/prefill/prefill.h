@@ -34,9 +34,15 @@
  *                  ring (in the conv state's memory, shared with the decode program) takes
  *                  the chunk's last inputs
  * pos0 and the tokens live in a small host-visible params block read by the kernels, so the
- * recording does not depend on them. An op or shape outside these makes the compile fail
- * with ANVIL_ERR_UNSUPPORTED: the session then runs prompts through the decode program a
- * token at a time.
+ * recording does not depend on them. Its words (uint32):
+ *   [0] pos0, [1] T, [2] 0 (a control block's stop word), [3] 0, [4, 4 + T) the tokens,
+ *   then at b = 4 + T the images' (M-RoPE models only, vk_prefill_run_mm): [b] 1 when the
+ *   words after it hold, [b + 1, b + 5) the sections s0, s1, s2 and interleaved,
+ *   [b + 5, b + 5 + 3T) each token's (temporal, height, width) rope position and
+ *   [b + 5 + 3T, b + 5 + 4T) 1 where the token's row is an image's embedding, which the
+ *   images buffer holds at the token's row (rows.comp MODE 7 copies it over the embedding's).
+ * An op or shape outside these makes the compile fail with ANVIL_ERR_UNSUPPORTED: the
+ * session then runs prompts through the decode program a token at a time.
  *
  * Its files (src/backends/vulkan/prefill/), one job each, share this header; vulkan.h has the
  * program's interface (vk_prefill_create, _run, _destroy):
@@ -46,6 +52,8 @@
  *               products of one input grouped, their dequantisation hoisted beside the group
  *               before
  *   moe.c       the mixture of experts over the chunk
+ *   vit.c       the vision encoder (images), recorded per image as a program of its own made
+ *               of the same products and vit.comp's kernels
  */
 #ifndef ANVIL_VK_PREFILL_H
 #define ANVIL_VK_PREFILL_H
@@ -144,6 +152,10 @@ struct vk_prefill {
     struct vk_buffer prm;      /* pos0, T, 0 (a control block's stop word), -, tokens[T] (uint32) */
     struct vk_buffer readback; /* the output rows */
     struct vk_buffer rope;
+    struct vk_buffer images;   /* [T, C] image embedding rows (host-visible; M-RoPE models) */
+    int32_t mrope[4];          /* the rope nodes' sections and interleaving (0: plain rope) */
+    bool mm;                   /* an M-RoPE model: takes images (vk_prefill_run_mm) */
+    uint32_t C;                /* the embedding's width */
     struct vk_buffer dq;       /* float16 weight rows for mm_h.comp (cooperative matrices) */
     struct vk_buffer xh;       /* a product's x as float16 for mm_cm2.comp (only where d->coopmat2) */
     struct vk_buffer moe;      /* routing, expert lists, expert activations and outputs */
@@ -204,6 +216,14 @@ struct moe_layout {
     VkDeviceSize aux, xg, gc, uc, dc;
     uint32_t R;
 };
+
+/* ---- program.c ---- */
+
+/* Records p's op list into p->cb, then the copy of [out_off, + out_bytes) of the arena into
+ * the readback buffer. */
+anvil_status pf_record(struct vk_prefill *p);
+/* ANVIL_VK_PROFILE=1: the last run's timestamps added to the profile */
+void pf_profile_read(struct vk_prefill *p);
 
 /* ---- lower.c (lowering) ---- */
 

@@ -19,7 +19,7 @@ static void barrier(VkCommandBuffer cb, VkPipelineStageFlags src, VkAccessFlags 
     vkCmdPipelineBarrier(cb, src, dst, 0, 1, &mb, 0, NULL, 0, NULL);
 }
 
-static anvil_status record(struct vk_prefill *p) {
+anvil_status pf_record(struct vk_prefill *p) {
     anvil_status st = vk_cmd_alloc(p->b->d, &p->cb);
     if (st != ANVIL_OK) return st;
     VkCommandBuffer cb = p->cb;
@@ -71,6 +71,12 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         for (int s = 0; s < GRAPH_MAX_SRC; s++)
             if (nd->src[s] >= 0) P.last[P.root[nd->src[s]]] = i;
         if (nd->op == OP_STATE) p->n_ctx = (int)nd->ne[2];
+        if (nd->op == OP_ROPE && nd->p.i[1] + nd->p.i[2] + nd->p.i[3] > 0) { /* M-RoPE: images */
+            p->mm = true;
+            memcpy(p->mrope, nd->p.i + 1, 3 * sizeof *p->mrope);
+            p->mrope[3] = nd->p.f[1] != 0;
+        }
+        if (nd->op == OP_EMBED) p->C = (uint32_t)nd->ne[0];
     }
     int o = g->output;
     P.last[P.root[o]] = n; /* the output is never reused */
@@ -83,7 +89,10 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     p->out_bytes = (VkDeviceSize)node_nelem(&g->nodes[o]) * 4;
     st = vk_buffer_create(b->d, P.size, VK_MEM_DEVICE, "prefill activations", &p->arena);
     if (st == ANVIL_OK)
-        st = vk_buffer_create(b->d, 16 + (VkDeviceSize)p->T * 4, VK_MEM_CONTROL, "prefill params", &p->prm);
+        st = vk_buffer_create(b->d, 16 + (VkDeviceSize)p->T * 4 + (p->mm ? 20 + (VkDeviceSize)p->T * 16 : 4),
+                              VK_MEM_CONTROL, "prefill params", &p->prm);
+    if (st == ANVIL_OK && p->mm && p->C)
+        st = vk_buffer_create(b->d, (VkDeviceSize)p->T * p->C * 4, VK_MEM_CONTROL, "prefill image rows", &p->images);
     if (st == ANVIL_OK) st = vk_buffer_create(b->d, p->out_bytes, VK_MEM_READBACK, "prefill output", &p->readback);
     if (st == ANVIL_OK) st = vk_rope_table(b, g, p->n_ctx, &p->rope);
     /* In a hybrid (Gated DeltaNet) model every product stays in float32: on the H100,
@@ -138,7 +147,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         st = vk_result(vkCreateQueryPool(b->d->dev, &qi, NULL, &p->queries), "vkCreateQueryPool");
         if (st == ANVIL_OK && !(p->prof_ns = xcalloc((size_t)p->n_ops, sizeof *p->prof_ns))) st = ANVIL_ERR_NOMEM;
     }
-    if (st == ANVIL_OK) st = record(p);
+    if (st == ANVIL_OK) st = pf_record(p);
     if (st == ANVIL_OK)
         log_info("vulkan: prefill program for %d tokens: %d kernels, arena %.2f MiB", p->T, p->n_ops,
                  (double)P.size / (1 << 20));
@@ -187,6 +196,7 @@ void vk_prefill_destroy(struct vk_prefill *p) {
     vk_buffer_destroy(d, &p->prm);
     vk_buffer_destroy(d, &p->readback);
     vk_buffer_destroy(d, &p->rope);
+    vk_buffer_destroy(d, &p->images);
     vk_buffer_destroy(d, &p->dq);
     vk_buffer_destroy(d, &p->xh);
     vk_buffer_destroy(d, &p->moe);
@@ -197,25 +207,46 @@ void vk_prefill_destroy(struct vk_prefill *p) {
 }
 
 anvil_status vk_prefill_run(struct vk_prefill *p, const int32_t *tokens, int pos0, float *out) {
+    return vk_prefill_run_mm(p, tokens, pos0, NULL, out);
+}
+
+anvil_status vk_prefill_run_mm(struct vk_prefill *p, const int32_t *tokens, int pos0, const struct run_extras *x,
+                               float *out) {
     if (pos0 < 0 || pos0 + p->T > p->n_ctx)
         return err_set(ANVIL_ERR_RANGE, "vulkan: %d tokens at position %d pass the context (%d)", p->T, pos0, p->n_ctx);
-    uint32_t *prm = p->prm.map;
+    if (x && (x->pos || x->embd_row) && !p->mm)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: images and shifted positions need an M-RoPE model");
+    uint32_t *prm = p->prm.map, T = (uint32_t)p->T;
     prm[0] = (uint32_t)pos0;
-    prm[1] = (uint32_t)p->T;
+    prm[1] = T;
     prm[2] = 0; /* the stop word of a control block, for the one-row matrix-vector products */
     prm[3] = 0;
     memcpy(prm + 4, tokens, (size_t)p->T * 4);
+    uint32_t *mm = prm + 4 + T; /* the images' words (prefill.h) */
+    mm[0] = x && (x->pos || x->embd_row);
+    if (mm[0]) {
+        memcpy(mm + 1, p->mrope, 4 * sizeof *mm);
+        for (uint32_t t = 0; t < T; t++) {
+            for (int a = 0; a < 3; a++) mm[5 + 3 * t + (uint32_t)a] = x->pos ? (uint32_t)x->pos[3 * t + (uint32_t)a] : (uint32_t)pos0 + t;
+            int32_t row = x->embd_row ? x->embd_row[t] : -1;
+            mm[5 + 3 * T + t] = row >= 0;
+            if (row >= 0)
+                memcpy((float *)p->images.map + (size_t)t * p->C, x->embd + (size_t)row * p->C, (size_t)p->C * 4);
+        }
+    }
     uint64_t v;
     anvil_status st = vk_submit(p->b->d, &p->cb, 1, &v);
     if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
     if (st == ANVIL_OK && out) memcpy(out, p->readback.map, p->out_bytes);
-    if (st == ANVIL_OK && p->queries) {
-        uint64_t *ts = xcalloc((size_t)p->n_ops + 1, sizeof *ts);
-        if (ts && vkGetQueryPoolResults(p->b->d->dev, p->queries, 0, (uint32_t)p->n_ops + 1, ((size_t)p->n_ops + 1) * 8,
-                                        ts, 8, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT) == VK_SUCCESS && ++p->prof_runs)
-            for (int i = 0; i < p->n_ops; i++)
-                p->prof_ns[i] += (double)(ts[i + 1] - ts[i]) * p->b->d->props.limits.timestampPeriod;
-        free(ts);
-    }
+    if (st == ANVIL_OK && p->queries) pf_profile_read(p);
     return st;
+}
+
+void pf_profile_read(struct vk_prefill *p) {
+    uint64_t *ts = xcalloc((size_t)p->n_ops + 1, sizeof *ts);
+    if (ts && vkGetQueryPoolResults(p->b->d->dev, p->queries, 0, (uint32_t)p->n_ops + 1, ((size_t)p->n_ops + 1) * 8,
+                                    ts, 8, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT) == VK_SUCCESS && ++p->prof_runs)
+        for (int i = 0; i < p->n_ops; i++)
+            p->prof_ns[i] += (double)(ts[i + 1] - ts[i]) * p->b->d->props.limits.timestampPeriod;
+    free(ts);
 }

@@ -60,6 +60,11 @@
 /* rows.comp's flags (struct pc_rows) */
 #define ROWS_HALF 1u /* rms_norm and swiglu also write float16 rows to h */
 
+/* vit.comp's flags (struct pc_vit) */
+#define VIT_PRE_BIAS 1u  /* MODE 0: a bias added to the row first (and written back) */
+#define VIT_GELU_TANH 1u /* MODE 1: the activation */
+#define VIT_GELU_ERF 2u
+
 /* ---- specialisation-constant ids ---- */
 
 #define SPEC_WG 0    /* local_size_x_id where a kernel's workgroup size is specialised */

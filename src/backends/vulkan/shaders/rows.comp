@@ -14,7 +14,10 @@
  *   MODE 6  rms_norm then rope (the q/k norms of attention, rope's rows of H heads): one
  *                      kernel and no barrier between them; out may be a (a row is read
  *                      whole before it is written)
- * pos0 comes from the params block (prm[0]). With flags & ROWS_HALF, rms_norm and swiglu also write
+ *   MODE 7  image rows  out[r] = c[r] where the params block marks token r's row as an
+ *                      image's embedding (images: the embedding's rows replaced)
+ * pos0 comes from the params block (prm[0]); with images (its M-RoPE word set, see rope_pos
+ * and prefill.h's params layout) rope takes each token's 3-D position instead of pos0 + t. With flags & ROWS_HALF, rms_norm and swiglu also write
  * their rows as float16 to h (the next product's input on workgroup matrices, mm_cm2.comp,
  * which would otherwise round them in a kernel of its own). Rows of a multiple of 4 floats
  * go 4 at a time. */
@@ -54,6 +57,21 @@ float inv_rms(uint base, uint n, uint tid) {
     return 1.0 / sqrt(tot / float(n) + pc.eps);
 }
 
+uint prm_u(uint i) { return floatBitsToUint(pc.prm.v[i]); }
+
+/* The rope position of token t for rotary pair q: pos0 + t, or where the params block's
+ * M-RoPE word (prm[4 + T]) is set, the token's (temporal, height, width) position there
+ * picked by the pair's axis under the sections (s0, s1, s2, interleaved) — the CPU backend's
+ * mrope_axis */
+uint rope_pos(uint pos0, uint t, uint q) {
+    uint T = prm_u(1u), b = 4u + T;
+    if (prm_u(b) == 0u) return pos0 + t;
+    uint s0 = prm_u(b + 1u), s1 = prm_u(b + 2u), s2 = prm_u(b + 3u), axis = 0u;
+    if (prm_u(b + 4u) != 0u) axis = q % 3u == 1u && q < 3u * s1 ? 1u : q % 3u == 2u && q < 3u * s2 ? 2u : 0u;
+    else if (s0 + s1 + s2 != 0u) axis = q < s0 ? 0u : q < s0 + s1 ? 1u : 2u;
+    return prm_u(b + 5u + 3u * t + axis);
+}
+
 /* element i of row r's output (at base + i): as float, and as float16 where flags ask */
 void put4(uint base, uint i4, vec4 y) {
     Vec4s(pc.out_).v[base / 4u + i4] = y;
@@ -77,11 +95,11 @@ void main() {
         float inv = inv_rms(base, n, tid);
         for (uint i = tid; i < n; i += 128u) row[i] = pc.a.v[base + i] * inv * pc.b.v[i];
         barrier();
-        uint pos = pos0 + r / pc.H, half_ = pc.n_rot / 2u;
+        uint t = r / pc.H, half_ = pc.n_rot / 2u;
         for (uint i = tid; i < n; i += 128u) {
             float y = row[i];
             if (i < pc.n_rot) {
-                uint q = i < half_ ? i : i - half_;
+                uint q = i < half_ ? i : i - half_, pos = rope_pos(pos0, t, q);
                 float cs = pc.c.v[(pos * half_ + q) * 2u], sn = pc.c.v[(pos * half_ + q) * 2u + 1u];
                 float x0 = row[q], x1 = row[q + half_];
                 y = i < half_ ? x0 * cs - x1 * sn : x1 * cs + x0 * sn;
@@ -89,11 +107,11 @@ void main() {
             pc.out_.v[base + i] = y;
         }
     } else if (MODE == 1u) {
-        uint pos = pos0 + r / pc.H, half_ = pc.n_rot / 2u;
+        uint t = r / pc.H, half_ = pc.n_rot / 2u;
         for (uint i = tid; i < n; i += 128u) {
             float y = pc.a.v[base + i];
             if (i < pc.n_rot) {
-                uint q = i < half_ ? i : i - half_;
+                uint q = i < half_ ? i : i - half_, pos = rope_pos(pos0, t, q);
                 float cs = pc.c.v[(pos * half_ + q) * 2u], sn = pc.c.v[(pos * half_ + q) * 2u + 1u];
                 float x0 = pc.a.v[base + q], x1 = pc.a.v[base + q + half_];
                 y = i < half_ ? x0 * cs - x1 * sn : x1 * cs + x0 * sn;
@@ -119,6 +137,10 @@ void main() {
             float g = pc.b.v[pc.H == 1u ? r : base + i];
             pc.out_.v[base + i] = pc.a.v[base + i] / (1.0 + exp(-g));
         }
+    } else if (MODE == 7u) {
+        uint T = prm_u(1u);
+        if (prm_u(4u + T) == 0u || prm_u(4u + T + 5u + 3u * T + r) == 0u) return;
+        for (uint i = tid; i < n; i += 128u) pc.out_.v[base + i] = pc.c.v[base + i];
     } else {
         uint t = r / pc.H, h = r % pc.H, dst = ((pos0 + t) * pc.H + h) * n; /* n % 4 == 0 */
         for (uint i = 4u * tid; i < n; i += 512u) {

@@ -1,0 +1,184 @@
+/*
+ * The vision encoder on the device (backend.h's vit_desc; vision/vision.h has the math): one
+ * image's program, made of the prefill's products (pf_emit_mmh: weights dequantised to float16
+ * for the cooperative matrices where the device has them, else mm.comp in float32) and
+ * vit.comp's kernels, recorded for the image's patch count, run once and freed. It is a
+ * struct vk_prefill with an op list of its own, so that recording, running and the profile
+ * (ANVIL_VK_PROFILE=1) are the prefill program's.
+ *
+ * Per block (x the residual stream [N, C]; the bias of a product is added by the kernel
+ * after it: the LayerNorm that reads it, or vit.comp's bias kernel):
+ *   h = LN1(x + down_b)                  vit MODE 0 (the previous block's down bias folded in)
+ *   qkv = h Wqkv                         product
+ *   q, k, v = rope2d(qkv + qkv_b)        vit MODE 3
+ *   a = attention(q, k, v)               vit MODE 4 (full, within the image)
+ *   x = x + a Wout                       product (residual folded into its store)
+ *   h = LN2(x + out_b)                   vit MODE 0
+ *   u = gelu_tanh(h Wup + up_b)          product, vit MODE 1
+ *   x = x + u Wdown                      product
+ * before them x = pixels Wpatch, then + patch_b + positions (vit MODE 2); after them
+ * h = LN(x + down_b), viewed [N / M², M²C]; u = gelu_erf(h Wfc1 + fc1_b); y = u Wfc2 + fc2_b.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "prefill.h"
+
+/* must match vit.comp's push constants */
+struct pc_vit {
+    uint64_t a, b, c, d, out, e;
+    uint32_t n, rows, H, D;
+    uint32_t gh, gw, M, side;
+    float eps, theta, scale;
+    uint32_t flags;
+};
+
+static uint64_t f32_addr(struct vk_backend *b, const struct tensor_info *t) { return vk_weight_addr(b, t, true, false); }
+
+/* y [T, N] = x [T, K] · Wᵀ (+ res when res != 0), as the prefill lowers a product */
+static anvil_status product(struct vk_prefill *p, uint64_t x, const struct tensor_info *w, uint64_t y, uint64_t res,
+                            uint32_t T) {
+    struct vk_backend *b = p->b;
+    int kind = vk_weight_kind(w->type);
+    uint32_t K = (uint32_t)w->ne[0], N = (uint32_t)w->ne[1];
+    struct pc_mm pc = {x, vk_weight_addr(b, w, false, false), y, res ? res : y, p->prm.addr, T, K, N,
+                       vk_weight_kp(b, w) / 8, res ? MM_RES : 0u, 0, 0, 0, 0, 0};
+    /* (the prefill's rule: float16 for more than 512 outputs) */
+    if (p->dq.buf && T >= 16 && N > (p->dq_emulate ? 0u : 512u) && (!p->dq_emulate || pf_dq_rows(b->d, N, pc.Kp8 * 8) == N))
+        return pf_emit_mmh(p, kind, &pc);
+    return pf_emit(p, vk_kernel_for(VK_OP_MM, w->type), (N + 63) / 64, (T + 63) / 64, &pc, sizeof pc);
+}
+
+static anvil_status vit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const struct pc_vit *pc) {
+    return pf_emit(p, k, wgs, gy, pc, sizeof *pc);
+}
+
+/* out = LN(a (+ pre, written back)) with weight w and bias bb, rows of n */
+static anvil_status layer_norm(struct vk_prefill *p, const struct vit_desc *d, uint64_t a, const struct tensor_info *pre,
+                               const struct tensor_info *w, const struct tensor_info *bb, uint64_t out, uint32_t rows) {
+    struct vk_backend *b = p->b;
+    struct pc_vit pc = {.a = a, .b = f32_addr(b, w), .c = pre ? f32_addr(b, pre) : a, .d = f32_addr(b, bb),
+                        .out = out, .e = a, .n = (uint32_t)d->C, .rows = rows, .eps = d->eps,
+                        .flags = pre ? VIT_PRE_BIAS : 0u};
+    return vit_op(p, K_VIT_NORM, rows, 0, &pc);
+}
+
+/* a [rows, n] = act(a + bias) */
+static anvil_status bias_act(struct vk_prefill *p, uint64_t a, const struct tensor_info *bias, uint32_t rows,
+                             uint32_t act) {
+    uint32_t n = (uint32_t)bias->ne[0];
+    struct pc_vit pc = {.a = a, .b = f32_addr(p->b, bias), .c = a, .d = a, .out = a, .e = a, .n = n, .rows = rows,
+                        .flags = act};
+    return vit_op(p, K_VIT_BIAS, (uint32_t)(((uint64_t)rows * n + 63) / 64), 0, &pc);
+}
+
+/* The op list of one image of gh x gw patches: pixels at px, the embeddings at *out_off. */
+static anvil_status lower(struct vk_prefill *p, const struct vit_desc *d, uint32_t gh, uint32_t gw, uint64_t px,
+                          const VkDeviceSize off[8]) {
+    struct vk_backend *b = p->b;
+    const uint32_t N = gh * gw, C = (uint32_t)d->C, H = (uint32_t)d->H, D = C / H, M = (uint32_t)d->M, NB = N / (M * M);
+    uint64_t A = p->arena.addr, x = A + off[0], h = A + off[1], big = A + off[2], q = A + off[3], k = A + off[4],
+             v = A + off[5], a = A + off[6], y = A + off[7];
+    anvil_status st = product(p, px, d->patch_w, x, 0, N);
+    struct pc_vit pos = {.a = x, .b = f32_addr(b, d->patch_b), .c = f32_addr(b, d->pos), .d = x, .out = x, .e = x,
+                         .n = C, .rows = N, .H = H, .D = D, .gh = gh, .gw = gw, .M = M, .side = (uint32_t)d->side};
+    if (st == ANVIL_OK) st = vit_op(p, K_VIT_POS, N, 0, &pos);
+    const struct tensor_info *pre = NULL; /* the bias of the last product into x */
+    for (int l = 0; l < d->depth && st == ANVIL_OK; l++) {
+        const struct vit_block *blk = &d->blocks[l];
+        struct pc_vit rope = {.a = big, .b = f32_addr(b, blk->qkv_b), .c = big, .d = k, .out = q, .e = v, .n = C,
+                              .rows = N, .H = H, .D = D, .gh = gh, .gw = gw, .M = M, .theta = d->theta};
+        struct pc_vit att = {.a = q, .b = k, .c = v, .d = v, .out = a, .e = a, .n = C, .rows = N, .H = H, .D = D,
+                             .scale = 1.0f / sqrtf((float)D)};
+        if ((st = layer_norm(p, d, x, pre, blk->ln1_w, blk->ln1_b, h, N)) != ANVIL_OK ||
+            (st = product(p, h, blk->qkv, big, 0, N)) != ANVIL_OK ||
+            (st = vit_op(p, K_VIT_ROPE, N, 0, &rope)) != ANVIL_OK ||
+            (st = vit_op(p, K_VIT_ATTN, H, (N + 7) / 8, &att)) != ANVIL_OK ||
+            (st = product(p, a, blk->out, x, x, N)) != ANVIL_OK ||
+            (st = layer_norm(p, d, x, blk->out_b, blk->ln2_w, blk->ln2_b, h, N)) != ANVIL_OK ||
+            (st = product(p, h, blk->up, big, 0, N)) != ANVIL_OK ||
+            (st = bias_act(p, big, blk->up_b, N, VIT_GELU_TANH)) != ANVIL_OK ||
+            (st = product(p, big, blk->down, x, x, N)) != ANVIL_OK)
+            break;
+        pre = blk->down_b;
+    }
+    /* the merger: M² consecutive patches (the processor's merge blocks) are one row of h */
+    if (st == ANVIL_OK) st = layer_norm(p, d, x, pre, d->post_w, d->post_b, h, N);
+    if (st == ANVIL_OK) st = product(p, h, d->fc1, big, 0, NB);
+    if (st == ANVIL_OK) st = bias_act(p, big, d->fc1_b, NB, VIT_GELU_ERF);
+    if (st == ANVIL_OK) st = product(p, big, d->fc2, y, 0, NB);
+    if (st == ANVIL_OK) st = bias_act(p, y, d->fc2_b, NB, 0);
+    if (st == ANVIL_OK) st = pf_flush_group(p);
+    return st;
+}
+
+anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const float *pixels, int gh, int gw,
+                        float *out) {
+    const uint32_t C = (uint32_t)d->C, H = (uint32_t)d->H, M = (uint32_t)d->M;
+    if (gh < (int)M || gw < (int)M || gh % (int)M || gw % (int)M || (int64_t)gh * gw > (1 << 20) ||
+        C % H || (C / H) % 4 || C / H > 256 || (uint32_t)d->F > (1u << 20))
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a vision encoder for a %dx%d grid of width %d, %d heads",
+                       gh, gw, d->C, d->H);
+    const VkDeviceSize N = (VkDeviceSize)gh * (VkDeviceSize)gw, NB = N / (M * M), K = (VkDeviceSize)d->K;
+    const VkDeviceSize bigw = MAX(3 * (VkDeviceSize)C, (VkDeviceSize)d->F); /* >= C: the merger's fc1 */
+    /* x, h, big [N, max(3C, F)] (also the merger's [NB, M²C]), q, k, v, a, y [NB, E] */
+    const VkDeviceSize sizes[8] = {N * C, N * C, N * bigw, N * C, N * C, N * C, N * C, NB * (VkDeviceSize)d->E};
+    VkDeviceSize off[8], total = 0;
+    for (int i = 0; i < 8; i++) {
+        off[i] = total;
+        total += round_up(sizes[i] * 4, ALIGN);
+    }
+    struct vk_prefill *p = xcalloc(1, sizeof *p);
+    if (!p) return ANVIL_ERR_NOMEM;
+    p->b = b;
+    p->T = (int)N;
+    p->hoist_at = -1;
+    p->grp_max = 1;
+    p->f16 = true;
+    const struct tuning *t = &b->d->tune;
+    p->dq_emulate = !b->d->coopmat && t->vk_dq_emulate;
+    p->mmh = t->vk_mmh;
+    p->out_off = off[7];
+    p->out_bytes = NB * (VkDeviceSize)d->E * 4;
+    anvil_status st = vk_buffer_create(b->d, total, VK_MEM_DEVICE, "vision activations", &p->arena);
+    if (st == ANVIL_OK) st = vk_buffer_create(b->d, 16, VK_MEM_CONTROL, "vision params", &p->prm);
+    struct vk_buffer px = {0};
+    if (st == ANVIL_OK) st = vk_buffer_create(b->d, N * K * 4, VK_MEM_CONTROL, "vision pixels", &px);
+    if (st == ANVIL_OK) st = vk_buffer_create(b->d, p->out_bytes, VK_MEM_READBACK, "vision output", &p->readback);
+    if (st == ANVIL_OK && (b->d->coopmat || p->dq_emulate)) {
+        /* room for the largest weight's float16 rows (or its pieces), and on workgroup matrices
+         * for the largest x in float16 */
+        const struct vit_block *b0 = &d->blocks[0];
+        const struct tensor_info *ws[] = {d->patch_w, b0->qkv, b0->out, b0->up, b0->down, d->fc1, d->fc2};
+        VkDeviceSize dq = 0, xh = 0;
+        for (size_t i = 0; i < ARRAY_LEN(ws); i++) {
+            uint32_t Kp = vk_weight_kp(b, ws[i]), R = pf_dq_rows(b->d, (uint32_t)ws[i]->ne[1], Kp);
+            dq = MAX(dq, (VkDeviceSize)R * Kp * 2);
+            xh = MAX(xh, N * (VkDeviceSize)ws[i]->ne[0] * 2);
+        }
+        st = vk_buffer_create(b->d, dq, VK_MEM_DEVICE, "vision float16 weights", &p->dq);
+        if (st == ANVIL_OK && b->d->coopmat2 && !p->dq_emulate)
+            st = vk_buffer_create(b->d, xh, VK_MEM_DEVICE, "vision float16 inputs", &p->xh);
+    }
+    if (st == ANVIL_OK) {
+        memset(p->prm.map, 0, 16);
+        memcpy(px.map, pixels, N * K * 4);
+        st = lower(p, d, (uint32_t)gh, (uint32_t)gw, px.addr, off);
+    }
+    if (st == ANVIL_OK && t->vk_profile) {
+        VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                                    .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = (uint32_t)p->n_ops + 1};
+        st = vk_result(vkCreateQueryPool(b->d->dev, &qi, NULL, &p->queries), "vkCreateQueryPool");
+        if (st == ANVIL_OK && !(p->prof_ns = xcalloc((size_t)p->n_ops, sizeof *p->prof_ns))) st = ANVIL_ERR_NOMEM;
+    }
+    if (st == ANVIL_OK) st = pf_record(p);
+    uint64_t done;
+    if (st == ANVIL_OK) st = vk_submit(b->d, &p->cb, 1, &done);
+    if (st == ANVIL_OK) st = vk_wait(b->d, done);
+    if (st == ANVIL_OK) memcpy(out, p->readback.map, p->out_bytes);
+    if (st == ANVIL_OK && p->queries) pf_profile_read(p);
+    vk_buffer_destroy(b->d, &px);
+    vk_prefill_destroy(p);
+    return st;
+}

@@ -1,0 +1,198 @@
+#version 460
+/* The vision encoder's own kernels (prefill/vit.c; its products are the prefill's, mm.comp or
+ * the cooperative-matrix ones). Letters: N patches of one image, C width, H heads of D = C / H
+ * (a multiple of 4, <= 256), rows of n floats. By MODE (a specialisation constant):
+ *   MODE 0  LayerNorm  per row r of n: with flags & VIT_PRE_BIAS, a[r] += c first (written
+ *                      back: the bias of the product before, folded in here); then
+ *                      out[r] = (a[r] - mean) / sqrt(var + eps) * b + d. A workgroup a row.
+ *   MODE 1  bias, act  a[i] = act(a[i] + b[i % n]) over rows * n elements, act by flags:
+ *                      0 none, VIT_GELU_TANH, VIT_GELU_ERF. A thread an element.
+ *   MODE 2  positions  row n (patch n of the processor's merge-block order, at grid (row,
+ *                      col) of gh x gw): a[n] += b + the learned positions c [side, side, C]
+ *                      interpolated bilinearly with corners aligned. A workgroup a patch.
+ *   MODE 3  rope       a: qkv [N, 3C] + bias b [3C] -> q (out), k (d), v (e), each [N, H, D],
+ *                      q and k rotated by the 2-D rope: pair i < D/4 by row * theta^(-4i/D),
+ *                      pair i < D/2 by col * theta^(-4(i - D/4)/D), NeoX halves (i, i + D/2).
+ *                      A workgroup a patch.
+ *   MODE 4  attention  full (non-causal) attention within the image: q (a), k (b), v (c)
+ *                      [N, H, D] -> out [N, H, D], scale. Workgroup (head h, block of QB
+ *                      queries): keys 64 at a time with an online softmax, each key row read
+ *                      once for the QB queries (attn_prefill.comp's scheme).
+ */
+#include "common.glsl"
+
+layout(local_size_x = 64) in;
+layout(constant_id = SPEC_MODE) const uint MODE = 0;
+
+layout(push_constant) uniform PC {
+    Floats a, b, c, d, out_, e;
+    uint n, rows, H, D;
+    uint gh, gw, M, side;
+    float eps, theta, scale;
+    uint flags;
+} pc;
+
+const uint QB = 8u; /* MODE 4: queries per workgroup */
+const uint B = 64u;
+shared float red[64];
+shared vec4 qs[QB][64];
+shared float ps[QB][B];
+shared float redm[QB][B];
+
+/* the sum of v over the workgroup */
+float wg_sum(float v) {
+    v = subgroupAdd(v);
+    barrier();
+    if (subgroupElect()) red[gl_SubgroupID] = v;
+    barrier();
+    float t = 0.0;
+    for (uint s = 0u; s < gl_NumSubgroups; s++) t += red[s];
+    return t;
+}
+
+/* erf to 1.5e-7 (Abramowitz and Stegun 7.1.26): GLSL has none */
+float erf_(float x) {
+    float t = 1.0 / (1.0 + 0.3275911 * abs(x));
+    float y = 1.0 - ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t *
+                        exp(-x * x);
+    return x < 0.0 ? -y : y;
+}
+
+/* patch p's place in the grid (the processor's merge-block order) */
+void patch_coords(uint p, out uint row, out uint col) {
+    uint M2 = pc.M * pc.M, blk = p / M2, in_ = p % M2, bw = pc.gw / pc.M;
+    row = (blk / bw) * pc.M + in_ / pc.M;
+    col = (blk % bw) * pc.M + in_ % pc.M;
+}
+
+void main() {
+    uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, tid = gl_LocalInvocationID.x;
+    uint n = pc.n;
+    if (MODE == 0u) {
+        if (wg >= pc.rows) return;
+        uint base = wg * n;
+        bool pre = (pc.flags & VIT_PRE_BIAS) != 0u;
+        float s = 0.0;
+        for (uint i = tid; i < n; i += 64u) {
+            float x = pc.a.v[base + i];
+            if (pre) {
+                x += pc.c.v[i];
+                pc.a.v[base + i] = x;
+            }
+            s += x;
+        }
+        float mean = wg_sum(s) / float(n), ss = 0.0;
+        for (uint i = tid; i < n; i += 64u) {
+            float x = pc.a.v[base + i] - mean; /* (this thread's own writes) */
+            ss += x * x;
+        }
+        float inv = 1.0 / sqrt(wg_sum(ss) / float(n) + pc.eps);
+        for (uint i = tid; i < n; i += 64u) pc.out_.v[base + i] = (pc.a.v[base + i] - mean) * inv * pc.b.v[i] + pc.d.v[i];
+    } else if (MODE == 1u) {
+        uint i = wg * 64u + tid;
+        if (i >= pc.rows * n) return;
+        float x = pc.a.v[i] + pc.b.v[i % n];
+        if (pc.flags == VIT_GELU_TANH) {
+            float u = clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -15.0, 15.0);
+            x = 0.5 * x * (1.0 + tanh(u));
+        } else if (pc.flags == VIT_GELU_ERF) {
+            x = 0.5 * x * (1.0 + erf_(x * 0.7071067811865476));
+        }
+        pc.a.v[i] = x;
+    } else if (MODE == 2u) {
+        if (wg >= pc.rows) return;
+        uint r, c;
+        patch_coords(wg, r, c);
+        uint side = pc.side;
+        float sy = pc.gh > 1u ? float(r) * float(side - 1u) / float(pc.gh - 1u) : 0.0;
+        float sx = pc.gw > 1u ? float(c) * float(side - 1u) / float(pc.gw - 1u) : 0.0;
+        uint y0 = uint(floor(sy)), x0 = uint(floor(sx));
+        float dy = sy - float(y0), dx = sx - float(x0);
+        uint y1 = min(y0 + 1u, side - 1u), x1 = min(x0 + 1u, side - 1u);
+        uint p00 = (y0 * side + x0) * n, p01 = (y0 * side + x1) * n, p10 = (y1 * side + x0) * n,
+             p11 = (y1 * side + x1) * n;
+        float w00 = (1.0 - dy) * (1.0 - dx), w01 = (1.0 - dy) * dx, w10 = dy * (1.0 - dx), w11 = dy * dx;
+        for (uint o = tid; o < n; o += 64u)
+            pc.a.v[wg * n + o] += pc.b.v[o] + (w00 * pc.c.v[p00 + o] + w01 * pc.c.v[p01 + o] +
+                                               w10 * pc.c.v[p10 + o] + w11 * pc.c.v[p11 + o]);
+    } else if (MODE == 3u) {
+        if (wg >= pc.rows) return;
+        uint r, c;
+        patch_coords(wg, r, c);
+        uint C = pc.H * pc.D, D = pc.D, half_ = D / 2u, quarter = D / 4u, src = wg * 3u * C;
+        for (uint o = tid; o < 3u * C; o += 64u) {
+            uint part = o / C, w = o % C, i = w % D, hb = w - i;
+            float y = pc.a.v[src + o] + pc.b.v[o];
+            if (part < 2u) {
+                uint j = i < half_ ? i : i - half_, jj = j < quarter ? j : j - quarter;
+                float an = float(j < quarter ? r : c) * (1.0 / pow(pc.theta, float(2u * jj) / float(half_)));
+                float cs = cos(an), sn = sin(an);
+                uint b0 = part * C + hb + j, b1 = b0 + half_;
+                float x0 = pc.a.v[src + b0] + pc.b.v[b0], x1 = pc.a.v[src + b1] + pc.b.v[b1];
+                y = i < half_ ? x0 * cs - x1 * sn : x1 * cs + x0 * sn;
+            }
+            Floats dst = part == 0u ? pc.out_ : part == 1u ? pc.d : pc.e;
+            dst.v[wg * C + w] = y;
+        }
+    } else {
+        uint h = gl_WorkGroupID.x, t0 = gl_WorkGroupID.y * QB, N = pc.rows, D = pc.D, C = pc.H * D,
+             D4 = D / 4u;
+        for (uint g = 0u; g < QB; g++)
+            for (uint d4 = tid; d4 < D4; d4 += B)
+                qs[g][d4] = t0 + g < N ? Vec4s(pc.a).v[((t0 + g) * C + h * D) / 4u + d4] * pc.scale : vec4(0.0);
+        barrier();
+        float m[QB], l[QB], acc[QB][4];
+        for (uint g = 0u; g < QB; g++) {
+            m[g] = -1.0 / 0.0;
+            l[g] = 0.0;
+            for (uint i = 0u; i < 4u; i++) acc[g][i] = 0.0;
+        }
+        for (uint s0 = 0u; s0 < N; s0 += B) {
+            uint s = s0 + tid;
+            float sc[QB];
+            for (uint g = 0u; g < QB; g++) sc[g] = s < N ? 0.0 : -1.0 / 0.0;
+            if (s < N) {
+                uint kb = (s * C + h * D) / 4u;
+                for (uint d4 = 0u; d4 < D4; d4++) {
+                    vec4 k = Vec4s(pc.b).v[kb + d4];
+                    for (uint g = 0u; g < QB; g++) sc[g] += dot(qs[g][d4], k);
+                }
+            }
+            for (uint g = 0u; g < QB; g++) {
+                float v = subgroupMax(sc[g]);
+                if (subgroupElect()) redm[g][gl_SubgroupID] = v;
+            }
+            barrier();
+            for (uint g = 0u; g < QB; g++) {
+                float mb = m[g];
+                for (uint i = 0u; i < gl_NumSubgroups; i++) mb = max(mb, redm[g][i]);
+                ps[g][tid] = exp(sc[g] - mb); /* 0 past N: key s0 < N keeps mb finite */
+                float alpha = exp(m[g] - mb);
+                l[g] *= alpha;
+                for (uint i = 0u; i < 4u; i++) acc[g][i] *= alpha;
+                m[g] = mb;
+            }
+            barrier();
+            uint nb = min(B, N - s0);
+            for (uint rr = 0u; rr < nb; rr++) {
+                uint vb = (s0 + rr) * C + h * D;
+                float v[4];
+                for (uint i = 0u; i < 4u; i++) {
+                    uint d = tid + B * i;
+                    v[i] = d < D ? pc.c.v[vb + d] : 0.0;
+                }
+                for (uint g = 0u; g < QB; g++) {
+                    float p = ps[g][rr];
+                    l[g] += p;
+                    for (uint i = 0u; i < 4u; i++) acc[g][i] += p * v[i];
+                }
+            }
+            barrier();
+        }
+        for (uint g = 0u; g < QB; g++)
+            for (uint i = 0u; i < 4u; i++) {
+                uint d = tid + B * i;
+                if (d < D && t0 + g < N) pc.out_.v[(t0 + g) * C + h * D + d] = acc[g][i] / l[g];
+            }
+    }
+}
