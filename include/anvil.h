@@ -464,6 +464,12 @@ int32_t anvil_model_image_token(const anvil_model *m);
 /* Decodes a PNG or JPEG file and preprocesses it as the model's image processor does. Free
  * with anvil_image_free. */
 anvil_status anvil_image_load(anvil_model *m, const char *path, anvil_image **out);
+/* The same for a PNG or JPEG held in memory (size bytes; name for messages). */
+anvil_status anvil_image_decode(anvil_model *m, const void *data, size_t size, const char *name,
+                                anvil_image **out);
+/* Whether the model can take images: its vision tower is loaded, or its checkpoint has one
+ * (which this loads). */
+int anvil_model_has_vision(anvil_model *m);
 void anvil_image_free(anvil_image *img);
 /* The image tokens the image takes in a prompt. */
 int anvil_image_tokens(const anvil_image *img);
@@ -483,6 +489,14 @@ anvil_status anvil_session_image_embeddings(anvil_session *s, const anvil_image 
 anvil_status anvil_session_eval_images(anvil_session *s, const int32_t *tokens, int n,
                                        anvil_image *const *images, int n_images,
                                        anvil_logits_mode mode, float *logits_out);
+/* anvil_session_generate for a prompt with images as a chat template writes it: one image
+ * token (<|image_pad|>) per image, in order, each expanded to its image's token count (as the
+ * model's processor does) and given the image. stats->n_prompt counts the expanded prompt and
+ * prompt_seconds includes encoding the images. n_images 0: anvil_session_generate. */
+anvil_status anvil_session_generate_images(anvil_session *s, const int32_t *prompt, int n_prompt,
+                                           anvil_image *const *images, int n_images,
+                                           const anvil_generate_params *params, anvil_token_fn on_token,
+                                           void *user, anvil_generate_stats *stats);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

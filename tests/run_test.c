@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/backend.h"
 #include "testutil.h"
 
 #define SMALL tu_testdata("reference/qwen3-small")
@@ -168,6 +169,65 @@ static void test_tokenizer_flag(void **state) {
     free(err);
 }
 
+/* Images (the tiny Qwen3.5 with a vision tower, a test tokenizer): run --image renders the
+ * image before the text through the model's template, and its greedy answer is eval's greedy
+ * ids for that prompt with the image, decoded; chat's /image gives the same answer; on Vulkan
+ * too where there is a device. A model without a vision tower refuses images. */
+static void test_images(void **state) {
+    (void)state;
+    char vl[512], img[600];
+    snprintf(vl, sizeof vl, "%s", tu_testdata("reference/qwen3_5-vl-tiny"));
+    snprintf(img, sizeof img, "%s/images/img1_300x200.png", vl);
+    char *tok = tu_vl_tokenizer(), in[600], ids_in[600];
+    /* the template's rendering (Qwen3.5, thinking on: the random model's greedy answer then
+     * runs past 8 tokens, where with thinking off it ends at its second) */
+    const char *rendered = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe this picture."
+                           "<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    snprintf(in, sizeof in, "%s/prompt.txt", tok);
+    tu_write_file(in, rendered, strlen(rendered));
+    char *ids = NULL, *greedy = NULL, *expect = NULL, *out = NULL, *err = NULL;
+    assert_int_equal(tu_run_anvil(&ids, NULL, "tokenize -m %s < %s", tok, in), 0);
+    ids[strcspn(ids, "\n")] = 0;
+    assert_int_equal(tu_run_anvil(&greedy, NULL, "eval -m %s --backend cpu --prompt-ids %s --image %s -n 7", vl, ids,
+                                  img), 0);
+    char *list = greedy + strlen("greedy: ");
+    list[strcspn(list, "\n")] = 0;
+    snprintf(ids_in, sizeof ids_in, "%s/greedy.txt", tok);
+    tu_write_file(ids_in, list, strlen(list));
+    assert_int_equal(tu_run_anvil(&expect, NULL, "tokenize -m %s --decode < %s", tok, ids_in), 0);
+    size_t el = strlen(expect);
+    while (el && expect[el - 1] == '\n') expect[--el] = 0;
+    assert_true(el > 0);
+    char vk_why[256];
+    for (int vk = 0; vk < 2; vk++) {
+        if (vk && !backend_vulkan_available(vk_why, sizeof vk_why)) break;
+        const char *backend = vk ? "vulkan" : "cpu";
+        assert_int_equal(tu_run_anvil(&out, &err, "run -m %s --tokenizer %s --backend %s --image %s "
+                                      "--temp 0 -n 8 -p 'Describe this picture.'", vl, tok, backend, img), 0);
+        if (strncmp(out, expect, el) != 0) fail_msg("run (%s) printed \"%s\", eval's ids decode to \"%s\"", backend, out, expect);
+        assert_non_null(strstr(err, "Prompt: 81 tokens")); /* 54 image tokens + 27 */
+        free(out), free(err);
+        /* chat: /image attaches the image to the next message */
+        char script[1200], chat_in[600];
+        snprintf(script, sizeof script, "/image %s\nDescribe this picture.\n", img);
+        snprintf(chat_in, sizeof chat_in, "%s/chat.txt", tok);
+        tu_write_file(chat_in, script, strlen(script));
+        assert_int_equal(tu_run_anvil(&out, &err, "chat -m %s --tokenizer %s --backend %s --temp 0 -n 8 < %s", vl, tok, backend, chat_in), 0);
+        assert_non_null(strstr(err, "image 1 attached"));
+        if (strncmp(out, expect, el) != 0) fail_msg("chat (%s) printed \"%s\", eval's ids decode to \"%s\"", backend, out, expect);
+        free(out), free(err);
+    }
+    /* a model without a vision tower; a file that is not an image */
+    assert_int_equal(tu_run_anvil(NULL, &err, "run -m %s --backend cpu --image %s -p hi", SMALL, img), 1);
+    assert_non_null(strstr(err, "takes no images"));
+    free(err);
+    assert_int_equal(tu_run_anvil(NULL, &err, "run -m %s --tokenizer %s --backend cpu --image %s -p hi", vl, tok, in), 1);
+    assert_non_null(strstr(err, "not a PNG or JPEG"));
+    free(err);
+    tu_rmdir(tok);
+    free(tok), free(ids), free(greedy), free(expect);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_run_deterministic_and_stats),
@@ -177,6 +237,7 @@ int main(void) {
         cmocka_unit_test(test_chat_turns),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_tokenizer_flag),
+        cmocka_unit_test(test_images),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

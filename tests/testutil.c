@@ -81,6 +81,57 @@ int32_t *tu_json_ids(const char *json, const char *key, int *n) {
     return ids;
 }
 
+char *tu_vl_tokenizer(void) {
+    char *dir = tu_tmpdir(), path[600];
+    size_t len;
+    char *text = tu_read_file(tu_testdata("reference/qwen3-small/tokenizer.json"), &len);
+    cJSON *root = text ? cJSON_ParseWithLength(text, len) : NULL;
+    free(text);
+    if (!root) return dir;
+    cJSON *model = cJSON_GetObjectItem(root, "model"), *vocab = cJSON_GetObjectItem(model, "vocab");
+    cJSON *merges = cJSON_GetObjectItem(model, "merges"), *e, *next;
+    for (e = vocab ? vocab->child : NULL; e; e = next) { /* ids 2041.. go to the specials */
+        next = e->next;
+        if (e->valuedouble >= 2041) cJSON_Delete(cJSON_DetachItemViaPointer(vocab, e));
+    }
+    for (e = merges ? merges->child : NULL; e; e = next) { /* merges naming a removed token */
+        next = e->next;
+        char joined[256]; /* (qwen3-small's merges are pairs: ["a", "b"]) */
+        const char *a = cJSON_GetArrayItem(e, 0)->valuestring, *b = cJSON_GetArrayItem(e, 1)->valuestring;
+        snprintf(joined, sizeof joined, "%s%s", a, b);
+        if (!cJSON_GetObjectItemCaseSensitive(vocab, joined) || !cJSON_GetObjectItemCaseSensitive(vocab, a) ||
+            !cJSON_GetObjectItemCaseSensitive(vocab, b))
+            cJSON_Delete(cJSON_DetachItemViaPointer(merges, e));
+    }
+    static const char *const specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|video_pad|>",
+                                           "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"};
+    cJSON *added = cJSON_CreateArray();
+    for (int i = 0; i < 7; i++) {
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddNumberToObject(t, "id", 2041 + i);
+        cJSON_AddStringToObject(t, "content", specials[i]);
+        cJSON_AddBoolToObject(t, "special", 1);
+        cJSON_AddItemToArray(added, t);
+    }
+    cJSON_ReplaceItemInObject(root, "added_tokens", added);
+    char *out = cJSON_PrintUnformatted(root);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    tu_write_file(path, out, strlen(out));
+    free(out);
+    cJSON_Delete(root);
+    char *tmpl = tu_read_file(tu_testdata("templates/Qwen3.5.jinja"), &len);
+    cJSON *cfg = cJSON_CreateObject();
+    cJSON_AddStringToObject(cfg, "eos_token", "<|im_end|>");
+    cJSON_AddStringToObject(cfg, "chat_template", tmpl ? tmpl : "");
+    out = cJSON_PrintUnformatted(cfg);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    tu_write_file(path, out, strlen(out));
+    free(out);
+    free(tmpl);
+    cJSON_Delete(cfg);
+    return dir;
+}
+
 anvil_session *tu_session(anvil_model *m, anvil_backend_kind kind, int n_ctx) {
     return tu_session_kv(m, kind, n_ctx, ANVIL_KV_DEFAULT);
 }

@@ -21,6 +21,11 @@ const char *tu_testdata(const char *rel);
 int tu_run_anvil(char **out, char **err, const char *args_fmt, ...);
 /* A fresh temporary directory (removed by tu_cleanup_dir). */
 char *tu_tmpdir(void);
+/* A tokenizer folder for reference/qwen3_5-vl-tiny (which has none): qwen3-small's tokenizer
+ * with the ids from 2041 on given to the special tokens where the model's config puts them
+ * (<|image_pad|> 2045, <|vision_start|> 2046, <|vision_end|> 2047; <|im_start|> 2042,
+ * <|im_end|> 2043), and Qwen3.5's chat template. A new directory (tu_rmdir, then free). */
+char *tu_vl_tokenizer(void);
 void tu_rmdir(const char *dir);
 /* Writes bytes to a file. */
 void tu_write_file(const char *path, const void *data, size_t len);

@@ -45,23 +45,23 @@ int32_t anvil_model_image_token(const anvil_model *m) { return m->file->hp.image
 
 int anvil_model_width(const anvil_model *m) { return (int)m->file->hp.n_embd; }
 
-anvil_status anvil_image_load(anvil_model *m, const char *path, anvil_image **out) {
-    if (!m || !path || !out) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_image_load: NULL argument");
-    *out = NULL;
-    anvil_status st;
-    if (!m->vision && (st = anvil_model_load_vision(m, NULL)) != ANVIL_OK) return st;
-    struct image img;
-    if ((st = image_load(path, IMAGE_MAX_DECODE_PIXELS, &img)) != ANVIL_OK) return keep(m->err, st);
+int anvil_model_has_vision(anvil_model *m) {
+    if (!m || m->file->hp.image_token_id < 0) return 0;
+    return m->vision || anvil_model_load_vision(m, NULL) == ANVIL_OK;
+}
+
+/* A decoded image preprocessed as the model's processor does (img freed). */
+static anvil_status image_make(anvil_model *m, struct image *img, const char *name, anvil_image **out) {
     anvil_image *ai = xcalloc(1, sizeof *ai);
     if (!ai) {
-        image_free(&img);
+        image_free(img);
         return keep(m->err, ANVIL_ERR_NOMEM);
     }
-    st = image_preprocess(vision_image_proc(m->vision), &img, &ai->px);
-    image_free(&img);
+    anvil_status st = image_preprocess(vision_image_proc(m->vision), img, &ai->px);
+    image_free(img);
     if (st != ANVIL_OK) {
         free(ai);
-        err_prefix("%s", path);
+        err_prefix("%s", name);
         return keep(m->err, st);
     }
     int M = vision_hparams(m->vision)->merge;
@@ -70,6 +70,27 @@ anvil_status anvil_image_load(anvil_model *m, const char *path, anvil_image **ou
     ai->n_tokens = ai->rows * ai->cols;
     *out = ai;
     return ANVIL_OK;
+}
+
+anvil_status anvil_image_load(anvil_model *m, const char *path, anvil_image **out) {
+    if (!m || !path || !out) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_image_load: NULL argument");
+    *out = NULL;
+    anvil_status st;
+    if (!m->vision && (st = anvil_model_load_vision(m, NULL)) != ANVIL_OK) return st;
+    struct image img;
+    if ((st = image_load(path, IMAGE_MAX_DECODE_PIXELS, &img)) != ANVIL_OK) return keep(m->err, st);
+    return image_make(m, &img, path, out);
+}
+
+anvil_status anvil_image_decode(anvil_model *m, const void *data, size_t size, const char *name,
+                                anvil_image **out) {
+    if (!m || !data || !name || !out) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_image_decode: NULL argument");
+    *out = NULL;
+    anvil_status st;
+    if (!m->vision && (st = anvil_model_load_vision(m, NULL)) != ANVIL_OK) return st;
+    struct image img;
+    if ((st = image_decode(data, size, name, IMAGE_MAX_DECODE_PIXELS, &img)) != ANVIL_OK) return keep(m->err, st);
+    return image_make(m, &img, name, out);
 }
 
 void anvil_image_free(anvil_image *img) {
@@ -104,6 +125,46 @@ anvil_status anvil_session_image_embeddings(anvil_session *s, const anvil_image 
     if (!s->model->vision)
         return keep(s->err, err_set(ANVIL_ERR_INVALID_ARG, "the model's vision tower is not loaded"));
     return keep(s->err, image_encode(s, &img->px, out));
+}
+
+anvil_status anvil_session_generate_images(anvil_session *s, const int32_t *prompt, int n_prompt,
+                                           anvil_image *const *images, int n_images,
+                                           const anvil_generate_params *params, anvil_token_fn on_token,
+                                           void *user, anvil_generate_stats *stats) {
+    if (n_images == 0) return anvil_session_generate(s, prompt, n_prompt, params, on_token, user, stats);
+    if (!s || !prompt || n_prompt <= 0 || !images || n_images < 0)
+        return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_generate_images: bad arguments");
+    const int32_t pad = s->model->file->hp.image_token_id;
+    int found = 0;
+    size_t total = (size_t)n_prompt;
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] == pad && pad >= 0 && found < n_images) total += (size_t)images[found++]->n_tokens - 1;
+        else if (prompt[i] == pad && pad >= 0) found++;
+    if (found != n_images)
+        return keep(s->err, err_set(ANVIL_ERR_INVALID_ARG, "the prompt has %d image token(s) for %d image(s): "
+                                    "one each", found, n_images));
+    if (prompt[n_prompt - 1] == pad)
+        return keep(s->err, err_set(ANVIL_ERR_INVALID_ARG, "the prompt ends in an image token"));
+    int32_t *ids = xmalloc(total * sizeof *ids);
+    if (!ids) return keep(s->err, ANVIL_ERR_NOMEM);
+    size_t at = 0;
+    for (int i = 0, k = 0; i < n_prompt; i++) {
+        int count = prompt[i] == pad ? images[k++]->n_tokens : 1;
+        for (int j = 0; j < count; j++) ids[at++] = prompt[i];
+    }
+    /* all but the last token with the images; the last one starts the generation */
+    double t0 = time_now();
+    anvil_status st = anvil_session_eval_images(s, ids, (int)total - 1, images, n_images, ANVIL_LOGITS_NONE, NULL);
+    double t_images = time_now() - t0;
+    anvil_generate_stats local;
+    if (!stats) stats = &local;
+    if (st == ANVIL_OK) st = anvil_session_generate(s, ids + total - 1, 1, params, on_token, user, stats);
+    if (st == ANVIL_OK) {
+        stats->n_prompt = (int)total;
+        stats->prompt_seconds += t_images;
+    }
+    free(ids);
+    return st;
 }
 
 anvil_status anvil_session_eval_images(anvil_session *s, const int32_t *tokens, int n,

@@ -6,7 +6,9 @@
  *   model, stream, stream_options.include_usage, max_tokens, max_completion_tokens,
  *   temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
  *   repetition_penalty, seed, stop (string or list), n (1 only), ignore_eos (vLLM's),
- *   chat: messages (assistant tool_calls and tool results go to the template as they are),
+ *   chat: messages (assistant tool_calls and tool results go to the template as they are;
+ *         content parts of text, and of images as image_url data: URLs where the model has a
+ *         vision tower: the template writes their placeholders),
  *         tools, tool_choice (auto, none, required, a named function), parallel_tool_calls,
  *         chat_template_kwargs (every key a template variable; enable_thinking must be a
  *         boolean);
@@ -314,9 +316,82 @@ static bool check_model(struct server *s, const cJSON *req, struct api_error *e)
 
 /* ---- chat messages ---- */
 
+/* base64 (RFC 4648, whitespace skipped, padding optional) into a new buffer; NULL if not */
+static uint8_t *base64_decode(const char *s, size_t *len) {
+    size_t n = strlen(s), at = 0;
+    uint8_t *out = xmalloc(n / 4 * 3 + 3);
+    uint32_t acc = 0;
+    int bits = 0;
+    for (const char *c = s; out && *c && *c != '='; c++) {
+        int v = *c >= 'A' && *c <= 'Z' ? *c - 'A' : *c >= 'a' && *c <= 'z' ? *c - 'a' + 26
+                : *c >= '0' && *c <= '9' ? *c - '0' + 52 : *c == '+' || *c == '-' ? 62
+                : *c == '/' || *c == '_' ? 63 : -1;
+        if (v < 0) {
+            if (*c == ' ' || *c == '\n' || *c == '\r' || *c == '\t') continue;
+            free(out);
+            return NULL;
+        }
+        acc = acc << 6 | (uint32_t)v;
+        if ((bits += 6) >= 8) out[at++] = (uint8_t)(acc >> (bits -= 8));
+    }
+    *len = at;
+    return out;
+}
+
+#define MAX_IMAGES 16
+
+/* An image_url content part: a data: URL of a base64 PNG or JPEG, decoded and preprocessed
+ * for the model into j->images (the server fetches nothing: remote URLs are refused). */
+static bool take_image(struct server *s, struct job *j, const cJSON *part, const char *msg, const char *param,
+                       struct api_error *e) {
+    const cJSON *iu = cJSON_GetObjectItemCaseSensitive(part, "image_url");
+    const cJSON *url = cJSON_IsObject(iu) ? cJSON_GetObjectItemCaseSensitive(iu, "url") : iu;
+    if (!s->vision) {
+        BAD(e, msg, "'%s': this model takes no images (images need a Qwen3.5 or Qwen3.6 model with "
+            "its vision tower: a checkpoint that has one, or a GGUF served with --mmproj)", param);
+        return false;
+    }
+    if (!cJSON_IsString(url)) {
+        BAD(e, msg, "'%s' must be {\"type\": \"image_url\", \"image_url\": {\"url\": ...}}", param);
+        return false;
+    }
+    const char *u = url->valuestring, *comma = strchr(u, ',');
+    if (strncmp(u, "data:", 5) != 0) {
+        bool remote = !strncmp(u, "http://", 7) || !strncmp(u, "https://", 8);
+        BAD(e, msg, "'%s': %s; send the image inline as a data: URL (data:image/png;base64,...)", param,
+            remote ? "this server fetches nothing, remote image URLs are refused" : "the url must be a data: URL");
+        return false;
+    }
+    if (!comma || comma - u < 12 || strncmp(comma - 7, ";base64", 7) != 0) {
+        BAD(e, msg, "'%s': the data: URL must hold base64 (data:image/png;base64,...)", param);
+        return false;
+    }
+    if (j->n_images == MAX_IMAGES) {
+        BAD(e, msg, "at most %d images per request", MAX_IMAGES);
+        return false;
+    }
+    size_t len = 0;
+    uint8_t *bytes = base64_decode(comma + 1, &len);
+    if (!bytes) {
+        BAD(e, msg, "'%s': the image's base64 is not valid", param);
+        return false;
+    }
+    anvil_image *img = NULL;
+    anvil_status st = anvil_image_decode(s->model, bytes, len, param, &img);
+    free(bytes);
+    if (st != ANVIL_OK) {
+        BAD(e, msg, "%s", anvil_last_error());
+        return false;
+    }
+    j->images[j->n_images++] = img;
+    return true;
+}
+
 /* Copies messages into the shape the template renders: string contents (text parts joined
- * by newlines), roles checked. */
-static cJSON *normalize_messages(const cJSON *msgs, bool args_as_objects, struct api_error *e) {
+ * by newlines) or, with images, the parts in order ({"type": "image"}, {"type": "text"}),
+ * roles checked; the images are decoded into j->images. */
+static cJSON *normalize_messages(struct server *s, struct job *j, const cJSON *msgs, bool args_as_objects,
+                                 struct api_error *e) {
     if (!msgs || !cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0) {
         BAD(e, "messages", "'messages' must be a non-empty array");
         return NULL;
@@ -346,32 +421,60 @@ static cJSON *normalize_messages(const cJSON *msgs, bool args_as_objects, struct
         const cJSON *content = field(m, "content");
         struct sbuf text = {0};
         sbuf_adds(&text, "");
+        cJSON *parts = NULL; /* with images: the content as parts */
         if (cJSON_IsString(content)) {
             sbuf_adds(&text, content->valuestring);
         } else if (cJSON_IsArray(content)) {
             const cJSON *part;
-            int k = 0;
+            int k = 0, at = 0;
+            parts = cJSON_CreateArray();
             cJSON_ArrayForEach(part, content) {
+                char pp[80];
+                snprintf(pp, sizeof pp, "%s.content[%d]", param, at++);
                 const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
                 const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+                bool image = cJSON_IsObject(part) && cJSON_IsString(type) && !strcmp(type->valuestring, "image_url");
+                if (image) {
+                    if (!take_image(s, j, part, param, pp, e)) {
+                        sbuf_free(&text);
+                        cJSON_Delete(parts);
+                        goto fail;
+                    }
+                    cJSON *ip = cJSON_CreateObject();
+                    cJSON_AddStringToObject(ip, "type", "image");
+                    cJSON_AddItemToArray(parts, ip);
+                    continue;
+                }
                 if (!cJSON_IsObject(part) || !cJSON_IsString(type) ||
                     strcmp(type->valuestring, "text") || !cJSON_IsString(t)) {
-                    BAD(e, param, "'%s.content' parts must be {\"type\": \"text\", \"text\": ...} "
-                        "(this model reads text only)", param);
+                    BAD(e, param, "'%s.content' parts must be {\"type\": \"text\", \"text\": ...}%s", param,
+                        s->vision ? " or {\"type\": \"image_url\", \"image_url\": {\"url\": ...}}"
+                                  : " (this model reads text only)");
                     sbuf_free(&text);
+                    cJSON_Delete(parts);
                     goto fail;
                 }
                 if (k++) sbuf_adds(&text, "\n");
                 sbuf_adds(&text, t->valuestring);
+                cJSON *tp = cJSON_CreateObject();
+                cJSON_AddStringToObject(tp, "type", "text");
+                cJSON_AddStringToObject(tp, "text", t->valuestring);
+                cJSON_AddItemToArray(parts, tp);
             }
         } else if (content || strcmp(r, "assistant")) {
-            BAD(e, param, "'%s.content' must be a string or a list of text parts", param);
+            BAD(e, param, "'%s.content' must be a string or a list of text%s parts", param,
+                s->vision ? " and image" : "");
             sbuf_free(&text);
             goto fail;
         }
+        bool has_image = false;
+        const cJSON *pi;
+        cJSON_ArrayForEach(pi, parts) has_image |= !strcmp(cJSON_GetObjectItem(pi, "type")->valuestring, "image");
         cJSON *n = cJSON_CreateObject();
         cJSON_AddStringToObject(n, "role", r);
-        cJSON_AddStringToObject(n, "content", text.p);
+        if (has_image) cJSON_AddItemToObject(n, "content", parts);
+        else cJSON_AddStringToObject(n, "content", text.p);
+        if (!has_image) cJSON_Delete(parts);
         sbuf_free(&text);
         const cJSON *rc = field(m, "reasoning_content"), *tc = field(m, "tool_calls");
         if (rc && !cJSON_IsString(rc)) {
@@ -510,7 +613,7 @@ static char *render_chat(struct server *s, const cJSON *req, struct job *j,
     const cJSON *kw = NULL, *tools = NULL;
     bool thinking = true;
     if (!parse_tools(s, req, j, &tools, e)) return NULL;
-    cJSON *msgs = normalize_messages(field(req, "messages"), j->tc.format == TOOLCALL_XML, e);
+    cJSON *msgs = normalize_messages(s, j, field(req, "messages"), j->tc.format == TOOLCALL_XML, e);
     if (!msgs) return NULL;
     char *text = NULL;
     if (get_object(req, "chat_template_kwargs", &kw, e) &&
@@ -726,10 +829,13 @@ struct job *api_job_from_request(struct server *s, enum job_kind kind, const cJS
         goto fail;
     }
     int limit = s->opt.max_prompt_tokens ? MIN(s->opt.max_prompt_tokens, s->n_ctx - 1) : s->n_ctx - 1;
-    if (j->n_prompt > limit) {
+    int64_t n_prompt = j->n_prompt; /* each image's token expanded to its count */
+    for (int i = 0; i < j->n_images; i++) n_prompt += anvil_image_tokens(j->images[i]) - 1;
+    if (n_prompt > limit) {
         api_error_set(e, 400, "invalid_request_error", "context_length_exceeded",
                       kind == JOB_CHAT ? "messages" : "prompt",
-                      "the prompt has %d tokens; this server takes at most %d", j->n_prompt, limit);
+                      "the prompt has %lld tokens%s; this server takes at most %d", (long long)n_prompt,
+                      j->n_images ? " (its images' included)" : "", limit);
         goto fail;
     }
     if (max_tokens < 0) {

@@ -37,6 +37,7 @@ struct job *job_new(void) {
 
 static void job_free(struct job *j) {
     free(j->prompt);
+    for (int i = 0; i < j->n_images; i++) anvil_image_free(j->images[i]);
     for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
     sbuf_free(&j->content);
     sbuf_free(&j->reasoning);
@@ -206,6 +207,10 @@ static void run_job(struct server *s, struct job *j) {
         int keep = 0;
         while (keep < n_cached && keep < j->n_prompt && cached[keep] == j->prompt[keep]) keep++;
         if (keep >= j->n_prompt) keep = j->n_prompt - 1;
+        /* image tokens are alike whatever their image: none is kept, from either side's first */
+        int32_t pad = anvil_model_image_token(s->model);
+        for (int i = 0; pad >= 0 && i < keep; i++)
+            if (cached[i] == pad || j->prompt[i] == pad) keep = i;
         if (anvil_session_truncate(s->session, keep) != ANVIL_OK) {
             anvil_session_reset(s->session); /* a recurrent state cannot be cut back */
             keep = 0;
@@ -213,8 +218,8 @@ static void run_job(struct server *s, struct job *j) {
         n_cached = keep;
         anvil_generate_params gp = j->gen;
         if (!j->ignore_eos) gp.stop_tokens = srv_text_stop_tokens(s->text, &gp.n_stop_tokens);
-        st = anvil_session_generate(s->session, j->prompt + keep, j->n_prompt - keep, &gp,
-                                    on_token, &r, &stats);
+        st = anvil_session_generate_images(s->session, j->prompt + keep, j->n_prompt - keep, j->images,
+                                           j->n_images, &gp, on_token, &r, &stats);
         if (st != ANVIL_OK) snprintf(msg, sizeof msg, "%s", anvil_last_error());
     } else {
         snprintf(msg, sizeof msg, "%s", anvil_last_error());
@@ -279,6 +284,9 @@ static anvil_status load(struct server *s) {
     anvil_model_params mp = {s->opt.n_threads};
     anvil_status st = anvil_model_open(s->opt.model_path, &mp, &s->model);
     if (st != ANVIL_OK) return st;
+    if (s->opt.mmproj && (st = anvil_model_load_vision(s->model, s->opt.mmproj)) != ANVIL_OK)
+        return err_set(st, "%s", anvil_model_errmsg(s->model));
+    s->vision = anvil_model_has_vision(s->model); /* the checkpoint's own tower, if it has one */
     st = anvil_session_create(s->model, &s->opt.session, &s->session);
     if (st != ANVIL_OK) return err_set(st, "%s", anvil_model_errmsg(s->model));
     const char *tok_path = s->opt.tokenizer_path ? s->opt.tokenizer_path : s->opt.model_path;

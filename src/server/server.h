@@ -41,6 +41,8 @@
 struct server_options {
     const char *model_path;  /* what anvil_model_open takes */
     const char *tokenizer_path; /* what anvil_tokenizer_open takes; NULL: model_path */
+    const char *mmproj;      /* the vision tower of a GGUF model (llama.cpp's mmproj), or NULL:
+                                the checkpoint's own where it has one (images in chats) */
     const char *model_name;  /* the id clients use; NULL: the model path's last component */
     anvil_session_params session;
     int n_threads;           /* model loading threads (0 = all) */

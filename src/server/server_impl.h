@@ -123,6 +123,9 @@ struct job {
     cJSON *tools;
     char call_prefix[40];
     char *forced;
+    anvil_image *images[16]; /* chat: the messages' images in order (one image token each in
+                                the prompt), owned */
+    int n_images;
 
     /* guarded by mu; every change calls on_news (set by the connection side, NULL: none) */
     pthread_mutex_t mu;
@@ -158,6 +161,7 @@ struct server {
     struct srv_text *text;
     int n_ctx;
     int32_t n_vocab; /* the model's embedding rows (0: take the tokenizer's) */
+    bool vision; /* the model takes images (its vision tower is loaded) */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;       /* queue changes, readiness, stopping */

@@ -1382,6 +1382,116 @@ static void test_synthetic_with_tokenizer(void **state) {
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+static char *base64(const unsigned char *p, size_t n) {
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *out = malloc(n / 3 * 4 + 8), *o = out;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+        *o++ = tab[v >> 18];
+        *o++ = tab[(v >> 12) & 63];
+        *o++ = i + 1 < n ? tab[(v >> 6) & 63] : '=';
+        *o++ = i + 2 < n ? tab[v & 63] : '=';
+    }
+    *o = 0;
+    return out;
+}
+
+/* A chat request with an image part (url) then a text part. */
+static char *image_request(const char *url, bool stream) {
+    size_t n = strlen(url) + 512;
+    char *body = malloc(n);
+    snprintf(body, n, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":"
+             "{\"url\":\"%s\"}},{\"type\":\"text\",\"text\":\"Describe this picture.\"}]}],\"temperature\":0,"
+             "\"max_tokens\":8%s}", url, stream ? ",\"stream\":true" : "");
+    return body;
+}
+
+/* Images in chats (OpenAI image_url parts with data: URLs): the tiny Qwen3.5 with a vision
+ * tower, served with a test tokenizer, answers an image request with what anvil run --image
+ * answers, streamed or not, and again when repeated (no image token is taken from the
+ * prefix cache); remote URLs, bad base64 and files that are not images are refused with a 400. */
+static void test_images(void **state) {
+    (void)state;
+    char vl[512], img[600], errpath[512];
+    snprintf(vl, sizeof vl, "%s", tu_testdata("reference/qwen3_5-vl-tiny"));
+    snprintf(img, sizeof img, "%s/images/img1_300x200.png", vl);
+    snprintf(errpath, sizeof errpath, "%s/serve3.err", tmpdir);
+    char *tok = tu_vl_tokenizer(), *expect = NULL;
+    assert_int_equal(tu_run_anvil(&expect, NULL, "run -m %s --tokenizer %s --backend cpu --image %s --temp 0 -n 8 "
+                                  "-p 'Describe this picture.' 2>/dev/null", vl, tok, img), 0);
+    expect[strcspn(expect, "\n")] = 0; /* (its first line is enough: the answer is a line or more) */
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *f = freopen(errpath, "w", stderr);
+        (void)f;
+        execl(ANVIL_BIN, ANVIL_BIN, "serve", "-m", vl, "--tokenizer", tok, "--port", "0", "-t", "2", "--backend",
+              "cpu", "--api-key", KEY, (char *)NULL);
+        _exit(127);
+    }
+    assert_true(pid > 0);
+    int first_port = server_port, port = 0;
+    for (double t0 = now(); !port && now() - t0 < 20 * SLOW; usleep(20000)) {
+        char *err = tu_read_file(errpath, NULL);
+        const char *p = err ? strstr(err, "listening on http://127.0.0.1:") : NULL;
+        if (p) port = atoi(p + strlen("listening on http://127.0.0.1:"));
+        free(err);
+    }
+    assert_true(port > 0);
+    server_port = port;
+    long st = 0;
+    for (double t0 = now(); st != 200 && now() - t0 < 30 * SLOW; usleep(20000)) {
+        char *out;
+        st = http("GET", "/health", NULL, NULL, &out);
+        free(out);
+    }
+    assert_int_equal(st, 200);
+    size_t len;
+    unsigned char *png = (unsigned char *)tu_read_file(img, &len);
+    char *b64 = base64(png, len), *url = malloc(strlen(b64) + 64);
+    sprintf(url, "data:image/png;base64,%s", b64);
+    for (int rep = 0; rep < 2; rep++) { /* the second: the cache holds the first's image */
+        char *body = image_request(url, false);
+        cJSON *r = post_ok("/v1/chat/completions", body);
+        /* the template opened <think>: the answer is reasoning */
+        const char *got = get_str(r, "choices.0.message.reasoning_content");
+        if (strncmp(got, expect, strlen(expect)) != 0) fail_msg("served \"%s\", run printed \"%s\"", got, expect);
+        assert_int_equal(get_int(r, "usage.completion_tokens"), 8);
+        cJSON_Delete(r);
+        free(body);
+    }
+    char *body = image_request(url, true);
+    struct streamed sr;
+    stream_request("/v1/chat/completions", body, true, &sr);
+    if (strncmp(sr.reasoning, expect, strlen(expect)) != 0) fail_msg("streamed \"%s\", run printed \"%s\"", sr.reasoning, expect);
+    free(body);
+    static const struct {
+        const char *url, *message;
+    } bad[] = {
+        {"https://example.com/cat.png", "fetches nothing"},
+        {"data:image/png;base64,@@@@", "base64"},
+        {"data:image/png,rawbytes", "base64"},
+        {"data:image/png;base64,aGVsbG8gd29ybGQ=", "not a PNG or JPEG"},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(bad); i++) {
+        char *out;
+        body = image_request(bad[i].url, false);
+        long code = http("POST", "/v1/chat/completions", body, KEY, &out);
+        if (code != 400 || !strstr(out, bad[i].message))
+            fail_msg("%s -> %ld %s (expected 400 naming \"%s\")", bad[i].url, code, out, bad[i].message);
+        free(out);
+        free(body);
+    }
+    free(url), free(b64), free(png), free(expect);
+    server_port = first_port;
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    tu_rmdir(tok);
+    free(tok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auth),
@@ -1403,6 +1513,7 @@ int main(void) {
         cmocka_unit_test(test_template_spans),
         cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_synthetic_with_tokenizer),
+        cmocka_unit_test(test_images),
     };
     /* test_idle_connections holds over a thousand sockets, and so does the server (which
      * inherits the limit) */

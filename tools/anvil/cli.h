@@ -56,8 +56,10 @@ void template_opts_free(struct template_opts *o);
 /* kwargs (a JSON object, or NULL) with enable_thinking=false added when thinking is 0 (and the
  * object does not set it); a new string (free()), NULL when kwargs is not an object. */
 char *template_kwargs_json(const char *kwargs, int thinking);
-/* Renders [system,] user with the generation prompt (run and chat). */
-anvil_status render_turn(anvil_tokenizer *tok, const char *system, const char *user, int thinking,
+/* Renders [system,] user with the generation prompt (run and chat); n_images > 0: the user
+ * turn's content is that many image parts and then the text, which the template writes as
+ * its vision placeholders. */
+anvil_status render_turn(anvil_tokenizer *tok, const char *system, const char *user, int n_images, int thinking,
                          const char *kwargs, char **out, size_t *len);
 
 int cmd_eval(int argc, char **argv);

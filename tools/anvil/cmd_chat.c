@@ -1,8 +1,9 @@
 /*
- * anvil chat -m MODEL [--thinking on|off] [--system TEXT] [sampling flags]
+ * anvil chat -m MODEL [--thinking on|off] [--system TEXT] [--mmproj FILE] [sampling flags]
  *
  * A multi-turn chat in the terminal: line editing and history from libedit, /reset and
- * /exit, thinking shown dimmed. The cache carries over between turns: each turn appends only
+ * /exit, thinking shown dimmed; /image FILE attaches an image to the next message (Qwen3.5 /
+ * 3.6), placed before its text. The cache carries over between turns: each turn appends only
  * its own tokens — the end of the previous answer (<|im_end|>, which generation stops at and
  * does not feed) and the new ChatML user turn — so a turn prefills only its new text. The
  * model's earlier answers stay in the cache exactly as generated, thinking included.
@@ -17,13 +18,13 @@
 
 /* The tokens of one new turn: a fresh conversation renders through the chat template; a
  * continuation closes the previous answer and opens the next user/assistant turns. */
-static anvil_status turn_ids(struct gen_ctx *g, const struct gen_opts *o, const char *line,
+static anvil_status turn_ids(struct gen_ctx *g, const struct gen_opts *o, const char *line, int n_images,
                              bool first, int32_t **ids, size_t *n) {
     char *text = NULL;
     size_t len;
     anvil_status st;
     char *turn = NULL;
-    st = render_turn(g->tok, o->system, line, o->thinking, o->tpl.kwargs, &turn, &len);
+    st = render_turn(g->tok, o->system, line, n_images, o->thinking, o->tpl.kwargs, &turn, &len);
     if (st != ANVIL_OK) return st;
     if (first) {
         text = turn;
@@ -64,6 +65,8 @@ int cmd_chat(int argc, char **argv) {
     bool first = true;
     int rc = 0;
     char *line;
+    anvil_image *images[16];
+    int n_images = 0; /* attached to the next message */
     while ((line = readline(tty ? "> " : "")) != NULL) {
         if (!*line) {
             free(line);
@@ -81,9 +84,21 @@ int cmd_chat(int argc, char **argv) {
             free(line);
             continue;
         }
+        if (!strncmp(line, "/image", 6) && (!line[6] || line[6] == ' ')) {
+            const char *path = line + 6 + strspn(line + 6, " ");
+            if (!*path) fprintf(stderr, "usage: /image FILE (attaches the image to the next message)\n");
+            else if (n_images == (int)(sizeof images / sizeof *images)) fprintf(stderr, "(at most %d images a message)\n", n_images);
+            else if (gen_load_images(&g, &path, 1, &images[n_images])) {
+                n_images++;
+                fprintf(stderr, "(image %d attached to the next message: %d tokens)\n", n_images,
+                        anvil_image_tokens(images[n_images - 1]));
+            }
+            free(line);
+            continue;
+        }
         int32_t *ids;
         size_t n;
-        if (turn_ids(&g, &o, line, first, &ids, &n) != ANVIL_OK) {
+        if (turn_ids(&g, &o, line, n_images, first, &ids, &n) != ANVIL_OK) {
             fail("%s", anvil_last_error());
             free(line);
             rc = 1;
@@ -91,8 +106,10 @@ int cmd_chat(int argc, char **argv) {
         }
         free(line);
         anvil_generate_stats st;
-        anvil_status s = gen_stream(&g, &o, ids, (int)n, &st);
+        anvil_status s = gen_stream(&g, &o, ids, (int)n, images, n_images, &st);
         free(ids);
+        for (int i = 0; i < n_images; i++) anvil_image_free(images[i]);
+        n_images = 0;
         printf("\n");
         if (s != ANVIL_OK) {
             fail("%s", anvil_session_errmsg(g.session));
@@ -108,6 +125,7 @@ int cmd_chat(int argc, char **argv) {
         if (tty) fprintf(stderr, "[prefilled %d tokens, generated %d, %.1f tokens/s]\n", st.n_prompt,
                          st.n_generated, st.generate_seconds > 0 ? st.n_generated / st.generate_seconds : 0.0);
     }
+    for (int i = 0; i < n_images; i++) anvil_image_free(images[i]);
     gen_close(&g);
     return rc;
 }

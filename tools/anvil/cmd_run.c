@@ -1,9 +1,12 @@
 /*
  * anvil run -m MODEL -p "prompt" [-n N] [--temp T] [--seed S] [--raw] [--thinking on|off]
+ *           [--image FILE ... [--mmproj FILE]]
  *
  * Applies the model's chat template (--raw: the prompt as is), streams the answer to stdout
  * (whole UTF-8 characters only) and prints mlx-lm's three statistics lines to stderr.
- * "-p -" reads the prompt from stdin.
+ * "-p -" reads the prompt from stdin. Images (Qwen3.5 / 3.6) come before the prompt's text in
+ * the user turn, where the template writes their placeholders; with --raw the prompt holds
+ * one <|image_pad|> per image itself.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +43,9 @@ int cmd_run(int argc, char **argv) {
             if (!(prompt = opt_value(argc, argv, &i))) return 1;
         } else if (!strcmp(argv[i], "--raw")) {
             raw = true;
+        } else if (!strcmp(argv[i], "--image")) {
+            if (o.n_images == (int)(sizeof o.images / sizeof *o.images)) return fail("run: at most %d images", o.n_images);
+            if (!(o.images[o.n_images++] = opt_value(argc, argv, &i))) return 1;
         } else {
             return fail("run: unknown option \"%s\"", argv[i]);
         }
@@ -58,11 +64,13 @@ int cmd_run(int argc, char **argv) {
     size_t text_len;
     int32_t *ids = NULL;
     size_t n_ids;
+    anvil_image *images[16] = {NULL};
+    if (o.n_images && !gen_load_images(&g, o.images, o.n_images, images)) goto done;
     if (raw) {
         text = strdup(prompt);
         text_len = strlen(prompt);
     } else {
-        if (render_turn(g.tok, o.system, prompt, o.thinking, o.tpl.kwargs, &text, &text_len) != ANVIL_OK) {
+        if (render_turn(g.tok, o.system, prompt, o.n_images, o.thinking, o.tpl.kwargs, &text, &text_len) != ANVIL_OK) {
             fail("%s (use --raw to skip the template)", anvil_last_error());
             goto done;
         }
@@ -77,7 +85,7 @@ int cmd_run(int argc, char **argv) {
     }
     gen_install_sigint();
     anvil_generate_stats st;
-    if (gen_stream(&g, &o, ids, (int)n_ids, &st) != ANVIL_OK) {
+    if (gen_stream(&g, &o, ids, (int)n_ids, images, o.n_images, &st) != ANVIL_OK) {
         fail("%s", anvil_session_errmsg(g.session));
         goto done;
     }
@@ -85,6 +93,7 @@ int cmd_run(int argc, char **argv) {
     gen_print_stats(&g, &st);
     rc = 0;
 done:
+    for (int i = 0; i < o.n_images; i++) anvil_image_free(images[i]);
     free(ids);
     free(text);
     free(owned);

@@ -41,6 +41,9 @@ static void usage(void) {
             "                          chat_template_kwargs override them)\n"
             "  --tokenizer DIR         the tokenizer (a tokenizer.json folder or file, or a .gguf)\n"
             "                          instead of the model's own: serves synthetic:NAME models\n"
+            "  --mmproj FILE           the vision tower (llama.cpp's mmproj GGUF) of a GGUF model:\n"
+            "                          image_url parts (data: URLs) in chats; a checkpoint's own\n"
+            "                          tower is used without it (raise --max-body for big images)\n"
             "  -c, --ctx N  -t, --threads N  --backend cpu|vulkan|auto  --device N  --kv-cache f16|f32\n"
             "  --prefill-chunk N  --gpu-timeout S  --gpu-max-memory SIZE  (as for anvil run)\n");
 }
@@ -112,6 +115,8 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--parse-budget")) {
             if (!parse_int(v, 1, 1 << 20, &n)) return fail("bad --parse-budget \"%s\"", v);
             o.parse_budget = (size_t)n << 20;
+        } else if (!strcmp(a, "--mmproj")) {
+            o.mmproj = v;
         } else {
             usage();
             return fail("serve: unknown option \"%s\"", a);

@@ -25,7 +25,7 @@ static bool output_starts_thinking(anvil_tokenizer *tok, int thinking, const cha
                                    const char *text) {
     char *prompt;
     size_t len;
-    if (render_turn(tok, NULL, "hi", thinking, kwargs, &prompt, &len) == ANVIL_OK) {
+    if (render_turn(tok, NULL, "hi", 0, thinking, kwargs, &prompt, &len) == ANVIL_OK) {
         bool open = toolcall_prompt_opens_think(prompt);
         free(prompt);
         return open;

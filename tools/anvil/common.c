@@ -248,7 +248,7 @@ char *template_kwargs_json(const char *kwargs, int thinking) {
     return s;
 }
 
-anvil_status render_turn(anvil_tokenizer *tok, const char *system, const char *user, int thinking,
+anvil_status render_turn(anvil_tokenizer *tok, const char *system, const char *user, int n_images, int thinking,
                          const char *kwargs, char **out, size_t *len) {
     cJSON *msgs = cJSON_CreateArray();
     if (system) {
@@ -259,7 +259,18 @@ anvil_status render_turn(anvil_tokenizer *tok, const char *system, const char *u
     }
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "role", "user");
-    cJSON_AddStringToObject(m, "content", user);
+    if (n_images > 0) {
+        cJSON *parts = cJSON_AddArrayToObject(m, "content"), *part;
+        for (int i = 0; i < n_images; i++) {
+            cJSON_AddItemToArray(parts, part = cJSON_CreateObject());
+            cJSON_AddStringToObject(part, "type", "image");
+        }
+        cJSON_AddItemToArray(parts, part = cJSON_CreateObject());
+        cJSON_AddStringToObject(part, "type", "text");
+        cJSON_AddStringToObject(part, "text", user);
+    } else {
+        cJSON_AddStringToObject(m, "content", user);
+    }
     cJSON_AddItemToArray(msgs, m);
     char *text = cJSON_PrintUnformatted(msgs), *kw = template_kwargs_json(kwargs, thinking);
     cJSON_Delete(msgs);

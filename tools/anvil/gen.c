@@ -91,6 +91,8 @@ int gen_opt(struct gen_opts *o, int argc, char **argv, int *i) {
         o->stops[o->n_stops++] = v;
     } else if (!strcmp(a, "--system")) {
         if (!(o->system = opt_value(argc, argv, i))) return -1;
+    } else if (!strcmp(a, "--mmproj")) {
+        if (!(o->mmproj = opt_value(argc, argv, i))) return -1;
     } else {
         return 0;
     }
@@ -121,6 +123,11 @@ bool gen_open(struct gen_opts *o, struct gen_ctx *g) {
     }
     if (!open_model_session(&o->co, &g->model, &g->session) || /* they said why */
         !tokenizer_fits(g->tok, g->model, tokenizer_path(&o->co))) {
+        gen_close(g);
+        return false;
+    }
+    if (o->mmproj && anvil_model_load_vision(g->model, o->mmproj) != ANVIL_OK) {
+        fail("%s", anvil_model_errmsg(g->model));
         gen_close(g);
         return false;
     }
@@ -179,13 +186,24 @@ static int on_token(void *user, int32_t id) {
     return stop || gen_interrupted != 0;
 }
 
+bool gen_load_images(struct gen_ctx *g, const char *const *paths, int n, anvil_image **out) {
+    for (int i = 0; i < n; i++) {
+        if (anvil_image_load(g->model, paths[i], &out[i]) != ANVIL_OK) {
+            fail("%s", anvil_model_errmsg(g->model));
+            for (int k = 0; k < i; k++) anvil_image_free(out[k]);
+            return false;
+        }
+    }
+    return true;
+}
+
 anvil_status gen_stream(struct gen_ctx *g, const struct gen_opts *o, const int32_t *ids, int n,
-                        anvil_generate_stats *stats) {
+                        anvil_image *const *images, int n_images, anvil_generate_stats *stats) {
     gen_interrupted = 0;
     anvil_detokenizer_reset(g->dec);
     g->stop.stopped = false;
     g->stop.held.len = 0;
-    anvil_status st = anvil_session_generate(g->session, ids, n, &o->gp, on_token, g, stats);
+    anvil_status st = anvil_session_generate_images(g->session, ids, n, images, n_images, &o->gp, on_token, g, stats);
     const char *text;
     size_t len;
     g->out.len = 0;

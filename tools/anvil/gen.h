@@ -17,6 +17,9 @@ struct gen_opts {
     const char *stops[16]; /* --stop strings */
     int n_stops;
     struct template_opts tpl; /* --chat-template-file, --chat-template-kwargs */
+    const char *mmproj;       /* --mmproj: the vision tower of a GGUF model */
+    const char *images[16];   /* run --image (repeatable) */
+    int n_images;
 };
 
 struct gen_ctx {
@@ -39,9 +42,13 @@ int gen_opt(struct gen_opts *o, int argc, char **argv, int *i);
 /* Opens model, session and tokenizer; prints the error and returns false on failure. */
 bool gen_open(struct gen_opts *o, struct gen_ctx *g);
 void gen_close(struct gen_ctx *g);
-/* Generates from prompt ids, streaming text to stdout; fills stats. */
+/* Generates from prompt ids, streaming text to stdout; fills stats. With images (n_images >
+ * 0), ids hold one image token per image (anvil_session_generate_images). */
 anvil_status gen_stream(struct gen_ctx *g, const struct gen_opts *o, const int32_t *ids, int n,
-                        anvil_generate_stats *stats);
+                        anvil_image *const *images, int n_images, anvil_generate_stats *stats);
+/* Loads image files for the model (its vision tower first: --mmproj or the checkpoint's);
+ * prints why not and returns false on failure. */
+bool gen_load_images(struct gen_ctx *g, const char *const *paths, int n, anvil_image **out);
 /* mlx-lm's three closing lines on stderr. */
 void gen_print_stats(const struct gen_ctx *g, const anvil_generate_stats *st);
 /* Set by SIGINT while generating; the token callback stops the generation. */

@@ -41,6 +41,7 @@ static const struct {
                  "  --repeat-penalty R  --repeat-last-n N  --presence-penalty P  --frequency-penalty P\n" \
                  "  --stop TEXT         stop when the text appears (repeatable)\n" \
                  "  --system TEXT       a system message   --thinking on|off\n" \
+                 "  --mmproj FILE       the vision tower (llama.cpp's mmproj GGUF) of a GGUF model\n" \
                  "  --chat-template-file FILE   a Jinja chat template instead of the model's own\n" \
                  "  --chat-template-kwargs JSON template variables: '{\"enable_thinking\": false}'\n"
 
@@ -75,8 +76,11 @@ static const struct {
                  "  [--chat-template-file FILE] [--chat-template-kwargs JSON]\n"
                  "  prints the assistant message (content, reasoning, tool calls) of a raw output\n"},
     {"run", "usage: anvil run -m MODEL -p PROMPT [options]   (-p - reads stdin)\n"
-            "  --raw               feed the prompt as is, without the chat template\n" SAMPLING COMMON},
-    {"chat", "usage: anvil chat -m MODEL [options]   (/reset, /exit)\n" SAMPLING COMMON},
+            "  --raw               feed the prompt as is, without the chat template\n"
+            "  --image FILE        an image before the prompt's text (repeatable; Qwen3.5/3.6; with\n"
+            "                      --raw the prompt holds one <|image_pad|> per image)\n" SAMPLING COMMON},
+    {"chat", "usage: anvil chat -m MODEL [options]   (/reset, /exit, /image FILE: an image for the next\n"
+             "  message)\n" SAMPLING COMMON},
 };
 
 static void usage(FILE *f) {
