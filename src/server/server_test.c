@@ -1429,7 +1429,7 @@ static void test_images(void **state) {
         _exit(127);
     }
     assert_true(pid > 0);
-    int first_port = server_port, port = 0;
+    int first_port = http_port, port = 0;
     for (double t0 = now(); !port && now() - t0 < 20 * SLOW; usleep(20000)) {
         char *err = tu_read_file(errpath, NULL);
         const char *p = err ? strstr(err, "listening on http://127.0.0.1:") : NULL;
@@ -1437,7 +1437,7 @@ static void test_images(void **state) {
         free(err);
     }
     assert_true(port > 0);
-    server_port = port;
+    http_port = port;
     long st = 0;
     for (double t0 = now(); st != 200 && now() - t0 < 30 * SLOW; usleep(20000)) {
         char *out;
@@ -1482,7 +1482,7 @@ static void test_images(void **state) {
         free(body);
     }
     free(url), free(b64), free(png), free(expect);
-    server_port = first_port;
+    http_port = first_port;
     assert_int_equal(kill(pid, SIGTERM), 0);
     int status = 0;
     assert_int_equal(waitpid(pid, &status, 0), pid);
