@@ -87,6 +87,46 @@ static void test_checks(void **state) {
     }
 }
 
+/* Products of a few rows (mmb.comp: up to ANVIL_VK_MMB rows, 16 by default) against the CPU:
+ * several weight types, within and across its passes of 8 rows, on float inputs and on
+ * integer dot products. */
+static void test_small_batch(void **state) {
+    (void)state;
+    static const struct {
+        int type, T;
+        const char *what;
+        bool qx; /* on integer dot products (mmb_round.comp, then mmb.comp QX) */
+    } cases[] = {
+        {DT_Q4_K, 5, "ffn_up", false}, {DT_Q6_K, 16, "attn_output", false}, {DT_Q8_0, 2, "ffn_down", false},
+        {DT_BF16, 9, "attn_q", false}, {DT_F16, 3, "attn_qkv", false}, {DT_Q5_0, 8, "ffn_up", false},
+        {DT_Q4_K, 11, "ffn_down", true}, {DT_Q6_K, 16, "attn_q", true}, {DT_Q8_0, 3, "attn_output", true},
+        {DT_Q5_K, 9, "ffn_up", true},
+    };
+    struct ops_opts o;
+    ops_opts_default(&o);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+#ifdef TU_SANITIZED
+        if (i % 3) continue;
+#endif
+        /* (the device's settings are read when its backend is made, per case) */
+        if (cases[i].qx) setenv("ANVIL_VK_QX", "1", 1);
+        struct ops_case c = find_case(OPS_MM, cases[i].type, cases[i].what, 40, cases[i].T);
+        char name[96];
+        ops_case_name(&c, name, sizeof name);
+        struct ops_result r;
+        anvil_status st = ops_run(&c, &o, &r);
+        if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
+        if (cases[i].qx) setenv("ANVIL_VK_QX", "0", 1); /* as ctest runs every test */
+        fprintf(stderr, "%s%s: max |vulkan - cpu| %.3g (%.3g of %.3g)\n", name, cases[i].qx ? " (qx)" : "",
+                r.max_abs, r.rel, r.max_ref);
+        assert_true(r.checked && r.pass && r.max_ref > 0);
+        /* float inputs: float32 rounding; int8-rounded ones (the CPU multiplies the float
+         * inputs): that rounding, ~4e-3 of the scale */
+        assert_true(r.rel < (cases[i].qx ? 2e-2 : 2e-3));
+        if (cases[i].qx) assert_true(r.rel > 1e-4); /* (they were rounded: the QX kernel ran) */
+    }
+}
+
 static void test_names(void **state) {
     (void)state;
     assert_null(ops_model_find("qwen3-9b"));
@@ -175,6 +215,7 @@ int main(void) {
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_checks),
         cmocka_unit_test(test_trace_list),
+        cmocka_unit_test(test_small_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -151,6 +151,14 @@ static const struct knob KNOBS[] = {
     BOOL("ANVIL_VK_PF_GROUP", C_DIAGNOSTIC, vk_pf_group, 1,
          "The prefill's products of one input (q, k, v; gate, up) side by side on workgroup "
          "matrices; 0 runs them one at a time."),
+    INT("ANVIL_VK_MMB", C_DIAGNOSTIC, vk_mmb, 16, 0, 32, NULL,
+        "Prompt chunks of at most this many tokens (2 or more) multiply on mmb.comp, every "
+        "weight read once for all of them (docs/BATCHING.md): 8B Q4_K_M pp4 41.5 -> 355 t/s, "
+        "pp16 468 -> 520 on the H200; at 32 the float16 products are faster (934 against 549, "
+        "docs/perf/log.md §41). 0 keeps every chunk on mm.comp and the float16 products."),
+    INT("ANVIL_VK_MMB_RS", C_DIAGNOSTIC, vk_mmb_rs, 2, 1, 8, NULL,
+        "mmb.comp's rows of the weights a subgroup: more rows, fewer workgroups reading all "
+        "of the inputs, more registers."),
     BOOL("ANVIL_VK_PF_HOIST", C_DIAGNOSTIC, vk_pf_hoist, 1,
          "The next group's weights dequantised beside the products before it; 0 dequantises "
          "each group's just before it."),

@@ -25,7 +25,8 @@ static const uint32_t spv_mm_cm2_moe[] =
  * contract.h: matvec.comp's (MV_SPEC_*: its QX variants' beyond the plain ones too),
  * attention.comp's, mega.comp's, attn_flash.comp's and attn_prefill.comp's, or only its MODE
  * (SPEC_MODE); every kernel takes SPEC_KV16. */
-enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_FLASH, SPECS_ATTN_PREFILL, SPECS_MODE };
+enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_FLASH, SPECS_ATTN_PREFILL, SPECS_MODE,
+             SPECS_MMB };
 
 /* a table row: SPIR-V, name, op, weight type, MODE (mega.comp: QT), specialisation */
 #define KI(spv, name, op, dtype, mode, specs) {spv, sizeof spv, name, op, dtype, 0, 0, 0, mode, specs}
@@ -48,7 +49,8 @@ enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_
     [K_MM_##T] = KI(spv_mm_##t, "mm_" #t, VK_OP_MM, DT_##T, 0, SPECS_MODE),                             \
     [K_EMBEDT_##T] = KI(spv_mm_##t, "embed_rows_" #t, VK_OP_EMBED_ROWS, DT_##T, 1, SPECS_MODE),         \
     [K_MMOE_##T] = KI(spv_mm_##t, "mm_experts_" #t, VK_OP_MM_EXPERTS, DT_##T, 2, SPECS_MODE),           \
-    [K_DQ_##T] = KI(spv_dq_##t, "dq_" #t, VK_OP_DQ, DT_##T, 0, SPECS_NONE),
+    [K_DQ_##T] = KI(spv_dq_##t, "dq_" #t, VK_OP_DQ, DT_##T, 0, SPECS_NONE),                             \
+    [K_MMB_##T] = KI(spv_mmb_##t, "mmb_" #t, VK_OP_MMB, DT_##T, 0, SPECS_MMB),
 /* the QX kernels of a type (VK_QX_TYPE_KERNELS) */
 #define QX_ROWS(T, t)                                                                                   \
     [K_MATVEC_QX_##T] = KQ(spv_matvec_qx_##t, "matvec_qx_" #t, VK_OP_MATVEC, DT_##T, 0, 0),             \
@@ -68,7 +70,8 @@ enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_
                                         VK_OP_MATVEC_SWIGLU, DT_##T, 1, 1),                             \
     [K_MATVEC_QXT_##T##_X2] = KQ(spv_matvec_qxt_##t, "matvec_qxt_" #t "_x2", VK_OP_MATVEC, DT_##T, 1, 2), \
     [K_MATVEC_SWIGLU_QXT_##T##_X2] = KQ(spv_matvec_qxt_##t, "matvec_swiglu_qxt_" #t "_x2",              \
-                                        VK_OP_MATVEC_SWIGLU, DT_##T, 1, 2),
+                                        VK_OP_MATVEC_SWIGLU, DT_##T, 1, 2),                             \
+    [K_MMB_QX_##T] = {spv_mmb_qx_##t, sizeof spv_mmb_qx_##t, "mmb_qx_" #t, VK_OP_MMB, DT_##T, 1, 0, 0, 0, SPECS_MMB},
 
 static const struct vk_kernel_info kernels[K_COUNT] = {
     VK_WEIGHT_TYPES(TYPE_ROWS)
@@ -112,6 +115,7 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_GDNC_INTRA] = KI(spv_gdn_chunk, "gdn_chunk_intra", VK_OP_NONE, 0, 1, SPECS_MODE),
     [K_GDNC_RECUR] = KI(spv_gdn_chunk, "gdn_chunk_recur", VK_OP_NONE, 0, 2, SPECS_MODE),
     [K_QX] = KI(spv_qx, "qx", VK_OP_NONE, 0, 0, SPECS_NONE),
+    [K_MMB_ROUND] = KI(spv_mmb_round, "mmb_round", VK_OP_NONE, 0, 0, SPECS_NONE),
     [K_MATVEC_ROUTE_F32] = KI(spv_matvec_route_f32, "matvec_route_f32", VK_OP_MATVEC_ROUTE, DT_F32, 0, SPECS_MATVEC),
     [K_MATVEC_ROUTE_F16] = KI(spv_matvec_route_f16, "matvec_route_f16", VK_OP_MATVEC_ROUTE, DT_F16, 0, SPECS_MATVEC),
     [K_MATVEC_ROUTE_BF16] = KI(spv_matvec_route_bf16, "matvec_route_bf16", VK_OP_MATVEC_ROUTE, DT_BF16, 0, SPECS_MATVEC),
@@ -346,7 +350,7 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
     case K_MMH_64X64_K32: case K_MMH_64X64_K64: case K_MMH_MOE: return d->coopmat; /* needs the extension */
     case K_MMH_CM2: case K_MMH_CM2_MOE: return d->coopmat && d->coopmat2;
     case K_ATTN_FLASH: return d->coopmat && d->subgroup_shuffle && vk_flash_fits(attn_g, attn_d);
-    case K_QX: return d->int_dot;
+    case K_QX: case K_MMB_ROUND: return d->int_dot;
     /* gdn_chunk.comp's 29 KiB of shared memory (without it: the recurrent form) */
     case K_GDNC_PREP: case K_GDNC_INTRA: case K_GDNC_RECUR: return d->props.limits.maxComputeSharedMemorySize >= 30u << 10;
     case K_MEGA_BF16_CLK: return p->mega_grid && d->shader_clock;
@@ -471,6 +475,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             n = 1;
         } else if (ki->specs == SPECS_MODE) { /* mm.comp, moe_topk.comp, moe_rows.comp, gdn.comp, rows.comp */
             vals[SPEC_MODE] = ki->mode;
+            n = 1;
+        } else if (ki->specs == SPECS_MMB) { /* mmb.comp's rows a subgroup */
+            vals[SPEC_MODE] = (uint32_t)d->tune.vk_mmb_rs;
             n = 1;
         }
         /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*) */

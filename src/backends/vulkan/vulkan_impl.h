@@ -180,6 +180,8 @@ enum vk_op {
     VK_OP_MM_EXPERTS,    /* the prefill's experts, grouped by expert (mm.comp MODE 2) */
     VK_OP_DQ,            /* weights dequantised to float16 rows (dq.comp) for mm_h.comp */
     VK_OP_MEGA,          /* the persistent decode step (mega.comp) */
+    VK_OP_MMB,           /* the small-batch products (mmb.comp: up to 32 rows, each weight read
+                            once; QX: on integer dot products of inputs mmb_round.comp rounded) */
 };
 
 /* The kernels: one compute pipeline each (pipelines.c's table says its SPIR-V, name, op,
@@ -188,14 +190,15 @@ enum vk_op {
 /* the kernels of every weight type of VK_WEIGHT_TYPES */
 #define VK_TYPE_KERNELS(T, t) \
     K_MATVEC_##T, K_MATVEC_SWIGLU_##T, K_MOE_GU_##T, K_MOE_DOWN_##T, K_EMBED_##T, K_MM_##T, K_EMBEDT_##T, \
-    K_MMOE_##T, K_DQ_##T,
+    K_MMOE_##T, K_DQ_##T, K_MMB_##T,
 /* matvec.comp's QX products (MODE 0) and SwiGLUs (MODE 1) of every type of VK_QX_TYPES: plain
  * (XM 0), on inputs rounded in blocks of 8 by their producer (_X1; _X2: with the norm's
  * 1 / rms left to them), and as teams of threads a workgroup (QXT, by the same XM) */
 #define VK_QX_TYPE_KERNELS(T, t) \
     K_MATVEC_QX_##T, K_MATVEC_SWIGLU_QX_##T, K_MATVEC_QX_##T##_X1, K_MATVEC_SWIGLU_QX_##T##_X1, \
     K_MATVEC_QX_##T##_X2, K_MATVEC_SWIGLU_QX_##T##_X2, K_MATVEC_QXT_##T##_X0, K_MATVEC_SWIGLU_QXT_##T##_X0, \
-    K_MATVEC_QXT_##T##_X1, K_MATVEC_SWIGLU_QXT_##T##_X1, K_MATVEC_QXT_##T##_X2, K_MATVEC_SWIGLU_QXT_##T##_X2,
+    K_MATVEC_QXT_##T##_X1, K_MATVEC_SWIGLU_QXT_##T##_X1, K_MATVEC_QXT_##T##_X2, K_MATVEC_SWIGLU_QXT_##T##_X2 \
+    K_MMB_QX_##T,
 enum vk_kernel {
     K_NONE, /* no kernel (its pipeline is always VK_NULL_HANDLE) */
     VK_WEIGHT_TYPES(VK_TYPE_KERNELS)
@@ -243,6 +246,8 @@ enum vk_kernel {
     K_PREFETCH, /* weights read ahead into the L2 cache (prefetch.comp, decode/prefetch.c add_prefetch) */
     /* the vision encoder's kernels (vit.comp's modes, in its MODE order; prefill/vit.c) */
     K_VIT_NORM, K_VIT_BIAS, K_VIT_POS, K_VIT_ROPE, K_VIT_ATTN,
+    /* the inputs of mmb.comp's QX products rounded to int8 (mmb_round.comp) */
+    K_MMB_ROUND,
     K_COUNT,
 };
 

@@ -353,6 +353,28 @@ anvil_status pf_lower(struct vk_prefill *p, struct plan *P) {
                 st = pf_emit(p, k, (ne0 + nr - 1) / nr, 0, &mv, sizeof mv);
                 break;
             }
+            /* a few rows (a short prompt chunk; a batch of sequences): mmb.comp reads each
+             * weight once for all of them, where mm.comp's 64-row tiles would do 64
+             * multiply-adds per weight and the float16 products dequantise every weight first */
+            if (rows <= (uint32_t)b->d->tune.vk_mmb && Kx % 8 == 0) {
+                uint32_t per_wg = 256 / b->d->subgroup_size * (uint32_t)b->d->tune.vk_mmb_rs;
+                struct pc_mmb mb = {pc.x, pc.w, pc.y, pc.res, 0, rows, Kx, ne0, pc.Kp8, pc.flags};
+                enum vk_kernel k = vk_kernel_for(VK_OP_MMB, wn->weight->type),
+                               kq = vk_kernel_qx(VK_OP_MMB, wn->weight->type, false, 0);
+                if (kq != K_NONE && p->mmbq.buf && b->pl.p[kq]) {
+                    /* on integer dot products: the rows rounded to int8 first (into mmbq: the
+                     * int8s, then the scales) */
+                    uint32_t Kp = pc.Kp8 * 8;
+                    VkDeviceSize qbytes = round_up((VkDeviceSize)rows * Kp, 256);
+                    struct pc_mmb_round rd = {pc.x, p->mmbq.addr, p->mmbq.addr + qbytes, rows, Kx, Kp};
+                    st = pf_emit(p, K_MMB_ROUND, (Kp + 1023) / 1024, rows, &rd, sizeof rd);
+                    mb.x = rd.q;
+                    mb.xd = rd.d;
+                    k = kq;
+                }
+                if (st == ANVIL_OK) st = pf_emit(p, k, (ne0 + per_wg - 1) / per_wg, 0, &mb, sizeof mb);
+                break;
+            }
             /* float16 products for the big matrices; the narrow ones (<= 512 outputs: a MoE
              * router, the 30B-A3B's k and v) stay in float32: a router's choice is where
              * float16's rounding shows (on the H100 it flipped experts: logits off by up to 5.5

@@ -78,6 +78,16 @@ struct pf_op {
 };
 
 /* must match the push constants of mm.comp, rows.comp and attn_prefill.comp */
+struct pc_mmb { /* mmb.comp (x: the rounded inputs for QX) */
+    uint64_t x, w, y, res, xd;
+    uint32_t T, K, N, Kp8, flags;
+};
+
+struct pc_mmb_round { /* mmb_round.comp */
+    uint64_t x, q, d;
+    uint32_t T, K, Kp;
+};
+
 struct pc_mm {
     uint64_t x, w, y, res, prm;
     uint32_t T, K, N, Kp8, flags; /* flags: MM_RES, MM_GATED */
@@ -161,6 +171,7 @@ struct vk_prefill {
     struct vk_buffer moe;      /* routing, expert lists, expert activations and outputs */
     struct vk_buffer part;     /* split products' partial sums (split_k) */
     struct vk_buffer gdn;      /* the chunked Gated DeltaNet's intermediates (gdn_chunk.comp) */
+    struct vk_buffer mmbq;     /* small-batch products' inputs rounded to int8, then their scales */
     int mmh;                   /* its tile shape: index into mmh_tile */
     /* products of one input waiting to be emitted together on workgroup matrices (q, k, v;
      * gate, up): their weights dequantised side by side into dq, then the products side by

@@ -136,6 +136,14 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         for (int i = 0; i < n; i++)
             if (g->nodes[i].op == OP_GDN) gdn = MAX(gdn, pf_gdn_scratch(p, &P, i));
         if (st == ANVIL_OK && gdn) st = vk_buffer_create(b->d, gdn, VK_MEM_DEVICE, "prefill Gated DeltaNet", &p->gdn);
+        /* the small-batch products on integer dot products: the inputs rounded (T rows of the
+         * widest weights' Kp int8, then a float scale per 32) */
+        VkDeviceSize mmbq = 0;
+        for (int i = 0; i < n && p->T <= b->d->tune.vk_mmb && vk_use_qx(b->d); i++)
+            if (g->nodes[i].op == OP_MATMUL)
+                mmbq = MAX(mmbq, (VkDeviceSize)p->T * vk_wnode_kp(b, &g->nodes[g->nodes[i].src[1]]) * 9 / 8);
+        if (st == ANVIL_OK && mmbq)
+            st = vk_buffer_create(b->d, round_up(mmbq, 256) + 256, VK_MEM_DEVICE, "prefill rounded inputs", &p->mmbq);
     }
     p->grp_max = MAX(p->grp_max, 1);
     p->hoist_at = -1;
@@ -202,6 +210,7 @@ void vk_prefill_destroy(struct vk_prefill *p) {
     vk_buffer_destroy(d, &p->moe);
     vk_buffer_destroy(d, &p->part);
     vk_buffer_destroy(d, &p->gdn);
+    vk_buffer_destroy(d, &p->mmbq);
     free(p->ops);
     free(p);
 }

@@ -1,0 +1,36 @@
+#version 460
+/* The rows of a small-batch product's input rounded to int8 for mmb.comp QX, as qx.comp rounds
+ * one (without its norm): per block of 32, d = max|x| / 127, q = round(x / d) (nearest, ties to
+ * even). x [T, K] (K a multiple of 8); out per row t: q at q + t * Kp / 4 (four int8 a uint,
+ * element order), d at d + t * Kp / 32; elements past K count zero. Workgroup (i, t): 1024
+ * elements of row t, 4 a thread. */
+#include "common.glsl"
+
+layout(local_size_x = 256) in;
+
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer UInts { uint v[]; };
+
+layout(push_constant) uniform PC {
+    Vec4s x;  /* [T, K] */
+    UInts q;  /* [T, Kp / 4] */
+    Floats d; /* [T, Kp / 32] */
+    uint T, K, Kp;
+} pc;
+
+shared float red[256];
+
+void main() {
+    uint t = gl_LocalInvocationID.x, row = gl_WorkGroupID.y, i = gl_WorkGroupID.x * 256u + t; /* vec4 index */
+    vec4 v = 4u * i < pc.K ? pc.x.v[row * (pc.K >> 2u) + i] : vec4(0.0);
+    vec4 a = abs(v);
+    red[t] = max(max(a.x, a.y), max(a.z, a.w));
+    barrier();
+    uint b0 = t & ~7u; /* the block's 8 threads */
+    float amax = 0.0;
+    for (uint k = 0u; k < 8u; k++) amax = max(amax, red[b0 + k]);
+    float id = amax > 0.0 ? 127.0 / amax : 0.0;
+    if (4u * i < pc.Kp) {
+        pc.q.v[row * (pc.Kp >> 2u) + i] = pack_i8x4(ivec4(roundEven(v * id)));
+        if ((t & 7u) == 0u) pc.d.v[row * (pc.Kp >> 5u) + (i >> 3u)] = amax / 127.0;
+    }
+}
