@@ -151,12 +151,39 @@ static void test_block_types(void **state) {
     free(dir);
 }
 
+/* bench --parallel: a row per count of sequences, aggregate rates that are numbers; bad lists
+ * refused. */
+static void test_bench_parallel(void **state) {
+    (void)state;
+    char *out = NULL, *err = NULL;
+    assert_int_equal(tu_run_anvil(&out, &err, "bench -m synthetic:qwen3-tiny --backend cpu -t 2 --parallel 1,3 -p 6 -n 5"), 0);
+    double pp1, tg1, pp3, tg3;
+    const char *r1 = strstr(out, "| cpu | 1 | 6 | 5 | "), *r3 = strstr(out, "| cpu | 3 | 6 | 5 | ");
+    if (!r1 || !r3) fail_msg("bench --parallel printed:\n%s%s", out, err);
+    assert_int_equal(sscanf(r1, "| cpu | 1 | 6 | 5 | %lf | %lf |", &pp1, &tg1), 2);
+    assert_int_equal(sscanf(r3, "| cpu | 3 | 6 | 5 | %lf | %lf |", &pp3, &tg3), 2);
+    assert_true(pp1 > 0 && tg1 > 0 && pp3 > 0 && tg3 > 0);
+    free(out), free(err);
+    assert_int_equal(tu_run_anvil(&out, NULL, "bench -m synthetic:qwen3-tiny --backend cpu -t 2 --parallel 2 -p 4 -n 3 -o json"), 0);
+    assert_non_null(strstr(out, "\"n_parallel\": 2"));
+    assert_non_null(strstr(out, "\"tg_ts\": "));
+    free(out);
+    assert_int_equal(tu_run_anvil(NULL, &err, "bench -m synthetic:qwen3-tiny --parallel 0,x"), 1);
+    assert_non_null(strstr(err, "--parallel"));
+    free(err);
+    /* (batches run on the CPU for now: a clear error on Vulkan) */
+    assert_int_equal(tu_run_anvil(NULL, &err, "bench -m synthetic:qwen3-tiny --backend vulkan --parallel 2 -p 4 -n 3"), 1);
+    assert_non_null(strstr(err, "batches of sequences run on the CPU backend"));
+    free(err);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_eval_output),
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_block_types),
+        cmocka_unit_test(test_bench_parallel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -178,6 +178,8 @@ static struct bseq *find(const anvil_batch *b, int id) {
     return NULL;
 }
 
+const char *anvil_batch_backend_name(const anvil_batch *b) { return b->backend->vt->name; }
+
 int anvil_batch_active(const anvil_batch *b) {
     int n = 0;
     for (int i = 0; i < b->n_seq_max; i++) n += b->seqs[i].id && !b->seqs[i].ended;

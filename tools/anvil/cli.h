@@ -62,6 +62,9 @@ char *template_kwargs_json(const char *kwargs, int thinking);
 anvil_status render_turn(anvil_tokenizer *tok, const char *system, const char *user, int n_images, int thinking,
                          const char *kwargs, char **out, size_t *len);
 
+/* anvil bench --parallel LIST (bench_parallel.c): aggregate decode t/s of LIST's counts of
+ * sequences at once, prompts of P tokens, N generated each; md or json on stdout. */
+int bench_parallel(const struct common_opts *co, const char *list, int P, int N, bool json);
 int cmd_eval(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);

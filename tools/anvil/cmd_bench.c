@@ -145,6 +145,7 @@ int cmd_bench(int argc, char **argv) {
     common_opts_init(&co, "synthetic:qwen3-0.6b");
     int P = 512, N = 128, reps = 5;
     bool p_set = false, n_set = false, r_set = false, json = false, trace = false;
+    const char *parallel = NULL; /* --parallel 1,4,16,32 */
     tg_sampling = anvil_sampling_default();
     for (int i = 1; i < argc; i++) {
         int r = common_opt(&co, argc, argv, &i);
@@ -176,6 +177,8 @@ int cmd_bench(int argc, char **argv) {
             if (end == v || *end) return fail("bad --seed \"%s\"", v);
         } else if (!strcmp(a, "--trace")) {
             trace = true;
+        } else if (!strcmp(a, "--parallel")) {
+            if (!(parallel = opt_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "-o")) {
             if (!(v = opt_value(argc, argv, &i))) return 1;
             if (!strcmp(v, "json")) json = true;
@@ -184,6 +187,8 @@ int cmd_bench(int argc, char **argv) {
             return fail("bench: unknown option \"%s\"", a);
         }
     }
+    if (parallel) /* prompts of 128 and 128 generated unless -p / -n say */
+        return bench_parallel(&co, parallel, p_set ? P : 128, n_set ? N : 128, json);
     anvil_model *m;
     anvil_session *s;
     if (co.n_ctx == 0) co.n_ctx = P + N + 8 > 512 ? P + N + 8 : 512;

@@ -53,6 +53,8 @@ static const struct {
               "  -p N  prompt tokens (pp test; 0 skips it)   -n N  generated tokens (tg test)\n"
               "  -r N  repetitions   -o md|json  output\n"
               "  --trace  per-token dispatch counts, then the step's dispatches one a line\n"
+              "  --parallel 1,4,16,32  aggregate decode t/s of that many sequences at once (a batch:\n"
+              "    prompts of -p tokens, -n generated each; default 128 and 128), as llama-batched-bench\n"
               "  --temp T --top-k K --top-p P --min-p P --repeat-penalty R --seed S: tg samples\n"
               "    with them (default: greedy)\n"
               "  with no -m: synthetic:qwen3-0.6b on the best device\n" COMMON},
