@@ -209,6 +209,14 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
         hp->layer_recurrent[l] = (l + 1) % x->full_attn_interval != 0;
     hp->rms_eps = 1e-6f;
     hp->tied_embeddings = s->tied;
+    if (x->arch == ARCH_QWEN35_MOE && hp->n_rot == 64) {
+        /* Qwen3.6's M-RoPE (sections [11, 11, 10], interleaved) and its image token (248056 of
+         * 248320): images from a synthetic vision tower (--mmproj synthetic) */
+        hp->mrope_sections[0] = hp->mrope_sections[1] = 11;
+        hp->mrope_sections[2] = 10;
+        hp->mrope_interleaved = true;
+        hp->image_token_id = hp->n_vocab > 264 ? (int32_t)(hp->n_vocab - 264) : -1;
+    }
 
     /* the tensor list: name, ne0, ne1, ne2, kept in F32 (norms, small tensors), and a constant
      * fill (0: random) */

@@ -48,13 +48,27 @@ struct vision_model {
     struct vit_block *vblocks;
     struct tensor_info *tis, patch_ti;
     int n_tis, cap_tis;
+    uint16_t *syn; /* "synthetic": the random matrices (bfloat16), described in tis */
 };
 
 /* ---- loading ---- */
 
+/* a tensor of the synthetic tower by name */
+static const struct tensor_info *find_syn(const struct vision_model *vm, const char *name) {
+    for (int i = 0; i < vm->n_tis; i++)
+        if (!strcmp(vm->tis[i].name, name)) return &vm->tis[i];
+    return NULL;
+}
+
 static bool find(const struct vision_model *vm, const char *name, struct vt *t) {
     memset(t, 0, sizeof *t);
-    if (vm->gguf) {
+    if (vm->syn) {
+        const struct tensor_info *ti = find_syn(vm, name);
+        if (!ti) return false;
+        t->type = ti->type;
+        memcpy(t->ne, ti->ne, sizeof t->ne);
+        t->data = ti->data;
+    } else if (vm->gguf) {
         const struct gguf_tensor *g = gguf_find_tensor(vm->gguf, name);
         if (!g) return false;
         t->type = g->type;
@@ -343,6 +357,75 @@ static anvil_status read_mmproj_config(struct vision_model *vm) {
 
 static anvil_status make_desc(struct vision_model *vm);
 
+/* mmproj "synthetic": a tower of the real Qwen3.5 / Qwen3.6 shapes (depth 27, width 1152, 16
+ * heads, MLP 4304, patch 16, merge 2, 48 x 48 learned positions) with random weights —
+ * matrices bfloat16 uniform in +-0.03, LayerNorms 1 and 0, biases and positions small — for
+ * benchmarks (anvil bench --mmproj synthetic --image FILE), its output the model's width. */
+static anvil_status open_synthetic(struct vision_model *vm, const struct model_file *mf) {
+    struct vision_hparams *hp = &vm->hp;
+    *hp = (struct vision_hparams){27, 1152, 16, 4304, (int)mf->hp.n_embd, 16, 2, 2, 48 * 48, 1e-6f, 10000.0f};
+    vm->path = "synthetic";
+    image_proc_default(&vm->proc);
+    const int64_t C = hp->width, F = hp->n_ff, C4 = 4 * C, E = hp->out_width, K = 3 * 2 * 16 * 16;
+    struct shape {
+        const char *fmt;
+        int64_t ne0, ne1;
+        int kind; /* 0 matrix, 1 ones, 2 small */
+    };
+    const struct shape top[] = {{"v.patch_embd.weight", K, C, 0}, {"v.patch_embd.bias", C, 1, 2},
+                                {"v.position_embd.weight", C, hp->n_pos, 2}, {"v.post_ln.weight", C, 1, 1},
+                                {"v.post_ln.bias", C, 1, 2}, {"mm.0.weight", C4, C4, 0}, {"mm.0.bias", C4, 1, 2},
+                                {"mm.2.weight", C4, E, 0}, {"mm.2.bias", E, 1, 2}};
+    const struct shape blk[] = {{"v.blk.%d.ln1.weight", C, 1, 1}, {"v.blk.%d.ln1.bias", C, 1, 2},
+                                {"v.blk.%d.attn_qkv.weight", C, 3 * C, 0}, {"v.blk.%d.attn_qkv.bias", 3 * C, 1, 2},
+                                {"v.blk.%d.attn_out.weight", C, C, 0}, {"v.blk.%d.attn_out.bias", C, 1, 2},
+                                {"v.blk.%d.ln2.weight", C, 1, 1}, {"v.blk.%d.ln2.bias", C, 1, 2},
+                                {"v.blk.%d.ffn_up.weight", C, F, 0}, {"v.blk.%d.ffn_up.bias", F, 1, 2},
+                                {"v.blk.%d.ffn_down.weight", F, C, 0}, {"v.blk.%d.ffn_down.bias", C, 1, 2}};
+    int n = (int)ARRAY_LEN(top) + hp->depth * (int)ARRAY_LEN(blk);
+    size_t mat = 0;
+    for (int i = 0; i < n; i++) {
+        const struct shape *s = i < (int)ARRAY_LEN(top) ? &top[i] : &blk[(i - (int)ARRAY_LEN(top)) % (int)ARRAY_LEN(blk)];
+        if (s->kind == 0) mat += (size_t)(s->ne0 * s->ne1);
+    }
+    vm->cap_tis = n;
+    if (!(vm->tis = xcalloc((size_t)n, sizeof *vm->tis)) || !(vm->syn = xmalloc(mat * sizeof *vm->syn)))
+        return ANVIL_ERR_NOMEM;
+    static char names[27 * 12 + 9][40]; /* (the synthetic tower is one per process at most) */
+    uint32_t seed = 0x9e3779b9u;
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        bool is_top = i < (int)ARRAY_LEN(top);
+        const struct shape *s = is_top ? &top[i] : &blk[(i - (int)ARRAY_LEN(top)) % (int)ARRAY_LEN(blk)];
+        snprintf(names[i], sizeof names[i], s->fmt, is_top ? 0 : (i - (int)ARRAY_LEN(top)) / (int)ARRAY_LEN(blk));
+        size_t count = (size_t)(s->ne0 * s->ne1);
+        struct tensor_info *t = &vm->tis[vm->n_tis++];
+        *t = (struct tensor_info){names[i], s->kind ? DT_F32 : DT_BF16, s->ne1 > 1 ? 2 : 1, {s->ne0, s->ne1, 1, 1},
+                                  NULL, count * (s->kind ? 4 : 2), "synthetic"};
+        if (s->kind == 0) {
+            uint16_t *w = vm->syn + at;
+            for (size_t k = 0; k < count; k++) {
+                seed = seed * 1664525u + 1013904223u;
+                float f = ((float)(seed >> 8) / (float)(1u << 24) - 0.5f) * 0.06f;
+                uint32_t bits;
+                memcpy(&bits, &f, 4);
+                w[k] = (uint16_t)(bits >> 16);
+            }
+            t->data = w;
+            at += count;
+        } else {
+            float *v = own(vm, count);
+            if (!v) return ANVIL_ERR_NOMEM;
+            for (size_t k = 0; k < count; k++) {
+                seed = seed * 1664525u + 1013904223u;
+                v[k] = s->kind == 1 ? 1.0f : ((float)(seed >> 8) / (float)(1u << 24) - 0.5f) * 0.04f;
+            }
+            t->data = v;
+        }
+    }
+    return ANVIL_OK;
+}
+
 anvil_status vision_open(const struct model_file *mf, const char *mmproj, int n_threads,
                          struct vision_model **out) {
     *out = NULL;
@@ -350,7 +433,9 @@ anvil_status vision_open(const struct model_file *mf, const char *mmproj, int n_
     if (!vm) return ANVIL_ERR_NOMEM;
     vm->mf = mf;
     anvil_status st;
-    if (mmproj) {
+    if (mmproj && !strcmp(mmproj, "synthetic")) {
+        st = mf ? open_synthetic(vm, mf) : ANVIL_ERR_INVALID_ARG;
+    } else if (mmproj) {
         vm->path = mmproj;
         if ((st = gguf_open(mmproj, &vm->gguf)) == ANVIL_OK) st = read_mmproj_config(vm);
     } else if (!mf || mf->kind != MODEL_FILE_HF || !mf->dir) {
@@ -378,6 +463,7 @@ anvil_status vision_open(const struct model_file *mf, const char *mmproj, int n_
 static const struct tensor_info *ti(struct vision_model *vm, const char *fmt, int l) {
     char name[96];
     snprintf(name, sizeof name, fmt, l);
+    if (vm->syn) return find_syn(vm, name);
     if (!vm->gguf) return model_file_find(vm->mf, name);
     const struct gguf_tensor *g = gguf_find_tensor(vm->gguf, name);
     if (!g || vm->n_tis == vm->cap_tis) return NULL;
@@ -391,10 +477,11 @@ static const struct tensor_info *ti(struct vision_model *vm, const char *fmt, in
 static anvil_status make_desc(struct vision_model *vm) {
     const struct vision_hparams *hp = &vm->hp;
     struct vit_desc *d = &vm->desc;
-    vm->cap_tis = 12 * hp->depth + 16;
-    if (!(vm->tis = xcalloc((size_t)vm->cap_tis, sizeof *vm->tis)) ||
-        !(vm->vblocks = xcalloc((size_t)hp->depth, sizeof *vm->vblocks)))
-        return ANVIL_ERR_NOMEM;
+    if (!vm->tis) {
+        vm->cap_tis = 12 * hp->depth + 16;
+        if (!(vm->tis = xcalloc((size_t)vm->cap_tis, sizeof *vm->tis))) return ANVIL_ERR_NOMEM;
+    }
+    if (!(vm->vblocks = xcalloc((size_t)hp->depth, sizeof *vm->vblocks))) return ANVIL_ERR_NOMEM;
     const int64_t K = 3 * (int64_t)hp->temporal * hp->patch * hp->patch;
     vm->patch_ti = (struct tensor_info){"v.patch_embd.weight", DT_F32, 2, {K, hp->width, 1, 1}, vm->patch_w,
                                         (size_t)(K * hp->width) * sizeof(float), vm->path};
@@ -439,6 +526,7 @@ const struct vit_desc *vision_vit_desc(const struct vision_model *vm) { return &
 void vision_close(struct vision_model *vm) {
     if (!vm) return;
     free(vm->tis);
+    free(vm->syn);
     free(vm->vblocks);
     for (int i = 0; i < vm->n_owned; i++) free(vm->owned[i]);
     free(vm->owned);

@@ -38,7 +38,8 @@ struct vision_hparams {
 struct vision_model;
 
 /* Opens the vision tower of a model: from mmproj (a GGUF file) when not NULL, else from the
- * model's own Hugging Face checkpoint (mf->dir, config.json's vision_config). The model file
+ * model's own Hugging Face checkpoint (mf->dir, config.json's vision_config); mmproj
+ * "synthetic": random weights of the real Qwen3.5 / 3.6 shapes (benchmarks). The model file
  * must outlive the tower. n_threads <= 0: all cores. Free with vision_close. */
 anvil_status vision_open(const struct model_file *mf, const char *mmproj, int n_threads,
                          struct vision_model **out);

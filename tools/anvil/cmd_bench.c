@@ -8,6 +8,10 @@
  * per second (those one decode step reads: the used experts of an MoE, one embedding row). With no -m it benchmarks synthetic:qwen3-0.6b.
  * tg is greedy unless the sampling options are given (then it measures the sampling chain:
  * on Vulkan, sample.comp in the decode program instead of the argmax).
+ * --image FILE [--mmproj M]: instead, one image (Qwen3.5 / 3.6): its encoding alone (the
+ * vision tower, after a warm-up that uploads it) and the time to the first token of a prompt
+ * of the image between two text tokens, r times each; --mmproj synthetic gives a tower of the
+ * real shapes with random weights (with synthetic:qwen3.6-* models).
  */
 #include <dirent.h>
 #include <math.h>
@@ -38,6 +42,57 @@ static void stats(struct result *r) {
     r->mean = s / r->reps;
     for (int i = 0; i < r->reps; i++) ss += (r->ts[i] - r->mean) * (r->ts[i] - r->mean);
     r->sd = r->reps > 1 ? sqrt(ss / (r->reps - 1)) : 0;
+}
+
+/* The image test (--image): encoding alone, then the first token after [t, image, t]. */
+static int bench_image(anvil_model *m, anvil_session *s, const char *model, const char *mmproj, const char *path,
+                       int reps) {
+    anvil_image *img = NULL;
+    if (mmproj && anvil_model_load_vision(m, mmproj) != ANVIL_OK) return fail("%s", anvil_model_errmsg(m));
+    if (anvil_image_load(m, path, &img) != ANVIL_OK) return fail("%s", anvil_model_errmsg(m));
+    int n_tok = anvil_image_tokens(img), rows, cols, grid[3];
+    anvil_image_pixels(img, &rows, &cols, grid);
+    float *embd = malloc((size_t)n_tok * (size_t)anvil_model_width(m) * sizeof *embd);
+    double *enc = calloc((size_t)reps, sizeof *enc), *ttft = calloc((size_t)reps, sizeof *ttft);
+    int32_t prompt[3] = {1, anvil_model_image_token(m), 2};
+    anvil_generate_params gp = {0};
+    gp.max_tokens = 1;
+    gp.sampling = anvil_sampling_default();
+    gp.sampling.temperature = 0;
+    int rc = 1;
+    if (!embd || !enc || !ttft) {
+        fail("out of memory");
+        goto done;
+    }
+    if (anvil_session_image_embeddings(s, img, embd) != ANVIL_OK) goto bad; /* warm-up: the upload */
+    for (int r = 0; r < reps; r++) {
+        double t0 = now();
+        if (anvil_session_image_embeddings(s, img, embd) != ANVIL_OK) goto bad;
+        enc[r] = (now() - t0) * 1e3;
+    }
+    for (int r = -1; r < reps; r++) {
+        anvil_session_reset(s);
+        double t0 = now();
+        if (anvil_session_generate_images(s, prompt, 3, &img, 1, &gp, NULL, NULL, NULL) != ANVIL_OK) goto bad;
+        if (r >= 0) ttft[r] = (now() - t0) * 1e3;
+    }
+    struct result e = {"encode", 0, 0, enc, reps, 0, 0}, t = {"ttft", 0, 0, ttft, reps, 0, 0};
+    stats(&e);
+    stats(&t);
+    printf("| model | backend | image grid | patches | tokens | encode ms | first token ms |\n");
+    printf("| --- | --- | --- | ---: | ---: | ---: | ---: |\n");
+    printf("| %s | %s | %dx%d | %d | %d | %.2f ± %.2f | %.2f ± %.2f |\n", model, anvil_session_backend_name(s),
+           grid[1], grid[2], rows, n_tok, e.mean, e.sd, t.mean, t.sd);
+    rc = 0;
+    goto done;
+bad:
+    fail("%s", anvil_session_errmsg(s));
+done:
+    free(embd);
+    free(enc);
+    free(ttft);
+    anvil_image_free(img);
+    return rc;
 }
 
 /* One timed pp run: prefill P tokens from an empty cache. */
@@ -146,6 +201,7 @@ int cmd_bench(int argc, char **argv) {
     int P = 512, N = 128, reps = 5;
     bool p_set = false, n_set = false, r_set = false, json = false, trace = false;
     const char *parallel = NULL; /* --parallel 1,4,16,32 */
+    const char *image = NULL, *mmproj = NULL;
     tg_sampling = anvil_sampling_default();
     for (int i = 1; i < argc; i++) {
         int r = common_opt(&co, argc, argv, &i);
@@ -179,6 +235,9 @@ int cmd_bench(int argc, char **argv) {
             trace = true;
         } else if (!strcmp(a, "--parallel")) {
             if (!(parallel = opt_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--image") || !strcmp(a, "--mmproj")) {
+            if (!(v = opt_value(argc, argv, &i))) return 1;
+            *(a[2] == 'i' ? &image : &mmproj) = v;
         } else if (!strcmp(a, "-o")) {
             if (!(v = opt_value(argc, argv, &i))) return 1;
             if (!strcmp(v, "json")) json = true;
@@ -192,7 +251,14 @@ int cmd_bench(int argc, char **argv) {
     anvil_model *m;
     anvil_session *s;
     if (co.n_ctx == 0) co.n_ctx = P + N + 8 > 512 ? P + N + 8 : 512;
+    if (image && co.n_ctx < 16384) co.n_ctx = 16384; /* an image of up to 16k tokens */
     if (!open_model_session(&co, &m, &s)) return 1;
+    if (image) {
+        int irc = bench_image(m, s, co.model, mmproj, image, reps);
+        anvil_session_destroy(s);
+        anvil_model_close(m);
+        return irc;
+    }
     const char *backend = anvil_session_backend_name(s);
     if (!strcmp(backend, "cpu") && !p_set && !n_set && !r_set) {
         /* the CPU backend is the reference, not a fast path: keep the default run short */

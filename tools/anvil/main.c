@@ -55,6 +55,8 @@ static const struct {
               "  --trace  per-token dispatch counts, then the step's dispatches one a line\n"
               "  --parallel 1,4,16,32  aggregate decode t/s of that many sequences at once (a batch:\n"
               "    prompts of -p tokens, -n generated each; default 128 and 128), as llama-batched-bench\n"
+              "  --image FILE [--mmproj M]  an image instead (Qwen3.5/3.6): the encoder's time and the\n"
+              "    first token's; --mmproj synthetic: a tower of the real shapes, random weights\n"
               "  --temp T --top-k K --top-p P --min-p P --repeat-penalty R --seed S: tg samples\n"
               "    with them (default: greedy)\n"
               "  with no -m: synthetic:qwen3-0.6b on the best device\n" COMMON},
