@@ -214,6 +214,11 @@ struct api_error {
 };
 void api_error_set(struct api_error *e, int status, const char *type, const char *code,
                    const char *param, const char *fmt, ...) PRINTF_LIKE(6, 7);
+/* An image_url content part (part; msg names its message, param the part, for errors): a data:
+ * URL of a base64 PNG or JPEG, decoded and preprocessed for the model into j->images
+ * (images.c); false with e set (a 400) otherwise. */
+bool api_take_image(struct server *s, struct job *j, const cJSON *part, const char *msg, const char *param,
+                    struct api_error *e);
 cJSON *api_error_json(const struct api_error *e);
 /* Parses a body (at most max_depth deep, valid UTF-8) into a JSON object. */
 cJSON *api_parse_body(const char *body, size_t len, int max_depth, struct api_error *e);
