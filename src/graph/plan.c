@@ -6,6 +6,7 @@
 anvil_status graph_plan_init(const struct graph *g, bool rows_are_views, struct graph_plan *P) {
     int n = g->n_nodes;
     memset(P, 0, sizeof *P);
+    P->g = g;
     P->n = n;
     P->root = xmalloc((size_t)n * sizeof *P->root);
     P->view = xcalloc((size_t)n, sizeof *P->view);

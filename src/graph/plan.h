@@ -11,7 +11,8 @@
  *     ... node i's bytes start at P.off[P.root[i]] + P.view[i] ...
  *     graph_plan_free(&P);
  *
- * Used by the CPU backend (its activations).
+ * Used by the CPU backend (its activations) and the Vulkan prefill program (its arena, blocks
+ * released one node late so that a product may write the add after it: release_delay 1).
  */
 #ifndef ANVIL_GRAPH_PLAN_H
 #define ANVIL_GRAPH_PLAN_H
@@ -24,6 +25,7 @@
 #define GRAPH_PLAN_NONE UINT64_MAX /* graph_plan.off of a node that has no block */
 
 struct graph_plan {
+    const struct graph *g; /* the graph planned (not owned) */
     int n;          /* the graph's nodes */
     int *root;      /* [n] the node whose memory node i is: itself, or a view's source's root */
     uint64_t *view; /* [n] bytes from the root's start to node i's (a range of rows), else 0 */

@@ -1,65 +1,20 @@
 /*
- * The prefill program's lowering (the op table is in prefill.h): the memory plan (a block
- * reused once its last reader has run), then the graph walked in order into the op list,
- * a kernel per op, the residual adds folded into the products before them.
+ * The prefill program's lowering (the op table is in prefill.h): the graph walked in order
+ * into the op list, a kernel per op, the residual adds folded into the products before them,
+ * over graph/plan.c's memory plan (program.c makes it: a block reused once its last reader
+ * has run, released one planned node late for the folded adds).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "prefill.h"
 
-bool pf_materialised(enum op op) {
+/* The nodes that get a block of the arena (graph_plan_memory's planned). */
+bool pf_materialised(const struct node *n) {
+    enum op op = n->op;
     return op == OP_EMBED || op == OP_RMS_NORM || op == OP_MATMUL || op == OP_ROPE ||
            op == OP_ATTENTION || op == OP_ADD || op == OP_SWIGLU || op == OP_MOE || op == OP_GDN ||
            op == OP_SIGMOID_MUL;
-}
-
-/* Offsets for every materialised node: a block is reused once the last node reading it has
- * run (every kernel is followed by a barrier), best fit among the free blocks. A block is
- * released one node late, so that a product with a fused residual add (which writes the
- * next node's block) never writes over its own input. */
-anvil_status pf_plan_memory(struct plan *P) {
-    const struct graph *g = P->g;
-    int n = g->n_nodes;
-    struct blk { VkDeviceSize off, size; } *fr = xmalloc((size_t)n * sizeof *fr), *pend = xmalloc((size_t)n * sizeof *pend);
-    if (!fr || !pend) {
-        free(fr);
-        free(pend);
-        return ANVIL_ERR_NOMEM;
-    }
-    int n_free = 0, n_pend = 0;
-    P->size = 0;
-    for (int i = 0; i < n; i++) {
-        const struct node *nd = &g->nodes[i];
-        P->off[i] = (VkDeviceSize)-1;
-        if (!pf_materialised(nd->op)) continue;
-        VkDeviceSize need = round_up((VkDeviceSize)node_nelem(nd) * 4, ALIGN);
-        int best = -1;
-        for (int f = 0; f < n_free; f++)
-            if (fr[f].size >= need && (best < 0 || fr[f].size < fr[best].size)) best = f;
-        if (best >= 0) {
-            P->off[i] = fr[best].off;
-            fr[best] = fr[--n_free];
-        } else {
-            P->off[i] = P->size;
-            P->size += need;
-        }
-        for (int f = 0; f < n_pend; f++) fr[n_free++] = pend[f];
-        n_pend = 0;
-        /* the inputs whose last reader this is */
-        for (int s = 0; s < GRAPH_MAX_SRC; s++) {
-            int src = nd->src[s];
-            if (src < 0) continue;
-            int r = P->root[src];
-            if (P->last[r] != i || P->off[r] == (VkDeviceSize)-1 || r == i) continue;
-            bool dup = false; /* the same input twice */
-            for (int f = 0; f < n_pend; f++) dup |= pend[f].off == P->off[r];
-            if (!dup) pend[n_pend++] = (struct blk){P->off[r], round_up((VkDeviceSize)node_nelem(&g->nodes[r]) * 4, ALIGN)};
-        }
-    }
-    free(fr);
-    free(pend);
-    return ANVIL_OK;
 }
 
 anvil_status pf_emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push,
@@ -109,21 +64,21 @@ anvil_status pf_insert_op(struct vk_prefill *p, int at, enum vk_kernel k, uint32
     return ANVIL_OK;
 }
 
-uint64_t pf_addr(struct vk_prefill *p, struct plan *P, int i) {
+uint64_t pf_addr(struct vk_prefill *p, struct graph_plan *P, int i) {
     int r = P->root[i];
     return p->arena.addr + P->off[r] + P->view[i];
 }
 
 /* Whether the chunked form (gdn_chunk.comp) runs OP_GDN node i: its state's columns in
  * shared memory take Dk <= 128; ANVIL_VK_GDN_CHUNK=0 keeps the recurrent form. */
-static bool gdn_chunked(struct vk_prefill *p, const struct plan *P, int i) {
+static bool gdn_chunked(struct vk_prefill *p, const struct graph_plan *P, int i) {
     const struct node *n = &P->g->nodes[i];
     return p->b->d->tune.vk_gdn_chunk && p->b->pl.p[K_GDNC_PREP] != VK_NULL_HANDLE && n->p.i[1] <= 128;
 }
 
 /* Bytes of gdn_chunk.comp's scratch for OP_GDN node i (its layout: the shader's off_*), 0
  * where it runs in the recurrent form. */
-VkDeviceSize pf_gdn_scratch(struct vk_prefill *p, const struct plan *P, int i) {
+VkDeviceSize pf_gdn_scratch(struct vk_prefill *p, const struct graph_plan *P, int i) {
     if (!gdn_chunked(p, P, i)) return 0;
     const struct node *n = &P->g->nodes[i];
     VkDeviceSize T = (VkDeviceSize)n->ne[2], Hv = (VkDeviceSize)n->ne[1], Dv = (VkDeviceSize)n->ne[0],
@@ -139,7 +94,7 @@ VkDeviceSize pf_gdn_scratch(struct vk_prefill *p, const struct plan *P, int i) {
  * columns), else the recurrent form, a workgroup per value head taking the tokens in turn
  * (gdn.comp MODE 1); then the conv ring takes the chunk's last inputs (gdn.comp MODE 2).
  * The gated norm after it is the prefill's rms_norm and swiglu. */
-static anvil_status lower_gdn(struct vk_prefill *p, struct plan *P, int i) {
+static anvil_status lower_gdn(struct vk_prefill *p, struct graph_plan *P, int i) {
     const struct node *n = NODE(P, i), *cs = NODE(P, n->src[6]), *qkv = NODE(P, n->src[0]);
     struct vk_backend *b = p->b;
     uint32_t Hk = (uint32_t)n->p.i[0], Dk = (uint32_t)n->p.i[1], Hv = (uint32_t)NODE(P, n->src[1])->ne[0],
@@ -170,12 +125,12 @@ static anvil_status lower_gdn(struct vk_prefill *p, struct plan *P, int i) {
 }
 
 /* Bytes of float16 weight rows the largest product of the graph needs at a time. */
-VkDeviceSize pf_dq_scratch_size(struct vk_backend *b, struct plan *P, bool groups, VkDeviceSize *max_run) {
+VkDeviceSize pf_dq_scratch_size(struct vk_backend *b, struct graph_plan *P, bool groups, VkDeviceSize *max_run) {
     VkDeviceSize size = 0, run = 0; /* run: the whole weights of the products of one input so far */
     int run_x = -1;
     for (int i = 0; i < P->g->n_nodes; i++) {
         const struct node *nd = NODE(P, i);
-        if (nd->op != OP_MATMUL && pf_materialised(nd->op)) run_x = -1;
+        if (nd->op != OP_MATMUL && pf_materialised(nd)) run_x = -1;
         if (nd->op == OP_MOE) {
             const struct node *gn = NODE(P, nd->src[2]);
             uint32_t C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1], E = (uint32_t)gn->ne[2];
@@ -218,7 +173,7 @@ uint32_t pf_split_k(uint32_t T, uint32_t N, uint32_t K) {
 }
 
 /* The one node that reads node i (through no view), or -1. */
-static int only_reader(struct plan *P, int i) {
+static int only_reader(struct graph_plan *P, int i) {
     int who = -1;
     for (int j = i + 1; j < P->g->n_nodes && j <= P->last[i]; j++)
         for (int s = 0; s < GRAPH_MAX_SRC; s++) {
@@ -233,7 +188,7 @@ static int only_reader(struct plan *P, int i) {
 /* Whether node i's rows (a row kernel's output) should also be written as float16 into xh:
  * where its first reader is a product that would round them there itself (emit_x_half; the
  * row length a multiple of 8, as mm_cm2.comp's x needs) */
-static bool half_rows(struct vk_prefill *p, struct plan *P, int i) {
+static bool half_rows(struct vk_prefill *p, struct graph_plan *P, int i) {
     const struct node *nd = NODE(P, i);
     uint64_t K = (uint64_t)nd->ne[0], n = (uint64_t)node_nelem(nd);
     if (p->xh.buf == VK_NULL_HANDLE || p->dq_emulate || K % 8 || n * 2 > p->xh.size) return false;
@@ -245,7 +200,7 @@ static bool half_rows(struct vk_prefill *p, struct plan *P, int i) {
     return false;
 }
 
-anvil_status pf_lower(struct vk_prefill *p, struct plan *P) {
+anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
     const struct graph *g = P->g;
     struct vk_backend *b = p->b;
     uint64_t prm = p->prm.addr, any = p->arena.addr;
@@ -320,7 +275,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct plan *P) {
             /* the residual add that is this product's only reader: y = res + x W */
             for (int j = i + 1; j < g->n_nodes; j++) {
                 const struct node *a = NODE(P, j);
-                if (!pf_materialised(a->op)) continue;
+                if (!pf_materialised(a)) continue;
                 /* only the next kernel's node (plan_memory keeps its block apart from x) */
                 if (a->op == OP_ADD && P->last[i] == j && P->root[a->src[0]] != P->root[a->src[1]] &&
                     node_nelem(a) == node_nelem(nd)) {

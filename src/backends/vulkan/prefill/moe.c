@@ -46,7 +46,7 @@ static bool moe_compact(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_t F
            C % 8 == 0 && F % 8 == 0 && p->b->d->tune.vk_moe_cm2;
 }
 
-struct moe_layout pf_moe_of(struct vk_prefill *p, struct plan *P, const struct node *nd) {
+struct moe_layout pf_moe_of(struct vk_prefill *p, struct graph_plan *P, const struct node *nd) {
     const struct node *gn = NODE(P, nd->src[2]);
     uint32_t T = (uint32_t)nd->ne[1], C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1];
     return moe_layout(T, C, F, (uint32_t)gn->ne[2], (uint32_t)nd->p.i[0], moe_compact(p, T, C, F));
@@ -70,7 +70,7 @@ static anvil_status emit_moe_dq(struct vk_prefill *p, const struct node *wn, uin
  * the tokens that chose it (tiles of 64 of them on mm.comp, 32 on cooperative matrices: the
  * expert's weights are read once per tile, not once per token), and the k outputs of each
  * token summed. */
-anvil_status pf_lower_moe(struct vk_prefill *p, struct plan *P, int i) {
+anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i) {
     const struct node *nd = NODE(P, i);
     const struct node *gn = NODE(P, nd->src[2]), *un = NODE(P, nd->src[3]), *dn = NODE(P, nd->src[4]);
     uint32_t C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1], E = (uint32_t)gn->ne[2], k = (uint32_t)nd->p.i[0];

@@ -47,7 +47,8 @@
  * Its files (src/backends/vulkan/prefill/), one job each, share this header; vulkan.h has the
  * program's interface (vk_prefill_create, _run, _destroy):
  *   program.c   its lifetime: lowered, buffers made, recorded; a run; the profile
- *   lower.c     lowering: the memory plan and the graph walked into the op list above
+ *   lower.c     lowering: the graph walked into the op list above, over graph/plan.c's
+ *               memory plan
  *   coopmat.c   products on cooperative matrices: weights dequantised to float16 in pieces,
  *               products of one input grouped, their dequantisation hoisted beside the group
  *               before
@@ -64,6 +65,7 @@
 #include <string.h>
 
 #include "backends/vulkan/vulkan.h"
+#include "graph/plan.h"
 
 
 #define ALIGN 256
@@ -203,17 +205,9 @@ struct vk_prefill {
     int prof_runs;
 };
 
-struct plan {
-    const struct graph *g;
-    int *root;              /* reshape / rows views resolved to the node they view */
-    VkDeviceSize *view;     /* byte offset of a view into its root */
-    int *last;              /* the last node reading each root */
-    VkDeviceSize *off;      /* arena offset of each materialised root, or -1 */
-    VkDeviceSize size;
-};
 static inline VkDeviceSize round_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1) / a * a; }
 
-static inline const struct node *NODE(struct plan *P, int i) { return &P->g->nodes[i]; }
+static inline const struct node *NODE(const struct graph_plan *P, int i) { return &P->g->nodes[i]; }
 
 /* The mixture of experts' scratch for T tokens (moe_topk.comp, mm.comp MODE 2 and 4): the
  * routing (128 floats a token), the lists (a count per expert, then T entries per expert),
@@ -238,18 +232,17 @@ void pf_profile_read(struct vk_prefill *p);
 
 /* ---- lower.c (lowering) ---- */
 
-bool pf_materialised(enum op op);
-anvil_status pf_plan_memory(struct plan *P);
+bool pf_materialised(const struct node *n);
 anvil_status pf_emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push,
                         size_t size);
 anvil_status pf_emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push, size_t size);
 anvil_status pf_insert_op(struct vk_prefill *p, int at, enum vk_kernel k, uint32_t wgs, const void *push,
                           size_t size);
-uint64_t pf_addr(struct vk_prefill *p, struct plan *P, int i);
-VkDeviceSize pf_dq_scratch_size(struct vk_backend *b, struct plan *P, bool groups, VkDeviceSize *max_run);
+uint64_t pf_addr(struct vk_prefill *p, struct graph_plan *P, int i);
+VkDeviceSize pf_dq_scratch_size(struct vk_backend *b, struct graph_plan *P, bool groups, VkDeviceSize *max_run);
 uint32_t pf_split_k(uint32_t T, uint32_t N, uint32_t K);
-VkDeviceSize pf_gdn_scratch(struct vk_prefill *p, const struct plan *P, int i);
-anvil_status pf_lower(struct vk_prefill *p, struct plan *P);
+VkDeviceSize pf_gdn_scratch(struct vk_prefill *p, const struct graph_plan *P, int i);
+anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P);
 
 /* ---- coopmat.c (products on cooperative matrices) ---- */
 
@@ -260,7 +253,7 @@ anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm)
 /* ---- moe.c (the mixture of experts) ---- */
 
 uint32_t pf_dq_experts(const struct vk_device *d, uint32_t E, uint32_t N, uint32_t Kp);
-struct moe_layout pf_moe_of(struct vk_prefill *p, struct plan *P, const struct node *nd);
-anvil_status pf_lower_moe(struct vk_prefill *p, struct plan *P, int i);
+struct moe_layout pf_moe_of(struct vk_prefill *p, struct graph_plan *P, const struct node *nd);
+anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i);
 
 #endif

@@ -55,21 +55,11 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     p->b = b;
     p->T = g->n_tokens;
     int n = g->n_nodes;
-    struct plan P = {g, xmalloc((size_t)n * sizeof(int)), xcalloc((size_t)n, sizeof(VkDeviceSize)),
-                     xmalloc((size_t)n * sizeof(int)), xmalloc((size_t)n * sizeof(VkDeviceSize)), 0};
-    anvil_status st = P.root && P.view && P.last && P.off ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    struct graph_plan P;
+    anvil_status st = graph_plan_init(g, true, &P);
     if (st != ANVIL_OK) goto done;
     for (int i = 0; i < n; i++) {
         const struct node *nd = &g->nodes[i];
-        P.last[i] = -1;
-        P.root[i] = i;
-        if (nd->op == OP_RESHAPE || nd->op == OP_ROWS) {
-            P.root[i] = P.root[nd->src[0]];
-            P.view[i] = P.view[nd->src[0]];
-            if (nd->op == OP_ROWS) P.view[i] += (VkDeviceSize)nd->p.i[0] * (VkDeviceSize)nd->ne[0] * 4;
-        }
-        for (int s = 0; s < GRAPH_MAX_SRC; s++)
-            if (nd->src[s] >= 0) P.last[P.root[nd->src[s]]] = i;
         if (nd->op == OP_STATE) p->n_ctx = (int)nd->ne[2];
         if (nd->op == OP_ROPE && nd->p.i[1] + nd->p.i[2] + nd->p.i[3] > 0) { /* M-RoPE: images */
             p->mm = true;
@@ -79,12 +69,14 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         if (nd->op == OP_EMBED) p->C = (uint32_t)nd->ne[0];
     }
     int o = g->output;
-    P.last[P.root[o]] = n; /* the output is never reused */
-    if (!p->n_ctx || !pf_materialised(g->nodes[P.root[o]].op)) {
+    if (!p->n_ctx || !pf_materialised(&g->nodes[P.root[o]])) {
         st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: no KV cache or no computed output");
         goto done;
     }
-    if ((st = pf_plan_memory(&P)) != ANVIL_OK) goto done;
+    /* a block released one planned node late: a product with the residual add after it
+     * folded in writes the add's block, which then never is one of its inputs' */
+    struct graph_mem mem = {pf_materialised, ALIGN, 1};
+    if ((st = graph_plan_memory(g, &mem, &P)) != ANVIL_OK) goto done;
     p->out_off = P.off[P.root[o]] + P.view[o];
     p->out_bytes = (VkDeviceSize)node_nelem(&g->nodes[o]) * 4;
     st = vk_buffer_create(b->d, P.size, VK_MEM_DEVICE, "prefill activations", &p->arena);
@@ -160,10 +152,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         log_info("vulkan: prefill program for %d tokens: %d kernels, arena %.2f MiB", p->T, p->n_ops,
                  (double)P.size / (1 << 20));
 done:
-    free(P.root);
-    free(P.view);
-    free(P.last);
-    free(P.off);
+    graph_plan_free(&P);
     if (st != ANVIL_OK) {
         vk_prefill_destroy(p);
         return st;
