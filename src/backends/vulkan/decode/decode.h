@@ -26,6 +26,8 @@
 #include <string.h>
 
 #include "backends/vulkan/vulkan.h"
+#include "graph/fuse.h"
+#include "graph/plan.h"
 #include "quant/quant.h"
 
 #define ARGMAX_CH 2048 /* logits per argmax.comp workgroup (its CH) */
@@ -183,8 +185,8 @@ struct vk_program {
 struct lower {
     struct vk_program *p;
     const struct graph *g;
-    int *root;             /* reshape/rows aliases resolved */
-    int *n_cons;           /* consumers per node (by root) */
+    struct graph_plan plan; /* views and readers (graph/plan.c), for graph/fuse.c's queries */
+    int *root;             /* plan.root: reshape/rows aliases resolved */
     VkDeviceSize *off;     /* arena offset of each materialised node, or -1 */
     bool *done;            /* fused into an earlier kernel */
     VkDeviceSize arena_size;

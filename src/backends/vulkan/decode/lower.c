@@ -4,7 +4,8 @@
  * memory plan: every materialised node its own region of one arena (never shared, so
  * independent products need no barrier between them), scratch after it.
  *
- * Fusion (pattern-matched on the graph's op sequence; models know nothing of it):
+ * Fusion (the regions are graph/fuse.c's queries on the graph; this file decides which of them
+ * it has kernels for; models know nothing of it):
  *   rms_norm -> matmul(s)        the norm is applied while the matvec reads its input
  *   matmuls sharing an input     one dispatch (q, k, v)
  *   matmul gate, up -> swiglu    one dispatch
@@ -78,43 +79,13 @@ static void matvec_input(struct lower *L, int src, struct pc_matvec *pc) {
     }
 }
 
-/* The first node after i that reads node i (through reshapes), or -1. */
-static int consumer(struct lower *L, int i) {
-    for (int j = i + 1; j < L->g->n_nodes; j++) {
-        const struct node *m = N(L, j);
-        if (m->op == OP_RESHAPE || m->op == OP_ROWS) continue;
-        for (int s = 0; s < GRAPH_MAX_SRC; s++)
-            if (m->src[s] >= 0 && L->root[m->src[s]] == i) return j;
-    }
-    return -1;
-}
-
-/* Matmul i feeding a SwiGLU with another matmul of the same input and weight type (gate
- * and up): returns that SwiGLU's index, or -1. */
+/* Matmul i feeding a SwiGLU with another matmul of the same input (gate and up,
+ * graph_fuse_swiglu) not lowered yet and of the same weight type: returns that SwiGLU's index,
+ * or -1. */
 int swiglu_of(struct lower *L, int i) {
-    if (L->n_cons[i] != 1) return -1;
-    int j = consumer(L, i);
-    if (j < 0 || N(L, j)->op != OP_SWIGLU) return -1;
-    int a = L->root[N(L, j)->src[0]], b = L->root[N(L, j)->src[1]];
-    int o = a == i ? b : a;
-    if (o == i || N(L, o)->op != OP_MATMUL || L->done[o] || L->n_cons[o] != 1 ||
-        L->root[N(L, o)->src[0]] != L->root[N(L, i)->src[0]] ||
-        N(L, N(L, o)->src[1])->weight->type != N(L, N(L, i)->src[1])->weight->type ||
-        N(L, o)->ne[0] != N(L, i)->ne[0])
+    int o, j = graph_fuse_swiglu(&L->plan, i, &o);
+    if (j < 0 || L->done[o] || N(L, N(L, o)->src[1])->weight->type != N(L, N(L, i)->src[1])->weight->type)
         return -1;
-    return j;
-}
-
-/* The add that is node i's only consumer, if its other term is already computed: returns
- * the add and sets *other; else -1. */
-static int residual_add(struct lower *L, int i, int *other) {
-    if (L->n_cons[i] != 1) return -1;
-    int j = consumer(L, i);
-    if (j < 0 || N(L, j)->op != OP_ADD) return -1;
-    int s0 = L->root[N(L, j)->src[0]], s1 = L->root[N(L, j)->src[1]];
-    int o = s0 == i ? s1 : s0;
-    if (o > i) return -1;
-    *other = o;
     return j;
 }
 
@@ -139,7 +110,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
      * MoE router, which takes float inputs, the 30B-A3B lost 1%: perf rule "producers round") */
     int mq = mqx_code(L, i, type, pc.Kp8);
     const struct node *nn;
-    int ot, ra = residual_add(L, i, &ot);
+    int ot, ra = graph_fuse_add(&L->plan, i, 0, &ot);
     bool qx_free = qx_find(L, &pc) >= 0 ||
                    (!(pc.flags & MV_NORM) && swiglu_of(L, i) < 0 && attn_rounder(L, pc.x) &&
                     qx_round_to(L, ra >= 0 ? ra : i, (uint32_t)n->ne[0], &nn));
@@ -196,7 +167,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
             group[ng++] = k;
     }
     /* a lone matmul whose only consumer is an add: fold the residual into its store */
-    int out_node = i, other, add = ng == 1 ? residual_add(L, i, &other) : -1;
+    int out_node = i, other, add = ng == 1 ? graph_fuse_add(&L->plan, i, 0, &other) : -1;
     if (add >= 0) {
         pc.res = node_addr(L, other);
         pc.flags |= MV_RES;
@@ -248,26 +219,14 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     return ANVIL_OK;
 }
 
-/* q = rope(rms_norm(q_raw)), k = rope(rms_norm(k_raw)), v = v_raw: returns the pieces. */
-static bool match_qk(struct lower *L, int src, int *raw, const struct node **norm, const struct node **rope) {
-    const struct node *r = N(L, L->root[src]);
-    if (r->op != OP_ROPE) return false;
-    const struct node *nm = N(L, L->root[r->src[0]]);
-    if (nm->op != OP_RMS_NORM) return false;
-    *rope = r;
-    *norm = nm;
-    *raw = nm->src[0];
-    return true;
-}
-
 static anvil_status lower_attention(struct lower *L, int i) {
     const struct node *a = N(L, i);
-    const struct node *qn, *qr, *kn, *kr;
-    int q_raw, k_raw;
-    if (!match_qk(L, a->src[0], &q_raw, &qn, &qr) || !match_qk(L, a->src[1], &k_raw, &kn, &kr) ||
-        qr->p.i[0] != kr->p.i[0] || qr->p.f[0] != kr->p.f[0])
+    int q_raw, k_raw, iqn, iqr, ikn, ikr;
+    if (!graph_fuse_qk(&L->plan, a->src[0], &iqn, &iqr, &q_raw) || !graph_fuse_qk(&L->plan, a->src[1], &ikn, &ikr, &k_raw) ||
+        N(L, iqr)->p.i[0] != N(L, ikr)->p.i[0] || N(L, iqr)->p.f[0] != N(L, ikr)->p.f[0])
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention %s is not fed by q/k rms_norm -> rope "
                        "(the only pattern the decode program fuses)", a->name);
+    const struct node *qn = N(L, iqn), *qr = N(L, iqr), *kn = N(L, ikn);
     const struct node *q = N(L, a->src[0]), *k = N(L, a->src[1]);
     uint32_t D = (uint32_t)q->ne[0], H = (uint32_t)q->ne[1], Hkv = (uint32_t)k->ne[1];
     if (D > 512 || D % 4 || (int)D != L->p->b->pl.attn_d || (int)(H / Hkv) != L->p->b->pl.attn_g)
@@ -396,33 +355,23 @@ static anvil_status lower_moe(struct lower *L, int i) {
     pd.rows2 = stride;
     /* the shared expert (Next, 3.5): y + sigmoid(gl) * down_sh(swiglu(gate_sh h, up_sh h)), then
      * the residual: the shared expert's down projection joins the experts' as one more */
-    int a1 = L->n_cons[i] == 1 ? consumer(L, i) : -1;
-    if (a1 >= 0 && N(L, a1)->op == OP_ADD && L->n_cons[a1] == 1) {
-        int sm = L->root[N(L, a1)->src[L->root[N(L, a1)->src[0]] == i ? 1 : 0]];
-        const struct node *smn = N(L, sm);
-        int sh = smn->op == OP_SIGMOID_MUL ? L->root[smn->src[0]] : -1;
-        int gl = smn->op == OP_SIGMOID_MUL ? L->root[smn->src[1]] : -1;
-        int sw = sh >= 0 && N(L, sh)->op == OP_MATMUL ? L->root[N(L, sh)->src[0]] : -1;
-        int gate = sw >= 0 && N(L, sw)->op == OP_SWIGLU ? L->root[N(L, sw)->src[0]] : -1;
-        if (L->n_cons[sm] == 1 && sh >= 0 && L->n_cons[sh] == 1 && N(L, gl)->op == OP_MATMUL &&
-            L->done[gl] && N(L, gl)->ne[0] == 1 && sw >= 0 && L->n_cons[sw] == 1 && gate >= 0 &&
-            N(L, gate)->op == OP_MATMUL && !L->done[gate] && swiglu_of(L, gate) == sw &&
-            N(L, N(L, sh)->src[1])->weight->type == dn->weight->type &&
-            !(L->use_qx && vk_qx_index(dn->weight->type) >= 0 && qx_worth(L, sh))) {
-            /* (with integer dot products the shared expert's down projection is a matvec of
-             * its own, on rounded inputs like every one-token matmul) */
-            /* the shared expert's gate/up -> SwiGLU first */
-            if ((st = lower_matmuls(L, gate)) != ANVIL_OK) return st;
-            pd.flags |= MV_SHARED;
-            pd.w1 = vk_wnode_addr(L->p->b, N(L, N(L, sh)->src[1]));
-            pd.normw = node_addr(L, sw);
-            pd.K = vk_wnode_kp(L->p->b, N(L, N(L, sh)->src[1])) / 8;
-            pd.o2 = node_addr(L, gl);
-            L->done[sh] = L->done[sm] = L->done[a1] = true;
-            i = a1; /* the sum of both stands for the MoE's output from here */
-        }
+    struct graph_shared_expert se;
+    if (graph_fuse_shared_expert(&L->plan, i, &se) && L->done[se.logit] && !L->done[se.gate] &&
+        swiglu_of(L, se.gate) == se.swiglu && N(L, N(L, se.down)->src[1])->weight->type == dn->weight->type &&
+        !(L->use_qx && vk_qx_index(dn->weight->type) >= 0 && qx_worth(L, se.down))) {
+        /* (with integer dot products the shared expert's down projection is a matvec of
+         * its own, on rounded inputs like every one-token matmul) */
+        /* the shared expert's gate/up -> SwiGLU first */
+        if ((st = lower_matmuls(L, se.gate)) != ANVIL_OK) return st;
+        pd.flags |= MV_SHARED;
+        pd.w1 = vk_wnode_addr(L->p->b, N(L, N(L, se.down)->src[1]));
+        pd.normw = node_addr(L, se.swiglu);
+        pd.K = vk_wnode_kp(L->p->b, N(L, N(L, se.down)->src[1])) / 8;
+        pd.o2 = node_addr(L, se.logit);
+        L->done[se.down] = L->done[se.gated] = L->done[se.add] = true;
+        i = se.add; /* the sum of both stands for the MoE's output from here */
     }
-    int other, add = residual_add(L, i, &other);
+    int other, add = graph_fuse_add(&L->plan, i, 0, &other);
     if (add >= 0) {
         pd.res = node_addr(L, other);
         pd.flags |= MV_RES;
@@ -442,9 +391,8 @@ static anvil_status lower_moe(struct lower *L, int i) {
 /* OP_GDN with its gated RMSNorm (rms_norm of the output, then swiglu(z, it)): one kernel. */
 static anvil_status lower_gdn(struct lower *L, int i) {
     const struct node *n = N(L, i);
-    int j = consumer(L, i), s = j >= 0 ? consumer(L, j) : -1;
-    if (L->n_cons[i] != 1 || j < 0 || N(L, j)->op != OP_RMS_NORM || L->n_cons[j] != 1 || s < 0 ||
-        N(L, s)->op != OP_SWIGLU || L->root[N(L, s)->src[1]] != j)
+    int j, s = graph_fuse_gated_norm(&L->plan, i, &j);
+    if (s < 0)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s is not followed by its gated norm "
                        "(the only pattern the decode program fuses)", n->name);
     const struct node *nm = N(L, j), *cs = N(L, n->src[6]);
@@ -512,12 +460,7 @@ anvil_status lower_graph(struct lower *L) {
         case OP_RMS_NORM: {
             /* fused into its consumers: matmuls, experts, or (q/k norm) rope -> attention;
              * computed on its own for anything else */
-            bool fused = true;
-            for (int j = i + 1; j < n; j++)
-                for (int s = 0; s < GRAPH_MAX_SRC; s++)
-                    if (N(L, j)->src[s] >= 0 && L->root[N(L, j)->src[s]] == i && N(L, j)->op != OP_MATMUL &&
-                        N(L, j)->op != OP_ROPE && !(N(L, j)->op == OP_MOE && s == 0))
-                        fused = false;
+            bool fused = graph_norm_folds(&L->plan, i);
             if (!fused)
                 st = emit_ew(L, 3, node_addr(L, nd->src[0]),
                              vk_weight_addr(L->p->b, N(L, nd->src[1])->weight, true, nd->p.i[0] != 0),

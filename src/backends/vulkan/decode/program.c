@@ -100,18 +100,15 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
     if (!p) return ANVIL_ERR_NOMEM;
     p->b = b;
     int n = g->n_nodes;
-    struct lower L = {.p = p, .g = g, .root = xmalloc((size_t)n * sizeof(int)),
-                      .n_cons = xcalloc((size_t)n, sizeof(int)),
-                      .off = xmalloc((size_t)n * sizeof(VkDeviceSize)), .done = xcalloc((size_t)n, sizeof(bool)),
-                      .use_qx = vk_use_qx(b->d)};
-    anvil_status st = L.root && L.n_cons && L.off && L.done ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    struct lower L = {.p = p, .g = g, .off = xmalloc((size_t)n * sizeof(VkDeviceSize)),
+                      .done = xcalloc((size_t)n, sizeof(bool)), .use_qx = vk_use_qx(b->d)};
+    anvil_status st = L.off && L.done ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    if (st == ANVIL_OK) st = graph_plan_init(g, true, &L.plan); /* views and readers */
     if (st != ANVIL_OK) goto done;
+    L.root = L.plan.root;
     p->n_ctx = 0;
     for (int i = 0; i < n; i++) {
         const struct node *nd = &g->nodes[i];
-        L.root[i] = (nd->op == OP_RESHAPE || nd->op == OP_ROWS) ? L.root[nd->src[0]] : i;
-        for (int s = 0; s < GRAPH_MAX_SRC; s++)
-            if (nd->src[s] >= 0) L.n_cons[L.root[nd->src[s]]]++;
         /* the context: the attention caches' length (hybrids have other states too) */
         if (nd->op == OP_ATTENTION) p->n_ctx = (int)g->nodes[nd->src[3]].ne[2];
     }
@@ -164,8 +161,7 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
     log_info("vulkan: decode program: %d kernels per token, arena %.2f MiB", p->n_ops,
              (double)L.arena_size / (1 << 20));
 done:
-    free(L.root);
-    free(L.n_cons);
+    graph_plan_free(&L.plan);
     free(L.off);
     free(L.done);
     if (st != ANVIL_OK) {

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/fuse.h"
 #include "prefill.h"
 
 /* The nodes that get a block of the arena (graph_plan_memory's planned). */
@@ -172,19 +173,6 @@ uint32_t pf_split_k(uint32_t T, uint32_t N, uint32_t K) {
     return S >= 2 ? S : 1;
 }
 
-/* The one node that reads node i (through no view), or -1. */
-static int only_reader(struct graph_plan *P, int i) {
-    int who = -1;
-    for (int j = i + 1; j < P->g->n_nodes && j <= P->last[i]; j++)
-        for (int s = 0; s < GRAPH_MAX_SRC; s++) {
-            int src = NODE(P, j)->src[s];
-            if (src < 0 || P->root[src] != i) continue;
-            if ((who >= 0 && who != j) || src != i) return -1;
-            who = j;
-        }
-    return who;
-}
-
 /* Whether node i's rows (a row kernel's output) should also be written as float16 into xh:
  * where its first reader is a product that would round them there itself (emit_x_half; the
  * row length a multiple of 8, as mm_cm2.comp's x needs) */
@@ -241,9 +229,9 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             struct pc_rows pc = {pf_addr(p, P, nd->src[0]), vk_weight_addr(b, w->weight, true, nd->p.i[0] != 0), any,
                                  pf_addr(p, P, i), prm, ne0, rows, 0, 0, nd->p.f[0], 0, 0};
             /* the q/k norms: their rope, the norm's only reader, in the same kernel */
-            int j = only_reader(P, i);
+            int j = graph_fuse_norm_rope(P, i);
             const struct node *rn = j > i ? NODE(P, j) : NULL;
-            if (rn && rn->op == OP_ROPE && rn->src[0] == i && ne0 <= 1024 && rn->ne[0] == nd->ne[0] &&
+            if (rn && rn->src[0] == i && ne0 <= 1024 && rn->ne[0] == nd->ne[0] &&
                 node_nelem(rn) == node_nelem(nd) && (uint32_t)rn->p.i[0] <= ne0) {
                 pc.c = p->rope.addr;
                 pc.out = pf_addr(p, P, j);
@@ -272,20 +260,14 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             struct pc_mm pc = {pf_addr(p, P, nd->src[0]), vk_wnode_addr(b, wn), pf_addr(p, P, i),
                                any, prm, rows, (uint32_t)NODE(P, nd->src[0])->ne[0], ne0,
                                vk_wnode_kp(b, wn) / 8, 0, 0, 0, 0, 0, 0};
-            /* the residual add that is this product's only reader: y = res + x W */
-            for (int j = i + 1; j < g->n_nodes; j++) {
-                const struct node *a = NODE(P, j);
-                if (!pf_materialised(a)) continue;
-                /* only the next kernel's node (plan_memory keeps its block apart from x) */
-                if (a->op == OP_ADD && P->last[i] == j && P->root[a->src[0]] != P->root[a->src[1]] &&
-                    node_nelem(a) == node_nelem(nd)) {
-                    int other = P->root[a->src[0]] == i ? a->src[1] : a->src[0];
-                    pc.res = pf_addr(p, P, other);
-                    pc.y = pf_addr(p, P, j);
-                    pc.flags = MM_RES;
-                    done[j] = true;
-                }
-                break;
+            /* the residual add that is this product's only reader: y = res + x W (only the
+             * next planned node's: the plan keeps its block apart from x) */
+            int other, j = graph_fuse_add(P, i, GRAPH_FUSE_NEXT_BLOCK, &other);
+            if (j >= 0) {
+                pc.res = pf_addr(p, P, other);
+                pc.y = pf_addr(p, P, j);
+                pc.flags = MM_RES;
+                done[j] = true;
             }
             uint32_t Kx = (uint32_t)NODE(P, nd->src[0])->ne[0];
             if (rows == 1 && pc.Kp8 * 8 == Kx) {

@@ -1,0 +1,101 @@
+/* fuse: each query on a small graph built for it, where the region is there and where one
+ * link of it is missing. */
+#include <stdlib.h>
+
+#include "graph/fuse.h"
+#include "quant/quant.h"
+#include "testutil.h"
+
+static bool computed(const struct node *n) {
+    return n->op != OP_STATE && n->op != OP_WEIGHT && n->op != OP_RESHAPE;
+}
+
+static struct tensor_info tensor(const char *name, int64_t ne0, int64_t ne1) {
+    struct tensor_info t = {0};
+    t.name = (char *)name;
+    t.type = DT_F32;
+    t.n_dims = ne1 > 1 ? 2 : 1;
+    t.ne[0] = ne0;
+    t.ne[1] = ne1;
+    t.ne[2] = t.ne[3] = 1;
+    return t;
+}
+
+/* One layer of 64 channels: h -> norm -> q (reshaped into 4 heads, q norm, rope) and
+ * o = q W_o + h (the residual); o -> norm -> gate, up -> swiglu -> down; then a product whose
+ * add waits for a later term, and one with a computed node between it and its add. */
+static void test_regions(void **state) {
+    (void)state;
+    struct tensor_info t_n = tensor("n", 64, 1), t_qn = tensor("qn", 16, 1), t_q = tensor("q", 64, 64),
+                       t_o = tensor("o", 64, 64), t_g = tensor("g", 64, 128), t_u = tensor("u", 64, 128),
+                       t_d = tensor("d", 128, 64);
+    struct graph g;
+    assert_int_equal(graph_init(&g, 1), ANVIL_OK);
+    int h = graph_state(&g, "h", 64, 1, 1), wn = graph_weight(&g, &t_n);
+    int n1 = graph_rms_norm(&g, h, wn, 1e-6f, false);
+    int q = graph_matmul(&g, n1, graph_weight(&g, &t_q));
+    int qv = graph_reshape(&g, q, 16, 4, 1);
+    int qn = graph_rms_norm(&g, qv, graph_weight(&g, &t_qn), 1e-6f, false);
+    int qr = graph_rope(&g, qn, 16, 10000.0f);
+    int flat = graph_reshape(&g, qr, 64, 1, 1);
+    int o = graph_matmul(&g, flat, graph_weight(&g, &t_o));
+    int r = graph_add(&g, o, h);
+    int n2 = graph_rms_norm(&g, r, wn, 1e-6f, false);
+    int gate = graph_matmul(&g, n2, graph_weight(&g, &t_g));
+    int up = graph_matmul(&g, n2, graph_weight(&g, &t_u));
+    int sw = graph_swiglu(&g, gate, up);
+    int down = graph_matmul(&g, sw, graph_weight(&g, &t_d));
+    int late = graph_matmul(&g, r, graph_weight(&g, &t_o)); /* its add's other term comes after it */
+    int after = graph_rms_norm(&g, r, wn, 1e-6f, false);
+    int r2 = graph_add(&g, late, after);
+    int x = graph_matmul(&g, r2, graph_weight(&g, &t_o));
+    int between = graph_rms_norm(&g, r2, wn, 1e-6f, false); /* computed between x and its add */
+    int r3 = graph_add(&g, x, r2);
+    int out = graph_add(&g, r3, graph_add(&g, down, between));
+    assert_int_equal(graph_finish(&g, out), ANVIL_OK);
+
+    struct graph_plan P;
+    assert_int_equal(graph_plan_init(&g, true, &P), ANVIL_OK);
+    struct graph_mem m = {computed, 256, 1};
+    assert_int_equal(graph_plan_memory(&g, &m, &P), ANVIL_OK);
+
+    int other = -2, pair = -2, norm = -2, rope = -2, xin = -2;
+    assert_int_equal(graph_only_reader(&P, o), r);
+    assert_int_equal(graph_only_reader(&P, r), -1);   /* n2, late, after, ... */
+    assert_int_equal(graph_only_reader(&P, q), -1);   /* read through a view */
+    assert_int_equal(graph_fuse_add(&P, o, GRAPH_FUSE_NEXT_BLOCK, &other), r);
+    assert_int_equal(other, h);
+    assert_int_equal(graph_fuse_add(&P, gate, 0, &other), -1); /* read by a SwiGLU */
+    assert_int_equal(graph_fuse_add(&P, late, 0, &other), -1); /* the other term comes later */
+    assert_int_equal(graph_fuse_add(&P, x, 0, &other), r3);
+    assert_int_equal(other, r2);
+    assert_int_equal(graph_fuse_add(&P, x, GRAPH_FUSE_NEXT_BLOCK, &other), -1); /* `between` */
+
+    assert_int_equal(graph_fuse_swiglu(&P, gate, &pair), sw);
+    assert_int_equal(pair, up);
+    assert_int_equal(graph_fuse_swiglu(&P, up, &pair), sw);
+    assert_int_equal(pair, gate);
+    assert_int_equal(graph_fuse_swiglu(&P, down, &pair), -1);
+
+    assert_int_equal(graph_fuse_norm_rope(&P, qn), qr);
+    assert_int_equal(graph_fuse_norm_rope(&P, n1), -1);
+    assert_true(graph_fuse_qk(&P, flat, &norm, &rope, &xin));
+    assert_int_equal(norm, qn);
+    assert_int_equal(rope, qr);
+    assert_int_equal(xin, qv);
+    assert_false(graph_fuse_qk(&P, o, &norm, &rope, &xin));
+
+    assert_true(graph_norm_folds(&P, n1));  /* a product's input */
+    assert_true(graph_norm_folds(&P, qn));  /* a rope's */
+    assert_false(graph_norm_folds(&P, after)); /* an add's */
+    assert_int_equal(graph_fuse_gated_norm(&P, o, &norm), -1); /* o's reader is no rms_norm */
+    graph_plan_free(&P);
+    graph_free(&g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_regions),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
