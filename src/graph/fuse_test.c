@@ -6,7 +6,9 @@
 #include "quant/quant.h"
 #include "testutil.h"
 
-static bool computed(const struct node *n) {
+static bool computed(const struct graph *g, int i, const void *ctx) {
+    (void)ctx;
+    const struct node *n = &g->nodes[i];
     return n->op != OP_STATE && n->op != OP_WEIGHT && n->op != OP_RESHAPE;
 }
 
@@ -56,7 +58,7 @@ static void test_regions(void **state) {
 
     struct graph_plan P;
     assert_int_equal(graph_plan_init(&g, true, &P), ANVIL_OK);
-    struct graph_mem m = {computed, 256, 1};
+    struct graph_mem m = {.planned = computed, .align = 256, .release_delay = 1};
     assert_int_equal(graph_plan_memory(&g, &m, &P), ANVIL_OK);
 
     int other = -2, pair = -2, norm = -2, rope = -2, xin = -2;

@@ -46,9 +46,10 @@ void graph_plan_free(struct graph_plan *P) {
     memset(P, 0, sizeof *P);
 }
 
-static uint64_t block_bytes(const struct node *nd, uint64_t align) {
-    uint64_t b = (uint64_t)node_nelem(nd) * 4;
-    return (b + align - 1) / align * align;
+static uint64_t round_to(uint64_t x, uint64_t a) { return a > 1 ? (x + a - 1) / a * a : x; }
+
+static uint64_t block_bytes(const struct node *nd, const struct graph_mem *m) {
+    return round_to(round_to((uint64_t)node_nelem(nd), m->elems) * 4 + m->pad, m->align);
 }
 
 anvil_status graph_plan_memory(const struct graph *g, const struct graph_mem *m, struct graph_plan *P) {
@@ -65,8 +66,8 @@ anvil_status graph_plan_memory(const struct graph *g, const struct graph_mem *m,
     for (int i = 0; i < n; i++) {
         const struct node *nd = &g->nodes[i];
         P->off[i] = GRAPH_PLAN_NONE;
-        if (P->root[i] != i || !m->planned(nd)) continue;
-        uint64_t need = block_bytes(nd, m->align);
+        if (P->root[i] != i || !m->planned(g, i, m->ctx)) continue;
+        uint64_t need = block_bytes(nd, m);
         int best = -1;
         for (int f = 0; f < n_free; f++)
             if (fr[f].size >= need && (best < 0 || fr[f].size < fr[best].size)) best = f;
@@ -79,6 +80,7 @@ anvil_status graph_plan_memory(const struct graph *g, const struct graph_mem *m,
         }
         for (int f = 0; f < n_pend; f++) fr[n_free++] = pend[f];
         n_pend = 0;
+        if (m->release_delay < 0) continue;
         /* the inputs whose last reader this is */
         for (int s = 0; s < GRAPH_MAX_SRC; s++) {
             int src = nd->src[s];
@@ -87,7 +89,7 @@ anvil_status graph_plan_memory(const struct graph *g, const struct graph_mem *m,
             if (P->last[r] != i || P->off[r] == GRAPH_PLAN_NONE || r == i) continue;
             bool dup = false; /* the same input twice */
             for (int f = 0; f < n_pend; f++) dup |= pend[f].off == P->off[r];
-            if (!dup) pend[n_pend++] = (struct blk){P->off[r], block_bytes(&g->nodes[r], m->align)};
+            if (!dup) pend[n_pend++] = (struct blk){P->off[r], block_bytes(&g->nodes[r], m)};
         }
         if (m->release_delay == 0) {
             for (int f = 0; f < n_pend; f++) fr[n_free++] = pend[f];

@@ -6,13 +6,14 @@
  *
  *     struct graph_plan P;
  *     if (graph_plan_init(g, true, &P) != ANVIL_OK) ...      // views, readers
- *     struct graph_mem m = {materialised, 256, 1};
+ *     struct graph_mem m = {.planned = materialised, .align = 256, .release_delay = 1};
  *     if (graph_plan_memory(g, &m, &P) != ANVIL_OK) ...      // offsets, P.size
  *     ... node i's bytes start at P.off[P.root[i]] + P.view[i] ...
  *     graph_plan_free(&P);
  *
- * Used by the CPU backend (its activations) and the Vulkan prefill program (its arena, blocks
- * released one node late so that a product may write the add after it: release_delay 1).
+ * Used by the CPU backend (its activations) and the Vulkan programs: the prefill's arena
+ * (blocks released one node late so that a product may write the add after it), the decode's
+ * (no block reused, the nodes its lowering reads or writes).
  */
 #ifndef ANVIL_GRAPH_PLAN_H
 #define ANVIL_GRAPH_PLAN_H
@@ -45,13 +46,17 @@ void graph_plan_free(struct graph_plan *P);
 
 /* How graph_plan_memory lays the nodes out. */
 struct graph_mem {
-    bool (*planned)(const struct node *n); /* the nodes that get a block (roots only) */
-    uint64_t align;                        /* a block's size: the node's float32 bytes
-                                              rounded up to a multiple of this */
+    /* the nodes that get a block (roots only): those for which planned(g, i, ctx) */
+    bool (*planned)(const struct graph *g, int i, const void *ctx);
+    const void *ctx;
+    /* a block's size: the node's floats rounded up to a multiple of elems (0: as they are),
+     * as bytes, plus pad bytes, rounded up to a multiple of align */
+    uint64_t align, elems, pad;
     /* when a block whose last reader is node i is free again: 0, for the next planned node
      * after i (i's own block is taken first, so a node never writes over its inputs); 1, for
      * the planned node after that one (so a node may also write the next planned node's
-     * block, as a product with the residual add after it folded in does) */
+     * block, as a product with the residual add after it folded in does); -1, never (every
+     * planned node a block of its own: kernels that share no memory need no barrier) */
     int release_delay;
 };
 

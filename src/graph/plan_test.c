@@ -5,7 +5,10 @@
 #include "graph/plan.h"
 #include "testutil.h"
 
-static bool adds_and_rows(const struct node *n) { return n->op == OP_ADD || n->op == OP_ROWS; }
+static bool adds_and_rows(const struct graph *g, int i, const void *ctx) {
+    (void)ctx;
+    return g->nodes[i].op == OP_ADD || g->nodes[i].op == OP_ROWS;
+}
 
 /* s {64, 2} state; a = s + s; b = a + a; c = b + b; d = rows 1 of c; e = d + d (the output) */
 static void build(struct graph *g) {
@@ -48,7 +51,7 @@ static void test_memory(void **state) {
     /* delay 0: a's block is free once b has its own, so c takes it; e (256 bytes) the best
      * fit among the free ones, b's */
     assert_int_equal(graph_plan_init(&g, true, &P), ANVIL_OK);
-    struct graph_mem m = {adds_and_rows, 256, 0};
+    struct graph_mem m = {.planned = adds_and_rows, .align = 256};
     assert_int_equal(graph_plan_memory(&g, &m, &P), ANVIL_OK);
     assert_true(P.off[0] == GRAPH_PLAN_NONE && P.off[4] == GRAPH_PLAN_NONE);
     assert_int_equal(P.off[1], 0);
@@ -71,6 +74,13 @@ static void test_memory(void **state) {
     assert_int_equal(P.off[4], 0);    /* a's block, free since c */
     assert_int_equal(P.off[5], 512);  /* b's, free since d */
     assert_int_equal(P.size, 1536);
+    /* never released, blocks of 256 floats + 32 bytes in 256: every planned node its own */
+    m.release_delay = -1;
+    m.elems = 256;
+    m.pad = 32;
+    assert_int_equal(graph_plan_memory(&g, &m, &P), ANVIL_OK);
+    for (int i = 1; i <= 5; i++) assert_int_equal(P.off[i], (uint64_t)(i - 1) * 1280);
+    assert_int_equal(P.size, 6400);
     graph_plan_free(&P);
     graph_free(&g);
 }

@@ -526,7 +526,9 @@ static anvil_status bind_state(struct cpu_backend *b, const struct node *n) {
 }
 
 /* The nodes that get a block of the arena: every computed one but views (reshapes). */
-static bool cpu_planned(const struct node *n) {
+static bool cpu_planned(const struct graph *g, int i, const void *ctx) {
+    (void)ctx;
+    const struct node *n = &g->nodes[i];
     return n->op != OP_TOKENS && n->op != OP_WEIGHT && n->op != OP_STATE && n->op != OP_WEIGHT_STACK &&
            n->op != OP_WEIGHT_ROWS && n->op != OP_RESHAPE;
 }
@@ -587,7 +589,7 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
     }
 
     /* the activations: one arena, a block reused once its last reader has run */
-    struct graph_mem mem = {cpu_planned, 64, 0};
+    struct graph_mem mem = {.planned = cpu_planned, .align = 64};
     if ((st = graph_plan_memory(&p->g, &mem, &P)) != ANVIL_OK) goto fail;
     p->slabs[p->n_slabs] = aligned_alloc(64, MAX(P.size, 64));
     if (!p->slabs[p->n_slabs]) {

@@ -187,7 +187,11 @@ struct lower {
     const struct graph *g;
     struct graph_plan plan; /* views and readers (graph/plan.c), for graph/fuse.c's queries */
     int *root;             /* plan.root: reshape/rows aliases resolved */
-    VkDeviceSize *off;     /* arena offset of each materialised node, or -1 */
+    /* the sizing walk marks the nodes it reads or writes (used); graph_plan_memory then gives
+     * each its block (plan.off), which the second walk (sized) takes; unplanned: a node it
+     * used that has none (-1: none) */
+    bool *used, sized;
+    int unplanned;
     bool *done;            /* fused into an earlier kernel */
     VkDeviceSize arena_size;
     bool use_qx;           /* vk_use_qx when the program was made */

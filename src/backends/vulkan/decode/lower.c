@@ -1,8 +1,9 @@
 /*
  * The decode program's lowering: the T = 1 graph walked in execution order into a list of
  * fused dispatches (struct vk_dispatch: a kernel, its grid, its push constants), over a static
- * memory plan: every materialised node its own region of one arena (never shared, so
- * independent products need no barrier between them), scratch after it.
+ * memory plan (graph/plan.c, made by program.c): every node the lowering reads or writes its
+ * own block of one arena (never shared, so independent products need no barrier between
+ * them), scratch after them.
  *
  * Fusion (the regions are graph/fuse.c's queries on the graph; this file decides which of them
  * it has kernels for; models know nothing of it):
@@ -29,19 +30,21 @@
 
 #include "decode.h"
 
-static VkDeviceSize alloc_node(struct lower *L, int i) {
+/* Node i's memory (its root's block) as an offset into the arena. In the sizing pass a tag of
+ * its own far above the scratch, the node marked used (program.c then plans a block for each
+ * used node, graph_plan_memory); afterwards the plan's offset. */
+static VkDeviceSize node_off(struct lower *L, int i) {
     int r = L->root[i];
-    if (L->off[r] == (VkDeviceSize)-1) {
-        L->off[r] = L->arena_size;
-        /* padded to 256 floats and zeroed once: matvecs read inputs up to the weights' padded
-         * row length (whole super-blocks of up to 256) */
-        L->arena_size += round_up(round_up((VkDeviceSize)node_nelem(&L->g->nodes[r]), 256) * 4 + 32, ALIGN);
+    if (!L->sized) {
+        L->used[r] = true;
+        return (VkDeviceSize)(r + 1) << 40;
     }
-    return L->off[r];
+    if (L->plan.off[r] == GRAPH_PLAN_NONE) L->unplanned = r;
+    return L->plan.off[r];
 }
 
 uint64_t node_addr(struct lower *L, int i) {
-    return L->p->arena.addr + alloc_node(L, i);
+    return L->p->arena.addr + node_off(L, i);
 }
 
 anvil_status emit_dispatch(struct vk_program *p, enum vk_kernel k, uint32_t gx, uint32_t gy,
@@ -429,15 +432,14 @@ static anvil_status lower_gdn(struct lower *L, int i) {
 }
 
 /* Walks the graph in order and emits the fused kernels. The arena's base address is not
- * known until its size is: the walk runs twice, first to size it. */
+ * known until its size is: the walk runs twice, first to size it (which nodes have memory,
+ * and the scratch), then with the plan's offsets, the scratch after the nodes' blocks. */
 anvil_status lower_graph(struct lower *L) {
     const struct graph *g = L->g;
     int n = g->n_nodes;
-    for (int i = 0; i < n; i++) {
-        L->off[i] = (VkDeviceSize)-1;
-        L->done[i] = false;
-    }
-    L->arena_size = 0;
+    for (int i = 0; i < n; i++) L->done[i] = false;
+    L->arena_size = L->sized ? L->plan.size : 0;
+    L->unplanned = -1;
     L->n_qx = 0;
     L->mm_op = -1;
     L->p->n_ops = 0;
@@ -512,7 +514,10 @@ anvil_status lower_graph(struct lower *L) {
     int out = L->root[g->output];
     if (N(L, out)->op != OP_MATMUL)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph's output is not a matmul");
-    L->p->logits_off = alloc_node(L, out);
+    L->p->logits_off = node_off(L, out);
+    if (L->unplanned >= 0) /* (the two walks lowered differently) */
+        return err_set(ANVIL_ERR_BACKEND, "vulkan: %s has no memory in the decode program's plan",
+                       N(L, L->unplanned)->name);
     /* the sampling variant's last op, and its scratch */
     uint32_t nwg = (L->p->V + SAMPLE_CH - 1) / SAMPLE_CH;
     VkDeviceSize part = L->arena_size;

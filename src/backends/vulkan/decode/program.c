@@ -11,7 +11,8 @@
 
  *
  * This file: the program's lifetime. vk_program_create lowers the graph twice (lower.c; the
- * first pass sizes the arena, the second has its addresses), makes the buffers, zeroes the
+ * first pass finds the nodes that need memory, graph/plan.c gives each a block, the second
+ * has the addresses), makes the buffers, zeroes the
  * arena, then forms the persistent step (persistent.c), adds the L2 prefetches (prefetch.c)
  * and records the command buffers (record.c); vk_program_destroy undoes it. The rope table
  * (shared with the prefill program) is made here too.
@@ -94,15 +95,21 @@ static anvil_status node_labels(struct vk_program *p, const struct graph *g) {
     return ANVIL_OK;
 }
 
+/* graph_plan_memory's planned: the nodes the sizing walk used (ctx: lower.used) */
+static bool used(const struct graph *g, int i, const void *ctx) {
+    (void)g;
+    return ((const bool *)ctx)[i];
+}
+
 anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, struct vk_program **out) {
     *out = NULL;
     struct vk_program *p = xcalloc(1, sizeof *p);
     if (!p) return ANVIL_ERR_NOMEM;
     p->b = b;
     int n = g->n_nodes;
-    struct lower L = {.p = p, .g = g, .off = xmalloc((size_t)n * sizeof(VkDeviceSize)),
+    struct lower L = {.p = p, .g = g, .used = xcalloc((size_t)n, sizeof(bool)),
                       .done = xcalloc((size_t)n, sizeof(bool)), .use_qx = vk_use_qx(b->d)};
-    anvil_status st = L.off && L.done ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    anvil_status st = L.used && L.done ? ANVIL_OK : ANVIL_ERR_NOMEM;
     if (st == ANVIL_OK) st = graph_plan_init(g, true, &L.plan); /* views and readers */
     if (st != ANVIL_OK) goto done;
     L.root = L.plan.root;
@@ -127,9 +134,15 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
                 (t->vk_mega_qx == 1 || mqx_small(&L));
     L.qxr = L.use_qx && !L.mega_qx && t->vk_qxr; /* 0: no product rounds its outputs for the next (qx_round) */
     L.qxt_all = !L.qxr ? 0 : t->vk_qxt_all;
-    /* first pass sizes the arena (addresses are offsets from 0), the second emits */
+    /* the first walk finds the nodes that need memory and the scratch's size; each such node
+     * gets a block of its own (padded to 256 floats + 32 bytes and zeroed once: matvecs read
+     * inputs up to the weights' padded row length, whole super-blocks of up to 256); the
+     * second walk emits with the addresses */
     if ((st = lower_graph(&L)) != ANVIL_OK) goto done;
-    st = vk_buffer_create(b->d, L.arena_size, VK_MEM_DEVICE, "activations", &p->arena);
+    struct graph_mem mem = {.planned = used, .ctx = L.used, .align = ALIGN, .elems = 256, .pad = 32, .release_delay = -1};
+    if ((st = graph_plan_memory(g, &mem, &L.plan)) != ANVIL_OK) goto done;
+    L.sized = true;
+    st = vk_buffer_create(b->d, L.plan.size + L.arena_size, VK_MEM_DEVICE, "activations", &p->arena);
     if (st == ANVIL_OK)
         st = vk_buffer_create(b->d, sizeof(struct vk_ctl) + (size_t)p->n_ctx * 12, VK_MEM_CONTROL,
                               "the control block", &p->ctl);
@@ -162,7 +175,7 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
              (double)L.arena_size / (1 << 20));
 done:
     graph_plan_free(&L.plan);
-    free(L.off);
+    free(L.used);
     free(L.done);
     if (st != ANVIL_OK) {
         vk_program_destroy(p);

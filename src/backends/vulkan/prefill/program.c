@@ -48,6 +48,11 @@ anvil_status pf_record(struct vk_prefill *p) {
     return vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
 }
 
+static bool planned(const struct graph *g, int i, const void *ctx) {
+    (void)ctx;
+    return pf_materialised(&g->nodes[i]);
+}
+
 anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, struct vk_prefill **out) {
     *out = NULL;
     struct vk_prefill *p = xcalloc(1, sizeof *p);
@@ -75,7 +80,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     }
     /* a block released one planned node late: a product with the residual add after it
      * folded in writes the add's block, which then never is one of its inputs' */
-    struct graph_mem mem = {pf_materialised, ALIGN, 1};
+    struct graph_mem mem = {.planned = planned, .align = ALIGN, .release_delay = 1};
     if ((st = graph_plan_memory(g, &mem, &P)) != ANVIL_OK) goto done;
     p->out_off = P.off[P.root[o]] + P.view[o];
     p->out_bytes = (VkDeviceSize)node_nelem(&g->nodes[o]) * 4;
