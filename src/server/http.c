@@ -2,7 +2,7 @@
  * server: the HTTP side, on libmicrohttpd — routing, authentication, limits, JSON and
  * server-sent-event responses, and noticing clients that go away.
  *
- * Threads: MHD runs HTTP_THREADS event loops (epoll) over all the connections, and no thread
+ * Threads: MHD runs HTTP_THREADS event loops (poll) over all the connections, and no thread
  * ever blocks on one request: an idle or slow connection costs a socket and a little memory,
  * never a thread. A request whose body is whole goes to the PREP_THREADS preparation threads
  * (JSON parsing, the chat template, tokenizing: the CPU-heavy part, never done on the event
@@ -69,7 +69,9 @@ struct waiter {
     struct waiter *prev, *next;
 };
 
-enum stage { ST_BODY, ST_PREP, ST_WAIT };
+/* A request's way once its body is in: settled (see on_request), prepared, waiting for its
+ * job (non-streamed). */
+enum stage { ST_BODY, ST_SETTLED, ST_PREP, ST_WAIT };
 
 /* Per request (MHD's con_cls). */
 struct request {
@@ -695,12 +697,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (rq->answered) return MHD_YES;
     switch (rq->stage) {
-    case ST_BODY: {
+    case ST_BODY:
+        /* MHD 0.9.75 keeps a suspended connection's poll state as it was and, resumed,
+         * reads before anything else: suspended in this call, it would still be reading the
+         * body, and take a half-closed client's end of file (sent right behind the request)
+         * for an abort. Answering nothing once lets it settle (nothing more to read). */
+        rq->stage = ST_SETTLED;
         if (rq->conn) {
             pthread_mutex_lock(&h->mu);
             rq->conn->busy = true;
             pthread_mutex_unlock(&h->mu);
         }
+        return MHD_YES;
+    case ST_SETTLED: {
         if (rq->too_big) {
             rq->answered = true;
             return too_large(s, c, rq);
@@ -853,10 +862,15 @@ anvil_status http_start(struct server *s) {
     if (gai != 0)
         return err_set(ANVIL_ERR_INVALID_ARG, "serve: cannot resolve host '%s': %s", s->opt.host,
                        gai_strerror(gai));
-    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    /* poll, not epoll: MHD 0.9.75's edge-triggered epoll loop misses an end of file that
+     * comes with the last bytes it reads (a client that half-closes right after its
+     * request, answered or not), and keeps the connection until a timeout; poll over a few
+     * hundred sockets a thread costs nothing that matters here */
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->daemon = MHD_start_daemon(
-        flags, (uint16_t)s->opt.port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        flags, (uint16_t)s->opt.port, NULL, NULL, on_request, h,
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)MIN(HTTP_THREADS, s->opt.max_connections),
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->opt.max_connections,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->opt.max_connections_per_ip,
@@ -864,7 +878,7 @@ anvil_status http_start(struct server *s) {
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
-        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_END);
+        MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->daemon)
         return err_set(ANVIL_ERR_IO, "serve: cannot listen on %s:%d (address in use, or not "

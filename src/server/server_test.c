@@ -1017,6 +1017,25 @@ static char *read_all(int fd) {
 /* A client that sends its whole request, then closes its sending side, is answered. */
 static void test_half_close(void **state) {
     (void)state;
+    /* short requests, sent with the end of file right behind them, ten times each: answered,
+     * and the connection closed at once after (not kept until a timeout) */
+    const char *quick[] = {"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+                           "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " KEY
+                           "\r\nContent-Length: 30\r\n\r\n{\"prompt\":\"hi\",\"max_tokens\":2}"};
+    for (int i = 0; i < 20; i++) {
+        int fd = connect_from(NULL);
+        assert_true(fd >= 0);
+        const char *q = quick[i % 2];
+        double t0 = now();
+        assert_int_equal(send(fd, q, strlen(q), 0), (ssize_t)strlen(q));
+        assert_int_equal(shutdown(fd, SHUT_WR), 0);
+        char *out = read_all(fd);
+        close(fd);
+        double dt = now() - t0;
+        if (!strstr(out, "HTTP/1.1 200 OK\r\n") || dt > 1.0 * SLOW)
+            fail_msg("half-closed request %d: %.2f s: %.200s", i, dt, out);
+        free(out);
+    }
     const char *bodies[] = {
         /* long enough for the watcher to see the end of file and probe (a tick is 20 ms) */
         "{\"prompt\":\"Hello there\",\"max_tokens\":" LONG_TOKENS ",\"temperature\":0,\"ignore_eos\":true}",
