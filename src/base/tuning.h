@@ -75,12 +75,10 @@ struct tuning {
     int vk_batch;            /* ANVIL_VK_BATCH */
     /* experiment */
     int vk_dq_max_mb;        /* ANVIL_VK_DQ_MAX_MB */
-    int vk_mmh;              /* ANVIL_VK_MMH */
     int vk_matvec_wg;        /* ANVIL_VK_MATVEC_WG */
     int vk_matvec_nr;        /* ANVIL_VK_MATVEC_NR */
     int vk_matvec_nr_q;      /* ANVIL_VK_MATVEC_NR_Q */
     int vk_matvec_nr_moe;    /* ANVIL_VK_MATVEC_NR_MOE (0: the kind's) */
-    int vk_matvec_pipe;      /* ANVIL_VK_MATVEC_PIPE */
     int vk_matvec_nr_kind[TUNE_WEIGHT_KINDS]; /* ANVIL_VK_MATVEC_NR_<T> (0: unset) */
     int vk_matvec_wg_kind[TUNE_WEIGHT_KINDS]; /* ANVIL_VK_MATVEC_WG_<T> (0: unset) */
     int vk_qx_nr[TUNE_QX_KINDS];   /* ANVIL_VK_QX_NR_<T> (0: the tuned shape) */
@@ -100,9 +98,7 @@ struct tuning {
     int vk_mega_rpc;         /* ANVIL_VK_MEGA_RPC */
     int vk_mega_pf;          /* ANVIL_VK_MEGA_PF */
     int vk_mega_pfq;         /* ANVIL_VK_MEGA_PFQ */
-    int vk_mega_qpipe;       /* ANVIL_VK_MEGA_QPIPE */
     int vk_mega_qlg;         /* ANVIL_VK_MEGA_QLG */
-    int vk_mega_lmhead;      /* ANVIL_VK_MEGA_LMHEAD */
     int vk_mega_attn;        /* ANVIL_VK_MEGA_ATTN */
     int vk_mega_skip;        /* ANVIL_VK_MEGA_SKIP */
     int vk_prefetch_wg;      /* ANVIL_VK_PREFETCH_WG (0: the rule) */

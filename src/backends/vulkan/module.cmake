@@ -65,7 +65,6 @@ set(ANVIL_SHADER_VARIANTS
   "dq_q5_k dq.comp -DW_Q5_K"
   "dq_q6_k dq.comp -DW_Q6_K"
   "mm_h_64x64_k32 mm_h.comp -DWM=2u -DTM=2u -DTN=1u -DBK=32u"
-  "mm_h_64x64_k64 mm_h.comp -DWM=2u -DTM=2u -DTN=1u -DBK=64u"
   "mm_h_moe mm_h.comp -DWM=1u -DTM=2u -DTN=1u -DBK=32u -DGATHER"
   "attn_flash attn_flash.comp -DANVIL"
   "qx qx.comp -DANVIL"

@@ -99,7 +99,6 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_VIT_ATTN] = KI(spv_vit, "vit_attention", VK_OP_NONE, 0, 4, SPECS_MODE),
     [K_ATTN_PREFILL] = KI(spv_attn_prefill, "attn_prefill", VK_OP_NONE, 0, 0, SPECS_ATTN_PREFILL),
     [K_MMH_64X64_K32] = KI(spv_mm_h_64x64_k32, "mm_h_64x64_k32", VK_OP_NONE, 0, 0, SPECS_NONE),
-    [K_MMH_64X64_K64] = KI(spv_mm_h_64x64_k64, "mm_h_64x64_k64", VK_OP_NONE, 0, 0, SPECS_NONE),
     [K_MMH_CM2] = KI(spv_mm_cm2, "mm_cm2", VK_OP_NONE, 0, 0, SPECS_NONE),
     [K_MMH_CM2_MOE] = KI(spv_mm_cm2_moe, "mm_cm2_experts", VK_OP_NONE, 0, 0, SPECS_NONE),
     [K_MMH_MOE] = KI(spv_mm_h_moe, "mm_h_experts", VK_OP_NONE, 0, 0, SPECS_NONE),
@@ -254,7 +253,7 @@ bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t val
     vals[SPEC_WG] = p->matvec_wg_kind[kind] ? p->matvec_wg_kind[kind] : p->matvec_wg;
     vals[MV_SPEC_NR] = float_rows(p, kind, mode);
     vals[MV_SPEC_MODE] = mode;
-    vals[MV_SPEC_PIPE] = p->matvec_pipe;
+    vals[MV_SPEC_PIPE] = 1; /* (2 lost: perf rule "big products at the roofline") */
     if (ki->qx) {
         int q = vk_qx_index(ki->dtype);
         vals[SPEC_WG] = p->qx_wg[q][mode];
@@ -291,7 +290,6 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
     out->mega_rpc = (uint32_t)t->vk_mega_rpc;
     out->mega_pf = (uint32_t)t->vk_mega_pf;
     out->mega_pfq = (uint32_t)t->vk_mega_pfq; /* MQX: slots of 64 weights a lane loads at a time */
-    out->mega_qpipe = t->vk_mega_qpipe; /* MQX: the next batch's loads before a batch is summed (lost on the H100) */
     out->mega_qlg = t->vk_mega_qlg;     /* MQX: rows of fewer slots than lanes taken by groups of lanes */
     /* shared memory: a product's input (16 KiB of floats; MQX: 24 KiB of int8 and their blocks' scales and sums),
      * the subgroups' sums and the phase records (1 KiB), the attention subgroups' rows in what is left, at most
@@ -347,7 +345,7 @@ static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, in
 static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum vk_kernel k, int attn_g, int attn_d) {
     const struct vk_kernel_info *ki = &kernels[k];
     switch (k) {
-    case K_MMH_64X64_K32: case K_MMH_64X64_K64: case K_MMH_MOE: return d->coopmat; /* needs the extension */
+    case K_MMH_64X64_K32: case K_MMH_MOE: return d->coopmat; /* needs the extension */
     case K_MMH_CM2: case K_MMH_CM2_MOE: return d->coopmat && d->coopmat2;
     case K_ATTN_FLASH: return d->coopmat && d->subgroup_shuffle && vk_flash_fits(attn_g, attn_d);
     case K_QX: case K_MMB_ROUND: return d->int_dot;
@@ -374,7 +372,6 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     out->matvec_nr = (uint32_t)t->vk_matvec_nr;
     out->matvec_nr_q = (uint32_t)t->vk_matvec_nr_q;
     out->matvec_nr_moe = (uint32_t)t->vk_matvec_nr_moe;
-    out->matvec_pipe = (uint32_t)t->vk_matvec_pipe;
     for (int i = 0; i < VK_WEIGHT_KINDS; i++) { /* (the knobs' arrays in weight-kind order, tuning.h) */
         out->matvec_nr_kind[i] = knob_nr(t->vk_matvec_nr_kind[i], 0);
         out->matvec_wg_kind[i] = knob_wg(d, t->vk_matvec_wg_kind[i], 0);
@@ -462,7 +459,6 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
             vals[MEGA_SPEC_LPR] = out->mega_lpr;
             vals[MEGA_SPEC_RPC] = out->mega_rpc;
             vals[MEGA_SPEC_PFQ] = out->mega_pfq;
-            vals[MEGA_SPEC_QPIPE] = out->mega_qpipe;
             vals[MEGA_SPEC_QLG] = out->mega_qlg;
             vals[MEGA_SPEC_QT] = ki->mode; /* MQX's weight types (1 << WT_) */
             n = MEGA_SPEC_QT + 1;

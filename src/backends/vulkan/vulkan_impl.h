@@ -214,9 +214,9 @@ enum vk_kernel {
     K_ROWS_NORM, K_ROWS_ROPE, K_ROWS_ADD, K_ROWS_SWIGLU, K_ROWS_KVWRITE, K_ROWS_SIGMUL, K_ROWS_NORM_ROPE,
     K_ROWS_IMAGE, /* rows.comp MODE 7: an image's embedding rows in place of token rows */
     K_ATTN_PREFILL,
-    /* float16 products on cooperative matrices (mm_h.comp), per tile shape (tokens x
-     * outputs, and weights of K per step), only where d->coopmat */
-    K_MMH_64X64_K32, K_MMH_64X64_K64,
+    /* float16 products on cooperative matrices (mm_h.comp; tiles of 64 tokens x 64 outputs,
+     * 32 weights of K per step), only where d->coopmat */
+    K_MMH_64X64_K32,
     /* the same on workgroup-scope matrices (mm_cm2.comp), only where d->coopmat2 */
     K_MMH_CM2, K_MMH_CM2_MOE, K_MMH_MOE /* the experts, rows gathered */,
     K_ATTN_FLASH, /* the prefill's causal attention on cooperative matrices (attn_flash.comp),
@@ -299,7 +299,7 @@ struct vk_pipelines {
     uint32_t attn_nsg;  /* and its subgroups per workgroup */
     uint32_t attn_lpr;  /* and its lanes a cache row (0: the shader's rule) */
     uint32_t attn_gs;   /* and the workgroups a kv head's query heads are split over */
-    uint32_t matvec_wg, matvec_nr, matvec_nr_q, matvec_pipe;
+    uint32_t matvec_wg, matvec_nr, matvec_nr_q;
     uint32_t matvec_nr_moe; /* the experts' kernels' rows per workgroup, 0: as the kind's */
     /* per weight kind, for tuning: ANVIL_VK_MATVEC_NR_<KIND> / _WG_<KIND> (KIND as in
      * the type's name, dtype_name: Q6_K), 0 where not set */
@@ -317,7 +317,7 @@ struct vk_pipelines {
      * weights a lane loads at a time, subgroups per workgroup taking attention units, rows a
      * subgroup multiplies at once, attention's lanes a row and rows a chunk; MQX: slots of 64
      * weights a lane loads at a time, the next batch's loads pipelined, lane groups (bools) */
-    uint32_t mega_grid, mega_wg, mega_pf, mega_asg, mega_r, mega_lpr, mega_rpc, mega_pfq, mega_qpipe, mega_qlg;
+    uint32_t mega_grid, mega_wg, mega_pf, mega_asg, mega_r, mega_lpr, mega_rpc, mega_pfq, mega_qlg;
 };
 
 /* Creates every pipeline; attention is specialised for G query heads per kv head and head

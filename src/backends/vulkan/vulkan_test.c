@@ -839,7 +839,7 @@ static void test_qx_kernels(void **state) {
         {"ANVIL_VK_QX_NR_Q8_0", "3"}, {"ANVIL_VK_QX_WG_Q8_0", "64"},  {"ANVIL_VK_QX_NR_Q4_K", "1"},
         {"ANVIL_VK_QX_PIPE_Q4_K", "2"}, {"ANVIL_VK_QX_NR_Q5_K", "4"}, {"ANVIL_VK_QX_WG_Q5_K", "256"},
         {"ANVIL_VK_QX_NR_Q6_K", "1"}, {"ANVIL_VK_QX_PIPE_Q6_K", "3"}, {"ANVIL_VK_MEGA_PFQ", "3"},
-        {"ANVIL_VK_MEGA_R", "4"}, {"ANVIL_VK_MEGA_QPIPE", "1"}, {"ANVIL_VK_QX_NR_Q4_K_SWIGLU", "3"},
+        {"ANVIL_VK_MEGA_R", "4"}, {"ANVIL_VK_QX_NR_Q4_K_SWIGLU", "3"},
     };
     size_t n_env = sizeof env / sizeof *env;
     for (size_t i = 0; i < n_env; i++) setenv(env[i][0], env[i][1], 1);

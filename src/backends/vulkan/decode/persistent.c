@@ -41,13 +41,12 @@ static uint32_t mega_kind(const struct vk_dispatch *d, int *type, bool attn) {
 /* Each run of float matvecs (one weight type) and attentions, of two dispatches or more,
  * becomes one mega.comp dispatch whose workgroups meet where the run had barriers (an
  * attention's chunks and their merge are two phases), but a product of the vocabulary's size
- * (ANVIL_VK_MEGA_LMHEAD=1 takes it in). For measuring: ANVIL_VK_MEGA_ATTN=0 leaves out the attentions,
+ * (the LM head). For measuring: ANVIL_VK_MEGA_ATTN=0 leaves out the attentions,
  * ANVIL_VK_MEGA_SKIP=MASK skips the work of phase kinds (bit kind - 1; wrong results). */
 anvil_status form_mega(struct vk_program *p) {
     const struct vk_pipelines *pl = &p->b->pl;
     if (!pl->mega_grid) return ANVIL_OK;
     const struct tuning *t = &p->b->d->tune;
-    bool lm = t->vk_mega_lmhead; /* the LM head's own kernel streams it faster (perf rule "persistent step for small models") */
     bool attn = t->vk_mega_attn;
     uint32_t skip = (uint32_t)t->vk_mega_skip;
     int n = p->n_ops, n_runs = 0, n_ph = 0;
@@ -59,7 +58,9 @@ anvil_status form_mega(struct vk_program *p) {
         for (; j < n; j++) {
             const struct vk_dispatch *d = &p->ops[j];
             uint32_t kind = mega_kind(d, &type, attn);
-            if (!kind || (!lm && kind == 1 && ((const struct pc_matvec *)d->push)->rows0 >= p->V)) break;
+            /* the LM head stays a dispatch: its own kernel streams it faster (perf rule
+             * "persistent step for small models") */
+            if (!kind || (kind == 1 && ((const struct pc_matvec *)d->push)->rows0 >= p->V)) break;
             nph += kind == 3 ? 2 : 1;
         }
         if ((j - i >= 2 || type == MEGA_MQX) && type >= 0) {

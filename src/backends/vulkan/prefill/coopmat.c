@@ -28,9 +28,8 @@ static anvil_status emit_tiles(struct vk_prefill *p, bool cm2, const struct pc_m
     if (cm2)
         return pf_emit_op(p, K_MMH_CM2, (pc->N + VK_CM2_BN - 1) / VK_CM2_BN, (pc->T + VK_CM2_BM - 1) / VK_CM2_BM, pc,
                           sizeof *pc);
-    const uint32_t *tile = mmh_tile[p->mmh];
-    return pf_emit_op(p, p->mmh ? K_MMH_64X64_K64 : K_MMH_64X64_K32, (pc->N + tile[1] - 1) / tile[1],
-                      (pc->T + tile[0] - 1) / tile[0], pc, sizeof *pc);
+    return pf_emit_op(p, K_MMH_64X64_K32, (pc->N + mmh_tile[1] - 1) / mmh_tile[1],
+                      (pc->T + mmh_tile[0] - 1) / mmh_tile[0], pc, sizeof *pc);
 }
 
 /* The waiting group of products on workgroup matrices: x to float16 (once for all of them),

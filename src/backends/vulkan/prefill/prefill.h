@@ -152,10 +152,10 @@ static const uint8_t unit_groups[VK_WEIGHT_KINDS] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 
  * perf rule "prefill on the matrix units" */
 static inline VkDeviceSize dq_scratch_max(const struct vk_device *d) { return (VkDeviceSize)d->tune.vk_dq_max_mb << 20; }
 
-/* mm_h.comp's tile shapes (tokens x outputs), in K_MMH_* order; ANVIL_VK_MMH=1 picks the
- * second (K walked 64 at a time instead of 32). On the H100 at pp512 (docs/perf/log.md §15):
- * 64x64 K32 3618 t/s, 64x64 K64 3541, 32x64 K32 2883, 64x128 K32 1525. */
-static const uint32_t mmh_tile[2][2] = {{64, 64}, {64, 64}};
+/* mm_h.comp's tile (tokens x outputs, K walked 32 at a time: K_MMH_64X64_K32). On the H100 at
+ * pp512 (perf rule "prefill on the matrix units"): 64x64 K32 3618 t/s, 64x64 K64 3541, 32x64
+ * K32 2883, 64x128 K32 1525. */
+static const uint32_t mmh_tile[2] = {64, 64};
 
 struct vk_prefill {
     struct vk_backend *b;
@@ -174,7 +174,6 @@ struct vk_prefill {
     struct vk_buffer part;     /* split products' partial sums (split_k) */
     struct vk_buffer gdn;      /* the chunked Gated DeltaNet's intermediates (gdn_chunk.comp) */
     struct vk_buffer mmbq;     /* small-batch products' inputs rounded to int8, then their scales */
-    int mmh;                   /* its tile shape: index into mmh_tile */
     /* products of one input waiting to be emitted together on workgroup matrices (q, k, v;
      * gate, up): their weights dequantised side by side into dq, then the products side by
      * side, so that small ones (8B's k and v: 32 tiles for 132 SMs) run beside a big one */

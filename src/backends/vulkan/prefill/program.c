@@ -102,7 +102,6 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     p->flash = p->f16 && b->pl.p[K_ATTN_FLASH] != VK_NULL_HANDLE && t->vk_flash;
     p->dq_emulate = !b->d->coopmat && t->vk_dq_emulate;
     if (st == ANVIL_OK && (b->d->coopmat || p->dq_emulate) && p->f16) {
-        p->mmh = t->vk_mmh;
         p->grp_max = t->vk_pf_group ? 4 : 1;
         VkDeviceSize max_run = 0, dq = pf_dq_scratch_size(b, &P, b->d->coopmat2 || p->dq_emulate, &max_run);
         if (t->vk_pf_hoist && p->grp_max > 1 && max_run) {

@@ -138,7 +138,6 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
     p->f16 = true;
     const struct tuning *t = &b->d->tune;
     p->dq_emulate = !b->d->coopmat && t->vk_dq_emulate;
-    p->mmh = t->vk_mmh;
     p->out_off = off[7];
     p->out_bytes = NB * (VkDeviceSize)d->E * 4;
     anvil_status st = vk_buffer_create(b->d, total, VK_MEM_DEVICE, "vision activations", &p->arena);

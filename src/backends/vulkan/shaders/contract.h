@@ -25,8 +25,8 @@
  *   LPR   lanes per cache row (attention); RPC cache rows per chunk; GS the workgroups a kv
  *         head's query heads are split over; G query heads per kv head; D head dimension
  *   PF    groups of 8 weights a lane loads at a time (MEGA); PFQ slots of 64 (MQX)
- *   QPIPE MQX: the next batch's loads issued before a batch is summed; QLG short rows taken
- *         by groups of lanes; QT the weight types an MQX kernel is compiled for
+ *   QLG   MQX: short rows taken by groups of lanes; QT the weight types an MQX kernel is
+ *         compiled for
  *   MMH   float16 products on cooperative matrices (mm_h.comp); CM2 on workgroup-scope
  *         matrices (VK_NV_cooperative_matrix2, mm_cm2.comp); DQ weights dequantised to
  *         float16 rows for them (dq.comp)
@@ -97,8 +97,7 @@
 #define MEGA_SPEC_LPR 7
 #define MEGA_SPEC_RPC 8
 #define MEGA_SPEC_PFQ 9
-#define MEGA_SPEC_QPIPE 10
-#define MEGA_SPEC_QLG 11
-#define MEGA_SPEC_QT 12
+#define MEGA_SPEC_QLG 10
+#define MEGA_SPEC_QT 11
 
 #endif

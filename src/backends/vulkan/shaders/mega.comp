@@ -63,7 +63,6 @@ const uint NV = 1u;
 #endif
 #ifdef MQX
 layout(constant_id = MEGA_SPEC_PFQ) const uint PFQ = 2u; /* MQX: slots of 64 weights a lane loads at a time */
-layout(constant_id = MEGA_SPEC_QPIPE) const bool QPIPE = true; /* MQX: the next batch's loads issued before a batch is summed */
 layout(constant_id = MEGA_SPEC_QLG) const bool QLG = true; /* MQX: rows shorter than SG slots taken by groups of lanes */
 layout(constant_id = MEGA_SPEC_QT) const uint QT = 7u;     /* MQX: the weight types compiled in (1 << WT_); the rest never run */
 const bool Q4K = (QT & 1u) != 0u, Q6K = (QT & 2u) != 0u, Q80 = (QT & 4u) != 0u;
@@ -776,26 +775,11 @@ void main() {
             float acc[R];
             for (uint s2 = 0u; s2 < R; s2++) acc[s2] = 0.0;
             uint T = nit * nbi;
-            if (QPIPE) {
-                /* the next batch's loads issued before a batch is summed, in two sets of registers in
-                 * turn (a copy from one to the other would wait for the loads) */
-                uvec4 r2[R][PFQ][4];
-                uint e2[R][PFQ];
-                for (uint t = 0u; t < T; t += 2u) {
-                    if (t + 1u < T)
-                        q_load_rows(b, kind, tasks, wt, gs, NS, ((t + 1u) / nbi) * step * ng, Kp, ((t + 1u) % nbi) * PFQ, lg,
-                                    r2, e2);
-                    q_batch(b, kind, tasks, wt, gs, NS, Kp, lg, nslot, nbi, step, flags, t, r, d6, acc);
-                    if (t + 2u < T)
-                        q_load_rows(b, kind, tasks, wt, gs, NS, ((t + 2u) / nbi) * step * ng, Kp, ((t + 2u) % nbi) * PFQ, lg,
-                                    r, d6);
-                    if (t + 1u < T) q_batch(b, kind, tasks, wt, gs, NS, Kp, lg, nslot, nbi, step, flags, t + 1u, r2, e2, acc);
-                }
-            } else {
-                for (uint t = 0u; t < T; t++) {
-                    if (t > 0u) q_load_rows(b, kind, tasks, wt, gs, NS, (t / nbi) * step * ng, Kp, (t % nbi) * PFQ, lg, r, d6);
-                    q_batch(b, kind, tasks, wt, gs, NS, Kp, lg, nslot, nbi, step, flags, t, r, d6, acc);
-                }
+            /* (the next batch's loads issued before a batch is summed, in a second set of registers,
+             * lost on the H100: perf rule "persistent step for small models") */
+            for (uint t = 0u; t < T; t++) {
+                if (t > 0u) q_load_rows(b, kind, tasks, wt, gs, NS, (t / nbi) * step * ng, Kp, (t % nbi) * PFQ, lg, r, d6);
+                q_batch(b, kind, tasks, wt, gs, NS, Kp, lg, nslot, nbi, step, flags, t, r, d6, acc);
             }
 #else
             uvec4 pre[R][PF][NV];
