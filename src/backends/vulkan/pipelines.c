@@ -422,86 +422,108 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     free(data);
     if ((st = vk_result(r, "vkCreatePipelineCache")) != ANVIL_OK) return st;
 
-    for (int k = 1; k < K_COUNT && st == ANVIL_OK; k++) {
-        if (!wanted(d, out, (enum vk_kernel)k, attn_g, attn_d)) continue;
-        VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0, kernels[k].size,
-                                       kernels[k].code};
-        VkShaderModule mod;
-        st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
-        if (st != ANVIL_OK) break;
-        uint32_t vals[14] = {0};
-        VkSpecializationMapEntry ent[14];
-        uint32_t n = 0;
-        const struct vk_kernel_info *ki = &kernels[k];
-        if (ki->specs == SPECS_QXV) {
-            qxv_spec(d, out, k, vals);
-            n = MV_SPEC_XM + 1;
-        } else if (ki->specs == SPECS_MATVEC) {
-            vk_matvec_spec(out, (enum vk_kernel)k, vals);
-            n = MV_SPEC_PIPE + 1;
-        } else if (ki->specs == SPECS_ATTN) {
-            vals[ATTN_SPEC_G] = (uint32_t)attn_g;
-            vals[ATTN_SPEC_D] = (uint32_t)attn_d;
-            vals[ATTN_SPEC_SG] = d->subgroup_size;
-            vals[ATTN_SPEC_WG] = out->attn_nsg * d->subgroup_size; /* workgroup: NSG subgroups */
-            vals[ATTN_SPEC_NSG] = out->attn_nsg;
-            vals[ATTN_SPEC_LPR] = out->attn_lpr;
-            vals[ATTN_SPEC_GS] = out->attn_gs;
-            n = ATTN_SPEC_GS + 1;
-        } else if (ki->specs == SPECS_MEGA) {
-            vals[SPEC_WG] = out->mega_wg;
-            vals[MEGA_SPEC_G] = (uint32_t)attn_g;
-            vals[MEGA_SPEC_D] = (uint32_t)attn_d;
-            vals[MEGA_SPEC_SG] = d->subgroup_size;
-            vals[MEGA_SPEC_PF] = out->mega_pf;
-            vals[MEGA_SPEC_ASG] = out->mega_asg;
-            vals[MEGA_SPEC_R] = out->mega_r;
-            vals[MEGA_SPEC_LPR] = out->mega_lpr;
-            vals[MEGA_SPEC_RPC] = out->mega_rpc;
-            vals[MEGA_SPEC_PFQ] = out->mega_pfq;
-            vals[MEGA_SPEC_QLG] = out->mega_qlg;
-            vals[MEGA_SPEC_QT] = ki->mode; /* MQX's weight types (1 << WT_) */
-            n = MEGA_SPEC_QT + 1;
-        } else if (ki->specs == SPECS_FLASH) {
-            vals[0] = (uint32_t)attn_g;
-            vals[1] = (uint32_t)attn_d;
-            n = 2;
-        } else if (ki->specs == SPECS_ATTN_PREFILL) {
-            vals[0] = (uint32_t)attn_g;
-            n = 1;
-        } else if (ki->specs == SPECS_MODE) { /* mm.comp, moe_topk.comp, moe_rows.comp, gdn.comp, rows.comp */
-            vals[SPEC_MODE] = ki->mode;
-            n = 1;
-        } else if (ki->specs == SPECS_MMB) { /* mmb.comp's rows a subgroup */
-            vals[SPEC_MODE] = (uint32_t)d->tune.vk_mmb_rs;
-            n = 1;
-        }
-        /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*) */
-        for (uint32_t i = 0; i < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};
-        ent[n] = (VkSpecializationMapEntry){SPEC_KV16, n * 4, 4}; /* common.glsl's KV16 */
-        vals[n++] = kv16;
-        VkSpecializationInfo si = {n, ent, n * 4, vals};
-        VkComputePipelineCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
-        pci.stage = (VkPipelineShaderStageCreateInfo){VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
-                                                      NULL, 0, VK_SHADER_STAGE_COMPUTE_BIT, mod, "main",
-                                                      n ? &si : NULL};
-        pci.layout = out->layout;
-        if (d->exec_stats) pci.flags = VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
-        VkResult r = vkCreateComputePipelines(d->dev, d->exec_stats ? VK_NULL_HANDLE : out->cache, 1, &pci, NULL,
-                                              &out->p[k]);
-        if (r != VK_SUCCESS && (k == K_MMH_CM2 || k == K_MMH_CM2_MOE)) {
-            /* the kernels compiled by another glslang than the build's (shaders/prebuilt): a
-             * driver that turns one down leaves those products on the subgroup matrices */
-            log_warn("vulkan: the driver refused %s (%d): those prefill products stay on subgroup matrices",
-                     kernels[k].name, (int)r);
-            out->p[k] = VK_NULL_HANDLE;
-            if (k == K_MMH_CM2) d->coopmat2 = false;
-            r = VK_SUCCESS;
-        }
-        st = vk_result(r, kernels[k].name);
-        if (st == ANVIL_OK && d->exec_stats && out->p[k]) print_exec_stats(d, out->p[k], kernels[k].name);
-        vkDestroyShaderModule(d->dev, mod, NULL);
+    out->kv16 = kv16;
+    /* the workgroup-matrix kernels now, where the device has them: the driver may refuse them
+     * (vk_pipeline_make), which the prefill's plan must know before it takes them */
+    if (wanted(d, out, K_MMH_CM2, attn_g, attn_d) && (st = vk_pipeline_make(d, out, K_MMH_CM2)) == ANVIL_OK)
+        st = vk_pipeline_make(d, out, K_MMH_CM2_MOE);
+    return st;
+}
+
+bool vk_pipeline_supported(const struct vk_device *d, const struct vk_pipelines *p, enum vk_kernel k) {
+    if (k <= K_NONE || k >= K_COUNT) return false;
+    if (k == K_MMH_CM2 || k == K_MMH_CM2_MOE) return p->p[k] != VK_NULL_HANDLE; /* made with the others */
+    return wanted(d, p, k, p->attn_g, p->attn_d);
+}
+
+/* Pipelines are made on first use: a session compiles only its model's kernels (of ~200), which
+ * on lavapipe, where each costs tens of milliseconds of SPIR-V to NIR and the validation
+ * layer's checks, was 79% of a small model's run (perf of `anvil eval` of the tiny reference
+ * model: 4.4 CPU-s, 0.7 made on first use) and most of the test suite's time; on a GPU the
+ * pipeline cache made either cheap. */
+anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enum vk_kernel k) {
+    if (k <= K_NONE || k >= K_COUNT || out->p[k] || out->refused[k]) return ANVIL_OK;
+    if (!wanted(d, out, k, out->attn_g, out->attn_d)) return ANVIL_OK;
+    int attn_g = out->attn_g, attn_d = out->attn_d;
+    bool kv16 = out->kv16;
+    VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0, kernels[k].size,
+                                   kernels[k].code};
+    VkShaderModule mod;
+    anvil_status st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
+    if (st != ANVIL_OK) return st;
+    uint32_t vals[14] = {0};
+    VkSpecializationMapEntry ent[14];
+    uint32_t n = 0;
+    const struct vk_kernel_info *ki = &kernels[k];
+    if (ki->specs == SPECS_QXV) {
+        qxv_spec(d, out, k, vals);
+        n = MV_SPEC_XM + 1;
+    } else if (ki->specs == SPECS_MATVEC) {
+        vk_matvec_spec(out, (enum vk_kernel)k, vals);
+        n = MV_SPEC_PIPE + 1;
+    } else if (ki->specs == SPECS_ATTN) {
+        vals[ATTN_SPEC_G] = (uint32_t)attn_g;
+        vals[ATTN_SPEC_D] = (uint32_t)attn_d;
+        vals[ATTN_SPEC_SG] = d->subgroup_size;
+        vals[ATTN_SPEC_WG] = out->attn_nsg * d->subgroup_size; /* workgroup: NSG subgroups */
+        vals[ATTN_SPEC_NSG] = out->attn_nsg;
+        vals[ATTN_SPEC_LPR] = out->attn_lpr;
+        vals[ATTN_SPEC_GS] = out->attn_gs;
+        n = ATTN_SPEC_GS + 1;
+    } else if (ki->specs == SPECS_MEGA) {
+        vals[SPEC_WG] = out->mega_wg;
+        vals[MEGA_SPEC_G] = (uint32_t)attn_g;
+        vals[MEGA_SPEC_D] = (uint32_t)attn_d;
+        vals[MEGA_SPEC_SG] = d->subgroup_size;
+        vals[MEGA_SPEC_PF] = out->mega_pf;
+        vals[MEGA_SPEC_ASG] = out->mega_asg;
+        vals[MEGA_SPEC_R] = out->mega_r;
+        vals[MEGA_SPEC_LPR] = out->mega_lpr;
+        vals[MEGA_SPEC_RPC] = out->mega_rpc;
+        vals[MEGA_SPEC_PFQ] = out->mega_pfq;
+        vals[MEGA_SPEC_QLG] = out->mega_qlg;
+        vals[MEGA_SPEC_QT] = ki->mode; /* MQX's weight types (1 << WT_) */
+        n = MEGA_SPEC_QT + 1;
+    } else if (ki->specs == SPECS_FLASH) {
+        vals[0] = (uint32_t)attn_g;
+        vals[1] = (uint32_t)attn_d;
+        n = 2;
+    } else if (ki->specs == SPECS_ATTN_PREFILL) {
+        vals[0] = (uint32_t)attn_g;
+        n = 1;
+    } else if (ki->specs == SPECS_MODE) { /* mm.comp, moe_topk.comp, moe_rows.comp, gdn.comp, rows.comp */
+        vals[SPEC_MODE] = ki->mode;
+        n = 1;
+    } else if (ki->specs == SPECS_MMB) { /* mmb.comp's rows a subgroup */
+        vals[SPEC_MODE] = (uint32_t)d->tune.vk_mmb_rs;
+        n = 1;
     }
+    /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*) */
+    for (uint32_t i = 0; i < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};
+    ent[n] = (VkSpecializationMapEntry){SPEC_KV16, n * 4, 4}; /* common.glsl's KV16 */
+    vals[n++] = kv16;
+    VkSpecializationInfo si = {n, ent, n * 4, vals};
+    VkComputePipelineCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+    pci.stage = (VkPipelineShaderStageCreateInfo){VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                                                  NULL, 0, VK_SHADER_STAGE_COMPUTE_BIT, mod, "main",
+                                                  n ? &si : NULL};
+    pci.layout = out->layout;
+    if (d->exec_stats) pci.flags = VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
+    VkResult r = vkCreateComputePipelines(d->dev, d->exec_stats ? VK_NULL_HANDLE : out->cache, 1, &pci, NULL,
+                                          &out->p[k]);
+    if (r != VK_SUCCESS && (k == K_MMH_CM2 || k == K_MMH_CM2_MOE)) {
+        /* the kernels compiled by another glslang than the build's (shaders/prebuilt): a
+         * driver that turns one down leaves those products on the subgroup matrices */
+        log_warn("vulkan: the driver refused %s (%d): those prefill products stay on subgroup matrices",
+                 kernels[k].name, (int)r);
+        out->p[k] = VK_NULL_HANDLE;
+        out->refused[k] = true;
+        if (k == K_MMH_CM2) d->coopmat2 = false;
+        r = VK_SUCCESS;
+    }
+    st = vk_result(r, kernels[k].name);
+    if (st == ANVIL_OK && d->exec_stats && out->p[k]) print_exec_stats(d, out->p[k], kernels[k].name);
+    vkDestroyShaderModule(d->dev, mod, NULL);
     return st;
 }
 

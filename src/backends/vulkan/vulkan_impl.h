@@ -272,8 +272,8 @@ const struct vk_kernel_info *vk_kernel_info(enum vk_kernel k);
 enum vk_kernel vk_kernel_for(enum vk_op op, int dtype);
 /* matvec.comp's product (op VK_OP_MATVEC) or SwiGLU (VK_OP_MATVEC_SWIGLU) on integer dot
  * products for weights of type dtype, as teams (QXT) or not, of an input rounded as xm says
- * (XM 0, 1, 2); K_NONE where there is none. Its pipeline exists where the device and the
- * decode take it (pl.p[k] != VK_NULL_HANDLE). */
+ * (XM 0, 1, 2); K_NONE where there is none. The device and the decode take it where
+ * vk_pipeline_supported says so. */
 enum vk_kernel vk_kernel_qx(enum vk_op op, int dtype, bool teams, int xm);
 
 #define VK_PUSH_BYTES 128
@@ -294,8 +294,12 @@ struct vk_pipelines {
     VkPipelineLayout layout; /* push constants only */
     VkPipelineCache cache;
     char cache_path[1024];
+    /* made on first use (vk_pipeline_make): VK_NULL_HANDLE until then, so never a test of
+     * whether the device takes a kernel (vk_pipeline_supported is) */
     VkPipeline p[K_COUNT];
+    bool refused[K_COUNT];  /* the driver turned it down (mm_cm2.comp's: shaders/prebuilt) */
     int attn_g, attn_d; /* the attention pipeline's specialisation */
+    bool kv16;          /* every pipeline's (common.glsl's KV16) */
     uint32_t attn_nsg;  /* and its subgroups per workgroup */
     uint32_t attn_lpr;  /* and its lanes a cache row (0: the shader's rule) */
     uint32_t attn_gs;   /* and the workgroups a kv head's query heads are split over */
@@ -320,10 +324,17 @@ struct vk_pipelines {
     uint32_t mega_grid, mega_wg, mega_pf, mega_asg, mega_r, mega_lpr, mega_rpc, mega_pfq, mega_qlg;
 };
 
-/* Creates every pipeline; attention is specialised for G query heads per kv head and head
- * dim D, and every pipeline for the attention caches' type (kv16: float16; common.glsl's
- * KV16). Loads/saves the pipeline cache in $XDG_CACHE_HOME/anvil (or ~/.cache/anvil). */
+/* Sets up the pipelines (their layout, cache and shapes; each pipeline is made on first use by
+ * vk_pipeline_make, but mm_cm2.comp's, made here where the device takes them); attention is
+ * specialised for G query heads per kv head and head dim D, and every pipeline for the
+ * attention caches' type (kv16: float16; common.glsl's KV16). Loads/saves the pipeline cache
+ * in $XDG_CACHE_HOME/anvil (or ~/.cache/anvil). */
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out);
+/* Whether kernel k runs on this device with these shapes (its pipeline made or still to make). */
+bool vk_pipeline_supported(const struct vk_device *d, const struct vk_pipelines *p, enum vk_kernel k);
+/* Makes kernel k's pipeline p->p[k] if it is not made yet and the device takes it (else it stays
+ * VK_NULL_HANDLE): before anything records a dispatch of it. */
+anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *p, enum vk_kernel k);
 void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p);
 /* matvec.comp's specialisation constants for kernel k, by id: SPEC_WG (workgroup size),
  * MV_SPEC_NR (rows per workgroup), MV_SPEC_MODE, MV_SPEC_PIPE (units per thread per

@@ -30,6 +30,11 @@ static anvil_status test_run(struct vk_backend *b, const struct test_dispatch *d
     if (st != ANVIL_OK) return st;
     VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
                                    VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
+    for (int i = 0; i < n && st == ANVIL_OK; i++) st = vk_pipeline_make(d, &b->pl, ds[i].k);
+    if (st != ANVIL_OK) {
+        vkFreeCommandBuffers(d->dev, d->pool, 1, &cb);
+        return st;
+    }
     vkBeginCommandBuffer(cb, &bi);
     if (zero_first) vkCmdFillBuffer(cb, zero_first, 0, VK_WHOLE_SIZE, 0);
     for (int i = 0; i < n; i++) {
@@ -91,7 +96,7 @@ anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, con
     if (st != ANVIL_OK) return st;
     int ka = vk_kernel_qx(wb ? VK_OP_MATVEC_SWIGLU : VK_OP_MATVEC, wa->type, true, 0),
         kc = vk_kernel_qx(VK_OP_MATVEC, wc->type, false, nw ? 2 : 1);
-    if (!b->pl.p[ka] || !b->pl.p[kc]) return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qxr_once: no pipelines");
+    if (!vk_pipeline_supported(b->d, &b->pl, ka) || !vk_pipeline_supported(b->d, &b->pl, kc)) return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qxr_once: no pipelines");
     for (int i = 0; i < 3 && st == ANVIL_OK; i++)
         if (ws[i]) st = vk_upload_tensor(b, ws[i]);
     if (st != ANVIL_OK) return st;
@@ -188,7 +193,7 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     anvil_status st = test_pipelines(b);
     if (st != ANVIL_OK) return st;
     int wt = mqx_wt(w->type);
-    if (out_mega && (wt < 0 || !b->pl.mega_grid || !b->pl.p[K_MEGA_QX]))
+    if (out_mega && (wt < 0 || !b->pl.mega_grid || !vk_pipeline_supported(b->d, &b->pl, K_MEGA_QX)))
         return err_set(ANVIL_ERR_UNSUPPORTED, "vk_qx_matvec_once: no persistent step for %s", dtype_name(w->type));
     if ((st = vk_upload_tensor(b, w)) != ANVIL_OK) return st;
     uint32_t K = (uint32_t)w->ne[0], N = (uint32_t)w->ne[1], Kq = (K + 255) / 256 * 256;

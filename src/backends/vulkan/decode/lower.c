@@ -142,7 +142,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         if (!pc.normw) pc.normw = pc.x;
         L->done[a] = L->done[b] = L->done[j] = true;
         pq.m = pc;
-        if (qxi >= 0 && L->p->b->pl.p[vk_kernel_qx(VK_OP_MATVEC_SWIGLU, type, true, xm)] &&
+        if (qxi >= 0 && vk_pipeline_supported(L->p->b->d, &L->p->b->pl, vk_kernel_qx(VK_OP_MATVEC_SWIGLU, type, true, xm)) &&
             (qx_round(L, j, pc.rows0, &pq) || qxt_consumer(L, type))) {
             qxt = true;
             kern_swiglu = vk_kernel_qx(VK_OP_MATVEC_SWIGLU, type, true, xm);
@@ -197,7 +197,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (!pc.res) pc.res = pc.o0;
     if (!pc.normw) pc.normw = pc.x;
     pq.m = pc;
-    if (qxi >= 0 && L->p->b->pl.p[vk_kernel_qx(VK_OP_MATVEC, type, true, xm)] &&
+    if (qxi >= 0 && vk_pipeline_supported(L->p->b->d, &L->p->b->pl, vk_kernel_qx(VK_OP_MATVEC, type, true, xm)) &&
         ((ng == 1 && n->ne[0] < L->p->V && qx_round(L, out_node, pc.rows0, &pq)) || qxt_consumer(L, type))) {
         qxt = true;
         kern = vk_kernel_qx(VK_OP_MATVEC, type, true, xm);

@@ -37,7 +37,7 @@ anvil_status add_prefetch(struct vk_program *p) {
     const struct vk_device *dev = p->b->d;
     bool nvidia = dev->props.vendorID == 0x10DE && dev->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU;
     double mb = dev->tune.vk_prefetch_mb >= 0 ? dev->tune.vk_prefetch_mb : nvidia ? 16 : 0;
-    if (!(mb > 0 && mb <= 4096) || !p->b->pl.p[K_PREFETCH]) return ANVIL_OK;
+    if (!(mb > 0 && mb <= 4096) || !vk_pipeline_supported(p->b->d, &p->b->pl, K_PREFETCH)) return ANVIL_OK;
     uint32_t wg_env = (uint32_t)dev->tune.vk_prefetch_wg;
     int n = p->n_ops, m = 0;
     struct vk_dispatch *ops = malloc(sizeof *ops * (size_t)n * 2);

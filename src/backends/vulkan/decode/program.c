@@ -130,7 +130,7 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
     p->V = (uint32_t)g->nodes[g->output].ne[0];
     const struct tuning *t = &b->d->tune;
     /* ANVIL_VK_MEGA_QX: 0 never, 1 whatever the products' sizes */
-    L.mega_qx = L.use_qx && b->pl.mega_grid && b->pl.p[K_MEGA_QX] && t->vk_mega_qx != 0 &&
+    L.mega_qx = L.use_qx && b->pl.mega_grid && vk_pipeline_supported(b->d, &b->pl, K_MEGA_QX) && t->vk_mega_qx != 0 &&
                 (t->vk_mega_qx == 1 || mqx_small(&L));
     L.qxr = L.use_qx && !L.mega_qx && t->vk_qxr; /* 0: no product rounds its outputs for the next (qx_round) */
     L.qxt_all = !L.qxr ? 0 : t->vk_qxt_all;

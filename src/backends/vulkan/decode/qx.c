@@ -81,7 +81,7 @@ bool qx_round_to(struct lower *L, int out, uint32_t rows, const struct node **no
         bool nrm = nm->op == OP_RMS_NORM && L->root[nm->src[0]] == out;
         if (r != out && !nrm) continue;
         enum vk_op op = swiglu_of(L, k) >= 0 ? VK_OP_MATVEC_SWIGLU : VK_OP_MATVEC;
-        if (!L->p->b->pl.p[vk_kernel_qx(op, N(L, m->src[1])->weight->type, false, nrm ? 2 : 1)]) return false;
+        if (!vk_pipeline_supported(L->p->b->d, &L->p->b->pl, vk_kernel_qx(op, N(L, m->src[1])->weight->type, false, nrm ? 2 : 1))) return false;
         *norm = nrm ? nm : NULL;
         return true;
     }

@@ -96,6 +96,10 @@ anvil_status record_profile(struct vk_program *p) {
 anvil_status record_program(struct vk_program *p) {
     struct vk_device *d = p->b->d;
     p->spb = d->tune.vk_batch;
+    /* the pipelines of the step's kernels (made on first use) */
+    anvil_status sp = vk_pipeline_make(d, &p->b->pl, K_SAMPLE);
+    for (int i = 0; i < p->n_ops && sp == ANVIL_OK; i++) sp = vk_pipeline_make(d, &p->b->pl, p->ops[i].k);
+    if (sp != ANVIL_OK) return sp;
     if (d->tune.vk_profile) {
         anvil_status st = record_profile(p);
         if (st != ANVIL_OK) return st;

@@ -74,7 +74,7 @@ uint64_t pf_addr(struct vk_prefill *p, struct graph_plan *P, int i) {
  * shared memory take Dk <= 128; ANVIL_VK_GDN_CHUNK=0 keeps the recurrent form. */
 static bool gdn_chunked(struct vk_prefill *p, const struct graph_plan *P, int i) {
     const struct node *n = &P->g->nodes[i];
-    return p->b->d->tune.vk_gdn_chunk && p->b->pl.p[K_GDNC_PREP] != VK_NULL_HANDLE && n->p.i[1] <= 128;
+    return p->b->d->tune.vk_gdn_chunk && vk_pipeline_supported(p->b->d, &p->b->pl, K_GDNC_PREP) && n->p.i[1] <= 128;
 }
 
 /* Bytes of gdn_chunk.comp's scratch for OP_GDN node i (its layout: the shader's off_*), 0
@@ -298,7 +298,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 struct pc_mmb mb = {pc.x, pc.w, pc.y, pc.res, 0, rows, Kx, ne0, pc.Kp8, pc.flags};
                 enum vk_kernel k = vk_kernel_for(VK_OP_MMB, wn->weight->type),
                                kq = vk_kernel_qx(VK_OP_MMB, wn->weight->type, false, 0);
-                if (kq != K_NONE && p->mmbq.buf && b->pl.p[kq]) {
+                if (kq != K_NONE && p->mmbq.buf && vk_pipeline_supported(b->d, &b->pl, kq)) {
                     /* on integer dot products: the rows rounded to int8 first (into mmbq: the
                      * int8s, then the scales) */
                     uint32_t Kp = pc.Kp8 * 8;

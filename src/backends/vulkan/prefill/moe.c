@@ -42,7 +42,7 @@ static bool moe_on_coopmat(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_
 /* Whether a mixture's experts run on workgroup-scope matrices (mm_cm2.comp MOE) over their
  * rows laid out compact (moe_rows.comp); ANVIL_VK_MOE_CM2=0 keeps mm_h.comp's gathered tiles */
 static bool moe_compact(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_t F) {
-    return moe_on_coopmat(p, T, C, F) && p->xh.buf != VK_NULL_HANDLE && p->b->pl.p[K_MMH_CM2_MOE] != VK_NULL_HANDLE &&
+    return moe_on_coopmat(p, T, C, F) && p->xh.buf != VK_NULL_HANDLE && vk_pipeline_supported(p->b->d, &p->b->pl, K_MMH_CM2_MOE) &&
            C % 8 == 0 && F % 8 == 0 && p->b->d->tune.vk_moe_cm2;
 }
 

@@ -32,6 +32,7 @@ anvil_status pf_record(struct vk_prefill *p) {
     VkPipeline bound = VK_NULL_HANDLE;
     for (int i = 0; i < p->n_ops; i++) {
         const struct pf_op *o = &p->ops[i];
+        if ((st = vk_pipeline_make(p->b->d, &p->b->pl, o->k)) != ANVIL_OK) return st;
         if (!o->overlap) barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
         VkPipeline pl = p->b->pl.p[o->k];
         if (pl != bound) vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pl);
@@ -99,7 +100,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     const struct tuning *t = &b->d->tune;
     p->f16 = true;
     for (int i = 0; i < n; i++) p->f16 &= g->nodes[i].op != OP_GDN || t->vk_hybrid_f16;
-    p->flash = p->f16 && b->pl.p[K_ATTN_FLASH] != VK_NULL_HANDLE && t->vk_flash;
+    p->flash = p->f16 && vk_pipeline_supported(b->d, &b->pl, K_ATTN_FLASH) && t->vk_flash;
     p->dq_emulate = !b->d->coopmat && t->vk_dq_emulate;
     if (st == ANVIL_OK && (b->d->coopmat || p->dq_emulate) && p->f16) {
         p->grp_max = t->vk_pf_group ? 4 : 1;
