@@ -75,6 +75,16 @@ int32_t anvil_model_vocab_size(const anvil_model *model);
 /* Writes a human-readable description (architecture, shapes, tensor types and bytes) into
  * buf (NUL-terminated, truncated to cap). Returns the length it needed. */
 size_t anvil_model_describe(const anvil_model *model, char *buf, size_t cap);
+/* What a model is, in numbers (llama-bench's model_type, model_size, model_n_params). */
+typedef struct anvil_model_info {
+    char description[96];     /* "qwen3 0.6B BF16": architecture, size, most weights' type */
+    const char *architecture; /* "qwen3", "qwen3_moe", ... (static) */
+    uint64_t n_params;        /* parameters */
+    uint64_t n_bytes;         /* the weights' bytes as stored */
+    uint64_t n_bytes_per_token; /* weight bytes one decode step reads (an MoE's used experts) */
+    int32_t n_ctx_train;      /* the context it was trained for (0: unknown) */
+} anvil_model_info;
+void anvil_model_get_info(const anvil_model *model, anvil_model_info *out);
 
 typedef enum anvil_backend_kind {
     ANVIL_BACKEND_AUTO = 0, /* Vulkan when a device is present, else CPU */

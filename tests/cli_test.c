@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "testutil.h"
 
 static void expect_fail(const char *args, const char *needle) {
@@ -177,6 +179,172 @@ static void test_bench_parallel(void **state) {
     free(err);
 }
 
+/* "anvil ARGS"'s stdout (exit 0 asserted); caller frees. */
+static char *out_of(const char *args) {
+    char *out = NULL, *err = NULL;
+    int rc = tu_run_anvil(&out, &err, "%s", args);
+    if (rc != 0) fail_msg("anvil %s: rc %d, stderr \"%s\"", args, rc, err ? err : "");
+    free(err);
+    return out;
+}
+
+/* Options as getopt_long takes them: --flag=value, -n2 and bundled short flags mean what the
+ * separate words mean; a value is never taken for a flag, even one that starts with '-'; a
+ * switch given a value is an error. */
+static void test_option_forms(void **state) {
+    (void)state;
+    char *a = out_of("eval -m synthetic:qwen3-tiny --backend cpu --prompt-ids 5,6,7 -n 4");
+    static const char *forms[] = {
+        "eval -m synthetic:qwen3-tiny --backend=cpu --prompt-ids=5,6,7 -n4",
+        "eval -msynthetic:qwen3-tiny --backend=cpu --prompt-ids 5,6,7 -n 4 -c64",
+        "eval --model=synthetic:qwen3-tiny --backend cpu --prompt-ids=5,6,7 -n 4",
+    };
+    for (size_t i = 0; i < sizeof forms / sizeof *forms; i++) {
+        char *b = out_of(forms[i]);
+        if (strcmp(a, b)) fail_msg("anvil %s printed %s, not %s", forms[i], b, a);
+        free(b);
+    }
+    free(a);
+    /* -h bundled before -m: the usage; a switch's "=value" refused */
+    a = out_of("run -hm x");
+    assert_non_null(strstr(a, "usage: anvil run"));
+    free(a);
+    expect_fail("run -m x -p hi --raw=1", "--raw takes no value");
+    expect_fail("eval -m synthetic:qwen3-tiny --backend cpu --prompt-ids 1 -c4 -n8", "context full");
+    /* a value that starts with '-' stays a value */
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "tokenize -m %s -p -hm", tu_testdata("reference/qwen3-small"));
+    a = out_of(cmd);
+    char *b = NULL;
+    assert_int_equal(tu_run_anvil(&b, NULL, "tokenize -m %s < /dev/null", tu_testdata("reference/qwen3-small")), 0);
+    assert_true(strlen(a) > 1 && strcmp(a, b));
+    free(a);
+    free(b);
+}
+
+/* anvil --version; anvil help CMD prints what CMD --help prints; every --help shows the
+ * defaults of the generation options. */
+static void test_version_and_help(void **state) {
+    (void)state;
+    char *v = out_of("--version");
+    assert_true(!strncmp(v, "anvil ", 6) && v[6] >= '0' && v[6] <= '9');
+    free(v);
+    const char *cmds[] = {"bench", "eval", "info", "tokenize", "template", "run", "chat", "quantize", "serve", "ops"};
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        char args[64];
+        snprintf(args, sizeof args, "help %s", cmds[i]);
+        char *a = out_of(args);
+        snprintf(args, sizeof args, "%s --help", cmds[i]);
+        char *b = out_of(args);
+        assert_string_equal(a, b);
+        free(a);
+        free(b);
+    }
+    expect_fail("help frobnicate", "unknown command");
+    char *run = out_of("run --help"), *chat = out_of("chat --help");
+    static const char *want[] = {"temperature (default 0.6", "--top-k K           (default 20", "--top-p P  (default 0.95)",
+                                 "--thinking on|off   (default on", "--repeat-last-n N  (default 64)"};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        if (!strstr(run, want[i])) fail_msg("run --help lacks \"%s\":\n%s", want[i], run);
+        if (!strstr(chat, want[i])) fail_msg("chat --help lacks \"%s\":\n%s", want[i], chat);
+    }
+    assert_non_null(strstr(run, "most tokens to generate (default 512)"));
+    assert_non_null(strstr(chat, "most tokens to generate (default 4096)"));
+    free(run);
+    free(chat);
+}
+
+/* tokenize -p TEXT encodes TEXT as stdin would be; a context longer than the model's trained
+ * one runs, with a warning naming both. */
+static void test_tokenize_text_and_long_context(void **state) {
+    (void)state;
+    char *a = NULL, *b = NULL;
+    const char *small = tu_testdata("reference/qwen3-small");
+    assert_int_equal(tu_run_anvil(&a, NULL, "tokenize -m %s -p 'Hello world, again'", small), 0);
+    char *dir = tu_tmpdir(), path[1024];
+    snprintf(path, sizeof path, "%s/text", dir);
+    tu_write_file(path, "Hello world, again", 18);
+    assert_int_equal(tu_run_anvil(&b, NULL, "tokenize -m %s < %s", small, path), 0);
+    assert_true(strlen(a) > 2);
+    assert_string_equal(a, b);
+    tu_rmdir(dir);
+    free(dir);
+    free(a);
+    free(b);
+    char *err = NULL;
+    setenv("ANVIL_LOG", "warn", 1);
+    assert_int_equal(tu_run_anvil(NULL, &err, "eval -m synthetic:qwen3-tiny --backend cpu -c 40961 --prompt-ids 1"), 0);
+    assert_non_null(strstr(err, "a context of 40961 tokens is longer than the 40960 the model was trained on"));
+    free(err);
+    assert_int_equal(tu_run_anvil(NULL, &err, "eval -m synthetic:qwen3-tiny --backend cpu -c 40960 --prompt-ids 1"), 0);
+    assert_null(strstr(err, "trained on"));
+    free(err);
+    setenv("ANVIL_LOG", "error", 1);
+}
+
+/* anvil bench as llama-bench's users expect: value lists and depths (every pp and tg test at
+ * every depth), -o json (cJSON: the model's bytes and parameters exactly as anvil info counts
+ * them, its description), jsonl and csv; the CPU's short default run says what it runs. */
+static void test_bench(void **state) {
+    (void)state;
+    char *info = out_of("info -m synthetic:qwen3-tiny");
+    unsigned long long params = 0, bytes = 0;
+    const char *p = strstr(info, "parameters:");
+    assert_non_null(p);
+    assert_int_equal(sscanf(strchr(p, '(') + 1, "%llu", &params), 1);
+    p = strstr(info, "size:");
+    assert_non_null(p);
+    assert_int_equal(sscanf(strchr(p, '(') + 1, "%llu", &bytes), 1);
+    free(info);
+    const char *args = "bench -m synthetic:qwen3-tiny --backend cpu -p 8,16 -n 4 -d 0,8 -r 2";
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "%s -o json", args);
+    char *out = out_of(cmd);
+    cJSON *arr = cJSON_Parse(out);
+    if (!cJSON_IsArray(arr)) fail_msg("not a JSON array: %s", out);
+    assert_int_equal(cJSON_GetArraySize(arr), 6);
+    static const int want[6][3] = {{8, 0, 0}, {16, 0, 0}, {0, 4, 0}, {8, 0, 8}, {16, 0, 8}, {0, 4, 8}};
+    for (int i = 0; i < 6; i++) {
+        const cJSON *t = cJSON_GetArrayItem(arr, i);
+        assert_int_equal(cJSON_GetObjectItem(t, "n_prompt")->valuedouble, want[i][0]);
+        assert_int_equal(cJSON_GetObjectItem(t, "n_gen")->valuedouble, want[i][1]);
+        assert_int_equal(cJSON_GetObjectItem(t, "n_depth")->valuedouble, want[i][2]);
+        assert_true(cJSON_GetObjectItem(t, "model_size")->valuedouble == (double)bytes);
+        assert_true(cJSON_GetObjectItem(t, "model_n_params")->valuedouble == (double)params);
+        assert_string_equal(cJSON_GetObjectItem(t, "model_type")->valuestring, "qwen3 361K BF16");
+        assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(t, "samples_ts")), 2);
+        assert_true(cJSON_GetObjectItem(t, "avg_ts")->valuedouble > 0);
+    }
+    cJSON_Delete(arr);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s -o jsonl", args);
+    out = out_of(cmd);
+    int lines = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"), lines++) {
+        cJSON *o = cJSON_Parse(line);
+        assert_true(cJSON_IsObject(o));
+        cJSON_Delete(o);
+    }
+    assert_int_equal(lines, 6);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s -o csv", args);
+    out = out_of(cmd);
+    lines = 0;
+    for (char *c = out; *c; c++) lines += *c == '\n';
+    assert_int_equal(lines, 7);
+    assert_true(!strncmp(out, "model_filename,model_type,model_size,model_n_params,", 52));
+    free(out);
+    expect_fail("bench -m synthetic:qwen3-tiny -o xml", "-o must be md, json, jsonl or csv");
+    expect_fail("bench -m synthetic:qwen3-tiny -p 1,x", "bad -p \"1,x\"");
+    /* the CPU's default run: short, and it says so */
+    char *err = NULL;
+    assert_int_equal(tu_run_anvil(&out, &err, "bench -m synthetic:qwen3-tiny --backend cpu"), 0);
+    assert_non_null(strstr(err, "the default run is short: pp64, tg16, 2 repetitions"));
+    assert_non_null(strstr(out, "| pp64 |"));
+    free(out);
+    free(err);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
@@ -184,6 +352,10 @@ int main(void) {
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_block_types),
         cmocka_unit_test(test_bench_parallel),
+        cmocka_unit_test(test_option_forms),
+        cmocka_unit_test(test_version_and_help),
+        cmocka_unit_test(test_tokenize_text_and_long_context),
+        cmocka_unit_test(test_bench),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

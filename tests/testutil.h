@@ -14,7 +14,10 @@
 /* Reads a whole file; NULL if missing. Caller frees. */
 char *tu_read_file(const char *path, size_t *len);
 /* Path under the reference data: tu_testdata("reference/qwen3-tiny/golden.json"); static buffer
- * rotated among 8 slots. */
+ * rotated among 8 slots. Without the reference data (../shared/testdata) the test program ends
+ * there, skipped: one line saying what is missing and where it comes from, exit TU_SKIP (ctest's
+ * SKIP_RETURN_CODE). */
+#define TU_SKIP 77
 const char *tu_testdata(const char *rel);
 /* Runs "anvil ARGS" through the shell; captures stdout (and stderr) into new strings.
  * Returns the exit status. */

@@ -111,6 +111,33 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
     return len;
 }
 
+void anvil_model_get_info(const anvil_model *m, anvil_model_info *out) {
+    const struct model_file *mf = m->file;
+    memset(out, 0, sizeof *out);
+    out->architecture = arch_name(mf->hp.arch);
+    model_file_totals(mf, &out->n_bytes, &out->n_params);
+    out->n_bytes_per_token = model_file_bytes_per_token(mf);
+    out->n_ctx_train = mf->hp.n_ctx_train;
+    uint64_t tbytes[DT_COUNT] = {0};
+    int top = -1;
+    for (int i = 0; i < mf->n_tensors; i++) {
+        int t = mf->tensors[i].type;
+        if (t < 0 || t >= DT_COUNT) continue;
+        tbytes[t] += mf->tensors[i].size;
+        if (top < 0 || tbytes[t] > tbytes[top]) top = t;
+    }
+    /* the size as llama.cpp names it: 0.6B, 8B, 30B; the tiny test models in M or K */
+    double p = (double)out->n_params;
+    char size[32];
+    if (p >= 9.5e9) snprintf(size, sizeof size, "%.0fB", p / 1e9);
+    else if (p >= 1e9) snprintf(size, sizeof size, "%.1fB", p / 1e9);
+    else if (p >= 1e8) snprintf(size, sizeof size, "%.1fB", p / 1e9);
+    else if (p >= 1e6) snprintf(size, sizeof size, "%.0fM", p / 1e6);
+    else snprintf(size, sizeof size, "%.0fK", p / 1e3);
+    snprintf(out->description, sizeof out->description, "%s %s %s", out->architecture, size,
+             top >= 0 ? dtype_name(top) : "?");
+}
+
 anvil_session_params anvil_session_default_params(void) {
     anvil_session_params p = {ANVIL_BACKEND_AUTO, -1, 0, 0, ANVIL_KV_DEFAULT, 0, 0, 0};
     return p;
@@ -134,6 +161,10 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     const struct hparams *hp = &model->file->hp;
     if (p.n_ctx < 0) return keep_err(model->err, err_set(ANVIL_ERR_INVALID_ARG, "negative context size"));
     int n_ctx = p.n_ctx ? p.n_ctx : (hp->n_ctx_train > 0 ? MIN(hp->n_ctx_train, 4096) : 4096);
+    /* (as llama.cpp: allowed, but positions past the trained ones are untested RoPE angles) */
+    if (hp->n_ctx_train > 0 && n_ctx > hp->n_ctx_train)
+        log_warn("a context of %d tokens is longer than the %d the model was trained on: past %d "
+                 "tokens its output may degrade", n_ctx, hp->n_ctx_train, hp->n_ctx_train);
     anvil_session *s = xcalloc(1, sizeof *s);
     if (!s) return keep_err(model->err, ANVIL_ERR_NOMEM);
     s->model = model;

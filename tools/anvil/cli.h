@@ -65,6 +65,11 @@ anvil_status render_turn(anvil_tokenizer *tok, const char *system, const char *u
 /* anvil bench --parallel LIST (bench_parallel.c): aggregate decode t/s of LIST's counts of
  * sequences at once, prompts of P tokens, N generated each; md or json on stdout. */
 int bench_parallel(const struct common_opts *co, const char *list, int P, int N, bool json);
+/* argv (argv[0] the command's name) with options as getopt_long takes them (--temp=0.5, -n2,
+ * bundled short flags) rewritten as separate words, into *out (one free()); the new argc, or
+ * -1 with a message printed. */
+int cli_normalize_args(const char *cmd, int argc, char **argv, char ***out);
+
 int cmd_eval(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);

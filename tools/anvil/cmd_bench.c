@@ -1,24 +1,30 @@
 /*
- * anvil bench [-m MODEL] [-p 512] [-n 128] [-r 5] [-o md|json] [--temp T --top-k K --top-p P
- *             --min-p P --repeat-penalty R --seed S]
+ * anvil bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-r 5] [-o md|json|jsonl|csv]
+ *             [--temp T --top-k K --top-p P --min-p P --repeat-penalty R --seed S] [--trace]
  *
- * llama-bench's two tests: pp (prompt processing: one prefill of P tokens) and tg (text
- * generation: N single-token decode steps), each repeated r times after an untimed warm-up,
- * reported as tokens/s mean ± stddev. tg also reports ms/token and the weight bytes streamed
- * per second (those one decode step reads: the used experts of an MoE, one embedding row). With no -m it benchmarks synthetic:qwen3-0.6b.
- * tg is greedy unless the sampling options are given (then it measures the sampling chain:
- * on Vulkan, sample.comp in the decode program instead of the argmax).
+ * llama-bench's tests: pp P (prompt processing: one prefill of P tokens) and tg N (text
+ * generation: N single-token decode steps), each at depth D (that many tokens already in the
+ * cache, prefilled untimed), each repeated r times after an untimed warm-up, reported as
+ * tokens/s mean ± stddev. -p, -n and -d take lists (-p 128,512 -n 64,128 -d 0,4096): every
+ * pp and tg test at every depth. tg also reports ms/token and the weight bytes streamed per
+ * second (those one decode step reads: the used experts of an MoE, one embedding row). With
+ * no -m it benchmarks synthetic:qwen3-0.6b. tg is greedy unless the sampling options are
+ * given (then it measures the sampling chain: on Vulkan, sample.comp in the decode program
+ * instead of the argmax). -o json, jsonl and csv carry llama-bench's fields (model_type,
+ * model_size in bytes, model_n_params, n_prompt, n_gen, n_depth, avg_ts, samples_ts, ...).
  * --image FILE [--mmproj M]: instead, one image (Qwen3.5 / 3.6): its encoding alone (the
  * vision tower, after a warm-up that uploads it) and the time to the first token of a prompt
  * of the image between two text tokens, r times each; --mmproj synthetic gives a tower of the
  * real shapes with random weights (with synthetic:qwen3.6-* models).
  */
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -26,82 +32,6 @@ static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-struct result {
-    const char *test;
-    int n_prompt, n_gen;
-    double *ts; /* tokens/s per repetition */
-    int reps;
-    double mean, sd;
-};
-
-static void stats(struct result *r) {
-    double s = 0, ss = 0;
-    for (int i = 0; i < r->reps; i++) s += r->ts[i];
-    r->mean = s / r->reps;
-    for (int i = 0; i < r->reps; i++) ss += (r->ts[i] - r->mean) * (r->ts[i] - r->mean);
-    r->sd = r->reps > 1 ? sqrt(ss / (r->reps - 1)) : 0;
-}
-
-/* The image test (--image): encoding alone, then the first token after [t, image, t]. */
-static int bench_image(anvil_model *m, anvil_session *s, const char *model, const char *mmproj, const char *path,
-                       int reps) {
-    anvil_image *img = NULL;
-    if (mmproj && anvil_model_load_vision(m, mmproj) != ANVIL_OK) return fail("%s", anvil_model_errmsg(m));
-    if (anvil_image_load(m, path, &img) != ANVIL_OK) return fail("%s", anvil_model_errmsg(m));
-    int n_tok = anvil_image_tokens(img), rows, cols, grid[3];
-    anvil_image_pixels(img, &rows, &cols, grid);
-    float *embd = malloc((size_t)n_tok * (size_t)anvil_model_width(m) * sizeof *embd);
-    double *enc = calloc((size_t)reps, sizeof *enc), *ttft = calloc((size_t)reps, sizeof *ttft);
-    int32_t prompt[3] = {1, anvil_model_image_token(m), 2};
-    anvil_generate_params gp = {0};
-    gp.max_tokens = 1;
-    gp.sampling = anvil_sampling_default();
-    gp.sampling.temperature = 0;
-    int rc = 1;
-    if (!embd || !enc || !ttft) {
-        fail("out of memory");
-        goto done;
-    }
-    if (anvil_session_image_embeddings(s, img, embd) != ANVIL_OK) goto bad; /* warm-up: the upload */
-    for (int r = 0; r < reps; r++) {
-        double t0 = now();
-        if (anvil_session_image_embeddings(s, img, embd) != ANVIL_OK) goto bad;
-        enc[r] = (now() - t0) * 1e3;
-    }
-    for (int r = -1; r < reps; r++) {
-        anvil_session_reset(s);
-        double t0 = now();
-        if (anvil_session_generate_images(s, prompt, 3, &img, 1, &gp, NULL, NULL, NULL) != ANVIL_OK) goto bad;
-        if (r >= 0) ttft[r] = (now() - t0) * 1e3;
-    }
-    struct result e = {"encode", 0, 0, enc, reps, 0, 0}, t = {"ttft", 0, 0, ttft, reps, 0, 0};
-    stats(&e);
-    stats(&t);
-    printf("| model | backend | image grid | patches | tokens | encode ms | first token ms |\n");
-    printf("| --- | --- | --- | ---: | ---: | ---: | ---: |\n");
-    printf("| %s | %s | %dx%d | %d | %d | %.2f ± %.2f | %.2f ± %.2f |\n", model, anvil_session_backend_name(s),
-           grid[1], grid[2], rows, n_tok, e.mean, e.sd, t.mean, t.sd);
-    rc = 0;
-    goto done;
-bad:
-    fail("%s", anvil_session_errmsg(s));
-done:
-    free(embd);
-    free(enc);
-    free(ttft);
-    anvil_image_free(img);
-    return rc;
-}
-
-/* One timed pp run: prefill P tokens from an empty cache. */
-static bool run_pp(anvil_session *s, const int32_t *toks, int P, float *logits, double *secs) {
-    anvil_session_reset(s);
-    double t0 = now();
-    if (anvil_session_eval(s, toks, P, ANVIL_LOGITS_LAST, logits) != ANVIL_OK) return false;
-    *secs = now() - t0;
-    return true;
 }
 
 static double cpu_now(clockid_t clock) {
@@ -176,13 +106,91 @@ static double tg_cpu_seconds, tg_thread_cpu_seconds;
 /* how tg chooses its tokens (greedy unless --temp etc.) */
 static anvil_sampling tg_sampling;
 
-/* One timed tg run: N greedy tokens generated after a P-token prompt (untimed), through
- * anvil_session_generate (the backend's device loop where it has one). */
-static bool run_tg(anvil_session *s, const int32_t *toks, int P, int N, double *secs) {
+
+struct result {
+    const char *test;
+    int n_prompt, n_gen;
+    double *ts; /* tokens/s per repetition */
+    int reps;
+    double mean, sd;
+};
+
+static void stats(struct result *r) {
+    double s = 0, ss = 0;
+    for (int i = 0; i < r->reps; i++) s += r->ts[i];
+    r->mean = s / r->reps;
+    for (int i = 0; i < r->reps; i++) ss += (r->ts[i] - r->mean) * (r->ts[i] - r->mean);
+    r->sd = r->reps > 1 ? sqrt(ss / (r->reps - 1)) : 0;
+}
+
+/* The image test (--image): encoding alone, then the first token after [t, image, t]. */
+static int bench_image(anvil_model *m, anvil_session *s, const char *model, const char *mmproj, const char *path,
+                       int reps) {
+    anvil_image *img = NULL;
+    if (mmproj && anvil_model_load_vision(m, mmproj) != ANVIL_OK) return fail("%s", anvil_model_errmsg(m));
+    if (anvil_image_load(m, path, &img) != ANVIL_OK) return fail("%s", anvil_model_errmsg(m));
+    int n_tok = anvil_image_tokens(img), rows, cols, grid[3];
+    anvil_image_pixels(img, &rows, &cols, grid);
+    float *embd = malloc((size_t)n_tok * (size_t)anvil_model_width(m) * sizeof *embd);
+    double *enc = calloc((size_t)reps, sizeof *enc), *ttft = calloc((size_t)reps, sizeof *ttft);
+    int32_t prompt[3] = {1, anvil_model_image_token(m), 2};
+    anvil_generate_params gp = {0};
+    gp.max_tokens = 1;
+    gp.sampling = anvil_sampling_default();
+    gp.sampling.temperature = 0;
+    int rc = 1;
+    if (!embd || !enc || !ttft) {
+        fail("out of memory");
+        goto done;
+    }
+    if (anvil_session_image_embeddings(s, img, embd) != ANVIL_OK) goto bad; /* warm-up: the upload */
+    for (int r = 0; r < reps; r++) {
+        double t0 = now();
+        if (anvil_session_image_embeddings(s, img, embd) != ANVIL_OK) goto bad;
+        enc[r] = (now() - t0) * 1e3;
+    }
+    for (int r = -1; r < reps; r++) {
+        anvil_session_reset(s);
+        double t0 = now();
+        if (anvil_session_generate_images(s, prompt, 3, &img, 1, &gp, NULL, NULL, NULL) != ANVIL_OK) goto bad;
+        if (r >= 0) ttft[r] = (now() - t0) * 1e3;
+    }
+    struct result e = {"encode", 0, 0, enc, reps, 0, 0}, t = {"ttft", 0, 0, ttft, reps, 0, 0};
+    stats(&e);
+    stats(&t);
+    printf("| model | backend | image grid | patches | tokens | encode ms | first token ms |\n");
+    printf("| --- | --- | --- | ---: | ---: | ---: | ---: |\n");
+    printf("| %s | %s | %dx%d | %d | %d | %.2f ± %.2f | %.2f ± %.2f |\n", model, anvil_session_backend_name(s),
+           grid[1], grid[2], rows, n_tok, e.mean, e.sd, t.mean, t.sd);
+    rc = 0;
+    goto done;
+bad:
+    fail("%s", anvil_session_errmsg(s));
+done:
+    free(embd);
+    free(enc);
+    free(ttft);
+    anvil_image_free(img);
+    return rc;
+}
+
+/* One timed pp run: prefill P tokens after D untimed ones, from an empty cache. */
+static bool run_pp(anvil_session *s, const int32_t *toks, int D, int P, float *logits, double *secs) {
     anvil_session_reset(s);
-    if (P > 1 && anvil_session_eval(s, toks, P - 1, ANVIL_LOGITS_NONE, NULL) != ANVIL_OK) return false;
+    if (D > 0 && anvil_session_eval(s, toks, D, ANVIL_LOGITS_NONE, NULL) != ANVIL_OK) return false;
+    double t0 = now();
+    if (anvil_session_eval(s, toks + D, P, ANVIL_LOGITS_LAST, logits) != ANVIL_OK) return false;
+    *secs = now() - t0;
+    return true;
+}
+
+/* One timed tg run: N tokens generated after D untimed ones (llama-bench's tg at depth D),
+ * through anvil_session_generate (the backend's device loop where it has one). */
+static bool run_tg(anvil_session *s, const int32_t *toks, int D, int N, double *secs) {
+    anvil_session_reset(s);
+    if (D > 0 && anvil_session_eval(s, toks, D, ANVIL_LOGITS_NONE, NULL) != ANVIL_OK) return false;
     anvil_generate_params gp = {tg_sampling, N, NULL, 0};
-    int32_t first = P > 0 ? toks[P - 1] : 1;
+    int32_t first = toks[D];
     anvil_generate_stats st;
     static struct thread_time th0[MAX_THREADS], th1[MAX_THREADS];
     int n0 = tg_per_thread ? thread_times(th0) : 0;
@@ -195,11 +203,95 @@ static bool run_tg(anvil_session *s, const int32_t *toks, int P, int N, double *
     return true;
 }
 
+/* A list of counts ("128,512"), each in lo..hi, into v (at most cap); false if malformed. */
+static bool parse_list(const char *s, int lo, int cap, int *v, int *n) {
+    *n = 0;
+    char buf[256];
+    if (!*s || strlen(s) >= sizeof buf) return false;
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (*n == cap || !parse_int(t, lo, 1 << 20, &v[(*n)++])) return false;
+    return *n > 0 && s[strlen(s) - 1] != ',';
+}
+
+enum { MAX_LIST = 16 };
+enum output { OUT_MD, OUT_JSON, OUT_JSONL, OUT_CSV };
+
+struct test {
+    int n_prompt, n_gen, n_depth;
+    double *ts; /* tokens/s per repetition */
+    double mean, sd, gbs;
+    char time[32]; /* when it started, ISO 8601 (llama-bench's test_time) */
+};
+
+static cJSON *test_json(const struct test *t, int reps, const char *model, const anvil_model_info *mi,
+                        const char *backend, int n_threads) {
+    cJSON *o = cJSON_CreateObject(), *ns = cJSON_CreateArray(), *ts = cJSON_CreateArray();
+    cJSON_AddStringToObject(o, "model_filename", model);
+    cJSON_AddStringToObject(o, "model_type", mi->description);
+    cJSON_AddNumberToObject(o, "model_size", (double)mi->n_bytes);
+    cJSON_AddNumberToObject(o, "model_n_params", (double)mi->n_params);
+    cJSON_AddStringToObject(o, "backends", backend);
+    cJSON_AddNumberToObject(o, "n_threads", n_threads);
+    cJSON_AddNumberToObject(o, "n_prompt", t->n_prompt);
+    cJSON_AddNumberToObject(o, "n_gen", t->n_gen);
+    cJSON_AddNumberToObject(o, "n_depth", t->n_depth);
+    cJSON_AddStringToObject(o, "test_time", t->time);
+    int tokens = t->n_prompt + t->n_gen;
+    double sd_ns = 0, mean_ns = 0;
+    for (int k = 0; k < reps; k++) mean_ns += tokens / t->ts[k] * 1e9 / reps;
+    for (int k = 0; k < reps; k++) {
+        double x = tokens / t->ts[k] * 1e9;
+        sd_ns += (x - mean_ns) * (x - mean_ns);
+        cJSON_AddItemToArray(ns, cJSON_CreateNumber(round(x)));
+        cJSON_AddItemToArray(ts, cJSON_CreateNumber(t->ts[k]));
+    }
+    cJSON_AddNumberToObject(o, "avg_ns", round(mean_ns));
+    cJSON_AddNumberToObject(o, "stddev_ns", round(reps > 1 ? sqrt(sd_ns / (reps - 1)) : 0));
+    cJSON_AddNumberToObject(o, "avg_ts", t->mean);
+    cJSON_AddNumberToObject(o, "stddev_ts", t->sd);
+    cJSON_AddItemToObject(o, "samples_ns", ns);
+    cJSON_AddItemToObject(o, "samples_ts", ts);
+    cJSON_AddNumberToObject(o, "ms_per_token", 1000.0 / t->mean);
+    cJSON_AddNumberToObject(o, "gb_per_s", t->gbs); /* (0 for pp) */
+    return o;
+}
+
+/* A CSV field: quoted where it holds a comma, a quote or a newline (RFC 4180). */
+static void csv_field(const char *s, bool last) {
+    if (strpbrk(s, ",\"\n")) {
+        putchar('"');
+        for (; *s; s++) {
+            if (*s == '"') putchar('"');
+            putchar(*s);
+        }
+        putchar('"');
+    } else {
+        fputs(s, stdout);
+    }
+    putchar(last ? '\n' : ',');
+}
+
+static void print_csv(cJSON *arr) {
+    cJSON *first = cJSON_GetArrayItem(arr, 0), *f;
+    if (!first) return;
+    cJSON_ArrayForEach(f, first) csv_field(f->string, f->next == NULL);
+    cJSON *row;
+    cJSON_ArrayForEach(row, arr) {
+        cJSON_ArrayForEach(f, row) {
+            char *v = cJSON_IsString(f) ? NULL : cJSON_PrintUnformatted(f);
+            csv_field(cJSON_IsString(f) ? f->valuestring : v ? v : "", f->next == NULL);
+            free(v);
+        }
+    }
+}
+
 int cmd_bench(int argc, char **argv) {
     struct common_opts co;
     common_opts_init(&co, "synthetic:qwen3-0.6b");
-    int P = 512, N = 128, reps = 5;
-    bool p_set = false, n_set = false, r_set = false, json = false, trace = false;
+    int P[MAX_LIST] = {512}, N[MAX_LIST] = {128}, D[MAX_LIST] = {0}, nP = 1, nN = 1, nD = 1, reps = 5;
+    bool p_set = false, n_set = false, r_set = false, trace = false;
+    enum output out = OUT_MD;
     const char *parallel = NULL; /* --parallel 1,4,16,32 */
     const char *image = NULL, *mmproj = NULL;
     tg_sampling = anvil_sampling_default();
@@ -208,11 +300,17 @@ int cmd_bench(int argc, char **argv) {
         if (r < 0) return 1;
         if (r) continue;
         const char *a = argv[i], *v;
-        if (!strcmp(a, "-p") || !strcmp(a, "-n") || !strcmp(a, "-r")) {
+        if (!strcmp(a, "-p") || !strcmp(a, "-n") || !strcmp(a, "-d")) {
             if (!(v = opt_value(argc, argv, &i))) return 1;
-            int *dst = a[1] == 'p' ? &P : a[1] == 'n' ? &N : &reps;
-            if (!parse_int(v, a[1] == 'r' ? 1 : 0, 1 << 20, dst)) return fail("bad %s \"%s\"", a, v);
-            *(a[1] == 'p' ? &p_set : a[1] == 'n' ? &n_set : &r_set) = true;
+            int *dst = a[1] == 'p' ? P : a[1] == 'n' ? N : D, *n = a[1] == 'p' ? &nP : a[1] == 'n' ? &nN : &nD;
+            if (!parse_list(v, 0, MAX_LIST, dst, n))
+                return fail("bad %s \"%s\" (a count, or up to %d of them separated by commas)", a, v, MAX_LIST);
+            p_set |= a[1] == 'p';
+            n_set |= a[1] == 'n';
+        } else if (!strcmp(a, "-r")) {
+            if (!(v = opt_value(argc, argv, &i))) return 1;
+            if (!parse_int(v, 1, 1 << 20, &reps)) return fail("bad -r \"%s\"", v);
+            r_set = true;
         } else if (!strcmp(a, "--temp") || !strcmp(a, "--top-p") || !strcmp(a, "--min-p") ||
                    !strcmp(a, "--repeat-penalty")) {
             if (!(v = opt_value(argc, argv, &i))) return 1;
@@ -240,17 +338,29 @@ int cmd_bench(int argc, char **argv) {
             *(a[2] == 'i' ? &image : &mmproj) = v;
         } else if (!strcmp(a, "-o")) {
             if (!(v = opt_value(argc, argv, &i))) return 1;
-            if (!strcmp(v, "json")) json = true;
-            else if (strcmp(v, "md") != 0) return fail("-o must be md or json");
+            if (!strcmp(v, "md")) out = OUT_MD;
+            else if (!strcmp(v, "json")) out = OUT_JSON;
+            else if (!strcmp(v, "jsonl")) out = OUT_JSONL;
+            else if (!strcmp(v, "csv")) out = OUT_CSV;
+            else return fail("-o must be md, json, jsonl or csv, not \"%s\"", v);
         } else {
             return fail("bench: unknown option \"%s\"", a);
         }
     }
-    if (parallel) /* prompts of 128 and 128 generated unless -p / -n say */
-        return bench_parallel(&co, parallel, p_set ? P : 128, n_set ? N : 128, json);
+    if (parallel) { /* prompts of 128 and 128 generated unless -p / -n say */
+        if (nP > 1 || nN > 1 || nD > 1 || D[0] || (out != OUT_MD && out != OUT_JSON))
+            return fail("bench --parallel takes one -p, one -n, no -d, and -o md or json");
+        return bench_parallel(&co, parallel, p_set ? P[0] : 128, n_set ? N[0] : 128, out == OUT_JSON);
+    }
+    int maxP = 0, maxN = 0, maxD = 0;
+    for (int i = 0; i < nP; i++) maxP = P[i] > maxP ? P[i] : maxP;
+    for (int i = 0; i < nN; i++) maxN = N[i] > maxN ? N[i] : maxN;
+    for (int i = 0; i < nD; i++) maxD = D[i] > maxD ? D[i] : maxD;
     anvil_model *m;
     anvil_session *s;
-    if (co.n_ctx == 0) co.n_ctx = P + N + 8 > 512 ? P + N + 8 : 512;
+    int need = maxD + (maxP > maxN ? maxP : maxN) + 8;
+    if (co.n_ctx == 0) co.n_ctx = need > 512 ? need : 512;
+    else if (co.n_ctx < need && !image) return fail("bench: -c %d is shorter than the longest test (%d tokens with its depth)", co.n_ctx, need - 8);
     if (image && co.n_ctx < 16384) co.n_ctx = 16384; /* an image of up to 16k tokens */
     if (!open_model_session(&co, &m, &s)) return 1;
     if (image) {
@@ -260,105 +370,132 @@ int cmd_bench(int argc, char **argv) {
         return irc;
     }
     const char *backend = anvil_session_backend_name(s);
-    if (!strcmp(backend, "cpu") && !p_set && !n_set && !r_set) {
+    bool cpu = !strcmp(backend, "cpu");
+    if (cpu && !p_set && !n_set && !r_set) {
         /* the CPU backend is the reference, not a fast path: keep the default run short */
-        P = 64, N = 16, reps = 2;
-        fprintf(stderr, "anvil: bench on the CPU reference backend: -p %d -n %d -r %d\n", P, N, reps);
+        P[0] = 64, N[0] = 16, reps = 2, maxP = 64, maxN = 16;
     }
+    anvil_model_info mi;
+    anvil_model_get_info(m, &mi);
+    /* what runs, plainly: the model, where, which tests (on a terminal: a failure's message
+     * stays the one line on stderr otherwise) */
+    char tests[512] = "";
+    size_t tl = 0;
+    for (int k = 0; k < nP + nN; k++) {
+        int n = k < nP ? P[k] : N[k - nP];
+        if (n > 0 && tl < sizeof tests)
+            tl += (size_t)snprintf(tests + tl, sizeof tests - tl, "%s%s%d", tl ? ", " : "", k < nP ? "pp" : "tg", n);
+    }
+    for (int d = 0; d < nD && (nD > 1 || D[0]); d++)
+        if (tl < sizeof tests)
+            tl += (size_t)snprintf(tests + tl, sizeof tests - tl, "%s%d", d ? ", " : nD > 1 ? " at depths " : " at depth ", D[d]);
+    if (isatty(STDERR_FILENO))
+        fprintf(stderr, "anvil bench: %s (%s%s) on %s: %s, %d repetition%s each\n", co.model, mi.description,
+                strncmp(co.model, "synthetic:", 10) ? "" : ", random weights", cpu ? "the CPU" : backend,
+                tests[0] ? tests : "no tests (-p 0 -n 0)", reps, reps > 1 ? "s" : "");
+    if (cpu && !p_set && !n_set && !r_set)
+        fprintf(stderr, "anvil bench: on the CPU backend (anvil's reference, not its fast path; no GPU was "
+                        "found or --backend cpu was given) the default run is short: %s, %d repetitions "
+                        "(-p, -n and -r set them; --backend vulkan takes any Vulkan device, lavapipe included)\n",
+                tests, reps);
     int V = anvil_model_vocab_size(m);
-    int32_t *toks = malloc(((size_t)P + 1) * sizeof *toks);
+    int n_toks = maxD + (maxP > maxN ? maxP : maxN) + 1;
+    int32_t *toks = malloc((size_t)n_toks * sizeof *toks);
     float *logits = malloc((size_t)V * sizeof *logits);
-    double *samples = malloc(2 * (size_t)reps * sizeof *samples);
-    int rc = 1;
-    if (!toks || !logits || !samples) {
+    struct test *res = calloc((size_t)nD * (size_t)(nP + nN), sizeof *res);
+    double *samples = malloc((size_t)nD * (size_t)(nP + nN) * (size_t)reps * sizeof *samples);
+    int rc = 1, n_res = 0;
+    if (!toks || !logits || !res || !samples) {
         fail("out of memory");
         goto done;
     }
-    for (int i = 0; i < P; i++) toks[i] = (int32_t)((i * 31 + 7) % V);
-    struct result res[2] = {{"pp", P, 0, samples, 0, 0, 0}, {"tg", 0, N, samples + reps, 0, 0, 0}};
-    int n_res = 0;
-    double secs;
-    if (P > 0) {
-        if (!run_pp(s, toks, P, logits, &secs)) goto eval_fail; /* warm-up */
-        for (int r = 0; r < reps; r++) {
-            if (!run_pp(s, toks, P, logits, &secs)) goto eval_fail;
-            res[n_res].ts[r] = P / secs;
-        }
-        res[n_res].reps = reps;
-        stats(&res[n_res++]);
-    }
-    if (N > 0) {
-        /* warm-up: a whole repetition (after 8 tokens only, the first single 64-token
-         * repetition on a freshly started H100 measured the 0.6B at 341 instead of ~806 t/s:
-         * docs/perf/README.md, how to measure) */
-        if (!run_tg(s, toks, P, N, &secs)) goto eval_fail;
-        res[n_res] = res[1];
-        double cpu = 0, thread_cpu = 0;
-        tg_per_thread = trace;
-        tg_n_threads = 0;
-        for (int r = 0; r < reps; r++) {
-            if (!run_tg(s, toks, P, N, &secs)) goto eval_fail;
-            res[n_res].ts[r] = N / secs;
-            cpu += tg_cpu_seconds;
-            thread_cpu += tg_thread_cpu_seconds;
-        }
-        if (trace) {
-            /* the counts, then (ANVIL_VK_PROFILE=1) the kernels' times, then one line per
-             * dispatch: a large model's step has thousands */
-            size_t cap = 4u << 20;
-            char *buf = malloc(cap);
-            if (buf) anvil_session_describe_program(s, buf, cap);
-            fprintf(stderr, "anvil: tg: host CPU time %.2f us/token (the decode loop's thread: "
-                    "%.2f); %s\n", cpu / reps / N * 1e6, thread_cpu / reps / N * 1e6,
-                    buf && buf[0] ? buf : "(no device program)");
-            free(buf);
-            for (int i = 0; i < tg_n_threads; i++) {
-                double us = tg_threads[i].ns / 1e3 / reps / N;
-                if (us >= 0.5)
-                    fprintf(stderr, "anvil: tg: thread %d (%s): %.2f us/token\n", tg_threads[i].tid,
-                            tg_threads[i].name, us);
+    for (int i = 0; i < n_toks; i++) toks[i] = (int32_t)((i * 31 + 7) % V);
+    double secs, cpu_s = 0, thread_cpu = 0;
+    int traced = 0;
+    for (int d = 0; d < nD; d++)
+        for (int k = 0; k < nP + nN; k++) {
+            bool pp = k < nP;
+            int n = pp ? P[k] : N[k - nP];
+            if (n <= 0) continue;
+            struct test *t = &res[n_res];
+            t->ts = samples + (size_t)n_res * (size_t)reps;
+            t->n_depth = D[d];
+            *(pp ? &t->n_prompt : &t->n_gen) = n;
+            time_t now_t = time(NULL);
+            struct tm tmv;
+            strftime(t->time, sizeof t->time, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now_t, &tmv));
+            /* warm-up: a whole repetition (after 8 tokens only, the first single 64-token
+             * repetition on a freshly started H100 measured the 0.6B at 341 instead of ~806
+             * t/s: docs/perf/README.md, how to measure) */
+            if (!(pp ? run_pp(s, toks, D[d], n, logits, &secs) : run_tg(s, toks, D[d], n, &secs))) goto eval_fail;
+            tg_per_thread = trace && !pp;
+            for (int r = 0; r < reps; r++) {
+                if (!(pp ? run_pp(s, toks, D[d], n, logits, &secs) : run_tg(s, toks, D[d], n, &secs))) goto eval_fail;
+                t->ts[r] = n / secs;
+                if (!pp) {
+                    cpu_s += tg_cpu_seconds;
+                    thread_cpu += tg_thread_cpu_seconds;
+                    traced += n;
+                }
             }
+            tg_per_thread = false;
+            double sum = 0, ss = 0;
+            for (int r = 0; r < reps; r++) sum += t->ts[r];
+            t->mean = sum / reps;
+            for (int r = 0; r < reps; r++) ss += (t->ts[r] - t->mean) * (t->ts[r] - t->mean);
+            t->sd = reps > 1 ? sqrt(ss / (reps - 1)) : 0;
+            /* GB/s counts the weights a decode step reads (active experts only) */
+            t->gbs = pp ? 0 : (double)mi.n_bytes_per_token * t->mean / 1e9;
+            n_res++;
         }
-        res[n_res].reps = reps;
-        stats(&res[n_res++]);
+    if (trace && traced) {
+        /* the counts, then (ANVIL_VK_PROFILE=1) the kernels' times, then one line per
+         * dispatch: a large model's step has thousands */
+        size_t cap = 4u << 20;
+        char *buf = malloc(cap);
+        if (buf) anvil_session_describe_program(s, buf, cap);
+        fprintf(stderr, "anvil: tg: host CPU time %.2f us/token (the decode loop's thread: %.2f); %s\n",
+                cpu_s / traced * 1e6, thread_cpu / traced * 1e6, buf && buf[0] ? buf : "(no device program)");
+        free(buf);
+        for (int i = 0; i < tg_n_threads; i++) {
+            double us = tg_threads[i].ns / 1e3 / traced;
+            if (us >= 0.5)
+                fprintf(stderr, "anvil: tg: thread %d (%s): %.2f us/token\n", tg_threads[i].tid, tg_threads[i].name, us);
+        }
     }
-    char desc[4096];
-    anvil_model_describe(m, desc, sizeof desc);
-    double gib = 0, bparams = 0;
-    const char *line = strstr(desc, "size:");
-    if (line) sscanf(line, "size: %lf", &gib);
-    /* GB/s counts the weights a decode step reads (active experts only) */
-    double read_gib = gib;
-    line = strstr(desc, "read/token:");
-    if (line) sscanf(line, "read/token: %lf", &read_gib);
-    line = strstr(desc, "parameters:");
-    if (line) sscanf(line, "parameters: %lf", &bparams);
-    if (json) {
-        printf("[\n");
-        for (int i = 0; i < n_res; i++) {
-            struct result *r = &res[i];
-            printf("  {\"model_filename\": \"%s\", \"model_type\": \"%s\", \"model_size\": %.0f, "
-                   "\"model_n_params\": %.0f, \"backends\": \"%s\", \"n_prompt\": %d, "
-                   "\"n_gen\": %d, \"avg_ts\": %.6f, \"stddev_ts\": %.6f, \"samples_ts\": [",
-                   co.model, co.model, gib * (1 << 30), bparams * 1e9, backend, r->n_prompt,
-                   r->n_gen, r->mean, r->sd);
-            for (int k = 0; k < r->reps; k++) printf("%s%.6f", k ? ", " : "", r->ts[k]);
-            printf("], \"ms_per_token\": %.6f", 1000.0 / r->mean);
-            if (r->n_gen) printf(", \"gb_per_s\": %.3f", read_gib * 1.073741824 * r->mean);
-            printf("}%s\n", i + 1 < n_res ? "," : "");
-        }
-        printf("]\n");
-    } else {
+    if (out == OUT_MD) {
         printf("| model | size | params | backend | test | t/s | ms/token | GB/s |\n");
         printf("| --- | ---: | ---: | --- | --- | ---: | ---: | ---: |\n");
         for (int i = 0; i < n_res; i++) {
-            struct result *r = &res[i];
-            char test[32], gbs[32] = "";
-            snprintf(test, sizeof test, "%s%d", r->test, r->n_prompt ? r->n_prompt : r->n_gen);
-            if (r->n_gen) snprintf(gbs, sizeof gbs, "%.1f", read_gib * 1.073741824 * r->mean);
-            printf("| %s | %.2f GiB | %.2f B | %s | %s | %.2f ± %.2f | %.3f | %s |\n", co.model,
-                   gib, bparams, backend, test, r->mean, r->sd, 1000.0 / r->mean, gbs);
+            struct test *t = &res[i];
+            char test[64], gbs[32] = "";
+            int k = snprintf(test, sizeof test, "%s%d", t->n_prompt ? "pp" : "tg", t->n_prompt ? t->n_prompt : t->n_gen);
+            if (t->n_depth) snprintf(test + k, sizeof test - (size_t)k, " @ d%d", t->n_depth);
+            if (t->n_gen) snprintf(gbs, sizeof gbs, "%.1f", t->gbs);
+            double gib = (double)mi.n_bytes / (1 << 30), b = (double)mi.n_params / 1e9;
+            printf("| %s | %.2f %s | %.2f %s | %s | %s | %.2f ± %.2f | %.3f | %s |\n", co.model,
+                   gib >= 1 ? gib : gib * 1024, gib >= 1 ? "GiB" : "MiB", b >= 1 ? b : b * 1000, b >= 1 ? "B" : "M",
+                   backend, test, t->mean, t->sd, 1000.0 / t->mean, gbs);
         }
+    } else {
+        cJSON *arr = cJSON_CreateArray();
+        for (int i = 0; i < n_res; i++)
+            cJSON_AddItemToArray(arr, test_json(&res[i], reps, co.model, &mi, backend, co.n_threads));
+        if (out == OUT_CSV) {
+            print_csv(arr);
+        } else if (out == OUT_JSON) {
+            char *txt = cJSON_Print(arr);
+            if (txt) puts(txt);
+            free(txt);
+        } else {
+            cJSON *row;
+            cJSON_ArrayForEach(row, arr) {
+                char *txt = cJSON_PrintUnformatted(row);
+                if (txt) puts(txt);
+                free(txt);
+            }
+        }
+        cJSON_Delete(arr);
     }
     rc = 0;
     goto done;
@@ -367,6 +504,7 @@ eval_fail:
 done:
     free(toks);
     free(logits);
+    free(res);
     free(samples);
     anvil_session_destroy(s);
     anvil_model_close(m);

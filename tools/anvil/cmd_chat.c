@@ -1,9 +1,10 @@
 /*
  * anvil chat -m MODEL [--thinking on|off] [--system TEXT] [--mmproj FILE] [sampling flags]
  *
- * A multi-turn chat in the terminal: line editing and history from libedit, /reset and
- * /exit, thinking shown dimmed; /image FILE attaches an image to the next message (Qwen3.5 /
- * 3.6), placed before its text. The cache carries over between turns: each turn appends only
+ * A multi-turn chat in the terminal: line editing and history from libedit, its own commands
+ * (/help, /reset, /exit, /image FILE: a line that starts with / never goes to the model),
+ * Ctrl-C dropping the line being typed or stopping the answer, thinking shown dimmed; /image
+ * FILE attaches an image to the next message (Qwen3.5 / 3.6), placed before its text. The cache carries over between turns: each turn appends only
  * its own tokens — the end of the previous answer (<|im_end|>, which generation stops at and
  * does not feed) and the new ChatML user turn — so a turn prefills only its new text. The
  * model's earlier answers stay in the cache exactly as generated, thinking included.
@@ -46,10 +47,17 @@ static anvil_status turn_ids(struct gen_ctx *g, const struct gen_opts *o, const 
     return st;
 }
 
+#define CHAT_HELP                                                                            \
+    "  /help       this list\n"                                                                \
+    "  /reset      start a new conversation (the cache is cleared)\n"                          \
+    "  /image FILE attach a PNG or JPEG image to the next message (Qwen3.5 / 3.6)\n"           \
+    "  /exit       leave (also /quit, or Ctrl-D); Ctrl-C drops the line being typed, or\n"     \
+    "              stops the answer being generated\n"                                         \
+    "  //TEXT      sends /TEXT to the model (any other line that starts with / is a command)\n"
+
 int cmd_chat(int argc, char **argv) {
     struct gen_opts o;
-    gen_opts_init(&o);
-    o.gp.max_tokens = 4096;
+    gen_opts_init(&o, true);
     for (int i = 1; i < argc; i++) {
         int r = gen_opt(&o, argc, argv, &i);
         if (r < 0) return 1;
@@ -59,7 +67,7 @@ int cmd_chat(int argc, char **argv) {
     if (!gen_open(&o, &g)) return 1;
     bool tty = isatty(STDIN_FILENO);
     if (tty)
-        fprintf(stderr, "anvil chat: %s on %s. /reset starts over, /exit (or Ctrl-D) leaves.\n",
+        fprintf(stderr, "anvil chat: %s on %s. /help lists the commands, /exit (or Ctrl-D) leaves.\n",
                 o.co.model, anvil_session_backend_name(g.session));
     gen_install_sigint();
     bool first = true;
@@ -67,13 +75,28 @@ int cmd_chat(int argc, char **argv) {
     char *line;
     anvil_image *images[16];
     int n_images = 0; /* attached to the next message */
-    while ((line = readline(tty ? "> " : "")) != NULL) {
+    for (;;) {
+        gen_interrupted = 0;
+        if (!(line = readline(tty ? "> " : ""))) {
+            /* Ctrl-C at the prompt: the line is dropped, and a new prompt starts on a new line
+             * (readline returns at the SIGINT that interrupts its read(); one that lands while
+             * libedit is redrawing the line takes effect at the next key) */
+            if (tty && gen_interrupted) {
+                fputs("^C\n", stderr);
+                continue;
+            }
+            if (tty) fputc('\n', stderr); /* Ctrl-D: the shell's prompt on a line of its own */
+            break;
+        }
         if (!*line) {
             free(line);
             continue;
         }
         if (tty) add_history(line);
-        if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) {
+        /* the chat's own commands: a line that starts with / never goes to the model (// sends
+         * one /) */
+        bool leave = !strcmp(line, "/exit") || !strcmp(line, "/quit");
+        if (leave) {
             free(line);
             break;
         }
@@ -81,6 +104,16 @@ int cmd_chat(int argc, char **argv) {
             anvil_session_reset(g.session);
             first = true;
             fprintf(stderr, "(conversation reset)\n");
+            free(line);
+            continue;
+        }
+        if (!strcmp(line, "/help") || !strcmp(line, "/?")) {
+            fputs(CHAT_HELP, stderr);
+            free(line);
+            continue;
+        }
+        if (line[0] == '/' && line[1] != '/' && strncmp(line, "/image", 6)) {
+            fprintf(stderr, "unknown command %s (/help lists them; // sends a line that starts with /)\n", line);
             free(line);
             continue;
         }
@@ -98,7 +131,7 @@ int cmd_chat(int argc, char **argv) {
         }
         int32_t *ids;
         size_t n;
-        if (turn_ids(&g, &o, line, n_images, first, &ids, &n) != ANVIL_OK) {
+        if (turn_ids(&g, &o, line + (line[0] == '/'), n_images, first, &ids, &n) != ANVIL_OK) {
             fail("%s", anvil_last_error());
             free(line);
             rc = 1;

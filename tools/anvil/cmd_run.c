@@ -32,7 +32,7 @@ static char *read_stdin(void) {
 
 int cmd_run(int argc, char **argv) {
     struct gen_opts o;
-    gen_opts_init(&o);
+    gen_opts_init(&o, false);
     const char *prompt = NULL;
     bool raw = false;
     for (int i = 1; i < argc; i++) {

@@ -1,8 +1,9 @@
 /*
- * anvil tokenize -m MODEL_OR_TOKENIZER [--decode] [--plain]
+ * anvil tokenize -m MODEL_OR_TOKENIZER [-p TEXT] [--decode] [--plain]
  * anvil tokenize -m MODEL_OR_TOKENIZER --bench [--bench-file FILE]
  *
- * Encodes all of standard input, exactly as given (no newline stripped), and prints the ids
+ * Encodes TEXT (-p, as llama-tokenize takes it), or else all of standard input, exactly as
+ * given (no newline stripped), and prints the ids
  * comma-separated on one line. --decode reads ids (separated by commas and/or whitespace) and
  * prints their text with nothing added, as Hugging Face's decode gives it (an incomplete or
  * invalid UTF-8 sequence comes out as U+FFFD). --plain encodes added-token text
@@ -159,7 +160,7 @@ static int bench(anvil_tokenizer *tok, const char *file) {
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    const char *model = NULL, *bench_file = NULL;
+    const char *model = NULL, *bench_file = NULL, *text = NULL; /* text: -p, else stdin */
     bool do_decode = false, do_bench = false;
     int flags = 0;
     for (int i = 1; i < argc; i++) {
@@ -168,6 +169,8 @@ int cmd_tokenize(int argc, char **argv) {
             if (!(model = opt_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--decode")) {
             do_decode = true;
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            if (!(text = opt_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--plain")) {
             flags |= ANVIL_TOKENIZE_PLAIN;
         } else if (!strcmp(a, "--bench")) {
@@ -190,8 +193,8 @@ int cmd_tokenize(int argc, char **argv) {
         anvil_tokenizer_close(tok);
         return rc;
     }
-    size_t len;
-    char *in = read_all(stdin, &len);
+    size_t len = text ? strlen(text) : 0;
+    char *in = text ? strdup(text) : read_all(stdin, &len);
     if (!in) {
         anvil_tokenizer_close(tok);
         return fail("tokenize: cannot read standard input");
@@ -203,7 +206,7 @@ int cmd_tokenize(int argc, char **argv) {
         int32_t *ids;
         size_t n;
         if (anvil_tokenize(tok, in, len, flags, &ids, &n) != ANVIL_OK) {
-            rc = fail("tokenize: standard input: %s", anvil_last_error());
+            rc = fail("tokenize: %s: %s", text ? "-p" : "standard input", anvil_last_error());
         } else {
             for (size_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
             putchar('\n');

@@ -23,7 +23,7 @@ void gen_install_sigint(void) {
     sigaction(SIGINT, &sa, NULL);
 }
 
-void gen_opts_init(struct gen_opts *o) {
+void gen_opts_init(struct gen_opts *o, bool chat) {
     memset(o, 0, sizeof *o);
     common_opts_init(&o->co, NULL);
     o->gp.sampling = anvil_sampling_default();
@@ -31,8 +31,29 @@ void gen_opts_init(struct gen_opts *o) {
     o->gp.sampling.temperature = 0.6f;
     o->gp.sampling.top_p = 0.95f;
     o->gp.sampling.top_k = 20;
-    o->gp.max_tokens = 512;
+    o->gp.max_tokens = chat ? 4096 : 512;
     o->thinking = 1;
+}
+
+void gen_print_usage(FILE *f, bool chat) {
+    struct gen_opts o;
+    gen_opts_init(&o, chat);
+    const anvil_sampling *s = &o.gp.sampling;
+    fprintf(f, "  -n N                most tokens to generate (default %d)\n"
+               "  --temp T            temperature (default %g; 0: greedy)\n"
+               "  --top-k K           (default %d; 0: off)   --top-p P  (default %g)   --min-p P  (default %g)\n"
+               "  --seed S            (default: a new one each run)\n"
+               "  --repeat-penalty R  (default %g)   --repeat-last-n N  (default %d)\n"
+               "  --presence-penalty P  (default %g)   --frequency-penalty P  (default %g)\n"
+               "  --stop TEXT         stop when the text appears (repeatable)\n"
+               "  --system TEXT       a system message\n"
+               "  --mmproj FILE       the vision tower (llama.cpp's mmproj GGUF) of a GGUF model\n"
+               "  --thinking on|off   (default %s: the model's own default)\n"
+               "  --chat-template-file FILE   a Jinja chat template instead of the model's own\n"
+               "  --chat-template-kwargs JSON template variables: '{\"enable_thinking\": false}'\n",
+            o.gp.max_tokens, (double)s->temperature, s->top_k, (double)s->top_p, (double)s->min_p,
+            (double)s->repeat_penalty, s->penalty_last_n, (double)s->presence_penalty,
+            (double)s->frequency_penalty, o.thinking ? "on" : "off");
 }
 
 static bool parse_float(const char *s, float lo, float hi, float *out) {

@@ -4,6 +4,7 @@
 #define ANVIL_GEN_H
 
 #include <signal.h>
+#include <stdio.h>
 
 #include "cli.h"
 #include "engine/textstream.h" /* stop strings, as the server filters them too */
@@ -36,7 +37,10 @@ struct gen_ctx {
     struct sbuf out;
 };
 
-void gen_opts_init(struct gen_opts *o);
+/* The defaults: Qwen3's recommended sampling for thinking; chat: longer answers. */
+void gen_opts_init(struct gen_opts *o, bool chat);
+/* The sampling and generation options with their defaults (run's and chat's --help). */
+void gen_print_usage(FILE *f, bool chat);
 /* Consumes sampling/generation flags like common_opt: 1 taken, 0 not ours, -1 bad value. */
 int gen_opt(struct gen_opts *o, int argc, char **argv, int *i);
 /* Opens model, session and tokenizer; prints the error and returns false on failure. */

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "gen.h"
 
 static const struct {
     const char *name;
@@ -36,22 +36,16 @@ static const struct {
                "  --gpu-max-memory SIZE  cap on device memory (such as 6G; default none)\n" \
                "  --tokenizer DIR     the tokenizer (a tokenizer.json folder or file, or a .gguf) instead\n" \
                "                      of the model's own, for text: synthetic:NAME models have none\n"
-#define SAMPLING "  -n N                most tokens to generate\n" \
-                 "  --temp T  --top-k K  --top-p P  --min-p P  --seed S\n" \
-                 "  --repeat-penalty R  --repeat-last-n N  --presence-penalty P  --frequency-penalty P\n" \
-                 "  --stop TEXT         stop when the text appears (repeatable)\n" \
-                 "  --system TEXT       a system message   --thinking on|off\n" \
-                 "  --mmproj FILE       the vision tower (llama.cpp's mmproj GGUF) of a GGUF model\n" \
-                 "  --chat-template-file FILE   a Jinja chat template instead of the model's own\n" \
-                 "  --chat-template-kwargs JSON template variables: '{\"enable_thinking\": false}'\n"
-
 /* The options of each command that does not print its own usage. */
 static const struct {
     const char *name, *text;
 } usages[] = {
-    {"bench", "usage: anvil bench [-m MODEL] [-p 512] [-n 128] [-r 5] [-o md|json] [--trace]\n"
-              "  -p N  prompt tokens (pp test; 0 skips it)   -n N  generated tokens (tg test)\n"
-              "  -r N  repetitions   -o md|json  output\n"
+    {"bench", "usage: anvil bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-r 5] [-o md|json|jsonl|csv] [--trace]\n"
+              "  -p LIST  prompt tokens of each pp test (default 512; 0: none), such as -p 128,512\n"
+              "  -n LIST  generated tokens of each tg test (default 128; 0: none)\n"
+              "  -d LIST  depths: tokens already in the cache before each test (default 0)\n"
+              "  -r N     repetitions of each test, after a warm-up (default 5)\n"
+              "  -o md|json|jsonl|csv  output (default md; the others carry llama-bench's fields)\n"
               "  --trace  per-token dispatch counts, then the step's dispatches one a line\n"
               "  --parallel 1,4,16,32  aggregate decode t/s of that many sequences at once (a batch:\n"
               "    prompts of -p tokens, -n generated each; default 128 and 128), as llama-batched-bench\n"
@@ -59,7 +53,8 @@ static const struct {
               "    first token's; --mmproj synthetic: a tower of the real shapes, random weights\n"
               "  --temp T --top-k K --top-p P --min-p P --repeat-penalty R --seed S: tg samples\n"
               "    with them (default: greedy)\n"
-              "  with no -m: synthetic:qwen3-0.6b on the best device\n" COMMON},
+              "  with no -m: synthetic:qwen3-0.6b on the best device; on the CPU backend the\n"
+              "  default run is -p 64 -n 16 -r 2\n" COMMON},
     {"eval", "usage: anvil eval -m MODEL --prompt-ids 1,2,3 [--feed-ids 4,5 | -n N] [--logits FILE]\n"
              "  prefills the prompt, then one decode step per --feed-ids id or N greedy steps;\n"
              "  prints the greedy ids; --logits writes float32 rows of vocab_size\n"
@@ -67,8 +62,10 @@ static const struct {
              "    image, expanded to the image's tokens; --mmproj FILE the vision tower of a GGUF;\n"
              "    --pixels-out FILE writes the preprocessed pixels (float32)\n" COMMON},
     {"info", "usage: anvil info -m MODEL | anvil info --devices\n" COMMON},
-    {"tokenize", "usage: anvil tokenize -m MODEL [--plain] < text    anvil tokenize -m MODEL --decode < ids\n"
+    {"tokenize", "usage: anvil tokenize -m MODEL [--plain] [-p TEXT | < text]    anvil tokenize -m MODEL --decode [-p IDS | < ids]\n"
                  "  -m, --tokenizer DIR  a model or tokenizer (tokenizer.json folder or file, .gguf)\n"
+                 "  -p, --prompt TEXT  the text (or with --decode the ids) to read instead of standard input\n"
+                 "  --plain            added tokens' text (<|im_start|>) encoded as ordinary text\n"
                  "  --bench / --bench-file FILE  measure encoding speed\n"},
     {"template", "usage: anvil template -m MODEL --messages FILE.json [--tools FILE.json]\n"
                  "  [--no-generation-prompt] [--thinking on|off] [--chat-template-file FILE]\n"
@@ -79,20 +76,44 @@ static const struct {
                  "       anvil template -m MODEL --parse OUTPUT.txt [--tools FILE.json] [--thinking on|off]\n"
                  "  [--chat-template-file FILE] [--chat-template-kwargs JSON]\n"
                  "  prints the assistant message (content, reasoning, tool calls) of a raw output\n"},
+    /* (then the sampling options with their defaults, gen_print_usage) */
     {"run", "usage: anvil run -m MODEL -p PROMPT [options]   (-p - reads stdin)\n"
             "  --raw               feed the prompt as is, without the chat template\n"
             "  --image FILE        an image before the prompt's text (repeatable; Qwen3.5/3.6; with\n"
-            "                      --raw the prompt holds one <|image_pad|> per image)\n" SAMPLING COMMON},
-    {"chat", "usage: anvil chat -m MODEL [options]   (/reset, /exit, /image FILE: an image for the next\n"
-             "  message)\n" SAMPLING COMMON},
+            "                      --raw the prompt holds one <|image_pad|> per image)\n"},
+    {"chat", "usage: anvil chat -m MODEL [options]   (/help lists the chat's own commands; /image FILE:\n"
+             "  an image for the next message)\n"},
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: anvil COMMAND [options]\n\ncommands:\n");
+    fprintf(f, "usage: anvil COMMAND [options]     anvil help COMMAND     anvil --version\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\nmodels (-m): a Hugging Face directory, a .gguf file, or synthetic:NAME[:TYPE]\n"
-               "(qwen3-tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b)\n");
+               "(qwen3-tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b)\n"
+               "options as getopt_long reads them: --temp 0.5 or --temp=0.5, -n 8 or -n8\n");
+}
+
+/* COMMAND's options on stdout (exit 0): its usage text, or the command's own --help. */
+static int command_help(const char *name) {
+    for (size_t i = 0; i < sizeof usages / sizeof usages[0]; i++)
+        if (!strcmp(name, usages[i].name)) {
+            fputs(usages[i].text, stdout);
+            bool chat = !strcmp(name, "chat");
+            if (chat || !strcmp(name, "run")) {
+                gen_print_usage(stdout, chat);
+                fputs(COMMON, stdout);
+            }
+            return 0;
+        }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(name, commands[i].name)) {
+            char *args[] = {(char *)commands[i].name, (char *)"--help", NULL};
+            return commands[i].fn(2, args);
+        }
+    fprintf(stderr, "anvil: unknown command \"%s\"\n", name);
+    usage(stderr);
+    return 1;
 }
 
 int main(int argc, char **argv) {
@@ -100,17 +121,34 @@ int main(int argc, char **argv) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 1 : 0;
     }
-    for (size_t i = 0; i < sizeof usages / sizeof usages[0]; i++) {
-        if (strcmp(argv[1], usages[i].name)) continue;
-        for (int a = 2; a < argc; a++)
-            if (!strcmp(argv[a], "-h") || !strcmp(argv[a], "--help")) {
-                fputs(usages[i].text, stdout);
-                return 0;
-            }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("anvil %s (backends: cpu, vulkan)\n", ANVIL_VERSION);
+        return 0;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "anvil: unknown command \"%s\"\n", argv[1]);
-    usage(stderr);
-    return 1;
+    if (!strcmp(argv[1], "help")) {
+        if (argc < 3) {
+            usage(stdout);
+            return 0;
+        }
+        return command_help(argv[2]);
+    }
+    size_t c = 0;
+    while (c < sizeof commands / sizeof commands[0] && strcmp(argv[1], commands[c].name)) c++;
+    if (c == sizeof commands / sizeof commands[0]) {
+        fprintf(stderr, "anvil: unknown command \"%s\"\n", argv[1]);
+        usage(stderr);
+        return 1;
+    }
+    char **args;
+    int n = cli_normalize_args(argv[1], argc - 1, argv + 1, &args);
+    if (n < 0) return 1;
+    for (int a = 1; a < n; a++)
+        if (!strcmp(args[a], "-h") || !strcmp(args[a], "--help")) {
+            int rc = command_help(argv[1]);
+            free(args);
+            return rc;
+        }
+    int rc = commands[c].fn(n, args);
+    free(args);
+    return rc;
 }
