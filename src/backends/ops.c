@@ -48,8 +48,10 @@ const struct ops_model *ops_model_find(const char *name) {
 const char *ops_model_names(void) { return "tiny, qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, qwen3.6-35b-a3b"; }
 
 /* the weight types the Vulkan backend multiplies (vk_weight_kind's order) */
-static const int all_types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_1,
-                                DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K};
+static const int all_types[] = {DT_F32,    DT_F16,    DT_BF16,    DT_Q8_0,  DT_Q4_0,    DT_Q4_1,
+                                DT_Q5_0,   DT_Q5_1,   DT_Q4_K,    DT_Q5_K,  DT_Q6_K,    DT_Q2_K,
+                                DT_Q3_K,   DT_IQ4_NL, DT_IQ4_XS,  DT_IQ3_XXS, DT_IQ3_S, DT_IQ2_XXS,
+                                DT_IQ2_XS, DT_IQ2_S,  DT_IQ1_S,   DT_IQ1_M};
 #define N_TYPES ((int)(sizeof all_types / sizeof *all_types))
 
 static int add_case(struct ops_case *out, int cap, int n, const struct ops_case *c) {
@@ -173,26 +175,10 @@ static const struct tensor_info *weight(struct build *b, const char *name, int t
             uint64_t r = rng_next(&b->rng);
             memcpy(d + i, &r, MIN(8, row * (size_t)rows - i));
         }
-        /* each block's scale (and min) where the format keeps it: offsets of ggml's layouts */
-        size_t nb = row * (size_t)rows / (size_t)tr->type_size;
-        for (size_t k = 0; k < nb; k++) {
-            uint8_t *blk = d + k * (size_t)tr->type_size;
-            uint16_t dd = 0, mm = 0;
-            size_t at = 0;
-            bool has_m = false;
-            switch (type) {
-            case DT_Q4_0: dd = f32_to_f16(s / 8); break;
-            case DT_Q5_0: dd = f32_to_f16(s / 16); break;
-            case DT_Q8_0: dd = f32_to_f16(s / 127); break;
-            case DT_Q4_1: dd = f32_to_f16(2 * s / 15), mm = f32_to_f16(-s), has_m = true; break;
-            case DT_Q5_1: dd = f32_to_f16(2 * s / 31), mm = f32_to_f16(-s), has_m = true; break;
-            case DT_Q4_K: dd = f32_to_f16(2 * s / (63 * 15)), mm = f32_to_f16(s / 63), has_m = true; break;
-            case DT_Q5_K: dd = f32_to_f16(2 * s / (63 * 31)), mm = f32_to_f16(s / 63), has_m = true; break;
-            case DT_Q6_K: dd = f32_to_f16(s / (128 * 32)), at = 208; break;
-            default: free(d); return NULL;
-            }
-            memcpy(blk + at, &dd, 2);
-            if (has_m) memcpy(blk + 2, &mm, 2);
+        /* each block's scale (and min) where the format keeps it */
+        if (!dtype_random_scales(type, d, (int64_t)(row * (size_t)rows / (size_t)tr->type_size), s)) {
+            free(d);
+            return NULL;
         }
     }
     struct tensor_info *t = &b->t[b->n_w];

@@ -125,6 +125,81 @@ static void test_small_batch(void **state) {
         assert_true(r.rel < (cases[i].qx ? 2e-2 : 2e-3));
         if (cases[i].qx) assert_true(r.rel > 1e-4); /* (they were rounded: the QX kernel ran) */
     }
+
+/* The low-bit types (Q2_K, Q3_K, the i-quants: shaders/wlow.glsl) in every kernel that reads
+ * weights, on random blocks (every scale, sign and grid index pattern comes up): the decode's
+ * products (one block a row, and rows of 3 blocks: attn_q 256 x 512, ffn_down 768 x 256), its
+ * SwiGLU (the FFN), the experts, the embedding, the prefill's products and the dequantisation
+ * for the matrix units where the device has them. */
+static void test_low_bit_types(void **state) {
+    (void)state;
+    static const int types[] = {DT_Q2_K,   DT_Q3_K,  DT_IQ4_NL, DT_IQ4_XS, DT_IQ3_XXS, DT_IQ3_S,
+                                DT_IQ2_XXS, DT_IQ2_XS, DT_IQ2_S, DT_IQ1_S,  DT_IQ1_M};
+    static const struct {
+        enum ops_kind kind;
+        const char *what, *kernel; /* the kernel family the region must run (decode) */
+    } regions[] = {
+        {OPS_MATVEC, "attn_q", "matvec_"}, {OPS_MATVEC, "ffn_down", "matvec_"}, {OPS_FFN, NULL, "matvec_swiglu_"},
+        {OPS_MOE, NULL, "moe_down_"},      {OPS_EMBED, NULL, "embed_"},         {OPS_MM, "ffn_up", NULL},
+    };
+    struct ops_opts o;
+    ops_opts_default(&o);
+    o.bench = true; /* (which names the kernels) */
+    o.reps = 1;
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++)
+        for (size_t i = 0; i < sizeof regions / sizeof *regions; i++) {
+#ifdef TU_SANITIZED
+            if ((t + i) % 4) continue; /* the host code is every type's */
+#endif
+            struct ops_case c = find_case(regions[i].kind, types[t], regions[i].what, 40, 70);
+            char name[96], kernel[64] = "";
+            ops_case_name(&c, name, sizeof name);
+            struct ops_result r;
+            anvil_status st = ops_run(&c, &o, &r);
+            if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
+            fprintf(stderr, "%s: max |vulkan - cpu| %.3g (%.3g of %.3g); kernels %s\n", name, r.max_abs, r.rel,
+                    r.max_ref, r.kernels);
+            assert_true(r.checked && r.pass);
+            assert_true(r.max_ref > 0);
+            assert_true(r.rel < 2e-3);
+            if (regions[i].kernel) {
+                snprintf(kernel, sizeof kernel, "%s%s", regions[i].kernel, dtype_name(types[t]));
+                for (char *p = kernel; *p; p++) *p = (char)(*p >= 'A' && *p <= 'Z' ? *p - 'A' + 'a' : *p);
+                if (!strstr(r.kernels, kernel)) fail_msg("%s: no %s in %s", name, kernel, r.kernels);
+            }
+        }
+    /* the decode's products on integer dot products (wlow.glsl unit_load_i; the SwiGLU as teams
+     * rounding their outputs), the CPU rounding their inputs alike, where the device has them
+     * (lavapipe does) */
+    setenv("ANVIL_VK_QX", "1", 1);
+    setenv("ANVIL_VK_QX_MIN_MB", "0", 1); /* every matrix, however small */
+    setenv("ANVIL_CPU_QX", "1", 1);
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++)
+        for (size_t i = 0; i < 3; i++) {
+#ifdef TU_SANITIZED
+            if ((t + i) % 4) continue;
+#endif
+            struct ops_case c = find_case(regions[i].kind, types[t], regions[i].what, 40, 70);
+            char name[96];
+            ops_case_name(&c, name, sizeof name);
+            struct ops_result r;
+            anvil_status st = ops_run(&c, &o, &r);
+            if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
+            fprintf(stderr, "%s (QX): max |vulkan - cpu| %.3g (%.3g of %.3g); kernels %s\n", name, r.max_abs, r.rel,
+                    r.max_ref, r.kernels);
+            if (!strstr(r.kernels, "qx")) {
+                fprintf(stderr, "  (no integer dot products on %s)\n", r.device);
+                t = sizeof types / sizeof *types;
+                break;
+            }
+            assert_true(r.checked && r.pass && r.max_ref > 0);
+            /* a product: the same rounded inputs on both sides (the FFN's SwiGLU rounds its
+             * outputs in blocks of 8 for the down projection, the CPU in blocks of 32) */
+            if (regions[i].kind == OPS_MATVEC) assert_true(r.rel < 2e-3);
+        }
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_VK_QX_MIN_MB");
+    unsetenv("ANVIL_CPU_QX");
 }
 
 static void test_names(void **state) {
@@ -136,7 +211,7 @@ static void test_names(void **state) {
     /* every kind of a model that has it; matvec and mm over every type */
     struct ops_case cs[256];
     int n = ops_cases(ops_model_find("qwen3-8b"), -1, false, -1, 4096, 512, cs, 256);
-    assert_int_equal(n, 11 * 4 + 4); /* 4 products of 11 types; lm_head, ffn, attention, embed */
+    assert_int_equal(n, 22 * 4 + 4); /* 4 products of 22 types; lm_head, ffn, attention, embed */
     n = ops_cases(ops_model_find("qwen3-8b"), OPS_MOE, false, -1, 4096, 512, cs, 256);
     assert_int_equal(n, 0); /* a dense model has no experts */
     /* the CLI refuses what it cannot run, before any device */
@@ -214,6 +289,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_checks),
+        cmocka_unit_test(test_low_bit_types),
         cmocka_unit_test(test_trace_list),
         cmocka_unit_test(test_small_batch),
     };

@@ -25,10 +25,15 @@ struct knob {
     const char *doc;
 };
 
-static const char *const QX_T[TUNE_QX_KINDS] = {"Q8_0", "Q4_K", "Q5_K", "Q6_K",
-                                                "Q8_0_SWIGLU", "Q4_K_SWIGLU", "Q5_K_SWIGLU", "Q6_K_SWIGLU"};
-static const char *const KIND_T[TUNE_WEIGHT_KINDS] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1",
-                                                      "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"};
+static const char *const QX_T[TUNE_QX_KINDS] = {
+    "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K",
+    "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS",
+    "IQ2_S", "IQ1_S", "IQ1_M", "Q8_0_SWIGLU", "Q4_K_SWIGLU", "Q5_K_SWIGLU",
+    "Q6_K_SWIGLU", "Q2_K_SWIGLU", "Q3_K_SWIGLU", "IQ4_NL_SWIGLU", "IQ4_XS_SWIGLU", "IQ3_XXS_SWIGLU",
+    "IQ3_S_SWIGLU", "IQ2_XXS_SWIGLU", "IQ2_XS_SWIGLU", "IQ2_S_SWIGLU", "IQ1_S_SWIGLU", "IQ1_M_SWIGLU"};
+static const char *const KIND_T[TUNE_WEIGHT_KINDS] = {
+    "F32",  "F16",  "BF16",   "Q8_0",   "Q4_0",    "Q4_1",  "Q5_0",    "Q5_1",   "Q4_K",  "Q5_K",  "Q6_K",
+    "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"};
 
 #define F(field) offsetof(struct tuning, field), sizeof(((struct tuning *)0)->field)
 #define FA(field) offsetof(struct tuning, field), sizeof(((struct tuning *)0)->field[0])

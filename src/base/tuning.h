@@ -28,8 +28,8 @@
 #include "base/base.h"
 
 /* The suffixes of the per-type knobs, in their arrays' order */
-enum { TUNE_QX_KINDS = 8 };      /* Q8_0, Q4_K, Q5_K, Q6_K, then the same _SWIGLU (vk_qx_index order) */
-enum { TUNE_WEIGHT_KINDS = 11 }; /* F32 .. Q6_K (vk_weight_kind order) */
+enum { TUNE_QX_KINDS = 30 };     /* Q8_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, the i-quants, then the same _SWIGLU (vk_qx_index order) */
+enum { TUNE_WEIGHT_KINDS = 22 }; /* F32 .. Q6_K, Q2_K, Q3_K, the i-quants (vk_weight_kind order) */
 
 /* Where a knob is unset its field holds the default; -1 (or 0 where the doc says so) means
  * "the code's own rule" where a knob has no fixed default. */

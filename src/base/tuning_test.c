@@ -49,8 +49,8 @@ static void test_values(void **state) {
     setenv("ANVIL_VK_QX", "0", 1);
     setenv("ANVIL_VK_TIMEOUT", "2.5", 1);
     setenv("ANVIL_VK_MAX_MEMORY", "1.5G", 1);
-    setenv("ANVIL_VK_QX_NR_Q4_K_SWIGLU", "3", 1); /* Q4_K's SwiGLU: index 4 + 1 */
-    setenv("ANVIL_VK_MATVEC_WG_Q6_K", "64", 1);   /* the last weight kind */
+    setenv("ANVIL_VK_QX_NR_Q4_K_SWIGLU", "3", 1); /* Q4_K's SwiGLU: index 15 + 1 */
+    setenv("ANVIL_VK_MATVEC_WG_IQ1_M", "64", 1);  /* the last weight kind */
     setenv("ANVIL_VK_MEGA_R", "4", 1);
     setenv("ANVIL_VK_FAULT", "hang:3", 1);
     setenv("ANVIL_VK_OVERLAP", "", 1); /* empty: unset */
@@ -61,9 +61,9 @@ static void test_values(void **state) {
     assert_int_equal(t.vk_qx, 0);
     assert_true(t.vk_timeout == 2.5);
     assert_true(t.vk_max_memory == 3ull << 29);
-    assert_int_equal(t.vk_qx_nr[5], 3);
+    assert_int_equal(t.vk_qx_nr[TUNE_QX_KINDS / 2 + 1], 3);
     assert_int_equal(t.vk_qx_nr[1], 0);
-    assert_int_equal(t.vk_matvec_wg_kind[10], 64);
+    assert_int_equal(t.vk_matvec_wg_kind[TUNE_WEIGHT_KINDS - 1], 64);
     assert_int_equal(t.vk_mega_r, 4);
     assert_string_equal(t.vk_fault, "hang:3");
     assert_int_equal(t.vk_overlap, 1);

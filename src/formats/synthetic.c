@@ -91,39 +91,7 @@ static void gen_block_row(int type, uint8_t *row, int64_t n, float scale, struct
         uint64_t r = rng_next(g);
         memcpy(row + i, &r, MIN(8, row_bytes - i));
     }
-    int64_t nb = n / dtype_traits(type)->block_size;
-    for (int64_t b = 0; b < nb; b++) {
-        switch (type) {
-        case DT_Q4_0: ((block_q4_0 *)row)[b].d = f32_to_f16(scale / 8); break;
-        case DT_Q5_0: ((block_q5_0 *)row)[b].d = f32_to_f16(scale / 16); break;
-        case DT_Q8_0: ((block_q8_0 *)row)[b].d = f32_to_f16(scale / 127); break;
-        case DT_Q4_1:
-            ((block_q4_1 *)row)[b].d = f32_to_f16(2 * scale / 15);
-            ((block_q4_1 *)row)[b].m = f32_to_f16(-scale);
-            break;
-        case DT_Q5_1:
-            ((block_q5_1 *)row)[b].d = f32_to_f16(2 * scale / 31);
-            ((block_q5_1 *)row)[b].m = f32_to_f16(-scale);
-            break;
-        /* K-quants: random sub-block scales s and mins m; d * s * q - dmin * m averages 0 */
-        case DT_Q2_K:
-            ((block_q2_K *)row)[b].d = f32_to_f16(2 * scale / 45);
-            ((block_q2_K *)row)[b].dmin = f32_to_f16(scale / 15);
-            break;
-        case DT_Q3_K: ((block_q3_K *)row)[b].d = f32_to_f16(scale / 128); break;
-        case DT_Q4_K:
-            ((block_q4_K *)row)[b].d = f32_to_f16(2 * scale / (63 * 15));
-            ((block_q4_K *)row)[b].dmin = f32_to_f16(scale / 63);
-            break;
-        case DT_Q5_K:
-            ((block_q5_K *)row)[b].d = f32_to_f16(2 * scale / (63 * 31));
-            ((block_q5_K *)row)[b].dmin = f32_to_f16(scale / 63);
-            break;
-        case DT_Q6_K: ((block_q6_K *)row)[b].d = f32_to_f16(scale / (128 * 32)); break;
-        case DT_Q8_K: ((block_q8_K *)row)[b].d = scale / 127; break; /* bsums stay random */
-        default: break;
-        }
-    }
+    dtype_random_scales(type, row, n / dtype_traits(type)->block_size, scale);
 }
 
 static void gen_rows(void *ctx, int64_t begin, int64_t end, int thread) {
@@ -169,7 +137,9 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
     if (colon) {
         ft = ftype_from_name(colon + 1);
         wtype = ft ? ft->base_type : dtype_from_name(colon + 1);
-        if (wtype < 0 || !dtype_traits(wtype)->from_f32 || !dtype_traits(wtype)->to_f32)
+        /* (a block type is made of random blocks: it needs no quantizer) */
+        if (wtype < 0 || !dtype_traits(wtype)->to_f32 ||
+            (dtype_traits(wtype)->block_size == 1 && !dtype_traits(wtype)->from_f32))
             return err_set(ANVIL_ERR_UNSUPPORTED, "synthetic:%s: unknown or unsupported weight "
                            "type \"%s\" (file types: %s)", name, colon + 1, ftype_names());
     }

@@ -147,5 +147,62 @@ void x_round_q8(const float *x, float *out, int64_t n) {
 }
 
 bool dtype_rounds_x(int type) {
-    return type == DT_Q8_0 || type == DT_Q4_K || type == DT_Q5_K || type == DT_Q6_K;
+    switch (type) {
+    case DT_Q8_0: case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: case DT_Q2_K: case DT_Q3_K: case DT_IQ4_NL:
+    case DT_IQ4_XS: case DT_IQ3_XXS: case DT_IQ3_S: case DT_IQ2_XXS: case DT_IQ2_XS: case DT_IQ2_S:
+    case DT_IQ1_S: case DT_IQ1_M: return true;
+    default: return false;
+    }
 }
+
+/* The fp16 scale of a block at byte offset `at` */
+static void put_f16(uint8_t *blk, size_t at, float v) {
+    uint16_t h = f32_to_f16(v);
+    memcpy(blk + at, &h, 2);
+}
+
+bool dtype_random_scales(int type, void *blocks, int64_t nb, float s) {
+    const struct dtype_traits *t = dtype_traits(type);
+    if (!t || t->block_size == 1 || !t->to_f32) return false;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *blk = (uint8_t *)blocks + (size_t)b * (size_t)t->type_size;
+        switch (type) {
+        case DT_Q4_0: put_f16(blk, 0, s / 8); break;
+        case DT_Q5_0: put_f16(blk, 0, s / 16); break;
+        case DT_Q8_0: put_f16(blk, 0, s / 127); break;
+        case DT_Q4_1: put_f16(blk, 0, 2 * s / 15), put_f16(blk, 2, -s); break;
+        case DT_Q5_1: put_f16(blk, 0, 2 * s / 31), put_f16(blk, 2, -s); break;
+        /* K-quants: random sub-block scales s and mins m; d * s * q - dmin * m averages 0 */
+        case DT_Q2_K: put_f16(blk, 80, 2 * s / 45), put_f16(blk, 82, s / 15); break;
+        case DT_Q3_K: put_f16(blk, 108, s / 128); break;
+        case DT_Q4_K: put_f16(blk, 0, 2 * s / (63 * 15)), put_f16(blk, 2, s / 63); break;
+        case DT_Q5_K: put_f16(blk, 0, 2 * s / (63 * 31)), put_f16(blk, 2, s / 63); break;
+        case DT_Q6_K: put_f16(blk, 208, s / (128 * 32)); break;
+        case DT_Q8_K: {
+            float d = s / 127;
+            memcpy(blk, &d, 4); /* bsums stay random */
+            break;
+        }
+        /* the i-quants: the super-block scale d over the sub-blocks' random scales (about 8
+         * on average) and grid values (IQ2 about 25, IQ3_XXS 25, IQ3_S 7, IQ1 1, IQ4 60) */
+        case DT_IQ2_XXS: case DT_IQ2_XS: case DT_IQ2_S: put_f16(blk, 0, s / 50); break;
+        case DT_IQ3_XXS: put_f16(blk, 0, s / 100); break;
+        case DT_IQ3_S: put_f16(blk, 0, s / 110); break;
+        case DT_IQ1_S: put_f16(blk, 0, s / 8); break;
+        case DT_IQ4_NL: put_f16(blk, 0, s / 100); break;
+        case DT_IQ4_XS: put_f16(blk, 0, s / 1600); break;
+        case DT_IQ1_M: { /* d's four nibbles in the top 4 bits of the four 16-bit scale words */
+            uint16_t dh = f32_to_f16(s / 8), sc;
+            for (int k = 0; k < 4; k++) {
+                memcpy(&sc, blk + 48 + 2 * k, 2);
+                sc = (uint16_t)((sc & 0x0fff) | (((dh >> (4 * k)) & 15) << 12));
+                memcpy(blk + 48 + 2 * k, &sc, 2);
+            }
+            break;
+        }
+        default: return false;
+        }
+    }
+    return true;
+}
+

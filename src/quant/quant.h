@@ -85,12 +85,18 @@ bool dtype_supported(int type);
  * quantizers ignore importances). */
 quantize_row_w_fn dtype_weighted_quantizer(int type);
 
+/* Random blocks made sane (synthetic models, the per-op harness): over nb blocks of random
+ * bytes, each block's scale fields (d, dmin; the sub-block scales stay random) set so that
+ * the weights are about uniform in [-s, s]. False for a float type or one anvil cannot
+ * compute with. */
+bool dtype_random_scales(int type, void *blocks, int64_t nb, float s);
+
 /* A matrix-vector input rounded to int8 in blocks of 32, as the integer-dot-product matvecs
  * see it (Vulkan qx.comp): per block d = max|x| / 127, each x becomes d * round(x / d)
  * (nearest, ties to even); out may be x. A last partial block is a block of its own. */
 void x_round_q8(const float *x, float *out, int64_t n);
 /* Whether the Vulkan decode program multiplies weights of this type by rounded inputs
- * (Q8_0, Q4_K, Q5_K, Q6_K) where it uses integer dot products. */
+ * (Q8_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, the i-quants) where it uses integer dot products. */
 bool dtype_rounds_x(int type);
 
 #endif

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant/iq_tables.h"
 #include "quant/quant.h"
 #include "vulkan.h"
 
@@ -52,7 +53,7 @@ static struct vk_weight *find_weight(struct vk_backend *b, const struct tensor_i
 uint64_t vk_weight_addr(struct vk_backend *b, const struct tensor_info *t, bool as_f32, bool plus1) {
     struct vk_weight *w = find_weight(b, t, as_f32);
     (void)plus1;
-    return w ? w->buf.addr : 0;
+    return w ? w->addr : 0;
 }
 
 uint32_t vk_weight_kp(struct vk_backend *b, const struct tensor_info *t) {
@@ -62,12 +63,12 @@ uint32_t vk_weight_kp(struct vk_backend *b, const struct tensor_info *t) {
 
 uint64_t vk_wnode_addr(struct vk_backend *b, const struct node *n) {
     struct vk_weight *w = find_key(b, key_of_node(n), false);
-    return w ? w->buf.addr : 0;
+    return w ? w->addr : 0;
 }
 
 uint64_t vk_wnode_bytes(struct vk_backend *b, const struct node *n) {
     struct vk_weight *w = find_key(b, key_of_node(n), false);
-    return w ? w->buf.size : 0;
+    return w ? w->buf.size - w->pre : 0;
 }
 
 uint32_t vk_wnode_kp(struct vk_backend *b, const struct node *n) {
@@ -155,6 +156,26 @@ static void pack_q5_1(const uint8_t *in, int b, uint8_t *sb) { /* d, m, qh[4], q
     memcpy(sb + 176 + b * 2, in + 2, 2);
 }
 
+/* The low-bit types (wlow.glsl): blocks as in the file, [the fp16 d moved from the front to the
+ * end,] padded to whole 32-bit words. */
+static void pack_copy(const uint8_t *in, int bytes, uint8_t *sb) { memcpy(sb, in, (size_t)bytes); }
+static void pack_d_last(const uint8_t *in, int bytes, uint8_t *sb) {
+    memcpy(sb, in + 2, (size_t)bytes - 2);
+    memcpy(sb + bytes - 2, in, 2);
+}
+static void pack_q2_k(const uint8_t *in, int b, uint8_t *sb) { (void)b, pack_copy(in, 84, sb); }
+static void pack_q3_k(const uint8_t *in, int b, uint8_t *sb) { (void)b, pack_copy(in, 110, sb); }
+static void pack_iq4_xs(const uint8_t *in, int b, uint8_t *sb) { (void)b, pack_copy(in, 136, sb); }
+static void pack_iq1_m(const uint8_t *in, int b, uint8_t *sb) { (void)b, pack_copy(in, 56, sb); }
+static void pack_iq2_xxs(const uint8_t *in, int b, uint8_t *sb) { (void)b, pack_d_last(in, 66, sb); }
+static void pack_iq2_xs(const uint8_t *in, int b, uint8_t *sb) { (void)b, pack_d_last(in, 74, sb); }
+static void pack_iq2_s(const uint8_t *in, int b, uint8_t *sb) { (void)b, pack_d_last(in, 82, sb); }
+static void pack_iq3_xxs(const uint8_t *in, int b, uint8_t *sb) { (void)b, pack_d_last(in, 98, sb); }
+static void pack_iq3_s(const uint8_t *in, int b, uint8_t *sb) { (void)b, pack_d_last(in, 110, sb); }
+static void pack_iq1_s(const uint8_t *in, int b, uint8_t *sb) { (void)b, pack_d_last(in, 50, sb); }
+/* IQ4_NL's blocks of 32 (d, qs[16]) as Q4_0's: eight to a super-block, nibbles then scales */
+#define pack_iq4_nl pack_q4_0
+
 static const struct vk_layout layouts[VK_WEIGHT_KINDS] = {
     {DT_F32, 8, 32, 0, 0, NULL},
     {DT_F16, 8, 16, 0, 0, NULL},
@@ -167,6 +188,17 @@ static const struct vk_layout layouts[VK_WEIGHT_KINDS] = {
     {DT_Q4_K, 256, 144, 1, 144, pack_q4_k},
     {DT_Q5_K, 256, 176, 1, 176, pack_q5_k},
     {DT_Q6_K, 256, 224, 1, 210, pack_q6_k},
+    {DT_Q2_K, 256, 84, 1, 84, pack_q2_k},
+    {DT_Q3_K, 256, 112, 1, 110, pack_q3_k},
+    {DT_IQ4_NL, 256, 144, 8, 18, pack_iq4_nl},
+    {DT_IQ4_XS, 256, 136, 1, 136, pack_iq4_xs},
+    {DT_IQ3_XXS, 256, 100, 1, 98, pack_iq3_xxs},
+    {DT_IQ3_S, 256, 112, 1, 110, pack_iq3_s},
+    {DT_IQ2_XXS, 256, 68, 1, 66, pack_iq2_xxs},
+    {DT_IQ2_XS, 256, 76, 1, 74, pack_iq2_xs},
+    {DT_IQ2_S, 256, 84, 1, 82, pack_iq2_s},
+    {DT_IQ1_S, 256, 52, 1, 50, pack_iq1_s},
+    {DT_IQ1_M, 256, 56, 1, 56, pack_iq1_m},
 };
 
 int vk_weight_kind(int dtype) {
@@ -196,6 +228,31 @@ static const struct vk_layout *layout_of(int dtype) {
     return k >= 0 ? &layouts[k] : NULL;
 }
 
+/* The table the kernels of an i-quant read (shaders/wlow.glsl: TABLE_BYTES), uploaded in the
+ * bytes before each of its weights' first row (vk_weight.pre): the grids of iq_tables.h, the
+ * one copy the CPU's dequantisation reads too; IQ4's 16 int8 levels as 4 words. NULL for the
+ * other types. */
+static const uint32_t grid_iq2xxs[] = IQ2XXS_GRID, grid_iq2xs[] = IQ2XS_GRID, grid_iq2s[] = IQ2S_GRID,
+                      grid_iq3xxs[] = IQ3XXS_GRID, grid_iq3s[] = IQ3S_GRID, grid_iq1s[] = IQ1S_GRID;
+static const int kvalues_iq4nl[16] = IQ_KVALUES_IQ4NL;
+
+static const uint32_t *weight_table(int type, uint32_t *words, uint32_t iq4[4]) {
+    memset(iq4, 0, 16);
+    for (int i = 0; i < 16; i++) iq4[i / 4] |= (uint32_t)(kvalues_iq4nl[i] & 255) << (8 * (i % 4));
+#define T(a) (*words = (uint32_t)(sizeof a / sizeof *a), a)
+    switch (type) {
+    case DT_IQ2_XXS: return T(grid_iq2xxs);
+    case DT_IQ2_XS: return T(grid_iq2xs);
+    case DT_IQ2_S: return T(grid_iq2s);
+    case DT_IQ3_XXS: return T(grid_iq3xxs);
+    case DT_IQ3_S: return T(grid_iq3s);
+    case DT_IQ1_S: case DT_IQ1_M: return T(grid_iq1s);
+    case DT_IQ4_NL: case DT_IQ4_XS: return *words = 4, iq4;
+    default: *words = 0; return NULL;
+    }
+#undef T
+}
+
 /* Weights a graph reads: the matmul and embedding weights in their own type, the norm
  * weights (and the other small float vectors) as float32. */
 static anvil_status want_key(struct vk_backend *b, struct wkey k, bool as_f32, bool plus1) {
@@ -219,6 +276,9 @@ static anvil_status want_key(struct vk_backend *b, struct wkey k, bool as_f32, b
     } else {
         const struct vk_layout *l = layout_of(t->type);
         w->Kp = (uint32_t)((t->ne[0] + l->sb_weights - 1) / l->sb_weights * l->sb_weights);
+        uint32_t words, iq4[4];
+        weight_table(t->type, &words, iq4);
+        w->pre = (words * 4 + 255) & ~255u; /* (the rows stay 256-byte aligned) */
     }
     return ANVIL_OK;
 }
@@ -239,7 +299,7 @@ static size_t weight_bytes(const struct vk_weight *w) {
     int64_t rows = weight_rows(w);
     if (w->as_f32) return (size_t)w->Kp * 4;
     const struct vk_layout *l = layout_of(w->t->type);
-    return (size_t)rows * (w->Kp / l->sb_weights) * l->sb_bytes;
+    return w->pre + (size_t)rows * (w->Kp / l->sb_weights) * l->sb_bytes;
 }
 
 /* Where row r of a weight lies in host memory (row_bytes: a row's size in the file). */
@@ -313,6 +373,14 @@ static anvil_status upload_weights(struct vk_backend *b, int first) {
         size_t bytes = weight_bytes(w);
         st = vk_buffer_create(b->d, bytes, VK_MEM_DEVICE, w->t->name, &w->buf);
         if (st != ANVIL_OK) break;
+        w->addr = w->buf.addr + w->pre;
+        if (w->pre) {
+            uint32_t words, iq4[4];
+            const uint32_t *table = weight_table(w->t->type, &words, iq4);
+            struct fill_ctx tf = {(const uint8_t *)table, (size_t)words * 4, w->pre, NULL};
+            if ((st = vk_upload(&u, &w->buf, 0, w->pre, fill_rows, &tf)) != ANVIL_OK) break;
+            bytes -= w->pre;
+        }
         const struct dtype_traits *tr = dtype_traits(w->t->type);
         int64_t n = w->t->ne[0];
         float *conv = NULL;
@@ -333,12 +401,12 @@ static anvil_status upload_weights(struct vk_backend *b, int first) {
         if (l && l->pack) {
             struct repack_ctx q = {l, w, w->t->data, (size_t)n / (size_t)tr->block_size,
                                    w->Kp / (size_t)l->sb_weights};
-            st = vk_upload(&u, &w->buf, 0, bytes, fill_repack, &q);
+            st = vk_upload(&u, &w->buf, w->pre, bytes, fill_repack, &q);
         } else {
             if (l && tr->block_size > 1) /* whole blocks, as in the file (K-quants: Kp = n) */
                 f = (struct fill_ctx){w->t->data, (size_t)n / (size_t)tr->block_size * (size_t)tr->type_size,
                                       (size_t)w->Kp / (size_t)tr->block_size * (size_t)tr->type_size, w};
-            st = vk_upload(&u, &w->buf, 0, bytes, fill_rows, &f);
+            st = vk_upload(&u, &w->buf, w->pre, bytes, fill_rows, &f);
         }
         free(conv); /* vk_upload has copied it into staging memory */
     }

@@ -15,6 +15,9 @@ struct vk_weight {
     bool as_f32, plus1; /* small float vectors (norm weights, GDN parameters): float32, whole
                            tensor as one row padded to 256; 1 + w for zero-centred norms */
     uint32_t Kp;        /* row stride in elements: ne[0] rounded up to the type's block */
+    uint32_t pre;       /* bytes before the first row: the type's table (an i-quant's grid,
+                           shaders/wlow.glsl), read by the kernels at addr - pre */
+    uint64_t addr;      /* where the kernels see the weight: buf.addr + pre */
     struct vk_buffer buf;
 };
 

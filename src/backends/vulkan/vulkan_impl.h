@@ -152,8 +152,10 @@ anvil_status vk_uploader_finish(struct vk_uploader *u);
  * SPIR-V's names spell it. Every one has the kernels of VK_TYPE_KERNELS. */
 #define VK_WEIGHT_TYPES(X) \
     X(F32, f32) X(F16, f16) X(BF16, bf16) X(Q8_0, q8_0) X(Q4_0, q4_0) X(Q4_1, q4_1) X(Q5_0, q5_0) \
-    X(Q5_1, q5_1) X(Q4_K, q4_k) X(Q5_K, q5_k) X(Q6_K, q6_k)
-#define VK_WEIGHT_KINDS 11
+    X(Q5_1, q5_1) X(Q4_K, q4_k) X(Q5_K, q5_k) X(Q6_K, q6_k) X(Q2_K, q2_k) X(Q3_K, q3_k) \
+    X(IQ4_NL, iq4_nl) X(IQ4_XS, iq4_xs) X(IQ3_XXS, iq3_xxs) X(IQ3_S, iq3_s) X(IQ2_XXS, iq2_xxs) \
+    X(IQ2_XS, iq2_xs) X(IQ2_S, iq2_s) X(IQ1_S, iq1_s) X(IQ1_M, iq1_m)
+#define VK_WEIGHT_KINDS 22
 /* A weight type's index among them, or -1. */
 int vk_weight_kind(int dtype);
 /* The weight type (DT_*) of kind `kind`, 0 <= kind < VK_WEIGHT_KINDS. */
@@ -161,8 +163,11 @@ int vk_weight_kind_dtype(int kind);
 /* The weight types with integer-dot-product matvecs (dtype_rounds_x), each with the kernels
  * of VK_QX_TYPE_KERNELS; a type's index among them (the QX shapes' and knobs' order) or -1,
  * and the type of an index. */
-#define VK_QX_TYPES(X) X(Q8_0, q8_0) X(Q4_K, q4_k) X(Q5_K, q5_k) X(Q6_K, q6_k)
-#define VK_QX_KINDS 4
+#define VK_QX_TYPES(X) \
+    X(Q8_0, q8_0) X(Q4_K, q4_k) X(Q5_K, q5_k) X(Q6_K, q6_k) X(Q2_K, q2_k) X(Q3_K, q3_k) X(IQ4_NL, iq4_nl) \
+    X(IQ4_XS, iq4_xs) X(IQ3_XXS, iq3_xxs) X(IQ3_S, iq3_s) X(IQ2_XXS, iq2_xxs) X(IQ2_XS, iq2_xs) X(IQ2_S, iq2_s) \
+    X(IQ1_S, iq1_s) X(IQ1_M, iq1_m)
+#define VK_QX_KINDS 15
 int vk_qx_index(int dtype);
 int vk_qx_dtype(int index);
 

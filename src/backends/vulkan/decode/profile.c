@@ -92,14 +92,14 @@ out:
 /* The name of the weight at device address a (a product's), or NULL. */
 static const char *weight_at(const struct vk_program *p, uint64_t a) {
     for (int i = 0; i < p->b->n_w; i++)
-        if (p->b->w[i].buf.addr == a && p->b->w[i].t) return p->b->w[i].t->name;
+        if (p->b->w[i].addr == a && p->b->w[i].t) return p->b->w[i].t->name;
     return NULL;
 }
 
 /* The bytes of the weight at device address a, or 0. */
 static uint64_t weight_bytes_at(const struct vk_program *p, uint64_t a) {
     for (int i = 0; i < p->b->n_w; i++)
-        if (p->b->w[i].buf.addr == a) return p->b->w[i].buf.size;
+        if (p->b->w[i].addr == a) return p->b->w[i].buf.size - p->b->w[i].pre;
     return 0;
 }
 

@@ -142,7 +142,8 @@ struct pc_mmh {
 };
 
 /* Groups of 8 weights per unit of each weight kind (UG in common.glsl). */
-static const uint8_t unit_groups[VK_WEIGHT_KINDS] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 4};
+static const uint8_t unit_groups[VK_WEIGHT_KINDS] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 4,
+                                                     4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4};
 
 /* The float16 copy of a weight that mm_h.comp reads is made in pieces of at most this many
  * bytes (the LM head alone would take 1.2 GiB at 8B), each dequantised just before use:

@@ -5,7 +5,16 @@
  * position from it, and the argmax kernel at the end of a step writes the next token and
  * advances the position. A step whose control block says stop does nothing. */
 #include "contract.h"
+/* the low-bit weight types (wlow.glsl) */
+#if defined(W_Q2_K) || defined(W_Q3_K) || defined(W_IQ4_NL) || defined(W_IQ4_XS) || defined(W_IQ3_XXS) || \
+    defined(W_IQ3_S) || defined(W_IQ2_XXS) || defined(W_IQ2_XS) || defined(W_IQ2_S) || defined(W_IQ1_S) || \
+    defined(W_IQ1_M)
+#define W_LOW
+#endif
 #extension GL_EXT_buffer_reference : require
+#ifdef W_LOW
+#extension GL_EXT_buffer_reference_uvec2 : require
+#endif
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #ifdef QX
@@ -111,7 +120,7 @@ int sudot4(uint a, uint b, spirv_literal int fmt);
  * uint), signed for Q8_0 (WDOT = sdot4), unsigned for the K-quants (WDOT = sudot4). */
 #if defined(W_Q8_0)
 #define WDOT(x, q) sdot4(x, q, 0)
-#else
+#elif !defined(W_LOW)
 #define WDOT(x, q) sudot4(x, q, 0)
 #endif
 #endif
@@ -406,4 +415,11 @@ void unit_load(W w, uint row, uint U, uint u, out vec4 qa[UG], out vec4 qb[UG], 
     so[0] = vec2(d, m);
     so[1] = vec2(d, m);
 }
+#endif
+
+#if defined(W_LOW)
+#include "wlow.glsl"
+#else
+/* what a kernel reading weights w does first (wlow.glsl: the i-quants' tables into shared memory) */
+#define W_INIT(w)
 #endif

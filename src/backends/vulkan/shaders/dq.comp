@@ -18,6 +18,7 @@ layout(push_constant) uniform PC {
 } pc;
 
 void main() {
+    W_INIT(pc.w)
     uint gid = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
     uint r = gid / pc.U, u = gid - r * pc.U;
     if (r >= pc.rows) return;

@@ -12,6 +12,7 @@ layout(push_constant) uniform PC {
 } pc;
 
 void main() {
+    W_INIT(pc.w)
     if (pc.ctl.stop != 0u) return;
     uint tok = pc.ctl.token, U = pc.Kp8 / UG;
     for (uint u = gl_LocalInvocationID.x; u < U; u += gl_WorkGroupSize.x) {

@@ -88,6 +88,7 @@ shared float rq[8], rnw[8];
 #endif
 
 void main() {
+    W_INIT(pc.w0)
     if (pc.ctl.stop != 0u) return;
     uint wg = MODE == 2u ? gl_WorkGroupID.x : gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
 #ifdef QXT

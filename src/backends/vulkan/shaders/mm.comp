@@ -11,6 +11,7 @@
  * A weight octet (8 consecutive weights of a row) is one group of one unit (common.glsl);
  * unit_of() finds it, and the other groups of that unit are dequantised and dropped: the
  * product does 64 multiply-adds per weight dequantised, so this costs little. */
+#define W_TABLE_GLOBAL /* (wlow.glsl: the tiles take the shared memory) */
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
@@ -40,6 +41,13 @@ void unit_of(uint p, out uint u, out uint g) {
 #if UG == 1
     u = p >> 3u;
     g = 0u;
+#elif defined(UNIT_NATURAL)
+    u = p >> 5u;
+    g = (p >> 3u) & 3u;
+#elif defined(W_Q2_K) || defined(W_Q3_K)
+    uint sb = p >> 8u, r = p & 255u;
+    u = sb * 8u + (r >> 7u) * 4u + ((r & 31u) >> 3u);
+    g = (r >> 5u) & 3u;
 #elif defined(W_Q4_K) || defined(W_Q5_K)
     uint sb = p >> 8u, r = p & 255u;
     u = sb * 16u + (r >> 6u) * 4u + ((r & 31u) >> 3u);
@@ -154,6 +162,7 @@ void reduce_slots() {
 }
 
 void main() {
+    W_INIT(pc.w)
     if (MODE == 1u) {
         embed_rows();
         return;

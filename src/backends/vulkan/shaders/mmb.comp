@@ -35,6 +35,7 @@ layout(push_constant) uniform PC {
 #define CT 8u /* tokens a pass */
 
 void main() {
+    W_INIT(pc.w)
     uint SG = gl_SubgroupSize, lane = gl_SubgroupInvocationID;
     uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * RS;
     if (row0 >= pc.N) return;
