@@ -125,6 +125,7 @@ static void test_small_batch(void **state) {
         assert_true(r.rel < (cases[i].qx ? 2e-2 : 2e-3));
         if (cases[i].qx) assert_true(r.rel > 1e-4); /* (they were rounded: the QX kernel ran) */
     }
+}
 
 /* The low-bit types (Q2_K, Q3_K, the i-quants: shaders/wlow.glsl) in every kernel that reads
  * weights, on random blocks (every scale, sign and grid index pattern comes up): the decode's
