@@ -69,7 +69,7 @@ static void test_two_turns(void **state) {
     if (!read_until(fd, buf, sizeof buf, &len, "tokens/s]", 2)) fail_msg("no second turn: %s", buf);
     assert_true(write(fd, "/exit\r", 6) == 6);
     int status;
-    for (int i = 0; i < 100 && waitpid(pid, &status, WNOHANG) == 0; i++) usleep(50000);
+    for (int i = 0; i < 600 && waitpid(pid, &status, WNOHANG) == 0; i++) usleep(50000); /* 30 s: slow under a loaded -j2 run */
     if (waitpid(pid, &status, WNOHANG) == 0) {
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
@@ -145,7 +145,7 @@ static void test_commands_and_ctrl_c(void **state) {
     assert_true(read_until(fd, buf, sizeof buf, &len, "tokens/s]", 1));
     assert_true(write(fd, "\004", 1) == 1);
     int status;
-    for (int i = 0; i < 100 && waitpid(pid, &status, WNOHANG) == 0; i++) usleep(50000);
+    for (int i = 0; i < 600 && waitpid(pid, &status, WNOHANG) == 0; i++) usleep(50000); /* 30 s: slow under a loaded -j2 run */
     if (waitpid(pid, &status, WNOHANG) == 0) {
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
