@@ -156,7 +156,7 @@ static const struct knob KNOBS[] = {
     BOOL("ANVIL_VK_PF_GROUP", C_DIAGNOSTIC, vk_pf_group, 1,
          "The prefill's products of one input (q, k, v; gate, up) side by side on workgroup "
          "matrices; 0 runs them one at a time."),
-    INT("ANVIL_VK_MMB", C_DIAGNOSTIC, vk_mmb, 16, 0, 32, NULL,
+    INT("ANVIL_VK_MMB", C_DIAGNOSTIC, vk_mmb, 0, 0, 32, NULL,
         "Prompt chunks of at most this many tokens (2 or more) multiply on mmb.comp, every "
         "weight read once for all of them (docs/BATCHING.md): 8B Q4_K_M pp4 41.5 -> 355 t/s, "
         "pp16 468 -> 520 on the H200; at 32 the float16 products are faster (934 against 549, "
