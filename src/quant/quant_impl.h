@@ -10,6 +10,7 @@
 #define ANVIL_QUANT_IMPL_H
 
 #include <assert.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -138,6 +139,19 @@ static inline int nearest_int(float fval) {
     int i;
     memcpy(&i, &val, sizeof i);
     return (i & 0x007fffff) - 0x00400000;
+}
+
+/* The element of x[0..n) with the largest magnitude, its sign kept (the first of equals);
+ * *amax gets its magnitude. */
+static inline float signed_absmax(const float *x, int n, float *amax) {
+    float a = 0, m = 0;
+    for (int j = 0; j < n; j++)
+        if (fabsf(x[j]) > a) {
+            a = fabsf(x[j]);
+            m = x[j];
+        }
+    *amax = a;
+    return m;
 }
 
 /* The table entries of a block format: its dequantizer and its quantizer. */

@@ -237,12 +237,8 @@ static void iq4_block(int n, const float *x, const float *qw, uint16_t *dh, uint
         uint8_t *Lb = L + 32 * ib;
         for (int j = 0; j < 32; j++)
             weight[j] = qw ? qw[32 * ib + j] * sqrtf(sigma2 + xb[j] * xb[j]) : xb[j] * xb[j];
-        float amax = 0, max = 0;
-        for (int j = 0; j < 32; j++)
-            if (fabsf(xb[j]) > amax) {
-                amax = fabsf(xb[j]);
-                max = xb[j];
-            }
+        float amax;
+        const float max = signed_absmax(xb, 32, &amax);
         if (amax < GROUP_MAX_EPS) {
             scales[ib] = 0;
             continue;

@@ -29,12 +29,8 @@ void dequantize_row_q4_0(const void *src, float *y, int64_t n) {
 void quantize_row_q4_0(const float *x, void *dst, int64_t n) {
     block_q4_0 *y = dst;
     for (int64_t i = 0; i < n / QK; i++, x += QK) {
-        float amax = 0, max = 0;
-        for (int j = 0; j < QK; j++)
-            if (amax < fabsf(x[j])) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
+        float amax;
+        const float max = signed_absmax(x, QK, &amax);
         const float d = max / -8;
         const float id = d ? 1.0f / d : 0.0f;
         y[i].d = f2h(d);
@@ -95,12 +91,8 @@ void dequantize_row_q5_0(const void *src, float *y, int64_t n) {
 void quantize_row_q5_0(const float *x, void *dst, int64_t n) {
     block_q5_0 *y = dst;
     for (int64_t i = 0; i < n / QK; i++, x += QK) {
-        float amax = 0, max = 0;
-        for (int j = 0; j < QK; j++)
-            if (amax < fabsf(x[j])) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
+        float amax;
+        const float max = signed_absmax(x, QK, &amax);
         const float d = max / -16;
         const float id = d ? 1.0f / d : 0.0f;
         y[i].d = f2h(d);
