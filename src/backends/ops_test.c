@@ -87,9 +87,9 @@ static void test_checks(void **state) {
     }
 }
 
-/* Products of a few rows (mmb.comp: up to ANVIL_VK_MMB rows, 16 by default) against the CPU:
- * several weight types, within and across its passes of 8 rows, on float inputs and on
- * integer dot products. */
+/* Products of a few rows (mmb.comp: up to ANVIL_VK_MMB rows, switched on here as it is off by
+ * default) against the CPU: several weight types, within and across its passes of 8 rows, on
+ * float inputs and on integer dot products. */
 static void test_small_batch(void **state) {
     (void)state;
     static const struct {
@@ -104,6 +104,7 @@ static void test_small_batch(void **state) {
     };
     struct ops_opts o;
     ops_opts_default(&o);
+    setenv("ANVIL_VK_MMB", "16", 1);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 #ifdef TU_SANITIZED
         if (i % 3) continue;
@@ -125,6 +126,7 @@ static void test_small_batch(void **state) {
         assert_true(r.rel < (cases[i].qx ? 2e-2 : 2e-3));
         if (cases[i].qx) assert_true(r.rel > 1e-4); /* (they were rounded: the QX kernel ran) */
     }
+    unsetenv("ANVIL_VK_MMB");
 }
 
 /* The low-bit types (Q2_K, Q3_K, the i-quants: shaders/wlow.glsl) in every kernel that reads
