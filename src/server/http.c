@@ -89,6 +89,11 @@ struct request {
     struct job *job;
     struct api_error err;
     struct request *next_prep;
+    /* the access log's line */
+    double t0;
+    int status; /* of the response queued, 0: none (the connection failed first) */
+    char method[16], path[200], client[64];
+    struct job *logged; /* a generation's job (a reference), for its token counts */
 };
 
 struct http {
@@ -108,10 +113,20 @@ struct http {
 
 /* ---- responses ---- */
 
-static enum MHD_Result queue(struct server *s, struct MHD_Connection *c, enum endpoint ep,
+/* --cors ORIGIN: every response names the origin that may read it. */
+static void add_cors(struct server *s, struct MHD_Response *r) {
+    const char *origin = s->opt.cors_origin;
+    if (!origin || !*origin) return;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    if (strcmp(origin, "*")) MHD_add_response_header(r, MHD_HTTP_HEADER_VARY, "Origin");
+}
+
+static enum MHD_Result queue(struct server *s, struct MHD_Connection *c, struct request *rq,
                              int status, struct MHD_Response *r) {
     if (!r) return MHD_NO;
-    metrics_request(&s->metrics, ep, status);
+    metrics_request(&s->metrics, rq->ep, status);
+    rq->status = status;
+    add_cors(s, r);
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ok;
@@ -125,17 +140,17 @@ static struct MHD_Response *text_response(const char *text, size_t len, const ch
 }
 
 /* Sends obj (consumed) as JSON. */
-static enum MHD_Result send_json(struct server *s, struct MHD_Connection *c, enum endpoint ep,
+static enum MHD_Result send_json(struct server *s, struct MHD_Connection *c, struct request *rq,
                                  int status, cJSON *obj) {
     char *text = obj ? cJSON_PrintUnformatted(obj) : NULL;
     cJSON_Delete(obj);
     if (!text) return MHD_NO;
     struct MHD_Response *r = text_response(text, strlen(text), "application/json");
     cJSON_free(text);
-    return queue(s, c, ep, status, r);
+    return queue(s, c, rq, status, r);
 }
 
-static enum MHD_Result send_error(struct server *s, struct MHD_Connection *c, enum endpoint ep,
+static enum MHD_Result send_error(struct server *s, struct MHD_Connection *c, struct request *rq,
                                   const struct api_error *e) {
     char *text = NULL;
     cJSON *obj = api_error_json(e);
@@ -146,15 +161,15 @@ static enum MHD_Result send_error(struct server *s, struct MHD_Connection *c, en
     cJSON_free(text);
     if (r && e->status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (r && e->status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-    return queue(s, c, ep, e->status, r);
+    return queue(s, c, rq, e->status, r);
 }
 
-static enum MHD_Result fail(struct server *s, struct MHD_Connection *c, enum endpoint ep,
+static enum MHD_Result fail(struct server *s, struct MHD_Connection *c, struct request *rq,
                             int status, const char *type, const char *code, const char *fmt,
                             const char *arg) {
     struct api_error e;
     api_error_set(&e, status, type, code, NULL, fmt, arg);
-    return send_error(s, c, ep, &e);
+    return send_error(s, c, rq, &e);
 }
 
 /* ---- the parse budget ---- */
@@ -375,7 +390,7 @@ static enum MHD_Result start_stream(struct http *h, struct MHD_Connection *c, st
     st->w.job = j;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    return queue(s, c, rq->ep, 200, r);
+    return queue(s, c, rq, 200, r);
 }
 
 /* A non-streamed generation: its answer once the job is done, else wait suspended. */
@@ -394,10 +409,10 @@ static enum MHD_Result answer_job(struct http *h, struct MHD_Connection *c, stru
     rq->answered = true;
     if (j->error != ANVIL_OK) {
         bool stopping = server_stopping(s);
-        return fail(s, c, rq->ep, stopping ? 503 : 500, "server_error", NULL, "%s",
+        return fail(s, c, rq, stopping ? 503 : 500, "server_error", NULL, "%s",
                     stopping ? "the server is shutting down" : j->errmsg);
     }
-    return send_json(s, c, rq->ep, 200, api_job_response(s, j));
+    return send_json(s, c, rq, 200, api_job_response(s, j));
 }
 
 /* ---- preparation (on the preparation threads) ---- */
@@ -428,8 +443,12 @@ static void prepare(struct http *h, struct request *rq) {
                                              : "too many requests are waiting");
         }
         rq->job = j;
+        if (j) job_ref(j);
+        rq->logged = j;
     } else if (req) {
-        rq->answer = rq->ep == EP_TOKENIZE ? api_tokenize(s, req, e) : api_detokenize(s, req, &ids, e);
+        rq->answer = rq->ep == EP_TOKENIZE    ? api_tokenize(s, req, e)
+                     : rq->ep == EP_DETOKENIZE ? api_detokenize(s, req, &ids, e)
+                                               : api_apply_template(s, req, e);
     }
     cJSON_Delete(req);
     free(ids.ids);
@@ -554,31 +573,32 @@ static enum MHD_Result answer_at_once(struct server *s, struct MHD_Connection *c
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "status", failed ? "error" : ready ? "ok" : "loading");
         if (failed) cJSON_AddStringToObject(o, "error", why);
-        return send_json(s, c, ep, ready && !failed ? 200 : 503, o);
+        return send_json(s, c, rq, ready && !failed ? 200 : 503, o);
     }
     if (ep == EP_METRICS) {
         struct sbuf t = {0};
         metrics_render(&s->metrics, qlen, running, ready, &t);
         struct MHD_Response *r = text_response(t.p ? t.p : "", t.len, "text/plain; version=0.0.4");
         sbuf_free(&t);
-        return queue(s, c, ep, 200, r);
+        return queue(s, c, rq, 200, r);
     }
     if (!ready)
-        return fail(s, c, ep, 503, "server_error", "model_loading", "%s", "the model is still loading");
+        return fail(s, c, rq, 503, "server_error", "model_loading", "%s", "the model is still loading");
     if (failed && (ep == EP_CHAT || ep == EP_COMPLETIONS))
-        return fail(s, c, ep, 503, "server_error", "device_failed",
+        return fail(s, c, rq, 503, "server_error", "device_failed",
                     "the model's device failed (%s); restart the server", why);
+    if (ep == EP_PROPS) return send_json(s, c, rq, 200, api_props(s));
     if (ep == EP_MODELS) {
         const char *id = url + strlen("/v1/models");
         if (*id == '/') {
             if (strcmp(id + 1, s->model_name))
-                return fail(s, c, ep, 404, "invalid_request_error", "model_not_found",
+                return fail(s, c, rq, 404, "invalid_request_error", "model_not_found",
                             "the model '%.200s' does not exist", id + 1);
             cJSON *all = api_models(s), *one = cJSON_DetachItemFromArray(cJSON_GetObjectItem(all, "data"), 0);
             cJSON_Delete(all);
-            return send_json(s, c, ep, 200, one);
+            return send_json(s, c, rq, 200, one);
         }
-        return send_json(s, c, ep, 200, api_models(s));
+        return send_json(s, c, rq, 200, api_models(s));
     }
     *handled = false;
     return MHD_NO;
@@ -597,6 +617,8 @@ static const struct route {
     {"/metrics", "GET", EP_METRICS, false},
     {"/tokenize", "POST", EP_TOKENIZE, false},
     {"/detokenize", "POST", EP_DETOKENIZE, false},
+    {"/props", "GET", EP_PROPS, false},
+    {"/apply-template", "POST", EP_APPLY_TEMPLATE, false},
 };
 
 static const struct route *find_route(const char *url) {
@@ -607,6 +629,17 @@ static const struct route *find_route(const char *url) {
             return &routes[i];
     }
     return NULL;
+}
+
+/* The client's address, numeric. */
+static void client_address(struct MHD_Connection *c, char *out, size_t cap) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+    socklen_t len = !sa                       ? 0
+                    : sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                              : sizeof(struct sockaddr_in);
+    if (!sa || getnameinfo(sa, len, out, (socklen_t)cap, NULL, 0, NI_NUMERICHOST) != 0)
+        snprintf(out, cap, "-");
 }
 
 /* Constant-time comparison of the Authorization header with "Bearer <key>". */
@@ -626,7 +659,7 @@ static bool authorized(struct server *s, struct MHD_Connection *c) {
 static enum MHD_Result too_large(struct server *s, struct MHD_Connection *c, struct request *rq) {
     char msg[64];
     snprintf(msg, sizeof msg, "%zu", s->opt.max_body);
-    return fail(s, c, rq->ep, 413, "invalid_request_error", "request_too_large",
+    return fail(s, c, rq, 413, "invalid_request_error", "request_too_large",
                 "the request body is larger than %s bytes", msg);
 }
 
@@ -637,16 +670,28 @@ static enum MHD_Result on_headers(struct http *h, struct MHD_Connection *c, stru
     const struct route *rt = find_route(url);
     rq->ep = rt ? rt->ep : EP_OTHER;
     rq->answered = true;
+    if (rt && s->opt.cors_origin && *s->opt.cors_origin && !strcmp(method, MHD_HTTP_METHOD_OPTIONS)) {
+        /* a browser's preflight (it sends no credentials): what the route takes */
+        struct MHD_Response *r = text_response("", 0, "text/plain");
+        if (r) {
+            char allow[32];
+            snprintf(allow, sizeof allow, "%s, OPTIONS", rt->method);
+            MHD_add_response_header(r, MHD_HTTP_HEADER_ACCESS_CONTROL_ALLOW_METHODS, allow);
+            MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+            MHD_add_response_header(r, MHD_HTTP_HEADER_ACCESS_CONTROL_MAX_AGE, "86400");
+        }
+        return queue(s, c, rq, 204, r);
+    }
     if (rq->ep != EP_HEALTH && !authorized(s, c))
-        return fail(s, c, rq->ep, 401, "authentication_error", "invalid_api_key", "%s",
+        return fail(s, c, rq, 401, "authentication_error", "invalid_api_key", "%s",
                     "missing or wrong API key (send it as 'Authorization: Bearer KEY')");
     if (!rt)
-        return fail(s, c, EP_OTHER, 404, "invalid_request_error", "not_found",
+        return fail(s, c, rq, 404, "invalid_request_error", "not_found",
                     "no such endpoint: %.200s", url);
     if (strcmp(method, rt->method)) {
         char msg[96];
         snprintf(msg, sizeof msg, "%s takes %s, not %.16s", rt->path, rt->method, method);
-        return fail(s, c, rq->ep, 405, "invalid_request_error", "method_not_allowed", "%s", msg);
+        return fail(s, c, rq, 405, "invalid_request_error", "method_not_allowed", "%s", msg);
     }
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     unsigned long long len = cl ? strtoull(cl, NULL, 10) : 0;
@@ -654,7 +699,7 @@ static enum MHD_Result on_headers(struct http *h, struct MHD_Connection *c, stru
     if (len && !budget_take(h, rq, (size_t)len)) {
         struct api_error e;
         busy_error(&e);
-        return send_error(s, c, rq->ep, &e);
+        return send_error(s, c, rq, &e);
     }
     rq->answered = false;
     return MHD_YES;
@@ -672,6 +717,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!rq) {
         if (!(rq = xcalloc(1, sizeof *rq))) return MHD_NO;
         *con_cls = rq;
+        rq->t0 = time_now();
+        snprintf(rq->method, sizeof rq->method, "%s", method);
+        snprintf(rq->path, sizeof rq->path, "%s", url);
+        client_address(c, rq->client, sizeof rq->client);
         waiter_init(&rq->w, h, c, version && !strcmp(version, MHD_HTTP_VERSION_1_1));
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         rq->conn = ci ? ci->socket_context : NULL;
@@ -724,7 +773,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (h->stop) { /* the preparation threads are gone */
             pthread_mutex_unlock(&h->mu);
             rq->answered = true;
-            return fail(s, c, rq->ep, 503, "server_error", "server_busy", "%s",
+            return fail(s, c, rq, 503, "server_error", "server_busy", "%s",
                         "the server is shutting down; try again later");
         }
         rq->stage = ST_PREP;
@@ -742,11 +791,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             cJSON *a = rq->answer;
             rq->answer = NULL;
             rq->answered = true;
-            return send_json(s, c, rq->ep, 200, a);
+            return send_json(s, c, rq, 200, a);
         }
         if (!rq->job) {
             rq->answered = true;
-            return send_error(s, c, rq->ep, &rq->err);
+            return send_error(s, c, rq, &rq->err);
         }
         if (rq->job->stream) {
             rq->answered = true;
@@ -760,12 +809,34 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return MHD_NO;
 }
 
+/* The access log: one line per request on stderr, when it ends (answered, or the connection
+ * gone first: status "-"). A generation adds its prompt, cached and generated tokens. */
+static void log_access(struct server *s, struct request *rq) {
+    if (!s->opt.access_log) return;
+    char path[4 * sizeof rq->path + 8], method[4 * sizeof rq->method + 8], status[16], tokens[96] = "";
+    str_escape(rq->path, strlen(rq->path), false, path, sizeof path);
+    str_escape(rq->method, strlen(rq->method), false, method, sizeof method);
+    if (rq->status) snprintf(status, sizeof status, "%d", rq->status);
+    else snprintf(status, sizeof status, "-");
+    if (rq->logged) {
+        struct job *j = rq->logged;
+        pthread_mutex_lock(&j->mu);
+        snprintf(tokens, sizeof tokens, " prompt %d (cached %d) generated %d", j->n_prompt,
+                 j->n_cached, j->n_generated);
+        pthread_mutex_unlock(&j->mu);
+    }
+    fprintf(stderr, "anvil: %s %s %s %s%s %.1f ms\n", rq->client, method, path, status, tokens,
+            (time_now() - rq->t0) * 1e3);
+}
+
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
     (void)c, (void)toe;
     struct http *h = cls;
     struct request *rq = *con_cls;
     if (!rq) return;
+    log_access(h->srv, rq);
+    job_release(h->srv, rq->logged);
     waiter_detach(&rq->w);
     if (rq->job) {
         pthread_mutex_lock(&rq->job->mu);

@@ -3,11 +3,11 @@
 
 static const char *const endpoint_names[EP_COUNT] = {
     "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-    "/tokenize", "/detokenize", "other",
+    "/tokenize", "/detokenize", "/props", "/apply-template", "other",
 };
 
 /* The statuses the server answers with; anything else is counted as the last. */
-static const int statuses[METRICS_STATUSES] = {200, 400, 401, 404, 405, 408,
+static const int statuses[METRICS_STATUSES] = {200, 204, 400, 401, 404, 405, 408,
                                                413, 429, 500, 503, 504, 0};
 
 void metrics_init(struct metrics *m) {

@@ -2,17 +2,20 @@
  * server: the OpenAI API shapes — parsing and checking chat and completion requests into
  * jobs, and building responses, stream chunks and error objects.
  *
- * Accepted request fields (anything else is ignored, as vLLM and llama.cpp do):
+ * Accepted request fields (any other is a 400 naming it, unless null: never silently
+ * ignored, unlike vLLM and llama.cpp):
  *   model, stream, stream_options.include_usage, max_tokens, max_completion_tokens,
  *   temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
  *   repetition_penalty, seed, stop (string or list), n (1 only), ignore_eos (vLLM's),
+ *   user (an end user's id, for the client's own records: nothing to do here),
  *   chat: messages (assistant tool_calls and tool results go to the template as they are;
  *         content parts of text, and of images as image_url data: URLs where the model has a
  *         vision tower: the template writes their placeholders),
  *         tools, tool_choice (auto, none, required, a named function), parallel_tool_calls,
  *         chat_template_kwargs (every key a template variable; enable_thinking must be a
  *         boolean);
- *   completions: prompt (a string, or token ids; or a list of one of those).
+ *   completions: prompt (a string, or token ids; or a list of one of those), echo (false
+ *         only), suffix (none).
  * Defaults follow OpenAI: temperature 1, top_p 1; without a seed each request draws one.
  */
 #include <math.h>
@@ -296,6 +299,35 @@ static bool get_object(const cJSON *o, const char *key, const cJSON **out, struc
     *out = v;
     return true;
 }
+
+/* Every field of req (null ones aside: clients send absent fields as null) is among allowed
+ * (a NULL-terminated list), else a 400 naming it: a parameter the server does not act on is
+ * never silently ignored. */
+bool api_check_fields(const cJSON *req, const char *const *allowed, struct api_error *e) {
+    const cJSON *f;
+    cJSON_ArrayForEach(f, req) {
+        if (cJSON_IsNull(f)) continue;
+        const char *const *a = allowed;
+        while (*a && strcmp(*a, f->string)) a++;
+        if (!*a) {
+            BAD(e, f->string, "'%.64s' is not supported by this server", f->string);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The fields chat and completion requests take (the header comment says how). */
+static const char *const chat_fields[] = {
+    "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+    "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "seed", "stop", "n", "ignore_eos", "user", "tools", "tool_choice",
+    "parallel_tool_calls", "chat_template_kwargs", NULL};
+static const char *const completion_fields[] = {
+    "model", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+    "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "seed", "stop", "n", "ignore_eos", "user", "echo", "suffix", NULL};
+static const char *const stream_option_fields[] = {"include_usage", NULL};
 
 /* "model", when given, must name the served model. */
 static bool check_model(struct server *s, const cJSON *req, struct api_error *e) {
@@ -706,8 +738,10 @@ struct job *api_job_from_request(struct server *s, enum job_kind kind, const cJS
              (unsigned long long)(id * 0xbf58476d1ce4e5b9ull));
     const cJSON *so = NULL;
     int64_t max_tokens = -1;
-    if (!check_model(s, req, e) || !get_bool(req, "stream", &j->stream, e) ||
+    if (!api_check_fields(req, kind == JOB_CHAT ? chat_fields : completion_fields, e) ||
+        !check_model(s, req, e) || !get_bool(req, "stream", &j->stream, e) ||
         !get_object(req, "stream_options", &so, e) ||
+        (so && !api_check_fields(so, stream_option_fields, e)) ||
         (so && !get_bool(so, "include_usage", &j->include_usage, e)) ||
         !get_bool(req, "ignore_eos", &j->ignore_eos, e) ||
         !get_int(req, "max_tokens", 1, 1e9, &max_tokens, e) ||
@@ -887,75 +921,24 @@ cJSON *api_models(struct server *s) {
     return r;
 }
 
-/* POST /tokenize: {"prompt": text} or {"messages": [...], "add_generation_prompt": bool,
- * "chat_template_kwargs": {...}} → {"tokens": [...], "count": n, "max_model_len": n_ctx}. */
-cJSON *api_tokenize(struct server *s, const cJSON *req, struct api_error *e) {
-    if (!check_model(s, req, e)) return NULL;
-    const cJSON *prompt = field(req, "prompt");
-    int32_t *ids = NULL;
-    int n = 0;
-    if (field(req, "messages")) {
-        bool agp = true;
-        if (!get_bool(req, "add_generation_prompt", &agp, e)) return NULL;
-        struct job tmp = {.id = "tokenize-0"}; /* the tools' rendering, without a job */
-        struct plain_spans plain = {0};
-        char *text = render_chat(s, req, &tmp, agp, &plain, e);
-        cJSON_Delete(tmp.tools);
-        free(tmp.forced);
-        if (!text) return NULL;
-        anvil_status st = srv_text_tokenize_chat(s->text, text, &plain, &ids, &n);
-        plain_spans_free(&plain);
-        free(text);
-        if (st != ANVIL_OK) {
-            BAD(e, "messages", "cannot tokenize: %s", anvil_last_error());
-            return NULL;
-        }
-    } else if (cJSON_IsString(prompt)) {
-        if (srv_text_tokenize(s->text, prompt->valuestring, &ids, &n) != ANVIL_OK) {
-            BAD(e, "prompt", "cannot tokenize: %s", anvil_last_error());
-            return NULL;
-        }
-    } else {
-        BAD(e, "prompt", "give 'prompt' (a string) or 'messages'");
-        return NULL;
-    }
-    /* the list as text: a node per id would cost 50 times its digits */
-    struct sbuf list = {0};
-    sbuf_adds(&list, "[");
-    for (int i = 0; i < n; i++) sbuf_printf(&list, i ? ",%d" : "%d", ids[i]);
-    sbuf_adds(&list, "]");
-    cJSON *r = cJSON_CreateObject();
-    cJSON_AddRawToObject(r, "tokens", list.p ? list.p : "[]");
-    sbuf_free(&list);
-    cJSON_AddNumberToObject(r, "count", n);
-    cJSON_AddNumberToObject(r, "max_model_len", s->n_ctx);
-    free(ids);
-    return r;
+/* ---- for the other endpoints (endpoints.c) ---- */
+
+const cJSON *api_field(const cJSON *o, const char *key) { return field(o, key); }
+
+bool api_get_bool(const cJSON *o, const char *key, bool *out, struct api_error *e) {
+    return get_bool(o, key, out, e);
 }
 
-/* POST /detokenize: {"tokens": [...]} → {"prompt": text}. */
-cJSON *api_detokenize(struct server *s, const cJSON *req, const struct body_ids *lifted,
-                      struct api_error *e) {
-    if (!check_model(s, req, e)) return NULL;
-    const cJSON *toks = field(req, "tokens");
-    if (!cJSON_IsArray(toks)) {
-        BAD(e, "tokens", "'tokens' must be a list of token ids");
-        return NULL;
-    }
-    int32_t *ids = NULL;
-    int n = 0;
-    if (!id_list(toks, "tokens", lifted, srv_text_vocab_size(s->text), &ids, &n, e)) return NULL;
-    struct sbuf text = {0};
-    sbuf_adds(&text, "");
-    anvil_status st = srv_text_detokenize(s->text, ids, n, &text);
-    free(ids);
-    if (st != ANVIL_OK) {
-        sbuf_free(&text);
-        BAD(e, "tokens", "cannot detokenize: %s", anvil_last_error());
-        return NULL;
-    }
-    cJSON *r = cJSON_CreateObject();
-    cJSON_AddStringToObject(r, "prompt", text.p);
-    sbuf_free(&text);
-    return r;
+bool api_check_model(struct server *s, const cJSON *req, struct api_error *e) {
+    return check_model(s, req, e);
+}
+
+char *api_render_chat(struct server *s, const cJSON *req, struct job *j, bool add_generation_prompt,
+                      struct plain_spans *plain, struct api_error *e) {
+    return render_chat(s, req, j, add_generation_prompt, plain, e);
+}
+
+bool api_id_list(const cJSON *list, const char *key, const struct body_ids *lifted, int V,
+                 int32_t **ids, int *n, struct api_error *e) {
+    return id_list(list, key, lifted, V, ids, n, e);
 }

@@ -13,7 +13,7 @@
  *
  * Endpoints: POST /v1/chat/completions, POST /v1/completions (streamed as server-sent events
  * when "stream": true), GET /v1/models, GET /health, GET /metrics (Prometheus text), POST
- * /tokenize, POST /detokenize.
+ * /tokenize, POST /detokenize, GET /props, POST /apply-template.
  *
  * Scheduling: the model has one session, owned by one worker thread. Every generation request
  * is validated and tokenized on a preparation thread (never on the threads that run the
@@ -34,6 +34,7 @@
 #ifndef ANVIL_SERVER_H
 #define ANVIL_SERVER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "anvil.h"
@@ -64,6 +65,9 @@ struct server_options {
                                 requests together; a request past it gets 503 */
     const char *chat_template;        /* template text replacing the model's own, or NULL */
     const char *chat_template_kwargs; /* JSON object: default template variables, or NULL */
+    const char *cors_origin; /* NULL: no CORS headers; else Access-Control-Allow-Origin's value
+                                on every response, and OPTIONS preflights answered */
+    bool access_log;         /* a line per request on stderr */
 };
 
 void server_options_default(struct server_options *o);

@@ -56,6 +56,9 @@ anvil_status srv_text_tokenize_chat(struct srv_text *t, const char *text,
  * tokens, <think>, are matched: Hugging Face's split_special_tokens); *ids is new, the caller
  * frees it. */
 anvil_status srv_text_tokenize(struct srv_text *t, const char *text, int32_t **ids, int *n);
+/* The exact bytes of one token (an added token as its text; possibly part of a UTF-8
+ * character) into out. */
+anvil_status srv_text_piece(struct srv_text *t, int32_t id, struct sbuf *out);
 /* ids → text into out; out-of-range ids are an error. */
 anvil_status srv_text_detokenize(struct srv_text *t, const int32_t *ids, int n, struct sbuf *out);
 int32_t srv_text_vocab_size(const struct srv_text *t);
@@ -73,9 +76,9 @@ void srv_decoder_flush(struct srv_decoder *d, struct sbuf *out);
 
 enum endpoint {
     EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE,
-    EP_OTHER, EP_COUNT
+    EP_PROPS, EP_APPLY_TEMPLATE, EP_OTHER, EP_COUNT
 };
-#define METRICS_STATUSES 12
+#define METRICS_STATUSES 13
 
 struct metrics {
     pthread_mutex_t mu;
@@ -249,8 +252,29 @@ cJSON *api_stream_chunk(struct server *s, const struct job *j, bool role, const 
  * call with its index). */
 cJSON *api_stream_tool_calls(struct server *s, const struct job *j, const cJSON *calls);
 cJSON *api_models(struct server *s);
+/* openai.c's field readers and the chat's rendering, for endpoints.c: a field absent or null
+ * is NULL (api_field) or leaves *out as it is; a bad one sets e (400) and returns false. */
+const cJSON *api_field(const cJSON *o, const char *key);
+/* Every non-null field of req is among allowed (NULL-terminated), else a 400 naming it. */
+bool api_check_fields(const cJSON *req, const char *const *allowed, struct api_error *e);
+bool api_get_bool(const cJSON *o, const char *key, bool *out, struct api_error *e);
+bool api_check_model(struct server *s, const cJSON *req, struct api_error *e);
+/* A chat request's messages, tools and chat_template_kwargs rendered by the template (j takes
+ * the tools' parsing: a job, or a zeroed one with an id); NULL with e set when bad. */
+char *api_render_chat(struct server *s, const cJSON *req, struct job *j, bool add_generation_prompt,
+                      struct plain_spans *plain, struct api_error *e);
+/* Token ids given as a list (lifted out of the body when lifted->key is key), in [0, V). */
+bool api_id_list(const cJSON *list, const char *key, const struct body_ids *lifted, int V,
+                 int32_t **ids, int *n, struct api_error *e);
+
+/* endpoints.c: the endpoints beside the OpenAI ones (llama-server's and vLLM's names). */
 cJSON *api_tokenize(struct server *s, const cJSON *req, struct api_error *e);
 cJSON *api_detokenize(struct server *s, const cJSON *req, const struct body_ids *ids,
                       struct api_error *e);
+cJSON *api_props(struct server *s);
+cJSON *api_apply_template(struct server *s, const cJSON *req, struct api_error *e);
+/* A token as OpenAI's logprobs show it: its text (valid UTF-8, a piece of a character as
+ * U+FFFD) and its exact bytes. */
+void api_token_text(struct server *s, int32_t id, cJSON *into);
 
 #endif

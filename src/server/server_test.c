@@ -3,6 +3,7 @@
  * with the qwen3-small reference model and talks HTTP to it through libcurl.
  */
 #include <curl/curl.h>
+#include <ctype.h>
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -305,7 +306,7 @@ static int start_server(void **state) {
         (void)f;
         execl(ANVIL_BIN, ANVIL_BIN, "serve", "-m", tu_testdata("reference/qwen3-small"), "--port",
               "0", "-t", "2", "--backend", "cpu", "--api-key", KEY, "--timeout", "2",
-              "--request-timeout", "3", "--parse-budget", "8",
+              "--request-timeout", "3", "--parse-budget", "8", "--cors", "https://app.example",
               "--chat-template-file", tmpl_path, "--chat-template-kwargs",
               "{\"server_default\": \" and the server's default\"}", (char *)NULL);
         _exit(127);
@@ -331,14 +332,25 @@ static int start_server(void **state) {
     return 0;
 }
 
-/* SIGTERM: the server ends its requests and exits 0, promptly. */
+static double metric(const char *text, const char *sample);
+static char *get_metrics(void);
+
+/* SIGTERM: the server ends its requests and exits 0, promptly: the running stream and the
+ * queued ones end with an error event and [DONE], the queued non-streamed requests get 503. */
 static int stop_server(void **state) {
     (void)state;
-    /* one long stream running and one request waiting when the signal comes */
-    struct call busy, waiting;
+    /* one long stream running and four requests waiting when the signal comes */
+    enum { N_WAIT = 4 };
+    struct call busy, waiting[N_WAIT];
     call_init(&busy, "POST", "/v1/completions", "{\"prompt\":\"Busy\",\"max_tokens\":4000,"
               "\"temperature\":0,\"ignore_eos\":true,\"stream\":true}", KEY);
-    call_init(&waiting, "POST", "/v1/completions", "{\"prompt\":\"Waiting\",\"max_tokens\":4}", KEY);
+    call_init(&waiting[0], "POST", "/v1/completions", "{\"prompt\":\"Waiting\",\"max_tokens\":4}", KEY);
+    call_init(&waiting[1], "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\","
+              "\"content\":\"Waiting\"}],\"max_tokens\":4}", KEY);
+    call_init(&waiting[2], "POST", "/v1/completions", "{\"prompt\":\"Waiting\",\"max_tokens\":4,"
+              "\"stream\":true}", KEY);
+    call_init(&waiting[3], "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\","
+              "\"content\":\"Waiting\"}],\"max_tokens\":4,\"stream\":true}", KEY);
     CURLM *m = curl_multi_init();
     curl_multi_add_handle(m, busy.h);
     int running = 1;
@@ -347,29 +359,48 @@ static int stop_server(void **state) {
         curl_multi_poll(m, NULL, 0, 20, NULL);
     }
     assert_true(busy.body.len >= 200);
-    curl_multi_add_handle(m, waiting.h);
-    for (double t0 = now(); now() - t0 < 0.3;) {
-        curl_multi_perform(m, &running);
-        curl_multi_poll(m, NULL, 0, 20, NULL);
+    for (int i = 0; i < N_WAIT; i++) curl_multi_add_handle(m, waiting[i].h);
+    /* until all four wait in the queue */
+    double depth = -1;
+    for (double t0 = now(); depth != N_WAIT && now() - t0 < 5 * SLOW;) {
+        for (double t1 = now(); now() - t1 < 0.05;) {
+            curl_multi_perform(m, &running);
+            curl_multi_poll(m, NULL, 0, 10, NULL);
+        }
+        char *text = get_metrics();
+        depth = metric(text, "anvil_queue_depth");
+        free(text);
     }
+    assert_true(depth == N_WAIT);
     assert_int_equal(kill(server_pid, SIGTERM), 0);
     for (double t0 = now(); running && now() - t0 < 10;) {
         curl_multi_perform(m, &running);
         if (running) curl_multi_poll(m, NULL, 0, 20, NULL);
     }
-    assert_int_equal(running, 0); /* both answered or cut, not left hanging */
-    long st = call_status(&waiting);
-    assert_true(st == 503 || st == 0);
-    /* the running stream ends with its error event, then [DONE] */
-    assert_non_null(busy.body.p);
-    const char *ev = strstr(busy.body.p, "\"error\"");
-    if (!ev || !strstr(ev, "shutting down") || !strstr(ev, "data: [DONE]\n\n"))
-        fail_msg("the stream cut by SIGTERM ended without its error: ...%s",
-                 busy.body.p + (busy.body.len > 300 ? busy.body.len - 300 : 0));
+    assert_int_equal(running, 0); /* all answered, none left hanging */
+    /* every stream ends with its error event, then [DONE] */
+    struct call *streams[] = {&busy, &waiting[2], &waiting[3]};
+    for (size_t i = 0; i < ARRAY_LEN(streams); i++) {
+        struct call *c = streams[i];
+        assert_int_equal(call_status(c), 200);
+        assert_non_null(c->body.p);
+        const char *ev = strstr(c->body.p, "data: {\"error\"");
+        if (!ev || !strstr(ev, "shutting down") || !strstr(ev, "data: [DONE]\n\n"))
+            fail_msg("stream %zu, cut by SIGTERM, ended without its error: ...%s", i,
+                     c->body.p + (c->body.len > 300 ? c->body.len - 300 : 0));
+    }
+    for (int i = 0; i < 2; i++) {
+        if (call_status(&waiting[i]) != 503)
+            fail_msg("queued request %d: %ld, not 503: %s", i, call_status(&waiting[i]),
+                     waiting[i].body.p ? waiting[i].body.p : "");
+        assert_non_null(strstr(waiting[i].body.p, "shutting down"));
+    }
+    for (int i = 0; i < N_WAIT; i++) {
+        curl_multi_remove_handle(m, waiting[i].h);
+        call_free(&waiting[i]);
+    }
     curl_multi_remove_handle(m, busy.h);
-    curl_multi_remove_handle(m, waiting.h);
     call_free(&busy);
-    call_free(&waiting);
     curl_multi_cleanup(m);
     int status = 0;
     double t0 = now();
@@ -669,6 +700,16 @@ static void test_malformed(void **state) {
         {"POST", "/v1/completions", "{\"prompt\":\"x\",\"echo\":true}", 400, "echo"},
         {"POST", "/v1/completions", big_prompt, 400, "prompt"},
         {"POST", "/v1/completions", big_body, 413, NULL},
+        /* fields the server does not act on: a 400 naming each, never ignored */
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"service_tier\":\"flex\"}", 400, "service_tier"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":{\"include_obfuscation\":true}}", 400, "include_obfuscation"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"prompt\":\"y\"}", 400, "prompt"},
+        {"POST", "/v1/completions", "{\"prompt\":\"x\",\"best_of\":2}", 400, "best_of"},
+        {"POST", "/v1/completions", "{\"prompt\":\"x\",\"messages\":[]}", 400, "messages"},
+        {"POST", "/tokenize", "{\"text\":\"x\"}", 400, "text"},
+        {"POST", "/detokenize", "{\"tokens\":[1],\"skip_special_tokens\":true}", 400, "skip_special_tokens"},
+        {"POST", "/apply-template", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":0}", 400, "temperature"},
         {"POST", "/tokenize", "{\"prompt\":3}", 400, "prompt"},
         {"POST", "/detokenize", "{\"tokens\":[1,-1]}", 400, "tokens"},
         {"POST", "/detokenize", "{\"tokens\":\"1 2\"}", 400, "tokens"},
@@ -677,6 +718,11 @@ static void test_malformed(void **state) {
         {"GET", "/v1/models/other-model", NULL, 404, NULL},
         {"GET", "/v2/everything", NULL, 404, NULL},
     };
+    /* what is accepted: user (nothing to do), and null for any field (clients send absent
+     * fields as null) */
+    cJSON *ok = post_ok("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                        "\"max_tokens\":1,\"user\":\"u-1\",\"service_tier\":null,\"metadata\":null}");
+    cJSON_Delete(ok);
     for (size_t i = 0; i < ARRAY_LEN(cases); i++) {
         char *out;
         long st = http(cases[i].method, cases[i].path, cases[i].body, KEY, &out);
@@ -1320,6 +1366,165 @@ static void test_template_spans(void **state) {
 }
 
 /* /metrics is valid Prometheus text, and its counters add up. */
+/* Response headers of one request (lower-cased names), for test_cors. */
+static size_t on_header(char *data, size_t size, size_t n, void *user) {
+    struct buf *b = user;
+    size_t add = size * n;
+    b->p = realloc(b->p, b->len + add + 1);
+    for (size_t i = 0; i < add; i++) b->p[b->len + i] = (char)tolower((unsigned char)data[i]);
+    b->len += add;
+    b->p[b->len] = 0;
+    return add;
+}
+
+static long http_headers(const char *method, const char *path, const char *key, char **headers) {
+    struct call c;
+    struct buf h = {0};
+    call_init(&c, method, path, NULL, key);
+    curl_easy_setopt(c.h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c.h, CURLOPT_HEADERDATA, &h);
+    if (!strcmp(method, "OPTIONS")) {
+        struct curl_slist *more = curl_slist_append(c.headers, "Origin: https://app.example");
+        c.headers = curl_slist_append(more, "Access-Control-Request-Method: POST");
+        curl_easy_setopt(c.h, CURLOPT_HTTPHEADER, c.headers);
+    }
+    CURLcode rc = curl_easy_perform(c.h);
+    if (rc != CURLE_OK) fail_msg("%s %s: %s", method, path, curl_easy_strerror(rc));
+    long status = call_status(&c);
+    call_free(&c);
+    *headers = h.p ? h.p : strdup("");
+    return status;
+}
+
+/* --cors: the origin on every response (errors too); a preflight needs no key. */
+static void test_cors(void **state) {
+    (void)state;
+    char *h;
+    long st = http_headers("OPTIONS", "/v1/chat/completions", NULL, &h);
+    assert_int_equal(st, 204);
+    if (!strstr(h, "access-control-allow-origin: https://app.example\r\n") ||
+        !strstr(h, "access-control-allow-methods: post, options\r\n") ||
+        !strstr(h, "access-control-allow-headers: authorization, content-type\r\n"))
+        fail_msg("preflight headers: %s", h);
+    free(h);
+    assert_int_equal(http_headers("GET", "/v1/models", KEY, &h), 200);
+    assert_non_null(strstr(h, "access-control-allow-origin: https://app.example\r\n"));
+    assert_non_null(strstr(h, "vary: origin\r\n"));
+    free(h);
+    assert_int_equal(http_headers("GET", "/v1/models", NULL, &h), 401);
+    assert_non_null(strstr(h, "access-control-allow-origin: https://app.example\r\n"));
+    free(h);
+    /* a preflight for no endpoint is no preflight: the key first, as always */
+    assert_int_equal(http_headers("OPTIONS", "/nowhere", NULL, &h), 401);
+    free(h);
+}
+
+/* /props, /apply-template, and /tokenize and /detokenize under llama-server's names. */
+static void test_llama_endpoints(void **state) {
+    (void)state;
+    char *out;
+    long st = http("GET", "/props", NULL, KEY, &out);
+    if (st != 200) fail_msg("/props -> %ld: %s", st, out);
+    cJSON *r = cJSON_Parse(out);
+    free(out);
+    assert_string_equal(get_str(r, "model"), "qwen3-small");
+    assert_int_equal(get_int(r, "n_ctx"), 4096);
+    assert_int_equal(get_int(r, "default_generation_settings.n_ctx"), 4096);
+    assert_int_equal(get_int(r, "default_generation_settings.params.n_predict"), 512);
+    assert_int_equal(get_int(r, "default_generation_settings.params.temperature"), 1);
+    assert_non_null(strstr(get_str(r, "chat_template"), "<|im_start|>"));
+    assert_true(cJSON_IsFalse(get(r, "modalities.vision")));
+    cJSON_Delete(r);
+    assert_int_equal(http("POST", "/props", "{}", KEY, &out), 405);
+    free(out);
+
+    /* the rendering a chat's prompt is tokenized from, with and without the generation prompt */
+    r = post_ok("/apply-template", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi there\"}]}");
+    const char *want = "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n";
+    assert_string_equal(get_str(r, "prompt"), want);
+    cJSON_Delete(r);
+    r = post_ok("/apply-template", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi there\"}],"
+                "\"add_generation_prompt\":false,\"chat_template_kwargs\":{\"extra_marker\":\"M\"}}");
+    assert_string_equal(get_str(r, "prompt"),
+                        "<|im_start|>user\nHi there<|im_end|>\nM and the server's default");
+    cJSON_Delete(r);
+    assert_int_equal(http("POST", "/apply-template", "{\"messages\":[]}", KEY, &out), 400);
+    free(out);
+    /* as many tokens as a chat completion's prompt */
+    r = post_ok("/tokenize", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi there\"}]}");
+    int n_chat = get_int(r, "count");
+    cJSON_Delete(r);
+    r = post_ok("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi there\"}],"
+                "\"max_tokens\":1}");
+    assert_int_equal(get_int(r, "usage.prompt_tokens"), n_chat);
+    cJSON_Delete(r);
+
+    /* content / with_pieces: the pieces spell the text; detokenize answers content too */
+    r = post_ok("/tokenize", "{\"content\":\"Hello world, hello!\",\"with_pieces\":true,\"add_special\":false}");
+    const cJSON *toks = get(r, "tokens"), *t;
+    assert_true(cJSON_GetArraySize(toks) > 2);
+    char spelled[256] = "", body[512] = "{\"tokens\":[";
+    cJSON_ArrayForEach(t, toks) {
+        strcat(spelled, get_str(t, "piece"));
+        sprintf(body + strlen(body), "%s%d", t == toks->child ? "" : ",", get_int(t, "id"));
+    }
+    strcat(body, "]}");
+    assert_string_equal(spelled, "Hello world, hello!");
+    assert_int_equal(get_int(r, "count"), cJSON_GetArraySize(toks));
+    cJSON_Delete(r);
+    r = post_ok("/detokenize", body);
+    assert_string_equal(get_str(r, "content"), "Hello world, hello!");
+    assert_string_equal(get_str(r, "prompt"), "Hello world, hello!");
+    cJSON_Delete(r);
+    /* a piece that is part of a character comes as its bytes */
+    r = post_ok("/tokenize", "{\"content\":\"\u00e9\u00e8\u4e2d\u6587\U0001F600\",\"with_pieces\":true}");
+    int n_bytes = 0;
+    cJSON_ArrayForEach(t, get(r, "tokens")) {
+        const cJSON *piece = get(t, "piece");
+        if (cJSON_IsString(piece)) n_bytes += (int)strlen(piece->valuestring);
+        else n_bytes += cJSON_GetArraySize(piece);
+    }
+    assert_int_equal(n_bytes, 2 + 2 + 3 + 3 + 4);
+    cJSON_Delete(r);
+    assert_int_equal(http("POST", "/tokenize", "{\"content\":\"x\",\"with_pieces\":1}", KEY, &out), 400);
+    free(out);
+}
+
+/* The access log: a line per request, with a generation's token counts. */
+static void test_access_log(void **state) {
+    (void)state;
+    cJSON *r = post_ok("/v1/completions", "{\"prompt\":\"Access log line\",\"max_tokens\":3,"
+                       "\"ignore_eos\":true,\"temperature\":0}");
+    int n_prompt = get_int(r, "usage.prompt_tokens");
+    cJSON_Delete(r);
+    char *out;
+    assert_int_equal(http("GET", "/v1/models/nope%0a%1b[31m", NULL, KEY, &out), 404);
+    free(out);
+    char errpath[512], want[128];
+    snprintf(errpath, sizeof errpath, "%s/serve.err", tmpdir);
+    snprintf(want, sizeof want, " POST /v1/completions 200 prompt %d (cached ", n_prompt);
+    char *log = NULL;
+    /* the line is written when the connection is done with the request: soon after */
+    for (double t0 = now(); now() - t0 < 5; usleep(20000)) {
+        free(log);
+        log = tu_read_file(errpath, NULL);
+        if (log && strstr(log, want) && strstr(log, "GET /v1/models/nope")) break;
+    }
+    const char *line = log ? strstr(log, want) : NULL;
+    if (!line) fail_msg("no access log line '%s' in %s", want, log ? log : "(nothing)");
+    assert_non_null(strstr(line, ") generated 3 "));
+    const char *eol = strchr(line, '\n');
+    assert_non_null(eol);
+    assert_memory_equal(eol - 3, " ms", 3);
+    /* a client's bytes are escaped: no terminal control from a request line */
+    const char *bad = strstr(log, "GET /v1/models/nope");
+    assert_non_null(bad);
+    assert_null(strchr(log, '\x1b'));
+    assert_non_null(strstr(bad, "GET /v1/models/nope\\x0a\\x1b[31m 404 "));
+    assert_non_null(strstr(log, "anvil: 127.0.0.1 "));
+    free(log);
+}
+
 static void test_metrics(void **state) {
     (void)state;
     char *text = get_metrics();
@@ -1519,7 +1724,9 @@ static void test_images(void **state) {
     free(tok);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    /* server_test PATTERN: only the tests whose names match (cmocka's wildcards) */
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auth),
         cmocka_unit_test(test_chat),
@@ -1538,6 +1745,9 @@ int main(void) {
         cmocka_unit_test(test_parse_budget),
         cmocka_unit_test(test_request_checks),
         cmocka_unit_test(test_template_spans),
+        cmocka_unit_test(test_cors),
+        cmocka_unit_test(test_llama_endpoints),
+        cmocka_unit_test(test_access_log),
         cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_synthetic_with_tokenizer),
         cmocka_unit_test(test_images),

@@ -425,6 +425,16 @@ static void add_valid_utf8(struct sbuf *out, const char *s, size_t n) {
     }
 }
 
+anvil_status srv_text_piece(struct srv_text *t, int32_t id, struct sbuf *out) {
+    char *text = NULL;
+    size_t len = 0;
+    anvil_status st = anvil_detokenize(t->tok, &id, 1, &text, &len);
+    if (st != ANVIL_OK) return st;
+    if (!sbuf_add(out, text, len)) st = ANVIL_ERR_NOMEM;
+    free(text);
+    return st;
+}
+
 anvil_status srv_text_detokenize(struct srv_text *t, const int32_t *ids, int n, struct sbuf *out) {
     char *text = NULL;
     size_t len = 0;

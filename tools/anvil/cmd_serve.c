@@ -41,6 +41,11 @@ static void usage(void) {
             "                          chat_template_kwargs override them)\n"
             "  --tokenizer DIR         the tokenizer (a tokenizer.json folder or file, or a .gguf)\n"
             "                          instead of the model's own: serves synthetic:NAME models\n"
+            "  --cors ORIGIN           let browser pages from ORIGIN (or * for any) call the API:\n"
+            "                          Access-Control-Allow-Origin on every response, OPTIONS\n"
+            "                          preflights answered (default: no CORS headers)\n"
+            "  -q, --quiet             no access log (default: a line per request on stderr:\n"
+            "                          client, method, path, status, tokens, milliseconds)\n"
             "  --mmproj FILE           the vision tower (llama.cpp's mmproj GGUF) of a GGUF model:\n"
             "                          image_url parts (data: URLs) in chats; a checkpoint's own\n"
             "                          tower is used without it (raise --max-body for big images)\n"
@@ -72,6 +77,7 @@ int cmd_serve(int argc, char **argv) {
     struct tuning t;
     if (tuning_read(&t) != ANVIL_OK) return fail("%s", anvil_last_error());
     o.api_key = t.api_key[0] ? t.api_key : NULL;
+    o.access_log = true;
     for (int i = 1; i < argc; i++) {
         int r = common_opt(&co, argc, argv, &i);
         if (!r) r = template_opt(&tpl, argc, argv, &i);
@@ -83,10 +89,15 @@ int cmd_serve(int argc, char **argv) {
             usage();
             return 0;
         }
+        if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+            o.access_log = false;
+            continue;
+        }
         if (!(v = opt_value(argc, argv, &i))) return 1;
         if (!strcmp(a, "--host")) o.host = v;
         else if (!strcmp(a, "--api-key")) o.api_key = v;
         else if (!strcmp(a, "--model-name")) o.model_name = v;
+        else if (!strcmp(a, "--cors")) o.cors_origin = v;
         else if (!strcmp(a, "--port")) {
             if (!parse_int(v, 0, 65535, &o.port)) return fail("bad --port \"%s\"", v);
         } else if (!strcmp(a, "--max-tokens")) {
