@@ -575,10 +575,12 @@ static int same_blocks(const char *a, const char *b, int type) {
 
 /* With an importance matrix: the testdata's IQ4_XS file is llama-quantize's, every tensor and
  * key byte for byte but the matrix's path (IQ4_XS blocks, the Q6_K output); so are the Q2_K
- * tensors of its IQ2_XXS and IQ1_S files, which a Q2_K_S file shares. Types anvil has no
+ * tensors of its IQ2_XXS and IQ1_S files, which a Q2_K_S file shares, and the i-quant blocks
+ * (IQ2_XXS, IQ1_S, IQ3_S) of its files of those types, in the same mix. Types anvil has no
  * weighted quantizer for are written without importances and counted (Q3_K); the Q5_K output
- * of the IQ2_XXS and IQ1_S files is the Q5_K quantizer's under importances. The types below
- * 4 bits are refused without a matrix; a bad matrix is refused by name. */
+ * of the IQ2_XXS and IQ1_S files is the Q5_K quantizer's under importances. The file types
+ * below 3 bits, and a tensor of those types, are refused without a matrix; a bad matrix is
+ * refused by name. */
 static void test_quantize_imatrix(void **state) {
     (void)state;
     char *dir = tu_tmpdir();
@@ -642,13 +644,39 @@ static void test_quantize_imatrix(void **state) {
     snprintf(ref, sizeof ref, "%s", tu_testdata("gguf/qwen3-small/qwen3-small-IQ1_S.gguf"));
     assert_int_equal(same_blocks(out, ref, DT_Q2_K), 3);
 
+    /* the i-quants below 4 bits: llama-quantize's files, block for block */
+    static const struct {
+        const char *ftype;
+        int type, n;
+    } iq[] = {
+        {"IQ2_XXS", DT_IQ2_XXS, 12}, {"IQ1_S", DT_IQ1_S, 10}, {"IQ1_S", DT_IQ2_XXS, 2},
+        {"IQ3_S", DT_IQ3_S, 15},
+    };
+    for (size_t k = 0; k < sizeof iq / sizeof *iq; k++) {
+        assert_int_equal(gguf_quantize(f32, out, iq[k].ftype, im, 2, &s), ANVIL_OK);
+        assert_int_equal(s.n_unweighted, 0);
+        snprintf(ref, sizeof ref, "%s", tu_testdata("gguf/qwen3-small/qwen3-small-"));
+        snprintf(ref + strlen(ref), sizeof ref - strlen(ref), "%s.gguf", iq[k].ftype);
+        assert_int_equal(gguf_open(out, &a), ANVIL_OK);
+        assert_int_equal(gguf_open(ref, &b), ANVIL_OK);
+        for (int64_t i = 0; i < b->n_tensors; i++) /* the same mix */
+            assert_int_equal(b->tensors[i].type, gguf_find_tensor(a, b->tensors[i].name)->type);
+        gguf_close(a);
+        gguf_close(b);
+        assert_int_equal(same_blocks(out, ref, iq[k].type), iq[k].n);
+    }
+
     /* refusals */
     assert_int_not_equal(gguf_quantize(f32, out, "Q2_K_S", NULL, 2, &s), ANVIL_OK);
-    assert_non_null(strstr(err_get(), "blk.0.attn_k.weight would be Q2_K, which needs an importance matrix"));
-    assert_int_not_equal(gguf_quantize(f32, out, "IQ2_XXS", NULL, 2, &s), ANVIL_OK);
-    assert_non_null(strstr(err_get(), "IQ2_XXS needs an importance matrix"));
-    assert_int_not_equal(gguf_quantize(f32, out, "IQ2_XXS", im, 2, &s), ANVIL_OK);
-    assert_non_null(strstr(err_get(), "cannot write IQ2_XXS yet"));
+    assert_non_null(strstr(err_get(), "Q2_K_S needs an importance matrix"));
+    static const char *const needy[] = {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"};
+    for (size_t k = 0; k < sizeof needy / sizeof *needy; k++) {
+        assert_int_not_equal(gguf_quantize(f32, out, needy[k], NULL, 2, &s), ANVIL_OK);
+        assert_non_null(strstr(err_get(), "needs an importance matrix for its types below 3 bits"));
+    }
+    /* IQ3_XXS itself is allowed, but it would put attn_q in IQ2_S */
+    assert_int_not_equal(gguf_quantize(f32, out, "IQ3_XXS", NULL, 2, &s), ANVIL_OK);
+    assert_non_null(strstr(err_get(), "blk.0.attn_k.weight would be IQ2_S, which needs an importance matrix"));
     assert_int_not_equal(gguf_quantize(f32, out, "IQ4_XS", f32, 2, &s), ANVIL_OK);
     assert_non_null(strstr(err_get(), "no importance entries"));
     tu_write_file(bad, "not a gguf", 10);

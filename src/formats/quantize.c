@@ -19,18 +19,19 @@ static const struct ftype_info ftypes[] = {
     {"Q3_K_S", 11, DT_Q3_K}, {"Q3_K_M", 12, DT_Q3_K},  {"Q3_K_L", 13, DT_Q3_K},
     {"Q4_K_S", 14, DT_Q4_K}, {"Q4_K_M", 15, DT_Q4_K},  {"Q5_K_S", 16, DT_Q5_K},
     {"Q5_K_M", 17, DT_Q5_K}, {"Q6_K", 18, DT_Q6_K},     {"Q2_K_S", 21, DT_Q2_K},
-    {"IQ4_NL", 25, DT_IQ4_NL}, {"IQ4_XS", 30, DT_IQ4_XS},
+    {"IQ4_NL", 25, DT_IQ4_NL}, {"IQ4_XS", 30, DT_IQ4_XS}, {"IQ3_M", 27, DT_IQ3_S},
+    {"IQ3_S", 26, DT_IQ3_S}, {"IQ3_XS", 22, DT_IQ3_S}, {"IQ3_XXS", 23, DT_IQ3_XXS},
+    {"IQ2_M", 29, DT_IQ2_S}, {"IQ2_S", 28, DT_IQ2_XS}, {"IQ2_XS", 20, DT_IQ2_XS},
+    {"IQ2_XXS", 19, DT_IQ2_XXS}, {"IQ1_M", 31, DT_IQ1_M}, {"IQ1_S", 24, DT_IQ1_S},
 };
-/* llama.cpp's i-quant file types anvil does not write: the quantizers of IQ1 ... IQ3 blocks
- * search their grids under an importance matrix, which anvil does not implement. Those that
- * hold types below 4 bits need an importance matrix in llama-quantize. */
-static const struct {
-    const char *name;
-    bool needs_imatrix;
-} unwritten[] = {
-    {"IQ2_XXS", true}, {"IQ2_XS", true}, {"IQ2_S", true}, {"IQ2_M", true},  {"IQ1_S", true},
-    {"IQ1_M", true},   {"IQ3_XXS", true}, {"IQ3_XS", true}, {"IQ3_S", false}, {"IQ3_M", false},
-};
+/* The file types llama-quantize refuses without an importance matrix (its types below 3 bits
+ * would be too poor); others refuse single tensors (requires_imatrix). */
+static bool ftype_needs_imatrix(int ftype) {
+    switch (ftype) {
+    case 19: case 20: case 21: case 24: case 28: case 31: return true; /* IQ2_XXS, IQ2_XS, Q2_K_S, IQ1_S, IQ2_S, IQ1_M */
+    default: return false;
+    }
+}
 /* llama-quantize's aliases */
 static const struct {
     const char *alias, *name;
@@ -50,8 +51,9 @@ const struct ftype_info *ftype_from_name(const char *name) {
 }
 
 const char *ftype_names(void) {
-    return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q2_K_S (needs --imatrix), Q3_K_S, "
-           "Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_NL, IQ4_XS";
+    return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, "
+           "Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, IQ4_NL, IQ4_XS, IQ3_M, IQ3_S, IQ3_XS, IQ3_XXS, IQ2_M; "
+           "with --imatrix also Q2_K_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_M, IQ1_S";
 }
 
 static bool contains(const char *s, const char *part) { return strstr(s, part) != NULL; }
@@ -86,41 +88,94 @@ static bool use_more_bits(int i, int n) {
 
 static int block_of(int type) { return dtype_traits(type)->block_size; }
 
+/* llama.cpp's ftype numbers (llama_ftype's LLAMA_FTYPE_MOSTLY_*) */
+enum {
+    Q4_0 = 2, Q5_0 = 8, Q2_K = 10, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M,
+    IQ2_XXS = 19, IQ2_XS, Q2_K_S, IQ3_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ3_M, IQ2_S, IQ2_M,
+    IQ4_XS, IQ1_M,
+};
+
+/* The row-size fallback of a type whose blocks do not fit a row (llama.cpp's). */
+static int fallback_type(int t) {
+    switch (t) {
+    case DT_Q2_K: case DT_Q3_K: return DT_Q4_0;
+    case DT_Q4_K: return DT_Q5_0;
+    case DT_Q5_K: return DT_Q5_1;
+    case DT_Q6_K: return DT_Q8_0;
+    case DT_IQ2_XXS: case DT_IQ2_XS: case DT_IQ2_S: case DT_IQ3_XXS: case DT_IQ3_S:
+    case DT_IQ1_S: case DT_IQ1_M: case DT_IQ4_XS: return DT_IQ4_NL;
+    default: return t;
+    }
+}
+
+/* The types of the file types below 3 bits (llama.cpp's rules for IQ2_XXS ... IQ1_M, whose
+ * tensors mostly keep the base type): the tensors that matter most get more bits. rank is the
+ * tensor's rank among the ffn_down tensors (n_layer of them counted as llama.cpp does). */
+static int lowbit_type(const struct quant_mix *m, const char *name, int t, int rank) {
+    const int ft = m->ft->ftype;
+    const bool s_or_m = ft == IQ2_S || ft == IQ2_M;
+    if (contains(name, "attn_v.weight"))
+        return m->n_gqa >= 4 || m->n_expert >= 4 ? DT_Q4_K : s_or_m ? DT_IQ3_S : DT_Q2_K;
+    if (m->n_expert == 8 && contains(name, "attn_k.weight")) return DT_Q4_K;
+    if (contains(name, "ffn_down"))
+        return rank < m->n_layer / 8 ? (s_or_m ? DT_IQ3_S : DT_Q2_K) : t;
+    if (contains(name, "attn_output.weight")) {
+        if (m->n_expert == 8) return DT_Q5_K;
+        if (ft == IQ1_S || ft == IQ1_M) return DT_IQ2_XXS;
+        if (s_or_m) return DT_IQ3_S;
+    }
+    return t;
+}
+
 int quant_mix_type(const struct quant_mix *m, const char *name, int n_dims, int64_t ne0,
-                   int i_attn_v, bool *fell_back) {
+                   int rank, bool *fell_back) {
     (void)n_dims;
     const int ft = m->ft->ftype;
     int t = m->ft->base_type;
     *fell_back = false;
     if (t == DT_F32 || t == DT_F16 || t == DT_BF16) return t;
-    enum { Q4_0 = 2, Q5_0 = 8, Q2_K = 10, Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M,
-           Q2_K_S = 21, IQ4_NL = 25, IQ4_XS = 30 };
     const bool iq4 = ft == IQ4_NL || ft == IQ4_XS;
+    const bool lowbit = ft == IQ2_XXS || ft == IQ2_XS || ft == IQ1_S || ft == IQ2_S ||
+                        ft == IQ2_M || ft == IQ1_M;
     int layer = 0;
     sscanf(name, "blk.%d.", &layer);
+    const int i = layer, n = m->n_layer;
     bool output = !strcmp(name, "output.weight"), embd = !strcmp(name, "token_embd.weight");
     if (output || (m->tied && embd)) {
         if (ne0 % block_of(t)) t = DT_Q8_0;
+        else if (lowbit || ft == IQ3_XXS) t = DT_Q5_K;
         else if (t != DT_Q8_0) t = DT_Q6_K;
     } else if (embd) {
-        /* the base type */
+        if (ft == IQ2_XXS || ft == IQ2_XS || ft == IQ1_S || ft == IQ1_M) t = DT_Q2_K;
+        else if (ft == IQ2_S || ft == IQ2_M || ft == IQ3_XXS) t = DT_IQ3_S;
+    } else if (lowbit) {
+        t = lowbit_type(m, name, t, rank);
     } else if (quant_is_attn_v(name)) {
         if (ft == Q2_K) t = m->n_gqa >= 4 ? DT_Q4_K : DT_Q3_K;
         else if (ft == Q2_K_S && m->n_gqa >= 4) t = DT_Q4_K;
-        else if (ft == Q3_K_M) t = i_attn_v < 2 ? DT_Q5_K : DT_Q4_K;
+        else if (ft == IQ3_XXS) t = m->n_gqa >= 4 ? DT_Q4_K : !m->has_imatrix ? DT_IQ3_S : DT_IQ3_XXS;
+        else if ((ft == IQ3_XS || ft == IQ3_S) && m->n_gqa >= 4) t = DT_Q4_K;
+        else if (ft == IQ3_M) t = DT_Q4_K;
+        else if (ft == Q3_K_M) t = rank < 2 ? DT_Q5_K : DT_Q4_K;
         else if (ft == Q3_K_L) t = DT_Q5_K;
         else if (iq4 && m->n_gqa >= 4) t = DT_Q5_K;
-        else if ((ft == Q4_K_M || ft == Q5_K_M) && use_more_bits(i_attn_v, m->n_attn_v)) t = DT_Q6_K;
-        else if (ft == Q4_K_S && i_attn_v < 4) t = DT_Q5_K;
+        else if ((ft == Q4_K_M || ft == Q5_K_M) && use_more_bits(rank, m->n_attn_v)) t = DT_Q6_K;
+        else if (ft == Q4_K_S && rank < 4) t = DT_Q5_K;
         if (m->n_expert == 8) t = DT_Q8_0;
     } else if (contains(name, "attn_k.weight")) {
         if (m->n_expert == 8) t = DT_Q8_0;
+        else if (ft == IQ3_XS) t = DT_IQ3_XXS;
+        else if (ft == IQ3_XXS) t = DT_IQ2_S;
+    } else if (contains(name, "attn_q.weight")) {
+        if (ft == IQ3_XS) t = DT_IQ3_XXS;
+        else if (ft == IQ3_XXS) t = DT_IQ2_S;
     } else if (contains(name, "ffn_down")) {
-        int i = layer, n = m->n_layer;
         if (ft == Q2_K) t = DT_Q3_K;
         else if (ft == Q2_K_S) {
             if (i < n / 8) t = DT_Q4_K;
-        } else if (ft == Q3_K_M) t = i < n / 16 ? DT_Q5_K : DT_Q4_K;
+        } else if (ft == IQ3_XXS && !m->has_imatrix) t = i < n / 8 ? DT_Q4_K : DT_Q3_K;
+        else if (ft == Q3_K_M) t = i < n / 16 ? DT_Q5_K : DT_Q4_K;
+        else if (ft == IQ3_M && (i < n / 8 || (m->n_expert == 8 && use_more_bits(i, n)))) t = DT_Q4_K;
         else if (ft == Q3_K_L) t = DT_Q5_K;
         else if (ft == Q4_K_M) {
             if (use_more_bits(i, n)) t = DT_Q6_K;
@@ -132,24 +187,21 @@ int quant_mix_type(const struct quant_mix *m, const char *name, int n_dims, int6
             t = ft == Q4_0 ? DT_Q4_1 : DT_Q5_1;
     } else if (contains(name, "attn_output.weight")) {
         if (m->n_expert == 8) {
-            if (ft == Q2_K || ft == Q3_K_S || ft == Q3_K_M || ft == Q4_K_S || ft == Q4_K_M || iq4)
+            if (ft == Q2_K || ft == IQ3_XS || ft == IQ3_XXS || ft == Q3_K_S || ft == Q3_K_M ||
+                ft == Q4_K_S || ft == Q4_K_M || ft == IQ3_S || ft == IQ3_M || iq4)
                 t = DT_Q5_K;
         } else {
             if (ft == Q2_K) t = DT_Q3_K;
-            else if (ft == Q3_K_M) t = DT_Q4_K;
+            else if (ft == IQ3_XXS) t = DT_IQ3_S;
+            else if (ft == Q3_K_M || ft == IQ3_M) t = DT_Q4_K;
             else if (ft == Q3_K_L) t = DT_Q5_K;
         }
+    } else if (contains(name, "ffn_gate") || contains(name, "ffn_up")) {
+        if (ft == IQ3_XS && i >= n / 8 && i < 7 * n / 8) t = DT_IQ3_XXS;
     }
     if (ne0 % block_of(t)) {
         *fell_back = true;
-        switch (t) {
-        case DT_Q2_K: case DT_Q3_K: t = DT_Q4_0; break;
-        case DT_Q4_K: t = DT_Q5_0; break;
-        case DT_Q5_K: t = DT_Q5_1; break;
-        case DT_Q6_K: t = DT_Q8_0; break;
-        case DT_IQ4_XS: t = DT_IQ4_NL; break;
-        default: break;
-        }
+        t = fallback_type(t);
         if (ne0 % block_of(t)) t = DT_F16;
     }
     return t;
@@ -389,12 +441,16 @@ static int layer_of(const char *name) {
     return sscanf(name, "blk.%d.", &l) == 1 ? l : -1;
 }
 
-/* Rank of tensor i among the attention-v-like tensors, in (layer, name) order. */
-static int attn_v_rank(const struct model_file *mf, int i) {
+/* Rank of tensor i among the tensors like it (attention-v-like ones, or ffn_down ones), in
+ * (layer, name) order: llama.cpp's counters as it walks the tensors. */
+static bool like(const char *a, const char *b) {
+    return quant_is_attn_v(a) ? quant_is_attn_v(b) : strstr(a, "ffn_down") && strstr(b, "ffn_down");
+}
+static int mix_rank(const struct model_file *mf, int i) {
     int li = layer_of(mf->tensors[i].name), rank = 0;
     for (int k = 0; k < mf->n_tensors; k++) {
         const char *nk = mf->tensors[k].name;
-        if (k == i || !quant_is_attn_v(nk)) continue;
+        if (k == i || !like(mf->tensors[i].name, nk)) continue;
         int lk = layer_of(nk);
         if (lk < li || (lk == li && strcmp(nk, mf->tensors[i].name) < 0)) rank++;
     }
@@ -417,7 +473,7 @@ static int target_type(const struct model_file *mf, const struct quant_mix *mix,
     int n_dims = eff_dims(t);
     if (quant_tensor_quantizable(t->name, n_dims))
         return quant_mix_type(mix, t->name, n_dims, t->ne[0],
-                              quant_is_attn_v(t->name) ? attn_v_rank(mf, i) : 0, fell_back);
+                              mix_rank(mf, i), fell_back);
     /* kept as they are in a GGUF; from a checkpoint, as llama.cpp's converter stores them */
     if (mf->kind == MODEL_FILE_GGUF) return t->type;
     if (n_dims <= 1 || strstr(t->name, "_norm.weight") || strstr(t->name, "ffn_gate_inp") ||
@@ -441,15 +497,10 @@ anvil_status gguf_quantize(const char *in, const char *out, const char *type,
                            const char *imatrix_path, int n_threads, struct quantize_stats *stats) {
     memset(stats, 0, sizeof *stats);
     const struct ftype_info *ft = ftype_from_name(type);
-    for (size_t i = 0; !ft && i < ARRAY_LEN(unwritten); i++) {
-        if (!name_eq(type, unwritten[i].name)) continue;
-        if (unwritten[i].needs_imatrix && !imatrix_path)
-            return err_set(ANVIL_ERR_INVALID_ARG, "%s needs an importance matrix for its types "
-                           "below 4 bits (--imatrix FILE, llama-imatrix's output), as in "
-                           "llama-quantize; and anvil cannot write it yet", unwritten[i].name);
-        return err_set(ANVIL_ERR_UNSUPPORTED, "anvil cannot write %s yet (its grid-searching "
-                       "quantizers are not implemented; llama-quantize can)", unwritten[i].name);
-    }
+    if (ft && ftype_needs_imatrix(ft->ftype) && !imatrix_path)
+        return err_set(ANVIL_ERR_INVALID_ARG, "%s needs an importance matrix for its types below "
+                       "3 bits (--imatrix FILE, llama-imatrix's output), as in llama-quantize",
+                       ft->name);
     if (!ft)
         return err_set(ANVIL_ERR_INVALID_ARG, "unknown file type \"%s\" (known: %s)", type,
                        ftype_names());

@@ -6,10 +6,12 @@
  * (or the token embeddings when tied) gets Q6_K, attn_v and ffn_down get more bits in the
  * layers use_more_bits picks for _M types, and so on; a tensor whose rows do not fit the
  * chosen blocks falls back (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0,
- * IQ4_XS -> IQ4_NL, then F16). Without an importance matrix llama-quantize runs the reference
- * quantizers, which are anvil's, so for the same float weights the bytes written are
- * llama.cpp's bytes; with one (imatrix.h), so are the Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL and
- * IQ4_XS blocks (and Q8_0, whose quantizer ignores importances).
+ * the i-quants -> IQ4_NL, then F16). The file types below 4 bits keep most tensors in their
+ * base type and give the output, embeddings, attn_v and the first ffn_down more bits.
+ * Without an importance matrix llama-quantize runs the reference quantizers, which are
+ * anvil's, so for the same float weights the bytes written are llama.cpp's bytes; with one
+ * (imatrix.h), so are the Q2_K, Q4_K, Q5_K, Q6_K and i-quant blocks (and Q8_0, whose
+ * quantizer ignores importances); Q3_K is written without them.
  */
 #ifndef ANVIL_QUANTIZE_H
 #define ANVIL_QUANTIZE_H
@@ -42,18 +44,19 @@ struct quant_mix {
 void quant_mix_init(struct quant_mix *m, const struct ftype_info *ft, const struct model_file *mf);
 /* Whether llama.cpp quantizes this tensor at all (2+ dims, a weight, not a norm, router, conv). */
 bool quant_tensor_quantizable(const char *name, int n_dims);
-/* The type of tensor `name` with rows of ne0 elements; i_attn_v is its rank among the
- * attention-v-like tensors in layer order (ignored for others). *fell_back is set when the
- * rows forced a fallback type. For float file types returns the base type. */
+/* The type of tensor `name` with rows of ne0 elements; rank is its rank among the
+ * attention-v-like tensors in layer order, or for an ffn_down tensor among those (ignored for
+ * others). *fell_back is set when the rows forced a fallback type. For float file types
+ * returns the base type. */
 int quant_mix_type(const struct quant_mix *m, const char *name, int n_dims, int64_t ne0,
-                   int i_attn_v, bool *fell_back);
+                   int rank, bool *fell_back);
 /* Whether the name is an attention-v-like tensor (its rank feeds quant_mix_type). */
 bool quant_is_attn_v(const char *name);
 
 struct quantize_stats {
     int n_tensors, n_quantized, n_fallback;
     /* tensors that had importances but were quantized without them, and their types:
-     * anvil has importance-weighted quantizers for Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS */
+     * anvil has importance-weighted quantizers for all but Q3_K and the legacy types */
     int n_unweighted;
     bool unweighted[DT_COUNT];
     uint64_t bytes_in, bytes_out;
@@ -68,7 +71,9 @@ struct quantize_stats {
  * imatrix_path (or NULL): llama-imatrix's importance matrix (imatrix.h); the tensors of types
  * with an importance-weighted quantizer (dtype_weighted_quantizer) are quantized under it as
  * llama-quantize does, others without it (counted in stats); its name and counts are
- * recorded in the quantize.imatrix.* keys. The types below 4 bits are refused without one.
+ * recorded in the quantize.imatrix.* keys. As llama-quantize, the file types below 3 bits
+ * (IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, Q2_K_S) and any tensor of those types (but the
+ * embeddings and output) are refused without one.
  * On failure the output is removed. */
 anvil_status gguf_quantize(const char *in, const char *out, const char *type,
                            const char *imatrix_path, int n_threads, struct quantize_stats *stats);

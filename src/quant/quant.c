@@ -55,13 +55,13 @@ static const struct dtype_traits table[DT_COUNT] = {
     [DT_Q5_K] = {"Q5_K", 256, 176, QUANT_FNS(q5_k)},
     [DT_Q6_K] = {"Q6_K", 256, 210, QUANT_FNS(q6_k)},
     [DT_Q8_K] = {"Q8_K", 256, 292, QUANT_FNS(q8_k)},
-    [DT_IQ2_XXS] = {"IQ2_XXS", 256, 66, dequantize_row_iq2_xxs, NULL},
-    [DT_IQ2_XS] = {"IQ2_XS", 256, 74, dequantize_row_iq2_xs, NULL},
-    [DT_IQ2_S] = {"IQ2_S", 256, 82, dequantize_row_iq2_s, NULL},
-    [DT_IQ3_XXS] = {"IQ3_XXS", 256, 98, dequantize_row_iq3_xxs, NULL},
-    [DT_IQ3_S] = {"IQ3_S", 256, 110, dequantize_row_iq3_s, NULL},
-    [DT_IQ1_S] = {"IQ1_S", 256, 50, dequantize_row_iq1_s, NULL},
-    [DT_IQ1_M] = {"IQ1_M", 256, 56, dequantize_row_iq1_m, NULL},
+    [DT_IQ2_XXS] = {"IQ2_XXS", 256, 66, QUANT_FNS(iq2_xxs)},
+    [DT_IQ2_XS] = {"IQ2_XS", 256, 74, QUANT_FNS(iq2_xs)},
+    [DT_IQ2_S] = {"IQ2_S", 256, 82, QUANT_FNS(iq2_s)},
+    [DT_IQ3_XXS] = {"IQ3_XXS", 256, 98, QUANT_FNS(iq3_xxs)},
+    [DT_IQ3_S] = {"IQ3_S", 256, 110, QUANT_FNS(iq3_s)},
+    [DT_IQ1_S] = {"IQ1_S", 256, 50, QUANT_FNS(iq1_s)},
+    [DT_IQ1_M] = {"IQ1_M", 256, 56, QUANT_FNS(iq1_m)},
     [DT_IQ4_NL] = {"IQ4_NL", 32, 18, QUANT_FNS(iq4_nl)},
     [DT_IQ4_XS] = {"IQ4_XS", 256, 136, QUANT_FNS(iq4_xs)},
     /* known, so that a file holding them opens (anvil info lists it) and a backend names
@@ -97,6 +97,13 @@ quantize_row_w_fn dtype_weighted_quantizer(int type) {
     case DT_Q6_K: return quantize_row_q6_k_w;
     case DT_IQ4_NL: return quantize_row_iq4_nl_w;
     case DT_IQ4_XS: return quantize_row_iq4_xs_w;
+    case DT_IQ2_XXS: return quantize_row_iq2_xxs_w;
+    case DT_IQ2_XS: return quantize_row_iq2_xs_w;
+    case DT_IQ2_S: return quantize_row_iq2_s_w;
+    case DT_IQ3_XXS: return quantize_row_iq3_xxs_w;
+    case DT_IQ3_S: return quantize_row_iq3_s_w;
+    case DT_IQ1_S: return quantize_row_iq1_s_w;
+    case DT_IQ1_M: return quantize_row_iq1_m_w;
     default: return NULL;
     }
 }

@@ -362,7 +362,7 @@ static float make_qkx3_quants(int n, int nmax, const float *x, const float *w, u
 
 /* A scale for n non-negative values quantized to [0, nmax] under weights w: 9 start scales
  * tried, then up to 5 passes moving single quants while that lowers the error. */
-static float make_qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *w) {
+float make_qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *w) {
     float max = 0;
     for (int i = 0; i < n; i++) max = MAX(max, x[i]);
     if (max < GROUP_MAX_EPS) {

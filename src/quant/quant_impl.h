@@ -129,6 +129,23 @@ void quantize_row_iq4_xs_w(const float *src, void *dst, int64_t n, const float *
 /* without weights: quantize_row_iq4_*_w(src, dst, n, NULL) */
 void quantize_row_iq4_nl(const float *src, void *dst, int64_t n);
 void quantize_row_iq4_xs(const float *src, void *dst, int64_t n);
+/* The grid-searching quantizers of the i-quants below 4 bits (quant_iq_grid.c), as ggml's
+ * quantize_iq*; without weights IQ2_XXS, IQ2_XS and IQ1_S (which llama.cpp writes only under
+ * an importance matrix) weigh every column 1, the others follow llama.cpp's unweighted rule. */
+#define IQ_GRID_DECL(name)                                                                 \
+    void quantize_row_##name##_w(const float *src, void *dst, int64_t n, const float *qw); \
+    void quantize_row_##name(const float *src, void *dst, int64_t n);
+IQ_GRID_DECL(iq2_xxs)
+IQ_GRID_DECL(iq2_xs)
+IQ_GRID_DECL(iq2_s)
+IQ_GRID_DECL(iq3_xxs)
+IQ_GRID_DECL(iq3_s)
+IQ_GRID_DECL(iq1_s)
+IQ_GRID_DECL(iq1_m)
+#undef IQ_GRID_DECL
+/* quant_blocks.c's search for a scale of n non-negative x quantized to [0, nmax] under
+ * weights w (ggml's make_qp_quants); L gets the levels. */
+float make_qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *w);
 
 #define GROUP_MAX_EPS 1e-15f /* a group whose largest |x| is below this quantizes to zeros */
 

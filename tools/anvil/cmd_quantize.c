@@ -1,6 +1,6 @@
 /* anvil quantize -m IN -o OUT.gguf --type TYPE: writes a model as a GGUF file of a llama.cpp
- * file type (F32, F16, BF16, Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K, IQ4_XS, ...), with llama.cpp's
- * per-tensor mixes; --imatrix FILE: an importance matrix (needed for Q2_K_S). */
+ * file type (F32, F16, BF16, Q8_0, Q4_0, Q4_K_M, Q5_K_M, Q6_K, IQ4_XS, IQ2_XXS, ...), with
+ * llama.cpp's per-tensor mixes; --imatrix FILE: an importance matrix (needed below 3 bits). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,8 +28,9 @@ int cmd_quantize(int argc, char **argv) {
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: anvil quantize -m MODEL -o OUT.gguf --type TYPE [--imatrix FILE] [-t THREADS]\n"
                    "TYPE: %s\n"
-                   "--imatrix FILE: llama-imatrix's importance matrix (GGUF); Q2_K, Q6_K, IQ4_NL and\n"
-                   "IQ4_XS tensors are quantized under it as llama-quantize does\n", ftype_names());
+                   "--imatrix FILE: llama-imatrix's importance matrix (GGUF); Q2_K, Q4_K, Q5_K, Q6_K\n"
+                   "and i-quant tensors are quantized under it as llama-quantize does (Q3_K not yet)\n",
+                   ftype_names());
             return 0;
         } else {
             return fail("quantize: unknown option \"%s\"", a);
@@ -44,7 +45,7 @@ int cmd_quantize(int argc, char **argv) {
     printf("\n");
     if (s.n_unweighted) {
         printf("note: %d tensors had importances but were quantized without them (anvil weighs "
-               "Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; llama-quantize also weighs", s.n_unweighted);
+               "Q2_K, Q4_K, Q5_K, Q6_K and the i-quants; llama-quantize also weighs", s.n_unweighted);
         for (int t = 0; t < DT_COUNT; t++)
             if (s.unweighted[t]) printf(" %s", dtype_name(t));
         printf(")\n");
