@@ -89,8 +89,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             j->state = JOB_DONE;
             j->finish_reason = "stop";
             cJSON_Delete(api_job_response(srv, j));
-            cJSON_Delete(api_stream_chunk(srv, j, true, "a", "b", NULL, false));
-            cJSON_Delete(api_stream_chunk(srv, j, false, NULL, NULL, NULL, true));
+            cJSON_Delete(api_stream_chunk(srv, j, true, "a", "b", NULL, false, NULL));
+            cJSON_Delete(api_stream_chunk(srv, j, false, NULL, NULL, NULL, true, NULL));
             job_release(srv, j);
         }
         cJSON_Delete(api_tokenize(srv, req, &e));

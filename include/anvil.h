@@ -173,6 +173,11 @@ typedef struct anvil_generate_params {
     int max_tokens;              /* budget of generated tokens (> 0) */
     const int32_t *stop_tokens;  /* end-of-turn ids (e.g. <|im_end|>, <|endoftext|>) */
     int n_stop_tokens;
+    /* NULL, or called with each step's logits (n_vocab floats, writable: what it changes steers
+     * the choice, e.g. a logit bias) just before the sampling chain chooses from them, with the
+     * token callback's user. Set, generation runs the host loop: each step's logits are read
+     * back (on Vulkan, instead of the device's own decode loop). Batches refuse it. */
+    void (*on_logits)(void *user, float *logits, int n_vocab);
 } anvil_generate_params;
 
 typedef enum anvil_stop_reason {

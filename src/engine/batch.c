@@ -191,6 +191,9 @@ anvil_status anvil_batch_add(anvil_batch *b, const int32_t *prompt, int n_prompt
     if (!b || !prompt || n_prompt < 1 || !gp || !id || gp->max_tokens <= 0 ||
         gp->n_stop_tokens < 0 || (gp->n_stop_tokens > 0 && !gp->stop_tokens))
         return keep(b, err_set(ANVIL_ERR_INVALID_ARG, "anvil_batch_add: bad arguments"));
+    if (gp->on_logits)
+        return keep(b, err_set(ANVIL_ERR_UNSUPPORTED, "anvil_batch_add: no logits hook in a batch "
+                               "(anvil_batch_logits reads them after a step)"));
     *id = 0;
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= b->V)

@@ -127,7 +127,7 @@ static anvil_status session_generate(anvil_session *s, const int32_t *prompt, in
         return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_generate: bad arguments");
     if (n_prompt == 0 && s->pos == 0)
         return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_generate: nothing to continue from");
-    if (s->backend->vt->generate && p->n_stop_tokens <= 16)
+    if (s->backend->vt->generate && p->n_stop_tokens <= 16 && !p->on_logits)
         return generate_on_device(s, prompt, n_prompt, p, fn, user, stats);
     int V = s->model->file->hp.n_vocab;
     float *logits = xmalloc((size_t)V * sizeof *logits);
@@ -166,6 +166,7 @@ static anvil_status session_generate(anvil_session *s, const int32_t *prompt, in
     stats->prompt_seconds = time_now() - t0;
     t0 = time_now();
     while (st == ANVIL_OK) {
+        if (p->on_logits) p->on_logits(user, logits, V);
         int32_t tok = sampler_sample(logits, V, &p->sampling, s->tokens, s->pos, (uint32_t)s->pos, scratch);
         if (is_stop(p, tok)) {
             stats->stop = ANVIL_STOP_EOS;

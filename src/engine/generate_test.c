@@ -42,7 +42,7 @@ static void test_greedy_matches_eval(void **state) {
     (void)state;
     anvil_session *s = session();
     int32_t prompt[] = {3, 14, 15, 92};
-    anvil_generate_params gp = {anvil_sampling_default(), 10, NULL, 0};
+    anvil_generate_params gp = {anvil_sampling_default(), 10, NULL, 0, NULL};
     struct collect c = {.n = 0};
     anvil_generate_stats st;
     assert_int_equal(anvil_session_generate(s, prompt, 4, &gp, collect_fn, &c, &st), ANVIL_OK);
@@ -85,7 +85,7 @@ static void test_greedy_matches_eval(void **state) {
 static void test_continuation_and_seed(void **state) {
     (void)state;
     int32_t prompt[] = {7, 8, 9};
-    anvil_generate_params gp = {anvil_sampling_default(), 6, NULL, 0};
+    anvil_generate_params gp = {anvil_sampling_default(), 6, NULL, 0, NULL};
     gp.sampling.temperature = 1.0f;
     gp.sampling.seed = 99;
     anvil_session *a = session(), *b = session();
@@ -126,7 +126,7 @@ static void test_continuation_recurrent(void **state) {
     assert_int_equal(anvil_session_create(hm, &sp, &a), ANVIL_OK);
     assert_int_equal(anvil_session_create(hm, &sp, &b), ANVIL_OK);
     int32_t prompt[] = {7, 8, 9};
-    anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0};
+    anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0, NULL};
     gp.sampling.temperature = 0;
     struct collect ca = {.n = 0}, cb = {.n = 0};
     assert_int_equal(anvil_session_generate(a, prompt, 3, &gp, collect_fn, &ca, NULL), ANVIL_OK);
@@ -140,11 +140,56 @@ static void test_continuation_recurrent(void **state) {
     anvil_model_close(hm);
 }
 
+/* on_logits: called once per chosen token, with the logits the choice is made from. */
+struct hook {
+    struct collect c;
+    int calls, V;
+    int32_t favour;
+};
+
+static void hook_logits(void *user, float *logits, int n_vocab) {
+    struct hook *h = user;
+    h->calls++;
+    h->V = n_vocab;
+    logits[h->favour] += 1e4f;
+}
+
+static int hook_token(void *user, int32_t t) {
+    struct hook *h = user;
+    return collect_fn(&h->c, t);
+}
+
+static void test_logits_hook(void **state) {
+    (void)state;
+    anvil_session *s = session();
+    int32_t prompt[] = {3, 14, 15, 92};
+    anvil_generate_params gp = {anvil_sampling_default(), 6, NULL, 0, hook_logits};
+    gp.sampling.temperature = 0.9f;
+    gp.sampling.seed = 5;
+    struct hook h = {.favour = 77};
+    assert_int_equal(anvil_session_generate(s, prompt, 4, &gp, hook_token, &h, NULL), ANVIL_OK);
+    assert_int_equal(h.c.n, 6);
+    assert_int_equal(h.calls, 6);
+    assert_int_equal(h.V, anvil_model_vocab_size(model));
+    for (int i = 0; i < 6; i++) assert_int_equal(h.c.toks[i], 77);
+    anvil_session_destroy(s);
+    /* a batch refuses it */
+    anvil_batch_params bp = anvil_batch_default_params();
+    bp.session.backend = ANVIL_BACKEND_CPU;
+    bp.session.n_ctx = 64;
+    anvil_batch *b;
+    assert_int_equal(anvil_batch_create(model, &bp, &b), ANVIL_OK);
+    int id;
+    assert_int_equal(anvil_batch_add(b, prompt, 4, &gp, &id), ANVIL_ERR_UNSUPPORTED);
+    anvil_batch_destroy(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_matches_eval),
         cmocka_unit_test(test_continuation_and_seed),
         cmocka_unit_test(test_continuation_recurrent),
+        cmocka_unit_test(test_logits_hook),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

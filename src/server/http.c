@@ -321,6 +321,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             return 0;
         }
         bool done = j->state == JOB_DONE;
+        /* logprobs go with the text their tokens made (or with the end) */
+        cJSON *lp = j->content.len || j->reasoning.len || done ? j->lp : NULL;
+        if (lp) j->lp = NULL;
         char *content = j->content.len ? xstrdup(j->content.p) : NULL;
         char *reasoning = j->reasoning.len ? xstrdup(j->reasoning.p) : NULL;
         cJSON *calls = j->tool_calls;
@@ -330,10 +333,13 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         pthread_mutex_unlock(&j->mu);
         /* the worker writes nothing more once done: the fields below are stable */
         if (!st->role_sent && j->kind == JOB_CHAT)
-            add_event(&st->out, api_stream_chunk(st->srv, j, true, NULL, NULL, NULL, false));
+            add_event(&st->out, api_stream_chunk(st->srv, j, true, NULL, NULL, NULL, false, NULL));
         st->role_sent = true;
-        if (content || reasoning)
-            add_event(&st->out, api_stream_chunk(st->srv, j, false, content, reasoning, NULL, false));
+        if (content || reasoning) {
+            add_event(&st->out, api_stream_chunk(st->srv, j, false, content, reasoning, NULL, false, lp));
+            cJSON_Delete(lp);
+            lp = NULL;
+        }
         if (calls) add_event(&st->out, api_stream_tool_calls(st->srv, j, calls));
         cJSON_Delete(calls);
         free(content);
@@ -344,11 +350,13 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 api_error_set(&e, 500, "server_error", NULL, NULL, "%s", j->errmsg);
                 add_event(&st->out, api_error_json(&e));
             } else if (!atomic_load(&j->cancelled)) {
-                add_event(&st->out, api_stream_chunk(st->srv, j, false, NULL, NULL, j->finish_reason, false));
+                add_event(&st->out, api_stream_chunk(st->srv, j, false, NULL, NULL, j->finish_reason, false, lp));
                 if (j->include_usage)
-                    add_event(&st->out, api_stream_chunk(st->srv, j, false, NULL, NULL, NULL, true));
+                    add_event(&st->out, api_stream_chunk(st->srv, j, false, NULL, NULL, NULL, true, NULL));
             }
             sbuf_adds(&st->out, "data: [DONE]\n\n");
+            cJSON_Delete(lp);
+            lp = NULL;
             st->finished = true;
         }
     }

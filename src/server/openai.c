@@ -7,7 +7,8 @@
  *   model, stream, stream_options.include_usage, max_tokens, max_completion_tokens,
  *   temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
  *   repetition_penalty, seed, stop (string or list), n (1 only), ignore_eos (vLLM's),
- *   user (an end user's id, for the client's own records: nothing to do here),
+ *   user (an end user's id, for the client's own records: nothing to do here), logit_bias,
+ *   logprobs (chat: true/false, with top_logprobs 0..20; completions: 0..5) (logprobs.c),
  *   chat: messages (assistant tool_calls and tool results go to the template as they are;
  *         content parts of text, and of images as image_url data: URLs where the model has a
  *         vision tower: the template writes their placeholders),
@@ -322,11 +323,12 @@ static const char *const chat_fields[] = {
     "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "seed", "stop", "n", "ignore_eos", "user", "tools", "tool_choice",
-    "parallel_tool_calls", "chat_template_kwargs", NULL};
+    "parallel_tool_calls", "chat_template_kwargs", "logprobs", "top_logprobs", "logit_bias", NULL};
 static const char *const completion_fields[] = {
     "model", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "seed", "stop", "n", "ignore_eos", "user", "echo", "suffix", NULL};
+    "repetition_penalty", "seed", "stop", "n", "ignore_eos", "user", "echo", "suffix", "logprobs",
+    "logit_bias", NULL};
 static const char *const stream_option_fields[] = {"include_usage", NULL};
 
 /* "model", when given, must name the served model. */
@@ -696,13 +698,6 @@ static bool parse_sampling(struct server *s, const cJSON *req, struct job *j,
         BAD(e, "top_p", "'top_p' must be greater than 0");
         return false;
     }
-    bool logprobs = false;
-    const cJSON *lp = field(req, "logprobs");
-    if (lp && (cJSON_IsTrue(lp) || (cJSON_IsNumber(lp) && lp->valuedouble > 0))) logprobs = true;
-    if (logprobs) {
-        BAD(e, "logprobs", "logprobs are not supported by this server");
-        return false;
-    }
     sp->temperature = (float)temp;
     sp->top_p = (float)top_p;
     sp->min_p = (float)min_p;
@@ -746,7 +741,7 @@ struct job *api_job_from_request(struct server *s, enum job_kind kind, const cJS
         !get_bool(req, "ignore_eos", &j->ignore_eos, e) ||
         !get_int(req, "max_tokens", 1, 1e9, &max_tokens, e) ||
         !get_int(req, "max_completion_tokens", 1, 1e9, &max_tokens, e) ||
-        !parse_sampling(s, req, j, e) || !parse_stops(req, j, e))
+        !parse_sampling(s, req, j, e) || !api_parse_logprobs(s, req, j, e) || !parse_stops(req, j, e))
         goto fail;
     if (max_tokens > s->opt.max_tokens) {
         BAD(e, field(req, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens",
@@ -862,14 +857,16 @@ cJSON *api_job_response(struct server *s, struct job *j) {
     } else {
         cJSON_AddStringToObject(c, "text", j->content.p ? j->content.p : "");
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    if (j->logprobs) cJSON_AddItemToObject(c, "logprobs", api_logprobs_json(j, j->lp));
+    else cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddStringToObject(c, "finish_reason", j->finish_reason ? j->finish_reason : "stop");
     cJSON_AddItemToObject(r, "usage", usage_json(j));
     return r;
 }
 
 cJSON *api_stream_chunk(struct server *s, const struct job *j, bool role, const char *content,
-                        const char *reasoning, const char *finish_reason, bool usage) {
+                        const char *reasoning, const char *finish_reason, bool usage,
+                        const cJSON *lp) {
     bool chat = j->kind == JOB_CHAT;
     cJSON *r = envelope(s, j, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(r, "choices");
@@ -888,7 +885,8 @@ cJSON *api_stream_chunk(struct server *s, const struct job *j, bool role, const 
     } else {
         cJSON_AddStringToObject(c, "text", content ? content : "");
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    if (lp && j->logprobs) cJSON_AddItemToObject(c, "logprobs", api_logprobs_json(j, lp));
+    else cJSON_AddNullToObject(c, "logprobs");
     if (finish_reason) cJSON_AddStringToObject(c, "finish_reason", finish_reason);
     else cJSON_AddNullToObject(c, "finish_reason");
     if (j->include_usage) cJSON_AddNullToObject(r, "usage");

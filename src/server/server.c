@@ -44,6 +44,9 @@ static void job_free(struct job *j) {
     cJSON_Delete(j->tool_calls);
     cJSON_Delete(j->tools);
     free(j->forced);
+    free(j->bias_ids);
+    free(j->bias);
+    cJSON_Delete(j->lp);
     pthread_mutex_destroy(&j->mu);
     free(j);
 }
@@ -140,6 +143,7 @@ struct run {
     struct sbuf piece, released;
     bool stop_string;
     anvil_status error;
+    struct lp_state lp; /* logprobs and logit_bias */
 };
 
 /* Passes released text on to the job (through the reasoning / tool-call parser for chats). */
@@ -172,10 +176,24 @@ static void emit(struct run *r, bool flush) {
     sbuf_clear(&r->released);
 }
 
+/* The generate loop's logits hook (only for logprobs and logit_bias). */
+static void on_logits(void *user, float *logits, int n_vocab) {
+    struct run *r = user;
+    lp_on_logits(&r->lp, logits, n_vocab);
+}
+
 /* The generate loop's token callback: decode, filter, hand over; non-zero stops. */
 static int on_token(void *user, int32_t tok) {
     struct run *r = user;
     if (atomic_load(&r->job->cancelled) || atomic_load(&r->srv->stopping)) return 1;
+    cJSON *e = r->job->logprobs ? lp_token(r->srv, &r->lp, tok) : NULL;
+    if (e) { /* the token's entry goes out with the text it adds (or with the end) */
+        pthread_mutex_lock(&r->job->mu);
+        if (!r->job->lp) r->job->lp = cJSON_CreateArray();
+        if (r->job->lp) cJSON_AddItemToArray(r->job->lp, e);
+        else cJSON_Delete(e);
+        pthread_mutex_unlock(&r->job->mu);
+    }
     sbuf_clear(&r->piece);
     anvil_status st = srv_decoder_push(r->dec, tok, &r->piece);
     if (st != ANVIL_OK) {
@@ -195,6 +213,7 @@ static void run_job(struct server *s, struct job *j) {
     int n_cached = 0;
     anvil_status st = srv_decoder_create(s->text, &r.dec);
     if (st == ANVIL_OK) st = stop_filter_init(&r.stop, (const char *const *)j->stops, j->n_stops);
+    if (st == ANVIL_OK && !lp_init(&r.lp, j, s->n_vocab)) st = err_set(ANVIL_ERR_NOMEM, "out of memory");
     if (st == ANVIL_OK && j->reasoning_split && (st = toolcall_parser_create(&j->tc, &r.parser)) ==
                                                     ANVIL_OK && j->forced) {
         sbuf_adds(&r.released, j->forced); /* the answer's start, written into the prompt */
@@ -218,6 +237,7 @@ static void run_job(struct server *s, struct job *j) {
         n_cached = keep;
         anvil_generate_params gp = j->gen;
         if (!j->ignore_eos) gp.stop_tokens = srv_text_stop_tokens(s->text, &gp.n_stop_tokens);
+        if (j->logprobs || j->n_bias) gp.on_logits = on_logits; /* the host loop (logprobs.c) */
         st = anvil_session_generate_images(s->session, j->prompt + keep, j->n_prompt - keep, j->images,
                                            j->n_images, &gp, on_token, &r, &stats);
         if (st != ANVIL_OK) snprintf(msg, sizeof msg, "%s", anvil_last_error());
@@ -274,6 +294,7 @@ static void run_job(struct server *s, struct job *j) {
     toolcall_delta_free(&r.delta);
     stop_filter_free(&r.stop);
     srv_decoder_destroy(r.dec);
+    lp_free(&r.lp);
     sbuf_free(&r.piece);
     sbuf_free(&r.released);
 }

@@ -129,6 +129,11 @@ struct job {
     anvil_image *images[16]; /* chat: the messages' images in order (one image token each in
                                 the prompt), owned */
     int n_images;
+    bool logprobs;     /* each generated token's logprob, and its top_logprobs top ones */
+    int top_logprobs;
+    int32_t *bias_ids; /* logit_bias: [n_bias] ids and what is added to their logits */
+    float *bias;
+    int n_bias;
 
     /* guarded by mu; every change calls on_news (set by the connection side, NULL: none) */
     pthread_mutex_t mu;
@@ -138,6 +143,7 @@ struct job {
     struct sbuf content, reasoning; /* all text so far (non-streamed) or not yet sent */
     cJSON *tool_calls;              /* calls so far (non-streamed) or not yet sent; NULL: none */
     int n_tool_calls;               /* calls so far */
+    cJSON *lp;                      /* logprobs: entries so far (non-streamed) or not yet sent */
     const char *finish_reason;      /* "stop" / "length" / "tool_calls" once done */
     int n_cached, n_generated;      /* usage */
     anvil_status error;             /* a backend failure */
@@ -147,6 +153,31 @@ struct job {
     atomic_int refs;
     struct job *next;      /* queue link, guarded by the server's mu */
 };
+
+/* ---- logprobs and logit_bias (logprobs.c) ---- */
+
+#define LP_MAX_TOP 20    /* top_logprobs */
+#define LP_MAX_BIAS 1024 /* logit_bias entries */
+
+/* The worker's side: each step's logits (the engine's on_logits hook), then the token chosen. */
+struct lp_state {
+    const struct job *job;
+    int V;
+    float *logits; /* the last step's logits after the bias (logprobs asked), [V] */
+    double lse;    /* their log-sum-exp */
+    int32_t top_id[LP_MAX_TOP];
+    float top_val[LP_MAX_TOP];
+    int n_top;
+    bool have;     /* a step's logits wait for their token */
+    size_t offset; /* bytes of token text so far (completions' text_offset) */
+};
+bool lp_init(struct lp_state *st, const struct job *j, int n_vocab);
+void lp_free(struct lp_state *st);
+/* Adds the job's logit_bias to logits [V] and, with logprobs asked, keeps what lp_token needs. */
+void lp_on_logits(struct lp_state *st, float *logits, int V);
+/* The entry of the token chosen from the last logits ({"token", "logprob", "bytes",
+ * "top_logprobs", "text_offset"}), or NULL when logprobs are not asked. */
+cJSON *lp_token(struct server *s, struct lp_state *st, int32_t tok);
 
 /* ---- the server ---- */
 
@@ -245,9 +276,15 @@ struct job *api_job_from_request(struct server *s, enum job_kind kind, const cJS
 /* The non-streamed response of a finished job. */
 cJSON *api_job_response(struct server *s, struct job *j);
 /* The streamed chunk carrying the new text in content/reasoning (either may be empty), or
- * the role (first chunk), or the finish reason; usage chunk when usage. */
+ * the role (first chunk), or the finish reason; usage chunk when usage; lp: the logprobs
+ * entries of its tokens (or NULL). */
 cJSON *api_stream_chunk(struct server *s, const struct job *j, bool role, const char *content,
-                        const char *reasoning, const char *finish_reason, bool usage);
+                        const char *reasoning, const char *finish_reason, bool usage,
+                        const cJSON *lp);
+/* logprobs.c: the request's logprobs, top_logprobs and logit_bias into j; a chunk's or a
+ * response's "logprobs" from entries (lp_token's, NULL: none) in the shape of j's kind. */
+bool api_parse_logprobs(struct server *s, const cJSON *req, struct job *j, struct api_error *e);
+cJSON *api_logprobs_json(const struct job *j, const cJSON *entries);
 /* The streamed chunk carrying tool calls (an array of OpenAI tool-call deltas, each a whole
  * call with its index). */
 cJSON *api_stream_tool_calls(struct server *s, const struct job *j, const cJSON *calls);

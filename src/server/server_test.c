@@ -4,6 +4,7 @@
  */
 #include <curl/curl.h>
 #include <ctype.h>
+#include <math.h>
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -688,7 +689,15 @@ static void test_malformed(void **state) {
         {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"\"]}", 400, "stop"},
         {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":{}}", 400, "stop"},
         {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "n"},
-        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true}", 400, "logprobs"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", 400, "logprobs"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs"},
+        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 400, "top_logprobs"},
+        {"POST", "/v1/completions", "{\"prompt\":\"x\",\"logprobs\":6}", 400, "logprobs"},
+        {"POST", "/v1/completions", "{\"prompt\":\"x\",\"top_logprobs\":2}", 400, "top_logprobs"},
+        {"POST", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"abc\":1}}", 400, "logit_bias"},
+        {"POST", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"5\":101}}", 400, "logit_bias"},
+        {"POST", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"99999\":1}}", 400, "logit_bias"},
+        {"POST", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":[1]}", 400, "logit_bias"},
         {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}}", 400, "enable_thinking"},
         {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":4090}", 400, "max_tokens"},
         {"POST", "/v1/chat/completions", deep, 400, NULL},
@@ -1490,6 +1499,190 @@ static void test_llama_endpoints(void **state) {
     free(out);
 }
 
+/* The top logprobs of the library's own logits after prompt (the CPU backend, in process). */
+static int reference_top(const int32_t *prompt, int n, double *lp, int k) {
+    anvil_model *m;
+    anvil_model_params mp = {2};
+    assert_int_equal(anvil_model_open(tu_testdata("reference/qwen3-small"), &mp, &m), ANVIL_OK);
+    anvil_session_params sp = anvil_session_default_params();
+    sp.backend = ANVIL_BACKEND_CPU;
+    sp.n_ctx = 512;
+    anvil_session *ses;
+    assert_int_equal(anvil_session_create(m, &sp, &ses), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    assert_int_equal(anvil_session_eval(ses, prompt, n, ANVIL_LOGITS_LAST, logits), ANVIL_OK);
+    double mx = -1e30, sum = 0;
+    for (int i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
+    for (int i = 0; i < V; i++) sum += exp(logits[i] - mx);
+    int argmax = -1;
+    for (int t = 0; t < k; t++) {
+        int best = -1;
+        for (int i = 0; i < V; i++)
+            if (best < 0 || logits[i] > logits[best]) best = i;
+        lp[t] = logits[best] - mx - log(sum);
+        logits[best] = -1e30f;
+        if (t == 0) argmax = best;
+    }
+    free(logits);
+    anvil_session_destroy(ses);
+    anvil_model_close(m);
+    return argmax;
+}
+
+/* The ids /tokenize gives for body, and the library's top logprobs after them. */
+static int reference_after(const char *tokenize_body, double *lp, int k) {
+    cJSON *r = post_ok("/tokenize", tokenize_body);
+    int n = cJSON_GetArraySize(get(r, "tokens"));
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    for (int i = 0; i < n; i++) ids[i] = cJSON_GetArrayItem(get(r, "tokens"), i)->valueint;
+    cJSON_Delete(r);
+    int argmax = reference_top(ids, n, lp, k);
+    free(ids);
+    return argmax;
+}
+
+/* One entry of logprobs.content: its logprob, and the bytes it names as text. */
+static double lp_entry(const cJSON *e, char *bytes, size_t *len) {
+    const cJSON *b;
+    cJSON_ArrayForEach(b, get(e, "bytes")) bytes[(*len)++] = (char)b->valueint;
+    bytes[*len] = 0;
+    const cJSON *v = get(e, "logprob");
+    assert_true(cJSON_IsNumber(v));
+    assert_true(v->valuedouble <= 0);
+    return v->valuedouble;
+}
+
+/* logprobs: the chosen token's and the top ones, the model's log-softmax (checked against the
+ * library's logits for the same prompt), the same streamed; completions' legacy shape;
+ * logit_bias steers the choice; asking for logprobs changes no token. */
+static void test_logprobs(void **state) {
+    (void)state;
+#define LP_CHAT "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi there\"}],\"max_tokens\":6," \
+                "\"temperature\":0,\"ignore_eos\":true,\"logprobs\":true,\"top_logprobs\":3"
+    cJSON *r = post_ok("/v1/chat/completions", LP_CHAT "}");
+    const cJSON *content = get(r, "choices.0.logprobs.content"), *e;
+    assert_int_equal(cJSON_GetArraySize(content), 6);
+    assert_int_equal(get_int(r, "usage.completion_tokens"), 6);
+    assert_true(cJSON_IsNull(get(r, "choices.0.logprobs.refusal")));
+    double first[3];
+    int i = 0;
+    cJSON_ArrayForEach(e, content) {
+        char bytes[64], top0[64];
+        size_t len = 0, len0 = 0;
+        double lp = lp_entry(e, bytes, &len);
+        if (strlen(bytes) == len && utf8_valid(bytes, len)) assert_string_equal(get_str(e, "token"), bytes);
+        const cJSON *top = get(e, "top_logprobs"), *t;
+        assert_int_equal(cJSON_GetArraySize(top), 3);
+        /* greedy: the chosen token is the first of the top ones; they go down */
+        double prev = 0, mass = 0;
+        int k = 0;
+        cJSON_ArrayForEach(t, top) {
+            size_t l = 0;
+            char tb[64];
+            double v = lp_entry(t, k ? tb : top0, k ? &l : &len0);
+            assert_true(k == 0 || v <= prev);
+            if (i == 0) first[k] = v;
+            prev = v;
+            mass += exp(v);
+            k++;
+        }
+        assert_true(mass <= 1 + 1e-6);
+        assert_true(fabs(lp - get(top, "0.logprob")->valuedouble) < 1e-9);
+        assert_int_equal(len, len0);
+        assert_memory_equal(bytes, top0, len);
+        i++;
+    }
+    /* the first step's distribution is the model's after the prompt */
+    cJSON_Delete(r);
+    double want[3];
+    reference_after("{\"messages\":[{\"role\":\"user\",\"content\":\"Hi there\"}]}", want, 3);
+    for (int k = 0; k < 3; k++)
+        if (fabs(first[k] - want[k]) > 1e-3) fail_msg("top logprob %d: %g, the library's %g", k, first[k], want[k]);
+
+    /* streamed: the same entries, spread over the chunks */
+    char *out;
+    assert_int_equal(http("POST", "/v1/chat/completions", LP_CHAT ",\"stream\":true}", KEY, &out), 200);
+    struct sse sse;
+    sse_parse(out, &sse);
+    free(out);
+    int streamed = 0;
+    for (int k = 0; k < sse.n; k++) {
+        const cJSON *c = get(sse.events[k], "choices.0.logprobs.content");
+        cJSON_ArrayForEach(e, c) {
+            double v = get(e, "logprob")->valuedouble;
+            if (streamed == 0 && fabs(v - first[0]) > 1e-9) fail_msg("streamed %g, not %g", v, first[0]);
+            streamed++;
+        }
+    }
+    sse_free(&sse);
+    assert_int_equal(streamed, 6);
+#undef LP_CHAT
+
+    /* completions: tokens, token_logprobs, top_logprobs ({text: logprob}), text_offset */
+    const char *plain = "{\"prompt\":\"The capital of France is\",\"max_tokens\":5,\"temperature\":0,"
+                        "\"ignore_eos\":true";
+    char body[512];
+    snprintf(body, sizeof body, "%s,\"logprobs\":2}", plain);
+    r = post_ok("/v1/completions", body);
+    const cJSON *lps = get(r, "choices.0.logprobs");
+    assert_int_equal(cJSON_GetArraySize(get(lps, "tokens")), 5);
+    assert_int_equal(cJSON_GetArraySize(get(lps, "token_logprobs")), 5);
+    assert_int_equal(cJSON_GetArraySize(get(lps, "top_logprobs")), 5);
+    assert_int_equal(get_int(lps, "text_offset.0"), 0);
+    for (int k = 0; k < 5; k++) {
+        char path[32];
+        snprintf(path, sizeof path, "top_logprobs.%d", k);
+        int nt = cJSON_GetArraySize(get(lps, path));
+        assert_true(nt >= 1 && nt <= 2);
+        snprintf(path, sizeof path, "token_logprobs.%d", k);
+        assert_true(get(lps, path)->valuedouble <= 0);
+        if (k < 4) {
+            char a[32], b[32];
+            snprintf(a, sizeof a, "text_offset.%d", k);
+            snprintf(b, sizeof b, "tokens.%d", k);
+            int off = get_int(lps, a);
+            snprintf(a, sizeof a, "text_offset.%d", k + 1);
+            assert_int_equal(get_int(lps, a) - off, (int)strlen(get_str(lps, b)));
+        }
+    }
+    /* asking for logprobs changes no token */
+    snprintf(body, sizeof body, "%s}", plain);
+    cJSON *p = post_ok("/v1/completions", body);
+    assert_string_equal(get_str(p, "choices.0.text"), get_str(r, "choices.0.text"));
+    assert_true(cJSON_IsNull(get(p, "choices.0.logprobs")));
+    cJSON_Delete(p);
+
+    /* logit_bias: +100 on one token makes it every token; -100 on the greedy first one
+     * makes the first another */
+    p = post_ok("/tokenize", "{\"content\":\" Paris\",\"with_pieces\":true}");
+    int paris = get_int(p, "tokens.0.id");
+    char piece[64];
+    snprintf(piece, sizeof piece, "%s", get_str(p, "tokens.0.piece"));
+    cJSON_Delete(p);
+    snprintf(body, sizeof body, "{\"prompt\":\"The capital of France is\",\"max_tokens\":3,"
+             "\"temperature\":0,\"ignore_eos\":true,\"logit_bias\":{\"%d\":100}}", paris);
+    p = post_ok("/v1/completions", body);
+    char want3[200];
+    snprintf(want3, sizeof want3, "%s%s%s", piece, piece, piece);
+    assert_string_equal(get_str(p, "choices.0.text"), want3);
+    cJSON_Delete(p);
+    double top1;
+    int greedy = reference_after("{\"prompt\":\"The capital of France is\"}", &top1, 1);
+    assert_true(fabs(top1 - get(lps, "token_logprobs.0")->valuedouble) < 1e-3);
+    snprintf(body, sizeof body, "{\"tokens\":[%d]}", greedy);
+    p = post_ok("/detokenize", body);
+    assert_string_equal(get_str(p, "content"), get_str(lps, "tokens.0"));
+    cJSON_Delete(p);
+    snprintf(body, sizeof body, "{\"prompt\":\"The capital of France is\",\"max_tokens\":1,"
+             "\"temperature\":0,\"ignore_eos\":true,\"logit_bias\":{\"%d\":-100},\"logprobs\":1}", greedy);
+    p = post_ok("/v1/completions", body);
+    assert_string_not_equal(get_str(p, "choices.0.text"), get_str(lps, "tokens.0"));
+    cJSON_Delete(p);
+    cJSON_Delete(r);
+    assert_server_alive();
+}
+
 /* The access log: a line per request, with a generation's token counts. */
 static void test_access_log(void **state) {
     (void)state;
@@ -1748,6 +1941,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_cors),
         cmocka_unit_test(test_llama_endpoints),
         cmocka_unit_test(test_access_log),
+        cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_synthetic_with_tokenizer),
         cmocka_unit_test(test_images),
