@@ -75,6 +75,15 @@ int32_t anvil_model_vocab_size(const anvil_model *model);
 /* Writes a human-readable description (architecture, shapes, tensor types and bytes) into
  * buf (NUL-terminated, truncated to cap). Returns the length it needed. */
 size_t anvil_model_describe(const anvil_model *model, char *buf, size_t cap);
+/* Progress of long work (generating a synthetic model's weights, uploading weights to the GPU,
+ * a prompt's prefill of several chunks, writing a quantized model): fn(user, what, done, total)
+ * from the thread doing it, now and then, and once with done == total when it ends (work that
+ * fails may stop short); what is a short phrase ("uploading the weights"). Process-wide, and
+ * not for sessions working on several threads at once; NULL turns it off (the default). The
+ * anvil command draws a bar with it when stderr is a terminal. */
+typedef void (*anvil_progress_fn)(void *user, const char *what, uint64_t done, uint64_t total);
+void anvil_set_progress(anvil_progress_fn fn, void *user);
+
 /* What a model is, in numbers (llama-bench's model_type, model_size, model_n_params). */
 typedef struct anvil_model_info {
     char description[96];     /* "qwen3 0.6B BF16": architecture, size, most weights' type */

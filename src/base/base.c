@@ -73,6 +73,18 @@ static int log_threshold(void) {
 
 bool log_enabled(enum log_level level) { return (int)level <= log_threshold(); }
 
+static anvil_progress_fn progress_fn;
+static void *progress_user;
+
+void anvil_set_progress(anvil_progress_fn fn, void *user) {
+    progress_fn = fn;
+    progress_user = user;
+}
+
+void progress(const char *what, uint64_t done, uint64_t total) {
+    if (progress_fn) progress_fn(progress_user, what, done, total);
+}
+
 void log_msg(enum log_level level, const char *fmt, ...) {
     static const char *names[] = {"error", "warning", "info", "debug"};
     if (!log_enabled(level)) return;

@@ -37,6 +37,9 @@ const char *err_get(void);
 enum log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
 void log_msg(enum log_level level, const char *fmt, ...) PRINTF_LIKE(2, 3);
 bool log_enabled(enum log_level level);
+/* Long work reports how far it is (anvil_set_progress's callback, if one is set): what, and
+ * done of total units; done == total once at its end. */
+void progress(const char *what, uint64_t done, uint64_t total);
 #define log_warn(...) log_msg(LOG_WARN, __VA_ARGS__)
 #define log_info(...) log_msg(LOG_INFO, __VA_ARGS__)
 #define log_debug(...) log_msg(LOG_DEBUG, __VA_ARGS__)

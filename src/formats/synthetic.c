@@ -306,7 +306,9 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
                               list[i].fill != 0 ? 0.0f : (i == 0 ? 0.5f : 1.7f / sqrtf((float)ne[0])),
                               list[i].fill, ne[0], row};
         thread_pool_for(pool, ne[1] * ne[2], 16, gen_rows, &job);
+        if (i + 1 < n) progress("generating the synthetic weights", offsets[i + 1], total);
     }
+    if (st == ANVIL_OK) progress("generating the synthetic weights", total, total);
     thread_pool_destroy(pool);
     return st;
 }

@@ -38,6 +38,12 @@ const char *opt_value(int argc, char **argv, int *i);
 bool parse_ids(const char *s, int32_t **ids, int *n);
 bool parse_int(const char *s, int lo, int hi, int *out);
 int fail(const char *fmt, ...);
+/* The progress bar (an anvil_progress_fn, set in main when stderr is a terminal): on stderr,
+ * drawn once a piece of work has run for a quarter of a second, so quick work draws nothing;
+ * wiped at its end, leaving the terminal as it was. Not for several threads at once (serve
+ * turns it off). progress_bar_clear wipes a bar left by work that failed (fail calls it). */
+void progress_bar(void *user, const char *what, uint64_t done, uint64_t total);
+void progress_bar_clear(void);
 
 /* --chat-template-file FILE (a template replacing the model's own) and --chat-template-kwargs
  * JSON (an object whose keys become template variables), for run, chat, serve and template. */

@@ -134,6 +134,7 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     if (!co.model) return fail("serve: no model: pass -m MODEL");
+    anvil_set_progress(NULL, NULL); /* requests prefill on several threads: the log says enough */
     if (o.parse_budget < o.max_body)
         return fail("serve: --parse-budget (%zu MiB) must hold at least one body (--max-body %zu)",
                     o.parse_budget >> 20, o.max_body);

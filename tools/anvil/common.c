@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 
@@ -11,7 +12,47 @@
 #include "base/base.h"
 #include "cli.h"
 
+static struct {
+    const char *what; /* the work being shown, NULL between two */
+    double t0;        /* when it began, seconds */
+    int pct;          /* the percentage drawn last */
+    bool drawn;
+} bar;
+
+void progress_bar_clear(void) {
+    if (bar.drawn) {
+        fputs("\r\033[K", stderr);
+        fflush(stderr);
+    }
+    bar.drawn = false;
+    bar.what = NULL;
+}
+
+void progress_bar(void *user, const char *what, uint64_t done, uint64_t total) {
+    (void)user;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    if (!bar.what || strcmp(what, bar.what)) {
+        progress_bar_clear();
+        bar.what = what;
+        bar.t0 = now;
+    }
+    if (done >= total) {
+        progress_bar_clear();
+        return;
+    }
+    int pct = (int)(100 * done / total), fill = pct * 30 / 100;
+    if (now - bar.t0 < 0.25 || (bar.drawn && pct == bar.pct)) return;
+    bar.pct = pct;
+    fprintf(stderr, "\r%s [%.*s%*s] %3d%%", what, fill, "##############################",
+            30 - fill, "", pct);
+    fflush(stderr);
+    bar.drawn = true;
+}
+
 int fail(const char *fmt, ...) {
+    progress_bar_clear();
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(NULL, 0, fmt, ap);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gen.h"
 
@@ -139,6 +140,7 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 1;
     }
+    if (isatty(STDERR_FILENO)) anvil_set_progress(progress_bar, NULL); /* quiet in pipes and logs */
     char **args;
     int n = cli_normalize_args(argv[1], argc - 1, argv + 1, &args);
     if (n < 0) return 1;

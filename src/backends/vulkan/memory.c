@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "vulkan_impl.h"
 
@@ -130,7 +129,6 @@ anvil_status vk_uploader_init(struct vk_uploader *u, struct vk_device *d, uint64
     memset(u, 0, sizeof *u);
     u->d = d;
     u->total = total;
-    u->progress = isatty(2) && total >= (256u << 20);
     anvil_status st = vk_buffer_create(d, STAGING_BYTES, VK_MEM_STAGING, "the staging buffer", &u->staging);
     if (st == ANVIL_OK) st = vk_cmd_alloc(d, &u->cb);
     return st;
@@ -143,12 +141,7 @@ static anvil_status flush(struct vk_uploader *u) {
     if (st == ANVIL_OK) st = vk_submit(u->d, &u->cb, 1, &v);
     if (st == ANVIL_OK) st = vk_wait(u->d, v);
     u->used = 0;
-    if (u->progress) {
-        fprintf(stderr, "\ranvil: uploading weights %5.1f%% (%.2f / %.2f GiB)",
-                100.0 * (double)u->done / (double)u->total, (double)u->done / (1 << 30),
-                (double)u->total / (1 << 30));
-        fflush(stderr);
-    }
+    if (st == ANVIL_OK) progress("uploading the weights", u->done, u->total);
     return st;
 }
 
@@ -180,7 +173,7 @@ anvil_status vk_upload(struct vk_uploader *u, struct vk_buffer *dst, VkDeviceSiz
 
 anvil_status vk_uploader_finish(struct vk_uploader *u) {
     anvil_status st = flush(u);
-    if (u->progress) fprintf(stderr, "\n");
+    progress("uploading the weights", u->total, u->total); /* ends the report, even on failure */
     /* after a failed flush a copy may still be reading the staging buffer (a wait that timed
      * out on a slow device): wait for it; where even that fails, leave the buffer to the
      * failed device rather than free it under the copy */
