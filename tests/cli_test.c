@@ -119,8 +119,9 @@ static void patched_copy(const char *path, uint32_t type) {
     free(f);
 }
 
-/* anvil info lists the block types; a type ggml has but anvil cannot compute with is named,
- * as is one ggml removed, and an id ggml never had is called unknown. */
+/* anvil info lists the block types (tensors, blocks and bytes of each); a type ggml has but
+ * anvil cannot compute with is named and marked not supported, as is one ggml removed, and an
+ * id ggml never had is called unknown. */
 static void test_block_types(void **state) {
     (void)state;
     char *out = NULL;
@@ -128,12 +129,18 @@ static void test_block_types(void **state) {
     assert_non_null(strstr(out, "  IQ1_S      10 tensors"));
     assert_non_null(strstr(out, "  IQ2_XXS     2 tensors"));
     assert_non_null(strstr(out, "  Q2_K        3 tensors"));
+    const char *line = strstr(out, "  IQ1_S ");
+    assert_true(strstr(line, " blocks") < strchr(line, '\n'));
+    assert_null(strstr(out, "not supported"));
     free(out);
     char *dir = tu_tmpdir(), path[1024];
     snprintf(path, sizeof path, "%s/patched.gguf", dir);
     patched_copy(path, 39);
     assert_int_equal(tu_run_anvil(&out, NULL, "info -m %s", path), 0);
     assert_non_null(strstr(out, "  MXFP4       1 tensors"));
+    line = strstr(out, "  MXFP4 ");
+    const char *mark = strstr(line, "(not supported: anvil cannot compute with it)");
+    assert_true(mark && mark < strchr(line, '\n'));
     free(out);
     char args[1100];
     snprintf(args, sizeof args, "eval -m %s --backend cpu --prompt-ids 1,2", path);
@@ -144,6 +151,7 @@ static void test_block_types(void **state) {
     snprintf(args, sizeof args, "info -m %s", path);
     assert_int_equal(tu_run_anvil(&out, NULL, "%s", args), 0);
     assert_non_null(strstr(out, "  TQ2_0       1 tensors"));
+    assert_non_null(strstr(out, "(not supported: anvil cannot compute with it)"));
     free(out);
     patched_copy(path, 31);
     expect_fail(args, "tensor output.weight has type Q4_0_4_4 (ggml type id 31), which ggml has removed");

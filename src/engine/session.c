@@ -101,10 +101,19 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
             tbytes[t] += mf->tensors[i].size;
         }
     }
-    for (int t = 0; t < DT_COUNT; t++)
-        if (count[t])
-            OUT("  %-7s %5llu tensors  %10.2f MiB\n", dtype_name(t), (unsigned long long)count[t],
-                (double)tbytes[t] / (1 << 20));
+    /* per type: tensors, blocks (of block types), bytes; a type anvil only knows by name is
+     * marked, so that a file anvil cannot run says why before any backend refuses it */
+    for (int t = 0; t < DT_COUNT; t++) {
+        if (!count[t]) continue;
+        const struct dtype_traits *tr = dtype_traits(t);
+        char blocks[32] = "";
+        if (tr->block_size > 1)
+            snprintf(blocks, sizeof blocks, "%llu blocks",
+                     (unsigned long long)(tbytes[t] / (uint64_t)tr->type_size));
+        OUT("  %-7s %5llu tensors  %16s  %10.2f MiB%s\n", dtype_name(t),
+            (unsigned long long)count[t], blocks, (double)tbytes[t] / (1 << 20),
+            dtype_supported(t) ? "" : "  (not supported: anvil cannot compute with it)");
+    }
     if (mf->gguf) /* (buf may be NULL when cap is 0: no pointer arithmetic on it then) */
         len += gguf_describe(mf->gguf, cap > len ? buf + len : NULL, cap > len ? cap - len : 0);
 #undef OUT
@@ -429,6 +438,7 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
         memcpy(s->tokens + s->pos, tokens + done, (size_t)T * sizeof *tokens);
         s->pos += T;
         done += T;
+        if (n > chunk) progress("prefilling the prompt", (uint64_t)done, (uint64_t)n); /* several chunks */
     }
     return ANVIL_OK;
 }
