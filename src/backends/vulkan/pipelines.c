@@ -28,29 +28,35 @@ static const uint32_t spv_mm_cm2_moe[] =
 enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_FLASH, SPECS_ATTN_PREFILL, SPECS_MODE,
              SPECS_MMB };
 
-/* a table row: SPIR-V, name, op, weight type, MODE (mega.comp: QT), specialisation */
-#define KI(spv, name, op, dtype, mode, specs) {spv, sizeof spv, name, op, dtype, 0, 0, 0, mode, specs}
+/* a table row: SPIR-V, name, op, weight type, MODE (mega.comp: QT), specialisation, push
+ * constants (enum vk_push) */
+#define KI(spv, name, op, dtype, mode, specs, push) {spv, sizeof spv, name, op, dtype, 0, 0, 0, mode, specs, push}
 /* one of matvec.comp's QX products (op VK_OP_MATVEC, MODE 0) or SwiGLUs (VK_OP_MATVEC_SWIGLU,
  * MODE 1), teams or not, of an input rounded as XM says */
 #define KQ(spv, name, op, dtype, teams, xm)                                                             \
     {spv, sizeof spv, name, op, dtype, 1, teams, xm, (op) == VK_OP_MATVEC_SWIGLU,                      \
-     (teams) || (xm) ? SPECS_QXV : SPECS_MATVEC}
+     (teams) || (xm) ? SPECS_QXV : SPECS_MATVEC, (teams) ? PUSH_MATVEC_QXT : PUSH_MATVEC}
 /* one of mega.comp's: of weights of one float type, or on integer dot products (MQX) of the
  * types of QT */
-#define KM(spv, name, dtype, qx, qt) {spv, sizeof spv, name, VK_OP_MEGA, dtype, qx, 0, 0, qt, SPECS_MEGA}
+#define KM(spv, name, dtype, qx, qt) {spv, sizeof spv, name, VK_OP_MEGA, dtype, qx, 0, 0, qt, SPECS_MEGA, PUSH_MEGA}
+#define QT_Q4_K (1u << MEGA_WT_Q4_K)
+#define QT_Q6_K (1u << MEGA_WT_Q6_K)
+#define QT_Q8_0 (1u << MEGA_WT_Q8_0)
+#define QT_ALL (QT_Q4_K | QT_Q6_K | QT_Q8_0)
 /* the kernels of a weight type (VK_TYPE_KERNELS) */
-#define TYPE_ROWS(T, t)                                                                                 \
-    [K_MATVEC_##T] = KI(spv_matvec_##t, "matvec_" #t, VK_OP_MATVEC, DT_##T, 0, SPECS_MATVEC),           \
-    [K_MATVEC_SWIGLU_##T] = KI(spv_matvec_##t, "matvec_swiglu_" #t, VK_OP_MATVEC_SWIGLU, DT_##T, 1,     \
-                               SPECS_MATVEC),                                                           \
-    [K_MOE_GU_##T] = KI(spv_matvec_##t, "moe_gu_" #t, VK_OP_MOE_GU, DT_##T, 2, SPECS_MATVEC),           \
-    [K_MOE_DOWN_##T] = KI(spv_matvec_##t, "moe_down_" #t, VK_OP_MOE_DOWN, DT_##T, 3, SPECS_MATVEC),     \
-    [K_EMBED_##T] = KI(spv_embed_##t, "embed_" #t, VK_OP_EMBED, DT_##T, 0, SPECS_NONE),                 \
-    [K_MM_##T] = KI(spv_mm_##t, "mm_" #t, VK_OP_MM, DT_##T, 0, SPECS_MODE),                             \
-    [K_EMBEDT_##T] = KI(spv_mm_##t, "embed_rows_" #t, VK_OP_EMBED_ROWS, DT_##T, 1, SPECS_MODE),         \
-    [K_MMOE_##T] = KI(spv_mm_##t, "mm_experts_" #t, VK_OP_MM_EXPERTS, DT_##T, 2, SPECS_MODE),           \
-    [K_DQ_##T] = KI(spv_dq_##t, "dq_" #t, VK_OP_DQ, DT_##T, 0, SPECS_NONE),                             \
-    [K_MMB_##T] = KI(spv_mmb_##t, "mmb_" #t, VK_OP_MMB, DT_##T, 0, SPECS_MMB),
+#define TYPE_ROWS(T, t)                                                                                  \
+    [K_MATVEC_##T] = KI(spv_matvec_##t, "matvec_" #t, VK_OP_MATVEC, DT_##T, 0, SPECS_MATVEC, PUSH_MATVEC), \
+    [K_MATVEC_SWIGLU_##T] = KI(spv_matvec_##t, "matvec_swiglu_" #t, VK_OP_MATVEC_SWIGLU, DT_##T, 1,      \
+                               SPECS_MATVEC, PUSH_MATVEC),                                               \
+    [K_MOE_GU_##T] = KI(spv_matvec_##t, "moe_gu_" #t, VK_OP_MOE_GU, DT_##T, 2, SPECS_MATVEC, PUSH_MATVEC), \
+    [K_MOE_DOWN_##T] = KI(spv_matvec_##t, "moe_down_" #t, VK_OP_MOE_DOWN, DT_##T, 3, SPECS_MATVEC,       \
+                          PUSH_MATVEC),                                                                  \
+    [K_EMBED_##T] = KI(spv_embed_##t, "embed_" #t, VK_OP_EMBED, DT_##T, 0, SPECS_NONE, PUSH_EMBED),      \
+    [K_MM_##T] = KI(spv_mm_##t, "mm_" #t, VK_OP_MM, DT_##T, 0, SPECS_MODE, PUSH_MM),                     \
+    [K_EMBEDT_##T] = KI(spv_mm_##t, "embed_rows_" #t, VK_OP_EMBED_ROWS, DT_##T, 1, SPECS_MODE, PUSH_MM), \
+    [K_MMOE_##T] = KI(spv_mm_##t, "mm_experts_" #t, VK_OP_MM_EXPERTS, DT_##T, 2, SPECS_MODE, PUSH_MM),   \
+    [K_DQ_##T] = KI(spv_dq_##t, "dq_" #t, VK_OP_DQ, DT_##T, 0, SPECS_NONE, PUSH_DQ),                     \
+    [K_MMB_##T] = KI(spv_mmb_##t, "mmb_" #t, VK_OP_MMB, DT_##T, 0, SPECS_MMB, PUSH_MMB),
 /* the QX kernels of a type (VK_QX_TYPE_KERNELS) */
 #define QX_ROWS(T, t)                                                                                   \
     [K_MATVEC_QX_##T] = KQ(spv_matvec_qx_##t, "matvec_qx_" #t, VK_OP_MATVEC, DT_##T, 0, 0),             \
@@ -71,63 +77,67 @@ enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_
     [K_MATVEC_QXT_##T##_X2] = KQ(spv_matvec_qxt_##t, "matvec_qxt_" #t "_x2", VK_OP_MATVEC, DT_##T, 1, 2), \
     [K_MATVEC_SWIGLU_QXT_##T##_X2] = KQ(spv_matvec_qxt_##t, "matvec_swiglu_qxt_" #t "_x2",              \
                                         VK_OP_MATVEC_SWIGLU, DT_##T, 1, 2),                             \
-    [K_MMB_QX_##T] = {spv_mmb_qx_##t, sizeof spv_mmb_qx_##t, "mmb_qx_" #t, VK_OP_MMB, DT_##T, 1, 0, 0, 0, SPECS_MMB},
+    [K_MMB_QX_##T] = {spv_mmb_qx_##t, sizeof spv_mmb_qx_##t, "mmb_qx_" #t, VK_OP_MMB, DT_##T, 1, 0, 0,   \
+                      0, SPECS_MMB, PUSH_MMB},
 
 static const struct vk_kernel_info kernels[K_COUNT] = {
     VK_WEIGHT_TYPES(TYPE_ROWS)
     VK_QX_TYPES(QX_ROWS)
-    [K_ATTENTION] = KI(spv_attention, "attention", VK_OP_NONE, 0, 0, SPECS_ATTN),
-    [K_ARGMAX] = KI(spv_argmax, "argmax", VK_OP_NONE, 0, 0, SPECS_NONE),
-    [K_EW] = KI(spv_ew, "ew", VK_OP_NONE, 0, 0, SPECS_NONE),
-    [K_PREFETCH] = KI(spv_prefetch, "prefetch", VK_OP_NONE, 0, 0, SPECS_NONE),
-    [K_MOE_TOPK] = KI(spv_moe_topk, "moe_topk", VK_OP_NONE, 0, 0, SPECS_NONE),
-    [K_GDN] = KI(spv_gdn, "gdn", VK_OP_NONE, 0, 0, SPECS_NONE),
-    [K_SAMPLE] = KI(spv_sample, "sample", VK_OP_NONE, 0, 0, SPECS_NONE),
-    [K_MM_REDUCE] = KI(spv_mm_f32, "mm_reduce_slots", VK_OP_NONE, 0, 4, SPECS_MODE),
-    [K_ROWS_NORM] = KI(spv_rows, "rows_norm", VK_OP_NONE, 0, 0, SPECS_MODE),
-    [K_ROWS_ROPE] = KI(spv_rows, "rows_rope", VK_OP_NONE, 0, 1, SPECS_MODE),
-    [K_ROWS_ADD] = KI(spv_rows, "rows_add", VK_OP_NONE, 0, 2, SPECS_MODE),
-    [K_ROWS_SWIGLU] = KI(spv_rows, "rows_swiglu", VK_OP_NONE, 0, 3, SPECS_MODE),
-    [K_ROWS_KVWRITE] = KI(spv_rows, "rows_kvwrite", VK_OP_NONE, 0, 4, SPECS_MODE),
-    [K_ROWS_SIGMUL] = KI(spv_rows, "rows_sigmoid_mul", VK_OP_NONE, 0, 5, SPECS_MODE),
-    [K_ROWS_NORM_ROPE] = KI(spv_rows, "rows_norm_rope", VK_OP_NONE, 0, 6, SPECS_MODE),
-    [K_ROWS_IMAGE] = KI(spv_rows, "rows_image", VK_OP_NONE, 0, 7, SPECS_MODE),
-    [K_VIT_NORM] = KI(spv_vit, "vit_layer_norm", VK_OP_NONE, 0, 0, SPECS_MODE),
-    [K_VIT_BIAS] = KI(spv_vit, "vit_bias_gelu", VK_OP_NONE, 0, 1, SPECS_MODE),
-    [K_VIT_POS] = KI(spv_vit, "vit_positions", VK_OP_NONE, 0, 2, SPECS_MODE),
-    [K_VIT_ROPE] = KI(spv_vit, "vit_rope", VK_OP_NONE, 0, 3, SPECS_MODE),
-    [K_VIT_ATTN] = KI(spv_vit, "vit_attention", VK_OP_NONE, 0, 4, SPECS_MODE),
-    [K_ATTN_PREFILL] = KI(spv_attn_prefill, "attn_prefill", VK_OP_NONE, 0, 0, SPECS_ATTN_PREFILL),
-    [K_MMH_64X64_K32] = KI(spv_mm_h_64x64_k32, "mm_h_64x64_k32", VK_OP_NONE, 0, 0, SPECS_NONE),
-    [K_MMH_CM2] = KI(spv_mm_cm2, "mm_cm2", VK_OP_NONE, 0, 0, SPECS_NONE),
-    [K_MMH_CM2_MOE] = KI(spv_mm_cm2_moe, "mm_cm2_experts", VK_OP_NONE, 0, 0, SPECS_NONE),
-    [K_MMH_MOE] = KI(spv_mm_h_moe, "mm_h_experts", VK_OP_NONE, 0, 0, SPECS_NONE),
-    [K_ATTN_FLASH] = KI(spv_attn_flash, "attn_flash", VK_OP_NONE, 0, 0, SPECS_FLASH),
-    [K_MOE_ROUTE] = KI(spv_moe_topk, "moe_route", VK_OP_NONE, 0, 1, SPECS_MODE),
-    [K_MOE_BUCKET] = KI(spv_moe_topk, "moe_bucket", VK_OP_NONE, 0, 2, SPECS_MODE),
-    [K_MOE_OFFS] = KI(spv_moe_rows, "moe_offsets", VK_OP_NONE, 0, 0, SPECS_MODE),
-    [K_MOE_GATHER] = KI(spv_moe_rows, "moe_gather", VK_OP_NONE, 0, 1, SPECS_MODE),
-    [K_MOE_SCATTER] = KI(spv_moe_rows, "moe_scatter", VK_OP_NONE, 0, 2, SPECS_MODE),
-    [K_GDN_PREFILL] = KI(spv_gdn, "gdn_prefill", VK_OP_NONE, 0, 1, SPECS_MODE),
-    [K_GDN_RING] = KI(spv_gdn, "gdn_ring", VK_OP_NONE, 0, 2, SPECS_MODE),
-    [K_GDNC_PREP] = KI(spv_gdn_chunk, "gdn_chunk_prep", VK_OP_NONE, 0, 0, SPECS_MODE),
-    [K_GDNC_INTRA] = KI(spv_gdn_chunk, "gdn_chunk_intra", VK_OP_NONE, 0, 1, SPECS_MODE),
-    [K_GDNC_RECUR] = KI(spv_gdn_chunk, "gdn_chunk_recur", VK_OP_NONE, 0, 2, SPECS_MODE),
-    [K_QX] = KI(spv_qx, "qx", VK_OP_NONE, 0, 0, SPECS_NONE),
-    [K_MMB_ROUND] = KI(spv_mmb_round, "mmb_round", VK_OP_NONE, 0, 0, SPECS_NONE),
-    [K_MATVEC_ROUTE_F32] = KI(spv_matvec_route_f32, "matvec_route_f32", VK_OP_MATVEC_ROUTE, DT_F32, 0, SPECS_MATVEC),
-    [K_MATVEC_ROUTE_F16] = KI(spv_matvec_route_f16, "matvec_route_f16", VK_OP_MATVEC_ROUTE, DT_F16, 0, SPECS_MATVEC),
-    [K_MATVEC_ROUTE_BF16] = KI(spv_matvec_route_bf16, "matvec_route_bf16", VK_OP_MATVEC_ROUTE, DT_BF16, 0, SPECS_MATVEC),
-    /* mega.comp: of one float type, or (MQX) of those of QT (1 << WT_: Q4_K 1, Q6_K 2, Q8_0 4); the
-     * clock's variants (-1: looked up by name only) */
-    [K_MEGA_F32] = KM(spv_mega_f32, "mega_f32", DT_F32, 0, 7),
-    [K_MEGA_F16] = KM(spv_mega_f16, "mega_f16", DT_F16, 0, 7),
-    [K_MEGA_BF16] = KM(spv_mega_bf16, "mega_bf16", DT_BF16, 0, 7),
-    [K_MEGA_BF16_CLK] = KM(spv_mega_bf16_clk, "mega_bf16_clk", -1, 0, 7),
-    [K_MEGA_QX] = KM(spv_mega_qx, "mega_qx", -1, 1, 7),
-    [K_MEGA_QX_CLK] = KM(spv_mega_qx_clk, "mega_qx_clk", -1, 1, 7),
-    [K_MEGA_QXK] = KM(spv_mega_qx, "mega_qx_k", -1, 1, 3),
-    [K_MEGA_QX8] = KM(spv_mega_qx, "mega_qx_8", -1, 1, 4),
+    [K_ATTENTION] = KI(spv_attention, "attention", VK_OP_NONE, 0, 0, SPECS_ATTN, PUSH_ATTN),
+    [K_ARGMAX] = KI(spv_argmax, "argmax", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_ARGMAX),
+    [K_EW] = KI(spv_ew, "ew", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_EW),
+    [K_PREFETCH] = KI(spv_prefetch, "prefetch", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_PREFETCH),
+    [K_MOE_TOPK] = KI(spv_moe_topk, "moe_topk", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_TOPK),
+    [K_GDN] = KI(spv_gdn, "gdn", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_GDN),
+    [K_SAMPLE] = KI(spv_sample, "sample", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_SAMPLE),
+    [K_MM_REDUCE] = KI(spv_mm_f32, "mm_reduce_slots", VK_OP_NONE, 0, 4, SPECS_MODE, PUSH_MM),
+    [K_ROWS_NORM] = KI(spv_rows, "rows_norm", VK_OP_NONE, 0, 0, SPECS_MODE, PUSH_ROWS),
+    [K_ROWS_ROPE] = KI(spv_rows, "rows_rope", VK_OP_NONE, 0, 1, SPECS_MODE, PUSH_ROWS),
+    [K_ROWS_ADD] = KI(spv_rows, "rows_add", VK_OP_NONE, 0, 2, SPECS_MODE, PUSH_ROWS),
+    [K_ROWS_SWIGLU] = KI(spv_rows, "rows_swiglu", VK_OP_NONE, 0, 3, SPECS_MODE, PUSH_ROWS),
+    [K_ROWS_KVWRITE] = KI(spv_rows, "rows_kvwrite", VK_OP_NONE, 0, 4, SPECS_MODE, PUSH_ROWS),
+    [K_ROWS_SIGMUL] = KI(spv_rows, "rows_sigmoid_mul", VK_OP_NONE, 0, 5, SPECS_MODE, PUSH_ROWS),
+    [K_ROWS_NORM_ROPE] = KI(spv_rows, "rows_norm_rope", VK_OP_NONE, 0, 6, SPECS_MODE, PUSH_ROWS),
+    [K_ROWS_IMAGE] = KI(spv_rows, "rows_image", VK_OP_NONE, 0, 7, SPECS_MODE, PUSH_ROWS),
+    [K_VIT_NORM] = KI(spv_vit, "vit_layer_norm", VK_OP_NONE, 0, 0, SPECS_MODE, PUSH_VIT),
+    [K_VIT_BIAS] = KI(spv_vit, "vit_bias_gelu", VK_OP_NONE, 0, 1, SPECS_MODE, PUSH_VIT),
+    [K_VIT_POS] = KI(spv_vit, "vit_positions", VK_OP_NONE, 0, 2, SPECS_MODE, PUSH_VIT),
+    [K_VIT_ROPE] = KI(spv_vit, "vit_rope", VK_OP_NONE, 0, 3, SPECS_MODE, PUSH_VIT),
+    [K_VIT_ATTN] = KI(spv_vit, "vit_attention", VK_OP_NONE, 0, 4, SPECS_MODE, PUSH_VIT),
+    [K_ATTN_PREFILL] = KI(spv_attn_prefill, "attn_prefill", VK_OP_NONE, 0, 0, SPECS_ATTN_PREFILL, PUSH_ATTN_PF),
+    [K_MMH_64X64_K32] = KI(spv_mm_h_64x64_k32, "mm_h_64x64_k32", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
+    [K_MMH_CM2] = KI(spv_mm_cm2, "mm_cm2", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
+    [K_MMH_CM2_MOE] = KI(spv_mm_cm2_moe, "mm_cm2_experts", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
+    [K_MMH_MOE] = KI(spv_mm_h_moe, "mm_h_experts", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
+    [K_ATTN_FLASH] = KI(spv_attn_flash, "attn_flash", VK_OP_NONE, 0, 0, SPECS_FLASH, PUSH_ATTN_PF),
+    [K_MOE_ROUTE] = KI(spv_moe_topk, "moe_route", VK_OP_NONE, 0, 1, SPECS_MODE, PUSH_TOPK),
+    [K_MOE_BUCKET] = KI(spv_moe_topk, "moe_bucket", VK_OP_NONE, 0, 2, SPECS_MODE, PUSH_TOPK),
+    [K_MOE_OFFS] = KI(spv_moe_rows, "moe_offsets", VK_OP_NONE, 0, 0, SPECS_MODE, PUSH_MOE_ROWS),
+    [K_MOE_GATHER] = KI(spv_moe_rows, "moe_gather", VK_OP_NONE, 0, 1, SPECS_MODE, PUSH_MOE_ROWS),
+    [K_MOE_SCATTER] = KI(spv_moe_rows, "moe_scatter", VK_OP_NONE, 0, 2, SPECS_MODE, PUSH_MOE_ROWS),
+    [K_GDN_PREFILL] = KI(spv_gdn, "gdn_prefill", VK_OP_NONE, 0, 1, SPECS_MODE, PUSH_GDN),
+    [K_GDN_RING] = KI(spv_gdn, "gdn_ring", VK_OP_NONE, 0, 2, SPECS_MODE, PUSH_GDN),
+    [K_GDNC_PREP] = KI(spv_gdn_chunk, "gdn_chunk_prep", VK_OP_NONE, 0, 0, SPECS_MODE, PUSH_GDNC),
+    [K_GDNC_INTRA] = KI(spv_gdn_chunk, "gdn_chunk_intra", VK_OP_NONE, 0, 1, SPECS_MODE, PUSH_GDNC),
+    [K_GDNC_RECUR] = KI(spv_gdn_chunk, "gdn_chunk_recur", VK_OP_NONE, 0, 2, SPECS_MODE, PUSH_GDNC),
+    [K_QX] = KI(spv_qx, "qx", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_QX),
+    [K_MMB_ROUND] = KI(spv_mmb_round, "mmb_round", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMB_ROUND),
+    [K_MATVEC_ROUTE_F32] = KI(spv_matvec_route_f32, "matvec_route_f32", VK_OP_MATVEC_ROUTE, DT_F32, 0, SPECS_MATVEC,
+                              PUSH_MATVEC),
+    [K_MATVEC_ROUTE_F16] = KI(spv_matvec_route_f16, "matvec_route_f16", VK_OP_MATVEC_ROUTE, DT_F16, 0, SPECS_MATVEC,
+                              PUSH_MATVEC),
+    [K_MATVEC_ROUTE_BF16] = KI(spv_matvec_route_bf16, "matvec_route_bf16", VK_OP_MATVEC_ROUTE, DT_BF16, 0, SPECS_MATVEC,
+                               PUSH_MATVEC),
+    /* mega.comp: of one float type, or (MQX) of those of QT (QT_*: 1 << contract.h's MEGA_WT_*);
+     * the clock's variants (-1: looked up by name only) */
+    [K_MEGA_F32] = KM(spv_mega_f32, "mega_f32", DT_F32, 0, QT_ALL),
+    [K_MEGA_F16] = KM(spv_mega_f16, "mega_f16", DT_F16, 0, QT_ALL),
+    [K_MEGA_BF16] = KM(spv_mega_bf16, "mega_bf16", DT_BF16, 0, QT_ALL),
+    [K_MEGA_BF16_CLK] = KM(spv_mega_bf16_clk, "mega_bf16_clk", -1, 0, QT_ALL),
+    [K_MEGA_QX] = KM(spv_mega_qx, "mega_qx", -1, 1, QT_ALL),
+    [K_MEGA_QX_CLK] = KM(spv_mega_qx_clk, "mega_qx_clk", -1, 1, QT_ALL),
+    [K_MEGA_QXK] = KM(spv_mega_qx, "mega_qx_k", -1, 1, QT_Q4_K | QT_Q6_K),
+    [K_MEGA_QX8] = KM(spv_mega_qx, "mega_qx_8", -1, 1, QT_Q8_0),
 };
 
 const struct vk_kernel_info *vk_kernel_info(enum vk_kernel k) { return &kernels[k]; }
@@ -491,18 +501,18 @@ anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enu
         vals[MEGA_SPEC_QT] = ki->mode; /* MQX's weight types (1 << WT_) */
         n = MEGA_SPEC_QT + 1;
     } else if (ki->specs == SPECS_FLASH) {
-        vals[0] = (uint32_t)attn_g;
-        vals[1] = (uint32_t)attn_d;
-        n = 2;
+        vals[FLASH_SPEC_G] = (uint32_t)attn_g;
+        vals[FLASH_SPEC_D] = (uint32_t)attn_d;
+        n = FLASH_SPEC_D + 1;
     } else if (ki->specs == SPECS_ATTN_PREFILL) {
-        vals[0] = (uint32_t)attn_g;
-        n = 1;
+        vals[FLASH_SPEC_G] = (uint32_t)attn_g;
+        n = FLASH_SPEC_G + 1;
     } else if (ki->specs == SPECS_MODE) { /* mm.comp, moe_topk.comp, moe_rows.comp, gdn.comp, rows.comp */
         vals[SPEC_MODE] = ki->mode;
         n = 1;
     } else if (ki->specs == SPECS_MMB) { /* mmb.comp's rows a subgroup */
-        vals[SPEC_MODE] = (uint32_t)d->tune.vk_mmb_rs;
-        n = 1;
+        vals[MMB_SPEC_RS] = (uint32_t)d->tune.vk_mmb_rs;
+        n = MMB_SPEC_RS + 1;
     }
     /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*) */
     for (uint32_t i = 0; i < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};

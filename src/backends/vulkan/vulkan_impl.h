@@ -15,6 +15,7 @@
 #ifndef ANVIL_VULKAN_IMPL_H
 #define ANVIL_VULKAN_IMPL_H
 
+#include <stddef.h>
 #include <volk.h>
 
 #include "backends/backend.h"
@@ -256,6 +257,13 @@ enum vk_kernel {
     K_COUNT,
 };
 
+/* The push-constant layouts (shaders/push.h), one struct pc_* each */
+enum vk_push {
+    PUSH_NONE, PUSH_MATVEC, PUSH_MATVEC_QXT, PUSH_QX, PUSH_EMBED, PUSH_ATTN, PUSH_EW, PUSH_TOPK, PUSH_GDN,
+    PUSH_ARGMAX, PUSH_SAMPLE, PUSH_PREFETCH, PUSH_MEGA, PUSH_MM, PUSH_MMH, PUSH_DQ, PUSH_ROWS, PUSH_MOE_ROWS,
+    PUSH_ATTN_PF, PUSH_GDNC, PUSH_VIT, PUSH_MMB, PUSH_MMB_ROUND, VK_PUSH_COUNT
+};
+
 /* A kernel's entry in the table (pipelines.c) */
 struct vk_kernel_info {
     const uint32_t *code; /* its SPIR-V (size bytes) */
@@ -269,6 +277,7 @@ struct vk_kernel_info {
     uint8_t mode;    /* its MODE specialisation constant (matvec.comp, mm.comp, rows.comp...);
                         mega.comp: QT, the MQX weight types it is compiled for */
     uint8_t specs;   /* which specialisation constants it takes (pipelines.c enum specs) */
+    uint8_t push;    /* its push constants' layout (enum vk_push; push_test checks its SPIR-V) */
 };
 const struct vk_kernel_info *vk_kernel_info(enum vk_kernel k);
 /* The kernel of op `op` (not on integer dot products) for weights of type dtype (DT_*), or
@@ -355,18 +364,55 @@ static inline uint32_t vk_matvec_rows(const struct vk_pipelines *p, enum vk_kern
     return vk_matvec_spec(p, k, v) ? v[MV_SPEC_NR] : 1;
 }
 
-/* dq.comp: rows r0 .. r0 + rows - 1 of a matrix to float16, U units a row, row stride Kp */
-struct pc_dq {
-    uint64_t w, y;
-    uint32_t r0, rows, U, Kp;
+/* ---- push constants: the shaders' layouts, from their lists in shaders/push.h ---- */
+
+PC_STRUCT(pc_matvec, PC_MATVEC); /* matvec.comp: the decode program's products, the prefill's one-row ones */
+struct pc_qxt {                  /* matvec.comp QXT, where it rounds its outputs (flags & MV_ROUND) */
+    struct pc_matvec m;
+    PC_MATVEC_QXT(PC_C_A, PC_C_U, PC_C_F)
 };
-/* matvec.comp's push constants (the decode program's, and the prefill's one-row products) */
-struct pc_matvec {
-    uint64_t x, normw, ctl, w0, w1, w2, o0, o1, o2, res;
-    uint32_t Kp8, K, rows0, rows1, rows2, flags; /* flags: MV_* (contract.h) */
-    float eps;
-    uint32_t route_k; /* K_MATVEC_ROUTE_*: k | norm << 16 */
-};
+PC_STRUCT(pc_qx, PC_QX);             /* qx.comp */
+PC_STRUCT(pc_embed, PC_EMBED);       /* embed.comp */
+PC_STRUCT(pc_attn, PC_ATTN);         /* attention.comp */
+PC_STRUCT(pc_ew, PC_EW);             /* ew.comp */
+PC_STRUCT(pc_topk, PC_TOPK);         /* moe_topk.comp */
+PC_STRUCT(pc_gdn, PC_GDN);           /* gdn.comp */
+PC_STRUCT(pc_argmax, PC_ARGMAX);     /* argmax.comp */
+PC_STRUCT(pc_sample, PC_SAMPLE);     /* sample.comp */
+PC_STRUCT(pc_prefetch, PC_PREFETCH); /* prefetch.comp */
+PC_STRUCT(pc_mega, PC_MEGA);         /* mega.comp */
+PC_STRUCT(pc_mm, PC_MM);             /* mm.comp */
+PC_STRUCT(pc_mmh, PC_MMH);           /* mm_h.comp, mm_cm2.comp */
+PC_STRUCT(pc_dq, PC_DQ);             /* dq.comp */
+PC_STRUCT(pc_rows, PC_ROWS);         /* rows.comp */
+PC_STRUCT(pc_moe_rows, PC_MOE_ROWS); /* moe_rows.comp */
+PC_STRUCT(pc_attn_pf, PC_ATTN_PF);   /* attn_prefill.comp, attn_flash.comp */
+PC_STRUCT(pc_gdnc, PC_GDNC);         /* gdn_chunk.comp */
+PC_STRUCT(pc_vit, PC_VIT);           /* vit.comp */
+PC_STRUCT(pc_mmb, PC_MMB);           /* mmb.comp */
+PC_STRUCT(pc_mmb_round, PC_MMB_ROUND); /* mmb_round.comp */
+/* matvec.comp QXT's block has pc_matvec's fields, then its own */
+_Static_assert(offsetof(struct pc_qxt, xq) == sizeof(struct pc_matvec), "pc_qxt: xq right after pc_matvec");
+_Static_assert(sizeof(struct pc_qxt) <= VK_PUSH_BYTES && sizeof(struct pc_attn) <= VK_PUSH_BYTES &&
+                   sizeof(struct pc_gdn) <= VK_PUSH_BYTES && sizeof(struct pc_mm) <= VK_PUSH_BYTES &&
+                   sizeof(struct pc_mmh) <= VK_PUSH_BYTES && sizeof(struct pc_rows) <= VK_PUSH_BYTES,
+               "push constants within VK_PUSH_BYTES");
+/* mega.comp's word indices of the phases' fields (push.h MVW_*, ATW_*) */
+#define PC_WORD(s, f, w) (offsetof(struct s, f) == 4 * (w))
+_Static_assert(PC_WORD(pc_matvec, x, MVW_X) && PC_WORD(pc_matvec, normw, MVW_NORMW) && PC_WORD(pc_matvec, w0, MVW_W0) &&
+                   PC_WORD(pc_matvec, w1, MVW_W1) && PC_WORD(pc_matvec, w2, MVW_W2) && PC_WORD(pc_matvec, o0, MVW_O0) &&
+                   PC_WORD(pc_matvec, o1, MVW_O1) && PC_WORD(pc_matvec, o2, MVW_O2) && PC_WORD(pc_matvec, res, MVW_RES) &&
+                   PC_WORD(pc_matvec, Kp8, MVW_KP8) && PC_WORD(pc_matvec, K, MVW_K) &&
+                   PC_WORD(pc_matvec, rows0, MVW_ROWS0) && PC_WORD(pc_matvec, rows1, MVW_ROWS1) &&
+                   PC_WORD(pc_matvec, flags, MVW_FLAGS) && PC_WORD(pc_matvec, eps, MVW_EPS),
+               "push.h MVW_*: pc_matvec's words");
+_Static_assert(PC_WORD(pc_attn, q, ATW_Q) && PC_WORD(pc_attn, k, ATW_K) && PC_WORD(pc_attn, v, ATW_V) &&
+                   PC_WORD(pc_attn, qnorm, ATW_QNORM) && PC_WORD(pc_attn, knorm, ATW_KNORM) &&
+                   PC_WORD(pc_attn, kc, ATW_KC) && PC_WORD(pc_attn, vc, ATW_VC) && PC_WORD(pc_attn, rope, ATW_ROPE) &&
+                   PC_WORD(pc_attn, part, ATW_PART) && PC_WORD(pc_attn, out_, ATW_OUT) &&
+                   PC_WORD(pc_attn, Hkv, ATW_HKV) && PC_WORD(pc_attn, NC, ATW_NC) && PC_WORD(pc_attn, n_rot, ATW_N_ROT) &&
+                   PC_WORD(pc_attn, eps, ATW_EPS) && PC_WORD(pc_attn, scale, ATW_SCALE),
+               "push.h ATW_*: pc_attn's words");
 
 /* ---- the control block (matches Ctl in shaders/common.glsl) ---- */
 

@@ -51,55 +51,7 @@ struct vk_dispatch {
     _Alignas(8) uint8_t push[VK_PUSH_BYTES]; /* a push-constant struct (8-byte addresses) */
 };
 
-/* ---- push constants (the shaders' layouts) ---- */
-
-struct pc_embed {
-    uint64_t w, out, ctl;
-    uint32_t Kp8;
-};
-
-struct pc_attn {
-    uint64_t q, k, v, qnorm, knorm, kc, vc, rope, part, cnt, out, ctl, xq;
-    uint32_t Hkv, NC, n_rot;
-    float eps, scale;
-};
-
-struct pc_qx {
-    uint64_t x, normw, ctl, q, d;
-    uint32_t K, Kp, flags;
-    float eps;
-};
-struct pc_qxt { /* matvec.comp QX where it rounds its outputs (flags & MV_ROUND) */
-    struct pc_matvec m;
-    uint64_t xq, nw;
-};
-
-struct pc_ew {
-    uint64_t a, b, out, ctl;
-    uint32_t n, ne0, bdiv, op;
-    float eps;
-};
-
-struct pc_topk { /* moe_topk.comp */
-    uint64_t logits, route, ctl;
-    uint32_t E, k, norm, T;
-};
-
-struct pc_gdn {
-    uint64_t qkv, b, a, convw, A, dtb, ring, S, z, gnorm, out, ctl;
-    uint32_t Hk, Dk, Hv, Dv, Kc, flags;
-    float eps_l2, eps;
-};
-
-struct pc_argmax {
-    uint64_t logits, ctl, part, cnt;
-    uint32_t V, nwg;
-};
-
-struct pc_sample {
-    uint64_t logits, ctl, part, cnt;
-    uint32_t V, NWG;
-};
+/* (the push constants: vulkan_impl.h) */
 
 #define SAMPLE_CH 2048  /* logits per workgroup of sample.comp */
 #define SAMPLE_MAXK 256 /* SAMPLER_MAX_K */
@@ -111,17 +63,12 @@ struct pc_sample {
 
 /* mega.comp's phase: the push constants of a dispatch it replaces */
 struct vk_phase {
-    uint32_t kind;  /* 1 a product (matvec.comp MODE 0), 2 gate/up -> SwiGLU, 3 attention's
-                       chunks, 4 their merge */
+    uint32_t kind;  /* MEGA_PH_* (contract.h): a product, gate/up -> SwiGLU, attention's chunks,
+                       their merge */
     uint32_t tasks; /* rows (1, 2) */
-    uint32_t wt;      /* MQX products: the weights' type (mega.comp's WT_) */
+    uint32_t wt;      /* MQX products: the weights' type (MEGA_WT_*) */
     uint32_t no_meet; /* 1: it needs nothing of the phase before (MQX), which it follows without a meeting */
     _Alignas(8) uint8_t push[VK_PUSH_BYTES];
-};
-
-struct pc_mega {
-    uint64_t phases, ctl, cnt, clk;
-    uint32_t n_phases;
 };
 
 #define MEGA_CNT_BYTES 256

@@ -255,7 +255,7 @@ static anvil_status lower_attention(struct lower *L, int i) {
     pa.rope = L->p->rope.addr;
     pa.part = L->p->arena.addr + part;
     pa.cnt = L->p->arena.addr + cnt;
-    pa.out = node_addr(L, i);
+    pa.out_ = node_addr(L, i);
     pa.ctl = L->p->ctl.addr;
     pa.Hkv = Hkv;
     pa.NC = nc;
@@ -275,7 +275,7 @@ static anvil_status emit_ew(struct lower *L, uint32_t op, uint64_t a, uint64_t b
                             int64_t n, int64_t ne0, int64_t bdiv, float eps) {
     struct pc_ew pe = {a, b, out, L->p->ctl.addr, (uint32_t)n, (uint32_t)ne0, (uint32_t)bdiv, op, eps};
     uint32_t gx, gy;
-    grid(op == 3 ? (uint32_t)(n / ne0) : (uint32_t)((n + 255) / 256), &gx, &gy);
+    grid(op == EW_RMS_NORM ? (uint32_t)(n / ne0) : (uint32_t)((n + 255) / 256), &gx, &gy);
     return emit_dispatch(L->p, K_EW, gx, gy, &pe, sizeof pe);
 }
 
@@ -417,7 +417,7 @@ static anvil_status lower_gdn(struct lower *L, int i) {
     pg.S = vk_state_addr(b, N(L, n->src[7])->state);
     pg.z = node_addr(L, N(L, s)->src[0]);
     pg.gnorm = vk_weight_addr(b, N(L, nm->src[1])->weight, true, nm->p.i[0] != 0);
-    pg.out = node_addr(L, s);
+    pg.out_ = node_addr(L, s);
     pg.ctl = L->p->ctl.addr;
     pg.Hk = Hk;
     pg.Dk = Dk;
@@ -464,19 +464,19 @@ anvil_status lower_graph(struct lower *L) {
              * computed on its own for anything else */
             bool fused = graph_norm_folds(&L->plan, i);
             if (!fused)
-                st = emit_ew(L, 3, node_addr(L, nd->src[0]),
+                st = emit_ew(L, EW_RMS_NORM, node_addr(L, nd->src[0]),
                              vk_weight_addr(L->p->b, N(L, nd->src[1])->weight, true, nd->p.i[0] != 0),
                              node_addr(L, i), node_nelem(nd), nd->ne[0], 1, nd->p.f[0]);
             break;
         }
         case OP_ADD:
         case OP_SWIGLU:
-            st = emit_ew(L, nd->op == OP_ADD ? 0 : 2, node_addr(L, nd->src[0]), node_addr(L, nd->src[1]),
+            st = emit_ew(L, nd->op == OP_ADD ? EW_ADD : EW_SWIGLU, node_addr(L, nd->src[0]), node_addr(L, nd->src[1]),
                          node_addr(L, i), node_nelem(nd), nd->ne[0], 1, 0);
             break;
         case OP_SIGMOID_MUL: {
             const struct node *gt = N(L, nd->src[1]);
-            st = emit_ew(L, 1, node_addr(L, nd->src[0]), node_addr(L, nd->src[1]), node_addr(L, i),
+            st = emit_ew(L, EW_SIGMOID_MUL, node_addr(L, nd->src[0]), node_addr(L, nd->src[1]), node_addr(L, i),
                          node_nelem(nd), nd->ne[0], gt->ne[0] == 1 ? nd->ne[0] : 1, 0);
             break;
         }

@@ -23,14 +23,14 @@ static uint32_t mega_kind(const struct vk_dispatch *d, int *type, bool attn) {
     if (d->mqx) { /* lowered for K_MEGA_QX: every one joins a run (form_mega) */
         if (*type >= 0 && *type != MEGA_MQX) return 0;
         *type = MEGA_MQX;
-        return ki->op == VK_OP_MATVEC_SWIGLU ? 2 : 1;
+        return ki->op == VK_OP_MATVEC_SWIGLU ? MEGA_PH_SWIGLU : MEGA_PH_MATVEC;
     }
     if (!ki->qx && (ki->op == VK_OP_MATVEC || ki->op == VK_OP_MATVEC_SWIGLU) &&
         vk_kernel_for(VK_OP_MEGA, ki->dtype) != K_NONE)
-        t = ki->dtype, kind = ki->op == VK_OP_MATVEC ? 1 : 2;
+        t = ki->dtype, kind = ki->op == VK_OP_MATVEC ? MEGA_PH_MATVEC : MEGA_PH_SWIGLU;
     if (d->k == K_ATTENTION) { /* float output only, at most 64 chunks (mega.comp's merge; ANVIL_VK_ATTN_CHUNKS) */
         const struct pc_attn *pa = (const struct pc_attn *)d->push;
-        return attn && !pa->xq && pa->NC <= 64 ? 3 : 0;
+        return attn && !pa->xq && pa->NC <= 64 ? MEGA_PH_ATTN : 0;
     }
     if (!kind || d->overlap || (*type >= 0 && t != *type)) return 0;
     if (((const struct pc_matvec *)d->push)->Kp8 > MEGA_XS4 / 2) return 0; /* its input fits shared memory */
@@ -60,8 +60,8 @@ anvil_status form_mega(struct vk_program *p) {
             uint32_t kind = mega_kind(d, &type, attn);
             /* the LM head stays a dispatch: its own kernel streams it faster (perf rule
              * "persistent step for small models") */
-            if (!kind || (kind == 1 && ((const struct pc_matvec *)d->push)->rows0 >= p->V)) break;
-            nph += kind == 3 ? 2 : 1;
+            if (!kind || (kind == MEGA_PH_MATVEC && ((const struct pc_matvec *)d->push)->rows0 >= p->V)) break;
+            nph += kind == MEGA_PH_ATTN ? 2 : 1; /* the chunks, then their merge */
         }
         if ((j - i >= 2 || type == MEGA_MQX) && type >= 0) {
             start[n_runs] = i;
@@ -107,19 +107,21 @@ anvil_status form_mega(struct vk_program *p) {
                 int type = rtype[r];
                 uint32_t kind = mega_kind(d, &type, attn);
                 const struct pc_matvec *pmv = (const struct pc_matvec *)d->push;
-                for (uint32_t part = 0; part < (kind == 3 ? 2u : 1u); part++) {
-                    ph[k].kind = kind + part;
-                    if (skip & (1u << (kind + part - 1))) ph[k].kind |= 0x100;
-                    ph[k].tasks = kind == 1 ? pmv->rows0 + pmv->rows1 + pmv->rows2 : kind == 2 ? pmv->rows0 : 0;
+                for (uint32_t part = 0; part < (kind == MEGA_PH_ATTN ? 2u : 1u); part++) {
+                    ph[k].kind = kind + part; /* MEGA_PH_ATTN, then MEGA_PH_MERGE */
+                    if (skip & (1u << (kind + part - 1))) ph[k].kind |= MEGA_PH_SKIP;
+                    ph[k].tasks = kind == MEGA_PH_MATVEC   ? pmv->rows0 + pmv->rows1 + pmv->rows2
+                                  : kind == MEGA_PH_SWIGLU ? pmv->rows0
+                                                           : 0;
                     if (d->mqx) {
-                        types |= 1u << (d->mqx - 1);
+                        types |= 1u << (d->mqx - 1); /* (d->mqx: its MEGA_WT_ + 1) */
                         ph[k].wt = d->mqx - 1u;
                         ph[k].no_meet = d->overlap;
                     }
                     /* the clock's kinds: products by their rows, the LM head apart */
                     if (clock)
-                        p->clk_kind[k] = (kind + part + (kind == 1 && ph[k].tasks >= p->V ? 4 : 0)) |
-                                         (kind <= 2 ? ph[k].tasks << 8 : 0);
+                        p->clk_kind[k] = (kind + part + (kind == MEGA_PH_MATVEC && ph[k].tasks >= p->V ? 4 : 0)) |
+                                         (kind <= MEGA_PH_SWIGLU ? ph[k].tasks << 8 : 0);
                     memcpy(ph[k++].push, d->push, d->push_size);
                     pm.n_phases++;
                 }

@@ -20,11 +20,6 @@
  * (50 MB of L2; a GPU whose L2 is much smaller than the budget evicts what it reads before
  * use: give it a smaller one); ANVIL_VK_PREFETCH_MB=0 turns it off, another value sets the
  * budget and turns it on anywhere; ANVIL_VK_PREFETCH_WG sets its workgroups. */
-struct pc_prefetch {
-    uint64_t a[3], ctl;
-    uint32_t n[3];    /* 32-byte sectors of each range */
-    uint32_t max_pos; /* it does nothing from this position on */
-};
 
 /* The first product after op i, or the next attention, or n_ops. */
 static int next_product(const struct vk_program *p, int i) {
@@ -51,11 +46,11 @@ anvil_status add_prefetch(struct vk_program *p) {
         if (o >= n || !p->ops[o].wa[0] || p->ops[o].wa[1] || gu >= n || !p->ops[gu].gated) continue;
         const struct vk_dispatch *po = &p->ops[o], *pg = &p->ops[gu];
         uint64_t budget = MIN((uint64_t)(mb * 1048576.0), po->wn[0] + (pg->wn[0] + pg->wn[1]) / 4);
-        struct pc_prefetch pf = {{po->wa[0], pg->wa[0], pg->wa[1]}, p->ctl.addr, {0}, 0};
-        pf.n[0] = (uint32_t)(MIN(budget, po->wn[0]) / 32);
+        struct pc_prefetch pf = {po->wa[0], pg->wa[0], pg->wa[1], p->ctl.addr, 0, 0, 0, 0};
+        pf.n0 = (uint32_t)(MIN(budget, po->wn[0]) / 32);
         uint64_t rest = (budget - MIN(budget, po->wn[0])) / 2;
-        pf.n[1] = (uint32_t)(MIN(rest, pg->wn[0]) / 32);
-        pf.n[2] = (uint32_t)(MIN(rest, pg->wn[1]) / 32);
+        pf.n1 = (uint32_t)(MIN(rest, pg->wn[0]) / 32);
+        pf.n2 = (uint32_t)(MIN(rest, pg->wn[1]) / 32);
         /* the cache rows the attention reads a position: Hkv x D, k and v */
         uint64_t row = (uint64_t)((const struct pc_attn *)d->push)->Hkv * (uint64_t)p->b->pl.attn_d * 2 *
                        (p->b->kv16 ? 2 : 4);

@@ -111,19 +111,19 @@ static uint64_t attn_reads(const struct vk_program *p, const struct pc_attn *pa,
 static const struct vk_phase *mega_phases(const struct vk_program *p, const struct vk_dispatch *d, uint32_t *n) {
     const struct pc_mega *pm = (const struct pc_mega *)d->push;
     *n = pm->n_phases;
-    return (const struct vk_phase *)((const uint8_t *)p->mega.map + (pm->phases - p->mega.addr));
+    return (const struct vk_phase *)((const uint8_t *)p->mega.map + (pm->ph - p->mega.addr));
 }
 
 /* What a phase reads: its products' weights (as many as it has rows for), the attention's
  * cache rows (its chunks; the merge reads partial sums) */
 static uint64_t phase_reads(const struct vk_program *p, const struct vk_phase *ph, int pos) {
     const struct pc_matvec *pm = (const struct pc_matvec *)ph->push;
-    uint32_t kind = ph->kind & 0xff;
-    if (kind == 1)
+    uint32_t kind = ph->kind & ~MEGA_PH_SKIP;
+    if (kind == MEGA_PH_MATVEC)
         return weight_bytes_at(p, pm->w0) + (pm->rows1 ? weight_bytes_at(p, pm->w1) : 0) +
                (pm->rows2 ? weight_bytes_at(p, pm->w2) : 0);
-    if (kind == 2) return weight_bytes_at(p, pm->w0) + weight_bytes_at(p, pm->w1);
-    return kind == 3 ? attn_reads(p, (const struct pc_attn *)ph->push, pos) : 0;
+    if (kind == MEGA_PH_SWIGLU) return weight_bytes_at(p, pm->w0) + weight_bytes_at(p, pm->w1);
+    return kind == MEGA_PH_ATTN ? attn_reads(p, (const struct pc_attn *)ph->push, pos) : 0;
 }
 
 /* The bytes of weights, cache rows or states dispatch d reads at position pos (activations
@@ -206,18 +206,18 @@ size_t vk_program_list(const struct vk_program *p, int pos, char *buf, size_t ca
         uint32_t np;
         const struct vk_phase *ph = mega_phases(p, d, &np);
         for (uint32_t k = 0; k < np; k++) {
-            uint32_t kind = ph[k].kind & 0xff;
+            uint32_t kind = ph[k].kind & ~MEGA_PH_SKIP;
             const struct pc_matvec *pm = (const struct pc_matvec *)ph[k].push;
             char prd[32] = "-", names[256] = "";
             uint64_t pr = phase_reads(p, &ph[k], pos);
             if (pr) vk_fmt_bytes(prd, pr);
-            if (kind == 1 || kind == 2) {
+            if (kind == MEGA_PH_MATVEC || kind == MEGA_PH_SWIGLU) {
                 const char *a = weight_at(p, pm->w0), *b = weight_at(p, pm->w1), *c = weight_at(p, pm->w2);
-                snprintf(names, sizeof names, "%s%s%s%s%s", a ? a : "?", (kind == 2 || pm->rows1) && b ? " + " : "",
-                         (kind == 2 || pm->rows1) && b ? b : "", pm->rows2 && c ? " + " : "", pm->rows2 && c ? c : "");
+                snprintf(names, sizeof names, "%s%s%s%s%s", a ? a : "?", (kind == MEGA_PH_SWIGLU || pm->rows1) && b ? " + " : "",
+                         (kind == MEGA_PH_SWIGLU || pm->rows1) && b ? b : "", pm->rows2 && c ? " + " : "", pm->rows2 && c ? c : "");
             }
             OUT("%5d.%-3u %-25s %-12s %-3s %10s  %s%s\n", i, k, kind < 5 ? kinds[kind] : "?", "",
-                k == 0 || ph[k].no_meet ? "-" : "yes", prd, names, ph[k].kind & 0x100 ? " (skipped)" : "");
+                k == 0 || ph[k].no_meet ? "-" : "yes", prd, names, ph[k].kind & MEGA_PH_SKIP ? " (skipped)" : "");
         }
     }
     char t[32];

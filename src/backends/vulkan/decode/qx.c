@@ -33,7 +33,7 @@ static void qx_register(struct lower *L, uint64_t x, uint64_t normw, VkDeviceSiz
 struct pc_attn *attn_rounder(struct lower *L, uint64_t x) {
     if (!L->p->b->d->subgroup_shuffle || L->p->b->pl.attn_d % 32) return NULL;
     for (int k = L->p->n_ops - 1; k >= 0; k--)
-        if (L->p->ops[k].k == K_ATTENTION && ((struct pc_attn *)L->p->ops[k].push)->out == x)
+        if (L->p->ops[k].k == K_ATTENTION && ((struct pc_attn *)L->p->ops[k].push)->out_ == x)
             return (struct pc_attn *)L->p->ops[k].push;
     return NULL;
 }
@@ -121,7 +121,9 @@ bool qx_worth(struct lower *L, int i) {
 }
 
 /* mega.comp's WT_ (its phase header's weight type) for weights of a type MQX takes, or -1 */
-int mqx_wt(int type) { return type == DT_Q4_K ? 0 : type == DT_Q6_K ? 1 : type == DT_Q8_0 ? 2 : -1; }
+int mqx_wt(int type) {
+    return type == DT_Q4_K ? (int)MEGA_WT_Q4_K : type == DT_Q6_K ? (int)MEGA_WT_Q6_K : type == DT_Q8_0 ? (int)MEGA_WT_Q8_0 : -1;
+}
 
 /* The MQX type + 1 (struct vk_dispatch's mqx) of matmul i where the persistent step takes it
  * on integer dot products, rounding its input itself (mega.comp MQX): Q4_K, Q6_K and Q8_0

@@ -114,7 +114,7 @@ static anvil_status lower_gdn(struct vk_prefill *p, struct graph_plan *P, int i)
     if (gdn_chunked(p, P, i) && p->gdn.buf != VK_NULL_HANDLE) {
         uint32_t T = (uint32_t)n->ne[2];
         struct pc_gdnc pc = {pg.qkv, pg.b, pg.a, pg.convw, pg.A, pg.dtb, pg.ring, pg.S, p->prm.addr, p->gdn.addr,
-                             pg.out, Hk, Dk, Hv, Dv, Kc, pg.flags, T, pg.eps_l2};
+                             pg.out_, Hk, Dk, Hv, Dv, Kc, pg.flags, T, pg.eps_l2};
         st = pf_emit(p, K_GDNC_PREP, 2 * Hk + Hv, (T + 7) / 8, &pc, sizeof pc);
         if (st == ANVIL_OK) st = pf_emit(p, K_GDNC_INTRA, (T + 63) / 64, Hv, &pc, sizeof pc);
         if (st == ANVIL_OK) st = pf_emit(p, K_GDNC_RECUR, (Dv + 31) / 32, Hv, &pc, sizeof pc);
@@ -234,7 +234,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             if (rn && rn->src[0] == i && ne0 <= 1024 && rn->ne[0] == nd->ne[0] &&
                 node_nelem(rn) == node_nelem(nd) && (uint32_t)rn->p.i[0] <= ne0) {
                 pc.c = p->rope.addr;
-                pc.out = pf_addr(p, P, j);
+                pc.out_ = pf_addr(p, P, j);
                 pc.H = (uint32_t)rn->ne[1];
                 pc.n_rot = (uint32_t)rn->p.i[0];
                 st = pf_emit(p, K_ROWS_NORM_ROPE, rows, 0, &pc, sizeof pc);

@@ -79,67 +79,7 @@ struct pf_op {
     uint8_t push[VK_PUSH_BYTES];
 };
 
-/* must match the push constants of mm.comp, rows.comp and attn_prefill.comp */
-struct pc_mmb { /* mmb.comp (x: the rounded inputs for QX) */
-    uint64_t x, w, y, res, xd;
-    uint32_t T, K, N, Kp8, flags;
-};
-
-struct pc_mmb_round { /* mmb_round.comp */
-    uint64_t x, q, d;
-    uint32_t T, K, Kp;
-};
-
-struct pc_mm {
-    uint64_t x, w, y, res, prm;
-    uint32_t T, K, N, Kp8, flags; /* flags: MM_RES, MM_GATED */
-    uint64_t w1, lists, route; /* the experts (MODE 2, 4) */
-    uint32_t E, k;
-};
-
-struct pc_gdn { /* gdn.comp */
-    uint64_t qkv, b, a, convw, A, dtb, ring, S, z, gnorm, out, ctl;
-    uint32_t Hk, Dk, Hv, Dv, Kc, flags;
-    float eps_l2, eps;
-};
-
-struct pc_gdnc { /* gdn_chunk.comp */
-    uint64_t qkv, b, a, convw, A, dtb, ring, S, prm, sc, out;
-    uint32_t Hk, Dk, Hv, Dv, Kc, flags, T;
-    float eps_l2;
-};
-
-struct pc_topk { /* moe_topk.comp */
-    uint64_t logits, route, ctl;
-    uint32_t E, k, norm, T;
-};
-
-struct pc_rows {
-    uint64_t a, b, c, out, prm;
-    uint32_t n, rows, H, n_rot;
-    float eps;
-    uint32_t flags; /* ROWS_HALF: rms_norm and swiglu also write float16 rows to h */
-    uint64_t h;
-};
-
-struct pc_moe_rows { /* moe_rows.comp */
-    uint64_t lists, route, src, dst, aux;
-    uint32_t E, k, T, K, bm, R;
-};
-
-struct pc_attn_pf {
-    uint64_t q, kc, vc, out, prm;
-    uint32_t T, H, Hkv, D;
-    float scale;
-};
-
-/* mm_h.comp */
-struct pc_mmh {
-    uint64_t x, w, y, res;
-    uint32_t T, K, N, Kp, ldy, nb, flags;
-    uint64_t lists, route; /* the experts (K_MMH_MOE) */
-    uint32_t E, k, e0;
-};
+/* (the push constants: vulkan_impl.h) */
 
 /* Groups of 8 weights per unit of each weight kind (UG in common.glsl). */
 static const uint8_t unit_groups[VK_WEIGHT_KINDS] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 4,

@@ -25,14 +25,6 @@
 
 #include "prefill.h"
 
-/* must match vit.comp's push constants */
-struct pc_vit {
-    uint64_t a, b, c, d, out, e;
-    uint32_t n, rows, H, D;
-    uint32_t gh, gw, M, side;
-    float eps, theta, scale;
-    uint32_t flags;
-};
 
 static uint64_t f32_addr(struct vk_backend *b, const struct tensor_info *t) { return vk_weight_addr(b, t, true, false); }
 
@@ -59,7 +51,7 @@ static anvil_status layer_norm(struct vk_prefill *p, const struct vit_desc *d, u
                                const struct tensor_info *w, const struct tensor_info *bb, uint64_t out, uint32_t rows) {
     struct vk_backend *b = p->b;
     struct pc_vit pc = {.a = a, .b = f32_addr(b, w), .c = pre ? f32_addr(b, pre) : a, .d = f32_addr(b, bb),
-                        .out = out, .e = a, .n = (uint32_t)d->C, .rows = rows, .eps = d->eps,
+                        .out_ = out, .e = a, .n = (uint32_t)d->C, .rows = rows, .eps = d->eps,
                         .flags = pre ? VIT_PRE_BIAS : 0u};
     return vit_op(p, K_VIT_NORM, rows, 0, &pc);
 }
@@ -68,7 +60,7 @@ static anvil_status layer_norm(struct vk_prefill *p, const struct vit_desc *d, u
 static anvil_status bias_act(struct vk_prefill *p, uint64_t a, const struct tensor_info *bias, uint32_t rows,
                              uint32_t act) {
     uint32_t n = (uint32_t)bias->ne[0];
-    struct pc_vit pc = {.a = a, .b = f32_addr(p->b, bias), .c = a, .d = a, .out = a, .e = a, .n = n, .rows = rows,
+    struct pc_vit pc = {.a = a, .b = f32_addr(p->b, bias), .c = a, .d = a, .out_ = a, .e = a, .n = n, .rows = rows,
                         .flags = act};
     return vit_op(p, K_VIT_BIAS, (uint32_t)(((uint64_t)rows * n + 63) / 64), 0, &pc);
 }
@@ -81,15 +73,15 @@ static anvil_status lower(struct vk_prefill *p, const struct vit_desc *d, uint32
     uint64_t A = p->arena.addr, x = A + off[0], h = A + off[1], big = A + off[2], q = A + off[3], k = A + off[4],
              v = A + off[5], a = A + off[6], y = A + off[7];
     anvil_status st = product(p, px, d->patch_w, x, 0, N);
-    struct pc_vit pos = {.a = x, .b = f32_addr(b, d->patch_b), .c = f32_addr(b, d->pos), .d = x, .out = x, .e = x,
+    struct pc_vit pos = {.a = x, .b = f32_addr(b, d->patch_b), .c = f32_addr(b, d->pos), .d = x, .out_ = x, .e = x,
                          .n = C, .rows = N, .H = H, .D = D, .gh = gh, .gw = gw, .M = M, .side = (uint32_t)d->side};
     if (st == ANVIL_OK) st = vit_op(p, K_VIT_POS, N, 0, &pos);
     const struct tensor_info *pre = NULL; /* the bias of the last product into x */
     for (int l = 0; l < d->depth && st == ANVIL_OK; l++) {
         const struct vit_block *blk = &d->blocks[l];
-        struct pc_vit rope = {.a = big, .b = f32_addr(b, blk->qkv_b), .c = big, .d = k, .out = q, .e = v, .n = C,
+        struct pc_vit rope = {.a = big, .b = f32_addr(b, blk->qkv_b), .c = big, .d = k, .out_ = q, .e = v, .n = C,
                               .rows = N, .H = H, .D = D, .gh = gh, .gw = gw, .M = M, .theta = d->theta};
-        struct pc_vit att = {.a = q, .b = k, .c = v, .d = v, .out = a, .e = a, .n = C, .rows = N, .H = H, .D = D,
+        struct pc_vit att = {.a = q, .b = k, .c = v, .d = v, .out_ = a, .e = a, .n = C, .rows = N, .H = H, .D = D,
                              .scale = 1.0f / sqrtf((float)D)};
         if ((st = layer_norm(p, d, x, pre, blk->ln1_w, blk->ln1_b, h, N)) != ANVIL_OK ||
             (st = product(p, h, blk->qkv, big, 0, N)) != ANVIL_OK ||

@@ -11,13 +11,7 @@ layout(local_size_x = 256) in;
 layout(buffer_reference, std430, buffer_reference_align = 8) coherent buffer Pairs { uvec2 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Counter { uint v[]; };
 
-layout(push_constant) uniform PC {
-    Floats logits; /* [V] */
-    Ctl ctl;
-    Pairs part;    /* [NWG] (value bits, id) */
-    Counter cnt;   /* zero between steps */
-    uint V, NWG;
-} pc;
+PC_BLOCK(PC_ARGMAX, pc) /* push.h */
 
 const uint CH = 2048u; /* logits per workgroup (decode/decode.h ARGMAX_CH) */
 const uint NONE = 0xffffffffu;

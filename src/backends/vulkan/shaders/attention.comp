@@ -54,22 +54,7 @@ const uint RPC = NSG * RPS;          /* cache rows per chunk before another chun
 
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer QBytes { uint v[]; };
 
-layout(push_constant) uniform PC {
-    Floats q, k, v;      /* raw projections: [H, D], [Hkv, D], [Hkv, D] */
-    Floats qnorm, knorm; /* [D] */
-    Floats kc;           /* [S, Hkv, D] float16 (KV16) or float32 */
-    Floats vc;
-    Floats rope;         /* [S, n_rot / 2, 2] */
-    CFloats part;        /* o [H, NC, D], then (m, l) [H, NC, 2] */
-    Counters cnt;        /* [Hkv * GS], zero between steps */
-    Floats out_;         /* [H, D] */
-    Ctl ctl;
-    QBytes xq;           /* not null: the output also rounded to int8 blocks of 32 for an
-                            integer-dot-product matvec (qx.comp's layout: int8s [Kq], then
-                            the blocks' scales, Kq = H * D rounded up to 256); D % 32 == 0 */
-    uint Hkv, NC, n_rot;
-    float eps, scale;
-} pc;
+PC_BLOCK(PC_ATTN, pc) /* push.h */
 
 shared float sm[NSG][GW], sl[NSG][GW];
 shared vec4 so[GW][D4]; /* the subgroups' outputs, combined one subgroup at a time; before

@@ -23,15 +23,10 @@
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
-layout(constant_id = 0) const uint G = 4;   /* query heads per kv head, dividing 64 */
-layout(constant_id = 1) const uint D = 128; /* head dimension: a multiple of 16, <= 128 */
+layout(constant_id = FLASH_SPEC_G) const uint G = 4;   /* query heads per kv head, dividing 64 */
+layout(constant_id = FLASH_SPEC_D) const uint D = 128; /* head dimension: a multiple of 16, <= 128 */
 
-layout(push_constant) uniform PC {
-    Floats q, kc, vc, out_; /* the caches: float16 (KV16) or float32 */
-    Floats prm; /* pos0 at [0] */
-    uint T, H, Hkv, D_;
-    float scale;
-} pc;
+PC_BLOCK(PC_ATTN_PF, pc) /* push.h */
 
 const uint BK = 32u;          /* keys per step */
 const uint TQ = 64u / G;      /* query tokens per workgroup */

@@ -12,14 +12,9 @@
 
 layout(local_size_x = 64) in;
 
-layout(push_constant) uniform PC {
-    Floats q, kc, vc, out_; /* the caches: float16 (KV16) or float32 */
-    Floats prm; /* pos0 at [0] */
-    uint T, H, Hkv, D;
-    float scale;
-} pc;
+PC_BLOCK(PC_ATTN_PF, pc) /* push.h */
 
-layout(constant_id = 0) const uint G = 4; /* query heads per kv head */
+layout(constant_id = FLASH_SPEC_G) const uint G = 4; /* query heads per kv head */
 const uint B = 64u;
 shared vec4 qs[G][64]; /* the queries, scaled, 4 dimensions an entry */
 shared float ps[G][B];

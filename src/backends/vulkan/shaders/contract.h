@@ -1,10 +1,9 @@
 /*
- * The contract between the Vulkan host code and the shaders: push-constant flag bits and
- * specialisation-constant ids, defined once. Written in the common subset of C and GLSL (only
- * #define of integer literals), so that both sides include it: common.glsl (every shader but
- * mm_cm2.comp, whose SPIR-V is prebuilt) and vulkan_impl.h. The push-constant structs
- * themselves are declared twice (struct pc_* in program.c and prefill.c, the shaders' PC
- * blocks), field for field in the same order.
+ * The contract between the Vulkan host code and the shaders: the push constants' layouts
+ * (push.h), their flag bits and the specialisation-constant ids, defined once. Written in the
+ * common subset of C and GLSL (#define of integer literals and macros), so that both sides
+ * include it: common.glsl (every shader but mm_cm2.comp, whose SPIR-V is prebuilt: push_test
+ * checks its block) and vulkan_impl.h.
  *
  * Glossary of the abbreviations the backend's code and its knobs (docs/TUNING.md) use:
  *   QX    integer-dot-product products: the input rounded to int8 in blocks of 32
@@ -12,7 +11,7 @@
  *   QXV   the QX variants of matvec.comp beyond the plain ones (vk_qxv: XM 1, 2, teams)
  *   XM    how a QX product's input was rounded: 0 blocks of 32 (qx.comp), 1 blocks of 8 by
  *         the product that wrote it, 2 the same with the next norm's 1 / rms left to the reader
- *   QXR   products that round their outputs for the next product themselves (program.c
+ *   QXR   products that round their outputs for the next product themselves (decode/qx.c
  *         qx_round), as QXT teams
  *   QXT   a QX product as teams of threads a workgroup, 8 rows in all (MV_ROUND)
  *   MQX   the persistent step's QX products (mega.comp MQX), rounding their input themselves
@@ -30,6 +29,14 @@
  *   MMH   float16 products on cooperative matrices (mm_h.comp); CM2 on workgroup-scope
  *         matrices (VK_NV_cooperative_matrix2, mm_cm2.comp); DQ weights dequantised to
  *         float16 rows for them (dq.comp)
+ *   MMB   small-batch products (mmb.comp): T <= 32 tokens' products reading each weight once;
+ *         RS rows of the weights a subgroup; CT tokens a pass; mmb_round.comp rounds the
+ *         tokens' inputs for its QX variants
+ *   W_LOW the low-bit weight types (Q2_K, Q3_K, the i-quants: wlow.glsl); UNIT_NATURAL their
+ *         units' groups in row order; W_TABLE_GLOBAL a kernel reading the i-quants' grids
+ *         where they are instead of copying them into shared memory (W_INIT)
+ *   GDNC  the prefill's Gated DeltaNet in blocks of tokens (gdn_chunk.comp)
+ *   VIT   the vision tower's row kernels (vit.comp)
  *   KV16  float16 attention caches
  */
 #ifndef ANVIL_VK_CONTRACT_H
@@ -47,12 +54,19 @@
 /* qx.comp's flags (struct pc_qx) */
 #define QX_NORM 1u /* x * normw / rms(x) rounded */
 
+/* ew.comp's ops (struct pc_ew's op) */
+#define EW_ADD 0u         /* out = a + b */
+#define EW_SIGMOID_MUL 1u /* out[i] = a[i] * sigmoid(b[i / bdiv]) */
+#define EW_SWIGLU 2u      /* out = silu(a) * b */
+#define EW_RMS_NORM 3u    /* per row of ne0: out = a / rms(a) * b */
+
 /* gdn.comp's flags (struct pc_gdn) */
 #define GDN_A_LOG 1u /* the decay rate is -exp(A) (A holds A_log), else A itself */
 #define GDN_TILED 2u /* the state tiled over workgroups */
 
 /* mm.comp's and mm_h.comp's flags (struct pc_mm, struct pc_mmh) */
-#define MM_RES 1u   /* the residual res added to y */
+#define MM_RES 1u   /* the residual res added to y (mm_cm2.comp tests it as a bare 1u: its SPIR-V
+                       is prebuilt from a source that includes nothing, shaders/prebuilt) */
 #define MM_GATED 2u /* the experts' gate/up products: mm.comp MODE 2 takes gate and up (w, w1)
                        -> SwiGLU; mm_h.comp GATHER reads x by token, unscaled (without it:
                        the entry's own row, scaled by its routing weight) */
@@ -65,10 +79,25 @@
 #define VIT_GELU_TANH 1u /* MODE 1: the activation */
 #define VIT_GELU_ERF 2u
 
+/* mega.comp's phase records (struct vk_phase, 9 uvec4 each: the header, then the
+ * dispatch's push constants): the header's kind ... */
+#define MEGA_PH_MATVEC 1u /* a product (matvec.comp MODE 0; 3 matrices of one input at most) */
+#define MEGA_PH_SWIGLU 2u /* gate/up -> SwiGLU (matvec.comp MODE 1) */
+#define MEGA_PH_ATTN 3u   /* attention's chunks (attention.comp's push constants) */
+#define MEGA_PH_MERGE 4u  /* their merge (the same push constants) */
+#define MEGA_PH_SKIP 0x100u /* or'd into the kind: the phase's work skipped (ANVIL_VK_MEGA_SKIP, for
+                               measuring; wrong results) */
+/* ... and, for MQX products, the weights' type (wt; an MQX kernel is compiled for the types
+ * of QT, its bits 1 << wt) */
+#define MEGA_WT_Q4_K 0u
+#define MEGA_WT_Q6_K 1u
+#define MEGA_WT_Q8_0 2u
+
 /* ---- specialisation-constant ids ---- */
 
 #define SPEC_WG 0    /* local_size_x_id where a kernel's workgroup size is specialised */
-#define SPEC_MODE 0  /* the MODE of mm.comp, gdn.comp, rows.comp, moe_rows.comp, moe_topk.comp */
+#define SPEC_MODE 0  /* the MODE of mm.comp, gdn.comp, gdn_chunk.comp, rows.comp, moe_rows.comp,
+                        moe_topk.comp, vit.comp */
 #define SPEC_KV16 29 /* common.glsl's KV16 (every kernel) */
 
 /* matvec.comp */
@@ -87,6 +116,13 @@
 #define ATTN_SPEC_LPR 5
 #define ATTN_SPEC_GS 6
 
+/* attn_flash.comp, attn_prefill.comp (G only) */
+#define FLASH_SPEC_G 0
+#define FLASH_SPEC_D 1
+
+/* mmb.comp: rows a subgroup (ANVIL_VK_MMB_RS) */
+#define MMB_SPEC_RS 0
+
 /* mega.comp (its workgroup size: SPEC_WG) */
 #define MEGA_SPEC_G 1
 #define MEGA_SPEC_D 2
@@ -99,5 +135,7 @@
 #define MEGA_SPEC_PFQ 9
 #define MEGA_SPEC_QLG 10
 #define MEGA_SPEC_QT 11
+
+#include "push.h"
 
 #endif

@@ -11,11 +11,7 @@ layout(local_size_x = 256) in;
 /* four float16 in a uvec2 (common.glsl's Halves4, packHalf2x16): no 16-bit types needed, so
  * it runs everywhere */
 
-layout(push_constant) uniform PC {
-    W w;
-    Halves4 y;
-    uint r0, rows, U, Kp;
-} pc;
+PC_BLOCK(PC_DQ, pc) /* push.h */
 
 void main() {
     W_INIT(pc.w)

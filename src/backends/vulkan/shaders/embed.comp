@@ -4,12 +4,7 @@
 
 layout(local_size_x = 64) in;
 
-layout(push_constant) uniform PC {
-    W w;       /* [V, Kp] */
-    Vec4s out_; /* [Kp] */
-    Ctl ctl;
-    uint Kp8;
-} pc;
+PC_BLOCK(PC_EMBED, pc) /* push.h */
 
 void main() {
     W_INIT(pc.w)

@@ -1,27 +1,22 @@
 #version 460
-/* The small element-wise ops of a decode step that no other kernel fuses (OP below):
- *   0 add:          out = a + b
- *   1 sigmoid_mul:  out[i] = a[i] * sigmoid(b[i / bdiv])  (bdiv = ne0 for one gate per row)
- *   2 swiglu:       out = silu(a) * b
- *   3 rms_norm:     per row of ne0: out = a / rms(a) * b   (one workgroup per row)
+/* The small element-wise ops of a decode step that no other kernel fuses (pc.op, contract.h):
+ *   EW_ADD:          out = a + b
+ *   EW_SIGMOID_MUL:  out[i] = a[i] * sigmoid(b[i / bdiv])  (bdiv = ne0 for one gate per row)
+ *   EW_SWIGLU:       out = silu(a) * b
+ *   EW_RMS_NORM:     per row of ne0: out = a / rms(a) * b   (one workgroup per row)
  * n elements in all; elementwise ops take a thread per element. */
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
 
-layout(push_constant) uniform PC {
-    Floats a, b, out_;
-    Ctl ctl;
-    uint n, ne0, bdiv, op;
-    float eps;
-} pc;
+PC_BLOCK(PC_EW, pc) /* push.h */
 
 shared float red[256];
 
 void main() {
     if (pc.ctl.stop != 0u) return;
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, t = gl_LocalInvocationID.x;
-    if (pc.op == 3u) {
+    if (pc.op == EW_RMS_NORM) {
         uint base = wg * pc.ne0;
         if (base >= pc.n) return;
         float ss = 0.0;
@@ -42,7 +37,7 @@ void main() {
     uint i = wg * 256u + t;
     if (i >= pc.n) return;
     float x = pc.a.v[i];
-    if (pc.op == 0u) pc.out_.v[i] = x + pc.b.v[i];
-    else if (pc.op == 1u) pc.out_.v[i] = x / (1.0 + exp(-pc.b.v[i / pc.bdiv]));
+    if (pc.op == EW_ADD) pc.out_.v[i] = x + pc.b.v[i];
+    else if (pc.op == EW_SIGMOID_MUL) pc.out_.v[i] = x / (1.0 + exp(-pc.b.v[i / pc.bdiv]));
     else pc.out_.v[i] = x / (1.0 + exp(-x)) * pc.b.v[i];
 }

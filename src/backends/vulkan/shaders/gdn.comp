@@ -25,20 +25,7 @@
 layout(local_size_x = 512) in;
 const uint NT = 512u, NC = 128u, NP = NT / NC;
 
-layout(push_constant) uniform PC {
-    Floats qkv;   /* [Cc] the input projection */
-    Floats b, a;  /* [Hv] */
-    Floats convw; /* [Cc, Kc] */
-    Floats A, dtb; /* [Hv] */
-    Floats ring;  /* [Kc, Cc] */
-    Floats S;     /* [Hv, Dk, Dv] */
-    Floats z;     /* [Hv, Dv] */
-    Floats gnorm; /* [Dv] */
-    Floats out_;  /* [Hv, Dv] */
-    Ctl ctl;
-    uint Hk, Dk, Hv, Dv, Kc, flags;
-    float eps_l2, eps;
-} pc;
+PC_BLOCK(PC_GDN, pc) /* push.h */
 
 layout(constant_id = SPEC_MODE) const uint MODE = 0;
 

@@ -32,19 +32,7 @@ const uint CB = 32u, RS = NT / CB, RPT = C / RS;
 /* MODE 0: tokens a workgroup (a subgroup each) */
 const uint PT = 8u;
 
-layout(push_constant) uniform PC {
-    Floats qkv;   /* [T, Cc] the input projection (MODE 0) */
-    Floats b, a;  /* [T, Hv] */
-    Floats convw; /* [Cc, Kc] */
-    Floats A, dtb; /* [Hv] */
-    Floats ring;  /* [Kc, Cc] the conv inputs before pos0 */
-    Floats S;     /* [Hv, Dk, Dv] the recurrent state */
-    Floats prm;   /* pos0 (word 0) */
-    Floats sc;    /* the scratch above */
-    Floats out_;  /* [T, Hv, Dv] */
-    uint Hk, Dk, Hv, Dv, Kc, flags, T;
-    float eps_l2;
-} pc;
+PC_BLOCK(PC_GDNC, pc) /* push.h */
 
 layout(constant_id = SPEC_MODE) const uint MODE = 0;
 

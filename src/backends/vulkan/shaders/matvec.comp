@@ -40,29 +40,19 @@ layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uve
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer UInts { uint v[]; };
 #endif
 
-layout(push_constant) uniform PC {
 #ifdef QX
-    UVec2s x;    /* [Kp / 8]: 8 int8 each */
-    Floats normw; /* [Kp / 32]: the blocks' scales */
+#define MV_X UVec2s     /* the input's int8s, 8 a uvec2 */
+#define MV_NORMW Floats /* the blocks' scales */
 #else
-    Vec4s x;     /* [Kp] */
-    Vec4s normw; /* [Kp], flags & MV_NORM */
+#define MV_X Vec4s
+#define MV_NORMW Vec4s
 #endif
-    Ctl ctl;
-    W w0, w1, w2; /* [rows_i, Kp] */
-    Floats o0, o1, o2; /* [rows_i] */
-    Floats res;  /* [rows0], flags & MV_RES */
-    uint Kp8;    /* Kp / 8 */
-    uint K;
-    uint rows0, rows1, rows2;
-    uint flags;
-    float eps;
-    uint route_k; /* ROUTE: k | norm << 16 */
 #ifdef QXT
-    UInts xq;    /* flags & MV_ROUND */
-    Floats nw;   /* flags & MV_ROUND_NW: [rows0] */
+#define PC_MATVEC_ALL(ADDR, U32, F32) PC_MATVEC(ADDR, U32, F32) PC_MATVEC_QXT(ADDR, U32, F32)
+PC_BLOCK(PC_MATVEC_ALL, pc) /* push.h */
+#else
+PC_BLOCK(PC_MATVEC, pc)
 #endif
-} pc;
 
 #ifdef ROUTE
 /* The MoE router's logits (one matrix, MODE 0): the last workgroup to finish (a counter at

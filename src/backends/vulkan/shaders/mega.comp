@@ -73,13 +73,7 @@ layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Cou
 
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uvec2 v[]; };
 
-layout(push_constant) uniform PC {
-    Phases ph; /* per phase 9 uvec4: (kind, tasks, wt, no_meet), then the dispatch's push constants */
-    Ctl ctl;
-    Counter cnt; /* zero between steps */
-    UVec2s clk;  /* CLOCK: per phase p and workgroup, its arrival at the meeting before p and its leaving [p][wg][2] */
-    uint n_phases;
-} mp;
+PC_BLOCK(PC_MEGA, mp) /* push.h */
 
 shared float as_[ASG * AW]; /* per attention subgroup: q rows [G][D], then k and v of this position */
 #ifdef MQX
@@ -163,8 +157,8 @@ void phase_wait(bool meet, inout uint meetings, uint landed, uint p) {
 
 /* The matvec phase's row g: which matrix, and its row in it */
 void mv_pick(uint b, uint g, out WR w, out uint gr) {
-    uint rows0 = word(b, 22u), rows1 = word(b, 23u);
-    w = WR(g < rows0 ? word2(b, 6u) : g < rows0 + rows1 ? word2(b, 8u) : word2(b, 10u));
+    uint rows0 = word(b, MVW_ROWS0), rows1 = word(b, MVW_ROWS1);
+    w = WR(g < rows0 ? word2(b, MVW_W0) : g < rows0 + rows1 ? word2(b, MVW_W1) : word2(b, MVW_W2));
     gr = g < rows0 ? g : g < rows0 + rows1 ? g - rows0 : g - rows0 - rows1;
 }
 
@@ -172,29 +166,29 @@ void mv_pick(uint b, uint g, out WR w, out uint gr) {
  * i = 0, 1, ..., R at a time (gate/up: R / 2 rows, slots R / 2 .. R - 1 the up matrix's);
  * its matrix and row in it, and its output row u; false past the phase's rows. */
 bool mv_slot(uint b, uint kind, uint tasks, uint gs, uint NS, uint i0, uint s, out WR w, out uint gr, out uint u) {
-    uint h = kind == 2u ? s % (R / 2u) : s;
+    uint h = kind == MEGA_PH_SWIGLU ? s % (R / 2u) : s;
     u = gs + (i0 + h) * NS;
     gr = u;
-    w = WR(word2(b, kind == 2u && s >= R / 2u ? 8u : 6u));
+    w = WR(word2(b, kind == MEGA_PH_SWIGLU && s >= R / 2u ? MVW_W1 : MVW_W0));
     if (u >= tasks) return false;
-    if (kind == 1u) mv_pick(b, u, w, gr);
+    if (kind == MEGA_PH_MATVEC) mv_pick(b, u, w, gr);
     return true;
 }
 
 /* a product phase's result for its row u: a (gate/up: silu(a) * bu), stored as the dispatch
  * would (q/k/v into their three outputs, o and down plus the residual with flags & MV_RES) */
 void mv_store(uint b, uint kind, uint u, float a, float bu, uint flags) {
-    if (kind == 2u) {
-        Floats(word2(b, 12u)).v[u] = a / (1.0 + exp(-a)) * bu;
+    if (kind == MEGA_PH_SWIGLU) {
+        Floats(word2(b, MVW_O0)).v[u] = a / (1.0 + exp(-a)) * bu;
         return;
     }
-    uint rows0 = word(b, 22u), rows1 = word(b, 23u);
+    uint rows0 = word(b, MVW_ROWS0), rows1 = word(b, MVW_ROWS1);
     if (u < rows0)
-        Floats(word2(b, 12u)).v[u] = (flags & MV_RES) != 0u ? Floats(word2(b, 18u)).v[u] + a : a;
+        Floats(word2(b, MVW_O0)).v[u] = (flags & MV_RES) != 0u ? Floats(word2(b, MVW_RES)).v[u] + a : a;
     else if (u < rows0 + rows1)
-        Floats(word2(b, 14u)).v[u - rows0] = a;
+        Floats(word2(b, MVW_O1)).v[u - rows0] = a;
     else
-        Floats(word2(b, 16u)).v[u - rows0 - rows1] = a;
+        Floats(word2(b, MVW_O2)).v[u - rows0 - rows1] = a;
 }
 
 /* groups kb .. kb + PF - 1 of each slot's row (this lane's: group lane + k SG) */
@@ -221,7 +215,7 @@ void mv_load(uint b, uint kind, uint tasks, uint gs, uint NS, uint i0, uint Kp8,
  * l + k lg (16 positions p of a half block: ql bytes p and p + 32, qh bytes p, four runs of 16
  * weights); of a Q8_0 row half a 128-weight block. A slot is four pieces of 16 weights, each
  * with a scale and an offset, each against 16 inputs xq_[px]. */
-const uint WT_Q4_K = 0u, WT_Q6_K = 1u, WT_Q8_0 = 2u;
+const uint WT_Q4_K = MEGA_WT_Q4_K, WT_Q6_K = MEGA_WT_Q6_K, WT_Q8_0 = MEGA_WT_Q8_0; /* contract.h */
 layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer WR1 { uint v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer WR2 { uvec2 v[]; };
 
@@ -322,12 +316,12 @@ int dot16s(uvec4 x, uvec4 w) { return sdot4(x.x, w.x, 0) + sdot4(x.y, w.y, 0) + 
  * subgroup's lanes in groups of lg, group g taking rows gs + (i0 + i SG / lg + g) NS */
 bool q_slot(uint b, uint kind, uint tasks, uint gs, uint NS, uint i0, uint s, uint lg, out WR w, out uint gr,
             out uint u) {
-    uint h = kind == 2u ? s % (R / 2u) : s;
+    uint h = kind == MEGA_PH_SWIGLU ? s % (R / 2u) : s;
     u = gs + (i0 + h * (SG / lg) + gl_SubgroupInvocationID / lg) * NS;
     gr = u;
-    w = WR(word2(b, kind == 2u && s >= R / 2u ? 8u : 6u));
+    w = WR(word2(b, kind == MEGA_PH_SWIGLU && s >= R / 2u ? MVW_W1 : MVW_W0));
     if (u >= tasks) return false;
-    if (kind == 1u) mv_pick(b, u, w, gr);
+    if (kind == MEGA_PH_MATVEC) mv_pick(b, u, w, gr);
     return true;
 }
 
@@ -405,7 +399,7 @@ void q_batch(uint b, uint kind, uint tasks, uint wt, uint gs, uint NS, uint Kp, 
         WR w;
         uint gr, u;
         if (lane % lg == s2 && q_slot(b, kind, tasks, gs, NS, i0, s2, lg, w, gr, u))
-            mv_store(b, kind, u, acc[s2], kind == 2u ? acc[(s2 + R / 2u) % R] : 0.0, flags);
+            mv_store(b, kind, u, acc[s2], kind == MEGA_PH_SWIGLU ? acc[(s2 + R / 2u) % R] : 0.0, flags);
     }
     for (uint s2 = 0u; s2 < R; s2++) acc[s2] = 0.0;
 }
@@ -492,9 +486,9 @@ void attn_pre(uint b, uint j, uint c, uint NE, uint pos, out uvec4 kr[KPL], out 
     uint lane = gl_SubgroupInvocationID;
     uint begin, end;
     attn_span(c, NE, pos, begin, end);
-    attn_load(Floats(word2(b, 10u)), Floats(word2(b, 12u)), word(b, 26u), j, begin, end, pos, kr, vr);
-    Floats qnorm = Floats(word2(b, 6u)), knorm = Floats(word2(b, 8u)), rope = Floats(word2(b, 14u));
-    uint half_ = word(b, 28u) / 2u;
+    attn_load(Floats(word2(b, ATW_KC)), Floats(word2(b, ATW_VC)), word(b, ATW_HKV), j, begin, end, pos, kr, vr);
+    Floats qnorm = Floats(word2(b, ATW_QNORM)), knorm = Floats(word2(b, ATW_KNORM)), rope = Floats(word2(b, ATW_ROPE));
+    uint half_ = word(b, ATW_N_ROT) / 2u;
     for (uint i = 0; i < DL; i++) {
         uint d = lane + i * SG, r = d < half_ ? d : d - half_;
         bool rot = d < 2u * half_;
@@ -510,11 +504,11 @@ void attn_pre(uint b, uint j, uint c, uint NE, uint pos, out uvec4 kr[KPL], out 
 void attn_unit(uint b, uint j, uint c, uint NE, uint pos, uint sa, uvec4 kr[KPL], uvec4 vr[RPS][CPL], float rc[DL],
                float rs[DL], float wq[DL], float wk[DL]) {
     uint lane = gl_SubgroupInvocationID;
-    Floats q = Floats(word2(b, 0u)), k = Floats(word2(b, 2u)), v = Floats(word2(b, 4u));
-    Floats kc = Floats(word2(b, 10u)), vc = Floats(word2(b, 12u));
-    Floats part = Floats(word2(b, 16u));
-    uint Hkv = word(b, 26u), NC = word(b, 27u), half_ = word(b, 28u) / 2u;
-    float eps = uintBitsToFloat(word(b, 29u)), scale = uintBitsToFloat(word(b, 30u));
+    Floats q = Floats(word2(b, ATW_Q)), k = Floats(word2(b, ATW_K)), v = Floats(word2(b, ATW_V));
+    Floats kc = Floats(word2(b, ATW_KC)), vc = Floats(word2(b, ATW_VC));
+    Floats part = Floats(word2(b, ATW_PART));
+    uint Hkv = word(b, ATW_HKV), NC = word(b, ATW_NC), half_ = word(b, ATW_N_ROT) / 2u;
+    float eps = uintBitsToFloat(word(b, ATW_EPS)), scale = uintBitsToFloat(word(b, ATW_SCALE));
     uint begin, end;
     attn_span(c, NE, pos, begin, end);
     bool mine = begin <= pos && pos < end; /* this chunk holds the current position */
@@ -652,8 +646,8 @@ const uint MSW = NSGW < MS ? NSGW : MS;           /* those merging */
 const uint MCH = (64u + MSW - 1u) / MSW;          /* chunks a subgroup (NC <= 64), at most SG (mega_shape) */
 void merge_head(uint b, uint h, uint NE) {
     uint lane = gl_SubgroupInvocationID, sgl = gl_SubgroupID, ms = min(gl_NumSubgroups, MS);
-    Floats part = Floats(word2(b, 16u)), out_ = Floats(word2(b, 20u));
-    uint Hkv = word(b, 26u), NC = word(b, 27u);
+    Floats part = Floats(word2(b, ATW_PART)), out_ = Floats(word2(b, ATW_OUT));
+    uint Hkv = word(b, ATW_HKV), NC = word(b, ATW_NC);
     uint mlb = Hkv * G * NC * D;
     if (sgl < ms) {
         /* this subgroup's chunks: sgl + u ms, u < MCH */
@@ -744,15 +738,15 @@ void main() {
         if (gl_LocalInvocationID.x < 9u && p + 1u < mp.n_phases)
             phs[b ^ 1u][gl_LocalInvocationID.x] = mp.ph.v[(p + 1u) * 9u + gl_LocalInvocationID.x];
         uvec4 h = phs[b][0];
-        uint kind = (h.x & 0x100u) != 0u ? 0u : h.x, tasks = h.y; /* 0x100: skipped, for measuring */
+        uint kind = (h.x & MEGA_PH_SKIP) != 0u ? 0u : h.x, tasks = h.y;
         /* each kind's branch (the kind is the same for the whole grid) issues, after the arrival and
          * before the wait, the loads that need nothing of the phase before: the first weights of this
          * subgroup's first rows, or its first attention unit's cache rows, rope table and norm
          * weights; within the branch, so that one kind's prefetched registers are not live in another's */
-        uint NE = kind == 3u || kind == 4u ? min(word(b, 27u), (pos + RPC) / RPC) : 0u; /* attention's chunks */
-        if (kind == 1u || kind == 2u) {
+        uint NE = kind == MEGA_PH_ATTN || kind == MEGA_PH_MERGE ? min(word(b, ATW_NC), (pos + RPC) / RPC) : 0u; /* attention's chunks */
+        if (kind == MEGA_PH_MATVEC || kind == MEGA_PH_SWIGLU) {
 #ifdef MQX
-            uint wt = h.z, Kp = word(b, 20u) * 8u;
+            uint wt = h.z, Kp = word(b, MVW_KP8) * 8u;
             uvec4 r[R][PFQ][4];
             uint d6[R][PFQ];
             uint lg = q_lanes(Kp);
@@ -761,13 +755,13 @@ void main() {
             for (uint s2 = 0u; s2 < R; s2++)
                 for (uint k = 0u; k < PFQ; k++) landed ^= gs < tasks ? r[s2][k][0].x : 0u;
             phase_wait(meet, meetings, landed, p);
-            uint K = word(b, 21u), flags = word(b, 25u);
+            uint K = word(b, MVW_K), flags = word(b, MVW_FLAGS);
             bool norm = (flags & MV_NORM) != 0u;
-            uvec4 xin = uvec4(word2(b, 0u), norm ? word2(b, 2u) : uvec2(0u));
+            uvec4 xin = uvec4(word2(b, MVW_X), norm ? word2(b, MVW_NORMW) : uvec2(0u));
             if (xin != staged) /* uniform in the workgroup */
-                q_stage(Vec4s(word2(b, 0u)), Vec4s(word2(b, 2u)), Kp, K, norm, uintBitsToFloat(word(b, 26u)));
+                q_stage(Vec4s(word2(b, MVW_X)), Vec4s(word2(b, MVW_NORMW)), Kp, K, norm, uintBitsToFloat(word(b, MVW_EPS)));
             staged = xin;
-            uint step = kind == 2u ? R / 2u : R, ng = SG / lg;
+            uint step = kind == MEGA_PH_SWIGLU ? R / 2u : R, ng = SG / lg;
             uint nslot = (Kp / 64u + lg - 1u) / lg; /* slots of a row per lane */
             /* the subgroup's batches: iteration it (rows gs + (it step ng + i ng + g) NS, g = lane / lg),
              * slots kb .. kb + PFQ - 1 */
@@ -783,16 +777,16 @@ void main() {
             }
 #else
             uvec4 pre[R][PF][NV];
-            if (gs < tasks) mv_load(b, kind, tasks, gs, NS, 0u, word(b, 20u), 0u, pre);
+            if (gs < tasks) mv_load(b, kind, tasks, gs, NS, 0u, word(b, MVW_KP8), 0u, pre);
             uint landed = 0u;
             for (uint s2 = 0; s2 < R; s2++)
                 for (uint k = 0; k < PF; k++) landed ^= gs < tasks ? pre[s2][k][0].x : 0u;
             phase_wait(meet, meetings, landed, p);
-            Vec4s x = Vec4s(word2(b, 0u)), nw = Vec4s(word2(b, 2u));
-            uint Kp8 = word(b, 20u), K = word(b, 21u), flags = word(b, 25u);
-            float eps = uintBitsToFloat(word(b, 26u));
+            Vec4s x = Vec4s(word2(b, MVW_X)), nw = Vec4s(word2(b, MVW_NORMW));
+            uint Kp8 = word(b, MVW_KP8), K = word(b, MVW_K), flags = word(b, MVW_FLAGS);
+            float eps = uintBitsToFloat(word(b, MVW_EPS));
             bool norm = (flags & MV_NORM) != 0u;
-            uint step = kind == 2u ? R / 2u : R;
+            uint step = kind == MEGA_PH_SWIGLU ? R / 2u : R;
             /* the input (normalised by the norm's weight; 1 / rms applied to the sums) staged
              * in shared memory once per workgroup */
             float ssp = 0.0;
@@ -842,14 +836,14 @@ void main() {
                     WR w;
                     uint gr, u;
                     if (lane == s2 && mv_slot(b, kind, tasks, gs, NS, i0, s2, w, gr, u))
-                        mv_store(b, kind, u, acc[s2] * sc, kind == 2u ? acc[(s2 + R / 2u) % R] * sc : 0.0, flags);
+                        mv_store(b, kind, u, acc[s2] * sc, kind == MEGA_PH_SWIGLU ? acc[(s2 + R / 2u) % R] * sc : 0.0, flags);
                 }
             }
 #endif
-        } else if (kind == 3u) {
+        } else if (kind == MEGA_PH_ATTN) {
             uvec4 akr[KPL], avr[RPS][CPL];
             float arc[DL], ars[DL], awq[DL], awk[DL];
-            uint ua = sgl * nwg + wg, Hkv = word(b, 26u);
+            uint ua = sgl * nwg + wg, Hkv = word(b, ATW_HKV);
             if (sgl < ASG && ua < Hkv * NE) attn_pre(b, ua / NE, ua % NE, NE, pos, akr, avr, arc, ars, awq, awk);
             uint landed = 0u;
             for (uint i = 0; i < KPL; i++) landed ^= akr[i].x ^ avr[i % RPS][0].x;
@@ -863,11 +857,11 @@ void main() {
             }
         } else {
             phase_wait(meet, meetings, 0u, p);
-            if (kind == 4u) {
+            if (kind == MEGA_PH_MERGE) {
 #ifdef MQX
                 staged = uvec4(0u); /* the merge's sums go through xq_ */
 #endif
-                for (uint hh = wg; hh < word(b, 26u) * G; hh += nwg) merge_head(b, hh, NE); /* uniform in the workgroup */
+                for (uint hh = wg; hh < word(b, ATW_HKV) * G; hh += nwg) merge_head(b, hh, NE); /* uniform in the workgroup */
             }
         }
     }

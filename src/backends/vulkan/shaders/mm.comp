@@ -17,19 +17,7 @@
 layout(local_size_x = 256) in;
 layout(constant_id = SPEC_MODE) const uint MODE = 0;
 
-layout(push_constant) uniform PC {
-    Floats x;   /* [T, K] */
-    W w;        /* [N, Kp] */
-    Floats y;   /* [T, N] */
-    Floats res; /* [T, N], flags & MM_RES */
-    Floats prm; /* params block: pos0, n, then the tokens (as uints) from index 4 */
-    uint T, K, N, Kp8, flags;
-    /* MODE 2 and 4 */
-    W w1;         /* the up experts (flags & MM_GATED) */
-    Floats lists; /* moe_topk.comp MODE 2: per expert a count, then its entries t * k + slot */
-    Floats route; /* per token 128: expert ids, then weights from 64 */
-    uint E, k;
-} pc;
+PC_BLOCK(PC_MM, pc) /* push.h */
 
 const uint BM = 64, BN = 64, BK = 32, PAD = 68;
 shared float xs[BK][PAD];

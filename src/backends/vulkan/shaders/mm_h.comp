@@ -32,19 +32,7 @@
 
 layout(local_size_x = 256) in;
 
-layout(push_constant) uniform PC {
-    Floats x;  /* [T, K] */
-    UVec4s w;  /* [N, Kp] float16 */
-    Floats y;  /* [T, ldy] from column nb */
-    Floats res;
-    uint T, K, N, Kp, ldy, nb, flags;
-    /* GATHER: the experts of a mixture, grouped by expert (mm.comp MODE 2 on float32 tiles
-     * does the same): workgroup z takes expert e0 + z, its rows in w from z * N; the rows of
-     * y are the entries t * k + slot of that expert's list; x row t (flags & MM_GATED) or the
-     * entry's own row (the down projection, then scaled by the entry's routing weight) */
-    Floats lists, route;
-    uint E, k, e0;
-} pc;
+PC_BLOCK(PC_MMH, pc) /* push.h */
 
 uint xrows[XV]; /* the x row of each of this thread's loads, or ~0u: none */
 uint wrow0;     /* the first row of this workgroup's weight matrix in w */

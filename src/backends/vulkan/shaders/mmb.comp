@@ -15,22 +15,16 @@
 
 layout(local_size_x = 256) in;
 /* rows a subgroup (ANVIL_VK_MMB_RS): more rows, fewer workgroups reading all of x */
-layout(constant_id = SPEC_MODE) const uint RS = 2u;
+layout(constant_id = MMB_SPEC_RS) const uint RS = 2u;
 
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uvec2 v[]; };
 
-layout(push_constant) uniform PC {
 #ifdef QX
-    UVec2s x;   /* [T, Kp / 8]: the inputs rounded to int8 (mmb_round.comp) */
+#define MMB_X UVec2s /* the inputs rounded to int8 (mmb_round.comp) */
 #else
-    Floats x;   /* [T, K] */
+#define MMB_X Floats
 #endif
-    W w;        /* [N, Kp] */
-    Floats y;   /* [T, N] */
-    Floats res; /* [T, N], flags & MM_RES */
-    Floats xd;  /* QX: [T, Kp / 32], the inputs' blocks' scales */
-    uint T, K, N, Kp8, flags;
-} pc;
+PC_BLOCK(PC_MMB, pc) /* push.h */
 
 #define CT 8u /* tokens a pass */
 

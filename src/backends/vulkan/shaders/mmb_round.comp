@@ -10,12 +10,7 @@ layout(local_size_x = 256) in;
 
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer UInts { uint v[]; };
 
-layout(push_constant) uniform PC {
-    Vec4s x;  /* [T, K] */
-    UInts q;  /* [T, Kp / 4] */
-    Floats d; /* [T, Kp / 32] */
-    uint T, K, Kp;
-} pc;
+PC_BLOCK(PC_MMB_ROUND, pc) /* push.h */
 
 shared float red[256];
 

@@ -17,10 +17,7 @@
 layout(local_size_x = 128) in;
 layout(constant_id = SPEC_MODE) const uint MODE = 0;
 
-layout(push_constant) uniform PC {
-    Floats lists, route, src, dst, aux;
-    uint E, k, T, K, bm, R;
-} pc;
+PC_BLOCK(PC_MOE_ROWS, pc) /* push.h */
 
 uint offs(uint e) { return floatBitsToUint(pc.aux.v[e]); }
 

@@ -12,12 +12,7 @@
 
 layout(local_size_x = 256) in;
 
-layout(push_constant) uniform PC {
-    Floats logits; /* [E] (MODE 2: the lists, as uints) */
-    Floats route;  /* [128] per token */
-    Ctl ctl;       /* MODE 0 only */
-    uint E, k, norm, T;
-} pc;
+PC_BLOCK(PC_TOPK, pc) /* push.h */
 
 layout(constant_id = SPEC_MODE) const uint MODE = 0;
 

@@ -11,12 +11,7 @@ layout(local_size_x = 256) in;
 
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer Words { uint v[]; };
 
-layout(push_constant) uniform PC {
-    Words a0, a1, a2;
-    Ctl ctl;
-    uint n0, n1, n2; /* 32-byte sectors of each range */
-    uint max_pos;
-} pc;
+PC_BLOCK(PC_PREFETCH, pc) /* push.h */
 
 uint touch(Words a, uint n, uint t, uint T) {
     uint acc = 0u;

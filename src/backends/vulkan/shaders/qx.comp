@@ -11,16 +11,7 @@ layout(local_size_x = 256) in;
 
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer UInts { uint v[]; };
 
-layout(push_constant) uniform PC {
-    Vec4s x;      /* [Kp], zero past K */
-    Floats normw; /* [K], flags & QX_NORM */
-    Ctl ctl;
-    UInts q;
-    Floats d;
-    uint K, Kp;
-    uint flags;
-    float eps;
-} pc;
+PC_BLOCK(PC_QX, pc) /* push.h */
 
 shared float red[256];
 shared float red_sg[32];

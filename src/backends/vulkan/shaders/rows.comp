@@ -26,14 +26,7 @@
 layout(local_size_x = 128) in;
 layout(constant_id = SPEC_MODE) const uint MODE = 0;
 
-layout(push_constant) uniform PC {
-    Floats a, b, c, out_;
-    Floats prm;
-    uint n, rows, H, n_rot;
-    float eps;
-    uint flags;
-    Floats h;
-} pc;
+PC_BLOCK(PC_ROWS, pc) /* push.h */
 
 shared float red[128];
 shared float row[1024]; /* MODE 6: the normed row (n <= 1024) */

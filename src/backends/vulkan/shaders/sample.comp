@@ -27,14 +27,7 @@ layout(local_size_x = 1024) in;
 layout(buffer_reference, std430, buffer_reference_align = 8) coherent buffer Keys { uvec2 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Counter { uint v[]; };
 
-layout(push_constant) uniform PC {
-    Floats logits; /* [V] */
-    Ctl ctl;
-    Keys part;     /* [NWG][MAXK] (key, id) */
-    Counter cnt;   /* [tree nodes] (< 2 NWG), zero between steps */
-    uint V;
-    uint NWG;      /* ceil(V / CH) */
-} pc;
+PC_BLOCK(PC_SAMPLE, pc) /* push.h */
 
 shared uvec2 key[CH];
 shared float ex[MAXK];

@@ -24,13 +24,7 @@
 layout(local_size_x = 64) in;
 layout(constant_id = SPEC_MODE) const uint MODE = 0;
 
-layout(push_constant) uniform PC {
-    Floats a, b, c, d, out_, e;
-    uint n, rows, H, D;
-    uint gh, gw, M, side;
-    float eps, theta, scale;
-    uint flags;
-} pc;
+PC_BLOCK(PC_VIT, pc) /* push.h */
 
 const uint QB = 8u; /* MODE 4: queries per workgroup */
 const uint B = 64u;
