@@ -577,9 +577,9 @@ static int same_blocks(const char *a, const char *b, int type) {
 /* With an importance matrix: the testdata's IQ4_XS file is llama-quantize's, every tensor and
  * key byte for byte but the matrix's path (IQ4_XS blocks, the Q6_K output); so are the Q2_K
  * tensors of its IQ2_XXS and IQ1_S files, which a Q2_K_S file shares, and the i-quant blocks
- * (IQ2_XXS, IQ1_S, IQ3_S) of its files of those types, in the same mix. Types anvil has no
- * weighted quantizer for are written without importances and counted (Q3_K); the Q5_K output
- * of the IQ2_XXS and IQ1_S files is the Q5_K quantizer's under importances. The file types
+ * (IQ2_XXS, IQ1_S, IQ3_S) of its files of those types, in the same mix, and the Q3_K_S file's
+ * Q3_K and Q6_K tensors; the Q5_K output of the IQ2_XXS and IQ1_S files is the Q5_K
+ * quantizer's under importances. The file types
  * below 3 bits, and a tensor of those types, are refused without a matrix; a bad matrix is
  * refused by name. */
 static void test_quantize_imatrix(void **state) {
@@ -610,9 +610,15 @@ static void test_quantize_imatrix(void **state) {
         assert_int_equal(b->tensors[i].type, gguf_find_tensor(a, b->tensors[i].name)->type);
     gguf_close(a);
     gguf_close(b);
-    assert_int_equal(gguf_quantize(f32, out, "Q3_K_M", im, 2, &s), ANVIL_OK);
-    assert_true(s.n_unweighted == 9 && s.unweighted[DT_Q3_K] && !s.unweighted[DT_Q4_K] &&
-                !s.unweighted[DT_Q5_K] && !s.unweighted[DT_Q6_K]);
+    /* Q3_K under importances: llama-quantize's Q3_K_S file, every tensor */
+    assert_int_equal(gguf_quantize(f32, out, "Q3_K_S", im, 2, &s), ANVIL_OK);
+    assert_int_equal(s.n_unweighted, 0);
+    snprintf(ref, sizeof ref, "%s", tu_testdata("gguf/qwen3-small/qwen3-small-Q3_K_S.gguf"));
+    assert_int_equal(same_blocks(out, ref, DT_Q3_K), 15);
+    assert_int_equal(same_blocks(out, ref, DT_Q6_K), 1);
+    /* the legacy types have no weighted quantizer yet: written without, and counted */
+    assert_int_equal(gguf_quantize(f32, out, "Q4_0", im, 2, &s), ANVIL_OK);
+    assert_true(s.n_unweighted > 0 && s.unweighted[DT_Q4_0] && !s.unweighted[DT_Q6_K]);
     /* Q5_K under importances: the output matrix of the IQ2_XXS and IQ1_S files */
     struct model_file *mf, *mq;
     assert_int_equal(model_file_open(f32, 1, &mf), ANVIL_OK);

@@ -495,9 +495,49 @@ void dequantize_row_q3_k(const void *src, float *y, int64_t n) {
     }
 }
 
+/* The quants of x under y's scales (L keeps its values where a sub-block's scale is zero),
+ * then L (0..7) packed into hmask and qs: the high bit of the 1st 32 quants goes to bit 0 of
+ * hmask, the next 32 to bit 1, ... */
+static void q3_k_finish(block_q3_K *y, const float *x, int8_t *L) {
+    int8_t sc[16];
+    q3_k_scales(y->scales, sc);
+    for (int j = 0; j < QK_K / 16; j++) {
+        float d = h2f(y->d) * sc[j];
+        if (!d) continue;
+        for (int ii = 0; ii < 16; ii++) {
+            int l = nearest_int(x[16 * j + ii] / d);
+            L[16 * j + ii] = (int8_t)(MAX(-4, MIN(3, l)) + 4);
+        }
+    }
+    memset(y->hmask, 0, QK_K / 8);
+    int m = 0;
+    uint8_t hm = 1;
+    for (int j = 0; j < QK_K; j++) {
+        if (L[j] > 3) {
+            y->hmask[m] |= hm;
+            L[j] -= 4;
+        }
+        if (++m == QK_K / 8) {
+            m = 0;
+            hm <<= 1;
+        }
+    }
+    for (int j = 0; j < QK_K; j += 128)
+        for (int l = 0; l < 32; l++)
+            y->qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) |
+                                         (L[j + l + 96] << 6));
+}
+
+/* A 6-bit sub-block scale l (0..63, stored as l - 32) into Q3_K's packed scales. */
+static void q3_k_put_scale(uint8_t *scales, int j, int l) {
+    if (j < 8) scales[j] = (uint8_t)(l & 0xF);
+    else scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
+    scales[j % 4 + 8] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+}
+
 void quantize_row_q3_k(const float *x, void *dst, int64_t n) {
     block_q3_K *y = dst;
-    int8_t L[QK_K], sc[16];
+    int8_t L[QK_K];
     float scales[QK_K / 16];
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
         float max_scale = 0, amax = 0;
@@ -514,43 +554,44 @@ void quantize_row_q3_k(const float *x, void *dst, int64_t n) {
             float iscale = -32.f / max_scale;
             for (int j = 0; j < QK_K / 16; j++) {
                 int8_t l = (int8_t)nearest_int(iscale * scales[j]);
-                l = (int8_t)(MAX(-32, MIN(31, l)) + 32);
-                if (j < 8) y[i].scales[j] = l & 0xF;
-                else y[i].scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
-                l >>= 4;
-                y[i].scales[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
+                q3_k_put_scale(y[i].scales, j, MAX(-32, MIN(31, l)) + 32);
             }
             y[i].d = f2h(1 / iscale);
         } else {
             y[i].d = f2h(0.f);
         }
-        q3_k_scales(y[i].scales, sc);
+        q3_k_finish(&y[i], x, L);
+    }
+}
+
+/* Under importances (ggml's quantize_row_q3_K_impl): per sub-block of 16 the weighted best
+ * scale, w = qw * sqrt(sigma2 + x^2); the 16 scales then quantized to 6 bits weighted by
+ * their sub-blocks' total weight. */
+void quantize_row_q3_k_w(const float *x, void *dst, int64_t n, const float *qw) {
+    if (!qw) {
+        quantize_row_q3_k(x, dst, n);
+        return;
+    }
+    block_q3_K *y = dst;
+    int8_t L[QK_K], Ls[QK_K / 16];
+    float scales[QK_K / 16], weight[16], sw[QK_K / 16];
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        float sumx2 = 0;
+        for (int j = 0; j < QK_K; j++) sumx2 += x[j] * x[j];
+        float sigma2 = 2 * sumx2 / QK_K;
         for (int j = 0; j < QK_K / 16; j++) {
-            float d = h2f(y[i].d) * sc[j];
-            if (!d) continue;
-            for (int ii = 0; ii < 16; ii++) {
-                int l = nearest_int(x[16 * j + ii] / d);
-                L[16 * j + ii] = (int8_t)(MAX(-4, MIN(3, l)) + 4);
-            }
+            const float *w = qw + QK_K * i + 16 * j;
+            for (int l = 0; l < 16; l++) weight[l] = w[l] * sqrtf(sigma2 + x[16 * j + l] * x[16 * j + l]);
+            float sumw = 0;
+            for (int l = 0; l < 16; l++) sumw += weight[l];
+            sw[j] = sumw;
+            scales[j] = make_qx_quants(16, 4, x + 16 * j, L + 16 * j, 1, weight);
         }
-        memset(y[i].hmask, 0, QK_K / 8);
-        /* the high bit of the 1st 32 quants goes to bit 0, the next 32 to bit 1, ... */
-        int m = 0;
-        uint8_t hm = 1;
-        for (int j = 0; j < QK_K; j++) {
-            if (L[j] > 3) {
-                y[i].hmask[m] |= hm;
-                L[j] -= 4;
-            }
-            if (++m == QK_K / 8) {
-                m = 0;
-                hm <<= 1;
-            }
-        }
-        for (int j = 0; j < QK_K; j += 128)
-            for (int l = 0; l < 32; l++)
-                y[i].qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) |
-                                               (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+        memset(y[i].scales, 0, 12);
+        float d_block = make_qx_quants(QK_K / 16, 32, scales, Ls, 1, sw);
+        for (int j = 0; j < QK_K / 16; j++) q3_k_put_scale(y[i].scales, j, Ls[j]);
+        y[i].d = f2h(d_block);
+        q3_k_finish(&y[i], x, L);
     }
 }
 

@@ -121,6 +121,7 @@ void dequantize_row_iq4_xs(const void *src, float *dst, int64_t n);
  * as ggml's quantize_q2_K / quantize_iq4_nl / quantize_iq4_xs with quant_weights; qw NULL
  * gives what llama-quantize writes without an importance matrix. */
 void quantize_row_q2_k_w(const float *src, void *dst, int64_t n, const float *qw);
+void quantize_row_q3_k_w(const float *src, void *dst, int64_t n, const float *qw);
 void quantize_row_q4_k_w(const float *src, void *dst, int64_t n, const float *qw);
 void quantize_row_q5_k_w(const float *src, void *dst, int64_t n, const float *qw);
 void quantize_row_q6_k_w(const float *src, void *dst, int64_t n, const float *qw);
