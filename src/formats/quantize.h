@@ -10,8 +10,8 @@
  * base type and give the output, embeddings, attn_v and the first ffn_down more bits.
  * Without an importance matrix llama-quantize runs the reference quantizers, which are
  * anvil's, so for the same float weights the bytes written are llama.cpp's bytes; with one
- * (imatrix.h), so are the K-quant and i-quant blocks (and Q8_0, whose quantizer ignores
- * importances); the legacy Q4_0 ... Q5_1 are written without them.
+ * (imatrix.h), so are the blocks of every type, each quantized under its importances as
+ * ggml's quantize_* does (Q8_0's ignores them).
  */
 #ifndef ANVIL_QUANTIZE_H
 #define ANVIL_QUANTIZE_H
@@ -56,7 +56,8 @@ bool quant_is_attn_v(const char *name);
 struct quantize_stats {
     int n_tensors, n_quantized, n_fallback;
     /* tensors that had importances but were quantized without them, and their types:
-     * anvil has importance-weighted quantizers for all but the legacy Q4_0 ... Q5_1 */
+     * anvil has importance-weighted quantizers for every block type but Q8_0 (whose
+     * llama.cpp quantizer ignores them), so this counts nothing today */
     int n_unweighted;
     bool unweighted[DT_COUNT];
     uint64_t bytes_in, bytes_out;

@@ -91,6 +91,10 @@ const char *dtype_name(int type) {
 
 quantize_row_w_fn dtype_weighted_quantizer(int type) {
     switch (type) {
+    case DT_Q4_0: return quantize_row_q4_0_w;
+    case DT_Q4_1: return quantize_row_q4_1_w;
+    case DT_Q5_0: return quantize_row_q5_0_w;
+    case DT_Q5_1: return quantize_row_q5_1_w;
     case DT_Q2_K: return quantize_row_q2_k_w;
     case DT_Q3_K: return quantize_row_q3_k_w;
     case DT_Q4_K: return quantize_row_q4_k_w;

@@ -81,8 +81,8 @@ bool dtype_row_size(int type, int64_t n, size_t *out);
 /* Whether anvil can compute with the type (it has a to_f32). */
 bool dtype_supported(int type);
 /* The importance-weighted quantizer of a type (as llama-quantize runs it with an importance
- * matrix: the K-quants and the i-quants), NULL where anvil has none (its other quantizers
- * ignore importances). */
+ * matrix: every block type but Q8_0), NULL where anvil has none (Q8_0's and the float
+ * types' ignore importances). */
 quantize_row_w_fn dtype_weighted_quantizer(int type);
 
 /* Random blocks made sane (synthetic models, the per-op harness): over nb blocks of random

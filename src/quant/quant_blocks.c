@@ -23,8 +23,7 @@ static inline uint16_t f2h(float f) { return f32_to_f16(f); }
 
 /* Symmetric quantization of n values to [-nmax, nmax-1] (stored + nmax in L), searching the
  * scale that minimises the weighted error (rmse_type 1: weights x^2). Returns the scale. */
-static float make_qx_quants(int n, int nmax, const float *x, int8_t *L, int rmse_type,
-                            const float *qw) {
+float make_qx_quants(int n, int nmax, const float *x, int8_t *L, int rmse_type, const float *qw) {
     float max = 0, amax = 0;
     for (int i = 0; i < n; i++) {
         float ax = fabsf(x[i]);
@@ -301,8 +300,8 @@ void quantize_row_q2_k(const float *x, void *dst, int64_t n) {
 
 /* Scale and minimum for n values in [0, nmax] under weights (squared error), the start
  * scale nmax / (max - min) and nstep + 1 others around it tried. */
-static float make_qkx3_quants(int n, int nmax, const float *x, const float *w, uint8_t *L,
-                              float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep) {
+float make_qkx3_quants(int n, int nmax, const float *x, const float *w, uint8_t *L, float *the_min,
+                       uint8_t *Laux, float rmin, float rdelta, int nstep) {
     float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
     for (int i = 1; i < n; i++) {
         if (x[i] < min) min = x[i];

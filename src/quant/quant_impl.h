@@ -120,6 +120,10 @@ void dequantize_row_iq4_xs(const void *src, float *dst, int64_t n);
 /* Quantizers weighing each element's error by an importance (quant.h's quantize_row_w_fn),
  * as ggml's quantize_q2_K / quantize_iq4_nl / quantize_iq4_xs with quant_weights; qw NULL
  * gives what llama-quantize writes without an importance matrix. */
+void quantize_row_q4_0_w(const float *src, void *dst, int64_t n, const float *qw);
+void quantize_row_q4_1_w(const float *src, void *dst, int64_t n, const float *qw);
+void quantize_row_q5_0_w(const float *src, void *dst, int64_t n, const float *qw);
+void quantize_row_q5_1_w(const float *src, void *dst, int64_t n, const float *qw);
 void quantize_row_q2_k_w(const float *src, void *dst, int64_t n, const float *qw);
 void quantize_row_q3_k_w(const float *src, void *dst, int64_t n, const float *qw);
 void quantize_row_q4_k_w(const float *src, void *dst, int64_t n, const float *qw);
@@ -144,9 +148,13 @@ IQ_GRID_DECL(iq3_s)
 IQ_GRID_DECL(iq1_s)
 IQ_GRID_DECL(iq1_m)
 #undef IQ_GRID_DECL
-/* quant_blocks.c's search for a scale of n non-negative x quantized to [0, nmax] under
- * weights w (ggml's make_qp_quants); L gets the levels. */
+/* quant_blocks.c's scale searches (ggml's make_*_quants): for n non-negative x quantized to
+ * [0, nmax] under weights w; symmetric to [-nmax, nmax) (L holds l + nmax; rmse_type 1:
+ * weights qw, or x^2 without); to [0, nmax] with a minimum (*the_min, subtracted). */
 float make_qp_quants(int n, int nmax, const float *x, uint8_t *L, const float *w);
+float make_qx_quants(int n, int nmax, const float *x, int8_t *L, int rmse_type, const float *qw);
+float make_qkx3_quants(int n, int nmax, const float *x, const float *w, uint8_t *L, float *the_min,
+                       uint8_t *Laux, float rmin, float rdelta, int nstep);
 
 #define GROUP_MAX_EPS 1e-15f /* a group whose largest |x| is below this quantizes to zeros */
 

@@ -147,6 +147,93 @@ void quantize_row_q5_1(const float *x, void *dst, int64_t n) {
     }
 }
 
+/* ---------------------------------------------------------------- under importances */
+
+/* ggml's quantize_row_q4_0_impl ... q5_1_impl: per block of 32 the scale (and for Q4_1 and
+ * Q5_1 the minimum) of least weighted error, w = qw * sqrt(sigma2 + x^2) with sigma2 the
+ * row's mean square; without importances the reference quantizers above. */
+static float row_sigma2(const float *x, int64_t n) {
+    float sum_x2 = 0;
+    for (int64_t j = 0; j < n; j++) sum_x2 += x[j] * x[j];
+    return sum_x2 / (float)n;
+}
+
+static void block_weights(const float *xb, const float *qw, float sigma2, float *w) {
+    for (int j = 0; j < QK; j++) w[j] = qw[j] * sqrtf(sigma2 + xb[j] * xb[j]);
+}
+
+/* Quants L (5 bits) of a block into qs (low 4 bits, two a byte) and qh (the 5th bits). */
+static void pack5(const uint8_t *L, uint8_t *qs, uint8_t *qh_out) {
+    uint32_t qh = 0;
+    for (int j = 0; j < QK / 2; j++) {
+        qs[j] = (uint8_t)((L[j] & 0x0F) | ((L[j + 16] & 0x0F) << 4));
+        qh |= ((L[j] & 0x10u) >> 4) << j;
+        qh |= ((L[j + 16] & 0x10u) >> 4) << (j + QK / 2);
+    }
+    memcpy(qh_out, &qh, sizeof qh);
+}
+
+/* Q4_0 (nmax 8) and Q5_0 (nmax 16): symmetric. */
+static void legacy_0_w(const float *x, void *dst, int64_t n, const float *qw, bool five) {
+    const float sigma2 = row_sigma2(x, n);
+    float w[QK];
+    int8_t L[QK];
+    for (int64_t ib = 0; ib < n / QK; ib++) {
+        const float *xb = x + QK * ib;
+        block_weights(xb, qw + QK * ib, sigma2, w);
+        float d = make_qx_quants(QK, five ? 16 : 8, xb, L, 1, w);
+        if (five) {
+            block_q5_0 *y = (block_q5_0 *)dst + ib;
+            y->d = f2h(d);
+            pack5((const uint8_t *)L, y->qs, y->qh);
+        } else {
+            block_q4_0 *y = (block_q4_0 *)dst + ib;
+            y->d = f2h(d);
+            for (int j = 0; j < 16; j++) y->qs[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+        }
+    }
+}
+
+/* Q4_1 (nmax 15) and Q5_1 (nmax 31): a scale and a minimum. */
+static void legacy_1_w(const float *x, void *dst, int64_t n, const float *qw, bool five) {
+    const float sigma2 = row_sigma2(x, n);
+    float w[QK], min;
+    uint8_t L[QK], Laux[QK];
+    for (int64_t ib = 0; ib < n / QK; ib++) {
+        const float *xb = x + QK * ib;
+        block_weights(xb, qw + QK * ib, sigma2, w);
+        float d = make_qkx3_quants(QK, five ? 31 : 15, xb, w, L, &min, Laux, -0.9f, 0.05f, 36);
+        if (five) {
+            block_q5_1 *y = (block_q5_1 *)dst + ib;
+            y->d = f2h(d);
+            y->m = f2h(-min);
+            pack5(L, y->qs, y->qh);
+        } else {
+            block_q4_1 *y = (block_q4_1 *)dst + ib;
+            y->d = f2h(d);
+            y->m = f2h(-min);
+            for (int j = 0; j < 16; j++) y->qs[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+        }
+    }
+}
+
+void quantize_row_q4_0_w(const float *x, void *dst, int64_t n, const float *qw) {
+    if (qw) legacy_0_w(x, dst, n, qw, false);
+    else quantize_row_q4_0(x, dst, n);
+}
+void quantize_row_q5_0_w(const float *x, void *dst, int64_t n, const float *qw) {
+    if (qw) legacy_0_w(x, dst, n, qw, true);
+    else quantize_row_q5_0(x, dst, n);
+}
+void quantize_row_q4_1_w(const float *x, void *dst, int64_t n, const float *qw) {
+    if (qw) legacy_1_w(x, dst, n, qw, false);
+    else quantize_row_q4_1(x, dst, n);
+}
+void quantize_row_q5_1_w(const float *x, void *dst, int64_t n, const float *qw) {
+    if (qw) legacy_1_w(x, dst, n, qw, true);
+    else quantize_row_q5_1(x, dst, n);
+}
+
 void dequantize_row_q8_0(const void *src, float *y, int64_t n) {
     const block_q8_0 *x = src;
     for (int64_t i = 0; i < n / QK; i++) {

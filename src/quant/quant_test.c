@@ -398,8 +398,9 @@ static void test_iq_dequantize(void **state) {
 
 /* x_round_q8: per block of 32 (a last partial block on its own) every value becomes
  * d * round(x / d), d = max|x| / 127; ties to even; zero blocks stay zero; in place works. */
-/* The grid-searching quantizers of the i-quants below 4 bits (llama.cpp's bytes are checked in
- * formats/gguf_test.c): on near-Gaussian data under random importances, their blocks read back
+/* The grid-searching quantizers of the i-quants below 4 bits, and Q3_K's and the legacy types'
+ * under importances (llama.cpp's bytes are checked in formats/gguf_test.c where the testdata
+ * has its files): on near-Gaussian data under random importances, their blocks read back
  * through the dequantizers within each width's bound (measured worst plus about 30%); they
  * follow the importances (the importance-weighted error is lower with them than without);
  * the search lands on grid points (values already on the grid come back with a small part of
@@ -421,6 +422,8 @@ static void test_iq_grid_quantizers(void **state) {
     } cases[] = {
         {DT_IQ3_S, 0.19}, {DT_IQ3_XXS, 0.28}, {DT_IQ2_S, 0.35}, {DT_IQ2_XS, 0.44},
         {DT_IQ2_XXS, 0.49}, {DT_IQ1_M, 0.65}, {DT_IQ1_S, 0.68},
+        /* and the other types' quantizers under importances */
+        {DT_Q3_K, 0.20}, {DT_Q4_0, 0.105}, {DT_Q4_1, 0.095}, {DT_Q5_0, 0.052}, {DT_Q5_1, 0.046},
     };
     enum { N = 256 * 32, COLS = 1024 };
     float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y), *z = malloc(N * sizeof *z);

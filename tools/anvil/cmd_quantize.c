@@ -28,8 +28,8 @@ int cmd_quantize(int argc, char **argv) {
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: anvil quantize -m MODEL -o OUT.gguf --type TYPE [--imatrix FILE] [-t THREADS]\n"
                    "TYPE: %s\n"
-                   "--imatrix FILE: llama-imatrix's importance matrix (GGUF); K-quant and i-quant\n"
-                   "tensors are quantized under it as llama-quantize does (Q4_0 ... Q5_1 not yet)\n",
+                   "--imatrix FILE: llama-imatrix's importance matrix (GGUF); the tensors are\n"
+                   "quantized under it as llama-quantize does\n",
                    ftype_names());
             return 0;
         } else {
@@ -45,7 +45,7 @@ int cmd_quantize(int argc, char **argv) {
     printf("\n");
     if (s.n_unweighted) {
         printf("note: %d tensors had importances but were quantized without them (anvil weighs "
-               "the K-quants and i-quants; llama-quantize also weighs", s.n_unweighted);
+               "every block type but Q8_0; llama-quantize also weighs", s.n_unweighted);
         for (int t = 0; t < DT_COUNT; t++)
             if (s.unweighted[t]) printf(" %s", dtype_name(t));
         printf(")\n");
