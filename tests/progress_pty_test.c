@@ -2,7 +2,8 @@
  * The progress bar of long work (anvil_set_progress): in a real terminal (a pseudo-terminal)
  * generating a synthetic model's weights draws a bar on stderr and wipes it at the end; with
  * stderr a pipe the same work prints nothing on it. And the library alone reports progress
- * to a callback: monotone, ending once with done == total.
+ * to a callback (generating weights, a prefill of several chunks, quantizing): monotone,
+ * ending once with done == total.
  */
 #include <poll.h>
 #include <pty.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "anvil.h"
+#include "formats/quantize.h"
 #include "testutil.h"
 
 /* synthetic:qwen3-0.6b: over a second of generating weights on any machine, well past the
@@ -83,6 +85,7 @@ static void test_quiet_in_pipe(void **state) {
 }
 
 struct seen {
+    const char *what; /* the work to watch */
     int calls, ends;
     uint64_t last, total;
     bool monotone;
@@ -90,7 +93,7 @@ struct seen {
 
 static void record(void *user, const char *what, uint64_t done, uint64_t total) {
     struct seen *s = user;
-    if (strcmp(what, "generating the synthetic weights")) return;
+    if (strcmp(what, s->what)) return;
     s->monotone &= done >= s->last && done <= total && (!s->total || total == s->total);
     s->calls++;
     s->ends += done == total;
@@ -98,19 +101,54 @@ static void record(void *user, const char *what, uint64_t done, uint64_t total) 
     s->total = total;
 }
 
+static void check_seen(const struct seen *s, int min_calls) {
+    assert_true(s->calls >= min_calls);
+    assert_true(s->monotone);
+    assert_int_equal(s->ends, 1);
+    assert_true(s->last == s->total && s->total > 0);
+}
+
+/* generating weights, a prefill of several chunks, writing a quantized file */
 static void test_callback(void **state) {
     (void)state;
-    struct seen s = {0, 0, 0, 0, true};
+    struct seen s = {"generating the synthetic weights", 0, 0, 0, 0, true};
     anvil_set_progress(record, &s);
     anvil_model_params mp = {2};
     anvil_model *m;
     assert_int_equal(anvil_model_open("synthetic:qwen3-tiny", &mp, &m), ANVIL_OK);
-    anvil_set_progress(NULL, NULL);
+    check_seen(&s, 3);
+
+    struct seen p = {"prefilling the prompt", 0, 0, 0, 0, true};
+    anvil_set_progress(record, &p);
+    anvil_session_params sp = anvil_session_default_params();
+    sp.backend = ANVIL_BACKEND_CPU;
+    sp.n_ctx = 64;
+    sp.prefill_chunk = 4;
+    anvil_session *se;
+    assert_int_equal(anvil_session_create(m, &sp, &se), ANVIL_OK);
+    int32_t ids[18];
+    for (int i = 0; i < 18; i++) ids[i] = 100 + i;
+    assert_int_equal(anvil_session_eval(se, ids, 18, ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+    check_seen(&p, 5); /* chunks of 4, 4, 4, 4, 2 */
+    assert_int_equal(p.total, 18);
+    /* one chunk: nothing to report */
+    p = (struct seen){"prefilling the prompt", 0, 0, 0, 0, true};
+    assert_int_equal(anvil_session_eval(se, ids, 3, ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+    assert_int_equal(p.calls, 0);
+    anvil_session_destroy(se);
     anvil_model_close(m);
-    assert_true(s.calls > 2);
-    assert_true(s.monotone);
-    assert_int_equal(s.ends, 1);
-    assert_true(s.last == s.total && s.total > 0);
+
+    struct seen q = {"quantizing", 0, 0, 0, 0, true};
+    anvil_set_progress(record, &q);
+    char *dir = tu_tmpdir(), out[1024];
+    snprintf(out, sizeof out, "%s/q.gguf", dir);
+    struct quantize_stats st;
+    assert_int_equal(gguf_quantize(tu_testdata("gguf/qwen3-tiny/qwen3-tiny-F32.gguf"), out, "Q8_0",
+                                   NULL, 2, &st), ANVIL_OK);
+    check_seen(&q, st.n_tensors);
+    anvil_set_progress(NULL, NULL);
+    tu_rmdir(dir);
+    free(dir);
 }
 
 int main(void) {

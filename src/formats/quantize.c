@@ -624,7 +624,7 @@ anvil_status gguf_quantize(const char *in, const char *out, const char *type,
         stats->bytes[types[i]] += size;
         if (types[i] == t->type) {
             st = gguf_writer_write(w, t->data, t->size);
-            progress("quantizing", stats->bytes_in, total_in);
+            if (stats->bytes_in < total_in) progress("quantizing", stats->bytes_in, total_in);
             continue;
         }
         stats->n_quantized += dtype_traits(types[i])->block_size > 1;
@@ -652,9 +652,9 @@ anvil_status gguf_quantize(const char *in, const char *out, const char *type,
         dtype_row_size(t->type, t->ne[0], &j.src_row);
         thread_pool_for(pool, rows, 1, convert_rows, &j);
         st = gguf_writer_write(w, buf, size);
-        progress("quantizing", stats->bytes_in, total_in);
+        if (stats->bytes_in < total_in) progress("quantizing", stats->bytes_in, total_in);
     }
-    progress("quantizing", 1, 1); /* ends the report, even on failure */
+    progress("quantizing", total_in, total_in); /* ends the report, even on failure */
     if (st == ANVIL_OK) {
         st = gguf_writer_finish(w);
         w = NULL;
