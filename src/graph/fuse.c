@@ -40,6 +40,28 @@ int graph_fuse_swiglu(const struct graph_plan *P, int i, int *pair) {
     return j;
 }
 
+/* whether node n is a matrix of weights (a product's src1) */
+static bool is_weight(const struct node *n) { return n->op == OP_WEIGHT || n->op == OP_WEIGHT_ROWS; }
+
+int graph_fuse_siblings(const struct graph_plan *P, int i, unsigned props, int *run, int max) {
+    const struct node *n = NODE(P, i);
+    if (max < 1 || n->op != OP_MATMUL || !is_weight(NODE(P, n->src[1]))) return 0;
+    bool apart = props & GRAPH_FUSE_APART;
+    int count = 0;
+    run[count++] = i;
+    for (int j = i + 1; j < P->n && count < max; j++) {
+        const struct node *m = NODE(P, j);
+        if (m->op == OP_MATMUL && is_weight(NODE(P, m->src[1])) &&
+            (apart ? P->root[m->src[0]] == P->root[n->src[0]] : m->src[0] == n->src[0])) {
+            run[count++] = j;
+            continue;
+        }
+        bool leaf = m->op == OP_TOKENS || m->op == OP_STATE || m->op == OP_WEIGHT_STACK || is_weight(m);
+        if (!apart && !leaf && P->root[j] == j) break; /* computed (a view computes nothing) */
+    }
+    return count;
+}
+
 int graph_fuse_norm_rope(const struct graph_plan *P, int i) {
     int j = graph_only_reader(P, i);
     return j >= 0 && NODE(P, i)->op == OP_RMS_NORM && NODE(P, j)->op == OP_ROPE ? j : -1;

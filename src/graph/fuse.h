@@ -17,6 +17,9 @@
  *                        swiglu(z, norm))
  *   graph_fuse_shared_expert  a MoE node plus its shared expert's gated output (Qwen3-Next,
  *                        3.5/3.6): the shared expert's down product summed with the experts'
+ *   graph_fuse_siblings  the products of one input that follow each other with nothing
+ *                        computed between them (an attention's q, k, v; an FFN's gate and up):
+ *                        they may run as one pass over the input, side by side
  *
  * Every query takes the graph's plan (graph/plan.h) for its views and readers.
  */
@@ -38,6 +41,10 @@ enum graph_fuse_prop {
      * is then apart from every input of node i, so i may write the sum there itself. A
      * backend whose nodes never share memory (the decode program) does not ask it. */
     GRAPH_FUSE_NEXT_BLOCK = 1,
+    /* graph_fuse_siblings: every later product of the same input, wherever it is, and through
+     * views of it (the same root): where no two nodes share memory (the decode program), a
+     * product may run as soon as its input exists. */
+    GRAPH_FUSE_APART = 2,
 };
 
 /* The residual add after node i: the OP_ADD that is i's only reader, whose other term is
@@ -74,5 +81,14 @@ struct graph_shared_expert {
     int add, gated, down, logit, swiglu, gate, up;
 };
 bool graph_fuse_shared_expert(const struct graph_plan *P, int i, struct graph_shared_expert *r);
+
+/* The sibling products from product i on: i, then each OP_MATMUL after it that reads the
+ * same node as i (its src[0], not a view of it) times a weight, up to the first node between
+ * them that computes something (anything but the graph's leaves and views: a node a later
+ * product might read); with GRAPH_FUSE_APART (props) every later one reading i's input's
+ * root. None of them reads another's output, so they may run in any order or as one. Writes
+ * up to max node indices to run (i first); returns how many (1: i alone; 0: i is no product
+ * of a weight). */
+int graph_fuse_siblings(const struct graph_plan *P, int i, unsigned props, int *run, int max);
 
 #endif

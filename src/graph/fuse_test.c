@@ -95,9 +95,64 @@ static void test_regions(void **state) {
     graph_free(&g);
 }
 
+/* q, k and v of one norm's output, each reshaped into heads (views between them), then a
+ * second use of the norm after a computed node; gate and up of another input; a product of a
+ * computed matrix. */
+static void test_siblings(void **state) {
+    (void)state;
+    struct tensor_info t_n = tensor("n", 64, 1), t_q = tensor("q", 64, 64), t_k = tensor("k", 64, 64),
+                       t_v = tensor("v", 64, 64), t_o = tensor("o", 64, 64), t_g = tensor("g", 64, 128),
+                       t_u = tensor("u", 64, 128);
+    struct graph g;
+    assert_int_equal(graph_init(&g, 1), ANVIL_OK);
+    int h = graph_state(&g, "h", 64, 1, 1), wn = graph_weight(&g, &t_n);
+    int n1 = graph_rms_norm(&g, h, wn, 1e-6f, false);
+    int q = graph_matmul(&g, n1, graph_weight(&g, &t_q));
+    int qv = graph_reshape(&g, q, 16, 4, 1);
+    int k = graph_matmul(&g, n1, graph_weight(&g, &t_k));
+    int kv = graph_reshape(&g, k, 16, 4, 1);
+    int v = graph_matmul(&g, n1, graph_weight(&g, &t_v));
+    int a = graph_add(&g, graph_reshape(&g, qv, 64, 1, 1), n1);         /* computed */
+    int late = graph_matmul(&g, n1, graph_weight(&g, &t_q));            /* n1's, after it */
+    int viewp = graph_matmul(&g, graph_reshape(&g, n1, 64, 1, 1), graph_weight(&g, &t_o)); /* a view's */
+    int gate = graph_matmul(&g, a, graph_weight(&g, &t_g));
+    int up = graph_matmul(&g, a, graph_weight(&g, &t_u));
+    int sw = graph_swiglu(&g, gate, up);
+    int kk = graph_matmul(&g, graph_reshape(&g, kv, 64, 1, 1), graph_weight(&g, &t_o)); /* not n1's */
+    int prod = graph_matmul(&g, sw, graph_reshape(&g, sw, 128, 1, 1)); /* times a computed matrix */
+    int out = graph_add(&g, graph_add(&g, graph_sigmoid_mul(&g, late, prod), graph_add(&g, v, kk)),
+                        graph_add(&g, a, viewp));
+    assert_int_equal(graph_finish(&g, out), ANVIL_OK);
+    struct graph_plan P;
+    assert_int_equal(graph_plan_init(&g, true, &P), ANVIL_OK);
+
+    int run[4] = {-1, -1, -1, -1};
+    assert_int_equal(graph_fuse_siblings(&P, q, 0, run, 4), 3);
+    assert_int_equal(run[0], q);
+    assert_int_equal(run[1], k);
+    assert_int_equal(run[2], v);
+    assert_int_equal(graph_fuse_siblings(&P, q, 0, run, 2), 2);  /* at most max */
+    assert_int_equal(graph_fuse_siblings(&P, k, 0, run, 4), 2);  /* from k on */
+    assert_int_equal(run[1], v);
+    assert_int_equal(graph_fuse_siblings(&P, late, 0, run, 4), 1); /* `a` was computed before it */
+    assert_int_equal(graph_fuse_siblings(&P, gate, 0, run, 4), 2);
+    assert_int_equal(run[1], up);
+    assert_int_equal(graph_fuse_siblings(&P, up, 0, run, 4), 1);   /* the SwiGLU after it */
+    assert_int_equal(graph_fuse_siblings(&P, prod, 0, run, 4), 0); /* no weight */
+    assert_int_equal(graph_fuse_siblings(&P, sw, 0, run, 4), 0);   /* no product */
+    /* apart: n1's products wherever they are, through views */
+    assert_int_equal(graph_fuse_siblings(&P, q, GRAPH_FUSE_APART, run, 8), 5);
+    assert_int_equal(run[3], late);
+    assert_int_equal(run[4], viewp);
+    assert_int_equal(graph_fuse_siblings(&P, gate, GRAPH_FUSE_APART, run, 8), 2);
+    graph_plan_free(&P);
+    graph_free(&g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regions),
+        cmocka_unit_test(test_siblings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

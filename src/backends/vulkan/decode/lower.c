@@ -161,13 +161,14 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         d->gated = true;
         return ANVIL_OK;
     }
-    /* siblings: later matmuls on the same input, same weight type (not gate/up pairs) */
-    int group[3] = {i}, ng = 1;
-    for (int k = i + 1; k < L->g->n_nodes && ng < 3; k++) {
-        const struct node *m = N(L, k);
-        if (m->op == OP_MATMUL && !L->done[k] && L->root[m->src[0]] == L->root[x] &&
-            N(L, m->src[1])->weight->type == type && swiglu_of(L, k) < 0)
-            group[ng++] = k;
+    /* siblings (graph_fuse_siblings: later products of the same input, wherever they are, as
+     * no two nodes share memory here) of the same weight type, not gate/up pairs: up to 3
+     * matrices in one dispatch */
+    int group[3] = {i}, ng = 1, sib[64];
+    int ns = graph_fuse_siblings(&L->plan, i, GRAPH_FUSE_APART, sib, 64);
+    for (int s = 1; s < ns && ng < 3; s++) {
+        int k = sib[s];
+        if (!L->done[k] && N(L, N(L, k)->src[1])->weight->type == type && swiglu_of(L, k) < 0) group[ng++] = k;
     }
     /* a lone matmul whose only consumer is an add: fold the residual into its store */
     int out_node = i, other, add = ng == 1 ? graph_fuse_add(&L->plan, i, 0, &other) : -1;

@@ -86,9 +86,10 @@ static bool ranges_meet(uint64_t a, uint64_t na, uint64_t b, uint64_t nb) { retu
 /* The product of mm (its push constants for mm.comp) on cooperative matrices: the weight
  * dequantised to float16 piece by piece (dq.comp), each piece multiplied (mm_h.comp); on
  * workgroup matrices (mm_cm2.comp) a product whose float16 weight fits dq whole joins the
- * group of those before it that read the same x (flush_group), else x is rounded and the
- * weight's pieces go one at a time. */
-anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm) {
+ * waiting group when it is a sibling of the product before (the lowering asks the graph:
+ * graph_fuse_siblings, products of one input with nothing computed between them), else x
+ * is rounded and the weight's pieces go one at a time. */
+anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm, bool sibling) {
     uint32_t Kp = mm->Kp8 * 8, R = pf_dq_rows(p->b->d, mm->N, Kp), U = mm->Kp8 / unit_groups[kind];
     bool cm2 = p->xh.buf != VK_NULL_HANDLE && !p->dq_emulate && mm->K % 8 == 0 &&
                (VkDeviceSize)mm->T * mm->K * 2 <= p->xh.size;
@@ -98,8 +99,9 @@ anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm)
     VkDeviceSize room = p->half_size ? p->half_size : p->dq.size;
     if ((cm2 || p->dq_emulate) && R == mm->N && bytes <= room) {
         uint64_t xb = (uint64_t)mm->T * mm->K * 4, yb = (uint64_t)mm->T * mm->N * 4;
-        bool joins = p->n_grp > 0 && p->n_grp < p->grp_max && p->grp[0].x == mm->x && p->grp[0].T == mm->T &&
-                     p->grp[0].K == mm->K && p->grp_bytes + bytes <= room &&
+        /* (the plan keeps siblings' outputs apart from their input and from each other: checked,
+         * as what a group's products running side by side needs) */
+        bool joins = sibling && p->n_grp > 0 && p->n_grp < p->grp_max && p->grp_bytes + bytes <= room &&
                      !ranges_meet(mm->x, xb, mm->y, yb) && !(mm->flags && ranges_meet(mm->x, xb, mm->res, yb));
         for (int g = 0; joins && g < p->n_grp; g++) {
             const struct pc_mm *o = &p->grp[g];

@@ -125,13 +125,25 @@ static anvil_status lower_gdn(struct vk_prefill *p, struct graph_plan *P, int i)
     return st;
 }
 
+/* Whether product i continues the run of sibling products (graph_fuse_siblings) held in s,
+ * else makes s the run that starts at i. */
+static bool next_sibling(struct pf_siblings *s, const struct graph_plan *P, int i) {
+    if (s->at < s->n && s->run[s->at] == i) {
+        s->at++;
+        return true;
+    }
+    s->n = graph_fuse_siblings(P, i, 0, s->run, PF_SIBLINGS_MAX);
+    s->at = 1;
+    return false;
+}
+
 /* Bytes of float16 weight rows the largest product of the graph needs at a time. */
 VkDeviceSize pf_dq_scratch_size(struct vk_backend *b, struct graph_plan *P, bool groups, VkDeviceSize *max_run) {
-    VkDeviceSize size = 0, run = 0; /* run: the whole weights of the products of one input so far */
-    int run_x = -1;
+    VkDeviceSize size = 0, run = 0; /* run: the whole weights of the sibling products so far */
+    struct pf_siblings sib = {0};
+    bool whole = false; /* the sibling before went whole */
     for (int i = 0; i < P->g->n_nodes; i++) {
         const struct node *nd = NODE(P, i);
-        if (nd->op != OP_MATMUL && pf_materialised(nd)) run_x = -1;
         if (nd->op == OP_MOE) {
             const struct node *gn = NODE(P, nd->src[2]);
             uint32_t C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1], E = (uint32_t)gn->ne[2];
@@ -149,16 +161,16 @@ VkDeviceSize pf_dq_scratch_size(struct vk_backend *b, struct graph_plan *P, bool
             continue;
         uint32_t Kp = vk_wnode_kp(b, wn), R = pf_dq_rows(b->d, (uint32_t)nd->ne[0], Kp);
         size = MAX(size, (VkDeviceSize)R * Kp * 2);
-        /* on workgroup matrices consecutive products of one input whose weights go whole
-         * share the buffer side by side (emit_mmh's groups, at most 4) */
-        int x = P->root[nd->src[0]];
+        /* on workgroup matrices sibling products whose weights go whole share the buffer side
+         * by side (emit_mmh's groups, at most 4) */
+        bool next = next_sibling(&sib, P, i);
         if (groups && R == (uint32_t)nd->ne[0]) {
-            run = x == run_x ? run + (VkDeviceSize)R * Kp * 2 : (VkDeviceSize)R * Kp * 2;
-            run_x = x;
+            run = next && whole ? run + (VkDeviceSize)R * Kp * 2 : (VkDeviceSize)R * Kp * 2;
+            whole = true;
             size = MAX(size, MIN(run, 4 * dq_scratch_max(b->d)));
             *max_run = MAX(*max_run, MIN(run, 4 * dq_scratch_max(b->d)));
         } else {
-            run_x = -1;
+            whole = false;
         }
     }
     return size;
@@ -195,6 +207,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
     bool *done = xcalloc((size_t)g->n_nodes, sizeof *done);
     if (!done) return ANVIL_ERR_NOMEM;
     anvil_status st = ANVIL_OK;
+    struct pf_siblings sib = {0}; /* the products of one input being lowered (graph_fuse_siblings) */
     for (int i = 0; i < g->n_nodes && st == ANVIL_OK; i++) {
         const struct node *nd = NODE(P, i);
         if (done[i]) continue;
@@ -260,6 +273,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             struct pc_mm pc = {pf_addr(p, P, nd->src[0]), vk_wnode_addr(b, wn), pf_addr(p, P, i),
                                any, prm, rows, (uint32_t)NODE(P, nd->src[0])->ne[0], ne0,
                                vk_wnode_kp(b, wn) / 8, 0, 0, 0, 0, 0, 0};
+            bool sibling = next_sibling(&sib, P, i); /* of the product before: it may join its group */
             /* the residual add that is this product's only reader: y = res + x W (only the
              * next planned node's: the plan keeps its block apart from x) */
             int other, j = graph_fuse_add(P, i, GRAPH_FUSE_NEXT_BLOCK, &other);
@@ -320,7 +334,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
              * but qwen3moe-tiny against the CPU 0.0096 -> 0.028) */
             if (p->dq.buf && p->f16 && rows >= 16 && ne0 > (p->dq_emulate ? 0u : 512u) &&
                 (!p->dq_emulate || pf_dq_rows(p->b->d, ne0, pc.Kp8 * 8) == ne0)) {
-                st = pf_emit_mmh(p, kind, &pc);
+                st = pf_emit_mmh(p, kind, &pc, sibling);
                 break;
             }
             uint32_t S = pc.flags ? 1 : pf_split_k(rows, ne0, pc.K);

@@ -172,6 +172,14 @@ void pf_profile_read(struct vk_prefill *p);
 
 /* ---- lower.c (lowering) ---- */
 
+/* A run of sibling products (graph_fuse_siblings) as the lowering walks it: run[0 .. n - 1],
+ * the next one expected at run[at]. */
+#define PF_SIBLINGS_MAX 16
+struct pf_siblings {
+    int run[PF_SIBLINGS_MAX];
+    int n, at;
+};
+
 bool pf_materialised(const struct node *n);
 anvil_status pf_emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push,
                         size_t size);
@@ -188,7 +196,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P);
 
 uint32_t pf_dq_rows(const struct vk_device *d, uint32_t N, uint32_t Kp);
 anvil_status pf_flush_group(struct vk_prefill *p);
-anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm);
+anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm, bool sibling);
 
 /* ---- moe.c (the mixture of experts) ---- */
 

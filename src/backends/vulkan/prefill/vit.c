@@ -38,7 +38,7 @@ static anvil_status product(struct vk_prefill *p, uint64_t x, const struct tenso
                        vk_weight_kp(b, w) / 8, res ? MM_RES : 0u, 0, 0, 0, 0, 0};
     /* (the prefill's rule: float16 for more than 512 outputs) */
     if (p->dq.buf && T >= 16 && N > (p->dq_emulate ? 0u : 512u) && (!p->dq_emulate || pf_dq_rows(b->d, N, pc.Kp8 * 8) == N))
-        return pf_emit_mmh(p, kind, &pc);
+        return pf_emit_mmh(p, kind, &pc, false); /* (no two products of one input follow each other) */
     return pf_emit(p, vk_kernel_for(VK_OP_MM, w->type), (N + 63) / 64, (T + 63) / 64, &pc, sizeof pc);
 }
 
