@@ -34,7 +34,8 @@ enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_
 /* one of matvec.comp's QX products (op VK_OP_MATVEC, MODE 0) or SwiGLUs (VK_OP_MATVEC_SWIGLU,
  * MODE 1), teams or not, of an input rounded as XM says */
 #define KQ(spv, name, op, dtype, teams, xm)                                                             \
-    {spv, sizeof spv, name, op, dtype, 1, teams, xm, (op) == VK_OP_MATVEC_SWIGLU,                      \
+    {spv, sizeof spv, name, op, dtype, 1, teams, xm,                                                   \
+     (op) == VK_OP_MATVEC_SWIGLU ? MV_MODE_SWIGLU : MV_MODE_PRODUCTS,                                  \
      (teams) || (xm) ? SPECS_QXV : SPECS_MATVEC, (teams) ? PUSH_MATVEC_QXT : PUSH_MATVEC}
 /* one of mega.comp's: of weights of one float type, or on integer dot products (MQX) of the
  * types of QT */
@@ -44,18 +45,21 @@ enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_
 #define QT_Q8_0 (1u << MEGA_WT_Q8_0)
 #define QT_ALL (QT_Q4_K | QT_Q6_K | QT_Q8_0)
 /* the kernels of a weight type (VK_TYPE_KERNELS) */
-#define TYPE_ROWS(T, t)                                                                                  \
-    [K_MATVEC_##T] = KI(spv_matvec_##t, "matvec_" #t, VK_OP_MATVEC, DT_##T, 0, SPECS_MATVEC, PUSH_MATVEC), \
-    [K_MATVEC_SWIGLU_##T] = KI(spv_matvec_##t, "matvec_swiglu_" #t, VK_OP_MATVEC_SWIGLU, DT_##T, 1,      \
-                               SPECS_MATVEC, PUSH_MATVEC),                                               \
-    [K_MOE_GU_##T] = KI(spv_matvec_##t, "moe_gu_" #t, VK_OP_MOE_GU, DT_##T, 2, SPECS_MATVEC, PUSH_MATVEC), \
-    [K_MOE_DOWN_##T] = KI(spv_matvec_##t, "moe_down_" #t, VK_OP_MOE_DOWN, DT_##T, 3, SPECS_MATVEC,       \
-                          PUSH_MATVEC),                                                                  \
-    [K_EMBED_##T] = KI(spv_embed_##t, "embed_" #t, VK_OP_EMBED, DT_##T, 0, SPECS_NONE, PUSH_EMBED),      \
-    [K_MM_##T] = KI(spv_mm_##t, "mm_" #t, VK_OP_MM, DT_##T, 0, SPECS_MODE, PUSH_MM),                     \
-    [K_EMBEDT_##T] = KI(spv_mm_##t, "embed_rows_" #t, VK_OP_EMBED_ROWS, DT_##T, 1, SPECS_MODE, PUSH_MM), \
-    [K_MMOE_##T] = KI(spv_mm_##t, "mm_experts_" #t, VK_OP_MM_EXPERTS, DT_##T, 2, SPECS_MODE, PUSH_MM),   \
-    [K_DQ_##T] = KI(spv_dq_##t, "dq_" #t, VK_OP_DQ, DT_##T, 0, SPECS_NONE, PUSH_DQ),                     \
+#define TYPE_ROWS(T, t)                                                                                               \
+    [K_MATVEC_##T] = KI(spv_matvec_##t, "matvec_" #t, VK_OP_MATVEC, DT_##T, MV_MODE_PRODUCTS, SPECS_MATVEC,           \
+                       PUSH_MATVEC),                                                                                  \
+    [K_MATVEC_SWIGLU_##T] = KI(spv_matvec_##t, "matvec_swiglu_" #t, VK_OP_MATVEC_SWIGLU, DT_##T, MV_MODE_SWIGLU,      \
+                              SPECS_MATVEC, PUSH_MATVEC),                                                             \
+    [K_MOE_GU_##T] = KI(spv_matvec_##t, "moe_gu_" #t, VK_OP_MOE_GU, DT_##T, MV_MODE_MOE_GU, SPECS_MATVEC,             \
+                       PUSH_MATVEC),                                                                                  \
+    [K_MOE_DOWN_##T] = KI(spv_matvec_##t, "moe_down_" #t, VK_OP_MOE_DOWN, DT_##T, MV_MODE_MOE_DOWN, SPECS_MATVEC,     \
+                         PUSH_MATVEC),                                                                                \
+    [K_EMBED_##T] = KI(spv_embed_##t, "embed_" #t, VK_OP_EMBED, DT_##T, 0, SPECS_NONE, PUSH_EMBED),                   \
+    [K_MM_##T] = KI(spv_mm_##t, "mm_" #t, VK_OP_MM, DT_##T, MM_MODE_PRODUCT, SPECS_MODE, PUSH_MM),                    \
+    [K_EMBEDT_##T] = KI(spv_mm_##t, "embed_rows_" #t, VK_OP_EMBED_ROWS, DT_##T, MM_MODE_EMBED_ROWS, SPECS_MODE,       \
+                       PUSH_MM),                                                                                      \
+    [K_MMOE_##T] = KI(spv_mm_##t, "mm_experts_" #t, VK_OP_MM_EXPERTS, DT_##T, MM_MODE_EXPERTS, SPECS_MODE, PUSH_MM),  \
+    [K_DQ_##T] = KI(spv_dq_##t, "dq_" #t, VK_OP_DQ, DT_##T, 0, SPECS_NONE, PUSH_DQ),                                  \
     [K_MMB_##T] = KI(spv_mmb_##t, "mmb_" #t, VK_OP_MMB, DT_##T, 0, SPECS_MMB, PUSH_MMB),
 /* the QX kernels of a type (VK_QX_TYPE_KERNELS) */
 #define QX_ROWS(T, t)                                                                                   \
@@ -87,47 +91,47 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_ARGMAX] = KI(spv_argmax, "argmax", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_ARGMAX),
     [K_EW] = KI(spv_ew, "ew", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_EW),
     [K_PREFETCH] = KI(spv_prefetch, "prefetch", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_PREFETCH),
-    [K_MOE_TOPK] = KI(spv_moe_topk, "moe_topk", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_TOPK),
-    [K_GDN] = KI(spv_gdn, "gdn", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_GDN),
+    [K_MOE_TOPK] = KI(spv_moe_topk, "moe_topk", VK_OP_NONE, 0, TOPK_MODE_DECODE, SPECS_NONE, PUSH_TOPK),
+    [K_GDN] = KI(spv_gdn, "gdn", VK_OP_NONE, 0, GDN_MODE_DECODE, SPECS_NONE, PUSH_GDN),
     [K_SAMPLE] = KI(spv_sample, "sample", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_SAMPLE),
-    [K_MM_REDUCE] = KI(spv_mm_f32, "mm_reduce_slots", VK_OP_NONE, 0, 4, SPECS_MODE, PUSH_MM),
-    [K_ROWS_NORM] = KI(spv_rows, "rows_norm", VK_OP_NONE, 0, 0, SPECS_MODE, PUSH_ROWS),
-    [K_ROWS_ROPE] = KI(spv_rows, "rows_rope", VK_OP_NONE, 0, 1, SPECS_MODE, PUSH_ROWS),
-    [K_ROWS_ADD] = KI(spv_rows, "rows_add", VK_OP_NONE, 0, 2, SPECS_MODE, PUSH_ROWS),
-    [K_ROWS_SWIGLU] = KI(spv_rows, "rows_swiglu", VK_OP_NONE, 0, 3, SPECS_MODE, PUSH_ROWS),
-    [K_ROWS_KVWRITE] = KI(spv_rows, "rows_kvwrite", VK_OP_NONE, 0, 4, SPECS_MODE, PUSH_ROWS),
-    [K_ROWS_SIGMUL] = KI(spv_rows, "rows_sigmoid_mul", VK_OP_NONE, 0, 5, SPECS_MODE, PUSH_ROWS),
-    [K_ROWS_NORM_ROPE] = KI(spv_rows, "rows_norm_rope", VK_OP_NONE, 0, 6, SPECS_MODE, PUSH_ROWS),
-    [K_ROWS_IMAGE] = KI(spv_rows, "rows_image", VK_OP_NONE, 0, 7, SPECS_MODE, PUSH_ROWS),
-    [K_VIT_NORM] = KI(spv_vit, "vit_layer_norm", VK_OP_NONE, 0, 0, SPECS_MODE, PUSH_VIT),
-    [K_VIT_BIAS] = KI(spv_vit, "vit_bias_gelu", VK_OP_NONE, 0, 1, SPECS_MODE, PUSH_VIT),
-    [K_VIT_POS] = KI(spv_vit, "vit_positions", VK_OP_NONE, 0, 2, SPECS_MODE, PUSH_VIT),
-    [K_VIT_ROPE] = KI(spv_vit, "vit_rope", VK_OP_NONE, 0, 3, SPECS_MODE, PUSH_VIT),
-    [K_VIT_ATTN] = KI(spv_vit, "vit_attention", VK_OP_NONE, 0, 4, SPECS_MODE, PUSH_VIT),
+    [K_MM_REDUCE] = KI(spv_mm_f32, "mm_reduce_slots", VK_OP_NONE, 0, MM_MODE_SUM_SLOTS, SPECS_MODE, PUSH_MM),
+    [K_ROWS_NORM] = KI(spv_rows, "rows_norm", VK_OP_NONE, 0, ROWS_MODE_NORM, SPECS_MODE, PUSH_ROWS),
+    [K_ROWS_ROPE] = KI(spv_rows, "rows_rope", VK_OP_NONE, 0, ROWS_MODE_ROPE, SPECS_MODE, PUSH_ROWS),
+    [K_ROWS_ADD] = KI(spv_rows, "rows_add", VK_OP_NONE, 0, ROWS_MODE_ADD, SPECS_MODE, PUSH_ROWS),
+    [K_ROWS_SWIGLU] = KI(spv_rows, "rows_swiglu", VK_OP_NONE, 0, ROWS_MODE_SWIGLU, SPECS_MODE, PUSH_ROWS),
+    [K_ROWS_KVWRITE] = KI(spv_rows, "rows_kvwrite", VK_OP_NONE, 0, ROWS_MODE_KV_WRITE, SPECS_MODE, PUSH_ROWS),
+    [K_ROWS_SIGMUL] = KI(spv_rows, "rows_sigmoid_mul", VK_OP_NONE, 0, ROWS_MODE_SIGMOID_MUL, SPECS_MODE, PUSH_ROWS),
+    [K_ROWS_NORM_ROPE] = KI(spv_rows, "rows_norm_rope", VK_OP_NONE, 0, ROWS_MODE_NORM_ROPE, SPECS_MODE, PUSH_ROWS),
+    [K_ROWS_IMAGE] = KI(spv_rows, "rows_image", VK_OP_NONE, 0, ROWS_MODE_IMAGE, SPECS_MODE, PUSH_ROWS),
+    [K_VIT_NORM] = KI(spv_vit, "vit_layer_norm", VK_OP_NONE, 0, VIT_MODE_NORM, SPECS_MODE, PUSH_VIT),
+    [K_VIT_BIAS] = KI(spv_vit, "vit_bias_gelu", VK_OP_NONE, 0, VIT_MODE_BIAS, SPECS_MODE, PUSH_VIT),
+    [K_VIT_POS] = KI(spv_vit, "vit_positions", VK_OP_NONE, 0, VIT_MODE_POS, SPECS_MODE, PUSH_VIT),
+    [K_VIT_ROPE] = KI(spv_vit, "vit_rope", VK_OP_NONE, 0, VIT_MODE_ROPE, SPECS_MODE, PUSH_VIT),
+    [K_VIT_ATTN] = KI(spv_vit, "vit_attention", VK_OP_NONE, 0, VIT_MODE_ATTN, SPECS_MODE, PUSH_VIT),
     [K_ATTN_PREFILL] = KI(spv_attn_prefill, "attn_prefill", VK_OP_NONE, 0, 0, SPECS_ATTN_PREFILL, PUSH_ATTN_PF),
     [K_MMH_64X64_K32] = KI(spv_mm_h_64x64_k32, "mm_h_64x64_k32", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     [K_MMH_CM2] = KI(spv_mm_cm2, "mm_cm2", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     [K_MMH_CM2_MOE] = KI(spv_mm_cm2_moe, "mm_cm2_experts", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     [K_MMH_MOE] = KI(spv_mm_h_moe, "mm_h_experts", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     [K_ATTN_FLASH] = KI(spv_attn_flash, "attn_flash", VK_OP_NONE, 0, 0, SPECS_FLASH, PUSH_ATTN_PF),
-    [K_MOE_ROUTE] = KI(spv_moe_topk, "moe_route", VK_OP_NONE, 0, 1, SPECS_MODE, PUSH_TOPK),
-    [K_MOE_BUCKET] = KI(spv_moe_topk, "moe_bucket", VK_OP_NONE, 0, 2, SPECS_MODE, PUSH_TOPK),
-    [K_MOE_OFFS] = KI(spv_moe_rows, "moe_offsets", VK_OP_NONE, 0, 0, SPECS_MODE, PUSH_MOE_ROWS),
-    [K_MOE_GATHER] = KI(spv_moe_rows, "moe_gather", VK_OP_NONE, 0, 1, SPECS_MODE, PUSH_MOE_ROWS),
-    [K_MOE_SCATTER] = KI(spv_moe_rows, "moe_scatter", VK_OP_NONE, 0, 2, SPECS_MODE, PUSH_MOE_ROWS),
-    [K_GDN_PREFILL] = KI(spv_gdn, "gdn_prefill", VK_OP_NONE, 0, 1, SPECS_MODE, PUSH_GDN),
-    [K_GDN_RING] = KI(spv_gdn, "gdn_ring", VK_OP_NONE, 0, 2, SPECS_MODE, PUSH_GDN),
-    [K_GDNC_PREP] = KI(spv_gdn_chunk, "gdn_chunk_prep", VK_OP_NONE, 0, 0, SPECS_MODE, PUSH_GDNC),
-    [K_GDNC_INTRA] = KI(spv_gdn_chunk, "gdn_chunk_intra", VK_OP_NONE, 0, 1, SPECS_MODE, PUSH_GDNC),
-    [K_GDNC_RECUR] = KI(spv_gdn_chunk, "gdn_chunk_recur", VK_OP_NONE, 0, 2, SPECS_MODE, PUSH_GDNC),
+    [K_MOE_ROUTE] = KI(spv_moe_topk, "moe_route", VK_OP_NONE, 0, TOPK_MODE_ROUTE, SPECS_MODE, PUSH_TOPK),
+    [K_MOE_BUCKET] = KI(spv_moe_topk, "moe_bucket", VK_OP_NONE, 0, TOPK_MODE_BUCKET, SPECS_MODE, PUSH_TOPK),
+    [K_MOE_OFFS] = KI(spv_moe_rows, "moe_offsets", VK_OP_NONE, 0, MOE_ROWS_MODE_OFFSETS, SPECS_MODE, PUSH_MOE_ROWS),
+    [K_MOE_GATHER] = KI(spv_moe_rows, "moe_gather", VK_OP_NONE, 0, MOE_ROWS_MODE_GATHER, SPECS_MODE, PUSH_MOE_ROWS),
+    [K_MOE_SCATTER] = KI(spv_moe_rows, "moe_scatter", VK_OP_NONE, 0, MOE_ROWS_MODE_SCATTER, SPECS_MODE, PUSH_MOE_ROWS),
+    [K_GDN_PREFILL] = KI(spv_gdn, "gdn_prefill", VK_OP_NONE, 0, GDN_MODE_PREFILL, SPECS_MODE, PUSH_GDN),
+    [K_GDN_RING] = KI(spv_gdn, "gdn_ring", VK_OP_NONE, 0, GDN_MODE_RING, SPECS_MODE, PUSH_GDN),
+    [K_GDNC_PREP] = KI(spv_gdn_chunk, "gdn_chunk_prep", VK_OP_NONE, 0, GDNC_MODE_PREP, SPECS_MODE, PUSH_GDNC),
+    [K_GDNC_INTRA] = KI(spv_gdn_chunk, "gdn_chunk_intra", VK_OP_NONE, 0, GDNC_MODE_INTRA, SPECS_MODE, PUSH_GDNC),
+    [K_GDNC_RECUR] = KI(spv_gdn_chunk, "gdn_chunk_recur", VK_OP_NONE, 0, GDNC_MODE_RECUR, SPECS_MODE, PUSH_GDNC),
     [K_QX] = KI(spv_qx, "qx", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_QX),
     [K_MMB_ROUND] = KI(spv_mmb_round, "mmb_round", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMB_ROUND),
-    [K_MATVEC_ROUTE_F32] = KI(spv_matvec_route_f32, "matvec_route_f32", VK_OP_MATVEC_ROUTE, DT_F32, 0, SPECS_MATVEC,
-                              PUSH_MATVEC),
-    [K_MATVEC_ROUTE_F16] = KI(spv_matvec_route_f16, "matvec_route_f16", VK_OP_MATVEC_ROUTE, DT_F16, 0, SPECS_MATVEC,
-                              PUSH_MATVEC),
-    [K_MATVEC_ROUTE_BF16] = KI(spv_matvec_route_bf16, "matvec_route_bf16", VK_OP_MATVEC_ROUTE, DT_BF16, 0, SPECS_MATVEC,
-                               PUSH_MATVEC),
+    [K_MATVEC_ROUTE_F32] = KI(spv_matvec_route_f32, "matvec_route_f32", VK_OP_MATVEC_ROUTE, DT_F32,
+                              MV_MODE_PRODUCTS, SPECS_MATVEC, PUSH_MATVEC),
+    [K_MATVEC_ROUTE_F16] = KI(spv_matvec_route_f16, "matvec_route_f16", VK_OP_MATVEC_ROUTE, DT_F16,
+                              MV_MODE_PRODUCTS, SPECS_MATVEC, PUSH_MATVEC),
+    [K_MATVEC_ROUTE_BF16] = KI(spv_matvec_route_bf16, "matvec_route_bf16", VK_OP_MATVEC_ROUTE, DT_BF16,
+                               MV_MODE_PRODUCTS, SPECS_MATVEC, PUSH_MATVEC),
     /* mega.comp: of one float type, or (MQX) of those of QT (QT_*: 1 << contract.h's MEGA_WT_*);
      * the clock's variants (-1: looked up by name only) */
     [K_MEGA_F32] = KM(spv_mega_f32, "mega_f32", DT_F32, 0, QT_ALL),
@@ -253,7 +257,7 @@ static void qx_shapes(const struct vk_device *d, struct vk_pipelines *out) {
 /* Rows per workgroup of the float kernels of weight kind `kind` (vk_weight_kind) and MODE
  * `mode`: the experts' kernels (MODE 2, 3) take ANVIL_VK_MATVEC_NR_MOE where set. */
 static uint32_t float_rows(const struct vk_pipelines *p, int kind, uint32_t mode) {
-    if (mode >= 2 && p->matvec_nr_moe) return p->matvec_nr_moe;
+    if (mode >= MV_MODE_MOE_GU && p->matvec_nr_moe) return p->matvec_nr_moe;
     if (p->matvec_nr_kind[kind]) return p->matvec_nr_kind[kind];
     int t = vk_weight_kind_dtype(kind); /* the 4- and 5-bit blocks of 32 take ANVIL_VK_MATVEC_NR_Q */
     return t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q5_0 || t == DT_Q5_1 ? p->matvec_nr_q : p->matvec_nr;

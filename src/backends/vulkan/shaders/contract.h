@@ -1,6 +1,7 @@
 /*
  * The contract between the Vulkan host code and the shaders: the push constants' layouts
- * (push.h), their flag bits and the specialisation-constant ids, defined once. Written in the
+ * (push.h), their flag bits and op codes, mega.comp's phase kinds, the specialisation-constant
+ * ids and the MODE values that choose a shader's kernel, defined once. Written in the
  * common subset of C and GLSL (#define of integer literals and macros), so that both sides
  * include it: common.glsl (every shader but mm_cm2.comp, whose SPIR-V is prebuilt: push_test
  * checks its block) and vulkan_impl.h.
@@ -93,11 +94,63 @@
 #define MEGA_WT_Q6_K 1u
 #define MEGA_WT_Q8_0 2u
 
+/* ---- the MODE specialisation constant's values: which of a shader's kernels runs
+ * (SPEC_MODE; pipelines.c's table names one for each kernel) ---- */
+
+/* matvec.comp (MV_SPEC_MODE) */
+#define MV_MODE_PRODUCTS 0u /* up to 3 matrices of one input */
+#define MV_MODE_SWIGLU 1u /* gate/up -> SwiGLU */
+#define MV_MODE_MOE_GU 2u /* the chosen experts' gate/up -> SwiGLU */
+#define MV_MODE_MOE_DOWN 3u /* the chosen experts' down products, weighted and summed */
+
+/* mm.comp */
+#define MM_MODE_PRODUCT 0u /* y = x W^T (+ res) */
+#define MM_MODE_EMBED_ROWS 1u /* the chunk's tokens' embedding rows */
+#define MM_MODE_EXPERTS 2u /* the experts' products grouped by expert */
+#define MM_MODE_SUM_SLOTS 4u /* their outputs summed per token (and split-K partials) */
+
+/* rows.comp */
+#define ROWS_MODE_NORM 0u /* rms_norm */
+#define ROWS_MODE_ROPE 1u /* rope */
+#define ROWS_MODE_ADD 2u /* add */
+#define ROWS_MODE_SWIGLU 3u /* swiglu */
+#define ROWS_MODE_KV_WRITE 4u /* k and v rows into the caches */
+#define ROWS_MODE_SIGMOID_MUL 5u /* sigmoid_mul */
+#define ROWS_MODE_NORM_ROPE 6u /* rms_norm then rope (the q/k norms) */
+#define ROWS_MODE_IMAGE 7u /* images' rows over the tokens' */
+
+/* gdn.comp */
+#define GDN_MODE_DECODE 0u /* one token */
+#define GDN_MODE_PREFILL 1u /* a chunk's tokens in turn (the recurrent form) */
+#define GDN_MODE_RING 2u /* the conv ring takes the chunk's last inputs */
+
+/* gdn_chunk.comp */
+#define GDNC_MODE_PREP 0u /* the conv, SiLU, norms and gates */
+#define GDNC_MODE_INTRA 1u /* a block's products */
+#define GDNC_MODE_RECUR 2u /* the state carried between blocks */
+
+/* moe_topk.comp */
+#define TOPK_MODE_DECODE 0u /* one token's router */
+#define TOPK_MODE_ROUTE 1u /* every token's */
+#define TOPK_MODE_BUCKET 2u /* the choices sorted by expert */
+
+/* moe_rows.comp */
+#define MOE_ROWS_MODE_OFFSETS 0u /* the experts' row offsets */
+#define MOE_ROWS_MODE_GATHER 1u /* their x rows gathered */
+#define MOE_ROWS_MODE_SCATTER 2u /* scattered back */
+
+/* vit.comp */
+#define VIT_MODE_NORM 0u /* LayerNorm */
+#define VIT_MODE_BIAS 1u /* bias + GELU */
+#define VIT_MODE_POS 2u /* positions */
+#define VIT_MODE_ROPE 3u /* rope */
+#define VIT_MODE_ATTN 4u /* attention */
+
 /* ---- specialisation-constant ids ---- */
 
 #define SPEC_WG 0    /* local_size_x_id where a kernel's workgroup size is specialised */
 #define SPEC_MODE 0  /* the MODE of mm.comp, gdn.comp, gdn_chunk.comp, rows.comp, moe_rows.comp,
-                        moe_topk.comp, vit.comp */
+                        moe_topk.comp, vit.comp (its values: *_MODE_* above) */
 #define SPEC_KV16 29 /* common.glsl's KV16 (every kernel) */
 
 /* matvec.comp */

@@ -64,7 +64,7 @@ void step(uint pos, uint tr, uint pos0) {
         float acc = pc.convw.v[c * Kc + Kc - 1u] * x;
         for (uint j = 0; j + 1u < Kc; j++) {
             int p = int(pos) - int(Kc - 1u) + int(j);
-            if (MODE == 1u && p >= int(pos0)) /* an earlier row of the chunk */
+            if (MODE == GDN_MODE_PREFILL && p >= int(pos0)) /* an earlier row of the chunk */
                 acc += pc.convw.v[c * Kc + j] * pc.qkv.v[(uint(p) - pos0) * Cc + c];
             else if (p >= 0)
                 acc += pc.convw.v[c * Kc + j] * pc.ring.v[(uint(p) % Kc) * Cc + c];
@@ -73,7 +73,7 @@ void step(uint pos, uint tr, uint pos0) {
         if (i < Dk) qs[i] = y;
         else if (i < 2u * Dk) ks[i - Dk] = y;
         else vs[i - 2u * Dk] = y;
-        if (MODE == 0u && (i >= 2u * Dk || owner)) pc.ring.v[(pos % Kc) * Cc + c] = x;
+        if (MODE == GDN_MODE_DECODE && (i >= 2u * Dk || owner)) pc.ring.v[(pos % Kc) * Cc + c] = x;
     }
     barrier();
     float sq = 0.0, sk = 0.0;
@@ -125,7 +125,7 @@ void step(uint pos, uint tr, uint pos0) {
         }
         barrier();
     }
-    if (MODE == 1u) {
+    if (MODE == GDN_MODE_PREFILL) {
         for (uint j = t; j < Dv; j += NT) pc.out_.v[(tr * pc.Hv + h) * Dv + j] = ys[j];
         barrier(); /* qs, ks, vs, ys are the next token's */
         return;
@@ -141,13 +141,13 @@ void step(uint pos, uint tr, uint pos0) {
 }
 
 void main() {
-    if (MODE == 0u) {
+    if (MODE == GDN_MODE_DECODE) {
         if (pc.ctl.stop != 0u) return;
         step(pc.ctl.pos, 0u, 0u);
         return;
     }
     uint pos0 = floatBitsToUint(pc.z.v[0]), T = floatBitsToUint(pc.z.v[1]);
-    if (MODE == 1u) {
+    if (MODE == GDN_MODE_PREFILL) {
         for (uint tr = 0u; tr < T; tr++) step(pos0 + tr, tr, pos0);
         return;
     }

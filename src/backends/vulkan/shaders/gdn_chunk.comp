@@ -255,7 +255,7 @@ void recur() {
 }
 
 void main() {
-    if (MODE == 0u) prep();
-    else if (MODE == 1u) intra();
+    if (MODE == GDNC_MODE_PREP) prep();
+    else if (MODE == GDNC_MODE_INTRA) intra();
     else recur();
 }

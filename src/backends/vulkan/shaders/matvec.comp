@@ -80,7 +80,7 @@ shared float rq[8], rnw[8];
 void main() {
     W_INIT(pc.w0)
     if (pc.ctl.stop != 0u) return;
-    uint wg = MODE == 2u ? gl_WorkGroupID.x : gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    uint wg = MODE == MV_MODE_MOE_GU ? gl_WorkGroupID.x : gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
 #ifdef QXT
     /* the thread's team and its index in it */
     uint TW = gl_WorkGroupSize.x / NT, team = gl_LocalInvocationID.x / TW, tl = gl_LocalInvocationID.x % TW;
@@ -92,13 +92,13 @@ void main() {
 #define TID gl_LocalInvocationID.x
 #define TWS gl_WorkGroupSize.x
 #endif
-    uint total = MODE >= 1u ? pc.rows0 : pc.rows0 + pc.rows1 + pc.rows2;
+    uint total = MODE >= MV_MODE_SWIGLU ? pc.rows0 : pc.rows0 + pc.rows1 + pc.rows2;
 #ifdef QXT
     if (wg * NT * NR >= total) return;
 #else
     if (row0 >= total) return;
 #endif
-    const bool GATED = MODE == 1u || MODE == 2u;
+    const bool GATED = MODE == MV_MODE_SWIGLU || MODE == MV_MODE_MOE_GU;
     const uint NA = GATED ? 2u * NR : NR;
     float acc[2 * 8];
     for (uint r = 0; r < NA; r++) acc[r] = 0.0;
@@ -127,7 +127,7 @@ void main() {
 #ifdef QX
     {
 #else
-    if (MODE == 3u) {
+    if (MODE == MV_MODE_MOE_DOWN) {
         /* the experts' (s, unit) pairs flattened over the threads (an expert's row is short);
          * with flags & MV_SHARED one more expert, the shared one: weights w1, input normw, Kp8 in K,
          * weight sigmoid(o2[0]) */
@@ -167,7 +167,7 @@ void main() {
          * issue every load of the iteration before the first product: what bounds the kernel is
          * how many bytes each thread has in flight */
 #ifndef QX
-        uint rbase = MODE == 2u ? floatBitsToUint(pc.o1.v[gl_WorkGroupID.y]) * pc.rows0 : 0u;
+        uint rbase = MODE == MV_MODE_MOE_GU ? floatBitsToUint(pc.o1.v[gl_WorkGroupID.y]) * pc.rows0 : 0u;
 #endif
         for (uint u0 = TID; u0 < U; u0 += TWS * PIPE) {
             for (uint p = 0u; p < PIPE; p++) {
@@ -343,7 +343,7 @@ void main() {
     a *= scale;
     if (GATED) {
         b *= scale;
-        pc.o0.v[MODE == 2u ? gl_WorkGroupID.y * pc.rows2 + g : g] = a / (1.0 + exp(-a)) * b;
+        pc.o0.v[MODE == MV_MODE_MOE_GU ? gl_WorkGroupID.y * pc.rows2 + g : g] = a / (1.0 + exp(-a)) * b;
     } else if (g < pc.rows0) {
         pc.o0.v[g] = (pc.flags & MV_RES) != 0u ? pc.res.v[g] + a : a;
     } else if (g < pc.rows0 + pc.rows1) {

@@ -151,15 +151,15 @@ void reduce_slots() {
 
 void main() {
     W_INIT(pc.w)
-    if (MODE == 1u) {
+    if (MODE == MM_MODE_EMBED_ROWS) {
         embed_rows();
         return;
     }
-    if (MODE == 2u) {
+    if (MODE == MM_MODE_EXPERTS) {
         experts();
         return;
     }
-    if (MODE == 4u) {
+    if (MODE == MM_MODE_SUM_SLOTS) {
         reduce_slots();
         return;
     }

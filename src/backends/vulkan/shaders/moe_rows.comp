@@ -25,7 +25,7 @@ shared uint part[128]; /* MODE 0: each subgroup's sum */
 
 void main() {
     uint tid = gl_LocalInvocationID.x, r = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-    if (MODE == 0u) { /* 128 experts at a time: a scan by subgroups, then across them */
+    if (MODE == MOE_ROWS_MODE_OFFSETS) { /* 128 experts at a time: a scan by subgroups, then across them */
         uint carry = 0u;
         for (uint e0 = 0u; e0 < pc.E; e0 += 128u) {
             uint e = e0 + tid, c = e < pc.E ? (floatBitsToUint(pc.lists.v[e]) + pc.bm - 1u) / pc.bm * pc.bm : 0u;
@@ -43,7 +43,7 @@ void main() {
     }
     if (r >= pc.R) return;
     uint K4 = pc.K / 4u;
-    if (MODE == 1u) {
+    if (MODE == MOE_ROWS_MODE_GATHER) {
         uint lo = 0u, hi = pc.E; /* the last e with offs(e) <= r */
         while (hi - lo > 1u) {
             uint mid = (lo + hi) / 2u;

@@ -35,13 +35,13 @@ void bucket() {
 }
 
 void main() {
-    if (MODE == 2u) {
+    if (MODE == TOPK_MODE_BUCKET) {
         bucket();
         return;
     }
-    if (MODE == 0u && pc.ctl.stop != 0u) return;
+    if (MODE == TOPK_MODE_DECODE && pc.ctl.stop != 0u) return;
     uint t = gl_LocalInvocationID.x;
-    uint lo = MODE == 1u ? gl_WorkGroupID.x * pc.E : 0u, ro = MODE == 1u ? gl_WorkGroupID.x * 128u : 0u;
+    uint lo = MODE == TOPK_MODE_ROUTE ? gl_WorkGroupID.x * pc.E : 0u, ro = MODE == TOPK_MODE_ROUTE ? gl_WorkGroupID.x * 128u : 0u;
     for (uint i = t; i < pc.E; i += 256u) {
         float v = pc.logits.v[lo + i];
         lg[i] = isnan(v) ? -1.0 / 0.0 : v; /* a total order, whatever the logits hold */

@@ -77,14 +77,14 @@ void main() {
     if (r >= pc.rows) return;
     uint tid = gl_LocalInvocationID.x, n = pc.n, base = r * n;
     uint pos0 = floatBitsToUint(pc.prm.v[0]);
-    if (MODE == 0u) {
+    if (MODE == ROWS_MODE_NORM) {
         float inv = inv_rms(base, n, tid);
         if (n % 4u == 0u) {
             for (uint i = tid; i < n / 4u; i += 128u) put4(base, i, Vec4s(pc.a).v[base / 4u + i] * inv * Vec4s(pc.b).v[i]);
         } else {
             for (uint i = tid; i < n; i += 128u) put1(base, i, pc.a.v[base + i] * inv * pc.b.v[i]);
         }
-    } else if (MODE == 6u) {
+    } else if (MODE == ROWS_MODE_NORM_ROPE) {
         float inv = inv_rms(base, n, tid);
         for (uint i = tid; i < n; i += 128u) row[i] = pc.a.v[base + i] * inv * pc.b.v[i];
         barrier();
@@ -99,7 +99,7 @@ void main() {
             }
             pc.out_.v[base + i] = y;
         }
-    } else if (MODE == 1u) {
+    } else if (MODE == ROWS_MODE_ROPE) {
         uint t = r / pc.H, half_ = pc.n_rot / 2u;
         for (uint i = tid; i < n; i += 128u) {
             float y = pc.a.v[base + i];
@@ -111,9 +111,9 @@ void main() {
             }
             pc.out_.v[base + i] = y;
         }
-    } else if (MODE == 2u) {
+    } else if (MODE == ROWS_MODE_ADD) {
         for (uint i = tid; i < n; i += 128u) pc.out_.v[base + i] = pc.a.v[base + i] + pc.b.v[base + i];
-    } else if (MODE == 3u) {
+    } else if (MODE == ROWS_MODE_SWIGLU) {
         if (n % 4u == 0u) {
             for (uint i = tid; i < n / 4u; i += 128u) {
                 vec4 g = Vec4s(pc.a).v[base / 4u + i];
@@ -125,12 +125,12 @@ void main() {
                 put1(base, i, g / (1.0 + exp(-g)) * pc.b.v[base + i]);
             }
         }
-    } else if (MODE == 5u) {
+    } else if (MODE == ROWS_MODE_SIGMOID_MUL) {
         for (uint i = tid; i < n; i += 128u) {
             float g = pc.b.v[pc.H == 1u ? r : base + i];
             pc.out_.v[base + i] = pc.a.v[base + i] / (1.0 + exp(-g));
         }
-    } else if (MODE == 7u) {
+    } else if (MODE == ROWS_MODE_IMAGE) {
         uint T = prm_u(1u);
         if (prm_u(4u + T) == 0u || prm_u(4u + T + 5u + 3u * T + r) == 0u) return;
         for (uint i = tid; i < n; i += 128u) pc.out_.v[base + i] = pc.c.v[base + i];

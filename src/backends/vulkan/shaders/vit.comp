@@ -62,7 +62,7 @@ void patch_coords(uint p, out uint row, out uint col) {
 void main() {
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, tid = gl_LocalInvocationID.x;
     uint n = pc.n;
-    if (MODE == 0u) {
+    if (MODE == VIT_MODE_NORM) {
         if (wg >= pc.rows) return;
         uint base = wg * n;
         bool pre = (pc.flags & VIT_PRE_BIAS) != 0u;
@@ -82,7 +82,7 @@ void main() {
         }
         float inv = 1.0 / sqrt(wg_sum(ss) / float(n) + pc.eps);
         for (uint i = tid; i < n; i += 64u) pc.out_.v[base + i] = (pc.a.v[base + i] - mean) * inv * pc.b.v[i] + pc.d.v[i];
-    } else if (MODE == 1u) {
+    } else if (MODE == VIT_MODE_BIAS) {
         uint i = wg * 64u + tid;
         if (i >= pc.rows * n) return;
         float x = pc.a.v[i] + pc.b.v[i % n];
@@ -93,7 +93,7 @@ void main() {
             x = 0.5 * x * (1.0 + erf_(x * 0.7071067811865476));
         }
         pc.a.v[i] = x;
-    } else if (MODE == 2u) {
+    } else if (MODE == VIT_MODE_POS) {
         if (wg >= pc.rows) return;
         uint r, c;
         patch_coords(wg, r, c);
@@ -109,7 +109,7 @@ void main() {
         for (uint o = tid; o < n; o += 64u)
             pc.a.v[wg * n + o] += pc.b.v[o] + (w00 * pc.c.v[p00 + o] + w01 * pc.c.v[p01 + o] +
                                                w10 * pc.c.v[p10 + o] + w11 * pc.c.v[p11 + o]);
-    } else if (MODE == 3u) {
+    } else if (MODE == VIT_MODE_ROPE) {
         if (wg >= pc.rows) return;
         uint r, c;
         patch_coords(wg, r, c);
