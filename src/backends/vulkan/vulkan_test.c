@@ -403,6 +403,43 @@ static void test_overlap(void **state) {
     toggled_free(&t);
 }
 
+/* The shared expert's gate/up runs beside the MoE router's product, which reads the same
+ * input, with no barrier between them (decode/lower.c lower_moe): on qwen3.6-tiny (4 MoE layers
+ * with a shared expert) a barrier fewer a layer than with every barrier (ANVIL_VK_OVERLAP=0),
+ * the same dispatches, and the decode rows bit for bit the same. */
+static void test_shared_expert_overlap(void **state) {
+    (void)state;
+#ifdef TU_SANITIZED
+    skip();
+#endif
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3.6-tiny:bf16", NULL, &m), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    float *row[2];
+    int dispatches[2], barriers[2];
+    for (int on = 0; on < 2; on++) {
+        setenv("ANVIL_VK_OVERLAP", on ? "1" : "0", 1);
+        anvil_session *vk = session(m, ANVIL_BACKEND_VULKAN);
+        row[on] = malloc(sizeof(float) * (size_t)V);
+        for (int i = 0; i < 5; i++) {
+            int32_t tok = (int32_t)((i * 41 + 9) % V);
+            assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, row[on]), ANVIL_OK);
+        }
+        program_counts(vk, &dispatches[on], &barriers[on]);
+        anvil_session_destroy(vk);
+    }
+    unsetenv("ANVIL_VK_OVERLAP");
+    fprintf(stderr, "qwen3.6-tiny: %d dispatches, %d barriers (%d with every barrier); rows differ by %g\n",
+            dispatches[1], barriers[1], barriers[0], (double)tu_max_diff(row[0], row[1], (size_t)V));
+    assert_int_equal(dispatches[0], dispatches[1]);
+    assert_int_equal(barriers[0], dispatches[0]);
+    assert_true(barriers[1] <= barriers[0] - 4);
+    assert_memory_equal(row[0], row[1], sizeof(float) * (size_t)V);
+    free(row[0]);
+    free(row[1]);
+    anvil_model_close(m);
+}
+
 /* Weights read into L2 beside the attention (decode/prefetch.c add_prefetch; on by default on NVIDIA
  * GPUs only, so turned on here by ANVIL_VK_PREFETCH_MB): one more dispatch a layer and no more
  * barriers, and the decode rows and greedy tokens bit for bit those without it, on the float
@@ -1236,6 +1273,7 @@ int main(void) {
         cmocka_unit_test(test_against_cpu),
         cmocka_unit_test(test_against_cpu_qx),
         cmocka_unit_test(test_overlap),
+        cmocka_unit_test(test_shared_expert_overlap),
         cmocka_unit_test(test_qx_cached_input),
         cmocka_unit_test(test_long_attention),
         cmocka_unit_test(test_persistent_step),

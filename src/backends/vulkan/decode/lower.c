@@ -14,9 +14,10 @@
  *   q/k rms_norm -> rope -> KV write -> attention   one dispatch, split over the
  *                                sequence, merged by the last workgroup of each kv head
  *   MoE                          router matvec (grouped with the shared expert's gate
- *                                logit), top-k kernel -> routing buffer, experts' gate/up ->
- *                                SwiGLU, experts' down summed (+ the shared expert as one more,
- *                                weighted by sigmoid of its logit, + the residual)
+ *                                logit; the shared expert's gate/up -> SwiGLU beside it, no
+ *                                barrier between), top-k kernel -> routing buffer, experts'
+ *                                gate/up -> SwiGLU, experts' down summed (+ the shared expert
+ *                                as one more, weighted by sigmoid of its logit, + the residual)
  *   Gated DeltaNet -> gated RMSNorm * silu(z)       one dispatch per layer (gdn.comp); the
  *                                conv's past inputs live in a ring of Kc rows in the conv
  *                                state's memory (vulkan.c sizes it so; prefill/ writes it too)
@@ -149,10 +150,14 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         }
         uint32_t gx, gy, nr = qxt ? 8 : vk_matvec_rows(&L->p->b->pl, kern_swiglu);
         grid((pc.rows0 + nr - 1) / nr, &gx, &gy);
+        /* right after a product of the same input (the shared expert's beside the MoE router's) */
+        bool overlap = L->mm_op >= 0 && L->mm_op == L->p->n_ops - 1 && L->mm_input == L->root[x] &&
+                       L->p->b->d->tune.vk_overlap;
         anvil_status st = qxt ? emit_dispatch(L->p, kern_swiglu, gx, gy, &pq, sizeof pq)
                               : emit_dispatch(L->p, kern_swiglu, gx, gy, &pc, sizeof pc);
         if (st != ANVIL_OK) return st;
         struct vk_dispatch *d = &L->p->ops[L->p->n_ops - 1];
+        d->overlap = overlap;
         d->mqx = (uint8_t)mq;
         d->wa[0] = pc.w0;
         d->wa[1] = pc.w1;
@@ -321,6 +326,17 @@ static anvil_status lower_moe(struct lower *L, int i) {
     uint32_t stride = (uint32_t)round_up(F, 256);
     uint64_t act = base + alloc_scratch(L, (VkDeviceSize)k * stride * 4 + 32);
     anvil_status st = ANVIL_OK;
+    /* the shared expert (Next, 3.5): y + sigmoid(gl) * down_sh(swiglu(gate_sh h, up_sh h)), then
+     * the residual: its gate/up -> SwiGLU right after the router's product, which reads the
+     * same input, with no barrier between them (perf rule "same input, no barrier"); its down
+     * projection joins the experts' as one more */
+    struct graph_shared_expert se;
+    bool shared = graph_fuse_shared_expert(&L->plan, i, &se) && L->done[se.logit] && !L->done[se.gate] &&
+                  swiglu_of(L, se.gate) == se.swiglu && N(L, N(L, se.down)->src[1])->weight->type == dn->weight->type &&
+                  !(L->use_qx && vk_qx_index(dn->weight->type) >= 0 && qx_worth(L, se.down));
+    /* (with integer dot products the shared expert's down projection is a matvec of its own,
+     * on rounded inputs like every one-token matmul) */
+    if (shared && (st = lower_matmuls(L, se.gate)) != ANVIL_OK) return st;
     struct vk_dispatch *rop = router_op(L, node_addr(L, n->src[1]), E);
     if (rop) { /* the router's matvec chooses the experts itself */
         struct pc_matvec *pr = (struct pc_matvec *)rop->push;
@@ -357,16 +373,7 @@ static anvil_status lower_moe(struct lower *L, int i) {
     pd.rows0 = C;
     pd.rows1 = k;
     pd.rows2 = stride;
-    /* the shared expert (Next, 3.5): y + sigmoid(gl) * down_sh(swiglu(gate_sh h, up_sh h)), then
-     * the residual: the shared expert's down projection joins the experts' as one more */
-    struct graph_shared_expert se;
-    if (graph_fuse_shared_expert(&L->plan, i, &se) && L->done[se.logit] && !L->done[se.gate] &&
-        swiglu_of(L, se.gate) == se.swiglu && N(L, N(L, se.down)->src[1])->weight->type == dn->weight->type &&
-        !(L->use_qx && vk_qx_index(dn->weight->type) >= 0 && qx_worth(L, se.down))) {
-        /* (with integer dot products the shared expert's down projection is a matvec of
-         * its own, on rounded inputs like every one-token matmul) */
-        /* the shared expert's gate/up -> SwiGLU first */
-        if ((st = lower_matmuls(L, se.gate)) != ANVIL_OK) return st;
+    if (shared) {
         pd.flags |= MV_SHARED;
         pd.w1 = vk_wnode_addr(L->p->b, N(L, N(L, se.down)->src[1]));
         pd.normw = node_addr(L, se.swiglu);
