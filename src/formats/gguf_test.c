@@ -697,6 +697,50 @@ static void test_quantize_imatrix(void **state) {
     free(dir);
 }
 
+/* llama.cpp's mixes for the i-quant file types, rule by rule (the testdata's files cover
+ * IQ2_XXS, IQ1_S, IQ3_S and IQ4_XS in one shape), and the row-size fallbacks. */
+static int mix(const char *ftype, const char *name, int64_t ne0, int rank, int n_gqa,
+               bool imatrix, bool *fell_back) {
+    struct quant_mix m = {ftype_from_name(ftype), 16, n_gqa, 0, 16, false, imatrix};
+    assert_non_null(m.ft);
+    bool fb;
+    int t = quant_mix_type(&m, name, 2, ne0, rank, &fb);
+    if (fell_back) *fell_back = fb;
+    return t;
+}
+
+static void test_iquant_mixes(void **state) {
+    (void)state;
+    assert_int_equal(mix("IQ2_XXS", "blk.3.attn_q.weight", 256, 0, 2, true, NULL), DT_IQ2_XXS);
+    assert_int_equal(mix("IQ2_XXS", "blk.3.attn_v.weight", 256, 3, 2, true, NULL), DT_Q2_K);
+    assert_int_equal(mix("IQ2_XXS", "blk.3.attn_v.weight", 256, 3, 4, true, NULL), DT_Q4_K);
+    assert_int_equal(mix("IQ2_M", "blk.3.attn_v.weight", 256, 3, 2, true, NULL), DT_IQ3_S);
+    assert_int_equal(mix("IQ2_XXS", "output.weight", 256, 0, 2, true, NULL), DT_Q5_K);
+    assert_int_equal(mix("IQ2_XXS", "token_embd.weight", 256, 0, 2, true, NULL), DT_Q2_K);
+    assert_int_equal(mix("IQ2_S", "token_embd.weight", 256, 0, 2, true, NULL), DT_IQ3_S);
+    assert_int_equal(mix("IQ1_M", "blk.0.ffn_down.weight", 256, 1, 2, true, NULL), DT_Q2_K);
+    assert_int_equal(mix("IQ1_M", "blk.2.ffn_down.weight", 256, 2, 2, true, NULL), DT_IQ1_M);
+    assert_int_equal(mix("IQ1_S", "blk.5.attn_output.weight", 256, 0, 2, true, NULL), DT_IQ2_XXS);
+    assert_int_equal(mix("IQ2_S", "blk.5.ffn_gate.weight", 256, 0, 2, true, NULL), DT_IQ2_XS);
+    assert_int_equal(mix("IQ2_M", "blk.5.ffn_gate.weight", 256, 0, 2, true, NULL), DT_IQ2_S);
+    assert_int_equal(mix("IQ3_XXS", "blk.5.attn_q.weight", 256, 0, 2, true, NULL), DT_IQ2_S);
+    assert_int_equal(mix("IQ3_XXS", "blk.5.attn_v.weight", 256, 5, 2, true, NULL), DT_IQ3_XXS);
+    assert_int_equal(mix("IQ3_XXS", "blk.5.attn_v.weight", 256, 5, 2, false, NULL), DT_IQ3_S);
+    assert_int_equal(mix("IQ3_XXS", "blk.5.ffn_down.weight", 256, 5, 2, false, NULL), DT_Q3_K);
+    assert_int_equal(mix("IQ3_XXS", "blk.5.attn_output.weight", 256, 0, 2, true, NULL), DT_IQ3_S);
+    assert_int_equal(mix("IQ3_XS", "blk.8.ffn_up.weight", 256, 0, 2, true, NULL), DT_IQ3_XXS);
+    assert_int_equal(mix("IQ3_XS", "blk.0.ffn_up.weight", 256, 0, 2, true, NULL), DT_IQ3_S);
+    assert_int_equal(mix("IQ3_M", "blk.1.ffn_down.weight", 256, 1, 2, true, NULL), DT_Q4_K);
+    assert_int_equal(mix("IQ3_M", "blk.5.attn_output.weight", 256, 0, 2, true, NULL), DT_Q4_K);
+    assert_int_equal(mix("IQ3_S", "blk.5.attn_v.weight", 256, 5, 4, true, NULL), DT_Q4_K);
+    /* rows that do not fit 256: IQ4_NL where they fit 32, else F16 */
+    bool fb = false;
+    assert_int_equal(mix("IQ2_XXS", "blk.3.attn_q.weight", 64, 0, 2, true, &fb), DT_IQ4_NL);
+    assert_true(fb);
+    assert_int_equal(mix("Q2_K", "blk.3.attn_q.weight", 64, 0, 2, true, &fb), DT_IQ4_NL);
+    assert_int_equal(mix("Q3_K_S", "blk.3.attn_q.weight", 48, 0, 2, true, &fb), DT_F16);
+}
+
 /* The prompt's logits of a model on the CPU ([n, vocab], caller frees). */
 static float *prompt_logits(const char *path, const int32_t *ids, int n, int *vocab) {
     anvil_model_params mp = {2};
@@ -780,6 +824,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_from_hf),
         cmocka_unit_test(test_copy_roundtrip),
         cmocka_unit_test(test_quantize_imatrix),
+        cmocka_unit_test(test_iquant_mixes),
         cmocka_unit_test(test_iquant_logits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -98,12 +98,11 @@ enum {
 /* The row-size fallback of a type whose blocks do not fit a row (llama.cpp's). */
 static int fallback_type(int t) {
     switch (t) {
-    case DT_Q2_K: case DT_Q3_K: return DT_Q4_0;
     case DT_Q4_K: return DT_Q5_0;
     case DT_Q5_K: return DT_Q5_1;
     case DT_Q6_K: return DT_Q8_0;
-    case DT_IQ2_XXS: case DT_IQ2_XS: case DT_IQ2_S: case DT_IQ3_XXS: case DT_IQ3_S:
-    case DT_IQ1_S: case DT_IQ1_M: case DT_IQ4_XS: return DT_IQ4_NL;
+    case DT_Q2_K: case DT_Q3_K: case DT_IQ2_XXS: case DT_IQ2_XS: case DT_IQ2_S: case DT_IQ3_XXS:
+    case DT_IQ3_S: case DT_IQ1_S: case DT_IQ1_M: case DT_IQ4_XS: return DT_IQ4_NL;
     default: return t;
     }
 }

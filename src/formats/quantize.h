@@ -5,8 +5,8 @@
  * The mixes follow llama.cpp's llama-quant.cpp (llama_tensor_get_type): the output matrix
  * (or the token embeddings when tied) gets Q6_K, attn_v and ffn_down get more bits in the
  * layers use_more_bits picks for _M types, and so on; a tensor whose rows do not fit the
- * chosen blocks falls back (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0,
- * the i-quants -> IQ4_NL, then F16). The file types below 4 bits keep most tensors in their
+ * chosen blocks falls back (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K, Q3_K and the
+ * i-quants -> IQ4_NL, then F16). The file types below 4 bits keep most tensors in their
  * base type and give the output, embeddings, attn_v and the first ffn_down more bits.
  * Without an importance matrix llama-quantize runs the reference quantizers, which are
  * anvil's, so for the same float weights the bytes written are llama.cpp's bytes; with one
