@@ -22,6 +22,16 @@
  *                        they may run as one pass over the input, side by side
  *
  * Every query takes the graph's plan (graph/plan.h) for its views and readers.
+ *
+ * Who asks: the Vulkan decode program (decode/lower.c: all of them) and prefill program
+ * (prefill/lower.c: the adds, the q/k norm + rope, the siblings' groups). The CPU backend runs
+ * every node on its own, unfused: it is the oracle the others are checked against, and its
+ * kernels already take a node's work in one pass, so the only region it could use cheaply is
+ * the siblings' one parallel loop (q, k, v; gate, up) instead of one each: 3 loops fewer a
+ * layer. Measured (docs/perf/log.md, session 24's "the shaders' contract and the sibling
+ * products"; on a 2-core machine, tried and not kept): the same logits bit for bit, and no
+ * speed outside the noise (Qwen3-0.6B Q8_0 decode: 84 loops fewer a token, one loop 12-67 us
+ * against 0.7-1.3 s a token there, under 0.5%).
  */
 #ifndef ANVIL_GRAPH_FUSE_H
 #define ANVIL_GRAPH_FUSE_H
