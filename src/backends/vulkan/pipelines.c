@@ -296,7 +296,8 @@ static void mega_shape(const struct vk_device *d, int attn_g, int attn_d, struct
     uint32_t sg = d->subgroup_size;
     out->mega_grid = t->vk_mega == 0 ? 0 : d->sm_count ? d->sm_count : t->vk_mega == 1 ? 1 : 0;
     /* other grids only where the device says how many SMs it has: on lavapipe several
-     * workgroups give wrong rows without the fault (docs/perf/log.md §31, §37) */
+     * workgroups give wrong rows without the fault (perf rule "persistent step for small
+     * models") */
     if (out->mega_grid && d->sm_count && t->vk_mega_grid) out->mega_grid = (uint32_t)t->vk_mega_grid;
     uint32_t wg = MIN(256u, MIN(d->props.limits.maxComputeWorkGroupInvocations, d->props.limits.maxComputeWorkGroupSize[0]));
     int w = t->vk_mega_wg;

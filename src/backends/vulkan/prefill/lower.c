@@ -330,8 +330,8 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
              * router, the 30B-A3B's k and v) stay in float32: a router's choice is where
              * float16's rounding shows (on the H100 it flipped experts: logits off by up to 5.5
              * on qwen3_5moe-tiny, before the hybrids went all float32), and rounding k and v
-             * to float16 moved the 30B-A3B's routing too (docs/perf/log.md §30: +24% at pp512,
-             * but qwen3moe-tiny against the CPU 0.0096 -> 0.028) */
+             * to float16 moved the 30B-A3B's routing too (+24% at pp512, but qwen3moe-tiny
+             * against the CPU 0.0096 -> 0.028: perf rule "prefill on the matrix units") */
             if (p->dq.buf && p->f16 && rows >= 16 && ne0 > (p->dq_emulate ? 0u : 512u) &&
                 (!p->dq_emulate || pf_dq_rows(p->b->d, ne0, pc.Kp8 * 8) == ne0)) {
                 st = pf_emit_mmh(p, kind, &pc, sibling);

@@ -142,7 +142,8 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i) {
                 struct pc_mmh mh = {w < 2 ? pf_addr(p, P, nd->src[0]) : base + m.act, p->dq.addr, outs[w], any, T, K, N,
                                     Kp, N, 0, w < 2 ? MM_GATED : 0u, base + m.lists, base + m.route, E, k, e0};
                 /* tiles of 32 tokens x 128 outputs (a 512-token chunk of 30B-A3B gives an expert
-                 * 32 tokens on average: 64-token tiles were 2.9% slower, docs/perf/log.md §29) */
+                 * 32 tokens on average: 64-token tiles were 2.9% slower; perf rule "prefill on the
+                 * matrix units") */
                 if (st == ANVIL_OK && (st = pf_emit(p, K_MMH_MOE, (N + 127) / 128, (T + 31) / 32, &mh, sizeof mh)) == ANVIL_OK)
                     p->ops[p->n_ops - 1].gz = ne;
             }
