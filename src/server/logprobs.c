@@ -27,10 +27,14 @@ void lp_free(struct lp_state *st) {
     st->logits = NULL;
 }
 
-void lp_on_logits(struct lp_state *st, float *logits, int V) {
+void lp_bias(struct lp_state *st, float *logits, int V) {
     const struct job *j = st->job;
     for (int i = 0; i < j->n_bias; i++)
         if (j->bias_ids[i] < V) logits[j->bias_ids[i]] += j->bias[i];
+}
+
+void lp_observe(struct lp_state *st, float *logits, int V) {
+    const struct job *j = st->job;
     if (!st->logits || V != st->V) return;
     memcpy(st->logits, logits, (size_t)V * sizeof *logits);
     /* the normaliser, and the top ones (higher logit first, lower id first among equals) */
@@ -39,7 +43,7 @@ void lp_on_logits(struct lp_state *st, float *logits, int V) {
     for (int i = 0; i < V; i++) {
         float l = logits[i];
         if (!(l > m)) {
-            if (!(l == l)) continue; /* NaN */
+            if (!(l == l) || l == -INFINITY) continue; /* NaN, or masked (response_format) */
         } else {
             m = l;
         }

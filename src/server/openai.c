@@ -9,6 +9,7 @@
  *   repetition_penalty, seed, stop (string or list), n (1 only), ignore_eos (vLLM's),
  *   user (an end user's id, for the client's own records: nothing to do here), logit_bias,
  *   logprobs (chat: true/false, with top_logprobs 0..20; completions: 0..5) (logprobs.c),
+ *   chat: response_format (text, json_object, json_schema: jsongrammar.c),
  *   chat: messages (assistant tool_calls and tool results go to the template as they are;
  *         content parts of text, and of images as image_url data: URLs where the model has a
  *         vision tower: the template writes their placeholders),
@@ -323,7 +324,8 @@ static const char *const chat_fields[] = {
     "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "seed", "stop", "n", "ignore_eos", "user", "tools", "tool_choice",
-    "parallel_tool_calls", "chat_template_kwargs", "logprobs", "top_logprobs", "logit_bias", NULL};
+    "parallel_tool_calls", "chat_template_kwargs", "logprobs", "top_logprobs", "logit_bias",
+    "response_format", NULL};
 static const char *const completion_fields[] = {
     "model", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
@@ -749,8 +751,20 @@ struct job *api_job_from_request(struct server *s, enum job_kind kind, const cJS
             (long long)max_tokens);
         goto fail;
     }
+    const cJSON *rf = field(req, "response_format");
+    if (rf && !jschema_from_request(rf, &j->schema, e)) goto fail;
+    if (j->schema && j->ignore_eos) {
+        BAD(e, "ignore_eos", "'ignore_eos' and a JSON 'response_format' do not go together: the "
+            "document ends with the end of turn");
+        goto fail;
+    }
     if (kind == JOB_CHAT) {
         if (!(rendered = render_chat(s, req, j, true, &plain, e))) goto fail;
+        if (j->schema && j->tc.parse_tools) {
+            BAD(e, "response_format", "a JSON 'response_format' and tools (tool_choice other than "
+                "none) do not go together");
+            goto fail;
+        }
         j->think_open = toolcall_prompt_opens_think(rendered);
         if (j->forced) {
             /* a thinking model's open <think> is closed first: the call cannot wait for it */
@@ -806,6 +820,16 @@ struct job *api_job_from_request(struct server *s, enum job_kind kind, const cJS
         goto fail;
     }
     j->gen.max_tokens = (int)max_tokens;
+    if (j->schema) {
+        /* room for the shortest document (a byte a token at worst), and for </think> */
+        int need = jschema_min_bytes(j->schema);
+        if (need < 0 || need + j->think_open > max_tokens) {
+            BAD(e, "max_tokens", "the response_format's shortest document needs %d tokens%s; "
+                "max_tokens is %lld", need, j->think_open ? " and </think> one more" : "",
+                (long long)max_tokens);
+            goto fail;
+        }
+    }
     free(rendered);
     plain_spans_free(&plain);
     return j;

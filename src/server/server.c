@@ -46,6 +46,7 @@ static void job_free(struct job *j) {
     free(j->forced);
     free(j->bias_ids);
     free(j->bias);
+    jschema_free(j->schema);
     cJSON_Delete(j->lp);
     pthread_mutex_destroy(&j->mu);
     free(j);
@@ -144,6 +145,7 @@ struct run {
     bool stop_string;
     anvil_status error;
     struct lp_state lp; /* logprobs and logit_bias */
+    struct jgrammar *grammar; /* response_format, or NULL */
 };
 
 /* Passes released text on to the job (through the reasoning / tool-call parser for chats). */
@@ -176,16 +178,20 @@ static void emit(struct run *r, bool flush) {
     sbuf_clear(&r->released);
 }
 
-/* The generate loop's logits hook (only for logprobs and logit_bias). */
+/* The generate loop's logits hook (only for logprobs, logit_bias and response_format): the
+ * bias, then the grammar's mask, then the logprobs of what is left. */
 static void on_logits(void *user, float *logits, int n_vocab) {
     struct run *r = user;
-    lp_on_logits(&r->lp, logits, n_vocab);
+    lp_bias(&r->lp, logits, n_vocab);
+    if (r->grammar) jgrammar_mask(r->grammar, logits, n_vocab);
+    lp_observe(&r->lp, logits, n_vocab);
 }
 
 /* The generate loop's token callback: decode, filter, hand over; non-zero stops. */
 static int on_token(void *user, int32_t tok) {
     struct run *r = user;
     if (atomic_load(&r->job->cancelled) || atomic_load(&r->srv->stopping)) return 1;
+    if (r->grammar) jgrammar_accept(r->grammar, tok);
     cJSON *e = r->job->logprobs ? lp_token(r->srv, &r->lp, tok) : NULL;
     if (e) { /* the token's entry goes out with the text it adds (or with the end) */
         pthread_mutex_lock(&r->job->mu);
@@ -237,7 +243,13 @@ static void run_job(struct server *s, struct job *j) {
         n_cached = keep;
         anvil_generate_params gp = j->gen;
         if (!j->ignore_eos) gp.stop_tokens = srv_text_stop_tokens(s->text, &gp.n_stop_tokens);
-        if (j->logprobs || j->n_bias) gp.on_logits = on_logits; /* the host loop (logprobs.c) */
+        if (j->schema) {
+            int n_stop = 0;
+            const int32_t *stop = srv_text_stop_tokens(s->text, &n_stop);
+            r.grammar = jgrammar_new(j->schema, s->jvocab, stop, n_stop, s->think_end, j->think_open,
+                                     gp.max_tokens, gp.sampling.top_k);
+        }
+        if (j->logprobs || j->n_bias || r.grammar) gp.on_logits = on_logits; /* the host loop */
         st = anvil_session_generate_images(s->session, j->prompt + keep, j->n_prompt - keep, j->images,
                                            j->n_images, &gp, on_token, &r, &stats);
         if (st != ANVIL_OK) snprintf(msg, sizeof msg, "%s", anvil_last_error());
@@ -295,6 +307,7 @@ static void run_job(struct server *s, struct job *j) {
     stop_filter_free(&r.stop);
     srv_decoder_destroy(r.dec);
     lp_free(&r.lp);
+    jgrammar_free(r.grammar);
     sbuf_free(&r.piece);
     sbuf_free(&r.released);
 }
@@ -319,7 +332,8 @@ static anvil_status load(struct server *s) {
                        (int)anvil_model_vocab_size(s->model));
     s->n_ctx = anvil_session_context_size(s->session);
     s->n_vocab = anvil_model_vocab_size(s->model);
-    return ANVIL_OK;
+    s->think_end = srv_text_find(s->text, "</think>");
+    return jvocab_build(s->text, s->n_vocab, &s->jvocab);
 }
 
 static void *worker_main(void *arg) {
@@ -448,6 +462,7 @@ void server_stop(struct server *s) {
     if (s->worker_started) pthread_join(s->worker, NULL);
     http_stop(s);
     srv_text_close(s->text);
+    jvocab_free(s->jvocab);
     anvil_session_destroy(s->session);
     anvil_model_close(s->model);
     metrics_free(&s->metrics);

@@ -59,6 +59,10 @@ anvil_status srv_text_tokenize(struct srv_text *t, const char *text, int32_t **i
 /* The exact bytes of one token (an added token as its text; possibly part of a UTF-8
  * character) into out. */
 anvil_status srv_text_piece(struct srv_text *t, int32_t id, struct sbuf *out);
+/* The id of the token whose text is exactly text (added tokens too), or -1. */
+int32_t srv_text_find(const struct srv_text *t, const char *text);
+/* Whether id is a control token (<|im_start|>, <|im_end|>, ...). */
+bool srv_text_is_control(const struct srv_text *t, int32_t id);
 /* ids → text into out; out-of-range ids are an error. */
 anvil_status srv_text_detokenize(struct srv_text *t, const int32_t *ids, int n, struct sbuf *out);
 int32_t srv_text_vocab_size(const struct srv_text *t);
@@ -134,6 +138,7 @@ struct job {
     int32_t *bias_ids; /* logit_bias: [n_bias] ids and what is added to their logits */
     float *bias;
     int n_bias;
+    struct jschema *schema; /* response_format json_object / json_schema, or NULL */
 
     /* guarded by mu; every change calls on_news (set by the connection side, NULL: none) */
     pthread_mutex_t mu;
@@ -173,11 +178,36 @@ struct lp_state {
 };
 bool lp_init(struct lp_state *st, const struct job *j, int n_vocab);
 void lp_free(struct lp_state *st);
-/* Adds the job's logit_bias to logits [V] and, with logprobs asked, keeps what lp_token needs. */
-void lp_on_logits(struct lp_state *st, float *logits, int V);
+/* Adds the job's logit_bias to logits [V]. */
+void lp_bias(struct lp_state *st, float *logits, int V);
+/* With logprobs asked, keeps what lp_token needs of the logits the token is chosen from. */
+void lp_observe(struct lp_state *st, float *logits, int V);
 /* The entry of the token chosen from the last logits ({"token", "logprob", "bytes",
  * "top_logprobs", "text_offset"}), or NULL when logprobs are not asked. */
 cJSON *lp_token(struct server *s, struct lp_state *st, int32_t tok);
+
+/* ---- response_format: JSON by constrained sampling (jsongrammar.c) ---- */
+
+struct jschema; /* a compiled JSON schema */
+struct api_error;
+/* response_format (a request's object) → *out: NULL for "text", else what json_object or
+ * json_schema asks; false with e set (400) for what cannot be enforced. */
+bool jschema_from_request(const cJSON *rf, struct jschema **out, struct api_error *e);
+void jschema_free(struct jschema *sc);
+/* The bytes of the shortest document the schema allows (-1: longer than the grammar tracks). */
+int jschema_min_bytes(const struct jschema *sc);
+struct jvocab; /* every token's bytes (none for the control and markup tokens) */
+anvil_status jvocab_build(struct srv_text *t, int32_t n_vocab, struct jvocab **out);
+void jvocab_free(struct jvocab *v);
+/* One generation's grammar: jgrammar_mask on each step's logits (after logit_bias), then
+ * jgrammar_accept with the token chosen. stop: the end-of-turn ids; think_end: </think>'s id
+ * (-1: none); think_open: the prompt opened a <think> block; top_k: the request's. */
+struct jgrammar;
+struct jgrammar *jgrammar_new(const struct jschema *sc, const struct jvocab *v, const int32_t *stop,
+                              int n_stop, int32_t think_end, bool think_open, int max_tokens, int top_k);
+void jgrammar_free(struct jgrammar *g);
+void jgrammar_mask(struct jgrammar *g, float *logits, int V);
+void jgrammar_accept(struct jgrammar *g, int32_t tok);
 
 /* ---- the server ---- */
 
@@ -196,6 +226,8 @@ struct server {
     int n_ctx;
     int32_t n_vocab; /* the model's embedding rows (0: take the tokenizer's) */
     bool vision; /* the model takes images (its vision tower is loaded) */
+    struct jvocab *jvocab; /* the tokens' bytes, for response_format */
+    int32_t think_end;     /* </think>'s id, or -1 */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;       /* queue changes, readiness, stopping */

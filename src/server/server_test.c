@@ -710,7 +710,7 @@ static void test_malformed(void **state) {
         {"POST", "/v1/completions", big_prompt, 400, "prompt"},
         {"POST", "/v1/completions", big_body, 413, NULL},
         /* fields the server does not act on: a 400 naming each, never ignored */
-        {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format"},
+        {"POST", "/v1/completions", "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format"},
         {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"service_tier\":\"flex\"}", 400, "service_tier"},
         {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":{\"include_obfuscation\":true}}", 400, "include_obfuscation"},
         {"POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"prompt\":\"y\"}", 400, "prompt"},
@@ -1683,6 +1683,161 @@ static void test_logprobs(void **state) {
     assert_server_alive();
 }
 
+/* A schema for the response_format tests: types, required keys, an enum, an array with
+ * bounds, nesting; check_doc says whether a document follows it. */
+#define PERSON_SCHEMA \
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"}," \
+    "\"age\":{\"type\":\"integer\"},\"colour\":{\"enum\":[\"red\",\"green\",\"blue\"]}," \
+    "\"score\":{\"type\":[\"number\",\"null\"]},\"tags\":{\"type\":\"array\",\"items\":" \
+    "{\"type\":\"string\"},\"minItems\":1,\"maxItems\":3},\"ok\":{\"type\":\"boolean\"}," \
+    "\"home\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}," \
+    "\"required\":[\"city\"],\"additionalProperties\":false}}," \
+    "\"required\":[\"name\",\"age\",\"colour\",\"tags\",\"home\"],\"additionalProperties\":false}"
+
+static void check_doc(const char *text, bool person) {
+    cJSON *d = cJSON_Parse(text);
+    if (!d) fail_msg("not JSON: '%s'", text);
+    if (!cJSON_IsObject(d)) fail_msg("not an object: '%s'", text);
+    if (person) {
+        static const char *const keys[] = {"name", "age", "colour", "score", "tags", "ok", "home"};
+        const cJSON *k;
+        cJSON_ArrayForEach(k, d) {
+            size_t i = 0;
+            while (i < ARRAY_LEN(keys) && strcmp(keys[i], k->string)) i++;
+            if (i == ARRAY_LEN(keys)) fail_msg("key '%s' is not in the schema: %s", k->string, text);
+        }
+        const cJSON *name = get(d, "name"), *age = get(d, "age"), *colour = get(d, "colour");
+        const cJSON *tags = get(d, "tags"), *city = get(d, "home.city"), *score = get(d, "score");
+        const cJSON *ok = get(d, "ok");
+        if (!cJSON_IsString(name) || !cJSON_IsNumber(age) || age->valuedouble != floor(age->valuedouble) ||
+            !cJSON_IsString(colour) || !cJSON_IsArray(tags) || !cJSON_IsString(city) ||
+            cJSON_GetArraySize(get(d, "home")) != 1 || (score && !cJSON_IsNumber(score) && !cJSON_IsNull(score)) ||
+            (ok && !cJSON_IsBool(ok)))
+            fail_msg("does not follow the schema: %s", text);
+        if (strcmp(colour->valuestring, "red") && strcmp(colour->valuestring, "green") &&
+            strcmp(colour->valuestring, "blue"))
+            fail_msg("colour not in the enum: %s", text);
+        int n = cJSON_GetArraySize(tags);
+        if (n < 1 || n > 3) fail_msg("%d tags: %s", n, text);
+        const cJSON *t;
+        cJSON_ArrayForEach(t, tags) if (!cJSON_IsString(t)) fail_msg("a tag not a string: %s", text);
+    }
+    cJSON_Delete(d);
+}
+
+/* The grammar alone, in process, over the reference tokenizer's vocabulary: random logits
+ * (every allowed token as likely to win as any) for many budgets, down to the least the
+ * schema needs; every output is a whole document that follows the schema, in time. */
+static void test_json_grammar(void **state) {
+    (void)state;
+    struct srv_text *text;
+    assert_int_equal(srv_text_open(tu_testdata("reference/qwen3-small"), NULL, NULL, &text), ANVIL_OK);
+    int V = srv_text_vocab_size(text);
+    struct jvocab *voc;
+    assert_int_equal(jvocab_build(text, V, &voc), ANVIL_OK);
+    int n_stop;
+    const int32_t *stop = srv_text_stop_tokens(text, &n_stop);
+    int32_t think_end = srv_text_find(text, "</think>");
+    if (think_end < 0) think_end = 100; /* the reference's small vocabulary has none: any id */
+    float *logits = malloc((size_t)V * sizeof *logits);
+    unsigned seed = 12345;
+    for (int kind = 0; kind < 2; kind++) {
+        cJSON *rf = cJSON_Parse(kind ? "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"schema\":"
+                                       PERSON_SCHEMA "}}" : "{\"type\":\"json_object\"}");
+        struct jschema *sc;
+        struct api_error e;
+        if (!jschema_from_request(rf, &sc, &e)) fail_msg("%s", e.message);
+        cJSON_Delete(rf);
+        int least = jschema_min_bytes(sc);
+        assert_int_equal(least, kind ? (int)strlen("{\"name\":\"\",\"age\":0,\"colour\":\"red\",\"tags\":[\"\"],"
+                                                   "\"home\":{\"city\":\"\"}}") : 2);
+        for (int trial = 0; trial < 120; trial++) {
+            bool think = trial % 3 == 2;
+            int max_tokens = least + think + (trial < 40 ? trial % 4 : trial);
+            struct jgrammar *g = jgrammar_new(sc, voc, stop, n_stop, think_end, think, max_tokens, 0);
+            assert_non_null(g);
+            struct sbuf out = {0};
+            sbuf_adds(&out, "");
+            bool in_think = think, stopped = false;
+            for (int step = 0; step < max_tokens && !stopped; step++) {
+                for (int i = 0; i < V; i++) logits[i] = (float)(rand_r(&seed) % 10000) / 100.0f;
+                jgrammar_mask(g, logits, V);
+                int best = 0;
+                for (int i = 1; i < V; i++) if (logits[i] > logits[best]) best = i;
+                assert_true(logits[best] > -INFINITY);
+                for (int i = 0; i < n_stop; i++) stopped |= best == stop[i];
+                if (stopped) break;
+                jgrammar_accept(g, best);
+                if (in_think) {
+                    in_think = best != think_end;
+                    continue;
+                }
+                srv_text_piece(text, best, &out);
+            }
+            assert_false(in_think);
+            check_doc(out.p, kind == 1);
+            sbuf_free(&out);
+            jgrammar_free(g);
+        }
+        jschema_free(sc);
+    }
+    free(logits);
+    jvocab_free(voc);
+    srv_text_close(text);
+}
+
+/* response_format through the server: the random model's output parses and follows the
+ * schema, streamed or not, at any budget the schema allows; what cannot be enforced is a 400. */
+static void test_response_format(void **state) {
+    (void)state;
+    char body[4096];
+    for (int i = 0; i < 6; i++) {
+        bool schema = i % 2, stream = i >= 4;
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"A person, as JSON\"}],"
+                 "\"temperature\":1,\"seed\":%d,\"max_tokens\":%d,\"stream\":%s,\"response_format\":%s}",
+                 100 + i, i >= 2 ? 200 : schema ? 66 : 6, stream ? "true" : "false",
+                 schema ? "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"person\",\"strict\":true,"
+                          "\"schema\":" PERSON_SCHEMA "}}" : "{\"type\":\"json_object\"}");
+        if (stream) {
+            struct streamed st;
+            stream_request("/v1/chat/completions", body, true, &st);
+            check_doc(st.content, schema);
+        } else {
+            cJSON *r = post_ok("/v1/chat/completions", body);
+            check_doc(get_str(r, "choices.0.message.content"), schema);
+            cJSON_Delete(r);
+        }
+    }
+    static const struct {
+        const char *rf, *param;
+    } bad[] = {
+        {"{\"type\":\"json_schema\"}", "response_format"},
+        {"{\"type\":\"xml\"}", "response_format"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"string\",\"pattern\":\"a+\"}}}", "response_format"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"$ref\":\"#/$defs/a\"}}}", "response_format"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"]}}}", "response_format"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":" PERSON_SCHEMA "}},\"max_tokens\":20", "max_tokens"},
+        {"{\"type\":\"json_object\"},\"ignore_eos\":true", "ignore_eos"},
+        {"{\"type\":\"json_object\"},\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", "response_format"},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(bad); i++) {
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":%s}",
+                 bad[i].rf);
+        char *out;
+        long st = http("POST", "/v1/chat/completions", body, KEY, &out);
+        cJSON *e = cJSON_Parse(out);
+        if (st != 400 || !e || !cJSON_IsString(get(e, "error.param")) || strcmp(get_str(e, "error.param"), bad[i].param))
+            fail_msg("case %zu: %ld %s", i, st, out);
+        cJSON_Delete(e);
+        free(out);
+    }
+    /* "text" is no constraint */
+    cJSON *r = post_ok("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                       "\"max_tokens\":2,\"response_format\":{\"type\":\"text\"}}");
+    cJSON_Delete(r);
+    assert_server_alive();
+}
+
 /* The access log: a line per request, with a generation's token counts. */
 static void test_access_log(void **state) {
     (void)state;
@@ -1942,6 +2097,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_llama_endpoints),
         cmocka_unit_test(test_access_log),
         cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_json_grammar),
+        cmocka_unit_test(test_response_format),
         cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_synthetic_with_tokenizer),
         cmocka_unit_test(test_images),

@@ -425,6 +425,14 @@ static void add_valid_utf8(struct sbuf *out, const char *s, size_t n) {
     }
 }
 
+int32_t srv_text_find(const struct srv_text *t, const char *text) {
+    return anvil_tokenizer_find(t->tok, text);
+}
+
+bool srv_text_is_control(const struct srv_text *t, int32_t id) {
+    return anvil_tokenizer_is_special(t->tok, id) != 0;
+}
+
 anvil_status srv_text_piece(struct srv_text *t, int32_t id, struct sbuf *out) {
     char *text = NULL;
     size_t len = 0;
