@@ -161,6 +161,11 @@ static const struct knob KNOBS[] = {
         "weight read once for all of them (docs/BATCHING.md): 8B Q4_K_M pp4 41.5 -> 355 t/s, "
         "pp16 468 -> 520 on the H200; at 32 the float16 products are faster (934 against 549, "
         "docs/perf/log.md §41). 0 keeps every chunk on mm.comp and the float16 products."),
+    INT("ANVIL_VK_BATCH_MMB", C_DIAGNOSTIC, vk_batch_mmb, 16, 0, 32, NULL,
+        "Steps of a batch of sequences (anvil_batch, docs/BATCHING.md) over at most this many "
+        "rows multiply on mmb.comp's float-input path (or its integer one where ANVIL_VK_MMB "
+        "covers them), every weight read once for all rows; more rows take the prefill's "
+        "products. 0 keeps every batch on the prefill's products."),
     INT("ANVIL_VK_MMB_RS", C_DIAGNOSTIC, vk_mmb_rs, 2, 1, 8, NULL,
         "mmb.comp's rows of the weights a subgroup: more rows, fewer workgroups reading all "
         "of the inputs, more registers."),

@@ -117,10 +117,8 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
         return err_set(ANVIL_ERR_INVALID_ARG, "bad batch parameters: context %d, %d sequences, "
                        "blocks of %d rows, %d blocks, prefill chunk %d", p.session.n_ctx, p.n_seq_max,
                        p.kv_block, p.kv_blocks, p.session.prefill_chunk);
-    if (p.session.backend == ANVIL_BACKEND_VULKAN)
-        return err_set(ANVIL_ERR_UNSUPPORTED, "batches of sequences run on the CPU backend for now "
-                       "(docs/BATCHING.md)");
-    if (p.session.backend != ANVIL_BACKEND_AUTO && p.session.backend != ANVIL_BACKEND_CPU)
+    if (p.session.backend != ANVIL_BACKEND_AUTO && p.session.backend != ANVIL_BACKEND_CPU &&
+        p.session.backend != ANVIL_BACKEND_VULKAN)
         return err_set(ANVIL_ERR_INVALID_ARG, "unknown backend %d", (int)p.session.backend);
     bool kv16;
     if ((st = kv_cache_f16(p.session.kv_cache, &t, &kv16)) != ANVIL_OK) return st;
@@ -162,7 +160,18 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->n_free = b->kv_blocks;
     b->next_id = 1;
     int threads = p.session.n_threads ? p.session.n_threads : model->n_threads;
-    if (st == ANVIL_OK) st = backend_cpu_create(threads, kv16, &b->backend);
+    /* the backend as a session chooses it: auto is Vulkan where there is a GPU (or the device
+     * named), else the CPU */
+    bool vk = p.session.backend == ANVIL_BACKEND_VULKAN ||
+              (p.session.backend == ANVIL_BACKEND_AUTO && backend_vulkan_available(NULL, 0) &&
+               (backend_vulkan_gpu_available() || p.session.device >= 0 || t.device >= 0));
+    char why[256];
+    if (st == ANVIL_OK && vk && !backend_vulkan_available(why, sizeof why))
+        st = err_set(ANVIL_ERR_UNSUPPORTED, "--backend vulkan: %s", why);
+    else if (st == ANVIL_OK && vk && (st = backend_vulkan_create(p.session.device, kv16, &b->backend)) == ANVIL_OK)
+        backend_vulkan_set_limits(b->backend, p.session.gpu_timeout_s, p.session.gpu_max_memory);
+    else if (st == ANVIL_OK && !vk)
+        st = backend_cpu_create(threads, kv16, &b->backend);
     if (st != ANVIL_OK) {
         snprintf(model->err, ERRMSG_LEN, "%s", err_get());
         anvil_batch_destroy(b);

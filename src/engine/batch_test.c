@@ -3,7 +3,8 @@
  * seeded sampling; stop ids, budgets, a full context), and logits within 1e-3 of its solo run,
  * while sequences join, wait for a slot, are cancelled and leave mid-run, prompts prefill in
  * chunks between decode steps, and the cache's blocks are reused out of order. On the dense,
- * MoE and hybrid reference models and a K-quant GGUF.
+ * MoE and hybrid reference models and a K-quant GGUF, on the CPU and on Vulkan (the solo runs
+ * on the same backend; under the validation layer where installed).
  */
 #include <math.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include "anvil.h"
+#include "backends/backend.h"
 #include "testutil.h"
 
 #define N_CTX 64
@@ -51,16 +53,16 @@ static int collect(void *user, int32_t t) {
 
 /* The job alone: its tokens through anvil_session_generate, then the logits each was chosen
  * from, by feeding them one at a time. */
-static void run_solo(anvil_model *m, struct job *j) {
+static void run_solo(anvil_model *m, struct job *j, anvil_backend_kind be) {
     int V = anvil_model_vocab_size(m);
-    anvil_session *s = tu_session(m, ANVIL_BACKEND_CPU, N_CTX);
+    anvil_session *s = tu_session(m, be, N_CTX);
     struct collect c = {j->solo, 0};
     anvil_generate_stats st;
     assert_int_equal(anvil_session_generate(s, j->prompt, j->n_prompt, &j->gp, collect, &c, &st), ANVIL_OK);
     j->n_solo = c.n;
     j->solo_stop = st.stop;
     anvil_session_destroy(s);
-    s = tu_session(m, ANVIL_BACKEND_CPU, N_CTX);
+    s = tu_session(m, be, N_CTX);
     j->solo_logits = malloc((size_t)(j->n_solo + 1) * (size_t)V * sizeof(float));
     assert_int_equal(anvil_session_eval(s, j->prompt, j->n_prompt, ANVIL_LOGITS_LAST, j->solo_logits), ANVIL_OK);
     /* the last token delivered needs no logits after it (the choice after it is the stop's, if
@@ -140,8 +142,8 @@ static void init_job(struct job *j, const int32_t *ids, int n, int max_tokens, i
     j->cancel = -1;
 }
 
-/* The scenario on one model: 7 sequences through 3 slots. */
-static void check_model(const char *path) {
+/* The scenario on one model and backend: 7 sequences through 3 slots. */
+static void check_model(const char *path, anvil_backend_kind be) {
     anvil_model_params mp = {2};
     anvil_model *m;
     if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
@@ -173,7 +175,7 @@ static void check_model(const char *path) {
     jobs[5].gp.sampling.presence_penalty = 0.5f;
     init_job(&jobs[6], ids + 2, 9, 14, 5);
     /* job 5's stop id: a token it chooses alone midway (found by running it alone first) */
-    run_solo(m, &jobs[5]);
+    run_solo(m, &jobs[5], be);
     if (jobs[5].n_solo > 4) {
         jobs[5].stop_ids[0] = jobs[5].solo[4];
         jobs[5].gp.stop_tokens = jobs[5].stop_ids;
@@ -181,11 +183,11 @@ static void check_model(const char *path) {
         free(jobs[5].solo_logits);
     }
     for (int i = 0; i < 7; i++)
-        if (i != 5 || jobs[5].gp.n_stop_tokens) run_solo(m, &jobs[i]);
+        if (i != 5 || jobs[5].gp.n_stop_tokens) run_solo(m, &jobs[i], be);
     assert_int_equal(jobs[4].solo_stop, ANVIL_STOP_CONTEXT);
 
     anvil_batch_params bp = anvil_batch_default_params();
-    bp.session.backend = ANVIL_BACKEND_CPU;
+    bp.session.backend = be;
     bp.session.n_ctx = N_CTX;
     bp.session.prefill_chunk = 5; /* prompts over several steps, between decode steps */
     bp.n_seq_max = 3;
@@ -214,32 +216,79 @@ static void check_model(const char *path) {
 
 static void test_dense(void **state) {
     (void)state;
-    check_model(tu_testdata("reference/qwen3-tiny"));
+    check_model(tu_testdata("reference/qwen3-tiny"), ANVIL_BACKEND_CPU);
 }
 
 static void test_moe(void **state) {
     (void)state;
-    check_model(tu_testdata("reference/qwen3moe-tiny"));
+    check_model(tu_testdata("reference/qwen3moe-tiny"), ANVIL_BACKEND_CPU);
 }
 
 static void test_hybrid_next(void **state) {
     (void)state;
-    check_model(tu_testdata("reference/qwen3next-tiny"));
+    check_model(tu_testdata("reference/qwen3next-tiny"), ANVIL_BACKEND_CPU);
 }
 
 static void test_hybrid_35(void **state) {
     (void)state;
-    check_model(tu_testdata("reference/qwen3_5-tiny"));
+    check_model(tu_testdata("reference/qwen3_5-tiny"), ANVIL_BACKEND_CPU);
 }
 
 static void test_hybrid_35_moe(void **state) {
     (void)state;
-    check_model(tu_testdata("reference/qwen3_5moe-tiny"));
+    check_model(tu_testdata("reference/qwen3_5moe-tiny"), ANVIL_BACKEND_CPU);
 }
 
 static void test_kquant_gguf(void **state) {
     (void)state;
-    check_model(tu_testdata("gguf/qwen3-small/qwen3-small-Q4_K_M.gguf"));
+    check_model(tu_testdata("gguf/qwen3-small/qwen3-small-Q4_K_M.gguf"), ANVIL_BACKEND_CPU);
+}
+
+/* Vulkan, or the test skipped; the validation layer on where installed. */
+static void vulkan_or_skip(void) {
+    char why[256];
+    if (!backend_vulkan_available(why, sizeof why)) {
+        fprintf(stderr, "batch_test: vulkan skipped: %s\n", why);
+        skip();
+    }
+    if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 0);
+    tu_float32_prefill();
+}
+
+static void test_dense_vulkan(void **state) {
+    (void)state;
+    vulkan_or_skip();
+    check_model(tu_testdata("reference/qwen3-tiny"), ANVIL_BACKEND_VULKAN);
+}
+
+static void test_moe_vulkan(void **state) {
+    (void)state;
+    vulkan_or_skip();
+    check_model(tu_testdata("reference/qwen3moe-tiny"), ANVIL_BACKEND_VULKAN);
+}
+
+static void test_hybrid_next_vulkan(void **state) {
+    (void)state;
+    vulkan_or_skip();
+    check_model(tu_testdata("reference/qwen3next-tiny"), ANVIL_BACKEND_VULKAN);
+}
+
+static void test_hybrid_35_vulkan(void **state) {
+    (void)state;
+    vulkan_or_skip();
+    check_model(tu_testdata("reference/qwen3_5-tiny"), ANVIL_BACKEND_VULKAN);
+}
+
+static void test_hybrid_35_moe_vulkan(void **state) {
+    (void)state;
+    vulkan_or_skip();
+    check_model(tu_testdata("reference/qwen3_5moe-tiny"), ANVIL_BACKEND_VULKAN);
+}
+
+static void test_kquant_gguf_vulkan(void **state) {
+    (void)state;
+    vulkan_or_skip();
+    check_model(tu_testdata("gguf/qwen3-small/qwen3-small-Q4_K_M.gguf"), ANVIL_BACKEND_VULKAN);
 }
 
 /* Admission, removal and bad input. */
@@ -288,8 +337,8 @@ static void test_limits(void **state) {
     bp.kv_blocks = 3; /* less than one context */
     assert_int_equal(anvil_batch_create(m, &bp, &b), ANVIL_ERR_INVALID_ARG);
     bp.kv_blocks = 0;
-    bp.session.backend = ANVIL_BACKEND_VULKAN;
-    assert_int_equal(anvil_batch_create(m, &bp, &b), ANVIL_ERR_UNSUPPORTED);
+    bp.session.backend = (anvil_backend_kind)99;
+    assert_int_equal(anvil_batch_create(m, &bp, &b), ANVIL_ERR_INVALID_ARG);
     anvil_model_close(m);
 }
 
@@ -301,7 +350,15 @@ int main(void) {
         cmocka_unit_test(test_hybrid_35),
         cmocka_unit_test(test_hybrid_35_moe),
         cmocka_unit_test(test_kquant_gguf),
+        cmocka_unit_test(test_dense_vulkan),
+        cmocka_unit_test(test_moe_vulkan),
+        cmocka_unit_test(test_hybrid_next_vulkan),
+        cmocka_unit_test(test_hybrid_35_vulkan),
+        cmocka_unit_test(test_hybrid_35_moe_vulkan),
+        cmocka_unit_test(test_kquant_gguf_vulkan),
         cmocka_unit_test(test_limits),
     };
+    /* ANVIL_TEST_FILTER=*vulkan runs the tests matching a pattern */
+    if (getenv("ANVIL_TEST_FILTER")) cmocka_set_test_filter(getenv("ANVIL_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -444,7 +444,8 @@ static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
     b->state_off = xcalloc((size_t)g->n_states, sizeof *b->state_off);
     b->state_ne = xcalloc((size_t)g->n_states, sizeof *b->state_ne);
     if (!b->state_off || !b->state_ne) return ANVIL_ERR_NOMEM;
-    /* a Gated DeltaNet conv state {Kc-1, Cc} is kept as a ring of Kc rows (gdn.comp) */
+    /* a Gated DeltaNet conv state {Kc-1, Cc} is kept as a ring of Kc rows (gdn.comp); a batch
+     * graph's {Kc-1, Cc, n_seqs} as a ring per sequence */
     bool *ring = xcalloc((size_t)g->n_nodes, sizeof *ring), *kv = kv_cache_nodes(g);
     if (!ring || !kv) {
         free(ring);
@@ -459,7 +460,8 @@ static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
         if (n->op != OP_STATE) continue;
         b->state_off[n->state] = size;
         memcpy(b->state_ne[n->state], n->ne, sizeof n->ne);
-        VkDeviceSize elems = ring[i] ? (VkDeviceSize)(n->ne[0] + 1) * (VkDeviceSize)n->ne[1] : (VkDeviceSize)node_nelem(n);
+        VkDeviceSize elems = ring[i] ? (VkDeviceSize)(n->ne[0] + 1) * (VkDeviceSize)n->ne[1] * (VkDeviceSize)MAX(n->ne[2], 1)
+                                     : (VkDeviceSize)node_nelem(n);
         size += (elems * (kv[i] && b->kv16 ? 2 : 4) + 255) / 256 * 256;
     }
     free(ring);
@@ -481,7 +483,7 @@ static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
     return st;
 }
 
-/* A compiled program: the decode program (T = 1) or a prefill program (T > 1). */
+/* A compiled program: the decode program (T = 1) or a prefill program (T > 1, or a batch graph). */
 struct vk_prog {
     struct vk_program *decode;
     struct vk_prefill *prefill;
@@ -502,9 +504,6 @@ static void vk_prog_destroy(struct program *pp) {
 static anvil_status vk_compile(struct backend *base, const struct graph *g, struct program **out) {
     struct vk_backend *b = (struct vk_backend *)base;
     *out = NULL;
-    if (g->n_seqs)
-        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: batches of sequences run on the CPU backend "
-                       "for now (docs/BATCHING.md)");
     /* the weights this graph reads, and how */
     int first_new = b->n_w;
     uint64_t new_bytes = 0, state_bytes = 0;
@@ -574,7 +573,7 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
     if (!p) st = ANVIL_ERR_NOMEM;
     if (st == ANVIL_OK) st = vk_rope_params(g, &p->n_rot, &p->theta);
     if (st == ANVIL_OK)
-        st = g->n_tokens == 1 ? vk_program_create(b, g, &p->decode) : vk_prefill_create(b, g, &p->prefill);
+        st = g->n_tokens == 1 && !g->n_seqs ? vk_program_create(b, g, &p->decode) : vk_prefill_create(b, g, &p->prefill);
     if (st == ANVIL_OK) st = vk_check_validation(b->d);
     if (st != ANVIL_OK) {
         vk_prog_destroy((struct program *)p);
@@ -591,6 +590,13 @@ static anvil_status rope_shift(struct vk_prog *p, int shift) {
     anvil_status st = vk_program_rope_shift(p->decode, p->n_rot, p->theta, shift);
     if (st == ANVIL_OK) p->shift = shift;
     return st;
+}
+
+/* A batch graph's rows (docs/BATCHING.md): its program is a prefill program of the rows. */
+static anvil_status vk_run_batch(struct program *pp, const struct batch_rows *r, float *out) {
+    struct vk_prog *p = (struct vk_prog *)pp;
+    if (!p->prefill) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: run_batch needs a batch graph's program");
+    return vk_prefill_run_batch(p->prefill, r, out);
 }
 
 static anvil_status vk_run(struct program *pp, const int32_t *tokens, int pos0, float *out) {
@@ -715,7 +721,7 @@ static const char *vk_device_name(struct backend *base) { return ((struct vk_bac
 
 static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
-    vk_failed, vk_memory, vk_time, vk_device_name, NULL, vk_run_extras, vk_vit_encode,
+    vk_failed, vk_memory, vk_time, vk_device_name, vk_run_batch, vk_run_extras, vk_vit_encode,
 };
 
 void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t max_memory) {

@@ -84,7 +84,7 @@ size_t vk_program_list(const struct vk_program *p, int pos, char *buf, size_t ca
  * bytes vk_program_list counts, into out[cap] (*n_out of them). For backend_vtable.time. */
 anvil_status vk_program_time(struct vk_program *p, int pos, int reps, struct dispatch_time *out, int cap, int *n_out);
 
-/* The prefill program (prefill/): a graph of T > 1 tokens (dense models) as matrix-matrix
+/* The prefill program (prefill/): a graph of T > 1 tokens, or a batch graph of any T as matrix-matrix
  * products and row kernels over a chunk, recorded once, sharing the backend's weights and
  * KV cache with the decode program. ANVIL_ERR_UNSUPPORTED for graphs with ops it lacks. */
 struct vk_prefill;
@@ -92,6 +92,9 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
 void vk_prefill_destroy(struct vk_prefill *p);
 /* Runs the chunk tokens[T] at pos0; out (when not NULL) receives the output rows. */
 anvil_status vk_prefill_run(struct vk_prefill *p, const int32_t *tokens, int pos0, float *out);
+/* Runs a batch program (a batch graph's, g->n_seqs > 0) on rows r (T of them); out as for
+ * vk_prefill_run. */
+anvil_status vk_prefill_run_batch(struct vk_prefill *p, const struct batch_rows *r, float *out);
 /* The vision encoder (prefill/vit.c): one image's pixels [gh * gw][K] into out [gh * gw / M²][E];
  * d's weights must be uploaded (vk_vit_encode in vulkan.c does it). */
 anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const float *pixels, int gh, int gw,

@@ -80,7 +80,7 @@ static bool gdn_chunked(struct vk_prefill *p, const struct graph_plan *P, int i)
 /* Bytes of gdn_chunk.comp's scratch for OP_GDN node i (its layout: the shader's off_*), 0
  * where it runs in the recurrent form. */
 VkDeviceSize pf_gdn_scratch(struct vk_prefill *p, const struct graph_plan *P, int i) {
-    if (!gdn_chunked(p, P, i)) return 0;
+    if (!gdn_chunked(p, P, i) || p->n_seqs) return 0;
     const struct node *n = &P->g->nodes[i];
     VkDeviceSize T = (VkDeviceSize)n->ne[2], Hv = (VkDeviceSize)n->ne[1], Dv = (VkDeviceSize)n->ne[0],
                  Dk = (VkDeviceSize)n->p.i[1], Cc = (VkDeviceSize)P->g->nodes[n->src[0]].ne[0];
@@ -92,7 +92,8 @@ VkDeviceSize pf_gdn_scratch(struct vk_prefill *p, const struct graph_plan *P, in
 /* A Gated DeltaNet layer over the chunk: in the chunked form, gdn_chunk.comp's three passes
  * (the conv and norms, a workgroup a head and 8 tokens; the blocks of 64 tokens, a workgroup
  * a block and value head; the state over the blocks, a workgroup per 32 of a value head's
- * columns), else the recurrent form, a workgroup per value head taking the tokens in turn
+ * columns), else (and in a batch program: a workgroup per value head and run of one
+ * sequence's rows) the recurrent form, a workgroup per value head taking the tokens in turn
  * (gdn.comp MODE 1); then the conv ring takes the chunk's last inputs (gdn.comp MODE 2).
  * The gated norm after it is the prefill's rms_norm and swiglu. */
 static anvil_status lower_gdn(struct vk_prefill *p, struct graph_plan *P, int i) {
@@ -111,6 +112,12 @@ static anvil_status lower_gdn(struct vk_prefill *p, struct graph_plan *P, int i)
                         p->prm.addr, any, pf_addr(p, P, i), any, Hk, Dk, Hv, Dv, Kc,
                         (n->p.i[2] ? GDN_A_LOG : 0u) | (n->p.i[3] ? GDN_TILED : 0u), n->p.f[0], 0};
     anvil_status st = ANVIL_OK;
+    if (p->n_seqs) { /* a batch: the recurrent form over each sequence's run of rows */
+        uint32_t T = (uint32_t)n->ne[2];
+        st = pf_emit(p, K_GDN_PREFILL, Hv, T, &pg, sizeof pg);
+        if (st == ANVIL_OK) st = pf_emit(p, K_GDN_RING, (Kc * Cc + 511) / 512, T, &pg, sizeof pg);
+        return st;
+    }
     if (gdn_chunked(p, P, i) && p->gdn.buf != VK_NULL_HANDLE) {
         uint32_t T = (uint32_t)n->ne[2];
         struct pc_gdnc pc = {pg.qkv, pg.b, pg.a, pg.convw, pg.A, pg.dtb, pg.ring, pg.S, p->prm.addr, p->gdn.addr,
@@ -307,7 +314,8 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             /* a few rows (a short prompt chunk; a batch of sequences): mmb.comp reads each
              * weight once for all of them, where mm.comp's 64-row tiles would do 64
              * multiply-adds per weight and the float16 products dequantise every weight first */
-            if (rows <= (uint32_t)b->d->tune.vk_mmb && Kx % 8 == 0) {
+            if ((rows <= (uint32_t)b->d->tune.vk_mmb || (p->n_seqs && rows <= (uint32_t)b->d->tune.vk_batch_mmb)) &&
+                Kx % 8 == 0) {
                 uint32_t per_wg = 256 / b->d->subgroup_size * (uint32_t)b->d->tune.vk_mmb_rs;
                 struct pc_mmb mb = {pc.x, pc.w, pc.y, pc.res, 0, rows, Kx, ne0, pc.Kp8, pc.flags};
                 enum vk_kernel k = vk_kernel_for(VK_OP_MMB, wn->weight->type),

@@ -41,6 +41,15 @@
  *   [b + 5, b + 5 + 3T) each token's (temporal, height, width) rope position and
  *   [b + 5 + 3T, b + 5 + 4T) 1 where the token's row is an image's embedding, which the
  *   images buffer holds at the token's row (rows.comp MODE 7 copies it over the embedding's).
+ *   A batch program (a batch graph's: rows of several sequences, docs/BATCHING.md) always has
+ *   the images' words, [b] = 1 and each row's position on the three axes (so rope takes the
+ *   row's own position), then at c = b + 5 + 4T its batch words, and [3] = c: [c] kv_block,
+ *   [c + 1] the block tables' stride, [c + 2, c + 2 + T) the pool row each row's k, v go to,
+ *   [c + 2 + T, + T) each row's position, [c + 2 + 2T, + T) its sequence, then from
+ *   c + 2 + 3T the block tables [n_seqs][stride] (the pool block of each kv_block positions of
+ *   a sequence; only the sequences of the run's rows are filled). attn_prefill.comp reads a
+ *   row's sequence through its table (flash attention is not used), rows.comp MODE 4 writes
+ *   at the pool row.
  * An op or shape outside these makes the compile fail with ANVIL_ERR_UNSUPPORTED: the
  * session then runs prompts through the decode program a token at a time.
  *
@@ -108,6 +117,9 @@ struct vk_prefill {
     struct vk_buffer images;   /* [T, C] image embedding rows (host-visible; M-RoPE models) */
     int32_t mrope[4];          /* the rope nodes' sections and interleaving (0: plain rope) */
     bool mm;                   /* an M-RoPE model: takes images (vk_prefill_run_mm) */
+    int n_seqs, kv_block;      /* a batch program: its graph's sequences and block size (0: a
+                                  session's program) */
+    uint32_t stride;           /* a batch program's block-table stride: the pool's blocks */
     uint32_t C;                /* the embedding's width */
     struct vk_buffer dq;       /* float16 weight rows for mm_h.comp (cooperative matrices) */
     struct vk_buffer xh;       /* a product's x as float16 for mm_cm2.comp (only where d->coopmat2) */

@@ -60,6 +60,8 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     if (!p) return ANVIL_ERR_NOMEM;
     p->b = b;
     p->T = g->n_tokens;
+    p->n_seqs = g->n_seqs;
+    p->kv_block = g->kv_block;
     int n = g->n_nodes;
     struct graph_plan P;
     anvil_status st = graph_plan_init(g, true, &P);
@@ -86,9 +88,17 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     p->out_off = P.off[P.root[o]] + P.view[o];
     p->out_bytes = (VkDeviceSize)node_nelem(&g->nodes[o]) * 4;
     st = vk_buffer_create(b->d, P.size, VK_MEM_DEVICE, "prefill activations", &p->arena);
-    if (st == ANVIL_OK)
-        st = vk_buffer_create(b->d, 16 + (VkDeviceSize)p->T * 4 + (p->mm ? 20 + (VkDeviceSize)p->T * 16 : 4),
-                              VK_MEM_CONTROL, "prefill params", &p->prm);
+    VkDeviceSize prm = 16 + (VkDeviceSize)p->T * 4 + (p->mm || p->n_seqs ? 20 + (VkDeviceSize)p->T * 16 : 4);
+    if (p->n_seqs) { /* the batch words (prefill.h) */
+        if (p->kv_block < 1 || p->n_ctx % p->kv_block) {
+            st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a batch graph's cache of %d rows in blocks of %d", p->n_ctx,
+                         p->kv_block);
+            goto done;
+        }
+        p->stride = (uint32_t)(p->n_ctx / p->kv_block);
+        prm += 8 + (VkDeviceSize)p->T * 12 + (VkDeviceSize)p->n_seqs * p->stride * 4;
+    }
+    if (st == ANVIL_OK) st = vk_buffer_create(b->d, prm, VK_MEM_CONTROL, "prefill params", &p->prm);
     if (st == ANVIL_OK && p->mm && p->C)
         st = vk_buffer_create(b->d, (VkDeviceSize)p->T * p->C * 4, VK_MEM_CONTROL, "prefill image rows", &p->images);
     if (st == ANVIL_OK) st = vk_buffer_create(b->d, p->out_bytes, VK_MEM_READBACK, "prefill output", &p->readback);
@@ -100,7 +110,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     const struct tuning *t = &b->d->tune;
     p->f16 = true;
     for (int i = 0; i < n; i++) p->f16 &= g->nodes[i].op != OP_GDN || t->vk_hybrid_f16;
-    p->flash = p->f16 && vk_pipeline_supported(b->d, &b->pl, K_ATTN_FLASH) && t->vk_flash;
+    p->flash = p->f16 && vk_pipeline_supported(b->d, &b->pl, K_ATTN_FLASH) && t->vk_flash && !p->n_seqs;
     p->dq_emulate = !b->d->coopmat && t->vk_dq_emulate;
     if (st == ANVIL_OK && (b->d->coopmat || p->dq_emulate) && p->f16) {
         p->grp_max = t->vk_pf_group ? 4 : 1;
@@ -213,8 +223,58 @@ anvil_status vk_prefill_run(struct vk_prefill *p, const int32_t *tokens, int pos
     return vk_prefill_run_mm(p, tokens, pos0, NULL, out);
 }
 
+/* Submits the recorded chunk (its params written) and waits; out receives the output rows. */
+static anvil_status submit(struct vk_prefill *p, float *out) {
+    uint64_t v;
+    anvil_status st = vk_submit(p->b->d, &p->cb, 1, &v);
+    if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
+    if (st == ANVIL_OK && out) memcpy(out, p->readback.map, p->out_bytes);
+    if (st == ANVIL_OK && p->queries) pf_profile_read(p);
+    return st;
+}
+
+anvil_status vk_prefill_run_batch(struct vk_prefill *p, const struct batch_rows *r, float *out) {
+    if (!p->n_seqs) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: rows of sequences need a batch program");
+    uint32_t *prm = p->prm.map, T = (uint32_t)p->T, kb = (uint32_t)p->kv_block;
+    uint32_t *mm = prm + 4 + T, c = 4 + T + 5 + 4 * T, *bw = prm + c, *tables = bw + 2 + 3 * T;
+    for (uint32_t t = 0; t < T; t++) {
+        int32_t s = r->seq[t], pos = r->pos[t];
+        if (s < 0 || s >= p->n_seqs || pos < 0 || r->tokens[t] < 0 ||
+            (int64_t)(pos / p->kv_block) >= (int64_t)MIN((uint32_t)r->max_blocks, p->stride))
+            return err_set(ANVIL_ERR_RANGE, "vulkan: batch row %u: sequence %d, position %d out of range", t, s, pos);
+    }
+    prm[0] = 0;
+    prm[1] = T;
+    prm[2] = 0; /* the stop word of a control block, for the one-row matrix-vector products */
+    prm[3] = c;
+    memcpy(prm + 4, r->tokens, (size_t)T * 4);
+    mm[0] = 1;
+    memcpy(mm + 1, p->mrope, 4 * sizeof *mm);
+    bw[0] = kb;
+    bw[1] = p->stride;
+    for (uint32_t t = 0; t < T; t++) {
+        uint32_t s = (uint32_t)r->seq[t], pos = (uint32_t)r->pos[t];
+        const int32_t *tab = r->blocks + (size_t)s * (size_t)r->max_blocks;
+        for (int a = 0; a < 3; a++) mm[5 + 3 * t + (uint32_t)a] = pos;
+        mm[5 + 3 * T + t] = 0;
+        bw[2 + t] = (uint32_t)tab[pos / kb] * kb + pos % kb;
+        bw[2 + T + t] = pos;
+        bw[2 + 2 * T + t] = s;
+        /* the table up to the row's position (a sequence's later rows copy the whole of it) */
+        if (t + 1 == T || (uint32_t)r->seq[t + 1] != s)
+            for (uint32_t i = 0; i <= pos / kb; i++) {
+                if ((uint32_t)tab[i] >= p->stride)
+                    return err_set(ANVIL_ERR_RANGE, "vulkan: sequence %u's block %u is %d, past the pool's %u", s, i,
+                                   tab[i], p->stride);
+                tables[s * p->stride + i] = (uint32_t)tab[i];
+            }
+    }
+    return submit(p, out);
+}
+
 anvil_status vk_prefill_run_mm(struct vk_prefill *p, const int32_t *tokens, int pos0, const struct run_extras *x,
                                float *out) {
+    if (p->n_seqs) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: a batch program runs rows (run_batch)");
     if (pos0 < 0 || pos0 + p->T > p->n_ctx)
         return err_set(ANVIL_ERR_RANGE, "vulkan: %d tokens at position %d pass the context (%d)", p->T, pos0, p->n_ctx);
     if (x && (x->pos || x->embd_row) && !p->mm)
@@ -237,12 +297,7 @@ anvil_status vk_prefill_run_mm(struct vk_prefill *p, const int32_t *tokens, int 
                 memcpy((float *)p->images.map + (size_t)t * p->C, x->embd + (size_t)row * p->C, (size_t)p->C * 4);
         }
     }
-    uint64_t v;
-    anvil_status st = vk_submit(p->b->d, &p->cb, 1, &v);
-    if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
-    if (st == ANVIL_OK && out) memcpy(out, p->readback.map, p->out_bytes);
-    if (st == ANVIL_OK && p->queries) pf_profile_read(p);
-    return st;
+    return submit(p, out);
 }
 
 void pf_profile_read(struct vk_prefill *p) {

@@ -17,7 +17,12 @@
  * own rows, and the ring only for positions before pos0 (this kernel does not write it);
  * out [T, Hv, Dv] is y itself (the gated norm is left to the prefill's own kernels). The
  * params block (pos0, T) comes in z; gnorm and ctl are not read.
- * MODE 2 (prefill, after MODE 1): the ring takes the chunk's last Kc inputs.  */
+ * MODE 2 (prefill, after MODE 1): the ring takes the chunk's last Kc inputs.
+ * In a batch program (the params block's word 3 non-zero: its batch words, prefill.h) the rows
+ * are runs of consecutive positions of one sequence each, and each sequence has its slice of S
+ * ([n_seqs][Hv, Dk, Dv]) and of the ring ([n_seqs][Kc, Cc]): MODE 1 and MODE 2 run over a grid
+ * of (their own, T) workgroups, those of row r working where r starts a run (row 0, or a row of
+ * another sequence than the row before it), on the run's rows and its sequence's slices. */
 #include "common.glsl"
 
 /* 512 threads: column j of the state goes to threads j % 128 + 128 * part, part p taking
@@ -49,7 +54,10 @@ vec2 wg_sum2(float x, float y) {
     return s;
 }
 
-/* One token: position pos; in a prefill (MODE 1) row tr of the chunk, which starts at pos0. */
+uint sofs = 0u, rofs = 0u; /* a batch program's sequence: its slices of S and of the ring */
+uint tr0 = 0u;             /* the first row of the run (MODE 1), at position pos0 */
+
+/* One token: position pos; in a prefill (MODE 1) row tr of the chunk, whose run starts at pos0. */
 void step(uint pos, uint tr, uint pos0) {
     uint h = gl_WorkGroupID.x, t = gl_LocalInvocationID.x;
     uint Dk = pc.Dk, Dv = pc.Dv, Kc = pc.Kc;
@@ -65,9 +73,9 @@ void step(uint pos, uint tr, uint pos0) {
         for (uint j = 0; j + 1u < Kc; j++) {
             int p = int(pos) - int(Kc - 1u) + int(j);
             if (MODE == GDN_MODE_PREFILL && p >= int(pos0)) /* an earlier row of the chunk */
-                acc += pc.convw.v[c * Kc + j] * pc.qkv.v[(uint(p) - pos0) * Cc + c];
+                acc += pc.convw.v[c * Kc + j] * pc.qkv.v[(tr0 + uint(p) - pos0) * Cc + c];
             else if (p >= 0)
-                acc += pc.convw.v[c * Kc + j] * pc.ring.v[(uint(p) % Kc) * Cc + c];
+                acc += pc.convw.v[c * Kc + j] * pc.ring.v[rofs + (uint(p) % Kc) * Cc + c];
         }
         float y = acc / (1.0 + exp(-acc));
         if (i < Dk) qs[i] = y;
@@ -97,7 +105,7 @@ void step(uint pos, uint tr, uint pos0) {
     for (uint jb = 0; jb < Dv; jb += NC) { /* uniform loop: barriers inside */
         uint j = jb + c0;
         bool on = j < Dv;
-        uint base = Dv * Dk * h + j;
+        uint base = sofs + Dv * Dk * h + j;
         float sr[RMAX];
         float kvm = 0.0;
         for (uint r = 0, i = part; r < RMAX; r++, i += NP) {
@@ -146,15 +154,25 @@ void main() {
         step(pc.ctl.pos, 0u, 0u);
         return;
     }
-    uint pos0 = floatBitsToUint(pc.z.v[0]), T = floatBitsToUint(pc.z.v[1]);
+    uint pos0 = floatBitsToUint(pc.z.v[0]), T = floatBitsToUint(pc.z.v[1]), bw = floatBitsToUint(pc.z.v[3]);
+    uint Cc = 2u * pc.Hk * pc.Dk + pc.Hv * pc.Dv, end = T;
+    if (bw != 0u) { /* the run starting at row gl_WorkGroupID.y, if one does */
+        uint r = gl_WorkGroupID.y, sq = floatBitsToUint(pc.z.v[bw + 2u + 2u * T + r]);
+        if (r >= T || (r > 0u && floatBitsToUint(pc.z.v[bw + 2u + 2u * T + r - 1u]) == sq)) return;
+        for (end = r + 1u; end < T && floatBitsToUint(pc.z.v[bw + 2u + 2u * T + end]) == sq; end++) {}
+        tr0 = r;
+        pos0 = floatBitsToUint(pc.z.v[bw + 2u + T + r]);
+        sofs = sq * pc.Hv * pc.Dk * pc.Dv;
+        rofs = sq * pc.Kc * Cc;
+    }
     if (MODE == GDN_MODE_PREFILL) {
-        for (uint tr = 0u; tr < T; tr++) step(pos0 + tr, tr, pos0);
+        for (uint tr = tr0; tr < end; tr++) step(pos0 + tr - tr0, tr, pos0);
         return;
     }
-    /* MODE 2: ring row p % Kc takes the input of position p, for the chunk's last Kc */
-    uint Cc = 2u * pc.Hk * pc.Dk + pc.Hv * pc.Dv, n = min(T, pc.Kc);
-    uint i = gl_GlobalInvocationID.x;
+    /* MODE 2: ring row p % Kc takes the input of position p, for the run's last Kc */
+    uint n = min(end - tr0, pc.Kc);
+    uint i = gl_WorkGroupID.x * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
     if (i >= n * Cc) return;
-    uint tr = T - n + i / Cc, c = i % Cc;
-    pc.ring.v[((pos0 + tr) % pc.Kc) * Cc + c] = pc.qkv.v[tr * Cc + c];
+    uint tr = end - n + i / Cc, c = i % Cc;
+    pc.ring.v[rofs + ((pos0 + tr - tr0) % pc.Kc) * Cc + c] = pc.qkv.v[tr * Cc + c];
 }
