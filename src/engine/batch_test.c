@@ -5,6 +5,11 @@
  * chunks between decode steps, and the cache's blocks are reused out of order. On the dense,
  * MoE and hybrid reference models and a K-quant GGUF, on the CPU and on Vulkan (the solo runs
  * on the same backend; under the validation layer where installed).
+ *
+ * Tolerance: 1e-3, or as reference_test's, the reference's own disagreement between its cached
+ * and uncached paths (golden.json's incremental_vs_full_max_abs_err) where that is larger: only
+ * qwen3_5moe-tiny's (6.6e-3), whose hybrid layers amplify rounding; on Vulkan its batch rows
+ * (products over a few rows, its solo run's over one or the whole prompt) come within 2.1e-3.
  */
 #include <math.h>
 #include <stdio.h>
@@ -154,6 +159,9 @@ static void check_model(const char *path, anvil_backend_kind be) {
     assert_non_null(text);
     int n_ids;
     int32_t *ids = tu_json_ids(text, "prompt_ids", &n_ids);
+    float tol = 1e-3f;
+    const char *own = strstr(text, "\"incremental_vs_full_max_abs_err\":");
+    if (own) tol = fmaxf(tol, strtof(strchr(own, ':') + 1, NULL));
     free(text);
     assert_true(n_ids >= 8 && n_ids < N_CTX / 2);
     int32_t rev[N_CTX], two[N_CTX];
@@ -206,7 +214,9 @@ static void check_model(const char *path, anvil_backend_kind be) {
         for (int t = 0; t < j->n_got; t++)
             if (j->got[t] != j->solo[t])
                 fail_msg("%s: sequence %d: token %d is %d in the batch, %d alone", path, i, t, j->got[t], j->solo[t]);
-        if (j->max_diff > 1e-3f) fail_msg("%s: sequence %d: logits %g from its solo run's", path, i, (double)j->max_diff);
+        if (j->max_diff > tol)
+            fail_msg("%s: sequence %d: logits %g from its solo run's (tolerance %g)", path, i, (double)j->max_diff,
+                     (double)tol);
         free(j->solo_logits);
     }
     assert_int_equal(jobs[5].stop, ANVIL_STOP_EOS);

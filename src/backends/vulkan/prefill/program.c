@@ -68,7 +68,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     if (st != ANVIL_OK) goto done;
     for (int i = 0; i < n; i++) {
         const struct node *nd = &g->nodes[i];
-        if (nd->op == OP_STATE) p->n_ctx = (int)nd->ne[2];
+        if (nd->op == OP_ATTENTION) p->n_ctx = (int)g->nodes[nd->src[3]].ne[2]; /* the cache's rows */
         if (nd->op == OP_ROPE && nd->p.i[1] + nd->p.i[2] + nd->p.i[3] > 0) { /* M-RoPE: images */
             p->mm = true;
             memcpy(p->mrope, nd->p.i + 1, 3 * sizeof *p->mrope);
