@@ -126,7 +126,7 @@ static void test_siblings(void **state) {
     struct graph_plan P;
     assert_int_equal(graph_plan_init(&g, true, &P), ANVIL_OK);
 
-    int run[4] = {-1, -1, -1, -1};
+    int run[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
     assert_int_equal(graph_fuse_siblings(&P, q, 0, run, 4), 3);
     assert_int_equal(run[0], q);
     assert_int_equal(run[1], k);
