@@ -64,7 +64,9 @@ enum { GEN_STOP_NONE, GEN_STOP_BUDGET, GEN_STOP_EOS, GEN_STOP_CONTEXT, GEN_STOP_
 struct batch_rows {
     const int32_t *tokens; /* [T] */
     const int32_t *seq;    /* [T] each row's sequence, 0 .. n_seqs-1; a sequence's rows are
-                              consecutive, at consecutive positions */
+                              consecutive, at consecutive positions. -1: a dead row (position
+                              0), padding a step to a program's rows: computed, but it writes
+                              no cache row and no state, and its output is unspecified */
     const int32_t *pos;    /* [T] each row's position in its sequence */
     const int32_t *blocks; /* [n_seqs][max_blocks]: the pool block holding positions
                               [i * kv_block, (i + 1) * kv_block) of each sequence, for every

@@ -62,11 +62,18 @@ struct anvil_batch {
     int next_id;
     uint64_t clock;
     struct batch_program progs[BATCH_PROGRAMS];
-    float *out;             /* [max(n_seq_max, 1)][V]: a run's logits */
-    int32_t *row_tok, *row_seq, *row_pos; /* [max(n_seq_max, prefill_chunk)] */
+    float *out;             /* [decode_rows(n_seq_max)][V]: a run's logits */
+    int32_t *row_tok, *row_seq, *row_pos; /* [max(decode_rows(n_seq_max), prefill_chunk)] */
     void *scratch;          /* SAMPLER_SCRATCH_BYTES */
     char err[ERRMSG_LEN];
 };
+
+/* The rows of the decode program that runs B sequences: the power of two >= B. */
+static int decode_rows(int B) {
+    int R = 1;
+    while (R < B) R *= 2;
+    return R;
+}
 
 static anvil_status keep(anvil_batch *b, anvil_status st) {
     if (st != ANVIL_OK && b) snprintf(b->err, ERRMSG_LEN, "%s", err_get());
@@ -138,11 +145,11 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
         return err_set(ANVIL_ERR_INVALID_ARG, "a pool of %d blocks of %d rows cannot hold one "
                        "context of %d", p.kv_blocks, p.kv_block ? p.kv_block : 64, p.session.n_ctx);
     }
-    int rows = MAX(b->n_seq_max, b->prefill_chunk);
+    int rows = MAX(decode_rows(b->n_seq_max), b->prefill_chunk);
     b->seqs = xcalloc((size_t)b->n_seq_max, sizeof *b->seqs);
     b->tables = xcalloc((size_t)b->n_seq_max * (size_t)b->max_blocks, sizeof *b->tables);
     b->free_blocks = xmalloc((size_t)b->kv_blocks * sizeof *b->free_blocks);
-    b->out = xmalloc((size_t)b->n_seq_max * (size_t)b->V * sizeof *b->out);
+    b->out = xmalloc((size_t)decode_rows(b->n_seq_max) * (size_t)b->V * sizeof *b->out);
     b->row_tok = xmalloc((size_t)rows * sizeof *b->row_tok);
     b->row_seq = xmalloc((size_t)rows * sizeof *b->row_seq);
     b->row_pos = xmalloc((size_t)rows * sizeof *b->row_pos);
@@ -327,16 +334,17 @@ static void choose(anvil_batch *b, struct bseq *q, float *logits, anvil_batch_ev
     if (ev->stop != ANVIL_STOP_NONE) end_seq(b, q);
 }
 
-/* Runs rows [0, T) of b->row_* (their sequences' blocks grown) through a program; out, when
- * not NULL, receives the logits of the last row (last_only) or of every row, which must be
- * finite (else the weights are broken: an error, never a garbage token). */
-static anvil_status run_rows(anvil_batch *b, int T, bool last_only, float *out) {
+/* Runs rows [0, T) of b->row_* (their sequences' blocks grown; rows from n_live on dead: a
+ * program's padding) through a program; out, when not NULL, receives the logits of the last row
+ * (last_only) or of every row, those of the live rows finite (else the weights are broken: an
+ * error, never a garbage token). */
+static anvil_status run_rows(anvil_batch *b, int T, int n_live, bool last_only, float *out) {
     struct program *p;
     anvil_status st = program_for(b, T, last_only, &p);
     if (st != ANVIL_OK) return st;
     struct batch_rows r = {b->row_tok, b->row_seq, b->row_pos, b->tables, b->max_blocks};
     if ((st = b->backend->vt->run_batch(p, &r, out)) != ANVIL_OK || !out) return st;
-    size_t n = (size_t)(last_only ? 1 : T) * (size_t)b->V;
+    size_t n = (size_t)(last_only ? 1 : n_live) * (size_t)b->V;
     for (size_t i = 0; i < n; i++)
         if (!isfinite(out[i]))
             return err_set(ANVIL_ERR_FORMAT, "%s: the model computed a non-finite logit (%g for token "
@@ -374,7 +382,7 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
             b->row_pos[t] = q->pos + t;
         }
         bool last = q->pos + T == q->n_prompt;
-        st = run_rows(b, T, true, last ? b->out : NULL);
+        st = run_rows(b, T, T, true, last ? b->out : NULL);
         if (st != ANVIL_OK) break;
         q->pos += T;
         q->stepped = true;
@@ -393,7 +401,15 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
         b->row_pos[B] = q->pos;
         rows[B++] = q;
     }
-    if (B > 0 && st == ANVIL_OK) st = run_rows(b, B, false, b->out);
+    /* the decode programs are of 1, 2, 4, 8 ... rows: the rest of the step's are dead rows, so
+     * that a batch whose size moves reuses a few programs (each is recorded on first use) */
+    int R = decode_rows(B);
+    for (int r = B; r < R; r++) {
+        b->row_tok[r] = 0;
+        b->row_seq[r] = -1;
+        b->row_pos[r] = 0;
+    }
+    if (B > 0 && st == ANVIL_OK) st = run_rows(b, R, B, false, b->out);
     for (int r = 0; r < B && st == ANVIL_OK; r++) {
         rows[r]->pos++;
         choose(b, rows[r], b->out + (size_t)r * (size_t)b->V, &ev[(*n_ev)++]);

@@ -236,7 +236,8 @@ static void op_gdn(struct cpu_program *p, const struct node *n, float *out) {
     int64_t T = p->g.nodes[n->src[0]].ne[1];
     for (int64_t r0 = 0, r1; r0 < T; r0 = r1) {
         for (r1 = r0 + 1; r1 < T && p->row_seq[r1] == p->row_seq[r0];) r1++;
-        gdn_rows(p, n, r0, r1 - r0, p->row_seq[r0], out);
+        if (p->row_seq[r0] >= 0) gdn_rows(p, n, r0, r1 - r0, p->row_seq[r0], out);
+        else memset(out + r0 * n->ne[1] * n->ne[0], 0, (size_t)((r1 - r0) * n->ne[1] * n->ne[0]) * sizeof(float));
     }
 }
 
@@ -324,6 +325,10 @@ static void attn_heads(void *ctx, int64_t begin, int64_t end, int thread) {
         int32_t seq = p->row_seq[t];
         int64_t n_kv = p->row_pos[t] + 1;
         const float *q = j->q + (t * j->H + h) * j->D;
+        if (seq < 0) { /* a dead row */
+            memset(j->out + (t * j->H + h) * j->Dv, 0, (size_t)j->Dv * sizeof(float));
+            continue;
+        }
         float mx = -INFINITY;
         for (int64_t s = 0; s < n_kv; s++) {
             scores[s] = dot(q, j->kc + (cache_row(p, seq, (int32_t)s) * j->Hkv + hk) * j->D, j->D) * j->scale;
@@ -347,6 +352,7 @@ static void op_attention(struct cpu_program *p, const struct node *n, const floa
     const struct node *qn = &p->g.nodes[n->src[0]], *kn = &p->g.nodes[n->src[1]];
     int64_t D = qn->ne[0], H = qn->ne[1], T = qn->ne[2], Hkv = kn->ne[1], Dv = n->ne[0];
     for (int64_t t = 0; t < T; t++) {
+        if (p->row_seq[t] < 0) continue; /* a dead row writes no cache row */
         int64_t row = cache_row(p, p->row_seq[t], p->row_pos[t]);
         float *kd = kc->data + row * Hkv * D, *vd = vc->data + row * Hkv * Dv;
         memcpy(kd, k + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
@@ -458,6 +464,11 @@ static anvil_status cpu_run_batch(struct program *prog, const struct batch_rows 
     /* the engine's bookkeeping, checked: a wrong row would write another sequence's cache */
     for (int t = 0; t < T; t++) {
         int32_t q = r->seq[t], pos = r->pos[t];
+        if (q == -1 && pos == 0) { /* a dead row */
+            p->row_seq[t] = -1;
+            p->row_pos[t] = 0;
+            continue;
+        }
         bool next = t > 0 && q == r->seq[t - 1];
         bool seen = false;
         for (int u = 0; u < t && !next; u++) seen = seen || r->seq[u] == q;

@@ -45,7 +45,8 @@
  *   the images' words, [b] = 1 and each row's position on the three axes (so rope takes the
  *   row's own position), then at c = b + 5 + 4T its batch words, and [3] = c: [c] kv_block,
  *   [c + 1] the block tables' stride, [c + 2, c + 2 + T) the pool row each row's k, v go to,
- *   [c + 2 + T, + T) each row's position, [c + 2 + 2T, + T) its sequence, then from
+ *   [c + 2 + T, + T) each row's position, [c + 2 + 2T, + T) its sequence (a dead row, padding
+ *   the step to the program's rows: ~0 as its sequence and its pool row), then from
  *   c + 2 + 3T the block tables [n_seqs][stride] (the pool block of each kv_block positions of
  *   a sequence; only the sequences of the run's rows are filled). attn_prefill.comp reads a
  *   row's sequence through its table (flash attention is not used), rows.comp MODE 4 writes

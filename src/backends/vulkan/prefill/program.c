@@ -239,6 +239,7 @@ anvil_status vk_prefill_run_batch(struct vk_prefill *p, const struct batch_rows 
     uint32_t *mm = prm + 4 + T, c = 4 + T + 5 + 4 * T, *bw = prm + c, *tables = bw + 2 + 3 * T;
     for (uint32_t t = 0; t < T; t++) {
         int32_t s = r->seq[t], pos = r->pos[t];
+        if (s == -1 && pos == 0) continue; /* a dead row */
         if (s < 0 || s >= p->n_seqs || pos < 0 || r->tokens[t] < 0 ||
             (int64_t)(pos / p->kv_block) >= (int64_t)MIN((uint32_t)r->max_blocks, p->stride))
             return err_set(ANVIL_ERR_RANGE, "vulkan: batch row %u: sequence %d, position %d out of range", t, s, pos);
@@ -254,9 +255,14 @@ anvil_status vk_prefill_run_batch(struct vk_prefill *p, const struct batch_rows 
     bw[1] = p->stride;
     for (uint32_t t = 0; t < T; t++) {
         uint32_t s = (uint32_t)r->seq[t], pos = (uint32_t)r->pos[t];
-        const int32_t *tab = r->blocks + (size_t)s * (size_t)r->max_blocks;
         for (int a = 0; a < 3; a++) mm[5 + 3 * t + (uint32_t)a] = pos;
         mm[5 + 3 * T + t] = 0;
+        if (r->seq[t] < 0) { /* a dead row: no pool row, no table (the kernels skip it) */
+            bw[2 + t] = bw[2 + 2 * T + t] = 0xffffffffu;
+            bw[2 + T + t] = 0;
+            continue;
+        }
+        const int32_t *tab = r->blocks + (size_t)s * (size_t)r->max_blocks;
         bw[2 + t] = (uint32_t)tab[pos / kb] * kb + pos % kb;
         bw[2 + T + t] = pos;
         bw[2 + 2 * T + t] = s;

@@ -35,9 +35,12 @@ void main() {
     uint D = pc.D, D4 = (D + 3u) / 4u;
     uint n = prm_u(0u) + t + 1u, bw = prm_u(3u);
     if (bw != 0u) {
-        kvb = prm_u(bw);
+        uint sq = prm_u(bw + 2u + 2u * pc.T + t);
         n = prm_u(bw + 2u + pc.T + t) + 1u;
-        tab = bw + 2u + 3u * pc.T + prm_u(bw + 2u + 2u * pc.T + t) * prm_u(bw + 1u);
+        if (sq != 0xffffffffu) { /* (a dead row reads pool row 0: its output is unused) */
+            kvb = prm_u(bw);
+            tab = bw + 2u + 3u * pc.T + sq * prm_u(bw + 1u);
+        }
     }
     for (uint g = 0u; g < G; g++)
         for (uint d4 = tid; d4 < D4; d4 += B) {

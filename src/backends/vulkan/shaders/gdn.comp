@@ -22,7 +22,8 @@
  * are runs of consecutive positions of one sequence each, and each sequence has its slice of S
  * ([n_seqs][Hv, Dk, Dv]) and of the ring ([n_seqs][Kc, Cc]): MODE 1 and MODE 2 run over a grid
  * of (their own, T) workgroups, those of row r working where r starts a run (row 0, or a row of
- * another sequence than the row before it), on the run's rows and its sequence's slices. */
+ * another sequence than the row before it), on the run's rows and its sequence's slices; dead
+ * rows (sequence ~0) touch no state and output zeros. */
 #include "common.glsl"
 
 /* 512 threads: column j of the state goes to threads j % 128 + 128 * part, part p taking
@@ -160,6 +161,11 @@ void main() {
         uint r = gl_WorkGroupID.y, sq = floatBitsToUint(pc.z.v[bw + 2u + 2u * T + r]);
         if (r >= T || (r > 0u && floatBitsToUint(pc.z.v[bw + 2u + 2u * T + r - 1u]) == sq)) return;
         for (end = r + 1u; end < T && floatBitsToUint(pc.z.v[bw + 2u + 2u * T + end]) == sq; end++) {}
+        if (sq == 0xffffffffu) { /* dead rows: no state read or written, their output zero */
+            for (uint tr = r; tr < end && MODE == GDN_MODE_PREFILL; tr++)
+                for (uint j = gl_LocalInvocationID.x; j < pc.Dv; j += NT) pc.out_.v[(tr * pc.Hv + gl_WorkGroupID.x) * pc.Dv + j] = 0.0;
+            return;
+        }
         tr0 = r;
         pos0 = floatBitsToUint(pc.z.v[bw + 2u + T + r]);
         sofs = sq * pc.Hv * pc.Dk * pc.Dv;

@@ -10,7 +10,7 @@
  *   MODE 4  KV write   a: k [T, H, n], b: v [T, H, n] -> rows pos0 + t of the caches
  *                      c (k) and out (v), both [S, H, n] (KV16: float16; n a multiple of 4);
  *                      in a batch program (prm[3] != 0) the pool row the params block gives
- *                      token t (prefill.h)
+ *                      token t (prefill.h), none for a dead row
  *   MODE 5  sigmoid_mul out = a * sigmoid(b), b with H = n gates a row, or H = 1 (one gate
  *                      for the row)
  *   MODE 6  rms_norm then rope (the q/k norms of attention, rope's rows of H heads): one
@@ -137,8 +137,9 @@ void main() {
         if (prm_u(4u + T) == 0u || prm_u(4u + T + 5u + 3u * T + r) == 0u) return;
         for (uint i = tid; i < n; i += 128u) pc.out_.v[base + i] = pc.c.v[base + i];
     } else {
-        uint t = r / pc.H, h = r % pc.H, bw = prm_u(3u);
-        uint dst = ((bw != 0u ? prm_u(bw + 2u + t) : pos0 + t) * pc.H + h) * n; /* n % 4 == 0 */
+        uint t = r / pc.H, h = r % pc.H, bw = prm_u(3u), row = bw != 0u ? prm_u(bw + 2u + t) : pos0 + t;
+        if (row == 0xffffffffu) return; /* a batch's dead row */
+        uint dst = (row * pc.H + h) * n; /* n % 4 == 0 */
         for (uint i = 4u * tid; i < n; i += 512u) {
             kv_put(pc.c, (dst + i) >> 2u, Vec4s(pc.a).v[(base + i) >> 2u]);
             kv_put(pc.out_, (dst + i) >> 2u, Vec4s(pc.b).v[(base + i) >> 2u]);
