@@ -152,6 +152,17 @@ typedef enum anvil_logits_mode {
  */
 anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
                                 anvil_logits_mode mode, float *logits_out);
+/*
+ * The hidden state the LM head would read: feeds n tokens at the session's position (as
+ * anvil_session_eval, advancing it by n) and writes the final RMS norm's output at the last of
+ * them into out[dim] (caller-owned), its first dim of anvil_model_width values (1 <= dim <= the
+ * width). Not normalised: Qwen3-Embedding's embedding is this at the input's last token (its
+ * tokenizer ends every input with <|endoftext|>), divided by its L2 norm; fewer dimensions
+ * (Matryoshka) are the first dim values, normalised after the cut. An embedding of a text alone
+ * starts from an empty cache (anvil_session_reset). Every architecture, on the CPU backend and
+ * wherever the Vulkan backend has a prefill program for the model.
+ */
+anvil_status anvil_session_embed(anvil_session *s, const int32_t *tokens, int n, float *out, int dim);
 /* Tokens in the cache so far. */
 int anvil_session_position(const anvil_session *s);
 /* Forgets the cache: the next eval starts at position 0. */

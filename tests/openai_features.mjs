@@ -1,7 +1,8 @@
 // A manual check (not run by ctest: it needs the `openai` npm package) of issue 38's server
 // features through the official OpenAI Node client, against any model (a random-weight one
 // too): logprobs (non-streamed and streamed), json_schema output (it parses and follows the
-// schema), logit_bias, an unsupported field (a 400 naming it), and, last, shutdown: a stream
+// schema), logit_bias, an unsupported field (a 400 naming it), embeddings (base64, float,
+// dimensions, several inputs), and, last, shutdown: a stream
 // running when the server gets SIGTERM ends with the server's error, which the SDK throws.
 //
 //   cd /some/scratch && npm install openai
@@ -83,6 +84,20 @@ try {
   if (e.status !== 400 || e.param !== 'service_tier') fail('unsupported field: ' + e);
   console.log(`unsupported field: ${e.status} param=${e.param}`);
 }
+
+// embeddings: the client asks for base64 unless told otherwise and decodes it; float the same,
+// unit norm, dimensions cut (and normalised again), several inputs in one request
+const norm = (v) => Math.sqrt(v.reduce((a, x) => a + x * x, 0));
+const e64 = await client.embeddings.create({ model, input: ['Describe a person.', 'Paris'] });
+const ef = await client.embeddings.create({ model, input: 'Describe a person.', encoding_format: 'float' });
+const e8 = await client.embeddings.create({ model, input: 'Describe a person.', dimensions: 8 });
+const a = e64.data[0].embedding, b = ef.data[0].embedding, c = e8.data[0].embedding;
+if (e64.data.length !== 2 || a.length !== b.length || Math.abs(norm(a) - 1) > 1e-5) fail('embeddings: ' + a.length);
+if (a.some((x, i) => Math.abs(x - b[i]) > 1e-6)) fail('embeddings: base64 and float differ');
+const n8 = norm(b.slice(0, 8));
+if (c.length !== 8 || c.some((x, i) => Math.abs(x - b[i] / n8) > 1e-5)) fail('embeddings: dimensions');
+console.log(`embeddings: ${e64.data.length} of ${a.length} dims (base64), float the same, ` +
+            `dimensions 8 = the first 8 normalised; usage ${JSON.stringify(e64.usage)}`);
 
 // shutdown: SIGTERM while a stream runs; the stream ends with the server's error
 if (serverPid) {

@@ -28,6 +28,8 @@ struct anvil_session {
     int prefill_T;
     int chunk_cap; /* (0: none) the largest chunk whose prefill program the device had room for */
     bool prefill_last_only;
+    struct program *embed; /* the last embedding program (build_opts.hidden), for embed_T tokens */
+    int embed_T;
     bool no_prefill; /* the backend has no prefill program for this model: token by token */
     /* after images (M-RoPE): a token's rope position is its cache row + rope_delta (images
      * advance positions by their grid's longer side, not their token count); the images

@@ -213,7 +213,7 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
         st = err_set(ANVIL_ERR_INVALID_ARG, "unknown backend %d", (int)p.backend);
     }
     if (st == ANVIL_OK) {
-        struct build_opts o = {1, n_ctx, false, 0, 0};
+        struct build_opts o = {1, n_ctx, false, 0, 0, false};
         struct graph g;
         st = model_build_graph(&model->model, &o, &g);
         if (st == ANVIL_OK) {
@@ -245,6 +245,7 @@ void anvil_session_destroy(anvil_session *s) {
     if (s->backend) {
         if (s->decode) s->backend->vt->program_destroy(s->decode);
         if (s->prefill) s->backend->vt->program_destroy(s->prefill);
+        if (s->embed) s->backend->vt->program_destroy(s->embed);
         backend_destroy(s->backend);
     }
     free(s->tokens);
@@ -302,7 +303,7 @@ static anvil_status chunk_program(anvil_session *s, int *T_io, bool last_only, s
     }
     if (s->prefill) s->backend->vt->program_destroy(s->prefill);
     s->prefill = NULL;
-    struct build_opts o = {T, s->n_ctx, last_only, 0, 0};
+    struct build_opts o = {T, s->n_ctx, last_only, 0, 0, false};
     struct graph g;
     anvil_status st = model_build_graph(&s->model->model, &o, &g);
     if (st != ANVIL_OK) return st;

@@ -136,6 +136,7 @@ int block_head(struct graph *g, const struct hparams *hp, const struct head_weig
                const struct build_opts *o) {
     if (o->last_only && o->n_tokens > 1) x = graph_rows(g, x, o->n_tokens - 1, 1);
     x = graph_rms_norm(g, x, graph_weight(g, w->norm), hp->rms_eps, hp->norm_zero_centred);
+    if (o->hidden) return x; /* embeddings: the LM head's input */
     return graph_matmul(g, x, graph_weight(g, w->output));
 }
 

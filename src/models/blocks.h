@@ -129,7 +129,7 @@ struct stack_weights {
 anvil_status bind_stack(struct model *m, bool hybrid, enum gdn_layout layout);
 int build_stack(const struct model *m, struct graph *g, const struct build_opts *o);
 
-/* x {C, T} → logits {V, T} or {V, 1}. */
+/* x {C, T} → logits {V, T} or {V, 1}; o->hidden: the final norm's output {C, T} or {C, 1}. */
 int block_head(struct graph *g, const struct hparams *hp, const struct head_weights *w, int x,
                const struct build_opts *o);
 

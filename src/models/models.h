@@ -18,13 +18,17 @@ struct build_opts {
      * pool of blocks of kv_block rows; 0: a session's graph */
     int n_seqs;
     int kv_block;
+    /* the output is the final norm's rows ({C, T}, or {C, 1} with last_only), not logits: the
+     * hidden state the LM head would read (embeddings, anvil_session_embed) */
+    bool hidden;
 };
 
 struct model_arch {
     enum arch arch;
     /* Finds and checks every tensor; fills m->weights. Errors name the file and tensor. */
     anvil_status (*bind)(struct model *m);
-    /* Appends the forward pass to g and returns the logits node ({V, T} or {V, 1}). */
+    /* Appends the forward pass to g and returns the logits node ({V, T} or {V, 1}; o->hidden:
+     * the final norm's node, {C, T} or {C, 1}). */
     int (*build)(const struct model *m, struct graph *g, const struct build_opts *o);
 };
 

@@ -415,12 +415,12 @@ static enum MHD_Result answer_job(struct http *h, struct MHD_Connection *c, stru
     }
     pthread_mutex_unlock(&j->mu);
     rq->answered = true;
-    if (j->error != ANVIL_OK) {
-        bool stopping = server_stopping(s);
-        return fail(s, c, rq, stopping ? 503 : 500, "server_error", NULL, "%s",
-                    stopping ? "the server is shutting down" : j->errmsg);
+    if (j->error != ANVIL_OK) { /* (an embedding the backend cannot compute for this model: a 400) */
+        bool stopping = server_stopping(s), bad = !stopping && j->error == ANVIL_ERR_UNSUPPORTED && j->kind == JOB_EMBED;
+        return fail(s, c, rq, stopping ? 503 : bad ? 400 : 500, bad ? "invalid_request_error" : "server_error",
+                    bad ? "unsupported_model" : NULL, "%s", stopping ? "the server is shutting down" : j->errmsg);
     }
-    return send_json(s, c, rq, 200, api_job_response(s, j));
+    return send_json(s, c, rq, 200, j->kind == JOB_EMBED ? api_embed_response(s, j) : api_job_response(s, j));
 }
 
 /* ---- preparation (on the preparation threads) ---- */
@@ -440,9 +440,9 @@ static void prepare(struct http *h, struct request *rq) {
         else req = api_parse_body(rq->body.p, rq->body.len, s->opt.max_json_depth, e);
     }
     sbuf_free(&rq->body);
-    if (req && (rq->ep == EP_CHAT || rq->ep == EP_COMPLETIONS)) {
-        struct job *j = api_job_from_request(s, rq->ep == EP_CHAT ? JOB_CHAT : JOB_COMPLETION,
-                                             req, &ids, e);
+    if (req && (rq->ep == EP_CHAT || rq->ep == EP_COMPLETIONS || rq->ep == EP_EMBEDDINGS)) {
+        struct job *j = rq->ep == EP_EMBEDDINGS ? api_embed_job(s, req, e)
+                        : api_job_from_request(s, rq->ep == EP_CHAT ? JOB_CHAT : JOB_COMPLETION, req, &ids, e);
         if (j && !server_enqueue(s, j)) {
             job_release(s, j);
             j = NULL;
@@ -592,7 +592,7 @@ static enum MHD_Result answer_at_once(struct server *s, struct MHD_Connection *c
     }
     if (!ready)
         return fail(s, c, rq, 503, "server_error", "model_loading", "%s", "the model is still loading");
-    if (failed && (ep == EP_CHAT || ep == EP_COMPLETIONS))
+    if (failed && (ep == EP_CHAT || ep == EP_COMPLETIONS || ep == EP_EMBEDDINGS))
         return fail(s, c, rq, 503, "server_error", "device_failed",
                     "the model's device failed (%s); restart the server", why);
     if (ep == EP_PROPS) return send_json(s, c, rq, 200, api_props(s));
@@ -627,6 +627,7 @@ static const struct route {
     {"/detokenize", "POST", EP_DETOKENIZE, false},
     {"/props", "GET", EP_PROPS, false},
     {"/apply-template", "POST", EP_APPLY_TEMPLATE, false},
+    {"/v1/embeddings", "POST", EP_EMBEDDINGS, false},
 };
 
 static const struct route *find_route(const char *url) {

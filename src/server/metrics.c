@@ -3,7 +3,7 @@
 
 static const char *const endpoint_names[EP_COUNT] = {
     "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-    "/tokenize", "/detokenize", "/props", "/apply-template", "other",
+    "/tokenize", "/detokenize", "/props", "/apply-template", "/v1/embeddings", "other",
 };
 
 /* The statuses the server answers with; anything else is counted as the last. */

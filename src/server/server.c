@@ -47,6 +47,8 @@ static void job_free(struct job *j) {
     free(j->bias_ids);
     free(j->bias);
     jschema_free(j->schema);
+    free(j->embd_off);
+    free(j->embd);
     cJSON_Delete(j->lp);
     pthread_mutex_destroy(&j->mu);
     free(j);
@@ -212,9 +214,17 @@ static int on_token(void *user, int32_t tok) {
     return r->stop_string;
 }
 
+static void finish_job(struct server *s, struct job *j, anvil_status st, const char *msg);
+
 static void run_job(struct server *s, struct job *j) {
     struct run r = {.srv = s, .job = j};
     char msg[256] = "";
+    if (j->kind == JOB_EMBED) {
+        anvil_status st = api_embed_run(s, j);
+        if (st != ANVIL_OK) snprintf(msg, sizeof msg, "%s", anvil_last_error());
+        finish_job(s, j, st, msg);
+        return;
+    }
     anvil_generate_stats stats = {0};
     int n_cached = 0;
     anvil_status st = srv_decoder_create(s->text, &r.dec);
@@ -284,7 +294,21 @@ static void run_job(struct server *s, struct job *j) {
     pthread_mutex_unlock(&j->mu);
     metrics_generation(&s->metrics, j->n_prompt, n_cached, stats.n_generated,
                        stats.prompt_seconds, stats.generate_seconds, cancelled);
-    if (st != ANVIL_OK && !atomic_load(&s->stopping)) log_warn("serve: generation failed: %s", msg);
+    finish_job(s, j, st, msg);
+    toolcall_parser_destroy(r.parser);
+    toolcall_delta_free(&r.delta);
+    stop_filter_free(&r.stop);
+    srv_decoder_destroy(r.dec);
+    lp_free(&r.lp);
+    jgrammar_free(r.grammar);
+    sbuf_free(&r.piece);
+    sbuf_free(&r.released);
+}
+
+/* The end of a job run on the worker: a failed device noted, then its client told. */
+static void finish_job(struct server *s, struct job *j, anvil_status st, const char *msg) {
+    if (st != ANVIL_OK && !atomic_load(&s->stopping)) log_warn("serve: %s failed: %s",
+                                                               j->kind == JOB_EMBED ? "embedding" : "generation", msg);
     /* a failed device is recorded before the client hears of the failure, so that what it
      * asks next (/health) already knows */
     char why[256];
@@ -302,14 +326,6 @@ static void run_job(struct server *s, struct job *j) {
     s->running = NULL;
     pthread_mutex_unlock(&s->mu);
     job_finish(j, st, msg);
-    toolcall_parser_destroy(r.parser);
-    toolcall_delta_free(&r.delta);
-    stop_filter_free(&r.stop);
-    srv_decoder_destroy(r.dec);
-    lp_free(&r.lp);
-    jgrammar_free(r.grammar);
-    sbuf_free(&r.piece);
-    sbuf_free(&r.released);
 }
 
 /* ---- the worker: loads the model, then runs the queue ---- */

@@ -56,6 +56,10 @@ anvil_status srv_text_tokenize_chat(struct srv_text *t, const char *text,
  * tokens, <think>, are matched: Hugging Face's split_special_tokens); *ids is new, the caller
  * frees it. */
 anvil_status srv_text_tokenize(struct srv_text *t, const char *text, int32_t **ids, int *n);
+/* A text to embed → ids as srv_text_tokenize gives them, with the special tokens that the
+ * tokenizer.json's post-processor puts around a text (Qwen3-Embedding's <|endoftext|> at the
+ * end), as transformers' tokenizer(text) adds them; an empty text stays empty. */
+anvil_status srv_text_tokenize_input(struct srv_text *t, const char *text, int32_t **ids, int *n);
 /* The exact bytes of one token (an added token as its text; possibly part of a UTF-8
  * character) into out. */
 anvil_status srv_text_piece(struct srv_text *t, int32_t id, struct sbuf *out);
@@ -80,7 +84,7 @@ void srv_decoder_flush(struct srv_decoder *d, struct sbuf *out);
 
 enum endpoint {
     EP_CHAT, EP_COMPLETIONS, EP_MODELS, EP_HEALTH, EP_METRICS, EP_TOKENIZE, EP_DETOKENIZE,
-    EP_PROPS, EP_APPLY_TEMPLATE, EP_OTHER, EP_COUNT
+    EP_PROPS, EP_APPLY_TEMPLATE, EP_EMBEDDINGS, EP_OTHER, EP_COUNT
 };
 #define METRICS_STATUSES 13
 
@@ -104,7 +108,7 @@ void metrics_render(struct metrics *m, int queue_depth, int running, bool ready,
 
 /* ---- a generation request (job), shared by its connection thread and the worker ---- */
 
-enum job_kind { JOB_CHAT, JOB_COMPLETION };
+enum job_kind { JOB_CHAT, JOB_COMPLETION, JOB_EMBED };
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
 
 #define MAX_STOP_STRINGS 16
@@ -139,6 +143,12 @@ struct job {
     float *bias;
     int n_bias;
     struct jschema *schema; /* response_format json_object / json_schema, or NULL */
+    /* embeddings (JOB_EMBED): the inputs' ids one after another in prompt, input i at
+     * [embd_off[i], embd_off[i + 1]); each embedding's dims; base64: the response's encoding */
+    int *embd_off;
+    int n_inputs, dims;
+    bool base64;
+    float *embd; /* [n_inputs][dims], L2-normalised: written by the worker before the job is done */
 
     /* guarded by mu; every change calls on_news (set by the connection side, NULL: none) */
     pthread_mutex_t mu;
@@ -335,6 +345,12 @@ char *api_render_chat(struct server *s, const cJSON *req, struct job *j, bool ad
 /* Token ids given as a list (lifted out of the body when lifted->key is key), in [0, V). */
 bool api_id_list(const cJSON *list, const char *key, const struct body_ids *lifted, int V,
                  int32_t **ids, int *n, struct api_error *e);
+
+/* embeddings.c: POST /v1/embeddings. A job from a request (NULL with e set when bad); its
+ * run on the worker (the session's), and its response once done. */
+struct job *api_embed_job(struct server *s, const cJSON *req, struct api_error *e);
+anvil_status api_embed_run(struct server *s, struct job *j);
+cJSON *api_embed_response(struct server *s, struct job *j);
 
 /* endpoints.c: the endpoints beside the OpenAI ones (llama-server's and vLLM's names). */
 cJSON *api_tokenize(struct server *s, const cJSON *req, struct api_error *e);

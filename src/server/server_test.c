@@ -1429,6 +1429,213 @@ static void test_cors(void **state) {
 }
 
 /* /props, /apply-template, and /tokenize and /detokenize under llama-server's names. */
+/* An embedding's floats from a response's data[i] (a list, or base64 of little-endian float32). */
+static int embedding_of(const cJSON *r, int i, float *out, int cap) {
+    char path[32];
+    snprintf(path, sizeof path, "data.%d.embedding", i);
+    const cJSON *e = get(r, path);
+    assert_int_equal(get_int(r, (snprintf(path, sizeof path, "data.%d.index", i), path)), i);
+    assert_string_equal(get_str(r, (snprintf(path, sizeof path, "data.%d.object", i), path)), "embedding");
+    int n = 0;
+    if (cJSON_IsArray(e)) {
+        const cJSON *v;
+        cJSON_ArrayForEach(v, e) {
+            assert_true(n < cap);
+            out[n++] = (float)v->valuedouble;
+        }
+        return n;
+    }
+    assert_true(cJSON_IsString(e));
+    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const char *p = e->valuestring;
+    size_t len = strlen(p), nb = 0;
+    assert_int_equal(len % 4, 0);
+    unsigned char *b = malloc(len / 4 * 3 + 1);
+    for (size_t k = 0; k < len; k += 4) {
+        uint32_t w = 0;
+        int pad = 0;
+        for (int q = 0; q < 4; q++) {
+            const char *c = p[k + q] == '=' ? NULL : strchr(abc, p[k + q]);
+            if (!c) pad++;
+            w = w << 6 | (c ? (uint32_t)(c - abc) : 0);
+        }
+        for (int q = 0; q < 3 - pad; q++) b[nb++] = (unsigned char)(w >> (16 - 8 * q));
+    }
+    assert_int_equal(nb % 4, 0);
+    for (size_t k = 0; k < nb / 4; k++) {
+        uint32_t u = (uint32_t)b[4 * k] | (uint32_t)b[4 * k + 1] << 8 | (uint32_t)b[4 * k + 2] << 16 |
+                     (uint32_t)b[4 * k + 3] << 24;
+        assert_true(n < cap);
+        memcpy(&out[n++], &u, 4);
+    }
+    free(b);
+    return n;
+}
+
+static double norm_of(const float *v, int n) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)v[i] * v[i];
+    return sqrt(ss);
+}
+
+/* POST /v1/embeddings: the final norm's output at the last token (the engine's, computed here
+ * in-process), L2-normalised; dimensions cut and normalise again; several inputs as each alone;
+ * token ids; base64; bad requests are 400s naming the field */
+static void test_embeddings(void **state) {
+    (void)state;
+    enum { C = 256 };
+    static float full[C], got[C], one[C], ref[C];
+    cJSON *r = post_ok("/v1/embeddings", "{\"input\":\"The quick brown fox\",\"model\":\"qwen3-small\"}");
+    assert_string_equal(get_str(r, "object"), "list");
+    assert_string_equal(get_str(r, "model"), "qwen3-small");
+    assert_int_equal(cJSON_GetArraySize(get(r, "data")), 1);
+    assert_int_equal(embedding_of(r, 0, full, C), C);
+    assert_true(fabs(norm_of(full, C) - 1) < 1e-5);
+    int n_tok = get_int(r, "usage.prompt_tokens");
+    assert_int_equal(get_int(r, "usage.total_tokens"), n_tok);
+    cJSON_Delete(r);
+    /* the engine's hidden state for the same ids, normalised here */
+    r = post_ok("/tokenize", "{\"prompt\":\"The quick brown fox\"}");
+    int n = cJSON_GetArraySize(get(r, "tokens"));
+    assert_int_equal(n, n_tok);
+    int32_t ids[64];
+    char body[1024];
+    size_t k = (size_t)snprintf(body, sizeof body, "{\"input\":[");
+    for (int i = 0; i < n; i++) {
+        char p[32];
+        snprintf(p, sizeof p, "tokens.%d", i);
+        ids[i] = get_int(r, p);
+        k += (size_t)snprintf(body + k, sizeof body - k, "%s%d", i ? "," : "", ids[i]);
+    }
+    snprintf(body + k, sizeof body - k, "]}");
+    cJSON_Delete(r);
+    anvil_model_params mp = {2};
+    anvil_model *m;
+    assert_int_equal(anvil_model_open(tu_testdata("reference/qwen3-small"), &mp, &m), ANVIL_OK);
+    assert_int_equal(anvil_model_width(m), C);
+    anvil_session *s = tu_session(m, ANVIL_BACKEND_CPU, 64);
+    assert_int_equal(anvil_session_embed(s, ids, n, ref, C), ANVIL_OK);
+    double nr = norm_of(ref, C);
+    for (int i = 0; i < C; i++) assert_true(fabsf(full[i] - (float)(ref[i] / nr)) < 1e-5f);
+    anvil_session_destroy(s);
+    anvil_model_close(m);
+    /* token ids give the same */
+    r = post_ok("/v1/embeddings", body);
+    assert_int_equal(embedding_of(r, 0, got, C), C);
+    assert_true(tu_max_diff(got, full, C) < 1e-5f);
+    cJSON_Delete(r);
+    /* dimensions: the first 32, normalised again */
+    r = post_ok("/v1/embeddings", "{\"input\":\"The quick brown fox\",\"dimensions\":32}");
+    assert_int_equal(embedding_of(r, 0, got, C), 32);
+    double n32 = norm_of(full, 32);
+    for (int i = 0; i < 32; i++) assert_true(fabsf(got[i] - (float)(full[i] / n32)) < 1e-5f);
+    cJSON_Delete(r);
+    /* base64 (what OpenAI's client asks for by default): the same floats */
+    r = post_ok("/v1/embeddings", "{\"input\":\"The quick brown fox\",\"encoding_format\":\"base64\"}");
+    assert_int_equal(embedding_of(r, 0, got, C), C);
+    assert_true(tu_max_diff(got, full, C) < 1e-6f);
+    cJSON_Delete(r);
+    /* several inputs (a prefix shared, texts and ids mixed): each as it is alone */
+    const char *texts[] = {"The quick brown fox jumps", "Hello", "The quick brown cat"};
+    r = post_ok("/v1/embeddings", "{\"input\":[\"The quick brown fox jumps\",\"Hello\",\"The quick brown cat\"]}");
+    assert_int_equal(cJSON_GetArraySize(get(r, "data")), 3);
+    int total = 0;
+    for (int i = 0; i < 3; i++) {
+        char one_body[256];
+        snprintf(one_body, sizeof one_body, "{\"input\":\"%s\"}", texts[i]);
+        cJSON *a = post_ok("/v1/embeddings", one_body);
+        assert_int_equal(embedding_of(a, 0, one, C), C);
+        total += get_int(a, "usage.prompt_tokens");
+        cJSON_Delete(a);
+        assert_int_equal(embedding_of(r, i, got, C), C);
+        assert_true(tu_max_diff(got, one, C) < 1e-5f);
+    }
+    assert_int_equal(get_int(r, "usage.prompt_tokens"), total);
+    cJSON_Delete(r);
+    r = post_ok("/v1/embeddings", "{\"input\":[[1,2,3],[4,5]]}");
+    assert_int_equal(cJSON_GetArraySize(get(r, "data")), 2);
+    assert_int_equal(get_int(r, "usage.prompt_tokens"), 5);
+    cJSON_Delete(r);
+    /* bad requests */
+    const char *bad[][2] = {
+        {"{}", "input"},
+        {"{\"input\":\"\"}", "input"},
+        {"{\"input\":[]}", "input"},
+        {"{\"input\":[\"a\",\"\"]}", "input[1]"},
+        {"{\"input\":[[]]}", "input[0]"},
+        {"{\"input\":3}", "input"},
+        {"{\"input\":[\"a\",3]}", "input[1]"},
+        {"{\"input\":[1,\"a\"]}", "input"},
+        {"{\"input\":[1.5]}", "input"},
+        {"{\"input\":[-1]}", "input"},
+        {"{\"input\":[99999999]}", "input"},
+        {"{\"input\":\"a\",\"dimensions\":0}", "dimensions"},
+        {"{\"input\":\"a\",\"dimensions\":257}", "dimensions"},
+        {"{\"input\":\"a\",\"dimensions\":2.5}", "dimensions"},
+        {"{\"input\":\"a\",\"dimensions\":\"8\"}", "dimensions"},
+        {"{\"input\":\"a\",\"encoding_format\":\"hex\"}", "encoding_format"},
+        {"{\"input\":\"a\",\"user\":5}", "user"},
+        {"{\"input\":\"a\",\"pooling\":\"mean\"}", "pooling"},
+        {"{\"input\":\"a\",\"model\":\"other\"}", "model"},
+    };
+    for (size_t i = 0; i < ARRAY_LEN(bad); i++) {
+        char *out;
+        long st = http("POST", "/v1/embeddings", bad[i][0], KEY, &out);
+        if (st != 400 && st != 404) fail_msg("%s -> %ld: %s", bad[i][0], st, out);
+        cJSON *e = cJSON_Parse(out);
+        const cJSON *param = get(e, "error.param");
+        if (!cJSON_IsString(param) || strcmp(param->valuestring, bad[i][1]))
+            fail_msg("%s -> %s (param %s wanted)", bad[i][0], out, bad[i][1]);
+        cJSON_Delete(e);
+        free(out);
+    }
+    /* a tokenizer.json whose post-processor ends a text with <|endoftext|> (Qwen3-Embedding's):
+     * a text to embed gets it, as transformers' tokenizer(text) adds it */
+    size_t tlen;
+    char *tj = tu_read_file(tu_testdata("reference/qwen3-small/tokenizer.json"), &tlen);
+    assert_non_null(tj);
+    const char *pp = strstr(tj, "\"post_processor\": null");
+    assert_non_null(pp);
+    char *dir = tu_tmpdir(), path[512];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    struct sbuf eos = {0};
+    sbuf_add(&eos, tj, (size_t)(pp - tj));
+    sbuf_adds(&eos, "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"Sequence\": "
+                    "{\"id\": \"A\", \"type_id\": 0}}, {\"SpecialToken\": {\"id\": \"<|endoftext|>\", "
+                    "\"type_id\": 0}}], \"pair\": [], \"special_tokens\": {}}");
+    sbuf_adds(&eos, pp + strlen("\"post_processor\": null"));
+    tu_write_file(path, eos.p, eos.len);
+    sbuf_free(&eos);
+    free(tj);
+    struct srv_text *plain_t, *eos_t;
+    assert_int_equal(srv_text_open(tu_testdata("reference/qwen3-small"), NULL, NULL, &plain_t), ANVIL_OK);
+    assert_int_equal(srv_text_open(path, NULL, NULL, &eos_t), ANVIL_OK);
+    int32_t *a, *b;
+    int na, nb;
+    assert_int_equal(srv_text_tokenize_input(plain_t, "The quick brown fox", &a, &na), ANVIL_OK);
+    assert_int_equal(srv_text_tokenize_input(eos_t, "The quick brown fox", &b, &nb), ANVIL_OK);
+    assert_int_equal(na, n);
+    assert_int_equal(nb, n + 1);
+    assert_memory_equal(a, b, (size_t)n * sizeof *a);
+    assert_int_equal(b[n], srv_text_find(eos_t, "<|endoftext|>"));
+    free(a);
+    free(b);
+    srv_text_close(plain_t);
+    srv_text_close(eos_t);
+    tu_rmdir(dir);
+    free(dir);
+    /* longer than the context (4096 tokens) */
+    struct sbuf big = {0};
+    sbuf_adds(&big, "{\"input\":[");
+    for (int i = 0; i < 4097; i++) sbuf_adds(&big, i ? ",7" : "7");
+    sbuf_adds(&big, "]}");
+    char *out;
+    long st = http("POST", "/v1/embeddings", big.p, KEY, &out);
+    if (st != 400 || !strstr(out, "more than the context")) fail_msg("4097 tokens -> %ld: %s", st, out);
+    free(out);
+    sbuf_free(&big);
+}
+
 static void test_llama_endpoints(void **state) {
     (void)state;
     char *out;
@@ -2095,6 +2302,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_template_spans),
         cmocka_unit_test(test_cors),
         cmocka_unit_test(test_llama_endpoints),
+        cmocka_unit_test(test_embeddings),
         cmocka_unit_test(test_access_log),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_json_grammar),

@@ -1,4 +1,5 @@
 /* server: the tokenizer as the server uses it — chat rendering, ids ↔ text, stop ids. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "server_impl.h"
@@ -17,6 +18,10 @@ struct srv_text {
     int n_stop;
     struct ctrl *ctrl; /* [n_ctrl] */
     int n_ctrl;
+    /* what tokenizer.json's post-processor (TemplateProcessing) puts around a text: its
+     * special tokens before and after the sequence (Qwen3-Embedding: <|endoftext|> after) */
+    int32_t post_pre[4], post_post[4];
+    int n_pre, n_post;
 };
 
 struct srv_decoder {
@@ -29,6 +34,44 @@ static void add_stop(struct srv_text *t, int32_t id) {
     for (int i = 0; i < t->n_stop; i++)
         if (t->stop_ids[i] == id) return;
     if (t->n_stop < (int)ARRAY_LEN(t->stop_ids)) t->stop_ids[t->n_stop++] = id;
+}
+
+/* The special tokens a tokenizer.json's post-processor puts around a single text (a
+ * TemplateProcessing, alone or in a Sequence); none for a .gguf or without one. */
+static void read_post_processor(struct srv_text *t, const char *path) {
+    size_t len = strlen(path);
+    char *file = xmalloc(len + 16);
+    if (!file) return;
+    if (len > 5 && !strcmp(path + len - 5, ".json")) snprintf(file, len + 16, "%s", path);
+    else snprintf(file, len + 16, "%s/tokenizer.json", path);
+    struct mapped_file mf;
+    bool mapped = mapped_file_open(&mf, file) == ANVIL_OK;
+    free(file);
+    if (!mapped) return;
+    /* (the key is near the file's start, before the vocabulary; only its value is parsed) */
+    const char *key = "\"post_processor\"", *p = NULL;
+    for (size_t i = 0; !p && i + strlen(key) < mf.size && i < ((size_t)1 << 20); i++)
+        if (!memcmp((const char *)mf.data + i, key, strlen(key))) p = (const char *)mf.data + i + strlen(key);
+    while (p && p < (const char *)mf.data + mf.size && (*p == ' ' || *p == ':' || *p == '\n')) p++;
+    cJSON *pp = p ? cJSON_ParseWithLengthOpts(p, mf.size - (size_t)(p - (const char *)mf.data), NULL, false) : NULL;
+    const cJSON *tp = pp, *procs = cJSON_GetObjectItemCaseSensitive(pp, "processors"), *it;
+    cJSON_ArrayForEach(it, procs) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(it, "type");
+        if (cJSON_IsString(type) && !strcmp(type->valuestring, "TemplateProcessing")) tp = it;
+    }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(tp, "type");
+    if (cJSON_IsString(type) && !strcmp(type->valuestring, "TemplateProcessing")) {
+        bool after = false;
+        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(tp, "single")) {
+            if (cJSON_GetObjectItemCaseSensitive(it, "Sequence")) after = true;
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(it, "SpecialToken"), "id");
+            int32_t tok = cJSON_IsString(id) ? anvil_tokenizer_find(t->tok, id->valuestring) : -1;
+            if (tok >= 0 && after && t->n_post < 4) t->post_post[t->n_post++] = tok;
+            if (tok >= 0 && !after && t->n_pre < 4) t->post_pre[t->n_pre++] = tok;
+        }
+    }
+    cJSON_Delete(pp);
+    mapped_file_close(&mf);
 }
 
 anvil_status srv_text_open(const char *path, const char *template_text,
@@ -67,6 +110,7 @@ anvil_status srv_text_open(const char *path, const char *template_text,
         }
         t->ctrl[t->n_ctrl++] = (struct ctrl){id, text, len};
     }
+    read_post_processor(t, path);
     add_stop(t, anvil_tokenizer_eos(t->tok));
     add_stop(t, anvil_tokenizer_find(t->tok, "<|im_end|>"));
     add_stop(t, anvil_tokenizer_find(t->tok, "<|endoftext|>"));
@@ -398,6 +442,29 @@ anvil_status srv_text_tokenize(struct srv_text *t, const char *text, int32_t **i
         return err_set(ANVIL_ERR_RANGE, "the text has too many tokens");
     }
     *n = (int)count;
+    return ANVIL_OK;
+}
+
+anvil_status srv_text_tokenize_input(struct srv_text *t, const char *text, int32_t **ids, int *n) {
+    int32_t *body = NULL;
+    int nb = 0;
+    anvil_status st = srv_text_tokenize(t, text, &body, &nb);
+    if (st != ANVIL_OK || nb == 0 || (!t->n_pre && !t->n_post)) { /* (an empty text stays empty) */
+        *ids = body;
+        *n = nb;
+        return st;
+    }
+    int32_t *all = xmalloc((size_t)(t->n_pre + nb + t->n_post) * sizeof *all);
+    if (!all) {
+        free(body);
+        return ANVIL_ERR_NOMEM;
+    }
+    memcpy(all, t->post_pre, (size_t)t->n_pre * sizeof *all);
+    memcpy(all + t->n_pre, body, (size_t)nb * sizeof *all);
+    memcpy(all + t->n_pre + nb, t->post_post, (size_t)t->n_post * sizeof *all);
+    free(body);
+    *ids = all;
+    *n = t->n_pre + nb + t->n_post;
     return ANVIL_OK;
 }
 

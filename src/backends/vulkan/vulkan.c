@@ -572,8 +572,11 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
     struct vk_prog *p = xcalloc(1, sizeof *p);
     if (!p) st = ANVIL_ERR_NOMEM;
     if (st == ANVIL_OK) st = vk_rope_params(g, &p->n_rot, &p->theta);
+    /* the decode program ends in the LM head: one token whose output is another node (the final
+     * norm's, for embeddings), like a batch graph, runs as a prefill program of one row */
+    bool decode = g->n_tokens == 1 && !g->n_seqs && g->nodes[g->output].op == OP_MATMUL;
     if (st == ANVIL_OK)
-        st = g->n_tokens == 1 && !g->n_seqs ? vk_program_create(b, g, &p->decode) : vk_prefill_create(b, g, &p->prefill);
+        st = decode ? vk_program_create(b, g, &p->decode) : vk_prefill_create(b, g, &p->prefill);
     if (st == ANVIL_OK) st = vk_check_validation(b->d);
     if (st != ANVIL_OK) {
         vk_prog_destroy((struct program *)p);
