@@ -58,7 +58,8 @@ anvil_status srv_text_tokenize_chat(struct srv_text *t, const char *text,
 anvil_status srv_text_tokenize(struct srv_text *t, const char *text, int32_t **ids, int *n);
 /* A text to embed → ids as srv_text_tokenize gives them, with the special tokens that the
  * tokenizer.json's post-processor puts around a text (Qwen3-Embedding's <|endoftext|> at the
- * end), as transformers' tokenizer(text) adds them; an empty text stays empty. */
+ * end), as transformers' tokenizer(text) adds them (a .gguf's: add_bos_token, add_eos_token);
+ * an empty text stays empty. */
 anvil_status srv_text_tokenize_input(struct srv_text *t, const char *text, int32_t **ids, int *n);
 /* The exact bytes of one token (an added token as its text; possibly part of a UTF-8
  * character) into out. */

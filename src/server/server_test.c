@@ -27,6 +27,7 @@
 #include <cjson/cJSON.h>
 
 #include "anvil.h"
+#include "formats/gguf.h"
 #include "server_impl.h" /* test_request_checks calls the request path directly */
 #include "testutil.h"
 
@@ -1618,6 +1619,31 @@ static void test_embeddings(void **state) {
     assert_int_equal(nb, n + 1);
     assert_memory_equal(a, b, (size_t)n * sizeof *a);
     assert_int_equal(b[n], srv_text_find(eos_t, "<|endoftext|>"));
+    free(a);
+    free(b);
+    srv_text_close(plain_t);
+    srv_text_close(eos_t);
+    /* the same from a .gguf tokenizer that says add_eos_token (llama.cpp's Qwen3-Embedding) */
+    struct gguf_file *gf;
+    assert_int_equal(gguf_open(tu_testdata("gguf/qwen3-small/qwen3-small-F32.gguf"), &gf), ANVIL_OK);
+    snprintf(path, sizeof path, "%s/eos.gguf", dir);
+    struct gguf_writer *w;
+    assert_int_equal(gguf_writer_create(path, &w), ANVIL_OK);
+    for (int64_t i = 0; i < gf->n_kv; i++)
+        if (strcmp(gf->kv[i].key, "tokenizer.ggml.add_eos_token"))
+            assert_int_equal(gguf_writer_copy_kv(w, &gf->kv[i]), ANVIL_OK);
+    assert_int_equal(gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", true), ANVIL_OK);
+    assert_int_equal(gguf_writer_finish(w), ANVIL_OK);
+    int64_t eos_id;
+    assert_true(gguf_get_int(gf, "tokenizer.ggml.eos_token_id", &eos_id));
+    gguf_close(gf);
+    assert_int_equal(srv_text_open(tu_testdata("gguf/qwen3-small/qwen3-small-F32.gguf"), NULL, NULL, &plain_t), ANVIL_OK);
+    assert_int_equal(srv_text_open(path, NULL, NULL, &eos_t), ANVIL_OK);
+    assert_int_equal(srv_text_tokenize_input(plain_t, "The quick brown fox", &a, &na), ANVIL_OK);
+    assert_int_equal(srv_text_tokenize_input(eos_t, "The quick brown fox", &b, &nb), ANVIL_OK);
+    assert_int_equal(nb, na + 1);
+    assert_memory_equal(a, b, (size_t)na * sizeof *a);
+    assert_int_equal(b[na], (int32_t)eos_id);
     free(a);
     free(b);
     srv_text_close(plain_t);

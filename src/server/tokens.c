@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "formats/gguf.h"
 #include "server_impl.h"
 
 /* A control token's text (<|im_start|>, ...). */
@@ -36,10 +37,30 @@ static void add_stop(struct srv_text *t, int32_t id) {
     if (t->n_stop < (int)ARRAY_LEN(t->stop_ids)) t->stop_ids[t->n_stop++] = id;
 }
 
-/* The special tokens a tokenizer.json's post-processor puts around a single text (a
- * TemplateProcessing, alone or in a Sequence); none for a .gguf or without one. */
+/* A .gguf tokenizer's tokenizer.ggml.add_bos_token / add_eos_token (llama.cpp's converter sets
+ * add_eos_token, with <|endoftext|> the eos, for Qwen3-Embedding). */
+static void read_gguf_added(struct srv_text *t, const char *path) {
+    struct gguf_file *gf;
+    if (gguf_open(path, &gf) != ANVIL_OK) return;
+    bool add;
+    int64_t id;
+    if (gguf_get_bool(gf, "tokenizer.ggml.add_bos_token", &add) && add &&
+        gguf_get_int(gf, "tokenizer.ggml.bos_token_id", &id) && id >= 0 && id < anvil_tokenizer_vocab_size(t->tok))
+        t->post_pre[t->n_pre++] = (int32_t)id;
+    if (gguf_get_bool(gf, "tokenizer.ggml.add_eos_token", &add) && add &&
+        gguf_get_int(gf, "tokenizer.ggml.eos_token_id", &id) && id >= 0 && id < anvil_tokenizer_vocab_size(t->tok))
+        t->post_post[t->n_post++] = (int32_t)id;
+    gguf_close(gf);
+}
+
+/* The special tokens a tokenizer puts around a single text: a tokenizer.json's post-processor
+ * (a TemplateProcessing, alone or in a Sequence), a .gguf's add_bos_token / add_eos_token. */
 static void read_post_processor(struct srv_text *t, const char *path) {
     size_t len = strlen(path);
+    if (len > 5 && !strcmp(path + len - 5, ".gguf")) {
+        read_gguf_added(t, path);
+        return;
+    }
     char *file = xmalloc(len + 16);
     if (!file) return;
     if (len > 5 && !strcmp(path + len - 5, ".json")) snprintf(file, len + 16, "%s", path);
