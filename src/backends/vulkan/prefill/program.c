@@ -66,9 +66,11 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     struct graph_plan P;
     anvil_status st = graph_plan_init(g, true, &P);
     if (st != ANVIL_OK) goto done;
+    int state_rows = 0; /* a graph without attention (the per-op harness's): its last state's rows */
     for (int i = 0; i < n; i++) {
         const struct node *nd = &g->nodes[i];
         if (nd->op == OP_ATTENTION) p->n_ctx = (int)g->nodes[nd->src[3]].ne[2]; /* the cache's rows */
+        if (nd->op == OP_STATE) state_rows = (int)nd->ne[2];
         if (nd->op == OP_ROPE && nd->p.i[1] + nd->p.i[2] + nd->p.i[3] > 0) { /* M-RoPE: images */
             p->mm = true;
             memcpy(p->mrope, nd->p.i + 1, 3 * sizeof *p->mrope);
@@ -76,6 +78,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         }
         if (nd->op == OP_EMBED) p->C = (uint32_t)nd->ne[0];
     }
+    if (!p->n_ctx) p->n_ctx = state_rows;
     int o = g->output;
     if (!p->n_ctx || !pf_materialised(&g->nodes[P.root[o]])) {
         st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: no KV cache or no computed output");
