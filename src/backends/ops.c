@@ -418,7 +418,9 @@ static anvil_status bench(const struct ops_case *c, const struct ops_opts *o, st
         r->timed = true;
         r->us = MAX(t_full - t_base, 1e-3);
         r->flops = b->flops;
-        snprintf(r->kernels, sizeof r->kernels, "(chunk %.1f us - baseline %.1f us)", t_full, t_base);
+        size_t kl = strlen(r->kernels);
+        snprintf(r->kernels + kl, sizeof r->kernels - kl, "%s(chunk %.1f us - baseline %.1f us)", kl ? " " : "",
+                 t_full, t_base);
         return ANVIL_OK;
     }
     if (!vk->vt->time) return err_set(ANVIL_ERR_UNSUPPORTED, "ops: the %s backend times no dispatches", vk->vt->name);
@@ -477,6 +479,8 @@ anvil_status ops_run(const struct ops_case *c, const struct ops_opts *o, struct 
         if (st == ANVIL_OK && (strstr(r->kernels, "qx") || strstr(r->kernels, "mega"))) r->tol = 3e-2;
         r->timed = r->timed && o->bench;
     }
+    /* prefill: the program's kernels (vk_prefill_describe) */
+    if (st == ANVIL_OK && c->T > 1 && vk->vt->describe) vk->vt->describe(pv, r->kernels, sizeof r->kernels);
     if (st == ANVIL_OK && o->check) st = check(c, o, &b, vk, pv, n_out, r);
     if (st == ANVIL_OK && o->bench && c->T > 1) st = bench(c, o, &b, vk, pv, r);
     if (pv) vk->vt->program_destroy(pv);

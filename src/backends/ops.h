@@ -104,7 +104,8 @@ struct ops_result {
     double bytes;    /* decode: what its dispatches read per run (GB/s = bytes / us / 1e3) */
     double flops;    /* prefill: 2 x multiply-adds per run */
     int n_dispatches;
-    char kernels[160]; /* the timed kernels' names, "+"-joined (decode) */
+    char kernels[320]; /* the timed kernels' names, "+"-joined (decode); the program's
+                          description, then its time less the baseline's (prefill) */
     char device[128];
 };
 

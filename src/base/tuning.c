@@ -89,8 +89,9 @@ static const struct knob KNOBS[] = {
         "the device accelerates 8-bit dot products: 8B Q4_K_M decode 219 -> 262 t/s, Q8_0 203 -> "
         "218 on the H100 (docs/perf/log.md §23)."),
     BOOL("ANVIL_CPU_QX", C_DIAGNOSTIC, cpu_qx, 0,
-         "The CPU backend rounds its one-token matmul inputs as the Vulkan integer-dot-product "
-         "path does: the oracle for that path (vulkan_test)."),
+         "The CPU backend rounds its matmul inputs of one row, and of up to ANVIL_VK_MMB rows "
+         "(the small-batch products), as the Vulkan integer-dot-product path does: the oracle "
+         "for that path (vulkan_test, ops_test)."),
     INT("ANVIL_CPU_GDN_CHUNK", C_DIAGNOSTIC, cpu_gdn_chunk, 0, 0, 4096, NULL,
         "The CPU backend's Gated DeltaNet over a prompt (more than one token) in chunks of this "
         "many tokens, as matrix products within a chunk (the chunked form, the Vulkan prefill's); "
@@ -156,11 +157,14 @@ static const struct knob KNOBS[] = {
     BOOL("ANVIL_VK_PF_GROUP", C_DIAGNOSTIC, vk_pf_group, 1,
          "The prefill's products of one input (q, k, v; gate, up) side by side on workgroup "
          "matrices; 0 runs them one at a time."),
-    INT("ANVIL_VK_MMB", C_DIAGNOSTIC, vk_mmb, 0, 0, 32, NULL,
-        "Prompt chunks of at most this many tokens (2 or more) multiply on mmb.comp, every "
-        "weight read once for all of them (docs/BATCHING.md): 8B Q4_K_M pp4 41.5 -> 355 t/s, "
-        "pp16 468 -> 520 on the H200; at 32 the float16 products are faster (934 against 549, "
-        "docs/perf/log.md §41). 0 keeps every chunk on mm.comp and the float16 products."),
+    INT("ANVIL_VK_MMB", C_DIAGNOSTIC, vk_mmb, 32, 0, 32, NULL,
+        "Products of at most this many rows (2 or more: a short prompt chunk, a batch of "
+        "sequences) run as small-batch products, every weight read once for all rows "
+        "(docs/BATCHING.md): mmb.comp, or where the device takes integer dot products (inputs "
+        "rounded to int8 as decode's, ANVIL_VK_QX) and past 8 rows mmbt.comp's tiles for Q8_0, "
+        "Q4_K, Q5_K and Q6_K. 8B Q4_K_M on the H200, pp4 / 8 / 16 / 32: 41.5 / 82.6 / 468 / 930 "
+        "t/s with 0, 441 / 611 (mmb.comp) / 908 / 1,309 (tiles) with 32 (docs/perf/log.md §49). "
+        "0 keeps every chunk on mm.comp and the float16 products."),
     INT("ANVIL_VK_BATCH_MMB", C_DIAGNOSTIC, vk_batch_mmb, 16, 0, 32, NULL,
         "Steps of a batch of sequences (anvil_batch, docs/BATCHING.md) over at most this many "
         "rows multiply on mmb.comp's float-input path (or its integer one where ANVIL_VK_MMB "

@@ -29,6 +29,7 @@ struct cpu_backend {
     int n_states;
     bool kv16; /* k and v rounded to float16 in the cache (backend_cpu_create) */
     bool round_x; /* ANVIL_CPU_QX (when the backend was made): one-token matmul inputs rounded as QX */
+    int round_rows; /* and those of up to this many rows (ANVIL_VK_MMB: the small-batch products') */
     int gdn_chunk; /* ANVIL_CPU_GDN_CHUNK: the Gated DeltaNet of T > 1 tokens in chunks of this many
                       (gdn.h's chunked form), 0: token by token (the recurrent form) */
 };
@@ -52,10 +53,12 @@ struct cpu_program {
     int32_t *row_seq, *row_pos; /* [T], owned */
     const int32_t *blocks;
     int max_blocks;
-    /* ANVIL_CPU_QX=1: one-token matmuls with weights of dtype_rounds_x multiply the input
-     * rounded to int8 blocks (x_round_q8), as the Vulkan decode program's integer dot
-     * products do: the oracle for that path */
+    /* ANVIL_CPU_QX=1: matmuls of one row, and of up to round_rows rows, with weights of
+     * dtype_rounds_x multiply their input rows rounded to int8 blocks (x_round_q8), as the
+     * Vulkan decode program's and small-batch products' integer dot products do: the oracle
+     * for that path */
     bool round_x;
+    int round_rows;
 };
 
 #define MATMUL_ROWS 8 /* weight rows dequantised together, reused across all T inputs */
@@ -107,8 +110,9 @@ static void matmul_raw(struct cpu_program *p, const float *x, int type, const vo
 static void op_matmul(struct cpu_program *p, const struct node *n, const struct node *wn,
                       const float *x, float *out) {
     const struct tensor_info *w = wn->weight;
-    if (p->round_x && node_nelem(n) == wn->ne[1] && dtype_rounds_x(w->type)) {
-        x_round_q8(x, p->op_scratch, wn->ne[0]);
+    int64_t K = wn->ne[0], T = node_nelem(n) / wn->ne[1];
+    if (p->round_x && (T == 1 || T <= p->round_rows) && dtype_rounds_x(w->type)) {
+        for (int64_t t = 0; t < T; t++) x_round_q8(x + t * K, p->op_scratch + t * K, K);
         x = p->op_scratch;
     }
     matmul_raw(p, x, w->type, w->data, wn->op == OP_WEIGHT_ROWS ? wn->rows : NULL, wn->ne[0],
@@ -551,6 +555,7 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
     if (!p) return ANVIL_ERR_NOMEM;
     p->b = b;
     p->round_x = b->round_x;
+    p->round_rows = b->round_rows;
     anvil_status st = graph_init(&p->g, g->n_tokens);
     int n = g->n_nodes;
     struct graph_plan P = {0};
@@ -594,7 +599,9 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
         if (nd->op == OP_STATE && (st = bind_state(b, nd)) != ANVIL_OK) goto fail;
         if (nd->op == OP_MATMUL) {
             max_k = MAX(max_k, nd->ne[1] ? p->g.nodes[nd->src[0]].ne[0] * MATMUL_ROWS : 1);
-            op_need = MAX(op_need, p->g.nodes[nd->src[0]].ne[0]); /* the rounded input */
+            /* the rounded input rows */
+            int64_t K = p->g.nodes[nd->src[0]].ne[0], T = nd->ne[0] ? node_nelem(nd) / nd->ne[0] : 1;
+            op_need = MAX(op_need, T <= b->round_rows ? K * T : K);
         }
         if (nd->op == OP_ATTENTION) max_k = MAX(max_k, p->g.nodes[nd->src[3]].ne[2]);
     }
@@ -695,6 +702,7 @@ anvil_status backend_cpu_create(int n_threads, bool kv16, struct backend **out) 
     struct tuning t;
     anvil_status st = tuning_read(&t);
     b->round_x = t.cpu_qx;
+    b->round_rows = t.cpu_qx ? t.vk_mmb : 0;
     b->gdn_chunk = t.cpu_gdn_chunk;
     if (st == ANVIL_OK) st = thread_pool_create(n_threads, &b->pool);
     if (st != ANVIL_OK) {

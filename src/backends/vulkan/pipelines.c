@@ -126,6 +126,10 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_GDNC_RECUR] = KI(spv_gdn_chunk, "gdn_chunk_recur", VK_OP_NONE, 0, GDNC_MODE_RECUR, SPECS_MODE, PUSH_GDNC),
     [K_QX] = KI(spv_qx, "qx", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_QX),
     [K_MMB_ROUND] = KI(spv_mmb_round, "mmb_round", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMB_ROUND),
+    [K_MMBT_Q8_0] = KI(spv_mmbt_q8_0, "mmbt_q8_0", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMB),
+    [K_MMBT_Q4_K] = KI(spv_mmbt_q4_k, "mmbt_q4_k", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMB),
+    [K_MMBT_Q5_K] = KI(spv_mmbt_q5_k, "mmbt_q5_k", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMB),
+    [K_MMBT_Q6_K] = KI(spv_mmbt_q6_k, "mmbt_q6_k", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMB),
     [K_MATVEC_ROUTE_F32] = KI(spv_matvec_route_f32, "matvec_route_f32", VK_OP_MATVEC_ROUTE, DT_F32,
                               MV_MODE_PRODUCTS, SPECS_MATVEC, PUSH_MATVEC),
     [K_MATVEC_ROUTE_F16] = KI(spv_matvec_route_f16, "matvec_route_f16", VK_OP_MATVEC_ROUTE, DT_F16,
@@ -158,6 +162,23 @@ enum vk_kernel vk_kernel_qx(enum vk_op op, int dtype, bool teams, int xm) {
             kernels[k].xm == xm)
             return (enum vk_kernel)k;
     return K_NONE;
+}
+
+/* the small-batch products tiled by mmbt.comp */
+static bool mmb_tiled(enum vk_kernel k) { return k >= K_MMBT_Q8_0 && k <= K_MMBT_Q6_K; }
+
+enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *pl, int dtype, uint32_t T) {
+    /* 8B Q4_K_M on the H200 (perf rule "small-batch products"): pp4 / 8 / 16 / 32 441 /
+     * 611 / 729 / 799 t/s on mmb.comp QX, 306 / 547 / 908 / 1,309 on the tiles */
+    enum vk_kernel t = dtype == DT_Q8_0 ? K_MMBT_Q8_0 : dtype == DT_Q4_K ? K_MMBT_Q4_K
+                     : dtype == DT_Q5_K ? K_MMBT_Q5_K : dtype == DT_Q6_K ? K_MMBT_Q6_K : K_NONE;
+    if (T > 8 && t != K_NONE && vk_pipeline_supported(d, pl, t)) return t;
+    enum vk_kernel k = vk_kernel_qx(VK_OP_MMB, dtype, false, 0);
+    return k != K_NONE && vk_pipeline_supported(d, pl, k) ? k : K_NONE;
+}
+
+uint32_t vk_mmb_rows(const struct vk_device *d, enum vk_kernel k) {
+    return mmb_tiled(k) ? 32u : 256u / d->subgroup_size * (uint32_t)d->tune.vk_mmb_rs;
 }
 
 static void cache_path(struct vk_device *d, char *out, size_t cap) {
@@ -380,6 +401,7 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
     /* (the QX variants only where the decode takes integer dot products: 40 pipelines lavapipe
      * would compile at every start) */
     if (ki->specs == SPECS_QXV) return vk_use_qx(d) && qxv_spec(d, p, k, NULL);
+    if (mmb_tiled(k)) return d->int_dot && d->subgroup_shuffle && d->subgroup_size >= 8; /* (its parts' sums) */
     if (ki->qx) return d->int_dot;
     return ki->code != NULL;
 }

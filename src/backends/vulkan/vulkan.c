@@ -672,6 +672,7 @@ static anvil_status vk_vit_encode(struct backend *base, const struct vit_desc *d
 static void vk_describe(struct program *pp, char *buf, size_t cap) {
     struct vk_prog *pr = (struct vk_prog *)pp;
     if (cap) buf[0] = 0;
+    if (!pr->decode && pr->prefill) vk_prefill_describe(pr->prefill, buf, cap);
     if (!pr->decode) return;
     struct vk_program *p = pr->decode;
     struct vk_stats s;

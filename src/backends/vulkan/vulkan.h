@@ -90,6 +90,9 @@ anvil_status vk_program_time(struct vk_program *p, int pos, int reps, struct dis
 struct vk_prefill;
 anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, struct vk_prefill **out);
 void vk_prefill_destroy(struct vk_prefill *p);
+/* "prefill chunk of T tokens: N kernels: " then the distinct kernels' names in the order they
+ * first run, space-separated, into buf (cap bytes, NUL-terminated); returns its length. */
+size_t vk_prefill_describe(const struct vk_prefill *p, char *buf, size_t cap);
 /* Runs the chunk tokens[T] at pos0; out (when not NULL) receives the output rows. */
 anvil_status vk_prefill_run(struct vk_prefill *p, const int32_t *tokens, int pos0, float *out);
 /* Runs a batch program (a batch graph's, g->n_seqs > 0) on rows r (T of them); out as for

@@ -254,6 +254,9 @@ enum vk_kernel {
     K_VIT_NORM, K_VIT_BIAS, K_VIT_POS, K_VIT_ROPE, K_VIT_ATTN,
     /* the inputs of mmb.comp's QX products rounded to int8 (mmb_round.comp) */
     K_MMB_ROUND,
+    /* the small-batch products on integer dot products, tiled (mmbt.comp): of more than 8 rows,
+     * where the device has subgroup shuffles (vk_mmb_qx) */
+    K_MMBT_Q8_0, K_MMBT_Q4_K, K_MMBT_Q5_K, K_MMBT_Q6_K,
     K_COUNT,
 };
 
@@ -288,6 +291,10 @@ enum vk_kernel vk_kernel_for(enum vk_op op, int dtype);
  * (XM 0, 1, 2); K_NONE where there is none. The device and the decode take it where
  * vk_pipeline_supported says so. */
 enum vk_kernel vk_kernel_qx(enum vk_op op, int dtype, bool teams, int xm);
+/* Rows of W a workgroup of small-batch product kernel k (K_MMB_*, K_MMB_QX_*, K_MMBT_*) takes:
+ * its grid is ceil(N / vk_mmb_rows) workgroups (numbered x + y * gx where it is 2-D): 32 for
+ * mmbt.comp, mmb.comp's subgroups of ANVIL_VK_MMB_RS rows for the others. */
+uint32_t vk_mmb_rows(const struct vk_device *d, enum vk_kernel k);
 
 #define VK_PUSH_BYTES 128
 /* mm_cm2.comp's tile: VK_CM2_BM tokens x VK_CM2_BN outputs, K walked VK_CM2_BK at a time, by
@@ -345,6 +352,11 @@ struct vk_pipelines {
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out);
 /* Whether kernel k runs on this device with these shapes (its pipeline made or still to make). */
 bool vk_pipeline_supported(const struct vk_device *d, const struct vk_pipelines *p, enum vk_kernel k);
+/* The small-batch product on integer dot products of T rows (2 .. 32) for weights of type
+ * dtype: mmbt.comp's tiles (K_MMBT_*) for Q8_0, Q4_K, Q5_K and Q6_K at more than 8 rows, else
+ * mmb.comp QX (K_MMB_QX_*); K_NONE where there is none or the device lacks it. Its input is
+ * mmb_round.comp's (both read the same layout). */
+enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *pl, int dtype, uint32_t T);
 /* Makes kernel k's pipeline p->p[k] if it is not made yet and the device takes it (else it stays
  * VK_NULL_HANDLE): before anything records a dispatch of it. */
 anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *p, enum vk_kernel k);

@@ -48,6 +48,8 @@ anvil_status pf_emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, ui
 anvil_status pf_emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push, size_t size) {
     anvil_status st = pf_flush_group(p);
     p->xh_of = 0;
+    if (k != K_MMB_ROUND && vk_kernel_info(k)->op != VK_OP_MMB && (k < K_MMBT_Q8_0 || k > K_MMBT_Q6_K))
+        p->mmbq_of = 0; /* (mmbq's rows stay those of its last rounding while only products ran) */
     if (vk_kernel_info(k)->op == VK_OP_DQ || k == K_MMH_64X64_K32 || k == K_MMH_CM2 ||
         k == K_MMH_CM2_MOE || k == K_MMH_MOE || k == K_MM_F16)
         p->hoist_at = -1;
@@ -311,26 +313,32 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 st = pf_emit(p, k, (ne0 + nr - 1) / nr, 0, &mv, sizeof mv);
                 break;
             }
-            /* a few rows (a short prompt chunk; a batch of sequences): mmb.comp reads each
-             * weight once for all of them, where mm.comp's 64-row tiles would do 64
-             * multiply-adds per weight and the float16 products dequantise every weight first */
+            /* a few rows (a short prompt chunk; a batch of sequences): mmb.comp (on integer dot
+             * products past 8 rows, mmbt.comp's tiles) reads each weight once for all of them,
+             * where mm.comp's 64-row tiles would do 64 multiply-adds per weight and the float16
+             * products dequantise every weight first (perf rule "small-batch products") */
             if ((rows <= (uint32_t)b->d->tune.vk_mmb || (p->n_seqs && rows <= (uint32_t)b->d->tune.vk_batch_mmb)) &&
                 Kx % 8 == 0) {
-                uint32_t per_wg = 256 / b->d->subgroup_size * (uint32_t)b->d->tune.vk_mmb_rs;
                 struct pc_mmb mb = {pc.x, pc.w, pc.y, pc.res, 0, rows, Kx, ne0, pc.Kp8, pc.flags};
                 enum vk_kernel k = vk_kernel_for(VK_OP_MMB, wn->weight->type),
-                               kq = vk_kernel_qx(VK_OP_MMB, wn->weight->type, false, 0);
-                if (kq != K_NONE && p->mmbq.buf && vk_pipeline_supported(b->d, &b->pl, kq)) {
+                               kq = vk_mmb_qx(b->d, &b->pl, wn->weight->type, rows);
+                if (kq != K_NONE && p->mmbq.buf) {
                     /* on integer dot products: the rows rounded to int8 first (into mmbq: the
-                     * int8s, then the scales) */
+                     * int8s, then the scales), once for the products of one input (q, k, v;
+                     * gate, up) */
                     uint32_t Kp = pc.Kp8 * 8;
                     VkDeviceSize qbytes = round_up((VkDeviceSize)rows * Kp, 256);
                     struct pc_mmb_round rd = {pc.x, p->mmbq.addr, p->mmbq.addr + qbytes, rows, Kx, Kp};
-                    st = pf_emit(p, K_MMB_ROUND, (Kp + 1023) / 1024, rows, &rd, sizeof rd);
+                    if (p->mmbq_of != pc.x || p->mmbq_kp != Kp) {
+                        st = pf_emit(p, K_MMB_ROUND, (Kp + 1023) / 1024, rows, &rd, sizeof rd);
+                        p->mmbq_of = pc.x;
+                        p->mmbq_kp = Kp;
+                    }
                     mb.x = rd.q;
                     mb.xd = rd.d;
                     k = kq;
                 }
+                uint32_t per_wg = vk_mmb_rows(b->d, k);
                 if (st == ANVIL_OK) st = pf_emit(p, k, (ne0 + per_wg - 1) / per_wg, 0, &mb, sizeof mb);
                 break;
             }

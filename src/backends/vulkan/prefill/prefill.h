@@ -128,6 +128,8 @@ struct vk_prefill {
     struct vk_buffer part;     /* split products' partial sums (split_k) */
     struct vk_buffer gdn;      /* the chunked Gated DeltaNet's intermediates (gdn_chunk.comp) */
     struct vk_buffer mmbq;     /* small-batch products' inputs rounded to int8, then their scales */
+    uint64_t mmbq_of;          /* the x that mmbq holds rounded (to Kp mmbq_kp), while no other op ran since */
+    uint32_t mmbq_kp;
     /* products of one input waiting to be emitted together on workgroup matrices (q, k, v;
      * gate, up): their weights dequantised side by side into dq, then the products side by
      * side, so that small ones (8B's k and v: 32 tiles for 132 SMs) run beside a big one */

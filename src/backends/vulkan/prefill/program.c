@@ -196,6 +196,22 @@ static void print_profile(struct vk_prefill *p) {
         if (count[k])
             fprintf(stderr, "  %-20s %5d x  %10.1f us  (%4.1f%%)\n", vk_kernel_name((enum vk_kernel)k), count[k],
                     by_kind[k] / 1e3, 100 * by_kind[k] / total);
+    /* the first ops one by one (a model's first layer or two: which product costs what) */
+    for (int i = 0; i < p->n_ops && i < 40; i++)
+        fprintf(stderr, "  op %2d %-20s %6u x %-4u %10.1f us\n", i, vk_kernel_name(p->ops[i].k), p->ops[i].gx,
+                p->ops[i].gy, p->prof_ns[i] / runs / 1e3);
+}
+
+size_t vk_prefill_describe(const struct vk_prefill *p, char *buf, size_t cap) {
+    if (!cap) return 0;
+    int k = snprintf(buf, cap, "prefill chunk of %d tokens: %d kernels:", p->T, p->n_ops);
+    bool seen[K_COUNT] = {false};
+    for (int i = 0; i < p->n_ops && k > 0 && (size_t)k < cap; i++) {
+        if (seen[p->ops[i].k]) continue;
+        seen[p->ops[i].k] = true;
+        k += snprintf(buf + k, cap - (size_t)k, " %s", vk_kernel_name(p->ops[i].k));
+    }
+    return k > 0 ? MIN((size_t)k, cap - 1) : 0;
 }
 
 void vk_prefill_destroy(struct vk_prefill *p) {
