@@ -333,6 +333,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                         st = pf_emit(p, K_MMB_ROUND, (Kp + 1023) / 1024, rows, &rd, sizeof rd);
                         p->mmbq_of = pc.x;
                         p->mmbq_kp = Kp;
+                        p->mmbq_bytes = (uint64_t)rows * Kx * 4;
                     }
                     mb.x = rd.q;
                     mb.xd = rd.d;
@@ -340,6 +341,10 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 }
                 uint32_t per_wg = vk_mmb_rows(b->d, k);
                 if (st == ANVIL_OK) st = pf_emit(p, k, (ne0 + per_wg - 1) / per_wg, 0, &mb, sizeof mb);
+                /* an output over the rounded rows' block (reused once they died) makes them stale */
+                if (p->mmbq_of && pc.y < p->mmbq_of + p->mmbq_bytes &&
+                    p->mmbq_of < pc.y + (uint64_t)rows * ne0 * 4)
+                    p->mmbq_of = 0;
                 break;
             }
             /* float16 products for the big matrices; the narrow ones (<= 512 outputs: a MoE

@@ -128,7 +128,9 @@ struct vk_prefill {
     struct vk_buffer part;     /* split products' partial sums (split_k) */
     struct vk_buffer gdn;      /* the chunked Gated DeltaNet's intermediates (gdn_chunk.comp) */
     struct vk_buffer mmbq;     /* small-batch products' inputs rounded to int8, then their scales */
-    uint64_t mmbq_of;          /* the x that mmbq holds rounded (to Kp mmbq_kp), while no other op ran since */
+    uint64_t mmbq_of;          /* the x that mmbq holds rounded (to Kp mmbq_kp; mmbq_bytes of it), while
+                                  only products ran since and none wrote over it */
+    uint64_t mmbq_bytes;
     uint32_t mmbq_kp;
     /* products of one input waiting to be emitted together on workgroup matrices (q, k, v;
      * gate, up): their weights dequantised side by side into dq, then the products side by
