@@ -311,6 +311,9 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
 const char *anvil_batch_backend_name(const anvil_batch *b);
 /* Sequences added and not yet ended (prefilling or generating). */
 int anvil_batch_active(const anvil_batch *b);
+/* The pool's cache blocks in use (held by sequences not yet removed); *total (may be NULL)
+ * receives the pool's size. */
+int anvil_batch_kv_blocks(const anvil_batch *b, int *total);
 /* The logits (vocab floats) from which sequence id chose its last token, before its penalties
  * (keep_logits); ANVIL_ERR_INVALID_ARG when not kept or not chosen yet. */
 anvil_status anvil_batch_logits(const anvil_batch *b, int id, float *out);

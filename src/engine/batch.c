@@ -202,6 +202,11 @@ int anvil_batch_active(const anvil_batch *b) {
     return n;
 }
 
+int anvil_batch_kv_blocks(const anvil_batch *b, int *total) {
+    if (total) *total = b->kv_blocks;
+    return b->kv_blocks - b->n_free;
+}
+
 anvil_status anvil_batch_add(anvil_batch *b, const int32_t *prompt, int n_prompt,
                              const anvil_generate_params *gp, int *id) {
     if (!b || !prompt || n_prompt < 1 || !gp || !id || gp->max_tokens <= 0 ||

@@ -333,9 +333,14 @@ static void test_limits(void **state) {
     anvil_batch_event ev[2];
     int n;
     assert_int_equal(anvil_batch_step(b, ev, 1, &n), ANVIL_ERR_INVALID_ARG); /* room for 2 */
+    int total = 0;
+    assert_int_equal(anvil_batch_kv_blocks(b, &total), 0);
+    assert_int_equal(total, 5);
     assert_int_equal(anvil_batch_step(b, ev, 2, &n), ANVIL_OK);
     assert_int_equal(n, 2);
+    assert_int_equal(anvil_batch_kv_blocks(b, NULL), 2); /* a block each for their prompts */
     assert_int_equal(anvil_batch_remove(b, a), ANVIL_OK);
+    assert_int_equal(anvil_batch_kv_blocks(b, NULL), 1);
     assert_int_equal(anvil_batch_remove(b, a), ANVIL_ERR_INVALID_ARG);
     assert_int_equal(anvil_batch_active(b), 1);
     gp.max_tokens = 20;

@@ -585,7 +585,9 @@ static enum MHD_Result answer_at_once(struct server *s, struct MHD_Connection *c
     }
     if (ep == EP_METRICS) {
         struct sbuf t = {0};
-        metrics_render(&s->metrics, qlen, running, ready, &t);
+        struct metrics_state now;
+        server_metrics_state(s, &now);
+        metrics_render(&s->metrics, &now, &t);
         struct MHD_Response *r = text_response(t.p ? t.p : "", t.len, "text/plain; version=0.0.4");
         sbuf_free(&t);
         return queue(s, c, rq, 200, r);

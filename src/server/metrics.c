@@ -46,8 +46,9 @@ static void metric(struct sbuf *o, const char *name, const char *type, const cha
     sbuf_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-void metrics_render(struct metrics *m, int queue_depth, int running, bool ready,
-                    struct sbuf *o) {
+void metrics_render(struct metrics *m, const struct metrics_state *now, struct sbuf *o) {
+    int queue_depth = now->queue_depth, running = now->running;
+    bool ready = now->ready;
     pthread_mutex_lock(&m->mu);
     metric(o, "anvil_requests_total", "counter", "HTTP requests answered, by endpoint and status.");
     uint64_t errors = 0;
@@ -86,8 +87,16 @@ void metrics_render(struct metrics *m, int queue_depth, int running, bool ready,
     pthread_mutex_unlock(&m->mu);
     metric(o, "anvil_queue_depth", "gauge", "Generation requests waiting for their turn.");
     sbuf_printf(o, "anvil_queue_depth %d\n", queue_depth);
-    metric(o, "anvil_requests_running", "gauge", "Generation requests running (0 or 1).");
+    metric(o, "anvil_requests_running", "gauge", "Generation requests running (at most --parallel).");
     sbuf_printf(o, "anvil_requests_running %d\n", running);
+    metric(o, "anvil_parallel", "gauge", "Requests that may generate at once (--parallel).");
+    sbuf_printf(o, "anvil_parallel %d\n", now->parallel);
+    metric(o, "anvil_batch_size", "gauge", "Sequences in the batch's last step (--parallel > 1).");
+    sbuf_printf(o, "anvil_batch_size %d\n", now->batch_size);
+    metric(o, "anvil_kv_blocks_used", "gauge", "The batch's cache blocks in use (--parallel > 1).");
+    sbuf_printf(o, "anvil_kv_blocks_used %d\n", now->kv_used);
+    metric(o, "anvil_kv_blocks_total", "gauge", "The batch's cache blocks (--parallel > 1).");
+    sbuf_printf(o, "anvil_kv_blocks_total %d\n", now->kv_total);
     metric(o, "anvil_model_loaded", "gauge", "1 once the model is loaded and requests are served.");
     sbuf_printf(o, "anvil_model_loaded %d\n", ready ? 1 : 0);
     metric(o, "anvil_uptime_seconds", "gauge", "Seconds since the server started.");

@@ -16,6 +16,7 @@ void server_options_default(struct server_options *o) {
     o->max_tokens = 4096;
     o->default_max_tokens = 512;
     o->max_queue = 256;
+    o->parallel = 1;
     o->max_connections = 2048;
     o->max_connections_per_ip = 128;
     o->timeout_s = 60;
@@ -119,8 +120,20 @@ void server_cancel(struct server *s, struct job *j) {
 void server_state(struct server *s, int *queue_len, int *running, bool *ready) {
     pthread_mutex_lock(&s->mu);
     *queue_len = s->queue_len;
-    *running = s->running != NULL;
+    *running = s->n_running;
     *ready = s->ready;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void server_metrics_state(struct server *s, struct metrics_state *o) {
+    pthread_mutex_lock(&s->mu);
+    o->queue_depth = s->queue_len;
+    o->running = s->n_running;
+    o->ready = s->ready;
+    o->parallel = s->opt.parallel;
+    o->batch_size = s->batch_size;
+    o->kv_used = s->kv_used;
+    o->kv_total = s->kv_total;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -135,20 +148,6 @@ bool server_failed(struct server *s, char *why, size_t cap) {
 }
 
 /* ---- running one job ---- */
-
-struct run {
-    struct server *srv;
-    struct job *job;
-    struct srv_decoder *dec;
-    struct stop_filter stop;
-    toolcall_parser *parser; /* chats: reasoning and tool calls */
-    struct toolcall_delta delta;
-    struct sbuf piece, released;
-    bool stop_string;
-    anvil_status error;
-    struct lp_state lp; /* logprobs and logit_bias */
-    struct jgrammar *grammar; /* response_format, or NULL */
-};
 
 /* Passes released text on to the job (through the reasoning / tool-call parser for chats). */
 static void emit(struct run *r, bool flush) {
@@ -190,7 +189,7 @@ static void on_logits(void *user, float *logits, int n_vocab) {
 }
 
 /* The generate loop's token callback: decode, filter, hand over; non-zero stops. */
-static int on_token(void *user, int32_t tok) {
+int run_token(void *user, int32_t tok) {
     struct run *r = user;
     if (atomic_load(&r->job->cancelled) || atomic_load(&r->srv->stopping)) return 1;
     if (r->grammar) jgrammar_accept(r->grammar, tok);
@@ -216,8 +215,81 @@ static int on_token(void *user, int32_t tok) {
 
 static void finish_job(struct server *s, struct job *j, anvil_status st, const char *msg);
 
-static void run_job(struct server *s, struct job *j) {
-    struct run r = {.srv = s, .job = j};
+anvil_status run_begin(struct server *s, struct job *j, struct run *r) {
+    memset(r, 0, sizeof *r);
+    r->srv = s;
+    r->job = j;
+    anvil_status st = srv_decoder_create(s->text, &r->dec);
+    if (st == ANVIL_OK) st = stop_filter_init(&r->stop, (const char *const *)j->stops, j->n_stops);
+    if (st == ANVIL_OK && !lp_init(&r->lp, j, s->n_vocab)) st = err_set(ANVIL_ERR_NOMEM, "out of memory");
+    if (st == ANVIL_OK && j->reasoning_split && (st = toolcall_parser_create(&j->tc, &r->parser)) ==
+                                                    ANVIL_OK && j->forced) {
+        sbuf_adds(&r->released, j->forced); /* the answer's start, written into the prompt */
+        emit(r, false);
+    }
+    return st;
+}
+
+bool job_needs_session(const struct job *j) {
+    return j->kind == JOB_EMBED || j->logprobs || j->n_bias || j->schema || j->n_images;
+}
+
+void run_finish(struct server *s, struct run *r, anvil_status st, const char *why,
+                const anvil_generate_stats *stats, int n_cached) {
+    struct job *j = r->job;
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", why);
+    if (st == ANVIL_OK && r->error != ANVIL_OK) {
+        st = r->error;
+        snprintf(msg, sizeof msg, "%s", anvil_last_error());
+    }
+    if (st == ANVIL_OK && atomic_load(&s->stopping) && !atomic_load(&j->cancelled)) {
+        st = ANVIL_ERR_BACKEND; /* cut short: not a finished answer */
+        snprintf(msg, sizeof msg, "the server is shutting down");
+    }
+    if (st == ANVIL_OK) {
+        /* whatever the filters still hold is output, unless a stop string ended it */
+        sbuf_clear(&r->piece);
+        if (r->dec) srv_decoder_flush(r->dec, &r->piece);
+        if (r->piece.len && stop_filter_push(&r->stop, r->piece.p, r->piece.len, &r->released))
+            r->stop_string = true;
+        stop_filter_flush(&r->stop, &r->released);
+        emit(r, true);
+    }
+    bool cancelled = atomic_load(&j->cancelled);
+    pthread_mutex_lock(&j->mu);
+    j->n_cached = n_cached;
+    j->n_generated = stats->n_generated;
+    j->finish_reason = r->stop_string || stats->stop == ANVIL_STOP_EOS ||
+                               stats->stop == ANVIL_STOP_CALLBACK
+                           ? (j->n_tool_calls ? "tool_calls" : "stop")
+                           : "length";
+    pthread_mutex_unlock(&j->mu);
+    metrics_generation(&s->metrics, j->n_prompt, n_cached, stats->n_generated,
+                       stats->prompt_seconds, stats->generate_seconds, cancelled);
+    finish_job(s, j, st, msg);
+    toolcall_parser_destroy(r->parser);
+    toolcall_delta_free(&r->delta);
+    stop_filter_free(&r->stop);
+    srv_decoder_destroy(r->dec);
+    lp_free(&r->lp);
+    jgrammar_free(r->grammar);
+    sbuf_free(&r->piece);
+    sbuf_free(&r->released);
+}
+
+void server_fail(struct server *s, const char *why) {
+    log_warn("serve: the model's device failed: %s; no more requests can run", why);
+    pthread_mutex_lock(&s->mu);
+    if (!s->failed) {
+        s->failed = true;
+        snprintf(s->failed_msg, sizeof s->failed_msg, "%s", why);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void run_job(struct server *s, struct job *j) {
+    struct run r;
     char msg[256] = "";
     if (j->kind == JOB_EMBED) {
         anvil_status st = api_embed_run(s, j);
@@ -227,14 +299,7 @@ static void run_job(struct server *s, struct job *j) {
     }
     anvil_generate_stats stats = {0};
     int n_cached = 0;
-    anvil_status st = srv_decoder_create(s->text, &r.dec);
-    if (st == ANVIL_OK) st = stop_filter_init(&r.stop, (const char *const *)j->stops, j->n_stops);
-    if (st == ANVIL_OK && !lp_init(&r.lp, j, s->n_vocab)) st = err_set(ANVIL_ERR_NOMEM, "out of memory");
-    if (st == ANVIL_OK && j->reasoning_split && (st = toolcall_parser_create(&j->tc, &r.parser)) ==
-                                                    ANVIL_OK && j->forced) {
-        sbuf_adds(&r.released, j->forced); /* the answer's start, written into the prompt */
-        emit(&r, false);
-    }
+    anvil_status st = run_begin(s, j, &r);
     if (st == ANVIL_OK) {
         /* keep the longest common prefix of the cache and the prompt; at least one prompt
          * token is fed again, for the logits the first new token is sampled from */
@@ -261,48 +326,12 @@ static void run_job(struct server *s, struct job *j) {
         }
         if (j->logprobs || j->n_bias || r.grammar) gp.on_logits = on_logits; /* the host loop */
         st = anvil_session_generate_images(s->session, j->prompt + keep, j->n_prompt - keep, j->images,
-                                           j->n_images, &gp, on_token, &r, &stats);
+                                           j->n_images, &gp, run_token, &r, &stats);
         if (st != ANVIL_OK) snprintf(msg, sizeof msg, "%s", anvil_last_error());
     } else {
         snprintf(msg, sizeof msg, "%s", anvil_last_error());
     }
-    if (st == ANVIL_OK && r.error != ANVIL_OK) {
-        st = r.error;
-        snprintf(msg, sizeof msg, "%s", anvil_last_error());
-    }
-    if (st == ANVIL_OK && atomic_load(&s->stopping) && !atomic_load(&j->cancelled)) {
-        st = ANVIL_ERR_BACKEND; /* cut short: not a finished answer */
-        snprintf(msg, sizeof msg, "the server is shutting down");
-    }
-    if (st == ANVIL_OK) {
-        /* whatever the filters still hold is output, unless a stop string ended it */
-        sbuf_clear(&r.piece);
-        if (r.dec) srv_decoder_flush(r.dec, &r.piece);
-        if (r.piece.len && stop_filter_push(&r.stop, r.piece.p, r.piece.len, &r.released))
-            r.stop_string = true;
-        stop_filter_flush(&r.stop, &r.released);
-        emit(&r, true);
-    }
-    bool cancelled = atomic_load(&j->cancelled);
-    pthread_mutex_lock(&j->mu);
-    j->n_cached = n_cached;
-    j->n_generated = stats.n_generated;
-    j->finish_reason = r.stop_string || stats.stop == ANVIL_STOP_EOS ||
-                               stats.stop == ANVIL_STOP_CALLBACK
-                           ? (j->n_tool_calls ? "tool_calls" : "stop")
-                           : "length";
-    pthread_mutex_unlock(&j->mu);
-    metrics_generation(&s->metrics, j->n_prompt, n_cached, stats.n_generated,
-                       stats.prompt_seconds, stats.generate_seconds, cancelled);
-    finish_job(s, j, st, msg);
-    toolcall_parser_destroy(r.parser);
-    toolcall_delta_free(&r.delta);
-    stop_filter_free(&r.stop);
-    srv_decoder_destroy(r.dec);
-    lp_free(&r.lp);
-    jgrammar_free(r.grammar);
-    sbuf_free(&r.piece);
-    sbuf_free(&r.released);
+    run_finish(s, &r, st, msg, &stats, n_cached);
 }
 
 /* The end of a job run on the worker: a failed device noted, then its client told. */
@@ -312,18 +341,10 @@ static void finish_job(struct server *s, struct job *j, anvil_status st, const c
     /* a failed device is recorded before the client hears of the failure, so that what it
      * asks next (/health) already knows */
     char why[256];
-    if (st != ANVIL_OK && anvil_session_failed(s->session, why, sizeof why)) {
-        log_warn("serve: the model's device failed: %s; no more requests can run", why);
-        pthread_mutex_lock(&s->mu);
-        if (!s->failed) {
-            s->failed = true;
-            snprintf(s->failed_msg, sizeof s->failed_msg, "%s", why);
-        }
-        pthread_mutex_unlock(&s->mu);
-    }
+    if (st != ANVIL_OK && anvil_session_failed(s->session, why, sizeof why)) server_fail(s, why);
     /* no longer running by the time its client hears the answer (the metrics say so) */
     pthread_mutex_lock(&s->mu);
-    s->running = NULL;
+    s->n_running--;
     pthread_mutex_unlock(&s->mu);
     job_finish(j, st, msg);
 }
@@ -349,6 +370,17 @@ static anvil_status load(struct server *s) {
     s->n_ctx = anvil_session_context_size(s->session);
     s->n_vocab = anvil_model_vocab_size(s->model);
     s->think_end = srv_text_find(s->text, "</think>");
+    if (s->opt.parallel > 1) {
+        anvil_batch_params bp = anvil_batch_default_params();
+        bp.session = s->opt.session;
+        bp.n_seq_max = s->opt.parallel;
+        if ((st = anvil_batch_create(s->model, &bp, &s->batch)) != ANVIL_OK) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", anvil_last_error());
+            return err_set(st, "serve --parallel %d: %s", s->opt.parallel, why);
+        }
+        anvil_batch_kv_blocks(s->batch, &s->kv_total);
+    }
     return jvocab_build(s->text, s->n_vocab, &s->jvocab);
 }
 
@@ -365,7 +397,8 @@ static void *worker_main(void *arg) {
         log_info("serve: model %s loaded (context %d)", s->model_name, s->n_ctx);
     }
     pthread_cond_broadcast(&s->cv);
-    while (st == ANVIL_OK) {
+    if (st == ANVIL_OK && s->batch) batch_worker(s);
+    while (st == ANVIL_OK && !s->batch) {
         while (!s->queue_head && !atomic_load(&s->stopping)) pthread_cond_wait(&s->cv, &s->mu);
         if (atomic_load(&s->stopping)) break;
         struct job *j = s->queue_head; /* the queue's reference passes to the worker */
@@ -373,14 +406,14 @@ static void *worker_main(void *arg) {
         if (!s->queue_head) s->queue_tail = NULL;
         j->next = NULL;
         s->queue_len--;
-        s->running = j;
+        s->n_running++;
         pthread_mutex_lock(&j->mu);
         j->state = JOB_RUNNING;
         job_signal(j);
         pthread_mutex_unlock(&j->mu);
         pthread_mutex_unlock(&s->mu);
 
-        run_job(s, j); /* sets s->running back to NULL */
+        run_job(s, j); /* counts itself out of n_running */
         job_release(s, j);
         pthread_mutex_lock(&s->mu);
     }
@@ -427,6 +460,7 @@ anvil_status server_start(const struct server_options *o, struct server **out) {
     if (o->max_body < 64 || o->max_json_depth < 2 || o->max_tokens < 1 ||
         o->default_max_tokens < 1 || o->max_queue < 1 || o->max_connections < 1 ||
         o->max_connections_per_ip < 0 || o->request_timeout_s < 1 || o->parse_budget < o->max_body ||
+        o->parallel < 1 || o->parallel > 256 ||
         o->timeout_s < 1 || o->port < 0 || o->port > 65535 || o->max_prompt_tokens < 0)
         return err_set(ANVIL_ERR_INVALID_ARG, "serve: an option is out of range");
     struct server *s = xcalloc(1, sizeof *s);
@@ -479,6 +513,7 @@ void server_stop(struct server *s) {
     http_stop(s);
     srv_text_close(s->text);
     jvocab_free(s->jvocab);
+    anvil_batch_destroy(s->batch);
     anvil_session_destroy(s->session);
     anvil_model_close(s->model);
     metrics_free(&s->metrics);

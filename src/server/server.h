@@ -23,9 +23,11 @@
  * prompt limit bound. A request whose client goes away (disconnect, timeout) is taken out of
  * the queue at once, or, if running, stops at its next token. Before running a request the
  * worker keeps the longest common prefix of the cached tokens and the new prompt, so a request
- * continuing a conversation only prefills its new tokens.
+ * continuing a conversation only prefills its new tokens. With parallel > 1 the worker runs up
+ * to that many requests at once in an anvil_batch (batchsrv.c: continuous batching); requests
+ * the batch cannot take (the logits hook, images) run alone on the session.
  *
- * Parts: server.c (lifecycle, queue, worker), http.c (libmicrohttpd glue: routing, auth,
+ * Parts: server.c (lifecycle, queue, worker), batchsrv.c (the batch's worker loop), http.c (libmicrohttpd glue: routing, auth,
  * limits, streaming), openai.c (request parsing and response shapes), metrics.c, tokens.c (the
  * tokenizer as the server uses it); stop strings over decoded text are the engine's
  * (src/engine/textstream.h), which anvil run and anvil chat use too; a chat's reasoning and
@@ -56,6 +58,8 @@ struct server_options {
     int max_tokens;          /* the largest max_tokens a request may ask for */
     int default_max_tokens;  /* used when a request gives none (still capped by the context) */
     int max_queue;           /* waiting generation requests beyond this get 503 */
+    int parallel;            /* requests generating at once (1: one at a time on the session;
+                                more: continuous batching, docs/BATCHING.md) */
     int max_connections;     /* simultaneous connections, all clients together */
     int max_connections_per_ip; /* simultaneous connections from one client address */
     int timeout_s;           /* a client idle this long (not sending, not reading) is dropped */

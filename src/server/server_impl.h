@@ -103,9 +103,14 @@ void metrics_free(struct metrics *m);
 void metrics_request(struct metrics *m, enum endpoint ep, int status);
 void metrics_generation(struct metrics *m, int n_prompt, int n_cached, int n_generated,
                         double prompt_s, double generate_s, bool cancelled);
+/* The server's state as /metrics shows it (server_state). */
+struct metrics_state {
+    int queue_depth, running, parallel;
+    bool ready;
+    int batch_size, kv_used, kv_total; /* --parallel > 1: the batch's last step */
+};
 /* Appends the Prometheus text exposition. */
-void metrics_render(struct metrics *m, int queue_depth, int running, bool ready,
-                    struct sbuf *out);
+void metrics_render(struct metrics *m, const struct metrics_state *now, struct sbuf *out);
 
 /* ---- a generation request (job), shared by its connection thread and the worker ---- */
 
@@ -248,7 +253,9 @@ struct server {
     char load_error[512];
     struct job *queue_head, *queue_tail;
     int queue_len;
-    struct job *running;
+    int n_running;           /* jobs running (on the session or in the batch) */
+    anvil_batch *batch;      /* --parallel > 1: the worker's batch (batchsrv.c), else NULL */
+    int batch_size, kv_used, kv_total; /* the batch's last step: sequences, cache blocks */
     bool failed;             /* the session's device failed: nothing more can run */
     char failed_msg[256];
     uint64_t next_id;
@@ -272,9 +279,45 @@ bool server_enqueue(struct server *s, struct job *j);
 /* The client went away: unqueue j if it still waits, else make it stop at its next token. */
 void server_cancel(struct server *s, struct job *j);
 void server_state(struct server *s, int *queue_len, int *running, bool *ready);
+void server_metrics_state(struct server *s, struct metrics_state *out);
 /* Whether the model's device failed (then why holds the reason). */
 bool server_failed(struct server *s, char *why, size_t cap);
 bool server_stopping(struct server *s);
+
+/* ---- running one job (server.c; batchsrv.c runs them in a batch) ---- */
+
+struct run {
+    struct server *srv;
+    struct job *job;
+    struct srv_decoder *dec;
+    struct stop_filter stop;
+    toolcall_parser *parser; /* chats: reasoning and tool calls */
+    struct toolcall_delta delta;
+    struct sbuf piece, released;
+    bool stop_string;
+    anvil_status error;
+    struct lp_state lp; /* logprobs and logit_bias */
+    struct jgrammar *grammar; /* response_format, or NULL */
+};
+
+anvil_status run_begin(struct server *s, struct job *j, struct run *r);
+/* A generated token: decode, filter, hand over; non-zero: stop (cancelled, the server
+ * stops, a stop string, an error). The engine's token callback (user: the run). */
+int run_token(void *user, int32_t tok);
+/* Ends a run begun by run_begin (whatever st): flushes the filters, sets the job's usage
+ * and finish reason, counts it in the metrics and out of n_running, finishes the job. */
+void run_finish(struct server *s, struct run *r, anvil_status st, const char *msg,
+                const anvil_generate_stats *stats, int n_cached);
+/* Runs j alone on the session (the worker's; it was counted into n_running). */
+void run_job(struct server *s, struct job *j);
+/* Whether j needs the session: the logits hook (logprobs, logit_bias, response_format) or
+ * images, which a batch does not take. */
+bool job_needs_session(const struct job *j);
+/* Records that the model's device failed: nothing more runs. */
+void server_fail(struct server *s, const char *why);
+/* batchsrv.c: the worker's loop for --parallel > 1, with s->mu held; returns (mu held) when
+ * the server stops, every job it ran finished. */
+void batch_worker(struct server *s);
 
 /* http.c */
 anvil_status http_start(struct server *s);

@@ -2305,6 +2305,240 @@ static void test_images(void **state) {
     free(tok);
 }
 
+/* ---- --parallel 4: continuous batching ---- */
+
+static int saved_port;
+static pid_t saved_pid;
+
+/* Starts a second server with --parallel 4 and makes it the one the helpers talk to (http_port,
+ * server_pid; parallel_teardown gives the first one back). */
+static void start_parallel_server(const char *errpath) {
+    saved_port = http_port;
+    saved_pid = server_pid;
+    http_port = 0;
+    server_pid = fork();
+    if (server_pid == 0) {
+        FILE *f = freopen(errpath, "w", stderr);
+        (void)f;
+        execl(ANVIL_BIN, ANVIL_BIN, "serve", "-m", tu_testdata("reference/qwen3-small"), "--port",
+              "0", "-t", "2", "--backend", "cpu", "--api-key", KEY, "--parallel", "4",
+              (char *)NULL);
+        _exit(127);
+    }
+    assert_true(server_pid > 0);
+    for (double t0 = now(); !http_port && now() - t0 < 20; usleep(20000)) {
+        char *err = tu_read_file(errpath, NULL);
+        const char *p = err ? strstr(err, "listening on http://127.0.0.1:") : NULL;
+        if (p) http_port = atoi(p + strlen("listening on http://127.0.0.1:"));
+        free(err);
+        assert_server_alive();
+    }
+    assert_true(http_port > 0);
+    for (double t0 = now(); now() - t0 < 30; usleep(20000)) {
+        char *out;
+        long st = http("GET", "/health", NULL, NULL, &out);
+        free(out);
+        if (st == 200) return;
+        assert_int_equal(st, 503);
+    }
+    fail_msg("the --parallel server did not become ready");
+}
+
+/* Runs the multi handle until fn(arg) holds or t seconds pass; whether it held. */
+static bool pump_until(CURLM *m, double t, bool (*fn)(void *), void *arg) {
+    int running;
+    for (double t0 = now(); now() - t0 < t; usleep(5000)) {
+        curl_multi_perform(m, &running);
+        if (fn(arg)) return true;
+    }
+    return false;
+}
+
+struct want_metric {
+    const char *sample;
+    double value;
+    bool at_least; /* value or more */
+};
+
+static bool metric_is(void *arg) {
+    struct want_metric *w = arg;
+    char *t = get_metrics();
+    double v = metric(t, w->sample);
+    bool ok = w->at_least ? v >= w->value : v == w->value;
+    free(t);
+    return ok;
+}
+
+/* Four requests at once on --parallel 4 give exactly what each gives alone on the one-at-a-time
+ * server (greedy and seeded, streamed and not, with a stop string); /metrics shows the four
+ * running in a batch; a client hanging up frees its slot for a queued fifth; SIGTERM ends the
+ * batch's streams with the error event and [DONE]. */
+static void test_parallel(void **state) {
+    (void)state;
+    enum { N = 4 };
+    char bodies[N][512], expect[N][4096];
+    bool chat[N];
+    for (int k = 0; k < N; k++) {
+        chat[k] = k == 3;
+        const char *sampling = k == 2 ? "\"temperature\":0.9,\"seed\":1234" : "\"temperature\":0";
+        if (chat[k])
+            snprintf(bodies[k], sizeof bodies[k], "{\"messages\":[{\"role\":\"user\",\"content\":"
+                     "\"Parallel question %d\"}],\"max_tokens\":" CLIENT_TOKENS ",%s", k, sampling);
+        else
+            snprintf(bodies[k], sizeof bodies[k], "{\"prompt\":\"Parallel question %d is\","
+                     "\"max_tokens\":%d,%s%s", k, k == 1 ? 24 : atoi(CLIENT_TOKENS), sampling,
+                     k == 1 ? ",\"stop\":[\"e \"]" : "");
+        char plain[600];
+        snprintf(plain, sizeof plain, "%.500s}", bodies[k]);
+        cJSON *r = post_ok(chat[k] ? "/v1/chat/completions" : "/v1/completions", plain);
+        snprintf(expect[k], sizeof expect[k], "%s",
+                 get_str(r, chat[k] ? "choices.0.message.content" : "choices.0.text"));
+        cJSON_Delete(r);
+    }
+    char errpath[512];
+    snprintf(errpath, sizeof errpath, "%s/serve-parallel.err", tmpdir);
+    start_parallel_server(errpath);
+
+    /* the four at once, streamed and not */
+    for (int stream = 0; stream < 2; stream++) {
+        struct call calls[N];
+        CURLM *m = curl_multi_init();
+        for (int k = 0; k < N; k++) {
+            char body[600];
+            snprintf(body, sizeof body, "%.500s%s}", bodies[k], stream ? ",\"stream\":true" : "");
+            call_init(&calls[k], "POST", chat[k] ? "/v1/chat/completions" : "/v1/completions", body, KEY);
+            curl_multi_add_handle(m, calls[k].h);
+        }
+        int running = 1;
+        for (double t0 = now(); running && now() - t0 < 60 * SLOW;) {
+            curl_multi_perform(m, &running);
+            if (running) curl_multi_poll(m, NULL, 0, 50, NULL);
+        }
+        assert_int_equal(running, 0);
+        for (int k = 0; k < N; k++) {
+            assert_int_equal(call_status(&calls[k]), 200);
+            if (stream) {
+                struct sse s;
+                sse_parse(calls[k].body.p, &s);
+                struct streamed r;
+                sse_collect(&s, chat[k], &r);
+                assert_string_equal(r.content, expect[k]);
+                sse_free(&s);
+            } else {
+                cJSON *r = cJSON_Parse(calls[k].body.p);
+                assert_non_null(r);
+                assert_string_equal(get_str(r, chat[k] ? "choices.0.message.content" : "choices.0.text"),
+                                    expect[k]);
+                cJSON_Delete(r);
+            }
+            curl_multi_remove_handle(m, calls[k].h);
+            call_free(&calls[k]);
+        }
+        curl_multi_cleanup(m);
+    }
+
+    /* a request the batch cannot take (logprobs) still runs, alone on the session */
+    cJSON *lp = post_ok("/v1/completions", "{\"prompt\":\"Parallel question 0 is\",\"max_tokens\":"
+                        CLIENT_TOKENS ",\"temperature\":0,\"logprobs\":2}");
+    assert_string_equal(get_str(lp, "choices.0.text"), expect[0]);
+    cJSON_Delete(lp);
+
+    /* four long streams fill the slots; a fifth waits; hanging up on one lets it run */
+    struct call longs[N], fifth;
+    CURLM *m = curl_multi_init();
+    for (int k = 0; k < N; k++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"prompt\":\"Long story %d\",\"max_tokens\":4000,\"temperature\":0,"
+                 "\"ignore_eos\":true,\"stream\":true}", k);
+        call_init(&longs[k], "POST", "/v1/completions", body, KEY);
+        curl_multi_add_handle(m, longs[k].h);
+    }
+    struct want_metric w = {"anvil_requests_running", 4, false};
+    assert_true(pump_until(m, 10 * SLOW, metric_is, &w));
+    w = (struct want_metric){"anvil_batch_size", 4, false};
+    assert_true(pump_until(m, 5 * SLOW, metric_is, &w));
+    w = (struct want_metric){"anvil_kv_blocks_used", 4, true}; /* a block each at least */
+    assert_true(pump_until(m, 5 * SLOW, metric_is, &w));
+    char *mt = get_metrics();
+    assert_int_equal(metric(mt, "anvil_parallel"), 4);
+    assert_true(metric(mt, "anvil_kv_blocks_total") >= metric(mt, "anvil_kv_blocks_used"));
+    free(mt);
+    call_init(&fifth, "POST", "/v1/completions", "{\"prompt\":\"Parallel question 0 is\",\"max_tokens\":"
+              CLIENT_TOKENS ",\"temperature\":0}", KEY);
+    curl_multi_add_handle(m, fifth.h);
+    w = (struct want_metric){"anvil_queue_depth", 1, false};
+    assert_true(pump_until(m, 5 * SLOW, metric_is, &w));
+    curl_multi_remove_handle(m, longs[0].h); /* hang up */
+    call_free(&longs[0]);
+    int running = 1;
+    bool fifth_done = false;
+    for (double t0 = now(); !fifth_done && now() - t0 < 20 * SLOW;) {
+        curl_multi_perform(m, &running);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(m, &left)))
+            if (msg->msg == CURLMSG_DONE && msg->easy_handle == fifth.h) fifth_done = true;
+        if (!fifth_done) curl_multi_poll(m, NULL, 0, 20, NULL);
+    }
+    assert_true(fifth_done);
+    assert_int_equal(call_status(&fifth), 200);
+    cJSON *r5 = cJSON_Parse(fifth.body.p);
+    assert_string_equal(get_str(r5, "choices.0.text"), expect[0]);
+    cJSON_Delete(r5);
+    curl_multi_remove_handle(m, fifth.h);
+    call_free(&fifth);
+    mt = get_metrics();
+    assert_int_equal(metric(mt, "anvil_requests_running"), 3);
+    assert_int_equal(metric(mt, "anvil_generations_cancelled_total"), 1);
+    free(mt);
+
+    /* SIGTERM with three streams in the batch: each ends with the error event and [DONE] */
+    assert_int_equal(kill(server_pid, SIGTERM), 0);
+    for (double t0 = now(); running && now() - t0 < 10;) {
+        curl_multi_perform(m, &running);
+        if (running) curl_multi_poll(m, NULL, 0, 20, NULL);
+    }
+    assert_int_equal(running, 0);
+    for (int k = 1; k < N; k++) {
+        struct call *c = &longs[k];
+        assert_int_equal(call_status(c), 200);
+        const char *ev = strstr(c->body.p, "data: {\"error\"");
+        if (!ev || !strstr(ev, "shutting down") || !strstr(ev, "data: [DONE]\n\n"))
+            fail_msg("batch stream %d, cut by SIGTERM, ended without its error: ...%s", k,
+                     c->body.p + (c->body.len > 300 ? c->body.len - 300 : 0));
+        curl_multi_remove_handle(m, c->h);
+        call_free(c);
+    }
+    curl_multi_cleanup(m);
+    int status = 0;
+    pid_t rp;
+    for (double t0 = now(); (rp = waitpid(server_pid, &status, WNOHANG)) == 0 && now() - t0 < 10;)
+        usleep(10000);
+    if (rp == 0) {
+        kill(server_pid, SIGKILL);
+        waitpid(server_pid, &status, 0);
+        fail_msg("the --parallel server did not exit within 10 s of SIGTERM");
+    }
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    server_pid = 0;
+}
+
+/* test_parallel's end, passed or not: its server gone, the first one's back. */
+static int parallel_teardown(void **state) {
+    (void)state;
+    if (saved_pid && server_pid && server_pid != saved_pid) {
+        kill(server_pid, SIGKILL);
+        waitpid(server_pid, NULL, 0);
+    }
+    if (saved_pid) {
+        http_port = saved_port;
+        server_pid = saved_pid;
+    }
+    assert_server_alive();
+    return 0;
+}
+
 int main(int argc, char **argv) {
     /* server_test PATTERN: only the tests whose names match (cmocka's wildcards) */
     if (argc > 1) cmocka_set_test_filter(argv[1]);
@@ -2336,6 +2570,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_synthetic_with_tokenizer),
         cmocka_unit_test(test_images),
+        cmocka_unit_test_teardown(test_parallel, parallel_teardown),
     };
     /* test_idle_connections holds over a thousand sockets, and so does the server (which
      * inherits the limit) */
