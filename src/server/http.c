@@ -571,9 +571,9 @@ static void *watch_main(void *arg) {
 static enum MHD_Result answer_at_once(struct server *s, struct MHD_Connection *c,
                                       struct request *rq, const char *url, bool *handled) {
     enum endpoint ep = rq->ep;
-    int qlen, running;
-    bool ready;
-    server_state(s, &qlen, &running, &ready);
+    struct metrics_state now;
+    server_metrics_state(s, &now);
+    bool ready = now.ready;
     char why[256];
     bool failed = server_failed(s, why, sizeof why);
     *handled = true;
@@ -585,8 +585,6 @@ static enum MHD_Result answer_at_once(struct server *s, struct MHD_Connection *c
     }
     if (ep == EP_METRICS) {
         struct sbuf t = {0};
-        struct metrics_state now;
-        server_metrics_state(s, &now);
         metrics_render(&s->metrics, &now, &t);
         struct MHD_Response *r = text_response(t.p ? t.p : "", t.len, "text/plain; version=0.0.4");
         sbuf_free(&t);
