@@ -2370,7 +2370,8 @@ static bool metric_is(void *arg) {
 }
 
 /* Four requests at once on --parallel 4 give exactly what each gives alone on the one-at-a-time
- * server (greedy and seeded, streamed and not, with a stop string); /metrics shows the four
+ * server (greedy and seeded, streamed and not, with a stop string); logprobs and embeddings run
+ * alone on the session; /metrics shows the four
  * running in a batch; a client hanging up frees its slot for a queued fifth; SIGTERM ends the
  * batch's streams with the error event and [DONE]. */
 static void test_parallel(void **state) {
@@ -2395,6 +2396,11 @@ static void test_parallel(void **state) {
                  get_str(r, chat[k] ? "choices.0.message.content" : "choices.0.text"));
         cJSON_Delete(r);
     }
+    enum { EC = 256 };
+    static float emb0[EC], emb1[EC];
+    cJSON *er = post_ok("/v1/embeddings", "{\"input\":\"The quick brown fox\"}");
+    int n_emb = embedding_of(er, 0, emb0, EC);
+    cJSON_Delete(er);
     char errpath[512];
     snprintf(errpath, sizeof errpath, "%s/serve-parallel.err", tmpdir);
     start_parallel_server(errpath);
@@ -2442,6 +2448,11 @@ static void test_parallel(void **state) {
                         CLIENT_TOKENS ",\"temperature\":0,\"logprobs\":2}");
     assert_string_equal(get_str(lp, "choices.0.text"), expect[0]);
     cJSON_Delete(lp);
+    /* and so does an embedding */
+    er = post_ok("/v1/embeddings", "{\"input\":\"The quick brown fox\"}");
+    assert_int_equal(embedding_of(er, 0, emb1, EC), n_emb);
+    for (int i = 0; i < n_emb; i++) assert_true(fabs(emb0[i] - emb1[i]) < 1e-6);
+    cJSON_Delete(er);
 
     /* four long streams fill the slots; a fifth waits; hanging up on one lets it run */
     struct call longs[N], fifth;
