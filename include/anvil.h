@@ -257,8 +257,10 @@ int anvil_session_context_size(const anvil_session *s);
  * Each sequence gives the tokens it gives alone in a session (same sampling settings and seed):
  * its own position, cache rows (blocks of a shared pool), recurrent state (hybrids), sampling
  * chain and RNG, stop ids and budget. Stop strings are the caller's (it removes the sequence).
- * One thread drives a batch (no call may overlap another on the same batch). For now batches
- * run on the CPU backend (ANVIL_BACKEND_AUTO picks it; ANVIL_BACKEND_VULKAN is unsupported).
+ * One thread drives a batch (no call may overlap another on the same batch). Batches run on
+ * both backends (ANVIL_BACKEND_AUTO picks as a session does); on Vulkan each step is one
+ * recorded program of a power-of-two count of rows, its logits read back and sampled on the
+ * host (docs/BATCHING.md).
  */
 typedef struct anvil_batch anvil_batch;
 
