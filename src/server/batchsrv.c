@@ -63,21 +63,6 @@ static void slot_start(struct server *s, struct slot *q, struct job *j) {
     if (st != ANVIL_OK) slot_end(s, q, st, msg, ANVIL_STOP_NONE);
 }
 
-/* Takes the queue's head (s->mu held): the queue's reference passes to the caller. */
-static struct job *take_head(struct server *s) {
-    struct job *j = s->queue_head;
-    s->queue_head = j->next;
-    if (!s->queue_head) s->queue_tail = NULL;
-    j->next = NULL;
-    s->queue_len--;
-    s->n_running++;
-    pthread_mutex_lock(&j->mu);
-    j->state = JOB_RUNNING;
-    job_signal(j);
-    pthread_mutex_unlock(&j->mu);
-    return j;
-}
-
 static struct slot *free_slot(struct slot *sl, int n) {
     for (int i = 0; i < n; i++)
         if (!sl[i].job) return &sl[i];
@@ -121,7 +106,7 @@ void batch_worker(struct server *s) {
             struct job *j = s->queue_head;
             bool solo = job_needs_session(j) || j->gen.max_tokens < 1;
             if (!solo && !(q = free_slot(sl, P))) break;
-            j = take_head(s);
+            j = server_take_head(s);
             pthread_mutex_unlock(&s->mu);
             if (solo) {
                 run_job(s, j); /* alone on the session, between two batch steps */

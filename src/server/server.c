@@ -384,6 +384,22 @@ static anvil_status load(struct server *s) {
     return jvocab_build(s->text, s->n_vocab, &s->jvocab);
 }
 
+/* Takes the queue's head, counted running (s->mu held, the queue not empty): the queue's
+ * reference passes to the caller. */
+struct job *server_take_head(struct server *s) {
+    struct job *j = s->queue_head;
+    s->queue_head = j->next;
+    if (!s->queue_head) s->queue_tail = NULL;
+    j->next = NULL;
+    s->queue_len--;
+    s->n_running++;
+    pthread_mutex_lock(&j->mu);
+    j->state = JOB_RUNNING;
+    job_signal(j);
+    pthread_mutex_unlock(&j->mu);
+    return j;
+}
+
 static void *worker_main(void *arg) {
     struct server *s = arg;
     anvil_status st = load(s);
@@ -401,16 +417,7 @@ static void *worker_main(void *arg) {
     while (st == ANVIL_OK && !s->batch) {
         while (!s->queue_head && !atomic_load(&s->stopping)) pthread_cond_wait(&s->cv, &s->mu);
         if (atomic_load(&s->stopping)) break;
-        struct job *j = s->queue_head; /* the queue's reference passes to the worker */
-        s->queue_head = j->next;
-        if (!s->queue_head) s->queue_tail = NULL;
-        j->next = NULL;
-        s->queue_len--;
-        s->n_running++;
-        pthread_mutex_lock(&j->mu);
-        j->state = JOB_RUNNING;
-        job_signal(j);
-        pthread_mutex_unlock(&j->mu);
+        struct job *j = server_take_head(s);
         pthread_mutex_unlock(&s->mu);
 
         run_job(s, j); /* counts itself out of n_running */

@@ -274,6 +274,9 @@ void job_ref(struct job *j);
 void job_release(struct server *s, struct job *j);
 /* Tells the connection side that j changed (with j->mu held). */
 void job_signal(struct job *j);
+/* The queue's head, counted running (s->mu held, the queue not empty); the queue's reference
+ * passes to the caller. */
+struct job *server_take_head(struct server *s);
 /* Queues j (taking a reference); false when the queue is full or the server stops. */
 bool server_enqueue(struct server *s, struct job *j);
 /* The client went away: unqueue j if it still waits, else make it stop at its next token. */
