@@ -309,7 +309,7 @@ typedef struct anvil_batch_event {
  * cap >= n_seq_max), *n_ev their count. A step with nothing to run does nothing.
  */
 anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, int *n_ev);
-/* The backend the batch runs on: "cpu" (for now the only one). */
+/* The backend the batch runs on: "cpu" or "vulkan" (a static string). */
 const char *anvil_batch_backend_name(const anvil_batch *b);
 /* Sequences added and not yet ended (prefilling or generating). */
 int anvil_batch_active(const anvil_batch *b);
