@@ -126,6 +126,18 @@ static void test_against_cpu(void **state) {
     unsetenv("ANVIL_VK_QX");
 }
 
+/* One row's largest and mean |a - b| relative to a's largest magnitude, folded into *worst and
+ * *mean (the larger kept). */
+static void rel_diff(const float *a, const float *b, int V, double *worst, double *mean) {
+    float scale = 0, sum = 0;
+    for (int j = 0; j < V; j++) {
+        scale = fmaxf(scale, fabsf(a[j]));
+        sum += fabsf(a[j] - b[j]);
+    }
+    *worst = fmax(*worst, tu_max_diff(a, b, (size_t)V) / scale);
+    *mean = fmax(*mean, sum / V / scale);
+}
+
 /* The decode program with its integer-dot-product matvecs (ANVIL_VK_QX=1) against the CPU
  * rounding one-token matmul inputs the same way (ANVIL_CPU_QX=1), on every weight type they
  * take, dense, MoE with a shared expert, hybrid. test_qx_kernels checks the kernels exactly;
@@ -167,13 +179,7 @@ static void test_against_cpu_qx(void **state) {
             int32_t tok = (int32_t)((i * 53 + 7) % V);
             assert_int_equal(anvil_session_eval(cpu, &tok, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
             assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, b), ANVIL_OK);
-            float scale = 0, sum = 0;
-            for (int j = 0; j < V; j++) {
-                scale = fmaxf(scale, fabsf(a[j]));
-                sum += fabsf(a[j] - b[j]);
-            }
-            worst = fmax(worst, tu_max_diff(a, b, (size_t)V) / scale);
-            mean = fmax(mean, sum / V / scale);
+            rel_diff(a, b, V, &worst, &mean);
         }
         fprintf(stderr, "%s, integer dot products: decode rows within %.3g of the logits' scale (mean %.3g)\n",
                 spec, worst, mean);
@@ -222,14 +228,7 @@ static void test_prompt_qx(void **state) {
         assert_int_equal(anvil_session_eval(vk, prompt, 7, ANVIL_LOGITS_ALL, b), ANVIL_OK);
         double worst = 0, mean = 0;
         for (int r = 0; r < 7; r++) {
-            const float *ar = a + (size_t)r * V, *br = b + (size_t)r * V;
-            float scale = 0, sum = 0;
-            for (int j = 0; j < V; j++) {
-                scale = fmaxf(scale, fabsf(ar[j]));
-                sum += fabsf(ar[j] - br[j]);
-            }
-            worst = fmax(worst, tu_max_diff(ar, br, (size_t)V) / scale);
-            mean = fmax(mean, sum / V / scale);
+            rel_diff(a + (size_t)r * V, b + (size_t)r * V, V, &worst, &mean);
         }
         fprintf(stderr, "%s, a prompt on integer dot products: rows within %.3g of the logits' scale (mean %.3g)\n",
                 specs[s], worst, mean);
