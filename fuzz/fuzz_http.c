@@ -107,12 +107,6 @@ static void report_hang(int fd, size_t sent, size_t size, size_t got) {
     bool ready;
     server_state(srv, &ql, &running, &ready);
     fprintf(stderr, "fuzz_http: server: %d queued, %d running, ready %d\n", ql, running, ready);
-    pthread_mutex_lock(&srv->mu);
-    if (srv->running)
-        fprintf(stderr, "fuzz_http: running job: prompt %d, max %d, stream %d, cancelled %d, generated %d\n",
-                srv->running->n_prompt, srv->running->gen.max_tokens, srv->running->stream,
-                (int)atomic_load(&srv->running->cancelled), srv->running->n_generated);
-    pthread_mutex_unlock(&srv->mu);
     dump_threads();
 }
 
