@@ -37,6 +37,7 @@ struct anvil_session {
     int rope_delta;
     int mm_first, mm_end;
     int prefill_chunk; /* prompt tokens per prefill chunk (ANVIL_PREFILL_CHUNK; 1: none) */
+    int mark; /* session_mark's position (-1: none) */
     char err[ERRMSG_LEN];
 };
 
@@ -44,6 +45,13 @@ struct anvil_session {
  * the n tokens, or NULL), on a backend with run_extras. */
 anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
                              anvil_logits_mode mode, float *logits_out, const struct run_extras *mm);
+/* Speculative decoding's rollback (engine/spec.c). session_mark remembers the position (and
+ * what a rewind to a later position needs); session_rewind goes back to n tokens, mark <= n <=
+ * position, as if only tokens [0, n) had been fed. Attention caches need nothing: rows past the
+ * position are overwritten. A model with recurrent layers is refused (ANVIL_ERR_UNSUPPORTED)
+ * until its states can be restored. */
+anvil_status session_mark(anvil_session *s);
+anvil_status session_rewind(anvil_session *s, int n);
 struct tuning;
 /* Whether the attention caches are float16: kv, or ANVIL_KV_CACHE (t) where kv is the default. */
 anvil_status kv_cache_f16(anvil_kv_cache kv, const struct tuning *t, bool *f16);

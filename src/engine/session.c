@@ -182,6 +182,7 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     anvil_status st = s->tokens ? ANVIL_OK : ANVIL_ERR_NOMEM;
     struct tuning t; /* the environment's settings, read once here */
     if (st == ANVIL_OK) st = tuning_read(&t);
+    s->mark = -1;
     s->prefill_chunk = p.prefill_chunk > 0 ? p.prefill_chunk : t.prefill_chunk;
     if (st == ANVIL_OK && (p.prefill_chunk < 0 || p.gpu_timeout_s < 0 || (p.gpu_timeout_s > 0 && p.gpu_timeout_s < 1) ||
                            !(p.gpu_timeout_s <= 1e6)))
@@ -265,6 +266,7 @@ int anvil_session_position(const anvil_session *s) { return s->pos; }
 
 void anvil_session_reset(anvil_session *s) {
     s->pos = 0;
+    s->mark = -1;
     s->rope_delta = s->mm_first = s->mm_end = 0;
 }
 
@@ -273,20 +275,41 @@ const int32_t *anvil_session_tokens(const anvil_session *s, int *n) {
     return s->tokens;
 }
 
+static bool session_recurrent(const anvil_session *s) {
+    const struct hparams *hp = &s->model->file->hp;
+    for (int l = 0; l < hp->n_layer; l++)
+        if (hp->layer_recurrent[l]) return true;
+    return false;
+}
+
 anvil_status anvil_session_truncate(anvil_session *s, int n) {
     if (n < 0 || n > s->pos)
         return keep_err(s->err, err_set(ANVIL_ERR_INVALID_ARG, "cannot truncate %d cached tokens to %d", s->pos, n));
-    bool recurrent = false;
-    for (int l = 0; l < s->model->file->hp.n_layer; l++) recurrent |= s->model->file->hp.layer_recurrent[l];
-    if (recurrent && n != s->pos && n != 0)
+    if (session_recurrent(s) && n != s->pos && n != 0)
         return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "a recurrent model's cache can only "
                                         "be kept whole or reset, not cut to %d of %d tokens", n, s->pos));
     if (s->rope_delta && n > s->mm_first && n < s->mm_end)
         return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "cannot cut the cache inside an "
                                         "image (rows %d .. %d)", s->mm_first, s->mm_end - 1));
     if (n <= s->mm_first) s->rope_delta = s->mm_first = s->mm_end = 0;
+    if (n < s->mark) s->mark = -1;
     s->pos = n; /* later tokens are overwritten in place: attention only reads rows < pos */
     return ANVIL_OK;
+}
+
+anvil_status session_mark(anvil_session *s) {
+    if (session_recurrent(s))
+        return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "speculative decoding: a model with "
+                                        "recurrent layers cannot roll its states back yet"));
+    s->mark = s->pos;
+    return ANVIL_OK;
+}
+
+anvil_status session_rewind(anvil_session *s, int n) {
+    if (s->mark < 0 || n < s->mark || n > s->pos)
+        return keep_err(s->err, err_set(ANVIL_ERR_INVALID_ARG, "cannot rewind to %d tokens (mark %d, "
+                                        "position %d)", n, s->mark, s->pos));
+    return anvil_session_truncate(s, n);
 }
 
 /* The program for a chunk of T tokens, compiled on first use and kept for the next chunk. */
