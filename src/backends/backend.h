@@ -123,6 +123,14 @@ struct backend_vtable {
      * uploaded on the first call and kept. NULL: the engine encodes on the CPU. */
     anvil_status (*vit_encode)(struct backend *b, const struct vit_desc *d, const float *pixels, int gh, int gw,
                                float *out);
+    /* Optional: speculative decoding's rollback of the recurrent states (engine/session.c
+     * session_mark). states_save copies the states that OP_GDN carries (src6 conv, src7
+     * recurrent: those of every Gated DeltaNet layer, not the attention caches, which a rewind
+     * overwrites) into a copy the backend keeps, allocated on the first save (counted in
+     * vt->memory) and freed with the backend; states_restore copies the last save back
+     * (ANVIL_ERR_INVALID_ARG before any). NULL: the backend cannot roll them back. */
+    anvil_status (*states_save)(struct backend *b);
+    anvil_status (*states_restore)(struct backend *b);
 };
 
 /* A vision encoder as a backend runs it: the Qwen3-VL family's ViT (vision/vision.h has its

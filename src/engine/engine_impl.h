@@ -45,11 +45,19 @@ struct anvil_session {
  * the n tokens, or NULL), on a backend with run_extras. */
 anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
                              anvil_logits_mode mode, float *logits_out, const struct run_extras *mm);
-/* Speculative decoding's rollback (engine/spec.c). session_mark remembers the position (and
- * what a rewind to a later position needs); session_rewind goes back to n tokens, mark <= n <=
- * position, as if only tokens [0, n) had been fed. Attention caches need nothing: rows past the
- * position are overwritten. A model with recurrent layers is refused (ANVIL_ERR_UNSUPPORTED)
- * until its states can be restored. */
+/* Speculative decoding's rollback (engine/spec.c). session_mark remembers the position and,
+ * for a model with recurrent layers, saves their states (the backend's states_save: the conv
+ * and recurrent states of every Gated DeltaNet layer, not the attention caches). session_rewind
+ * goes back to n tokens, mark <= n <= position, as if only tokens [0, n) had been fed; the mark
+ * stays (a later rewind may use it again) until a mark, a reset or a truncate below it.
+ * Attention caches need nothing: rows past the position are overwritten. Recurrent states
+ * have taken in every token up to the position: a rewind restores the mark's and feeds
+ * tokens [mark, n) again, one at a time through the decode program (n - mark one-token steps;
+ * nothing when n is the position), so the states and caches are bit for bit those of a session
+ * fed [0, mark) as it was and then [mark, n) a token at a time. Errors: ANVIL_ERR_INVALID_ARG
+ * without a mark or for n outside [mark, position]; ANVIL_ERR_UNSUPPORTED on a backend without
+ * states_save, or when an image's rows lie in [mark, n) (their embeddings cannot be fed again)
+ * or n would cut one. */
 anvil_status session_mark(anvil_session *s);
 anvil_status session_rewind(anvil_session *s, int n);
 struct tuning;

@@ -298,9 +298,14 @@ anvil_status anvil_session_truncate(anvil_session *s, int n) {
 }
 
 anvil_status session_mark(anvil_session *s) {
-    if (session_recurrent(s))
-        return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "speculative decoding: a model with "
-                                        "recurrent layers cannot roll its states back yet"));
+    s->mark = -1;
+    if (session_recurrent(s)) {
+        if (!s->backend->vt->states_save)
+            return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "speculative decoding: the %s backend "
+                                            "cannot roll recurrent states back", s->backend->vt->name));
+        anvil_status st = s->backend->vt->states_save(s->backend);
+        if (st != ANVIL_OK) return keep_err(s->err, st);
+    }
     s->mark = s->pos;
     return ANVIL_OK;
 }
@@ -309,7 +314,34 @@ anvil_status session_rewind(anvil_session *s, int n) {
     if (s->mark < 0 || n < s->mark || n > s->pos)
         return keep_err(s->err, err_set(ANVIL_ERR_INVALID_ARG, "cannot rewind to %d tokens (mark %d, "
                                         "position %d)", n, s->mark, s->pos));
-    return anvil_session_truncate(s, n);
+    if (!session_recurrent(s) || n == s->pos) return anvil_session_truncate(s, n);
+    /* the recurrent states have taken in every token up to the position: back to the mark's,
+     * then tokens [mark, n) again. An image's rows hold embeddings, not tokens, so none may be
+     * among them (nor may n cut one) */
+    if (s->mm_end && s->mm_first < n && s->mm_end > s->mark)
+        return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "cannot rewind a recurrent model to %d "
+                                        "tokens: an image (rows %d .. %d) lies after the mark (%d)", n,
+                                        s->mm_first, s->mm_end - 1, s->mark));
+    int k = n - s->mark;
+    int32_t *again = xmalloc((size_t)MAX(k, 1) * sizeof *again);
+    if (!again) return keep_err(s->err, ANVIL_ERR_NOMEM);
+    memcpy(again, s->tokens + s->mark, (size_t)k * sizeof *again);
+    anvil_status st = s->backend->vt->states_restore(s->backend);
+    if (st == ANVIL_OK) {
+        if (s->mark <= s->mm_first) s->rope_delta = s->mm_first = s->mm_end = 0;
+        s->pos = s->mark;
+    }
+    if (st == ANVIL_OK && k > 0) {
+        /* through the decode program a token at a time (prefill off), as a one-token step feeds
+         * them: no prefill program compiled, nor the caller's (the verify step's) replaced; a
+         * device backend queues the k steps without a host round trip */
+        int chunk = s->prefill_chunk;
+        s->prefill_chunk = 1;
+        st = anvil_session_eval(s, again, k, ANVIL_LOGITS_NONE, NULL);
+        s->prefill_chunk = chunk;
+    }
+    free(again);
+    return st == ANVIL_OK ? ANVIL_OK : keep_err(s->err, st);
 }
 
 /* The program for a chunk of T tokens, compiled on first use and kept for the next chunk. */

@@ -20,6 +20,8 @@
 struct cpu_state {
     int64_t ne[MAX_DIMS];
     float *data;
+    bool recurrent; /* a Gated DeltaNet conv or recurrent state (OP_GDN's src6, src7) */
+    float *saved;   /* its copy for a rollback (cpu_states_save), allocated on the first save */
 };
 
 struct cpu_backend {
@@ -531,6 +533,7 @@ static anvil_status bind_state(struct cpu_backend *b, const struct node *n) {
     if (!ns) return err_set(ANVIL_ERR_NOMEM, "out of memory");
     b->states = ns;
     struct cpu_state *s = &b->states[b->n_states];
+    *s = (struct cpu_state){.data = NULL};
     memcpy(s->ne, n->ne, sizeof s->ne);
     s->data = calloc((size_t)node_nelem(n), sizeof(float));
     if (!s->data)
@@ -597,6 +600,8 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
             max_k = MAX(max_k, gdn_scratch(&ga, nd->ne[2] > 1 ? b->gdn_chunk : 0));
         }
         if (nd->op == OP_STATE && (st = bind_state(b, nd)) != ANVIL_OK) goto fail;
+        if (nd->op == OP_GDN) /* its states (leaves, bound above: sources precede their nodes) */
+            b->states[p->g.nodes[nd->src[6]].state].recurrent = b->states[p->g.nodes[nd->src[7]].state].recurrent = true;
         if (nd->op == OP_MATMUL) {
             max_k = MAX(max_k, nd->ne[1] ? p->g.nodes[nd->src[0]].ne[0] * MATMUL_ROWS : 1);
             /* the rounded input rows */
@@ -669,15 +674,44 @@ fail:
 
 static void cpu_destroy(struct backend *base) {
     struct cpu_backend *b = (struct cpu_backend *)base;
-    for (int i = 0; i < b->n_states; i++) free(b->states[i].data);
+    for (int i = 0; i < b->n_states; i++) {
+        free(b->states[i].data);
+        free(b->states[i].saved);
+    }
     free(b->states);
     thread_pool_destroy(b->pool);
     free(b);
 }
 
+/* The recurrent states into their copies (backend_vtable.states_save): a memcpy per state. */
+static anvil_status cpu_states_save(struct backend *base) {
+    struct cpu_backend *b = (struct cpu_backend *)base;
+    for (int i = 0; i < b->n_states; i++) {
+        struct cpu_state *s = &b->states[i];
+        if (!s->recurrent) continue;
+        size_t bytes = (size_t)(s->ne[0] * s->ne[1] * s->ne[2] * s->ne[3]) * sizeof(float);
+        if (!s->saved && !(s->saved = malloc(bytes)))
+            return err_set(ANVIL_ERR_NOMEM, "cpu: cannot allocate %.1f MiB to save the recurrent states",
+                           (double)bytes / (1 << 20));
+        memcpy(s->saved, s->data, bytes);
+    }
+    return ANVIL_OK;
+}
+
+static anvil_status cpu_states_restore(struct backend *base) {
+    struct cpu_backend *b = (struct cpu_backend *)base;
+    for (int i = 0; i < b->n_states; i++) {
+        struct cpu_state *s = &b->states[i];
+        if (!s->recurrent) continue;
+        if (!s->saved) return err_set(ANVIL_ERR_INVALID_ARG, "cpu: no saved recurrent states to restore");
+        memcpy(s->data, s->saved, (size_t)(s->ne[0] * s->ne[1] * s->ne[2] * s->ne[3]) * sizeof(float));
+    }
+    return ANVIL_OK;
+}
+
 static const struct backend_vtable cpu_vtable = {
     "cpu", cpu_destroy, cpu_compile, cpu_program_destroy, cpu_run, NULL, NULL, NULL, NULL, NULL, NULL,
-    cpu_run_batch, backend_cpu_run_extras, NULL,
+    cpu_run_batch, backend_cpu_run_extras, NULL, cpu_states_save, cpu_states_restore,
 };
 
 anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens, int pos0,

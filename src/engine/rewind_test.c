@@ -1,0 +1,176 @@
+/*
+ * session_mark / session_rewind, speculative decoding's rollback (engine_impl.h), on the tiny
+ * reference models (../shared/testdata/reference): the hybrids qwen3next-tiny, qwen3_5-tiny and
+ * qwen3_5moe-tiny (Gated DeltaNet layers: their conv and recurrent states are saved at the mark
+ * and restored by a rewind, which feeds the kept tokens again) and the dense qwen3-tiny
+ * (attention caches only: a rewind truncates).
+ *
+ * A session takes a prompt, then cycles of: mark, 4 drafted tokens in one eval with every row's
+ * logits (a verify step), a rewind keeping some of them (0, 1, 2, or all 4: the position
+ * itself); then 3 more tokens, every row's logits. A second session is fed only what the first
+ * kept: the prompt, each cycle's kept drafts (one at a time, as a rewind feeds them again; the
+ * whole 4 in one eval where a cycle kept all, as the first session did), the 3 tokens. Their
+ * logits must be equal bit for bit on the CPU (the same programs on the same inputs) and within
+ * 1e-3 on Vulkan (lavapipe in CI), where the first session's are also held to the CPU's within
+ * 1e-3 (vulkan_test's bound). Then the errors: a rewind without a mark, below it or past the
+ * position.
+ *
+ * ANVIL_TEST_BACKENDS lists the backends (default: cpu).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/backend.h"
+#include "engine/engine_impl.h"
+#include "testutil.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+static const char *const models[] = {"qwen3next-tiny", "qwen3_5-tiny", "qwen3_5moe-tiny", "qwen3-tiny"};
+
+static const int32_t prompt[] = {3, 141, 59, 26, 5, 358, 97};
+static const int32_t follow[] = {1201, 17, 640};
+
+/* cycle c's drafted tokens */
+static void drafts(int c, int32_t d[4]) {
+    for (int i = 0; i < 4; i++) d[i] = (int32_t)((c * 7919 + i * 104729 + 11) % 2000);
+}
+
+static anvil_model *open_model(const char *name) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s", tu_testdata("reference/"));
+    snprintf(path + strlen(path), sizeof path - strlen(path), "%s", name);
+    anvil_model *m;
+    anvil_model_params mp = {2};
+    if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s: %s", path, anvil_last_error());
+    return m;
+}
+
+/* The prompt, then for each cycle c: mark, its drafts (all logits), a rewind to mark + keep[c];
+ * then the following tokens, whose logits go to out [3][V]. */
+static void rewound(anvil_model *m, anvil_backend_kind kind, const int *keep, int n_cycles, float *out) {
+    int V = anvil_model_vocab_size(m);
+    anvil_session *s = tu_session(m, kind, 64);
+    float *rows = malloc(sizeof(float) * 4 * (size_t)V);
+    assert_int_equal(anvil_session_eval(s, prompt, N_OF(prompt), ANVIL_LOGITS_LAST, rows), ANVIL_OK);
+    for (int c = 0; c < n_cycles; c++) {
+        int32_t d[4];
+        drafts(c, d);
+        int mark = anvil_session_position(s);
+        assert_int_equal(session_mark(s), ANVIL_OK);
+        assert_int_equal(anvil_session_eval(s, d, 4, ANVIL_LOGITS_ALL, rows), ANVIL_OK);
+        if (session_rewind(s, mark + keep[c]) != ANVIL_OK) fail_msg("rewind: %s", anvil_session_errmsg(s));
+        assert_int_equal(anvil_session_position(s), mark + keep[c]);
+        int n;
+        const int32_t *cached = anvil_session_tokens(s, &n);
+        assert_memory_equal(cached + mark, d, (size_t)keep[c] * sizeof *d);
+    }
+    assert_int_equal(anvil_session_eval(s, follow, N_OF(follow), ANVIL_LOGITS_ALL, out), ANVIL_OK);
+    free(rows);
+    anvil_session_destroy(s);
+}
+
+/* The same tokens without the rejected drafts. */
+static void fed(anvil_model *m, anvil_backend_kind kind, const int *keep, int n_cycles, float *out) {
+    int V = anvil_model_vocab_size(m);
+    anvil_session *s = tu_session(m, kind, 64);
+    float *rows = malloc(sizeof(float) * 4 * (size_t)V);
+    assert_int_equal(anvil_session_eval(s, prompt, N_OF(prompt), ANVIL_LOGITS_LAST, rows), ANVIL_OK);
+    for (int c = 0; c < n_cycles; c++) {
+        int32_t d[4];
+        drafts(c, d);
+        if (keep[c] == 4) assert_int_equal(anvil_session_eval(s, d, 4, ANVIL_LOGITS_ALL, rows), ANVIL_OK);
+        else
+            for (int i = 0; i < keep[c]; i++)
+                assert_int_equal(anvil_session_eval(s, d + i, 1, ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+    }
+    assert_int_equal(anvil_session_eval(s, follow, N_OF(follow), ANVIL_LOGITS_ALL, out), ANVIL_OK);
+    free(rows);
+    anvil_session_destroy(s);
+}
+
+/* ANVIL_TEST_BACKENDS, else the CPU (the Vulkan backend cannot save its states yet) */
+static const char *backend_list(char *buf, size_t cap) {
+    const char *b = getenv("ANVIL_TEST_BACKENDS");
+    snprintf(buf, cap, "%s", b && *b ? b : "cpu");
+    return buf;
+}
+
+static void test_rewind_equals_fed(void **state) {
+    (void)state;
+    /* each alone, then one session through several cycles off fresh marks */
+    static const int cases[][4] = {{1}, {2}, {0}, {4}, {2, 0, 4, 1}};
+    static const int n_cycles[] = {1, 1, 1, 1, 4};
+    char list[256];
+    backend_list(list, sizeof list);
+    for (size_t i = 0; i < N_OF(models); i++) {
+        anvil_model *m = open_model(models[i]);
+        size_t VF = N_OF(follow) * (size_t)anvil_model_vocab_size(m);
+        float *a = malloc(sizeof(float) * VF), *b = malloc(sizeof(float) * VF), *cpu = malloc(sizeof(float) * VF);
+        char copy[256];
+        snprintf(copy, sizeof copy, "%s", list);
+        for (char *be = strtok(copy, ","); be; be = strtok(NULL, ",")) {
+            bool vk = strcmp(be, "vulkan") == 0;
+            if (!vk && strcmp(be, "cpu") != 0) fail_msg("ANVIL_TEST_BACKENDS: unknown backend %s", be);
+            anvil_backend_kind kind = vk ? ANVIL_BACKEND_VULKAN : ANVIL_BACKEND_CPU;
+            for (size_t c = 0; c < N_OF(cases); c++) {
+                rewound(m, kind, cases[c], n_cycles[c], a);
+                fed(m, kind, cases[c], n_cycles[c], b);
+                float d = tu_max_diff(a, b, VF);
+                fprintf(stderr, "%s [%s] keep %d%s: max |rewound - fed| = %.3g\n", models[i], be, cases[c][0],
+                        n_cycles[c] > 1 ? ",0,4,1 (4 cycles)" : "", (double)d);
+                if (!vk) {
+                    if (memcmp(a, b, sizeof(float) * VF) != 0) fail_msg("%s: the rewound session differs", models[i]);
+                    if (c == 0) memcpy(cpu, a, sizeof(float) * VF);
+                    continue;
+                }
+                assert_true(d < 1e-3f);
+                if (c == 0 && strstr(list, "cpu")) { /* the CPU's first case, run before */
+                    float dc = tu_max_diff(a, cpu, VF);
+                    fprintf(stderr, "%s [vulkan] keep 1: max |vulkan - cpu| = %.3g\n", models[i], (double)dc);
+                    assert_true(dc < 1e-3f);
+                }
+            }
+        }
+        free(a);
+        free(b);
+        free(cpu);
+        anvil_model_close(m);
+    }
+}
+
+static void test_rewind_errors(void **state) {
+    (void)state;
+    for (size_t i = 0; i < N_OF(models); i += 3) { /* a hybrid and the dense model */
+        anvil_model *m = open_model(models[i]);
+        anvil_session *s = tu_session(m, ANVIL_BACKEND_CPU, 64);
+        assert_int_equal(anvil_session_eval(s, prompt, N_OF(prompt), ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+        assert_int_equal(session_rewind(s, 7), ANVIL_ERR_INVALID_ARG); /* no mark */
+        assert_non_null(strstr(anvil_session_errmsg(s), "cannot rewind"));
+        assert_int_equal(session_mark(s), ANVIL_OK);
+        int32_t d[4];
+        drafts(0, d);
+        assert_int_equal(anvil_session_eval(s, d, 4, ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+        assert_int_equal(session_rewind(s, 6), ANVIL_ERR_INVALID_ARG);  /* below the mark */
+        assert_int_equal(session_rewind(s, 12), ANVIL_ERR_INVALID_ARG); /* past the position */
+        assert_int_equal(anvil_session_position(s), 11);
+        assert_int_equal(session_rewind(s, 9), ANVIL_OK);
+        assert_int_equal(session_rewind(s, 10), ANVIL_ERR_INVALID_ARG); /* past it now */
+        assert_int_equal(session_rewind(s, 7), ANVIL_OK);               /* the mark stays */
+        anvil_session_reset(s);                                         /* and a reset drops it */
+        assert_int_equal(session_rewind(s, 0), ANVIL_ERR_INVALID_ARG);
+        anvil_session_destroy(s);
+        anvil_model_close(m);
+    }
+}
+
+int main(void) {
+    if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 0);
+    tu_float32_prefill();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rewind_errors),
+        cmocka_unit_test(test_rewind_equals_fed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
