@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backends/backend.h"
+
 char *tu_read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -160,6 +162,11 @@ anvil_session *tu_session_kv(anvil_model *m, anvil_backend_kind kind, int n_ctx,
 
 bool tu_validation_layer(void) {
     return access("/usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json", R_OK) == 0;
+}
+
+bool tu_vulkan(char *why, size_t cap) {
+    if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 0);
+    return backend_vulkan_available(why, cap);
 }
 
 void tu_float32_prefill(void) { setenv("ANVIL_VK_COOPMAT", "0", 0); }

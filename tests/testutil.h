@@ -43,6 +43,10 @@ anvil_session *tu_session_kv(anvil_model *m, anvil_backend_kind kind, int n_ctx,
 /* Whether the Vulkan validation layer is installed (CI's lavapipe has it): the tests then set
  * ANVIL_VALIDATE=1, and any message fails the call that follows it. */
 bool tu_validation_layer(void);
+/* Whether Vulkan runs here (else why, in why); first sets ANVIL_VALIDATE=1 where the validation
+ * layer is installed. Set it before anything touches Vulkan, this probe included: the process
+ * makes its one Vulkan instance at the first use, with the setting of that moment. */
+bool tu_vulkan(char *why, size_t cap);
 /* Prefill on its float32 path unless ANVIL_VK_COOPMAT is set: the cooperative-matrix products
  * (on where the device has them: not lavapipe) take float16 inputs, which move logits by
  * ~1e-2 where these tests hold Vulkan to ~1e-3 of the CPU or the reference; prefill_test checks

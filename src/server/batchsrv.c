@@ -30,7 +30,14 @@ struct slot {
 /* Ends the job in slot q (st: ANVIL_OK, or what failed) and frees the slot. */
 static void slot_end(struct server *s, struct slot *q, anvil_status st, const char *msg,
                      anvil_stop_reason stop) {
-    if (q->id > 0) anvil_batch_remove(s->batch, q->id);
+    if (q->id > 0) {
+        anvil_batch_remove(s->batch, q->id);
+        /* its blocks are free by the time its client hears the answer (/metrics says so) */
+        int used = anvil_batch_kv_blocks(s->batch, NULL);
+        pthread_mutex_lock(&s->mu);
+        s->kv_used = used;
+        pthread_mutex_unlock(&s->mu);
+    }
     double now = time_now();
     double first = q->t_first > 0 ? q->t_first : now;
     anvil_generate_stats stats = {0};
@@ -75,11 +82,17 @@ static int live_slots(const struct slot *sl, int n) {
     return k;
 }
 
-static void publish(struct server *s, int batch_size) {
+/* The batch's state for /metrics: the size of the step about to run (or of the last one), the
+ * blocks in use; stepped: a step of that many sequences ran, to be counted. */
+static void publish(struct server *s, int batch_size, int stepped) {
     int used = anvil_batch_kv_blocks(s->batch, NULL);
     pthread_mutex_lock(&s->mu);
     s->batch_size = batch_size;
     s->kv_used = used;
+    if (stepped > 0) {
+        s->batch_steps++;
+        s->batch_step_seqs += (uint64_t)stepped;
+    }
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -122,9 +135,9 @@ void batch_worker(struct server *s) {
             if (sl[i].job && atomic_load(&sl[i].job->cancelled))
                 slot_end(s, &sl[i], ANVIL_OK, "", ANVIL_STOP_CALLBACK);
         /* 3. one step */
-        int n_live = live_slots(sl, P), n_ev = 0;
+        int n_live = live_slots(sl, P), n_ev = 0, stepped = 0;
         if (n_live > 0 && !atomic_load(&s->stopping)) {
-            publish(s, n_live);
+            publish(s, n_live, 0);
             anvil_status st = anvil_batch_step(s->batch, ev, P, &n_ev);
             if (st != ANVIL_OK) { /* the batch's state is unknown: nothing more runs */
                 char msg[256];
@@ -133,6 +146,8 @@ void batch_worker(struct server *s) {
                 for (int i = 0; i < P; i++)
                     if (sl[i].job) slot_end(s, &sl[i], st, msg, ANVIL_STOP_NONE);
                 n_ev = 0;
+            } else {
+                stepped = n_live;
             }
         }
         /* 4. the events to their jobs */
@@ -149,14 +164,14 @@ void batch_worker(struct server *s) {
             }
             if (stop != ANVIL_STOP_NONE) slot_end(s, t, ANVIL_OK, "", stop);
         }
-        publish(s, live_slots(sl, P));
+        publish(s, live_slots(sl, P), stepped);
         pthread_mutex_lock(&s->mu);
     }
     /* stopping: the batch's jobs end with the shutdown error (run_finish's) */
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < P; i++)
         if (sl[i].job) slot_end(s, &sl[i], ANVIL_OK, "", ANVIL_STOP_CALLBACK);
-    publish(s, 0);
+    publish(s, 0, 0);
     free(sl);
     free(ev);
     pthread_mutex_lock(&s->mu);

@@ -93,6 +93,12 @@ void metrics_render(struct metrics *m, const struct metrics_state *now, struct s
     sbuf_printf(o, "anvil_parallel %d\n", now->parallel);
     metric(o, "anvil_batch_size", "gauge", "Sequences in the batch's last step (--parallel > 1).");
     sbuf_printf(o, "anvil_batch_size %d\n", now->batch_size);
+    metric(o, "anvil_batch_steps_total", "counter", "Steps the batch ran (--parallel > 1).");
+    sbuf_printf(o, "anvil_batch_steps_total %llu\n", (unsigned long long)now->batch_steps);
+    metric(o, "anvil_batch_step_sequences_total", "counter",
+           "Sequences in the batch's steps, summed over the steps: over anvil_batch_steps_total, "
+           "the mean batch size.");
+    sbuf_printf(o, "anvil_batch_step_sequences_total %llu\n", (unsigned long long)now->batch_step_seqs);
     metric(o, "anvil_kv_blocks_used", "gauge", "The batch's cache blocks in use (--parallel > 1).");
     sbuf_printf(o, "anvil_kv_blocks_used %d\n", now->kv_used);
     metric(o, "anvil_kv_blocks_total", "gauge", "The batch's cache blocks (--parallel > 1).");

@@ -108,6 +108,7 @@ struct metrics_state {
     int queue_depth, running, parallel;
     bool ready;
     int batch_size, kv_used, kv_total; /* --parallel > 1: the batch's last step */
+    uint64_t batch_steps, batch_step_seqs; /* the batch's steps, and their sequences summed */
 };
 /* Appends the Prometheus text exposition. */
 void metrics_render(struct metrics *m, const struct metrics_state *now, struct sbuf *out);
@@ -256,6 +257,7 @@ struct server {
     int n_running;           /* jobs running (on the session or in the batch) */
     anvil_batch *batch;      /* --parallel > 1: the worker's batch (batchsrv.c), else NULL */
     int batch_size, kv_used, kv_total; /* the batch's last step: sequences, cache blocks */
+    uint64_t batch_steps, batch_step_seqs; /* steps run, and their sequences summed */
     bool failed;             /* the session's device failed: nothing more can run */
     char failed_msg[256];
     uint64_t next_id;
