@@ -39,6 +39,13 @@ struct vk_backend {
     VkDeviceSize *state_off;
     int64_t (*state_ne)[MAX_DIMS];
     int n_states;
+    /* the recurrent states (OP_GDN's conv ring and recurrent state) for a rollback
+     * (backend_vtable.states_save): rec[i] copies one from states into saved, rec[n_rec + i]
+     * back; saved (rec_bytes) is created on the first save */
+    VkBufferCopy *rec;
+    int n_rec;
+    VkDeviceSize rec_bytes;
+    struct vk_buffer saved;
 };
 
 uint64_t vk_weight_addr(struct vk_backend *b, const struct tensor_info *t, bool as_f32, bool plus1);
