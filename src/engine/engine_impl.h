@@ -50,11 +50,12 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
  * and recurrent states of every Gated DeltaNet layer, not the attention caches). session_rewind
  * goes back to n tokens, mark <= n <= position, as if only tokens [0, n) had been fed; the mark
  * stays (a later rewind may use it again) until a mark, a reset or a truncate below it.
- * Attention caches need nothing: rows past the position are overwritten. Recurrent states
- * have taken in every token up to the position: a rewind restores the mark's and feeds
- * tokens [mark, n) again, one at a time through the decode program (n - mark one-token steps;
- * nothing when n is the position), so the states and caches are bit for bit those of a session
- * fed [0, mark) as it was and then [mark, n) a token at a time. Errors: ANVIL_ERR_INVALID_ARG
+ * Attention caches need nothing: rows past the position are overwritten, rows before it kept
+ * as the verify step wrote them. Recurrent states have taken in every token up to the
+ * position: a rewind restores the mark's and feeds tokens [mark, n) again, one at a time
+ * through the decode program (n - mark one-token steps; nothing when n is the position), so
+ * that states and caches are those of a session fed [0, mark) as it was and then [mark, n) a
+ * token at a time (bit for bit on the CPU: rewind_test). Errors: ANVIL_ERR_INVALID_ARG
  * without a mark or for n outside [mark, position]; ANVIL_ERR_UNSUPPORTED on a backend without
  * states_save, or when an image's rows lie in [mark, n) (their embeddings cannot be fed again)
  * or n would cut one. */
