@@ -188,6 +188,33 @@ anvil_sampling anvil_sampling_default(void);
 
 /* ---- generation ---- */
 
+/* ---- speculative decoding (docs/SPECULATIVE.md) ----
+ *
+ * Each step drafts up to n_draft tokens, runs the last chosen token and the drafts through the
+ * model as one multi-token step, and keeps the longest prefix the sampling chain agrees with
+ * (greedy: the argmax; temperature > 0: the speculative-sampling rule, which keeps the chain's
+ * distribution exactly), plus the chain's own token after it; the rejected rows are rolled back.
+ * Greedy output is the output without speculation. */
+typedef enum anvil_spec_kind {
+    ANVIL_SPEC_NONE = 0,
+    ANVIL_SPEC_NGRAM,  /* the tokens after the latest earlier match of the last few tokens
+                          (in the prompt and the output so far) */
+    ANVIL_SPEC_DRAFT,  /* a draft model's greedy continuation (same vocabulary) */
+    ANVIL_SPEC_ORACLE, /* a given continuation: benchmarks at a known acceptance rate */
+} anvil_spec_kind;
+
+#define ANVIL_SPEC_MAX_DRAFT 16
+
+typedef struct anvil_spec {
+    anvil_spec_kind kind;
+    int n_draft;           /* tokens drafted per step, 1 .. ANVIL_SPEC_MAX_DRAFT */
+    anvil_session *draft;  /* DRAFT: a session on the draft model (its cache is the drafter's) */
+    const int32_t *oracle; /* ORACLE: tokens to draft, oracle[i] for the i-th generated token */
+    int n_oracle;
+    float oracle_accept;   /* ORACLE: each drafted token is offered as given with this
+                              probability, else replaced by a wrong one (1: always as given) */
+} anvil_spec;
+
 typedef struct anvil_generate_params {
     anvil_sampling sampling;
     int max_tokens;              /* budget of generated tokens (> 0) */
@@ -198,6 +225,9 @@ typedef struct anvil_generate_params {
      * token callback's user. Set, generation runs the host loop: each step's logits are read
      * back (on Vulkan, instead of the device's own decode loop). Batches refuse it. */
     void (*on_logits)(void *user, float *logits, int n_vocab);
+    /* NULL, or speculative decoding (a host loop, as on_logits; the two may be combined: the
+     * hook sees every row the chain chooses from). Batches refuse it. */
+    const anvil_spec *spec;
 } anvil_generate_params;
 
 typedef enum anvil_stop_reason {
@@ -212,6 +242,8 @@ typedef struct anvil_generate_stats {
     int n_prompt, n_generated;
     double prompt_seconds, generate_seconds;
     anvil_stop_reason stop;
+    /* speculative decoding: tokens drafted, drafted tokens accepted, verify steps */
+    int n_drafted, n_accepted, n_spec_steps;
 } anvil_generate_stats;
 
 /* Called with each generated token as soon as it is known; return non-zero to stop. */

@@ -6,6 +6,7 @@
 #include "anvil.h"
 #include "engine_impl.h"
 #include "sampler.h"
+#include "spec.h"
 
 static bool is_stop(const anvil_generate_params *p, int32_t t) {
     for (int i = 0; i < p->n_stop_tokens; i++)
@@ -127,7 +128,9 @@ static anvil_status session_generate(anvil_session *s, const int32_t *prompt, in
         return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_generate: bad arguments");
     if (n_prompt == 0 && s->pos == 0)
         return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_generate: nothing to continue from");
-    if (s->backend->vt->generate && p->n_stop_tokens <= 16 && !p->on_logits)
+    bool spec = p->spec && p->spec->kind != ANVIL_SPEC_NONE;
+    if (p->spec && spec_check(s, p->spec) != ANVIL_OK) return ANVIL_ERR_INVALID_ARG;
+    if (s->backend->vt->generate && p->n_stop_tokens <= 16 && !p->on_logits && !spec)
         return generate_on_device(s, prompt, n_prompt, p, fn, user, stats);
     int V = s->model->file->hp.n_vocab;
     float *logits = xmalloc((size_t)V * sizeof *logits);
@@ -165,6 +168,13 @@ static anvil_status session_generate(anvil_session *s, const int32_t *prompt, in
     stats->n_prompt = n_prompt;
     stats->prompt_seconds = time_now() - t0;
     t0 = time_now();
+    if (st == ANVIL_OK && spec) {
+        st = spec_decode(s, p, logits, fn, user, stats);
+        stats->generate_seconds = time_now() - t0;
+        free(logits);
+        free(scratch);
+        return st;
+    }
     while (st == ANVIL_OK) {
         if (p->on_logits) p->on_logits(user, logits, V);
         int32_t tok = sampler_sample(logits, V, &p->sampling, s->tokens, s->pos, (uint32_t)s->pos, scratch);

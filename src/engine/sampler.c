@@ -61,13 +61,8 @@ void sampler_prepare(const anvil_sampling *s, int V, struct sampling_params *o) 
     o->seed = s->seed;
 }
 
-struct cand {
-    float logit;
-    int32_t id;
-};
-
 /* Descending logit, ascending id among equals. */
-static int cand_cmp(const struct cand *x, const struct cand *y) {
+static int cand_cmp(const struct sampler_cand *x, const struct sampler_cand *y) {
     if (x->logit != y->logit) return x->logit < y->logit ? 1 : -1;
     return (x->id > y->id) - (x->id < y->id);
 }
@@ -92,22 +87,26 @@ static void apply_penalties(float *logits, int V, const struct sampling_params *
     }
 }
 
-int32_t sampler_sample_prepared(float *logits, int V, const struct sampling_params *p,
-                                const int32_t *history, int n_history, uint32_t counter,
-                                void *scratch) {
+int sampler_distribution(float *logits, int V, const struct sampling_params *p, const int32_t *history,
+                         int n_history, void *scratch, struct sampler_dist *d) {
     if (p->penalties) apply_penalties(logits, V, p, history, n_history);
+    struct sampler_cand *c = scratch;
+    float *e = (float *)(c + SAMPLER_MAX_K), *cum = e + SAMPLER_MAX_K;
+    d->cand = c;
+    d->cum = cum;
     if (p->greedy) {
         int32_t best = 0;
         for (int i = 1; i < V; i++)
             if (logits[i] > logits[best]) best = i;
-        return best;
+        c[0] = (struct sampler_cand){logits[best], best};
+        cum[0] = 1.0f;
+        return d->kept = 1;
     }
     int K = p->K;
-    struct cand *c = scratch;
     /* partial selection: keep the K best in a sorted array (K is small) */
     int n = 0;
     for (int i = 0; i < V; i++) {
-        struct cand x = {logits[i], i};
+        struct sampler_cand x = {logits[i], i};
         if (n == K && cand_cmp(&x, &c[n - 1]) >= 0) continue;
         int pos = n < K ? n++ : K - 1;
         while (pos > 0 && cand_cmp(&x, &c[pos - 1]) < 0) {
@@ -116,7 +115,6 @@ int32_t sampler_sample_prepared(float *logits, int V, const struct sampling_para
         }
         c[pos] = x;
     }
-    float *e = (float *)(c + K), *cum = e + K;
     float l0 = sampler_ftz(c[0].logit), run = 0;
     for (int i = 0; i < n; i++) {
         e[i] = sampler_exp((sampler_ftz(c[i].logit) - l0) * p->inv_temp);
@@ -140,10 +138,23 @@ int32_t sampler_sample_prepared(float *logits, int V, const struct sampling_para
                 break;
             }
     }
-    float target = sampler_uniform(p->seed, counter) * cum[kept - 1];
-    for (int i = 0; i < kept; i++)
-        if (cum[i] > target) return c[i].id;
-    return c[kept - 1].id;
+    return d->kept = kept;
+}
+
+int32_t sampler_draw(const struct sampler_dist *d, float u) {
+    float target = u * d->cum[d->kept - 1];
+    for (int i = 0; i < d->kept; i++)
+        if (d->cum[i] > target) return d->cand[i].id;
+    return d->cand[d->kept - 1].id;
+}
+
+int32_t sampler_sample_prepared(float *logits, int V, const struct sampling_params *p,
+                                const int32_t *history, int n_history, uint32_t counter,
+                                void *scratch) {
+    struct sampler_dist d;
+    sampler_distribution(logits, V, p, history, n_history, scratch, &d);
+    if (p->greedy) return d.cand[0].id;
+    return sampler_draw(&d, sampler_uniform(p->seed, counter));
 }
 
 int32_t sampler_sample(float *logits, int V, const anvil_sampling *s, const int32_t *history,

@@ -83,6 +83,23 @@ void sampler_prepare(const anvil_sampling *s, int V, struct sampling_params *out
  * (caller-owned, aligned for floats). */
 int32_t sampler_sample(float *logits, int V, const anvil_sampling *p, const int32_t *history,
                        int n_history, uint32_t counter, void *scratch);
+/* The chain's distribution after steps 1-6: the kept candidates cand[0 .. kept-1] in order,
+ * their cumulative weights cum[i] (the probability of candidate i is
+ * (cum[i] - cum[i-1]) / cum[kept-1]); greedy: the argmax alone, weight 1. Points into scratch. */
+struct sampler_cand {
+    float logit;
+    int32_t id;
+};
+struct sampler_dist {
+    const struct sampler_cand *cand;
+    const float *cum;
+    int kept;
+};
+/* Steps 1-6 (logits modified in place by the penalties); returns d->kept. */
+int sampler_distribution(float *logits, int V, const struct sampling_params *sp, const int32_t *history,
+                         int n_history, void *scratch, struct sampler_dist *d);
+/* Step 7 with u in [0, 1). */
+int32_t sampler_draw(const struct sampler_dist *d, float u);
 /* The same with prepared parameters. */
 int32_t sampler_sample_prepared(float *logits, int V, const struct sampling_params *sp,
                                 const int32_t *history, int n_history, uint32_t counter,

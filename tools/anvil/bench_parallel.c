@@ -34,7 +34,7 @@ static bool run_parallel(anvil_model *m, const struct common_opts *co, int B, in
     int32_t *prompt = malloc((size_t)P * sizeof *prompt);
     anvil_batch_event *ev = malloc((size_t)B * sizeof *ev);
     bool ok = prompt && ev;
-    anvil_generate_params gp = {anvil_sampling_default(), N, NULL, 0, NULL};
+    anvil_generate_params gp = {anvil_sampling_default(), N, NULL, 0, NULL, NULL};
     for (int s = 0; s < B && ok; s++) {
         for (int i = 0; i < P; i++) prompt[i] = (int32_t)((i * 31 + 7 + s * 101) % V);
         int id;

@@ -189,7 +189,7 @@ static bool run_pp(anvil_session *s, const int32_t *toks, int D, int P, float *l
 static bool run_tg(anvil_session *s, const int32_t *toks, int D, int N, double *secs) {
     anvil_session_reset(s);
     if (D > 0 && anvil_session_eval(s, toks, D, ANVIL_LOGITS_NONE, NULL) != ANVIL_OK) return false;
-    anvil_generate_params gp = {tg_sampling, N, NULL, 0, NULL};
+    anvil_generate_params gp = {tg_sampling, N, NULL, 0, NULL, NULL};
     int32_t first = toks[D];
     anvil_generate_stats st;
     static struct thread_time th0[MAX_THREADS], th1[MAX_THREADS];

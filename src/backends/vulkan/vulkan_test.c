@@ -80,7 +80,7 @@ static void test_against_cpu(void **state) {
         float *a = malloc(sizeof(float) * 7 * (size_t)V), *b = malloc(sizeof(float) * 7 * (size_t)V);
         prompt_rows_agree(spec, cpu, vk, V, a, b);
         /* greedy generation: the device loop vs the host loop, from the same cache */
-        anvil_generate_params gp = {anvil_sampling_default(), 12, NULL, 0, NULL};
+        anvil_generate_params gp = {anvil_sampling_default(), 12, NULL, 0, NULL, NULL};
         int32_t ga[16] = {0}, gb[16] = {0};
         anvil_generate_stats sa, sb;
         int32_t next = 17;
@@ -95,7 +95,7 @@ static void test_against_cpu(void **state) {
         /* a stop token: the device stops on it, later queued steps do nothing, and the cache
          * continues exactly like the CPU's */
         int32_t stop = ga[1 + 3];
-        anvil_generate_params gs = {anvil_sampling_default(), 10, &stop, 1, NULL};
+        anvil_generate_params gs = {anvil_sampling_default(), 10, &stop, 1, NULL, NULL};
         int32_t sa2[16] = {0}, sb2[16] = {0};
         /* a recurrent model's cache cannot be cut, only reset (its states then count as zero):
          * it replays the prompt and the first input */
@@ -185,7 +185,7 @@ static void test_against_cpu_qx(void **state) {
                 spec, worst, mean);
         assert_true(worst < 0.08 && mean < 0.02);
         /* the device loop on the same kernels */
-        anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0, NULL};
+        anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0, NULL, NULL};
         int32_t gb[16] = {0}, next = 17;
         anvil_generate_stats sb;
         assert_int_equal(anvil_session_generate(vk, &next, 1, &gp, tu_collect, gb, &sb), ANVIL_OK);
@@ -407,7 +407,7 @@ static void toggled_runs(const char *name, const char *off, const char *on, stru
                 int32_t tok = (int32_t)((i * 53 + 7) % t->V);
                 assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, row), ANVIL_OK);
             }
-            anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0, NULL};
+            anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0, NULL, NULL};
             anvil_generate_stats sg;
             assert_int_equal(anvil_session_generate(vk, &next, 1, &gp, tu_collect, t->gen[qx][r], &sg), ANVIL_OK);
             program_counts(vk, &t->dispatches[qx][r], &t->barriers[qx][r]);
@@ -1230,7 +1230,7 @@ static void test_sampled_generation(void **state) {
     anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
     int32_t prompt[5] = {3, 141, 59, 26, 5};
     for (int variant = 0; variant < 3; variant++) {
-        anvil_generate_params gp = {anvil_sampling_default(), 14, NULL, 0, NULL};
+        anvil_generate_params gp = {anvil_sampling_default(), 14, NULL, 0, NULL, NULL};
         gp.sampling.temperature = variant == 2 ? 0.0f : 3.0f; /* the synthetic model is peaked */
         gp.sampling.top_k = variant == 1 ? 0 : 40;
         gp.sampling.top_p = variant == 1 ? 0.9f : 1.0f;
@@ -1277,7 +1277,7 @@ static void test_sampled_generation(void **state) {
         assert_int_equal(anvil_model_open(more[k], NULL, &m), ANVIL_OK);
         cpu = session(m, ANVIL_BACKEND_CPU);
         vk = session(m, ANVIL_BACKEND_VULKAN);
-        anvil_generate_params gp = {anvil_sampling_default(), 10, NULL, 0, NULL};
+        anvil_generate_params gp = {anvil_sampling_default(), 10, NULL, 0, NULL, NULL};
         gp.sampling.temperature = 3.0f;
         gp.sampling.top_p = 0.95f;
         gp.sampling.repeat_penalty = 1.3f;

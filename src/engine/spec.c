@@ -1,0 +1,265 @@
+/* engine: speculative decoding (docs/SPECULATIVE.md) — draft k tokens, run the last chosen
+ * token and the drafts as one multi-token step, keep the prefix the sampling chain agrees with,
+ * roll the rest back (session_rewind). The host drives each step: its logits are read back. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "anvil.h"
+#include "engine_impl.h"
+#include "sampler.h"
+#include "spec.h"
+
+/* n-gram lookup: the longest suffix of the history (SPEC_NGRAM_MAX tokens down to 1) that
+ * occurred earlier; its latest earlier occurrence's continuation is the draft. */
+#define SPEC_NGRAM_MAX 3
+/* the acceptance test's random numbers: the chain's (seed, counter) stream with this salt, so
+ * that the draw for a rejected draft stays the chain's own */
+#define SPEC_ACCEPT_SALT 0x5bd1e995u
+
+struct spec_run {
+    anvil_session *s;
+    const anvil_spec *spec;
+    const anvil_generate_params *p;
+    int V;
+    int n_gen;      /* tokens delivered so far */
+    int32_t *hist;  /* [n_ctx + 1]: the target's tokens, then the token about to be fed */
+    float *dlogits; /* [draft vocab]: the draft model's last row */
+    struct sampling_params draft_sp; /* the chain's, greedy */
+    void *scratch;
+};
+
+static int draft_ngram(const int32_t *h, int n, int k, int32_t *out) {
+    for (int len = n - 1 < SPEC_NGRAM_MAX ? n - 1 : SPEC_NGRAM_MAX; len >= 1; len--) {
+        const int32_t *pat = h + n - len;
+        for (int j = n - len - 1; j >= 0; j--) {
+            if (memcmp(h + j, pat, (size_t)len * sizeof *h)) continue;
+            int m = n - (j + len);
+            if (m > k) m = k;
+            memcpy(out, h + j + len, (size_t)m * sizeof *out);
+            return m;
+        }
+    }
+    return 0;
+}
+
+/* The draft session's cache is brought to h[0 .. n) (the common prefix kept), then it
+ * continues greedily for k tokens. */
+static anvil_status draft_model(struct spec_run *r, const int32_t *h, int n, int k, int32_t *out, int *n_out) {
+    anvil_session *d = r->spec->draft;
+    *n_out = 0;
+    if (n + k > d->n_ctx) k = d->n_ctx - n;
+    if (k <= 0) return ANVIL_OK;
+    int c = 0;
+    while (c < d->pos && c < n && d->tokens[c] == h[c]) c++;
+    if (c == n) c--; /* the last token's row is needed again */
+    anvil_status st = ANVIL_ERR_UNSUPPORTED;
+    if (d->mark >= 0 && c >= d->mark) st = session_rewind(d, c);
+    if (st != ANVIL_OK && anvil_session_truncate(d, c) != ANVIL_OK) {
+        c = 0; /* a recurrent cache that cannot be cut there: from the start */
+        anvil_session_reset(d);
+    }
+    st = anvil_session_eval(d, h + c, n - c, ANVIL_LOGITS_LAST, r->dlogits);
+    if (st != ANVIL_OK) return st;
+    session_mark(d); /* refused (a recurrent draft model): the next step cuts or starts over */
+    for (int i = 0; i < k; i++) {
+        /* the chain's penalties, greedily: a draft of a penalised greedy chain agrees more */
+        out[i] = sampler_sample_prepared(r->dlogits, d->model->file->hp.n_vocab, &r->draft_sp, d->tokens,
+                                         d->pos, (uint32_t)d->pos, r->scratch);
+        if (out[i] >= r->V) break; /* the draft's extra rows: no token of the target */
+        *n_out = i + 1;
+        if (i + 1 < k && (st = anvil_session_eval(d, &out[i], 1, ANVIL_LOGITS_LAST, r->dlogits)) != ANVIL_OK)
+            return st;
+    }
+    return ANVIL_OK;
+}
+
+static int draft_oracle(struct spec_run *r, int k, int32_t *out) {
+    const anvil_spec *sp = r->spec;
+    int m = 0;
+    for (; m < k && r->n_gen + m < sp->n_oracle; m++) {
+        int32_t t = sp->oracle[r->n_gen + m];
+        uint32_t at = (uint32_t)(r->n_gen + m);
+        if (sp->oracle_accept < 1.0f && !(sampler_uniform(r->p->sampling.seed ^ 0x9e3779b97f4a7c15ull, at) < sp->oracle_accept))
+            t = (t + 1) % r->V; /* a wrong token (the oracle is the chain's own greedy output) */
+        out[m] = t;
+    }
+    return m;
+}
+
+/* Up to k drafts continuing h[0 .. n). */
+static anvil_status draft(struct spec_run *r, const int32_t *h, int n, int k, int32_t *out, int *n_out) {
+    switch (r->spec->kind) {
+    case ANVIL_SPEC_NGRAM: *n_out = draft_ngram(h, n, k, out); return ANVIL_OK;
+    case ANVIL_SPEC_ORACLE: *n_out = draft_oracle(r, k, out); return ANVIL_OK;
+    case ANVIL_SPEC_DRAFT: return draft_model(r, h, n, k, out, n_out);
+    default: *n_out = 0; return ANVIL_OK;
+    }
+}
+
+anvil_status spec_check(const anvil_session *s, const anvil_spec *sp) {
+    if (sp->kind < ANVIL_SPEC_NONE || sp->kind > ANVIL_SPEC_ORACLE)
+        return err_set(ANVIL_ERR_INVALID_ARG, "speculative decoding: unknown kind %d", (int)sp->kind);
+    if (sp->kind == ANVIL_SPEC_NONE) return ANVIL_OK;
+    if (sp->n_draft < 1 || sp->n_draft > ANVIL_SPEC_MAX_DRAFT)
+        return err_set(ANVIL_ERR_INVALID_ARG, "speculative decoding: %d drafted tokens per step "
+                       "(1 .. %d)", sp->n_draft, ANVIL_SPEC_MAX_DRAFT);
+    if (sp->kind == ANVIL_SPEC_DRAFT) {
+        if (!sp->draft || sp->draft == s)
+            return err_set(ANVIL_ERR_INVALID_ARG, "speculative decoding: the draft model needs "
+                           "its own session");
+        int vt = s->model->file->hp.n_vocab, vd = sp->draft->model->file->hp.n_vocab;
+        /* Qwen3's sizes pad the same tokenizer's 151,669 tokens differently: equal within the
+         * padding is the same vocabulary */
+        if ((vt > vd ? vt - vd : vd - vt) > 1024)
+            return err_set(ANVIL_ERR_INVALID_ARG, "speculative decoding: the draft model's vocabulary "
+                           "(%d tokens) is not the target's (%d)", vd, vt);
+    }
+    if (sp->kind == ANVIL_SPEC_ORACLE &&
+        ((sp->n_oracle > 0 && !sp->oracle) || sp->n_oracle < 0 || !(sp->oracle_accept >= 0.0f && sp->oracle_accept <= 1.0f)))
+        return err_set(ANVIL_ERR_INVALID_ARG, "speculative decoding: bad oracle (%d tokens, "
+                       "acceptance %g)", sp->n_oracle, (double)sp->oracle_accept);
+    return ANVIL_OK;
+}
+
+int32_t spec_choose(const struct sampling_params *sp, float *row, int V, const int32_t *history,
+                    int counter, int32_t d, void *scratch, bool *keep) {
+    struct sampler_dist dist;
+    sampler_distribution(row, V, sp, history, counter, scratch, &dist);
+    *keep = false;
+    if (sp->greedy) {
+        *keep = d == dist.cand[0].id;
+        return dist.cand[0].id;
+    }
+    float total = dist.cum[dist.kept - 1];
+    if (d >= 0) {
+        float w = 0;
+        for (int i = 0; i < dist.kept; i++)
+            if (dist.cand[i].id == d) w = dist.cum[i] - (i ? dist.cum[i - 1] : 0.0f);
+        if (w > 0 && sampler_uniform(sp->seed ^ SPEC_ACCEPT_SALT, (uint32_t)counter) * total < w) {
+            *keep = true;
+            return d;
+        }
+        if (w > 0 && w < total) { /* a draw without d */
+            float target = sampler_uniform(sp->seed, (uint32_t)counter) * (total - w), run = 0;
+            int32_t last = -1;
+            for (int i = 0; i < dist.kept; i++) {
+                if (dist.cand[i].id == d) continue;
+                run += dist.cum[i] - (i ? dist.cum[i - 1] : 0.0f);
+                last = dist.cand[i].id;
+                if (run > target) return last;
+            }
+            return last;
+        }
+    }
+    return sampler_draw(&dist, sampler_uniform(sp->seed, (uint32_t)counter));
+}
+
+static bool is_stop(const anvil_generate_params *p, int32_t t) {
+    for (int i = 0; i < p->n_stop_tokens; i++)
+        if (p->stop_tokens[i] == t) return true;
+    return false;
+}
+
+anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float *logits,
+                         anvil_token_fn fn, void *user, anvil_generate_stats *stats) {
+    const anvil_spec *spec = p->spec;
+    int V = s->model->file->hp.n_vocab, K = spec->n_draft;
+    struct spec_run r = {.s = s, .spec = spec, .p = p, .V = V};
+    float *rows = xmalloc((size_t)(K + 1) * V * sizeof *rows);
+    void *scratch = xmalloc(SAMPLER_SCRATCH_BYTES);
+    r.hist = xmalloc((size_t)(s->n_ctx + 1) * sizeof *r.hist);
+    if (spec->kind == ANVIL_SPEC_DRAFT)
+        r.dlogits = xmalloc((size_t)spec->draft->model->file->hp.n_vocab * sizeof *r.dlogits);
+    anvil_status st = rows && scratch && r.hist && (r.dlogits || spec->kind != ANVIL_SPEC_DRAFT)
+                          ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    struct sampling_params sp;
+    sampler_prepare(&p->sampling, V, &sp);
+    r.scratch = scratch;
+    if (spec->kind == ANVIL_SPEC_DRAFT) {
+        anvil_sampling greedy = p->sampling;
+        greedy.temperature = 0;
+        sampler_prepare(&greedy, spec->draft->model->file->hp.n_vocab, &r.draft_sp);
+    }
+    bool keep;
+    int32_t tok = 0;
+    if (st == ANVIL_OK) {
+        if (p->on_logits) p->on_logits(user, logits, V);
+        tok = spec_choose(&sp, logits, V, s->tokens, s->pos, -1, scratch, &keep);
+    }
+    while (st == ANVIL_OK) {
+        /* tok is chosen, not yet delivered nor in the cache */
+        if (is_stop(p, tok)) {
+            stats->stop = ANVIL_STOP_EOS;
+            break;
+        }
+        r.n_gen = ++stats->n_generated;
+        bool stop_cb = fn && fn(user, tok) != 0;
+        if (s->pos >= s->n_ctx) {
+            stats->stop = ANVIL_STOP_CONTEXT;
+            break;
+        }
+        int k = K;
+        if (k > s->n_ctx - s->pos - 1) k = s->n_ctx - s->pos - 1;
+        if (k > p->max_tokens - r.n_gen) k = p->max_tokens - r.n_gen;
+        int32_t seq[ANVIL_SPEC_MAX_DRAFT + 1] = {tok};
+        int nd = 0;
+        if (!stop_cb && k > 0) {
+            memcpy(r.hist, s->tokens, (size_t)s->pos * sizeof *r.hist);
+            r.hist[s->pos] = tok;
+            st = draft(&r, r.hist, s->pos + 1, k, seq + 1, &nd);
+            if (st != ANVIL_OK) break;
+        }
+        /* the token enters the cache even when it is the last one, so a later turn continues
+         * after it */
+        int pos0 = s->pos;
+        if (nd > 0 && (st = session_mark(s)) != ANVIL_OK) break;
+        st = anvil_session_eval(s, seq, nd + 1, nd ? ANVIL_LOGITS_ALL : ANVIL_LOGITS_LAST, nd ? rows : logits);
+        if (st != ANVIL_OK) break;
+        if (stop_cb) {
+            stats->stop = ANVIL_STOP_CALLBACK;
+            break;
+        }
+        if (r.n_gen >= p->max_tokens) {
+            stats->stop = ANVIL_STOP_LENGTH;
+            break;
+        }
+        if (nd == 0) {
+            if (p->on_logits) p->on_logits(user, logits, V);
+            tok = spec_choose(&sp, logits, V, s->tokens, s->pos, -1, scratch, &keep);
+            continue;
+        }
+        stats->n_spec_steps++;
+        stats->n_drafted += nd;
+        /* row i chooses the token after seq[0 .. i]: the draft seq[i + 1] while they agree */
+        int i = 0;
+        bool ended = false;
+        for (;; i++) {
+            float *row = rows + (size_t)i * V;
+            if (p->on_logits) p->on_logits(user, row, V);
+            tok = spec_choose(&sp, row, V, s->tokens, pos0 + 1 + i, i < nd ? seq[i + 1] : -1, scratch, &keep);
+            if (!keep) break;
+            if (is_stop(p, tok)) { /* a drafted stop id: not delivered, not cached */
+                stats->stop = ANVIL_STOP_EOS;
+                ended = true;
+                break;
+            }
+            stats->n_accepted++;
+            r.n_gen = ++stats->n_generated;
+            bool cb = fn && fn(user, tok) != 0;
+            if (cb || r.n_gen >= p->max_tokens) {
+                stats->stop = cb ? ANVIL_STOP_CALLBACK : ANVIL_STOP_LENGTH;
+                i++; /* this draft stays in the cache */
+                ended = true;
+                break;
+            }
+        }
+        /* the cache keeps seq[0 .. i]: the rejected drafts' rows go */
+        if (pos0 + 1 + i < s->pos) st = session_rewind(s, pos0 + 1 + i);
+        if (ended) break;
+    }
+    free(rows);
+    free(scratch);
+    free(r.hist);
+    free(r.dlogits);
+    return st;
+}

@@ -1,0 +1,325 @@
+/* spec: speculative decoding — greedy output token for token the output without it (every
+ * drafter, k = 1 .. 4, stops, budgets, a full context, the cache left as plain decoding leaves
+ * it; CPU and Vulkan), the sampled rule keeping the chain's distribution, bad parameters. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "anvil.h"
+#include "engine/sampler.h"
+#include "engine/spec.h"
+#include "testutil.h"
+
+#define MAXT 96
+
+struct run {
+    int32_t toks[MAXT];
+    int n, stop_after;
+};
+
+static int collect(void *user, int32_t t) {
+    struct run *r = user;
+    if (r->n < MAXT) r->toks[r->n] = t;
+    r->n++;
+    return r->stop_after && r->n >= r->stop_after;
+}
+
+/* A prompt with repeats, so that n-gram lookup finds drafts. */
+static const int32_t prompt[] = {5, 17, 42, 99, 5, 17, 42, 7, 300, 5, 17};
+#define NP ((int)(sizeof prompt / sizeof *prompt))
+
+struct outcome {
+    struct run r;
+    anvil_generate_stats st;
+    int pos;
+    int32_t cache[MAXT + NP];
+    int32_t more[8]; /* 8 tokens more, continuing without speculation */
+};
+
+static void generate(anvil_session *s, const anvil_generate_params *gp, int stop_after, struct outcome *o) {
+    memset(o, 0, sizeof *o);
+    o->r.stop_after = stop_after;
+    anvil_session_reset(s);
+    assert_int_equal(anvil_session_generate(s, prompt, NP, gp, collect, &o->r, &o->st), ANVIL_OK);
+    int n;
+    const int32_t *c = anvil_session_tokens(s, &n);
+    o->pos = n;
+    assert_true(n <= MAXT + NP);
+    memcpy(o->cache, c, (size_t)n * sizeof *c);
+    if (o->pos >= anvil_session_context_size(s) - 8) return;
+    anvil_generate_params more = {anvil_sampling_default(), 8, NULL, 0, NULL, NULL};
+    struct run m = {.n = 0};
+    assert_int_equal(anvil_session_generate(s, NULL, 0, &more, collect, &m, NULL), ANVIL_OK);
+    memcpy(o->more, m.toks, sizeof o->more);
+}
+
+static void same(const struct outcome *a, const struct outcome *b, const char *what) {
+    if (a->r.n != b->r.n || memcmp(a->r.toks, b->r.toks, (size_t)(a->r.n < MAXT ? a->r.n : MAXT) * 4)) {
+        fprintf(stderr, "%s: %d tokens, want %d:", what, b->r.n, a->r.n);
+        for (int i = 0; i < b->r.n && i < MAXT; i++) fprintf(stderr, " %d%s", b->r.toks[i], b->r.toks[i] != a->r.toks[i] ? "*" : "");
+        fprintf(stderr, "\n");
+        fail();
+    }
+    assert_int_equal(a->st.stop, b->st.stop);
+    assert_int_equal(a->st.n_generated, b->st.n_generated);
+    assert_int_equal(a->pos, b->pos);
+    assert_memory_equal(a->cache, b->cache, (size_t)a->pos * 4);
+    assert_memory_equal(a->more, b->more, sizeof a->more);
+}
+
+/* Every drafter at k = 1 .. 4 against plain greedy decoding, under a budget, a stop id, a
+ * callback stop and a context that fills. */
+static void check_greedy(anvil_model *m, anvil_model *draft_m, anvil_backend_kind kind, int n_ctx, int k_first, int k_step) {
+    anvil_session *s = tu_session(m, kind, n_ctx);
+    anvil_session *d = tu_session(draft_m, kind, n_ctx);
+    anvil_session *self = tu_session(m, kind, n_ctx);
+    anvil_generate_params gp = {anvil_sampling_default(), 40, NULL, 0, NULL, NULL};
+    /* with penalties (the chain reads the drafts as history), and a varied output for a stop id */
+    anvil_generate_params gpen = gp;
+    gpen.sampling.repeat_penalty = 1.5f;
+    gpen.sampling.presence_penalty = 0.25f;
+    struct outcome base, o;
+    generate(s, &gpen, 0, &base);
+    assert_int_equal(base.r.n, 40);
+    int32_t stop_id = base.r.toks[13];
+    for (int i = 3; i < 40; i++) { /* a token that first appears at i >= 3 */
+        bool earlier = false;
+        for (int j = 0; j < i; j++) earlier |= base.r.toks[j] == base.r.toks[i];
+        if (!earlier) {
+            stop_id = base.r.toks[i];
+            break;
+        }
+    }
+    int cases = 0, accepted_self = 0, drafted_self = 0;
+    for (int variant = 0; variant < 4; variant++) {
+        /* 0: budget; 1: a stop id (drafted too: the oracle holds it); 2: the callback stops; 3: the context fills */
+        anvil_generate_params g = variant & 1 ? gpen : gp;
+        int stop_after = variant == 2 ? 9 : 0;
+        if (variant == 1) {
+            g.stop_tokens = &stop_id;
+            g.n_stop_tokens = 1;
+        }
+        if (variant == 3) g.max_tokens = MAXT;
+        generate(s, &g, stop_after, &base);
+        printf("  variant %d: %d tokens, stop reason %d\n", variant, base.r.n, (int)base.st.stop);
+        for (int kind_i = 0; kind_i < 5; kind_i++)
+            for (int k = k_first; k <= 4; k += k_step) {
+                anvil_spec sp = {.n_draft = k, .oracle_accept = 1.0f};
+                switch (kind_i) {
+                case 0: sp.kind = ANVIL_SPEC_NGRAM; break;
+                case 1: sp.kind = ANVIL_SPEC_ORACLE; break;
+                case 2: sp.kind = ANVIL_SPEC_ORACLE; sp.oracle_accept = 0.6f; break;
+                case 3: sp.kind = ANVIL_SPEC_DRAFT; sp.draft = d; break;
+                default: sp.kind = ANVIL_SPEC_DRAFT; sp.draft = self; break;
+                }
+                sp.oracle = base.r.toks;
+                sp.n_oracle = base.r.n < MAXT ? base.r.n : MAXT;
+                anvil_generate_params gs = g;
+                gs.spec = &sp;
+                generate(s, &gs, stop_after, &o);
+                char what[96];
+                snprintf(what, sizeof what, "variant %d drafter %d k %d", variant, kind_i, k);
+                same(&base, &o, what);
+                assert_true(o.st.n_accepted <= o.st.n_drafted);
+                if (kind_i == 1) assert_int_equal(o.st.n_accepted, o.st.n_drafted);
+                if (kind_i == 1 && variant == 0) assert_true(o.st.n_spec_steps <= (40 + k) / (k + 1) + 1);
+                if (kind_i == 2 && variant == 0 && k == 4) assert_true(o.st.n_accepted < o.st.n_drafted);
+                if (kind_i == 4 && variant != 3) accepted_self += o.st.n_accepted, drafted_self += o.st.n_drafted;
+                if (kind_i != 0 && base.r.n >= 3) assert_true(o.st.n_drafted > 0);
+                cases++;
+            }
+    }
+    /* the target drafting for itself agrees with itself (up to the rounding between a
+     * one-token and a multi-token step) */
+    assert_true(accepted_self * 10 >= drafted_self * 9);
+    printf("  %d cases, self-draft acceptance %d/%d\n", cases, accepted_self, drafted_self);
+    anvil_session_destroy(self);
+    anvil_session_destroy(d);
+    anvil_session_destroy(s);
+}
+
+static anvil_model *open_model(const char *name) {
+    anvil_model_params mp = {2};
+    anvil_model *m = NULL;
+    if (anvil_model_open(name, &mp, &m) != ANVIL_OK) fprintf(stderr, "%s: %s\n", name, anvil_last_error());
+    assert_non_null(m);
+    return m;
+}
+
+static void test_greedy_cpu(void **state) {
+    (void)state;
+    anvil_model *dense = open_model("synthetic:qwen3-tiny"), *moe = open_model("synthetic:qwen3moe-tiny");
+    check_greedy(dense, moe, ANVIL_BACKEND_CPU, NP + 60, 1, 1);
+    check_greedy(moe, dense, ANVIL_BACKEND_CPU, NP + 60, 1, 1);
+    anvil_model_close(moe);
+    anvil_model_close(dense);
+}
+
+static void test_greedy_vulkan(void **state) {
+    (void)state;
+    anvil_model *dense = open_model("synthetic:qwen3-tiny"), *moe = open_model("synthetic:qwen3moe-tiny");
+    anvil_session_params p = anvil_session_default_params();
+    p.backend = ANVIL_BACKEND_VULKAN;
+    p.n_ctx = 64;
+    anvil_session *probe = NULL;
+    if (anvil_session_create(dense, &p, &probe) != ANVIL_OK) {
+        printf("  no Vulkan device: %s\n", anvil_last_error());
+    } else {
+        anvil_session_destroy(probe);
+        check_greedy(dense, moe, ANVIL_BACKEND_VULKAN, NP + 60, 1, 3); /* k = 1, 4 */
+#ifndef TU_SANITIZED /* several times slower there: the dense model alone */
+        check_greedy(moe, dense, ANVIL_BACKEND_VULKAN, NP + 60, 3, 9); /* k = 3 */
+#endif
+    }
+    anvil_model_close(moe);
+    anvil_model_close(dense);
+}
+
+/* A hybrid (Gated-DeltaNet layers): rejected drafts roll the recurrent states back too. */
+static void test_greedy_hybrid(void **state) {
+    (void)state;
+    anvil_model *m = open_model("synthetic:qwen3.6-tiny"), *dense = open_model("synthetic:qwen3-tiny");
+    check_greedy(m, dense, ANVIL_BACKEND_CPU, NP + 60, 1, 3); /* k = 1, 4 */
+#ifdef TU_SANITIZED /* several times slower there: the CPU alone */
+    anvil_model_close(dense);
+    anvil_model_close(m);
+    return;
+#endif
+    anvil_session_params p = anvil_session_default_params();
+    p.backend = ANVIL_BACKEND_VULKAN;
+    p.n_ctx = 64;
+    anvil_session *probe = NULL;
+    if (anvil_session_create(m, &p, &probe) != ANVIL_OK) {
+        printf("  no Vulkan device: %s\n", anvil_last_error());
+    } else {
+        anvil_session_destroy(probe);
+        check_greedy(m, dense, ANVIL_BACKEND_VULKAN, NP + 60, 3, 9); /* k = 3 */
+    }
+    anvil_model_close(dense);
+    anvil_model_close(m);
+}
+
+static void test_bad_params(void **state) {
+    (void)state;
+    anvil_model *m = open_model("synthetic:qwen3-tiny");
+    anvil_session *s = tu_session(m, ANVIL_BACKEND_CPU, 64);
+    anvil_spec bad[] = {
+        {ANVIL_SPEC_NGRAM, 0, NULL, NULL, 0, 1.0f},
+        {ANVIL_SPEC_NGRAM, ANVIL_SPEC_MAX_DRAFT + 1, NULL, NULL, 0, 1.0f},
+        {ANVIL_SPEC_DRAFT, 3, NULL, NULL, 0, 1.0f},
+        {ANVIL_SPEC_DRAFT, 3, s, NULL, 0, 1.0f},
+        {ANVIL_SPEC_ORACLE, 3, NULL, NULL, 5, 1.0f},
+        {ANVIL_SPEC_ORACLE, 3, NULL, prompt, 5, 1.5f},
+        {(anvil_spec_kind)42, 3, NULL, NULL, 0, 1.0f},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        anvil_generate_params gp = {anvil_sampling_default(), 5, NULL, 0, NULL, &bad[i]};
+        assert_int_equal(anvil_session_generate(s, prompt, NP, &gp, NULL, NULL, NULL), ANVIL_ERR_INVALID_ARG);
+        assert_int_equal(anvil_session_position(s), 0);
+    }
+    /* a batch refuses it */
+    anvil_batch_params bp = anvil_batch_default_params();
+    bp.session.backend = ANVIL_BACKEND_CPU;
+    bp.session.n_ctx = 64;
+    anvil_batch *b;
+    assert_int_equal(anvil_batch_create(m, &bp, &b), ANVIL_OK);
+    anvil_spec ok = {ANVIL_SPEC_NGRAM, 3, NULL, NULL, 0, 1.0f};
+    anvil_generate_params gp = {anvil_sampling_default(), 5, NULL, 0, NULL, &ok};
+    int id;
+    assert_int_equal(anvil_batch_add(b, prompt, NP, &gp, &id), ANVIL_ERR_UNSUPPORTED);
+    anvil_batch_destroy(b);
+    anvil_session_destroy(s);
+    anvil_model_close(m);
+}
+
+/* The sampled rule: over many random numbers (counters), the token spec_choose gives when
+ * offered a draft is distributed as the chain's own draw, and the draft is kept with the chain's
+ * probability of it. Chi-square over the candidates. */
+static void test_sampled_distribution(void **state) {
+    (void)state;
+    enum { V = 12, N = 40000 };
+    const float base[V] = {2.0f, 1.7f, 1.6f, 0.9f, 0.5f, 0.4f, 0.1f, -0.3f, -1.0f, -2.5f, -4.0f, -6.0f};
+    anvil_sampling s = anvil_sampling_default();
+    s.temperature = 0.9f;
+    s.top_k = 8;
+    s.top_p = 0.97f;
+    s.seed = 1234;
+    struct sampling_params sp;
+    sampler_prepare(&s, V, &sp);
+    static char scratch[SAMPLER_SCRATCH_BYTES] __attribute__((aligned(16)));
+    float row[V];
+    memcpy(row, base, sizeof row);
+    struct sampler_dist dist;
+    sampler_distribution(row, V, &sp, NULL, 0, scratch, &dist);
+    double prob[V] = {0};
+    for (int i = 0; i < dist.kept; i++)
+        prob[dist.cand[i].id] = (dist.cum[i] - (i ? dist.cum[i - 1] : 0.0f)) / dist.cum[dist.kept - 1];
+    assert_true(dist.kept >= 4 && dist.kept < 8);
+    const int32_t drafts[] = {-1, 0, 2, 5, 11}; /* none, the favourite, a middling one, a kept tail, one cut off */
+    for (size_t di = 0; di < sizeof drafts / sizeof *drafts; di++) {
+        int32_t d = drafts[di];
+        int count[V] = {0}, kept = 0;
+        for (int c = 0; c < N; c++) {
+            memcpy(row, base, sizeof row);
+            bool keep;
+            int32_t t = spec_choose(&sp, row, V, NULL, c, d, scratch, &keep);
+            assert_true(t >= 0 && t < V);
+            assert_true(prob[t] > 0);
+            if (keep) assert_int_equal(t, d);
+            else assert_true(d < 0 || t != d);
+            count[t]++;
+            kept += keep;
+        }
+        double chi2 = 0;
+        int dof = -1;
+        for (int t = 0; t < V; t++)
+            if (prob[t] > 0) {
+                double want = prob[t] * N;
+                chi2 += (count[t] - want) * (count[t] - want) / want;
+                dof++;
+            }
+        /* dof <= 6: the 0.9999 quantile of chi-square(6) is 27.9 */
+        printf("  draft %d: chi2 %.2f (%d dof), kept %.4f (p %.4f)\n", d, chi2, dof, (double)kept / N,
+               d >= 0 ? prob[d] : 0.0);
+        assert_true(chi2 < 27.9);
+        if (d >= 0) assert_true(fabs((double)kept / N - prob[d]) < 4 * sqrt(prob[d] * (1 - prob[d]) / N) + 1e-9);
+    }
+}
+
+/* Sampled generation with speculation runs to its budget, reproducibly (same seed, same
+ * tokens), with drafts accepted at a rate that a draft of the target itself makes high. */
+static void test_sampled_generation(void **state) {
+    (void)state;
+    anvil_model *m = open_model("synthetic:qwen3-tiny");
+    anvil_session *s = tu_session(m, ANVIL_BACKEND_CPU, 96);
+    anvil_session *self = tu_session(m, ANVIL_BACKEND_CPU, 96);
+    anvil_spec sp = {ANVIL_SPEC_DRAFT, 3, self, NULL, 0, 1.0f};
+    anvil_generate_params gp = {anvil_sampling_default(), 30, NULL, 0, NULL, &sp};
+    gp.sampling.temperature = 0.7f;
+    gp.sampling.top_k = 20;
+    gp.sampling.seed = 77;
+    struct outcome a, b;
+    generate(s, &gp, 0, &a);
+    generate(s, &gp, 0, &b);
+    assert_int_equal(a.r.n, 30);
+    assert_memory_equal(a.r.toks, b.r.toks, sizeof a.r.toks);
+    assert_true(a.st.n_drafted > 0 && a.st.n_accepted > 0);
+    anvil_session_destroy(self);
+    anvil_session_destroy(s);
+    anvil_model_close(m);
+}
+
+int main(void) {
+    if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 1);
+    tu_float32_prefill();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sampled_distribution),
+        cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_greedy_cpu),
+        cmocka_unit_test(test_greedy_hybrid),
+        cmocka_unit_test(test_sampled_generation),
+        cmocka_unit_test(test_greedy_vulkan),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
