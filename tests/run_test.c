@@ -82,6 +82,51 @@ static void test_stop_string(void **state) {
     free(full), free(cut);
 }
 
+/* Speculative decoding from the command line: greedy answers are the plain ones (run, chat,
+ * eval), with the acceptance reported; bench's oracle at 100%; bad flags refused. */
+static void test_spec(void **state) {
+    (void)state;
+    char *plain = NULL, *out = NULL, *err = NULL;
+    const char *tiny = tu_testdata("reference/qwen3-tiny");
+    assert_int_equal(tu_run_anvil(&plain, NULL, "run -m %s --backend cpu --raw -p 'one two three one two three one' "
+                                  "--temp 0 -n 40 2>/dev/null", SMALL), 0);
+    const char *specs[3] = {"ngram", "ngram --spec-n 1", "draft:"};
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(tu_run_anvil(&out, &err, "run -m %s --backend cpu --raw -p 'one two three one two three one' "
+                                      "--temp 0 -n 40 --spec %s%s", SMALL, specs[k], k == 2 ? tiny : ""), 0);
+        assert_string_equal(out, plain);
+        assert_non_null(strstr(err, "Speculative: "));
+        free(out), free(err);
+    }
+    char dir_in[600], *dir = tu_tmpdir();
+    snprintf(dir_in, sizeof dir_in, "%s/chat.txt", dir);
+    tu_write_file(dir_in, "Hello\nAgain\n", 12);
+    char *chat_plain = NULL;
+    assert_int_equal(tu_run_anvil(&chat_plain, NULL, "chat -m %s --backend cpu -n 12 --temp 0 --thinking off < %s 2>/dev/null",
+                                  SMALL, dir_in), 0);
+    assert_int_equal(tu_run_anvil(&out, NULL, "chat -m %s --backend cpu -n 12 --temp 0 --thinking off --spec ngram < %s "
+                                  "2>/dev/null", SMALL, dir_in), 0);
+    assert_string_equal(out, chat_plain);
+    free(out), free(chat_plain);
+    tu_rmdir(dir);
+    free(dir);
+    assert_int_equal(tu_run_anvil(&out, NULL, "bench -m synthetic:qwen3-tiny --backend cpu -p 0 -n 16 -r 1 --spec oracle"), 0);
+    assert_non_null(strstr(out, "| oracle k=3 | 100.0% | 4.00 |"));
+    free(out);
+    const char *bad[] = {"run -m %s --backend cpu -p hi --spec bogus", "run -m %s --backend cpu -p hi --spec ngram --spec-n 0",
+                         "run -m %s --backend cpu -p hi --spec oracle", "run -m %s --backend cpu -p hi --spec-n 2",
+                         "run -m %s --backend cpu -p hi --spec draft:/nonexistent/model",
+                         "run -m %s --backend cpu -p hi --spec ngram --spec-accept 0.5", "run -m %s --backend cpu -p hi --spec mtp",
+                         "eval -m %s --backend cpu --prompt-ids 1,2 --feed-ids 3 --spec ngram"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_not_equal(tu_run_anvil(NULL, &err, bad[i], SMALL), 0);
+        assert_non_null(strstr(err, "anvil: "));
+        assert_null(strstr(err, "Sanitizer"));
+        free(err);
+    }
+    free(plain);
+}
+
 static void test_chat_turns(void **state) {
     (void)state;
     char *out = NULL, *err = NULL;
@@ -192,6 +237,13 @@ static void test_images(void **state) {
                                   img), 0);
     char *list = greedy + strlen("greedy: ");
     list[strcspn(list, "\n")] = 0;
+    /* speculative decoding gives eval's greedy ids with the image too */
+    char *spec_ids = NULL;
+    assert_int_equal(tu_run_anvil(&spec_ids, NULL, "eval -m %s --backend cpu --prompt-ids %s --image %s -n 7 --spec ngram",
+                                  vl, ids, img), 0);
+    spec_ids[strcspn(spec_ids, "\n")] = 0;
+    assert_string_equal(spec_ids + strlen("greedy: "), list);
+    free(spec_ids);
     snprintf(ids_in, sizeof ids_in, "%s/greedy.txt", tok);
     tu_write_file(ids_in, list, strlen(list));
     assert_int_equal(tu_run_anvil(&expect, NULL, "tokenize -m %s --decode < %s", tok, ids_in), 0);
@@ -234,6 +286,7 @@ int main(void) {
         cmocka_unit_test(test_run_raw_greedy_matches_eval),
         cmocka_unit_test(test_seed_across_backends),
         cmocka_unit_test(test_stop_string),
+        cmocka_unit_test(test_spec),
         cmocka_unit_test(test_chat_turns),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_tokenizer_flag),

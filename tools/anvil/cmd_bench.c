@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "spec_opts.h"
 
 static double now(void) {
     struct timespec ts;
@@ -105,6 +106,9 @@ static void add_thread_times(const struct thread_time *t0, int n0, const struct 
 static double tg_cpu_seconds, tg_thread_cpu_seconds;
 /* how tg chooses its tokens (greedy unless --temp etc.) */
 static anvil_sampling tg_sampling;
+/* --spec: tg speculates; the last run's statistics */
+static struct spec_opts tg_spec;
+static anvil_generate_stats tg_stats;
 
 
 struct result {
@@ -189,7 +193,7 @@ static bool run_pp(anvil_session *s, const int32_t *toks, int D, int P, float *l
 static bool run_tg(anvil_session *s, const int32_t *toks, int D, int N, double *secs) {
     anvil_session_reset(s);
     if (D > 0 && anvil_session_eval(s, toks, D, ANVIL_LOGITS_NONE, NULL) != ANVIL_OK) return false;
-    anvil_generate_params gp = {tg_sampling, N, NULL, 0, NULL, NULL};
+    anvil_generate_params gp = {tg_sampling, N, NULL, 0, NULL, spec_opts_get(&tg_spec)};
     int32_t first = toks[D];
     anvil_generate_stats st;
     static struct thread_time th0[MAX_THREADS], th1[MAX_THREADS];
@@ -200,6 +204,31 @@ static bool run_tg(anvil_session *s, const int32_t *toks, int D, int N, double *
     tg_cpu_seconds = cpu_now(CLOCK_PROCESS_CPUTIME_ID) - c0;
     tg_thread_cpu_seconds = cpu_now(CLOCK_THREAD_CPUTIME_ID) - h0;
     if (tg_per_thread) add_thread_times(th0, n0, th1, thread_times(th1));
+    tg_stats = st;
+    return true;
+}
+
+struct record {
+    int32_t *t;
+    int n, cap;
+};
+
+static int record_token(void *user, int32_t t) {
+    struct record *r = user;
+    if (r->n < r->cap) r->t[r->n++] = t;
+    return 0;
+}
+
+/* --spec oracle: the continuation tg will draft (rec->t holds N), recorded by a run without
+ * speculation with tg's sampling (greedy: the drafts are the output). */
+static bool record_oracle(anvil_session *s, const int32_t *toks, int D, int N, struct record *rec) {
+    anvil_session_reset(s);
+    if (D > 0 && anvil_session_eval(s, toks, D, ANVIL_LOGITS_NONE, NULL) != ANVIL_OK) return false;
+    anvil_generate_params gp = {tg_sampling, N, NULL, 0, NULL, NULL};
+    rec->n = 0;
+    if (anvil_session_generate(s, &toks[D], 1, &gp, record_token, rec, NULL) != ANVIL_OK) return false;
+    tg_spec.spec.oracle = rec->t;
+    tg_spec.spec.n_oracle = rec->n;
     return true;
 }
 
@@ -219,6 +248,7 @@ enum output { OUT_MD, OUT_JSON, OUT_JSONL, OUT_CSV };
 
 struct test {
     int n_prompt, n_gen, n_depth;
+    long drafted, accepted, steps; /* --spec: over the repetitions */
     double *ts; /* tokens/s per repetition */
     double mean, sd, gbs;
     char time[32]; /* when it started, ISO 8601 (llama-bench's test_time) */
@@ -254,6 +284,14 @@ static cJSON *test_json(const struct test *t, int reps, const char *model, const
     cJSON_AddItemToObject(o, "samples_ts", ts);
     cJSON_AddNumberToObject(o, "ms_per_token", 1000.0 / t->mean);
     cJSON_AddNumberToObject(o, "gb_per_s", t->gbs); /* (0 for pp) */
+    if (tg_spec.spec.kind != ANVIL_SPEC_NONE && t->n_gen) {
+        cJSON_AddStringToObject(o, "spec", spec_kind_name(&tg_spec.spec));
+        cJSON_AddNumberToObject(o, "spec_n", tg_spec.spec.n_draft);
+        if (tg_spec.spec.kind == ANVIL_SPEC_ORACLE) cJSON_AddNumberToObject(o, "spec_offered", tg_spec.spec.oracle_accept);
+        cJSON_AddNumberToObject(o, "spec_drafted", (double)t->drafted);
+        cJSON_AddNumberToObject(o, "spec_accepted", (double)t->accepted);
+        cJSON_AddNumberToObject(o, "spec_steps", (double)t->steps);
+    }
     return o;
 }
 
@@ -295,8 +333,10 @@ int cmd_bench(int argc, char **argv) {
     const char *parallel = NULL; /* --parallel 1,4,16,32 */
     const char *image = NULL, *mmproj = NULL;
     tg_sampling = anvil_sampling_default();
+    spec_opts_init(&tg_spec);
     for (int i = 1; i < argc; i++) {
         int r = common_opt(&co, argc, argv, &i);
+        if (!r) r = spec_opt(&tg_spec, argc, argv, &i);
         if (r < 0) return 1;
         if (r) continue;
         const char *a = argv[i], *v;
@@ -347,6 +387,8 @@ int cmd_bench(int argc, char **argv) {
             return fail("bench: unknown option \"%s\"", a);
         }
     }
+    if (tg_spec.spec.kind != ANVIL_SPEC_NONE && (parallel || image))
+        return fail("bench --spec measures tg of one sequence (not --parallel, not --image)");
     if (parallel) { /* prompts of 128 and 128 generated unless -p / -n say */
         if (nP > 1 || nN > 1 || nD > 1 || D[0] || (out != OUT_MD && out != OUT_JSON))
             return fail("bench --parallel takes one -p, one -n, no -d, and -o md or json");
@@ -363,6 +405,11 @@ int cmd_bench(int argc, char **argv) {
     else if (co.n_ctx < need && !image) return fail("bench: -c %d is shorter than the longest test (%d tokens with its depth)", co.n_ctx, need - 8);
     if (image && co.n_ctx < 16384) co.n_ctx = 16384; /* an image of up to 16k tokens */
     if (!open_model_session(&co, &m, &s)) return 1;
+    if (!spec_opts_open(&tg_spec, &co, true)) { /* it said why */
+        anvil_session_destroy(s);
+        anvil_model_close(m);
+        return 1;
+    }
     if (image) {
         int irc = bench_image(m, s, co.model, mmproj, image, reps);
         anvil_session_destroy(s);
@@ -404,8 +451,9 @@ int cmd_bench(int argc, char **argv) {
     float *logits = malloc((size_t)V * sizeof *logits);
     struct test *res = calloc((size_t)nD * (size_t)(nP + nN), sizeof *res);
     double *samples = malloc((size_t)nD * (size_t)(nP + nN) * (size_t)reps * sizeof *samples);
+    struct record oracle = {malloc((size_t)maxN * sizeof(int32_t) + 4), 0, maxN};
     int rc = 1, n_res = 0;
-    if (!toks || !logits || !res || !samples) {
+    if (!toks || !logits || !res || !samples || !oracle.t) {
         fail("out of memory");
         goto done;
     }
@@ -427,12 +475,17 @@ int cmd_bench(int argc, char **argv) {
             /* warm-up: a whole repetition (after 8 tokens only, the first single 64-token
              * repetition on a freshly started H100 measured the 0.6B at 341 instead of ~806
              * t/s: docs/perf/README.md, how to measure) */
+            if (!pp && tg_spec.spec.kind == ANVIL_SPEC_ORACLE && !record_oracle(s, toks, D[d], n, &oracle))
+                goto eval_fail;
             if (!(pp ? run_pp(s, toks, D[d], n, logits, &secs) : run_tg(s, toks, D[d], n, &secs))) goto eval_fail;
             tg_per_thread = trace && !pp;
             for (int r = 0; r < reps; r++) {
                 if (!(pp ? run_pp(s, toks, D[d], n, logits, &secs) : run_tg(s, toks, D[d], n, &secs))) goto eval_fail;
                 t->ts[r] = n / secs;
                 if (!pp) {
+                    t->drafted += tg_stats.n_drafted;
+                    t->accepted += tg_stats.n_accepted;
+                    t->steps += tg_stats.n_spec_steps;
                     cpu_s += tg_cpu_seconds;
                     thread_cpu += tg_thread_cpu_seconds;
                     traced += n;
@@ -464,8 +517,10 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     if (out == OUT_MD) {
-        printf("| model | size | params | backend | test | t/s | ms/token | GB/s |\n");
-        printf("| --- | ---: | ---: | --- | --- | ---: | ---: | ---: |\n");
+        bool sp = tg_spec.spec.kind != ANVIL_SPEC_NONE;
+        printf("| model | size | params | backend | test | t/s | ms/token | GB/s |%s\n",
+               sp ? " spec | accepted | tokens/step |" : "");
+        printf("| --- | ---: | ---: | --- | --- | ---: | ---: | ---: |%s\n", sp ? " --- | ---: | ---: |" : "");
         for (int i = 0; i < n_res; i++) {
             struct test *t = &res[i];
             char test[64], gbs[32] = "";
@@ -473,9 +528,16 @@ int cmd_bench(int argc, char **argv) {
             if (t->n_depth) snprintf(test + k, sizeof test - (size_t)k, " @ d%d", t->n_depth);
             if (t->n_gen) snprintf(gbs, sizeof gbs, "%.1f", t->gbs);
             double gib = (double)mi.n_bytes / (1 << 30), b = (double)mi.n_params / 1e9;
-            printf("| %s | %.2f %s | %.2f %s | %s | %s | %.2f ± %.2f | %.3f | %s |\n", co.model,
+            printf("| %s | %.2f %s | %.2f %s | %s | %s | %.2f ± %.2f | %.3f | %s |", co.model,
                    gib >= 1 ? gib : gib * 1024, gib >= 1 ? "GiB" : "MiB", b >= 1 ? b : b * 1000, b >= 1 ? "B" : "M",
                    backend, test, t->mean, t->sd, 1000.0 / t->mean, gbs);
+            if (sp && t->n_gen)
+                printf(" %s k=%d | %.1f%% | %.2f |", spec_kind_name(&tg_spec.spec), tg_spec.spec.n_draft,
+                       t->drafted ? 100.0 * (double)t->accepted / (double)t->drafted : 0.0,
+                       t->steps ? (double)(t->accepted + t->steps) / (double)t->steps : 1.0);
+            else if (sp)
+                printf(" | | |");
+            putchar('\n');
         }
     } else {
         cJSON *arr = cJSON_CreateArray();
@@ -502,6 +564,8 @@ int cmd_bench(int argc, char **argv) {
 eval_fail:
     fail("%s", anvil_session_errmsg(s));
 done:
+    free(oracle.t);
+    spec_opts_close(&tg_spec);
     free(toks);
     free(logits);
     free(res);

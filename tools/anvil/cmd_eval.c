@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "spec_opts.h"
 
 static int32_t argmax(const float *v, int n) {
     int32_t best = 0;
@@ -71,6 +72,13 @@ static bool load_images(anvil_model *m, const char *mmproj, const char *const *p
     return true;
 }
 
+/* A token callback appending to v: v[0] counts, v[1..] the tokens. */
+static int append_token(void *v, int32_t tok) {
+    int32_t *a = v;
+    a[++a[0]] = tok;
+    return 0;
+}
+
 int cmd_eval(int argc, char **argv) {
     struct common_opts co;
     common_opts_init(&co, NULL);
@@ -78,8 +86,11 @@ int cmd_eval(int argc, char **argv) {
     const char *image_paths[16];
     int n_images = 0;
     int n_gen = 0;
+    struct spec_opts so;
+    spec_opts_init(&so);
     for (int i = 1; i < argc; i++) {
         int r = common_opt(&co, argc, argv, &i);
+        if (!r) r = spec_opt(&so, argc, argv, &i);
         if (r < 0) return 1;
         if (r) continue;
         const char *a = argv[i];
@@ -107,6 +118,8 @@ int cmd_eval(int argc, char **argv) {
     if (!prompt) return fail("eval: --prompt-ids is required");
     if (feed && n_gen) return fail("eval: give --feed-ids or -n, not both");
     if (!n_images && (mmproj || pixels_path)) return fail("eval: --mmproj and --pixels-out go with --image");
+    if (so.spec.kind != ANVIL_SPEC_NONE && (feed || logits_path || !n_gen))
+        return fail("eval: --spec generates -n N greedy tokens (no --feed-ids, no --logits)");
 
     int32_t *pids = NULL, *fids = NULL;
     int np = 0, nf = 0;
@@ -124,10 +137,38 @@ int cmd_eval(int argc, char **argv) {
     FILE *lf = NULL;
     anvil_image *images[16] = {NULL};
     int32_t *greedy = malloc(((size_t)steps + 1) * sizeof *greedy);
-    if (!greedy || !open_model_session(&co, &m, &s)) goto done;
+    if (!greedy || !open_model_session(&co, &m, &s) || !spec_opts_open(&so, &co, false)) goto done;
     int V = anvil_model_vocab_size(m);
     if (n_images && !load_images(m, mmproj, image_paths, n_images, pixels_path, images, &pids, &np))
         goto done;
+    if (so.spec.kind != ANVIL_SPEC_NONE) { /* the same ids, through speculative generation */
+        anvil_generate_params gp = {anvil_sampling_default(), steps + 1, NULL, 0, NULL, &so.spec};
+        anvil_generate_stats st;
+        int32_t *got = malloc(((size_t)steps + 2) * sizeof *got);
+        if (!got) {
+            fail("out of memory");
+            goto done;
+        }
+        got[0] = 0;
+        int32_t *one = NULL; /* the prompt with one image token per image, as generation takes it */
+        int n_one = 0;
+        if (!parse_ids(prompt, &one, &n_one)) {
+            free(got);
+            goto done;
+        }
+        anvil_status gs = anvil_session_generate_images(s, one, n_one, images, n_images, &gp, append_token, got, &st);
+        free(one);
+        if (gs != ANVIL_OK) {
+            free(got);
+            fail("%s", anvil_session_errmsg(s));
+            goto done;
+        }
+        memcpy(greedy, got + 1, (size_t)got[0] * sizeof *greedy);
+        steps = got[0] - 1;
+        free(got);
+        spec_print_stats(stderr, &st);
+        goto print;
+    }
     logits = malloc((size_t)np * (size_t)V * sizeof(float));
     if (!logits) {
         fail("out of memory");
@@ -168,6 +209,7 @@ int cmd_eval(int argc, char **argv) {
             goto done;
         }
     }
+print:
     printf("greedy: ");
     for (int i = 0; i <= steps; i++) printf("%s%d", i ? "," : "", greedy[i]);
     printf("\n");
@@ -179,6 +221,7 @@ done:
     free(greedy);
     free(pids);
     free(fids);
+    spec_opts_close(&so);
     anvil_session_destroy(s);
     anvil_model_close(m);
     return rc;

@@ -33,6 +33,7 @@ void gen_opts_init(struct gen_opts *o, bool chat) {
     o->gp.sampling.top_k = 20;
     o->gp.max_tokens = chat ? 4096 : 512;
     o->thinking = 1;
+    spec_opts_init(&o->spec);
 }
 
 void gen_print_usage(FILE *f, bool chat) {
@@ -54,6 +55,7 @@ void gen_print_usage(FILE *f, bool chat) {
             o.gp.max_tokens, (double)s->temperature, s->top_k, (double)s->top_p, (double)s->min_p,
             (double)s->repeat_penalty, s->penalty_last_n, (double)s->presence_penalty,
             (double)s->frequency_penalty, o.thinking ? "on" : "off");
+    spec_print_usage(f, false);
 }
 
 static bool parse_float(const char *s, float lo, float hi, float *out) {
@@ -67,6 +69,7 @@ static bool parse_float(const char *s, float lo, float hi, float *out) {
 int gen_opt(struct gen_opts *o, int argc, char **argv, int *i) {
     int r = common_opt(&o->co, argc, argv, i);
     if (!r) r = template_opt(&o->tpl, argc, argv, i);
+    if (!r) r = spec_opt(&o->spec, argc, argv, i);
     if (r) return r;
     const char *a = argv[*i], *v;
     anvil_sampling *s = &o->gp.sampling;
@@ -147,6 +150,12 @@ bool gen_open(struct gen_opts *o, struct gen_ctx *g) {
         gen_close(g);
         return false;
     }
+    g->spec = &o->spec;
+    if (!spec_opts_open(&o->spec, &o->co, false)) { /* it said why */
+        gen_close(g);
+        return false;
+    }
+    o->gp.spec = spec_opts_get(&o->spec);
     if (o->mmproj && anvil_model_load_vision(g->model, o->mmproj) != ANVIL_OK) {
         fail("%s", anvil_model_errmsg(g->model));
         gen_close(g);
@@ -178,6 +187,7 @@ void gen_close(struct gen_ctx *g) {
     stop_filter_free(&g->stop);
     free(g->out.p);
     anvil_detokenizer_destroy(g->dec);
+    if (g->spec) spec_opts_close(g->spec);
     anvil_session_destroy(g->session);
     anvil_model_close(g->model);
     anvil_tokenizer_close(g->tok);
@@ -250,4 +260,5 @@ void gen_print_stats(const struct gen_ctx *g, const anvil_generate_stats *st) {
     fprintf(stderr, "Generation: %d tokens, %.3f tokens-per-sec\n", st->n_generated,
             st->generate_seconds > 0 ? st->n_generated / st->generate_seconds : 0.0);
     fprintf(stderr, "Peak memory: %.3f GB\n", (double)peak / 1e9);
+    spec_print_stats(stderr, st);
 }

@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "engine/textstream.h" /* stop strings, as the server filters them too */
+#include "spec_opts.h"
 
 struct gen_opts {
     struct common_opts co;
@@ -21,6 +22,7 @@ struct gen_opts {
     const char *mmproj;       /* --mmproj: the vision tower of a GGUF model */
     const char *images[16];   /* run --image (repeatable) */
     int n_images;
+    struct spec_opts spec; /* --spec, --spec-n */
 };
 
 struct gen_ctx {
@@ -35,6 +37,7 @@ struct gen_ctx {
     int n_printed;
     struct stop_filter stop;
     struct sbuf out;
+    struct spec_opts *spec; /* the options' (its draft session closes with the context) */
 };
 
 /* The defaults: Qwen3's recommended sampling for thinking; chat: longer answers. */

@@ -54,6 +54,9 @@ static const struct {
               "    first token's; --mmproj synthetic: a tower of the real shapes, random weights\n"
               "  --temp T --top-k K --top-p P --min-p P --repeat-penalty R --seed S: tg samples\n"
               "    with them (default: greedy)\n"
+              "  --spec ngram|draft:MODEL|oracle [--spec-n K] [--spec-accept P]: tg speculates (oracle:\n"
+              "    drafts the target's own greedy output, offered right with probability P); the\n"
+              "    table adds the drafts accepted and the tokens per verify step\n"
               "  with no -m: synthetic:qwen3-0.6b on the best device; on the CPU backend the\n"
               "  default run is -p 64 -n 16 -r 2\n" COMMON},
     {"eval", "usage: anvil eval -m MODEL --prompt-ids 1,2,3 [--feed-ids 4,5 | -n N] [--logits FILE]\n"
@@ -61,7 +64,8 @@ static const struct {
              "  prints the greedy ids; --logits writes float32 rows of vocab_size\n"
              "  --image FILE (repeatable; Qwen3.5/3.6): one <|image_pad|> id in the prompt per\n"
              "    image, expanded to the image's tokens; --mmproj FILE the vision tower of a GGUF;\n"
-             "    --pixels-out FILE writes the preprocessed pixels (float32)\n" COMMON},
+             "    --pixels-out FILE writes the preprocessed pixels (float32)\n"
+             "  --spec ngram|draft:MODEL [--spec-n K]: the -n N greedy ids by speculative decoding\n" COMMON},
     {"info", "usage: anvil info -m MODEL | anvil info --devices\n" COMMON},
     {"tokenize", "usage: anvil tokenize -m MODEL [--plain] [-p TEXT | < text]    anvil tokenize -m MODEL --decode [-p IDS | < ids]\n"
                  "  -m, --tokenizer DIR  a model or tokenizer (tokenizer.json folder or file, .gguf)\n"

@@ -89,3 +89,12 @@ void spec_opts_close(struct spec_opts *o) {
     o->dmodel = NULL;
     o->spec.draft = NULL;
 }
+
+const char *spec_kind_name(const anvil_spec *sp) {
+    switch (sp->kind) {
+    case ANVIL_SPEC_NGRAM: return "ngram";
+    case ANVIL_SPEC_DRAFT: return "draft";
+    case ANVIL_SPEC_ORACLE: return "oracle";
+    default: return "off";
+    }
+}
