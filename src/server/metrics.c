@@ -42,6 +42,14 @@ void metrics_generation(struct metrics *m, int n_prompt, int n_cached, int n_gen
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_spec(struct metrics *m, int drafted, int accepted, int steps) {
+    pthread_mutex_lock(&m->mu);
+    m->spec_drafted += (uint64_t)drafted;
+    m->spec_accepted += (uint64_t)accepted;
+    m->spec_steps += (uint64_t)steps;
+    pthread_mutex_unlock(&m->mu);
+}
+
 static void metric(struct sbuf *o, const char *name, const char *type, const char *help) {
     sbuf_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
@@ -83,6 +91,14 @@ void metrics_render(struct metrics *m, const struct metrics_state *now, struct s
     sbuf_printf(o, "anvil_prompt_tokens_per_second %.3f\n", m->last_prompt_tps);
     metric(o, "anvil_generate_tokens_per_second", "gauge", "Generation speed of the last request.");
     sbuf_printf(o, "anvil_generate_tokens_per_second %.3f\n", m->last_generate_tps);
+    metric(o, "anvil_spec_drafted_tokens_total", "counter", "Tokens drafted by speculative decoding (--spec).");
+    sbuf_printf(o, "anvil_spec_drafted_tokens_total %llu\n", (unsigned long long)m->spec_drafted);
+    metric(o, "anvil_spec_accepted_tokens_total", "counter",
+           "Drafted tokens accepted (--spec): over anvil_spec_drafted_tokens_total, the acceptance rate.");
+    sbuf_printf(o, "anvil_spec_accepted_tokens_total %llu\n", (unsigned long long)m->spec_accepted);
+    metric(o, "anvil_spec_steps_total", "counter",
+           "Speculative verify steps (--spec): each yields its accepted drafts plus one token.");
+    sbuf_printf(o, "anvil_spec_steps_total %llu\n", (unsigned long long)m->spec_steps);
     double uptime = time_now() - m->start_time;
     pthread_mutex_unlock(&m->mu);
     metric(o, "anvil_queue_depth", "gauge", "Generation requests waiting for their turn.");

@@ -852,6 +852,22 @@ static cJSON *usage_json(const struct job *j) {
     return u;
 }
 
+/* llama.cpp server's timings, with its speculative fields: on a server with --spec (a response's,
+ * and a stream's finish chunk's). prompt_n: the prompt tokens prefilled (the cached ones are
+ * cache_n). */
+static void add_timings(struct server *s, const struct job *j, cJSON *r) {
+    if (!s->opt.spec || s->opt.spec->kind == ANVIL_SPEC_NONE) return;
+    cJSON *t = cJSON_AddObjectToObject(r, "timings");
+    cJSON_AddNumberToObject(t, "cache_n", j->n_cached);
+    cJSON_AddNumberToObject(t, "prompt_n", j->n_prompt - j->n_cached);
+    cJSON_AddNumberToObject(t, "prompt_ms", j->prompt_s * 1e3);
+    cJSON_AddNumberToObject(t, "predicted_n", j->n_generated);
+    cJSON_AddNumberToObject(t, "predicted_ms", j->generate_s * 1e3);
+    cJSON_AddNumberToObject(t, "predicted_per_second", j->generate_s > 0 ? j->n_generated / j->generate_s : 0);
+    cJSON_AddNumberToObject(t, "draft_n", j->n_drafted);
+    cJSON_AddNumberToObject(t, "draft_n_accepted", j->n_accepted);
+}
+
 static cJSON *envelope(struct server *s, const struct job *j, const char *object) {
     cJSON *r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "id", j->id);
@@ -885,6 +901,7 @@ cJSON *api_job_response(struct server *s, struct job *j) {
     else cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddStringToObject(c, "finish_reason", j->finish_reason ? j->finish_reason : "stop");
     cJSON_AddItemToObject(r, "usage", usage_json(j));
+    add_timings(s, j, r);
     return r;
 }
 
@@ -914,6 +931,7 @@ cJSON *api_stream_chunk(struct server *s, const struct job *j, bool role, const 
     if (finish_reason) cJSON_AddStringToObject(c, "finish_reason", finish_reason);
     else cJSON_AddNullToObject(c, "finish_reason");
     if (j->include_usage) cJSON_AddNullToObject(r, "usage");
+    if (finish_reason) add_timings(s, j, r);
     return r;
 }
 

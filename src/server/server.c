@@ -4,6 +4,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/spec.h" /* spec_check: a draft model's vocabulary checked at load */
 #include "server_impl.h"
 
 void server_options_default(struct server_options *o) {
@@ -262,6 +263,10 @@ void run_finish(struct server *s, struct run *r, anvil_status st, const char *wh
     pthread_mutex_lock(&j->mu);
     j->n_cached = n_cached;
     j->n_generated = stats->n_generated;
+    j->n_drafted = stats->n_drafted;
+    j->n_accepted = stats->n_accepted;
+    j->prompt_s = stats->prompt_seconds;
+    j->generate_s = stats->generate_seconds;
     j->finish_reason = r->stop_string || stats->stop == ANVIL_STOP_EOS ||
                                stats->stop == ANVIL_STOP_CALLBACK
                            ? (j->n_tool_calls ? "tool_calls" : "stop")
@@ -269,6 +274,7 @@ void run_finish(struct server *s, struct run *r, anvil_status st, const char *wh
     pthread_mutex_unlock(&j->mu);
     metrics_generation(&s->metrics, j->n_prompt, n_cached, stats->n_generated,
                        stats->prompt_seconds, stats->generate_seconds, cancelled);
+    if (stats->n_spec_steps) metrics_spec(&s->metrics, stats->n_drafted, stats->n_accepted, stats->n_spec_steps);
     finish_job(s, j, st, msg);
     toolcall_parser_destroy(r->parser);
     toolcall_delta_free(&r->delta);
@@ -327,6 +333,10 @@ void run_job(struct server *s, struct job *j) {
                                      gp.max_tokens, gp.sampling.top_k);
         }
         if (j->logprobs || j->n_bias || r.grammar) gp.on_logits = on_logits; /* the host loop */
+        /* speculation calls on_logits on each row it chooses from, in order, each after the
+         * previous row's token went through run_token: the grammar's and the logprobs' state
+         * advance as without it. Images too: the image rows are fed before the first mark. */
+        gp.spec = s->opt.spec;
         st = anvil_session_generate_images(s->session, j->prompt + keep, j->n_prompt - keep, j->images,
                                            j->n_images, &gp, run_token, &r, &stats);
         if (st != ANVIL_OK) snprintf(msg, sizeof msg, "%s", anvil_last_error());
@@ -372,6 +382,11 @@ static anvil_status load(struct server *s) {
     s->n_ctx = anvil_session_context_size(s->session);
     s->n_vocab = anvil_model_vocab_size(s->model);
     s->think_end = srv_text_find(s->text, "</think>");
+    if (s->opt.spec && (st = spec_check(s->session, s->opt.spec)) != ANVIL_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", anvil_last_error());
+        return err_set(st, "serve --spec: %s", why);
+    }
     if (s->opt.parallel > 1) {
         anvil_batch_params bp = anvil_batch_default_params();
         bp.session = s->opt.session;
@@ -472,6 +487,11 @@ anvil_status server_start(const struct server_options *o, struct server **out) {
         o->parallel < 1 || o->parallel > 256 ||
         o->timeout_s < 1 || o->port < 0 || o->port > 65535 || o->max_prompt_tokens < 0)
         return err_set(ANVIL_ERR_INVALID_ARG, "serve: an option is out of range");
+    if (o->spec && o->spec->kind == ANVIL_SPEC_ORACLE)
+        return err_set(ANVIL_ERR_INVALID_ARG, "serve: the oracle drafter is for anvil bench");
+    if (o->spec && o->spec->kind != ANVIL_SPEC_NONE && o->parallel > 1)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "serve: --spec needs --parallel 1 (the batch does not "
+                       "decode speculatively)");
     struct server *s = xcalloc(1, sizeof *s);
     if (!s) return ANVIL_ERR_NOMEM;
     s->opt = *o;

@@ -25,7 +25,8 @@
  * worker keeps the longest common prefix of the cached tokens and the new prompt, so a request
  * continuing a conversation only prefills its new tokens. With parallel > 1 the worker runs up
  * to that many requests at once in an anvil_batch (batchsrv.c: continuous batching); requests
- * the batch cannot take (the logits hook, images) run alone on the session.
+ * the batch cannot take (the logits hook, images) run alone on the session. With a spec (parallel
+ * 1 only), every request on the session decodes speculatively (docs/SPECULATIVE.md).
  *
  * Parts: server.c (lifecycle, queue, worker), batchsrv.c (the batch's worker loop), http.c (libmicrohttpd glue: routing, auth,
  * limits, streaming), openai.c (request parsing and response shapes), metrics.c, tokens.c (the
@@ -72,6 +73,11 @@ struct server_options {
     const char *cors_origin; /* NULL: no CORS headers; else Access-Control-Allow-Origin's value
                                 on every response, and OPTIONS preflights answered */
     bool access_log;         /* a line per request on stderr */
+    /* NULL, or speculative decoding (docs/SPECULATIVE.md) for every request run on the session:
+     * n-gram lookup or a draft model (the oracle is refused). The caller owns it and its draft
+     * session until server_stop returns; only the worker thread uses the draft session. Needs
+     * parallel 1: the batch does not speculate. */
+    const anvil_spec *spec;
 };
 
 void server_options_default(struct server_options *o);

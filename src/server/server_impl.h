@@ -97,12 +97,15 @@ struct metrics {
     uint64_t generations, cancelled;
     double prompt_seconds, generate_seconds;
     double last_prompt_tps, last_generate_tps;
+    uint64_t spec_drafted, spec_accepted, spec_steps; /* serve --spec */
 };
 void metrics_init(struct metrics *m);
 void metrics_free(struct metrics *m);
 void metrics_request(struct metrics *m, enum endpoint ep, int status);
 void metrics_generation(struct metrics *m, int n_prompt, int n_cached, int n_generated,
                         double prompt_s, double generate_s, bool cancelled);
+/* A speculative generation's drafted tokens, accepted ones and verify steps. */
+void metrics_spec(struct metrics *m, int drafted, int accepted, int steps);
 /* The server's state as /metrics shows it (server_state). */
 struct metrics_state {
     int queue_depth, running, parallel;
@@ -168,6 +171,8 @@ struct job {
     cJSON *lp;                      /* logprobs: entries so far (non-streamed) or not yet sent */
     const char *finish_reason;      /* "stop" / "length" / "tool_calls" once done */
     int n_cached, n_generated;      /* usage */
+    int n_drafted, n_accepted;      /* speculative decoding's drafts, and those accepted */
+    double prompt_s, generate_s;    /* timings (serve --spec) */
     anvil_status error;             /* a backend failure */
     char errmsg[256];
 
