@@ -33,6 +33,13 @@ static void test_errors(void **state) {
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --prefill-chunk 0", "bad --prefill-chunk");
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --gpu-timeout 0.5", "bad --gpu-timeout");
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --gpu-max-memory lots", "bad --gpu-max-memory");
+    /* serve --spec: refused before anything loads */
+    expect_fail("serve -m synthetic:qwen3-tiny --spec medusa", "bad --spec \"medusa\"");
+    expect_fail("serve -m synthetic:qwen3-tiny --spec oracle", "--spec oracle is for anvil bench");
+    expect_fail("serve -m synthetic:qwen3-tiny --spec ngram --spec-n 0", "bad --spec-n");
+    expect_fail("serve -m synthetic:qwen3-tiny --spec-n 2", "need --spec");
+    expect_fail("serve -m synthetic:qwen3-tiny --spec ngram --parallel 2", "--spec needs --parallel 1");
+    expect_fail("serve -m synthetic:qwen3-tiny --spec draft:/nonexistent/draft", "/nonexistent/draft");
     /* the variable as well: an error, not a silent default (ctest sets it to f32) */
     const char *kv = getenv("ANVIL_KV_CACHE");
     char keep[16];

@@ -15,6 +15,7 @@
 #include "cli.h"
 #include "server/server.h"
 #include "base/tuning.h"
+#include "spec_opts.h"
 
 static void usage(void) {
     fprintf(stderr,
@@ -53,6 +54,8 @@ static void usage(void) {
             "                          tower is used without it (raise --max-body for big images)\n"
             "  -c, --ctx N  -t, --threads N  --backend cpu|vulkan|auto  --device N  --kv-cache f16|f32\n"
             "  --prefill-chunk N  --gpu-timeout S  --gpu-max-memory SIZE  (as for anvil run)\n");
+    spec_print_usage(stderr, false);
+    fprintf(stderr, "                      (every request on the session; needs --parallel 1)\n");
 }
 
 struct ready_wait {
@@ -76,6 +79,8 @@ int cmd_serve(int argc, char **argv) {
     struct server_options o;
     server_options_default(&o);
     struct template_opts tpl = {0};
+    struct spec_opts so;
+    spec_opts_init(&so);
     struct tuning t;
     if (tuning_read(&t) != ANVIL_OK) return fail("%s", anvil_last_error());
     o.api_key = t.api_key[0] ? t.api_key : NULL;
@@ -83,6 +88,7 @@ int cmd_serve(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         int r = common_opt(&co, argc, argv, &i);
         if (!r) r = template_opt(&tpl, argc, argv, &i);
+        if (!r) r = spec_opt(&so, argc, argv, &i);
         if (r < 0) return 1;
         if (r) continue;
         const char *a = argv[i], *v;
@@ -150,6 +156,8 @@ int cmd_serve(int argc, char **argv) {
         rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
+    if (spec_opts_get(&so) && o.parallel > 1)
+        return fail("serve: --spec needs --parallel 1 (the batch does not decode speculatively)");
     if (!template_opts_load(&tpl)) return 1;
     o.chat_template = tpl.text;
     o.chat_template_kwargs = tpl.kwargs;
@@ -174,8 +182,16 @@ int cmd_serve(int argc, char **argv) {
     sigaddset(&set, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
 
+    /* the draft model loads here, before the target (which loads in the server's background) */
+    if (!spec_opts_open(&so, &co, false)) {
+        template_opts_free(&tpl);
+        return 1; /* it said why */
+    }
+    o.spec = spec_opts_get(&so);
+
     struct server *srv;
     if (server_start(&o, &srv) != ANVIL_OK) {
+        spec_opts_close(&so);
         template_opts_free(&tpl);
         return fail("%s", anvil_last_error());
     }
@@ -190,6 +206,8 @@ int cmd_serve(int argc, char **argv) {
     pthread_t waiter;
     if (pthread_create(&waiter, NULL, wait_ready, &w) != 0) {
         server_stop(srv);
+        spec_opts_close(&so);
+        template_opts_free(&tpl);
         return fail("serve: cannot start a thread");
     }
     int rc = 0;
@@ -209,7 +227,8 @@ int cmd_serve(int argc, char **argv) {
         break;
     }
     pthread_join(waiter, NULL); /* a model still loading finishes first: loading cannot stop */
-    server_stop(srv);
+    server_stop(srv); /* the worker, which used the draft session, has ended */
+    spec_opts_close(&so);
     template_opts_free(&tpl);
     return rc;
 }
