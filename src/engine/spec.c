@@ -213,7 +213,15 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float
          * after it */
         int pos0 = s->pos;
         if (nd > 0 && (st = session_mark(s)) != ANVIL_OK) break;
-        st = anvil_session_eval(s, seq, nd + 1, nd ? ANVIL_LOGITS_ALL : ANVIL_LOGITS_LAST, nd ? rows : logits);
+        /* a verify step of K + 1 rows whatever the drafter found (the rows past its drafts
+         * repeat the last one and are rolled back with the rejected): one program, compiled
+         * once, where a step of each length would compile its own */
+        int rows_n = nd + 1;
+        if (nd > 0 && pos0 + K + 1 <= s->n_ctx) {
+            for (int j = nd + 1; j <= K; j++) seq[j] = seq[nd];
+            rows_n = K + 1;
+        }
+        st = anvil_session_eval(s, seq, rows_n, nd ? ANVIL_LOGITS_ALL : ANVIL_LOGITS_LAST, nd ? rows : logits);
         if (st != ANVIL_OK) break;
         if (stop_cb) {
             stats->stop = ANVIL_STOP_CALLBACK;
