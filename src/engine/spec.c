@@ -49,6 +49,9 @@ static anvil_status draft_model(struct spec_run *r, const int32_t *h, int n, int
     *n_out = 0;
     if (n + k > d->n_ctx) k = d->n_ctx - n;
     if (k <= 0) return ANVIL_OK;
+    int vd = d->model->file->hp.n_vocab;
+    for (int i = 0; i < n; i++)
+        if (h[i] >= vd) return ANVIL_OK; /* a token the draft model lacks (its vocabulary is padded less): no drafts */
     int c = 0;
     while (c < d->pos && c < n && d->tokens[c] == h[c]) c++;
     if (c == n) c--; /* the last token's row is needed again */
@@ -63,7 +66,7 @@ static anvil_status draft_model(struct spec_run *r, const int32_t *h, int n, int
     session_mark(d); /* refused (a recurrent draft model): the next step cuts or starts over */
     for (int i = 0; i < k; i++) {
         /* the chain's penalties, greedily: a draft of a penalised greedy chain agrees more */
-        out[i] = sampler_sample_prepared(r->dlogits, d->model->file->hp.n_vocab, &r->draft_sp, d->tokens,
+        out[i] = sampler_sample_prepared(r->dlogits, vd, &r->draft_sp, d->tokens,
                                          d->pos, (uint32_t)d->pos, r->scratch);
         if (out[i] >= r->V) break; /* the draft's extra rows: no token of the target */
         *n_out = i + 1;
