@@ -23,9 +23,7 @@ struct spec_run {
     int V;
     int n_gen;      /* tokens delivered so far */
     int32_t *hist;  /* [n_ctx + 1]: the target's tokens, then the token about to be fed */
-    float *dlogits; /* [draft vocab]: the draft model's last row */
-    struct sampling_params draft_sp; /* the chain's, greedy */
-    void *scratch;
+    anvil_sampling draft_sampling; /* the chain's, greedy */
 };
 
 static int draft_ngram(const int32_t *h, int n, int k, int32_t *out) {
@@ -39,6 +37,17 @@ static int draft_ngram(const int32_t *h, int n, int k, int32_t *out) {
             return m;
         }
     }
+    return 0;
+}
+
+struct draft_out {
+    int32_t *t;
+    int n, cap;
+};
+
+static int draft_token(void *user, int32_t t) {
+    struct draft_out *o = user;
+    if (o->n < o->cap) o->t[o->n++] = t;
     return 0;
 }
 
@@ -61,19 +70,20 @@ static anvil_status draft_model(struct spec_run *r, const int32_t *h, int n, int
         c = 0; /* a recurrent cache that cannot be cut there: from the start */
         anvil_session_reset(d);
     }
-    st = anvil_session_eval(d, h + c, n - c, ANVIL_LOGITS_LAST, r->dlogits);
-    if (st != ANVIL_OK) return st;
-    session_mark(d); /* refused (a recurrent draft model): the next step cuts or starts over */
-    for (int i = 0; i < k; i++) {
-        /* the chain's penalties, greedily: a draft of a penalised greedy chain agrees more */
-        out[i] = sampler_sample_prepared(r->dlogits, vd, &r->draft_sp, d->tokens,
-                                         d->pos, (uint32_t)d->pos, r->scratch);
-        if (out[i] >= r->V) break; /* the draft's extra rows: no token of the target */
-        *n_out = i + 1;
-        if (i + 1 < k && (st = anvil_session_eval(d, &out[i], 1, ANVIL_LOGITS_LAST, r->dlogits)) != ANVIL_OK)
-            return st;
-    }
-    return ANVIL_OK;
+    session_mark(d); /* the rewind above, next step (refused: the next step cuts or starts over) */
+    /* the new tokens, then k greedy ones with the chain's penalties (a draft of a penalised
+     * greedy chain agrees more), by the backend's own decode loop where it has one: one
+     * submission on Vulkan rather than a round trip a token */
+    struct draft_out o = {out, 0, k};
+    anvil_generate_params gp = {r->draft_sampling, k, NULL, 0, NULL, NULL};
+    st = anvil_session_generate(d, h + c, n - c, &gp, draft_token, &o, NULL);
+    for (int i = 0; i < o.n; i++)
+        if (out[i] >= r->V) { /* the draft's extra rows: no token of the target */
+            o.n = i;
+            break;
+        }
+    *n_out = o.n;
+    return st;
 }
 
 static int draft_oracle(struct spec_run *r, int k, int32_t *out) {
@@ -171,18 +181,11 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float
     float *rows = xmalloc((size_t)(K + 1) * V * sizeof *rows);
     void *scratch = xmalloc(SAMPLER_SCRATCH_BYTES);
     r.hist = xmalloc((size_t)(s->n_ctx + 1) * sizeof *r.hist);
-    if (spec->kind == ANVIL_SPEC_DRAFT)
-        r.dlogits = xmalloc((size_t)spec->draft->model->file->hp.n_vocab * sizeof *r.dlogits);
-    anvil_status st = rows && scratch && r.hist && (r.dlogits || spec->kind != ANVIL_SPEC_DRAFT)
-                          ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    anvil_status st = rows && scratch && r.hist ? ANVIL_OK : ANVIL_ERR_NOMEM;
     struct sampling_params sp;
     sampler_prepare(&p->sampling, V, &sp);
-    r.scratch = scratch;
-    if (spec->kind == ANVIL_SPEC_DRAFT) {
-        anvil_sampling greedy = p->sampling;
-        greedy.temperature = 0;
-        sampler_prepare(&greedy, spec->draft->model->file->hp.n_vocab, &r.draft_sp);
-    }
+    r.draft_sampling = p->sampling;
+    r.draft_sampling.temperature = 0;
     bool keep;
     int32_t tok = 0;
     if (st == ANVIL_OK) {
@@ -271,6 +274,5 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float
     free(rows);
     free(scratch);
     free(r.hist);
-    free(r.dlogits);
     return st;
 }
