@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include "anvil.h"
-#include "backends/backend.h"
 #include "testutil.h"
 
 #define N_CTX 64
@@ -257,11 +256,10 @@ static void test_kquant_gguf(void **state) {
 /* Vulkan, or the test skipped; the validation layer on where installed. */
 static void vulkan_or_skip(void) {
     char why[256];
-    if (!backend_vulkan_available(why, sizeof why)) {
+    if (!tu_vulkan(why, sizeof why)) {
         fprintf(stderr, "batch_test: vulkan skipped: %s\n", why);
         skip();
     }
-    if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 0);
     tu_float32_prefill();
 }
 
