@@ -298,11 +298,10 @@ static void test_trace_list(void **state) {
 
 int main(void) {
     char why[256];
-    if (!backend_vulkan_available(why, sizeof why)) {
+    if (!tu_vulkan(why, sizeof why)) {
         printf("ops_test: skipped: %s\n", why);
         return 0;
     }
-    if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 0);
     tu_float32_prefill();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),

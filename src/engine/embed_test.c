@@ -180,12 +180,11 @@ static void check_vulkan(const char *name) {
 static void test_vulkan(void **state) {
     (void)state;
     char why[256];
-    if (!backend_vulkan_available(why, sizeof why)) {
+    if (!tu_vulkan(why, sizeof why)) {
         fprintf(stderr, "embed_test: vulkan skipped: %s\n", why);
         skip();
     }
     tu_float32_prefill();
-    if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 0);
     const char *models[] = {"qwen3-tiny", "qwen3moe-tiny", "qwen3_5-tiny"};
     for (size_t i = 0; i < sizeof models / sizeof *models; i++) check_vulkan(models[i]);
 }

@@ -116,11 +116,10 @@ static void test_reference_mmproj(void **state) {
 static void test_reference_vulkan(void **state) {
     (void)state;
     char why[256];
-    if (!backend_vulkan_available(why, sizeof why)) {
+    if (!tu_vulkan(why, sizeof why)) {
         fprintf(stderr, "image_prompt_test: vulkan skipped: %s\n", why);
         skip();
     }
-    if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 0);
     anvil_model *m;
     assert_int_equal(anvil_model_open(dir(), NULL, &m), ANVIL_OK);
     for (size_t i = 0; i < N_OF(images); i++) check_image_on(m, images[i], ANVIL_BACKEND_VULKAN, 5e-2f);
@@ -134,11 +133,10 @@ static void test_reference_vulkan(void **state) {
 static void test_encoder_vulkan(void **state) {
     (void)state;
     char why[256];
-    if (!backend_vulkan_available(why, sizeof why)) {
+    if (!tu_vulkan(why, sizeof why)) {
         fprintf(stderr, "image_prompt_test: vulkan skipped: %s\n", why);
         skip();
     }
-    if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 0);
     char mmproj[512];
     snprintf(mmproj, sizeof mmproj, "%s/mmproj-qwen3_5-vl-tiny-F32.gguf", dir());
     for (int from_gguf = 0; from_gguf < 2; from_gguf++) {

@@ -145,12 +145,10 @@ static void test_prefill_float16_weights(void **state) {
 
 int main(void) {
     char why[256];
-    if (!backend_vulkan_available(why, sizeof why)) {
+    if (!tu_vulkan(why, sizeof why)) {
         printf("prefill_test: skipped: %s\n", why);
         return 0;
     }
-    if (tu_validation_layer())
-        setenv("ANVIL_VALIDATE", "1", 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill),
         cmocka_unit_test(test_prefill_float16_weights),

@@ -1304,12 +1304,10 @@ static void test_sampled_generation(void **state) {
 
 int main(void) {
     char why[256];
-    if (!backend_vulkan_available(why, sizeof why)) {
+    if (!tu_vulkan(why, sizeof why)) {
         printf("vulkan_test: skipped: %s\n", why);
         return 0;
     }
-    if (tu_validation_layer())
-        setenv("ANVIL_VALIDATE", "1", 0);
     tu_float32_prefill(); /* the prompts' rows */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sample_kernel_exact),
