@@ -323,6 +323,74 @@ static void test_sampled_generation(void **state) {
     anvil_model_close(m);
 }
 
+/* The whole loop keeps the chain's distribution: the tokens at positions 2 and 3 of many seeded
+ * sampled runs (temperature 1, top-k 4) with speculation (fixed drafts, k = 2: the accept/reject
+ * rule at two rows of a step) against plain runs, a two-sample chi-square test over the pairs. */
+static void test_sampled_end_to_end(void **state) {
+    (void)state;
+#ifdef TU_SANITIZED
+    enum { N = 600, CELLS = 4096 }; /* several times slower there */
+#else
+    enum { N = 1500, CELLS = 4096 };
+#endif
+    anvil_model *m = open_model("synthetic:qwen3-tiny");
+    anvil_session *s = tu_session(m, ANVIL_BACKEND_CPU, 64);
+    int V = anvil_model_vocab_size(m);
+    anvil_generate_params gp = {anvil_sampling_default(), 3, NULL, 0, NULL, NULL};
+    gp.sampling.temperature = 1.0f;
+    gp.sampling.top_k = 4;
+    /* the drafts: the greedy continuation of the prompt (right often enough to be kept) */
+    struct outcome g;
+    anvil_generate_params greedy = {anvil_sampling_default(), 3, NULL, 0, NULL, NULL};
+    generate(s, &greedy, 0, &g);
+    anvil_spec sp = {ANVIL_SPEC_ORACLE, 2, NULL, g.r.toks, 3, 1.0f};
+    static int a[CELLS], b[CELLS];
+    int pairs[2][N];
+    long drafted = 0, accepted = 0;
+    for (int spec = 0; spec < 2; spec++) {
+        anvil_generate_params q = gp;
+        q.spec = spec ? &sp : NULL;
+        for (int i = 0; i < N; i++) {
+            q.sampling.seed = 1000003u * (uint64_t)(i + spec * N) + 17; /* independent samples */
+            struct run r = {.n = 0};
+            anvil_generate_stats st;
+            anvil_session_reset(s);
+            assert_int_equal(anvil_session_generate(s, prompt, NP, &q, collect, &r, &st), ANVIL_OK);
+            assert_int_equal(r.n, 3);
+            pairs[spec][i] = r.toks[1] * V + r.toks[2];
+            drafted += st.n_drafted, accepted += st.n_accepted;
+        }
+    }
+    assert_true(drafted > 0 && accepted > 0 && accepted < drafted);
+    /* cells: the pairs seen, hashed into CELLS bins (a collision only merges two cells) */
+    for (int i = 0; i < N; i++) {
+        a[(unsigned)pairs[0][i] % CELLS]++;
+        b[(unsigned)pairs[1][i] % CELLS]++;
+    }
+    double chi2 = 0;
+    int dof = -1, small_a = 0, small_b = 0;
+    for (int c = 0; c < CELLS; c++) {
+        if (a[c] + b[c] == 0) continue;
+        if (a[c] + b[c] < 10) { /* the rare pairs pooled into one cell */
+            small_a += a[c], small_b += b[c];
+            continue;
+        }
+        chi2 += (double)(a[c] - b[c]) * (a[c] - b[c]) / (a[c] + b[c]);
+        dof++;
+    }
+    if (small_a + small_b > 0) {
+        chi2 += (double)(small_a - small_b) * (small_a - small_b) / (small_a + small_b);
+        dof++;
+    }
+    /* the 1 - 1e-4 quantile of chi-square(dof), Wilson-Hilferty */
+    double h = 2.0 / (9.0 * dof), crit = dof * pow(1 - h + 3.72 * sqrt(h), 3);
+    printf("  pairs: chi2 %.1f (%d dof, critical %.1f); drafts accepted %ld of %ld\n", chi2, dof, crit, accepted, drafted);
+    assert_true(dof >= 3);
+    assert_true(chi2 < crit);
+    anvil_session_destroy(s);
+    anvil_model_close(m);
+}
+
 int main(void) {
     if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 1);
     tu_float32_prefill();
@@ -332,6 +400,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_cpu),
         cmocka_unit_test(test_greedy_hybrid),
         cmocka_unit_test(test_sampled_generation),
+        cmocka_unit_test(test_sampled_end_to_end),
         cmocka_unit_test(test_greedy_vulkan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
