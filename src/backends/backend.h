@@ -131,6 +131,16 @@ struct backend_vtable {
      * (ANVIL_ERR_INVALID_ARG before any). NULL: the backend cannot roll them back. */
     anvil_status (*states_save)(struct backend *b);
     anvil_status (*states_restore)(struct backend *b);
+    /* Optional: the rollback without re-feeding. A program compiled from a graph whose OP_GDN
+     * nodes keep their history (graph.h, p.i[4]; T rows) writes, besides the final states, the
+     * conv and recurrent states as they stand after each row t < T-1 into history slot t
+     * (GDN_HIST_MAX - 1 slots at most, per GDN layer: a buffer the backend makes on the first
+     * compile of such a program, grown for a longer one, counted in vt->memory, freed with the
+     * backend). states_rewind copies slot row back into the states (a device copy), as if the
+     * run had stopped after row `row`; ANVIL_ERR_INVALID_ARG for a slot no such program has.
+     * Which run wrote the slots last is the caller's to know (engine/session.c). NULL: the
+     * backend keeps no history (the engine then builds no such graph for it). */
+    anvil_status (*states_rewind)(struct backend *b, int row);
 };
 
 /* A vision encoder as a backend runs it: the Qwen3-VL family's ViT (vision/vision.h has its

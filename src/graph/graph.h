@@ -109,7 +109,11 @@ enum op {
                          g = rate[h] * softplus(a[h] + dt_bias[h]) (negative: a decay),
                          S = exp(g) * S;  S += k ⊗ (beta * (v - Sᵀk));  out[t][h] = Sᵀq,
                          where S is head h's Dk x Dv state, element (i, j) at
-                         j + Dv * (i + Dk * h). out {Dv, Hv, T}. */
+                         j + Dv * (i + Dk * h). out {Dv, Hv, T}.
+                      p.i[4] = 1 (a session graph of 2 .. GDN_HIST_MAX rows, build_opts.
+                      gdn_history): the backend also keeps both states as they stand after
+                      each row t < T-1 in history slot t (backend_vtable.states_rewind), so
+                      that a rollback to any row needs no tokens fed again. */
     OP_COUNT,
 };
 
@@ -119,8 +123,12 @@ const char *op_name(enum op op);
 
 struct op_params {
     float f[4];
-    int32_t i[4];
+    int32_t i[5];
 };
+
+/* The most rows of a graph whose OP_GDN keeps its per-row states (op_params.i[4]): a verify
+ * step of speculative decoding, ANVIL_SPEC_MAX_DRAFT + 1 tokens */
+#define GDN_HIST_MAX 17
 
 struct node {
     enum op op;

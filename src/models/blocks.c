@@ -3,6 +3,7 @@
 
 #include "quant/quant.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 
@@ -347,6 +348,10 @@ int block_gdn(struct graph *g, const struct hparams *hp, const struct gdn_weight
     int a = graph_matmul(g, h, proj_node(g, &w->a));
     int y = graph_gdn(g, qkv, b, a, graph_weight(g, w->conv), graph_weight(g, w->A),
                       graph_weight(g, w->dt_bias), cs, ss, Hk, Dk, w->A_is_log, w->v_tiled);
+    if (o->gdn_history && y >= 0) {
+        assert(!o->n_seqs && T >= 2 && T <= GDN_HIST_MAX);
+        g->nodes[y].p.i[4] = 1; /* the states after each row too (graph.h) */
+    }
     /* the gated RMSNorm: norm(y) with a plain weight, times silu(z) */
     y = graph_rms_norm(g, y, graph_weight(g, w->gnorm), hp->rms_eps, false);
     y = graph_swiglu(g, graph_reshape(g, z, Dv, Hv, T), y);

@@ -21,6 +21,10 @@ struct build_opts {
     /* the output is the final norm's rows ({C, T}, or {C, 1} with last_only), not logits: the
      * hidden state the LM head would read (embeddings, anvil_session_embed) */
     bool hidden;
+    /* (a session graph of 2 .. GDN_HIST_MAX tokens) the Gated DeltaNet layers keep their
+     * states after each row for a rollback without re-feeding (OP_GDN's p.i[4]): speculative
+     * decoding's verify step (engine/session.c) */
+    bool gdn_history;
 };
 
 struct model_arch {

@@ -22,6 +22,8 @@ struct cpu_state {
     float *data;
     bool recurrent; /* a Gated DeltaNet conv or recurrent state (OP_GDN's src6, src7) */
     float *saved;   /* its copy for a rollback (cpu_states_save), allocated on the first save */
+    float *hist;    /* [hist_slots] its values after each row of a history run (cpu_states_rewind) */
+    int hist_slots;
 };
 
 struct cpu_backend {
@@ -201,6 +203,21 @@ static void gdn_heads(void *ctx, int64_t begin, int64_t end, int thread) {
 /* One sequence's rows [r0, r0 + T) of a GDN node (rows of one sequence are consecutive). */
 static void gdn_rows(struct cpu_program *p, const struct node *n, int64_t r0, int64_t T, int32_t seq,
                      float *out) {
+    if (n->p.i[4] && T > 1) {
+        /* the states after each row kept (graph.h): row by row, as one-token steps run them
+         * (the recurrent form: the same arithmetic, so a rollback to slot t equals the states
+         * of t + 1 one-token steps bit for bit), each row's into its slot */
+        struct cpu_state *cs = &p->b->states[p->g.nodes[n->src[6]].state],
+                         *ss = &p->b->states[p->g.nodes[n->src[7]].state];
+        size_t nc = (size_t)node_nelem(&p->g.nodes[n->src[6]]), ns = (size_t)node_nelem(&p->g.nodes[n->src[7]]);
+        for (int64_t t = 0; t < T; t++) {
+            gdn_rows(p, n, r0 + t, 1, seq, out);
+            if (t == T - 1) break;
+            memcpy(cs->hist + (size_t)t * nc, cs->data, nc * sizeof(float));
+            memcpy(ss->hist + (size_t)t * ns, ss->data, ns * sizeof(float));
+        }
+        return;
+    }
     const struct node *xn = &p->g.nodes[n->src[0]];
     int64_t Cc = xn->ne[0], Kc = p->g.nodes[n->src[3]].ne[0], Hv = n->ne[1], Dk = n->p.i[1],
             Dv = n->ne[0];
@@ -551,6 +568,18 @@ static bool cpu_planned(const struct graph *g, int i, const void *ctx) {
            n->op != OP_WEIGHT_ROWS && n->op != OP_RESHAPE;
 }
 
+/* Room for n history slots of a recurrent state (OP_GDN's p.i[4]), kept for later programs. */
+static anvil_status hist_slots(struct cpu_state *s, int n) {
+    if (n <= s->hist_slots) return ANVIL_OK;
+    size_t bytes = (size_t)n * (size_t)(s->ne[0] * s->ne[1] * s->ne[2] * s->ne[3]) * sizeof(float);
+    float *h = realloc(s->hist, bytes);
+    if (!h) return err_set(ANVIL_ERR_NOMEM, "cpu: cannot allocate %.1f MiB for the recurrent states' history",
+                           (double)bytes / (1 << 20));
+    s->hist = h;
+    s->hist_slots = n;
+    return ANVIL_OK;
+}
+
 static anvil_status cpu_compile(struct backend *base, const struct graph *g, struct program **out) {
     struct cpu_backend *b = (struct cpu_backend *)base;
     *out = NULL;
@@ -601,7 +630,11 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
         }
         if (nd->op == OP_STATE && (st = bind_state(b, nd)) != ANVIL_OK) goto fail;
         if (nd->op == OP_GDN) /* its states (leaves, bound above: sources precede their nodes) */
-            b->states[p->g.nodes[nd->src[6]].state].recurrent = b->states[p->g.nodes[nd->src[7]].state].recurrent = true;
+            for (int k = 6; k <= 7; k++) {
+                struct cpu_state *rs = &b->states[p->g.nodes[nd->src[k]].state];
+                rs->recurrent = true;
+                if (nd->p.i[4] && (st = hist_slots(rs, (int)nd->ne[2] - 1)) != ANVIL_OK) goto fail;
+            }
         if (nd->op == OP_MATMUL) {
             max_k = MAX(max_k, nd->ne[1] ? p->g.nodes[nd->src[0]].ne[0] * MATMUL_ROWS : 1);
             /* the rounded input rows */
@@ -677,6 +710,7 @@ static void cpu_destroy(struct backend *base) {
     for (int i = 0; i < b->n_states; i++) {
         free(b->states[i].data);
         free(b->states[i].saved);
+        free(b->states[i].hist);
     }
     free(b->states);
     thread_pool_destroy(b->pool);
@@ -709,9 +743,23 @@ static anvil_status cpu_states_restore(struct backend *base) {
     return ANVIL_OK;
 }
 
+/* History slot row into the recurrent states (backend_vtable.states_rewind): a memcpy per state. */
+static anvil_status cpu_states_rewind(struct backend *base, int row) {
+    struct cpu_backend *b = (struct cpu_backend *)base;
+    for (int i = 0; i < b->n_states; i++) {
+        struct cpu_state *s = &b->states[i];
+        if (!s->recurrent) continue;
+        if (row < 0 || row >= s->hist_slots)
+            return err_set(ANVIL_ERR_INVALID_ARG, "cpu: no recurrent states kept after row %d", row);
+        size_t n = (size_t)(s->ne[0] * s->ne[1] * s->ne[2] * s->ne[3]);
+        memcpy(s->data, s->hist + (size_t)row * n, n * sizeof(float));
+    }
+    return ANVIL_OK;
+}
+
 static const struct backend_vtable cpu_vtable = {
     "cpu", cpu_destroy, cpu_compile, cpu_program_destroy, cpu_run, NULL, NULL, NULL, NULL, NULL, NULL,
-    cpu_run_batch, backend_cpu_run_extras, NULL, cpu_states_save, cpu_states_restore,
+    cpu_run_batch, backend_cpu_run_extras, NULL, cpu_states_save, cpu_states_restore, cpu_states_rewind,
 };
 
 anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens, int pos0,

@@ -80,6 +80,31 @@ uint64_t vk_state_addr(struct vk_backend *b, int state) {
     return b->states.addr + b->state_off[state];
 }
 
+uint64_t vk_hist_addr(struct vk_backend *b, int state) {
+    for (int i = 0; i < b->n_rec && b->hist.buf; i++)
+        if (b->rec[i].srcOffset == b->state_off[state]) return b->hist.addr + (uint64_t)b->hist_slots * b->rec[i].dstOffset;
+    return 0;
+}
+
+/* Room for the history slots (vk_backend.hist) of a graph whose OP_GDN nodes keep theirs
+ * (graph.h, p.i[4]): T - 1 slots, the buffer made (or made anew, larger: the programs that
+ * wrote the old one are the caller's to have destroyed) before the program is lowered. */
+static anvil_status hist_slots(struct vk_backend *b, const struct graph *g) {
+    int need = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == OP_GDN && g->nodes[i].p.i[4]) need = MAX(need, (int)g->nodes[i].ne[2] - 1);
+    if (need <= b->hist_slots || !b->n_rec) return ANVIL_OK;
+    if (b->hist.buf) {
+        if (!vk_idle(b->d)) return err_set(ANVIL_ERR_BACKEND, "vulkan: the device stopped answering");
+        vk_buffer_destroy(b->d, &b->hist);
+        b->hist_slots = 0;
+    }
+    anvil_status st = vk_buffer_create(b->d, (VkDeviceSize)need * b->rec_bytes, VK_MEM_DEVICE,
+                                       "the recurrent states' history", &b->hist);
+    if (st == ANVIL_OK) b->hist_slots = need;
+    return st;
+}
+
 /* How each weight type lies in device memory (common.glsl reads it): rows padded to whole
  * super-blocks of sb_weights; quantized blocks regrouped by pack (NULL: the file's bytes as
  * they are). */
@@ -576,6 +601,7 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
     }
     anvil_status st = upload_weights(b, first_new);
     if (st == ANVIL_OK) st = bind_states(b, g);
+    if (st == ANVIL_OK) st = hist_slots(b, g);
     if (st == ANVIL_OK && !b->have_pl) {
         st = vk_pipelines_create(b->d, attn_g ? attn_g : 1, attn_d ? attn_d : 128, b->kv16, &b->pl);
         b->have_pl = st == ANVIL_OK;
@@ -705,6 +731,7 @@ static void vk_destroy(struct backend *base) {
         for (int i = 0; i < b->n_w; i++) vk_buffer_destroy(b->d, &b->w[i].buf);
         vk_buffer_destroy(b->d, &b->states);
         vk_buffer_destroy(b->d, &b->saved);
+        vk_buffer_destroy(b->d, &b->hist);
         if (b->have_pl) vk_pipelines_destroy(b->d, &b->pl);
     }
     free(b->w);
@@ -737,19 +764,31 @@ static anvil_status vk_time(struct program *pp, int pos, int reps, struct dispat
 static const char *vk_device_name(struct backend *base) { return ((struct vk_backend *)base)->d->props.deviceName; }
 
 /* The recurrent states into their copy (save) or back (backend_vtable.states_save and
- * states_restore): a command buffer of one copy per state, submitted and waited for. Its cost:
- * the states' bytes read and written once (Qwen3.6-35B-A3B: ~63 MiB, some 50 us at an H100's
- * bandwidth) plus a submit and a wait on the host; a barrier before it orders it after every
- * earlier step, one after it before every later one. */
-static anvil_status copy_states(struct vk_backend *b, bool save) {
+ * states_restore), or history slot row back (row >= 0: states_rewind): a command buffer of one
+ * copy per state, submitted and waited for. Its cost: the states' bytes read and written once
+ * (Qwen3.6-35B-A3B: ~63 MiB, some 50 us at an H100's bandwidth) plus a submit and a wait on
+ * the host; a barrier before it orders it after every earlier step, one after it before every
+ * later one. */
+static anvil_status copy_states(struct vk_backend *b, bool save, int row) {
     if (!b->n_rec) return ANVIL_OK;
     anvil_status st = ANVIL_OK;
-    if (!save && !b->saved.buf) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: no saved recurrent states to restore");
-    if (!b->saved.buf &&
+    if (row >= b->hist_slots) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: no recurrent states kept after row %d", row);
+    if (!save && row < 0 && !b->saved.buf) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: no saved recurrent states to restore");
+    if (save && !b->saved.buf &&
         (st = vk_buffer_create(b->d, b->rec_bytes, VK_MEM_DEVICE, "the saved recurrent states", &b->saved)) != ANVIL_OK)
         return st;
+    VkBufferCopy *from = NULL; /* the history's regions */
+    if (row >= 0) {
+        if (!(from = xmalloc((size_t)b->n_rec * sizeof *from))) return ANVIL_ERR_NOMEM;
+        for (int i = 0; i < b->n_rec; i++)
+            from[i] = (VkBufferCopy){(VkDeviceSize)b->hist_slots * b->rec[i].dstOffset + (VkDeviceSize)row * b->rec[i].size,
+                                     b->rec[i].srcOffset, b->rec[i].size};
+    }
     VkCommandBuffer cb;
-    if ((st = vk_cmd_alloc(b->d, &cb)) != ANVIL_OK) return st;
+    if ((st = vk_cmd_alloc(b->d, &cb)) != ANVIL_OK) {
+        free(from);
+        return st;
+    }
     VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
                                    VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
     vkBeginCommandBuffer(cb, &bi);
@@ -760,7 +799,9 @@ static anvil_status copy_states(struct vk_backend *b, bool save) {
     vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &before, 0,
                          NULL, 0, NULL);
     if (save) vkCmdCopyBuffer(cb, b->states.buf, b->saved.buf, (uint32_t)b->n_rec, b->rec);
+    else if (from) vkCmdCopyBuffer(cb, b->hist.buf, b->states.buf, (uint32_t)b->n_rec, from);
     else vkCmdCopyBuffer(cb, b->saved.buf, b->states.buf, (uint32_t)b->n_rec, b->rec + b->n_rec);
+    free(from); /* (the regions are recorded) */
     vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &after, 0,
                          NULL, 0, NULL);
     st = vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
@@ -772,14 +813,19 @@ static anvil_status copy_states(struct vk_backend *b, bool save) {
     return st;
 }
 
-static anvil_status vk_states_save(struct backend *base) { return copy_states((struct vk_backend *)base, true); }
+static anvil_status vk_states_save(struct backend *base) { return copy_states((struct vk_backend *)base, true, -1); }
 
-static anvil_status vk_states_restore(struct backend *base) { return copy_states((struct vk_backend *)base, false); }
+static anvil_status vk_states_restore(struct backend *base) { return copy_states((struct vk_backend *)base, false, -1); }
+
+static anvil_status vk_states_rewind(struct backend *base, int row) {
+    if (row < 0) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: no recurrent states kept after row %d", row);
+    return copy_states((struct vk_backend *)base, false, row);
+}
 
 static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
     vk_failed, vk_memory, vk_time, vk_device_name, vk_run_batch, vk_run_extras, vk_vit_encode, vk_states_save,
-    vk_states_restore,
+    vk_states_restore, vk_states_rewind,
 };
 
 void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t max_memory) {

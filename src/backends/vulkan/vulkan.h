@@ -46,6 +46,10 @@ struct vk_backend {
     int n_rec;
     VkDeviceSize rec_bytes;
     struct vk_buffer saved;
+    /* their history (backend_vtable.states_rewind): for each rec[i], hist_slots copies of its
+     * rec[i].size bytes at hist_slots * rec[i].dstOffset (slot t's at + t * size) */
+    struct vk_buffer hist;
+    int hist_slots;
 };
 
 uint64_t vk_weight_addr(struct vk_backend *b, const struct tensor_info *t, bool as_f32, bool plus1);
@@ -58,6 +62,9 @@ uint32_t vk_wnode_kp(struct vk_backend *b, const struct node *n);
 /* the bytes of a weight node's device buffer (0: not uploaded) */
 uint64_t vk_wnode_bytes(struct vk_backend *b, const struct node *n);
 uint64_t vk_state_addr(struct vk_backend *b, int state);
+/* Where a recurrent state's history slot 0 lies (the slots follow it, each of the state's bytes
+ * rounded up to 256), 0 for a state without one. */
+uint64_t vk_hist_addr(struct vk_backend *b, int state);
 
 /* The rope table [n_ctx, n_rot / 2, 2] (cos, sin, computed in double as the CPU backend
  * does) for the graph's rope nodes, which must share n_rot and theta. */

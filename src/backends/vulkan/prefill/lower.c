@@ -73,10 +73,11 @@ uint64_t pf_addr(struct vk_prefill *p, struct graph_plan *P, int i) {
 }
 
 /* Whether the chunked form (gdn_chunk.comp) runs OP_GDN node i: its state's columns in
- * shared memory take Dk <= 128; ANVIL_VK_GDN_CHUNK=0 keeps the recurrent form. */
+ * shared memory take Dk <= 128; ANVIL_VK_GDN_CHUNK=0 keeps the recurrent form, as does a node
+ * that keeps its per-row states (the history: the recurrent form has each row's state). */
 static bool gdn_chunked(struct vk_prefill *p, const struct graph_plan *P, int i) {
     const struct node *n = &P->g->nodes[i];
-    return p->b->d->tune.vk_gdn_chunk && vk_pipeline_supported(p->b->d, &p->b->pl, K_GDNC_PREP) && n->p.i[1] <= 128;
+    return !n->p.i[4] && p->b->d->tune.vk_gdn_chunk && vk_pipeline_supported(p->b->d, &p->b->pl, K_GDNC_PREP) && n->p.i[1] <= 128;
 }
 
 /* Bytes of gdn_chunk.comp's scratch for OP_GDN node i (its layout: the shader's off_*), 0
@@ -97,7 +98,9 @@ VkDeviceSize pf_gdn_scratch(struct vk_prefill *p, const struct graph_plan *P, in
  * columns), else (and in a batch program: a workgroup per value head and run of one
  * sequence's rows) the recurrent form, a workgroup per value head taking the tokens in turn
  * (gdn.comp MODE 1); then the conv ring takes the chunk's last inputs (gdn.comp MODE 2).
- * The gated norm after it is the prefill's rms_norm and swiglu. */
+ * The gated norm after it is the prefill's rms_norm and swiglu. A node keeping its history
+ * (graph.h, p.i[4]) runs in the recurrent form, MODE 1 and MODE 2 also writing the states after
+ * each row into the backend's history slots (gdn.comp's GDN_HIST; vk_hist_addr). */
 static anvil_status lower_gdn(struct vk_prefill *p, struct graph_plan *P, int i) {
     const struct node *n = NODE(P, i), *cs = NODE(P, n->src[6]), *qkv = NODE(P, n->src[0]);
     struct vk_backend *b = p->b;
@@ -120,7 +123,14 @@ static anvil_status lower_gdn(struct vk_prefill *p, struct graph_plan *P, int i)
         if (st == ANVIL_OK) st = pf_emit(p, K_GDN_RING, (Kc * Cc + 511) / 512, T, &pg, sizeof pg);
         return st;
     }
-    if (gdn_chunked(p, P, i) && p->gdn.buf != VK_NULL_HANDLE) {
+    if (n->p.i[4]) { /* the history: S's slots to MODE 1, the ring's to MODE 2 */
+        uint64_t hs = vk_hist_addr(b, NODE(P, n->src[7])->state), hr = vk_hist_addr(b, cs->state);
+        if (!hs || !hr) return err_set(ANVIL_ERR_BACKEND, "vulkan: %s: no history slots", n->name);
+        pg.flags |= GDN_HIST;
+        pg.gnorm = hs;
+        st = pf_emit(p, K_GDN_PREFILL, Hv, 1, &pg, sizeof pg);
+        pg.gnorm = hr;
+    } else if (gdn_chunked(p, P, i) && p->gdn.buf != VK_NULL_HANDLE) {
         uint32_t T = (uint32_t)n->ne[2];
         struct pc_gdnc pc = {pg.qkv, pg.b, pg.a, pg.convw, pg.A, pg.dtb, pg.ring, pg.S, p->prm.addr, p->gdn.addr,
                              pg.out_, Hk, Dk, Hv, Dv, Kc, pg.flags, T, pg.eps_l2};

@@ -23,7 +23,14 @@
  * ([n_seqs][Hv, Dk, Dv]) and of the ring ([n_seqs][Kc, Cc]): MODE 1 and MODE 2 run over a grid
  * of (their own, T) workgroups, those of row r working where r starts a run (row 0, or a row of
  * another sequence than the row before it), on the run's rows and its sequence's slices; dead
- * rows (sequence ~0) touch no state and output zeros. */
+ * rows (sequence ~0) touch no state and output zeros.
+ * GDN_HIST (a session's prefill program of T rows, OP_GDN's history: graph.h) keeps the states
+ * as they stand after each row t < T-1 in slot t of the layer's history (gnorm's address, slots
+ * 256-byte aligned, as the states themselves are laid out): MODE 1 writes S after row t to
+ * slot t of S's history; MODE 2, a thread per element (row r, channel c) of the ring, writes
+ * the ring after row t (row r holding the input of the latest position <= pos0 + t that is r
+ * mod Kc: from the chunk's rows, else the ring's own before the chunk) to slot t of the ring's
+ * history, then the ring's element as MODE 2 leaves it. */
 #include "common.glsl"
 
 /* 512 threads: column j of the state goes to threads j % 128 + 128 * part, part p taking
@@ -57,6 +64,7 @@ vec2 wg_sum2(float x, float y) {
 
 uint sofs = 0u, rofs = 0u; /* a batch program's sequence: its slices of S and of the ring */
 uint tr0 = 0u;             /* the first row of the run (MODE 1), at position pos0 */
+uint nT = 0u;              /* the chunk's rows (MODE 1) */
 
 /* One token: position pos; in a prefill (MODE 1) row tr of the chunk, whose run starts at pos0. */
 void step(uint pos, uint tr, uint pos0) {
@@ -123,6 +131,8 @@ void step(uint pos, uint tr, uint pos0) {
             if (!on || i >= Dk) continue;
             float sv = sr[r] + ks[i] * delta;
             pc.S.v[base + Dv * i] = sv;
+            if (MODE == GDN_MODE_PREFILL && (pc.flags & GDN_HIST) != 0u && tr + 1u < nT)
+                pc.gnorm.v[tr * ((pc.Hv * Dk * Dv + 63u) & ~63u) + base + Dv * i] = sv;
             o += sv * qs[i];
         }
         part_sum[part][c0] = o;
@@ -172,7 +182,22 @@ void main() {
         rofs = sq * pc.Kc * Cc;
     }
     if (MODE == GDN_MODE_PREFILL) {
+        nT = T;
         for (uint tr = tr0; tr < end; tr++) step(pos0 + tr - tr0, tr, pos0);
+        return;
+    }
+    if ((pc.flags & GDN_HIST) != 0u) { /* (never in a batch program) */
+        uint Kc = pc.Kc, i = gl_WorkGroupID.x * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
+        if (i >= Kc * Cc) return;
+        uint r = i / Cc, c = i % Cc, stride = (Kc * Cc + 63u) & ~63u;
+        float old = pc.ring.v[i];
+        for (uint t = 0u; t < T; t++) {
+            uint P = pos0 + t;
+            int p = int(P) - int((P + Kc - r) % Kc); /* the latest position <= P in ring row r */
+            float v = p >= int(pos0) ? pc.qkv.v[uint(p - int(pos0)) * Cc + c] : old;
+            if (t + 1u < T) pc.gnorm.v[t * stride + i] = v;
+            else pc.ring.v[i] = v;
+        }
         return;
     }
     /* MODE 2: ring row p % Kc takes the input of position p, for the run's last Kc */

@@ -105,7 +105,7 @@
     ADDR(Floats, ring)      /* [Kc, Cc] */ \
     ADDR(Floats, S)         /* [Hv, Dk, Dv] */ \
     ADDR(Floats, z)         /* [Hv, Dv] */ \
-    ADDR(Floats, gnorm)     /* [Dv] */ \
+    ADDR(Floats, gnorm)     /* [Dv]; in MODE 1, 2 with GDN_HIST: the history slots */ \
     ADDR(Floats, out_)      /* [Hv, Dv] */ \
     ADDR(Ctl, ctl) \
     U32(Hk) U32(Dk) U32(Hv) U32(Dv) U32(Kc) \
