@@ -38,6 +38,15 @@ struct anvil_session {
     int mm_first, mm_end;
     int prefill_chunk; /* prompt tokens per prefill chunk (ANVIL_PREFILL_CHUNK; 1: none) */
     int mark; /* session_mark's position (-1: none) */
+    /* a recurrent model's verify step (session_eval_mm): an eval of 2 .. GDN_HIST_MAX tokens
+     * right at the mark runs the verify program (build_opts.gdn_history, for verify_T tokens),
+     * whose GDN layers keep their states after each row; hist_rows: that step's rows while its
+     * slots describe the session (0: none; any other eval, a mark or a reset drops them) */
+    struct program *verify;
+    int verify_T;
+    bool verify_last_only;
+    int hist_rows;
+    int64_t n_refed; /* tokens session_rewind has fed again, all told (a test's hook) */
     char err[ERRMSG_LEN];
 };
 
@@ -52,10 +61,13 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
  * stays (a later rewind may use it again) until a mark, a reset or a truncate below it.
  * Attention caches need nothing: rows past the position are overwritten, rows before it kept
  * as the verify step wrote them. Recurrent states have taken in every token up to the
- * position: a rewind restores the mark's and feeds tokens [mark, n) again, one at a time
- * through the decode program (n - mark one-token steps; nothing when n is the position), so
- * that states and caches are those of a session fed [0, mark) as it was and then [mark, n) a
- * token at a time (bit for bit on the CPU: rewind_test). Errors: ANVIL_ERR_INVALID_ARG
+ * position. Where the last eval since the mark was one of T = 2 .. GDN_HIST_MAX tokens at the
+ * mark (the verify step: its program keeps the states after each row), a rewind copies back
+ * those after row n - mark - 1 (backend states_rewind; the mark's for n == mark) and feeds
+ * nothing; otherwise it restores the mark's and feeds tokens [mark, n) again, one at a time
+ * through the decode program (n - mark one-token steps; nothing when n is the position).
+ * Either way states and caches are those of a session fed [0, mark) as it was and then
+ * [mark, n) a token at a time (bit for bit on the CPU: rewind_test). Errors: ANVIL_ERR_INVALID_ARG
  * without a mark or for n outside [mark, position]; ANVIL_ERR_UNSUPPORTED on a backend without
  * states_save, or when an image's rows lie in [mark, n) (their embeddings cannot be fed again)
  * or n would cut one. */

@@ -1,8 +1,8 @@
 /*
  * session_mark / session_rewind, speculative decoding's rollback (engine_impl.h), on the tiny
  * reference models (../shared/testdata/reference): the hybrids qwen3next-tiny, qwen3_5-tiny and
- * qwen3_5moe-tiny (Gated DeltaNet layers: their conv and recurrent states are saved at the mark
- * and restored by a rewind, which feeds the kept tokens again) and the dense qwen3-tiny
+ * qwen3_5moe-tiny (Gated DeltaNet layers: their conv and recurrent states are saved at the mark,
+ * kept after each row by a verify step at the mark, and restored by a rewind) and the dense qwen3-tiny
  * (attention caches only: a rewind truncates).
  *
  * A session takes a prompt, then cycles of: mark, 4 drafted tokens in one eval with every row's
@@ -12,11 +12,13 @@
  * whole 4 in one eval where a cycle kept all, as the first session did), the 3 tokens. Their
  * logits must be equal bit for bit on the CPU (the same programs on the same inputs) and within
  * 1e-3 on Vulkan (lavapipe in CI), where the first session's are also held to the CPU's within
- * 1e-3 (vulkan_test's bound). On lavapipe the hybrids' are equal too (their kept drafts' cache
- * rows written again by the re-feed); the dense model's differ by ~6e-6, its kept rows being
- * the verify step's prefill program's where the second session's are the decode program's. A
- * mark on a hybrid adds its saved states to the device memory, on a dense model nothing. Then
- * the errors: a rewind without a mark, below it or past the position.
+ * 1e-3 (vulkan_test's bound). On lavapipe they differ by up to ~5e-4 (the MoE hybrid's 4
+ * cycles; ~6e-5 else): the kept rows' cache rows and states are the verify step's program's
+ * (a prefill program, the GDN layers keeping each row's states: no tokens fed again) where the
+ * second session's are the decode program's. A mark on a hybrid adds its saved states to the
+ * device memory, on a dense model nothing. test_rewind_from_history: every rewind target of a
+ * verify step, nothing fed again, and the re-feed where the step kept no history. Then the
+ * errors: a rewind without a mark, below it or past the position.
  *
  * ANVIL_TEST_BACKENDS lists the backends (default: cpu, and vulkan where a device exists).
  */
@@ -155,6 +157,112 @@ static void test_rewind_equals_fed(void **state) {
     }
 }
 
+/* A verify step of K tokens at the mark, a rewind to mark + keep (after one to mark + first
+ * when first >= 0: two rewinds off one step), the following tokens' logits to out [3][V].
+ * split: the K tokens as two evals (the last one not at the mark: no history, a re-feed).
+ * *refed: the tokens the rewinds fed again; *grown: the device memory the verify step added. */
+static void verified(anvil_model *m, anvil_backend_kind kind, const int32_t *d, int K, int first, int keep,
+                     bool split, float *out, int64_t *refed, uint64_t *grown) {
+    int V = anvil_model_vocab_size(m);
+    anvil_session *s = tu_session(m, kind, 64);
+    float *rows = malloc(sizeof(float) * (size_t)K * (size_t)V);
+    assert_int_equal(anvil_session_eval(s, prompt, N_OF(prompt), ANVIL_LOGITS_LAST, rows), ANVIL_OK);
+    int mark = anvil_session_position(s);
+    assert_int_equal(session_mark(s), ANVIL_OK);
+    anvil_memory_stats m0, m1;
+    assert_int_equal(anvil_session_memory(s, &m0), ANVIL_OK);
+    if (split) {
+        assert_int_equal(anvil_session_eval(s, d, 2, ANVIL_LOGITS_ALL, rows), ANVIL_OK);
+        assert_int_equal(anvil_session_eval(s, d + 2, K - 2, ANVIL_LOGITS_ALL, rows), ANVIL_OK);
+    } else {
+        assert_int_equal(anvil_session_eval(s, d, K, ANVIL_LOGITS_ALL, rows), ANVIL_OK);
+    }
+    assert_int_equal(anvil_session_memory(s, &m1), ANVIL_OK);
+    *grown = m1.device_bytes - m0.device_bytes;
+    if (first >= 0 && session_rewind(s, mark + first) != ANVIL_OK) fail_msg("rewind: %s", anvil_session_errmsg(s));
+    if (session_rewind(s, mark + keep) != ANVIL_OK) fail_msg("rewind: %s", anvil_session_errmsg(s));
+    assert_int_equal(anvil_session_position(s), mark + keep);
+    *refed = s->n_refed;
+    assert_int_equal(anvil_session_eval(s, follow, N_OF(follow), ANVIL_LOGITS_ALL, out), ANVIL_OK);
+    free(rows);
+    anvil_session_destroy(s);
+}
+
+/* The prompt, d[0 .. keep) a token at a time, the following tokens (logits to out). */
+static void fed_one_by_one(anvil_model *m, anvil_backend_kind kind, const int32_t *d, int keep, float *out) {
+    anvil_session *s = tu_session(m, kind, 64);
+    assert_int_equal(anvil_session_eval(s, prompt, N_OF(prompt), ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+    for (int i = 0; i < keep; i++) assert_int_equal(anvil_session_eval(s, d + i, 1, ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+    assert_int_equal(anvil_session_eval(s, follow, N_OF(follow), ANVIL_LOGITS_ALL, out), ANVIL_OK);
+    anvil_session_destroy(s);
+}
+
+/* The hybrids: a verify step of k + 1 tokens at the mark keeps the GDN states after each row, so
+ * that a rewind to any n in [mark, mark + k + 1] feeds nothing again (n_refed stays 0) and
+ * leaves the session as one fed the kept tokens a token at a time: bit for bit on the CPU,
+ * within 1e-3 on Vulkan. k + 1 = 5 at every n, and 17 (the most, ANVIL_SPEC_MAX_DRAFT + 1) at
+ * a few; two rewinds off one step; and where the history does not describe the session (two
+ * evals since the mark; 18 tokens, past the most) the rewind still feeds the kept tokens again,
+ * with the same result. On Vulkan the verify step's program adds the history slots (at least
+ * k slots of the states a mark saves) to the device memory. */
+static void test_rewind_from_history(void **state) {
+    (void)state;
+    char list[256];
+    backend_list(list, sizeof list);
+    struct {
+        int K, first, keep;
+        bool split;
+        int64_t refed; /* the tokens fed again */
+    } cases[] = {
+        {5, -1, 0, false, 0}, {5, -1, 1, false, 0}, {5, -1, 2, false, 0}, {5, -1, 3, false, 0},
+        {5, -1, 4, false, 0}, {5, -1, 5, false, 0}, {17, -1, 0, false, 0}, {17, -1, 1, false, 0},
+        {17, -1, 9, false, 0}, {17, -1, 16, false, 0}, {17, -1, 17, false, 0}, {5, 4, 2, false, 0},
+        {5, 3, 0, false, 0}, {5, -1, 3, true, 3}, {18, -1, 7, false, 7},
+    };
+    int32_t d[18];
+    for (int i = 0; i < 18; i++) d[i] = (int32_t)((i * 104729 + 977) % 2000);
+    for (size_t i = 0; i < 3; i++) {
+        anvil_model *m = open_model(models[i]);
+        size_t VF = N_OF(follow) * (size_t)anvil_model_vocab_size(m);
+        float *a = malloc(sizeof(float) * VF), *b = malloc(sizeof(float) * VF);
+        char copy[256];
+        snprintf(copy, sizeof copy, "%s", list);
+        for (char *be = strtok(copy, ","); be; be = strtok(NULL, ",")) {
+            bool vk = strcmp(be, "vulkan") == 0;
+            anvil_backend_kind kind = vk ? ANVIL_BACKEND_VULKAN : ANVIL_BACKEND_CPU;
+            /* the states a mark saves (the unit of the history's size) */
+            anvil_session *s = tu_session(m, kind, 64);
+            anvil_memory_stats m0, m1;
+            assert_int_equal(anvil_session_eval(s, prompt, N_OF(prompt), ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+            assert_int_equal(anvil_session_memory(s, &m0), ANVIL_OK);
+            assert_int_equal(session_mark(s), ANVIL_OK);
+            assert_int_equal(anvil_session_memory(s, &m1), ANVIL_OK);
+            uint64_t saved = m1.device_bytes - m0.device_bytes;
+            anvil_session_destroy(s);
+            for (size_t c = 0; c < N_OF(cases); c++) {
+                int64_t refed = -1;
+                uint64_t grown = 0;
+                verified(m, kind, d, cases[c].K, cases[c].first, cases[c].keep, cases[c].split, a, &refed, &grown);
+                fed_one_by_one(m, kind, d, cases[c].keep, b);
+                float diff = tu_max_diff(a, b, VF);
+                fprintf(stderr, "%s [%s] verify %d%s, keep %d%s: re-fed %lld, max |rewound - fed| = %.3g\n", models[i],
+                        be, cases[c].K, cases[c].split ? " (as 2 evals)" : "", cases[c].keep,
+                        cases[c].first >= 0 ? " (after keeping more)" : "", (long long)refed, (double)diff);
+                assert_int_equal(refed, cases[c].refed);
+                if (vk) {
+                    assert_true(diff < 1e-3f);
+                    if (!cases[c].split && cases[c].K <= 17) assert_true(grown >= (uint64_t)(cases[c].K - 1) * saved);
+                } else if (memcmp(a, b, sizeof(float) * VF) != 0) {
+                    fail_msg("%s: the rewound session differs", models[i]);
+                }
+            }
+        }
+        free(a);
+        free(b);
+        anvil_model_close(m);
+    }
+}
+
 static void test_rewind_errors(void **state) {
     (void)state;
     for (size_t i = 0; i < N_OF(models); i += 3) { /* a hybrid and the dense model */
@@ -186,6 +294,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rewind_errors),
         cmocka_unit_test(test_rewind_equals_fed),
+        cmocka_unit_test(test_rewind_from_history),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -214,7 +214,7 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
         st = err_set(ANVIL_ERR_INVALID_ARG, "unknown backend %d", (int)p.backend);
     }
     if (st == ANVIL_OK) {
-        struct build_opts o = {1, n_ctx, false, 0, 0, false};
+        struct build_opts o = {1, n_ctx, false, 0, 0, false, false};
         struct graph g;
         st = model_build_graph(&model->model, &o, &g);
         if (st == ANVIL_OK) {
@@ -246,6 +246,7 @@ void anvil_session_destroy(anvil_session *s) {
     if (s->backend) {
         if (s->decode) s->backend->vt->program_destroy(s->decode);
         if (s->prefill) s->backend->vt->program_destroy(s->prefill);
+        if (s->verify) s->backend->vt->program_destroy(s->verify);
         if (s->embed) s->backend->vt->program_destroy(s->embed);
         backend_destroy(s->backend);
     }
@@ -267,6 +268,7 @@ int anvil_session_position(const anvil_session *s) { return s->pos; }
 void anvil_session_reset(anvil_session *s) {
     s->pos = 0;
     s->mark = -1;
+    s->hist_rows = 0;
     s->rope_delta = s->mm_first = s->mm_end = 0;
 }
 
@@ -293,12 +295,14 @@ anvil_status anvil_session_truncate(anvil_session *s, int n) {
                                         "image (rows %d .. %d)", s->mm_first, s->mm_end - 1));
     if (n <= s->mm_first) s->rope_delta = s->mm_first = s->mm_end = 0;
     if (n < s->mark) s->mark = -1;
+    if (n != s->pos) s->hist_rows = 0;
     s->pos = n; /* later tokens are overwritten in place: attention only reads rows < pos */
     return ANVIL_OK;
 }
 
 anvil_status session_mark(anvil_session *s) {
     s->mark = -1;
+    s->hist_rows = 0;
     if (session_recurrent(s)) {
         if (!s->backend->vt->states_save)
             return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "speculative decoding: the %s backend "
@@ -323,6 +327,18 @@ anvil_status session_rewind(anvil_session *s, int n) {
                                         "tokens: an image (rows %d .. %d) lies after the mark (%d)", n,
                                         s->mm_first, s->mm_end - 1, s->mark));
     int k = n - s->mark;
+    if (k < s->hist_rows) {
+        /* the verify step kept the states after each of its rows: those after row k - 1 back
+         * (the mark's for k == 0), a device copy, nothing fed again */
+        anvil_status st = k ? s->backend->vt->states_rewind(s->backend, k - 1)
+                            : s->backend->vt->states_restore(s->backend);
+        if (st != ANVIL_OK) return keep_err(s->err, st);
+        if (s->mark <= s->mm_first) s->rope_delta = s->mm_first = s->mm_end = 0;
+        s->pos = n;
+        return ANVIL_OK;
+    }
+    s->hist_rows = 0;
+    s->n_refed += k;
     int32_t *again = xmalloc((size_t)MAX(k, 1) * sizeof *again);
     if (!again) return keep_err(s->err, ANVIL_ERR_NOMEM);
     memcpy(again, s->tokens + s->mark, (size_t)k * sizeof *again);
@@ -358,7 +374,7 @@ static anvil_status chunk_program(anvil_session *s, int *T_io, bool last_only, s
     }
     if (s->prefill) s->backend->vt->program_destroy(s->prefill);
     s->prefill = NULL;
-    struct build_opts o = {T, s->n_ctx, last_only, 0, 0, false};
+    struct build_opts o = {T, s->n_ctx, last_only, 0, 0, false, false};
     struct graph g;
     anvil_status st = model_build_graph(&s->model->model, &o, &g);
     if (st != ANVIL_OK) return st;
@@ -375,6 +391,30 @@ static anvil_status chunk_program(anvil_session *s, int *T_io, bool last_only, s
     s->prefill_T = T;
     s->prefill_last_only = last_only;
     *out = s->prefill;
+    return ANVIL_OK;
+}
+
+/* The verify step's program (build_opts.gdn_history) for T tokens, compiled on first use and
+ * kept while T and last_only stay: a program of its own, so that neither the prefill program
+ * nor the decode program carries the history's writes. */
+static anvil_status verify_program(anvil_session *s, int T, bool last_only, struct program **out) {
+    if (s->verify && s->verify_T == T && s->verify_last_only == last_only) {
+        *out = s->verify;
+        return ANVIL_OK;
+    }
+    /* (destroyed first: the backend may move the history slots for a longer T) */
+    if (s->verify) s->backend->vt->program_destroy(s->verify);
+    s->verify = NULL;
+    struct build_opts o = {T, s->n_ctx, last_only, 0, 0, false, true};
+    struct graph g;
+    anvil_status st = model_build_graph(&s->model->model, &o, &g);
+    if (st != ANVIL_OK) return st;
+    st = s->backend->vt->compile(s->backend, &g, &s->verify);
+    graph_free(&g);
+    if (st != ANVIL_OK) return st;
+    s->verify_T = T;
+    s->verify_last_only = last_only;
+    *out = s->verify;
     return ANVIL_OK;
 }
 
@@ -436,6 +476,25 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
         return keep_err(s->err, err_set(ANVIL_ERR_RANGE,
                                         "context full: %d tokens in the cache + %d new > %d",
                                         s->pos, n, s->n_ctx));
+    /* right at the mark of a recurrent model, T = 2 .. GDN_HIST_MAX tokens (speculative
+     * decoding's verify step) run in one step of the verify program, whose GDN layers keep
+     * their states after each row: a rewind then copies them back and feeds nothing again.
+     * Not with prefill off (1: the chunk size session_rewind's own re-feed sets) */
+    s->hist_rows = 0;
+    if (s->mark == s->pos && n >= 2 && n <= GDN_HIST_MAX && !mm && s->prefill_chunk > 1 && !s->no_prefill &&
+        s->backend->vt->states_rewind && session_recurrent(s)) {
+        bool last_only = mode != ANVIL_LOGITS_ALL;
+        struct program *p;
+        anvil_status st = verify_program(s, n, last_only, &p);
+        float *dst = mode == ANVIL_LOGITS_NONE ? NULL : logits_out;
+        if (st == ANVIL_OK) st = run_chunk(s, p, tokens, 0, n, NULL, dst);
+        if (st == ANVIL_OK && dst) st = check_finite(s, dst, last_only ? 1 : n, V, last_only ? s->pos + n - 1 : s->pos);
+        if (st != ANVIL_OK) return keep_err(s->err, st);
+        memcpy(s->tokens + s->pos, tokens, (size_t)n * sizeof *tokens);
+        s->pos += n;
+        s->hist_rows = n;
+        return ANVIL_OK;
+    }
     /* a device backend: prompts go in chunks through its prefill program where it has one
      * for this model (s->prefill_chunk sets the chunk size; 1 turns prefill off), else
      * through the decode program a token at a time */
