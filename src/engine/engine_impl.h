@@ -41,11 +41,15 @@ struct anvil_session {
     /* a recurrent model's verify step (session_eval_mm): an eval of 2 .. GDN_HIST_MAX tokens
      * right at the mark runs the verify program (build_opts.gdn_history, for verify_T tokens),
      * whose GDN layers keep their states after each row; hist_rows: that step's rows while its
-     * slots describe the session (0: none; any other eval, a mark or a reset drops them) */
+     * slots describe the session (0: none; any other eval, a mark or a reset drops them), its
+     * tokens hist_tok: slot t holds the states after them up to t, whatever ran since (the
+     * backend's own decode loop, engine/generate.c, advances the position without an eval),
+     * while the cache still holds them at the mark */
     struct program *verify;
     int verify_T;
     bool verify_last_only;
     int hist_rows;
+    int32_t hist_tok[GDN_HIST_MAX];
     int64_t n_refed; /* tokens session_rewind has fed again, all told (a test's hook) */
     char err[ERRMSG_LEN];
 };

@@ -327,7 +327,7 @@ anvil_status session_rewind(anvil_session *s, int n) {
                                         "tokens: an image (rows %d .. %d) lies after the mark (%d)", n,
                                         s->mm_first, s->mm_end - 1, s->mark));
     int k = n - s->mark;
-    if (k < s->hist_rows) {
+    if (k < s->hist_rows && !memcmp(s->tokens + s->mark, s->hist_tok, (size_t)k * sizeof *s->hist_tok)) {
         /* the verify step kept the states after each of its rows: those after row k - 1 back
          * (the mark's for k == 0), a device copy, nothing fed again */
         anvil_status st = k ? s->backend->vt->states_rewind(s->backend, k - 1)
@@ -493,6 +493,7 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
         memcpy(s->tokens + s->pos, tokens, (size_t)n * sizeof *tokens);
         s->pos += n;
         s->hist_rows = n;
+        memcpy(s->hist_tok, tokens, (size_t)n * sizeof *tokens);
         return ANVIL_OK;
     }
     /* a device backend: prompts go in chunks through its prefill program where it has one
