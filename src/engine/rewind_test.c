@@ -111,6 +111,18 @@ static const char *backend_list(char *buf, size_t cap) {
     return buf;
 }
 
+/* Under AddressSanitizer lavapipe runs several times slower (the test took 276 s there on a
+ * loaded 2-core machine before the history cases came): there Vulkan runs the first model
+ * only; the plain build runs them all. */
+static bool sanitized_cut(size_t model) {
+#ifdef TU_SANITIZED
+    return model > 0;
+#else
+    (void)model;
+    return false;
+#endif
+}
+
 static void test_rewind_equals_fed(void **state) {
     (void)state;
     /* each alone, then one session through several cycles off fresh marks */
@@ -127,6 +139,7 @@ static void test_rewind_equals_fed(void **state) {
         for (char *be = strtok(copy, ","); be; be = strtok(NULL, ",")) {
             bool vk = strcmp(be, "vulkan") == 0;
             if (!vk && strcmp(be, "cpu") != 0) fail_msg("ANVIL_TEST_BACKENDS: unknown backend %s", be);
+            if (vk && sanitized_cut(i)) continue;
             anvil_backend_kind kind = vk ? ANVIL_BACKEND_VULKAN : ANVIL_BACKEND_CPU;
             for (size_t c = 0; c < N_OF(cases); c++) {
                 uint64_t grown = UINT64_MAX;
@@ -229,6 +242,7 @@ static void test_rewind_from_history(void **state) {
         snprintf(copy, sizeof copy, "%s", list);
         for (char *be = strtok(copy, ","); be; be = strtok(NULL, ",")) {
             bool vk = strcmp(be, "vulkan") == 0;
+            if (vk && sanitized_cut(i)) continue;
             anvil_backend_kind kind = vk ? ANVIL_BACKEND_VULKAN : ANVIL_BACKEND_CPU;
             /* the states a mark saves (the unit of the history's size) */
             anvil_session *s = tu_session(m, kind, 64);

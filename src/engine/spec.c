@@ -76,6 +76,12 @@ static anvil_status draft_model(struct spec_run *r, const int32_t *h, int n, int
      * submission on Vulkan rather than a round trip a token */
     struct draft_out o = {out, 0, k};
     anvil_generate_params gp = {r->draft_sampling, k, NULL, 0, NULL, NULL};
+    /* a few new tokens (those accepted since the last step) one at a time through the decode
+     * program: a chunk of each count would compile a prefill program of its own; a prompt
+     * (the first step) in chunks */
+    if (n - c <= ANVIL_SPEC_MAX_DRAFT + 1)
+        for (; c < n - 1; c++)
+            if ((st = anvil_session_eval(d, h + c, 1, ANVIL_LOGITS_NONE, NULL)) != ANVIL_OK) return st;
     st = anvil_session_generate(d, h + c, n - c, &gp, draft_token, &o, NULL);
     for (int i = 0; i < o.n; i++)
         if (out[i] >= r->V) { /* the draft's extra rows: no token of the target */
