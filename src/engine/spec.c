@@ -17,7 +17,6 @@
 #define SPEC_ACCEPT_SALT 0x5bd1e995u
 
 struct spec_run {
-    anvil_session *s;
     const anvil_spec *spec;
     const anvil_generate_params *p;
     int V;
@@ -183,7 +182,7 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float
                          anvil_token_fn fn, void *user, anvil_generate_stats *stats) {
     const anvil_spec *spec = p->spec;
     int V = s->model->file->hp.n_vocab, K = spec->n_draft;
-    struct spec_run r = {.s = s, .spec = spec, .p = p, .V = V};
+    struct spec_run r = {.spec = spec, .p = p, .V = V};
     float *rows = xmalloc((size_t)(K + 1) * V * sizeof *rows);
     void *scratch = xmalloc(SAMPLER_SCRATCH_BYTES);
     r.hist = xmalloc((size_t)(s->n_ctx + 1) * sizeof *r.hist);
