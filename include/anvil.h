@@ -208,8 +208,10 @@ typedef enum anvil_spec_kind {
 typedef struct anvil_spec {
     anvil_spec_kind kind;
     int n_draft;           /* tokens drafted per step, 1 .. ANVIL_SPEC_MAX_DRAFT */
-    anvil_session *draft;  /* DRAFT: a session on the draft model (its cache is the drafter's) */
-    const int32_t *oracle; /* ORACLE: tokens to draft, oracle[i] for the i-th generated token */
+    anvil_session *draft;  /* DRAFT: a session on the draft model, the caller's (created and
+                              destroyed by it, alive through the call; its cache is the drafter's) */
+    const int32_t *oracle; /* ORACLE: tokens to draft, oracle[i] for the i-th generated token
+                              (the caller's, read during the call only) */
     int n_oracle;
     float oracle_accept;   /* ORACLE: each drafted token is offered as given with this
                               probability, else replaced by a wrong one (1: always as given) */

@@ -76,6 +76,10 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
  * states_save, or when an image's rows lie in [mark, n) (their embeddings cannot be fed again)
  * or n would cut one. */
 anvil_status session_mark(anvil_session *s);
+/* Whether the model has recurrent (Gated-DeltaNet) layers. */
+bool session_recurrent(const anvil_session *s);
+/* Whether t is one of p's stop ids (generate.c; the plain and the speculative loop). */
+bool gen_is_stop(const anvil_generate_params *p, int32_t t);
 anvil_status session_rewind(anvil_session *s, int n);
 struct tuning;
 /* Whether the attention caches are float16: kv, or ANVIL_KV_CACHE (t) where kv is the default. */

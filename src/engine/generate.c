@@ -8,13 +8,12 @@
 #include "sampler.h"
 #include "spec.h"
 
-static bool is_stop(const anvil_generate_params *p, int32_t t) {
+bool gen_is_stop(const anvil_generate_params *p, int32_t t) {
     for (int i = 0; i < p->n_stop_tokens; i++)
         if (p->stop_tokens[i] == t) return true;
     return false;
 }
 
-static bool has_recurrent_layers(const anvil_session *s);
 static anvil_status generate_fed(anvil_session *s, const int32_t *feed, int n_feed, int n_prompt,
                                  const anvil_generate_params *p, anvil_token_fn fn, void *user,
                                  anvil_generate_stats *stats);
@@ -32,7 +31,7 @@ static anvil_status generate_on_device(anvil_session *s, const int32_t *prompt, 
     const int32_t *feed = prompt;
     int32_t last, *hist = NULL;
     int n_feed = n_prompt;
-    if (n_prompt == 0 && !has_recurrent_layers(s)) { /* continue: rerun the last cached token */
+    if (n_prompt == 0 && !session_recurrent(s)) { /* continue: rerun the last cached token */
         last = s->tokens[s->pos - 1];
         s->pos--;
         feed = &last;
@@ -110,13 +109,6 @@ static anvil_status generate_fed(anvil_session *s, const int32_t *feed, int n_fe
     return st;
 }
 
-static bool has_recurrent_layers(const anvil_session *s) {
-    const struct hparams *hp = &s->model->file->hp;
-    for (int l = 0; l < hp->n_layer; l++)
-        if (hp->layer_recurrent[l]) return true;
-    return false;
-}
-
 static anvil_status session_generate(anvil_session *s, const int32_t *prompt, int n_prompt,
                                     const anvil_generate_params *p, anvil_token_fn fn,
                                     void *user, anvil_generate_stats *stats) {
@@ -141,7 +133,7 @@ static anvil_status session_generate(anvil_session *s, const int32_t *prompt, in
     if (st == ANVIL_OK) {
         if (n_prompt > 0) {
             st = anvil_session_eval(s, prompt, n_prompt, ANVIL_LOGITS_LAST, logits);
-        } else if (!has_recurrent_layers(s)) {
+        } else if (!session_recurrent(s)) {
             /* continue: recompute the last token's logits */
             int32_t last = s->tokens[s->pos - 1];
             s->pos--;
@@ -178,7 +170,7 @@ static anvil_status session_generate(anvil_session *s, const int32_t *prompt, in
     while (st == ANVIL_OK) {
         if (p->on_logits) p->on_logits(user, logits, V);
         int32_t tok = sampler_sample(logits, V, &p->sampling, s->tokens, s->pos, (uint32_t)s->pos, scratch);
-        if (is_stop(p, tok)) {
+        if (gen_is_stop(p, tok)) {
             stats->stop = ANVIL_STOP_EOS;
             break;
         }

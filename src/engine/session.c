@@ -277,7 +277,7 @@ const int32_t *anvil_session_tokens(const anvil_session *s, int *n) {
     return s->tokens;
 }
 
-static bool session_recurrent(const anvil_session *s) {
+bool session_recurrent(const anvil_session *s) {
     const struct hparams *hp = &s->model->file->hp;
     for (int l = 0; l < hp->n_layer; l++)
         if (hp->layer_recurrent[l]) return true;

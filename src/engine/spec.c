@@ -172,12 +172,6 @@ int32_t spec_choose(const struct sampling_params *sp, float *row, int V, const i
     return sampler_draw(&dist, sampler_uniform(sp->seed, (uint32_t)counter));
 }
 
-static bool is_stop(const anvil_generate_params *p, int32_t t) {
-    for (int i = 0; i < p->n_stop_tokens; i++)
-        if (p->stop_tokens[i] == t) return true;
-    return false;
-}
-
 anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float *logits,
                          anvil_token_fn fn, void *user, anvil_generate_stats *stats) {
     const anvil_spec *spec = p->spec;
@@ -199,7 +193,7 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float
     }
     while (st == ANVIL_OK) {
         /* tok is chosen, not yet delivered nor in the cache */
-        if (is_stop(p, tok)) {
+        if (gen_is_stop(p, tok)) {
             stats->stop = ANVIL_STOP_EOS;
             break;
         }
@@ -257,7 +251,7 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float
             if (p->on_logits) p->on_logits(user, row, V);
             tok = spec_choose(&sp, row, V, s->tokens, pos0 + 1 + i, i < nd ? seq[i + 1] : -1, scratch, &keep);
             if (!keep) break;
-            if (is_stop(p, tok)) { /* a drafted stop id: not delivered, not cached */
+            if (gen_is_stop(p, tok)) { /* a drafted stop id: not delivered, not cached */
                 stats->stop = ANVIL_STOP_EOS;
                 ended = true;
                 break;

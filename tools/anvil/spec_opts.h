@@ -30,7 +30,7 @@ const anvil_spec *spec_opts_get(const struct spec_opts *o);
 /* "Speculative: ..." (drafted, accepted, rate, tokens per step) on f when speculation ran. */
 void spec_print_stats(FILE *f, const anvil_generate_stats *st);
 void spec_opts_close(struct spec_opts *o);
-/* "ngram", "draft", "oracle" (or "off"). */
+/* "ngram", "draft", "oracle" (or "off"): a static string. */
 const char *spec_kind_name(const anvil_spec *sp);
 
 #endif
