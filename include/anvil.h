@@ -110,6 +110,14 @@ typedef enum anvil_kv_cache {
     ANVIL_KV_F32,
 } anvil_kv_cache;
 
+/* The most devices a split holds (anvil_session_params.devices). */
+#define ANVIL_MAX_DEVICES 16
+
+/* How a model is spread over several devices (docs/MULTIGPU.md). */
+typedef enum anvil_split_mode {
+    ANVIL_SPLIT_LAYER = 0, /* each device a contiguous range of layers (the only one yet) */
+} anvil_split_mode;
+
 typedef struct anvil_session_params {
     anvil_backend_kind backend;
     int device;     /* Vulkan device index; -1 = best (or ANVIL_DEVICE) */
@@ -125,6 +133,16 @@ typedef struct anvil_session_params {
     /* Vulkan: a cap on the device memory the session allocates, in bytes; 0 = ANVIL_VK_MAX_MEMORY,
      * else none. */
     uint64_t gpu_max_memory;
+    /* Vulkan: a split over n_devices > 1 devices (docs/MULTIGPU.md); 0 or 1: one device
+     * (devices[0] when n_devices is 1, else device). devices[i]: Vulkan device indices; one may
+     * repeat (each entry its own VkDevice: a split on one GPU, for tests). Device i holds a
+     * contiguous range of layers in proportion to tensor_split[i] (>= 0; all 0: equal shares;
+     * a share too small for one layer is an error), the first also the embedding, the last
+     * the final norm and LM head; gpu_max_memory caps each. */
+    int n_devices;
+    int devices[ANVIL_MAX_DEVICES];
+    float tensor_split[ANVIL_MAX_DEVICES];
+    anvil_split_mode split;
 } anvil_session_params;
 
 anvil_session_params anvil_session_default_params(void);
@@ -506,6 +524,13 @@ anvil_status anvil_chat_render(const anvil_tokenizer *tok, const char *messages_
 /* One line per Vulkan device (index: name, type, memory), or why there are none, into buf
  * (NUL-terminated, truncated to cap). Returns the length it needed. */
 size_t anvil_list_devices(char *buf, size_t cap);
+/* What a layer split of model over p's devices would hold (docs/MULTIGPU.md), before anything
+ * is uploaded: per device its layers, the bytes of its weights (as the file stores them) and of
+ * its KV cache and states for p's context, against the device's memory (p->gpu_max_memory caps
+ * it), as lines into buf (NUL-terminated, truncated to cap; *need, when not NULL, the length it
+ * needed). p->n_devices 0: every Vulkan device (one: all on it). ANVIL_ERR_NOMEM when a device
+ * would hold more than it has (buf still filled); bad devices or shares as anvil_session_create. */
+anvil_status anvil_split_plan(anvil_model *model, const anvil_session_params *p, char *buf, size_t cap, size_t *need);
 /* Memory a session uses, in bytes. */
 typedef struct anvil_memory_stats {
     uint64_t device_bytes;      /* device (GPU) memory the session's backend holds now; 0 on CPU */

@@ -72,6 +72,8 @@ struct batch_rows {
                               [i * kv_block, (i + 1) * kv_block) of each sequence, for every
                               block its rows reach */
     int max_blocks;
+    const float *input;    /* [T][ne0]: the rows of the graph's OP_INPUT node (a layer split's
+                              later part, graph_part), else NULL */
 };
 
 /* One dispatch of a device program, timed (backend_vtable.time). */
@@ -141,6 +143,9 @@ struct backend_vtable {
      * Which run wrote the slots last is the caller's to know (engine/session.c). NULL: the
      * backend keeps no history (the engine then builds no such graph for it). */
     anvil_status (*states_rewind)(struct backend *b, int row);
+    /* Optional: the device memory the backend may allocate (the device's, or the cap set), for
+     * a layer split's what-fits-where before upload; NULL or 0: no limit known. */
+    uint64_t (*capacity)(struct backend *b);
 };
 
 /* A vision encoder as a backend runs it: the Qwen3-VL family's ViT (vision/vision.h has its
@@ -177,6 +182,8 @@ struct run_extras {
                                 or NULL: pos0 + t on every axis. The cache rows stay pos0 + t. */
     const float *embd;       /* rows of the model's width that replace token embeddings */
     const int32_t *embd_row; /* [T]: the row of embd token t takes, -1 for its own; NULL: none */
+    const float *input;      /* [T][ne0]: the rows of the graph's OP_INPUT node (a layer split's
+                                later part, graph_part), else NULL */
 };
 /* Runs a program of the CPU backend (else ANVIL_ERR_UNSUPPORTED) as vt->run does, with x. */
 anvil_status backend_cpu_run_extras(struct program *p, const int32_t *tokens, int pos0,
@@ -193,11 +200,23 @@ anvil_status backend_vulkan_create(int device, bool kv16, struct backend **out);
 /* Overrides the device's wait limit (seconds, > 0) and memory cap (bytes, > 0) where given
  * (0: keep the environment's, tuning.h); before anything is allocated. */
 void backend_vulkan_set_limits(struct backend *b, double timeout_s, uint64_t max_memory);
+/* A layer split (backends/split.c, docs/MULTIGPU.md): parts[i] (owned from here on, destroyed
+ * with the split or on failure; all the same kind) runs layers [first[i], first[i+1]) of every
+ * graph compiled (first[0] = 0, first[n] = the model's layers): the first part also embeds, the
+ * last holds the final norm and the LM head; the hidden state crosses between parts through
+ * the host. The first graph's parts are held to each part's capacity before any compiles
+ * (ANVIL_ERR_NOMEM naming each device's bytes). kv16: the caches' type (for those sizes). */
+anvil_status backend_split_create(struct backend **parts, const int *first, int n, bool kv16, struct backend **out);
+/* The layer bounds first[n + 1] of n_layers over n devices in proportion to weights[n] (>= 0;
+ * all zero: equal); ANVIL_ERR_INVALID_ARG where a device would get no layer. */
+anvil_status split_layers(int n_layers, const float *weights, int n, int *first);
 /* Whether Vulkan has a usable device; why not, otherwise. */
 bool backend_vulkan_available(char *why, size_t cap);
 /* Whether one of them is a GPU (a CPU device such as Mesa's lavapipe is usable, but slower
  * than the CPU backend for real models: the automatic choice leaves it to --backend vulkan). */
 bool backend_vulkan_gpu_available(void);
+/* The Vulkan devices there are (0 without Vulkan). */
+int backend_vulkan_device_count(void);
 /* Lines describing the Vulkan devices. */
 size_t backend_vulkan_describe_devices(char *buf, size_t cap);
 

@@ -171,12 +171,14 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
      * named), else the CPU */
     bool vk = p.session.backend == ANVIL_BACKEND_VULKAN ||
               (p.session.backend == ANVIL_BACKEND_AUTO && backend_vulkan_available(NULL, 0) &&
-               (backend_vulkan_gpu_available() || p.session.device >= 0 || t.device >= 0));
+               (backend_vulkan_gpu_available() || p.session.device >= 0 || p.session.n_devices > 0 || t.device >= 0));
+    if (st == ANVIL_OK && !vk && p.session.n_devices > 0)
+        st = err_set(ANVIL_ERR_INVALID_ARG, "--devices: a split runs on Vulkan devices, not the CPU backend");
     char why[256];
     if (st == ANVIL_OK && vk && !backend_vulkan_available(why, sizeof why))
         st = err_set(ANVIL_ERR_UNSUPPORTED, "--backend vulkan: %s", why);
-    else if (st == ANVIL_OK && vk && (st = backend_vulkan_create(p.session.device, kv16, &b->backend)) == ANVIL_OK)
-        backend_vulkan_set_limits(b->backend, p.session.gpu_timeout_s, p.session.gpu_max_memory);
+    else if (st == ANVIL_OK && vk)
+        st = session_vulkan_backend(&p.session, kv16, model->file->hp.n_layer, &b->backend);
     else if (st == ANVIL_OK && !vk)
         st = backend_cpu_create(threads, kv16, &b->backend);
     if (st != ANVIL_OK) {
@@ -350,7 +352,7 @@ static anvil_status run_rows(anvil_batch *b, int T, int n_live, bool last_only, 
     struct program *p;
     anvil_status st = program_for(b, T, last_only, &p);
     if (st != ANVIL_OK) return st;
-    struct batch_rows r = {b->row_tok, b->row_seq, b->row_pos, b->tables, b->max_blocks};
+    struct batch_rows r = {b->row_tok, b->row_seq, b->row_pos, b->tables, b->max_blocks, NULL};
     if ((st = b->backend->vt->run_batch(p, &r, out)) != ANVIL_OK || !out) return st;
     size_t n = (size_t)(last_only ? 1 : n_live) * (size_t)b->V;
     for (size_t i = 0; i < n; i++)

@@ -81,6 +81,10 @@ bool session_recurrent(const anvil_session *s);
 /* Whether t is one of p's stop ids (generate.c; the plain and the speculative loop). */
 bool gen_is_stop(const anvil_generate_params *p, int32_t t);
 anvil_status session_rewind(anvil_session *s, int n);
+/* The Vulkan backend p asks for: one device (p->device, or devices[0]), or a layer split over
+ * p->devices for a model of n_layers layers (backend_split_create); bad indices, shares or
+ * modes are ANVIL_ERR_INVALID_ARG. */
+anvil_status session_vulkan_backend(const anvil_session_params *p, bool kv16, int n_layers, struct backend **out);
 struct tuning;
 /* Whether the attention caches are float16: kv, or ANVIL_KV_CACHE (t) where kv is the default. */
 anvil_status kv_cache_f16(anvil_kv_cache kv, const struct tuning *t, bool *f16);

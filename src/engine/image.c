@@ -222,7 +222,7 @@ anvil_status anvil_session_eval_images(anvil_session *s, const int32_t *tokens, 
     int p0 = s->pos + s->rope_delta, row0 = s->pos;
     int next = vision_mrope_positions(n, spans, n_images, pos);
     for (int i = 0; i < 3 * n; i++) pos[i] += p0;
-    struct run_extras x = {pos, embd, row};
+    struct run_extras x = {pos, embd, row, NULL};
     if ((st = session_eval_mm(s, tokens, n, mode, logits_out, &x)) != ANVIL_OK) goto done;
     if (!s->mm_end) s->mm_first = row0 + spans[0].first;
     s->mm_end = row0 + spans[n_images - 1].first + spans[n_images - 1].count;

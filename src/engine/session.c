@@ -147,8 +147,42 @@ void anvil_model_get_info(const anvil_model *m, anvil_model_info *out) {
              top >= 0 ? dtype_name(top) : "?");
 }
 
+anvil_status session_vulkan_backend(const anvil_session_params *p, bool kv16, int n_layers, struct backend **out) {
+    *out = NULL;
+    if (p->n_devices < 0 || p->n_devices > ANVIL_MAX_DEVICES)
+        return err_set(ANVIL_ERR_INVALID_ARG, "--devices: %d devices (1 to %d)", p->n_devices, ANVIL_MAX_DEVICES);
+    if (p->split != ANVIL_SPLIT_LAYER)
+        return err_set(ANVIL_ERR_INVALID_ARG, "--split: mode %d (only the layer split exists)", (int)p->split);
+    anvil_status st = ANVIL_OK;
+    if (p->n_devices <= 1) {
+        st = backend_vulkan_create(p->n_devices == 1 ? p->devices[0] : p->device, kv16, out);
+        if (st == ANVIL_OK) backend_vulkan_set_limits(*out, p->gpu_timeout_s, p->gpu_max_memory);
+        return st;
+    }
+    int first[ANVIL_MAX_DEVICES + 1];
+    if ((st = split_layers(n_layers, p->tensor_split, p->n_devices, first)) != ANVIL_OK) return st;
+    for (int i = 0; i < p->n_devices; i++)
+        if (p->devices[i] < 0)
+            return err_set(ANVIL_ERR_INVALID_ARG, "--devices: device index %d", p->devices[i]);
+    struct backend *parts[ANVIL_MAX_DEVICES] = {NULL};
+    int made = 0;
+    for (; made < p->n_devices && st == ANVIL_OK; made++) {
+        st = backend_vulkan_create(p->devices[made], kv16, &parts[made]);
+        if (st == ANVIL_OK) backend_vulkan_set_limits(parts[made], p->gpu_timeout_s, p->gpu_max_memory);
+        else made--;
+    }
+    if (st != ANVIL_OK) {
+        for (int i = 0; i < made; i++) backend_destroy(parts[i]);
+        return st;
+    }
+    for (int i = 0; i < p->n_devices; i++)
+        log_info("split: device %d (Vulkan device %d, %s): layers %d-%d", i, p->devices[i],
+                 parts[i]->vt->device_name(parts[i]), first[i], first[i + 1] - 1);
+    return backend_split_create(parts, first, p->n_devices, kv16, out);
+}
+
 anvil_session_params anvil_session_default_params(void) {
-    anvil_session_params p = {ANVIL_BACKEND_AUTO, -1, 0, 0, ANVIL_KV_DEFAULT, 0, 0, 0};
+    anvil_session_params p = {ANVIL_BACKEND_AUTO, -1, 0, 0, ANVIL_KV_DEFAULT, 0, 0, 0, 0, {0}, {0}, ANVIL_SPLIT_LAYER};
     return p;
 }
 
@@ -195,9 +229,12 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     case ANVIL_BACKEND_CPU:
         /* auto: Vulkan where a GPU exists, or on the device named (--device, ANVIL_DEVICE) */
         if (p.backend == ANVIL_BACKEND_AUTO && backend_vulkan_available(NULL, 0) &&
-            (backend_vulkan_gpu_available() || p.device >= 0 || t.device >= 0)) {
-            st = backend_vulkan_create(p.device, kv16, &s->backend);
-            if (st == ANVIL_OK) backend_vulkan_set_limits(s->backend, p.gpu_timeout_s, p.gpu_max_memory);
+            (backend_vulkan_gpu_available() || p.device >= 0 || p.n_devices > 0 || t.device >= 0)) {
+            st = session_vulkan_backend(&p, kv16, hp->n_layer, &s->backend);
+            break;
+        }
+        if (p.n_devices > 0) {
+            st = err_set(ANVIL_ERR_INVALID_ARG, "--devices: a split runs on Vulkan devices, not the CPU backend");
             break;
         }
         st = backend_cpu_create(p.n_threads ? p.n_threads : model->n_threads, kv16, &s->backend);
@@ -206,8 +243,8 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
         char why[256];
         if (!backend_vulkan_available(why, sizeof why))
             st = err_set(ANVIL_ERR_UNSUPPORTED, "--backend vulkan: %s", why);
-        else if ((st = backend_vulkan_create(p.device, kv16, &s->backend)) == ANVIL_OK)
-            backend_vulkan_set_limits(s->backend, p.gpu_timeout_s, p.gpu_max_memory);
+        else
+            st = session_vulkan_backend(&p, kv16, hp->n_layer, &s->backend);
         break;
     }
     default:
@@ -438,7 +475,7 @@ static anvil_status check_finite(const anvil_session *s, const float *rows, int 
 static anvil_status run_chunk(anvil_session *s, struct program *p, const int32_t *tokens, int done,
                               int T, const struct run_extras *mm, float *dst) {
     if (!mm && !s->rope_delta) return s->backend->vt->run(p, tokens + done, s->pos, dst);
-    struct run_extras x = {NULL, NULL, NULL};
+    struct run_extras x = {NULL, NULL, NULL, NULL};
     int32_t *pos = NULL;
     if (mm) {
         x.pos = mm->pos ? mm->pos + 3 * (size_t)done : NULL;
@@ -522,7 +559,7 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
         if (mode == ANVIL_LOGITS_ALL) {
             for (int i = 0; i < n && st == ANVIL_OK; i++) {
                 int32_t pos[3] = {s->pos + i + s->rope_delta, s->pos + i + s->rope_delta, s->pos + i + s->rope_delta};
-                struct run_extras x = {pos, NULL, NULL};
+                struct run_extras x = {pos, NULL, NULL, NULL};
                 float *dst = logits_out + (size_t)i * (size_t)V;
                 st = s->rope_delta ? s->backend->vt->run_extras(s->decode, tokens + i, s->pos + i, &x, dst)
                                    : s->backend->vt->run(s->decode, tokens + i, s->pos + i, dst);

@@ -10,7 +10,7 @@ const char *op_name(enum op op) {
     static const char *names[OP_COUNT] = {
         "tokens", "weight", "state", "embed", "rms_norm", "matmul", "rope",
         "attention", "swiglu", "add", "rows", "reshape", "weight_stack", "weight_rows",
-        "moe", "sigmoid_mul", "gdn"};
+        "moe", "sigmoid_mul", "gdn", "input"};
     return (unsigned)op < OP_COUNT ? names[op] : "?";
 }
 
@@ -25,6 +25,7 @@ anvil_status graph_init(struct graph *g, int n_tokens) {
 
 void graph_free(struct graph *g) {
     free(g->nodes);
+    free(g->layer_end);
     memset(g, 0, sizeof *g);
 }
 
@@ -57,6 +58,23 @@ static int append(struct graph *g, enum op op, int64_t ne0, int64_t ne1, int64_t
 static const struct node *N(const struct graph *g, int i) { return &g->nodes[i]; }
 
 int graph_tokens(struct graph *g) { return append(g, OP_TOKENS, g->n_tokens, 1, 1, NULL, 0); }
+
+int graph_input(struct graph *g, int64_t ne0) { return append(g, OP_INPUT, ne0, g->n_tokens, 1, NULL, 0); }
+
+void graph_layer_end(struct graph *g, int x) {
+    if (g->oom || x < 0) return;
+    if (g->n_layers == g->cap_layers) {
+        int cap = g->cap_layers ? 2 * g->cap_layers : 64;
+        int *l = realloc(g->layer_end, (size_t)cap * sizeof *l);
+        if (!l) {
+            g->oom = true;
+            return;
+        }
+        g->layer_end = l;
+        g->cap_layers = cap;
+    }
+    g->layer_end[g->n_layers++] = x;
+}
 
 int graph_weight(struct graph *g, const struct tensor_info *t) {
     int i = append(g, OP_WEIGHT, t->ne[0], t->ne[1], t->ne[2], NULL, 0);
@@ -238,4 +256,132 @@ anvil_status graph_finish(struct graph *g, int output) {
     if (g->oom || output < 0) return err_set(ANVIL_ERR_NOMEM, "out of memory building the graph");
     g->output = output;
     return ANVIL_OK;
+}
+
+/* ---- layer parts (graph_part) ---- */
+
+/* Whether node i may be copied into a part that reads it: a leaf, or a view of one. */
+static bool replicable(const struct graph *g, int i) {
+    const struct node *n = &g->nodes[i];
+    switch (n->op) {
+    case OP_TOKENS:
+    case OP_WEIGHT:
+    case OP_WEIGHT_STACK:
+    case OP_WEIGHT_ROWS:
+    case OP_STATE:
+        return true;
+    case OP_RESHAPE:
+        return replicable(g, n->src[0]);
+    default:
+        return false;
+    }
+}
+
+/* The states node i's closure of leaves names, marked in used[]. */
+static void mark_states(const struct graph *g, int i, bool *used) {
+    const struct node *n = &g->nodes[i];
+    if (n->op == OP_STATE) used[n->state] = true;
+    if (n->op == OP_RESHAPE) mark_states(g, n->src[0], used);
+}
+
+struct part_ctx {
+    const struct graph *g;
+    struct graph *out;
+    int *map;       /* [g->n_nodes]: the node's index in out, -1 before it is there */
+    const int *smap; /* [g->n_states]: the state's index in out */
+    int lo, cross, first;
+};
+
+static int part_copy(struct part_ctx *c, int i);
+
+/* Source s of a node of the part, in out: the crossing's input, an earlier part's leaf copied
+ * in, or a node of the part (copied before, in order). */
+static int part_src(struct part_ctx *c, int s) {
+    if (c->map[s] >= 0) return c->map[s];
+    if (s == c->cross) return c->map[s] = graph_input(c->out, c->g->nodes[s].ne[0]);
+    if (s < c->lo && replicable(c->g, s)) return part_copy(c, s);
+    err_set(ANVIL_ERR_UNSUPPORTED, "graph: layer %d cannot start a part: %s (node %d) of an earlier layer is "
+            "read past the residual stream", c->first, c->g->nodes[s].name, s);
+    return -2;
+}
+
+static int part_copy(struct part_ctx *c, int i) {
+    struct node n = c->g->nodes[i];
+    for (int k = 0; k < GRAPH_MAX_SRC; k++)
+        if (n.src[k] >= 0 && (n.src[k] = part_src(c, n.src[k])) < 0) return -2;
+    int j = append(c->out, n.op, n.ne[0], n.ne[1], n.ne[2], NULL, 0);
+    if (j < 0) return -1;
+    if (n.op == OP_STATE) n.state = c->smap[n.state];
+    c->out->nodes[j] = n;
+    return c->map[i] = j;
+}
+
+anvil_status graph_part(const struct graph *g, int first, int end, struct graph *out) {
+    memset(out, 0, sizeof *out);
+    int L = g->n_layers;
+    if (L < 1 || first < 0 || first >= end || end > L)
+        return err_set(ANVIL_ERR_INVALID_ARG, "graph: no part of layers [%d, %d) in a graph of %d layers", first, end, L);
+    int cross = first ? g->layer_end[first - 1] : -1, lo = cross + 1;
+    int hi = end < L ? g->layer_end[end - 1] : g->n_nodes - 1, output = end < L ? hi : g->output;
+    if (cross >= 0 && g->nodes[cross].ne[1] * g->nodes[cross].ne[0] != node_nelem(&g->nodes[cross]))
+        return err_set(ANVIL_ERR_UNSUPPORTED, "graph: layer %d's input is not rows", first);
+    anvil_status st = graph_init(out, g->n_tokens);
+    if (st != ANVIL_OK) return st;
+    out->n_seqs = g->n_seqs;
+    out->kv_block = g->kv_block;
+    out->ctx_rows = g->ctx_rows;
+    for (int i = 0; i < g->n_nodes && !out->ctx_rows; i++)
+        if (g->nodes[i].op == OP_ATTENTION) out->ctx_rows = (int)g->nodes[g->nodes[i].src[3]].ne[2];
+    int *map = xmalloc((size_t)g->n_nodes * sizeof *map), *smap = xmalloc((size_t)(g->n_states + 1) * sizeof *smap);
+    bool *used = xcalloc((size_t)g->n_states + 1, sizeof *used);
+    if (!map || !smap || !used) {
+        st = ANVIL_ERR_NOMEM;
+        goto done;
+    }
+    /* the part's states, numbered in the whole graph's order (so every graph of a model cut
+     * at the same layers numbers them alike) */
+    for (int i = lo; i <= hi; i++) {
+        mark_states(g, i, used);
+        for (int k = 0; k < GRAPH_MAX_SRC; k++)
+            if (g->nodes[i].src[k] >= 0 && g->nodes[i].src[k] < lo && replicable(g, g->nodes[i].src[k]))
+                mark_states(g, g->nodes[i].src[k], used);
+    }
+    for (int s = 0; s < g->n_states; s++) smap[s] = used[s] ? out->n_states++ : -1;
+    for (int i = 0; i < g->n_nodes; i++) map[i] = -1;
+    struct part_ctx c = {g, out, map, smap, lo, cross, first};
+    for (int i = lo; i <= hi; i++)
+        if (map[i] < 0 && part_copy(&c, i) == -2) {
+            st = ANVIL_ERR_UNSUPPORTED;
+            goto done;
+        }
+    st = graph_finish(out, map[output]);
+done:
+    free(map);
+    free(smap);
+    free(used);
+    if (st != ANVIL_OK) graph_free(out);
+    return st;
+}
+
+void graph_bytes(const struct graph *g, bool kv16, uint64_t *weights, uint64_t *states) {
+    *weights = *states = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct node *n = &g->nodes[i];
+        if (n->op == OP_STATE) {
+            bool kv = false; /* an attention cache */
+            for (int j = i + 1; j < g->n_nodes && !kv; j++)
+                kv = g->nodes[j].op == OP_ATTENTION && (g->nodes[j].src[3] == i || g->nodes[j].src[4] == i);
+            *states += (uint64_t)node_nelem(n) * (kv && kv16 ? 2 : 4);
+        } else if (n->op == OP_WEIGHT_STACK) {
+            for (int e = 0; e < n->ne[2]; e++) *weights += n->stack[e]->size;
+        } else if (n->op == OP_WEIGHT || n->op == OP_WEIGHT_ROWS) {
+            bool seen = false; /* the same tensor read twice (whole) */
+            for (int j = 0; j < i && !seen && n->op == OP_WEIGHT; j++)
+                seen = g->nodes[j].op == OP_WEIGHT && g->nodes[j].weight == n->weight;
+            if (seen) continue;
+            uint64_t b = n->weight->size;
+            if (n->op == OP_WEIGHT_ROWS) b = b / (uint64_t)MAX(n->weight->ne[1], 1) * (uint64_t)n->ne[1];
+            *weights += b;
+        }
+    }
 }

@@ -114,6 +114,9 @@ enum op {
                       gdn_history): the backend also keeps both states as they stand after
                       each row t < T-1 in history slot t (backend_vtable.states_rewind), so
                       that a rollback to any row needs no tokens fed again. */
+    OP_INPUT,      /* leaf {ne0, T}: f32 rows the run gives (run_extras.input, batch_rows.input):
+                      the hidden state that an earlier part of a layer split computed
+                      (graph_part, docs/MULTIGPU.md) */
     OP_COUNT,
 };
 
@@ -151,6 +154,13 @@ struct graph {
     int output;       /* the node whose values a run returns (f32, {N, rows}) */
     int n_states;     /* states are numbered 0 .. n_states-1 in declaration order */
     bool oom;         /* an append failed: the graph is unusable */
+    /* the model's layers (graph_layer_end): layer l's residual output is node layer_end[l], the
+     * one value that flows from layer l into everything after it (a layer split cuts there) */
+    int *layer_end;
+    int n_layers, cap_layers;
+    /* the context's rows where no attention node says it (a split's part of recurrent layers
+     * only, graph_part); 0 otherwise */
+    int ctx_rows;
 };
 
 /* Creates an empty graph for T tokens; caller frees with graph_free. */
@@ -180,8 +190,25 @@ int graph_sigmoid_mul(struct graph *g, int x, int gate);
 int graph_gdn(struct graph *g, int qkv, int b, int a, int conv_w, int A, int dt_bias,
               int conv_state, int ssm_state, int n_k_heads, int d_k, bool a_is_log,
               bool v_tiled);
+int graph_input(struct graph *g, int64_t ne0);
+/* Marks node x as the residual output of the next layer (the models call it after each). */
+void graph_layer_end(struct graph *g, int x);
 /* Marks the output and checks the graph (shapes, sources). */
 anvil_status graph_finish(struct graph *g, int output);
+
+/* A layer split's part (docs/MULTIGPU.md): the nodes of layers [first, end) of g (a finished
+ * graph with its layer marks) into out (initialised here; caller frees). The part before
+ * layer 0 (the embedding) goes with the first, the one after the last layer (the final norm
+ * and the LM head) with the last. A part past the first reads the residual stream its
+ * predecessor ends with from an OP_INPUT node ({C, T}); a part before the last outputs it.
+ * Leaves an earlier part holds that this one reads too (a tied embedding the LM head reads)
+ * are copied in; any other value read across the cut is ANVIL_ERR_UNSUPPORTED. The part's
+ * states are those its nodes name, numbered in g's order. */
+anvil_status graph_part(const struct graph *g, int first, int end, struct graph *out);
+/* The bytes g's leaves hold: its distinct model tensors as the file stores them (a backend may
+ * hold them repacked, a little larger) and its states (float32; the attention caches float16
+ * where kv16), for what-fits-where before anything is uploaded. */
+void graph_bytes(const struct graph *g, bool kv16, uint64_t *weights, uint64_t *states);
 
 static inline int64_t node_nelem(const struct node *n) {
     return n->ne[0] * n->ne[1] * n->ne[2] * n->ne[3];

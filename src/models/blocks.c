@@ -389,6 +389,7 @@ int build_stack(const struct model *m, struct graph *g, const struct build_opts 
                                           : block_attention(g, hp, &lw->attn, x, l, o));
         x = graph_add(g, x, lw->moe ? block_moe(g, hp, &lw->experts, x)
                                     : block_ffn(g, hp, &lw->ffn, x));
+        graph_layer_end(g, x);
     }
     return block_head(g, hp, &w->head, x, o);
 }

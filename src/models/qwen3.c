@@ -32,6 +32,7 @@ static int qwen3_build(const struct model *m, struct graph *g, const struct buil
     for (int l = 0; l < hp->n_layer; l++) {
         x = graph_add(g, x, block_attention(g, hp, &w->layers[l].attn, x, l, o));
         x = graph_add(g, x, block_ffn(g, hp, &w->layers[l].ffn, x));
+        graph_layer_end(g, x);
     }
     return block_head(g, hp, &w->head, x, o);
 }

@@ -20,11 +20,7 @@ static double now_s(void) {
 static bool run_parallel(anvil_model *m, const struct common_opts *co, int B, int P, int N, double *pp_ts,
                          double *tg_ts, const char **backend) {
     anvil_batch_params bp = anvil_batch_default_params();
-    bp.session.backend = co->backend;
-    bp.session.device = co->device;
-    bp.session.n_threads = co->n_threads;
-    bp.session.kv_cache = co->kv_cache;
-    bp.session.prefill_chunk = co->prefill_chunk;
+    if (!common_session_params(co, &bp.session)) return false;
     bp.session.n_ctx = co->n_ctx ? co->n_ctx : P + N + 8;
     bp.n_seq_max = B;
     anvil_batch *b;

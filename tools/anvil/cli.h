@@ -19,6 +19,10 @@ struct common_opts {
     int prefill_chunk;       /* 0: the library's default */
     double gpu_timeout_s;    /* 0: the library's default */
     uint64_t gpu_max_memory; /* 0: the library's default */
+    /* --devices 0,1 [--split layer] [--tensor-split 3,1]: a layer split (docs/MULTIGPU.md) */
+    int n_devices, n_tensor_split;
+    int devices[ANVIL_MAX_DEVICES];
+    float tensor_split[ANVIL_MAX_DEVICES];
 };
 
 /* If argv[*i] is a common option, consumes it (and its value) and returns 1; returns -1 on a
@@ -30,6 +34,9 @@ const char *tokenizer_path(const struct common_opts *o);
 /* Checks that every id tok makes is one the model has (a --tokenizer for a smaller
  * vocabulary than the model's is fine); prints the error and returns false if not. */
 bool tokenizer_fits(const anvil_tokenizer *tok, const anvil_model *m, const char *path);
+/* The session parameters o asks for into sp (the library's defaults elsewhere); prints the
+ * error and returns false on options that do not go together (--tensor-split's count). */
+bool common_session_params(const struct common_opts *o, anvil_session_params *sp);
 /* Opens the model and a session; prints the error and returns false on failure. */
 bool open_model_session(const struct common_opts *o, anvil_model **m, anvil_session **s);
 /* The value after a flag, or an error message and NULL. */

@@ -164,14 +164,7 @@ int cmd_serve(int argc, char **argv) {
     o.model_path = co.model;
     o.tokenizer_path = co.tokenizer;
     o.n_threads = co.n_threads;
-    o.session.backend = co.backend;
-    o.session.device = co.device;
-    o.session.n_ctx = co.n_ctx;
-    o.session.n_threads = co.n_threads;
-    o.session.kv_cache = co.kv_cache;
-    o.session.prefill_chunk = co.prefill_chunk;
-    o.session.gpu_timeout_s = co.gpu_timeout_s;
-    o.session.gpu_max_memory = co.gpu_max_memory;
+    if (!common_session_params(&co, &o.session)) return 1;
 
     /* signals are taken by sigwait below, so every thread the server starts blocks them */
     sigset_t set;

@@ -144,6 +144,34 @@ int common_opt(struct common_opts *o, int argc, char **argv, int *i) {
     } else if (!strcmp(a, "--device")) {
         if (!(v = opt_value(argc, argv, i))) return -1;
         if (!parse_int(v, 0, 1000, &o->device)) return fail("bad --device \"%s\"", v), -1;
+    } else if (!strcmp(a, "--devices")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        o->n_devices = 0;
+        for (const char *p = v; *p;) {
+            char *end;
+            errno = 0;
+            long x = strtol(p, &end, 10);
+            if (errno || end == p || x < 0 || x > 1000 || (*end && *end != ',') || o->n_devices == ANVIL_MAX_DEVICES)
+                return fail("bad --devices \"%s\" (device indices such as 0,1; at most %d)", v, ANVIL_MAX_DEVICES), -1;
+            o->devices[o->n_devices++] = (int)x;
+            p = *end ? end + 1 : end;
+        }
+        if (!o->n_devices) return fail("bad --devices \"%s\" (device indices such as 0,1)", v), -1;
+    } else if (!strcmp(a, "--tensor-split")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        o->n_tensor_split = 0;
+        for (const char *p = v; *p;) {
+            char *end;
+            double x = strtod(p, &end);
+            if (end == p || !(x > 0 && x <= 1e6) || (*end && *end != ',') || o->n_tensor_split == ANVIL_MAX_DEVICES)
+                return fail("bad --tensor-split \"%s\" (a weight > 0 per device, such as 3,1)", v), -1;
+            o->tensor_split[o->n_tensor_split++] = (float)x;
+            p = *end ? end + 1 : end;
+        }
+        if (!o->n_tensor_split) return fail("bad --tensor-split \"%s\" (a weight > 0 per device, such as 3,1)", v), -1;
+    } else if (!strcmp(a, "--split")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        if (strcmp(v, "layer") != 0) return fail("--split must be layer (the only split yet), not \"%s\"", v), -1;
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
         if (!(v = opt_value(argc, argv, i))) return -1;
         if (!parse_int(v, 1, 1 << 24, &o->n_ctx)) return fail("bad context size \"%s\"", v), -1;
@@ -184,6 +212,26 @@ bool tokenizer_fits(const anvil_tokenizer *tok, const anvil_model *m, const char
     return false;
 }
 
+bool common_session_params(const struct common_opts *o, anvil_session_params *sp) {
+    *sp = anvil_session_default_params();
+    sp->backend = o->backend;
+    sp->device = o->device;
+    sp->n_ctx = o->n_ctx;
+    sp->n_threads = o->n_threads;
+    sp->kv_cache = o->kv_cache;
+    sp->prefill_chunk = o->prefill_chunk;
+    sp->gpu_timeout_s = o->gpu_timeout_s;
+    sp->gpu_max_memory = o->gpu_max_memory;
+    if (o->n_tensor_split && o->n_tensor_split != MAX(o->n_devices, 1))
+        return fail("--tensor-split gives %d weights for %d device%s (--devices)", o->n_tensor_split,
+                    MAX(o->n_devices, 1), o->n_devices > 1 ? "s" : ""), false;
+    if (o->n_devices && o->device >= 0) return fail("--device and --devices: give one of them"), false;
+    sp->n_devices = o->n_devices;
+    memcpy(sp->devices, o->devices, sizeof sp->devices);
+    memcpy(sp->tensor_split, o->tensor_split, sizeof sp->tensor_split);
+    return true;
+}
+
 bool open_model_session(const struct common_opts *o, anvil_model **m, anvil_session **s) {
     *m = NULL;
     *s = NULL;
@@ -196,15 +244,12 @@ bool open_model_session(const struct common_opts *o, anvil_model **m, anvil_sess
         fail("%s", anvil_last_error());
         return false;
     }
-    anvil_session_params sp = anvil_session_default_params();
-    sp.backend = o->backend;
-    sp.device = o->device;
-    sp.n_ctx = o->n_ctx;
-    sp.n_threads = o->n_threads;
-    sp.kv_cache = o->kv_cache;
-    sp.prefill_chunk = o->prefill_chunk;
-    sp.gpu_timeout_s = o->gpu_timeout_s;
-    sp.gpu_max_memory = o->gpu_max_memory;
+    anvil_session_params sp;
+    if (!common_session_params(o, &sp)) {
+        anvil_model_close(*m);
+        *m = NULL;
+        return false;
+    }
     if (anvil_session_create(*m, &sp, s) != ANVIL_OK) {
         fail("%s", anvil_model_errmsg(*m));
         anvil_model_close(*m);

@@ -29,6 +29,10 @@ static const struct {
 #define COMMON "  -m, --model MODEL   a Hugging Face directory, a .gguf file or synthetic:NAME[:TYPE]\n" \
                "  --backend cpu|vulkan|auto   (default auto: Vulkan where a usable GPU exists)\n" \
                "  --device N          Vulkan device (anvil info --devices; or ANVIL_DEVICE)\n" \
+               "  --devices 0,1       a layer split over these Vulkan devices (docs/MULTIGPU.md; a\n" \
+               "                      device may repeat: 0,0 is two VkDevices on one GPU)\n" \
+               "  --split layer       how (the only split yet: contiguous ranges of layers)\n" \
+               "  --tensor-split 3,1  each device's share of the layers (default equal)\n" \
                "  -c, --ctx N         context length (default min(model's, 4096))\n" \
                "  --kv-cache f16|f32  the KV cache's type (default f16; or ANVIL_KV_CACHE)\n" \
                "  -t, --threads N     CPU threads (default all cores)\n" \
@@ -66,7 +70,9 @@ static const struct {
              "    image, expanded to the image's tokens; --mmproj FILE the vision tower of a GGUF;\n"
              "    --pixels-out FILE writes the preprocessed pixels (float32)\n"
              "  --spec ngram|draft:MODEL [--spec-n K]: the -n N greedy ids by speculative decoding\n" COMMON},
-    {"info", "usage: anvil info -m MODEL | anvil info --devices\n" COMMON},
+    {"info", "usage: anvil info -m MODEL | anvil info --devices | anvil info -m MODEL --devices [0,1]\n"
+             "  [--tensor-split 3,1] [-c N] [--gpu-max-memory SIZE]: what each device of the split would\n"
+             "  hold (the bytes of weights, KV cache and states); exits 1 where it does not fit\n" COMMON},
     {"tokenize", "usage: anvil tokenize -m MODEL [--plain] [-p TEXT | < text]    anvil tokenize -m MODEL --decode [-p IDS | < ids]\n"
                  "  -m, --tokenizer DIR  a model or tokenizer (tokenizer.json folder or file, .gguf)\n"
                  "  -p, --prompt TEXT  the text (or with --decode the ids) to read instead of standard input\n"

@@ -52,6 +52,7 @@ struct cpu_program {
     /* the run's inputs */
     const int32_t *tokens;
     const struct run_extras *extras; /* NULL, or a multimodal run's (backend_cpu_run_extras) */
+    const float *input;              /* the OP_INPUT node's rows (run_extras or batch_rows) */
     /* each row's sequence and position, and the sequences' block tables (struct batch_rows):
      * a batch run's, or a session run's (sequence 0 at pos0 + t, one block: the whole cache) */
     int32_t *row_seq, *row_pos; /* [T], owned */
@@ -407,6 +408,11 @@ static anvil_status execute(struct cpu_program *p, float *out) {
         case OP_STATE:
         case OP_RESHAPE:
             break;
+        case OP_INPUT:
+            if (!p->input)
+                return err_set(ANVIL_ERR_INVALID_ARG, "cpu: %s: the run gives no input rows", n->name);
+            memcpy(o, p->input, (size_t)node_nelem(n) * sizeof(float));
+            break;
         case OP_EMBED:
             op_embed(p->g.nodes[n->src[0]].weight, tokens, n->ne[1], p->extras, o);
             break;
@@ -463,6 +469,7 @@ static anvil_status cpu_run(struct program *prog, const int32_t *tokens, int pos
     if (p->g.n_seqs) return err_set(ANVIL_ERR_BACKEND, "cpu: a batch graph runs through run_batch");
     static const int32_t one_block = 0;
     p->tokens = tokens;
+    p->input = p->extras ? p->extras->input : NULL;
     for (int t = 0; t < p->g.n_tokens; t++) {
         p->row_seq[t] = 0;
         p->row_pos[t] = pos0 + t;
@@ -508,6 +515,7 @@ static anvil_status cpu_run_batch(struct program *prog, const struct batch_rows 
         p->row_pos[t] = pos;
     }
     p->tokens = r->tokens;
+    p->input = r->input;
     p->blocks = r->blocks;
     p->max_blocks = r->max_blocks;
     return execute(p, out);
@@ -596,6 +604,8 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
     p->g = *g;
     p->g.nodes = xmalloc((size_t)n * sizeof *p->g.nodes);
     p->g.cap_nodes = n;
+    p->g.layer_end = NULL; /* (the caller's) */
+    p->g.n_layers = p->g.cap_layers = 0;
     p->bufs = xcalloc((size_t)n, sizeof *p->bufs);
     p->slabs = xcalloc((size_t)n, sizeof *p->slabs);
     if (!p->g.nodes || !p->bufs || !p->slabs) {
@@ -760,6 +770,7 @@ static anvil_status cpu_states_rewind(struct backend *base, int row) {
 static const struct backend_vtable cpu_vtable = {
     "cpu", cpu_destroy, cpu_compile, cpu_program_destroy, cpu_run, NULL, NULL, NULL, NULL, NULL, NULL,
     cpu_run_batch, backend_cpu_run_extras, NULL, cpu_states_save, cpu_states_restore, cpu_states_rewind,
+    NULL,
 };
 
 anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens, int pos0,

@@ -211,6 +211,16 @@ static int vk_probe(char *reason, size_t cap) {
     return state;
 }
 
+int vk_device_count(void) {
+    VkInstance inst;
+    VkPhysicalDevice *pd = NULL;
+    uint32_t n = 0;
+    if (!loader_ready() || shared_instance(env_tuning().validate, &inst) != ANVIL_OK || enumerate(inst, &pd, &n) != ANVIL_OK)
+        n = 0;
+    free(pd);
+    return (int)n;
+}
+
 bool vk_available(char *why, size_t why_cap) { return vk_probe(why, why_cap) > 0; }
 
 bool vk_gpu_available(void) { return vk_probe(NULL, 0) == 2; }

@@ -14,6 +14,8 @@ bool backend_vulkan_gpu_available(void) { return vk_gpu_available(); }
 
 size_t backend_vulkan_describe_devices(char *buf, size_t cap) { return vk_describe_devices(buf, cap); }
 
+int backend_vulkan_device_count(void) { return vk_device_count(); }
+
 /* The identity of a weight: its tensor, and the stack or row list of a weight node. */
 struct wkey {
     const struct tensor_info *t;
@@ -612,6 +614,9 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
     /* the decode program ends in the LM head: one token whose output is another node (the final
      * norm's, for embeddings), like a batch graph, runs as a prefill program of one row */
     bool decode = g->n_tokens == 1 && !g->n_seqs && g->nodes[g->output].op == OP_MATMUL;
+    /* a layer split's later part (its rows from the host) runs as a prefill program of its
+     * rows, one for a decode step too (docs/MULTIGPU.md) */
+    for (int i = 0; i < g->n_nodes; i++) decode &= g->nodes[i].op != OP_INPUT;
     if (st == ANVIL_OK)
         st = decode ? vk_program_create(b, g, &p->decode) : vk_prefill_create(b, g, &p->prefill);
     if (st == ANVIL_OK) st = vk_check_validation(b->d);
@@ -822,10 +827,12 @@ static anvil_status vk_states_rewind(struct backend *base, int row) {
     return copy_states((struct vk_backend *)base, false, row);
 }
 
+static uint64_t vk_capacity(struct backend *base) { return vk_device_local_bytes(((struct vk_backend *)base)->d); }
+
 static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
     vk_failed, vk_memory, vk_time, vk_device_name, vk_run_batch, vk_run_extras, vk_vit_encode, vk_states_save,
-    vk_states_restore, vk_states_rewind,
+    vk_states_restore, vk_states_rewind, vk_capacity,
 };
 
 void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t max_memory) {

@@ -128,6 +128,8 @@ const char *vk_fmt_bytes(char buf[32], uint64_t n);
 /* Bytes of device-local memory anvil may use: the largest device-local heap, or its budget
  * (VK_EXT_memory_budget: what other processes leave), capped by ANVIL_VK_MAX_MEMORY. */
 VkDeviceSize vk_device_local_bytes(struct vk_device *d);
+/* The Vulkan devices there are (usable or not; 0 without a loader). */
+int vk_device_count(void);
 
 /* Copies host data into device buffers through one reused staging buffer. */
 struct vk_uploader {

@@ -15,7 +15,7 @@ bool pf_materialised(const struct node *n) {
     enum op op = n->op;
     return op == OP_EMBED || op == OP_RMS_NORM || op == OP_MATMUL || op == OP_ROPE ||
            op == OP_ATTENTION || op == OP_ADD || op == OP_SWIGLU || op == OP_MOE || op == OP_GDN ||
-           op == OP_SIGMOID_MUL;
+           op == OP_SIGMOID_MUL || op == OP_INPUT;
 }
 
 anvil_status pf_emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push,
@@ -239,6 +239,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
         case OP_STATE:
         case OP_RESHAPE:
         case OP_ROWS:
+        case OP_INPUT: /* (copied in by the recording's first command, program.c) */
             break;
         case OP_EMBED: {
             const struct tensor_info *w = NODE(P, nd->src[0])->weight;

@@ -152,6 +152,10 @@ struct vk_prefill {
     bool dq_emulate;           /* ANVIL_VK_DQ_EMULATE=1 where there are no cooperative matrices
                                   (tests): dq.comp's float16 rows multiplied by mm.comp */
     VkDeviceSize out_off, out_bytes;
+    /* a layer split's later part (graph_part): the OP_INPUT node's rows, written by the host
+     * into input (host-visible) and copied into the arena at in_off first in the recording */
+    struct vk_buffer input;
+    VkDeviceSize in_off, in_bytes;
     struct pf_op *ops;
     int n_ops, cap_ops;
     VkCommandBuffer cb;

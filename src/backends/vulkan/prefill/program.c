@@ -29,6 +29,11 @@ anvil_status pf_record(struct vk_prefill *p) {
         vkCmdResetQueryPool(cb, p->queries, 0, (uint32_t)p->n_ops + 1);
         vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, 0);
     }
+    if (p->in_bytes) { /* a split's part: the host's rows of the OP_INPUT node */
+        VkBufferCopy c = {0, p->in_off, p->in_bytes};
+        vkCmdCopyBuffer(cb, p->input.buf, p->arena.buf, 1, &c);
+        barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+    }
     VkPipeline bound = VK_NULL_HANDLE;
     for (int i = 0; i < p->n_ops; i++) {
         const struct pf_op *o = &p->ops[i];
@@ -78,7 +83,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         }
         if (nd->op == OP_EMBED) p->C = (uint32_t)nd->ne[0];
     }
-    if (!p->n_ctx) p->n_ctx = state_rows;
+    if (!p->n_ctx) p->n_ctx = g->ctx_rows ? g->ctx_rows : state_rows;
     int o = g->output;
     if (!p->n_ctx || !pf_materialised(&g->nodes[P.root[o]])) {
         st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: no KV cache or no computed output");
@@ -91,6 +96,16 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     p->out_off = P.off[P.root[o]] + P.view[o];
     p->out_bytes = (VkDeviceSize)node_nelem(&g->nodes[o]) * 4;
     st = vk_buffer_create(b->d, P.size, VK_MEM_DEVICE, "prefill activations", &p->arena);
+    for (int i = 0; i < n && st == ANVIL_OK; i++) {
+        if (g->nodes[i].op != OP_INPUT) continue;
+        if (p->in_bytes) {
+            st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: a graph of two input nodes");
+            goto done;
+        }
+        p->in_off = P.off[P.root[i]] + P.view[i];
+        p->in_bytes = (VkDeviceSize)node_nelem(&g->nodes[i]) * 4;
+        st = vk_buffer_create(b->d, p->in_bytes, VK_MEM_CONTROL, "prefill input rows", &p->input);
+    }
     VkDeviceSize prm = 16 + (VkDeviceSize)p->T * 4 + (p->mm || p->n_seqs ? 20 + (VkDeviceSize)p->T * 16 : 4);
     if (p->n_seqs) { /* the batch words (prefill.h) */
         if (p->kv_block < 1 || p->n_ctx % p->kv_block) {
@@ -228,6 +243,7 @@ void vk_prefill_destroy(struct vk_prefill *p) {
     vk_buffer_destroy(d, &p->readback);
     vk_buffer_destroy(d, &p->rope);
     vk_buffer_destroy(d, &p->images);
+    vk_buffer_destroy(d, &p->input);
     vk_buffer_destroy(d, &p->dq);
     vk_buffer_destroy(d, &p->xh);
     vk_buffer_destroy(d, &p->moe);
@@ -242,8 +258,11 @@ anvil_status vk_prefill_run(struct vk_prefill *p, const int32_t *tokens, int pos
     return vk_prefill_run_mm(p, tokens, pos0, NULL, out);
 }
 
-/* Submits the recorded chunk (its params written) and waits; out receives the output rows. */
-static anvil_status submit(struct vk_prefill *p, float *out) {
+/* Submits the recorded chunk (its params written; in, a split's part's input rows) and waits;
+ * out receives the output rows. */
+static anvil_status submit(struct vk_prefill *p, const float *in, float *out) {
+    if (p->in_bytes && !in) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: the program's input rows are not given");
+    if (p->in_bytes) memcpy(p->input.map, in, p->in_bytes);
     uint64_t v;
     anvil_status st = vk_submit(p->b->d, &p->cb, 1, &v);
     if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
@@ -294,7 +313,7 @@ anvil_status vk_prefill_run_batch(struct vk_prefill *p, const struct batch_rows 
                 tables[s * p->stride + i] = (uint32_t)tab[i];
             }
     }
-    return submit(p, out);
+    return submit(p, r->input, out);
 }
 
 anvil_status vk_prefill_run_mm(struct vk_prefill *p, const int32_t *tokens, int pos0, const struct run_extras *x,
@@ -318,11 +337,13 @@ anvil_status vk_prefill_run_mm(struct vk_prefill *p, const int32_t *tokens, int 
             for (int a = 0; a < 3; a++) mm[5 + 3 * t + (uint32_t)a] = x->pos ? (uint32_t)x->pos[3 * t + (uint32_t)a] : (uint32_t)pos0 + t;
             int32_t row = x->embd_row ? x->embd_row[t] : -1;
             mm[5 + 3 * T + t] = row >= 0;
+            if (row >= 0 && !p->images.map)
+                return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: image rows for a program without the embedding");
             if (row >= 0)
                 memcpy((float *)p->images.map + (size_t)t * p->C, x->embd + (size_t)row * p->C, (size_t)p->C * 4);
         }
     }
-    return submit(p, out);
+    return submit(p, x ? x->input : NULL, out);
 }
 
 void pf_profile_read(struct vk_prefill *p) {

@@ -1,0 +1,286 @@
+/*
+ * The layer split (docs/MULTIGPU.md): a backend over n part backends, one per device, part i
+ * holding layers [first[i], first[i+1]) of the model: their weights, their KV cache rows and
+ * their recurrent states. Each graph compiled is cut into its n parts (graph_part: the first
+ * also embeds, the last also holds the final norm and the LM head), each compiled by its own
+ * backend into a program of its own (a recorded program on a Vulkan device). A run runs the
+ * parts in order; the hidden state ({C, T} floats) crosses from one to the next through the
+ * host: the part's output read back, then written as the next part's input rows, a wait on
+ * each device per boundary (this first form; the next one's device-to-device copies and
+ * pipelining are in the doc).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+struct split_backend {
+    struct backend base;
+    struct backend_vtable vt; /* the entries every part offers (parts[0]'s name) */
+    int n;
+    struct backend *parts[ANVIL_MAX_DEVICES];
+    int first[ANVIL_MAX_DEVICES + 1];
+    bool kv16;
+    bool checked; /* the first graph's sizes were held to the devices' memory */
+    char name[512];
+};
+
+struct split_prog {
+    struct split_backend *b;
+    struct program *p[ANVIL_MAX_DEVICES];
+    float *cross[2]; /* the hidden state between parts, [T][C] each (ping-pong) */
+};
+
+static void split_prog_destroy(struct program *pp) {
+    struct split_prog *p = (struct split_prog *)pp;
+    if (!p) return;
+    for (int i = 0; i < p->b->n; i++)
+        if (p->p[i]) p->b->parts[i]->vt->program_destroy(p->p[i]);
+    free(p->cross[0]);
+    free(p->cross[1]);
+    free(p);
+}
+
+static void split_destroy(struct backend *base) {
+    struct split_backend *b = (struct split_backend *)base;
+    for (int i = 0; i < b->n; i++) backend_destroy(b->parts[i]);
+    free(b);
+}
+
+static const char *fmt_bytes(char buf[32], uint64_t n) {
+    if (n >= (1ull << 30)) snprintf(buf, 32, "%.2f GiB", (double)n / (1ull << 30));
+    else if (n >= (1ull << 20)) snprintf(buf, 32, "%.1f MiB", (double)n / (1ull << 20));
+    else snprintf(buf, 32, "%.1f KiB", (double)n / 1024);
+    return buf;
+}
+
+/* The first graph's parts held to their devices' memory before any part uploads a byte. */
+static anvil_status check_fit(struct split_backend *b, const struct graph *parts) {
+    char msg[1024] = "";
+    size_t k = 0;
+    bool fits = true;
+    for (int i = 0; i < b->n; i++) {
+        uint64_t w, s, cap = b->parts[i]->vt->capacity ? b->parts[i]->vt->capacity(b->parts[i]) : 0;
+        graph_bytes(&parts[i], b->kv16, &w, &s);
+        bool ok = !cap || w + s <= cap;
+        fits &= ok;
+        char wb[32], sb[32], cb[32];
+        int m = snprintf(msg + k, sizeof msg - k, "%sdevice %d (layers %d-%d): %s of weights + %s of KV cache "
+                         "and states %s %s", i ? "; " : "", i, b->first[i], b->first[i + 1] - 1, fmt_bytes(wb, w),
+                         fmt_bytes(sb, s), ok ? "<=" : ">", cap ? fmt_bytes(cb, cap) : "(no limit known)");
+        if (m > 0) k = MIN(sizeof msg - 1, k + (size_t)m);
+    }
+    if (!fits)
+        return err_set(ANVIL_ERR_NOMEM, "the model does not fit the devices of the split: %s (try other "
+                       "--tensor-split weights, more devices, a smaller context with -c, or a smaller quantization)", msg);
+    return ANVIL_OK;
+}
+
+static anvil_status split_compile(struct backend *base, const struct graph *g, struct program **out) {
+    struct split_backend *b = (struct split_backend *)base;
+    *out = NULL;
+    if (g->n_layers != b->first[b->n])
+        return err_set(ANVIL_ERR_UNSUPPORTED, "split: a graph of %d marked layers for a split of %d", g->n_layers,
+                       b->first[b->n]);
+    struct graph parts[ANVIL_MAX_DEVICES];
+    memset(parts, 0, sizeof parts);
+    anvil_status st = ANVIL_OK;
+    for (int i = 0; i < b->n && st == ANVIL_OK; i++) st = graph_part(g, b->first[i], b->first[i + 1], &parts[i]);
+    if (st == ANVIL_OK && !b->checked) st = check_fit(b, parts);
+    b->checked |= st == ANVIL_OK;
+    struct split_prog *p = st == ANVIL_OK ? xcalloc(1, sizeof *p) : NULL;
+    if (st == ANVIL_OK && !p) st = ANVIL_ERR_NOMEM;
+    if (p) {
+        p->b = b;
+        const struct node *x = &g->nodes[g->layer_end[0]];
+        for (int c = 0; c < 2 && st == ANVIL_OK; c++)
+            if (!(p->cross[c] = xmalloc((size_t)node_nelem(x) * sizeof(float)))) st = ANVIL_ERR_NOMEM;
+    }
+    for (int i = 0; i < b->n && st == ANVIL_OK; i++) {
+        st = b->parts[i]->vt->compile(b->parts[i], &parts[i], &p->p[i]);
+        if (st != ANVIL_OK && b->n > 1)
+            err_prefix("device %d of the split (layers %d-%d)", i, b->first[i], b->first[i + 1] - 1);
+    }
+    for (int i = 0; i < b->n; i++) graph_free(&parts[i]);
+    if (st != ANVIL_OK) {
+        split_prog_destroy((struct program *)p);
+        return st;
+    }
+    *out = (struct program *)p;
+    return ANVIL_OK;
+}
+
+/* Part i's run: its input rows from the part before (none for the first), its output to the
+ * next part's rows or, for the last, to out. x: the run's extras (images' rows go to the
+ * first part, which embeds; rope positions to every part); r: a batch run's rows. */
+static anvil_status run_parts(struct split_prog *p, const int32_t *tokens, int pos0, const struct run_extras *x,
+                              const struct batch_rows *r, float *out) {
+    struct split_backend *b = p->b;
+    anvil_status st = ANVIL_OK;
+    for (int i = 0; i < b->n && st == ANVIL_OK; i++) {
+        const struct backend_vtable *vt = b->parts[i]->vt;
+        const float *in = i ? p->cross[(i - 1) & 1] : NULL;
+        float *dst = i + 1 < b->n ? p->cross[i & 1] : out;
+        if (r) {
+            struct batch_rows ri = *r;
+            ri.input = in;
+            st = vt->run_batch(p->p[i], &ri, dst);
+        } else if (!in && !x) {
+            st = vt->run(p->p[i], tokens, pos0, dst);
+        } else {
+            struct run_extras xi = {x ? x->pos : NULL, i || !x ? NULL : x->embd, i || !x ? NULL : x->embd_row, in};
+            st = vt->run_extras(p->p[i], tokens, pos0, &xi, dst);
+        }
+    }
+    return st;
+}
+
+static anvil_status split_run(struct program *pp, const int32_t *tokens, int pos0, float *out) {
+    return run_parts((struct split_prog *)pp, tokens, pos0, NULL, NULL, out);
+}
+
+static anvil_status split_run_extras(struct program *pp, const int32_t *tokens, int pos0, const struct run_extras *x,
+                                     float *out) {
+    return run_parts((struct split_prog *)pp, tokens, pos0, x, NULL, out);
+}
+
+static anvil_status split_run_batch(struct program *pp, const struct batch_rows *r, float *out) {
+    return run_parts((struct split_prog *)pp, r->tokens, 0, NULL, r, out);
+}
+
+static bool split_failed(struct backend *base, char *why, size_t cap) {
+    struct split_backend *b = (struct split_backend *)base;
+    for (int i = 0; i < b->n; i++) {
+        struct backend *d = b->parts[i];
+        char w[256] = "";
+        if (d->vt->failed && d->vt->failed(d, w, sizeof w)) {
+            if (why && cap) snprintf(why, cap, "device %d of the split: %s", i, w);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The sums over the devices (the peak: the sum of each device's own). */
+static void split_memory(struct backend *base, uint64_t *now, uint64_t *peak) {
+    struct split_backend *b = (struct split_backend *)base;
+    *now = *peak = 0;
+    for (int i = 0; i < b->n; i++) {
+        uint64_t n = 0, p = 0;
+        if (b->parts[i]->vt->memory) b->parts[i]->vt->memory(b->parts[i], &n, &p);
+        *now += n;
+        *peak += p;
+    }
+}
+
+static const char *split_device_name(struct backend *base) { return ((struct split_backend *)base)->name; }
+
+static anvil_status split_vit_encode(struct backend *base, const struct vit_desc *d, const float *pixels, int gh,
+                                     int gw, float *out) {
+    struct backend *p0 = ((struct split_backend *)base)->parts[0];
+    return p0->vt->vit_encode(p0, d, pixels, gh, gw, out);
+}
+
+/* The states' rollback on every device (op: 0 save, 1 restore, 2 rewind to row). */
+static anvil_status states_all(struct backend *base, int op, int row) {
+    struct split_backend *b = (struct split_backend *)base;
+    anvil_status st = ANVIL_OK;
+    for (int i = 0; i < b->n && st == ANVIL_OK; i++) {
+        struct backend *d = b->parts[i];
+        st = op == 0 ? d->vt->states_save(d) : op == 1 ? d->vt->states_restore(d) : d->vt->states_rewind(d, row);
+    }
+    return st;
+}
+static anvil_status split_states_save(struct backend *b) { return states_all(b, 0, 0); }
+static anvil_status split_states_restore(struct backend *b) { return states_all(b, 1, 0); }
+static anvil_status split_states_rewind(struct backend *b, int row) { return states_all(b, 2, row); }
+
+static uint64_t split_capacity(struct backend *base) {
+    struct split_backend *b = (struct split_backend *)base;
+    uint64_t sum = 0;
+    for (int i = 0; i < b->n; i++) {
+        uint64_t c = b->parts[i]->vt->capacity ? b->parts[i]->vt->capacity(b->parts[i]) : 0;
+        if (!c) return 0;
+        sum += c;
+    }
+    return sum;
+}
+
+anvil_status split_layers(int n_layers, const float *weights, int n, int *first) {
+    if (n < 1 || n > ANVIL_MAX_DEVICES)
+        return err_set(ANVIL_ERR_INVALID_ARG, "a split over %d devices (1 to %d)", n, ANVIL_MAX_DEVICES);
+    double total = 0;
+    bool all_zero = true;
+    for (int i = 0; i < n; i++) {
+        if (!(weights[i] >= 0 && weights[i] <= 1e9))
+            return err_set(ANVIL_ERR_INVALID_ARG, "tensor split: weight %g of device %d is not a finite number >= 0",
+                           (double)weights[i], i);
+        total += weights[i];
+        all_zero &= weights[i] == 0;
+    }
+    double acc = 0;
+    first[0] = 0;
+    for (int i = 0; i < n; i++) {
+        acc += all_zero ? 1 : weights[i];
+        first[i + 1] = i + 1 == n ? n_layers : (int)(n_layers * acc / (all_zero ? n : total) + 0.5);
+        if (first[i + 1] <= first[i])
+            return err_set(ANVIL_ERR_INVALID_ARG, "tensor split: device %d (weight %g) would hold none of the "
+                           "model's %d layers", i, all_zero ? 1.0 : (double)weights[i], n_layers);
+    }
+    return ANVIL_OK;
+}
+
+anvil_status backend_split_create(struct backend **parts, const int *first, int n, bool kv16, struct backend **out) {
+    *out = NULL;
+    struct split_backend *b = n >= 1 && n <= ANVIL_MAX_DEVICES ? xcalloc(1, sizeof *b) : NULL;
+    anvil_status st = b ? ANVIL_OK : n < 1 || n > ANVIL_MAX_DEVICES ? ANVIL_ERR_INVALID_ARG : ANVIL_ERR_NOMEM;
+    for (int i = 0; i < n && st == ANVIL_OK; i++)
+        if (first[i + 1] <= first[i] || first[0] != 0)
+            st = err_set(ANVIL_ERR_INVALID_ARG, "split: device %d holds no layer", i);
+    if (st != ANVIL_OK) {
+        for (int i = 0; i < n; i++) backend_destroy(parts[i]);
+        free(b);
+        return st;
+    }
+    b->n = n;
+    b->kv16 = kv16;
+    memcpy(b->parts, parts, (size_t)n * sizeof *parts);
+    memcpy(b->first, first, (size_t)(n + 1) * sizeof *first);
+    bool batch = true, extras = true, states = true, rewind = true;
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        const struct backend_vtable *vt = parts[i]->vt;
+        batch &= vt->run_batch != NULL;
+        extras &= vt->run_extras != NULL;
+        states &= vt->states_save && vt->states_restore;
+        rewind &= vt->states_rewind != NULL;
+        const char *dn = vt->device_name ? vt->device_name(parts[i]) : vt->name;
+        int m = snprintf(b->name + k, sizeof b->name - k, "%s%s", i ? " + " : "", dn);
+        if (m > 0) k = MIN(sizeof b->name - 1, k + (size_t)m);
+    }
+    if (n > 1 && !extras) {
+        split_destroy(&b->base);
+        return err_set(ANVIL_ERR_UNSUPPORTED, "split: a %s backend takes no input rows", parts[0]->vt->name);
+    }
+    b->vt = (struct backend_vtable){
+        .name = parts[0]->vt->name,
+        .destroy = split_destroy,
+        .compile = split_compile,
+        .program_destroy = split_prog_destroy,
+        .run = split_run,
+        .failed = split_failed,
+        .memory = split_memory,
+        .device_name = split_device_name,
+        .run_batch = batch ? split_run_batch : NULL,
+        .run_extras = extras ? split_run_extras : NULL,
+        .vit_encode = parts[0]->vt->vit_encode ? split_vit_encode : NULL,
+        .states_save = states ? split_states_save : NULL,
+        .states_restore = states ? split_states_restore : NULL,
+        .states_rewind = rewind ? split_states_rewind : NULL,
+        .capacity = split_capacity,
+    };
+    b->base.vt = &b->vt;
+    *out = &b->base;
+    return ANVIL_OK;
+}

@@ -1,0 +1,280 @@
+/*
+ * The layer split (backends/split.c, docs/MULTIGPU.md) on the tiny reference models
+ * (../shared/testdata/reference): the dense qwen3-tiny (a tied embedding, which the first part
+ * embeds with and the last part's LM head reads), the MoE qwen3moe-tiny and the hybrids
+ * qwen3_5-tiny and qwen3_5moe-tiny (Gated DeltaNet layers, one attention layer in four: a
+ * 2 + 2 split gives the first device recurrent layers only).
+ *
+ * test_cpu_split: the model's graphs cut into parts, each on a CPU backend of its own, against
+ * one CPU backend: a prompt of 5 tokens (every row's logits), then 3 decode steps, bit for bit
+ * equal (the same ops in the same order; the hidden state crosses as it is).
+ * test_vulkan_split: sessions on two logical devices made from one (devices {0, 0}: each its own
+ * VkDevice; lavapipe in CI) against a session on one: the prompt's logits, decode steps, and
+ * greedy generation, within 1e-3 and the same tokens; shares 1:1 and 3:1; the what-fits check
+ * (a tiny memory cap refuses the model before upload, naming each device's bytes), and bad
+ * input: a device that does not exist, a share that leaves a device no layer, a split on the
+ * CPU backend.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/backend.h"
+#include "engine/engine_impl.h"
+#include "testutil.h"
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+static const char *const models[] = {"qwen3-tiny", "qwen3moe-tiny", "qwen3_5-tiny", "qwen3_5moe-tiny"};
+static const int32_t prompt[] = {3, 141, 59, 26, 5};
+static const int32_t steps[] = {358, 97, 1201};
+
+static anvil_model *open_model(const char *name) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s%s", tu_testdata("reference/"), name);
+    anvil_model *m;
+    anvil_model_params mp = {2};
+    if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s: %s", path, anvil_last_error());
+    return m;
+}
+
+static void test_split_layers(void **state) {
+    (void)state;
+    int first[5];
+    const float eq[4] = {0, 0, 0, 0}, w31[2] = {3, 1}, w0[2] = {0, 1}, bad[2] = {1, -1};
+    assert_int_equal(split_layers(4, eq, 2, first), ANVIL_OK);
+    assert_int_equal(first[1], 2);
+    assert_int_equal(first[2], 4);
+    assert_int_equal(split_layers(4, w31, 2, first), ANVIL_OK);
+    assert_int_equal(first[1], 3);
+    assert_int_equal(split_layers(3, eq, 3, first), ANVIL_OK);
+    assert_int_equal(first[1], 1);
+    assert_int_equal(first[2], 2);
+    assert_int_equal(split_layers(3, eq, 4, first), ANVIL_ERR_INVALID_ARG); /* 4 devices, 3 layers */
+    assert_int_equal(split_layers(4, w0, 2, first), ANVIL_ERR_INVALID_ARG);
+    assert_non_null(strstr(anvil_last_error(), "none of the model's 4 layers"));
+    assert_int_equal(split_layers(4, bad, 2, first), ANVIL_ERR_INVALID_ARG);
+}
+
+/* The prompt's rows' logits, then each step's, into out [(5 + 3) * V], on backend b. */
+static void run_cpu(anvil_model *am, struct backend *b, float *out) {
+    const struct model *m = &am->model;
+    int V = m->hp->n_vocab;
+    struct build_opts o1 = {1, 32, false, 0, 0, false, false}, o5 = {5, 32, false, 0, 0, false, false};
+    struct graph g1, g5;
+    assert_int_equal(model_build_graph(m, &o5, &g5), ANVIL_OK);
+    assert_int_equal(model_build_graph(m, &o1, &g1), ANVIL_OK);
+    assert_int_equal(g5.n_layers, m->hp->n_layer);
+    struct program *p1, *p5;
+    if (b->vt->compile(b, &g5, &p5) != ANVIL_OK) fail_msg("compile: %s", anvil_last_error());
+    if (b->vt->compile(b, &g1, &p1) != ANVIL_OK) fail_msg("compile: %s", anvil_last_error());
+    graph_free(&g1);
+    graph_free(&g5);
+    assert_int_equal(b->vt->run(p5, prompt, 0, out), ANVIL_OK);
+    for (size_t i = 0; i < N_OF(steps); i++)
+        assert_int_equal(b->vt->run(p1, steps + i, (int)(N_OF(prompt) + i), out + (N_OF(prompt) + i) * (size_t)V),
+                         ANVIL_OK);
+    b->vt->program_destroy(p1);
+    b->vt->program_destroy(p5);
+}
+
+static void test_cpu_split(void **state) {
+    (void)state;
+    for (size_t i = 0; i < N_OF(models); i++) {
+        anvil_model *m = open_model(models[i]);
+        int L = m->model.hp->n_layer, V = m->model.hp->n_vocab;
+        size_t n = (N_OF(prompt) + N_OF(steps)) * (size_t)V;
+        float *one = malloc(n * sizeof *one), *split = malloc(n * sizeof *split);
+        struct backend *b;
+        assert_int_equal(backend_cpu_create(2, true, &b), ANVIL_OK);
+        run_cpu(m, b, one);
+        backend_destroy(b);
+        /* 2 parts at every cut, then a part per layer */
+        for (int cut = 0; cut < L; cut++) {
+            int first[ANVIL_MAX_DEVICES + 1], n_parts = cut ? 2 : MIN(L, ANVIL_MAX_DEVICES);
+            struct backend *parts[ANVIL_MAX_DEVICES];
+            for (int k = 0; k <= n_parts; k++) first[k] = cut ? (k == 0 ? 0 : k == 1 ? cut : L) : k;
+            first[n_parts] = L;
+            for (int k = 0; k < n_parts; k++) assert_int_equal(backend_cpu_create(2, true, &parts[k]), ANVIL_OK);
+            assert_int_equal(backend_split_create(parts, first, n_parts, true, &b), ANVIL_OK);
+            run_cpu(m, b, split);
+            backend_destroy(b);
+            float d = tu_max_diff(one, split, n);
+            if (cut) fprintf(stderr, "%s [cpu] 2 parts, the second from layer %d: max |split - one| = %.3g\n", models[i], cut, (double)d);
+            else fprintf(stderr, "%s [cpu] %d parts of one layer each: max |split - one| = %.3g\n", models[i], n_parts, (double)d);
+            if (memcmp(one, split, n * sizeof *one) != 0) fail_msg("%s: the split's logits differ", models[i]);
+        }
+        free(one);
+        free(split);
+        anvil_model_close(m);
+    }
+}
+
+/* A Vulkan session on devices[n] (n 0: one device) with shares w (NULL: equal). */
+static anvil_status vk_session(anvil_model *m, int n, const int *devices, const float *w, uint64_t cap,
+                               anvil_session **s) {
+    anvil_session_params sp = anvil_session_default_params();
+    sp.backend = ANVIL_BACKEND_VULKAN;
+    sp.n_ctx = 32;
+    sp.n_devices = n;
+    sp.gpu_max_memory = cap;
+    for (int i = 0; i < n; i++) {
+        sp.devices[i] = devices[i];
+        sp.tensor_split[i] = w ? w[i] : 0;
+    }
+    *s = NULL;
+    return anvil_session_create(m, &sp, s);
+}
+
+/* The prompt (every row's logits), the steps one eval each, then 6 greedy tokens: logits into
+ * out [(5 + 3) * V], tokens into tok[6]. */
+static void run_session(anvil_session *s, int V, float *out, int32_t *tok) {
+    assert_int_equal(anvil_session_eval(s, prompt, N_OF(prompt), ANVIL_LOGITS_ALL, out), ANVIL_OK);
+    for (size_t i = 0; i < N_OF(steps); i++)
+        assert_int_equal(anvil_session_eval(s, steps + i, 1, ANVIL_LOGITS_LAST, out + (N_OF(prompt) + i) * (size_t)V),
+                         ANVIL_OK);
+    anvil_generate_params gp = {anvil_sampling_default(), 6, NULL, 0, NULL, NULL};
+    gp.sampling.temperature = 0;
+    int32_t last = 7, got[7] = {0};
+    assert_int_equal(anvil_session_generate(s, &last, 1, &gp, tu_collect, got, NULL), ANVIL_OK);
+    assert_int_equal(got[0], 6);
+    memcpy(tok, got + 1, 6 * sizeof *tok);
+}
+
+static void test_vulkan_split(void **state) {
+    (void)state;
+    char why[256];
+    if (!backend_vulkan_available(why, sizeof why)) {
+        fprintf(stderr, "split_test: vulkan skipped: %s\n", why);
+        return;
+    }
+    const int two[2] = {0, 0};
+    const float w31[2] = {3, 1};
+    for (size_t i = 0; i < N_OF(models); i++) {
+#ifdef TU_SANITIZED
+        if (i != 2) continue; /* lavapipe under ASan: the hybrid only */
+#endif
+        anvil_model *m = open_model(models[i]);
+        int V = anvil_model_vocab_size(m);
+        size_t n = (N_OF(prompt) + N_OF(steps)) * (size_t)V;
+        float *one = malloc(n * sizeof *one), *split = malloc(n * sizeof *split);
+        int32_t t1[6], t2[6];
+        anvil_session *s;
+        if (vk_session(m, 0, NULL, NULL, 0, &s) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
+        run_session(s, V, one, t1);
+        anvil_session_destroy(s);
+        for (int w = 0; w < 2; w++) {
+            if (vk_session(m, 2, two, w ? w31 : NULL, 0, &s) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
+            assert_string_equal(anvil_session_backend_name(s), "vulkan");
+            run_session(s, V, split, t2);
+            anvil_session_destroy(s);
+            float d = tu_max_diff(one, split, n);
+            fprintf(stderr, "%s [vulkan, devices 0,0, shares %s]: max |split - one| = %.3g\n", models[i],
+                    w ? "3:1" : "1:1", (double)d);
+            assert_true(d < 1e-3f);
+            assert_memory_equal(t1, t2, sizeof t1);
+        }
+        free(one);
+        free(split);
+        anvil_model_close(m);
+    }
+}
+
+/* Two sequences through a batch (batch graphs: run_batch) on devices[n] (n 0: one device):
+ * their greedy tokens into tok [2][6] (in step order per sequence) and the last logits of
+ * sequence 1 into logits[V]. */
+static void run_batch(anvil_model *m, int n, const int *devices, int32_t tok[2][6], float *logits) {
+    anvil_batch_params bp = anvil_batch_default_params();
+    bp.session.backend = ANVIL_BACKEND_VULKAN;
+    bp.session.n_ctx = 32;
+    bp.session.n_devices = n;
+    for (int i = 0; i < n; i++) bp.session.devices[i] = devices[i];
+    bp.n_seq_max = 2;
+    bp.kv_block = 16;
+    bp.keep_logits = 1;
+    anvil_batch *b;
+    if (anvil_batch_create(m, &bp, &b) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
+    anvil_generate_params gp = {anvil_sampling_default(), 6, NULL, 0, NULL, NULL};
+    gp.sampling.temperature = 0;
+    int ids[2], got[2] = {0, 0};
+    assert_int_equal(anvil_batch_add(b, prompt, N_OF(prompt), &gp, &ids[0]), ANVIL_OK);
+    assert_int_equal(anvil_batch_add(b, steps, N_OF(steps), &gp, &ids[1]), ANVIL_OK);
+    while (anvil_batch_active(b) > 0) {
+        anvil_batch_event ev[4];
+        int n_ev;
+        assert_int_equal(anvil_batch_step(b, ev, 4, &n_ev), ANVIL_OK);
+        for (int e = 0; e < n_ev; e++) {
+            int q = ev[e].id == ids[0] ? 0 : 1;
+            if (ev[e].token >= 0 && got[q] < 6) tok[q][got[q]++] = ev[e].token;
+            if (q == 1 && ev[e].token >= 0) assert_int_equal(anvil_batch_logits(b, ids[1], logits), ANVIL_OK);
+        }
+    }
+    assert_int_equal(got[0], 6);
+    assert_int_equal(got[1], 6);
+    anvil_batch_remove(b, ids[0]);
+    anvil_batch_remove(b, ids[1]);
+    anvil_batch_destroy(b);
+}
+
+static void test_vulkan_split_batch(void **state) {
+    (void)state;
+    char why[256];
+    if (!backend_vulkan_available(why, sizeof why)) return;
+    const int two[2] = {0, 0};
+    const char *names[] = {"qwen3moe-tiny", "qwen3_5-tiny"};
+    for (size_t i = 0; i < N_OF(names); i++) {
+        anvil_model *m = open_model(names[i]);
+        int V = anvil_model_vocab_size(m);
+        float *one = malloc((size_t)V * sizeof *one), *split = malloc((size_t)V * sizeof *split);
+        int32_t t1[2][6], t2[2][6];
+        run_batch(m, 0, NULL, t1, one);
+        run_batch(m, 2, two, t2, split);
+        float d = tu_max_diff(one, split, (size_t)V);
+        fprintf(stderr, "%s [vulkan batch, devices 0,0]: max |split - one| = %.3g\n", names[i], (double)d);
+        assert_true(d < 1e-3f);
+        assert_memory_equal(t1, t2, sizeof t1);
+        free(one);
+        free(split);
+        anvil_model_close(m);
+    }
+}
+
+static void test_split_errors(void **state) {
+    (void)state;
+    anvil_model *m = open_model("qwen3_5-tiny");
+    anvil_session *s;
+    const int bad[2] = {0, 7}, two[2] = {0, 0};
+    const float w0[2] = {0, 1};
+    anvil_session_params sp = anvil_session_default_params();
+    sp.backend = ANVIL_BACKEND_CPU;
+    sp.n_devices = 2;
+    assert_int_equal(anvil_session_create(m, &sp, &s), ANVIL_ERR_INVALID_ARG);
+    assert_non_null(strstr(anvil_model_errmsg(m), "not the CPU backend"));
+    char why[256];
+    if (backend_vulkan_available(why, sizeof why)) {
+        assert_int_equal(vk_session(m, 2, bad, NULL, 0, &s), ANVIL_ERR_INVALID_ARG);
+        assert_non_null(strstr(anvil_model_errmsg(m), "device 7 does not exist"));
+        assert_int_equal(vk_session(m, 2, two, w0, 0, &s), ANVIL_ERR_INVALID_ARG);
+        assert_non_null(strstr(anvil_model_errmsg(m), "none of the model's 4 layers"));
+        /* 64 KiB a device: refused before upload, each device's share named */
+        assert_int_equal(vk_session(m, 2, two, NULL, 64 << 10, &s), ANVIL_ERR_NOMEM);
+        const char *e = anvil_model_errmsg(m);
+        fprintf(stderr, "refused: %s\n", e);
+        assert_non_null(strstr(e, "does not fit the devices of the split"));
+        assert_non_null(strstr(e, "device 0 (layers 0-1)"));
+        assert_non_null(strstr(e, "device 1 (layers 2-3)"));
+    }
+    anvil_model_close(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_split_layers),
+        cmocka_unit_test(test_cpu_split),
+        cmocka_unit_test(test_vulkan_split),
+        cmocka_unit_test(test_vulkan_split_batch),
+        cmocka_unit_test(test_split_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
