@@ -60,6 +60,42 @@ static void test_errors(void **state) {
     free(err);
 }
 
+/* The layer split's options (docs/MULTIGPU.md): bad lists and shares, a count that does not
+ * match, a split on the CPU backend; with Vulkan, a device that does not exist and what each
+ * device of a split would hold (anvil info -m M --devices), exit 1 where it does not fit. */
+static void test_split_options(void **state) {
+    (void)state;
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --devices 0,x", "bad --devices \"0,x\"");
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --devices 0,0 --tensor-split 1,0", "bad --tensor-split \"1,0\"");
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --devices 0,0 --tensor-split 3,1,1",
+                "--tensor-split gives 3 weights for 2 devices");
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --devices 0,0 --split row", "--split must be layer");
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --devices 0,0 --device 0", "--device and --devices");
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --devices 0,0 --backend cpu", "not the CPU backend");
+    char why[256];
+    if (!tu_vulkan(why, sizeof why)) return;
+    const char *m = tu_testdata("reference/qwen3_5-tiny");
+    char args[1024];
+    snprintf(args, sizeof args, "eval -m %s --prompt-ids 1 --devices 0,7", m);
+    expect_fail(args, "device 7 does not exist");
+    snprintf(args, sizeof args, "eval -m %s --prompt-ids 1 --devices 0,0 --tensor-split 1,1000", m);
+    expect_fail(args, "would hold none of the model's 4 layers");
+    char *out = NULL;
+    assert_int_equal(tu_run_anvil(&out, NULL, "info -m %s --devices 0,0 --tensor-split 3,1 -c 64", m), 0);
+    assert_non_null(strstr(out, "a layer split of 4 layers over 2 devices, a context of 64 tokens"));
+    assert_non_null(strstr(out, "device 0 (Vulkan device 0, "));
+    assert_non_null(strstr(out, "layers 0-2, the embedding: "));
+    assert_non_null(strstr(out, "layer 3, the final norm and LM head: "));
+    assert_non_null(strstr(out, ": fits"));
+    free(out);
+    out = NULL;
+    assert_int_equal(tu_run_anvil(&out, NULL, "info -m %s --devices 0,0 --gpu-max-memory 100K", m), 1);
+    assert_non_null(strstr(out, "does NOT fit"));
+    free(out);
+    snprintf(args, sizeof args, "eval -m %s --prompt-ids 1 --devices 0,0 --gpu-max-memory 100K", m);
+    expect_fail(args, "does not fit the devices of the split: device 0 (layers 0-1)");
+}
+
 /* Every command answers --help with its usage on stdout and exit 0, running nothing. */
 static void test_help(void **state) {
     (void)state;
@@ -366,6 +402,7 @@ static void test_bench(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_split_options),
         cmocka_unit_test(test_eval_output),
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_block_types),

@@ -68,8 +68,11 @@ anvil_status anvil_split_plan(anvil_model *model, const anvil_session_params *p,
         bool ok = !have || w + s <= have;
         fits &= ok;
         char wb[32], sb[32], tb[32], hb[32];
-        OUT("  device %d (Vulkan device %d, %s): layers %d-%d%s%s: %s of weights + %s of KV cache and states = %s",
-            i, devices[i], name, first[i], first[i + 1] - 1, i == 0 ? ", the embedding" : "",
+        char layers[32];
+        if (first[i + 1] - first[i] == 1) snprintf(layers, sizeof layers, "layer %d", first[i]);
+        else snprintf(layers, sizeof layers, "layers %d-%d", first[i], first[i + 1] - 1);
+        OUT("  device %d (Vulkan device %d, %s): %s%s%s: %s of weights + %s of KV cache and states = %s",
+            i, devices[i], name, layers, i == 0 ? ", the embedding" : "",
             i == n - 1 ? ", the final norm and LM head" : "", fmt_bytes(wb, w), fmt_bytes(sb, s), fmt_bytes(tb, w + s));
         if (have) OUT(" of %s: %s\n", fmt_bytes(hb, have), ok ? "fits" : "does NOT fit");
         else OUT(" (its memory unknown)\n");

@@ -145,7 +145,7 @@ static void run_session(anvil_session *s, int V, float *out, int32_t *tok) {
 static void test_vulkan_split(void **state) {
     (void)state;
     char why[256];
-    if (!backend_vulkan_available(why, sizeof why)) {
+    if (!tu_vulkan(why, sizeof why)) {
         fprintf(stderr, "split_test: vulkan skipped: %s\n", why);
         return;
     }
@@ -220,7 +220,7 @@ static void run_batch(anvil_model *m, int n, const int *devices, int32_t tok[2][
 static void test_vulkan_split_batch(void **state) {
     (void)state;
     char why[256];
-    if (!backend_vulkan_available(why, sizeof why)) return;
+    if (!tu_vulkan(why, sizeof why)) return;
     const int two[2] = {0, 0};
     const char *names[] = {"qwen3moe-tiny", "qwen3_5-tiny"};
     for (size_t i = 0; i < N_OF(names); i++) {
@@ -252,7 +252,7 @@ static void test_split_errors(void **state) {
     assert_int_equal(anvil_session_create(m, &sp, &s), ANVIL_ERR_INVALID_ARG);
     assert_non_null(strstr(anvil_model_errmsg(m), "not the CPU backend"));
     char why[256];
-    if (backend_vulkan_available(why, sizeof why)) {
+    if (tu_vulkan(why, sizeof why)) {
         assert_int_equal(vk_session(m, 2, bad, NULL, 0, &s), ANVIL_ERR_INVALID_ARG);
         assert_non_null(strstr(anvil_model_errmsg(m), "device 7 does not exist"));
         assert_int_equal(vk_session(m, 2, two, w0, 0, &s), ANVIL_ERR_INVALID_ARG);
@@ -269,6 +269,8 @@ static void test_split_errors(void **state) {
 }
 
 int main(void) {
+    char why[256];
+    tu_vulkan(why, sizeof why); /* the validation layer on where installed, before any Vulkan use */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_layers),
         cmocka_unit_test(test_cpu_split),
