@@ -10,7 +10,9 @@
  * equal (the same ops in the same order; the hidden state crosses as it is).
  * test_vulkan_split: sessions on two logical devices made from one (devices {0, 0}: each its own
  * VkDevice; lavapipe in CI) against a session on one: the prompt's logits, decode steps, and
- * greedy generation, within 1e-3 and the same tokens; shares 1:1 and 3:1; the what-fits check
+ * greedy generation, within 1e-3 and the same tokens; shares 1:1 and 3:1; a batch of two
+ * sequences (batch graphs); a hybrid's marks and rewinds (speculative decoding's rollback: the
+ * states saved, kept per row and restored on both devices); the what-fits check
  * (a tiny memory cap refuses the model before upload, naming each device's bytes), and bad
  * input: a device that does not exist, a share that leaves a device no layer, a split on the
  * CPU backend.
@@ -240,6 +242,48 @@ static void test_vulkan_split_batch(void **state) {
     }
 }
 
+/* Speculative decoding's rollback over a split (the states saved, kept per row and restored on
+ * every device): the prompt, a mark, 4 drafts in one eval (the verify program), a rewind to 2
+ * of them, then a rewind to the mark after another eval (the saved states), then the steps;
+ * their logits into out [3 * V]. */
+static void rewound(anvil_session *s, int V, float *out) {
+    float *rows = malloc(4 * (size_t)V * sizeof *rows);
+    const int32_t drafts[4] = {11, 1300, 77, 512};
+    assert_int_equal(anvil_session_eval(s, prompt, N_OF(prompt), ANVIL_LOGITS_LAST, rows), ANVIL_OK);
+    assert_int_equal(session_mark(s), ANVIL_OK);
+    assert_int_equal(anvil_session_eval(s, drafts, 4, ANVIL_LOGITS_ALL, rows), ANVIL_OK);
+    if (session_rewind(s, (int)N_OF(prompt) + 2) != ANVIL_OK) fail_msg("rewind: %s", anvil_session_errmsg(s));
+    assert_int_equal(session_mark(s), ANVIL_OK);
+    assert_int_equal(anvil_session_eval(s, drafts + 2, 1, ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+    assert_int_equal(anvil_session_eval(s, drafts, 1, ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+    if (session_rewind(s, (int)N_OF(prompt) + 2) != ANVIL_OK) fail_msg("rewind: %s", anvil_session_errmsg(s));
+    assert_int_equal(anvil_session_eval(s, steps, N_OF(steps), ANVIL_LOGITS_ALL, out), ANVIL_OK);
+    free(rows);
+}
+
+static void test_vulkan_split_rewind(void **state) {
+    (void)state;
+    char why[256];
+    if (!tu_vulkan(why, sizeof why)) return;
+    const int two[2] = {0, 0};
+    anvil_model *m = open_model("qwen3_5-tiny");
+    int V = anvil_model_vocab_size(m);
+    size_t n = N_OF(steps) * (size_t)V;
+    float *one = malloc(n * sizeof *one), *split = malloc(n * sizeof *split);
+    anvil_session *s;
+    for (int k = 0; k < 2; k++) {
+        if (vk_session(m, k ? 2 : 0, two, NULL, 0, &s) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
+        rewound(s, V, k ? split : one);
+        anvil_session_destroy(s);
+    }
+    float d = tu_max_diff(one, split, n);
+    fprintf(stderr, "qwen3_5-tiny [vulkan, devices 0,0] marks and rewinds: max |split - one| = %.3g\n", (double)d);
+    assert_true(d < 1e-3f);
+    free(one);
+    free(split);
+    anvil_model_close(m);
+}
+
 static void test_split_errors(void **state) {
     (void)state;
     anvil_model *m = open_model("qwen3_5-tiny");
@@ -276,6 +320,7 @@ int main(void) {
         cmocka_unit_test(test_cpu_split),
         cmocka_unit_test(test_vulkan_split),
         cmocka_unit_test(test_vulkan_split_batch),
+        cmocka_unit_test(test_vulkan_split_rewind),
         cmocka_unit_test(test_split_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
