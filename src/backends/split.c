@@ -29,6 +29,8 @@ struct split_backend {
 struct split_prog {
     struct split_backend *b;
     struct program *p[ANVIL_MAX_DEVICES];
+    bool rope[ANVIL_MAX_DEVICES]; /* the part rotates (its layers have attention): it takes
+                                     a run's rope positions, the others do not */
     float *cross[2]; /* the hidden state between parts, [T][C] each (ping-pong) */
 };
 
@@ -98,6 +100,7 @@ static anvil_status split_compile(struct backend *base, const struct graph *g, s
             if (!(p->cross[c] = xmalloc((size_t)node_nelem(x) * sizeof(float)))) st = ANVIL_ERR_NOMEM;
     }
     for (int i = 0; i < b->n && st == ANVIL_OK; i++) {
+        for (int k = 0; k < parts[i].n_nodes; k++) p->rope[i] |= parts[i].nodes[k].op == OP_ROPE;
         st = b->parts[i]->vt->compile(b->parts[i], &parts[i], &p->p[i]);
         if (st != ANVIL_OK && b->n > 1)
             err_prefix("device %d of the split (layers %d-%d)", i, b->first[i], b->first[i + 1] - 1);
@@ -126,10 +129,17 @@ static anvil_status run_parts(struct split_prog *p, const int32_t *tokens, int p
             struct batch_rows ri = *r;
             ri.input = in;
             st = vt->run_batch(p->p[i], &ri, dst);
-        } else if (!in && !x) {
+            continue;
+        }
+        /* images' rows go to the first part (it embeds), rope positions to the parts that
+         * rotate (a part of recurrent layers only has no use for them) */
+        const int32_t *pos = x && p->rope[i] ? x->pos : NULL;
+        const float *embd = x && !i ? x->embd : NULL;
+        const int32_t *embd_row = x && !i ? x->embd_row : NULL;
+        if (!in && !pos && !embd_row) {
             st = vt->run(p->p[i], tokens, pos0, dst);
         } else {
-            struct run_extras xi = {x ? x->pos : NULL, i || !x ? NULL : x->embd, i || !x ? NULL : x->embd_row, in};
+            struct run_extras xi = {pos, embd, embd_row, in};
             st = vt->run_extras(p->p[i], tokens, pos0, &xi, dst);
         }
     }

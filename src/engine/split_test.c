@@ -12,7 +12,9 @@
  * VkDevice; lavapipe in CI) against a session on one: the prompt's logits, decode steps, and
  * greedy generation, within 1e-3 and the same tokens; shares 1:1 and 3:1; a batch of two
  * sequences (batch graphs); a hybrid's marks and rewinds (speculative decoding's rollback: the
- * states saved, kept per row and restored on both devices); the what-fits check
+ * states saved, kept per row and restored on both devices); an image prompt and text after it
+ * (qwen3_5-vl-tiny: the rows to the first part, the 3-D positions to the parts that rotate);
+ * the what-fits check
  * (a tiny memory cap refuses the model before upload, naming each device's bytes), and bad
  * input: a device that does not exist, a share that leaves a device no layer, a split on the
  * CPU backend.
@@ -284,6 +286,62 @@ static void test_vulkan_split_rewind(void **state) {
     anvil_model_close(m);
 }
 
+/* An image prompt (the hybrid qwen3_5-vl-tiny): the image's rows and 3-D positions to the split's
+ * parts (the rows to the first, the positions to those with attention), then two tokens of text
+ * after it (shifted positions): every logit into out [(ne + 2) * V]; *n_out: ne. */
+static void image_run(anvil_model *m, int n_dev, const int32_t *expanded, int ne, anvil_image *im, float *out) {
+    const int two[2] = {0, 0};
+    anvil_session_params sp = anvil_session_default_params();
+    sp.backend = ANVIL_BACKEND_VULKAN;
+    sp.n_ctx = 256;
+    sp.kv_cache = ANVIL_KV_F32;
+    sp.prefill_chunk = 16; /* the image spans chunks */
+    sp.n_devices = n_dev;
+    memcpy(sp.devices, two, sizeof two);
+    anvil_session *s;
+    if (anvil_session_create(m, &sp, &s) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
+    int V = anvil_model_vocab_size(m);
+    if (anvil_session_eval_images(s, expanded, ne, &im, 1, ANVIL_LOGITS_ALL, out) != ANVIL_OK)
+        fail_msg("%d devices, the image: %s", n_dev, anvil_session_errmsg(s));
+    const int32_t text[2] = {220, 1001};
+    for (int i = 0; i < 2; i++)
+        if (anvil_session_eval(s, &text[i], 1, ANVIL_LOGITS_LAST, out + (size_t)(ne + i) * (size_t)V) != ANVIL_OK)
+            fail_msg("%d devices, text: %s", n_dev, anvil_session_errmsg(s));
+    anvil_session_destroy(s);
+}
+
+static void test_vulkan_split_image(void **state) {
+    (void)state;
+    char why[256];
+    if (!tu_vulkan(why, sizeof why)) return;
+    char path[1024];
+    snprintf(path, sizeof path, "%s", tu_testdata("reference/qwen3_5-vl-tiny"));
+    anvil_model *m;
+    assert_int_equal(anvil_model_open(path, NULL, &m), ANVIL_OK);
+    snprintf(path + strlen(path), sizeof path - strlen(path), "/img2_97x131.jpg.json");
+    char *json = tu_read_file(path, NULL);
+    assert_non_null(json);
+    int ne;
+    int32_t *expanded = tu_json_ids(json, "expanded_ids", &ne);
+    snprintf(path, sizeof path, "%s/images/img2_97x131.jpg", tu_testdata("reference/qwen3_5-vl-tiny"));
+    anvil_image *im;
+    assert_int_equal(anvil_image_load(m, path, &im), ANVIL_OK);
+    size_t n = (size_t)(ne + 2) * (size_t)anvil_model_vocab_size(m);
+    float *one = malloc(n * sizeof *one), *split = malloc(n * sizeof *split);
+    image_run(m, 0, expanded, ne, im, one);
+    image_run(m, 2, expanded, ne, im, split);
+    float d = tu_max_diff(one, split, n);
+    fprintf(stderr, "qwen3_5-vl-tiny [vulkan, devices 0,0] an image and text after it: max |split - one| = %.3g\n",
+            (double)d);
+    assert_true(d < 1e-3f);
+    anvil_image_free(im);
+    free(one);
+    free(split);
+    free(expanded);
+    free(json);
+    anvil_model_close(m);
+}
+
 static void test_split_errors(void **state) {
     (void)state;
     anvil_model *m = open_model("qwen3_5-tiny");
@@ -321,6 +379,7 @@ int main(void) {
         cmocka_unit_test(test_vulkan_split),
         cmocka_unit_test(test_vulkan_split_batch),
         cmocka_unit_test(test_vulkan_split_rewind),
+        cmocka_unit_test(test_vulkan_split_image),
         cmocka_unit_test(test_split_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -84,6 +84,11 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         if (nd->op == OP_EMBED) p->C = (uint32_t)nd->ne[0];
     }
     if (!p->n_ctx) p->n_ctx = g->ctx_rows ? g->ctx_rows : state_rows;
+    /* a split's first part of recurrent layers only (graph_part sets ctx_rows) embeds, and
+     * takes an image's rows, as its model's first layers do: it has no positions to rotate */
+    bool rotates = false;
+    for (int i = 0; i < n; i++) rotates |= g->nodes[i].op == OP_ROPE;
+    if (!rotates && g->ctx_rows && p->C) p->mm = true;
     int o = g->output;
     if (!p->n_ctx || !pf_materialised(&g->nodes[P.root[o]])) {
         st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: no KV cache or no computed output");
