@@ -26,7 +26,9 @@ layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uve
 #endif
 PC_BLOCK(PC_MMB, pc) /* push.h */
 
+#ifndef CT
 #define CT 8u /* tokens a pass */
+#endif
 
 void main() {
     W_INIT(pc.w)
@@ -48,8 +50,7 @@ void main() {
             vec2 so[RS][UG];
             for (uint r = 0u; r < RS; r++) unit_load_i(pc.w, min(row0 + r, pc.N - 1u), U, u, qi[r], so[r]);
             for (uint j = 0u; j < CT; j++) {
-                uint t = t0 + j;
-                if (t >= pc.T) break;
+                uint t = min(t0 + j, pc.T - 1u); /* past T: the last token again, not stored */
                 for (uint g = 0u; g < UG; g++) {
                     uint e = t * pc.Kp8 * 8u + unit_pos(u, g); /* (zero past K) */
                     uvec2 xq = pc.x.v[e >> 3u];
@@ -65,8 +66,7 @@ void main() {
             vec2 so[RS][UG];
             for (uint r = 0u; r < RS; r++) unit_load(pc.w, min(row0 + r, pc.N - 1u), U, u, qa[r], qb[r], so[r]);
             for (uint j = 0u; j < CT; j++) {
-                uint t = t0 + j;
-                if (t >= pc.T) break;
+                uint t = min(t0 + j, pc.T - 1u);
                 for (uint g = 0u; g < UG; g++) {
                     uint p = unit_pos(u, g);
                     vec4 xa = vec4(0.0), xb = vec4(0.0);
