@@ -173,6 +173,10 @@ static const struct knob KNOBS[] = {
     INT("ANVIL_VK_MMB_RS", C_DIAGNOSTIC, vk_mmb_rs, 2, 1, 8, NULL,
         "mmb.comp's rows of the weights a subgroup: more rows, fewer workgroups reading all "
         "of the inputs, more registers."),
+    INT("ANVIL_VK_MMBQ_ROWS", C_DIAGNOSTIC, vk_mmbq_rows, 4, 1, 8, NULL,
+        "mmb.comp's integer-dot form (rows 2-8 of a small-batch product): rows of the weights "
+        "a workgroup of 128 threads, its threads splitting the rows' units as a decode step's "
+        "product does."),
     BOOL("ANVIL_VK_PF_HOIST", C_DIAGNOSTIC, vk_pf_hoist, 1,
          "The next group's weights dequantised beside the products before it; 0 dequantises "
          "each group's just before it."),

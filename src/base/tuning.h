@@ -68,6 +68,7 @@ struct tuning {
     int vk_pf_hoist;         /* ANVIL_VK_PF_HOIST */
     int vk_mmb;              /* ANVIL_VK_MMB */
     int vk_mmb_rs;           /* ANVIL_VK_MMB_RS */
+    int vk_mmbq_rows;        /* ANVIL_VK_MMBQ_ROWS */
     int vk_batch_mmb;        /* ANVIL_VK_BATCH_MMB */
     int vk_moe_cm2;          /* ANVIL_VK_MOE_CM2 */
     int vk_route_fuse;       /* ANVIL_VK_ROUTE_FUSE */

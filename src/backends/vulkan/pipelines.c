@@ -178,7 +178,8 @@ enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *p
 }
 
 uint32_t vk_mmb_rows(const struct vk_device *d, enum vk_kernel k) {
-    return mmb_tiled(k) ? 32u : 256u / d->subgroup_size * (uint32_t)d->tune.vk_mmb_rs;
+    if (mmb_tiled(k)) return 32u;
+    return kernels[k].qx ? (uint32_t)d->tune.vk_mmbq_rows : 256u / d->subgroup_size * (uint32_t)d->tune.vk_mmb_rs;
 }
 
 static void cache_path(struct vk_device *d, char *out, size_t cap) {
@@ -537,8 +538,8 @@ anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enu
     } else if (ki->specs == SPECS_MODE) { /* mm.comp, moe_topk.comp, moe_rows.comp, gdn.comp, rows.comp */
         vals[SPEC_MODE] = ki->mode;
         n = 1;
-    } else if (ki->specs == SPECS_MMB) { /* mmb.comp's rows a subgroup */
-        vals[MMB_SPEC_RS] = (uint32_t)d->tune.vk_mmb_rs;
+    } else if (ki->specs == SPECS_MMB) { /* mmb.comp's rows a subgroup (QX: a workgroup) */
+        vals[MMB_SPEC_RS] = (uint32_t)(ki->qx ? d->tune.vk_mmbq_rows : d->tune.vk_mmb_rs);
         n = MMB_SPEC_RS + 1;
     }
     /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*) */

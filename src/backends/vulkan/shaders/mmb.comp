@@ -10,12 +10,23 @@
  *   shared memory, no barrier: every subgroup sums its own lanes.
  * QX (Q8_0, Q4_K, Q5_K, Q6_K): the inputs come rounded to int8 in blocks of 32 (mmb_round.comp)
  * and each group of 8 weights and token is two integer dot products (matvec.comp's qdot): a
- * quarter of the input bytes and of the instructions of the float inputs. */
+ * quarter of the input bytes and of the instructions of the float inputs. Its workgroups are
+ * matvec.comp's: 128 threads take RS rows of W, splitting the rows' units over all threads
+ * (so a row's weights are in flight at once, from every thread, as in a decode step's
+ * product), then sum through shared memory; tokens CT at a time, the loop over them without a
+ * branch (a token past T is the last one again, not stored), so every input's load can be
+ * issued before the first product (perf rule "small-batch products"). */
 #include "common.glsl"
 
+#ifdef QX
+layout(local_size_x = 128) in;
+/* rows a workgroup (ANVIL_VK_MMBQ_ROWS) */
+layout(constant_id = MMB_SPEC_RS) const uint RS = 4u;
+#else
 layout(local_size_x = 256) in;
 /* rows a subgroup (ANVIL_VK_MMB_RS): more rows, fewer workgroups reading all of x */
 layout(constant_id = MMB_SPEC_RS) const uint RS = 2u;
+#endif
 
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uvec2 v[]; };
 
@@ -30,27 +41,26 @@ PC_BLOCK(PC_MMB, pc) /* push.h */
 #define CT 8u /* tokens a pass */
 #endif
 
+#ifdef QX
+#define RSMAX 8u /* (ANVIL_VK_MMBQ_ROWS' bound) */
+#define CTQ 4u   /* tokens a pass */
+shared float red[RSMAX * CTQ][32]; /* [row, token][subgroup] */
+
 void main() {
     W_INIT(pc.w)
-    uint SG = gl_SubgroupSize, lane = gl_SubgroupInvocationID;
-    uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * RS;
+    uint row0 = (gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x) * RS;
     if (row0 >= pc.N) return;
-    uint U = pc.Kp8 / UG;
-#ifndef QX
-    Vec4s xv = Vec4s(pc.x);
-#endif
-    for (uint t0 = 0u; t0 < pc.T; t0 += CT) {
-        float acc[RS][CT];
+    uint U = pc.Kp8 / UG, tid = gl_LocalInvocationID.x, sg = gl_SubgroupID;
+    for (uint t0 = 0u; t0 < pc.T; t0 += CTQ) {
+        float acc[RSMAX][CTQ];
         for (uint r = 0u; r < RS; r++)
-            for (uint j = 0u; j < CT; j++) acc[r][j] = 0.0;
-        for (uint u = lane; u < U; u += SG) {
-#ifdef QX
-            /* the rows' unit as integers (one integer dot product a 4 weights and token) */
-            uvec2 qi[RS][UG];
-            vec2 so[RS][UG];
+            for (uint j = 0u; j < CTQ; j++) acc[r][j] = 0.0;
+        for (uint u = tid; u < U; u += gl_WorkGroupSize.x) {
+            uvec2 qi[RSMAX][UG];
+            vec2 so[RSMAX][UG];
             for (uint r = 0u; r < RS; r++) unit_load_i(pc.w, min(row0 + r, pc.N - 1u), U, u, qi[r], so[r]);
-            for (uint j = 0u; j < CT; j++) {
-                uint t = min(t0 + j, pc.T - 1u); /* past T: the last token again, not stored */
+            for (uint j = 0u; j < CTQ; j++) {
+                uint t = min(t0 + j, pc.T - 1u);
                 for (uint g = 0u; g < UG; g++) {
                     uint e = t * pc.Kp8 * 8u + unit_pos(u, g); /* (zero past K) */
                     uvec2 xq = pc.x.v[e >> 3u];
@@ -61,7 +71,38 @@ void main() {
                                      so[r][g].y * xs;
                 }
             }
+        }
+        for (uint r = 0u; r < RS; r++)
+            for (uint j = 0u; j < CTQ; j++) {
+                float v = subgroupAdd(acc[r][j]);
+                if (subgroupElect()) red[r * CTQ + j][sg] = v;
+            }
+        barrier();
+        if (tid < RS * CTQ) {
+            uint r = tid / CTQ, j = tid % CTQ, n = row0 + r, t = t0 + j;
+            float v = 0.0;
+            for (uint i = 0u; i < gl_NumSubgroups; i++) v += red[tid][i];
+            if (n < pc.N && t < pc.T) {
+                uint o = t * pc.N + n;
+                pc.y.v[o] = (pc.flags & MM_RES) != 0u ? pc.res.v[o] + v : v;
+            }
+        }
+        barrier();
+    }
+}
 #else
+void main() {
+    W_INIT(pc.w)
+    uint SG = gl_SubgroupSize, lane = gl_SubgroupInvocationID;
+    uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * RS;
+    if (row0 >= pc.N) return;
+    uint U = pc.Kp8 / UG;
+    Vec4s xv = Vec4s(pc.x);
+    for (uint t0 = 0u; t0 < pc.T; t0 += CT) {
+        float acc[RS][CT];
+        for (uint r = 0u; r < RS; r++)
+            for (uint j = 0u; j < CT; j++) acc[r][j] = 0.0;
+        for (uint u = lane; u < U; u += SG) {
             vec4 qa[RS][UG], qb[RS][UG];
             vec2 so[RS][UG];
             for (uint r = 0u; r < RS; r++) unit_load(pc.w, min(row0 + r, pc.N - 1u), U, u, qa[r], qb[r], so[r]);
@@ -80,7 +121,6 @@ void main() {
                         acc[r][j] += so[r][g].x * (dot(qa[r][g], xa) + dot(qb[r][g], xb)) + so[r][g].y * xs;
                 }
             }
-#endif
         }
         for (uint r = 0u; r < RS; r++) {
             uint n = row0 + r;
@@ -96,3 +136,4 @@ void main() {
         }
     }
 }
+#endif
