@@ -173,7 +173,7 @@ static const struct knob KNOBS[] = {
     INT("ANVIL_VK_MMB_RS", C_DIAGNOSTIC, vk_mmb_rs, 2, 1, 8, NULL,
         "mmb.comp's rows of the weights a subgroup: more rows, fewer workgroups reading all "
         "of the inputs, more registers."),
-    INT("ANVIL_VK_MMBQ_ROWS", C_DIAGNOSTIC, vk_mmbq_rows, 4, 1, 8, NULL,
+    INT("ANVIL_VK_MMBQ_ROWS", C_DIAGNOSTIC, vk_mmbq_rows, 2, 1, 8, NULL,
         "mmb.comp's integer-dot form (rows 2-8 of a small-batch product): rows of the weights "
         "a workgroup of 128 threads, its threads splitting the rows' units as a decode step's "
         "product does."),
