@@ -184,6 +184,25 @@ static void split_memory(struct backend *base, uint64_t *now, uint64_t *peak) {
     }
 }
 
+/* Each device's program, a line or more each (--trace). */
+static void split_describe(struct program *pp, char *buf, size_t cap) {
+    struct split_prog *p = (struct split_prog *)pp;
+    size_t k = 0;
+    if (cap) buf[0] = 0;
+    for (int i = 0; i < p->b->n && k + 1 < cap; i++) {
+        const struct backend_vtable *vt = p->b->parts[i]->vt;
+        int m = snprintf(buf + k, cap - k, "device %d (layers %d-%d): ", i, p->b->first[i], p->b->first[i + 1] - 1);
+        if (m < 0 || (size_t)m >= cap - k) break;
+        k += (size_t)m;
+        if (vt->describe) vt->describe(p->p[i], buf + k, cap - k);
+        k += strlen(buf + k);
+        if (k > 0 && buf[k - 1] != '\n' && k + 1 < cap) {
+            buf[k++] = '\n';
+            buf[k] = 0;
+        }
+    }
+}
+
 static const char *split_device_name(struct backend *base) { return ((struct split_backend *)base)->name; }
 
 static anvil_status split_vit_encode(struct backend *base, const struct vit_desc *d, const float *pixels, int gh,
@@ -279,6 +298,7 @@ anvil_status backend_split_create(struct backend **parts, const int *first, int 
         .compile = split_compile,
         .program_destroy = split_prog_destroy,
         .run = split_run,
+        .describe = split_describe,
         .failed = split_failed,
         .memory = split_memory,
         .device_name = split_device_name,
