@@ -76,6 +76,24 @@ struct batch_rows {
                               later part, graph_part), else NULL */
 };
 
+/* A batch row's next token chosen by the backend itself (backend_vtable.run_batch_pick), with
+ * the sampling chain of engine/sampler.h: counter = the row's position + 1 (the chosen token's),
+ * the penalties over the last sp->window tokens up to and including the row's own. */
+struct batch_pick {
+    const struct sampling_params *sp; /* NULL: not chosen here (a dead row, or one the caller
+                                         chooses from the logits) */
+    const int32_t *history;           /* the tokens at positions 0 .. the row's position (its own
+                                         last), where sp->penalties; at least batch_pick_history
+                                         of them before the row's own are read */
+};
+/* The most tokens before a row's own that a device choice's penalties may look at. */
+#define BATCH_PICK_HISTORY 1024
+/* The tokens before position pos that the penalties of sp look at (0 without penalties). */
+static inline int batch_pick_history(const struct sampling_params *sp, int pos) {
+    if (!sp->penalties) return 0;
+    return sp->window < 0 || sp->window > pos ? pos : sp->window - 1;
+}
+
 /* One dispatch of a device program, timed (backend_vtable.time). */
 struct dispatch_time {
     const char *kernel; /* its kernel's name (static) */
@@ -146,6 +164,11 @@ struct backend_vtable {
     /* Optional: the device memory the backend may allocate (the device's, or the cap set), for
      * a layer split's what-fits-where before upload; NULL or 0: no limit known. */
     uint64_t (*capacity)(struct backend *b);
+    /* Optional: run_batch whose rows with pk[t].sp also choose their next token on the device
+     * (struct batch_pick; batch_pick_history(pk[t].sp, pos) <= BATCH_PICK_HISTORY), into
+     * tokens[t]: only those cross to the host, and the logits only where out is not NULL. */
+    anvil_status (*run_batch_pick)(struct program *p, const struct batch_rows *r, const struct batch_pick *pk,
+                                   int32_t *tokens, float *out);
 };
 
 /* A vision encoder as a backend runs it: the Qwen3-VL family's ViT (vision/vision.h has its

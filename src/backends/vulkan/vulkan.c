@@ -644,6 +644,13 @@ static anvil_status vk_run_batch(struct program *pp, const struct batch_rows *r,
     return vk_prefill_run_batch(p->prefill, r, out);
 }
 
+static anvil_status vk_run_batch_pick(struct program *pp, const struct batch_rows *r, const struct batch_pick *pk,
+                                      int32_t *tokens, float *out) {
+    struct vk_prog *p = (struct vk_prog *)pp;
+    if (!p->prefill) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: run_batch_pick needs a batch graph's program");
+    return vk_prefill_run_batch_pick(p->prefill, r, pk, tokens, out);
+}
+
 static anvil_status vk_run(struct program *pp, const int32_t *tokens, int pos0, float *out) {
     struct vk_prog *p = (struct vk_prog *)pp;
     if (p->prefill) return vk_prefill_run(p->prefill, tokens, pos0, out);
@@ -832,7 +839,7 @@ static uint64_t vk_capacity(struct backend *base) { return vk_device_local_bytes
 static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
     vk_failed, vk_memory, vk_time, vk_device_name, vk_run_batch, vk_run_extras, vk_vit_encode, vk_states_save,
-    vk_states_restore, vk_states_rewind, vk_capacity,
+    vk_states_restore, vk_states_rewind, vk_capacity, vk_run_batch_pick,
 };
 
 void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t max_memory) {

@@ -112,6 +112,10 @@ anvil_status vk_prefill_run(struct vk_prefill *p, const int32_t *tokens, int pos
 /* Runs a batch program (a batch graph's, g->n_seqs > 0) on rows r (T of them); out as for
  * vk_prefill_run. */
 anvil_status vk_prefill_run_batch(struct vk_prefill *p, const struct batch_rows *r, float *out);
+/* The same, rows with pk[t].sp choosing their next token on the device into tokens[t]
+ * (backend_vtable.run_batch_pick; prefill/pick.c). */
+anvil_status vk_prefill_run_batch_pick(struct vk_prefill *p, const struct batch_rows *r, const struct batch_pick *pk,
+                                       int32_t *tokens, float *out);
 /* The vision encoder (prefill/vit.c): one image's pixels [gh * gw][K] into out [gh * gw / M²][E];
  * d's weights must be uploaded (vk_vit_encode in vulkan.c does it). */
 anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const float *pixels, int gh, int gw,

@@ -433,7 +433,9 @@ _Static_assert(PC_WORD(pc_attn, q, ATW_Q) && PC_WORD(pc_attn, k, ATW_K) && PC_WO
 struct vk_ctl {
     uint32_t token, pos, stop, n_out, budget, n_feed, feed_idx, n_ctx, n_eos, eos_hit, steps;
     uint32_t fault; /* mega.comp's workgroups did not all meet (the grid was not resident) */
-    uint32_t pad[4];
+    uint32_t pad1;
+    uint32_t hist0; /* the position of data[2 n_ctx]'s token (common.glsl) */
+    uint32_t pad[2];
     uint32_t eos[16];
     /* the sampling chain's parameters (struct sampling_params), set per request */
     float s_inv_temp, s_rp, s_inv_rp, s_presence, s_frequency, s_top_p, s_min_p;
@@ -444,5 +446,7 @@ struct vk_ctl {
 #define CTL_STOP_EOS 2
 #define CTL_STOP_CONTEXT 3
 #define CTL_MAX_EOS 16
+/* A control block's (or a batch row's record's) sampling chain from sp (decode/run.c). */
+void ctl_set_sampling(volatile struct vk_ctl *c, uint32_t V, const struct sampling_params *sp);
 
 #endif

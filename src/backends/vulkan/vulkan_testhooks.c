@@ -171,7 +171,7 @@ anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, co
     c->budget = 1;
     for (int i = 0; i < n_hist - 1; i++) c->data[2 * n_ctx + i] = (uint32_t)hist[i];
     ctl_set_sampling(c, (uint32_t)V, sp);
-    struct pc_sample ps = {lg.addr, ctl.addr, scratch.addr, scratch.addr + SAMPLE_PART_BYTES(nwg), (uint32_t)V, nwg};
+    struct pc_sample ps = {lg.addr, ctl.addr, scratch.addr, scratch.addr + SAMPLE_PART_BYTES(nwg), (uint32_t)V, nwg, 0};
     struct test_dispatch one = {K_SAMPLE, &ps, sizeof ps, nwg};
     st = test_run(b, &one, 1, scratch.buf);
     if (st == ANVIL_OK && c->n_out != 1)

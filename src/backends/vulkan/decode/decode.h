@@ -221,6 +221,5 @@ anvil_status record_program(struct vk_program *p);
 /* ---- run.c (the host side) ---- */
 
 void ctl_reset(struct vk_program *p, int32_t token, int pos0);
-void ctl_set_sampling(volatile struct vk_ctl *c, uint32_t V, const struct sampling_params *sp);
 
 #endif

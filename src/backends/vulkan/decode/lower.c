@@ -533,7 +533,7 @@ anvil_status lower_graph(struct lower *L) {
     VkDeviceSize cnt = L->arena_size;
     L->arena_size += SAMPLE_CNT_BYTES(nwg);
     struct pc_sample ps = {L->p->arena.addr + L->p->logits_off, L->p->ctl.addr, L->p->arena.addr + part,
-                           L->p->arena.addr + cnt, L->p->V, nwg};
+                           L->p->arena.addr + cnt, L->p->V, nwg, 0};
     struct vk_dispatch *so = &L->p->sample_op;
     memset(so, 0, sizeof *so);
     so->k = K_SAMPLE;
@@ -545,6 +545,6 @@ anvil_status lower_graph(struct lower *L) {
     uint32_t anwg = (L->p->V + ARGMAX_CH - 1) / ARGMAX_CH;
     VkDeviceSize apart = alloc_scratch(L, (VkDeviceSize)anwg * 8), acnt = alloc_scratch(L, 4);
     struct pc_argmax pa = {L->p->arena.addr + L->p->logits_off, L->p->ctl.addr, L->p->arena.addr + apart,
-                           L->p->arena.addr + acnt, L->p->V, anwg};
+                           L->p->arena.addr + acnt, L->p->V, anwg, 0};
     return emit_dispatch(L->p, K_ARGMAX, anwg, 1, &pa, sizeof pa);
 }

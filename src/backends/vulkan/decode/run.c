@@ -26,6 +26,7 @@ void ctl_reset(struct vk_program *p, int32_t token, int pos0) {
     c->n_eos = 0;
     c->eos_hit = 0;
     c->steps = 0;
+    c->hist0 = 0;
 }
 
 anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float *logits) {

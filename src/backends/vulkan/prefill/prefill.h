@@ -159,6 +159,12 @@ struct vk_prefill {
     struct pf_op *ops;
     int n_ops, cap_ops;
     VkCommandBuffer cb;
+    /* a batch program's choices on the device (pick.c): its output's R rows of V logits, a
+     * record per row (the host's), the kernels' lists and counters; the logits' copy and the
+     * two choosing kernels, each a command buffer submitted after cb when wanted */
+    uint32_t V, R;
+    struct vk_buffer pick_rec, pick_scr;
+    VkCommandBuffer cb_copy, cb_argmax, cb_sample;
     /* ANVIL_VK_PROFILE=1: a timestamp after every kernel; the GPU time per kernel, summed
      * over the runs, is printed when the program is destroyed */
     VkQueryPool queries;
@@ -185,11 +191,19 @@ struct moe_layout {
 
 /* ---- program.c ---- */
 
-/* Records p's op list into p->cb, then the copy of [out_off, + out_bytes) of the arena into
- * the readback buffer. */
+/* Records p's op list into p->cb, then (but for a batch program: pick.c's cb_copy) the copy
+ * of [out_off, + out_bytes) of the arena into the readback buffer. */
 anvil_status pf_record(struct vk_prefill *p);
 /* ANVIL_VK_PROFILE=1: the last run's timestamps added to the profile */
 void pf_profile_read(struct vk_prefill *p);
+/* A batch program's params block (prefill.h's layout) for rows r. */
+anvil_status pf_batch_params(struct vk_prefill *p, const struct batch_rows *r);
+
+/* ---- pick.c (a batch's choices on the device) ---- */
+
+/* The records, scratch and command buffers for a batch program whose output node is out. */
+anvil_status pf_pick_create(struct vk_prefill *p, const struct node *out);
+void pf_pick_destroy(struct vk_prefill *p);
 
 /* ---- lower.c (lowering) ---- */
 

@@ -46,11 +46,13 @@ anvil_status pf_record(struct vk_prefill *p) {
         vkCmdDispatch(cb, o->gx, o->gy, o->gz);
         if (p->queries) vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, (uint32_t)i + 1);
     }
-    barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
-    VkBufferCopy c = {p->out_off, 0, p->out_bytes};
-    vkCmdCopyBuffer(cb, p->arena.buf, p->readback.buf, 1, &c);
-    barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT | STAGE_C, VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT,
-            VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    if (!p->n_seqs) { /* (a batch program's copy is a command buffer of its own: pick.c) */
+        barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
+        VkBufferCopy c = {p->out_off, 0, p->out_bytes};
+        vkCmdCopyBuffer(cb, p->arena.buf, p->readback.buf, 1, &c);
+        barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT | STAGE_C, VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT,
+                VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    }
     return vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
 }
 
@@ -186,6 +188,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         if (st == ANVIL_OK && !(p->prof_ns = xcalloc((size_t)p->n_ops, sizeof *p->prof_ns))) st = ANVIL_ERR_NOMEM;
     }
     if (st == ANVIL_OK) st = pf_record(p);
+    if (st == ANVIL_OK && p->n_seqs) st = pf_pick_create(p, &g->nodes[o]);
     if (st == ANVIL_OK)
         log_info("vulkan: prefill program for %d tokens: %d kernels, arena %.2f MiB", p->T, p->n_ops,
                  (double)P.size / (1 << 20));
@@ -243,6 +246,7 @@ void vk_prefill_destroy(struct vk_prefill *p) {
         if (p->cb) vkFreeCommandBuffers(d->dev, d->pool, 1, &p->cb);
     }
     free(p->prof_ns);
+    pf_pick_destroy(p);
     vk_buffer_destroy(d, &p->arena);
     vk_buffer_destroy(d, &p->prm);
     vk_buffer_destroy(d, &p->readback);
@@ -269,14 +273,15 @@ static anvil_status submit(struct vk_prefill *p, const float *in, float *out) {
     if (p->in_bytes && !in) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: the program's input rows are not given");
     if (p->in_bytes) memcpy(p->input.map, in, p->in_bytes);
     uint64_t v;
-    anvil_status st = vk_submit(p->b->d, &p->cb, 1, &v);
+    VkCommandBuffer cbs[2] = {p->cb, p->cb_copy}; /* a batch program's copy: when out */
+    anvil_status st = vk_submit(p->b->d, cbs, p->n_seqs && out ? 2 : 1, &v);
     if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
     if (st == ANVIL_OK && out) memcpy(out, p->readback.map, p->out_bytes);
     if (st == ANVIL_OK && p->queries) pf_profile_read(p);
     return st;
 }
 
-anvil_status vk_prefill_run_batch(struct vk_prefill *p, const struct batch_rows *r, float *out) {
+anvil_status pf_batch_params(struct vk_prefill *p, const struct batch_rows *r) {
     if (!p->n_seqs) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: rows of sequences need a batch program");
     uint32_t *prm = p->prm.map, T = (uint32_t)p->T, kb = (uint32_t)p->kv_block;
     uint32_t *mm = prm + 4 + T, c = 4 + T + 5 + 4 * T, *bw = prm + c, *tables = bw + 2 + 3 * T;
@@ -318,7 +323,12 @@ anvil_status vk_prefill_run_batch(struct vk_prefill *p, const struct batch_rows 
                 tables[s * p->stride + i] = (uint32_t)tab[i];
             }
     }
-    return submit(p, r->input, out);
+    return ANVIL_OK;
+}
+
+anvil_status vk_prefill_run_batch(struct vk_prefill *p, const struct batch_rows *r, float *out) {
+    anvil_status st = pf_batch_params(p, r);
+    return st == ANVIL_OK ? submit(p, r->input, out) : st;
 }
 
 anvil_status vk_prefill_run_mm(struct vk_prefill *p, const int32_t *tokens, int pos0, const struct run_extras *x,

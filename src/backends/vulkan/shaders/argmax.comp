@@ -2,7 +2,9 @@
 /* The end of a greedy decode step: the argmax of the logits (lowest id on ties) is the next
  * token (step.glsl). Workgroup w takes logits [w * CH, (w + 1) * CH) and leaves its best
  * (value, id) in part[w]; the last workgroup to finish (a counter, reset by it) merges the
- * NWG of them and ends the step. */
+ * NWG of them and ends the step. A batch's rows (pc.rec > 0): workgroup row y chooses row y's
+ * token from its logits into its record's token (the host reads it), on its part and counter. */
+#extension GL_EXT_buffer_reference_uvec2 : require
 #include "common.glsl"
 #include "step.glsl"
 
@@ -46,17 +48,24 @@ void wg_best(inout float v, inout uint i) {
 }
 
 void main() {
-    if (pc.ctl.stop != 0u) return;
-    uint t = gl_LocalInvocationID.x;
-    uint fi = pc.ctl.feed_idx, n_out = pc.ctl.n_out;
-    bool feeding = fi < pc.ctl.n_feed;
-    bool done = !feeding && n_out >= pc.ctl.budget;
+    uint row = gl_WorkGroupID.y;
+    Ctl ctl = pc.ctl;
+    if (pc.rec != 0u) { /* row's record: rec words a row on (no carry out of 2^32 bytes a row) */
+        uvec2 a = uvec2(pc.ctl);
+        uint lo = a.x + row * pc.rec * 4u;
+        ctl = Ctl(uvec2(lo, a.y + (lo < a.x ? 1u : 0u)));
+    }
+    if (ctl.stop != 0u) return;
+    uint t = gl_LocalInvocationID.x, lb = row * pc.V, pb = row * pc.NWG;
+    uint fi = ctl.feed_idx, n_out = ctl.n_out;
+    bool feeding = fi < ctl.n_feed;
+    bool done = !feeding && n_out >= ctl.budget;
     float best = -1.0 / 0.0;
     uint best_i = NONE;
     if (!feeding && !done) {
         uint hi = min((gl_WorkGroupID.x + 1u) * CH, pc.V);
         for (uint i = gl_WorkGroupID.x * CH + t; i < hi; i += 256u) {
-            float x = pc.logits.v[i];
+            float x = pc.logits.v[lb + i];
             if (x > best || best_i == NONE) {
                 best = x;
                 best_i = i;
@@ -64,22 +73,23 @@ void main() {
         }
         wg_best(best, best_i);
     }
-    if (t == 0u) pc.part.v[gl_WorkGroupID.x] = uvec2(floatBitsToUint(best), best_i);
+    if (t == 0u) pc.part.v[pb + gl_WorkGroupID.x] = uvec2(floatBitsToUint(best), best_i);
     memoryBarrierBuffer();
     barrier();
-    if (t == 0u) last_wg = atomicAdd(pc.cnt.v[0], 1u) == pc.NWG - 1u;
+    if (t == 0u) last_wg = atomicAdd(pc.cnt.v[row], 1u) == pc.NWG - 1u;
     barrier();
     if (!last_wg) return;
     memoryBarrierBuffer();
     best = -1.0 / 0.0;
     best_i = NONE;
     for (uint w = t; w < pc.NWG; w += 256u) {
-        uvec2 p = pc.part.v[w];
+        uvec2 p = pc.part.v[pb + w];
         better(best, best_i, uintBitsToFloat(p.x), p.y);
     }
     wg_best(best, best_i);
     if (t == 0u) {
-        pc.cnt.v[0] = 0u; /* ready for the next step */
-        step_end(pc.ctl, feeding, done, best_i);
+        pc.cnt.v[row] = 0u; /* ready for the next step */
+        if (pc.rec != 0u) ctl.token = best_i;
+        else step_end(ctl, feeding, done, best_i);
     }
 }

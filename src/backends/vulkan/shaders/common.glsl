@@ -70,7 +70,10 @@ layout(buffer_reference, std430, buffer_reference_align = 16) buffer Ctl {
     uint eos_hit;  /* the stop token chosen */
     uint steps;    /* steps that ran (not skipped) */
     uint fault;    /* mega.comp: its workgroups did not all meet (the grid was not resident) */
-    uint pad1, pad2, pad3, pad4;
+    uint pad1;     /* (mega.comp, prefetch.comp: pad1 and pad4 take words nothing reads) */
+    uint hist0;    /* the position of the history's first token in data[2 n_ctx] (0: the whole
+                      history; a batch row's record holds only its penalty window) */
+    uint pad3, pad4;
     uint eos[16];
     /* the sampling chain's parameters (struct sampling_params), set per request */
     float s_inv_temp, s_rp, s_inv_rp, s_presence, s_frequency, s_top_p, s_min_p;

@@ -142,7 +142,10 @@
     ADDR(Ctl, ctl) \
     ADDR(Pairs, part)       /* [NWG] (value bits, id) */ \
     ADDR(Counter, cnt)      /* zero between steps */ \
-    U32(V) U32(NWG)
+    U32(V) U32(NWG) \
+    U32(rec)                /* 0: one control block, the step ends (step.glsl); else a batch's \
+                               rows (workgroup y), row r's record rec words after row r-1's, \
+                               its logits at logits[r V], part[r NWG], cnt[r] */
 
 /* sample.comp: the next token drawn by the sampling chain */
 #define PC_SAMPLE(ADDR, U32, F32) \
@@ -151,7 +154,10 @@
     ADDR(Keys, part)        /* [NWG][MAXK] (key, id) */ \
     ADDR(Counter, cnt)      /* [tree nodes] (< 2 NWG), zero between steps */ \
     U32(V) \
-    U32(NWG)                /* ceil(V / CH) */
+    U32(NWG)                /* ceil(V / CH) */ \
+    U32(rec)                /* 0: one control block, the step ends (step.glsl); else a batch's \
+                               rows (workgroup y), row r's record rec words after row r-1's, \
+                               its logits at logits[r V], part[r NWG MAXK], cnt[2 r NWG] */
 
 /* prefetch.comp: three ranges of weights read into L2 */
 #define PC_PREFETCH(ADDR, U32, F32) \

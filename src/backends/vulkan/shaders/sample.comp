@@ -2,7 +2,9 @@
 /* The end of a sampling decode step: the sampling chain of engine/sampler.h on the GPU,
  * choosing exactly the token sampler.c chooses from the same logits (every float operation
  * `precise` and in the same order; sampler_exp from adds and multiplies alone; the
- * candidates in a total order), then step.glsl.
+ * candidates in a total order), then step.glsl. A batch's rows (pc.rec > 0): workgroup row y
+ * chooses row y's token from its logits with its record's chain and penalty window (data[]
+ * from position hist0 on), into the record's token (the host reads it; no step.glsl).
  *
  * NWG workgroups, one per chunk of CH logits: each applies the penalties of the tokens in
  * its chunk (the history window in the control block) and sorts its chunk (bitonic, in
@@ -16,6 +18,7 @@
  * Order: logit descending, lower id first among equals (the key (orderable bits, id)).
  */
 #extension GL_EXT_control_flow_attributes : enable
+#extension GL_EXT_buffer_reference_uvec2 : require
 #include "common.glsl"
 #include "step.glsl"
 
@@ -34,6 +37,9 @@ shared float ex[MAXK];
 shared float cs[MAXK];
 shared bool last_wg;
 shared uint chosen_s;
+
+Ctl ctl;  /* this row's control block or record */
+uint lb;  /* its logits' first index */
 
 const uvec2 PAD = uvec2(0u, 0xffffffffu); /* after every real candidate */
 
@@ -87,7 +93,7 @@ uint hash32(uint x) {
 
 /* the token at position q of the history; P is the current step's (its token is not in the
  * history yet) */
-uint tok_at(uint q, uint P, uint n_ctx) { return q == P ? pc.ctl.token : pc.ctl.data[2u * n_ctx + q]; }
+uint tok_at(uint q, uint P, uint n_ctx) { return q == P ? ctl.token : ctl.data[2u * n_ctx + q - ctl.hist0]; }
 
 /* one compare-exchange of bitonic sorting step (k, j): thread t's pair */
 void cmpx(uint t, uint j, uint k) {
@@ -102,24 +108,33 @@ void cmpx(uint t, uint j, uint k) {
 }
 
 void main() {
-    if (pc.ctl.stop != 0u) return;
+    uint row = gl_WorkGroupID.y;
+    ctl = pc.ctl;
+    if (pc.rec != 0u) { /* row's record: rec words a row on (no carry out of 2^32 bytes a row) */
+        uvec2 a = uvec2(pc.ctl);
+        uint lo = a.x + row * pc.rec * 4u;
+        ctl = Ctl(uvec2(lo, a.y + (lo < a.x ? 1u : 0u)));
+    }
+    lb = row * pc.V;
+    uint pb = row * pc.NWG * MAXK, cb = 2u * row * pc.NWG; /* its lists and counters */
+    if (ctl.stop != 0u) return;
     uint t = gl_LocalInvocationID.x, wg = gl_WorkGroupID.x;
-    uint fi = pc.ctl.feed_idx, n_out = pc.ctl.n_out;
-    bool feeding = fi < pc.ctl.n_feed;
-    bool done = !feeding && n_out >= pc.ctl.budget;
+    uint fi = ctl.feed_idx, n_out = ctl.n_out;
+    bool feeding = fi < ctl.n_feed;
+    bool done = !feeding && n_out >= ctl.budget;
     bool work = !feeding && !done;
-    uint K = pc.ctl.s_K;
+    uint K = ctl.s_K;
     if (work) {
         uint lo = wg * CH;
         for (uint i = t; i < CH; i += gl_WorkGroupSize.x) {
             uint id = lo + i;
-            key[i] = id < pc.V ? uvec2(fkey(pc.logits.v[id]), id) : PAD;
+            key[i] = id < pc.V ? uvec2(fkey(pc.logits.v[lb + id]), id) : PAD;
         }
         barrier();
-        if (pc.ctl.s_penalties != 0u) {
+        if (ctl.s_penalties != 0u) {
             /* step 1 for this chunk's tokens: each distinct token of the window once, by the
              * thread that holds its first occurrence */
-            uint P = pc.ctl.pos, n_ctx = pc.ctl.n_ctx, W = pc.ctl.s_window;
+            uint P = ctl.pos, n_ctx = ctl.n_ctx, W = ctl.s_window;
             uint a = (W == 0xffffffffu || W > P) ? 0u : P + 1u - W;
             for (uint q = a + t; q <= P; q += gl_WorkGroupSize.x) {
                 uint tok = tok_at(q, P, n_ctx);
@@ -129,12 +144,12 @@ void main() {
                 if (seen) continue;
                 uint c = 0u;
                 for (uint r = q; r <= P; r++) c += tok_at(r, P, n_ctx) == tok ? 1u : 0u;
-                float l = ftz(pc.logits.v[tok]);
-                precise float m = l > 0.0 ? l * pc.ctl.s_inv_rp : l * pc.ctl.s_rp;
+                float l = ftz(pc.logits.v[lb + tok]);
+                precise float m = l > 0.0 ? l * ctl.s_inv_rp : l * ctl.s_rp;
                 l = ftz(m);
-                precise float m2 = l - pc.ctl.s_presence;
+                precise float m2 = l - ctl.s_presence;
                 l = ftz(m2);
-                precise float fc = pc.ctl.s_frequency * float(c);
+                precise float fc = ctl.s_frequency * float(c);
                 precise float m3 = l - fc;
                 l = ftz(m3);
                 key[tok - lo] = uvec2(fkey(l), tok);
@@ -157,10 +172,10 @@ void main() {
         uint E = (min(pc.NWG, leaf0 + span * F) - leaf0 + span - 1u) / span; /* its children */
         if (E > 1u) {
             if (work) /* this workgroup's list, at its child's first leaf */
-                for (uint i = t; i < K; i += gl_WorkGroupSize.x) pc.part.v[(wg / span * span) * MAXK + i] = key[i];
+                for (uint i = t; i < K; i += gl_WorkGroupSize.x) pc.part.v[pb + (wg / span * span) * MAXK + i] = key[i];
             memoryBarrierBuffer();
             barrier();
-            uint c = node_base + wg / (span * F);
+            uint c = cb + node_base + wg / (span * F);
             if (t == 0u) last_wg = atomicAdd(pc.cnt.v[c], 1u) == E - 1u;
             barrier();
             if (!last_wg) return;
@@ -174,7 +189,7 @@ void main() {
                 for (uint i = t; i < P; i += gl_WorkGroupSize.x) {
                     uint sl = i / Kp, r = i % Kp;
                     uint rr = (sl & 1u) != 0u ? Kp - 1u - r : r;
-                    key[i] = sl < E && rr < K ? pc.part.v[(leaf0 + sl * span) * MAXK + rr] : PAD;
+                    key[i] = sl < E && rr < K ? pc.part.v[pb + (leaf0 + sl * span) * MAXK + rr] : PAD;
                 }
                 barrier();
                 for (uint k = 2u * Kp; k <= P; k <<= 1u)
@@ -188,13 +203,13 @@ void main() {
         span *= F;
     }
     if (work) {
-        if (pc.ctl.s_greedy != 0u) { /* step 3 */
+        if (ctl.s_greedy != 0u) { /* step 3 */
             if (t == 0u) chosen_s = key[0].y;
         } else {
             /* step 4: the exponentials in parallel, the sums in order on one thread */
             if (t < K) {
                 precise float d = ftz(unkey(key[t].x)) - ftz(unkey(key[0].x));
-                precise float x = d * pc.ctl.s_inv_temp;
+                precise float x = d * ctl.s_inv_temp;
                 ex[t] = sexp(x);
             }
             barrier();
@@ -205,16 +220,16 @@ void main() {
                     cs[i] = run;
                 }
                 uint kept = K;
-                if (pc.ctl.s_top_p < 1.0) { /* step 5 */
-                    precise float want = pc.ctl.s_top_p * cs[K - 1u];
+                if (ctl.s_top_p < 1.0) { /* step 5 */
+                    precise float want = ctl.s_top_p * cs[K - 1u];
                     for (uint i = 0u; i < K; i++)
                         if (cs[i] >= want) {
                             kept = i + 1u;
                             break;
                         }
                 }
-                if (pc.ctl.s_min_p > 0.0) { /* step 6 */
-                    precise float fl = pc.ctl.s_min_p * ex[0];
+                if (ctl.s_min_p > 0.0) { /* step 6 */
+                    precise float fl = ctl.s_min_p * ex[0];
                     for (uint k = 1u; k < kept; k++)
                         if (ex[k] < fl) {
                             kept = k;
@@ -222,7 +237,7 @@ void main() {
                         }
                 }
                 /* step 7: counter = the chosen token's position */
-                uint h = hash32(pc.ctl.s_seed_lo ^ hash32(pc.ctl.s_seed_hi ^ hash32(pc.ctl.pos + 1u)));
+                uint h = hash32(ctl.s_seed_lo ^ hash32(ctl.s_seed_hi ^ hash32(ctl.pos + 1u)));
                 precise float u = float(h >> 8u) * (1.0 / 16777216.0);
                 precise float target = u * cs[kept - 1u];
                 uint c = key[kept - 1u].y;
@@ -235,5 +250,8 @@ void main() {
             }
         }
     }
-    if (t == 0u) step_end(pc.ctl, feeding, done, work ? chosen_s : 0u);
+    if (t == 0u) {
+        if (pc.rec != 0u) ctl.token = chosen_s;
+        else step_end(ctl, feeding, done, work ? chosen_s : 0u);
+    }
 }
