@@ -371,6 +371,10 @@ int anvil_batch_kv_blocks(const anvil_batch *b, int *total);
 /* The logits (vocab floats) from which sequence id chose its last token, before its penalties
  * (keep_logits); ANVIL_ERR_INVALID_ARG when not kept or not chosen yet. */
 anvil_status anvil_batch_logits(const anvil_batch *b, int id, float *out);
+/* Tokens chosen so far by the backend itself (the Vulkan backend's decode steps, where
+ * ANVIL_VK_BATCH_PICK is on: only their ids crossed from the device); the rest were chosen on
+ * the host from the logits (prompts' first tokens, the CPU backend). */
+int64_t anvil_batch_device_choices(const anvil_batch *b);
 
 /* ---- Tokenizer and chat templates ----------------------------------------------------------
  *

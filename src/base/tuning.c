@@ -170,6 +170,11 @@ static const struct knob KNOBS[] = {
         "rows multiply on mmb.comp's float-input path (or its integer one where ANVIL_VK_MMB "
         "covers them), every weight read once for all rows; more rows take the prefill's "
         "products. 0 keeps every batch on the prefill's products."),
+    BOOL("ANVIL_VK_BATCH_PICK", C_DIAGNOSTIC, vk_batch_pick, 1,
+         "A batch step's decoding sequences choose their next tokens on the device (argmax.comp "
+         "or sample.comp per row, with each sequence's chain, seed and penalty window): only the "
+         "token ids come back, not every row's logits (docs/BATCHING.md); 0 reads the logits "
+         "back and samples each row on the host."),
     INT("ANVIL_VK_MMB_RS", C_DIAGNOSTIC, vk_mmb_rs, 2, 1, 8, NULL,
         "mmb.comp's rows of the weights a subgroup: more rows, fewer workgroups reading all "
         "of the inputs, more registers."),

@@ -5,7 +5,11 @@
  * states have a slice per sequence. A step runs prompt chunks (one sequence each, through a
  * prefill program of that many rows), then one decode program over every sequence past its
  * prompt, a row each, and chooses each row's next token with the sequence's own sampling chain
- * (sampler.h), exactly as anvil_session_generate does for one sequence.
+ * (sampler.h), exactly as anvil_session_generate does for one sequence: on the host from the
+ * row's logits, or, where the backend can (run_batch_pick; ANVIL_VK_BATCH_PICK), on the device,
+ * only the chosen ids coming back. A prompt's first token is always chosen on the host (from
+ * its last chunk's logits, checked finite there: broken weights are caught before any choice
+ * on the device).
  *
  * Block accounting: a sequence is admitted only when the pool's free blocks, less those promised
  * to the running sequences, hold its prompt and its budget (within the context); blocks are then
@@ -34,6 +38,7 @@ struct bseq {
     int pos;           /* tokens in the cache: the next row's position */
     int n_generated;
     anvil_generate_params gp; /* gp.stop_tokens points at stop */
+    struct sampling_params sp; /* gp.sampling prepared (sampler_prepare) */
     int32_t *stop;
     int32_t *blocks;   /* its row of the block tables: [max_blocks] */
     int n_blocks;      /* blocks it holds */
@@ -55,6 +60,7 @@ struct anvil_batch {
     struct backend *backend;
     int V, n_ctx, n_seq_max, kv_block, kv_blocks, max_blocks, prefill_chunk;
     bool keep_logits;
+    bool pick;              /* decode rows chosen on the device where they can be */
     struct bseq *seqs;      /* [n_seq_max] */
     int32_t *tables;        /* [n_seq_max][max_blocks] */
     int32_t *free_blocks;   /* [kv_blocks]: a stack of the pool's free blocks */
@@ -64,6 +70,9 @@ struct anvil_batch {
     struct batch_program progs[BATCH_PROGRAMS];
     float *out;             /* [decode_rows(n_seq_max)][V]: a run's logits */
     int32_t *row_tok, *row_seq, *row_pos; /* [max(decode_rows(n_seq_max), prefill_chunk)] */
+    struct batch_pick *pk;  /* [decode_rows(n_seq_max)]: each decode row's choice on the device */
+    int32_t *picked;        /* [decode_rows(n_seq_max)]: the tokens chosen there */
+    int64_t device_choices; /* tokens chosen there, in all */
     void *scratch;          /* SAMPLER_SCRATCH_BYTES */
     char err[ERRMSG_LEN];
 };
@@ -106,6 +115,8 @@ void anvil_batch_destroy(anvil_batch *b) {
     free(b->row_tok);
     free(b->row_seq);
     free(b->row_pos);
+    free(b->pk);
+    free(b->picked);
     free(b->scratch);
     free(b);
 }
@@ -153,9 +164,11 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->row_tok = xmalloc((size_t)rows * sizeof *b->row_tok);
     b->row_seq = xmalloc((size_t)rows * sizeof *b->row_seq);
     b->row_pos = xmalloc((size_t)rows * sizeof *b->row_pos);
+    b->pk = xcalloc((size_t)decode_rows(b->n_seq_max), sizeof *b->pk);
+    b->picked = xmalloc((size_t)decode_rows(b->n_seq_max) * sizeof *b->picked);
     b->scratch = xmalloc(SAMPLER_SCRATCH_BYTES);
     st = b->seqs && b->tables && b->free_blocks && b->out && b->row_tok && b->row_seq &&
-                 b->row_pos && b->scratch ? ANVIL_OK : ANVIL_ERR_NOMEM;
+                 b->row_pos && b->pk && b->picked && b->scratch ? ANVIL_OK : ANVIL_ERR_NOMEM;
     for (int i = 0; i < b->n_seq_max && st == ANVIL_OK; i++) {
         struct bseq *q = &b->seqs[i];
         q->blocks = b->tables + (size_t)i * (size_t)b->max_blocks;
@@ -186,6 +199,7 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
         anvil_batch_destroy(b);
         return st;
     }
+    b->pick = t.vk_batch_pick && b->backend->vt->run_batch_pick;
     *out = b;
     return ANVIL_OK;
 }
@@ -245,6 +259,7 @@ anvil_status anvil_batch_add(anvil_batch *b, const int32_t *prompt, int n_prompt
     q->stop = stop;
     q->gp = *gp;
     q->gp.stop_tokens = stop;
+    sampler_prepare(&gp->sampling, b->V, &q->sp);
     memcpy(q->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
     q->n_prompt = q->n_known = n_prompt;
     q->pos = q->n_generated = q->n_blocks = 0;
@@ -272,6 +287,8 @@ anvil_status anvil_batch_remove(anvil_batch *b, int id) {
     q->id = 0;
     return ANVIL_OK;
 }
+
+int64_t anvil_batch_device_choices(const anvil_batch *b) { return b->device_choices; }
 
 anvil_status anvil_batch_logits(const anvil_batch *b, int id, float *out) {
     const struct bseq *q = b ? find(b, id) : NULL;
@@ -318,15 +335,15 @@ static anvil_status program_for(anvil_batch *b, int T, bool last_only, struct pr
     return ANVIL_OK;
 }
 
-/* Chooses q's next token from its logits (modified: penalties) as anvil_session_generate does,
- * and reports it in *ev. */
-static void choose(anvil_batch *b, struct bseq *q, float *logits, anvil_batch_event *ev) {
-    if (b->keep_logits) {
-        memcpy(q->logits, logits, (size_t)b->V * sizeof *logits);
-        q->has_logits = true;
-    }
-    int32_t tok = sampler_sample(logits, b->V, &q->gp.sampling, q->tokens, q->pos,
-                                 (uint32_t)q->pos, b->scratch);
+/* Keeps the logits q's next choice is made from, where the batch keeps them. */
+static void keep_logits(anvil_batch *b, struct bseq *q, const float *logits) {
+    if (!b->keep_logits) return;
+    memcpy(q->logits, logits, (size_t)b->V * sizeof *logits);
+    q->has_logits = true;
+}
+
+/* q's next token is tok: reports it in *ev, as anvil_session_generate would. */
+static void deliver(anvil_batch *b, struct bseq *q, int32_t tok, anvil_batch_event *ev) {
     ev->id = q->id;
     ev->token = tok;
     ev->stop = ANVIL_STOP_NONE;
@@ -344,16 +361,25 @@ static void choose(anvil_batch *b, struct bseq *q, float *logits, anvil_batch_ev
     if (ev->stop != ANVIL_STOP_NONE) end_seq(b, q);
 }
 
+/* Chooses q's next token on the host from its logits (modified: penalties) and delivers it. */
+static void choose(anvil_batch *b, struct bseq *q, float *logits, anvil_batch_event *ev) {
+    keep_logits(b, q, logits); /* (before the penalties) */
+    int32_t tok = sampler_sample_prepared(logits, b->V, &q->sp, q->tokens, q->pos, (uint32_t)q->pos, b->scratch);
+    deliver(b, q, tok, ev);
+}
+
 /* Runs rows [0, T) of b->row_* (their sequences' blocks grown; rows from n_live on dead: a
  * program's padding) through a program; out, when not NULL, receives the logits of the last row
  * (last_only) or of every row, those of the live rows finite (else the weights are broken: an
- * error, never a garbage token). */
-static anvil_status run_rows(anvil_batch *b, int T, int n_live, bool last_only, float *out) {
+ * error, never a garbage token). pick: the rows with b->pk[t].sp choose on the device, into
+ * b->picked (run_batch_pick). */
+static anvil_status run_rows(anvil_batch *b, int T, int n_live, bool last_only, bool pick, float *out) {
     struct program *p;
     anvil_status st = program_for(b, T, last_only, &p);
     if (st != ANVIL_OK) return st;
     struct batch_rows r = {b->row_tok, b->row_seq, b->row_pos, b->tables, b->max_blocks, NULL};
-    if ((st = b->backend->vt->run_batch(p, &r, out)) != ANVIL_OK || !out) return st;
+    st = pick ? b->backend->vt->run_batch_pick(p, &r, b->pk, b->picked, out) : b->backend->vt->run_batch(p, &r, out);
+    if (st != ANVIL_OK || !out) return st;
     size_t n = (size_t)(last_only ? 1 : n_live) * (size_t)b->V;
     for (size_t i = 0; i < n; i++)
         if (!isfinite(out[i]))
@@ -392,7 +418,7 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
             b->row_pos[t] = q->pos + t;
         }
         bool last = q->pos + T == q->n_prompt;
-        st = run_rows(b, T, T, true, last ? b->out : NULL);
+        st = run_rows(b, T, T, true, false, last ? b->out : NULL);
         if (st != ANVIL_OK) break;
         q->pos += T;
         q->stepped = true;
@@ -419,10 +445,29 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
         b->row_seq[r] = -1;
         b->row_pos[r] = 0;
     }
-    if (B > 0 && st == ANVIL_OK) st = run_rows(b, R, B, false, b->out);
+    /* each row chosen on the device where it can be (its penalty window within the records');
+     * the logits come back only for the rest, or to be kept */
+    bool pick = false, host = b->keep_logits;
+    for (int r = 0; r < R; r++) {
+        struct bseq *q = r < B ? rows[r] : NULL;
+        bool dev = q && b->pick && batch_pick_history(&q->sp, q->pos) <= BATCH_PICK_HISTORY;
+        b->pk[r].sp = dev ? &q->sp : NULL;
+        b->pk[r].history = dev ? q->tokens : NULL;
+        pick |= dev;
+        host |= q && !dev;
+    }
+    if (B > 0 && st == ANVIL_OK) st = run_rows(b, R, B, false, pick, host ? b->out : NULL);
     for (int r = 0; r < B && st == ANVIL_OK; r++) {
-        rows[r]->pos++;
-        choose(b, rows[r], b->out + (size_t)r * (size_t)b->V, &ev[(*n_ev)++]);
+        struct bseq *q = rows[r];
+        float *logits = b->out + (size_t)r * (size_t)b->V;
+        q->pos++;
+        if (!b->pk[r].sp) {
+            choose(b, q, logits, &ev[(*n_ev)++]);
+            continue;
+        }
+        if (host) keep_logits(b, q, logits);
+        deliver(b, q, b->picked[r], &ev[(*n_ev)++]);
+        b->device_choices++;
     }
     return keep(b, st);
 }

@@ -6,6 +6,12 @@
  * MoE and hybrid reference models and a K-quant GGUF, on the CPU and on Vulkan (the solo runs
  * on the same backend; under the validation layer where installed).
  *
+ * On Vulkan the decode steps choose their tokens on the device (ANVIL_VK_BATCH_PICK: argmax.comp
+ * or sample.comp per row): every such choice is checked against the host's chain (sampler.c) on
+ * the logits it was made from, besides the solo run's token, and the count of device choices
+ * must be every decode step's (a test that would pass with the host choosing fails here). The
+ * dense model runs once more with no logits kept, where only the ids come back.
+ *
  * Tolerance: 1e-3, or as reference_test's, the reference's own disagreement between its cached
  * and uncached paths (golden.json's incremental_vs_full_max_abs_err) where that is larger: only
  * qwen3_5moe-tiny's (6.6e-3), whose hybrid layers amplify rounding; on Vulkan its batch rows
@@ -17,6 +23,7 @@
 #include <string.h>
 
 #include "anvil.h"
+#include "sampler.h"
 #include "testutil.h"
 
 #define N_CTX 64
@@ -37,6 +44,7 @@ struct job {
     float *solo_logits; /* [n_solo + 1][V]: what each choice was made from */
     /* in the batch */
     int id;
+    int32_t seen[N_CTX + MAX_GEN]; /* the prompt, then the tokens delivered: the history */
     int32_t got[MAX_GEN];
     int n_got, n_choices;
     anvil_stop_reason stop;
@@ -78,12 +86,22 @@ static void run_solo(anvil_model *m, struct job *j, anvil_backend_kind be) {
     anvil_session_destroy(s);
 }
 
-/* Runs the jobs through one batch; returns the steps it took. */
-static int run_batch(anvil_model *m, struct job *jobs, int n_jobs, const anvil_batch_params *bp) {
+/* Whether tok is one of j's stop ids. */
+static bool is_stop(const struct job *j, int32_t tok) {
+    for (int i = 0; i < j->gp.n_stop_tokens; i++)
+        if (j->gp.stop_tokens[i] == tok) return true;
+    return false;
+}
+
+/* Runs the jobs through one batch; returns the steps it took. device: the decode steps choose on
+ * the device (Vulkan), every choice but each prompt's first. */
+static int run_batch(anvil_model *m, struct job *jobs, int n_jobs, const anvil_batch_params *bp, bool device) {
     int V = anvil_model_vocab_size(m);
     anvil_batch *b;
     assert_int_equal(anvil_batch_create(m, bp, &b), ANVIL_OK);
     float *logits = malloc((size_t)V * sizeof(float));
+    void *scratch = malloc(SAMPLER_SCRATCH_BYTES);
+    for (int i = 0; i < n_jobs; i++) memcpy(jobs[i].seen, jobs[i].prompt, (size_t)jobs[i].n_prompt * sizeof(int32_t));
     anvil_batch_event ev[16];
     int step = 0, finished = 0;
     for (; finished < n_jobs; step++) {
@@ -111,14 +129,23 @@ static int run_batch(anvil_model *m, struct job *jobs, int n_jobs, const anvil_b
             for (int i = 0; i < n_jobs; i++)
                 if (jobs[i].id == ev[e].id && !jobs[i].done) j = &jobs[i];
             assert_non_null(j);
-            /* the logits this choice was made from, against the solo run's */
             assert_true(j->n_choices <= j->n_solo);
-            assert_int_equal(anvil_batch_logits(b, j->id, logits), ANVIL_OK);
-            float d = tu_max_diff(logits, j->solo_logits + (size_t)j->n_choices * (size_t)V, (size_t)V);
-            if (d > j->max_diff) j->max_diff = d;
+            if (bp->keep_logits) {
+                /* the logits this choice was made from, against the solo run's */
+                assert_int_equal(anvil_batch_logits(b, j->id, logits), ANVIL_OK);
+                float d = tu_max_diff(logits, j->solo_logits + (size_t)j->n_choices * (size_t)V, (size_t)V);
+                if (d > j->max_diff) j->max_diff = d;
+                /* and the token is the host chain's on them (a stop id for EOS) */
+                int n_hist = j->n_prompt + j->n_got;
+                int32_t want = sampler_sample(logits, V, &j->gp.sampling, j->seen, n_hist, (uint32_t)n_hist, scratch);
+                if (ev[e].token >= 0 ? ev[e].token != want : !is_stop(j, want))
+                    fail_msg("sequence %d, choice %d: token %d, the host's chain gives %d from the same logits",
+                             (int)(j - jobs), j->n_choices, ev[e].token, want);
+            }
             j->n_choices++;
             if (ev[e].token >= 0) {
                 assert_true(j->n_got < MAX_GEN);
+                j->seen[j->n_prompt + j->n_got] = ev[e].token;
                 j->got[j->n_got++] = ev[e].token;
             }
             if (ev[e].stop != ANVIL_STOP_NONE) {
@@ -131,6 +158,12 @@ static int run_batch(anvil_model *m, struct job *jobs, int n_jobs, const anvil_b
         }
     }
     assert_int_equal(anvil_batch_active(b), 0);
+    int64_t decode_choices = 0;
+    for (int i = 0; i < n_jobs; i++) decode_choices += jobs[i].n_choices > 1 ? jobs[i].n_choices - 1 : 0;
+    if (anvil_batch_device_choices(b) != (device ? decode_choices : 0))
+        fail_msg("%lld tokens chosen on the device, %lld expected", (long long)anvil_batch_device_choices(b),
+                 (long long)(device ? decode_choices : 0));
+    free(scratch);
     free(logits);
     anvil_batch_destroy(b);
     return step;
@@ -147,7 +180,7 @@ static void init_job(struct job *j, const int32_t *ids, int n, int max_tokens, i
 }
 
 /* The scenario on one model and backend: 7 sequences through 3 slots. */
-static void check_model(const char *path, anvil_backend_kind be) {
+static void check_model(const char *path, anvil_backend_kind be, bool only_ids) {
     anvil_model_params mp = {2};
     anvil_model *m;
     if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
@@ -180,7 +213,13 @@ static void check_model(const char *path, anvil_backend_kind be) {
     init_job(&jobs[5], two + 5, 11, 8, 4);                  /* penalties, and a stop id */
     jobs[5].gp.sampling.repeat_penalty = 1.3f;
     jobs[5].gp.sampling.presence_penalty = 0.5f;
-    init_job(&jobs[6], ids + 2, 9, 14, 5);
+    init_job(&jobs[6], ids + 2, 9, 14, 5);                 /* the rest of the chain, seeded */
+    jobs[6].gp.sampling.temperature = 1.1f;
+    jobs[6].gp.sampling.top_p = 0.9f;
+    jobs[6].gp.sampling.min_p = 0.02f;
+    jobs[6].gp.sampling.frequency_penalty = 0.4f;
+    jobs[6].gp.sampling.penalty_last_n = 6;
+    jobs[6].gp.sampling.seed = 11;
     /* job 5's stop id: a token it chooses alone midway (found by running it alone first) */
     run_solo(m, &jobs[5], be);
     if (jobs[5].n_solo > 4) {
@@ -200,7 +239,16 @@ static void check_model(const char *path, anvil_backend_kind be) {
     bp.n_seq_max = 3;
     bp.kv_block = 4;              /* 16 blocks a context: reused out of order */
     bp.keep_logits = 1;
-    run_batch(m, jobs, 7, &bp);
+    bool device = be == ANVIL_BACKEND_VULKAN;
+    run_batch(m, jobs, 7, &bp, device);
+    if (only_ids) { /* again, only the ids crossing from the device */
+        for (int i = 0; i < 7; i++) {
+            jobs[i].id = jobs[i].n_got = jobs[i].n_choices = 0;
+            jobs[i].done = false;
+        }
+        bp.keep_logits = 0;
+        run_batch(m, jobs, 7, &bp, device);
+    }
     for (int i = 0; i < 7; i++) {
         struct job *j = &jobs[i];
         if (j->cancel >= 0) { /* what it gave before it left */
@@ -225,32 +273,32 @@ static void check_model(const char *path, anvil_backend_kind be) {
 
 static void test_dense(void **state) {
     (void)state;
-    check_model(tu_testdata("reference/qwen3-tiny"), ANVIL_BACKEND_CPU);
+    check_model(tu_testdata("reference/qwen3-tiny"), ANVIL_BACKEND_CPU, false);
 }
 
 static void test_moe(void **state) {
     (void)state;
-    check_model(tu_testdata("reference/qwen3moe-tiny"), ANVIL_BACKEND_CPU);
+    check_model(tu_testdata("reference/qwen3moe-tiny"), ANVIL_BACKEND_CPU, false);
 }
 
 static void test_hybrid_next(void **state) {
     (void)state;
-    check_model(tu_testdata("reference/qwen3next-tiny"), ANVIL_BACKEND_CPU);
+    check_model(tu_testdata("reference/qwen3next-tiny"), ANVIL_BACKEND_CPU, false);
 }
 
 static void test_hybrid_35(void **state) {
     (void)state;
-    check_model(tu_testdata("reference/qwen3_5-tiny"), ANVIL_BACKEND_CPU);
+    check_model(tu_testdata("reference/qwen3_5-tiny"), ANVIL_BACKEND_CPU, false);
 }
 
 static void test_hybrid_35_moe(void **state) {
     (void)state;
-    check_model(tu_testdata("reference/qwen3_5moe-tiny"), ANVIL_BACKEND_CPU);
+    check_model(tu_testdata("reference/qwen3_5moe-tiny"), ANVIL_BACKEND_CPU, false);
 }
 
 static void test_kquant_gguf(void **state) {
     (void)state;
-    check_model(tu_testdata("gguf/qwen3-small/qwen3-small-Q4_K_M.gguf"), ANVIL_BACKEND_CPU);
+    check_model(tu_testdata("gguf/qwen3-small/qwen3-small-Q4_K_M.gguf"), ANVIL_BACKEND_CPU, false);
 }
 
 /* Vulkan, or the test skipped; the validation layer on where installed. */
@@ -276,41 +324,41 @@ static void sanitized_cut(void) {
 static void test_dense_vulkan(void **state) {
     (void)state;
     vulkan_or_skip();
-    check_model(tu_testdata("reference/qwen3-tiny"), ANVIL_BACKEND_VULKAN);
+    check_model(tu_testdata("reference/qwen3-tiny"), ANVIL_BACKEND_VULKAN, true);
 }
 
 static void test_moe_vulkan(void **state) {
     (void)state;
     sanitized_cut();
     vulkan_or_skip();
-    check_model(tu_testdata("reference/qwen3moe-tiny"), ANVIL_BACKEND_VULKAN);
+    check_model(tu_testdata("reference/qwen3moe-tiny"), ANVIL_BACKEND_VULKAN, false);
 }
 
 static void test_hybrid_next_vulkan(void **state) {
     (void)state;
     sanitized_cut();
     vulkan_or_skip();
-    check_model(tu_testdata("reference/qwen3next-tiny"), ANVIL_BACKEND_VULKAN);
+    check_model(tu_testdata("reference/qwen3next-tiny"), ANVIL_BACKEND_VULKAN, false);
 }
 
 static void test_hybrid_35_vulkan(void **state) {
     (void)state;
     sanitized_cut();
     vulkan_or_skip();
-    check_model(tu_testdata("reference/qwen3_5-tiny"), ANVIL_BACKEND_VULKAN);
+    check_model(tu_testdata("reference/qwen3_5-tiny"), ANVIL_BACKEND_VULKAN, false);
 }
 
 static void test_hybrid_35_moe_vulkan(void **state) {
     (void)state;
     vulkan_or_skip();
-    check_model(tu_testdata("reference/qwen3_5moe-tiny"), ANVIL_BACKEND_VULKAN);
+    check_model(tu_testdata("reference/qwen3_5moe-tiny"), ANVIL_BACKEND_VULKAN, false);
 }
 
 static void test_kquant_gguf_vulkan(void **state) {
     (void)state;
     sanitized_cut();
     vulkan_or_skip();
-    check_model(tu_testdata("gguf/qwen3-small/qwen3-small-Q4_K_M.gguf"), ANVIL_BACKEND_VULKAN);
+    check_model(tu_testdata("gguf/qwen3-small/qwen3-small-Q4_K_M.gguf"), ANVIL_BACKEND_VULKAN, false);
 }
 
 /* Admission, removal and bad input. */
