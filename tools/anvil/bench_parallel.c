@@ -1,6 +1,7 @@
 /* anvil bench --parallel 1,4,16,32: aggregate decode speed of many sequences at once through a
  * batch (anvil_batch_*), as llama-batched-bench measures it: for each count B, B sequences of
- * -p prompt tokens each are prefilled, then each generates -n tokens (no stop ids); the
+ * -p prompt tokens each are prefilled, then each generates -n tokens (no stop ids; greedy, or
+ * bench's sampling options, sequence s seeded seed + s); the
  * decode steps' tokens over their time (the first step's aside) is the aggregate t/s, the
  * prompts' over theirs the prefill's. */
 #include <stdio.h>
@@ -17,8 +18,8 @@ static double now_s(void) {
 }
 
 /* One count: B sequences through a fresh batch; *pp_ts and *tg_ts the aggregate rates. */
-static bool run_parallel(anvil_model *m, const struct common_opts *co, int B, int P, int N, double *pp_ts,
-                         double *tg_ts, const char **backend) {
+static bool run_parallel(anvil_model *m, const struct common_opts *co, int B, int P, int N,
+                         const anvil_sampling *sampling, double *pp_ts, double *tg_ts, const char **backend) {
     anvil_batch_params bp = anvil_batch_default_params();
     if (!common_session_params(co, &bp.session)) return false;
     bp.session.n_ctx = co->n_ctx ? co->n_ctx : P + N + 8;
@@ -30,8 +31,9 @@ static bool run_parallel(anvil_model *m, const struct common_opts *co, int B, in
     int32_t *prompt = malloc((size_t)P * sizeof *prompt);
     anvil_batch_event *ev = malloc((size_t)B * sizeof *ev);
     bool ok = prompt && ev;
-    anvil_generate_params gp = {anvil_sampling_default(), N, NULL, 0, NULL, NULL};
+    anvil_generate_params gp = {*sampling, N, NULL, 0, NULL, NULL};
     for (int s = 0; s < B && ok; s++) {
+        gp.sampling.seed = sampling->seed + (uint64_t)s;
         for (int i = 0; i < P; i++) prompt[i] = (int32_t)((i * 31 + 7 + s * 101) % V);
         int id;
         ok = anvil_batch_add(b, prompt, P, &gp, &id) == ANVIL_OK;
@@ -64,7 +66,8 @@ static bool run_parallel(anvil_model *m, const struct common_opts *co, int B, in
     return ok;
 }
 
-int bench_parallel(const struct common_opts *co, const char *list, int P, int N, bool json) {
+int bench_parallel(const struct common_opts *co, const char *list, int P, int N, const anvil_sampling *sampling,
+                   bool json) {
     int counts[16], n_counts = 0;
     for (const char *c = list; *c && n_counts < 16;) {
         char *end;
@@ -87,7 +90,7 @@ int bench_parallel(const struct common_opts *co, const char *list, int P, int N,
     for (int i = 0; i < n_counts && rc == 0; i++) {
         double pp, tg;
         const char *backend = "";
-        if (!run_parallel(m, co, counts[i], P, N, &pp, &tg, &backend)) {
+        if (!run_parallel(m, co, counts[i], P, N, sampling, &pp, &tg, &backend)) {
             rc = 1;
             break;
         }

@@ -77,7 +77,8 @@ anvil_status render_turn(anvil_tokenizer *tok, const char *system, const char *u
 
 /* anvil bench --parallel LIST (bench_parallel.c): aggregate decode t/s of LIST's counts of
  * sequences at once, prompts of P tokens, N generated each; md or json on stdout. */
-int bench_parallel(const struct common_opts *co, const char *list, int P, int N, bool json);
+int bench_parallel(const struct common_opts *co, const char *list, int P, int N, const anvil_sampling *sampling,
+                   bool json);
 /* argv (argv[0] the command's name) with options as getopt_long takes them (--temp=0.5, -n2,
  * bundled short flags) rewritten as separate words, into *out (one free()); the new argc, or
  * -1 with a message printed. */

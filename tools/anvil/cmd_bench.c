@@ -399,7 +399,7 @@ int cmd_bench(int argc, char **argv) {
     if (parallel) { /* prompts of 128 and 128 generated unless -p / -n say */
         if (nP > 1 || nN > 1 || nD > 1 || D[0] || (out != OUT_MD && out != OUT_JSON))
             return fail("bench --parallel takes one -p, one -n, no -d, and -o md or json");
-        return bench_parallel(&co, parallel, p_set ? P[0] : 128, n_set ? N[0] : 128, out == OUT_JSON);
+        return bench_parallel(&co, parallel, p_set ? P[0] : 128, n_set ? N[0] : 128, &tg_sampling, out == OUT_JSON);
     }
     int maxP = 0, maxN = 0, maxD = 0;
     for (int i = 0; i < nP; i++) maxP = P[i] > maxP ? P[i] : maxP;
