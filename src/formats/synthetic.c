@@ -44,6 +44,8 @@ static const struct shape shapes[] = {
     {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, false},
     {"qwen3.6-35b-a3b", 40, 2048, 16, 2, 256, 0, 248320, false},
     {"qwen3moe-tiny", 2, 128, 4, 2, 32, 256, 512, false},
+    /* MoE of K-quant widths (whole 256-blocks) */
+    {"qwen3moe-k", 2, 256, 4, 2, 64, 768, 1001, false},
     {"qwen3.6-tiny", 4, 128, 4, 2, 32, 0, 512, false},
     /* float types only: widths and counts that are multiples of no workgroup or block size */
     {"qwen3moe-odd", 2, 72, 6, 2, 20, 120, 509, false},
@@ -69,6 +71,7 @@ static const struct moe_shape moe_shapes[] = {
     {"qwen3-30b-a3b", ARCH_QWEN3_MOE, 128, 8, 768, 0, 0, 0, 0, 0, 0, 1.0f, 1e6f},
     {"qwen3.6-35b-a3b", ARCH_QWEN35_MOE, 256, 8, 512, 512, 4, 16, 32, 128, 128, 0.25f, 1e7f},
     {"qwen3moe-tiny", ARCH_QWEN3_MOE, 8, 2, 64, 0, 0, 0, 0, 0, 0, 1.0f, 1e6f},
+    {"qwen3moe-k", ARCH_QWEN3_MOE, 8, 2, 256, 0, 0, 0, 0, 0, 0, 1.0f, 1e6f},
     {"qwen3.6-tiny", ARCH_QWEN35_MOE, 8, 2, 64, 64, 4, 2, 4, 32, 32, 0.25f, 1e7f},
     {"qwen3moe-odd", ARCH_QWEN3_MOE, 7, 3, 52, 0, 0, 0, 0, 0, 0, 1.0f, 1e6f},
     {"qwen3.6-odd", ARCH_QWEN35_MOE, 7, 3, 52, 44, 4, 3, 6, 20, 12, 0.25f, 1e7f},

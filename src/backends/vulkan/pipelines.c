@@ -136,6 +136,14 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
                               MV_MODE_PRODUCTS, SPECS_MATVEC, PUSH_MATVEC),
     [K_MATVEC_ROUTE_BF16] = KI(spv_matvec_route_bf16, "matvec_route_bf16", VK_OP_MATVEC_ROUTE, DT_BF16,
                                MV_MODE_PRODUCTS, SPECS_MATVEC, PUSH_MATVEC),
+    [K_MOE_DOWN_R_Q8_0] = KI(spv_moe_down_r_q8_0, "moe_down_r_q8_0", VK_OP_MOE_DOWN_ROUND, DT_Q8_0, MV_MODE_MOE_DOWN,
+                             SPECS_MATVEC, PUSH_MATVEC_QXT),
+    [K_MOE_DOWN_R_Q4_K] = KI(spv_moe_down_r_q4_k, "moe_down_r_q4_k", VK_OP_MOE_DOWN_ROUND, DT_Q4_K, MV_MODE_MOE_DOWN,
+                             SPECS_MATVEC, PUSH_MATVEC_QXT),
+    [K_MOE_DOWN_R_Q5_K] = KI(spv_moe_down_r_q5_k, "moe_down_r_q5_k", VK_OP_MOE_DOWN_ROUND, DT_Q5_K, MV_MODE_MOE_DOWN,
+                             SPECS_MATVEC, PUSH_MATVEC_QXT),
+    [K_MOE_DOWN_R_Q6_K] = KI(spv_moe_down_r_q6_k, "moe_down_r_q6_k", VK_OP_MOE_DOWN_ROUND, DT_Q6_K, MV_MODE_MOE_DOWN,
+                             SPECS_MATVEC, PUSH_MATVEC_QXT),
     /* mega.comp: of one float type, or (MQX) of those of QT (QT_*: 1 << contract.h's MEGA_WT_*);
      * the clock's variants (-1: looked up by name only) */
     [K_MEGA_F32] = KM(spv_mega_f32, "mega_f32", DT_F32, 0, QT_ALL),
@@ -399,6 +407,7 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
     default: break;
     }
     if (ki->op == VK_OP_MEGA) return p->mega_grid && (!ki->qx || d->int_dot);
+    if (ki->op == VK_OP_MOE_DOWN_ROUND) return vk_use_qx(d); /* (its readers are QX products) */
     /* (the QX variants only where the decode takes integer dot products: 40 pipelines lavapipe
      * would compile at every start) */
     if (ki->specs == SPECS_QXV) return vk_use_qx(d) && qxv_spec(d, p, k, NULL);

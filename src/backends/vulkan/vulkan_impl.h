@@ -181,6 +181,7 @@ enum vk_op {
     VK_OP_MOE_GU,        /* MODE 2: the chosen experts' gate/up -> SwiGLU */
     VK_OP_MOE_DOWN,      /* MODE 3: their down projections, summed by weight */
     VK_OP_MATVEC_ROUTE,  /* the MoE router's product choosing the experts itself (ROUTE) */
+    VK_OP_MOE_DOWN_ROUND, /* MODE 3 rounding its outputs for the next product (MDR) */
     VK_OP_EMBED,         /* embed.comp: the token's row of the table */
     VK_OP_MM,            /* the prefill's products (mm.comp MODE 0) */
     VK_OP_EMBED_ROWS,    /* the prefill's embedding rows (mm.comp MODE 1) */
@@ -244,6 +245,9 @@ enum vk_kernel {
     VK_QX_TYPES(VK_QX_TYPE_KERNELS)
     /* the MoE router's matvec choosing the experts itself (matvec.comp ROUTE, MODE 0) */
     K_MATVEC_ROUTE_F32, K_MATVEC_ROUTE_F16, K_MATVEC_ROUTE_BF16,
+    /* the experts' down projection (MODE 3) rounding its outputs for the next product's integer
+     * dot products (matvec.comp MDR), for the weight types of K-quant and Q8_0 MoE files */
+    K_MOE_DOWN_R_Q8_0, K_MOE_DOWN_R_Q4_K, K_MOE_DOWN_R_Q5_K, K_MOE_DOWN_R_Q6_K,
     /* the decode step's float matvecs and attentions in one persistent dispatch (mega.comp),
      * per float weight kind, where mega_grid (pipelines.c mega_shape) says so */
     K_MEGA_F32, K_MEGA_F16, K_MEGA_BF16,

@@ -332,6 +332,70 @@ static void test_qxr_program(void **state) {
     anvil_model_close(m);
 }
 
+/* The experts' down projection rounds its sum (+ the residual) for the next layer's products
+ * itself (matvec.comp MDR, decode/lower.c lower_moe), so no qx.comp dispatch precedes them.
+ * qwen3moe-k Q4_K_M (width 256, 2 MoE layers; every product on integer dot products): one
+ * rounding sum a layer with it (ANVIL_VK_QXR=1) and none without, fewer dispatches and
+ * barriers, and the decode rows as close to the CPU's rounded-input rows as test_against_cpu_qx
+ * asks both ways. qwen3.6-heads Q8_0 (4 layers, a shared expert joining the sum): the same
+ * counts (its rows move by a third of their scale with any rounding's ulp, test_against_cpu_qx;
+ * the kernel is the same). */
+static void test_moe_down_rounds(void **state) {
+    (void)state;
+#ifdef TU_SANITIZED
+    skip(); /* the host code is test_against_cpu_qx's */
+#endif
+    static const struct {
+        const char *spec, *min_mb, *kernel;
+        int layers;
+        bool rows;
+    } cases[] = {
+        {"synthetic:qwen3moe-k:Q4_K_M", "0", "moe_down_r_q", 2, true},
+        /* (every product but the shared expert's down projection, 17 KB, which joins the sum
+         * as the real models' does) */
+        {"synthetic:qwen3.6-heads:q8_0", "0.1", "moe_down_r_q8_0 ", 4, false},
+    };
+    setenv("ANVIL_VK_QX", "1", 1);
+    setenv("ANVIL_CPU_QX", "1", 1);
+    setenv("ANVIL_VK_MEGA", "0", 1);
+    size_t cap = 1 << 16;
+    char *desc = malloc(cap);
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        setenv("ANVIL_VK_QX_MIN_MB", cases[c].min_mb, 1);
+        anvil_model *m;
+        assert_int_equal(anvil_model_open(cases[c].spec, NULL, &m), ANVIL_OK);
+        int V = anvil_model_vocab_size(m);
+        float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
+        int dispatches[2], barriers[2], rounding[2];
+        for (int qxr = 0; qxr < 2; qxr++) {
+            setenv("ANVIL_VK_QXR", qxr ? "1" : "0", 1);
+            anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
+            double worst = cases[c].rows ? decode_rows_worst(cpu, vk, V, a, b, 29, 11) : 0;
+            program_counts(vk, &dispatches[qxr], &barriers[qxr]);
+            anvil_session_describe_program(vk, desc, cap);
+            rounding[qxr] = 0;
+            for (const char *p = desc; (p = strstr(p, cases[c].kernel)) != NULL; p++) rounding[qxr]++;
+            fprintf(stderr, "%s, ANVIL_VK_QXR=%d: %d dispatches, %d barriers, %d rounding expert sums; rows within "
+                    "%.3g of the scale\n", cases[c].spec, qxr, dispatches[qxr], barriers[qxr], rounding[qxr], worst);
+            assert_true(worst < 0.08);
+            anvil_session_destroy(cpu);
+            anvil_session_destroy(vk);
+        }
+        assert_int_equal(rounding[0], 0);
+        assert_int_equal(rounding[1], cases[c].layers);
+        assert_true(dispatches[1] <= dispatches[0] - cases[c].layers && barriers[1] <= barriers[0] - cases[c].layers);
+        free(a);
+        free(b);
+        anvil_model_close(m);
+    }
+    unsetenv("ANVIL_VK_QXR");
+    unsetenv("ANVIL_VK_MEGA");
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_VK_QX_MIN_MB");
+    unsetenv("ANVIL_CPU_QX");
+    free(desc);
+}
+
 /* The o projection reads its input rounded by the attention (no qx.comp dispatch), so it
  * takes integer dot products whatever its size where it rounds its own output for the next
  * product, and then every later product of the chain does too (decode/lower.c qx_free): on the
@@ -1314,6 +1378,7 @@ int main(void) {
         cmocka_unit_test(test_qx_kernels),
         cmocka_unit_test(test_qxr_kernels),
         cmocka_unit_test(test_qxr_program),
+        cmocka_unit_test(test_moe_down_rounds),
         cmocka_unit_test(test_qx_from_attention),
         cmocka_unit_test(test_prefetch),
         cmocka_unit_test(test_auto_backend),

@@ -197,6 +197,7 @@ anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm);
 bool qx_round_to(struct lower *L, int out, uint32_t rows, const struct node **norm);
 bool qx_round(struct lower *L, int out, uint32_t rows, struct pc_qxt *pq);
 bool qx_worth(struct lower *L, int i);
+double qx_readers_mb(struct lower *L, int out);
 int mqx_wt(int type);
 int mqx_code(struct lower *L, int i, int type, uint32_t Kp8);
 bool mqx_small(struct lower *L);

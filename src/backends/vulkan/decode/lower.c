@@ -17,7 +17,8 @@
  *                                logit; the shared expert's gate/up -> SwiGLU beside it, no
  *                                barrier between), top-k kernel -> routing buffer, experts'
  *                                gate/up -> SwiGLU, experts' down summed (+ the shared expert
- *                                as one more, weighted by sigmoid of its logit, + the residual)
+ *                                as one more, weighted by sigmoid of its logit, + the residual),
+ *                                the sum rounded there for the next layer's integer dot products
  *   Gated DeltaNet -> gated RMSNorm * silu(z)       one dispatch per layer (gdn.comp); the
  *                                conv's past inputs live in a ring of Kc rows in the conv
  *                                state's memory (vulkan.c sizes it so; prefill/ writes it too)
@@ -393,8 +394,21 @@ static anvil_status lower_moe(struct lower *L, int i) {
         pd.res = pd.o0;
     }
     if (!(pd.flags & MV_SHARED)) pd.o2 = pd.o0;
-    nr = vk_matvec_rows(&L->p->b->pl, kd);
+    /* the sum rounded for the next layer's products by this dispatch (matvec.comp MDR, perf
+     * rule "producers round"): they then take integer dot products with no qx.comp dispatch
+     * before them (lower_matmuls' qx_free), from half the weight a product needs to pay for a
+     * rounding dispatch (qx_worth): the 30B-A3B's q/k/v, 6.2 MB together */
+    int kr = vk_kernel_for(VK_OP_MOE_DOWN_ROUND, dn->weight->type);
+    struct pc_qxt pq = {.m = pd};
     uint32_t gx, gy;
+    if (L->use_qx && kr != K_NONE && vk_pipeline_supported(L->p->b->d, &L->p->b->pl, kr) &&
+        8 % (nr = vk_matvec_rows(&L->p->b->pl, kr)) == 0 &&
+        2 * qx_readers_mb(L, add >= 0 ? add : i) >= L->p->b->d->tune.vk_qx_min_mb &&
+        qx_round(L, add >= 0 ? add : i, C, &pq)) {
+        grid((C + nr - 1) / nr, &gx, &gy);
+        return emit_dispatch(L->p, kr, gx, gy, &pq, sizeof pq);
+    }
+    nr = vk_matvec_rows(&L->p->b->pl, kd);
     grid((C + nr - 1) / nr, &gx, &gy);
     return emit_dispatch(L->p, kd, gx, gy, &pd, sizeof pd);
 }

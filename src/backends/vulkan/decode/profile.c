@@ -142,7 +142,7 @@ static uint64_t dispatch_reads(const struct vk_program *p, const struct vk_dispa
     size_t row = 0;
     if (ki->op == VK_OP_MOE_GU && dtype_row_size(ki->dtype, (int64_t)pm->Kp8 * 8, &row))
         return 2ull * pm->rows1 * pm->rows0 * row; /* k experts' gate and up rows */
-    if (ki->op == VK_OP_MOE_DOWN && dtype_row_size(ki->dtype, (int64_t)pm->Kp8 * 8, &row))
+    if ((ki->op == VK_OP_MOE_DOWN || ki->op == VK_OP_MOE_DOWN_ROUND) && dtype_row_size(ki->dtype, (int64_t)pm->Kp8 * 8, &row))
         return (uint64_t)pm->rows1 * pm->rows0 * row; /* k experts' down rows */
     if (ki->op == VK_OP_EMBED && dtype_row_size(ki->dtype, (int64_t)((const struct pc_embed *)d->push)->Kp8 * 8, &row))
         return row;

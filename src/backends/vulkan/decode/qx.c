@@ -99,12 +99,31 @@ bool qx_round(struct lower *L, int out, uint32_t rows, struct pc_qxt *pq) {
     uint64_t normw = nm ? vk_weight_addr(L->p->b, N(L, nm->src[1])->weight, true, nm->p.i[0] != 0) : 0;
     uint64_t x = node_addr(L, out);
     if (qx_find(L, &(struct pc_matvec){.x = x, .normw = normw, .flags = nm ? MV_NORM : 0u}) >= 0) return false;
-    VkDeviceSize q = alloc_scratch(L, 2 * (VkDeviceSize)rows); /* int8s, scales, sums of squares */
+    /* int8s, scales, sums of squares (and a counter a block: matvec.comp MDR) */
+    VkDeviceSize q = alloc_scratch(L, 2 * (VkDeviceSize)rows + rows / 2);
     qx_register(L, x, normw, q, true);
     pq->xq = L->p->arena.addr + q;
     pq->nw = nm ? normw : x;
     pq->m.flags |= MV_ROUND | (nm ? MV_ROUND_NW : 0u);
     return true;
+}
+
+/* The weights (MB) of the matmuls not lowered yet that read node out, directly or through an
+ * RMS norm of it, of types the integer dot products take: what a rounding of out would serve
+ * (a layer's q/k/v, a DeltaNet's qkv/z/ba, the LM head). */
+double qx_readers_mb(struct lower *L, int out) {
+    double mb = 0;
+    for (int k = out + 1; k < L->g->n_nodes; k++) {
+        const struct node *m = N(L, k);
+        if (m->op != OP_MATMUL || L->done[k]) continue;
+        int r = L->root[m->src[0]];
+        const struct node *nm = N(L, r), *w = N(L, m->src[1]);
+        if (r != out && !(nm->op == OP_RMS_NORM && L->root[nm->src[0]] == out)) continue;
+        size_t row = 0;
+        if (w->weight && vk_qx_index(w->weight->type) >= 0 && dtype_row_size(w->weight->type, w->ne[0], &row))
+            mb += (double)row * (double)w->ne[1] / 1e6;
+    }
+    return mb;
 }
 
 /* Whether matmul i (with its gate/up partner) reads enough weight bytes for integer dot

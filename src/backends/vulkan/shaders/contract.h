@@ -15,6 +15,8 @@
  *   QXR   products that round their outputs for the next product themselves (decode/qx.c
  *         qx_round), as QXT teams
  *   QXT   a QX product as teams of threads a workgroup, 8 rows in all (MV_ROUND)
+ *   MDR   the experts' down projection (matvec.comp MODE 3) rounding its sum for the next
+ *         product as QXT does (MV_ROUND), the last workgroup of each block of 8 rows
  *   MQX   the persistent step's QX products (mega.comp MQX), rounding their input themselves
  *   MEGA  the persistent decode step (mega.comp): one dispatch of a workgroup per SM that
  *         meets at counters where the dispatches had barriers

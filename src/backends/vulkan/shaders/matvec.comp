@@ -23,7 +23,11 @@
  * threads would, 8 rows in all, which it rounds for the next product (flags & MV_ROUND) in a block
  * of 8 into xq: [Rp / 4] uints of four int8, [Rp / 8] scales, [Rp / 8] sums of squares of the
  * outputs (Rp = rows0 rounded up to 256); flags & MV_ROUND_NW: the outputs times the next norm's
- * weights nw are rounded (XM 2 for the next product). */
+ * weights nw are rounded (XM 2 for the next product).
+ * MDR: MODE 3 (float inputs) rounding its outputs for the next product in blocks of 8 as QXT
+ * does (flags & MV_ROUND, MV_ROUND_NW; the same xq layout, then a counter a block): the last of
+ * the 8 / NR workgroups of a block to finish rounds it. The experts' down projection (+ the
+ * residual) so feeds the next layer's products with no qx.comp dispatch. */
 #include "common.glsl"
 
 layout(local_size_x_id = SPEC_WG) in;
@@ -36,7 +40,7 @@ layout(constant_id = MV_SPEC_XM) const uint XM = 0;   /* how x was rounded */
 #endif
 
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uvec2 v[]; };
-#ifdef QXT
+#if defined(QXT) || defined(MDR)
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer UInts { uint v[]; };
 #endif
 
@@ -47,7 +51,7 @@ layout(buffer_reference, std430, buffer_reference_align = 4) buffer UInts { uint
 #define MV_X Vec4s
 #define MV_NORMW Vec4s
 #endif
-#ifdef QXT
+#if defined(QXT) || defined(MDR)
 #define PC_MATVEC_ALL(ADDR, U32, F32) PC_MATVEC(ADDR, U32, F32) PC_MATVEC_QXT(ADDR, U32, F32)
 PC_BLOCK(PC_MATVEC_ALL, pc) /* push.h */
 #else
@@ -73,8 +77,34 @@ float qdot(uvec2 xq, float xd, float xs, uvec2 qi, vec2 so) {
 
 shared float red[2 * 8][32]; /* [rows][subgroups] (NR <= 8, up to 32 subgroups) */
 shared float red_ss[32];
-#ifdef QXT
+#ifdef MDR
+layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CFloats { float v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CUInts { uint v[]; };
+shared bool last_r;
+#endif
+#if defined(QXT) || defined(MDR)
 shared float rq[8], rnw[8];
+
+/* rq's 8 outputs (times rnw's norm weights where flags & MV_ROUND_NW), rows b0 .. b0 + 8 of
+ * rows0, rounded to int8 into xq: [Rp / 4] uints of four, [Rp / 8] scales, [Rp / 8] sums of
+ * squares of the outputs themselves (thread 0 of the workgroup) */
+void round_block(uint b0) {
+    uint Rp = (pc.rows0 + 255u) & ~255u;
+    float vw[8], amax = 0.0, s2 = 0.0;
+    for (uint i = 0u; i < 8u; i++) {
+        float x = rq[i];
+        vw[i] = (pc.flags & MV_ROUND_NW) != 0u ? x * rnw[i] : x;
+        amax = max(amax, abs(vw[i]));
+        s2 += x * x;
+    }
+    float id = amax > 0.0 ? 127.0 / amax : 0.0;
+    ivec4 q0 = ivec4(roundEven(vec4(vw[0], vw[1], vw[2], vw[3]) * id));
+    ivec4 q1 = ivec4(roundEven(vec4(vw[4], vw[5], vw[6], vw[7]) * id));
+    pc.xq.v[b0 / 4u] = pack_i8x4(q0);
+    pc.xq.v[b0 / 4u + 1u] = pack_i8x4(q1);
+    pc.xq.v[Rp / 4u + b0 / 8u] = floatBitsToUint(amax / 127.0);
+    pc.xq.v[Rp / 4u + Rp / 8u + b0 / 8u] = floatBitsToUint(s2);
+}
 #endif
 
 void main() {
@@ -312,22 +342,33 @@ void main() {
     if (tl < NR) rq[team * NR + tl] = v;
     if (t < 8u) rnw[t] = nwv;
     barrier();
+    if (t == 0u) round_block(wg * NT * NR);
+#elif defined(MDR)
+    /* MODE 3: the workgroup's NR outputs (NR divides 8), then (flags & MV_ROUND) the last
+     * workgroup of their block of 8 to finish (a counter a block after xq's sums, zero between
+     * steps) rounds the block */
+    uint g = row0 + t;
+    if (t < NR && g < total) {
+        float a = 0.0;
+        for (uint i = 0; i < gl_NumSubgroups; i++) a += red[t][i];
+        CFloats(pc.o0).v[g] = (pc.flags & MV_RES) != 0u ? pc.res.v[g] + a : a;
+    }
+    if ((pc.flags & MV_ROUND) == 0u) return;
+    uint b0 = row0 & ~7u, Rp = (pc.rows0 + 255u) & ~255u, c = Rp / 2u + b0 / 8u;
+    memoryBarrierBuffer();
+    barrier();
+    if (t == 0u) last_r = atomicAdd(CUInts(pc.xq).v[c], 1u) == 8u / NR - 1u;
+    barrier();
+    if (!last_r) return;
+    memoryBarrierBuffer();
+    if (t < 8u) {
+        rq[t] = CFloats(pc.o0).v[b0 + t];
+        rnw[t] = (pc.flags & MV_ROUND_NW) != 0u ? pc.nw.v[b0 + t] : 0.0;
+    }
+    barrier();
     if (t == 0u) {
-        uint b0 = wg * NT * NR, Rp = (pc.rows0 + 255u) & ~255u;
-        float vw[8], amax = 0.0, s2 = 0.0;
-        for (uint i = 0u; i < 8u; i++) {
-            float x = rq[i];
-            vw[i] = (pc.flags & MV_ROUND_NW) != 0u ? x * rnw[i] : x;
-            amax = max(amax, abs(vw[i]));
-            s2 += x * x;
-        }
-        float id = amax > 0.0 ? 127.0 / amax : 0.0;
-        ivec4 q0 = ivec4(roundEven(vec4(vw[0], vw[1], vw[2], vw[3]) * id));
-        ivec4 q1 = ivec4(roundEven(vec4(vw[4], vw[5], vw[6], vw[7]) * id));
-        pc.xq.v[b0 / 4u] = pack_i8x4(q0);
-        pc.xq.v[b0 / 4u + 1u] = pack_i8x4(q1);
-        pc.xq.v[Rp / 4u + b0 / 8u] = floatBitsToUint(amax / 127.0);
-        pc.xq.v[Rp / 4u + Rp / 8u + b0 / 8u] = floatBitsToUint(s2);
+        round_block(b0);
+        CUInts(pc.xq).v[c] = 0u; /* ready for the next step */
     }
 #else
     if (t >= NR) return;
