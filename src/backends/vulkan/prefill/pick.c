@@ -54,17 +54,35 @@ static anvil_status record_pick(struct vk_prefill *p, VkCommandBuffer *out, enum
     return vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
 }
 
-anvil_status pf_pick_create(struct vk_prefill *p, const struct node *out) {
+/* The records, the scratch and the choosing kernels' command buffers, on a program's first
+ * choice (a prompt chunk's program never makes one; their pipelines are then made only where a
+ * batch decodes). */
+static anvil_status pick_setup(struct vk_prefill *p) {
     struct vk_device *d = p->b->d;
-    p->V = (uint32_t)out->ne[0];
-    p->R = (uint32_t)(node_nelem(out) / MAX(out->ne[0], 1));
     anvil_status st = vk_buffer_create(d, (VkDeviceSize)p->R * REC_WORDS * 4, VK_MEM_CONTROL, "batch choices",
                                        &p->pick_rec);
     if (st == ANVIL_OK)
         st = vk_buffer_create(d, (VkDeviceSize)p->R * nwg(p) * (PICK_MAXK * 8 + 2 * 4), VK_MEM_DEVICE,
                               "batch choices' scratch", &p->pick_scr);
-    if (st != ANVIL_OK) return st;
-    st = vk_cmd_alloc(d, &p->cb_copy);
+    if (st == ANVIL_OK) st = record_pick(p, &p->cb_argmax, K_ARGMAX);
+    if (st == ANVIL_OK) st = record_pick(p, &p->cb_sample, K_SAMPLE);
+    if (st != ANVIL_OK) { /* none of it: the next choice tries again */
+        VkCommandBuffer *cbs[2] = {&p->cb_argmax, &p->cb_sample};
+        for (int i = 0; i < 2; i++) {
+            if (*cbs[i] && vk_idle(d)) vkFreeCommandBuffers(d->dev, d->pool, 1, cbs[i]);
+            *cbs[i] = VK_NULL_HANDLE;
+        }
+        vk_buffer_destroy(d, &p->pick_rec);
+        vk_buffer_destroy(d, &p->pick_scr);
+    }
+    return st;
+}
+
+anvil_status pf_pick_create(struct vk_prefill *p, const struct node *out) {
+    struct vk_device *d = p->b->d;
+    p->V = (uint32_t)out->ne[0];
+    p->R = (uint32_t)(node_nelem(out) / MAX(out->ne[0], 1));
+    anvil_status st = vk_cmd_alloc(d, &p->cb_copy);
     if (st != ANVIL_OK) return st;
     VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL, 0, NULL};
     if ((st = vk_result(vkBeginCommandBuffer(p->cb_copy, &bi), "vkBeginCommandBuffer")) != ANVIL_OK) return st;
@@ -75,9 +93,7 @@ anvil_status pf_pick_create(struct vk_prefill *p, const struct node *out) {
     barrier(p->cb_copy, VK_PIPELINE_STAGE_TRANSFER_BIT | STAGE_C,
             VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
             VK_ACCESS_HOST_READ_BIT);
-    if ((st = vk_result(vkEndCommandBuffer(p->cb_copy), "vkEndCommandBuffer")) != ANVIL_OK) return st;
-    if ((st = record_pick(p, &p->cb_argmax, K_ARGMAX)) != ANVIL_OK) return st;
-    return record_pick(p, &p->cb_sample, K_SAMPLE);
+    return vk_result(vkEndCommandBuffer(p->cb_copy), "vkEndCommandBuffer");
 }
 
 void pf_pick_destroy(struct vk_prefill *p) {
@@ -120,7 +136,8 @@ anvil_status vk_prefill_run_batch_pick(struct vk_prefill *p, const struct batch_
         any = true;
         sample |= !sp->greedy || sp->penalties;
     }
-    anvil_status st = pf_batch_params(p, r);
+    anvil_status st = p->cb_sample ? ANVIL_OK : pick_setup(p);
+    if (st == ANVIL_OK) st = pf_batch_params(p, r);
     if (st != ANVIL_OK) return st;
     for (uint32_t t = 0; t < p->R; t++) write_record(p, t, r, &pk[t]);
     VkCommandBuffer cbs[3] = {p->cb};

@@ -201,7 +201,7 @@ anvil_status pf_batch_params(struct vk_prefill *p, const struct batch_rows *r);
 
 /* ---- pick.c (a batch's choices on the device) ---- */
 
-/* The records, scratch and command buffers for a batch program whose output node is out. */
+/* A batch program's logits copy (its output node out); the rest on its first choice. */
 anvil_status pf_pick_create(struct vk_prefill *p, const struct node *out);
 void pf_pick_destroy(struct vk_prefill *p);
 
