@@ -233,6 +233,10 @@ typedef struct anvil_spec {
     int n_oracle;
     float oracle_accept;   /* ORACLE: each drafted token is offered as given with this
                               probability, else replaced by a wrong one (1: always as given) */
+    int oracle_decides;    /* ORACLE: non-zero: the oracle, not the chain, decides which drafts
+                              are kept (as given: kept; wrong: not), so that a benchmark runs
+                              at the acceptance it asked for whatever the logits say (0: the
+                              chain decides, as for any drafter) */
 } anvil_spec;
 
 typedef struct anvil_generate_params {

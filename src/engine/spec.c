@@ -250,6 +250,13 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float
             float *row = rows + (size_t)i * V;
             if (p->on_logits) p->on_logits(user, row, V);
             tok = spec_choose(&sp, row, V, s->tokens, pos0 + 1 + i, i < nd ? seq[i + 1] : -1, scratch, &keep);
+            if (spec->kind == ANVIL_SPEC_ORACLE && spec->oracle_decides && i < nd) {
+                /* a draft offered as recorded is kept, a wrong one is not (the step's work is
+                 * the chain's either way; a random-weight model's near ties would otherwise let
+                 * the verify's roundings reject the recording) */
+                keep = r.n_gen < spec->n_oracle && seq[i + 1] == spec->oracle[r.n_gen];
+                if (keep) tok = seq[i + 1];
+            }
             if (!keep) break;
             if (gen_is_stop(p, tok)) { /* a drafted stop id: not delivered, not cached */
                 stats->stop = ANVIL_STOP_EOS;

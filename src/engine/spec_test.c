@@ -218,13 +218,13 @@ static void test_bad_params(void **state) {
     anvil_model *m = open_model("synthetic:qwen3-tiny");
     anvil_session *s = tu_session(m, ANVIL_BACKEND_CPU, 64);
     anvil_spec bad[] = {
-        {ANVIL_SPEC_NGRAM, 0, NULL, NULL, 0, 1.0f},
-        {ANVIL_SPEC_NGRAM, ANVIL_SPEC_MAX_DRAFT + 1, NULL, NULL, 0, 1.0f},
-        {ANVIL_SPEC_DRAFT, 3, NULL, NULL, 0, 1.0f},
-        {ANVIL_SPEC_DRAFT, 3, s, NULL, 0, 1.0f},
-        {ANVIL_SPEC_ORACLE, 3, NULL, NULL, 5, 1.0f},
-        {ANVIL_SPEC_ORACLE, 3, NULL, prompt, 5, 1.5f},
-        {(anvil_spec_kind)42, 3, NULL, NULL, 0, 1.0f},
+        {ANVIL_SPEC_NGRAM, 0, NULL, NULL, 0, 1.0f, 0},
+        {ANVIL_SPEC_NGRAM, ANVIL_SPEC_MAX_DRAFT + 1, NULL, NULL, 0, 1.0f, 0},
+        {ANVIL_SPEC_DRAFT, 3, NULL, NULL, 0, 1.0f, 0},
+        {ANVIL_SPEC_DRAFT, 3, s, NULL, 0, 1.0f, 0},
+        {ANVIL_SPEC_ORACLE, 3, NULL, NULL, 5, 1.0f, 0},
+        {ANVIL_SPEC_ORACLE, 3, NULL, prompt, 5, 1.5f, 0},
+        {(anvil_spec_kind)42, 3, NULL, NULL, 0, 1.0f, 0},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         anvil_generate_params gp = {anvil_sampling_default(), 5, NULL, 0, NULL, &bad[i]};
@@ -237,7 +237,7 @@ static void test_bad_params(void **state) {
     bp.session.n_ctx = 64;
     anvil_batch *b;
     assert_int_equal(anvil_batch_create(m, &bp, &b), ANVIL_OK);
-    anvil_spec ok = {ANVIL_SPEC_NGRAM, 3, NULL, NULL, 0, 1.0f};
+    anvil_spec ok = {ANVIL_SPEC_NGRAM, 3, NULL, NULL, 0, 1.0f, 0};
     anvil_generate_params gp = {anvil_sampling_default(), 5, NULL, 0, NULL, &ok};
     int id;
     assert_int_equal(anvil_batch_add(b, prompt, NP, &gp, &id), ANVIL_ERR_UNSUPPORTED);
@@ -307,7 +307,7 @@ static void test_sampled_generation(void **state) {
     anvil_model *m = open_model("synthetic:qwen3-tiny");
     anvil_session *s = tu_session(m, ANVIL_BACKEND_CPU, 96);
     anvil_session *self = tu_session(m, ANVIL_BACKEND_CPU, 96);
-    anvil_spec sp = {ANVIL_SPEC_DRAFT, 3, self, NULL, 0, 1.0f};
+    anvil_spec sp = {ANVIL_SPEC_DRAFT, 3, self, NULL, 0, 1.0f, 0};
     anvil_generate_params gp = {anvil_sampling_default(), 30, NULL, 0, NULL, &sp};
     gp.sampling.temperature = 0.7f;
     gp.sampling.top_k = 20;
@@ -319,6 +319,38 @@ static void test_sampled_generation(void **state) {
     assert_memory_equal(a.r.toks, b.r.toks, sizeof a.r.toks);
     assert_true(a.st.n_drafted > 0 && a.st.n_accepted > 0);
     anvil_session_destroy(self);
+    anvil_session_destroy(s);
+    anvil_model_close(m);
+}
+
+/* oracle_decides: an oracle that is not the model's output (a made-up sequence) is kept whole
+ * when the oracle decides, and rejected from its first wrong token when the chain does. */
+static void test_oracle_decides(void **state) {
+    (void)state;
+    anvil_model *m = open_model("synthetic:qwen3-tiny");
+    anvil_session *s = tu_session(m, ANVIL_BACKEND_CPU, 64);
+    anvil_generate_params greedy = {anvil_sampling_default(), 12, NULL, 0, NULL, NULL};
+    struct outcome g;
+    generate(s, &greedy, 0, &g);
+    int32_t made[12];
+    for (int i = 0; i < 12; i++) made[i] = (g.r.toks[i] + 1 + i) % anvil_model_vocab_size(m); /* all wrong */
+    for (int decides = 0; decides < 2; decides++) {
+        anvil_spec sp = {ANVIL_SPEC_ORACLE, 3, NULL, made, 12, 1.0f, decides};
+        anvil_generate_params q = greedy;
+        q.spec = &sp;
+        struct outcome o;
+        generate(s, &q, 0, &o);
+        assert_int_equal(o.r.n, 12);
+        assert_true(o.st.n_drafted > 0);
+        if (decides) { /* every draft kept: the output is the oracle's drafts and the bonus tokens */
+            assert_int_equal(o.st.n_accepted, o.st.n_drafted);
+            assert_int_equal(o.r.toks[0], g.r.toks[0]); /* the first token comes before any draft */
+            assert_int_equal(o.r.toks[1], made[1]);
+        } else { /* none kept: the output is the model's own */
+            assert_int_equal(o.st.n_accepted, 0);
+            assert_memory_equal(o.r.toks, g.r.toks, sizeof made);
+        }
+    }
     anvil_session_destroy(s);
     anvil_model_close(m);
 }
@@ -343,7 +375,7 @@ static void test_sampled_end_to_end(void **state) {
     struct outcome g;
     anvil_generate_params greedy = {anvil_sampling_default(), 3, NULL, 0, NULL, NULL};
     generate(s, &greedy, 0, &g);
-    anvil_spec sp = {ANVIL_SPEC_ORACLE, 2, NULL, g.r.toks, 3, 1.0f};
+    anvil_spec sp = {ANVIL_SPEC_ORACLE, 2, NULL, g.r.toks, 3, 1.0f, 0};
     static int a[CELLS], b[CELLS];
     int pairs[2][N];
     long drafted = 0, accepted = 0;
@@ -401,6 +433,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_hybrid),
         cmocka_unit_test(test_sampled_generation),
         cmocka_unit_test(test_sampled_end_to_end),
+        cmocka_unit_test(test_oracle_decides),
         cmocka_unit_test(test_greedy_vulkan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -219,19 +219,12 @@ static int record_token(void *user, int32_t t) {
     return 0;
 }
 
-/* --spec oracle: the continuation tg will draft (rec->t holds N), recorded with tg's sampling
- * (greedy: the drafts are the output) by the speculative loop itself offered no drafts, so each
- * token comes from the verify's program as in the timed run. (A plain decode's continuation
- * drifts from the verify's where logits nearly tie, as a random-weight synthetic model's do
- * everywhere: a different program rounds differently, and one flipped argmax makes every later
- * draft wrong.) */
+/* --spec oracle: the continuation tg will draft (rec->t holds N), recorded by a run without
+ * speculation with tg's sampling (greedy: the drafts are the output). */
 static bool record_oracle(anvil_session *s, const int32_t *toks, int D, int N, struct record *rec) {
     anvil_session_reset(s);
     if (D > 0 && anvil_session_eval(s, toks, D, ANVIL_LOGITS_NONE, NULL) != ANVIL_OK) return false;
-    anvil_spec none = tg_spec.spec;
-    none.oracle = NULL;
-    none.n_oracle = 0;
-    anvil_generate_params gp = {tg_sampling, N, NULL, 0, NULL, &none};
+    anvil_generate_params gp = {tg_sampling, N, NULL, 0, NULL, NULL};
     rec->n = 0;
     if (anvil_session_generate(s, &toks[D], 1, &gp, record_token, rec, NULL) != ANVIL_OK) return false;
     tg_spec.spec.oracle = rec->t;

@@ -8,6 +8,7 @@ void spec_opts_init(struct spec_opts *o) {
     memset(o, 0, sizeof *o);
     o->spec.n_draft = 3;
     o->spec.oracle_accept = 1.0f;
+    o->spec.oracle_decides = 1; /* bench: the speed at the acceptance asked for */
 }
 
 void spec_print_usage(FILE *f, bool oracle) {
