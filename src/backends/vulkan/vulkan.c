@@ -614,9 +614,6 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
     /* the decode program ends in the LM head: one token whose output is another node (the final
      * norm's, for embeddings), like a batch graph, runs as a prefill program of one row */
     bool decode = g->n_tokens == 1 && !g->n_seqs && g->nodes[g->output].op == OP_MATMUL;
-    /* a layer split's later part (its rows from the host) runs as a prefill program of its
-     * rows, one for a decode step too (docs/MULTIGPU.md) */
-    for (int i = 0; i < g->n_nodes; i++) decode &= g->nodes[i].op != OP_INPUT;
     if (st == ANVIL_OK)
         st = decode ? vk_program_create(b, g, &p->decode) : vk_prefill_create(b, g, &p->prefill);
     if (st == ANVIL_OK) st = vk_check_validation(b->d);
@@ -655,6 +652,7 @@ static anvil_status vk_run(struct program *pp, const int32_t *tokens, int pos0, 
     struct vk_prog *p = (struct vk_prog *)pp;
     if (p->prefill) return vk_prefill_run(p->prefill, tokens, pos0, out);
     anvil_status st = rope_shift(p, 0);
+    if (st == ANVIL_OK) st = vk_program_input(p->decode, NULL);
     return st == ANVIL_OK ? vk_program_run(p->decode, tokens[0], pos0, out) : st;
 }
 
@@ -673,6 +671,7 @@ static anvil_status vk_run_extras(struct program *pp, const int32_t *tokens, int
         shift = x->pos[0] - pos0;
     }
     anvil_status st = rope_shift(p, shift);
+    if (st == ANVIL_OK) st = vk_program_input(p->decode, x->input);
     return st == ANVIL_OK ? vk_program_run(p->decode, tokens[0], pos0, out) : st;
 }
 

@@ -78,6 +78,9 @@ struct vk_program;
 anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, struct vk_program **out);
 void vk_program_destroy(struct vk_program *p);
 anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float *logits);
+/* The next runs' input row (a split's part, graph_part: the OP_INPUT node's C floats);
+ * ANVIL_ERR_INVALID_ARG for a program without one, or in NULL for a program with one. */
+anvil_status vk_program_input(struct vk_program *p, const float *in);
 anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res);
 /* Rewrites the program's rope table so that cache row r takes rope position r + shift (after
  * images the M-RoPE positions of text run behind the cache rows: engine/session.c

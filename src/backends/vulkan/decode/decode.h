@@ -90,6 +90,11 @@ struct vk_program {
     struct vk_buffer readback; /* logits [V] */
     struct vk_buffer rope;     /* [n_ctx, n_rot / 2, 2] */
     VkDeviceSize logits_off;
+    /* a layer split's last part (graph_part): the OP_INPUT node's row, written by the host into
+     * input (host-visible, vk_program_input) and copied into the arena at in_off first in every
+     * recorded step */
+    struct vk_buffer input;
+    VkDeviceSize in_off, in_bytes;
 
     /* ---- the step's dispatches: lower.c emits them, persistent.c and prefetch.c rewrite the
      * list, record.c records it ---- */

@@ -481,6 +481,10 @@ anvil_status lower_graph(struct lower *L) {
         case OP_WEIGHT_STACK:
         case OP_WEIGHT_ROWS:
             break;
+        case OP_INPUT: /* (copied in by the step's first command, record.c) */
+            L->p->in_off = node_off(L, i);
+            L->p->in_bytes = (VkDeviceSize)node_nelem(nd) * 4;
+            break;
         case OP_RMS_NORM: {
             /* fused into its consumers: matmuls, experts, or (q/k norm) rope -> attention;
              * computed on its own for anything else */

@@ -123,6 +123,7 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
      * of the context's length */
     for (int i = 0; !p->n_ctx && i < n; i++)
         if (g->nodes[i].op == OP_STATE && g->nodes[i].ne[0] == 1 && g->nodes[i].ne[1] == 1) p->n_ctx = (int)g->nodes[i].ne[2];
+    if (!p->n_ctx) p->n_ctx = g->ctx_rows; /* a split's part of recurrent layers only */
     if (!p->n_ctx) {
         st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph has no KV cache");
         goto done;
@@ -151,6 +152,8 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
     if (st == ANVIL_OK) st = vk_rope_table(b, g, p->n_ctx, &p->rope);
     if (st == ANVIL_OK) st = node_labels(p, g);
     if (st == ANVIL_OK) st = lower_graph(&L);
+    if (st == ANVIL_OK && p->in_bytes)
+        st = vk_buffer_create(b->d, p->in_bytes, VK_MEM_CONTROL, "decode input row", &p->input);
     if (st != ANVIL_OK) goto done;
     memset(p->ctl.map, 0, p->ctl.size);
     ((struct vk_ctl *)p->ctl.map)->n_ctx = (uint32_t)p->n_ctx;
@@ -200,6 +203,7 @@ void vk_program_destroy(struct vk_program *p) {
     vk_buffer_destroy(d, &p->ctl);
     vk_buffer_destroy(d, &p->readback);
     vk_buffer_destroy(d, &p->rope);
+    vk_buffer_destroy(d, &p->input);
     vk_buffer_destroy(d, &p->mega);
     vk_buffer_destroy(d, &p->clk);
     free(p->clk_kind);

@@ -21,9 +21,19 @@ anvil_status check_overlaps(const struct vk_program *p) {
     return ANVIL_OK;
 }
 
+/* A split's part: the host's input row into the arena, before the step reads it. */
+static void record_input(struct vk_program *p, VkCommandBuffer cb) {
+    if (!p->in_bytes) return;
+    barrier(cb, STAGE_C, RW, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+    VkBufferCopy c = {0, p->in_off, p->in_bytes};
+    vkCmdCopyBuffer(cb, p->input.buf, p->arena.buf, 1, &c);
+    barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+}
+
 /* One step; sampling: ending in the sampling kernel instead of the argmax. */
 static void record_step(struct vk_program *p, VkCommandBuffer cb, bool count, bool sampling) {
     VkPipeline bound = VK_NULL_HANDLE;
+    record_input(p, cb);
     for (int i = 0; i < p->n_ops; i++) {
         const struct vk_dispatch *d = sampling && i == p->n_ops - 1 ? &p->sample_op : &p->ops[i];
         /* every kernel depends on the one before it (at least through the control block, which
@@ -79,6 +89,7 @@ anvil_status record_profile(struct vk_program *p) {
     VkCommandBuffer cb = p->cb_prof;
     vkBeginCommandBuffer(cb, &bi);
     vkCmdResetQueryPool(cb, p->queries, 0, (uint32_t)p->n_ops + 1);
+    record_input(p, cb);
     barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
     vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, 0);
     for (int i = 0; i < p->n_ops; i++) {

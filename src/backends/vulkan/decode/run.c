@@ -29,6 +29,14 @@ void ctl_reset(struct vk_program *p, int32_t token, int pos0) {
     c->hist0 = 0;
 }
 
+anvil_status vk_program_input(struct vk_program *p, const float *in) {
+    if (!p->in_bytes != !in)
+        return err_set(ANVIL_ERR_INVALID_ARG, in ? "vulkan: the decode program takes no input row"
+                                                 : "vulkan: the decode program's input row is not given");
+    if (in) memcpy(p->input.map, in, p->in_bytes);
+    return ANVIL_OK;
+}
+
 anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float *logits) {
     if (pos0 >= p->n_ctx) return err_set(ANVIL_ERR_RANGE, "vulkan: position %d past the context", pos0);
     ctl_reset(p, token, pos0);
@@ -89,6 +97,7 @@ void ctl_set_sampling(volatile struct vk_ctl *c, uint32_t V, const struct sampli
 
 anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res) {
     memset(res, 0, sizeof *res);
+    if (p->in_bytes) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: a split's part does not generate alone");
     struct vk_device *d = p->b->d;
     if (r->n_feed < 1 || r->pos0 < 0 || r->pos0 + r->n_feed > p->n_ctx || r->max_new < 0 ||
         r->n_stop > CTL_MAX_EOS)
