@@ -111,6 +111,7 @@ set(ANVIL_SHADER_VARIANTS
   "mm_h_64x64_k32 mm_h.comp -DWM=2u -DTM=2u -DTN=1u -DBK=32u"
   "mm_h_moe mm_h.comp -DWM=1u -DTM=2u -DTN=1u -DBK=32u -DGATHER"
   "attn_flash attn_flash.comp -DANVIL"
+  "vit_flash vit_flash.comp -DANVIL"
   "qx qx.comp -DANVIL"
   "matvec_qx_q8_0 matvec.comp -DW_Q8_0 -DQX -DQWIDE8"
   "matvec_qx_q6_k matvec.comp -DW_Q6_K -DQX"

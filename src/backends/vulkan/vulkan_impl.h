@@ -258,6 +258,9 @@ enum vk_kernel {
     K_PREFETCH, /* weights read ahead into the L2 cache (prefetch.comp, decode/prefetch.c add_prefetch) */
     /* the vision encoder's kernels (vit.comp's modes, in its MODE order; prefill/vit.c) */
     K_VIT_NORM, K_VIT_BIAS, K_VIT_POS, K_VIT_ROPE, K_VIT_ATTN,
+    /* its attention on cooperative matrices (vit_flash.comp), where d->coopmat and the head
+     * padded to vit_dp fits (vk_pipelines.vit_dp) */
+    K_VIT_FLASH,
     /* the inputs of mmb.comp's QX products rounded to int8 (mmb_round.comp) */
     K_MMB_ROUND,
     /* the small-batch products on integer dot products, tiled (mmbt.comp): of more than 8 rows,
@@ -325,6 +328,8 @@ struct vk_pipelines {
     VkPipeline p[K_COUNT];
     bool refused[K_COUNT];  /* the driver turned it down (mm_cm2.comp's: shaders/prebuilt) */
     int attn_g, attn_d; /* the attention pipeline's specialisation */
+    int vit_dp; /* vit_flash.comp's: the vision heads' dimensions padded to 16 (0: none yet; the
+                   first image sets it, prefill/vit.c) */
     bool kv16;          /* every pipeline's (common.glsl's KV16) */
     uint32_t attn_nsg;  /* and its subgroups per workgroup */
     uint32_t attn_lpr;  /* and its lanes a cache row (0: the shader's rule) */

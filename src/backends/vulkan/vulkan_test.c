@@ -660,6 +660,85 @@ static void test_float16_rounding(void **state) {
     backend_destroy(base);
 }
 
+/* The vision encoder's attention (vit.comp MODE 4 in float32, and vit_flash.comp on cooperative
+ * matrices where the device has them) against a double-precision reference on random q, k, v:
+ * image sizes of whole and partial blocks (8 and 64 queries, 32 and 64 keys), heads of 72
+ * dimensions (Qwen3.5/3.6's, padded to 80 on the matrices), 76 (a padded half-row) and 32, a
+ * few query rows scaled up so that their softmax is sharp. On the GPU machine without the test
+ * data: ANVIL_TEST_FILTER=test_vit_attention. */
+static void test_vit_attention(void **state) {
+    (void)state;
+    static const int shapes[][3] = {{196, 2, 72}, {300, 2, 76}, {64, 3, 32}, {1, 1, 72}};
+    uint64_t r = 777;
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int N = shapes[si][0], H = shapes[si][1], D = shapes[si][2];
+        size_t n = (size_t)N * H * D;
+        float *q = malloc(n * 4), *k = malloc(n * 4), *v = malloc(n * 4), *got = malloc(n * 4);
+        double *want = calloc(n, sizeof *want), *s = malloc(sizeof *s * (size_t)N);
+        assert_true(q && k && v && got && want && s);
+        float *xs[3] = {q, k, v};
+        for (int a = 0; a < 3; a++)
+            for (size_t i = 0; i < n; i++) {
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                xs[a][i] = (float)(int32_t)(r >> 32) / 2147483648.0f * 2.0f;
+            }
+        for (int t = 0; t < N; t += 7) /* sharp rows */
+            for (int i = 0; i < H * D; i++) q[(size_t)t * H * D + i] *= 4.0f;
+        double vmax = 0;
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < N; t++) {
+                const float *qt = q + ((size_t)t * H + h) * D;
+                double mx = -INFINITY, l = 0;
+                for (int u = 0; u < N; u++) {
+                    const float *ku = k + ((size_t)u * H + h) * D;
+                    double d = 0;
+                    for (int i = 0; i < D; i++) d += (double)qt[i] * ku[i];
+                    s[u] = d / sqrt((double)D);
+                    mx = fmax(mx, s[u]);
+                }
+                double *o = want + ((size_t)t * H + h) * D;
+                for (int u = 0; u < N; u++) {
+                    double p = exp(s[u] - mx);
+                    l += p;
+                    for (int i = 0; i < D; i++) o[i] += p * v[((size_t)u * H + h) * D + i];
+                }
+                for (int i = 0; i < D; i++) vmax = fmax(vmax, fabs(o[i] /= l));
+            }
+        for (int flash = 0; flash < 2; flash++) {
+            struct backend *base;
+            assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
+            struct vk_backend *b = (struct vk_backend *)base;
+            for (size_t i = 0; i < n; i++) got[i] = NAN;
+            anvil_status st = vk_vit_attention_once(b, q, k, v, N, H, D, flash, got);
+            if (flash && st == ANVIL_ERR_UNSUPPORTED) {
+                fprintf(stderr, "vision attention %dx%dx%d: no cooperative matrices here (%s)\n", N, H, D,
+                        anvil_last_error());
+                backend_destroy(base);
+                continue;
+            }
+            assert_int_equal(st, ANVIL_OK);
+            double worst = 0;
+            for (size_t i = 0; i < n; i++) {
+                double e = fabs((double)got[i] - want[i]);
+                worst = isnan(e) || e > worst ? (isnan(e) ? INFINITY : e) : worst;
+            }
+            /* float32 sums; float16 q, k, v and P on the matrices */
+            double tol = (flash ? 1e-2 : 2e-5) * fmax(vmax, 1.0);
+            fprintf(stderr, "vision attention %s N %d, %d heads of %d: max |gpu - cpu| %.3g of %.3g\n",
+                    flash ? "vit_flash" : "vit_attention", N, H, D, worst, vmax);
+            assert_true(worst <= tol);
+            assert_int_equal(vk_check_validation(b->d), ANVIL_OK);
+            backend_destroy(base);
+        }
+        free(q);
+        free(k);
+        free(v);
+        free(got);
+        free(want);
+        free(s);
+    }
+}
+
 /* Decode attention over a longer cache, split in few chunks (ANVIL_VK_ATTN_CHUNKS: 1 and 3,
  * so each subgroup walks many rows and the chunks are uneven) and in as many as the length
  * asks for (64: one more chunk every 16 rows); the prompt runs through the decode program a
@@ -1384,6 +1463,7 @@ int main(void) {
         cmocka_unit_test(test_auto_backend),
         cmocka_unit_test(test_topk_kernel),
         cmocka_unit_test(test_float16_rounding),
+        cmocka_unit_test(test_vit_attention),
         cmocka_unit_test(test_sampled_generation),
         cmocka_unit_test(test_against_cpu),
         cmocka_unit_test(test_against_cpu_qx),

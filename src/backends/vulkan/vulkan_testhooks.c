@@ -3,6 +3,7 @@
  * with the decode program's push constants, for vulkan_test to check against the CPU. Built
  * into the test programs only (CMakeLists.txt: *_testhooks.c), never into libanvil.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,10 +19,10 @@ static anvil_status test_pipelines(struct vk_backend *b) {
 }
 
 /* For the test hooks: one command buffer of dispatches (wgs workgroups each, laid out as the
- * decode program's grid()), each after a barrier (zero_first: that buffer filled with zeros
+ * decode program's grid(); wgs x gy where gy is not 0), each after a barrier (zero_first: that buffer filled with zeros
  * before them), submitted and waited for; host-visible results are readable when it returns
  * ANVIL_OK. */
-struct test_dispatch { enum vk_kernel k; const void *push; size_t size; uint32_t wgs; };
+struct test_dispatch { enum vk_kernel k; const void *push; size_t size; uint32_t wgs, gy; };
 
 static anvil_status test_run(struct vk_backend *b, const struct test_dispatch *ds, int n, VkBuffer zero_first) {
     struct vk_device *d = b->d;
@@ -43,6 +44,7 @@ static anvil_status test_run(struct vk_backend *b, const struct test_dispatch *d
         vkCmdPushConstants(cb, b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, (uint32_t)ds[i].size, ds[i].push);
         uint32_t gx, gy;
         grid(ds[i].wgs, &gx, &gy);
+        if (ds[i].gy) gx = ds[i].wgs, gy = ds[i].gy;
         vkCmdDispatch(cb, gx, gy, 1);
     }
     barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
@@ -124,9 +126,9 @@ anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, con
     struct pc_matvec pc = test_matvec_pc(b, wc, buf.addr, buf.addr + o_yq, buf.addr + o_yq + N1, buf.addr + o_z, N1, N2);
     pc.eps = eps;
     uint32_t nr = vk_matvec_rows(&b->pl, (enum vk_kernel)kc);
-    struct test_dispatch ds[3] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024},
-                                  {(enum vk_kernel)ka, &pa, sizeof pa, N1 / 8},
-                                  {(enum vk_kernel)kc, &pc, sizeof pc, (N2 + nr - 1) / nr}};
+    struct test_dispatch ds[3] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024, 0},
+                                  {(enum vk_kernel)ka, &pa, sizeof pa, N1 / 8, 0},
+                                  {(enum vk_kernel)kc, &pc, sizeof pc, (N2 + nr - 1) / nr, 0}};
     st = test_run(b, ds, 3, VK_NULL_HANDLE);
     if (st == ANVIL_OK) {
         memcpy(xq, m + o_q, Kq);
@@ -172,7 +174,7 @@ anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, co
     for (int i = 0; i < n_hist - 1; i++) c->data[2 * n_ctx + i] = (uint32_t)hist[i];
     ctl_set_sampling(c, (uint32_t)V, sp);
     struct pc_sample ps = {lg.addr, ctl.addr, scratch.addr, scratch.addr + SAMPLE_PART_BYTES(nwg), (uint32_t)V, nwg, 0};
-    struct test_dispatch one = {K_SAMPLE, &ps, sizeof ps, nwg};
+    struct test_dispatch one = {K_SAMPLE, &ps, sizeof ps, nwg, 0};
     st = test_run(b, &one, 1, scratch.buf);
     if (st == ANVIL_OK && c->n_out != 1)
         st = err_set(ANVIL_ERR_BACKEND, "vk_sample_once: the kernel chose no token (stop %u)", c->stop);
@@ -225,9 +227,9 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     *ph = (struct vk_phase){.kind = 1, .tasks = N, .wt = (uint32_t)wt};
     memcpy(ph->push, &pm, sizeof pm);
     struct pc_mega pg = {buf.addr + o_p, buf.addr, buf.addr + o_c, 0, 1};
-    struct test_dispatch ds[3] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024},
-                                  {kq, &pc, sizeof pc, (N + nr - 1) / nr},
-                                  {K_MEGA_QX, &pg, sizeof pg, b->pl.mega_grid}};
+    struct test_dispatch ds[3] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024, 0},
+                                  {kq, &pc, sizeof pc, (N + nr - 1) / nr, 0},
+                                  {K_MEGA_QX, &pg, sizeof pg, b->pl.mega_grid, 0}};
     st = test_run(b, ds, out_mega ? 3 : 2, VK_NULL_HANDLE);
     if (st == ANVIL_OK) {
         memcpy(out, m + o_o, (size_t)N * 4);
@@ -255,7 +257,7 @@ anvil_status vk_topk_once(struct vk_backend *b, const float *logits, int E, int 
     memset(m, 0, buf.size);
     memcpy(m + o_l, logits, (size_t)E * 4);
     struct pc_topk pt = {buf.addr + o_l, buf.addr + o_r, buf.addr, (uint32_t)E, (uint32_t)k, norm ? 1u : 0u, 1};
-    struct test_dispatch one = {K_MOE_TOPK, &pt, sizeof pt, 1};
+    struct test_dispatch one = {K_MOE_TOPK, &pt, sizeof pt, 1, 0};
     st = test_run(b, &one, 1, VK_NULL_HANDLE);
     if (st == ANVIL_OK) {
         const float *r = (const float *)(m + o_r);
@@ -280,9 +282,42 @@ anvil_status vk_f16_once(struct vk_backend *b, const float *x, int n, uint16_t *
     memcpy(m + o[0], x, (size_t)n * 4);
     /* one row of n floats: n / 8 units of 8 */
     struct pc_dq pd = {buf.addr + o[0], buf.addr + o[1], 0, 1, (uint32_t)n / 8, (uint32_t)n};
-    struct test_dispatch one = {K_DQ_F32, &pd, sizeof pd, ((uint32_t)n / 8 + 255) / 256};
+    struct test_dispatch one = {K_DQ_F32, &pd, sizeof pd, ((uint32_t)n / 8 + 255) / 256, 0};
     st = test_run(b, &one, 1, VK_NULL_HANDLE);
     if (st == ANVIL_OK) memcpy(out, m + o[1], (size_t)n * 2);
+    vk_buffer_destroy(b->d, &buf);
+    return st;
+}
+
+anvil_status vk_vit_attention_once(struct vk_backend *b, const float *q, const float *k, const float *v, int N, int H,
+                                   int D, bool flash, float *out) {
+    if (N < 1 || H < 1 || D < 4 || D % 4 || D > 256)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vk_vit_attention_once: %d x %d heads of %d", N, H, D);
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
+    if (flash) {
+        int dp = (D + 15) / 16 * 16;
+        if (!b->pl.vit_dp && !b->pl.p[K_VIT_FLASH]) b->pl.vit_dp = dp;
+        if (b->pl.vit_dp != dp || !vk_pipeline_supported(b->d, &b->pl, K_VIT_FLASH))
+            return err_set(ANVIL_ERR_UNSUPPORTED, "vk_vit_attention_once: no vit_flash pipeline for heads of %d", D);
+    }
+    VkDeviceSize n = (VkDeviceSize)N * H * D * 4, o[4];
+    VkDeviceSize size = test_layout(4, (VkDeviceSize[4]){n, n, n, n}, o);
+    struct vk_buffer buf = {0};
+    if ((st = vk_buffer_create(b->d, size, VK_MEM_READBACK, "test vision attention", &buf)) != ANVIL_OK) return st;
+    uint8_t *m = buf.map;
+    memset(m, 0, buf.size);
+    memcpy(m + o[0], q, n);
+    memcpy(m + o[1], k, n);
+    memcpy(m + o[2], v, n);
+    struct pc_vit pc = {.a = buf.addr + o[0], .b = buf.addr + o[1], .c = buf.addr + o[2], .d = buf.addr + o[2],
+                        .out_ = buf.addr + o[3], .e = buf.addr + o[3], .n = (uint32_t)(H * D), .rows = (uint32_t)N,
+                        .H = (uint32_t)H, .D = (uint32_t)D, .scale = 1.0f / sqrtf((float)D)};
+    /* (prefill/vit.c's grids) */
+    struct test_dispatch one = {flash ? K_VIT_FLASH : K_VIT_ATTN, &pc, sizeof pc, (uint32_t)H,
+                                (uint32_t)(flash ? (N + 63) / 64 : (N + 7) / 8)};
+    st = test_run(b, &one, 1, VK_NULL_HANDLE);
+    if (st == ANVIL_OK) memcpy(out, m + o[3], n);
     vk_buffer_destroy(b->d, &buf);
     return st;
 }

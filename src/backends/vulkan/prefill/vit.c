@@ -11,7 +11,8 @@
  *   h = LN1(x + down_b)                  vit MODE 0 (the previous block's down bias folded in)
  *   qkv = h Wqkv                         product
  *   q, k, v = rope2d(qkv + qkv_b)        vit MODE 3
- *   a = attention(q, k, v)               vit MODE 4 (full, within the image)
+ *   a = attention(q, k, v)               vit_flash.comp on cooperative matrices where the
+ *                                        device has them (vit_attention), else vit MODE 4
  *   x = x + a Wout                       product (residual folded into its store)
  *   h = LN2(x + out_b)                   vit MODE 0
  *   u = gelu_tanh(h Wup + up_b)          product, vit MODE 1
@@ -65,6 +66,22 @@ static anvil_status bias_act(struct vk_prefill *p, uint64_t a, const struct tens
     return vit_op(p, K_VIT_BIAS, (uint32_t)(((uint64_t)rows * n + 63) / 64), 0, &pc);
 }
 
+/* Whether the image's attention runs on cooperative matrices (vit_flash.comp): heads of D
+ * dimensions padded to a multiple of 16, the pipeline specialised for the first tower's. */
+static bool use_flash(struct vk_backend *b, uint32_t D) {
+    int dp = (int)round_up(D, 16);
+    if (!b->d->tune.vk_vit_flash) return false;
+    if (!b->pl.vit_dp && !b->pl.p[K_VIT_FLASH]) b->pl.vit_dp = dp;
+    return b->pl.vit_dp == dp && vk_pipeline_supported(b->d, &b->pl, K_VIT_FLASH);
+}
+
+/* out [N, H, D] = attention(q, k, v [N, H, D]) within the image: 64 queries of a head a
+ * workgroup on the matrices, else 8 in float32 */
+static anvil_status attention(struct vk_prefill *p, const struct pc_vit *pc) {
+    if (use_flash(p->b, pc->D)) return vit_op(p, K_VIT_FLASH, pc->H, (pc->rows + 63) / 64, pc);
+    return vit_op(p, K_VIT_ATTN, pc->H, (pc->rows + 7) / 8, pc);
+}
+
 /* The op list of one image of gh x gw patches: pixels at px, the embeddings at *out_off. */
 static anvil_status lower(struct vk_prefill *p, const struct vit_desc *d, uint32_t gh, uint32_t gw, uint64_t px,
                           const VkDeviceSize off[8]) {
@@ -86,7 +103,7 @@ static anvil_status lower(struct vk_prefill *p, const struct vit_desc *d, uint32
         if ((st = layer_norm(p, d, x, pre, blk->ln1_w, blk->ln1_b, h, N)) != ANVIL_OK ||
             (st = product(p, h, blk->qkv, big, 0, N)) != ANVIL_OK ||
             (st = vit_op(p, K_VIT_ROPE, N, 0, &rope)) != ANVIL_OK ||
-            (st = vit_op(p, K_VIT_ATTN, H, (N + 7) / 8, &att)) != ANVIL_OK ||
+            (st = attention(p, &att)) != ANVIL_OK ||
             (st = product(p, a, blk->out, x, x, N)) != ANVIL_OK ||
             (st = layer_norm(p, d, x, blk->out_b, blk->ln2_w, blk->ln2_b, h, N)) != ANVIL_OK ||
             (st = product(p, h, blk->up, big, 0, N)) != ANVIL_OK ||

@@ -176,6 +176,9 @@
 #define FLASH_SPEC_G 0
 #define FLASH_SPEC_D 1
 
+/* vit_flash.comp: the head dimension padded to a multiple of 16 */
+#define VIT_FLASH_SPEC_D 0
+
 /* mmb.comp: rows a subgroup (ANVIL_VK_MMB_RS) */
 #define MMB_SPEC_RS 0
 
