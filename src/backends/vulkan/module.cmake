@@ -112,6 +112,7 @@ set(ANVIL_SHADER_VARIANTS
   "mm_h_moe mm_h.comp -DWM=1u -DTM=2u -DTN=1u -DBK=32u -DGATHER"
   "attn_flash attn_flash.comp -DANVIL"
   "vit_flash vit_flash.comp -DANVIL"
+  "vit_flash1 vit_flash.comp -DONE_PASS"
   "qx qx.comp -DANVIL"
   "matvec_qx_q8_0 matvec.comp -DW_Q8_0 -DQX -DQWIDE8"
   "matvec_qx_q6_k matvec.comp -DW_Q6_K -DQX"

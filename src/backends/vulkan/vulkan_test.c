@@ -660,8 +660,8 @@ static void test_float16_rounding(void **state) {
     backend_destroy(base);
 }
 
-/* The vision encoder's attention (vit.comp MODE 4 in float32, and vit_flash.comp on cooperative
- * matrices where the device has them) against a double-precision reference on random q, k, v:
+/* The vision encoder's attention (vit.comp MODE 4 in float32, and vit_flash.comp's two variants on
+ * cooperative matrices where the device has them) against a double-precision reference on random q, k, v:
  * image sizes of whole and partial blocks (8 and 64 queries, 32 and 64 keys), heads of 72
  * dimensions (Qwen3.5/3.6's, padded to 80 on the matrices), 76 (a padded half-row) and 32, a
  * few query rows scaled up so that their softmax is sharp. On the GPU machine without the test
@@ -704,7 +704,7 @@ static void test_vit_attention(void **state) {
                 }
                 for (int i = 0; i < D; i++) vmax = fmax(vmax, fabs(o[i] /= l));
             }
-        for (int flash = 0; flash < 2; flash++) {
+        for (int flash = 0; flash < 3; flash++) {
             struct backend *base;
             assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
             struct vk_backend *b = (struct vk_backend *)base;
@@ -723,9 +723,9 @@ static void test_vit_attention(void **state) {
                 worst = isnan(e) || e > worst ? (isnan(e) ? INFINITY : e) : worst;
             }
             /* float32 sums; float16 q, k, v and P on the matrices */
-            double tol = (flash ? 1e-2 : 2e-5) * fmax(vmax, 1.0);
+            double tol = (flash ? 3e-2 : 2e-5) * fmax(vmax, 1.0);
             fprintf(stderr, "vision attention %s N %d, %d heads of %d: max |gpu - cpu| %.3g of %.3g\n",
-                    flash ? "vit_flash" : "vit_attention", N, H, D, worst, vmax);
+                    flash == 2 ? "vit_flash1" : flash ? "vit_flash" : "vit_attention", N, H, D, worst, vmax);
             assert_true(worst <= tol);
             assert_int_equal(vk_check_validation(b->d), ANVIL_OK);
             backend_destroy(base);

@@ -290,17 +290,17 @@ anvil_status vk_f16_once(struct vk_backend *b, const float *x, int n, uint16_t *
 }
 
 anvil_status vk_vit_attention_once(struct vk_backend *b, const float *q, const float *k, const float *v, int N, int H,
-                                   int D, bool flash, float *out) {
+                                   int D, int flash, float *out) {
     if (N < 1 || H < 1 || D < 4 || D % 4 || D > 256)
         return err_set(ANVIL_ERR_INVALID_ARG, "vk_vit_attention_once: %d x %d heads of %d", N, H, D);
     anvil_status st = test_pipelines(b);
     if (st != ANVIL_OK) return st;
-    if (flash) {
-        int dp = (D + 15) / 16 * 16;
-        if (!b->pl.vit_dp && !b->pl.p[K_VIT_FLASH]) b->pl.vit_dp = dp;
-        if (b->pl.vit_dp != dp || !vk_pipeline_supported(b->d, &b->pl, K_VIT_FLASH))
-            return err_set(ANVIL_ERR_UNSUPPORTED, "vk_vit_attention_once: no vit_flash pipeline for heads of %d", D);
-    }
+    int was = b->d->tune.vk_vit_flash;
+    b->d->tune.vk_vit_flash = flash;
+    enum vk_kernel ker = vk_vit_attention_kernel(b, (uint32_t)D);
+    b->d->tune.vk_vit_flash = was;
+    if (flash && ker == K_VIT_ATTN)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vk_vit_attention_once: no vit_flash pipeline for heads of %d", D);
     VkDeviceSize n = (VkDeviceSize)N * H * D * 4, o[4];
     VkDeviceSize size = test_layout(4, (VkDeviceSize[4]){n, n, n, n}, o);
     struct vk_buffer buf = {0};
@@ -314,8 +314,7 @@ anvil_status vk_vit_attention_once(struct vk_backend *b, const float *q, const f
                         .out_ = buf.addr + o[3], .e = buf.addr + o[3], .n = (uint32_t)(H * D), .rows = (uint32_t)N,
                         .H = (uint32_t)H, .D = (uint32_t)D, .scale = 1.0f / sqrtf((float)D)};
     /* (prefill/vit.c's grids) */
-    struct test_dispatch one = {flash ? K_VIT_FLASH : K_VIT_ATTN, &pc, sizeof pc, (uint32_t)H,
-                                (uint32_t)(flash ? (N + 63) / 64 : (N + 7) / 8)};
+    struct test_dispatch one = {ker, &pc, sizeof pc, (uint32_t)H, (uint32_t)(flash ? (N + 63) / 64 : (N + 7) / 8)};
     st = test_run(b, &one, 1, VK_NULL_HANDLE);
     if (st == ANVIL_OK) memcpy(out, m + o[3], n);
     vk_buffer_destroy(b->d, &buf);

@@ -66,20 +66,22 @@ static anvil_status bias_act(struct vk_prefill *p, uint64_t a, const struct tens
     return vit_op(p, K_VIT_BIAS, (uint32_t)(((uint64_t)rows * n + 63) / 64), 0, &pc);
 }
 
-/* Whether the image's attention runs on cooperative matrices (vit_flash.comp): heads of D
- * dimensions padded to a multiple of 16, the pipeline specialised for the first tower's. */
-static bool use_flash(struct vk_backend *b, uint32_t D) {
-    int dp = (int)round_up(D, 16);
-    if (!b->d->tune.vk_vit_flash) return false;
-    if (!b->pl.vit_dp && !b->pl.p[K_VIT_FLASH]) b->pl.vit_dp = dp;
-    return b->pl.vit_dp == dp && vk_pipeline_supported(b->d, &b->pl, K_VIT_FLASH);
+/* The kernel of the image's attention: on cooperative matrices (vit_flash.comp, ANVIL_VK_VIT_FLASH
+ * picks the variant) for heads of D dimensions padded to a multiple of 16, the pipeline
+ * specialised for the first tower's (vk_pipelines.vit_dp); else vit.comp's in float32. */
+enum vk_kernel vk_vit_attention_kernel(struct vk_backend *b, uint32_t D) {
+    int dp = (int)round_up(D, 16), v = b->d->tune.vk_vit_flash;
+    enum vk_kernel k = v == 2 ? K_VIT_FLASH1 : K_VIT_FLASH;
+    if (!v) return K_VIT_ATTN;
+    if (!b->pl.vit_dp && !b->pl.p[K_VIT_FLASH] && !b->pl.p[K_VIT_FLASH1]) b->pl.vit_dp = dp;
+    return b->pl.vit_dp == dp && vk_pipeline_supported(b->d, &b->pl, k) ? k : K_VIT_ATTN;
 }
 
 /* out [N, H, D] = attention(q, k, v [N, H, D]) within the image: 64 queries of a head a
  * workgroup on the matrices, else 8 in float32 */
 static anvil_status attention(struct vk_prefill *p, const struct pc_vit *pc) {
-    if (use_flash(p->b, pc->D)) return vit_op(p, K_VIT_FLASH, pc->H, (pc->rows + 63) / 64, pc);
-    return vit_op(p, K_VIT_ATTN, pc->H, (pc->rows + 7) / 8, pc);
+    enum vk_kernel k = vk_vit_attention_kernel(p->b, pc->D);
+    return vit_op(p, k, pc->H, k == K_VIT_ATTN ? (pc->rows + 7) / 8 : (pc->rows + 63) / 64, pc);
 }
 
 /* The op list of one image of gh x gw patches: pixels at px, the embeddings at *out_off. */

@@ -11,12 +11,17 @@
  * not written. Keys are walked BK at a time through shared memory (float16): S = Q K^T on the
  * matrices, softmaxed by the subgroup's lanes (two per row), then O += P V on the matrices.
  * Two passes over the keys, as attn_flash.comp (whose header says why): the first finds each
- * row's maximum score, the second sums exp(s - max) and P V. */
+ * row's maximum score, the second sums exp(s - max) and P V. Compiled with ONE_PASS: one pass
+ * with a lazily moved reference max m per row (P = exp(s - m)): a block whose scores exceed m
+ * by more than LAZY moves it to their max, and then the subgroup's O is rescaled row by row
+ * through shared memory (stored, scaled, loaded back), which the first blocks need and later
+ * ones rarely; P stays below e^LAZY, well within float16. */
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_vote : require
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
@@ -24,6 +29,12 @@ layout(constant_id = VIT_FLASH_SPEC_D) const uint D = 80; /* pc.D padded: a mult
 
 PC_BLOCK(PC_VIT, pc) /* push.h */
 
+#ifdef ONE_PASS
+const bool ONE = true;
+#else
+const bool ONE = false;
+#endif
+const float LAZY = 8.0;       /* ONE: how far a block's max may pass the reference */
 const uint BK = 32u;          /* keys per step */
 const uint SD = D + 8u;       /* shared row stride of q, k and v, in halves */
 const uint SP = BK + 8u;      /* of P */
@@ -69,13 +80,13 @@ void main() {
     uint SB = sg * 16u * BK; /* the subgroup's part of sb */
 
     float mx = -1.0 / 0.0;
-    [[unroll]] for (uint pass = 0u; pass < 2u; pass++) {
+    [[unroll]] for (uint pass = ONE ? 1u : 0u; pass < 2u; pass++) {
         fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> o[D / 16u];
         [[unroll]] for (uint kd = 0u; kd < D / 16u; kd++) o[kd] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
         float lsum = 0.0;
         for (uint s0 = 0u; s0 < N; s0 += BK) {
             stage(pc.b, s0, h, KO);
-            if (pass == 1u) stage(pc.c, s0, h, VO);
+            if (pass == 1u) stage(pc.c, s0, h, VO); /* (ONE: the only pass) */
             barrier();
             [[unroll]] for (uint kb = 0u; kb < BK / 16u; kb++) {
                 fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
@@ -96,6 +107,20 @@ void main() {
                         if (s0 + c0 + 4u * c4 + e < N) mx = max(mx, v[e]);
                 }
             } else {
+                bool grow = false;
+                float bm = -1.0 / 0.0;
+                if (ONE) { /* the row's reference max, moved where the block passes it by LAZY */
+                    [[unroll]] for (uint c4 = 0u; c4 < 4u; c4++) {
+                        vec4 v = sb4(sr + c4);
+                        [[unroll]] for (uint e = 0u; e < 4u; e++)
+                            if (s0 + c0 + 4u * c4 + e < N) bm = max(bm, v[e]);
+                    }
+                    bm = max(bm, subgroupShuffleXor(bm, 1u)); /* (key s0 < N: finite) */
+                    grow = bm > mx + LAZY;
+                }
+                float alpha = grow ? exp(mx - bm) : 1.0; /* (0 at the first block) */
+                if (grow) mx = bm;
+                lsum *= alpha;
                 uint w[8];
                 [[unroll]] for (uint c4 = 0u; c4 < 4u; c4++) {
                     vec4 v = sb4(sr + c4), p;
@@ -110,6 +135,19 @@ void main() {
                 ph[pr + 1u] = uvec4(w[4], w[5], w[6], w[7]);
                 subgroupMemoryBarrierShared();
                 subgroupBarrier();
+                if (ONE && subgroupAny(grow)) /* O's rows by alpha, through the (read) scores' area */
+                    [[unroll]] for (uint kd = 0u; kd < D / 16u; kd++) {
+                        coopMatStoreNV(o[kd], sb, SB, 16u, false);
+                        subgroupMemoryBarrierShared();
+                        subgroupBarrier();
+                        uint so = SB + row * 16u + (lane & 1u) * 8u;
+                        [[unroll]] for (uint e = 0u; e < 8u; e++) sb[so + e] *= alpha;
+                        subgroupMemoryBarrierShared();
+                        subgroupBarrier();
+                        coopMatLoadNV(o[kd], sb, SB, 16u, false);
+                        subgroupMemoryBarrierShared();
+                        subgroupBarrier();
+                    }
                 [[unroll]] for (uint kb = 0u; kb < BK / 16u; kb++) {
                     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> pa;
                     coopMatLoadNV(pa, ph, (16u * sg * SP + 16u * kb) / 8u, SP / 8u, false);
