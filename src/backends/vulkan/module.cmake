@@ -113,6 +113,7 @@ set(ANVIL_SHADER_VARIANTS
   "attn_flash attn_flash.comp -DANVIL"
   "vit_flash vit_flash.comp -DANVIL"
   "vit_flash1 vit_flash.comp -DONE_PASS"
+  "vit_flash1_bk64 vit_flash.comp -DONE_PASS -DBK64"
   "qx qx.comp -DANVIL"
   "matvec_qx_q8_0 matvec.comp -DW_Q8_0 -DQX -DQWIDE8"
   "matvec_qx_q6_k matvec.comp -DW_Q6_K -DQX"

@@ -110,6 +110,7 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_VIT_ATTN] = KI(spv_vit, "vit_attention", VK_OP_NONE, 0, VIT_MODE_ATTN, SPECS_MODE, PUSH_VIT),
     [K_VIT_FLASH] = KI(spv_vit_flash, "vit_flash", VK_OP_NONE, 0, 0, SPECS_VIT_FLASH, PUSH_VIT),
     [K_VIT_FLASH1] = KI(spv_vit_flash1, "vit_flash1", VK_OP_NONE, 0, 0, SPECS_VIT_FLASH, PUSH_VIT),
+    [K_VIT_FLASH1_BK64] = KI(spv_vit_flash1_bk64, "vit_flash1_bk64", VK_OP_NONE, 0, 0, SPECS_VIT_FLASH, PUSH_VIT),
     [K_ATTN_PREFILL] = KI(spv_attn_prefill, "attn_prefill", VK_OP_NONE, 0, 0, SPECS_ATTN_PREFILL, PUSH_ATTN_PF),
     [K_MMH_64X64_K32] = KI(spv_mm_h_64x64_k32, "mm_h_64x64_k32", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     [K_MMH_CM2] = KI(spv_mm_cm2, "mm_cm2", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
@@ -402,7 +403,7 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
     case K_MMH_CM2: case K_MMH_CM2_MOE: return d->coopmat && d->coopmat2;
     case K_ATTN_FLASH: return d->coopmat && d->subgroup_shuffle && vk_flash_fits(attn_g, attn_d);
     /* (its lanes: two a row of 16, subgroups of 32) */
-    case K_VIT_FLASH: case K_VIT_FLASH1: return d->coopmat && d->subgroup_shuffle && d->subgroup_size == 32 && vk_flash_fits(1, p->vit_dp);
+    case K_VIT_FLASH: case K_VIT_FLASH1: case K_VIT_FLASH1_BK64: return d->coopmat && d->subgroup_shuffle && d->subgroup_size == 32 && vk_flash_fits(1, p->vit_dp);
     case K_QX: case K_MMB_ROUND: return d->int_dot;
     /* gdn_chunk.comp's 29 KiB of shared memory (without it: the recurrent form) */
     case K_GDNC_PREP: case K_GDNC_INTRA: case K_GDNC_RECUR: return d->props.limits.maxComputeSharedMemorySize >= 30u << 10;

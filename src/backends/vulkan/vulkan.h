@@ -123,7 +123,7 @@ anvil_status vk_prefill_run_batch_pick(struct vk_prefill *p, const struct batch_
  * d's weights must be uploaded (vk_vit_encode in vulkan.c does it). */
 anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const float *pixels, int gh, int gw,
                         float *out);
-/* Its attention's kernel for heads of D dimensions: K_VIT_FLASH or K_VIT_FLASH1 (ANVIL_VK_VIT_FLASH)
+/* Its attention's kernel for heads of D dimensions: vit_flash.comp's (ANVIL_VK_VIT_FLASH picks)
  * where the device takes them, else K_VIT_ATTN; its grid is (heads, queries / 64), K_VIT_ATTN's
  * (heads, queries / 8). */
 enum vk_kernel vk_vit_attention_kernel(struct vk_backend *b, uint32_t D);

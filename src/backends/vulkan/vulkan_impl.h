@@ -260,7 +260,7 @@ enum vk_kernel {
     K_VIT_NORM, K_VIT_BIAS, K_VIT_POS, K_VIT_ROPE, K_VIT_ATTN,
     /* its attention on cooperative matrices (vit_flash.comp: two passes over the keys; one,
      * ONE_PASS), where d->coopmat and the head padded to vit_dp fits (vk_pipelines.vit_dp) */
-    K_VIT_FLASH, K_VIT_FLASH1,
+    K_VIT_FLASH, K_VIT_FLASH1, K_VIT_FLASH1_BK64 /* (the same, 64 keys a step) */,
     /* the inputs of mmb.comp's QX products rounded to int8 (mmb_round.comp) */
     K_MMB_ROUND,
     /* the small-batch products on integer dot products, tiled (mmbt.comp): of more than 8 rows,

@@ -43,7 +43,7 @@ anvil_status vk_f16_once(struct vk_backend *b, const float *x, int n, uint16_t *
 
 /* For tests: the vision encoder's attention once, out [N, H, D] = softmax(q k^T / sqrt(D)) v
  * per head over all N rows (q, k, v [N, H, D]; D a multiple of 4 up to 256): vit.comp MODE 4
- * (float32), or with flash 1 / 2 vit_flash.comp on cooperative matrices in two passes / one (as
+ * (float32), or with flash 1 / 2 / 3 vit_flash.comp's variants on cooperative matrices (as
  * ANVIL_VK_VIT_FLASH; ANVIL_ERR_UNSUPPORTED where the device has none, or its pipeline was
  * specialised for another D). */
 anvil_status vk_vit_attention_once(struct vk_backend *b, const float *q, const float *k, const float *v, int N, int H,

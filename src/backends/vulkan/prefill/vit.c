@@ -71,9 +71,10 @@ static anvil_status bias_act(struct vk_prefill *p, uint64_t a, const struct tens
  * specialised for the first tower's (vk_pipelines.vit_dp); else vit.comp's in float32. */
 enum vk_kernel vk_vit_attention_kernel(struct vk_backend *b, uint32_t D) {
     int dp = (int)round_up(D, 16), v = b->d->tune.vk_vit_flash;
-    enum vk_kernel k = v == 2 ? K_VIT_FLASH1 : K_VIT_FLASH;
+    enum vk_kernel k = v == 3 ? K_VIT_FLASH1_BK64 : v == 2 ? K_VIT_FLASH1 : K_VIT_FLASH;
     if (!v) return K_VIT_ATTN;
-    if (!b->pl.vit_dp && !b->pl.p[K_VIT_FLASH] && !b->pl.p[K_VIT_FLASH1]) b->pl.vit_dp = dp;
+    if (!b->pl.vit_dp && !b->pl.p[K_VIT_FLASH] && !b->pl.p[K_VIT_FLASH1] && !b->pl.p[K_VIT_FLASH1_BK64])
+        b->pl.vit_dp = dp;
     return b->pl.vit_dp == dp && vk_pipeline_supported(b->d, &b->pl, k) ? k : K_VIT_ATTN;
 }
 

@@ -15,7 +15,7 @@
  * with a lazily moved reference max m per row (P = exp(s - m)): a block whose scores exceed m
  * by more than LAZY moves it to their max, and then the subgroup's O is rescaled row by row
  * through shared memory (stored, scaled, loaded back), which the first blocks need and later
- * ones rarely; P stays below e^LAZY, well within float16. */
+ * ones rarely; P stays below e^LAZY, well within float16. BK64: 64 keys a step instead of 32. */
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -35,7 +35,12 @@ const bool ONE = true;
 const bool ONE = false;
 #endif
 const float LAZY = 8.0;       /* ONE: how far a block's max may pass the reference */
-const uint BK = 32u;          /* keys per step */
+#ifdef BK64
+const uint BK = 64u;          /* keys per step */
+#else
+const uint BK = 32u;
+#endif
+const uint C4 = BK / 8u;      /* a lane's vec4s of scores (two lanes a row) */
 const uint SD = D + 8u;       /* shared row stride of q, k and v, in halves */
 const uint SP = BK + 8u;      /* of P */
 const uint QH = 64u * SD;     /* the queries' halves (only at the start) */
@@ -99,9 +104,9 @@ void main() {
             }
             subgroupMemoryBarrierShared();
             subgroupBarrier();
-            uint sr = (SB + row * BK + c0) / 4u; /* this lane's 16 scores (BK = 32), as vec4 */
+            uint sr = (SB + row * BK + c0) / 4u; /* this lane's BK / 2 scores, as vec4 */
             if (pass == 0u) {
-                [[unroll]] for (uint c4 = 0u; c4 < 4u; c4++) {
+                [[unroll]] for (uint c4 = 0u; c4 < C4; c4++) {
                     vec4 v = sb4(sr + c4);
                     [[unroll]] for (uint e = 0u; e < 4u; e++)
                         if (s0 + c0 + 4u * c4 + e < N) mx = max(mx, v[e]);
@@ -110,7 +115,7 @@ void main() {
                 bool grow = false;
                 float bm = -1.0 / 0.0;
                 if (ONE) { /* the row's reference max, moved where the block passes it by LAZY */
-                    [[unroll]] for (uint c4 = 0u; c4 < 4u; c4++) {
+                    [[unroll]] for (uint c4 = 0u; c4 < C4; c4++) {
                         vec4 v = sb4(sr + c4);
                         [[unroll]] for (uint e = 0u; e < 4u; e++)
                             if (s0 + c0 + 4u * c4 + e < N) bm = max(bm, v[e]);
@@ -121,8 +126,8 @@ void main() {
                 float alpha = grow ? exp(mx - bm) : 1.0; /* (0 at the first block) */
                 if (grow) mx = bm;
                 lsum *= alpha;
-                uint w[8];
-                [[unroll]] for (uint c4 = 0u; c4 < 4u; c4++) {
+                uint w[2u * C4];
+                [[unroll]] for (uint c4 = 0u; c4 < C4; c4++) {
                     vec4 v = sb4(sr + c4), p;
                     [[unroll]] for (uint e = 0u; e < 4u; e++)
                         p[e] = s0 + c0 + 4u * c4 + e < N ? exp(v[e] - mx) : 0.0;
@@ -131,8 +136,8 @@ void main() {
                     w[2u * c4 + 1u] = pack_half2(p.zw);
                 }
                 uint pr = ((16u * sg + row) * SP + c0) / 8u;
-                ph[pr] = uvec4(w[0], w[1], w[2], w[3]);
-                ph[pr + 1u] = uvec4(w[4], w[5], w[6], w[7]);
+                [[unroll]] for (uint i = 0u; i < C4 / 2u; i++)
+                    ph[pr + i] = uvec4(w[4u * i], w[4u * i + 1u], w[4u * i + 2u], w[4u * i + 3u]);
                 subgroupMemoryBarrierShared();
                 subgroupBarrier();
                 if (ONE && subgroupAny(grow)) /* O's rows by alpha, through the (read) scores' area */
