@@ -32,7 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         hp->tied_embeddings = !model_file_find(&mf, "output.weight");
         struct model m;
         if (model_bind(&m, &mf) == ANVIL_OK) {
-            struct build_opts o = {2, 8, false};
+            struct build_opts o = {.n_tokens = 2, .n_ctx = 8};
             struct graph g;
             if (model_build_graph(&m, &o, &g) == ANVIL_OK) graph_free(&g);
             model_unbind(&m);

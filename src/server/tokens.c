@@ -299,8 +299,11 @@ anvil_status srv_text_render_chat_spans(struct srv_text *t, const cJSON *message
     char *r2 = NULL, *all = NULL;
     struct sbuf r1 = {0};
     if (!used || !standin) goto done;
-    bool any = scan_ctrl(t, messages ? messages->child : NULL, used) |
-               scan_ctrl(t, tools ? tools->child : NULL, used) | scan_ctrl(t, kw->child, used);
+    /* every part scanned (each marks what it uses), then any of them */
+    bool in_messages = scan_ctrl(t, messages ? messages->child : NULL, used);
+    bool in_tools = scan_ctrl(t, tools ? tools->child : NULL, used);
+    bool in_kw = scan_ctrl(t, kw->child, used);
+    bool any = in_messages || in_tools || in_kw;
     st = render(t, messages, tools, add_generation_prompt, kw, out);
     if (st != ANVIL_OK || !any) goto done;
     /* stand-ins found nowhere in the request */
