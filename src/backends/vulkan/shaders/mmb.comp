@@ -39,9 +39,6 @@ layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uve
 #endif
 PC_BLOCK(PC_MMB, pc) /* push.h */
 
-#ifndef CT
-#define CT 8u /* tokens a pass */
-#endif
 
 #ifdef QX
 #define RSMAX 8u /* (ANVIL_VK_MMBQ_ROWS' bound) */
@@ -93,6 +90,8 @@ void main() {
     }
 }
 #else
+#define CT 8u /* tokens a pass */
+
 void main() {
     W_INIT(pc.w)
     uint SG = gl_SubgroupSize, lane = gl_SubgroupInvocationID;
@@ -109,7 +108,8 @@ void main() {
             vec2 so[RS][UG];
             for (uint r = 0u; r < RS; r++) unit_load(pc.w, min(row0 + r, pc.N - 1u), U, u, qa[r], qb[r], so[r]);
             for (uint j = 0u; j < CT; j++) {
-                uint t = min(t0 + j, pc.T - 1u);
+                uint t = t0 + j;
+                if (t >= pc.T) break;
                 for (uint g = 0u; g < UG; g++) {
                     uint p = unit_pos(u, g);
                     vec4 xa = vec4(0.0), xb = vec4(0.0);
