@@ -50,13 +50,6 @@ static void split_destroy(struct backend *base) {
     free(b);
 }
 
-static const char *fmt_bytes(char buf[32], uint64_t n) {
-    if (n >= (1ull << 30)) snprintf(buf, 32, "%.2f GiB", (double)n / (1ull << 30));
-    else if (n >= (1ull << 20)) snprintf(buf, 32, "%.1f MiB", (double)n / (1ull << 20));
-    else snprintf(buf, 32, "%.1f KiB", (double)n / 1024);
-    return buf;
-}
-
 /* The first graph's parts held to their devices' memory before any part uploads a byte. */
 static anvil_status check_fit(struct split_backend *b, const struct graph *parts) {
     char msg[1024] = "";

@@ -471,3 +471,11 @@ uint16_t f32_to_f16(float f) {
     if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++; /* may carry into the exponent: fine */
     return (uint16_t)(sign | r);
 }
+
+const char *fmt_bytes(char buf[32], uint64_t n) {
+    if (n >= (1ull << 30)) snprintf(buf, 32, "%.2f GiB", (double)n / (1ull << 30));
+    else if (n >= (1ull << 20)) snprintf(buf, 32, "%.1f MiB", (double)n / (1ull << 20));
+    else if (n >= 1024) snprintf(buf, 32, "%.1f KiB", (double)n / 1024);
+    else snprintf(buf, 32, "%llu bytes", (unsigned long long)n);
+    return buf;
+}

@@ -94,6 +94,9 @@ void pin_loaded_libraries(void);
 char *str_escape(const char *s, size_t n, bool keep_newlines, char *out, size_t cap);
 
 /* Monotonic clock in seconds. */
+/* n bytes for people ("1.25 GiB", "3.0 MiB", "512 bytes") in the caller's buf, which it returns */
+const char *fmt_bytes(char buf[32], uint64_t n);
+
 double time_now(void);
 
 /* 16-bit floats. */

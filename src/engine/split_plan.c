@@ -6,13 +6,6 @@
 #include "base/tuning.h"
 #include "engine_impl.h"
 
-static const char *fmt_bytes(char buf[32], uint64_t n) {
-    if (n >= (1ull << 30)) snprintf(buf, 32, "%.2f GiB", (double)n / (1ull << 30));
-    else if (n >= (1ull << 20)) snprintf(buf, 32, "%.1f MiB", (double)n / (1ull << 20));
-    else snprintf(buf, 32, "%.1f KiB", (double)n / 1024);
-    return buf;
-}
-
 anvil_status anvil_split_plan(anvil_model *model, const anvil_session_params *p, char *buf, size_t cap, size_t *need) {
     size_t len = 0;
 #define OUT(...)                                                                                                     \

@@ -15,14 +15,6 @@ static int find_type(struct vk_device *d, uint32_t bits, VkMemoryPropertyFlags w
     return -1;
 }
 
-const char *vk_fmt_bytes(char buf[32], uint64_t n) {
-    if (n >= (1ull << 30)) snprintf(buf, 32, "%.2f GiB", (double)n / (1ull << 30));
-    else if (n >= (1ull << 20)) snprintf(buf, 32, "%.1f MiB", (double)n / (1ull << 20));
-    else if (n >= 1024) snprintf(buf, 32, "%.1f KiB", (double)n / 1024);
-    else snprintf(buf, 32, "%llu bytes", (unsigned long long)n);
-    return buf;
-}
-
 VkDeviceSize vk_device_local_bytes(struct vk_device *d) {
     VkPhysicalDeviceMemoryBudgetPropertiesEXT budget = {
         .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT};
@@ -90,7 +82,7 @@ anvil_status vk_buffer_create(struct vk_device *d, VkDeviceSize size, enum vk_me
         {
             char sz[32];
             return err_set(ANVIL_ERR_NOMEM, "vulkan: cannot allocate %s for %s on %s: out of %s memory",
-                           vk_fmt_bytes(sz, req.size), what, d->props.deviceName,
+                           fmt_bytes(sz, req.size), what, d->props.deviceName,
                            r == VK_ERROR_OUT_OF_DEVICE_MEMORY ? "device" : "host");
         }
         return vk_result(r, "vkAllocateMemory");

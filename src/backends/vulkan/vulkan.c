@@ -598,7 +598,7 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
         return err_set(ANVIL_ERR_NOMEM, "vulkan: the model does not fit on %s: %s of weights + %s of "
                        "KV cache and states > %s of device memory%s (try a smaller context with -c, "
                        "a smaller quantization, or --backend cpu)", b->d->props.deviceName,
-                       vk_fmt_bytes(w, new_bytes), vk_fmt_bytes(kv, state_bytes), vk_fmt_bytes(h, have),
+                       fmt_bytes(w, new_bytes), fmt_bytes(kv, state_bytes), fmt_bytes(h, have),
                        b->d->max_mem && have == b->d->max_mem ? " (the --gpu-max-memory or ANVIL_VK_MAX_MEMORY limit)" : "");
     }
     anvil_status st = upload_weights(b, first_new);

@@ -123,8 +123,6 @@ enum vk_mem_kind {
 anvil_status vk_buffer_create(struct vk_device *d, VkDeviceSize size, enum vk_mem_kind kind,
                               const char *what, struct vk_buffer *out);
 void vk_buffer_destroy(struct vk_device *d, struct vk_buffer *b);
-/* "1.50 GiB", "12.3 MiB", "512 bytes" into buf */
-const char *vk_fmt_bytes(char buf[32], uint64_t n);
 /* Bytes of device-local memory anvil may use: the largest device-local heap, or its budget
  * (VK_EXT_memory_budget: what other processes leave), capped by ANVIL_VK_MAX_MEMORY. */
 VkDeviceSize vk_device_local_bytes(struct vk_device *d);

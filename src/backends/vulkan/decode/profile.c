@@ -175,7 +175,7 @@ size_t vk_program_list(const struct vk_program *p, int pos, char *buf, size_t ca
         snprintf(grid, sizeof grid, "%ux%ux%u", d->gx, d->gy, d->gz);
         uint64_t n = dispatch_reads(p, d, pos);
         total += n;
-        if (n) vk_fmt_bytes(rd, n);
+        if (n) fmt_bytes(rd, n);
         size_t wl = 0;
         what[0] = 0;
         const char *w0 = d->wa[0] ? weight_at(p, d->wa[0]) : NULL;
@@ -210,7 +210,7 @@ size_t vk_program_list(const struct vk_program *p, int pos, char *buf, size_t ca
             const struct pc_matvec *pm = (const struct pc_matvec *)ph[k].push;
             char prd[32] = "-", names[256] = "";
             uint64_t pr = phase_reads(p, &ph[k], pos);
-            if (pr) vk_fmt_bytes(prd, pr);
+            if (pr) fmt_bytes(prd, pr);
             if (kind == MEGA_PH_MATVEC || kind == MEGA_PH_SWIGLU) {
                 const char *a = weight_at(p, pm->w0), *b = weight_at(p, pm->w1), *c = weight_at(p, pm->w2);
                 snprintf(names, sizeof names, "%s%s%s%s%s", a ? a : "?", (kind == MEGA_PH_SWIGLU || pm->rows1) && b ? " + " : "",
@@ -222,7 +222,7 @@ size_t vk_program_list(const struct vk_program *p, int pos, char *buf, size_t ca
     }
     char t[32];
     OUT("%d dispatches; %s of weights, cache rows and states read per step at position %d\n", p->n_ops,
-        vk_fmt_bytes(t, total), pos);
+        fmt_bytes(t, total), pos);
 #undef OUT
     return len;
 }
