@@ -1,5 +1,5 @@
-# Included by the top CMakeLists.txt when ANVIL_FUZZ=ON (which already compiles everything
-# with -fsanitize=fuzzer-no-link,address,undefined).
+# Included by the top CMakeLists.txt when ANVIL_FUZZ=ON (which compiles everything with
+# -fsanitize=address,undefined, and the parsers also with -fsanitize=fuzzer-no-link).
 #
 # Every fuzz/fuzz_NAME.c is a libFuzzer target fuzz_NAME linked with libanvil; its seeds live
 # in fuzz/corpus/fuzz_NAME/, and fuzz/dicts/fuzz_NAME.dict (optional) is its libFuzzer dictionary. ctest (label "fuzz") runs each target for a few seconds, starting
