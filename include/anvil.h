@@ -239,6 +239,38 @@ typedef struct anvil_spec {
                               chain decides, as for any drafter) */
 } anvil_spec;
 
+/* ---- logprobs and logit_bias (docs/SERVER.md has what the server makes of them) ----
+ *
+ * A generated token's log-probability is the log-softmax, over the whole vocabulary, of the
+ * logits it was chosen from after the logit bias and the on_logits hook, before temperature,
+ * penalties and top-k/p: the model's distribution, as OpenAI, vLLM and llama.cpp report it.
+ * The Vulkan backend computes them on the device in its decode loop (logprobs.comp: only the
+ * chosen token's and the top ones' cross to the host); the CPU backend and the host loop
+ * (on_logits, speculation) from the logits on the host. */
+#define ANVIL_MAX_TOP_LOGPROBS 20
+
+typedef struct anvil_token_logprobs {
+    int32_t token;   /* the generated token */
+    float logprob;   /* its log-probability (-inf where its logit was -inf) */
+    int n_top;       /* the top_logprobs most likely tokens (fewer where fewer are not masked
+                        to -inf), by logprob descending, the lower id first among equals */
+    int32_t top_token[ANVIL_MAX_TOP_LOGPROBS];
+    float top_logprob[ANVIL_MAX_TOP_LOGPROBS];
+} anvil_token_logprobs;
+
+typedef struct anvil_logit_params {
+    /* logit_bias: bias[i] added to the logit of bias_ids[i] (0 <= id < the vocabulary) every
+     * step, in order, before the choice and the logprobs (the caller's, read during the call) */
+    const int32_t *bias_ids;
+    const float *bias;
+    int n_bias;
+    /* NULL, or called with each generated token's logprobs just before the token callback
+     * gets the token, with its user; top_logprobs: how many of the most likely tokens with
+     * them, 0 .. ANVIL_MAX_TOP_LOGPROBS */
+    void (*on_logprobs)(void *user, const anvil_token_logprobs *lp);
+    int top_logprobs;
+} anvil_logit_params;
+
 typedef struct anvil_generate_params {
     anvil_sampling sampling;
     int max_tokens;              /* budget of generated tokens (> 0) */
@@ -252,6 +284,9 @@ typedef struct anvil_generate_params {
     /* NULL, or speculative decoding (a host loop, as on_logits; the two may be combined: the
      * hook sees every row the chain chooses from). Batches refuse it. */
     const anvil_spec *spec;
+    /* NULL, or logit_bias and logprobs (anvil_logit_params; the caller's, read during the
+     * call). Both run in the Vulkan backend's device loop; batches refuse them. */
+    const anvil_logit_params *logit;
 } anvil_generate_params;
 
 typedef enum anvil_stop_reason {

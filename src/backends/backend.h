@@ -9,6 +9,7 @@
 #ifndef ANVIL_BACKEND_H
 #define ANVIL_BACKEND_H
 
+#include "anvil.h"
 #include "graph/graph.h"
 
 struct backend;
@@ -50,7 +51,12 @@ struct gen_request {
     int n_history;
     int rope_delta;      /* a token's rope position is its cache row + rope_delta (after images:
                             engine/session.c); 0 for text-only sessions */
+    /* NULL, or the logit bias (at most GEN_MAX_BIAS entries, ids checked) added to every
+     * step's logits before the choice, and the generated tokens' logprobs (anvil.h), each to
+     * logit->on_logprobs (with user) before on_token gets its token */
+    const anvil_logit_params *logit;
 };
+#define GEN_MAX_BIAS 1024
 
 struct gen_result {
     int n_out;    /* tokens generated and delivered */

@@ -234,6 +234,9 @@ anvil_status anvil_batch_add(anvil_batch *b, const int32_t *prompt, int n_prompt
     if (gp->spec && gp->spec->kind != ANVIL_SPEC_NONE)
         return keep(b, err_set(ANVIL_ERR_UNSUPPORTED, "anvil_batch_add: no speculative decoding "
                                "in a batch (a session runs it)"));
+    if (gp->logit && (gp->logit->n_bias > 0 || gp->logit->on_logprobs))
+        return keep(b, err_set(ANVIL_ERR_UNSUPPORTED, "anvil_batch_add: no logit bias or logprobs "
+                               "in a batch (a session runs them)"));
     *id = 0;
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= b->V)

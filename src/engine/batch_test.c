@@ -375,7 +375,7 @@ static void test_limits(void **state) {
     anvil_batch *b;
     assert_int_equal(anvil_batch_create(m, &bp, &b), ANVIL_OK);
     int32_t p[40] = {1, 2, 3};
-    anvil_generate_params gp = {anvil_sampling_default(), 20, NULL, 0, NULL, NULL};
+    anvil_generate_params gp = {anvil_sampling_default(), 20, NULL, 0, NULL, NULL, NULL};
     int a, c;
     /* 3 + 20 tokens: 3 blocks promised; 2 free beside them */
     assert_int_equal(anvil_batch_add(b, p, 3, &gp, &a), ANVIL_OK);

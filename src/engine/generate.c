@@ -5,6 +5,7 @@
 
 #include "anvil.h"
 #include "engine_impl.h"
+#include "logprobs.h"
 #include "sampler.h"
 #include "spec.h"
 
@@ -82,7 +83,8 @@ static anvil_status generate_fed(anvil_session *s, const int32_t *feed, int n_fe
                             .user = user, .out = out,
                             /* the plain argmax unless the chain has something to do */
                             .sampling = sp.greedy && !sp.penalties ? NULL : &sp,
-                            .history = s->tokens, .n_history = s->pos, .rope_delta = s->rope_delta};
+                            .history = s->tokens, .n_history = s->pos, .rope_delta = s->rope_delta,
+                            .logit = p->logit};
     struct gen_result res;
     anvil_status st = s->backend->vt->generate(s->decode, &r, &res);
     double t1 = time_now();
@@ -122,7 +124,17 @@ static anvil_status session_generate(anvil_session *s, const int32_t *prompt, in
         return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_generate: nothing to continue from");
     bool spec = p->spec && p->spec->kind != ANVIL_SPEC_NONE;
     if (p->spec && spec_check(s, p->spec) != ANVIL_OK) return ANVIL_ERR_INVALID_ARG;
-    if (s->backend->vt->generate && p->n_stop_tokens <= 16 && !p->on_logits && !spec)
+    const anvil_logit_params *lp = p->logit;
+    if (lp && (lp->n_bias < 0 || (lp->n_bias > 0 && (!lp->bias_ids || !lp->bias)) ||
+               lp->top_logprobs < 0 || lp->top_logprobs > ANVIL_MAX_TOP_LOGPROBS))
+        return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_generate: bad logit parameters");
+    for (int i = 0; lp && i < lp->n_bias; i++)
+        if (lp->bias_ids[i] < 0 || lp->bias_ids[i] >= s->model->file->hp.n_vocab)
+            return err_set(ANVIL_ERR_RANGE, "logit bias: token id %d out of range 0..%d", lp->bias_ids[i],
+                           s->model->file->hp.n_vocab - 1);
+    /* the device loop takes the bias and the logprobs (within its limits), not a hook */
+    if (s->backend->vt->generate && p->n_stop_tokens <= 16 && !p->on_logits && !spec &&
+        (!lp || lp->n_bias <= GEN_MAX_BIAS))
         return generate_on_device(s, prompt, n_prompt, p, fn, user, stats);
     int V = s->model->file->hp.n_vocab;
     float *logits = xmalloc((size_t)V * sizeof *logits);
@@ -160,21 +172,25 @@ static anvil_status session_generate(anvil_session *s, const int32_t *prompt, in
     stats->n_prompt = n_prompt;
     stats->prompt_seconds = time_now() - t0;
     t0 = time_now();
+    struct gen_lp glp;
+    gen_lp_init(&glp, p, user);
     if (st == ANVIL_OK && spec) {
-        st = spec_decode(s, p, logits, fn, user, stats);
+        st = spec_decode(s, p, &glp, logits, fn, user, stats);
         stats->generate_seconds = time_now() - t0;
+        gen_lp_free(&glp);
         free(logits);
         free(scratch);
         return st;
     }
     while (st == ANVIL_OK) {
-        if (p->on_logits) p->on_logits(user, logits, V);
+        if ((st = gen_lp_logits(&glp, logits, V)) != ANVIL_OK) break;
         int32_t tok = sampler_sample(logits, V, &p->sampling, s->tokens, s->pos, (uint32_t)s->pos, scratch);
         if (gen_is_stop(p, tok)) {
             stats->stop = ANVIL_STOP_EOS;
             break;
         }
         stats->n_generated++;
+        gen_lp_token(&glp, tok);
         bool stop_cb = fn && fn(user, tok) != 0;
         if (s->pos >= s->n_ctx) {
             stats->stop = ANVIL_STOP_CONTEXT;
@@ -194,6 +210,7 @@ static anvil_status session_generate(anvil_session *s, const int32_t *prompt, in
         }
     }
     stats->generate_seconds = time_now() - t0;
+    gen_lp_free(&glp);
     free(logits);
     free(scratch);
     return st;

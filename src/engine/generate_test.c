@@ -42,7 +42,7 @@ static void test_greedy_matches_eval(void **state) {
     (void)state;
     anvil_session *s = session();
     int32_t prompt[] = {3, 14, 15, 92};
-    anvil_generate_params gp = {anvil_sampling_default(), 10, NULL, 0, NULL, NULL};
+    anvil_generate_params gp = {anvil_sampling_default(), 10, NULL, 0, NULL, NULL, NULL};
     struct collect c = {.n = 0};
     anvil_generate_stats st;
     assert_int_equal(anvil_session_generate(s, prompt, 4, &gp, collect_fn, &c, &st), ANVIL_OK);
@@ -85,7 +85,7 @@ static void test_greedy_matches_eval(void **state) {
 static void test_continuation_and_seed(void **state) {
     (void)state;
     int32_t prompt[] = {7, 8, 9};
-    anvil_generate_params gp = {anvil_sampling_default(), 6, NULL, 0, NULL, NULL};
+    anvil_generate_params gp = {anvil_sampling_default(), 6, NULL, 0, NULL, NULL, NULL};
     gp.sampling.temperature = 1.0f;
     gp.sampling.seed = 99;
     anvil_session *a = session(), *b = session();
@@ -126,7 +126,7 @@ static void test_continuation_recurrent(void **state) {
     assert_int_equal(anvil_session_create(hm, &sp, &a), ANVIL_OK);
     assert_int_equal(anvil_session_create(hm, &sp, &b), ANVIL_OK);
     int32_t prompt[] = {7, 8, 9};
-    anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0, NULL, NULL};
+    anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0, NULL, NULL, NULL};
     gp.sampling.temperature = 0;
     struct collect ca = {.n = 0}, cb = {.n = 0};
     assert_int_equal(anvil_session_generate(a, prompt, 3, &gp, collect_fn, &ca, NULL), ANVIL_OK);
@@ -163,7 +163,7 @@ static void test_logits_hook(void **state) {
     (void)state;
     anvil_session *s = session();
     int32_t prompt[] = {3, 14, 15, 92};
-    anvil_generate_params gp = {anvil_sampling_default(), 6, NULL, 0, hook_logits, NULL};
+    anvil_generate_params gp = {anvil_sampling_default(), 6, NULL, 0, hook_logits, NULL, NULL};
     gp.sampling.temperature = 0.9f;
     gp.sampling.seed = 5;
     struct hook h = {.favour = 77};

@@ -6,6 +6,7 @@
 
 #include "anvil.h"
 #include "engine_impl.h"
+#include "logprobs.h"
 #include "sampler.h"
 #include "spec.h"
 
@@ -74,7 +75,7 @@ static anvil_status draft_model(struct spec_run *r, const int32_t *h, int n, int
      * greedy chain agrees more), by the backend's own decode loop where it has one: one
      * submission on Vulkan rather than a round trip a token */
     struct draft_out o = {out, 0, k};
-    anvil_generate_params gp = {r->draft_sampling, k, NULL, 0, NULL, NULL};
+    anvil_generate_params gp = {r->draft_sampling, k, NULL, 0, NULL, NULL, NULL};
     /* a few new tokens (those accepted since the last step) one at a time through the decode
      * program: a chunk of each count would compile a prefill program of its own; a prompt
      * (the first step) in chunks */
@@ -172,7 +173,7 @@ int32_t spec_choose(const struct sampling_params *sp, float *row, int V, const i
     return sampler_draw(&dist, sampler_uniform(sp->seed, (uint32_t)counter));
 }
 
-anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float *logits,
+anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, struct gen_lp *glp, float *logits,
                          anvil_token_fn fn, void *user, anvil_generate_stats *stats) {
     const anvil_spec *spec = p->spec;
     int V = s->model->file->hp.n_vocab, K = spec->n_draft;
@@ -187,8 +188,9 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float
     r.draft_sampling.temperature = 0;
     bool keep;
     int32_t tok = 0;
+    /* (only this first call can fail: it makes the hooks' copy of the logits) */
+    if (st == ANVIL_OK) st = gen_lp_logits(glp, logits, V);
     if (st == ANVIL_OK) {
-        if (p->on_logits) p->on_logits(user, logits, V);
         tok = spec_choose(&sp, logits, V, s->tokens, s->pos, -1, scratch, &keep);
     }
     while (st == ANVIL_OK) {
@@ -198,6 +200,7 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float
             break;
         }
         r.n_gen = ++stats->n_generated;
+        gen_lp_token(glp, tok);
         bool stop_cb = fn && fn(user, tok) != 0;
         if (s->pos >= s->n_ctx) {
             stats->stop = ANVIL_STOP_CONTEXT;
@@ -237,7 +240,7 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float
             break;
         }
         if (nd == 0) {
-            if (p->on_logits) p->on_logits(user, logits, V);
+            (void)gen_lp_logits(glp, logits, V);
             tok = spec_choose(&sp, logits, V, s->tokens, s->pos, -1, scratch, &keep);
             continue;
         }
@@ -248,7 +251,7 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float
         bool ended = false;
         for (;; i++) {
             float *row = rows + (size_t)i * V;
-            if (p->on_logits) p->on_logits(user, row, V);
+            (void)gen_lp_logits(glp, row, V);
             tok = spec_choose(&sp, row, V, s->tokens, pos0 + 1 + i, i < nd ? seq[i + 1] : -1, scratch, &keep);
             if (spec->kind == ANVIL_SPEC_ORACLE && spec->oracle_decides && i < nd) {
                 /* a draft offered as recorded is kept, a wrong one is not (the step's work is
@@ -265,6 +268,7 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float
             }
             stats->n_accepted++;
             r.n_gen = ++stats->n_generated;
+            gen_lp_token(glp, tok);
             bool cb = fn && fn(user, tok) != 0;
             if (cb || r.n_gen >= p->max_tokens) {
                 stats->stop = cb ? ANVIL_STOP_CALLBACK : ANVIL_STOP_LENGTH;

@@ -9,9 +9,11 @@
 
 /* Whether sp can run on s (kind, draft count, draft session and vocabulary, oracle). */
 anvil_status spec_check(const anvil_session *s, const anvil_spec *sp);
+struct gen_lp;
 /* The generation loop with p->spec: logits hold the last cached token's row (the prompt's);
- * chooses, delivers and caches tokens as the plain loop does, stats counted into. */
-anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, float *logits,
+ * chooses, delivers and caches tokens as the plain loop does (each row it chooses from through
+ * glp's hooks, engine/logprobs.h), stats counted into. */
+anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, struct gen_lp *glp, float *logits,
                          anvil_token_fn fn, void *user, anvil_generate_stats *stats);
 
 /* Chooses the token after row (V logits, modified by the penalties) at counter (the tokens

@@ -48,7 +48,7 @@ static void generate(anvil_session *s, const anvil_generate_params *gp, int stop
     assert_true(n <= MAXT + NP);
     memcpy(o->cache, c, (size_t)n * sizeof *c);
     if (o->pos >= anvil_session_context_size(s) - 8) return;
-    anvil_generate_params more = {anvil_sampling_default(), 8, NULL, 0, NULL, NULL};
+    anvil_generate_params more = {anvil_sampling_default(), 8, NULL, 0, NULL, NULL, NULL};
     struct run m = {.n = 0};
     assert_int_equal(anvil_session_generate(s, NULL, 0, &more, collect, &m, NULL), ANVIL_OK);
     memcpy(o->more, m.toks, sizeof o->more);
@@ -74,7 +74,7 @@ static void check_greedy(anvil_model *m, anvil_model *draft_m, anvil_backend_kin
     anvil_session *s = tu_session(m, kind, n_ctx);
     anvil_session *d = tu_session(draft_m, kind, n_ctx);
     anvil_session *self = tu_session(m, kind, n_ctx);
-    anvil_generate_params gp = {anvil_sampling_default(), 40, NULL, 0, NULL, NULL};
+    anvil_generate_params gp = {anvil_sampling_default(), 40, NULL, 0, NULL, NULL, NULL};
     /* with penalties (the chain reads the drafts as history), and a varied output for a stop id */
     anvil_generate_params gpen = gp;
     gpen.sampling.repeat_penalty = 1.5f;
@@ -227,7 +227,7 @@ static void test_bad_params(void **state) {
         {(anvil_spec_kind)42, 3, NULL, NULL, 0, 1.0f, 0},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        anvil_generate_params gp = {anvil_sampling_default(), 5, NULL, 0, NULL, &bad[i]};
+        anvil_generate_params gp = {anvil_sampling_default(), 5, NULL, 0, NULL, &bad[i], NULL};
         assert_int_equal(anvil_session_generate(s, prompt, NP, &gp, NULL, NULL, NULL), ANVIL_ERR_INVALID_ARG);
         assert_int_equal(anvil_session_position(s), 0);
     }
@@ -238,7 +238,7 @@ static void test_bad_params(void **state) {
     anvil_batch *b;
     assert_int_equal(anvil_batch_create(m, &bp, &b), ANVIL_OK);
     anvil_spec ok = {ANVIL_SPEC_NGRAM, 3, NULL, NULL, 0, 1.0f, 0};
-    anvil_generate_params gp = {anvil_sampling_default(), 5, NULL, 0, NULL, &ok};
+    anvil_generate_params gp = {anvil_sampling_default(), 5, NULL, 0, NULL, &ok, NULL};
     int id;
     assert_int_equal(anvil_batch_add(b, prompt, NP, &gp, &id), ANVIL_ERR_UNSUPPORTED);
     anvil_batch_destroy(b);
@@ -308,7 +308,7 @@ static void test_sampled_generation(void **state) {
     anvil_session *s = tu_session(m, ANVIL_BACKEND_CPU, 96);
     anvil_session *self = tu_session(m, ANVIL_BACKEND_CPU, 96);
     anvil_spec sp = {ANVIL_SPEC_DRAFT, 3, self, NULL, 0, 1.0f, 0};
-    anvil_generate_params gp = {anvil_sampling_default(), 30, NULL, 0, NULL, &sp};
+    anvil_generate_params gp = {anvil_sampling_default(), 30, NULL, 0, NULL, &sp, NULL};
     gp.sampling.temperature = 0.7f;
     gp.sampling.top_k = 20;
     gp.sampling.seed = 77;
@@ -329,7 +329,7 @@ static void test_oracle_decides(void **state) {
     (void)state;
     anvil_model *m = open_model("synthetic:qwen3-tiny");
     anvil_session *s = tu_session(m, ANVIL_BACKEND_CPU, 64);
-    anvil_generate_params greedy = {anvil_sampling_default(), 12, NULL, 0, NULL, NULL};
+    anvil_generate_params greedy = {anvil_sampling_default(), 12, NULL, 0, NULL, NULL, NULL};
     struct outcome g;
     generate(s, &greedy, 0, &g);
     int32_t made[12];
@@ -368,12 +368,12 @@ static void test_sampled_end_to_end(void **state) {
     anvil_model *m = open_model("synthetic:qwen3-tiny");
     anvil_session *s = tu_session(m, ANVIL_BACKEND_CPU, 64);
     int V = anvil_model_vocab_size(m);
-    anvil_generate_params gp = {anvil_sampling_default(), 3, NULL, 0, NULL, NULL};
+    anvil_generate_params gp = {anvil_sampling_default(), 3, NULL, 0, NULL, NULL, NULL};
     gp.sampling.temperature = 1.0f;
     gp.sampling.top_k = 4;
     /* the drafts: the greedy continuation of the prompt (right often enough to be kept) */
     struct outcome g;
-    anvil_generate_params greedy = {anvil_sampling_default(), 3, NULL, 0, NULL, NULL};
+    anvil_generate_params greedy = {anvil_sampling_default(), 3, NULL, 0, NULL, NULL, NULL};
     generate(s, &greedy, 0, &g);
     anvil_spec sp = {ANVIL_SPEC_ORACLE, 2, NULL, g.r.toks, 3, 1.0f, 0};
     static int a[CELLS], b[CELLS];

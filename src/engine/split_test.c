@@ -138,7 +138,7 @@ static void run_session(anvil_session *s, int V, float *out, int32_t *tok) {
     for (size_t i = 0; i < N_OF(steps); i++)
         assert_int_equal(anvil_session_eval(s, steps + i, 1, ANVIL_LOGITS_LAST, out + (N_OF(prompt) + i) * (size_t)V),
                          ANVIL_OK);
-    anvil_generate_params gp = {anvil_sampling_default(), 6, NULL, 0, NULL, NULL};
+    anvil_generate_params gp = {anvil_sampling_default(), 6, NULL, 0, NULL, NULL, NULL};
     gp.sampling.temperature = 0;
     int32_t last = 7, got[7] = {0};
     assert_int_equal(anvil_session_generate(s, &last, 1, &gp, tu_collect, got, NULL), ANVIL_OK);
@@ -199,7 +199,7 @@ static void run_batch(anvil_model *m, int n, const int *devices, int32_t tok[2][
     bp.keep_logits = 1;
     anvil_batch *b;
     if (anvil_batch_create(m, &bp, &b) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
-    anvil_generate_params gp = {anvil_sampling_default(), 6, NULL, 0, NULL, NULL};
+    anvil_generate_params gp = {anvil_sampling_default(), 6, NULL, 0, NULL, NULL, NULL};
     gp.sampling.temperature = 0;
     int ids[2], got[2] = {0, 0};
     assert_int_equal(anvil_batch_add(b, prompt, N_OF(prompt), &gp, &ids[0]), ANVIL_OK);

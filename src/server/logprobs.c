@@ -1,74 +1,27 @@
 /*
- * server: logprobs and logit_bias, from each step's logits on the host.
+ * server: logprobs and logit_bias.
  *
- * A request asking for either sets anvil_generate_params.on_logits: the engine then runs its
- * host loop, which reads every step's logits back (V floats) before the sampling chain; the
- * bias is added to them there (so the chain, on the host, samples from the biased logits), and
- * the log-softmax of the biased logits gives the chosen token's logprob and the top ones. The
- * logprobs are the model's (after logit_bias, before temperature, penalties, top-k/p):
- * vLLM's default. Without either, generation stays on the device loop (no read-back).
+ * Both go to the engine as anvil_logit_params: the bias is added to every step's logits before
+ * the choice, and each generated token's logprobs come back through on_logprobs, the log-softmax
+ * of the biased (and, with response_format, masked) logits: the model's distribution (after
+ * logit_bias, before temperature, penalties, top-k/p), vLLM's default. On Vulkan the engine's
+ * device loop computes them on the device (logprobs.comp: only the chosen token's and the top
+ * ones' numbers cross); on the CPU, or with response_format's grammar (a host hook), its host
+ * loop does from the logits.
  */
 #include <math.h>
 #include <stdlib.h>
 
 #include "server_impl.h"
 
-bool lp_init(struct lp_state *st, const struct job *j, int n_vocab) {
+void lp_init(struct lp_state *st, const struct job *j) {
     memset(st, 0, sizeof *st);
     st->job = j;
-    st->V = n_vocab;
-    if (!j->logprobs) return true;
-    st->logits = malloc((size_t)n_vocab * sizeof *st->logits);
-    return st->logits != NULL;
-}
-
-void lp_free(struct lp_state *st) {
-    free(st->logits);
-    st->logits = NULL;
-}
-
-void lp_bias(struct lp_state *st, float *logits, int V) {
-    const struct job *j = st->job;
-    for (int i = 0; i < j->n_bias; i++)
-        if (j->bias_ids[i] < V) logits[j->bias_ids[i]] += j->bias[i];
-}
-
-void lp_observe(struct lp_state *st, float *logits, int V) {
-    const struct job *j = st->job;
-    if (!st->logits || V != st->V) return;
-    memcpy(st->logits, logits, (size_t)V * sizeof *logits);
-    /* the normaliser, and the top ones (higher logit first, lower id first among equals) */
-    float m = -INFINITY;
-    int n = 0, N = j->top_logprobs;
-    for (int i = 0; i < V; i++) {
-        float l = logits[i];
-        if (!(l > m)) {
-            if (!(l == l) || l == -INFINITY) continue; /* NaN, or masked (response_format) */
-        } else {
-            m = l;
-        }
-        if (N == 0 || (n == N && !(l > st->top_val[n - 1]))) continue;
-        int k = n < N ? n++ : N - 1;
-        while (k > 0 && l > st->top_val[k - 1]) {
-            st->top_val[k] = st->top_val[k - 1];
-            st->top_id[k] = st->top_id[k - 1];
-            k--;
-        }
-        st->top_val[k] = l;
-        st->top_id[k] = i;
-    }
-    /* in float, summed in blocks of 256 into a double: the error stays far below the
-     * logprobs' float precision */
-    double sum = 0;
-    for (int b = 0; b < V; b += 256) {
-        float part = 0;
-        for (int i = b; i < MIN(b + 256, V); i++)
-            if (logits[i] == logits[i]) part += expf(logits[i] - m);
-        sum += part;
-    }
-    st->lse = (double)m + log(sum);
-    st->n_top = n;
-    st->have = true;
+    st->params.bias_ids = j->bias_ids;
+    st->params.bias = j->bias;
+    st->params.n_bias = j->n_bias;
+    st->params.on_logprobs = j->logprobs ? lp_on_logprobs : NULL;
+    st->params.top_logprobs = j->top_logprobs;
 }
 
 /* {"token", "logprob", "bytes"} of id under the last step's distribution. */
@@ -82,18 +35,22 @@ static cJSON *entry(struct server *s, int32_t id, double logprob) {
     return e;
 }
 
-cJSON *lp_token(struct server *s, struct lp_state *st, int32_t tok) {
-    if (!st->have || tok < 0 || tok >= st->V) return NULL;
-    st->have = false;
-    cJSON *e = entry(s, tok, st->logits[tok] - st->lse);
+void lp_on_logprobs(void *user, const anvil_token_logprobs *lp) {
+    struct run *r = user;
+    struct lp_state *st = &r->lp;
+    cJSON *e = entry(r->srv, lp->token, lp->logprob);
     cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
-    for (int i = 0; i < st->n_top; i++)
-        cJSON_AddItemToArray(top, entry(s, st->top_id[i], st->top_val[i] - st->lse));
+    for (int i = 0; i < lp->n_top; i++) cJSON_AddItemToArray(top, entry(r->srv, lp->top_token[i], lp->top_logprob[i]));
     /* where the token's text starts in the completion's text (bytes): completions' text_offset */
     cJSON *tk = cJSON_GetObjectItemCaseSensitive(e, "token");
     cJSON_AddNumberToObject(e, "text_offset", (double)st->offset);
     st->offset += strlen(tk->valuestring);
-    return e;
+    /* the token's entry goes out with the text it adds (or with the end) */
+    pthread_mutex_lock(&r->job->mu);
+    if (!r->job->lp) r->job->lp = cJSON_CreateArray();
+    if (r->job->lp) cJSON_AddItemToArray(r->job->lp, e);
+    else cJSON_Delete(e);
+    pthread_mutex_unlock(&r->job->mu);
 }
 
 /* ---- the response shapes ---- */

@@ -182,13 +182,11 @@ static void emit(struct run *r, bool flush) {
     sbuf_clear(&r->released);
 }
 
-/* The generate loop's logits hook (only for logprobs, logit_bias and response_format): the
- * bias, then the grammar's mask, then the logprobs of what is left. */
+/* The generate loop's logits hook (only for response_format): the grammar's mask, after the
+ * engine added the bias and before it takes the logprobs of what is left. */
 static void on_logits(void *user, float *logits, int n_vocab) {
     struct run *r = user;
-    lp_bias(&r->lp, logits, n_vocab);
-    if (r->grammar) jgrammar_mask(r->grammar, logits, n_vocab);
-    lp_observe(&r->lp, logits, n_vocab);
+    jgrammar_mask(r->grammar, logits, n_vocab);
 }
 
 /* The generate loop's token callback: decode, filter, hand over; non-zero stops. */
@@ -196,14 +194,6 @@ int run_token(void *user, int32_t tok) {
     struct run *r = user;
     if (atomic_load(&r->job->cancelled) || atomic_load(&r->srv->stopping)) return 1;
     if (r->grammar) jgrammar_accept(r->grammar, tok);
-    cJSON *e = r->job->logprobs ? lp_token(r->srv, &r->lp, tok) : NULL;
-    if (e) { /* the token's entry goes out with the text it adds (or with the end) */
-        pthread_mutex_lock(&r->job->mu);
-        if (!r->job->lp) r->job->lp = cJSON_CreateArray();
-        if (r->job->lp) cJSON_AddItemToArray(r->job->lp, e);
-        else cJSON_Delete(e);
-        pthread_mutex_unlock(&r->job->mu);
-    }
     sbuf_clear(&r->piece);
     anvil_status st = srv_decoder_push(r->dec, tok, &r->piece);
     if (st != ANVIL_OK) {
@@ -224,7 +214,7 @@ anvil_status run_begin(struct server *s, struct job *j, struct run *r) {
     r->job = j;
     anvil_status st = srv_decoder_create(s->text, &r->dec);
     if (st == ANVIL_OK) st = stop_filter_init(&r->stop, (const char *const *)j->stops, j->n_stops);
-    if (st == ANVIL_OK && !lp_init(&r->lp, j, s->n_vocab)) st = err_set(ANVIL_ERR_NOMEM, "out of memory");
+    lp_init(&r->lp, j);
     if (st == ANVIL_OK && j->reasoning_split && (st = toolcall_parser_create(&j->tc, &r->parser)) ==
                                                     ANVIL_OK && j->forced) {
         sbuf_adds(&r->released, j->forced); /* the answer's start, written into the prompt */
@@ -280,7 +270,6 @@ void run_finish(struct server *s, struct run *r, anvil_status st, const char *wh
     toolcall_delta_free(&r->delta);
     stop_filter_free(&r->stop);
     srv_decoder_destroy(r->dec);
-    lp_free(&r->lp);
     jgrammar_free(r->grammar);
     sbuf_free(&r->piece);
     sbuf_free(&r->released);
@@ -332,8 +321,11 @@ void run_job(struct server *s, struct job *j) {
             r.grammar = jgrammar_new(j->schema, s->jvocab, stop, n_stop, s->think_end, j->think_open,
                                      gp.max_tokens, gp.sampling.top_k);
         }
-        if (j->logprobs || j->n_bias || r.grammar) gp.on_logits = on_logits; /* the host loop */
-        /* speculation calls on_logits on each row it chooses from, in order, each after the
+        /* the bias and the logprobs in the engine's loop (on Vulkan, its device loop); the
+         * grammar is a host hook, the host loop */
+        if (j->logprobs || j->n_bias) gp.logit = &r.lp.params;
+        if (r.grammar) gp.on_logits = on_logits;
+        /* speculation calls the hooks on each row it chooses from, in order, each after the
          * previous row's token went through run_token: the grammar's and the logprobs' state
          * advance as without it. Images too: the image rows are fed before the first mark. */
         gp.spec = s->opt.spec;

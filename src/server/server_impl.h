@@ -186,27 +186,18 @@ struct job {
 #define LP_MAX_TOP 20    /* top_logprobs */
 #define LP_MAX_BIAS 1024 /* logit_bias entries */
 
-/* The worker's side: each step's logits (the engine's on_logits hook), then the token chosen. */
+/* The worker's side: the job's logit_bias and logprobs as the engine takes them (its device
+ * loop on Vulkan, its host loop on the CPU or with response_format), each generated token's
+ * entry made from what the engine hands over. */
 struct lp_state {
     const struct job *job;
-    int V;
-    float *logits; /* the last step's logits after the bias (logprobs asked), [V] */
-    double lse;    /* their log-sum-exp */
-    int32_t top_id[LP_MAX_TOP];
-    float top_val[LP_MAX_TOP];
-    int n_top;
-    bool have;     /* a step's logits wait for their token */
-    size_t offset; /* bytes of token text so far (completions' text_offset) */
+    anvil_logit_params params; /* the job's bias, and with logprobs asked the hook below */
+    size_t offset;             /* bytes of token text so far (completions' text_offset) */
 };
-bool lp_init(struct lp_state *st, const struct job *j, int n_vocab);
-void lp_free(struct lp_state *st);
-/* Adds the job's logit_bias to logits [V]. */
-void lp_bias(struct lp_state *st, float *logits, int V);
-/* With logprobs asked, keeps what lp_token needs of the logits the token is chosen from. */
-void lp_observe(struct lp_state *st, float *logits, int V);
-/* The entry of the token chosen from the last logits ({"token", "logprob", "bytes",
- * "top_logprobs", "text_offset"}), or NULL when logprobs are not asked. */
-cJSON *lp_token(struct server *s, struct lp_state *st, int32_t tok);
+void lp_init(struct lp_state *st, const struct job *j);
+/* The engine's on_logprobs (user: the struct run): the token's entry ({"token", "logprob",
+ * "bytes", "top_logprobs", "text_offset"}) into the job's logprobs, before its text. */
+void lp_on_logprobs(void *user, const anvil_token_logprobs *lp);
 
 /* ---- response_format: JSON by constrained sampling (jsongrammar.c) ---- */
 

@@ -27,6 +27,7 @@
 #include <cjson/cJSON.h>
 
 #include "anvil.h"
+#include "backends/backend.h"
 #include "formats/gguf.h"
 #include "server_impl.h" /* test_request_checks calls the request path directly */
 #include "testutil.h"
@@ -2310,9 +2311,9 @@ static void test_images(void **state) {
 static int saved_port;
 static pid_t saved_pid;
 
-/* Starts a second server with --parallel 4 and makes it the one the helpers talk to (http_port,
- * server_pid; parallel_teardown gives the first one back). */
-static void start_parallel_server(const char *errpath) {
+/* Starts a second server on backend (with --parallel 4 where parallel) and makes it the one
+ * the helpers talk to (http_port, server_pid; parallel_teardown gives the first one back). */
+static void start_second_server(const char *errpath, const char *backend, bool parallel) {
     saved_port = http_port;
     saved_pid = server_pid;
     http_port = 0;
@@ -2320,9 +2321,10 @@ static void start_parallel_server(const char *errpath) {
     if (server_pid == 0) {
         FILE *f = freopen(errpath, "w", stderr);
         (void)f;
-        execl(ANVIL_BIN, ANVIL_BIN, "serve", "-m", tu_testdata("reference/qwen3-small"), "--port",
-              "0", "-t", "2", "--backend", "cpu", "--api-key", KEY, "--parallel", "4",
-              (char *)NULL);
+        char *argv[] = {ANVIL_BIN, "serve", "-m", (char *)tu_testdata("reference/qwen3-small"), "--port", "0", "-t",
+                        "2", "--backend", (char *)backend, "--api-key", KEY, parallel ? "--parallel" : NULL, "4",
+                        NULL};
+        execv(ANVIL_BIN, argv);
         _exit(127);
     }
     assert_true(server_pid > 0);
@@ -2403,7 +2405,7 @@ static void test_parallel(void **state) {
     cJSON_Delete(er);
     char errpath[512];
     snprintf(errpath, sizeof errpath, "%s/serve-parallel.err", tmpdir);
-    start_parallel_server(errpath);
+    start_second_server(errpath, "cpu", true);
 
     /* the four at once, streamed and not */
     for (int stream = 0; stream < 2; stream++) {
@@ -2550,6 +2552,115 @@ static int parallel_teardown(void **state) {
     return 0;
 }
 
+/* Two chat logprobs' contents agree: the same tokens, logprobs within tol, the same top ones
+ * (but for a neighbour within tol: a near tie the two sides' roundings order differently). */
+static void chat_logprobs_agree(const cJSON *a, const cJSON *b, double tol) {
+    assert_int_equal(cJSON_GetArraySize(a), cJSON_GetArraySize(b));
+    for (int i = 0; i < cJSON_GetArraySize(a); i++) {
+        const cJSON *x = cJSON_GetArrayItem(a, i), *y = cJSON_GetArrayItem(b, i);
+        assert_string_equal(get_str(x, "token"), get_str(y, "token"));
+        double d = fabs(get(x, "logprob")->valuedouble - get(y, "logprob")->valuedouble);
+        if (d > tol) fail_msg("token %d (%s): logprobs %g apart", i, get_str(x, "token"), d);
+        const cJSON *tx = get(x, "top_logprobs"), *ty = get(y, "top_logprobs");
+        int n = cJSON_GetArraySize(tx);
+        assert_int_equal(n, cJSON_GetArraySize(ty));
+        for (int k = 0; k < n; k++) {
+            const cJSON *u = cJSON_GetArrayItem(tx, k), *v = cJSON_GetArrayItem(ty, k);
+            double du = fabs(get(u, "logprob")->valuedouble - get(v, "logprob")->valuedouble);
+            bool same = strcmp(get_str(u, "token"), get_str(v, "token")) == 0;
+            for (int o = k - 1; !same && o <= k + 1; o += 2)
+                same = o >= 0 && o < n && strcmp(get_str(u, "token"), get_str(cJSON_GetArrayItem(ty, o), "token")) == 0;
+            if (du > tol || !same)
+                fail_msg("token %d: top %d is %s (%g) and %s (%g)", i, k, get_str(u, "token"),
+                         get(u, "logprob")->valuedouble, get_str(v, "token"), get(v, "logprob")->valuedouble);
+        }
+    }
+}
+
+/* logprobs and logit_bias on the Vulkan backend (lavapipe here), where the engine's device loop
+ * computes them on the device (logprobs.comp), equal to the CPU server's within the two
+ * backends' logits' difference: chat greedy and sampled with top_logprobs and a bias, streamed
+ * and not, completions' legacy shape; over several of the device loop's batches of steps. */
+static void test_logprobs_vulkan(void **state) {
+    (void)state;
+    char why[256];
+    if (!backend_vulkan_available(why, sizeof why)) {
+        fprintf(stderr, "test_logprobs_vulkan: skipped (no Vulkan: %s)\n", why);
+        return;
+    }
+    static const char *bodies[] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi there\"}],\"max_tokens\":20,\"temperature\":0,"
+        "\"ignore_eos\":true,\"logprobs\":true,\"top_logprobs\":5,\"logit_bias\":{\"13\":3.5,\"11\":-100}}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me\"}],\"max_tokens\":12,\"temperature\":0.7,"
+        "\"seed\":5,\"ignore_eos\":true,\"logprobs\":true,\"top_logprobs\":20,\"stream\":true}",
+        "{\"prompt\":\"The capital of France is\",\"max_tokens\":10,\"temperature\":0,\"ignore_eos\":true,"
+        "\"logprobs\":3,\"logit_bias\":{\"100\":2}}",
+    };
+    enum { N = sizeof bodies / sizeof *bodies };
+    cJSON *want[N];
+    for (int i = 0; i < N; i++) { /* on the CPU server */
+        const char *path = strstr(bodies[i], "messages") ? "/v1/chat/completions" : "/v1/completions";
+        if (strstr(bodies[i], "\"stream\":true")) {
+            char *out;
+            assert_int_equal(http("POST", path, bodies[i], KEY, &out), 200);
+            struct sse sse;
+            sse_parse(out, &sse);
+            free(out);
+            want[i] = cJSON_CreateArray();
+            for (int k = 0; k < sse.n; k++) {
+                const cJSON *e;
+                cJSON_ArrayForEach(e, get(sse.events[k], "choices.0.logprobs.content"))
+                    cJSON_AddItemToArray(want[i], cJSON_Duplicate(e, true));
+            }
+            sse_free(&sse);
+        } else {
+            want[i] = post_ok(path, bodies[i]);
+        }
+    }
+    char errpath[512];
+    snprintf(errpath, sizeof errpath, "%s/serve-vk.err", tmpdir);
+    start_second_server(errpath, "vulkan", false);
+    for (int i = 0; i < N; i++) {
+        const char *path = strstr(bodies[i], "messages") ? "/v1/chat/completions" : "/v1/completions";
+        if (strstr(bodies[i], "\"stream\":true")) {
+            char *out;
+            assert_int_equal(http("POST", path, bodies[i], KEY, &out), 200);
+            struct sse sse;
+            sse_parse(out, &sse);
+            free(out);
+            cJSON *got = cJSON_CreateArray();
+            for (int k = 0; k < sse.n; k++) {
+                const cJSON *e;
+                cJSON_ArrayForEach(e, get(sse.events[k], "choices.0.logprobs.content"))
+                    cJSON_AddItemToArray(got, cJSON_Duplicate(e, true));
+            }
+            sse_free(&sse);
+            assert_int_equal(cJSON_GetArraySize(got), 12);
+            chat_logprobs_agree(want[i], got, 2e-3);
+            cJSON_Delete(got);
+        } else if (strstr(bodies[i], "messages")) {
+            cJSON *got = post_ok(path, bodies[i]);
+            assert_int_equal(cJSON_GetArraySize(get(got, "choices.0.logprobs.content")), 20);
+            chat_logprobs_agree(get(want[i], "choices.0.logprobs.content"), get(got, "choices.0.logprobs.content"), 2e-3);
+            cJSON_Delete(got);
+        } else {
+            cJSON *got = post_ok(path, bodies[i]);
+            const cJSON *a = get(want[i], "choices.0.logprobs"), *b = get(got, "choices.0.logprobs");
+            assert_string_equal(get_str(want[i], "choices.0.text"), get_str(got, "choices.0.text"));
+            assert_int_equal(cJSON_GetArraySize(get(b, "token_logprobs")), 10);
+            for (int k = 0; k < 10; k++) {
+                char p[32];
+                snprintf(p, sizeof p, "token_logprobs.%d", k);
+                assert_true(fabs(get(a, p)->valuedouble - get(b, p)->valuedouble) < 2e-3);
+                snprintf(p, sizeof p, "text_offset.%d", k);
+                assert_int_equal(get_int(a, p), get_int(b, p));
+            }
+            cJSON_Delete(got);
+        }
+        cJSON_Delete(want[i]);
+    }
+}
+
 int main(int argc, char **argv) {
     /* server_test PATTERN: only the tests whose names match (cmocka's wildcards) */
     if (argc > 1) cmocka_set_test_filter(argv[1]);
@@ -2576,6 +2687,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_embeddings),
         cmocka_unit_test(test_access_log),
         cmocka_unit_test(test_logprobs),
+        cmocka_unit_test_teardown(test_logprobs_vulkan, parallel_teardown),
         cmocka_unit_test(test_json_grammar),
         cmocka_unit_test(test_response_format),
         cmocka_unit_test(test_metrics),

@@ -31,7 +31,7 @@ static bool run_parallel(anvil_model *m, const struct common_opts *co, int B, in
     int32_t *prompt = malloc((size_t)P * sizeof *prompt);
     anvil_batch_event *ev = malloc((size_t)B * sizeof *ev);
     bool ok = prompt && ev;
-    anvil_generate_params gp = {*sampling, N, NULL, 0, NULL, NULL};
+    anvil_generate_params gp = {*sampling, N, NULL, 0, NULL, NULL, NULL};
     for (int s = 0; s < B && ok; s++) {
         gp.sampling.seed = sampling->seed + (uint64_t)s;
         for (int i = 0; i < P; i++) prompt[i] = (int32_t)((i * 31 + 7 + s * 101) % V);

@@ -108,6 +108,16 @@ static double tg_cpu_seconds, tg_thread_cpu_seconds;
 static anvil_sampling tg_sampling;
 /* --spec: tg speculates; the last run's statistics */
 static struct spec_opts tg_spec;
+/* --logprobs N: tg asks each token's logprobs with N top ones (-1: none); --host-loop: tg runs
+ * the engine's host loop (a no-op logits hook, as response_format's), each step's logits read */
+static int tg_logprobs = -1;
+static bool tg_host_loop;
+static long tg_n_logprobs; /* logprobs received */
+static void tg_count_logprobs(void *user, const anvil_token_logprobs *lp) {
+    (void)user, (void)lp;
+    tg_n_logprobs++;
+}
+static void tg_no_hook(void *user, float *logits, int n) { (void)user, (void)logits, (void)n; }
 static anvil_generate_stats tg_stats;
 
 
@@ -193,14 +203,21 @@ static bool run_pp(anvil_session *s, const int32_t *toks, int D, int P, float *l
 static bool run_tg(anvil_session *s, const int32_t *toks, int D, int N, double *secs) {
     anvil_session_reset(s);
     if (D > 0 && anvil_session_eval(s, toks, D, ANVIL_LOGITS_NONE, NULL) != ANVIL_OK) return false;
-    anvil_generate_params gp = {tg_sampling, N, NULL, 0, NULL, spec_opts_get(&tg_spec)};
+    anvil_logit_params lp = {NULL, NULL, 0, tg_count_logprobs, tg_logprobs < 0 ? 0 : tg_logprobs};
+    anvil_generate_params gp = {tg_sampling, N, NULL, 0, tg_host_loop ? tg_no_hook : NULL,
+                                spec_opts_get(&tg_spec), tg_logprobs >= 0 ? &lp : NULL};
     int32_t first = toks[D];
     anvil_generate_stats st;
     static struct thread_time th0[MAX_THREADS], th1[MAX_THREADS];
     int n0 = tg_per_thread ? thread_times(th0) : 0;
     double t0 = now(), c0 = cpu_now(CLOCK_PROCESS_CPUTIME_ID), h0 = cpu_now(CLOCK_THREAD_CPUTIME_ID);
+    tg_n_logprobs = 0;
     if (anvil_session_generate(s, &first, 1, &gp, NULL, NULL, &st) != ANVIL_OK) return false;
     *secs = now() - t0;
+    if (tg_logprobs >= 0 && tg_n_logprobs != st.n_generated) {
+        fprintf(stderr, "bench: %ld logprobs for %d tokens\n", tg_n_logprobs, st.n_generated);
+        return false;
+    }
     tg_cpu_seconds = cpu_now(CLOCK_PROCESS_CPUTIME_ID) - c0;
     tg_thread_cpu_seconds = cpu_now(CLOCK_THREAD_CPUTIME_ID) - h0;
     if (tg_per_thread) add_thread_times(th0, n0, th1, thread_times(th1));
@@ -224,7 +241,7 @@ static int record_token(void *user, int32_t t) {
 static bool record_oracle(anvil_session *s, const int32_t *toks, int D, int N, struct record *rec) {
     anvil_session_reset(s);
     if (D > 0 && anvil_session_eval(s, toks, D, ANVIL_LOGITS_NONE, NULL) != ANVIL_OK) return false;
-    anvil_generate_params gp = {tg_sampling, N, NULL, 0, NULL, NULL};
+    anvil_generate_params gp = {tg_sampling, N, NULL, 0, NULL, NULL, NULL};
     rec->n = 0;
     if (anvil_session_generate(s, &toks[D], 1, &gp, record_token, rec, NULL) != ANVIL_OK) return false;
     tg_spec.spec.oracle = rec->t;
@@ -371,6 +388,12 @@ int cmd_bench(int argc, char **argv) {
             if (end == v || *end) return fail("bad --seed \"%s\"", v);
         } else if (!strcmp(a, "--trace")) {
             trace = true;
+        } else if (!strcmp(a, "--logprobs")) {
+            if (!(v = opt_value(argc, argv, &i))) return 1;
+            if (!parse_int(v, 0, ANVIL_MAX_TOP_LOGPROBS, &tg_logprobs))
+                return fail("bad --logprobs \"%s\" (the top ones with each token's: 0 to %d)", v, ANVIL_MAX_TOP_LOGPROBS);
+        } else if (!strcmp(a, "--host-loop")) {
+            tg_host_loop = true;
         } else if (!strcmp(a, "--parallel")) {
             if (!(parallel = opt_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--image") || !strcmp(a, "--mmproj")) {

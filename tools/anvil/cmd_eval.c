@@ -142,7 +142,7 @@ int cmd_eval(int argc, char **argv) {
     if (n_images && !load_images(m, mmproj, image_paths, n_images, pixels_path, images, &pids, &np))
         goto done;
     if (so.spec.kind != ANVIL_SPEC_NONE) { /* the same ids, through speculative generation */
-        anvil_generate_params gp = {anvil_sampling_default(), steps + 1, NULL, 0, NULL, &so.spec};
+        anvil_generate_params gp = {anvil_sampling_default(), steps + 1, NULL, 0, NULL, &so.spec, NULL};
         anvil_generate_stats st;
         int32_t *got = malloc(((size_t)steps + 2) * sizeof *got);
         if (!got) {

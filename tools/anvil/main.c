@@ -61,6 +61,10 @@ static const struct {
               "  --spec ngram|draft:MODEL|oracle [--spec-n K] [--spec-accept P]: tg speculates (oracle:\n"
               "    drafts the target's own greedy output, offered right with probability P); the\n"
               "    table adds the drafts accepted and the tokens per verify step\n"
+              "  --logprobs N  tg asks each token's logprob and its N (0-20) top ones, as the server's\n"
+              "    logprobs do (on Vulkan computed in the device loop)\n"
+              "  --host-loop  tg through the host loop, each step's logits read back (what a logits\n"
+              "    hook costs: response_format, or logprobs before the device computed them)\n"
               "  with no -m: synthetic:qwen3-0.6b on the best device; on the CPU backend the\n"
               "  default run is -p 64 -n 16 -r 2\n" COMMON},
     {"eval", "usage: anvil eval -m MODEL --prompt-ids 1,2,3 [--feed-ids 4,5 | -n N] [--logits FILE]\n"

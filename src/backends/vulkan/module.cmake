@@ -61,6 +61,7 @@ set(ANVIL_SHADER_VARIANTS
   "gdn gdn.comp -DANVIL"
   "gdn_chunk gdn_chunk.comp -DANVIL"
   "sample sample.comp -DANVIL"
+  "logprobs logprobs.comp -DANVIL"
   "mm_f32 mm.comp -DW_F32"
   "mm_f16 mm.comp -DW_F16"
   "mm_bf16 mm.comp -DW_BF16"

@@ -74,7 +74,7 @@ static void check_model(const char *spec, float tol_cpu) {
     d = tu_max_diff(a, b, (size_t)V);
     fprintf(stderr, "%s: last row, prefill vs decode program: %.3g\n", spec, (double)d);
     assert_true(d < tol);
-    anvil_generate_params gp = {anvil_sampling_default(), N_GEN, NULL, 0, NULL, NULL};
+    anvil_generate_params gp = {anvil_sampling_default(), N_GEN, NULL, 0, NULL, NULL, NULL};
     int32_t ga[N_GEN + 1] = {0}, gb[N_GEN + 1] = {0};
     anvil_generate_stats sa, sb;
     int32_t next = 17;

@@ -69,6 +69,9 @@ static const struct layout *layout_of(enum vk_push push) {
 #define PC_TYPE struct pc_sample
         ONE(PUSH_SAMPLE, pc_sample, PC_SAMPLE);
 #undef PC_TYPE
+#define PC_TYPE struct pc_logprobs
+        ONE(PUSH_LOGPROBS, pc_logprobs, PC_LOGPROBS);
+#undef PC_TYPE
 #define PC_TYPE struct pc_prefetch
         ONE(PUSH_PREFETCH, pc_prefetch, PC_PREFETCH);
 #undef PC_TYPE

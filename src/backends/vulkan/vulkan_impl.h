@@ -215,6 +215,7 @@ enum vk_kernel {
     K_MOE_TOPK, /* the router */
     K_GDN,      /* a Gated DeltaNet layer */
     K_SAMPLE,
+    K_LOGIT_BIAS, K_LOGPROBS, /* logprobs.comp's modes: the bias list added, the chosen's logprobs */
     K_MM_REDUCE, /* mm.comp MODE 4: the experts' products summed per token */
     /* rows.comp's modes */
     K_ROWS_NORM, K_ROWS_ROPE, K_ROWS_ADD, K_ROWS_SWIGLU, K_ROWS_KVWRITE, K_ROWS_SIGMUL, K_ROWS_NORM_ROPE,
@@ -271,7 +272,7 @@ enum vk_kernel {
 enum vk_push {
     PUSH_NONE, PUSH_MATVEC, PUSH_MATVEC_QXT, PUSH_QX, PUSH_EMBED, PUSH_ATTN, PUSH_EW, PUSH_TOPK, PUSH_GDN,
     PUSH_ARGMAX, PUSH_SAMPLE, PUSH_PREFETCH, PUSH_MEGA, PUSH_MM, PUSH_MMH, PUSH_DQ, PUSH_ROWS, PUSH_MOE_ROWS,
-    PUSH_ATTN_PF, PUSH_GDNC, PUSH_VIT, PUSH_MMB, PUSH_MMB_ROUND, VK_PUSH_COUNT
+    PUSH_ATTN_PF, PUSH_GDNC, PUSH_VIT, PUSH_MMB, PUSH_MMB_ROUND, PUSH_LOGPROBS, VK_PUSH_COUNT
 };
 
 /* A kernel's entry in the table (pipelines.c) */
@@ -400,6 +401,7 @@ PC_STRUCT(pc_topk, PC_TOPK);         /* moe_topk.comp */
 PC_STRUCT(pc_gdn, PC_GDN);           /* gdn.comp */
 PC_STRUCT(pc_argmax, PC_ARGMAX);     /* argmax.comp */
 PC_STRUCT(pc_sample, PC_SAMPLE);     /* sample.comp */
+PC_STRUCT(pc_logprobs, PC_LOGPROBS); /* logprobs.comp */
 PC_STRUCT(pc_prefetch, PC_PREFETCH); /* prefetch.comp */
 PC_STRUCT(pc_mega, PC_MEGA);         /* mega.comp */
 PC_STRUCT(pc_mm, PC_MM);             /* mm.comp */
@@ -446,7 +448,10 @@ struct vk_ctl {
     uint32_t eos[16];
     /* the sampling chain's parameters (struct sampling_params), set per request */
     float s_inv_temp, s_rp, s_inv_rp, s_presence, s_frequency, s_top_p, s_min_p;
-    uint32_t s_greedy, s_penalties, s_K, s_window, s_seed_lo, s_seed_hi, s_pad[3];
+    uint32_t s_greedy, s_penalties, s_K, s_window, s_seed_lo, s_seed_hi;
+    /* logprobs.comp: the top ones asked (LP_MAX_TOP at most), the records written (of the n_out
+     * generated tokens), the bias list's entries */
+    uint32_t lp_top, lp_done, n_bias;
     uint32_t data[]; /* [n_ctx] feed, [n_ctx] generated, [n_ctx] history (token at each position) */
 };
 #define CTL_STOP_BUDGET 1

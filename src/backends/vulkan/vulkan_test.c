@@ -17,6 +17,7 @@
 #include "backends/backend.h"
 #include "backends/vulkan/vulkan.h"
 #include "backends/vulkan/vulkan_testhooks.h"
+#include "engine/logprobs.h"
 #include "engine/sampler.h"
 #include "formats/model_file.h"
 #include "quant/quant.h"
@@ -80,7 +81,7 @@ static void test_against_cpu(void **state) {
         float *a = malloc(sizeof(float) * 7 * (size_t)V), *b = malloc(sizeof(float) * 7 * (size_t)V);
         prompt_rows_agree(spec, cpu, vk, V, a, b);
         /* greedy generation: the device loop vs the host loop, from the same cache */
-        anvil_generate_params gp = {anvil_sampling_default(), 12, NULL, 0, NULL, NULL};
+        anvil_generate_params gp = {anvil_sampling_default(), 12, NULL, 0, NULL, NULL, NULL};
         int32_t ga[16] = {0}, gb[16] = {0};
         anvil_generate_stats sa, sb;
         int32_t next = 17;
@@ -95,7 +96,7 @@ static void test_against_cpu(void **state) {
         /* a stop token: the device stops on it, later queued steps do nothing, and the cache
          * continues exactly like the CPU's */
         int32_t stop = ga[1 + 3];
-        anvil_generate_params gs = {anvil_sampling_default(), 10, &stop, 1, NULL, NULL};
+        anvil_generate_params gs = {anvil_sampling_default(), 10, &stop, 1, NULL, NULL, NULL};
         int32_t sa2[16] = {0}, sb2[16] = {0};
         /* a recurrent model's cache cannot be cut, only reset (its states then count as zero):
          * it replays the prompt and the first input */
@@ -185,7 +186,7 @@ static void test_against_cpu_qx(void **state) {
                 spec, worst, mean);
         assert_true(worst < 0.08 && mean < 0.02);
         /* the device loop on the same kernels */
-        anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0, NULL, NULL};
+        anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0, NULL, NULL, NULL};
         int32_t gb[16] = {0}, next = 17;
         anvil_generate_stats sb;
         assert_int_equal(anvil_session_generate(vk, &next, 1, &gp, tu_collect, gb, &sb), ANVIL_OK);
@@ -471,7 +472,7 @@ static void toggled_runs(const char *name, const char *off, const char *on, stru
                 int32_t tok = (int32_t)((i * 53 + 7) % t->V);
                 assert_int_equal(anvil_session_eval(vk, &tok, 1, ANVIL_LOGITS_LAST, row), ANVIL_OK);
             }
-            anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0, NULL, NULL};
+            anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0, NULL, NULL, NULL};
             anvil_generate_stats sg;
             assert_int_equal(anvil_session_generate(vk, &next, 1, &gp, tu_collect, t->gen[qx][r], &sg), ANVIL_OK);
             program_counts(vk, &t->dispatches[qx][r], &t->barriers[qx][r]);
@@ -1284,6 +1285,172 @@ static void test_topk_kernel(void **state) {
     backend_destroy(base);
 }
 
+/* logprobs.comp against engine/logprobs.c on the same logits: the bias (repeated ids, ids at
+ * both ends), then the chosen token's logprob and the top ones, for vocabularies of one
+ * workgroup's chunk, not a multiple of it and Qwen3's and Qwen3.6's; logits of a few levels (ties
+ * everywhere: the lower id first), continuous ones, -0 beside +0, -inf masks (most of the
+ * vocabulary masked: fewer candidates than top ones asked; the chosen one masked). */
+static void test_logprobs_kernel(void **state) {
+    (void)state;
+    struct backend *base;
+    assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
+    struct vk_backend *b = (struct vk_backend *)base;
+    static const int vocab[] = {1, 7, 2048, 2049, 5000, 151936, 248320};
+    static const int tops[] = {0, 1, 5, 20};
+    float *lg = malloc(248320 * sizeof *lg), *cpu = malloc(248320 * sizeof *cpu);
+    assert_non_null(lg);
+    assert_non_null(cpu);
+    int cases = 0;
+    for (size_t vi = 0; vi < sizeof vocab / sizeof *vocab; vi++)
+        for (int kind = 0; kind < 4; kind++) {
+            int V = vocab[vi], top = tops[(vi + (size_t)kind) % 4];
+            /* 0: a few levels; 1: continuous; 2: half masked, -0 and +0; 3: all but a few masked */
+            int levels = 1 + (int)(rnd() % 6);
+            for (int i = 0; i < V; i++) {
+                float u = (float)(rnd() % 100000) / 100000.0f;
+                lg[i] = kind == 0 ? (float)(rnd() % (uint32_t)levels) * 1.5f - 4.0f : 30.0f * u - 12.0f;
+                if (kind == 2) lg[i] = rnd() % 2 ? -INFINITY : rnd() % 3 == 0 ? (rnd() % 2 ? 0.0f : -0.0f) : lg[i];
+                if (kind == 3) lg[i] = rnd() % 5000 == 0 || i == V - 1 ? lg[i] : -INFINITY;
+            }
+            int32_t ids[40];
+            float bias[40];
+            int n_bias = (int)(rnd() % 40);
+            for (int i = 0; i < n_bias; i++) {
+                ids[i] = i == 0 ? 0 : i == 1 ? V - 1 : i > 2 && rnd() % 4 == 0 ? ids[i - 1] : (int32_t)(rnd() % (uint32_t)V);
+                bias[i] = (float)((int)(rnd() % 201) - 100) * 0.37f;
+            }
+            int32_t chosen = (int32_t)(rnd() % (uint32_t)V);
+            anvil_token_logprobs got;
+            assert_int_equal(vk_logprobs_once(b, lg, V, ids, bias, n_bias, top, chosen, &got), ANVIL_OK);
+            memcpy(cpu, lg, (size_t)V * sizeof *cpu);
+            for (int i = 0; i < n_bias; i++) cpu[ids[i]] += bias[i];
+            double lse;
+            int32_t tid[ANVIL_MAX_TOP_LOGPROBS];
+            float tval[ANVIL_MAX_TOP_LOGPROBS];
+            int n_top;
+            logprobs_compute(cpu, V, top, &lse, tid, tval, &n_top);
+            float want = lse > -INFINITY ? (float)(cpu[chosen] - lse) : -INFINITY;
+            if (got.token != chosen || got.n_top != n_top)
+                fail_msg("V %d kind %d top %d: token %d, %d top ones; the CPU's %d, %d", V, kind, top, got.token,
+                         got.n_top, chosen, n_top);
+            if (isinf(want) ? want != got.logprob : !(fabsf(got.logprob - want) <= 1e-4f + 1e-5f * fabsf(want)))
+                fail_msg("V %d kind %d: the chosen token's logprob %.7g, the CPU's %.7g", V, kind, (double)got.logprob,
+                         (double)want);
+            for (int k = 0; k < n_top; k++) {
+                float w = (float)(tval[k] - lse);
+                if (got.top_token[k] != tid[k] || !(fabsf(got.top_logprob[k] - w) <= 1e-4f + 1e-5f * fabsf(w)))
+                    fail_msg("V %d kind %d top %d: top %d is %d (%.7g), the CPU's %d (%.7g)", V, kind, top, k,
+                             got.top_token[k], (double)got.top_logprob[k], tid[k], (double)w);
+            }
+            cases++;
+        }
+    fprintf(stderr, "logprobs kernel: %d cases equal to the CPU's\n", cases);
+    assert_int_equal(cases, 28);
+    free(lg);
+    free(cpu);
+    assert_int_equal(vk_check_validation(b->d), ANVIL_OK);
+    backend_destroy(base);
+}
+
+/* A generation's tokens and their logprobs (anvil_logit_params.on_logprobs) */
+struct lp_run {
+    int32_t tok[24];
+    anvil_token_logprobs lp[24];
+    int n_tok, n_lp;
+};
+static int lp_run_token(void *u, int32_t t) {
+    struct lp_run *r = u;
+    if (r->n_tok < 24) r->tok[r->n_tok++] = t;
+    return 0;
+}
+static void lp_run_logprobs(void *u, const anvil_token_logprobs *l) {
+    struct lp_run *r = u;
+    assert_int_equal(r->n_lp, r->n_tok); /* each token's logprobs just before it */
+    if (r->n_lp < 24) r->lp[r->n_lp++] = *l;
+}
+static void lp_no_hook(void *u, float *l, int V) { (void)u, (void)l, (void)V; }
+
+/* b's tokens are a's, their logprobs within tol (a top one may trade places with one within
+ * tol of it: a near tie the two sides' roundings order differently) */
+static void lp_runs_agree(const char *what, const struct lp_run *a, const struct lp_run *b, float tol) {
+    if (a->n_tok != b->n_tok || memcmp(a->tok, b->tok, (size_t)a->n_tok * sizeof *a->tok) != 0)
+        fail_msg("%s: different tokens (%d and %d of them)", what, a->n_tok, b->n_tok);
+    assert_int_equal(a->n_lp, a->n_tok);
+    assert_int_equal(b->n_lp, b->n_tok);
+    for (int i = 0; i < a->n_lp; i++) {
+        const anvil_token_logprobs *x = &a->lp[i], *y = &b->lp[i];
+        assert_int_equal(x->token, a->tok[i]);
+        assert_int_equal(y->token, b->tok[i]);
+        if (x->n_top != y->n_top || !(fabsf(x->logprob - y->logprob) <= tol))
+            fail_msg("%s: token %d: logprob %.7g and %.7g, %d and %d top ones", what, i, (double)x->logprob,
+                     (double)y->logprob, x->n_top, y->n_top);
+        for (int k = 0; k < x->n_top; k++)
+            if (!(fabsf(x->top_logprob[k] - y->top_logprob[k]) <= tol) ||
+                (x->top_token[k] != y->top_token[k] && !(k + 1 < x->n_top && x->top_token[k] == y->top_token[k + 1]) &&
+                 !(k > 0 && x->top_token[k] == y->top_token[k - 1])))
+                fail_msg("%s: token %d: top %d is %d (%.7g) and %d (%.7g)", what, i, k, x->top_token[k],
+                         (double)x->top_logprob[k], y->top_token[k], (double)y->top_logprob[k]);
+    }
+}
+
+/* logit_bias and logprobs in the device loop (logprobs.comp) give the tokens and logprobs of
+ * the host loop on the same device's logits (within float rounding), and of the CPU backend
+ * (within its logits' difference); asking for logprobs changes no token; greedy and sampled,
+ * over batch boundaries, and continuing a generation. */
+static void test_logprobs_generation(void **state) {
+    (void)state;
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny:f32", NULL, &m), ANVIL_OK);
+    anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
+    int32_t prompt[5] = {3, 141, 59, 26, 5};
+    for (int variant = 0; variant < 4; variant++) {
+        bool sampled = variant & 1, bias = variant & 2;
+        int32_t ids[3] = {7, 141, 26};
+        float bv[3] = {4.5f, -100.0f, 2.0f};
+        anvil_logit_params lp = {ids, bv, bias ? 3 : 0, lp_run_logprobs, sampled ? 20 : 5};
+        anvil_generate_params gp = {anvil_sampling_default(), 19, NULL, 0, NULL, NULL, &lp};
+        if (sampled) {
+            gp.sampling.temperature = 3.0f;
+            gp.sampling.top_k = 40;
+            gp.sampling.repeat_penalty = 1.3f;
+            gp.sampling.seed = 99;
+        }
+        struct lp_run c = {0}, d = {0}, h = {0}, plain = {0};
+        anvil_session_reset(cpu);
+        assert_int_equal(anvil_session_generate(cpu, prompt, 5, &gp, lp_run_token, &c, NULL), ANVIL_OK);
+        /* on the device: 12 tokens, then 7 more continuing */
+        anvil_session_reset(vk);
+        gp.max_tokens = 12;
+        assert_int_equal(anvil_session_generate(vk, prompt, 5, &gp, lp_run_token, &d, NULL), ANVIL_OK);
+        gp.max_tokens = 7;
+        assert_int_equal(anvil_session_generate(vk, NULL, 0, &gp, lp_run_token, &d, NULL), ANVIL_OK);
+        gp.max_tokens = 19;
+        /* the host loop on the same device (a hook forces it) */
+        anvil_session_reset(vk);
+        gp.on_logits = lp_no_hook;
+        assert_int_equal(anvil_session_generate(vk, prompt, 5, &gp, lp_run_token, &h, NULL), ANVIL_OK);
+        gp.on_logits = NULL;
+        char what[64];
+        snprintf(what, sizeof what, "variant %d: device and host loop", variant);
+        lp_runs_agree(what, &h, &d, 2e-5f);
+        snprintf(what, sizeof what, "variant %d: Vulkan and CPU", variant);
+        lp_runs_agree(what, &c, &d, 2e-3f);
+        /* without logprobs, the same tokens */
+        lp.on_logprobs = NULL;
+        anvil_session_reset(vk);
+        assert_int_equal(anvil_session_generate(vk, prompt, 5, &gp, lp_run_token, &plain, NULL), ANVIL_OK);
+        assert_int_equal(plain.n_tok, d.n_tok);
+        assert_memory_equal(plain.tok, d.tok, (size_t)d.n_tok * sizeof *d.tok);
+        if (bias) /* the -100 bias keeps 141 out, the +4.5 brings 7 in */
+            for (int i = 0; i < d.n_tok; i++) assert_int_not_equal(d.tok[i], 141);
+        fprintf(stderr, "logprobs generation, variant %d: %d tokens, first logprob %.4f (%d top ones), equal on "
+                "the device, the host loop and the CPU\n", variant, d.n_tok, (double)d.lp[0].logprob, d.lp[0].n_top);
+    }
+    anvil_session_destroy(cpu);
+    anvil_session_destroy(vk);
+    anvil_model_close(m);
+}
+
 /* The sampling kernel chooses exactly the token sampler.c chooses from the same logits:
  * vocabularies of one chunk, several and Qwen3's; ties, denormals, -0; every step of the
  * chain on and off; penalties over windows; many counters. */
@@ -1375,7 +1542,7 @@ static void test_sampled_generation(void **state) {
     anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
     int32_t prompt[5] = {3, 141, 59, 26, 5};
     for (int variant = 0; variant < 3; variant++) {
-        anvil_generate_params gp = {anvil_sampling_default(), 14, NULL, 0, NULL, NULL};
+        anvil_generate_params gp = {anvil_sampling_default(), 14, NULL, 0, NULL, NULL, NULL};
         gp.sampling.temperature = variant == 2 ? 0.0f : 3.0f; /* the synthetic model is peaked */
         gp.sampling.top_k = variant == 1 ? 0 : 40;
         gp.sampling.top_p = variant == 1 ? 0.9f : 1.0f;
@@ -1422,7 +1589,7 @@ static void test_sampled_generation(void **state) {
         assert_int_equal(anvil_model_open(more[k], NULL, &m), ANVIL_OK);
         cpu = session(m, ANVIL_BACKEND_CPU);
         vk = session(m, ANVIL_BACKEND_VULKAN);
-        anvil_generate_params gp = {anvil_sampling_default(), 10, NULL, 0, NULL, NULL};
+        anvil_generate_params gp = {anvil_sampling_default(), 10, NULL, 0, NULL, NULL, NULL};
         gp.sampling.temperature = 3.0f;
         gp.sampling.top_p = 0.95f;
         gp.sampling.repeat_penalty = 1.3f;
@@ -1456,6 +1623,8 @@ int main(void) {
     tu_float32_prefill(); /* the prompts' rows */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sample_kernel_exact),
+        cmocka_unit_test(test_logprobs_kernel),
+        cmocka_unit_test(test_logprobs_generation),
         cmocka_unit_test(test_qx_kernels),
         cmocka_unit_test(test_qxr_kernels),
         cmocka_unit_test(test_qxr_program),

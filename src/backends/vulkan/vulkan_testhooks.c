@@ -187,6 +187,68 @@ done:
     return st;
 }
 
+anvil_status vk_logprobs_once(struct vk_backend *b, const float *logits, int V, const int32_t *bias_ids,
+                              const float *bias, int n_bias, int top, int32_t chosen, anvil_token_logprobs *out) {
+    struct vk_device *d = b->d;
+    if (V < 1 || n_bias < 0 || n_bias > (int)LP_MAX_BIAS || top < 0 || top > (int)LP_MAX_TOP)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vk_logprobs_once: bad arguments");
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
+    uint32_t nwg = ((uint32_t)V + LP_CH - 1) / LP_CH;
+    VkDeviceSize part = round_up((VkDeviceSize)nwg * LP_PART_WORDS * 4, ALIGN);
+    struct vk_buffer lg = {0}, ctl = {0}, scratch = {0}, lpb = {0};
+    st = vk_buffer_create(d, (VkDeviceSize)V * 4, VK_MEM_DEVICE, "test logits", &lg);
+    if (st == ANVIL_OK) st = vk_buffer_create(d, sizeof(struct vk_ctl) + 12, VK_MEM_CONTROL, "test control", &ctl);
+    if (st == ANVIL_OK) st = vk_buffer_create(d, part + ALIGN, VK_MEM_DEVICE, "test scratch", &scratch);
+    if (st == ANVIL_OK)
+        st = vk_buffer_create(d, (LP_BIAS_WORDS + (VkDeviceSize)LP_RING * LP_REC_WORDS) * 4, VK_MEM_CONTROL,
+                              "test logprobs", &lpb);
+    if (st == ANVIL_OK) {
+        struct vk_uploader u;
+        struct plain f = {(const uint8_t *)logits, 0, 0};
+        st = vk_uploader_init(&u, d, (uint64_t)V * 4);
+        if (st == ANVIL_OK) st = vk_upload(&u, &lg, 0, (size_t)V * 4, fill_plain, &f);
+        anvil_status s2 = vk_uploader_finish(&u);
+        if (st == ANVIL_OK) st = s2;
+    }
+    if (st != ANVIL_OK) goto done;
+    volatile struct vk_ctl *c = ctl.map;
+    memset(ctl.map, 0, ctl.size);
+    memset(lpb.map, 0, lpb.size);
+    c->n_ctx = 1;
+    c->n_out = 1; /* the step generated `chosen` */
+    c->data[1] = (uint32_t)chosen;
+    c->lp_top = (uint32_t)top;
+    c->n_bias = (uint32_t)n_bias;
+    uint32_t *w = lpb.map;
+    for (int i = 0; i < n_bias; i++) {
+        w[2 * i] = (uint32_t)bias_ids[i];
+        memcpy(&w[2 * i + 1], &bias[i], 4);
+    }
+    struct pc_logprobs pc = {lg.addr, ctl.addr, scratch.addr, scratch.addr + part, lpb.addr, (uint32_t)V, nwg};
+    struct test_dispatch ds[2] = {{K_LOGIT_BIAS, &pc, sizeof pc, 1, 0}, {K_LOGPROBS, &pc, sizeof pc, nwg, 0}};
+    st = test_run(b, ds, 2, scratch.buf);
+    if (st == ANVIL_OK && c->lp_done != 1)
+        st = err_set(ANVIL_ERR_BACKEND, "vk_logprobs_once: the kernel wrote no record");
+    if (st == ANVIL_OK) {
+        const uint32_t *rec = w + LP_BIAS_WORDS;
+        out->token = (int32_t)rec[0];
+        memcpy(&out->logprob, &rec[1], 4);
+        out->n_top = (int)rec[2];
+        for (int k = 0; k < out->n_top && k < (int)LP_MAX_TOP; k++) {
+            out->top_token[k] = (int32_t)rec[4 + 2 * k];
+            memcpy(&out->top_logprob[k], &rec[5 + 2 * k], 4);
+        }
+    }
+done:
+    if (st != ANVIL_OK) vk_idle(d); /* nothing freed under an upload still running */
+    vk_buffer_destroy(d, &lg);
+    vk_buffer_destroy(d, &ctl);
+    vk_buffer_destroy(d, &scratch);
+    vk_buffer_destroy(d, &lpb);
+    return st;
+}
+
 anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w, const float *x,
                                const float *normw, float eps, float *out, int8_t *xq, float *xd, float *out_mega) {
     struct vk_device *d = b->d;

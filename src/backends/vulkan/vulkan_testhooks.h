@@ -12,6 +12,13 @@
 anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, const struct sampling_params *sp,
                             const int32_t *hist, int n_hist, int32_t *out);
 
+/* Runs logprobs.comp once over logits [V] (any V) as the decode program's variant with the
+ * bias and the logprobs does: the bias list [n_bias] added (MODE 0), then (MODE 1) the
+ * logprobs of the token `chosen` as the step's generated token, with the top ones, into out.
+ * For testing it against engine/logprobs.c. */
+anvil_status vk_logprobs_once(struct vk_backend *b, const float *logits, int V, const int32_t *bias_ids,
+                              const float *bias, int n_bias, int top, int32_t chosen, anvil_token_logprobs *out);
+
 /* For tests: qx.comp then matvec.comp QX (MODE 0) once, out = W · round(x [* normw / rms])
  * for W of a vk_qx_index type ({K, N}); also returns the rounded input as the kernels hold
  * it: xq [round_up(K, 256)] int8s and xd [round_up(K, 256) / 32] block scales. normw NULL:

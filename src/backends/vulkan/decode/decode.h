@@ -111,6 +111,14 @@ struct vk_program {
     VkCommandBuffer cb_single; /* one step (the tail of a run shorter than a batch) */
     VkCommandBuffer cb_batch_s, cb_single_s; /* the sampling variant's */
 
+    /* ---- logit_bias and logprobs (logprobs.comp), made on the first request that asks
+     * (record.c record_variant; run.c fills and reads them) ---- */
+    struct vk_buffer lp;          /* host-visible: the bias list, then the records (contract.h LP_*) */
+    VkDeviceSize lp_part, lp_cnt; /* logprobs.comp's scratch in the arena (lower.c) */
+    /* the step's variants by VAR_* flags, [0] a batch of steps, [1] one step (variants 0 and
+     * VAR_SAMPLE are cb_batch, cb_single and their _s above) */
+    VkCommandBuffer cb_var[8][2];
+
     /* ---- profiling (record.c) ---- */
     VkCommandBuffer cb_prof;   /* ANVIL_VK_PROFILE=1: one step with a timestamp per kernel */
     VkCommandBuffer cb_prof_s; /* and the sampling kernel alone, between two timestamps */
@@ -219,6 +227,15 @@ void mega_clock_report(struct vk_program *p);
 anvil_status add_prefetch(struct vk_program *p);
 
 /* ---- record.c (recording) ---- */
+
+/* A step's variants: it ends in sample.comp instead of argmax.comp (VAR_SAMPLE); logprobs.comp
+ * adds the logit bias before that choice (VAR_BIAS) and writes the logprobs after it (VAR_LP) */
+#define VAR_SAMPLE 1
+#define VAR_BIAS 2
+#define VAR_LP 4
+/* The command buffers of variant var (with VAR_BIAS or VAR_LP) recorded into cb_var[var] on its
+ * first use, the lp buffer made on the first of any. */
+anvil_status record_variant(struct vk_program *p, int var);
 
 anvil_status check_overlaps(const struct vk_program *p);
 anvil_status record_profile(struct vk_program *p);

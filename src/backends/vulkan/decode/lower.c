@@ -559,6 +559,10 @@ anvil_status lower_graph(struct lower *L) {
     so->gy = so->gz = 1;
     so->push_size = sizeof ps;
     memcpy(so->push, &ps, sizeof ps);
+    /* logprobs.comp's scratch (its dispatches are made with the variants that use it, record.c) */
+    uint32_t lnwg = (L->p->V + LP_CH - 1) / LP_CH;
+    L->p->lp_part = alloc_scratch(L, (VkDeviceSize)lnwg * LP_PART_WORDS * 4);
+    L->p->lp_cnt = alloc_scratch(L, 4);
     /* the last op: argmax, next token, position */
     uint32_t anwg = (L->p->V + ARGMAX_CH - 1) / ARGMAX_CH;
     VkDeviceSize apart = alloc_scratch(L, (VkDeviceSize)anwg * 8), acnt = alloc_scratch(L, 4);

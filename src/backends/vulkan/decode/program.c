@@ -197,6 +197,9 @@ void vk_program_destroy(struct vk_program *p) {
                                   p->cb_single_s, p->cb_prof_s};
         for (int i = 0; i < 8; i++)
             if (cbs[i]) vkFreeCommandBuffers(d->dev, d->pool, 1, &cbs[i]);
+        for (int v = 0; v < 8; v++)
+            for (int i = 0; i < 2; i++)
+                if (p->cb_var[v][i]) vkFreeCommandBuffers(d->dev, d->pool, 1, &p->cb_var[v][i]);
         if (p->queries) vkDestroyQueryPool(d->dev, p->queries, NULL);
     }
     vk_buffer_destroy(d, &p->arena);
@@ -204,6 +207,7 @@ void vk_program_destroy(struct vk_program *p) {
     vk_buffer_destroy(d, &p->readback);
     vk_buffer_destroy(d, &p->rope);
     vk_buffer_destroy(d, &p->input);
+    vk_buffer_destroy(d, &p->lp);
     vk_buffer_destroy(d, &p->mega);
     vk_buffer_destroy(d, &p->clk);
     free(p->clk_kind);

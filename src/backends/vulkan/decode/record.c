@@ -1,7 +1,8 @@
 /*
  * The decode program's recording: the dispatch list recorded once into the command buffers
  * that every token resubmits (one step with the logits copied back, a batch of steps, the
- * sampling variants), each dispatch after a barrier unless it overlaps the one before; and
+ * sampling variants; those with the logit bias or the logprobs on their first use), each
+ * dispatch after a barrier unless it overlaps the one before; and
  * with ANVIL_VK_PROFILE=1 one step with a timestamp after every kernel, and its report.
  */
 #include <stdio.h>
@@ -30,12 +31,26 @@ static void record_input(struct vk_program *p, VkCommandBuffer cb) {
     barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
 }
 
-/* One step; sampling: ending in the sampling kernel instead of the argmax. */
-static void record_step(struct vk_program *p, VkCommandBuffer cb, bool count, bool sampling) {
+/* One dispatch after a barrier (the logprobs kernels: they read what the one before wrote) */
+static void record_one(struct vk_program *p, VkCommandBuffer cb, const struct vk_dispatch *d) {
+    barrier(cb, STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT, RW | VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+    vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p->b->pl.p[d->k]);
+    vkCmdPushConstants(cb, p->b->pl.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, d->push_size, d->push);
+    vkCmdDispatch(cb, d->gx, d->gy, d->gz);
+}
+
+/* One step of variant var (VAR_*): ending in the sampling kernel instead of the argmax; the
+ * bias before that choice, the logprobs after it (ops: the two logprobs.comp dispatches). */
+static void record_step(struct vk_program *p, VkCommandBuffer cb, bool count, int var, const struct vk_dispatch *lp_ops) {
     VkPipeline bound = VK_NULL_HANDLE;
     record_input(p, cb);
     for (int i = 0; i < p->n_ops; i++) {
-        const struct vk_dispatch *d = sampling && i == p->n_ops - 1 ? &p->sample_op : &p->ops[i];
+        bool last = i == p->n_ops - 1;
+        const struct vk_dispatch *d = (var & VAR_SAMPLE) && last ? &p->sample_op : &p->ops[i];
+        if (last && (var & VAR_BIAS)) {
+            record_one(p, cb, &lp_ops[0]);
+            bound = VK_NULL_HANDLE;
+        }
         /* every kernel depends on the one before it (at least through the control block, which
          * only the step's last kernel writes), but for independent matvecs (overlap) */
         if (!d->overlap)
@@ -51,6 +66,39 @@ static void record_step(struct vk_program *p, VkCommandBuffer cb, bool count, bo
             p->stats.barriers += !d->overlap;
         }
     }
+    if (var & VAR_LP) record_one(p, cb, &lp_ops[1]);
+}
+
+anvil_status record_variant(struct vk_program *p, int var) {
+    struct vk_device *d = p->b->d;
+    if (p->cb_var[var][0]) return ANVIL_OK;
+    anvil_status st = ANVIL_OK;
+    if (!p->lp.buf) {
+        st = vk_buffer_create(d, (LP_BIAS_WORDS + (VkDeviceSize)LP_RING * LP_REC_WORDS) * 4, VK_MEM_CONTROL,
+                              "logprobs", &p->lp);
+        if (st == ANVIL_OK) memset(p->lp.map, 0, p->lp.size);
+    }
+    if (st == ANVIL_OK) st = vk_pipeline_make(d, &p->b->pl, K_LOGIT_BIAS);
+    if (st == ANVIL_OK) st = vk_pipeline_make(d, &p->b->pl, K_LOGPROBS);
+    if (st != ANVIL_OK) return st;
+    uint32_t nwg = (p->V + LP_CH - 1) / LP_CH;
+    struct pc_logprobs pc = {p->arena.addr + p->logits_off, p->ctl.addr, p->arena.addr + p->lp_part,
+                             p->arena.addr + p->lp_cnt, p->lp.addr, p->V, nwg};
+    struct vk_dispatch ops[2] = {{.k = K_LOGIT_BIAS, .gx = 1, .gy = 1, .gz = 1, .push_size = sizeof pc},
+                                 {.k = K_LOGPROBS, .gx = nwg, .gy = 1, .gz = 1, .push_size = sizeof pc}};
+    memcpy(ops[0].push, &pc, sizeof pc);
+    memcpy(ops[1].push, &pc, sizeof pc);
+    for (int c = 0; c < 2; c++) {
+        VkCommandBuffer *cb = &p->cb_var[var][c];
+        if ((st = vk_cmd_alloc(d, cb)) != ANVIL_OK) return st;
+        VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
+                                       VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT, NULL};
+        if ((st = vk_result(vkBeginCommandBuffer(*cb, &bi), "vkBeginCommandBuffer")) != ANVIL_OK) return st;
+        for (int s = 0; s < (c == 0 ? p->spb : 1); s++) record_step(p, *cb, false, var, ops);
+        barrier(*cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+        if ((st = vk_result(vkEndCommandBuffer(*cb), "vkEndCommandBuffer")) != ANVIL_OK) return st;
+    }
+    return ANVIL_OK;
 }
 
 static void record_copy_logits(struct vk_program *p, VkCommandBuffer cb) {
@@ -124,15 +172,15 @@ anvil_status record_program(struct vk_program *p) {
                                        VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT, NULL};
         if ((st = vk_result(vkBeginCommandBuffer(*cbs[c], &bi), "vkBeginCommandBuffer")) != ANVIL_OK) return st;
         if (c == 0) {
-            record_step(p, *cbs[c], true, false);
+            record_step(p, *cbs[c], true, 0, NULL);
             record_copy_logits(p, *cbs[c]);
         } else if (c == 1 || c == 4) {
-            for (int s = 0; s < p->spb; s++) record_step(p, *cbs[c], false, c == 4);
+            for (int s = 0; s < p->spb; s++) record_step(p, *cbs[c], false, c == 4 ? VAR_SAMPLE : 0, NULL);
             barrier(*cbs[c], STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
         } else if (c == 2) {
             record_copy_logits(p, *cbs[c]);
         } else {
-            record_step(p, *cbs[c], false, c == 5);
+            record_step(p, *cbs[c], false, c == 5 ? VAR_SAMPLE : 0, NULL);
             barrier(*cbs[c], STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
         }
         if ((st = vk_result(vkEndCommandBuffer(*cbs[c]), "vkEndCommandBuffer")) != ANVIL_OK) return st;

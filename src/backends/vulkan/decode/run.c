@@ -27,6 +27,9 @@ void ctl_reset(struct vk_program *p, int32_t token, int pos0) {
     c->eos_hit = 0;
     c->steps = 0;
     c->hist0 = 0;
+    c->lp_top = 0;
+    c->lp_done = 0;
+    c->n_bias = 0;
 }
 
 anvil_status vk_program_input(struct vk_program *p, const float *in) {
@@ -95,6 +98,22 @@ void ctl_set_sampling(volatile struct vk_ctl *c, uint32_t V, const struct sampli
     c->s_seed_hi = (uint32_t)(sp->seed >> 32);
 }
 
+/* Generated token i's record (logprobs.comp) to lg->on_logprobs: only its words cross. */
+static void deliver_logprobs(struct vk_program *p, const anvil_logit_params *lg, int i, void *user) {
+    const volatile uint32_t *rec = (const volatile uint32_t *)p->lp.map + LP_BIAS_WORDS + (size_t)(i % (int)LP_RING) * LP_REC_WORDS;
+    anvil_token_logprobs out;
+    uint32_t w[LP_REC_WORDS];
+    for (uint32_t k = 0; k < 4 + 2 * MIN(rec[2], LP_MAX_TOP); k++) w[k] = rec[k];
+    out.token = (int32_t)w[0];
+    memcpy(&out.logprob, &w[1], 4);
+    out.n_top = (int)MIN(w[2], LP_MAX_TOP);
+    for (int k = 0; k < out.n_top; k++) {
+        out.top_token[k] = (int32_t)w[4 + 2 * k];
+        memcpy(&out.top_logprob[k], &w[5 + 2 * k], 4);
+    }
+    lg->on_logprobs(user, &out);
+}
+
 anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res) {
     memset(res, 0, sizeof *res);
     if (p->in_bytes) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: a split's part does not generate alone");
@@ -123,6 +142,32 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
         }
     }
     VkCommandBuffer *cb_batch = sp ? &p->cb_batch_s : &p->cb_batch, *cb_single = sp ? &p->cb_single_s : &p->cb_single;
+    /* the logit bias and the logprobs: their variant of the step (made on its first use) */
+    const anvil_logit_params *lg = r->logit;
+    bool lp = lg && lg->on_logprobs;
+    int var = (sp ? VAR_SAMPLE : 0) | (lg && lg->n_bias > 0 ? VAR_BIAS : 0) | (lp ? VAR_LP : 0);
+    if (var & (VAR_BIAS | VAR_LP)) {
+        if (lg->n_bias > (int)LP_MAX_BIAS || lg->top_logprobs < 0 || lg->top_logprobs > (int)LP_MAX_TOP)
+            return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: %d logit biases (at most %u), %d top logprobs (at most "
+                           "%u)", lg->n_bias, LP_MAX_BIAS, lg->top_logprobs, LP_MAX_TOP);
+        /* records are read before the ring comes round: at most two batches ahead */
+        if (2 * p->spb >= (int)LP_RING)
+            return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: %d steps a batch, too many for logprobs", p->spb);
+        anvil_status st = record_variant(p, var);
+        if (st != ANVIL_OK) return st;
+        volatile uint32_t *w = p->lp.map;
+        for (int i = 0; i < lg->n_bias; i++) {
+            float b = lg->bias[i];
+            uint32_t bits;
+            memcpy(&bits, &b, 4);
+            w[2 * i] = (uint32_t)lg->bias_ids[i];
+            w[2 * i + 1] = bits;
+        }
+        c->n_bias = (uint32_t)lg->n_bias;
+        c->lp_top = lp ? (uint32_t)lg->top_logprobs : 0;
+        cb_batch = &p->cb_var[var][0];
+        cb_single = &p->cb_var[var][1];
+    }
     /* steps: one per fed token, one per generated token (the last one enters the cache) */
     int64_t steps = (int64_t)r->n_feed + r->max_new;
     /* full batches, then single steps for the tail */
@@ -130,7 +175,11 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
     uint64_t vals[2] = {0, 0};
     anvil_status st = ANVIL_OK;
     int delivered = 0;
-    bool stopping = false;
+    /* stopping: nothing more is submitted; cb_stop: nor delivered (the callback said stop). A
+     * stop the device raised still lets what it generated before be delivered: those tokens
+     * (and, with logprobs, their records, which land after the stop flag where the context
+     * filled) are read after the last wait. */
+    bool stopping = false, cb_stop = false;
     struct pacer pc = {.on = p->b->d->tune.vk_pace};
     while (st == ANVIL_OK) {
         /* keep two batches in flight */
@@ -147,16 +196,18 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
         pace_done(&pc, batch_steps);
         if (st == ANVIL_OK) st = mega_fault(p);
         if (st != ANVIL_OK) break;
-        uint32_t n_out = c->n_out;
-        while (delivered < (int)n_out && !stopping) {
+        /* with logprobs, the tokens whose records are written */
+        uint32_t n_out = lp ? c->lp_done : c->n_out;
+        while (delivered < (int)n_out && !cb_stop) {
             int32_t tok = (int32_t)c->data[p->n_ctx + delivered];
             if (r->out) r->out[delivered] = tok;
+            if (lp) deliver_logprobs(p, lg, delivered, r->user);
             delivered++;
             if (r->on_token && r->on_token(r->user, tok)) {
                 /* the device stops once this token has entered the cache */
                 c->budget = (uint32_t)delivered;
                 res->stop = GEN_STOP_CALLBACK;
-                stopping = true;
+                stopping = cb_stop = true;
             }
         }
         if (c->stop) stopping = true;

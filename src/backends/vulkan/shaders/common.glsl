@@ -79,7 +79,10 @@ layout(buffer_reference, std430, buffer_reference_align = 16) buffer Ctl {
     float s_inv_temp, s_rp, s_inv_rp, s_presence, s_frequency, s_top_p, s_min_p;
     uint s_greedy, s_penalties, s_K;
     uint s_window; /* 0xffffffff: the whole history */
-    uint s_seed_lo, s_seed_hi, s_pad0, s_pad1, s_pad2;
+    uint s_seed_lo, s_seed_hi;
+    uint lp_top;   /* logprobs.comp: the top ones asked */
+    uint lp_done;  /* its records written: one per generated token */
+    uint n_bias;   /* the bias list's entries */
     uint data[];   /* [n_ctx] feed, then [n_ctx] generated, then [n_ctx] history: the token
                       at each position (the host writes the window before a request) */
 };

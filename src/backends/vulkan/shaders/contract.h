@@ -149,11 +149,26 @@
 #define VIT_MODE_ROPE 3u /* rope */
 #define VIT_MODE_ATTN 4u /* attention */
 
+/* logprobs.comp: logit_bias and the logprobs in the decode program's device loop (decode/run.c) */
+#define LP_MODE_BIAS 0u     /* one thread adds the bias list to the logits, in order */
+#define LP_MODE_LOGPROBS 1u /* the chosen token's logprob and the top ones, into a record */
+#define LP_CH 2048u         /* logits per workgroup */
+#define LP_MAX_TOP 20u      /* ANVIL_MAX_TOP_LOGPROBS */
+#define LP_MAX_BIAS 1024u   /* GEN_MAX_BIAS */
+/* the records' ring: record i of the generated tokens at word LP_BIAS_WORDS + (i % LP_RING)
+ * LP_REC_WORDS of the lp buffer: token, logprob (float bits), n_top, 0, then n_top (id, logprob
+ * bits) pairs; the bias list (id, bias bits) pairs before it */
+#define LP_BIAS_WORDS 2048u /* 2 LP_MAX_BIAS */
+#define LP_REC_WORDS 44u    /* 4 + 2 LP_MAX_TOP */
+#define LP_RING 256u
+/* a workgroup's partial in the scratch: max, sum (float bits), n, 0, then n (key, id) pairs */
+#define LP_PART_WORDS 44u
+
 /* ---- specialisation-constant ids ---- */
 
 #define SPEC_WG 0    /* local_size_x_id where a kernel's workgroup size is specialised */
 #define SPEC_MODE 0  /* the MODE of mm.comp, gdn.comp, gdn_chunk.comp, rows.comp, moe_rows.comp,
-                        moe_topk.comp, vit.comp (its values: *_MODE_* above) */
+                        moe_topk.comp, vit.comp, logprobs.comp (its values: *_MODE_* above) */
 #define SPEC_KV16 29 /* common.glsl's KV16 (every kernel) */
 
 /* matvec.comp */

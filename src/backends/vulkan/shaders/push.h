@@ -159,6 +159,15 @@
                                rows (workgroup y), row r's record rec words after row r-1's, \
                                its logits at logits[r V], part[r NWG MAXK], cnt[2 r NWG] */
 
+/* logprobs.comp: the logit bias (MODE 0), the chosen token's logprobs (MODE 1) */
+#define PC_LOGPROBS(ADDR, U32, F32) \
+    ADDR(Floats, logits)    /* [V] */ \
+    ADDR(Ctl, ctl) \
+    ADDR(Words, part)       /* [NWG][LP_PART_WORDS] */ \
+    ADDR(Counter, cnt)      /* zero between steps */ \
+    ADDR(Words, lp)         /* the bias list, then the records (contract.h LP_*) */ \
+    U32(V) U32(NWG)
+
 /* prefetch.comp: three ranges of weights read into L2 */
 #define PC_PREFETCH(ADDR, U32, F32) \
     ADDR(Words, a0) ADDR(Words, a1) ADDR(Words, a2) \
