@@ -1,4 +1,5 @@
 /* generate: greedy generation matches step-by-step argmax; stops; continuation; seeds. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "anvil.h"
@@ -140,6 +141,8 @@ static void test_continuation_recurrent(void **state) {
     anvil_model_close(hm);
 }
 
+static void count_logprobs(void *user, const anvil_token_logprobs *lp);
+
 /* on_logits: called once per chosen token, with the logits the choice is made from. */
 struct hook {
     struct collect c;
@@ -181,7 +184,67 @@ static void test_logits_hook(void **state) {
     assert_int_equal(anvil_batch_create(model, &bp, &b), ANVIL_OK);
     int id;
     assert_int_equal(anvil_batch_add(b, prompt, 4, &gp, &id), ANVIL_ERR_UNSUPPORTED);
+    /* and a bias, and logprobs */
+    int32_t bid = 5;
+    float bv = 1.0f;
+    anvil_logit_params lp = {&bid, &bv, 1, NULL, 0};
+    gp.on_logits = NULL;
+    gp.logit = &lp;
+    assert_int_equal(anvil_batch_add(b, prompt, 4, &gp, &id), ANVIL_ERR_UNSUPPORTED);
+    lp.n_bias = 0;
+    lp.on_logprobs = count_logprobs;
+    assert_int_equal(anvil_batch_add(b, prompt, 4, &gp, &id), ANVIL_ERR_UNSUPPORTED);
+    lp.on_logprobs = NULL;
+    assert_int_equal(anvil_batch_add(b, prompt, 4, &gp, &id), ANVIL_OK);
     anvil_batch_destroy(b);
+}
+
+/* logit_bias and logprobs on the host loop (the CPU backend): the bias steers the choice, each
+ * token's logprobs come just before it, greedy picks the first of the top ones, and the
+ * logprob is the log-softmax of the biased logits (against the session's own logits). */
+static int lp_calls;
+static anvil_token_logprobs lp_last;
+static void count_logprobs(void *user, const anvil_token_logprobs *lp) {
+    (void)user;
+    lp_calls++;
+    lp_last = *lp;
+}
+
+static void test_logit_params(void **state) {
+    (void)state;
+    anvil_session *s = session();
+    int32_t prompt[] = {3, 14, 15, 92};
+    int V = anvil_model_vocab_size(model);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    assert_int_equal(anvil_session_eval(s, prompt, 4, ANVIL_LOGITS_LAST, logits), ANVIL_OK);
+    int32_t ids[2] = {40, 41};
+    float bias[2] = {7.0f, -3.0f};
+    for (int i = 0; i < 2; i++) logits[ids[i]] += bias[i];
+    double m = -INFINITY, sum = 0;
+    int best = 0;
+    for (int i = 0; i < V; i++) {
+        if (logits[i] > m) m = logits[i], best = i;
+    }
+    for (int i = 0; i < V; i++) sum += exp(logits[i] - m);
+    anvil_session_reset(s);
+    anvil_logit_params lp = {ids, bias, 2, count_logprobs, 3};
+    anvil_generate_params gp = {anvil_sampling_default(), 1, NULL, 0, NULL, NULL, &lp};
+    struct collect c = {0};
+    lp_calls = 0;
+    assert_int_equal(anvil_session_generate(s, prompt, 4, &gp, collect_fn, &c, NULL), ANVIL_OK);
+    assert_int_equal(c.n, 1);
+    assert_int_equal(lp_calls, 1);
+    assert_int_equal(c.toks[0], best);
+    assert_int_equal(lp_last.token, best);
+    assert_int_equal(lp_last.n_top, 3);
+    assert_int_equal(lp_last.top_token[0], best);
+    assert_true(fabs(lp_last.logprob - (logits[best] - m - log(sum))) < 1e-5);
+    assert_true(lp_last.top_logprob[1] <= lp_last.top_logprob[0] && lp_last.top_logprob[2] <= lp_last.top_logprob[1]);
+    /* a bias on an id out of range is refused */
+    ids[1] = V;
+    assert_int_equal(anvil_session_generate(s, prompt, 4, &gp, collect_fn, &c, NULL), ANVIL_ERR_RANGE);
+    free(logits);
+    anvil_session_destroy(s);
 }
 
 int main(void) {
@@ -190,6 +253,7 @@ int main(void) {
         cmocka_unit_test(test_continuation_and_seed),
         cmocka_unit_test(test_continuation_recurrent),
         cmocka_unit_test(test_logits_hook),
+        cmocka_unit_test(test_logit_params),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
