@@ -71,7 +71,7 @@ static void record_step(struct vk_program *p, VkCommandBuffer cb, bool count, in
 
 anvil_status record_variant(struct vk_program *p, int var) {
     struct vk_device *d = p->b->d;
-    if (p->cb_var[var][0]) return ANVIL_OK;
+    if (p->cb_var[var][1]) return ANVIL_OK; /* (set last, once both are recorded) */
     anvil_status st = ANVIL_OK;
     if (!p->lp.buf) {
         st = vk_buffer_create(d, (LP_BIAS_WORDS + (VkDeviceSize)LP_RING * LP_REC_WORDS) * 4, VK_MEM_CONTROL,
@@ -88,17 +88,21 @@ anvil_status record_variant(struct vk_program *p, int var) {
                                  {.k = K_LOGPROBS, .gx = nwg, .gy = 1, .gz = 1, .push_size = sizeof pc}};
     memcpy(ops[0].push, &pc, sizeof pc);
     memcpy(ops[1].push, &pc, sizeof pc);
-    for (int c = 0; c < 2; c++) {
-        VkCommandBuffer *cb = &p->cb_var[var][c];
-        if ((st = vk_cmd_alloc(d, cb)) != ANVIL_OK) return st;
+    VkCommandBuffer cbs[2] = {VK_NULL_HANDLE, VK_NULL_HANDLE};
+    for (int c = 0; c < 2 && st == ANVIL_OK; c++) {
+        if ((st = vk_cmd_alloc(d, &cbs[c])) != ANVIL_OK) break;
         VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
                                        VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT, NULL};
-        if ((st = vk_result(vkBeginCommandBuffer(*cb, &bi), "vkBeginCommandBuffer")) != ANVIL_OK) return st;
-        for (int s = 0; s < (c == 0 ? p->spb : 1); s++) record_step(p, *cb, false, var, ops);
-        barrier(*cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
-        if ((st = vk_result(vkEndCommandBuffer(*cb), "vkEndCommandBuffer")) != ANVIL_OK) return st;
+        if ((st = vk_result(vkBeginCommandBuffer(cbs[c], &bi), "vkBeginCommandBuffer")) != ANVIL_OK) break;
+        for (int s = 0; s < (c == 0 ? p->spb : 1); s++) record_step(p, cbs[c], false, var, ops);
+        barrier(cbs[c], STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+        st = vk_result(vkEndCommandBuffer(cbs[c]), "vkEndCommandBuffer");
     }
-    return ANVIL_OK;
+    for (int c = 0; c < 2; c++) {
+        if (st == ANVIL_OK) p->cb_var[var][c] = cbs[c];
+        else if (cbs[c]) vkFreeCommandBuffers(d->dev, d->pool, 1, &cbs[c]); /* (none submitted) */
+    }
+    return st;
 }
 
 static void record_copy_logits(struct vk_program *p, VkCommandBuffer cb) {
