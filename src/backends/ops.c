@@ -17,6 +17,7 @@
 
 static const char *kind_names[OPS_KIND_COUNT] = {
     "matvec", "lm_head", "ffn", "attention", "moe", "gdn", "embed", "mm", "attn_prefill", "gdn_prefill",
+    "attn_batch",
 };
 
 const char *ops_kind_name(enum ops_kind k) { return (unsigned)k < OPS_KIND_COUNT ? kind_names[k] : "?"; }
@@ -98,6 +99,7 @@ int ops_cases(const struct ops_model *m, int kind, bool prefill, int type, int c
             continue;
         }
         if (k == OPS_LM_HEAD) c.K = m->C, c.N = m->V, snprintf(c.what, sizeof c.what, "output");
+        if (k == OPS_ATTN_BATCH) c.T = MIN(c.T, 32);
         n = add_case(out, cap, n, &c);
     }
     return n;
@@ -117,6 +119,7 @@ void ops_case_name(const struct ops_case *c, char *buf, size_t cap) {
     case OPS_FFN: snprintf(buf, cap, "%s %s %dx%d", k, t, m->C, m->F); break;
     case OPS_ATTENTION: snprintf(buf, cap, "%s %d/%dx%d S=%d", k, m->H, m->Hkv, m->D, c->ctx); break;
     case OPS_ATTN_PREFILL: snprintf(buf, cap, "%s %d/%dx%d T=%d", k, m->H, m->Hkv, m->D, c->T); break;
+    case OPS_ATTN_BATCH: snprintf(buf, cap, "%s %d/%dx%d B=%d S<=%d", k, m->H, m->Hkv, m->D, c->T, c->ctx); break;
     case OPS_MOE: snprintf(buf, cap, "%s %s %dx%d E=%d k=%d", k, t, m->C, m->Fe, m->E, m->k); break;
     case OPS_GDN: snprintf(buf, cap, "%s %d/%dx%d", k, m->Hk, m->Hv, m->Dk); break;
     case OPS_GDN_PREFILL: snprintf(buf, cap, "%s %d/%dx%d T=%d", k, m->Hk, m->Hv, m->Dk, c->T); break;
@@ -265,12 +268,55 @@ static int build_gdn(struct build *b, const struct ops_model *m, int T, int S, b
     return finish(b, graph_reshape(g, y, (int64_t)Hv * Dv, T, 1), (int64_t)Hv * Dv);
 }
 
+/* attn_batch: each sequence's blocks of the pool (enough for ctx positions) */
+static int batch_blocks(const struct ops_case *c) { return (c->ctx + OPS_KV_BLOCK - 1) / OPS_KV_BLOCK; }
+
+/* attn_batch's rows of a run (struct batch_rows over arrays of T) and the T sequences' block
+ * tables: block i of sequence s is the pool's T * nb - 1 - (i T + s), the sequences' blocks
+ * interleaved and in descending order */
+struct rows {
+    int32_t *tok, *seq, *pos, *blocks;
+    struct batch_rows r;
+};
+
+static bool rows_init(struct rows *w, const struct ops_case *c) {
+    int T = c->T, nb = batch_blocks(c);
+    w->tok = calloc((size_t)T, sizeof *w->tok);
+    w->seq = calloc((size_t)T, sizeof *w->seq);
+    w->pos = calloc((size_t)T, sizeof *w->pos);
+    w->blocks = calloc((size_t)T * (size_t)nb, sizeof *w->blocks);
+    if (!w->tok || !w->seq || !w->pos || !w->blocks) return false;
+    for (int s = 0; s < T; s++)
+        for (int i = 0; i < nb; i++) w->blocks[s * nb + i] = T * nb - 1 - (i * T + s);
+    w->r = (struct batch_rows){w->tok, w->seq, w->pos, w->blocks, nb, NULL};
+    return true;
+}
+
+static void rows_free(struct rows *w) {
+    free(w->tok);
+    free(w->seq);
+    free(w->pos);
+    free(w->blocks);
+}
+
+/* row t: sequence s (-1: a dead row) at position p */
+static void rows_set(struct rows *w, int t, int s, int p) {
+    w->seq[t] = s;
+    w->pos[t] = s < 0 ? 0 : p;
+    w->tok[t] = s < 0 ? 0 : (int32_t)((s * 7 + p * 5 + 3) % VT);
+}
+
 /* Builds case c into b (baseline: without the region, for prefill timing). */
 static int build(struct build *b, const struct ops_case *c, bool baseline) {
     const struct ops_model *m = c->m;
     struct graph *g = &b->g;
     int T = c->T, S = MAX(c->ctx, T + c->T) + 8;
     if (graph_init(g, T) != ANVIL_OK) return -1;
+    if (c->kind == OPS_ATTN_BATCH) { /* a pool of T sequences' blocks */
+        g->n_seqs = T;
+        g->kv_block = OPS_KV_BLOCK;
+        S = T * batch_blocks(c) * OPS_KV_BLOCK;
+    }
     b->rng.s = 0x5eed0000u + (uint64_t)c->kind * 131 + (uint64_t)c->type;
     switch (c->kind) {
     case OPS_MATVEC:
@@ -322,6 +368,7 @@ static int build(struct build *b, const struct ops_case *c, bool baseline) {
     }
     case OPS_ATTENTION:
     case OPS_ATTN_PREFILL:
+    case OPS_ATTN_BATCH:
         return build_attention(b, m, T, S, baseline);
     case OPS_GDN:
     case OPS_GDN_PREFILL:
@@ -350,6 +397,59 @@ static void tokens_of(int32_t *tok, int T, int s) {
     for (int t = 0; t < T; t++) tok[t] = (int32_t)((s * 7 + t * 5 + 3) % VT);
 }
 
+/* the outputs d against the CPU's a (n of them) into r */
+static void compare(const float *a, const float *d, int64_t n, struct ops_result *r) {
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - (double)d[i]);
+        if (!(e <= r->max_abs)) r->max_abs = isnan(e) ? INFINITY : e;
+        r->max_ref = fmax(r->max_ref, fabs((double)a[i]));
+    }
+}
+
+/* One run of rows w on both backends, the live rows' outputs (ne0 each) compared. */
+static anvil_status batch_run(const struct ops_case *c, struct backend *cpu, struct program *pc, struct backend *vk,
+                              struct program *pv, struct rows *w, int64_t ne0, float *a, float *d,
+                              struct ops_result *r) {
+    anvil_status st = cpu->vt->run_batch(pc, &w->r, a);
+    if (st == ANVIL_OK) st = vk->vt->run_batch(pv, &w->r, d);
+    for (int t = 0; st == ANVIL_OK && t < c->T; t++)
+        if (w->seq[t] >= 0) compare(a + t * ne0, d + t * ne0, ne0, r);
+    return st;
+}
+
+/* attn_batch: T sequences of lengths 1 .. min(ctx, 3 blocks + 7), their prompts packed into runs
+ * of T rows (several sequences a run, one's rows split over two runs, dead rows padding the
+ * last), then a step of a row each at its own last position, the last row dead (T >= 3): every
+ * run's live rows compared. */
+static anvil_status check_batch(const struct ops_case *c, struct backend *cpu, struct program *pc, struct backend *vk,
+                                struct program *pv, int64_t ne0, float *a, float *d, struct ops_result *r) {
+    if (!cpu->vt->run_batch || !vk->vt->run_batch)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "ops: a backend runs no batch graphs");
+    int T = c->T, Lc = MIN(c->ctx, 3 * OPS_KV_BLOCK + 7), *len = calloc((size_t)T, sizeof *len);
+    struct rows w = {0};
+    anvil_status st = len && rows_init(&w, c) ? ANVIL_OK : err_set(ANVIL_ERR_NOMEM, "out of memory");
+    for (int s = 0; s < T && len; s++) len[s] = 1 + (s * 37 + 11) % Lc;
+    for (int s = 0, p = 0; st == ANVIL_OK && s < T;) { /* the prompts: positions 0 .. len - 2 */
+        int t = 0;
+        for (; t < T && s < T; p++) {
+            if (p >= len[s] - 1) {
+                s++;
+                p = -1;
+                continue;
+            }
+            rows_set(&w, t++, s, p);
+        }
+        if (!t) break;
+        for (; t < T; t++) rows_set(&w, t, -1, 0);
+        st = batch_run(c, cpu, pc, vk, pv, &w, ne0, a, d, r);
+    }
+    for (int t = 0; t < T && st == ANVIL_OK; t++) rows_set(&w, t, t == T - 1 && T >= 3 ? -1 : t, len[t] - 1);
+    if (st == ANVIL_OK) st = batch_run(c, cpu, pc, vk, pv, &w, ne0, a, d, r);
+    rows_free(&w);
+    free(len);
+    return st;
+}
+
 static anvil_status check(const struct ops_case *c, const struct ops_opts *o, struct build *b, struct backend *vk,
                           struct program *pv, int64_t n_out, struct ops_result *r) {
     struct backend *cpu = NULL;
@@ -360,18 +460,15 @@ static anvil_status check(const struct ops_case *c, const struct ops_opts *o, st
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)c->T);
     if (st == ANVIL_OK && (!a || !d || !tok)) st = err_set(ANVIL_ERR_NOMEM, "out of memory");
     /* decode: steps 0 .. check_steps - 1, each leaving its KV rows and states to the next;
-     * prefill: the chunk at position 0 */
-    int steps = c->T == 1 ? MAX(1, o->check_steps) : 1;
+     * prefill: the chunk at position 0; attn_batch: its runs (check_batch) */
+    int steps = c->kind == OPS_ATTN_BATCH ? 0 : c->T == 1 ? MAX(1, o->check_steps) : 1;
     for (int s = 0; st == ANVIL_OK && s < steps; s++) {
         tokens_of(tok, c->T, s);
         st = cpu->vt->run(pc, tok, s, a);
         if (st == ANVIL_OK) st = vk->vt->run(pv, tok, s, d);
-        for (int64_t i = 0; st == ANVIL_OK && i < n_out; i++) {
-            double e = fabs((double)a[i] - (double)d[i]);
-            if (!(e <= r->max_abs)) r->max_abs = isnan(e) ? INFINITY : e;
-            r->max_ref = fmax(r->max_ref, fabs((double)a[i]));
-        }
+        if (st == ANVIL_OK) compare(a, d, n_out, r);
     }
+    if (st == ANVIL_OK && c->kind == OPS_ATTN_BATCH) st = check_batch(c, cpu, pc, vk, pv, n_out / c->T, a, d, r);
     if (st == ANVIL_OK) {
         r->checked = true;
         r->rel = r->max_ref > 0 ? r->max_abs / r->max_ref : r->max_abs;
@@ -385,17 +482,18 @@ static anvil_status check(const struct ops_case *c, const struct ops_opts *o, st
     return st;
 }
 
-/* host time of one run of p, the best of reps (prefill) */
-static anvil_status host_time(struct backend *vk, struct program *p, int T, int reps, double *us) {
+/* host time of one run of p, the best of reps (prefill; rows: a batch graph's) */
+static anvil_status host_time(struct backend *vk, struct program *p, int T, const struct batch_rows *rows, int reps,
+                              double *us) {
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)T);
     if (!tok) return err_set(ANVIL_ERR_NOMEM, "out of memory");
     tokens_of(tok, T, 0);
-    anvil_status st = vk->vt->run(p, tok, 0, NULL); /* warm-up */
+    anvil_status st = ANVIL_OK;
     double best = INFINITY;
-    for (int i = 0; st == ANVIL_OK && i < reps; i++) {
+    for (int i = -1; st == ANVIL_OK && i < reps; i++) { /* (-1: the warm-up) */
         double t0 = time_now();
-        st = vk->vt->run(p, tok, 0, NULL);
-        best = fmin(best, time_now() - t0);
+        st = rows ? vk->vt->run_batch(p, rows, NULL) : vk->vt->run(p, tok, 0, NULL);
+        if (i >= 0) best = fmin(best, time_now() - t0);
     }
     free(tok);
     *us = best * 1e6;
@@ -410,14 +508,29 @@ static anvil_status bench(const struct ops_case *c, const struct ops_opts *o, st
         anvil_status st = build(&base, c, true) == 0 ? ANVIL_OK : err_set(ANVIL_ERR_NOMEM, "ops: building the baseline");
         if (st == ANVIL_OK) st = vk->vt->compile(vk, &base.g, &pb);
         double t_full = 0, t_base = 0;
-        if (st == ANVIL_OK) st = host_time(vk, pv, c->T, o->reps, &t_full);
-        if (st == ANVIL_OK) st = host_time(vk, pb, c->T, o->reps, &t_base);
+        /* attn_batch: a step of a row per sequence, at lengths spread over ctx / 2 .. ctx */
+        struct rows w = {0};
+        bool batch = c->kind == OPS_ATTN_BATCH;
+        double keys = 0;
+        if (st == ANVIL_OK && batch) {
+            if (!rows_init(&w, c)) st = err_set(ANVIL_ERR_NOMEM, "out of memory");
+            for (int t = 0; st == ANVIL_OK && t < c->T; t++) {
+                int len = c->ctx - (t * 37) % MAX(c->ctx - c->ctx / 2, 1);
+                rows_set(&w, t, t, len - 1);
+                keys += len;
+            }
+        }
+        if (st == ANVIL_OK) st = host_time(vk, pv, c->T, batch ? &w.r : NULL, o->reps, &t_full);
+        if (st == ANVIL_OK) st = host_time(vk, pb, c->T, batch ? &w.r : NULL, o->reps, &t_base);
+        rows_free(&w);
         if (pb) vk->vt->program_destroy(pb);
         build_free(&base);
         if (st != ANVIL_OK) return st;
         r->timed = true;
         r->us = MAX(t_full - t_base, 1e-3);
-        r->flops = b->flops;
+        /* attn_batch: each row's keys, two products of D a query head */
+        r->flops = batch ? 4.0 * c->m->H * c->m->D * keys : b->flops;
+        if (batch) r->bytes = keys * c->m->Hkv * c->m->D * 2 * (o->kv16 ? 2 : 4); /* the rows' k and v */
         size_t kl = strlen(r->kernels);
         snprintf(r->kernels + kl, sizeof r->kernels - kl, "%s(chunk %.1f us - baseline %.1f us)", kl ? " " : "",
                  t_full, t_base);

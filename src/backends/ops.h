@@ -40,6 +40,8 @@ enum ops_kind {
     OPS_MM,          /* prefill: Y = X Wᵀ over T tokens */
     OPS_ATTN_PREFILL,/* prefill: causal attention over T tokens (flash attention where it fits) */
     OPS_GDN_PREFILL, /* prefill: the Gated DeltaNet over T tokens */
+    OPS_ATTN_BATCH,  /* a batch step's attention (docs/BATCHING.md): T sequences (at most 32)
+                        of their own lengths, a row each, through block tables of OPS_KV_BLOCK */
     OPS_KIND_COUNT,
 };
 const char *ops_kind_name(enum ops_kind k);
@@ -61,11 +63,16 @@ const struct ops_model *ops_model_find(const char *name);
 /* The known models' names, comma-separated (static). */
 const char *ops_model_names(void);
 
+/* attn_batch's cache rows per block (the engine's default is 64: smaller here, so that the
+ * check's short sequences cross blocks) */
+#define OPS_KV_BLOCK 16
+
 struct ops_case {
     enum ops_kind kind;
     int type;        /* the weights' dtype (matvec, lm_head, ffn, moe, embed, mm) */
     int T;           /* tokens: 1 decode, more prefill */
-    int ctx;         /* decode attention: cache rows read (the step at position ctx - 1) */
+    int ctx;         /* decode attention: cache rows read (the step at position ctx - 1);
+                        attn_batch: the longest sequence timed */
     int64_t K, N;    /* matvec, mm: the product's input and output widths */
     char what[48];   /* which product of the model ("attn_q", "ffn_down", ...) or empty */
     const struct ops_model *m;

@@ -220,6 +220,43 @@ static void test_low_bit_types(void **state) {
     unsetenv("ANVIL_CPU_QX");
 }
 
+/* A batch step's attention (attn_split.comp; docs/BATCHING.md) against the CPU: 6 sequences of
+ * their own lengths (up to 40) through block tables of 16 rows, their prompts packed into runs
+ * of 6 rows with dead rows, then a row each at its own position (check_batch): each row's
+ * positions split in as many chunks as they fill (on lavapipe's subgroups of 8, a chunk per 8
+ * positions: up to 5 merged), in one chunk (ANVIL_VK_BATCH_ATTN=1: the output written
+ * directly), and attn_prefill.comp (=0). */
+static void test_attn_batch(void **state) {
+    (void)state;
+    static const struct {
+        const char *wgs, *kernel;
+    } runs[] = {{NULL, "attn_split"}, {"1", "attn_split"}, {"0", "attn_prefill"}};
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        if (runs[i].wgs) setenv("ANVIL_VK_BATCH_ATTN", runs[i].wgs, 1);
+        for (int f16 = 0; f16 < 2; f16++) {
+            struct ops_opts o;
+            ops_opts_default(&o);
+            o.kv16 = f16;
+            o.bench = i == 0 && f16; /* its timing path once */
+            o.reps = 1;
+            struct ops_case c = find_case(OPS_ATTN_BATCH, -1, NULL, 40, 6);
+            char name[96];
+            ops_case_name(&c, name, sizeof name);
+            struct ops_result r;
+            anvil_status st = ops_run(&c, &o, &r);
+            if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
+            fprintf(stderr, "%s, ANVIL_VK_BATCH_ATTN=%s, %s cache: max |vulkan - cpu| %.3g (%.3g of %.3g); %s\n", name,
+                    runs[i].wgs ? runs[i].wgs : "(default)", f16 ? "f16" : "f32", r.max_abs, r.rel, r.max_ref,
+                    r.kernels);
+            assert_true(r.checked && r.pass && r.max_ref > 0);
+            assert_true(r.rel < 2e-3);
+            assert_non_null(strstr(r.kernels, runs[i].kernel));
+            if (o.bench) assert_true(r.timed && r.us > 0 && r.flops > 0);
+        }
+        unsetenv("ANVIL_VK_BATCH_ATTN");
+    }
+}
+
 static void test_names(void **state) {
     (void)state;
     assert_null(ops_model_find("qwen3-9b"));
@@ -303,12 +340,15 @@ int main(void) {
         return 0;
     }
     tu_float32_prefill();
+    /* ANVIL_TEST_FILTER=test_attn_batch runs the tests matching a pattern */
+    if (getenv("ANVIL_TEST_FILTER")) cmocka_set_test_filter(getenv("ANVIL_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_checks),
         cmocka_unit_test(test_low_bit_types),
         cmocka_unit_test(test_trace_list),
         cmocka_unit_test(test_small_batch),
+        cmocka_unit_test(test_attn_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -181,6 +181,11 @@ static const struct knob KNOBS[] = {
          "or sample.comp per row, with each sequence's chain, seed and penalty window): only the "
          "token ids come back, not every row's logits (docs/BATCHING.md); 0 reads the logits "
          "back and samples each row on the host."),
+    INT("ANVIL_VK_BATCH_ATTN", C_DIAGNOSTIC, vk_batch_attn, 1024, 0, 65536, NULL,
+        "A batch program's attention (attn_split.comp, docs/BATCHING.md) splits each row's "
+        "positions into chunks, enough for about this many workgroups over the program's rows "
+        "and kv heads (at most 64 chunks a row, each at least a pass of its subgroups); 0 keeps "
+        "attn_prefill.comp (a workgroup per row and kv head over all of the row's positions)."),
     INT("ANVIL_VK_MMB_RS", C_DIAGNOSTIC, vk_mmb_rs, 2, 1, 8, NULL,
         "mmb.comp's rows of the weights a subgroup: more rows, fewer workgroups reading all "
         "of the inputs, more registers."),

@@ -17,9 +17,10 @@ static const char *usage_text =
     "  (prefill: the chunk's time less a baseline without the region)\n"
     "  -m MODEL       tiny, qwen3-0.6b, qwen3-8b (default), qwen3-30b-a3b, qwen3.6-35b-a3b\n"
     "  --op NAME      matvec, lm_head, ffn, attention, moe, gdn, embed (decode);\n"
-    "                 mm, attn_prefill, gdn_prefill (prefill); default all of the shape\n"
+    "                 mm, attn_prefill, gdn_prefill, attn_batch (prefill); default all of the shape\n"
     "  --type TYPE    the weights' type (matvec and mm: default every type; others Q4_K)\n"
     "  --ctx N        decode attention's cache rows (default 4096)   -T N  prefill tokens (512)\n"
+    "                 attn_batch: -T sequences (at most 32), timed at lengths ctx/2 .. ctx\n"
     "  -r N           timed runs (default 20)   --steps N  decode steps checked (default 4)\n"
     "  exit status 1 where a check fails; the persistent step is off (ANVIL_VK_MEGA=0) unless set\n";
 

@@ -23,8 +23,8 @@ static const uint32_t spv_mm_cm2_moe[] =
 
 /* Which specialisation constants a kernel takes (vk_pipelines_create), by their ids in
  * contract.h: matvec.comp's (MV_SPEC_*: its QX variants' beyond the plain ones too),
- * attention.comp's, mega.comp's, attn_flash.comp's and attn_prefill.comp's, or only its MODE
- * (SPEC_MODE); every kernel takes SPEC_KV16. */
+ * attention.comp's (attn_split.comp's too), mega.comp's, attn_flash.comp's and
+ * attn_prefill.comp's, or only its MODE (SPEC_MODE); every kernel takes SPEC_KV16. */
 enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_FLASH, SPECS_ATTN_PREFILL, SPECS_MODE,
              SPECS_MMB, SPECS_VIT_FLASH };
 
@@ -119,6 +119,7 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_MMH_CM2_MOE] = KI(spv_mm_cm2_moe, "mm_cm2_experts", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     [K_MMH_MOE] = KI(spv_mm_h_moe, "mm_h_experts", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     [K_ATTN_FLASH] = KI(spv_attn_flash, "attn_flash", VK_OP_NONE, 0, 0, SPECS_FLASH, PUSH_ATTN_PF),
+    [K_ATTN_SPLIT] = KI(spv_attn_split, "attn_split", VK_OP_NONE, 0, 0, SPECS_ATTN, PUSH_ATTN_SPLIT),
     [K_MOE_ROUTE] = KI(spv_moe_topk, "moe_route", VK_OP_NONE, 0, TOPK_MODE_ROUTE, SPECS_MODE, PUSH_TOPK),
     [K_MOE_BUCKET] = KI(spv_moe_topk, "moe_bucket", VK_OP_NONE, 0, TOPK_MODE_BUCKET, SPECS_MODE, PUSH_TOPK),
     [K_MOE_OFFS] = KI(spv_moe_rows, "moe_offsets", VK_OP_NONE, 0, MOE_ROWS_MODE_OFFSETS, SPECS_MODE, PUSH_MOE_ROWS),
@@ -407,6 +408,7 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
     /* (its lanes: two a row of 16, subgroups of 32) */
     case K_VIT_FLASH: case K_VIT_FLASH1: case K_VIT_FLASH1_BK64: return d->coopmat && d->subgroup_shuffle && d->subgroup_size == 32 && vk_flash_fits(1, p->vit_dp);
     case K_QX: case K_MMB_ROUND: return d->int_dot;
+    case K_ATTN_SPLIT: return d->subgroup_shuffle; /* (its pool rows shuffled to the v loads) */
     /* gdn_chunk.comp's 29 KiB of shared memory (without it: the recurrent form) */
     case K_GDNC_PREP: case K_GDNC_INTRA: case K_GDNC_RECUR: return d->props.limits.maxComputeSharedMemorySize >= 30u << 10;
     case K_MEGA_BF16_CLK: return p->mega_grid && d->shader_clock;

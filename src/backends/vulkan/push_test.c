@@ -108,6 +108,9 @@ static const struct layout *layout_of(enum vk_push push) {
 #define PC_TYPE struct pc_mmb_round
         ONE(PUSH_MMB_ROUND, pc_mmb_round, PC_MMB_ROUND);
 #undef PC_TYPE
+#define PC_TYPE struct pc_attn_split
+        ONE(PUSH_ATTN_SPLIT, pc_attn_split, PC_ATTN_SPLIT);
+#undef PC_TYPE
         made = true;
     }
     return &all[push];

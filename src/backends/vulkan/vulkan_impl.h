@@ -228,6 +228,7 @@ enum vk_kernel {
     K_MMH_CM2, K_MMH_CM2_MOE, K_MMH_MOE /* the experts, rows gathered */,
     K_ATTN_FLASH, /* the prefill's causal attention on cooperative matrices (attn_flash.comp),
                      where d->coopmat and the heads fit it (vk_flash_fits) */
+    K_ATTN_SPLIT, /* a batch program's attention split over each row's positions (attn_split.comp) */
     /* moe_topk.comp for the prefill: MODE 1 routes every token, MODE 2 sorts them by expert */
     K_MOE_ROUTE, K_MOE_BUCKET,
     /* moe_rows.comp: MODE 0 the experts' row offsets, 1 their x rows gathered, 2 scattered back */
@@ -272,7 +273,7 @@ enum vk_kernel {
 enum vk_push {
     PUSH_NONE, PUSH_MATVEC, PUSH_MATVEC_QXT, PUSH_QX, PUSH_EMBED, PUSH_ATTN, PUSH_EW, PUSH_TOPK, PUSH_GDN,
     PUSH_ARGMAX, PUSH_SAMPLE, PUSH_PREFETCH, PUSH_MEGA, PUSH_MM, PUSH_MMH, PUSH_DQ, PUSH_ROWS, PUSH_MOE_ROWS,
-    PUSH_ATTN_PF, PUSH_GDNC, PUSH_VIT, PUSH_MMB, PUSH_MMB_ROUND, PUSH_LOGPROBS, VK_PUSH_COUNT
+    PUSH_ATTN_PF, PUSH_GDNC, PUSH_VIT, PUSH_MMB, PUSH_MMB_ROUND, PUSH_LOGPROBS, PUSH_ATTN_SPLIT, VK_PUSH_COUNT
 };
 
 /* A kernel's entry in the table (pipelines.c) */
@@ -410,6 +411,7 @@ PC_STRUCT(pc_dq, PC_DQ);             /* dq.comp */
 PC_STRUCT(pc_rows, PC_ROWS);         /* rows.comp */
 PC_STRUCT(pc_moe_rows, PC_MOE_ROWS); /* moe_rows.comp */
 PC_STRUCT(pc_attn_pf, PC_ATTN_PF);   /* attn_prefill.comp, attn_flash.comp */
+PC_STRUCT(pc_attn_split, PC_ATTN_SPLIT); /* attn_split.comp */
 PC_STRUCT(pc_gdnc, PC_GDNC);         /* gdn_chunk.comp */
 PC_STRUCT(pc_vit, PC_VIT);           /* vit.comp */
 PC_STRUCT(pc_mmb, PC_MMB);           /* mmb.comp */

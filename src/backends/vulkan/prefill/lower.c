@@ -204,6 +204,14 @@ uint32_t pf_split_k(uint32_t T, uint32_t N, uint32_t K) {
     return S >= 2 ? S : 1;
 }
 
+/* attn_split.comp's chunks: enough for about ANVIL_VK_BATCH_ATTN workgroups over the T rows
+ * and Hkv kv heads (x their query-head groups), at most 64 (a row uses ceil(n / RPC) of them
+ * at most: a short row few). The 8B's 32-row step: 4 chunks of its 8 kv heads' 32 rows. */
+uint32_t pf_attn_chunks(const struct vk_prefill *p, uint32_t Hkv, uint32_t T) {
+    uint32_t wgs = (uint32_t)p->b->d->tune.vk_batch_attn, row = MAX(Hkv * p->b->pl.attn_gs * T, 1u);
+    return MIN(MAX((wgs + row - 1) / row, 1u), 64u);
+}
+
 /* Whether node i's rows (a row kernel's output) should also be written as float16 into xh:
  * where its first reader is a product that would round them there itself (emit_x_half; the
  * row length a multiple of 8, as mm_cm2.comp's x needs) */
@@ -435,10 +443,21 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             st = pf_emit(p, K_ROWS_KVWRITE, T * Hkv, 0, &kv, sizeof kv);
             struct pc_attn_pf pa = {pf_addr(p, P, nd->src[0]), kc, vc, pf_addr(p, P, i), prm, T, H, Hkv, D, nd->p.f[0]};
             uint32_t tq = 64 / (H / Hkv); /* attn_flash.comp's query tokens per workgroup */
-            if (st == ANVIL_OK && p->flash && (int)D == b->pl.attn_d) /* the pipeline's D */
+            if (st == ANVIL_OK && p->split && (int)D == b->pl.attn_d) {
+                /* a batch: a workgroup per (kv head [x query-head group], chunk, row), each row
+                 * splitting its own length (the counters and partials: p->attn, program.c) */
+                uint32_t gx = Hkv * b->pl.attn_gs, nc = pf_attn_chunks(p, Hkv, T);
+                bool parts = nc > 1 && p->attn.buf;
+                struct pc_attn_split ps = {pa.q, kc, vc, pa.out_, prm, parts ? p->attn.addr : any,
+                                           parts ? p->attn.addr + p->attn_cnt : any, T, H, Hkv, parts ? nc : 1,
+                                           nd->p.f[0]};
+                st = pf_emit(p, K_ATTN_SPLIT, gx, ps.NC, &ps, sizeof ps);
+                if (st == ANVIL_OK) p->ops[p->n_ops - 1].gz = T;
+            } else if (st == ANVIL_OK && p->flash && (int)D == b->pl.attn_d) { /* the pipeline's D */
                 st = pf_emit(p, K_ATTN_FLASH, Hkv, (T + tq - 1) / tq, &pa, sizeof pa);
-            else if (st == ANVIL_OK)
+            } else if (st == ANVIL_OK) {
                 st = pf_emit(p, K_ATTN_PREFILL, Hkv, T, &pa, sizeof pa);
+            }
             break;
         }
         default:

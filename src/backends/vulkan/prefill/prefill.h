@@ -23,6 +23,8 @@
  *   attention      rows.comp MODE 4 writes the chunk's k, v rows into the caches at pos0 + t,
  *                  then attn_prefill.comp: causal attention of each query over rows
  *                  0 .. pos0 + t, a workgroup per (kv head, token) for its G query heads
+ *                  (attn_flash.comp on cooperative matrices; in a batch program
+ *                  attn_split.comp: each row's positions split over workgroups, merged)
  *   moe            moe_topk.comp routes every token and sorts the choices by expert; each
  *                  expert's products over the tokens that chose it (mm.comp MODE 2, or
  *                  mm_h.comp GATHER on cooperative matrices); mm.comp MODE 4 sums a token's k
@@ -48,9 +50,9 @@
  *   [c + 2 + T, + T) each row's position, [c + 2 + 2T, + T) its sequence (a dead row, padding
  *   the step to the program's rows: ~0 as its sequence and its pool row), then from
  *   c + 2 + 3T the block tables [n_seqs][stride] (the pool block of each kv_block positions of
- *   a sequence; only the sequences of the run's rows are filled). attn_prefill.comp reads a
- *   row's sequence through its table (flash attention is not used), rows.comp MODE 4 writes
- *   at the pool row.
+ *   a sequence; only the sequences of the run's rows are filled). attn_split.comp (or
+ *   attn_prefill.comp, ANVIL_VK_BATCH_ATTN=0) reads a row's sequence through its table (flash
+ *   attention is not used), rows.comp MODE 4 writes at the pool row.
  * An op or shape outside these makes the compile fail with ANVIL_ERR_UNSUPPORTED: the
  * session then runs prompts through the decode program a token at a time.
  *
@@ -149,6 +151,12 @@ struct vk_prefill {
     bool f16;                  /* products on float16 inputs allowed (not in the hybrids) */
     bool flash;                /* attention on cooperative matrices (attn_flash.comp): where the
                                   pipeline exists and f16; ANVIL_VK_FLASH=0 turns it off */
+    bool split;                /* a batch program's attention split over each row's positions
+                                  (attn_split.comp): where the pipeline exists; ANVIL_VK_BATCH_ATTN=0
+                                  keeps attn_prefill.comp */
+    struct vk_buffer attn;     /* attn_split.comp's partials, then its counters at attn_cnt
+                                  (zeroed at the start of every run); none where no row splits */
+    VkDeviceSize attn_cnt;
     bool dq_emulate;           /* ANVIL_VK_DQ_EMULATE=1 where there are no cooperative matrices
                                   (tests): dq.comp's float16 rows multiplied by mm.comp */
     VkDeviceSize out_off, out_bytes;
@@ -224,6 +232,8 @@ anvil_status pf_insert_op(struct vk_prefill *p, int at, enum vk_kernel k, uint32
 uint64_t pf_addr(struct vk_prefill *p, struct graph_plan *P, int i);
 VkDeviceSize pf_dq_scratch_size(struct vk_backend *b, struct graph_plan *P, bool groups, VkDeviceSize *max_run);
 uint32_t pf_split_k(uint32_t T, uint32_t N, uint32_t K);
+/* attn_split.comp's chunks a row (its grid's y) for T rows of Hkv kv heads */
+uint32_t pf_attn_chunks(const struct vk_prefill *p, uint32_t Hkv, uint32_t T);
 VkDeviceSize pf_gdn_scratch(struct vk_prefill *p, const struct graph_plan *P, int i);
 anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P);
 

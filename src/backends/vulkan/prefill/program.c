@@ -29,6 +29,10 @@ anvil_status pf_record(struct vk_prefill *p) {
         vkCmdResetQueryPool(cb, p->queries, 0, (uint32_t)p->n_ops + 1);
         vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, 0);
     }
+    if (p->attn.buf) { /* attn_split.comp's counters (a run cut short by a device fault may leave them set) */
+        vkCmdFillBuffer(cb, p->attn.buf, p->attn_cnt, VK_WHOLE_SIZE, 0);
+        barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+    }
     if (p->in_bytes) { /* a split's part: the host's rows of the OP_INPUT node */
         VkBufferCopy c = {0, p->in_off, p->in_bytes};
         vkCmdCopyBuffer(cb, p->input.buf, p->arena.buf, 1, &c);
@@ -136,6 +140,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     p->f16 = true;
     for (int i = 0; i < n; i++) p->f16 &= g->nodes[i].op != OP_GDN || t->vk_hybrid_f16;
     p->flash = p->f16 && vk_pipeline_supported(b->d, &b->pl, K_ATTN_FLASH) && t->vk_flash && !p->n_seqs;
+    p->split = p->n_seqs && t->vk_batch_attn && vk_pipeline_supported(b->d, &b->pl, K_ATTN_SPLIT);
     p->dq_emulate = !b->d->coopmat && t->vk_dq_emulate;
     if (st == ANVIL_OK && (b->d->coopmat || p->dq_emulate) && p->f16) {
         p->grp_max = t->vk_pf_group ? 4 : 1;
@@ -176,6 +181,23 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
                 mmbq = MAX(mmbq, (VkDeviceSize)p->T * vk_wnode_kp(b, &g->nodes[g->nodes[i].src[1]]) * 9 / 8);
         if (st == ANVIL_OK && mmbq)
             st = vk_buffer_create(b->d, round_up(mmbq, 256) + 256, VK_MEM_DEVICE, "prefill rounded inputs", &p->mmbq);
+        /* attn_split.comp's partials (T x H x NC x (D + 2) floats) and counters (T x Hkv x
+         * its query-head groups), where its rows split */
+        VkDeviceSize apart = 0, acnt = 0;
+        for (int i = 0; i < n && p->split; i++) {
+            const struct node *nd = &g->nodes[i];
+            if (nd->op != OP_ATTENTION) continue;
+            const struct node *q = &g->nodes[nd->src[0]];
+            VkDeviceSize D = (VkDeviceSize)q->ne[0], H = (VkDeviceSize)q->ne[1], T = (VkDeviceSize)q->ne[2],
+                         Hkv = (VkDeviceSize)g->nodes[nd->src[1]].ne[1];
+            uint32_t nc = pf_attn_chunks(p, (uint32_t)Hkv, (uint32_t)T);
+            if (nc < 2) continue;
+            apart = MAX(apart, round_up(T * H * nc * (D + 2) * 4, ALIGN));
+            acnt = MAX(acnt, T * Hkv * b->pl.attn_gs * 4);
+        }
+        p->attn_cnt = apart;
+        if (st == ANVIL_OK && acnt)
+            st = vk_buffer_create(b->d, apart + acnt, VK_MEM_DEVICE, "prefill attention partials", &p->attn);
     }
     p->grp_max = MAX(p->grp_max, 1);
     p->hoist_at = -1;
@@ -259,6 +281,7 @@ void vk_prefill_destroy(struct vk_prefill *p) {
     vk_buffer_destroy(d, &p->part);
     vk_buffer_destroy(d, &p->gdn);
     vk_buffer_destroy(d, &p->mmbq);
+    vk_buffer_destroy(d, &p->attn);
     free(p->ops);
     free(p);
 }

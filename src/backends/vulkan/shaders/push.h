@@ -256,6 +256,18 @@
     U32(T) U32(H) U32(Hkv) U32(D) \
     F32(scale)
 
+/* attn_split.comp: a batch program's attention, each row over its own sequence's positions
+ * through its block table, split over the key range (the batch words of prm: prefill.h) */
+#define PC_ATTN_SPLIT(ADDR, U32, F32) \
+    ADDR(Floats, q)         /* [T, H, D] */ \
+    ADDR(Floats, kc) ADDR(Floats, vc) /* the pool: float16 (KV16) or float32 */ \
+    ADDR(Floats, out_)      /* [T, H, D] */ \
+    ADDR(Floats, prm)       /* the params block */ \
+    ADDR(CFloats, part)     /* o [T, H, NC, D], then (m, l) [T, H, NC, 2] (NC > 1) */ \
+    ADDR(Counters, cnt)     /* [T, Hkv * GS], zero before the layer (NC > 1) */ \
+    U32(T) U32(H) U32(Hkv) U32(NC) \
+    F32(scale)
+
 /* mega.comp reads a phase's push constants (a PC_MATVEC or a PC_ATTN, vk_phase) as 32-bit
  * words: their fields' word indices (byte offset / 4; vulkan_impl.h checks them against the
  * structs) */
