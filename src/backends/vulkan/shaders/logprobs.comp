@@ -17,6 +17,7 @@
  * are never among them and count for nothing in the sum (engine/logprobs.c
  * logprobs_compute, which vulkan_test holds this kernel to).
  */
+#extension GL_EXT_control_flow_attributes : enable
 #extension GL_EXT_buffer_reference_uvec2 : require
 #include "common.glsl"
 
@@ -29,6 +30,7 @@ layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Cou
 PC_BLOCK(PC_LOGPROBS, pc) /* push.h */
 
 const uint NONE = 0xffffffffu;
+const uint QMAX = 8u; /* the merge's candidates a thread holds in registers (the rest: read each round) */
 const float NEG_INF = -1.0 / 0.0;
 
 shared float sf[256]; /* per subgroup (of any size) */
@@ -160,12 +162,25 @@ void main() {
     float S = wg_reduce(s, 1u);
     float lse = M > NEG_INF ? M + log(S) : NEG_INF;
     uint rec = LP_BIAS_WORDS + ((n_out - 1u) % LP_RING) * LP_REC_WORDS;
+    /* candidate c: list c / LP_MAX_TOP's entry c % LP_MAX_TOP; this thread's first QMAX (c = t +
+     * 256 q) loaded once (2,048 of them: every list of up to 102 workgroups, V <= 208,896) */
+    uint qk[QMAX], qi[QMAX];
+    [[unroll]] for (uint q = 0u; q < QMAX; q++) {
+        uint c = t + 256u * q, v = c / LP_MAX_TOP, r = c % LP_MAX_TOP;
+        bool ok = N > 0u && c < pc.NWG * LP_MAX_TOP && r < pc.part.v[v * LP_PART_WORDS + 2u];
+        qk[q] = ok ? pc.part.v[v * LP_PART_WORDS + 4u + 2u * r] : 0u;
+        qi[q] = ok ? pc.part.v[v * LP_PART_WORDS + 5u + 2u * r] : NONE;
+    }
     pk = 0u;
     pi = NONE;
     for (n = 0u; n < N; n++) {
         uint k = 0u, i = NONE;
-        /* candidate c: list c / LP_MAX_TOP's entry c % LP_MAX_TOP */
-        for (uint c = t; c < pc.NWG * LP_MAX_TOP; c += 256u) {
+        [[unroll]] for (uint q = 0u; q < QMAX; q++)
+            if (qi[q] != NONE && (pi == NONE || before(pk, pi, qk[q], qi[q])) && before(qk[q], qi[q], k, i)) {
+                k = qk[q];
+                i = qi[q];
+            }
+        for (uint c = t + 256u * QMAX; c < pc.NWG * LP_MAX_TOP; c += 256u) {
             uint v = c / LP_MAX_TOP, r = c % LP_MAX_TOP;
             if (r >= pc.part.v[v * LP_PART_WORDS + 2u]) continue;
             uint ck = pc.part.v[v * LP_PART_WORDS + 4u + 2u * r], ci = pc.part.v[v * LP_PART_WORDS + 5u + 2u * r];
