@@ -34,9 +34,8 @@ const uint QMAX = 8u; /* the merge's candidates a thread holds in registers (the
 const float NEG_INF = -1.0 / 0.0;
 
 shared float sf[256]; /* per subgroup (of any size) */
-shared uint sk[256], si[256];
+shared uint sk[512], si[512]; /* two rounds' halves */
 shared float bf;
-shared uint bk, bi;
 shared bool last_wg;
 
 /* orderable bits: a > b as floats iff fkey(a) > fkey(b) (+0 and -0 equal); every finite or +inf
@@ -65,28 +64,26 @@ float wg_reduce(float v, uint op) {
     return bf;
 }
 
-/* the workgroup's first (k, i) in the order, in every thread */
-void wg_best(inout uint k, inout uint i) {
+/* the workgroup's first (k, i) in the order, in every thread, in round r: one barrier (the
+ * subgroups' bests in the round's half of sk / si, which round r + 2 writes again only after
+ * every thread passed round r + 1's barrier, so after it read them) */
+void wg_best(inout uint k, inout uint i, uint r) {
     uint mk = subgroupMax(i == NONE ? 0u : k);
     uint mi = subgroupMin(i != NONE && k == mk ? i : NONE);
+    uint h = (r & 1u) * 256u;
     if (subgroupElect()) {
-        sk[gl_SubgroupID] = mk;
-        si[gl_SubgroupID] = mi;
+        sk[h + gl_SubgroupID] = mk;
+        si[h + gl_SubgroupID] = mi;
     }
     barrier();
-    if (gl_LocalInvocationID.x == 0u) {
-        uint a = 0u, b = NONE;
-        for (uint s = 0u; s < gl_NumSubgroups; s++)
-            if (before(sk[s], si[s], a, b)) {
-                a = sk[s];
-                b = si[s];
-            }
-        bk = a;
-        bi = b;
-    }
-    barrier();
-    k = bk;
-    i = bi;
+    uint a = 0u, b = NONE;
+    for (uint s = 0u; s < gl_NumSubgroups; s++)
+        if (before(sk[h + s], si[h + s], a, b)) {
+            a = sk[h + s];
+            b = si[h + s];
+        }
+    k = a;
+    i = b;
 }
 
 void main() {
@@ -130,7 +127,7 @@ void main() {
                 i = id;
             }
         }
-        wg_best(k, i);
+        wg_best(k, i, n);
         if (i == NONE) break;
         if (t == 0u) {
             pc.part.v[pw + 4u + 2u * n] = k;
@@ -189,7 +186,7 @@ void main() {
                 i = ci;
             }
         }
-        wg_best(k, i);
+        wg_best(k, i, n);
         if (i == NONE) break;
         if (t == 0u) {
             pc.lp.v[rec + 4u + 2u * n] = i;
