@@ -224,13 +224,13 @@ static void test_low_bit_types(void **state) {
  * their own lengths (up to 40) through block tables of 16 rows, their prompts packed into runs
  * of 6 rows with dead rows, then a row each at its own position (check_batch): each row's
  * positions split in as many chunks as they fill (on lavapipe's subgroups of 8, a chunk per 8
- * positions: up to 5 merged), in one chunk (ANVIL_VK_BATCH_ATTN=1: the output written
- * directly), and attn_prefill.comp (=0). */
+ * positions: up to 5 merged), and in one chunk (ANVIL_VK_BATCH_ATTN=1: the output written
+ * directly). */
 static void test_attn_batch(void **state) {
     (void)state;
     static const struct {
         const char *wgs, *kernel;
-    } runs[] = {{NULL, "attn_split"}, {"1", "attn_split"}, {"0", "attn_prefill"}};
+    } runs[] = {{NULL, "attn_split"}, {"1", "attn_split"}};
     for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
         if (runs[i].wgs) setenv("ANVIL_VK_BATCH_ATTN", runs[i].wgs, 1);
         for (int f16 = 0; f16 < 2; f16++) {

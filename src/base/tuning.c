@@ -181,11 +181,6 @@ static const struct knob KNOBS[] = {
          "or sample.comp per row, with each sequence's chain, seed and penalty window): only the "
          "token ids come back, not every row's logits (docs/BATCHING.md); 0 reads the logits "
          "back and samples each row on the host."),
-    INT("ANVIL_VK_BATCH_ATTN", C_DIAGNOSTIC, vk_batch_attn, 1024, 0, 65536, NULL,
-        "A batch program's attention (attn_split.comp, docs/BATCHING.md) splits each row's "
-        "positions into chunks, enough for about this many workgroups over the program's rows "
-        "and kv heads (at most 64 chunks a row, each at least a pass of its subgroups); 0 keeps "
-        "attn_prefill.comp (a workgroup per row and kv head over all of the row's positions)."),
     INT("ANVIL_VK_MMB_RS", C_DIAGNOSTIC, vk_mmb_rs, 2, 1, 8, NULL,
         "mmb.comp's rows of the weights a subgroup: more rows, fewer workgroups reading all "
         "of the inputs, more registers."),
@@ -258,6 +253,12 @@ static const struct knob KNOBS[] = {
         "Decode-attention workgroups a kv head's query heads are split over (a divisor of them; "
         "the rule: one per 4 heads where there are 8 or more, as Qwen3-30B-A3B's, else 1: 30B-A3B "
         "Q4_K_M decode 260 -> 280 t/s on the H100, docs/perf/log.md §38)."),
+    INT("ANVIL_VK_BATCH_ATTN", C_EXPERIMENT, vk_batch_attn, 1024, 1, 65536, NULL,
+        "A batch program's attention (attn_split.comp, docs/BATCHING.md) splits each row's "
+        "positions into chunks, enough for about this many workgroups over the program's rows "
+        "and kv heads (at most 64 chunks a row, each at least a pass of its subgroups; 1: a "
+        "chunk a row). The 8B's 32-row step on the H200: 27.9 us a layer with 1,024, 30.5 with "
+        "256, 39.7 with 4,096; attn_prefill.comp, which it replaced, 305.7 (docs/perf/log.md §55)."),
     INT("ANVIL_VK_MEGA_GRID", C_EXPERIMENT, vk_mega_grid, 0, 1, 4096, "the SM count",
         "Workgroups of the persistent step (only where the SM count is known; a grid the device "
         "cannot hold at once fails with an error naming this variable)."),

@@ -443,7 +443,10 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             st = pf_emit(p, K_ROWS_KVWRITE, T * Hkv, 0, &kv, sizeof kv);
             struct pc_attn_pf pa = {pf_addr(p, P, nd->src[0]), kc, vc, pf_addr(p, P, i), prm, T, H, Hkv, D, nd->p.f[0]};
             uint32_t tq = 64 / (H / Hkv); /* attn_flash.comp's query tokens per workgroup */
-            if (st == ANVIL_OK && p->split && (int)D == b->pl.attn_d) {
+            if (st == ANVIL_OK && p->n_seqs && (!p->split || (int)D != b->pl.attn_d)) {
+                st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a batch's attention (attn_split.comp) needs subgroup "
+                             "shuffles and heads of the pipelines' %d dimensions, not %u", b->pl.attn_d, D);
+            } else if (st == ANVIL_OK && p->n_seqs) {
                 /* a batch: a workgroup per (kv head [x query-head group], chunk, row), each row
                  * splitting its own length (the counters and partials: p->attn, program.c) */
                 uint32_t gx = Hkv * b->pl.attn_gs, nc = pf_attn_chunks(p, Hkv, T);

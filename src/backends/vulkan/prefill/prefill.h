@@ -50,9 +50,8 @@
  *   [c + 2 + T, + T) each row's position, [c + 2 + 2T, + T) its sequence (a dead row, padding
  *   the step to the program's rows: ~0 as its sequence and its pool row), then from
  *   c + 2 + 3T the block tables [n_seqs][stride] (the pool block of each kv_block positions of
- *   a sequence; only the sequences of the run's rows are filled). attn_split.comp (or
- *   attn_prefill.comp, ANVIL_VK_BATCH_ATTN=0) reads a row's sequence through its table (flash
- *   attention is not used), rows.comp MODE 4 writes at the pool row.
+ *   a sequence; only the sequences of the run's rows are filled). attn_split.comp reads a
+ *   row's sequence through its table, rows.comp MODE 4 writes at the pool row.
  * An op or shape outside these makes the compile fail with ANVIL_ERR_UNSUPPORTED: the
  * session then runs prompts through the decode program a token at a time.
  *
@@ -152,8 +151,8 @@ struct vk_prefill {
     bool flash;                /* attention on cooperative matrices (attn_flash.comp): where the
                                   pipeline exists and f16; ANVIL_VK_FLASH=0 turns it off */
     bool split;                /* a batch program's attention split over each row's positions
-                                  (attn_split.comp): where the pipeline exists; ANVIL_VK_BATCH_ATTN=0
-                                  keeps attn_prefill.comp */
+                                  (attn_split.comp): where the pipeline exists (else a batch's
+                                  attention is unsupported) */
     struct vk_buffer attn;     /* attn_split.comp's partials, then its counters at attn_cnt
                                   (zeroed at the start of every run); none where no row splits */
     VkDeviceSize attn_cnt;

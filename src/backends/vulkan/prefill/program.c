@@ -140,7 +140,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     p->f16 = true;
     for (int i = 0; i < n; i++) p->f16 &= g->nodes[i].op != OP_GDN || t->vk_hybrid_f16;
     p->flash = p->f16 && vk_pipeline_supported(b->d, &b->pl, K_ATTN_FLASH) && t->vk_flash && !p->n_seqs;
-    p->split = p->n_seqs && t->vk_batch_attn && vk_pipeline_supported(b->d, &b->pl, K_ATTN_SPLIT);
+    p->split = p->n_seqs && vk_pipeline_supported(b->d, &b->pl, K_ATTN_SPLIT);
     p->dq_emulate = !b->d->coopmat && t->vk_dq_emulate;
     if (st == ANVIL_OK && (b->d->coopmat || p->dq_emulate) && p->f16) {
         p->grp_max = t->vk_pf_group ? 4 : 1;

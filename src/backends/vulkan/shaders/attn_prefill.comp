@@ -7,10 +7,7 @@
  * subgroup reductions, then each thread accumulates its D / 64 output dimensions of every
  * head over the block.
  *   q [T, H, D], caches [S, Hkv, D] (KV16: float16), out [T, H, D]; D <= 256 and a multiple of 4,
- *   G <= 16 (a specialisation constant).
- * In a batch program (the params block's word 3 non-zero: its batch words, prefill.h) token t
- * is its own sequence's position pos[t], and attends over that sequence's rows 0 .. pos[t],
- * position s at pool row table[s / kv_block] * kv_block + s % kv_block. */
+ *   G <= 16 (a specialisation constant). (A batch program's rows: attn_split.comp.) */
 #include "common.glsl"
 
 layout(local_size_x = 64) in;
@@ -25,23 +22,11 @@ shared float red[G][B]; /* the block's maximum of each subgroup */
 
 uint prm_u(uint i) { return floatBitsToUint(pc.prm.v[i]); }
 
-uint kvb = 0u, tab = 0u; /* a batch program's kv_block and the word of token t's block table */
-/* the cache row of position s */
-uint crow(uint s) { return kvb == 0u ? s : prm_u(tab + s / kvb) * kvb + s % kvb; }
-
 void main() {
     uint j = gl_WorkGroupID.x, t = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
     if (t >= pc.T) return;
     uint D = pc.D, D4 = (D + 3u) / 4u;
-    uint n = prm_u(0u) + t + 1u, bw = prm_u(3u);
-    if (bw != 0u) {
-        uint sq = prm_u(bw + 2u + 2u * pc.T + t);
-        n = prm_u(bw + 2u + pc.T + t) + 1u;
-        if (sq != 0xffffffffu) { /* (a dead row reads pool row 0: its output is unused) */
-            kvb = prm_u(bw);
-            tab = bw + 2u + 3u * pc.T + sq * prm_u(bw + 1u);
-        }
-    }
+    uint n = prm_u(0u) + t + 1u;
     for (uint g = 0u; g < G; g++)
         for (uint d4 = tid; d4 < D4; d4 += B) {
             vec4 v = vec4(0.0);
@@ -61,7 +46,7 @@ void main() {
         float sc[G];
         for (uint g = 0u; g < G; g++) sc[g] = 0.0;
         if (s < n) {
-            uint kb = (crow(s) * pc.Hkv + j) * D;
+            uint kb = (s * pc.Hkv + j) * D;
             for (uint d4 = 0u; d4 < D4; d4++) { /* one load per 4 dimensions */
                 vec4 k = kv_get(pc.kc, (kb >> 2u) + d4);
                 for (uint g = 0u; g < G; g++) sc[g] += dot(qs[g][d4], k);
@@ -87,7 +72,7 @@ void main() {
         barrier();
         uint nb = min(B, n - s0);
         for (uint r = 0u; r < nb; r++) {
-            uint vb = (crow(s0 + r) * pc.Hkv + j) * D;
+            uint vb = ((s0 + r) * pc.Hkv + j) * D;
             float v[4];
             for (uint i = 0u; i < 4u; i++) {
                 uint d = tid + B * i;
