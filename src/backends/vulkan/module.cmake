@@ -5,6 +5,12 @@ set(ANVIL_VK_DIR ${CMAKE_CURRENT_LIST_DIR})
 set(ANVIL_SHADER_OUT ${CMAKE_CURRENT_BINARY_DIR}/generated/shaders)
 file(MAKE_DIRECTORY ${ANVIL_SHADER_OUT})
 
+# -DANVIL_SPIRV_FROM=DIR: take each shader's SPIR-V from another build of this same source tree
+# (DIR = its generated/shaders) instead of compiling it again: CI's second build (the
+# sanitizers') saves the ~3 minutes of CPU that glslc takes. The files must come from these
+# sources: nothing here can tell.
+set(ANVIL_SPIRV_FROM "" CACHE PATH "generated/shaders of another build of these sources, whose SPIR-V to reuse")
+
 # name source defines (pipelines.c's table takes each as spv_NAME, from generated/shaders/spirv.inc;
 # a weight type's variants are named by its lower-case name, VK_WEIGHT_TYPES in vulkan_impl.h)
 set(ANVIL_SHADER_VARIANTS
@@ -226,11 +232,19 @@ foreach(v ${ANVIL_SHADER_VARIANTS})
   list(GET parts 0 name)
   list(GET parts 1 src)
   list(SUBLIST parts 2 -1 defs)
-  add_custom_command(
-    OUTPUT ${ANVIL_SHADER_OUT}/${name}.inc
-    COMMAND ${GLSLC} --target-env=vulkan1.2 -O -mfmt=c ${defs} -o ${ANVIL_SHADER_OUT}/${name}.inc ${ANVIL_VK_DIR}/shaders/${src}
-    DEPENDS ${ANVIL_SHADER_DEPS}
-    COMMENT "glslc ${name}")
+  if(ANVIL_SPIRV_FROM)
+    add_custom_command(
+      OUTPUT ${ANVIL_SHADER_OUT}/${name}.inc
+      COMMAND ${CMAKE_COMMAND} -E copy ${ANVIL_SPIRV_FROM}/${name}.inc ${ANVIL_SHADER_OUT}/${name}.inc
+      DEPENDS ${ANVIL_SPIRV_FROM}/${name}.inc
+      COMMENT "SPIR-V ${name} (from ${ANVIL_SPIRV_FROM})")
+  else()
+    add_custom_command(
+      OUTPUT ${ANVIL_SHADER_OUT}/${name}.inc
+      COMMAND ${GLSLC} --target-env=vulkan1.2 -O -mfmt=c ${defs} -o ${ANVIL_SHADER_OUT}/${name}.inc ${ANVIL_VK_DIR}/shaders/${src}
+      DEPENDS ${ANVIL_SHADER_DEPS}
+      COMMENT "glslc ${name}")
+  endif()
   list(APPEND ANVIL_SHADER_INCS ${ANVIL_SHADER_OUT}/${name}.inc)
   string(APPEND ANVIL_SPIRV_INC "static const uint32_t spv_${name}[] =\n#include \"${name}.inc\"\n    ;\n")
 endforeach()
