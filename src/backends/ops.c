@@ -17,7 +17,7 @@
 
 static const char *kind_names[OPS_KIND_COUNT] = {
     "matvec", "lm_head", "ffn", "attention", "moe", "gdn", "embed", "mm", "attn_prefill", "gdn_prefill",
-    "attn_batch",
+    "attn_batch", "moe_prefill",
 };
 
 const char *ops_kind_name(enum ops_kind k) { return (unsigned)k < OPS_KIND_COUNT ? kind_names[k] : "?"; }
@@ -81,10 +81,10 @@ int ops_cases(const struct ops_model *m, int kind, bool prefill, int type, int c
     int np = products(m, kn, what);
     for (int k = prefill ? OPS_MM : 0; k < (prefill ? OPS_KIND_COUNT : OPS_MM); k++) {
         if (kind >= 0 && k != kind) continue;
-        if ((k == OPS_FFN && !m->F) || (k == OPS_MOE && !m->E) ||
+        if ((k == OPS_FFN && !m->F) || ((k == OPS_MOE || k == OPS_MOE_PREFILL) && !m->E) ||
             ((k == OPS_GDN || k == OPS_GDN_PREFILL) && !m->Hv))
             continue;
-        struct ops_case c = {(enum ops_kind)k, type >= 0 ? type : DT_Q4_K, prefill ? T : 1, ctx, 0, 0, "", m};
+        struct ops_case c = {(enum ops_kind)k, type >= 0 ? type : DT_Q4_K, prefill ? T : 1, ctx, 0, 0, "", m, 1};
         if (k == OPS_MATVEC || k == OPS_MM) {
             for (int t = 0; t < N_TYPES; t++) {
                 if (type >= 0 && all_types[t] != type) continue;
@@ -121,11 +121,14 @@ void ops_case_name(const struct ops_case *c, char *buf, size_t cap) {
     case OPS_ATTN_PREFILL: snprintf(buf, cap, "%s %d/%dx%d T=%d", k, m->H, m->Hkv, m->D, c->T); break;
     case OPS_ATTN_BATCH: snprintf(buf, cap, "%s %d/%dx%d B=%d S<=%d", k, m->H, m->Hkv, m->D, c->T, c->ctx); break;
     case OPS_MOE: snprintf(buf, cap, "%s %s %dx%d E=%d k=%d", k, t, m->C, m->Fe, m->E, m->k); break;
+    case OPS_MOE_PREFILL: snprintf(buf, cap, "%s %s %dx%d E=%d k=%d T=%d", k, t, m->C, m->Fe, m->E, m->k, c->T); break;
     case OPS_GDN: snprintf(buf, cap, "%s %d/%dx%d", k, m->Hk, m->Hv, m->Dk); break;
     case OPS_GDN_PREFILL: snprintf(buf, cap, "%s %d/%dx%d T=%d", k, m->Hk, m->Hv, m->Dk, c->T); break;
     case OPS_EMBED: snprintf(buf, cap, "%s %s %dx%d", k, t, m->C, m->V); break;
     default: snprintf(buf, cap, "%s", k);
     }
+    size_t n = strlen(buf);
+    if (c->x_scale != 1 && n < cap) snprintf(buf + n, cap - n, " x%g", (double)c->x_scale);
 }
 
 void ops_opts_default(struct ops_opts *o) {
@@ -207,9 +210,9 @@ static const struct tensor_info *identity(struct build *b, int64_t n) {
 
 static int wnode(struct build *b, const struct tensor_info *t) { return t ? graph_weight(&b->g, t) : -1; }
 
-/* x {K, T}: rows of a random float32 embedding */
-static int input(struct build *b, int64_t K) {
-    return graph_embed(&b->g, wnode(b, weight(b, "input", DT_F32, K, VT, 1, 1)), graph_tokens(&b->g));
+/* x {K, T}: rows of a random float32 embedding, values in [-s, s] */
+static int input(struct build *b, int64_t K, float s) {
+    return graph_embed(&b->g, wnode(b, weight(b, "input", DT_F32, K, VT, 1, s)), graph_tokens(&b->g));
 }
 
 /* The context's length for a graph without attention (vk_program_create finds it; the
@@ -226,7 +229,7 @@ static int build_attention(struct build *b, const struct ops_model *m, int T, in
     struct graph *g = &b->g;
     int H = m->H, Hkv = m->Hkv, D = m->D, kc = graph_state(g, "k_cache", D, Hkv, S),
         vc = graph_state(g, "v_cache", D, Hkv, S);
-    int x = input(b, m->C);
+    int x = input(b, m->C, 1);
     float s = 1 / sqrtf((float)m->C);
     int q = graph_reshape(g, graph_matmul(g, x, wnode(b, weight(b, "wq", DT_F32, m->C, (int64_t)H * D, 1, s))), D, H, T);
     int k = graph_reshape(g, graph_matmul(g, x, wnode(b, weight(b, "wk", DT_F32, m->C, (int64_t)Hkv * D, 1, s))), D, Hkv, T);
@@ -241,12 +244,12 @@ static int build_attention(struct build *b, const struct ops_model *m, int T, in
 }
 
 /* a Gated DeltaNet layer of model m over T tokens, llama.cpp's GGUF layout (baseline: z in
- * place of its output) */
-static int build_gdn(struct build *b, const struct ops_model *m, int T, int S, bool baseline) {
+ * place of its output), its input rows in [-x_scale, x_scale] */
+static int build_gdn(struct build *b, const struct ops_model *m, int T, int S, bool baseline, float x_scale) {
     struct graph *g = &b->g;
     int Hk = m->Hk, Hv = m->Hv, Dk = m->Dk, Dv = m->Dv, Kc = m->Kc, Cc = 2 * Hk * Dk + Hv * Dv;
     int cs = graph_state(g, "conv_state", Kc - 1, Cc, 1), ss = graph_state(g, "ssm_state", Dv, Dk, Hv);
-    int x = input(b, m->C);
+    int x = input(b, m->C, x_scale);
     float s = 1 / sqrtf((float)m->C);
     int qkv = graph_matmul(g, x, wnode(b, weight(b, "attn_qkv", DT_F32, m->C, Cc, 1, s)));
     int z = graph_matmul(g, x, wnode(b, weight(b, "attn_gate", DT_F32, m->C, (int64_t)Hv * Dv, 1, s)));
@@ -322,7 +325,7 @@ static int build(struct build *b, const struct ops_case *c, bool baseline) {
     case OPS_MATVEC:
     case OPS_LM_HEAD:
     case OPS_MM: {
-        int x = input(b, c->K);
+        int x = input(b, c->K, c->x_scale);
         int64_t N = baseline ? 16 : c->N;
         int y = graph_matmul(g, x, wnode(b, weight(b, c->what, c->type, c->K, N, 1, 1 / sqrtf((float)c->K))));
         b->timed[b->n_timed++] = y;
@@ -338,8 +341,8 @@ static int build(struct build *b, const struct ops_case *c, bool baseline) {
         return finish(b, y, m->C);
     }
     case OPS_FFN: {
-        int x = input(b, m->C);
-        int h = graph_rms_norm(g, x, wnode(b, weight(b, "ffn_norm", DT_F32, m->C, 1, 1, 1)), 1e-6f, false);
+        int x = input(b, m->C, 1);
+        int h = graph_rms_norm(g, x, wnode(b, weight(b, "ffn_norm", DT_F32, m->C, 1, 1, c->x_scale)), 1e-6f, false);
         float s = 1 / sqrtf((float)m->C);
         int gt = graph_matmul(g, h, wnode(b, weight(b, "ffn_gate", c->type, m->C, m->F, 1, s)));
         int up = graph_matmul(g, h, wnode(b, weight(b, "ffn_up", c->type, m->C, m->F, 1, s)));
@@ -352,17 +355,21 @@ static int build(struct build *b, const struct ops_case *c, bool baseline) {
         ctx_state(b, S);
         return finish(b, y, m->C);
     }
-    case OPS_MOE: {
-        int x = input(b, m->C);
-        int h = graph_rms_norm(g, x, wnode(b, weight(b, "ffn_norm", DT_F32, m->C, 1, 1, 1)), 1e-6f, false);
+    case OPS_MOE:
+    case OPS_MOE_PREFILL: {
+        int x = input(b, m->C, 1);
+        int h = graph_rms_norm(g, x, wnode(b, weight(b, "ffn_norm", DT_F32, m->C, 1, 1, c->x_scale)), 1e-6f, false);
         float s = 1 / sqrtf((float)m->C);
         int lg = graph_matmul(g, h, wnode(b, weight(b, "ffn_gate_inp", DT_F32, m->C, m->E, 1, 4 * s)));
         int y = graph_moe(g, h, lg, wnode(b, weight(b, "ffn_gate_exps", c->type, m->C, m->Fe, m->E, s)),
                           wnode(b, weight(b, "ffn_up_exps", c->type, m->C, m->Fe, m->E, s)),
                           wnode(b, weight(b, "ffn_down_exps", c->type, m->Fe, m->C, m->E, 1 / sqrtf((float)m->Fe))),
                           m->k, true);
+        if (baseline) y = h; /* (prefill: the chunk without the experts) */
         b->timed[b->n_timed++] = lg;
         b->timed[b->n_timed++] = y;
+        /* each token's k experts: gate, up and down products of C x Fe */
+        b->flops = 2.0 * T * m->k * 3.0 * m->C * m->Fe;
         ctx_state(b, S);
         return finish(b, y, m->C);
     }
@@ -372,7 +379,7 @@ static int build(struct build *b, const struct ops_case *c, bool baseline) {
         return build_attention(b, m, T, S, baseline);
     case OPS_GDN:
     case OPS_GDN_PREFILL:
-        return build_gdn(b, m, T, S, baseline);
+        return build_gdn(b, m, T, S, baseline, c->x_scale);
     default:
         return -1;
     }

@@ -42,6 +42,7 @@ enum ops_kind {
     OPS_GDN_PREFILL, /* prefill: the Gated DeltaNet over T tokens */
     OPS_ATTN_BATCH,  /* a batch step's attention (docs/BATCHING.md): T sequences (at most 32)
                         of their own lengths, a row each, through block tables of OPS_KV_BLOCK */
+    OPS_MOE_PREFILL, /* prefill: router, top-k, the experts' products over T tokens */
     OPS_KIND_COUNT,
 };
 const char *ops_kind_name(enum ops_kind k);
@@ -76,6 +77,10 @@ struct ops_case {
     int64_t K, N;    /* matvec, mm: the product's input and output widths */
     char what[48];   /* which product of the model ("attn_q", "ffn_down", ...) or empty */
     const struct ops_model *m;
+    float x_scale;   /* the input rows' values uniform in [-x_scale, x_scale] (1; mm, gdn and
+                        gdn_prefill); ffn, moe and moe_prefill: their norm's weights so. At 1e5
+                        their products' inputs pass float16's 65504 (the prefill's float16
+                        products must scale them: the hybrids', or ANVIL_VK_F16_SCALE=1) */
 };
 
 /* The cases of model m: kind (-1: all kinds of the shape), prefill or decode, type (-1: every

@@ -257,6 +257,50 @@ static void test_attn_batch(void **state) {
     }
 }
 
+/* The prefill's products on float16 inputs past float16's range (values to 1e5, as a real
+ * checkpoint's large activations; 65504 is float16's largest): each row scaled into it first
+ * (rows.comp, half_scale), its scale multiplied back into the product's row. Without the
+ * scaling these are infinities. The hybrids scale by default (a Gated DeltaNet layer's
+ * products), the other models with ANVIL_VK_F16_SCALE=1. Where there are no cooperative
+ * matrices (lavapipe) through the tests' emulation of mm_cm2.comp (ANVIL_VK_DQ_EMULATE=1:
+ * mm.comp on the same float16 rows and scales); `anvil ops --input-scale 1e5` runs the same
+ * cases on the real kernels. */
+static void test_float16_range(void **state) {
+    (void)state;
+    static const struct {
+        enum ops_kind kind;
+        int type;
+        const char *what;
+        bool knob; /* ANVIL_VK_F16_SCALE=1 (not a hybrid's graph) */
+    } cases[] = {
+        {OPS_MM, DT_Q4_K, "ffn_up", true},        {OPS_MM, DT_Q8_0, "ffn_down", true},
+        {OPS_MM, DT_BF16, "attn_q", true},        {OPS_MOE_PREFILL, DT_Q4_K, NULL, true},
+        {OPS_GDN_PREFILL, -1, NULL, false},
+    };
+    struct ops_opts o;
+    ops_opts_default(&o);
+    setenv("ANVIL_VK_DQ_EMULATE", "1", 1);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct ops_case c = find_case(cases[i].kind, cases[i].type, cases[i].what, 40, 70);
+        c.x_scale = 1e5f;
+        if (cases[i].knob) setenv("ANVIL_VK_F16_SCALE", "1", 1);
+        char name[96];
+        ops_case_name(&c, name, sizeof name);
+        struct ops_result r;
+        anvil_status st = ops_run(&c, &o, &r);
+        unsetenv("ANVIL_VK_F16_SCALE");
+        if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
+        fprintf(stderr, "%s: max |vulkan - cpu| %.3g (%.3g of %.3g); kernels %s\n", name, r.max_abs, r.rel,
+                r.max_ref, r.kernels);
+        assert_true(r.checked && r.pass);
+        assert_true(r.max_ref > 1e5);
+        /* float16's rounding of the inputs (11 bits), no more */
+        assert_true(r.rel < 2e-3);
+        if (cases[i].kind != OPS_MOE_PREFILL) assert_non_null(strstr(r.kernels, "rows_half"));
+    }
+    unsetenv("ANVIL_VK_DQ_EMULATE");
+}
+
 static void test_names(void **state) {
     (void)state;
     assert_null(ops_model_find("qwen3-9b"));
@@ -343,6 +387,7 @@ int main(void) {
     /* ANVIL_TEST_FILTER=test_attn_batch runs the tests matching a pattern */
     if (getenv("ANVIL_TEST_FILTER")) cmocka_set_test_filter(getenv("ANVIL_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_float16_range),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_checks),
         cmocka_unit_test(test_low_bit_types),

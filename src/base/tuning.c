@@ -101,12 +101,12 @@ static const struct knob KNOBS[] = {
          "gdn_chunk.comp): Qwen3.6-35B-A3B Q4_K_M pp512 922 -> 1,015 t/s on the H200, its "
          "DeltaNets 117 -> ~45 ms a 512-token chunk (docs/perf/log.md §40); 0 runs them in the "
          "recurrent form, a workgroup per value head walking the tokens in turn (gdn.comp)."),
-    BOOL("ANVIL_VK_HYBRID_F16", C_EXPERIMENT, vk_hybrid_f16, 0,
-         "The prefill's products in models with Gated DeltaNet layers on float16 inputs too, as in "
-         "the other models (products of more than 512 outputs, on cooperative matrices where the "
-         "device has them); by default they stay float32 (float16 moved a synthetic Qwen3.6's "
-         "logits by a median 0.2 of a scale of 3, docs/perf/log.md §18). On: Qwen3.6-35B-A3B "
-         "Q4_K_M pp512 1,015 -> 3,305 t/s on the H200 (§40), its accuracy unproven."),
+    BOOL("ANVIL_VK_F16_SCALE", C_EXPERIMENT, vk_f16_scale, 0,
+         "The prefill's float16 inputs scaled into float16's range, row by row (a power of two "
+         "multiplied back in the product's epilogue), in every model; by default only in the "
+         "hybrids', which take float16 products only so. On: no overflow past 65504 in the "
+         "dense and MoE models either, for 1-2% of pp512 on the H200 (8B Q4_K_M 10,707 -> "
+         "10,516, 30B-A3B 5,357 -> 5,298; docs/perf/log.md §59)."),
     BOOL("ANVIL_VK_COOPMAT", C_DIAGNOSTIC, vk_coopmat, 1,
          "The prefill's products on NVIDIA's cooperative matrices where the device has them "
          "(float16 weights and inputs, float32 sums: logits move by ~1e-3 of their scale; 3.5x "

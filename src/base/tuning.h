@@ -51,10 +51,10 @@ struct tuning {
     int cpu_qx;              /* ANVIL_CPU_QX */
     int cpu_gdn_chunk;       /* ANVIL_CPU_GDN_CHUNK (0: the recurrent form) */
     int vk_gdn_chunk;        /* ANVIL_VK_GDN_CHUNK: 1 the chunked form in prefill, 0 the recurrent */
-    int vk_hybrid_f16;       /* ANVIL_VK_HYBRID_F16 */
     int vk_coopmat;          /* ANVIL_VK_COOPMAT */
     int vk_cm2;              /* ANVIL_VK_CM2 */
     int vk_dq_emulate;       /* ANVIL_VK_DQ_EMULATE */
+    int vk_f16_scale;        /* ANVIL_VK_F16_SCALE */
     int vk_mega;             /* ANVIL_VK_MEGA: -1 auto, 0 off, 1 on */
     int vk_mega_qx;          /* ANVIL_VK_MEGA_QX: -1 auto, 0 never, 1 always */
     double vk_qx_min_mb;     /* ANVIL_VK_QX_MIN_MB */

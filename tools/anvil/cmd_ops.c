@@ -17,16 +17,20 @@ static const char *usage_text =
     "  (prefill: the chunk's time less a baseline without the region)\n"
     "  -m MODEL       tiny, qwen3-0.6b, qwen3-8b (default), qwen3-30b-a3b, qwen3.6-35b-a3b\n"
     "  --op NAME      matvec, lm_head, ffn, attention, moe, gdn, embed (decode);\n"
-    "                 mm, attn_prefill, gdn_prefill, attn_batch (prefill); default all of the shape\n"
+    "                 mm, attn_prefill, gdn_prefill, moe_prefill, attn_batch (prefill); default all\n"
+    "                 of the shape\n"
     "  --type TYPE    the weights' type (matvec and mm: default every type; others Q4_K)\n"
     "  --ctx N        decode attention's cache rows (default 4096)   -T N  prefill tokens (512)\n"
     "                 attn_batch: -T sequences (at most 32), timed at lengths ctx/2 .. ctx\n"
     "  -r N           timed runs (default 20)   --steps N  decode steps checked (default 4)\n"
+    "  --input-scale S  the inputs' values in [-S, S] (default 1; ffn, moe: their norm's weights):\n"
+    "                 1e5 puts the prefill products' inputs past float16's range\n"
     "  exit status 1 where a check fails; the persistent step is off (ANVIL_VK_MEGA=0) unless set\n";
 
 int cmd_ops(int argc, char **argv) {
     const char *model = "qwen3-8b", *op = "all", *shape = "decode";
     int type = -1, ctx = 4096, T = 512, device = -1;
+    double x_scale = 1;
     struct ops_opts o;
     ops_opts_default(&o);
     for (int i = 1; i < argc; i++) {
@@ -56,6 +60,10 @@ int cmd_ops(int argc, char **argv) {
             if (!parse_int(v, 1, 100000, &o.reps)) return fail("ops: bad -r \"%s\"", v);
         } else if (!strcmp(a, "--steps")) {
             if (!parse_int(v, 1, 4096, &o.check_steps)) return fail("ops: bad --steps \"%s\"", v);
+        } else if (!strcmp(a, "--input-scale")) {
+            char *end;
+            x_scale = strtod(v, &end);
+            if (*end || !(x_scale > 0 && x_scale <= 1e30)) return fail("ops: bad --input-scale \"%s\"", v);
         } else if (!strcmp(a, "--device")) {
             if (!parse_int(v, 0, 64, &device)) return fail("ops: bad --device \"%s\"", v);
         } else if (!strcmp(a, "--kv-cache")) {
@@ -87,6 +95,7 @@ int cmd_ops(int argc, char **argv) {
     if (dec) n += ops_cases(m, kind, false, type, ctx, T, cases + n, CAP - n);
     if (pre && n < CAP) n += ops_cases(m, kind, true, type, ctx, T, cases + n, CAP - n);
     n = n < CAP ? n : CAP;
+    for (int i = 0; i < n; i++) cases[i].x_scale = (float)x_scale;
     if (!n) {
         free(cases);
         return fail("ops: %s has no %s case", m->name, op);

@@ -105,6 +105,7 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_ROWS_SIGMUL] = KI(spv_rows, "rows_sigmoid_mul", VK_OP_NONE, 0, ROWS_MODE_SIGMOID_MUL, SPECS_MODE, PUSH_ROWS),
     [K_ROWS_NORM_ROPE] = KI(spv_rows, "rows_norm_rope", VK_OP_NONE, 0, ROWS_MODE_NORM_ROPE, SPECS_MODE, PUSH_ROWS),
     [K_ROWS_IMAGE] = KI(spv_rows, "rows_image", VK_OP_NONE, 0, ROWS_MODE_IMAGE, SPECS_MODE, PUSH_ROWS),
+    [K_ROWS_HALF] = KI(spv_rows, "rows_half", VK_OP_NONE, 0, ROWS_MODE_HALF, SPECS_MODE, PUSH_ROWS),
     [K_VIT_NORM] = KI(spv_vit, "vit_layer_norm", VK_OP_NONE, 0, VIT_MODE_NORM, SPECS_MODE, PUSH_VIT),
     [K_VIT_BIAS] = KI(spv_vit, "vit_bias_gelu", VK_OP_NONE, 0, VIT_MODE_BIAS, SPECS_MODE, PUSH_VIT),
     [K_VIT_POS] = KI(spv_vit, "vit_positions", VK_OP_NONE, 0, VIT_MODE_POS, SPECS_MODE, PUSH_VIT),

@@ -220,6 +220,7 @@ enum vk_kernel {
     /* rows.comp's modes */
     K_ROWS_NORM, K_ROWS_ROPE, K_ROWS_ADD, K_ROWS_SWIGLU, K_ROWS_KVWRITE, K_ROWS_SIGMUL, K_ROWS_NORM_ROPE,
     K_ROWS_IMAGE, /* rows.comp MODE 7: an image's embedding rows in place of token rows */
+    K_ROWS_HALF,  /* rows.comp MODE 8: rows as float16, scaled into its range */
     K_ATTN_PREFILL,
     /* float16 products on cooperative matrices (mm_h.comp; tiles of 64 tokens x 64 outputs,
      * 32 weights of K per step), only where d->coopmat */

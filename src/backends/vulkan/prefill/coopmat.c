@@ -1,7 +1,8 @@
 /*
  * The prefill program's products on cooperative matrices: a weight dequantised to float16
  * (dq.comp) in pieces that fit the dq buffer, each piece multiplied by mm_h.comp's tiles or,
- * on workgroup matrices, by mm_cm2.comp with x rounded to float16 once; products of one
+ * on workgroup matrices, by mm_cm2.comp with x rounded to float16 once (each row scaled
+ * into float16's range, the scale multiplied back into the product's row); products of one
  * input wait in a group to run side by side, their weights dequantised beside the group
  * before (the hoisting).
  */
@@ -16,10 +17,40 @@ uint32_t pf_dq_rows(const struct vk_device *d, uint32_t N, uint32_t Kp) {
     return (uint32_t)MIN((VkDeviceSize)N, MAX(r, (VkDeviceSize)128));
 }
 
-/* x [T, K] floats rounded to float16 into xh, for mm_cm2.comp (K a multiple of 8) */
+anvil_status pf_xh_create(struct vk_prefill *p, VkDeviceSize halves, uint32_t rows, const char *what) {
+    p->xh_halves = round_up(halves, ALIGN);
+    anvil_status st = vk_buffer_create(p->b->d, p->xh_halves + (VkDeviceSize)rows * 4, VK_MEM_DEVICE, what, &p->xh);
+    p->xs = st == ANVIL_OK ? p->xh.addr + p->xh_halves : 0;
+    return st;
+}
+
+/* (mm_cm2.comp's path, or the tests' emulation of it) */
+static bool x_half(const struct vk_prefill *p, uint32_t T, uint32_t K) {
+    return p->xh.buf != VK_NULL_HANDLE && K % 8 == 0 && (VkDeviceSize)T * K * 2 <= p->xh_halves;
+}
+
+bool pf_mmh_scaled(const struct vk_prefill *p, uint32_t T, uint32_t K) { return p->dq_emulate || x_half(p, T, K); }
+
+/* x [T, K] floats as float16 rows into xh, where p->scale each scaled into float16's range,
+ * their scales at xs (rows.comp MODE 8; K a multiple of 8) */
 static anvil_status emit_x_half(struct vk_prefill *p, const struct pc_mm *mm) {
-    struct pc_dq xq = {mm->x, p->xh.addr, 0, mm->T, mm->K / 8, mm->K};
-    return pf_emit_op(p, K_DQ_F32, (mm->T * (mm->K / 8) + 255) / 256, 0, &xq, sizeof xq);
+    struct pc_rows xq = {mm->x, 0, 0, 0, 0, mm->K, mm->T, 0, 0, 0, p->scale ? ROWS_SCALE : 0u, p->xh.addr, p->xs};
+    return pf_emit_op(p, K_ROWS_HALF, mm->T, 0, &xq, sizeof xq);
+}
+
+/* mm.comp's float16 kernel on the float16 weight rows at w, n of them (the tests' emulation
+ * of the products on cooperative matrices): on xh's rows where xh, else on x's floats; in a
+ * group (pf_emit_op) or not (pf_emit) */
+static anvil_status emit_emulated(struct vk_prefill *p, const struct pc_mm *mm, bool xh, uint64_t w, uint32_t n,
+                                  bool grouped) {
+    struct pc_mm m16 = *mm;
+    m16.w = w;
+    if (xh) {
+        m16.x = p->xh.addr;
+        m16.xs = p->xs;
+        m16.flags |= MM_XH;
+    }
+    return (grouped ? pf_emit_op : pf_emit)(p, K_MM_F16, (n + 63) / 64, (mm->T + 63) / 64, &m16, sizeof m16);
 }
 
 /* The product pc (pc->N outputs of pc->T tokens) on workgroup matrices (cm2) or on mm_h.comp's
@@ -41,7 +72,7 @@ anvil_status pf_flush_group(struct vk_prefill *p) {
     int n = p->n_grp;
     p->n_grp = 0;
     p->grp_bytes = 0;
-    bool xh = !p->dq_emulate;
+    bool xh = x_half(p, m0->T, m0->K);
     uint64_t base = p->dq.addr + (VkDeviceSize)p->half * p->half_size;
     anvil_status st = xh && p->xh_of != m0->x ? emit_x_half(p, m0) : ANVIL_OK;
     VkDeviceSize off = 0;
@@ -65,10 +96,8 @@ anvil_status pf_flush_group(struct vk_prefill *p) {
         const struct pc_mm *mm = &p->grp[g];
         uint32_t Kp = mm->Kp8 * 8;
         struct pc_mmh pc = {xh ? p->xh.addr : mm->x, base + off, mm->y, mm->res, mm->T, mm->K, mm->N, Kp,
-                            mm->N, 0, mm->flags, 0, 0, 0, 0, 0};
-        struct pc_mm m16 = *mm; /* (tests) mm.comp's float16 kernel on the same rows */
-        m16.w = base + off;
-        st = p->dq_emulate ? pf_emit_op(p, K_MM_F16, (mm->N + 63) / 64, (mm->T + 63) / 64, &m16, sizeof m16)
+                            mm->N, 0, mm->flags | (xh && p->scale ? MM_XH : 0u), 0, 0, 0, 0, 0, p->xs};
+        st = p->dq_emulate ? emit_emulated(p, mm, xh, base + off, mm->N, true) /* (tests) */
                            : emit_tiles(p, xh, &pc);
         if (st == ANVIL_OK && g > 0) p->ops[p->n_ops - 1].overlap = true;
         off += (VkDeviceSize)mm->N * Kp * 2;
@@ -91,8 +120,7 @@ static bool ranges_meet(uint64_t a, uint64_t na, uint64_t b, uint64_t nb) { retu
  * is rounded and the weight's pieces go one at a time. */
 anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm, bool sibling) {
     uint32_t Kp = mm->Kp8 * 8, R = pf_dq_rows(p->b->d, mm->N, Kp), U = mm->Kp8 / unit_groups[kind];
-    bool cm2 = p->xh.buf != VK_NULL_HANDLE && !p->dq_emulate && mm->K % 8 == 0 &&
-               (VkDeviceSize)mm->T * mm->K * 2 <= p->xh.size;
+    bool cm2 = x_half(p, mm->T, mm->K);
     VkDeviceSize bytes = (VkDeviceSize)mm->N * Kp * 2;
     /* (the tests' float16 emulation groups its products the same way, so that lavapipe checks
      * the groups' bookkeeping) */
@@ -124,13 +152,11 @@ anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm,
         st = pf_emit(p, vk_kernel_for(VK_OP_DQ, vk_weight_kind_dtype(kind)), (n * U + 255) / 256, 0, &dq, sizeof dq);
         if (st != ANVIL_OK) break;
         if (p->dq_emulate) { /* (tests) the float16 rows through mm.comp's float16 kernel */
-            struct pc_mm m16 = *mm;
-            m16.w = p->dq.addr;
-            st = pf_emit(p, K_MM_F16, (n + 63) / 64, (mm->T + 63) / 64, &m16, sizeof m16);
+            st = emit_emulated(p, mm, cm2, p->dq.addr, n, false);
             continue;
         }
         struct pc_mmh pc = {cm2 ? p->xh.addr : mm->x, p->dq.addr, mm->y, mm->res, mm->T, mm->K, n, Kp, mm->N, r0,
-                            mm->flags, 0, 0, 0, 0, 0};
+                            mm->flags | (cm2 && p->scale ? MM_XH : 0u), 0, 0, 0, 0, 0, p->xs};
         st = emit_tiles(p, cm2, &pc);
     }
     return st;

@@ -218,7 +218,7 @@ uint32_t pf_attn_chunks(const struct vk_prefill *p, uint32_t Hkv, uint32_t T) {
 static bool half_rows(struct vk_prefill *p, struct graph_plan *P, int i) {
     const struct node *nd = NODE(P, i);
     uint64_t K = (uint64_t)nd->ne[0], n = (uint64_t)node_nelem(nd);
-    if (p->xh.buf == VK_NULL_HANDLE || p->dq_emulate || K % 8 || n * 2 > p->xh.size) return false;
+    if (p->xh.buf == VK_NULL_HANDLE || K % 8 || n * 2 > p->xh_halves) return false;
     for (int j = i + 1; j < P->g->n_nodes && j <= P->last[i]; j++)
         for (int s = 0; s < GRAPH_MAX_SRC; s++) {
             int src = NODE(P, j)->src[s];
@@ -257,10 +257,10 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 break;
             }
             struct pc_mm pc = {any, vk_weight_addr(b, w, false, false), pf_addr(p, P, i), any, prm,
-                               rows, ne0, 0, vk_weight_kp(b, w) / 8, 0, 0, 0, 0, 0, 0};
+                               rows, ne0, 0, vk_weight_kp(b, w) / 8, 0, 0, 0, 0, 0, 0, 0};
             st = pf_emit(p, vk_kernel_for(VK_OP_EMBED_ROWS, w->type), rows, 0, &pc, sizeof pc);
             if (st == ANVIL_OK && p->mm && p->images.buf) { /* images' rows over the tokens' */
-                struct pc_rows pi = {any, any, p->images.addr, pf_addr(p, P, i), prm, ne0, rows, 1, 0, 0, 0, 0};
+                struct pc_rows pi = {any, any, p->images.addr, pf_addr(p, P, i), prm, ne0, rows, 1, 0, 0, 0, 0, 0};
                 st = pf_emit(p, K_ROWS_IMAGE, rows, 0, &pi, sizeof pi);
             }
             break;
@@ -268,7 +268,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
         case OP_RMS_NORM: {
             const struct node *w = NODE(P, nd->src[1]);
             struct pc_rows pc = {pf_addr(p, P, nd->src[0]), vk_weight_addr(b, w->weight, true, nd->p.i[0] != 0), any,
-                                 pf_addr(p, P, i), prm, ne0, rows, 0, 0, nd->p.f[0], 0, 0};
+                                 pf_addr(p, P, i), prm, ne0, rows, 0, 0, nd->p.f[0], 0, 0, 0};
             /* the q/k norms: their rope, the norm's only reader, in the same kernel */
             int j = graph_fuse_norm_rope(P, i);
             const struct node *rn = j > i ? NODE(P, j) : NULL;
@@ -284,8 +284,9 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             }
             bool half = half_rows(p, P, i);
             if (half) {
-                pc.flags = ROWS_HALF;
+                pc.flags = ROWS_HALF | (p->scale ? ROWS_SCALE : 0u);
                 pc.h = p->xh.addr;
+                pc.hs = p->xs;
             }
             st = pf_emit(p, K_ROWS_NORM, rows, 0, &pc, sizeof pc);
             if (half) p->xh_of = pf_addr(p, P, i);
@@ -300,7 +301,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             }
             struct pc_mm pc = {pf_addr(p, P, nd->src[0]), vk_wnode_addr(b, wn), pf_addr(p, P, i),
                                any, prm, rows, (uint32_t)NODE(P, nd->src[0])->ne[0], ne0,
-                               vk_wnode_kp(b, wn) / 8, 0, 0, 0, 0, 0, 0};
+                               vk_wnode_kp(b, wn) / 8, 0, 0, 0, 0, 0, 0, 0};
             bool sibling = next_sibling(&sib, P, i); /* of the product before: it may join its group */
             /* the residual add that is this product's only reader: y = res + x W (only the
              * next planned node's: the plan keeps its block apart from x) */
@@ -373,14 +374,15 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
              * to float16 moved the 30B-A3B's routing too (+24% at pp512, but qwen3moe-tiny
              * against the CPU 0.0096 -> 0.028: perf rule "prefill on the matrix units") */
             if (p->dq.buf && p->f16 && rows >= 16 && ne0 > (p->dq_emulate ? 0u : 512u) &&
-                (!p->dq_emulate || pf_dq_rows(p->b->d, ne0, pc.Kp8 * 8) == ne0)) {
+                (!p->dq_emulate || pf_dq_rows(p->b->d, ne0, pc.Kp8 * 8) == ne0) &&
+                (!p->scaled_only || pf_mmh_scaled(p, rows, pc.K))) {
                 st = pf_emit_mmh(p, kind, &pc, sibling);
                 break;
             }
             uint32_t S = pc.flags ? 1 : pf_split_k(rows, ne0, pc.K);
             if (S > 1 && (VkDeviceSize)S * rows * ne0 * 4 <= p->part.size) {
                 /* few tiles: K split S ways into partials, added up by mm.comp MODE 4 */
-                struct pc_mm sum = {p->part.addr, any, pc.y, any, prm, rows, 0, ne0, 0, 0, 0, 0, 0, 0, S};
+                struct pc_mm sum = {p->part.addr, any, pc.y, any, prm, rows, 0, ne0, 0, 0, 0, 0, 0, 0, S, 0};
                 pc.y = p->part.addr;
                 st = pf_emit(p, vk_kernel_for(VK_OP_MM, wn->weight->type), (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc);
                 if (st == ANVIL_OK) p->ops[p->n_ops - 1].gz = S;
@@ -392,7 +394,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
         }
         case OP_ROPE: {
             struct pc_rows pc = {pf_addr(p, P, nd->src[0]), any, p->rope.addr, pf_addr(p, P, i), prm, ne0, rows,
-                                 (uint32_t)nd->ne[1], (uint32_t)nd->p.i[0], 0, 0, 0};
+                                 (uint32_t)nd->ne[1], (uint32_t)nd->p.i[0], 0, 0, 0, 0};
             st = pf_emit(p, K_ROWS_ROPE, rows, 0, &pc, sizeof pc);
             break;
         }
@@ -403,11 +405,12 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 break;
             }
             struct pc_rows pc = {pf_addr(p, P, nd->src[0]), pf_addr(p, P, nd->src[1]), any, pf_addr(p, P, i), prm, ne0,
-                                 rows, 0, 0, 0, 0, 0};
+                                 rows, 0, 0, 0, 0, 0, 0};
             bool half = nd->op == OP_SWIGLU && half_rows(p, P, i);
             if (half) {
-                pc.flags = ROWS_HALF;
+                pc.flags = ROWS_HALF | (p->scale ? ROWS_SCALE : 0u);
                 pc.h = p->xh.addr;
+                pc.hs = p->xs;
             }
             st = pf_emit(p, nd->op == OP_ADD ? K_ROWS_ADD : K_ROWS_SWIGLU, rows, 0, &pc, sizeof pc);
             if (half) p->xh_of = pf_addr(p, P, i);
@@ -426,7 +429,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 break;
             }
             struct pc_rows pc = {pf_addr(p, P, nd->src[0]), pf_addr(p, P, nd->src[1]), any, pf_addr(p, P, i), prm, ne0,
-                                 rows, gN == 1 ? 1 : ne0, 0, 0, 0, 0};
+                                 rows, gN == 1 ? 1 : ne0, 0, 0, 0, 0, 0};
             st = pf_emit(p, K_ROWS_SIGMUL, rows, 0, &pc, sizeof pc);
             break;
         }
@@ -439,7 +442,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 break;
             }
             uint64_t kc = vk_state_addr(b, NODE(P, nd->src[3])->state), vc = vk_state_addr(b, NODE(P, nd->src[4])->state);
-            struct pc_rows kv = {pf_addr(p, P, nd->src[1]), pf_addr(p, P, nd->src[2]), kc, vc, prm, D, T * Hkv, Hkv, 0, 0, 0, 0};
+            struct pc_rows kv = {pf_addr(p, P, nd->src[1]), pf_addr(p, P, nd->src[2]), kc, vc, prm, D, T * Hkv, Hkv, 0, 0, 0, 0, 0};
             st = pf_emit(p, K_ROWS_KVWRITE, T * Hkv, 0, &kv, sizeof kv);
             struct pc_attn_pf pa = {pf_addr(p, P, nd->src[0]), kc, vc, pf_addr(p, P, i), prm, T, H, Hkv, D, nd->p.f[0]};
             uint32_t tq = 64 / (H / Hkv); /* attn_flash.comp's query tokens per workgroup */

@@ -20,7 +20,8 @@ static struct moe_layout moe_layout(uint32_t T, uint32_t C, uint32_t F, uint32_t
     m.R = (T * k + E * (VK_CM2_MOE_BM - 1) + VK_CM2_MOE_BM - 1) / VK_CM2_MOE_BM * VK_CM2_MOE_BM;
     m.aux = m.size;
     m.xg = m.aux + round_up(((VkDeviceSize)E + 1 + m.R) * 4, ALIGN);
-    m.gc = m.xg + round_up((VkDeviceSize)m.R * MAX(C, F) * 2, ALIGN);
+    m.xs = m.xg + round_up((VkDeviceSize)m.R * MAX(C, F) * 2, ALIGN);
+    m.gc = m.xs + round_up((VkDeviceSize)m.R * 4, ALIGN);
     m.uc = m.gc + round_up((VkDeviceSize)m.R * F * 4, ALIGN);
     m.dc = m.uc + round_up((VkDeviceSize)m.R * F * 4, ALIGN);
     if (compact) m.size = m.dc + round_up((VkDeviceSize)m.R * C * 4, ALIGN);
@@ -35,15 +36,22 @@ uint32_t pf_dq_experts(const struct vk_device *d, uint32_t E, uint32_t N, uint32
 
 /* Whether a mixture's experts run on cooperative matrices (float16 inputs): for real
  * models' sizes; the router before them stays in float32 (at most 512 outputs) */
-static bool moe_on_coopmat(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_t F) {
+static bool coopmat_sized(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_t F) {
     return p->dq.buf != VK_NULL_HANDLE && !p->dq_emulate && p->f16 && T >= 16 && C >= 256 && F >= 256;
 }
 
 /* Whether a mixture's experts run on workgroup-scope matrices (mm_cm2.comp MOE) over their
- * rows laid out compact (moe_rows.comp); ANVIL_VK_MOE_CM2=0 keeps mm_h.comp's gathered tiles */
+ * rows laid out compact (moe_rows.comp), x's rows scaled into float16's range;
+ * ANVIL_VK_MOE_CM2=0 keeps mm_h.comp's gathered tiles */
 static bool moe_compact(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_t F) {
-    return moe_on_coopmat(p, T, C, F) && p->xh.buf != VK_NULL_HANDLE && vk_pipeline_supported(p->b->d, &p->b->pl, K_MMH_CM2_MOE) &&
+    return coopmat_sized(p, T, C, F) && p->xh.buf != VK_NULL_HANDLE && vk_pipeline_supported(p->b->d, &p->b->pl, K_MMH_CM2_MOE) &&
            C % 8 == 0 && F % 8 == 0 && p->b->d->tune.vk_moe_cm2;
+}
+
+/* ... or on mm_h.comp's gathered tiles, x rounded to float16 as it is: not in a hybrid
+ * (p->scaled_only), whose experts then stay in float32 */
+static bool moe_on_coopmat(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_t F) {
+    return coopmat_sized(p, T, C, F) && (!p->scaled_only || moe_compact(p, T, C, F));
 }
 
 struct moe_layout pf_moe_of(struct vk_prefill *p, struct graph_plan *P, const struct node *nd) {
@@ -92,7 +100,7 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i) {
          * float16 x), the down projection, its rows scattered back to the entries' slots with
          * their routing weights: each matrix dequantised a piece of experts at a time */
         struct pc_moe_rows mr = {base + m.lists, base + m.route, pf_addr(p, P, nd->src[0]), base + m.xg, base + m.aux,
-                                 E, k, T, C, VK_CM2_MOE_BM, m.R};
+                                 E, k, T, C, VK_CM2_MOE_BM, m.R, base + m.xs, p->scale};
         st = pf_emit(p, K_MOE_OFFS, 1, 1, &mr, sizeof mr);
         if (st == ANVIL_OK) st = pf_emit(p, K_MOE_GATHER, m.R, 0, &mr, sizeof mr);
         /* the pieces (gate's, up's, down's) in turn, dequantised into the two halves of dq in
@@ -109,11 +117,12 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i) {
             for (uint32_t e0 = 0; e0 < E && st == ANVIL_OK; e0 += EP[w], n_pc++) {
                 uint64_t dqa = p->dq.addr + (VkDeviceSize)(n_pc & 1) * half;
                 if (w == 2 && e0 == 0 && st == ANVIL_OK) { /* gate = silu(gate) * up, and as float16 into xg */
-                    struct pc_rows sw = {base + m.gc, base + m.uc, any, base + m.gc, p->prm.addr, F, m.R, 0, 0, 0, ROWS_HALF,
-                                         base + m.xg};
+                    struct pc_rows sw = {base + m.gc, base + m.uc, any, base + m.gc, p->prm.addr, F, m.R, 0, 0, 0,
+                                         ROWS_HALF | (p->scale ? ROWS_SCALE : 0u), base + m.xg, base + m.xs};
                     st = pf_emit(p, K_ROWS_SWIGLU, m.R, 0, &sw, sizeof sw);
                 }
-                struct pc_mmh mh = {base + m.xg, dqa, outs[w], any, T, K, N, Kp, N, 0, 0, base + m.aux, any, E, k, e0};
+                struct pc_mmh mh = {base + m.xg, dqa, outs[w], any, T, K, N, Kp, N, 0, p->scale ? MM_XH : 0u,
+                                    base + m.aux, any, E, k, e0, base + m.xs};
                 if (st == ANVIL_OK && (st = pf_emit(p, K_MMH_CM2_MOE, (N + VK_CM2_BN - 1) / VK_CM2_BN,
                                                     (T + VK_CM2_MOE_BM - 1) / VK_CM2_MOE_BM, &mh, sizeof mh)) == ANVIL_OK)
                     p->ops[p->n_ops - 1].gz = MIN(EP[w], E - e0);
@@ -126,7 +135,7 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i) {
             }
         }
         struct pc_moe_rows sc = {base + m.lists, base + m.route, base + m.dc, base + m.slots, base + m.aux,
-                                 E, k, T, C, VK_CM2_MOE_BM, m.R};
+                                 E, k, T, C, VK_CM2_MOE_BM, m.R, 0, 0};
         if (st == ANVIL_OK) st = pf_emit(p, K_MOE_SCATTER, m.R, 0, &sc, sizeof sc);
     } else if (st == ANVIL_OK && moe_on_coopmat(p, T, C, F)) {
         /* gate and up apart, SwiGLU over their rows, the weighted down projection: each
@@ -140,7 +149,7 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i) {
                 uint32_t ne = MIN(EP, E - e0);
                 st = emit_moe_dq(p, mats[w], N, E, e0, EP, p->dq.addr, false);
                 struct pc_mmh mh = {w < 2 ? pf_addr(p, P, nd->src[0]) : base + m.act, p->dq.addr, outs[w], any, T, K, N,
-                                    Kp, N, 0, w < 2 ? MM_GATED : 0u, base + m.lists, base + m.route, E, k, e0};
+                                    Kp, N, 0, w < 2 ? MM_GATED : 0u, base + m.lists, base + m.route, E, k, e0, 0};
                 /* tiles of 32 tokens x 128 outputs (a 512-token chunk of 30B-A3B gives an expert
                  * 32 tokens on average: 64-token tiles were 2.9% slower; perf rule "prefill on the
                  * matrix units") */
@@ -148,23 +157,23 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i) {
                     p->ops[p->n_ops - 1].gz = ne;
             }
             if (w == 1 && st == ANVIL_OK) { /* act = silu(gate) * up */
-                struct pc_rows sw = {base + m.act, base + m.up, any, base + m.act, p->prm.addr, F, T * k, 0, 0, 0, 0, 0};
+                struct pc_rows sw = {base + m.act, base + m.up, any, base + m.act, p->prm.addr, F, T * k, 0, 0, 0, 0, 0, 0};
                 st = pf_emit(p, K_ROWS_SWIGLU, T * k, 0, &sw, sizeof sw);
             }
         }
     } else if (st == ANVIL_OK) { /* float32 tiles (mm.comp MODE 2) */
         struct pc_mm gu = {pf_addr(p, P, nd->src[0]), vk_wnode_addr(p->b, gn), base + m.act, any, p->prm.addr, T, C, F,
-                           vk_wnode_kp(p->b, gn) / 8, MM_GATED, vk_wnode_addr(p->b, un), base + m.lists, base + m.route, E, k};
+                           vk_wnode_kp(p->b, gn) / 8, MM_GATED, vk_wnode_addr(p->b, un), base + m.lists, base + m.route, E, k, 0};
         if ((st = pf_emit(p, vk_kernel_for(VK_OP_MM_EXPERTS, gn->weight->type), (F + 63) / 64, (T + 63) / 64, &gu, sizeof gu)) == ANVIL_OK)
             p->ops[p->n_ops - 1].gz = E;
         struct pc_mm dw = {base + m.act, vk_wnode_addr(p->b, dn), base + m.slots, any, p->prm.addr, T, F, C,
-                           vk_wnode_kp(p->b, dn) / 8, 0, 0, base + m.lists, base + m.route, E, k};
+                           vk_wnode_kp(p->b, dn) / 8, 0, 0, base + m.lists, base + m.route, E, k, 0};
         if (st == ANVIL_OK &&
             (st = pf_emit(p, vk_kernel_for(VK_OP_MM_EXPERTS, dn->weight->type), (C + 63) / 64, (T + 63) / 64, &dw, sizeof dw)) == ANVIL_OK)
             p->ops[p->n_ops - 1].gz = E;
     }
     /* every path leaves each entry's output in its slot: the sum over a token's slots */
-    struct pc_mm sum = {base + m.slots, any, pf_addr(p, P, i), any, p->prm.addr, T, 0, C, 0, 0, 0, 0, 0, E, k};
+    struct pc_mm sum = {base + m.slots, any, pf_addr(p, P, i), any, p->prm.addr, T, 0, C, 0, 0, 0, 0, 0, E, k, 0};
     if (st == ANVIL_OK) st = pf_emit(p, K_MM_REDUCE, (T * C + 255) / 256, 0, &sum, sizeof sum);
     return st;
 }

@@ -14,11 +14,13 @@
  *                  device has cooperative matrices (unless ANVIL_VK_COOPMAT=0), products of
  *                  more than 512 outputs run as dq.comp (the weight to float16, in pieces)
  *                  then mm_h.comp (16x16x16 float16 matrices, float32 sums), or where it
- *                  has VK_NV_cooperative_matrix2 (unless ANVIL_VK_CM2=0), x to float16 too
- *                  (dq.comp's float path) then mm_cm2.comp (128x128 workgroup matrices, the
- *                  tiles cut by tensor layouts; products of one input side by side: q, k,
- *                  v; gate, up); not in models with Gated DeltaNet layers (float16 moved
- *                  their logits too far)
+ *                  has VK_NV_cooperative_matrix2 (unless ANVIL_VK_CM2=0), x to float16 too,
+ *                  each row scaled into float16's range (rows.comp MODE 8, or the norm or
+ *                  SwiGLU before it), then mm_cm2.comp (128x128 workgroup matrices, the
+ *                  tiles cut by tensor layouts, the rows' scales multiplied back; products
+ *                  of one input side by side: q, k, v; gate, up). In models with Gated
+ *                  DeltaNet layers only the scaled path: their products that would take
+ *                  mm_h.comp stay in float32
  *   rms_norm, rope, add, swiglu, sigmoid_mul   rows.comp
  *   attention      rows.comp MODE 4 writes the chunk's k, v rows into the caches at pos0 + t,
  *                  then attn_prefill.comp: causal attention of each query over rows
@@ -124,7 +126,11 @@ struct vk_prefill {
     uint32_t stride;           /* a batch program's block-table stride: the pool's blocks */
     uint32_t C;                /* the embedding's width */
     struct vk_buffer dq;       /* float16 weight rows for mm_h.comp (cooperative matrices) */
-    struct vk_buffer xh;       /* a product's x as float16 for mm_cm2.comp (only where d->coopmat2) */
+    struct vk_buffer xh;       /* a product's x as float16 rows for mm_cm2.comp (only where
+                                  d->coopmat2, or the tests' ANVIL_VK_DQ_EMULATE), each row
+                                  scaled into float16's range, then the rows' scales (xs) */
+    VkDeviceSize xh_halves;    /* xh's bytes of float16 rows */
+    uint64_t xs;               /* [T] the scales (half_scale) of xh's rows, after them */
     struct vk_buffer moe;      /* routing, expert lists, expert activations and outputs */
     struct vk_buffer part;     /* split products' partial sums (split_k) */
     struct vk_buffer gdn;      /* the chunked Gated DeltaNet's intermediates (gdn_chunk.comp) */
@@ -147,7 +153,11 @@ struct vk_prefill {
     VkDeviceSize half_size;
     int half, hoist_at;
     uint64_t xh_of; /* the x whose float16 rows the kernel just emitted wrote into xh (or 0) */
-    bool f16;                  /* products on float16 inputs allowed (not in the hybrids) */
+    bool f16;                  /* products on float16 inputs allowed */
+    bool scaled_only;          /* ... only on inputs scaled into float16's range (xh; the
+                                  hybrids': no mm_h.comp, which rounds x as it is) */
+    bool scale;                /* xh's rows scaled into float16's range (the hybrids, or
+                                  ANVIL_VK_F16_SCALE=1); else their scales are all 1 */
     bool flash;                /* attention on cooperative matrices (attn_flash.comp): where the
                                   pipeline exists and f16; ANVIL_VK_FLASH=0 turns it off */
     bool split;                /* a batch program's attention split over each row's positions
@@ -191,8 +201,9 @@ struct moe_layout {
     /* on workgroup matrices (moe_cm2): the experts' rows compact, each expert's padded to a
      * multiple of VK_CM2_MOE_BM, R of them at most: offsets [E + 1] and the map of rows to
      * entries [R] (aux), x as float16 [R, max(C, F)] (xg, then SwiGLU's float16 output),
-     * gate [R, F] and up [R, F] in float32, the down projection [R, C] */
-    VkDeviceSize aux, xg, gc, uc, dc;
+     * the scales of xg's rows [R] (xs), gate [R, F] and up [R, F] in float32, the down
+     * projection [R, C] */
+    VkDeviceSize aux, xg, xs, gc, uc, dc;
     uint32_t R;
 };
 
@@ -239,6 +250,12 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P);
 /* ---- coopmat.c (products on cooperative matrices) ---- */
 
 uint32_t pf_dq_rows(const struct vk_device *d, uint32_t N, uint32_t Kp);
+/* xh for float16 rows of halves bytes and the scales of rows of them (p->xh_halves, p->xs) */
+anvil_status pf_xh_create(struct vk_prefill *p, VkDeviceSize halves, uint32_t rows, const char *what);
+/* Whether the product of T rows of K on float16 inputs rounds them scaled (xh) or not at all
+ * (the tests' emulation without xh): where it does neither (mm_h.comp), a hybrid's product
+ * stays float32. */
+bool pf_mmh_scaled(const struct vk_prefill *p, uint32_t T, uint32_t K);
 anvil_status pf_flush_group(struct vk_prefill *p);
 anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm, bool sibling);
 

@@ -132,13 +132,16 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         st = vk_buffer_create(b->d, (VkDeviceSize)p->T * p->C * 4, VK_MEM_CONTROL, "prefill image rows", &p->images);
     if (st == ANVIL_OK) st = vk_buffer_create(b->d, p->out_bytes, VK_MEM_READBACK, "prefill output", &p->readback);
     if (st == ANVIL_OK) st = vk_rope_table(b, g, p->n_ctx, &p->rope);
-    /* In a hybrid (Gated DeltaNet) model every product stays in float32: on the H100,
-     * float16 inputs moved a synthetic Qwen3.6 shape's logits by a median 0.2 (dense
-     * products) or 0.08 (experts) of a scale of 3, where Qwen3-MoE's moved by 0.0075
-     * (perf rule "prefill on the matrix units") */
+    /* In a hybrid (Gated DeltaNet) model the products take float16 inputs only where each
+     * row is scaled into float16's range first (mm_cm2.comp's path): a real checkpoint's
+     * large activations would overflow float16 as they are, mm_h.comp's path (perf rule
+     * "prefill on the matrix units") */
     const struct tuning *t = &b->d->tune;
     p->f16 = true;
-    for (int i = 0; i < n; i++) p->f16 &= g->nodes[i].op != OP_GDN || t->vk_hybrid_f16;
+    for (int i = 0; i < n; i++) p->scaled_only |= g->nodes[i].op == OP_GDN;
+    /* the others' rows as they are: scaling them cost 1-2% of pp512 on the H200 (8B Q4_K_M,
+     * 30B-A3B; perf rule "prefill on the matrix units") */
+    p->scale = p->scaled_only || t->vk_f16_scale;
     p->flash = p->f16 && vk_pipeline_supported(b->d, &b->pl, K_ATTN_FLASH) && t->vk_flash && !p->n_seqs;
     p->split = p->n_seqs && vk_pipeline_supported(b->d, &b->pl, K_ATTN_SPLIT);
     p->dq_emulate = !b->d->coopmat && t->vk_dq_emulate;
@@ -151,9 +154,9 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         }
         if (dq) st = vk_buffer_create(b->d, dq, VK_MEM_DEVICE, "prefill float16 weights", &p->dq);
         VkDeviceSize xh = 0; /* (no buffer: no workgroup matrices) */
-        for (int i = 0; i < n && b->d->coopmat2 && !p->dq_emulate; i++)
+        for (int i = 0; i < n && (b->d->coopmat2 || p->dq_emulate); i++)
             if (g->nodes[i].op == OP_MATMUL) xh = MAX(xh, (VkDeviceSize)p->T * (VkDeviceSize)g->nodes[g->nodes[i].src[0]].ne[0] * 2);
-        if (st == ANVIL_OK && xh) st = vk_buffer_create(b->d, xh, VK_MEM_DEVICE, "prefill float16 inputs", &p->xh);
+        if (st == ANVIL_OK && xh) st = pf_xh_create(p, xh, (uint32_t)p->T, "prefill float16 inputs");
     }
     if (st == ANVIL_OK) {
         VkDeviceSize moe = 0;

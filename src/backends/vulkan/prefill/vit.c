@@ -36,7 +36,7 @@ static anvil_status product(struct vk_prefill *p, uint64_t x, const struct tenso
     int kind = vk_weight_kind(w->type);
     uint32_t K = (uint32_t)w->ne[0], N = (uint32_t)w->ne[1];
     struct pc_mm pc = {x, vk_weight_addr(b, w, false, false), y, res ? res : y, p->prm.addr, T, K, N,
-                       vk_weight_kp(b, w) / 8, res ? MM_RES : 0u, 0, 0, 0, 0, 0};
+                       vk_weight_kp(b, w) / 8, res ? MM_RES : 0u, 0, 0, 0, 0, 0, 0};
     /* (the prefill's rule: float16 for more than 512 outputs) */
     if (p->dq.buf && T >= 16 && N > (p->dq_emulate ? 0u : 512u) && (!p->dq_emulate || pf_dq_rows(b->d, N, pc.Kp8 * 8) == N))
         return pf_emit_mmh(p, kind, &pc, false); /* (no two products of one input follow each other) */
@@ -150,6 +150,7 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
     p->f16 = true;
     const struct tuning *t = &b->d->tune;
     p->dq_emulate = !b->d->coopmat && t->vk_dq_emulate;
+    p->scale = t->vk_f16_scale; /* (as the dense models' programs) */
     p->out_off = off[7];
     p->out_bytes = NB * (VkDeviceSize)d->E * 4;
     anvil_status st = vk_buffer_create(b->d, total, VK_MEM_DEVICE, "vision activations", &p->arena);
@@ -169,8 +170,8 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
             xh = MAX(xh, N * (VkDeviceSize)ws[i]->ne[0] * 2);
         }
         st = vk_buffer_create(b->d, dq, VK_MEM_DEVICE, "vision float16 weights", &p->dq);
-        if (st == ANVIL_OK && b->d->coopmat2 && !p->dq_emulate)
-            st = vk_buffer_create(b->d, xh, VK_MEM_DEVICE, "vision float16 inputs", &p->xh);
+        if (st == ANVIL_OK && (b->d->coopmat2 || p->dq_emulate))
+            st = pf_xh_create(p, xh, (uint32_t)N, "vision float16 inputs");
     }
     if (st == ANVIL_OK) {
         memset(p->prm.map, 0, 16);

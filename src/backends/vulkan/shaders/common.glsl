@@ -42,6 +42,19 @@ uint half_rne(float x) {
 }
 uint pack_half2(vec2 v) { return half_rne(v.x) | half_rne(v.y) << 16u; }
 uvec2 to_halves4(vec4 v) { return uvec2(pack_half2(v.xy), pack_half2(v.zw)); }
+/* The scale s of a row's float16 copy, for the prefill's products on float16 inputs: the row
+ * is stored as x / s and the product's output multiplied by s. m is the row's largest |x|;
+ * s is the power of two that puts it in [2^14, 2^15), so no element overflows float16 (65504:
+ * a model's large activations, 1e5 and more in some checkpoints' down projections, would be
+ * infinities) and the row's small ones keep float16's normal range down to 2^-29 of m. A
+ * power of two changes no mantissa: the copy rounds as x itself would, where x fits. 1 for a
+ * row of zeros, or with an infinity or a NaN (they stay what they are). */
+float half_scale(float m) {
+    if (!(m > 0.0) || isinf(m)) return 1.0;
+    int e;
+    frexp(m, e);
+    return ldexp(1.0, clamp(e - 15, -100, 100));
+}
 /* The attention caches' element type: float16 (the default) or float32 (ANVIL_KV_CACHE=f32),
  * set for every pipeline; kv_get / kv_put take 4 elements at index i4 * 4 of a cache. */
 layout(constant_id = SPEC_KV16) const bool KV16 = true;

@@ -74,9 +74,18 @@
 #define MM_GATED 2u /* the experts' gate/up products: mm.comp MODE 2 takes gate and up (w, w1)
                        -> SwiGLU; mm_h.comp GATHER reads x by token, unscaled (without it:
                        the entry's own row, scaled by its routing weight) */
+#define MM_XH 4u    /* mm.comp MODE 0: x is float16 rows with a scale per row (xs: a row's float16
+                       copy, half_scale), y = s * (x W^T) (+ res): the float16 products' inputs
+                       as mm_cm2.comp reads them, multiplied where there are no cooperative
+                       matrices (ANVIL_VK_DQ_EMULATE, the tests); mm_cm2.comp: the rows were
+                       scaled (else every scale is 1 and it multiplies by none; it tests the
+                       bare 4u) */
 
 /* rows.comp's flags (struct pc_rows) */
-#define ROWS_HALF 1u /* rms_norm and swiglu also write float16 rows to h */
+#define ROWS_HALF 1u /* rms_norm and swiglu also write their rows' float16 copies to h, the
+                        scales to hs */
+#define ROWS_SCALE 2u /* ... and MODE 8: each row scaled into float16's range (half_scale);
+                         without it every scale is 1 (the rows as they are) */
 
 /* vit.comp's flags (struct pc_vit) */
 #define VIT_PRE_BIAS 1u  /* MODE 0: a bias added to the row first (and written back) */
@@ -121,6 +130,7 @@
 #define ROWS_MODE_SIGMOID_MUL 5u /* sigmoid_mul */
 #define ROWS_MODE_NORM_ROPE 6u /* rms_norm then rope (the q/k norms) */
 #define ROWS_MODE_IMAGE 7u /* images' rows over the tokens' */
+#define ROWS_MODE_HALF 8u /* rows' float16 copies (a product's input on float16) */
 
 /* gdn.comp */
 #define GDN_MODE_DECODE 0u /* one token */

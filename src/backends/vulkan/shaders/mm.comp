@@ -7,6 +7,8 @@
  *           A workgroup computes a BM x BN tile of y (BM tokens, BN outputs), 256 threads each
  *           4 x 4 of it; K is walked BK weights at a time: the x tile and the W tile,
  *           dequantised, go through shared memory (2 x BK x 68 floats = 17 KiB).
+ *           flags & MM_XH: x the float16 rows of a product on float16 inputs [T, K] (K a
+ *           multiple of 8) and their scales xs [T]: y[t] = xs[t] * (x[t] W^T) (+ res[t]).
  *   MODE 1: y[t][0 .. K) = row tokens[t] of W (the tokens from the params block).
  * A weight octet (8 consecutive weights of a row) is one group of one unit (common.glsl);
  * unit_of() finds it, and the other groups of that unit are dequantised and dropped: the
@@ -179,8 +181,21 @@ void main() {
     for (uint k0 = kb; k0 < ke; k0 += BK) {
         /* x tile: rows t0 .. t0+63, columns k0 .. k0+31 (zero past T and K) */
         uint t = t0 + lr, k = k0 + lo;
-        for (uint e = 0u; e < 8u; e++)
-            xs[lo + e][lr] = (t < pc.T && k + e < ke) ? pc.x.v[t * pc.K + k + e] : 0.0;
+        if ((pc.flags & MM_XH) != 0u) { /* float16 rows (K % 8 == 0: whole octets) */
+            vec4 a = vec4(0.0), b = vec4(0.0);
+            if (t < pc.T && k < ke) {
+                uint o = (t * pc.K + k) >> 2u;
+                a = halves4(Halves4(pc.x).v[o]);
+                b = halves4(Halves4(pc.x).v[o + 1u]);
+            }
+            for (uint e = 0u; e < 4u; e++) {
+                xs[lo + e][lr] = a[e];
+                xs[lo + 4u + e][lr] = b[e];
+            }
+        } else {
+            for (uint e = 0u; e < 8u; e++)
+                xs[lo + e][lr] = (t < pc.T && k + e < ke) ? pc.x.v[t * pc.K + k + e] : 0.0;
+        }
         /* W tile: rows n0 .. n0+63, dequantised (the padding past K holds zero weights) */
         uint n = n0 + lr;
         vec4 a = vec4(0.0), b = vec4(0.0);
@@ -206,6 +221,7 @@ void main() {
             uint n = n0 + tx + 16u * j;
             if (n >= pc.N) continue;
             float v = acc[i][j];
+            if ((pc.flags & MM_XH) != 0u) v *= pc.xs.v[t];
             if ((pc.flags & MM_RES) != 0u) v += pc.res.v[t * pc.N + n];
             pc.y.v[(t * S + gl_WorkGroupID.z) * pc.N + n] = v;
         }

@@ -2,10 +2,11 @@
 /* Prefill on workgroup-scope cooperative matrices (VK_NV_cooperative_matrix2 over
  * VK_KHR_cooperative_matrix): y[t][nb + n] = sum_k x[t][k] * W[n][k]  (+ res[t][nb + n]
  * when flags & 1), the product of mm_h.comp, with its push constants, except that x [T, K]
- * is float16 here (dq.comp's float path rounds the float rows first: loading float tiles
- * and converting them in the kernel was 32% slower on the H100, perf rule "prefill on the
- * matrix units"); W the float16 rows [N][Kp] that dq.comp wrote, y and res rows of ldy
- * floats from column nb.
+ * is float16 here, each row scaled into float16's range with its scale in xs [T] where
+ * flags & 4 (MM_XH: rows.comp MODE 8 or the kernel before, half_scale; y's row t is then
+ * multiplied by xs[t] before the residual; without it the rows are as they are); loading float tiles and converting them in the kernel was 32% slower on the
+ * H100, perf rule "prefill on the matrix units"); W the float16 rows [N][Kp] that dq.comp
+ * wrote, y and res rows of ldy floats from column nb.
  *
  * A workgroup computes a BN x BM tile of y's transpose, W's rows times x's rows: W's tile is
  * the A matrix as it lies in memory, x's the B matrix through a transposing view, and the
@@ -22,8 +23,8 @@
  *
  * MOE: the experts of a mixture, over rows laid out expert after expert (moe_rows.comp), each
  * expert's padded to a multiple of BM: workgroup z takes expert e0 + z, its rows of x and y
- * from offs[e0 + z] (lists holds offs [E + 1], uints), its float16 weight rows from z * N;
- * no residual. Padding rows hold whatever was there and their results are never read (a row
+ * from offs[e0 + z] (lists holds offs [E + 1], uints), their scales from xs[offs[e0 + z]],
+ * its float16 weight rows from z * N; no residual. Padding rows hold whatever was there and their results are never read (a row
  * of y depends on its row of x alone), so every tile is whole.
  *
  * Debian 12's glslc (glslang 11.13) does not know GL_NV_cooperative_matrix2: this source is
@@ -59,7 +60,14 @@ layout(push_constant) uniform PC {
     uint T, K, N, Kp, ldy, nb, flags;
     Floats lists, route; /* (mm_h.comp's experts: unused here) */
     uint E, k, e0;
+    Floats xs; /* [T] the scales of x's rows */
 } pc;
+
+/* element (n, t) of a tile of y's transpose times token t's scale: xs[at + t], the index
+ * clamped to last (an edge tile's columns past T are dropped when stored) */
+float rescale(const in uint n, const in uint t, const in float v, const in uint at, const in uint last) {
+    return v * pc.xs.v[min(at + t, last)];
+}
 
 #define CLAMP gl_CooperativeMatrixClampModeConstantNV
 #define MAT_W coopmat<float16_t, gl_ScopeWorkgroup, BN, BK, gl_MatrixUseA>
@@ -81,7 +89,7 @@ void main() {
     if (t0 >= T) return;
     uint xo = rb * pc.K, wo = gl_WorkGroupID.z * pc.N * pc.Kp, yo = rb * pc.ldy;
 #else
-    uint T = pc.T, xo = 0u, wo = 0u, yo = 0u;
+    uint T = pc.T, xo = 0u, wo = 0u, yo = 0u, rb = 0u;
 #endif
     tensorViewNV<2, false, 1, 0> tr = createTensorViewNV(2, false, 1, 0);
     MAT_Y acc = MAT_Y(0.0);
@@ -98,6 +106,7 @@ void main() {
             LOAD(0) LOAD(1) LOAD(2) LOAD(3)
             MUL(0) MUL(1) MUL(2) MUL(3)
         }
+        if ((pc.flags & 4u) != 0u) coopMatPerElementNV(acc, acc, rescale, rb + t0, rb + T - 1u);
         tensorLayoutNV<2> ly = createTensorLayoutNV(2);
         ly = setTensorLayoutDimensionNV(ly, T, pc.nb + pc.N);
         ly = setTensorLayoutStrideNV(ly, pc.ldy & ~7u, 1);
@@ -120,6 +129,7 @@ void main() {
         LOAD(0)
         MUL(0)
     }
+    if ((pc.flags & 4u) != 0u) coopMatPerElementNV(acc, acc, rescale, rb + t0, rb + T - 1u);
     if ((pc.flags & 1u) != 0u) {
         MAT_Y r;
         coopMatLoadTensorNV(r, pc.res.v, yo, sliceTensorLayoutNV(ly, t0, BM, pc.nb + n0, BN), tr);

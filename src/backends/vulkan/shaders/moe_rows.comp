@@ -7,8 +7,9 @@
  *           rounded up to a multiple of bm (mm_cm2.comp MOE's tile)
  *   MODE 1  workgroup r: row r belongs to expert e (offs[e] <= r < offs[e + 1]); if it is
  *           one of the expert's own (not padding), entry en = its list's (r - offs[e])-th:
- *           map[r] = en, and dst row r = src row en / k (the token's x) as float16; padding
- *           rows: map[r] = ~0
+ *           map[r] = en, and dst row r = src row en / k (the token's x) as float16, scaled
+ *           into its range: x / s, ds[r] = s (half_scale; 1 unless scale); padding rows:
+ *           map[r] = ~0, ds[r] = 1
  *   MODE 2  workgroup r: dst row map[r] = src row r times the entry's routing weight (padding
  *           rows: nothing)
  * aux holds offs [E + 1] then map [T * k] (uints). Rows of K floats, K a multiple of 4. */
@@ -54,9 +55,23 @@ void main() {
         bool own = r < offs(pc.E) && at < floatBitsToUint(pc.lists.v[lo]);
         uint en = own ? floatBitsToUint(pc.lists.v[pc.E + lo * pc.T + at]) : ~0u;
         if (tid == 0u) pc.aux.v[pc.E + 1u + r] = uintBitsToFloat(en);
-        if (!own) return;
+        if (!own) {
+            if (tid == 0u) pc.ds.v[r] = 1.0;
+            return;
+        }
         uint row = en / pc.k;
-        for (uint i = tid; i < K4; i += 128u) Halves4(pc.dst).v[r * K4 + i] = to_halves4(Vec4s(pc.src).v[row * K4 + i]);
+        float m = 0.0;
+        for (uint i = tid; i < K4 && pc.scale != 0u; i += 128u) {
+            vec4 a = abs(Vec4s(pc.src).v[row * K4 + i]);
+            m = max(m, max(max(a.x, a.y), max(a.z, a.w)));
+        }
+        m = subgroupMax(m);
+        if (subgroupElect()) part[gl_SubgroupID] = floatBitsToUint(m); /* (non-negative: ordered as uints) */
+        barrier();
+        for (uint g = 0u; g < gl_NumSubgroups; g++) m = max(m, uintBitsToFloat(part[g]));
+        float s = pc.scale != 0u ? half_scale(m) : 1.0, inv = 1.0 / s;
+        for (uint i = tid; i < K4; i += 128u) Halves4(pc.dst).v[r * K4 + i] = to_halves4(Vec4s(pc.src).v[row * K4 + i] * inv);
+        if (tid == 0u) pc.ds.v[r] = s;
     } else {
         uint en = floatBitsToUint(pc.aux.v[pc.E + 1u + r]), tok = en / pc.k;
         if (en == ~0u) return;

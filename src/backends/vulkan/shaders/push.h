@@ -197,7 +197,8 @@
     ADDR(W, w1)             /* MODE 2, 4: the up experts (flags & MM_GATED) */ \
     ADDR(Floats, lists)     /* moe_topk.comp MODE 2: per expert a count, then its entries t * k + slot */ \
     ADDR(Floats, route)     /* per token 128: expert ids, then weights from 64 */ \
-    U32(E) U32(k)
+    U32(E) U32(k) \
+    ADDR(Floats, xs)        /* flags & MM_XH: [T] the scales of x's float16 rows */
 
 /* mmb.comp: the small-batch products y = x W^T (+ res) of T <= 32 tokens, each weight read
  * once; MMB_X: Floats, or under QX the inputs rounded by mmb_round.comp (UVec2s) */
@@ -226,7 +227,8 @@
     ADDR(Floats, res) \
     U32(T) U32(K) U32(N) U32(Kp) U32(ldy) U32(nb) U32(flags) \
     ADDR(Floats, lists) ADDR(Floats, route) \
-    U32(E) U32(k) U32(e0)
+    U32(E) U32(k) U32(e0) \
+    ADDR(Floats, xs)        /* mm_cm2.comp: [T] (MOE: [rows]) the scales of x's float16 rows */
 
 /* dq.comp: rows r0 .. r0 + rows - 1 of a matrix to float16, U units a row, row stride Kp */
 #define PC_DQ(ADDR, U32, F32) \
@@ -241,12 +243,15 @@
     U32(n) U32(rows) U32(H) U32(n_rot) \
     F32(eps) \
     U32(flags)              /* ROWS_HALF: rms_norm and swiglu also write float16 rows to h */ \
-    ADDR(Floats, h)
+    ADDR(Floats, h)         /* [rows, n] float16 (ROWS_HALF, MODE 8) */ \
+    ADDR(Floats, hs)        /* [rows] their scales (half_scale) */
 
 /* moe_rows.comp: the experts' row offsets (MODE 0), their x rows gathered (1), scattered back (2) */
 #define PC_MOE_ROWS(ADDR, U32, F32) \
     ADDR(Floats, lists) ADDR(Floats, route) ADDR(Floats, src) ADDR(Floats, dst) ADDR(Floats, aux) \
-    U32(E) U32(k) U32(T) U32(K) U32(bm) U32(R)
+    U32(E) U32(k) U32(T) U32(K) U32(bm) U32(R) \
+    ADDR(Floats, ds)        /* MODE 1: [R] the scales of dst's float16 rows (half_scale) */ \
+    U32(scale)              /* MODE 1: 1 scale the rows into float16's range, 0 all scales 1 */
 
 /* attn_prefill.comp and attn_flash.comp: the prefill's causal attention */
 #define PC_ATTN_PF(ADDR, U32, F32) \

@@ -19,10 +19,13 @@
  *   MODE 7  image rows  out[r] = c[r] where the params block marks token r's row as an
  *                      image's embedding (images: the embedding's rows replaced)
  * pos0 comes from the params block (prm[0]); with images (its M-RoPE word set, see rope_pos
- * and prefill.h's params layout) rope takes each token's 3-D position instead of pos0 + t. With flags & ROWS_HALF, rms_norm and swiglu also write
- * their rows as float16 to h (the next product's input on workgroup matrices, mm_cm2.comp,
- * which would otherwise round them in a kernel of its own). Rows of a multiple of 4 floats
- * go 4 at a time. */
+ * and prefill.h's params layout) rope takes each token's 3-D position instead of pos0 + t.
+ *   MODE 8  half       h[r] = a[r] / s, as float16, hs[r] = s (flags & ROWS_SCALE: half_scale,
+ *                      the row's largest |a| put in float16's range; else 1), the next
+ *                      product's input on float16
+ * With flags & ROWS_HALF, rms_norm and swiglu also write their rows so to h and hs (the next
+ * product's input on workgroup matrices, mm_cm2.comp, which would otherwise take MODE 8 of
+ * its own). Rows of a multiple of 4 floats go 4 at a time. */
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
@@ -67,10 +70,31 @@ uint rope_pos(uint pos0, uint t, uint q) {
     return prm_u(b + 5u + 3u * t + axis);
 }
 
-/* element i of row r's output (at base + i): as float, and as float16 where flags ask */
-void put4(uint base, uint i4, vec4 y) {
+/* the largest of every invocation's m */
+float row_max(float m) {
+    m = subgroupMax(m);
+    barrier(); /* (red's last readers) */
+    if (subgroupElect()) red[gl_SubgroupID] = m;
+    barrier();
+    float tot = 0.0;
+    for (uint s = 0u; s < gl_NumSubgroups; s++) tot = max(tot, red[s]);
+    return tot;
+}
+
+/* row r's float16 copy (at base, n % 4 == 0) of the floats at src, which this invocation
+ * wrote or reads alone, and its scale (flags & ROWS_SCALE, else 1); m is this invocation's
+ * largest |x| of them */
+void put_halves(Floats src, uint r, uint base, uint n, uint tid, float m) {
+    float s = (pc.flags & ROWS_SCALE) != 0u ? half_scale(row_max(m)) : 1.0, inv = 1.0 / s; /* (powers of two: exact) */
+    for (uint i = tid; i < n / 4u; i += 128u) Halves4(pc.h).v[base / 4u + i] = to_halves4(Vec4s(src).v[base / 4u + i] * inv);
+    if (tid == 0u) pc.hs.v[r] = s;
+}
+
+/* element i of row r's output (at base + i), as float; the largest |y| so far in m */
+void put4(uint base, uint i4, vec4 y, inout float m) {
     Vec4s(pc.out_).v[base / 4u + i4] = y;
-    if ((pc.flags & ROWS_HALF) != 0u) Halves4(pc.h).v[base / 4u + i4] = to_halves4(y);
+    vec4 a = abs(y);
+    m = max(m, max(max(a.x, a.y), max(a.z, a.w)));
 }
 void put1(uint base, uint i, float y) { pc.out_.v[base + i] = y; } /* (flags & ROWS_HALF needs n % 4 == 0) */
 
@@ -80,9 +104,10 @@ void main() {
     uint tid = gl_LocalInvocationID.x, n = pc.n, base = r * n;
     uint pos0 = floatBitsToUint(pc.prm.v[0]);
     if (MODE == ROWS_MODE_NORM) {
-        float inv = inv_rms(base, n, tid);
+        float inv = inv_rms(base, n, tid), m = 0.0;
         if (n % 4u == 0u) {
-            for (uint i = tid; i < n / 4u; i += 128u) put4(base, i, Vec4s(pc.a).v[base / 4u + i] * inv * Vec4s(pc.b).v[i]);
+            for (uint i = tid; i < n / 4u; i += 128u) put4(base, i, Vec4s(pc.a).v[base / 4u + i] * inv * Vec4s(pc.b).v[i], m);
+            if ((pc.flags & ROWS_HALF) != 0u) put_halves(pc.out_, r, base, n, tid, m);
         } else {
             for (uint i = tid; i < n; i += 128u) put1(base, i, pc.a.v[base + i] * inv * pc.b.v[i]);
         }
@@ -117,10 +142,12 @@ void main() {
         for (uint i = tid; i < n; i += 128u) pc.out_.v[base + i] = pc.a.v[base + i] + pc.b.v[base + i];
     } else if (MODE == ROWS_MODE_SWIGLU) {
         if (n % 4u == 0u) {
+            float m = 0.0;
             for (uint i = tid; i < n / 4u; i += 128u) {
                 vec4 g = Vec4s(pc.a).v[base / 4u + i];
-                put4(base, i, g / (1.0 + exp(-g)) * Vec4s(pc.b).v[base / 4u + i]);
+                put4(base, i, g / (1.0 + exp(-g)) * Vec4s(pc.b).v[base / 4u + i], m);
             }
+            if ((pc.flags & ROWS_HALF) != 0u) put_halves(pc.out_, r, base, n, tid, m);
         } else {
             for (uint i = tid; i < n; i += 128u) {
                 float g = pc.a.v[base + i];
@@ -132,6 +159,13 @@ void main() {
             float g = pc.b.v[pc.H == 1u ? r : base + i];
             pc.out_.v[base + i] = pc.a.v[base + i] / (1.0 + exp(-g));
         }
+    } else if (MODE == ROWS_MODE_HALF) {
+        float m = 0.0;
+        for (uint i = tid; i < n / 4u && (pc.flags & ROWS_SCALE) != 0u; i += 128u) {
+            vec4 a = abs(Vec4s(pc.a).v[base / 4u + i]);
+            m = max(m, max(max(a.x, a.y), max(a.z, a.w)));
+        }
+        put_halves(pc.a, r, base, n, tid, m);
     } else if (MODE == ROWS_MODE_IMAGE) {
         uint T = prm_u(1u);
         if (prm_u(4u + T) == 0u || prm_u(4u + T + 5u + 3u * T + r) == 0u) return;
