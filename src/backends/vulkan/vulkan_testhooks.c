@@ -141,6 +141,16 @@ anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, con
     return st;
 }
 
+/* n floats from the host into the start of buffer to (waited for) */
+static anvil_status upload_floats(struct vk_device *d, struct vk_buffer *to, const float *x, int n) {
+    struct vk_uploader u;
+    struct plain f = {(const uint8_t *)x, 0, 0};
+    anvil_status st = vk_uploader_init(&u, d, (uint64_t)n * 4);
+    if (st == ANVIL_OK) st = vk_upload(&u, to, 0, (size_t)n * 4, fill_plain, &f);
+    anvil_status s2 = vk_uploader_finish(&u);
+    return st == ANVIL_OK ? s2 : st;
+}
+
 anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, const struct sampling_params *sp,
                             const int32_t *hist, int n_hist, int32_t *out) {
     struct vk_device *d = b->d;
@@ -156,14 +166,7 @@ anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, co
     if (st == ANVIL_OK)
         st = vk_buffer_create(d, SAMPLE_PART_BYTES(nwg) + SAMPLE_CNT_BYTES(nwg), VK_MEM_DEVICE, "test scratch",
                               &scratch);
-    if (st == ANVIL_OK) {
-        struct vk_uploader u;
-        struct plain f = {(const uint8_t *)logits, 0, 0};
-        st = vk_uploader_init(&u, d, (uint64_t)V * 4);
-        if (st == ANVIL_OK) st = vk_upload(&u, &lg, 0, (size_t)V * 4, fill_plain, &f);
-        anvil_status s2 = vk_uploader_finish(&u);
-        if (st == ANVIL_OK) st = s2;
-    }
+    if (st == ANVIL_OK) st = upload_floats(d, &lg, logits, V);
     if (st != ANVIL_OK) goto done;
     volatile struct vk_ctl *c = ctl.map;
     memset(ctl.map, 0, ctl.size);
@@ -203,14 +206,7 @@ anvil_status vk_logprobs_once(struct vk_backend *b, const float *logits, int V, 
     if (st == ANVIL_OK)
         st = vk_buffer_create(d, (LP_BIAS_WORDS + (VkDeviceSize)LP_RING * LP_REC_WORDS) * 4, VK_MEM_CONTROL,
                               "test logprobs", &lpb);
-    if (st == ANVIL_OK) {
-        struct vk_uploader u;
-        struct plain f = {(const uint8_t *)logits, 0, 0};
-        st = vk_uploader_init(&u, d, (uint64_t)V * 4);
-        if (st == ANVIL_OK) st = vk_upload(&u, &lg, 0, (size_t)V * 4, fill_plain, &f);
-        anvil_status s2 = vk_uploader_finish(&u);
-        if (st == ANVIL_OK) st = s2;
-    }
+    if (st == ANVIL_OK) st = upload_floats(d, &lg, logits, V);
     if (st != ANVIL_OK) goto done;
     volatile struct vk_ctl *c = ctl.map;
     memset(ctl.map, 0, ctl.size);
