@@ -2577,6 +2577,27 @@ static void chat_logprobs_agree(const cJSON *a, const cJSON *b, double tol) {
     }
 }
 
+/* The answer of the server now running to body (chat or completions by its fields): the
+ * response, or for a stream every event's logprobs.content entries in one array (the
+ * caller's to delete) */
+static cJSON *logprobs_answer(const char *body) {
+    const char *path = strstr(body, "messages") ? "/v1/chat/completions" : "/v1/completions";
+    if (!strstr(body, "\"stream\":true")) return post_ok(path, body);
+    char *out;
+    assert_int_equal(http("POST", path, body, KEY, &out), 200);
+    struct sse sse;
+    sse_parse(out, &sse);
+    free(out);
+    cJSON *all = cJSON_CreateArray();
+    for (int k = 0; k < sse.n; k++) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, get(sse.events[k], "choices.0.logprobs.content"))
+            cJSON_AddItemToArray(all, cJSON_Duplicate(e, true));
+    }
+    sse_free(&sse);
+    return all;
+}
+
 /* logprobs and logit_bias on the Vulkan backend (lavapipe here), where the engine's device loop
  * computes them on the device (logprobs.comp), equal to the CPU server's within the two
  * backends' logits' difference: chat greedy and sampled with top_logprobs and a bias, streamed
@@ -2598,53 +2619,19 @@ static void test_logprobs_vulkan(void **state) {
     };
     enum { N = sizeof bodies / sizeof *bodies };
     cJSON *want[N];
-    for (int i = 0; i < N; i++) { /* on the CPU server */
-        const char *path = strstr(bodies[i], "messages") ? "/v1/chat/completions" : "/v1/completions";
-        if (strstr(bodies[i], "\"stream\":true")) {
-            char *out;
-            assert_int_equal(http("POST", path, bodies[i], KEY, &out), 200);
-            struct sse sse;
-            sse_parse(out, &sse);
-            free(out);
-            want[i] = cJSON_CreateArray();
-            for (int k = 0; k < sse.n; k++) {
-                const cJSON *e;
-                cJSON_ArrayForEach(e, get(sse.events[k], "choices.0.logprobs.content"))
-                    cJSON_AddItemToArray(want[i], cJSON_Duplicate(e, true));
-            }
-            sse_free(&sse);
-        } else {
-            want[i] = post_ok(path, bodies[i]);
-        }
-    }
+    for (int i = 0; i < N; i++) want[i] = logprobs_answer(bodies[i]); /* on the CPU server */
     char errpath[512];
     snprintf(errpath, sizeof errpath, "%s/serve-vk.err", tmpdir);
     start_second_server(errpath, "vulkan", false);
     for (int i = 0; i < N; i++) {
-        const char *path = strstr(bodies[i], "messages") ? "/v1/chat/completions" : "/v1/completions";
+        cJSON *got = logprobs_answer(bodies[i]);
         if (strstr(bodies[i], "\"stream\":true")) {
-            char *out;
-            assert_int_equal(http("POST", path, bodies[i], KEY, &out), 200);
-            struct sse sse;
-            sse_parse(out, &sse);
-            free(out);
-            cJSON *got = cJSON_CreateArray();
-            for (int k = 0; k < sse.n; k++) {
-                const cJSON *e;
-                cJSON_ArrayForEach(e, get(sse.events[k], "choices.0.logprobs.content"))
-                    cJSON_AddItemToArray(got, cJSON_Duplicate(e, true));
-            }
-            sse_free(&sse);
             assert_int_equal(cJSON_GetArraySize(got), 12);
             chat_logprobs_agree(want[i], got, 2e-3);
-            cJSON_Delete(got);
         } else if (strstr(bodies[i], "messages")) {
-            cJSON *got = post_ok(path, bodies[i]);
             assert_int_equal(cJSON_GetArraySize(get(got, "choices.0.logprobs.content")), 20);
             chat_logprobs_agree(get(want[i], "choices.0.logprobs.content"), get(got, "choices.0.logprobs.content"), 2e-3);
-            cJSON_Delete(got);
         } else {
-            cJSON *got = post_ok(path, bodies[i]);
             const cJSON *a = get(want[i], "choices.0.logprobs"), *b = get(got, "choices.0.logprobs");
             assert_string_equal(get_str(want[i], "choices.0.text"), get_str(got, "choices.0.text"));
             assert_int_equal(cJSON_GetArraySize(get(b, "token_logprobs")), 10);
@@ -2655,8 +2642,8 @@ static void test_logprobs_vulkan(void **state) {
                 snprintf(p, sizeof p, "text_offset.%d", k);
                 assert_int_equal(get_int(a, p), get_int(b, p));
             }
-            cJSON_Delete(got);
         }
+        cJSON_Delete(got);
         cJSON_Delete(want[i]);
     }
 }
