@@ -94,6 +94,9 @@ static void check_greedy(anvil_model *m, anvil_model *draft_m, anvil_backend_kin
     int cases = 0, accepted_self = 0, drafted_self = 0;
     for (int variant = 0; variant < 4; variant++) {
         /* 0: budget; 1: a stop id (drafted too: the oracle holds it); 2: the callback stops; 3: the context fills */
+        /* the stops of 1 and 2 are the host's, the same over every backend (the CPU runs them);
+         * a device keeps 0 and 3, one without penalties and one with (minutes on lavapipe) */
+        if (kind != ANVIL_BACKEND_CPU && (variant == 1 || variant == 2)) continue;
         anvil_generate_params g = variant & 1 ? gpen : gp;
         int stop_after = variant == 2 ? 9 : 0;
         if (variant == 1) {

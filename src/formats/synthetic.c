@@ -53,6 +53,9 @@ static const struct shape shapes[] = {
     /* Qwen3.6-35B-A3B's heads (attention 16 x 256 over 2 kv heads, DeltaNet 16 / 32 x 128)
      * in a small model */
     {"qwen3.6-heads", 4, 256, 16, 2, 256, 0, 512, false},
+    /* the same attention heads (16 x 256 over 2 kv heads) in one dense layer: the decode
+     * attention's shape without the DeltaNet layers around it (minutes on lavapipe) */
+    {"qwen3-heads", 1, 256, 16, 2, 256, 256, 512, true},
 };
 
 /* The MoE and hybrid shapes' further settings (a shape not listed is dense Qwen3). Their
