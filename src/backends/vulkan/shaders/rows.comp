@@ -83,16 +83,22 @@ float row_max(float m) {
 
 /* row r's float16 copy (at base, n % 4 == 0) of the floats at src, which this invocation
  * wrote or reads alone, and its scale (flags & ROWS_SCALE, else 1); m is this invocation's
- * largest |x| of them */
-void put_halves(Floats src, uint r, uint base, uint n, uint tid, float m) {
-    float s = (pc.flags & ROWS_SCALE) != 0u ? half_scale(row_max(m)) : 1.0, inv = 1.0 / s; /* (powers of two: exact) */
-    for (uint i = tid; i < n / 4u; i += 128u) Halves4(pc.h).v[base / 4u + i] = to_halves4(Vec4s(src).v[base / 4u + i] * inv);
+ * largest |x| of them. Unscaled, the norms' and SwiGLUs' halves were written beside their
+ * floats (put4) and only the scale of 1 is left: a second pass over the row cost the 8B
+ * Q4_K_M 1.4% of pp512 on the H200 (perf rule "prefill on the matrix units") */
+void put_halves(Floats src, uint r, uint base, uint n, uint tid, float m, bool written) {
+    bool scaled = (pc.flags & ROWS_SCALE) != 0u;
+    float s = scaled ? half_scale(row_max(m)) : 1.0, inv = 1.0 / s; /* (powers of two: exact) */
+    for (uint i = tid; i < n / 4u && (scaled || !written); i += 128u)
+        Halves4(pc.h).v[base / 4u + i] = to_halves4(Vec4s(src).v[base / 4u + i] * inv);
     if (tid == 0u) pc.hs.v[r] = s;
 }
 
-/* element i of row r's output (at base + i), as float; the largest |y| so far in m */
+/* element i of row r's output (at base + i), as float, and unscaled as float16 where flags
+ * ask; the largest |y| so far in m */
 void put4(uint base, uint i4, vec4 y, inout float m) {
     Vec4s(pc.out_).v[base / 4u + i4] = y;
+    if ((pc.flags & (ROWS_HALF | ROWS_SCALE)) == ROWS_HALF) Halves4(pc.h).v[base / 4u + i4] = to_halves4(y);
     vec4 a = abs(y);
     m = max(m, max(max(a.x, a.y), max(a.z, a.w)));
 }
@@ -107,7 +113,7 @@ void main() {
         float inv = inv_rms(base, n, tid), m = 0.0;
         if (n % 4u == 0u) {
             for (uint i = tid; i < n / 4u; i += 128u) put4(base, i, Vec4s(pc.a).v[base / 4u + i] * inv * Vec4s(pc.b).v[i], m);
-            if ((pc.flags & ROWS_HALF) != 0u) put_halves(pc.out_, r, base, n, tid, m);
+            if ((pc.flags & ROWS_HALF) != 0u) put_halves(pc.out_, r, base, n, tid, m, true);
         } else {
             for (uint i = tid; i < n; i += 128u) put1(base, i, pc.a.v[base + i] * inv * pc.b.v[i]);
         }
@@ -147,7 +153,7 @@ void main() {
                 vec4 g = Vec4s(pc.a).v[base / 4u + i];
                 put4(base, i, g / (1.0 + exp(-g)) * Vec4s(pc.b).v[base / 4u + i], m);
             }
-            if ((pc.flags & ROWS_HALF) != 0u) put_halves(pc.out_, r, base, n, tid, m);
+            if ((pc.flags & ROWS_HALF) != 0u) put_halves(pc.out_, r, base, n, tid, m, true);
         } else {
             for (uint i = tid; i < n; i += 128u) {
                 float g = pc.a.v[base + i];
@@ -165,7 +171,7 @@ void main() {
             vec4 a = abs(Vec4s(pc.a).v[base / 4u + i]);
             m = max(m, max(max(a.x, a.y), max(a.z, a.w)));
         }
-        put_halves(pc.a, r, base, n, tid, m);
+        put_halves(pc.a, r, base, n, tid, m, false);
     } else if (MODE == ROWS_MODE_IMAGE) {
         uint T = prm_u(1u);
         if (prm_u(4u + T) == 0u || prm_u(4u + T + 5u + 3u * T + r) == 0u) return;
