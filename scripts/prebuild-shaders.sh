@@ -14,6 +14,12 @@ VARIANTS=(
   "mm_cm2 mm_cm2.comp -DBM=128 -DBN=128 -DBK=64 -DU=4"
   "mm_cm2_moe mm_cm2.comp -DBM=32 -DBN=128 -DBK=64 -DU=4 -DMOE"
 )
+# the same from the quantised weights themselves (WQ: decoded as the tiles load)
+for t in q4_k q5_k q6_k q8_0; do
+  T=${t^^}
+  VARIANTS+=("mm_cm2_$t mm_cm2.comp -DBM=128 -DBN=128 -DBK=64 -DU=4 -DW_$T"
+             "mm_cm2_moe_$t mm_cm2.comp -DBM=32 -DBN=128 -DBK=64 -DU=4 -DMOE -DW_$T")
+done
 version=$("$GLSLANG" --version | sed -n 's/^Glslang Version: //p')
 mkdir -p "$OUT"
 tmp=$(mktemp)

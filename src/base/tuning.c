@@ -115,6 +115,14 @@ static const struct knob KNOBS[] = {
          "The prefill's dense products on VK_NV_cooperative_matrix2's workgroup matrices "
          "(mm_cm2.comp) where the device has them: 8B Q4_K_M pp512 5056 -> 11,070 t/s on the "
          "H100 (docs/perf/log.md §29-30); 0 keeps the subgroup matrices."),
+    BOOL("ANVIL_VK_CM2_DECODE", C_EXPERIMENT, vk_cm2_decode, 0,
+         "The prefill's dense products on workgroup matrices read Q4_K, Q5_K, Q6_K and Q8_0 "
+         "weights as they are stored, each tile decoded to float16 as it loads (mm_cm2.comp "
+         "WQ), instead of the weight dequantised to float16 (dq.comp) every chunk."),
+    BOOL("ANVIL_VK_MOE_DECODE", C_EXPERIMENT, vk_moe_decode, 0,
+         "The same for the MoE experts' products over their compact rows: every expert's "
+         "Q4_K, Q5_K, Q6_K or Q8_0 blocks decoded in the product's tile loads, instead of "
+         "every expert dequantised to float16 every chunk."),
     BOOL("ANVIL_VK_DQ_EMULATE", C_DIAGNOSTIC, vk_dq_emulate, 0,
          "For tests: the float16 weight pieces multiplied with the float32-tile kernel where "
          "there are no cooperative matrices."),

@@ -53,6 +53,8 @@ struct tuning {
     int vk_gdn_chunk;        /* ANVIL_VK_GDN_CHUNK: 1 the chunked form in prefill, 0 the recurrent */
     int vk_coopmat;          /* ANVIL_VK_COOPMAT */
     int vk_cm2;              /* ANVIL_VK_CM2 */
+    int vk_cm2_decode;       /* ANVIL_VK_CM2_DECODE */
+    int vk_moe_decode;       /* ANVIL_VK_MOE_DECODE */
     int vk_dq_emulate;       /* ANVIL_VK_DQ_EMULATE */
     int vk_f16_scale;        /* ANVIL_VK_F16_SCALE */
     int vk_mega;             /* ANVIL_VK_MEGA: -1 auto, 0 off, 1 on */

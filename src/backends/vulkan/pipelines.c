@@ -20,6 +20,30 @@ static const uint32_t spv_mm_cm2[] =
 static const uint32_t spv_mm_cm2_moe[] =
 #include "shaders/prebuilt/mm_cm2_moe.inc"
     ;
+static const uint32_t spv_mm_cm2_q4_k[] =
+#include "shaders/prebuilt/mm_cm2_q4_k.inc"
+    ;
+static const uint32_t spv_mm_cm2_moe_q4_k[] =
+#include "shaders/prebuilt/mm_cm2_moe_q4_k.inc"
+    ;
+static const uint32_t spv_mm_cm2_q5_k[] =
+#include "shaders/prebuilt/mm_cm2_q5_k.inc"
+    ;
+static const uint32_t spv_mm_cm2_moe_q5_k[] =
+#include "shaders/prebuilt/mm_cm2_moe_q5_k.inc"
+    ;
+static const uint32_t spv_mm_cm2_q6_k[] =
+#include "shaders/prebuilt/mm_cm2_q6_k.inc"
+    ;
+static const uint32_t spv_mm_cm2_moe_q6_k[] =
+#include "shaders/prebuilt/mm_cm2_moe_q6_k.inc"
+    ;
+static const uint32_t spv_mm_cm2_q8_0[] =
+#include "shaders/prebuilt/mm_cm2_q8_0.inc"
+    ;
+static const uint32_t spv_mm_cm2_moe_q8_0[] =
+#include "shaders/prebuilt/mm_cm2_moe_q8_0.inc"
+    ;
 
 /* Which specialisation constants a kernel takes (vk_pipelines_create), by their ids in
  * contract.h: matvec.comp's (MV_SPEC_*: its QX variants' beyond the plain ones too),
@@ -84,6 +108,12 @@ enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_
     [K_MMB_QX_##T] = {spv_mmb_qx_##t, sizeof spv_mmb_qx_##t, "mmb_qx_" #t, VK_OP_MMB, DT_##T, 1, 0, 0,   \
                       0, SPECS_MMB, PUSH_MMB},
 
+/* mm_cm2.comp's WQ kernels of a type (VK_CM2Q_KERNELS) */
+#define CM2Q_ROWS(T, t)                                                                                 \
+    [K_MMH_CM2_##T] = KI(spv_mm_cm2_##t, "mm_cm2_" #t, VK_OP_NONE, DT_##T, 0, SPECS_NONE, PUSH_MMH),     \
+    [K_MMH_CM2_MOE_##T] = KI(spv_mm_cm2_moe_##t, "mm_cm2_experts_" #t, VK_OP_NONE, DT_##T, 0, SPECS_NONE, \
+                             PUSH_MMH),
+
 static const struct vk_kernel_info kernels[K_COUNT] = {
     VK_WEIGHT_TYPES(TYPE_ROWS)
     VK_QX_TYPES(QX_ROWS)
@@ -119,6 +149,7 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_MMH_CM2] = KI(spv_mm_cm2, "mm_cm2", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     [K_MMH_CM2_MOE] = KI(spv_mm_cm2_moe, "mm_cm2_experts", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     [K_MMH_MOE] = KI(spv_mm_h_moe, "mm_h_experts", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
+    VK_CM2Q_TYPES(CM2Q_ROWS)
     [K_ATTN_FLASH] = KI(spv_attn_flash, "attn_flash", VK_OP_NONE, 0, 0, SPECS_FLASH, PUSH_ATTN_PF),
     [K_ATTN_SPLIT] = KI(spv_attn_split, "attn_split", VK_OP_NONE, 0, 0, SPECS_ATTN, PUSH_ATTN_SPLIT),
     [K_MOE_ROUTE] = KI(spv_moe_topk, "moe_route", VK_OP_NONE, 0, TOPK_MODE_ROUTE, SPECS_MODE, PUSH_TOPK),
@@ -405,6 +436,8 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
     switch (k) {
     case K_MMH_64X64_K32: case K_MMH_MOE: return d->coopmat; /* needs the extension */
     case K_MMH_CM2: case K_MMH_CM2_MOE: return d->coopmat && d->coopmat2;
+#define CM2Q_WANTED(T, t) case K_MMH_CM2_##T: case K_MMH_CM2_MOE_##T:
+    VK_CM2Q_TYPES(CM2Q_WANTED) return d->coopmat && d->coopmat2;
     case K_ATTN_FLASH: return d->coopmat && d->subgroup_shuffle && vk_flash_fits(attn_g, attn_d);
     /* (its lanes: two a row of 16, subgroups of 32) */
     case K_VIT_FLASH: case K_VIT_FLASH1: case K_VIT_FLASH1_BK64: return d->coopmat && d->subgroup_shuffle && d->subgroup_size == 32 && vk_flash_fits(1, p->vit_dp);
@@ -490,12 +523,27 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
      * (vk_pipeline_make), which the prefill's plan must know before it takes them */
     if (wanted(d, out, K_MMH_CM2, attn_g, attn_d) && (st = vk_pipeline_make(d, out, K_MMH_CM2)) == ANVIL_OK)
         st = vk_pipeline_make(d, out, K_MMH_CM2_MOE);
+    for (int k = K_MMH_CM2_Q4_K; k <= K_MMH_CM2_MOE_Q8_0 && st == ANVIL_OK && d->coopmat2; k++)
+        st = vk_pipeline_make(d, out, (enum vk_kernel)k);
     return st;
+}
+
+/* one of mm_cm2.comp's kernels (made with the others, where the device takes them) */
+static bool is_cm2(enum vk_kernel k) {
+    return k == K_MMH_CM2 || k == K_MMH_CM2_MOE || (k >= K_MMH_CM2_Q4_K && k <= K_MMH_CM2_MOE_Q8_0);
+}
+
+enum vk_kernel vk_cm2q_kernel(int dtype, bool moe) {
+    switch (dtype) {
+#define CM2Q_OF(T, t) case DT_##T: return moe ? K_MMH_CM2_MOE_##T : K_MMH_CM2_##T;
+    VK_CM2Q_TYPES(CM2Q_OF)
+    default: return K_NONE;
+    }
 }
 
 bool vk_pipeline_supported(const struct vk_device *d, const struct vk_pipelines *p, enum vk_kernel k) {
     if (k <= K_NONE || k >= K_COUNT) return false;
-    if (k == K_MMH_CM2 || k == K_MMH_CM2_MOE) return p->p[k] != VK_NULL_HANDLE; /* made with the others */
+    if (is_cm2(k)) return p->p[k] != VK_NULL_HANDLE; /* made with the others */
     return wanted(d, p, k, p->attn_g, p->attn_d);
 }
 
@@ -577,7 +625,7 @@ anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enu
     if (d->exec_stats) pci.flags = VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
     VkResult r = vkCreateComputePipelines(d->dev, d->exec_stats ? VK_NULL_HANDLE : out->cache, 1, &pci, NULL,
                                           &out->p[k]);
-    if (r != VK_SUCCESS && (k == K_MMH_CM2 || k == K_MMH_CM2_MOE)) {
+    if (r != VK_SUCCESS && is_cm2(k)) {
         /* the kernels compiled by another glslang than the build's (shaders/prebuilt): a
          * driver that turns one down leaves those products on the subgroup matrices */
         log_warn("vulkan: the driver refused %s (%d): those prefill products stay on subgroup matrices",

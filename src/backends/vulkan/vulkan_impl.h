@@ -190,6 +190,11 @@ enum vk_op {
                             once; QX: on integer dot products of inputs mmb_round.comp rounded) */
 };
 
+/* The weight types mm_cm2.comp decodes itself (WQ), each with the kernels of VK_CM2Q_KERNELS:
+ * vk_cm2q_kernel finds them */
+#define VK_CM2Q_TYPES(X) X(Q4_K, q4_k) X(Q5_K, q5_k) X(Q6_K, q6_k) X(Q8_0, q8_0)
+#define VK_CM2Q_KERNELS(T, t) K_MMH_CM2_##T, K_MMH_CM2_MOE_##T,
+
 /* The kernels: one compute pipeline each (pipelines.c's table says its SPIR-V, name, op,
  * weight type and specialisation). The ids are names, never computed: a kernel for an op and a
  * weight type is found by vk_kernel_for / vk_kernel_qx. Adding a kernel: docs/VULKAN.md. */
@@ -227,6 +232,9 @@ enum vk_kernel {
     K_MMH_64X64_K32,
     /* the same on workgroup-scope matrices (mm_cm2.comp), only where d->coopmat2 */
     K_MMH_CM2, K_MMH_CM2_MOE, K_MMH_MOE /* the experts, rows gathered */,
+    /* mm_cm2.comp WQ: the products (and MOE the experts') from the weights' own blocks,
+     * decoded as the tiles load (VK_CM2Q_TYPES) */
+    VK_CM2Q_TYPES(VK_CM2Q_KERNELS)
     K_ATTN_FLASH, /* the prefill's causal attention on cooperative matrices (attn_flash.comp),
                      where d->coopmat and the heads fit it (vk_flash_fits) */
     K_ATTN_SPLIT, /* a batch program's attention split over each row's positions (attn_split.comp) */
@@ -269,6 +277,9 @@ enum vk_kernel {
     K_MMBT_Q8_0, K_MMBT_Q4_K, K_MMBT_Q5_K, K_MMBT_Q6_K,
     K_COUNT,
 };
+/* mm_cm2.comp's kernel decoding weights of type dtype itself (MOE: the experts'), or K_NONE
+ * for a type it does not decode; made only where the device takes it (vk_pipeline_supported) */
+enum vk_kernel vk_cm2q_kernel(int dtype, bool moe);
 
 /* The push-constant layouts (shaders/push.h), one struct pc_* each */
 enum vk_push {

@@ -122,6 +122,35 @@ anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm,
     uint32_t Kp = mm->Kp8 * 8, R = pf_dq_rows(p->b->d, mm->N, Kp), U = mm->Kp8 / unit_groups[kind];
     bool cm2 = x_half(p, mm->T, mm->K);
     VkDeviceSize bytes = (VkDeviceSize)mm->N * Kp * 2;
+    enum vk_kernel kq = cm2 && p->b->d->tune.vk_cm2_decode ? vk_cm2q_kernel(vk_weight_kind_dtype(kind), false) : K_NONE;
+    if (kq != K_NONE && vk_pipeline_supported(p->b->d, &p->b->pl, kq)) {
+        /* mm_cm2.comp decoding the weight's blocks itself: no float16 copy, no group */
+        anvil_status st = pf_flush_group(p);
+        if (st == ANVIL_OK && p->xh_of != mm->x) st = emit_x_half(p, mm);
+        if (st != ANVIL_OK) return st;
+        p->xh_of = mm->x;
+        /* beside the siblings just before it where every output stays apart */
+        uint64_t xb = (uint64_t)mm->T * mm->K * 4, yb = (uint64_t)mm->T * mm->N * 4;
+        bool beside = sibling && p->dec_at == p->n_ops - 1 && p->n_dec < 4 && !ranges_meet(mm->x, xb, mm->y, yb) &&
+                      !(mm->flags && ranges_meet(mm->x, xb, mm->res, yb));
+        for (int g = 0; beside && g < p->n_dec; g++) {
+            const struct pc_mm *o = &p->dec[g];
+            uint64_t ob = (uint64_t)o->T * o->N * 4;
+            beside = o->x == mm->x && !ranges_meet(o->y, ob, mm->y, yb) && !(mm->flags && ranges_meet(o->y, ob, mm->res, yb)) &&
+                     !(o->flags && ranges_meet(o->res, ob, mm->y, yb));
+        }
+        struct pc_mmh pc = {p->xh.addr, mm->w, mm->y, mm->res, mm->T, mm->K, mm->N, Kp, mm->N, 0,
+                            mm->flags | (p->scale ? MM_XH : 0u), 0, 0, 0, 0, 0, p->xs};
+        st = pf_emit_op(p, kq, (mm->N + VK_CM2_BN - 1) / VK_CM2_BN, (mm->T + VK_CM2_BM - 1) / VK_CM2_BM,
+                        &pc, sizeof pc);
+        if (st == ANVIL_OK) {
+            p->ops[p->n_ops - 1].overlap = beside;
+            p->n_dec = beside ? p->n_dec : 0;
+            p->dec[p->n_dec++] = *mm;
+            p->dec_at = p->n_ops - 1;
+        }
+        return st;
+    }
     /* (the tests' float16 emulation groups its products the same way, so that lavapipe checks
      * the groups' bookkeeping) */
     VkDeviceSize room = p->half_size ? p->half_size : p->dq.size;

@@ -2,7 +2,8 @@
  * The prefill program's mixture of experts over a chunk: its scratch layout, every token
  * routed, the choices sorted by expert, each expert's products over the tokens that chose it
  * (mm.comp, or on cooperative matrices mm_h.comp's gathered tiles or mm_cm2.comp over the
- * experts' rows laid out compact), and each token's k outputs summed.
+ * experts' rows laid out compact, from float16 copies of the experts or, WQ, from their blocks
+ * themselves), and each token's k outputs summed.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -103,16 +104,40 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i) {
                                  E, k, T, C, VK_CM2_MOE_BM, m.R, base + m.xs, p->scale};
         st = pf_emit(p, K_MOE_OFFS, 1, 1, &mr, sizeof mr);
         if (st == ANVIL_OK) st = pf_emit(p, K_MOE_GATHER, m.R, 0, &mr, sizeof mr);
-        /* the pieces (gate's, up's, down's) in turn, dequantised into the two halves of dq in
-         * turn: a piece's dequantisation runs beside the product of the piece before */
         const struct node *mats[3] = {gn, un, dn};
         uint64_t outs[3] = {base + m.gc, base + m.uc, base + m.dc};
+        /* where mm_cm2.comp decodes the three matrices' types itself: each over every expert
+         * in one product, no float16 copy (gate and up side by side) */
+        enum vk_kernel kq[3];
+        bool decode = p->b->d->tune.vk_moe_decode;
+        for (int w = 0; w < 3; w++) {
+            kq[w] = vk_cm2q_kernel(mats[w]->weight->type, true);
+            decode &= vk_pipeline_supported(p->b->d, &p->b->pl, kq[w]);
+        }
+        for (int w = 0; w < 3 && decode && st == ANVIL_OK; w++) {
+            uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F;
+            if (w == 2) { /* gate = silu(gate) * up, and as float16 into xg */
+                struct pc_rows sw = {base + m.gc, base + m.uc, any, base + m.gc, p->prm.addr, F, m.R, 0, 0, 0,
+                                     ROWS_HALF | (p->scale ? ROWS_SCALE : 0u), base + m.xg, base + m.xs};
+                st = pf_emit(p, K_ROWS_SWIGLU, m.R, 0, &sw, sizeof sw);
+            }
+            struct pc_mmh mh = {base + m.xg, vk_wnode_addr(p->b, mats[w]), outs[w], any, T, K, N,
+                                vk_wnode_kp(p->b, mats[w]), N, 0, p->scale ? MM_XH : 0u, base + m.aux, any, E, k, 0,
+                                base + m.xs};
+            if (st == ANVIL_OK && (st = pf_emit(p, kq[w], (N + VK_CM2_BN - 1) / VK_CM2_BN,
+                                                (T + VK_CM2_MOE_BM - 1) / VK_CM2_MOE_BM, &mh, sizeof mh)) == ANVIL_OK) {
+                p->ops[p->n_ops - 1].gz = E;
+                p->ops[p->n_ops - 1].overlap = w == 1;
+            }
+        }
+        /* the pieces (gate's, up's, down's) in turn, dequantised into the two halves of dq in
+         * turn: a piece's dequantisation runs beside the product of the piece before */
         VkDeviceSize half = p->dq.size / 2 / ALIGN * ALIGN;
         uint32_t EP[3];
         for (int w = 0; w < 3; w++) EP[w] = pf_dq_experts(p->b->d, E, w < 2 ? F : C, vk_wnode_kp(p->b, mats[w]));
         int n_pc = 0;
-        if (st == ANVIL_OK) st = emit_moe_dq(p, mats[0], F, E, 0, EP[0], p->dq.addr, false);
-        for (int w = 0; w < 3 && st == ANVIL_OK; w++) {
+        if (st == ANVIL_OK && !decode) st = emit_moe_dq(p, mats[0], F, E, 0, EP[0], p->dq.addr, false);
+        for (int w = 0; w < 3 && st == ANVIL_OK && !decode; w++) {
             uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F, Kp = vk_wnode_kp(p->b, mats[w]);
             for (uint32_t e0 = 0; e0 < E && st == ANVIL_OK; e0 += EP[w], n_pc++) {
                 uint64_t dqa = p->dq.addr + (VkDeviceSize)(n_pc & 1) * half;

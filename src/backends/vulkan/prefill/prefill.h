@@ -153,6 +153,11 @@ struct vk_prefill {
     VkDeviceSize half_size;
     int half, hoist_at;
     uint64_t xh_of; /* the x whose float16 rows the kernel just emitted wrote into xh (or 0) */
+    /* the last products on mm_cm2.comp decoding their weights themselves (WQ), siblings run
+     * side by side as a group's products do, and the op of the last: a sibling right after it
+     * runs beside them */
+    struct pc_mm dec[4];
+    int n_dec, dec_at;
     bool f16;                  /* products on float16 inputs allowed */
     bool scaled_only;          /* ... only on inputs scaled into float16's range (xh; the
                                   hybrids': no mm_h.comp, which rounds x as it is) */

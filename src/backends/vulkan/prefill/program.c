@@ -204,6 +204,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     }
     p->grp_max = MAX(p->grp_max, 1);
     p->hoist_at = -1;
+    p->dec_at = -1;
     if (st == ANVIL_OK) st = pf_lower(p, &P);
     if (st == ANVIL_OK) st = pf_flush_group(p);
     if (st == ANVIL_OK && t->vk_profile) {
