@@ -118,11 +118,13 @@ static const struct knob KNOBS[] = {
     BOOL("ANVIL_VK_CM2_DECODE", C_EXPERIMENT, vk_cm2_decode, 0,
          "The prefill's dense products on workgroup matrices read Q4_K, Q5_K, Q6_K and Q8_0 "
          "weights as they are stored, each tile decoded to float16 as it loads (mm_cm2.comp "
-         "WQ), instead of the weight dequantised to float16 (dq.comp) every chunk."),
+         "WQ), instead of the weight dequantised to float16 (dq.comp) every chunk: slower on "
+         "the H200, 8B Q4_K_M pp512 10,627 -> 6,298 t/s (docs/perf/log.md §61)."),
     BOOL("ANVIL_VK_MOE_DECODE", C_EXPERIMENT, vk_moe_decode, 0,
          "The same for the MoE experts' products over their compact rows: every expert's "
          "Q4_K, Q5_K, Q6_K or Q8_0 blocks decoded in the product's tile loads, instead of "
-         "every expert dequantised to float16 every chunk."),
+         "every expert dequantised to float16 every chunk: slower on the H200, Qwen3.6-35B-A3B "
+         "Q4_K_M pp512 3,437 -> 3,283 t/s, 30B-A3B 5,323 -> 4,329 (docs/perf/log.md §61)."),
     BOOL("ANVIL_VK_DQ_EMULATE", C_DIAGNOSTIC, vk_dq_emulate, 0,
          "For tests: the float16 weight pieces multiplied with the float32-tile kernel where "
          "there are no cooperative matrices."),
