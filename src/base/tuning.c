@@ -207,6 +207,10 @@ static const struct knob KNOBS[] = {
     BOOL("ANVIL_VK_ROUTE_FUSE", C_DIAGNOSTIC, vk_route_fuse, 1,
          "The router's matvec chooses the experts itself (float routers); 0 leaves it to "
          "moe_topk.comp."),
+    BOOL("ANVIL_VK_MOE_PICK", C_DIAGNOSTIC, vk_moe_pick, 1,
+         "Decode: the experts' gate/up workgroups choose their experts from the router's logits "
+         "themselves (up to 512 experts); 0 leaves it to the router's matvec "
+         "(ANVIL_VK_ROUTE_FUSE) or moe_topk.comp."),
     BOOL("ANVIL_VK_QXR", C_DIAGNOSTIC, vk_qxr, 1,
          "Products whose output feeds another QX product round it themselves (QXR: in blocks of "
          "8, the next norm folded in): 8B Q4_K_M 294 -> 308 t/s on the H100 (docs/perf/log.md §33); "

@@ -1234,7 +1234,8 @@ static void test_qxr_kernels(void **state) {
     assert_int_equal(checked, 8);
 }
 
-/* The MoE router kernel (moe_topk.comp) chooses the experts the CPU backend's op_moe chooses:
+/* The MoE router kernel (moe_topk.comp), and the experts' gate/up choosing them itself
+ * (matvec.comp pick_expert, where E and k allow), choose the experts the CPU backend's op_moe chooses:
  * the k largest logits by repeated argmax, the lower id among equals (logits drawn from a
  * few values, so that ties are everywhere), for expert counts below, at and above the
  * workgroup's 256 threads, up to 1024, and k up to 64; the weights softmax(logits) of the
@@ -1245,7 +1246,7 @@ static void test_topk_kernel(void **state) {
     assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
     struct vk_backend *b = (struct vk_backend *)base;
     static const int Es[] = {1, 7, 128, 256, 257, 512, 1024}, ks[] = {1, 2, 8, 10, 64};
-    int cases = 0;
+    int cases = 0, picks = 0, sg = (int)b->d->subgroup_size;
     static float lg[1024];
     for (size_t ei = 0; ei < sizeof Es / sizeof *Es; ei++)
         for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++)
@@ -1254,9 +1255,11 @@ static void test_topk_kernel(void **state) {
                 if (k > E) continue;
                 int levels = 1 + (int)(rnd() % 12); /* 1: every logit equal */
                 for (int e = 0; e < E; e++) lg[e] = (float)(rnd() % (uint32_t)levels) * 0.75f - 3.0f;
-                int32_t ids[64], want[64];
-                float w[64], ww[64];
+                int32_t ids[64], want[64], pids[64], took[64];
+                float w[64], ww[64], pw[64];
                 assert_int_equal(vk_topk_once(b, lg, E, k, norm != 0, ids, w), ANVIL_OK);
+                bool pick = E <= 512 && E <= 32 * sg && k <= sg;
+                if (pick) assert_int_equal(vk_pick_once(b, lg, E, k, norm != 0, pids, pw, took), ANVIL_OK);
                 float mx = -INFINITY, sum = 0, picked = 0;
                 for (int e = 0; e < E; e++) mx = fmaxf(mx, lg[e]);
                 for (int e = 0; e < E; e++) sum += expf(lg[e] - mx);
@@ -1279,11 +1282,20 @@ static void test_topk_kernel(void **state) {
                     if (fabsf(w[i] - ww[i]) > 1e-5f * ww[i] + 1e-7f)
                         fail_msg("E %d k %d norm %d: weight %d %.7g, %.7g wanted", E, k, norm, i, (double)w[i],
                                  (double)ww[i]);
+                    if (pick && (pids[i] != want[i] || took[i] != want[i]))
+                        fail_msg("E %d k %d norm %d (%d levels), gate/up choosing: choice %d is expert %d (its "
+                                 "row took %d), %d wanted", E, k, norm, levels, i, pids[i], took[i], want[i]);
+                    if (pick && fabsf(pw[i] - ww[i]) > 1e-5f * ww[i] + 1e-7f)
+                        fail_msg("E %d k %d norm %d, gate/up choosing: weight %d %.7g, %.7g wanted", E, k, norm, i,
+                                 (double)pw[i], (double)ww[i]);
                 }
                 cases++;
+                picks += pick;
             }
-    fprintf(stderr, "router top-k: %d cases equal to the CPU's choice\n", cases);
+    fprintf(stderr, "router top-k: %d cases equal to the CPU's choice (%d of them also chosen by the experts' "
+            "gate/up, subgroups of %d)\n", cases, picks, sg);
     assert_true(cases == 56);
+    assert_true(picks >= 10); /* (subgroups of 4 or more: E <= 128, k <= 2 at least) */
     assert_int_equal(vk_check_validation(b->d), ANVIL_OK);
     backend_destroy(base);
 }

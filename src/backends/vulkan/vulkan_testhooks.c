@@ -328,6 +328,57 @@ anvil_status vk_topk_once(struct vk_backend *b, const float *logits, int E, int 
     return st;
 }
 
+anvil_status vk_pick_once(struct vk_backend *b, const float *logits, int E, int k, bool norm, int32_t *ids,
+                          float *weights, int32_t *picked) {
+    struct vk_device *d = b->d;
+    int sg = (int)d->subgroup_size;
+    if (E < 1 || E > 512 || E > 32 * sg || k < 1 || k > sg || k > E)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vk_pick_once: %d of %d experts (subgroups of %d)", k, E, sg);
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
+    /* ctl | logits [E] | routing [132] | x [8] | gate rows [E, 8] | up rows [E, 8] | outputs [k, 4] */
+    VkDeviceSize o[6], size = test_layout(6, (VkDeviceSize[6]){(VkDeviceSize)E * 4, 132 * 4, 32, (VkDeviceSize)E * 32,
+                                                                (VkDeviceSize)E * 32, (VkDeviceSize)k * 16}, o);
+    struct vk_buffer buf = {0};
+    if ((st = vk_buffer_create(d, size, VK_MEM_READBACK, "test pick", &buf)) != ANVIL_OK) return st;
+    uint8_t *m = buf.map;
+    memset(m, 0, buf.size);
+    memcpy(m + o[0], logits, (size_t)E * 4);
+    float *x = (float *)(m + o[2]), *wg = (float *)(m + o[3]), *wu = (float *)(m + o[4]);
+    x[0] = 1;
+    for (int e = 0; e < E; e++) { /* expert e's output: silu(20) * (e + 1) */
+        wg[e * 8] = 20;
+        wu[e * 8] = (float)(e + 1);
+    }
+    struct pc_matvec pc = {0};
+    pc.x = pc.normw = buf.addr + o[2];
+    pc.ctl = buf.addr;
+    pc.w0 = pc.w2 = buf.addr + o[3];
+    pc.w1 = buf.addr + o[4];
+    pc.o0 = pc.res = buf.addr + o[5];
+    pc.o1 = buf.addr + o[1];
+    pc.o2 = buf.addr + o[0];
+    pc.Kp8 = 1;
+    pc.K = 8;
+    pc.rows0 = 1;
+    pc.rows1 = (uint32_t)k;
+    pc.rows2 = 4;
+    pc.flags = MV_TOPK;
+    pc.route_k = (uint32_t)k | (norm ? 1u << 16 : 0) | (uint32_t)E << 17;
+    struct test_dispatch one = {K_MOE_GU_F32, &pc, sizeof pc, 1, (uint32_t)k};
+    st = test_run(b, &one, 1, VK_NULL_HANDLE);
+    if (st == ANVIL_OK) {
+        const float *r = (const float *)(m + o[1]), *y = (const float *)(m + o[5]);
+        for (int i = 0; i < k; i++) {
+            memcpy(&ids[i], &r[i], 4);
+            weights[i] = r[64 + i];
+            picked[i] = (int32_t)lroundf(y[i * 4] / 20.0f) - 1;
+        }
+    }
+    vk_buffer_destroy(d, &buf);
+    return st;
+}
+
 anvil_status vk_f16_once(struct vk_backend *b, const float *x, int n, uint16_t *out) {
     if (n < 8 || n % 8) return err_set(ANVIL_ERR_INVALID_ARG, "vk_f16_once: %d floats", n);
     anvil_status st = test_pipelines(b);

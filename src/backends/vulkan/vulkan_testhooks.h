@@ -44,6 +44,14 @@ anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, con
 anvil_status vk_topk_once(struct vk_backend *b, const float *logits, int E, int k, bool norm, int32_t *ids,
                           float *weights);
 
+/* For tests: the experts' gate/up kernel choosing its experts itself (matvec.comp MODE 2
+ * pick_expert, F32 weights) once over logits [E] (E <= 512 and 32 a lane of the subgroup,
+ * k <= the subgroup size, else ANVIL_ERR_INVALID_ARG): the routing buffer it writes (ids [k],
+ * weights [k], as vk_topk_once) and the expert each of its k workgroup rows took (picked [k],
+ * read off their outputs). */
+anvil_status vk_pick_once(struct vk_backend *b, const float *logits, int E, int k, bool norm, int32_t *ids,
+                          float *weights, int32_t *picked);
+
 /* For tests: n floats (a multiple of 8) to float16 through the shaders' conversion
  * (common.glsl half_rne, by dq.comp over a float32 row), into out [n]. */
 anvil_status vk_f16_once(struct vk_backend *b, const float *x, int n, uint16_t *out);

@@ -15,8 +15,9 @@
  *                                sequence, merged by the last workgroup of each kv head
  *   MoE                          router matvec (grouped with the shared expert's gate
  *                                logit; the shared expert's gate/up -> SwiGLU beside it, no
- *                                barrier between), top-k kernel -> routing buffer, experts'
- *                                gate/up -> SwiGLU, experts' down summed (+ the shared expert
+ *                                barrier between), experts' gate/up -> SwiGLU, each workgroup
+ *                                choosing its expert from the router's logits (writing the
+ *                                routing buffer), experts' down summed (+ the shared expert
  *                                as one more, weighted by sigmoid of its logit, + the residual),
  *                                the sum rounded there for the next layer's integer dot products
  *   Gated DeltaNet -> gated RMSNorm * silu(z)       one dispatch per layer (gdn.comp); the
@@ -338,13 +339,18 @@ static anvil_status lower_moe(struct lower *L, int i) {
     /* (with integer dot products the shared expert's down projection is a matvec of its own,
      * on rounded inputs like every one-token matmul) */
     if (shared && (st = lower_matmuls(L, se.gate)) != ANVIL_OK) return st;
-    struct vk_dispatch *rop = router_op(L, node_addr(L, n->src[1]), E);
+    /* the experts' gate/up workgroups choose their experts themselves from the router's logits
+     * (matvec.comp pick_expert): no top-k dispatch and its barrier (the 35B-A3B's), no router
+     * tail (the 30B-A3B's last workgroup); else the router's matvec or moe_topk.comp does */
+    uint32_t sg = L->p->b->d->subgroup_size;
+    bool pick = L->p->b->d->tune.vk_moe_pick && E <= 512 && E <= 32 * sg && k <= sg;
+    struct vk_dispatch *rop = pick ? NULL : router_op(L, node_addr(L, n->src[1]), E);
     if (rop) { /* the router's matvec chooses the experts itself */
         struct pc_matvec *pr = (struct pc_matvec *)rop->push;
         rop->k = vk_kernel_for(VK_OP_MATVEC_ROUTE, vk_kernel_info(rop->k)->dtype);
         pr->o1 = route;
         pr->route_k = k | (n->p.i[1] != 0 ? 1u << 16 : 0);
-    } else {
+    } else if (!pick) {
         struct pc_topk pt = {node_addr(L, n->src[1]), route, L->p->ctl.addr, E, k, (uint32_t)(n->p.i[1] != 0), 1};
         if ((st = emit_dispatch(L->p, K_MOE_TOPK, 1, 1, &pt, sizeof pt)) != ANVIL_OK) return st;
     }
@@ -362,6 +368,11 @@ static anvil_status lower_moe(struct lower *L, int i) {
     pc.rows0 = F;
     pc.rows1 = k;
     pc.rows2 = stride;
+    if (pick) {
+        pc.flags |= MV_TOPK;
+        pc.o2 = node_addr(L, n->src[1]);
+        pc.route_k = k | (n->p.i[1] != 0 ? 1u << 16 : 0) | E << 17;
+    }
     uint32_t nr = vk_matvec_rows(&L->p->b->pl, kgu);
     if ((st = emit_dispatch(L->p, kgu, (F + nr - 1) / nr, k, &pc, sizeof pc)) != ANVIL_OK) return st;
     struct pc_matvec pd = {0};

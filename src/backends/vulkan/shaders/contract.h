@@ -51,6 +51,7 @@
 #define MV_NORM 1u       /* x RMS-normalised on the fly: dot(W, x * normw) / rms(x) */
 #define MV_RES 2u        /* the residual res added to the outputs */
 #define MV_SHARED 4u     /* MODE 2/3: one more expert, the shared one (w1/w2, normw's input) */
+#define MV_TOPK 8u       /* MODE 2: each workgroup chooses its expert from the router's logits (o2) */
 #define MV_ROUND 16u     /* QXT: the outputs rounded for the next product into xq */
 #define MV_ROUND_NW 32u  /* QXT: the outputs times the next norm's weights nw rounded (XM 2) */
 

@@ -8,6 +8,8 @@
  * buffer of the top-k kernel (ids at o1[0 .. k), as uint bits, weights at o1[64 ..]): the
  * weights of all experts are stacked ([E * rows, Kp]), the rows of expert e start at row e * rows.
  *   MODE 2: workgroup (i, s): out[s * rows2 + r] = silu(Wg_e · x) * (Wu_e · x), e = id[s]
+ *           (flags & MV_TOPK: e the expert of rank s, chosen here from the router's logits:
+ *           pick_expert, which also writes the routing buffer for MODE 3)
  *   MODE 3: out = [res +] sum over s < rows1 of p_s * W_e · x_s, x_s at x + s * rows2
  *           (the down projection, summed over the experts)
  * K = input width (Kp = the rows' padded length, common.glsl; x is zero past K).
@@ -77,6 +79,73 @@ float qdot(uvec2 xq, float xd, float xs, uvec2 qi, vec2 so) {
 
 shared float red[2 * 8][32]; /* [rows][subgroups] (NR <= 8, up to 32 subgroups) */
 shared float red_ss[32];
+
+#ifndef QX
+shared uint pick_e;
+
+/* The best logit (the lowest id among equals) of the lane's ids L, L + SG, ... of red's E not
+ * in taken (bit j: id L + j SG), as (bv, bi); bi ~0 where none is left. */
+void pick_scan(uint E, uint L, uint taken, out float bv, out uint bi) {
+    bv = -1.0 / 0.0;
+    bi = ~0u;
+    for (uint j = 0u, i = L; i < E; j++, i += gl_SubgroupSize) {
+        float x = red[i >> 5u][i & 31u];
+        if ((taken >> j & 1u) == 0u && (bi == ~0u || x > bv)) {
+            bv = x;
+            bi = i;
+        }
+    }
+}
+
+/* MODE 2 with flags & MV_TOPK: the workgroup's expert chosen by the workgroup itself from the
+ * router's E logits at o2 (route_k: k | norm << 16 | E << 17; E <= 512 and <= 32 ids a lane,
+ * k <= the subgroup size), so that no top-k dispatch or router tail sits between the router's
+ * product and this one (perf rule "dependent steps"). route.glsl's choice: the highest logit,
+ * ties the lower id, NaN as -inf. The logits go into red (free until the products' sums);
+ * subgroup 0 finds the expert of rank s = gl_WorkGroupID.y in s + 1 rounds of a subgroup
+ * maximum, then the lowest id holding it. Workgroup (0, k - 1), which finds all k, writes the
+ * routing buffer o1 for the down projection: ids, and the softmax weights (divided by their
+ * sum when norm). */
+uint pick_expert() {
+    uint E = pc.route_k >> 17u, k = pc.route_k & 0xffffu, t = gl_LocalInvocationID.x;
+    for (uint i = t; i < E; i += gl_WorkGroupSize.x) {
+        float v = pc.o2.v[i];
+        red[i >> 5u][i & 31u] = isnan(v) ? -1.0 / 0.0 : v;
+    }
+    barrier();
+    if (gl_SubgroupID == 0u) {
+        uint L = gl_SubgroupInvocationID, s = gl_WorkGroupID.y, taken = 0u, bi, mine = 0u, e = 0u;
+        float bv, mx = 0.0, ml = 0.0;
+        pick_scan(E, L, 0u, bv, bi);
+        for (uint r = 0u; r <= s; r++) {
+            float m = subgroupMax(bv);
+            e = subgroupMin(bv == m ? bi : ~0u);
+            if (r == 0u) mx = m;
+            if (L == r) {
+                mine = e;
+                ml = m;
+            }
+            if (bi == e) { /* the winner's lane: its next best */
+                taken |= 1u << ((e - L) / gl_SubgroupSize);
+                pick_scan(E, L, taken, bv, bi);
+            }
+        }
+        if (L == 0u) pick_e = e;
+        if (gl_WorkGroupID.x == 0u && s == k - 1u) {
+            float s2 = 0.0;
+            for (uint i = L; i < E; i += gl_SubgroupSize) s2 += exp(red[i >> 5u][i & 31u] - mx);
+            s2 = subgroupAdd(s2);
+            float p = L < k ? exp(ml - mx) / s2 : 0.0, tot = subgroupAdd(p);
+            if (L < k) {
+                pc.o1.v[L] = uintBitsToFloat(mine);
+                pc.o1.v[64u + L] = (pc.route_k >> 16u & 1u) != 0u ? p / tot : p;
+            }
+        }
+    }
+    barrier();
+    return pick_e;
+}
+#endif
 #ifdef MDR
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CFloats { float v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CUInts { uint v[]; };
@@ -197,7 +266,9 @@ void main() {
          * issue every load of the iteration before the first product: what bounds the kernel is
          * how many bytes each thread has in flight */
 #ifndef QX
-        uint rbase = MODE == MV_MODE_MOE_GU ? floatBitsToUint(pc.o1.v[gl_WorkGroupID.y]) * pc.rows0 : 0u;
+        uint rbase = 0u;
+        if (MODE == MV_MODE_MOE_GU)
+            rbase = ((pc.flags & MV_TOPK) != 0u ? pick_expert() : floatBitsToUint(pc.o1.v[gl_WorkGroupID.y])) * pc.rows0;
 #endif
         for (uint u0 = TID; u0 < U; u0 += TWS * PIPE) {
             for (uint p = 0u; p < PIPE; p++) {

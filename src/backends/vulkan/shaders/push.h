@@ -43,7 +43,7 @@
     U32(K) U32(rows0) U32(rows1) U32(rows2) \
     U32(flags)              /* MV_* */ \
     F32(eps) \
-    U32(route_k)            /* ROUTE: k | norm << 16 */
+    U32(route_k)            /* ROUTE: k | norm << 16; MODE 2 MV_TOPK: k | norm << 16 | E << 17 */
 /* matvec.comp QXT's fields after PC_MATVEC's (struct pc_qxt) */
 #define PC_MATVEC_QXT(ADDR, U32, F32) \
     ADDR(UInts, xq)         /* flags & MV_ROUND: the outputs rounded for the next product */ \
