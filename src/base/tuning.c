@@ -211,6 +211,9 @@ static const struct knob KNOBS[] = {
          "Decode: the experts' gate/up workgroups choose their experts from the router's logits "
          "themselves (up to 512 experts); 0 leaves it to the router's matvec "
          "(ANVIL_VK_ROUTE_FUSE) or moe_topk.comp."),
+    BOOL("ANVIL_VK_MOE_QX", C_DIAGNOSTIC, vk_moe_qx, 1,
+         "Decode: the experts' gate/up on integer dot products, their normed input rounded by the "
+         "product before the router (the o projection: QXT); 0 keeps them on float inputs."),
     BOOL("ANVIL_VK_QXR", C_DIAGNOSTIC, vk_qxr, 1,
          "Products whose output feeds another QX product round it themselves (QXR: in blocks of "
          "8, the next norm folded in): 8B Q4_K_M 294 -> 308 t/s on the H100 (docs/perf/log.md §33); "

@@ -59,7 +59,7 @@ enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_
  * MODE 1), teams or not, of an input rounded as XM says */
 #define KQ(spv, name, op, dtype, teams, xm)                                                             \
     {spv, sizeof spv, name, op, dtype, 1, teams, xm,                                                   \
-     (op) == VK_OP_MATVEC_SWIGLU ? MV_MODE_SWIGLU : MV_MODE_PRODUCTS,                                  \
+     (op) == VK_OP_MATVEC_SWIGLU ? MV_MODE_SWIGLU : (op) == VK_OP_MOE_GU ? MV_MODE_MOE_GU : MV_MODE_PRODUCTS, \
      (teams) || (xm) ? SPECS_QXV : SPECS_MATVEC, (teams) ? PUSH_MATVEC_QXT : PUSH_MATVEC}
 /* one of mega.comp's: of weights of one float type, or on integer dot products (MQX) of the
  * types of QT */
@@ -105,6 +105,7 @@ enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_
     [K_MATVEC_QXT_##T##_X2] = KQ(spv_matvec_qxt_##t, "matvec_qxt_" #t "_x2", VK_OP_MATVEC, DT_##T, 1, 2), \
     [K_MATVEC_SWIGLU_QXT_##T##_X2] = KQ(spv_matvec_qxt_##t, "matvec_swiglu_qxt_" #t "_x2",              \
                                         VK_OP_MATVEC_SWIGLU, DT_##T, 1, 2),                             \
+    [K_MOE_GU_QX_##T##_X2] = KQ(spv_matvec_qxv_##t, "moe_gu_qx_" #t "_x2", VK_OP_MOE_GU, DT_##T, 0, 2),     \
     [K_MMB_QX_##T] = {spv_mmb_qx_##t, sizeof spv_mmb_qx_##t, "mmb_qx_" #t, VK_OP_MMB, DT_##T, 1, 0, 0,   \
                       0, SPECS_MMB, PUSH_MMB},
 
@@ -333,20 +334,22 @@ static uint32_t float_rows(const struct vk_pipelines *p, int kind, uint32_t mode
 
 bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t vals[4]) {
     const struct vk_kernel_info *ki = &kernels[k];
-    if (ki->specs == SPECS_QXV) /* the QX variants: their plain kernel's shape (teams: qxv_spec) */
+    /* the QX variants: their plain kernel's shape (teams: qxv_spec); the experts' gate/up (XM 2
+     * only) their own, below */
+    if (ki->specs == SPECS_QXV && ki->op != VK_OP_MOE_GU)
         return vk_matvec_spec(p, vk_kernel_qx((enum vk_op)ki->op, ki->dtype, false, 0), vals);
-    if (ki->specs != SPECS_MATVEC) return false;
+    if (ki->specs != SPECS_MATVEC && ki->specs != SPECS_QXV) return false;
     int kind = vk_weight_kind(ki->dtype);
     uint32_t mode = ki->mode;
     vals[SPEC_WG] = p->matvec_wg_kind[kind] ? p->matvec_wg_kind[kind] : p->matvec_wg;
     vals[MV_SPEC_NR] = float_rows(p, kind, mode);
     vals[MV_SPEC_MODE] = mode;
     vals[MV_SPEC_PIPE] = 1; /* (2 lost: perf rule "big products at the roofline") */
-    if (ki->qx) {
-        int q = vk_qx_index(ki->dtype);
-        vals[SPEC_WG] = p->qx_wg[q][mode];
-        vals[MV_SPEC_NR] = p->qx_nr[q][mode];
-        vals[MV_SPEC_PIPE] = p->qx_pipe[q][mode];
+    if (ki->qx) { /* (the experts' gate/up: the SwiGLU's shape, or ANVIL_VK_MATVEC_NR_MOE's rows) */
+        int q = vk_qx_index(ki->dtype), m = mode ? 1 : 0;
+        vals[SPEC_WG] = p->qx_wg[q][m];
+        vals[MV_SPEC_NR] = mode == MV_MODE_MOE_GU && p->matvec_nr_moe ? p->matvec_nr_moe : p->qx_nr[q][m];
+        vals[MV_SPEC_PIPE] = p->qx_pipe[q][m];
     }
     return true;
 }

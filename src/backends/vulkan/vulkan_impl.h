@@ -210,7 +210,7 @@ enum vk_op {
     K_MATVEC_QX_##T, K_MATVEC_SWIGLU_QX_##T, K_MATVEC_QX_##T##_X1, K_MATVEC_SWIGLU_QX_##T##_X1, \
     K_MATVEC_QX_##T##_X2, K_MATVEC_SWIGLU_QX_##T##_X2, K_MATVEC_QXT_##T##_X0, K_MATVEC_SWIGLU_QXT_##T##_X0, \
     K_MATVEC_QXT_##T##_X1, K_MATVEC_SWIGLU_QXT_##T##_X1, K_MATVEC_QXT_##T##_X2, K_MATVEC_SWIGLU_QXT_##T##_X2, \
-    K_MMB_QX_##T,
+    K_MMB_QX_##T, K_MOE_GU_QX_##T##_X2,
 enum vk_kernel {
     K_NONE, /* no kernel (its pipeline is always VK_NULL_HANDLE) */
     VK_WEIGHT_TYPES(VK_TYPE_KERNELS)

@@ -368,6 +368,15 @@ static anvil_status lower_moe(struct lower *L, int i) {
     pc.rows0 = F;
     pc.rows1 = k;
     pc.rows2 = stride;
+    /* on integer dot products where the product before rounded the normed input for them itself
+     * (the o projection: qx_round_to counts the experts as its reader; perf rule "producers
+     * round"), never behind a rounding dispatch of their own */
+    int kq = vk_kernel_qx(VK_OP_MOE_GU, gn->weight->type, false, 2), qi = -1, xm = 0;
+    if (L->use_qx && L->p->b->d->tune.vk_moe_qx && kq != K_NONE && (pc.flags & MV_NORM) &&
+        vk_pipeline_supported(L->p->b->d, &L->p->b->pl, kq) && (qi = qx_find(L, &pc)) >= 0 && L->qx[qi].own) {
+        if ((st = qx_input(L, &pc, &xm)) != ANVIL_OK) return st;
+        kgu = kq;
+    }
     if (pick) {
         pc.flags |= MV_TOPK;
         pc.o2 = node_addr(L, n->src[1]);

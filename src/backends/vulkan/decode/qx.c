@@ -68,18 +68,36 @@ anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm) {
     return ANVIL_OK;
 }
 
+/* Whether matmul k is a MoE's router (its output the logits of a later OP_MOE) and the experts
+ * could take a rounded input (ANVIL_VK_MOE_QX) */
+static bool moe_router(struct lower *L, int k) {
+    if (!L->p->b->d->tune.vk_moe_qx) return false;
+    for (int j = k + 1; j < L->g->n_nodes; j++)
+        if (N(L, j)->op == OP_MOE && L->root[N(L, j)->src[1]] == L->root[k]) return true;
+    return false;
+}
+
 /* Whether a QX product writing node out (rows values) can round them for the next product:
  * the first matmul after out that reads it, directly or through an RMS norm (*norm: that
- * norm, else NULL), has weights the integer dot products take. */
+ * norm, else NULL), has weights the integer dot products take; a MoE router (float) is passed
+ * over for the MoE's experts, which take the normed input rounded (ANVIL_VK_MOE_QX). */
 bool qx_round_to(struct lower *L, int out, uint32_t rows, const struct node **norm) {
     if (!L->qxr || rows % 256) return false;
     for (int k = out + 1; k < L->g->n_nodes; k++) {
         const struct node *m = N(L, k);
-        if (m->op != OP_MATMUL || L->done[k]) continue;
+        if ((m->op != OP_MATMUL && m->op != OP_MOE) || L->done[k]) continue;
         int r = L->root[m->src[0]];
         const struct node *nm = N(L, r);
         bool nrm = nm->op == OP_RMS_NORM && L->root[nm->src[0]] == out;
         if (r != out && !nrm) continue;
+        if (m->op == OP_MOE) { /* the experts' gate/up (lower_moe), of the normed input only */
+            int kq = vk_kernel_qx(VK_OP_MOE_GU, N(L, m->src[2])->weight->type, false, 2);
+            if (!nrm || !L->p->b->d->tune.vk_moe_qx || kq == K_NONE || !vk_pipeline_supported(L->p->b->d, &L->p->b->pl, kq))
+                return false;
+            *norm = nm;
+            return true;
+        }
+        if (moe_router(L, k)) continue; /* (float logits: the experts after it read the same input) */
         enum vk_op op = swiglu_of(L, k) >= 0 ? VK_OP_MATVEC_SWIGLU : VK_OP_MATVEC;
         if (!vk_pipeline_supported(L->p->b->d, &L->p->b->pl, vk_kernel_qx(op, N(L, m->src[1])->weight->type, false, nrm ? 2 : 1))) return false;
         *norm = nrm ? nm : NULL;

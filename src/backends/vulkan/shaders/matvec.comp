@@ -80,7 +80,6 @@ float qdot(uvec2 xq, float xd, float xs, uvec2 qi, vec2 so) {
 shared float red[2 * 8][32]; /* [rows][subgroups] (NR <= 8, up to 32 subgroups) */
 shared float red_ss[32];
 
-#ifndef QX
 shared uint pick_e;
 
 /* The best logit (the lowest id among equals) of the lane's ids L, L + SG, ... of red's E not
@@ -145,7 +144,6 @@ uint pick_expert() {
     barrier();
     return pick_e;
 }
-#endif
 #ifdef MDR
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CFloats { float v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CUInts { uint v[]; };
@@ -265,11 +263,9 @@ void main() {
          * units past the row are clamped to valid ones and count zero), so that the compiler can
          * issue every load of the iteration before the first product: what bounds the kernel is
          * how many bytes each thread has in flight */
-#ifndef QX
         uint rbase = 0u;
         if (MODE == MV_MODE_MOE_GU)
             rbase = ((pc.flags & MV_TOPK) != 0u ? pick_expert() : floatBitsToUint(pc.o1.v[gl_WorkGroupID.y])) * pc.rows0;
-#endif
         for (uint u0 = TID; u0 < U; u0 += TWS * PIPE) {
             for (uint p = 0u; p < PIPE; p++) {
                 uint up = u0 + p * TWS;
@@ -293,10 +289,10 @@ void main() {
                     uvec2 qi[UG];
                     vec2 so[UG];
                     if (GATED) {
-                        unit_load_i(pc.w0, g, U, u, qi, so);
+                        unit_load_i(pc.w0, rbase + g, U, u, qi, so);
                         for (uint k = 0; k < UG; k++)
                             acc[r] += qdot(xq[k], xd[k], xs[k], qi[k], so[k]);
-                        unit_load_i(pc.w1, g, U, u, qi, so);
+                        unit_load_i(pc.w1, rbase + g, U, u, qi, so);
                         for (uint k = 0; k < UG; k++)
                             acc[NR + r] += qdot(xq[k], xd[k], xs[k], qi[k], so[k]);
                     } else {
