@@ -345,11 +345,19 @@ bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t val
     vals[MV_SPEC_NR] = float_rows(p, kind, mode);
     vals[MV_SPEC_MODE] = mode;
     vals[MV_SPEC_PIPE] = 1; /* (2 lost: perf rule "big products at the roofline") */
-    if (ki->qx) { /* (the experts' gate/up: the SwiGLU's shape, or ANVIL_VK_MATVEC_NR_MOE's rows) */
-        int q = vk_qx_index(ki->dtype), m = mode ? 1 : 0;
-        vals[SPEC_WG] = p->qx_wg[q][m];
-        vals[MV_SPEC_NR] = mode == MV_MODE_MOE_GU && p->matvec_nr_moe ? p->matvec_nr_moe : p->qx_nr[q][m];
-        vals[MV_SPEC_PIPE] = p->qx_pipe[q][m];
+    if (ki->qx && mode == MV_MODE_MOE_GU) {
+        /* the experts' gate/up: 64 threads of 2 rows (ANVIL_VK_MATVEC_NR_MOE), what the float
+         * kernel's 128 threads of 2 rows have in flight where the units are twice as wide (the
+         * K-quants' 32 weights: a 2048-wide row is 64 of them) and as many workgroups, each
+         * choosing its expert (untuned) */
+        vals[SPEC_WG] = 64;
+        vals[MV_SPEC_NR] = p->matvec_nr_moe ? p->matvec_nr_moe : 2;
+        vals[MV_SPEC_PIPE] = 1;
+    } else if (ki->qx) {
+        int q = vk_qx_index(ki->dtype);
+        vals[SPEC_WG] = p->qx_wg[q][mode];
+        vals[MV_SPEC_NR] = p->qx_nr[q][mode];
+        vals[MV_SPEC_PIPE] = p->qx_pipe[q][mode];
     }
     return true;
 }
