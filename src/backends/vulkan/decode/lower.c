@@ -339,12 +339,16 @@ static anvil_status lower_moe(struct lower *L, int i) {
     /* (with integer dot products the shared expert's down projection is a matvec of its own,
      * on rounded inputs like every one-token matmul) */
     if (shared && (st = lower_matmuls(L, se.gate)) != ANVIL_OK) return st;
-    /* the experts' gate/up workgroups choose their experts themselves from the router's logits
-     * (matvec.comp pick_expert): no top-k dispatch and its barrier (the 35B-A3B's), no router
-     * tail (the 30B-A3B's last workgroup); else the router's matvec or moe_topk.comp does */
+    /* the experts' choice: by the router's matvec in its last workgroup where it can (one float
+     * matrix: the 30B-A3B's), else by the experts' gate/up workgroups themselves from the
+     * router's logits (matvec.comp pick_expert: no top-k dispatch and its barrier, the hybrids'
+     * router being grouped with the shared expert's gate logit), else by moe_topk.comp. On the
+     * H200 (perf rule "dependent steps") the 35B-A3B gained 2.3% picking (40 dispatches and
+     * barriers fewer a token); the 30B-A3B lost 5% picking instead of its router's tail: a
+     * choice in each of its 3,072 workgroups a layer costs more than the one workgroup's */
     uint32_t sg = L->p->b->d->subgroup_size;
-    bool pick = L->p->b->d->tune.vk_moe_pick && E <= 512 && E <= 32 * sg && k <= sg;
-    struct vk_dispatch *rop = pick ? NULL : router_op(L, node_addr(L, n->src[1]), E);
+    struct vk_dispatch *rop = router_op(L, node_addr(L, n->src[1]), E);
+    bool pick = !rop && L->p->b->d->tune.vk_moe_pick && E <= 512 && E <= 32 * sg && k <= sg;
     if (rop) { /* the router's matvec chooses the experts itself */
         struct pc_matvec *pr = (struct pc_matvec *)rop->push;
         rop->k = vk_kernel_for(VK_OP_MATVEC_ROUTE, vk_kernel_info(rop->k)->dtype);
