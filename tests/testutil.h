@@ -40,8 +40,9 @@ int32_t *tu_json_ids(const char *json, const char *key, int *n);
 anvil_session *tu_session(anvil_model *m, anvil_backend_kind kind, int n_ctx);
 /* The same with the KV cache's type (tu_session: ANVIL_KV_DEFAULT). */
 anvil_session *tu_session_kv(anvil_model *m, anvil_backend_kind kind, int n_ctx, anvil_kv_cache kv);
-/* Whether the Vulkan validation layer is installed (CI's lavapipe has it): the tests then set
- * ANVIL_VALIDATE=1, and any message fails the call that follows it. */
+/* Whether the Vulkan validation layer is installed (CI's lavapipe has it) and the environment
+ * does not say ANVIL_VALIDATE=0 (the sanitizer build's suite, CMakeLists.txt): the tests then
+ * set ANVIL_VALIDATE=1, and any message fails the call that follows it. */
 bool tu_validation_layer(void);
 /* Whether Vulkan runs here (else why, in why); first sets ANVIL_VALIDATE=1 where the validation
  * layer is installed. Set it before anything touches Vulkan, this probe included: the process
