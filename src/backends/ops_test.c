@@ -87,27 +87,38 @@ static void test_checks(void **state) {
     }
 }
 
-/* Products of a few rows (mmb.comp; on integer dot products past 8 rows mmbt.comp's tiles: up
- * to ANVIL_VK_MMB rows, set here to its largest, 32) against the CPU: several weight types,
- * within and across mmb.comp's passes of 8 rows, mmbt.comp's tiles of 512 inputs whole and cut
- * (ffn_down: K = 768), 2 to 32 rows. On integer dot products the CPU rounds its input rows as
- * the GPU does (ANVIL_CPU_QX=1 rounds the rows of products of up to ANVIL_VK_MMB rows): both
- * then agree to float32 rounding. (Session 23's 7-row prompt of a Q8_0 model moved by 0.17 in
- * vulkan_test: the GPU rounded its inputs, the CPU, which rounded one-row products only, did
- * not; Q8_0 at 7 rows is here.) */
+/* Products of a few rows (mmb.comp; on integer dot products up to 8 rows mmbx.comp for Q8_0,
+ * Q4_K, Q5_K and Q6_K, past 8 rows mmbt.comp's tiles: up to ANVIL_VK_MMB rows, set here to its
+ * largest, 32) against the CPU: several weight types, within and across mmb.comp's passes of 8
+ * rows, mmbx.comp at each of its row counts (CT 2, 4, 8: T = 2 .. 8, rows past T repeated and
+ * not stored), with 1 and 4 rows of W a workgroup (ANVIL_VK_MMBX_RS), and off (mmb.comp QX),
+ * mmbt.comp's tiles of 512 inputs whole and cut (ffn_down: K = 768), 2 to 32 rows. On integer
+ * dot products the CPU rounds its input rows as the GPU does (ANVIL_CPU_QX=1 rounds the rows of
+ * products of up to ANVIL_VK_MMB rows): both then agree to float32 rounding. (Session 23's
+ * 7-row prompt of a Q8_0 model moved by 0.17 in vulkan_test: the GPU rounded its inputs, the
+ * CPU, which rounded one-row products only, did not; Q8_0 at 7 rows is here.) */
 static void test_small_batch(void **state) {
     (void)state;
     static const struct {
         int type, T;
         const char *what;
-        bool qx; /* on integer dot products (mmb_round.comp, then mmb.comp / mmbt.comp QX) */
+        bool qx;          /* on integer dot products (mmb_round.comp, then mmb.comp / mmbx.comp / mmbt.comp QX) */
+        const char *knob; /* NAME=VALUE set for the case, or NULL */
     } cases[] = {
-        {DT_Q4_K, 5, "ffn_up", false},    {DT_Q6_K, 16, "attn_output", false}, {DT_Q8_0, 2, "ffn_down", false},
-        {DT_BF16, 9, "attn_q", false},    {DT_F16, 3, "attn_qkv", false},      {DT_Q5_0, 8, "ffn_up", false},
-        {DT_F16, 32, "ffn_down", false},  {DT_Q4_K, 11, "ffn_down", true},     {DT_Q6_K, 16, "attn_q", true},
-        {DT_Q8_0, 3, "attn_output", true}, {DT_Q5_K, 9, "ffn_up", true},       {DT_Q8_0, 7, "attn_q", true},
-        {DT_Q4_K, 32, "ffn_down", true},  {DT_Q6_K, 25, "ffn_up", true},       {DT_Q5_K, 2, "ffn_down", true},
-        {DT_Q8_0, 32, "ffn_down", true},  {DT_Q3_K, 6, "attn_q", true},
+        {DT_Q4_K, 5, "ffn_up", false, NULL},     {DT_Q6_K, 16, "attn_output", false, NULL},
+        {DT_Q8_0, 2, "ffn_down", false, NULL},   {DT_BF16, 9, "attn_q", false, NULL},
+        {DT_F16, 3, "attn_qkv", false, NULL},    {DT_Q5_0, 8, "ffn_up", false, NULL},
+        {DT_F16, 32, "ffn_down", false, NULL},   {DT_Q4_K, 11, "ffn_down", true, NULL},
+        {DT_Q6_K, 16, "attn_q", true, NULL},     {DT_Q8_0, 3, "attn_output", true, NULL},
+        {DT_Q5_K, 9, "ffn_up", true, NULL},      {DT_Q8_0, 7, "attn_q", true, NULL},
+        {DT_Q4_K, 32, "ffn_down", true, NULL},   {DT_Q6_K, 25, "ffn_up", true, NULL},
+        {DT_Q5_K, 2, "ffn_down", true, NULL},    {DT_Q8_0, 32, "ffn_down", true, NULL},
+        {DT_Q3_K, 6, "attn_q", true, NULL},      {DT_Q4_K, 4, "attn_q", true, NULL},
+        {DT_Q4_K, 8, "ffn_up", true, NULL},      {DT_Q4_K, 3, "ffn_down", true, NULL},
+        {DT_Q6_K, 2, "ffn_down", true, NULL},    {DT_Q6_K, 5, "attn_output", true, NULL},
+        {DT_Q5_K, 6, "attn_q", true, NULL},      {DT_Q8_0, 4, "ffn_up", true, "ANVIL_VK_MMBX_RS=1"},
+        {DT_Q4_K, 7, "ffn_down", true, "ANVIL_VK_MMBX_RS=4"}, {DT_Q6_K, 3, "attn_q", true, "ANVIL_VK_MMBX_RS=3"},
+        {DT_Q4_K, 4, "attn_q", true, "ANVIL_VK_MMBX=0"},
     };
     struct ops_opts o;
     ops_opts_default(&o);
@@ -120,6 +131,13 @@ static void test_small_batch(void **state) {
         bool qx = cases[i].qx;
         setenv("ANVIL_VK_QX", qx ? "1" : "0", 1);
         setenv("ANVIL_CPU_QX", qx ? "1" : "0", 1);
+        char knob[64] = "";
+        if (cases[i].knob) {
+            snprintf(knob, sizeof knob, "%s", cases[i].knob);
+            char *eq = strchr(knob, '=');
+            *eq = 0;
+            setenv(knob, eq + 1, 1);
+        }
         struct ops_case c = find_case(OPS_MM, cases[i].type, cases[i].what, 40, cases[i].T);
         char name[96];
         ops_case_name(&c, name, sizeof name);
@@ -127,16 +145,23 @@ static void test_small_batch(void **state) {
         anvil_status st = ops_run(&c, &o, &r);
         setenv("ANVIL_VK_QX", "0", 1); /* as ctest runs every test */
         setenv("ANVIL_CPU_QX", "0", 1);
+        if (knob[0]) unsetenv(knob);
         if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
-        fprintf(stderr, "%s%s: max |vulkan - cpu| %.3g (%.3g of %.3g); kernels %s\n", name, qx ? " (qx)" : "",
-                r.max_abs, r.rel, r.max_ref, r.kernels);
+        fprintf(stderr, "%s%s%s%s: max |vulkan - cpu| %.3g (%.3g of %.3g); kernels %s\n", name, qx ? " (qx)" : "",
+                knob[0] ? " " : "", knob[0] ? cases[i].knob : "", r.max_abs, r.rel, r.max_ref, r.kernels);
         assert_true(r.checked && r.pass && r.max_ref > 0);
         /* float32 rounding (on integer dot products: against the CPU's rows rounded alike) */
         assert_true(r.rel < 2e-3);
-        /* (past 8 rows the tiles, mmbt.comp, for the types it takes) */
-        int ty = cases[i].type;
-        bool tiled = cases[i].T > 8 && (ty == DT_Q8_0 || ty == DT_Q4_K || ty == DT_Q5_K || ty == DT_Q6_K);
-        assert_non_null(strstr(r.kernels, !qx ? "mmb_" : tiled ? "mmbt_" : "mmb_qx_"));
+        /* (up to 8 rows mmbx.comp, past 8 the tiles, mmbt.comp, for the types they take; its
+         * pipeline by the rows of x it holds: 2, 4 or 8) */
+        int ty = cases[i].type, T = cases[i].T;
+        bool four = ty == DT_Q8_0 || ty == DT_Q4_K || ty == DT_Q5_K || ty == DT_Q6_K;
+        bool off = cases[i].knob && !strcmp(cases[i].knob, "ANVIL_VK_MMBX=0");
+        char few[32];
+        snprintf(few, sizeof few, "mmbx_%s_%d", ty == DT_Q8_0 ? "q8_0" : ty == DT_Q4_K ? "q4_k" : ty == DT_Q5_K ? "q5_k" : "q6_k",
+                 T > 4 ? 8 : T > 2 ? 4 : 2);
+        const char *want = !qx ? "mmb_" : four && T > 8 ? "mmbt_" : four && !off ? few : "mmb_qx_";
+        if (!strstr(r.kernels, want)) fail_msg("%s: kernels %s, wanted %s", name, r.kernels, want);
         if (qx) assert_non_null(strstr(r.kernels, "mmb_round"));
     }
     unsetenv("ANVIL_VK_MMB");

@@ -198,6 +198,14 @@ static const struct knob KNOBS[] = {
         "mmb.comp's integer-dot form (rows 2-8 of a small-batch product): rows of the weights "
         "a workgroup of 128 threads, its threads splitting the rows' units as a decode step's "
         "product does."),
+    INT("ANVIL_VK_MMBX", C_DIAGNOSTIC, vk_mmbx, 8, 0, 8, NULL,
+        "Small-batch products of Q8_0, Q4_K, Q5_K and Q6_K weights of 2 up to this many rows run "
+        "on mmbx.comp (the decode step's product with each weight multiplied by 2, 4 or 8 rows "
+        "of x in registers: a verify step, a small batch); 0 or 1 keeps them on mmb.comp's "
+        "integer-dot form (docs/perf/log.md, the few-row products)."),
+    INT("ANVIL_VK_MMBX_RS", C_DIAGNOSTIC, vk_mmbx_rs, 2, 1, 4, NULL,
+        "mmbx.comp's rows of the weights a workgroup of 128 threads: more rows, each input "
+        "load serving more of them, more registers."),
     BOOL("ANVIL_VK_PF_HOIST", C_DIAGNOSTIC, vk_pf_hoist, 1,
          "The next group's weights dequantised beside the products before it; 0 dequantises "
          "each group's just before it."),

@@ -114,6 +114,11 @@ enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_
     [K_MMH_CM2_##T] = KI(spv_mm_cm2_##t, "mm_cm2_" #t, VK_OP_NONE, DT_##T, 0, SPECS_NONE, PUSH_MMH),     \
     [K_MMH_CM2_MOE_##T] = KI(spv_mm_cm2_moe_##t, "mm_cm2_experts_" #t, VK_OP_NONE, DT_##T, 0, SPECS_NONE, \
                              PUSH_MMH),
+/* mmbx.comp's pipelines of a type, one per CT */
+#define MMBX_ROWS(T, t)                                                                                   \
+    [K_MMBX_##T##_2] = KI(spv_mmbx_##t, "mmbx_" #t "_2", VK_OP_NONE, 0, 2, SPECS_MMB, PUSH_MMB),          \
+    [K_MMBX_##T##_4] = KI(spv_mmbx_##t, "mmbx_" #t "_4", VK_OP_NONE, 0, 4, SPECS_MMB, PUSH_MMB),          \
+    [K_MMBX_##T##_8] = KI(spv_mmbx_##t, "mmbx_" #t "_8", VK_OP_NONE, 0, 8, SPECS_MMB, PUSH_MMB),
 
 static const struct vk_kernel_info kernels[K_COUNT] = {
     VK_WEIGHT_TYPES(TYPE_ROWS)
@@ -169,6 +174,8 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_MMBT_Q4_K] = KI(spv_mmbt_q4_k, "mmbt_q4_k", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMB),
     [K_MMBT_Q5_K] = KI(spv_mmbt_q5_k, "mmbt_q5_k", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMB),
     [K_MMBT_Q6_K] = KI(spv_mmbt_q6_k, "mmbt_q6_k", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMB),
+    /* (MODE: its rows of x, CT) */
+    MMBX_ROWS(Q8_0, q8_0) MMBX_ROWS(Q4_K, q4_k) MMBX_ROWS(Q5_K, q5_k) MMBX_ROWS(Q6_K, q6_k)
     [K_MATVEC_ROUTE_F32] = KI(spv_matvec_route_f32, "matvec_route_f32", VK_OP_MATVEC_ROUTE, DT_F32,
                               MV_MODE_PRODUCTS, SPECS_MATVEC, PUSH_MATVEC),
     [K_MATVEC_ROUTE_F16] = KI(spv_matvec_route_f16, "matvec_route_f16", VK_OP_MATVEC_ROUTE, DT_F16,
@@ -213,6 +220,8 @@ enum vk_kernel vk_kernel_qx(enum vk_op op, int dtype, bool teams, int xm) {
 
 /* the small-batch products tiled by mmbt.comp */
 static bool mmb_tiled(enum vk_kernel k) { return k >= K_MMBT_Q8_0 && k <= K_MMBT_Q6_K; }
+/* the few-row products of mmbx.comp */
+static bool mmb_few(enum vk_kernel k) { return k >= K_MMBX_Q8_0_2 && k <= K_MMBX_Q6_K_8; }
 
 enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *pl, int dtype, uint32_t T) {
     /* 8B Q4_K_M on the H200 (perf rule "small-batch products"): pp4 / 8 / 16 / 32 441 /
@@ -220,12 +229,21 @@ enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *p
     enum vk_kernel t = dtype == DT_Q8_0 ? K_MMBT_Q8_0 : dtype == DT_Q4_K ? K_MMBT_Q4_K
                      : dtype == DT_Q5_K ? K_MMBT_Q5_K : dtype == DT_Q6_K ? K_MMBT_Q6_K : K_NONE;
     if (T > 8 && t != K_NONE && vk_pipeline_supported(d, pl, t)) return t;
+    /* up to 8 rows mmbx.comp (the decode step's product with CT rows of x), CT the smallest
+     * of 2, 4, 8 that holds T (perf rule "few-row products") */
+    enum vk_kernel x = dtype == DT_Q8_0 ? K_MMBX_Q8_0_2 : dtype == DT_Q4_K ? K_MMBX_Q4_K_2
+                     : dtype == DT_Q5_K ? K_MMBX_Q5_K_2 : dtype == DT_Q6_K ? K_MMBX_Q6_K_2 : K_NONE;
+    if (x != K_NONE && T >= 2 && T <= 8 && T <= (uint32_t)d->tune.vk_mmbx) {
+        x = (enum vk_kernel)(x + (T > 4 ? 2 : T > 2 ? 1 : 0));
+        if (vk_pipeline_supported(d, pl, x)) return x;
+    }
     enum vk_kernel k = vk_kernel_qx(VK_OP_MMB, dtype, false, 0);
     return k != K_NONE && vk_pipeline_supported(d, pl, k) ? k : K_NONE;
 }
 
 uint32_t vk_mmb_rows(const struct vk_device *d, enum vk_kernel k) {
     if (mmb_tiled(k)) return 32u;
+    if (mmb_few(k)) return (uint32_t)d->tune.vk_mmbx_rs;
     return kernels[k].qx ? (uint32_t)d->tune.vk_mmbq_rows : 256u / d->subgroup_size * (uint32_t)d->tune.vk_mmb_rs;
 }
 
@@ -466,6 +484,7 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
      * would compile at every start) */
     if (ki->specs == SPECS_QXV) return vk_use_qx(d) && qxv_spec(d, p, k, NULL);
     if (mmb_tiled(k)) return d->int_dot && d->subgroup_shuffle && d->subgroup_size >= 8; /* (its parts' sums) */
+    if (mmb_few(k)) return d->int_dot && d->subgroup_shuffle; /* (its sums halved by shuffles) */
     if (ki->qx) return d->int_dot;
     return ki->code != NULL;
 }
@@ -620,8 +639,9 @@ anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enu
         vals[SPEC_MODE] = ki->mode;
         n = 1;
     } else if (ki->specs == SPECS_MMB) { /* mmb.comp's rows a subgroup (QX: a workgroup) */
-        vals[MMB_SPEC_RS] = (uint32_t)(ki->qx ? d->tune.vk_mmbq_rows : d->tune.vk_mmb_rs);
-        n = MMB_SPEC_RS + 1;
+        vals[MMB_SPEC_RS] = (uint32_t)(mmb_few(k) ? d->tune.vk_mmbx_rs : ki->qx ? d->tune.vk_mmbq_rows : d->tune.vk_mmb_rs);
+        vals[MMB_SPEC_CT] = ki->mode; /* mmbx.comp's rows of x (the others have no such constant) */
+        n = MMB_SPEC_CT + 1;
     }
     /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*) */
     for (uint32_t i = 0; i < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};

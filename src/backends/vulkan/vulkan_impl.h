@@ -275,6 +275,10 @@ enum vk_kernel {
     /* the small-batch products on integer dot products, tiled (mmbt.comp): of more than 8 rows,
      * where the device has subgroup shuffles (vk_mmb_qx) */
     K_MMBT_Q8_0, K_MMBT_Q4_K, K_MMBT_Q5_K, K_MMBT_Q6_K,
+    /* the few-row products on integer dot products (mmbx.comp): of 2, 4 and 8 rows of x (CT), of
+     * up to 8 rows (ANVIL_VK_MMBX) where the device has subgroup shuffles (vk_mmb_qx) */
+    K_MMBX_Q8_0_2, K_MMBX_Q8_0_4, K_MMBX_Q8_0_8, K_MMBX_Q4_K_2, K_MMBX_Q4_K_4, K_MMBX_Q4_K_8,
+    K_MMBX_Q5_K_2, K_MMBX_Q5_K_4, K_MMBX_Q5_K_8, K_MMBX_Q6_K_2, K_MMBX_Q6_K_4, K_MMBX_Q6_K_8,
     K_COUNT,
 };
 /* mm_cm2.comp's kernel decoding weights of type dtype itself (MOE: the experts'), or K_NONE
@@ -376,9 +380,10 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
 /* Whether kernel k runs on this device with these shapes (its pipeline made or still to make). */
 bool vk_pipeline_supported(const struct vk_device *d, const struct vk_pipelines *p, enum vk_kernel k);
 /* The small-batch product on integer dot products of T rows (2 .. 32) for weights of type
- * dtype: mmbt.comp's tiles (K_MMBT_*) for Q8_0, Q4_K, Q5_K and Q6_K at more than 8 rows, else
- * mmb.comp QX (K_MMB_QX_*); K_NONE where there is none or the device lacks it. Its input is
- * mmb_round.comp's (both read the same layout). */
+ * dtype: for Q8_0, Q4_K, Q5_K and Q6_K mmbt.comp's tiles (K_MMBT_*) at more than 8 rows,
+ * mmbx.comp (K_MMBX_*: of the smallest CT >= T) at up to ANVIL_VK_MMBX rows; else mmb.comp QX
+ * (K_MMB_QX_*); K_NONE where there is none or the device lacks it. Its input is
+ * mmb_round.comp's (all three read the same layout). */
 enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *pl, int dtype, uint32_t T);
 /* Makes kernel k's pipeline p->p[k] if it is not made yet and the device takes it (else it stays
  * VK_NULL_HANDLE): before anything records a dispatch of it. */

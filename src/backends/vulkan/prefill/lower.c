@@ -48,7 +48,7 @@ anvil_status pf_emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, ui
 anvil_status pf_emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push, size_t size) {
     anvil_status st = pf_flush_group(p);
     p->xh_of = 0;
-    if (k != K_MMB_ROUND && vk_kernel_info(k)->op != VK_OP_MMB && (k < K_MMBT_Q8_0 || k > K_MMBT_Q6_K))
+    if (k != K_MMB_ROUND && vk_kernel_info(k)->op != VK_OP_MMB && (k < K_MMBT_Q8_0 || k > K_MMBX_Q6_K_8))
         p->mmbq_of = 0; /* (mmbq's rows stay those of its last rounding while only products ran) */
     if (vk_kernel_info(k)->op == VK_OP_DQ || k == K_MMH_64X64_K32 || k == K_MMH_CM2 ||
         k == K_MMH_CM2_MOE || k == K_MMH_MOE || k == K_MM_F16)

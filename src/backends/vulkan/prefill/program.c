@@ -177,11 +177,11 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
             if (g->nodes[i].op == OP_GDN) gdn = MAX(gdn, pf_gdn_scratch(p, &P, i));
         if (st == ANVIL_OK && gdn) st = vk_buffer_create(b->d, gdn, VK_MEM_DEVICE, "prefill Gated DeltaNet", &p->gdn);
         /* the small-batch products on integer dot products: the inputs rounded (T rows of the
-         * widest weights' Kp int8, then a float scale per 32) */
+         * widest weights' Kp int8, then a float scale per 32, then a float sum per 32) */
         VkDeviceSize mmbq = 0;
         for (int i = 0; i < n && p->T <= b->d->tune.vk_mmb && vk_use_qx(b->d); i++)
             if (g->nodes[i].op == OP_MATMUL)
-                mmbq = MAX(mmbq, (VkDeviceSize)p->T * vk_wnode_kp(b, &g->nodes[g->nodes[i].src[1]]) * 9 / 8);
+                mmbq = MAX(mmbq, (VkDeviceSize)p->T * vk_wnode_kp(b, &g->nodes[g->nodes[i].src[1]]) * 5 / 4);
         if (st == ANVIL_OK && mmbq)
             st = vk_buffer_create(b->d, round_up(mmbq, 256) + 256, VK_MEM_DEVICE, "prefill rounded inputs", &p->mmbq);
         /* attn_split.comp's partials (T x H x NC x (D + 2) floats) and counters (T x Hkv x

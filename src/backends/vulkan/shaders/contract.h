@@ -205,8 +205,10 @@
 /* vit_flash.comp: the head dimension padded to a multiple of 16 */
 #define VIT_FLASH_SPEC_D 0
 
-/* mmb.comp: rows a subgroup (ANVIL_VK_MMB_RS) */
+/* mmb.comp: rows a subgroup (ANVIL_VK_MMB_RS); mmbx.comp: rows a workgroup (ANVIL_VK_MMBX_RS)
+ * and rows of x (CT: 2, 4 or 8, a pipeline each) */
 #define MMB_SPEC_RS 0
+#define MMB_SPEC_CT 1
 
 /* mega.comp (its workgroup size: SPEC_WG) */
 #define MEGA_SPEC_G 1

@@ -1,9 +1,10 @@
 #version 460
-/* The rows of a small-batch product's input rounded to int8 for mmb.comp QX, as qx.comp rounds
- * one (without its norm): per block of 32, d = max|x| / 127, q = round(x / d) (nearest, ties to
- * even). x [T, K] (K a multiple of 8); out per row t: q at q + t * Kp / 4 (four int8 a uint,
- * element order), d at d + t * Kp / 32; elements past K count zero. Workgroup (i, t): 1024
- * elements of row t, 4 a thread. */
+/* The rows of a small-batch product's input rounded to int8 for mmb.comp QX, mmbt.comp and
+ * mmbx.comp, as qx.comp rounds one (without its norm): per block of 32, d = max|x| / 127,
+ * q = round(x / d) (nearest, ties to even). x [T, K] (K a multiple of 8); out per row t: q at
+ * q + t * Kp / 4 (four int8 a uint, element order), d at d + t * Kp / 32, and d times the sum
+ * of the block's 32 int8s at d + (T + t) * Kp / 32 (mmbx.comp's K-quant minimums); elements
+ * past K count zero. Workgroup (i, t): 1024 elements of row t, 4 a thread. */
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
@@ -24,8 +25,18 @@ void main() {
     float amax = 0.0;
     for (uint k = 0u; k < 8u; k++) amax = max(amax, red[b0 + k]);
     float id = amax > 0.0 ? 127.0 / amax : 0.0;
+    ivec4 q = ivec4(roundEven(v * id));
+    barrier();
+    red[t] = float(q.x + q.y + q.z + q.w);
+    barrier();
     if (4u * i < pc.Kp) {
-        pc.q.v[row * (pc.Kp >> 2u) + i] = pack_i8x4(ivec4(roundEven(v * id)));
-        if ((t & 7u) == 0u) pc.d.v[row * (pc.Kp >> 5u) + (i >> 3u)] = amax / 127.0;
+        pc.q.v[row * (pc.Kp >> 2u) + i] = pack_i8x4(q);
+        if ((t & 7u) == 0u) {
+            float s = 0.0;
+            for (uint k = 0u; k < 8u; k++) s += red[b0 + k];
+            uint b = row * (pc.Kp >> 5u) + (i >> 3u);
+            pc.d.v[b] = amax / 127.0;
+            pc.d.v[pc.T * (pc.Kp >> 5u) + b] = amax / 127.0 * s;
+        }
     }
 }
