@@ -206,6 +206,13 @@ static const struct knob KNOBS[] = {
     INT("ANVIL_VK_MMBX_RS", C_DIAGNOSTIC, vk_mmbx_rs, 2, 1, 4, NULL,
         "mmbx.comp's rows of the weights a workgroup of 128 threads: more rows, each input "
         "load serving more of them, more registers."),
+    BOOL("ANVIL_VK_MMB_BESIDE", C_DIAGNOSTIC, vk_mmb_beside, 1,
+         "A small-batch product of the same input as the one before it (q, k, v; gate, up) "
+         "runs beside it, with no barrier between them; 0 puts a barrier before each."),
+    BOOL("ANVIL_VK_MMB_FUSE", C_DIAGNOSTIC, vk_mmb_fuse, 1,
+         "An rms_norm or SwiGLU read only by small-batch products on integer dot products is "
+         "computed by the rounding of their input (mmb_round.comp), not by a kernel of its own "
+         "before it; 0 runs them apart."),
     BOOL("ANVIL_VK_PF_HOIST", C_DIAGNOSTIC, vk_pf_hoist, 1,
          "The next group's weights dequantised beside the products before it; 0 dequantises "
          "each group's just before it."),

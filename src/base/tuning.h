@@ -74,6 +74,8 @@ struct tuning {
     int vk_mmbq_rows;        /* ANVIL_VK_MMBQ_ROWS */
     int vk_mmbx;             /* ANVIL_VK_MMBX */
     int vk_mmbx_rs;          /* ANVIL_VK_MMBX_RS */
+    int vk_mmb_beside;       /* ANVIL_VK_MMB_BESIDE */
+    int vk_mmb_fuse;         /* ANVIL_VK_MMB_FUSE */
     int vk_batch_mmb;        /* ANVIL_VK_BATCH_MMB */
     int vk_batch_pick;       /* ANVIL_VK_BATCH_PICK */
     int vk_batch_attn;       /* ANVIL_VK_BATCH_ATTN */

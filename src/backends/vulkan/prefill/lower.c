@@ -43,12 +43,17 @@ anvil_status pf_emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, ui
     return ANVIL_OK;
 }
 
+/* Whether kernel k is a small-batch product (mmb.comp, its QX form, mmbt.comp, mmbx.comp). */
+static bool mmb_kernel(enum vk_kernel k) {
+    return vk_kernel_info(k)->op == VK_OP_MMB || (k >= K_MMBT_Q8_0 && k <= K_MMBX_Q6_K_8);
+}
+
 /* An op after whatever products wait in the group. One that writes or reads dq (the
  * weights' pieces, the experts) ends the hoisting of the next group's dequantisation. */
 anvil_status pf_emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push, size_t size) {
     anvil_status st = pf_flush_group(p);
     p->xh_of = 0;
-    if (k != K_MMB_ROUND && vk_kernel_info(k)->op != VK_OP_MMB && (k < K_MMBT_Q8_0 || k > K_MMBX_Q6_K_8))
+    if (k != K_MMB_ROUND && !mmb_kernel(k))
         p->mmbq_of = 0; /* (mmbq's rows stay those of its last rounding while only products ran) */
     if (vk_kernel_info(k)->op == VK_OP_DQ || k == K_MMH_64X64_K32 || k == K_MMH_CM2 ||
         k == K_MMH_CM2_MOE || k == K_MMH_MOE || k == K_MM_F16)
@@ -227,6 +232,59 @@ static bool half_rows(struct vk_prefill *p, struct graph_plan *P, int i) {
     return false;
 }
 
+/* mmb_round.comp over rows x K at x (flags: MMB_RND_NORM times the norm's weights b and
+ * 1 / rms (eps); MMB_RND_SWIGLU silu(x) times the rows b; both also write their rows to y)
+ * into mmbq, which then holds the rounded rows of y (or of x without flags) for the
+ * products that follow. */
+static anvil_status emit_round(struct vk_prefill *p, uint64_t x, uint64_t bw, uint64_t y, uint32_t rows, uint32_t K,
+                               uint32_t Kp, float eps, uint32_t flags) {
+    VkDeviceSize qbytes = round_up((VkDeviceSize)rows * Kp, 256);
+    struct pc_mmb_round rd = {x, p->mmbq.addr, p->mmbq.addr + qbytes, rows, K, Kp, bw, y, eps, flags};
+    anvil_status st = pf_emit(p, K_MMB_ROUND, (Kp + 1023) / 1024, rows, &rd, sizeof rd);
+    p->mmbq_of = flags ? y : x;
+    p->mmbq_kp = Kp;
+    p->mmbq_bytes = (uint64_t)rows * K * 4;
+    return st;
+}
+
+/* The small-batch product on integer dot products that product j (an OP_MATMUL) runs as
+ * (vk_mmb_qx), with its input rounded by mmb_round.comp, or K_NONE; *Kp its rows' padded
+ * length. (The conditions of pf_lower's small-batch branch.) */
+static enum vk_kernel mmb_qx_of(struct vk_prefill *p, struct graph_plan *P, int j, uint32_t *Kp) {
+    const struct node *nd = NODE(P, j), *wn = NODE(P, nd->src[1]), *x = NODE(P, nd->src[0]);
+    struct vk_backend *b = p->b;
+    if (nd->op != OP_MATMUL || (wn->op != OP_WEIGHT && wn->op != OP_WEIGHT_ROWS) || !wn->weight ||
+        vk_weight_kind(wn->weight->type) < 0 || !p->mmbq.buf)
+        return K_NONE;
+    uint32_t rows = (uint32_t)(node_nelem(nd) / (nd->ne[0] ? nd->ne[0] : 1)), Kx = (uint32_t)x->ne[0];
+    *Kp = vk_wnode_kp(b, wn);
+    if (rows < 2 || Kx % 8 || *Kp < Kx) return K_NONE;
+    if (rows > (uint32_t)b->d->tune.vk_mmb && !(p->n_seqs && rows <= (uint32_t)b->d->tune.vk_batch_mmb)) return K_NONE;
+    return vk_mmb_qx(b->d, &b->pl, wn->weight->type, rows);
+}
+
+/* Whether every reader of node i (a row-wise op's output: an rms_norm's, a SwiGLU's) is a
+ * product reading it whole as its input on integer dot products of one padded length: then
+ * mmb_round.comp computes the op itself as it rounds the rows for them (perf rule "few-row
+ * products"), and *Kp is that length. */
+static bool rounds_for_products(struct vk_prefill *p, struct graph_plan *P, int i, uint32_t *Kp) {
+    if (!p->b->d->tune.vk_mmb_fuse || P->root[i] != i || P->n_readers[i] < 1) return false;
+    int n = 0;
+    *Kp = 0;
+    for (int j = i + 1; j < P->g->n_nodes && j <= P->last[i]; j++) {
+        const struct node *nd = NODE(P, j);
+        bool reads = false;
+        for (int s = 0; s < GRAPH_MAX_SRC; s++)
+            if (nd->src[s] >= 0 && P->root[nd->src[s]] == i) reads = true;
+        if (!reads) continue;
+        uint32_t kp = 0;
+        if (nd->src[0] != i || nd->src[1] == i || mmb_qx_of(p, P, j, &kp) == K_NONE || (*Kp && kp != *Kp)) return false;
+        *Kp = kp;
+        n++;
+    }
+    return n == P->n_readers[i];
+}
+
 anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
     const struct graph *g = P->g;
     struct vk_backend *b = p->b;
@@ -280,6 +338,12 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 pc.n_rot = (uint32_t)rn->p.i[0];
                 st = pf_emit(p, K_ROWS_NORM_ROPE, rows, 0, &pc, sizeof pc);
                 done[j] = true;
+                break;
+            }
+            uint32_t Kp;
+            if (ne0 % 8 == 0 && rounds_for_products(p, P, i, &Kp)) {
+                /* read only by few-row products on integer dot products: normed as rounded */
+                st = emit_round(p, pc.a, pc.b, pc.out_, rows, ne0, Kp, nd->p.f[0], MMB_RND_NORM);
                 break;
             }
             bool half = half_rows(p, P, i);
@@ -342,25 +406,28 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 struct pc_mmb mb = {pc.x, pc.w, pc.y, pc.res, 0, rows, Kx, ne0, pc.Kp8, pc.flags};
                 enum vk_kernel k = vk_kernel_for(VK_OP_MMB, wn->weight->type),
                                kq = vk_mmb_qx(b->d, &b->pl, wn->weight->type, rows);
+                bool rounded = false; /* a rounding emitted for this product */
                 if (kq != K_NONE && p->mmbq.buf) {
                     /* on integer dot products: the rows rounded to int8 first (into mmbq: the
                      * int8s, then the scales), once for the products of one input (q, k, v;
-                     * gate, up) */
+                     * gate, up), or already by the op that wrote them (emit_round) */
                     uint32_t Kp = pc.Kp8 * 8;
-                    VkDeviceSize qbytes = round_up((VkDeviceSize)rows * Kp, 256);
-                    struct pc_mmb_round rd = {pc.x, p->mmbq.addr, p->mmbq.addr + qbytes, rows, Kx, Kp};
                     if (p->mmbq_of != pc.x || p->mmbq_kp != Kp) {
-                        st = pf_emit(p, K_MMB_ROUND, (Kp + 1023) / 1024, rows, &rd, sizeof rd);
-                        p->mmbq_of = pc.x;
-                        p->mmbq_kp = Kp;
-                        p->mmbq_bytes = (uint64_t)rows * Kx * 4;
+                        st = emit_round(p, pc.x, any, any, rows, Kx, Kp, 0.0f, 0u);
+                        rounded = true;
                     }
-                    mb.x = rd.q;
-                    mb.xd = rd.d;
+                    mb.x = p->mmbq.addr;
+                    mb.xd = p->mmbq.addr + round_up((VkDeviceSize)rows * Kp, 256);
                     k = kq;
                 }
                 uint32_t per_wg = vk_mmb_rows(b->d, k);
+                /* a product of the same input as the product just before (q, k, v; gate, up),
+                 * neither adding a residual: beside it, with no barrier between them */
+                const struct pf_op *prev = p->n_ops ? &p->ops[p->n_ops - 1] : NULL;
+                bool beside = sibling && !rounded && !mb.flags && prev && mmb_kernel(prev->k) &&
+                              !((const struct pc_mmb *)prev->push)->flags && ((const struct pc_mmb *)prev->push)->x == mb.x;
                 if (st == ANVIL_OK) st = pf_emit(p, k, (ne0 + per_wg - 1) / per_wg, 0, &mb, sizeof mb);
+                if (st == ANVIL_OK && beside && b->d->tune.vk_mmb_beside) p->ops[p->n_ops - 1].overlap = true;
                 /* an output over the rounded rows' block (reused once they died) makes them stale */
                 if (p->mmbq_of && pc.y < p->mmbq_of + p->mmbq_bytes &&
                     p->mmbq_of < pc.y + (uint64_t)rows * ne0 * 4)
@@ -406,6 +473,11 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             }
             struct pc_rows pc = {pf_addr(p, P, nd->src[0]), pf_addr(p, P, nd->src[1]), any, pf_addr(p, P, i), prm, ne0,
                                  rows, 0, 0, 0, 0, 0, 0};
+            uint32_t Kp;
+            if (nd->op == OP_SWIGLU && ne0 % 8 == 0 && rounds_for_products(p, P, i, &Kp)) {
+                st = emit_round(p, pc.a, pc.b, pc.out_, rows, ne0, Kp, 0.0f, MMB_RND_SWIGLU);
+                break;
+            }
             bool half = nd->op == OP_SWIGLU && half_rows(p, P, i);
             if (half) {
                 pc.flags = ROWS_HALF | (p->scale ? ROWS_SCALE : 0u);

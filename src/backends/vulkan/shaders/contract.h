@@ -55,6 +55,11 @@
 #define MV_ROUND 16u     /* QXT: the outputs rounded for the next product into xq */
 #define MV_ROUND_NW 32u  /* QXT: the outputs times the next norm's weights nw rounded (XM 2) */
 
+/* mmb_round.comp's flags (struct pc_mmb_round): the op whose rows it rounds, computed as it
+ * rounds them (and written to y) */
+#define MMB_RND_NORM 1u   /* rms_norm: x * b / rms(x) */
+#define MMB_RND_SWIGLU 2u /* swiglu: silu(x) * b */
+
 /* qx.comp's flags (struct pc_qx) */
 #define QX_NORM 1u /* x * normw / rms(x) rounded */
 

@@ -4,7 +4,13 @@
  * q = round(x / d) (nearest, ties to even). x [T, K] (K a multiple of 8); out per row t: q at
  * q + t * Kp / 4 (four int8 a uint, element order), d at d + t * Kp / 32, and d times the sum
  * of the block's 32 int8s at d + (T + t) * Kp / 32 (mmbx.comp's K-quant minimums); elements
- * past K count zero. Workgroup (i, t): 1024 elements of row t, 4 a thread. */
+ * past K count zero. Workgroup (i, t): 1024 elements of row t, 4 a thread.
+ * flags: the row-wise op that made the rows, computed here instead of in a kernel of its own
+ * before (perf rule "few-row products"), its rows also written to y (for any other reader):
+ *   MMB_RND_NORM    x * b / rms(x) (b the norm's weights; each workgroup sums the whole row's
+ *                   squares itself: a few KiB from L2, where a kernel of its own costs a
+ *                   dispatch and a barrier)
+ *   MMB_RND_SWIGLU  silu(x) * b (b the up rows [T, K]), as rows.comp computes them */
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
@@ -17,7 +23,27 @@ shared float red[256];
 
 void main() {
     uint t = gl_LocalInvocationID.x, row = gl_WorkGroupID.y, i = gl_WorkGroupID.x * 256u + t; /* vec4 index */
-    vec4 v = 4u * i < pc.K ? pc.x.v[row * (pc.K >> 2u) + i] : vec4(0.0);
+    uint K4 = pc.K >> 2u;
+    bool in_ = 4u * i < pc.K;
+    vec4 v = in_ ? pc.x.v[row * K4 + i] : vec4(0.0);
+    if ((pc.flags & MMB_RND_NORM) != 0u) {
+        float ss = 0.0;
+        for (uint k = t; k < K4; k += 256u) {
+            vec4 a = pc.x.v[row * K4 + k];
+            ss += dot(a, a);
+        }
+        ss = subgroupAdd(ss);
+        if (subgroupElect()) red[gl_SubgroupID] = ss;
+        barrier();
+        float tot = 0.0;
+        for (uint s = 0u; s < gl_NumSubgroups; s++) tot += red[s];
+        float inv = 1.0 / sqrt(tot / float(pc.K) + pc.eps);
+        v = v * inv * (in_ ? pc.b.v[i] : vec4(0.0));
+        barrier();
+    } else if ((pc.flags & MMB_RND_SWIGLU) != 0u && in_) {
+        v = v / (1.0 + exp(-v)) * pc.b.v[row * K4 + i];
+    }
+    if (pc.flags != 0u && in_) pc.y.v[row * K4 + i] = v;
     vec4 a = abs(v);
     red[t] = max(max(a.x, a.y), max(a.z, a.w));
     barrier();

@@ -215,8 +215,12 @@
 #define PC_MMB_ROUND(ADDR, U32, F32) \
     ADDR(Vec4s, x)          /* [T, K] */ \
     ADDR(UInts, q)          /* [T, Kp / 4] four int8 a uint */ \
-    ADDR(Floats, d)         /* [T, Kp / 32] the blocks' scales */ \
-    U32(T) U32(K) U32(Kp)
+    ADDR(Floats, d)         /* [T, Kp / 32] the blocks' scales, then [T, Kp / 32] their sums */ \
+    U32(T) U32(K) U32(Kp) \
+    ADDR(Vec4s, b)          /* MMB_RND_NORM: the norm's weights [K]; MMB_RND_SWIGLU: up [T, K] */ \
+    ADDR(Vec4s, y)          /* the rows rounded, written too (flags) [T, K] */ \
+    F32(eps) \
+    U32(flags)              /* MMB_RND_NORM, MMB_RND_SWIGLU */
 
 /* mm_h.comp (and mm_cm2.comp, whose block says the same): float16 products on cooperative
  * matrices; GATHER: the experts, workgroup z taking expert e0 + z (mm_h.comp) */
