@@ -169,6 +169,45 @@ static void test_small_batch(void **state) {
     unsetenv("ANVIL_CPU_QX");
 }
 
+/* The FFN of a few rows (rms_norm -> gate, up -> SwiGLU -> down over T = 2 .. 8 rows, a
+ * prefill program) on integer dot products: the norm and the SwiGLU computed by the rounding of
+ * the products' inputs (mmb_round.comp's flags, no rows_norm or rows_swiglu kernel), gate and
+ * up beside each other, mmbx.comp's products; against the CPU rounding its rows alike, to
+ * float32 precision; and the same with the fusion off (ANVIL_VK_MMB_FUSE=0). */
+static void test_small_batch_ffn(void **state) {
+    (void)state;
+    static const struct {
+        int type, T;
+        bool fuse;
+    } cases[] = {{DT_Q4_K, 4, true}, {DT_Q8_0, 2, true}, {DT_Q6_K, 8, true}, {DT_Q5_K, 3, true}, {DT_Q4_K, 4, false}};
+    struct ops_opts o;
+    ops_opts_default(&o);
+    setenv("ANVIL_VK_MMB", "32", 1);
+    setenv("ANVIL_VK_QX", "1", 1);
+    setenv("ANVIL_CPU_QX", "1", 1);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        setenv("ANVIL_VK_MMB_FUSE", cases[i].fuse ? "1" : "0", 1);
+        struct ops_case c = find_case(OPS_FFN, cases[i].type, NULL, 40, 1);
+        c.T = cases[i].T; /* (as a prefill program of T rows) */
+        char name[96];
+        ops_case_name(&c, name, sizeof name);
+        struct ops_result r;
+        anvil_status st = ops_run(&c, &o, &r);
+        if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
+        fprintf(stderr, "%s T=%d fuse %d: max |vulkan - cpu| %.3g (%.3g of %.3g); kernels %s\n", name, c.T,
+                cases[i].fuse, r.max_abs, r.rel, r.max_ref, r.kernels);
+        assert_true(r.checked && r.pass && r.max_ref > 0);
+        assert_true(r.rel < 2e-3);
+        assert_non_null(strstr(r.kernels, "mmbx_"));
+        bool apart = strstr(r.kernels, "rows_norm") || strstr(r.kernels, "rows_swiglu");
+        assert_true(apart == !cases[i].fuse);
+    }
+    unsetenv("ANVIL_VK_MMB_FUSE");
+    unsetenv("ANVIL_VK_MMB");
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_CPU_QX");
+}
+
 /* The low-bit types (Q2_K, Q3_K, the i-quants: shaders/wlow.glsl) in every kernel that reads
  * weights, on random blocks (every scale, sign and grid index pattern comes up): the decode's
  * products (one block a row, and rows of 3 blocks: attn_q 256 x 512, ffn_down 768 x 256), its
@@ -418,6 +457,7 @@ int main(void) {
         cmocka_unit_test(test_low_bit_types),
         cmocka_unit_test(test_trace_list),
         cmocka_unit_test(test_small_batch),
+        cmocka_unit_test(test_small_batch_ffn),
         cmocka_unit_test(test_attn_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
