@@ -208,7 +208,8 @@ static const struct knob KNOBS[] = {
         "load serving more of them, more registers."),
     BOOL("ANVIL_VK_MMB_BESIDE", C_DIAGNOSTIC, vk_mmb_beside, 1,
          "A small-batch product of the same input as the one before it (q, k, v; gate, up) "
-         "runs beside it, with no barrier between them; 0 puts a barrier before each."),
+         "runs beside it, with no barrier between them, and in programs of up to 32 rows the k "
+         "norm's rope beside the q norm's; 0 puts a barrier before each."),
     BOOL("ANVIL_VK_MMB_FUSE", C_DIAGNOSTIC, vk_mmb_fuse, 1,
          "An rms_norm or SwiGLU read only by small-batch products on integer dot products is "
          "computed by the rounding of their input (mmb_round.comp), not by a kernel of its own "

@@ -232,6 +232,9 @@ static bool half_rows(struct vk_prefill *p, struct graph_plan *P, int i) {
     return false;
 }
 
+/* Whether the byte ranges [a, a + na) and [b, b + nb) share a byte. */
+static bool ranges_meet(uint64_t a, uint64_t na, uint64_t b, uint64_t nb) { return a < b + nb && b < a + na; }
+
 /* mmb_round.comp over rows x K at x (flags: MMB_RND_NORM times the norm's weights b and
  * 1 / rms (eps); MMB_RND_SWIGLU silu(x) times the rows b; both also write their rows to y)
  * into mmbq, which then holds the rounded rows of y (or of x without flags) for the
@@ -336,7 +339,18 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 pc.out_ = pf_addr(p, P, j);
                 pc.H = (uint32_t)rn->ne[1];
                 pc.n_rot = (uint32_t)rn->p.i[0];
+                /* the k norm's beside the q norm's (neither reads what the other writes) in a
+                 * program of few rows, where each barrier is a larger part of the step */
+                const struct pf_op *prev = p->n_ops ? &p->ops[p->n_ops - 1] : NULL;
+                bool beside = false;
+                if (prev && prev->k == K_ROWS_NORM_ROPE && p->T <= 32 && b->d->tune.vk_mmb_beside) {
+                    const struct pc_rows *q = (const struct pc_rows *)prev->push;
+                    uint64_t nq = (uint64_t)q->rows * q->n * 4, nk = (uint64_t)rows * ne0 * 4;
+                    beside = !ranges_meet(q->out_, nq, pc.a, nk) && !ranges_meet(q->out_, nq, pc.out_, nk) &&
+                             !ranges_meet(q->a, nq, pc.out_, nk);
+                }
                 st = pf_emit(p, K_ROWS_NORM_ROPE, rows, 0, &pc, sizeof pc);
+                if (st == ANVIL_OK && beside) p->ops[p->n_ops - 1].overlap = true;
                 done[j] = true;
                 break;
             }
