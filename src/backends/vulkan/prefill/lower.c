@@ -232,6 +232,34 @@ static bool half_rows(struct vk_prefill *p, struct graph_plan *P, int i) {
     return false;
 }
 
+/* In a program of few rows, the KV write kv (rows.comp MODE 4) left to the k norm's rope that
+ * wrote its k rows (MODE 6, ROWS_KV), where the v rows were written before a barrier that
+ * precedes it: one dependent dispatch fewer a layer. Whether it was. */
+static bool kv_by_norm(struct vk_prefill *p, const struct pc_rows *kv) {
+    if (p->T > 32 || !p->b->d->tune.vk_mmb_fuse) return false;
+    int at = -1;
+    for (int i = p->n_ops - 1; i >= 0 && i >= p->n_ops - 4 && at < 0; i--) {
+        const struct pc_rows *r = (const struct pc_rows *)p->ops[i].push;
+        if (p->ops[i].k == K_ROWS_NORM_ROPE && r->out_ == kv->a && r->rows == kv->rows && r->n == kv->n &&
+            r->H == kv->H && !r->flags)
+            at = i;
+    }
+    if (at < 0) return false;
+    /* the v rows' writer: a product before the last barrier at or before the norm */
+    int bar = at;
+    while (bar > 0 && p->ops[bar].overlap) bar--;
+    bool v_before = false;
+    for (int i = bar - 1; i >= 0 && i >= bar - 8 && !v_before; i--)
+        if (mmb_kernel(p->ops[i].k) && ((const struct pc_mmb *)p->ops[i].push)->y == kv->b) v_before = true;
+    if (!v_before) return false;
+    struct pc_rows *r = (struct pc_rows *)p->ops[at].push;
+    r->flags |= ROWS_KV;
+    r->h = kv->c;
+    r->hs = kv->out_;
+    r->v = kv->b;
+    return true;
+}
+
 /* Whether the byte ranges [a, a + na) and [b, b + nb) share a byte. */
 static bool ranges_meet(uint64_t a, uint64_t na, uint64_t b, uint64_t nb) { return a < b + nb && b < a + na; }
 
@@ -321,7 +349,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                                rows, ne0, 0, vk_weight_kp(b, w) / 8, 0, 0, 0, 0, 0, 0, 0};
             st = pf_emit(p, vk_kernel_for(VK_OP_EMBED_ROWS, w->type), rows, 0, &pc, sizeof pc);
             if (st == ANVIL_OK && p->mm && p->images.buf) { /* images' rows over the tokens' */
-                struct pc_rows pi = {any, any, p->images.addr, pf_addr(p, P, i), prm, ne0, rows, 1, 0, 0, 0, 0, 0};
+                struct pc_rows pi = {any, any, p->images.addr, pf_addr(p, P, i), prm, ne0, rows, 1, 0, 0, 0, 0, 0, 0};
                 st = pf_emit(p, K_ROWS_IMAGE, rows, 0, &pi, sizeof pi);
             }
             break;
@@ -329,7 +357,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
         case OP_RMS_NORM: {
             const struct node *w = NODE(P, nd->src[1]);
             struct pc_rows pc = {pf_addr(p, P, nd->src[0]), vk_weight_addr(b, w->weight, true, nd->p.i[0] != 0), any,
-                                 pf_addr(p, P, i), prm, ne0, rows, 0, 0, nd->p.f[0], 0, 0, 0};
+                                 pf_addr(p, P, i), prm, ne0, rows, 0, 0, nd->p.f[0], 0, 0, 0, 0};
             /* the q/k norms: their rope, the norm's only reader, in the same kernel */
             int j = graph_fuse_norm_rope(P, i);
             const struct node *rn = j > i ? NODE(P, j) : NULL;
@@ -475,7 +503,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
         }
         case OP_ROPE: {
             struct pc_rows pc = {pf_addr(p, P, nd->src[0]), any, p->rope.addr, pf_addr(p, P, i), prm, ne0, rows,
-                                 (uint32_t)nd->ne[1], (uint32_t)nd->p.i[0], 0, 0, 0, 0};
+                                 (uint32_t)nd->ne[1], (uint32_t)nd->p.i[0], 0, 0, 0, 0, 0};
             st = pf_emit(p, K_ROWS_ROPE, rows, 0, &pc, sizeof pc);
             break;
         }
@@ -486,7 +514,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 break;
             }
             struct pc_rows pc = {pf_addr(p, P, nd->src[0]), pf_addr(p, P, nd->src[1]), any, pf_addr(p, P, i), prm, ne0,
-                                 rows, 0, 0, 0, 0, 0, 0};
+                                 rows, 0, 0, 0, 0, 0, 0, 0};
             uint32_t Kp;
             if (nd->op == OP_SWIGLU && ne0 % 8 == 0 && rounds_for_products(p, P, i, &Kp)) {
                 st = emit_round(p, pc.a, pc.b, pc.out_, rows, ne0, Kp, 0.0f, MMB_RND_SWIGLU);
@@ -515,7 +543,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 break;
             }
             struct pc_rows pc = {pf_addr(p, P, nd->src[0]), pf_addr(p, P, nd->src[1]), any, pf_addr(p, P, i), prm, ne0,
-                                 rows, gN == 1 ? 1 : ne0, 0, 0, 0, 0, 0};
+                                 rows, gN == 1 ? 1 : ne0, 0, 0, 0, 0, 0, 0};
             st = pf_emit(p, K_ROWS_SIGMUL, rows, 0, &pc, sizeof pc);
             break;
         }
@@ -528,8 +556,8 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 break;
             }
             uint64_t kc = vk_state_addr(b, NODE(P, nd->src[3])->state), vc = vk_state_addr(b, NODE(P, nd->src[4])->state);
-            struct pc_rows kv = {pf_addr(p, P, nd->src[1]), pf_addr(p, P, nd->src[2]), kc, vc, prm, D, T * Hkv, Hkv, 0, 0, 0, 0, 0};
-            st = pf_emit(p, K_ROWS_KVWRITE, T * Hkv, 0, &kv, sizeof kv);
+            struct pc_rows kv = {pf_addr(p, P, nd->src[1]), pf_addr(p, P, nd->src[2]), kc, vc, prm, D, T * Hkv, Hkv, 0, 0, 0, 0, 0, 0};
+            if (!kv_by_norm(p, &kv)) st = pf_emit(p, K_ROWS_KVWRITE, T * Hkv, 0, &kv, sizeof kv);
             struct pc_attn_pf pa = {pf_addr(p, P, nd->src[0]), kc, vc, pf_addr(p, P, i), prm, T, H, Hkv, D, nd->p.f[0]};
             uint32_t tq = 64 / (H / Hkv); /* attn_flash.comp's query tokens per workgroup */
             if (st == ANVIL_OK && p->n_seqs && (!p->split || (int)D != b->pl.attn_d)) {

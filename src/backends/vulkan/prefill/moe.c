@@ -143,7 +143,7 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i) {
                 uint64_t dqa = p->dq.addr + (VkDeviceSize)(n_pc & 1) * half;
                 if (w == 2 && e0 == 0 && st == ANVIL_OK) { /* gate = silu(gate) * up, and as float16 into xg */
                     struct pc_rows sw = {base + m.gc, base + m.uc, any, base + m.gc, p->prm.addr, F, m.R, 0, 0, 0,
-                                         ROWS_HALF | (p->scale ? ROWS_SCALE : 0u), base + m.xg, base + m.xs};
+                                         ROWS_HALF | (p->scale ? ROWS_SCALE : 0u), base + m.xg, base + m.xs, 0};
                     st = pf_emit(p, K_ROWS_SWIGLU, m.R, 0, &sw, sizeof sw);
                 }
                 struct pc_mmh mh = {base + m.xg, dqa, outs[w], any, T, K, N, Kp, N, 0, p->scale ? MM_XH : 0u,
@@ -182,7 +182,7 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i) {
                     p->ops[p->n_ops - 1].gz = ne;
             }
             if (w == 1 && st == ANVIL_OK) { /* act = silu(gate) * up */
-                struct pc_rows sw = {base + m.act, base + m.up, any, base + m.act, p->prm.addr, F, T * k, 0, 0, 0, 0, 0, 0};
+                struct pc_rows sw = {base + m.act, base + m.up, any, base + m.act, p->prm.addr, F, T * k, 0, 0, 0, 0, 0, 0, 0};
                 st = pf_emit(p, K_ROWS_SWIGLU, T * k, 0, &sw, sizeof sw);
             }
         }

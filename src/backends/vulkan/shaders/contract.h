@@ -92,6 +92,8 @@
                         scales to hs */
 #define ROWS_SCALE 2u /* ... and MODE 8: each row scaled into float16's range (half_scale);
                          without it every scale is 1 (the rows as they are) */
+#define ROWS_KV 4u /* MODE 6 (the k norm's rope): also writes its rows, and the v rows at v, into
+                      the attention caches h (k) and hs (v) as MODE 4 would (few-row programs) */
 
 /* vit.comp's flags (struct pc_vit) */
 #define VIT_PRE_BIAS 1u  /* MODE 0: a bias added to the row first (and written back) */

@@ -248,7 +248,8 @@
     F32(eps) \
     U32(flags)              /* ROWS_HALF: rms_norm and swiglu also write float16 rows to h */ \
     ADDR(Floats, h)         /* [rows, n] float16 (ROWS_HALF, MODE 8) */ \
-    ADDR(Floats, hs)        /* [rows] their scales (half_scale) */
+    ADDR(Floats, hs)        /* [rows] their scales (half_scale) */ \
+    ADDR(Floats, v)         /* ROWS_KV: the v rows [rows, n] (h, hs: the k and v caches) */
 
 /* moe_rows.comp: the experts' row offsets (MODE 0), their x rows gathered (1), scattered back (2) */
 #define PC_MOE_ROWS(ADDR, U32, F32) \

@@ -15,7 +15,8 @@
  *                      for the row)
  *   MODE 6  rms_norm then rope (the q/k norms of attention, rope's rows of H heads): one
  *                      kernel and no barrier between them; out may be a (a row is read
- *                      whole before it is written)
+ *                      whole before it is written); with flags & ROWS_KV (the k norm) also
+ *                      MODE 4's KV write of its rows and the v rows at v (caches h, hs)
  *   MODE 7  image rows  out[r] = c[r] where the params block marks token r's row as an
  *                      image's embedding (images: the embedding's rows replaced)
  * pos0 comes from the params block (prm[0]); with images (its M-RoPE word set, see rope_pos
@@ -35,6 +36,15 @@ PC_BLOCK(PC_ROWS, pc) /* push.h */
 
 shared float red[128];
 shared float row[1024]; /* MODE 6: the normed row (n <= 1024) */
+shared float rowy[1024]; /* MODE 6 with ROWS_KV: the output row */
+
+/* the cache row (pool row x H + head) that row r of H heads' rows goes to, or 0xffffffff for
+ * a batch's dead row (MODE 4, MODE 6 with ROWS_KV) */
+uint cache_row(uint r) {
+    uint t = r / pc.H, h = r % pc.H, bw = floatBitsToUint(pc.prm.v[3]);
+    uint row = bw != 0u ? floatBitsToUint(pc.prm.v[bw + 2u + t]) : floatBitsToUint(pc.prm.v[0]) + t;
+    return row == 0xffffffffu ? row : row * pc.H + h;
+}
 
 /* 1 / rms of row a[base .. base + n) + eps, the same in every invocation */
 float inv_rms(uint base, uint n, uint tid) {
@@ -131,6 +141,16 @@ void main() {
                 y = i < half_ ? x0 * cs - x1 * sn : x1 * cs + x0 * sn;
             }
             pc.out_.v[base + i] = y;
+            rowy[i] = y;
+        }
+        if ((pc.flags & ROWS_KV) != 0u) {
+            uint cr = cache_row(r);
+            barrier();
+            if (cr == 0xffffffffu) return;
+            for (uint i = 4u * tid; i < n; i += 512u) {
+                kv_put(pc.h, (cr * n + i) >> 2u, vec4(rowy[i], rowy[i + 1u], rowy[i + 2u], rowy[i + 3u]));
+                kv_put(pc.hs, (cr * n + i) >> 2u, Vec4s(pc.v).v[(base + i) >> 2u]);
+            }
         }
     } else if (MODE == ROWS_MODE_ROPE) {
         uint t = r / pc.H, half_ = pc.n_rot / 2u;
@@ -177,9 +197,9 @@ void main() {
         if (prm_u(4u + T) == 0u || prm_u(4u + T + 5u + 3u * T + r) == 0u) return;
         for (uint i = tid; i < n; i += 128u) pc.out_.v[base + i] = pc.c.v[base + i];
     } else {
-        uint t = r / pc.H, h = r % pc.H, bw = prm_u(3u), row = bw != 0u ? prm_u(bw + 2u + t) : pos0 + t;
-        if (row == 0xffffffffu) return; /* a batch's dead row */
-        uint dst = (row * pc.H + h) * n; /* n % 4 == 0 */
+        uint cr = cache_row(r);
+        if (cr == 0xffffffffu) return; /* a batch's dead row */
+        uint dst = cr * n; /* n % 4 == 0 */
         for (uint i = 4u * tid; i < n; i += 512u) {
             kv_put(pc.c, (dst + i) >> 2u, Vec4s(pc.a).v[(base + i) >> 2u]);
             kv_put(pc.out_, (dst + i) >> 2u, Vec4s(pc.b).v[(base + i) >> 2u]);
