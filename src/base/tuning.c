@@ -203,9 +203,11 @@ static const struct knob KNOBS[] = {
         "on mmbx.comp (the decode step's product with each weight multiplied by 2, 4 or 8 rows "
         "of x in registers: a verify step, a small batch); 0 or 1 keeps them on mmb.comp's "
         "integer-dot form (docs/perf/log.md, the few-row products)."),
-    INT("ANVIL_VK_MMBX_RS", C_DIAGNOSTIC, vk_mmbx_rs, 2, 1, 4, NULL,
-        "mmbx.comp's rows of the weights a workgroup of 128 threads: more rows, each input "
-        "load serving more of them, more registers."),
+    INT("ANVIL_VK_MMBX_RS", C_DIAGNOSTIC, vk_mmbx_rs, 0, 0, 4, NULL,
+        "mmbx.comp's rows of the weights a workgroup of 128 threads (more rows: each input "
+        "load serving more of them, more registers); 0: 2 for products of 2 rows, 4 for 3-8 "
+        "(8B Q4_K_M on the H200, pp2 / 4 / 8: 549 / 926 / 1,343 t/s at 2, 534 / 942 / 1,478 "
+        "at 4)."),
     BOOL("ANVIL_VK_MMB_BESIDE", C_DIAGNOSTIC, vk_mmb_beside, 1,
          "A small-batch product of the same input as the one before it (q, k, v; gate, up) "
          "runs beside it, with no barrier between them, and in programs of up to 32 rows the k "

@@ -222,6 +222,12 @@ enum vk_kernel vk_kernel_qx(enum vk_op op, int dtype, bool teams, int xm) {
 static bool mmb_tiled(enum vk_kernel k) { return k >= K_MMBT_Q8_0 && k <= K_MMBT_Q6_K; }
 /* the few-row products of mmbx.comp */
 static bool mmb_few(enum vk_kernel k) { return k >= K_MMBX_Q8_0_2 && k <= K_MMBX_Q6_K_8; }
+/* mmbx.comp's rows of W a workgroup: ANVIL_VK_MMBX_RS, else 2 for 2 rows of x and 4 for 4 and 8
+ * (8B Q4_K_M on the H200, pp2 / 4 / 8 t/s: 549 / 926 / 1,343 at 2, 534 / 942 / 1,478 at 4,
+ * 478 / 753 / 361 at 1; perf rule "few-row products") */
+static uint32_t mmbx_rs(const struct vk_device *d, enum vk_kernel k) {
+    return d->tune.vk_mmbx_rs ? (uint32_t)d->tune.vk_mmbx_rs : kernels[k].mode == 2 ? 2u : 4u;
+}
 
 enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *pl, int dtype, uint32_t T) {
     /* 8B Q4_K_M on the H200 (perf rule "small-batch products"): pp4 / 8 / 16 / 32 441 /
@@ -243,7 +249,7 @@ enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *p
 
 uint32_t vk_mmb_rows(const struct vk_device *d, enum vk_kernel k) {
     if (mmb_tiled(k)) return 32u;
-    if (mmb_few(k)) return (uint32_t)d->tune.vk_mmbx_rs;
+    if (mmb_few(k)) return mmbx_rs(d, k);
     return kernels[k].qx ? (uint32_t)d->tune.vk_mmbq_rows : 256u / d->subgroup_size * (uint32_t)d->tune.vk_mmb_rs;
 }
 
@@ -639,7 +645,7 @@ anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enu
         vals[SPEC_MODE] = ki->mode;
         n = 1;
     } else if (ki->specs == SPECS_MMB) { /* mmb.comp's rows a subgroup (QX: a workgroup) */
-        vals[MMB_SPEC_RS] = (uint32_t)(mmb_few(k) ? d->tune.vk_mmbx_rs : ki->qx ? d->tune.vk_mmbq_rows : d->tune.vk_mmb_rs);
+        vals[MMB_SPEC_RS] = mmb_few(k) ? mmbx_rs(d, k) : (uint32_t)(ki->qx ? d->tune.vk_mmbq_rows : d->tune.vk_mmb_rs);
         vals[MMB_SPEC_CT] = ki->mode; /* mmbx.comp's rows of x (the others have no such constant) */
         n = MMB_SPEC_CT + 1;
     }
