@@ -118,7 +118,7 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i) {
             uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F;
             if (w == 2) { /* gate = silu(gate) * up, and as float16 into xg */
                 struct pc_rows sw = {base + m.gc, base + m.uc, any, base + m.gc, p->prm.addr, F, m.R, 0, 0, 0,
-                                     ROWS_HALF | (p->scale ? ROWS_SCALE : 0u), base + m.xg, base + m.xs};
+                                     ROWS_HALF | (p->scale ? ROWS_SCALE : 0u), base + m.xg, base + m.xs, 0};
                 st = pf_emit(p, K_ROWS_SWIGLU, m.R, 0, &sw, sizeof sw);
             }
             struct pc_mmh mh = {base + m.xg, vk_wnode_addr(p->b, mats[w]), outs[w], any, T, K, N,
