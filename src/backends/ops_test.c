@@ -208,6 +208,25 @@ static void test_small_batch_ffn(void **state) {
     unsetenv("ANVIL_CPU_QX");
 }
 
+/* A prompt chunk of few rows attending through attn_split.comp without batch words
+ * (ANVIL_VK_FEW_ATTN: row t at position t, the cache rows the positions), against the CPU. */
+static void test_few_rows_attention(void **state) {
+    (void)state;
+    struct ops_opts o;
+    ops_opts_default(&o);
+    setenv("ANVIL_VK_FEW_ATTN", "8", 1);
+    for (int T = 2; T <= 8; T += 5) {
+        struct ops_case c = find_case(OPS_ATTN_PREFILL, -1, NULL, 40, T);
+        struct ops_result r;
+        anvil_status st = ops_run(&c, &o, &r);
+        if (st != ANVIL_OK) fail_msg("attn_prefill T=%d: %s", T, anvil_last_error());
+        fprintf(stderr, "attn_prefill T=%d: %.3g of %.3g; kernels %s\n", T, r.rel, r.max_ref, r.kernels);
+        assert_true(r.checked && r.pass && r.rel < 1e-4);
+        assert_non_null(strstr(r.kernels, "attn_split"));
+    }
+    unsetenv("ANVIL_VK_FEW_ATTN");
+}
+
 /* The low-bit types (Q2_K, Q3_K, the i-quants: shaders/wlow.glsl) in every kernel that reads
  * weights, on random blocks (every scale, sign and grid index pattern comes up): the decode's
  * products (one block a row, and rows of 3 blocks: attn_q 256 x 512, ffn_down 768 x 256), its
@@ -458,6 +477,7 @@ int main(void) {
         cmocka_unit_test(test_trace_list),
         cmocka_unit_test(test_small_batch),
         cmocka_unit_test(test_small_batch_ffn),
+        cmocka_unit_test(test_few_rows_attention),
         cmocka_unit_test(test_attn_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -75,6 +75,7 @@ struct tuning {
     int vk_mmbx;             /* ANVIL_VK_MMBX */
     int vk_mmbx_rs;          /* ANVIL_VK_MMBX_RS */
     int vk_mmb_beside;       /* ANVIL_VK_MMB_BESIDE */
+    int vk_few_attn;         /* ANVIL_VK_FEW_ATTN */
     int vk_mmb_fuse;         /* ANVIL_VK_MMB_FUSE */
     int vk_batch_mmb;        /* ANVIL_VK_BATCH_MMB */
     int vk_batch_pick;       /* ANVIL_VK_BATCH_PICK */

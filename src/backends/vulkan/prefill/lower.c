@@ -563,7 +563,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             if (st == ANVIL_OK && p->n_seqs && (!p->split || (int)D != b->pl.attn_d)) {
                 st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a batch's attention (attn_split.comp) needs subgroup "
                              "shuffles and heads of the pipelines' %d dimensions, not %u", b->pl.attn_d, D);
-            } else if (st == ANVIL_OK && p->n_seqs) {
+            } else if (st == ANVIL_OK && (p->n_seqs || (p->split && (int)D == b->pl.attn_d))) {
                 /* a batch: a workgroup per (kv head [x query-head group], chunk, row), each row
                  * splitting its own length (the counters and partials: p->attn, program.c) */
                 uint32_t gx = Hkv * b->pl.attn_gs, nc = pf_attn_chunks(p, Hkv, T);

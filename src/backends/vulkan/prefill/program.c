@@ -143,7 +143,8 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
      * 30B-A3B; perf rule "prefill on the matrix units") */
     p->scale = p->scaled_only || t->vk_f16_scale;
     p->flash = p->f16 && vk_pipeline_supported(b->d, &b->pl, K_ATTN_FLASH) && t->vk_flash && !p->n_seqs;
-    p->split = p->n_seqs && vk_pipeline_supported(b->d, &b->pl, K_ATTN_SPLIT);
+    /* a batch's attention, and a chunk of few rows' (ANVIL_VK_FEW_ATTN) */
+    p->split = (p->n_seqs || p->T <= t->vk_few_attn) && vk_pipeline_supported(b->d, &b->pl, K_ATTN_SPLIT);
     p->dq_emulate = !b->d->coopmat && t->vk_dq_emulate;
     if (st == ANVIL_OK && (b->d->coopmat || p->dq_emulate) && p->f16) {
         p->grp_max = t->vk_pf_group ? 4 : 1;

@@ -55,7 +55,7 @@ uint kvb, tab; /* kv_block, and the word of the row's block table */
 /* this lane's pieces of k at position p (zero at or past end) and p's pool row */
 void load_k(uint p, uint end, uint j, uint lane, out uint cr, out vec4 kr[KPL]) {
     bool live = p < end;
-    cr = live ? prm_u(tab + p / kvb) * kvb + p % kvb : 0u;
+    cr = live ? (kvb == 0u ? p : prm_u(tab + p / kvb) * kvb + p % kvb) : 0u;
     for (uint i = 0; i < KPL; i++) {
         uint c4 = lane % LPR + i * LPR;
         kr[i] = live && c4 < D4 ? kv_get(pc.kc, (cr * pc.Hkv + j) * D4 + c4) : vec4(0.0);
@@ -91,15 +91,18 @@ void main() {
     uint h0 = j * G + jg % GS * GW; /* the workgroup's first query head */
     uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID, tid = gl_LocalInvocationID.x;
     uint T = pc.T, bw = prm_u(3u); /* the batch words (prefill.h) */
-    uint sq = prm_u(bw + 2u + 2u * T + t);
+    /* none (bw 0): a chunk of one sequence (ANVIL_VK_FEW_ATTN), row t at position pos0 + t,
+     * its cache rows the positions themselves */
+    bool plain = bw == 0u;
+    uint sq = plain ? 0u : prm_u(bw + 2u + 2u * T + t);
     if (sq == 0xffffffffu) { /* a dead row */
         if (c == 0u)
             for (uint i = tid; i < GW * D; i += gl_WorkGroupSize.x) pc.out_.v[(t * pc.H + h0) * D + i] = 0.0;
         return;
     }
-    kvb = prm_u(bw);
-    tab = bw + 2u + 3u * T + sq * prm_u(bw + 1u);
-    uint n = prm_u(bw + 2u + T + t) + 1u;
+    kvb = plain ? 0u : prm_u(bw);
+    tab = plain ? 0u : bw + 2u + 3u * T + sq * prm_u(bw + 1u);
+    uint n = (plain ? prm_u(0u) + t : prm_u(bw + 2u + T + t)) + 1u;
     uint NE = min(pc.NC, (n + RPC - 1u) / RPC);
     if (c >= NE) return;
     uint L = (n + NE - 1u) / NE;
