@@ -208,11 +208,12 @@ static const struct knob KNOBS[] = {
         "load serving more of them, more registers); 0: 2 for products of 2 rows, 4 for 3-8 "
         "(8B Q4_K_M on the H200, pp2 / 4 / 8: 549 / 926 / 1,343 t/s at 2, 534 / 942 / 1,478 "
         "at 4)."),
-    INT("ANVIL_VK_FEW_ATTN", C_EXPERIMENT, vk_few_attn, 0, 0, 32, NULL,
+    INT("ANVIL_VK_FEW_ATTN", C_DIAGNOSTIC, vk_few_attn, 8, 0, 32, NULL,
         "Prompt chunks of at most this many rows (a verify step's k + 1) attend through "
         "attn_split.comp, a workgroup per kv head, chunk of the cache and row, as a batch's rows "
         "do, instead of attn_flash.comp's workgroup per kv head walking the whole cache for "
-        "them all; 0: off (not measured yet, docs/perf/log.md §63)."),
+        "them all; 0: never. 8B Q4_K_M on the H200, --spec oracle --spec-n 3 -d 512: 339.7 t/s "
+        "with 0, 410.6 with 8 (docs/perf/log.md §63)."),
     BOOL("ANVIL_VK_MMB_BESIDE", C_DIAGNOSTIC, vk_mmb_beside, 1,
          "A small-batch product of the same input as the one before it (q, k, v; gate, up) "
          "runs beside it, with no barrier between them, and in programs of up to 32 rows the k "
