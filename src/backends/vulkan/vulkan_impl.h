@@ -232,6 +232,7 @@ enum vk_kernel {
     K_MMH_64X64_K32,
     /* the same on workgroup-scope matrices (mm_cm2.comp), only where d->coopmat2 */
     K_MMH_CM2, K_MMH_CM2_MOE, K_MMH_MOE /* the experts, rows gathered */,
+    K_MMH_CM2_U, K_MMH_CM2_MOE_U, /* mm_cm2.comp NO_XS: the same for unscaled rows */
     /* mm_cm2.comp WQ: the products (and MOE the experts') from the weights' own blocks,
      * decoded as the tiles load (VK_CM2Q_TYPES) */
     VK_CM2Q_TYPES(VK_CM2Q_KERNELS)

@@ -53,11 +53,17 @@ static anvil_status emit_emulated(struct vk_prefill *p, const struct pc_mm *mm, 
     return (grouped ? pf_emit_op : pf_emit)(p, K_MM_F16, (n + 63) / 64, (mm->T + 63) / 64, &m16, sizeof m16);
 }
 
+enum vk_kernel pf_cm2_kernel(const struct vk_prefill *p, bool moe) {
+    enum vk_kernel u = moe ? K_MMH_CM2_MOE_U : K_MMH_CM2_U;
+    if (!p->scale && vk_pipeline_supported(p->b->d, &p->b->pl, u)) return u;
+    return moe ? K_MMH_CM2_MOE : K_MMH_CM2;
+}
+
 /* The product pc (pc->N outputs of pc->T tokens) on workgroup matrices (cm2) or on mm_h.comp's
  * tiles of the chosen shape. */
 static anvil_status emit_tiles(struct vk_prefill *p, bool cm2, const struct pc_mmh *pc) {
     if (cm2)
-        return pf_emit_op(p, K_MMH_CM2, (pc->N + VK_CM2_BN - 1) / VK_CM2_BN, (pc->T + VK_CM2_BM - 1) / VK_CM2_BM, pc,
+        return pf_emit_op(p, pf_cm2_kernel(p, false), (pc->N + VK_CM2_BN - 1) / VK_CM2_BN, (pc->T + VK_CM2_BM - 1) / VK_CM2_BM, pc,
                           sizeof *pc);
     return pf_emit_op(p, K_MMH_64X64_K32, (pc->N + mmh_tile[1] - 1) / mmh_tile[1],
                       (pc->T + mmh_tile[0] - 1) / mmh_tile[0], pc, sizeof *pc);

@@ -56,7 +56,7 @@ anvil_status pf_emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint3
     if (k != K_MMB_ROUND && !mmb_kernel(k))
         p->mmbq_of = 0; /* (mmbq's rows stay those of its last rounding while only products ran) */
     if (vk_kernel_info(k)->op == VK_OP_DQ || k == K_MMH_64X64_K32 || k == K_MMH_CM2 ||
-        k == K_MMH_CM2_MOE || k == K_MMH_MOE || k == K_MM_F16)
+        k == K_MMH_CM2_MOE || k == K_MMH_CM2_U || k == K_MMH_CM2_MOE_U || k == K_MMH_MOE || k == K_MM_F16)
         p->hoist_at = -1;
     return st == ANVIL_OK ? pf_emit_op(p, k, wgs, gy, push, size) : st;
 }

@@ -148,7 +148,7 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i) {
                 }
                 struct pc_mmh mh = {base + m.xg, dqa, outs[w], any, T, K, N, Kp, N, 0, p->scale ? MM_XH : 0u,
                                     base + m.aux, any, E, k, e0, base + m.xs};
-                if (st == ANVIL_OK && (st = pf_emit(p, K_MMH_CM2_MOE, (N + VK_CM2_BN - 1) / VK_CM2_BN,
+                if (st == ANVIL_OK && (st = pf_emit(p, pf_cm2_kernel(p, true), (N + VK_CM2_BN - 1) / VK_CM2_BN,
                                                     (T + VK_CM2_MOE_BM - 1) / VK_CM2_MOE_BM, &mh, sizeof mh)) == ANVIL_OK)
                     p->ops[p->n_ops - 1].gz = MIN(EP[w], E - e0);
                 /* the next piece's weights, beside this product */

@@ -241,6 +241,9 @@ struct pf_siblings {
 bool pf_materialised(const struct node *n);
 anvil_status pf_emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push,
                         size_t size);
+/* mm_cm2.comp's float16 kernel (moe: the experts'): without the scales' epilogue (NO_XS)
+ * where the rows are not scaled */
+enum vk_kernel pf_cm2_kernel(const struct vk_prefill *p, bool moe);
 anvil_status pf_emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push, size_t size);
 anvil_status pf_insert_op(struct vk_prefill *p, int at, enum vk_kernel k, uint32_t wgs, const void *push,
                           size_t size);

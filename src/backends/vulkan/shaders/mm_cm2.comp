@@ -27,6 +27,10 @@
  * its float16 weight rows from z * N; no residual. Padding rows hold whatever was there and their results are never read (a row
  * of y depends on its row of x alone), so every tile is whole.
  *
+ * NO_XS: for rows that are not scaled (flags & 4 never set): no xs, no epilogue. Its mere
+ * presence (never run) cost the 8B Q4_K_M 0.4% of pp512 on the H200, the 30B-A3B 0.3% (perf
+ * rule "prefill on the matrix units").
+ *
  * WQ (W_Q4_K, W_Q5_K, W_Q6_K, W_Q8_0): W is the weight as uploaded (common.glsl's layouts of
  * those types, QK weights a block, rows of Kp / QK blocks) and its tiles are decoded to
  * float16 as they are loaded (the tensor layout's block size and a decode function, which the
@@ -189,14 +193,16 @@ layout(push_constant) uniform PC {
     uint T, K, N, Kp, ldy, nb, flags;
     Floats lists, route; /* (mm_h.comp's experts: unused here) */
     uint E, k, e0;
-    Floats xs; /* [T] the scales of x's rows */
+    Floats xs; /* [T] the scales of x's rows (NO_XS: unread) */
 } pc;
 
+#ifndef NO_XS
 /* element (n, t) of a tile of y's transpose times token t's scale: xs[at + t], the index
  * clamped to last (an edge tile's columns past T are dropped when stored) */
 float rescale(const in uint n, const in uint t, const in float v, const in uint at, const in uint last) {
     return v * pc.xs.v[min(at + t, last)];
 }
+#endif
 
 #define CLAMP gl_CooperativeMatrixClampModeConstantNV
 #define MAT_W coopmat<float16_t, gl_ScopeWorkgroup, BN, BK, gl_MatrixUseA>
@@ -224,7 +230,11 @@ void main() {
     uint xo = rb * pc.K, wo = gl_WorkGroupID.z * pc.N * pc.Kp, yo = rb * pc.ldy;
 #endif
 #else
+#ifdef NO_XS
+    uint T = pc.T, xo = 0u, wo = 0u, yo = 0u;
+#else
     uint T = pc.T, xo = 0u, wo = 0u, yo = 0u, rb = 0u;
+#endif
 #endif
     tensorViewNV<2, false, 1, 0> tr = createTensorViewNV(2, false, 1, 0);
     MAT_Y acc = MAT_Y(0.0);
@@ -248,7 +258,9 @@ void main() {
             LOADD(0, DECODE_WHOLE) LOADD(1, DECODE_WHOLE) LOADD(2, DECODE_WHOLE) LOADD(3, DECODE_WHOLE)
             MUL(0) MUL(1) MUL(2) MUL(3)
         }
+#ifndef NO_XS
         if ((pc.flags & 4u) != 0u) coopMatPerElementNV(acc, acc, rescale, rb + t0, rb + T - 1u);
+#endif
         tensorLayoutNV<2> ly = createTensorLayoutNV(2);
         ly = setTensorLayoutDimensionNV(ly, T, pc.nb + pc.N);
         ly = setTensorLayoutStrideNV(ly, pc.ldy & ~7u, 1);
@@ -277,7 +289,9 @@ void main() {
         LOAD(0)
         MUL(0)
     }
+#ifndef NO_XS
     if ((pc.flags & 4u) != 0u) coopMatPerElementNV(acc, acc, rescale, rb + t0, rb + T - 1u);
+#endif
     if ((pc.flags & 1u) != 0u) {
         MAT_Y r;
         coopMatLoadTensorNV(r, pc.res.v, yo, sliceTensorLayoutNV(ly, t0, BM, pc.nb + n0, BN), tr);
