@@ -265,8 +265,8 @@ typedef struct anvil_logit_params {
     const float *bias;
     int n_bias;
     /* NULL, or called with each generated token's logprobs (anvil's, valid during the call
-     * only) just before the token callback gets the token, with its user; top_logprobs: how many of the most likely tokens with
-     * them, 0 .. ANVIL_MAX_TOP_LOGPROBS */
+     * only) just before the token callback gets the token, with its user; top_logprobs: how
+     * many of the most likely tokens with them, 0 .. ANVIL_MAX_TOP_LOGPROBS */
     void (*on_logprobs)(void *user, const anvil_token_logprobs *lp);
     int top_logprobs;
 } anvil_logit_params;

@@ -15,6 +15,13 @@
 #include "quant/quant.h"
 #include "testutil.h"
 
+/* A kernel's name as the pipelines name it: prefix + the weight type's, in lower case
+ * ("mmbx_" + Q4_K -> "mmbx_q4_k"). */
+static void kernel_name(char *out, size_t cap, const char *prefix, int type) {
+    snprintf(out, cap, "%s%s", prefix, dtype_name(type));
+    for (char *p = out; *p; p++) *p = (char)(*p >= 'A' && *p <= 'Z' ? *p - 'A' + 'a' : *p);
+}
+
 /* the case of kind (and type, for those that take one; product `what` for matvec and mm) */
 static struct ops_case find_case(enum ops_kind kind, int type, const char *what, int ctx, int T) {
     struct ops_case cs[64];
@@ -158,8 +165,8 @@ static void test_small_batch(void **state) {
         bool four = ty == DT_Q8_0 || ty == DT_Q4_K || ty == DT_Q5_K || ty == DT_Q6_K;
         bool off = cases[i].knob && !strcmp(cases[i].knob, "ANVIL_VK_MMBX=0");
         char few[32];
-        snprintf(few, sizeof few, "mmbx_%s_%d", ty == DT_Q8_0 ? "q8_0" : ty == DT_Q4_K ? "q4_k" : ty == DT_Q5_K ? "q5_k" : "q6_k",
-                 T > 4 ? 8 : T > 2 ? 4 : 2);
+        kernel_name(few, sizeof few, "mmbx_", ty);
+        snprintf(few + strlen(few), sizeof few - strlen(few), "_%d", T > 4 ? 8 : T > 2 ? 4 : 2);
         const char *want = !qx ? "mmb_" : four && T > 8 ? "mmbt_" : four && !off ? few : "mmb_qx_";
         if (!strstr(r.kernels, want)) fail_msg("%s: kernels %s, wanted %s", name, r.kernels, want);
         if (qx) assert_non_null(strstr(r.kernels, "mmb_round"));
@@ -264,8 +271,7 @@ static void test_low_bit_types(void **state) {
             assert_true(r.max_ref > 0);
             assert_true(r.rel < 2e-3);
             if (regions[i].kernel) {
-                snprintf(kernel, sizeof kernel, "%s%s", regions[i].kernel, dtype_name(types[t]));
-                for (char *p = kernel; *p; p++) *p = (char)(*p >= 'A' && *p <= 'Z' ? *p - 'A' + 'a' : *p);
+                kernel_name(kernel, sizeof kernel, regions[i].kernel, types[t]);
                 if (!strstr(r.kernels, kernel)) fail_msg("%s: no %s in %s", name, kernel, r.kernels);
             }
         }
