@@ -175,6 +175,16 @@ struct backend_vtable {
      * tokens[t]: only those cross to the host, and the logits only where out is not NULL. */
     anvil_status (*run_batch_pick)(struct program *p, const struct batch_rows *r, const struct batch_pick *pk,
                                    int32_t *tokens, float *out);
+    /* Optional: a verify step (engine/spec.c): run on tokens[T] at pos0 (a program of T > 1
+     * rows with every row's logits), row t (at position pos0 + t) choosing its next token on
+     * the device into picked[t] by the chain sp (counter pos0 + t + 1; penalties over
+     * history: the tokens at positions 0 .. pos0 + T - 2, where sp->penalties, within
+     * BATCH_PICK_HISTORY of each row, else ANVIL_ERR_UNSUPPORTED), drafts[t] >= 0 (drafts NULL:
+     * none) offered to it by spec_choose's rule (engine/spec.h): picked[t] == drafts[t] exactly
+     * when the chain keeps it. No logits cross to the host. NULL, or ANVIL_ERR_UNSUPPORTED for
+     * a program it cannot run so: the caller chooses from the logits. */
+    anvil_status (*run_pick)(struct program *p, const int32_t *tokens, int pos0, const struct sampling_params *sp,
+                             const int32_t *history, const int32_t *drafts, int32_t *picked);
 };
 
 /* A vision encoder as a backend runs it: the Qwen3-VL family's ViT (vision/vision.h has its

@@ -191,6 +191,12 @@ static const struct knob KNOBS[] = {
          "or sample.comp per row, with each sequence's chain, seed and penalty window): only the "
          "token ids come back, not every row's logits (docs/BATCHING.md); 0 reads the logits "
          "back and samples each row on the host."),
+    BOOL("ANVIL_VK_SPEC_PICK", C_DIAGNOSTIC, vk_spec_pick, 1,
+         "A speculative verify step's rows choose their tokens on the device (argmax.comp, or "
+         "sample.comp with each row's draft offered by the speculative-sampling rule): only k + 1 "
+         "token ids come back, not k + 1 rows of logits to choose from on the host "
+         "(docs/SPECULATIVE.md); 0 reads the logits back. The host still chooses where the "
+         "generation has logit hooks (bias, logprobs, on_logits)."),
     INT("ANVIL_VK_MMB_RS", C_DIAGNOSTIC, vk_mmb_rs, 2, 1, 8, NULL,
         "mmb.comp's rows of the weights a subgroup: more rows, fewer workgroups reading all "
         "of the inputs, more registers."),

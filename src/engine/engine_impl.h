@@ -51,6 +51,8 @@ struct anvil_session {
     int hist_rows;
     int32_t hist_tok[GDN_HIST_MAX];
     int64_t n_refed; /* tokens session_rewind has fed again, all told (a test's hook) */
+    bool spec_pick;  /* verify steps choose on the device where the backend can (ANVIL_VK_SPEC_PICK) */
+    int64_t n_picked; /* verify steps whose rows chose on the device, all told (a test's hook) */
     char err[ERRMSG_LEN];
 };
 
@@ -81,6 +83,16 @@ bool session_recurrent(const anvil_session *s);
 /* Whether t is one of p's stop ids (generate.c; the plain and the speculative loop). */
 bool gen_is_stop(const anvil_generate_params *p, int32_t t);
 anvil_status session_rewind(anvil_session *s, int n);
+struct sampling_params;
+/* A verify step whose rows choose on the device (backend_vtable.run_pick): tokens[n] (2 ..
+ * GDN_HIST_MAX) evaluated as anvil_session_eval does with every row's logits, row t choosing
+ * picked[t] by sp (counter: its position + 1; penalties over the cache's tokens), drafts[t]
+ * (>= 0; NULL: none) offered to it by spec_choose's rule: picked[t] == drafts[t] exactly when
+ * the chain keeps it. ANVIL_ERR_UNSUPPORTED, the session unchanged, where the backend cannot
+ * (none, a split, images, prefill off or in smaller chunks, a longer penalty window,
+ * ANVIL_VK_SPEC_PICK=0): the caller then evaluates and chooses from the logits. */
+anvil_status session_eval_pick(anvil_session *s, const int32_t *tokens, int n, const struct sampling_params *sp,
+                               const int32_t *drafts, int32_t *picked);
 /* The Vulkan backend p asks for: one device (p->device, or devices[0]), or a layer split over
  * p->devices for a model of n_layers layers (backend_split_create); bad indices, shares or
  * modes are ANVIL_ERR_INVALID_ARG. */

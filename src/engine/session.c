@@ -218,6 +218,7 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     if (st == ANVIL_OK) st = tuning_read(&t);
     s->mark = -1;
     s->prefill_chunk = p.prefill_chunk > 0 ? p.prefill_chunk : t.prefill_chunk;
+    s->spec_pick = t.vk_spec_pick;
     if (st == ANVIL_OK && (p.prefill_chunk < 0 || p.gpu_timeout_s < 0 || (p.gpu_timeout_s > 0 && p.gpu_timeout_s < 1) ||
                            !(p.gpu_timeout_s <= 1e6)))
         st = err_set(ANVIL_ERR_INVALID_ARG, "bad session parameters: prefill chunk %d, GPU timeout %g s "
@@ -593,6 +594,41 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
         done += T;
         if (n > chunk) progress("prefilling the prompt", (uint64_t)done, (uint64_t)n); /* several chunks */
     }
+    return ANVIL_OK;
+}
+
+anvil_status session_eval_pick(anvil_session *s, const int32_t *tokens, int n, const struct sampling_params *sp,
+                               const int32_t *drafts, int32_t *picked) {
+    if (!s->spec_pick || !s->backend->vt->run_pick || s->rope_delta || s->no_prefill || n < 2 || n > GDN_HIST_MAX ||
+        n > s->prefill_chunk || (s->chunk_cap && n > s->chunk_cap))
+        return ANVIL_ERR_UNSUPPORTED;
+    int V = s->model->file->hp.n_vocab;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return keep_err(s->err, err_set(ANVIL_ERR_RANGE, "token id %d out of range 0..%d", tokens[i], V - 1));
+    if (n > s->n_ctx - s->pos)
+        return keep_err(s->err, err_set(ANVIL_ERR_RANGE, "context full: %d tokens in the cache + %d new > %d", s->pos,
+                                        n, s->n_ctx));
+    /* the recurrent models' verify program (session_eval_mm), else the chunk's */
+    bool verify = s->mark == s->pos && s->backend->vt->states_rewind && session_recurrent(s);
+    struct program *p;
+    int T = n;
+    anvil_status st = verify ? verify_program(s, n, false, &p) : chunk_program(s, &T, false, &p);
+    if (st == ANVIL_OK && T != n) st = ANVIL_ERR_UNSUPPORTED;
+    if (st == ANVIL_ERR_UNSUPPORTED) return st; /* (the plain eval then finds out why) */
+    if (st != ANVIL_OK) return keep_err(s->err, st);
+    /* the rows' penalty windows read the cache's tokens, these included */
+    memcpy(s->tokens + s->pos, tokens, (size_t)n * sizeof *tokens);
+    st = s->backend->vt->run_pick(p, tokens, s->pos, sp, s->tokens, drafts, picked);
+    if (st == ANVIL_ERR_UNSUPPORTED) return st;
+    if (st != ANVIL_OK) return keep_err(s->err, st);
+    s->hist_rows = 0;
+    if (verify) {
+        s->hist_rows = n;
+        memcpy(s->hist_tok, tokens, (size_t)n * sizeof *tokens);
+    }
+    s->pos += n;
+    s->n_picked++;
     return ANVIL_OK;
 }
 

@@ -1,6 +1,8 @@
 /* engine: speculative decoding (docs/SPECULATIVE.md) — draft k tokens, run the last chosen
  * token and the drafts as one multi-token step, keep the prefix the sampling chain agrees with,
- * roll the rest back (session_rewind). The host drives each step: its logits are read back. */
+ * roll the rest back (session_rewind). The host drives each step; its rows choose on the device
+ * where the backend can (session_eval_pick: only their tokens are read back), else its logits
+ * are read back and chosen from here. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -170,7 +172,9 @@ int32_t spec_choose(const struct sampling_params *sp, float *row, int V, const i
             return last;
         }
     }
-    return sampler_draw(&dist, sampler_uniform(sp->seed, (uint32_t)counter));
+    int32_t t = sampler_draw(&dist, sampler_uniform(sp->seed, (uint32_t)counter));
+    *keep = d >= 0 && t == d; /* (w == total with u * total rounded up to it: d all the same) */
+    return t;
 }
 
 anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, struct gen_lp *glp, float *logits,
@@ -188,6 +192,8 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, struc
     r.draft_sampling.temperature = 0;
     bool keep;
     int32_t tok = 0;
+    /* (the logit hooks see every row on the host) */
+    bool device_choice = !gen_lp_wanted(p);
     /* (only this first call can fail: it makes the hooks' copy of the logits) */
     if (st == ANVIL_OK) st = gen_lp_logits(glp, logits, V);
     if (st == ANVIL_OK) {
@@ -229,7 +235,19 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, struc
             for (int j = nd + 1; j <= K; j++) seq[j] = seq[nd];
             rows_n = K + 1;
         }
-        st = anvil_session_eval(s, seq, rows_n, nd ? ANVIL_LOGITS_ALL : ANVIL_LOGITS_LAST, nd ? rows : logits);
+        /* the rows choose on the device where they can (no logit hooks): only their tokens
+         * come back, picked[i] == the draft seq[i + 1] exactly when the chain keeps it */
+        int32_t picked[ANVIL_SPEC_MAX_DRAFT + 1], drafts[ANVIL_SPEC_MAX_DRAFT + 1];
+        bool on_device = false;
+        if (nd > 0 && device_choice) {
+            for (int j = 0; j < rows_n; j++) drafts[j] = j < nd ? seq[j + 1] : -1;
+            st = session_eval_pick(s, seq, rows_n, &sp, drafts, picked);
+            on_device = st == ANVIL_OK;
+            if (st == ANVIL_ERR_UNSUPPORTED) st = ANVIL_OK;
+            if (st != ANVIL_OK) break;
+        }
+        if (!on_device)
+            st = anvil_session_eval(s, seq, rows_n, nd ? ANVIL_LOGITS_ALL : ANVIL_LOGITS_LAST, nd ? rows : logits);
         if (st != ANVIL_OK) break;
         if (stop_cb) {
             stats->stop = ANVIL_STOP_CALLBACK;
@@ -250,9 +268,14 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, struc
         int i = 0;
         bool ended = false;
         for (;; i++) {
-            float *row = rows + (size_t)i * V;
-            (void)gen_lp_logits(glp, row, V);
-            tok = spec_choose(&sp, row, V, s->tokens, pos0 + 1 + i, i < nd ? seq[i + 1] : -1, scratch, &keep);
+            if (on_device) {
+                tok = picked[i];
+                keep = i < nd && tok == seq[i + 1];
+            } else {
+                float *row = rows + (size_t)i * V;
+                (void)gen_lp_logits(glp, row, V);
+                tok = spec_choose(&sp, row, V, s->tokens, pos0 + 1 + i, i < nd ? seq[i + 1] : -1, scratch, &keep);
+            }
             if (spec->kind == ANVIL_SPEC_ORACLE && spec->oracle_decides && i < nd) {
                 /* a draft offered as recorded is kept, a wrong one is not (the step's work is
                  * the chain's either way; a random-weight model's near ties would otherwise let

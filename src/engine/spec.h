@@ -21,7 +21,8 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, struc
  * also whether the chain keeps it (*keep). Greedy: the argmax, kept when it is d. Sampled: d is
  * kept with the chain's probability of d (its random number from the (seed ^ salt, counter)
  * stream), else the token is drawn from the chain's distribution without d: the speculative-
- * sampling rule for a draft of probability 1, so the token's distribution is the chain's. */
+ * sampling rule for a draft of probability 1, so the token's distribution is the chain's.
+ * Either way *keep is exactly whether the token is d (what a device's choice tells, spec.c). */
 int32_t spec_choose(const struct sampling_params *sp, float *row, int V, const int32_t *history,
                     int counter, int32_t d, void *scratch, bool *keep);
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "anvil.h"
+#include "engine/engine_impl.h"
 #include "engine/sampler.h"
 #include "engine/spec.h"
 #include "testutil.h"
@@ -120,10 +121,21 @@ static void check_greedy(anvil_model *m, anvil_model *draft_m, anvil_backend_kin
                 sp.n_oracle = base.r.n < MAXT ? base.r.n : MAXT;
                 anvil_generate_params gs = g;
                 gs.spec = &sp;
+                int64_t picked0 = s->n_picked;
                 generate(s, &gs, stop_after, &o);
                 char what[96];
                 snprintf(what, sizeof what, "variant %d drafter %d k %d", variant, kind_i, k);
                 same(&base, &o, what);
+                /* a device's verify steps choose there (session_eval_pick), the CPU's on the host */
+                assert_int_equal(s->n_picked - picked0, kind == ANVIL_BACKEND_CPU ? 0 : o.st.n_spec_steps);
+                if (kind != ANVIL_BACKEND_CPU && kind_i == 4) { /* and the host's choice on the device */
+                    struct outcome h;
+                    s->spec_pick = false;
+                    generate(s, &gs, stop_after, &h);
+                    s->spec_pick = true;
+                    same(&base, &h, what);
+                    assert_int_equal(s->n_picked, picked0 + o.st.n_spec_steps);
+                }
                 assert_true(o.st.n_accepted <= o.st.n_drafted);
                 if (kind_i == 1) assert_int_equal(o.st.n_accepted, o.st.n_drafted);
                 if (kind_i == 1 && variant == 0) assert_true(o.st.n_spec_steps <= (40 + k) / (k + 1) + 1);
@@ -326,6 +338,56 @@ static void test_sampled_generation(void **state) {
     anvil_model_close(m);
 }
 
+/* Sampled speculation on Vulkan, the verify rows choosing on the device (sample.comp with the
+ * rows' drafts), gives the tokens the host's choice from the same step's logits gives: the
+ * device's chain is sampler.c's bit for bit, its draft rule spec_choose's. With penalties (the
+ * rows' windows read the drafts), self drafts (most kept) and another model's (most not). */
+static void test_sampled_vulkan(void **state) {
+    (void)state;
+    anvil_model *m = open_model("synthetic:qwen3-tiny"), *moe = open_model("synthetic:qwen3moe-tiny");
+    anvil_session_params p = anvil_session_default_params();
+    p.backend = ANVIL_BACKEND_VULKAN;
+    p.n_ctx = 96;
+    anvil_session *s = NULL;
+    if (anvil_session_create(m, &p, &s) != ANVIL_OK) {
+        printf("  no Vulkan device: %s\n", anvil_last_error());
+        anvil_model_close(moe);
+        anvil_model_close(m);
+        return;
+    }
+    anvil_session *self = tu_session(m, ANVIL_BACKEND_VULKAN, 96), *other = tu_session(moe, ANVIL_BACKEND_VULKAN, 96);
+    for (int v = 0; v < 2; v++) {
+        anvil_spec sp = {ANVIL_SPEC_DRAFT, v ? 4 : 3, v ? other : self, NULL, 0, 1.0f, 0};
+        anvil_generate_params gp = {anvil_sampling_default(), 30, NULL, 0, NULL, &sp, NULL};
+        gp.sampling.temperature = v ? 1.1f : 0.7f;
+        gp.sampling.top_k = 20;
+        gp.sampling.top_p = 0.95f;
+        gp.sampling.repeat_penalty = v ? 1.3f : 1.0f;
+        gp.sampling.seed = 77 + (uint64_t)v;
+        struct outcome dev, host;
+        int64_t picked0 = s->n_picked;
+        generate(s, &gp, 0, &dev);
+        assert_int_equal(s->n_picked - picked0, dev.st.n_spec_steps);
+        s->spec_pick = false;
+        generate(s, &gp, 0, &host);
+        s->spec_pick = true;
+        assert_int_equal(s->n_picked - picked0, dev.st.n_spec_steps);
+        char what[64];
+        snprintf(what, sizeof what, "sampled, device against host choice, %d", v);
+        same(&host, &dev, what);
+        assert_int_equal(dev.st.n_accepted, host.st.n_accepted);
+        assert_int_equal(dev.st.n_drafted, host.st.n_drafted);
+        printf("  %s: %d tokens, %d of %d drafts kept\n", what, dev.r.n, dev.st.n_accepted, dev.st.n_drafted);
+        assert_true(dev.r.n == 30 && dev.st.n_drafted > 0);
+        if (!v) assert_true(dev.st.n_accepted > 0);
+    }
+    anvil_session_destroy(other);
+    anvil_session_destroy(self);
+    anvil_session_destroy(s);
+    anvil_model_close(moe);
+    anvil_model_close(m);
+}
+
 /* oracle_decides: an oracle that is not the model's output (a made-up sequence) is kept whole
  * when the oracle decides, and rejected from its first wrong token when the chain does. */
 static void test_oracle_decides(void **state) {
@@ -438,6 +500,7 @@ int main(void) {
         cmocka_unit_test(test_sampled_end_to_end),
         cmocka_unit_test(test_oracle_decides),
         cmocka_unit_test(test_greedy_vulkan),
+        cmocka_unit_test(test_sampled_vulkan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -770,7 +770,7 @@ static anvil_status cpu_states_rewind(struct backend *base, int row) {
 static const struct backend_vtable cpu_vtable = {
     "cpu", cpu_destroy, cpu_compile, cpu_program_destroy, cpu_run, NULL, NULL, NULL, NULL, NULL, NULL,
     cpu_run_batch, backend_cpu_run_extras, NULL, cpu_states_save, cpu_states_restore, cpu_states_rewind,
-    NULL, NULL, /* capacity; run_batch_pick: the host chooses (the reference) */
+    NULL, NULL, NULL, /* capacity; run_batch_pick, run_pick: the host chooses (the reference) */
 };
 
 anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens, int pos0,

@@ -648,6 +648,13 @@ static anvil_status vk_run_batch_pick(struct program *pp, const struct batch_row
     return vk_prefill_run_batch_pick(p->prefill, r, pk, tokens, out);
 }
 
+static anvil_status vk_run_pick(struct program *pp, const int32_t *tokens, int pos0, const struct sampling_params *sp,
+                               const int32_t *history, const int32_t *drafts, int32_t *picked) {
+    struct vk_prog *p = (struct vk_prog *)pp;
+    if (!p->prefill) return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: run_pick needs a prefill program");
+    return vk_prefill_run_pick(p->prefill, tokens, pos0, sp, history, drafts, picked);
+}
+
 static anvil_status vk_run(struct program *pp, const int32_t *tokens, int pos0, float *out) {
     struct vk_prog *p = (struct vk_prog *)pp;
     if (p->prefill) return vk_prefill_run(p->prefill, tokens, pos0, out);
@@ -838,7 +845,7 @@ static uint64_t vk_capacity(struct backend *base) { return vk_device_local_bytes
 static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
     vk_failed, vk_memory, vk_time, vk_device_name, vk_run_batch, vk_run_extras, vk_vit_encode, vk_states_save,
-    vk_states_restore, vk_states_rewind, vk_capacity, vk_run_batch_pick,
+    vk_states_restore, vk_states_rewind, vk_capacity, vk_run_batch_pick, vk_run_pick,
 };
 
 void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t max_memory) {

@@ -119,6 +119,10 @@ anvil_status vk_prefill_run_batch(struct vk_prefill *p, const struct batch_rows 
  * (backend_vtable.run_batch_pick; prefill/pick.c). */
 anvil_status vk_prefill_run_batch_pick(struct vk_prefill *p, const struct batch_rows *r, const struct batch_pick *pk,
                                        int32_t *tokens, float *out);
+/* A session's program of a few rows with every row's logits (a verify step's), each row t
+ * also choosing its next token on the device (backend_vtable.run_pick; prefill/pick.c). */
+anvil_status vk_prefill_run_pick(struct vk_prefill *p, const int32_t *tokens, int pos0, const struct sampling_params *sp,
+                                 const int32_t *history, const int32_t *drafts, int32_t *picked);
 /* The vision encoder (prefill/vit.c): one image's pixels [gh * gw][K] into out [gh * gw / M²][E];
  * d's weights must be uploaded (vk_vit_encode in vulkan.c does it). */
 anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const float *pixels, int gh, int gw,

@@ -464,7 +464,8 @@ struct vk_ctl {
     uint32_t fault; /* mega.comp's workgroups did not all meet (the grid was not resident) */
     uint32_t pad1;
     uint32_t hist0; /* the position of data[2 n_ctx]'s token (common.glsl) */
-    uint32_t pad[2];
+    uint32_t draft; /* a draft offered to the step's choice, plus 1 (0: none; sample.comp) */
+    uint32_t pad4;
     uint32_t eos[16];
     /* the sampling chain's parameters (struct sampling_params), set per request */
     float s_inv_temp, s_rp, s_inv_rp, s_presence, s_frequency, s_top_p, s_min_p;

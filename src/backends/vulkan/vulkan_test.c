@@ -19,6 +19,7 @@
 #include "backends/vulkan/vulkan_testhooks.h"
 #include "engine/logprobs.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 #include "formats/model_file.h"
 #include "quant/quant.h"
 #include "testutil.h"
@@ -1483,7 +1484,7 @@ static void test_sample_kernel_exact(void **state) {
     const size_t n_vocab = 6;
 #endif
     char scratch[SAMPLER_SCRATCH_BYTES];
-    int cases = 0, differ_from_greedy = 0;
+    int cases = 0, differ_from_greedy = 0, drafted_kept = 0, drafted_not = 0;
     for (size_t vi = 0; vi < n_vocab; vi++) {
         int V = vocab[vi];
         float *logits = malloc(sizeof(float) * (size_t)V), *copy = malloc(sizeof(float) * (size_t)V);
@@ -1523,7 +1524,7 @@ static void test_sample_kernel_exact(void **state) {
                 memcpy(copy, logits, sizeof(float) * (size_t)V);
                 int32_t want = sampler_sample_prepared(copy, V, &sp, hist, n_hist, (uint32_t)n_hist, scratch);
                 int32_t got = -1;
-                assert_int_equal(vk_sample_once(b, logits, V, &sp, hist, n_hist, &got), ANVIL_OK);
+                assert_int_equal(vk_sample_once(b, logits, V, &sp, hist, n_hist, -1, &got), ANVIL_OK);
                 if (got != want)
                     fail_msg("V %d kind %d temp %g top_k %d top_p %g min_p %g rp %g pres %g freq %g last_n %d "
                              "n_hist %d: vulkan %d, cpu %d", V, kind, (double)s.temperature, s.top_k,
@@ -1535,14 +1536,30 @@ static void test_sample_kernel_exact(void **state) {
                     if (copy[i] > copy[best]) best = i;
                 differ_from_greedy += got != best;
                 cases++;
+                /* a draft offered (speculative decoding's verify rows): the token spec_choose
+                 * gives, the draft exactly when it keeps it; the argmax, the chain's own draw,
+                 * any token */
+                int32_t dr = (int32_t[]){best, want, (int32_t)(rnd() % (uint32_t)V)}[(trial + rep) % 3];
+                bool keep;
+                memcpy(copy, logits, sizeof(float) * (size_t)V);
+                want = spec_choose(&sp, copy, V, hist, n_hist, dr, scratch, &keep);
+                assert_int_equal(vk_sample_once(b, logits, V, &sp, hist, n_hist, dr, &got), ANVIL_OK);
+                if (got != want)
+                    fail_msg("V %d kind %d temp %g top_k %d top_p %g min_p %g n_hist %d draft %d: vulkan %d, cpu %d",
+                             V, kind, (double)s.temperature, s.top_k, (double)s.top_p, (double)s.min_p, n_hist, dr,
+                             got, want);
+                assert_int_equal(keep, want == dr);
+                if (!sp.greedy) drafted_kept += keep, drafted_not += !keep;
             }
         }
         free(logits);
         free(copy);
     }
     assert_int_equal(vk_check_validation(b->d), ANVIL_OK);
-    fprintf(stderr, "sampling kernel: %d cases equal to sampler.c (%d not the argmax)\n", cases, differ_from_greedy);
+    fprintf(stderr, "sampling kernel: %d cases equal to sampler.c (%d not the argmax), and offered a draft to "
+            "spec.c (sampled: %d kept, %d not)\n", cases, differ_from_greedy, drafted_kept, drafted_not);
     assert_true(differ_from_greedy > cases / 4); /* the draws were not all trivial */
+    assert_true(drafted_kept > 0 && drafted_not > 0);
     backend_destroy(base);
 }
 

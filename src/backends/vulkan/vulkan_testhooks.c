@@ -152,7 +152,7 @@ static anvil_status upload_floats(struct vk_device *d, struct vk_buffer *to, con
 }
 
 anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, const struct sampling_params *sp,
-                            const int32_t *hist, int n_hist, int32_t *out) {
+                            const int32_t *hist, int n_hist, int32_t draft, int32_t *out) {
     struct vk_device *d = b->d;
     if (V < 1 || n_hist < 1) return err_set(ANVIL_ERR_INVALID_ARG, "vk_sample_once: bad arguments");
     anvil_status st = test_pipelines(b);
@@ -176,6 +176,7 @@ anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, co
     c->budget = 1;
     for (int i = 0; i < n_hist - 1; i++) c->data[2 * n_ctx + i] = (uint32_t)hist[i];
     ctl_set_sampling(c, (uint32_t)V, sp);
+    c->draft = draft >= 0 ? (uint32_t)draft + 1 : 0;
     struct pc_sample ps = {lg.addr, ctl.addr, scratch.addr, scratch.addr + SAMPLE_PART_BYTES(nwg), (uint32_t)V, nwg, 0};
     struct test_dispatch one = {K_SAMPLE, &ps, sizeof ps, nwg, 0};
     st = test_run(b, &one, 1, scratch.buf);

@@ -7,10 +7,11 @@
 #include "vulkan.h"
 
 /* Runs the sampling kernel once over logits [V] (any V), as the step at position n_hist - 1
- * whose token is hist[n_hist - 1] (the earlier ones being the history): the token it
- * chooses. For testing it against sampler.c. */
+ * whose token is hist[n_hist - 1] (the earlier ones being the history), offered draft (-1:
+ * none; speculative decoding's rule, engine/spec.h spec_choose): the token it chooses. For
+ * testing it against sampler.c and spec.c. */
 anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, const struct sampling_params *sp,
-                            const int32_t *hist, int n_hist, int32_t *out);
+                            const int32_t *hist, int n_hist, int32_t draft, int32_t *out);
 
 /* Runs logprobs.comp once over logits [V] (any V) as the decode program's variant with the
  * bias and the logprobs does: the bias list [n_bias] added (MODE 0), then (MODE 1) the

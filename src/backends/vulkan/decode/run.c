@@ -96,6 +96,7 @@ void ctl_set_sampling(volatile struct vk_ctl *c, uint32_t V, const struct sampli
     c->s_window = sp->window < 0 ? 0xffffffffu : (uint32_t)sp->window;
     c->s_seed_lo = (uint32_t)sp->seed;
     c->s_seed_hi = (uint32_t)(sp->seed >> 32);
+    c->draft = 0;
 }
 
 /* Generated token i's record (logprobs.comp) to lg->on_logprobs: only its words cross. */

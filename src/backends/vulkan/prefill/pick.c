@@ -1,6 +1,7 @@
 /*
  * A batch program's rows choose their next tokens on the device (backend_vtable.run_batch_pick,
- * docs/BATCHING.md): after the program's kernels, argmax.comp or sample.comp, the B = 1 decode
+ * docs/BATCHING.md), as do a verify step's (backend_vtable.run_pick, docs/SPECULATIVE.md: a
+ * session's program of a few rows with every row's logits, each row offered its draft): after the program's kernels, argmax.comp or sample.comp, the B = 1 decode
  * step's own kernels, run once per row (workgroup y) on that row's logits, each with its own
  * record: a struct vk_ctl (the chain's parameters and seed, the row's token and position) and
  * the row's penalty window, positions hist0 .. pos-1 (the host writes them before each
@@ -105,20 +106,49 @@ void pf_pick_destroy(struct vk_prefill *p) {
     vk_buffer_destroy(d, &p->pick_scr);
 }
 
-/* Row t's record: its token and position, its chain, its penalty window (or a stop: skipped). */
-static void write_record(struct vk_prefill *p, uint32_t t, const struct batch_rows *r, const struct batch_pick *k) {
+/* Row t's record: its token and position, its chain (NULL: a stop, skipped), its penalty
+ * window (history: the tokens at positions 0 .. pos - 1, where sp->penalties), the draft
+ * offered to its choice (-1: none). */
+static void write_record(struct vk_prefill *p, uint32_t t, int32_t token, int pos, const struct sampling_params *sp,
+                         const int32_t *history, int32_t draft) {
     volatile struct vk_ctl *c = (volatile struct vk_ctl *)((uint32_t *)p->pick_rec.map + (size_t)t * REC_WORDS);
-    c->stop = k->sp ? 0 : 1;
-    if (!k->sp) return;
-    int pos = r->pos[t], n = batch_pick_history(k->sp, pos);
-    c->token = (uint32_t)r->tokens[t];
+    c->stop = sp ? 0 : 1;
+    if (!sp) return;
+    int n = batch_pick_history(sp, pos);
+    c->token = (uint32_t)token;
     c->pos = (uint32_t)pos;
     c->n_out = c->n_feed = c->feed_idx = c->n_ctx = c->n_eos = 0;
     c->budget = 1;
     c->hist0 = (uint32_t)(pos - n);
-    ctl_set_sampling(c, p->V, k->sp);
-    if (k->sp->greedy) c->s_K = 1; /* candidate 0 alone: the same argmax, a shorter merge */
-    for (int i = 0; i < n; i++) c->data[i] = (uint32_t)k->history[pos - n + i];
+    ctl_set_sampling(c, p->V, sp);
+    c->draft = draft >= 0 ? (uint32_t)draft + 1 : 0;
+    if (sp->greedy) c->s_K = 1; /* candidate 0 alone: the same argmax, a shorter merge */
+    for (int i = 0; i < n; i++) c->data[i] = (uint32_t)history[pos - n + i];
+}
+
+/* Submits the program, the logits' copy where out, the choosing kernel where any row chooses
+ * (sample: sample.comp, else argmax.comp), waits, and reads the R rows' choices where pk (those
+ * with a chain) into tokens. */
+static anvil_status submit_pick(struct vk_prefill *p, bool any, bool sample, const struct batch_pick *pk,
+                                const struct sampling_params *sp, int32_t *tokens, float *out) {
+    VkCommandBuffer cbs[3] = {p->cb};
+    uint32_t n = 1;
+    if (out) cbs[n++] = p->cb_copy;
+    if (any) cbs[n++] = sample ? p->cb_sample : p->cb_argmax;
+    uint64_t v;
+    anvil_status st = vk_submit(p->b->d, cbs, n, &v);
+    if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
+    if (st != ANVIL_OK) return st;
+    if (out) memcpy(out, p->readback.map, p->out_bytes);
+    if (p->queries) pf_profile_read(p);
+    for (uint32_t t = 0; t < p->R; t++) {
+        if (pk ? !pk[t].sp : !sp) continue;
+        uint32_t tok = ((volatile struct vk_ctl *)((uint32_t *)p->pick_rec.map + (size_t)t * REC_WORDS))->token;
+        if (tok >= p->V)
+            return err_set(ANVIL_ERR_BACKEND, "vulkan: row %u: the device chose token %u of %u", t, tok, p->V);
+        tokens[t] = (int32_t)tok;
+    }
+    return ANVIL_OK;
 }
 
 anvil_status vk_prefill_run_batch_pick(struct vk_prefill *p, const struct batch_rows *r, const struct batch_pick *pk,
@@ -139,22 +169,21 @@ anvil_status vk_prefill_run_batch_pick(struct vk_prefill *p, const struct batch_
     anvil_status st = p->cb_sample ? ANVIL_OK : pick_setup(p);
     if (st == ANVIL_OK) st = pf_batch_params(p, r);
     if (st != ANVIL_OK) return st;
-    for (uint32_t t = 0; t < p->R; t++) write_record(p, t, r, &pk[t]);
-    VkCommandBuffer cbs[3] = {p->cb};
-    uint32_t n = 1;
-    if (out) cbs[n++] = p->cb_copy;
-    if (any) cbs[n++] = sample ? p->cb_sample : p->cb_argmax;
-    uint64_t v;
-    if ((st = vk_submit(p->b->d, cbs, n, &v)) == ANVIL_OK) st = vk_wait(p->b->d, v);
+    for (uint32_t t = 0; t < p->R; t++) write_record(p, t, r->tokens[t], r->pos[t], pk[t].sp, pk[t].history, -1);
+    return submit_pick(p, any, sample, pk, NULL, tokens, out);
+}
+
+anvil_status vk_prefill_run_pick(struct vk_prefill *p, const int32_t *tokens, int pos0, const struct sampling_params *sp,
+                                 const int32_t *history, const int32_t *drafts, int32_t *picked) {
+    if (p->n_seqs || !p->pick || p->R != (uint32_t)p->T)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: choices on the device need a whole model's program with "
+                       "every row's logits");
+    if (batch_pick_history(sp, pos0 + p->T - 1) > BATCH_PICK_HISTORY || (sp->penalties && !history))
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no choice on the device for a penalty window of %d tokens",
+                       batch_pick_history(sp, pos0 + p->T - 1));
+    anvil_status st = p->cb_sample ? ANVIL_OK : pick_setup(p);
+    if (st == ANVIL_OK) st = pf_plain_params(p, tokens, pos0, NULL);
     if (st != ANVIL_OK) return st;
-    if (out) memcpy(out, p->readback.map, p->out_bytes);
-    if (p->queries) pf_profile_read(p);
-    for (uint32_t t = 0; t < p->R; t++) {
-        if (!pk[t].sp) continue;
-        uint32_t tok = ((volatile struct vk_ctl *)((uint32_t *)p->pick_rec.map + (size_t)t * REC_WORDS))->token;
-        if (tok >= p->V)
-            return err_set(ANVIL_ERR_BACKEND, "vulkan: batch row %u: the device chose token %u of %u", t, tok, p->V);
-        tokens[t] = (int32_t)tok;
-    }
-    return ANVIL_OK;
+    for (uint32_t t = 0; t < p->R; t++) write_record(p, t, tokens[t], pos0 + (int)t, sp, history, drafts ? drafts[t] : -1);
+    return submit_pick(p, true, !sp->greedy || sp->penalties, NULL, sp, picked, NULL);
 }

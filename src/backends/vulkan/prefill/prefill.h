@@ -181,12 +181,14 @@ struct vk_prefill {
     struct pf_op *ops;
     int n_ops, cap_ops;
     VkCommandBuffer cb;
-    /* a batch program's choices on the device (pick.c): its output's R rows of V logits, a
+    /* choices on the device (pick.c), where pick: a batch program's, or a session's program of
+     * 2 .. PICK_ROWS_MAX rows with every row's logits (a verify step's): its output's R rows of V logits, a
      * record per row (the host's), the kernels' lists and counters; the logits' copy and the
      * two choosing kernels, each a command buffer submitted after cb when wanted */
     uint32_t V, R;
     struct vk_buffer pick_rec, pick_scr;
     VkCommandBuffer cb_copy, cb_argmax, cb_sample;
+    bool pick;
     /* ANVIL_VK_PROFILE=1: a timestamp after every kernel; the GPU time per kernel, summed
      * over the runs, is printed when the program is destroyed */
     VkQueryPool queries;
@@ -221,10 +223,14 @@ anvil_status pf_record(struct vk_prefill *p);
 void pf_profile_read(struct vk_prefill *p);
 /* A batch program's params block (prefill.h's layout) for rows r. */
 anvil_status pf_batch_params(struct vk_prefill *p, const struct batch_rows *r);
+/* A session's program's params block for tokens[T] at pos0 (x: the images' words, or NULL). */
+anvil_status pf_plain_params(struct vk_prefill *p, const int32_t *tokens, int pos0, const struct run_extras *x);
 
 /* ---- pick.c (a batch's choices on the device) ---- */
 
-/* A batch program's logits copy (its output node out); the rest on its first choice. */
+/* The most rows of a session's program whose rows may choose on the device (a verify step's) */
+#define PICK_ROWS_MAX (ANVIL_SPEC_MAX_DRAFT + 1)
+/* A program's logits copy (its output node out); the rest on its first choice. */
 anvil_status pf_pick_create(struct vk_prefill *p, const struct node *out);
 void pf_pick_destroy(struct vk_prefill *p);
 

@@ -50,7 +50,7 @@ anvil_status pf_record(struct vk_prefill *p) {
         vkCmdDispatch(cb, o->gx, o->gy, o->gz);
         if (p->queries) vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, (uint32_t)i + 1);
     }
-    if (!p->n_seqs) { /* (a batch program's copy is a command buffer of its own: pick.c) */
+    if (!p->pick) { /* (a program whose rows may choose: its copy a command buffer of its own, pick.c) */
         barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
         VkBufferCopy c = {p->out_off, 0, p->out_bytes};
         vkCmdCopyBuffer(cb, p->arena.buf, p->readback.buf, 1, &c);
@@ -214,8 +214,12 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
         st = vk_result(vkCreateQueryPool(b->d->dev, &qi, NULL, &p->queries), "vkCreateQueryPool");
         if (st == ANVIL_OK && !(p->prof_ns = xcalloc((size_t)p->n_ops, sizeof *p->prof_ns))) st = ANVIL_ERR_NOMEM;
     }
+    /* a batch's rows choose on the device, and so may a verify step's: a session's program of
+     * a few rows with every row's logits (vk_prefill_run_pick) */
+    p->pick = p->n_seqs || (!p->in_bytes && p->T > 1 && p->T <= PICK_ROWS_MAX &&
+                            node_nelem(&g->nodes[o]) == g->nodes[o].ne[0] * p->T);
     if (st == ANVIL_OK) st = pf_record(p);
-    if (st == ANVIL_OK && p->n_seqs) st = pf_pick_create(p, &g->nodes[o]);
+    if (st == ANVIL_OK && p->pick) st = pf_pick_create(p, &g->nodes[o]);
     if (st == ANVIL_OK)
         log_info("vulkan: prefill program for %d tokens: %d kernels, arena %.2f MiB", p->T, p->n_ops,
                  (double)P.size / (1 << 20));
@@ -301,8 +305,8 @@ static anvil_status submit(struct vk_prefill *p, const float *in, float *out) {
     if (p->in_bytes && !in) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: the program's input rows are not given");
     if (p->in_bytes) memcpy(p->input.map, in, p->in_bytes);
     uint64_t v;
-    VkCommandBuffer cbs[2] = {p->cb, p->cb_copy}; /* a batch program's copy: when out */
-    anvil_status st = vk_submit(p->b->d, cbs, p->n_seqs && out ? 2 : 1, &v);
+    VkCommandBuffer cbs[2] = {p->cb, p->cb_copy}; /* the copy of a program whose rows may choose: when out */
+    anvil_status st = vk_submit(p->b->d, cbs, p->pick && out ? 2 : 1, &v);
     if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
     if (st == ANVIL_OK && out) memcpy(out, p->readback.map, p->out_bytes);
     if (st == ANVIL_OK && p->queries) pf_profile_read(p);
@@ -361,6 +365,11 @@ anvil_status vk_prefill_run_batch(struct vk_prefill *p, const struct batch_rows 
 
 anvil_status vk_prefill_run_mm(struct vk_prefill *p, const int32_t *tokens, int pos0, const struct run_extras *x,
                                float *out) {
+    anvil_status st = pf_plain_params(p, tokens, pos0, x);
+    return st == ANVIL_OK ? submit(p, x ? x->input : NULL, out) : st;
+}
+
+anvil_status pf_plain_params(struct vk_prefill *p, const int32_t *tokens, int pos0, const struct run_extras *x) {
     if (p->n_seqs) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: a batch program runs rows (run_batch)");
     if (pos0 < 0 || pos0 + p->T > p->n_ctx)
         return err_set(ANVIL_ERR_RANGE, "vulkan: %d tokens at position %d pass the context (%d)", p->T, pos0, p->n_ctx);
@@ -386,7 +395,7 @@ anvil_status vk_prefill_run_mm(struct vk_prefill *p, const int32_t *tokens, int 
                 memcpy((float *)p->images.map + (size_t)t * p->C, x->embd + (size_t)row * p->C, (size_t)p->C * 4);
         }
     }
-    return submit(p, x ? x->input : NULL, out);
+    return ANVIL_OK;
 }
 
 void pf_profile_read(struct vk_prefill *p) {

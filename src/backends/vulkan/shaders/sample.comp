@@ -24,6 +24,7 @@
 
 #define CH 2048u   /* logits per workgroup */
 #define MAXK 256u  /* SAMPLER_MAX_K */
+#define SPEC_ACCEPT_SALT 0x5bd1e995u /* engine/spec.c's */
 
 layout(local_size_x = 1024) in;
 
@@ -237,15 +238,46 @@ void main() {
                         }
                 }
                 /* step 7: counter = the chosen token's position */
-                uint h = hash32(ctl.s_seed_lo ^ hash32(ctl.s_seed_hi ^ hash32(ctl.pos + 1u)));
+                uint h0 = hash32(ctl.s_seed_hi ^ hash32(ctl.pos + 1u));
+                uint h = hash32(ctl.s_seed_lo ^ h0);
                 precise float u = float(h >> 8u) * (1.0 / 16777216.0);
-                precise float target = u * cs[kept - 1u];
-                uint c = key[kept - 1u].y;
-                for (uint i = 0u; i < kept; i++)
-                    if (cs[i] > target) {
-                        c = key[i].y;
-                        break;
+                precise float total = cs[kept - 1u];
+                /* a draft offered (engine/spec.c spec_choose): kept with the chain's
+                 * probability w of it (its own number, the seed's low word salted), else
+                 * the token drawn from the chain's distribution without it */
+                uint dr = ctl.draft - 1u; /* NONE without one */
+                precise float w = 0.0;
+                for (uint i = 0u; i < kept && ctl.draft != 0u; i++)
+                    if (key[i].y == dr) {
+                        precise float lo = i > 0u ? cs[i - 1u] : 0.0;
+                        w = cs[i] - lo;
                     }
+                uint ha = hash32((ctl.s_seed_lo ^ SPEC_ACCEPT_SALT) ^ h0);
+                precise float ua = float(ha >> 8u) * (1.0 / 16777216.0);
+                precise float uat = ua * total;
+                uint c = key[kept - 1u].y;
+                if (w > 0.0 && uat < w) {
+                    c = dr;
+                } else if (w > 0.0 && w < total) {
+                    precise float rest = total - w;
+                    precise float target = u * rest;
+                    precise float run = 0.0;
+                    for (uint i = 0u; i < kept; i++) {
+                        if (key[i].y == dr) continue;
+                        precise float lo = i > 0u ? cs[i - 1u] : 0.0;
+                        precise float pi = cs[i] - lo;
+                        run = run + pi;
+                        c = key[i].y;
+                        if (run > target) break;
+                    }
+                } else {
+                    precise float target = u * total;
+                    for (uint i = 0u; i < kept; i++)
+                        if (cs[i] > target) {
+                            c = key[i].y;
+                            break;
+                        }
+                }
                 chosen_s = c;
             }
         }
