@@ -244,6 +244,10 @@ static const struct knob KNOBS[] = {
     BOOL("ANVIL_VK_MOE_QX", C_DIAGNOSTIC, vk_moe_qx, 1,
          "Decode: the experts' gate/up on integer dot products, their normed input rounded by the "
          "product before the router (the o projection: QXT); 0 keeps them on float inputs."),
+    BOOL("ANVIL_VK_GDN_QX", C_DIAGNOSTIC, vk_gdn_qx, 1,
+         "Decode: the Gated DeltaNet (gdn.comp) rounds its output for its out projection, which "
+         "then takes integer dot products and rounds its own output for the experts' gate/up "
+         "(as the attention and the o projection do); 0 keeps both on float inputs."),
     BOOL("ANVIL_VK_QXR", C_DIAGNOSTIC, vk_qxr, 1,
          "Products whose output feeds another QX product round it themselves (QXR: in blocks of "
          "8, the next norm folded in): 8B Q4_K_M 294 -> 308 t/s on the H100 (docs/perf/log.md §33); "

@@ -439,6 +439,54 @@ static void test_qx_from_attention(void **state) {
     anvil_model_close(m);
 }
 
+/* The DeltaNet's out projection reads its input rounded by gdn.comp (ANVIL_VK_GDN_QX), as the o
+ * projection reads the attention's: on qwen3.6-heads Q4_K_M (heads of 128, all its matrices
+ * under ANVIL_VK_QX_MIN_MB) it then takes integer dot products as teams on gdn.comp's blocks
+ * (matvec_qxt_q4_k_x0) and rounds its output for the experts' gate/up (moe_gu_qx), with no
+ * rounding dispatch; with the knob off neither product rounds (matvec_q4_k, moe_gu_q4_k). Both
+ * ways the decode rows stay as close to the CPU's rounded-input rows as test_against_cpu_qx
+ * asks, and on within twice their distance off. */
+static void test_qx_from_gdn(void **state) {
+    (void)state;
+#ifdef TU_SANITIZED
+    skip(); /* the host code is test_against_cpu_qx's */
+#endif
+    setenv("ANVIL_VK_QX", "1", 1);
+    setenv("ANVIL_CPU_QX", "1", 1);
+    setenv("ANVIL_VK_PROFILE", "1", 1);
+    unsetenv("ANVIL_VK_QX_MIN_MB");
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3.6-heads:Q4_K_M", NULL, &m), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
+    char *desc = malloc(16384);
+    double off_worst = 0;
+    for (int on = 0; on < 2; on++) {
+        setenv("ANVIL_VK_GDN_QX", on ? "1" : "0", 1);
+        anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
+        double worst = decode_rows_worst(cpu, vk, V, a, b, 37, 3);
+        anvil_session_describe_program(vk, desc, 16384);
+        fprintf(stderr, "qwen3.6-heads Q4_K_M, ANVIL_VK_GDN_QX=%d: rows within %.3g of the scale\n", on, worst);
+        assert_true(worst < 0.08);
+        /* (a rounding 6% off in scale moved the rows by 0.068 against 0.023 with float inputs) */
+        if (on) assert_true(worst < 2 * off_worst);
+        off_worst = worst;
+        assert_null(strstr(desc, "  qx "));
+        assert_true(!strstr(desc, "moe_gu_qx_q4_k_x2 ") == !on);
+        assert_true(!strstr(desc, "matvec_qxt_q4_k_x0 ") == !on);
+        anvil_session_destroy(cpu);
+        anvil_session_destroy(vk);
+    }
+    unsetenv("ANVIL_VK_GDN_QX");
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_CPU_QX");
+    unsetenv("ANVIL_VK_PROFILE");
+    free(desc);
+    free(a);
+    free(b);
+    anvil_model_close(m);
+}
+
 /* qwen3-tiny-k Q4_K_M on Vulkan with the variable `name` set to `off`, then to `on`, each with
  * float (qx 0) and integer-dot-product (qx 1) products: the last of 4 decode rows after a
  * 5-token prompt, 8 greedy tokens and the program's dispatches and barriers per token, by
@@ -1662,6 +1710,7 @@ int main(void) {
         cmocka_unit_test(test_qxr_program),
         cmocka_unit_test(test_moe_down_rounds),
         cmocka_unit_test(test_qx_from_attention),
+        cmocka_unit_test(test_qx_from_gdn),
         cmocka_unit_test(test_prefetch),
         cmocka_unit_test(test_auto_backend),
         cmocka_unit_test(test_topk_kernel),

@@ -118,7 +118,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     const struct node *nn;
     int ot, ra = graph_fuse_add(&L->plan, i, 0, &ot);
     bool qx_free = qx_find(L, &pc) >= 0 ||
-                   (!(pc.flags & MV_NORM) && swiglu_of(L, i) < 0 && attn_rounder(L, pc.x) &&
+                   (!(pc.flags & MV_NORM) && swiglu_of(L, i) < 0 && out_rounder(L, pc.x) &&
                     qx_round_to(L, ra >= 0 ? ra : i, (uint32_t)n->ne[0], &nn));
     int qxi = !mq && L->use_qx && (qx_worth(L, i) || qx_free) ? vk_qx_index(type) : -1;
     int xm = 0; /* matvec.comp's XM: how the input was rounded */
@@ -466,11 +466,9 @@ static anvil_status lower_gdn(struct lower *L, int i) {
     pg.out_ = node_addr(L, s);
     pg.ctl = L->p->ctl.addr;
     pg.Hk = Hk;
-    pg.Dk = Dk;
     pg.Hv = Hv;
-    pg.Dv = Dv;
-    pg.Kc = Kc;
-    pg.flags = (n->p.i[2] ? GDN_A_LOG : 0u) | (n->p.i[3] ? GDN_TILED : 0u);
+    pg.dims = GDN_DIMS(Dk, Dv);
+    pg.flags = (n->p.i[2] ? GDN_A_LOG : 0u) | (n->p.i[3] ? GDN_TILED : 0u) | GDN_KC(Kc);
     pg.eps_l2 = n->p.f[0];
     pg.eps = nm->p.f[0];
     L->done[j] = L->done[s] = true;

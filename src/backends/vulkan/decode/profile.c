@@ -149,7 +149,7 @@ static uint64_t dispatch_reads(const struct vk_program *p, const struct vk_dispa
     if (d->k == K_ATTENTION) return attn_reads(p, (const struct pc_attn *)d->push, pos); /* k, v rows 0 .. pos */
     if (d->k == K_GDN) { /* the recurrent state, read and written in place */
         const struct pc_gdn *pg = (const struct pc_gdn *)d->push;
-        return (uint64_t)pg->Hv * pg->Dk * pg->Dv * 4;
+        return (uint64_t)pg->Hv * (pg->dims & 0xffff) * (pg->dims >> 16) * 4;
     }
     if (d->k == K_ARGMAX || d->k == K_SAMPLE) return (uint64_t)p->V * 4;
     return 0;

@@ -28,19 +28,25 @@ static void qx_register(struct lower *L, uint64_t x, uint64_t normw, VkDeviceSiz
     L->n_qx++;
 }
 
-/* The attention dispatch that wrote x, where it can round its output to int8 blocks itself
- * for an integer-dot-product product (attention.comp xq: no qx.comp dispatch), else NULL. */
-struct pc_attn *attn_rounder(struct lower *L, uint64_t x) {
-    if (!L->p->b->d->subgroup_shuffle || L->p->b->pl.attn_d % 32) return NULL;
-    for (int k = L->p->n_ops - 1; k >= 0; k--)
-        if (L->p->ops[k].k == K_ATTENTION && ((struct pc_attn *)L->p->ops[k].push)->out_ == x)
-            return (struct pc_attn *)L->p->ops[k].push;
+/* The dispatch that wrote x, where it can round its output to int8 blocks itself for an
+ * integer-dot-product product (no qx.comp dispatch): attention.comp's xq, or gdn.comp's
+ * (ANVIL_VK_GDN_QX: the DeltaNet's gated norm output, heads of a multiple of 32). Returns the
+ * address of its push constants' xq, or NULL. */
+uint64_t *out_rounder(struct lower *L, uint64_t x) {
+    for (int k = L->p->n_ops - 1; k >= 0; k--) {
+        struct vk_dispatch *d = &L->p->ops[k];
+        if (d->k == K_ATTENTION && ((struct pc_attn *)d->push)->out_ == x)
+            return L->p->b->d->subgroup_shuffle && L->p->b->pl.attn_d % 32 == 0 ? &((struct pc_attn *)d->push)->xq : NULL;
+        if (d->k == K_GDN && ((struct pc_gdn *)d->push)->out_ == x)
+            return L->p->b->d->tune.vk_gdn_qx && (((struct pc_gdn *)d->push)->dims >> 16) % 32 == 0
+                       ? &((struct pc_gdn *)d->push)->xq : NULL;
+    }
     return NULL;
 }
 
 /* The matvec input of pc (x, and its norm when flags & MV_NORM) rounded to int8 blocks: found among
- * those made (qx_find: by qx.comp, attention.comp or the product that wrote x, qx_round) or
- * made by qx.comp; pc then points at the int8s and scales, and *xm says how they were rounded
+ * those made (qx_find: by qx.comp or the product that wrote x, qx_round), else made by the
+ * attention or DeltaNet that wrote x (out_rounder) or by qx.comp; pc then points at the int8s and scales, and *xm says how they were rounded
  * (matvec.comp's XM: 0 the norm applied, 1 or 2 by the producer, 2 its 1 / rms left to pc). */
 anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm) {
     uint64_t normw = (pc->flags & MV_NORM) ? pc->normw : 0;
@@ -51,9 +57,9 @@ anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm) {
         VkDeviceSize q = alloc_scratch(L, Kp + Kp / 8);
         pq.q = L->p->arena.addr + q;
         pq.d = pq.q + Kp;
-        struct pc_attn *pa = normw ? NULL : attn_rounder(L, pc->x);
-        if (pa) {
-            pa->xq = pq.q;
+        uint64_t *xq = normw ? NULL : out_rounder(L, pc->x);
+        if (xq) {
+            *xq = pq.q;
         } else {
             anvil_status st = emit_dispatch(L->p, K_QX, (Kp + 1023) / 1024, 1, &pq, sizeof pq);
             if (st != ANVIL_OK) return st;

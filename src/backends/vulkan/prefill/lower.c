@@ -119,8 +119,8 @@ static anvil_status lower_gdn(struct vk_prefill *p, struct graph_plan *P, int i)
                         vk_weight_addr(b, NODE(P, n->src[4])->weight, true, false),
                         vk_weight_addr(b, NODE(P, n->src[5])->weight, true, false),
                         vk_state_addr(b, cs->state), vk_state_addr(b, NODE(P, n->src[7])->state),
-                        p->prm.addr, any, pf_addr(p, P, i), any, Hk, Dk, Hv, Dv, Kc,
-                        (n->p.i[2] ? GDN_A_LOG : 0u) | (n->p.i[3] ? GDN_TILED : 0u), n->p.f[0], 0};
+                        p->prm.addr, any, pf_addr(p, P, i), any, 0, Hk, Hv, GDN_DIMS(Dk, Dv),
+                        (n->p.i[2] ? GDN_A_LOG : 0u) | (n->p.i[3] ? GDN_TILED : 0u) | GDN_KC(Kc), n->p.f[0], 0};
     anvil_status st = ANVIL_OK;
     if (p->n_seqs) { /* a batch: the recurrent form over each sequence's run of rows */
         uint32_t T = (uint32_t)n->ne[2];
@@ -138,7 +138,7 @@ static anvil_status lower_gdn(struct vk_prefill *p, struct graph_plan *P, int i)
     } else if (gdn_chunked(p, P, i) && p->gdn.buf != VK_NULL_HANDLE) {
         uint32_t T = (uint32_t)n->ne[2];
         struct pc_gdnc pc = {pg.qkv, pg.b, pg.a, pg.convw, pg.A, pg.dtb, pg.ring, pg.S, p->prm.addr, p->gdn.addr,
-                             pg.out_, Hk, Dk, Hv, Dv, Kc, pg.flags, T, pg.eps_l2};
+                             pg.out_, Hk, Dk, Hv, Dv, Kc, pg.flags & 0xffff, T, pg.eps_l2};
         st = pf_emit(p, K_GDNC_PREP, 2 * Hk + Hv, (T + 7) / 8, &pc, sizeof pc);
         if (st == ANVIL_OK) st = pf_emit(p, K_GDNC_INTRA, (T + 63) / 64, Hv, &pc, sizeof pc);
         if (st == ANVIL_OK) st = pf_emit(p, K_GDNC_RECUR, (Dv + 31) / 32, Hv, &pc, sizeof pc);

@@ -73,6 +73,10 @@
 #define GDN_A_LOG 1u /* the decay rate is -exp(A) (A holds A_log), else A itself */
 #define GDN_TILED 2u /* the state tiled over workgroups */
 #define GDN_HIST 4u  /* (prefill MODE 1, 2) the states after each row kept (gdn.comp) */
+/* struct pc_gdn's dims, both head dims, and the conv's width Kc in its flags' high half (its
+ * push block is at the 128 bytes' limit) */
+#define GDN_DIMS(Dk, Dv) ((Dk) | (Dv) << 16)
+#define GDN_KC(Kc) ((Kc) << 16)
 
 /* mm.comp's and mm_h.comp's flags (struct pc_mm, struct pc_mmh) */
 #define MM_RES 1u   /* the residual res added to y (mm_cm2.comp tests it as a bare 1u: its SPIR-V

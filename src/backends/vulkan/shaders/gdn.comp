@@ -11,7 +11,9 @@
  *   3. the delta rule on the Dk x Dv state S (element (i, j) at j + Dv * (i + Dk*h)),
  *      in place; at position 0 the old state counts as zero:
  *      S = decay * S;  S += k ⊗ beta (v - Sᵀk);  y = Sᵀq
- *   4. out = y / rms(y) * gnorm * silu(z)   (the gated RMSNorm)
+ *   4. out = y / rms(y) * gnorm * silu(z)   (the gated RMSNorm); where xq is set, out also
+ *      rounded to int8 blocks of 32 for the out projection's integer dot products (as
+ *      attention.comp rounds its output: no qx.comp dispatch, perf rule "producers round")
  * MODE 1 (prefill): the same for the T tokens of a chunk at positions pos0 .. pos0+T-1, one
  * after another in each workgroup; qkv [T, Cc], b and a [T, Hv]; the conv reads the chunk's
  * own rows, and the ring only for positions before pos0 (this kernel does not write it);
@@ -32,11 +34,14 @@
  * mod Kc: from the chunk's rows, else the ring's own before the chunk) to slot t of the ring's
  * history, then the ring's element as MODE 2 leaves it. */
 #include "common.glsl"
+#extension GL_EXT_buffer_reference_uvec2 : require
 
 /* 512 threads: column j of the state goes to threads j % 128 + 128 * part, part p taking
  * rows p, p + NP, ... (kept in registers between the two passes over them) */
 layout(local_size_x = 512) in;
 const uint NT = 512u, NC = 128u, NP = NT / NC;
+
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer UInts { uint v[]; };
 
 PC_BLOCK(PC_GDN, pc) /* push.h */
 
@@ -46,6 +51,7 @@ const uint DMAX = 256u, RMAX = DMAX / NP;
 shared float qs[DMAX], ks[DMAX], vs[DMAX], ys[DMAX];
 shared float red[128][2]; /* per subgroup (512 threads of subgroups of 4 or more) */
 shared float part_sum[NP][NC];
+shared float bmax[DMAX / 4u]; /* the output's rounding: the largest |out| of each 4 */
 
 /* sums of x and y over the workgroup */
 vec2 wg_sum2(float x, float y) {
@@ -65,11 +71,11 @@ vec2 wg_sum2(float x, float y) {
 uint sofs = 0u, rofs = 0u; /* a batch program's sequence: its slices of S and of the ring */
 uint tr0 = 0u;             /* the first row of the run (MODE 1), at position pos0 */
 uint nT = 0u;              /* the chunk's rows (MODE 1) */
+uint Dk, Dv, Kc;           /* the head dims (pc.dims), the conv's width (pc.flags) */
 
 /* One token: position pos; in a prefill (MODE 1) row tr of the chunk, whose run starts at pos0. */
 void step(uint pos, uint tr, uint pos0) {
     uint h = gl_WorkGroupID.x, t = gl_LocalInvocationID.x;
-    uint Dk = pc.Dk, Dv = pc.Dv, Kc = pc.Kc;
     uint Cc = 2u * pc.Hk * Dk + pc.Hv * Dv;
     bool tiled = (pc.flags & GDN_TILED) != 0u;
     uint r = pc.Hv / pc.Hk, hk = tiled ? h % pc.Hk : h / r;
@@ -153,33 +159,57 @@ void step(uint pos, uint tr, uint pos0) {
     for (uint j = t; j < Dv; j += NT) sy += ys[j] * ys[j];
     s = wg_sum2(sy, 0.0);
     float inv = 1.0 / sqrt(s.x / float(Dv) + pc.eps);
+    bool rnd = uvec2(pc.xq) != uvec2(0u);
     for (uint j = t; j < Dv; j += NT) {
         float zz = pc.z.v[h * Dv + j];
-        pc.out_.v[h * Dv + j] = ys[j] * inv * pc.gnorm.v[j] * (zz / (1.0 + exp(-zz)));
+        float o = ys[j] * inv * pc.gnorm.v[j] * (zz / (1.0 + exp(-zz)));
+        pc.out_.v[h * Dv + j] = o;
+        if (rnd) ys[j] = o; /* (no other thread reads ys[j] after the sum above) */
+    }
+    if (!rnd) return;
+    /* a thread per 4 outputs, a block of 32 the 8 threads t & ~7 .. (t & ~7) + 7 */
+    barrier();
+    vec4 a = vec4(0.0);
+    if (t < Dv / 4u) {
+        a = vec4(ys[4u * t], ys[4u * t + 1u], ys[4u * t + 2u], ys[4u * t + 3u]);
+        vec4 av = abs(a);
+        bmax[t] = max(max(av.x, av.y), max(av.z, av.w));
+    }
+    barrier();
+    if (t < Dv / 4u) {
+        float amax = 0.0;
+        for (uint i = t & ~7u; i < (t & ~7u) + 8u; i++) amax = max(amax, bmax[i]);
+        float id = amax > 0.0 ? 127.0 / amax : 0.0;
+        uint vi = h * Dv / 4u + t, Kq = (pc.Hv * Dv + 255u) & ~255u;
+        pc.xq.v[vi] = pack_i8x4(ivec4(roundEven(a * id)));
+        if ((t & 7u) == 0u) pc.xq.v[Kq / 4u + vi / 8u] = floatBitsToUint(amax / 127.0);
     }
 }
 
 void main() {
+    Dk = pc.dims & 0xffffu;
+    Dv = pc.dims >> 16;
+    Kc = pc.flags >> 16;
     if (MODE == GDN_MODE_DECODE) {
         if (pc.ctl.stop != 0u) return;
         step(pc.ctl.pos, 0u, 0u);
         return;
     }
     uint pos0 = floatBitsToUint(pc.z.v[0]), T = floatBitsToUint(pc.z.v[1]), bw = floatBitsToUint(pc.z.v[3]);
-    uint Cc = 2u * pc.Hk * pc.Dk + pc.Hv * pc.Dv, end = T;
+    uint Cc = 2u * pc.Hk * Dk + pc.Hv * Dv, end = T;
     if (bw != 0u) { /* the run starting at row gl_WorkGroupID.y, if one does */
         uint r = gl_WorkGroupID.y, sq = floatBitsToUint(pc.z.v[bw + 2u + 2u * T + r]);
         if (r >= T || (r > 0u && floatBitsToUint(pc.z.v[bw + 2u + 2u * T + r - 1u]) == sq)) return;
         for (end = r + 1u; end < T && floatBitsToUint(pc.z.v[bw + 2u + 2u * T + end]) == sq; end++) {}
         if (sq == 0xffffffffu) { /* dead rows: no state read or written, their output zero */
             for (uint tr = r; tr < end && MODE == GDN_MODE_PREFILL; tr++)
-                for (uint j = gl_LocalInvocationID.x; j < pc.Dv; j += NT) pc.out_.v[(tr * pc.Hv + gl_WorkGroupID.x) * pc.Dv + j] = 0.0;
+                for (uint j = gl_LocalInvocationID.x; j < Dv; j += NT) pc.out_.v[(tr * pc.Hv + gl_WorkGroupID.x) * Dv + j] = 0.0;
             return;
         }
         tr0 = r;
         pos0 = floatBitsToUint(pc.z.v[bw + 2u + T + r]);
-        sofs = sq * pc.Hv * pc.Dk * pc.Dv;
-        rofs = sq * pc.Kc * Cc;
+        sofs = sq * pc.Hv * Dk * Dv;
+        rofs = sq * Kc * Cc;
     }
     if (MODE == GDN_MODE_PREFILL) {
         nT = T;
@@ -187,7 +217,7 @@ void main() {
         return;
     }
     if ((pc.flags & GDN_HIST) != 0u) { /* (never in a batch program) */
-        uint Kc = pc.Kc, i = gl_WorkGroupID.x * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
+        uint i = gl_WorkGroupID.x * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
         if (i >= Kc * Cc) return;
         uint r = i / Cc, c = i % Cc, stride = (Kc * Cc + 63u) & ~63u;
         float old = pc.ring.v[i];
@@ -201,9 +231,9 @@ void main() {
         return;
     }
     /* MODE 2: ring row p % Kc takes the input of position p, for the run's last Kc */
-    uint n = min(end - tr0, pc.Kc);
+    uint n = min(end - tr0, Kc);
     uint i = gl_WorkGroupID.x * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
     if (i >= n * Cc) return;
     uint tr = end - n + i / Cc, c = i % Cc;
-    pc.ring.v[rofs + ((pos0 + tr - tr0) % pc.Kc) * Cc + c] = pc.qkv.v[tr * Cc + c];
+    pc.ring.v[rofs + ((pos0 + tr - tr0) % Kc) * Cc + c] = pc.qkv.v[tr * Cc + c];
 }

@@ -108,8 +108,11 @@
     ADDR(Floats, gnorm)     /* [Dv]; in MODE 1, 2 with GDN_HIST: the history slots */ \
     ADDR(Floats, out_)      /* [Hv, Dv] */ \
     ADDR(Ctl, ctl) \
-    U32(Hk) U32(Dk) U32(Hv) U32(Dv) U32(Kc) \
-    U32(flags)              /* GDN_* */ \
+    ADDR(UInts, xq)         /* MODE 0, not null: out_ also rounded to int8 blocks of 32 (qx.comp's \
+                               layout, Kq = Hv * Dv rounded up to 256); Dv % 32 == 0 */ \
+    U32(Hk) U32(Hv) \
+    U32(dims)               /* Dk | Dv << 16 (GDN_DIMS) */ \
+    U32(flags)              /* GDN_* | Kc << 16 (GDN_KC) */ \
     F32(eps_l2) F32(eps)
 
 /* gdn_chunk.comp: the prefill's Gated DeltaNet layers in blocks of tokens (MODE 0 the conv and
