@@ -244,6 +244,10 @@ static const struct knob KNOBS[] = {
     BOOL("ANVIL_VK_MOE_QX", C_DIAGNOSTIC, vk_moe_qx, 1,
          "Decode: the experts' gate/up on integer dot products, their normed input rounded by the "
          "product before the router (the o projection: QXT); 0 keeps them on float inputs."),
+    BOOL("ANVIL_VK_ATTN_GATE", C_DIAGNOSTIC, vk_attn_gate, 1,
+         "Decode: the gated attention's output gate (Qwen3.5/3.6: out * sigmoid(gate)) applied by "
+         "the attention as it stores its output (no element-wise dispatch), which it can then "
+         "round for the o projection's integer dot products; 0 leaves it to ew.comp."),
     BOOL("ANVIL_VK_GDN_QX", C_DIAGNOSTIC, vk_gdn_qx, 1,
          "Decode: the Gated DeltaNet (gdn.comp) rounds its output for its out projection, which "
          "then takes integer dot products and rounds its own output for the experts' gate/up "

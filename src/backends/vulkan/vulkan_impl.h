@@ -453,7 +453,7 @@ _Static_assert(PC_WORD(pc_attn, q, ATW_Q) && PC_WORD(pc_attn, k, ATW_K) && PC_WO
                    PC_WORD(pc_attn, qnorm, ATW_QNORM) && PC_WORD(pc_attn, knorm, ATW_KNORM) &&
                    PC_WORD(pc_attn, kc, ATW_KC) && PC_WORD(pc_attn, vc, ATW_VC) && PC_WORD(pc_attn, rope, ATW_ROPE) &&
                    PC_WORD(pc_attn, part, ATW_PART) && PC_WORD(pc_attn, out_, ATW_OUT) &&
-                   PC_WORD(pc_attn, Hkv, ATW_HKV) && PC_WORD(pc_attn, NC, ATW_NC) && PC_WORD(pc_attn, n_rot, ATW_N_ROT) &&
+                   PC_WORD(pc_attn, Hkv, ATW_HKV) && PC_WORD(pc_attn, NC, ATW_NC) &&
                    PC_WORD(pc_attn, eps, ATW_EPS) && PC_WORD(pc_attn, scale, ATW_SCALE),
                "push.h ATW_*: pc_attn's words");
 

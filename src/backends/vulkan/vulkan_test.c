@@ -439,14 +439,18 @@ static void test_qx_from_attention(void **state) {
     anvil_model_close(m);
 }
 
-/* The DeltaNet's out projection reads its input rounded by gdn.comp (ANVIL_VK_GDN_QX), as the o
- * projection reads the attention's: on qwen3.6-heads Q4_K_M (heads of 128, all its matrices
- * under ANVIL_VK_QX_MIN_MB) it then takes integer dot products as teams on gdn.comp's blocks
- * (matvec_qxt_q4_k_x0) and rounds its output for the experts' gate/up (moe_gu_qx), with no
- * rounding dispatch; with the knob off neither product rounds (matvec_q4_k, moe_gu_q4_k). Both
- * ways the decode rows stay as close to the CPU's rounded-input rows as test_against_cpu_qx
- * asks, and on within twice their distance off. */
-static void test_qx_from_gdn(void **state) {
+/* The hybrids' out projections read their inputs rounded by the layer before them, as the
+ * dense models' o projections read the attention's: the DeltaNet's from gdn.comp
+ * (ANVIL_VK_GDN_QX), the gated attention's from attention.comp, which applies the output gate
+ * itself (ANVIL_VK_ATTN_GATE: no sigmoid_mul dispatch). On qwen3.6-heads Q4_K_M (3 DeltaNet
+ * layers, then an attention layer; heads of 128 and 256, every matrix under
+ * ANVIL_VK_QX_MIN_MB) both then take integer dot products as teams on those blocks
+ * (matvec_qxt_q4_k_x0, matvec_qxt_q5_k_x0) and round their outputs for the experts' gate/up
+ * (moe_gu_qx), with no rounding dispatch; with the knobs off none of these products rounds and
+ * the gate is a dispatch (and a barrier) of its own. Both ways the decode rows stay as close to
+ * the CPU's rounded-input rows as test_against_cpu_qx asks, and on within twice their distance
+ * off. */
+static void test_qx_from_hybrid(void **state) {
     (void)state;
 #ifdef TU_SANITIZED
     skip(); /* the host code is test_against_cpu_qx's */
@@ -461,12 +465,16 @@ static void test_qx_from_gdn(void **state) {
     float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
     char *desc = malloc(16384);
     double off_worst = 0;
+    int dispatches[2], barriers[2];
     for (int on = 0; on < 2; on++) {
         setenv("ANVIL_VK_GDN_QX", on ? "1" : "0", 1);
+        setenv("ANVIL_VK_ATTN_GATE", on ? "1" : "0", 1);
         anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
         double worst = decode_rows_worst(cpu, vk, V, a, b, 37, 3);
         anvil_session_describe_program(vk, desc, 16384);
-        fprintf(stderr, "qwen3.6-heads Q4_K_M, ANVIL_VK_GDN_QX=%d: rows within %.3g of the scale\n", on, worst);
+        program_counts(vk, &dispatches[on], &barriers[on]);
+        fprintf(stderr, "qwen3.6-heads Q4_K_M, ANVIL_VK_GDN_QX=ANVIL_VK_ATTN_GATE=%d: %d dispatches, %d barriers; "
+                "rows within %.3g of the scale\n", on, dispatches[on], barriers[on], worst);
         assert_true(worst < 0.08);
         /* (a rounding 6% off in scale moved the rows by 0.068 against 0.023 with float inputs) */
         if (on) assert_true(worst < 2 * off_worst);
@@ -474,10 +482,14 @@ static void test_qx_from_gdn(void **state) {
         assert_null(strstr(desc, "  qx "));
         assert_true(!strstr(desc, "moe_gu_qx_q4_k_x2 ") == !on);
         assert_true(!strstr(desc, "matvec_qxt_q4_k_x0 ") == !on);
+        assert_true(!strstr(desc, "matvec_qxt_q5_k_x0 ") == !on);
         anvil_session_destroy(cpu);
         anvil_session_destroy(vk);
     }
+    assert_int_equal(dispatches[1], dispatches[0] - 1); /* the attention layer's gate */
+    assert_int_equal(barriers[1], barriers[0] - 1);
     unsetenv("ANVIL_VK_GDN_QX");
+    unsetenv("ANVIL_VK_ATTN_GATE");
     unsetenv("ANVIL_VK_QX");
     unsetenv("ANVIL_CPU_QX");
     unsetenv("ANVIL_VK_PROFILE");
@@ -1710,7 +1722,7 @@ int main(void) {
         cmocka_unit_test(test_qxr_program),
         cmocka_unit_test(test_moe_down_rounds),
         cmocka_unit_test(test_qx_from_attention),
-        cmocka_unit_test(test_qx_from_gdn),
+        cmocka_unit_test(test_qx_from_hybrid),
         cmocka_unit_test(test_prefetch),
         cmocka_unit_test(test_auto_backend),
         cmocka_unit_test(test_topk_kernel),

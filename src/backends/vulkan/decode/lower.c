@@ -230,6 +230,25 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     return ANVIL_OK;
 }
 
+/* The gated attention's output gate: the OP_SIGMOID_MUL of attention i's output (through its
+ * reshape) by a product already made (the q projection's gate rows, lowered with q), one gate
+ * an element, where it is the output's only reader; else -1. ANVIL_VK_ATTN_GATE=0 never. */
+static int attn_gate(struct lower *L, int i) {
+    if (!L->p->b->d->tune.vk_attn_gate) return -1;
+    int gate = -1;
+    for (int j = i + 1; j < L->g->n_nodes && j <= L->plan.last[i]; j++) {
+        const struct node *m = N(L, j);
+        for (int s = 0; s < GRAPH_MAX_SRC; s++) {
+            if (m->src[s] < 0 || L->root[m->src[s]] != i || m->op == OP_RESHAPE) continue;
+            if (m->op != OP_SIGMOID_MUL || s != 0 || gate >= 0) return -1;
+            gate = j;
+        }
+    }
+    if (gate < 0) return -1;
+    const struct node *m = N(L, gate), *g = N(L, m->src[1]);
+    return node_nelem(g) == node_nelem(m) && node_nelem(m) == node_nelem(N(L, i)) && L->done[L->root[m->src[1]]] ? gate : -1;
+}
+
 static anvil_status lower_attention(struct lower *L, int i) {
     const struct node *a = N(L, i);
     int q_raw, k_raw, iqn, iqr, ikn, ikr;
@@ -264,10 +283,18 @@ static anvil_status lower_attention(struct lower *L, int i) {
     pa.part = L->p->arena.addr + part;
     pa.cnt = L->p->arena.addr + cnt;
     pa.out_ = node_addr(L, i);
+    /* the output gate applied as the output is stored: no sigmoid_mul dispatch (ew.comp) and
+     * its barrier, and the o projection can take the attention's rounding (perf rule "producers
+     * round") */
+    int gt = attn_gate(L, i);
+    if (gt >= 0) {
+        pa.gate = node_addr(L, N(L, gt)->src[1]);
+        pa.out_ = node_addr(L, gt);
+        L->done[gt] = true;
+    }
     pa.ctl = L->p->ctl.addr;
     pa.Hkv = Hkv;
-    pa.NC = nc;
-    pa.n_rot = (uint32_t)qr->p.i[0];
+    pa.NC = ATTN_NC_ROT(nc, (uint32_t)qr->p.i[0]);
     pa.eps = qn->p.f[0];
     pa.scale = a->p.f[0];
     return emit_dispatch(L->p, K_ATTENTION, Hkv * gs, nc, &pa, sizeof pa);

@@ -30,7 +30,7 @@ static uint32_t mega_kind(const struct vk_dispatch *d, int *type, bool attn) {
         t = ki->dtype, kind = ki->op == VK_OP_MATVEC ? MEGA_PH_MATVEC : MEGA_PH_SWIGLU;
     if (d->k == K_ATTENTION) { /* float output only, at most 64 chunks (mega.comp's merge; ANVIL_VK_ATTN_CHUNKS) */
         const struct pc_attn *pa = (const struct pc_attn *)d->push;
-        return attn && !pa->xq && pa->NC <= 64 ? MEGA_PH_ATTN : 0;
+        return attn && !pa->xq && !pa->gate && (pa->NC & 0xffff) <= 64 ? MEGA_PH_ATTN : 0;
     }
     if (!kind || d->overlap || (*type >= 0 && t != *type)) return 0;
     if (((const struct pc_matvec *)d->push)->Kp8 > MEGA_XS4 / 2) return 0; /* its input fits shared memory */

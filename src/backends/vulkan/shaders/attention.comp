@@ -5,7 +5,9 @@
  * (norm, rope) and v row, writes them to the cache (float16 unless KV16 is off) and uses
  * them, rounded as the cache holds them, from shared memory (no other workgroup reads that
  * row). NeoX pairing (i, i + n_rot/2), cos/sin from a table
- * computed on the host in double: rope[pos][i] = (cos, sin).
+ * computed on the host in double: rope[pos][i] = (cos, sin). The gated attention's output
+ * gate (out * sigmoid(gate)) is applied as the output is stored (pc.gate), and the output
+ * rounded for the o projection's integer dot products (pc.xq).
  *
  * Attention is split across the sequence: workgroup
  * (kv head j, chunk c) handles the G = H / Hkv query heads of kv head j over cache rows
@@ -64,6 +66,7 @@ shared float xs[GW + 1][D]; /* normalised rows: the workgroup's GW query heads, 
 shared vec4 ys[GW + 1][D4]; /* the same, rotated */
 shared vec4 vnew[D4];
 shared bool last_wg;
+uint NC, n_rot; /* the chunks of the grid, the rotated dims (pc.NC) */
 
 /* a pass's rows from memory, zero past the end and for the current position's row (not in
  * the cache yet: pass_patch puts it in): this lane's pieces of k row base + lane / LPR, and
@@ -104,7 +107,7 @@ void pass_patch(uint base, uint pos, uint lane, inout vec4 kr[KPL], inout vec4 v
  * is loaded), l and this thread's vec4 of o (base: its offset in the partials) */
 void merge_load(uint c0, uint NE, uint mlb, uint h, uint base, out float mv[8], out float lv[8], out vec4 v[8]) {
     for (uint u = 0; u < 8u; u++) {
-        uint cc = c0 + u, ml = mlb + (h * pc.NC + cc) * 2u;
+        uint cc = c0 + u, ml = mlb + (h * NC + cc) * 2u;
         bool live = cc < NE;
         mv[u] = live ? pc.part.v[ml] : -1.0 / 0.0;
         lv[u] = live ? pc.part.v[ml + 1u] : 0.0;
@@ -114,11 +117,13 @@ void merge_load(uint c0, uint NE, uint mlb, uint h, uint base, out float mv[8], 
 
 void main() {
     if (pc.ctl.stop != 0u) return;
+    NC = pc.NC & 0xffffu;
+    n_rot = pc.NC >> 16;
     uint jg = gl_WorkGroupID.x, j = jg / GS, c = gl_WorkGroupID.y;
     uint h0 = j * G + jg % GS * GW; /* the workgroup's first query head */
     uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
     uint n = pc.ctl.pos + 1u;
-    uint NE = min(pc.NC, (n + RPC - 1u) / RPC);
+    uint NE = min(NC, (n + RPC - 1u) / RPC);
     if (c >= NE) return;
     uint L = (n + NE - 1u) / NE;
     uint begin = min(c * L, n), end = min(begin + L, n);
@@ -127,7 +132,7 @@ void main() {
     bool mine = begin <= pos && pos < end; /* this chunk holds the current position */
     /* the loads that need nothing but the position go first, so that their latencies
      * overlap: this position's rope table, the subgroup's first two cache rows, q and k */
-    uint half_ = pc.n_rot / 2u;
+    uint half_ = n_rot / 2u;
     for (uint i = t; i < (half_ + 1u) / 2u; i += gl_WorkGroupSize.x) {
         uint b = (pos * half_ + 2u * i) * 2u;
         bool two = 2u * i + 1u < half_;
@@ -168,7 +173,7 @@ void main() {
         uint g = i / D, d = i % D;
         if (g == GW && !mine) break;
         float y = xs[g][d];
-        if (d < pc.n_rot) {
+        if (d < n_rot) {
             uint r = d < half_ ? d : d - half_;
             vec4 c2 = so[0][r >> 1u];
             vec2 cs = (r & 1u) != 0u ? c2.zw : c2.xy;
@@ -253,12 +258,12 @@ void main() {
         for (uint s = 0; s < NSG; s++) M = max(M, sm[s][g]);
         float lsum = 0.0;
         for (uint s = 0; s < NSG; s++) lsum += (sm[s][g] == -1.0 / 0.0 ? 0.0 : exp(sm[s][g] - M)) * sl[s][g];
-        uint h = h0 + g, ml = pc.Hkv * G * pc.NC * D + (h * pc.NC + c) * 2u;
+        uint h = h0 + g, ml = pc.Hkv * G * NC * D + (h * NC + c) * 2u;
         if (t == 0u) {
             pc.part.v[ml] = M;
             pc.part.v[ml + 1u] = lsum;
         }
-        for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) CVec4s(pc.part).v[(h * pc.NC + c) * D4 + d4] = so[g][d4];
+        for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) CVec4s(pc.part).v[(h * NC + c) * D4 + d4] = so[g][d4];
     }
     /* the last workgroup of kv head j (of its query heads' group) merges: the partials must be
      * visible first */
@@ -269,9 +274,9 @@ void main() {
     if (!last_wg) return;
     memoryBarrierBuffer();
     if (t == 0u) pc.cnt.v[jg] = 0u; /* ready for the next step */
-    uint mlb = pc.Hkv * G * pc.NC * D;
+    uint mlb = pc.Hkv * G * NC * D;
     for (uint i = t; i < GW * D4; i += gl_WorkGroupSize.x) {
-        uint g = i / D4, d4 = i % D4, h = h0 + g, base = h * pc.NC * D4 + d4;
+        uint g = i / D4, d4 = i % D4, h = h0 + g, base = h * NC * D4 + d4;
         vec4 a = vec4(0.0);
         float M = -1.0 / 0.0, Ls = 0.0;
         /* eight chunks' (m, l, o) a batch; the next batch's loads in flight while this one
@@ -304,6 +309,8 @@ void main() {
         }
         a *= 1.0 / Ls;
         uint o4 = h * D + 4u * d4;
+        if (uvec2(pc.gate) != uvec2(0u)) /* the output gate, as ew.comp's sigmoid_mul */
+            a /= 1.0 + exp(-vec4(pc.gate.v[o4], pc.gate.v[o4 + 1u], pc.gate.v[o4 + 2u], pc.gate.v[o4 + 3u]));
         pc.out_.v[o4] = a.x;
         pc.out_.v[o4 + 1u] = a.y;
         pc.out_.v[o4 + 2u] = a.z;

@@ -69,6 +69,9 @@
 #define EW_SWIGLU 2u      /* out = silu(a) * b */
 #define EW_RMS_NORM 3u    /* per row of ne0: out = a / rms(a) * b */
 
+/* struct pc_attn's NC: the chunks, and the rotated dims n_rot in its high half */
+#define ATTN_NC_ROT(NC, n_rot) ((NC) | (n_rot) << 16)
+
 /* gdn.comp's flags (struct pc_gdn) */
 #define GDN_A_LOG 1u /* the decay rate is -exp(A) (A holds A_log), else A itself */
 #define GDN_TILED 2u /* the state tiled over workgroups */

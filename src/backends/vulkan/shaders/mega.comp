@@ -488,7 +488,7 @@ void attn_pre(uint b, uint j, uint c, uint NE, uint pos, out uvec4 kr[KPL], out 
     attn_span(c, NE, pos, begin, end);
     attn_load(Floats(word2(b, ATW_KC)), Floats(word2(b, ATW_VC)), word(b, ATW_HKV), j, begin, end, pos, kr, vr);
     Floats qnorm = Floats(word2(b, ATW_QNORM)), knorm = Floats(word2(b, ATW_KNORM)), rope = Floats(word2(b, ATW_ROPE));
-    uint half_ = word(b, ATW_N_ROT) / 2u;
+    uint half_ = (word(b, ATW_NC) >> 16) / 2u;
     for (uint i = 0; i < DL; i++) {
         uint d = lane + i * SG, r = d < half_ ? d : d - half_;
         bool rot = d < 2u * half_;
@@ -507,7 +507,7 @@ void attn_unit(uint b, uint j, uint c, uint NE, uint pos, uint sa, uvec4 kr[KPL]
     Floats q = Floats(word2(b, ATW_Q)), k = Floats(word2(b, ATW_K)), v = Floats(word2(b, ATW_V));
     Floats kc = Floats(word2(b, ATW_KC)), vc = Floats(word2(b, ATW_VC));
     Floats part = Floats(word2(b, ATW_PART));
-    uint Hkv = word(b, ATW_HKV), NC = word(b, ATW_NC), half_ = word(b, ATW_N_ROT) / 2u;
+    uint Hkv = word(b, ATW_HKV), NC = word(b, ATW_NC) & 0xffffu, half_ = (word(b, ATW_NC) >> 16) / 2u;
     float eps = uintBitsToFloat(word(b, ATW_EPS)), scale = uintBitsToFloat(word(b, ATW_SCALE));
     uint begin, end;
     attn_span(c, NE, pos, begin, end);
@@ -647,7 +647,7 @@ const uint MCH = (64u + MSW - 1u) / MSW;          /* chunks a subgroup (NC <= 64
 void merge_head(uint b, uint h, uint NE) {
     uint lane = gl_SubgroupInvocationID, sgl = gl_SubgroupID, ms = min(gl_NumSubgroups, MS);
     Floats part = Floats(word2(b, ATW_PART)), out_ = Floats(word2(b, ATW_OUT));
-    uint Hkv = word(b, ATW_HKV), NC = word(b, ATW_NC);
+    uint Hkv = word(b, ATW_HKV), NC = word(b, ATW_NC) & 0xffffu;
     uint mlb = Hkv * G * NC * D;
     if (sgl < ms) {
         /* this subgroup's chunks: sgl + u ms, u < MCH */
@@ -743,7 +743,7 @@ void main() {
          * before the wait, the loads that need nothing of the phase before: the first weights of this
          * subgroup's first rows, or its first attention unit's cache rows, rope table and norm
          * weights; within the branch, so that one kind's prefetched registers are not live in another's */
-        uint NE = kind == MEGA_PH_ATTN || kind == MEGA_PH_MERGE ? min(word(b, ATW_NC), (pos + RPC) / RPC) : 0u; /* attention's chunks */
+        uint NE = kind == MEGA_PH_ATTN || kind == MEGA_PH_MERGE ? min(word(b, ATW_NC) & 0xffffu, (pos + RPC) / RPC) : 0u; /* attention's chunks */
         if (kind == MEGA_PH_MATVEC || kind == MEGA_PH_SWIGLU) {
 #ifdef MQX
             uint wt = h.z, Kp = word(b, MVW_KP8) * 8u;

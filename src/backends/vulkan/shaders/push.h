@@ -79,7 +79,10 @@
     ADDR(Ctl, ctl) \
     ADDR(QBytes, xq)        /* not null: the output also rounded to int8 blocks of 32 (qx.comp's \
                           layout, Kq = H * D rounded up to 256); D % 32 == 0 */ \
-    U32(Hkv) U32(NC) U32(n_rot) \
+    ADDR(Floats, gate)      /* not null: out = attention * sigmoid(gate), [H, D] (the gated \
+                          attention's output gate) */ \
+    U32(Hkv) \
+    U32(NC)                 /* | n_rot << 16 (ATTN_NC_ROT: the block is at the 128 bytes' limit) */ \
     F32(eps) F32(scale)
 
 /* ew.comp: add, sigmoid_mul, swiglu, rms_norm left unfused */
@@ -309,10 +312,9 @@
 #define ATW_ROPE 14u
 #define ATW_PART 16u
 #define ATW_OUT 20u
-#define ATW_HKV 26u
-#define ATW_NC 27u
-#define ATW_N_ROT 28u
-#define ATW_EPS 29u
-#define ATW_SCALE 30u
+#define ATW_HKV 28u
+#define ATW_NC 29u  /* NC | n_rot << 16 */
+#define ATW_EPS 30u
+#define ATW_SCALE 31u
 
 #endif
