@@ -13,6 +13,7 @@
  *   matmul -> add                the residual add in the matvec's store
  *   q/k rms_norm -> rope -> KV write -> attention   one dispatch, split over the
  *                                sequence, merged by the last workgroup of each kv head
+ *                                (applying the gated attention's output gate there)
  *   MoE                          router matvec (grouped with the shared expert's gate
  *                                logit; the shared expert's gate/up -> SwiGLU beside it, no
  *                                barrier between), experts' gate/up -> SwiGLU, each workgroup
@@ -23,7 +24,8 @@
  *   Gated DeltaNet -> gated RMSNorm * silu(z)       one dispatch per layer (gdn.comp); the
  *                                conv's past inputs live in a ring of Kc rows in the conv
  *                                state's memory (vulkan.c sizes it so; prefill/ writes it too)
- *   anything else (the gated attention's sigmoid gate, unmatched add / swiglu / rms_norm)
+ *   anything else (the shared expert's sigmoid gate where its down projection is a matvec of
+ *                                its own, unmatched add / swiglu / rms_norm)
  *                                the element-wise kernel (ew.comp)
  *
  * Which products take integer dot products, and who rounds their inputs, is qx.c's.
