@@ -248,6 +248,10 @@ static const struct knob KNOBS[] = {
          "Decode: the gated attention's output gate (Qwen3.5/3.6: out * sigmoid(gate)) applied by "
          "the attention as it stores its output (no element-wise dispatch), which it can then "
          "round for the o projection's integer dot products; 0 leaves it to ew.comp."),
+    BOOL("ANVIL_VK_GDN_SPLIT", C_DIAGNOSTIC, vk_gdn_split, 1,
+         "Decode: each Gated DeltaNet value head's state columns split over workgroups of 32 "
+         "(gdn.comp MODE 3: the 35B-A3B's 32 heads on 128 workgroups, the head's last one making "
+         "the gated norm) where the heads' width is a multiple of 32; 0 keeps a workgroup a head."),
     BOOL("ANVIL_VK_GDN_QX", C_DIAGNOSTIC, vk_gdn_qx, 1,
          "Decode: the Gated DeltaNet (gdn.comp) rounds its output for its out projection, which "
          "then takes integer dot products and rounds its own output for the experts' gate/up "

@@ -86,6 +86,7 @@ struct tuning {
     int vk_moe_pick;         /* ANVIL_VK_MOE_PICK */
     int vk_moe_qx;           /* ANVIL_VK_MOE_QX */
     int vk_gdn_qx;           /* ANVIL_VK_GDN_QX */
+    int vk_gdn_split;        /* ANVIL_VK_GDN_SPLIT */
     int vk_attn_gate;        /* ANVIL_VK_ATTN_GATE */
     int vk_qxr;              /* ANVIL_VK_QXR */
     int vk_qxt_all;          /* ANVIL_VK_QXT_ALL */

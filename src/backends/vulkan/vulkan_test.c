@@ -447,7 +447,8 @@ static void test_qx_from_attention(void **state) {
  * ANVIL_VK_QX_MIN_MB) both then take integer dot products as teams on those blocks
  * (matvec_qxt_q4_k_x0, matvec_qxt_q5_k_x0) and round their outputs for the experts' gate/up
  * (moe_gu_qx), with no rounding dispatch; with the knobs off none of these products rounds and
- * the gate is a dispatch (and a barrier) of its own. Both ways the decode rows stay as close to
+ * the gate is a dispatch (and a barrier) of its own. (The DeltaNets split each head over 4
+ * workgroups, ANVIL_VK_GDN_SPLIT, the last one rounding.) Both ways the decode rows stay as close to
  * the CPU's rounded-input rows as test_against_cpu_qx asks, and on within twice their distance
  * off. */
 static void test_qx_from_hybrid(void **state) {
@@ -483,6 +484,7 @@ static void test_qx_from_hybrid(void **state) {
         assert_true(!strstr(desc, "moe_gu_qx_q4_k_x2 ") == !on);
         assert_true(!strstr(desc, "matvec_qxt_q4_k_x0 ") == !on);
         assert_true(!strstr(desc, "matvec_qxt_q5_k_x0 ") == !on);
+        assert_non_null(strstr(desc, "gdn_split ")); /* (heads of 128: 4 workgroups each) */
         anvil_session_destroy(cpu);
         anvil_session_destroy(vk);
     }

@@ -205,7 +205,7 @@ anvil_status lower_graph(struct lower *L);
 /* ---- qx.c (the quantized-input policy) ---- */
 
 int qx_find(const struct lower *L, const struct pc_matvec *pc);
-uint64_t *out_rounder(struct lower *L, uint64_t x);
+struct vk_dispatch *out_rounder(struct lower *L, uint64_t x);
 anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm);
 bool qx_round_to(struct lower *L, int out, uint32_t rows, const struct node **norm);
 bool qx_round(struct lower *L, int out, uint32_t rows, struct pc_qxt *pq);

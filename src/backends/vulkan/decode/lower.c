@@ -501,7 +501,11 @@ static anvil_status lower_gdn(struct lower *L, int i) {
     pg.eps_l2 = n->p.f[0];
     pg.eps = nm->p.f[0];
     L->done[j] = L->done[s] = true;
-    return emit_dispatch(L->p, K_GDN, Hv, 1, &pg, sizeof pg);
+    /* each head's columns over P workgroups of 32 (MODE 3), and the scratch: the output's rounding
+     * where the out projection takes it (out_round), then MODE 3's counters and sums */
+    uint32_t P = b->d->tune.vk_gdn_split && Dv % 32 == 0 ? Dv / 32 : 1, Kq = (uint32_t)round_up((VkDeviceSize)Hv * Dv, 256);
+    pg.xq = L->p->arena.addr + alloc_scratch(L, Kq + Kq / 8 + 4 * (VkDeviceSize)Hv * (1 + P));
+    return emit_dispatch(L->p, P > 1 ? K_GDN_SPLIT : K_GDN, Hv, P, &pg, sizeof pg);
 }
 
 /* Walks the graph in order and emits the fused kernels. The arena's base address is not

@@ -147,7 +147,7 @@ static uint64_t dispatch_reads(const struct vk_program *p, const struct vk_dispa
     if (ki->op == VK_OP_EMBED && dtype_row_size(ki->dtype, (int64_t)((const struct pc_embed *)d->push)->Kp8 * 8, &row))
         return row;
     if (d->k == K_ATTENTION) return attn_reads(p, (const struct pc_attn *)d->push, pos); /* k, v rows 0 .. pos */
-    if (d->k == K_GDN) { /* the recurrent state, read and written in place */
+    if (d->k == K_GDN || d->k == K_GDN_SPLIT) { /* the recurrent state, read and written in place */
         const struct pc_gdn *pg = (const struct pc_gdn *)d->push;
         return (uint64_t)pg->Hv * (pg->dims & 0xffff) * (pg->dims >> 16) * 4;
     }

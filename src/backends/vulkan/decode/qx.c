@@ -29,19 +29,30 @@ static void qx_register(struct lower *L, uint64_t x, uint64_t normw, VkDeviceSiz
 }
 
 /* The dispatch that wrote x, where it can round its output to int8 blocks itself for an
- * integer-dot-product product (no qx.comp dispatch): attention.comp's xq, or gdn.comp's
- * (ANVIL_VK_GDN_QX: the DeltaNet's gated norm output, heads of a multiple of 32). Returns the
- * address of its push constants' xq, or NULL. */
-uint64_t *out_rounder(struct lower *L, uint64_t x) {
+ * integer-dot-product product (no qx.comp dispatch): attention.comp (its xq), or gdn.comp
+ * (ANVIL_VK_GDN_QX: the DeltaNet's gated norm output, heads of a multiple of 32); else NULL. */
+struct vk_dispatch *out_rounder(struct lower *L, uint64_t x) {
     for (int k = L->p->n_ops - 1; k >= 0; k--) {
         struct vk_dispatch *d = &L->p->ops[k];
         if (d->k == K_ATTENTION && ((struct pc_attn *)d->push)->out_ == x)
-            return L->p->b->d->subgroup_shuffle && L->p->b->pl.attn_d % 32 == 0 ? &((struct pc_attn *)d->push)->xq : NULL;
-        if (d->k == K_GDN && ((struct pc_gdn *)d->push)->out_ == x)
-            return L->p->b->d->tune.vk_gdn_qx && (((struct pc_gdn *)d->push)->dims >> 16) % 32 == 0
-                       ? &((struct pc_gdn *)d->push)->xq : NULL;
+            return L->p->b->d->subgroup_shuffle && L->p->b->pl.attn_d % 32 == 0 ? d : NULL;
+        if ((d->k == K_GDN || d->k == K_GDN_SPLIT) && ((struct pc_gdn *)d->push)->out_ == x)
+            return L->p->b->d->tune.vk_gdn_qx && (((struct pc_gdn *)d->push)->dims >> 16) % 32 == 0 ? d : NULL;
     }
     return NULL;
+}
+
+/* Makes d (out_rounder's) round its output for a product of Kp inputs; returns the rounding's
+ * arena offset (int8s, then the blocks' scales: Kp + Kp / 8 bytes). */
+static VkDeviceSize out_round(struct lower *L, struct vk_dispatch *d, uint32_t Kp) {
+    if (d->k == K_ATTENTION) {
+        VkDeviceSize q = alloc_scratch(L, Kp + Kp / 8);
+        ((struct pc_attn *)d->push)->xq = L->p->arena.addr + q;
+        return q;
+    }
+    struct pc_gdn *pg = (struct pc_gdn *)d->push; /* its scratch (lower_gdn) opens with the rounding */
+    pg->flags |= GDN_ROUND;
+    return pg->xq - L->p->arena.addr;
 }
 
 /* The matvec input of pc (x, and its norm when flags & MV_NORM) rounded to int8 blocks: found among
@@ -53,14 +64,15 @@ anvil_status qx_input(struct lower *L, struct pc_matvec *pc, int *xm) {
     uint32_t Kp = (uint32_t)round_up(pc->K, 256);
     int i = qx_find(L, pc);
     if (i < 0) {
-        struct pc_qx pq = {pc->x, normw ? normw : pc->x, L->p->ctl.addr, 0, 0, pc->K, Kp, (pc->flags & MV_NORM) ? QX_NORM : 0u, pc->eps};
-        VkDeviceSize q = alloc_scratch(L, Kp + Kp / 8);
-        pq.q = L->p->arena.addr + q;
-        pq.d = pq.q + Kp;
-        uint64_t *xq = normw ? NULL : out_rounder(L, pc->x);
-        if (xq) {
-            *xq = pq.q;
+        struct vk_dispatch *od = normw ? NULL : out_rounder(L, pc->x);
+        VkDeviceSize q;
+        if (od) {
+            q = out_round(L, od, Kp);
         } else {
+            struct pc_qx pq = {pc->x, normw ? normw : pc->x, L->p->ctl.addr, 0, 0, pc->K, Kp, (pc->flags & MV_NORM) ? QX_NORM : 0u, pc->eps};
+            q = alloc_scratch(L, Kp + Kp / 8);
+            pq.q = L->p->arena.addr + q;
+            pq.d = pq.q + Kp;
             anvil_status st = emit_dispatch(L->p, K_QX, (Kp + 1023) / 1024, 1, &pq, sizeof pq);
             if (st != ANVIL_OK) return st;
         }

@@ -76,6 +76,7 @@
 #define GDN_A_LOG 1u /* the decay rate is -exp(A) (A holds A_log), else A itself */
 #define GDN_TILED 2u /* the state tiled over workgroups */
 #define GDN_HIST 4u  /* (prefill MODE 1, 2) the states after each row kept (gdn.comp) */
+#define GDN_ROUND 8u /* (MODE 0, 3) the output also rounded for the out projection (pc_gdn's xq) */
 /* struct pc_gdn's dims, both head dims, and the conv's width Kc in its flags' high half (its
  * push block is at the 128 bytes' limit) */
 #define GDN_DIMS(Dk, Dv) ((Dk) | (Dv) << 16)
@@ -151,6 +152,7 @@
 #define GDN_MODE_DECODE 0u /* one token */
 #define GDN_MODE_PREFILL 1u /* a chunk's tokens in turn (the recurrent form) */
 #define GDN_MODE_RING 2u /* the conv ring takes the chunk's last inputs */
+#define GDN_MODE_SPLIT 3u /* one token, each value head's columns split over workgroups */
 
 /* gdn_chunk.comp */
 #define GDNC_MODE_PREP 0u /* the conv, SiLU, norms and gates */

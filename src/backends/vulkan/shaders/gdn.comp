@@ -11,9 +11,15 @@
  *   3. the delta rule on the Dk x Dv state S (element (i, j) at j + Dv * (i + Dk*h)),
  *      in place; at position 0 the old state counts as zero:
  *      S = decay * S;  S += k ⊗ beta (v - Sᵀk);  y = Sᵀq
- *   4. out = y / rms(y) * gnorm * silu(z)   (the gated RMSNorm); where xq is set, out also
- *      rounded to int8 blocks of 32 for the out projection's integer dot products (as
+ *   4. out = y / rms(y) * gnorm * silu(z)   (the gated RMSNorm); flags & GDN_ROUND: out also
+ *      rounded to int8 blocks of 32 (into xq) for the out projection's integer dot products (as
  *      attention.comp rounds its output: no qx.comp dispatch, perf rule "producers round")
+ * MODE 3 (decode, split): the same, each value head's Dv columns split over P workgroups
+ * (h, p) of NC columns each (the delta rule's columns are independent; the 35B-A3B's 32 heads
+ * would otherwise stream their states on 32 SMs): each makes the conv and norms of q and k
+ * and the v channels of its columns, writes its y columns to out and their sum of squares to
+ * the scratch after xq's rounding; the last of a head's P workgroups to finish (a counter a
+ * head) makes the gated norm of the head's Dv outputs in place (and their rounding).
  * MODE 1 (prefill): the same for the T tokens of a chunk at positions pos0 .. pos0+T-1, one
  * after another in each workgroup; qkv [T, Cc], b and a [T, Hv]; the conv reads the chunk's
  * own rows, and the ring only for positions before pos0 (this kernel does not write it);
@@ -39,19 +45,22 @@
 /* 512 threads: column j of the state goes to threads j % 128 + 128 * part, part p taking
  * rows p, p + NP, ... (kept in registers between the two passes over them) */
 layout(local_size_x = 512) in;
-const uint NT = 512u, NC = 128u, NP = NT / NC;
+layout(constant_id = SPEC_MODE) const uint MODE = 0;
+/* the state's columns a pass takes (MODE 3: a workgroup's), rows split over NP parts */
+const uint NT = 512u, NC = MODE == GDN_MODE_SPLIT ? 32u : 128u, NP = NT / NC;
 
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer UInts { uint v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer CFloats { float v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer CUInts { uint v[]; };
 
 PC_BLOCK(PC_GDN, pc) /* push.h */
-
-layout(constant_id = SPEC_MODE) const uint MODE = 0;
 
 const uint DMAX = 256u, RMAX = DMAX / NP;
 shared float qs[DMAX], ks[DMAX], vs[DMAX], ys[DMAX];
 shared float red[128][2]; /* per subgroup (512 threads of subgroups of 4 or more) */
 shared float part_sum[NP][NC];
 shared float bmax[DMAX / 4u]; /* the output's rounding: the largest |out| of each 4 */
+shared bool last_wg;
 
 /* sums of x and y over the workgroup */
 vec2 wg_sum2(float x, float y) {
@@ -79,8 +88,11 @@ void step(uint pos, uint tr, uint pos0) {
     uint Cc = 2u * pc.Hk * Dk + pc.Hv * Dv;
     bool tiled = (pc.flags & GDN_TILED) != 0u;
     uint r = pc.Hv / pc.Hk, hk = tiled ? h % pc.Hk : h / r;
-    bool owner = tiled ? h < pc.Hk : h % r == 0u;
+    bool owner = (tiled ? h < pc.Hk : h % r == 0u) && (MODE != GDN_MODE_SPLIT || gl_WorkGroupID.y == 0u);
+    /* the value columns [j0, j1) (MODE 3: the workgroup's NC; else all) */
+    uint j0 = MODE == GDN_MODE_SPLIT ? gl_WorkGroupID.y * NC : 0u, j1 = MODE == GDN_MODE_SPLIT ? min(j0 + NC, Dv) : Dv;
     for (uint i = t; i < 2u * Dk + Dv; i += NT) {
+        if (i >= 2u * Dk + j1 || (i >= 2u * Dk && i < 2u * Dk + j0)) continue;
         uint c = i < Dk ? hk * Dk + i : i < 2u * Dk ? pc.Hk * Dk + hk * Dk + (i - Dk)
                                                    : 2u * pc.Hk * Dk + h * Dv + (i - 2u * Dk);
         float x = pc.qkv.v[tr * Cc + c];
@@ -96,7 +108,8 @@ void step(uint pos, uint tr, uint pos0) {
         if (i < Dk) qs[i] = y;
         else if (i < 2u * Dk) ks[i - Dk] = y;
         else vs[i - 2u * Dk] = y;
-        if (MODE == GDN_MODE_DECODE && (i >= 2u * Dk || owner)) pc.ring.v[(pos % Kc) * Cc + c] = x;
+        if ((MODE == GDN_MODE_DECODE || MODE == GDN_MODE_SPLIT) && (i >= 2u * Dk || owner))
+            pc.ring.v[(pos % Kc) * Cc + c] = x;
     }
     barrier();
     float sq = 0.0, sk = 0.0;
@@ -117,9 +130,9 @@ void step(uint pos, uint tr, uint pos0) {
     barrier();
     bool fresh = pos == 0u;
     uint c0 = t % NC, part = t / NC;
-    for (uint jb = 0; jb < Dv; jb += NC) { /* uniform loop: barriers inside */
+    for (uint jb = j0; jb < j1; jb += NC) { /* uniform loop: barriers inside */
         uint j = jb + c0;
-        bool on = j < Dv;
+        bool on = j < j1;
         uint base = sofs + Dv * Dk * h + j;
         float sr[RMAX];
         float kvm = 0.0;
@@ -156,10 +169,27 @@ void step(uint pos, uint tr, uint pos0) {
         return;
     }
     float sy = 0.0;
-    for (uint j = t; j < Dv; j += NT) sy += ys[j] * ys[j];
+    for (uint j = j0 + t; j < j1; j += NT) sy += ys[j] * ys[j];
     s = wg_sum2(sy, 0.0);
+    uint Kq = (pc.Hv * Dv + 255u) & ~255u, cnt = (Kq + Kq / 8u) / 4u, sums = cnt + pc.Hv;
+    if (MODE == GDN_MODE_SPLIT) {
+        /* the workgroup's columns and their sum of squares; the head's last workgroup goes on */
+        uint P = gl_NumWorkGroups.y;
+        for (uint j = j0 + t; j < j1; j += NT) CFloats(pc.out_).v[h * Dv + j] = ys[j];
+        if (t == 0u) CFloats(pc.xq).v[sums + h * P + gl_WorkGroupID.y] = s.x;
+        memoryBarrierBuffer();
+        barrier();
+        if (t == 0u) last_wg = atomicAdd(CUInts(pc.xq).v[cnt + h], 1u) == P - 1u;
+        barrier();
+        if (!last_wg) return;
+        memoryBarrierBuffer();
+        if (t == 0u) CUInts(pc.xq).v[cnt + h] = 0u; /* ready for the next step */
+        s.x = 0.0;
+        for (uint p = 0u; p < P; p++) s.x += CFloats(pc.xq).v[sums + h * P + p];
+        for (uint j = t; j < Dv; j += NT) ys[j] = CFloats(pc.out_).v[h * Dv + j];
+    }
     float inv = 1.0 / sqrt(s.x / float(Dv) + pc.eps);
-    bool rnd = uvec2(pc.xq) != uvec2(0u);
+    bool rnd = (pc.flags & GDN_ROUND) != 0u;
     for (uint j = t; j < Dv; j += NT) {
         float zz = pc.z.v[h * Dv + j];
         float o = ys[j] * inv * pc.gnorm.v[j] * (zz / (1.0 + exp(-zz)));
@@ -180,7 +210,7 @@ void step(uint pos, uint tr, uint pos0) {
         float amax = 0.0;
         for (uint i = t & ~7u; i < (t & ~7u) + 8u; i++) amax = max(amax, bmax[i]);
         float id = amax > 0.0 ? 127.0 / amax : 0.0;
-        uint vi = h * Dv / 4u + t, Kq = (pc.Hv * Dv + 255u) & ~255u;
+        uint vi = h * Dv / 4u + t;
         pc.xq.v[vi] = pack_i8x4(ivec4(roundEven(a * id)));
         if ((t & 7u) == 0u) pc.xq.v[Kq / 4u + vi / 8u] = floatBitsToUint(amax / 127.0);
     }
@@ -190,7 +220,7 @@ void main() {
     Dk = pc.dims & 0xffffu;
     Dv = pc.dims >> 16;
     Kc = pc.flags >> 16;
-    if (MODE == GDN_MODE_DECODE) {
+    if (MODE == GDN_MODE_DECODE || MODE == GDN_MODE_SPLIT) {
         if (pc.ctl.stop != 0u) return;
         step(pc.ctl.pos, 0u, 0u);
         return;

@@ -111,8 +111,10 @@
     ADDR(Floats, gnorm)     /* [Dv]; in MODE 1, 2 with GDN_HIST: the history slots */ \
     ADDR(Floats, out_)      /* [Hv, Dv] */ \
     ADDR(Ctl, ctl) \
-    ADDR(UInts, xq)         /* MODE 0, not null: out_ also rounded to int8 blocks of 32 (qx.comp's \
-                               layout, Kq = Hv * Dv rounded up to 256); Dv % 32 == 0 */ \
+    ADDR(UInts, xq)         /* MODE 0, 3: the decode's scratch: flags & GDN_ROUND, out_ rounded to \
+                               int8 blocks of 32 (qx.comp's layout, Kq = Hv * Dv rounded up to 256: \
+                               Kq + Kq / 8 bytes; Dv % 32 == 0); MODE 3, after them, a counter a \
+                               head [Hv] (zero between steps) and its workgroups' sums [Hv, P] */ \
     U32(Hk) U32(Hv) \
     U32(dims)               /* Dk | Dv << 16 (GDN_DIMS) */ \
     U32(flags)              /* GDN_* | Kc << 16 (GDN_KC) */ \
