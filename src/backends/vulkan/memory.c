@@ -7,7 +7,10 @@
 
 #include "vulkan_impl.h"
 
+/* the staging buffer: the upload's size, at most 64 MiB (a rope table's few KiB need no 64 MiB
+ * of host memory mapped, faulted in and freed again) */
 #define STAGING_BYTES (64u << 20)
+#define STAGING_MIN (64u << 10)
 
 static int find_type(struct vk_device *d, uint32_t bits, VkMemoryPropertyFlags want) {
     for (uint32_t i = 0; i < d->mem.memoryTypeCount; i++)
@@ -121,7 +124,8 @@ anvil_status vk_uploader_init(struct vk_uploader *u, struct vk_device *d, uint64
     memset(u, 0, sizeof *u);
     u->d = d;
     u->total = total;
-    anvil_status st = vk_buffer_create(d, STAGING_BYTES, VK_MEM_STAGING, "the staging buffer", &u->staging);
+    u->cap = total < STAGING_MIN ? STAGING_MIN : total > STAGING_BYTES ? STAGING_BYTES : (total + 15) & ~(uint64_t)15;
+    anvil_status st = vk_buffer_create(d, u->cap, VK_MEM_STAGING, "the staging buffer", &u->staging);
     if (st == ANVIL_OK) st = vk_cmd_alloc(d, &u->cb);
     return st;
 }
@@ -141,7 +145,7 @@ anvil_status vk_upload(struct vk_uploader *u, struct vk_buffer *dst, VkDeviceSiz
                        size_t n, vk_fill_fn fill, void *ctx) {
     size_t done = 0;
     while (done < n) {
-        if (u->used == STAGING_BYTES) {
+        if (u->used == u->cap) {
             anvil_status st = flush(u);
             if (st != ANVIL_OK) return st;
         }
@@ -151,12 +155,12 @@ anvil_status vk_upload(struct vk_uploader *u, struct vk_buffer *dst, VkDeviceSiz
             anvil_status st = vk_result(vkBeginCommandBuffer(u->cb, &bi), "vkBeginCommandBuffer");
             if (st != ANVIL_OK) return st;
         }
-        size_t k = MIN(n - done, (size_t)(STAGING_BYTES - u->used));
+        size_t k = MIN(n - done, (size_t)(u->cap - u->used));
         fill((uint8_t *)u->staging.map + u->used, done, k, ctx);
         VkBufferCopy c = {u->used, dst_off + done, k};
         vkCmdCopyBuffer(u->cb, u->staging.buf, dst->buf, 1, &c);
         u->used += (k + 15) & ~(size_t)15;
-        if (u->used > STAGING_BYTES) u->used = STAGING_BYTES;
+        if (u->used > u->cap) u->used = u->cap;
         done += k;
         u->done += k;
     }

@@ -134,8 +134,8 @@ struct vk_uploader {
     struct vk_device *d;
     struct vk_buffer staging;
     VkCommandBuffer cb;
-    VkDeviceSize used;
-    uint64_t total, done; /* bytes, reported to progress() at each flush */
+    VkDeviceSize used, cap; /* cap: the staging buffer's bytes */
+    uint64_t total, done;   /* bytes, reported to progress() at each flush */
 };
 anvil_status vk_uploader_init(struct vk_uploader *u, struct vk_device *d, uint64_t total);
 /* Copies n bytes; fill(dst, n, ctx) writes them into staging memory (so rows can be repacked
