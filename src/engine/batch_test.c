@@ -64,17 +64,18 @@ static int collect(void *user, int32_t t) {
 }
 
 /* The job alone: its tokens through anvil_session_generate, then the logits each was chosen
- * from, by feeding them one at a time. */
-static void run_solo(anvil_model *m, struct job *j, anvil_backend_kind be) {
+ * from, by feeding them one at a time; on session s, reset for each (one session for a model's
+ * solo runs: a session of their own made the device, pipelines and weights again, most of
+ * this test's time on lavapipe). */
+static void run_solo(anvil_model *m, anvil_session *s, struct job *j) {
     int V = anvil_model_vocab_size(m);
-    anvil_session *s = tu_session(m, be, N_CTX);
+    anvil_session_reset(s);
     struct collect c = {j->solo, 0};
     anvil_generate_stats st;
     assert_int_equal(anvil_session_generate(s, j->prompt, j->n_prompt, &j->gp, collect, &c, &st), ANVIL_OK);
     j->n_solo = c.n;
     j->solo_stop = st.stop;
-    anvil_session_destroy(s);
-    s = tu_session(m, be, N_CTX);
+    anvil_session_reset(s);
     j->solo_logits = malloc((size_t)(j->n_solo + 1) * (size_t)V * sizeof(float));
     assert_int_equal(anvil_session_eval(s, j->prompt, j->n_prompt, ANVIL_LOGITS_LAST, j->solo_logits), ANVIL_OK);
     /* the last token delivered needs no logits after it (the choice after it is the stop's, if
@@ -83,7 +84,6 @@ static void run_solo(anvil_model *m, struct job *j, anvil_backend_kind be) {
     for (int i = 1; i < choices; i++)
         assert_int_equal(anvil_session_eval(s, &j->solo[i - 1], 1, ANVIL_LOGITS_LAST,
                                             j->solo_logits + (size_t)i * (size_t)V), ANVIL_OK);
-    anvil_session_destroy(s);
 }
 
 /* Whether tok is one of j's stop ids. */
@@ -221,7 +221,8 @@ static void check_model(const char *path, anvil_backend_kind be, bool only_ids) 
     jobs[6].gp.sampling.penalty_last_n = 6;
     jobs[6].gp.sampling.seed = 11;
     /* job 5's stop id: a token it chooses alone midway (found by running it alone first) */
-    run_solo(m, &jobs[5], be);
+    anvil_session *solo = tu_session(m, be, N_CTX);
+    run_solo(m, solo, &jobs[5]);
     if (jobs[5].n_solo > 4) {
         jobs[5].stop_ids[0] = jobs[5].solo[4];
         jobs[5].gp.stop_tokens = jobs[5].stop_ids;
@@ -229,7 +230,8 @@ static void check_model(const char *path, anvil_backend_kind be, bool only_ids) 
         free(jobs[5].solo_logits);
     }
     for (int i = 0; i < 7; i++)
-        if (i != 5 || jobs[5].gp.n_stop_tokens) run_solo(m, &jobs[i], be);
+        if (i != 5 || jobs[5].gp.n_stop_tokens) run_solo(m, solo, &jobs[i]);
+    anvil_session_destroy(solo);
     assert_int_equal(jobs[4].solo_stop, ANVIL_STOP_CONTEXT);
 
     anvil_batch_params bp = anvil_batch_default_params();
