@@ -233,8 +233,8 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
 }
 
 /* The gated attention's output gate: the OP_SIGMOID_MUL of attention i's output (through its
- * reshape) by a product already made (the q projection's gate rows, lowered with q), one gate
- * an element, where it is the output's only reader; else -1. ANVIL_VK_ATTN_GATE=0 never. */
+ * reshape) by a product (the q projection's gate rows), one gate an element, where it is the
+ * output's only reader; else -1. ANVIL_VK_ATTN_GATE=0 never. */
 static int attn_gate(struct lower *L, int i) {
     if (!L->p->b->d->tune.vk_attn_gate) return -1;
     int gate = -1;
@@ -248,7 +248,9 @@ static int attn_gate(struct lower *L, int i) {
     }
     if (gate < 0) return -1;
     const struct node *m = N(L, gate), *g = N(L, m->src[1]);
-    return node_nelem(g) == node_nelem(m) && node_nelem(m) == node_nelem(N(L, i)) && L->done[L->root[m->src[1]]] ? gate : -1;
+    int gm = L->root[m->src[1]];
+    return node_nelem(g) == node_nelem(m) && node_nelem(m) == node_nelem(N(L, i)) && (L->done[gm] || N(L, gm)->op == OP_MATMUL)
+               ? gate : -1;
 }
 
 static anvil_status lower_attention(struct lower *L, int i) {
@@ -289,6 +291,16 @@ static anvil_status lower_attention(struct lower *L, int i) {
      * its barrier, and the o projection can take the attention's rounding (perf rule "producers
      * round") */
     int gt = attn_gate(L, i);
+    int gm = gt >= 0 ? L->root[N(L, gt)->src[1]] : -1;
+    if (gm >= 0 && !L->done[gm]) {
+        /* the gate's product not lowered with q (q, k, v of one type fill a dispatch): now, beside
+         * them (the same input, no barrier), where it would otherwise come after the attention */
+        int cur = L->p->cur_node;
+        L->p->cur_node = gm + 1;
+        anvil_status st = lower_matmuls(L, gm);
+        L->p->cur_node = cur;
+        if (st != ANVIL_OK) return st;
+    }
     if (gt >= 0) {
         pa.gate = node_addr(L, N(L, gt)->src[1]);
         pa.out_ = node_addr(L, gt);

@@ -6,6 +6,7 @@
  * measurements behind their thresholds are at each function.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "decode.h"
 
@@ -20,7 +21,12 @@ int qx_find(const struct lower *L, const struct pc_matvec *pc) {
 
 /* Records the rounding of x (with the norm of weights normw, or 0) at arena offset q. */
 static void qx_register(struct lower *L, uint64_t x, uint64_t normw, VkDeviceSize q, bool own) {
-    if (L->n_qx == (int)(sizeof L->qx / sizeof *L->qx)) L->n_qx = 0; /* full: start over */
+    int n = (int)(sizeof L->qx / sizeof *L->qx);
+    if (L->n_qx == n) { /* full: the oldest goes (a reset lost the 35B-A3B's rounding for its experts
+                           when the shared expert's came between them, in 2 layers of 40) */
+        memmove(&L->qx[0], &L->qx[1], (size_t)(n - 1) * sizeof L->qx[0]);
+        L->n_qx--;
+    }
     L->qx[L->n_qx].x = x;
     L->qx[L->n_qx].normw = normw;
     L->qx[L->n_qx].q = q;
