@@ -490,6 +490,17 @@ static void test_qx_from_hybrid(void **state) {
     }
     assert_int_equal(dispatches[1], dispatches[0] - 1); /* the attention layer's gate */
     assert_int_equal(barriers[1], barriers[0] - 1);
+    /* q, k and v of one type fill a products' dispatch, the gate's product then lowered beside
+     * them (no barrier) for the attention to apply the gate: no sigmoid_mul, and the attention
+     * layer has the barriers of q/k/v, attention and o projection only */
+    anvil_model *m8;
+    assert_int_equal(anvil_model_open("synthetic:qwen3.6-heads:q8_0", NULL, &m8), ANVIL_OK);
+    anvil_session *vk8 = session(m8, ANVIL_BACKEND_VULKAN);
+    anvil_session_describe_program(vk8, desc, 16384);
+    assert_null(strstr(desc, "sigmoid_mul"));
+    assert_non_null(strstr(desc, "matmul blk.3.attn_q.weight + blk.3.attn_k.weight + blk.3.attn_v.weight"));
+    anvil_session_destroy(vk8);
+    anvil_model_close(m8);
     unsetenv("ANVIL_VK_GDN_QX");
     unsetenv("ANVIL_VK_ATTN_GATE");
     unsetenv("ANVIL_VK_QX");
