@@ -448,9 +448,8 @@ static void test_qx_from_attention(void **state) {
  * (matvec_qxt_q4_k_x0, matvec_qxt_q5_k_x0) and round their outputs for the experts' gate/up
  * (moe_gu_qx), with no rounding dispatch; with the knobs off none of these products rounds and
  * the gate is a dispatch (and a barrier) of its own. (The DeltaNets split each head over 4
- * workgroups, ANVIL_VK_GDN_SPLIT, the last one rounding.) Both ways the decode rows stay as close to
- * the CPU's rounded-input rows as test_against_cpu_qx asks, and on within twice their distance
- * off. */
+ * workgroups, ANVIL_VK_GDN_SPLIT, the last one rounding.) With them on the decode rows stay within
+ * 0.035 of the CPU's rounded-input rows (0.023 with them off). */
 static void test_qx_from_hybrid(void **state) {
     (void)state;
 #ifdef TU_SANITIZED
@@ -458,34 +457,32 @@ static void test_qx_from_hybrid(void **state) {
 #endif
     setenv("ANVIL_VK_QX", "1", 1);
     setenv("ANVIL_CPU_QX", "1", 1);
-    setenv("ANVIL_VK_PROFILE", "1", 1);
     unsetenv("ANVIL_VK_QX_MIN_MB");
     anvil_model *m;
     assert_int_equal(anvil_model_open("synthetic:qwen3.6-heads:Q4_K_M", NULL, &m), ANVIL_OK);
     int V = anvil_model_vocab_size(m);
     float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
     char *desc = malloc(16384);
-    double off_worst = 0;
     int dispatches[2], barriers[2];
-    for (int on = 0; on < 2; on++) {
+    for (int on = 0; on < 2; on++) { /* (the program only with the knobs off: lavapipe's minutes) */
         setenv("ANVIL_VK_GDN_QX", on ? "1" : "0", 1);
         setenv("ANVIL_VK_ATTN_GATE", on ? "1" : "0", 1);
-        anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk = session(m, ANVIL_BACKEND_VULKAN);
-        double worst = decode_rows_worst(cpu, vk, V, a, b, 37, 3);
+        anvil_session *vk = session(m, ANVIL_BACKEND_VULKAN);
         anvil_session_describe_program(vk, desc, 16384);
         program_counts(vk, &dispatches[on], &barriers[on]);
-        fprintf(stderr, "qwen3.6-heads Q4_K_M, ANVIL_VK_GDN_QX=ANVIL_VK_ATTN_GATE=%d: %d dispatches, %d barriers; "
-                "rows within %.3g of the scale\n", on, dispatches[on], barriers[on], worst);
-        assert_true(worst < 0.08);
-        /* (a rounding 6% off in scale moved the rows by 0.068 against 0.023 with float inputs) */
-        if (on) assert_true(worst < 2 * off_worst);
-        off_worst = worst;
         assert_null(strstr(desc, "  qx "));
         assert_true(!strstr(desc, "moe_gu_qx_q4_k_x2 ") == !on);
         assert_true(!strstr(desc, "matvec_qxt_q4_k_x0 ") == !on);
         assert_true(!strstr(desc, "matvec_qxt_q5_k_x0 ") == !on);
         assert_non_null(strstr(desc, "gdn_split ")); /* (heads of 128: 4 workgroups each) */
-        anvil_session_destroy(cpu);
+        if (on) {
+            anvil_session *cpu = session(m, ANVIL_BACKEND_CPU);
+            double worst = decode_rows_worst(cpu, vk, V, a, b, 37, 3);
+            fprintf(stderr, "qwen3.6-heads Q4_K_M, the producers rounding: rows within %.3g of the scale\n", worst);
+            /* (0.023 with the knobs off; a rounding 6% off in scale moved them to 0.068) */
+            assert_true(worst < 0.035);
+            anvil_session_destroy(cpu);
+        }
         anvil_session_destroy(vk);
     }
     assert_int_equal(dispatches[1], dispatches[0] - 1); /* the attention layer's gate */
@@ -505,7 +502,6 @@ static void test_qx_from_hybrid(void **state) {
     unsetenv("ANVIL_VK_ATTN_GATE");
     unsetenv("ANVIL_VK_QX");
     unsetenv("ANVIL_CPU_QX");
-    unsetenv("ANVIL_VK_PROFILE");
     free(desc);
     free(a);
     free(b);
