@@ -91,6 +91,12 @@ void step(uint pos, uint tr, uint pos0) {
     bool owner = (tiled ? h < pc.Hk : h % r == 0u) && (MODE != GDN_MODE_SPLIT || gl_WorkGroupID.y == 0u);
     /* the value columns [j0, j1) (MODE 3: the workgroup's NC; else all) */
     uint j0 = MODE == GDN_MODE_SPLIT ? gl_WorkGroupID.y * NC : 0u, j1 = MODE == GDN_MODE_SPLIT ? min(j0 + NC, Dv) : Dv;
+    /* MODE 3: the workgroup's state (its one pass, a thread's RMAX = 16 elements) loaded first,
+     * its latency under the conv's and the norms' */
+    float sp[RMAX];
+    if (MODE == GDN_MODE_SPLIT)
+        for (uint r = 0, i = t / NC, j = j0 + t % NC; r < RMAX; r++, i += NP)
+            sp[r] = j < j1 && i < Dk && pos != 0u ? pc.S.v[sofs + Dv * Dk * h + j + Dv * i] : 0.0;
     for (uint i = t; i < 2u * Dk + Dv; i += NT) {
         if (i >= 2u * Dk + j1 || (i >= 2u * Dk && i < 2u * Dk + j0)) continue;
         uint c = i < Dk ? hk * Dk + i : i < 2u * Dk ? pc.Hk * Dk + hk * Dk + (i - Dk)
@@ -137,7 +143,8 @@ void step(uint pos, uint tr, uint pos0) {
         float sr[RMAX];
         float kvm = 0.0;
         for (uint r = 0, i = part; r < RMAX; r++, i += NP) {
-            sr[r] = on && i < Dk && !fresh ? pc.S.v[base + Dv * i] * decay : 0.0;
+            if (MODE == GDN_MODE_SPLIT) sr[r] = sp[r] * decay; /* (zero where not on or fresh) */
+            else sr[r] = on && i < Dk && !fresh ? pc.S.v[base + Dv * i] * decay : 0.0;
             if (i < Dk) kvm += sr[r] * ks[i];
         }
         part_sum[part][c0] = kvm;
