@@ -94,11 +94,13 @@ static void test_checks(void **state) {
     }
 }
 
-/* Products of a few rows (mmb.comp; on integer dot products up to 8 rows mmbx.comp for Q8_0,
- * Q4_K, Q5_K and Q6_K, past 8 rows mmbt.comp's tiles: up to ANVIL_VK_MMB rows, set here to its
- * largest, 32) against the CPU: several weight types, within and across mmb.comp's passes of 8
- * rows, mmbx.comp at each of its row counts (CT 2, 4, 8: T = 2 .. 8, rows past T repeated and
- * not stored), with 1 and 4 rows of W a workgroup (ANVIL_VK_MMBX_RS), and off (mmb.comp QX),
+/* Products of a few rows (mmb.comp; on integer dot products mmbx.comp for Q8_0, Q4_K, Q5_K and
+ * Q6_K, or past ANVIL_VK_MMBX rows (and 8) mmbt.comp's tiles: up to ANVIL_VK_MMB rows, set here
+ * to its largest, 32) against the CPU: several weight types, within and across mmb.comp's
+ * passes of 8 rows, mmbx.comp at each of its row counts (CT 2, 4, 8, 16, 32: T = 2 .. 32; up
+ * to 8 rows past T repeated and not stored, past 8 skipped), with 1, 2, 3 and 4 rows of W a
+ * workgroup (ANVIL_VK_MMBX_RS: at CT 16 and 32, 64 and 128 sums a thread, more than the
+ * subgroup's lanes), and off (mmb.comp QX; ANVIL_VK_MMBX=8: the tiles past 8 rows),
  * mmbt.comp's tiles of 512 inputs whole and cut (ffn_down: K = 768), 2 to 32 rows. On integer
  * dot products the CPU rounds its input rows as the GPU does (ANVIL_CPU_QX=1 rounds the rows of
  * products of up to ANVIL_VK_MMB rows): both then agree to float32 rounding. (Session 23's
@@ -125,7 +127,11 @@ static void test_small_batch(void **state) {
         {DT_Q6_K, 2, "ffn_down", true, NULL},    {DT_Q6_K, 5, "attn_output", true, NULL},
         {DT_Q5_K, 6, "attn_q", true, NULL},      {DT_Q8_0, 4, "ffn_up", true, "ANVIL_VK_MMBX_RS=1"},
         {DT_Q4_K, 7, "ffn_down", true, "ANVIL_VK_MMBX_RS=4"}, {DT_Q6_K, 3, "attn_q", true, "ANVIL_VK_MMBX_RS=3"},
-        {DT_Q4_K, 4, "attn_q", true, "ANVIL_VK_MMBX=0"},
+        {DT_Q4_K, 4, "attn_q", true, "ANVIL_VK_MMBX=0"},    {DT_Q4_K, 16, "ffn_up", true, NULL},
+        {DT_Q6_K, 32, "ffn_down", true, NULL},   {DT_Q5_K, 20, "attn_q", true, NULL},
+        {DT_Q8_0, 13, "ffn_up", true, NULL},     {DT_Q4_K, 32, "attn_q", true, "ANVIL_VK_MMBX_RS=4"},
+        {DT_Q6_K, 16, "ffn_up", true, "ANVIL_VK_MMBX_RS=1"}, {DT_Q4_K, 24, "ffn_down", true, "ANVIL_VK_MMBX_RS=3"},
+        {DT_Q4_K, 16, "ffn_down", true, "ANVIL_VK_MMBX=8"}, {DT_Q8_0, 32, "attn_q", true, "ANVIL_VK_MMBX=8"},
     };
     struct ops_opts o;
     ops_opts_default(&o);
@@ -159,15 +165,17 @@ static void test_small_batch(void **state) {
         assert_true(r.checked && r.pass && r.max_ref > 0);
         /* float32 rounding (on integer dot products: against the CPU's rows rounded alike) */
         assert_true(r.rel < 2e-3);
-        /* (up to 8 rows mmbx.comp, past 8 the tiles, mmbt.comp, for the types they take; its
-         * pipeline by the rows of x it holds: 2, 4 or 8) */
+        /* (up to ANVIL_VK_MMBX rows mmbx.comp, past them and 8 the tiles, mmbt.comp, for the
+         * types they take; its pipeline by the rows of x it holds: 2, 4, 8, 16 or 32) */
         int ty = cases[i].type, T = cases[i].T;
         bool four = ty == DT_Q8_0 || ty == DT_Q4_K || ty == DT_Q5_K || ty == DT_Q6_K;
         bool off = cases[i].knob && !strcmp(cases[i].knob, "ANVIL_VK_MMBX=0");
+        bool eight = cases[i].knob && !strcmp(cases[i].knob, "ANVIL_VK_MMBX=8");
         char few[32];
         kernel_name(few, sizeof few, "mmbx_", ty);
-        snprintf(few + strlen(few), sizeof few - strlen(few), "_%d", T > 4 ? 8 : T > 2 ? 4 : 2);
-        const char *want = !qx ? "mmb_" : four && T > 8 ? "mmbt_" : four && !off ? few : "mmb_qx_";
+        snprintf(few + strlen(few), sizeof few - strlen(few), "_%d",
+                 T > 16 ? 32 : T > 8 ? 16 : T > 4 ? 8 : T > 2 ? 4 : 2);
+        const char *want = !qx ? "mmb_" : four && T > 8 && (off || eight) ? "mmbt_" : four && !off ? few : "mmb_qx_";
         if (!strstr(r.kernels, want)) fail_msg("%s: kernels %s, wanted %s", name, r.kernels, want);
         if (qx) assert_non_null(strstr(r.kernels, "mmb_round"));
     }

@@ -205,14 +205,16 @@ static const struct knob KNOBS[] = {
         "mmb.comp's integer-dot form (rows 2-8 of a small-batch product): rows of the weights "
         "a workgroup of 128 threads, its threads splitting the rows' units as a decode step's "
         "product does."),
-    INT("ANVIL_VK_MMBX", C_DIAGNOSTIC, vk_mmbx, 8, 0, 8, NULL,
+    INT("ANVIL_VK_MMBX", C_DIAGNOSTIC, vk_mmbx, 32, 0, 32, NULL,
         "Small-batch products of Q8_0, Q4_K, Q5_K and Q6_K weights of 2 up to this many rows run "
-        "on mmbx.comp (the decode step's product with each weight multiplied by 2, 4 or 8 rows "
-        "of x in registers: a verify step, a small batch); 0 or 1 keeps them on mmb.comp's "
-        "integer-dot form (docs/perf/log.md, the few-row products)."),
+        "on mmbx.comp (the decode step's product with each weight multiplied by 2, 4, 8, 16 or "
+        "32 rows of x in registers: a verify step, a batch of sequences); past it (and 8 rows) "
+        "mmbt.comp's tiles; 0 or 1 keeps 2-8 rows on mmb.comp's integer-dot form "
+        "(docs/perf/log.md, the few-row products)."),
     INT("ANVIL_VK_MMBX_RS", C_DIAGNOSTIC, vk_mmbx_rs, 0, 0, 4, NULL,
         "mmbx.comp's rows of the weights a workgroup of 128 threads (more rows: each input "
-        "load serving more of them, more registers); 0: 2 for products of 2 rows, 4 for 3-8 "
+        "load serving more of them, more registers); 0: 2 for products of 2 rows, 4 for 3-16, "
+        "2 for 17-32 "
         "(8B Q4_K_M on the H200, pp2 / 4 / 8: 549 / 926 / 1,343 t/s at 2, 534 / 942 / 1,478 "
         "at 4)."),
     INT("ANVIL_VK_FEW_ATTN", C_DIAGNOSTIC, vk_few_attn, 8, 0, 32, NULL,

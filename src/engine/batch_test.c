@@ -363,6 +363,117 @@ static void test_kquant_gguf_vulkan(void **state) {
     check_model(tu_testdata("gguf/qwen3-small/qwen3-small-Q4_K_M.gguf"), ANVIL_BACKEND_VULKAN, false);
 }
 
+/* WIDE sequences at once, greedy, all added at the first step, their budgets apart so that
+ * the steps' rows fall from WIDE to 1: each sequence's tokens and every choice's logits (into
+ * logits[seq][choice][V]); returns the choices made. */
+#define WIDE 20
+static int run_wide(anvil_model *m, const int32_t *ids, int n_ids, int32_t got[WIDE][MAX_GEN], int n_got[WIDE],
+                    float *logits) {
+    int V = anvil_model_vocab_size(m);
+    anvil_batch_params bp = anvil_batch_default_params();
+    bp.session.backend = ANVIL_BACKEND_VULKAN;
+    bp.session.n_ctx = N_CTX;
+    bp.n_seq_max = WIDE;
+    bp.kv_block = 16;
+    bp.keep_logits = 1;
+    anvil_batch *b;
+    assert_int_equal(anvil_batch_create(m, &bp, &b), ANVIL_OK);
+    int id[WIDE], choices = 0;
+    for (int i = 0; i < WIDE; i++) {
+        int32_t prompt[N_CTX];
+        int n = 3 + i % 9;
+        for (int k = 0; k < n; k++) prompt[k] = ids[(i * 5 + k) % n_ids];
+        anvil_generate_params gp = {anvil_sampling_default(), 2 + i % 11, NULL, 0, NULL, NULL, NULL};
+        assert_int_equal(anvil_batch_add(b, prompt, n, &gp, &id[i]), ANVIL_OK);
+        n_got[i] = 0;
+    }
+    anvil_batch_event ev[WIDE];
+    for (int step = 0, left = WIDE; left > 0; step++) {
+        assert_true(step < 100);
+        int n;
+        assert_int_equal(anvil_batch_step(b, ev, WIDE, &n), ANVIL_OK);
+        for (int e = 0; e < n; e++) {
+            int i = 0;
+            while (i < WIDE && id[i] != ev[e].id) i++;
+            assert_true(i < WIDE && n_got[i] < MAX_GEN);
+            assert_int_equal(anvil_batch_logits(b, id[i], logits + ((size_t)i * MAX_GEN + (size_t)n_got[i]) * (size_t)V),
+                             ANVIL_OK);
+            got[i][n_got[i]++] = ev[e].token;
+            choices++;
+            if (ev[e].stop != ANVIL_STOP_NONE) {
+                assert_int_equal(anvil_batch_remove(b, id[i]), ANVIL_OK);
+                id[i] = 0;
+                left--;
+            }
+        }
+    }
+    anvil_batch_destroy(b);
+    return choices;
+}
+
+/* A batch of 20 sequences on integer dot products (ANVIL_VK_QX=1, as a GPU runs): its steps
+ * of 9-32 rows multiply on mmbx.comp's 16- and 32-row pipelines, those of 2-8 on its smaller
+ * ones; every sequence gives the same tokens as with the steps past 8 rows on mmbt.comp's
+ * tiles (ANVIL_VK_MMBX=8), under the validation layer where installed. Both round their rows
+ * alike (mmb_round.comp), but their float32 sums differ by ulps, and an input at a rounding
+ * boundary of the next product's int8s then goes either way, which this random model amplifies
+ * (vulkan_test's test_prompt_qx): on lavapipe most choices' logits agree to ~3e-6 and three
+ * sequences' to 0.12 of 14 from their prompts on; so each choice within 8% of the logits'
+ * scale and on average within 2%, as test_against_cpu_qx holds its decode rows (a wrong block
+ * or row is off by the whole scale; the kernels themselves are held to float32 precision by
+ * ops_test's test_small_batch). */
+static void test_wide_vulkan(void **state) {
+    (void)state;
+    sanitized_cut();
+    vulkan_or_skip();
+    const char *path = tu_testdata("gguf/qwen3-small/qwen3-small-Q4_K_M.gguf");
+    anvil_model_params mp = {2};
+    anvil_model *m;
+    if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
+    int V = anvil_model_vocab_size(m);
+    char *text = tu_read_file(tu_testdata("reference/qwen3-small/golden.json"), NULL);
+    assert_non_null(text);
+    int n_ids;
+    int32_t *ids = tu_json_ids(text, "prompt_ids", &n_ids);
+    free(text);
+    static int32_t got[2][WIDE][MAX_GEN];
+    int n_got[2][WIDE];
+    size_t per = (size_t)WIDE * MAX_GEN * (size_t)V;
+    float *logits = calloc(2 * per, sizeof(float));
+    setenv("ANVIL_VK_QX", "1", 1);
+    int choices[2];
+    for (int r = 0; r < 2; r++) {
+        setenv("ANVIL_VK_MMBX", r ? "8" : "32", 1);
+        choices[r] = run_wide(m, ids, n_ids, got[r], n_got[r], logits + r * per);
+    }
+    unsetenv("ANVIL_VK_MMBX");
+    setenv("ANVIL_VK_QX", "0", 1); /* as ctest runs every test */
+    assert_int_equal(choices[0], choices[1]);
+    float big = 0, worst = 0;
+    double sum = 0;
+    for (int i = 0; i < WIDE; i++) {
+        assert_int_equal(n_got[0][i], n_got[1][i]);
+        for (int t = 0; t < n_got[0][i]; t++) {
+            if (got[0][i][t] != got[1][i][t])
+                fail_msg("sequence %d, token %d: %d on mmbx.comp, %d on the tiles", i, t, got[0][i][t], got[1][i][t]);
+            const float *a = logits + ((size_t)i * MAX_GEN + (size_t)t) * (size_t)V, *c = a + per;
+            float d = 0;
+            for (int v = 0; v < V; v++) {
+                big = fmaxf(big, fabsf(c[v]));
+                d = fmaxf(d, fabsf(a[v] - c[v]));
+            }
+            worst = fmaxf(worst, d);
+            sum += d;
+        }
+    }
+    fprintf(stderr, "batch of %d on mmbx.comp: %d choices, logits from the tiles' %.3g at most, %.3g on average "
+            "(largest %.3g)\n", WIDE, choices[0], (double)worst, sum / choices[0], (double)big);
+    assert_true(big > 0 && worst <= 0.08f * big && sum / choices[0] <= 0.02 * big);
+    free(logits);
+    free(ids);
+    anvil_model_close(m);
+}
+
 /* Admission, removal and bad input. */
 static void test_limits(void **state) {
     (void)state;
@@ -433,6 +544,7 @@ int main(void) {
         cmocka_unit_test(test_hybrid_35_vulkan),
         cmocka_unit_test(test_hybrid_35_moe_vulkan),
         cmocka_unit_test(test_kquant_gguf_vulkan),
+        cmocka_unit_test(test_wide_vulkan),
         cmocka_unit_test(test_limits),
     };
     /* ANVIL_TEST_FILTER=*vulkan runs the tests matching a pattern */

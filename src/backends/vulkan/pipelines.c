@@ -120,11 +120,13 @@ enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_
     [K_MMH_CM2_##T] = KI(spv_mm_cm2_##t, "mm_cm2_" #t, VK_OP_NONE, DT_##T, 0, SPECS_NONE, PUSH_MMH),     \
     [K_MMH_CM2_MOE_##T] = KI(spv_mm_cm2_moe_##t, "mm_cm2_experts_" #t, VK_OP_NONE, DT_##T, 0, SPECS_NONE, \
                              PUSH_MMH),
-/* mmbx.comp's pipelines of a type, one per CT */
+/* mmbx.comp's pipelines of a type, one per CT (16 and 32: its MMBX_WIDE SPIR-V) */
 #define MMBX_ROWS(T, t)                                                                                   \
     [K_MMBX_##T##_2] = KI(spv_mmbx_##t, "mmbx_" #t "_2", VK_OP_NONE, 0, 2, SPECS_MMB, PUSH_MMB),          \
     [K_MMBX_##T##_4] = KI(spv_mmbx_##t, "mmbx_" #t "_4", VK_OP_NONE, 0, 4, SPECS_MMB, PUSH_MMB),          \
-    [K_MMBX_##T##_8] = KI(spv_mmbx_##t, "mmbx_" #t "_8", VK_OP_NONE, 0, 8, SPECS_MMB, PUSH_MMB),
+    [K_MMBX_##T##_8] = KI(spv_mmbx_##t, "mmbx_" #t "_8", VK_OP_NONE, 0, 8, SPECS_MMB, PUSH_MMB),          \
+    [K_MMBX_##T##_16] = KI(spv_mmbx_w_##t, "mmbx_" #t "_16", VK_OP_NONE, 0, 16, SPECS_MMB, PUSH_MMB),     \
+    [K_MMBX_##T##_32] = KI(spv_mmbx_w_##t, "mmbx_" #t "_32", VK_OP_NONE, 0, 32, SPECS_MMB, PUSH_MMB),
 
 static const struct vk_kernel_info kernels[K_COUNT] = {
     VK_WEIGHT_TYPES(TYPE_ROWS)
@@ -230,12 +232,13 @@ enum vk_kernel vk_kernel_qx(enum vk_op op, int dtype, bool teams, int xm) {
 /* the small-batch products tiled by mmbt.comp */
 static bool mmb_tiled(enum vk_kernel k) { return k >= K_MMBT_Q8_0 && k <= K_MMBT_Q6_K; }
 /* the few-row products of mmbx.comp */
-static bool mmb_few(enum vk_kernel k) { return k >= K_MMBX_Q8_0_2 && k <= K_MMBX_Q6_K_8; }
-/* mmbx.comp's rows of W a workgroup: ANVIL_VK_MMBX_RS, else 2 for 2 rows of x and 4 for 4 and 8
- * (8B Q4_K_M on the H200, pp2 / 4 / 8 t/s: 549 / 926 / 1,343 at 2, 534 / 942 / 1,478 at 4,
- * 478 / 753 / 361 at 1; perf rule "few-row products") */
+static bool mmb_few(enum vk_kernel k) { return k >= K_MMBX_Q8_0_2 && k <= K_MMBX_Q6_K_32; }
+/* mmbx.comp's rows of W a workgroup: ANVIL_VK_MMBX_RS, else 2 for 2 rows of x, 4 for 4 to 16
+ * and 2 for 32 (its 64 sums a thread; 8B Q4_K_M on the H200, pp2 / 4 / 8 t/s: 549 / 926 /
+ * 1,343 at 2, 534 / 942 / 1,478 at 4, 478 / 753 / 361 at 1; perf rule "few-row products") */
 static uint32_t mmbx_rs(const struct vk_device *d, enum vk_kernel k) {
-    return d->tune.vk_mmbx_rs ? (uint32_t)d->tune.vk_mmbx_rs : kernels[k].mode == 2 ? 2u : 4u;
+    uint32_t ct = (uint32_t)kernels[k].mode;
+    return d->tune.vk_mmbx_rs ? (uint32_t)d->tune.vk_mmbx_rs : ct == 2 || ct == 32 ? 2u : 4u;
 }
 
 enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *pl, int dtype, uint32_t T) {
@@ -243,13 +246,13 @@ enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *p
      * 611 / 729 / 799 t/s on mmb.comp QX, 306 / 547 / 908 / 1,309 on the tiles */
     enum vk_kernel t = dtype == DT_Q8_0 ? K_MMBT_Q8_0 : dtype == DT_Q4_K ? K_MMBT_Q4_K
                      : dtype == DT_Q5_K ? K_MMBT_Q5_K : dtype == DT_Q6_K ? K_MMBT_Q6_K : K_NONE;
-    if (T > 8 && t != K_NONE && vk_pipeline_supported(d, pl, t)) return t;
-    /* up to 8 rows mmbx.comp (the decode step's product with CT rows of x), CT the smallest
-     * of 2, 4, 8 that holds T (perf rule "few-row products") */
+    if (T > 8 && T > (uint32_t)d->tune.vk_mmbx && t != K_NONE && vk_pipeline_supported(d, pl, t)) return t;
+    /* up to ANVIL_VK_MMBX rows mmbx.comp (the decode step's product with CT rows of x), CT the
+     * smallest of 2, 4, 8, 16, 32 that holds T (perf rule "few-row products") */
     enum vk_kernel x = dtype == DT_Q8_0 ? K_MMBX_Q8_0_2 : dtype == DT_Q4_K ? K_MMBX_Q4_K_2
                      : dtype == DT_Q5_K ? K_MMBX_Q5_K_2 : dtype == DT_Q6_K ? K_MMBX_Q6_K_2 : K_NONE;
-    if (x != K_NONE && T >= 2 && T <= 8 && T <= (uint32_t)d->tune.vk_mmbx) {
-        x = (enum vk_kernel)(x + (T > 4 ? 2 : T > 2 ? 1 : 0));
+    if (x != K_NONE && T >= 2 && T <= 32 && T <= (uint32_t)d->tune.vk_mmbx) {
+        x = (enum vk_kernel)(x + (T > 16 ? 4 : T > 8 ? 3 : T > 4 ? 2 : T > 2 ? 1 : 0));
         if (vk_pipeline_supported(d, pl, x)) return x;
     }
     enum vk_kernel k = vk_kernel_qx(VK_OP_MMB, dtype, false, 0);

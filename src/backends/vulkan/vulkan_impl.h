@@ -277,10 +277,13 @@ enum vk_kernel {
     /* the small-batch products on integer dot products, tiled (mmbt.comp): of more than 8 rows,
      * where the device has subgroup shuffles (vk_mmb_qx) */
     K_MMBT_Q8_0, K_MMBT_Q4_K, K_MMBT_Q5_K, K_MMBT_Q6_K,
-    /* the few-row products on integer dot products (mmbx.comp): of 2, 4 and 8 rows of x (CT), of
-     * up to 8 rows (ANVIL_VK_MMBX) where the device has subgroup shuffles (vk_mmb_qx) */
-    K_MMBX_Q8_0_2, K_MMBX_Q8_0_4, K_MMBX_Q8_0_8, K_MMBX_Q4_K_2, K_MMBX_Q4_K_4, K_MMBX_Q4_K_8,
-    K_MMBX_Q5_K_2, K_MMBX_Q5_K_4, K_MMBX_Q5_K_8, K_MMBX_Q6_K_2, K_MMBX_Q6_K_4, K_MMBX_Q6_K_8,
+    /* the few-row products on integer dot products (mmbx.comp): of 2, 4, 8, 16 and 32 rows of x
+     * (CT; 16 and 32 its MMBX_WIDE SPIR-V), of up to ANVIL_VK_MMBX rows where the device has
+     * subgroup shuffles (vk_mmb_qx) */
+    K_MMBX_Q8_0_2, K_MMBX_Q8_0_4, K_MMBX_Q8_0_8, K_MMBX_Q8_0_16, K_MMBX_Q8_0_32,
+    K_MMBX_Q4_K_2, K_MMBX_Q4_K_4, K_MMBX_Q4_K_8, K_MMBX_Q4_K_16, K_MMBX_Q4_K_32,
+    K_MMBX_Q5_K_2, K_MMBX_Q5_K_4, K_MMBX_Q5_K_8, K_MMBX_Q5_K_16, K_MMBX_Q5_K_32,
+    K_MMBX_Q6_K_2, K_MMBX_Q6_K_4, K_MMBX_Q6_K_8, K_MMBX_Q6_K_16, K_MMBX_Q6_K_32,
     K_COUNT,
 };
 /* mm_cm2.comp's kernel decoding weights of type dtype itself (MOE: the experts'), or K_NONE
@@ -382,8 +385,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
 /* Whether kernel k runs on this device with these shapes (its pipeline made or still to make). */
 bool vk_pipeline_supported(const struct vk_device *d, const struct vk_pipelines *p, enum vk_kernel k);
 /* The small-batch product on integer dot products of T rows (2 .. 32) for weights of type
- * dtype: for Q8_0, Q4_K, Q5_K and Q6_K mmbt.comp's tiles (K_MMBT_*) at more than 8 rows,
- * mmbx.comp (K_MMBX_*: of the smallest CT >= T) at up to ANVIL_VK_MMBX rows; else mmb.comp QX
+ * dtype: for Q8_0, Q4_K, Q5_K and Q6_K mmbx.comp (K_MMBX_*: of the smallest CT >= T) at up to
+ * ANVIL_VK_MMBX rows, mmbt.comp's tiles (K_MMBT_*) past them and 8 rows; else mmb.comp QX
  * (K_MMB_QX_*); K_NONE where there is none or the device lacks it. Its input is
  * mmb_round.comp's (all three read the same layout). */
 enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *pl, int dtype, uint32_t T);

@@ -45,7 +45,7 @@ anvil_status pf_emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, ui
 
 /* Whether kernel k is a small-batch product (mmb.comp, its QX form, mmbt.comp, mmbx.comp). */
 static bool mmb_kernel(enum vk_kernel k) {
-    return vk_kernel_info(k)->op == VK_OP_MMB || (k >= K_MMBT_Q8_0 && k <= K_MMBX_Q6_K_8);
+    return vk_kernel_info(k)->op == VK_OP_MMB || (k >= K_MMBT_Q8_0 && k <= K_MMBX_Q6_K_32);
 }
 
 /* An op after whatever products wait in the group. One that writes or reads dq (the

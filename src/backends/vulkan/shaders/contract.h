@@ -222,7 +222,7 @@
 #define VIT_FLASH_SPEC_D 0
 
 /* mmb.comp: rows a subgroup (ANVIL_VK_MMB_RS); mmbx.comp: rows a workgroup (ANVIL_VK_MMBX_RS)
- * and rows of x (CT: 2, 4 or 8, a pipeline each) */
+ * and rows of x (CT: 2, 4, 8, 16 or 32, a pipeline each) */
 #define MMB_SPEC_RS 0
 #define MMB_SPEC_CT 1
 

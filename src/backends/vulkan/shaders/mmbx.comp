@@ -22,7 +22,10 @@
  * half of its sums and adds its partner's other half: log2(RS x CT) shuffles for all of them
  * where subgroupAdd takes 5 each), then across subgroups through shared memory.
  * CT (2, 4 or 8) is a pipeline per value (vk_mmb_qx: the smallest >= T), RS
- * ANVIL_VK_MMBX_RS (perf rule "few-row products"). */
+ * ANVIL_VK_MMBX_RS (perf rule "few-row products"). MMBX_WIDE (a SPIR-V of its own, so that the
+ * programs of 2-8 rows stay as they were): CT 16 or 32 (a batch of 9-32 sequences), the rows
+ * past T skipped, and where the RS x CT sums outnumber the subgroup's lanes the halving stops
+ * at one lane per NV / SG sums. */
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
 
@@ -30,7 +33,11 @@ layout(local_size_x = 128) in;
 layout(constant_id = MMB_SPEC_RS) const uint RS = 2u; /* rows of W a workgroup (<= RSMAX) */
 layout(constant_id = MMB_SPEC_CT) const uint CT = 4u; /* rows of x (<= CTMAX) */
 #define RSMAX 4u
+#ifdef MMBX_WIDE
+#define CTMAX 32u
+#else
 #define CTMAX 8u
+#endif
 
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uvec2 v[]; };
 #define MMB_X UVec4s
@@ -77,6 +84,9 @@ void main() {
         float mk = (u & 1u) == 0u ? 1.0 : 0.0;
 #endif
         for (uint j = 0u; j < CT; j++) {
+#ifdef MMBX_WIDE
+            if (j >= pc.T) break; /* (uniform: the push block's) */
+#endif
             uint t = min(j, pc.T - 1u);
             for (uint p = 0u; p < PIECES; p++) {
                 uint pos = unit_pos(u, p * GP), e = t * Kp + pos, b = t * Kb + (pos >> 5u);
@@ -110,10 +120,18 @@ void main() {
     /* across the subgroup: halving where the sums are a power of two and at most the lanes
      * (then lane l holds sum l / (SG / NV), in acc[0]), else one subgroupAdd each */
     uint SG = gl_SubgroupSize, lane = gl_SubgroupInvocationID, sg = gl_SubgroupID;
+#ifdef MMBX_WIDE
+    /* (here also more sums than lanes: halved until each lane holds NV / SG of them, complete:
+     * lane l's acc[a] is sum a + l * NV / SG) */
+    bool halve = (NV & (NV - 1u)) == 0u;
+#define HALVES(n, o) (n > 1u && o > 1u)
+#else
     bool halve = (NV & (NV - 1u)) == 0u && NV <= SG;
+#define HALVES(n, o) (n > 1u)
+#endif
     if (halve) {
-        uint o = SG;
-        for (uint n = NV; n > 1u; n >>= 1u) {
+        uint o = SG, n = NV;
+        for (; HALVES(n, o); n >>= 1u) {
             uint h = n >> 1u;
             o >>= 1u;
             bool up = (lane & o) != 0u;
@@ -123,8 +141,14 @@ void main() {
             }
         }
         for (o >>= 1u; o > 0u; o >>= 1u) acc[0] += subgroupShuffleXor(acc[0], o);
+#ifdef MMBX_WIDE
+        uint per = max(SG / NV, 1u);
+        if (lane % per == 0u)
+            for (uint a = 0u; a < n; a++) red[a + n * (lane / per)][sg] = acc[a];
+#else
         uint per = SG / NV;
         if (lane % per == 0u) red[lane / per][sg] = acc[0];
+#endif
     } else {
         for (uint i = 0u; i < NV; i++) {
             float v = subgroupAdd(acc[i]);
