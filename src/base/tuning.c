@@ -217,6 +217,11 @@ static const struct knob KNOBS[] = {
         "2 for 17-32 "
         "(8B Q4_K_M on the H200, pp2 / 4 / 8: 549 / 926 / 1,343 t/s at 2, 534 / 942 / 1,478 "
         "at 4)."),
+    INT("ANVIL_VK_MMBX_CH", C_DIAGNOSTIC, vk_mmbx_ch, 0, 0, 32, NULL,
+        "mmbx.comp's rows of x a pass over the weights at 16 and 32 rows (each pass its own "
+        "sums and their reduction, the weights loaded again from the caches): fewer, more rows "
+        "of W a workgroup in the registers' budget (ANVIL_VK_MMBX_RS's default: 4 up to 16 rows "
+        "a pass, 2 past); 0: all of them in one pass."),
     INT("ANVIL_VK_FEW_ATTN", C_DIAGNOSTIC, vk_few_attn, 8, 0, 32, NULL,
         "Prompt chunks of at most this many rows (a verify step's k + 1) attend through "
         "attn_split.comp, a workgroup per kv head, chunk of the cache and row, as a batch's rows "

@@ -233,12 +233,18 @@ enum vk_kernel vk_kernel_qx(enum vk_op op, int dtype, bool teams, int xm) {
 static bool mmb_tiled(enum vk_kernel k) { return k >= K_MMBT_Q8_0 && k <= K_MMBT_Q6_K; }
 /* the few-row products of mmbx.comp */
 static bool mmb_few(enum vk_kernel k) { return k >= K_MMBX_Q8_0_2 && k <= K_MMBX_Q6_K_32; }
-/* mmbx.comp's rows of W a workgroup: ANVIL_VK_MMBX_RS, else 2 for 2 rows of x, 4 for 4 to 16
- * and 2 for 32 (its 64 sums a thread; 8B Q4_K_M on the H200, pp2 / 4 / 8 t/s: 549 / 926 /
- * 1,343 at 2, 534 / 942 / 1,478 at 4, 478 / 753 / 361 at 1; perf rule "few-row products") */
-static uint32_t mmbx_rs(const struct vk_device *d, enum vk_kernel k) {
+/* mmbx.comp's rows of x a pass over the weights (CH): ANVIL_VK_MMBX_CH, at most CT, else CT */
+static uint32_t mmbx_ch(const struct vk_device *d, enum vk_kernel k) {
     uint32_t ct = (uint32_t)kernels[k].mode;
-    return d->tune.vk_mmbx_rs ? (uint32_t)d->tune.vk_mmbx_rs : ct == 2 || ct == 32 ? 2u : 4u;
+    return d->tune.vk_mmbx_ch ? MIN((uint32_t)d->tune.vk_mmbx_ch, ct) : ct;
+}
+/* mmbx.comp's rows of W a workgroup: ANVIL_VK_MMBX_RS, else 2 for 2 rows of x, 4 for more up
+ * to 64 sums a thread (RS x CH: 2 at 32 rows a pass); 8B Q4_K_M on the H200, pp2 / 4 / 8 t/s:
+ * 549 / 926 / 1,343 at 2, 534 / 942 / 1,478 at 4, 478 / 753 / 361 at 1 (perf rule "few-row
+ * products") */
+static uint32_t mmbx_rs(const struct vk_device *d, enum vk_kernel k) {
+    if (d->tune.vk_mmbx_rs) return (uint32_t)d->tune.vk_mmbx_rs;
+    return kernels[k].mode == 2 || mmbx_ch(d, k) > 16 ? 2u : 4u;
 }
 
 enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *pl, int dtype, uint32_t T) {
@@ -661,7 +667,8 @@ anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enu
     } else if (ki->specs == SPECS_MMB) { /* mmb.comp's rows a subgroup (QX: a workgroup) */
         vals[MMB_SPEC_RS] = mmb_few(k) ? mmbx_rs(d, k) : (uint32_t)(ki->qx ? d->tune.vk_mmbq_rows : d->tune.vk_mmb_rs);
         vals[MMB_SPEC_CT] = ki->mode; /* mmbx.comp's rows of x (the others have no such constant) */
-        n = MMB_SPEC_CT + 1;
+        vals[MMB_SPEC_CH] = mmb_few(k) ? mmbx_ch(d, k) : 0u; /* (its 16- and 32-row SPIR-V's) */
+        n = MMB_SPEC_CH + 1;
     }
     /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*) */
     for (uint32_t i = 0; i < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};

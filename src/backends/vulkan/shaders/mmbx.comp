@@ -24,8 +24,10 @@
  * CT (2, 4 or 8) is a pipeline per value (vk_mmb_qx: the smallest >= T), RS
  * ANVIL_VK_MMBX_RS (perf rule "few-row products"). MMBX_WIDE (a SPIR-V of its own, so that the
  * programs of 2-8 rows stay as they were): CT 16 or 32 (a batch of 9-32 sequences), the rows
- * past T skipped, and where the RS x CT sums outnumber the subgroup's lanes the halving stops
- * at one lane per NV / SG sums. */
+ * past T skipped, in passes of CH rows (ANVIL_VK_MMBX_CH; each pass its own sums and their
+ * reduction, the weights loaded again, from the caches: the registers' budget for more rows of
+ * W); where the RS x CH sums outnumber the subgroup's lanes the halving stops at one lane per
+ * NV / SG sums. (The pass loop's body is main's, not indented again.) */
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
 
@@ -35,8 +37,12 @@ layout(constant_id = MMB_SPEC_CT) const uint CT = 4u; /* rows of x (<= CTMAX) */
 #define RSMAX 4u
 #ifdef MMBX_WIDE
 #define CTMAX 32u
+layout(constant_id = MMB_SPEC_CH) const uint CH = 32u; /* rows of x a pass over the weights (<= CT) */
+#define JX(j) (j0 + (j))
 #else
 #define CTMAX 8u
+#define CH CT
+#define JX(j) (j)
 #endif
 
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uvec2 v[]; };
@@ -66,7 +72,11 @@ void main() {
     uint row0 = (gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x) * RS;
     if (row0 >= pc.N) return;
     uint U = pc.Kp8 / UG, Kp = pc.Kp8 * 8u, Kb = Kp >> 5u, tid = gl_LocalInvocationID.x;
-    const uint NV = RS * CT;
+#ifdef MMBX_WIDE
+    for (uint j0 = 0u; j0 < CT && j0 < pc.T; j0 += CH) {
+    if (j0 > 0u) barrier(); /* (the last pass's sums read from red) */
+#endif
+    const uint NV = RS * CH;
     float acc[RSMAX * CTMAX];
     for (uint i = 0u; i < NV; i++) acc[i] = 0.0;
     for (uint u = tid; u < U; u += gl_WorkGroupSize.x) {
@@ -83,11 +93,11 @@ void main() {
         /* a sub-block's minimum times its whole block of x, once: by the unit of its first 16 */
         float mk = (u & 1u) == 0u ? 1.0 : 0.0;
 #endif
-        for (uint j = 0u; j < CT; j++) {
+        for (uint j = 0u; j < CH; j++) {
 #ifdef MMBX_WIDE
-            if (j >= pc.T) break; /* (uniform: the push block's) */
+            if (JX(j) >= pc.T) break; /* (uniform: the push block's) */
 #endif
-            uint t = min(j, pc.T - 1u);
+            uint t = min(JX(j), pc.T - 1u);
             for (uint p = 0u; p < PIECES; p++) {
                 uint pos = unit_pos(u, p * GP), e = t * Kp + pos, b = t * Kb + (pos >> 5u);
                 float xd = pc.xd.v[b];
@@ -109,9 +119,9 @@ void main() {
                     }
                     vec2 sc = so[r][p * GP];
 #ifdef MINS
-                    acc[r * CT + j] += sc.x * xd * float(s) + sc.y * xs;
+                    acc[r * CH + j] += sc.x * xd * float(s) + sc.y * xs;
 #else
-                    acc[r * CT + j] += sc.x * xd * float(s);
+                    acc[r * CH + j] += sc.x * xd * float(s);
 #endif
                 }
             }
@@ -157,7 +167,7 @@ void main() {
     }
     barrier();
     if (tid < NV) {
-        uint r = tid / CT, j = tid % CT, n = row0 + r;
+        uint r = tid / CH, j = JX(tid % CH), n = row0 + r;
         float v = 0.0;
         for (uint i = 0u; i < gl_NumSubgroups; i++) v += red[tid][i];
         if (n < pc.N && j < pc.T) {
@@ -165,4 +175,7 @@ void main() {
             pc.y.v[o] = (pc.flags & MM_RES) != 0u ? pc.res.v[o] + v : v;
         }
     }
+#ifdef MMBX_WIDE
+    }
+#endif
 }
