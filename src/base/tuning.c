@@ -222,6 +222,9 @@ static const struct knob KNOBS[] = {
         "sums and their reduction, the weights loaded again from the caches): fewer, more rows "
         "of W a workgroup in the registers' budget (ANVIL_VK_MMBX_RS's default: 4 up to 16 rows "
         "a pass, 2 past); 0: all of them in one pass."),
+    INT("ANVIL_VK_MMBX_WG", C_DIAGNOSTIC, vk_mmbx_wg, 128, 64, 128, NULL,
+        "mmbx.comp's threads a workgroup at 16 and 32 rows (64 or 128): with fewer, each "
+        "thread multiplies more of a row's weights for the sums it reduces."),
     INT("ANVIL_VK_FEW_ATTN", C_DIAGNOSTIC, vk_few_attn, 8, 0, 32, NULL,
         "Prompt chunks of at most this many rows (a verify step's k + 1) attend through "
         "attn_split.comp, a workgroup per kv head, chunk of the cache and row, as a batch's rows "

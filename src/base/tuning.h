@@ -75,6 +75,7 @@ struct tuning {
     int vk_mmbx;             /* ANVIL_VK_MMBX */
     int vk_mmbx_rs;          /* ANVIL_VK_MMBX_RS */
     int vk_mmbx_ch;          /* ANVIL_VK_MMBX_CH */
+    int vk_mmbx_wg;          /* ANVIL_VK_MMBX_WG */
     int vk_mmb_beside;       /* ANVIL_VK_MMB_BESIDE */
     int vk_few_attn;         /* ANVIL_VK_FEW_ATTN */
     int vk_mmb_fuse;         /* ANVIL_VK_MMB_FUSE */

@@ -667,8 +667,10 @@ anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enu
     } else if (ki->specs == SPECS_MMB) { /* mmb.comp's rows a subgroup (QX: a workgroup) */
         vals[MMB_SPEC_RS] = mmb_few(k) ? mmbx_rs(d, k) : (uint32_t)(ki->qx ? d->tune.vk_mmbq_rows : d->tune.vk_mmb_rs);
         vals[MMB_SPEC_CT] = ki->mode; /* mmbx.comp's rows of x (the others have no such constant) */
-        vals[MMB_SPEC_CH] = mmb_few(k) ? mmbx_ch(d, k) : 0u; /* (its 16- and 32-row SPIR-V's) */
-        n = MMB_SPEC_CH + 1;
+        /* (its 16- and 32-row SPIR-V's: rows of x a pass, workgroup size) */
+        vals[MMB_SPEC_CH] = mmb_few(k) ? mmbx_ch(d, k) : 0u;
+        vals[MMB_SPEC_WG] = (uint32_t)d->tune.vk_mmbx_wg / 32u * 32u;
+        n = MMB_SPEC_WG + 1;
     }
     /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*) */
     for (uint32_t i = 0; i < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};

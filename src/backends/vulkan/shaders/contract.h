@@ -223,10 +223,11 @@
 
 /* mmb.comp: rows a subgroup (ANVIL_VK_MMB_RS); mmbx.comp: rows a workgroup (ANVIL_VK_MMBX_RS),
  * rows of x (CT: 2, 4, 8, 16 or 32, a pipeline each) and, past 8, rows of x a pass over the
- * weights (CH, ANVIL_VK_MMBX_CH) */
+ * weights (CH, ANVIL_VK_MMBX_CH) and its workgroup size (ANVIL_VK_MMBX_WG) */
 #define MMB_SPEC_RS 0
 #define MMB_SPEC_CT 1
 #define MMB_SPEC_CH 2
+#define MMB_SPEC_WG 3
 
 /* mega.comp (its workgroup size: SPEC_WG) */
 #define MEGA_SPEC_G 1

@@ -31,7 +31,11 @@
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
 
+#ifdef MMBX_WIDE
+layout(local_size_x_id = MMB_SPEC_WG) in; /* 64 or 128 (ANVIL_VK_MMBX_WG) */
+#else
 layout(local_size_x = 128) in;
+#endif
 layout(constant_id = MMB_SPEC_RS) const uint RS = 2u; /* rows of W a workgroup (<= RSMAX) */
 layout(constant_id = MMB_SPEC_CT) const uint CT = 4u; /* rows of x (<= CTMAX) */
 #define RSMAX 4u
@@ -166,10 +170,17 @@ void main() {
         }
     }
     barrier();
+#ifdef MMBX_WIDE
+    for (uint i = tid; i < NV; i += gl_WorkGroupSize.x) {
+        uint r = i / CH, j = JX(i % CH), n = row0 + r;
+        float v = 0.0;
+        for (uint s = 0u; s < gl_NumSubgroups; s++) v += red[i][s];
+#else
     if (tid < NV) {
         uint r = tid / CH, j = JX(tid % CH), n = row0 + r;
         float v = 0.0;
         for (uint i = 0u; i < gl_NumSubgroups; i++) v += red[tid][i];
+#endif
         if (n < pc.N && j < pc.T) {
             uint o = j * pc.N + n;
             pc.y.v[o] = (pc.flags & MM_RES) != 0u ? pc.res.v[o] + v : v;
