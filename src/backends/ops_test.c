@@ -98,9 +98,9 @@ static void test_checks(void **state) {
  * Q6_K, or past ANVIL_VK_MMBX rows (and 8) mmbt.comp's tiles: up to ANVIL_VK_MMB rows, set here
  * to its largest, 32) against the CPU: several weight types, within and across mmb.comp's
  * passes of 8 rows, mmbx.comp at each of its row counts (CT 2, 4, 8, 16, 32: T = 2 .. 32; up
- * to 8 rows past T repeated and not stored, past 8 skipped), with 1, 2, 3 and 4 rows of W a
- * workgroup (ANVIL_VK_MMBX_RS: at CT 16 and 32, 64 and 128 sums a thread, more than the
- * subgroup's lanes), past 8 rows in passes of 5, 8 and 16 (ANVIL_VK_MMBX_CH: the last one
+ * to 8 rows past T repeated and not stored, past 8 skipped), with 1, 2, 3, 4 and 8 rows of W
+ * a workgroup (ANVIL_VK_MMBX_RS: at CT 16 and 32, 64 and 128 sums a thread, more than the
+ * subgroup's lanes; 8 is 4 up to 8 rows of x), past 8 rows in passes of 5, 8 and 16 (ANVIL_VK_MMBX_CH: the last one
  * cut short by T), with workgroups of 64 threads (ANVIL_VK_MMBX_WG), and off (mmb.comp QX;
  * ANVIL_VK_MMBX=8: the tiles past 8 rows),
  * mmbt.comp's tiles of 512 inputs whole and cut (ffn_down: K = 768), 2 to 32 rows. On integer
@@ -137,6 +137,8 @@ static void test_small_batch(void **state) {
         {DT_Q4_K, 32, "ffn_down", true, "ANVIL_VK_MMBX_CH=16"}, {DT_Q6_K, 13, "attn_q", true, "ANVIL_VK_MMBX_CH=5"},
         {DT_Q8_0, 27, "ffn_up", true, "ANVIL_VK_MMBX_CH=8"}, {DT_Q5_K, 18, "ffn_down", true, "ANVIL_VK_MMBX_CH=16"},
         {DT_Q4_K, 32, "ffn_down", true, "ANVIL_VK_MMBX_WG=64"}, {DT_Q6_K, 12, "ffn_up", true, "ANVIL_VK_MMBX_WG=64"},
+        {DT_Q4_K, 29, "attn_q", true, "ANVIL_VK_MMBX_RS=8"},  {DT_Q6_K, 16, "ffn_down", true, "ANVIL_VK_MMBX_RS=8"},
+        {DT_Q8_0, 6, "ffn_up", true, "ANVIL_VK_MMBX_RS=8"},
     };
     struct ops_opts o;
     ops_opts_default(&o);

@@ -211,17 +211,17 @@ static const struct knob KNOBS[] = {
         "32 rows of x in registers: a verify step, a batch of sequences); past it (and 8 rows) "
         "mmbt.comp's tiles; 0 or 1 keeps 2-8 rows on mmb.comp's integer-dot form "
         "(docs/perf/log.md, the few-row products)."),
-    INT("ANVIL_VK_MMBX_RS", C_DIAGNOSTIC, vk_mmbx_rs, 0, 0, 4, NULL,
+    INT("ANVIL_VK_MMBX_RS", C_DIAGNOSTIC, vk_mmbx_rs, 0, 0, 8, NULL,
         "mmbx.comp's rows of the weights a workgroup of 128 threads (more rows: each input "
-        "load serving more of them, more registers); 0: 2 for products of 2 rows, 4 for 3-16, "
-        "2 for 17-32 "
-        "(8B Q4_K_M on the H200, pp2 / 4 / 8: 549 / 926 / 1,343 t/s at 2, 534 / 942 / 1,478 "
-        "at 4)."),
+        "load serving more of them, more registers; at most 4 up to 8 rows of x); 0: 2 for "
+        "products of 2 rows, 4 for more (8B Q4_K_M on the H200, pp2 / 4 / 8: 549 / 926 / 1,343 "
+        "t/s at 2, 534 / 942 / 1,478 at 4; --parallel 16: 1,258 at 2, 1,680 at 4)."),
     INT("ANVIL_VK_MMBX_CH", C_DIAGNOSTIC, vk_mmbx_ch, 0, 0, 32, NULL,
         "mmbx.comp's rows of x a pass over the weights at 16 and 32 rows (each pass its own "
         "sums and their reduction, the weights loaded again from the caches): fewer, more rows "
-        "of W a workgroup in the registers' budget (ANVIL_VK_MMBX_RS's default: 4 up to 16 rows "
-        "a pass, 2 past); 0: all of them in one pass."),
+        "of W a workgroup in the registers' budget; at most 128 / ANVIL_VK_MMBX_RS; 0: 16 "
+        "(8B Q4_K_M on the H200, --parallel 32: 1,299 t/s in one pass at RS 2, 1,790 in two "
+        "of 16 at RS 4)."),
     INT("ANVIL_VK_MMBX_WG", C_DIAGNOSTIC, vk_mmbx_wg, 128, 64, 128, NULL,
         "mmbx.comp's threads a workgroup at 16 and 32 rows (64 or 128): with fewer, each "
         "thread multiplies more of a row's weights for the sums it reduces."),

@@ -233,18 +233,21 @@ enum vk_kernel vk_kernel_qx(enum vk_op op, int dtype, bool teams, int xm) {
 static bool mmb_tiled(enum vk_kernel k) { return k >= K_MMBT_Q8_0 && k <= K_MMBT_Q6_K; }
 /* the few-row products of mmbx.comp */
 static bool mmb_few(enum vk_kernel k) { return k >= K_MMBX_Q8_0_2 && k <= K_MMBX_Q6_K_32; }
-/* mmbx.comp's rows of x a pass over the weights (CH): ANVIL_VK_MMBX_CH, at most CT, else CT */
-static uint32_t mmbx_ch(const struct vk_device *d, enum vk_kernel k) {
-    uint32_t ct = (uint32_t)kernels[k].mode;
-    return d->tune.vk_mmbx_ch ? MIN((uint32_t)d->tune.vk_mmbx_ch, ct) : ct;
-}
-/* mmbx.comp's rows of W a workgroup: ANVIL_VK_MMBX_RS, else 2 for 2 rows of x, 4 for more up
- * to 64 sums a thread (RS x CH: 2 at 32 rows a pass); 8B Q4_K_M on the H200, pp2 / 4 / 8 t/s:
- * 549 / 926 / 1,343 at 2, 534 / 942 / 1,478 at 4, 478 / 753 / 361 at 1 (perf rule "few-row
- * products") */
+/* mmbx.comp's rows of W a workgroup: ANVIL_VK_MMBX_RS (at most 4 up to 8 rows of x, its
+ * RSMAX), else 2 for 2 rows of x and 4 for more; 8B Q4_K_M on the H200, pp2 / 4 / 8 t/s: 549 /
+ * 926 / 1,343 at 2, 534 / 942 / 1,478 at 4, 478 / 753 / 361 at 1; --parallel 16: 1,258 at 2,
+ * 1,680 at 4 (perf rule "few-row products") */
 static uint32_t mmbx_rs(const struct vk_device *d, enum vk_kernel k) {
-    if (d->tune.vk_mmbx_rs) return (uint32_t)d->tune.vk_mmbx_rs;
-    return kernels[k].mode == 2 || mmbx_ch(d, k) > 16 ? 2u : 4u;
+    uint32_t ct = (uint32_t)kernels[k].mode;
+    if (d->tune.vk_mmbx_rs) return MIN((uint32_t)d->tune.vk_mmbx_rs, ct <= 8 ? 4u : 8u);
+    return ct == 2 ? 2u : 4u;
+}
+/* its rows of x a pass over the weights past 8 rows (CH): ANVIL_VK_MMBX_CH, else 16, at most
+ * CT and 128 sums a thread (RS x CH: its NVMAX); --parallel 32: 1,299 t/s in one pass at RS
+ * 2, 849 at RS 4 (128 sums a thread), 1,790 in two passes of 16 at RS 4 */
+static uint32_t mmbx_ch(const struct vk_device *d, enum vk_kernel k) {
+    uint32_t ct = (uint32_t)kernels[k].mode, ch = d->tune.vk_mmbx_ch ? (uint32_t)d->tune.vk_mmbx_ch : 16u;
+    return MIN(MIN(ch, ct), 128u / mmbx_rs(d, k));
 }
 
 enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *pl, int dtype, uint32_t T) {

@@ -38,13 +38,16 @@ layout(local_size_x = 128) in;
 #endif
 layout(constant_id = MMB_SPEC_RS) const uint RS = 2u; /* rows of W a workgroup (<= RSMAX) */
 layout(constant_id = MMB_SPEC_CT) const uint CT = 4u; /* rows of x (<= CTMAX) */
-#define RSMAX 4u
 #ifdef MMBX_WIDE
+#define RSMAX 8u
 #define CTMAX 32u
+#define NVMAX 128u /* RS x CH sums a thread, at most */
 layout(constant_id = MMB_SPEC_CH) const uint CH = 32u; /* rows of x a pass over the weights (<= CT) */
 #define JX(j) (j0 + (j))
 #else
+#define RSMAX 4u
 #define CTMAX 8u
+#define NVMAX (RSMAX * CTMAX)
 #define CH CT
 #define JX(j) (j)
 #endif
@@ -69,7 +72,7 @@ PC_BLOCK(PC_MMB, pc) /* push.h */
 #define MDOT(a, b) sdot4(a, b, 0)
 #endif
 
-shared float red[RSMAX * CTMAX][32]; /* [sum][subgroup] */
+shared float red[NVMAX][32]; /* [sum][subgroup] */
 
 void main() {
     W_INIT(pc.w)
@@ -81,7 +84,7 @@ void main() {
     if (j0 > 0u) barrier(); /* (the last pass's sums read from red) */
 #endif
     const uint NV = RS * CH;
-    float acc[RSMAX * CTMAX];
+    float acc[NVMAX];
     for (uint i = 0u; i < NV; i++) acc[i] = 0.0;
     for (uint u = tid; u < U; u += gl_WorkGroupSize.x) {
         uvec2 qi[RSMAX][UG];
