@@ -215,7 +215,9 @@ static const struct knob KNOBS[] = {
         "mmbx.comp's rows of the weights a workgroup of 128 threads (more rows: each input "
         "load serving more of them, more registers; at most 4 up to 8 rows of x); 0: 2 for "
         "products of 2 rows, 4 for more (8B Q4_K_M on the H200, pp2 / 4 / 8: 549 / 926 / 1,343 "
-        "t/s at 2, 534 / 942 / 1,478 at 4; --parallel 16: 1,258 at 2, 1,680 at 4)."),
+        "t/s at 2, 534 / 942 / 1,478 at 4; --parallel 16 / 32: 1,258 / - at 2, 1,660 / 1,771 at "
+        "4, 1,533 / 1,645 at 8 in passes of 8 rows of x, 1,308 / 1,360 at 8 in passes of 16: "
+        "214 registers a thread where 4 take 152)."),
     INT("ANVIL_VK_MMBX_CH", C_DIAGNOSTIC, vk_mmbx_ch, 0, 0, 32, NULL,
         "mmbx.comp's rows of x a pass over the weights at 16 and 32 rows (each pass its own "
         "sums and their reduction, the weights loaded again from the caches): fewer, more rows "
@@ -224,7 +226,8 @@ static const struct knob KNOBS[] = {
         "of 16 at RS 4)."),
     INT("ANVIL_VK_MMBX_WG", C_DIAGNOSTIC, vk_mmbx_wg, 128, 64, 128, NULL,
         "mmbx.comp's threads a workgroup at 16 and 32 rows (64 or 128): with fewer, each "
-        "thread multiplies more of a row's weights for the sums it reduces."),
+        "thread multiplies more of a row's weights for the sums it reduces (8B Q4_K_M on the "
+        "H200, --parallel 16 / 32: 1,660 / 1,771 t/s at 128, 1,193 / 1,142 at 64)."),
     INT("ANVIL_VK_FEW_ATTN", C_DIAGNOSTIC, vk_few_attn, 8, 0, 32, NULL,
         "Prompt chunks of at most this many rows (a verify step's k + 1) attend through "
         "attn_split.comp, a workgroup per kv head, chunk of the cache and row, as a batch's rows "

@@ -236,7 +236,8 @@ static bool mmb_few(enum vk_kernel k) { return k >= K_MMBX_Q8_0_2 && k <= K_MMBX
 /* mmbx.comp's rows of W a workgroup: ANVIL_VK_MMBX_RS (at most 4 up to 8 rows of x, its
  * RSMAX), else 2 for 2 rows of x and 4 for more; 8B Q4_K_M on the H200, pp2 / 4 / 8 t/s: 549 /
  * 926 / 1,343 at 2, 534 / 942 / 1,478 at 4, 478 / 753 / 361 at 1; --parallel 16: 1,258 at 2,
- * 1,680 at 4 (perf rule "few-row products") */
+ * 1,680 at 4, 1,533 at 8 (in passes of 8 rows of x: 214 registers a thread where 4 take 152;
+ * perf rule "few-row products") */
 static uint32_t mmbx_rs(const struct vk_device *d, enum vk_kernel k) {
     uint32_t ct = (uint32_t)kernels[k].mode;
     if (d->tune.vk_mmbx_rs) return MIN((uint32_t)d->tune.vk_mmbx_rs, ct <= 8 ? 4u : 8u);
