@@ -249,8 +249,9 @@ static int attn_gate(struct lower *L, int i) {
     if (gate < 0) return -1;
     const struct node *m = N(L, gate), *g = N(L, m->src[1]);
     int gm = L->root[m->src[1]];
-    if (N(L, gm)->op == OP_MATMUL && L->p->b->pl.mega_grid && L->p->b->d->tune.vk_mega_attn &&
-        vk_kernel_for(VK_OP_MEGA, N(L, N(L, gm)->src[1])->weight->type) != K_NONE)
+    const struct node *gw = N(L, gm)->op == OP_MATMUL ? N(L, N(L, gm)->src[1]) : NULL;
+    if (gw && gw->weight && L->p->b->pl.mega_grid && L->p->b->d->tune.vk_mega_attn &&
+        vk_kernel_for(VK_OP_MEGA, gw->weight->type) != K_NONE)
         return -1; /* float products, where the attention joins the persistent step's run (which
                       takes no gate, form_mega): the sigmoid_mul stays */
     return node_nelem(g) == node_nelem(m) && node_nelem(m) == node_nelem(N(L, i)) && (L->done[gm] || N(L, gm)->op == OP_MATMUL)
