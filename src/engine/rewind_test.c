@@ -55,22 +55,26 @@ static anvil_model *open_model(const char *name) {
 
 /* One session per backend, kept through a model's cases and reset between them (a session
  * of its own for each case made its device, pipelines and weights again: most of this test's
- * time on lavapipe); base: its device memory after its first prompt. */
+ * time on lavapipe); base: its device memory after a prompt, before any mark (UINT64_MAX: not
+ * yet measured). */
 static struct {
     anvil_model *m;
     anvil_session *s;
     uint64_t base;
 } kept[2];
 
-/* The kept session of m on kind, reset; *fresh: made now (nothing of another case in it). */
+/* The kept session of m on kind, reset; *fresh (where not NULL): made now (nothing of another
+ * case in it). */
 static anvil_session *session_for(anvil_model *m, anvil_backend_kind kind, bool *fresh) {
     int k = kind == ANVIL_BACKEND_VULKAN;
-    *fresh = kept[k].m != m;
-    if (*fresh) {
+    bool made = kept[k].m != m;
+    if (made) {
         if (kept[k].s) anvil_session_destroy(kept[k].s);
         kept[k].s = tu_session(m, kind, 64);
         kept[k].m = m;
+        kept[k].base = UINT64_MAX;
     }
+    if (fresh) *fresh = made;
     anvil_session_reset(kept[k].s);
     return kept[k].s;
 }
@@ -118,8 +122,7 @@ static void rewound(anvil_model *m, anvil_backend_kind kind, const int *keep, in
 /* The same tokens without the rejected drafts. */
 static void fed(anvil_model *m, anvil_backend_kind kind, const int *keep, int n_cycles, float *out) {
     int V = anvil_model_vocab_size(m);
-    bool fresh;
-    anvil_session *s = session_for(m, kind, &fresh);
+    anvil_session *s = session_for(m, kind, NULL);
     float *rows = malloc(sizeof(float) * 4 * (size_t)V);
     assert_int_equal(anvil_session_eval(s, prompt, N_OF(prompt), ANVIL_LOGITS_LAST, rows), ANVIL_OK);
     for (int c = 0; c < n_cycles; c++) {
@@ -212,14 +215,13 @@ static void test_rewind_equals_fed(void **state) {
 static void verified(anvil_model *m, anvil_backend_kind kind, const int32_t *d, int K, int first, int keep,
                      bool split, float *out, int64_t *refed, uint64_t *grown) {
     int V = anvil_model_vocab_size(m);
-    bool fresh;
-    anvil_session *s = session_for(m, kind, &fresh);
+    anvil_session *s = session_for(m, kind, NULL);
     float *rows = malloc(sizeof(float) * (size_t)K * (size_t)V);
     assert_int_equal(anvil_session_eval(s, prompt, N_OF(prompt), ANVIL_LOGITS_LAST, rows), ANVIL_OK);
     anvil_memory_stats m0, m1;
     assert_int_equal(anvil_session_memory(s, &m0), ANVIL_OK);
     int k = kind == ANVIL_BACKEND_VULKAN;
-    if (fresh) kept[k].base = m0.device_bytes;
+    if (kept[k].base == UINT64_MAX) kept[k].base = m0.device_bytes;
     int64_t refed0 = s->n_refed; /* (the session's count, of earlier cases too) */
     int mark = anvil_session_position(s);
     assert_int_equal(session_mark(s), ANVIL_OK);
@@ -241,8 +243,7 @@ static void verified(anvil_model *m, anvil_backend_kind kind, const int32_t *d, 
 
 /* The prompt, d[0 .. keep) a token at a time, the following tokens (logits to out). */
 static void fed_one_by_one(anvil_model *m, anvil_backend_kind kind, const int32_t *d, int keep, float *out) {
-    bool fresh;
-    anvil_session *s = session_for(m, kind, &fresh);
+    anvil_session *s = session_for(m, kind, NULL);
     assert_int_equal(anvil_session_eval(s, prompt, N_OF(prompt), ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
     for (int i = 0; i < keep; i++) assert_int_equal(anvil_session_eval(s, d + i, 1, ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
     assert_int_equal(anvil_session_eval(s, follow, N_OF(follow), ANVIL_LOGITS_ALL, out), ANVIL_OK);

@@ -497,6 +497,28 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
     return session_eval_mm(s, tokens, n, mode, logits_out, NULL);
 }
 
+/* Every token id in the vocabulary, and room for them in the context (else the session's error). */
+static anvil_status check_tokens(anvil_session *s, const int32_t *tokens, int n) {
+    int V = s->model->file->hp.n_vocab;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return keep_err(s->err, err_set(ANVIL_ERR_RANGE, "token id %d out of range 0..%d", tokens[i], V - 1));
+    if (n > s->n_ctx - s->pos)
+        return keep_err(s->err, err_set(ANVIL_ERR_RANGE, "context full: %d tokens in the cache + %d new > %d", s->pos,
+                                        n, s->n_ctx));
+    return ANVIL_OK;
+}
+
+/* Whether n tokens (with images: mm) make a verify step: right at the mark of a recurrent
+ * model, T = 2 .. GDN_HIST_MAX tokens (speculative decoding's) run in one step of the verify
+ * program, whose GDN layers keep their states after each row: a rewind then copies them back
+ * and feeds nothing again. Not with prefill off (1: the chunk size session_rewind's own re-feed
+ * sets). */
+static bool verify_step(const anvil_session *s, int n, bool mm) {
+    return s->mark == s->pos && n >= 2 && n <= GDN_HIST_MAX && !mm && s->prefill_chunk > 1 && !s->no_prefill &&
+           s->backend->vt->states_rewind && session_recurrent(s);
+}
+
 anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
                              anvil_logits_mode mode, float *logits_out, const struct run_extras *mm) {
     if (!s) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_eval: session is NULL");
@@ -506,21 +528,10 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
     if (n <= 0 || !tokens || (mode != ANVIL_LOGITS_NONE && !logits_out))
         return keep_err(s->err, err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_eval: no tokens or no output buffer"));
     int V = s->model->file->hp.n_vocab;
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return keep_err(s->err, err_set(ANVIL_ERR_RANGE, "token id %d out of range 0..%d",
-                                            tokens[i], V - 1));
-    if (n > s->n_ctx - s->pos)
-        return keep_err(s->err, err_set(ANVIL_ERR_RANGE,
-                                        "context full: %d tokens in the cache + %d new > %d",
-                                        s->pos, n, s->n_ctx));
-    /* right at the mark of a recurrent model, T = 2 .. GDN_HIST_MAX tokens (speculative
-     * decoding's verify step) run in one step of the verify program, whose GDN layers keep
-     * their states after each row: a rewind then copies them back and feeds nothing again.
-     * Not with prefill off (1: the chunk size session_rewind's own re-feed sets) */
+    anvil_status cs = check_tokens(s, tokens, n);
+    if (cs != ANVIL_OK) return cs;
     s->hist_rows = 0;
-    if (s->mark == s->pos && n >= 2 && n <= GDN_HIST_MAX && !mm && s->prefill_chunk > 1 && !s->no_prefill &&
-        s->backend->vt->states_rewind && session_recurrent(s)) {
+    if (verify_step(s, n, mm)) {
         bool last_only = mode != ANVIL_LOGITS_ALL;
         struct program *p;
         anvil_status st = verify_program(s, n, last_only, &p);
@@ -602,18 +613,13 @@ anvil_status session_eval_pick(anvil_session *s, const int32_t *tokens, int n, c
     if (!s->spec_pick || !s->backend->vt->run_pick || s->rope_delta || s->no_prefill || n < 2 || n > GDN_HIST_MAX ||
         n > s->prefill_chunk || (s->chunk_cap && n > s->chunk_cap))
         return ANVIL_ERR_UNSUPPORTED;
-    int V = s->model->file->hp.n_vocab;
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return keep_err(s->err, err_set(ANVIL_ERR_RANGE, "token id %d out of range 0..%d", tokens[i], V - 1));
-    if (n > s->n_ctx - s->pos)
-        return keep_err(s->err, err_set(ANVIL_ERR_RANGE, "context full: %d tokens in the cache + %d new > %d", s->pos,
-                                        n, s->n_ctx));
+    anvil_status st = check_tokens(s, tokens, n);
+    if (st != ANVIL_OK) return st;
     /* the recurrent models' verify program (session_eval_mm), else the chunk's */
-    bool verify = s->mark == s->pos && s->backend->vt->states_rewind && session_recurrent(s);
+    bool verify = verify_step(s, n, false);
     struct program *p;
     int T = n;
-    anvil_status st = verify ? verify_program(s, n, false, &p) : chunk_program(s, &T, false, &p);
+    st = verify ? verify_program(s, n, false, &p) : chunk_program(s, &T, false, &p);
     if (st == ANVIL_OK && T != n) st = ANVIL_ERR_UNSUPPORTED;
     if (st == ANVIL_ERR_UNSUPPORTED) return st; /* (the plain eval then finds out why) */
     if (st != ANVIL_OK) return keep_err(s->err, st);

@@ -278,9 +278,16 @@ static anvil_status emit_round(struct vk_prefill *p, uint64_t x, uint64_t bw, ui
     return st;
 }
 
+/* Whether a product of rows rows of length Kx (rows > 1) takes the small-batch products
+ * (pf_lower's branch: mmb.comp, mmbt.comp, mmbx.comp) rather than the prefill's tiles. */
+static bool few_rows(const struct vk_prefill *p, uint32_t rows, uint32_t Kx) {
+    const struct tuning *t = &p->b->d->tune;
+    return (rows <= (uint32_t)t->vk_mmb || (p->n_seqs && rows <= (uint32_t)t->vk_batch_mmb)) && Kx % 8 == 0;
+}
+
 /* The small-batch product on integer dot products that product j (an OP_MATMUL) runs as
  * (vk_mmb_qx), with its input rounded by mmb_round.comp, or K_NONE; *Kp its rows' padded
- * length. (The conditions of pf_lower's small-batch branch.) */
+ * length. */
 static enum vk_kernel mmb_qx_of(struct vk_prefill *p, struct graph_plan *P, int j, uint32_t *Kp) {
     const struct node *nd = NODE(P, j), *wn = NODE(P, nd->src[1]), *x = NODE(P, nd->src[0]);
     struct vk_backend *b = p->b;
@@ -289,8 +296,7 @@ static enum vk_kernel mmb_qx_of(struct vk_prefill *p, struct graph_plan *P, int 
         return K_NONE;
     uint32_t rows = (uint32_t)(node_nelem(nd) / (nd->ne[0] ? nd->ne[0] : 1)), Kx = (uint32_t)x->ne[0];
     *Kp = vk_wnode_kp(b, wn);
-    if (rows < 2 || Kx % 8 || *Kp < Kx) return K_NONE;
-    if (rows > (uint32_t)b->d->tune.vk_mmb && !(p->n_seqs && rows <= (uint32_t)b->d->tune.vk_batch_mmb)) return K_NONE;
+    if (rows < 2 || *Kp < Kx || !few_rows(p, rows, Kx)) return K_NONE;
     return vk_mmb_qx(b->d, &b->pl, wn->weight->type, rows);
 }
 
@@ -443,8 +449,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
              * products past 8 rows, mmbt.comp's tiles) reads each weight once for all of them,
              * where mm.comp's 64-row tiles would do 64 multiply-adds per weight and the float16
              * products dequantise every weight first (perf rule "small-batch products") */
-            if ((rows <= (uint32_t)b->d->tune.vk_mmb || (p->n_seqs && rows <= (uint32_t)b->d->tune.vk_batch_mmb)) &&
-                Kx % 8 == 0) {
+            if (few_rows(p, rows, Kx)) {
                 struct pc_mmb mb = {pc.x, pc.w, pc.y, pc.res, 0, rows, Kx, ne0, pc.Kp8, pc.flags};
                 enum vk_kernel k = vk_kernel_for(VK_OP_MMB, wn->weight->type),
                                kq = vk_mmb_qx(b->d, &b->pl, wn->weight->type, rows);

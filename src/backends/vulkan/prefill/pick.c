@@ -1,10 +1,11 @@
 /*
  * A batch program's rows choose their next tokens on the device (backend_vtable.run_batch_pick,
  * docs/BATCHING.md), as do a verify step's (backend_vtable.run_pick, docs/SPECULATIVE.md: a
- * session's program of a few rows with every row's logits, each row offered its draft): after the program's kernels, argmax.comp or sample.comp, the B = 1 decode
- * step's own kernels, run once per row (workgroup y) on that row's logits, each with its own
- * record: a struct vk_ctl (the chain's parameters and seed, the row's token and position) and
- * the row's penalty window, positions hist0 .. pos-1 (the host writes them before each
+ * session's program of a few rows with every row's logits, each row offered its draft): after
+ * the program's kernels, argmax.comp or sample.comp, the B = 1 decode step's own kernels, run
+ * once per row (workgroup y) on that row's logits, each with its own record: a struct vk_ctl
+ * (the chain's parameters and seed, the row's token and position, the draft offered) and the
+ * row's penalty window, positions hist0 .. pos-1 (the host writes them before each
  * submission: at most BATCH_PICK_HISTORY tokens). The kernel leaves the chosen token in the
  * record's token; only those words come back, and the logits only when asked for.
  *
