@@ -143,6 +143,39 @@ static void test_prefill_float16_weights(void **state) {
     unsetenv("ANVIL_VK_DQ_EMULATE");
 }
 
+/* backend_vtable.run_pick's contract: a program that cannot choose on the device (a prefill
+ * chunk past PICK_ROWS_MAX rows) answers ANVIL_ERR_UNSUPPORTED, so that the caller chooses
+ * from the logits, and the program still runs as before */
+static void test_pick_unsupported(void **state) {
+    (void)state;
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny", NULL, &m), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    anvil_session *vk = session(m, ANVIL_BACKEND_VULKAN);
+    int32_t prompt[N_PROMPT];
+    for (int i = 0; i < N_PROMPT; i++) prompt[i] = (int32_t)((i * 7919 + 13) % V);
+    float *a = malloc(sizeof(float) * N_PROMPT * (size_t)V), *b = malloc(sizeof(float) * N_PROMPT * (size_t)V);
+    assert_non_null(a);
+    assert_non_null(b);
+    eval(vk, prompt, N_PROMPT, ANVIL_LOGITS_ALL, a, N_PROMPT);
+    assert_non_null(vk->prefill);
+    if (vk->backend->vt->run_pick) {
+        struct sampling_params sp;
+        memset(&sp, 0, sizeof sp);
+        sp.greedy = true;
+        int32_t picked[N_PROMPT];
+        assert_int_equal(vk->backend->vt->run_pick(vk->prefill, prompt, 0, &sp, prompt, NULL, picked),
+                         ANVIL_ERR_UNSUPPORTED);
+    }
+    anvil_session_reset(vk);
+    eval(vk, prompt, N_PROMPT, ANVIL_LOGITS_ALL, b, N_PROMPT);
+    assert_memory_equal(a, b, sizeof(float) * N_PROMPT * (size_t)V);
+    free(a);
+    free(b);
+    anvil_session_destroy(vk);
+    anvil_model_close(m);
+}
+
 int main(void) {
     char why[256];
     if (!tu_vulkan(why, sizeof why)) {
@@ -152,6 +185,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefill),
         cmocka_unit_test(test_prefill_float16_weights),
+        cmocka_unit_test(test_pick_unsupported),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

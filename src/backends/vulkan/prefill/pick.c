@@ -176,9 +176,9 @@ anvil_status vk_prefill_run_batch_pick(struct vk_prefill *p, const struct batch_
 
 anvil_status vk_prefill_run_pick(struct vk_prefill *p, const int32_t *tokens, int pos0, const struct sampling_params *sp,
                                  const int32_t *history, const int32_t *drafts, int32_t *picked) {
-    if (p->n_seqs || !p->pick || p->R != (uint32_t)p->T)
-        return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: choices on the device need a whole model's program with "
-                       "every row's logits");
+    if (p->n_seqs || !p->pick || p->R != (uint32_t)p->T) /* (the caller then chooses from the logits) */
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: choices on the device need a whole model's program of "
+                       "2-%d rows with every row's logits", PICK_ROWS_MAX);
     if (batch_pick_history(sp, pos0 + p->T - 1) > BATCH_PICK_HISTORY || (sp->penalties && !history))
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: no choice on the device for a penalty window of %d tokens",
                        batch_pick_history(sp, pos0 + p->T - 1));
