@@ -50,18 +50,14 @@ static anvil_status embed_program(anvil_session *s, int *T_io, struct program **
 
 anvil_status anvil_session_embed(anvil_session *s, const int32_t *tokens, int n, float *out, int dim) {
     if (!s) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_embed: session is NULL");
-    int C = (int)s->model->file->hp.n_embd, V = (int)s->model->file->hp.n_vocab;
+    int C = (int)s->model->file->hp.n_embd;
     if (n <= 0 || !tokens || !out)
         return keep(s, err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_embed: no tokens or no output buffer"));
     if (dim < 1 || dim > C)
         return keep(s, err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_embed: %d dimensions asked, the "
                                "model's width is %d", dim, C));
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return keep(s, err_set(ANVIL_ERR_RANGE, "token id %d out of range 0..%d", tokens[i], V - 1));
-    if (n > s->n_ctx - s->pos)
-        return keep(s, err_set(ANVIL_ERR_RANGE, "context full: %d tokens in the cache + %d new > %d",
-                               s->pos, n, s->n_ctx));
+    anvil_status cs = session_check_tokens(s, tokens, n);
+    if (cs != ANVIL_OK) return cs;
     if (s->rope_delta)
         return keep(s, err_set(ANVIL_ERR_UNSUPPORTED, "anvil_session_embed: the cache holds images "
                                "(reset the session first)"));

@@ -56,6 +56,10 @@ struct anvil_session {
     char err[ERRMSG_LEN];
 };
 
+/* Token ids within the vocabulary and room for n more in the context; else ANVIL_ERR_RANGE,
+ * its message kept in the session's error. */
+anvil_status session_check_tokens(anvil_session *s, const int32_t *tokens, int n);
+
 /* anvil_session_eval with a multimodal prompt's inputs (mm: positions and embedding rows of
  * the n tokens, or NULL), on a backend with run_extras. */
 anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,

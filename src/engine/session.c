@@ -498,7 +498,7 @@ anvil_status anvil_session_eval(anvil_session *s, const int32_t *tokens, int n,
 }
 
 /* Every token id in the vocabulary, and room for them in the context (else the session's error). */
-static anvil_status check_tokens(anvil_session *s, const int32_t *tokens, int n) {
+anvil_status session_check_tokens(anvil_session *s, const int32_t *tokens, int n) {
     int V = s->model->file->hp.n_vocab;
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
@@ -528,7 +528,7 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
     if (n <= 0 || !tokens || (mode != ANVIL_LOGITS_NONE && !logits_out))
         return keep_err(s->err, err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_eval: no tokens or no output buffer"));
     int V = s->model->file->hp.n_vocab;
-    anvil_status cs = check_tokens(s, tokens, n);
+    anvil_status cs = session_check_tokens(s, tokens, n);
     if (cs != ANVIL_OK) return cs;
     s->hist_rows = 0;
     if (verify_step(s, n, mm)) {
@@ -613,7 +613,7 @@ anvil_status session_eval_pick(anvil_session *s, const int32_t *tokens, int n, c
     if (!s->spec_pick || !s->backend->vt->run_pick || s->rope_delta || s->no_prefill || n < 2 || n > GDN_HIST_MAX ||
         n > s->prefill_chunk || (s->chunk_cap && n > s->chunk_cap))
         return ANVIL_ERR_UNSUPPORTED;
-    anvil_status st = check_tokens(s, tokens, n);
+    anvil_status st = session_check_tokens(s, tokens, n);
     if (st != ANVIL_OK) return st;
     /* the recurrent models' verify program (session_eval_mm), else the chunk's */
     bool verify = verify_step(s, n, false);
