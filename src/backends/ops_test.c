@@ -230,6 +230,62 @@ static void test_small_batch_ffn(void **state) {
     unsetenv("ANVIL_CPU_QX");
 }
 
+/* The experts of a few rows (2 .. ANVIL_VK_MOE_FEW = 15: a verify step, a small batch) on the
+ * decode's matrix-vector kernels (prefill/moe.c lower_few: each row's routing, its k experts'
+ * gate/up -> SwiGLU, the weighted down projection summed into its row) against the CPU: float
+ * inputs to float32 rounding; on integer dot products (the rows rounded in blocks of 32 by
+ * mmb_round.comp, the gate/up on moe_gu_qx_*) within 3% of the output's scale, as the CPU
+ * multiplies the experts' inputs unrounded (int8's rounding moves them ~1%; a wrong row, block
+ * or scale moves them by the whole scale). 16 rows, and ANVIL_VK_MOE_FEW=0, keep the prefill's
+ * tiles (mm_experts_*). */
+static void test_few_rows_moe(void **state) {
+    (void)state;
+    static const struct {
+        int type, T;
+        bool qx;
+        const char *knob; /* NAME=VALUE set for the case, or NULL */
+    } cases[] = {
+        {DT_Q4_K, 2, false, NULL}, {DT_BF16, 7, false, NULL}, {DT_Q6_K, 15, false, NULL}, {DT_Q4_K, 4, true, NULL},
+        {DT_Q8_0, 2, true, NULL},  {DT_Q5_K, 9, true, NULL},  {DT_Q6_K, 15, true, NULL},  {DT_Q4_K, 16, true, NULL},
+        {DT_Q4_K, 4, true, "ANVIL_VK_MOE_FEW=0"}, {DT_Q8_0, 3, true, "ANVIL_VK_MOE_QX=0"},
+    };
+    struct ops_opts o;
+    ops_opts_default(&o);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+#ifdef TU_SANITIZED
+        if (i % 3) continue;
+#endif
+        bool qx = cases[i].qx;
+        setenv("ANVIL_VK_QX", qx ? "1" : "0", 1);
+        char knob[64] = "";
+        if (cases[i].knob) {
+            snprintf(knob, sizeof knob, "%s", cases[i].knob);
+            char *eq = strchr(knob, '=');
+            *eq = 0;
+            setenv(knob, eq + 1, 1);
+        }
+        struct ops_case c = find_case(OPS_MOE_PREFILL, cases[i].type, NULL, 40, cases[i].T);
+        char name[96];
+        ops_case_name(&c, name, sizeof name);
+        struct ops_result r;
+        anvil_status st = ops_run(&c, &o, &r);
+        setenv("ANVIL_VK_QX", "0", 1); /* as ctest runs every test */
+        if (knob[0]) unsetenv(knob);
+        if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
+        fprintf(stderr, "%s%s%s%s: max |vulkan - cpu| %.3g (%.3g of %.3g); kernels %s\n", name, qx ? " (qx)" : "",
+                knob[0] ? " " : "", knob[0] ? cases[i].knob : "", r.max_abs, r.rel, r.max_ref, r.kernels);
+        assert_true(r.checked && r.pass && r.max_ref > 0);
+        bool tiles = cases[i].T > 15 || (cases[i].knob && !strcmp(cases[i].knob, "ANVIL_VK_MOE_FEW=0"));
+        bool rounded = qx && !tiles && !(cases[i].knob && !strcmp(cases[i].knob, "ANVIL_VK_MOE_QX=0"));
+        char want[32];
+        kernel_name(want, sizeof want, tiles ? "mm_experts_" : rounded ? "moe_gu_qx_" : "moe_gu_", cases[i].type);
+        if (!strstr(r.kernels, want)) fail_msg("%s: kernels %s, wanted %s", name, r.kernels, want);
+        assert_true(rounded == (strstr(r.kernels, "mmb_round") != NULL));
+        assert_true(r.rel < (rounded ? 3e-2 : 2e-3));
+    }
+    unsetenv("ANVIL_VK_QX");
+}
+
 /* A prompt chunk of few rows attending through attn_split.comp without batch words
  * (ANVIL_VK_FEW_ATTN: row t at position t, the cache rows the positions), against the CPU. */
 static void test_few_rows_attention(void **state) {
@@ -499,6 +555,7 @@ int main(void) {
         cmocka_unit_test(test_small_batch),
         cmocka_unit_test(test_small_batch_ffn),
         cmocka_unit_test(test_few_rows_attention),
+        cmocka_unit_test(test_few_rows_moe),
         cmocka_unit_test(test_attn_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

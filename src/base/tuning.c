@@ -248,6 +248,13 @@ static const struct knob KNOBS[] = {
     BOOL("ANVIL_VK_MOE_CM2", C_DIAGNOSTIC, vk_moe_cm2, 1,
          "MoE prefill experts on workgroup matrices over rows laid out expert after expert "
          "(30B-A3B Q4_K_M pp512 3930 -> 5515 t/s); 0 keeps the gathered subgroup-matrix tiles."),
+    INT("ANVIL_VK_MOE_FEW", C_DIAGNOSTIC, vk_moe_few, 15, 0, 15, NULL,
+        "MoE steps of 2 to this many rows (a speculative verify step, a batch of a few "
+        "sequences, a short prompt chunk) run each row's chosen experts on the decode's "
+        "matrix-vector kernels (gate/up -> SwiGLU, then the weighted down projection summed; on "
+        "integer dot products where ANVIL_VK_MOE_QX and the device take them), every expert's "
+        "weights read once per row that chose it; 0 keeps them on the prefill's float32 tiles, "
+        "as every step of 16 rows or more is."),
     BOOL("ANVIL_VK_ROUTE_FUSE", C_DIAGNOSTIC, vk_route_fuse, 1,
          "The router's matvec chooses the experts itself (float routers); 0 leaves it to "
          "moe_topk.comp."),
@@ -257,7 +264,8 @@ static const struct knob KNOBS[] = {
          "Q4_K_M +2.3% on the H200); 0 leaves it to moe_topk.comp."),
     BOOL("ANVIL_VK_MOE_QX", C_DIAGNOSTIC, vk_moe_qx, 1,
          "Decode: the experts' gate/up on integer dot products, their normed input rounded by the "
-         "product before the router (the o projection: QXT); 0 keeps them on float inputs."),
+         "product before the router (the o projection: QXT), and those of a few-row step "
+         "(ANVIL_VK_MOE_FEW) on its rows rounded in blocks of 32; 0 keeps them on float inputs."),
     BOOL("ANVIL_VK_ATTN_GATE", C_DIAGNOSTIC, vk_attn_gate, 1,
          "Decode: the gated attention's output gate (Qwen3.5/3.6: out * sigmoid(gate)) applied by "
          "the attention as it stores its output (no element-wise dispatch), which it can then "

@@ -84,6 +84,7 @@ struct tuning {
     int vk_spec_pick;        /* ANVIL_VK_SPEC_PICK */
     int vk_batch_attn;       /* ANVIL_VK_BATCH_ATTN */
     int vk_moe_cm2;          /* ANVIL_VK_MOE_CM2 */
+    int vk_moe_few;          /* ANVIL_VK_MOE_FEW */
     int vk_route_fuse;       /* ANVIL_VK_ROUTE_FUSE */
     int vk_moe_pick;         /* ANVIL_VK_MOE_PICK */
     int vk_moe_qx;           /* ANVIL_VK_MOE_QX */

@@ -112,6 +112,7 @@ enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_
     [K_MATVEC_SWIGLU_QXT_##T##_X2] = KQ(spv_matvec_qxt_##t, "matvec_swiglu_qxt_" #t "_x2",              \
                                         VK_OP_MATVEC_SWIGLU, DT_##T, 1, 2),                             \
     [K_MOE_GU_QX_##T##_X2] = KQ(spv_matvec_qxv_##t, "moe_gu_qx_" #t "_x2", VK_OP_MOE_GU, DT_##T, 0, 2),     \
+    [K_MOE_GU_QX_##T] = KQ(spv_matvec_qx_##t, "moe_gu_qx_" #t, VK_OP_MOE_GU, DT_##T, 0, 0),                 \
     [K_MMB_QX_##T] = {spv_mmb_qx_##t, sizeof spv_mmb_qx_##t, "mmb_qx_" #t, VK_OP_MMB, DT_##T, 1, 0, 0,   \
                       0, SPECS_MMB, PUSH_MMB},
 

@@ -205,12 +205,14 @@ enum vk_op {
 /* matvec.comp's QX products (MODE 0) and SwiGLUs (MODE 1) of every type of VK_QX_TYPES: plain
  * (XM 0), on inputs rounded in blocks of 8 by their producer (_X1; _X2: with the norm's
  * 1 / rms left to them), and as teams of threads a workgroup (QXT, by the same XM); and the
- * small-batch product on integer dot products (mmb.comp QX) */
+ * small-batch product on integer dot products (mmb.comp QX); the experts' gate/up on inputs
+ * rounded by the norm's consumer (_X2, decode) or in blocks of 32 (plain: a few-row program's
+ * rows rounded by mmb_round.comp, prefill/moe.c) */
 #define VK_QX_TYPE_KERNELS(T, t) \
     K_MATVEC_QX_##T, K_MATVEC_SWIGLU_QX_##T, K_MATVEC_QX_##T##_X1, K_MATVEC_SWIGLU_QX_##T##_X1, \
     K_MATVEC_QX_##T##_X2, K_MATVEC_SWIGLU_QX_##T##_X2, K_MATVEC_QXT_##T##_X0, K_MATVEC_SWIGLU_QXT_##T##_X0, \
     K_MATVEC_QXT_##T##_X1, K_MATVEC_SWIGLU_QXT_##T##_X1, K_MATVEC_QXT_##T##_X2, K_MATVEC_SWIGLU_QXT_##T##_X2, \
-    K_MMB_QX_##T, K_MOE_GU_QX_##T##_X2,
+    K_MMB_QX_##T, K_MOE_GU_QX_##T##_X2, K_MOE_GU_QX_##T,
 enum vk_kernel {
     K_NONE, /* no kernel (its pipeline is always VK_NULL_HANDLE) */
     VK_WEIGHT_TYPES(VK_TYPE_KERNELS)

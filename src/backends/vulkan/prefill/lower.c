@@ -263,12 +263,8 @@ static bool kv_by_norm(struct vk_prefill *p, const struct pc_rows *kv) {
 /* Whether the byte ranges [a, a + na) and [b, b + nb) share a byte. */
 static bool ranges_meet(uint64_t a, uint64_t na, uint64_t b, uint64_t nb) { return a < b + nb && b < a + na; }
 
-/* mmb_round.comp over rows x K at x (flags: MMB_RND_NORM times the norm's weights b and
- * 1 / rms (eps); MMB_RND_SWIGLU silu(x) times the rows b; both also write their rows to y)
- * into mmbq, which then holds the rounded rows of y (or of x without flags) for the
- * products that follow. */
-static anvil_status emit_round(struct vk_prefill *p, uint64_t x, uint64_t bw, uint64_t y, uint32_t rows, uint32_t K,
-                               uint32_t Kp, float eps, uint32_t flags) {
+anvil_status pf_emit_round(struct vk_prefill *p, uint64_t x, uint64_t bw, uint64_t y, uint32_t rows, uint32_t K,
+                           uint32_t Kp, float eps, uint32_t flags) {
     VkDeviceSize qbytes = round_up((VkDeviceSize)rows * Kp, 256);
     struct pc_mmb_round rd = {x, p->mmbq.addr, p->mmbq.addr + qbytes, rows, K, Kp, bw, y, eps, flags};
     anvil_status st = pf_emit(p, K_MMB_ROUND, (Kp + 1023) / 1024, rows, &rd, sizeof rd);
@@ -391,7 +387,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             uint32_t Kp;
             if (ne0 % 8 == 0 && rounds_for_products(p, P, i, &Kp)) {
                 /* read only by few-row products on integer dot products: normed as rounded */
-                st = emit_round(p, pc.a, pc.b, pc.out_, rows, ne0, Kp, nd->p.f[0], MMB_RND_NORM);
+                st = pf_emit_round(p, pc.a, pc.b, pc.out_, rows, ne0, Kp, nd->p.f[0], MMB_RND_NORM);
                 break;
             }
             bool half = half_rows(p, P, i);
@@ -457,10 +453,10 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 if (kq != K_NONE && p->mmbq.buf) {
                     /* on integer dot products: the rows rounded to int8 first (into mmbq: the
                      * int8s, then the scales), once for the products of one input (q, k, v;
-                     * gate, up), or already by the op that wrote them (emit_round) */
+                     * gate, up), or already by the op that wrote them (pf_emit_round) */
                     uint32_t Kp = pc.Kp8 * 8;
                     if (p->mmbq_of != pc.x || p->mmbq_kp != Kp) {
-                        st = emit_round(p, pc.x, any, any, rows, Kx, Kp, 0.0f, 0u);
+                        st = pf_emit_round(p, pc.x, any, any, rows, Kx, Kp, 0.0f, 0u);
                         rounded = true;
                     }
                     mb.x = p->mmbq.addr;
@@ -522,7 +518,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                                  rows, 0, 0, 0, 0, 0, 0, 0};
             uint32_t Kp;
             if (nd->op == OP_SWIGLU && ne0 % 8 == 0 && rounds_for_products(p, P, i, &Kp)) {
-                st = emit_round(p, pc.a, pc.b, pc.out_, rows, ne0, Kp, 0.0f, MMB_RND_SWIGLU);
+                st = pf_emit_round(p, pc.a, pc.b, pc.out_, rows, ne0, Kp, 0.0f, MMB_RND_SWIGLU);
                 break;
             }
             bool half = nd->op == OP_SWIGLU && half_rows(p, P, i);
@@ -536,7 +532,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             break;
         }
         case OP_MOE:
-            st = pf_lower_moe(p, P, i);
+            st = pf_lower_moe(p, P, i, done);
             break;
         case OP_GDN:
             st = lower_gdn(p, P, i);

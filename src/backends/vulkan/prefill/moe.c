@@ -3,11 +3,13 @@
  * routed, the choices sorted by expert, each expert's products over the tokens that chose it
  * (mm.comp, or on cooperative matrices mm_h.comp's gathered tiles or mm_cm2.comp over the
  * experts' rows laid out compact, from float16 copies of the experts or, WQ, from their blocks
- * themselves), and each token's k outputs summed.
+ * themselves), and each token's k outputs summed. A step of a few rows (a verify step, a small
+ * batch) instead runs each row's chosen experts on the decode's matrix-vector kernels.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/fuse.h"
 #include "prefill.h"
 
 static struct moe_layout moe_layout(uint32_t T, uint32_t C, uint32_t F, uint32_t E, uint32_t k, bool compact) {
@@ -26,6 +28,8 @@ static struct moe_layout moe_layout(uint32_t T, uint32_t C, uint32_t F, uint32_t
     m.uc = m.gc + round_up((VkDeviceSize)m.R * F * 4, ALIGN);
     m.dc = m.uc + round_up((VkDeviceSize)m.R * F * 4, ALIGN);
     if (compact) m.size = m.dc + round_up((VkDeviceSize)m.R * C * 4, ALIGN);
+    m.few = m.size;
+    m.size += round_up((VkDeviceSize)T * k * round_up(F, 256) * 4, ALIGN);
     return m;
 }
 
@@ -55,6 +59,27 @@ static bool moe_on_coopmat(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_
     return coopmat_sized(p, T, C, F) && (!p->scaled_only || moe_compact(p, T, C, F));
 }
 
+/* Whether a mixture of T rows runs on the decode's matrix-vector kernels (lower_few): 2 ..
+ * ANVIL_VK_MOE_FEW rows, the decode's expert kernels for the types. *kq: the gate/up's kernel on
+ * integer dot products, its input rounded by mmb_round.comp into mmbq (where the device takes
+ * them, ANVIL_VK_MOE_QX), or K_NONE: the rows read as floats, which takes rows as long as the
+ * gate's padded ones (Kp; the decode's matvecs read their input to Kp). */
+static bool moe_few(struct vk_prefill *p, uint32_t T, const struct node *gn, const struct node *dn, enum vk_kernel *kq) {
+    struct vk_backend *b = p->b;
+    uint32_t C = (uint32_t)gn->ne[0], Kp = vk_wnode_kp(b, gn);
+    *kq = K_NONE;
+    if (T < 2 || T > (uint32_t)b->d->tune.vk_moe_few || !gn->weight || !dn->weight)
+        return false;
+    enum vk_kernel kgu = vk_kernel_for(VK_OP_MOE_GU, gn->weight->type), kd = vk_kernel_for(VK_OP_MOE_DOWN, dn->weight->type);
+    if (kgu == K_NONE || kd == K_NONE || !vk_pipeline_supported(b->d, &b->pl, kgu) || !vk_pipeline_supported(b->d, &b->pl, kd))
+        return false;
+    enum vk_kernel q = vk_kernel_qx(VK_OP_MOE_GU, gn->weight->type, false, 0);
+    if (q != K_NONE && vk_pipeline_supported(b->d, &b->pl, q) && p->mmbq.buf && b->d->tune.vk_moe_qx && C % 8 == 0 &&
+        round_up((VkDeviceSize)T * Kp, 256) + (VkDeviceSize)T * Kp / 4 <= p->mmbq.size)
+        *kq = q;
+    return *kq != K_NONE || Kp == C;
+}
+
 struct moe_layout pf_moe_of(struct vk_prefill *p, struct graph_plan *P, const struct node *nd) {
     const struct node *gn = NODE(P, nd->src[2]);
     uint32_t T = (uint32_t)nd->ne[1], C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1];
@@ -74,12 +99,91 @@ static anvil_status emit_moe_dq(struct vk_prefill *p, const struct node *wn, uin
     return st;
 }
 
+/* The mixture of experts over a few rows as the decode step runs one's (its kernels, matvec.comp
+ * MODE 2 and 3): every row routed (a workgroup each, into its block of 128 floats: the decode's
+ * routing buffer), its input rounded to int8 for the gate/up where kq (beside the routing, or
+ * already by a product of the same rows before), then per row the gate/up -> SwiGLU of its k
+ * experts (a workgroup row per chosen expert) and the weighted down projection summed into its
+ * output row, the rows' dispatches side by side without barriers between them. Each row reads
+ * its own experts' weights: at a few rows they rarely share one, where the tiles over the rows
+ * that chose an expert computed 64 rows for each (35B-A3B: 82% of a 4-row verify step). */
+static anvil_status lower_few(struct vk_prefill *p, struct graph_plan *P, int i, enum vk_kernel kq, bool *done) {
+    const struct node *nd = NODE(P, i);
+    const struct node *gn = NODE(P, nd->src[2]), *un = NODE(P, nd->src[3]), *dn = NODE(P, nd->src[4]);
+    struct vk_backend *b = p->b;
+    uint32_t C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1], E = (uint32_t)gn->ne[2], k = (uint32_t)nd->p.i[0];
+    uint32_t T = (uint32_t)nd->ne[1], Kp = vk_wnode_kp(b, gn), Fs = (uint32_t)round_up(F, 256);
+    struct moe_layout m = moe_layout(T, C, F, E, k, false);
+    uint64_t base = p->moe.addr, any = p->arena.addr, x = pf_addr(p, P, nd->src[0]), out = pf_addr(p, P, i), res = 0;
+    /* the add that is the mixture's only reader (the residual; a hybrid's shared expert's
+     * output) folded into the down projection's store */
+    int other, j = graph_fuse_add(P, i, GRAPH_FUSE_NEXT_BLOCK, &other);
+    if (j >= 0) {
+        res = pf_addr(p, P, other);
+        out = pf_addr(p, P, j);
+        done[j] = true;
+    }
+    /* rows a product of the same input rounded for itself (pf_emit forgets them at the routing) */
+    bool rounded = kq != K_NONE && p->mmbq_of == x && p->mmbq_kp == Kp;
+    struct pc_topk pt = {pf_addr(p, P, nd->src[1]), base + m.route, any, E, k, (uint32_t)(nd->p.i[1] != 0), T};
+    anvil_status st = pf_emit(p, K_MOE_ROUTE, T, 1, &pt, sizeof pt);
+    if (st == ANVIL_OK && kq != K_NONE && !rounded && (st = pf_emit_round(p, x, any, any, T, C, Kp, 0.0f, 0u)) == ANVIL_OK)
+        p->ops[p->n_ops - 1].overlap = true;
+    /* the down projection's rows of the gate/up's are read to its Kp: past F they must be zero */
+    if (vk_wnode_kp(b, dn) > F) p->moe_zero = true;
+    enum vk_kernel kgu = kq != K_NONE ? kq : vk_kernel_for(VK_OP_MOE_GU, gn->weight->type),
+                   kd = vk_kernel_for(VK_OP_MOE_DOWN, dn->weight->type);
+    uint32_t nr = vk_matvec_rows(&b->pl, kgu);
+    VkDeviceSize qbytes = round_up((VkDeviceSize)T * Kp, 256);
+    for (uint32_t t = 0; t < T && st == ANVIL_OK; t++) {
+        struct pc_matvec pc = {0};
+        pc.ctl = p->prm.addr; /* (its stop word, prm[2], is zero) */
+        pc.x = kq != K_NONE ? p->mmbq.addr + (VkDeviceSize)t * Kp : x + (VkDeviceSize)t * C * 4;
+        pc.normw = kq != K_NONE ? p->mmbq.addr + qbytes + (VkDeviceSize)t * Kp / 8 : pc.x;
+        pc.w0 = pc.w2 = vk_wnode_addr(b, gn);
+        pc.w1 = vk_wnode_addr(b, un);
+        pc.o0 = pc.o2 = pc.res = base + m.few + (VkDeviceSize)t * k * Fs * 4;
+        pc.o1 = base + m.route + (VkDeviceSize)t * 128 * 4;
+        pc.Kp8 = Kp / 8;
+        pc.K = C;
+        pc.rows0 = F;
+        pc.rows1 = k;
+        pc.rows2 = Fs;
+        if ((st = pf_emit(p, kgu, (F + nr - 1) / nr, k, &pc, sizeof pc)) == ANVIL_OK && t) p->ops[p->n_ops - 1].overlap = true;
+    }
+    nr = vk_matvec_rows(&b->pl, kd);
+    for (uint32_t t = 0; t < T && st == ANVIL_OK; t++) {
+        struct pc_matvec pd = {0};
+        pd.ctl = p->prm.addr;
+        pd.x = pd.normw = base + m.few + (VkDeviceSize)t * k * Fs * 4;
+        pd.w0 = pd.w1 = pd.w2 = vk_wnode_addr(b, dn);
+        pd.o0 = pd.o2 = pd.res = out + (VkDeviceSize)t * C * 4;
+        if (res) {
+            pd.res = res + (VkDeviceSize)t * C * 4;
+            pd.flags = MV_RES;
+        }
+        pd.o1 = base + m.route + (VkDeviceSize)t * 128 * 4;
+        pd.Kp8 = vk_wnode_kp(b, dn) / 8;
+        pd.K = F;
+        pd.rows0 = C;
+        pd.rows1 = k;
+        pd.rows2 = Fs;
+        if ((st = pf_emit(p, kd, (C + nr - 1) / nr, 0, &pd, sizeof pd)) == ANVIL_OK && t) p->ops[p->n_ops - 1].overlap = true;
+    }
+    if (st == ANVIL_OK && kq != K_NONE) { /* mmbq still holds x's rows (for the shared expert's gate/up) */
+        p->mmbq_of = x;
+        p->mmbq_kp = Kp;
+        p->mmbq_bytes = (uint64_t)T * C * 4;
+    }
+    return st;
+}
+
 /* The mixture of experts over the chunk: every token routed (a workgroup each), the choices
  * sorted by expert, then each expert's gate/up -> SwiGLU and weighted down projection over
  * the tokens that chose it (tiles of 64 of them on mm.comp, 32 on cooperative matrices: the
  * expert's weights are read once per tile, not once per token), and the k outputs of each
  * token summed. */
-anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i) {
+anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, bool *done) {
     const struct node *nd = NODE(P, i);
     const struct node *gn = NODE(P, nd->src[2]), *un = NODE(P, nd->src[3]), *dn = NODE(P, nd->src[4]);
     uint32_t C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1], E = (uint32_t)gn->ne[2], k = (uint32_t)nd->p.i[0];
@@ -88,6 +192,8 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i) {
     if (E > 1024 || k > 64 || k > E || T > 65535 || !un->weight || !dn->weight || kg < 0 || kd < 0 ||
         gn->weight->type != un->weight->type)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: %s: no expert kernels for this shape or type", nd->name);
+    enum vk_kernel kq;
+    if (moe_few(p, T, gn, dn, &kq)) return lower_few(p, P, i, kq, done);
     bool compact = moe_compact(p, T, C, F);
     struct moe_layout m = moe_layout(T, C, F, E, k, compact);
     uint64_t base = p->moe.addr, any = p->arena.addr;

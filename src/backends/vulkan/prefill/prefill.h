@@ -139,6 +139,8 @@ struct vk_prefill {
                                   only products ran since and none wrote over it */
     uint64_t mmbq_bytes;
     uint32_t mmbq_kp;
+    bool moe_zero;             /* moe zeroed at the start of every run: a few-row mixture's
+                                  down projection reads its gate/up rows past F (moe_layout's few) */
     /* products of one input waiting to be emitted together on workgroup matrices (q, k, v;
      * gate, up): their weights dequantised side by side into dq, then the products side by
      * side, so that small ones (8B's k and v: 32 tiles for 132 SMs) run beside a big one */
@@ -212,6 +214,10 @@ struct moe_layout {
      * projection [R, C] */
     VkDeviceSize aux, xg, xs, gc, uc, dc;
     uint32_t R;
+    /* a few rows' on the decode's kernels (moe.c lower_few): the gate/up -> SwiGLU of each
+     * (row, chosen expert) [T * k, round_up(F, 256)], zero past F (p->moe_zero), written by
+     * nothing else */
+    VkDeviceSize few;
 };
 
 /* ---- program.c ---- */
@@ -245,6 +251,12 @@ struct pf_siblings {
 };
 
 bool pf_materialised(const struct node *n);
+/* mmb_round.comp over rows x K at x (flags: MMB_RND_NORM times the norm's weights b and
+ * 1 / rms (eps); MMB_RND_SWIGLU silu(x) times the rows b; both also write their rows to y)
+ * into mmbq (row t's Kp int8s at t * Kp, its scales at round_up(rows * Kp, 256) + t * Kp / 8),
+ * which then holds the rounded rows of y (or of x without flags) for the products that follow. */
+anvil_status pf_emit_round(struct vk_prefill *p, uint64_t x, uint64_t bw, uint64_t y, uint32_t rows, uint32_t K,
+                           uint32_t Kp, float eps, uint32_t flags);
 anvil_status pf_emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push,
                         size_t size);
 /* mm_cm2.comp's float16 kernel (moe: the experts'): without the scales' epilogue (NO_XS)
@@ -277,6 +289,7 @@ anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm,
 
 uint32_t pf_dq_experts(const struct vk_device *d, uint32_t E, uint32_t N, uint32_t Kp);
 struct moe_layout pf_moe_of(struct vk_prefill *p, struct graph_plan *P, const struct node *nd);
-anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i);
+/* node i (OP_MOE); done: the lowering's nodes already lowered (an add folded in is marked) */
+anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, bool *done);
 
 #endif

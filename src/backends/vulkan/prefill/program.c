@@ -33,6 +33,10 @@ anvil_status pf_record(struct vk_prefill *p) {
         vkCmdFillBuffer(cb, p->attn.buf, p->attn_cnt, VK_WHOLE_SIZE, 0);
         barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
     }
+    if (p->moe_zero) { /* a few rows' experts: their gate/up rows' padding */
+        vkCmdFillBuffer(cb, p->moe.buf, 0, VK_WHOLE_SIZE, 0);
+        barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
+    }
     if (p->in_bytes) { /* a split's part: the host's rows of the OP_INPUT node */
         VkBufferCopy c = {0, p->in_off, p->in_bytes};
         vkCmdCopyBuffer(cb, p->input.buf, p->arena.buf, 1, &c);
@@ -181,8 +185,8 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
          * widest weights' Kp int8, then a float scale per 32, then a float sum per 32) */
         VkDeviceSize mmbq = 0;
         for (int i = 0; i < n && p->T <= b->d->tune.vk_mmb && vk_use_qx(b->d); i++)
-            if (g->nodes[i].op == OP_MATMUL)
-                mmbq = MAX(mmbq, (VkDeviceSize)p->T * vk_wnode_kp(b, &g->nodes[g->nodes[i].src[1]]) * 5 / 4);
+            if (g->nodes[i].op == OP_MATMUL || g->nodes[i].op == OP_MOE) /* (a few rows' experts' input too) */
+                mmbq = MAX(mmbq, (VkDeviceSize)p->T * vk_wnode_kp(b, &g->nodes[g->nodes[i].src[g->nodes[i].op == OP_MOE ? 2 : 1]]) * 5 / 4);
         if (st == ANVIL_OK && mmbq)
             st = vk_buffer_create(b->d, round_up(mmbq, 256) + 256, VK_MEM_DEVICE, "prefill rounded inputs", &p->mmbq);
         /* attn_split.comp's partials (T x H x NC x (D + 2) floats) and counters (T x Hkv x
