@@ -161,9 +161,12 @@ static const struct knob KNOBS[] = {
     INT("ANVIL_VK_ATTN_CHUNKS", C_DIAGNOSTIC, vk_attn_chunks, 64, 1, 64, NULL,
         "The most chunks a decode attention splits the cache into (one is used per 32 cached "
         "rows with subgroups of 32, per 16 for heads of 256)."),
-    BOOL("ANVIL_VK_FLASH", C_DIAGNOSTIC, vk_flash, 1,
-         "The prefill's causal attention on cooperative matrices (float16 q/k/v): 8B Q4_K_M "
-         "pp4096 2011 -> 4304 t/s with the rest of docs/perf/log.md §20-22; 0 keeps the float32 kernel."),
+    INT("ANVIL_VK_FLASH", C_DIAGNOSTIC, vk_flash, 2, 0, 2, NULL,
+        "The prefill's causal attention on cooperative matrices (attn_flash.comp, float16 q/k/v): "
+        "1 two passes over the keys (8B Q4_K_M pp4096 2011 -> 4304 t/s with the rest of "
+        "docs/perf/log.md §20-22), 2 one pass with a lazily moved maximum, as the vision "
+        "encoder's (on the H200 8B Q4_K_M pp4096 9,478 -> 10,232 t/s, 30B-A3B pp2048 7,984 -> "
+        "8,327; docs/perf/log.md §68); 0 keeps the float32 kernel."),
     INT("ANVIL_VK_VIT_FLASH", C_DIAGNOSTIC, vk_vit_flash, 2, 0, 3, NULL,
         "The vision encoder's attention on cooperative matrices (vit_flash.comp: float16 q/k/v, "
         "heads padded to a multiple of 16 dimensions, up to 128): 1 two passes over the keys "

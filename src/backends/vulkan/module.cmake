@@ -118,6 +118,7 @@ set(ANVIL_SHADER_VARIANTS
   "mm_h_64x64_k32 mm_h.comp -DWM=2u -DTM=2u -DTN=1u -DBK=32u"
   "mm_h_moe mm_h.comp -DWM=1u -DTM=2u -DTN=1u -DBK=32u -DGATHER"
   "attn_flash attn_flash.comp -DANVIL"
+  "attn_flash1 attn_flash.comp -DONE_PASS"
   "attn_split attn_split.comp -DANVIL"
   "vit_flash vit_flash.comp -DANVIL"
   "vit_flash1 vit_flash.comp -DONE_PASS"

@@ -168,6 +168,7 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_MMH_CM2_MOE_U] = KI(spv_mm_cm2_moe_u, "mm_cm2_experts_u", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     VK_CM2Q_TYPES(CM2Q_ROWS)
     [K_ATTN_FLASH] = KI(spv_attn_flash, "attn_flash", VK_OP_NONE, 0, 0, SPECS_FLASH, PUSH_ATTN_PF),
+    [K_ATTN_FLASH1] = KI(spv_attn_flash1, "attn_flash1", VK_OP_NONE, 0, 0, SPECS_FLASH, PUSH_ATTN_PF),
     [K_ATTN_SPLIT] = KI(spv_attn_split, "attn_split", VK_OP_NONE, 0, 0, SPECS_ATTN, PUSH_ATTN_SPLIT),
     [K_MOE_ROUTE] = KI(spv_moe_topk, "moe_route", VK_OP_NONE, 0, TOPK_MODE_ROUTE, SPECS_MODE, PUSH_TOPK),
     [K_MOE_BUCKET] = KI(spv_moe_topk, "moe_bucket", VK_OP_NONE, 0, TOPK_MODE_BUCKET, SPECS_MODE, PUSH_TOPK),
@@ -496,7 +497,7 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
     case K_MMH_CM2: case K_MMH_CM2_MOE: case K_MMH_CM2_U: case K_MMH_CM2_MOE_U: return d->coopmat && d->coopmat2;
 #define CM2Q_WANTED(T, t) case K_MMH_CM2_##T: case K_MMH_CM2_MOE_##T:
     VK_CM2Q_TYPES(CM2Q_WANTED) return d->coopmat && d->coopmat2;
-    case K_ATTN_FLASH: return d->coopmat && d->subgroup_shuffle && vk_flash_fits(attn_g, attn_d);
+    case K_ATTN_FLASH: case K_ATTN_FLASH1: return d->coopmat && d->subgroup_shuffle && vk_flash_fits(attn_g, attn_d);
     /* (its lanes: two a row of 16, subgroups of 32) */
     case K_VIT_FLASH: case K_VIT_FLASH1: case K_VIT_FLASH1_BK64: return d->coopmat && d->subgroup_shuffle && d->subgroup_size == 32 && vk_flash_fits(1, p->vit_dp);
     case K_QX: case K_MMB_ROUND: return d->int_dot;

@@ -239,7 +239,9 @@ enum vk_kernel {
      * decoded as the tiles load (VK_CM2Q_TYPES) */
     VK_CM2Q_TYPES(VK_CM2Q_KERNELS)
     K_ATTN_FLASH, /* the prefill's causal attention on cooperative matrices (attn_flash.comp),
-                     where d->coopmat and the heads fit it (vk_flash_fits) */
+                     where d->coopmat and the heads fit it (vk_flash_fits): two passes over
+                     the keys */
+    K_ATTN_FLASH1, /* (the same in one pass, ONE_PASS: ANVIL_VK_FLASH=2) */
     K_ATTN_SPLIT, /* a batch program's attention split over each row's positions (attn_split.comp) */
     /* moe_topk.comp for the prefill: MODE 1 routes every token, MODE 2 sorts them by expert */
     K_MOE_ROUTE, K_MOE_BUCKET,

@@ -575,7 +575,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 st = pf_emit(p, K_ATTN_SPLIT, gx, ps.NC, &ps, sizeof ps);
                 if (st == ANVIL_OK) p->ops[p->n_ops - 1].gz = T;
             } else if (st == ANVIL_OK && p->flash && (int)D == b->pl.attn_d) { /* the pipeline's D */
-                st = pf_emit(p, K_ATTN_FLASH, Hkv, (T + tq - 1) / tq, &pa, sizeof pa);
+                st = pf_emit(p, pf_flash_kernel(p), Hkv, (T + tq - 1) / tq, &pa, sizeof pa);
             } else if (st == ANVIL_OK) {
                 st = pf_emit(p, K_ATTN_PREFILL, Hkv, T, &pa, sizeof pa);
             }

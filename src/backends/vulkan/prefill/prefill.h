@@ -262,6 +262,10 @@ anvil_status pf_emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, ui
 /* mm_cm2.comp's float16 kernel (moe: the experts'): without the scales' epilogue (NO_XS)
  * where the rows are not scaled */
 enum vk_kernel pf_cm2_kernel(const struct vk_prefill *p, bool moe);
+/* attn_flash.comp's variant (ANVIL_VK_FLASH: 2 one pass over the keys, else two) */
+static inline enum vk_kernel pf_flash_kernel(const struct vk_prefill *p) {
+    return p->b->d->tune.vk_flash == 2 ? K_ATTN_FLASH1 : K_ATTN_FLASH;
+}
 anvil_status pf_emit(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, uint32_t gy, const void *push, size_t size);
 anvil_status pf_insert_op(struct vk_prefill *p, int at, enum vk_kernel k, uint32_t wgs, const void *push,
                           size_t size);

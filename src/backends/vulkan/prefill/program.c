@@ -146,7 +146,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     /* the others' rows as they are: scaling them cost 1-2% of pp512 on the H200 (8B Q4_K_M,
      * 30B-A3B; perf rule "prefill on the matrix units") */
     p->scale = p->scaled_only || t->vk_f16_scale;
-    p->flash = p->f16 && vk_pipeline_supported(b->d, &b->pl, K_ATTN_FLASH) && t->vk_flash && !p->n_seqs;
+    p->flash = p->f16 && t->vk_flash && vk_pipeline_supported(b->d, &b->pl, pf_flash_kernel(p)) && !p->n_seqs;
     /* a batch's attention, and a chunk of few rows' (ANVIL_VK_FEW_ATTN) */
     p->split = (p->n_seqs || p->T <= t->vk_few_attn) && vk_pipeline_supported(b->d, &b->pl, K_ATTN_SPLIT);
     p->dq_emulate = !b->d->coopmat && t->vk_dq_emulate;

@@ -13,13 +13,16 @@
  * Two passes over the keys: the first only finds each row's maximum score, the second sums
  * exp(s - max) and P V. An online softmax would have to rescale the float32 accumulators of O
  * row by row at every block, which these matrices cannot do in place; the extra pass costs
- * half as many products again (QK^T twice) and no rescaling.
+ * half as many products again (QK^T twice) and no rescaling. Compiled with ONE_PASS: one pass
+ * with a lazily moved reference max per row, as vit_flash.comp's (whose header says how): O is
+ * rescaled through shared memory only in the blocks that move it, the first ones mostly.
  *   q [T, H, D], caches [S, Hkv, D], out [T, H, D]. */
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_vote : require
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
@@ -28,6 +31,12 @@ layout(constant_id = FLASH_SPEC_D) const uint D = 128; /* head dimension: a mult
 
 PC_BLOCK(PC_ATTN_PF, pc) /* push.h */
 
+#ifdef ONE_PASS
+const bool ONE = true;
+#else
+const bool ONE = false;
+#endif
+const float LAZY = 8.0;       /* ONE: how far a block's max may pass the reference */
 const uint BK = 32u;          /* keys per step */
 const uint TQ = 64u / G;      /* query tokens per workgroup */
 const uint SD = D + 8u;       /* shared row stride of q, k and v, in halves */
@@ -77,7 +86,7 @@ void main() {
     uint SB = sg * 16u * BK; /* the subgroup's part of sb */
 
     float mx = -1.0 / 0.0;
-    [[unroll]] for (uint pass = 0u; pass < 2u; pass++) {
+    [[unroll]] for (uint pass = ONE ? 1u : 0u; pass < 2u; pass++) {
         fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> o[D / 16u];
         [[unroll]] for (uint kd = 0u; kd < D / 16u; kd++) o[kd] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
         float lsum = 0.0;
@@ -104,6 +113,21 @@ void main() {
                         if (live && s0 + c0 + 4u * c4 + e <= last) mx = max(mx, v[e]);
                 }
             } else {
+                bool grow = false;
+                float bm = -1.0 / 0.0;
+                if (ONE) { /* the row's reference max, moved where the block passes it by LAZY */
+                    [[unroll]] for (uint c4 = 0u; c4 < 4u; c4++) {
+                        vec4 v = sb4(sr + c4);
+                        [[unroll]] for (uint e = 0u; e < 4u; e++)
+                            if (live && s0 + c0 + 4u * c4 + e <= last) bm = max(bm, v[e]);
+                    }
+                    /* (-inf where the block holds none of the row's keys: it moves nothing) */
+                    bm = max(bm, subgroupShuffleXor(bm, 1u));
+                    grow = bm > mx + LAZY;
+                }
+                float alpha = grow ? exp(mx - bm) : 1.0; /* (0 at the row's first block) */
+                if (grow) mx = bm;
+                lsum *= alpha;
                 uint w[8];
                 [[unroll]] for (uint c4 = 0u; c4 < 4u; c4++) {
                     vec4 v = sb4(sr + c4), p;
@@ -118,6 +142,19 @@ void main() {
                 ph[pr + 1u] = uvec4(w[4], w[5], w[6], w[7]);
                 subgroupMemoryBarrierShared();
                 subgroupBarrier();
+                if (ONE && subgroupAny(grow)) /* O's rows by alpha, through the (read) scores' area */
+                    [[unroll]] for (uint kd = 0u; kd < D / 16u; kd++) {
+                        coopMatStoreNV(o[kd], sb, SB, 16u, false);
+                        subgroupMemoryBarrierShared();
+                        subgroupBarrier();
+                        uint so = SB + row * 16u + (lane & 1u) * 8u;
+                        [[unroll]] for (uint e = 0u; e < 8u; e++) sb[so + e] *= alpha;
+                        subgroupMemoryBarrierShared();
+                        subgroupBarrier();
+                        coopMatLoadNV(o[kd], sb, SB, 16u, false);
+                        subgroupMemoryBarrierShared();
+                        subgroupBarrier();
+                    }
                 [[unroll]] for (uint kb = 0u; kb < BK / 16u; kb++) {
                     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> pa;
                     coopMatLoadNV(pa, ph, (16u * sg * SP + 16u * kb) / 8u, SP / 8u, false);
