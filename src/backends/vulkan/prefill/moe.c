@@ -102,9 +102,9 @@ static anvil_status emit_moe_dq(struct vk_prefill *p, const struct node *wn, uin
 /* The mixture of experts over a few rows as the decode step runs one's (its kernels, matvec.comp
  * MODE 2 and 3): every row routed (a workgroup each, into its block of 128 floats: the decode's
  * routing buffer), its input rounded to int8 for the gate/up where kq (beside the routing, or
- * already by a product of the same rows before), then per row the gate/up -> SwiGLU of its k
- * experts (a workgroup row per chosen expert) and the weighted down projection summed into its
- * output row, the rows' dispatches side by side without barriers between them. Each row reads
+ * already by a product of the same rows before), then the gate/up -> SwiGLU of each row's k
+ * experts (a workgroup row per (row, chosen expert) pair) and the weighted down projection
+ * summed into each row's output (a workgroup row per row), one dispatch each. Each row reads
  * its own experts' weights: at a few rows they rarely share one, where the tiles over the rows
  * that chose an expert computed 64 rows for each (35B-A3B: 82% of a 4-row verify step). */
 static anvil_status lower_few(struct vk_prefill *p, struct graph_plan *P, int i, enum vk_kernel kq, bool *done) {
@@ -133,43 +133,41 @@ static anvil_status lower_few(struct vk_prefill *p, struct graph_plan *P, int i,
     if (vk_wnode_kp(b, dn) > F) p->moe_zero = true;
     enum vk_kernel kgu = kq != K_NONE ? kq : vk_kernel_for(VK_OP_MOE_GU, gn->weight->type),
                    kd = vk_kernel_for(VK_OP_MOE_DOWN, dn->weight->type);
+    /* matvec.comp MODE 2 and 3 over a grid of T in z, row z at strides of the shapes: its
+     * input at z * Kp (rounded: Kp int8s, then Kp / 32 scales from qbytes), its routing at z * 128,
+     * its experts' SwiGLU rows at z * k * Fs, its output at z * C */
+    struct pc_matvec pc = {0};
+    pc.ctl = p->prm.addr; /* (its stop word, prm[2], is zero) */
+    pc.x = kq != K_NONE ? p->mmbq.addr : x;
+    pc.normw = kq != K_NONE ? p->mmbq.addr + round_up((VkDeviceSize)T * Kp, 256) : pc.x;
+    pc.w0 = pc.w2 = vk_wnode_addr(b, gn);
+    pc.w1 = vk_wnode_addr(b, un);
+    pc.o0 = pc.o2 = pc.res = base + m.few;
+    pc.o1 = base + m.route;
+    pc.Kp8 = Kp / 8;
+    pc.K = C;
+    pc.rows0 = F;
+    pc.rows1 = k;
+    pc.rows2 = Fs;
     uint32_t nr = vk_matvec_rows(&b->pl, kgu);
-    VkDeviceSize qbytes = round_up((VkDeviceSize)T * Kp, 256);
-    for (uint32_t t = 0; t < T && st == ANVIL_OK; t++) {
-        struct pc_matvec pc = {0};
-        pc.ctl = p->prm.addr; /* (its stop word, prm[2], is zero) */
-        pc.x = kq != K_NONE ? p->mmbq.addr + (VkDeviceSize)t * Kp : x + (VkDeviceSize)t * C * 4;
-        pc.normw = kq != K_NONE ? p->mmbq.addr + qbytes + (VkDeviceSize)t * Kp / 8 : pc.x;
-        pc.w0 = pc.w2 = vk_wnode_addr(b, gn);
-        pc.w1 = vk_wnode_addr(b, un);
-        pc.o0 = pc.o2 = pc.res = base + m.few + (VkDeviceSize)t * k * Fs * 4;
-        pc.o1 = base + m.route + (VkDeviceSize)t * 128 * 4;
-        pc.Kp8 = Kp / 8;
-        pc.K = C;
-        pc.rows0 = F;
-        pc.rows1 = k;
-        pc.rows2 = Fs;
-        if ((st = pf_emit(p, kgu, (F + nr - 1) / nr, k, &pc, sizeof pc)) == ANVIL_OK && t) p->ops[p->n_ops - 1].overlap = true;
+    if (st == ANVIL_OK && (st = pf_emit(p, kgu, (F + nr - 1) / nr, k, &pc, sizeof pc)) == ANVIL_OK) p->ops[p->n_ops - 1].gz = T;
+    struct pc_matvec pd = {0};
+    pd.ctl = p->prm.addr;
+    pd.x = pd.normw = base + m.few;
+    pd.w0 = pd.w1 = pd.w2 = vk_wnode_addr(b, dn);
+    pd.o0 = pd.o2 = pd.res = out;
+    if (res) {
+        pd.res = res;
+        pd.flags = MV_RES;
     }
+    pd.o1 = base + m.route;
+    pd.Kp8 = vk_wnode_kp(b, dn) / 8;
+    pd.K = F;
+    pd.rows0 = C;
+    pd.rows1 = k;
+    pd.rows2 = Fs;
     nr = vk_matvec_rows(&b->pl, kd);
-    for (uint32_t t = 0; t < T && st == ANVIL_OK; t++) {
-        struct pc_matvec pd = {0};
-        pd.ctl = p->prm.addr;
-        pd.x = pd.normw = base + m.few + (VkDeviceSize)t * k * Fs * 4;
-        pd.w0 = pd.w1 = pd.w2 = vk_wnode_addr(b, dn);
-        pd.o0 = pd.o2 = pd.res = out + (VkDeviceSize)t * C * 4;
-        if (res) {
-            pd.res = res + (VkDeviceSize)t * C * 4;
-            pd.flags = MV_RES;
-        }
-        pd.o1 = base + m.route + (VkDeviceSize)t * 128 * 4;
-        pd.Kp8 = vk_wnode_kp(b, dn) / 8;
-        pd.K = F;
-        pd.rows0 = C;
-        pd.rows1 = k;
-        pd.rows2 = Fs;
-        if ((st = pf_emit(p, kd, (C + nr - 1) / nr, 0, &pd, sizeof pd)) == ANVIL_OK && t) p->ops[p->n_ops - 1].overlap = true;
-    }
+    if (st == ANVIL_OK && (st = pf_emit(p, kd, (C + nr - 1) / nr, 0, &pd, sizeof pd)) == ANVIL_OK) p->ops[p->n_ops - 1].gz = T;
     if (st == ANVIL_OK && kq != K_NONE) { /* mmbq still holds x's rows (for the shared expert's gate/up) */
         p->mmbq_of = x;
         p->mmbq_kp = Kp;

@@ -12,6 +12,10 @@
  *           pick_expert, which also writes the routing buffer for MODE 3)
  *   MODE 3: out = [res +] sum over s < rows1 of p_s * W_e · x_s, x_s at x + s * rows2
  *           (the down projection, summed over the experts)
+ *   In both a grid of several z (a few-row step, prefill/moe.c; 1 in decode) runs row z of
+ *   rows at strides from the shapes: its input at z * Kp (MODE 2: floats, or QX int8s with
+ *   their scales at normw + z * Kp / 32), its routing at o1 + z * 128, its MODE 2 outputs at
+ *   o0 + z * rows1 * rows2 (MODE 3's input likewise), its MODE 3 output (and res) at o0 + z * rows0.
  * K = input width (Kp = the rows' padded length, common.glsl; x is zero past K).
  * Each workgroup computes NR consecutive rows; its threads split K in units (common.glsl).
  * QX (Q8_0, Q4_K, Q5_K, Q6_K; MODE 0 and 1): x comes rounded to int8 (the int8s at x, the
@@ -178,6 +182,8 @@ void main() {
     W_INIT(pc.w0)
     if (pc.ctl.stop != 0u) return;
     uint wg = MODE == MV_MODE_MOE_GU ? gl_WorkGroupID.x : gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    /* the experts' row of a few-row step (0 for the other modes, where it folds away) */
+    uint zr = MODE >= MV_MODE_MOE_GU ? gl_WorkGroupID.z : 0u;
 #ifdef QXT
     /* the thread's team and its index in it */
     uint TW = gl_WorkGroupSize.x / NT, team = gl_LocalInvocationID.x / TW, tl = gl_LocalInvocationID.x % TW;
@@ -234,9 +240,9 @@ void main() {
             bool shx = idx >= nE * U;
             uint s = shx ? nE : idx / U, u = shx ? idx - nE * U : idx % U;
             uint Us = shx ? Ush : U;
-            uint rbase = shx ? 0u : floatBitsToUint(pc.o1.v[s]) * pc.rows0;
-            float pw = shx ? psh : pc.o1.v[64u + s];
-            uint xoff = shx ? 0u : s * (pc.rows2 >> 2u);
+            uint rbase = shx ? 0u : floatBitsToUint(pc.o1.v[zr * 128u + s]) * pc.rows0;
+            float pw = shx ? psh : pc.o1.v[zr * 128u + 64u + s];
+            uint xoff = shx ? 0u : (zr * nE + s) * (pc.rows2 >> 2u);
             Vec4s xv = shx ? pc.normw : pc.x;
             W wv = shx ? pc.w1 : pc.w0;
             vec4 xa[UG], xb[UG];
@@ -265,7 +271,7 @@ void main() {
          * how many bytes each thread has in flight */
         uint rbase = 0u;
         if (MODE == MV_MODE_MOE_GU)
-            rbase = ((pc.flags & MV_TOPK) != 0u ? pick_expert() : floatBitsToUint(pc.o1.v[gl_WorkGroupID.y])) * pc.rows0;
+            rbase = ((pc.flags & MV_TOPK) != 0u ? pick_expert() : floatBitsToUint(pc.o1.v[zr * 128u + gl_WorkGroupID.y])) * pc.rows0;
         for (uint u0 = TID; u0 < U; u0 += TWS * PIPE) {
             for (uint p = 0u; p < PIPE; p++) {
                 uint up = u0 + p * TWS;
@@ -276,11 +282,11 @@ void main() {
                 float xd[UG], xs[UG];
                 for (uint k = 0; k < UG; k++) {
                     uint q = unit_pos(u, k);
-                    xq[k] = live ? pc.x.v[q >> 3u] : uvec2(0u);
+                    xq[k] = live ? pc.x.v[(q >> 3u) + zr * pc.Kp8] : uvec2(0u);
 #ifdef QXV
-                    xd[k] = pc.normw.v[q >> XSH];
+                    xd[k] = pc.normw.v[(q >> XSH) + zr * (pc.Kp8 >> 2u)];
 #else
-                    xd[k] = pc.normw.v[q >> 5u];
+                    xd[k] = pc.normw.v[(q >> 5u) + zr * (pc.Kp8 >> 2u)];
 #endif
                     xs[k] = xd[k] * float(sdot4(xq[k].x, 0x01010101u, 0) + sdot4(xq[k].y, 0x01010101u, 0));
                 }
@@ -308,9 +314,9 @@ void main() {
                 vec4 xa[UG], xb[UG];
                 float xs[UG];
                 for (uint k = 0; k < UG; k++) {
-                    uint q = unit_pos(u, k) >> 2u;
-                    xa[k] = live ? pc.x.v[q] : vec4(0.0);
-                    xb[k] = live ? pc.x.v[q + 1u] : vec4(0.0);
+                    uint q = unit_pos(u, k) >> 2u, qz = q + zr * pc.Kp8 * 2u;
+                    xa[k] = live ? pc.x.v[qz] : vec4(0.0);
+                    xb[k] = live ? pc.x.v[qz + 1u] : vec4(0.0);
                     if (norm) {
                         ss += dot(xa[k], xa[k]) + dot(xb[k], xb[k]);
                         xa[k] *= pc.normw.v[q];
@@ -451,9 +457,10 @@ void main() {
     a *= scale;
     if (GATED) {
         b *= scale;
-        pc.o0.v[MODE == MV_MODE_MOE_GU ? gl_WorkGroupID.y * pc.rows2 + g : g] = a / (1.0 + exp(-a)) * b;
+        pc.o0.v[MODE == MV_MODE_MOE_GU ? (zr * pc.rows1 + gl_WorkGroupID.y) * pc.rows2 + g : g] = a / (1.0 + exp(-a)) * b;
     } else if (g < pc.rows0) {
-        pc.o0.v[g] = (pc.flags & MV_RES) != 0u ? pc.res.v[g] + a : a;
+        uint gz = g + zr * pc.rows0;
+        pc.o0.v[gz] = (pc.flags & MV_RES) != 0u ? pc.res.v[gz] + a : a;
     } else if (g < pc.rows0 + pc.rows1) {
         pc.o1.v[g - pc.rows0] = a;
     } else {
