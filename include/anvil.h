@@ -219,6 +219,8 @@ typedef enum anvil_spec_kind {
                           (in the prompt and the output so far) */
     ANVIL_SPEC_DRAFT,  /* a draft model's greedy continuation (same vocabulary) */
     ANVIL_SPEC_ORACLE, /* a given continuation: benchmarks at a known acceptance rate */
+    ANVIL_SPEC_MTP,    /* the model's own multi-token-prediction layer (Qwen3.5, Qwen3.6,
+                          Qwen3-Next), on the target's hidden states; the CPU backend so far */
 } anvil_spec_kind;
 
 #define ANVIL_SPEC_MAX_DRAFT 16

@@ -13,6 +13,11 @@
  * ssm_a = -exp(A_log), Next's qkvz split into attn_qkv / attn_gate, and for qwen35 /
  * qwen35moe the value heads reordered from grouped to tiled), F32, and checked against the
  * same reference: both conventions load to the same model.
+ *
+ * The hybrids also carry a multi-token-prediction layer (Hugging Face mtp.*, GGUF block
+ * n_layer with nextn.* and nextn_predict_layers = 1): the MTP drafter's drafts (engine/mtp.c)
+ * after a prompt and again after a multi-token step must be the reference's (its logits within
+ * 1e-3), the layer run here by the same naive formulas on the reference's hidden states.
  */
 #include <math.h>
 #include <stdio.h>
@@ -21,6 +26,7 @@
 
 #include "anvil.h"
 #include "base/base.h"
+#include "engine/engine_impl.h"
 #include "formats/gguf.h"
 #include "quant/quant.h"
 #include "testutil.h"
@@ -56,6 +62,9 @@ struct weights {
     const struct shape *s;
     double *embd, *out, *norm;
     struct layer *l;
+    /* the MTP layer (hybrids): fc [C][2C] (embedding columns first), its norms, its block */
+    double *mtp_fc, *mtp_enorm, *mtp_hnorm, *mtp_norm;
+    struct layer mtp;
 };
 
 static bool hybrid(const struct shape *s) { return s->kind != QWEN3_MOE; }
@@ -159,9 +168,9 @@ static void write_config(const char *dir, const struct shape *s) {
                "\"intermediate_size\":%d,\"vocab_size\":%d,\"rms_norm_eps\":1e-06,"
                "\"max_position_embeddings\":512,\"tie_word_embeddings\":false,"
                "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":10000.0,"
-               "\"partial_rotary_factor\":%g}",
+               "\"partial_rotary_factor\":%g}%s",
             types[s->kind], s->embd, s->layers, s->heads, s->kv_heads, s->head_dim, s->ff,
-            s->vocab, s->partial);
+            s->vocab, s->partial, hybrid(s) ? ",\"mtp_num_hidden_layers\":1" : "");
     if (has_moe(s)) {
         fprintf(f, ",\"%s\":%d,\"num_experts_per_tok\":%d,\"moe_intermediate_size\":%d,"
                    "\"shared_expert_intermediate_size\":%d,\"mlp_only_layers\":[",
@@ -213,6 +222,72 @@ static double *next_ba(const struct shape *s, const struct layer *L) {
     return o;
 }
 
+/* One layer's tensors under prefix p (attention or DeltaNet, dense MLP or experts). */
+static void add_layer(struct writer *wr, struct rng *r, const struct shape *s, struct layer *L, const char *p,
+                      bool lin, bool dense) {
+    double n0 = hybrid(s) ? 0.0 : 1.0;
+    int C = s->embd, D = s->head_dim, q = s->heads * D, kv = s->kv_heads * D;
+    int Cc = 2 * s->hk * s->dk + s->hv * s->dv;
+    double sc = 1.7 / sqrt(C);
+    char nm[160];
+#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+    L->attn_norm = add(wr, NAME("%sinput_layernorm.weight", p), 1, C, 0, 0, 0.3, n0);
+    L->ffn_norm = add(wr, NAME("%spost_attention_layernorm.weight", p), 1, C, 0, 0, 0.3, n0);
+    if (lin) {
+        /* 3.5 writes these as they are; Next fuses them below (then they are temps) */
+        bool next = s->kind == QWEN3_NEXT;
+        struct writer tmp = {.r = r};
+        struct writer *ww = next ? &tmp : wr;
+        L->wqkv = add(ww, NAME("%slinear_attn.in_proj_qkv.weight", p), 2, Cc, C, 0, sc, 0);
+        L->wz = add(ww, NAME("%slinear_attn.in_proj_z.weight", p), 2, s->hv * s->dv, C, 0, sc, 0);
+        L->wb = add(ww, NAME("%slinear_attn.in_proj_b.weight", p), 2, s->hv, C, 0, sc, 0);
+        L->wa = add(ww, NAME("%slinear_attn.in_proj_a.weight", p), 2, s->hv, C, 0, sc, 0);
+        if (next) {
+            add_temp(wr, NAME("%slinear_attn.in_proj_qkvz.weight", p),
+                     2 * s->hk * s->dk + 2 * s->hv * s->dv, C, next_qkvz(s, L));
+            add_temp(wr, NAME("%slinear_attn.in_proj_ba.weight", p), 2 * s->hv, C, next_ba(s, L));
+        }
+        L->conv = add(wr, NAME("%slinear_attn.conv1d.weight", p), 3, Cc, 1, s->conv, 0.6, 0);
+        L->A_log = add(wr, NAME("%slinear_attn.A_log", p), 1, s->hv, 0, 0, 1.0, 0);
+        L->dt_bias = add(wr, NAME("%slinear_attn.dt_bias", p), 1, s->hv, 0, 0, 0.5, 1);
+        L->gnorm = add(wr, NAME("%slinear_attn.norm.weight", p), 1, s->dv, 0, 0, 0.3, 1);
+        L->wout = add(wr, NAME("%slinear_attn.out_proj.weight", p), 2, C, s->hv * s->dv, 0,
+                      1.7 / sqrt(s->hv * s->dv), 0);
+    } else {
+        int qrows = hybrid(s) ? 2 * q : q;
+        L->wq = add(wr, NAME("%sself_attn.q_proj.weight", p), 2, qrows, C, 0, sc, 0);
+        L->wk = add(wr, NAME("%sself_attn.k_proj.weight", p), 2, kv, C, 0, sc, 0);
+        L->wv = add(wr, NAME("%sself_attn.v_proj.weight", p), 2, kv, C, 0, sc, 0);
+        L->wo = add(wr, NAME("%sself_attn.o_proj.weight", p), 2, C, q, 0, 1.7 / sqrt(q), 0);
+        L->q_norm = add(wr, NAME("%sself_attn.q_norm.weight", p), 1, D, 0, 0, 0.3, n0);
+        L->k_norm = add(wr, NAME("%sself_attn.k_norm.weight", p), 1, D, 0, 0, 0.3, n0);
+    }
+    if (dense) {
+        L->gate = add(wr, NAME("%smlp.gate_proj.weight", p), 2, s->ff, C, 0, sc, 0);
+        L->up = add(wr, NAME("%smlp.up_proj.weight", p), 2, s->ff, C, 0, sc, 0);
+        L->down = add(wr, NAME("%smlp.down_proj.weight", p), 2, C, s->ff, 0, 1.7 / sqrt(s->ff), 0);
+    } else {
+        L->router = add(wr, NAME("%smlp.gate.weight", p), 2, s->experts, C, 0, 2.0 / sqrt(C), 0);
+        L->eg = calloc((size_t)s->experts, sizeof *L->eg);
+        L->eu = calloc((size_t)s->experts, sizeof *L->eu);
+        L->ed = calloc((size_t)s->experts, sizeof *L->ed);
+        for (int e = 0; e < s->experts; e++) {
+            L->eg[e] = add(wr, NAME("%smlp.experts.%d.gate_proj.weight", p, e), 2, s->ff_exp, C, 0, sc, 0);
+            L->eu[e] = add(wr, NAME("%smlp.experts.%d.up_proj.weight", p, e), 2, s->ff_exp, C, 0, sc, 0);
+            L->ed[e] = add(wr, NAME("%smlp.experts.%d.down_proj.weight", p, e), 2, C, s->ff_exp, 0,
+                           1.7 / sqrt(s->ff_exp), 0);
+        }
+        if (s->ff_sh) {
+            L->sh_gate_inp = add(wr, NAME("%smlp.shared_expert_gate.weight", p), 2, 1, C, 0, sc, 0);
+            L->sh_g = add(wr, NAME("%smlp.shared_expert.gate_proj.weight", p), 2, s->ff_sh, C, 0, sc, 0);
+            L->sh_u = add(wr, NAME("%smlp.shared_expert.up_proj.weight", p), 2, s->ff_sh, C, 0, sc, 0);
+            L->sh_d = add(wr, NAME("%smlp.shared_expert.down_proj.weight", p), 2, C, s->ff_sh, 0,
+                          1.7 / sqrt(s->ff_sh), 0);
+        }
+    }
+#undef NAME
+}
+
 static void write_checkpoint(const char *dir, struct weights *w, struct rng *r) {
     const struct shape *s = w->s;
     static struct writer wr;
@@ -221,73 +296,24 @@ static void write_checkpoint(const char *dir, struct weights *w, struct rng *r) 
     wr.prefix = s->multimodal ? "model.language_model." : "model.";
     /* zero-centred norms (1 + w) in the hybrids: generated around 0 there, around 1 else */
     double n0 = hybrid(s) ? 0.0 : 1.0;
-    int C = s->embd, D = s->head_dim, q = s->heads * D, kv = s->kv_heads * D;
-    int Cc = 2 * s->hk * s->dk + s->hv * s->dv;
+    int C = s->embd;
     char nm[160];
 #define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
     w->embd = add(&wr, NAME("%sembed_tokens.weight", wr.prefix), 2, s->vocab, C, 0, 0.5, 0);
     w->norm = add(&wr, NAME("%snorm.weight", wr.prefix), 1, C, 0, 0, 0.3, n0);
     w->out = add(&wr, "lm_head.weight", 2, s->vocab, C, 0, 1.0 / sqrt(C), 0);
     w->l = calloc((size_t)s->layers, sizeof *w->l);
-    double sc = 1.7 / sqrt(C);
     for (int l = 0; l < s->layers; l++) {
-        struct layer *L = &w->l[l];
         char p[96];
         snprintf(p, sizeof p, "%slayers.%d.", wr.prefix, l);
-        L->attn_norm = add(&wr, NAME("%sinput_layernorm.weight", p), 1, C, 0, 0, 0.3, n0);
-        L->ffn_norm = add(&wr, NAME("%spost_attention_layernorm.weight", p), 1, C, 0, 0, 0.3, n0);
-        if (is_lin(s, l)) {
-            /* 3.5 writes these as they are; Next fuses them below (then they are temps) */
-            bool next = s->kind == QWEN3_NEXT;
-            struct writer tmp = {.r = r};
-            struct writer *ww = next ? &tmp : &wr;
-            L->wqkv = add(ww, NAME("%slinear_attn.in_proj_qkv.weight", p), 2, Cc, C, 0, sc, 0);
-            L->wz = add(ww, NAME("%slinear_attn.in_proj_z.weight", p), 2, s->hv * s->dv, C, 0, sc, 0);
-            L->wb = add(ww, NAME("%slinear_attn.in_proj_b.weight", p), 2, s->hv, C, 0, sc, 0);
-            L->wa = add(ww, NAME("%slinear_attn.in_proj_a.weight", p), 2, s->hv, C, 0, sc, 0);
-            if (next) {
-                add_temp(&wr, NAME("%slinear_attn.in_proj_qkvz.weight", p),
-                         2 * s->hk * s->dk + 2 * s->hv * s->dv, C, next_qkvz(s, L));
-                add_temp(&wr, NAME("%slinear_attn.in_proj_ba.weight", p), 2 * s->hv, C, next_ba(s, L));
-            }
-            L->conv = add(&wr, NAME("%slinear_attn.conv1d.weight", p), 3, Cc, 1, s->conv, 0.6, 0);
-            L->A_log = add(&wr, NAME("%slinear_attn.A_log", p), 1, s->hv, 0, 0, 1.0, 0);
-            L->dt_bias = add(&wr, NAME("%slinear_attn.dt_bias", p), 1, s->hv, 0, 0, 0.5, 1);
-            L->gnorm = add(&wr, NAME("%slinear_attn.norm.weight", p), 1, s->dv, 0, 0, 0.3, 1);
-            L->wout = add(&wr, NAME("%slinear_attn.out_proj.weight", p), 2, C, s->hv * s->dv, 0,
-                          1.7 / sqrt(s->hv * s->dv), 0);
-        } else {
-            int qrows = hybrid(s) ? 2 * q : q;
-            L->wq = add(&wr, NAME("%sself_attn.q_proj.weight", p), 2, qrows, C, 0, sc, 0);
-            L->wk = add(&wr, NAME("%sself_attn.k_proj.weight", p), 2, kv, C, 0, sc, 0);
-            L->wv = add(&wr, NAME("%sself_attn.v_proj.weight", p), 2, kv, C, 0, sc, 0);
-            L->wo = add(&wr, NAME("%sself_attn.o_proj.weight", p), 2, C, q, 0, 1.7 / sqrt(q), 0);
-            L->q_norm = add(&wr, NAME("%sself_attn.q_norm.weight", p), 1, D, 0, 0, 0.3, n0);
-            L->k_norm = add(&wr, NAME("%sself_attn.k_norm.weight", p), 1, D, 0, 0, 0.3, n0);
-        }
-        if (is_dense(s, l)) {
-            L->gate = add(&wr, NAME("%smlp.gate_proj.weight", p), 2, s->ff, C, 0, sc, 0);
-            L->up = add(&wr, NAME("%smlp.up_proj.weight", p), 2, s->ff, C, 0, sc, 0);
-            L->down = add(&wr, NAME("%smlp.down_proj.weight", p), 2, C, s->ff, 0, 1.7 / sqrt(s->ff), 0);
-        } else {
-            L->router = add(&wr, NAME("%smlp.gate.weight", p), 2, s->experts, C, 0, 2.0 / sqrt(C), 0);
-            L->eg = calloc((size_t)s->experts, sizeof *L->eg);
-            L->eu = calloc((size_t)s->experts, sizeof *L->eu);
-            L->ed = calloc((size_t)s->experts, sizeof *L->ed);
-            for (int e = 0; e < s->experts; e++) {
-                L->eg[e] = add(&wr, NAME("%smlp.experts.%d.gate_proj.weight", p, e), 2, s->ff_exp, C, 0, sc, 0);
-                L->eu[e] = add(&wr, NAME("%smlp.experts.%d.up_proj.weight", p, e), 2, s->ff_exp, C, 0, sc, 0);
-                L->ed[e] = add(&wr, NAME("%smlp.experts.%d.down_proj.weight", p, e), 2, C, s->ff_exp, 0,
-                               1.7 / sqrt(s->ff_exp), 0);
-            }
-            if (s->ff_sh) {
-                L->sh_gate_inp = add(&wr, NAME("%smlp.shared_expert_gate.weight", p), 2, 1, C, 0, sc, 0);
-                L->sh_g = add(&wr, NAME("%smlp.shared_expert.gate_proj.weight", p), 2, s->ff_sh, C, 0, sc, 0);
-                L->sh_u = add(&wr, NAME("%smlp.shared_expert.up_proj.weight", p), 2, s->ff_sh, C, 0, sc, 0);
-                L->sh_d = add(&wr, NAME("%smlp.shared_expert.down_proj.weight", p), 2, C, s->ff_sh, 0,
-                              1.7 / sqrt(s->ff_sh), 0);
-            }
-        }
+        add_layer(&wr, r, s, &w->l[l], p, is_lin(s, l), is_dense(s, l));
+    }
+    if (hybrid(s)) {
+        w->mtp_fc = add(&wr, "mtp.fc.weight", 2, C, 2 * C, 0, 1.7 / sqrt(2 * C), 0);
+        w->mtp_enorm = add(&wr, "mtp.pre_fc_norm_embedding.weight", 1, C, 0, 0, 0.3, n0);
+        w->mtp_hnorm = add(&wr, "mtp.pre_fc_norm_hidden.weight", 1, C, 0, 0, 0.3, n0);
+        w->mtp_norm = add(&wr, "mtp.norm.weight", 1, C, 0, 0, 0.3, n0);
+        add_layer(&wr, r, s, &w->mtp, "mtp.layers.0.", false, !has_moe(s));
     }
 #undef NAME
     flush(&wr, dir);
@@ -496,8 +522,54 @@ static void attention(const struct shape *s, const struct layer *L, const double
     free(Q), free(G), free(K), free(V), free(qg), free(att), free(sc);
 }
 
-/* Logits after tokens[0..n-1] for the last position, by full recomputation. */
+/* The MLP of layer L (dense or experts) on h; out [C]. */
+static void mlp(const struct shape *s, const struct layer *L, bool dense, const double *h, double *out) {
+    if (dense) swiglu_mlp(L->gate, L->up, L->down, s->ff, s->embd, h, out);
+    else moe(s, L, h, out);
+}
+
+/* The MTP layer over rows 0 .. n-1, row p on the token tok[p] (the one after position p) and
+ * the hidden state hid[p] [C] (the target's final norm's output, or the layer's own); its own
+ * output rows (after its shared head norm) into out_h [n][C], the last row's logits into
+ * logits. */
+static void reference_mtp(const struct weights *w, const int32_t *tok, const double *hid, int n, double *out_h,
+                          double *logits) {
+    const struct shape *s = w->s;
+    int C = s->embd;
+    double *x = malloc(sizeof(double) * (size_t)n * C), *hs = malloc(sizeof(double) * (size_t)n * C),
+           *o = malloc(sizeof(double) * (size_t)n * C), *cat = malloc(sizeof(double) * 2 * C);
+    for (int p = 0; p < n; p++) { /* fc · [enorm(embedding); hnorm(hidden)] */
+        memcpy(cat, w->embd + (size_t)tok[p] * C, sizeof(double) * C);
+        memcpy(cat + C, hid + (size_t)p * C, sizeof(double) * C);
+        rmsnorm(cat, w->mtp_enorm, C, true);
+        rmsnorm(cat + C, w->mtp_hnorm, C, true);
+        matvec(w->mtp_fc, cat, x + (size_t)p * C, C, 2 * C);
+    }
+    memcpy(hs, x, sizeof(double) * (size_t)n * C);
+    for (int p = 0; p < n; p++) rmsnorm(hs + (size_t)p * C, w->mtp.attn_norm, C, true);
+    attention(s, &w->mtp, hs, n, o);
+    for (size_t i = 0; i < (size_t)n * C; i++) x[i] += o[i];
+    for (int p = 0; p < n; p++) {
+        double *h = hs + (size_t)p * C;
+        memcpy(h, x + (size_t)p * C, sizeof(double) * C);
+        rmsnorm(h, w->mtp.ffn_norm, C, true);
+        mlp(s, &w->mtp, !has_moe(s), h, o);
+        for (int i = 0; i < C; i++) x[(size_t)p * C + i] += o[i];
+        memcpy(out_h + (size_t)p * C, x + (size_t)p * C, sizeof(double) * C);
+        rmsnorm(out_h + (size_t)p * C, w->mtp_norm, C, true);
+    }
+    matvec(w->out, out_h + (size_t)(n - 1) * C, logits, s->vocab, C);
+    free(x), free(hs), free(o), free(cat);
+}
+
+/* Logits after tokens[0..n-1] for the last position, by full recomputation; hidden (when not
+ * NULL) [n][C]: every position's final norm output. */
+static void reference_forward_h(const struct weights *w, const int32_t *tok, int n, double *logits, double *hidden);
 static void reference_forward(const struct weights *w, const int32_t *tok, int n, double *logits) {
+    reference_forward_h(w, tok, n, logits, NULL);
+}
+
+static void reference_forward_h(const struct weights *w, const int32_t *tok, int n, double *logits, double *hidden) {
     const struct shape *s = w->s;
     int C = s->embd;
     bool zc = hybrid(s);
@@ -520,26 +592,33 @@ static void reference_forward(const struct weights *w, const int32_t *tok, int n
             for (int i = 0; i < C; i++) x[(size_t)t * C + i] += o[i];
         }
     }
+    for (int t = 0; hidden && t < n; t++) {
+        memcpy(hidden + (size_t)t * C, x + (size_t)t * C, sizeof(double) * C);
+        rmsnorm(hidden + (size_t)t * C, w->norm, C, zc);
+    }
     memcpy(hs, x + (size_t)(n - 1) * C, sizeof(double) * C);
     rmsnorm(hs, w->norm, C, zc);
     matvec(w->out, hs, logits, s->vocab, C);
     free(x), free(hs), free(o);
 }
 
+static void free_layer(const struct shape *s, struct layer *L) {
+    free(L->attn_norm), free(L->ffn_norm), free(L->wq), free(L->wk), free(L->wv), free(L->wo);
+    free(L->q_norm), free(L->k_norm), free(L->wqkv), free(L->wz), free(L->wb), free(L->wa);
+    free(L->conv), free(L->A_log), free(L->dt_bias), free(L->gnorm), free(L->wout);
+    free(L->gate), free(L->up), free(L->down), free(L->router), free(L->sh_gate_inp);
+    free(L->sh_g), free(L->sh_u), free(L->sh_d);
+    for (int e = 0; L->eg && e < s->experts; e++) free(L->eg[e]), free(L->eu[e]), free(L->ed[e]);
+    free(L->eg), free(L->eu), free(L->ed);
+}
+
 static void free_weights(struct weights *w) {
     const struct shape *s = w->s;
     free(w->embd), free(w->norm), free(w->out);
-    for (int l = 0; l < s->layers; l++) {
-        struct layer *L = &w->l[l];
-        free(L->attn_norm), free(L->ffn_norm), free(L->wq), free(L->wk), free(L->wv), free(L->wo);
-        free(L->q_norm), free(L->k_norm), free(L->wqkv), free(L->wz), free(L->wb), free(L->wa);
-        free(L->conv), free(L->A_log), free(L->dt_bias), free(L->gnorm), free(L->wout);
-        free(L->gate), free(L->up), free(L->down), free(L->router), free(L->sh_gate_inp);
-        free(L->sh_g), free(L->sh_u), free(L->sh_d);
-        for (int e = 0; L->eg && e < s->experts; e++) free(L->eg[e]), free(L->eu[e]), free(L->ed[e]);
-        free(L->eg), free(L->eu), free(L->ed);
-    }
+    for (int l = 0; l < s->layers; l++) free_layer(s, &w->l[l]);
     free(w->l);
+    free(w->mtp_fc), free(w->mtp_enorm), free(w->mtp_hnorm), free(w->mtp_norm);
+    free_layer(s, &w->mtp);
 }
 
 /* ---- the same weights as llama.cpp's GGUF ---- */
@@ -577,14 +656,94 @@ static int tiled(const struct shape *s, int h) {
     return (h % r) * s->hk + h / r;
 }
 
-static void write_gguf(const char *path, const struct weights *w) {
-    const struct shape *s = w->s;
-    static const char *archs[] = {"qwen3moe", "qwen3next", "qwen35", "qwen35moe"};
-    const char *arch = archs[s->kind];
+/* Layer l's tensors as llama.cpp's converter writes them. */
+static void gg_layer(struct gg *g, const struct shape *s, int l, const struct layer *L, bool lin, bool dense) {
     bool tile = s->kind == QWEN35 || s->kind == QWEN35_MOE;
     double one = hybrid(s) ? 1.0 : 0.0; /* the converter adds the 1 of zero-centred norms */
     int C = s->embd, D = s->head_dim, q = s->heads * D, kv = s->kv_heads * D;
     int Hk = s->hk, Hv = s->hv, Dk = s->dk, Dv = s->dv, Kc = s->conv, Cc = 2 * Hk * Dk + Hv * Dv;
+    char nm[64];
+#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+    gg_add(g, NAME("blk.%d.attn_norm.weight", l), 1, C, 1, 1, L->attn_norm, one);
+    gg_add(g, NAME(hybrid(s) ? "blk.%d.post_attention_norm.weight" : "blk.%d.ffn_norm.weight", l),
+           1, C, 1, 1, L->ffn_norm, one);
+    if (lin) {
+        /* value-head order of this file: grouped (Next) or tiled (3.5) */
+        float *qkv = gg_add(g, NAME("blk.%d.attn_qkv.weight", l), 2, C, Cc, 1, L->wqkv, 0);
+        float *z = gg_add(g, NAME("blk.%d.attn_gate.weight", l), 2, C, Hv * Dv, 1, L->wz, 0);
+        float *conv = gg_add(g, NAME("blk.%d.ssm_conv1d.weight", l), 2, Kc, Cc, 1, L->conv, 0);
+        float *A = gg_add(g, NAME("blk.%d.ssm_a", l), 1, Hv, 1, 1, NULL, 0);
+        float *dt = gg_add(g, NAME("blk.%d.ssm_dt.bias", l), 1, Hv, 1, 1, L->dt_bias, 0);
+        gg_add(g, NAME("blk.%d.ssm_norm.weight", l), 1, Dv, 1, 1, L->gnorm, 0);
+        float *out = gg_add(g, NAME("blk.%d.ssm_out.weight", l), 2, Hv * Dv, C, 1, L->wout, 0);
+        float *b = NULL, *a = NULL;
+        if (s->kind == QWEN3_NEXT) {
+            double *ba = next_ba(s, L);
+            gg_add(g, NAME("blk.%d.ssm_ba.weight", l), 2, C, 2 * Hv, 1, ba, 0);
+            free(ba);
+        } else {
+            b = gg_add(g, NAME("blk.%d.ssm_beta.weight", l), 2, C, Hv, 1, L->wb, 0);
+            a = gg_add(g, NAME("blk.%d.ssm_alpha.weight", l), 2, C, Hv, 1, L->wa, 0);
+        }
+        for (int h = 0; h < Hv; h++) {
+            int j = tile ? tiled(s, h) : h;
+            A[j] = (float)-exp(L->A_log[h]);
+            dt[j] = (float)L->dt_bias[h];
+            for (int i = 0; i < Dv; i++) {
+                int vo = 2 * Hk * Dk, src = vo + h * Dv + i, dst = vo + j * Dv + i;
+                for (int c = 0; c < C; c++) {
+                    qkv[(size_t)dst * C + c] = (float)L->wqkv[(size_t)src * C + c];
+                    z[(size_t)(j * Dv + i) * C + c] = (float)L->wz[(size_t)(h * Dv + i) * C + c];
+                    out[(size_t)c * Hv * Dv + j * Dv + i] = (float)L->wout[(size_t)c * Hv * Dv + h * Dv + i];
+                }
+                for (int k = 0; k < Kc; k++) conv[(size_t)dst * Kc + k] = (float)L->conv[(size_t)src * Kc + k];
+            }
+            for (int c = 0; b && c < C; c++) {
+                b[(size_t)j * C + c] = (float)L->wb[(size_t)h * C + c];
+                a[(size_t)j * C + c] = (float)L->wa[(size_t)h * C + c];
+            }
+        }
+    } else {
+        gg_add(g, NAME("blk.%d.attn_q.weight", l), 2, C, hybrid(s) ? 2 * q : q, 1, L->wq, 0);
+        gg_add(g, NAME("blk.%d.attn_k.weight", l), 2, C, kv, 1, L->wk, 0);
+        gg_add(g, NAME("blk.%d.attn_v.weight", l), 2, C, kv, 1, L->wv, 0);
+        gg_add(g, NAME("blk.%d.attn_output.weight", l), 2, q, C, 1, L->wo, 0);
+        gg_add(g, NAME("blk.%d.attn_q_norm.weight", l), 1, D, 1, 1, L->q_norm, one);
+        gg_add(g, NAME("blk.%d.attn_k_norm.weight", l), 1, D, 1, 1, L->k_norm, one);
+    }
+    if (dense) {
+        gg_add(g, NAME("blk.%d.ffn_gate.weight", l), 2, C, s->ff, 1, L->gate, 0);
+        gg_add(g, NAME("blk.%d.ffn_up.weight", l), 2, C, s->ff, 1, L->up, 0);
+        gg_add(g, NAME("blk.%d.ffn_down.weight", l), 2, s->ff, C, 1, L->down, 0);
+    } else {
+        int E = s->experts, F = s->ff_exp;
+        gg_add(g, NAME("blk.%d.ffn_gate_inp.weight", l), 2, C, E, 1, L->router, 0);
+        float *ge = gg_add(g, NAME("blk.%d.ffn_gate_exps.weight", l), 3, C, F, E, NULL, 0);
+        float *ue = gg_add(g, NAME("blk.%d.ffn_up_exps.weight", l), 3, C, F, E, NULL, 0);
+        float *de = gg_add(g, NAME("blk.%d.ffn_down_exps.weight", l), 3, F, C, E, NULL, 0);
+        for (int e = 0; e < E; e++)
+            for (size_t i = 0; i < (size_t)C * F; i++) {
+                ge[(size_t)e * C * F + i] = (float)L->eg[e][i];
+                ue[(size_t)e * C * F + i] = (float)L->eu[e][i];
+                de[(size_t)e * C * F + i] = (float)L->ed[e][i];
+            }
+        if (s->ff_sh) {
+            gg_add(g, NAME("blk.%d.ffn_gate_inp_shexp.weight", l), 2, C, 1, 1, L->sh_gate_inp, 0);
+            gg_add(g, NAME("blk.%d.ffn_gate_shexp.weight", l), 2, C, s->ff_sh, 1, L->sh_g, 0);
+            gg_add(g, NAME("blk.%d.ffn_up_shexp.weight", l), 2, C, s->ff_sh, 1, L->sh_u, 0);
+            gg_add(g, NAME("blk.%d.ffn_down_shexp.weight", l), 2, s->ff_sh, C, 1, L->sh_d, 0);
+        }
+    }
+#undef NAME
+}
+
+static void write_gguf(const char *path, const struct weights *w) {
+    const struct shape *s = w->s;
+    static const char *archs[] = {"qwen3moe", "qwen3next", "qwen35", "qwen35moe"};
+    const char *arch = archs[s->kind];
+    double one = hybrid(s) ? 1.0 : 0.0; /* the converter adds the 1 of zero-centred norms */
+    int C = s->embd, D = s->head_dim, n_mtp = hybrid(s) ? 1 : 0;
+    int Hk = s->hk, Hv = s->hv, Dk = s->dk, Dv = s->dv, Kc = s->conv;
     static struct gg g;
     memset(&g, 0, sizeof g);
     char nm[64];
@@ -592,78 +751,13 @@ static void write_gguf(const char *path, const struct weights *w) {
     gg_add(&g, "token_embd.weight", 2, C, s->vocab, 1, w->embd, 0);
     gg_add(&g, "output_norm.weight", 1, C, 1, 1, w->norm, one);
     gg_add(&g, "output.weight", 2, C, s->vocab, 1, w->out, 0);
-    for (int l = 0; l < s->layers; l++) {
-        const struct layer *L = &w->l[l];
-        gg_add(&g, NAME("blk.%d.attn_norm.weight", l), 1, C, 1, 1, L->attn_norm, one);
-        gg_add(&g, NAME(hybrid(s) ? "blk.%d.post_attention_norm.weight" : "blk.%d.ffn_norm.weight", l),
-               1, C, 1, 1, L->ffn_norm, one);
-        if (is_lin(s, l)) {
-            /* value-head order of this file: grouped (Next) or tiled (3.5) */
-            float *qkv = gg_add(&g, NAME("blk.%d.attn_qkv.weight", l), 2, C, Cc, 1, L->wqkv, 0);
-            float *z = gg_add(&g, NAME("blk.%d.attn_gate.weight", l), 2, C, Hv * Dv, 1, L->wz, 0);
-            float *conv = gg_add(&g, NAME("blk.%d.ssm_conv1d.weight", l), 2, Kc, Cc, 1, L->conv, 0);
-            float *A = gg_add(&g, NAME("blk.%d.ssm_a", l), 1, Hv, 1, 1, NULL, 0);
-            float *dt = gg_add(&g, NAME("blk.%d.ssm_dt.bias", l), 1, Hv, 1, 1, L->dt_bias, 0);
-            gg_add(&g, NAME("blk.%d.ssm_norm.weight", l), 1, Dv, 1, 1, L->gnorm, 0);
-            float *out = gg_add(&g, NAME("blk.%d.ssm_out.weight", l), 2, Hv * Dv, C, 1, L->wout, 0);
-            float *b = NULL, *a = NULL;
-            if (s->kind == QWEN3_NEXT) {
-                double *ba = next_ba(s, L);
-                gg_add(&g, NAME("blk.%d.ssm_ba.weight", l), 2, C, 2 * Hv, 1, ba, 0);
-                free(ba);
-            } else {
-                b = gg_add(&g, NAME("blk.%d.ssm_beta.weight", l), 2, C, Hv, 1, L->wb, 0);
-                a = gg_add(&g, NAME("blk.%d.ssm_alpha.weight", l), 2, C, Hv, 1, L->wa, 0);
-            }
-            for (int h = 0; h < Hv; h++) {
-                int j = tile ? tiled(s, h) : h;
-                A[j] = (float)-exp(L->A_log[h]);
-                dt[j] = (float)L->dt_bias[h];
-                for (int i = 0; i < Dv; i++) {
-                    int vo = 2 * Hk * Dk, src = vo + h * Dv + i, dst = vo + j * Dv + i;
-                    for (int c = 0; c < C; c++) {
-                        qkv[(size_t)dst * C + c] = (float)L->wqkv[(size_t)src * C + c];
-                        z[(size_t)(j * Dv + i) * C + c] = (float)L->wz[(size_t)(h * Dv + i) * C + c];
-                        out[(size_t)c * Hv * Dv + j * Dv + i] = (float)L->wout[(size_t)c * Hv * Dv + h * Dv + i];
-                    }
-                    for (int k = 0; k < Kc; k++) conv[(size_t)dst * Kc + k] = (float)L->conv[(size_t)src * Kc + k];
-                }
-                for (int c = 0; b && c < C; c++) {
-                    b[(size_t)j * C + c] = (float)L->wb[(size_t)h * C + c];
-                    a[(size_t)j * C + c] = (float)L->wa[(size_t)h * C + c];
-                }
-            }
-        } else {
-            gg_add(&g, NAME("blk.%d.attn_q.weight", l), 2, C, hybrid(s) ? 2 * q : q, 1, L->wq, 0);
-            gg_add(&g, NAME("blk.%d.attn_k.weight", l), 2, C, kv, 1, L->wk, 0);
-            gg_add(&g, NAME("blk.%d.attn_v.weight", l), 2, C, kv, 1, L->wv, 0);
-            gg_add(&g, NAME("blk.%d.attn_output.weight", l), 2, q, C, 1, L->wo, 0);
-            gg_add(&g, NAME("blk.%d.attn_q_norm.weight", l), 1, D, 1, 1, L->q_norm, one);
-            gg_add(&g, NAME("blk.%d.attn_k_norm.weight", l), 1, D, 1, 1, L->k_norm, one);
-        }
-        if (is_dense(s, l)) {
-            gg_add(&g, NAME("blk.%d.ffn_gate.weight", l), 2, C, s->ff, 1, L->gate, 0);
-            gg_add(&g, NAME("blk.%d.ffn_up.weight", l), 2, C, s->ff, 1, L->up, 0);
-            gg_add(&g, NAME("blk.%d.ffn_down.weight", l), 2, s->ff, C, 1, L->down, 0);
-        } else {
-            int E = s->experts, F = s->ff_exp;
-            gg_add(&g, NAME("blk.%d.ffn_gate_inp.weight", l), 2, C, E, 1, L->router, 0);
-            float *ge = gg_add(&g, NAME("blk.%d.ffn_gate_exps.weight", l), 3, C, F, E, NULL, 0);
-            float *ue = gg_add(&g, NAME("blk.%d.ffn_up_exps.weight", l), 3, C, F, E, NULL, 0);
-            float *de = gg_add(&g, NAME("blk.%d.ffn_down_exps.weight", l), 3, F, C, E, NULL, 0);
-            for (int e = 0; e < E; e++)
-                for (size_t i = 0; i < (size_t)C * F; i++) {
-                    ge[(size_t)e * C * F + i] = (float)L->eg[e][i];
-                    ue[(size_t)e * C * F + i] = (float)L->eu[e][i];
-                    de[(size_t)e * C * F + i] = (float)L->ed[e][i];
-                }
-            if (s->ff_sh) {
-                gg_add(&g, NAME("blk.%d.ffn_gate_inp_shexp.weight", l), 2, C, 1, 1, L->sh_gate_inp, 0);
-                gg_add(&g, NAME("blk.%d.ffn_gate_shexp.weight", l), 2, C, s->ff_sh, 1, L->sh_g, 0);
-                gg_add(&g, NAME("blk.%d.ffn_up_shexp.weight", l), 2, C, s->ff_sh, 1, L->sh_u, 0);
-                gg_add(&g, NAME("blk.%d.ffn_down_shexp.weight", l), 2, s->ff_sh, C, 1, L->sh_d, 0);
-            }
-        }
+    for (int l = 0; l < s->layers; l++) gg_layer(&g, s, l, &w->l[l], is_lin(s, l), is_dense(s, l));
+    if (hybrid(s)) { /* the MTP layer: block n_layer */
+        gg_add(&g, NAME("blk.%d.nextn.eh_proj.weight", s->layers), 2, 2 * C, C, 1, w->mtp_fc, 0);
+        gg_add(&g, NAME("blk.%d.nextn.enorm.weight", s->layers), 1, C, 1, 1, w->mtp_enorm, one);
+        gg_add(&g, NAME("blk.%d.nextn.hnorm.weight", s->layers), 1, C, 1, 1, w->mtp_hnorm, one);
+        gg_add(&g, NAME("blk.%d.nextn.shared_head_norm.weight", s->layers), 1, C, 1, 1, w->mtp_norm, one);
+        gg_layer(&g, s, s->layers, &w->mtp, false, !has_moe(s));
     }
 #undef NAME
     struct gguf_writer *gw;
@@ -671,7 +765,9 @@ static void write_gguf(const char *path, const struct weights *w) {
     char key[128];
 #define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
     assert_int_equal(gguf_writer_set_str(gw, "general.architecture", arch), ANVIL_OK);
-    gguf_writer_set_u32(gw, KEY("block_count"), (uint32_t)s->layers);
+    /* (llama.cpp's convention: the MTP layer counted in block_count) */
+    gguf_writer_set_u32(gw, KEY("block_count"), (uint32_t)(s->layers + n_mtp));
+    if (n_mtp) gguf_writer_set_u32(gw, KEY("nextn_predict_layers"), (uint32_t)n_mtp);
     gguf_writer_set_u32(gw, KEY("context_length"), 512);
     gguf_writer_set_u32(gw, KEY("embedding_length"), (uint32_t)C);
     gguf_writer_set_u32(gw, KEY("feed_forward_length"), (uint32_t)s->ff);
@@ -691,7 +787,7 @@ static void write_gguf(const char *path, const struct weights *w) {
     }
     if (hybrid(s)) {
         bool rec[32];
-        for (int l = 0; l < s->layers; l++) rec[l] = is_lin(s, l);
+        for (int l = 0; l < s->layers + n_mtp; l++) rec[l] = l < s->layers && is_lin(s, l);
         gguf_writer_set_u32(gw, KEY("ssm.conv_kernel"), (uint32_t)Kc);
         gguf_writer_set_u32(gw, KEY("ssm.state_size"), (uint32_t)Dk);
         gguf_writer_set_u32(gw, KEY("ssm.group_count"), (uint32_t)Hk);
@@ -699,7 +795,7 @@ static void write_gguf(const char *path, const struct weights *w) {
         gguf_writer_set_u32(gw, KEY("ssm.inner_size"), (uint32_t)(Hv * Dv));
         gguf_writer_set_u32(gw, KEY("full_attention_interval"), 4);
         assert_int_equal(gguf_writer_set_arr(gw, KEY("attention.recurrent_layers"), GGUF_BOOL, rec,
-                                             (uint64_t)s->layers), ANVIL_OK);
+                                             (uint64_t)(s->layers + n_mtp)), ANVIL_OK);
     }
 #undef KEY
     for (int i = 0; i < g.n; i++)
@@ -747,6 +843,63 @@ static double run_against_reference(const char *path, const struct weights *w, c
     return worst;
 }
 
+/* The MTP drafter of the model at path against the reference: K drafts after the prompt
+ * tok[0 .. P) and the token chosen after it (tok[P]), then again after a step of 3 more
+ * tokens (as a verify step feeds them: the rows the drafts left behind are replaced). Each
+ * draft is the reference's argmax (or within 1e-3 of it: a near tie); returns the worst
+ * |logit - reference| of the last draft's row, the largest reference logit in *scale. */
+static double mtp_against_reference(const char *path, const struct weights *w, const int32_t *tok, int P,
+                                    double *scale) {
+    const struct shape *s = w->s;
+    int C = s->embd, V = s->vocab;
+    enum { K = 3, STEP = 3 };
+    anvil_model *m;
+    anvil_model_params mp = {2};
+    if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
+    anvil_session_params sp = anvil_session_default_params();
+    sp.backend = ANVIL_BACKEND_CPU;
+    sp.n_ctx = 64;
+    anvil_session *sess;
+    assert_int_equal(anvil_session_create(m, &sp, &sess), ANVIL_OK);
+    assert_int_equal(mtp_open(sess), ANVIL_OK);
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    double *hid = malloc(sizeof(double) * (size_t)(P + STEP + K) * C), *oh = malloc(sizeof(double) * (size_t)(P + STEP + K) * C),
+           *rl = malloc(sizeof(double) * (size_t)V);
+    assert_int_equal(anvil_session_eval(sess, tok, P, ANVIL_LOGITS_LAST, lg), ANVIL_OK);
+    double worst = 0;
+    *scale = 0;
+    for (int round = 0; round < 2; round++) {
+        int n = round ? P + STEP : P;
+        if (round) assert_int_equal(anvil_session_eval(sess, tok + P, STEP, ANVIL_LOGITS_LAST, lg), ANVIL_OK);
+        int32_t d[K], rt[64];
+        int nd;
+        assert_int_equal(mtp_draft(sess, tok[n], K, d, &nd), ANVIL_OK);
+        assert_int_equal(nd, K);
+        reference_forward_h(w, tok, n, rl, hid);
+        for (int p = 0; p < n; p++) rt[p] = tok[p + 1]; /* (rt[n - 1] = tok[n]: the chosen token) */
+        for (int i = 0; i < K; i++) {
+            reference_mtp(w, rt, hid, n + i, oh, rl);
+            int best = 0;
+            for (int v = 1; v < V; v++)
+                if (rl[v] > rl[best]) best = v;
+            if (rl[d[i]] < rl[best] - 1e-3)
+                fail_msg("%s: draft %d after %d tokens: %d (reference logit %g), the reference's %d (%g)", path, i, n,
+                         d[i], rl[d[i]], best, rl[best]);
+            rt[n + i] = d[i];
+            memcpy(hid + (size_t)(n + i) * C, oh + (size_t)(n + i - 1) * C, sizeof(double) * C);
+        }
+        const float *got = mtp_last_logits(sess);
+        for (int v = 0; v < V; v++) {
+            worst = fmax(worst, fabs(got[v] - rl[v]));
+            *scale = fmax(*scale, fabs(rl[v]));
+        }
+    }
+    free(lg), free(hid), free(oh), free(rl);
+    anvil_session_destroy(sess);
+    anvil_model_close(m);
+    return worst;
+}
+
 static void check_shape(const struct shape *s, uint64_t seed) {
     char *dir = tu_tmpdir();
     assert_non_null(dir);
@@ -766,6 +919,16 @@ static void check_shape(const struct shape *s, uint64_t seed) {
         write_gguf(path, &w);
         gworst = run_against_reference(path, &w, tok, PROMPT, STEPS, &gscale);
     }
+    /* the MTP layer, from both files */
+    double mworst = 0, mgworst = 0, mscale = 1, mgscale = 1;
+    if (hybrid(s)) {
+        mworst = mtp_against_reference(dir, &w, tok, PROMPT, &mscale);
+        if (gworst >= 0) {
+            char path[1100];
+            snprintf(path, sizeof path, "%s/model.gguf", dir);
+            mgworst = mtp_against_reference(path, &w, tok, PROMPT, &mgscale);
+        }
+    }
     char gbuf[48] = "not written (mlp_only_layers)";
     if (gworst >= 0) snprintf(gbuf, sizeof gbuf, "%.3g", gworst);
     static const char *kinds[] = {"qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_moe"};
@@ -774,9 +937,17 @@ static void check_shape(const struct shape *s, uint64_t seed) {
             kinds[s->kind], s->multimodal ? " (multimodal)" : "", s->layers, s->embd, s->heads,
             s->kv_heads, s->head_dim, s->partial, s->used, s->experts, s->ff_exp, s->ff_sh, s->hk,
             s->hv, s->dk, s->dv, s->conv, worst, scale, gbuf);
+    if (hybrid(s)) {
+        if (gworst >= 0) snprintf(gbuf, sizeof gbuf, ", as GGUF %.3g", mgworst);
+        else gbuf[0] = 0;
+        fprintf(stderr, "  MTP layer: drafts as the reference's, last row's logits within %.3g (up to %.3g)%s\n",
+                mworst, mscale, gbuf);
+    }
     assert_true(scale > 0.5); /* a forward pass that collapsed to zero proves nothing */
     assert_true(worst < 1e-3);
     assert_true(gworst < 1e-3);
+    assert_true(mscale > 0.5 && mgscale > 0.5);
+    assert_true(mworst < 1e-3 && mgworst < 1e-3);
     free_weights(&w);
     tu_rmdir(dir);
     free(dir);

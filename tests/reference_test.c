@@ -217,10 +217,10 @@ static void multimodal_variant(const char *model, const char *model_type) {
         cJSON_AddItemToObject(renamed, name, cJSON_Duplicate(e, true));
     }
     /* an ignored extra, pointing at existing bytes (vision tensors are loaded, so they may not
-     * alias others) */
+     * alias others; mtp.* tensors are the MTP layer's, loaded too: hybrid_shapes_test) */
     const cJSON *emb = cJSON_GetObjectItemCaseSensitive(hdr, "model.embed_tokens.weight");
     assert_non_null(emb);
-    cJSON_AddItemToObject(renamed, "mtp.fc.weight", cJSON_Duplicate(emb, true));
+    cJSON_AddItemToObject(renamed, "model.visual.deepstack_merger_list.0.norm.weight", cJSON_Duplicate(emb, true));
     char *nh = cJSON_PrintUnformatted(renamed);
     uint64_t nlen = strlen(nh);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);

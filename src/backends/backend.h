@@ -185,6 +185,10 @@ struct backend_vtable {
      * a program it cannot run so: the caller chooses from the logits. */
     anvil_status (*run_pick)(struct program *p, const int32_t *tokens, int pos0, const struct sampling_params *sp,
                              const int32_t *history, const int32_t *drafts, int32_t *picked);
+    /* Optional: the last run's values of the graph's aux node (graph.aux, f32 {ne0, ne1}) into
+     * out; ANVIL_ERR_INVALID_ARG for a program without one. NULL: the backend keeps none, and
+     * the engine builds no graph with one for it (the MTP drafter, engine/mtp.c, needs it). */
+    anvil_status (*read_aux)(struct program *p, float *out);
 };
 
 /* A vision encoder as a backend runs it: the Qwen3-VL family's ViT (vision/vision.h has its

@@ -324,7 +324,7 @@ static anvil_status program_for(anvil_batch *b, int T, bool last_only, struct pr
     }
     if (lru->p) b->backend->vt->program_destroy(lru->p);
     lru->p = NULL;
-    struct build_opts o = {T, b->kv_blocks * b->kv_block, last_only, b->n_seq_max, b->kv_block, false, false};
+    struct build_opts o = {T, b->kv_blocks * b->kv_block, last_only, b->n_seq_max, b->kv_block, false, false, false, false};
     struct graph g;
     anvil_status st = model_build_graph(&b->model->model, &o, &g);
     if (st != ANVIL_OK) return st;

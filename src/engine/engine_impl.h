@@ -53,6 +53,12 @@ struct anvil_session {
     int64_t n_refed; /* tokens session_rewind has fed again, all told (a test's hook) */
     bool spec_pick;  /* verify steps choose on the device where the backend can (ANVIL_VK_SPEC_PICK) */
     int64_t n_picked; /* verify steps whose rows chose on the device, all told (a test's hook) */
+    /* the target's programs keep their final norm's rows (build_opts.keep_hidden): the model
+     * has an MTP layer and the backend reads them back (read_aux) */
+    bool keep_hidden;
+    int n_threads; /* the CPU threads and the caches' type the session asked for (the MTP */
+    bool kv16;     /* drafter's backend gets the same) */
+    struct session_mtp *mtp; /* the MTP drafter (engine/mtp.c), from the first --spec mtp on */
     char err[ERRMSG_LEN];
 };
 
@@ -104,6 +110,20 @@ anvil_status session_vulkan_backend(const anvil_session_params *p, bool kv16, in
 struct tuning;
 /* Whether the attention caches are float16: kv, or ANVIL_KV_CACHE (t) where kv is the default. */
 anvil_status kv_cache_f16(anvil_kv_cache kv, const struct tuning *t, bool *f16);
+/* The MTP drafter (engine/mtp.c; docs/SPECULATIVE.md). mtp_open turns it on for s (kept until
+ * the session is destroyed): ANVIL_ERR_UNSUPPORTED for a model without an MTP layer or a
+ * session without keep_hidden. While on, session_eval_mm calls mtp_before_run(s, the first
+ * token fed) before each run of the target's programs and mtp_after_run(s, program, T) after it
+ * (before the position advances). mtp_draft drafts up to k tokens after the cache and tok (the
+ * token about to be fed): *n_out of them into out (0 where the hidden state it needs was not
+ * kept). */
+anvil_status mtp_open(anvil_session *s);
+void mtp_close(anvil_session *s);
+anvil_status mtp_before_run(anvil_session *s, int32_t next);
+anvil_status mtp_after_run(anvil_session *s, struct program *p, int T);
+anvil_status mtp_draft(anvil_session *s, int32_t tok, int k, int32_t *out, int *n_out);
+/* The logits of the MTP layer's last row run ([V]; a test's hook). */
+const float *mtp_last_logits(const anvil_session *s);
 /* Closes the model's vision tower (anvil_model_close). */
 void image_model_close(anvil_model *m);
 

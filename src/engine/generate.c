@@ -124,6 +124,11 @@ static anvil_status session_generate(anvil_session *s, const int32_t *prompt, in
         return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_generate: nothing to continue from");
     bool spec = p->spec && p->spec->kind != ANVIL_SPEC_NONE;
     if (p->spec && spec_check(s, p->spec) != ANVIL_OK) return ANVIL_ERR_INVALID_ARG;
+    /* the MTP drafter takes the hidden states from the prompt's runs on */
+    if (spec && p->spec->kind == ANVIL_SPEC_MTP) {
+        anvil_status ms = mtp_open(s);
+        if (ms != ANVIL_OK) return ms;
+    }
     const anvil_logit_params *lp = p->logit;
     if (lp && (lp->n_bias < 0 || (lp->n_bias > 0 && (!lp->bias_ids || !lp->bias)) ||
                lp->top_logprobs < 0 || lp->top_logprobs > ANVIL_MAX_TOP_LOGPROBS))

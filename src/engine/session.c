@@ -89,6 +89,9 @@ size_t anvil_model_describe(const anvil_model *m, char *buf, size_t cap) {
         OUT("deltanet:     %d of %d layers, %d k / %d v heads x %d / %d, conv %d\n", n_rec,
             hp->n_layer, hp->ssm_n_k_heads, hp->ssm_n_v_heads, hp->ssm_d_k, hp->ssm_d_v,
             hp->ssm_conv_kernel);
+    if (hp->n_mtp)
+        OUT("mtp:          %d multi-token-prediction layer (block %d): --spec mtp drafts with it\n", hp->n_mtp,
+            hp->n_layer);
     OUT("vocab:        %d\n", hp->n_vocab);
     OUT("context:      %d\n", hp->n_ctx_train);
     OUT("embeddings:   %s\n", hp->tied_embeddings ? "tied" : "untied");
@@ -225,6 +228,7 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
                      "(at least 1)", p.prefill_chunk, p.gpu_timeout_s);
     bool kv16 = true;
     if (st == ANVIL_OK) st = kv_cache_f16(p.kv_cache, &t, &kv16);
+    s->n_threads = p.n_threads ? p.n_threads : model->n_threads;
     if (st == ANVIL_OK) switch (p.backend) {
     case ANVIL_BACKEND_AUTO:
     case ANVIL_BACKEND_CPU:
@@ -238,7 +242,7 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
             st = err_set(ANVIL_ERR_INVALID_ARG, "--devices: a split runs on Vulkan devices, not the CPU backend");
             break;
         }
-        st = backend_cpu_create(p.n_threads ? p.n_threads : model->n_threads, kv16, &s->backend);
+        st = backend_cpu_create(s->n_threads, kv16, &s->backend);
         break;
     case ANVIL_BACKEND_VULKAN: {
         char why[256];
@@ -251,8 +255,10 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     default:
         st = err_set(ANVIL_ERR_INVALID_ARG, "unknown backend %d", (int)p.backend);
     }
+    s->kv16 = kv16;
     if (st == ANVIL_OK) {
-        struct build_opts o = {1, n_ctx, false, 0, 0, false, false};
+        s->keep_hidden = hp->n_mtp > 0 && s->backend->vt->read_aux;
+        struct build_opts o = {1, n_ctx, false, 0, 0, false, false, s->keep_hidden, false};
         struct graph g;
         st = model_build_graph(&model->model, &o, &g);
         if (st == ANVIL_OK) {
@@ -264,7 +270,7 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
                 log_warn("%s; running on the CPU", err_get());
                 backend_destroy(s->backend);
                 s->backend = NULL;
-                st = backend_cpu_create(p.n_threads ? p.n_threads : model->n_threads, kv16, &s->backend);
+                st = backend_cpu_create(s->n_threads, kv16, &s->backend);
                 if (st == ANVIL_OK) st = s->backend->vt->compile(s->backend, &g, &s->decode);
             }
             graph_free(&g);
@@ -281,6 +287,7 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
 
 void anvil_session_destroy(anvil_session *s) {
     if (!s) return;
+    mtp_close(s);
     if (s->backend) {
         if (s->decode) s->backend->vt->program_destroy(s->decode);
         if (s->prefill) s->backend->vt->program_destroy(s->prefill);
@@ -412,7 +419,7 @@ static anvil_status chunk_program(anvil_session *s, int *T_io, bool last_only, s
     }
     if (s->prefill) s->backend->vt->program_destroy(s->prefill);
     s->prefill = NULL;
-    struct build_opts o = {T, s->n_ctx, last_only, 0, 0, false, false};
+    struct build_opts o = {T, s->n_ctx, last_only, 0, 0, false, false, s->keep_hidden, false};
     struct graph g;
     anvil_status st = model_build_graph(&s->model->model, &o, &g);
     if (st != ANVIL_OK) return st;
@@ -443,7 +450,7 @@ static anvil_status verify_program(anvil_session *s, int T, bool last_only, stru
     /* (destroyed first: the backend may move the history slots for a longer T) */
     if (s->verify) s->backend->vt->program_destroy(s->verify);
     s->verify = NULL;
-    struct build_opts o = {T, s->n_ctx, last_only, 0, 0, false, true};
+    struct build_opts o = {T, s->n_ctx, last_only, 0, 0, false, true, s->keep_hidden, false};
     struct graph g;
     anvil_status st = model_build_graph(&s->model->model, &o, &g);
     if (st != ANVIL_OK) return st;
@@ -536,7 +543,9 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
         struct program *p;
         anvil_status st = verify_program(s, n, last_only, &p);
         float *dst = mode == ANVIL_LOGITS_NONE ? NULL : logits_out;
+        if (st == ANVIL_OK && s->mtp) st = mtp_before_run(s, tokens[0]);
         if (st == ANVIL_OK) st = run_chunk(s, p, tokens, 0, n, NULL, dst);
+        if (st == ANVIL_OK && s->mtp) st = mtp_after_run(s, p, n);
         if (st == ANVIL_OK && dst) st = check_finite(s, dst, last_only ? 1 : n, V, last_only ? s->pos + n - 1 : s->pos);
         if (st != ANVIL_OK) return keep_err(s->err, st);
         memcpy(s->tokens + s->pos, tokens, (size_t)n * sizeof *tokens);
@@ -596,7 +605,9 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
         float *dst = NULL;
         if (mode == ANVIL_LOGITS_ALL) dst = logits_out + (size_t)done * (size_t)V;
         else if (mode == ANVIL_LOGITS_LAST && last_chunk) dst = logits_out;
+        if (st == ANVIL_OK && s->mtp) st = mtp_before_run(s, tokens[done]);
         if (st == ANVIL_OK) st = run_chunk(s, p, tokens, done, T, mm, dst);
+        if (st == ANVIL_OK && s->mtp) st = mtp_after_run(s, p, T);
         if (st == ANVIL_OK && dst)
             st = check_finite(s, dst, last_only ? 1 : T, V, last_only ? s->pos + T - 1 : s->pos);
         if (st != ANVIL_OK) return keep_err(s->err, st);
@@ -610,7 +621,7 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
 
 anvil_status session_eval_pick(anvil_session *s, const int32_t *tokens, int n, const struct sampling_params *sp,
                                const int32_t *drafts, int32_t *picked) {
-    if (!s->spec_pick || !s->backend->vt->run_pick || s->rope_delta || s->no_prefill || n < 2 || n > GDN_HIST_MAX ||
+    if (!s->spec_pick || !s->backend->vt->run_pick || s->mtp || s->rope_delta || s->no_prefill || n < 2 || n > GDN_HIST_MAX ||
         n > s->prefill_chunk || (s->chunk_cap && n > s->chunk_cap))
         return ANVIL_ERR_UNSUPPORTED;
     anvil_status st = session_check_tokens(s, tokens, n);

@@ -20,6 +20,7 @@
 #define SPEC_ACCEPT_SALT 0x5bd1e995u
 
 struct spec_run {
+    anvil_session *s;
     const anvil_spec *spec;
     const anvil_generate_params *p;
     int V;
@@ -113,12 +114,13 @@ static anvil_status draft(struct spec_run *r, const int32_t *h, int n, int k, in
     case ANVIL_SPEC_NGRAM: *n_out = draft_ngram(h, n, k, out); return ANVIL_OK;
     case ANVIL_SPEC_ORACLE: *n_out = draft_oracle(r, k, out); return ANVIL_OK;
     case ANVIL_SPEC_DRAFT: return draft_model(r, h, n, k, out, n_out);
+    case ANVIL_SPEC_MTP: return mtp_draft(r->s, h[n - 1], k, out, n_out);
     default: *n_out = 0; return ANVIL_OK;
     }
 }
 
 anvil_status spec_check(const anvil_session *s, const anvil_spec *sp) {
-    if (sp->kind < ANVIL_SPEC_NONE || sp->kind > ANVIL_SPEC_ORACLE)
+    if (sp->kind < ANVIL_SPEC_NONE || sp->kind > ANVIL_SPEC_MTP)
         return err_set(ANVIL_ERR_INVALID_ARG, "speculative decoding: unknown kind %d", (int)sp->kind);
     if (sp->kind == ANVIL_SPEC_NONE) return ANVIL_OK;
     if (sp->n_draft < 1 || sp->n_draft > ANVIL_SPEC_MAX_DRAFT)
@@ -135,6 +137,14 @@ anvil_status spec_check(const anvil_session *s, const anvil_spec *sp) {
             return err_set(ANVIL_ERR_INVALID_ARG, "speculative decoding: the draft model's vocabulary "
                            "(%d tokens) is not the target's (%d)", vd, vt);
     }
+    if (sp->kind == ANVIL_SPEC_MTP && s->model->file->hp.n_mtp == 0)
+        return err_set(ANVIL_ERR_INVALID_ARG, "speculative decoding: %s has no multi-token-prediction "
+                       "layer for --spec mtp (Qwen3.5, Qwen3.6 and Qwen3-Next ship one; a GGUF converted "
+                       "without it, or another model, has none: use ngram or draft:MODEL)",
+                       s->model->file->path);
+    if (sp->kind == ANVIL_SPEC_MTP && !s->keep_hidden)
+        return err_set(ANVIL_ERR_INVALID_ARG, "speculative decoding: the %s backend does not hand the hidden "
+                       "states to the MTP drafter yet (--backend cpu does)", s->backend->vt->name);
     if (sp->kind == ANVIL_SPEC_ORACLE &&
         ((sp->n_oracle > 0 && !sp->oracle) || sp->n_oracle < 0 || !(sp->oracle_accept >= 0.0f && sp->oracle_accept <= 1.0f)))
         return err_set(ANVIL_ERR_INVALID_ARG, "speculative decoding: bad oracle (%d tokens, "
@@ -181,7 +191,7 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, struc
                          anvil_token_fn fn, void *user, anvil_generate_stats *stats) {
     const anvil_spec *spec = p->spec;
     int V = s->model->file->hp.n_vocab, K = spec->n_draft;
-    struct spec_run r = {.spec = spec, .p = p, .V = V};
+    struct spec_run r = {.s = s, .spec = spec, .p = p, .V = V};
     float *rows = xmalloc((size_t)(K + 1) * V * sizeof *rows);
     void *scratch = xmalloc(SAMPLER_SCRATCH_BYTES);
     r.hist = xmalloc((size_t)(s->n_ctx + 1) * sizeof *r.hist);

@@ -70,7 +70,9 @@ static void same(const struct outcome *a, const struct outcome *b, const char *w
 }
 
 /* Every drafter at k = 1 .. 4 against plain greedy decoding, under a budget, a stop id, a
- * callback stop and a context that fills. */
+ * callback stop and a context that fills (the MTP layer's too where the model has one, on the
+ * CPU: random weights, so its drafts are all but never kept, which exercises the rollback of
+ * its own rows at every step). */
 static void check_greedy(anvil_model *m, anvil_model *draft_m, anvil_backend_kind kind, int n_ctx, int k_first, int k_step) {
     anvil_session *s = tu_session(m, kind, n_ctx);
     anvil_session *d = tu_session(draft_m, kind, n_ctx);
@@ -107,7 +109,9 @@ static void check_greedy(anvil_model *m, anvil_model *draft_m, anvil_backend_kin
         if (variant == 3) g.max_tokens = MAXT;
         generate(s, &g, stop_after, &base);
         printf("  variant %d: %d tokens, stop reason %d\n", variant, base.r.n, (int)base.st.stop);
-        for (int kind_i = 0; kind_i < 5; kind_i++)
+        /* (the MTP drafter: models with an MTP layer, on the CPU) */
+        bool mtp = m->file->hp.n_mtp > 0 && kind == ANVIL_BACKEND_CPU;
+        for (int kind_i = 0; kind_i < (mtp ? 6 : 5); kind_i++)
             for (int k = k_first; k <= 4; k += k_step) {
                 anvil_spec sp = {.n_draft = k, .oracle_accept = 1.0f};
                 switch (kind_i) {
@@ -115,7 +119,8 @@ static void check_greedy(anvil_model *m, anvil_model *draft_m, anvil_backend_kin
                 case 1: sp.kind = ANVIL_SPEC_ORACLE; break;
                 case 2: sp.kind = ANVIL_SPEC_ORACLE; sp.oracle_accept = 0.6f; break;
                 case 3: sp.kind = ANVIL_SPEC_DRAFT; sp.draft = d; break;
-                default: sp.kind = ANVIL_SPEC_DRAFT; sp.draft = self; break;
+                case 4: sp.kind = ANVIL_SPEC_DRAFT; sp.draft = self; break;
+                default: sp.kind = ANVIL_SPEC_MTP; break;
                 }
                 sp.oracle = base.r.toks;
                 sp.n_oracle = base.r.n < MAXT ? base.r.n : MAXT;
@@ -240,6 +245,7 @@ static void test_bad_params(void **state) {
         {ANVIL_SPEC_ORACLE, 3, NULL, NULL, 5, 1.0f, 0},
         {ANVIL_SPEC_ORACLE, 3, NULL, prompt, 5, 1.5f, 0},
         {(anvil_spec_kind)42, 3, NULL, NULL, 0, 1.0f, 0},
+        {ANVIL_SPEC_MTP, 3, NULL, NULL, 0, 1.0f, 0}, /* a model without an MTP layer */
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         anvil_generate_params gp = {anvil_sampling_default(), 5, NULL, 0, NULL, &bad[i], NULL};

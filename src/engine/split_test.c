@@ -65,7 +65,7 @@ static void test_split_layers(void **state) {
 static void run_cpu(anvil_model *am, struct backend *b, float *out) {
     const struct model *m = &am->model;
     int V = m->hp->n_vocab;
-    struct build_opts o1 = {1, 32, false, 0, 0, false, false}, o5 = {5, 32, false, 0, 0, false, false};
+    struct build_opts o1 = {.n_tokens = 1, .n_ctx = 32}, o5 = {.n_tokens = 5, .n_ctx = 32};
     struct graph g1, g5;
     assert_int_equal(model_build_graph(m, &o5, &g5), ANVIL_OK);
     assert_int_equal(model_build_graph(m, &o1, &g1), ANVIL_OK);

@@ -617,7 +617,13 @@ anvil_status gguf_read_hparams(const struct gguf_file *gf, struct hparams *hp) {
     I("ssm.time_step_rank", false, 0, &hp->ssm_n_v_heads);
     I("ssm.inner_size", false, 0, &d_inner);
     I("full_attention_interval", false, 4, &interval);
+    /* the MTP layers are counted in block_count (llama.cpp's convention): the last ones */
+    I("nextn_predict_layers", false, 0, &hp->n_mtp);
 #undef I
+    if (hp->n_mtp < 0 || hp->n_mtp >= hp->n_layer)
+        return err_set(ANVIL_ERR_FORMAT, "%s: %s.nextn_predict_layers is %d of %d blocks", gf->path, arch,
+                       hp->n_mtp, hp->n_layer);
+    hp->n_layer -= hp->n_mtp;
     if ((st = hp_float(gf, arch, "rope.freq_base", 10000.0, &hp->rope_theta)) != ANVIL_OK) return st;
     /* M-RoPE sections ([11, 11, 10, 0] in qwen35 files), interleaved as llama.cpp's imrope
      * for these architectures */
@@ -672,9 +678,11 @@ anvil_status gguf_read_hparams(const struct gguf_file *gf, struct hparams *hp) {
         snprintf(rkey, sizeof rkey, "%s.attention.recurrent_layers", arch);
         const struct gguf_array *rl = gguf_get_arr(gf, rkey);
         if (rl) {
-            if (rl->type != GGUF_BOOL || rl->count != (uint64_t)hp->n_layer)
+            /* (block_count's entries: the MTP layers' too) */
+            if (rl->type != GGUF_BOOL ||
+                (rl->count != (uint64_t)hp->n_layer && rl->count != (uint64_t)(hp->n_layer + hp->n_mtp)))
                 return err_set(ANVIL_ERR_FORMAT, "%s: %s must be a bool array of %d entries",
-                               gf->path, rkey, hp->n_layer);
+                               gf->path, rkey, hp->n_layer + hp->n_mtp);
             for (int l = 0; l < hp->n_layer && l < MAX_LAYERS; l++)
                 hp->layer_recurrent[l] = rl->data[l] != 0;
         }

@@ -370,9 +370,12 @@ static bool hf_vision_name(const char *rest, char *out, size_t cap) {
     return false;
 }
 
-/* Maps a Hugging Face tensor name to the canonical one; false for tensors anvil ignores
- * (multi-token prediction). */
-static bool hf_canonical_name(const char *hf, char *out, size_t cap) {
+/* Maps a Hugging Face tensor name to the canonical one; false for tensors anvil ignores. The
+ * multi-token-prediction layer (mtp.*) goes to block n_layer under llama.cpp's nextn names:
+ * mtp.fc -> nextn.eh_proj ({2C, C}: the embedding's C columns first, then the hidden state's),
+ * mtp.pre_fc_norm_embedding -> nextn.enorm, mtp.pre_fc_norm_hidden -> nextn.hnorm, mtp.norm ->
+ * nextn.shared_head_norm, mtp.layers.0.* -> the block's own names. */
+static bool hf_canonical_name(const char *hf, int n_layer, char *out, size_t cap) {
     static const char *prefixes[] = {"model.language_model.", "model."};
     static const struct {
         const char *hf, *gguf;
@@ -394,7 +397,30 @@ static bool hf_canonical_name(const char *hf, char *out, size_t cap) {
         {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
         {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
     };
+    static const struct {
+        const char *hf, *gguf;
+    } mtp_names[] = {
+        {"fc.weight", "nextn.eh_proj.weight"},
+        {"pre_fc_norm_embedding.weight", "nextn.enorm.weight"},
+        {"pre_fc_norm_hidden.weight", "nextn.hnorm.weight"},
+        {"norm.weight", "nextn.shared_head_norm.weight"},
+    };
     if (!strncmp(hf, "model.visual.", 13)) return hf_vision_name(hf + 13, out, cap);
+    if (!strncmp(hf, "mtp.", 4)) {
+        for (size_t i = 0; i < ARRAY_LEN(mtp_names); i++)
+            if (!strcmp(hf + 4, mtp_names[i].hf)) {
+                snprintf(out, cap, "blk.%d.%s", n_layer, mtp_names[i].gguf);
+                return true;
+            }
+        if (strncmp(hf + 4, "layers.", 7) != 0) return false;
+        char *end;
+        long k = strtol(hf + 11, &end, 10);
+        if (end == hf + 11 || *end != '.' || k < 0 || n_layer + k >= MAX_LAYERS) return false;
+        /* as a layer of the model's own (a second MTP layer: a block no binding reads, refused) */
+        char inner[512];
+        snprintf(inner, sizeof inner, "model.layers.%ld%s", n_layer + k, end);
+        return hf_canonical_name(inner, n_layer, out, cap);
+    }
     if (!strcmp(hf, "lm_head.weight")) {
         snprintf(out, cap, "output.weight");
         return true;
@@ -500,7 +526,10 @@ anvil_status safetensors_parse(const struct mapped_file *map, struct model_file 
                          path, e->string);
             break;
         }
-        if (!hf_canonical_name(e->string, name, sizeof name)) continue;
+        if (!hf_canonical_name(e->string, mf->hp.n_layer, name, sizeof name)) continue;
+        /* a multi-token-prediction layer (a part of one is refused by the binding, which names
+         * what is missing) */
+        if (!strncmp(e->string, "mtp.", 4)) mf->hp.n_mtp = 1;
         int type = st_dtype(dt->valuestring);
         if (type < 0) {
             st = err_set(ANVIL_ERR_UNSUPPORTED, "%s: tensor \"%s\" has dtype %s (anvil reads "
@@ -622,7 +651,7 @@ static anvil_status open_sharded(struct model_file *mf, const char *index_path) 
     if (st == ANVIL_OK) {
         char name[512];
         cJSON_ArrayForEach(e, wm) {
-            if (!hf_canonical_name(e->string, name, sizeof name)) continue;
+            if (!hf_canonical_name(e->string, mf->hp.n_layer, name, sizeof name)) continue;
             const struct tensor_info *t = model_file_find(mf, name);
             const char *file = t ? strrchr(t->file, '/') : NULL;
             if (!t || strcmp(file ? file + 1 : t->file, e->valuestring) != 0) {

@@ -126,6 +126,9 @@ uint64_t model_file_bytes_per_token(const struct model_file *mf) {
         const struct tensor_info *t = &mf->tensors[i];
         if (!strncmp(t->name, "v.", 2) || !strncmp(t->name, "mm.", 3))
             continue; /* the vision tower runs once per image, not per token */
+        int layer;
+        if (hp->n_mtp > 0 && sscanf(t->name, "blk.%d.", &layer) == 1 && layer >= hp->n_layer)
+            continue; /* the MTP layer drafts; a plain decode step does not read it */
         if (hp->n_expert > 0 && (strstr(t->name, "_exps.") || strstr(t->name, ".mlp.experts.")))
             b += t->size / (uint64_t)hp->n_expert * (uint64_t)hp->n_expert_used;
         else if (!strcmp(t->name, "token_embd.weight") && !hp->tied_embeddings && t->ne[1] > 0)
@@ -190,6 +193,8 @@ anvil_status hparams_validate(const struct hparams *hp, const char *path) {
     const int big = 1 << 20;
     CHECK(hp->n_layer > 0 && hp->n_layer <= MAX_LAYERS, "layer count %d out of range 1..%d",
           hp->n_layer, MAX_LAYERS);
+    CHECK(hp->n_mtp == 0 || (hp->n_mtp == 1 && hp->n_layer < MAX_LAYERS),
+          "%d multi-token-prediction layers (anvil reads one)", hp->n_mtp);
     CHECK(hp->n_embd > 0 && hp->n_embd <= big, "hidden size %d out of range", hp->n_embd);
     CHECK(hp->n_head > 0 && hp->n_head <= 4096, "head count %d out of range", hp->n_head);
     CHECK(hp->n_head_kv > 0 && hp->n_head % hp->n_head_kv == 0,

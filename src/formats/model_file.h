@@ -67,6 +67,12 @@ struct hparams {
     bool mrope_interleaved;
     /* multimodal checkpoints: the token that stands for an image's patches (-1: none) */
     int32_t image_token_id;
+    /* multi-token-prediction layers (Qwen3.5, 3.6, Next: 0 or 1) after the n_layer ones: block
+     * n_layer holds blk.N.nextn.{eh_proj, enorm, hnorm, shared_head_norm} and an ordinary
+     * gated-attention block with its MLP or MoE (GGUF: {arch}.nextn_predict_layers, counted in
+     * block_count; Hugging Face: the mtp.* tensors, mapped there by hf.c). Speculative
+     * decoding's drafter (engine/mtp.c) */
+    int n_mtp;
 };
 
 struct tensor_info {

@@ -201,7 +201,7 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
         int64_t ne0, ne1, ne2;
         bool norm;
         float fill;
-    } list[20 * 64 + 3]; /* at most 20 tensors a layer, shapes of at most 64 layers */
+    } list[20 * 64 + 27]; /* at most 20 tensors a layer, shapes of at most 64 layers, an MTP layer */
     int n = 0;
 #define ADD3(nm, a, b, c, isf32, fl)                                                       \
     do {                                                                                   \
@@ -218,8 +218,13 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
     ADD("token_embd.weight", s->n_embd, s->n_vocab, false);
     ADD("output_norm.weight", s->n_embd, 1, true);
     if (!s->tied) ADD("output.weight", s->n_embd, s->n_vocab, false);
-    for (int l = 0; l < s->n_layer; l++) {
+    /* the hybrids' multi-token-prediction layer (as Qwen3.5/3.6/Next ship one): block
+     * n_layer, a gated-attention layer and its MoE / MLP with the nextn tensors; listed last, so
+     * that the other tensors keep their seeds */
+    hp->n_mtp = x->full_attn_interval ? 1 : 0;
+    for (int l = 0; l < s->n_layer + hp->n_mtp; l++) {
         char b[64];
+        bool mtp = l == s->n_layer;
 #define LAYER(suffix, a, bb, isnorm)                                                       \
     do {                                                                                   \
         snprintf(b, sizeof b, "blk.%d.%s", l, suffix);                                     \
@@ -230,8 +235,14 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
         snprintf(b, sizeof b, "blk.%d.%s", l, suffix);                                     \
         ADD3(b, a, bb, c, isf32, fl);                                                      \
     } while (0)
+        if (mtp) {
+            LAYER("nextn.eh_proj.weight", 2 * s->n_embd, s->n_embd, false);
+            LAYER("nextn.enorm.weight", s->n_embd, 1, true);
+            LAYER("nextn.hnorm.weight", s->n_embd, 1, true);
+            LAYER("nextn.shared_head_norm.weight", s->n_embd, 1, true);
+        }
         LAYER("attn_norm.weight", s->n_embd, 1, true);
-        if (hp->layer_recurrent[l]) { /* Gated DeltaNet, llama.cpp's names and conventions */
+        if (hp->layer_recurrent[l] && !mtp) { /* Gated DeltaNet, llama.cpp's names and conventions */
             int Hv = x->ssm_n_v_heads, Cc = 2 * x->ssm_n_k_heads * x->ssm_d_k + Hv * x->ssm_d_v;
             LAYER("attn_qkv.weight", s->n_embd, Cc, false);
             LAYER("attn_gate.weight", s->n_embd, Hv * x->ssm_d_v, false);
@@ -279,6 +290,7 @@ anvil_status synthetic_open(const char *spec, int n_threads, struct model_file *
         bool fell_back;
         int layer = 0;
         sscanf(list[i].name, "blk.%d.", &layer);
+        layer = MIN(layer, s->n_layer - 1); /* (the MTP layer's types: the last layer's) */
         types[i] = list[i].norm ? DT_F32
                    : ft         ? quant_mix_type(&mix, list[i].name, 2, list[i].ne0, layer, &fell_back)
                                 : wtype;

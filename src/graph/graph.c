@@ -10,7 +10,7 @@ const char *op_name(enum op op) {
     static const char *names[OP_COUNT] = {
         "tokens", "weight", "state", "embed", "rms_norm", "matmul", "rope",
         "attention", "swiglu", "add", "rows", "reshape", "weight_stack", "weight_rows",
-        "moe", "sigmoid_mul", "gdn", "input"};
+        "moe", "sigmoid_mul", "gdn", "input", "concat"};
     return (unsigned)op < OP_COUNT ? names[op] : "?";
 }
 
@@ -18,6 +18,7 @@ anvil_status graph_init(struct graph *g, int n_tokens) {
     memset(g, 0, sizeof *g);
     g->n_tokens = n_tokens;
     g->output = -1;
+    g->aux = -1;
     g->cap_nodes = 256;
     g->nodes = xmalloc((size_t)g->cap_nodes * sizeof *g->nodes);
     return g->nodes ? ANVIL_OK : ANVIL_ERR_NOMEM;
@@ -60,6 +61,12 @@ static const struct node *N(const struct graph *g, int i) { return &g->nodes[i];
 int graph_tokens(struct graph *g) { return append(g, OP_TOKENS, g->n_tokens, 1, 1, NULL, 0); }
 
 int graph_input(struct graph *g, int64_t ne0) { return append(g, OP_INPUT, ne0, g->n_tokens, 1, NULL, 0); }
+
+int graph_concat(struct graph *g, int a, int b) {
+    assert(N(g, a)->ne[1] == N(g, b)->ne[1] && N(g, a)->ne[2] == 1 && N(g, b)->ne[2] == 1);
+    int s[] = {a, b};
+    return append(g, OP_CONCAT, N(g, a)->ne[0] + N(g, b)->ne[0], N(g, a)->ne[1], 1, s, 2);
+}
 
 void graph_layer_end(struct graph *g, int x) {
     if (g->oom || x < 0) return;

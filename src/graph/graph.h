@@ -117,6 +117,8 @@ enum op {
     OP_INPUT,      /* leaf {ne0, T}: f32 rows the run gives (run_extras.input, batch_rows.input):
                       the hidden state that an earlier part of a layer split computed
                       (graph_part, docs/MULTIGPU.md) */
+    OP_CONCAT,     /* src0 {A, T}, src1 {B, T}; out {A + B, T}: each row src0's then src1's
+                      (the MTP layer's [embedding; hidden state] before its eh_proj) */
     OP_COUNT,
 };
 
@@ -152,6 +154,9 @@ struct graph {
     struct node *nodes;
     int n_nodes, cap_nodes;
     int output;       /* the node whose values a run returns (f32, {N, rows}) */
+    /* -1, or a second node a run keeps for backend_vtable.read_aux ({C, T}, f32): the final
+     * norm's rows, the hidden state that the MTP drafter reads (build_opts.keep_hidden) */
+    int aux;
     int n_states;     /* states are numbered 0 .. n_states-1 in declaration order */
     bool oom;         /* an append failed: the graph is unusable */
     /* the model's layers (graph_layer_end): layer l's residual output is node layer_end[l], the
@@ -191,6 +196,7 @@ int graph_gdn(struct graph *g, int qkv, int b, int a, int conv_w, int A, int dt_
               int conv_state, int ssm_state, int n_k_heads, int d_k, bool a_is_log,
               bool v_tiled);
 int graph_input(struct graph *g, int64_t ne0);
+int graph_concat(struct graph *g, int a, int b);
 /* Marks node x as the residual output of the next layer (the models call it after each). */
 void graph_layer_end(struct graph *g, int x);
 /* Marks the output and checks the graph (shapes, sources). */

@@ -34,6 +34,7 @@ anvil_status graph_plan_init(const struct graph *g, bool rows_are_views, struct 
         }
     }
     if (g->output >= 0 && g->output < n) P->last[P->root[g->output]] = n;
+    if (g->aux >= 0 && g->aux < n) P->last[P->root[g->aux]] = n; /* (read after the run too) */
     return ANVIL_OK;
 }
 

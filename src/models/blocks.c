@@ -135,6 +135,11 @@ int block_ffn(struct graph *g, const struct hparams *hp, const struct ffn_weight
 
 int block_head(struct graph *g, const struct hparams *hp, const struct head_weights *w, int x,
                const struct build_opts *o) {
+    if (o->keep_hidden && !o->hidden) { /* every row's norm kept (aux), the head on the rows asked */
+        g->aux = x = graph_rms_norm(g, x, graph_weight(g, w->norm), hp->rms_eps, hp->norm_zero_centred);
+        if (o->last_only && o->n_tokens > 1) x = graph_rows(g, x, o->n_tokens - 1, 1);
+        return graph_matmul(g, x, graph_weight(g, w->output));
+    }
     if (o->last_only && o->n_tokens > 1) x = graph_rows(g, x, o->n_tokens - 1, 1);
     x = graph_rms_norm(g, x, graph_weight(g, w->norm), hp->rms_eps, hp->norm_zero_centred);
     if (o->hidden) return x; /* embeddings: the LM head's input */
@@ -376,12 +381,19 @@ anvil_status bind_stack(struct model *m, bool hybrid, enum gdn_layout layout) {
         if (st != ANVIL_OK) break;
         st = lw->moe ? bind_moe(m, l, &lw->experts) : bind_ffn(mf, l, &lw->ffn);
     }
+    if (st == ANVIL_OK && hp->n_mtp > 0) {
+        if (!hybrid)
+            return err_set(ANVIL_ERR_UNSUPPORTED, "%s: a multi-token-prediction layer on a %s model (anvil "
+                           "reads those of qwen3next, qwen35, qwen35moe)", mf->path, arch_name(hp->arch));
+        st = bind_mtp(m, &w->mtp);
+    }
     return st;
 }
 
 int build_stack(const struct model *m, struct graph *g, const struct build_opts *o) {
     const struct stack_weights *w = m->weights;
     const struct hparams *hp = m->hp;
+    if (o->mtp) return build_mtp(m, g, o);
     int x = graph_embed(g, graph_weight(g, w->head.embd), graph_tokens(g));
     for (int l = 0; l < hp->n_layer; l++) {
         const struct layer_weights *lw = &w->layers[l];

@@ -120,10 +120,25 @@ struct layer_weights {
     struct ffn_weights ffn;
     struct moe_weights experts;
 };
+/* The multi-token-prediction layer (hparams.n_mtp; block n_layer; models/mtp.c). */
+struct mtp_weights {
+    const struct tensor_info *eh_proj;   /* {2C, C}: [embedding; hidden state] -> C */
+    const struct tensor_info *enorm;     /* {C}: the token's embedding's norm */
+    const struct tensor_info *hnorm;     /* {C}: the target's hidden state's norm */
+    const struct tensor_info *head_norm; /* {C}: shared_head_norm, before the LM head */
+    const struct tensor_info *embd;      /* {C, V}: nextn.embed_tokens, else the model's */
+    const struct tensor_info *output;    /* {C, V}: nextn.shared_head_head, else the model's */
+    struct layer_weights layer;          /* gated attention, then the MLP or MoE */
+};
 struct stack_weights {
     struct head_weights head;
+    struct mtp_weights mtp;        /* hp->n_mtp > 0 */
     struct layer_weights layers[]; /* [n_layer] */
 };
+/* Binds the MTP layer (hp->n_mtp > 0) into w; errors name the layer and what is wrong. */
+anvil_status bind_mtp(struct model *m, struct mtp_weights *w);
+/* The MTP layer's graph (build_opts.mtp). */
+int build_mtp(const struct model *m, struct graph *g, const struct build_opts *o);
 /* Binds every layer; gated attention and GDN layers for hybrids (layout), MoE where the arch
  * has experts and the layer is not dense. */
 anvil_status bind_stack(struct model *m, bool hybrid, enum gdn_layout layout);

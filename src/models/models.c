@@ -63,6 +63,11 @@ anvil_status model_build_graph(const struct model *m, const struct build_opts *o
         return err_set(ANVIL_ERR_INVALID_ARG, "a batch graph's cache of %d rows is not whole blocks "
                        "of %d", o->n_ctx, o->kv_block);
     }
+    if (o->mtp && (m->hp->n_mtp == 0 || o->n_seqs > 0)) {
+        graph_free(g);
+        return err_set(ANVIL_ERR_UNSUPPORTED, "%s: no multi-token-prediction layer to build%s", m->file->path,
+                       o->n_seqs > 0 ? " for a batch" : " (the model has none)");
+    }
     g->n_seqs = o->n_seqs;
     g->kv_block = o->n_seqs > 0 ? o->kv_block : 0;
     int out = m->arch->build(m, g, o);

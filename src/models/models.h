@@ -25,6 +25,14 @@ struct build_opts {
      * states after each row for a rollback without re-feeding (OP_GDN's p.i[4]): speculative
      * decoding's verify step (engine/session.c) */
     bool gdn_history;
+    /* the graph also keeps the final norm's rows ({C, T}, all T even with last_only) as its aux
+     * node (graph.aux, backend_vtable.read_aux): the hidden state the MTP drafter reads */
+    bool keep_hidden;
+    /* the multi-token-prediction layer's graph instead of the model's (hparams.n_mtp > 0;
+     * models/mtp.c): tokens {T} (the token after each row's position), an OP_INPUT of the
+     * target's hidden states {C, T} (keep_hidden's rows, or the MTP's own for a further draft),
+     * its own KV cache; logits ({V, T} or {V, 1}) out, its shared head norm's rows as aux */
+    bool mtp;
 };
 
 struct model_arch {

@@ -58,7 +58,7 @@ static const struct {
               "    first token's; --mmproj synthetic: a tower of the real shapes, random weights\n"
               "  --temp T --top-k K --top-p P --min-p P --repeat-penalty R --seed S: tg samples\n"
               "    with them (default: greedy)\n"
-              "  --spec ngram|draft:MODEL|oracle [--spec-n K] [--spec-accept P]: tg speculates (oracle:\n"
+              "  --spec ngram|mtp|draft:MODEL|oracle [--spec-n K] [--spec-accept P]: tg speculates (oracle:\n"
               "    drafts the target's own greedy output, offered right with probability P); the\n"
               "    table adds the drafts accepted and the tokens per verify step\n"
               "  --logprobs N  tg asks each token's logprob and its N (0-20) top ones, as the server's\n"
@@ -73,7 +73,7 @@ static const struct {
              "  --image FILE (repeatable; Qwen3.5/3.6): one <|image_pad|> id in the prompt per\n"
              "    image, expanded to the image's tokens; --mmproj FILE the vision tower of a GGUF;\n"
              "    --pixels-out FILE writes the preprocessed pixels (float32)\n"
-             "  --spec ngram|draft:MODEL [--spec-n K]: the -n N greedy ids by speculative decoding\n" COMMON},
+             "  --spec ngram|mtp|draft:MODEL [--spec-n K]: the -n N greedy ids by speculative decoding\n" COMMON},
     {"info", "usage: anvil info -m MODEL | anvil info --devices | anvil info -m MODEL --devices [0,1]\n"
              "  [--tensor-split 3,1] [-c N] [--gpu-max-memory SIZE]: what each device of the split would\n"
              "  hold (the bytes of weights, KV cache and states); exits 1 where it does not fit\n" COMMON},

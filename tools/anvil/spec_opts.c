@@ -12,8 +12,9 @@ void spec_opts_init(struct spec_opts *o) {
 }
 
 void spec_print_usage(FILE *f, bool oracle) {
-    fprintf(f, "  --spec ngram|draft:MODEL%s   speculative decoding: drafts from n-gram lookup in\n"
-               "                      the prompt and output, or a small model of the same vocabulary%s\n"
+    fprintf(f, "  --spec ngram|mtp|draft:MODEL%s   speculative decoding: drafts from n-gram lookup in\n"
+               "                      the prompt and output, the model's own multi-token-prediction layer\n"
+               "                      (Qwen3.5/3.6/Next; CPU backend), or a small model of the same vocabulary%s\n"
                "  --spec-n K          tokens drafted per step (default 3; 1..%d)\n",
             oracle ? "|oracle" : "", oracle ? ";\n                      oracle: the target's own greedy output (tokens/s at a known acceptance)" : "",
             ANVIL_SPEC_MAX_DRAFT);
@@ -33,10 +34,9 @@ int spec_opt(struct spec_opts *o, int argc, char **argv, int *i) {
             o->spec.kind = ANVIL_SPEC_DRAFT;
             o->draft_model = v + 6;
         } else if (!strcmp(v, "mtp")) {
-            return fail("--spec mtp: the multi-token-prediction layer is not loaded yet (use ngram or "
-                        "draft:MODEL)"), -1;
+            o->spec.kind = ANVIL_SPEC_MTP;
         } else {
-            return fail("bad --spec \"%s\" (ngram, draft:MODEL or oracle)", v), -1;
+            return fail("bad --spec \"%s\" (ngram, mtp, draft:MODEL or oracle)", v), -1;
         }
     } else if (!strcmp(a, "--spec-n")) {
         if (!(v = opt_value(argc, argv, i))) return -1;
@@ -96,6 +96,7 @@ const char *spec_kind_name(const anvil_spec *sp) {
     case ANVIL_SPEC_NGRAM: return "ngram";
     case ANVIL_SPEC_DRAFT: return "draft";
     case ANVIL_SPEC_ORACLE: return "oracle";
+    case ANVIL_SPEC_MTP: return "mtp";
     default: return "off";
     }
 }

@@ -1,4 +1,4 @@
-/* --spec ngram|draft:MODEL|oracle, --spec-n K, --spec-accept P: speculative decoding's flags for
+/* --spec ngram|mtp|draft:MODEL|oracle, --spec-n K, --spec-accept P: speculative decoding's flags for
  * run, chat, serve and bench (docs/SPECULATIVE.md). */
 #ifndef ANVIL_SPEC_OPTS_H
 #define ANVIL_SPEC_OPTS_H
@@ -30,7 +30,7 @@ const anvil_spec *spec_opts_get(const struct spec_opts *o);
 /* "Speculative: ..." (drafted, accepted, rate, tokens per step) on f when speculation ran. */
 void spec_print_stats(FILE *f, const anvil_generate_stats *st);
 void spec_opts_close(struct spec_opts *o);
-/* "ngram", "draft", "oracle" (or "off"): a static string. */
+/* "ngram", "mtp", "draft", "oracle" (or "off"): a static string. */
 const char *spec_kind_name(const anvil_spec *sp);
 
 #endif

@@ -408,6 +408,14 @@ static anvil_status execute(struct cpu_program *p, float *out) {
         case OP_STATE:
         case OP_RESHAPE:
             break;
+        case OP_CONCAT: {
+            int64_t A = p->g.nodes[n->src[0]].ne[0], B = p->g.nodes[n->src[1]].ne[0];
+            for (int64_t t = 0; t < n->ne[1]; t++) {
+                memcpy(o + t * (A + B), s0 + t * A, (size_t)A * sizeof(float));
+                memcpy(o + t * (A + B) + A, s1 + t * B, (size_t)B * sizeof(float));
+            }
+            break;
+        }
         case OP_INPUT:
             if (!p->input)
                 return err_set(ANVIL_ERR_INVALID_ARG, "cpu: %s: the run gives no input rows", n->name);
@@ -767,10 +775,18 @@ static anvil_status cpu_states_rewind(struct backend *base, int row) {
     return ANVIL_OK;
 }
 
+static anvil_status cpu_read_aux(struct program *prog, float *out) {
+    struct cpu_program *p = (struct cpu_program *)prog;
+    if (p->g.aux < 0) return err_set(ANVIL_ERR_INVALID_ARG, "cpu: the program keeps no aux node");
+    memcpy(out, p->bufs[p->g.aux], (size_t)node_nelem(&p->g.nodes[p->g.aux]) * sizeof(float));
+    return ANVIL_OK;
+}
+
 static const struct backend_vtable cpu_vtable = {
     "cpu", cpu_destroy, cpu_compile, cpu_program_destroy, cpu_run, NULL, NULL, NULL, NULL, NULL, NULL,
     cpu_run_batch, backend_cpu_run_extras, NULL, cpu_states_save, cpu_states_restore, cpu_states_rewind,
     NULL, NULL, NULL, /* capacity; run_batch_pick, run_pick: the host chooses (the reference) */
+    cpu_read_aux,
 };
 
 anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens, int pos0,

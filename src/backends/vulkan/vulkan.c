@@ -846,6 +846,7 @@ static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
     vk_failed, vk_memory, vk_time, vk_device_name, vk_run_batch, vk_run_extras, vk_vit_encode, vk_states_save,
     vk_states_restore, vk_states_rewind, vk_capacity, vk_run_batch_pick, vk_run_pick,
+    NULL, /* read_aux: not yet (the MTP drafter runs on the CPU backend) */
 };
 
 void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t max_memory) {

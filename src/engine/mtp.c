@@ -1,0 +1,170 @@
+/* engine: the multi-token-prediction (MTP) drafter of speculative decoding (`--spec mtp`,
+ * docs/SPECULATIVE.md). The MTP layer (models/mtp.c) runs in a backend of its own beside the
+ * session's (its own KV cache, states numbered apart from the target's), on the target's hidden
+ * states: every program of a session whose model has an MTP layer keeps its final norm's rows
+ * (build_opts.keep_hidden, read back by backend_vtable.read_aux), which this file takes after
+ * each run while the drafter is on.
+ *
+ * The MTP cache's row p holds the layer's input at position p: the target's hidden state h[p]
+ * and the token at p + 1. Rows [0, n) are filled; a row needs the token after it, so rows
+ * follow the target's one token behind, caught up before each target run (the first of its
+ * tokens is the one the last row waited for) and when drafting (the chosen token). The hidden
+ * states come from the last run only, [hid0, hid0 + hid_n): a catch-up before every run keeps
+ * none from being lost. A target run at pos0 makes every MTP row >= pos0 stale (the target's
+ * rows there are new), and a rollback only lowers the position, so n = min(n, position) at
+ * each use keeps the rows right. Rows whose hidden states were never kept (tokens cached before
+ * the drafter was on) stay as they are: worse drafts, never wrong output (the verify decides). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "anvil.h"
+#include "engine_impl.h"
+
+/* The most rows one MTP program runs (catching up a prompt: in pieces of this many). */
+#define MTP_T_MAX 16
+
+struct session_mtp {
+    struct backend *b;
+    struct program *prog[MTP_T_MAX + 1]; /* [T]: T rows, the last row's logits, compiled on use */
+    int n;                               /* MTP cache rows filled */
+    float *hid;                          /* [hid_cap][C]: the target's hidden states at */
+    int hid0, hid_n, hid_cap;            /* positions [hid0, hid0 + hid_n) (the last run's) */
+    float *logits;                       /* [V] */
+    float *aux;                          /* [MTP_T_MAX][C]: the MTP's own hidden states */
+    int32_t *tok;                        /* [MTP_T_MAX] */
+};
+
+anvil_status mtp_open(anvil_session *s) {
+    if (s->mtp) return ANVIL_OK;
+    const struct hparams *hp = &s->model->file->hp;
+    if (hp->n_mtp == 0)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "--spec mtp: %s has no multi-token-prediction layer (Qwen3.5, "
+                       "Qwen3.6 and Qwen3-Next ship one; a GGUF converted without it, or another model, has "
+                       "none: use ngram or draft:MODEL)", s->model->file->path);
+    if (!s->keep_hidden)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "--spec mtp: the %s backend does not hand the hidden states to "
+                       "the MTP drafter yet (--backend cpu does)", s->backend->vt->name);
+    struct session_mtp *m = xcalloc(1, sizeof *m);
+    if (!m) return ANVIL_ERR_NOMEM;
+    int C = hp->n_embd;
+    m->logits = xmalloc((size_t)hp->n_vocab * sizeof *m->logits);
+    m->aux = xmalloc((size_t)MTP_T_MAX * C * sizeof *m->aux);
+    m->tok = xmalloc(MTP_T_MAX * sizeof *m->tok);
+    anvil_status st = m->logits && m->aux && m->tok ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    if (st == ANVIL_OK) st = backend_cpu_create(s->n_threads, s->kv16, &m->b);
+    s->mtp = m;
+    if (st != ANVIL_OK) mtp_close(s);
+    return st;
+}
+
+void mtp_close(anvil_session *s) {
+    struct session_mtp *m = s->mtp;
+    if (!m) return;
+    for (int t = 0; t <= MTP_T_MAX && m->b; t++)
+        if (m->prog[t]) m->b->vt->program_destroy(m->prog[t]);
+    backend_destroy(m->b);
+    free(m->hid);
+    free(m->logits);
+    free(m->aux);
+    free(m->tok);
+    free(m);
+    s->mtp = NULL;
+}
+
+/* Runs MTP rows at positions [p0, p0 + T) on tokens m->tok and hidden states in[T][C]: the last
+ * row's logits into m->logits, every row's own hidden state into m->aux. */
+static anvil_status mtp_run(anvil_session *s, int p0, int T, const float *in) {
+    struct session_mtp *m = s->mtp;
+    anvil_status st;
+    if (!m->prog[T]) {
+        struct build_opts o = {.n_tokens = T, .n_ctx = s->n_ctx, .last_only = true, .mtp = true};
+        struct graph g;
+        if ((st = model_build_graph(&s->model->model, &o, &g)) != ANVIL_OK) return st;
+        st = m->b->vt->compile(m->b, &g, &m->prog[T]);
+        graph_free(&g);
+        if (st != ANVIL_OK) return st;
+    }
+    int32_t pos[3 * MTP_T_MAX];
+    for (int t = 0; t < T; t++) pos[3 * t] = pos[3 * t + 1] = pos[3 * t + 2] = p0 + t + s->rope_delta;
+    struct run_extras x = {s->rope_delta ? pos : NULL, NULL, NULL, in};
+    st = m->b->vt->run_extras(m->prog[T], m->tok, p0, &x, m->logits);
+    if (st == ANVIL_OK) st = m->b->vt->read_aux(m->prog[T], m->aux);
+    return st;
+}
+
+/* Fills MTP rows [n, end) (end <= the position; the token after row end - 1 is next when
+ * end is the position), recomputing row end - 1 if it is filled already, so that m->logits and
+ * m->aux's last row are row end - 1's. false: nothing ran (no hidden state for row end - 1). */
+static anvil_status catch_up(anvil_session *s, int end, int32_t next, bool *ran) {
+    struct session_mtp *m = s->mtp;
+    int C = s->model->file->hp.n_embd;
+    *ran = false;
+    if (m->n > end) m->n = end;
+    if (end - 1 < m->hid0 || end > m->hid0 + m->hid_n) {
+        m->n = end; /* no hidden state for row end - 1: the rows stay as they are */
+        return ANVIL_OK;
+    }
+    int a = MAX(m->n < end ? m->n : end - 1, m->hid0);
+    for (int p = a; p < end;) {
+        int T = MIN(end - p, MTP_T_MAX);
+        for (int t = 0; t < T; t++) m->tok[t] = p + t + 1 < s->pos ? s->tokens[p + t + 1] : next;
+        anvil_status st = mtp_run(s, p, T, m->hid + (size_t)(p - m->hid0) * C);
+        if (st != ANVIL_OK) return st;
+        p += T;
+        memmove(m->aux, m->aux + (size_t)(T - 1) * C, (size_t)C * sizeof *m->aux); /* the last row first */
+    }
+    m->n = end;
+    *ran = true;
+    return ANVIL_OK;
+}
+
+anvil_status mtp_before_run(anvil_session *s, int32_t next) {
+    bool ran;
+    return catch_up(s, s->pos, next, &ran);
+}
+
+anvil_status mtp_after_run(anvil_session *s, struct program *p, int T) {
+    struct session_mtp *m = s->mtp;
+    int C = s->model->file->hp.n_embd;
+    if (T > m->hid_cap) {
+        float *h = realloc(m->hid, (size_t)T * C * sizeof *h);
+        if (!h) return err_set(ANVIL_ERR_NOMEM, "out of memory for the MTP drafter's hidden states");
+        m->hid = h;
+        m->hid_cap = T;
+    }
+    anvil_status st = s->backend->vt->read_aux(p, m->hid);
+    m->hid0 = s->pos;
+    m->hid_n = st == ANVIL_OK ? T : 0;
+    if (m->n > s->pos) m->n = s->pos;
+    return st;
+}
+
+static int32_t argmax(const float *v, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
+anvil_status mtp_draft(anvil_session *s, int32_t tok, int k, int32_t *out, int *n_out) {
+    struct session_mtp *m = s->mtp;
+    int V = s->model->file->hp.n_vocab;
+    *n_out = 0;
+    bool ran;
+    anvil_status st = catch_up(s, s->pos, tok, &ran);
+    if (st != ANVIL_OK || !ran) return st;
+    out[0] = argmax(m->logits, V);
+    /* further drafts: the MTP layer on its own hidden state and its draft, a row further on
+     * (rows the target's hidden states replace at the next catch-up) */
+    int i = 1;
+    for (; i < k && s->pos + i - 1 < s->n_ctx; i++) {
+        m->tok[0] = out[i - 1];
+        /* (m->aux is the input and then the output: the run copies its input first) */
+        if ((st = mtp_run(s, s->pos + i - 1, 1, m->aux)) != ANVIL_OK) return st;
+        out[i] = argmax(m->logits, V);
+    }
+    *n_out = i;
+    return ANVIL_OK;
+}
+
+const float *mtp_last_logits(const anvil_session *s) { return s->mtp->logits; }
