@@ -110,6 +110,17 @@ static void test_spec(void **state) {
     free(out), free(chat_plain);
     tu_rmdir(dir);
     free(dir);
+    /* the MTP layer's drafts (a synthetic hybrid carries one: random, so none are kept) */
+    char *mtp_plain = NULL;
+    const char *mtp_eval = "eval -m synthetic:qwen3.6-tiny --backend cpu --prompt-ids 5,17,42,99,5,17 -n 20";
+    assert_int_equal(tu_run_anvil(&mtp_plain, NULL, "%s", mtp_eval), 0);
+    assert_int_equal(tu_run_anvil(&out, &err, "%s --spec mtp --spec-n 2", mtp_eval), 0);
+    assert_string_equal(out, mtp_plain);
+    assert_non_null(strstr(err, "Speculative: "));
+    free(out), free(err), free(mtp_plain);
+    assert_int_equal(tu_run_anvil(&out, NULL, "info -m synthetic:qwen3.6-tiny"), 0);
+    assert_non_null(strstr(out, "mtp:          1 multi-token-prediction layer"));
+    free(out);
     assert_int_equal(tu_run_anvil(&out, NULL, "bench -m synthetic:qwen3-tiny --backend cpu -p 0 -n 16 -r 1 --spec oracle"), 0);
     assert_non_null(strstr(out, "| oracle k=3 | 100.0% | 4.00 |"));
     free(out);
