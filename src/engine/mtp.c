@@ -25,7 +25,9 @@
 
 struct session_mtp {
     struct backend *b;
-    struct program *prog[MTP_T_MAX + 1]; /* [T]: T rows, the last row's logits, compiled on use */
+    /* [draft][T]: T rows, compiled on use; draft: the last row's logits out, else only the
+     * rows (no LM head: a 248k-token head costs far more than the layer) */
+    struct program *prog[2][MTP_T_MAX + 1];
     int n;                               /* MTP cache rows filled */
     float *hid;                          /* [hid_cap][C]: the target's hidden states at */
     int hid0, hid_n, hid_cap;            /* positions [hid0, hid0 + hid_n) (the last run's) */
@@ -60,8 +62,9 @@ anvil_status mtp_open(anvil_session *s) {
 void mtp_close(anvil_session *s) {
     struct session_mtp *m = s->mtp;
     if (!m) return;
-    for (int t = 0; t <= MTP_T_MAX && m->b; t++)
-        if (m->prog[t]) m->b->vt->program_destroy(m->prog[t]);
+    for (int t = 0; t < 2 * (MTP_T_MAX + 1) && m->b; t++)
+        if (m->prog[t / (MTP_T_MAX + 1)][t % (MTP_T_MAX + 1)])
+            m->b->vt->program_destroy(m->prog[t / (MTP_T_MAX + 1)][t % (MTP_T_MAX + 1)]);
     backend_destroy(m->b);
     free(m->hid);
     free(m->logits);
@@ -71,31 +74,33 @@ void mtp_close(anvil_session *s) {
     s->mtp = NULL;
 }
 
-/* Runs MTP rows at positions [p0, p0 + T) on tokens m->tok and hidden states in[T][C]: the last
- * row's logits into m->logits, every row's own hidden state into m->aux. */
-static anvil_status mtp_run(anvil_session *s, int p0, int T, const float *in) {
+/* Runs MTP rows at positions [p0, p0 + T) on tokens m->tok and hidden states in[T][C]: every
+ * row's own hidden state into m->aux, and with draft the last row's logits into m->logits. */
+static anvil_status mtp_run(anvil_session *s, int p0, int T, const float *in, bool draft) {
     struct session_mtp *m = s->mtp;
     anvil_status st;
-    if (!m->prog[T]) {
-        struct build_opts o = {.n_tokens = T, .n_ctx = s->n_ctx, .last_only = true, .mtp = true};
+    struct program **pp = &m->prog[draft][T];
+    if (!*pp) {
+        struct build_opts o = {.n_tokens = T, .n_ctx = s->n_ctx, .last_only = true, .hidden = !draft, .mtp = true};
         struct graph g;
         if ((st = model_build_graph(&s->model->model, &o, &g)) != ANVIL_OK) return st;
-        st = m->b->vt->compile(m->b, &g, &m->prog[T]);
+        st = m->b->vt->compile(m->b, &g, pp);
         graph_free(&g);
         if (st != ANVIL_OK) return st;
     }
     int32_t pos[3 * MTP_T_MAX];
     for (int t = 0; t < T; t++) pos[3 * t] = pos[3 * t + 1] = pos[3 * t + 2] = p0 + t + s->rope_delta;
     struct run_extras x = {s->rope_delta ? pos : NULL, NULL, NULL, in};
-    st = m->b->vt->run_extras(m->prog[T], m->tok, p0, &x, m->logits);
-    if (st == ANVIL_OK) st = m->b->vt->read_aux(m->prog[T], m->aux);
+    st = m->b->vt->run_extras(*pp, m->tok, p0, &x, draft ? m->logits : NULL);
+    if (st == ANVIL_OK) st = m->b->vt->read_aux(*pp, m->aux);
     return st;
 }
 
 /* Fills MTP rows [n, end) (end <= the position; the token after row end - 1 is next when
- * end is the position), recomputing row end - 1 if it is filled already, so that m->logits and
- * m->aux's last row are row end - 1's. false: nothing ran (no hidden state for row end - 1). */
-static anvil_status catch_up(anvil_session *s, int end, int32_t next, bool *ran) {
+ * end is the position); with draft, recomputing row end - 1 if it is filled already, so that
+ * m->logits and m->aux's first row are row end - 1's. *ran: whether row end - 1 ran (not
+ * without a hidden state for it). */
+static anvil_status catch_up(anvil_session *s, int end, int32_t next, bool draft, bool *ran) {
     struct session_mtp *m = s->mtp;
     int C = s->model->file->hp.n_embd;
     *ran = false;
@@ -104,23 +109,23 @@ static anvil_status catch_up(anvil_session *s, int end, int32_t next, bool *ran)
         m->n = end; /* no hidden state for row end - 1: the rows stay as they are */
         return ANVIL_OK;
     }
-    int a = MAX(m->n < end ? m->n : end - 1, m->hid0);
+    int a = MAX(m->n < end || !draft ? m->n : end - 1, m->hid0);
     for (int p = a; p < end;) {
         int T = MIN(end - p, MTP_T_MAX);
         for (int t = 0; t < T; t++) m->tok[t] = p + t + 1 < s->pos ? s->tokens[p + t + 1] : next;
-        anvil_status st = mtp_run(s, p, T, m->hid + (size_t)(p - m->hid0) * C);
+        anvil_status st = mtp_run(s, p, T, m->hid + (size_t)(p - m->hid0) * C, draft && p + T == end);
         if (st != ANVIL_OK) return st;
         p += T;
         memmove(m->aux, m->aux + (size_t)(T - 1) * C, (size_t)C * sizeof *m->aux); /* the last row first */
     }
     m->n = end;
-    *ran = true;
+    *ran = a < end;
     return ANVIL_OK;
 }
 
 anvil_status mtp_before_run(anvil_session *s, int32_t next) {
     bool ran;
-    return catch_up(s, s->pos, next, &ran);
+    return catch_up(s, s->pos, next, false, &ran);
 }
 
 anvil_status mtp_after_run(anvil_session *s, struct program *p, int T) {
@@ -151,7 +156,7 @@ anvil_status mtp_draft(anvil_session *s, int32_t tok, int k, int32_t *out, int *
     int V = s->model->file->hp.n_vocab;
     *n_out = 0;
     bool ran;
-    anvil_status st = catch_up(s, s->pos, tok, &ran);
+    anvil_status st = catch_up(s, s->pos, tok, true, &ran);
     if (st != ANVIL_OK || !ran) return st;
     out[0] = argmax(m->logits, V);
     /* further drafts: the MTP layer on its own hidden state and its draft, a row further on
@@ -160,7 +165,7 @@ anvil_status mtp_draft(anvil_session *s, int32_t tok, int k, int32_t *out, int *
     for (; i < k && s->pos + i - 1 < s->n_ctx; i++) {
         m->tok[0] = out[i - 1];
         /* (m->aux is the input and then the output: the run copies its input first) */
-        if ((st = mtp_run(s, s->pos + i - 1, 1, m->aux)) != ANVIL_OK) return st;
+        if ((st = mtp_run(s, s->pos + i - 1, 1, m->aux, true)) != ANVIL_OK) return st;
         out[i] = argmax(m->logits, V);
     }
     *n_out = i;

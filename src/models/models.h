@@ -31,7 +31,8 @@ struct build_opts {
     /* the multi-token-prediction layer's graph instead of the model's (hparams.n_mtp > 0;
      * models/mtp.c): tokens {T} (the token after each row's position), an OP_INPUT of the
      * target's hidden states {C, T} (keep_hidden's rows, or the MTP's own for a further draft),
-     * its own KV cache; logits ({V, T} or {V, 1}) out, its shared head norm's rows as aux */
+     * its own KV cache; logits ({V, T} or {V, 1}) out, its shared head norm's rows as aux
+     * (with hidden: those rows out, no LM head) */
     bool mtp;
 };
 

@@ -72,6 +72,7 @@ int build_mtp(const struct model *m, struct graph *g, const struct build_opts *o
     x = graph_add(g, x, block_attention(g, hp, &lw->attn, x, hp->n_layer, o));
     x = graph_add(g, x, lw->moe ? block_moe(g, hp, &lw->experts, x) : block_ffn(g, hp, &lw->ffn, x));
     g->aux = x = graph_rms_norm(g, x, graph_weight(g, w->head_norm), eps, zc);
+    if (o->hidden) return x; /* rows that only fill the cache: no LM head */
     if (o->last_only && T > 1) x = graph_rows(g, x, T - 1, 1);
     return graph_matmul(g, x, graph_weight(g, w->output));
 }
