@@ -451,7 +451,8 @@ static void test_images(void **state) {
 }
 
 /* What a server refuses: --parallel > 1 (the batch does not speculate), the oracle (a recorded
- * continuation, for bench), a draft model whose vocabulary is not the target's. */
+ * continuation, for bench), a draft model whose vocabulary is not the target's, MTP drafts on a
+ * model without the layer. */
 static void test_refused(void **state) {
     (void)state;
     char *model = strdup(tu_testdata("reference/qwen3-tiny"));
@@ -474,6 +475,13 @@ static void test_refused(void **state) {
     if (!strstr(anvil_last_error(), "vocabulary")) fail_msg("loaded with: %s", anvil_last_error());
     stop();
     close_draft();
+    /* a model without a multi-token-prediction layer cannot draft with one: refused at load */
+    anvil_spec mtp = {.kind = ANVIL_SPEC_MTP, .n_draft = 3};
+    server_opts(&o, model, tokenizer_dir, 1, &mtp);
+    assert_int_equal(server_start(&o, &live), ANVIL_OK);
+    assert_int_equal(server_wait_ready(live), ANVIL_ERR_INVALID_ARG);
+    if (!strstr(anvil_last_error(), "multi-token-prediction")) fail_msg("loaded with: %s", anvil_last_error());
+    stop();
     free(model);
 }
 
