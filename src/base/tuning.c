@@ -90,8 +90,9 @@ static const struct knob KNOBS[] = {
         "218 on the H100 (docs/perf/log.md §23)."),
     BOOL("ANVIL_CPU_QX", C_DIAGNOSTIC, cpu_qx, 0,
          "The CPU backend rounds its matmul inputs of one row, and of up to ANVIL_VK_MMB rows "
-         "(the small-batch products), as the Vulkan integer-dot-product path does: the oracle "
-         "for that path (vulkan_test, ops_test)."),
+         "(the small-batch products), and the experts' gate/up inputs of steps of 2 to "
+         "ANVIL_VK_MOE_FEW rows, as the Vulkan integer-dot-product path does: the oracle for that "
+         "path (vulkan_test, ops_test)."),
     INT("ANVIL_CPU_GDN_CHUNK", C_DIAGNOSTIC, cpu_gdn_chunk, 0, 0, 4096, NULL,
         "The CPU backend's Gated DeltaNet over a prompt (more than one token) in chunks of this "
         "many tokens, as matrix products within a chunk (the chunked form, the Vulkan prefill's); "
@@ -256,8 +257,11 @@ static const struct knob KNOBS[] = {
         "sequences, a short prompt chunk) run each row's chosen experts on the decode's "
         "matrix-vector kernels (gate/up -> SwiGLU, then the weighted down projection summed; on "
         "integer dot products where ANVIL_VK_MOE_QX and the device take them), every expert's "
-        "weights read once per row that chose it; 0 keeps them on the prefill's float32 tiles, "
-        "as every step of 16 rows or more is."),
+        "weights read once per row that chose it, and their narrow float products (the router, "
+        "a shared expert's gate logit) on the decode's matvec a row each; 0 keeps them on the "
+        "prefill's float32 tiles and mmb.comp, as every step of 16 rows or more is. H200, "
+        "--spec oracle --spec-n 3: Qwen3.6-35B-A3B Q4_K_M 84 -> 412 t/s, Qwen3-30B-A3B 126 -> "
+        "672 (docs/perf/log.md §69)."),
     BOOL("ANVIL_VK_ROUTE_FUSE", C_DIAGNOSTIC, vk_route_fuse, 1,
          "The router's matvec chooses the experts itself (float routers); 0 leaves it to "
          "moe_topk.comp."),

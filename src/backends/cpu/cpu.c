@@ -34,6 +34,9 @@ struct cpu_backend {
     bool kv16; /* k and v rounded to float16 in the cache (backend_cpu_create) */
     bool round_x; /* ANVIL_CPU_QX (when the backend was made): one-token matmul inputs rounded as QX */
     int round_rows; /* and those of up to this many rows (ANVIL_VK_MMB: the small-batch products') */
+    int round_moe;  /* and the experts' gate/up inputs of steps of 2 up to this many rows (the
+                       Vulkan few rows' experts': ANVIL_VK_MOE_FEW, within ANVIL_VK_MMB, where
+                       ANVIL_VK_MOE_QX) */
     int gdn_chunk; /* ANVIL_CPU_GDN_CHUNK: the Gated DeltaNet of T > 1 tokens in chunks of this many
                       (gdn.h's chunked form), 0: token by token (the recurrent form) */
 };
@@ -63,7 +66,7 @@ struct cpu_program {
      * Vulkan decode program's and small-batch products' integer dot products do: the oracle
      * for that path */
     bool round_x;
-    int round_rows;
+    int round_rows, round_moe;
 };
 
 #define MATMUL_ROWS 8 /* weight rows dequantised together, reused across all T inputs */
@@ -171,8 +174,13 @@ static void op_moe(struct cpu_program *p, const struct node *n, const float *x,
             for (int i = 0; i < k; i++)
                 if (ids[t * k + i] == e) list[m++] = (int32_t)(t * k + i);
         if (!m) continue;
-        for (int64_t r = 0; r < m; r++)
-            memcpy(xg + r * C, x + (list[r] / k) * C, (size_t)C * sizeof(float));
+        /* (ANVIL_CPU_QX: a few rows' gate/up inputs rounded as the Vulkan few rows' experts
+         * round them, in int8 blocks of 32) */
+        bool rnd = p->round_x && T >= 2 && T <= p->round_moe && C % 8 == 0 && dtype_rounds_x(gn->weight->type);
+        for (int64_t r = 0; r < m; r++) {
+            if (rnd) x_round_q8(x + (list[r] / k) * C, xg + r * C, C);
+            else memcpy(xg + r * C, x + (list[r] / k) * C, (size_t)C * sizeof(float));
+        }
         matmul_raw(p, xg, gn->weight->type, expert_slice(gn, e), NULL, C, F, m, hg);
         matmul_raw(p, xg, un->weight->type, expert_slice(un, e), NULL, C, F, m, hu);
         for (int64_t i = 0; i < F * m; i++) hg[i] = hg[i] / (1.0f + expf(-hg[i])) * hu[i];
@@ -604,6 +612,7 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
     p->b = b;
     p->round_x = b->round_x;
     p->round_rows = b->round_rows;
+    p->round_moe = b->round_moe;
     anvil_status st = graph_init(&p->g, g->n_tokens);
     int n = g->n_nodes;
     struct graph_plan P = {0};
@@ -812,6 +821,7 @@ anvil_status backend_cpu_create(int n_threads, bool kv16, struct backend **out) 
     anvil_status st = tuning_read(&t);
     b->round_x = t.cpu_qx;
     b->round_rows = t.cpu_qx ? t.vk_mmb : 0;
+    b->round_moe = t.cpu_qx && t.vk_moe_qx ? MIN(t.vk_mmb, t.vk_moe_few) : 0;
     b->gdn_chunk = t.cpu_gdn_chunk;
     if (st == ANVIL_OK) st = thread_pool_create(n_threads, &b->pool);
     if (st != ANVIL_OK) {

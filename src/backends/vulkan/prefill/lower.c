@@ -9,6 +9,7 @@
 
 #include "graph/fuse.h"
 #include "prefill.h"
+#include "quant/quant.h"
 
 /* The nodes that get a block of the arena (graph_plan_memory's planned). */
 bool pf_materialised(const struct node *n) {
@@ -318,6 +319,13 @@ static bool rounds_for_products(struct vk_prefill *p, struct graph_plan *P, int 
     return n == P->n_readers[i];
 }
 
+/* Whether product i is a MoE's router (an OP_MOE reads it as its logits). */
+static bool routes(const struct graph_plan *P, int i) {
+    for (int j = i + 1; j < P->g->n_nodes && j <= P->last[i]; j++)
+        if (NODE(P, j)->op == OP_MOE && P->root[NODE(P, j)->src[1]] == i) return true;
+    return false;
+}
+
 anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
     const struct graph *g = P->g;
     struct vk_backend *b = p->b;
@@ -439,6 +447,33 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 enum vk_kernel k = vk_kernel_for(VK_OP_MATVEC, wn->weight->type);
                 uint32_t nr = vk_matvec_rows(&b->pl, k);
                 st = pf_emit(p, k, (ne0 + nr - 1) / nr, 0, &mv, sizeof mv);
+                break;
+            }
+            /* a few rows of a MoE's float router (at most 512 outputs) or a hybrid's
+             * shared-expert gate logit (one): the decode's matrix-vector kernel a row each, the
+             * rows' dispatches side by side, where mmb.comp's float path gives each subgroup 2
+             * rows of W and walks K in dependent steps (the 35B-A3B's 4-row router ~17 us, its
+             * gate logit ~19, each as long as the step's experts; perf rule "few-row
+             * products"). With the few rows' experts (ANVIL_VK_MOE_FEW), whose steps have them. */
+            int wt = wn->weight->type;
+            if (rows >= 2 && rows <= (uint32_t)b->d->tune.vk_moe_few && (ne0 == 1 || routes(P, i)) &&
+                pc.Kp8 * 8 == Kx && (wt == DT_F32 || wt == DT_F16 || wt == DT_BF16)) {
+                enum vk_kernel k = vk_kernel_for(VK_OP_MATVEC, wt);
+                uint32_t nr = vk_matvec_rows(&b->pl, k);
+                for (uint32_t t = 0; t < rows && st == ANVIL_OK; t++) {
+                    struct pc_matvec mv = {0};
+                    mv.x = pc.x + (uint64_t)t * Kx * 4;
+                    mv.ctl = prm;
+                    mv.w0 = pc.w;
+                    mv.o0 = pc.y + (uint64_t)t * ne0 * 4;
+                    mv.res = pc.flags ? pc.res + (uint64_t)t * ne0 * 4 : mv.o0;
+                    mv.Kp8 = pc.Kp8;
+                    mv.K = Kx;
+                    mv.rows0 = ne0;
+                    mv.flags = pc.flags ? MV_RES : 0u;
+                    if ((st = pf_emit(p, k, (ne0 + nr - 1) / nr, 0, &mv, sizeof mv)) == ANVIL_OK && t)
+                        p->ops[p->n_ops - 1].overlap = true;
+                }
                 break;
             }
             /* a few rows (a short prompt chunk; a batch of sequences): mmb.comp (on integer dot

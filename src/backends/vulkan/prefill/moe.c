@@ -12,7 +12,8 @@
 #include "graph/fuse.h"
 #include "prefill.h"
 
-static struct moe_layout moe_layout(uint32_t T, uint32_t C, uint32_t F, uint32_t E, uint32_t k, bool compact) {
+/* (few: a program of 2 .. ANVIL_VK_MOE_FEW rows, whatever its mixtures' types: room for lower_few's rows) */
+static struct moe_layout moe_layout(uint32_t T, uint32_t C, uint32_t F, uint32_t E, uint32_t k, bool compact, bool few) {
     struct moe_layout m;
     memset(&m, 0, sizeof m);
     m.lists = round_up((VkDeviceSize)T * 128 * 4, ALIGN);
@@ -29,7 +30,7 @@ static struct moe_layout moe_layout(uint32_t T, uint32_t C, uint32_t F, uint32_t
     m.dc = m.uc + round_up((VkDeviceSize)m.R * F * 4, ALIGN);
     if (compact) m.size = m.dc + round_up((VkDeviceSize)m.R * C * 4, ALIGN);
     m.few = m.size;
-    m.size += round_up((VkDeviceSize)T * k * round_up(F, 256) * 4, ALIGN);
+    if (few) m.size += round_up((VkDeviceSize)T * k * round_up(F, 256) * 4, ALIGN);
     return m;
 }
 
@@ -59,6 +60,11 @@ static bool moe_on_coopmat(struct vk_prefill *p, uint32_t T, uint32_t C, uint32_
     return coopmat_sized(p, T, C, F) && (!p->scaled_only || moe_compact(p, T, C, F));
 }
 
+/* Whether a program of T rows may run its mixtures on the decode's matrix-vector kernels */
+static bool few_program(const struct vk_prefill *p, uint32_t T) {
+    return T >= 2 && T <= (uint32_t)p->b->d->tune.vk_moe_few;
+}
+
 /* Whether a mixture of T rows runs on the decode's matrix-vector kernels (lower_few): 2 ..
  * ANVIL_VK_MOE_FEW rows, the decode's expert kernels for the types. *kq: the gate/up's kernel on
  * integer dot products, its input rounded by mmb_round.comp into mmbq (where the device takes
@@ -68,7 +74,7 @@ static bool moe_few(struct vk_prefill *p, uint32_t T, const struct node *gn, con
     struct vk_backend *b = p->b;
     uint32_t C = (uint32_t)gn->ne[0], Kp = vk_wnode_kp(b, gn);
     *kq = K_NONE;
-    if (T < 2 || T > (uint32_t)b->d->tune.vk_moe_few || !gn->weight || !dn->weight)
+    if (!few_program(p, T) || !gn->weight || !dn->weight)
         return false;
     enum vk_kernel kgu = vk_kernel_for(VK_OP_MOE_GU, gn->weight->type), kd = vk_kernel_for(VK_OP_MOE_DOWN, dn->weight->type);
     if (kgu == K_NONE || kd == K_NONE || !vk_pipeline_supported(b->d, &b->pl, kgu) || !vk_pipeline_supported(b->d, &b->pl, kd))
@@ -83,7 +89,7 @@ static bool moe_few(struct vk_prefill *p, uint32_t T, const struct node *gn, con
 struct moe_layout pf_moe_of(struct vk_prefill *p, struct graph_plan *P, const struct node *nd) {
     const struct node *gn = NODE(P, nd->src[2]);
     uint32_t T = (uint32_t)nd->ne[1], C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1];
-    return moe_layout(T, C, F, (uint32_t)gn->ne[2], (uint32_t)nd->p.i[0], moe_compact(p, T, C, F));
+    return moe_layout(T, C, F, (uint32_t)gn->ne[2], (uint32_t)nd->p.i[0], moe_compact(p, T, C, F), few_program(p, T));
 }
 
 /* Experts e0 .. e0 + ep - 1 of stacked weight wn (N rows each) dequantised to float16 at
@@ -113,7 +119,7 @@ static anvil_status lower_few(struct vk_prefill *p, struct graph_plan *P, int i,
     struct vk_backend *b = p->b;
     uint32_t C = (uint32_t)gn->ne[0], F = (uint32_t)gn->ne[1], E = (uint32_t)gn->ne[2], k = (uint32_t)nd->p.i[0];
     uint32_t T = (uint32_t)nd->ne[1], Kp = vk_wnode_kp(b, gn), Fs = (uint32_t)round_up(F, 256);
-    struct moe_layout m = moe_layout(T, C, F, E, k, false);
+    struct moe_layout m = moe_layout(T, C, F, E, k, moe_compact(p, T, C, F), true);
     uint64_t base = p->moe.addr, any = p->arena.addr, x = pf_addr(p, P, nd->src[0]), out = pf_addr(p, P, i), res = 0;
     /* the add that is the mixture's only reader (the residual; a hybrid's shared expert's
      * output) folded into the down projection's store */
@@ -193,7 +199,7 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
     enum vk_kernel kq;
     if (moe_few(p, T, gn, dn, &kq)) return lower_few(p, P, i, kq, done);
     bool compact = moe_compact(p, T, C, F);
-    struct moe_layout m = moe_layout(T, C, F, E, k, compact);
+    struct moe_layout m = moe_layout(T, C, F, E, k, compact, false);
     uint64_t base = p->moe.addr, any = p->arena.addr;
     struct pc_topk pt = {pf_addr(p, P, nd->src[1]), base + m.route, any, E, k, (uint32_t)(nd->p.i[1] != 0), T};
     anvil_status st = pf_emit(p, K_MOE_ROUTE, T, 1, &pt, sizeof pt);

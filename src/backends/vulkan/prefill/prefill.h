@@ -30,6 +30,10 @@
  *   moe            moe_topk.comp routes every token and sorts the choices by expert; each
  *                  expert's products over the tokens that chose it (mm.comp MODE 2, or
  *                  mm_h.comp GATHER on cooperative matrices); mm.comp MODE 4 sums a token's k
+ *                  outputs. A chunk of 2 .. ANVIL_VK_MOE_FEW rows: routed a row a workgroup,
+ *                  then the decode's matvec.comp MODE 2 (gate/up -> SwiGLU of each row's k
+ *                  experts) and MODE 3 (their weighted down projection summed, + the residual)
+ *                  over a grid of the rows in z, x rounded by mmb_round.comp (moe.c lower_few)
  *   gdn            gdn_chunk.comp: the chunked form (blocks of 64 tokens as matrix products,
  *                  the state carried between them: the conv and norms, the blocks, the
  *                  recurrence over blocks); where the heads do not fit it (Dk > 128) or
