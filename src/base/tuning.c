@@ -260,8 +260,8 @@ static const struct knob KNOBS[] = {
         "weights read once per row that chose it, and their narrow float products (the router, "
         "a shared expert's gate logit) on the decode's matvec a row each; 0 keeps them on the "
         "prefill's float32 tiles and mmb.comp, as every step of 16 rows or more is. H200, "
-        "--spec oracle --spec-n 3: Qwen3.6-35B-A3B Q4_K_M 84 -> 412 t/s, Qwen3-30B-A3B 126 -> "
-        "672 (docs/perf/log.md §69)."),
+        "--spec oracle --spec-n 3: Qwen3.6-35B-A3B Q4_K_M 84 -> 447 t/s, Qwen3-30B-A3B 126 -> "
+        "729 (docs/perf/log.md §69)."),
     BOOL("ANVIL_VK_ROUTE_FUSE", C_DIAGNOSTIC, vk_route_fuse, 1,
          "The router's matvec chooses the experts itself (float routers); 0 leaves it to "
          "moe_topk.comp."),
