@@ -92,6 +92,9 @@ typedef struct anvil_model_info {
     uint64_t n_bytes;         /* the weights' bytes as stored */
     uint64_t n_bytes_per_token; /* weight bytes one decode step reads (an MoE's used experts) */
     int32_t n_ctx_train;      /* the context it was trained for (0: unknown) */
+    int recurrent;            /* recurrent layers (Gated DeltaNet: Qwen3.5, Qwen3.6, Qwen3-Next): a
+                                 session's cache is cut back only to its checkpoint
+                                 (anvil_session_checkpoint) */
 } anvil_model_info;
 void anvil_model_get_info(const anvil_model *model, anvil_model_info *out);
 
@@ -321,8 +324,19 @@ anvil_status anvil_session_generate(anvil_session *s, const int32_t *prompt, int
 /* The tokens in the cache, in order (session-owned; valid until the next call). */
 const int32_t *anvil_session_tokens(const anvil_session *s, int *n);
 /* Drops cached tokens from position n on (n <= position): a new prompt sharing a prefix with
- * the cache only prefills the part after it. */
+ * the cache only prefills the part after it. A recurrent model's cache (Qwen3.5, Qwen3.6,
+ * Qwen3-Next: Gated DeltaNet states, which take in every token and cannot be cut) is kept
+ * whole, reset (n = 0), or cut to its checkpoint or any n after it (anvil_session_checkpoint:
+ * the states saved there come back, and the tokens between it and n are fed again, one at a
+ * time); other n: ANVIL_ERR_UNSUPPORTED. */
 anvil_status anvil_session_truncate(anvil_session *s, int n);
+/* Makes the position the session's checkpoint: on a recurrent model its states are saved
+ * (a device copy), so that anvil_session_truncate can later cut the cache back to it (a chat's
+ * next turn whose history differs from what was generated: the server checkpoints before the
+ * assistant's turn). One checkpoint: the next replaces it, as does speculative decoding's
+ * (before each verify step); a truncate below it, or a reset, drops it. On other models it
+ * saves nothing (their caches are cut anywhere). */
+anvil_status anvil_session_checkpoint(anvil_session *s);
 /* The context length: the most tokens the cache holds. */
 int anvil_session_context_size(const anvil_session *s);
 

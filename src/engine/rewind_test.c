@@ -342,6 +342,58 @@ static void test_rewind_errors(void **state) {
     }
 }
 
+/* The public form (anvil_session_checkpoint, anvil_session_truncate), on the CPU: a hybrid's
+ * cache is cut only back to its checkpoint or after it (the tokens between fed again), the
+ * dense model's anywhere; the cut session then equals one fed only what it kept, bit for bit. */
+static void test_truncate_checkpoint(void **state) {
+    (void)state;
+    for (size_t i = 0; i < N_OF(models); i++) {
+        anvil_model *m = open_model(models[i]);
+        anvil_model_info mi;
+        anvil_model_get_info(m, &mi);
+        bool rec = i < 3;
+        assert_int_equal(mi.recurrent, rec);
+        int V = anvil_model_vocab_size(m);
+        size_t VF = N_OF(follow) * (size_t)V;
+        float *a = malloc(sizeof(float) * VF), *b = malloc(sizeof(float) * VF);
+        int32_t d[4];
+        drafts(0, d);
+        anvil_session *s = tu_session(m, ANVIL_BACKEND_CPU, 64);
+        assert_int_equal(anvil_session_eval(s, prompt, N_OF(prompt), ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+        assert_int_equal(anvil_session_truncate(s, 5), rec ? ANVIL_ERR_UNSUPPORTED : ANVIL_OK); /* no checkpoint */
+        if (rec) assert_non_null(strstr(anvil_session_errmsg(s), "no checkpoint"));
+        else assert_int_equal(anvil_session_eval(s, prompt + 5, 2, ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+        assert_int_equal(anvil_session_checkpoint(s), ANVIL_OK); /* at 7 */
+        assert_int_equal(anvil_session_eval(s, d, 4, ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+        assert_int_equal(anvil_session_truncate(s, 9), ANVIL_OK); /* d[0], d[1] fed again */
+        assert_int_equal(anvil_session_position(s), 9);
+        assert_int_equal(anvil_session_truncate(s, 6), rec ? ANVIL_ERR_UNSUPPORTED : ANVIL_OK); /* below it */
+        if (rec) {
+            assert_non_null(strstr(anvil_session_errmsg(s), "its checkpoint is at 7"));
+            assert_int_equal(anvil_session_position(s), 9);
+        } else {
+            assert_int_equal(anvil_session_eval(s, prompt + 6, 1, ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+            assert_int_equal(anvil_session_eval(s, d, 2, ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+        }
+        assert_int_equal(anvil_session_eval(s, follow, N_OF(follow), ANVIL_LOGITS_ALL, a), ANVIL_OK);
+        anvil_session_reset(s);
+        assert_int_equal(anvil_session_eval(s, prompt, N_OF(prompt), ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+        for (int k = 0; k < 2; k++) assert_int_equal(anvil_session_eval(s, d + k, 1, ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+        assert_int_equal(anvil_session_eval(s, follow, N_OF(follow), ANVIL_LOGITS_ALL, b), ANVIL_OK);
+        if (memcmp(a, b, sizeof(float) * VF) != 0) fail_msg("%s: the truncated session differs", models[i]);
+        /* back to the checkpoint itself: nothing fed again */
+        assert_int_equal(anvil_session_checkpoint(s), ANVIL_OK);
+        int64_t refed = s->n_refed;
+        assert_int_equal(anvil_session_eval(s, d, 4, ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+        assert_int_equal(anvil_session_truncate(s, 12), ANVIL_OK);
+        assert_int_equal(s->n_refed, refed);
+        anvil_session_destroy(s);
+        free(a);
+        free(b);
+        anvil_model_close(m);
+    }
+}
+
 int main(void) {
     if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 0);
     tu_float32_prefill();
@@ -349,6 +401,7 @@ int main(void) {
         cmocka_unit_test(test_rewind_errors),
         cmocka_unit_test(test_rewind_equals_fed),
         cmocka_unit_test(test_rewind_from_history),
+        cmocka_unit_test(test_truncate_checkpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

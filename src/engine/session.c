@@ -130,6 +130,7 @@ void anvil_model_get_info(const anvil_model *m, anvil_model_info *out) {
     model_file_totals(mf, &out->n_bytes, &out->n_params);
     out->n_bytes_per_token = model_file_bytes_per_token(mf);
     out->n_ctx_train = mf->hp.n_ctx_train;
+    for (int l = 0; l < mf->hp.n_layer; l++) out->recurrent |= mf->hp.layer_recurrent[l];
     uint64_t tbytes[DT_COUNT] = {0};
     int top = -1;
     for (int i = 0; i < mf->n_tensors; i++) {
@@ -332,9 +333,15 @@ bool session_recurrent(const anvil_session *s) {
 anvil_status anvil_session_truncate(anvil_session *s, int n) {
     if (n < 0 || n > s->pos)
         return keep_err(s->err, err_set(ANVIL_ERR_INVALID_ARG, "cannot truncate %d cached tokens to %d", s->pos, n));
-    if (session_recurrent(s) && n != s->pos && n != 0)
-        return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "a recurrent model's cache can only "
-                                        "be kept whole or reset, not cut to %d of %d tokens", n, s->pos));
+    if (session_recurrent(s) && n != s->pos && n != 0) {
+        /* back to the checkpoint's states, the tokens after it fed again */
+        if (s->mark >= 0 && n >= s->mark) return session_rewind(s, n);
+        char cp[48] = "it has no checkpoint";
+        if (s->mark >= 0) snprintf(cp, sizeof cp, "its checkpoint is at %d", s->mark);
+        return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "a recurrent model's cache can only be "
+                                        "kept whole, cut back to its checkpoint or after it, or reset, not "
+                                        "cut to %d of %d tokens (%s)", n, s->pos, cp));
+    }
     if (s->rope_delta && n > s->mm_first && n < s->mm_end)
         return keep_err(s->err, err_set(ANVIL_ERR_UNSUPPORTED, "cannot cut the cache inside an "
                                         "image (rows %d .. %d)", s->mm_first, s->mm_end - 1));
@@ -343,6 +350,11 @@ anvil_status anvil_session_truncate(anvil_session *s, int n) {
     if (n != s->pos) s->hist_rows = 0;
     s->pos = n; /* later tokens are overwritten in place: attention only reads rows < pos */
     return ANVIL_OK;
+}
+
+anvil_status anvil_session_checkpoint(anvil_session *s) {
+    if (!s) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_checkpoint: session is NULL");
+    return session_mark(s);
 }
 
 anvil_status session_mark(anvil_session *s) {

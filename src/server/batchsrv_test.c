@@ -470,6 +470,56 @@ static void test_hybrid_vulkan(void **state) {
     if (vulkan()) check_model("reference/qwen3_5-tiny", ANVIL_BACKEND_VULKAN);
 }
 
+/* A chat's second turn on a hybrid, whose cache is cut back only to a checkpoint (the server
+ * makes one before the assistant's turn): it reuses the first turn's prompt up to there, and
+ * answers exactly as after a full prefill (the same turn again once another request replaced
+ * the cache). On the CPU (rewind_test has the cut on Vulkan). */
+static void test_hybrid_chat_reuse(void **state) {
+    (void)state;
+    char *model = strdup(tu_testdata("reference/qwen3_5-tiny"));
+    int port = server_port(start(model, ANVIL_BACKEND_CPU, 1));
+    struct req t1 = {.chat = true}, t2 = {.chat = true}, other = {.chat = false};
+    snprintf(t1.body, sizeof t1.body, "{\"messages\":[{\"role\":\"user\",\"content\":\"A first question, "
+             "long enough for its prefix to count.\"}],\"max_tokens\":8,\"temperature\":0}");
+    /* the history's answer is not what was generated (as a template that drops the reasoning
+     * renders it): the cache matches up to the assistant's turn only */
+    snprintf(t2.body, sizeof t2.body, "{\"messages\":[{\"role\":\"user\",\"content\":\"A first question, "
+             "long enough for its prefix to count.\"},{\"role\":\"assistant\",\"content\":\"An answer.\"},"
+             "{\"role\":\"user\",\"content\":\"A second.\"}],\"max_tokens\":8,\"temperature\":0}");
+    snprintf(other.body, sizeof other.body, "{\"prompt\":\"Something else entirely\",\"max_tokens\":2,"
+             "\"temperature\":0}");
+    struct answer a1, a2, a3, ao;
+    char body[1100], *out;
+    int cached[2];
+    for (int k = 0; k < 3; k++) {
+        const struct req *r = k == 0 ? &t1 : k == 1 ? &t2 : &other;
+        body_of(r, false, body, sizeof body);
+        assert_int_equal(http(port, path_of(r), body, &out), 200);
+        parse_answer(out, r->chat, false, k == 0 ? &a1 : k == 1 ? &a2 : &ao);
+        cJSON *j = cJSON_Parse(out);
+        if (k < 2) cached[k] = get_int(j, "usage.prompt_tokens_details.cached_tokens");
+        cJSON_Delete(j);
+        free(out);
+    }
+    body_of(&t2, false, body, sizeof body);
+    assert_int_equal(http(port, path_of(&t2), body, &out), 200);
+    parse_answer(out, true, false, &a3);
+    cJSON *j = cJSON_Parse(out);
+    int cached3 = get_int(j, "usage.prompt_tokens_details.cached_tokens");
+    cJSON_Delete(j);
+    free(out);
+    fprintf(stderr, "hybrid chat: turn 1 %d prompt tokens; turn 2 %d, %d of them cached; again after "
+            "another request: %d cached\n", a1.prompt_tokens, a2.prompt_tokens, cached[1], cached3);
+    assert_int_equal(cached[0], 0);
+    /* all of the first turn's prompt but its assistant header (<|im_start|>assistant\n) */
+    assert_true(cached[1] >= a1.prompt_tokens - 4 && cached[1] < a2.prompt_tokens);
+    assert_true(cached3 < cached[1]);
+    expect_same("turn 2, reused against prefilled", &a2, &a3);
+    assert_true(metric(port, "anvil_prompt_tokens_cached_total") >= cached[1]);
+    stop();
+    free(model);
+}
+
 int main(int argc, char **argv) {
     /* batchsrv_test PATTERN: only the tests whose names match (cmocka's wildcards) */
     if (argc > 1) cmocka_set_test_filter(argv[1]);
@@ -483,6 +533,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_teardown(test_dense_vulkan, teardown),
         cmocka_unit_test_teardown(test_moe_vulkan, teardown),
         cmocka_unit_test_teardown(test_hybrid_vulkan, teardown),
+        cmocka_unit_test_teardown(test_hybrid_chat_reuse, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     free(tokenizer_dir);

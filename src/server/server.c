@@ -309,10 +309,31 @@ void run_job(struct server *s, struct job *j) {
         for (int i = 0; pad >= 0 && i < keep; i++)
             if (cached[i] == pad || j->prompt[i] == pad) keep = i;
         if (anvil_session_truncate(s->session, keep) != ANVIL_OK) {
-            anvil_session_reset(s->session); /* a recurrent state cannot be cut back */
+            anvil_session_reset(s->session); /* a recurrent state cut before its checkpoint */
             keep = 0;
         }
         n_cached = keep;
+        /* a recurrent model: the prompt up to its last <|im_start|> (the assistant turn's
+         * header, after which the next turn's rendering of this one may differ from what is
+         * generated: a chat template drops the reasoning, or the empty think tags) first, and
+         * the checkpoint there, so that the next turn prefills only what follows it */
+        int cp = -1;
+        for (int i = j->n_prompt - 1; s->im_start >= 0 && j->n_images == 0 && i > keep; i--)
+            if (j->prompt[i] == s->im_start) {
+                cp = i;
+                break;
+            }
+        double t_cp = 0;
+        if (cp > keep) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            st = anvil_session_eval(s->session, j->prompt + keep, cp - keep, ANVIL_LOGITS_NONE, NULL);
+            if (st == ANVIL_OK) st = anvil_session_checkpoint(s->session);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            t_cp = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+            keep = cp;
+        }
+
         anvil_generate_params gp = j->gen;
         if (!j->ignore_eos) gp.stop_tokens = srv_text_stop_tokens(s->text, &gp.n_stop_tokens);
         if (j->schema) {
@@ -329,8 +350,10 @@ void run_job(struct server *s, struct job *j) {
          * previous row's token went through run_token: the grammar's and the logprobs' state
          * advance as without it. Images too: the image rows are fed before the first mark. */
         gp.spec = s->opt.spec;
-        st = anvil_session_generate_images(s->session, j->prompt + keep, j->n_prompt - keep, j->images,
-                                           j->n_images, &gp, run_token, &r, &stats);
+        if (st == ANVIL_OK)
+            st = anvil_session_generate_images(s->session, j->prompt + keep, j->n_prompt - keep, j->images,
+                                               j->n_images, &gp, run_token, &r, &stats);
+        stats.prompt_seconds += t_cp; /* (the part before the checkpoint) */
         if (st != ANVIL_OK) snprintf(msg, sizeof msg, "%s", anvil_last_error());
     } else {
         snprintf(msg, sizeof msg, "%s", anvil_last_error());
@@ -374,6 +397,9 @@ static anvil_status load(struct server *s) {
     s->n_ctx = anvil_session_context_size(s->session);
     s->n_vocab = anvil_model_vocab_size(s->model);
     s->think_end = srv_text_find(s->text, "</think>");
+    anvil_model_info mi;
+    anvil_model_get_info(s->model, &mi);
+    s->im_start = mi.recurrent ? srv_text_find(s->text, "<|im_start|>") : -1;
     if (s->opt.spec && (st = spec_check(s->session, s->opt.spec)) != ANVIL_OK) {
         char why[256];
         snprintf(why, sizeof why, "%s", anvil_last_error());

@@ -241,6 +241,8 @@ struct server {
     bool vision; /* the model takes images (its vision tower is loaded) */
     struct jvocab *jvocab; /* the tokens' bytes, for response_format */
     int32_t think_end;     /* </think>'s id, or -1 */
+    int32_t im_start;      /* <|im_start|>'s id where the model is recurrent (its cache cut back
+                              only to a checkpoint: run_job's, before the assistant's turn), else -1 */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;       /* queue changes, readiness, stopping */
