@@ -832,19 +832,25 @@ static void write_gguf(const char *path, const struct weights *w) {
     assert_int_equal(gguf_writer_finish(gw), ANVIL_OK);
 }
 
+/* The model at path and a CPU session of 64 positions on it (both the caller's to close). */
+static anvil_session *cpu_session(const char *path, anvil_model **m) {
+    anvil_model_params mp = {2};
+    if (anvil_model_open(path, &mp, m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
+    anvil_session_params sp = anvil_session_default_params();
+    sp.backend = ANVIL_BACKEND_CPU;
+    sp.n_ctx = 64;
+    anvil_session *sess;
+    assert_int_equal(anvil_session_create(*m, &sp, &sess), ANVIL_OK);
+    return sess;
+}
+
 /* Runs the model at path (prompt, then one token at a time) against the reference; returns
  * the worst |logit - reference| and the largest reference logit. */
 static double run_against_reference(const char *path, const struct weights *w, const int32_t *tok,
                                     int prompt, int steps, double *scale) {
     const struct shape *s = w->s;
     anvil_model *m;
-    anvil_model_params mp = {2};
-    if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
-    anvil_session_params sp = anvil_session_default_params();
-    sp.backend = ANVIL_BACKEND_CPU;
-    sp.n_ctx = 64;
-    anvil_session *sess;
-    assert_int_equal(anvil_session_create(m, &sp, &sess), ANVIL_OK);
+    anvil_session *sess = cpu_session(path, &m);
     float *got = malloc(sizeof(float) * (size_t)s->vocab * (size_t)prompt);
     double *ref = malloc(sizeof(double) * (size_t)s->vocab);
     assert_int_equal(anvil_session_eval(sess, tok, prompt, ANVIL_LOGITS_ALL, got), ANVIL_OK);
@@ -878,13 +884,7 @@ static double mtp_against_reference(const char *path, const struct weights *w, c
     int C = s->embd, V = s->vocab;
     enum { K = 3, STEP = 3 };
     anvil_model *m;
-    anvil_model_params mp = {2};
-    if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
-    anvil_session_params sp = anvil_session_default_params();
-    sp.backend = ANVIL_BACKEND_CPU;
-    sp.n_ctx = 64;
-    anvil_session *sess;
-    assert_int_equal(anvil_session_create(m, &sp, &sess), ANVIL_OK);
+    anvil_session *sess = cpu_session(path, &m);
     assert_int_equal(mtp_open(sess), ANVIL_OK);
     float *lg = malloc(sizeof(float) * (size_t)V);
     double *hid = malloc(sizeof(double) * (size_t)(P + STEP + K) * C), *oh = malloc(sizeof(double) * (size_t)(P + STEP + K) * C),
