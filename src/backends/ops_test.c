@@ -108,6 +108,31 @@ static void test_checks(void **state) {
  * products of up to ANVIL_VK_MMB rows): both then agree to float32 rounding. (Session 23's
  * 7-row prompt of a Q8_0 model moved by 0.17 in vulkan_test: the GPU rounded its inputs, the
  * CPU, which rounded one-row products only, did not; Q8_0 at 7 rows is here.) */
+/* Case c run and checked against the CPU with both backends' integer-dot settings at qx and
+ * knob ("NAME=VALUE", or NULL) set for it (each backend reads them when it is made), then back
+ * as ctest runs every test; its name into name. */
+static void run_with(const struct ops_case *c, const struct ops_opts *o, bool qx, const char *knob, char *name,
+                     size_t cap, struct ops_result *r) {
+    setenv("ANVIL_VK_QX", qx ? "1" : "0", 1);
+    setenv("ANVIL_CPU_QX", qx ? "1" : "0", 1);
+    char var[64] = "";
+    if (knob) {
+        snprintf(var, sizeof var, "%s", knob);
+        char *eq = strchr(var, '=');
+        *eq = 0;
+        setenv(var, eq + 1, 1);
+    }
+    ops_case_name(c, name, cap);
+    anvil_status st = ops_run(c, o, r);
+    setenv("ANVIL_VK_QX", "0", 1);
+    setenv("ANVIL_CPU_QX", "0", 1);
+    if (var[0]) unsetenv(var);
+    if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
+    fprintf(stderr, "%s%s%s%s: max |vulkan - cpu| %.3g (%.3g of %.3g); kernels %s\n", name, qx ? " (qx)" : "",
+            knob ? " " : "", knob ? knob : "", r->max_abs, r->rel, r->max_ref, r->kernels);
+    assert_true(r->checked && r->pass && r->max_ref > 0);
+}
+
 static void test_small_batch(void **state) {
     (void)state;
     static const struct {
@@ -149,27 +174,10 @@ static void test_small_batch(void **state) {
 #endif
         /* (the device's and the CPU's settings are read when their backends are made, per case) */
         bool qx = cases[i].qx;
-        setenv("ANVIL_VK_QX", qx ? "1" : "0", 1);
-        setenv("ANVIL_CPU_QX", qx ? "1" : "0", 1);
-        char knob[64] = "";
-        if (cases[i].knob) {
-            snprintf(knob, sizeof knob, "%s", cases[i].knob);
-            char *eq = strchr(knob, '=');
-            *eq = 0;
-            setenv(knob, eq + 1, 1);
-        }
         struct ops_case c = find_case(OPS_MM, cases[i].type, cases[i].what, 40, cases[i].T);
         char name[96];
-        ops_case_name(&c, name, sizeof name);
         struct ops_result r;
-        anvil_status st = ops_run(&c, &o, &r);
-        setenv("ANVIL_VK_QX", "0", 1); /* as ctest runs every test */
-        setenv("ANVIL_CPU_QX", "0", 1);
-        if (knob[0]) unsetenv(knob);
-        if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
-        fprintf(stderr, "%s%s%s%s: max |vulkan - cpu| %.3g (%.3g of %.3g); kernels %s\n", name, qx ? " (qx)" : "",
-                knob[0] ? " " : "", knob[0] ? cases[i].knob : "", r.max_abs, r.rel, r.max_ref, r.kernels);
-        assert_true(r.checked && r.pass && r.max_ref > 0);
+        run_with(&c, &o, qx, cases[i].knob, name, sizeof name, &r);
         /* float32 rounding (on integer dot products: against the CPU's rows rounded alike) */
         assert_true(r.rel < 2e-3);
         /* (up to ANVIL_VK_MMBX rows mmbx.comp, past them and 8 the tiles, mmbt.comp, for the
@@ -258,27 +266,10 @@ static void test_few_rows_moe(void **state) {
         if (i % 3) continue;
 #endif
         bool qx = cases[i].qx;
-        setenv("ANVIL_VK_QX", qx ? "1" : "0", 1);
-        setenv("ANVIL_CPU_QX", qx ? "1" : "0", 1);
-        char knob[64] = "";
-        if (cases[i].knob) {
-            snprintf(knob, sizeof knob, "%s", cases[i].knob);
-            char *eq = strchr(knob, '=');
-            *eq = 0;
-            setenv(knob, eq + 1, 1);
-        }
         struct ops_case c = find_case(OPS_MOE_PREFILL, cases[i].type, NULL, 40, cases[i].T);
         char name[96];
-        ops_case_name(&c, name, sizeof name);
         struct ops_result r;
-        anvil_status st = ops_run(&c, &o, &r);
-        setenv("ANVIL_VK_QX", "0", 1); /* as ctest runs every test */
-        setenv("ANVIL_CPU_QX", "0", 1);
-        if (knob[0]) unsetenv(knob);
-        if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
-        fprintf(stderr, "%s%s%s%s: max |vulkan - cpu| %.3g (%.3g of %.3g); kernels %s\n", name, qx ? " (qx)" : "",
-                knob[0] ? " " : "", knob[0] ? cases[i].knob : "", r.max_abs, r.rel, r.max_ref, r.kernels);
-        assert_true(r.checked && r.pass && r.max_ref > 0);
+        run_with(&c, &o, qx, cases[i].knob, name, sizeof name, &r);
         bool tiles = cases[i].T > 15 || (cases[i].knob && !strcmp(cases[i].knob, "ANVIL_VK_MOE_FEW=0"));
         bool rounded = qx && !tiles && !(cases[i].knob && !strcmp(cases[i].knob, "ANVIL_VK_MOE_QX=0"));
         char want[32];
