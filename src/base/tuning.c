@@ -72,7 +72,8 @@ static const struct knob KNOBS[] = {
          "message fails the call that follows it."),
     {"ANVIL_VK_FAULT", K_TEXT, C_DIAGNOSTIC, F(vk_fault), 0, 0, 0, 0, "none", NULL, 0,
      "`lost:N`, `hang:N` or `oom:N`: the N-th submit (lost, hang) or device allocation (oom) "
-     "fails as a real device would, for testing the failure paths."},
+     "fails as a real device would, for testing the failure paths (the session's submits and "
+     "allocations, on a logical device of its own that no other session shares)."},
     BOOL("ANVIL_VK_PROFILE", C_DIAGNOSTIC, vk_profile, 0,
          "GPU time per kernel of the decode step (and of a prefill chunk when its program ends), "
          "printed by `anvil bench --trace` and `anvil_session_describe_program`."),

@@ -419,6 +419,199 @@ static bool has_device_ext(VkPhysicalDevice pd, const char *name) {
     return found;
 }
 
+/* What the logical device enables on d->phys, from the device and d->tune: d->has_budget,
+ * coopmat, coopmat2, int_dot (int_dot_fast), exec_stats, shader_clock. */
+static void choose_features(struct vk_device *d) {
+    d->has_budget = has_device_ext(d->phys, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
+    d->coopmat = want_coopmat(&d->tune, d->phys, d->subgroup_size);
+    d->coopmat2 = d->coopmat && want_coopmat2(&d->tune, d->instance, d->phys, d->props.apiVersion);
+    if (has_device_ext(d->phys, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
+        VkPhysicalDeviceShaderIntegerDotProductFeatures idf = {
+            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
+        VkPhysicalDeviceShaderIntegerDotProductProperties idp = {
+            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES};
+        VkPhysicalDeviceProperties2 ip2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &idp};
+        vkGetPhysicalDeviceProperties2(d->phys, &ip2);
+        VkPhysicalDeviceFeatures2 if2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &idf};
+        vkGetPhysicalDeviceFeatures2(d->phys, &if2);
+        d->int_dot = idf.shaderIntegerDotProduct;
+        d->int_dot_fast = idp.integerDotProduct4x8BitPackedSignedAccelerated &&
+                          idp.integerDotProduct4x8BitPackedMixedSignednessAccelerated;
+    }
+    d->exec_stats = d->tune.vk_pipeline_stats &&
+                    has_device_ext(d->phys, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+    /* the device's clock in shaders, for measuring mega.comp's phases (ANVIL_VK_MEGA_CLOCK=1) */
+    if (d->tune.vk_mega_clock && has_device_ext(d->phys, VK_KHR_SHADER_CLOCK_EXTENSION_NAME)) {
+        VkPhysicalDeviceShaderClockFeaturesKHR clf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CLOCK_FEATURES_KHR};
+        VkPhysicalDeviceFeatures2 cf2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &clf};
+        vkGetPhysicalDeviceFeatures2(d->phys, &cf2);
+        d->shader_clock = clf.shaderDeviceClock;
+    }
+}
+
+/* The features choose_features chose, as bits: sessions share a logical device only where
+ * these are equal. */
+static uint32_t feature_bits(const struct vk_device *d) {
+    return (uint32_t)d->has_budget | (uint32_t)d->coopmat << 1 | (uint32_t)d->coopmat2 << 2 |
+           (uint32_t)d->int_dot << 3 | (uint32_t)d->exec_stats << 4 | (uint32_t)d->shader_clock << 5;
+}
+
+/* The logical device of d's physical device and features, and its queue, into sh. */
+static anvil_status make_logical(const struct vk_device *d, struct vk_shared *sh) {
+    float prio = 1.0f;
+    VkDeviceQueueCreateInfo qi = {VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, NULL, 0,
+                                  d->queue_family, 1, &prio};
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    f12.bufferDeviceAddress = VK_TRUE;
+    f12.timelineSemaphore = VK_TRUE;
+    const char *dev_exts[8];
+    uint32_t n_dev_exts = 0;
+    if (d->has_budget) dev_exts[n_dev_exts++] = VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV cmf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV,
+                                                       .cooperativeMatrix = VK_TRUE};
+    if (d->coopmat) {
+        dev_exts[n_dev_exts++] = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
+        f12.shaderFloat16 = VK_TRUE;
+        f12.vulkanMemoryModel = VK_TRUE;
+        f12.pNext = &cmf;
+    }
+    struct cm2_features cm2f = {.sType = CM2_STYPE_FEATURES, .workgroupScope = VK_TRUE, .flexibleDimensions = VK_TRUE,
+                                .tensorAddressing = VK_TRUE};
+    struct cm_khr_features cmkf = {.sType = CM2_STYPE_KHR_FEATURES, .pNext = &cm2f, .cooperativeMatrix = VK_TRUE};
+    if (d->coopmat2) {
+        dev_exts[n_dev_exts++] = "VK_KHR_cooperative_matrix";
+        dev_exts[n_dev_exts++] = "VK_NV_cooperative_matrix2";
+        cm2f.pNext = f12.pNext;
+        f12.pNext = &cmkf;
+    }
+    /* integer dot products (VK_KHR_shader_integer_dot_product's own feature structure, not
+     * Vulkan 1.3's: the same on a 1.2 device and on a 1.3 one) */
+    VkPhysicalDeviceShaderIntegerDotProductFeatures idf = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES,
+        .pNext = f12.pNext, .shaderIntegerDotProduct = VK_TRUE};
+    if (d->int_dot) {
+        dev_exts[n_dev_exts++] = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
+        f12.pNext = &idf;
+    }
+    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR pef = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,
+        .pNext = f12.pNext, .pipelineExecutableInfo = VK_TRUE};
+    if (d->exec_stats) {
+        dev_exts[n_dev_exts++] = VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
+        f12.pNext = &pef;
+    }
+    VkPhysicalDeviceShaderClockFeaturesKHR clf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CLOCK_FEATURES_KHR,
+                                                  .pNext = f12.pNext, .shaderDeviceClock = VK_TRUE};
+    if (d->shader_clock) {
+        dev_exts[n_dev_exts++] = VK_KHR_SHADER_CLOCK_EXTENSION_NAME;
+        f12.pNext = &clf;
+    }
+    VkDeviceCreateInfo dci = {VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f12, 0, 1, &qi, 0, NULL,
+                              n_dev_exts, dev_exts, NULL};
+    anvil_status st = vk_result(vkCreateDevice(d->phys, &dci, NULL, &sh->dev), "vkCreateDevice");
+    if (st != ANVIL_OK) return st;
+    volkLoadDevice(sh->dev);
+    vkGetDeviceQueue(sh->dev, d->queue_family, 0, &sh->queue);
+    return ANVIL_OK;
+}
+
+/* The process's logical devices (struct vk_shared), shared or kept for the next session. */
+static struct {
+    pthread_mutex_t lock;
+    struct vk_shared *list;
+} devices = {PTHREAD_MUTEX_INITIALIZER, NULL};
+
+static void end_kept_devices(void);
+
+/* d->sh: a logical device of d's physical device and features that has not failed, made where
+ * there is none; one of d's own where it injects faults. */
+static anvil_status share_device(struct vk_device *d) {
+    bool solo = d->fault_kind != VK_FAULT_NONE;
+    uint32_t features = feature_bits(d);
+    pthread_mutex_lock(&devices.lock);
+    struct vk_shared *sh = NULL;
+    for (struct vk_shared *s = solo ? NULL : devices.list; s && !sh; s = s->next)
+        if (s->index == d->index && s->features == features && !__atomic_load_n(&s->lost, __ATOMIC_SEQ_CST) &&
+            !s->abandoned)
+            sh = s;
+    anvil_status st = ANVIL_OK;
+    static bool at_exit;
+    if (!at_exit) at_exit = atexit(end_kept_devices) == 0;
+    if (!sh) {
+        sh = xcalloc(1, sizeof *sh);
+        if (!sh) st = ANVIL_ERR_NOMEM;
+        else if ((st = make_logical(d, sh)) != ANVIL_OK) {
+            free(sh);
+            sh = NULL;
+        } else {
+            sh->index = d->index;
+            sh->features = features;
+            sh->solo = solo;
+            pthread_mutex_init(&sh->queue_lock, NULL);
+            pthread_mutex_init(&sh->pl_lock, NULL);
+            sh->next = devices.list;
+            devices.list = sh;
+        }
+    }
+    if (sh) sh->refs++;
+    pthread_mutex_unlock(&devices.lock);
+    d->sh = sh;
+    return st;
+}
+
+/* A logical device no session uses any more destroyed (one a session abandoned work on is
+ * left alone: vk_idle). */
+static void end_device(struct vk_shared *sh) {
+    if (!sh->abandoned) { /* (its sessions waited for their work) */
+        vk_shared_pipelines_destroy(sh);
+        vkDestroyDevice(sh->dev, NULL);
+    }
+    pthread_mutex_destroy(&sh->queue_lock);
+    pthread_mutex_destroy(&sh->pl_lock);
+    free(sh);
+}
+
+/* At exit, the devices kept for a next session that did not come: destroyed, as a last
+ * session would have destroyed them (the driver's objects freed before the sanitizers' leak
+ * check). Those that sessions still hold are theirs. */
+static void end_kept_devices(void) {
+    pthread_mutex_lock(&devices.lock);
+    struct vk_shared *ended = NULL;
+    for (struct vk_shared **s = &devices.list; *s;) {
+        struct vk_shared *sh = *s;
+        if (sh->refs) {
+            s = &sh->next;
+            continue;
+        }
+        *s = sh->next;
+        sh->next = ended;
+        ended = sh;
+    }
+    pthread_mutex_unlock(&devices.lock);
+    while (ended) {
+        struct vk_shared *next = ended->next;
+        end_device(ended);
+        ended = next;
+    }
+}
+
+/* A session lets go of its logical device: kept for the next session where it is shared and
+ * working (until the process exits: end_kept_devices), else destroyed with its last session. */
+static void release_device(struct vk_shared *sh, bool abandoned) {
+    pthread_mutex_lock(&devices.lock);
+    sh->abandoned |= abandoned;
+    bool last = --sh->refs == 0;
+    bool end = last && (sh->solo || __atomic_load_n(&sh->lost, __ATOMIC_SEQ_CST) || sh->abandoned);
+    if (end)
+        for (struct vk_shared **s = &devices.list; *s; s = &(*s)->next)
+            if (*s == sh) {
+                *s = sh->next;
+                break;
+            }
+    pthread_mutex_unlock(&devices.lock);
+    if (end) end_device(sh);
+}
+
 anvil_status vk_device_create(int index, struct vk_device **out) {
     *out = NULL;
     if (!loader_ready())
@@ -506,86 +699,12 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
         st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: %s has no compute queue", d->props.deviceName);
         goto fail;
     }
-    float prio = 1.0f;
-    VkDeviceQueueCreateInfo qi = {VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, NULL, 0,
-                                  d->queue_family, 1, &prio};
-    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
-    f12.bufferDeviceAddress = VK_TRUE;
-    f12.timelineSemaphore = VK_TRUE;
-    const char *dev_exts[8];
-    uint32_t n_dev_exts = 0;
-    d->has_budget = has_device_ext(d->phys, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
-    if (d->has_budget) dev_exts[n_dev_exts++] = VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
-    VkPhysicalDeviceCooperativeMatrixFeaturesNV cmf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV,
-                                                       .cooperativeMatrix = VK_TRUE};
-    d->coopmat = want_coopmat(&d->tune, d->phys, d->subgroup_size);
-    if (d->coopmat) {
-        dev_exts[n_dev_exts++] = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
-        f12.shaderFloat16 = VK_TRUE;
-        f12.vulkanMemoryModel = VK_TRUE;
-        f12.pNext = &cmf;
-    }
-    struct cm2_features cm2f = {.sType = CM2_STYPE_FEATURES, .workgroupScope = VK_TRUE, .flexibleDimensions = VK_TRUE,
-                                .tensorAddressing = VK_TRUE};
-    struct cm_khr_features cmkf = {.sType = CM2_STYPE_KHR_FEATURES, .pNext = &cm2f, .cooperativeMatrix = VK_TRUE};
-    d->coopmat2 = d->coopmat && want_coopmat2(&d->tune, d->instance, d->phys, d->props.apiVersion);
-    if (d->coopmat2) {
-        dev_exts[n_dev_exts++] = "VK_KHR_cooperative_matrix";
-        dev_exts[n_dev_exts++] = "VK_NV_cooperative_matrix2";
-        cm2f.pNext = f12.pNext;
-        f12.pNext = &cmkf;
-    }
-    /* integer dot products (VK_KHR_shader_integer_dot_product's own feature structure, not
-     * Vulkan 1.3's: the same on a 1.2 device and on a 1.3 one) */
-    VkPhysicalDeviceShaderIntegerDotProductFeatures idf = {
-        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
-    if (has_device_ext(d->phys, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
-        VkPhysicalDeviceShaderIntegerDotProductProperties idp = {
-            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES};
-        VkPhysicalDeviceProperties2 ip2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &idp};
-        vkGetPhysicalDeviceProperties2(d->phys, &ip2);
-        VkPhysicalDeviceFeatures2 if2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &idf};
-        vkGetPhysicalDeviceFeatures2(d->phys, &if2);
-        d->int_dot = idf.shaderIntegerDotProduct;
-        d->int_dot_fast = idp.integerDotProduct4x8BitPackedSignedAccelerated &&
-                          idp.integerDotProduct4x8BitPackedMixedSignednessAccelerated;
-    }
-    if (d->int_dot) {
-        dev_exts[n_dev_exts++] = VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME;
-        idf = (VkPhysicalDeviceShaderIntegerDotProductFeatures){
-            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES,
-            .pNext = f12.pNext, .shaderIntegerDotProduct = VK_TRUE};
-        f12.pNext = &idf;
-    }
-    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR pef = {
-        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR,
-        .pipelineExecutableInfo = VK_TRUE};
-    d->exec_stats = d->tune.vk_pipeline_stats &&
-                    has_device_ext(d->phys, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
-    if (d->exec_stats) {
-        dev_exts[n_dev_exts++] = VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME;
-        pef.pNext = f12.pNext;
-        f12.pNext = &pef;
-    }
-    /* the device's clock in shaders, for measuring mega.comp's phases (ANVIL_VK_MEGA_CLOCK=1) */
-    VkPhysicalDeviceShaderClockFeaturesKHR clf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CLOCK_FEATURES_KHR};
-    if (d->tune.vk_mega_clock && has_device_ext(d->phys, VK_KHR_SHADER_CLOCK_EXTENSION_NAME)) {
-        VkPhysicalDeviceFeatures2 cf2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &clf};
-        vkGetPhysicalDeviceFeatures2(d->phys, &cf2);
-        if (clf.shaderDeviceClock) {
-            d->shader_clock = true;
-            dev_exts[n_dev_exts++] = VK_KHR_SHADER_CLOCK_EXTENSION_NAME;
-            clf = (VkPhysicalDeviceShaderClockFeaturesKHR){.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CLOCK_FEATURES_KHR,
-                                                         .pNext = f12.pNext, .shaderDeviceClock = VK_TRUE};
-            f12.pNext = &clf;
-        }
-    }
-    VkDeviceCreateInfo dci = {VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, &f12, 0, 1, &qi, 0, NULL,
-                              n_dev_exts, dev_exts, NULL};
-    st = vk_result(vkCreateDevice(d->phys, &dci, NULL, &d->dev), "vkCreateDevice");
+    choose_features(d);
+    st = share_device(d);
     if (st != ANVIL_OK) goto fail;
-    volkLoadDevice(d->dev);
-    vkGetDeviceQueue(d->dev, d->queue_family, 0, &d->queue);
+    d->dev = d->sh->dev;
+    d->queue = d->sh->queue;
+    /* the session's own command pool and timeline */
     VkCommandPoolCreateInfo pci = {VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, NULL,
                                    VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, d->queue_family};
     st = vk_result(vkCreateCommandPool(d->dev, &pci, NULL, &d->pool), "vkCreateCommandPool");
@@ -614,7 +733,9 @@ void vk_device_destroy(struct vk_device *d) {
     if (d->dev && vk_idle(d)) {
         if (d->timeline) vkDestroySemaphore(d->dev, d->timeline, NULL);
         if (d->pool) vkDestroyCommandPool(d->dev, d->pool, NULL);
-        vkDestroyDevice(d->dev, NULL);
+        if (d->sh) release_device(d->sh, false);
+    } else if (d->sh) {
+        release_device(d->sh, true);
     }
     free(d); /* the instance is the process's (shared_instance) */
 }
@@ -628,17 +749,34 @@ anvil_status vk_check_validation(struct vk_device *d) {
     return ANVIL_OK;
 }
 
-/* Marks the device unusable from now on; returns the error (already recorded). */
+/* Marks the device unusable from now on, for every session on it; returns the error (already
+ * recorded). */
 static anvil_status device_failed(struct vk_device *d, anvil_status st) {
     if (!d->lost) {
         d->lost = true;
         snprintf(d->lost_msg, sizeof d->lost_msg, "%s", anvil_last_error());
     }
+    struct vk_shared *sh = d->sh;
+    pthread_mutex_lock(&sh->queue_lock);
+    if (!sh->lost) snprintf(sh->lost_msg, sizeof sh->lost_msg, "%s", d->lost_msg);
+    __atomic_store_n(&sh->lost, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&sh->queue_lock);
     return st;
 }
 
+bool vk_lost(struct vk_device *d) {
+    struct vk_shared *sh = d->sh;
+    if (!d->lost && sh && __atomic_load_n(&sh->lost, __ATOMIC_SEQ_CST)) {
+        pthread_mutex_lock(&sh->queue_lock);
+        snprintf(d->lost_msg, sizeof d->lost_msg, "%s", sh->lost_msg);
+        pthread_mutex_unlock(&sh->queue_lock);
+        d->lost = true;
+    }
+    return d->lost;
+}
+
 static anvil_status check_lost(struct vk_device *d) {
-    if (!d->lost) return ANVIL_OK;
+    if (!vk_lost(d)) return ANVIL_OK;
     return err_set(ANVIL_ERR_BACKEND, "%s (the device failed earlier; nothing more runs on it)",
                    d->lost_msg);
 }
@@ -658,7 +796,9 @@ anvil_status vk_submit(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t
         d->hang_injected = true;
     }
     else {
+        pthread_mutex_lock(&d->sh->queue_lock);
         r = vkQueueSubmit(d->queue, 1, &si, VK_NULL_HANDLE);
+        pthread_mutex_unlock(&d->sh->queue_lock);
         if (r == VK_SUCCESS) d->submitted_value = v;
     }
     st = vk_result(r, "vkQueueSubmit");
@@ -695,17 +835,20 @@ anvil_status vk_wait(struct vk_device *d, uint64_t value) {
 }
 
 bool vk_idle(struct vk_device *d) {
-    /* an injected hang submitted nothing: the device does become idle */
-    if (!d->hung || d->hang_injected) {
-        vkDeviceWaitIdle(d->dev);
-        return true;
-    }
-    /* a wait timed out: vkDeviceWaitIdle could block for ever, but what was really submitted
-     * may still be running (an injected hang, a slow device): wait for it, within the limit,
-     * so that nothing it uses is freed under it */
     if (d->abandoned) return false;
+    if (!d->timeline) return true; /* (a device being made: nothing submitted yet) */
+    /* the session's own work: what it really submitted (not vkDeviceWaitIdle, which would wait
+     * for the other sessions' too and needs the queue to itself) */
     VkSemaphoreWaitInfo wi = {VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, NULL, 0, 1, &d->timeline,
                               &d->submitted_value};
+    /* an injected hang submitted nothing: the device does become idle */
+    if (!d->hung || d->hang_injected) {
+        vkWaitSemaphores(d->dev, &wi, UINT64_MAX);
+        return true;
+    }
+    /* a wait timed out: waiting without a limit could block for ever, but what was really
+     * submitted may still be running (an injected hang, a slow device): wait for it, within
+     * the limit, so that nothing it uses is freed under it */
     /* (seen under the sanitizers on a loaded machine: a batch still running on lavapipe
      * after its 1 s limit, and freed under it) */
     if (vkWaitSemaphores(d->dev, &wi, (uint64_t)(MAX(d->timeout_s, 10.0) * 1e9)) == VK_SUCCESS) return true;

@@ -1,7 +1,8 @@
-/* Vulkan pipelines: one compute pipeline per kernel variant, created when a session starts,
- * from SPIR-V embedded at build time; a persistent VkPipelineCache in the user's cache
- * directory makes a second start compile nothing. No descriptor sets: kernels take device
- * addresses and sizes as push constants. */
+/* Vulkan pipelines: one compute pipeline per kernel variant, made on first use from SPIR-V
+ * embedded at build time, and kept by the shared device (struct vk_shared) for every session
+ * that specialises the kernel alike; a persistent VkPipelineCache in the user's cache
+ * directory makes a second start compile nothing (where the driver keeps anything in it). No
+ * descriptor sets: kernels take device addresses and sizes as push constants. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -519,6 +520,38 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
     return ki->code != NULL;
 }
 
+/* The shared device's push-constant layout and pipeline cache (loaded from the cache file),
+ * made by its first session's vk_pipelines_create. */
+static anvil_status shared_layout(struct vk_device *d) {
+    struct vk_shared *sh = d->sh;
+    anvil_status st = ANVIL_OK;
+    pthread_mutex_lock(&sh->pl_lock);
+    if (!sh->layout) {
+        VkPushConstantRange pr = {VK_SHADER_STAGE_COMPUTE_BIT, 0, VK_PUSH_BYTES};
+        VkPipelineLayoutCreateInfo li = {VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, NULL, 0, 0, NULL, 1, &pr};
+        st = vk_result(vkCreatePipelineLayout(d->dev, &li, NULL, &sh->layout), "vkCreatePipelineLayout");
+    }
+    if (st == ANVIL_OK && !sh->cache) {
+        cache_path(d, sh->cache_path, sizeof sh->cache_path);
+        size_t len = 0;
+        char *data = NULL;
+        if (sh->cache_path[0] && access(sh->cache_path, R_OK) == 0 &&
+            read_text_file(sh->cache_path, 256u << 20, &data, &len) != ANVIL_OK)
+            data = NULL;
+        VkPipelineCacheCreateInfo ci = {VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO, NULL, 0, data ? len : 0, data};
+        VkResult r = vkCreatePipelineCache(d->dev, &ci, NULL, &sh->cache);
+        if (r != VK_SUCCESS && data) { /* a stale or damaged cache: start empty */
+            ci.initialDataSize = 0;
+            ci.pInitialData = NULL;
+            r = vkCreatePipelineCache(d->dev, &ci, NULL, &sh->cache);
+        }
+        free(data);
+        st = vk_result(r, "vkCreatePipelineCache");
+    }
+    pthread_mutex_unlock(&sh->pl_lock);
+    return st;
+}
+
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out) {
     memset(out, 0, sizeof *out);
     out->attn_g = attn_g;
@@ -557,27 +590,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
                        "dim %d needs %zu bytes of shared memory; %s has %u", attn_g, attn_d, attn_shared,
                        d->props.deviceName, d->props.limits.maxComputeSharedMemorySize);
     mega_shape(d, attn_g, attn_d, out);
-    VkPushConstantRange pr = {VK_SHADER_STAGE_COMPUTE_BIT, 0, VK_PUSH_BYTES};
-    VkPipelineLayoutCreateInfo li = {VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, NULL, 0, 0, NULL, 1, &pr};
-    anvil_status st = vk_result(vkCreatePipelineLayout(d->dev, &li, NULL, &out->layout), "vkCreatePipelineLayout");
+    anvil_status st = shared_layout(d);
     if (st != ANVIL_OK) return st;
-
-    cache_path(d, out->cache_path, sizeof out->cache_path);
-    size_t len = 0;
-    char *data = NULL;
-    if (out->cache_path[0] && access(out->cache_path, R_OK) == 0 &&
-        read_text_file(out->cache_path, 256u << 20, &data, &len) != ANVIL_OK)
-        data = NULL;
-    VkPipelineCacheCreateInfo ci = {VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO, NULL, 0, data ? len : 0, data};
-    VkResult r = vkCreatePipelineCache(d->dev, &ci, NULL, &out->cache);
-    if (r != VK_SUCCESS && data) { /* a stale or damaged cache: start empty */
-        ci.initialDataSize = 0;
-        ci.pInitialData = NULL;
-        r = vkCreatePipelineCache(d->dev, &ci, NULL, &out->cache);
-    }
-    free(data);
-    if ((st = vk_result(r, "vkCreatePipelineCache")) != ANVIL_OK) return st;
-
+    out->layout = d->sh->layout;
     out->kv16 = kv16;
     /* the workgroup-matrix kernels now, where the device has them: the driver may refuse them
      * (vk_pipeline_make), which the prefill's plan must know before it takes them */
@@ -609,23 +624,77 @@ bool vk_pipeline_supported(const struct vk_device *d, const struct vk_pipelines 
     return wanted(d, p, k, p->attn_g, p->attn_d);
 }
 
-/* Pipelines are made on first use: a session compiles only its model's kernels (of ~200), which
- * on lavapipe, where each costs tens of milliseconds of SPIR-V to NIR and the validation
- * layer's checks, was 79% of a small model's run (perf of `anvil eval` of the tiny reference
- * model: 4.4 CPU-s, 0.7 made on first use) and most of the test suite's time; on a GPU the
- * pipeline cache made either cheap. */
-anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enum vk_kernel k) {
-    if (k <= K_NONE || k >= K_COUNT || out->p[k] || out->refused[k]) return ANVIL_OK;
-    if (!wanted(d, out, k, out->attn_g, out->attn_d)) return ANVIL_OK;
-    int attn_g = out->attn_g, attn_d = out->attn_d;
-    bool kv16 = out->kv16;
+/* A pipeline the shared device made: kernel k specialised with vals [n] (contract.h's ids in
+ * order, SPEC_KV16 last); found again by them (vk_pipeline_make). */
+#define VK_PIPE_SPECS 16
+struct vk_pipe {
+    int k;
+    uint32_t n, vals[VK_PIPE_SPECS];
+    VkPipeline p;
+    bool refused; /* the driver turned it down (mm_cm2.comp's: shaders/prebuilt) */
+};
+
+/* Makes kernel k's pipeline of specialisation vals [n] on the shared device and adds it to its
+ * list (*out; under sh->pl_lock). */
+static anvil_status new_pipeline(struct vk_device *d, enum vk_kernel k, const uint32_t *vals, uint32_t n,
+                                 const struct vk_pipe **out) {
+    struct vk_shared *sh = d->sh;
+    if (sh->n_pipes == sh->cap_pipes) {
+        int cap = sh->cap_pipes ? 2 * sh->cap_pipes : 64;
+        struct vk_pipe *g = realloc(sh->pipes, (size_t)cap * sizeof *g);
+        if (!g) return err_set(ANVIL_ERR_NOMEM, "out of memory");
+        sh->pipes = g;
+        sh->cap_pipes = cap;
+    }
     VkShaderModuleCreateInfo mi = {VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, NULL, 0, kernels[k].size,
                                    kernels[k].code};
     VkShaderModule mod;
     anvil_status st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
     if (st != ANVIL_OK) return st;
-    uint32_t vals[14] = {0};
-    VkSpecializationMapEntry ent[14];
+    VkSpecializationMapEntry ent[VK_PIPE_SPECS];
+    for (uint32_t i = 0; i + 1 < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};
+    ent[n - 1] = (VkSpecializationMapEntry){SPEC_KV16, (n - 1) * 4, 4}; /* common.glsl's KV16 */
+    VkSpecializationInfo si = {n, ent, n * 4, vals};
+    VkComputePipelineCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+    pci.stage = (VkPipelineShaderStageCreateInfo){VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                                                  NULL, 0, VK_SHADER_STAGE_COMPUTE_BIT, mod, "main", &si};
+    pci.layout = sh->layout;
+    if (d->exec_stats) pci.flags = VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
+    struct vk_pipe *pp = &sh->pipes[sh->n_pipes];
+    *pp = (struct vk_pipe){.k = k, .n = n};
+    memcpy(pp->vals, vals, n * sizeof *vals);
+    VkResult r = vkCreateComputePipelines(d->dev, d->exec_stats ? VK_NULL_HANDLE : sh->cache, 1, &pci, NULL, &pp->p);
+    if (r != VK_SUCCESS && is_cm2(k)) {
+        /* the kernels compiled by another glslang than the build's (shaders/prebuilt): a
+         * driver that turns one down leaves those products on the subgroup matrices */
+        log_warn("vulkan: the driver refused %s (%d): those prefill products stay on subgroup matrices",
+                 kernels[k].name, (int)r);
+        pp->p = VK_NULL_HANDLE;
+        pp->refused = true;
+        r = VK_SUCCESS;
+    }
+    st = vk_result(r, kernels[k].name);
+    if (st == ANVIL_OK && d->exec_stats && pp->p) print_exec_stats(d, pp->p, kernels[k].name);
+    vkDestroyShaderModule(d->dev, mod, NULL);
+    if (st != ANVIL_OK) return st;
+    sh->n_pipes++;
+    *out = pp;
+    return ANVIL_OK;
+}
+
+/* Pipelines are made on first use: a session compiles only its model's kernels (of ~200), which
+ * on lavapipe, where each costs tens of milliseconds of SPIR-V to NIR and the validation
+ * layer's checks, was 79% of a small model's run (perf of `anvil eval` of the tiny reference
+ * model: 4.4 CPU-s, 0.7 made on first use) and most of the test suite's time; on a GPU the
+ * pipeline cache made either cheap. And once a process (perf rule "pipelines once a process"):
+ * the shared device's pipeline of the same kernel and specialisation constants is taken where
+ * an earlier session made it (vulkan_test: 1,257 pipelines made, 236 of them distinct). */
+anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enum vk_kernel k) {
+    if (k <= K_NONE || k >= K_COUNT || out->p[k] || out->refused[k]) return ANVIL_OK;
+    if (!wanted(d, out, k, out->attn_g, out->attn_d)) return ANVIL_OK;
+    int attn_g = out->attn_g, attn_d = out->attn_d;
+    bool kv16 = out->kv16;
+    uint32_t vals[VK_PIPE_SPECS] = {0};
     uint32_t n = 0;
     const struct vk_kernel_info *ki = &kernels[k];
     if (ki->specs == SPECS_QXV) {
@@ -678,57 +747,61 @@ anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enu
         vals[MMB_SPEC_WG] = (uint32_t)d->tune.vk_mmbx_wg / 32u * 32u;
         n = MMB_SPEC_WG + 1;
     }
-    /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*) */
-    for (uint32_t i = 0; i < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};
-    ent[n] = (VkSpecializationMapEntry){SPEC_KV16, n * 4, 4}; /* common.glsl's KV16 */
-    vals[n++] = kv16;
-    VkSpecializationInfo si = {n, ent, n * 4, vals};
-    VkComputePipelineCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
-    pci.stage = (VkPipelineShaderStageCreateInfo){VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
-                                                  NULL, 0, VK_SHADER_STAGE_COMPUTE_BIT, mod, "main",
-                                                  n ? &si : NULL};
-    pci.layout = out->layout;
-    if (d->exec_stats) pci.flags = VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
-    VkResult r = vkCreateComputePipelines(d->dev, d->exec_stats ? VK_NULL_HANDLE : out->cache, 1, &pci, NULL,
-                                          &out->p[k]);
-    if (r != VK_SUCCESS && is_cm2(k)) {
-        /* the kernels compiled by another glslang than the build's (shaders/prebuilt): a
-         * driver that turns one down leaves those products on the subgroup matrices */
-        log_warn("vulkan: the driver refused %s (%d): those prefill products stay on subgroup matrices",
-                 kernels[k].name, (int)r);
-        out->p[k] = VK_NULL_HANDLE;
-        out->refused[k] = true;
-        if (k == K_MMH_CM2) d->coopmat2 = false;
-        r = VK_SUCCESS;
+    vals[n++] = kv16; /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*, then SPEC_KV16) */
+    struct vk_shared *sh = d->sh;
+    pthread_mutex_lock(&sh->pl_lock);
+    const struct vk_pipe *pp = NULL;
+    for (int i = 0; i < sh->n_pipes && !pp; i++)
+        if (sh->pipes[i].k == (int)k && sh->pipes[i].n == n && !memcmp(sh->pipes[i].vals, vals, n * sizeof *vals))
+            pp = &sh->pipes[i];
+    anvil_status st = pp ? ANVIL_OK : new_pipeline(d, k, vals, n, &pp);
+    if (pp) {
+        out->p[k] = pp->p;
+        out->refused[k] = pp->refused;
+        if (pp->refused && k == K_MMH_CM2) d->coopmat2 = false;
     }
-    st = vk_result(r, kernels[k].name);
-    if (st == ANVIL_OK && d->exec_stats && out->p[k]) print_exec_stats(d, out->p[k], kernels[k].name);
-    vkDestroyShaderModule(d->dev, mod, NULL);
+    pthread_mutex_unlock(&sh->pl_lock);
     return st;
 }
 
-void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p) {
-    if (p->cache && p->cache_path[0]) {
-        size_t len = 0;
-        if (vkGetPipelineCacheData(d->dev, p->cache, &len, NULL) == VK_SUCCESS && len) {
-            void *buf = malloc(len);
-            if (buf && vkGetPipelineCacheData(d->dev, p->cache, &len, buf) == VK_SUCCESS) {
-                char tmp[1100];
-                snprintf(tmp, sizeof tmp, "%s.tmp", p->cache_path);
-                FILE *f = fopen(tmp, "wb");
-                if (f) {
-                    bool ok = fwrite(buf, 1, len, f) == len;
-                    ok &= fclose(f) == 0;
-                    if (ok) rename(tmp, p->cache_path);
-                    else remove(tmp);
-                }
-            }
-            free(buf);
+/* The pipeline cache into its file, where pipelines were made since its last save (under
+ * sh->pl_lock). */
+static void save_cache(VkDevice dev, struct vk_shared *sh) {
+    if (!sh->cache || !sh->cache_path[0] || sh->n_saved == sh->n_pipes) return;
+    sh->n_saved = sh->n_pipes;
+    size_t len = 0;
+    if (vkGetPipelineCacheData(dev, sh->cache, &len, NULL) != VK_SUCCESS || !len) return;
+    void *buf = malloc(len);
+    if (buf && vkGetPipelineCacheData(dev, sh->cache, &len, buf) == VK_SUCCESS) {
+        char tmp[1100];
+        snprintf(tmp, sizeof tmp, "%s.tmp", sh->cache_path);
+        FILE *f = fopen(tmp, "wb");
+        if (f) {
+            bool ok = fwrite(buf, 1, len, f) == len;
+            ok &= fclose(f) == 0;
+            if (ok) rename(tmp, sh->cache_path);
+            else remove(tmp);
         }
     }
-    for (int k = 1; k < K_COUNT; k++)
-        if (p->p[k]) vkDestroyPipeline(d->dev, p->p[k], NULL);
-    if (p->cache) vkDestroyPipelineCache(d->dev, p->cache, NULL);
-    if (p->layout) vkDestroyPipelineLayout(d->dev, p->layout, NULL);
+    free(buf);
+}
+
+void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p) {
+    pthread_mutex_lock(&d->sh->pl_lock);
+    save_cache(d->dev, d->sh);
+    pthread_mutex_unlock(&d->sh->pl_lock);
     memset(p, 0, sizeof *p);
+}
+
+void vk_shared_pipelines_destroy(struct vk_shared *sh) {
+    save_cache(sh->dev, sh);
+    for (int i = 0; i < sh->n_pipes; i++)
+        if (sh->pipes[i].p) vkDestroyPipeline(sh->dev, sh->pipes[i].p, NULL);
+    free(sh->pipes);
+    if (sh->cache) vkDestroyPipelineCache(sh->dev, sh->cache, NULL);
+    if (sh->layout) vkDestroyPipelineLayout(sh->dev, sh->layout, NULL);
+    sh->pipes = NULL;
+    sh->n_pipes = sh->cap_pipes = 0;
+    sh->cache = VK_NULL_HANDLE;
+    sh->layout = VK_NULL_HANDLE;
 }

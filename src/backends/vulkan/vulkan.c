@@ -762,8 +762,9 @@ static void vk_destroy(struct backend *base) {
 
 static bool vk_failed(struct backend *base, char *why, size_t cap) {
     struct vk_backend *b = (struct vk_backend *)base;
-    if (b->d->lost && cap) snprintf(why, cap, "%s", b->d->lost_msg);
-    return b->d->lost;
+    bool lost = vk_lost(b->d);
+    if (lost && cap) snprintf(why, cap, "%s", b->d->lost_msg);
+    return lost;
 }
 
 static void vk_memory(struct backend *base, uint64_t *now, uint64_t *peak) {

@@ -15,6 +15,7 @@
 #ifndef ANVIL_VULKAN_IMPL_H
 #define ANVIL_VULKAN_IMPL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <volk.h>
 
@@ -22,7 +23,44 @@
 #include "base/tuning.h"
 #include "backends/vulkan/shaders/contract.h" /* flag bits and spec-constant ids shared with the shaders */
 
+/* A logical device and what the sessions on it share (device.c): one per physical device and
+ * set of enabled features in a process, made by the first session that asks for it and kept
+ * after its last one (until the process exits or the device fails) for the next: tests and
+ * programs make sessions one after another, and on lavapipe, whose VkPipelineCache keeps
+ * nothing, each pipeline costs tens of milliseconds of SPIR-V -> NIR per session (perf rule
+ * "pipelines once a process"). A session with injected faults (ANVIL_VK_FAULT) has one of its
+ * own, shared with no other. */
+struct vk_pipe; /* pipelines.c: a pipeline made on the device, by kernel and specialisation */
+struct vk_shared {
+    struct vk_shared *next; /* the process's list (device.c) */
+    int refs;               /* the sessions on it */
+    int index;              /* its physical device, in enumeration order */
+    uint32_t features;      /* what it enables (device.c feature_bits) */
+    bool solo;              /* one session's own (ANVIL_VK_FAULT): never shared, ends with it */
+    VkDevice dev;
+    VkQueue queue;
+    pthread_mutex_t queue_lock; /* the queue is externally synchronised: one submit at a time */
+    /* lost (read atomically): the device failed in some session; every session on it fails
+     * from then on with lost_msg (written once, under queue_lock), as on real hardware */
+    int lost;
+    char lost_msg[256];
+    bool abandoned; /* a session left work running on it (vk_idle): never destroyed */
+    /* the pipelines (pipelines.c), under pl_lock: one push-constant layout, the persistent
+     * cache, and every pipeline made, found again by kernel and specialisation constants */
+    pthread_mutex_t pl_lock;
+    VkPipelineLayout layout;
+    VkPipelineCache cache;
+    char cache_path[1024];
+    struct vk_pipe *pipes;
+    int n_pipes, cap_pipes, n_saved; /* n_saved: the pipelines in the cache file's last save */
+};
+
+/* A session's device: the shared logical device's handles (copied from sh: dev, queue...),
+ * the physical device's properties and the features enabled (equal for every session on
+ * sh), and what is the session's own: its command pool and timeline, its settings (tune,
+ * timeout, memory cap), fault injection, memory accounting and failure state. */
 struct vk_device {
+    struct vk_shared *sh;
     VkInstance instance;
     VkDebugUtilsMessengerEXT messenger;
     VkPhysicalDevice phys;
@@ -34,7 +72,7 @@ struct vk_device {
     VkDevice dev;
     VkQueue queue;
     uint32_t queue_family;
-    VkCommandPool pool;
+    VkCommandPool pool;    /* the session's own (command pools are externally synchronised) */
     VkSemaphore timeline; /* signalled with ++timeline_value by every submit */
     uint64_t timeline_value;
     uint64_t submitted_value; /* the last value a real vkQueueSubmit will signal */
@@ -44,7 +82,8 @@ struct vk_device {
     int n_validation_msgs;
     char validation_msg[512]; /* the first message (in the process's instance holder) */
     /* failure handling: once the device is lost (or stopped answering), every later submit
-     * and wait fails at once with lost_msg instead of touching the device again */
+     * and wait fails at once with lost_msg instead of touching the device again (lost is
+     * this session's view: vk_lost also takes a failure another session on sh met) */
     bool lost, hung; /* hung: a wait timed out (waiting again could block for ever) */
     char lost_msg[256];
     double timeout_s;      /* ANVIL_VK_TIMEOUT: longest wait for one submission (default 120) */
@@ -83,7 +122,11 @@ size_t vk_describe_devices(char *buf, size_t cap);
 /* Opens device index (enumeration order), or the best one (discrete first) when index < 0
  * (ANVIL_DEVICE overrides). ANVIL_VALIDATE=1 turns the validation layer on. */
 anvil_status vk_device_create(int index, struct vk_device **out);
+/* Waits for the session's work, frees its own objects and lets go of its shared device. */
 void vk_device_destroy(struct vk_device *d);
+/* Whether the device failed, in this session or another one on the same logical device (then
+ * d->lost and d->lost_msg say so from now on). */
+bool vk_lost(struct vk_device *d);
 /* Fails with the first validation message if any arrived. */
 anvil_status vk_check_validation(struct vk_device *d);
 /* One submission of cbs that signals the next timeline value; returns it in *value. */
@@ -92,7 +135,7 @@ anvil_status vk_wait(struct vk_device *d, uint64_t value);
 /* Whether a decode program made now uses the integer-dot-product matvecs: where the device
  * has them and accelerates them, or ANVIL_VK_QX=1 asks; ANVIL_VK_QX=0 never. */
 bool vk_use_qx(const struct vk_device *d);
-/* Waits until the device is idle (before freeing what it may use). On a device that stopped
+/* Waits until the session's work is done (before freeing what it may use). On a device that stopped
  * answering, waits at most max(ANVIL_VK_TIMEOUT, 10 s) for what was really submitted; past
  * that it gives up, sets d->abandoned and returns false (the destroy functions then leave
  * the device's objects alone). */
@@ -344,10 +387,11 @@ uint32_t vk_mmb_rows(const struct vk_device *d, enum vk_kernel k);
  * kernels' shapes: ANVIL_VK_MATVEC_*, tuning.c) */
 #define MATVEC_WG 128
 
+/* A session's pipelines: the shapes its settings choose, and each kernel's pipeline as
+ * specialised for them, the shared device's (vk_shared: made once for every session that
+ * specialises it alike) */
 struct vk_pipelines {
-    VkPipelineLayout layout; /* push constants only */
-    VkPipelineCache cache;
-    char cache_path[1024];
+    VkPipelineLayout layout; /* push constants only (the shared device's) */
     /* made on first use (vk_pipeline_make): VK_NULL_HANDLE until then, so never a test of
      * whether the device takes a kernel (vk_pipeline_supported is) */
     VkPipeline p[K_COUNT];
@@ -380,11 +424,11 @@ struct vk_pipelines {
     uint32_t mega_grid, mega_wg, mega_pf, mega_asg, mega_r, mega_lpr, mega_rpc, mega_pfq, mega_qlg;
 };
 
-/* Sets up the pipelines (their layout, cache and shapes; each pipeline is made on first use by
+/* Sets up a session's pipelines (their shapes; each pipeline is made on first use by
  * vk_pipeline_make, but mm_cm2.comp's, made here where the device takes them); attention is
  * specialised for G query heads per kv head and head dim D, and every pipeline for the
- * attention caches' type (kv16: float16; common.glsl's KV16). Loads/saves the pipeline cache
- * in $XDG_CACHE_HOME/anvil (or ~/.cache/anvil). */
+ * attention caches' type (kv16: float16; common.glsl's KV16). The shared device's first one
+ * makes its layout and loads the pipeline cache from $XDG_CACHE_HOME/anvil (or ~/.cache/anvil). */
 anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out);
 /* Whether kernel k runs on this device with these shapes (its pipeline made or still to make). */
 bool vk_pipeline_supported(const struct vk_device *d, const struct vk_pipelines *p, enum vk_kernel k);
@@ -397,7 +441,11 @@ enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *p
 /* Makes kernel k's pipeline p->p[k] if it is not made yet and the device takes it (else it stays
  * VK_NULL_HANDLE): before anything records a dispatch of it. */
 anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *p, enum vk_kernel k);
+/* The session's pipelines let go of (they stay the shared device's); saves the pipeline cache
+ * where pipelines were made since its last save. */
 void vk_pipelines_destroy(struct vk_device *d, struct vk_pipelines *p);
+/* The shared device's pipelines, layout and cache destroyed (device.c, with the device). */
+void vk_shared_pipelines_destroy(struct vk_shared *sh);
 /* matvec.comp's specialisation constants for kernel k, by id: SPEC_WG (workgroup size),
  * MV_SPEC_NR (rows per workgroup), MV_SPEC_MODE, MV_SPEC_PIPE (units per thread per
  * iteration); false if k is not a matvec kernel. */

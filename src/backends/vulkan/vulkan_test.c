@@ -17,6 +17,7 @@
 #include "backends/backend.h"
 #include "backends/vulkan/vulkan.h"
 #include "backends/vulkan/vulkan_testhooks.h"
+#include "engine/engine_impl.h"
 #include "engine/logprobs.h"
 #include "engine/sampler.h"
 #include "engine/spec.h"
@@ -289,6 +290,90 @@ static void test_auto_backend(void **state) {
     assert_string_equal(anvil_session_backend_name(s), "vulkan");
     anvil_session_destroy(s);
     unsetenv("ANVIL_DEVICE");
+    anvil_model_close(m);
+}
+
+/* The shared device of a Vulkan session (its backend's: engine_impl.h) */
+static struct vk_device *session_device(anvil_session *s) {
+    assert_string_equal(anvil_session_backend_name(s), "vulkan");
+    return ((struct vk_backend *)s->backend)->d;
+}
+
+/* Of the kernels two sessions both made pipelines of (*both), how many are the same pipeline */
+static int same_pipelines(anvil_session *a, anvil_session *b, int *both) {
+    const struct vk_pipelines *pa = &((struct vk_backend *)a->backend)->pl, *pb = &((struct vk_backend *)b->backend)->pl;
+    int same = 0;
+    *both = 0;
+    for (int k = 1; k < K_COUNT; k++)
+        if (pa->p[k] && pb->p[k]) {
+            same += pa->p[k] == pb->p[k];
+            ++*both;
+        }
+    return same;
+}
+
+/* A process's sessions share one logical device and its pipelines (device.c share_device,
+ * pipelines.c vk_pipeline_make): a second session of the same settings runs on the first
+ * one's device and pipelines, making none; destroying the first leaves the second running, its
+ * logits still the CPU's; a session specialised otherwise (float16 caches: every kernel's
+ * KV16) makes pipelines of its own on that device; the device outlives its sessions for the
+ * next one; a session with injected faults (ANVIL_VK_FAULT) has a device of its own. */
+static void test_shared_device(void **state) {
+    (void)state;
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny", NULL, &m), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    float *ra = malloc(sizeof(float) * 7 * (size_t)V), *rb = malloc(sizeof(float) * 7 * (size_t)V);
+    anvil_session *cpu = tu_session_kv(m, ANVIL_BACKEND_CPU, 40, ANVIL_KV_F32),
+                  *a = tu_session_kv(m, ANVIL_BACKEND_VULKAN, 40, ANVIL_KV_F32),
+                  *b = tu_session_kv(m, ANVIL_BACKEND_VULKAN, 40, ANVIL_KV_F32);
+    struct vk_shared *sh = session_device(a)->sh;
+    assert_ptr_equal(session_device(b)->sh, sh);
+    assert_true(session_device(a) != session_device(b)); /* (each its own pool, timeline, state) */
+    assert_int_equal(sh->refs, 2);
+    prompt_rows_agree("shared device, first session", cpu, a, V, ra, rb);
+    int made = sh->n_pipes; /* (the earlier tests' too: the device was kept for this one) */
+    anvil_session_reset(cpu);
+    prompt_rows_agree("shared device, second session", cpu, b, V, ra, rb);
+    assert_int_equal(sh->n_pipes, made);
+    int both, same = same_pipelines(a, b, &both);
+    fprintf(stderr, "shared device: %d pipelines, %d of them both sessions'\n", made, same);
+    assert_true(same >= 5 && same == both);
+    anvil_session_destroy(a);
+    assert_int_equal(sh->refs, 1);
+    anvil_session_reset(cpu);
+    anvil_session_reset(b);
+    prompt_rows_agree("shared device, the first destroyed", cpu, b, V, ra, rb);
+    /* float16 caches: the same device, other pipelines */
+    anvil_session *c = tu_session_kv(m, ANVIL_BACKEND_VULKAN, 40, ANVIL_KV_F16);
+    assert_ptr_equal(session_device(c)->sh, sh);
+    int32_t prompt[3] = {3, 141, 59};
+    assert_int_equal(anvil_session_eval(c, prompt, 3, ANVIL_LOGITS_LAST, rb), ANVIL_OK);
+    assert_true(sh->n_pipes > made);
+    assert_int_equal(same_pipelines(b, c, &both), 0);
+    assert_true(both >= 5);
+    made = sh->n_pipes;
+    anvil_session_destroy(b);
+    anvil_session_destroy(c);
+    /* kept for the next session, its pipelines made */
+    a = tu_session_kv(m, ANVIL_BACKEND_VULKAN, 40, ANVIL_KV_F32);
+    assert_ptr_equal(session_device(a)->sh, sh);
+    assert_int_equal(sh->refs, 1);
+    anvil_session_reset(cpu);
+    prompt_rows_agree("shared device, kept", cpu, a, V, ra, rb);
+    assert_int_equal(sh->n_pipes, made);
+    /* injected faults (an allocation far past this test's): a device of its own */
+    setenv("ANVIL_VK_FAULT", "oom:100000", 1);
+    b = tu_session_kv(m, ANVIL_BACKEND_VULKAN, 40, ANVIL_KV_F32);
+    unsetenv("ANVIL_VK_FAULT");
+    assert_true(session_device(b)->sh != sh && session_device(b)->sh->solo && session_device(b)->sh->refs == 1);
+    anvil_session_reset(cpu);
+    prompt_rows_agree("own device", cpu, b, V, ra, rb);
+    anvil_session_destroy(b);
+    anvil_session_destroy(a);
+    anvil_session_destroy(cpu);
+    free(ra);
+    free(rb);
     anvil_model_close(m);
 }
 
@@ -1734,6 +1819,7 @@ int main(void) {
         cmocka_unit_test(test_qx_from_hybrid),
         cmocka_unit_test(test_prefetch),
         cmocka_unit_test(test_auto_backend),
+        cmocka_unit_test(test_shared_device),
         cmocka_unit_test(test_topk_kernel),
         cmocka_unit_test(test_float16_rounding),
         cmocka_unit_test(test_vit_attention),
