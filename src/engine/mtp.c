@@ -19,6 +19,7 @@
 
 #include "anvil.h"
 #include "engine_impl.h"
+#include "sampler.h"
 
 /* The most rows one MTP program runs (catching up a prompt: in pieces of this many). */
 #define MTP_T_MAX 16
@@ -144,13 +145,6 @@ anvil_status mtp_after_run(anvil_session *s, struct program *p, int T) {
     return st;
 }
 
-static int32_t argmax(const float *v, int n) {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
-    return best;
-}
-
 anvil_status mtp_draft(anvil_session *s, int32_t tok, int k, int32_t *out, int *n_out) {
     struct session_mtp *m = s->mtp;
     int V = s->model->file->hp.n_vocab;
@@ -158,7 +152,7 @@ anvil_status mtp_draft(anvil_session *s, int32_t tok, int k, int32_t *out, int *
     bool ran;
     anvil_status st = catch_up(s, s->pos, tok, true, &ran);
     if (st != ANVIL_OK || !ran) return st;
-    out[0] = argmax(m->logits, V);
+    out[0] = sampler_argmax(m->logits, V);
     /* further drafts: the MTP layer on its own hidden state and its draft, a row further on
      * (rows the target's hidden states replace at the next catch-up) */
     int i = 1;
@@ -166,7 +160,7 @@ anvil_status mtp_draft(anvil_session *s, int32_t tok, int k, int32_t *out, int *
         m->tok[0] = out[i - 1];
         /* (m->aux is the input and then the output: the run copies its input first) */
         if ((st = mtp_run(s, s->pos + i - 1, 1, m->aux, true)) != ANVIL_OK) return st;
-        out[i] = argmax(m->logits, V);
+        out[i] = sampler_argmax(m->logits, V);
     }
     *n_out = i;
     return ANVIL_OK;

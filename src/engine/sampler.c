@@ -87,6 +87,13 @@ static void apply_penalties(float *logits, int V, const struct sampling_params *
     }
 }
 
+int32_t sampler_argmax(const float *v, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
 int sampler_distribution(float *logits, int V, const struct sampling_params *p, const int32_t *history,
                          int n_history, void *scratch, struct sampler_dist *d) {
     if (p->penalties) apply_penalties(logits, V, p, history, n_history);
@@ -95,9 +102,7 @@ int sampler_distribution(float *logits, int V, const struct sampling_params *p, 
     d->cand = c;
     d->cum = cum;
     if (p->greedy) {
-        int32_t best = 0;
-        for (int i = 1; i < V; i++)
-            if (logits[i] > logits[best]) best = i;
+        int32_t best = sampler_argmax(logits, V);
         c[0] = (struct sampler_cand){logits[best], best};
         cum[0] = 1.0f;
         return d->kept = 1;

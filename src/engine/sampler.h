@@ -78,6 +78,8 @@ static inline float sampler_ftz(float x) { return (x < 0x1p-100f && x > -0x1p-10
 /* Derives the chain's parameters from the public ones, for a vocabulary of V tokens. */
 void sampler_prepare(const anvil_sampling *s, int V, struct sampling_params *out);
 
+/* The index of v's largest value, the lowest among equals (greedy choice). */
+int32_t sampler_argmax(const float *v, int n);
 /* Chooses a token. logits [V] are modified in place (penalties); history holds the
  * n_history tokens so far (prompt and generated); scratch needs SAMPLER_SCRATCH_BYTES
  * (caller-owned, aligned for floats). */
