@@ -379,6 +379,7 @@ typedef struct anvil_batch_params {
     int kv_block;   /* cache rows per block of the pool; 0 = 64 */
     int kv_blocks;  /* blocks in the pool; 0 = enough for n_seq_max whole contexts */
     int keep_logits; /* non-zero: each step's logits are kept for anvil_batch_logits */
+    int no_prefix_cache; /* non-zero: no prompt reuses another's cache blocks (below) */
 } anvil_batch_params;
 
 anvil_batch_params anvil_batch_default_params(void);
@@ -391,6 +392,11 @@ const char *anvil_batch_errmsg(const anvil_batch *b);
 /*
  * Adds a sequence: prompt[n_prompt] (n_prompt >= 1; copied) is prefilled in chunks by the
  * coming steps, then up to p->max_tokens tokens are generated. *id receives its id (> 0).
+ * Prefix cache (unless no_prefix_cache, and not on models with recurrent layers, whose states
+ * a block of keys cannot restore): every full block of the pool whose rows a sequence computed
+ * stays cached, keyed by the tokens up to its end, until the pool needs it (least recently used
+ * first); a prompt whose leading whole blocks (all but its last token) match cached ones reads
+ * them, shared, and prefills only the rest (anvil_batch_cached_tokens).
  * ANVIL_ERR_RANGE when the batch is full: n_seq_max sequences, or the pool's free blocks cannot
  * hold the prompt and max_tokens (within the context) beside what the others may still take;
  * the caller retries after a removal. A prompt longer than the context is ANVIL_ERR_RANGE too.
@@ -420,9 +426,15 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
 const char *anvil_batch_backend_name(const anvil_batch *b);
 /* Sequences added and not yet ended (prefilling or generating). */
 int anvil_batch_active(const anvil_batch *b);
-/* The pool's cache blocks in use (held by sequences not yet removed); *total (may be NULL)
- * receives the pool's size. */
+/* The pool's cache blocks in use (held by sequences not yet removed; a block shared by several
+ * counts once); *total (may be NULL) receives the pool's size. */
 int anvil_batch_kv_blocks(const anvil_batch *b, int *total);
+/* The pool's blocks that no sequence holds but the prefix cache keeps for a later prompt (free
+ * for any sequence that needs room). */
+int anvil_batch_kv_cached_blocks(const anvil_batch *b);
+/* The prompt tokens of sequence id read from the prefix cache instead of prefilled (0 until
+ * its prompt starts; -1 for no such sequence). */
+int anvil_batch_cached_tokens(const anvil_batch *b, int id);
 /* The logits (vocab floats) from which sequence id chose its last token, before its penalties
  * (keep_logits); ANVIL_ERR_INVALID_ARG when not kept or not chosen yet. */
 anvil_status anvil_batch_logits(const anvil_batch *b, int id, float *out);

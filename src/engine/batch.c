@@ -14,6 +14,16 @@
  * Block accounting: a sequence is admitted only when the pool's free blocks, less those promised
  * to the running sequences, hold its prompt and its budget (within the context); blocks are then
  * taken as it grows and all returned when it ends, so no running sequence finds the pool empty.
+ *
+ * Prefix cache: a block whose rows are all in the cache (positions below its sequence's pos) is
+ * registered under its parent (the sequence's block before it, itself registered) and its
+ * tokens, which name it exactly: two blocks with the same chain of parents and tokens hold the
+ * same keys and values. A sequence whose prompt is at a block boundary adopts (refs + 1) the
+ * registered block that continues it, instead of prefilling those rows; it never writes an
+ * adopted block (it adopts whole blocks only, and never the one holding its prompt's last
+ * token, whose logits it needs). A block no sequence holds stays registered (idle: counted
+ * free for admissions) until grow needs it, least recently used first; unregistering a block
+ * unregisters its descendants, whose parent's index would otherwise name other tokens.
  */
 #include <math.h>
 #include <stdio.h>
@@ -42,6 +52,9 @@ struct bseq {
     int32_t *stop;
     int32_t *blocks;   /* its row of the block tables: [max_blocks] */
     int n_blocks;      /* blocks it holds */
+    int n_checked;     /* its blocks registered (or adopted) so far, from the first */
+    bool unchained;    /* one of its full blocks could not be registered: neither can the rest */
+    int n_cached;      /* prompt tokens adopted from the prefix cache */
     int promised;      /* blocks it may still take */
     bool stepped;      /* ran this step already */
     float *logits;     /* keep_logits: [V], the logits of its last choice */
@@ -63,8 +76,14 @@ struct anvil_batch {
     bool pick;              /* decode rows chosen on the device where they can be */
     struct bseq *seqs;      /* [n_seq_max] */
     int32_t *tables;        /* [n_seq_max][max_blocks] */
-    int32_t *free_blocks;   /* [kv_blocks]: a stack of the pool's free blocks */
-    int n_free, promised;   /* free blocks; of them, promised to running sequences */
+    int32_t *free_blocks;   /* [kv_blocks]: a stack of the pool's free blocks (not registered) */
+    int n_free, promised;   /* the stack's blocks; of them and the idle ones, promised to running sequences */
+    bool reuse;             /* the prefix cache is on */
+    int n_idle;             /* registered blocks no sequence holds */
+    int32_t *refs;          /* [kv_blocks]: sequences holding each block */
+    int32_t *parent;        /* [kv_blocks]: a registered block's parent (-1: the first), else -2 */
+    uint64_t *used;         /* [kv_blocks]: when an idle block was last held */
+    int32_t *block_tok;     /* [kv_blocks][kv_block]: a registered block's tokens */
     int next_id;
     uint64_t clock;
     struct batch_program progs[BATCH_PROGRAMS];
@@ -111,6 +130,10 @@ void anvil_batch_destroy(anvil_batch *b) {
     free(b->seqs);
     free(b->tables);
     free(b->free_blocks);
+    free(b->refs);
+    free(b->parent);
+    free(b->used);
+    free(b->block_tok);
     free(b->out);
     free(b->row_tok);
     free(b->row_seq);
@@ -160,6 +183,10 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->seqs = xcalloc((size_t)b->n_seq_max, sizeof *b->seqs);
     b->tables = xcalloc((size_t)b->n_seq_max * (size_t)b->max_blocks, sizeof *b->tables);
     b->free_blocks = xmalloc((size_t)b->kv_blocks * sizeof *b->free_blocks);
+    b->refs = xcalloc((size_t)b->kv_blocks, sizeof *b->refs);
+    b->parent = xmalloc((size_t)b->kv_blocks * sizeof *b->parent);
+    b->used = xcalloc((size_t)b->kv_blocks, sizeof *b->used);
+    b->block_tok = xmalloc((size_t)b->kv_blocks * (size_t)b->kv_block * sizeof *b->block_tok);
     b->out = xmalloc((size_t)decode_rows(b->n_seq_max) * (size_t)b->V * sizeof *b->out);
     b->row_tok = xmalloc((size_t)rows * sizeof *b->row_tok);
     b->row_seq = xmalloc((size_t)rows * sizeof *b->row_seq);
@@ -167,7 +194,7 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->pk = xcalloc((size_t)decode_rows(b->n_seq_max), sizeof *b->pk);
     b->picked = xmalloc((size_t)decode_rows(b->n_seq_max) * sizeof *b->picked);
     b->scratch = xmalloc(SAMPLER_SCRATCH_BYTES);
-    st = b->seqs && b->tables && b->free_blocks && b->out && b->row_tok && b->row_seq &&
+    st = b->seqs && b->tables && b->free_blocks && b->refs && b->parent && b->used && b->block_tok && b->out && b->row_tok && b->row_seq &&
                  b->row_pos && b->pk && b->picked && b->scratch ? ANVIL_OK : ANVIL_ERR_NOMEM;
     for (int i = 0; i < b->n_seq_max && st == ANVIL_OK; i++) {
         struct bseq *q = &b->seqs[i];
@@ -176,8 +203,15 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
         if (b->keep_logits) q->logits = xmalloc((size_t)b->V * sizeof *q->logits);
         if (!q->tokens || (b->keep_logits && !q->logits)) st = ANVIL_ERR_NOMEM;
     }
-    for (int i = 0; i < b->kv_blocks && st == ANVIL_OK; i++) b->free_blocks[i] = b->kv_blocks - 1 - i;
+    for (int i = 0; i < b->kv_blocks && st == ANVIL_OK; i++) {
+        b->free_blocks[i] = b->kv_blocks - 1 - i;
+        b->parent[i] = -2;
+    }
     b->n_free = b->kv_blocks;
+    /* a recurrent layer's state at a block's end is not in the block: no reuse there */
+    b->reuse = !p.no_prefix_cache;
+    for (int l = 0; l < hp->n_layer; l++)
+        if (hp->layer_recurrent[l]) b->reuse = false;
     b->next_id = 1;
     int threads = p.session.n_threads ? p.session.n_threads : model->n_threads;
     /* the backend as a session chooses it: auto is Vulkan where there is a GPU (or the device
@@ -220,7 +254,14 @@ int anvil_batch_active(const anvil_batch *b) {
 
 int anvil_batch_kv_blocks(const anvil_batch *b, int *total) {
     if (total) *total = b->kv_blocks;
-    return b->kv_blocks - b->n_free;
+    return b->kv_blocks - b->n_free - b->n_idle;
+}
+
+int anvil_batch_kv_cached_blocks(const anvil_batch *b) { return b->n_idle; }
+
+int anvil_batch_cached_tokens(const anvil_batch *b, int id) {
+    const struct bseq *q = b ? find(b, id) : NULL;
+    return q ? q->n_cached : -1;
 }
 
 anvil_status anvil_batch_add(anvil_batch *b, const int32_t *prompt, int n_prompt,
@@ -250,9 +291,9 @@ anvil_status anvil_batch_add(anvil_batch *b, const int32_t *prompt, int n_prompt
     if (!q) return keep(b, err_set(ANVIL_ERR_RANGE, "the batch is full: %d sequences", b->n_seq_max));
     int64_t rows = MIN((int64_t)n_prompt + gp->max_tokens, (int64_t)b->n_ctx);
     int need = (int)((rows + b->kv_block - 1) / b->kv_block);
-    if (need > b->n_free - b->promised)
+    if (need > b->n_free + b->n_idle - b->promised)
         return keep(b, err_set(ANVIL_ERR_RANGE, "the batch is full: %d cache blocks needed, %d free",
-                               need, b->n_free - b->promised));
+                               need, b->n_free + b->n_idle - b->promised));
     int32_t *stop = NULL;
     if (gp->n_stop_tokens > 0) {
         if (!(stop = xmalloc((size_t)gp->n_stop_tokens * sizeof *stop))) return keep(b, ANVIL_ERR_NOMEM);
@@ -265,7 +306,8 @@ anvil_status anvil_batch_add(anvil_batch *b, const int32_t *prompt, int n_prompt
     sampler_prepare(&gp->sampling, b->V, &q->sp);
     memcpy(q->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
     q->n_prompt = q->n_known = n_prompt;
-    q->pos = q->n_generated = q->n_blocks = 0;
+    q->pos = q->n_generated = q->n_blocks = q->n_checked = q->n_cached = 0;
+    q->unchained = false;
     q->promised = need;
     b->promised += need;
     q->ended = q->has_logits = q->stepped = false;
@@ -275,9 +317,44 @@ anvil_status anvil_batch_add(anvil_batch *b, const int32_t *prompt, int n_prompt
     return ANVIL_OK;
 }
 
+/* Lets go of block k: free, or idle where registered (the later blocks of a sequence are let go
+ * first, so they are older: a chain is evicted from its end). */
+static void release(anvil_batch *b, int32_t k) {
+    if (--b->refs[k] > 0) return;
+    if (b->parent[k] == -2) {
+        b->free_blocks[b->n_free++] = k;
+    } else {
+        b->n_idle++;
+        b->used[k] = ++b->clock;
+    }
+}
+
+/* Unregisters block k and every block registered under it; the idle ones become free. */
+static void unregister(anvil_batch *b, int32_t k) {
+    b->parent[k] = -2;
+    if (b->refs[k] == 0) {
+        b->n_idle--;
+        b->free_blocks[b->n_free++] = k;
+    }
+    for (int32_t c = 0; c < b->kv_blocks; c++)
+        if (b->parent[c] == k) unregister(b, c);
+}
+
+/* A free block for a sequence to write: from the free stack, else the least recently used idle
+ * block (unregistered with its descendants). The promises guarantee one exists. */
+static int32_t take_block(anvil_batch *b) {
+    if (b->n_free == 0) { /* only idle blocks are left */
+        int32_t lru = -1;
+        for (int32_t k = 0; k < b->kv_blocks; k++)
+            if (b->refs[k] == 0 && b->parent[k] != -2 && (lru < 0 || b->used[k] < b->used[lru])) lru = k;
+        unregister(b, lru);
+    }
+    return b->free_blocks[--b->n_free];
+}
+
 /* Returns q's blocks to the pool and its promise; it runs no more. */
 static void end_seq(anvil_batch *b, struct bseq *q) {
-    for (int i = q->n_blocks - 1; i >= 0; i--) b->free_blocks[b->n_free++] = q->blocks[i];
+    for (int i = q->n_blocks - 1; i >= 0; i--) release(b, q->blocks[i]);
     b->promised -= q->promised;
     q->n_blocks = q->promised = 0;
     q->ended = true;
@@ -304,9 +381,57 @@ anvil_status anvil_batch_logits(const anvil_batch *b, int id, float *out) {
 /* Gives q the blocks its positions below end reach (promised at its add). */
 static void grow(anvil_batch *b, struct bseq *q, int end) {
     while (q->n_blocks * b->kv_block < end) {
-        q->blocks[q->n_blocks++] = b->free_blocks[--b->n_free];
+        int32_t k = take_block(b);
+        b->refs[k] = 1;
+        q->blocks[q->n_blocks++] = k;
         q->promised--;
         b->promised--;
+    }
+}
+
+/* The registered block under parent holding tokens[kv_block], or -1. */
+static int32_t lookup(const anvil_batch *b, int32_t parent, const int32_t *tokens) {
+    size_t n = (size_t)b->kv_block;
+    for (int32_t k = 0; k < b->kv_blocks; k++)
+        if (b->parent[k] == parent && b->block_tok[(size_t)k * n] == tokens[0] &&
+            !memcmp(&b->block_tok[(size_t)k * n], tokens, n * sizeof *tokens))
+            return k;
+    return -1;
+}
+
+/* q, at a block boundary of its prompt, adopts the registered blocks that continue it, all
+ * but the one holding its last token. */
+static void adopt(anvil_batch *b, struct bseq *q) {
+    if (!b->reuse || q->unchained) return;
+    while (q->pos == q->n_blocks * b->kv_block && q->pos + b->kv_block < q->n_prompt &&
+           q->n_checked == q->n_blocks) {
+        int32_t k = lookup(b, q->n_blocks ? q->blocks[q->n_blocks - 1] : -1, q->tokens + q->pos);
+        if (k < 0) return;
+        if (b->refs[k]++ == 0) b->n_idle--;
+        q->blocks[q->n_blocks++] = k;
+        q->n_checked++;
+        q->promised--; /* (its promise covers the whole prompt: more than this) */
+        b->promised--;
+        q->pos += b->kv_block;
+        q->n_cached += b->kv_block;
+    }
+}
+
+/* Registers q's blocks that its pos has filled since the last call (a block that another holds
+ * the same tokens of under the same parent is not: q's later blocks then cannot be either). */
+static void check_blocks(anvil_batch *b, struct bseq *q) {
+    if (!b->reuse) return;
+    for (; !q->unchained && (q->n_checked + 1) * b->kv_block <= q->pos; q->n_checked++) {
+        int32_t k = q->blocks[q->n_checked];
+        int32_t parent = q->n_checked ? q->blocks[q->n_checked - 1] : -1;
+        const int32_t *t = q->tokens + (size_t)q->n_checked * (size_t)b->kv_block;
+        if (b->parent[k] != -2) continue; /* adopted */
+        if ((parent >= 0 && b->parent[parent] == -2) || lookup(b, parent, t) >= 0) {
+            q->unchained = true;
+            break;
+        }
+        b->parent[k] = parent;
+        memcpy(&b->block_tok[(size_t)k * (size_t)b->kv_block], t, (size_t)b->kv_block * sizeof *t);
     }
 }
 
@@ -413,6 +538,7 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
     for (int budget = b->prefill_chunk; budget > 0 && st == ANVIL_OK;) {
         struct bseq *q = next_prompt(b);
         if (!q || q->stepped) break;
+        adopt(b, q);
         int T = MIN(q->n_prompt - q->pos, budget);
         grow(b, q, q->pos + T);
         for (int t = 0; t < T; t++) {
@@ -426,6 +552,7 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
         q->pos += T;
         q->stepped = true;
         budget -= T;
+        check_blocks(b, q);
         if (last) choose(b, q, b->out, &ev[(*n_ev)++]);
     }
     /* 2. one token for every other running sequence: the one it chose last enters the cache */
@@ -464,6 +591,7 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
         struct bseq *q = rows[r];
         float *logits = b->out + (size_t)r * (size_t)b->V;
         q->pos++;
+        check_blocks(b, q);
         if (!b->pk[r].sp) {
             choose(b, q, logits, &ev[(*n_ev)++]);
             continue;

@@ -47,6 +47,7 @@ struct job {
     int32_t seen[N_CTX + MAX_GEN]; /* the prompt, then the tokens delivered: the history */
     int32_t got[MAX_GEN];
     int n_got, n_choices;
+    int cached; /* prompt tokens read from the prefix cache */
     anvil_stop_reason stop;
     bool done;
     float max_diff;
@@ -130,6 +131,7 @@ static int run_batch(anvil_model *m, struct job *jobs, int n_jobs, const anvil_b
                 if (jobs[i].id == ev[e].id && !jobs[i].done) j = &jobs[i];
             assert_non_null(j);
             assert_true(j->n_choices <= j->n_solo);
+            if (!j->n_choices) j->cached = anvil_batch_cached_tokens(b, j->id);
             if (bp->keep_logits) {
                 /* the logits this choice was made from, against the solo run's */
                 assert_int_equal(anvil_batch_logits(b, j->id, logits), ANVIL_OK);
@@ -158,6 +160,7 @@ static int run_batch(anvil_model *m, struct job *jobs, int n_jobs, const anvil_b
         }
     }
     assert_int_equal(anvil_batch_active(b), 0);
+    assert_int_equal(anvil_batch_kv_blocks(b, NULL), 0); /* (the prefix cache's idle blocks apart) */
     int64_t decode_choices = 0;
     for (int i = 0; i < n_jobs; i++) decode_choices += jobs[i].n_choices > 1 ? jobs[i].n_choices - 1 : 0;
     if (anvil_batch_device_choices(b) != (device ? decode_choices : 0))
@@ -269,6 +272,12 @@ static void check_model(const char *path, anvil_backend_kind be, bool only_ids) 
         free(j->solo_logits);
     }
     assert_int_equal(jobs[5].stop, ANVIL_STOP_EOS);
+    /* job 1's prompt (7 tokens) begins as job 0's, which prefilled first: it read their first
+     * block of 4 from the prefix cache, except on the recurrent models (no reuse there) */
+    anvil_model_info info;
+    anvil_model_get_info(m, &info);
+    assert_int_equal(jobs[1].cached, info.recurrent ? 0 : 4);
+    assert_int_equal(jobs[0].cached, 0);
     free(ids);
     anvil_model_close(m);
 }
@@ -475,6 +484,78 @@ static void test_wide_vulkan(void **state) {
 }
 
 /* Admission, removal and bad input. */
+/* The prefix cache on the CPU: a prompt repeated after its first run ended, a second turn (the
+ * first's prompt and answer, then more) and, after a prompt that needs the whole pool, the
+ * first prompt again: each gives its solo run's tokens and logits, reading from the cache the
+ * whole blocks before its last token that the earlier ones left, and none once evicted. */
+static void test_prefix_cache(void **state) {
+    (void)state;
+    const char *path = tu_testdata("reference/qwen3-tiny");
+    anvil_model_params mp = {2};
+    anvil_model *m;
+    if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
+    int V = anvil_model_vocab_size(m);
+    int32_t p[N_CTX], other[N_CTX];
+    for (int i = 0; i < N_CTX; i++) {
+        p[i] = (i * 37 + 11) % V;
+        other[i] = (i * 53 + 5) % V;
+    }
+    struct job jobs[5];
+    init_job(&jobs[0], p, 20, 6, 0);      /* 20 tokens: positions 0-24 enter the cache */
+    init_job(&jobs[1], p, 20, 6, 20);     /* the same prompt: blocks 0-3 (block 4 holds its last token) */
+    init_job(&jobs[3], other, 40, 20, 60); /* 15 of the pool's 16 blocks: evicts the idle ones */
+    init_job(&jobs[4], p, 20, 6, 100);    /* the first prompt again */
+    anvil_session *solo = tu_session(m, ANVIL_BACKEND_CPU, N_CTX);
+    run_solo(m, solo, &jobs[0]);
+    /* the second turn: job 0's prompt and answer (its blocks 0-5: 24 tokens), then 4 more */
+    int32_t turn[N_CTX];
+    memcpy(turn, p, 20 * sizeof *p);
+    memcpy(turn + 20, jobs[0].solo, 6 * sizeof *p);
+    memcpy(turn + 26, other, 4 * sizeof *p);
+    assert_int_equal(jobs[0].n_solo, 6);
+    init_job(&jobs[2], turn, 30, 6, 40);
+    for (int i = 1; i < 5; i++) run_solo(m, solo, &jobs[i]);
+    anvil_session_destroy(solo);
+
+    anvil_batch_params bp = anvil_batch_default_params();
+    bp.session.backend = ANVIL_BACKEND_CPU;
+    bp.session.n_ctx = N_CTX;
+    bp.session.prefill_chunk = 5;
+    bp.n_seq_max = 2;
+    bp.kv_block = 4;
+    bp.kv_blocks = N_CTX / 4; /* one context */
+    bp.keep_logits = 1;
+    run_batch(m, jobs, 5, &bp, false);
+    for (int i = 0; i < 5; i++) {
+        struct job *j = &jobs[i];
+        assert_int_equal(j->n_got, j->n_solo);
+        assert_memory_equal(j->got, j->solo, (size_t)j->n_got * sizeof *j->got);
+        if (j->max_diff > 1e-4f) fail_msg("sequence %d: logits %g from its solo run's", i, (double)j->max_diff);
+        free(j->solo_logits);
+    }
+    assert_int_equal(jobs[0].cached, 0);
+    assert_int_equal(jobs[1].cached, 16);
+    assert_int_equal(jobs[2].cached, 24);
+    assert_int_equal(jobs[3].cached, 0);
+    /* job 3 took all but one block: the least recently used chains' ends went first, so the
+     * one left is the first prompt's first block (released last by job 2) */
+    assert_int_equal(jobs[4].cached, 4);
+    /* off: nothing read from the cache */
+    for (int i = 0; i < 5; i++) {
+        jobs[i].id = jobs[i].n_got = jobs[i].n_choices = 0;
+        jobs[i].done = false;
+        jobs[i].solo_logits = NULL;
+    }
+    bp.keep_logits = 0;
+    bp.no_prefix_cache = 1;
+    run_batch(m, jobs, 5, &bp, false);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(jobs[i].cached, 0);
+        assert_memory_equal(jobs[i].got, jobs[i].solo, (size_t)jobs[i].n_got * sizeof *jobs[i].got);
+    }
+    anvil_model_close(m);
+}
+
 static void test_limits(void **state) {
     (void)state;
     anvil_model_params mp = {2};
@@ -545,6 +626,7 @@ int main(void) {
         cmocka_unit_test(test_hybrid_35_moe_vulkan),
         cmocka_unit_test(test_kquant_gguf_vulkan),
         cmocka_unit_test(test_wide_vulkan),
+        cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_limits),
     };
     /* ANVIL_TEST_FILTER=*vulkan runs the tests matching a pattern */

@@ -30,12 +30,15 @@ struct slot {
 /* Ends the job in slot q (st: ANVIL_OK, or what failed) and frees the slot. */
 static void slot_end(struct server *s, struct slot *q, anvil_status st, const char *msg,
                      anvil_stop_reason stop) {
+    int n_cached = 0;
     if (q->id > 0) {
+        n_cached = anvil_batch_cached_tokens(s->batch, q->id);
         anvil_batch_remove(s->batch, q->id);
         /* its blocks are free by the time its client hears the answer (/metrics says so) */
-        int used = anvil_batch_kv_blocks(s->batch, NULL);
+        int used = anvil_batch_kv_blocks(s->batch, NULL), cached = anvil_batch_kv_cached_blocks(s->batch);
         pthread_mutex_lock(&s->mu);
         s->kv_used = used;
+        s->kv_cached = cached;
         pthread_mutex_unlock(&s->mu);
     }
     double now = time_now();
@@ -45,7 +48,7 @@ static void slot_end(struct server *s, struct slot *q, anvil_status st, const ch
     stats.stop = stop;
     stats.prompt_seconds = first - q->t_start;
     stats.generate_seconds = now - first;
-    run_finish(s, &q->run, st, msg, &stats, 0);
+    run_finish(s, &q->run, st, msg, &stats, MAX(n_cached, 0));
     job_release(s, q->job);
     memset(q, 0, sizeof *q);
 }
@@ -85,10 +88,11 @@ static int live_slots(const struct slot *sl, int n) {
 /* The batch's state for /metrics: the size of the step about to run (or of the last one), the
  * blocks in use; stepped: a step of that many sequences ran, to be counted. */
 static void publish(struct server *s, int batch_size, int stepped) {
-    int used = anvil_batch_kv_blocks(s->batch, NULL);
+    int used = anvil_batch_kv_blocks(s->batch, NULL), cached = anvil_batch_kv_cached_blocks(s->batch);
     pthread_mutex_lock(&s->mu);
     s->batch_size = batch_size;
     s->kv_used = used;
+    s->kv_cached = cached;
     if (stepped > 0) {
         s->batch_steps++;
         s->batch_step_seqs += (uint64_t)stepped;

@@ -520,6 +520,50 @@ static void test_hybrid_chat_reuse(void **state) {
     free(model);
 }
 
+/* The batch's prefix cache through the server (--parallel 4, the dense model on the CPU): two
+ * chats with one long system message, the second reading its whole blocks (64 rows) from the
+ * cache; the first again reads more and answers as it did after a full prefill. */
+static void test_prefix_reuse(void **state) {
+    (void)state;
+    char *model = strdup(tu_testdata("reference/qwen3-tiny"));
+    int port = server_port(start(model, ANVIL_BACKEND_CPU, 4));
+    const char *sys = "You are a careful assistant. Answer briefly, name your sources, never guess, and "
+                      "say so when a question has no answer. Keep to plain words; lists only when asked. "
+                      "Units in SI, dates as YYYY-MM-DD, numbers with their precision.";
+    struct req q1 = {.chat = true}, q2 = {.chat = true};
+    snprintf(q1.body, sizeof q1.body, "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},"
+             "{\"role\":\"user\",\"content\":\"What is the boiling point of water?\"}],"
+             "\"max_tokens\":8,\"temperature\":0}", sys);
+    snprintf(q2.body, sizeof q2.body, "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},"
+             "{\"role\":\"user\",\"content\":\"How far is the moon?\"}],"
+             "\"max_tokens\":8,\"temperature\":0}", sys);
+    struct answer a[3];
+    int cached[3];
+    char body[1100], *out;
+    for (int k = 0; k < 3; k++) {
+        const struct req *r = k == 1 ? &q2 : &q1;
+        body_of(r, false, body, sizeof body);
+        assert_int_equal(http(port, path_of(r), body, &out), 200);
+        parse_answer(out, true, false, &a[k]);
+        cJSON *j = cJSON_Parse(out);
+        cached[k] = get_int(j, "usage.prompt_tokens_details.cached_tokens");
+        cJSON_Delete(j);
+        free(out);
+    }
+    fprintf(stderr, "prefix reuse: %d, %d and %d prompt tokens; %d, %d and %d cached\n", a[0].prompt_tokens,
+            a[1].prompt_tokens, a[2].prompt_tokens, cached[0], cached[1], cached[2]);
+    assert_true(a[0].prompt_tokens > 128);
+    assert_int_equal(cached[0], 0);
+    assert_true(cached[1] >= 64 && cached[1] % 64 == 0 && cached[1] < a[1].prompt_tokens);
+    assert_true(cached[2] >= cached[1] && cached[2] % 64 == 0 && cached[2] < a[2].prompt_tokens);
+    expect_same("the first chat, reused against prefilled", &a[0], &a[2]);
+    assert_true(metric(port, "anvil_prompt_tokens_cached_total") == cached[1] + cached[2]);
+    assert_true(metric(port, "anvil_kv_blocks_cached") > 0);
+    assert_true(metric(port, "anvil_kv_blocks_used") == 0);
+    stop();
+    free(model);
+}
+
 int main(int argc, char **argv) {
     /* batchsrv_test PATTERN: only the tests whose names match (cmocka's wildcards) */
     if (argc > 1) cmocka_set_test_filter(argv[1]);
@@ -534,6 +578,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_teardown(test_moe_vulkan, teardown),
         cmocka_unit_test_teardown(test_hybrid_vulkan, teardown),
         cmocka_unit_test_teardown(test_hybrid_chat_reuse, teardown),
+        cmocka_unit_test_teardown(test_prefix_reuse, teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     free(tokenizer_dir);

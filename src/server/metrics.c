@@ -119,6 +119,10 @@ void metrics_render(struct metrics *m, const struct metrics_state *now, struct s
     sbuf_printf(o, "anvil_kv_blocks_used %d\n", now->kv_used);
     metric(o, "anvil_kv_blocks_total", "gauge", "The batch's cache blocks (--parallel > 1).");
     sbuf_printf(o, "anvil_kv_blocks_total %d\n", now->kv_total);
+    metric(o, "anvil_kv_blocks_cached", "gauge",
+           "The batch's cache blocks no request holds that the prefix cache keeps for later prompts "
+           "(--parallel > 1; free for any request that needs room).");
+    sbuf_printf(o, "anvil_kv_blocks_cached %d\n", now->kv_cached);
     metric(o, "anvil_model_loaded", "gauge", "1 once the model is loaded and requests are served.");
     sbuf_printf(o, "anvil_model_loaded %d\n", ready ? 1 : 0);
     metric(o, "anvil_uptime_seconds", "gauge", "Seconds since the server started.");

@@ -135,6 +135,7 @@ void server_metrics_state(struct server *s, struct metrics_state *o) {
     o->batch_size = s->batch_size;
     o->kv_used = s->kv_used;
     o->kv_total = s->kv_total;
+    o->kv_cached = s->kv_cached;
     o->batch_steps = s->batch_steps;
     o->batch_step_seqs = s->batch_step_seqs;
     pthread_mutex_unlock(&s->mu);

@@ -110,7 +110,7 @@ void metrics_spec(struct metrics *m, int drafted, int accepted, int steps);
 struct metrics_state {
     int queue_depth, running, parallel;
     bool ready;
-    int batch_size, kv_used, kv_total; /* --parallel > 1: the batch's last step */
+    int batch_size, kv_used, kv_total, kv_cached; /* --parallel > 1: the batch's last step */
     uint64_t batch_steps, batch_step_seqs; /* the batch's steps, and their sequences summed */
 };
 /* Appends the Prometheus text exposition. */
@@ -254,7 +254,8 @@ struct server {
     int queue_len;
     int n_running;           /* jobs running (on the session or in the batch) */
     anvil_batch *batch;      /* --parallel > 1: the worker's batch (batchsrv.c), else NULL */
-    int batch_size, kv_used, kv_total; /* the batch's last step: sequences, cache blocks */
+    int batch_size, kv_used, kv_total, kv_cached; /* the batch's last step: sequences, cache
+                                                      blocks (held, all, the prefix cache's idle) */
     uint64_t batch_steps, batch_step_seqs; /* steps run, and their sequences summed */
     bool failed;             /* the session's device failed: nothing more can run */
     char failed_msg[256];
