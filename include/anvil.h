@@ -380,6 +380,11 @@ typedef struct anvil_batch_params {
     int kv_blocks;  /* blocks in the pool; 0 = enough for n_seq_max whole contexts */
     int keep_logits; /* non-zero: each step's logits are kept for anvil_batch_logits */
     int no_prefix_cache; /* non-zero: no prompt reuses another's cache blocks (below) */
+    int32_t snapshot_token; /* a recurrent model's prefix cache keeps the states at the block
+                               boundary at or before each occurrence of this token in a prompt
+                               (past its first position; e.g. <|im_start|>: the end of a shared
+                               system message), besides its last boundary; -1 (the default):
+                               only there */
 } anvil_batch_params;
 
 anvil_batch_params anvil_batch_default_params(void);
@@ -396,7 +401,9 @@ const char *anvil_batch_errmsg(const anvil_batch *b);
  * a block of keys cannot restore): every full block of the pool whose rows a sequence computed
  * stays cached, keyed by the tokens up to its end, until the pool needs it (least recently used
  * first); a prompt whose leading whole blocks (all but its last token) match cached ones reads
- * them, shared, and prefills only the rest (anvil_batch_cached_tokens).
+ * them, shared, and prefills only the rest (anvil_batch_cached_tokens). On a recurrent model
+ * only up to a block boundary whose states were kept: a prompt's last before its last token,
+ * and those at params.snapshot_token.
  * ANVIL_ERR_RANGE when the batch is full: n_seq_max sequences, or the pool's free blocks cannot
  * hold the prompt and max_tokens (within the context) beside what the others may still take;
  * the caller retries after a removal. A prompt longer than the context is ANVIL_ERR_RANGE too.

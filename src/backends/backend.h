@@ -189,6 +189,12 @@ struct backend_vtable {
      * out; ANVIL_ERR_INVALID_ARG for a program without one. NULL: the backend keeps none, and
      * the engine builds no graph with one for it (the MTP drafter, engine/mtp.c, needs it). */
     anvil_status (*read_aux)(struct program *p, float *out);
+    /* Optional: a batch graph's recurrent states (OP_GDN's src6 and src7, a slice per sequence
+     * of n_seqs: the batch graph's) of sequence from copied over those of sequence to (a device
+     * copy, ordered after every earlier run and before every later one); the prefix cache's
+     * snapshots (engine/batch.c). NULL: the backend cannot, and a batch reuses no prefix on a
+     * model with recurrent layers. */
+    anvil_status (*states_copy)(struct backend *b, int n_seqs, int from, int to);
 };
 
 /* A vision encoder as a backend runs it: the Qwen3-VL family's ViT (vision/vision.h has its

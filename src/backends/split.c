@@ -218,6 +218,14 @@ static anvil_status split_states_save(struct backend *b) { return states_all(b, 
 static anvil_status split_states_restore(struct backend *b) { return states_all(b, 1, 0); }
 static anvil_status split_states_rewind(struct backend *b, int row) { return states_all(b, 2, row); }
 
+/* A batch's sequence slices of the states, copied on every device (each holds its layers'). */
+static anvil_status split_states_copy(struct backend *base, int n_seqs, int from, int to) {
+    struct split_backend *b = (struct split_backend *)base;
+    anvil_status st = ANVIL_OK;
+    for (int i = 0; i < b->n && st == ANVIL_OK; i++) st = b->parts[i]->vt->states_copy(b->parts[i], n_seqs, from, to);
+    return st;
+}
+
 static uint64_t split_capacity(struct backend *base) {
     struct split_backend *b = (struct split_backend *)base;
     uint64_t sum = 0;
@@ -269,7 +277,7 @@ anvil_status backend_split_create(struct backend **parts, const int *first, int 
     b->kv16 = kv16;
     memcpy(b->parts, parts, (size_t)n * sizeof *parts);
     memcpy(b->first, first, (size_t)(n + 1) * sizeof *first);
-    bool batch = true, extras = true, states = true, rewind = true;
+    bool batch = true, extras = true, states = true, rewind = true, copy = true;
     size_t k = 0;
     for (int i = 0; i < n; i++) {
         const struct backend_vtable *vt = parts[i]->vt;
@@ -277,6 +285,7 @@ anvil_status backend_split_create(struct backend **parts, const int *first, int 
         extras &= vt->run_extras != NULL;
         states &= vt->states_save && vt->states_restore;
         rewind &= vt->states_rewind != NULL;
+        copy &= vt->states_copy != NULL;
         const char *dn = vt->device_name ? vt->device_name(parts[i]) : vt->name;
         int m = snprintf(b->name + k, sizeof b->name - k, "%s%s", i ? " + " : "", dn);
         if (m > 0) k = MIN(sizeof b->name - 1, k + (size_t)m);
@@ -302,6 +311,7 @@ anvil_status backend_split_create(struct backend **parts, const int *first, int 
         .states_restore = states ? split_states_restore : NULL,
         .states_rewind = rewind ? split_states_rewind : NULL,
         .capacity = split_capacity,
+        .states_copy = copy ? split_states_copy : NULL,
     };
     b->base.vt = &b->vt;
     *out = &b->base;

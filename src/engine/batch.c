@@ -24,7 +24,16 @@
  * token, whose logits it needs). A block no sequence holds stays registered (idle: counted
  * free for admissions) until grow needs it, least recently used first; unregistering a block
  * unregisters its descendants, whose parent's index would otherwise name other tokens.
+ *
+ * On a model with recurrent layers a block does not hold the state after its rows: there the
+ * batch's graphs hold n_snap more sequences' state slices, snapshots. A prompt's chunks stop at
+ * its last block boundary before its last token (and at those at or before each of its
+ * snapshot tokens), and the states there are copied into a snapshot (backend states_copy)
+ * attached to the block ending there; a later prompt adopts a chain only up to a block with a
+ * snapshot, whose states it copies into its own slices. A snapshot goes with its block, or,
+ * when all are taken, the least recently made or used goes first.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,7 +84,7 @@ struct anvil_batch {
     bool keep_logits;
     bool pick;              /* decode rows chosen on the device where they can be */
     struct bseq *seqs;      /* [n_seq_max] */
-    int32_t *tables;        /* [n_seq_max][max_blocks] */
+    int32_t *tables;        /* [n_seq_max + n_snap][max_blocks] (the snapshots' rows unused) */
     int32_t *free_blocks;   /* [kv_blocks]: a stack of the pool's free blocks (not registered) */
     int n_free, promised;   /* the stack's blocks; of them and the idle ones, promised to running sequences */
     bool reuse;             /* the prefix cache is on */
@@ -84,6 +93,12 @@ struct anvil_batch {
     int32_t *parent;        /* [kv_blocks]: a registered block's parent (-1: the first), else -2 */
     uint64_t *used;         /* [kv_blocks]: when an idle block was last held */
     int32_t *block_tok;     /* [kv_blocks][kv_block]: a registered block's tokens */
+    bool recurrent;         /* the model has recurrent layers: chains end at snapshots */
+    int32_t snap_token;     /* anvil_batch_params.snapshot_token */
+    int n_snap;             /* snapshots: the graphs' sequences n_seq_max .. n_seq_max + n_snap - 1 */
+    int32_t *block_snap;    /* [kv_blocks]: the snapshot of the states at a block's end, or -1 */
+    int32_t *snap_block;    /* [n_snap]: the block a snapshot belongs to, or -1 */
+    uint64_t *snap_made;    /* [n_snap]: when it was made */
     int next_id;
     uint64_t clock;
     struct batch_program progs[BATCH_PROGRAMS];
@@ -112,6 +127,7 @@ anvil_batch_params anvil_batch_default_params(void) {
     anvil_batch_params p;
     memset(&p, 0, sizeof p);
     p.session = anvil_session_default_params();
+    p.snapshot_token = -1;
     return p;
 }
 
@@ -134,6 +150,9 @@ void anvil_batch_destroy(anvil_batch *b) {
     free(b->parent);
     free(b->used);
     free(b->block_tok);
+    free(b->block_snap);
+    free(b->snap_block);
+    free(b->snap_made);
     free(b->out);
     free(b->row_tok);
     free(b->row_seq);
@@ -180,8 +199,16 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
                        "context of %d", p.kv_blocks, p.kv_block ? p.kv_block : 64, p.session.n_ctx);
     }
     int rows = MAX(decode_rows(b->n_seq_max), b->prefill_chunk);
+    for (int l = 0; l < hp->n_layer; l++)
+        if (hp->layer_recurrent[l]) b->recurrent = true;
+    b->reuse = !p.no_prefix_cache;
+    b->n_snap = b->reuse && b->recurrent ? 2 * b->n_seq_max : 0;
+    b->snap_token = p.snapshot_token;
     b->seqs = xcalloc((size_t)b->n_seq_max, sizeof *b->seqs);
-    b->tables = xcalloc((size_t)b->n_seq_max * (size_t)b->max_blocks, sizeof *b->tables);
+    b->tables = xcalloc((size_t)(b->n_seq_max + b->n_snap) * (size_t)b->max_blocks, sizeof *b->tables);
+    b->block_snap = xmalloc((size_t)b->kv_blocks * sizeof *b->block_snap);
+    b->snap_block = xmalloc((size_t)MAX(b->n_snap, 1) * sizeof *b->snap_block);
+    b->snap_made = xcalloc((size_t)MAX(b->n_snap, 1), sizeof *b->snap_made);
     b->free_blocks = xmalloc((size_t)b->kv_blocks * sizeof *b->free_blocks);
     b->refs = xcalloc((size_t)b->kv_blocks, sizeof *b->refs);
     b->parent = xmalloc((size_t)b->kv_blocks * sizeof *b->parent);
@@ -194,7 +221,8 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->pk = xcalloc((size_t)decode_rows(b->n_seq_max), sizeof *b->pk);
     b->picked = xmalloc((size_t)decode_rows(b->n_seq_max) * sizeof *b->picked);
     b->scratch = xmalloc(SAMPLER_SCRATCH_BYTES);
-    st = b->seqs && b->tables && b->free_blocks && b->refs && b->parent && b->used && b->block_tok && b->out && b->row_tok && b->row_seq &&
+    st = b->seqs && b->tables && b->free_blocks && b->refs && b->parent && b->used && b->block_tok &&
+                 b->block_snap && b->snap_block && b->snap_made && b->out && b->row_tok && b->row_seq &&
                  b->row_pos && b->pk && b->picked && b->scratch ? ANVIL_OK : ANVIL_ERR_NOMEM;
     for (int i = 0; i < b->n_seq_max && st == ANVIL_OK; i++) {
         struct bseq *q = &b->seqs[i];
@@ -206,12 +234,10 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     for (int i = 0; i < b->kv_blocks && st == ANVIL_OK; i++) {
         b->free_blocks[i] = b->kv_blocks - 1 - i;
         b->parent[i] = -2;
+        b->block_snap[i] = -1;
     }
+    for (int i = 0; i < b->n_snap && st == ANVIL_OK; i++) b->snap_block[i] = -1;
     b->n_free = b->kv_blocks;
-    /* a recurrent layer's state at a block's end is not in the block: no reuse there */
-    b->reuse = !p.no_prefix_cache;
-    for (int l = 0; l < hp->n_layer; l++)
-        if (hp->layer_recurrent[l]) b->reuse = false;
     b->next_id = 1;
     int threads = p.session.n_threads ? p.session.n_threads : model->n_threads;
     /* the backend as a session chooses it: auto is Vulkan where there is a GPU (or the device
@@ -234,6 +260,10 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
         return st;
     }
     b->pick = t.vk_batch_pick && b->backend->vt->run_batch_pick;
+    if (b->recurrent && !b->backend->vt->states_copy) { /* no snapshots: no reuse */
+        b->reuse = false;
+        b->n_snap = 0;
+    }
     *out = b;
     return ANVIL_OK;
 }
@@ -332,6 +362,8 @@ static void release(anvil_batch *b, int32_t k) {
 /* Unregisters block k and every block registered under it; the idle ones become free. */
 static void unregister(anvil_batch *b, int32_t k) {
     b->parent[k] = -2;
+    if (b->block_snap[k] >= 0) b->snap_block[b->block_snap[k]] = -1;
+    b->block_snap[k] = -1;
     if (b->refs[k] == 0) {
         b->n_idle--;
         b->free_blocks[b->n_free++] = k;
@@ -400,25 +432,70 @@ static int32_t lookup(const anvil_batch *b, int32_t parent, const int32_t *token
 }
 
 /* q, at a block boundary of its prompt, adopts the registered blocks that continue it, all
- * but the one holding its last token. */
-static void adopt(anvil_batch *b, struct bseq *q) {
-    if (!b->reuse || q->unchained) return;
-    while (q->pos == q->n_blocks * b->kv_block && q->pos + b->kv_block < q->n_prompt &&
-           q->n_checked == q->n_blocks) {
-        int32_t k = lookup(b, q->n_blocks ? q->blocks[q->n_blocks - 1] : -1, q->tokens + q->pos);
-        if (k < 0) return;
+ * but the one holding its last token; on a recurrent model only up to the last of them with a
+ * snapshot, whose states then become q's. */
+static anvil_status adopt(anvil_batch *b, struct bseq *q) {
+    if (!b->reuse || q->unchained || q->pos != q->n_blocks * b->kv_block || q->n_checked != q->n_blocks)
+        return ANVIL_OK;
+    int n = q->n_blocks, upto = n, snap = -1;
+    for (int pos = q->pos; pos + b->kv_block < q->n_prompt; pos += b->kv_block) {
+        int32_t k = lookup(b, n ? q->blocks[n - 1] : -1, q->tokens + pos);
+        if (k < 0) break;
+        q->blocks[n++] = k; /* (held only if adopted, below) */
+        if (!b->recurrent || b->block_snap[k] >= 0) {
+            upto = n;
+            snap = b->recurrent ? b->block_snap[k] : -1;
+        }
+    }
+    if (snap >= 0) {
+        int self = (int)(q - b->seqs);
+        b->snap_made[snap] = ++b->clock; /* (used: the last to go) */
+        anvil_status st = b->backend->vt->states_copy(b->backend, b->n_seq_max + b->n_snap, b->n_seq_max + snap, self);
+        if (st != ANVIL_OK) return st;
+    }
+    for (; q->n_blocks < upto; q->n_blocks++) {
+        int32_t k = q->blocks[q->n_blocks];
         if (b->refs[k]++ == 0) b->n_idle--;
-        q->blocks[q->n_blocks++] = k;
         q->n_checked++;
         q->promised--; /* (its promise covers the whole prompt: more than this) */
         b->promised--;
         q->pos += b->kv_block;
         q->n_cached += b->kv_block;
     }
+    return ANVIL_OK;
 }
 
-/* Registers q's blocks that its pos has filled since the last call (a block that another holds
- * the same tokens of under the same parent is not: q's later blocks then cannot be either). */
+/* The first block boundary past from where a recurrent model's prompt q leaves a snapshot: its
+ * last before its last token, and those at or before a snapshot token; INT_MAX: none. */
+static int snap_after(const anvil_batch *b, const struct bseq *q, int from) {
+    if (!b->n_snap) return INT_MAX;
+    int last = (q->n_prompt - 1) / b->kv_block * b->kv_block;
+    for (int i = from + 1; i < last && b->snap_token >= 0; i++)
+        if (q->tokens[i] == b->snap_token && i / b->kv_block * b->kv_block > from) return i / b->kv_block * b->kv_block;
+    return last > from ? last : INT_MAX;
+}
+
+/* After q's chunk ending at a point of snap_after (at): the states there into a snapshot (a free one, else
+ * the oldest) attached to q's block ending there, if registered and without one. */
+static anvil_status take_snapshot(anvil_batch *b, struct bseq *q, int at) {
+    if (!b->n_snap || q->pos != at || q->pos == 0) return ANVIL_OK;
+    int32_t k = q->blocks[q->pos / b->kv_block - 1];
+    if (b->parent[k] == -2 || b->block_snap[k] >= 0) return ANVIL_OK;
+    int s = 0;
+    for (int i = 0; i < b->n_snap; i++)
+        if (b->snap_block[i] < 0 || (b->snap_block[s] >= 0 && b->snap_made[i] < b->snap_made[s])) s = i;
+    anvil_status st = b->backend->vt->states_copy(b->backend, b->n_seq_max + b->n_snap, (int)(q - b->seqs), b->n_seq_max + s);
+    if (st != ANVIL_OK) return st;
+    if (b->snap_block[s] >= 0) b->block_snap[b->snap_block[s]] = -1;
+    b->snap_block[s] = k;
+    b->block_snap[k] = s;
+    b->snap_made[s] = ++b->clock;
+    return ANVIL_OK;
+}
+
+/* Registers q's blocks that its pos has filled since the last call. Where a registered block
+ * holds the same rows (the same tokens under the same parent), q reads that one from then on
+ * and lets its own go (the chain goes on through it). */
 static void check_blocks(anvil_batch *b, struct bseq *q) {
     if (!b->reuse) return;
     for (; !q->unchained && (q->n_checked + 1) * b->kv_block <= q->pos; q->n_checked++) {
@@ -426,9 +503,16 @@ static void check_blocks(anvil_batch *b, struct bseq *q) {
         int32_t parent = q->n_checked ? q->blocks[q->n_checked - 1] : -1;
         const int32_t *t = q->tokens + (size_t)q->n_checked * (size_t)b->kv_block;
         if (b->parent[k] != -2) continue; /* adopted */
-        if ((parent >= 0 && b->parent[parent] == -2) || lookup(b, parent, t) >= 0) {
+        if (parent >= 0 && b->parent[parent] == -2) { /* (only after an unregistering) */
             q->unchained = true;
             break;
+        }
+        int32_t dup = lookup(b, parent, t);
+        if (dup >= 0) {
+            if (b->refs[dup]++ == 0) b->n_idle--;
+            q->blocks[q->n_checked] = dup;
+            release(b, k);
+            continue;
         }
         b->parent[k] = parent;
         memcpy(&b->block_tok[(size_t)k * (size_t)b->kv_block], t, (size_t)b->kv_block * sizeof *t);
@@ -449,7 +533,8 @@ static anvil_status program_for(anvil_batch *b, int T, bool last_only, struct pr
     }
     if (lru->p) b->backend->vt->program_destroy(lru->p);
     lru->p = NULL;
-    struct build_opts o = {T, b->kv_blocks * b->kv_block, last_only, b->n_seq_max, b->kv_block, false, false, false, false};
+    struct build_opts o = {T, b->kv_blocks * b->kv_block, last_only, b->n_seq_max + b->n_snap, b->kv_block,
+                           false, false, false, false};
     struct graph g;
     anvil_status st = model_build_graph(&b->model->model, &o, &g);
     if (st != ANVIL_OK) return st;
@@ -538,8 +623,9 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
     for (int budget = b->prefill_chunk; budget > 0 && st == ANVIL_OK;) {
         struct bseq *q = next_prompt(b);
         if (!q || q->stepped) break;
-        adopt(b, q);
-        int T = MIN(q->n_prompt - q->pos, budget);
+        if ((st = adopt(b, q)) != ANVIL_OK) break;
+        int T = MIN(q->n_prompt - q->pos, budget), at = snap_after(b, q, q->pos);
+        if (q->pos + T > at) T = at - q->pos; /* a chunk ends at the snapshot's point */
         grow(b, q, q->pos + T);
         for (int t = 0; t < T; t++) {
             b->row_tok[t] = q->tokens[q->pos + t];
@@ -553,6 +639,7 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
         q->stepped = true;
         budget -= T;
         check_blocks(b, q);
+        if ((st = take_snapshot(b, q, at)) != ANVIL_OK) break;
         if (last) choose(b, q, b->out, &ev[(*n_ev)++]);
     }
     /* 2. one token for every other running sequence: the one it chose last enters the cache */

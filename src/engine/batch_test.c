@@ -276,7 +276,7 @@ static void check_model(const char *path, anvil_backend_kind be, bool only_ids) 
      * block of 4 from the prefix cache, except on the recurrent models (no reuse there) */
     anvil_model_info info;
     anvil_model_get_info(m, &info);
-    assert_int_equal(jobs[1].cached, info.recurrent ? 0 : 4);
+    assert_int_equal(jobs[1].cached, info.recurrent ? 0 : 4); /* (no snapshot there) */
     assert_int_equal(jobs[0].cached, 0);
     free(ids);
     anvil_model_close(m);
@@ -484,13 +484,13 @@ static void test_wide_vulkan(void **state) {
 }
 
 /* Admission, removal and bad input. */
-/* The prefix cache on the CPU: a prompt repeated after its first run ended, a second turn (the
- * first's prompt and answer, then more) and, after a prompt that needs the whole pool, the
- * first prompt again: each gives its solo run's tokens and logits, reading from the cache the
- * whole blocks before its last token that the earlier ones left, and none once evicted. */
-static void test_prefix_cache(void **state) {
-    (void)state;
-    const char *path = tu_testdata("reference/qwen3-tiny");
+/* The prefix cache: a prompt repeated after its first run ended, a second turn (the first's
+ * prompt and answer, then more), a third (the second's prompt, then more) and, after a prompt
+ * that needs the whole pool, the first prompt again: each gives its solo run's tokens and
+ * logits, reading from the cache the whole blocks before its last token that the earlier ones
+ * left (on a recurrent model: up to a block whose states were kept, a prompt's last boundary
+ * before its last token), and none once evicted; then the same with the cache off. */
+static void check_prefix_cache(const char *path, anvil_backend_kind be, const int want[6]) {
     anvil_model_params mp = {2};
     anvil_model *m;
     if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
@@ -500,60 +500,76 @@ static void test_prefix_cache(void **state) {
         p[i] = (i * 37 + 11) % V;
         other[i] = (i * 53 + 5) % V;
     }
-    struct job jobs[5];
-    init_job(&jobs[0], p, 20, 6, 0);      /* 20 tokens: positions 0-24 enter the cache */
-    init_job(&jobs[1], p, 20, 6, 20);     /* the same prompt: blocks 0-3 (block 4 holds its last token) */
-    init_job(&jobs[3], other, 40, 20, 60); /* 15 of the pool's 16 blocks: evicts the idle ones */
-    init_job(&jobs[4], p, 20, 6, 100);    /* the first prompt again */
-    anvil_session *solo = tu_session(m, ANVIL_BACKEND_CPU, N_CTX);
+    struct job jobs[6];
+    init_job(&jobs[0], p, 20, 6, 0);       /* positions 0-24 enter the cache */
+    init_job(&jobs[1], p, 20, 6, 20);      /* the same prompt: blocks 0-3 (block 4 holds its last token) */
+    init_job(&jobs[4], other, 40, 20, 80); /* 15 of the pool's 16 blocks: evicts the idle ones */
+    init_job(&jobs[5], p, 20, 6, 120);     /* the first prompt again */
+    anvil_session *solo = tu_session(m, be, N_CTX);
     run_solo(m, solo, &jobs[0]);
-    /* the second turn: job 0's prompt and answer (its blocks 0-5: 24 tokens), then 4 more */
+    /* the second turn: job 0's prompt and answer (its blocks 0-5: 24 tokens), then 4 more; the
+     * third: the second's 30 tokens, then 4 more */
     int32_t turn[N_CTX];
     memcpy(turn, p, 20 * sizeof *p);
     memcpy(turn + 20, jobs[0].solo, 6 * sizeof *p);
-    memcpy(turn + 26, other, 4 * sizeof *p);
+    memcpy(turn + 26, other, 8 * sizeof *p);
     assert_int_equal(jobs[0].n_solo, 6);
     init_job(&jobs[2], turn, 30, 6, 40);
-    for (int i = 1; i < 5; i++) run_solo(m, solo, &jobs[i]);
+    init_job(&jobs[3], turn, 34, 6, 60);
+    for (int i = 1; i < 6; i++) run_solo(m, solo, &jobs[i]);
     anvil_session_destroy(solo);
 
     anvil_batch_params bp = anvil_batch_default_params();
-    bp.session.backend = ANVIL_BACKEND_CPU;
+    bp.session.backend = be;
     bp.session.n_ctx = N_CTX;
     bp.session.prefill_chunk = 5;
     bp.n_seq_max = 2;
     bp.kv_block = 4;
     bp.kv_blocks = N_CTX / 4; /* one context */
     bp.keep_logits = 1;
-    run_batch(m, jobs, 5, &bp, false);
-    for (int i = 0; i < 5; i++) {
+    run_batch(m, jobs, 6, &bp, be == ANVIL_BACKEND_VULKAN);
+    for (int i = 0; i < 6; i++) {
         struct job *j = &jobs[i];
         assert_int_equal(j->n_got, j->n_solo);
         assert_memory_equal(j->got, j->solo, (size_t)j->n_got * sizeof *j->got);
-        if (j->max_diff > 1e-4f) fail_msg("sequence %d: logits %g from its solo run's", i, (double)j->max_diff);
+        if (j->max_diff > 1e-3f) fail_msg("%s: sequence %d: logits %g from its solo run's", path, i, (double)j->max_diff);
+        if (j->cached != want[i]) fail_msg("%s: sequence %d read %d tokens from the cache, not %d", path, i, j->cached, want[i]);
         free(j->solo_logits);
     }
-    assert_int_equal(jobs[0].cached, 0);
-    assert_int_equal(jobs[1].cached, 16);
-    assert_int_equal(jobs[2].cached, 24);
-    assert_int_equal(jobs[3].cached, 0);
-    /* job 3 took all but one block: the least recently used chains' ends went first, so the
-     * one left is the first prompt's first block (released last by job 2) */
-    assert_int_equal(jobs[4].cached, 4);
     /* off: nothing read from the cache */
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         jobs[i].id = jobs[i].n_got = jobs[i].n_choices = 0;
         jobs[i].done = false;
         jobs[i].solo_logits = NULL;
     }
     bp.keep_logits = 0;
     bp.no_prefix_cache = 1;
-    run_batch(m, jobs, 5, &bp, false);
-    for (int i = 0; i < 5; i++) {
+    run_batch(m, jobs, 6, &bp, be == ANVIL_BACKEND_VULKAN);
+    for (int i = 0; i < 6; i++) {
         assert_int_equal(jobs[i].cached, 0);
         assert_memory_equal(jobs[i].got, jobs[i].solo, (size_t)jobs[i].n_got * sizeof *jobs[i].got);
     }
     anvil_model_close(m);
+}
+
+/* Dense: the second turn reads all 24 rows of the first's prompt and answer; job 4 took all but
+ * one block, the least recently used chains' ends first, so the one left is the first prompt's
+ * first block (released last, by job 3). */
+static const int dense_cached[6] = {0, 16, 24, 28, 0, 4};
+/* Recurrent: the second turn only up to the first prompt's snapshot (16), the third up to the
+ * second's (28); the first prompt's first block has no snapshot. */
+static const int recurrent_cached[6] = {0, 16, 16, 28, 0, 0};
+
+static void test_prefix_cache(void **state) {
+    (void)state;
+    check_prefix_cache(tu_testdata("reference/qwen3-tiny"), ANVIL_BACKEND_CPU, dense_cached);
+    check_prefix_cache(tu_testdata("reference/qwen3_5-tiny"), ANVIL_BACKEND_CPU, recurrent_cached);
+}
+
+static void test_prefix_cache_vulkan(void **state) {
+    (void)state;
+    vulkan_or_skip();
+    check_prefix_cache(tu_testdata("reference/qwen3_5-tiny"), ANVIL_BACKEND_VULKAN, recurrent_cached);
 }
 
 static void test_limits(void **state) {
@@ -627,6 +643,7 @@ int main(void) {
         cmocka_unit_test(test_kquant_gguf_vulkan),
         cmocka_unit_test(test_wide_vulkan),
         cmocka_unit_test(test_prefix_cache),
+        cmocka_unit_test(test_prefix_cache_vulkan),
         cmocka_unit_test(test_limits),
     };
     /* ANVIL_TEST_FILTER=*vulkan runs the tests matching a pattern */

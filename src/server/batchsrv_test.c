@@ -520,12 +520,12 @@ static void test_hybrid_chat_reuse(void **state) {
     free(model);
 }
 
-/* The batch's prefix cache through the server (--parallel 4, the dense model on the CPU): two
- * chats with one long system message, the second reading its whole blocks (64 rows) from the
- * cache; the first again reads more and answers as it did after a full prefill. */
-static void test_prefix_reuse(void **state) {
-    (void)state;
-    char *model = strdup(tu_testdata("reference/qwen3-tiny"));
+/* The batch's prefix cache through the server (--parallel 4, on the CPU): two chats with one
+ * long system message, the second reading its whole blocks (64 rows) from the cache (on the
+ * hybrid: up to the boundary before its user turn's <|im_start|>, where the first kept its
+ * states); the first again reads more and answers as it did after a full prefill. */
+static void check_prefix_reuse(const char *name) {
+    char *model = strdup(tu_testdata(name));
     int port = server_port(start(model, ANVIL_BACKEND_CPU, 4));
     const char *sys = "You are a careful assistant. Answer briefly, name your sources, never guess, and "
                       "say so when a question has no answer. Keep to plain words; lists only when asked. "
@@ -550,7 +550,7 @@ static void test_prefix_reuse(void **state) {
         cJSON_Delete(j);
         free(out);
     }
-    fprintf(stderr, "prefix reuse: %d, %d and %d prompt tokens; %d, %d and %d cached\n", a[0].prompt_tokens,
+    fprintf(stderr, "%s prefix reuse: %d, %d and %d prompt tokens; %d, %d and %d cached\n", name, a[0].prompt_tokens,
             a[1].prompt_tokens, a[2].prompt_tokens, cached[0], cached[1], cached[2]);
     assert_true(a[0].prompt_tokens > 128);
     assert_int_equal(cached[0], 0);
@@ -562,6 +562,12 @@ static void test_prefix_reuse(void **state) {
     assert_true(metric(port, "anvil_kv_blocks_used") == 0);
     stop();
     free(model);
+}
+
+static void test_prefix_reuse(void **state) {
+    (void)state;
+    check_prefix_reuse("reference/qwen3-tiny");
+    check_prefix_reuse("reference/qwen3_5-tiny");
 }
 
 int main(int argc, char **argv) {

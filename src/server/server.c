@@ -410,6 +410,7 @@ static anvil_status load(struct server *s) {
         anvil_batch_params bp = anvil_batch_default_params();
         bp.session = s->opt.session;
         bp.n_seq_max = s->opt.parallel;
+        bp.snapshot_token = s->im_start; /* a hybrid's states kept where each turn starts too */
         if ((st = anvil_batch_create(s->model, &bp, &s->batch)) != ANVIL_OK) {
             char why[256];
             snprintf(why, sizeof why, "%s", anvil_last_error());

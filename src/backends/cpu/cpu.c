@@ -784,6 +784,20 @@ static anvil_status cpu_states_rewind(struct backend *base, int row) {
     return ANVIL_OK;
 }
 
+/* Sequence from's slices of the recurrent states over sequence to's (backend_vtable.states_copy). */
+static anvil_status cpu_states_copy(struct backend *base, int n_seqs, int from, int to) {
+    struct cpu_backend *b = (struct cpu_backend *)base;
+    if (n_seqs < 1 || from < 0 || to < 0 || from >= n_seqs || to >= n_seqs)
+        return err_set(ANVIL_ERR_INVALID_ARG, "cpu: no sequences %d and %d of %d", from, to, n_seqs);
+    for (int i = 0; i < b->n_states; i++) {
+        struct cpu_state *s = &b->states[i];
+        if (!s->recurrent || from == to) continue;
+        size_t n = (size_t)(s->ne[0] * s->ne[1] * s->ne[2] * s->ne[3]) / (size_t)n_seqs;
+        memcpy(s->data + (size_t)to * n, s->data + (size_t)from * n, n * sizeof(float));
+    }
+    return ANVIL_OK;
+}
+
 static anvil_status cpu_read_aux(struct program *prog, float *out) {
     struct cpu_program *p = (struct cpu_program *)prog;
     if (p->g.aux < 0) return err_set(ANVIL_ERR_INVALID_ARG, "cpu: the program keeps no aux node");
@@ -795,7 +809,7 @@ static const struct backend_vtable cpu_vtable = {
     "cpu", cpu_destroy, cpu_compile, cpu_program_destroy, cpu_run, NULL, NULL, NULL, NULL, NULL, NULL,
     cpu_run_batch, backend_cpu_run_extras, NULL, cpu_states_save, cpu_states_restore, cpu_states_rewind,
     NULL, NULL, NULL, /* capacity; run_batch_pick, run_pick: the host chooses (the reference) */
-    cpu_read_aux,
+    cpu_read_aux, cpu_states_copy,
 };
 
 anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens, int pos0,

@@ -476,7 +476,8 @@ static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
     bool *ring = xcalloc((size_t)g->n_nodes, sizeof *ring), *kv = kv_cache_nodes(g),
          *rec = xcalloc((size_t)g->n_nodes, sizeof *rec);
     b->rec = xcalloc(2 * (size_t)g->n_states, sizeof *b->rec);
-    if (!ring || !kv || !rec || !b->rec) {
+    b->rec_seq = xcalloc((size_t)g->n_states, sizeof *b->rec_seq);
+    if (!ring || !kv || !rec || !b->rec || !b->rec_seq) {
         free(ring);
         free(kv);
         free(rec);
@@ -494,6 +495,7 @@ static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
                                      : (VkDeviceSize)node_nelem(n);
         VkDeviceSize bytes = (elems * (kv[i] && b->kv16 ? 2 : 4) + 255) / 256 * 256;
         if (rec[i]) {
+            b->rec_seq[b->n_rec] = elems * 4 / (VkDeviceSize)MAX(g->n_seqs, 1);
             b->rec[b->n_rec++] = (VkBufferCopy){size, b->rec_bytes, bytes};
             b->rec_bytes += bytes;
         }
@@ -756,6 +758,7 @@ static void vk_destroy(struct backend *base) {
     free(b->state_off);
     free(b->state_ne);
     free(b->rec);
+    free(b->rec_seq);
     vk_device_destroy(b->d);
     free(b);
 }
@@ -782,32 +785,13 @@ static anvil_status vk_time(struct program *pp, int pos, int reps, struct dispat
 
 static const char *vk_device_name(struct backend *base) { return ((struct vk_backend *)base)->d->props.deviceName; }
 
-/* The recurrent states into their copy (save) or back (backend_vtable.states_save and
- * states_restore), or history slot row back (row >= 0: states_rewind): a command buffer of one
- * copy per state, submitted and waited for. Its cost: the states' bytes read and written once
- * (Qwen3.6-35B-A3B: ~63 MiB, some 50 us at an H100's bandwidth) plus a submit and a wait on
- * the host; a barrier before it orders it after every earlier step, one after it before every
- * later one. */
-static anvil_status copy_states(struct vk_backend *b, bool save, int row) {
-    if (!b->n_rec) return ANVIL_OK;
-    anvil_status st = ANVIL_OK;
-    if (row >= b->hist_slots) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: no recurrent states kept after row %d", row);
-    if (!save && row < 0 && !b->saved.buf) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: no saved recurrent states to restore");
-    if (save && !b->saved.buf &&
-        (st = vk_buffer_create(b->d, b->rec_bytes, VK_MEM_DEVICE, "the saved recurrent states", &b->saved)) != ANVIL_OK)
-        return st;
-    VkBufferCopy *from = NULL; /* the history's regions */
-    if (row >= 0) {
-        if (!(from = xmalloc((size_t)b->n_rec * sizeof *from))) return ANVIL_ERR_NOMEM;
-        for (int i = 0; i < b->n_rec; i++)
-            from[i] = (VkBufferCopy){(VkDeviceSize)b->hist_slots * b->rec[i].dstOffset + (VkDeviceSize)row * b->rec[i].size,
-                                     b->rec[i].srcOffset, b->rec[i].size};
-    }
+/* Copies regions[n] from buffer src to dst in a command buffer of its own, submitted and waited
+ * for: a barrier before it orders it after every earlier step, one after it before every later
+ * one. */
+static anvil_status submit_copies(struct vk_backend *b, VkBuffer src, VkBuffer dst, const VkBufferCopy *regions, int n) {
     VkCommandBuffer cb;
-    if ((st = vk_cmd_alloc(b->d, &cb)) != ANVIL_OK) {
-        free(from);
-        return st;
-    }
+    anvil_status st = vk_cmd_alloc(b->d, &cb);
+    if (st != ANVIL_OK) return st;
     VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
                                    VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
     vkBeginCommandBuffer(cb, &bi);
@@ -817,10 +801,7 @@ static anvil_status copy_states(struct vk_backend *b, bool save, int row) {
                              VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT};
     vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &before, 0,
                          NULL, 0, NULL);
-    if (save) vkCmdCopyBuffer(cb, b->states.buf, b->saved.buf, (uint32_t)b->n_rec, b->rec);
-    else if (from) vkCmdCopyBuffer(cb, b->hist.buf, b->states.buf, (uint32_t)b->n_rec, from);
-    else vkCmdCopyBuffer(cb, b->saved.buf, b->states.buf, (uint32_t)b->n_rec, b->rec + b->n_rec);
-    free(from); /* (the regions are recorded) */
+    vkCmdCopyBuffer(cb, src, dst, (uint32_t)n, regions);
     vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &after, 0,
                          NULL, 0, NULL);
     st = vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
@@ -829,6 +810,47 @@ static anvil_status copy_states(struct vk_backend *b, bool save, int row) {
     if (st == ANVIL_OK) st = vk_wait(b->d, v);
     if (st == ANVIL_OK || vk_idle(b->d)) vkFreeCommandBuffers(b->d->dev, b->d->pool, 1, &cb);
     if (st == ANVIL_OK) st = vk_check_validation(b->d);
+    return st;
+}
+
+/* The recurrent states into their copy (save) or back (backend_vtable.states_save and
+ * states_restore), or history slot row back (row >= 0: states_rewind): one copy per state.
+ * Its cost: the states' bytes read and written once (Qwen3.6-35B-A3B: ~63 MiB, some 50 us at
+ * an H100's bandwidth) plus a submit and a wait on the host. */
+static anvil_status copy_states(struct vk_backend *b, bool save, int row) {
+    if (!b->n_rec) return ANVIL_OK;
+    anvil_status st = ANVIL_OK;
+    if (row >= b->hist_slots) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: no recurrent states kept after row %d", row);
+    if (!save && row < 0 && !b->saved.buf) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: no saved recurrent states to restore");
+    if (save && !b->saved.buf &&
+        (st = vk_buffer_create(b->d, b->rec_bytes, VK_MEM_DEVICE, "the saved recurrent states", &b->saved)) != ANVIL_OK)
+        return st;
+    if (save) return submit_copies(b, b->states.buf, b->saved.buf, b->rec, b->n_rec);
+    if (row < 0) return submit_copies(b, b->saved.buf, b->states.buf, b->rec + b->n_rec, b->n_rec);
+    VkBufferCopy *from = xmalloc((size_t)b->n_rec * sizeof *from); /* the history's regions */
+    if (!from) return ANVIL_ERR_NOMEM;
+    for (int i = 0; i < b->n_rec; i++)
+        from[i] = (VkBufferCopy){(VkDeviceSize)b->hist_slots * b->rec[i].dstOffset + (VkDeviceSize)row * b->rec[i].size,
+                                 b->rec[i].srcOffset, b->rec[i].size};
+    st = submit_copies(b, b->hist.buf, b->states.buf, from, b->n_rec);
+    free(from);
+    return st;
+}
+
+/* Sequence from's slices of the recurrent states over sequence to's (backend_vtable.states_copy). */
+static anvil_status vk_states_copy(struct backend *base, int n_seqs, int from, int to) {
+    struct vk_backend *b = (struct vk_backend *)base;
+    if (n_seqs < 1 || from < 0 || to < 0 || from >= n_seqs || to >= n_seqs)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: no sequences %d and %d of %d", from, to, n_seqs);
+    if (!b->n_rec || from == to) return ANVIL_OK;
+    VkBufferCopy *r = xmalloc((size_t)b->n_rec * sizeof *r);
+    if (!r) return ANVIL_ERR_NOMEM;
+    for (int i = 0; i < b->n_rec; i++) {
+        VkDeviceSize n = b->rec_seq[i];
+        r[i] = (VkBufferCopy){b->rec[i].srcOffset + (VkDeviceSize)from * n, b->rec[i].srcOffset + (VkDeviceSize)to * n, n};
+    }
+    anvil_status st = submit_copies(b, b->states.buf, b->states.buf, r, b->n_rec);
+    free(r);
     return st;
 }
 
@@ -848,6 +870,7 @@ static const struct backend_vtable vk_vtable = {
     vk_failed, vk_memory, vk_time, vk_device_name, vk_run_batch, vk_run_extras, vk_vit_encode, vk_states_save,
     vk_states_restore, vk_states_rewind, vk_capacity, vk_run_batch_pick, vk_run_pick,
     NULL, /* read_aux: not yet (the MTP drafter runs on the CPU backend) */
+    vk_states_copy,
 };
 
 void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t max_memory) {

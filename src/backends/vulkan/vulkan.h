@@ -43,6 +43,7 @@ struct vk_backend {
      * (backend_vtable.states_save): rec[i] copies one from states into saved, rec[n_rec + i]
      * back; saved (rec_bytes) is created on the first save */
     VkBufferCopy *rec;
+    VkDeviceSize *rec_seq; /* [n_rec]: the bytes of one sequence's slice of each (a batch graph's) */
     int n_rec;
     VkDeviceSize rec_bytes;
     struct vk_buffer saved;
