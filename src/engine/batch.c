@@ -44,7 +44,8 @@
 #include "engine_impl.h"
 #include "sampler.h"
 
-#define BATCH_PROGRAMS 8 /* compiled programs kept (by rows and kind), least recently used out */
+#define BATCH_PROGRAMS 8   /* compiled programs kept (by rows and kind), least recently used out */
+#define BATCH_SNAPSHOTS 16 /* the most recurrent-state snapshots a batch keeps (the prefix cache) */
 
 /* One slot: a sequence, from its add to its remove. */
 struct bseq {
@@ -202,7 +203,8 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     for (int l = 0; l < hp->n_layer; l++)
         if (hp->layer_recurrent[l]) b->recurrent = true;
     b->reuse = !p.no_prefix_cache;
-    b->n_snap = b->reuse && b->recurrent ? 2 * b->n_seq_max : 0;
+    /* two a sequence, at most 16 (the 35B-A3B's states are ~63 MB a sequence) */
+    b->n_snap = b->reuse && b->recurrent ? MIN(2 * b->n_seq_max, BATCH_SNAPSHOTS) : 0;
     b->snap_token = p.snapshot_token;
     b->seqs = xcalloc((size_t)b->n_seq_max, sizeof *b->seqs);
     b->tables = xcalloc((size_t)(b->n_seq_max + b->n_snap) * (size_t)b->max_blocks, sizeof *b->tables);
