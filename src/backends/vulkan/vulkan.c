@@ -257,15 +257,12 @@ static const struct vk_layout *layout_of(int dtype) {
 
 /* The table the kernels of an i-quant read (shaders/wlow.glsl: TABLE_BYTES), uploaded in the
  * bytes before each of its weights' first row (vk_weight.pre): the grids of iq_tables.h, the
- * one copy the CPU's dequantisation reads too; IQ4's 16 int8 levels as 4 words. NULL for the
- * other types. */
+ * one copy the CPU's dequantisation reads too. NULL for the other types (IQ4's 16 levels are
+ * constants in the kernels). */
 static const uint32_t grid_iq2xxs[] = IQ2XXS_GRID, grid_iq2xs[] = IQ2XS_GRID, grid_iq2s[] = IQ2S_GRID,
                       grid_iq3xxs[] = IQ3XXS_GRID, grid_iq3s[] = IQ3S_GRID, grid_iq1s[] = IQ1S_GRID;
-static const int kvalues_iq4nl[16] = IQ_KVALUES_IQ4NL;
 
-static const uint32_t *weight_table(int type, uint32_t *words, uint32_t iq4[4]) {
-    memset(iq4, 0, 16);
-    for (int i = 0; i < 16; i++) iq4[i / 4] |= (uint32_t)(kvalues_iq4nl[i] & 255) << (8 * (i % 4));
+static const uint32_t *weight_table(int type, uint32_t *words) {
 #define T(a) (*words = (uint32_t)(sizeof a / sizeof *a), a)
     switch (type) {
     case DT_IQ2_XXS: return T(grid_iq2xxs);
@@ -274,7 +271,6 @@ static const uint32_t *weight_table(int type, uint32_t *words, uint32_t iq4[4]) 
     case DT_IQ3_XXS: return T(grid_iq3xxs);
     case DT_IQ3_S: return T(grid_iq3s);
     case DT_IQ1_S: case DT_IQ1_M: return T(grid_iq1s);
-    case DT_IQ4_NL: case DT_IQ4_XS: return *words = 4, iq4;
     default: *words = 0; return NULL;
     }
 #undef T
@@ -303,8 +299,8 @@ static anvil_status want_key(struct vk_backend *b, struct wkey k, bool as_f32, b
     } else {
         const struct vk_layout *l = layout_of(t->type);
         w->Kp = (uint32_t)((t->ne[0] + l->sb_weights - 1) / l->sb_weights * l->sb_weights);
-        uint32_t words, iq4[4];
-        weight_table(t->type, &words, iq4);
+        uint32_t words;
+        weight_table(t->type, &words);
         w->pre = (words * 4 + 255) & ~255u; /* (the rows stay 256-byte aligned) */
     }
     return ANVIL_OK;
@@ -402,8 +398,8 @@ static anvil_status upload_weights(struct vk_backend *b, int first) {
         if (st != ANVIL_OK) break;
         w->addr = w->buf.addr + w->pre;
         if (w->pre) {
-            uint32_t words, iq4[4];
-            const uint32_t *table = weight_table(w->t->type, &words, iq4);
+            uint32_t words;
+            const uint32_t *table = weight_table(w->t->type, &words);
             struct fill_ctx tf = {(const uint8_t *)table, (size_t)words * 4, w->pre, NULL};
             if ((st = vk_upload(&u, &w->buf, 0, w->pre, fill_rows, &tf)) != ANVIL_OK) break;
             bytes -= w->pre;

@@ -22,6 +22,8 @@
  * flow): tables indexed per lane serialise in constant memory on most GPUs, and large constant
  * arrays in the SPIR-V make lavapipe's pipeline compiles take minutes. */
 
+#include "../../../quant/iq_tables.h"
+
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer W { uint v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer Words { uint v[]; };
 /* the table of weight w: the `bytes` before it */
@@ -112,49 +114,64 @@ uint unit_pos(uint u, uint g) { return 32u * u + 8u * g; }
 
 #if defined(W_IQ4_NL) || defined(W_IQ4_XS)
 #define W_SIGNED
-#define TABLE_BYTES 256u
+/* IQ4's 16 int8 levels (iq_tables.h) never come from memory: each workgroup builds from
+ * these constants a table of 256 byte pairs in shared memory, entry b the levels of b's low
+ * nibble (bits 0-7) and high nibble (bits 16-23), with no global read and one barrier before
+ * its first row; a lookup then gives two weights (where a table of the 16 levels read from
+ * the weight's first bytes gave one: 16 shared reads and ~30 more instructions per 8 weights,
+ * and a global read's latency at every workgroup's start, perf log §74). mm.comp
+ * (W_TABLE_GLOBAL, its shared memory the tiles') computes the entries in registers. */
+const int iq4_levels[16] = IQ_KVALUES_IQ4NL;
+/* the pair of levels of byte b */
+uint iq4_pair(uint b) { return (uint(iq4_levels[b & 15u]) & 255u) | ((uint(iq4_levels[b >> 4u]) & 255u) << 16u); }
 #ifdef W_TABLE_GLOBAL
-#define W_INIT(w) TABLE_TO_SHARED(w, kv, 4u)
-#define KV(i) ((wtab.v[(i) >> 2u] >> (8u * ((i) & 3u))) & 255u)
+#define W_INIT(w)
+#define KV2(b) iq4_pair(b)
 #else
-shared uint kvw[4];
-shared uint kv[16]; /* the int8 levels, as bytes */
-#define W_INIT(w)                                                                                              \
-    {                                                                                                          \
-        TABLE_TO_SHARED(w, kvw, 4u)                                                                            \
-        if (gl_LocalInvocationIndex < 16u)                                                                     \
-            kv[gl_LocalInvocationIndex] = (kvw[gl_LocalInvocationIndex >> 2u] >> (8u * (gl_LocalInvocationIndex & 3u))) & 255u; \
-        barrier();                                                                                             \
+shared uint kv2[256];
+#define W_INIT(w)                                                                                  \
+    {                                                                                              \
+        uint n_ = gl_WorkGroupSize.x * gl_WorkGroupSize.y * gl_WorkGroupSize.z;                    \
+        for (uint i_ = gl_LocalInvocationIndex; i_ < 256u; i_ += n_) kv2[i_] = iq4_pair(i_);       \
+        barrier();                                                                                 \
     }
-#define KV(i) kv[i]
+#define KV2(b) kv2[b]
 #endif
-/* the levels of the nibbles at bits s of each byte of u */
-uint kv4(uint u, uint s) {
-    uvec4 i = (uvec4(u) >> (uvec4(0u, 8u, 16u, 24u) + s)) & 15u;
-    return KV(i.x) | (KV(i.y) << 8u) | (KV(i.z) << 16u) | (KV(i.w) << 24u);
+/* the levels of the four low nibbles of u's bytes (*lo, element order) and of its four high
+ * nibbles (*hi): four lookups */
+void kv8(uint u, out uint lo, out uint hi) {
+    uint a = KV2(u & 255u) | (KV2(bitfieldExtract(u, 8, 8)) << 8u);  /* lo0 lo1 hi0 hi1 */
+    uint c = KV2(bitfieldExtract(u, 16, 8)) | (KV2(u >> 24u) << 8u); /* lo2 lo3 hi2 hi3 */
+    lo = (a & 0xFFFFu) | (c << 16u);
+    hi = (a >> 16u) | (c & 0xFFFF0000u);
 }
 #if defined(W_IQ4_NL)
 #define BW 36u /* a super-block of 8 blocks */
+layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer WQ { uvec4 v[]; };
 #else
 #define BW 34u
+layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer WQ { uvec2 v[]; };
 #endif
 void unit_bytes(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG]) {
     uint base = (row * (U >> 3u) + (u >> 3u)) * BW, ib = u & 7u;
+    WQ wq = WQ(uvec2(w));
 #if defined(W_IQ4_NL)
-    uint qw = base + 4u * ib;
+    /* (144-byte super-blocks: 16-byte aligned) */
+    uvec4 q = wq.v[base / 4u + ib];
     float dl = unpackHalf2x16(w.v[base + 32u + (ib >> 1u)])[ib & 1u];
 #else
-    uint qw = base + 2u + 4u * ib, h = w.v[base];
-    uint ls = (byte_at(w.v[base + 1u], ib >> 1u) >> (4u * (ib & 1u))) & 15u;
-    ls |= ((h >> (16u + 2u * ib)) & 3u) << 4u;
-    float dl = half_lo(h) * float(int(ls) - 32);
+    /* (136-byte blocks: 8-byte aligned) the header d | scales_h << 16, scales_l; the nibbles */
+    uvec2 h = wq.v[base / 2u], q0 = wq.v[base / 2u + 1u + 2u * ib], q1 = wq.v[base / 2u + 2u + 2u * ib];
+    uvec4 q = uvec4(q0, q1);
+    uint ls = (byte_at(h.y, ib >> 1u) >> (4u * (ib & 1u))) & 15u;
+    ls |= ((h.x >> (16u + 2u * ib)) & 3u) << 4u;
+    float dl = half_lo(h.x) * float(int(ls) - 32);
 #endif
     /* the low nibbles of the 16 bytes are weights 0 .. 15, the high ones 16 .. 31 */
-    uvec4 q = uvec4(w.v[qw], w.v[qw + 1u], w.v[qw + 2u], w.v[qw + 3u]);
-    qi[0] = uvec2(kv4(q.x, 0u), kv4(q.y, 0u));
-    qi[1] = uvec2(kv4(q.z, 0u), kv4(q.w, 0u));
-    qi[2] = uvec2(kv4(q.x, 4u), kv4(q.y, 4u));
-    qi[3] = uvec2(kv4(q.z, 4u), kv4(q.w, 4u));
+    kv8(q.x, qi[0].x, qi[2].x);
+    kv8(q.y, qi[0].y, qi[2].y);
+    kv8(q.z, qi[1].x, qi[3].x);
+    kv8(q.w, qi[1].y, qi[3].y);
     for (uint g = 0u; g < 4u; g++) so[g] = vec2(dl, 0.0);
 }
 
