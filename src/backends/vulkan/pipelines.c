@@ -204,6 +204,16 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
                              SPECS_MATVEC, PUSH_MATVEC_QXT),
     [K_MOE_DOWN_R_Q6_K] = KI(spv_moe_down_r_q6_k, "moe_down_r_q6_k", VK_OP_MOE_DOWN_ROUND, DT_Q6_K, MV_MODE_MOE_DOWN,
                              SPECS_MATVEC, PUSH_MATVEC_QXT),
+    [K_MOE_DOWN_R_Q2_K] = KI(spv_moe_down_r_q2_k, "moe_down_r_q2_k", VK_OP_MOE_DOWN_ROUND, DT_Q2_K, MV_MODE_MOE_DOWN,
+                             SPECS_MATVEC, PUSH_MATVEC_QXT),
+    [K_MOE_DOWN_R_Q3_K] = KI(spv_moe_down_r_q3_k, "moe_down_r_q3_k", VK_OP_MOE_DOWN_ROUND, DT_Q3_K, MV_MODE_MOE_DOWN,
+                             SPECS_MATVEC, PUSH_MATVEC_QXT),
+    [K_MOE_DOWN_R_IQ4_NL] = KI(spv_moe_down_r_iq4_nl, "moe_down_r_iq4_nl", VK_OP_MOE_DOWN_ROUND, DT_IQ4_NL, MV_MODE_MOE_DOWN,
+                             SPECS_MATVEC, PUSH_MATVEC_QXT),
+    [K_MOE_DOWN_R_IQ4_XS] = KI(spv_moe_down_r_iq4_xs, "moe_down_r_iq4_xs", VK_OP_MOE_DOWN_ROUND, DT_IQ4_XS, MV_MODE_MOE_DOWN,
+                             SPECS_MATVEC, PUSH_MATVEC_QXT),
+    [K_MOE_DOWN_R_IQ2_XXS] = KI(spv_moe_down_r_iq2_xxs, "moe_down_r_iq2_xxs", VK_OP_MOE_DOWN_ROUND, DT_IQ2_XXS, MV_MODE_MOE_DOWN,
+                             SPECS_MATVEC, PUSH_MATVEC_QXT),
     /* mega.comp: of one float type, or (MQX) of those of QT (QT_*: 1 << contract.h's MEGA_WT_*);
      * the clock's variants (-1: looked up by name only) */
     [K_MEGA_F32] = KM(spv_mega_f32, "mega_f32", DT_F32, 0, QT_ALL),

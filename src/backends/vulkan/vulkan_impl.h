@@ -304,8 +304,10 @@ enum vk_kernel {
     /* the MoE router's matvec choosing the experts itself (matvec.comp ROUTE, MODE 0) */
     K_MATVEC_ROUTE_F32, K_MATVEC_ROUTE_F16, K_MATVEC_ROUTE_BF16,
     /* the experts' down projection (MODE 3) rounding its outputs for the next product's integer
-     * dot products (matvec.comp MDR), for the weight types of K-quant and Q8_0 MoE files */
+     * dot products (matvec.comp MDR), for the weight types of K-quant, Q8_0 and the common low-bit
+     * MoE files */
     K_MOE_DOWN_R_Q8_0, K_MOE_DOWN_R_Q4_K, K_MOE_DOWN_R_Q5_K, K_MOE_DOWN_R_Q6_K,
+    K_MOE_DOWN_R_Q2_K, K_MOE_DOWN_R_Q3_K, K_MOE_DOWN_R_IQ4_NL, K_MOE_DOWN_R_IQ4_XS, K_MOE_DOWN_R_IQ2_XXS,
     /* the decode step's float matvecs and attentions in one persistent dispatch (mega.comp),
      * per float weight kind, where mega_grid (pipelines.c mega_shape) says so */
     K_MEGA_F32, K_MEGA_F16, K_MEGA_BF16,

@@ -424,7 +424,7 @@ static void test_qxr_program(void **state) {
  * qwen3moe-k Q4_K_M (width 256, 2 MoE layers; every product on integer dot products): one
  * rounding sum a layer with it (ANVIL_VK_QXR=1) and none without, fewer dispatches and
  * barriers, and the decode rows as close to the CPU's rounded-input rows as test_against_cpu_qx
- * asks both ways. qwen3.6-heads Q8_0 (4 layers, a shared expert joining the sum): the same
+ * asks both ways; the same in IQ4_XS. qwen3.6-heads Q8_0 (4 layers, a shared expert joining the sum): the same
  * counts (its rows move by a third of their scale with any rounding's ulp, test_against_cpu_qx;
  * the kernel is the same). */
 static void test_moe_down_rounds(void **state) {
@@ -438,6 +438,8 @@ static void test_moe_down_rounds(void **state) {
         bool rows;
     } cases[] = {
         {"synthetic:qwen3moe-k:Q4_K_M", "0", "moe_down_r_q", 2, true},
+        /* (IQ4_XS in every weight: the low-bit kernels' MDR, wlow.glsl) */
+        {"synthetic:qwen3moe-k:iq4_xs", "0", "moe_down_r_iq4_xs", 2, true},
         /* (every product but the shared expert's down projection, 17 KB, which joins the sum
          * as the real models' does) */
         {"synthetic:qwen3.6-heads:q8_0", "0.1", "moe_down_r_q8_0 ", 4, false},

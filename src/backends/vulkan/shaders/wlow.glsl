@@ -73,6 +73,8 @@ float half_lo(uint u) { return unpackHalf2x16(u).x; }
 #define BW 21u
 #else
 #define BW 28u
+layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer WQ2 { uvec2 v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer WQ4 { uvec4 v[]; };
 #endif
 uint unit_pos(uint u, uint g) {
     uint k = u & 7u;
@@ -91,10 +93,12 @@ void unit_bytes(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG]
         qi[g] = (q >> (2u * g)) & 0x03030303u;
     }
 #else
-    uvec2 q = uvec2(w.v[base + 8u + 8u * n + 2u * l8], w.v[base + 9u + 8u * n + 2u * l8]);
-    uvec2 hm = uvec2(w.v[base + 2u * l8], w.v[base + 2u * l8 + 1u]);
-    float d = half_lo(w.v[base + 27u]);
-    uvec3 sw = uvec3(w.v[base + 24u], w.v[base + 25u], w.v[base + 26u]);
+    /* (112-byte blocks, 16-byte aligned: three loads where seven words) */
+    WQ2 w2 = WQ2(uvec2(w));
+    uvec2 q = w2.v[base / 2u + 4u + 4u * n + l8], hm = w2.v[base / 2u + l8];
+    uvec4 sd = WQ4(uvec2(w)).v[base / 4u + 6u];
+    float d = half_lo(sd.w);
+    uvec3 sw = sd.xyz;
     for (uint g = 0u; g < 4u; g++) {
         uint i = 8u * n + 2u * g + hf; /* the sub-block of 16 */
         uint lo = (byte_at((i & 7u) < 4u ? sw.x : sw.y, i & 3u) >> (4u * (i >> 3u))) & 15u;
