@@ -15,12 +15,13 @@
  * Q2_K and Q3_K a unit is 8 bytes of 2-bit quants, as Q4_K's nibble bytes: group g holds bits
  * 2g .. 2g+1 of them, 32 weights apart.
  *
- * W_INIT(w): the i-quants index a table by data (a grid, or IQ4's 16 levels); vulkan.c uploads
- * it in the TABLE_BYTES before every weight's first row (from src/quant/iq_tables.h, the copy
- * the CPU's dequantisation reads too), and every kernel that reads weights copies it from
- * there into shared memory first (a barrier: W_INIT comes first in main, in uniform control
- * flow): tables indexed per lane serialise in constant memory on most GPUs, and large constant
- * arrays in the SPIR-V make lavapipe's pipeline compiles take minutes. */
+ * W_INIT(w): the i-quants index a table by data (a grid, or IQ4's levels); for the grids
+ * vulkan.c uploads it in the TABLE_BYTES before every weight's first row (from
+ * src/quant/iq_tables.h, the copy the CPU's dequantisation reads too), and every kernel that
+ * reads weights copies it from there into shared memory first (a barrier: W_INIT comes first
+ * in main, in uniform control flow): tables indexed per lane serialise in constant memory on
+ * most GPUs, and large constant arrays in the SPIR-V make lavapipe's pipeline compiles take
+ * minutes. IQ4's table of byte pairs is built from its 16 constant levels instead (below). */
 
 #include "../../../quant/iq_tables.h"
 
