@@ -99,12 +99,15 @@ void unit_bytes(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG]
     uvec2 q = w2.v[base / 2u + 4u + 4u * n + l8], hm = w2.v[base / 2u + l8];
     uvec4 sd = WQ4(uvec2(w)).v[base / 4u + 6u];
     float d = half_lo(sd.w);
-    uvec3 sw = sd.xyz;
+    /* group g's sub-block of 16 is i = 8n + 2g + hf: the low 4 bits of its scale are nibble n of
+     * scales[i & 7] (sd.x's bytes for g < 2, sd.y's after), the high 2 bits are bits 4n + 2 (g >> 1)
+     * of scales[8 + (i & 3)] (sd.z's) */
+    uvec3 sw = sd.xyz >> (8u * hf + 4u * n);
+    uvec4 lo = uvec4(sw.x, sw.x >> 16u, sw.y, sw.y >> 16u) & 15u;
+    uvec4 hi = (uvec4(sw.z, sw.z >> 16u, sw.z >> 2u, sw.z >> 18u) & 3u) << 4u;
+    vec4 sc = d * vec4(ivec4(lo | hi) - 32);
     for (uint g = 0u; g < 4u; g++) {
-        uint i = 8u * n + 2u * g + hf; /* the sub-block of 16 */
-        uint lo = (byte_at((i & 7u) < 4u ? sw.x : sw.y, i & 3u) >> (4u * (i >> 3u))) & 15u;
-        uint hi = (byte_at(sw.z, i & 3u) >> (2u * (i >> 2u))) & 3u;
-        float s = d * float(int(lo | (hi << 4u)) - 32);
+        float s = sc[g];
         so[g] = vec2(s, -4.0 * s); /* the 3-bit values 0 .. 7 less 4 */
         uint b = 4u * n + g;       /* the hmask bit */
         qi[g] = ((q >> (2u * g)) & 0x03030303u) | (((hm >> b) & 0x01010101u) << 2u);
@@ -127,8 +130,17 @@ uint unit_pos(uint u, uint g) { return 32u * u + 8u * g; }
  * and a global read's latency at every workgroup's start, perf log §74). mm.comp
  * (W_TABLE_GLOBAL, its shared memory the tiles') computes the entries in registers. */
 const int iq4_levels[16] = IQ_KVALUES_IQ4NL;
+/* the levels as bytes, four a word (constant expressions: no array indexed at run time) */
+#define IQ4W(i) ((uint(iq4_levels[4 * i]) & 255u) | ((uint(iq4_levels[4 * i + 1]) & 255u) << 8u) | \
+                 ((uint(iq4_levels[4 * i + 2]) & 255u) << 16u) | ((uint(iq4_levels[4 * i + 3]) & 255u) << 24u))
+const uint iq4_w0 = IQ4W(0), iq4_w1 = IQ4W(1), iq4_w2 = IQ4W(2), iq4_w3 = IQ4W(3);
+/* the level of nibble n as a byte */
+uint iq4_level(uint n) {
+    uint w = (n & 8u) != 0u ? ((n & 4u) != 0u ? iq4_w3 : iq4_w2) : ((n & 4u) != 0u ? iq4_w1 : iq4_w0);
+    return (w >> (8u * (n & 3u))) & 255u;
+}
 /* the pair of levels of byte b */
-uint iq4_pair(uint b) { return (uint(iq4_levels[b & 15u]) & 255u) | ((uint(iq4_levels[b >> 4u]) & 255u) << 16u); }
+uint iq4_pair(uint b) { return iq4_level(b & 15u) | (iq4_level(b >> 4u) << 16u); }
 #ifdef W_TABLE_GLOBAL
 #define W_INIT(w)
 #define KV2(b) iq4_pair(b)
