@@ -482,6 +482,44 @@ static void test_names(void **state) {
     free(err);
 }
 
+/* A model whose products the persistent step cannot take (IQ4_XS in every one: mega.comp MQX
+ * takes Q4_K, Q6_K and Q8_0) keeps its products rounding their outputs for the next (QXR):
+ * with the persistent step on (ANVIL_VK_MEGA=1, one workgroup on lavapipe) the step has no
+ * mega.comp phase and no qx.comp dispatch before the gate/up, whose SwiGLU runs as teams
+ * (decode/qx.c mqx_small; the 8B IQ4_XS lost QXR on the H200: perf log §74). */
+static void test_low_bit_keeps_rounding(void **state) {
+    (void)state;
+    setenv("ANVIL_VK_QX", "1", 1);
+    setenv("ANVIL_VK_QX_MIN_MB", "0", 1);
+    setenv("ANVIL_VK_MEGA", "1", 1);
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:iq4_xs", NULL, &m), ANVIL_OK);
+    anvil_session *s = tu_session(m, ANVIL_BACKEND_VULKAN, 64);
+    size_t cap = 1 << 16;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    assert_true(anvil_session_describe_program(s, buf, cap) > 0);
+    if (strstr(buf, "matvec_qx")) { /* (a device with integer dot products: lavapipe has them) */
+        assert_null(strstr(buf, "mega_"));
+        assert_non_null(strstr(buf, "matvec_swiglu_qxt_iq4_xs"));
+        const char *p = strstr(buf, "matvec_swiglu_qxt_iq4_xs");
+        const char *line = p;
+        while (line > buf && line[-1] != '\n') line--; /* the line before it is no qx.comp */
+        const char *prev = line - 1;
+        while (prev > buf && prev[-1] != '\n') prev--;
+        int idx;
+        char kernel[64];
+        assert_int_equal(sscanf(prev, "%d %63s", &idx, kernel), 2);
+        assert_string_not_equal(kernel, "qx");
+    }
+    free(buf);
+    anvil_session_destroy(s);
+    anvil_model_close(m);
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_VK_QX_MIN_MB");
+    unsetenv("ANVIL_VK_MEGA");
+}
+
 /* anvil bench --trace's listing: one line per dispatch, as many as the step counts, in order
  * from the embedding to the argmax */
 static void test_trace_list(void **state) {
@@ -550,6 +588,7 @@ int main(void) {
         cmocka_unit_test(test_checks),
         cmocka_unit_test(test_low_bit_types),
         cmocka_unit_test(test_trace_list),
+        cmocka_unit_test(test_low_bit_keeps_rounding),
         cmocka_unit_test(test_small_batch),
         cmocka_unit_test(test_small_batch_ffn),
         cmocka_unit_test(test_few_rows_attention),

@@ -196,7 +196,7 @@ int mqx_code(struct lower *L, int i, int type, uint32_t Kp8) {
 
 /* Whether the persistent step should take a model's K-quant products (mqx_code): a dense
  * model's, where every one of them (gate/up: the pair) reads less than ANVIL_VK_MQX_MAX_MB
- * (default 8). On the H100 (perf rule "persistent step for small models") Qwen3-0.6B Q4_K_M gained 14%, Q6_K 27%,
+ * (default 8), whatever their types. On the H100 (perf rule "persistent step for small models") Qwen3-0.6B Q4_K_M gained 14%, Q6_K 27%,
  * the 1.7B (gate/up 14 MB) 12%; the 4B (28 MB) lost 16% and the 8B (57 MB) 7%. Since the
  * products round their outputs themselves (perf rule "producers round") the 1.7B Q4_K_M is 2.6% faster
  * as dispatches, the 0.6B (3.5 MB) still 10% slower: hence 8, not 16. Big products
@@ -205,17 +205,22 @@ int mqx_code(struct lower *L, int i, int type, uint32_t Kp8) {
  * runs short, lost 3% (30B-A3B) and 6% (Qwen3.6-35B-A3B, forced). */
 bool mqx_small(struct lower *L) {
     double max_mb = L->p->b->d->tune.vk_mqx_max_mb;
+    int taken = 0; /* (none: the step would take nothing, and QXR be lost for nothing) */
     for (int i = 0; i < L->g->n_nodes; i++) {
         const struct node *n = N(L, i);
         if (n->op == OP_MOE || n->op == OP_GDN) return false;
         if (n->op != OP_MATMUL || n->ne[0] >= L->p->V) continue;
         const struct node *w = N(L, n->src[1]);
-        if (!w->weight || mqx_wt(w->weight->type) < 0) continue;
+        if (!w->weight) continue;
+        /* (the products of other types too: an 8B in IQ4_XS or Q2_K, whose few Q4_K or no
+         * products the step could take, is no small model; so taken, it lost its products'
+         * rounding for the next, QXR, 292 barriers a token where Q4_K_M's 184: perf log §74) */
         size_t row = 0;
         if (!dtype_row_size(w->weight->type, w->ne[0], &row)) return false;
         if ((double)row * (double)w->ne[1] * (swiglu_of(L, i) >= 0 ? 2 : 1) / 1e6 >= max_mb) return false;
+        taken += mqx_wt(w->weight->type) >= 0;
     }
-    return true;
+    return taken > 0;
 }
 
 /* Whether a product of weights of `type` that feeds no rounding (q/k/v, the LM head) runs as
