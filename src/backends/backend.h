@@ -246,6 +246,10 @@ bool backend_is_cpu(const struct backend *b);
 anvil_status backend_cpu_create(int n_threads, bool kv16, struct backend **out);
 /* device < 0: the best device (or ANVIL_DEVICE). */
 anvil_status backend_vulkan_create(int device, bool kv16, struct backend **out);
+/* A Vulkan backend on of's device (of: a Vulkan backend of one device, else
+ * ANVIL_ERR_UNSUPPORTED), with its cache type and limits: weights and states of its own, the
+ * device's pipelines shared (the MTP drafter's, engine/mtp.c). */
+anvil_status backend_vulkan_create_beside(struct backend *of, struct backend **out);
 /* Overrides the device's wait limit (seconds, > 0) and memory cap (bytes, > 0) where given
  * (0: keep the environment's, tuning.h); before anything is allocated. */
 void backend_vulkan_set_limits(struct backend *b, double timeout_s, uint64_t max_memory);

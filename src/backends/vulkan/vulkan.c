@@ -859,13 +859,18 @@ static anvil_status vk_states_rewind(struct backend *base, int row) {
     return copy_states((struct vk_backend *)base, false, row);
 }
 
+static anvil_status vk_read_aux(struct program *pp, float *out) {
+    struct vk_prog *p = (struct vk_prog *)pp;
+    return p->prefill ? vk_prefill_read_aux(p->prefill, out) : vk_program_read_aux(p->decode, out);
+}
+
 static uint64_t vk_capacity(struct backend *base) { return vk_device_local_bytes(((struct vk_backend *)base)->d); }
 
 static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
     vk_failed, vk_memory, vk_time, vk_device_name, vk_run_batch, vk_run_extras, vk_vit_encode, vk_states_save,
     vk_states_restore, vk_states_rewind, vk_capacity, vk_run_batch_pick, vk_run_pick,
-    NULL, /* read_aux: not yet (the MTP drafter runs on the CPU backend) */
+    vk_read_aux,
     vk_states_copy,
 };
 
@@ -888,4 +893,14 @@ anvil_status backend_vulkan_create(int device, bool kv16, struct backend **out) 
     }
     *out = &b->base;
     return ANVIL_OK;
+}
+
+anvil_status backend_vulkan_create_beside(struct backend *of, struct backend **out) {
+    *out = NULL;
+    if (!of || of->vt != &vk_vtable)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a backend beside one that is not a Vulkan backend of one device");
+    struct vk_backend *o = (struct vk_backend *)of;
+    anvil_status st = backend_vulkan_create(o->d->index, o->kv16, out);
+    if (st == ANVIL_OK) backend_vulkan_set_limits(*out, o->d->timeout_s, o->d->max_mem);
+    return st;
 }

@@ -83,6 +83,9 @@ anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float
  * ANVIL_ERR_INVALID_ARG for a program without one, or in NULL for a program with one. */
 anvil_status vk_program_input(struct vk_program *p, const float *in);
 anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res);
+/* The last vk_program_run's aux row (graph.aux, the final norm's: backend_vtable.read_aux) into
+ * out; ANVIL_ERR_INVALID_ARG for a program without one. (A generation's steps keep none.) */
+anvil_status vk_program_read_aux(struct vk_program *p, float *out);
 /* Rewrites the program's rope table so that cache row r takes rope position r + shift (after
  * images the M-RoPE positions of text run behind the cache rows: engine/session.c
  * rope_delta); n_rot and theta as vk_rope_params gives them. */
@@ -111,6 +114,9 @@ void vk_prefill_destroy(struct vk_prefill *p);
 /* "prefill chunk of T tokens: N kernels: " then the distinct kernels' names in the order they
  * first run, space-separated, into buf (cap bytes, NUL-terminated); returns its length. */
 size_t vk_prefill_describe(const struct vk_prefill *p, char *buf, size_t cap);
+/* The last run's aux rows (graph.aux, the final norm's: backend_vtable.read_aux) into out;
+ * ANVIL_ERR_INVALID_ARG for a program without one. */
+anvil_status vk_prefill_read_aux(struct vk_prefill *p, float *out);
 /* Runs the chunk tokens[T] at pos0; out (when not NULL) receives the output rows. */
 anvil_status vk_prefill_run(struct vk_prefill *p, const int32_t *tokens, int pos0, float *out);
 /* Runs a batch program (a batch graph's, g->n_seqs > 0) on rows r (T of them); out as for

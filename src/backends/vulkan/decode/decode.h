@@ -87,7 +87,7 @@ struct vk_program {
     /* ---- device memory (program.c makes it; lower.c lays the arena out) ---- */
     struct vk_buffer arena;    /* activations */
     struct vk_buffer ctl;      /* struct vk_ctl + [2 n_ctx] */
-    struct vk_buffer readback; /* logits [V] */
+    struct vk_buffer readback; /* logits [V], then at aux_rb the aux row */
     struct vk_buffer rope;     /* [n_ctx, n_rot / 2, 2] */
     VkDeviceSize logits_off;
     /* a layer split's last part (graph_part): the OP_INPUT node's row, written by the host into
@@ -95,6 +95,9 @@ struct vk_program {
      * recorded step */
     struct vk_buffer input;
     VkDeviceSize in_off, in_bytes;
+    /* the graph's aux node (graph.aux: the final norm's row, for the MTP drafter): its block in
+     * the arena, copied with the logits into readback at aux_rb by cb_one and cb_copy (0: none) */
+    VkDeviceSize aux_off, aux_bytes, aux_rb;
 
     /* ---- the step's dispatches: lower.c emits them, persistent.c and prefetch.c rewrite the
      * list, record.c records it ---- */

@@ -73,10 +73,14 @@ anvil_status emit_dispatch(struct vk_program *p, enum vk_kernel k, uint32_t gx, 
     return ANVIL_OK;
 }
 
+/* Whether node i is the graph's aux node (graph.aux: the final norm's row that a run keeps for
+ * read_aux): computed on its own into its block, which the step's copy reads. */
+static bool aux_node(const struct lower *L, int i) { return L->g->aux >= 0 && L->root[L->g->aux] == i; }
+
 /* The matvec input: a deferred rms_norm's input (fused), or the node itself. */
 static void matvec_input(struct lower *L, int src, struct pc_matvec *pc) {
     int r = L->root[src];
-    if (N(L, r)->op == OP_RMS_NORM) {
+    if (N(L, r)->op == OP_RMS_NORM && !aux_node(L, r)) {
         const struct node *n = N(L, r);
         pc->x = node_addr(L, n->src[0]);
         pc->normw = vk_weight_addr(L->p->b, N(L, n->src[1])->weight, true, n->p.i[0] != 0);
@@ -560,7 +564,11 @@ anvil_status lower_graph(struct lower *L) {
         case OP_RMS_NORM: {
             /* fused into its consumers: matmuls, experts, or (q/k norm) rope -> attention;
              * computed on its own for anything else */
-            bool fused = graph_norm_folds(&L->plan, i);
+            bool fused = graph_norm_folds(&L->plan, i) && !aux_node(L, i);
+            if (aux_node(L, i)) {
+                L->p->aux_off = node_off(L, i);
+                L->p->aux_bytes = (VkDeviceSize)node_nelem(nd) * 4;
+            }
             if (!fused)
                 st = emit_ew(L, EW_RMS_NORM, node_addr(L, nd->src[0]),
                              vk_weight_addr(L->p->b, N(L, nd->src[1])->weight, true, nd->p.i[0] != 0),

@@ -148,10 +148,12 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
         st = vk_buffer_create(b->d, sizeof(struct vk_ctl) + (size_t)p->n_ctx * 12, VK_MEM_CONTROL,
                               "the control block", &p->ctl);
     if (st == ANVIL_OK)
-        st = vk_buffer_create(b->d, (VkDeviceSize)p->V * 4, VK_MEM_READBACK, "logits", &p->readback);
-    if (st == ANVIL_OK) st = vk_rope_table(b, g, p->n_ctx, &p->rope);
+        st = vk_rope_table(b, g, p->n_ctx, &p->rope);
     if (st == ANVIL_OK) st = node_labels(p, g);
     if (st == ANVIL_OK) st = lower_graph(&L);
+    p->aux_rb = round_up((VkDeviceSize)p->V * 4, ALIGN);
+    if (st == ANVIL_OK) /* (after the walk that finds the aux row's size) */
+        st = vk_buffer_create(b->d, p->aux_rb + p->aux_bytes, VK_MEM_READBACK, "logits", &p->readback);
     if (st == ANVIL_OK && p->in_bytes)
         st = vk_buffer_create(b->d, p->in_bytes, VK_MEM_CONTROL, "decode input row", &p->input);
     if (st != ANVIL_OK) goto done;

@@ -107,8 +107,8 @@ anvil_status record_variant(struct vk_program *p, int var) {
 
 static void record_copy_logits(struct vk_program *p, VkCommandBuffer cb) {
     barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
-    VkBufferCopy c = {p->logits_off, 0, (VkDeviceSize)p->V * 4};
-    vkCmdCopyBuffer(cb, p->arena.buf, p->readback.buf, 1, &c);
+    VkBufferCopy c[2] = {{p->logits_off, 0, (VkDeviceSize)p->V * 4}, {p->aux_off, p->aux_rb, p->aux_bytes}};
+    vkCmdCopyBuffer(cb, p->arena.buf, p->readback.buf, p->aux_bytes ? 2 : 1, c);
     barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT | STAGE_C, VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT,
             VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
 }

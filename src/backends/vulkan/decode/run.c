@@ -51,6 +51,12 @@ anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float
     return st;
 }
 
+anvil_status vk_program_read_aux(struct vk_program *p, float *out) {
+    if (!p->aux_bytes) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: the program keeps no aux node");
+    memcpy(out, (const char *)p->readback.map + p->aux_rb, p->aux_bytes);
+    return ANVIL_OK;
+}
+
 /* Pacing of the generate loop's waits. With two batches in flight the GPU always has the next
  * one queued, so the host need not wake the moment a batch completes: it sleeps through most
  * of a batch's expected time (the mean of the last ones) and only then waits on the semaphore,

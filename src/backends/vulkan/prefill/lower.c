@@ -393,6 +393,10 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 break;
             }
             uint32_t Kp;
+            if (g->aux >= 0 && P->root[g->aux] == i) { /* rows a run keeps (read_aux): as floats */
+                st = pf_emit(p, K_ROWS_NORM, rows, 0, &pc, sizeof pc);
+                break;
+            }
             if (ne0 % 8 == 0 && rounds_for_products(p, P, i, &Kp)) {
                 /* read only by few-row products on integer dot products: normed as rounded */
                 st = pf_emit_round(p, pc.a, pc.b, pc.out_, rows, ne0, Kp, nd->p.f[0], MMB_RND_NORM);

@@ -120,7 +120,10 @@ struct vk_prefill {
     int T, n_ctx;
     struct vk_buffer arena;    /* activations, reused by lifetime */
     struct vk_buffer prm;      /* pos0, T, 0 (a control block's stop word), -, tokens[T] (uint32) */
-    struct vk_buffer readback; /* the output rows */
+    struct vk_buffer readback; /* the output rows, then at aux_rb the aux rows */
+    /* the graph's aux node (graph.aux: the final norm's rows, for the MTP drafter): its block
+     * in the arena, copied into readback at aux_rb by the program's own command buffer (0: none) */
+    VkDeviceSize aux_off, aux_bytes, aux_rb;
     struct vk_buffer rope;
     struct vk_buffer images;   /* [T, C] image embedding rows (host-visible; M-RoPE models) */
     int32_t mrope[4];          /* the rope nodes' sections and interleaving (0: plain rope) */

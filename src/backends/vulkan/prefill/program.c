@@ -54,10 +54,15 @@ anvil_status pf_record(struct vk_prefill *p) {
         vkCmdDispatch(cb, o->gx, o->gy, o->gz);
         if (p->queries) vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, p->queries, (uint32_t)i + 1);
     }
-    if (!p->pick) { /* (a program whose rows may choose: its copy a command buffer of its own, pick.c) */
+    /* (a program whose rows may choose: the output's copy a command buffer of its own, pick.c;
+     * the aux rows always) */
+    VkBufferCopy c[2];
+    uint32_t nc = 0;
+    if (!p->pick) c[nc++] = (VkBufferCopy){p->out_off, 0, p->out_bytes};
+    if (p->aux_bytes) c[nc++] = (VkBufferCopy){p->aux_off, p->aux_rb, p->aux_bytes};
+    if (nc) {
         barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
-        VkBufferCopy c = {p->out_off, 0, p->out_bytes};
-        vkCmdCopyBuffer(cb, p->arena.buf, p->readback.buf, 1, &c);
+        vkCmdCopyBuffer(cb, p->arena.buf, p->readback.buf, nc, c);
         barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT | STAGE_C, VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT,
                 VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
     }
@@ -110,6 +115,16 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     if ((st = graph_plan_memory(g, &mem, &P)) != ANVIL_OK) goto done;
     p->out_off = P.off[P.root[o]] + P.view[o];
     p->out_bytes = (VkDeviceSize)node_nelem(&g->nodes[o]) * 4;
+    p->aux_rb = round_up(p->out_bytes, ALIGN);
+    if (g->aux >= 0) {
+        int a = P.root[g->aux];
+        if (g->nodes[a].op != OP_RMS_NORM) {
+            st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan prefill: an aux node that is not a norm");
+            goto done;
+        }
+        p->aux_off = P.off[a] + P.view[g->aux];
+        p->aux_bytes = (VkDeviceSize)node_nelem(&g->nodes[g->aux]) * 4;
+    }
     st = vk_buffer_create(b->d, P.size, VK_MEM_DEVICE, "prefill activations", &p->arena);
     for (int i = 0; i < n && st == ANVIL_OK; i++) {
         if (g->nodes[i].op != OP_INPUT) continue;
@@ -134,7 +149,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
     if (st == ANVIL_OK) st = vk_buffer_create(b->d, prm, VK_MEM_CONTROL, "prefill params", &p->prm);
     if (st == ANVIL_OK && p->mm && p->C)
         st = vk_buffer_create(b->d, (VkDeviceSize)p->T * p->C * 4, VK_MEM_CONTROL, "prefill image rows", &p->images);
-    if (st == ANVIL_OK) st = vk_buffer_create(b->d, p->out_bytes, VK_MEM_READBACK, "prefill output", &p->readback);
+    if (st == ANVIL_OK) st = vk_buffer_create(b->d, p->aux_rb + p->aux_bytes, VK_MEM_READBACK, "prefill output", &p->readback);
     if (st == ANVIL_OK) st = vk_rope_table(b, g, p->n_ctx, &p->rope);
     /* In a hybrid (Gated DeltaNet) model the products take float16 inputs only where each
      * row is scaled into float16's range first (mm_cm2.comp's path): a real checkpoint's
@@ -297,6 +312,12 @@ void vk_prefill_destroy(struct vk_prefill *p) {
     vk_buffer_destroy(d, &p->attn);
     free(p->ops);
     free(p);
+}
+
+anvil_status vk_prefill_read_aux(struct vk_prefill *p, float *out) {
+    if (!p->aux_bytes) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: the program keeps no aux node");
+    memcpy(out, (const char *)p->readback.map + p->aux_rb, p->aux_bytes);
+    return ANVIL_OK;
 }
 
 anvil_status vk_prefill_run(struct vk_prefill *p, const int32_t *tokens, int pos0, float *out) {
