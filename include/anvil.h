@@ -308,6 +308,9 @@ typedef struct anvil_generate_stats {
     anvil_stop_reason stop;
     /* speculative decoding: tokens drafted, drafted tokens accepted, verify steps */
     int n_drafted, n_accepted, n_spec_steps;
+    /* and the seconds of generate_seconds spent drafting, and in the verify steps (their
+     * evaluation and the rollback of the rejected drafts) */
+    double draft_seconds, verify_seconds;
 } anvil_generate_stats;
 
 /* Called with each generated token as soon as it is known; return non-zero to stop. */

@@ -1009,11 +1009,24 @@ static void test_mtp_accepted(void **state) {
         write_checkpoint(dir, &w, &r, true);
         snprintf(path, sizeof path, "%s/model.gguf", dir);
         write_gguf(path, &w);
-        for (int f = 0; f < 2; f++) {
+        /* the Hugging Face directory and the GGUF file on the CPU, the directory on Vulkan too */
+        for (int f = 0; f < 3; f++) {
             anvil_model *m;
             anvil_model_params mp = {2};
-            if (anvil_model_open(f ? path : dir, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
-            anvil_session *s = tu_session(m, ANVIL_BACKEND_CPU, 96);
+            if (anvil_model_open(f == 1 ? path : dir, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
+            anvil_session *s = NULL;
+            if (f == 2) {
+                anvil_session_params p = anvil_session_default_params();
+                p.backend = ANVIL_BACKEND_VULKAN;
+                p.n_ctx = 96;
+                if (anvil_session_create(m, &p, &s) != ANVIL_OK) {
+                    printf("  no Vulkan device: %s\n", anvil_last_error());
+                    anvil_model_close(m);
+                    continue;
+                }
+            } else {
+                s = tu_session(m, ANVIL_BACKEND_CPU, 96);
+            }
             const int32_t prompt[] = {3, 14, 15, 92, 65, 35, 89};
             int32_t plain[64] = {0}, spec[64] = {0}; /* tu_collect's: [0] the count, then the tokens */
             anvil_generate_params gp = {anvil_sampling_default(), 40, NULL, 0, NULL, NULL, NULL};
@@ -1036,7 +1049,8 @@ static void test_mtp_accepted(void **state) {
                 assert_int_equal(anvil_session_generate(s, prompt, 7, &gp, tu_collect, spec, &st), ANVIL_OK);
                 assert_memory_equal(spec, plain, sizeof(int32_t) * 41);
                 fprintf(stderr, "  %s %s k %d: %d of %d drafts kept, %d verify steps for %d tokens\n",
-                        shapes[i].kind == QWEN35 ? "qwen3_5" : "qwen3_5_moe", f ? "GGUF" : "HF", k, st.n_accepted,
+                        shapes[i].kind == QWEN35 ? "qwen3_5" : "qwen3_5_moe", f == 1 ? "GGUF" : f ? "HF, Vulkan" : "HF",
+                        k, st.n_accepted,
                         st.n_drafted, st.n_spec_steps, st.n_generated);
                 assert_true(st.n_drafted > 0 && st.n_accepted * 10 >= st.n_drafted * 9);
                 gp.spec = NULL;
@@ -1051,6 +1065,8 @@ static void test_mtp_accepted(void **state) {
 }
 
 int main(void) {
+    if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 1);
+    tu_float32_prefill();
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_unseen_shapes), cmocka_unit_test(test_mtp_accepted)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

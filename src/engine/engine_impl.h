@@ -53,8 +53,8 @@ struct anvil_session {
     int64_t n_refed; /* tokens session_rewind has fed again, all told (a test's hook) */
     bool spec_pick;  /* verify steps choose on the device where the backend can (ANVIL_VK_SPEC_PICK) */
     int64_t n_picked; /* verify steps whose rows chose on the device, all told (a test's hook) */
-    /* the target's programs keep their final norm's rows (build_opts.keep_hidden): the model
-     * has an MTP layer and the backend reads them back (read_aux) */
+    /* the target's programs keep their final norm's rows (build_opts.keep_hidden, read back by
+     * the backend's read_aux): from the MTP drafter's start on (session_keep_hidden) */
     bool keep_hidden;
     int n_threads; /* the CPU threads and the caches' type the session asked for (the MTP */
     bool kv16;     /* drafter's backend gets the same) */
@@ -111,13 +111,19 @@ struct tuning;
 /* Whether the attention caches are float16: kv, or ANVIL_KV_CACHE (t) where kv is the default. */
 anvil_status kv_cache_f16(anvil_kv_cache kv, const struct tuning *t, bool *f16);
 /* The MTP drafter (engine/mtp.c; docs/SPECULATIVE.md). mtp_open turns it on for s (kept until
- * the session is destroyed): ANVIL_ERR_UNSUPPORTED for a model without an MTP layer or a
- * session without keep_hidden. While on, session_eval_mm calls mtp_before_run(s, the first
+ * the session is destroyed), and keep_hidden with it: ANVIL_ERR_UNSUPPORTED for a model
+ * without an MTP layer or a backend without read_aux. While on, session_eval_mm calls mtp_before_run(s, the first
  * token fed) before each run of the target's programs and mtp_after_run(s, program, T) after it
  * (before the position advances). mtp_draft drafts up to k tokens after the cache and tok (the
  * token about to be fed): *n_out of them into out (0 where the hidden state it needs was not
  * kept). */
 anvil_status mtp_open(anvil_session *s);
+/* Turns keep_hidden on (kept until the session is destroyed): the decode program compiled
+ * again with the final norm's row kept, the prefill and verify programs dropped (compiled
+ * again with their rows on their next use). The programs without it cost nothing for the rows:
+ * the Vulkan decode program folds the norm into the LM head's product, and no copy is made.
+ * ANVIL_ERR_UNSUPPORTED where the backend has no read_aux (a layer split). */
+anvil_status session_keep_hidden(anvil_session *s);
 void mtp_close(anvil_session *s);
 anvil_status mtp_before_run(anvil_session *s, int32_t next);
 anvil_status mtp_after_run(anvil_session *s, struct program *p, int T);

@@ -1,9 +1,11 @@
 /* engine: the multi-token-prediction (MTP) drafter of speculative decoding (`--spec mtp`,
  * docs/SPECULATIVE.md). The MTP layer (models/mtp.c) runs in a backend of its own beside the
- * session's (its own KV cache, states numbered apart from the target's), on the target's hidden
- * states: every program of a session whose model has an MTP layer keeps its final norm's rows
- * (build_opts.keep_hidden, read back by backend_vtable.read_aux), which this file takes after
- * each run while the drafter is on.
+ * session's (its own KV cache, states numbered apart from the target's; on Vulkan a second
+ * backend on the session's device), on the target's hidden states: from the drafter's start on
+ * every program of the session keeps its final norm's rows (build_opts.keep_hidden,
+ * session_keep_hidden; read back by backend_vtable.read_aux), which this file takes after each
+ * run. The layer's input rows [enorm(embed(t)); hnorm(h)] are made here (model_mtp_rows) and
+ * handed to its programs as their input node.
  *
  * The MTP cache's row p holds the layer's input at position p: the target's hidden state h[p]
  * and the token at p + 1. Rows [0, n) are filled; a row needs the token after it, so rows
@@ -34,6 +36,7 @@ struct session_mtp {
     int hid0, hid_n, hid_cap;            /* positions [hid0, hid0 + hid_n) (the last run's) */
     float *logits;                       /* [V] */
     float *aux;                          /* [MTP_T_MAX][C]: the MTP's own hidden states */
+    float *in;                           /* [MTP_T_MAX][2C]: the layer's input rows */
     int32_t *tok;                        /* [MTP_T_MAX] */
 };
 
@@ -44,17 +47,24 @@ anvil_status mtp_open(anvil_session *s) {
         return err_set(ANVIL_ERR_UNSUPPORTED, "--spec mtp: %s has no multi-token-prediction layer (Qwen3.5, "
                        "Qwen3.6 and Qwen3-Next ship one; a GGUF converted without it, or another model, has "
                        "none: use ngram or draft:MODEL)", s->model->file->path);
-    if (!s->keep_hidden)
-        return err_set(ANVIL_ERR_UNSUPPORTED, "--spec mtp: the %s backend does not hand the hidden states to "
-                       "the MTP drafter yet (--backend cpu does)", s->backend->vt->name);
+    anvil_status st = session_keep_hidden(s);
+    if (st != ANVIL_OK) {
+        err_prefix("--spec mtp");
+        return st;
+    }
     struct session_mtp *m = xcalloc(1, sizeof *m);
     if (!m) return ANVIL_ERR_NOMEM;
     int C = hp->n_embd;
     m->logits = xmalloc((size_t)hp->n_vocab * sizeof *m->logits);
     m->aux = xmalloc((size_t)MTP_T_MAX * C * sizeof *m->aux);
+    m->in = xmalloc((size_t)MTP_T_MAX * 2 * C * sizeof *m->in);
     m->tok = xmalloc(MTP_T_MAX * sizeof *m->tok);
-    anvil_status st = m->logits && m->aux && m->tok ? ANVIL_OK : ANVIL_ERR_NOMEM;
-    if (st == ANVIL_OK) st = backend_cpu_create(s->n_threads, s->kv16, &m->b);
+    st = m->logits && m->aux && m->in && m->tok ? ANVIL_OK : ANVIL_ERR_NOMEM;
+    /* the session's kind of backend: on Vulkan its device (the embedding and the LM head
+     * uploaded a second time: the two backends share no weights) */
+    if (st == ANVIL_OK)
+        st = backend_is_cpu(s->backend) ? backend_cpu_create(s->n_threads, s->kv16, &m->b)
+                                        : backend_vulkan_create_beside(s->backend, &m->b);
     s->mtp = m;
     if (st != ANVIL_OK) mtp_close(s);
     return st;
@@ -70,6 +80,7 @@ void mtp_close(anvil_session *s) {
     free(m->hid);
     free(m->logits);
     free(m->aux);
+    free(m->in);
     free(m->tok);
     free(m);
     s->mtp = NULL;
@@ -89,9 +100,10 @@ static anvil_status mtp_run(anvil_session *s, int p0, int T, const float *in, bo
         graph_free(&g);
         if (st != ANVIL_OK) return st;
     }
+    if ((st = model_mtp_rows(&s->model->model, m->tok, in, T, m->in)) != ANVIL_OK) return st;
     int32_t pos[3 * MTP_T_MAX];
     for (int t = 0; t < T; t++) pos[3 * t] = pos[3 * t + 1] = pos[3 * t + 2] = p0 + t + s->rope_delta;
-    struct run_extras x = {s->rope_delta ? pos : NULL, NULL, NULL, in};
+    struct run_extras x = {s->rope_delta ? pos : NULL, NULL, NULL, m->in};
     st = m->b->vt->run_extras(*pp, m->tok, p0, &x, draft ? m->logits : NULL);
     if (st == ANVIL_OK) st = m->b->vt->read_aux(*pp, m->aux);
     return st;
@@ -158,7 +170,7 @@ anvil_status mtp_draft(anvil_session *s, int32_t tok, int k, int32_t *out, int *
     int i = 1;
     for (; i < k && s->pos + i - 1 < s->n_ctx; i++) {
         m->tok[0] = out[i - 1];
-        /* (m->aux is the input and then the output: the run copies its input first) */
+        /* (m->aux is the input and then the output: model_mtp_rows reads it first) */
         if ((st = mtp_run(s, s->pos + i - 1, 1, m->aux, true)) != ANVIL_OK) return st;
         out[i] = sampler_argmax(m->logits, V);
     }

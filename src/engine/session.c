@@ -258,8 +258,8 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     }
     s->kv16 = kv16;
     if (st == ANVIL_OK) {
-        s->keep_hidden = hp->n_mtp > 0 && s->backend->vt->read_aux;
-        struct build_opts o = {1, n_ctx, false, 0, 0, false, false, s->keep_hidden, false};
+        /* (keep_hidden stays off until the MTP drafter is turned on: session_keep_hidden) */
+        struct build_opts o = {1, n_ctx, false, 0, 0, false, false, false, false};
         struct graph g;
         st = model_build_graph(&model->model, &o, &g);
         if (st == ANVIL_OK) {
@@ -415,6 +415,29 @@ anvil_status session_rewind(anvil_session *s, int n) {
     }
     free(again);
     return st == ANVIL_OK ? ANVIL_OK : keep_err(s->err, st);
+}
+
+anvil_status session_keep_hidden(anvil_session *s) {
+    if (s->keep_hidden) return ANVIL_OK;
+    if (!s->backend->vt->read_aux)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "the %s backend does not hand the final norm's rows to the MTP "
+                       "drafter (a layer split does not yet)", s->backend->vt->name);
+    struct build_opts o = {1, s->n_ctx, false, 0, 0, false, false, true, false};
+    struct graph g;
+    struct program *d = NULL;
+    anvil_status st = model_build_graph(&s->model->model, &o, &g);
+    if (st != ANVIL_OK) return st;
+    st = s->backend->vt->compile(s->backend, &g, &d);
+    graph_free(&g);
+    if (st != ANVIL_OK) return st;
+    s->backend->vt->program_destroy(s->decode);
+    s->decode = d;
+    /* the others are compiled again, with the rows, on their next use */
+    if (s->prefill) s->backend->vt->program_destroy(s->prefill);
+    if (s->verify) s->backend->vt->program_destroy(s->verify);
+    s->prefill = s->verify = NULL;
+    s->keep_hidden = true;
+    return ANVIL_OK;
 }
 
 /* The program for a chunk of T tokens, compiled on first use and kept for the next chunk. */
@@ -633,7 +656,7 @@ anvil_status session_eval_mm(anvil_session *s, const int32_t *tokens, int n,
 
 anvil_status session_eval_pick(anvil_session *s, const int32_t *tokens, int n, const struct sampling_params *sp,
                                const int32_t *drafts, int32_t *picked) {
-    if (!s->spec_pick || !s->backend->vt->run_pick || s->mtp || s->rope_delta || s->no_prefill || n < 2 || n > GDN_HIST_MAX ||
+    if (!s->spec_pick || !s->backend->vt->run_pick || s->rope_delta || s->no_prefill || n < 2 || n > GDN_HIST_MAX ||
         n > s->prefill_chunk || (s->chunk_cap && n > s->chunk_cap))
         return ANVIL_ERR_UNSUPPORTED;
     anvil_status st = session_check_tokens(s, tokens, n);
@@ -647,9 +670,11 @@ anvil_status session_eval_pick(anvil_session *s, const int32_t *tokens, int n, c
     if (st == ANVIL_ERR_UNSUPPORTED) return st; /* (the plain eval then finds out why) */
     if (st != ANVIL_OK) return keep_err(s->err, st);
     /* the rows' penalty windows read the cache's tokens, these included */
+    if (s->mtp && (st = mtp_before_run(s, tokens[0])) != ANVIL_OK) return keep_err(s->err, st);
     memcpy(s->tokens + s->pos, tokens, (size_t)n * sizeof *tokens);
     st = s->backend->vt->run_pick(p, tokens, s->pos, sp, s->tokens, drafts, picked);
     if (st == ANVIL_ERR_UNSUPPORTED) return st;
+    if (st == ANVIL_OK && s->mtp) st = mtp_after_run(s, p, n);
     if (st != ANVIL_OK) return keep_err(s->err, st);
     s->hist_rows = 0;
     if (verify) {

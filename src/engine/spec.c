@@ -142,9 +142,9 @@ anvil_status spec_check(const anvil_session *s, const anvil_spec *sp) {
                        "layer for --spec mtp (Qwen3.5, Qwen3.6 and Qwen3-Next ship one; a GGUF converted "
                        "without it, or another model, has none: use ngram or draft:MODEL)",
                        s->model->file->path);
-    if (sp->kind == ANVIL_SPEC_MTP && !s->keep_hidden)
+    if (sp->kind == ANVIL_SPEC_MTP && !s->backend->vt->read_aux)
         return err_set(ANVIL_ERR_INVALID_ARG, "speculative decoding: the %s backend does not hand the hidden "
-                       "states to the MTP drafter yet (--backend cpu does)", s->backend->vt->name);
+                       "states to the MTP drafter (a layer split does not yet; one device or --backend cpu does)", s->backend->vt->name);
     if (sp->kind == ANVIL_SPEC_ORACLE &&
         ((sp->n_oracle > 0 && !sp->oracle) || sp->n_oracle < 0 || !(sp->oracle_accept >= 0.0f && sp->oracle_accept <= 1.0f)))
         return err_set(ANVIL_ERR_INVALID_ARG, "speculative decoding: bad oracle (%d tokens, "
@@ -230,12 +230,15 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, struc
         if (!stop_cb && k > 0) {
             memcpy(r.hist, s->tokens, (size_t)s->pos * sizeof *r.hist);
             r.hist[s->pos] = tok;
+            double t0 = time_now();
             st = draft(&r, r.hist, s->pos + 1, k, seq + 1, &nd);
+            stats->draft_seconds += time_now() - t0;
             if (st != ANVIL_OK) break;
         }
         /* the token enters the cache even when it is the last one, so a later turn continues
          * after it */
         int pos0 = s->pos;
+        double t_verify = time_now();
         if (nd > 0 && (st = session_mark(s)) != ANVIL_OK) break;
         /* a verify step of K + 1 rows whatever the drafter found (the rows past its drafts
          * repeat the last one and are rolled back with the rejected): one program, compiled
@@ -312,6 +315,7 @@ anvil_status spec_decode(anvil_session *s, const anvil_generate_params *p, struc
         }
         /* the cache keeps seq[0 .. i]: the rejected drafts' rows go */
         if (pos0 + 1 + i < s->pos) st = session_rewind(s, pos0 + 1 + i);
+        stats->verify_seconds += time_now() - t_verify;
         if (ended) break;
     }
     free(rows);

@@ -109,8 +109,8 @@ static void check_greedy(anvil_model *m, anvil_model *draft_m, anvil_backend_kin
         if (variant == 3) g.max_tokens = MAXT;
         generate(s, &g, stop_after, &base);
         printf("  variant %d: %d tokens, stop reason %d\n", variant, base.r.n, (int)base.st.stop);
-        /* (the MTP drafter: models with an MTP layer, on the CPU) */
-        bool mtp = m->file->hp.n_mtp > 0 && kind == ANVIL_BACKEND_CPU;
+        /* (the MTP drafter: models with an MTP layer) */
+        bool mtp = m->file->hp.n_mtp > 0;
         for (int kind_i = 0; kind_i < (mtp ? 6 : 5); kind_i++)
             for (int k = k_first; k <= 4; k += k_step) {
                 anvil_spec sp = {.n_draft = k, .oracle_accept = 1.0f};
@@ -203,6 +203,62 @@ static void test_greedy_vulkan(void **state) {
     }
     anvil_model_close(moe);
     anvil_model_close(dense);
+}
+
+/* The MTP drafter on Vulkan against the CPU's (synthetic:qwen3.6-tiny): the same drafts (k = 1
+ * and 4), the first draft's logits within 1e-3 of the CPU's, after a prompt (the prefill
+ * program's rows), a 4-token step at the mark (the verify program's) and a token (the decode
+ * program's row). */
+static void test_mtp_vulkan(void **state) {
+    (void)state;
+    anvil_model *m = open_model("synthetic:qwen3.6-tiny");
+    anvil_session_params p = anvil_session_default_params();
+    p.backend = ANVIL_BACKEND_VULKAN;
+    p.n_ctx = 64;
+    anvil_session *v = NULL;
+    if (anvil_session_create(m, &p, &v) != ANVIL_OK) {
+        printf("  no Vulkan device: %s\n", anvil_last_error());
+        anvil_model_close(m);
+        return;
+    }
+    anvil_session *c = tu_session(m, ANVIL_BACKEND_CPU, 64);
+    assert_int_equal(mtp_open(c), ANVIL_OK);
+    assert_int_equal(mtp_open(v), ANVIL_OK);
+    int V = m->file->hp.n_vocab;
+    float *lg = malloc(sizeof(float) * (size_t)V), *lc = malloc(sizeof(float) * (size_t)V);
+    const int32_t feed[] = {3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32}, next[] = {7, 11, 13};
+    const int n_feed[] = {10, 4, 1};
+    double worst = 0, scale = 0;
+    for (int r = 0, at = 0; r < 3; at += n_feed[r], r++) {
+        anvil_session *both[2] = {c, v};
+        for (int b = 0; b < 2; b++) {
+            if (r == 1) assert_int_equal(session_mark(both[b]), ANVIL_OK);
+            assert_int_equal(anvil_session_eval(both[b], feed + at, n_feed[r], ANVIL_LOGITS_LAST, lg), ANVIL_OK);
+        }
+        for (int k = 1; k <= 4; k += 3) {
+            int32_t dc[4], dv[4];
+            int nc, nv;
+            assert_int_equal(mtp_draft(c, next[r], k, dc, &nc), ANVIL_OK);
+            memcpy(lc, mtp_last_logits(c), sizeof(float) * (size_t)V);
+            assert_int_equal(mtp_draft(v, next[r], k, dv, &nv), ANVIL_OK);
+            assert_int_equal(nc, k);
+            assert_int_equal(nv, k);
+            assert_memory_equal(dc, dv, sizeof(int32_t) * (size_t)k);
+            const float *lv = mtp_last_logits(v);
+            for (int i = 0; k == 1 && i < V; i++) {
+                worst = fmax(worst, fabs((double)lv[i] - lc[i]));
+                scale = fmax(scale, fabs((double)lc[i]));
+            }
+        }
+    }
+    printf("  Vulkan MTP drafts as the CPU's; first draft's logits within %.3g (up to %.3g)\n", worst, scale);
+    assert_true(scale > 0.1);
+    assert_true(worst < 1e-3 * fmax(1.0, scale));
+    free(lg);
+    free(lc);
+    anvil_session_destroy(c);
+    anvil_session_destroy(v);
+    anvil_model_close(m);
 }
 
 /* A hybrid (Gated-DeltaNet layers): rejected drafts roll the recurrent states back too. */
@@ -494,7 +550,8 @@ static void test_sampled_end_to_end(void **state) {
     anvil_model_close(m);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test: spec_test test_mtp_vulkan */
     if (tu_validation_layer()) setenv("ANVIL_VALIDATE", "1", 1);
     tu_float32_prefill();
     const struct CMUnitTest tests[] = {
@@ -507,6 +564,7 @@ int main(void) {
         cmocka_unit_test(test_oracle_decides),
         cmocka_unit_test(test_greedy_vulkan),
         cmocka_unit_test(test_sampled_vulkan),
+        cmocka_unit_test(test_mtp_vulkan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

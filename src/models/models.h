@@ -29,12 +29,16 @@ struct build_opts {
      * node (graph.aux, backend_vtable.read_aux): the hidden state the MTP drafter reads */
     bool keep_hidden;
     /* the multi-token-prediction layer's graph instead of the model's (hparams.n_mtp > 0;
-     * models/mtp.c): tokens {T} (the token after each row's position), an OP_INPUT of the
-     * target's hidden states {C, T} (keep_hidden's rows, or the MTP's own for a further draft),
-     * its own KV cache; logits ({V, T} or {V, 1}) out, its shared head norm's rows as aux
-     * (with hidden: those rows out, no LM head) */
+     * models/mtp.c): an OP_INPUT {2C, T} of model_mtp_rows' rows, its own KV cache; logits
+     * ({V, T} or {V, 1}) out, its shared head norm's rows as aux (with hidden: those rows
+     * out, no LM head) */
     bool mtp;
 };
+
+/* The MTP layer's input rows out[T][2C] = [enorm(embed(tok[t])); hnorm(h[t])]: tok[t] the
+ * token after row t's position, h[T][C] the target's hidden states there (keep_hidden's rows,
+ * or the MTP's own for a further draft; not out's memory). */
+anvil_status model_mtp_rows(const struct model *m, const int32_t *tok, const float *h, int T, float *out);
 
 struct model_arch {
     enum arch arch;

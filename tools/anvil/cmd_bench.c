@@ -481,7 +481,7 @@ int cmd_bench(int argc, char **argv) {
         goto done;
     }
     for (int i = 0; i < n_toks; i++) toks[i] = (int32_t)((i * 31 + 7) % V);
-    double secs, cpu_s = 0, thread_cpu = 0;
+    double secs, cpu_s = 0, thread_cpu = 0, spec_draft_s = 0, spec_verify_s = 0;
     int traced = 0;
     for (int d = 0; d < nD; d++)
         for (int k = 0; k < nP + nN; k++) {
@@ -509,6 +509,8 @@ int cmd_bench(int argc, char **argv) {
                     t->drafted += tg_stats.n_drafted;
                     t->accepted += tg_stats.n_accepted;
                     t->steps += tg_stats.n_spec_steps;
+                    spec_draft_s += tg_stats.draft_seconds;
+                    spec_verify_s += tg_stats.verify_seconds;
                     cpu_s += tg_cpu_seconds;
                     thread_cpu += tg_thread_cpu_seconds;
                     traced += n;
@@ -533,6 +535,12 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "anvil: tg: host CPU time %.2f us/token (the decode loop's thread: %.2f); %s\n",
                 cpu_s / traced * 1e6, thread_cpu / traced * 1e6, buf && buf[0] ? buf : "(no device program)");
         free(buf);
+        long steps = 0;
+        for (int i = 0; i < n_res; i++) steps += res[i].steps;
+        if (steps) /* a verify step's rejected drafts cost it a rollback: at full acceptance none */
+            fprintf(stderr, "anvil: tg: spec: %ld verify steps: drafting %.3f ms a step, the verify step %.3f ms "
+                    "(its rollback included)\n", steps, spec_draft_s / (double)steps * 1e3,
+                    spec_verify_s / (double)steps * 1e3);
         for (int i = 0; i < tg_n_threads; i++) {
             double us = tg_threads[i].ns / 1e3 / traced;
             if (us >= 0.5)
