@@ -195,6 +195,12 @@ struct backend_vtable {
      * snapshots (engine/batch.c). NULL: the backend cannot, and a batch reuses no prefix on a
      * model with recurrent layers. */
     anvil_status (*states_copy)(struct backend *b, int n_seqs, int from, int to);
+    /* Optional: runs as run_extras does (x may be NULL), the last row's argmax chosen on the
+     * device into *token instead of any logits crossing to the host (the MTP drafter's drafts;
+     * aux kept for read_aux as after a run). NULL, or ANVIL_ERR_UNSUPPORTED for a program it
+     * cannot run so (nothing run): the caller reads the logits. */
+    anvil_status (*run_argmax)(struct program *p, const int32_t *tokens, int pos0, const struct run_extras *x,
+                               int32_t *token);
 };
 
 /* A vision encoder as a backend runs it: the Qwen3-VL family's ViT (vision/vision.h has its

@@ -128,8 +128,11 @@ void mtp_close(anvil_session *s);
 anvil_status mtp_before_run(anvil_session *s, int32_t next);
 anvil_status mtp_after_run(anvil_session *s, struct program *p, int T);
 anvil_status mtp_draft(anvil_session *s, int32_t tok, int k, int32_t *out, int *n_out);
-/* The logits of the MTP layer's last row run ([V], the drafter's: valid until its next run or
- * the session's end; a test's hook). */
+/* A test's hook: on, the drafts are chosen on the host from the logits (mtp_last_logits then
+ * holds them) where by default a backend with run_argmax chooses them on the device. */
+void mtp_keep_logits(anvil_session *s, bool on);
+/* The logits of the MTP layer's last row run read back ([V], the drafter's: valid until its next
+ * run or the session's end; a test's hook: with mtp_keep_logits on). */
 const float *mtp_last_logits(const anvil_session *s);
 /* Closes the model's vision tower (anvil_model_close). */
 void image_model_close(anvil_model *m);

@@ -16,6 +16,7 @@
  * rows there are new), and a rollback only lowers the position, so n = min(n, position) at
  * each use keeps the rows right. Rows whose hidden states were never kept (tokens cached before
  * the drafter was on) stay as they are: worse drafts, never wrong output (the verify decides). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +39,14 @@ struct session_mtp {
     float *aux;                          /* [MTP_T_MAX][C]: the MTP's own hidden states */
     float *in;                           /* [MTP_T_MAX][2C]: the layer's input rows */
     int32_t *tok;                        /* [MTP_T_MAX] */
+    int32_t draft;                       /* the last draft run's argmax */
+    /* the drafts chosen on the device where the backend can (run_argmax: no logits cross);
+     * mtp_keep_logits turns it off for the tests that read mtp_last_logits */
+    bool host_argmax;
+    /* where the time goes (logged when the drafter closes): runs, and seconds making the input
+     * rows, in the run (submit and wait, the logits' copy), in the host's argmax */
+    int64_t n_runs;
+    double t_rows, t_run, t_argmax;
 };
 
 anvil_status mtp_open(anvil_session *s) {
@@ -70,9 +79,25 @@ anvil_status mtp_open(anvil_session *s) {
     return st;
 }
 
+void mtp_keep_logits(anvil_session *s, bool on) { s->mtp->host_argmax = on; }
+
 void mtp_close(anvil_session *s) {
     struct session_mtp *m = s->mtp;
     if (!m) return;
+    if (m->n_runs && log_enabled(LOG_INFO)) {
+        /* and a draft row's GPU time (its dispatches each timed alone, a barrier before each) */
+        struct dispatch_time dt[256];
+        int nd = 0;
+        double gpu = 0;
+        struct program *d1 = m->prog[1][1];
+        if (d1 && m->b->vt->time && m->b->vt->time(d1, MAX(m->n - 1, 0), 3, dt, 256, &nd) == ANVIL_OK)
+            for (int i = 0; i < nd; i++) gpu += dt[i].ns;
+        char g[96] = "";
+        if (nd) snprintf(g, sizeof g, "; a draft row's %d dispatches %.1f us of GPU time", nd, gpu / 1e3);
+        log_info("mtp: %lld runs: %.1f us a run making the rows, %.1f in the run, %.1f in the host's argmax%s",
+                 (long long)m->n_runs, m->t_rows / (double)m->n_runs * 1e6, m->t_run / (double)m->n_runs * 1e6,
+                 m->t_argmax / (double)m->n_runs * 1e6, g);
+    }
     for (int t = 0; t < 2 * (MTP_T_MAX + 1) && m->b; t++)
         if (m->prog[t / (MTP_T_MAX + 1)][t % (MTP_T_MAX + 1)])
             m->b->vt->program_destroy(m->prog[t / (MTP_T_MAX + 1)][t % (MTP_T_MAX + 1)]);
@@ -87,7 +112,8 @@ void mtp_close(anvil_session *s) {
 }
 
 /* Runs MTP rows at positions [p0, p0 + T) on tokens m->tok and hidden states in[T][C]: every
- * row's own hidden state into m->aux, and with draft the last row's logits into m->logits. */
+ * row's own hidden state into m->aux, and with draft the last row's argmax into m->draft (on the
+ * device where the backend can, else from the logits, into m->logits). */
 static anvil_status mtp_run(anvil_session *s, int p0, int T, const float *in, bool draft) {
     struct session_mtp *m = s->mtp;
     anvil_status st;
@@ -100,12 +126,23 @@ static anvil_status mtp_run(anvil_session *s, int p0, int T, const float *in, bo
         graph_free(&g);
         if (st != ANVIL_OK) return st;
     }
+    double t0 = time_now();
     if ((st = model_mtp_rows(&s->model->model, m->tok, in, T, m->in)) != ANVIL_OK) return st;
+    double t1 = time_now();
     int32_t pos[3 * MTP_T_MAX];
     for (int t = 0; t < T; t++) pos[3 * t] = pos[3 * t + 1] = pos[3 * t + 2] = p0 + t + s->rope_delta;
     struct run_extras x = {s->rope_delta ? pos : NULL, NULL, NULL, m->in};
-    st = m->b->vt->run_extras(*pp, m->tok, p0, &x, draft ? m->logits : NULL);
+    st = ANVIL_ERR_UNSUPPORTED;
+    if (draft && !m->host_argmax && m->b->vt->run_argmax) st = m->b->vt->run_argmax(*pp, m->tok, p0, &x, &m->draft);
+    bool host = st == ANVIL_ERR_UNSUPPORTED;
+    if (host) st = m->b->vt->run_extras(*pp, m->tok, p0, &x, draft ? m->logits : NULL);
     if (st == ANVIL_OK) st = m->b->vt->read_aux(*pp, m->aux);
+    double t2 = time_now();
+    if (st == ANVIL_OK && draft && host) m->draft = sampler_argmax(m->logits, s->model->file->hp.n_vocab);
+    m->n_runs++;
+    m->t_rows += t1 - t0;
+    m->t_run += t2 - t1;
+    m->t_argmax += time_now() - t2;
     return st;
 }
 
@@ -159,12 +196,11 @@ anvil_status mtp_after_run(anvil_session *s, struct program *p, int T) {
 
 anvil_status mtp_draft(anvil_session *s, int32_t tok, int k, int32_t *out, int *n_out) {
     struct session_mtp *m = s->mtp;
-    int V = s->model->file->hp.n_vocab;
     *n_out = 0;
     bool ran;
     anvil_status st = catch_up(s, s->pos, tok, true, &ran);
     if (st != ANVIL_OK || !ran) return st;
-    out[0] = sampler_argmax(m->logits, V);
+    out[0] = m->draft;
     /* further drafts: the MTP layer on its own hidden state and its draft, a row further on
      * (rows the target's hidden states replace at the next catch-up) */
     int i = 1;
@@ -172,7 +208,7 @@ anvil_status mtp_draft(anvil_session *s, int32_t tok, int k, int32_t *out, int *
         m->tok[0] = out[i - 1];
         /* (m->aux is the input and then the output: model_mtp_rows reads it first) */
         if ((st = mtp_run(s, s->pos + i - 1, 1, m->aux, true)) != ANVIL_OK) return st;
-        out[i] = sampler_argmax(m->logits, V);
+        out[i] = m->draft;
     }
     *n_out = i;
     return ANVIL_OK;

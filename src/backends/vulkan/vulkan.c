@@ -680,6 +680,17 @@ static anvil_status vk_run_extras(struct program *pp, const int32_t *tokens, int
     return st == ANVIL_OK ? vk_program_run(p->decode, tokens[0], pos0, out) : st;
 }
 
+/* The decode program (T = 1) alone: its step's own argmax, the aux row copied, no logits. */
+static anvil_status vk_run_argmax(struct program *pp, const int32_t *tokens, int pos0, const struct run_extras *x,
+                                  int32_t *token) {
+    struct vk_prog *p = (struct vk_prog *)pp;
+    if (!p->decode || (x && (x->pos || x->embd_row)))
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a device argmax of the decode program alone");
+    anvil_status st = rope_shift(p, 0);
+    if (st == ANVIL_OK) st = vk_program_input(p->decode, x ? x->input : NULL);
+    return st == ANVIL_OK ? vk_program_run_argmax(p->decode, tokens[0], pos0, token) : st;
+}
+
 static anvil_status vk_generate(struct program *pp, const struct gen_request *r, struct gen_result *res) {
     struct vk_prog *p = (struct vk_prog *)pp;
     if (!p->decode) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: generate needs the decode program");
@@ -872,6 +883,7 @@ static const struct backend_vtable vk_vtable = {
     vk_states_restore, vk_states_rewind, vk_capacity, vk_run_batch_pick, vk_run_pick,
     vk_read_aux,
     vk_states_copy,
+    vk_run_argmax,
 };
 
 void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t max_memory) {

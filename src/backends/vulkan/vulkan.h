@@ -83,6 +83,9 @@ anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float
  * ANVIL_ERR_INVALID_ARG for a program without one, or in NULL for a program with one. */
 anvil_status vk_program_input(struct vk_program *p, const float *in);
 anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res);
+/* One step whose argmax (the step's own last kernel) comes back in *token, the aux row copied
+ * as vk_program_run copies it, no logits (backend_vtable.run_argmax). */
+anvil_status vk_program_run_argmax(struct vk_program *p, int32_t token, int pos0, int32_t *out);
 /* The last vk_program_run's aux row (graph.aux, the final norm's: backend_vtable.read_aux) into
  * out; ANVIL_ERR_INVALID_ARG for a program without one. (A generation's steps keep none.) */
 anvil_status vk_program_read_aux(struct vk_program *p, float *out);

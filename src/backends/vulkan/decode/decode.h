@@ -113,6 +113,7 @@ struct vk_program {
     VkCommandBuffer cb_copy;  /* the logits copied to readback */
     VkCommandBuffer cb_single; /* one step (the tail of a run shorter than a batch) */
     VkCommandBuffer cb_batch_s, cb_single_s; /* the sampling variant's */
+    VkCommandBuffer cb_aux;   /* a program with an aux row: one step, then that row copied */
 
     /* ---- logit_bias and logprobs (logprobs.comp), made on the first request that asks
      * (record.c record_variant; run.c fills and reads them) ---- */

@@ -195,9 +195,9 @@ void vk_program_destroy(struct vk_program *p) {
     struct vk_device *d = p->b->d;
     if (vk_idle(d)) { /* else abandoned with the device (vk_idle) */
         if (p->clk.map && p->clk_kind) mega_clock_report(p);
-        VkCommandBuffer cbs[8] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single, p->cb_prof, p->cb_batch_s,
-                                  p->cb_single_s, p->cb_prof_s};
-        for (int i = 0; i < 8; i++)
+        VkCommandBuffer cbs[9] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single, p->cb_prof, p->cb_batch_s,
+                                  p->cb_single_s, p->cb_prof_s, p->cb_aux};
+        for (int i = 0; i < 9; i++)
             if (cbs[i]) vkFreeCommandBuffers(d->dev, d->pool, 1, &cbs[i]);
         for (int v = 0; v < 8; v++)
             for (int i = 0; i < 2; i++)

@@ -167,15 +167,24 @@ anvil_status record_program(struct vk_program *p) {
         anvil_status st = record_profile(p);
         if (st != ANVIL_OK) return st;
     }
-    VkCommandBuffer *cbs[6] = {&p->cb_one, &p->cb_batch, &p->cb_copy, &p->cb_single, &p->cb_batch_s,
-                               &p->cb_single_s};
-    for (int c = 0; c < 6; c++) {
+    VkCommandBuffer *cbs[7] = {&p->cb_one, &p->cb_batch, &p->cb_copy, &p->cb_single, &p->cb_batch_s,
+                               &p->cb_single_s, &p->cb_aux};
+    for (int c = 0; c < (p->aux_bytes ? 7 : 6); c++) {
         anvil_status st = vk_cmd_alloc(d, cbs[c]);
         if (st != ANVIL_OK) return st;
         VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
                                        VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT, NULL};
         if ((st = vk_result(vkBeginCommandBuffer(*cbs[c], &bi), "vkBeginCommandBuffer")) != ANVIL_OK) return st;
-        if (c == 0) {
+        if (c == 6) { /* the step, then the aux row alone */
+            record_step(p, *cbs[c], false, 0, NULL);
+            barrier(*cbs[c], STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                    VK_ACCESS_TRANSFER_READ_BIT);
+            VkBufferCopy a = {p->aux_off, p->aux_rb, p->aux_bytes};
+            vkCmdCopyBuffer(*cbs[c], p->arena.buf, p->readback.buf, 1, &a);
+            barrier(*cbs[c], VK_PIPELINE_STAGE_TRANSFER_BIT | STAGE_C,
+                    VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+                    VK_ACCESS_HOST_READ_BIT);
+        } else if (c == 0) {
             record_step(p, *cbs[c], true, 0, NULL);
             record_copy_logits(p, *cbs[c]);
         } else if (c == 1 || c == 4) {

@@ -51,6 +51,21 @@ anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float
     return st;
 }
 
+anvil_status vk_program_run_argmax(struct vk_program *p, int32_t token, int pos0, int32_t *out) {
+    if (pos0 >= p->n_ctx) return err_set(ANVIL_ERR_RANGE, "vulkan: position %d past the context", pos0);
+    ctl_reset(p, token, pos0);
+    volatile struct vk_ctl *c = p->ctl.map;
+    c->budget = 1; /* (one token chosen: the argmax writes it) */
+    uint64_t v;
+    anvil_status st = vk_submit(p->b->d, p->cb_aux ? &p->cb_aux : &p->cb_single, 1, &v);
+    if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
+    if (st == ANVIL_OK) st = mega_fault(p);
+    if (st == ANVIL_OK && (c->n_out != 1 || c->token >= p->V))
+        st = err_set(ANVIL_ERR_BACKEND, "vulkan: the step chose no token (%u of %u)", c->token, p->V);
+    if (st == ANVIL_OK) *out = (int32_t)c->token;
+    return st;
+}
+
 anvil_status vk_program_read_aux(struct vk_program *p, float *out) {
     if (!p->aux_bytes) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: the program keeps no aux node");
     memcpy(out, (const char *)p->readback.map + p->aux_rb, p->aux_bytes);
