@@ -223,7 +223,8 @@ typedef enum anvil_spec_kind {
     ANVIL_SPEC_DRAFT,  /* a draft model's greedy continuation (same vocabulary) */
     ANVIL_SPEC_ORACLE, /* a given continuation: benchmarks at a known acceptance rate */
     ANVIL_SPEC_MTP,    /* the model's own multi-token-prediction layer (Qwen3.5, Qwen3.6,
-                          Qwen3-Next), on the target's hidden states; the CPU backend so far */
+                          Qwen3-Next), on the target's hidden states; the CPU and Vulkan
+                          backends (one device: a layer split refuses it) */
 } anvil_spec_kind;
 
 #define ANVIL_SPEC_MAX_DRAFT 16

@@ -162,8 +162,15 @@ static anvil_status catch_up(anvil_session *s, int end, int32_t next, bool draft
     int a = MAX(m->n < end || !draft ? m->n : end - 1, m->hid0);
     for (int p = a; p < end;) {
         int T = MIN(end - p, MTP_T_MAX);
+        bool last = p + T == end;
+        /* the draft row alone where the device chooses its argmax (run_argmax runs one row's
+         * program): the rows before it without the head, no logits read back */
+        if (draft && last && T > 1 && m->b->vt->run_argmax && !m->host_argmax) {
+            T--;
+            last = false;
+        }
         for (int t = 0; t < T; t++) m->tok[t] = p + t + 1 < s->pos ? s->tokens[p + t + 1] : next;
-        anvil_status st = mtp_run(s, p, T, m->hid + (size_t)(p - m->hid0) * C, draft && p + T == end);
+        anvil_status st = mtp_run(s, p, T, m->hid + (size_t)(p - m->hid0) * C, draft && last);
         if (st != ANVIL_OK) return st;
         p += T;
         memmove(m->aux, m->aux + (size_t)(T - 1) * C, (size_t)C * sizeof *m->aux); /* the last row first */

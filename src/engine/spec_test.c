@@ -205,8 +205,8 @@ static void test_greedy_vulkan(void **state) {
     anvil_model_close(dense);
 }
 
-/* The MTP drafter on Vulkan against the CPU's (synthetic:qwen3.6-tiny): the same drafts (k = 1,
- * chosen on the host from the logits, and k = 4, on the device: run_argmax), the first draft's
+/* The MTP drafter on Vulkan against the CPU's (synthetic:qwen3.6-tiny): the same drafts (k = 4,
+ * chosen on the device: run_argmax, and k = 1, on the host from the logits), the first draft's
  * logits within 1e-3 of the CPU's, after a prompt (the prefill
  * program's rows), a 4-token step at the mark (the verify program's) and a token (the decode
  * program's row). */
@@ -237,10 +237,12 @@ static void test_mtp_vulkan(void **state) {
             if (r == 1) assert_int_equal(session_mark(both[b]), ANVIL_OK);
             assert_int_equal(anvil_session_eval(both[b], feed + at, n_feed[r], ANVIL_LOGITS_LAST, lg), ANVIL_OK);
         }
-        for (int k = 1; k <= 4; k += 3) {
+        for (int k = 4; k >= 1; k -= 3) {
             int32_t dc[4], dv[4];
             int nc, nv;
-            mtp_keep_logits(v, k == 1); /* (k = 4: the drafts chosen on the device) */
+            /* k = 4 first: the rows since the last run and the drafts chosen on the device; k = 1
+             * the last row again, from its logits */
+            mtp_keep_logits(v, k == 1);
             assert_int_equal(mtp_draft(c, next[r], k, dc, &nc), ANVIL_OK);
             memcpy(lc, mtp_last_logits(c), sizeof(float) * (size_t)V);
             assert_int_equal(mtp_draft(v, next[r], k, dv, &nv), ANVIL_OK);

@@ -14,7 +14,7 @@ void spec_opts_init(struct spec_opts *o) {
 void spec_print_usage(FILE *f, bool oracle) {
     fprintf(f, "  --spec ngram|mtp|draft:MODEL%s   speculative decoding: drafts from n-gram lookup in\n"
                "                      the prompt and output, the model's own multi-token-prediction layer\n"
-               "                      (Qwen3.5/3.6/Next; CPU backend), or a small model of the same vocabulary%s\n"
+               "                      (Qwen3.5/3.6/Next), or a small model of the same vocabulary%s\n"
                "  --spec-n K          tokens drafted per step (default 3; 1..%d)\n",
             oracle ? "|oracle" : "", oracle ? ";\n                      oracle: the target's own greedy output (tokens/s at a known acceptance)" : "",
             ANVIL_SPEC_MAX_DRAFT);
