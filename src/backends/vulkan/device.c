@@ -549,6 +549,7 @@ static anvil_status share_device(struct vk_device *d) {
             sh->solo = solo;
             pthread_mutex_init(&sh->queue_lock, NULL);
             pthread_mutex_init(&sh->pl_lock, NULL);
+            pthread_mutex_init(&sh->w_lock, NULL);
             sh->next = devices.list;
             devices.list = sh;
         }
@@ -568,6 +569,8 @@ static void end_device(struct vk_shared *sh) {
     }
     pthread_mutex_destroy(&sh->queue_lock);
     pthread_mutex_destroy(&sh->pl_lock);
+    pthread_mutex_destroy(&sh->w_lock);
+    free(sh->sw); /* (empty: each backend let its weights go) */
     free(sh);
 }
 

@@ -386,13 +386,76 @@ static void fill_rows(void *dst, size_t offset, size_t n, void *ctx) {
     }
 }
 
+/* The device's buffer of w, or NULL (sh->w_lock held). */
+static struct vk_shared_weight *shared_weight(struct vk_shared *sh, const struct vk_weight *w) {
+    for (int i = 0; i < sh->n_sw; i++) {
+        struct vk_shared_weight *e = &sh->sw[i];
+        if (e->t == w->t && e->stack == w->stack && e->n_stack == w->n_stack && e->rows == w->rows &&
+            e->n_rows == w->n_rows && e->as_f32 == w->as_f32 && e->plus1 == w->plus1)
+            return e;
+    }
+    return NULL;
+}
+
+/* w reads the device's buffer of it where another backend uploaded one (its bytes counted in
+ * this backend's memory too); true if so (sh->w_lock held). */
+static bool take_shared(struct vk_backend *b, struct vk_weight *w) {
+    struct vk_shared_weight *e = shared_weight(b->d->sh, w);
+    if (!e) return false;
+    e->refs++;
+    w->buf = e->buf;
+    w->addr = w->buf.addr + w->pre;
+    b->d->mem_now += w->buf.counted;
+    b->d->mem_peak = MAX(b->d->mem_peak, b->d->mem_now);
+    return true;
+}
+
+/* w's buffer, just uploaded, offered to the device's other backends (sh->w_lock held). */
+static anvil_status share_weight(struct vk_shared *sh, const struct vk_weight *w) {
+    if (sh->n_sw == sh->cap_sw) {
+        int cap = sh->cap_sw ? 2 * sh->cap_sw : 64;
+        struct vk_shared_weight *n = realloc(sh->sw, (size_t)cap * sizeof *n);
+        if (!n) return err_set(ANVIL_ERR_NOMEM, "out of memory");
+        sh->sw = n;
+        sh->cap_sw = cap;
+    }
+    sh->sw[sh->n_sw++] = (struct vk_shared_weight){w->t, w->stack, w->rows, w->n_stack, w->n_rows, w->as_f32,
+                                                    w->plus1, w->buf, 1};
+    return ANVIL_OK;
+}
+
+/* w's buffer let go: destroyed with the device's last reader of it. */
+static void drop_weight(struct vk_backend *b, struct vk_weight *w) {
+    struct vk_shared *sh = b->d->sh;
+    pthread_mutex_lock(&sh->w_lock);
+    struct vk_shared_weight *e = w->buf.buf ? shared_weight(sh, w) : NULL;
+    if (e && e->buf.buf == w->buf.buf && --e->refs > 0) { /* another reads it */
+        b->d->mem_now -= w->buf.counted;
+        memset(&w->buf, 0, sizeof w->buf);
+    } else {
+        if (e && e->buf.buf == w->buf.buf) *e = sh->sw[--sh->n_sw];
+        vk_buffer_destroy(b->d, &w->buf);
+    }
+    pthread_mutex_unlock(&sh->w_lock);
+}
+
+/* Uploads the weights from first on, each once a logical device: one that another backend on
+ * it (a server's batch beside its session, the MTP drafter) uploaded already is read there. */
 static anvil_status upload_weights(struct vk_backend *b, int first) {
+    struct vk_shared *sh = b->d->sh;
+    pthread_mutex_lock(&sh->w_lock); /* (held through the upload: another backend waits for it) */
     uint64_t total = 0;
-    for (int i = first; i < b->n_w; i++) total += weight_bytes(&b->w[i]);
+    for (int i = first; i < b->n_w; i++)
+        if (!take_shared(b, &b->w[i])) total += weight_bytes(&b->w[i]);
+    if (!total) {
+        pthread_mutex_unlock(&sh->w_lock);
+        return ANVIL_OK;
+    }
     struct vk_uploader u;
     anvil_status st = vk_uploader_init(&u, b->d, total);
     for (int i = first; i < b->n_w && st == ANVIL_OK; i++) {
         struct vk_weight *w = &b->w[i];
+        if (w->buf.buf) continue; /* shared */
         size_t bytes = weight_bytes(w);
         st = vk_buffer_create(b->d, bytes, VK_MEM_DEVICE, w->t->name, &w->buf);
         if (st != ANVIL_OK) break;
@@ -434,7 +497,11 @@ static anvil_status upload_weights(struct vk_backend *b, int first) {
         free(conv); /* vk_upload has copied it into staging memory */
     }
     anvil_status st2 = vk_uploader_finish(&u);
-    return st != ANVIL_OK ? st : st2;
+    if (st == ANVIL_OK) st = st2;
+    for (int i = first; i < b->n_w && st == ANVIL_OK; i++)
+        if (!shared_weight(sh, &b->w[i])) st = share_weight(sh, &b->w[i]);
+    pthread_mutex_unlock(&sh->w_lock);
+    return st;
 }
 
 anvil_status vk_upload_tensor(struct vk_backend *b, const struct tensor_info *t) {
@@ -755,7 +822,7 @@ static void vk_describe(struct program *pp, char *buf, size_t cap) {
 static void vk_destroy(struct backend *base) {
     struct vk_backend *b = (struct vk_backend *)base;
     if (b->d && vk_idle(b->d)) { /* else abandoned with the device (vk_idle) */
-        for (int i = 0; i < b->n_w; i++) vk_buffer_destroy(b->d, &b->w[i].buf);
+        for (int i = 0; i < b->n_w; i++) drop_weight(b, &b->w[i]);
         vk_buffer_destroy(b->d, &b->states);
         vk_buffer_destroy(b->d, &b->saved);
         vk_buffer_destroy(b->d, &b->hist);

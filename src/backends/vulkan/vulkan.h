@@ -18,7 +18,19 @@ struct vk_weight {
     uint32_t pre;       /* bytes before the first row: the type's table (an i-quant's grid,
                            shaders/wlow.glsl), read by the kernels at addr - pre */
     uint64_t addr;      /* where the kernels see the weight: buf.addr + pre */
+    struct vk_buffer buf; /* the device's one buffer of it (struct vk_shared_weight), its bytes
+                             counted in this backend's memory too */
+};
+
+/* A weight's buffer on a logical device, read by refs backends (vk_weight: the key). */
+struct vk_shared_weight {
+    const struct tensor_info *t;
+    const struct tensor_info *const *stack;
+    const int32_t *rows;
+    int n_stack, n_rows;
+    bool as_f32, plus1;
     struct vk_buffer buf;
+    int refs;
 };
 
 struct vk_stats {

@@ -53,6 +53,11 @@ struct vk_shared {
     char cache_path[1024];
     struct vk_pipe *pipes;
     int n_pipes, cap_pipes, n_saved; /* n_saved: the pipelines in the cache file's last save */
+    /* the weights uploaded (vulkan.c vk_weights_share), under w_lock: the backends on it that
+     * read the same model's weight in the same form read one buffer */
+    pthread_mutex_t w_lock;
+    struct vk_shared_weight *sw;
+    int n_sw, cap_sw;
 };
 
 /* A session's device: the shared logical device's handles (copied from sh: dev, queue...),

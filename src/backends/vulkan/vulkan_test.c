@@ -1061,6 +1061,44 @@ static void test_persistent_step(void **state) {
     unsetenv("ANVIL_PREFILL_CHUNK");
 }
 
+/* Two sessions of one model on one device read one copy of its weights: the second allocates
+ * no weight buffer (its allocations at most the first's less its weights'), both give the same
+ * logits, and the second still does after the first is gone (the buffers live while a reader
+ * does); each counts the weights in its memory. */
+static void test_shared_weights(void **state) {
+    (void)state;
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny:q4_k_m", NULL, &m), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    float *la = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * (size_t)V);
+    int32_t toks[5] = {7, 11, 13, 17, 19};
+    anvil_session *a = tu_session(m, ANVIL_BACKEND_VULKAN, 32);
+    assert_int_equal(anvil_session_eval(a, toks, 5, ANVIL_LOGITS_LAST, la), ANVIL_OK);
+    struct vk_backend *va = (struct vk_backend *)a->backend;
+    int n_weights = va->n_w, allocs_a = va->d->n_allocs;
+    anvil_session *b = tu_session(m, ANVIL_BACKEND_VULKAN, 32);
+    assert_int_equal(anvil_session_eval(b, toks, 5, ANVIL_LOGITS_LAST, lb), ANVIL_OK);
+    struct vk_backend *vb = (struct vk_backend *)b->backend;
+    fprintf(stderr, "shared weights: %d weights; %d allocations in the first session, %d in the second\n",
+            n_weights, allocs_a, vb->d->n_allocs);
+    assert_true(n_weights > 10);
+    assert_int_equal(vb->n_w, n_weights);
+    assert_true(vb->d->n_allocs <= allocs_a - n_weights); /* (and no staging buffer) */
+    assert_memory_equal(la, lb, sizeof(float) * (size_t)V);
+    anvil_memory_stats ma, mb;
+    assert_int_equal(anvil_session_memory(a, &ma), ANVIL_OK);
+    assert_int_equal(anvil_session_memory(b, &mb), ANVIL_OK);
+    assert_int_equal(ma.device_bytes, mb.device_bytes);
+    anvil_session_destroy(a);
+    anvil_session_reset(b);
+    assert_int_equal(anvil_session_eval(b, toks, 5, ANVIL_LOGITS_LAST, lb), ANVIL_OK);
+    assert_memory_equal(la, lb, sizeof(float) * (size_t)V);
+    anvil_session_destroy(b);
+    free(la);
+    free(lb);
+    anvil_model_close(m);
+}
+
 /* The float16 cache takes half the float32 cache's device memory: the saving is positive and
  * grows with the context exactly as the caches do (to their 256-byte alignment), on a dense
  * model and on a hybrid (whose recurrent states stay float32). */
@@ -1835,6 +1873,7 @@ int main(void) {
         cmocka_unit_test(test_long_attention),
         cmocka_unit_test(test_persistent_step),
         cmocka_unit_test(test_kv_cache_memory),
+        cmocka_unit_test(test_shared_weights),
     };
     /* ANVIL_TEST_FILTER=test_qx_kernels runs the tests matching a pattern (e.g. on a GPU
      * machine without the test data) */
