@@ -16,6 +16,8 @@ VARIANTS=(
   # (unscaled rows: no epilogue, NO_XS)
   "mm_cm2_u mm_cm2.comp -DBM=128 -DBN=128 -DBK=64 -DU=4 -DNO_XS"
   "mm_cm2_moe_u mm_cm2.comp -DBM=32 -DBN=128 -DBK=64 -DU=4 -DMOE -DNO_XS"
+  # (small tiles for products of few tiles)
+  "mm_cm2_s mm_cm2.comp -DBM=64 -DBN=64 -DBK=64 -DU=4 -DNO_XS"
 )
 # the same from the quantised weights themselves (WQ: decoded as the tiles load)
 for t in q4_k q5_k q6_k q8_0; do

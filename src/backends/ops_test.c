@@ -459,6 +459,31 @@ static void test_float16_range(void **state) {
     unsetenv("ANVIL_VK_DQ_EMULATE");
 }
 
+/* Products of float16 weights (prefill, 70 rows: whole and edge tiles; 768 outputs, past the
+ * 512 that stay float32) against the CPU with ANVIL_VK_CM2_FLOAT on and off: on workgroup
+ * matrices mm_cm2 reads the weight as stored (on: no dq_f16 copy), the same numbers. Elsewhere
+ * (lavapipe) the float32 tiles run, and then the tests' emulation of mm_cm2 (ANVIL_VK_DQ_EMULATE=1),
+ * which reads them as stored too. */
+static void test_float16_weights(void **state) {
+    (void)state;
+    struct ops_opts o;
+    ops_opts_default(&o);
+    for (int emulate = 0; emulate < 2; emulate++) {
+        struct ops_case c = find_case(OPS_MM, DT_F16, "ffn_up", 40, 70);
+        char name[96];
+        struct ops_result on, off;
+        if (emulate) setenv("ANVIL_VK_DQ_EMULATE", "1", 1);
+        run_with(&c, &o, false, "ANVIL_VK_CM2_FLOAT=1", name, sizeof name, &on);
+        run_with(&c, &o, false, "ANVIL_VK_CM2_FLOAT=0", name, sizeof name, &off);
+        unsetenv("ANVIL_VK_DQ_EMULATE");
+        assert_true(on.max_abs == off.max_abs);
+        if (emulate || strstr(on.kernels, "mm_cm2")) { /* (float16 products: emulated or real) */
+            assert_null(strstr(on.kernels, "dq_"));
+            assert_non_null(strstr(off.kernels, "dq_f16"));
+        }
+    }
+}
+
 static void test_names(void **state) {
     (void)state;
     assert_null(ops_model_find("qwen3-9b"));
@@ -585,6 +610,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_float16_range),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_float16_weights),
         cmocka_unit_test(test_checks),
         cmocka_unit_test(test_low_bit_types),
         cmocka_unit_test(test_trace_list),

@@ -122,6 +122,14 @@ static const struct knob KNOBS[] = {
          "weights as they are stored, each tile decoded to float16 as it loads (mm_cm2.comp "
          "WQ), instead of the weight dequantised to float16 (dq.comp) every chunk: slower on "
          "the H200, 8B Q4_K_M pp512 10,627 -> 6,298 t/s (docs/perf/log.md §61)."),
+    BOOL("ANVIL_VK_CM2_FLOAT", C_DIAGNOSTIC, vk_cm2_float, 1,
+         "The prefill's products on workgroup matrices read float16 weights as they are stored, "
+         "with no float16 copy made by dq.comp every chunk; 0 makes the copy."),
+    INT("ANVIL_VK_CM2_SMALL", C_DIAGNOSTIC, vk_cm2_small, 50, 0, 1000, NULL,
+        "The prefill's products on workgroup matrices (unscaled rows) in 64 x 64 tiles where "
+        "their 128 x 128 tiles (a group's side by side together) would fill less than this "
+        "percentage of the GPU's SMs (a 0.6B's 1024-output products of a 512-token chunk: 32 "
+        "tiles on 132 SMs); 0 keeps 128 x 128."),
     BOOL("ANVIL_VK_MOE_DECODE", C_EXPERIMENT, vk_moe_decode, 0,
          "The same for the MoE experts' products over their compact rows: every expert's "
          "Q4_K, Q5_K, Q6_K or Q8_0 blocks decoded in the product's tile loads, instead of "
@@ -241,12 +249,13 @@ static const struct knob KNOBS[] = {
         "with 0, 410.6 with 8 (docs/perf/log.md §63)."),
     BOOL("ANVIL_VK_MMB_BESIDE", C_DIAGNOSTIC, vk_mmb_beside, 1,
          "A small-batch product of the same input as the one before it (q, k, v; gate, up) "
-         "runs beside it, with no barrier between them, and in programs of up to 32 rows the k "
-         "norm's rope beside the q norm's; 0 puts a barrier before each."),
+         "runs beside it, with no barrier between them, and the k norm's rope beside the q "
+         "norm's (in prefill chunks too); 0 puts a barrier before each."),
     BOOL("ANVIL_VK_MMB_FUSE", C_DIAGNOSTIC, vk_mmb_fuse, 1,
          "An rms_norm or SwiGLU read only by small-batch products on integer dot products is "
          "computed by the rounding of their input (mmb_round.comp), not by a kernel of its own "
-         "before it; 0 runs them apart."),
+         "before it, and the KV write is done by the k norm's rope (any program); 0 runs them "
+         "apart."),
     BOOL("ANVIL_VK_PF_HOIST", C_DIAGNOSTIC, vk_pf_hoist, 1,
          "The next group's weights dequantised beside the products before it; 0 dequantises "
          "each group's just before it."),

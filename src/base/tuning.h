@@ -54,6 +54,8 @@ struct tuning {
     int vk_coopmat;          /* ANVIL_VK_COOPMAT */
     int vk_cm2;              /* ANVIL_VK_CM2 */
     int vk_cm2_decode;       /* ANVIL_VK_CM2_DECODE */
+    int vk_cm2_float;        /* ANVIL_VK_CM2_FLOAT */
+    int vk_cm2_small;        /* ANVIL_VK_CM2_SMALL */
     int vk_moe_decode;       /* ANVIL_VK_MOE_DECODE */
     int vk_dq_emulate;       /* ANVIL_VK_DQ_EMULATE */
     int vk_f16_scale;        /* ANVIL_VK_F16_SCALE */

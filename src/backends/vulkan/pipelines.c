@@ -27,6 +27,9 @@ static const uint32_t spv_mm_cm2_u[] =
 static const uint32_t spv_mm_cm2_moe_u[] =
 #include "shaders/prebuilt/mm_cm2_moe_u.inc"
     ;
+static const uint32_t spv_mm_cm2_s[] =
+#include "shaders/prebuilt/mm_cm2_s.inc"
+    ;
 static const uint32_t spv_mm_cm2_q4_k[] =
 #include "shaders/prebuilt/mm_cm2_q4_k.inc"
     ;
@@ -167,6 +170,7 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_MMH_MOE] = KI(spv_mm_h_moe, "mm_h_experts", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     [K_MMH_CM2_U] = KI(spv_mm_cm2_u, "mm_cm2_u", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     [K_MMH_CM2_MOE_U] = KI(spv_mm_cm2_moe_u, "mm_cm2_experts_u", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
+    [K_MMH_CM2_S] = KI(spv_mm_cm2_s, "mm_cm2_s", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     VK_CM2Q_TYPES(CM2Q_ROWS)
     [K_ATTN_FLASH] = KI(spv_attn_flash, "attn_flash", VK_OP_NONE, 0, 0, SPECS_FLASH, PUSH_ATTN_PF),
     [K_ATTN_FLASH1] = KI(spv_attn_flash1, "attn_flash1", VK_OP_NONE, 0, 0, SPECS_FLASH, PUSH_ATTN_PF),
@@ -505,7 +509,8 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
     const struct vk_kernel_info *ki = &kernels[k];
     switch (k) {
     case K_MMH_64X64_K32: case K_MMH_MOE: return d->coopmat; /* needs the extension */
-    case K_MMH_CM2: case K_MMH_CM2_MOE: case K_MMH_CM2_U: case K_MMH_CM2_MOE_U: return d->coopmat && d->coopmat2;
+    case K_MMH_CM2: case K_MMH_CM2_MOE: case K_MMH_CM2_U: case K_MMH_CM2_MOE_U:
+    case K_MMH_CM2_S: return d->coopmat && d->coopmat2;
 #define CM2Q_WANTED(T, t) case K_MMH_CM2_##T: case K_MMH_CM2_MOE_##T:
     VK_CM2Q_TYPES(CM2Q_WANTED) return d->coopmat && d->coopmat2;
     case K_ATTN_FLASH: case K_ATTN_FLASH1: return d->coopmat && d->subgroup_shuffle && vk_flash_fits(attn_g, attn_d);
@@ -610,6 +615,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
         st = vk_pipeline_make(d, out, K_MMH_CM2_MOE);
     if (st == ANVIL_OK && d->coopmat2) st = vk_pipeline_make(d, out, K_MMH_CM2_U);
     if (st == ANVIL_OK && d->coopmat2) st = vk_pipeline_make(d, out, K_MMH_CM2_MOE_U);
+    if (st == ANVIL_OK && d->coopmat2) st = vk_pipeline_make(d, out, K_MMH_CM2_S);
     for (int k = K_MMH_CM2_Q4_K; k <= K_MMH_CM2_MOE_Q8_0 && st == ANVIL_OK && d->coopmat2; k++)
         st = vk_pipeline_make(d, out, (enum vk_kernel)k);
     return st;
@@ -617,7 +623,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
 
 /* one of mm_cm2.comp's kernels (made with the others, where the device takes them) */
 static bool is_cm2(enum vk_kernel k) {
-    return k == K_MMH_CM2 || k == K_MMH_CM2_MOE || k == K_MMH_CM2_U || k == K_MMH_CM2_MOE_U || (k >= K_MMH_CM2_Q4_K && k <= K_MMH_CM2_MOE_Q8_0);
+    return k == K_MMH_CM2 || k == K_MMH_CM2_MOE || k == K_MMH_CM2_U || k == K_MMH_CM2_MOE_U ||
+           k == K_MMH_CM2_S || (k >= K_MMH_CM2_Q4_K && k <= K_MMH_CM2_MOE_Q8_0);
 }
 
 enum vk_kernel vk_cm2q_kernel(int dtype, bool moe) {

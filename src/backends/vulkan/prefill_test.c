@@ -127,7 +127,9 @@ static void test_prefill(void **state) {
 /* The float16 weight rows the cooperative-matrix products read (dq.comp), checked where
  * there are no cooperative matrices (lavapipe): ANVIL_VK_DQ_EMULATE=1 multiplies them with
  * mm.comp's float16 kernel instead. Every weight kind dq.comp converts: K-quants (Q4_K with
- * Q6_K tensors), Q8_0, a legacy 32-block type, a float type; odd sizes. */
+ * Q6_K tensors), Q8_0, a legacy 32-block type, a float type; odd sizes; and float16 weights,
+ * which the products read as stored (ANVIL_VK_CM2_FLOAT: no dq.comp copy, the groups' other
+ * offsets kept). */
 static void test_prefill_float16_weights(void **state) {
     (void)state;
     /* shader numerics through the same host code as test_prefill: not worth its minutes
@@ -138,7 +140,7 @@ static void test_prefill_float16_weights(void **state) {
     setenv("ANVIL_VK_DQ_EMULATE", "1", 1);
     static const char *specs[] = {"synthetic:qwen3-tiny-k:q4_k", "synthetic:qwen3-tiny-k:q8_0",
                                   "synthetic:qwen3-tiny-k:q5_1", "synthetic:qwen3-tiny:bf16",
-                                  "synthetic:qwen3moe-odd:q4_k"};
+                                  "synthetic:qwen3moe-odd:q4_k", "synthetic:qwen3-tiny-k:f16"};
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) check_model(specs[i], 0);
     unsetenv("ANVIL_VK_DQ_EMULATE");
 }

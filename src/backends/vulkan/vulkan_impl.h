@@ -283,6 +283,7 @@ enum vk_kernel {
     /* the same on workgroup-scope matrices (mm_cm2.comp), only where d->coopmat2 */
     K_MMH_CM2, K_MMH_CM2_MOE, K_MMH_MOE /* the experts, rows gathered */,
     K_MMH_CM2_U, K_MMH_CM2_MOE_U, /* mm_cm2.comp NO_XS: the same for unscaled rows */
+    K_MMH_CM2_S, /* mm_cm2.comp NO_XS in 64 x 64 tiles (VK_CM2_SMALL): products of few tiles */
     /* mm_cm2.comp WQ: the products (and MOE the experts') from the weights' own blocks,
      * decoded as the tiles load (VK_CM2Q_TYPES) */
     VK_CM2Q_TYPES(VK_CM2Q_KERNELS)
@@ -388,6 +389,8 @@ uint32_t vk_mmb_rows(const struct vk_device *d, enum vk_kernel k);
 #define VK_CM2_BN 128
 #define VK_CM2_BK 64
 #define VK_CM2_THREADS 256
+/* the small tiles' side (VK_CM2_SMALL x VK_CM2_SMALL): K_MMH_CM2_S */
+#define VK_CM2_SMALL 64
 /* mm_cm2.comp MOE's tile: VK_CM2_MOE_BM rows of one expert x VK_CM2_BN outputs */
 #define VK_CM2_MOE_BM 32
 /* matvec threads per workgroup where a tuned shape does not fit the device (the float

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "prefill.h"
+#include "quant/quant.h"
 
 /* Rows of a weight whose float16 copy fits dq_scratch_max(): a multiple of every tile width. */
 uint32_t pf_dq_rows(const struct vk_device *d, uint32_t N, uint32_t Kp) {
@@ -59,12 +60,36 @@ enum vk_kernel pf_cm2_kernel(const struct vk_prefill *p, bool moe) {
     return moe ? K_MMH_CM2_MOE : K_MMH_CM2;
 }
 
-/* The product pc (pc->N outputs of pc->T tokens) on workgroup matrices (cm2) or on mm_h.comp's
- * tiles of the chosen shape. */
-static anvil_status emit_tiles(struct vk_prefill *p, bool cm2, const struct pc_mmh *pc) {
-    if (cm2)
-        return pf_emit_op(p, pf_cm2_kernel(p, false), (pc->N + VK_CM2_BN - 1) / VK_CM2_BN, (pc->T + VK_CM2_BM - 1) / VK_CM2_BM, pc,
-                          sizeof *pc);
+/* Whether a product of weight kind `kind` on workgroup matrices reads its weight as stored
+ * (ANVIL_VK_CM2_FLOAT): float16 rows are the rows mm_cm2.comp reads (and the tests' emulation,
+ * mm.comp's float16 kernel), so they need no dq.comp copy. */
+static bool cm2_direct(const struct vk_prefill *p, int kind) {
+    return p->b->d->tune.vk_cm2_float && vk_weight_kind_dtype(kind) == DT_F16;
+}
+
+/* Whether products of T rows and these outputs (side by side) take the small tiles
+ * (K_MMH_CM2_S; unscaled rows): their 128 x 128 tiles together fill less than
+ * ANVIL_VK_CM2_SMALL percent of the SMs. */
+static bool cm2_small(const struct vk_prefill *p, uint32_t T, const uint32_t *N, int n) {
+    uint32_t sms = p->b->d->sm_count, tiles = 0;
+    if (p->scale || !sms || !vk_pipeline_supported(p->b->d, &p->b->pl, K_MMH_CM2_S)) return false;
+    for (int g = 0; g < n; g++) tiles += ((N[g] + VK_CM2_BN - 1) / VK_CM2_BN) * ((T + VK_CM2_BM - 1) / VK_CM2_BM);
+    return 100 * tiles < (uint32_t)p->b->d->tune.vk_cm2_small * sms;
+}
+
+/* mm_cm2.comp's kernel for a product of these rows: small tiles where small */
+static enum vk_kernel cm2_kernel(const struct vk_prefill *p, bool small) {
+    return small ? K_MMH_CM2_S : pf_cm2_kernel(p, false);
+}
+
+/* The product pc (pc->N outputs of pc->T tokens) on workgroup matrices (cm2: kernel k) or on
+ * mm_h.comp's tiles of the chosen shape. */
+static anvil_status emit_tiles(struct vk_prefill *p, bool cm2, enum vk_kernel k, const struct pc_mmh *pc) {
+    if (cm2) {
+        uint32_t bm = VK_CM2_BM, bn = VK_CM2_BN;
+        if (k == K_MMH_CM2_S) bm = bn = VK_CM2_SMALL;
+        return pf_emit_op(p, k, (pc->N + bn - 1) / bn, (pc->T + bm - 1) / bm, pc, sizeof *pc);
+    }
     return pf_emit_op(p, K_MMH_64X64_K32, (pc->N + mmh_tile[1] - 1) / mmh_tile[1],
                       (pc->T + mmh_tile[0] - 1) / mmh_tile[0], pc, sizeof *pc);
 }
@@ -82,8 +107,12 @@ anvil_status pf_flush_group(struct vk_prefill *p) {
     uint64_t base = p->dq.addr + (VkDeviceSize)p->half * p->half_size;
     anvil_status st = xh && p->xh_of != m0->x ? emit_x_half(p, m0) : ANVIL_OK;
     VkDeviceSize off = 0;
+    uint32_t Ns[PF_GROUP_MAX];
+    for (int g = 0; g < n; g++) Ns[g] = p->grp[g].N;
+    bool small = xh && cm2_small(p, m0->T, Ns, n);
     for (int g = 0; g < n && st == ANVIL_OK; g++) {
         const struct pc_mm *mm = &p->grp[g];
+        if ((xh || p->dq_emulate) && cm2_direct(p, p->grp_kind[g])) continue; /* (read as stored) */
         uint32_t Kp = mm->Kp8 * 8, U = mm->Kp8 / unit_groups[p->grp_kind[g]];
         struct pc_dq dq = {mm->w, base + off, 0, mm->N, U, Kp};
         enum vk_kernel k = vk_kernel_for(VK_OP_DQ, vk_weight_kind_dtype(p->grp_kind[g]));
@@ -101,12 +130,13 @@ anvil_status pf_flush_group(struct vk_prefill *p) {
     for (int g = 0; g < n && st == ANVIL_OK; g++) {
         const struct pc_mm *mm = &p->grp[g];
         uint32_t Kp = mm->Kp8 * 8;
-        struct pc_mmh pc = {xh ? p->xh.addr : mm->x, base + off, mm->y, mm->res, mm->T, mm->K, mm->N, Kp,
+        bool direct = (xh || p->dq_emulate) && cm2_direct(p, p->grp_kind[g]);
+        struct pc_mmh pc = {xh ? p->xh.addr : mm->x, direct ? mm->w : base + off, mm->y, mm->res, mm->T, mm->K, mm->N, Kp,
                             mm->N, 0, mm->flags | (xh && p->scale ? MM_XH : 0u), 0, 0, 0, 0, 0, p->xs};
-        st = p->dq_emulate ? emit_emulated(p, mm, xh, base + off, mm->N, true) /* (tests) */
-                           : emit_tiles(p, xh, &pc);
+        st = p->dq_emulate ? emit_emulated(p, mm, xh, pc.w, mm->N, true) /* (tests) */
+                           : emit_tiles(p, xh, xh ? cm2_kernel(p, small) : K_NONE, &pc);
         if (st == ANVIL_OK && g > 0) p->ops[p->n_ops - 1].overlap = true;
-        off += (VkDeviceSize)mm->N * Kp * 2;
+        if (!direct) off += (VkDeviceSize)mm->N * Kp * 2;
     }
     if (p->half_size) { /* the next group: the other half, dequantised beside these */
         p->hoist_at = p->n_ops;
@@ -126,8 +156,8 @@ static bool ranges_meet(uint64_t a, uint64_t na, uint64_t b, uint64_t nb) { retu
  * is rounded and the weight's pieces go one at a time. */
 anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm, bool sibling) {
     uint32_t Kp = mm->Kp8 * 8, R = pf_dq_rows(p->b->d, mm->N, Kp), U = mm->Kp8 / unit_groups[kind];
-    bool cm2 = x_half(p, mm->T, mm->K);
-    VkDeviceSize bytes = (VkDeviceSize)mm->N * Kp * 2;
+    bool cm2 = x_half(p, mm->T, mm->K), direct = (cm2 || p->dq_emulate) && cm2_direct(p, kind);
+    VkDeviceSize bytes = direct ? 0 : (VkDeviceSize)mm->N * Kp * 2; /* (of dq) */
     enum vk_kernel kq = cm2 && p->b->d->tune.vk_cm2_decode ? vk_cm2q_kernel(vk_weight_kind_dtype(kind), false) : K_NONE;
     if (kq != K_NONE && vk_pipeline_supported(p->b->d, &p->b->pl, kq)) {
         /* mm_cm2.comp decoding the weight's blocks itself: no float16 copy, no group */
@@ -160,7 +190,7 @@ anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm,
     /* (the tests' float16 emulation groups its products the same way, so that lavapipe checks
      * the groups' bookkeeping) */
     VkDeviceSize room = p->half_size ? p->half_size : p->dq.size;
-    if ((cm2 || p->dq_emulate) && R == mm->N && bytes <= room) {
+    if ((cm2 || p->dq_emulate) && (direct || (R == mm->N && bytes <= room))) {
         uint64_t xb = (uint64_t)mm->T * mm->K * 4, yb = (uint64_t)mm->T * mm->N * 4;
         /* (the plan keeps siblings' outputs apart from their input and from each other: checked,
          * as what a group's products running side by side needs) */
@@ -192,7 +222,7 @@ anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm,
         }
         struct pc_mmh pc = {cm2 ? p->xh.addr : mm->x, p->dq.addr, mm->y, mm->res, mm->T, mm->K, n, Kp, mm->N, r0,
                             mm->flags | (cm2 && p->scale ? MM_XH : 0u), 0, 0, 0, 0, 0, p->xs};
-        st = emit_tiles(p, cm2, &pc);
+        st = emit_tiles(p, cm2, cm2 ? cm2_kernel(p, cm2_small(p, mm->T, &n, 1)) : K_NONE, &pc);
     }
     return st;
 }

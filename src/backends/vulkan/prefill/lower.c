@@ -233,11 +233,21 @@ static bool half_rows(struct vk_prefill *p, struct graph_plan *P, int i) {
     return false;
 }
 
-/* In a program of few rows, the KV write kv (rows.comp MODE 4) left to the k norm's rope that
- * wrote its k rows (MODE 6, ROWS_KV), where the v rows were written before a barrier that
- * precedes it: one dependent dispatch fewer a layer. Whether it was. */
+/* Whether kernel k is a product whose push constants start x, w, y (pc_mm, pc_mmb, pc_mmh):
+ * mm.comp's (MODE 0, and MODE 4's sums of split products), the small-batch ones, mm_h.comp's
+ * and mm_cm2.comp's. */
+static bool product_kernel(enum vk_kernel k) {
+    return mmb_kernel(k) || vk_kernel_info(k)->op == VK_OP_MM || k == K_MM_REDUCE || k == K_MMH_64X64_K32 ||
+           k == K_MMH_CM2 || k == K_MMH_CM2_U || k == K_MMH_CM2_S ||
+           (k >= K_MMH_CM2_Q4_K && k <= K_MMH_CM2_MOE_Q8_0);
+}
+
+/* The KV write kv (rows.comp MODE 4) left to the k norm's rope that wrote its k rows (MODE 6,
+ * ROWS_KV), where the v rows were written before a barrier that precedes it: one dependent
+ * dispatch fewer a layer (in a prefill chunk too: 0.6B BF16 pp512 ~11 us a layer on the H200,
+ * docs/perf/log.md §75). Whether it was. */
 static bool kv_by_norm(struct vk_prefill *p, const struct pc_rows *kv) {
-    if (p->T > 32 || !p->b->d->tune.vk_mmb_fuse) return false;
+    if (!p->b->d->tune.vk_mmb_fuse) return false;
     int at = -1;
     for (int i = p->n_ops - 1; i >= 0 && i >= p->n_ops - 4 && at < 0; i--) {
         const struct pc_rows *r = (const struct pc_rows *)p->ops[i].push;
@@ -251,7 +261,7 @@ static bool kv_by_norm(struct vk_prefill *p, const struct pc_rows *kv) {
     while (bar > 0 && p->ops[bar].overlap) bar--;
     bool v_before = false;
     for (int i = bar - 1; i >= 0 && i >= bar - 8 && !v_before; i--)
-        if (mmb_kernel(p->ops[i].k) && ((const struct pc_mmb *)p->ops[i].push)->y == kv->b) v_before = true;
+        if (product_kernel(p->ops[i].k) && ((const struct pc_mmb *)p->ops[i].push)->y == kv->b) v_before = true;
     if (!v_before) return false;
     struct pc_rows *r = (struct pc_rows *)p->ops[at].push;
     r->flags |= ROWS_KV;
@@ -377,17 +387,19 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 pc.out_ = pf_addr(p, P, j);
                 pc.H = (uint32_t)rn->ne[1];
                 pc.n_rot = (uint32_t)rn->p.i[0];
-                /* the k norm's beside the q norm's (neither reads what the other writes) in a
-                 * program of few rows, where each barrier is a larger part of the step */
+                /* the k norm's beside the q norm's (neither reads what the other writes): in a
+                 * program of few rows each barrier is a larger part of the step, in a prefill
+                 * chunk the two kernels of 8192 and 4096 small workgroups (a 0.6B's 512 rows)
+                 * fill the GPU together (docs/perf/log.md §75) */
                 const struct pf_op *prev = p->n_ops ? &p->ops[p->n_ops - 1] : NULL;
                 bool beside = false;
-                if (prev && prev->k == K_ROWS_NORM_ROPE && p->T <= 32 && b->d->tune.vk_mmb_beside) {
+                if (prev && prev->k == K_ROWS_NORM_ROPE && b->d->tune.vk_mmb_beside) {
                     const struct pc_rows *q = (const struct pc_rows *)prev->push;
                     uint64_t nq = (uint64_t)q->rows * q->n * 4, nk = (uint64_t)rows * ne0 * 4;
                     beside = !ranges_meet(q->out_, nq, pc.a, nk) && !ranges_meet(q->out_, nq, pc.out_, nk) &&
                              !ranges_meet(q->a, nq, pc.out_, nk);
                 }
-                st = pf_emit(p, K_ROWS_NORM_ROPE, rows, 0, &pc, sizeof pc);
+                st = pf_emit(p, K_ROWS_NORM_ROPE, (rows + ROWS_NR_RPW(ne0) - 1) / ROWS_NR_RPW(ne0), 0, &pc, sizeof pc);
                 if (st == ANVIL_OK && beside) p->ops[p->n_ops - 1].overlap = true;
                 done[j] = true;
                 break;

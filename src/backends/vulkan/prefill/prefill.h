@@ -86,6 +86,8 @@
 
 
 #define ALIGN 256
+/* products of one input run side by side on workgroup matrices, at most this many (a group) */
+#define PF_GROUP_MAX 4
 
 struct pf_op {
     enum vk_kernel k;
@@ -151,8 +153,8 @@ struct vk_prefill {
     /* products of one input waiting to be emitted together on workgroup matrices (q, k, v;
      * gate, up): their weights dequantised side by side into dq, then the products side by
      * side, so that small ones (8B's k and v: 32 tiles for 132 SMs) run beside a big one */
-    struct pc_mm grp[4];
-    int grp_kind[4], n_grp, grp_max; /* grp_max 1 (ANVIL_VK_PF_GROUP=0): one at a time */
+    struct pc_mm grp[PF_GROUP_MAX];
+    int grp_kind[PF_GROUP_MAX], n_grp, grp_max; /* grp_max 1 (ANVIL_VK_PF_GROUP=0): one at a time */
     VkDeviceSize grp_bytes;
     /* dq in two halves of half_size (the largest group's weights), the groups taking them in
      * turn: a group's weights are dequantised beside the group before it, its ops placed at

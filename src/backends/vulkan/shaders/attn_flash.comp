@@ -51,12 +51,36 @@ shared float sb[4u * 16u * BK]; /* each subgroup's scores, then its output, 16 c
 vec4 sb4(uint i) { return vec4(sb[4u * i], sb[4u * i + 1u], sb[4u * i + 2u], sb[4u * i + 3u]); }
 
 /* rows s0 .. s0 + BK - 1 of cache c (float32) into hb from offset base, as float16; zero
- * past n */
+ * past n (float32 caches) */
 void stage(Floats c, uint s0, uint n, uint j, uint base) {
     for (uint e = gl_LocalInvocationID.x; e < BK * D / 4u; e += 128u) {
         uint r = e / (D / 4u), d4 = e % (D / 4u), s = s0 + r, i4 = ((s * pc.Hkv + j) * D >> 2u) + d4;
-        hb[(base + r * SD + 4u * d4) >> 2u] =
-            s >= n ? uvec2(0u) : KV16 ? Halves4(c).v[i4] : to_halves4(Vec4s(c).v[i4]);
+        hb[(base + r * SD + 4u * d4) >> 2u] = s >= n ? uvec2(0u) : to_halves4(Vec4s(c).v[i4]);
+    }
+}
+
+/* float16 caches (KV16): rows s0 .. s0 + BK - 1 of cache c into registers, a thread's elements
+ * e = its index + 128 q (fetch; zero past n), then into hb from offset base (put): the next
+ * block's rows are fetched before this block's products and put after them, so that their
+ * loads overlap the products (the 0.6B's 512-token attention 65 -> 48 us a layer on the H200,
+ * docs/perf/log.md §75) */
+const uint SE = BK * 128u / 4u / 128u; /* elements a thread at most (D <= 128) */
+void fetch(Floats c, uint s0, uint n, uint j, inout uvec2 rh[SE]) {
+    [[unroll]] for (uint q = 0u; q < SE; q++) {
+        uint e = gl_LocalInvocationID.x + 128u * q;
+        if (e < BK * D / 4u) {
+            uint r = e / (D / 4u), d4 = e % (D / 4u), s = s0 + r, i4 = ((s * pc.Hkv + j) * D >> 2u) + d4;
+            rh[q] = s >= n ? uvec2(0u) : Halves4(c).v[i4];
+        }
+    }
+}
+void put(uint base, const in uvec2 rh[SE]) {
+    [[unroll]] for (uint q = 0u; q < SE; q++) {
+        uint e = gl_LocalInvocationID.x + 128u * q;
+        if (e < BK * D / 4u) {
+            uint r = e / (D / 4u), d4 = e % (D / 4u);
+            hb[(base + r * SD + 4u * d4) >> 2u] = rh[q];
+        }
     }
 }
 
@@ -90,10 +114,24 @@ void main() {
         fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> o[D / 16u];
         [[unroll]] for (uint kd = 0u; kd < D / 16u; kd++) o[kd] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
         float lsum = 0.0;
+        uvec2 kh[SE], vh[SE];
+        if (KV16) {
+            fetch(pc.kc, 0u, n, j, kh);
+            if (pass == 1u) fetch(pc.vc, 0u, n, j, vh);
+        }
         for (uint s0 = 0u; s0 < n; s0 += BK) {
-            stage(pc.kc, s0, n, j, KO);
-            if (pass == 1u) stage(pc.vc, s0, n, j, VO);
+            if (KV16) {
+                put(KO, kh);
+                if (pass == 1u) put(VO, vh);
+            } else {
+                stage(pc.kc, s0, n, j, KO);
+                if (pass == 1u) stage(pc.vc, s0, n, j, VO);
+            }
             barrier();
+            if (KV16 && s0 + BK < n) { /* the next block's rows, in flight through this block's products */
+                fetch(pc.kc, s0 + BK, n, j, kh);
+                if (pass == 1u) fetch(pc.vc, s0 + BK, n, j, vh);
+            }
             [[unroll]] for (uint kb = 0u; kb < BK / 16u; kb++) {
                 fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> s = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
                 [[unroll]] for (uint kk = 0u; kk < D / 16u; kk++) {

@@ -101,7 +101,10 @@
 #define ROWS_SCALE 2u /* ... and MODE 8: each row scaled into float16's range (half_scale);
                          without it every scale is 1 (the rows as they are) */
 #define ROWS_KV 4u /* MODE 6 (the k norm's rope): also writes its rows, and the v rows at v, into
-                      the attention caches h (k) and hs (v) as MODE 4 would (few-row programs) */
+                      the attention caches h (k) and hs (v) as MODE 4 would */
+/* rows.comp MODE 6's rows a workgroup for rows of n floats: 4 (32 invocations a row) where
+   n % 4 == 0 and n <= 256, else 1 */
+#define ROWS_NR_RPW(n) ((n) % 4u == 0u && (n) <= 256u ? 4u : 1u)
 
 /* vit.comp's flags (struct pc_vit) */
 #define VIT_PRE_BIAS 1u  /* MODE 0: a bias added to the row first (and written back) */

@@ -38,6 +38,14 @@
  * float16 every chunk and this kernel reading it back. MOE: expert e's rows from e * N (the
  * whole stacked weight, not a piece of it).
  *
+ * A float16 weight is multiplied as stored: its rows are the float16 rows this kernel reads.
+ *
+ * Small tiles (-DBM=64 -DBN=64): for products of too few 128 x 128 tiles to fill the GPU (a
+ * 0.6B's 1024-output products of a 512-token chunk: 32 tiles on 132 SMs). A bfloat16 weight
+ * converted in its tiles as they load (coopMatPerElementNV on W's float16 tiles of its bits)
+ * halved the products' speed on the H200 (docs/perf/log.md §75): bfloat16 weights keep
+ * dq.comp's float16 copy.
+ *
  * Debian 12's glslc (glslang 11.13) does not know GL_NV_cooperative_matrix2: this source is
  * compiled by a newer glslang into shaders/prebuilt/ (scripts/prebuild-shaders.sh), and the
  * build embeds that SPIR-V. */

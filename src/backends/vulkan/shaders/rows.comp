@@ -16,7 +16,10 @@
  *   MODE 6  rms_norm then rope (the q/k norms of attention, rope's rows of H heads): one
  *                      kernel and no barrier between them; out may be a (a row is read
  *                      whole before it is written); with flags & ROWS_KV (the k norm) also
- *                      MODE 4's KV write of its rows and the v rows at v (caches h, hs)
+ *                      MODE 4's KV write of its rows and the v rows at v (caches h, hs);
+ *                      rows of n % 4 == 0, n <= 256 floats (heads) four a workgroup, 32
+ *                      invocations a row 4 floats at a time (ROWS_NR_RPW): a 0.6B's 512-token
+ *                      q norm was 8192 workgroups of one row and took 22 us on the H200
  *   MODE 7  image rows  out[r] = c[r] where the params block marks token r's row as an
  *                      image's embedding (images: the embedding's rows replaced)
  * pos0 comes from the params block (prm[0]); with images (its M-RoPE word set, see rope_pos
@@ -126,6 +129,50 @@ void main() {
             if ((pc.flags & ROWS_HALF) != 0u) put_halves(pc.out_, r, base, n, tid, m, true);
         } else {
             for (uint i = tid; i < n; i += 128u) put1(base, i, pc.a.v[base + i] * inv * pc.b.v[i]);
+        }
+    } else if (MODE == ROWS_MODE_NORM_ROPE && ROWS_NR_RPW(n) == 4u) {
+        /* four rows: this invocation's is rr, its 32 invocations' lane l; the row's normed
+         * values in row[off ..] */
+        uint rr = 4u * r + tid / 32u, l = tid % 32u, off = (tid / 32u) * 256u, rb = rr * n;
+        bool on = rr < pc.rows;
+        float ss = 0.0;
+        for (uint i4 = l; on && i4 < n / 4u; i4 += 32u) {
+            vec4 v = Vec4s(pc.a).v[rb / 4u + i4];
+            ss += dot(v, v);
+        }
+        red[tid] = ss;
+        barrier();
+        float tot = 0.0;
+        for (uint k = 0u; k < 32u; k++) tot += red[(tid & ~31u) + k];
+        float inv = 1.0 / sqrt(tot / float(n) + pc.eps);
+        for (uint i4 = l; on && i4 < n / 4u; i4 += 32u) {
+            vec4 v = Vec4s(pc.a).v[rb / 4u + i4] * inv * Vec4s(pc.b).v[i4];
+            row[off + 4u * i4] = v.x;
+            row[off + 4u * i4 + 1u] = v.y;
+            row[off + 4u * i4 + 2u] = v.z;
+            row[off + 4u * i4 + 3u] = v.w;
+        }
+        barrier();
+        if (!on) return;
+        uint t = rr / pc.H, half_ = pc.n_rot / 2u;
+        uint cr = (pc.flags & ROWS_KV) != 0u ? cache_row(rr) : 0xffffffffu;
+        for (uint i4 = l; i4 < n / 4u; i4 += 32u) {
+            vec4 y;
+            for (uint e = 0u; e < 4u; e++) {
+                uint i = 4u * i4 + e;
+                y[e] = row[off + i];
+                if (i < pc.n_rot) {
+                    uint q = i < half_ ? i : i - half_, pos = rope_pos(pos0, t, q);
+                    float cs = pc.c.v[(pos * half_ + q) * 2u], sn = pc.c.v[(pos * half_ + q) * 2u + 1u];
+                    float x0 = row[off + q], x1 = row[off + q + half_];
+                    y[e] = i < half_ ? x0 * cs - x1 * sn : x1 * cs + x0 * sn;
+                }
+            }
+            Vec4s(pc.out_).v[rb / 4u + i4] = y;
+            if (cr != 0xffffffffu) {
+                kv_put(pc.h, (cr * n >> 2u) + i4, y);
+                kv_put(pc.hs, (cr * n >> 2u) + i4, Vec4s(pc.v).v[rb / 4u + i4]);
+            }
         }
     } else if (MODE == ROWS_MODE_NORM_ROPE) {
         float inv = inv_rms(base, n, tid);
