@@ -183,6 +183,7 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_GDN_PREFILL] = KI(spv_gdn, "gdn_prefill", VK_OP_NONE, 0, GDN_MODE_PREFILL, SPECS_MODE, PUSH_GDN),
     [K_GDN_RING] = KI(spv_gdn, "gdn_ring", VK_OP_NONE, 0, GDN_MODE_RING, SPECS_MODE, PUSH_GDN),
     [K_GDN_SPLIT] = KI(spv_gdn, "gdn_split", VK_OP_NONE, 0, GDN_MODE_SPLIT, SPECS_MODE, PUSH_GDN),
+    [K_GDN_PSPLIT] = KI(spv_gdn, "gdn_prefill_split", VK_OP_NONE, 0, GDN_MODE_PSPLIT, SPECS_MODE, PUSH_GDN),
     [K_GDNC_PREP] = KI(spv_gdn_chunk, "gdn_chunk_prep", VK_OP_NONE, 0, GDNC_MODE_PREP, SPECS_MODE, PUSH_GDNC),
     [K_GDNC_INTRA] = KI(spv_gdn_chunk, "gdn_chunk_intra", VK_OP_NONE, 0, GDNC_MODE_INTRA, SPECS_MODE, PUSH_GDNC),
     [K_GDNC_RECUR] = KI(spv_gdn_chunk, "gdn_chunk_recur", VK_OP_NONE, 0, GDNC_MODE_RECUR, SPECS_MODE, PUSH_GDNC),

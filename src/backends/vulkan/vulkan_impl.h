@@ -297,8 +297,9 @@ enum vk_kernel {
     /* moe_rows.comp: MODE 0 the experts' row offsets, 1 their x rows gathered, 2 scattered back */
     K_MOE_OFFS, K_MOE_GATHER, K_MOE_SCATTER,
     /* gdn.comp for the prefill: MODE 1 a chunk's tokens in turn, MODE 2 the conv ring; MODE 3
-     * the decode step with each head's columns split over workgroups */
-    K_GDN_PREFILL, K_GDN_RING, K_GDN_SPLIT,
+     * the decode step with each head's columns split over workgroups; MODE 4 MODE 1's rows on
+     * MODE 3's split (a session's few rows, its states kept in registers between them) */
+    K_GDN_PREFILL, K_GDN_RING, K_GDN_SPLIT, K_GDN_PSPLIT,
     /* gdn_chunk.comp: the prefill's Gated DeltaNet in the chunked form, its MODE 0, 1, 2 (the
      * conv and norms; within each block of 64 tokens; the state carried over the blocks) */
     K_GDNC_PREP, K_GDNC_INTRA, K_GDNC_RECUR,

@@ -123,6 +123,10 @@ static anvil_status lower_gdn(struct vk_prefill *p, struct graph_plan *P, int i)
                         p->prm.addr, any, pf_addr(p, P, i), any, 0, Hk, Hv, GDN_DIMS(Dk, Dv),
                         (n->p.i[2] ? GDN_A_LOG : 0u) | (n->p.i[3] ? GDN_TILED : 0u) | GDN_KC(Kc), n->p.f[0], 0};
     anvil_status st = ANVIL_OK;
+    /* outside a batch the recurrent form takes each head's columns over P workgroups of 32 (MODE 4,
+     * as the decode step's MODE 3; ANVIL_VK_GDN_SPLIT): a verify step's 35B-A3B had 32 */
+    uint32_t Ps = b->d->tune.vk_gdn_split && Dv % 32 == 0 ? Dv / 32 : 1;
+    enum vk_kernel kr = Ps > 1 ? K_GDN_PSPLIT : K_GDN_PREFILL;
     if (p->n_seqs) { /* a batch: the recurrent form over each sequence's run of rows */
         uint32_t T = (uint32_t)n->ne[2];
         st = pf_emit(p, K_GDN_PREFILL, Hv, T, &pg, sizeof pg);
@@ -134,7 +138,7 @@ static anvil_status lower_gdn(struct vk_prefill *p, struct graph_plan *P, int i)
         if (!hs || !hr) return err_set(ANVIL_ERR_BACKEND, "vulkan: %s: no history slots", n->name);
         pg.flags |= GDN_HIST;
         pg.gnorm = hs;
-        st = pf_emit(p, K_GDN_PREFILL, Hv, 1, &pg, sizeof pg);
+        st = pf_emit(p, kr, Hv, Ps, &pg, sizeof pg);
         pg.gnorm = hr;
     } else if (gdn_chunked(p, P, i) && p->gdn.buf != VK_NULL_HANDLE) {
         uint32_t T = (uint32_t)n->ne[2];
@@ -144,7 +148,7 @@ static anvil_status lower_gdn(struct vk_prefill *p, struct graph_plan *P, int i)
         if (st == ANVIL_OK) st = pf_emit(p, K_GDNC_INTRA, (T + 63) / 64, Hv, &pc, sizeof pc);
         if (st == ANVIL_OK) st = pf_emit(p, K_GDNC_RECUR, (Dv + 31) / 32, Hv, &pc, sizeof pc);
     } else {
-        st = pf_emit(p, K_GDN_PREFILL, Hv, 1, &pg, sizeof pg);
+        st = pf_emit(p, kr, Hv, Ps, &pg, sizeof pg);
     }
     if (st == ANVIL_OK) st = pf_emit(p, K_GDN_RING, (Kc * Cc + 511) / 512, 1, &pg, sizeof pg);
     return st;
@@ -273,6 +277,24 @@ static bool kv_by_norm(struct vk_prefill *p, const struct pc_rows *kv) {
 
 /* Whether the byte ranges [a, a + na) and [b, b + nb) share a byte. */
 static bool ranges_meet(uint64_t a, uint64_t na, uint64_t b, uint64_t nb) { return a < b + nb && b < a + na; }
+
+/* Whether sigmoid_mul node i (a hybrid's shared expert gated: sh * sigmoid(logit)) is added
+ * to the mixture's output (*a1 = y + it, its only reader) and that to the residual (*a2 = x +
+ * a1, a1's only reader), all of one shape: then rows.comp MODE 5 with ROWS_ADD2 writes a2 itself
+ * (one dispatch and barrier for three). a2's block is written at i, before a2's turn: it may
+ * be an input's own block (each element is read before its thread writes it) but must not
+ * overlap one otherwise, nor the gate's (read by a row's every thread). Nothing else is live
+ * between i and a2 that a2's block could hold: the nodes between them are a1 alone. */
+static bool shared_tail(struct vk_prefill *p, struct graph_plan *P, int i, int *a1, int *a2, int *y, int *x) {
+    const struct node *nd = NODE(P, i);
+    if ((*a1 = graph_fuse_add(P, i, 0, y)) < 0 || (*a2 = graph_fuse_add(P, *a1, 0, x)) < 0) return false;
+    uint64_t bytes = (uint64_t)node_nelem(nd) * 4, out = pf_addr(p, P, *a2), g = pf_addr(p, P, nd->src[1]);
+    if (ranges_meet(out, bytes, g, (uint64_t)node_nelem(NODE(P, nd->src[1])) * 4)) return false;
+    uint64_t in[3] = {pf_addr(p, P, nd->src[0]), pf_addr(p, P, *y), pf_addr(p, P, *x)};
+    for (int k = 0; k < 3; k++)
+        if (in[k] != out && ranges_meet(out, bytes, in[k], bytes)) return false;
+    return true;
+}
 
 anvil_status pf_emit_round(struct vk_prefill *p, uint64_t x, uint64_t bw, uint64_t y, uint32_t rows, uint32_t K,
                            uint32_t Kp, float eps, uint32_t flags) {
@@ -596,6 +618,14 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             }
             struct pc_rows pc = {pf_addr(p, P, nd->src[0]), pf_addr(p, P, nd->src[1]), any, pf_addr(p, P, i), prm, ne0,
                                  rows, gN == 1 ? 1 : ne0, 0, 0, 0, 0, 0, 0};
+            int a1, a2, y, x;
+            if (shared_tail(p, P, i, &a1, &a2, &y, &x)) {
+                pc.flags = ROWS_ADD2;
+                pc.c = pf_addr(p, P, y);
+                pc.v = pf_addr(p, P, x);
+                pc.out_ = pf_addr(p, P, a2);
+                done[a1] = done[a2] = true;
+            }
             st = pf_emit(p, K_ROWS_SIGMUL, rows, 0, &pc, sizeof pc);
             break;
         }

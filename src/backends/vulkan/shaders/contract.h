@@ -105,6 +105,8 @@
 /* rows.comp MODE 6's rows a workgroup for rows of n floats: 4 (32 invocations a row) where
    n % 4 == 0 and n <= 256, else 1 */
 #define ROWS_NR_RPW(n) ((n) % 4u == 0u && (n) <= 256u ? 4u : 1u)
+#define ROWS_ADD2 8u /* MODE 5: out = v + (c + a * sigmoid(b)) (a hybrid's shared expert gated, added
+                        to the mixture and the residual: one dispatch for three) */
 
 /* vit.comp's flags (struct pc_vit) */
 #define VIT_PRE_BIAS 1u  /* MODE 0: a bias added to the row first (and written back) */
@@ -156,6 +158,7 @@
 #define GDN_MODE_PREFILL 1u /* a chunk's tokens in turn (the recurrent form) */
 #define GDN_MODE_RING 2u /* the conv ring takes the chunk's last inputs */
 #define GDN_MODE_SPLIT 3u /* one token, each value head's columns split over workgroups */
+#define GDN_MODE_PSPLIT 4u /* a chunk's tokens in turn, each head's columns split (MODE 1 as MODE 3) */
 
 /* gdn_chunk.comp */
 #define GDNC_MODE_PREP 0u /* the conv, SiLU, norms and gates */

@@ -25,7 +25,10 @@
  * own rows, and the ring only for positions before pos0 (this kernel does not write it);
  * out [T, Hv, Dv] is y itself (the gated norm is left to the prefill's own kernels). The
  * params block (pos0, T) comes in z; gnorm and ctl are not read.
- * MODE 2 (prefill, after MODE 1): the ring takes the chunk's last Kc inputs.
+ * MODE 4 (prefill, split): MODE 1's rows in turn on MODE 3's workgroups (h, p) of NC columns,
+ * each keeping its columns of S in registers from row to row (read once, written after the
+ * last row and, GDN_HIST, into each row's history slot); no batch words (y is the columns').
+ * MODE 2 (prefill, after MODE 1 or 4): the ring takes the chunk's last Kc inputs.
  * In a batch program (the params block's word 3 non-zero: its batch words, prefill.h) the rows
  * are runs of consecutive positions of one sequence each, and each sequence has its slice of S
  * ([n_seqs][Hv, Dk, Dv]) and of the ring ([n_seqs][Kc, Cc]): MODE 1 and MODE 2 run over a grid
@@ -47,7 +50,8 @@
 layout(local_size_x = 512) in;
 layout(constant_id = SPEC_MODE) const uint MODE = 0;
 /* the state's columns a pass takes (MODE 3: a workgroup's), rows split over NP parts */
-const uint NT = 512u, NC = MODE == GDN_MODE_SPLIT ? 32u : 128u, NP = NT / NC;
+const bool SPLIT = MODE == GDN_MODE_SPLIT || MODE == GDN_MODE_PSPLIT, PREFILL = MODE == GDN_MODE_PREFILL || MODE == GDN_MODE_PSPLIT;
+const uint NT = 512u, NC = SPLIT ? 32u : 128u, NP = NT / NC;
 
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer UInts { uint v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer CFloats { float v[]; };
@@ -81,6 +85,8 @@ uint sofs = 0u, rofs = 0u; /* a batch program's sequence: its slices of S and of
 uint tr0 = 0u;             /* the first row of the run (MODE 1), at position pos0 */
 uint nT = 0u;              /* the chunk's rows (MODE 1) */
 uint Dk, Dv, Kc;           /* the head dims (pc.dims), the conv's width (pc.flags) */
+/* MODE 3, 4: the workgroup's columns of S (a thread's RMAX elements), MODE 4's from row to row */
+float sp[RMAX];
 
 /* One token: position pos; in a prefill (MODE 1) row tr of the chunk, whose run starts at pos0. */
 void step(uint pos, uint tr, uint pos0) {
@@ -88,13 +94,12 @@ void step(uint pos, uint tr, uint pos0) {
     uint Cc = 2u * pc.Hk * Dk + pc.Hv * Dv;
     bool tiled = (pc.flags & GDN_TILED) != 0u;
     uint r = pc.Hv / pc.Hk, hk = tiled ? h % pc.Hk : h / r;
-    bool owner = (tiled ? h < pc.Hk : h % r == 0u) && (MODE != GDN_MODE_SPLIT || gl_WorkGroupID.y == 0u);
-    /* the value columns [j0, j1) (MODE 3: the workgroup's NC; else all) */
-    uint j0 = MODE == GDN_MODE_SPLIT ? gl_WorkGroupID.y * NC : 0u, j1 = MODE == GDN_MODE_SPLIT ? min(j0 + NC, Dv) : Dv;
-    /* MODE 3: the workgroup's state (its one pass, a thread's RMAX = 16 elements) loaded first,
-     * its latency under the conv's and the norms' */
-    float sp[RMAX];
-    if (MODE == GDN_MODE_SPLIT)
+    bool owner = (tiled ? h < pc.Hk : h % r == 0u) && (!SPLIT || gl_WorkGroupID.y == 0u);
+    /* the value columns [j0, j1) (MODE 3, 4: the workgroup's NC; else all) */
+    uint j0 = SPLIT ? gl_WorkGroupID.y * NC : 0u, j1 = SPLIT ? min(j0 + NC, Dv) : Dv;
+    /* MODE 3 (MODE 4 at its first row): the workgroup's state (its one pass, a thread's RMAX = 16
+     * elements) loaded first, its latency under the conv's and the norms' */
+    if (MODE == GDN_MODE_SPLIT || (MODE == GDN_MODE_PSPLIT && tr == tr0))
         for (uint r = 0, i = t / NC, j = j0 + t % NC; r < RMAX; r++, i += NP)
             sp[r] = j < j1 && i < Dk && pos != 0u ? pc.S.v[sofs + Dv * Dk * h + j + Dv * i] : 0.0;
     for (uint i = t; i < 2u * Dk + Dv; i += NT) {
@@ -105,7 +110,7 @@ void step(uint pos, uint tr, uint pos0) {
         float acc = pc.convw.v[c * Kc + Kc - 1u] * x;
         for (uint j = 0; j + 1u < Kc; j++) {
             int p = int(pos) - int(Kc - 1u) + int(j);
-            if (MODE == GDN_MODE_PREFILL && p >= int(pos0)) /* an earlier row of the chunk */
+            if (PREFILL && p >= int(pos0)) /* an earlier row of the chunk */
                 acc += pc.convw.v[c * Kc + j] * pc.qkv.v[(tr0 + uint(p) - pos0) * Cc + c];
             else if (p >= 0)
                 acc += pc.convw.v[c * Kc + j] * pc.ring.v[rofs + (uint(p) % Kc) * Cc + c];
@@ -143,7 +148,7 @@ void step(uint pos, uint tr, uint pos0) {
         float sr[RMAX];
         float kvm = 0.0;
         for (uint r = 0, i = part; r < RMAX; r++, i += NP) {
-            if (MODE == GDN_MODE_SPLIT) sr[r] = sp[r] * decay; /* (zero where not on or fresh) */
+            if (SPLIT) sr[r] = sp[r] * decay; /* (zero where not on or fresh) */
             else sr[r] = on && i < Dk && !fresh ? pc.S.v[base + Dv * i] * decay : 0.0;
             if (i < Dk) kvm += sr[r] * ks[i];
         }
@@ -156,8 +161,9 @@ void step(uint pos, uint tr, uint pos0) {
         for (uint r = 0, i = part; r < RMAX; r++, i += NP) {
             if (!on || i >= Dk) continue;
             float sv = sr[r] + ks[i] * delta;
-            pc.S.v[base + Dv * i] = sv;
-            if (MODE == GDN_MODE_PREFILL && (pc.flags & GDN_HIST) != 0u && tr + 1u < nT)
+            if (MODE == GDN_MODE_PSPLIT) sp[r] = sv;
+            if (MODE != GDN_MODE_PSPLIT || tr + 1u == nT) pc.S.v[base + Dv * i] = sv;
+            if (PREFILL && (pc.flags & GDN_HIST) != 0u && tr + 1u < nT)
                 pc.gnorm.v[tr * ((pc.Hv * Dk * Dv + 63u) & ~63u) + base + Dv * i] = sv;
             o += sv * qs[i];
         }
@@ -170,8 +176,8 @@ void step(uint pos, uint tr, uint pos0) {
         }
         barrier();
     }
-    if (MODE == GDN_MODE_PREFILL) {
-        for (uint j = t; j < Dv; j += NT) pc.out_.v[(tr * pc.Hv + h) * Dv + j] = ys[j];
+    if (PREFILL) {
+        for (uint j = j0 + t; j < j1; j += NT) pc.out_.v[(tr * pc.Hv + h) * Dv + j] = ys[j];
         barrier(); /* qs, ks, vs, ys are the next token's */
         return;
     }
@@ -234,7 +240,7 @@ void main() {
     }
     uint pos0 = floatBitsToUint(pc.z.v[0]), T = floatBitsToUint(pc.z.v[1]), bw = floatBitsToUint(pc.z.v[3]);
     uint Cc = 2u * pc.Hk * Dk + pc.Hv * Dv, end = T;
-    if (bw != 0u) { /* the run starting at row gl_WorkGroupID.y, if one does */
+    if (bw != 0u && MODE != GDN_MODE_PSPLIT) { /* the run starting at row gl_WorkGroupID.y, if one does */
         uint r = gl_WorkGroupID.y, sq = floatBitsToUint(pc.z.v[bw + 2u + 2u * T + r]);
         if (r >= T || (r > 0u && floatBitsToUint(pc.z.v[bw + 2u + 2u * T + r - 1u]) == sq)) return;
         for (end = r + 1u; end < T && floatBitsToUint(pc.z.v[bw + 2u + 2u * T + end]) == sq; end++) {}
@@ -248,7 +254,7 @@ void main() {
         sofs = sq * pc.Hv * Dk * Dv;
         rofs = sq * Kc * Cc;
     }
-    if (MODE == GDN_MODE_PREFILL) {
+    if (PREFILL) {
         nT = T;
         for (uint tr = tr0; tr < end; tr++) step(pos0 + tr - tr0, tr, pos0);
         return;

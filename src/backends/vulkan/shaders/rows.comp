@@ -12,7 +12,7 @@
  *                      in a batch program (prm[3] != 0) the pool row the params block gives
  *                      token t (prefill.h), none for a dead row
  *   MODE 5  sigmoid_mul out = a * sigmoid(b), b with H = n gates a row, or H = 1 (one gate
- *                      for the row)
+ *                      for the row); flags & ROWS_ADD2: out = v + (c + a * sigmoid(b))
  *   MODE 6  rms_norm then rope (the q/k norms of attention, rope's rows of H heads): one
  *                      kernel and no barrier between them; out may be a (a row is read
  *                      whole before it is written); with flags & ROWS_KV (the k norm) also
@@ -230,7 +230,9 @@ void main() {
     } else if (MODE == ROWS_MODE_SIGMOID_MUL) {
         for (uint i = tid; i < n; i += 128u) {
             float g = pc.b.v[pc.H == 1u ? r : base + i];
-            pc.out_.v[base + i] = pc.a.v[base + i] / (1.0 + exp(-g));
+            float y = pc.a.v[base + i] / (1.0 + exp(-g));
+            if ((pc.flags & ROWS_ADD2) != 0u) y = pc.v.v[base + i] + (pc.c.v[base + i] + y);
+            pc.out_.v[base + i] = y;
         }
     } else if (MODE == ROWS_MODE_HALF) {
         float m = 0.0;
