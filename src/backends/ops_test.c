@@ -276,7 +276,7 @@ static void test_few_rows_moe(void **state) {
         kernel_name(want, sizeof want, tiles ? "mm_experts_" : rounded ? "moe_gu_qx_" : "moe_gu_", cases[i].type);
         if (!strstr(r.kernels, want)) fail_msg("%s: kernels %s, wanted %s", name, r.kernels, want);
         assert_true(rounded == (strstr(r.kernels, "mmb_round") != NULL));
-        /* (the float32 router a row each on the decode's matvec with them, else mmb.comp) */
+        /* (the float32 router on the decode's matvec over a grid of the rows with them, else mmb.comp) */
         assert_true(tiles == (strstr(r.kernels, "matvec_f32") == NULL));
         assert_true(r.rel < 2e-3);
     }

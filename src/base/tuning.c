@@ -268,7 +268,7 @@ static const struct knob KNOBS[] = {
         "matrix-vector kernels (gate/up -> SwiGLU, then the weighted down projection summed; on "
         "integer dot products where ANVIL_VK_MOE_QX and the device take them), every expert's "
         "weights read once per row that chose it, and their narrow float products (the router, "
-        "a shared expert's gate logit) on the decode's matvec a row each; 0 keeps them on the "
+        "a shared expert's gate logit) on the decode's matvec over a grid of the rows; 0 keeps them on the "
         "prefill's float32 tiles and mmb.comp, as every step of 16 rows or more is. H200, "
         "--spec oracle --spec-n 3: Qwen3.6-35B-A3B Q4_K_M 84 -> 447 t/s, Qwen3-30B-A3B 126 -> "
         "729 (docs/perf/log.md §69)."),
@@ -290,7 +290,9 @@ static const struct knob KNOBS[] = {
     BOOL("ANVIL_VK_GDN_SPLIT", C_DIAGNOSTIC, vk_gdn_split, 1,
          "Decode: each Gated DeltaNet value head's state columns split over workgroups of 32 "
          "(gdn.comp MODE 3: the 35B-A3B's 32 heads on 128 workgroups, the head's last one making "
-         "the gated norm) where the heads' width is a multiple of 32; 0 keeps a workgroup a head."),
+         "the gated norm) where the heads' width is a multiple of 32; 0 keeps a workgroup a head. "
+         "So too the prefill's recurrent form outside a batch (a speculative verify step's rows: gdn.comp "
+         "MODE 4, each workgroup's columns of the state in registers from row to row)."),
     BOOL("ANVIL_VK_GDN_QX", C_DIAGNOSTIC, vk_gdn_qx, 1,
          "Decode: the Gated DeltaNet (gdn.comp) rounds its output for its out projection, which "
          "then takes integer dot products and rounds its own output for the experts' gate/up "

@@ -296,6 +296,20 @@ static bool shared_tail(struct vk_prefill *p, struct graph_plan *P, int i, int *
     return true;
 }
 
+/* Whether a row-wise op writing [out, out + bytes) may run beside the DeltaNet's conv ring
+ * (gdn.comp MODE 2) emitted just before it, with no barrier between them: the ring writes only
+ * the layer's states (and their history), reads qkv, the op's output must not meet it (the
+ * gated norm of the layer's output, which the barrier before the ring already orders after the
+ * DeltaNet; one barrier fewer a DeltaNet layer). */
+static bool beside_ring(const struct vk_prefill *p, uint64_t out, uint64_t bytes) {
+    const struct pf_op *prev = p->n_ops ? &p->ops[p->n_ops - 1] : NULL;
+    if (!prev || prev->k != K_GDN_RING || !p->b->d->tune.vk_mmb_beside) return false;
+    const struct pc_gdn *g = (const struct pc_gdn *)prev->push;
+    uint32_t Dk = g->dims & 0xffff, Dv = g->dims >> 16;
+    uint64_t qkv = (uint64_t)p->T * (2 * g->Hk * Dk + g->Hv * Dv) * 4;
+    return !ranges_meet(out, bytes, g->qkv, qkv);
+}
+
 anvil_status pf_emit_round(struct vk_prefill *p, uint64_t x, uint64_t bw, uint64_t y, uint32_t rows, uint32_t K,
                            uint32_t Kp, float eps, uint32_t flags) {
     VkDeviceSize qbytes = round_up((VkDeviceSize)rows * Kp, 256);
@@ -427,13 +441,16 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 break;
             }
             uint32_t Kp;
+            bool ring = beside_ring(p, pc.out_, (uint64_t)rows * ne0 * 4);
             if (g->aux >= 0 && P->root[g->aux] == i) { /* rows a run keeps (read_aux): as floats */
                 st = pf_emit(p, K_ROWS_NORM, rows, 0, &pc, sizeof pc);
+                if (st == ANVIL_OK && ring) p->ops[p->n_ops - 1].overlap = true;
                 break;
             }
             if (ne0 % 8 == 0 && rounds_for_products(p, P, i, &Kp)) {
                 /* read only by few-row products on integer dot products: normed as rounded */
                 st = pf_emit_round(p, pc.a, pc.b, pc.out_, rows, ne0, Kp, nd->p.f[0], MMB_RND_NORM);
+                if (st == ANVIL_OK && ring) p->ops[p->n_ops - 1].overlap = true;
                 break;
             }
             bool half = half_rows(p, P, i);
@@ -443,6 +460,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 pc.hs = p->xs;
             }
             st = pf_emit(p, K_ROWS_NORM, rows, 0, &pc, sizeof pc);
+            if (st == ANVIL_OK && ring) p->ops[p->n_ops - 1].overlap = true;
             if (half) p->xh_of = pf_addr(p, P, i);
             break;
         }
@@ -488,29 +506,41 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 break;
             }
             /* a few rows of a MoE's float router (at most 512 outputs) or a hybrid's
-             * shared-expert gate logit (one): the decode's matrix-vector kernel a row each, the
-             * rows' dispatches side by side, where mmb.comp's float path gives each subgroup 2
-             * rows of W and walks K in dependent steps (the 35B-A3B's 4-row router ~17 us, its
-             * gate logit ~19, each as long as the step's experts; perf rule "few-row
-             * products"). With the few rows' experts (ANVIL_VK_MOE_FEW), whose steps have them. */
+             * shared-expert gate logit (one): the decode's matrix-vector kernel over a grid of
+             * the rows in z (row z's input at z * Kx, its output at z * ne0), where mmb.comp's
+             * float path gives each subgroup 2 rows of W and walks K in dependent steps (the
+             * 35B-A3B's 4-row router ~17 us, its gate logit ~19, each as long as the step's
+             * experts; perf rule "few-row products"); a dispatch a row before session 31. With
+             * the few rows' experts (ANVIL_VK_MOE_FEW), whose steps have them. */
             int wt = wn->weight->type;
             if (rows >= 2 && rows <= (uint32_t)b->d->tune.vk_moe_few && (ne0 == 1 || routes(P, i)) &&
                 pc.Kp8 * 8 == Kx && (wt == DT_F32 || wt == DT_F16 || wt == DT_BF16)) {
                 enum vk_kernel k = vk_kernel_for(VK_OP_MATVEC, wt);
                 uint32_t nr = vk_matvec_rows(&b->pl, k);
-                for (uint32_t t = 0; t < rows && st == ANVIL_OK; t++) {
-                    struct pc_matvec mv = {0};
-                    mv.x = pc.x + (uint64_t)t * Kx * 4;
-                    mv.ctl = prm;
-                    mv.w0 = pc.w;
-                    mv.o0 = pc.y + (uint64_t)t * ne0 * 4;
-                    mv.res = pc.flags ? pc.res + (uint64_t)t * ne0 * 4 : mv.o0;
-                    mv.Kp8 = pc.Kp8;
-                    mv.K = Kx;
-                    mv.rows0 = ne0;
-                    mv.flags = pc.flags ? MV_RES : 0u;
-                    if ((st = pf_emit(p, k, (ne0 + nr - 1) / nr, 0, &mv, sizeof mv)) == ANVIL_OK && t)
-                        p->ops[p->n_ops - 1].overlap = true;
+                struct pc_matvec mv = {0};
+                mv.x = pc.x;
+                mv.ctl = prm;
+                mv.w0 = pc.w;
+                mv.o0 = pc.y;
+                mv.res = pc.flags ? pc.res : mv.o0;
+                mv.Kp8 = pc.Kp8;
+                mv.K = Kx;
+                mv.rows0 = ne0;
+                mv.flags = pc.flags ? MV_RES : 0u;
+                /* the shared expert's gate logit beside its down projection, emitted just before
+                 * it (neither reads what the other writes: a barrier fewer a layer) */
+                const struct pf_op *prev = p->n_ops ? &p->ops[p->n_ops - 1] : NULL;
+                bool beside = false;
+                if (ne0 == 1 && prev && mmb_kernel(prev->k) && !prev->overlap && b->d->tune.vk_mmb_beside) {
+                    const struct pc_mmb *d = (const struct pc_mmb *)prev->push;
+                    uint64_t ny = (uint64_t)d->T * d->N * 4, nx = (uint64_t)rows * Kx * 4;
+                    beside = !ranges_meet(d->y, ny, mv.x, nx) && !ranges_meet(d->y, ny, mv.o0, (uint64_t)rows * 4) &&
+                             !ranges_meet(d->x, (uint64_t)d->T * d->K * 4, mv.o0, (uint64_t)rows * 4) &&
+                             (!(d->flags & MM_RES) || !ranges_meet(d->res, ny, mv.o0, (uint64_t)rows * 4));
+                }
+                if ((st = pf_emit(p, k, (ne0 + nr - 1) / nr, 0, &mv, sizeof mv)) == ANVIL_OK) {
+                    p->ops[p->n_ops - 1].gz = rows;
+                    p->ops[p->n_ops - 1].overlap = beside;
                 }
                 break;
             }

@@ -16,6 +16,8 @@
  *   rows at strides from the shapes: its input at z * Kp (MODE 2: floats, or QX int8s with
  *   their scales at normw + z * Kp / 32), its routing at o1 + z * 128, its MODE 2 outputs at
  *   o0 + z * rows1 * rows2 (MODE 3's input likewise), its MODE 3 output (and res) at o0 + z * rows0.
+ *   So too MODE 0 of float weights (a few rows' router, prefill/lower.c): row z's input at
+ *   z * Kp floats, its output (and res) at o0 + z * rows0.
  * K = input width (Kp = the rows' padded length, common.glsl; x is zero past K).
  * Each workgroup computes NR consecutive rows; its threads split K in units (common.glsl).
  * QX (Q8_0, Q4_K, Q5_K, Q6_K; MODE 0 and 1): x comes rounded to int8 (the int8s at x, the
@@ -182,8 +184,14 @@ void main() {
     W_INIT(pc.w0)
     if (pc.ctl.stop != 0u) return;
     uint wg = MODE == MV_MODE_MOE_GU ? gl_WorkGroupID.x : gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-    /* the experts' row of a few-row step (0 for the other modes, where it folds away) */
+    /* the experts' row of a few-row step, and (MODE 0 of float weights) a few rows' router or
+     * shared-expert gate logit, row z: its input at z * Kp, its output at o0 + z * rows0 (0 for
+     * the other modes, where it folds away) */
+#if !defined(QX) && (defined(W_F32) || defined(W_F16) || defined(W_BF16))
+    uint zr = MODE != MV_MODE_SWIGLU ? gl_WorkGroupID.z : 0u;
+#else
     uint zr = MODE >= MV_MODE_MOE_GU ? gl_WorkGroupID.z : 0u;
+#endif
 #ifdef QXT
     /* the thread's team and its index in it */
     uint TW = gl_WorkGroupSize.x / NT, team = gl_LocalInvocationID.x / TW, tl = gl_LocalInvocationID.x % TW;
