@@ -380,7 +380,7 @@ typedef struct anvil_batch_params {
                                      prompt tokens one step runs, over all joining sequences);
                                      n_ctx: the most tokens one sequence holds */
     int n_seq_max;  /* sequences at once; 0 = 4 */
-    int kv_block;   /* cache rows per block of the pool; 0 = 64 */
+    int kv_block;   /* cache rows per block of the pool; 0 = 64 (the default params' value) */
     int kv_blocks;  /* blocks in the pool; 0 = enough for n_seq_max whole contexts */
     int keep_logits; /* non-zero: each step's logits are kept for anvil_batch_logits */
     int no_prefix_cache; /* non-zero: no prompt reuses another's cache blocks (below) */
@@ -414,6 +414,10 @@ const char *anvil_batch_errmsg(const anvil_batch *b);
  */
 anvil_status anvil_batch_add(anvil_batch *b, const int32_t *prompt, int n_prompt,
                              const anvil_generate_params *p, int *id);
+/* Non-zero when anvil_batch_add would take a prompt of n_prompt tokens and max_tokens now: a free
+ * slot, and room in the pool beside what the others may still take (a caller that queues
+ * requests waits while not: once the batch has emptied, any prompt within the context fits). */
+int anvil_batch_fits(const anvil_batch *b, int n_prompt, int max_tokens);
 /* Removes a sequence, finished or not (a cancellation): its slot and cache blocks are free for
  * the next add at once. Every added id is removed once. */
 anvil_status anvil_batch_remove(anvil_batch *b, int id);

@@ -128,6 +128,7 @@ anvil_batch_params anvil_batch_default_params(void) {
     anvil_batch_params p;
     memset(&p, 0, sizeof p);
     p.session = anvil_session_default_params();
+    p.kv_block = 64;
     p.snapshot_token = -1;
     return p;
 }
@@ -296,6 +297,19 @@ int anvil_batch_cached_tokens(const anvil_batch *b, int id) {
     return q ? q->n_cached : -1;
 }
 
+/* The blocks a sequence of n_prompt and max_tokens is promised at its add. */
+static int blocks_needed(const anvil_batch *b, int n_prompt, int max_tokens) {
+    int64_t rows = MIN((int64_t)n_prompt + max_tokens, (int64_t)b->n_ctx);
+    return (int)((rows + b->kv_block - 1) / b->kv_block);
+}
+
+int anvil_batch_fits(const anvil_batch *b, int n_prompt, int max_tokens) {
+    if (!b || n_prompt < 1 || max_tokens < 1) return 0;
+    bool slot = false;
+    for (int i = 0; i < b->n_seq_max && !slot; i++) slot = !b->seqs[i].id;
+    return slot && blocks_needed(b, n_prompt, max_tokens) <= b->n_free + b->n_idle - b->promised;
+}
+
 anvil_status anvil_batch_add(anvil_batch *b, const int32_t *prompt, int n_prompt,
                              const anvil_generate_params *gp, int *id) {
     if (!b || !prompt || n_prompt < 1 || !gp || !id || gp->max_tokens <= 0 ||
@@ -321,8 +335,7 @@ anvil_status anvil_batch_add(anvil_batch *b, const int32_t *prompt, int n_prompt
     for (int i = 0; i < b->n_seq_max && !q; i++)
         if (!b->seqs[i].id) q = &b->seqs[i];
     if (!q) return keep(b, err_set(ANVIL_ERR_RANGE, "the batch is full: %d sequences", b->n_seq_max));
-    int64_t rows = MIN((int64_t)n_prompt + gp->max_tokens, (int64_t)b->n_ctx);
-    int need = (int)((rows + b->kv_block - 1) / b->kv_block);
+    int need = blocks_needed(b, n_prompt, gp->max_tokens);
     if (need > b->n_free + b->n_idle - b->promised)
         return keep(b, err_set(ANVIL_ERR_RANGE, "the batch is full: %d cache blocks needed, %d free",
                                need, b->n_free + b->n_idle - b->promised));

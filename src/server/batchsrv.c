@@ -122,7 +122,9 @@ void batch_worker(struct server *s) {
         while (s->queue_head && !atomic_load(&s->stopping)) {
             struct job *j = s->queue_head;
             bool solo = job_needs_session(j) || j->gen.max_tokens < 1;
-            if (!solo && !(q = free_slot(sl, P))) break;
+            /* (a job the pool has no room for yet waits at the head: FIFO) */
+            if (!solo && (!(q = free_slot(sl, P)) || !anvil_batch_fits(s->batch, j->n_prompt, j->gen.max_tokens)))
+                break;
             j = server_take_head(s);
             pthread_mutex_unlock(&s->mu);
             if (solo) {

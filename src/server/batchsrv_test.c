@@ -47,6 +47,7 @@ static double now(void) {
 
 static char *tokenizer_dir;
 static struct server *live; /* the server running, stopped by the teardown if a check failed */
+static int kv_pool;         /* --kv-pool of the batch servers start() makes (0: the default) */
 
 /* A server of model on backend be with that many slots, ready; fails the test if it cannot be
  * started. model must outlive it. */
@@ -58,6 +59,7 @@ static struct server *start(const char *model, anvil_backend_kind be, int parall
     o.port = 0;
     o.n_threads = 2;
     o.parallel = parallel;
+    o.kv_pool = kv_pool;
     o.session.backend = be;
     o.session.n_ctx = N_CTX;
     o.session.n_threads = 2;
@@ -465,6 +467,31 @@ static void test_moe_vulkan(void **state) {
     if (vulkan()) check_model("reference/qwen3moe-tiny", ANVIL_BACKEND_VULKAN);
 }
 
+/* The scenario with a pool of one context (--kv-pool 256: 4 blocks): the story's 200 tokens
+ * need all of it, so requests wait at the queue's head for room (none refused), and every
+ * answer is still its alone one. */
+static void test_small_pool_cpu(void **state) {
+    (void)state;
+    kv_pool = N_CTX;
+    check_model("reference/qwen3-tiny", ANVIL_BACKEND_CPU);
+    kv_pool = 0;
+    /* a pool smaller than one context is refused at the start, with the sizes */
+    struct server_options o;
+    server_options_default(&o);
+    o.model_path = tu_testdata("reference/qwen3-tiny");
+    o.tokenizer_path = tokenizer_dir;
+    o.port = 0;
+    o.parallel = 2;
+    o.kv_pool = N_CTX / 2;
+    o.session.backend = ANVIL_BACKEND_CPU;
+    o.session.n_ctx = N_CTX;
+    struct server *srv;
+    assert_int_equal(server_start(&o, &srv), ANVIL_OK);
+    assert_int_not_equal(server_wait_ready(srv), ANVIL_OK);
+    assert_non_null(strstr(anvil_last_error(), "cannot hold one context"));
+    server_stop(srv);
+}
+
 static void test_hybrid_vulkan(void **state) {
     (void)state;
     if (vulkan()) check_model("reference/qwen3_5-tiny", ANVIL_BACKEND_VULKAN);
@@ -583,6 +610,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_teardown(test_dense_vulkan, teardown),
         cmocka_unit_test_teardown(test_moe_vulkan, teardown),
         cmocka_unit_test_teardown(test_hybrid_vulkan, teardown),
+        cmocka_unit_test_teardown(test_small_pool_cpu, teardown),
         cmocka_unit_test_teardown(test_hybrid_chat_reuse, teardown),
         cmocka_unit_test_teardown(test_prefix_reuse, teardown),
     };

@@ -411,6 +411,7 @@ static anvil_status load(struct server *s) {
         bp.session = s->opt.session;
         bp.n_seq_max = s->opt.parallel;
         bp.snapshot_token = s->im_start; /* a hybrid's states kept where each turn starts too */
+        if (s->opt.kv_pool > 0) bp.kv_blocks = (s->opt.kv_pool + bp.kv_block - 1) / bp.kv_block;
         if ((st = anvil_batch_create(s->model, &bp, &s->batch)) != ANVIL_OK) {
             char why[256];
             snprintf(why, sizeof why, "%s", anvil_last_error());
@@ -504,7 +505,7 @@ anvil_status server_start(const struct server_options *o, struct server **out) {
     if (o->max_body < 64 || o->max_json_depth < 2 || o->max_tokens < 1 ||
         o->default_max_tokens < 1 || o->max_queue < 1 || o->max_connections < 1 ||
         o->max_connections_per_ip < 0 || o->request_timeout_s < 1 || o->parse_budget < o->max_body ||
-        o->parallel < 1 || o->parallel > 256 ||
+        o->parallel < 1 || o->parallel > 256 || o->kv_pool < 0 ||
         o->timeout_s < 1 || o->port < 0 || o->port > 65535 || o->max_prompt_tokens < 0)
         return err_set(ANVIL_ERR_INVALID_ARG, "serve: an option is out of range");
     if (o->spec && o->spec->kind == ANVIL_SPEC_ORACLE)

@@ -61,6 +61,8 @@ struct server_options {
     int max_queue;           /* waiting generation requests beyond this get 503 */
     int parallel;            /* requests generating at once (1: one at a time on the session;
                                 more: continuous batching, docs/BATCHING.md) */
+    int kv_pool;             /* parallel > 1: the tokens the batch's cache holds in all (whole
+                                blocks, at least one context; 0: parallel whole contexts) */
     int max_connections;     /* simultaneous connections, all clients together */
     int max_connections_per_ip; /* simultaneous connections from one client address */
     int timeout_s;           /* a client idle this long (not sending, not reading) is dropped */

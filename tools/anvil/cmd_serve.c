@@ -31,6 +31,8 @@ static void usage(void) {
             "  --max-queue N           waiting requests before 503 (256)\n"
             "  --parallel N            requests generating at once, batched (1: one at a time;\n"
             "                          N > 1 keeps a cache of N contexts beside the session's)\n"
+            "  --kv-pool TOKENS        with --parallel: the batch's cache in tokens, all requests\n"
+            "                          together (at least one context; requests wait for room)\n"
             "  --max-connections N     simultaneous connections (2048)\n"
             "  --max-connections-per-ip N  simultaneous connections from one address (128;\n"
             "                          0 = no limit)\n"
@@ -120,6 +122,8 @@ int cmd_serve(int argc, char **argv) {
             o.max_body = (size_t)n;
         } else if (!strcmp(a, "--parallel")) {
             if (!parse_int(v, 1, 256, &o.parallel)) return fail("bad --parallel \"%s\" (1 to 256)", v);
+        } else if (!strcmp(a, "--kv-pool")) {
+            if (!parse_int(v, 1, 1 << 30, &o.kv_pool)) return fail("bad --kv-pool \"%s\"", v);
         } else if (!strcmp(a, "--max-queue")) {
             if (!parse_int(v, 1, 1 << 20, &o.max_queue)) return fail("bad --max-queue \"%s\"", v);
         } else if (!strcmp(a, "--max-connections")) {
