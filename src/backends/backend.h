@@ -201,6 +201,10 @@ struct backend_vtable {
      * cannot run so (nothing run): the caller reads the logits. */
     anvil_status (*run_argmax)(struct program *p, const int32_t *tokens, int pos0, const struct run_extras *x,
                                int32_t *token);
+    /* Optional: the device memory this process may still allocate on b's device (its budget
+     * less what it holds, within the backend's cap), less the weights g reads that are not on
+     * the device yet; 0: unknown (NULL: never known). A batch sizes its pool by it. */
+    uint64_t (*free_bytes)(struct backend *b, const struct graph *g);
 };
 
 /* A vision encoder as a backend runs it: the Qwen3-VL family's ViT (vision/vision.h has its

@@ -95,6 +95,7 @@ struct anvil_batch {
     uint64_t *used;         /* [kv_blocks]: when an idle block was last held */
     int32_t *block_tok;     /* [kv_blocks][kv_block]: a registered block's tokens */
     bool recurrent;         /* the model has recurrent layers: chains end at snapshots */
+    bool kv16;              /* the attention caches in float16 */
     int32_t snap_token;     /* anvil_batch_params.snapshot_token */
     int n_snap;             /* snapshots: the graphs' sequences n_seq_max .. n_seq_max + n_snap - 1 */
     int32_t *block_snap;    /* [kv_blocks]: the snapshot of the states at a block's end, or -1 */
@@ -165,6 +166,40 @@ void anvil_batch_destroy(anvil_batch *b) {
     free(b);
 }
 
+/* The pool's blocks where the caller gave none: n_seq_max whole contexts, fewer where the
+ * device's free memory (less the weights still to upload, the states that are not blocks, and
+ * an eighth for the programs' activations and scratch) holds fewer; at least one context
+ * (which may then not fit: its allocation fails, saying so). */
+static int pool_blocks(anvil_batch *b) {
+    int whole = b->n_seq_max * b->max_blocks;
+    if (!b->backend->vt->free_bytes) return whole;
+    struct build_opts o = {1, b->max_blocks * b->kv_block, true, b->n_seq_max + b->n_snap, b->kv_block,
+                           false, false, false, false};
+    struct graph g1, g2;
+    if (model_build_graph(&b->model->model, &o, &g1) != ANVIL_OK) return whole;
+    o.n_ctx = 2 * b->max_blocks * b->kv_block;
+    if (model_build_graph(&b->model->model, &o, &g2) != ANVIL_OK) {
+        graph_free(&g1);
+        return whole;
+    }
+    uint64_t room = b->backend->vt->free_bytes(b->backend, &g1), w, s1, s2;
+    graph_bytes(&g1, b->kv16, &w, &s1);
+    graph_bytes(&g2, b->kv16, &w, &s2);
+    graph_free(&g1);
+    graph_free(&g2);
+    uint64_t per_block = (s2 - s1) / (uint64_t)b->max_blocks, fixed = s1 - per_block * (uint64_t)b->max_blocks;
+    uint64_t reserve = fixed + room / 8;
+    if (!room || !per_block) return whole;
+    uint64_t fit = room > reserve ? (room - reserve) / per_block : 0;
+    int n = (int)MIN(fit, (uint64_t)whole);
+    n = MAX(n, b->max_blocks);
+    char rb[32];
+    log_info("batch: a pool of %d blocks of %d rows (%.1f contexts of %d tokens; %d asked) in %s of free "
+             "device memory", n, b->kv_block, (double)n / b->max_blocks, b->n_ctx, b->n_seq_max,
+             fmt_bytes(rb, room));
+    return n;
+}
+
 anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *params,
                                 anvil_batch **out) {
     if (!model || !out) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_batch_create: NULL argument");
@@ -187,26 +222,49 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     anvil_batch *b = xcalloc(1, sizeof *b);
     if (!b) return ANVIL_ERR_NOMEM;
     b->model = model;
+    b->kv16 = kv16;
     b->V = hp->n_vocab;
     b->n_ctx = p.session.n_ctx ? p.session.n_ctx : (hp->n_ctx_train > 0 ? MIN(hp->n_ctx_train, 4096) : 4096);
     b->n_seq_max = p.n_seq_max ? p.n_seq_max : 4;
     b->kv_block = p.kv_block ? p.kv_block : 64;
     b->max_blocks = (b->n_ctx + b->kv_block - 1) / b->kv_block;
-    b->kv_blocks = p.kv_blocks ? p.kv_blocks : b->n_seq_max * b->max_blocks;
     b->prefill_chunk = p.session.prefill_chunk ? p.session.prefill_chunk : t.prefill_chunk;
     b->keep_logits = p.keep_logits != 0;
-    if (b->kv_blocks < b->max_blocks) {
+    if (p.kv_blocks && p.kv_blocks < b->max_blocks) {
         anvil_batch_destroy(b);
         return err_set(ANVIL_ERR_INVALID_ARG, "a pool of %d blocks of %d rows cannot hold one "
-                       "context of %d", p.kv_blocks, p.kv_block ? p.kv_block : 64, p.session.n_ctx);
+                       "context of %d", p.kv_blocks, b->kv_block, b->n_ctx);
     }
-    int rows = MAX(decode_rows(b->n_seq_max), b->prefill_chunk);
+    int threads = p.session.n_threads ? p.session.n_threads : model->n_threads;
+    /* the backend as a session chooses it: auto is Vulkan where there is a GPU (or the device
+     * named), else the CPU */
+    bool vk = p.session.backend == ANVIL_BACKEND_VULKAN ||
+              (p.session.backend == ANVIL_BACKEND_AUTO && backend_vulkan_available(NULL, 0) &&
+               (backend_vulkan_gpu_available() || p.session.device >= 0 || p.session.n_devices > 0 || t.device >= 0));
+    if (!vk && p.session.n_devices > 0)
+        st = err_set(ANVIL_ERR_INVALID_ARG, "--devices: a split runs on Vulkan devices, not the CPU backend");
+    char why[256];
+    if (st == ANVIL_OK && vk && !backend_vulkan_available(why, sizeof why))
+        st = err_set(ANVIL_ERR_UNSUPPORTED, "--backend vulkan: %s", why);
+    else if (st == ANVIL_OK && vk)
+        st = session_vulkan_backend(&p.session, kv16, model->file->hp.n_layer, &b->backend);
+    else if (st == ANVIL_OK && !vk)
+        st = backend_cpu_create(threads, kv16, &b->backend);
+    if (st != ANVIL_OK) {
+        snprintf(model->err, ERRMSG_LEN, "%s", err_get());
+        anvil_batch_destroy(b);
+        return st;
+    }
+    b->pick = t.vk_batch_pick && b->backend->vt->run_batch_pick;
     for (int l = 0; l < hp->n_layer; l++)
         if (hp->layer_recurrent[l]) b->recurrent = true;
-    b->reuse = !p.no_prefix_cache;
+    /* a recurrent model's prefix cache needs its states' snapshots (states_copy) */
+    b->reuse = !p.no_prefix_cache && (!b->recurrent || b->backend->vt->states_copy);
     /* two a sequence, at most 16 (the 35B-A3B's states are ~63 MB a sequence) */
     b->n_snap = b->reuse && b->recurrent ? MIN(2 * b->n_seq_max, BATCH_SNAPSHOTS) : 0;
     b->snap_token = p.snapshot_token;
+    b->kv_blocks = p.kv_blocks ? p.kv_blocks : pool_blocks(b);
+    int rows = MAX(decode_rows(b->n_seq_max), b->prefill_chunk);
     b->seqs = xcalloc((size_t)b->n_seq_max, sizeof *b->seqs);
     b->tables = xcalloc((size_t)(b->n_seq_max + b->n_snap) * (size_t)b->max_blocks, sizeof *b->tables);
     b->block_snap = xmalloc((size_t)b->kv_blocks * sizeof *b->block_snap);
@@ -234,39 +292,18 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
         if (b->keep_logits) q->logits = xmalloc((size_t)b->V * sizeof *q->logits);
         if (!q->tokens || (b->keep_logits && !q->logits)) st = ANVIL_ERR_NOMEM;
     }
-    for (int i = 0; i < b->kv_blocks && st == ANVIL_OK; i++) {
+    if (st != ANVIL_OK) {
+        anvil_batch_destroy(b);
+        return st;
+    }
+    for (int i = 0; i < b->kv_blocks; i++) {
         b->free_blocks[i] = b->kv_blocks - 1 - i;
         b->parent[i] = -2;
         b->block_snap[i] = -1;
     }
-    for (int i = 0; i < b->n_snap && st == ANVIL_OK; i++) b->snap_block[i] = -1;
+    for (int i = 0; i < b->n_snap; i++) b->snap_block[i] = -1;
     b->n_free = b->kv_blocks;
     b->next_id = 1;
-    int threads = p.session.n_threads ? p.session.n_threads : model->n_threads;
-    /* the backend as a session chooses it: auto is Vulkan where there is a GPU (or the device
-     * named), else the CPU */
-    bool vk = p.session.backend == ANVIL_BACKEND_VULKAN ||
-              (p.session.backend == ANVIL_BACKEND_AUTO && backend_vulkan_available(NULL, 0) &&
-               (backend_vulkan_gpu_available() || p.session.device >= 0 || p.session.n_devices > 0 || t.device >= 0));
-    if (st == ANVIL_OK && !vk && p.session.n_devices > 0)
-        st = err_set(ANVIL_ERR_INVALID_ARG, "--devices: a split runs on Vulkan devices, not the CPU backend");
-    char why[256];
-    if (st == ANVIL_OK && vk && !backend_vulkan_available(why, sizeof why))
-        st = err_set(ANVIL_ERR_UNSUPPORTED, "--backend vulkan: %s", why);
-    else if (st == ANVIL_OK && vk)
-        st = session_vulkan_backend(&p.session, kv16, model->file->hp.n_layer, &b->backend);
-    else if (st == ANVIL_OK && !vk)
-        st = backend_cpu_create(threads, kv16, &b->backend);
-    if (st != ANVIL_OK) {
-        snprintf(model->err, ERRMSG_LEN, "%s", err_get());
-        anvil_batch_destroy(b);
-        return st;
-    }
-    b->pick = t.vk_batch_pick && b->backend->vt->run_batch_pick;
-    if (b->recurrent && !b->backend->vt->states_copy) { /* no snapshots: no reuse */
-        b->reuse = false;
-        b->n_snap = 0;
-    }
     *out = b;
     return ANVIL_OK;
 }

@@ -572,6 +572,49 @@ static void test_prefix_cache_vulkan(void **state) {
     check_prefix_cache(tu_testdata("reference/qwen3_5-tiny"), ANVIL_BACKEND_VULKAN, recurrent_cached);
 }
 
+/* The pool sized by the device's free memory where the caller gives no size: under a cap of
+ * 1 MiB (ANVIL_VK_MAX_MEMORY) fewer than the 8 contexts asked, at least one; with no way to
+ * know (the CPU) the 8 whole contexts. anvil_batch_fits says exactly when an add finds room:
+ * sequences of a whole context each are admitted until the pool holds no more, and an add that
+ * it refuses is refused (ANVIL_ERR_RANGE). */
+static void test_pool_by_memory(void **state) {
+    (void)state;
+    vulkan_or_skip();
+    anvil_model_params mp = {2};
+    anvil_model *m;
+    if (anvil_model_open(tu_testdata("reference/qwen3-tiny"), &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
+    anvil_batch_params bp = anvil_batch_default_params();
+    bp.session.n_ctx = N_CTX;
+    bp.n_seq_max = 8;
+    bp.kv_block = 4; /* 16 blocks a context */
+    for (int be = 0; be < 2; be++) {
+        bp.session.backend = be ? ANVIL_BACKEND_VULKAN : ANVIL_BACKEND_CPU;
+        setenv("ANVIL_VK_MAX_MEMORY", "1M", 1);
+        anvil_batch *b;
+        anvil_status st = anvil_batch_create(m, &bp, &b);
+        unsetenv("ANVIL_VK_MAX_MEMORY");
+        assert_int_equal(st, ANVIL_OK);
+        int total = 0;
+        anvil_batch_kv_blocks(b, &total);
+        fprintf(stderr, "pool by memory, %s: %d blocks of 4 (8 contexts of 16 asked)\n", be ? "vulkan" : "cpu", total);
+        if (be) assert_true(total >= 16 && total < 8 * 16);
+        else assert_int_equal(total, 8 * 16);
+        int32_t p[4] = {1, 2, 3, 4};
+        anvil_generate_params gp = {anvil_sampling_default(), N_CTX - 4, NULL, 0, NULL, NULL, NULL};
+        int admitted = 0, id;
+        while (anvil_batch_fits(b, 4, N_CTX - 4)) {
+            assert_int_equal(anvil_batch_add(b, p, 4, &gp, &id), ANVIL_OK);
+            admitted++;
+        }
+        assert_int_equal(admitted, MIN(total / 16, 8));
+        assert_int_equal(anvil_batch_add(b, p, 4, &gp, &id), ANVIL_ERR_RANGE);
+        gp.max_tokens = 1; /* a block, if the slots are not all taken */
+        assert_int_equal(anvil_batch_fits(b, 4, 1), admitted < 8 && total - 16 * admitted >= 1);
+        anvil_batch_destroy(b);
+    }
+    anvil_model_close(m);
+}
+
 static void test_limits(void **state) {
     (void)state;
     anvil_model_params mp = {2};
@@ -644,6 +687,7 @@ int main(void) {
         cmocka_unit_test(test_wide_vulkan),
         cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_prefix_cache_vulkan),
+        cmocka_unit_test(test_pool_by_memory),
         cmocka_unit_test(test_limits),
     };
     /* ANVIL_TEST_FILTER=*vulkan runs the tests matching a pattern */

@@ -810,6 +810,7 @@ static const struct backend_vtable cpu_vtable = {
     cpu_run_batch, backend_cpu_run_extras, NULL, cpu_states_save, cpu_states_restore, cpu_states_rewind,
     NULL, NULL, NULL, /* capacity; run_batch_pick, run_pick: the host chooses (the reference) */
     cpu_read_aux, cpu_states_copy, NULL, /* run_argmax: the host chooses */
+    NULL, /* free_bytes: host memory */
 };
 
 anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens, int pos0,

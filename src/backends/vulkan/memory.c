@@ -38,6 +38,21 @@ VkDeviceSize vk_device_local_bytes(struct vk_device *d) {
     return best;
 }
 
+VkDeviceSize vk_device_free_bytes(struct vk_device *d) {
+    if (!d->has_budget) return d->max_mem ? (d->max_mem > d->mem_now ? d->max_mem - d->mem_now : 1) : 0;
+    VkPhysicalDeviceMemoryBudgetPropertiesEXT budget = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT};
+    VkPhysicalDeviceMemoryProperties2 mp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2,
+                                            .pNext = &budget};
+    vkGetPhysicalDeviceMemoryProperties2(d->phys, &mp);
+    VkDeviceSize best = 0;
+    for (uint32_t h = 0; h < d->mem.memoryHeapCount; h++)
+        if ((d->mem.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) && budget.heapBudget[h] > budget.heapUsage[h])
+            best = MAX(best, budget.heapBudget[h] - budget.heapUsage[h]);
+    if (d->max_mem) best = MIN(best, d->max_mem > d->mem_now ? d->max_mem - d->mem_now : 1);
+    return best;
+}
+
 anvil_status vk_buffer_create(struct vk_device *d, VkDeviceSize size, enum vk_mem_kind kind,
                               const char *what, struct vk_buffer *out) {
     memset(out, 0, sizeof *out);

@@ -944,6 +944,29 @@ static anvil_status vk_read_aux(struct program *pp, float *out) {
 
 static uint64_t vk_capacity(struct backend *base) { return vk_device_local_bytes(((struct vk_backend *)base)->d); }
 
+/* backend_vtable.free_bytes: the device's free memory less g's weights no backend on the device
+ * has uploaded (their size in the file: the upload's within a few percent). */
+static uint64_t vk_free_bytes(struct backend *base, const struct graph *g) {
+    struct vk_backend *b = (struct vk_backend *)base;
+    uint64_t room = vk_device_free_bytes(b->d), need = 0;
+    if (!room) return 0;
+    struct vk_shared *sh = b->d->sh;
+    pthread_mutex_lock(&sh->w_lock);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const struct node *n = &g->nodes[i];
+        if (n->op != OP_WEIGHT && n->op != OP_WEIGHT_ROWS && n->op != OP_WEIGHT_STACK) continue;
+        bool there = false;
+        for (int e = 0; e < sh->n_sw && !there; e++)
+            there = sh->sw[e].t == n->weight && (n->op != OP_WEIGHT_STACK || sh->sw[e].stack == n->stack);
+        if (there) continue;
+        if (n->op == OP_WEIGHT_STACK)
+            for (int e = 0; e < n->ne[2]; e++) need += n->stack[e]->size;
+        else need += n->weight->size;
+    }
+    pthread_mutex_unlock(&sh->w_lock);
+    return room > need ? room - need : 1;
+}
+
 static const struct backend_vtable vk_vtable = {
     "vulkan", vk_destroy, vk_compile, vk_prog_destroy, vk_run, vk_generate, vk_describe,
     vk_failed, vk_memory, vk_time, vk_device_name, vk_run_batch, vk_run_extras, vk_vit_encode, vk_states_save,
@@ -951,6 +974,7 @@ static const struct backend_vtable vk_vtable = {
     vk_read_aux,
     vk_states_copy,
     vk_run_argmax,
+    vk_free_bytes,
 };
 
 void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t max_memory) {

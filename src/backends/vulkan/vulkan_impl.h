@@ -174,6 +174,10 @@ void vk_buffer_destroy(struct vk_device *d, struct vk_buffer *b);
 /* Bytes of device-local memory anvil may use: the largest device-local heap, or its budget
  * (VK_EXT_memory_budget: what other processes leave), capped by ANVIL_VK_MAX_MEMORY. */
 VkDeviceSize vk_device_local_bytes(struct vk_device *d);
+/* What the process may still allocate in device-local memory (VK_EXT_memory_budget: the largest
+ * heap's budget less its usage), within the session's cap (ANVIL_VK_MAX_MEMORY less what the
+ * session holds); 0: unknown (no budget extension and no cap). */
+VkDeviceSize vk_device_free_bytes(struct vk_device *d);
 /* The Vulkan devices there are (usable or not; 0 without a loader). */
 int vk_device_count(void);
 
