@@ -231,9 +231,10 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->prefill_chunk = p.session.prefill_chunk ? p.session.prefill_chunk : t.prefill_chunk;
     b->keep_logits = p.keep_logits != 0;
     if (p.kv_blocks && p.kv_blocks < b->max_blocks) {
+        st = err_set(ANVIL_ERR_INVALID_ARG, "a pool of %d blocks of %d rows cannot hold one context of %d",
+                     p.kv_blocks, b->kv_block, b->n_ctx);
         anvil_batch_destroy(b);
-        return err_set(ANVIL_ERR_INVALID_ARG, "a pool of %d blocks of %d rows cannot hold one "
-                       "context of %d", p.kv_blocks, b->kv_block, b->n_ctx);
+        return st;
     }
     int threads = p.session.n_threads ? p.session.n_threads : model->n_threads;
     /* the backend as a session chooses it: auto is Vulkan where there is a GPU (or the device
