@@ -33,6 +33,7 @@
  * snapshot, whose states it copies into its own slices. A snapshot goes with its block, or,
  * when all are taken, the least recently made or used goes first.
  */
+#include <assert.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -63,7 +64,6 @@ struct bseq {
     int32_t *blocks;   /* its row of the block tables: [max_blocks] */
     int n_blocks;      /* blocks it holds */
     int n_checked;     /* its blocks registered (or adopted) so far, from the first */
-    bool unchained;    /* one of its full blocks could not be registered: neither can the rest */
     int n_cached;      /* prompt tokens adopted from the prefix cache */
     int promised;      /* blocks it may still take */
     bool stepped;      /* ran this step already */
@@ -390,7 +390,6 @@ anvil_status anvil_batch_add(anvil_batch *b, const int32_t *prompt, int n_prompt
     memcpy(q->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
     q->n_prompt = q->n_known = n_prompt;
     q->pos = q->n_generated = q->n_blocks = q->n_checked = q->n_cached = 0;
-    q->unchained = false;
     q->promised = need;
     b->promised += need;
     q->ended = q->has_logits = q->stepped = false;
@@ -488,7 +487,7 @@ static int32_t lookup(const anvil_batch *b, int32_t parent, const int32_t *token
  * but the one holding its last token; on a recurrent model only up to the last of them with a
  * snapshot, whose states then become q's. */
 static anvil_status adopt(anvil_batch *b, struct bseq *q) {
-    if (!b->reuse || q->unchained || q->pos != q->n_blocks * b->kv_block || q->n_checked != q->n_blocks)
+    if (!b->reuse || q->pos != q->n_blocks * b->kv_block || q->n_checked != q->n_blocks)
         return ANVIL_OK;
     int n = q->n_blocks, upto = n, snap = -1;
     for (int pos = q->pos; pos + b->kv_block < q->n_prompt; pos += b->kv_block) {
@@ -548,18 +547,17 @@ static anvil_status take_snapshot(anvil_batch *b, struct bseq *q, int at) {
 
 /* Registers q's blocks that its pos has filled since the last call. Where a registered block
  * holds the same rows (the same tokens under the same parent), q reads that one from then on
- * and lets its own go (the chain goes on through it). */
+ * and lets its own go (the chain goes on through it). Every full block q holds is registered
+ * (its own, adopted, or another's in its place), and registered blocks are unregistered only
+ * when idle, with their descendants, so q's parent block is always registered. */
 static void check_blocks(anvil_batch *b, struct bseq *q) {
     if (!b->reuse) return;
-    for (; !q->unchained && (q->n_checked + 1) * b->kv_block <= q->pos; q->n_checked++) {
+    for (; (q->n_checked + 1) * b->kv_block <= q->pos; q->n_checked++) {
         int32_t k = q->blocks[q->n_checked];
         int32_t parent = q->n_checked ? q->blocks[q->n_checked - 1] : -1;
         const int32_t *t = q->tokens + (size_t)q->n_checked * (size_t)b->kv_block;
         if (b->parent[k] != -2) continue; /* adopted */
-        if (parent >= 0 && b->parent[parent] == -2) { /* (only after an unregistering) */
-            q->unchained = true;
-            break;
-        }
+        assert(parent < 0 || b->parent[parent] != -2);
         int32_t dup = lookup(b, parent, t);
         if (dup >= 0) {
             if (b->refs[dup]++ == 0) b->n_idle--;

@@ -608,7 +608,7 @@ static void test_pool_by_memory(void **state) {
         }
         assert_int_equal(admitted, MIN(total / 16, 8));
         assert_int_equal(anvil_batch_add(b, p, 4, &gp, &id), ANVIL_ERR_RANGE);
-        gp.max_tokens = 1; /* a block, if the slots are not all taken */
+        /* a sequence of one block, if the slots are not all taken */
         assert_int_equal(anvil_batch_fits(b, 4, 1), admitted < 8 && total - 16 * admitted >= 1);
         anvil_batch_destroy(b);
     }
