@@ -96,6 +96,7 @@ struct tuning {
     int vk_qxr;              /* ANVIL_VK_QXR */
     int vk_qxt_all;          /* ANVIL_VK_QXT_ALL */
     int vk_batch;            /* ANVIL_VK_BATCH */
+    int split_form;          /* ANVIL_SPLIT_FORM */
     /* experiment */
     int vk_dq_max_mb;        /* ANVIL_VK_DQ_MAX_MB */
     int vk_matvec_wg;        /* ANVIL_VK_MATVEC_WG */

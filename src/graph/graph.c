@@ -362,6 +362,7 @@ anvil_status graph_part(const struct graph *g, int first, int end, struct graph 
             goto done;
         }
     st = graph_finish(out, map[output]);
+    out->hidden_out = end < L;
 done:
     free(map);
     free(smap);

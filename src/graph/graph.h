@@ -166,6 +166,9 @@ struct graph {
     /* the context's rows where no attention node says it (a split's part of recurrent layers
      * only, graph_part); 0 otherwise */
     int ctx_rows;
+    /* a split's part before the last (graph_part): its output is the hidden state after its
+     * last layer (the residual stream's rows, {C, T}), not logits */
+    bool hidden_out;
 };
 
 /* Creates an empty graph for T tokens; caller frees with graph_free. */

@@ -676,9 +676,11 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
     struct vk_prog *p = xcalloc(1, sizeof *p);
     if (!p) st = ANVIL_ERR_NOMEM;
     if (st == ANVIL_OK) st = vk_rope_params(g, &p->n_rot, &p->theta);
-    /* the decode program ends in the LM head: one token whose output is another node (the final
+    /* the decode program ends in the LM head, or in the hidden state (a split's part before the
+     * last, but in the split's first form): one token whose output is another node (the final
      * norm's, for embeddings), like a batch graph, runs as a prefill program of one row */
-    bool decode = g->n_tokens == 1 && !g->n_seqs && g->nodes[g->output].op == OP_MATMUL;
+    bool decode = g->n_tokens == 1 && !g->n_seqs &&
+                  (g->nodes[g->output].op == OP_MATMUL || (g->hidden_out && b->d->tune.split_form > 0));
     if (st == ANVIL_OK)
         st = decode ? vk_program_create(b, g, &p->decode) : vk_prefill_create(b, g, &p->prefill);
     if (st == ANVIL_OK) st = vk_check_validation(b->d);

@@ -82,7 +82,12 @@ struct vk_program {
     /* ---- set at creation (program.c), read-only afterwards ---- */
     struct vk_backend *b;
     int n_ctx;
-    uint32_t V;
+    uint32_t V; /* the LM head's rows (UINT32_MAX where the program has none: hidden) */
+    /* a layer split's part before the last (graph.hidden_out): the step ends in the hidden
+     * state at logits_off (out_n floats), no token is chosen and the position does not advance
+     * (the host, or a chain, sets both every step: chain.c) */
+    bool hidden;
+    uint32_t out_n; /* the floats the output copy carries: V logits, or the hidden row */
 
     /* ---- device memory (program.c makes it; lower.c lays the arena out) ---- */
     struct vk_buffer arena;    /* activations */
@@ -95,6 +100,9 @@ struct vk_program {
      * recorded step */
     struct vk_buffer input;
     VkDeviceSize in_off, in_bytes;
+    /* where recordings take the input row from (record_input): input.buf, or a chain's
+     * crossing buffer while chain.c records its steps; and where cb_one's output copy goes */
+    VkBuffer in_src;
     /* the graph's aux node (graph.aux: the final norm's row, for the MTP drafter): its block in
      * the arena, copied with the logits into readback at aux_rb by cb_one and cb_copy (0: none) */
     VkDeviceSize aux_off, aux_bytes, aux_rb;
@@ -240,6 +248,14 @@ anvil_status add_prefetch(struct vk_program *p);
 /* The command buffers of variant var (with VAR_BIAS or VAR_LP) recorded into cb_var[var] on its
  * first use, the lp buffer made on the first of any. */
 anvil_status record_variant(struct vk_program *p, int var);
+
+/* One step of variant var into cb: the input row copied in from p->in_src (a split's later
+ * part), then the dispatches (count: into p->stats); lp_ops: the logprobs kernels (VAR_BIAS,
+ * VAR_LP). */
+void record_step(struct vk_program *p, VkCommandBuffer cb, bool count, int var, const struct vk_dispatch *lp_ops);
+/* The output (p->out_n floats at logits_off) and the aux row copied to dst (readback's layout),
+ * made visible to the host. */
+void record_copy_out(struct vk_program *p, VkCommandBuffer cb, VkBuffer dst);
 
 anvil_status check_overlaps(const struct vk_program *p);
 anvil_status record_profile(struct vk_program *p);

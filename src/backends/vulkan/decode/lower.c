@@ -618,12 +618,14 @@ anvil_status lower_graph(struct lower *L) {
     }
     L->p->cur_node = 0;
     int out = L->root[g->output];
-    if (N(L, out)->op != OP_MATMUL)
+    if (N(L, out)->op != OP_MATMUL && !L->p->hidden)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph's output is not a matmul");
     L->p->logits_off = node_off(L, out);
     if (L->unplanned >= 0) /* (the two walks lowered differently) */
         return err_set(ANVIL_ERR_BACKEND, "vulkan: %s has no memory in the decode program's plan",
                        N(L, L->unplanned)->name);
+    /* a split's part before the last ends in its hidden state: no choice of a token */
+    if (L->p->hidden) return ANVIL_OK;
     /* the sampling variant's last op, and its scratch */
     uint32_t nwg = (L->p->V + SAMPLE_CH - 1) / SAMPLE_CH;
     VkDeviceSize part = L->arena_size;

@@ -65,7 +65,7 @@ size_t vk_program_profile(struct vk_program *p, char *buf, size_t cap) {
         {"top-k 20, top-p 0.95", 20, 0, 0.95f, 1.0f},
         {"no top-k (K 256), top-p 0.95, repeat penalty over 64", 256, 64, 0.95f, 1.1f},
     };
-    for (size_t c = 0; c < sizeof cfg / sizeof *cfg; c++) {
+    for (size_t c = 0; c < (p->hidden ? 0 : sizeof cfg / sizeof *cfg); c++) {
         struct sampling_params sp = {0, cfg[c].rp != 1.0f, 1.0f / 0.7f, cfg[c].rp, 1.0f / cfg[c].rp, 0, 0,
                                      cfg[c].top_p, 0, cfg[c].K, cfg[c].window, 42};
         double sum = 0;

@@ -128,7 +128,9 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
         st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph has no KV cache");
         goto done;
     }
-    p->V = (uint32_t)g->nodes[g->output].ne[0];
+    p->hidden = g->hidden_out;
+    p->out_n = (uint32_t)g->nodes[g->output].ne[0];
+    p->V = p->hidden ? UINT32_MAX : p->out_n;
     const struct tuning *t = &b->d->tune;
     /* ANVIL_VK_MEGA_QX: 0 never, 1 whatever the products' sizes */
     L.mega_qx = L.use_qx && b->pl.mega_grid && vk_pipeline_supported(b->d, &b->pl, K_MEGA_QX) && t->vk_mega_qx != 0 &&
@@ -151,11 +153,12 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
         st = vk_rope_table(b, g, p->n_ctx, &p->rope);
     if (st == ANVIL_OK) st = node_labels(p, g);
     if (st == ANVIL_OK) st = lower_graph(&L);
-    p->aux_rb = round_up((VkDeviceSize)p->V * 4, ALIGN);
+    p->aux_rb = round_up((VkDeviceSize)p->out_n * 4, ALIGN);
     if (st == ANVIL_OK) /* (after the walk that finds the aux row's size) */
         st = vk_buffer_create(b->d, p->aux_rb + p->aux_bytes, VK_MEM_READBACK, "logits", &p->readback);
     if (st == ANVIL_OK && p->in_bytes)
         st = vk_buffer_create(b->d, p->in_bytes, VK_MEM_CONTROL, "decode input row", &p->input);
+    p->in_src = p->input.buf;
     if (st != ANVIL_OK) goto done;
     memset(p->ctl.map, 0, p->ctl.size);
     ((struct vk_ctl *)p->ctl.map)->n_ctx = (uint32_t)p->n_ctx;

@@ -22,12 +22,13 @@ anvil_status check_overlaps(const struct vk_program *p) {
     return ANVIL_OK;
 }
 
-/* A split's part: the host's input row into the arena, before the step reads it. */
+/* A split's later part: the input row (the host's, or a chain's crossing buffer: p->in_src)
+ * into the arena, before the step reads it. */
 static void record_input(struct vk_program *p, VkCommandBuffer cb) {
     if (!p->in_bytes) return;
     barrier(cb, STAGE_C, RW, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
     VkBufferCopy c = {0, p->in_off, p->in_bytes};
-    vkCmdCopyBuffer(cb, p->input.buf, p->arena.buf, 1, &c);
+    vkCmdCopyBuffer(cb, p->in_src, p->arena.buf, 1, &c);
     barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, STAGE_C, RW);
 }
 
@@ -41,7 +42,7 @@ static void record_one(struct vk_program *p, VkCommandBuffer cb, const struct vk
 
 /* One step of variant var (VAR_*): ending in the sampling kernel instead of the argmax; the
  * bias before that choice, the logprobs after it (ops: the two logprobs.comp dispatches). */
-static void record_step(struct vk_program *p, VkCommandBuffer cb, bool count, int var, const struct vk_dispatch *lp_ops) {
+void record_step(struct vk_program *p, VkCommandBuffer cb, bool count, int var, const struct vk_dispatch *lp_ops) {
     VkPipeline bound = VK_NULL_HANDLE;
     record_input(p, cb);
     for (int i = 0; i < p->n_ops; i++) {
@@ -72,6 +73,7 @@ static void record_step(struct vk_program *p, VkCommandBuffer cb, bool count, in
 anvil_status record_variant(struct vk_program *p, int var) {
     struct vk_device *d = p->b->d;
     if (p->cb_var[var][1]) return ANVIL_OK; /* (set last, once both are recorded) */
+    if (p->hidden) return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a split's part before the last chooses no token");
     anvil_status st = ANVIL_OK;
     if (!p->lp.buf) {
         st = vk_buffer_create(d, (LP_BIAS_WORDS + (VkDeviceSize)LP_RING * LP_REC_WORDS) * 4, VK_MEM_CONTROL,
@@ -105,10 +107,10 @@ anvil_status record_variant(struct vk_program *p, int var) {
     return st;
 }
 
-static void record_copy_logits(struct vk_program *p, VkCommandBuffer cb) {
+void record_copy_out(struct vk_program *p, VkCommandBuffer cb, VkBuffer dst) {
     barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
-    VkBufferCopy c[2] = {{p->logits_off, 0, (VkDeviceSize)p->V * 4}, {p->aux_off, p->aux_rb, p->aux_bytes}};
-    vkCmdCopyBuffer(cb, p->arena.buf, p->readback.buf, p->aux_bytes ? 2 : 1, c);
+    VkBufferCopy c[2] = {{p->logits_off, 0, (VkDeviceSize)p->out_n * 4}, {p->aux_off, p->aux_rb, p->aux_bytes}};
+    vkCmdCopyBuffer(cb, p->arena.buf, dst, p->aux_bytes ? 2 : 1, c);
     barrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT | STAGE_C, VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT,
             VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
 }
@@ -121,7 +123,7 @@ anvil_status record_profile(struct vk_program *p) {
     if (st == ANVIL_OK) st = vk_cmd_alloc(d, &p->cb_prof);
     if (st == ANVIL_OK) st = vk_cmd_alloc(d, &p->cb_prof_s);
     if (st != ANVIL_OK) return st;
-    {
+    if (!p->hidden) { /* (the sampling kernel alone: a program that chooses) */
         VkCommandBufferBeginInfo bs = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL, 0, NULL};
         VkCommandBuffer c = p->cb_prof_s;
         uint32_t q = (uint32_t)p->n_ops + 1;
@@ -170,6 +172,7 @@ anvil_status record_program(struct vk_program *p) {
     VkCommandBuffer *cbs[7] = {&p->cb_one, &p->cb_batch, &p->cb_copy, &p->cb_single, &p->cb_batch_s,
                                &p->cb_single_s, &p->cb_aux};
     for (int c = 0; c < (p->aux_bytes ? 7 : 6); c++) {
+        if (p->hidden && (c == 4 || c == 5)) continue; /* (no sampling variant: no choice) */
         anvil_status st = vk_cmd_alloc(d, cbs[c]);
         if (st != ANVIL_OK) return st;
         VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
@@ -186,12 +189,12 @@ anvil_status record_program(struct vk_program *p) {
                     VK_ACCESS_HOST_READ_BIT);
         } else if (c == 0) {
             record_step(p, *cbs[c], true, 0, NULL);
-            record_copy_logits(p, *cbs[c]);
+            record_copy_out(p, *cbs[c], p->readback.buf);
         } else if (c == 1 || c == 4) {
             for (int s = 0; s < p->spb; s++) record_step(p, *cbs[c], false, c == 4 ? VAR_SAMPLE : 0, NULL);
             barrier(*cbs[c], STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
         } else if (c == 2) {
-            record_copy_logits(p, *cbs[c]);
+            record_copy_out(p, *cbs[c], p->readback.buf);
         } else {
             record_step(p, *cbs[c], false, c == 5 ? VAR_SAMPLE : 0, NULL);
             barrier(*cbs[c], STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);

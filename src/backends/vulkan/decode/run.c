@@ -47,11 +47,12 @@ anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float
     anvil_status st = vk_submit(p->b->d, &p->cb_one, 1, &v);
     if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
     if (st == ANVIL_OK) st = mega_fault(p);
-    if (st == ANVIL_OK && logits) memcpy(logits, p->readback.map, (size_t)p->V * 4);
+    if (st == ANVIL_OK && logits) memcpy(logits, p->readback.map, (size_t)p->out_n * 4);
     return st;
 }
 
 anvil_status vk_program_run_argmax(struct vk_program *p, int32_t token, int pos0, int32_t *out) {
+    if (p->hidden) return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a split's part before the last chooses no token");
     if (pos0 >= p->n_ctx) return err_set(ANVIL_ERR_RANGE, "vulkan: position %d past the context", pos0);
     ctl_reset(p, token, pos0);
     volatile struct vk_ctl *c = p->ctl.map;
@@ -138,7 +139,7 @@ static void deliver_logprobs(struct vk_program *p, const anvil_logit_params *lg,
 
 anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res) {
     memset(res, 0, sizeof *res);
-    if (p->in_bytes) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: a split's part does not generate alone");
+    if (p->in_bytes || p->hidden) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: a split's part does not generate alone");
     struct vk_device *d = p->b->d;
     if (r->n_feed < 1 || r->pos0 < 0 || r->pos0 + r->n_feed > p->n_ctx || r->max_new < 0 ||
         r->n_stop > CTL_MAX_EOS)
