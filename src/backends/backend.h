@@ -108,6 +108,26 @@ struct dispatch_time {
     uint64_t bytes;     /* the weights, cache rows and states it reads (activations not counted) */
 };
 
+/* A layer split's crossing without the host (backends/split.c, docs/MULTIGPU.md): the parts'
+ * decode programs linked across their devices, so that the host submits every part's step at
+ * once and the devices hand the hidden state and their completion to each other. */
+struct chain;
+struct chain_vtable {
+    /* Whether backends b[0..n-1] (of this kind, in the split's order) can be chained; why not
+     * into why. */
+    bool (*supported)(struct backend **b, int n, char *why, size_t cap);
+    /* Links programs p[0..n-1], compiled by those backends from the parts of one graph of one
+     * token (graph_part, in order): the chain is the caller's, freed with destroy before the
+     * programs; ANVIL_ERR_UNSUPPORTED for programs it cannot link (nothing made). */
+    anvil_status (*create)(struct program **p, int n, struct chain **out);
+    void (*destroy)(struct chain *c);
+    /* As run_extras (x may be NULL) over the whole split: out receives the last part's output. */
+    anvil_status (*run)(struct chain *c, const int32_t *tokens, int pos0, const struct run_extras *x, float *out);
+    /* As backend_vtable.generate over the whole split: steps queued on every device, each part's
+     * waiting on the part before on the device, the choice made on the last. */
+    anvil_status (*generate)(struct chain *c, const struct gen_request *r, struct gen_result *res);
+};
+
 struct backend_vtable {
     const char *name;
     void (*destroy)(struct backend *b);
@@ -205,6 +225,9 @@ struct backend_vtable {
      * less what it holds, within the backend's cap), less the weights g reads that are not on
      * the device yet; 0: unknown (NULL: never known). A batch sizes its pool by it. */
     uint64_t (*free_bytes)(struct backend *b, const struct graph *g);
+    /* Optional: linking a split's parts on this kind's devices (struct chain_vtable); NULL: a
+     * split's hidden state crosses through the host. */
+    const struct chain_vtable *chain;
 };
 
 /* A vision encoder as a backend runs it: the Qwen3-VL family's ViT (vision/vision.h has its
@@ -270,6 +293,11 @@ void backend_vulkan_set_limits(struct backend *b, double timeout_s, uint64_t max
  * the host. The first graph's parts are held to each part's capacity before any compiles
  * (ANVIL_ERR_NOMEM naming each device's bytes). kv16: the caches' type (for those sizes). */
 anvil_status backend_split_create(struct backend **parts, const int *first, int n, bool kv16, struct backend **out);
+/* A split's counts since it was made (b: backend_split_create's, else ANVIL_ERR_INVALID_ARG):
+ * boundaries crossed through the host (a part's output read back and written as the next's
+ * input: prefill chunks, batches, and decode steps where the parts are not chained), and
+ * decode steps run through a chain (every boundary on the devices). For tests. */
+anvil_status split_counts(struct backend *b, uint64_t *host_crossings, uint64_t *chained_steps);
 /* The layer bounds first[n + 1] of n_layers over n devices in proportion to weights[n] (>= 0;
  * all zero: equal); ANVIL_ERR_INVALID_ARG where a device would get no layer. */
 anvil_status split_layers(int n_layers, const float *weights, int n, int *first);

@@ -6,14 +6,19 @@
  * backend into a program of its own (a recorded program on a Vulkan device). A run runs the
  * parts in order; the hidden state ({C, T} floats) crosses from one to the next through the
  * host: the part's output read back, then written as the next part's input rows, a wait on
- * each device per boundary (this first form; the next one's device-to-device copies and
- * pipelining are in the doc).
+ * each device per boundary. A decode step's programs (the fused decode program on every
+ * device, the parts before the last ending in the hidden state) are chained where the parts'
+ * kind can (backend_vtable.chain: on Vulkan devices, host memory both import and shared
+ * timeline semaphores): every part's step submitted at once, the devices handing the hidden
+ * state and their completion to each other, and the device-side generate loop over them.
+ * ANVIL_SPLIT_FORM picks an earlier form, for measuring.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "base/tuning.h"
 
 struct split_backend {
     struct backend base;
@@ -24,6 +29,8 @@ struct split_backend {
     bool kv16;
     bool checked; /* the first graph's sizes were held to the devices' memory */
     char name[512];
+    const struct chain_vtable *chain; /* the parts' kind's, where their devices can be chained */
+    uint64_t host_crossings, chained_steps; /* split_counts */
 };
 
 struct split_prog {
@@ -32,11 +39,13 @@ struct split_prog {
     bool rope[ANVIL_MAX_DEVICES]; /* the part rotates (its layers have attention): it takes
                                      a run's rope positions, the others do not */
     float *cross[2]; /* the hidden state between parts, [T][C] each (ping-pong) */
+    struct chain *chain; /* a decode step's programs chained (split_backend.chain), or NULL */
 };
 
 static void split_prog_destroy(struct program *pp) {
     struct split_prog *p = (struct split_prog *)pp;
     if (!p) return;
+    if (p->chain) p->b->chain->destroy(p->chain);
     for (int i = 0; i < p->b->n; i++)
         if (p->p[i]) p->b->parts[i]->vt->program_destroy(p->p[i]);
     free(p->cross[0]);
@@ -99,6 +108,9 @@ static anvil_status split_compile(struct backend *base, const struct graph *g, s
             err_prefix("device %d of the split (layers %d-%d)", i, b->first[i], b->first[i + 1] - 1);
     }
     for (int i = 0; i < b->n; i++) graph_free(&parts[i]);
+    /* a decode step (one token, logits out) chained across the devices */
+    if (st == ANVIL_OK && b->chain && g->n_tokens == 1 && !g->n_seqs && g->nodes[g->output].op == OP_MATMUL)
+        st = b->chain->create(p->p, b->n, &p->chain);
     if (st != ANVIL_OK) {
         split_prog_destroy((struct program *)p);
         return st;
@@ -113,6 +125,11 @@ static anvil_status split_compile(struct backend *base, const struct graph *g, s
 static anvil_status run_parts(struct split_prog *p, const int32_t *tokens, int pos0, const struct run_extras *x,
                               const struct batch_rows *r, float *out) {
     struct split_backend *b = p->b;
+    if (p->chain && !r) {
+        b->chained_steps++;
+        return b->chain->run(p->chain, tokens, pos0, x, out);
+    }
+    b->host_crossings += (uint64_t)(b->n - 1);
     anvil_status st = ANVIL_OK;
     for (int i = 0; i < b->n && st == ANVIL_OK; i++) {
         const struct backend_vtable *vt = b->parts[i]->vt;
@@ -152,6 +169,24 @@ static anvil_status split_run_batch(struct program *pp, const struct batch_rows 
     return run_parts((struct split_prog *)pp, r->tokens, 0, NULL, r, out);
 }
 
+/* The device-side generate loop over a chain (split_backend_create offers it only where the
+ * parts can be chained, and every decode program of theirs is). */
+static anvil_status split_generate(struct program *pp, const struct gen_request *r, struct gen_result *res) {
+    struct split_prog *p = (struct split_prog *)pp;
+    if (!p->chain) return err_set(ANVIL_ERR_INVALID_ARG, "split: generate needs a decode step's chained programs");
+    anvil_status st = p->b->chain->generate(p->chain, r, res);
+    if (st == ANVIL_OK) p->b->chained_steps += (uint64_t)res->n_cached;
+    return st;
+}
+
+anvil_status split_counts(struct backend *base, uint64_t *host_crossings, uint64_t *chained_steps) {
+    if (!base || base->vt->destroy != split_destroy) return err_set(ANVIL_ERR_INVALID_ARG, "split_counts: not a split");
+    struct split_backend *b = (struct split_backend *)base;
+    *host_crossings = b->host_crossings;
+    *chained_steps = b->chained_steps;
+    return ANVIL_OK;
+}
+
 static bool split_failed(struct backend *base, char *why, size_t cap) {
     struct split_backend *b = (struct split_backend *)base;
     for (int i = 0; i < b->n; i++) {
@@ -182,6 +217,10 @@ static void split_describe(struct program *pp, char *buf, size_t cap) {
     struct split_prog *p = (struct split_prog *)pp;
     size_t k = 0;
     if (cap) buf[0] = 0;
+    if (p->chain) {
+        int m = snprintf(buf, cap, "the devices chained (the hidden state and completion handed over on the devices)\n");
+        k = m > 0 ? MIN((size_t)m, cap ? cap - 1 : 0) : 0;
+    }
     for (int i = 0; i < p->b->n && k + 1 < cap; i++) {
         const struct backend_vtable *vt = p->b->parts[i]->vt;
         int m = snprintf(buf + k, cap - k, "device %d (layers %d-%d): ", i, p->b->first[i], p->b->first[i + 1] - 1);
@@ -294,12 +333,24 @@ anvil_status backend_split_create(struct backend **parts, const int *first, int 
         split_destroy(&b->base);
         return err_set(ANVIL_ERR_UNSUPPORTED, "split: a %s backend takes no input rows", parts[0]->vt->name);
     }
+    struct tuning t;
+    anvil_status ts = tuning_read(&t);
+    if (ts != ANVIL_OK) {
+        split_destroy(&b->base);
+        return ts;
+    }
+    char why[256] = "";
+    const struct chain_vtable *cv = parts[0]->vt->chain;
+    for (int i = 1; i < n; i++) cv = parts[i]->vt->chain == cv ? cv : NULL;
+    if (n > 1 && t.split_form >= 2 && cv && cv->supported(parts, n, why, sizeof why)) b->chain = cv;
+    else if (n > 1 && t.split_form >= 2 && cv) log_info("split: the devices are not chained: %s", why);
     b->vt = (struct backend_vtable){
         .name = parts[0]->vt->name,
         .destroy = split_destroy,
         .compile = split_compile,
         .program_destroy = split_prog_destroy,
         .run = split_run,
+        .generate = b->chain ? split_generate : NULL,
         .describe = split_describe,
         .failed = split_failed,
         .memory = split_memory,

@@ -306,11 +306,14 @@ static const struct knob KNOBS[] = {
         "Q5_K weights (8B Q4_K_M 308 -> 314 t/s, docs/perf/log.md §35), 0 none, 2 every type's."),
     INT("ANVIL_VK_BATCH", C_DIAGNOSTIC, vk_batch, 8, 1, 64, NULL,
         "Decode steps recorded in one command buffer and submitted together."),
-    INT("ANVIL_SPLIT_FORM", C_DIAGNOSTIC, split_form, 1, 0, 1, NULL,
-        "How a layer split (`--devices`, docs/MULTIGPU.md) runs a decode step: 1 each device's "
-        "decode program (the parts before the last ending in the hidden state), the hidden state "
-        "crossing through the host; 0 the first form (the parts before the last as one-row "
-        "prefill programs). For measuring."),
+    INT("ANVIL_SPLIT_FORM", C_DIAGNOSTIC, split_form, 2, 0, 2, NULL,
+        "How a layer split (`--devices`, docs/MULTIGPU.md) runs a decode step: 2 each device's "
+        "decode program, chained: the hidden state crossing through host memory both devices "
+        "import, each device's step waiting for the one before on a shared timeline semaphore, "
+        "the device-side generate loop over them (where the devices have the extensions; else "
+        "1); 1 each device's decode program (the parts before the last ending in the hidden "
+        "state), the crossing through the host (a wait, a read and a write per boundary); 0 the "
+        "first form (1, but the parts before the last as one-row prefill programs). For measuring."),
     /* ---- experiment ---- */
     INT("ANVIL_VK_DQ_MAX_MB", C_EXPERIMENT, vk_dq_max_mb, 256, 1, 4096, NULL,
         "The largest float16 weight piece the prefill dequantises at once (MiB): 64 MiB pieces "

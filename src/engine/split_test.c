@@ -10,7 +10,8 @@
  * equal (the same ops in the same order; the hidden state crosses as it is).
  * test_vulkan_split: sessions on two logical devices made from one (devices {0, 0}: each its own
  * VkDevice; lavapipe in CI) against a session on one: the prompt's logits, decode steps, and
- * greedy generation, within 1e-3 and the same tokens; shares 1:1 and 3:1; a batch of two
+ * greedy generation, within 1e-3 and the same tokens, every decode step chained across the
+ * devices (split_counts: no host crossing but the prompt's); shares 1:1 and 3:1; a batch of two
  * sequences (batch graphs); a hybrid's marks and rewinds (speculative decoding's rollback: the
  * states saved, kept per row and restored on both devices); an image prompt and text after it
  * (qwen3_5-vl-tiny: the rows to the first part, the 3-D positions to the parts that rotate);
@@ -172,6 +173,14 @@ static void test_vulkan_split(void **state) {
             if (vk_session(m, 2, two, w ? w31 : NULL, 0, &s) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
             assert_string_equal(anvil_session_backend_name(s), "vulkan");
             run_session(s, V, split, t2);
+            /* the prompt's chunk crossed through the host, every decode step on the devices
+             * (the 3 steps, then the generate loop's 7: lavapipe has the extensions) */
+            uint64_t host, chained;
+            assert_int_equal(split_counts(s->backend, &host, &chained), ANVIL_OK);
+            fprintf(stderr, "%s: %llu boundaries crossed through the host, %llu steps chained\n", models[i],
+                    (unsigned long long)host, (unsigned long long)chained);
+            assert_int_equal(host, 1);
+            assert_int_equal(chained, N_OF(steps) + 7);
             anvil_session_destroy(s);
             float d = tu_max_diff(one, split, n);
             fprintf(stderr, "%s [vulkan, devices 0,0, shares %s]: max |split - one| = %.3g\n", models[i],
@@ -183,6 +192,63 @@ static void test_vulkan_split(void **state) {
         free(split);
         anvil_model_close(m);
     }
+}
+
+/* The generate loop's sampling variants over a chain: a prompt, then 8 tokens sampled (top-k,
+ * temperature, a seed) with a logit bias and logprobs, on devices[n] (n 0: one device): the
+ * tokens into tok[8], their logprobs into lp[8]. */
+static void lp_collect(void *user, const anvil_token_logprobs *l) {
+    float *v = user;
+    v[(int)v[0] + 1] = l->logprob;
+    v[0] += 1;
+}
+static void sampled(anvil_model *m, int n, const int *devices, int32_t *tok, float *lp) {
+    anvil_session *s;
+    if (vk_session(m, n, devices, NULL, 0, &s) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
+    const int32_t bias_id = 97;
+    const float bias = 3.0f;
+    float lps[9] = {0};
+    anvil_logit_params lg = {&bias_id, &bias, 1, lp_collect, 3};
+    anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0, NULL, NULL, &lg};
+    gp.sampling.temperature = 0.8f;
+    gp.sampling.top_k = 20;
+    gp.sampling.seed = 7;
+    int32_t got[9] = {0};
+    /* the logprobs' user is the token callback's: one array for both is not possible, so the
+     * tokens come from the history */
+    if (anvil_session_generate(s, prompt, N_OF(prompt), &gp, NULL, lps, NULL) != ANVIL_OK)
+        fail_msg("%d devices: %s", n, anvil_session_errmsg(s));
+    assert_int_equal((int)lps[0], 8);
+    memcpy(lp, lps + 1, 8 * sizeof *lp);
+    memcpy(got, s->tokens + N_OF(prompt), 8 * sizeof *got);
+    memcpy(tok, got, 8 * sizeof *tok);
+    if (n) {
+        uint64_t host, chained;
+        assert_int_equal(split_counts(s->backend, &host, &chained), ANVIL_OK);
+        assert_int_equal(host, (uint64_t)(n - 1)); /* the prompt's chunk */
+        assert_true(chained >= 8);
+    }
+    anvil_session_destroy(s);
+}
+
+static void test_vulkan_split_sampled(void **state) {
+    (void)state;
+    char why[256];
+    if (!tu_vulkan(why, sizeof why)) return;
+    const int devs[3] = {0, 0, 0};
+    anvil_model *m = open_model("qwen3_5-tiny");
+    int32_t t1[8], t2[8];
+    float l1[8], l2[8];
+    sampled(m, 0, NULL, t1, l1);
+    for (int n = 2; n <= 3; n++) {
+        sampled(m, n, devs, t2, l2);
+        float d = tu_max_diff(l1, l2, 8);
+        fprintf(stderr, "qwen3_5-tiny [vulkan, %d parts on device 0] sampled with a bias and logprobs: tokens %s, max "
+                "|logprob diff| = %.3g\n", n, memcmp(t1, t2, sizeof t1) ? "differ" : "equal", (double)d);
+        assert_memory_equal(t1, t2, sizeof t1);
+        assert_true(d < 1e-3f);
+    }
+    anvil_model_close(m);
 }
 
 /* Two sequences through a batch (batch graphs: run_batch) on devices[n] (n 0: one device):
@@ -377,6 +443,7 @@ int main(void) {
         cmocka_unit_test(test_split_layers),
         cmocka_unit_test(test_cpu_split),
         cmocka_unit_test(test_vulkan_split),
+        cmocka_unit_test(test_vulkan_split_sampled),
         cmocka_unit_test(test_vulkan_split_batch),
         cmocka_unit_test(test_vulkan_split_rewind),
         cmocka_unit_test(test_vulkan_split_image),

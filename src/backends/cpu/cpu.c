@@ -811,6 +811,7 @@ static const struct backend_vtable cpu_vtable = {
     NULL, NULL, NULL, /* capacity; run_batch_pick, run_pick: the host chooses (the reference) */
     cpu_read_aux, cpu_states_copy, NULL, /* run_argmax: the host chooses */
     NULL, /* free_bytes: host memory */
+    NULL, /* chain: a split's parts on the CPU cross in host memory as they are */
 };
 
 anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens, int pos0,

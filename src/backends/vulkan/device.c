@@ -438,6 +438,17 @@ static void choose_features(struct vk_device *d) {
         d->int_dot_fast = idp.integerDotProduct4x8BitPackedSignedAccelerated &&
                           idp.integerDotProduct4x8BitPackedMixedSignednessAccelerated;
     }
+    /* a layer split's crossing without the host (chain.c): host memory both devices import,
+     * timeline semaphores one device exports and the next imports */
+    d->ext_host_mem = has_device_ext(d->phys, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
+    d->ext_sem_fd = has_device_ext(d->phys, VK_KHR_EXTERNAL_SEMAPHORE_FD_EXTENSION_NAME);
+    if (d->ext_host_mem) {
+        VkPhysicalDeviceExternalMemoryHostPropertiesEXT hp = {
+            .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT};
+        VkPhysicalDeviceProperties2 hp2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &hp};
+        vkGetPhysicalDeviceProperties2(d->phys, &hp2);
+        d->host_ptr_align = hp.minImportedHostPointerAlignment;
+    }
     d->exec_stats = d->tune.vk_pipeline_stats &&
                     has_device_ext(d->phys, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
     /* the device's clock in shaders, for measuring mega.comp's phases (ANVIL_VK_MEGA_CLOCK=1) */
@@ -464,9 +475,11 @@ static anvil_status make_logical(const struct vk_device *d, struct vk_shared *sh
     VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
     f12.bufferDeviceAddress = VK_TRUE;
     f12.timelineSemaphore = VK_TRUE;
-    const char *dev_exts[8];
+    const char *dev_exts[12];
     uint32_t n_dev_exts = 0;
     if (d->has_budget) dev_exts[n_dev_exts++] = VK_EXT_MEMORY_BUDGET_EXTENSION_NAME;
+    if (d->ext_host_mem) dev_exts[n_dev_exts++] = VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME;
+    if (d->ext_sem_fd) dev_exts[n_dev_exts++] = VK_KHR_EXTERNAL_SEMAPHORE_FD_EXTENSION_NAME;
     VkPhysicalDeviceCooperativeMatrixFeaturesNV cmf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV,
                                                        .cooperativeMatrix = VK_TRUE};
     if (d->coopmat) {
@@ -785,12 +798,24 @@ static anvil_status check_lost(struct vk_device *d) {
 }
 
 anvil_status vk_submit(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t n, uint64_t *value) {
+    return vk_submit_sync(d, cbs, n, NULL, value);
+}
+
+anvil_status vk_submit_sync(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t n, const struct vk_sync *sy,
+                            uint64_t *value) {
     anvil_status st = check_lost(d);
     if (st != ANVIL_OK) return st;
     uint64_t v = d->timeline_value + 1;
-    VkTimelineSemaphoreSubmitInfo ti = {VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO, NULL, 0,
-                                        NULL, 1, &v};
-    VkSubmitInfo si = {VK_STRUCTURE_TYPE_SUBMIT_INFO, &ti, 0, NULL, NULL, n, cbs, 1, &d->timeline};
+    /* sy's semaphore, then the session's timeline (last: once a wait for it returns, the
+     * submission is done with the other too; lavapipe signals them in order) */
+    bool wait = sy && sy->wait, sig = sy && sy->signal;
+    uint64_t sig_vals[2] = {sig ? sy->signal_value : v, v};
+    VkSemaphore sigs[2] = {sig ? sy->signal : d->timeline, d->timeline};
+    VkPipelineStageFlags wait_stage = VK_PIPELINE_STAGE_ALL_COMMANDS_BIT;
+    VkTimelineSemaphoreSubmitInfo ti = {VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO, NULL, wait,
+                                        wait ? &sy->wait_value : NULL, 1 + sig, sig_vals};
+    VkSubmitInfo si = {VK_STRUCTURE_TYPE_SUBMIT_INFO, &ti, wait, wait ? &sy->wait : NULL, wait ? &wait_stage : NULL,
+                       n, cbs, 1 + sig, sigs};
     VkResult r;
     bool fault = ++d->n_submits == d->fault_at;
     if (fault && d->fault_kind == VK_FAULT_LOST) r = VK_ERROR_DEVICE_LOST;

@@ -586,16 +586,6 @@ static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
     return st;
 }
 
-/* A compiled program: the decode program (T = 1) or a prefill program (T > 1, or a batch graph). */
-struct vk_prog {
-    struct vk_program *decode;
-    struct vk_prefill *prefill;
-    /* the decode program's rope table: its parameters, and the shift it holds now (cache row
-     * r at rope position r + shift: text after images, vk_program_rope_shift) */
-    int n_rot, shift;
-    float theta;
-};
-
 static void vk_prog_destroy(struct program *pp) {
     struct vk_prog *p = (struct vk_prog *)pp;
     if (!p) return;
@@ -694,7 +684,7 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
 
 /* The decode program's rope table made to hold cache row r at position r + shift (a rewrite
  * only when the shift changes: once per image prompt) */
-static anvil_status rope_shift(struct vk_prog *p, int shift) {
+anvil_status vk_prog_rope_shift(struct vk_prog *p, int shift) {
     if (shift == p->shift) return ANVIL_OK;
     anvil_status st = vk_program_rope_shift(p->decode, p->n_rot, p->theta, shift);
     if (st == ANVIL_OK) p->shift = shift;
@@ -725,7 +715,7 @@ static anvil_status vk_run_pick(struct program *pp, const int32_t *tokens, int p
 static anvil_status vk_run(struct program *pp, const int32_t *tokens, int pos0, float *out) {
     struct vk_prog *p = (struct vk_prog *)pp;
     if (p->prefill) return vk_prefill_run(p->prefill, tokens, pos0, out);
-    anvil_status st = rope_shift(p, 0);
+    anvil_status st = vk_prog_rope_shift(p, 0);
     if (st == ANVIL_OK) st = vk_program_input(p->decode, NULL);
     return st == ANVIL_OK ? vk_program_run(p->decode, tokens[0], pos0, out) : st;
 }
@@ -744,7 +734,7 @@ static anvil_status vk_run_extras(struct program *pp, const int32_t *tokens, int
             return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a lone token with 3-D rope positions");
         shift = x->pos[0] - pos0;
     }
-    anvil_status st = rope_shift(p, shift);
+    anvil_status st = vk_prog_rope_shift(p, shift);
     if (st == ANVIL_OK) st = vk_program_input(p->decode, x->input);
     return st == ANVIL_OK ? vk_program_run(p->decode, tokens[0], pos0, out) : st;
 }
@@ -755,7 +745,7 @@ static anvil_status vk_run_argmax(struct program *pp, const int32_t *tokens, int
     struct vk_prog *p = (struct vk_prog *)pp;
     if (!p->decode || (x && (x->pos || x->embd_row)))
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a device argmax of the decode program alone");
-    anvil_status st = rope_shift(p, 0);
+    anvil_status st = vk_prog_rope_shift(p, 0);
     if (st == ANVIL_OK) st = vk_program_input(p->decode, x ? x->input : NULL);
     return st == ANVIL_OK ? vk_program_run_argmax(p->decode, tokens[0], pos0, token) : st;
 }
@@ -763,7 +753,7 @@ static anvil_status vk_run_argmax(struct program *pp, const int32_t *tokens, int
 static anvil_status vk_generate(struct program *pp, const struct gen_request *r, struct gen_result *res) {
     struct vk_prog *p = (struct vk_prog *)pp;
     if (!p->decode) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: generate needs the decode program");
-    anvil_status st = rope_shift(p, r->rope_delta);
+    anvil_status st = vk_prog_rope_shift(p, r->rope_delta);
     return st == ANVIL_OK ? vk_program_generate(p->decode, r, res) : st;
 }
 
@@ -977,6 +967,7 @@ static const struct backend_vtable vk_vtable = {
     vk_states_copy,
     vk_run_argmax,
     vk_free_bytes,
+    &vk_chain_vt,
 };
 
 void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t max_memory) {

@@ -87,6 +87,21 @@ anvil_status vk_rope_params(const struct graph *g, int *n_rot, float *theta);
 /* The table with row r holding position r + shift, into out (created when it has no buffer). */
 anvil_status vk_rope_fill(struct vk_backend *b, int n_rot, float theta, int n_ctx, int shift, struct vk_buffer *out);
 
+/* A compiled program: the decode program (T = 1) or a prefill program (T > 1, or a batch graph). */
+struct vk_prog {
+    struct vk_program *decode;
+    struct vk_prefill *prefill;
+    /* the decode program's rope table: its parameters, and the shift it holds now (cache row
+     * r at rope position r + shift: text after images, vk_program_rope_shift) */
+    int n_rot, shift;
+    float theta;
+};
+/* The decode program's rope table made to hold cache row r at position r + shift (rewritten
+ * only when the shift changes: once per image prompt). */
+anvil_status vk_prog_rope_shift(struct vk_prog *p, int shift);
+/* A layer split's chain on Vulkan devices (chain.c) */
+extern const struct chain_vtable vk_chain_vt;
+
 struct vk_program;
 anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, struct vk_program **out);
 void vk_program_destroy(struct vk_program *p);
@@ -95,6 +110,18 @@ anvil_status vk_program_run(struct vk_program *p, int32_t token, int pos0, float
  * ANVIL_ERR_INVALID_ARG for a program without one, or in NULL for a program with one. */
 anvil_status vk_program_input(struct vk_program *p, const float *in);
 anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res);
+/* The same on a split's chain (chain.c), p its last part's program (whose control block
+ * chooses): begin sets the other parts up for r, submit queues `steps` steps of variant var
+ * (VAR_*) on every device, *value the last part's timeline value of the last, check looks
+ * for faults after a wait. */
+struct vk_gen_hook {
+    void *ctx;
+    anvil_status (*begin)(void *ctx, const struct gen_request *r);
+    anvil_status (*submit)(void *ctx, int steps, int var, uint64_t *value);
+    anvil_status (*check)(void *ctx);
+};
+anvil_status vk_program_generate_on(struct vk_program *p, const struct gen_request *r, const struct vk_gen_hook *h,
+                                    struct gen_result *res);
 /* One step whose argmax (the step's own last kernel) comes back in *token, the aux row copied
  * as vk_program_run copies it, no logits (backend_vtable.run_argmax). */
 anvil_status vk_program_run_argmax(struct vk_program *p, int32_t token, int pos0, int32_t *out);

@@ -105,6 +105,10 @@ struct vk_device {
     bool coopmat2;         /* and VK_NV_cooperative_matrix2's workgroup matrices (want_coopmat2):
                               the prefill's products on mm_cm2.comp */
     VkDeviceSize max_mem;  /* ANVIL_VK_MAX_MEMORY: a cap on device memory (0: none) */
+    /* a layer split's crossing without the host (chain.c): VK_EXT_external_memory_host enabled
+     * (its pointers' alignment) and VK_KHR_external_semaphore_fd */
+    bool ext_host_mem, ext_sem_fd;
+    VkDeviceSize host_ptr_align;
     /* ANVIL_VK_FAULT=KIND:N makes the N-th submit (lost, hang) or device allocation (oom)
      * fail as a real device would: for testing the failure paths */
     int fault_kind, fault_at, n_submits, n_allocs;
@@ -136,6 +140,16 @@ bool vk_lost(struct vk_device *d);
 anvil_status vk_check_validation(struct vk_device *d);
 /* One submission of cbs that signals the next timeline value; returns it in *value. */
 anvil_status vk_submit(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t n, uint64_t *value);
+/* Besides: a timeline semaphore value the submission waits for before it runs, and one it
+ * signals with the session's (VK_NULL_HANDLE: none); a layer split's chain (chain.c). */
+struct vk_sync {
+    VkSemaphore wait;
+    uint64_t wait_value;
+    VkSemaphore signal;
+    uint64_t signal_value;
+};
+anvil_status vk_submit_sync(struct vk_device *d, const VkCommandBuffer *cbs, uint32_t n, const struct vk_sync *sy,
+                            uint64_t *value);
 anvil_status vk_wait(struct vk_device *d, uint64_t value);
 /* Whether a decode program made now uses the integer-dot-product matvecs: where the device
  * has them and accelerates them, or ANVIL_VK_QX=1 asks; ANVIL_VK_QX=0 never. */

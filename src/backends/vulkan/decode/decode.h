@@ -248,6 +248,9 @@ anvil_status add_prefetch(struct vk_program *p);
 /* The command buffers of variant var (with VAR_BIAS or VAR_LP) recorded into cb_var[var] on its
  * first use, the lp buffer made on the first of any. */
 anvil_status record_variant(struct vk_program *p, int var);
+/* The two logprobs.comp dispatches of the variants (VAR_BIAS before the choice, VAR_LP after
+ * it), the lp buffer and their pipelines made on the first call. */
+anvil_status lp_dispatches(struct vk_program *p, struct vk_dispatch ops[2]);
 
 /* One step of variant var into cb: the input row copied in from p->in_src (a split's later
  * part), then the dispatches (count: into p->stats); lp_ops: the logprobs kernels (VAR_BIAS,

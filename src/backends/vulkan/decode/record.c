@@ -70,9 +70,8 @@ void record_step(struct vk_program *p, VkCommandBuffer cb, bool count, int var, 
     if (var & VAR_LP) record_one(p, cb, &lp_ops[1]);
 }
 
-anvil_status record_variant(struct vk_program *p, int var) {
+anvil_status lp_dispatches(struct vk_program *p, struct vk_dispatch ops[2]) {
     struct vk_device *d = p->b->d;
-    if (p->cb_var[var][1]) return ANVIL_OK; /* (set last, once both are recorded) */
     if (p->hidden) return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a split's part before the last chooses no token");
     anvil_status st = ANVIL_OK;
     if (!p->lp.buf) {
@@ -86,10 +85,19 @@ anvil_status record_variant(struct vk_program *p, int var) {
     uint32_t nwg = (p->V + LP_CH - 1) / LP_CH;
     struct pc_logprobs pc = {p->arena.addr + p->logits_off, p->ctl.addr, p->arena.addr + p->lp_part,
                              p->arena.addr + p->lp_cnt, p->lp.addr, p->V, nwg};
-    struct vk_dispatch ops[2] = {{.k = K_LOGIT_BIAS, .gx = 1, .gy = 1, .gz = 1, .push_size = sizeof pc},
-                                 {.k = K_LOGPROBS, .gx = nwg, .gy = 1, .gz = 1, .push_size = sizeof pc}};
+    ops[0] = (struct vk_dispatch){.k = K_LOGIT_BIAS, .gx = 1, .gy = 1, .gz = 1, .push_size = sizeof pc};
+    ops[1] = (struct vk_dispatch){.k = K_LOGPROBS, .gx = nwg, .gy = 1, .gz = 1, .push_size = sizeof pc};
     memcpy(ops[0].push, &pc, sizeof pc);
     memcpy(ops[1].push, &pc, sizeof pc);
+    return ANVIL_OK;
+}
+
+anvil_status record_variant(struct vk_program *p, int var) {
+    struct vk_device *d = p->b->d;
+    if (p->cb_var[var][1]) return ANVIL_OK; /* (set last, once both are recorded) */
+    struct vk_dispatch ops[2];
+    anvil_status st = lp_dispatches(p, ops);
+    if (st != ANVIL_OK) return st;
     VkCommandBuffer cbs[2] = {VK_NULL_HANDLE, VK_NULL_HANDLE};
     for (int c = 0; c < 2 && st == ANVIL_OK; c++) {
         if ((st = vk_cmd_alloc(d, &cbs[c])) != ANVIL_OK) break;

@@ -138,8 +138,14 @@ static void deliver_logprobs(struct vk_program *p, const anvil_logit_params *lg,
 }
 
 anvil_status vk_program_generate(struct vk_program *p, const struct gen_request *r, struct gen_result *res) {
+    return vk_program_generate_on(p, r, NULL, res);
+}
+
+anvil_status vk_program_generate_on(struct vk_program *p, const struct gen_request *r, const struct vk_gen_hook *h,
+                                    struct gen_result *res) {
     memset(res, 0, sizeof *res);
-    if (p->in_bytes || p->hidden) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: a split's part does not generate alone");
+    if ((p->in_bytes && !h) || p->hidden)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: a split's part does not generate alone");
     struct vk_device *d = p->b->d;
     if (r->n_feed < 1 || r->pos0 < 0 || r->pos0 + r->n_feed > p->n_ctx || r->max_new < 0 ||
         r->n_stop > CTL_MAX_EOS)
@@ -169,6 +175,10 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
     const anvil_logit_params *lg = r->logit;
     bool lp = lg && lg->on_logprobs;
     int var = (sp ? VAR_SAMPLE : 0) | (lg && lg->n_bias > 0 ? VAR_BIAS : 0) | (lp ? VAR_LP : 0);
+    if (h) { /* (before the variant's recording: its control blocks set) */
+        anvil_status st = h->begin(h->ctx, r);
+        if (st != ANVIL_OK) return st;
+    }
     if (var & (VAR_BIAS | VAR_LP)) {
         if (lg->n_bias > (int)LP_MAX_BIAS || lg->top_logprobs < 0 || lg->top_logprobs > (int)LP_MAX_TOP)
             return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: %d logit biases (at most %u), %d top logprobs (at most "
@@ -209,7 +219,8 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
         while (st == ANVIL_OK && !stopping && submitted < batches && submitted - waited < 2)
         {
             VkCommandBuffer *cb = submitted < steps / p->spb ? cb_batch : cb_single;
-            st = vk_submit(d, cb, 1, &vals[submitted % 2]);
+            st = h ? h->submit(h->ctx, submitted < steps / p->spb ? p->spb : 1, var, &vals[submitted % 2])
+                   : vk_submit(d, cb, 1, &vals[submitted % 2]);
             submitted++;
         }
         if (st != ANVIL_OK || waited == submitted) break;
@@ -217,7 +228,7 @@ anvil_status vk_program_generate(struct vk_program *p, const struct gen_request 
         pace(&pc, batch_steps);
         st = vk_wait(d, vals[waited++ % 2]);
         pace_done(&pc, batch_steps);
-        if (st == ANVIL_OK) st = mega_fault(p);
+        if (st == ANVIL_OK) st = h ? h->check(h->ctx) : mega_fault(p);
         if (st != ANVIL_OK) break;
         /* with logprobs, the tokens whose records are written */
         uint32_t n_out = lp ? c->lp_done : c->n_out;
