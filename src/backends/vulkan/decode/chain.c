@@ -36,12 +36,16 @@ struct xmem {
 };
 
 /* A link: the memory, and the semaphore its writer signals (on the writer's device) and its
- * reader waits for (on the reader's: the same one on one logical device, else an import). */
+ * reader waits for (on the reader's: the same one on one logical device, else an import). Where
+ * the devices cannot share a semaphore (relay), the host waits for the writer's submission
+ * before it submits the reader's: the hidden state still crosses without the host's copies. */
 struct link {
     struct xmem mem;
     struct vk_device *from, *to;
     VkSemaphore sig, wait;
-    uint64_t value; /* the last value signalled (submitted) */
+    uint64_t value;  /* the last value signalled (submitted) */
+    bool relay;
+    uint64_t done;   /* relay: the writer's timeline value of its last submission */
 };
 
 struct vk_chain {
@@ -121,9 +125,14 @@ static void xmem_free(struct xmem *m) {
     memset(m, 0, sizeof *m);
 }
 
-/* The link's semaphores: on from's device (exported where to's is another), waited on to's. */
+/* The link's semaphores: on from's device (exported where to's is another), waited on to's;
+ * none where the two devices cannot share one (relay). */
 static anvil_status link_sems(struct link *l) {
     bool same = same_dev(l->from, l->to);
+    if (!same && (!l->from->ext_sem_fd || !l->to->ext_sem_fd)) {
+        l->relay = true;
+        return ANVIL_OK;
+    }
     VkExportSemaphoreCreateInfo es = {VK_STRUCTURE_TYPE_EXPORT_SEMAPHORE_CREATE_INFO, NULL,
                                       VK_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD_BIT};
     VkSemaphoreTypeCreateInfo ti = {VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO, same ? NULL : &es,
@@ -149,6 +158,14 @@ static anvil_status link_sems(struct link *l) {
                           l->to->props.deviceName, l->from->props.deviceName, (int)r);
     }
     if (fd >= 0) close(fd);
+    if (st == ANVIL_ERR_UNSUPPORTED) { /* the host relays instead */
+        log_info("%s: the host waits between the two devices", anvil_last_error());
+        if (l->wait) vkDestroySemaphore(l->to->dev, l->wait, NULL);
+        vkDestroySemaphore(l->from->dev, l->sig, NULL);
+        l->sig = l->wait = VK_NULL_HANDLE;
+        l->relay = true;
+        st = ANVIL_OK;
+    }
     return st;
 }
 
@@ -238,12 +255,8 @@ static bool chain_supported(struct backend **bs, int n, char *why, size_t cap) {
     if (why && cap) why[0] = 0;
     for (int i = 0; i < n; i++) {
         struct vk_device *d = ((struct vk_backend *)bs[i])->d;
-        const char *no = !d->ext_host_mem ? "VK_EXT_external_memory_host"
-                         : i + 1 < n && !same_dev(d, ((struct vk_backend *)bs[i + 1])->d) && !d->ext_sem_fd
-                             ? "VK_KHR_external_semaphore_fd"
-                             : NULL;
-        if (no) {
-            if (why && cap) snprintf(why, cap, "%s has no %s", d->props.deviceName, no);
+        if (!d->ext_host_mem) { /* (without VK_KHR_external_semaphore_fd the host relays: link_sems) */
+            if (why && cap) snprintf(why, cap, "%s has no VK_EXT_external_memory_host", d->props.deviceName);
             return false;
         }
     }
@@ -292,10 +305,14 @@ static anvil_status chain_create(struct program **pp, int n, struct chain **out)
 static anvil_status submit_part(struct vk_chain *c, int i, VkCommandBuffer cb, bool gen, uint64_t *value) {
     struct link *w = i ? &c->link[i - 1] : gen ? &c->link[c->n - 1] : NULL;
     struct link *s = i < c->n - 1 || gen ? &c->link[i] : NULL;
+    anvil_status st = w && w->relay && w->done ? vk_wait(w->from, w->done) : ANVIL_OK;
+    if (w && w->relay) w = NULL;
+    if (s && s->relay) s = NULL;
     struct vk_sync sy = {w && w->value ? w->wait : VK_NULL_HANDLE, w ? w->value : 0, s ? s->sig : VK_NULL_HANDLE,
                          s ? s->value + 1 : 0};
-    anvil_status st = vk_submit_sync(c->p[i]->b->d, &cb, 1, &sy, value);
+    if (st == ANVIL_OK) st = vk_submit_sync(c->p[i]->b->d, &cb, 1, &sy, value);
     if (st == ANVIL_OK && s) s->value++;
+    if (st == ANVIL_OK && (i < c->n - 1 || gen)) c->link[i].done = *value;
     return st;
 }
 
