@@ -290,7 +290,8 @@ void backend_vulkan_set_limits(struct backend *b, double timeout_s, uint64_t max
  * with the split or on failure; all the same kind) runs layers [first[i], first[i+1]) of every
  * graph compiled (first[0] = 0, first[n] = the model's layers): the first part also embeds, the
  * last holds the final norm and the LM head; the hidden state crosses between parts through
- * the host. The first graph's parts are held to each part's capacity before any compiles
+ * the host, but a decode step's where the parts' kind chains them (struct chain_vtable). The
+ * first graph's parts are held to each part's capacity before any compiles
  * (ANVIL_ERR_NOMEM naming each device's bytes). kv16: the caches' type (for those sizes). */
 anvil_status backend_split_create(struct backend **parts, const int *first, int n, bool kv16, struct backend **out);
 /* A split's counts since it was made (b: backend_split_create's, else ANVIL_ERR_INVALID_ARG):

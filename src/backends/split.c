@@ -218,7 +218,8 @@ static void split_describe(struct program *pp, char *buf, size_t cap) {
     size_t k = 0;
     if (cap) buf[0] = 0;
     if (p->chain) {
-        int m = snprintf(buf, cap, "the devices chained (the hidden state and completion handed over on the devices)\n");
+        int m = snprintf(buf, cap, "the devices chained (the hidden state and completion handed over on the devices; a "
+                         "submission a device and step in the generate loop)\n");
         k = m > 0 ? MIN((size_t)m, cap ? cap - 1 : 0) : 0;
     }
     for (int i = 0; i < p->b->n && k + 1 < cap; i++) {
