@@ -514,9 +514,10 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
     case K_MMH_CM2_S: return d->coopmat && d->coopmat2;
 #define CM2Q_WANTED(T, t) case K_MMH_CM2_##T: case K_MMH_CM2_MOE_##T:
     VK_CM2Q_TYPES(CM2Q_WANTED) return d->coopmat && d->coopmat2;
-    case K_ATTN_FLASH: case K_ATTN_FLASH1: return d->coopmat && d->subgroup_shuffle && vk_flash_fits(attn_g, attn_d);
+    case K_ATTN_FLASH: case K_ATTN_FLASH1: return d->coopmat && d->subgroup_shuffle && vk_flash_fits(attn_g, attn_d, 256) &&
+                                             vk_flash_smem(attn_d) <= d->props.limits.maxComputeSharedMemorySize;
     /* (its lanes: two a row of 16, subgroups of 32) */
-    case K_VIT_FLASH: case K_VIT_FLASH1: case K_VIT_FLASH1_BK64: return d->coopmat && d->subgroup_shuffle && d->subgroup_size == 32 && vk_flash_fits(1, p->vit_dp);
+    case K_VIT_FLASH: case K_VIT_FLASH1: case K_VIT_FLASH1_BK64: return d->coopmat && d->subgroup_shuffle && d->subgroup_size == 32 && vk_flash_fits(1, p->vit_dp, 128);
     case K_QX: case K_MMB_ROUND: return d->int_dot;
     case K_ATTN_SPLIT: return d->subgroup_shuffle; /* (its pool rows shuffled to the v loads) */
     /* gdn_chunk.comp's 29 KiB of shared memory (without it: the recurrent form) */

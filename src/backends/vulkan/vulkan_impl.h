@@ -482,7 +482,9 @@ bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t val
 static inline const char *vk_kernel_name(enum vk_kernel k) { return vk_kernel_info(k)->name; }
 /* attn_flash.comp's shapes: heads of a multiple of 16 dimensions up to 128, a number of query
  * heads per kv head that divides its 64 query rows */
-static inline bool vk_flash_fits(int g, int d) { return g >= 1 && 64 % g == 0 && d % 16 == 0 && d >= 16 && d <= 128; }
+/* attn_flash.comp's shared memory for heads of d dimensions (its hb, ph and sb: 47 KiB at 256) */
+static inline uint32_t vk_flash_smem(int d) { return (uint32_t)(64 * (d + 8) * 2 + 64 * 40 * 2 + 4 * 16 * 32 * 4); }
+static inline bool vk_flash_fits(int g, int d, int dmax) { return g >= 1 && 64 % g == 0 && d % 16 == 0 && d >= 16 && d <= dmax; }
 
 /* Rows per workgroup of matvec kernel k (its specialisation: the dispatch's grid follows it). */
 static inline uint32_t vk_matvec_rows(const struct vk_pipelines *p, enum vk_kernel k) {

@@ -1,6 +1,6 @@
 #version 460
 /* Prefill: causal attention of a chunk's T queries over the KV cache on cooperative matrices
- * (VK_NV_cooperative_matrix, 16 x 16 x 16, float16 inputs, float32 sums), for heads of D <= 128
+ * (VK_NV_cooperative_matrix, 16 x 16 x 16, float16 inputs, float32 sums), for heads of D <= 256
  * dimensions (a multiple of 16) and G query heads per kv head dividing 64. The cache already
  * holds the chunk's own rows (the KV-write kernel runs first).
  *
@@ -27,7 +27,7 @@
 
 layout(local_size_x = 128) in;
 layout(constant_id = FLASH_SPEC_G) const uint G = 4;   /* query heads per kv head, dividing 64 */
-layout(constant_id = FLASH_SPEC_D) const uint D = 128; /* head dimension: a multiple of 16, <= 128 */
+layout(constant_id = FLASH_SPEC_D) const uint D = 128; /* head dimension: a multiple of 16, <= 256 */
 
 PC_BLOCK(PC_ATTN_PF, pc) /* push.h */
 
@@ -64,7 +64,7 @@ void stage(Floats c, uint s0, uint n, uint j, uint base) {
  * block's rows are fetched before this block's products and put after them, so that their
  * loads overlap the products (the 0.6B's 512-token attention 65 -> 48 us a layer on the H200,
  * docs/perf/log.md §75) */
-const uint SE = BK * 128u / 4u / 128u; /* elements a thread at most (D <= 128) */
+const uint SE = BK * D / 4u / 128u; /* elements a thread */
 void fetch(Floats c, uint s0, uint n, uint j, inout uvec2 rh[SE]) {
     [[unroll]] for (uint q = 0u; q < SE; q++) {
         uint e = gl_LocalInvocationID.x + 128u * q;
