@@ -105,13 +105,19 @@ typedef enum anvil_backend_kind {
 } anvil_backend_kind;
 
 /* The attention caches' element type. float16 halves their memory and, at long contexts, the
- * bytes decode attention reads; k and v are rounded to it as they are written (the CPU backend
- * rounds them the same way and stores float32). */
+ * bytes decode attention reads; q8_0 (llama.cpp's: blocks of 32 values along a head's
+ * dimension, an int8 each and one float16 scale) nearly halves them again (1.0625 bytes a
+ * value). k and v are rounded to it as they are written (the CPU backend rounds them the same
+ * way and stores float32). */
 typedef enum anvil_kv_cache {
-    ANVIL_KV_DEFAULT = 0, /* ANVIL_KV_CACHE (f16 or f32; another value is an error), else f16 */
+    ANVIL_KV_DEFAULT = 0, /* ANVIL_KV_CACHE (f16, f32 or q8_0; another value is an error), else f16 */
     ANVIL_KV_F16,
     ANVIL_KV_F32,
+    ANVIL_KV_Q8_0,        /* head dimensions must be multiples of 32 */
 } anvil_kv_cache;
+
+/* "f16", "f32", "q8_0"; NULL for another value. */
+const char *anvil_kv_cache_name(anvil_kv_cache kv);
 
 /* The most devices a split holds (anvil_session_params.devices). */
 #define ANVIL_MAX_DEVICES 16

@@ -273,12 +273,12 @@ anvil_status backend_cpu_run_extras(struct program *p, const int32_t *tokens, in
 /* Whether b is the CPU backend. */
 bool backend_is_cpu(const struct backend *b);
 
-/* kv16: the attention caches hold float16 (anvil_kv_cache): the Vulkan backend stores them so,
- * the CPU rounds k and v the same way and stores float32, so that both compute the same
- * attention. */
-anvil_status backend_cpu_create(int n_threads, bool kv16, struct backend **out);
+/* kv_type: the attention caches' type (anvil_kv_cache: F16, F32 or Q8_0): the Vulkan backend
+ * stores them so, the CPU rounds k and v the same way and stores float32, so that both compute
+ * the same attention. */
+anvil_status backend_cpu_create(int n_threads, int kv_type, struct backend **out);
 /* device < 0: the best device (or ANVIL_DEVICE). */
-anvil_status backend_vulkan_create(int device, bool kv16, struct backend **out);
+anvil_status backend_vulkan_create(int device, int kv_type, struct backend **out);
 /* A Vulkan backend on of's device (of: a Vulkan backend of one device, else
  * ANVIL_ERR_UNSUPPORTED), with its cache type and limits: weights and states of its own, the
  * device's pipelines shared (the MTP drafter's, engine/mtp.c). */
@@ -292,8 +292,8 @@ void backend_vulkan_set_limits(struct backend *b, double timeout_s, uint64_t max
  * last holds the final norm and the LM head; the hidden state crosses between parts through
  * the host, but a decode step's where the parts' kind chains them (struct chain_vtable). The
  * first graph's parts are held to each part's capacity before any compiles
- * (ANVIL_ERR_NOMEM naming each device's bytes). kv16: the caches' type (for those sizes). */
-anvil_status backend_split_create(struct backend **parts, const int *first, int n, bool kv16, struct backend **out);
+ * (ANVIL_ERR_NOMEM naming each device's bytes). kv_type: the caches' type (for those sizes). */
+anvil_status backend_split_create(struct backend **parts, const int *first, int n, int kv_type, struct backend **out);
 /* A split's counts since it was made (b: backend_split_create's, else ANVIL_ERR_INVALID_ARG):
  * boundaries crossed through the host (a part's output read back and written as the next's
  * input: prefill chunks, batches, and decode steps where the parts are not chained), and

@@ -134,7 +134,7 @@ void ops_case_name(const struct ops_case *c, char *buf, size_t cap) {
 void ops_opts_default(struct ops_opts *o) {
     memset(o, 0, sizeof *o);
     o->device = -1;
-    o->kv16 = true;
+    o->kv_type = ANVIL_KV_F16;
     o->check = true;
     o->check_steps = 4;
     o->reps = 20;
@@ -461,7 +461,7 @@ static anvil_status check(const struct ops_case *c, const struct ops_opts *o, st
                           struct program *pv, int64_t n_out, struct ops_result *r) {
     struct backend *cpu = NULL;
     struct program *pc = NULL;
-    anvil_status st = backend_cpu_create(o->n_threads, o->kv16, &cpu);
+    anvil_status st = backend_cpu_create(o->n_threads, o->kv_type, &cpu);
     if (st == ANVIL_OK) st = cpu->vt->compile(cpu, &b->g, &pc);
     float *a = malloc(sizeof(float) * (size_t)n_out), *d = malloc(sizeof(float) * (size_t)n_out);
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)c->T);
@@ -537,7 +537,7 @@ static anvil_status bench(const struct ops_case *c, const struct ops_opts *o, st
         r->us = MAX(t_full - t_base, 1e-3);
         /* attn_batch: each row's keys, two products of D a query head */
         r->flops = batch ? 4.0 * c->m->H * c->m->D * keys : b->flops;
-        if (batch) r->bytes = keys * c->m->Hkv * c->m->D * 2 * (o->kv16 ? 2 : 4); /* the rows' k and v */
+        if (batch) r->bytes = 2 * kv_cache_bytes(o->kv_type, (uint64_t)keys * c->m->Hkv * c->m->D) ; /* the rows' k and v */
         size_t kl = strlen(r->kernels);
         snprintf(r->kernels + kl, sizeof r->kernels - kl, "%s(chunk %.1f us - baseline %.1f us)", kl ? " " : "",
                  t_full, t_base);
@@ -585,7 +585,7 @@ anvil_status ops_run(const struct ops_case *c, const struct ops_opts *o, struct 
      * matrices); recurrences let rounding grow (prefill_test.c's bounds) */
     r->tol = c->T > 1 ? 5e-2 : 2e-3;
     if (c->kind == OPS_GDN || c->kind == OPS_GDN_PREFILL) r->tol = MAX(r->tol, 1e-2);
-    anvil_status st = backend_vulkan_create(o->device, o->kv16, &vk);
+    anvil_status st = backend_vulkan_create(o->device, o->kv_type, &vk);
     if (st == ANVIL_OK && vk->vt->device_name) snprintf(r->device, sizeof r->device, "%s", vk->vt->device_name(vk));
     if (st == ANVIL_OK) st = vk->vt->compile(vk, &b.g, &pv);
     /* decode: the dispatches timed first (once where not benchmarking), for the kernels'

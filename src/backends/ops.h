@@ -93,7 +93,7 @@ void ops_case_name(const struct ops_case *c, char *buf, size_t cap);
 
 struct ops_opts {
     int device;    /* Vulkan device index, -1 the best */
-    bool kv16;     /* float16 attention caches (the default sessions'), on both backends */
+    int kv_type;     /* the attention caches' type (anvil_kv_cache; F16 the default sessions'), on both backends */
     bool check;    /* against the CPU backend */
     int check_steps; /* decode: steps compared (positions 0 ..), each after the one before */
     bool bench;    /* time it */

@@ -391,11 +391,12 @@ static void test_attn_batch(void **state) {
     } runs[] = {{NULL, "attn_split"}, {"1", "attn_split"}};
     for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
         if (runs[i].wgs) setenv("ANVIL_VK_BATCH_ATTN", runs[i].wgs, 1);
-        for (int f16 = 0; f16 < 2; f16++) {
+        static const anvil_kv_cache kvs[] = {ANVIL_KV_F32, ANVIL_KV_F16, ANVIL_KV_Q8_0};
+        for (int kt = 0; kt < 3; kt++) {
             struct ops_opts o;
             ops_opts_default(&o);
-            o.kv16 = f16;
-            o.bench = i == 0 && f16; /* its timing path once */
+            o.kv_type = kvs[kt];
+            o.bench = i == 0 && kt == 1; /* its timing path once */
             o.reps = 1;
             struct ops_case c = find_case(OPS_ATTN_BATCH, -1, NULL, 40, 6);
             char name[96];
@@ -404,7 +405,7 @@ static void test_attn_batch(void **state) {
             anvil_status st = ops_run(&c, &o, &r);
             if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
             fprintf(stderr, "%s, ANVIL_VK_BATCH_ATTN=%s, %s cache: max |vulkan - cpu| %.3g (%.3g of %.3g); %s\n", name,
-                    runs[i].wgs ? runs[i].wgs : "(default)", f16 ? "f16" : "f32", r.max_abs, r.rel, r.max_ref,
+                    runs[i].wgs ? runs[i].wgs : "(default)", anvil_kv_cache_name(kvs[kt]), r.max_abs, r.rel, r.max_ref,
                     r.kernels);
             assert_true(r.checked && r.pass && r.max_ref > 0);
             assert_true(r.rel < 2e-3);

@@ -26,7 +26,7 @@ struct split_backend {
     int n;
     struct backend *parts[ANVIL_MAX_DEVICES];
     int first[ANVIL_MAX_DEVICES + 1];
-    bool kv16;
+    int kv_type;
     bool checked; /* the first graph's sizes were held to the devices' memory */
     char name[512];
     const struct chain_vtable *chain; /* the parts' kind's, where their devices can be chained */
@@ -66,7 +66,7 @@ static anvil_status check_fit(struct split_backend *b, const struct graph *parts
     bool fits = true;
     for (int i = 0; i < b->n; i++) {
         uint64_t w, s, cap = b->parts[i]->vt->capacity ? b->parts[i]->vt->capacity(b->parts[i]) : 0;
-        graph_bytes(&parts[i], b->kv16, &w, &s);
+        graph_bytes(&parts[i], b->kv_type, &w, &s);
         bool ok = !cap || w + s <= cap;
         fits &= ok;
         char wb[32], sb[32], cb[32];
@@ -301,7 +301,7 @@ anvil_status split_layers(int n_layers, const float *weights, int n, int *first)
     return ANVIL_OK;
 }
 
-anvil_status backend_split_create(struct backend **parts, const int *first, int n, bool kv16, struct backend **out) {
+anvil_status backend_split_create(struct backend **parts, const int *first, int n, int kv_type, struct backend **out) {
     *out = NULL;
     struct split_backend *b = n >= 1 && n <= ANVIL_MAX_DEVICES ? xcalloc(1, sizeof *b) : NULL;
     anvil_status st = b ? ANVIL_OK : n < 1 || n > ANVIL_MAX_DEVICES ? ANVIL_ERR_INVALID_ARG : ANVIL_ERR_NOMEM;
@@ -314,7 +314,7 @@ anvil_status backend_split_create(struct backend **parts, const int *first, int 
         return st;
     }
     b->n = n;
-    b->kv16 = kv16;
+    b->kv_type = kv_type;
     memcpy(b->parts, parts, (size_t)n * sizeof *parts);
     memcpy(b->first, first, (size_t)(n + 1) * sizeof *first);
     bool batch = true, extras = true, states = true, rewind = true, copy = true;

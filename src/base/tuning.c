@@ -45,11 +45,13 @@ static const struct knob KNOBS[] = {
     /* ---- user ---- */
     {"ANVIL_LOG", K_CHOICE, C_USER, 0, 0, 1, 0, 0, 0, "error warn info debug", NULL, 0,
      "What anvil logs to stderr (read by the logging setup, base.c, once per process)."},
-    {"ANVIL_KV_CACHE", K_CHOICE, C_USER, F(kv_cache), 0, 0, 1, 0, "f16 f32", NULL, 0,
+    {"ANVIL_KV_CACHE", K_CHOICE, C_USER, F(kv_cache), 0, 0, 1, 0, "f16 f32 q8_0", NULL, 0,
      "The attention caches' type where the session's parameters leave it to the default "
      "(`--kv-cache`, `anvil_session_params.kv_cache` win). float16 halves the caches' memory "
      "(Qwen3-8B at 40960 tokens: 5.6 instead of 11.3 GiB) and speeds long contexts (8B Q4_K_M "
-     "after 16384 tokens 157.9 -> 175.4 t/s on the H100, docs/perf/log.md §25)."},
+     "after 16384 tokens 157.9 -> 175.4 t/s on the H100, docs/perf/log.md §25); q8_0 (llama.cpp's "
+     "blocks of 32 int8 and a float16 scale, 1.0625 bytes a value) nearly halves them again "
+     "(docs/BATCHING.md, \"The KV cache's types\")."},
     INT("ANVIL_PREFILL_CHUNK", C_USER, prefill_chunk, 2048, 1, 1 << 20, NULL,
         "Tokens per chunk of a prompt through the prefill program where `--prefill-chunk` "
         "(`anvil_session_params.prefill_chunk`) does not say (1: no prefill program, a "

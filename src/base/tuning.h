@@ -35,7 +35,7 @@ enum { TUNE_WEIGHT_KINDS = 22 }; /* F32 .. Q6_K, Q2_K, Q3_K, the i-quants (vk_we
  * "the code's own rule" where a knob has no fixed default. */
 struct tuning {
     /* user */
-    int kv_cache;            /* ANVIL_KV_CACHE: 0 f16, 1 f32 */
+    int kv_cache;            /* ANVIL_KV_CACHE: 0 f16, 1 f32, 2 q8_0 */
     int prefill_chunk;       /* ANVIL_PREFILL_CHUNK */
     int device;              /* ANVIL_DEVICE (-1: the best) */
     double vk_timeout;       /* ANVIL_VK_TIMEOUT, seconds */

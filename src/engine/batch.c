@@ -95,7 +95,7 @@ struct anvil_batch {
     uint64_t *used;         /* [kv_blocks]: when an idle block was last held */
     int32_t *block_tok;     /* [kv_blocks][kv_block]: a registered block's tokens */
     bool recurrent;         /* the model has recurrent layers: chains end at snapshots */
-    bool kv16;              /* the attention caches in float16 */
+    int kv_type;            /* the attention caches' (anvil_kv_cache) */
     int32_t snap_token;     /* anvil_batch_params.snapshot_token */
     int n_snap;             /* snapshots: the graphs' sequences n_seq_max .. n_seq_max + n_snap - 1 */
     int32_t *block_snap;    /* [kv_blocks]: the snapshot of the states at a block's end, or -1 */
@@ -183,8 +183,8 @@ static int pool_blocks(anvil_batch *b) {
         return whole;
     }
     uint64_t room = b->backend->vt->free_bytes(b->backend, &g1), w, s1, s2;
-    graph_bytes(&g1, b->kv16, &w, &s1);
-    graph_bytes(&g2, b->kv16, &w, &s2);
+    graph_bytes(&g1, b->kv_type, &w, &s1);
+    graph_bytes(&g2, b->kv_type, &w, &s2);
     graph_free(&g1);
     graph_free(&g2);
     uint64_t per_block = (s2 - s1) / (uint64_t)b->max_blocks, fixed = s1 - per_block * (uint64_t)b->max_blocks;
@@ -217,12 +217,12 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     if (p.session.backend != ANVIL_BACKEND_AUTO && p.session.backend != ANVIL_BACKEND_CPU &&
         p.session.backend != ANVIL_BACKEND_VULKAN)
         return err_set(ANVIL_ERR_INVALID_ARG, "unknown backend %d", (int)p.session.backend);
-    bool kv16;
-    if ((st = kv_cache_f16(p.session.kv_cache, &t, &kv16)) != ANVIL_OK) return st;
+    int kv_type;
+    if ((st = kv_cache_type(p.session.kv_cache, &t, &kv_type)) != ANVIL_OK) return st;
     anvil_batch *b = xcalloc(1, sizeof *b);
     if (!b) return ANVIL_ERR_NOMEM;
     b->model = model;
-    b->kv16 = kv16;
+    b->kv_type = kv_type;
     b->V = hp->n_vocab;
     b->n_ctx = p.session.n_ctx ? p.session.n_ctx : (hp->n_ctx_train > 0 ? MIN(hp->n_ctx_train, 4096) : 4096);
     b->n_seq_max = p.n_seq_max ? p.n_seq_max : 4;
@@ -248,9 +248,9 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     if (st == ANVIL_OK && vk && !backend_vulkan_available(why, sizeof why))
         st = err_set(ANVIL_ERR_UNSUPPORTED, "--backend vulkan: %s", why);
     else if (st == ANVIL_OK && vk)
-        st = session_vulkan_backend(&p.session, kv16, model->file->hp.n_layer, &b->backend);
+        st = session_vulkan_backend(&p.session, kv_type, model->file->hp.n_layer, &b->backend);
     else if (st == ANVIL_OK && !vk)
-        st = backend_cpu_create(threads, kv16, &b->backend);
+        st = backend_cpu_create(threads, kv_type, &b->backend);
     if (st != ANVIL_OK) {
         snprintf(model->err, ERRMSG_LEN, "%s", err_get());
         anvil_batch_destroy(b);

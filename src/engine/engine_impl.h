@@ -57,7 +57,7 @@ struct anvil_session {
      * the backend's read_aux): from the MTP drafter's start on (session_keep_hidden) */
     bool keep_hidden;
     int n_threads; /* the CPU threads and the caches' type the session asked for (the MTP */
-    bool kv16;     /* drafter's backend gets the same) */
+    int kv_type;     /* drafter's backend gets the same) */
     struct session_mtp *mtp; /* the MTP drafter (engine/mtp.c), from the first --spec mtp on */
     char err[ERRMSG_LEN];
 };
@@ -106,10 +106,11 @@ anvil_status session_eval_pick(anvil_session *s, const int32_t *tokens, int n, c
 /* The Vulkan backend p asks for: one device (p->device, or devices[0]), or a layer split over
  * p->devices for a model of n_layers layers (backend_split_create); bad indices, shares or
  * modes are ANVIL_ERR_INVALID_ARG. */
-anvil_status session_vulkan_backend(const anvil_session_params *p, bool kv16, int n_layers, struct backend **out);
+anvil_status session_vulkan_backend(const anvil_session_params *p, int kv_type, int n_layers, struct backend **out);
 struct tuning;
-/* Whether the attention caches are float16: kv, or ANVIL_KV_CACHE (t) where kv is the default. */
-anvil_status kv_cache_f16(anvil_kv_cache kv, const struct tuning *t, bool *f16);
+/* The attention caches' type (ANVIL_KV_F16, _F32 or _Q8_0): kv, or ANVIL_KV_CACHE (t) where kv is
+ * the default. */
+anvil_status kv_cache_type(anvil_kv_cache kv, const struct tuning *t, int *type);
 /* The MTP drafter (engine/mtp.c; docs/SPECULATIVE.md). mtp_open turns it on for s (kept until
  * the session is destroyed), and keep_hidden with it: ANVIL_ERR_UNSUPPORTED for a model
  * without an MTP layer or a backend without read_aux. While on, session_eval_mm calls mtp_before_run(s, the first

@@ -72,7 +72,7 @@ anvil_status mtp_open(anvil_session *s) {
     /* the session's kind of backend: on Vulkan its device (the embedding and the LM head
      * uploaded a second time: the two backends share no weights) */
     if (st == ANVIL_OK)
-        st = backend_is_cpu(s->backend) ? backend_cpu_create(s->n_threads, s->kv16, &m->b)
+        st = backend_is_cpu(s->backend) ? backend_cpu_create(s->n_threads, s->kv_type, &m->b)
                                         : backend_vulkan_create_beside(s->backend, &m->b);
     s->mtp = m;
     if (st != ANVIL_OK) mtp_close(s);

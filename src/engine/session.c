@@ -151,7 +151,7 @@ void anvil_model_get_info(const anvil_model *m, anvil_model_info *out) {
              top >= 0 ? dtype_name(top) : "?");
 }
 
-anvil_status session_vulkan_backend(const anvil_session_params *p, bool kv16, int n_layers, struct backend **out) {
+anvil_status session_vulkan_backend(const anvil_session_params *p, int kv_type, int n_layers, struct backend **out) {
     *out = NULL;
     if (p->n_devices < 0 || p->n_devices > ANVIL_MAX_DEVICES)
         return err_set(ANVIL_ERR_INVALID_ARG, "--devices: %d devices (1 to %d)", p->n_devices, ANVIL_MAX_DEVICES);
@@ -159,7 +159,7 @@ anvil_status session_vulkan_backend(const anvil_session_params *p, bool kv16, in
         return err_set(ANVIL_ERR_INVALID_ARG, "--split: mode %d (only the layer split exists)", (int)p->split);
     anvil_status st = ANVIL_OK;
     if (p->n_devices <= 1) {
-        st = backend_vulkan_create(p->n_devices == 1 ? p->devices[0] : p->device, kv16, out);
+        st = backend_vulkan_create(p->n_devices == 1 ? p->devices[0] : p->device, kv_type, out);
         if (st == ANVIL_OK) backend_vulkan_set_limits(*out, p->gpu_timeout_s, p->gpu_max_memory);
         return st;
     }
@@ -171,7 +171,7 @@ anvil_status session_vulkan_backend(const anvil_session_params *p, bool kv16, in
     struct backend *parts[ANVIL_MAX_DEVICES] = {NULL};
     int made = 0;
     for (; made < p->n_devices && st == ANVIL_OK; made++) {
-        st = backend_vulkan_create(p->devices[made], kv16, &parts[made]);
+        st = backend_vulkan_create(p->devices[made], kv_type, &parts[made]);
         if (st == ANVIL_OK) backend_vulkan_set_limits(parts[made], p->gpu_timeout_s, p->gpu_max_memory);
         else made--;
     }
@@ -182,7 +182,7 @@ anvil_status session_vulkan_backend(const anvil_session_params *p, bool kv16, in
     for (int i = 0; i < p->n_devices; i++)
         log_info("split: device %d (Vulkan device %d, %s): layers %d-%d", i, p->devices[i],
                  parts[i]->vt->device_name(parts[i]), first[i], first[i + 1] - 1);
-    return backend_split_create(parts, first, p->n_devices, kv16, out);
+    return backend_split_create(parts, first, p->n_devices, kv_type, out);
 }
 
 anvil_session_params anvil_session_default_params(void) {
@@ -190,13 +190,23 @@ anvil_session_params anvil_session_default_params(void) {
     return p;
 }
 
-anvil_status kv_cache_f16(anvil_kv_cache kv, const struct tuning *t, bool *f16) {
-    if (kv == ANVIL_KV_F16 || kv == ANVIL_KV_F32) {
-        *f16 = kv == ANVIL_KV_F16;
+const char *anvil_kv_cache_name(anvil_kv_cache kv) {
+    switch (kv) {
+    case ANVIL_KV_F16: return "f16";
+    case ANVIL_KV_F32: return "f32";
+    case ANVIL_KV_Q8_0: return "q8_0";
+    default: return NULL;
+    }
+}
+
+anvil_status kv_cache_type(anvil_kv_cache kv, const struct tuning *t, int *type) {
+    static const anvil_kv_cache by_knob[] = {ANVIL_KV_F16, ANVIL_KV_F32, ANVIL_KV_Q8_0}; /* tuning.c's order */
+    if (kv == ANVIL_KV_F16 || kv == ANVIL_KV_F32 || kv == ANVIL_KV_Q8_0) {
+        *type = kv;
         return ANVIL_OK;
     }
-    if (kv != ANVIL_KV_DEFAULT) return err_set(ANVIL_ERR_INVALID_ARG, "unknown KV cache type %d", (int)kv);
-    *f16 = t->kv_cache == 0;
+    if (kv != ANVIL_KV_DEFAULT) return err_set(ANVIL_ERR_INVALID_ARG, "unknown KV cache type %d (f16, f32 or q8_0)", (int)kv);
+    *type = by_knob[t->kv_cache >= 0 && t->kv_cache < 3 ? t->kv_cache : 0];
     return ANVIL_OK;
 }
 
@@ -227,8 +237,8 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
                            !(p.gpu_timeout_s <= 1e6)))
         st = err_set(ANVIL_ERR_INVALID_ARG, "bad session parameters: prefill chunk %d, GPU timeout %g s "
                      "(at least 1)", p.prefill_chunk, p.gpu_timeout_s);
-    bool kv16 = true;
-    if (st == ANVIL_OK) st = kv_cache_f16(p.kv_cache, &t, &kv16);
+    int kv_type = ANVIL_KV_F16;
+    if (st == ANVIL_OK) st = kv_cache_type(p.kv_cache, &t, &kv_type);
     s->n_threads = p.n_threads ? p.n_threads : model->n_threads;
     if (st == ANVIL_OK) switch (p.backend) {
     case ANVIL_BACKEND_AUTO:
@@ -236,27 +246,27 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
         /* auto: Vulkan where a GPU exists, or on the device named (--device, ANVIL_DEVICE) */
         if (p.backend == ANVIL_BACKEND_AUTO && backend_vulkan_available(NULL, 0) &&
             (backend_vulkan_gpu_available() || p.device >= 0 || p.n_devices > 0 || t.device >= 0)) {
-            st = session_vulkan_backend(&p, kv16, hp->n_layer, &s->backend);
+            st = session_vulkan_backend(&p, kv_type, hp->n_layer, &s->backend);
             break;
         }
         if (p.n_devices > 0) {
             st = err_set(ANVIL_ERR_INVALID_ARG, "--devices: a split runs on Vulkan devices, not the CPU backend");
             break;
         }
-        st = backend_cpu_create(s->n_threads, kv16, &s->backend);
+        st = backend_cpu_create(s->n_threads, kv_type, &s->backend);
         break;
     case ANVIL_BACKEND_VULKAN: {
         char why[256];
         if (!backend_vulkan_available(why, sizeof why))
             st = err_set(ANVIL_ERR_UNSUPPORTED, "--backend vulkan: %s", why);
         else
-            st = session_vulkan_backend(&p, kv16, hp->n_layer, &s->backend);
+            st = session_vulkan_backend(&p, kv_type, hp->n_layer, &s->backend);
         break;
     }
     default:
         st = err_set(ANVIL_ERR_INVALID_ARG, "unknown backend %d", (int)p.backend);
     }
-    s->kv16 = kv16;
+    s->kv_type = kv_type;
     if (st == ANVIL_OK) {
         /* (keep_hidden stays off until the MTP drafter is turned on: session_keep_hidden) */
         struct build_opts o = {1, n_ctx, false, 0, 0, false, false, false, false};
@@ -271,7 +281,7 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
                 log_warn("%s; running on the CPU", err_get());
                 backend_destroy(s->backend);
                 s->backend = NULL;
-                st = backend_cpu_create(s->n_threads, kv16, &s->backend);
+                st = backend_cpu_create(s->n_threads, kv_type, &s->backend);
                 if (st == ANVIL_OK) st = s->backend->vt->compile(s->backend, &g, &s->decode);
             }
             graph_free(&g);

@@ -29,12 +29,12 @@ anvil_status anvil_split_plan(anvil_model *model, const anvil_session_params *p,
     }
     int n_ctx = p->n_ctx > 0 ? p->n_ctx : (hp->n_ctx_train > 0 ? MIN(hp->n_ctx_train, 4096) : 4096);
     struct tuning t;
-    bool kv16 = true;
+    int kv_type = ANVIL_KV_F16;
     float shares[ANVIL_MAX_DEVICES] = {0};
     if (p->n_devices) memcpy(shares, p->tensor_split, sizeof shares);
     int first[ANVIL_MAX_DEVICES + 1];
     anvil_status st = tuning_read(&t);
-    if (st == ANVIL_OK) st = kv_cache_f16(p->kv_cache, &t, &kv16);
+    if (st == ANVIL_OK) st = kv_cache_type(p->kv_cache, &t, &kv_type);
     if (st == ANVIL_OK) st = split_layers(hp->n_layer, shares, n, first);
     struct build_opts o = {1, n_ctx, false, 0, 0, false, false, false, false};
     struct graph g = {0};
@@ -42,16 +42,16 @@ anvil_status anvil_split_plan(anvil_model *model, const anvil_session_params *p,
     if (st != ANVIL_OK) return st;
     bool vk = backend_vulkan_available(NULL, 0), fits = true;
     OUT("a layer split of %d layers over %d device%s, a context of %d tokens (KV cache %s):\n", hp->n_layer, n,
-        n > 1 ? "s" : "", n_ctx, kv16 ? "f16" : "f32");
+        n > 1 ? "s" : "", n_ctx, anvil_kv_cache_name(kv_type));
     for (int i = 0; i < n && st == ANVIL_OK; i++) {
         struct graph part;
         if ((st = graph_part(&g, first[i], first[i + 1], &part)) != ANVIL_OK) break;
         uint64_t w, s, have = 0;
-        graph_bytes(&part, kv16, &w, &s);
+        graph_bytes(&part, kv_type, &w, &s);
         graph_free(&part);
         char name[256] = "no Vulkan";
         struct backend *b = NULL;
-        if (vk && (st = backend_vulkan_create(devices[i], kv16, &b)) != ANVIL_OK) break;
+        if (vk && (st = backend_vulkan_create(devices[i], kv_type, &b)) != ANVIL_OK) break;
         if (b) {
             backend_vulkan_set_limits(b, 0, p->gpu_max_memory);
             have = b->vt->capacity(b);

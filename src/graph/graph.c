@@ -371,7 +371,19 @@ done:
     return st;
 }
 
-void graph_bytes(const struct graph *g, bool kv16, uint64_t *weights, uint64_t *states) {
+anvil_status graph_kv_check(const struct graph *g, int kv) {
+    for (int i = 0; i < g->n_nodes && kv == ANVIL_KV_Q8_0; i++) {
+        const struct node *n = &g->nodes[i];
+        if (n->op != OP_ATTENTION) continue;
+        int64_t D = g->nodes[n->src[3]].ne[0], Dv = g->nodes[n->src[4]].ne[0];
+        if (D % 32 || Dv % 32)
+            return err_set(ANVIL_ERR_INVALID_ARG, "--kv-cache q8_0: head dimensions %lld and %lld are not multiples "
+                           "of 32 (its blocks); use f16 or f32", (long long)D, (long long)Dv);
+    }
+    return ANVIL_OK;
+}
+
+void graph_bytes(const struct graph *g, int kv_type, uint64_t *weights, uint64_t *states) {
     *weights = *states = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const struct node *n = &g->nodes[i];
@@ -379,7 +391,7 @@ void graph_bytes(const struct graph *g, bool kv16, uint64_t *weights, uint64_t *
             bool kv = false; /* an attention cache */
             for (int j = i + 1; j < g->n_nodes && !kv; j++)
                 kv = g->nodes[j].op == OP_ATTENTION && (g->nodes[j].src[3] == i || g->nodes[j].src[4] == i);
-            *states += (uint64_t)node_nelem(n) * (kv && kv16 ? 2 : 4);
+            *states += kv ? kv_cache_bytes(kv_type, (uint64_t)node_nelem(n)) : (uint64_t)node_nelem(n) * 4;
         } else if (n->op == OP_WEIGHT_STACK) {
             for (int e = 0; e < n->ne[2]; e++) *weights += n->stack[e]->size;
         } else if (n->op == OP_WEIGHT || n->op == OP_WEIGHT_ROWS) {

@@ -215,9 +215,20 @@ anvil_status graph_finish(struct graph *g, int output);
  * states are those its nodes name, numbered in g's order. */
 anvil_status graph_part(const struct graph *g, int first, int end, struct graph *out);
 /* The bytes g's leaves hold: its distinct model tensors as the file stores them (a backend may
- * hold them repacked, a little larger) and its states (float32; the attention caches float16
- * where kv16), for what-fits-where before anything is uploaded. */
-void graph_bytes(const struct graph *g, bool kv16, uint64_t *weights, uint64_t *states);
+ * hold them repacked, a little larger) and its states (float32; the attention caches of type kv,
+ * kv_cache_bytes), for what-fits-where before anything is uploaded. */
+void graph_bytes(const struct graph *g, int kv, uint64_t *weights, uint64_t *states);
+
+/* The bytes of n elements of an attention cache of type kv (anvil_kv_cache: ANVIL_KV_F16, _F32
+ * or _Q8_0; n a multiple of 32 for q8_0). q8_0 as the Vulkan backend lays it out (common.glsl):
+ * super-blocks of 256 values, their 256 int8 quants then their 8 float16 scales (272 bytes);
+ * the CPU backend holds every type as float32 (the values the type holds). */
+/* ANVIL_ERR_INVALID_ARG where g's attention caches cannot be of type kv (q8_0: a head dimension
+ * that is not a multiple of 32). */
+anvil_status graph_kv_check(const struct graph *g, int kv);
+static inline uint64_t kv_cache_bytes(int kv, uint64_t n) {
+    return kv == ANVIL_KV_Q8_0 ? (n + 255) / 256 * 272 : n * (kv == ANVIL_KV_F32 ? 4 : 2);
+}
 
 static inline int64_t node_nelem(const struct node *n) {
     return n->ne[0] * n->ne[1] * n->ne[2] * n->ne[3];

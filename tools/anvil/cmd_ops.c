@@ -10,7 +10,7 @@
 
 static const char *usage_text =
     "usage: anvil ops [-m synthetic:MODEL] [--op NAME|all] [--shape decode|prefill|all] [--type TYPE]\n"
-    "                 [--ctx N] [-T N] [--bench] [-r N] [--no-check] [--device N] [--kv-cache f16|f32]\n"
+    "                 [--ctx N] [-T N] [--bench] [-r N] [--no-check] [--device N] [--kv-cache f16|f32|q8_0]\n"
     "  runs each kernel of the Vulkan backend alone on random inputs at the model's shapes:\n"
     "  max |vulkan - cpu| against the CPU backend, and with --bench its GPU time and GB/s\n"
     "  (decode: the bytes of weights, cache rows and states its dispatches read) or TFLOP/s\n"
@@ -67,8 +67,9 @@ int cmd_ops(int argc, char **argv) {
         } else if (!strcmp(a, "--device")) {
             if (!parse_int(v, 0, 64, &device)) return fail("ops: bad --device \"%s\"", v);
         } else if (!strcmp(a, "--kv-cache")) {
-            if (strcmp(v, "f16") && strcmp(v, "f32")) return fail("ops: --kv-cache must be f16 or f32");
-            o.kv16 = !strcmp(v, "f16");
+            if (strcmp(v, "f16") && strcmp(v, "f32") && strcmp(v, "q8_0"))
+                return fail("ops: --kv-cache must be f16, f32 or q8_0");
+            o.kv_type = !strcmp(v, "f16") ? ANVIL_KV_F16 : !strcmp(v, "f32") ? ANVIL_KV_F32 : ANVIL_KV_Q8_0;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (!parse_int(v, 1, 1024, &o.n_threads)) return fail("ops: bad %s \"%s\"", a, v);
         } else {

@@ -54,7 +54,7 @@ static void usage(void) {
             "  --mmproj FILE           the vision tower (llama.cpp's mmproj GGUF) of a GGUF model:\n"
             "                          image_url parts (data: URLs) in chats; a checkpoint's own\n"
             "                          tower is used without it (raise --max-body for big images)\n"
-            "  -c, --ctx N  -t, --threads N  --backend cpu|vulkan|auto  --device N  --kv-cache f16|f32\n"
+            "  -c, --ctx N  -t, --threads N  --backend cpu|vulkan|auto  --device N  --kv-cache f16|f32|q8_0\n"
             "  --prefill-chunk N  --gpu-timeout S  --gpu-max-memory SIZE  (as for anvil run)\n");
     spec_print_usage(stderr, false);
     fprintf(stderr, "                      (every request on the session; needs --parallel 1)\n");

@@ -179,7 +179,8 @@ int common_opt(struct common_opts *o, int argc, char **argv, int *i) {
         if (!(v = opt_value(argc, argv, i))) return -1;
         if (!strcmp(v, "f16")) o->kv_cache = ANVIL_KV_F16;
         else if (!strcmp(v, "f32")) o->kv_cache = ANVIL_KV_F32;
-        else return fail("--kv-cache must be f16 or f32, not \"%s\"", v), -1;
+        else if (!strcmp(v, "q8_0")) o->kv_cache = ANVIL_KV_Q8_0;
+        else return fail("--kv-cache must be f16, f32 or q8_0, not \"%s\"", v), -1;
     } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
         if (!(v = opt_value(argc, argv, i))) return -1;
         if (!parse_int(v, 1, 1024, &o->n_threads)) return fail("bad thread count \"%s\"", v), -1;

@@ -34,7 +34,8 @@ static const struct {
                "  --split layer       how (the only split yet: contiguous ranges of layers)\n" \
                "  --tensor-split 3,1  each device's share of the layers (default equal)\n" \
                "  -c, --ctx N         context length (default min(model's, 4096))\n" \
-               "  --kv-cache f16|f32  the KV cache's type (default f16; or ANVIL_KV_CACHE)\n" \
+               "  --kv-cache f16|f32|q8_0  the KV cache's type (default f16; or ANVIL_KV_CACHE; q8_0:\n" \
+               "                      llama.cpp's blocks of 32 int8 and a float16 scale, 1.0625 bytes a value)\n" \
                "  -t, --threads N     CPU threads (default all cores)\n" \
                "  --prefill-chunk N   prompt tokens per prefill chunk (default 2048; 1: none)\n" \
                "  --gpu-timeout S     seconds before a GPU that does not answer counts as hung (120)\n" \

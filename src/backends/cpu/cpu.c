@@ -31,7 +31,7 @@ struct cpu_backend {
     struct thread_pool *pool;
     struct cpu_state *states;
     int n_states;
-    bool kv16; /* k and v rounded to float16 in the cache (backend_cpu_create) */
+    int kv_type; /* anvil_kv_cache: k and v rounded to the type in the cache (backend_cpu_create) */
     bool round_x; /* ANVIL_CPU_QX (when the backend was made): one-token matmul inputs rounded as QX */
     int round_rows; /* and those of up to this many rows (ANVIL_VK_MMB: the small-batch products') */
     int round_moe;  /* and the experts' gate/up inputs of steps of 2 up to this many rows (the
@@ -378,6 +378,23 @@ static void attn_heads(void *ctx, int64_t begin, int64_t end, int thread) {
     }
 }
 
+/* x[n] as an attention cache of type kv holds it: float16 rounded to nearest even; q8_0 each
+ * block of 32 quantised as llama.cpp's quantize_row_q8_0 (d = max|x| / 127 kept as float16, the
+ * quants round(x / d) with d in float32) and dequantised (quant * float16 d). The Vulkan kernels
+ * (common.glsl's kv_put) quantise the same way. */
+static void kv_round(int kv, float *x, int64_t n) {
+    if (kv == ANVIL_KV_F16) {
+        for (int64_t e = 0; e < n; e++) x[e] = f16_to_f32(f32_to_f16(x[e]));
+    } else if (kv == ANVIL_KV_Q8_0) {
+        for (int64_t b = 0; b + 32 <= n; b += 32) {
+            float amax = 0;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b + j]));
+            float d = amax / 127, id = d ? 1.0f / d : 0.0f, dh = f16_to_f32(f32_to_f16(d));
+            for (int j = 0; j < 32; j++) x[b + j] = roundf(x[b + j] * id) * dh;
+        }
+    }
+}
+
 static void op_attention(struct cpu_program *p, const struct node *n, const float *q,
                          const float *k, const float *v, struct cpu_state *kc,
                          struct cpu_state *vc, float *out) {
@@ -389,10 +406,8 @@ static void op_attention(struct cpu_program *p, const struct node *n, const floa
         float *kd = kc->data + row * Hkv * D, *vd = vc->data + row * Hkv * Dv;
         memcpy(kd, k + t * Hkv * D, (size_t)(Hkv * D) * sizeof(float));
         memcpy(vd, v + t * Hkv * Dv, (size_t)(Hkv * Dv) * sizeof(float));
-        if (p->b->kv16) { /* the values a float16 cache holds (stored as float32 here) */
-            for (int64_t e = 0; e < Hkv * D; e++) kd[e] = f16_to_f32(f32_to_f16(kd[e]));
-            for (int64_t e = 0; e < Hkv * Dv; e++) vd[e] = f16_to_f32(f32_to_f16(vd[e]));
-        }
+        kv_round(p->b->kv_type, kd, Hkv * D); /* the values the cache's type holds (stored as float32 here) */
+        kv_round(p->b->kv_type, vd, Hkv * Dv);
     }
     struct attn_job j = {q, kc->data, vc->data, out, D, Dv, H, Hkv, T, n->p.f[0], p};
     thread_pool_for(p->b->pool, H * T, 1, attn_heads, &j);
@@ -613,7 +628,8 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
     p->round_x = b->round_x;
     p->round_rows = b->round_rows;
     p->round_moe = b->round_moe;
-    anvil_status st = graph_init(&p->g, g->n_tokens);
+    anvil_status st = graph_kv_check(g, b->kv_type);
+    if (st == ANVIL_OK) st = graph_init(&p->g, g->n_tokens);
     int n = g->n_nodes;
     struct graph_plan P = {0};
     if (st != ANVIL_OK) goto fail;
@@ -827,12 +843,12 @@ anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens,
 
 bool backend_is_cpu(const struct backend *b) { return b && b->vt == &cpu_vtable; }
 
-anvil_status backend_cpu_create(int n_threads, bool kv16, struct backend **out) {
+anvil_status backend_cpu_create(int n_threads, int kv_type, struct backend **out) {
     *out = NULL;
     struct cpu_backend *b = xcalloc(1, sizeof *b);
     if (!b) return ANVIL_ERR_NOMEM;
     b->base.vt = &cpu_vtable;
-    b->kv16 = kv16;
+    b->kv_type = kv_type;
     struct tuning t;
     anvil_status st = tuning_read(&t);
     b->round_x = t.cpu_qx;

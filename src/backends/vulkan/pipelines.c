@@ -569,7 +569,7 @@ static anvil_status shared_layout(struct vk_device *d) {
     return st;
 }
 
-anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out) {
+anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, int kv_type, struct vk_pipelines *out) {
     memset(out, 0, sizeof *out);
     out->attn_g = attn_g;
     out->attn_d = attn_d;
@@ -610,7 +610,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bo
     anvil_status st = shared_layout(d);
     if (st != ANVIL_OK) return st;
     out->layout = d->sh->layout;
-    out->kv16 = kv16;
+    out->kv_type = kv_type;
     /* the workgroup-matrix kernels now, where the device has them: the driver may refuse them
      * (vk_pipeline_make), which the prefill's plan must know before it takes them */
     if (wanted(d, out, K_MMH_CM2, attn_g, attn_d) && (st = vk_pipeline_make(d, out, K_MMH_CM2)) == ANVIL_OK)
@@ -644,7 +644,7 @@ bool vk_pipeline_supported(const struct vk_device *d, const struct vk_pipelines 
 }
 
 /* A pipeline the shared device made: kernel k specialised with vals [n] (contract.h's ids in
- * order, SPEC_KV16 last); found again by them (vk_pipeline_make). */
+ * order, SPEC_KV16 and SPEC_KVQ8 last); found again by them (vk_pipeline_make). */
 #define VK_PIPE_SPECS 16
 struct vk_pipe {
     int k;
@@ -671,8 +671,9 @@ static anvil_status new_pipeline(struct vk_device *d, enum vk_kernel k, const ui
     anvil_status st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
     if (st != ANVIL_OK) return st;
     VkSpecializationMapEntry ent[VK_PIPE_SPECS];
-    for (uint32_t i = 0; i + 1 < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};
-    ent[n - 1] = (VkSpecializationMapEntry){SPEC_KV16, (n - 1) * 4, 4}; /* common.glsl's KV16 */
+    for (uint32_t i = 0; i + 2 < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};
+    ent[n - 2] = (VkSpecializationMapEntry){SPEC_KV16, (n - 2) * 4, 4}; /* common.glsl's KV16 */
+    ent[n - 1] = (VkSpecializationMapEntry){SPEC_KVQ8, (n - 1) * 4, 4}; /* and KVQ8 */
     VkSpecializationInfo si = {n, ent, n * 4, vals};
     VkComputePipelineCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
     pci.stage = (VkPipelineShaderStageCreateInfo){VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
@@ -712,7 +713,7 @@ anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enu
     if (k <= K_NONE || k >= K_COUNT || out->p[k] || out->refused[k]) return ANVIL_OK;
     if (!wanted(d, out, k, out->attn_g, out->attn_d)) return ANVIL_OK;
     int attn_g = out->attn_g, attn_d = out->attn_d;
-    bool kv16 = out->kv16;
+    int kv_type = out->kv_type;
     uint32_t vals[VK_PIPE_SPECS] = {0};
     uint32_t n = 0;
     const struct vk_kernel_info *ki = &kernels[k];
@@ -766,7 +767,9 @@ anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enu
         vals[MMB_SPEC_WG] = (uint32_t)d->tune.vk_mmbx_wg / 32u * 32u;
         n = MMB_SPEC_WG + 1;
     }
-    vals[n++] = kv16; /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*, then SPEC_KV16) */
+    /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*, then SPEC_KV16 and SPEC_KVQ8) */
+    vals[n++] = kv_type == ANVIL_KV_F16;
+    vals[n++] = kv_type == ANVIL_KV_Q8_0;
     struct vk_shared *sh = d->sh;
     pthread_mutex_lock(&sh->pl_lock);
     const struct vk_pipe *pp = NULL;

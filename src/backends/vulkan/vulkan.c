@@ -512,7 +512,7 @@ anvil_status vk_upload_tensor(struct vk_backend *b, const struct tensor_info *t)
     return st;
 }
 
-/* The states that are attention caches (float16 where kv16), by node; the caller frees it. */
+/* The states that are attention caches (float16 where kv_type), by node; the caller frees it. */
 static bool *kv_cache_nodes(const struct graph *g) {
     bool *kv = xcalloc((size_t)g->n_nodes, sizeof *kv);
     if (kv)
@@ -556,7 +556,7 @@ static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
         memcpy(b->state_ne[n->state], n->ne, sizeof n->ne);
         VkDeviceSize elems = ring[i] ? (VkDeviceSize)(n->ne[0] + 1) * (VkDeviceSize)n->ne[1] * (VkDeviceSize)MAX(n->ne[2], 1)
                                      : (VkDeviceSize)node_nelem(n);
-        VkDeviceSize bytes = (elems * (kv[i] && b->kv16 ? 2 : 4) + 255) / 256 * 256;
+        VkDeviceSize bytes = ((kv[i] ? kv_cache_bytes(b->kv_type, elems) : elems * 4) + 255) / 256 * 256;
         if (rec[i]) {
             b->rec_seq[b->n_rec] = elems * 4 / (VkDeviceSize)MAX(g->n_seqs, 1);
             b->rec[b->n_rec++] = (VkBufferCopy){size, b->rec_bytes, bytes};
@@ -597,6 +597,8 @@ static void vk_prog_destroy(struct program *pp) {
 static anvil_status vk_compile(struct backend *base, const struct graph *g, struct program **out) {
     struct vk_backend *b = (struct vk_backend *)base;
     *out = NULL;
+    anvil_status kst = graph_kv_check(g, b->kv_type);
+    if (kst != ANVIL_OK) return kst;
     /* the weights this graph reads, and how */
     int first_new = b->n_w;
     uint64_t new_bytes = 0, state_bytes = 0;
@@ -644,7 +646,7 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
         bool *kv = kv_cache_nodes(g);
         if (!kv) return ANVIL_ERR_NOMEM;
         for (int i = 0; i < g->n_nodes; i++)
-            if (g->nodes[i].op == OP_STATE) state_bytes += (uint64_t)node_nelem(&g->nodes[i]) * (kv[i] && b->kv16 ? 2 : 4);
+            if (g->nodes[i].op == OP_STATE) state_bytes += kv[i] ? kv_cache_bytes(b->kv_type, (uint64_t)node_nelem(&g->nodes[i])) : (uint64_t)node_nelem(&g->nodes[i]) * 4;
         free(kv);
     }
     VkDeviceSize have = vk_device_local_bytes(b->d);
@@ -660,7 +662,7 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
     if (st == ANVIL_OK) st = bind_states(b, g);
     if (st == ANVIL_OK) st = hist_slots(b, g);
     if (st == ANVIL_OK && !b->have_pl) {
-        st = vk_pipelines_create(b->d, attn_g ? attn_g : 1, attn_d ? attn_d : 128, b->kv16, &b->pl);
+        st = vk_pipelines_create(b->d, attn_g ? attn_g : 1, attn_d ? attn_d : 128, b->kv_type, &b->pl);
         b->have_pl = st == ANVIL_OK;
     }
     struct vk_prog *p = xcalloc(1, sizeof *p);
@@ -976,12 +978,12 @@ void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t 
     if (max_memory > 0) b->d->max_mem = max_memory;
 }
 
-anvil_status backend_vulkan_create(int device, bool kv16, struct backend **out) {
+anvil_status backend_vulkan_create(int device, int kv_type, struct backend **out) {
     *out = NULL;
     struct vk_backend *b = xcalloc(1, sizeof *b);
     if (!b) return ANVIL_ERR_NOMEM;
     b->base.vt = &vk_vtable;
-    b->kv16 = kv16;
+    b->kv_type = kv_type;
     anvil_status st = vk_device_create(device, &b->d);
     if (st != ANVIL_OK) {
         free(b);
@@ -996,7 +998,7 @@ anvil_status backend_vulkan_create_beside(struct backend *of, struct backend **o
     if (!of || of->vt != &vk_vtable)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a backend beside one that is not a Vulkan backend of one device");
     struct vk_backend *o = (struct vk_backend *)of;
-    anvil_status st = backend_vulkan_create(o->d->index, o->kv16, out);
+    anvil_status st = backend_vulkan_create(o->d->index, o->kv_type, out);
     if (st == ANVIL_OK) backend_vulkan_set_limits(*out, o->d->timeout_s, o->d->max_mem);
     return st;
 }

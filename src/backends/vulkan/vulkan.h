@@ -46,8 +46,8 @@ struct vk_backend {
     bool have_pl;
     struct vk_weight *w;
     int n_w;
-    struct vk_buffer states; /* every state, zeroed: float32, the attention caches float16 if kv16 */
-    bool kv16;               /* backend_vulkan_create's */
+    struct vk_buffer states; /* every state, zeroed: float32, the attention caches float16 if kv_type */
+    int kv_type;               /* backend_vulkan_create's */
     VkDeviceSize *state_off;
     int64_t (*state_ne)[MAX_DIMS];
     int n_states;

@@ -428,7 +428,7 @@ struct vk_pipelines {
     int attn_g, attn_d; /* the attention pipeline's specialisation */
     int vit_dp; /* vit_flash.comp's: the vision heads' dimensions padded to 16 (0: none yet; the
                    first image sets it, prefill/vit.c) */
-    bool kv16;          /* every pipeline's (common.glsl's KV16) */
+    int kv_type;          /* every pipeline's (common.glsl's KV16) */
     uint32_t attn_nsg;  /* and its subgroups per workgroup */
     uint32_t attn_lpr;  /* and its lanes a cache row (0: the shader's rule) */
     uint32_t attn_gs;   /* and the workgroups a kv head's query heads are split over */
@@ -456,9 +456,9 @@ struct vk_pipelines {
 /* Sets up a session's pipelines (their shapes; each pipeline is made on first use by
  * vk_pipeline_make, but mm_cm2.comp's, made here where the device takes them); attention is
  * specialised for G query heads per kv head and head dim D, and every pipeline for the
- * attention caches' type (kv16: float16; common.glsl's KV16). The shared device's first one
+ * attention caches' type (kv_type: float16; common.glsl's KV16). The shared device's first one
  * makes its layout and loads the pipeline cache from $XDG_CACHE_HOME/anvil (or ~/.cache/anvil). */
-anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, bool kv16, struct vk_pipelines *out);
+anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, int kv_type, struct vk_pipelines *out);
 /* Whether kernel k runs on this device with these shapes (its pipeline made or still to make). */
 bool vk_pipeline_supported(const struct vk_device *d, const struct vk_pipelines *p, enum vk_kernel k);
 /* The small-batch product on integer dot products of T rows (2 .. 32) for weights of type

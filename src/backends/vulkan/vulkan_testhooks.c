@@ -13,7 +13,7 @@
 /* For the test hooks: the pipelines made on first use (attention specialised for nothing). */
 static anvil_status test_pipelines(struct vk_backend *b) {
     if (b->have_pl) return ANVIL_OK;
-    anvil_status st = vk_pipelines_create(b->d, 1, 128, b->kv16, &b->pl);
+    anvil_status st = vk_pipelines_create(b->d, 1, 128, b->kv_type, &b->pl);
     if (st == ANVIL_OK) b->have_pl = true;
     return st;
 }

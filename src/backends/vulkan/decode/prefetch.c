@@ -52,8 +52,8 @@ anvil_status add_prefetch(struct vk_program *p) {
         pf.n1 = (uint32_t)(MIN(rest, pg->wn[0]) / 32);
         pf.n2 = (uint32_t)(MIN(rest, pg->wn[1]) / 32);
         /* the cache rows the attention reads a position: Hkv x D, k and v */
-        uint64_t row = (uint64_t)((const struct pc_attn *)d->push)->Hkv * (uint64_t)p->b->pl.attn_d * 2 *
-                       (p->b->kv16 ? 2 : 4);
+        uint64_t row = 2 * kv_cache_bytes(p->b->kv_type, (uint64_t)((const struct pc_attn *)d->push)->Hkv *
+                                                        (uint64_t)p->b->pl.attn_d);
         pf.max_pos = (uint32_t)MIN((16u << 20) / MAX(row, 1), UINT32_MAX);
         struct vk_dispatch *q = &ops[m++];
         memset(q, 0, sizeof *q);

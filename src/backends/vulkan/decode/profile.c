@@ -104,7 +104,7 @@ static uint64_t weight_bytes_at(const struct vk_program *p, uint64_t a) {
 }
 
 static uint64_t attn_reads(const struct vk_program *p, const struct pc_attn *pa, int pos) {
-    return (uint64_t)pa->Hkv * p->b->pl.attn_d * 2 * (p->b->kv16 ? 2 : 4) * (uint64_t)(pos + 1);
+    return 2 * kv_cache_bytes(p->b->kv_type, (uint64_t)pa->Hkv * p->b->pl.attn_d * (uint64_t)(pos + 1));
 }
 
 /* A persistent step's phases (form_mega), in the host's view of p->mega. */

@@ -27,6 +27,7 @@
  * The softmax runs per pass over the subgroup (online across passes); each lane then adds
  * its vec4s of the output over the pass's rows, their weights shuffled from the rows' lanes.
  * The subgroups' partials are combined through shared memory. */
+#define KVQ8_LANES
 #include "common.glsl"
 #extension GL_EXT_buffer_reference_uvec2 : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -189,7 +190,16 @@ void main() {
             vnew[d4] = kv_round(vec4(pc.v.v[b], pc.v.v[b + 1u], pc.v.v[b + 2u], pc.v.v[b + 3u]));
         }
     barrier();
-    if (mine && jg % GS == 0u) /* the cache rows of this position, for the steps to come */
+    if (KVQ8) { /* q8_0: the position's rows rounded (and written by one workgroup) in blocks of
+                   32, a block 8 consecutive invocations (D4 and the workgroup multiples of 8) */
+        if (mine)
+            for (uint e4 = t; e4 < 2u * D4; e4 += gl_WorkGroupSize.x) {
+                uint d4 = e4 % D4, row = (pos * pc.Hkv + j) * D4 + d4;
+                if (e4 < D4) ys[GW][d4] = kvq_put_lanes(pc.kc, row, ys[GW][d4], jg % GS == 0u);
+                else vnew[d4] = kvq_put_lanes(pc.vc, row, vnew[d4], jg % GS == 0u);
+            }
+        barrier();
+    } else if (mine && jg % GS == 0u) /* the cache rows of this position, for the steps to come */
         for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) {
             uint row = (pos * pc.Hkv + j) * D4 + d4;
             kv_put(pc.kc, row, ys[GW][d4]);

@@ -55,7 +55,7 @@ vec4 sb4(uint i) { return vec4(sb[4u * i], sb[4u * i + 1u], sb[4u * i + 2u], sb[
 void stage(Floats c, uint s0, uint n, uint j, uint base) {
     for (uint e = gl_LocalInvocationID.x; e < BK * D / 4u; e += 128u) {
         uint r = e / (D / 4u), d4 = e % (D / 4u), s = s0 + r, i4 = ((s * pc.Hkv + j) * D >> 2u) + d4;
-        hb[(base + r * SD + 4u * d4) >> 2u] = s >= n ? uvec2(0u) : to_halves4(Vec4s(c).v[i4]);
+        hb[(base + r * SD + 4u * d4) >> 2u] = s >= n ? uvec2(0u) : to_halves4(kv_get(c, i4));
     }
 }
 

@@ -55,19 +55,81 @@ float half_scale(float m) {
     frexp(m, e);
     return ldexp(1.0, clamp(e - 15, -100, 100));
 }
-/* The attention caches' element type: float16 (the default) or float32 (ANVIL_KV_CACHE=f32),
- * set for every pipeline; kv_get / kv_put take 4 elements at index i4 * 4 of a cache. */
+/* The attention caches' element type: float16 (the default), float32 (ANVIL_KV_CACHE=f32) or
+ * q8_0 (KVQ8), set for every pipeline; kv_get / kv_put take 4 elements at index i4 * 4 of a
+ * cache (kv_put: float16 and float32; a q8_0 cache is written by kvq_put).
+ *
+ * q8_0 (llama.cpp's blocks: 32 values along a head's dimension, an int8 each and one float16
+ * scale d, value = quant * d) in super-blocks of 256 values: their 256 quants, then their 8
+ * scales (272 bytes, 68 words; graph.h's kv_cache_bytes). The quants of 4 consecutive values
+ * are one aligned word and those of 16 one aligned uvec4, as wide as a float16 cache's loads
+ * of 4 and 8 values take; the scales apart keep the quants' alignment (llama.cpp's 34-byte
+ * blocks put every other block's quants at an odd half-word). The layout depends on the
+ * element index alone, so every writer and reader finds a value's word without the cache's
+ * size, and a cache row (Hkv x D values, D a multiple of 32) holds whole blocks: rows are
+ * written, reused and rolled back as in the other types. */
 layout(constant_id = SPEC_KV16) const bool KV16 = true;
-vec4 kv_get(Floats c, uint i4) { return KV16 ? halves4(Halves4(c).v[i4]) : Vec4s(c).v[i4]; }
+layout(constant_id = SPEC_KVQ8) const bool KVQ8 = false;
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer KvWords { uint v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer KvQuads { uvec4 v[]; };
+uint kvq_word(uint i4) { return (i4 >> 6u) * 68u + (i4 & 63u); }             /* group i4's quants */
+uint kvq_scale_word(uint i4) { return (i4 >> 6u) * 68u + 64u + ((i4 & 63u) >> 4u); } /* its scale's */
+/* group i4's scale from its scale word */
+float kvq_d(uint w, uint i4) { return unpackHalf2x16(w >> ((i4 >> 3u & 1u) * 16u)).x; }
+/* four int8 quants (one word, little end first) times d */
+vec4 kvq_deq(uint q, float d) { return vec4(ivec4(uvec4(q) << uvec4(24u, 16u, 8u, 0u)) >> 24) * d; }
+vec4 kv_get(Floats c, uint i4) {
+    if (KVQ8) return kvq_deq(KvWords(c).v[kvq_word(i4)], kvq_d(KvWords(c).v[kvq_scale_word(i4)], i4));
+    return KV16 ? halves4(Halves4(c).v[i4]) : Vec4s(c).v[i4];
+}
 void kv_put(Floats c, uint i4, vec4 v) {
     if (KV16)
         Halves4(c).v[i4] = to_halves4(v);
-    else
+    else if (!KVQ8)
         Vec4s(c).v[i4] = v;
 }
-/* v as the cache holds it */
+/* v as the cache holds it (q8_0: as it was, kvq_put rounds a whole block) */
 vec4 kv_round(vec4 v) { return KV16 ? halves4(to_halves4(v)) : v; }
 float kv_round1(float x) { return KV16 ? unpackHalf2x16(half_rne(x)).x : x; }
+/* q8_0: the block of 32 values whose group of 4 is amax's (the block's largest |value|), as
+ * llama.cpp's quantize_row_q8_0 and the CPU backend (cpu.c kv_round) round it: d = amax / 127
+ * (stored as float16), quant = round(v / d) halves away from zero with 1 / d in float32. Its
+ * quants word is written to c (where put), the scale by the block's first group; returns v as
+ * the cache holds it. Two blocks' scales share a word that other invocations may be writing
+ * at once (another head or row of a tiny head): the half is replaced by two atomics. */
+vec4 kvq_put(Floats c, uint i4, vec4 v, float amax, bool put) {
+    float d = amax / 127.0, id = d != 0.0 ? 1.0 / d : 0.0;
+    vec4 x = v * id;
+    ivec4 q = ivec4(sign(x) * floor(abs(x) + 0.5));
+    float dh = unpackHalf2x16(half_rne(d)).x;
+    if (put) {
+        uvec4 b = uvec4(q) & 0xffu;
+        KvWords(c).v[kvq_word(i4)] = b.x | b.y << 8u | b.z << 16u | b.w << 24u;
+        if ((i4 & 7u) == 0u) {
+            uint sh = (i4 >> 3u & 1u) * 16u, w = kvq_scale_word(i4);
+            atomicAnd(KvWords(c).v[w], ~(0xffffu << sh));
+            atomicOr(KvWords(c).v[w], half_rne(d) << sh);
+        }
+    }
+    return vec4(q) * dh;
+}
+/* the largest |value| of 4 */
+float amax4(vec4 v) {
+    vec4 a = abs(v);
+    return max(max(a.x, a.y), max(a.z, a.w));
+}
+#ifdef KVQ8_LANES
+#extension GL_KHR_shader_subgroup_shuffle : require
+/* kvq_put where 8 consecutive invocations of a subgroup hold a block's 8 groups (i4 % 8 = the
+ * lane % 8, all 8 active): the block's largest |value| by shuffles */
+vec4 kvq_put_lanes(Floats c, uint i4, vec4 v, bool put) {
+    float m = amax4(v);
+    m = max(m, subgroupShuffleXor(m, 1u));
+    m = max(m, subgroupShuffleXor(m, 2u));
+    m = max(m, subgroupShuffleXor(m, 4u));
+    return kvq_put(c, i4, v, m, put);
+}
+#endif
 
 /* Must match struct vk_ctl in vulkan_impl.h. */
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer Ctl {

@@ -203,6 +203,7 @@
 #define SPEC_MODE 0  /* the MODE of mm.comp, gdn.comp, gdn_chunk.comp, rows.comp, moe_rows.comp,
                         moe_topk.comp, vit.comp, logprobs.comp (its values: *_MODE_* above) */
 #define SPEC_KV16 29 /* common.glsl's KV16 (every kernel) */
+#define SPEC_KVQ8 30 /* common.glsl's KVQ8 (every kernel) */
 
 /* matvec.comp */
 #define MV_SPEC_NR 1

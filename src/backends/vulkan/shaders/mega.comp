@@ -37,6 +37,7 @@
 #ifdef CLOCK
 #extension GL_EXT_shader_realtime_clock : require
 #endif
+#define KVQ8_LANES
 #include "common.glsl"
 
 layout(local_size_x_id = SPEC_WG) in;
@@ -449,9 +450,13 @@ void q_stage(Vec4s x, Vec4s nw, uint Kp, uint K, bool norm, float eps) {
 
 /* ---- attention ---- */
 
-/* four elements of a cache at i4 as stored (float16: in .xy), and as floats */
-uvec4 kv_raw(Floats c, uint i4) { return KV16 ? uvec4(Halves4(c).v[i4], 0u, 0u) : floatBitsToUint(Vec4s(c).v[i4]); }
-vec4 kv_val(uvec4 r) { return KV16 ? halves4(r.xy) : uintBitsToFloat(r); }
+/* four elements of a cache at i4 as stored (float16: in .xy; q8_0: the quants in .x, the
+ * float16 scale in .y's low half), and as floats */
+uvec4 kv_raw(Floats c, uint i4) {
+    if (KVQ8) return uvec4(KvWords(c).v[kvq_word(i4)], KvWords(c).v[kvq_scale_word(i4)] >> ((i4 >> 3u & 1u) * 16u), 0u, 0u);
+    return KV16 ? uvec4(Halves4(c).v[i4], 0u, 0u) : floatBitsToUint(Vec4s(c).v[i4]);
+}
+vec4 kv_val(uvec4 r) { return KVQ8 ? kvq_deq(r.x, unpackHalf2x16(r.y).x) : KV16 ? halves4(r.xy) : uintBitsToFloat(r); }
 
 /* chunk c's cache rows [begin, end) of NE at position pos */
 void attn_span(uint c, uint NE, uint pos, out uint begin, out uint end) {
@@ -570,9 +575,24 @@ void attn_unit(uint b, uint j, uint c, uint NE, uint pos, uint sa, uvec4 kr[KPL]
     if (mine) /* the cache rows of this position, for the steps to come */
         for (uint d4 = lane; d4 < D4; d4 += SG) {
             uint row = (pos * Hkv + j) * D4 + d4, kb = base_s + G * D + 4u * d4, vb = kb + D;
-            kv_put(kc, row, vec4(as_[kb], as_[kb + 1u], as_[kb + 2u], as_[kb + 3u]));
-            kv_put(vc, row, vec4(as_[vb], as_[vb + 1u], as_[vb + 2u], as_[vb + 3u]));
+            vec4 kq = vec4(as_[kb], as_[kb + 1u], as_[kb + 2u], as_[kb + 3u]);
+            vec4 vq = vec4(as_[vb], as_[vb + 1u], as_[vb + 2u], as_[vb + 3u]);
+            if (KVQ8) { /* rounded in blocks of 32 (8 consecutive lanes), kept so for this step */
+                kq = kvq_put_lanes(kc, row, kq, true);
+                vq = kvq_put_lanes(vc, row, vq, true);
+                for (uint e = 0u; e < 4u; e++) {
+                    as_[kb + e] = kq[e];
+                    as_[vb + e] = vq[e];
+                }
+            } else {
+                kv_put(kc, row, kq);
+                kv_put(vc, row, vq);
+            }
         }
+    if (KVQ8) {
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+    }
 
     vec4 o[G][CPL];
     float m[G], l[G];

@@ -30,6 +30,7 @@
  * With flags & ROWS_HALF, rms_norm and swiglu also write their rows so to h and hs (the next
  * product's input on workgroup matrices, mm_cm2.comp, which would otherwise take MODE 8 of
  * its own). Rows of a multiple of 4 floats go 4 at a time. */
+#define KVQ8_LANES
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
@@ -169,7 +170,10 @@ void main() {
                 }
             }
             Vec4s(pc.out_).v[rb / 4u + i4] = y;
-            if (cr != 0xffffffffu) {
+            if (cr != 0xffffffffu && KVQ8) { /* a block is 8 lanes of the row's 32 */
+                kvq_put_lanes(pc.h, (cr * n >> 2u) + i4, y, true);
+                kvq_put_lanes(pc.hs, (cr * n >> 2u) + i4, Vec4s(pc.v).v[rb / 4u + i4], true);
+            } else if (cr != 0xffffffffu) {
                 kv_put(pc.h, (cr * n >> 2u) + i4, y);
                 kv_put(pc.hs, (cr * n >> 2u) + i4, Vec4s(pc.v).v[rb / 4u + i4]);
             }
@@ -195,8 +199,14 @@ void main() {
             barrier();
             if (cr == 0xffffffffu) return;
             for (uint i = 4u * tid; i < n; i += 512u) {
-                kv_put(pc.h, (cr * n + i) >> 2u, vec4(rowy[i], rowy[i + 1u], rowy[i + 2u], rowy[i + 3u]));
-                kv_put(pc.hs, (cr * n + i) >> 2u, Vec4s(pc.v).v[(base + i) >> 2u]);
+                vec4 k = vec4(rowy[i], rowy[i + 1u], rowy[i + 2u], rowy[i + 3u]), v = Vec4s(pc.v).v[(base + i) >> 2u];
+                if (KVQ8) { /* a block is 8 consecutive invocations (n a multiple of 32) */
+                    kvq_put_lanes(pc.h, (cr * n + i) >> 2u, k, true);
+                    kvq_put_lanes(pc.hs, (cr * n + i) >> 2u, v, true);
+                } else {
+                    kv_put(pc.h, (cr * n + i) >> 2u, k);
+                    kv_put(pc.hs, (cr * n + i) >> 2u, v);
+                }
             }
         }
     } else if (MODE == ROWS_MODE_ROPE) {
@@ -250,8 +260,13 @@ void main() {
         if (cr == 0xffffffffu) return; /* a batch's dead row */
         uint dst = cr * n; /* n % 4 == 0 */
         for (uint i = 4u * tid; i < n; i += 512u) {
-            kv_put(pc.c, (dst + i) >> 2u, Vec4s(pc.a).v[(base + i) >> 2u]);
-            kv_put(pc.out_, (dst + i) >> 2u, Vec4s(pc.b).v[(base + i) >> 2u]);
+            if (KVQ8) { /* a block is 8 consecutive invocations (n a multiple of 32) */
+                kvq_put_lanes(pc.c, (dst + i) >> 2u, Vec4s(pc.a).v[(base + i) >> 2u], true);
+                kvq_put_lanes(pc.out_, (dst + i) >> 2u, Vec4s(pc.b).v[(base + i) >> 2u], true);
+            } else {
+                kv_put(pc.c, (dst + i) >> 2u, Vec4s(pc.a).v[(base + i) >> 2u]);
+                kv_put(pc.out_, (dst + i) >> 2u, Vec4s(pc.b).v[(base + i) >> 2u]);
+            }
         }
     }
 }
