@@ -303,6 +303,41 @@ static void test_few_rows_attention(void **state) {
     unsetenv("ANVIL_VK_FEW_ATTN");
 }
 
+/* A q8_0 cache (--kv-cache q8_0; common.glsl's kvq_put / kv_get) through every attention kernel
+ * lavapipe runs, against the CPU's q8_0 cache (cpu.c kv_round: the same blocks rounded the same
+ * way): decode attention.comp over the rows 5 steps wrote (its KV write), the prefill's
+ * rows.comp KV write and attn_prefill.comp over 70 rows, a few rows' attn_split.comp (the batch's
+ * is test_attn_batch). Both sides hold the same quants, so they agree to float32 rounding, far
+ * below the cache's own rounding (a quant step is 1/127 of a block's largest value): a missed
+ * or misplaced block, scale or quant is off by the values themselves. */
+static void test_q8_cache(void **state) {
+    (void)state;
+    static const struct { enum ops_kind kind; int T; const char *few, *kernel; } cases[] = {
+        {OPS_ATTENTION, 1, NULL, "attention"},
+        {OPS_ATTN_PREFILL, 70, NULL, "attn_prefill"},
+        {OPS_ATTN_PREFILL, 7, "8", "attn_split"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct ops_opts o;
+        ops_opts_default(&o);
+        o.kv_type = ANVIL_KV_Q8_0;
+        o.check_steps = 5;
+        if (cases[i].few) setenv("ANVIL_VK_FEW_ATTN", cases[i].few, 1);
+        struct ops_case c = find_case(cases[i].kind, -1, NULL, 40, cases[i].T);
+        char name[96];
+        ops_case_name(&c, name, sizeof name);
+        struct ops_result r;
+        anvil_status st = ops_run(&c, &o, &r);
+        unsetenv("ANVIL_VK_FEW_ATTN");
+        if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
+        fprintf(stderr, "%s, q8_0 cache: max |vulkan - cpu| %.3g (%.3g of %.3g); kernels %s\n", name, r.max_abs,
+                r.rel, r.max_ref, r.kernels);
+        assert_true(r.checked && r.pass && r.max_ref > 0);
+        assert_true(r.rel < 2e-3);
+        assert_non_null(strstr(r.kernels, cases[i].kernel));
+    }
+}
+
 /* The low-bit types (Q2_K, Q3_K, the i-quants: shaders/wlow.glsl) in every kernel that reads
  * weights, on random blocks (every scale, sign and grid index pattern comes up): the decode's
  * products (one block a row, and rows of 3 blocks: attn_q 256 x 512, ffn_down 768 x 256), its
@@ -621,6 +656,7 @@ int main(void) {
         cmocka_unit_test(test_few_rows_attention),
         cmocka_unit_test(test_few_rows_moe),
         cmocka_unit_test(test_attn_batch),
+        cmocka_unit_test(test_q8_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
