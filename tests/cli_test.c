@@ -29,7 +29,11 @@ static void test_errors(void **state) {
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1,99999", "out of range");
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --ctx 4 -n 8", "context full");
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --backend gpu", "--backend");
-    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --kv-cache f8", "--kv-cache must be f16 or f32");
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --kv-cache f8", "--kv-cache must be f16, f32 or q8_0, not \"f8\"");
+    /* q8_0's blocks of 32 along a head: heads of 20 are refused, saying so (both backends) */
+    expect_fail("eval -m synthetic:qwen3moe-odd --prompt-ids 1 --backend cpu --kv-cache q8_0",
+                "--kv-cache q8_0: head dimensions 20 and 20 are not multiples of 32");
+    expect_fail("info -m synthetic:qwen3moe-odd --kv-cache q8_0", "are not multiples of 32");
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --prefill-chunk 0", "bad --prefill-chunk");
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --gpu-timeout 0.5", "bad --gpu-timeout");
     expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --gpu-max-memory lots", "bad --gpu-max-memory");
@@ -45,7 +49,7 @@ static void test_errors(void **state) {
     char keep[16];
     snprintf(keep, sizeof keep, "%s", kv ? kv : "");
     setenv("ANVIL_KV_CACHE", "q8", 1);
-    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --backend cpu", "ANVIL_KV_CACHE=\"q8\" is not one of: f16 f32");
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --backend cpu", "ANVIL_KV_CACHE=\"q8\" is not one of: f16 f32 q8_0");
     if (kv)
         setenv("ANVIL_KV_CACHE", keep, 1);
     else

@@ -32,6 +32,8 @@ struct ref_case {
     const char *backend;
     float tol;           /* 0: tolerance(golden) */
     const char *opts;    /* more eval options, or NULL */
+    int flips;           /* rows allowed past tol (an expert choice flipped by a cache's rounding) */
+    bool greedy_free;    /* the greedy ids may differ (where such a flip moves one) */
 };
 
 /* 1e-3, or the reference's own cached-vs-uncached noise when larger (see the top). */
@@ -77,7 +79,7 @@ static void check_model(const struct ref_case *c) {
     sprintf(expect, "greedy: %s,", gstr);
     if (strncmp(out, expect, strlen(expect)) != 0)
         fprintf(stderr, "%s: expected %s\n     got %s", c->model, expect, out);
-    assert_memory_equal(out, expect, strlen(expect));
+    if (!c->greedy_free) assert_memory_equal(out, expect, strlen(expect));
 
     size_t got_len, pre_len, dec_len;
     char *got = tu_read_file(logits_path, &got_len);
@@ -91,20 +93,26 @@ static void check_model(const struct ref_case *c) {
     /* eval writes prompt rows and one row per fed token: prefill + decode exactly */
     assert_int_equal(got_len, pre_len + dec_len);
     const float *g = (const float *)got;
-    float worst = 0;
-    size_t worst_at = 0;
-    for (size_t i = 0; i < got_len / 4; i++) {
-        float r = i < pre_len / 4 ? ((const float *)pre)[i] : ((const float *)dec)[i - pre_len / 4];
-        float d = fabsf(g[i] - r);
-        if (!(d <= worst)) {
-            worst = d;
-            worst_at = i;
+    float worst = 0, tol = c->tol > 0 ? c->tol : tolerance(golden);
+    size_t worst_at = 0, V = got_len / 4 / (size_t)(np + ng);
+    int over = 0; /* rows past tol */
+    for (size_t row = 0; row < (size_t)(np + ng); row++) {
+        float rw = 0;
+        for (size_t i = row * V; i < (row + 1) * V; i++) {
+            float r = i < pre_len / 4 ? ((const float *)pre)[i] : ((const float *)dec)[i - pre_len / 4];
+            float d = fabsf(g[i] - r);
+            if (!(d <= rw)) rw = d;
+            if (!(d <= worst)) {
+                worst = d;
+                worst_at = i;
+            }
         }
+        over += !(rw <= tol);
     }
-    float tol = c->tol > 0 ? c->tol : tolerance(golden);
-    fprintf(stderr, "%s [%s]: max |logit - reference| = %.3g (at value %zu), tolerance %.3g\n",
-            c->model, c->backend, (double)worst, worst_at, (double)tol);
-    assert_true(worst <= tol);
+    fprintf(stderr, "%s [%s%s%s]: max |logit - reference| = %.3g (at value %zu), tolerance %.3g, %d rows past it\n",
+            c->model, c->backend, c->opts ? " " : "", c->opts ? c->opts : "", (double)worst, worst_at, (double)tol, over);
+    assert_true(over <= c->flips);
+    if (!c->flips) assert_true(worst <= tol);
 
     unlink(logits_path);
     free(got);
@@ -142,7 +150,7 @@ static void test_reference_models(void **state) {
             char dir[1024];
             snprintf(dir, sizeof dir, "%s", tu_testdata("reference/"));
             strncat(dir, dense_models[i], sizeof dir - strlen(dir) - 1);
-            struct ref_case c = {dir, dir, b, 0, NULL};
+            struct ref_case c = {dir, dir, b, 0, NULL, 0, false};
             check_model(&c);
         }
     }
@@ -165,7 +173,37 @@ static void test_reference_f16_cache(void **state) {
             char dir[1024];
             snprintf(dir, sizeof dir, "%s", tu_testdata("reference/"));
             strncat(dir, models[i], sizeof dir - strlen(dir) - 1);
-            struct ref_case c = {dir, dir, b ? "vulkan" : "cpu", 3e-2f, "--kv-cache f16"};
+            struct ref_case c = {dir, dir, b ? "vulkan" : "cpu", 3e-2f, "--kv-cache f16", 0, false};
+            check_model(&c);
+        }
+}
+
+/* A q8_0 cache (--kv-cache q8_0: llama.cpp's blocks of 32 int8 and a float16 scale; k and v
+ * rounded as written, cpu.c kv_round) on every architecture, both backends: every row within
+ * 0.5 of the float32 reference and the greedy ids equal, except where the rounding flips a
+ * MoE's expert choice: at most 2 rows of qwen3moe-tiny and qwen3next-tiny past it, and
+ * qwen3moe-tiny's greedy ids free (3 of its 25 argmaxes move: the flipped rows and a near tie).
+ * Measured (CPU; Vulkan within 1.2e-4 of it): a value moves by up to 1/254 of its block's largest
+ * |value| (float16: 2^-12 of itself), which these random models' attention amplifies: the dense
+ * rows 0.16-0.32 from the reference (logits' scale 13-20; float16 cache 0.006-0.013), the Qwen3.5
+ * hybrids 0.022 (whose few attention layers the DeltaNets surround), the MoE rows 0.08-0.2 but
+ * for the flipped rows (2.6 and 2.1 in qwen3moe-tiny, 2.35 in qwen3next-tiny). A cache written or
+ * read wrongly (a block, a scale) moves every row by the logits' scale. */
+static void test_reference_q8_cache(void **state) {
+    (void)state;
+#ifdef TU_SANITIZED
+    skip();
+#endif
+    char why[256];
+    bool have_vk = backend_vulkan_available(why, sizeof why);
+    for (int b = 0; b < (have_vk ? 2 : 1); b++)
+        for (size_t i = 0; i < sizeof dense_models / sizeof *dense_models; i++) {
+            char dir[1024];
+            snprintf(dir, sizeof dir, "%s", tu_testdata("reference/"));
+            strncat(dir, dense_models[i], sizeof dir - strlen(dir) - 1);
+            bool moe = !strcmp(dense_models[i], "qwen3moe-tiny") || !strcmp(dense_models[i], "qwen3next-tiny");
+            struct ref_case c = {dir, dir, b ? "vulkan" : "cpu", 0.5f, "--kv-cache q8_0", moe ? 2 : 0,
+                                 !strcmp(dense_models[i], "qwen3moe-tiny")};
             check_model(&c);
         }
 }
@@ -231,7 +269,7 @@ static void multimodal_variant(const char *model, const char *model_type) {
     assert_int_equal(fwrite(st + 8 + hlen, 1, len - 8 - hlen, f), len - 8 - hlen);
     fclose(f);
 
-    struct ref_case c = {dir, src, "cpu", 0, NULL};
+    struct ref_case c = {dir, src, "cpu", 0, NULL, 0, false};
     check_model(&c);
 
     tu_rmdir(dir);
@@ -320,6 +358,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_models),
         cmocka_unit_test(test_reference_f16_cache),
+        cmocka_unit_test(test_reference_q8_cache),
         cmocka_unit_test(test_multimodal_checkpoints),
         cmocka_unit_test(test_reference_long_prompts),
     };

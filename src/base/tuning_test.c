@@ -68,6 +68,9 @@ static void test_values(void **state) {
     assert_string_equal(t.vk_fault, "hang:3");
     assert_int_equal(t.vk_overlap, 1);
     assert_true(t.vk_qx_min_mb == 0);
+    setenv("ANVIL_KV_CACHE", "q8_0", 1);
+    assert_int_equal(tuning_read(&t), ANVIL_OK);
+    assert_int_equal(t.kv_cache, 2);
     clear();
 }
 
@@ -76,7 +79,7 @@ static void test_values(void **state) {
 static void test_errors(void **state) {
     (void)state;
     static const char *const bad[][3] = {
-        {"ANVIL_KV_CACHE", "q8", "ANVIL_KV_CACHE=\"q8\" is not one of: f16 f32"},
+        {"ANVIL_KV_CACHE", "q8", "ANVIL_KV_CACHE=\"q8\" is not one of: f16 f32 q8_0"},
         {"ANVIL_VK_QX", "2", "ANVIL_VK_QX=\"2\" is not an integer in 0 .. 1"},
         {"ANVIL_VK_QX", "1x", "ANVIL_VK_QX=\"1x\""},
         {"ANVIL_VK_OVERLAP", "yes", "ANVIL_VK_OVERLAP=\"yes\" is not 0 or 1"},

@@ -210,6 +210,28 @@ anvil_status kv_cache_type(anvil_kv_cache kv, const struct tuning *t, int *type)
     return ANVIL_OK;
 }
 
+anvil_status anvil_kv_cache_size(const anvil_model *m, int n_ctx, anvil_kv_cache kv, anvil_kv_cache *type,
+                                 uint64_t *bytes) {
+    if (type) *type = ANVIL_KV_F16;
+    if (bytes) *bytes = 0;
+    if (!m || n_ctx < 0) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_kv_cache_size: no model or a negative context");
+    const struct hparams *hp = &m->file->hp;
+    if (!n_ctx) n_ctx = hp->n_ctx_train > 0 ? MIN(hp->n_ctx_train, 4096) : 4096;
+    struct tuning t;
+    int kt = ANVIL_KV_F16;
+    anvil_status st = tuning_read(&t);
+    if (st == ANVIL_OK) st = kv_cache_type(kv, &t, &kt);
+    struct build_opts o = {1, n_ctx, false, 0, 0, false, false, false, false};
+    struct graph g;
+    if (st == ANVIL_OK) st = model_build_graph(&m->model, &o, &g);
+    if (st != ANVIL_OK) return st;
+    st = graph_kv_check(&g, kt);
+    if (type) *type = (anvil_kv_cache)kt;
+    if (bytes) *bytes = graph_kv_bytes(&g, kt);
+    graph_free(&g);
+    return st;
+}
+
 anvil_status anvil_session_create(anvil_model *model, const anvil_session_params *params,
                                   anvil_session **out) {
     if (!model || !out) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_session_create: NULL argument");

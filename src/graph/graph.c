@@ -383,6 +383,14 @@ anvil_status graph_kv_check(const struct graph *g, int kv) {
     return ANVIL_OK;
 }
 
+uint64_t graph_kv_bytes(const struct graph *g, int kv) {
+    uint64_t bytes = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == OP_ATTENTION)
+            for (int s = 3; s <= 4; s++) bytes += kv_cache_bytes(kv, (uint64_t)node_nelem(&g->nodes[g->nodes[i].src[s]]));
+    return bytes;
+}
+
 void graph_bytes(const struct graph *g, int kv_type, uint64_t *weights, uint64_t *states) {
     *weights = *states = 0;
     for (int i = 0; i < g->n_nodes; i++) {

@@ -218,6 +218,8 @@ anvil_status graph_part(const struct graph *g, int first, int end, struct graph 
  * hold them repacked, a little larger) and its states (float32; the attention caches of type kv,
  * kv_cache_bytes), for what-fits-where before anything is uploaded. */
 void graph_bytes(const struct graph *g, int kv, uint64_t *weights, uint64_t *states);
+/* The bytes of g's attention caches alone, of type kv (kv_cache_bytes). */
+uint64_t graph_kv_bytes(const struct graph *g, int kv);
 
 /* The bytes of n elements of an attention cache of type kv (anvil_kv_cache: ANVIL_KV_F16, _F32
  * or _Q8_0; n a multiple of 32 for q8_0). q8_0 as the Vulkan backend lays it out (common.glsl):

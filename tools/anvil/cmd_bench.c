@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/base.h"
 #include "cli.h"
 #include "spec_opts.h"
 
@@ -463,6 +464,13 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "anvil bench: %s (%s%s) on %s: %s, %d repetition%s each\n", co.model, mi.description,
                 strncmp(co.model, "synthetic:", 10) ? "" : ", random weights", cpu ? "the CPU" : backend,
                 tests[0] ? tests : "no tests (-p 0 -n 0)", reps, reps > 1 ? "s" : "");
+    anvil_kv_cache kvt;
+    uint64_t kvb;
+    if (anvil_kv_cache_size(m, anvil_session_context_size(s), co.kv_cache, &kvt, &kvb) == ANVIL_OK) {
+        char kb[32];
+        fprintf(stderr, "anvil bench: KV cache %s, %s for a context of %d tokens\n", anvil_kv_cache_name(kvt),
+                fmt_bytes(kb, kvb), anvil_session_context_size(s));
+    }
     if (cpu && !p_set && !n_set && !r_set)
         fprintf(stderr, "anvil bench: on the CPU backend (anvil's reference, not its fast path; no GPU was "
                         "found or --backend cpu was given) the default run is short: %s, %d repetitions "

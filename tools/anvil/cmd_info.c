@@ -72,6 +72,27 @@ int cmd_info(int argc, char **argv) {
     if (shown) fputs(str_escape(buf, strlen(buf), true, shown, 4 * need + 8), stdout);
     free(shown);
     free(buf);
+    /* the attention caches at the context a session would take (-c, --kv-cache) */
+    anvil_kv_cache kvt, all[] = {ANVIL_KV_F32, ANVIL_KV_F16, ANVIL_KV_Q8_0};
+    uint64_t kvb;
+    anvil_status st = anvil_kv_cache_size(m, co.n_ctx, co.kv_cache, &kvt, &kvb);
+    if (st != ANVIL_OK) {
+        anvil_model_close(m);
+        return fail("%s", anvil_last_error());
+    }
+    anvil_model_info mi;
+    anvil_model_get_info(m, &mi);
+    char b[32];
+    printf("kv cache:     %s, %s for a context of %d tokens (", anvil_kv_cache_name(kvt), fmt_bytes(b, kvb),
+           co.n_ctx ? co.n_ctx : mi.n_ctx_train > 0 ? MIN(mi.n_ctx_train, 4096) : 4096);
+    for (int k = 0; k < 3; k++) {
+        uint64_t kb;
+        if (anvil_kv_cache_size(m, co.n_ctx, all[k], NULL, &kb) == ANVIL_OK)
+            printf("%s%s %s", k ? ", " : "", anvil_kv_cache_name(all[k]), fmt_bytes(b, kb));
+        else
+            printf("%s%s -", k ? ", " : "", anvil_kv_cache_name(all[k]));
+    }
+    printf(")\n");
     anvil_model_close(m);
     return 0;
 }
