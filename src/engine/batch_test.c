@@ -577,6 +577,33 @@ static void test_prefix_cache_vulkan(void **state) {
  * know (the CPU) the 8 whole contexts. anvil_batch_fits says exactly when an add finds room:
  * sequences of a whole context each are admitted until the pool holds no more, and an add that
  * it refuses is refused (ANVIL_ERR_RANGE). */
+/* A q8_0 cache (ANVIL_KV_CACHE=q8_0 for the solo sessions and the batch alike): the pool's blocks
+ * hold the same rounded rows as a session's cache, so the scenario's sequences give their solo
+ * runs' tokens and logits, on the CPU and on Vulkan (dense; and MoE, whose expert choices the
+ * rounding could flip if the two sides' rows differed). */
+static void with_q8(const char *model, anvil_backend_kind be) {
+    const char *kv = getenv("ANVIL_KV_CACHE");
+    char keep[16];
+    snprintf(keep, sizeof keep, "%s", kv ? kv : "");
+    setenv("ANVIL_KV_CACHE", "q8_0", 1);
+    check_model(tu_testdata(model), be, false);
+    if (kv) setenv("ANVIL_KV_CACHE", keep, 1);
+    else unsetenv("ANVIL_KV_CACHE");
+}
+
+static void test_q8_cache(void **state) {
+    (void)state;
+    with_q8("reference/qwen3-tiny", ANVIL_BACKEND_CPU);
+}
+
+static void test_q8_cache_vulkan(void **state) {
+    (void)state;
+    vulkan_or_skip();
+    with_q8("reference/qwen3-tiny", ANVIL_BACKEND_VULKAN);
+    sanitized_cut();
+    with_q8("reference/qwen3moe-tiny", ANVIL_BACKEND_VULKAN);
+}
+
 static void test_pool_by_memory(void **state) {
     (void)state;
     vulkan_or_skip();
@@ -587,8 +614,10 @@ static void test_pool_by_memory(void **state) {
     bp.session.n_ctx = N_CTX;
     bp.n_seq_max = 8;
     bp.kv_block = 4; /* 16 blocks a context */
-    for (int be = 0; be < 2; be++) {
+    int vk_total = 0;
+    for (int be = 0; be < 3; be++) { /* the CPU, Vulkan, Vulkan with a q8_0 cache */
         bp.session.backend = be ? ANVIL_BACKEND_VULKAN : ANVIL_BACKEND_CPU;
+        bp.session.kv_cache = be == 2 ? ANVIL_KV_Q8_0 : ANVIL_KV_DEFAULT; /* (ctest: f32) */
         setenv("ANVIL_VK_MAX_MEMORY", "1M", 1);
         anvil_batch *b;
         anvil_status st = anvil_batch_create(m, &bp, &b);
@@ -596,9 +625,13 @@ static void test_pool_by_memory(void **state) {
         assert_int_equal(st, ANVIL_OK);
         int total = 0;
         anvil_batch_kv_blocks(b, &total);
-        fprintf(stderr, "pool by memory, %s: %d blocks of 4 (8 contexts of 16 asked)\n", be ? "vulkan" : "cpu", total);
-        if (be) assert_true(total >= 16 && total < 8 * 16);
-        else assert_int_equal(total, 8 * 16);
+        fprintf(stderr, "pool by memory, %s: %d blocks of 4 (8 contexts of 16 asked)\n",
+                be == 2 ? "vulkan, q8_0 cache" : be ? "vulkan" : "cpu", total);
+        if (be == 1) assert_true(total >= 16 && total < 8 * 16);
+        else if (!be) assert_int_equal(total, 8 * 16);
+        /* q8_0's blocks take 1.0625 bytes a value where f32's take 4: more of them fit */
+        if (be == 1) vk_total = total;
+        else if (be == 2) assert_true(total > 2 * vk_total);
         int32_t p[4] = {1, 2, 3, 4};
         anvil_generate_params gp = {anvil_sampling_default(), N_CTX - 4, NULL, 0, NULL, NULL, NULL};
         int admitted = 0, id;
@@ -687,6 +720,8 @@ int main(void) {
         cmocka_unit_test(test_wide_vulkan),
         cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_prefix_cache_vulkan),
+        cmocka_unit_test(test_q8_cache),
+        cmocka_unit_test(test_q8_cache_vulkan),
         cmocka_unit_test(test_pool_by_memory),
         cmocka_unit_test(test_limits),
     };
