@@ -59,18 +59,22 @@ void stage(Floats c, uint s0, uint n, uint j, uint base) {
     }
 }
 
-/* float16 caches (KV16): rows s0 .. s0 + BK - 1 of cache c into registers, a thread's elements
- * e = its index + 128 q (fetch; zero past n), then into hb from offset base (put): the next
- * block's rows are fetched before this block's products and put after them, so that their
- * loads overlap the products (the 0.6B's 512-token attention 65 -> 48 us a layer on the H200,
- * docs/perf/log.md §75) */
+/* float16 and q8_0 caches (KREG): rows s0 .. s0 + BK - 1 of cache c into registers as stored
+ * (q8_0: the quants' word and the scale, kvq_*), a thread's elements e = its index + 128 q
+ * (fetch; zero past n), then into hb from offset base as float16 (put): the next block's rows
+ * are fetched before this block's products and put after them, so that their loads overlap the
+ * products (the 0.6B's 512-token attention 65 -> 48 us a layer on the H200, docs/perf/log.md
+ * §75) */
+const bool KREG = KV16 || KVQ8;
 const uint SE = BK * D / 4u / 128u; /* elements a thread */
 void fetch(Floats c, uint s0, uint n, uint j, inout uvec2 rh[SE]) {
     [[unroll]] for (uint q = 0u; q < SE; q++) {
         uint e = gl_LocalInvocationID.x + 128u * q;
         if (e < BK * D / 4u) {
             uint r = e / (D / 4u), d4 = e % (D / 4u), s = s0 + r, i4 = ((s * pc.Hkv + j) * D >> 2u) + d4;
-            rh[q] = s >= n ? uvec2(0u) : Halves4(c).v[i4];
+            rh[q] = s >= n  ? uvec2(0u)
+                    : KVQ8  ? uvec2(KvWords(c).v[kvq_word(i4)], KvWords(c).v[kvq_scale_word(i4)] >> ((i4 >> 3u & 1u) * 16u))
+                            : Halves4(c).v[i4];
         }
     }
 }
@@ -79,7 +83,7 @@ void put(uint base, const in uvec2 rh[SE]) {
         uint e = gl_LocalInvocationID.x + 128u * q;
         if (e < BK * D / 4u) {
             uint r = e / (D / 4u), d4 = e % (D / 4u);
-            hb[(base + r * SD + 4u * d4) >> 2u] = rh[q];
+            hb[(base + r * SD + 4u * d4) >> 2u] = KVQ8 ? to_halves4(kvq_deq(rh[q].x, unpackHalf2x16(rh[q].y).x)) : rh[q];
         }
     }
 }
@@ -115,12 +119,12 @@ void main() {
         [[unroll]] for (uint kd = 0u; kd < D / 16u; kd++) o[kd] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
         float lsum = 0.0;
         uvec2 kh[SE], vh[SE];
-        if (KV16) {
+        if (KREG) {
             fetch(pc.kc, 0u, n, j, kh);
             if (pass == 1u) fetch(pc.vc, 0u, n, j, vh);
         }
         for (uint s0 = 0u; s0 < n; s0 += BK) {
-            if (KV16) {
+            if (KREG) {
                 put(KO, kh);
                 if (pass == 1u) put(VO, vh);
             } else {
@@ -128,7 +132,7 @@ void main() {
                 if (pass == 1u) stage(pc.vc, s0, n, j, VO);
             }
             barrier();
-            if (KV16 && s0 + BK < n) { /* the next block's rows, in flight through this block's products */
+            if (KREG && s0 + BK < n) { /* the next block's rows, in flight through this block's products */
                 fetch(pc.kc, s0 + BK, n, j, kh);
                 if (pass == 1u) fetch(pc.vc, s0 + BK, n, j, vh);
             }
