@@ -22,10 +22,12 @@ static void kernel_name(char *out, size_t cap, const char *prefix, int type) {
     for (char *p = out; *p; p++) *p = (char)(*p >= 'A' && *p <= 'Z' ? *p - 'A' + 'a' : *p);
 }
 
-/* the case of kind (and type, for those that take one; product `what` for matvec and mm) */
-static struct ops_case find_case(enum ops_kind kind, int type, const char *what, int ctx, int T) {
+/* the case of kind (and type, for those that take one; product `what` for matvec and mm) of
+ * model (ops_model_find's) */
+static struct ops_case find_model_case(const char *model, enum ops_kind kind, int type, const char *what, int ctx,
+                                       int T) {
     struct ops_case cs[64];
-    const struct ops_model *m = ops_model_find("tiny");
+    const struct ops_model *m = ops_model_find(model);
     assert_non_null(m);
     int n = ops_cases(m, kind, ops_kind_prefill(kind), type, ctx, T, cs, 64);
     assert_true(n >= 1 && n <= 64);
@@ -33,6 +35,9 @@ static struct ops_case find_case(enum ops_kind kind, int type, const char *what,
         if (!what || !strcmp(cs[i].what, what)) return cs[i];
     fail_msg("no case %s %s", ops_kind_name(kind), what ? what : "");
     return cs[0];
+}
+static struct ops_case find_case(enum ops_kind kind, int type, const char *what, int ctx, int T) {
+    return find_model_case("tiny", kind, type, what, ctx, T);
 }
 
 /* Each region against the CPU, and timed once: the dispatches attributed to it and what they
@@ -305,17 +310,21 @@ static void test_few_rows_attention(void **state) {
 
 /* A q8_0 cache (--kv-cache q8_0; common.glsl's kvq_put / kv_get) through every attention kernel
  * lavapipe runs, against the CPU's q8_0 cache (cpu.c kv_round: the same blocks rounded the same
- * way): decode attention.comp over the rows 5 steps wrote (its KV write), the prefill's
+ * way): decode attention.comp over the rows 5 steps wrote (its KV write; heads of 64, of 128
+ * (a lane's 8 pieces of a k row taking 2 scale words, attention.comp KQW) and of 256 (8 lanes
+ * a row, query heads split in 2 workgroups, GS)), the prefill's
  * rows.comp KV write and attn_prefill.comp over 70 rows, a few rows' attn_split.comp (the batch's
  * is test_attn_batch). Both sides hold the same quants, so they agree to float32 rounding, far
  * below the cache's own rounding (a quant step is 1/127 of a block's largest value): a missed
  * or misplaced block, scale or quant is off by the values themselves. */
 static void test_q8_cache(void **state) {
     (void)state;
-    static const struct { enum ops_kind kind; int T; const char *few, *kernel; } cases[] = {
-        {OPS_ATTENTION, 1, NULL, "attention"},
-        {OPS_ATTN_PREFILL, 70, NULL, "attn_prefill"},
-        {OPS_ATTN_PREFILL, 7, "8", "attn_split"},
+    static const struct { const char *model; enum ops_kind kind; int T; const char *few, *kernel; } cases[] = {
+        {"tiny", OPS_ATTENTION, 1, NULL, "attention"},
+        {"qwen3-0.6b", OPS_ATTENTION, 1, NULL, "attention"},
+        {"qwen3.6-35b-a3b", OPS_ATTENTION, 1, NULL, "attention"},
+        {"tiny", OPS_ATTN_PREFILL, 70, NULL, "attn_prefill"},
+        {"tiny", OPS_ATTN_PREFILL, 7, "8", "attn_split"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         struct ops_opts o;
@@ -323,7 +332,7 @@ static void test_q8_cache(void **state) {
         o.kv_type = ANVIL_KV_Q8_0;
         o.check_steps = 5;
         if (cases[i].few) setenv("ANVIL_VK_FEW_ATTN", cases[i].few, 1);
-        struct ops_case c = find_case(cases[i].kind, -1, NULL, 40, cases[i].T);
+        struct ops_case c = find_model_case(cases[i].model, cases[i].kind, -1, NULL, 40, cases[i].T);
         char name[96];
         ops_case_name(&c, name, sizeof name);
         struct ops_result r;

@@ -72,9 +72,20 @@ uint NC, n_rot; /* the chunks of the grid, the rotated dims (pc.NC) */
 /* a pass's rows from memory, zero past the end and for the current position's row (not in
  * the cache yet: pass_patch puts it in): this lane's pieces of k row base + lane / LPR, and
  * its vec4s of the v rows base .. base + RPS - 1 */
+/* q8_0 with 4 lanes a row and rows of whole scale words (D a multiple of 64): a lane's pieces
+ * l + 4 i take their scales from one word every 4 pieces (a word holds 2 blocks' scales, 16
+ * pieces), so it loads KPL / 4 scale words, not KPL */
+const bool KQW = KVQ8 && LPR == 4u && D4 % 16u == 0u;
 void pass_load_k(uint base, uint end, uint pos, uint j, uint lane, out vec4 kr[KPL]) {
     uint p = base + lane / LPR;
     bool live = p < end && p != pos;
+    if (KQW) {
+        uint r0 = (p * pc.Hkv + j) * D4 + lane % LPR, sw[(KPL + 3u) / 4u];
+        for (uint m = 0; m < (KPL + 3u) / 4u; m++) sw[m] = live ? KvWords(pc.kc).v[kvq_scale_word(r0 + 16u * m)] : 0u;
+        for (uint i = 0; i < KPL; i++)
+            kr[i] = live ? kvq_deq(KvWords(pc.kc).v[kvq_word(r0 + i * LPR)], kvq_d(sw[i / 4u], r0 + i * LPR)) : vec4(0.0);
+        return;
+    }
     for (uint i = 0; i < KPL; i++) {
         uint c4 = lane % LPR + i * LPR;
         kr[i] = live && c4 < D4 ? kv_get(pc.kc, (p * pc.Hkv + j) * D4 + c4) : vec4(0.0);
