@@ -258,6 +258,48 @@ static void test_vulkan_split_sampled(void **state) {
     anvil_model_close(m);
 }
 
+/* A stop inside the generate loop's queued steps over a chain: greedy tokens with the third of
+ * them as a stop token (those before it delivered, the stop seen on every device), then a step
+ * of text after it (every device's position where the stop left it): the tokens into tok[8]
+ * (0-padded), the step's logits into out[V], on devices[n] (n 0: one device). */
+static void stopped(anvil_model *m, int n, const int *devices, int32_t stop, int32_t *tok, float *out) {
+    anvil_session *s;
+    if (vk_session(m, n, devices, NULL, 0, &s) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
+    anvil_generate_params gp = {anvil_sampling_default(), 8, &stop, 1, NULL, NULL, NULL};
+    int32_t got[9] = {0};
+    anvil_generate_stats gs;
+    assert_int_equal(anvil_session_generate(s, prompt, N_OF(prompt), &gp, tu_collect, got, &gs), ANVIL_OK);
+    memcpy(tok, got + 1, 8 * sizeof *tok);
+    if (stop >= 0) assert_int_equal(gs.stop, ANVIL_STOP_EOS);
+    assert_int_equal(anvil_session_eval(s, steps, 1, ANVIL_LOGITS_LAST, out), ANVIL_OK);
+    anvil_session_destroy(s);
+}
+
+static void test_vulkan_split_stop(void **state) {
+    (void)state;
+    char why[256];
+    if (!tu_vulkan(why, sizeof why)) return;
+    const int two[2] = {0, 0};
+    anvil_model *m = open_model("qwen3-tiny");
+    int V = anvil_model_vocab_size(m);
+    float *one = malloc((size_t)V * sizeof *one), *split = malloc((size_t)V * sizeof *split);
+    int32_t t0[8], t1[8], t2[8];
+    stopped(m, 0, NULL, -1, t0, one); /* (the tokens without a stop) */
+    stopped(m, 0, NULL, t0[2], t1, one);
+    stopped(m, 2, two, t0[2], t2, split);
+    int k = 0;
+    while (t0[k] != t0[2]) k++;
+    for (int i = k; i < 8; i++) assert_int_equal(t1[i], 0); /* (the stop delivered nothing after it) */
+    float d = tu_max_diff(one, split, (size_t)V);
+    fprintf(stderr, "qwen3-tiny [vulkan, devices 0,0] a stop token inside the queued steps, then a step: max |split "
+            "- one| = %.3g\n", (double)d);
+    assert_memory_equal(t1, t2, sizeof t1);
+    assert_true(d < 1e-3f);
+    free(one);
+    free(split);
+    anvil_model_close(m);
+}
+
 /* Two sequences through a batch (batch graphs: run_batch) on devices[n] (n 0: one device):
  * their greedy tokens into tok [2][6] (in step order per sequence) and the last logits of
  * sequence 1 into logits[V]. */
@@ -451,6 +493,7 @@ int main(void) {
         cmocka_unit_test(test_cpu_split),
         cmocka_unit_test(test_vulkan_split),
         cmocka_unit_test(test_vulkan_split_sampled),
+        cmocka_unit_test(test_vulkan_split_stop),
         cmocka_unit_test(test_vulkan_split_batch),
         cmocka_unit_test(test_vulkan_split_rewind),
         cmocka_unit_test(test_vulkan_split_image),
