@@ -15,6 +15,8 @@
  *   profile.c     the step looked at: GPU time per kernel, the dispatches listed, each timed
  *   run.c         the host side per token: one step, or a generation with two batches in
  *                 flight and the waits paced
+ *   chain.c       a layer split's parts linked across their devices (the hidden state in host
+ *                 memory both import, shared timeline semaphores; the generate loop over them)
  * The test hooks (../vulkan_testhooks.c, built into the tests only) run single kernels with the
  * push constants declared here.
  */
