@@ -312,8 +312,8 @@ static const struct knob KNOBS[] = {
         "How a layer split (`--devices`, docs/MULTIGPU.md) runs a decode step: 2 each device's "
         "decode program, chained: the hidden state crossing through host memory both devices "
         "import, each device's step waiting for the one before on a shared timeline semaphore, "
-        "the device-side generate loop over them (where the devices have the extensions; else "
-        "1); 1 each device's decode program (the parts before the last ending in the hidden "
+        "the device-side generate loop over them (where the devices import host memory; where they "
+        "cannot share a semaphore, the host waits between them; else 1); 1 each device's decode program (the parts before the last ending in the hidden "
         "state), the crossing through the host (a wait, a read and a write per boundary); 0 the "
         "first form (1, but the parts before the last as one-row prefill programs). For measuring."),
     /* ---- experiment ---- */
