@@ -179,12 +179,21 @@ static const struct knob KNOBS[] = {
         "docs/perf/log.md §20-22), 2 one pass with a lazily moved maximum, as the vision "
         "encoder's (on the H200 8B Q4_K_M pp4096 9,478 -> 10,232 t/s, 30B-A3B pp2048 7,984 -> "
         "8,327; docs/perf/log.md §68); 0 keeps the float32 kernel."),
-    INT("ANVIL_VK_VIT_FLASH", C_DIAGNOSTIC, vk_vit_flash, 2, 0, 3, NULL,
-        "The vision encoder's attention on cooperative matrices (vit_flash.comp: float16 q/k/v, "
-        "heads padded to a multiple of 16 dimensions, up to 128): 1 two passes over the keys "
-        "(the maximum, then the sums), 2 one pass with a lazily moved maximum, 3 the same 64 keys "
-        "a step instead of 32; 0 keeps the float32 kernel (vit.comp MODE 4). 1024x1024 encode on "
-        "the H200: 1,178 ms with 0, 210 with 1, 180 with 2, 270 with 3."),
+    INT("ANVIL_VK_VIT_FLASH", C_DIAGNOSTIC, vk_vit_flash, 4, 0, 6, NULL,
+        "The vision encoder's attention: 4 as products per head where the device has workgroup "
+        "matrices (S = Q K^T on them, vit_mm_cm2.comp; a row softmax writing P in float16; O = "
+        "P V; float16 q/k/v, float32 scores, in chunks of ANVIL_VK_VIT_SCORES_MB), else as 2 "
+        "where it has subgroup ones, else as 0; 5 the products on every device (without "
+        "workgroup matrices in float32 tiles, vit_mm.comp: the tests), 6 the same with float16 "
+        "scores. On cooperative matrices (vit_flash.comp: float16 q/k/v, heads padded to a "
+        "multiple of 16 dimensions, up to 128): 1 two passes over the keys (the maximum, then "
+        "the sums), 2 one pass with a lazily moved maximum, 3 the same 64 keys a step instead of "
+        "32; 0 keeps the float32 kernel (vit.comp MODE 4). 1024x1024 encode on the H200: 1,178 "
+        "ms with 0, 210 with 1, 180 with 2, 270 with 3."),
+    INT("ANVIL_VK_VIT_SCORES_MB", C_DIAGNOSTIC, vk_vit_scores_mb, 512, 1, 16384, NULL,
+        "MiB of float32 scores (float16: half of it, and P as much) the vision encoder's "
+        "attention as products (ANVIL_VK_VIT_FLASH=4-6) holds at once: the heads (whole heads "
+        "where one fits, else rows of one) are taken in chunks of that size."),
     BOOL("ANVIL_VK_PF_GROUP", C_DIAGNOSTIC, vk_pf_group, 1,
          "The prefill's products of one input (q, k, v; gate, up) side by side on workgroup "
          "matrices; 0 runs them one at a time."),

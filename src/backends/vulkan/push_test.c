@@ -102,6 +102,9 @@ static const struct layout *layout_of(enum vk_push push) {
 #define PC_TYPE struct pc_vit
         ONE(PUSH_VIT, pc_vit, PC_VIT);
 #undef PC_TYPE
+#define PC_TYPE struct pc_vitmm
+        ONE(PUSH_VITMM, pc_vitmm, PC_VITMM);
+#undef PC_TYPE
 #define PC_TYPE struct pc_mmb
         ONE(PUSH_MMB, pc_mmb, PC_MMB);
 #undef PC_TYPE

@@ -180,6 +180,31 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
  * where the device takes them, else K_VIT_ATTN; its grid is (heads, queries / 64), K_VIT_ATTN's
  * (heads, queries / 8). */
 enum vk_kernel vk_vit_attention_kernel(struct vk_backend *b, uint32_t D);
+/* The attention as products (ANVIL_VK_VIT_FLASH=4-6; prefill/vit.c): the product kernel
+ * (K_VIT_MM_CM2 on workgroup matrices, else with 5 and 6 K_VIT_MM), or K_NONE where
+ * vk_vit_attention_kernel's runs instead. */
+enum vk_kernel vk_vit_products(struct vk_backend *b);
+/* One image's attention as products: q, k, v float16 [N, H * D] (q unscaled), out floats
+ * [N, H * D]; s the scores (hc R N floats, s16: float16), p P (hc R N float16), mm the product
+ * kernel, scale the scores' factor. */
+struct vit_att {
+    uint64_t q, k, v, out, s, p;
+    uint32_t N, H, D;
+    float scale;
+    bool s16;
+    enum vk_kernel mm;
+};
+/* A chunk of it: hc heads of R query rows, as many as budget bytes of float32 scores hold
+ * (whole heads where one fits, else R a multiple of 128 rows of one head, at least 128) */
+void vk_vit_att_chunk(uint32_t N, uint32_t H, uint64_t budget, uint32_t *hc, uint32_t *R);
+/* The three dispatches of the chunk of heads h0 .. h0 + hc - 1, query rows r0 .. r0 + R - 1:
+ * S = Q K^T (s, grid gs), the rows' softmax (sm, gsm workgroups), O = P V (o, grid go) */
+struct vit_att_ops {
+    struct pc_vitmm s, o;
+    struct pc_vit sm;
+    uint32_t gs[3], gsm, go[3];
+};
+void vk_vit_att_ops(const struct vit_att *a, uint32_t h0, uint32_t hc, uint32_t r0, uint32_t R, struct vit_att_ops *c);
 /* The same with a multimodal chunk's inputs (x: 3-D rope positions, image embedding rows;
  * backend.h's run_extras, indexed from the chunk's first token): M-RoPE models only, else
  * ANVIL_ERR_UNSUPPORTED. */

@@ -342,7 +342,10 @@ enum vk_kernel {
     K_MEGA_QXK, K_MEGA_QX8, /* the same compiled for Q4_K and Q6_K only, for Q8_0 only */
     K_PREFETCH, /* weights read ahead into the L2 cache (prefetch.comp, decode/prefetch.c add_prefetch) */
     /* the vision encoder's kernels (vit.comp's modes, in its MODE order; prefill/vit.c) */
-    K_VIT_NORM, K_VIT_BIAS, K_VIT_POS, K_VIT_ROPE, K_VIT_ATTN,
+    K_VIT_NORM, K_VIT_BIAS, K_VIT_POS, K_VIT_ROPE, K_VIT_ATTN, K_VIT_SOFTMAX,
+    /* its attention as products (ANVIL_VK_VIT_FLASH=4): on workgroup matrices (vit_mm_cm2.comp,
+     * prebuilt; where d->coopmat2), else in float32 tiles (vit_mm.comp) */
+    K_VIT_MM_CM2, K_VIT_MM,
     /* its attention on cooperative matrices (vit_flash.comp: two passes over the keys; one,
      * ONE_PASS), where d->coopmat and the head padded to vit_dp fits (vk_pipelines.vit_dp) */
     K_VIT_FLASH, K_VIT_FLASH1, K_VIT_FLASH1_BK64 /* (the same, 64 keys a step) */,
@@ -368,7 +371,7 @@ enum vk_kernel vk_cm2q_kernel(int dtype, bool moe);
 enum vk_push {
     PUSH_NONE, PUSH_MATVEC, PUSH_MATVEC_QXT, PUSH_QX, PUSH_EMBED, PUSH_ATTN, PUSH_EW, PUSH_TOPK, PUSH_GDN,
     PUSH_ARGMAX, PUSH_SAMPLE, PUSH_PREFETCH, PUSH_MEGA, PUSH_MM, PUSH_MMH, PUSH_DQ, PUSH_ROWS, PUSH_MOE_ROWS,
-    PUSH_ATTN_PF, PUSH_GDNC, PUSH_VIT, PUSH_MMB, PUSH_MMB_ROUND, PUSH_LOGPROBS, PUSH_ATTN_SPLIT, VK_PUSH_COUNT
+    PUSH_ATTN_PF, PUSH_GDNC, PUSH_VIT, PUSH_MMB, PUSH_MMB_ROUND, PUSH_LOGPROBS, PUSH_ATTN_SPLIT, PUSH_VITMM, VK_PUSH_COUNT
 };
 
 /* A kernel's entry in the table (pipelines.c) */
@@ -519,6 +522,7 @@ PC_STRUCT(pc_attn_pf, PC_ATTN_PF);   /* attn_prefill.comp, attn_flash.comp */
 PC_STRUCT(pc_attn_split, PC_ATTN_SPLIT); /* attn_split.comp */
 PC_STRUCT(pc_gdnc, PC_GDNC);         /* gdn_chunk.comp */
 PC_STRUCT(pc_vit, PC_VIT);           /* vit.comp */
+PC_STRUCT(pc_vitmm, PC_VITMM);       /* vit_mm.comp, vit_mm_cm2.comp */
 PC_STRUCT(pc_mmb, PC_MMB);           /* mmb.comp */
 PC_STRUCT(pc_mmb_round, PC_MMB_ROUND); /* mmb_round.comp */
 /* matvec.comp QXT's block has pc_matvec's fields, then its own */

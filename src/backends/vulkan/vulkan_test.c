@@ -863,12 +863,21 @@ static void test_vit_attention(void **state) {
                 }
                 for (int i = 0; i < D; i++) vmax = fmax(vmax, fabs(o[i] /= l));
             }
-        for (int flash = 0; flash < 4; flash++) {
+        for (int flash = 0; flash < 8; flash++) {
             struct backend *base;
             assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
             struct vk_backend *b = (struct vk_backend *)base;
             for (size_t i = 0; i < n; i++) got[i] = NAN;
-            anvil_status st = vk_vit_attention_once(b, q, k, v, N, H, D, flash, got);
+            /* 4-7: as products (vit_mm.comp where there are no workgroup matrices), whole (4),
+             * float16 scores (5), a head a chunk (6), 128 rows (7) */
+            uint64_t budget = flash == 6 ? (uint64_t)N * N * 4 : flash == 7 ? (uint64_t)N * 4 * 128 : 1u << 30;
+            anvil_status st = flash < 4 ? vk_vit_attention_once(b, q, k, v, N, H, D, flash, got)
+                                        : N % 4 ? ANVIL_ERR_INVALID_ARG
+                                        : vk_vit_attention_products(b, q, k, v, N, H, D, flash == 5, budget, got);
+            if (flash >= 4 && N % 4) { /* (patches come in merge blocks of 4) */
+                backend_destroy(base);
+                continue;
+            }
             if (flash && st == ANVIL_ERR_UNSUPPORTED) {
                 fprintf(stderr, "vision attention %dx%dx%d: not on cooperative matrices (%s; the tests run with "
                         "ANVIL_VK_COOPMAT=0 unless it is set)\n", N, H, D, anvil_last_error());
@@ -883,8 +892,10 @@ static void test_vit_attention(void **state) {
             }
             /* float32 sums; float16 q, k, v and P on the matrices */
             double tol = (flash ? 3e-2 : 2e-5) * fmax(vmax, 1.0);
-            fprintf(stderr, "vision attention %s N %d, %d heads of %d: max |gpu - cpu| %.3g of %.3g\n",
-                    flash == 3 ? "vit_flash1_bk64" : flash == 2 ? "vit_flash1" : flash ? "vit_flash" : "vit_attention",
+            static const char *names[] = {"vit_attention", "vit_flash", "vit_flash1", "vit_flash1_bk64",
+                                          "products", "products, float16 scores", "products, a head a chunk",
+                                          "products, 128 rows a chunk"};
+            fprintf(stderr, "vision attention %s N %d, %d heads of %d: max |gpu - cpu| %.3g of %.3g\n", names[flash],
                     N, H, D, worst, vmax);
             assert_true(worst <= tol);
             assert_int_equal(vk_check_validation(b->d), ANVIL_OK);

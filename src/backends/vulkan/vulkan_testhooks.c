@@ -22,7 +22,7 @@ static anvil_status test_pipelines(struct vk_backend *b) {
  * decode program's grid(); wgs x gy where gy is not 0), each after a barrier (zero_first: that buffer filled with zeros
  * before them), submitted and waited for; host-visible results are readable when it returns
  * ANVIL_OK. */
-struct test_dispatch { enum vk_kernel k; const void *push; size_t size; uint32_t wgs, gy; };
+struct test_dispatch { enum vk_kernel k; const void *push; size_t size; uint32_t wgs, gy, gz; /* (0: 1) */ };
 
 static anvil_status test_run(struct vk_backend *b, const struct test_dispatch *ds, int n, VkBuffer zero_first) {
     struct vk_device *d = b->d;
@@ -45,7 +45,7 @@ static anvil_status test_run(struct vk_backend *b, const struct test_dispatch *d
         uint32_t gx, gy;
         grid(ds[i].wgs, &gx, &gy);
         if (ds[i].gy) gx = ds[i].wgs, gy = ds[i].gy;
-        vkCmdDispatch(cb, gx, gy, 1);
+        vkCmdDispatch(cb, gx, gy, ds[i].gz ? ds[i].gz : 1);
     }
     barrier(cb, STAGE_C, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
     st = vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
@@ -126,9 +126,9 @@ anvil_status vk_qxr_once(struct vk_backend *b, const struct tensor_info *wa, con
     struct pc_matvec pc = test_matvec_pc(b, wc, buf.addr, buf.addr + o_yq, buf.addr + o_yq + N1, buf.addr + o_z, N1, N2);
     pc.eps = eps;
     uint32_t nr = vk_matvec_rows(&b->pl, (enum vk_kernel)kc);
-    struct test_dispatch ds[3] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024, 0},
-                                  {(enum vk_kernel)ka, &pa, sizeof pa, N1 / 8, 0},
-                                  {(enum vk_kernel)kc, &pc, sizeof pc, (N2 + nr - 1) / nr, 0}};
+    struct test_dispatch ds[3] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024, 0, 0},
+                                  {(enum vk_kernel)ka, &pa, sizeof pa, N1 / 8, 0, 0},
+                                  {(enum vk_kernel)kc, &pc, sizeof pc, (N2 + nr - 1) / nr, 0, 0}};
     st = test_run(b, ds, 3, VK_NULL_HANDLE);
     if (st == ANVIL_OK) {
         memcpy(xq, m + o_q, Kq);
@@ -178,7 +178,7 @@ anvil_status vk_sample_once(struct vk_backend *b, const float *logits, int V, co
     ctl_set_sampling(c, (uint32_t)V, sp);
     c->draft = draft >= 0 ? (uint32_t)draft + 1 : 0;
     struct pc_sample ps = {lg.addr, ctl.addr, scratch.addr, scratch.addr + SAMPLE_PART_BYTES(nwg), (uint32_t)V, nwg, 0};
-    struct test_dispatch one = {K_SAMPLE, &ps, sizeof ps, nwg, 0};
+    struct test_dispatch one = {K_SAMPLE, &ps, sizeof ps, nwg, 0, 0};
     st = test_run(b, &one, 1, scratch.buf);
     if (st == ANVIL_OK && c->n_out != 1)
         st = err_set(ANVIL_ERR_BACKEND, "vk_sample_once: the kernel chose no token (stop %u)", c->stop);
@@ -223,7 +223,7 @@ anvil_status vk_logprobs_once(struct vk_backend *b, const float *logits, int V, 
         memcpy(&w[2 * i + 1], &bias[i], 4);
     }
     struct pc_logprobs pc = {lg.addr, ctl.addr, scratch.addr, scratch.addr + part, lpb.addr, (uint32_t)V, nwg};
-    struct test_dispatch ds[2] = {{K_LOGIT_BIAS, &pc, sizeof pc, 1, 0}, {K_LOGPROBS, &pc, sizeof pc, nwg, 0}};
+    struct test_dispatch ds[2] = {{K_LOGIT_BIAS, &pc, sizeof pc, 1, 0, 0}, {K_LOGPROBS, &pc, sizeof pc, nwg, 0, 0}};
     st = test_run(b, ds, 2, scratch.buf);
     if (st == ANVIL_OK && c->lp_done != 1)
         st = err_set(ANVIL_ERR_BACKEND, "vk_logprobs_once: the kernel wrote no record");
@@ -286,9 +286,9 @@ anvil_status vk_qx_matvec_once(struct vk_backend *b, const struct tensor_info *w
     *ph = (struct vk_phase){.kind = 1, .tasks = N, .wt = (uint32_t)wt};
     memcpy(ph->push, &pm, sizeof pm);
     struct pc_mega pg = {buf.addr + o_p, buf.addr, buf.addr + o_c, 0, 1};
-    struct test_dispatch ds[3] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024, 0},
-                                  {kq, &pc, sizeof pc, (N + nr - 1) / nr, 0},
-                                  {K_MEGA_QX, &pg, sizeof pg, b->pl.mega_grid, 0}};
+    struct test_dispatch ds[3] = {{K_QX, &pq, sizeof pq, (Kq + 1023) / 1024, 0, 0},
+                                  {kq, &pc, sizeof pc, (N + nr - 1) / nr, 0, 0},
+                                  {K_MEGA_QX, &pg, sizeof pg, b->pl.mega_grid, 0, 0}};
     st = test_run(b, ds, out_mega ? 3 : 2, VK_NULL_HANDLE);
     if (st == ANVIL_OK) {
         memcpy(out, m + o_o, (size_t)N * 4);
@@ -316,7 +316,7 @@ anvil_status vk_topk_once(struct vk_backend *b, const float *logits, int E, int 
     memset(m, 0, buf.size);
     memcpy(m + o_l, logits, (size_t)E * 4);
     struct pc_topk pt = {buf.addr + o_l, buf.addr + o_r, buf.addr, (uint32_t)E, (uint32_t)k, norm ? 1u : 0u, 1};
-    struct test_dispatch one = {K_MOE_TOPK, &pt, sizeof pt, 1, 0};
+    struct test_dispatch one = {K_MOE_TOPK, &pt, sizeof pt, 1, 0, 0};
     st = test_run(b, &one, 1, VK_NULL_HANDLE);
     if (st == ANVIL_OK) {
         const float *r = (const float *)(m + o_r);
@@ -366,7 +366,7 @@ anvil_status vk_pick_once(struct vk_backend *b, const float *logits, int E, int 
     pc.rows2 = 4;
     pc.flags = MV_TOPK;
     pc.route_k = (uint32_t)k | (norm ? 1u << 16 : 0) | (uint32_t)E << 17;
-    struct test_dispatch one = {K_MOE_GU_F32, &pc, sizeof pc, 1, (uint32_t)k};
+    struct test_dispatch one = {K_MOE_GU_F32, &pc, sizeof pc, 1, (uint32_t)k, 0};
     st = test_run(b, &one, 1, VK_NULL_HANDLE);
     if (st == ANVIL_OK) {
         const float *r = (const float *)(m + o[1]), *y = (const float *)(m + o[5]);
@@ -392,7 +392,7 @@ anvil_status vk_f16_once(struct vk_backend *b, const float *x, int n, uint16_t *
     memcpy(m + o[0], x, (size_t)n * 4);
     /* one row of n floats: n / 8 units of 8 */
     struct pc_dq pd = {buf.addr + o[0], buf.addr + o[1], 0, 1, (uint32_t)n / 8, (uint32_t)n};
-    struct test_dispatch one = {K_DQ_F32, &pd, sizeof pd, ((uint32_t)n / 8 + 255) / 256, 0};
+    struct test_dispatch one = {K_DQ_F32, &pd, sizeof pd, ((uint32_t)n / 8 + 255) / 256, 0, 0};
     st = test_run(b, &one, 1, VK_NULL_HANDLE);
     if (st == ANVIL_OK) memcpy(out, m + o[1], (size_t)n * 2);
     vk_buffer_destroy(b->d, &buf);
@@ -424,9 +424,53 @@ anvil_status vk_vit_attention_once(struct vk_backend *b, const float *q, const f
                         .out_ = buf.addr + o[3], .e = buf.addr + o[3], .n = (uint32_t)(H * D), .rows = (uint32_t)N,
                         .H = (uint32_t)H, .D = (uint32_t)D, .scale = 1.0f / sqrtf((float)D)};
     /* (prefill/vit.c's grids) */
-    struct test_dispatch one = {ker, &pc, sizeof pc, (uint32_t)H, (uint32_t)(flash ? (N + 63) / 64 : (N + 7) / 8)};
+    struct test_dispatch one = {ker, &pc, sizeof pc, (uint32_t)H, (uint32_t)(flash ? (N + 63) / 64 : (N + 7) / 8), 0};
     st = test_run(b, &one, 1, VK_NULL_HANDLE);
     if (st == ANVIL_OK) memcpy(out, m + o[3], n);
+    vk_buffer_destroy(b->d, &buf);
+    return st;
+}
+
+anvil_status vk_vit_attention_products(struct vk_backend *b, const float *q, const float *k, const float *v, int N,
+                                       int H, int D, bool s16, uint64_t budget, float *out) {
+    if (N < 1 || N % 4 || H < 1 || D < 4 || D % 4 || D > 256)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vk_vit_attention_products: %d x %d heads of %d", N, H, D);
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
+    struct vit_att a = {.N = (uint32_t)N, .H = (uint32_t)H, .D = (uint32_t)D, .scale = 1.0f / sqrtf((float)D),
+                        .s16 = s16};
+    int was = b->d->tune.vk_vit_flash;
+    b->d->tune.vk_vit_flash = 5;
+    a.mm = vk_vit_products(b);
+    b->d->tune.vk_vit_flash = was;
+    uint32_t hc, R;
+    vk_vit_att_chunk(a.N, a.H, budget, &hc, &R);
+    VkDeviceSize n = (VkDeviceSize)N * H * D, e = (VkDeviceSize)hc * R * N, o[6];
+    VkDeviceSize size = test_layout(6, (VkDeviceSize[6]){2 * n, 2 * n, 2 * n, 4 * n, (s16 ? 2 : 4) * e, 2 * e}, o);
+    struct vk_buffer buf = {0};
+    if ((st = vk_buffer_create(b->d, size, VK_MEM_READBACK, "test vision attention", &buf)) != ANVIL_OK) return st;
+    uint8_t *m = buf.map;
+    memset(m, 0, buf.size);
+    const float *in[3] = {q, k, v};
+    for (int i = 0; i < 3; i++)
+        for (VkDeviceSize j = 0; j < n; j++) ((uint16_t *)(m + o[i]))[j] = f32_to_f16(in[i][j]);
+    a.q = buf.addr + o[0];
+    a.k = buf.addr + o[1];
+    a.v = buf.addr + o[2];
+    a.out = buf.addr + o[3];
+    a.s = buf.addr + o[4];
+    a.p = buf.addr + o[5];
+    /* (prefill/vit.c's chunks, each run alone: they reuse the scores) */
+    for (uint32_t h0 = 0; h0 < a.H && st == ANVIL_OK; h0 += hc)
+        for (uint32_t r0 = 0; r0 < a.N && st == ANVIL_OK; r0 += R) {
+            struct vit_att_ops c;
+            vk_vit_att_ops(&a, h0, MIN(hc, a.H - h0), r0, MIN(R, a.N - r0), &c);
+            struct test_dispatch ds[3] = {{a.mm, &c.s, sizeof c.s, c.gs[0], c.gs[1], c.gs[2]},
+                                          {K_VIT_SOFTMAX, &c.sm, sizeof c.sm, c.gsm, 0, 0},
+                                          {a.mm, &c.o, sizeof c.o, c.go[0], c.go[1], c.go[2]}};
+            st = test_run(b, ds, 3, VK_NULL_HANDLE);
+        }
+    if (st == ANVIL_OK) memcpy(out, m + o[3], 4 * n);
     vk_buffer_destroy(b->d, &buf);
     return st;
 }

@@ -64,5 +64,11 @@ anvil_status vk_f16_once(struct vk_backend *b, const float *x, int n, uint16_t *
  * specialised for another D). */
 anvil_status vk_vit_attention_once(struct vk_backend *b, const float *q, const float *k, const float *v, int N, int H,
                                    int D, int flash, float *out);
+/* The same as products (ANVIL_VK_VIT_FLASH=5; 6 with s16: float16 scores): vit_mm_cm2.comp on
+ * workgroup matrices, else vit_mm.comp; q, k, v rounded to float16 here (as vit.comp's rope
+ * writes them), the scores in chunks of at most budget bytes (vk_vit_att_chunk; a small one
+ * takes heads apart, or rows of one). */
+anvil_status vk_vit_attention_products(struct vk_backend *b, const float *q, const float *k, const float *v, int N,
+                                       int H, int D, bool s16, uint64_t budget, float *out);
 
 #endif

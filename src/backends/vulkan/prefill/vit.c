@@ -71,7 +71,7 @@ static anvil_status bias_act(struct vk_prefill *p, uint64_t a, const struct tens
  * specialised for the first tower's (vk_pipelines.vit_dp); else vit.comp's in float32. */
 enum vk_kernel vk_vit_attention_kernel(struct vk_backend *b, uint32_t D) {
     int dp = (int)round_up(D, 16), v = b->d->tune.vk_vit_flash;
-    enum vk_kernel k = v == 3 ? K_VIT_FLASH1_BK64 : v == 2 ? K_VIT_FLASH1 : K_VIT_FLASH;
+    enum vk_kernel k = v == 3 ? K_VIT_FLASH1_BK64 : v == 2 || v >= 4 ? K_VIT_FLASH1 : K_VIT_FLASH;
     if (!v) return K_VIT_ATTN;
     if (!b->pl.vit_dp && !b->pl.p[K_VIT_FLASH] && !b->pl.p[K_VIT_FLASH1] && !b->pl.p[K_VIT_FLASH1_BK64])
         b->pl.vit_dp = dp;
@@ -85,9 +85,64 @@ static anvil_status attention(struct vk_prefill *p, const struct pc_vit *pc) {
     return vit_op(p, k, pc->H, k == K_VIT_ATTN ? (pc->rows + 7) / 8 : (pc->rows + 63) / 64, pc);
 }
 
+enum vk_kernel vk_vit_products(struct vk_backend *b) {
+    int v = b->d->tune.vk_vit_flash;
+    if (v < 4) return K_NONE;
+    if (vk_pipeline_make(b->d, &b->pl, K_VIT_MM_CM2) == ANVIL_OK && b->pl.p[K_VIT_MM_CM2]) return K_VIT_MM_CM2;
+    return v >= 5 ? K_VIT_MM : K_NONE;
+}
+
+void vk_vit_att_chunk(uint32_t N, uint32_t H, uint64_t budget, uint32_t *hc, uint32_t *R) {
+    uint64_t head = (uint64_t)N * N * 4;
+    if (head <= budget) {
+        *hc = (uint32_t)MIN((uint64_t)H, budget / head);
+        *R = N;
+    } else {
+        *hc = 1;
+        *R = (uint32_t)MIN((uint64_t)N, MAX(budget / ((uint64_t)N * 4) / 128 * 128, (uint64_t)128));
+    }
+}
+
+void vk_vit_att_ops(const struct vit_att *a, uint32_t h0, uint32_t hc, uint32_t r0, uint32_t R, struct vit_att_ops *c) {
+    uint32_t N = a->N, D = a->D, C = a->H * D, tile = a->mm == K_VIT_MM_CM2 ? VK_CM2_BM : 32;
+    /* S [z][t][n] = q[r0 + t][(h0 + z) D ..] . k[n][(h0 + z) D ..]: K's rows as w (NK) */
+    c->s = (struct pc_vitmm){.x = a->q, .w = a->k, .y = a->s, .T = R, .K = D, .N = N, .sx = C, .sw = C, .sy = N,
+                             .zx = D, .zw = D, .zy = R * N, .x0 = r0 * C + h0 * D, .w0 = h0 * D, .y0 = 0,
+                             .flags = VIT_MM_NK | (a->s16 ? VIT_MM_Y16 : 0u)};
+    c->gs[0] = (N + tile - 1) / tile;
+    c->gs[1] = (R + tile - 1) / tile;
+    c->gs[2] = hc;
+    c->sm = (struct pc_vit){.a = a->s, .b = a->s, .c = a->s, .d = a->s, .out_ = a->p, .e = a->p, .n = N,
+                            .rows = hc * R, .scale = a->scale, .flags = a->s16 ? VIT_S16 : 0u};
+    c->gsm = hc * R;
+    /* O[r0 + t][(h0 + z) D + n] = P [z][t][..] . v[..][(h0 + z) D + n]: V's rows as they lie */
+    c->o = (struct pc_vitmm){.x = a->p, .w = a->v, .y = a->out, .T = R, .K = N, .N = D, .sx = N, .sw = C, .sy = C,
+                             .zx = R * N, .zw = D, .zy = D, .x0 = 0, .w0 = h0 * D, .y0 = r0 * C + h0 * D, .flags = 0};
+    c->go[0] = (D + tile - 1) / tile;
+    c->go[1] = (R + tile - 1) / tile;
+    c->go[2] = hc;
+}
+
+/* The attention as products over chunks of the scores (s: the scores' and P's buffer, hc
+ * heads of R rows a chunk) */
+static anvil_status attention_products(struct vk_prefill *p, const struct vit_att *a, uint32_t hc, uint32_t R) {
+    anvil_status st = ANVIL_OK;
+    for (uint32_t h0 = 0; h0 < a->H && st == ANVIL_OK; h0 += hc)
+        for (uint32_t r0 = 0; r0 < a->N && st == ANVIL_OK; r0 += R) {
+            struct vit_att_ops c;
+            vk_vit_att_ops(a, h0, MIN(hc, a->H - h0), r0, MIN(R, a->N - r0), &c);
+            if ((st = pf_emit(p, a->mm, c.gs[0], c.gs[1], &c.s, sizeof c.s)) != ANVIL_OK) break;
+            p->ops[p->n_ops - 1].gz = c.gs[2];
+            if ((st = pf_emit(p, K_VIT_SOFTMAX, c.gsm, 0, &c.sm, sizeof c.sm)) != ANVIL_OK) break;
+            if ((st = pf_emit(p, a->mm, c.go[0], c.go[1], &c.o, sizeof c.o)) != ANVIL_OK) break;
+            p->ops[p->n_ops - 1].gz = c.go[2];
+        }
+    return st;
+}
+
 /* The op list of one image of gh x gw patches: pixels at px, the embeddings at *out_off. */
 static anvil_status lower(struct vk_prefill *p, const struct vit_desc *d, uint32_t gh, uint32_t gw, uint64_t px,
-                          const VkDeviceSize off[8]) {
+                          const VkDeviceSize off[8], struct vit_att *pa, uint32_t hc, uint32_t R) {
     struct vk_backend *b = p->b;
     const uint32_t N = gh * gw, C = (uint32_t)d->C, H = (uint32_t)d->H, D = C / H, M = (uint32_t)d->M, NB = N / (M * M);
     uint64_t A = p->arena.addr, x = A + off[0], h = A + off[1], big = A + off[2], q = A + off[3], k = A + off[4],
@@ -100,13 +155,14 @@ static anvil_status lower(struct vk_prefill *p, const struct vit_desc *d, uint32
     for (int l = 0; l < d->depth && st == ANVIL_OK; l++) {
         const struct vit_block *blk = &d->blocks[l];
         struct pc_vit rope = {.a = big, .b = f32_addr(b, blk->qkv_b), .c = big, .d = k, .out_ = q, .e = v, .n = C,
-                              .rows = N, .H = H, .D = D, .gh = gh, .gw = gw, .M = M, .theta = d->theta};
+                              .rows = N, .H = H, .D = D, .gh = gh, .gw = gw, .M = M, .theta = d->theta,
+                              .flags = pa->mm != K_NONE ? VIT_HALF : 0u};
         struct pc_vit att = {.a = q, .b = k, .c = v, .d = v, .out_ = a, .e = a, .n = C, .rows = N, .H = H, .D = D,
                              .scale = 1.0f / sqrtf((float)D)};
         if ((st = layer_norm(p, d, x, pre, blk->ln1_w, blk->ln1_b, h, N)) != ANVIL_OK ||
             (st = product(p, h, blk->qkv, big, 0, N)) != ANVIL_OK ||
             (st = vit_op(p, K_VIT_ROPE, N, 0, &rope)) != ANVIL_OK ||
-            (st = attention(p, &att)) != ANVIL_OK ||
+            (st = pa->mm != K_NONE ? attention_products(p, pa, hc, R) : attention(p, &att)) != ANVIL_OK ||
             (st = product(p, a, blk->out, x, x, N)) != ANVIL_OK ||
             (st = layer_norm(p, d, x, blk->out_b, blk->ln2_w, blk->ln2_b, h, N)) != ANVIL_OK ||
             (st = product(p, h, blk->up, big, 0, N)) != ANVIL_OK ||
@@ -132,6 +188,16 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
         C % H || (C / H) % 4 || C / H > 256 || (uint32_t)d->F > (1u << 20))
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a vision encoder for a %dx%d grid of width %d, %d heads",
                        gh, gw, d->C, d->H);
+    const struct tuning *t = &b->d->tune;
+    /* the attention as products: the scores and P in chunks of hc heads of R rows */
+    struct vit_att att = {.N = (uint32_t)(gh * gw), .H = H, .D = C / H, .scale = 1.0f / sqrtf((float)(C / H)),
+                          .s16 = t->vk_vit_flash == 6, .mm = vk_vit_products(b)};
+    uint32_t hc = 0, R = 0;
+    VkDeviceSize sbytes = 0;
+    if (att.mm != K_NONE) {
+        vk_vit_att_chunk(att.N, H, (uint64_t)t->vk_vit_scores_mb << 20, &hc, &R);
+        sbytes = round_up((VkDeviceSize)hc * R * att.N * (att.s16 ? 2 : 4), ALIGN);
+    }
     const VkDeviceSize N = (VkDeviceSize)gh * (VkDeviceSize)gw, NB = N / (M * M), K = (VkDeviceSize)d->K;
     const VkDeviceSize bigw = MAX(3 * (VkDeviceSize)C, (VkDeviceSize)d->F); /* >= C: the merger's fc1 */
     /* x, h, big [N, max(3C, F)] (also the merger's [NB, M²C]), q, k, v, a, y [NB, E] */
@@ -148,14 +214,22 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
     p->hoist_at = -1;
     p->grp_max = 1;
     p->f16 = true;
-    const struct tuning *t = &b->d->tune;
     p->dq_emulate = !b->d->coopmat && t->vk_dq_emulate;
     p->scale = t->vk_f16_scale; /* (as the dense models' programs) */
     p->out_off = off[7];
     p->out_bytes = NB * (VkDeviceSize)d->E * 4;
     anvil_status st = vk_buffer_create(b->d, total, VK_MEM_DEVICE, "vision activations", &p->arena);
     if (st == ANVIL_OK) st = vk_buffer_create(b->d, 16, VK_MEM_CONTROL, "vision params", &p->prm);
-    struct vk_buffer px = {0};
+    struct vk_buffer px = {0}, sc = {0};
+    if (st == ANVIL_OK && att.mm != K_NONE) {
+        st = vk_buffer_create(b->d, sbytes + (VkDeviceSize)hc * R * att.N * 2, VK_MEM_DEVICE, "vision scores", &sc);
+        att.q = p->arena.addr + off[3];
+        att.k = p->arena.addr + off[4];
+        att.v = p->arena.addr + off[5];
+        att.out = p->arena.addr + off[6];
+        att.s = sc.addr;
+        att.p = sc.addr + sbytes;
+    }
     if (st == ANVIL_OK) st = vk_buffer_create(b->d, N * K * 4, VK_MEM_CONTROL, "vision pixels", &px);
     if (st == ANVIL_OK) st = vk_buffer_create(b->d, p->out_bytes, VK_MEM_READBACK, "vision output", &p->readback);
     if (st == ANVIL_OK && (b->d->coopmat || p->dq_emulate)) {
@@ -176,7 +250,7 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
     if (st == ANVIL_OK) {
         memset(p->prm.map, 0, 16);
         memcpy(px.map, pixels, N * K * 4);
-        st = lower(p, d, (uint32_t)gh, (uint32_t)gw, px.addr, off);
+        st = lower(p, d, (uint32_t)gh, (uint32_t)gw, px.addr, off, &att, hc, R);
     }
     if (st == ANVIL_OK && t->vk_profile) {
         VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
@@ -191,6 +265,7 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
     if (st == ANVIL_OK) memcpy(out, p->readback.map, p->out_bytes);
     if (st == ANVIL_OK && p->queries) pf_profile_read(p);
     vk_buffer_destroy(b->d, &px);
+    vk_buffer_destroy(b->d, &sc);
     vk_prefill_destroy(p);
     return st;
 }

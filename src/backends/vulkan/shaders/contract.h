@@ -112,6 +112,11 @@
 #define VIT_PRE_BIAS 1u  /* MODE 0: a bias added to the row first (and written back) */
 #define VIT_GELU_TANH 1u /* MODE 1: the activation */
 #define VIT_GELU_ERF 2u
+#define VIT_HALF 1u      /* MODE 3: q, k, v written as float16 [N, C] (the attention as products) */
+#define VIT_S16 1u       /* MODE 5: the scores are float16 */
+/* vit_mm.comp, vit_mm_cm2.comp's flags (struct pc_vitmm) */
+#define VIT_MM_NK 1u  /* w(k, n) at n sw + k (K's rows: S = Q K^T), else at k sw + n (V's rows) */
+#define VIT_MM_Y16 2u /* y float16 (vit_mm_cm2.comp only) */
 
 /* mega.comp's phase records (struct vk_phase, 9 uvec4 each: the header, then the
  * dispatch's push constants): the header's kind ... */
@@ -181,6 +186,7 @@
 #define VIT_MODE_POS 2u /* positions */
 #define VIT_MODE_ROPE 3u /* rope */
 #define VIT_MODE_ATTN 4u /* attention */
+#define VIT_MODE_SOFTMAX 5u /* the attention's scores' rows softmaxed (the attention as products) */
 
 /* logprobs.comp: logit_bias and the logprobs in the decode program's device loop (decode/run.c) */
 #define LP_MODE_BIAS 0u     /* one thread adds the bias list to the logits, in order */

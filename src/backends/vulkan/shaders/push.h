@@ -144,6 +144,19 @@
     F32(eps) F32(theta) F32(scale) \
     U32(flags)              /* VIT_* */
 
+/* vit_mm.comp, vit_mm_cm2.comp: the vision attention's products, per head z of a chunk
+ * (workgroup z): y[t][n] = sum_k x[t][k] w(k, n) for t < T, n < N, k < K; x float16 rows of
+ * stride sx from element x0 + z zx; w float16 from w0 + z zw, w(k, n) at k sw + n or
+ * (VIT_MM_NK) n sw + k; y floats (VIT_MM_Y16: float16) rows of stride sy from y0 + z zy.
+ * VM_H: the shader's type of float16 arrays */
+#define PC_VITMM(ADDR, U32, F32) \
+    ADDR(VM_H, x) ADDR(VM_H, w) ADDR(Floats, y) \
+    U32(T) U32(K) U32(N) \
+    U32(sx) U32(sw) U32(sy) \
+    U32(zx) U32(zw) U32(zy) \
+    U32(x0) U32(w0) U32(y0) \
+    U32(flags)              /* VIT_MM_* */
+
 /* argmax.comp: the next token, the largest logit */
 #define PC_ARGMAX(ADDR, U32, F32) \
     ADDR(Floats, logits)    /* [V] */ \

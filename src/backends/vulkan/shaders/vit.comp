@@ -14,6 +14,11 @@
  *                      q and k rotated by the 2-D rope: pair i < D/4 by row * theta^(-4i/D),
  *                      pair i < D/2 by col * theta^(-4(i - D/4)/D), NeoX halves (i, i + D/2).
  *                      A workgroup a patch.
+ *                      flags & VIT_HALF: q, k, v as float16 [N, C] (the attention as
+ *                      products), two adjacent elements a thread.
+ *   MODE 5  softmax    the attention's scores as products (prefill/vit.c): row r of S (a,
+ *                      rows of n floats; VIT_S16 float16) -> out [r] = softmax(scale S[r])
+ *                      in float16. A workgroup a row.
  *   MODE 4  attention  full (non-causal) attention within the image: q (a), k (b), v (c)
  *                      [N, H, D] -> out [N, H, D], scale. Workgroup (head h, block of QB
  *                      queries): keys 64 at a time with an online softmax, each key row read
@@ -25,6 +30,7 @@ layout(local_size_x = 64) in;
 layout(constant_id = SPEC_MODE) const uint MODE = 0;
 
 PC_BLOCK(PC_VIT, pc) /* push.h */
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer Words { uint v[]; };
 
 const uint QB = 8u; /* MODE 4: queries per workgroup */
 const uint B = 64u;
@@ -44,6 +50,17 @@ float wg_sum(float v) {
     return t;
 }
 
+/* the largest v over the workgroup */
+float wg_max(float v) {
+    v = subgroupMax(v);
+    barrier();
+    if (subgroupElect()) red[gl_SubgroupID] = v;
+    barrier();
+    float t = -1.0 / 0.0;
+    for (uint s = 0u; s < gl_NumSubgroups; s++) t = max(t, red[s]);
+    return t;
+}
+
 /* erf to 1.5e-7 (Abramowitz and Stegun 7.1.26): GLSL has none */
 float erf_(float x) {
     float t = 1.0 / (1.0 + 0.3275911 * abs(x));
@@ -57,6 +74,19 @@ void patch_coords(uint p, out uint row, out uint col) {
     uint M2 = pc.M * pc.M, blk = p / M2, in_ = p % M2, bw = pc.gw / pc.M;
     row = (blk / bw) * pc.M + in_ / pc.M;
     col = (blk % bw) * pc.M + in_ % pc.M;
+}
+
+/* MODE 3: element o of row src's q, k, v ([3C]) with its bias, q and k rotated */
+float rope_at(uint src, uint o, uint r, uint c) {
+    uint C = pc.H * pc.D, D = pc.D, half_ = D / 2u, quarter = D / 4u;
+    uint part = o / C, w = o % C, i = w % D, hb = w - i;
+    if (part == 2u) return pc.a.v[src + o] + pc.b.v[o];
+    uint j = i < half_ ? i : i - half_, jj = j < quarter ? j : j - quarter;
+    float an = float(j < quarter ? r : c) * (1.0 / pow(pc.theta, float(2u * jj) / float(half_)));
+    float cs = cos(an), sn = sin(an);
+    uint b0 = part * C + hb + j, b1 = b0 + half_;
+    float x0 = pc.a.v[src + b0] + pc.b.v[b0], x1 = pc.a.v[src + b1] + pc.b.v[b1];
+    return i < half_ ? x0 * cs - x1 * sn : x1 * cs + x0 * sn;
 }
 
 void main() {
@@ -113,20 +143,42 @@ void main() {
         if (wg >= pc.rows) return;
         uint r, c;
         patch_coords(wg, r, c);
-        uint C = pc.H * pc.D, D = pc.D, half_ = D / 2u, quarter = D / 4u, src = wg * 3u * C;
-        for (uint o = tid; o < 3u * C; o += 64u) {
-            uint part = o / C, w = o % C, i = w % D, hb = w - i;
-            float y = pc.a.v[src + o] + pc.b.v[o];
-            if (part < 2u) {
-                uint j = i < half_ ? i : i - half_, jj = j < quarter ? j : j - quarter;
-                float an = float(j < quarter ? r : c) * (1.0 / pow(pc.theta, float(2u * jj) / float(half_)));
-                float cs = cos(an), sn = sin(an);
-                uint b0 = part * C + hb + j, b1 = b0 + half_;
-                float x0 = pc.a.v[src + b0] + pc.b.v[b0], x1 = pc.a.v[src + b1] + pc.b.v[b1];
-                y = i < half_ ? x0 * cs - x1 * sn : x1 * cs + x0 * sn;
+        uint C = pc.H * pc.D, src = wg * 3u * C;
+        if ((pc.flags & VIT_HALF) != 0u) { /* float16, two adjacent elements a thread */
+            for (uint o = 2u * tid; o < 3u * C; o += 128u) {
+                uint part = o / C, w = o % C;
+                Words dst = Words(part == 0u ? pc.out_ : part == 1u ? pc.d : pc.e);
+                dst.v[(wg * C + w) >> 1u] = pack_half2(vec2(rope_at(src, o, r, c), rope_at(src, o + 1u, r, c)));
             }
+            return;
+        }
+        for (uint o = tid; o < 3u * C; o += 64u) {
+            uint part = o / C, w = o % C;
             Floats dst = part == 0u ? pc.out_ : part == 1u ? pc.d : pc.e;
-            dst.v[wg * C + w] = y;
+            dst.v[wg * C + w] = rope_at(src, o, r, c);
+        }
+    } else if (MODE == VIT_MODE_SOFTMAX) {
+        /* row wg of S (a, n floats; VIT_S16 float16) -> P (out_, float16): exp((s - max) scale)
+         * / sum, an online max and sum over the thread's vec4s, then a second pass to write */
+        if (wg >= pc.rows) return;
+        bool s16 = (pc.flags & VIT_S16) != 0u;
+        uint n4 = n / 4u, base = wg * n4;
+        float m = -1.0 / 0.0, l = 0.0;
+        for (uint i = tid; i < n4; i += 64u) {
+            vec4 s = (s16 ? halves4(Halves4(pc.a).v[base + i]) : Vec4s(pc.a).v[base + i]) * pc.scale;
+            float mb = max(max(s.x, s.y), max(s.z, s.w));
+            if (mb > m) {
+                l *= exp(m - mb);
+                m = mb;
+            }
+            vec4 e = exp(s - m);
+            l += e.x + e.y + e.z + e.w;
+        }
+        float M = wg_max(m);
+        float inv = 1.0 / wg_sum(m > -1.0 / 0.0 ? l * exp(m - M) : 0.0);
+        for (uint i = tid; i < n4; i += 64u) {
+            vec4 s = (s16 ? halves4(Halves4(pc.a).v[base + i]) : Vec4s(pc.a).v[base + i]) * pc.scale;
+            Halves4(pc.out_).v[base + i] = to_halves4(exp(s - M) * inv);
         }
     } else {
         uint h = gl_WorkGroupID.x, t0 = gl_WorkGroupID.y * QB, N = pc.rows, D = pc.D, C = pc.H * D,
