@@ -15,7 +15,9 @@
  * --image FILE [--mmproj M]: instead, one image (Qwen3.5 / 3.6): its encoding alone (the
  * vision tower, after a warm-up that uploads it) and the time to the first token of a prompt
  * of the image between two text tokens, r times each; --mmproj synthetic gives a tower of the
- * real shapes with random weights (with synthetic:qwen3.6-* models).
+ * real shapes with random weights (with synthetic:qwen3.6-* models). --image-ref FILE: the
+ * warm-up's embeddings written to FILE (raw float32) where it does not exist, else compared
+ * with it (the largest |difference| printed: an encoder change checked against another run).
  */
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -28,6 +30,8 @@
 
 #include "base/base.h"
 #include "cli.h"
+
+#define MIN_SZ(a, b) ((a) < (b) ? (a) : (b))
 #include "spec_opts.h"
 
 static double now(void) {
@@ -138,9 +142,33 @@ static void stats(struct result *r) {
     r->sd = r->reps > 1 ? sqrt(ss / (r->reps - 1)) : 0;
 }
 
+/* --image-ref: x [n] written to path where it does not exist, else compared with it */
+static bool compare_ref(const char *path, const float *x, size_t n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (!(f = fopen(path, "wb")) || fwrite(x, sizeof *x, n, f) != n || fclose(f) != 0)
+            return fail("bench: cannot write %s", path), false;
+        printf("image embeddings: %zu floats written to %s\n", n, path);
+        return true;
+    }
+    double worst = 0, scale = 0;
+    size_t i = 0;
+    float buf[4096];
+    for (size_t got; i < n && (got = fread(buf, sizeof *buf, MIN_SZ(n - i, 4096), f)) > 0; i += got)
+        for (size_t j = 0; j < got; j++) {
+            double d = fabs((double)x[i + j] - buf[j]);
+            worst = isnan(d) || d > worst ? (isnan(d) ? INFINITY : d) : worst;
+            scale = fmax(scale, fabs((double)buf[j]));
+        }
+    fclose(f);
+    if (i != n) return fail("bench: %s holds %zu floats, not %zu", path, i, n), false;
+    printf("image embeddings: max |this - %s| %.3g of %.3g\n", path, worst, scale);
+    return true;
+}
+
 /* The image test (--image): encoding alone, then the first token after [t, image, t]. */
 static int bench_image(anvil_model *m, anvil_session *s, const char *model, const char *mmproj, const char *path,
-                       int reps) {
+                       const char *ref, int reps) {
     anvil_image *img = NULL;
     if (mmproj && anvil_model_load_vision(m, mmproj) != ANVIL_OK) return fail("%s", anvil_model_errmsg(m));
     if (anvil_image_load(m, path, &img) != ANVIL_OK) return fail("%s", anvil_model_errmsg(m));
@@ -159,6 +187,7 @@ static int bench_image(anvil_model *m, anvil_session *s, const char *model, cons
         goto done;
     }
     if (anvil_session_image_embeddings(s, img, embd) != ANVIL_OK) goto bad; /* warm-up: the upload */
+    if (ref && !compare_ref(ref, embd, (size_t)n_tok * (size_t)anvil_model_width(m))) goto done;
     for (int r = 0; r < reps; r++) {
         double t0 = now();
         if (anvil_session_image_embeddings(s, img, embd) != ANVIL_OK) goto bad;
@@ -349,7 +378,7 @@ int cmd_bench(int argc, char **argv) {
     bool p_set = false, n_set = false, r_set = false, trace = false;
     enum output out = OUT_MD;
     const char *parallel = NULL; /* --parallel 1,4,16,32 */
-    const char *image = NULL, *mmproj = NULL;
+    const char *image = NULL, *mmproj = NULL, *image_ref = NULL;
     tg_sampling = anvil_sampling_default();
     spec_opts_init(&tg_spec);
     for (int i = 1; i < argc; i++) {
@@ -397,6 +426,8 @@ int cmd_bench(int argc, char **argv) {
             tg_host_loop = true;
         } else if (!strcmp(a, "--parallel")) {
             if (!(parallel = opt_value(argc, argv, &i))) return 1;
+        } else if (!strcmp(a, "--image-ref")) {
+            if (!(image_ref = opt_value(argc, argv, &i))) return 1;
         } else if (!strcmp(a, "--image") || !strcmp(a, "--mmproj")) {
             if (!(v = opt_value(argc, argv, &i))) return 1;
             *(a[2] == 'i' ? &image : &mmproj) = v;
@@ -435,7 +466,7 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     if (image) {
-        int irc = bench_image(m, s, co.model, mmproj, image, reps);
+        int irc = bench_image(m, s, co.model, mmproj, image, image_ref, reps);
         anvil_session_destroy(s);
         anvil_model_close(m);
         return irc;

@@ -63,7 +63,8 @@ static anvil_status bias_act(struct vk_prefill *p, uint64_t a, const struct tens
     uint32_t n = (uint32_t)bias->ne[0];
     struct pc_vit pc = {.a = a, .b = f32_addr(p->b, bias), .c = a, .d = a, .out_ = a, .e = a, .n = n, .rows = rows,
                         .flags = act};
-    return vit_op(p, K_VIT_BIAS, (uint32_t)(((uint64_t)rows * n + 63) / 64), 0, &pc);
+    uint64_t per = n % 4 ? 64 : 256 * VIT_BIAS_VEC4S; /* (vit.comp: a thread an element, else vec4s) */
+    return vit_op(p, K_VIT_BIAS, (uint32_t)(((uint64_t)rows * n + per - 1) / per), 0, &pc);
 }
 
 /* The kernel of the image's attention: on cooperative matrices (vit_flash.comp, ANVIL_VK_VIT_FLASH

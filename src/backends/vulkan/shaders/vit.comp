@@ -4,9 +4,11 @@
  * (a multiple of 4, <= 256), rows of n floats. By MODE (a specialisation constant):
  *   MODE 0  LayerNorm  per row r of n: with flags & VIT_PRE_BIAS, a[r] += c first (written
  *                      back: the bias of the product before, folded in here); then
- *                      out[r] = (a[r] - mean) / sqrt(var + eps) * b + d. A workgroup a row.
+ *                      out[r] = (a[r] - mean) / sqrt(var + eps) * b + d. A workgroup a row
+ *                      (up to 2048 floats a multiple of 4: held in registers as vec4s).
  *   MODE 1  bias, act  a[i] = act(a[i] + b[i % n]) over rows * n elements, act by flags:
- *                      0 none, VIT_GELU_TANH, VIT_GELU_ERF. A thread an element.
+ *                      0 none, VIT_GELU_TANH, VIT_GELU_ERF. A thread an element, or where
+ *                      n % 4 == 0 VIT_BIAS_VEC4S vec4s (64 apart).
  *   MODE 2  positions  row n (patch n of the processor's merge-block order, at grid (row,
  *                      col) of gh x gw): a[n] += b + the learned positions c [side, side, C]
  *                      interpolated bilinearly with corners aligned. A workgroup a patch.
@@ -16,13 +18,13 @@
  *                      A workgroup a patch.
  *                      flags & VIT_HALF: q, k, v as float16 [N, C] (the attention as
  *                      products), two adjacent elements a thread.
- *   MODE 5  softmax    the attention's scores as products (prefill/vit.c): row r of S (a,
- *                      rows of n floats; VIT_S16 float16) -> out [r] = softmax(scale S[r])
- *                      in float16. A workgroup a row.
  *   MODE 4  attention  full (non-causal) attention within the image: q (a), k (b), v (c)
  *                      [N, H, D] -> out [N, H, D], scale. Workgroup (head h, block of QB
  *                      queries): keys 64 at a time with an online softmax, each key row read
  *                      once for the QB queries (attn_prefill.comp's scheme).
+ *   MODE 5  softmax    the attention's scores as products (prefill/vit.c): row r of S (a,
+ *                      rows of n floats; VIT_S16 float16) -> out [r] = softmax(scale S[r])
+ *                      in float16. A workgroup a row.
  */
 #include "common.glsl"
 
@@ -33,6 +35,8 @@ PC_BLOCK(PC_VIT, pc) /* push.h */
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer Words { uint v[]; };
 
 const uint QB = 8u; /* MODE 4: queries per workgroup */
+const uint NV = 8u; /* MODE 0: a row of up to 4 * 64 * NV floats in registers */
+const uint BV = VIT_BIAS_VEC4S; /* MODE 1: vec4s a thread (rows of a multiple of 4) */
 const uint B = 64u;
 shared float red[64];
 shared vec4 qs[QB][64];
@@ -69,6 +73,15 @@ float erf_(float x) {
     return x < 0.0 ? -y : y;
 }
 
+/* MODE 1: the activation flags name */
+float act(float x) {
+    if (pc.flags == VIT_GELU_TANH) {
+        float u = clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -15.0, 15.0);
+        return 0.5 * x * (1.0 + tanh(u));
+    }
+    return pc.flags == VIT_GELU_ERF ? 0.5 * x * (1.0 + erf_(x * 0.7071067811865476)) : x;
+}
+
 /* patch p's place in the grid (the processor's merge-block order) */
 void patch_coords(uint p, out uint row, out uint col) {
     uint M2 = pc.M * pc.M, blk = p / M2, in_ = p % M2, bw = pc.gw / pc.M;
@@ -94,8 +107,36 @@ void main() {
     uint n = pc.n;
     if (MODE == VIT_MODE_NORM) {
         if (wg >= pc.rows) return;
-        uint base = wg * n;
         bool pre = (pc.flags & VIT_PRE_BIAS) != 0u;
+        if (n % 4u == 0u && n <= 4u * 64u * NV) { /* the row in registers, a vec4 at a time */
+            uint n4 = n / 4u, b4 = wg * n4;
+            vec4 v[NV];
+            float s = 0.0;
+            for (uint j = 0u; j < NV; j++) {
+                uint i = tid + 64u * j;
+                v[j] = vec4(0.0);
+                if (i < n4) {
+                    v[j] = Vec4s(pc.a).v[b4 + i];
+                    if (pre) {
+                        v[j] += Vec4s(pc.c).v[i];
+                        Vec4s(pc.a).v[b4 + i] = v[j];
+                    }
+                    s += v[j].x + v[j].y + v[j].z + v[j].w;
+                }
+            }
+            float mean = wg_sum(s) / float(n), ss = 0.0;
+            for (uint j = 0u; j < NV; j++) {
+                vec4 d = v[j] - mean;
+                if (tid + 64u * j < n4) ss += dot(d, d);
+            }
+            float inv = 1.0 / sqrt(wg_sum(ss) / float(n) + pc.eps);
+            for (uint j = 0u; j < NV; j++) {
+                uint i = tid + 64u * j;
+                if (i < n4) Vec4s(pc.out_).v[b4 + i] = (v[j] - mean) * inv * Vec4s(pc.b).v[i] + Vec4s(pc.d).v[i];
+            }
+            return;
+        }
+        uint base = wg * n;
         float s = 0.0;
         for (uint i = tid; i < n; i += 64u) {
             float x = pc.a.v[base + i];
@@ -113,16 +154,19 @@ void main() {
         float inv = 1.0 / sqrt(wg_sum(ss) / float(n) + pc.eps);
         for (uint i = tid; i < n; i += 64u) pc.out_.v[base + i] = (pc.a.v[base + i] - mean) * inv * pc.b.v[i] + pc.d.v[i];
     } else if (MODE == VIT_MODE_BIAS) {
+        if (n % 4u == 0u) { /* BV vec4s a thread, 64 apart */
+            uint n4 = n / 4u, all = pc.rows * n4;
+            for (uint j = 0u; j < BV; j++) {
+                uint i = wg * 64u * BV + 64u * j + tid;
+                if (i >= all) return;
+                vec4 x = Vec4s(pc.a).v[i] + Vec4s(pc.b).v[i % n4];
+                Vec4s(pc.a).v[i] = vec4(act(x.x), act(x.y), act(x.z), act(x.w));
+            }
+            return;
+        }
         uint i = wg * 64u + tid;
         if (i >= pc.rows * n) return;
-        float x = pc.a.v[i] + pc.b.v[i % n];
-        if (pc.flags == VIT_GELU_TANH) {
-            float u = clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -15.0, 15.0);
-            x = 0.5 * x * (1.0 + tanh(u));
-        } else if (pc.flags == VIT_GELU_ERF) {
-            x = 0.5 * x * (1.0 + erf_(x * 0.7071067811865476));
-        }
-        pc.a.v[i] = x;
+        pc.a.v[i] = act(pc.a.v[i] + pc.b.v[i % n]);
     } else if (MODE == VIT_MODE_POS) {
         if (wg >= pc.rows) return;
         uint r, c;
