@@ -20,6 +20,7 @@ VARIANTS=(
   "mm_cm2_s mm_cm2.comp -DBM=64 -DBN=64 -DBK=64 -DU=4 -DNO_XS"
   # (the vision encoder's attention as products)
   "vit_mm_cm2 vit_mm_cm2.comp"
+  "vit_mm_cm2_n80 vit_mm_cm2.comp -DBN=80"
 )
 # the same from the quantised weights themselves (WQ: decoded as the tiles load)
 for t in q4_k q5_k q6_k q8_0; do

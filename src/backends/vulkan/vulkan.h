@@ -186,17 +186,20 @@ enum vk_kernel vk_vit_attention_kernel(struct vk_backend *b, uint32_t D);
 enum vk_kernel vk_vit_products(struct vk_backend *b);
 /* One image's attention as products: q, k, v float16 [N, H * D] (q unscaled), out floats
  * [N, H * D]; s the scores (hc R N floats, s16: float16), p P (hc R N float16), mm the product
- * kernel, scale the scores' factor. */
+ * kernel (mo O's: K_VIT_MM_CM2_N80 where it fits and the device made it, else mm), scale the
+ * scores' factor. */
 struct vit_att {
     uint64_t q, k, v, out, s, p;
     uint32_t N, H, D;
     float scale;
     bool s16;
-    enum vk_kernel mm;
+    enum vk_kernel mm, mo;
 };
 /* A chunk of it: hc heads of R query rows, as many as budget bytes of float32 scores hold
  * (whole heads where one fits, else R a multiple of 128 rows of one head, at least 128) */
 void vk_vit_att_chunk(uint32_t N, uint32_t H, uint64_t budget, uint32_t *hc, uint32_t *R);
+/* O's kernel for att->mm and heads of D (sets att->mo) */
+void vk_vit_att_kernels(struct vk_backend *b, struct vit_att *att);
 /* The three dispatches of the chunk of heads h0 .. h0 + hc - 1, query rows r0 .. r0 + R - 1:
  * S = Q K^T (s, grid gs), the rows' softmax (sm, gsm workgroups), O = P V (o, grid go) */
 struct vit_att_ops {

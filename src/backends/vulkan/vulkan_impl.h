@@ -344,8 +344,9 @@ enum vk_kernel {
     /* the vision encoder's kernels (vit.comp's modes, in its MODE order; prefill/vit.c) */
     K_VIT_NORM, K_VIT_BIAS, K_VIT_POS, K_VIT_ROPE, K_VIT_ATTN, K_VIT_SOFTMAX,
     /* its attention as products (ANVIL_VK_VIT_FLASH=4): on workgroup matrices (vit_mm_cm2.comp,
-     * prebuilt; where d->coopmat2), else in float32 tiles (vit_mm.comp) */
-    K_VIT_MM_CM2, K_VIT_MM,
+     * prebuilt; where d->coopmat2; _N80 tiles of 80 columns for O of heads of up to 80), else
+     * in float32 tiles (vit_mm.comp) */
+    K_VIT_MM_CM2, K_VIT_MM_CM2_N80, K_VIT_MM,
     /* its attention on cooperative matrices (vit_flash.comp: two passes over the keys; one,
      * ONE_PASS), where d->coopmat and the head padded to vit_dp fits (vk_pipelines.vit_dp) */
     K_VIT_FLASH, K_VIT_FLASH1, K_VIT_FLASH1_BK64 /* (the same, 64 keys a step) */,

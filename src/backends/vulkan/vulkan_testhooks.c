@@ -442,6 +442,7 @@ anvil_status vk_vit_attention_products(struct vk_backend *b, const float *q, con
     int was = b->d->tune.vk_vit_flash;
     b->d->tune.vk_vit_flash = 5;
     a.mm = vk_vit_products(b);
+    vk_vit_att_kernels(b, &a);
     b->d->tune.vk_vit_flash = was;
     uint32_t hc, R;
     vk_vit_att_chunk(a.N, a.H, budget, &hc, &R);
@@ -467,7 +468,7 @@ anvil_status vk_vit_attention_products(struct vk_backend *b, const float *q, con
             vk_vit_att_ops(&a, h0, MIN(hc, a.H - h0), r0, MIN(R, a.N - r0), &c);
             struct test_dispatch ds[3] = {{a.mm, &c.s, sizeof c.s, c.gs[0], c.gs[1], c.gs[2]},
                                           {K_VIT_SOFTMAX, &c.sm, sizeof c.sm, c.gsm, 0, 0},
-                                          {a.mm, &c.o, sizeof c.o, c.go[0], c.go[1], c.go[2]}};
+                                          {a.mo, &c.o, sizeof c.o, c.go[0], c.go[1], c.go[2]}};
             st = test_run(b, ds, 3, VK_NULL_HANDLE);
         }
     if (st == ANVIL_OK) memcpy(out, m + o[3], 4 * n);

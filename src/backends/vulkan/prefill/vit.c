@@ -93,6 +93,13 @@ enum vk_kernel vk_vit_products(struct vk_backend *b) {
     return v >= 5 ? K_VIT_MM : K_NONE;
 }
 
+void vk_vit_att_kernels(struct vk_backend *b, struct vit_att *a) {
+    a->mo = a->mm;
+    if (a->mm == K_VIT_MM_CM2 && a->D <= 80 && vk_pipeline_make(b->d, &b->pl, K_VIT_MM_CM2_N80) == ANVIL_OK &&
+        b->pl.p[K_VIT_MM_CM2_N80])
+        a->mo = K_VIT_MM_CM2_N80;
+}
+
 void vk_vit_att_chunk(uint32_t N, uint32_t H, uint64_t budget, uint32_t *hc, uint32_t *R) {
     uint64_t head = (uint64_t)N * N * 4;
     if (head <= budget) {
@@ -119,7 +126,8 @@ void vk_vit_att_ops(const struct vit_att *a, uint32_t h0, uint32_t hc, uint32_t 
     /* O[r0 + t][(h0 + z) D + n] = P [z][t][..] . v[..][(h0 + z) D + n]: V's rows as they lie */
     c->o = (struct pc_vitmm){.x = a->p, .w = a->v, .y = a->out, .T = R, .K = N, .N = D, .sx = N, .sw = C, .sy = C,
                              .zx = R * N, .zw = D, .zy = D, .x0 = 0, .w0 = h0 * D, .y0 = r0 * C + h0 * D, .flags = 0};
-    c->go[0] = (D + tile - 1) / tile;
+    uint32_t tn = a->mo == K_VIT_MM_CM2_N80 ? 80 : tile;
+    c->go[0] = (D + tn - 1) / tn;
     c->go[1] = (R + tile - 1) / tile;
     c->go[2] = hc;
 }
@@ -135,7 +143,7 @@ static anvil_status attention_products(struct vk_prefill *p, const struct vit_at
             if ((st = pf_emit(p, a->mm, c.gs[0], c.gs[1], &c.s, sizeof c.s)) != ANVIL_OK) break;
             p->ops[p->n_ops - 1].gz = c.gs[2];
             if ((st = pf_emit(p, K_VIT_SOFTMAX, c.gsm, 0, &c.sm, sizeof c.sm)) != ANVIL_OK) break;
-            if ((st = pf_emit(p, a->mm, c.go[0], c.go[1], &c.o, sizeof c.o)) != ANVIL_OK) break;
+            if ((st = pf_emit(p, a->mo, c.go[0], c.go[1], &c.o, sizeof c.o)) != ANVIL_OK) break;
             p->ops[p->n_ops - 1].gz = c.go[2];
         }
     return st;
@@ -162,7 +170,7 @@ static anvil_status lower(struct vk_prefill *p, const struct vit_desc *d, uint32
                              .scale = 1.0f / sqrtf((float)D)};
         if ((st = layer_norm(p, d, x, pre, blk->ln1_w, blk->ln1_b, h, N)) != ANVIL_OK ||
             (st = product(p, h, blk->qkv, big, 0, N)) != ANVIL_OK ||
-            (st = vit_op(p, K_VIT_ROPE, N, 0, &rope)) != ANVIL_OK ||
+            (st = vit_op(p, K_VIT_ROPE, pa->mm != K_NONE ? (N * 3 * C / 2 + 63) / 64 : N, 0, &rope)) != ANVIL_OK ||
             (st = pa->mm != K_NONE ? attention_products(p, pa, hc, R) : attention(p, &att)) != ANVIL_OK ||
             (st = product(p, a, blk->out, x, x, N)) != ANVIL_OK ||
             (st = layer_norm(p, d, x, blk->out_b, blk->ln2_w, blk->ln2_b, h, N)) != ANVIL_OK ||
@@ -196,6 +204,7 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
     uint32_t hc = 0, R = 0;
     VkDeviceSize sbytes = 0;
     if (att.mm != K_NONE) {
+        vk_vit_att_kernels(b, &att);
         vk_vit_att_chunk(att.N, H, (uint64_t)t->vk_vit_scores_mb << 20, &hc, &R);
         sbytes = round_up((VkDeviceSize)hc * R * att.N * (att.s16 ? 2 : 4), ALIGN);
     }

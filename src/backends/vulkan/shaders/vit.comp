@@ -17,14 +17,14 @@
  *                      pair i < D/2 by col * theta^(-4(i - D/4)/D), NeoX halves (i, i + D/2).
  *                      A workgroup a patch.
  *                      flags & VIT_HALF: q, k, v as float16 [N, C] (the attention as
- *                      products), two adjacent elements a thread.
+ *                      products), two adjacent elements a thread over the whole grid.
  *   MODE 4  attention  full (non-causal) attention within the image: q (a), k (b), v (c)
  *                      [N, H, D] -> out [N, H, D], scale. Workgroup (head h, block of QB
  *                      queries): keys 64 at a time with an online softmax, each key row read
  *                      once for the QB queries (attn_prefill.comp's scheme).
  *   MODE 5  softmax    the attention's scores as products (prefill/vit.c): row r of S (a,
  *                      rows of n floats; VIT_S16 float16) -> out [r] = softmax(scale S[r])
- *                      in float16. A workgroup a row.
+ *                      in float16. A workgroup a row (up to 4096 held in registers).
  */
 #include "common.glsl"
 
@@ -36,6 +36,7 @@ layout(buffer_reference, std430, buffer_reference_align = 4) buffer Words { uint
 
 const uint QB = 8u; /* MODE 4: queries per workgroup */
 const uint NV = 8u; /* MODE 0: a row of up to 4 * 64 * NV floats in registers */
+const uint NS = 16u; /* MODE 5: rows of up to 4 * 64 * NS scores in registers */
 const uint BV = VIT_BIAS_VEC4S; /* MODE 1: vec4s a thread (rows of a multiple of 4) */
 const uint B = 64u;
 shared float red[64];
@@ -184,18 +185,19 @@ void main() {
             pc.a.v[wg * n + o] += pc.b.v[o] + (w00 * pc.c.v[p00 + o] + w01 * pc.c.v[p01 + o] +
                                                w10 * pc.c.v[p10 + o] + w11 * pc.c.v[p11 + o]);
     } else if (MODE == VIT_MODE_ROPE) {
-        if (wg >= pc.rows) return;
-        uint r, c;
-        patch_coords(wg, r, c);
-        uint C = pc.H * pc.D, src = wg * 3u * C;
-        if ((pc.flags & VIT_HALF) != 0u) { /* float16, two adjacent elements a thread */
-            for (uint o = 2u * tid; o < 3u * C; o += 128u) {
-                uint part = o / C, w = o % C;
-                Words dst = Words(part == 0u ? pc.out_ : part == 1u ? pc.d : pc.e);
-                dst.v[(wg * C + w) >> 1u] = pack_half2(vec2(rope_at(src, o, r, c), rope_at(src, o + 1u, r, c)));
-            }
+        uint r, c, C = pc.H * pc.D;
+        if ((pc.flags & VIT_HALF) != 0u) { /* float16, two adjacent elements a thread over the grid */
+            uint i = wg * 64u + tid, pt = i / (3u * C / 2u), o = 2u * (i % (3u * C / 2u));
+            if (pt >= pc.rows) return;
+            patch_coords(pt, r, c);
+            uint part = o / C, w = o % C, src = pt * 3u * C;
+            Words dst = Words(part == 0u ? pc.out_ : part == 1u ? pc.d : pc.e);
+            dst.v[(pt * C + w) >> 1u] = pack_half2(vec2(rope_at(src, o, r, c), rope_at(src, o + 1u, r, c)));
             return;
         }
+        if (wg >= pc.rows) return;
+        patch_coords(wg, r, c);
+        uint src = wg * 3u * C;
         for (uint o = tid; o < 3u * C; o += 64u) {
             uint part = o / C, w = o % C;
             Floats dst = part == 0u ? pc.out_ : part == 1u ? pc.d : pc.e;
@@ -207,6 +209,27 @@ void main() {
         if (wg >= pc.rows) return;
         bool s16 = (pc.flags & VIT_S16) != 0u;
         uint n4 = n / 4u, base = wg * n4;
+        if (n4 <= 64u * NS) { /* the row in registers: all its loads in flight at once */
+            vec4 v[NS];
+            float m = -1.0 / 0.0;
+            for (uint j = 0u; j < NS; j++) {
+                uint i = tid + 64u * j;
+                v[j] = i >= n4 ? vec4(-1.0 / 0.0)
+                       : (s16 ? halves4(Halves4(pc.a).v[base + i]) : Vec4s(pc.a).v[base + i]) * pc.scale;
+                m = max(m, max(max(v[j].x, v[j].y), max(v[j].z, v[j].w)));
+            }
+            float M = wg_max(m), l = 0.0;
+            for (uint j = 0u; j < NS; j++) {
+                v[j] = exp(v[j] - M); /* (0 past the row) */
+                l += v[j].x + v[j].y + v[j].z + v[j].w;
+            }
+            float inv = 1.0 / wg_sum(l);
+            for (uint j = 0u; j < NS; j++) {
+                uint i = tid + 64u * j;
+                if (i < n4) Halves4(pc.out_).v[base + i] = to_halves4(v[j] * inv);
+            }
+            return;
+        }
         float m = -1.0 / 0.0, l = 0.0;
         for (uint i = tid; i < n4; i += 64u) {
             vec4 s = (s16 ? halves4(Halves4(pc.a).v[base + i]) : Vec4s(pc.a).v[base + i]) * pc.scale;

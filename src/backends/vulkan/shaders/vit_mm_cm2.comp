@@ -19,7 +19,9 @@
 #extension GL_EXT_control_flow_attributes : require
 
 #define BM 128 /* rows of y (queries) */
-#define BN 128 /* columns (keys, or a head's dimensions) */
+#ifndef BN
+#define BN 128 /* columns (keys, or a head's dimensions; -DBN=80: O's of heads of up to 80) */
+#endif
 #define BK 32
 #define U 4
 
