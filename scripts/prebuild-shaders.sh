@@ -18,6 +18,8 @@ VARIANTS=(
   "mm_cm2_moe_u mm_cm2.comp -DBM=32 -DBN=128 -DBK=64 -DU=4 -DMOE -DNO_XS"
   # (small tiles for products of few tiles)
   "mm_cm2_s mm_cm2.comp -DBM=64 -DBN=64 -DBK=64 -DU=4 -DNO_XS"
+  # (whole tiles where K is a multiple of 16, not of 256: the vision tower's)
+  "mm_cm2_uk mm_cm2.comp -DBM=128 -DBN=128 -DBK=64 -DU=4 -DNO_XS -DKTAIL"
   # (the vision encoder's attention as products)
   "vit_mm_cm2 vit_mm_cm2.comp"
   "vit_mm_cm2_n80 vit_mm_cm2.comp -DBN=80"

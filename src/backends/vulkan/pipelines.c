@@ -30,6 +30,9 @@ static const uint32_t spv_mm_cm2_moe_u[] =
 static const uint32_t spv_mm_cm2_s[] =
 #include "shaders/prebuilt/mm_cm2_s.inc"
     ;
+static const uint32_t spv_mm_cm2_uk[] =
+#include "shaders/prebuilt/mm_cm2_uk.inc"
+    ;
 static const uint32_t spv_vit_mm_cm2[] =
 #include "shaders/prebuilt/vit_mm_cm2.inc"
     ;
@@ -181,6 +184,7 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_MMH_CM2_U] = KI(spv_mm_cm2_u, "mm_cm2_u", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     [K_MMH_CM2_MOE_U] = KI(spv_mm_cm2_moe_u, "mm_cm2_experts_u", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     [K_MMH_CM2_S] = KI(spv_mm_cm2_s, "mm_cm2_s", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
+    [K_MMH_CM2_UK] = KI(spv_mm_cm2_uk, "mm_cm2_uk", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     VK_CM2Q_TYPES(CM2Q_ROWS)
     [K_ATTN_FLASH] = KI(spv_attn_flash, "attn_flash", VK_OP_NONE, 0, 0, SPECS_FLASH, PUSH_ATTN_PF),
     [K_ATTN_FLASH1] = KI(spv_attn_flash1, "attn_flash1", VK_OP_NONE, 0, 0, SPECS_FLASH, PUSH_ATTN_PF),
@@ -521,7 +525,7 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
     switch (k) {
     case K_MMH_64X64_K32: case K_MMH_MOE: return d->coopmat; /* needs the extension */
     case K_MMH_CM2: case K_MMH_CM2_MOE: case K_MMH_CM2_U: case K_MMH_CM2_MOE_U:
-    case K_MMH_CM2_S: case K_VIT_MM_CM2: case K_VIT_MM_CM2_N80: return d->coopmat && d->coopmat2;
+    case K_MMH_CM2_S: case K_MMH_CM2_UK: case K_VIT_MM_CM2: case K_VIT_MM_CM2_N80: return d->coopmat && d->coopmat2;
 #define CM2Q_WANTED(T, t) case K_MMH_CM2_##T: case K_MMH_CM2_MOE_##T:
     VK_CM2Q_TYPES(CM2Q_WANTED) return d->coopmat && d->coopmat2;
     case K_ATTN_FLASH: case K_ATTN_FLASH1: return d->coopmat && d->subgroup_shuffle && vk_flash_fits(attn_g, attn_d, 256) &&
@@ -694,7 +698,7 @@ static anvil_status new_pipeline(struct vk_device *d, enum vk_kernel k, const ui
     *pp = (struct vk_pipe){.k = k, .n = n};
     memcpy(pp->vals, vals, n * sizeof *vals);
     VkResult r = vkCreateComputePipelines(d->dev, d->exec_stats ? VK_NULL_HANDLE : sh->cache, 1, &pci, NULL, &pp->p);
-    if (r != VK_SUCCESS && (is_cm2(k) || k == K_VIT_MM_CM2 || k == K_VIT_MM_CM2_N80)) {
+    if (r != VK_SUCCESS && (is_cm2(k) || k == K_MMH_CM2_UK || k == K_VIT_MM_CM2 || k == K_VIT_MM_CM2_N80)) {
         /* the kernels compiled by another glslang than the build's (shaders/prebuilt): a
          * driver that turns one down leaves those products on the subgroup matrices */
         log_warn("vulkan: the driver refused %s (%d): those prefill products stay on subgroup matrices",

@@ -302,6 +302,7 @@ enum vk_kernel {
     K_MMH_CM2, K_MMH_CM2_MOE, K_MMH_MOE /* the experts, rows gathered */,
     K_MMH_CM2_U, K_MMH_CM2_MOE_U, /* mm_cm2.comp NO_XS: the same for unscaled rows */
     K_MMH_CM2_S, /* mm_cm2.comp NO_XS in 64 x 64 tiles (VK_CM2_SMALL): products of few tiles */
+    K_MMH_CM2_UK, /* mm_cm2.comp NO_XS KTAIL: K a multiple of 16, not of 4 VK_CM2_BK (made on first use) */
     /* mm_cm2.comp WQ: the products (and MOE the experts') from the weights' own blocks,
      * decoded as the tiles load (VK_CM2Q_TYPES) */
     VK_CM2Q_TYPES(VK_CM2Q_KERNELS)

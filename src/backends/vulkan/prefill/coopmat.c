@@ -87,6 +87,11 @@ static enum vk_kernel cm2_kernel(const struct vk_prefill *p, bool small) {
 static anvil_status emit_tiles(struct vk_prefill *p, bool cm2, enum vk_kernel k, const struct pc_mmh *pc) {
     if (cm2) {
         uint32_t bm = VK_CM2_BM, bn = VK_CM2_BN;
+        struct vk_device *d = p->b->d;
+        /* K a multiple of 16, not of 4 BK (the vision tower's): whole tiles on KTAIL's kernel */
+        if (k == K_MMH_CM2_U && pc->K % (4 * VK_CM2_BK) && pc->K % 16 == 0 && pc->Kp % 8 == 0 &&
+            vk_pipeline_make(d, &p->b->pl, K_MMH_CM2_UK) == ANVIL_OK && p->b->pl.p[K_MMH_CM2_UK])
+            k = K_MMH_CM2_UK;
         if (k == K_MMH_CM2_S) bm = bn = VK_CM2_SMALL;
         return pf_emit_op(p, k, (pc->N + bn - 1) / bn, (pc->T + bm - 1) / bm, pc, sizeof *pc);
     }

@@ -10,9 +10,13 @@
  * after it: the LayerNorm that reads it, or vit.comp's bias kernel):
  *   h = LN1(x + down_b)                  vit MODE 0 (the previous block's down bias folded in)
  *   qkv = h Wqkv                         product
- *   q, k, v = rope2d(qkv + qkv_b)        vit MODE 3
- *   a = attention(q, k, v)               vit_flash.comp on cooperative matrices where the
- *                                        device has them (vit_attention), else vit MODE 4
+ *   q, k, v = rope2d(qkv + qkv_b)        vit MODE 3 (float16 for the products below)
+ *   a = attention(q, k, v)               as products where the device has workgroup matrices
+ *                                        (ANVIL_VK_VIT_FLASH=4): per chunk of heads (or of
+ *                                        one head's query rows) S = Q K^T (vit_mm_cm2.comp),
+ *                                        P = softmax(S / sqrt(D)) in float16 (vit MODE 5),
+ *                                        O = P V (vit_mm_cm2_n80); else vit_flash.comp on
+ *                                        subgroup matrices (vit_attention), else vit MODE 4
  *   x = x + a Wout                       product (residual folded into its store)
  *   h = LN2(x + out_b)                   vit MODE 0
  *   u = gelu_tanh(h Wup + up_b)          product, vit MODE 1

@@ -40,6 +40,10 @@
  *
  * A float16 weight is multiplied as stored: its rows are the float16 rows this kernel reads.
  *
+ * KTAIL (with NO_XS): whole tiles also where K is a multiple of 16 but not of U * BK (the
+ * vision tower's 1152 and 4304 took the clamping path a step at a time), its last steps BK and
+ * then 16 at a time.
+ *
  * Small tiles (-DBM=64 -DBN=64): for products of too few 128 x 128 tiles to fill the GPU (a
  * 0.6B's 1024-output products of a 512-token chunk: 32 tiles on 132 SMs). A bfloat16 weight
  * converted in its tiles as they load (coopMatPerElementNV on W's float16 tiles of its bits)
@@ -212,6 +216,16 @@ float rescale(const in uint n, const in uint t, const in float v, const in uint 
 }
 #endif
 
+#ifdef KTAIL
+#if defined(WQ) || defined(MOE)
+#error "KTAIL: float16 weights of one product only"
+#endif
+/* K a multiple of BKT, not of U * BK: the whole tiles walk U steps, then single steps, then
+ * BKT at a time (the vision tower's 1152 and 4304) */
+#define BKT 16
+#define MAT_WT coopmat<float16_t, gl_ScopeWorkgroup, BN, BKT, gl_MatrixUseA>
+#define MAT_XT coopmat<float16_t, gl_ScopeWorkgroup, BKT, BM, gl_MatrixUseB>
+#endif
 #define CLAMP gl_CooperativeMatrixClampModeConstantNV
 #define MAT_W coopmat<float16_t, gl_ScopeWorkgroup, BN, BK, gl_MatrixUseA>
 #define MAT_X coopmat<float16_t, gl_ScopeWorkgroup, BK, BM, gl_MatrixUseB>
@@ -246,8 +260,13 @@ void main() {
 #endif
     tensorViewNV<2, false, 1, 0> tr = createTensorViewNV(2, false, 1, 0);
     MAT_Y acc = MAT_Y(0.0);
+#ifdef KTAIL
+    bool whole = t0 + BM <= T && n0 + BN <= pc.N && pc.K % BKT == 0u &&
+                 pc.Kp % 8u == 0u && pc.ldy % 8u == 0u && pc.nb % 8u == 0u;
+#else
     bool whole = t0 + BM <= T && n0 + BN <= pc.N && pc.K % (U * BK) == 0u &&
                  pc.Kp % 8u == 0u && pc.ldy % 8u == 0u && pc.nb % 8u == 0u;
+#endif
     if (whole) {
         tensorLayoutNV<2> lx = createTensorLayoutNV(2);
         lx = setTensorLayoutDimensionNV(lx, T, pc.K);
@@ -261,11 +280,30 @@ void main() {
         lw = setTensorLayoutDimensionNV(lw, pc.N, pc.Kp);
         lw = setTensorLayoutStrideNV(lw, pc.Kp & ~7u, 1);
 #endif
+#ifdef KTAIL
+        uint k0 = 0u;
+        for (; k0 + U * BK <= pc.K; k0 += U * BK) {
+            LOAD(0) LOAD(1) LOAD(2) LOAD(3)
+            MUL(0) MUL(1) MUL(2) MUL(3)
+        }
+        [[dont_unroll]] for (; k0 + BK <= pc.K; k0 += BK) {
+            LOAD(0)
+            MUL(0)
+        }
+        [[dont_unroll]] for (; k0 < pc.K; k0 += BKT) {
+            MAT_WT at;
+            MAT_XT bt;
+            coopMatLoadTensorNV(at, pc.w.v, wo, sliceTensorLayoutNV(lw, n0, BN, k0, BKT));
+            coopMatLoadTensorNV(bt, pc.x.v, xo, sliceTensorLayoutNV(lx, t0, BM, k0, BKT), tr);
+            acc = coopMatMulAdd(at, bt, acc);
+        }
+#else
         for (uint k0 = 0u; k0 < pc.K; k0 += U * BK) {
             FETCH_SCALES(k0)
             LOADD(0, DECODE_WHOLE) LOADD(1, DECODE_WHOLE) LOADD(2, DECODE_WHOLE) LOADD(3, DECODE_WHOLE)
             MUL(0) MUL(1) MUL(2) MUL(3)
         }
+#endif
 #ifndef NO_XS
         if ((pc.flags & 4u) != 0u) coopMatPerElementNV(acc, acc, rescale, rb + t0, rb + T - 1u);
 #endif
