@@ -32,6 +32,8 @@ static bool x_half(const struct vk_prefill *p, uint32_t T, uint32_t K) {
 
 bool pf_mmh_scaled(const struct vk_prefill *p, uint32_t T, uint32_t K) { return p->dq_emulate || x_half(p, T, K); }
 
+bool pf_x_half(const struct vk_prefill *p, uint32_t T, uint32_t K) { return x_half(p, T, K); }
+
 /* x [T, K] floats as float16 rows into xh, where p->scale each scaled into float16's range,
  * their scales at xs (rows.comp MODE 8; K a multiple of 8) */
 static anvil_status emit_x_half(struct vk_prefill *p, const struct pc_mm *mm) {

@@ -295,6 +295,9 @@ anvil_status pf_xh_create(struct vk_prefill *p, VkDeviceSize halves, uint32_t ro
  * (the tests' emulation without xh): where it does neither (mm_h.comp), a hybrid's product
  * stays float32. */
 bool pf_mmh_scaled(const struct vk_prefill *p, uint32_t T, uint32_t K);
+/* Whether such a product reads x's float16 rows from xh (mm_cm2.comp's path, or the tests'
+ * emulation of it): the kernel before it may write them there itself (p->xh_of) */
+bool pf_x_half(const struct vk_prefill *p, uint32_t T, uint32_t K);
 anvil_status pf_flush_group(struct vk_prefill *p);
 anvil_status pf_emit_mmh(struct vk_prefill *p, int kind, const struct pc_mm *mm, bool sibling);
 

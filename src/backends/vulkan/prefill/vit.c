@@ -8,7 +8,9 @@
  *
  * Per block (x the residual stream [N, C]; the bias of a product is added by the kernel
  * after it: the LayerNorm that reads it, or vit.comp's bias kernel):
- *   h = LN1(x + down_b)                  vit MODE 0 (the previous block's down bias folded in)
+ *   h = LN1(x + down_b)                  vit MODE 0 (the previous block's down bias folded in;
+ *                                        where the product reads float16 rows, written as
+ *                                        those, VIT_OUT_HALF, as bias + GELU's below)
  *   qkv = h Wqkv                         product
  *   q, k, v = rope2d(qkv + qkv_b)        vit MODE 3 (float16 for the products below)
  *   a = attention(q, k, v)               as products where the device has workgroup matrices
@@ -33,6 +35,21 @@
 
 static uint64_t f32_addr(struct vk_backend *b, const struct tensor_info *t) { return vk_weight_addr(b, t, true, false); }
 
+/* Whether the product of T rows by w runs on float16 inputs (pf_emit_mmh; the prefill's rule:
+ * more than 512 outputs) */
+static bool on_mmh(struct vk_prefill *p, const struct tensor_info *w, uint32_t T) {
+    uint32_t N = (uint32_t)w->ne[1];
+    return p->dq.buf && T >= 16 && N > (p->dq_emulate ? 0u : 512u) &&
+           (!p->dq_emulate || pf_dq_rows(p->b->d, N, vk_weight_kp(p->b, w)) == N);
+}
+
+/* Whether the kernel before the product of T rows by w may write its input as the float16
+ * rows the product reads (VIT_OUT_HALF: unscaled rows of a multiple of 4, then p->xh_of) */
+static bool half_for(struct vk_prefill *p, const struct tensor_info *w, uint32_t T) {
+    uint32_t K = (uint32_t)w->ne[0];
+    return !p->scale && K % 4 == 0 && on_mmh(p, w, T) && pf_x_half(p, T, K);
+}
+
 /* y [T, N] = x [T, K] · Wᵀ (+ res when res != 0), as the prefill lowers a product */
 static anvil_status product(struct vk_prefill *p, uint64_t x, const struct tensor_info *w, uint64_t y, uint64_t res,
                             uint32_t T) {
@@ -41,9 +58,7 @@ static anvil_status product(struct vk_prefill *p, uint64_t x, const struct tenso
     uint32_t K = (uint32_t)w->ne[0], N = (uint32_t)w->ne[1];
     struct pc_mm pc = {x, vk_weight_addr(b, w, false, false), y, res ? res : y, p->prm.addr, T, K, N,
                        vk_weight_kp(b, w) / 8, res ? MM_RES : 0u, 0, 0, 0, 0, 0, 0};
-    /* (the prefill's rule: float16 for more than 512 outputs) */
-    if (p->dq.buf && T >= 16 && N > (p->dq_emulate ? 0u : 512u) && (!p->dq_emulate || pf_dq_rows(b->d, N, pc.Kp8 * 8) == N))
-        return pf_emit_mmh(p, kind, &pc, false); /* (no two products of one input follow each other) */
+    if (on_mmh(p, w, T)) return pf_emit_mmh(p, kind, &pc, false); /* (no two products of one input follow each other) */
     return pf_emit(p, vk_kernel_for(VK_OP_MM, w->type), (N + 63) / 64, (T + 63) / 64, &pc, sizeof pc);
 }
 
@@ -51,24 +66,33 @@ static anvil_status vit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs,
     return pf_emit(p, k, wgs, gy, pc, sizeof *pc);
 }
 
-/* out = LN(a (+ pre, written back)) with weight w and bias bb, rows of n */
+/* out = LN(a (+ pre, written back)) with weight w and bias bb, rows of n; where the product
+ * of next (by next_w, its T rows) reads float16 rows, they are written for it instead */
 static anvil_status layer_norm(struct vk_prefill *p, const struct vit_desc *d, uint64_t a, const struct tensor_info *pre,
-                               const struct tensor_info *w, const struct tensor_info *bb, uint64_t out, uint32_t rows) {
+                               const struct tensor_info *w, const struct tensor_info *bb, uint64_t out, uint32_t rows,
+                               const struct tensor_info *next_w, uint32_t next_T) {
     struct vk_backend *b = p->b;
+    bool half = d->C % 4 == 0 && d->C <= 2048 && half_for(p, next_w, next_T); /* (vit.comp's vec4 rows) */
     struct pc_vit pc = {.a = a, .b = f32_addr(b, w), .c = pre ? f32_addr(b, pre) : a, .d = f32_addr(b, bb),
-                        .out_ = out, .e = a, .n = (uint32_t)d->C, .rows = rows, .eps = d->eps,
-                        .flags = pre ? VIT_PRE_BIAS : 0u};
-    return vit_op(p, K_VIT_NORM, rows, 0, &pc);
+                        .out_ = half ? p->xh.addr : out, .e = half ? p->xs : a, .n = (uint32_t)d->C, .rows = rows,
+                        .eps = d->eps, .flags = (pre ? VIT_PRE_BIAS : 0u) | (half ? VIT_OUT_HALF : 0u)};
+    anvil_status st = vit_op(p, K_VIT_NORM, rows, 0, &pc);
+    if (half) p->xh_of = out;
+    return st;
 }
 
-/* a [rows, n] = act(a + bias) */
+/* a [rows, n] = act(a + bias); as float16 rows where the product by next_w reads them (NULL:
+ * none) */
 static anvil_status bias_act(struct vk_prefill *p, uint64_t a, const struct tensor_info *bias, uint32_t rows,
-                             uint32_t act) {
+                             uint32_t act, const struct tensor_info *next_w) {
     uint32_t n = (uint32_t)bias->ne[0];
-    struct pc_vit pc = {.a = a, .b = f32_addr(p->b, bias), .c = a, .d = a, .out_ = a, .e = a, .n = n, .rows = rows,
-                        .flags = act};
+    bool half = n % 4 == 0 && next_w && half_for(p, next_w, rows);
+    struct pc_vit pc = {.a = a, .b = f32_addr(p->b, bias), .c = a, .d = a, .out_ = half ? p->xh.addr : a,
+                        .e = half ? p->xs : a, .n = n, .rows = rows, .flags = act | (half ? VIT_OUT_HALF : 0u)};
     uint64_t per = n % 4 ? 64 : 256 * VIT_BIAS_VEC4S; /* (vit.comp: a thread an element, else vec4s) */
-    return vit_op(p, K_VIT_BIAS, (uint32_t)(((uint64_t)rows * n + per - 1) / per), 0, &pc);
+    anvil_status st = vit_op(p, K_VIT_BIAS, (uint32_t)(((uint64_t)rows * n + per - 1) / per), 0, &pc);
+    if (half) p->xh_of = a;
+    return st;
 }
 
 /* The kernel of the image's attention: on cooperative matrices (vit_flash.comp, ANVIL_VK_VIT_FLASH
@@ -172,24 +196,24 @@ static anvil_status lower(struct vk_prefill *p, const struct vit_desc *d, uint32
                               .flags = pa->mm != K_NONE ? VIT_HALF : 0u};
         struct pc_vit att = {.a = q, .b = k, .c = v, .d = v, .out_ = a, .e = a, .n = C, .rows = N, .H = H, .D = D,
                              .scale = 1.0f / sqrtf((float)D)};
-        if ((st = layer_norm(p, d, x, pre, blk->ln1_w, blk->ln1_b, h, N)) != ANVIL_OK ||
+        if ((st = layer_norm(p, d, x, pre, blk->ln1_w, blk->ln1_b, h, N, blk->qkv, N)) != ANVIL_OK ||
             (st = product(p, h, blk->qkv, big, 0, N)) != ANVIL_OK ||
             (st = vit_op(p, K_VIT_ROPE, pa->mm != K_NONE ? (N * 3 * C / 2 + 63) / 64 : N, 0, &rope)) != ANVIL_OK ||
             (st = pa->mm != K_NONE ? attention_products(p, pa, hc, R) : attention(p, &att)) != ANVIL_OK ||
             (st = product(p, a, blk->out, x, x, N)) != ANVIL_OK ||
-            (st = layer_norm(p, d, x, blk->out_b, blk->ln2_w, blk->ln2_b, h, N)) != ANVIL_OK ||
+            (st = layer_norm(p, d, x, blk->out_b, blk->ln2_w, blk->ln2_b, h, N, blk->up, N)) != ANVIL_OK ||
             (st = product(p, h, blk->up, big, 0, N)) != ANVIL_OK ||
-            (st = bias_act(p, big, blk->up_b, N, VIT_GELU_TANH)) != ANVIL_OK ||
+            (st = bias_act(p, big, blk->up_b, N, VIT_GELU_TANH, blk->down)) != ANVIL_OK ||
             (st = product(p, big, blk->down, x, x, N)) != ANVIL_OK)
             break;
         pre = blk->down_b;
     }
     /* the merger: M² consecutive patches (the processor's merge blocks) are one row of h */
-    if (st == ANVIL_OK) st = layer_norm(p, d, x, pre, d->post_w, d->post_b, h, N);
+    if (st == ANVIL_OK) st = layer_norm(p, d, x, pre, d->post_w, d->post_b, h, N, d->fc1, NB);
     if (st == ANVIL_OK) st = product(p, h, d->fc1, big, 0, NB);
-    if (st == ANVIL_OK) st = bias_act(p, big, d->fc1_b, NB, VIT_GELU_ERF);
+    if (st == ANVIL_OK) st = bias_act(p, big, d->fc1_b, NB, VIT_GELU_ERF, d->fc2);
     if (st == ANVIL_OK) st = product(p, big, d->fc2, y, 0, NB);
-    if (st == ANVIL_OK) st = bias_act(p, y, d->fc2_b, NB, 0);
+    if (st == ANVIL_OK) st = bias_act(p, y, d->fc2_b, NB, 0, NULL);
     if (st == ANVIL_OK) st = pf_flush_group(p);
     return st;
 }

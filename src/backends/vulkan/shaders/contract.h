@@ -112,6 +112,8 @@
 #define VIT_PRE_BIAS 1u  /* MODE 0: a bias added to the row first (and written back) */
 #define VIT_GELU_TANH 1u /* MODE 1: the activation */
 #define VIT_GELU_ERF 2u
+#define VIT_OUT_HALF 8u /* MODE 0 (vec4 rows), MODE 1 (n % 4 == 0): the rows written as float16 to
+                           out_ (the next product's xh), 1 to each row's scale at e (xs) */
 #define VIT_BIAS_VEC4S 4u /* MODE 1: vec4s a thread where rows are a multiple of 4 */
 #define VIT_HALF 1u      /* MODE 3: q, k, v written as float16 [N, C] (the attention as products) */
 #define VIT_S16 1u       /* MODE 5: the scores are float16 */

@@ -5,10 +5,12 @@
  *   MODE 0  LayerNorm  per row r of n: with flags & VIT_PRE_BIAS, a[r] += c first (written
  *                      back: the bias of the product before, folded in here); then
  *                      out[r] = (a[r] - mean) / sqrt(var + eps) * b + d. A workgroup a row
- *                      (up to 2048 floats a multiple of 4: held in registers as vec4s).
+ *                      (up to 2048 floats a multiple of 4: held in registers as vec4s;
+ *                      VIT_OUT_HALF: out as the next product's float16 rows).
  *   MODE 1  bias, act  a[i] = act(a[i] + b[i % n]) over rows * n elements, act by flags:
  *                      0 none, VIT_GELU_TANH, VIT_GELU_ERF. A thread an element, or where
- *                      n % 4 == 0 VIT_BIAS_VEC4S vec4s (64 apart).
+ *                      n % 4 == 0 VIT_BIAS_VEC4S vec4s (64 apart; VIT_OUT_HALF: into out
+ *                      as the next product's float16 rows instead).
  *   MODE 2  positions  row n (patch n of the processor's merge-block order, at grid (row,
  *                      col) of gh x gw): a[n] += b + the learned positions c [side, side, C]
  *                      interpolated bilinearly with corners aligned. A workgroup a patch.
@@ -76,11 +78,12 @@ float erf_(float x) {
 
 /* MODE 1: the activation flags name */
 float act(float x) {
-    if (pc.flags == VIT_GELU_TANH) {
+    uint a = pc.flags & 3u;
+    if (a == VIT_GELU_TANH) {
         float u = clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -15.0, 15.0);
         return 0.5 * x * (1.0 + tanh(u));
     }
-    return pc.flags == VIT_GELU_ERF ? 0.5 * x * (1.0 + erf_(x * 0.7071067811865476)) : x;
+    return a == VIT_GELU_ERF ? 0.5 * x * (1.0 + erf_(x * 0.7071067811865476)) : x;
 }
 
 /* patch p's place in the grid (the processor's merge-block order) */
@@ -131,10 +134,15 @@ void main() {
                 if (tid + 64u * j < n4) ss += dot(d, d);
             }
             float inv = 1.0 / sqrt(wg_sum(ss) / float(n) + pc.eps);
+            bool half_ = (pc.flags & VIT_OUT_HALF) != 0u;
             for (uint j = 0u; j < NV; j++) {
                 uint i = tid + 64u * j;
-                if (i < n4) Vec4s(pc.out_).v[b4 + i] = (v[j] - mean) * inv * Vec4s(pc.b).v[i] + Vec4s(pc.d).v[i];
+                vec4 y = (v[j] - mean) * inv * Vec4s(pc.b).v[i % n4] + Vec4s(pc.d).v[i % n4];
+                if (i >= n4) continue;
+                if (half_) Halves4(pc.out_).v[b4 + i] = to_halves4(y);
+                else Vec4s(pc.out_).v[b4 + i] = y;
             }
+            if (half_ && tid == 0u) pc.e.v[wg] = 1.0;
             return;
         }
         uint base = wg * n;
@@ -161,7 +169,13 @@ void main() {
                 uint i = wg * 64u * BV + 64u * j + tid;
                 if (i >= all) return;
                 vec4 x = Vec4s(pc.a).v[i] + Vec4s(pc.b).v[i % n4];
-                Vec4s(pc.a).v[i] = vec4(act(x.x), act(x.y), act(x.z), act(x.w));
+                x = vec4(act(x.x), act(x.y), act(x.z), act(x.w));
+                if ((pc.flags & VIT_OUT_HALF) == 0u) {
+                    Vec4s(pc.a).v[i] = x;
+                } else {
+                    Halves4(pc.out_).v[i] = to_halves4(x);
+                    if (i % n4 == 0u) pc.e.v[i / n4] = 1.0;
+                }
             }
             return;
         }
