@@ -179,7 +179,7 @@ static const struct knob KNOBS[] = {
         "docs/perf/log.md §20-22), 2 one pass with a lazily moved maximum, as the vision "
         "encoder's (on the H200 8B Q4_K_M pp4096 9,478 -> 10,232 t/s, 30B-A3B pp2048 7,984 -> "
         "8,327; docs/perf/log.md §68); 0 keeps the float32 kernel."),
-    INT("ANVIL_VK_VIT_FLASH", C_DIAGNOSTIC, vk_vit_flash, 4, 0, 6, NULL,
+    INT("ANVIL_VK_VIT_FLASH", C_DIAGNOSTIC, vk_vit_flash, 2, 0, 6, NULL,
         "The vision encoder's attention: 4 as products per head where the device has workgroup "
         "matrices (S = Q K^T on them, vit_mm_cm2.comp; a row softmax writing P in float16; O = "
         "P V; float16 q/k/v, float32 scores, in chunks of ANVIL_VK_VIT_SCORES_MB), else as 2 "

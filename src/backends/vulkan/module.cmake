@@ -93,6 +93,7 @@ set(ANVIL_SHADER_VARIANTS
   "rows rows.comp -DANVIL"
   "attn_prefill attn_prefill.comp -DANVIL"
   "vit vit.comp -DANVIL"
+  "vit_attn vit.comp -DVIT_ATTN"
   "vit_mm vit_mm.comp -DANVIL"
   "dq_f32 dq.comp -DW_F32"
   "dq_f16 dq.comp -DW_F16"

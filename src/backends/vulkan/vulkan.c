@@ -820,6 +820,7 @@ static void vk_destroy(struct backend *base) {
         vk_buffer_destroy(b->d, &b->states);
         vk_buffer_destroy(b->d, &b->saved);
         vk_buffer_destroy(b->d, &b->hist);
+        for (size_t i = 0; i < ARRAY_LEN(b->vit_buf); i++) vk_buffer_destroy(b->d, &b->vit_buf[i]);
         if (b->have_pl) vk_pipelines_destroy(b->d, &b->pl);
     }
     free(b->w);

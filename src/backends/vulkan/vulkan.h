@@ -63,6 +63,9 @@ struct vk_backend {
      * rec[i].size bytes at hist_slots * rec[i].dstOffset (slot t's at + t * size) */
     struct vk_buffer hist;
     int hist_slots;
+    /* prefill/vit.c: the last image's buffers (VIT_BUF_*), taken by the next image where large
+     * enough (allocating them per image cost ~20 ms of a 1024x1024 encode on the H200) */
+    struct vk_buffer vit_buf[7];
 };
 
 uint64_t vk_weight_addr(struct vk_backend *b, const struct tensor_info *t, bool as_f32, bool plus1);

@@ -198,7 +198,8 @@ static anvil_status lower(struct vk_prefill *p, const struct vit_desc *d, uint32
                              .scale = 1.0f / sqrtf((float)D)};
         if ((st = layer_norm(p, d, x, pre, blk->ln1_w, blk->ln1_b, h, N, blk->qkv, N)) != ANVIL_OK ||
             (st = product(p, h, blk->qkv, big, 0, N)) != ANVIL_OK ||
-            (st = vit_op(p, K_VIT_ROPE, pa->mm != K_NONE ? (N * 3 * C / 2 + 63) / 64 : N, 0, &rope)) != ANVIL_OK ||
+            (st = vit_op(p, K_VIT_ROPE, (uint32_t)(((uint64_t)N * 3 * C / (pa->mm != K_NONE ? 2 : 1) + 63) / 64), 0,
+                         &rope)) != ANVIL_OK ||
             (st = pa->mm != K_NONE ? attention_products(p, pa, hc, R) : attention(p, &att)) != ANVIL_OK ||
             (st = product(p, a, blk->out, x, x, N)) != ANVIL_OK ||
             (st = layer_norm(p, d, x, blk->out_b, blk->ln2_w, blk->ln2_b, h, N, blk->up, N)) != ANVIL_OK ||
@@ -218,10 +219,34 @@ static anvil_status lower(struct vk_prefill *p, const struct vit_desc *d, uint32
     return st;
 }
 
+/* the image's buffers, kept by the backend for the next one (b->vit_buf) */
+enum { VIT_BUF_ARENA, VIT_BUF_PRM, VIT_BUF_PX, VIT_BUF_OUT, VIT_BUF_DQ, VIT_BUF_XH, VIT_BUF_SCORES };
+
+/* *out: the kept buffer i where it holds size bytes of this kind, else a new one */
+static anvil_status take(struct vk_backend *b, int i, VkDeviceSize size, enum vk_mem_kind kind, const char *what,
+                         struct vk_buffer *out) {
+    struct vk_buffer *k = &b->vit_buf[i];
+    if (k->buf && k->size >= size) {
+        *out = *k;
+        memset(k, 0, sizeof *k);
+        return ANVIL_OK;
+    }
+    vk_buffer_destroy(b->d, k); /* (too small: its memory first) */
+    return vk_buffer_create(b->d, size, kind, what, out);
+}
+
+/* buffer *x kept as buffer i (x emptied) */
+static void keep(struct vk_backend *b, int i, struct vk_buffer *x) {
+    vk_buffer_destroy(b->d, &b->vit_buf[i]);
+    b->vit_buf[i] = *x;
+    memset(x, 0, sizeof *x);
+}
+
 anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const float *pixels, int gh, int gw,
                         float *out) {
     const uint32_t C = (uint32_t)d->C, H = (uint32_t)d->H, M = (uint32_t)d->M;
     if (gh < (int)M || gw < (int)M || gh % (int)M || gw % (int)M || (int64_t)gh * gw > (1 << 20) ||
+        (int64_t)gh * gw * 3 * d->C >= (int64_t)1 << 32 || /* (the rope's threads) */
         C % H || (C / H) % 4 || C / H > 256 || (uint32_t)d->F > (1u << 20))
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a vision encoder for a %dx%d grid of width %d, %d heads",
                        gh, gw, d->C, d->H);
@@ -256,11 +281,11 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
     p->scale = t->vk_f16_scale; /* (as the dense models' programs) */
     p->out_off = off[7];
     p->out_bytes = NB * (VkDeviceSize)d->E * 4;
-    anvil_status st = vk_buffer_create(b->d, total, VK_MEM_DEVICE, "vision activations", &p->arena);
-    if (st == ANVIL_OK) st = vk_buffer_create(b->d, 16, VK_MEM_CONTROL, "vision params", &p->prm);
+    anvil_status st = take(b, VIT_BUF_ARENA, total, VK_MEM_DEVICE, "vision activations", &p->arena);
+    if (st == ANVIL_OK) st = take(b, VIT_BUF_PRM, 16, VK_MEM_CONTROL, "vision params", &p->prm);
     struct vk_buffer px = {0}, sc = {0};
     if (st == ANVIL_OK && att.mm != K_NONE) {
-        st = vk_buffer_create(b->d, sbytes + (VkDeviceSize)hc * R * att.N * 2, VK_MEM_DEVICE, "vision scores", &sc);
+        st = take(b, VIT_BUF_SCORES, sbytes + (VkDeviceSize)hc * R * att.N * 2, VK_MEM_DEVICE, "vision scores", &sc);
         att.q = p->arena.addr + off[3];
         att.k = p->arena.addr + off[4];
         att.v = p->arena.addr + off[5];
@@ -268,8 +293,8 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
         att.s = sc.addr;
         att.p = sc.addr + sbytes;
     }
-    if (st == ANVIL_OK) st = vk_buffer_create(b->d, N * K * 4, VK_MEM_CONTROL, "vision pixels", &px);
-    if (st == ANVIL_OK) st = vk_buffer_create(b->d, p->out_bytes, VK_MEM_READBACK, "vision output", &p->readback);
+    if (st == ANVIL_OK) st = take(b, VIT_BUF_PX, N * K * 4, VK_MEM_CONTROL, "vision pixels", &px);
+    if (st == ANVIL_OK) st = take(b, VIT_BUF_OUT, p->out_bytes, VK_MEM_READBACK, "vision output", &p->readback);
     if (st == ANVIL_OK && (b->d->coopmat || p->dq_emulate)) {
         /* room for the largest weight's float16 rows (or its pieces), and on workgroup matrices
          * for the largest x in float16 */
@@ -281,9 +306,12 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
             dq = MAX(dq, (VkDeviceSize)R * Kp * 2);
             xh = MAX(xh, N * (VkDeviceSize)ws[i]->ne[0] * 2);
         }
-        st = vk_buffer_create(b->d, dq, VK_MEM_DEVICE, "vision float16 weights", &p->dq);
-        if (st == ANVIL_OK && (b->d->coopmat2 || p->dq_emulate))
-            st = pf_xh_create(p, xh, (uint32_t)N, "vision float16 inputs");
+        st = take(b, VIT_BUF_DQ, dq, VK_MEM_DEVICE, "vision float16 weights", &p->dq);
+        if (st == ANVIL_OK && (b->d->coopmat2 || p->dq_emulate)) { /* (pf_xh_create's layout) */
+            p->xh_halves = round_up(xh, ALIGN);
+            st = take(b, VIT_BUF_XH, p->xh_halves + N * 4, VK_MEM_DEVICE, "vision float16 inputs", &p->xh);
+            p->xs = st == ANVIL_OK ? p->xh.addr + p->xh_halves : 0;
+        }
     }
     if (st == ANVIL_OK) {
         memset(p->prm.map, 0, 16);
@@ -302,6 +330,15 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
     if (st == ANVIL_OK) st = vk_wait(b->d, done);
     if (st == ANVIL_OK) memcpy(out, p->readback.map, p->out_bytes);
     if (st == ANVIL_OK && p->queries) pf_profile_read(p);
+    if (st == ANVIL_OK) { /* (waited for: the next image may take them) */
+        keep(b, VIT_BUF_ARENA, &p->arena);
+        keep(b, VIT_BUF_PRM, &p->prm);
+        keep(b, VIT_BUF_PX, &px);
+        keep(b, VIT_BUF_OUT, &p->readback);
+        keep(b, VIT_BUF_DQ, &p->dq);
+        keep(b, VIT_BUF_XH, &p->xh);
+        if (sc.buf) keep(b, VIT_BUF_SCORES, &sc);
+    }
     vk_buffer_destroy(b->d, &px);
     vk_buffer_destroy(b->d, &sc);
     vk_prefill_destroy(p);

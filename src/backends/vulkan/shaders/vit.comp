@@ -17,13 +17,13 @@
  *   MODE 3  rope       a: qkv [N, 3C] + bias b [3C] -> q (out), k (d), v (e), each [N, H, D],
  *                      q and k rotated by the 2-D rope: pair i < D/4 by row * theta^(-4i/D),
  *                      pair i < D/2 by col * theta^(-4(i - D/4)/D), NeoX halves (i, i + D/2).
- *                      A workgroup a patch.
- *                      flags & VIT_HALF: q, k, v as float16 [N, C] (the attention as
- *                      products), two adjacent elements a thread over the whole grid.
+ *                      A thread an element over the whole grid; flags & VIT_HALF: q, k, v
+ *                      as float16 [N, C] (the attention as products), two adjacent ones.
  *   MODE 4  attention  full (non-causal) attention within the image: q (a), k (b), v (c)
  *                      [N, H, D] -> out [N, H, D], scale. Workgroup (head h, block of QB
  *                      queries): keys 64 at a time with an online softmax, each key row read
- *                      once for the QB queries (attn_prefill.comp's scheme).
+ *                      once for the QB queries (attn_prefill.comp's scheme). Compiled alone
+ *                      (VIT_ATTN: its shared memory).
  *   MODE 5  softmax    the attention's scores as products (prefill/vit.c): row r of S (a,
  *                      rows of n floats; VIT_S16 float16) -> out [r] = softmax(scale S[r])
  *                      in float16. A workgroup a row (up to 4096 held in registers).
@@ -42,9 +42,11 @@ const uint NS = 16u; /* MODE 5: rows of up to 4 * 64 * NS scores in registers */
 const uint BV = VIT_BIAS_VEC4S; /* MODE 1: vec4s a thread (rows of a multiple of 4) */
 const uint B = 64u;
 shared float red[64];
+#ifdef VIT_ATTN /* MODE 4's (its own SPIR-V: the row kernels' workgroups would hold them too) */
 shared vec4 qs[QB][64];
 shared float ps[QB][B];
 shared float redm[QB][B];
+#endif
 
 /* the sum of v over the workgroup */
 float wg_sum(float v) {
@@ -209,14 +211,13 @@ void main() {
             dst.v[(pt * C + w) >> 1u] = pack_half2(vec2(rope_at(src, o, r, c), rope_at(src, o + 1u, r, c)));
             return;
         }
-        if (wg >= pc.rows) return;
-        patch_coords(wg, r, c);
-        uint src = wg * 3u * C;
-        for (uint o = tid; o < 3u * C; o += 64u) {
-            uint part = o / C, w = o % C;
-            Floats dst = part == 0u ? pc.out_ : part == 1u ? pc.d : pc.e;
-            dst.v[wg * C + w] = rope_at(src, o, r, c);
-        }
+        /* float32, an element a thread over the grid */
+        uint i = wg * 64u + tid, pt = i / (3u * C), o = i % (3u * C);
+        if (pt >= pc.rows) return;
+        patch_coords(pt, r, c);
+        uint part = o / C, w = o % C;
+        Floats dst = part == 0u ? pc.out_ : part == 1u ? pc.d : pc.e;
+        dst.v[pt * C + w] = rope_at(pt * 3u * C, o, r, c);
     } else if (MODE == VIT_MODE_SOFTMAX) {
         /* row wg of S (a, n floats; VIT_S16 float16) -> P (out_, float16): exp((s - max) scale)
          * / sum, an online max and sum over the thread's vec4s, then a second pass to write */
@@ -262,6 +263,7 @@ void main() {
             Halves4(pc.out_).v[base + i] = to_halves4(exp(s - M) * inv);
         }
     } else {
+#ifdef VIT_ATTN
         uint h = gl_WorkGroupID.x, t0 = gl_WorkGroupID.y * QB, N = pc.rows, D = pc.D, C = pc.H * D,
              D4 = D / 4u;
         for (uint g = 0u; g < QB; g++)
@@ -321,5 +323,6 @@ void main() {
                 uint d = tid + B * i;
                 if (d < D && t0 + g < N) pc.out_.v[(t0 + g) * C + h * D + d] = acc[g][i] / l[g];
             }
+#endif
     }
 }

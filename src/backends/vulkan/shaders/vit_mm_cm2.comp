@@ -93,10 +93,22 @@ void main() {
             acc = coopMatMulAdd(a, b, acc);
         }
     }
+    bool y16 = (pc.flags & VIT_MM_Y16) != 0u;
+    if (t0 + BM <= pc.T && n0 + BN <= pc.N && pc.sy % 8u == 0u && yo % 8u == 0u) {
+        /* a whole tile (S's): stored without bounds checks, the stride a multiple of 8 */
+        tensorLayoutNV<2> lu = createTensorLayoutNV(2);
+        lu = setTensorLayoutDimensionNV(lu, pc.T, pc.N);
+        lu = setTensorLayoutStrideNV(lu, pc.sy & ~7u, 1);
+        if (y16)
+            coopMatStoreTensorNV(MAT_Y16(acc), Halves(pc.y).v, yo, sliceTensorLayoutNV(lu, t0, BM, n0, BN));
+        else
+            coopMatStoreTensorNV(acc, pc.y.v, yo, sliceTensorLayoutNV(lu, t0, BM, n0, BN));
+        return;
+    }
     tensorLayoutNV<2, CLAMP> ly = createTensorLayoutNV(2, CLAMP);
     ly = setTensorLayoutDimensionNV(ly, pc.T, pc.N);
     ly = setTensorLayoutStrideNV(ly, pc.sy, 1);
-    if ((pc.flags & VIT_MM_Y16) != 0u) {
+    if (y16) {
         MAT_Y16 h = MAT_Y16(acc);
         coopMatStoreTensorNV(h, Halves(pc.y).v, yo, sliceTensorLayoutNV(ly, t0, BM, n0, BN));
     } else {
