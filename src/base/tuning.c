@@ -190,6 +190,11 @@ static const struct knob KNOBS[] = {
         "the sums), 2 one pass with a lazily moved maximum, 3 the same 64 keys a step instead of "
         "32; 0 keeps the float32 kernel (vit.comp MODE 4). 1024x1024 encode on the H200: 1,178 "
         "ms with 0, 210 with 1, 180 with 2, 270 with 3."),
+    INT("ANVIL_VK_VIT_MM", C_DIAGNOSTIC, vk_vit_mm, 0, 0, 3, NULL,
+        "The vision attention's products on workgroup matrices (ANVIL_VK_VIT_FLASH=4), "
+        "experiments: 1 O = P V on tiles of 80 columns (vit_mm_cm2_n80) instead of 128, 2 whole "
+        "tiles of S stored without bounds checks; 3 both. On the H200 with both the encode "
+        "gave wrong embeddings (docs/perf/log.md §81): off until found out."),
     INT("ANVIL_VK_VIT_SCORES_MB", C_DIAGNOSTIC, vk_vit_scores_mb, 512, 1, 16384, NULL,
         "MiB of float32 scores (float16: half of it, and P as much) the vision encoder's "
         "attention as products (ANVIL_VK_VIT_FLASH=4-6) holds at once: the heads (whole heads "

@@ -195,13 +195,13 @@ struct vit_att {
     uint64_t q, k, v, out, s, p;
     uint32_t N, H, D;
     float scale;
-    bool s16;
+    bool s16, whole; /* whole: S's whole tiles stored unclamped (ANVIL_VK_VIT_MM & 2) */
     enum vk_kernel mm, mo;
 };
 /* A chunk of it: hc heads of R query rows, as many as budget bytes of float32 scores hold
  * (whole heads where one fits, else R a multiple of 128 rows of one head, at least 128) */
 void vk_vit_att_chunk(uint32_t N, uint32_t H, uint64_t budget, uint32_t *hc, uint32_t *R);
-/* O's kernel for att->mm and heads of D (sets att->mo) */
+/* O's kernel for att->mm and heads of D (sets att->mo; ANVIL_VK_VIT_MM), and att->whole */
 void vk_vit_att_kernels(struct vk_backend *b, struct vit_att *att);
 /* The three dispatches of the chunk of heads h0 .. h0 + hc - 1, query rows r0 .. r0 + R - 1:
  * S = Q K^T (s, grid gs), the rows' softmax (sm, gsm workgroups), O = P V (o, grid go) */

@@ -827,7 +827,7 @@ static void test_float16_rounding(void **state) {
  * matrices off otherwise). */
 static void test_vit_attention(void **state) {
     (void)state;
-    static const int shapes[][3] = {{196, 2, 72}, {300, 2, 76}, {64, 3, 32}, {1, 1, 72}};
+    static const int shapes[][3] = {{196, 2, 72}, {300, 2, 76}, {64, 3, 32}, {1, 1, 72}, {256, 2, 72}};
     uint64_t r = 777;
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         int N = shapes[si][0], H = shapes[si][1], D = shapes[si][2];

@@ -123,7 +123,8 @@ enum vk_kernel vk_vit_products(struct vk_backend *b) {
 
 void vk_vit_att_kernels(struct vk_backend *b, struct vit_att *a) {
     a->mo = a->mm;
-    if (a->mm == K_VIT_MM_CM2 && a->D <= 80 && vk_pipeline_make(b->d, &b->pl, K_VIT_MM_CM2_N80) == ANVIL_OK &&
+    a->whole = a->mm == K_VIT_MM_CM2 && (b->d->tune.vk_vit_mm & 2);
+    if (a->mm == K_VIT_MM_CM2 && a->D <= 80 && (b->d->tune.vk_vit_mm & 1) && vk_pipeline_make(b->d, &b->pl, K_VIT_MM_CM2_N80) == ANVIL_OK &&
         b->pl.p[K_VIT_MM_CM2_N80])
         a->mo = K_VIT_MM_CM2_N80;
 }
@@ -144,7 +145,7 @@ void vk_vit_att_ops(const struct vit_att *a, uint32_t h0, uint32_t hc, uint32_t 
     /* S [z][t][n] = q[r0 + t][(h0 + z) D ..] . k[n][(h0 + z) D ..]: K's rows as w (NK) */
     c->s = (struct pc_vitmm){.x = a->q, .w = a->k, .y = a->s, .T = R, .K = D, .N = N, .sx = C, .sw = C, .sy = N,
                              .zx = D, .zw = D, .zy = R * N, .x0 = r0 * C + h0 * D, .w0 = h0 * D, .y0 = 0,
-                             .flags = VIT_MM_NK | (a->s16 ? VIT_MM_Y16 : 0u)};
+                             .flags = VIT_MM_NK | (a->s16 ? VIT_MM_Y16 : 0u) | (a->whole ? VIT_MM_WHOLE : 0u)};
     c->gs[0] = (N + tile - 1) / tile;
     c->gs[1] = (R + tile - 1) / tile;
     c->gs[2] = hc;

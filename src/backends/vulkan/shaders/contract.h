@@ -120,6 +120,7 @@
 /* vit_mm.comp, vit_mm_cm2.comp's flags (struct pc_vitmm) */
 #define VIT_MM_NK 1u  /* w(k, n) at n sw + k (K's rows: S = Q K^T), else at k sw + n (V's rows) */
 #define VIT_MM_Y16 2u /* y float16 (vit_mm_cm2.comp only) */
+#define VIT_MM_WHOLE 4u /* vit_mm_cm2.comp: whole tiles of y stored without bounds checks */
 
 /* mega.comp's phase records (struct vk_phase, 9 uvec4 each: the header, then the
  * dispatch's push constants): the header's kind ... */

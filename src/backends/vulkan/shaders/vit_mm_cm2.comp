@@ -38,6 +38,7 @@ layout(push_constant) uniform PC {
 } pc;
 #define VIT_MM_NK 1u  /* (contract.h's) */
 #define VIT_MM_Y16 2u
+#define VIT_MM_WHOLE 4u
 
 #define CLAMP gl_CooperativeMatrixClampModeConstantNV
 #define MAT_X coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA>
@@ -94,7 +95,7 @@ void main() {
         }
     }
     bool y16 = (pc.flags & VIT_MM_Y16) != 0u;
-    if (t0 + BM <= pc.T && n0 + BN <= pc.N && pc.sy % 8u == 0u && yo % 8u == 0u) {
+    if ((pc.flags & VIT_MM_WHOLE) != 0u && t0 + BM <= pc.T && n0 + BN <= pc.N && pc.sy % 8u == 0u && yo % 8u == 0u) {
         /* a whole tile (S's): stored without bounds checks, the stride a multiple of 8 */
         tensorLayoutNV<2> lu = createTensorLayoutNV(2);
         lu = setTensorLayoutDimensionNV(lu, pc.T, pc.N);
