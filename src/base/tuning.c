@@ -189,7 +189,8 @@ static const struct knob KNOBS[] = {
         "multiple of 16 dimensions, up to 128): 1 two passes over the keys (the maximum, then "
         "the sums), 2 one pass with a lazily moved maximum, 3 the same 64 keys a step instead of "
         "32; 0 keeps the float32 kernel (vit.comp MODE 4). 1024x1024 encode on the H200: 1,178 "
-        "ms with 0, 210 with 1, 180 with 2, 270 with 3."),
+        "ms with 0, 210 with 1, 180 with 2, 270 with 3 (docs/perf/log.md §53); with §81's row "
+        "kernels 128.7 with 2, the products (4) slower in their correct form (§81)."),
     INT("ANVIL_VK_VIT_MM", C_DIAGNOSTIC, vk_vit_mm, 0, 0, 3, NULL,
         "The vision attention's products on workgroup matrices (ANVIL_VK_VIT_FLASH=4), "
         "experiments: 1 O = P V on tiles of 80 columns (vit_mm_cm2_n80) instead of 128, 2 whole "
