@@ -30,6 +30,15 @@ for t in q4_k q5_k q6_k q8_0; do
   VARIANTS+=("mm_cm2_$t mm_cm2.comp -DBM=128 -DBN=128 -DBK=64 -DU=4 -DW_$T"
              "mm_cm2_moe_$t mm_cm2.comp -DBM=32 -DBN=128 -DBK=64 -DU=4 -DMOE -DW_$T")
 done
+# the experts' products on the int8 matrix units (mmq_cm2.comp)
+# (tiles of 32 rows of an expert, and of 16)
+for t in q4_k q6_k; do
+  VARIANTS+=("mmq_cm2_moe_$t mmq_cm2.comp -DW_${t^^}" "mmq_cm2_moe16_$t mmq_cm2.comp -DW_${t^^} -DBM=16")
+done
+# a batch step's products of 16 and 32 rows on them (mmqb_cm2.comp)
+for t in q4_k q6_k; do
+  VARIANTS+=("mmqb_cm2_${t}_16 mmqb_cm2.comp -DW_${t^^} -DTT=16" "mmqb_cm2_${t}_32 mmqb_cm2.comp -DW_${t^^} -DTT=32")
+done
 version=$("$GLSLANG" --version | sed -n 's/^Glslang Version: //p')
 mkdir -p "$OUT"
 tmp=$(mktemp)

@@ -137,6 +137,20 @@ static const struct knob KNOBS[] = {
          "Q4_K, Q5_K, Q6_K or Q8_0 blocks decoded in the product's tile loads, instead of "
          "every expert dequantised to float16 every chunk: slower on the H200, Qwen3.6-35B-A3B "
          "Q4_K_M pp512 3,437 -> 3,283 t/s, 30B-A3B 5,323 -> 4,329 (docs/perf/log.md §61)."),
+    INT("ANVIL_VK_MOE_MMQ", C_DIAGNOSTIC, vk_moe_mmq, -1, -1, 32, NULL,
+        "The MoE experts' prefill products over their compact rows on the int8 matrix units "
+        "(shaders/mmq_cm2.comp, where the device has int8 cooperative matrices and the three "
+        "matrices are Q4_K or Q6_K): each expert's blocks read as uploaded, x rounded to int8 "
+        "in blocks of 32, instead of every expert dequantised to float16 every chunk. Each "
+        "expert's rows padded to tiles of 16 or 32 (-1: 32 where the chunk gives each expert "
+        "32 rows or more on average, else 16); 0 keeps the float16 copies. H200 pp512: "
+        "30B-A3B 5,525 -> ~5,900 t/s, 35B-A3B 3,434 -> 3,884 (docs/perf/log.md §77)."),
+    BOOL("ANVIL_VK_MMQB", C_EXPERIMENT, vk_mmqb, 0,
+         "A batch step's (or a prompt chunk's) products of 16 or 32 rows of Q4_K / Q6_K weights "
+         "on the int8 matrix units (shaders/mmqb_cm2.comp, where the device has int8 "
+         "cooperative matrices) instead of mmbx.comp's packed integer dot products: correct "
+         "(3-4e-3 of the outputs' scale against the CPU), its speed not measured yet "
+         "(docs/perf/log.md §77)."),
     BOOL("ANVIL_VK_DQ_EMULATE", C_DIAGNOSTIC, vk_dq_emulate, 0,
          "For tests: the float16 weight pieces multiplied with the float32-tile kernel where "
          "there are no cooperative matrices."),

@@ -227,6 +227,7 @@ bool vk_gpu_available(void) { return vk_probe(NULL, 0) == 2; }
 
 static bool want_coopmat(const struct tuning *t, VkPhysicalDevice pd, uint32_t subgroup_size);
 static bool want_coopmat2(const struct tuning *t, VkInstance inst, VkPhysicalDevice pd, uint32_t api);
+static bool want_coopmat_i8(VkPhysicalDevice pd);
 
 /* What the prefill's products run on there (as vk_device_create would choose) */
 static const char *matrices(const struct tuning *t, VkInstance inst, VkPhysicalDevice pd, uint32_t api) {
@@ -234,7 +235,9 @@ static const char *matrices(const struct tuning *t, VkInstance inst, VkPhysicalD
     VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sg};
     vkGetPhysicalDeviceProperties2(pd, &p2);
     if (!want_coopmat(t, pd, sg.subgroupSize)) return "";
-    if (want_coopmat2(t, inst, pd, api)) return "; prefill on workgroup cooperative matrices";
+    if (want_coopmat2(t, inst, pd, api))
+        return want_coopmat_i8(pd) ? "; prefill on workgroup cooperative matrices (and int8 ones)"
+                                   : "; prefill on workgroup cooperative matrices";
     return "; prefill on cooperative matrices";
 }
 
@@ -408,6 +411,29 @@ static bool want_coopmat2(const struct tuning *t, VkInstance inst, VkPhysicalDev
     return ok;
 }
 
+/* Whether the experts' products can run on the int8 matrix units (shaders/mmq_cm2.comp): the
+ * workgroup matrices' device (want_coopmat2) with per-element operations, shaderInt8 and
+ * int8 x int8 -> int32 subgroup matrices of 16 x 16 x 32. */
+static bool want_coopmat_i8(VkPhysicalDevice pd) {
+    struct cm2_features f2 = {.sType = CM2_STYPE_FEATURES};
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, .pNext = &f2};
+    VkPhysicalDeviceFeatures2 f = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f12};
+    vkGetPhysicalDeviceFeatures2(pd, &f);
+    if (!f2.perElementOperations || !f12.shaderInt8) return false;
+    uint32_t n = 0;
+    if (vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(pd, &n, NULL) != VK_SUCCESS || !n) return false;
+    VkCooperativeMatrixPropertiesNV *p = calloc(n, sizeof *p);
+    bool ok = false;
+    for (uint32_t i = 0; p && i < n; i++) p[i].sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV;
+    if (p && vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(pd, &n, p) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n; i++)
+            ok |= p[i].MSize == 16 && p[i].NSize == 16 && p[i].KSize == 32 && p[i].AType == VK_COMPONENT_TYPE_SINT8_NV &&
+                  p[i].BType == VK_COMPONENT_TYPE_SINT8_NV && p[i].CType == VK_COMPONENT_TYPE_SINT32_NV &&
+                  p[i].DType == VK_COMPONENT_TYPE_SINT32_NV && p[i].scope == VK_SCOPE_SUBGROUP_NV;
+    free(p);
+    return ok;
+}
+
 static bool has_device_ext(VkPhysicalDevice pd, const char *name) {
     uint32_t n = 0;
     if (vkEnumerateDeviceExtensionProperties(pd, NULL, &n, NULL) != VK_SUCCESS || n == 0) return false;
@@ -425,6 +451,7 @@ static void choose_features(struct vk_device *d) {
     d->has_budget = has_device_ext(d->phys, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
     d->coopmat = want_coopmat(&d->tune, d->phys, d->subgroup_size);
     d->coopmat2 = d->coopmat && want_coopmat2(&d->tune, d->instance, d->phys, d->props.apiVersion);
+    d->coopmat_i8 = d->coopmat2 && want_coopmat_i8(d->phys);
     if (has_device_ext(d->phys, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
         VkPhysicalDeviceShaderIntegerDotProductFeatures idf = {
             .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
@@ -464,7 +491,8 @@ static void choose_features(struct vk_device *d) {
  * these are equal. */
 static uint32_t feature_bits(const struct vk_device *d) {
     return (uint32_t)d->has_budget | (uint32_t)d->coopmat << 1 | (uint32_t)d->coopmat2 << 2 |
-           (uint32_t)d->int_dot << 3 | (uint32_t)d->exec_stats << 4 | (uint32_t)d->shader_clock << 5;
+           (uint32_t)d->int_dot << 3 | (uint32_t)d->exec_stats << 4 | (uint32_t)d->shader_clock << 5 |
+           (uint32_t)d->coopmat_i8 << 6;
 }
 
 /* The logical device of d's physical device and features, and its queue, into sh. */
@@ -496,6 +524,10 @@ static anvil_status make_logical(const struct vk_device *d, struct vk_shared *sh
         dev_exts[n_dev_exts++] = "VK_NV_cooperative_matrix2";
         cm2f.pNext = f12.pNext;
         f12.pNext = &cmkf;
+    }
+    if (d->coopmat_i8) {
+        cm2f.perElementOperations = VK_TRUE;
+        f12.shaderInt8 = VK_TRUE;
     }
     /* integer dot products (VK_KHR_shader_integer_dot_product's own feature structure, not
      * Vulkan 1.3's: the same on a 1.2 device and on a 1.3 one) */
@@ -732,7 +764,8 @@ anvil_status vk_device_create(int index, struct vk_device **out) {
     if (st != ANVIL_OK) goto fail;
     free(pd);
     log_info("vulkan: device %d: %s (subgroup %u%s%s)", pick, d->props.deviceName, d->subgroup_size,
-             d->coopmat2  ? ", workgroup cooperative matrices for prefill"
+             d->coopmat_i8 ? ", workgroup and int8 cooperative matrices for prefill"
+             : d->coopmat2  ? ", workgroup cooperative matrices for prefill"
              : d->coopmat ? ", cooperative matrices for prefill"
                           : "",
              d->int_dot_fast ? ", integer dot products" : "");

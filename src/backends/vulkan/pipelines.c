@@ -63,6 +63,30 @@ static const uint32_t spv_mm_cm2_q8_0[] =
 static const uint32_t spv_mm_cm2_moe_q8_0[] =
 #include "shaders/prebuilt/mm_cm2_moe_q8_0.inc"
     ;
+static const uint32_t spv_mmq_cm2_moe_q4_k[] =
+#include "shaders/prebuilt/mmq_cm2_moe_q4_k.inc"
+    ;
+static const uint32_t spv_mmq_cm2_moe_q6_k[] =
+#include "shaders/prebuilt/mmq_cm2_moe_q6_k.inc"
+    ;
+static const uint32_t spv_mmq_cm2_moe16_q4_k[] =
+#include "shaders/prebuilt/mmq_cm2_moe16_q4_k.inc"
+    ;
+static const uint32_t spv_mmq_cm2_moe16_q6_k[] =
+#include "shaders/prebuilt/mmq_cm2_moe16_q6_k.inc"
+    ;
+static const uint32_t spv_mmqb_cm2_q4_k_16[] =
+#include "shaders/prebuilt/mmqb_cm2_q4_k_16.inc"
+    ;
+static const uint32_t spv_mmqb_cm2_q4_k_32[] =
+#include "shaders/prebuilt/mmqb_cm2_q4_k_32.inc"
+    ;
+static const uint32_t spv_mmqb_cm2_q6_k_16[] =
+#include "shaders/prebuilt/mmqb_cm2_q6_k_16.inc"
+    ;
+static const uint32_t spv_mmqb_cm2_q6_k_32[] =
+#include "shaders/prebuilt/mmqb_cm2_q6_k_32.inc"
+    ;
 
 /* Which specialisation constants a kernel takes (vk_pipelines_create), by their ids in
  * contract.h: matvec.comp's (MV_SPEC_*: its QX variants' beyond the plain ones too),
@@ -186,6 +210,14 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_MMH_CM2_S] = KI(spv_mm_cm2_s, "mm_cm2_s", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     [K_MMH_CM2_UK] = KI(spv_mm_cm2_uk, "mm_cm2_uk", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMH),
     VK_CM2Q_TYPES(CM2Q_ROWS)
+    [K_MMQ_MOE_Q4_K] = KI(spv_mmq_cm2_moe_q4_k, "mmq_experts_q4_k", VK_OP_NONE, DT_Q4_K, 0, SPECS_NONE, PUSH_MMH),
+    [K_MMQ_MOE_Q6_K] = KI(spv_mmq_cm2_moe_q6_k, "mmq_experts_q6_k", VK_OP_NONE, DT_Q6_K, 0, SPECS_NONE, PUSH_MMH),
+    [K_MMQ_MOE16_Q4_K] = KI(spv_mmq_cm2_moe16_q4_k, "mmq_experts16_q4_k", VK_OP_NONE, DT_Q4_K, 0, SPECS_NONE, PUSH_MMH),
+    [K_MMQ_MOE16_Q6_K] = KI(spv_mmq_cm2_moe16_q6_k, "mmq_experts16_q6_k", VK_OP_NONE, DT_Q6_K, 0, SPECS_NONE, PUSH_MMH),
+    [K_MMQB_Q4_K_16] = KI(spv_mmqb_cm2_q4_k_16, "mmqb_q4_k_16", VK_OP_NONE, 0, 16, SPECS_NONE, PUSH_MMB),
+    [K_MMQB_Q4_K_32] = KI(spv_mmqb_cm2_q4_k_32, "mmqb_q4_k_32", VK_OP_NONE, 0, 32, SPECS_NONE, PUSH_MMB),
+    [K_MMQB_Q6_K_16] = KI(spv_mmqb_cm2_q6_k_16, "mmqb_q6_k_16", VK_OP_NONE, 0, 16, SPECS_NONE, PUSH_MMB),
+    [K_MMQB_Q6_K_32] = KI(spv_mmqb_cm2_q6_k_32, "mmqb_q6_k_32", VK_OP_NONE, 0, 32, SPECS_NONE, PUSH_MMB),
     [K_ATTN_FLASH] = KI(spv_attn_flash, "attn_flash", VK_OP_NONE, 0, 0, SPECS_FLASH, PUSH_ATTN_PF),
     [K_ATTN_FLASH1] = KI(spv_attn_flash1, "attn_flash1", VK_OP_NONE, 0, 0, SPECS_FLASH, PUSH_ATTN_PF),
     [K_ATTN_SPLIT] = KI(spv_attn_split, "attn_split", VK_OP_NONE, 0, 0, SPECS_ATTN, PUSH_ATTN_SPLIT),
@@ -265,6 +297,8 @@ enum vk_kernel vk_kernel_qx(enum vk_op op, int dtype, bool teams, int xm) {
 static bool mmb_tiled(enum vk_kernel k) { return k >= K_MMBT_Q8_0 && k <= K_MMBT_Q6_K; }
 /* the few-row products of mmbx.comp */
 static bool mmb_few(enum vk_kernel k) { return k >= K_MMBX_Q8_0_2 && k <= K_MMBX_Q6_K_32; }
+/* a batch step's products on the int8 matrix units (mmqb_cm2.comp: 16 rows of W a workgroup) */
+static bool mmb_mmq(enum vk_kernel k) { return k >= K_MMQB_Q4_K_16 && k <= K_MMQB_Q6_K_32; }
 /* mmbx.comp's rows of W a workgroup: ANVIL_VK_MMBX_RS (at most 4 up to 8 rows of x, its
  * RSMAX), else 2 for 2 rows of x and 4 for more; 8B Q4_K_M on the H200, pp2 / 4 / 8 t/s: 549 /
  * 926 / 1,343 at 2, 534 / 942 / 1,478 at 4, 478 / 753 / 361 at 1; --parallel 16: 1,258 at 2,
@@ -286,6 +320,12 @@ static uint32_t mmbx_ch(const struct vk_device *d, enum vk_kernel k) {
 enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *pl, int dtype, uint32_t T) {
     /* 8B Q4_K_M on the H200 (perf rule "small-batch products"): pp4 / 8 / 16 / 32 441 /
      * 611 / 729 / 799 t/s on mmb.comp QX, 306 / 547 / 908 / 1,309 on the tiles */
+    /* 16 or 32 rows of Q4_K / Q6_K on the int8 matrix units (ANVIL_VK_MMQB) */
+    enum vk_kernel q = dtype == DT_Q4_K ? K_MMQB_Q4_K_16 : dtype == DT_Q6_K ? K_MMQB_Q6_K_16 : K_NONE;
+    if (q != K_NONE && d->tune.vk_mmqb && (T == 16 || T == 32)) {
+        q = (enum vk_kernel)(q + (T == 32));
+        if (vk_pipeline_supported(d, pl, q)) return q;
+    }
     enum vk_kernel t = dtype == DT_Q8_0 ? K_MMBT_Q8_0 : dtype == DT_Q4_K ? K_MMBT_Q4_K
                      : dtype == DT_Q5_K ? K_MMBT_Q5_K : dtype == DT_Q6_K ? K_MMBT_Q6_K : K_NONE;
     if (T > 8 && T > (uint32_t)d->tune.vk_mmbx && t != K_NONE && vk_pipeline_supported(d, pl, t)) return t;
@@ -303,6 +343,7 @@ enum vk_kernel vk_mmb_qx(const struct vk_device *d, const struct vk_pipelines *p
 
 uint32_t vk_mmb_rows(const struct vk_device *d, enum vk_kernel k) {
     if (mmb_tiled(k)) return 32u;
+    if (mmb_mmq(k)) return 16u;
     if (mmb_few(k)) return mmbx_rs(d, k);
     return kernels[k].qx ? (uint32_t)d->tune.vk_mmbq_rows : 256u / d->subgroup_size * (uint32_t)d->tune.vk_mmb_rs;
 }
@@ -522,6 +563,9 @@ static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, in
  * programs may take it */
 static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum vk_kernel k, int attn_g, int attn_d) {
     const struct vk_kernel_info *ki = &kernels[k];
+    /* the int8 matrix units' kernels (mmq_cm2.comp, mmqb_cm2.comp) */
+    if (k >= K_MMQ_MOE_Q4_K && k <= K_MMQ_MOE16_Q6_K) return d->coopmat_i8 && d->tune.vk_moe_mmq != 0;
+    if (mmb_mmq(k)) return d->coopmat_i8 && d->tune.vk_mmqb;
     switch (k) {
     case K_MMH_64X64_K32: case K_MMH_MOE: return d->coopmat; /* needs the extension */
     case K_MMH_CM2: case K_MMH_CM2_MOE: case K_MMH_CM2_U: case K_MMH_CM2_MOE_U:
@@ -634,13 +678,26 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, in
     if (st == ANVIL_OK && d->coopmat2) st = vk_pipeline_make(d, out, K_MMH_CM2_S);
     for (int k = K_MMH_CM2_Q4_K; k <= K_MMH_CM2_MOE_Q8_0 && st == ANVIL_OK && d->coopmat2; k++)
         st = vk_pipeline_make(d, out, (enum vk_kernel)k);
+    /* (the int8 ones only where their knobs may take them: a driver compiles each at start) */
+    for (int k = K_MMQ_MOE_Q4_K; k <= K_MMQ_MOE16_Q6_K && st == ANVIL_OK; k++)
+        if (wanted(d, out, (enum vk_kernel)k, attn_g, attn_d)) st = vk_pipeline_make(d, out, (enum vk_kernel)k);
+    for (int k = K_MMQB_Q4_K_16; k <= K_MMQB_Q6_K_32 && st == ANVIL_OK; k++)
+        if (wanted(d, out, (enum vk_kernel)k, attn_g, attn_d)) st = vk_pipeline_make(d, out, (enum vk_kernel)k);
     return st;
 }
 
 /* one of mm_cm2.comp's kernels (made with the others, where the device takes them) */
 static bool is_cm2(enum vk_kernel k) {
     return k == K_MMH_CM2 || k == K_MMH_CM2_MOE || k == K_MMH_CM2_U || k == K_MMH_CM2_MOE_U ||
-           k == K_MMH_CM2_S || (k >= K_MMH_CM2_Q4_K && k <= K_MMH_CM2_MOE_Q8_0);
+           k == K_MMH_CM2_S || (k >= K_MMH_CM2_Q4_K && k <= K_MMH_CM2_MOE_Q8_0) ||
+           (k >= K_MMQ_MOE_Q4_K && k <= K_MMQ_MOE16_Q6_K) ||
+           mmb_mmq(k);
+}
+
+enum vk_kernel vk_mmq_kernel(int dtype, uint32_t bm) {
+    int t = dtype == DT_Q4_K ? 0 : dtype == DT_Q6_K ? 1 : -1;
+    if (t < 0 || (bm != 16 && bm != 32)) return K_NONE;
+    return (enum vk_kernel)(K_MMQ_MOE_Q4_K + t + (bm == 16 ? 2 : 0));
 }
 
 enum vk_kernel vk_cm2q_kernel(int dtype, bool moe) {

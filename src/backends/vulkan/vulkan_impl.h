@@ -104,6 +104,8 @@ struct vk_device {
                               K_MMH_* kernels exist */
     bool coopmat2;         /* and VK_NV_cooperative_matrix2's workgroup matrices (want_coopmat2):
                               the prefill's products on mm_cm2.comp */
+    bool coopmat_i8;       /* and int8 x int8 -> int32 16 x 16 x 32 subgroup matrices, shaderInt8 and
+                              per-element operations (want_coopmat_i8): mmq_cm2.comp */
     VkDeviceSize max_mem;  /* ANVIL_VK_MAX_MEMORY: a cap on device memory (0: none) */
     /* a layer split's crossing without the host (chain.c): VK_EXT_external_memory_host enabled
      * (its pointers' alignment) and VK_KHR_external_semaphore_fd */
@@ -306,6 +308,9 @@ enum vk_kernel {
     /* mm_cm2.comp WQ: the products (and MOE the experts') from the weights' own blocks,
      * decoded as the tiles load (VK_CM2Q_TYPES) */
     VK_CM2Q_TYPES(VK_CM2Q_KERNELS)
+    /* mmq_cm2.comp: the experts' products from their Q4_K / Q6_K blocks on the int8 matrix
+     * units, x rounded to int8 in the kernel (vk_mmq_kernel), where d->coopmat_i8 */
+    K_MMQ_MOE_Q4_K, K_MMQ_MOE_Q6_K, K_MMQ_MOE16_Q4_K, K_MMQ_MOE16_Q6_K, /* (tiles of 32 rows, of 16) */
     K_ATTN_FLASH, /* the prefill's causal attention on cooperative matrices (attn_flash.comp),
                      where d->coopmat and the heads fit it (vk_flash_fits): two passes over
                      the keys */
@@ -363,11 +368,17 @@ enum vk_kernel {
     K_MMBX_Q4_K_2, K_MMBX_Q4_K_4, K_MMBX_Q4_K_8, K_MMBX_Q4_K_16, K_MMBX_Q4_K_32,
     K_MMBX_Q5_K_2, K_MMBX_Q5_K_4, K_MMBX_Q5_K_8, K_MMBX_Q5_K_16, K_MMBX_Q5_K_32,
     K_MMBX_Q6_K_2, K_MMBX_Q6_K_4, K_MMBX_Q6_K_8, K_MMBX_Q6_K_16, K_MMBX_Q6_K_32,
+    /* a batch step's products of 16 and 32 rows of x on the int8 matrix units (mmqb_cm2.comp),
+     * where d->coopmat_i8 and ANVIL_VK_MMQB (vk_mmb_qx) */
+    K_MMQB_Q4_K_16, K_MMQB_Q4_K_32, K_MMQB_Q6_K_16, K_MMQB_Q6_K_32,
     K_COUNT,
 };
 /* mm_cm2.comp's kernel decoding weights of type dtype itself (MOE: the experts'), or K_NONE
  * for a type it does not decode; made only where the device takes it (vk_pipeline_supported) */
 enum vk_kernel vk_cm2q_kernel(int dtype, bool moe);
+/* mmq_cm2.comp's experts' kernel for weights of dtype (Q4_K, Q6_K) in tiles of bm (16 or 32)
+ * rows, else K_NONE */
+enum vk_kernel vk_mmq_kernel(int dtype, uint32_t bm);
 
 /* The push-constant layouts (shaders/push.h), one struct pc_* each */
 enum vk_push {

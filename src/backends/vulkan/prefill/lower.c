@@ -46,7 +46,7 @@ anvil_status pf_emit_op(struct vk_prefill *p, enum vk_kernel k, uint32_t wgs, ui
 
 /* Whether kernel k is a small-batch product (mmb.comp, its QX form, mmbt.comp, mmbx.comp). */
 static bool mmb_kernel(enum vk_kernel k) {
-    return vk_kernel_info(k)->op == VK_OP_MMB || (k >= K_MMBT_Q8_0 && k <= K_MMBX_Q6_K_32);
+    return vk_kernel_info(k)->op == VK_OP_MMB || (k >= K_MMBT_Q8_0 && k <= K_MMQB_Q6_K_32);
 }
 
 /* An op after whatever products wait in the group. One that writes or reads dq (the
@@ -243,7 +243,8 @@ static bool half_rows(struct vk_prefill *p, struct graph_plan *P, int i) {
 static bool product_kernel(enum vk_kernel k) {
     return mmb_kernel(k) || vk_kernel_info(k)->op == VK_OP_MM || k == K_MM_REDUCE || k == K_MMH_64X64_K32 ||
            k == K_MMH_CM2 || k == K_MMH_CM2_U || k == K_MMH_CM2_S ||
-           (k >= K_MMH_CM2_Q4_K && k <= K_MMH_CM2_MOE_Q8_0);
+           (k >= K_MMH_CM2_Q4_K && k <= K_MMH_CM2_MOE_Q8_0) ||
+           (k >= K_MMQ_MOE_Q4_K && k <= K_MMQ_MOE16_Q6_K);
 }
 
 /* The KV write kv (rows.comp MODE 4) left to the k norm's rope that wrote its k rows (MODE 6,

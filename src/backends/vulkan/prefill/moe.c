@@ -210,20 +210,37 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
          * into them as float16; gate and up over them, SwiGLU over their rows (writing down's
          * float16 x), the down projection, its rows scattered back to the entries' slots with
          * their routing weights: each matrix dequantised a piece of experts at a time */
-        struct pc_moe_rows mr = {base + m.lists, base + m.route, pf_addr(p, P, nd->src[0]), base + m.xg, base + m.aux,
-                                 E, k, T, C, VK_CM2_MOE_BM, m.R, base + m.xs, p->scale};
-        st = pf_emit(p, K_MOE_OFFS, 1, 1, &mr, sizeof mr);
-        if (st == ANVIL_OK) st = pf_emit(p, K_MOE_GATHER, m.R, 0, &mr, sizeof mr);
         const struct node *mats[3] = {gn, un, dn};
         uint64_t outs[3] = {base + m.gc, base + m.uc, base + m.dc};
         /* where mm_cm2.comp decodes the three matrices' types itself: each over every expert
-         * in one product, no float16 copy (gate and up side by side) */
+         * in one product, no float16 copy (gate and up side by side); or mmq_cm2.comp
+         * multiplies their blocks on the int8 matrix units (ANVIL_VK_MOE_MMQ: its tiles' rows
+         * bm, each expert's rows padded to them; m.R, sized for VK_CM2_MOE_BM, holds those) */
         enum vk_kernel kq[3];
-        bool decode = p->b->d->tune.vk_moe_decode;
+        /* mmq's tiles: 32 rows where the chunk gives each expert 32 or more on average (30B-A3B
+         * at 512 tokens: 32), else 16 (35B-A3B: 16), less padding (perf rule "experts on the
+         * int8 matrix units") */
+        int knob = p->b->d->tune.vk_moe_mmq;
+        uint32_t bm = knob < 0 ? (T * k >= 32 * E ? 32u : 16u) : (uint32_t)knob;
+        bool decode = p->b->d->tune.vk_moe_decode, mmq = bm == 16 || bm == 32;
         for (int w = 0; w < 3; w++) {
             kq[w] = vk_cm2q_kernel(mats[w]->weight->type, true);
             decode &= vk_pipeline_supported(p->b->d, &p->b->pl, kq[w]);
+            /* mmq_cm2.comp: whole tiles of 128 outputs, K whole 256-weight blocks */
+            uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F;
+            mmq = mmq && vk_pipeline_supported(p->b->d, &p->b->pl, vk_mmq_kernel(mats[w]->weight->type, bm)) &&
+                  N % 128 == 0 && K % 256 == 0 && vk_wnode_kp(p->b, mats[w]) == K;
         }
+        if (mmq) {
+            decode = true;
+            for (int w = 0; w < 3; w++) kq[w] = vk_mmq_kernel(mats[w]->weight->type, bm);
+        } else {
+            bm = VK_CM2_MOE_BM;
+        }
+        struct pc_moe_rows mr = {base + m.lists, base + m.route, pf_addr(p, P, nd->src[0]), base + m.xg, base + m.aux,
+                                 E, k, T, C, bm, m.R, base + m.xs, p->scale};
+        st = pf_emit(p, K_MOE_OFFS, 1, 1, &mr, sizeof mr);
+        if (st == ANVIL_OK) st = pf_emit(p, K_MOE_GATHER, m.R, 0, &mr, sizeof mr);
         for (int w = 0; w < 3 && decode && st == ANVIL_OK; w++) {
             uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F;
             if (w == 2) { /* gate = silu(gate) * up, and as float16 into xg */
@@ -234,8 +251,8 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
             struct pc_mmh mh = {base + m.xg, vk_wnode_addr(p->b, mats[w]), outs[w], any, T, K, N,
                                 vk_wnode_kp(p->b, mats[w]), N, 0, p->scale ? MM_XH : 0u, base + m.aux, any, E, k, 0,
                                 base + m.xs};
-            if (st == ANVIL_OK && (st = pf_emit(p, kq[w], (N + VK_CM2_BN - 1) / VK_CM2_BN,
-                                                (T + VK_CM2_MOE_BM - 1) / VK_CM2_MOE_BM, &mh, sizeof mh)) == ANVIL_OK) {
+            if (st == ANVIL_OK && (st = pf_emit(p, kq[w], (N + VK_CM2_BN - 1) / VK_CM2_BN, (T + bm - 1) / bm, &mh,
+                                                sizeof mh)) == ANVIL_OK) {
                 p->ops[p->n_ops - 1].gz = E;
                 p->ops[p->n_ops - 1].overlap = w == 1;
             }
@@ -270,7 +287,7 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
             }
         }
         struct pc_moe_rows sc = {base + m.lists, base + m.route, base + m.dc, base + m.slots, base + m.aux,
-                                 E, k, T, C, VK_CM2_MOE_BM, m.R, 0, 0};
+                                 E, k, T, C, bm, m.R, 0, 0};
         if (st == ANVIL_OK) st = pf_emit(p, K_MOE_SCATTER, m.R, 0, &sc, sizeof sc);
     } else if (st == ANVIL_OK && moe_on_coopmat(p, T, C, F)) {
         /* gate and up apart, SwiGLU over their rows, the weighted down projection: each

@@ -1,0 +1,280 @@
+#version 460
+/* The MoE experts' prefill products on the int8 matrix units: y[r][n] = sum_k x[r][k] W_e[n][k]
+ * over the rows laid out expert after expert (moe_rows.comp; mm_cm2.comp MOE's layout and push
+ * constants, PC_MMH), W_e expert e's Q4_K or Q6_K blocks as uploaded (no float16 copy).
+ *
+ * Letters: BN = 128 outputs (rows of W) and BM = 32 rows of x a workgroup, K walked KS = 128 at
+ * a time (half a 256-weight block).
+ *
+ * Each step the workgroup stages into shared memory:
+ *  - W's 128 x 128 quants as int8 (Q4_K: the nibbles 0..15, ~2 instructions per 4 weights; Q6_K:
+ *    q - 32), with each 32-weight sub-block's scale and min (Q4_K: d * sc, -dmin * m) or each
+ *    16-weight one's scale (Q6_K: d * sc) aside in float32;
+ *  - x's 32 x 128 float16 inputs rounded to int8 in blocks of 32 (d = max|x| / 127, llama.cpp's
+ *    q8_1) with (d, d * sum q) aside; rows scaled into float16's range (flags & 4) have their
+ *    scale xs[r] folded into d. Q6_K: x twice, each 32 with its high / low 16 zeroed, so that a
+ *    32-wide int8 product covers one 16-weight sub-block of W.
+ * Then each of the 8 subgroups multiplies its 16 rows of W by the 32 rows of x a sub-block at a
+ * time (16 x 16 x 32 int8 -> int32, the matrix units' shape on NVIDIA), and the int32 tile goes
+ * into the float32 sums scaled by W's row factor times x's column factor (minus the mins' term)
+ * per element (coopMatPerElementNV). The next step's W and x are loaded into registers while the
+ * step multiplies (global -> shared through registers, double-buffered).
+ *
+ * Rows of an expert are padded to whole tiles of BM; padding rows hold whatever was there and
+ * their results are never read. The host takes this kernel only where N % BN == 0 and K % 256 ==
+ * 0 (Kp == K). */
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_NV_cooperative_matrix2 : require
+#extension GL_EXT_shader_explicit_arithmetic_types : require
+#extension GL_EXT_buffer_reference : require
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+
+#define BN 128
+#ifndef BM
+#define BM 32 /* 16: one 16-wide B matrix a sub-block (experts of few rows: less padding) */
+#endif
+#if BM == 32
+#define XQ 16u /* halves of x a thread loads a step (two uvec4s; a block of 32 in 2 lanes) */
+#else
+#define XQ 8u /* (one uvec4; a block in 4 lanes) */
+#endif
+#define KS 128
+#define RW 9 /* uvec4s a staged row: 128 int8 + 16 bytes of padding (no bank conflicts) */
+
+layout(local_size_x = 256) in;
+
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer Floats { float v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer UVec4s { uvec4 v[]; };
+
+layout(push_constant) uniform PC {
+    UVec4s x;  /* [rows, K] float16 (moe_rows.comp / rows.comp's rows) */
+    UVec4s w;  /* the stacked experts' blocks: expert e's N rows of Kp / 256 blocks from e * N */
+    Floats y;  /* [rows, ldy] from column nb */
+    Floats res;
+    uint T, K, N, Kp, ldy, nb, flags;
+    Floats lists, route; /* lists: the experts' row offsets [E + 1] (uints) */
+    uint E, k, e0;
+    Floats xs; /* [rows] the scales of x's float16 rows (flags & 4) */
+} pc;
+
+#if defined(W_Q4_K)
+#define BQ 9 /* uvec4s a block: the header (d, dmin, the scales and mins), 128 bytes of nibbles */
+shared vec2 sws[BN * 4]; /* (d * sc, -dmin * m) of each row's 4 sub-blocks of the step */
+#elif defined(W_Q6_K)
+#define BQ 14 /* ql[128], qh[64], scales[16], d, padding */
+shared float sws[BN * 8]; /* d * sc of each row's 8 16-weight sub-blocks of the step */
+#else
+#error "W_Q4_K or W_Q6_K"
+#endif
+shared uvec4 sw[BN * RW];
+/* x's int8 rows, as uvec2s (XQ 8 writes one) */
+#define XW (2 * RW) /* uvec2s a staged row */
+#if defined(W_Q6_K)
+shared uvec2 sxl[BM * XW], sxh[BM * XW];
+#else
+shared uvec2 sx[BM * XW];
+#endif
+shared vec2 sxs[BM * 4]; /* (d, d * sum q) of each row's 4 blocks of the step */
+
+#define MAT_A coopmat<int8_t, gl_ScopeSubgroup, 16, 32, gl_MatrixUseA>
+#define MAT_B coopmat<int8_t, gl_ScopeSubgroup, 32, 16, gl_MatrixUseB>
+#define MAT_I coopmat<int32_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define MAT_F coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+
+#if defined(W_Q4_K)
+float scale_el(const in uint r, const in uint c, const in float v, const in uint s, const in uint r0, const in uint c0) {
+    vec2 w = sws[(r0 + r) * 4u + s], x = sxs[(c0 + c) * 4u + s];
+    return v * (w.x * x.x) + w.y * x.y;
+}
+#else
+float scale_el(const in uint r, const in uint c, const in float v, const in uint s, const in uint r0, const in uint c0) {
+    return v * (sws[(r0 + r) * 8u + s] * sxs[(c0 + c) * 4u + (s >> 1u)].x);
+}
+#endif
+
+/* the step's loads, in registers until stored */
+#if defined(W_Q4_K)
+uvec4 rq0, rq1, rhd;
+#else
+uvec4 rq0, rq1, rqh, rsc;
+uint rd;
+#endif
+uvec4 rx0;
+#if BM == 32
+uvec4 rx1;
+#endif
+float rxs;
+
+void load_step(const in uint k0, const in uint wb, const in uint xr) {
+    uint tid = gl_LocalInvocationID.x, row = tid >> 1u, hb = tid & 1u;
+    uint b = (wb + row * (pc.Kp >> 8u) + (k0 >> 8u)) * BQ, hf = (k0 >> 7u) & 1u;
+#if defined(W_Q4_K)
+    /* this thread's 64 weights of the half block: group j = 2 hf + hb, bytes 32 j .. 32 j + 31 */
+    uint j = 2u * hf + hb;
+    rhd = pc.w.v[b];
+    rq0 = pc.w.v[b + 1u + 2u * j];
+    rq1 = pc.w.v[b + 2u + 2u * j];
+#else
+    /* weights 32 r + 16 hb + i of the half block (r = 0..3, i = 0..15): ql bytes 64 hf + 32 (r & 1)
+     * + 16 hb + i, qh bytes 32 hf + 16 hb + i */
+    rq0 = pc.w.v[b + 4u * hf + hb];
+    rq1 = pc.w.v[b + 4u * hf + 2u + hb];
+    rqh = pc.w.v[b + 8u + 2u * hf + hb];
+    rsc = pc.w.v[b + 12u];
+    rd = pc.w.v[b + 13u].x;
+#endif
+    /* x: row tid / (KS / XQ), XQ halves from column k0 + XQ (tid % (KS / XQ)) */
+    uint xi = ((xr + tid / (KS / XQ)) * pc.K + k0 + XQ * (tid % (KS / XQ))) >> 3u;
+    rx0 = pc.x.v[xi];
+#if BM == 32
+    rx1 = pc.x.v[xi + 1u];
+#endif
+}
+
+uint pack_q(const in vec4 v, const in float id) {
+    ivec4 q = clamp(ivec4(round(v * id)), ivec4(-127), ivec4(127));
+    return (uint(q.x) & 255u) | ((uint(q.y) & 255u) << 8u) | ((uint(q.z) & 255u) << 16u) | (uint(q.w) << 24u);
+}
+
+void store_step(const in uint k0) {
+    uint tid = gl_LocalInvocationID.x, row = tid >> 1u, hb = tid & 1u, hf = (k0 >> 7u) & 1u;
+#if defined(W_Q4_K)
+    uint o = row * RW + 4u * hb;
+    sw[o] = rq0 & 0x0F0F0F0Fu;
+    sw[o + 1u] = rq1 & 0x0F0F0F0Fu;
+    sw[o + 2u] = (rq0 >> 4u) & 0x0F0F0F0Fu;
+    sw[o + 3u] = (rq1 >> 4u) & 0x0F0F0F0Fu;
+    vec2 dm = unpackHalf2x16(rhd.x);
+    uint j = 2u * hf + hb;
+    uint f = ((rhd[1u + (j >> 1u)] >> (16u * (j & 1u))) & 0xFFFFu) | (((rhd.w >> (8u * j)) & 0xFFu) << 16u);
+    sws[row * 4u + 2u * hb] = vec2(dm.x * float(f & 63u), -dm.y * float((f >> 6u) & 63u));
+    f >>= 12u;
+    sws[row * 4u + 2u * hb + 1u] = vec2(dm.x * float(f & 63u), -dm.y * float((f >> 6u) & 63u));
+#else
+    float wd = unpackHalf2x16(rd).x;
+    [[unroll]] for (uint r = 0u; r < 4u; r++) {
+        uvec4 ql = (r & 1u) == 0u ? rq0 : rq1;
+        uvec4 u = ((ql >> (4u * (r >> 1u))) & 0x0F0F0F0Fu) | (((rqh >> (2u * r)) & 0x03030303u) << 4u);
+        sw[row * RW + 2u * r + hb] = ((u | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+        uint sb = 8u * hf + 2u * r + hb; /* its 16 weights' scale, byte sb of the 16 */
+        sws[row * 8u + 2u * r + hb] = wd * float(bitfieldExtract(int(rsc[sb >> 2u]), int(8u * (sb & 3u)), 8));
+    }
+#endif
+    /* x: XQ halves of a block of 32 (the rest in the next 1 or 3 lanes) */
+#if BM == 32
+    vec2 h[8] = vec2[8](unpackHalf2x16(rx0.x), unpackHalf2x16(rx0.y), unpackHalf2x16(rx0.z), unpackHalf2x16(rx0.w),
+                        unpackHalf2x16(rx1.x), unpackHalf2x16(rx1.y), unpackHalf2x16(rx1.z), unpackHalf2x16(rx1.w));
+#else
+    vec2 h[4] = vec2[4](unpackHalf2x16(rx0.x), unpackHalf2x16(rx0.y), unpackHalf2x16(rx0.z), unpackHalf2x16(rx0.w));
+#endif
+    float m = 0.0;
+    [[unroll]] for (uint i = 0u; i < XQ / 2u; i++) m = max(m, max(abs(h[i].x), abs(h[i].y)));
+    m = max(m, subgroupShuffleXor(m, 1u));
+#if BM == 16
+    m = max(m, subgroupShuffleXor(m, 2u));
+#endif
+    float d = m / 127.0, id = m > 0.0 ? 127.0 / m : 0.0;
+    uint q[XQ / 4u];
+    [[unroll]] for (uint i = 0u; i < XQ / 4u; i++) q[i] = pack_q(vec4(h[2u * i], h[2u * i + 1u]), id);
+    /* the sum of the rounded values (so that the mins' term matches the integer products) */
+    int s = 0;
+    [[unroll]] for (uint i = 0u; i < XQ / 4u; i++) {
+        s += bitfieldExtract(int(q[i]), 0, 8) + bitfieldExtract(int(q[i]), 8, 8) + bitfieldExtract(int(q[i]), 16, 8) +
+             bitfieldExtract(int(q[i]), 24, 8);
+    }
+    s += subgroupShuffleXor(s, 1u);
+#if BM == 16
+    s += subgroupShuffleXor(s, 2u);
+#endif
+    const uint LPB = 32u / XQ; /* lanes a block of 32 */
+    uint xrow = tid / (KS / XQ), part = tid % (KS / XQ), ox = xrow * XW + part * (XQ / 8u);
+    /* Q6_K: the block's low 16 in sxl, its high 16 in sxh, zeros beside them */
+    bool low = (part % LPB) < LPB / 2u;
+#if BM == 32
+#if defined(W_Q6_K)
+    sxl[ox] = low ? uvec2(q[0], q[1]) : uvec2(0u);
+    sxl[ox + 1u] = low ? uvec2(q[2], q[3]) : uvec2(0u);
+    sxh[ox] = !low ? uvec2(q[0], q[1]) : uvec2(0u);
+    sxh[ox + 1u] = !low ? uvec2(q[2], q[3]) : uvec2(0u);
+#else
+    sx[ox] = uvec2(q[0], q[1]);
+    sx[ox + 1u] = uvec2(q[2], q[3]);
+#endif
+#else
+#if defined(W_Q6_K)
+    sxl[ox] = low ? uvec2(q[0], q[1]) : uvec2(0u);
+    sxh[ox] = !low ? uvec2(q[0], q[1]) : uvec2(0u);
+#else
+    sx[ox] = uvec2(q[0], q[1]);
+#endif
+#endif
+    d *= rxs;
+    if (part % LPB == 0u) sxs[xrow * 4u + part / LPB] = vec2(d, d * float(s));
+}
+
+/* the int32 tile scaled per element into the float32 sums */
+#define PROD(A, B, S16, TILE)                                                                     \
+    {                                                                                             \
+        MAT_F f_ = MAT_F(coopMatMulAdd(A, B, zero));                                              \
+        coopMatPerElementNV(f_, f_, scale_el, S16, sg * 16u, 16u * TILE);                         \
+        acc##TILE += f_;                                                                          \
+    }
+
+void main() {
+    uint tid = gl_LocalInvocationID.x, sg = tid >> 5u;
+    uint n0 = gl_WorkGroupID.x * BN, t0 = gl_WorkGroupID.y * BM;
+    uint e = pc.e0 + gl_WorkGroupID.z, rb = floatBitsToUint(pc.lists.v[e]);
+    uint T = floatBitsToUint(pc.lists.v[e + 1u]) - rb; /* this expert's rows, padded */
+    if (t0 >= T) return;
+    uint wb = (e * pc.N + n0) * (pc.Kp >> 8u); /* the tile's first block */
+    uint xr = rb + t0;
+    rxs = (pc.flags & 4u) != 0u ? pc.xs.v[xr + tid / (KS / XQ)] : 1.0;
+    MAT_F acc0 = MAT_F(0.0);
+#if BM == 32
+    MAT_F acc1 = MAT_F(0.0);
+#endif
+    MAT_I zero = MAT_I(0);
+    load_step(0u, wb, xr);
+    for (uint k0 = 0u; k0 < pc.K; k0 += KS) {
+        barrier(); /* (the step before has read the shared memory) */
+        store_step(k0);
+        barrier();
+        if (k0 + KS < pc.K) load_step(k0 + KS, wb, xr);
+        [[unroll]] for (uint s = 0u; s < 4u; s++) {
+            MAT_A a;
+            coopMatLoad(a, sw, sg * 16u * RW + 2u * s, RW, gl_CooperativeMatrixLayoutRowMajor);
+#if defined(W_Q4_K)
+            MAT_B b0;
+            coopMatLoad(b0, sx, 4u * s, XW, gl_CooperativeMatrixLayoutColumnMajor);
+            PROD(a, b0, s, 0)
+#if BM == 32
+            MAT_B b1;
+            coopMatLoad(b1, sx, 16u * XW + 4u * s, XW, gl_CooperativeMatrixLayoutColumnMajor);
+            PROD(a, b1, s, 1)
+#endif
+#else
+            MAT_B b0, c0;
+            coopMatLoad(b0, sxl, 4u * s, XW, gl_CooperativeMatrixLayoutColumnMajor);
+            coopMatLoad(c0, sxh, 4u * s, XW, gl_CooperativeMatrixLayoutColumnMajor);
+            PROD(a, b0, 2u * s, 0)
+            PROD(a, c0, 2u * s + 1u, 0)
+#if BM == 32
+            MAT_B b1, c1;
+            coopMatLoad(b1, sxl, 16u * XW + 4u * s, XW, gl_CooperativeMatrixLayoutColumnMajor);
+            coopMatLoad(c1, sxh, 16u * XW + 4u * s, XW, gl_CooperativeMatrixLayoutColumnMajor);
+            PROD(a, b1, 2u * s, 1)
+            PROD(a, c1, 2u * s + 1u, 1)
+#endif
+#endif
+        }
+    }
+    /* y's rows xr .. xr + BM - 1, columns nb + n0 + 16 sg ..: the tile transposed */
+    uint yo = xr * pc.ldy + pc.nb + n0 + sg * 16u;
+    coopMatStore(acc0, pc.y.v, yo, pc.ldy, gl_CooperativeMatrixLayoutColumnMajor);
+#if BM == 32
+    coopMatStore(acc1, pc.y.v, yo + 16u * pc.ldy, pc.ldy, gl_CooperativeMatrixLayoutColumnMajor);
+#endif
+}
