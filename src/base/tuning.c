@@ -306,6 +306,12 @@ static const struct knob KNOBS[] = {
     BOOL("ANVIL_VK_ROUTE_FUSE", C_DIAGNOSTIC, vk_route_fuse, 1,
          "The router's matvec chooses the experts itself (float routers); 0 leaves it to "
          "moe_topk.comp."),
+    BOOL("ANVIL_VK_ROUTE_FOLD", C_DIAGNOSTIC, vk_route_fold, 1,
+         "Decode: a float router whose input the product before it rounds for the experts (the o "
+         "projection as teams, QXT) is folded into that product: each workgroup multiplies its 8 "
+         "outputs by the router's 8 columns, the last to finish sums the partial logits and "
+         "chooses the experts (no router dispatch and barrier: Qwen3-30B-A3B); 0 keeps the "
+         "router's own matvec (ANVIL_VK_ROUTE_FUSE)."),
     BOOL("ANVIL_VK_MOE_PICK", C_DIAGNOSTIC, vk_moe_pick, 1,
          "Decode: where the router's matvec cannot choose the experts (ANVIL_VK_ROUTE_FUSE), the "
          "experts' gate/up workgroups choose them from its logits (up to 512 experts; 35B-A3B "

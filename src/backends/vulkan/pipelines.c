@@ -104,6 +104,9 @@ enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_
     {spv, sizeof spv, name, op, dtype, 1, teams, xm,                                                   \
      (op) == VK_OP_MATVEC_SWIGLU ? MV_MODE_SWIGLU : (op) == VK_OP_MOE_GU ? MV_MODE_MOE_GU : MV_MODE_PRODUCTS, \
      (teams) || (xm) ? SPECS_QXV : SPECS_MATVEC, (teams) ? PUSH_MATVEC_QXT : PUSH_MATVEC}
+/* (teams: a QXT product with the MoE router folded in, matvec.comp RFOLD; never found by
+ * vk_kernel_qx, which asks for teams 0 or 1) */
+#define KQ_RF 2
 /* one of mega.comp's: of weights of one float type, or on integer dot products (MQX) of the
  * types of QT */
 #define KM(spv, name, dtype, qx, qt) {spv, sizeof spv, name, VK_OP_MEGA, dtype, qx, 0, 0, qt, SPECS_MEGA, PUSH_MEGA}
@@ -241,6 +244,16 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_MMBT_Q6_K] = KI(spv_mmbt_q6_k, "mmbt_q6_k", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_MMB),
     /* (MODE: its rows of x, CT) */
     MMBX_ROWS(Q8_0, q8_0) MMBX_ROWS(Q4_K, q4_k) MMBX_ROWS(Q5_K, q5_k) MMBX_ROWS(Q6_K, q6_k)
+    [K_MATVEC_QXTR_Q8_0_X0] = KQ(spv_matvec_qxtr_q8_0, "matvec_qxtr_q8_0_x0", VK_OP_MATVEC, DT_Q8_0, KQ_RF, 0),
+    [K_MATVEC_QXTR_Q8_0_X1] = KQ(spv_matvec_qxtr_q8_0, "matvec_qxtr_q8_0_x1", VK_OP_MATVEC, DT_Q8_0, KQ_RF, 1),
+    [K_MATVEC_QXTR_Q4_K_X0] = KQ(spv_matvec_qxtr_q4_k, "matvec_qxtr_q4_k_x0", VK_OP_MATVEC, DT_Q4_K, KQ_RF, 0),
+    [K_MATVEC_QXTR_Q4_K_X1] = KQ(spv_matvec_qxtr_q4_k, "matvec_qxtr_q4_k_x1", VK_OP_MATVEC, DT_Q4_K, KQ_RF, 1),
+    [K_MATVEC_QXTR_Q5_K_X0] = KQ(spv_matvec_qxtr_q5_k, "matvec_qxtr_q5_k_x0", VK_OP_MATVEC, DT_Q5_K, KQ_RF, 0),
+    [K_MATVEC_QXTR_Q5_K_X1] = KQ(spv_matvec_qxtr_q5_k, "matvec_qxtr_q5_k_x1", VK_OP_MATVEC, DT_Q5_K, KQ_RF, 1),
+    [K_MATVEC_QXTR_Q6_K_X0] = KQ(spv_matvec_qxtr_q6_k, "matvec_qxtr_q6_k_x0", VK_OP_MATVEC, DT_Q6_K, KQ_RF, 0),
+    [K_MATVEC_QXTR_Q6_K_X1] = KQ(spv_matvec_qxtr_q6_k, "matvec_qxtr_q6_k_x1", VK_OP_MATVEC, DT_Q6_K, KQ_RF, 1),
+    [K_MATVEC_QXTR_IQ4_XS_X0] = KQ(spv_matvec_qxtr_iq4_xs, "matvec_qxtr_iq4_xs_x0", VK_OP_MATVEC, DT_IQ4_XS, KQ_RF, 0),
+    [K_MATVEC_QXTR_IQ4_XS_X1] = KQ(spv_matvec_qxtr_iq4_xs, "matvec_qxtr_iq4_xs_x1", VK_OP_MATVEC, DT_IQ4_XS, KQ_RF, 1),
     [K_MATVEC_ROUTE_F32] = KI(spv_matvec_route_f32, "matvec_route_f32", VK_OP_MATVEC_ROUTE, DT_F32,
                               MV_MODE_PRODUCTS, SPECS_MATVEC, PUSH_MATVEC),
     [K_MATVEC_ROUTE_F16] = KI(spv_matvec_route_f16, "matvec_route_f16", VK_OP_MATVEC_ROUTE, DT_F16,
@@ -289,6 +302,13 @@ enum vk_kernel vk_kernel_qx(enum vk_op op, int dtype, bool teams, int xm) {
     for (int k = 1; k < K_COUNT; k++)
         if (kernels[k].op == op && kernels[k].dtype == dtype && kernels[k].qx && kernels[k].teams == teams &&
             kernels[k].xm == xm)
+            return (enum vk_kernel)k;
+    return K_NONE;
+}
+
+enum vk_kernel vk_kernel_qxt_rf(int dtype, int xm) {
+    for (int k = 1; k < K_COUNT; k++)
+        if (kernels[k].op == VK_OP_MATVEC && kernels[k].dtype == dtype && kernels[k].teams == KQ_RF && kernels[k].xm == xm)
             return (enum vk_kernel)k;
     return K_NONE;
 }

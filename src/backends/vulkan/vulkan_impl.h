@@ -334,6 +334,11 @@ enum vk_kernel {
     VK_QX_TYPES(VK_QX_TYPE_KERNELS)
     /* the MoE router's matvec choosing the experts itself (matvec.comp ROUTE, MODE 0) */
     K_MATVEC_ROUTE_F32, K_MATVEC_ROUTE_F16, K_MATVEC_ROUTE_BF16,
+    /* the o projection as teams (QXT) with the MoE router folded in (matvec.comp RFOLD), by the XM
+     * of its input (vk_kernel_qxt_rf) */
+    K_MATVEC_QXTR_Q8_0_X0, K_MATVEC_QXTR_Q8_0_X1, K_MATVEC_QXTR_Q4_K_X0, K_MATVEC_QXTR_Q4_K_X1,
+    K_MATVEC_QXTR_Q5_K_X0, K_MATVEC_QXTR_Q5_K_X1, K_MATVEC_QXTR_Q6_K_X0, K_MATVEC_QXTR_Q6_K_X1,
+    K_MATVEC_QXTR_IQ4_XS_X0, K_MATVEC_QXTR_IQ4_XS_X1,
     /* the experts' down projection (MODE 3) rounding its outputs for the next product's integer
      * dot products (matvec.comp MDR), for the weight types of K-quant, Q8_0 and the common low-bit
      * MoE files */
@@ -395,7 +400,7 @@ struct vk_kernel_info {
     uint8_t op;      /* enum vk_op */
     int8_t dtype;    /* the weight type it reads (DT_*) where op is not VK_OP_NONE */
     uint8_t qx;      /* matvec.comp QX: on integer dot products (MQX for mega.comp) */
-    uint8_t teams;   /* QXT: teams of threads a workgroup, 8 rows in all */
+    uint8_t teams;   /* QXT: teams of threads a workgroup, 8 rows in all (KQ_RF: RFOLD's) */
     uint8_t xm;      /* matvec.comp's XM: how a QX product's input was rounded (contract.h) */
     uint8_t mode;    /* its MODE specialisation constant (matvec.comp, mm.comp, rows.comp...);
                         mega.comp: QT, the MQX weight types it is compiled for */
@@ -411,6 +416,9 @@ enum vk_kernel vk_kernel_for(enum vk_op op, int dtype);
  * (XM 0, 1, 2); K_NONE where there is none. The device and the decode take it where
  * vk_pipeline_supported says so. */
 enum vk_kernel vk_kernel_qx(enum vk_op op, int dtype, bool teams, int xm);
+/* The product as teams (QXT) of weights of type dtype on an input rounded as xm says (0 or 1)
+ * with the MoE router folded in (matvec.comp RFOLD, MV_RFOLD); K_NONE where there is none. */
+enum vk_kernel vk_kernel_qxt_rf(int dtype, int xm);
 /* Rows of W a workgroup of small-batch product kernel k (K_MMB_*, K_MMB_QX_*, K_MMBT_*) takes:
  * its grid is ceil(N / vk_mmb_rows) workgroups (numbered x + y * gx where it is 2-D): 32 for
  * mmbt.comp, mmb.comp's subgroups of ANVIL_VK_MMB_RS rows for the others. */

@@ -485,6 +485,69 @@ static void test_moe_down_rounds(void **state) {
     free(desc);
 }
 
+/* The MoE router folded into the o projection (ANVIL_VK_ROUTE_FOLD, matvec.comp RFOLD): on
+ * qwen3moe-k Q4_K_M (2 layers, 8 experts, top 2; the o projection as teams rounding its output for
+ * the experts) the step loses the router's dispatch and barrier a layer, the o projection's
+ * workgroups make the partial logits and the last one chooses; the decode rows stay within
+ * test_moe_down_rounds' bound of the CPU's rounded-input rows, and within 1e-4 of the scale of
+ * the rows with the router's own product (the same experts, the logits summed in another
+ * order). */
+static void test_route_fold(void **state) {
+    (void)state;
+#ifdef TU_SANITIZED
+    skip(); /* the host code is test_against_cpu_qx's */
+#endif
+    setenv("ANVIL_VK_QX", "1", 1);
+    setenv("ANVIL_CPU_QX", "1", 1);
+    setenv("ANVIL_VK_MEGA", "0", 1);
+    setenv("ANVIL_VK_QX_MIN_MB", "0", 1);
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3moe-k:Q4_K_M", NULL, &m), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    float *a = malloc(sizeof(float) * (size_t)V), *b[2] = {malloc(sizeof(float) * (size_t)V), malloc(sizeof(float) * (size_t)V)};
+    anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk[2];
+    int dispatches[2], barriers[2], folded[2];
+    char desc[8192];
+    for (int f = 0; f < 2; f++) {
+        setenv("ANVIL_VK_ROUTE_FOLD", f ? "1" : "0", 1);
+        vk[f] = session(m, ANVIL_BACKEND_VULKAN);
+        program_counts(vk[f], &dispatches[f], &barriers[f]);
+        anvil_session_describe_program(vk[f], desc, sizeof desc);
+        folded[f] = 0;
+        for (const char *p = desc; (p = strstr(p, "matvec_qxtr_")) != NULL; p++) folded[f]++;
+    }
+    double worst = 0, apart = 0;
+    for (int i = 0; i < 6; i++) {
+        int32_t tok = (int32_t)((i * 41 + 7) % V);
+        assert_int_equal(anvil_session_eval(cpu, &tok, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
+        for (int f = 0; f < 2; f++) assert_int_equal(anvil_session_eval(vk[f], &tok, 1, ANVIL_LOGITS_LAST, b[f]), ANVIL_OK);
+        float scale = 0;
+        for (int j = 0; j < V; j++) scale = fmaxf(scale, fabsf(a[j]));
+        worst = fmax(worst, tu_max_diff(a, b[1], (size_t)V) / scale);
+        apart = fmax(apart, tu_max_diff(b[0], b[1], (size_t)V) / scale);
+    }
+    fprintf(stderr, "qwen3moe-k Q4_K_M: the router folded: %d -> %d dispatches, %d -> %d barriers, %d folded; rows "
+            "within %.3g of the CPU's, %.3g of the unfolded step's\n", dispatches[0], dispatches[1], barriers[0],
+            barriers[1], folded[1], worst, apart);
+    assert_int_equal(folded[0], 0);
+    assert_int_equal(folded[1], 2);
+    assert_int_equal(dispatches[1], dispatches[0] - 2);
+    assert_int_equal(barriers[1], barriers[0] - 2);
+    assert_true(worst < 0.08);
+    assert_true(apart < 1e-4);
+    for (int f = 0; f < 2; f++) anvil_session_destroy(vk[f]);
+    anvil_session_destroy(cpu);
+    unsetenv("ANVIL_VK_ROUTE_FOLD");
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_CPU_QX");
+    unsetenv("ANVIL_VK_MEGA");
+    unsetenv("ANVIL_VK_QX_MIN_MB");
+    free(a);
+    free(b[0]);
+    free(b[1]);
+    anvil_model_close(m);
+}
+
 /* The o projection reads its input rounded by the attention (no qx.comp dispatch), so it
  * takes integer dot products whatever its size where it rounds its own output for the next
  * product, and then every later product of the chain does too (decode/lower.c qx_free): on the
@@ -1874,6 +1937,7 @@ int main(void) {
         cmocka_unit_test(test_qxr_kernels),
         cmocka_unit_test(test_qxr_program),
         cmocka_unit_test(test_moe_down_rounds),
+        cmocka_unit_test(test_route_fold),
         cmocka_unit_test(test_qx_from_attention),
         cmocka_unit_test(test_qx_from_hybrid),
         cmocka_unit_test(test_prefetch),

@@ -357,6 +357,48 @@ static struct vk_dispatch *router_op(struct lower *L, uint64_t logits, uint32_t 
     return NULL;
 }
 
+/* The router's matvec rop (the last dispatch, of F32 weights [E, C], its input rms_norm(h))
+ * folded into the product before it where that product writes h and rounds it as teams with the
+ * same norm's weights folded in (the o projection before a MoE: QXT, flags & MV_ROUND_NW, on an
+ * input rounded in blocks, XM 0 or 1): that product's RFOLD twin multiplies each workgroup's 8
+ * outputs by the router's columns, the last workgroup sums the partial logits and chooses the
+ * experts into route (matvec.comp RFOLD); the router's dispatch and its barrier are dropped (perf
+ * rule "dependent steps"). ANVIL_VK_ROUTE_FOLD=0 never. *folded where it did; else everything is
+ * left as it was. */
+static anvil_status fold_router(struct lower *L, struct vk_dispatch *rop, uint32_t E, uint32_t route_k, uint64_t route,
+                                bool *folded) {
+    struct vk_program *p = L->p;
+    int ri = (int)(rop - p->ops);
+    if (!p->b->d->tune.vk_route_fold || ri != p->n_ops - 1 || ri == 0 || E > 1024) return ANVIL_OK;
+    struct vk_dispatch *o = &p->ops[ri - 1];
+    const struct vk_kernel_info *ki = vk_kernel_info(o->k), *kr = vk_kernel_info(rop->k);
+    const struct pc_matvec *pr = (const struct pc_matvec *)rop->push;
+    struct pc_qxt *pq = (struct pc_qxt *)o->push;
+    if (kr->dtype != DT_F32 || !ki->qx || ki->teams != 1 || ki->op != VK_OP_MATVEC || ki->xm > 1 ||
+        o->push_size != sizeof *pq || !(pr->flags & MV_NORM) || pr->Kp8 * 8 != pr->K)
+        return ANVIL_OK;
+    uint32_t want = MV_ROUND | MV_ROUND_NW;
+    if ((pq->m.flags & want) != want || pq->m.o0 != pr->x || pq->nw != pr->normw || pq->m.rows0 != pr->K ||
+        pq->m.rows1 || pq->m.rows2 || pq->m.rows0 % 8)
+        return ANVIL_OK;
+    enum vk_kernel kf = vk_kernel_qxt_rf(ki->dtype, ki->xm);
+    if (kf == K_NONE || !vk_pipeline_supported(p->b->d, &p->b->pl, kf)) return ANVIL_OK;
+    uint32_t nwg = pq->m.rows0 / 8;
+    pq->m.w1 = pr->w0;
+    pq->m.o1 = route;
+    pq->m.o2 = p->arena.addr + alloc_scratch(L, (VkDeviceSize)nwg * (E + 1) * 4);
+    pq->m.route_k = route_k | E << 17;
+    pq->m.eps = pr->eps;
+    pq->m.flags |= MV_RFOLD;
+    o->k = kf;
+    o->wa[1] = pr->w0;
+    o->wn[1] = rop->wn[0];
+    p->n_ops--; /* the router's dispatch */
+    L->mm_op = -1;
+    *folded = true;
+    return ANVIL_OK;
+}
+
 /* OP_MOE: the router (top-k kernel), the experts' gate/up -> SwiGLU (a workgroup row per
  * chosen expert), the down projections summed with their weights (+ the residual when the
  * MoE's only consumer adds it). */
@@ -399,12 +441,14 @@ static anvil_status lower_moe(struct lower *L, int i) {
     uint32_t sg = L->p->b->d->subgroup_size;
     struct vk_dispatch *rop = router_op(L, node_addr(L, n->src[1]), E);
     bool pick = !rop && L->p->b->d->tune.vk_moe_pick && E <= 512 && E <= 32 * sg && k <= sg;
-    if (rop) { /* the router's matvec chooses the experts itself */
+    bool folded = false;
+    if (rop && (st = fold_router(L, rop, E, k | (n->p.i[1] != 0 ? 1u << 16 : 0), route, &folded)) != ANVIL_OK) return st;
+    if (rop && !folded) { /* the router's matvec chooses the experts itself */
         struct pc_matvec *pr = (struct pc_matvec *)rop->push;
         rop->k = vk_kernel_for(VK_OP_MATVEC_ROUTE, vk_kernel_info(rop->k)->dtype);
         pr->o1 = route;
         pr->route_k = k | (n->p.i[1] != 0 ? 1u << 16 : 0);
-    } else if (!pick) {
+    } else if (!rop && !pick) {
         struct pc_topk pt = {node_addr(L, n->src[1]), route, L->p->ctl.addr, E, k, (uint32_t)(n->p.i[1] != 0), 1};
         if ((st = emit_dispatch(L->p, K_MOE_TOPK, 1, 1, &pt, sizeof pt)) != ANVIL_OK) return st;
     }

@@ -54,6 +54,9 @@
 #define MV_TOPK 8u       /* MODE 2: each workgroup chooses its expert from the router's logits (o2) */
 #define MV_ROUND 16u     /* QXT: the outputs rounded for the next product into xq */
 #define MV_ROUND_NW 32u  /* QXT: the outputs times the next norm's weights nw rounded (XM 2) */
+#define MV_RFOLD 64u     /* QXT RFOLD: the MoE router folded in (w1 its F32 weights [E, rows0], o2
+                          * the workgroups' partial logits, o1 the routing buffer, route_k
+                          * k | norm << 16 | E << 17; eps the router's norm's) */
 
 /* mmb_round.comp's flags (struct pc_mmb_round): the op whose rows it rounds, computed as it
  * rounds them (and written to y) */

@@ -150,6 +150,20 @@ uint pick_expert() {
     barrier();
     return pick_e;
 }
+#ifdef RFOLD
+/* QXT with the MoE router folded in (flags & MV_RFOLD): each workgroup's 8 outputs times the next
+ * norm's weights (what it rounds) times the router's 8 columns of them, E partial logits and
+ * the block's sum of squares into o2 (E + 1 floats a workgroup); the last workgroup to finish (a
+ * counter at o1[128], zero between steps) sums them in workgroup order, scales them by the
+ * 1 / rms of the whole output and chooses the experts into the routing buffer o1 (route.glsl),
+ * as the router's own product (ROUTE) would behind a barrier of its own. */
+#include "route.glsl"
+layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CFloats { float v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CUInts { uint v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer RVec4s { vec4 v[]; };
+shared bool last_r;
+shared float rpart[1025]; /* the last workgroup's parts of the sums (P x (E + 1), at most the workgroup's threads or E + 1) */
+#endif
 #ifdef MDR
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CFloats { float v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CUInts { uint v[]; };
@@ -214,6 +228,15 @@ void main() {
     float acc[2 * 8];
     for (uint r = 0; r < NA; r++) acc[r] = 0.0;
     float ss = 0.0;
+#ifdef RFOLD
+    /* the router's 8 columns of this workgroup's rows, loaded before the product (used after it) */
+    vec4 wra = vec4(0.0), wrb = vec4(0.0);
+    if ((pc.flags & MV_RFOLD) != 0u && gl_LocalInvocationID.x < (pc.route_k >> 17u)) {
+        uint q = (gl_LocalInvocationID.x * pc.rows0 + wg * NT * NR) >> 2u;
+        wra = RVec4s(pc.w1).v[q];
+        wrb = RVec4s(pc.w1).v[q + 1u];
+    }
+#endif
 #ifdef QXV
     const bool norm = XM == 2u;
     const uint XSH = XM == 0u ? 5u : 3u; /* x's blocks: of 32 or 8 */
@@ -424,6 +447,58 @@ void main() {
     if (t < 8u) rnw[t] = nwv;
     barrier();
     if (t == 0u) round_block(wg * NT * NR);
+#ifdef RFOLD
+    if ((pc.flags & MV_RFOLD) == 0u) return;
+    {
+        uint E = pc.route_k >> 17u, b0 = wg * NT * NR, nwg = (pc.rows0 + 7u) / 8u, S = E + 1u, nt = gl_WorkGroupSize.x;
+        CFloats part = CFloats(pc.o2);
+        vec4 ha = vec4(rq[0] * rnw[0], rq[1] * rnw[1], rq[2] * rnw[2], rq[3] * rnw[3]);
+        vec4 hb = vec4(rq[4] * rnw[4], rq[5] * rnw[5], rq[6] * rnw[6], rq[7] * rnw[7]);
+        if (t < E) part.v[wg * S + t] = dot(wra, ha) + dot(wrb, hb);
+        for (uint e = t + nt; e < E; e += nt) {
+            uint q = (e * pc.rows0 + b0) >> 2u;
+            part.v[wg * S + e] = dot(RVec4s(pc.w1).v[q], ha) + dot(RVec4s(pc.w1).v[q + 1u], hb);
+        }
+        if (t == 0u) {
+            float s2 = 0.0;
+            for (uint i = 0u; i < 8u; i++) s2 += rq[i] * rq[i];
+            part.v[wg * S + E] = s2;
+        }
+        memoryBarrierBuffer();
+        barrier();
+        if (t == 0u) last_r = atomicAdd(CUInts(pc.o1).v[128u], 1u) == nwg - 1u;
+        barrier();
+        if (!last_r) return;
+        memoryBarrierBuffer();
+        /* the E logits and the sum of squares (column E) summed over the workgroups' rows: P
+         * threads a column, each over every P-th row, 8 loads in flight (the tail of the step's
+         * chain: one workgroup), then the P parts in order */
+        uint P = max(1u, nt / S), C = S * P;
+        for (uint c = t; c < C; c += nt) {
+            uint e = c % S, p = c / S;
+            float a8[8];
+            for (uint j = 0u; j < 8u; j++) a8[j] = 0.0;
+            for (uint w0 = p; w0 < nwg; w0 += 8u * P)
+                for (uint j = 0u; j < 8u; j++) {
+                    uint w = w0 + j * P;
+                    a8[j] += w < nwg ? part.v[w * S + e] : 0.0;
+                }
+            rpart[c] = ((a8[0] + a8[1]) + (a8[2] + a8[3])) + ((a8[4] + a8[5]) + (a8[6] + a8[7]));
+        }
+        barrier();
+        float ss = 0.0;
+        for (uint p = 0u; p < P; p++) ss += rpart[p * S + E];
+        float scale = 1.0 / sqrt(ss / float(pc.rows0) + pc.eps);
+        for (uint e = t; e < E; e += nt) {
+            float a = 0.0;
+            for (uint p = 0u; p < P; p++) a += rpart[p * S + e];
+            a *= scale;
+            lg[e] = isnan(a) ? -1.0 / 0.0 : a;
+        }
+        if (t == 0u) CUInts(pc.o1).v[128u] = 0u; /* ready for the next step */
+        route_topk(E, pc.route_k & 0xffffu, (pc.route_k >> 16u & 1u) != 0u, pc.o1, 0u);
+    }
+#endif
 #elif defined(MDR)
     /* MODE 3: the workgroup's NR outputs (NR divides 8), then (flags & MV_ROUND) the last
      * workgroup of their block of 8 to finish (a counter a block after xq's sums, zero between
