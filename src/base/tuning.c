@@ -320,6 +320,11 @@ static const struct knob KNOBS[] = {
          "Decode: the experts' gate/up on integer dot products, their normed input rounded by the "
          "product before the router (the o projection: QXT), and those of a few-row step "
          "(ANVIL_VK_MOE_FEW) on its rows rounded in blocks of 32; 0 keeps them on float inputs."),
+    BOOL("ANVIL_VK_MOE_DQX", C_DIAGNOSTIC, vk_moe_dqx, 1,
+         "Decode: the experts' down projection on integer dot products, its input (the chosen "
+         "experts' SwiGLU outputs) rounded in blocks of 8 by the experts' gate/up as teams of 8 rows "
+         "a workgroup (where the gate/up takes integer dot products and no shared expert joins the "
+         "sum: Qwen3-30B-A3B); 0 keeps float inputs."),
     BOOL("ANVIL_VK_ATTN_GATE", C_DIAGNOSTIC, vk_attn_gate, 1,
          "Decode: the gated attention's output gate (Qwen3.5/3.6: out * sigmoid(gate)) applied by "
          "the attention as it stores its output (no element-wise dispatch), which it can then "

@@ -278,6 +278,19 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
                              SPECS_MATVEC, PUSH_MATVEC_QXT),
     [K_MOE_DOWN_R_IQ2_XXS] = KI(spv_moe_down_r_iq2_xxs, "moe_down_r_iq2_xxs", VK_OP_MOE_DOWN_ROUND, DT_IQ2_XXS, MV_MODE_MOE_DOWN,
                              SPECS_MATVEC, PUSH_MATVEC_QXT),
+    /* (qx 1, XM 1: its input rounded in blocks of 8) */
+    [K_MOE_DOWN_RQ_Q8_0] = {spv_moe_down_rq_q8_0, sizeof spv_moe_down_rq_q8_0, "moe_down_rq_q8_0", VK_OP_MOE_DOWN_ROUND, DT_Q8_0,
+                          1, 0, 1, MV_MODE_MOE_DOWN, SPECS_MATVEC, PUSH_MATVEC_QXT},
+    [K_MOE_GU_QXT_Q8_0_X2] = KQ(spv_matvec_qxt_q8_0, "moe_gu_qxt_q8_0_x2", VK_OP_MOE_GU, DT_Q8_0, 1, 2),
+    [K_MOE_DOWN_RQ_Q4_K] = {spv_moe_down_rq_q4_k, sizeof spv_moe_down_rq_q4_k, "moe_down_rq_q4_k", VK_OP_MOE_DOWN_ROUND, DT_Q4_K,
+                          1, 0, 1, MV_MODE_MOE_DOWN, SPECS_MATVEC, PUSH_MATVEC_QXT},
+    [K_MOE_GU_QXT_Q4_K_X2] = KQ(spv_matvec_qxt_q4_k, "moe_gu_qxt_q4_k_x2", VK_OP_MOE_GU, DT_Q4_K, 1, 2),
+    [K_MOE_DOWN_RQ_Q5_K] = {spv_moe_down_rq_q5_k, sizeof spv_moe_down_rq_q5_k, "moe_down_rq_q5_k", VK_OP_MOE_DOWN_ROUND, DT_Q5_K,
+                          1, 0, 1, MV_MODE_MOE_DOWN, SPECS_MATVEC, PUSH_MATVEC_QXT},
+    [K_MOE_GU_QXT_Q5_K_X2] = KQ(spv_matvec_qxt_q5_k, "moe_gu_qxt_q5_k_x2", VK_OP_MOE_GU, DT_Q5_K, 1, 2),
+    [K_MOE_DOWN_RQ_Q6_K] = {spv_moe_down_rq_q6_k, sizeof spv_moe_down_rq_q6_k, "moe_down_rq_q6_k", VK_OP_MOE_DOWN_ROUND, DT_Q6_K,
+                          1, 0, 1, MV_MODE_MOE_DOWN, SPECS_MATVEC, PUSH_MATVEC_QXT},
+    [K_MOE_GU_QXT_Q6_K_X2] = KQ(spv_matvec_qxt_q6_k, "moe_gu_qxt_q6_k_x2", VK_OP_MOE_GU, DT_Q6_K, 1, 2),
     /* mega.comp: of one float type, or (MQX) of those of QT (QT_*: 1 << contract.h's MEGA_WT_*);
      * the clock's variants (-1: looked up by name only) */
     [K_MEGA_F32] = KM(spv_mega_f32, "mega_f32", DT_F32, 0, QT_ALL),
@@ -492,7 +505,7 @@ bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t val
         vals[SPEC_WG] = 64;
         vals[MV_SPEC_NR] = p->matvec_nr_moe ? p->matvec_nr_moe : 2;
         vals[MV_SPEC_PIPE] = 1;
-    } else if (ki->qx) {
+    } else if (ki->qx && mode <= MV_MODE_SWIGLU) { /* (the experts' down projection: the float shape) */
         int q = vk_qx_index(ki->dtype);
         vals[SPEC_WG] = p->qx_wg[q][mode];
         vals[MV_SPEC_NR] = p->qx_nr[q][mode];

@@ -344,6 +344,10 @@ enum vk_kernel {
      * MoE files */
     K_MOE_DOWN_R_Q8_0, K_MOE_DOWN_R_Q4_K, K_MOE_DOWN_R_Q5_K, K_MOE_DOWN_R_Q6_K,
     K_MOE_DOWN_R_Q2_K, K_MOE_DOWN_R_Q3_K, K_MOE_DOWN_R_IQ4_NL, K_MOE_DOWN_R_IQ4_XS, K_MOE_DOWN_R_IQ2_XXS,
+    /* the same on integer dot products, its input the gate/up's SwiGLU outputs rounded in blocks of
+     * 8 by the gate/up as teams (MODE 2 QXT: K_MOE_GU_QXT_*; matvec.comp MDR with QX) */
+    K_MOE_DOWN_RQ_Q8_0, K_MOE_DOWN_RQ_Q4_K, K_MOE_DOWN_RQ_Q5_K, K_MOE_DOWN_RQ_Q6_K,
+    K_MOE_GU_QXT_Q8_0_X2, K_MOE_GU_QXT_Q4_K_X2, K_MOE_GU_QXT_Q5_K_X2, K_MOE_GU_QXT_Q6_K_X2,
     /* the decode step's float matvecs and attentions in one persistent dispatch (mega.comp),
      * per float weight kind, where mega_grid (pipelines.c mega_shape) says so */
     K_MEGA_F32, K_MEGA_F16, K_MEGA_BF16,

@@ -548,6 +548,70 @@ static void test_route_fold(void **state) {
     anvil_model_close(m);
 }
 
+/* The experts' down projection on integer dot products (ANVIL_VK_MOE_DQX): on qwen3moe-k Q4_K_M
+ * the gate/up as teams rounding the SwiGLU outputs in blocks of 8
+ * (moe_gu_qxt_*_x2) and the down on them (moe_down_rq_*, Q4_K and Q6_K here), the same dispatch
+ * counts; the decode rows within test_moe_down_rounds' bound of the CPU's rounded-input rows,
+ * and near the float down projection's. */
+static void test_moe_down_qx(void **state) {
+    (void)state;
+#ifdef TU_SANITIZED
+    skip(); /* the host code is test_against_cpu_qx's */
+#endif
+    setenv("ANVIL_VK_QX", "1", 1);
+    setenv("ANVIL_CPU_QX", "1", 1);
+    setenv("ANVIL_VK_MEGA", "0", 1);
+    setenv("ANVIL_VK_QX_MIN_MB", "0", 1);
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3moe-k:Q4_K_M", NULL, &m), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    float *a = malloc(sizeof(float) * (size_t)V), *b[2] = {malloc(sizeof(float) * (size_t)V), malloc(sizeof(float) * (size_t)V)};
+    anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk[2];
+    int dispatches[2], barriers[2], rq[2], gq[2];
+    char desc[8192];
+    for (int f = 0; f < 2; f++) {
+        setenv("ANVIL_VK_MOE_DQX", f ? "1" : "0", 1);
+        vk[f] = session(m, ANVIL_BACKEND_VULKAN);
+        program_counts(vk[f], &dispatches[f], &barriers[f]);
+        anvil_session_describe_program(vk[f], desc, sizeof desc);
+        rq[f] = gq[f] = 0;
+        for (const char *p = desc; (p = strstr(p, "moe_down_rq_q")) != NULL; p++) rq[f]++;
+        for (const char *p = desc; (p = strstr(p, "moe_gu_qxt_q4_k_x2")) != NULL; p++) gq[f]++;
+    }
+    double worst[2] = {0, 0}, apart = 0;
+    for (int i = 0; i < 6; i++) {
+        int32_t tok = (int32_t)((i * 43 + 9) % V);
+        assert_int_equal(anvil_session_eval(cpu, &tok, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
+        for (int f = 0; f < 2; f++) assert_int_equal(anvil_session_eval(vk[f], &tok, 1, ANVIL_LOGITS_LAST, b[f]), ANVIL_OK);
+        float scale = 0;
+        for (int j = 0; j < V; j++) scale = fmaxf(scale, fabsf(a[j]));
+        for (int f = 0; f < 2; f++) worst[f] = fmax(worst[f], tu_max_diff(a, b[f], (size_t)V) / scale);
+        apart = fmax(apart, tu_max_diff(b[0], b[1], (size_t)V) / scale);
+    }
+    fprintf(stderr, "qwen3moe-k Q4_K_M: the down projection on integer dot products: %d -> %d dispatches, %d -> %d "
+            "barriers, %d gate/up as teams, %d downs; rows within %.3g (float down: %.3g) of the CPU's, %.3g of the "
+            "float down's\n", dispatches[0], dispatches[1], barriers[0], barriers[1], gq[1], rq[1], worst[1], worst[0],
+            apart);
+    assert_int_equal(rq[0] + gq[0], 0);
+    assert_int_equal(rq[1], 2);
+    assert_int_equal(gq[1], 2);
+    assert_int_equal(dispatches[1], dispatches[0]);
+    assert_int_equal(barriers[1], barriers[0]);
+    assert_true(worst[1] < 0.08);
+    assert_true(apart < 0.03);
+    for (int f = 0; f < 2; f++) anvil_session_destroy(vk[f]);
+    anvil_session_destroy(cpu);
+    unsetenv("ANVIL_VK_MOE_DQX");
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_CPU_QX");
+    unsetenv("ANVIL_VK_MEGA");
+    unsetenv("ANVIL_VK_QX_MIN_MB");
+    free(a);
+    free(b[0]);
+    free(b[1]);
+    anvil_model_close(m);
+}
+
 /* The o projection reads its input rounded by the attention (no qx.comp dispatch), so it
  * takes integer dot products whatever its size where it rounds its own output for the next
  * product, and then every later product of the chain does too (decode/lower.c qx_free): on the
@@ -1938,6 +2002,7 @@ int main(void) {
         cmocka_unit_test(test_qxr_program),
         cmocka_unit_test(test_moe_down_rounds),
         cmocka_unit_test(test_route_fold),
+        cmocka_unit_test(test_moe_down_qx),
         cmocka_unit_test(test_qx_from_attention),
         cmocka_unit_test(test_qx_from_hybrid),
         cmocka_unit_test(test_prefetch),

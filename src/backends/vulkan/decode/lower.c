@@ -480,8 +480,28 @@ static anvil_status lower_moe(struct lower *L, int i) {
         pc.o2 = node_addr(L, n->src[1]);
         pc.route_k = k | (n->p.i[1] != 0 ? 1u << 16 : 0) | E << 17;
     }
-    uint32_t nr = vk_matvec_rows(&L->p->b->pl, kgu);
-    if ((st = emit_dispatch(L->p, kgu, (F + nr - 1) / nr, k, &pc, sizeof pc)) != ANVIL_OK) return st;
+    /* the experts' down projection on integer dot products (ANVIL_VK_MOE_DQX): its input, the k
+     * experts' SwiGLU outputs, rounded in blocks of 8 by the gate/up itself as teams of 8 rows a
+     * workgroup (QXT MODE 2; perf rule "producers round"), no shared expert joining the sum */
+    const struct vk_pipelines *pl = &L->p->b->pl;
+    enum vk_kernel kgq = vk_kernel_qx(VK_OP_MOE_GU, gn->weight->type, true, 2),
+                   kdq = vk_kernel_qx(VK_OP_MOE_DOWN_ROUND, dn->weight->type, false, 1);
+    bool dqx = kgu == kq && !shared && L->p->b->d->tune.vk_moe_dqx && F % 8 == 0 && kgq != K_NONE &&
+               kdq != K_NONE && vk_pipeline_supported(L->p->b->d, pl, kgq) && vk_pipeline_supported(L->p->b->d, pl, kdq) &&
+               8 % vk_matvec_rows(pl, kdq) == 0;
+    uint64_t aq = 0; /* (dqx) the rounded SwiGLU outputs: int8s [k * stride], scales, sums of squares */
+    VkDeviceSize Rq = (VkDeviceSize)k * stride;
+    uint32_t nr = vk_matvec_rows(pl, kgu);
+    if (dqx) {
+        struct pc_qxt pg = {.m = pc};
+        aq = base + alloc_scratch(L, 2 * Rq);
+        pg.xq = aq;
+        pg.nw = pc.x;
+        pg.m.flags |= MV_ROUND;
+        if ((st = emit_dispatch(L->p, kgq, (F + 7) / 8, k, &pg, sizeof pg)) != ANVIL_OK) return st;
+    } else if ((st = emit_dispatch(L->p, kgu, (F + nr - 1) / nr, k, &pc, sizeof pc)) != ANVIL_OK) {
+        return st;
+    }
     struct pc_matvec pd = {0};
     pd.ctl = L->p->ctl.addr;
     pd.x = pd.normw = act;
@@ -516,8 +536,12 @@ static anvil_status lower_moe(struct lower *L, int i) {
      * rule "producers round"): they then take integer dot products with no qx.comp dispatch
      * before them (lower_matmuls' qx_free), from half the weight a product needs to pay for a
      * rounding dispatch (qx_worth): the 30B-A3B's q/k/v, 6.2 MB together */
-    int kr = vk_kernel_for(VK_OP_MOE_DOWN_ROUND, dn->weight->type);
-    struct pc_qxt pq = {.m = pd};
+    if (dqx) {
+        pd.x = aq;
+        pd.normw = aq + Rq;
+    }
+    int kr = (int)(dqx ? kdq : vk_kernel_for(VK_OP_MOE_DOWN_ROUND, dn->weight->type));
+    struct pc_qxt pq = {.m = pd, .xq = pd.o0, .nw = pd.o0};
     uint32_t gx, gy;
     if (L->use_qx && kr != K_NONE && vk_pipeline_supported(L->p->b->d, &L->p->b->pl, kr) &&
         8 % (nr = vk_matvec_rows(&L->p->b->pl, kr)) == 0 &&
@@ -525,6 +549,11 @@ static anvil_status lower_moe(struct lower *L, int i) {
         qx_round(L, add >= 0 ? add : i, C, &pq)) {
         grid((C + nr - 1) / nr, &gx, &gy);
         return emit_dispatch(L->p, kr, gx, gy, &pq, sizeof pq);
+    }
+    if (dqx) { /* (its sum not rounded) */
+        nr = vk_matvec_rows(pl, kdq);
+        grid((C + nr - 1) / nr, &gx, &gy);
+        return emit_dispatch(L->p, kdq, gx, gy, &(struct pc_qxt){.m = pd, .xq = pd.o0, .nw = pd.o0}, sizeof pq);
     }
     nr = vk_matvec_rows(&L->p->b->pl, kd);
     grid((C + nr - 1) / nr, &gx, &gy);

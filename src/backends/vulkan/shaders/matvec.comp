@@ -173,10 +173,10 @@ shared bool last_r;
 shared float rq[8], rnw[8];
 
 /* rq's 8 outputs (times rnw's norm weights where flags & MV_ROUND_NW), rows b0 .. b0 + 8 of
- * rows0, rounded to int8 into xq: [Rp / 4] uints of four, [Rp / 8] scales, [Rp / 8] sums of
- * squares of the outputs themselves (thread 0 of the workgroup) */
-void round_block(uint b0) {
-    uint Rp = (pc.rows0 + 255u) & ~255u;
+ * Rp (rows0 rounded up to 256; MODE 2: the k experts' rows, rows1 x rows2), rounded to int8 into
+ * xq: [Rp / 4] uints of four, [Rp / 8] scales, [Rp / 8] sums of squares of the outputs
+ * themselves (thread 0 of the workgroup) */
+void round_block(uint b0, uint Rp) {
     float vw[8], amax = 0.0, s2 = 0.0;
     for (uint i = 0u; i < 8u; i++) {
         float x = rq[i];
@@ -258,7 +258,35 @@ void main() {
     /* a thread takes units of the rows (UG groups of 8 weights each, common.glsl); the x values
      * of a unit are loaded (and normalised) once for all the workgroup's rows */
     uint U = pc.Kp8 / UG;
-#ifdef QX
+#if defined(QX) && defined(MDR)
+    if (MODE == MV_MODE_MOE_DOWN) {
+        /* the experts' (s, unit) pairs over the threads, as the float kernel's below; x the k
+         * experts' inputs rounded in blocks of 8 by the gate/up (QXT MODE 2): int8s at x, the
+         * blocks' scales at normw, expert s's from s * rows2 */
+        uint nE = pc.rows1;
+        for (uint idx = gl_LocalInvocationID.x; idx < nE * U; idx += gl_WorkGroupSize.x) {
+            uint s = idx / U, u = idx % U, xo = s * pc.rows2;
+            uint rbase = floatBitsToUint(pc.o1.v[s]) * pc.rows0;
+            float pw = pc.o1.v[64u + s];
+            uvec2 xq[UG];
+            float xd[UG], xs[UG];
+            for (uint k = 0; k < UG; k++) {
+                uint q = unit_pos(u, k) + xo;
+                xq[k] = pc.x.v[q >> 3u];
+                xd[k] = pc.normw.v[q >> 3u] * pw;
+                xs[k] = xd[k] * float(sdot4(xq[k].x, 0x01010101u, 0) + sdot4(xq[k].y, 0x01010101u, 0));
+            }
+            for (uint r = 0; r < NR; r++) {
+                uint g = row0 + r;
+                if (g >= total) break;
+                uvec2 qi[UG];
+                vec2 so[UG];
+                unit_load_i(pc.w0, rbase + g, U, u, qi, so);
+                for (uint k = 0; k < UG; k++) acc[r] += qdot(xq[k], xd[k], xs[k], qi[k], so[k]);
+            }
+        }
+    } else {
+#elif defined(QX)
     {
 #else
     if (MODE == MV_MODE_MOE_DOWN) {
@@ -431,7 +459,7 @@ void main() {
         if (GATED) {
             b *= scale;
             v = a / (1.0 + exp(-a)) * b;
-            pc.o0.v[g] = v;
+            pc.o0.v[MODE == MV_MODE_MOE_GU ? gl_WorkGroupID.y * pc.rows2 + g : g] = v;
         } else if (g < pc.rows0) {
             v = (pc.flags & MV_RES) != 0u ? ((pc.flags & MV_ROUND) != 0u ? resv : pc.res.v[g]) + a : a;
             pc.o0.v[g] = v;
@@ -446,7 +474,12 @@ void main() {
     if (tl < NR) rq[team * NR + tl] = v;
     if (t < 8u) rnw[t] = nwv;
     barrier();
-    if (t == 0u) round_block(wg * NT * NR);
+    if (t == 0u) {
+        if (MODE == MV_MODE_MOE_GU) /* (the expert's rows in the k experts' blocks) */
+            round_block(gl_WorkGroupID.y * pc.rows2 + wg * NT * NR, pc.rows1 * pc.rows2);
+        else
+            round_block(wg * NT * NR, (pc.rows0 + 255u) & ~255u);
+    }
 #ifdef RFOLD
     if ((pc.flags & MV_RFOLD) == 0u) return;
     {
@@ -523,7 +556,7 @@ void main() {
     }
     barrier();
     if (t == 0u) {
-        round_block(b0);
+        round_block(b0, Rp);
         CUInts(pc.xq).v[c] = 0u; /* ready for the next step */
     }
 #else
