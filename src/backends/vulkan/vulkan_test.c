@@ -444,6 +444,7 @@ static void test_moe_down_rounds(void **state) {
          * as the real models' does) */
         {"synthetic:qwen3.6-heads:q8_0", "0.1", "moe_down_r_q8_0 ", 4, false},
     };
+    setenv("ANVIL_VK_MOE_DQX", "0", 1); /* (the float down projection's rounding: test_moe_down_qx has the other) */
     setenv("ANVIL_VK_QX", "1", 1);
     setenv("ANVIL_CPU_QX", "1", 1);
     setenv("ANVIL_VK_MEGA", "0", 1);
@@ -477,6 +478,7 @@ static void test_moe_down_rounds(void **state) {
         free(b);
         anvil_model_close(m);
     }
+    unsetenv("ANVIL_VK_MOE_DQX");
     unsetenv("ANVIL_VK_QXR");
     unsetenv("ANVIL_VK_MEGA");
     unsetenv("ANVIL_VK_QX");
