@@ -310,8 +310,8 @@ static const struct knob KNOBS[] = {
          "Decode: a float router whose input the product before it rounds for the experts (the o "
          "projection as teams, QXT) is folded into that product: each workgroup multiplies its 8 "
          "outputs by the router's 8 columns, the last to finish sums the partial logits and "
-         "chooses the experts (no router dispatch and barrier: Qwen3-30B-A3B); 0 keeps the "
-         "router's own matvec (ANVIL_VK_ROUTE_FUSE)."),
+         "chooses the experts (no router dispatch and barrier: Qwen3-30B-A3B Q4_K_M 343.9 -> 356.4 "
+         "t/s on the H200, docs/perf/log.md §80); 0 keeps the router's own matvec (ANVIL_VK_ROUTE_FUSE)."),
     BOOL("ANVIL_VK_MOE_PICK", C_DIAGNOSTIC, vk_moe_pick, 1,
          "Decode: where the router's matvec cannot choose the experts (ANVIL_VK_ROUTE_FUSE), the "
          "experts' gate/up workgroups choose them from its logits (up to 512 experts; 35B-A3B "
@@ -324,7 +324,8 @@ static const struct knob KNOBS[] = {
          "Decode: the experts' down projection on integer dot products, its input (the chosen "
          "experts' SwiGLU outputs) rounded in blocks of 8 by the experts' gate/up as teams of 8 rows "
          "a workgroup (where the gate/up takes integer dot products and no shared expert joins the "
-         "sum: Qwen3-30B-A3B); 0 keeps float inputs."),
+         "sum: Qwen3-30B-A3B Q4_K_M 324.3 -> 346.2 t/s on the H200, docs/perf/log.md §80); 0 keeps float "
+         "inputs."),
     BOOL("ANVIL_VK_ATTN_GATE", C_DIAGNOSTIC, vk_attn_gate, 1,
          "Decode: the gated attention's output gate (Qwen3.5/3.6: out * sigmoid(gate)) applied by "
          "the attention as it stores its output (no element-wise dispatch), which it can then "
