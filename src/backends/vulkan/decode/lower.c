@@ -386,7 +386,7 @@ static anvil_status fold_router(struct lower *L, struct vk_dispatch *rop, uint32
     uint32_t nwg = pq->m.rows0 / 8;
     pq->m.w1 = pr->w0;
     pq->m.o1 = route;
-    pq->m.o2 = p->arena.addr + alloc_scratch(L, (VkDeviceSize)nwg * (E + 1) * 4);
+    pq->m.o2 = p->arena.addr + alloc_scratch(L, RF_BYTES((VkDeviceSize)nwg, (VkDeviceSize)E));
     pq->m.route_k = route_k | E << 17;
     pq->m.eps = pr->eps;
     pq->m.flags |= MV_RFOLD;

@@ -55,8 +55,13 @@
 #define MV_ROUND 16u     /* QXT: the outputs rounded for the next product into xq */
 #define MV_ROUND_NW 32u  /* QXT: the outputs times the next norm's weights nw rounded (XM 2) */
 #define MV_RFOLD 64u     /* QXT RFOLD: the MoE router folded in (w1 its F32 weights [E, rows0], o2
-                          * the workgroups' partial logits, o1 the routing buffer, route_k
-                          * k | norm << 16 | E << 17; eps the router's norm's) */
+                          * the workgroups' partial logits (RF_BYTES), o1 the routing buffer,
+                          * route_k k | norm << 16 | E << 17; eps the router's norm's) */
+/* RFOLD's scratch at o2: nwg = rows0 / 8 workgroups' rows of E + 1 floats, then a row for each of
+ * the groups of RF_G workgroups, then a counter a group and one more (zero between steps) */
+#define RF_G 16u
+#define RF_GROUPS(nwg) (((nwg) + RF_G - 1u) / RF_G)
+#define RF_BYTES(nwg, E) ((((nwg) + RF_GROUPS(nwg)) * ((E) + 1u) + RF_GROUPS(nwg) + 1u) * 4u)
 
 /* mmb_round.comp's flags (struct pc_mmb_round): the op whose rows it rounds, computed as it
  * rounds them (and written to y) */

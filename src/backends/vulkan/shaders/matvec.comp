@@ -153,16 +153,19 @@ uint pick_expert() {
 #ifdef RFOLD
 /* QXT with the MoE router folded in (flags & MV_RFOLD): each workgroup's 8 outputs times the next
  * norm's weights (what it rounds) times the router's 8 columns of them, E partial logits and
- * the block's sum of squares into o2 (E + 1 floats a workgroup); the last workgroup to finish (a
- * counter at o1[128], zero between steps) sums them in workgroup order, scales them by the
- * 1 / rms of the whole output and chooses the experts into the routing buffer o1 (route.glsl),
- * as the router's own product (ROUTE) would behind a barrier of its own. */
+ * the block's sum of squares into o2 (E + 1 floats a workgroup: RF_ROWS); the last workgroup of
+ * each group of RF_G to finish sums its group's rows (RF_GROUPS, a counter a group at RF_CNT,
+ * zero between steps), the last group's then the groups' (in order: deterministic), scales them
+ * by the 1 / rms of the whole output and chooses the experts into the routing buffer o1
+ * (route.glsl), as the router's own product (ROUTE) would behind a barrier of its own. Two
+ * levels of 16 loads a thread: the tail of the step's chain (one workgroup summing 256 rows took
+ * 32 rounds of the L2's latency). */
 #include "route.glsl"
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CFloats { float v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CUInts { uint v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer RVec4s { vec4 v[]; };
 shared bool last_r;
-shared float rpart[1025]; /* the last workgroup's parts of the sums (P x (E + 1), at most the workgroup's threads or E + 1) */
+shared float rpart[1025]; /* the last workgroup's sums (E + 1) */
 #endif
 #ifdef MDR
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CFloats { float v[]; };
@@ -483,8 +486,12 @@ void main() {
 #ifdef RFOLD
     if ((pc.flags & MV_RFOLD) == 0u) return;
     {
+        const uint G = RF_G;
         uint E = pc.route_k >> 17u, b0 = wg * NT * NR, nwg = (pc.rows0 + 7u) / 8u, S = E + 1u, nt = gl_WorkGroupSize.x;
+        uint ng = (nwg + G - 1u) / G, grp = wg / G, gn = min(G, nwg - grp * G);
         CFloats part = CFloats(pc.o2);
+        CUInts cnt = CUInts(pc.o2);
+        uint gp = nwg * S, co = (nwg + ng) * S; /* the groups' rows, the counters (ng, then one) */
         vec4 ha = vec4(rq[0] * rnw[0], rq[1] * rnw[1], rq[2] * rnw[2], rq[3] * rnw[3]);
         vec4 hb = vec4(rq[4] * rnw[4], rq[5] * rnw[5], rq[6] * rnw[6], rq[7] * rnw[7]);
         if (t < E) part.v[wg * S + t] = dot(wra, ha) + dot(wrb, hb);
@@ -499,36 +506,36 @@ void main() {
         }
         memoryBarrierBuffer();
         barrier();
-        if (t == 0u) last_r = atomicAdd(CUInts(pc.o1).v[128u], 1u) == nwg - 1u;
+        if (t == 0u) last_r = atomicAdd(cnt.v[co + grp], 1u) == gn - 1u;
         barrier();
         if (!last_r) return;
         memoryBarrierBuffer();
-        /* the E logits and the sum of squares (column E) summed over the workgroups' rows: P
-         * threads a column, each over every P-th row, 8 loads in flight (the tail of the step's
-         * chain: one workgroup), then the P parts in order */
-        uint P = max(1u, nt / S), C = S * P;
-        for (uint c = t; c < C; c += nt) {
-            uint e = c % S, p = c / S;
-            float a8[8];
-            for (uint j = 0u; j < 8u; j++) a8[j] = 0.0;
-            for (uint w0 = p; w0 < nwg; w0 += 8u * P)
-                for (uint j = 0u; j < 8u; j++) {
-                    uint w = w0 + j * P;
-                    a8[j] += w < nwg ? part.v[w * S + e] : 0.0;
-                }
-            rpart[c] = ((a8[0] + a8[1]) + (a8[2] + a8[3])) + ((a8[4] + a8[5]) + (a8[6] + a8[7]));
+        /* the group's rows, in order */
+        for (uint c = t; c < S; c += nt) {
+            float a = 0.0;
+            for (uint w = 0u; w < G; w++) a += w < gn ? part.v[(grp * G + w) * S + c] : 0.0;
+            part.v[gp + grp * S + c] = a;
+        }
+        if (t == 0u) cnt.v[co + grp] = 0u; /* ready for the next step */
+        memoryBarrierBuffer();
+        barrier();
+        if (t == 0u) last_r = atomicAdd(cnt.v[co + ng], 1u) == ng - 1u;
+        barrier();
+        if (!last_r) return;
+        memoryBarrierBuffer();
+        /* the groups' rows, in order: the logits and the sum of squares */
+        for (uint c = t; c < S; c += nt) {
+            float a = 0.0;
+            for (uint g = 0u; g < ng; g++) a += part.v[gp + g * S + c];
+            rpart[c] = a;
         }
         barrier();
-        float ss = 0.0;
-        for (uint p = 0u; p < P; p++) ss += rpart[p * S + E];
-        float scale = 1.0 / sqrt(ss / float(pc.rows0) + pc.eps);
+        float scale = 1.0 / sqrt(rpart[E] / float(pc.rows0) + pc.eps);
         for (uint e = t; e < E; e += nt) {
-            float a = 0.0;
-            for (uint p = 0u; p < P; p++) a += rpart[p * S + e];
-            a *= scale;
+            float a = rpart[e] * scale;
             lg[e] = isnan(a) ? -1.0 / 0.0 : a;
         }
-        if (t == 0u) CUInts(pc.o1).v[128u] = 0u; /* ready for the next step */
+        if (t == 0u) cnt.v[co + ng] = 0u;
         route_topk(E, pc.route_k & 0xffffu, (pc.route_k >> 16u & 1u) != 0u, pc.o1, 0u);
     }
 #endif
