@@ -172,6 +172,32 @@ void intra() {
     }
 }
 
+/* MODE 2's staged pieces, [C][KP2] floats each, in the order a block uses them: the NP
+ * pieces of W (D = U - W S), the NP of Q (O = Q S), the C / KP2 of A (O += A D), the NP of K
+ * (S += (exp(G_last - G) K)^T D), NP = Dk / KP2 rounded up. A thread loads PE floats of a
+ * piece; the next piece's loads are issued before this piece's products and stored after
+ * them, so that their latency (from L2, ~1 us) overlaps the products instead of adding to
+ * each of a block's ~28 steps (docs/perf/log.md §82). */
+const uint PE = C * KP2 / NT;
+void fetch_piece(uint p, uint np, uint t0, uint L, uint blk, uint h, uint hk, out float v[PE]) {
+    uint Dk = pc.Dk, na = C / KP2;
+    for (uint q = 0u; q < PE; q++) {
+        uint e = gl_LocalInvocationID.x + NT * q, i = e / KP2, k = e % KP2;
+        float x = 0.0;
+        if (p < 2u * np) { /* W, then Q */
+            uint kp = (p % np) * KP2;
+            if (i < L && kp + k < Dk)
+                x = pc.sc.v[p < np ? off_W() + ((t0 + i) * pc.Hv + h) * Dk + kp + k : q_at(t0 + i, hk) + kp + k];
+        } else if (p < 2u * np + na) { /* A */
+            x = pc.sc.v[off_A() + (blk * pc.Hv + h) * C * C + i * C + (p - 2u * np) * KP2 + k];
+        } else { /* K (scaled as it is stored) */
+            uint kp = (p - 2u * np - na) * KP2;
+            if (i < L && kp + k < Dk) x = pc.sc.v[k_at(t0 + i, hk) + kp + k];
+        }
+        v[q] = x;
+    }
+}
+
 void recur() {
     uint cb = gl_WorkGroupID.x * CB, h = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
     uint hk = key_head(h), Dk = pc.Dk, Dv = pc.Dv, pos0 = floatBitsToUint(pc.prm.v[0]);
@@ -179,77 +205,71 @@ void recur() {
     const uint LD = CB + 1u, SS = 0u, SD = DKMAX * CB, SP = SD + C * LD;
     bool on = cb + col < Dv;
     uint sbase = Dv * Dk * h + cb + col;
+    uint np = (Dk + KP2 - 1u) / KP2, na = C / KP2, npieces = 3u * np + na;
     for (uint k = rb; k < Dk; k += RS) sm[SS + k * CB + col] = on && pos0 != 0u ? pc.S.v[sbase + Dv * k] : 0.0;
     for (uint t0 = 0; t0 < pc.T; t0 += C) {
         uint L = min(C, pc.T - t0), blk = t0 / C;
         barrier(); /* the previous block's sG and staged pieces are read */
         if (tid < C) sG[tid] = tid < L ? pc.sc.v[off_G() + (t0 + tid) * pc.Hv + h] : 0.0;
-        /* D = U - W S, and O's first part exp(G) Q S, Dk in pieces of KP2 */
-        float d[RPT], o[RPT];
+        float d[RPT], o[RPT], pv[PE];
         for (uint r = 0; r < RPT; r++) {
             uint i = rb + RS * r;
             d[r] = on && i < L ? pc.sc.v[off_U() + ((t0 + i) * pc.Hv + h) * Dv + cb + col] : 0.0;
             o[r] = 0.0;
         }
-        for (uint pass = 0; pass < 2u; pass++)
-            for (uint kp = 0; kp < Dk; kp += KP2) {
-                for (uint e = tid; e < C * KP2; e += NT) {
-                    uint i = e / KP2, k = e % KP2;
-                    bool inb = i < L && kp + k < Dk;
-                    uint at = pass == 0u ? off_W() + ((t0 + i) * pc.Hv + h) * Dk + kp + k : q_at(t0 + i, hk) + kp + k;
-                    sm[SP + i * LDP2 + k] = inb ? pc.sc.v[at] : 0.0;
-                }
-                barrier();
+        fetch_piece(0u, np, t0, L, blk, h, hk, pv);
+        for (uint p = 0u; p < npieces; p++) {
+            barrier(); /* the piece before is used (the first time: sG is written) */
+            bool kpiece = p >= 2u * np + na;
+            float gl = sG[L - 1u];
+            for (uint q = 0u; q < PE; q++) {
+                uint e = tid + NT * q, i = e / KP2;
+                sm[SP + i * LDP2 + e % KP2] = kpiece && i < L ? exp(gl - sG[i]) * pv[q] : pv[q];
+            }
+            if (p + 1u < npieces) fetch_piece(p + 1u, np, t0, L, blk, h, hk, pv);
+            barrier();
+            if (p < 2u * np) { /* D = U - W S, and O's first part Q S */
+                uint kp = (p % np) * KP2;
+                bool w = p < np;
                 for (uint k = 0; k < KP2 && kp + k < Dk; k++) {
                     float s = sm[SS + (kp + k) * CB + col];
                     for (uint r = 0; r < RPT; r++) {
                         float x = sm[SP + (rb + RS * r) * LDP2 + k] * s;
-                        if (pass == 0u) d[r] -= x;
+                        if (w) d[r] -= x;
                         else o[r] += x;
                     }
                 }
-                barrier();
+                if (p == 2u * np - 1u)
+                    for (uint r = 0; r < RPT; r++) {
+                        uint i = rb + RS * r;
+                        sm[SD + i * LD + col] = d[r];
+                        o[r] *= exp(sG[i]);
+                    }
+            } else if (p < 2u * np + na) { /* O += A D */
+                uint jp = (p - 2u * np) * KP2;
+                for (uint j = 0; j < KP2; j++) {
+                    float dj = sm[SD + (jp + j) * LD + col];
+                    for (uint r = 0; r < RPT; r++) o[r] += sm[SP + (rb + RS * r) * LDP2 + j] * dj;
+                }
+                if (p == 2u * np + na - 1u)
+                    for (uint r = 0; r < RPT; r++) {
+                        uint i = rb + RS * r;
+                        if (on && i < L) pc.out_.v[((t0 + i) * pc.Hv + h) * Dv + cb + col] = o[r];
+                    }
+            } else { /* S = exp(G_last) S + (exp(G_last - G) K)^T D */
+                uint kp = (p - 2u * np - na) * KP2;
+                float el = exp(gl);
+                for (uint r = 0; r < KP2 / RS; r++) {
+                    uint k = rb + RS * r;
+                    if (kp + k >= Dk) continue;
+                    float s = sm[SS + (kp + k) * CB + col] * el;
+                    for (uint j = 0; j < L; j++) s += sm[SP + j * LDP2 + k] * sm[SD + j * LD + col];
+                    sm[SS + (kp + k) * CB + col] = s;
+                }
             }
-        for (uint r = 0; r < RPT; r++) {
-            uint i = rb + RS * r;
-            sm[SD + i * LD + col] = d[r];
-            o[r] *= exp(sG[i]);
-        }
-        /* O += A D, A in pieces of KP2 columns */
-        for (uint jp = 0; jp < C; jp += KP2) {
-            for (uint e = tid; e < C * KP2; e += NT) {
-                uint i = e / KP2, j = e % KP2;
-                sm[SP + i * LDP2 + j] = pc.sc.v[off_A() + (blk * pc.Hv + h) * C * C + i * C + jp + j];
-            }
-            barrier();
-            for (uint j = 0; j < KP2; j++) {
-                float dj = sm[SD + (jp + j) * LD + col];
-                for (uint r = 0; r < RPT; r++) o[r] += sm[SP + (rb + RS * r) * LDP2 + j] * dj;
-            }
-            barrier();
-        }
-        for (uint r = 0; r < RPT; r++) {
-            uint i = rb + RS * r;
-            if (on && i < L) pc.out_.v[((t0 + i) * pc.Hv + h) * Dv + cb + col] = o[r];
-        }
-        /* S = exp(G_last) S + (exp(G_last - G) K)^T D, Dk in pieces of KP2 rows */
-        float gl = sG[L - 1u], el = exp(gl);
-        for (uint kp = 0; kp < Dk; kp += KP2) {
-            for (uint e = tid; e < C * KP2; e += NT) {
-                uint j = e / KP2, k = e % KP2;
-                sm[SP + j * LDP2 + k] = j < L && kp + k < Dk ? exp(gl - sG[j]) * pc.sc.v[k_at(t0 + j, hk) + kp + k] : 0.0;
-            }
-            barrier();
-            for (uint r = 0; r < KP2 / RS; r++) {
-                uint k = rb + RS * r;
-                if (kp + k >= Dk) continue;
-                float s = sm[SS + (kp + k) * CB + col] * el;
-                for (uint j = 0; j < L; j++) s += sm[SP + j * LDP2 + k] * sm[SD + j * LD + col];
-                sm[SS + (kp + k) * CB + col] = s;
-            }
-            barrier();
         }
     }
+    barrier();
     for (uint k = rb; k < Dk; k += RS)
         if (on) pc.S.v[sbase + Dv * k] = sm[SS + k * CB + col];
 }
