@@ -194,6 +194,49 @@ static void test_vulkan_split(void **state) {
     }
 }
 
+/* A q8_0 cache (ANVIL_KV_CACHE=q8_0) split over devices 0,0 (each part its layers' caches, the
+ * chain's decode steps on them): the rows and greedy tokens of one device's, on the dense model
+ * and the MoE hybrid. */
+static void test_vulkan_split_q8(void **state) {
+    (void)state;
+    char why[256];
+    if (!tu_vulkan(why, sizeof why)) {
+        fprintf(stderr, "split_test: vulkan skipped: %s\n", why);
+        return;
+    }
+    const int two[2] = {0, 0};
+    const char *kv = getenv("ANVIL_KV_CACHE");
+    char keep[16];
+    snprintf(keep, sizeof keep, "%s", kv ? kv : "");
+    setenv("ANVIL_KV_CACHE", "q8_0", 1);
+    for (size_t i = 0; i < N_OF(models); i += 3) {
+        anvil_model *m = open_model(models[i]);
+        anvil_kv_cache type;
+        assert_int_equal(anvil_kv_cache_size(m, 32, ANVIL_KV_DEFAULT, &type, NULL), ANVIL_OK);
+        assert_int_equal(type, ANVIL_KV_Q8_0); /* what the sessions take */
+        int V = anvil_model_vocab_size(m);
+        size_t n = (N_OF(prompt) + N_OF(steps)) * (size_t)V;
+        float *one = malloc(n * sizeof *one), *split = malloc(n * sizeof *split);
+        int32_t t1[6], t2[6];
+        anvil_session *s;
+        if (vk_session(m, 0, NULL, NULL, 0, &s) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
+        run_session(s, V, one, t1);
+        anvil_session_destroy(s);
+        if (vk_session(m, 2, two, NULL, 0, &s) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
+        run_session(s, V, split, t2);
+        anvil_session_destroy(s);
+        float d = tu_max_diff(one, split, n);
+        fprintf(stderr, "%s [vulkan, q8_0 cache, devices 0,0]: max |split - one| = %.3g\n", models[i], (double)d);
+        assert_true(d < 1e-3f);
+        assert_memory_equal(t1, t2, sizeof t1);
+        free(one);
+        free(split);
+        anvil_model_close(m);
+    }
+    if (kv) setenv("ANVIL_KV_CACHE", keep, 1);
+    else unsetenv("ANVIL_KV_CACHE");
+}
+
 /* The generate loop's sampling variants over a chain: a prompt, then 8 tokens sampled (top-k,
  * temperature, a seed) with a logit bias and logprobs, on devices[n] (n 0: one device): the
  * tokens into tok[8], their logprobs into lp[8]. */
@@ -497,6 +540,7 @@ int main(void) {
         cmocka_unit_test(test_split_layers),
         cmocka_unit_test(test_cpu_split),
         cmocka_unit_test(test_vulkan_split),
+        cmocka_unit_test(test_vulkan_split_q8),
         cmocka_unit_test(test_vulkan_split_sampled),
         cmocka_unit_test(test_vulkan_split_stop),
         cmocka_unit_test(test_vulkan_split_batch),
