@@ -314,7 +314,7 @@ static void test_few_rows_attention(void **state) {
  * (a lane's 8 pieces of a k row taking 2 scale words, attention.comp KQW) and of 256 (8 lanes
  * a row, query heads split in 2 workgroups, GS)), the prefill's
  * rows.comp KV write and attn_prefill.comp over 70 rows, a few rows' attn_split.comp and a
- * batch's on heads of 128 (KQW; the tiny heads' batch is test_attn_batch's). Both sides hold the same quants, so they agree to float32 rounding, far
+ * batch's on heads of 128 (the tiny heads' batch is test_attn_batch's). Both sides hold the same quants, so they agree to float32 rounding, far
  * below the cache's own rounding (a quant step is 1/127 of a block's largest value): a missed
  * or misplaced block, scale or quant is off by the values themselves. */
 static void test_q8_cache(void **state) {
@@ -325,7 +325,7 @@ static void test_q8_cache(void **state) {
         {"qwen3.6-35b-a3b", OPS_ATTENTION, 1, NULL, "attention"},
         {"tiny", OPS_ATTN_PREFILL, 70, NULL, "attn_prefill"},
         {"tiny", OPS_ATTN_PREFILL, 7, "8", "attn_split"},
-        {"qwen3-0.6b", OPS_ATTN_BATCH, 6, NULL, "attn_split"}, /* (KQW there too) */
+        {"qwen3-0.6b", OPS_ATTN_BATCH, 6, NULL, "attn_split"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         struct ops_opts o;

@@ -52,20 +52,10 @@ uint prm_u(uint i) { return floatBitsToUint(pc.prm.v[i]); }
 
 uint kvb, tab; /* kv_block, and the word of the row's block table */
 
-/* q8_0, 4 lanes a row, D a multiple of 64: a lane's scale words once per 4 pieces (attention.comp's) */
-const bool KQW = KVQ8 && LPR == 4u && D4 % 16u == 0u;
-
 /* this lane's pieces of k at position p (zero at or past end) and p's pool row */
 void load_k(uint p, uint end, uint j, uint lane, out uint cr, out vec4 kr[KPL]) {
     bool live = p < end;
     cr = live ? (kvb == 0u ? p : prm_u(tab + p / kvb) * kvb + p % kvb) : 0u;
-    if (KQW) {
-        uint r0 = (cr * pc.Hkv + j) * D4 + lane % LPR, sw[(KPL + 3u) / 4u];
-        for (uint m = 0; m < (KPL + 3u) / 4u; m++) sw[m] = live ? KvWords(pc.kc).v[kvq_scale_word(r0 + 16u * m)] : 0u;
-        for (uint i = 0; i < KPL; i++)
-            kr[i] = live ? kvq_deq(KvWords(pc.kc).v[kvq_word(r0 + i * LPR)], kvq_d(sw[i / 4u], r0 + i * LPR)) : vec4(0.0);
-        return;
-    }
     for (uint i = 0; i < KPL; i++) {
         uint c4 = lane % LPR + i * LPR;
         kr[i] = live && c4 < D4 ? kv_get(pc.kc, (cr * pc.Hkv + j) * D4 + c4) : vec4(0.0);
