@@ -19,7 +19,8 @@
  * runs: a reset leaves nothing of the run before.) A mark on a hybrid adds its saved states to the
  * device memory, on a dense model nothing. test_rewind_from_history: every rewind target of a
  * verify step, nothing fed again, and the re-feed where the step kept no history. Then the
- * errors: a rewind without a mark, below it or past the position.
+ * errors: a rewind without a mark, below it or past the position. test_rewind_q8: rewinds on a
+ * q8_0 cache.
  *
  * ANVIL_TEST_BACKENDS lists the backends (default: cpu, and vulkan where a device exists).
  */
@@ -205,6 +206,49 @@ static void test_rewind_equals_fed(void **state) {
         drop_sessions();
         anvil_model_close(m);
     }
+}
+
+/* A q8_0 cache (ANVIL_KV_CACHE=q8_0): rewinds over 4 cycles (keeping 2, 0, 4, 1 drafts) leave the
+ * session as one fed only the kept tokens, on the dense model (a rewind truncates its cache:
+ * rows past the mark written over, whole blocks of 32) and the dense hybrid: bit for bit on
+ * the CPU, within 1e-3 on Vulkan. */
+static void test_rewind_q8(void **state) {
+    (void)state;
+    static const int keep[] = {2, 0, 4, 1};
+    char list[256];
+    backend_list(list, sizeof list);
+    const char *kv = getenv("ANVIL_KV_CACHE");
+    char saved[16];
+    snprintf(saved, sizeof saved, "%s", kv ? kv : "");
+    setenv("ANVIL_KV_CACHE", "q8_0", 1);
+    for (size_t i = 1; i < N_OF(models); i += 2) { /* qwen3_5-tiny, qwen3-tiny */
+        anvil_model *m = open_model(models[i]);
+        anvil_kv_cache type;
+        assert_int_equal(anvil_kv_cache_size(m, 64, ANVIL_KV_DEFAULT, &type, NULL), ANVIL_OK);
+        assert_int_equal(type, ANVIL_KV_Q8_0); /* what the sessions take */
+        size_t VF = N_OF(follow) * (size_t)anvil_model_vocab_size(m);
+        float *a = malloc(sizeof(float) * VF), *b = malloc(sizeof(float) * VF);
+        char copy[256];
+        snprintf(copy, sizeof copy, "%s", list);
+        for (char *be = strtok(copy, ","); be; be = strtok(NULL, ",")) {
+            bool vk = strcmp(be, "vulkan") == 0;
+            if (vk && sanitized_cut(i)) continue;
+            anvil_backend_kind kind = vk ? ANVIL_BACKEND_VULKAN : ANVIL_BACKEND_CPU;
+            uint64_t grown;
+            rewound(m, kind, keep, 4, a, &grown);
+            fed(m, kind, keep, 4, b);
+            float d = tu_max_diff(a, b, VF);
+            fprintf(stderr, "%s [%s, q8_0 cache] keep 2,0,4,1: max |rewound - fed| = %.3g\n", models[i], be, (double)d);
+            if (vk) assert_true(d < 1e-3f);
+            else if (memcmp(a, b, sizeof(float) * VF) != 0) fail_msg("%s: the rewound session differs", models[i]);
+        }
+        free(a);
+        free(b);
+        drop_sessions();
+        anvil_model_close(m);
+    }
+    if (kv) setenv("ANVIL_KV_CACHE", saved, 1);
+    else unsetenv("ANVIL_KV_CACHE");
 }
 
 /* A verify step of K tokens at the mark, a rewind to mark + keep (after one to mark + first
@@ -440,6 +484,7 @@ int main(void) {
         cmocka_unit_test(test_rewind_from_history),
         cmocka_unit_test(test_rewind_split_heads),
         cmocka_unit_test(test_truncate_checkpoint),
+        cmocka_unit_test(test_rewind_q8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
