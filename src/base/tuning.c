@@ -368,7 +368,9 @@ static const struct knob KNOBS[] = {
     INT("ANVIL_VK_MATVEC_NR_Q", C_EXPERIMENT, vk_matvec_nr_q, 4, 1, 8, NULL,
         "Rows per workgroup of the float matrix-vector kernels of the legacy quants (Q4_0 .. Q5_1)."),
     INT("ANVIL_VK_MATVEC_NR_MOE", C_EXPERIMENT, vk_matvec_nr_moe, 0, 1, 8, "the kind's",
-        "Rows per workgroup of the experts' float matrix-vector kernels."),
+        "Rows per workgroup (a team where they run as teams) of the experts' matrix-vector kernels "
+        "(default: the kind's for the float ones, 2 for the gate/up on integer dot products, 1 for "
+        "its teams and the down on integer dot products, perf log §80)."),
     {"ANVIL_VK_MATVEC_NR_<T>", K_INT, C_EXPERIMENT, FA(vk_matvec_nr_kind), 0, 1, 8, 0, "as above",
      KIND_T, TUNE_WEIGHT_KINDS, "Rows per workgroup of one weight type's float kernels."},
     {"ANVIL_VK_MATVEC_WG_<T>", K_INT, C_EXPERIMENT, FA(vk_matvec_wg_kind), 0, 1, 1024, 0, "as above",

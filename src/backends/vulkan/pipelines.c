@@ -503,9 +503,14 @@ bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t val
          * K-quants' 32 weights: a 2048-wide row is 64 of them) and as many workgroups, each
          * choosing its expert (untuned) */
         vals[SPEC_WG] = 64;
-        vals[MV_SPEC_NR] = p->matvec_nr_moe ? p->matvec_nr_moe : 2;
+        /* (as teams rounding for the down, moe_gu_qxt: 1 row a team, 8 teams; with the down on
+         * integer dot products at 1 row a workgroup, 30B-A3B Q4_K_M +1.0% / +2.3% on the H200, perf
+         * log §80) */
+        vals[MV_SPEC_NR] = p->matvec_nr_moe ? p->matvec_nr_moe : ki->teams ? 1 : 2;
         vals[MV_SPEC_PIPE] = 1;
-    } else if (ki->qx && mode <= MV_MODE_SWIGLU) { /* (the experts' down projection: the float shape) */
+    } else if (ki->qx && mode == MV_MODE_MOE_DOWN) { /* (moe_down_rq: 1 row a workgroup, as above) */
+        vals[MV_SPEC_NR] = p->matvec_nr_moe ? p->matvec_nr_moe : 1;
+    } else if (ki->qx && mode <= MV_MODE_SWIGLU) {
         int q = vk_qx_index(ki->dtype);
         vals[SPEC_WG] = p->qx_wg[q][mode];
         vals[MV_SPEC_NR] = p->qx_nr[q][mode];
