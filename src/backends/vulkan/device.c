@@ -226,7 +226,7 @@ bool vk_available(char *why, size_t why_cap) { return vk_probe(why, why_cap) > 0
 bool vk_gpu_available(void) { return vk_probe(NULL, 0) == 2; }
 
 static bool want_coopmat(const struct tuning *t, VkPhysicalDevice pd, uint32_t subgroup_size);
-static bool want_coopmat2(const struct tuning *t, VkInstance inst, VkPhysicalDevice pd, uint32_t api);
+static bool want_coopmat2(const struct tuning *t, VkInstance inst, VkPhysicalDevice pd, uint32_t api, uint32_t gran[3]);
 static bool want_coopmat_i8(VkPhysicalDevice pd);
 
 /* What the prefill's products run on there (as vk_device_create would choose) */
@@ -235,9 +235,13 @@ static const char *matrices(const struct tuning *t, VkInstance inst, VkPhysicalD
     VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sg};
     vkGetPhysicalDeviceProperties2(pd, &p2);
     if (!want_coopmat(t, pd, sg.subgroupSize)) return "";
-    if (want_coopmat2(t, inst, pd, api))
-        return want_coopmat_i8(pd) ? "; prefill on workgroup cooperative matrices (and int8 ones)"
-                                   : "; prefill on workgroup cooperative matrices";
+    uint32_t g[3];
+    if (want_coopmat2(t, inst, pd, api, g)) {
+        static _Thread_local char s[128];
+        snprintf(s, sizeof s, "; prefill on workgroup cooperative matrices (granularity %u x %u x %u)%s", g[0], g[1],
+                 g[2], want_coopmat_i8(pd) ? " (and int8 ones)" : "");
+        return s;
+    }
     return "; prefill on cooperative matrices";
 }
 
@@ -377,7 +381,8 @@ typedef VkResult(VKAPI_PTR *cm2_flex_fn)(VkPhysicalDevice, uint32_t *, struct cm
  * divides the kernel's tile (VK_CM2_BM x VK_CM2_BN, VK_CM2_BK at a time). Only where the
  * subgroup matrices (want_coopmat) are on too; ANVIL_VK_CM2=0 turns it off. The kernel is
  * SPIR-V 1.6: the instance and the device (its Vulkan version api) must be 1.3. */
-static bool want_coopmat2(const struct tuning *t, VkInstance inst, VkPhysicalDevice pd, uint32_t api) {
+static bool want_coopmat2(const struct tuning *t, VkInstance inst, VkPhysicalDevice pd, uint32_t api, uint32_t gran[3]) {
+    gran[0] = gran[1] = gran[2] = 0;
     if (!t->vk_cm2 || instance_api < VK_API_VERSION_1_3 || api < VK_API_VERSION_1_3 ||
         !has_device_ext(pd, "VK_KHR_cooperative_matrix") ||
         !has_device_ext(pd, "VK_NV_cooperative_matrix2"))
@@ -402,11 +407,18 @@ static bool want_coopmat2(const struct tuning *t, VkInstance inst, VkPhysicalDev
     bool ok = false;
     for (uint32_t i = 0; p && i < n; i++) p[i].sType = CM2_STYPE_FLEX_PROPERTIES;
     if (p && flex(pd, &n, p) == VK_SUCCESS)
-        for (uint32_t i = 0; i < n; i++)
-            ok |= p[i].AType == 0 && p[i].BType == 0 && p[i].CType == 1 && p[i].ResultType == 1 &&
-                  p[i].scope == 2 && p[i].workgroupInvocations == VK_CM2_THREADS && p[i].MGranularity &&
-                  VK_CM2_BM % p[i].MGranularity == 0 && p[i].NGranularity && VK_CM2_BN % p[i].NGranularity == 0 &&
-                  p[i].KGranularity && VK_CM2_BK % p[i].KGranularity == 0;
+        for (uint32_t i = 0; i < n; i++) {
+            bool fits = p[i].AType == 0 && p[i].BType == 0 && p[i].CType == 1 && p[i].ResultType == 1 &&
+                        p[i].scope == 2 && p[i].workgroupInvocations == VK_CM2_THREADS && p[i].MGranularity &&
+                        VK_CM2_BM % p[i].MGranularity == 0 && p[i].NGranularity && VK_CM2_BN % p[i].NGranularity == 0 &&
+                        p[i].KGranularity && VK_CM2_BK % p[i].KGranularity == 0;
+            if (fits && !ok) { /* (the first that fits: the kernels' other sizes must be multiples of it) */
+                gran[0] = p[i].MGranularity;
+                gran[1] = p[i].NGranularity;
+                gran[2] = p[i].KGranularity;
+            }
+            ok |= fits;
+        }
     free(p);
     return ok;
 }
@@ -450,7 +462,7 @@ static bool has_device_ext(VkPhysicalDevice pd, const char *name) {
 static void choose_features(struct vk_device *d) {
     d->has_budget = has_device_ext(d->phys, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
     d->coopmat = want_coopmat(&d->tune, d->phys, d->subgroup_size);
-    d->coopmat2 = d->coopmat && want_coopmat2(&d->tune, d->instance, d->phys, d->props.apiVersion);
+    d->coopmat2 = d->coopmat && want_coopmat2(&d->tune, d->instance, d->phys, d->props.apiVersion, d->cm2_gran);
     d->coopmat_i8 = d->coopmat2 && want_coopmat_i8(d->phys);
     if (has_device_ext(d->phys, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
         VkPhysicalDeviceShaderIntegerDotProductFeatures idf = {

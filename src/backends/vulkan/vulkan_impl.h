@@ -104,6 +104,8 @@ struct vk_device {
                               K_MMH_* kernels exist */
     bool coopmat2;         /* and VK_NV_cooperative_matrix2's workgroup matrices (want_coopmat2):
                               the prefill's products on mm_cm2.comp */
+    uint32_t cm2_gran[3];  /* their M, N, K granularity (float16 products, VK_CM2_THREADS): a
+                              workgroup matrix's sides are multiples of it */
     bool coopmat_i8;       /* and int8 x int8 -> int32 16 x 16 x 32 subgroup matrices, shaderInt8 and
                               per-element operations (want_coopmat_i8): mmq_cm2.comp */
     VkDeviceSize max_mem;  /* ANVIL_VK_MAX_MEMORY: a cap on device memory (0: none) */

@@ -92,6 +92,7 @@ static anvil_status emit_tiles(struct vk_prefill *p, bool cm2, enum vk_kernel k,
         struct vk_device *d = p->b->d;
         /* K a multiple of 16, not of 4 BK (the vision tower's): whole tiles on KTAIL's kernel */
         if (k == K_MMH_CM2_U && pc->K % (4 * VK_CM2_BK) && pc->K % 16 == 0 && pc->Kp % 8 == 0 &&
+            d->cm2_gran[2] && 16 % d->cm2_gran[2] == 0 && /* (its last steps of 16) */
             vk_pipeline_make(d, &p->b->pl, K_MMH_CM2_UK) == ANVIL_OK && p->b->pl.p[K_MMH_CM2_UK])
             k = K_MMH_CM2_UK;
         if (k == K_MMH_CM2_S) bm = bn = VK_CM2_SMALL;

@@ -117,14 +117,17 @@ static anvil_status attention(struct vk_prefill *p, const struct pc_vit *pc) {
 enum vk_kernel vk_vit_products(struct vk_backend *b) {
     int v = b->d->tune.vk_vit_flash;
     if (v < 4) return K_NONE;
-    if (vk_pipeline_make(b->d, &b->pl, K_VIT_MM_CM2) == ANVIL_OK && b->pl.p[K_VIT_MM_CM2]) return K_VIT_MM_CM2;
+    if (b->d->cm2_gran[2] && 32 % b->d->cm2_gran[2] == 0 && /* (its K steps of 32) */
+        vk_pipeline_make(b->d, &b->pl, K_VIT_MM_CM2) == ANVIL_OK && b->pl.p[K_VIT_MM_CM2])
+        return K_VIT_MM_CM2;
     return v >= 5 ? K_VIT_MM : K_NONE;
 }
 
 void vk_vit_att_kernels(struct vk_backend *b, struct vit_att *a) {
     a->mo = a->mm;
     a->whole = a->mm == K_VIT_MM_CM2 && (b->d->tune.vk_vit_mm & 2);
-    if (a->mm == K_VIT_MM_CM2 && a->D <= 80 && (b->d->tune.vk_vit_mm & 1) && vk_pipeline_make(b->d, &b->pl, K_VIT_MM_CM2_N80) == ANVIL_OK &&
+    const uint32_t *g = b->d->cm2_gran; /* (80 columns must be a multiple of N's granularity) */
+    if (a->mm == K_VIT_MM_CM2 && a->D <= 80 && (b->d->tune.vk_vit_mm & 1) && g[1] && 80 % g[1] == 0 && vk_pipeline_make(b->d, &b->pl, K_VIT_MM_CM2_N80) == ANVIL_OK &&
         b->pl.p[K_VIT_MM_CM2_N80])
         a->mo = K_VIT_MM_CM2_N80;
 }
