@@ -225,6 +225,12 @@ bool vk_available(char *why, size_t why_cap) { return vk_probe(why, why_cap) > 0
 
 bool vk_gpu_available(void) { return vk_probe(NULL, 0) == 2; }
 
+/* backend.h's questions about the devices */
+bool backend_vulkan_available(char *why, size_t cap) { return vk_available(why, cap); }
+bool backend_vulkan_gpu_available(void) { return vk_gpu_available(); }
+size_t backend_vulkan_describe_devices(char *buf, size_t cap) { return vk_describe_devices(buf, cap); }
+int backend_vulkan_device_count(void) { return vk_device_count(); }
+
 static bool want_coopmat(const struct tuning *t, VkPhysicalDevice pd, uint32_t subgroup_size);
 static bool want_coopmat2(const struct tuning *t, VkInstance inst, VkPhysicalDevice pd, uint32_t api, uint32_t gran[3]);
 static bool want_coopmat_i8(VkPhysicalDevice pd);

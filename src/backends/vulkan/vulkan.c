@@ -8,14 +8,6 @@
 #include "quant/quant.h"
 #include "vulkan.h"
 
-bool backend_vulkan_available(char *why, size_t cap) { return vk_available(why, cap); }
-
-bool backend_vulkan_gpu_available(void) { return vk_gpu_available(); }
-
-size_t backend_vulkan_describe_devices(char *buf, size_t cap) { return vk_describe_devices(buf, cap); }
-
-int backend_vulkan_device_count(void) { return vk_device_count(); }
-
 /* The identity of a weight: its tensor, and the stack or row list of a weight node. */
 struct wkey {
     const struct tensor_info *t;
