@@ -497,7 +497,9 @@ int cmd_bench(int argc, char **argv) {
                 tests[0] ? tests : "no tests (-p 0 -n 0)", reps, reps > 1 ? "s" : "");
     anvil_kv_cache kvt;
     uint64_t kvb;
-    if (anvil_kv_cache_size(m, anvil_session_context_size(s), co.kv_cache, &kvt, &kvb) == ANVIL_OK) {
+    /* (on a terminal, as the line above: an error must stay the only line a failed run prints,
+     * tests/gpu_failure_test.c) */
+    if (isatty(STDERR_FILENO) && anvil_kv_cache_size(m, anvil_session_context_size(s), co.kv_cache, &kvt, &kvb) == ANVIL_OK) {
         char kb[32];
         fprintf(stderr, "anvil bench: KV cache %s, %s for a context of %d tokens\n", anvil_kv_cache_name(kvt),
                 fmt_bytes(kb, kvb), anvil_session_context_size(s));
