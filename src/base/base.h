@@ -84,7 +84,7 @@ int cpu_count(void);
 /* In sanitizer builds (ANVIL_SANITIZE), makes every shared library loaded so far permanent
  * (RTLD_NODELETE), so that a driver the Vulkan loader unloads stays symbolised in
  * LeakSanitizer's report and its own leaks can be suppressed by name
- * (.ci/lsan.supp). Does nothing in other builds. */
+ * (tests/lsan.supp). Does nothing in other builds. */
 void pin_loaded_libraries(void);
 
 /* Copies s[n] into out (cap bytes, NUL-terminated; cut with "..." when it does not fit) made
