@@ -116,11 +116,11 @@ typedef enum anvil_kv_cache {
     ANVIL_KV_Q8_0,        /* head dimensions must be multiples of 32 */
 } anvil_kv_cache;
 
-/* "f16", "f32", "q8_0"; NULL for another value. */
+/* "f16", "f32", "q8_0" (static strings); NULL for another value. */
 const char *anvil_kv_cache_name(anvil_kv_cache kv);
 /* The attention caches of model m for a context of n_ctx tokens (0: as a session's default)
  * with caches of type kv (ANVIL_KV_DEFAULT: ANVIL_KV_CACHE, else f16): the type into *type
- * (when not NULL; never DEFAULT) and their bytes into *bytes, k and v of every attention layer
+ * (never DEFAULT) and their bytes into *bytes (each when not NULL), k and v of every attention layer
  * as a GPU holds them (q8_0: 34 bytes a block of 32 values, in super-blocks of 256; the CPU
  * backend holds every type as float32). ANVIL_ERR_INVALID_ARG where the model's heads cannot
  * take the type (q8_0: a head dimension not a multiple of 32). */

@@ -224,7 +224,7 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->model = model;
     b->kv_type = kv_type;
     b->V = hp->n_vocab;
-    b->n_ctx = p.session.n_ctx ? p.session.n_ctx : (hp->n_ctx_train > 0 ? MIN(hp->n_ctx_train, 4096) : 4096);
+    b->n_ctx = p.session.n_ctx ? p.session.n_ctx : default_n_ctx(hp);
     b->n_seq_max = p.n_seq_max ? p.n_seq_max : 4;
     b->kv_block = p.kv_block ? p.kv_block : 64;
     b->max_blocks = (b->n_ctx + b->kv_block - 1) / b->kv_block;

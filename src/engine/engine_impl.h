@@ -103,6 +103,11 @@ struct sampling_params;
  * ANVIL_VK_SPEC_PICK=0): the caller then evaluates and chooses from the logits. */
 anvil_status session_eval_pick(anvil_session *s, const int32_t *tokens, int n, const struct sampling_params *sp,
                                const int32_t *drafts, int32_t *picked);
+/* The context a session or batch takes where its caller gives none: the model's trained one,
+ * at most 4096 tokens (4096 where the file says none). */
+static inline int default_n_ctx(const struct hparams *hp) {
+    return hp->n_ctx_train > 0 ? MIN(hp->n_ctx_train, 4096) : 4096;
+}
 /* The Vulkan backend p asks for: one device (p->device, or devices[0]), or a layer split over
  * p->devices for a model of n_layers layers (backend_split_create); bad indices, shares or
  * modes are ANVIL_ERR_INVALID_ARG. */

@@ -216,7 +216,7 @@ anvil_status anvil_kv_cache_size(const anvil_model *m, int n_ctx, anvil_kv_cache
     if (bytes) *bytes = 0;
     if (!m || n_ctx < 0) return err_set(ANVIL_ERR_INVALID_ARG, "anvil_kv_cache_size: no model or a negative context");
     const struct hparams *hp = &m->file->hp;
-    if (!n_ctx) n_ctx = hp->n_ctx_train > 0 ? MIN(hp->n_ctx_train, 4096) : 4096;
+    if (!n_ctx) n_ctx = default_n_ctx(hp);
     struct tuning t;
     int kt = ANVIL_KV_F16;
     anvil_status st = tuning_read(&t);
@@ -239,7 +239,7 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     anvil_session_params p = params ? *params : anvil_session_default_params();
     const struct hparams *hp = &model->file->hp;
     if (p.n_ctx < 0) return keep_err(model->err, err_set(ANVIL_ERR_INVALID_ARG, "negative context size"));
-    int n_ctx = p.n_ctx ? p.n_ctx : (hp->n_ctx_train > 0 ? MIN(hp->n_ctx_train, 4096) : 4096);
+    int n_ctx = p.n_ctx ? p.n_ctx : default_n_ctx(hp);
     /* (as llama.cpp: allowed, but positions past the trained ones are untested RoPE angles) */
     if (hp->n_ctx_train > 0 && n_ctx > hp->n_ctx_train)
         log_warn("a context of %d tokens is longer than the %d the model was trained on: past %d "

@@ -27,7 +27,7 @@ anvil_status anvil_split_plan(anvil_model *model, const anvil_session_params *p,
         n = p->device >= 0 ? 1 : MIN(MAX(backend_vulkan_device_count(), 1), ANVIL_MAX_DEVICES);
         for (int i = 0; i < n; i++) devices[i] = p->device >= 0 ? p->device : i;
     }
-    int n_ctx = p->n_ctx > 0 ? p->n_ctx : (hp->n_ctx_train > 0 ? MIN(hp->n_ctx_train, 4096) : 4096);
+    int n_ctx = p->n_ctx > 0 ? p->n_ctx : default_n_ctx(hp);
     struct tuning t;
     int kv_type = ANVIL_KV_F16;
     float shares[ANVIL_MAX_DEVICES] = {0};

@@ -318,6 +318,24 @@ static anvil_status read_failure_env(struct vk_device *d) {
 
 static bool has_device_ext(VkPhysicalDevice pd, const char *name);
 
+/* Whether the device offers subgroup matrices of 16 x 16 x k with inputs of type in and sums of
+ * type sum (VK_NV_cooperative_matrix's list). */
+static bool has_nv_shape(VkPhysicalDevice pd, uint32_t k, VkComponentTypeNV in, VkComponentTypeNV sum) {
+    uint32_t n = 0;
+    if (!vkGetPhysicalDeviceCooperativeMatrixPropertiesNV ||
+        vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(pd, &n, NULL) != VK_SUCCESS || !n)
+        return false;
+    VkCooperativeMatrixPropertiesNV *p = calloc(n, sizeof *p);
+    bool ok = false;
+    for (uint32_t i = 0; p && i < n; i++) p[i].sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV;
+    if (p && vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(pd, &n, p) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n; i++)
+            ok |= p[i].MSize == 16 && p[i].NSize == 16 && p[i].KSize == k && p[i].AType == in && p[i].BType == in &&
+                  p[i].CType == sum && p[i].DType == sum && p[i].scope == VK_SCOPE_SUBGROUP_NV;
+    free(p);
+    return ok;
+}
+
 /* Whether the prefill's cooperative-matrix products (shaders/dq.comp, shaders/mm_h.comp) can
  * run: the device has VK_NV_cooperative_matrix with 16x16x16 float16 x float16 -> float32
  * subgroup matrices, float16 arithmetic, the Vulkan memory model (the shader's scopes) and
@@ -333,19 +351,7 @@ static bool want_coopmat(const struct tuning *t, VkPhysicalDevice pd, uint32_t s
     VkPhysicalDeviceFeatures2 f = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f12};
     vkGetPhysicalDeviceFeatures2(pd, &f);
     if (!cm.cooperativeMatrix || !f12.shaderFloat16 || !f12.vulkanMemoryModel) return false;
-    uint32_t n = 0;
-    if (vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(pd, &n, NULL) != VK_SUCCESS || !n) return false;
-    VkCooperativeMatrixPropertiesNV *p = calloc(n, sizeof *p);
-    bool ok = false;
-    for (uint32_t i = 0; p && i < n; i++) p[i].sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV;
-    if (p && vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(pd, &n, p) == VK_SUCCESS)
-        for (uint32_t i = 0; i < n; i++)
-            ok |= p[i].MSize == 16 && p[i].NSize == 16 && p[i].KSize == 16 &&
-                  p[i].AType == VK_COMPONENT_TYPE_FLOAT16_NV && p[i].BType == VK_COMPONENT_TYPE_FLOAT16_NV &&
-                  p[i].CType == VK_COMPONENT_TYPE_FLOAT32_NV && p[i].DType == VK_COMPONENT_TYPE_FLOAT32_NV &&
-                  p[i].scope == VK_SCOPE_SUBGROUP_NV;
-    free(p);
-    return ok;
+    return has_nv_shape(pd, 16, VK_COMPONENT_TYPE_FLOAT16_NV, VK_COMPONENT_TYPE_FLOAT32_NV);
 }
 
 /* VK_KHR_cooperative_matrix and VK_NV_cooperative_matrix2 postdate Debian 12's Vulkan headers
@@ -438,18 +444,7 @@ static bool want_coopmat_i8(VkPhysicalDevice pd) {
     VkPhysicalDeviceFeatures2 f = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f12};
     vkGetPhysicalDeviceFeatures2(pd, &f);
     if (!f2.perElementOperations || !f12.shaderInt8) return false;
-    uint32_t n = 0;
-    if (vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(pd, &n, NULL) != VK_SUCCESS || !n) return false;
-    VkCooperativeMatrixPropertiesNV *p = calloc(n, sizeof *p);
-    bool ok = false;
-    for (uint32_t i = 0; p && i < n; i++) p[i].sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV;
-    if (p && vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(pd, &n, p) == VK_SUCCESS)
-        for (uint32_t i = 0; i < n; i++)
-            ok |= p[i].MSize == 16 && p[i].NSize == 16 && p[i].KSize == 32 && p[i].AType == VK_COMPONENT_TYPE_SINT8_NV &&
-                  p[i].BType == VK_COMPONENT_TYPE_SINT8_NV && p[i].CType == VK_COMPONENT_TYPE_SINT32_NV &&
-                  p[i].DType == VK_COMPONENT_TYPE_SINT32_NV && p[i].scope == VK_SCOPE_SUBGROUP_NV;
-    free(p);
-    return ok;
+    return has_nv_shape(pd, 32, VK_COMPONENT_TYPE_SINT8_NV, VK_COMPONENT_TYPE_SINT32_NV);
 }
 
 static bool has_device_ext(VkPhysicalDevice pd, const char *name) {

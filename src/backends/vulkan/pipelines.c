@@ -110,6 +110,9 @@ enum specs { SPECS_NONE, SPECS_MATVEC, SPECS_QXV, SPECS_ATTN, SPECS_MEGA, SPECS_
 /* one of mega.comp's: of weights of one float type, or on integer dot products (MQX) of the
  * types of QT */
 #define KM(spv, name, dtype, qx, qt) {spv, sizeof spv, name, VK_OP_MEGA, dtype, qx, 0, 0, qt, SPECS_MEGA, PUSH_MEGA}
+/* one of the experts' down projections on integer dot products (qx 1, XM 1: its input rounded
+ * in blocks of 8) */
+#define KRQ(spv, name, dtype) {spv, sizeof spv, name, VK_OP_MOE_DOWN_ROUND, dtype, 1, 0, 1, MV_MODE_MOE_DOWN, SPECS_MATVEC, PUSH_MATVEC_QXT}
 #define QT_Q4_K (1u << MEGA_WT_Q4_K)
 #define QT_Q6_K (1u << MEGA_WT_Q6_K)
 #define QT_Q8_0 (1u << MEGA_WT_Q8_0)
@@ -278,18 +281,13 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
                              SPECS_MATVEC, PUSH_MATVEC_QXT),
     [K_MOE_DOWN_R_IQ2_XXS] = KI(spv_moe_down_r_iq2_xxs, "moe_down_r_iq2_xxs", VK_OP_MOE_DOWN_ROUND, DT_IQ2_XXS, MV_MODE_MOE_DOWN,
                              SPECS_MATVEC, PUSH_MATVEC_QXT),
-    /* (qx 1, XM 1: its input rounded in blocks of 8) */
-    [K_MOE_DOWN_RQ_Q8_0] = {spv_moe_down_rq_q8_0, sizeof spv_moe_down_rq_q8_0, "moe_down_rq_q8_0", VK_OP_MOE_DOWN_ROUND, DT_Q8_0,
-                          1, 0, 1, MV_MODE_MOE_DOWN, SPECS_MATVEC, PUSH_MATVEC_QXT},
+    [K_MOE_DOWN_RQ_Q8_0] = KRQ(spv_moe_down_rq_q8_0, "moe_down_rq_q8_0", DT_Q8_0),
     [K_MOE_GU_QXT_Q8_0_X2] = KQ(spv_matvec_qxt_q8_0, "moe_gu_qxt_q8_0_x2", VK_OP_MOE_GU, DT_Q8_0, 1, 2),
-    [K_MOE_DOWN_RQ_Q4_K] = {spv_moe_down_rq_q4_k, sizeof spv_moe_down_rq_q4_k, "moe_down_rq_q4_k", VK_OP_MOE_DOWN_ROUND, DT_Q4_K,
-                          1, 0, 1, MV_MODE_MOE_DOWN, SPECS_MATVEC, PUSH_MATVEC_QXT},
+    [K_MOE_DOWN_RQ_Q4_K] = KRQ(spv_moe_down_rq_q4_k, "moe_down_rq_q4_k", DT_Q4_K),
     [K_MOE_GU_QXT_Q4_K_X2] = KQ(spv_matvec_qxt_q4_k, "moe_gu_qxt_q4_k_x2", VK_OP_MOE_GU, DT_Q4_K, 1, 2),
-    [K_MOE_DOWN_RQ_Q5_K] = {spv_moe_down_rq_q5_k, sizeof spv_moe_down_rq_q5_k, "moe_down_rq_q5_k", VK_OP_MOE_DOWN_ROUND, DT_Q5_K,
-                          1, 0, 1, MV_MODE_MOE_DOWN, SPECS_MATVEC, PUSH_MATVEC_QXT},
+    [K_MOE_DOWN_RQ_Q5_K] = KRQ(spv_moe_down_rq_q5_k, "moe_down_rq_q5_k", DT_Q5_K),
     [K_MOE_GU_QXT_Q5_K_X2] = KQ(spv_matvec_qxt_q5_k, "moe_gu_qxt_q5_k_x2", VK_OP_MOE_GU, DT_Q5_K, 1, 2),
-    [K_MOE_DOWN_RQ_Q6_K] = {spv_moe_down_rq_q6_k, sizeof spv_moe_down_rq_q6_k, "moe_down_rq_q6_k", VK_OP_MOE_DOWN_ROUND, DT_Q6_K,
-                          1, 0, 1, MV_MODE_MOE_DOWN, SPECS_MATVEC, PUSH_MATVEC_QXT},
+    [K_MOE_DOWN_RQ_Q6_K] = KRQ(spv_moe_down_rq_q6_k, "moe_down_rq_q6_k", DT_Q6_K),
     [K_MOE_GU_QXT_Q6_K_X2] = KQ(spv_matvec_qxt_q6_k, "moe_gu_qxt_q6_k_x2", VK_OP_MOE_GU, DT_Q6_K, 1, 2),
     /* mega.comp: of one float type, or (MQX) of those of QT (QT_*: 1 << contract.h's MEGA_WT_*);
      * the clock's variants (-1: looked up by name only) */
