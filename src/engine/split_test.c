@@ -147,31 +147,19 @@ static void run_session(anvil_session *s, int V, float *out, int32_t *tok) {
     memcpy(tok, got + 1, 6 * sizeof *tok);
 }
 
-/* Whether the Vulkan splits run here: tu_vulkan, but not under the sanitizers. There lavapipe
- * (Mesa 22.3) hung or crashed inside its own threads in one run of several on a loaded machine
- * with a split's decode steps chained (a queue thread blocked on a mutex no thread held, while
- * a vk_wait waited: what lavapipe frees of a finished submission's semaphores looks raced
- * against their destruction; not found, session 32's note), and leaked a few hundred bytes of
- * its own. The plain build runs every case, under the validation layer. */
-static bool split_vulkan(char *why, size_t cap) {
-#ifdef TU_SANITIZED
-    snprintf(why, cap, "not under the sanitizers (lavapipe's threads race with the chain's semaphores)");
-    return false;
-#else
-    return tu_vulkan(why, cap);
-#endif
-}
-
 static void test_vulkan_split(void **state) {
     (void)state;
     char why[256];
-    if (!split_vulkan(why, sizeof why)) {
+    if (!tu_vulkan(why, sizeof why)) {
         fprintf(stderr, "split_test: vulkan skipped: %s\n", why);
         return;
     }
     const int two[2] = {0, 0};
     const float w31[2] = {3, 1};
     for (size_t i = 0; i < N_OF(models); i++) {
+#ifdef TU_SANITIZED
+        if (i != 2) continue; /* lavapipe under ASan: the hybrid only */
+#endif
         anvil_model *m = open_model(models[i]);
         int V = anvil_model_vocab_size(m);
         size_t n = (N_OF(prompt) + N_OF(steps)) * (size_t)V;
@@ -212,7 +200,7 @@ static void test_vulkan_split(void **state) {
 static void test_vulkan_split_q8(void **state) {
     (void)state;
     char why[256];
-    if (!split_vulkan(why, sizeof why)) {
+    if (!tu_vulkan(why, sizeof why)) {
         fprintf(stderr, "split_test: vulkan skipped: %s\n", why);
         return;
     }
@@ -289,7 +277,7 @@ static void sampled(anvil_model *m, int n, const int *devices, int32_t *tok, flo
 static void test_vulkan_split_sampled(void **state) {
     (void)state;
     char why[256];
-    if (!split_vulkan(why, sizeof why)) return;
+    if (!tu_vulkan(why, sizeof why)) return;
     const int devs[3] = {0, 0, 0};
     anvil_model *m = open_model("qwen3_5-tiny");
     int32_t t1[8], t2[8];
@@ -300,6 +288,11 @@ static void test_vulkan_split_sampled(void **state) {
      * cannot share a semaphore between two, so the host waits between them, the hidden state
      * still crossing in the memory both import) */
     for (int n = 2; n <= 4; n++) {
+#ifdef TU_SANITIZED
+        /* (under ASan one run in two or three reported a few hundred bytes that lavapipe
+         * allocated, on this case only, and not alone: it runs unsanitized) */
+        if (n == 4) break;
+#endif
         if (n == 4) setenv("ANVIL_VK_FAULT", "oom:1000000", 1);
         sampled(m, n == 4 ? 2 : n, devs, t2, l2);
         unsetenv("ANVIL_VK_FAULT");
@@ -333,7 +326,7 @@ static void stopped(anvil_model *m, int n, const int *devices, int32_t stop, int
 static void test_vulkan_split_stop(void **state) {
     (void)state;
     char why[256];
-    if (!split_vulkan(why, sizeof why)) return;
+    if (!tu_vulkan(why, sizeof why)) return;
     const int two[2] = {0, 0};
     anvil_model *m = open_model("qwen3-tiny");
     int V = anvil_model_vocab_size(m);
@@ -394,7 +387,7 @@ static void run_batch(anvil_model *m, int n, const int *devices, int32_t tok[2][
 static void test_vulkan_split_batch(void **state) {
     (void)state;
     char why[256];
-    if (!split_vulkan(why, sizeof why)) return;
+    if (!tu_vulkan(why, sizeof why)) return;
     const int two[2] = {0, 0};
     const char *names[] = {"qwen3moe-tiny", "qwen3_5-tiny"};
     for (size_t i = 0; i < N_OF(names); i++) {
@@ -436,7 +429,7 @@ static void rewound(anvil_session *s, int V, float *out) {
 static void test_vulkan_split_rewind(void **state) {
     (void)state;
     char why[256];
-    if (!split_vulkan(why, sizeof why)) return;
+    if (!tu_vulkan(why, sizeof why)) return;
     const int two[2] = {0, 0};
     anvil_model *m = open_model("qwen3_5-tiny");
     int V = anvil_model_vocab_size(m);
@@ -483,7 +476,7 @@ static void image_run(anvil_model *m, int n_dev, const int32_t *expanded, int ne
 static void test_vulkan_split_image(void **state) {
     (void)state;
     char why[256];
-    if (!split_vulkan(why, sizeof why)) return;
+    if (!tu_vulkan(why, sizeof why)) return;
     char path[1024];
     snprintf(path, sizeof path, "%s", tu_testdata("reference/qwen3_5-vl-tiny"));
     anvil_model *m;
@@ -524,7 +517,7 @@ static void test_split_errors(void **state) {
     assert_int_equal(anvil_session_create(m, &sp, &s), ANVIL_ERR_INVALID_ARG);
     assert_non_null(strstr(anvil_model_errmsg(m), "not the CPU backend"));
     char why[256];
-    if (split_vulkan(why, sizeof why)) {
+    if (tu_vulkan(why, sizeof why)) {
         assert_int_equal(vk_session(m, 2, bad, NULL, 0, &s), ANVIL_ERR_INVALID_ARG);
         assert_non_null(strstr(anvil_model_errmsg(m), "device 7 does not exist"));
         assert_int_equal(vk_session(m, 2, two, w0, 0, &s), ANVIL_ERR_INVALID_ARG);

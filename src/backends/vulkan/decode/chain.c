@@ -192,6 +192,16 @@ static void chain_destroy(struct chain *cc) {
         for (int v = 0; v < 8; v++)
             if (c->gen[i][v]) vkFreeCommandBuffers(d->dev, d->pool, 1, &c->gen[i][v]);
     }
+    /* Waiting for the last signals is not enough on lavapipe 22.3: its queue thread still
+     * releases a finished submission's semaphore payloads after the signals (the imported
+     * wait side too), and destroying them under it crashed or hung split_test now and then.
+     * The queues drained, nothing refers to the links' semaphores any more. */
+    for (int i = 0; i < c->n; i++) {
+        struct vk_device *d = c->p[i]->b->d;
+        pthread_mutex_lock(&d->sh->queue_lock);
+        vkQueueWaitIdle(d->queue);
+        pthread_mutex_unlock(&d->sh->queue_lock);
+    }
     for (int k = 0; k < c->n; k++) link_free(&c->link[k]);
     free(c);
 }
