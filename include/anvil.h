@@ -160,6 +160,11 @@ typedef struct anvil_session_params {
     int devices[ANVIL_MAX_DEVICES];
     float tensor_split[ANVIL_MAX_DEVICES];
     anvil_split_mode split;
+    /* Vulkan, a mixture-of-experts model: the experts of its first cpu_moe MoE layers (< 0: of
+     * all) stay in system memory and run on the CPU backend's n_threads threads, the rest of
+     * the model on the GPU (llama.cpp's --n-cpu-moe; docs/MULTIGPU.md); 0: none. A model
+     * without experts is ANVIL_ERR_INVALID_ARG; on the CPU backend it changes nothing. */
+    int cpu_moe;
 } anvil_session_params;
 
 anvil_session_params anvil_session_default_params(void);

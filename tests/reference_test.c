@@ -208,6 +208,29 @@ static void test_reference_q8_cache(void **state) {
         }
 }
 
+/* Experts on the CPU (--cpu-moe all, backends/cpumoe.c): the MoE models on Vulkan with every
+ * layer's mixture of experts run by the CPU backend, through the CLI, against the reference as
+ * Vulkan alone is (the float32 prefill, as test_reference_models). */
+static void test_reference_cpu_moe(void **state) {
+    (void)state;
+    char why[256];
+    if (!backend_vulkan_available(why, sizeof why)) {
+        fprintf(stderr, "reference_test: --cpu-moe skipped: %s\n", why);
+        return;
+    }
+    bool pinned = !getenv("ANVIL_VK_COOPMAT");
+    tu_float32_prefill();
+    static const char *models[] = {"qwen3moe-tiny", "qwen3next-tiny", "qwen3_5moe-tiny"};
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s", tu_testdata("reference/"));
+        strncat(dir, models[i], sizeof dir - strlen(dir) - 1);
+        struct ref_case c = {dir, dir, "vulkan", 0, "--cpu-moe all", 0, false};
+        check_model(&c);
+    }
+    if (pinned) unsetenv("ANVIL_VK_COOPMAT");
+}
+
 /* A published Qwen3.5/3.6 checkpoint is multimodal: model_type qwen3_5[_moe] with the
  * language model's settings under text_config, its weights under model.language_model.,
  * next to vision weights (read only for images: src/vision) and multi-token-prediction
@@ -359,6 +382,7 @@ int main(void) {
         cmocka_unit_test(test_reference_models),
         cmocka_unit_test(test_reference_f16_cache),
         cmocka_unit_test(test_reference_q8_cache),
+        cmocka_unit_test(test_reference_cpu_moe),
         cmocka_unit_test(test_multimodal_checkpoints),
         cmocka_unit_test(test_reference_long_prompts),
     };

@@ -294,6 +294,11 @@ void backend_vulkan_set_limits(struct backend *b, double timeout_s, uint64_t max
  * first graph's parts are held to each part's capacity before any compiles
  * (ANVIL_ERR_NOMEM naming each device's bytes). kv_type: the caches' type (for those sizes). */
 anvil_status backend_split_create(struct backend **parts, const int *first, int n, int kv_type, struct backend **out);
+/* Experts on the CPU (backends/cpumoe.c, docs/MULTIGPU.md): gpu (a Vulkan backend) runs every
+ * graph compiled but the mixture of experts of its first n_moe MoE layers (n_moe < 0: all;
+ * graph.moe_in), which cpu (the CPU backend) runs from the mapped weights; both owned from
+ * here on (destroyed with it or on failure). */
+anvil_status backend_cpumoe_create(struct backend *gpu, struct backend *cpu, int n_moe, struct backend **out);
 /* A split's counts since it was made (b: backend_split_create's, else ANVIL_ERR_INVALID_ARG):
  * boundaries crossed through the host (a part's output read back and written as the next's
  * input: prefill chunks, batches, and decode steps where the parts are not chained), and

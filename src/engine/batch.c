@@ -237,6 +237,10 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
         return st;
     }
     int threads = p.session.n_threads ? p.session.n_threads : model->n_threads;
+    p.session.n_threads = threads; /* (the CPU experts' threads, --cpu-moe) */
+    if (p.session.cpu_moe && hp->n_expert <= 0)
+        st = err_set(ANVIL_ERR_INVALID_ARG, "--cpu-moe: %s has no experts (not a mixture-of-experts model)",
+                     model->file->path);
     /* the backend as a session chooses it: auto is Vulkan where there is a GPU (or the device
      * named), else the CPU */
     bool vk = p.session.backend == ANVIL_BACKEND_VULKAN ||

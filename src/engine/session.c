@@ -158,9 +158,20 @@ anvil_status session_vulkan_backend(const anvil_session_params *p, int kv_type, 
     if (p->split != ANVIL_SPLIT_LAYER)
         return err_set(ANVIL_ERR_INVALID_ARG, "--split: mode %d (only the layer split exists)", (int)p->split);
     anvil_status st = ANVIL_OK;
+    if (p->cpu_moe && p->n_devices > 1)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "--cpu-moe with a split over --devices (not yet: one device)");
     if (p->n_devices <= 1) {
         st = backend_vulkan_create(p->n_devices == 1 ? p->devices[0] : p->device, kv_type, out);
         if (st == ANVIL_OK) backend_vulkan_set_limits(*out, p->gpu_timeout_s, p->gpu_max_memory);
+        struct backend *cpu = NULL;
+        if (st == ANVIL_OK && p->cpu_moe && (st = backend_cpu_create(p->n_threads, kv_type, &cpu)) != ANVIL_OK) {
+            backend_destroy(*out);
+            *out = NULL;
+        }
+        if (st == ANVIL_OK && p->cpu_moe) {
+            struct backend *gpu = *out;
+            st = backend_cpumoe_create(gpu, cpu, p->cpu_moe, out);
+        }
         return st;
     }
     int first[ANVIL_MAX_DEVICES + 1];
@@ -186,7 +197,7 @@ anvil_status session_vulkan_backend(const anvil_session_params *p, int kv_type, 
 }
 
 anvil_session_params anvil_session_default_params(void) {
-    anvil_session_params p = {ANVIL_BACKEND_AUTO, -1, 0, 0, ANVIL_KV_DEFAULT, 0, 0, 0, 0, {0}, {0}, ANVIL_SPLIT_LAYER};
+    anvil_session_params p = {ANVIL_BACKEND_AUTO, -1, 0, 0, ANVIL_KV_DEFAULT, 0, 0, 0, 0, {0}, {0}, ANVIL_SPLIT_LAYER, 0};
     return p;
 }
 
@@ -262,6 +273,10 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     int kv_type = ANVIL_KV_F16;
     if (st == ANVIL_OK) st = kv_cache_type(p.kv_cache, &t, &kv_type);
     s->n_threads = p.n_threads ? p.n_threads : model->n_threads;
+    p.n_threads = s->n_threads; /* (the CPU experts' threads, --cpu-moe) */
+    if (st == ANVIL_OK && p.cpu_moe && hp->n_expert <= 0)
+        st = err_set(ANVIL_ERR_INVALID_ARG, "--cpu-moe: %s has no experts (not a mixture-of-experts model)",
+                     model->file->path);
     if (st == ANVIL_OK) switch (p.backend) {
     case ANVIL_BACKEND_AUTO:
     case ANVIL_BACKEND_CPU:

@@ -41,6 +41,34 @@ anvil_status anvil_split_plan(anvil_model *model, const anvil_session_params *p,
     if (st == ANVIL_OK) st = model_build_graph(&model->model, &o, &g);
     if (st != ANVIL_OK) return st;
     bool vk = backend_vulkan_available(NULL, 0), fits = true;
+    uint64_t cpu_w = 0; /* --cpu-moe: the weights its CPU parts read (backends/cpumoe.c's cuts) */
+    int moe_layers = 0, on_cpu = 0;
+    for (int l = 0; l < g.n_layers && st == ANVIL_OK; l++) {
+        if (g.moe_in[l] < 0) continue;
+        moe_layers++;
+        if (!p->cpu_moe || (p->cpu_moe > 0 && on_cpu >= p->cpu_moe)) continue;
+        struct graph part;
+        uint64_t w, s;
+        if ((st = graph_part_at(&g, g.moe_in[l], g.layer_end[l], false, false, "the experts", &part)) != ANVIL_OK) break;
+        graph_bytes(&part, kv_type, &w, &s);
+        graph_free(&part);
+        cpu_w += w;
+        on_cpu++;
+    }
+    if (st == ANVIL_OK && p->cpu_moe && !moe_layers)
+        st = err_set(ANVIL_ERR_INVALID_ARG, "--cpu-moe: %s has no experts (not a mixture-of-experts model)",
+                     model->file->path);
+    if (st == ANVIL_OK && p->cpu_moe && n > 1)
+        st = err_set(ANVIL_ERR_UNSUPPORTED, "--cpu-moe with a split over --devices (not yet: one device)");
+    if (st != ANVIL_OK) {
+        graph_free(&g);
+        return st;
+    }
+    if (p->cpu_moe) {
+        char cb[32];
+        OUT("the experts of %d of %d MoE layers (with their norms, routers and shared experts) in system memory, "
+            "run on the CPU: %s of weights\n", on_cpu, moe_layers, fmt_bytes(cb, cpu_w));
+    }
     OUT("a layer split of %d layers over %d device%s, a context of %d tokens (KV cache %s):\n", hp->n_layer, n,
         n > 1 ? "s" : "", n_ctx, anvil_kv_cache_name(kv_type));
     for (int i = 0; i < n && st == ANVIL_OK; i++) {
@@ -49,6 +77,7 @@ anvil_status anvil_split_plan(anvil_model *model, const anvil_session_params *p,
         uint64_t w, s, have = 0;
         graph_bytes(&part, kv_type, &w, &s);
         graph_free(&part);
+        w -= MIN(w, cpu_w); /* (one device: the CPU's share is its) */
         char name[256] = "no Vulkan";
         struct backend *b = NULL;
         if (vk && (st = backend_vulkan_create(devices[i], kv_type, &b)) != ANVIL_OK) break;

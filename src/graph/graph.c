@@ -27,6 +27,7 @@ anvil_status graph_init(struct graph *g, int n_tokens) {
 void graph_free(struct graph *g) {
     free(g->nodes);
     free(g->layer_end);
+    free(g->moe_in);
     memset(g, 0, sizeof *g);
 }
 
@@ -73,14 +74,22 @@ void graph_layer_end(struct graph *g, int x) {
     if (g->n_layers == g->cap_layers) {
         int cap = g->cap_layers ? 2 * g->cap_layers : 64;
         int *l = realloc(g->layer_end, (size_t)cap * sizeof *l);
-        if (!l) {
+        if (l) g->layer_end = l;
+        int *m = l ? realloc(g->moe_in, (size_t)cap * sizeof *m) : NULL;
+        if (!m) {
             g->oom = true;
             return;
         }
-        g->layer_end = l;
+        g->moe_in = m;
         g->cap_layers = cap;
     }
+    g->moe_in[g->n_layers] = g->moe_pending - 1;
+    g->moe_pending = 0;
     g->layer_end[g->n_layers++] = x;
+}
+
+void graph_moe_begin(struct graph *g, int x) {
+    if (x >= 0) g->moe_pending = x + 1;
 }
 
 int graph_weight(struct graph *g, const struct tensor_info *t) {
@@ -138,6 +147,11 @@ int graph_rope(struct graph *g, int x, int n_rot, float theta) {
     return i;
 }
 
+/* Node x's role, where it is a state (what reads it says what it is: enum state_role). */
+static void set_role(struct graph *g, int x, enum state_role r) {
+    if (x >= 0 && x < g->n_nodes && g->nodes[x].op == OP_STATE) g->nodes[x].p.i[0] = (int32_t)r;
+}
+
 int graph_attention(struct graph *g, int q, int k, int v, int k_cache, int v_cache, float scale) {
     const struct node *qn = N(g, q), *kn = N(g, k), *vn = N(g, v);
     assert(qn->ne[0] == kn->ne[0] && kn->ne[1] == vn->ne[1] && qn->ne[1] % kn->ne[1] == 0);
@@ -146,6 +160,8 @@ int graph_attention(struct graph *g, int q, int k, int v, int k_cache, int v_cac
     int s[] = {q, k, v, k_cache, v_cache};
     int i = append(g, OP_ATTENTION, vn->ne[0], qn->ne[1], qn->ne[2], s, 5);
     if (i >= 0) g->nodes[i].p.f[0] = scale;
+    set_role(g, k_cache, STATE_KV);
+    set_role(g, v_cache, STATE_KV);
     return i;
 }
 
@@ -256,6 +272,8 @@ int graph_gdn(struct graph *g, int qkv, int b, int a, int conv_w, int A, int dt_
         g->nodes[i].p.i[3] = v_tiled;
         g->nodes[i].p.f[0] = 1e-6f;
     }
+    set_role(g, conv_state, STATE_CONV);
+    set_role(g, ssm_state, STATE_REC);
     return i;
 }
 
@@ -296,7 +314,8 @@ struct part_ctx {
     struct graph *out;
     int *map;       /* [g->n_nodes]: the node's index in out, -1 before it is there */
     const int *smap; /* [g->n_states]: the state's index in out */
-    int lo, cross, first;
+    int lo, cross;
+    const char *what;
 };
 
 static int part_copy(struct part_ctx *c, int i);
@@ -307,8 +326,8 @@ static int part_src(struct part_ctx *c, int s) {
     if (c->map[s] >= 0) return c->map[s];
     if (s == c->cross) return c->map[s] = graph_input(c->out, c->g->nodes[s].ne[0]);
     if (s < c->lo && replicable(c->g, s)) return part_copy(c, s);
-    err_set(ANVIL_ERR_UNSUPPORTED, "graph: layer %d cannot start a part: %s (node %d) of an earlier layer is "
-            "read past the residual stream", c->first, c->g->nodes[s].name, s);
+    err_set(ANVIL_ERR_UNSUPPORTED, "graph: %s cannot start a part: %s (node %d) of an earlier layer is "
+            "read past the residual stream", c->what, c->g->nodes[s].name, s);
     return -2;
 }
 
@@ -328,10 +347,21 @@ anvil_status graph_part(const struct graph *g, int first, int end, struct graph 
     int L = g->n_layers;
     if (L < 1 || first < 0 || first >= end || end > L)
         return err_set(ANVIL_ERR_INVALID_ARG, "graph: no part of layers [%d, %d) in a graph of %d layers", first, end, L);
-    int cross = first ? g->layer_end[first - 1] : -1, lo = cross + 1;
-    int hi = end < L ? g->layer_end[end - 1] : g->n_nodes - 1, output = end < L ? hi : g->output;
+    char what[32];
+    snprintf(what, sizeof what, "layer %d", first);
+    return graph_part_at(g, first ? g->layer_end[first - 1] : -1, end < L ? g->layer_end[end - 1] : -1, false, false,
+                         what, out);
+}
+
+anvil_status graph_part_at(const struct graph *g, int cross, int hi_mark, bool all_states, bool carrier,
+                           const char *what, struct graph *out) {
+    memset(out, 0, sizeof *out);
+    if (cross < -1 || cross >= g->n_nodes || hi_mark >= g->n_nodes || (hi_mark >= 0 && hi_mark <= cross))
+        return err_set(ANVIL_ERR_INVALID_ARG, "graph: no part after node %d to node %d", cross, hi_mark);
+    int lo = cross + 1;
+    int hi = hi_mark >= 0 ? hi_mark : g->n_nodes - 1, output = hi_mark >= 0 ? hi : g->output;
     if (cross >= 0 && g->nodes[cross].ne[1] * g->nodes[cross].ne[0] != node_nelem(&g->nodes[cross]))
-        return err_set(ANVIL_ERR_UNSUPPORTED, "graph: layer %d's input is not rows", first);
+        return err_set(ANVIL_ERR_UNSUPPORTED, "graph: %s's input is not rows", what);
     anvil_status st = graph_init(out, g->n_tokens);
     if (st != ANVIL_OK) return st;
     out->n_seqs = g->n_seqs;
@@ -353,16 +383,22 @@ anvil_status graph_part(const struct graph *g, int first, int end, struct graph 
             if (g->nodes[i].src[k] >= 0 && g->nodes[i].src[k] < lo && replicable(g, g->nodes[i].src[k]))
                 mark_states(g, g->nodes[i].src[k], used);
     }
-    for (int s = 0; s < g->n_states; s++) smap[s] = used[s] ? out->n_states++ : -1;
+    for (int s = 0; s < g->n_states; s++) smap[s] = all_states ? s : used[s] ? out->n_states++ : -1;
+    if (all_states) out->n_states = g->n_states;
     for (int i = 0; i < g->n_nodes; i++) map[i] = -1;
-    struct part_ctx c = {g, out, map, smap, lo, cross, first};
+    struct part_ctx c = {g, out, map, smap, lo, cross, what};
+    for (int i = 0; i < g->n_nodes && carrier; i++)
+        if (g->nodes[i].op == OP_STATE && map[i] < 0 && part_copy(&c, i) < 0) {
+            st = ANVIL_ERR_NOMEM;
+            goto done;
+        }
     for (int i = lo; i <= hi; i++)
         if (map[i] < 0 && part_copy(&c, i) == -2) {
             st = ANVIL_ERR_UNSUPPORTED;
             goto done;
         }
     st = graph_finish(out, map[output]);
-    out->hidden_out = end < L;
+    out->hidden_out = hi_mark >= 0;
 done:
     free(map);
     free(smap);

@@ -39,7 +39,10 @@
 enum op {
     OP_TOKENS,     /* leaf: the T input token ids (int32) */
     OP_WEIGHT,     /* leaf: a model tensor (3-D {K, N, E} for GGUF's merged experts) */
-    OP_STATE,      /* leaf: a persistent per-session tensor, f32, zeroed at creation */
+    OP_STATE,      /* leaf: a persistent per-session tensor, f32, zeroed at creation; p.i[0] its
+                      role (enum state_role), set where an op that reads it is built, so that
+                      a part of a graph that holds a state but not its reader (graph_part_at's
+                      carrier) still says what it is */
     OP_EMBED,      /* src0 weight {C, V}; out {C, T}: rows of src0 picked by the tokens */
     OP_RMS_NORM,   /* src0 x {D, ...}, src1 weight {D}; out = x / rms(x) * w per row of D;
                       p.f[0] = eps, p.i[0] = 1 when the weight is zero-centred (1 + w) */
@@ -124,6 +127,10 @@ enum op {
 
 const char *op_name(enum op op);
 
+/* What an OP_STATE holds (its p.i[0]): a backend may store each kind in its own form (the
+ * attention caches in their cache type, a conv state as a ring). */
+enum state_role { STATE_PLAIN = 0, STATE_KV, STATE_CONV, STATE_REC };
+
 #define GRAPH_MAX_SRC 8
 
 struct op_params {
@@ -163,6 +170,11 @@ struct graph {
      * one value that flows from layer l into everything after it (a layer split cuts there) */
     int *layer_end;
     int n_layers, cap_layers;
+    /* [n_layers]: the residual stream that layer l's mixture of experts reads (its FFN half:
+     * norm, router, experts, shared expert, residual add) where the layer has one
+     * (graph_moe_begin), else -1: where --cpu-moe cuts a layer (backends/cpumoe.c) */
+    int *moe_in;
+    int moe_pending; /* graph_moe_begin's node + 1 for the layer being built, 0: none */
     /* the context's rows where no attention node says it (a split's part of recurrent layers
      * only, graph_part); 0 otherwise */
     int ctx_rows;
@@ -202,6 +214,9 @@ int graph_input(struct graph *g, int64_t ne0);
 int graph_concat(struct graph *g, int a, int b);
 /* Marks node x as the residual output of the next layer (the models call it after each). */
 void graph_layer_end(struct graph *g, int x);
+/* Marks node x as the residual stream that the layer being built (the next graph_layer_end)
+ * feeds to its mixture of experts: everything from there to the layer's end reads only x. */
+void graph_moe_begin(struct graph *g, int x);
 /* Marks the output and checks the graph (shapes, sources). */
 anvil_status graph_finish(struct graph *g, int output);
 
@@ -214,6 +229,14 @@ anvil_status graph_finish(struct graph *g, int output);
  * are copied in; any other value read across the cut is ANVIL_ERR_UNSUPPORTED. The part's
  * states are those its nodes name, numbered in g's order. */
 anvil_status graph_part(const struct graph *g, int first, int end, struct graph *out);
+/* The same cut at nodes: the nodes after cross (a residual stream mark: layer_end or moe_in;
+ * -1: from the start, the embedding) up to hi (a later mark; -1: to the end, the LM head),
+ * what crosses at cross read from an OP_INPUT node. all_states: the part's states keep g's
+ * numbering (n_states = g's; for parts that share one backend's states), and with carrier
+ * every state of g is declared in it (a leaf, read by nothing) so that the backend that
+ * compiles it first makes them all. what: the part's name for messages ("layer 3"). */
+anvil_status graph_part_at(const struct graph *g, int cross, int hi, bool all_states, bool carrier, const char *what,
+                           struct graph *out);
 /* The bytes g's leaves hold: its distinct model tensors as the file stores them (a backend may
  * hold them repacked, a little larger) and its states (float32; the attention caches of type kv,
  * kv_cache_bytes), for what-fits-where before anything is uploaded. */

@@ -399,6 +399,7 @@ int build_stack(const struct model *m, struct graph *g, const struct build_opts 
         const struct layer_weights *lw = &w->layers[l];
         x = graph_add(g, x, lw->recurrent ? block_gdn(g, hp, &lw->gdn, x, l, o)
                                           : block_attention(g, hp, &lw->attn, x, l, o));
+        if (lw->moe) graph_moe_begin(g, x);
         x = graph_add(g, x, lw->moe ? block_moe(g, hp, &lw->experts, x)
                                     : block_ffn(g, hp, &lw->ffn, x));
         graph_layer_end(g, x);

@@ -23,6 +23,7 @@ struct common_opts {
     int n_devices, n_tensor_split;
     int devices[ANVIL_MAX_DEVICES];
     float tensor_split[ANVIL_MAX_DEVICES];
+    int cpu_moe; /* --cpu-moe all|N: the experts of N MoE layers (-1 all) on the CPU; 0 none */
 };
 
 /* If argv[*i] is a common option, consumes it (and its value) and returns 1; returns -1 on a

@@ -473,6 +473,13 @@ int cmd_bench(int argc, char **argv) {
     }
     const char *backend = anvil_session_backend_name(s);
     bool cpu = !strcmp(backend, "cpu");
+    char moe_label[64]; /* --cpu-moe: where the experts live, in the table's backend column */
+    if (co.cpu_moe && !cpu) {
+        char n[16] = "all";
+        if (co.cpu_moe > 0) snprintf(n, sizeof n, "%d", co.cpu_moe);
+        snprintf(moe_label, sizeof moe_label, "%s+cpu-moe %s", backend, n);
+        backend = moe_label;
+    }
     if (cpu && !p_set && !n_set && !r_set) {
         /* the CPU backend is the reference, not a fast path: keep the default run short */
         P[0] = 64, N[0] = 16, reps = 2, maxP = 64, maxN = 16;

@@ -56,7 +56,7 @@ int cmd_info(int argc, char **argv) {
     anvil_model_params mp = {co.n_threads};
     anvil_model *m;
     if (anvil_model_open(co.model, &mp, &m) != ANVIL_OK) return fail("%s", anvil_last_error());
-    if (devices) {
+    if (devices || co.cpu_moe) { /* (--cpu-moe: what stays in system memory, what goes to the GPU) */
         int rc = split_plan(&co, m);
         anvil_model_close(m);
         return rc;

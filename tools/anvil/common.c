@@ -169,6 +169,11 @@ int common_opt(struct common_opts *o, int argc, char **argv, int *i) {
             p = *end ? end + 1 : end;
         }
         if (!o->n_tensor_split) return fail("bad --tensor-split \"%s\" (a weight > 0 per device, such as 3,1)", v), -1;
+    } else if (!strcmp(a, "--cpu-moe") || !strcmp(a, "--n-cpu-moe")) {
+        if (!(v = opt_value(argc, argv, i))) return -1;
+        if (!strcmp(v, "all")) o->cpu_moe = -1;
+        else if (!parse_int(v, 0, 1 << 20, &o->cpu_moe))
+            return fail("bad --cpu-moe \"%s\" (all, or the count of MoE layers whose experts run on the CPU)", v), -1;
     } else if (!strcmp(a, "--split")) {
         if (!(v = opt_value(argc, argv, i))) return -1;
         if (strcmp(v, "layer") != 0) return fail("--split must be layer (the only split yet), not \"%s\"", v), -1;
@@ -223,6 +228,7 @@ bool common_session_params(const struct common_opts *o, anvil_session_params *sp
     sp->prefill_chunk = o->prefill_chunk;
     sp->gpu_timeout_s = o->gpu_timeout_s;
     sp->gpu_max_memory = o->gpu_max_memory;
+    sp->cpu_moe = o->cpu_moe;
     if (o->n_tensor_split && o->n_tensor_split != MAX(o->n_devices, 1))
         return fail("--tensor-split gives %d weights for %d device%s (--devices)", o->n_tensor_split,
                     MAX(o->n_devices, 1), o->n_devices > 1 ? "s" : ""), false;

@@ -33,6 +33,8 @@ static const struct {
                "                      device may repeat: 0,0 is two VkDevices on one GPU)\n" \
                "  --split layer       how (the only split yet: contiguous ranges of layers)\n" \
                "  --tensor-split 3,1  each device's share of the layers (default equal)\n" \
+               "  --cpu-moe all|N     the experts of all (or the first N) MoE layers in system memory,\n" \
+               "                      run on the CPU's threads; the rest on the GPU (docs/MULTIGPU.md)\n" \
                "  -c, --ctx N         context length (default min(model's, 4096))\n" \
                "  --kv-cache f16|f32|q8_0  the KV cache's type (default f16; or ANVIL_KV_CACHE; q8_0:\n" \
                "                      llama.cpp's blocks of 32 int8 and a float16 scale, 1.0625 bytes a value)\n" \

@@ -637,7 +637,7 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
     p->g = *g;
     p->g.nodes = xmalloc((size_t)n * sizeof *p->g.nodes);
     p->g.cap_nodes = n;
-    p->g.layer_end = NULL; /* (the caller's) */
+    p->g.layer_end = p->g.moe_in = NULL; /* (the caller's) */
     p->g.n_layers = p->g.cap_layers = 0;
     p->bufs = xcalloc((size_t)n, sizeof *p->bufs);
     p->slabs = xcalloc((size_t)n, sizeof *p->slabs);

@@ -507,9 +507,9 @@ anvil_status vk_upload_tensor(struct vk_backend *b, const struct tensor_info *t)
 /* The states that are attention caches (float16 where kv_type), by node; the caller frees it. */
 static bool *kv_cache_nodes(const struct graph *g) {
     bool *kv = xcalloc((size_t)g->n_nodes, sizeof *kv);
-    if (kv)
-        for (int i = 0; i < g->n_nodes; i++)
-            if (g->nodes[i].op == OP_ATTENTION) kv[g->nodes[i].src[3]] = kv[g->nodes[i].src[4]] = true;
+    for (int i = 0; kv && i < g->n_nodes; i++) /* (the role: a state another graph reads, backends/cpumoe.c) */
+        if (g->nodes[i].op == OP_ATTENTION) kv[g->nodes[i].src[3]] = kv[g->nodes[i].src[4]] = true;
+        else if (g->nodes[i].op == OP_STATE && g->nodes[i].p.i[0] == STATE_KV) kv[i] = true;
     return kv;
 }
 
@@ -538,8 +538,9 @@ static anvil_status bind_states(struct vk_backend *b, const struct graph *g) {
         free(rec);
         return ANVIL_ERR_NOMEM;
     }
-    for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i].op == OP_GDN) ring[g->nodes[i].src[6]] = rec[g->nodes[i].src[6]] = rec[g->nodes[i].src[7]] = true;
+    for (const struct node *n = g->nodes; n < g->nodes + g->n_nodes; n++) /* (or by roles: kv_cache_nodes) */
+        if (n->op == OP_GDN) ring[n->src[6]] = rec[n->src[6]] = rec[n->src[7]] = true;
+        else if (n->op == OP_STATE && n->p.i[0] >= STATE_CONV) ring[n - g->nodes] |= n->p.i[0] == STATE_CONV, rec[n - g->nodes] = true;
     VkDeviceSize size = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const struct node *n = &g->nodes[i];
