@@ -272,6 +272,11 @@ anvil_status backend_cpu_run_extras(struct program *p, const int32_t *tokens, in
                                     const struct run_extras *x, float *out);
 /* Whether b is the CPU backend. */
 bool backend_is_cpu(const struct backend *b);
+/* The CPU backend's programs compiled from now on multiply Q8_0, Q4_K and Q6_K weights by
+ * integer dot products of their inputs rounded to int8 in blocks of 32 (backends/cpu/qdot.h, as
+ * the Vulkan decode program's integer-dot matvecs round them), not in float32: --cpu-moe's
+ * experts. Off by default (the reference). */
+void backend_cpu_set_int_dot(struct backend *b, bool on);
 
 /* kv_type: the attention caches' type (anvil_kv_cache: F16, F32 or Q8_0): the Vulkan backend
  * stores them so, the CPU rounds k and v the same way and stores float32, so that both compute

@@ -169,6 +169,10 @@ anvil_status session_vulkan_backend(const anvil_session_params *p, int kv_type, 
             *out = NULL;
         }
         if (st == ANVIL_OK && p->cpu_moe) {
+            /* the experts by integer dot products, their inputs rounded as the GPU's decode
+             * rounds its own (ANVIL_VK_QX=0: float32 both) */
+            struct tuning t;
+            backend_cpu_set_int_dot(cpu, tuning_read(&t) == ANVIL_OK && t.vk_qx != 0);
             struct backend *gpu = *out;
             st = backend_cpumoe_create(gpu, cpu, p->cpu_moe, out);
         }

@@ -13,6 +13,7 @@
 
 #include "backends/backend.h"
 #include "backends/cpu/gdn.h"
+#include "backends/cpu/qdot.h"
 #include "base/tuning.h"
 #include "graph/plan.h"
 #include "quant/quant.h"
@@ -37,6 +38,8 @@ struct cpu_backend {
     int round_moe;  /* and the experts' gate/up inputs of steps of 2 up to this many rows (the
                        Vulkan few rows' experts': ANVIL_VK_MOE_FEW, within ANVIL_VK_MMB, where
                        ANVIL_VK_MOE_QX) */
+    bool int_dot;  /* matmuls of Q8_0, Q4_K, Q6_K weights by integer dot products of inputs
+                      rounded to int8 blocks (qdot.h: --cpu-moe's experts), not float32 */
     int gdn_chunk; /* ANVIL_CPU_GDN_CHUNK: the Gated DeltaNet of T > 1 tokens in chunks of this many
                       (gdn.h's chunked form), 0: token by token (the recurrent form) */
 };
@@ -67,6 +70,9 @@ struct cpu_program {
      * for that path */
     bool round_x;
     int round_rows, round_moe;
+    bool int_dot;     /* cpu_backend.int_dot when compiled */
+    void *qx;         /* its rounded inputs (qdot_x), grown to the largest product's */
+    size_t qx_bytes;
 };
 
 #define MATMUL_ROWS 8 /* weight rows dequantised together, reused across all T inputs */
@@ -89,6 +95,7 @@ struct matmul_job {
     size_t row_bytes;
     dequantize_row_fn to_f32;
     struct cpu_program *p;
+    int type;
 };
 
 static void matmul_rows(void *ctx, int64_t begin, int64_t end, int thread) {
@@ -106,11 +113,29 @@ static void matmul_rows(void *ctx, int64_t begin, int64_t end, int thread) {
     }
 }
 
+/* Integer dot products (qdot.h): rows of MATMUL_ROWS per task, j->x the rounded inputs. */
+static void qdot_task(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    struct matmul_job *j = ctx;
+    qdot_rows(j->type, j->w, j->row_bytes, j->rows, j->K, begin * MATMUL_ROWS, MIN(end * MATMUL_ROWS, j->N), j->p->qx,
+              j->T, j->out, j->N);
+}
+
 /* out {N, T} = x {K, T} · Wᵀ for a weight of N rows of K starting at data (row map or NULL) */
 static void matmul_raw(struct cpu_program *p, const float *x, int type, const void *data,
                        const int32_t *rows, int64_t K, int64_t N, int64_t T, float *out) {
-    struct matmul_job j = {x, data, rows, out, K, N, T, 0, dtype_traits(type)->to_f32, p};
+    struct matmul_job j = {x, data, rows, out, K, N, T, 0, dtype_traits(type)->to_f32, p, type};
     dtype_row_size(type, K, &j.row_bytes);
+    size_t need = (size_t)T * qdot_x_bytes(K);
+    if (p->int_dot && qdot_supported(type, K) && need > p->qx_bytes) { /* (the first run's; else the float path) */
+        void *q = realloc(p->qx, need);
+        if (q) p->qx = q, p->qx_bytes = need;
+    }
+    if (p->int_dot && qdot_supported(type, K) && need <= p->qx_bytes) {
+        qdot_x(x, K, T, p->qx);
+        thread_pool_for(p->b->pool, (j.N + MATMUL_ROWS - 1) / MATMUL_ROWS, 1, qdot_task, &j);
+        return;
+    }
     int64_t groups = (j.N + MATMUL_ROWS - 1) / MATMUL_ROWS;
     thread_pool_for(p->b->pool, groups, 1, matmul_rows, &j);
 }
@@ -560,6 +585,7 @@ static void cpu_program_destroy(struct program *prog) {
     free(p->bufs);
     free(p->scratch);
     free(p->op_scratch);
+    free(p->qx);
     free(p->op_iscratch);
     free(p->row_seq);
     free(p->row_pos);
@@ -628,6 +654,7 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
     p->round_x = b->round_x;
     p->round_rows = b->round_rows;
     p->round_moe = b->round_moe;
+    p->int_dot = b->int_dot;
     anvil_status st = graph_kv_check(g, b->kv_type);
     if (st == ANVIL_OK) st = graph_init(&p->g, g->n_tokens);
     int n = g->n_nodes;
@@ -842,6 +869,10 @@ anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens,
 }
 
 bool backend_is_cpu(const struct backend *b) { return b && b->vt == &cpu_vtable; }
+
+void backend_cpu_set_int_dot(struct backend *b, bool on) {
+    if (backend_is_cpu(b)) ((struct cpu_backend *)b)->int_dot = on;
+}
 
 anvil_status backend_cpu_create(int n_threads, int kv_type, struct backend **out) {
     *out = NULL;
