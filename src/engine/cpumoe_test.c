@@ -7,7 +7,8 @@
  * one only, on the CPU against a Vulkan session holding everything: the prompt's logits (every
  * row: a prefill chunk), decode steps, and greedy generation (the host loop), within 1e-3 and
  * the same tokens; the states on the GPU alone (a hybrid's rewind: speculative decoding's
- * rollback). test_cpumoe_batch: a batch of two sequences (anvil serve --parallel's batch
+ * rollback). test_cpumoe_qx: the experts by integer dot products (quantized models, ANVIL_VK_QX=1).
+ * test_cpumoe_batch: a batch of two sequences (anvil serve --parallel's batch
  * graphs) likewise. test_cpumoe_errors: a model without experts, a split with --cpu-moe.
  */
 #include <math.h>
@@ -23,7 +24,7 @@
 
 static const char *const models[] = {"qwen3moe-tiny", "qwen3_5moe-tiny"};
 static const int32_t prompt[] = {3, 141, 59, 26, 5};
-static const int32_t steps[] = {358, 97, 1201};
+static const int32_t steps[] = {358, 97, 120}; /* (below every vocabulary here) */
 
 static anvil_model *open_model(const char *name) {
     char path[1024];
@@ -107,6 +108,51 @@ static void test_cpumoe_vulkan(void **state) {
     }
 }
 
+/* The experts by integer dot products (ANVIL_VK_QX=1: the CPU's rounded as the GPU's decode
+ * matvecs are, backends/cpu/qdot.h) on quantized synthetic models whose experts qdot takes
+ * (qwen3moe-k Q4_K_M: Q4_K and Q6_K rows of 256; the hybrid qwen3.6-tiny Q8_0): the same greedy
+ * tokens as the GPU alone, and logits within 5e-2 (measured 3.2e-2 of logits up to 2.45) and,
+ * on the hybrid, 0.25 (measured 0.14 of logits up to 3.5: its DeltaNets amplify the rounding;
+ * the GPU's own rounding, ANVIL_VK_QX=0 against 1, moves its rows by up to 1.3). */
+static void test_cpumoe_qx(void **state) {
+    (void)state;
+    char why[256];
+    if (!tu_vulkan(why, sizeof why)) {
+        fprintf(stderr, "cpumoe_test: vulkan skipped: %s\n", why);
+        return;
+    }
+    const char *qx = getenv("ANVIL_VK_QX");
+    char keep[16];
+    snprintf(keep, sizeof keep, "%s", qx ? qx : "");
+    setenv("ANVIL_VK_QX", "1", 1);
+    const char *names[] = {"synthetic:qwen3moe-k:q4_k_m", "synthetic:qwen3.6-tiny:q8_0"};
+    for (size_t i = 0; i < N_OF(names); i++) {
+        anvil_model *m;
+        anvil_model_params mp = {2};
+        if (anvil_model_open(names[i], &mp, &m) != ANVIL_OK) fail_msg("%s: %s", names[i], anvil_last_error());
+        int V = anvil_model_vocab_size(m);
+        size_t n = (N_OF(prompt) + N_OF(steps)) * (size_t)V;
+        float *one = malloc(n * sizeof *one), *moe = malloc(n * sizeof *moe);
+        int32_t t1[6], t2[6];
+        anvil_session *s;
+        if (vk_session(m, 0, &s) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
+        run_session(s, V, false, one, t1);
+        anvil_session_destroy(s);
+        if (vk_session(m, -1, &s) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
+        run_session(s, V, false, moe, t2);
+        anvil_session_destroy(s);
+        float d = tu_max_diff(one, moe, n);
+        fprintf(stderr, "%s [vulkan, ANVIL_VK_QX=1, --cpu-moe all]: max |cpu experts - gpu| = %.3g\n", names[i], (double)d);
+        assert_true(d < (i ? 0.25f : 5e-2f));
+        assert_memory_equal(t1, t2, sizeof t1);
+        free(one);
+        free(moe);
+        anvil_model_close(m);
+    }
+    if (qx) setenv("ANVIL_VK_QX", keep, 1);
+    else unsetenv("ANVIL_VK_QX");
+}
+
 /* Two sequences in one batch (batch graphs cut as a session's): each one's greedy tokens as
  * without --cpu-moe. */
 static void batch_tokens(anvil_model *m, int cpu_moe, int32_t *tok) {
@@ -187,6 +233,7 @@ int main(void) {
     tu_vulkan(why, sizeof why); /* the validation layer on where installed, before any Vulkan use */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpumoe_vulkan),
+        cmocka_unit_test(test_cpumoe_qx),
         cmocka_unit_test(test_cpumoe_batch),
         cmocka_unit_test(test_cpumoe_errors),
     };

@@ -254,12 +254,16 @@ AVX2 static void rows_avx2(int type, const uint8_t *w, size_t row_bytes, const i
 }
 #endif
 
+static bool generic; /* qdot_set_generic */
+
+void qdot_set_generic(bool on) { generic = on; }
+
 void qdot_rows(int type, const uint8_t *w, size_t row_bytes, const int32_t *rows, int64_t K, int64_t n0, int64_t n1,
                const void *x, int64_t T, float *out, int64_t N) {
 #ifdef QDOT_AVX2
     static int avx2 = -1; /* (a benign race: every thread finds the same) */
     if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    if (avx2) {
+    if (avx2 && !generic) {
         rows_avx2(type, w, row_bytes, rows, K, n0, n1, x, T, out, N);
         return;
     }

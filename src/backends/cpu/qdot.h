@@ -28,4 +28,7 @@ void qdot_x(const float *x, int64_t K, int64_t T, void *out);
 void qdot_rows(int type, const uint8_t *w, size_t row_bytes, const int32_t *rows, int64_t K, int64_t n0, int64_t n1,
                const void *x, int64_t T, float *out, int64_t N);
 
+/* Tests: the plain C kernels even where the CPU has faster ones. */
+void qdot_set_generic(bool on);
+
 #endif
