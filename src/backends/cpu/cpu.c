@@ -73,6 +73,7 @@ struct cpu_program {
     bool int_dot;     /* cpu_backend.int_dot when compiled */
     void *qx;         /* its rounded inputs (qdot_x), grown to the largest product's */
     size_t qx_bytes;
+    struct qmoe_scratch qmoe; /* the experts' (qmoe_run) */
 };
 
 #define MATMUL_ROWS 8 /* weight rows dequantised together, reused across all T inputs */
@@ -191,6 +192,14 @@ static void op_moe(struct cpu_program *p, const struct node *n, const float *x,
         }
         if (norm)
             for (int i = 0; i < k; i++) wts[t * k + i] /= picked;
+    }
+    if (p->int_dot) { /* (integer dot products: every expert's products in two rounds of the pool) */
+        const void *ws[3][512];
+        struct qmoe q = {C, F, T, E, k, {gn->weight->type, un->weight->type, dn->weight->type}, {ws[0], ws[1], ws[2]}, {0}};
+        for (int i = 0; i < 3; i++) dtype_row_size(q.types[i], i < 2 ? C : F, &q.row_bytes[i]);
+        for (int64_t e = 0; e < E && E <= 512; e++)
+            ws[0][e] = expert_slice(gn, e), ws[1][e] = expert_slice(un, e), ws[2][e] = expert_slice(dn, e);
+        if (E <= 512 && qmoe_supported(&q) && qmoe_run(&q, p->b->pool, x, ids, wts, &p->qmoe, out)) return;
     }
     memset(out, 0, (size_t)(C * T) * sizeof(float));
     for (int64_t e = 0; e < E; e++) {
@@ -586,6 +595,7 @@ static void cpu_program_destroy(struct program *prog) {
     free(p->scratch);
     free(p->op_scratch);
     free(p->qx);
+    free(p->qmoe.buf);
     free(p->op_iscratch);
     free(p->row_seq);
     free(p->row_pos);

@@ -28,6 +28,30 @@ void qdot_x(const float *x, int64_t K, int64_t T, void *out);
 void qdot_rows(int type, const uint8_t *w, size_t row_bytes, const int32_t *rows, int64_t K, int64_t n0, int64_t n1,
                const void *x, int64_t T, float *out, int64_t N);
 
+/* A mixture of experts (graph.h OP_MOE) after its routing, by these products (qmoe.c): T rows of
+ * x {C, T}, each to k experts (ids[T * k], weights wts[T * k]); expert e's gate and up {C, F}
+ * and down {F, C} of types[0..2] at w[0..2][e], rows of row_bytes[0..2]. */
+struct qmoe {
+    int64_t C, F, T, E;
+    int k;
+    int types[3];
+    const void *const *w[3];
+    size_t row_bytes[3];
+};
+/* Room qmoe_run grows (the caller frees buf). */
+struct qmoe_scratch {
+    void *buf;
+    size_t bytes;
+};
+struct thread_pool;
+/* Whether qmoe_run takes m's weights. */
+bool qmoe_supported(const struct qmoe *m);
+/* out {C, T} = the experts' weighted sum, every chosen expert's gate and up in one parallel loop
+ * over the pool, then their downs in another; false (nothing written) where the scratch could
+ * not grow. */
+bool qmoe_run(const struct qmoe *m, struct thread_pool *pool, const float *x, const int32_t *ids, const float *wts,
+              struct qmoe_scratch *s, float *out);
+
 /* Tests: the plain C kernels even where the CPU has faster ones. */
 void qdot_set_generic(bool on);
 
