@@ -27,6 +27,10 @@ struct cpumoe_backend {
     struct backend *gpu, *cpu;
     int n_moe; /* the experts of the first n_moe MoE layers on the CPU (< 0: all) */
     char name[320];
+    /* seconds in the GPU parts (submission, wait, the crossing) and the CPU parts, and the
+     * one-row runs among them, logged when the backend goes (ANVIL_LOG=info) */
+    double gpu_s, cpu_s;
+    uint64_t runs, one_row;
 };
 
 struct cm_part {
@@ -39,6 +43,7 @@ struct cpumoe_prog {
     struct cpumoe_backend *b;
     int n;               /* parts: GPU, CPU, GPU, ..., GPU (2 * layers + 1) */
     int layers;          /* the layers whose experts run on the CPU */
+    int T;               /* the graph's rows */
     struct cm_part *part;
     float *cross[2];     /* the hidden state between parts, [T][C] each (ping-pong) */
 };
@@ -56,6 +61,9 @@ static void cm_prog_destroy(struct program *pp) {
 
 static void cm_destroy(struct backend *base) {
     struct cpumoe_backend *b = (struct cpumoe_backend *)base;
+    if (b->runs)
+        log_info("cpu-moe: %llu runs (%llu of one row): %.3f s in the GPU parts, %.3f s in the CPU parts",
+                 (unsigned long long)b->runs, (unsigned long long)b->one_row, b->gpu_s, b->cpu_s);
     backend_destroy(b->gpu);
     backend_destroy(b->cpu);
     free(b);
@@ -93,6 +101,7 @@ static anvil_status cm_compile(struct backend *base, const struct graph *g, stru
         p->b = b;
         p->n = 2 * k + 1;
         p->layers = k;
+        p->T = g->n_tokens;
         p->part = xcalloc((size_t)p->n, sizeof *p->part);
         size_t row = (size_t)node_nelem(&g->nodes[g->layer_end[0]]) * sizeof(float);
         for (int c = 0; c < 2; c++) p->cross[c] = xmalloc(row);
@@ -150,8 +159,16 @@ static anvil_status cm_compile(struct backend *base, const struct graph *g, stru
 static anvil_status run_parts(struct cpumoe_prog *p, const int32_t *tokens, int pos0, const struct run_extras *x,
                               const struct batch_rows *r, float *out) {
     anvil_status st = ANVIL_OK;
+    double t0 = time_now();
+    p->b->runs++;
+    p->b->one_row += p->T == 1;
     for (int i = 0; i < p->n && st == ANVIL_OK; i++) {
         const struct backend_vtable *vt = (p->part[i].cpu ? p->b->cpu : p->b->gpu)->vt;
+        if (i) { /* the time to here to the part before */
+            double t1 = time_now();
+            *(p->part[i - 1].cpu ? &p->b->cpu_s : &p->b->gpu_s) += t1 - t0;
+            t0 = t1;
+        }
         const float *in = i ? p->cross[(i - 1) & 1] : NULL;
         float *dst = i + 1 < p->n ? p->cross[i & 1] : out;
         if (r) {
@@ -170,6 +187,7 @@ static anvil_status run_parts(struct cpumoe_prog *p, const int32_t *tokens, int 
             st = vt->run_extras(p->part[i].p, tokens, pos0, &xi, dst);
         }
     }
+    p->b->gpu_s += time_now() - t0; /* (the last part is the GPU's) */
     return st;
 }
 

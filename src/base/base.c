@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -273,8 +274,8 @@ struct thread_pool {
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
-    uint64_t generation;   /* bumped for every parallel loop */
-    int pending;           /* workers still running the current loop */
+    uint64_t generation;   /* bumped for every parallel loop (under mu; polled atomically) */
+    uint64_t pending;      /* workers still running the current loop (likewise) */
     bool quit;
     /* the current loop */
     parallel_fn fn;
@@ -300,6 +301,36 @@ struct worker_arg {
     int index;
 };
 
+/* A worker, having run a loop, and the caller, waiting for the workers, poll for a while before
+ * they sleep on the condition variables: a loop comes right after another (a decode step's CPU
+ * experts: ~3 loops a layer, between them a GPU part of ~0.1 ms), and waking a sleeping thread
+ * costs ~50 us here and more in some virtual machines, where a halted vCPU takes an IPI through
+ * the hypervisor to wake. */
+#define POOL_SPIN_S 2e-3
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Polls until *v != old (or, with want_zero, *v == 0) or POOL_SPIN_S passes; whether it did. */
+static bool pool_spin(const uint64_t *v, uint64_t old, bool want_zero) {
+    double until = 0;
+    for (int i = 0;; i++) {
+        uint64_t x = __atomic_load_n(v, __ATOMIC_ACQUIRE);
+        if (want_zero ? x == 0 : x != old) return true;
+        if (i < 4096) cpu_relax();
+        else sched_yield(); /* (then the core to any other thread that wants it: a machine with
+                               fewer free cores than threads must not wait for a time slice) */
+        if ((i & 255) == 255) { /* (the clock now and then: a call costs ~20 ns) */
+            double now = time_now();
+            if (!until) until = now + POOL_SPIN_S;
+            else if (now > until) return false;
+        }
+    }
+}
+
 static void *pool_worker(void *arg) {
     struct worker_arg *wa = arg;
     struct thread_pool *p = wa->pool;
@@ -307,6 +338,7 @@ static void *pool_worker(void *arg) {
     free(wa);
     uint64_t seen = 0;
     for (;;) {
+        pool_spin(&p->generation, seen, false);
         pthread_mutex_lock(&p->mu);
         while (!p->quit && p->generation == seen) pthread_cond_wait(&p->work_cv, &p->mu);
         if (p->quit) {
@@ -317,7 +349,7 @@ static void *pool_worker(void *arg) {
         pthread_mutex_unlock(&p->mu);
         pool_run_chunks(p, index);
         pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) pthread_cond_signal(&p->done_cv);
+        if (__atomic_sub_fetch(&p->pending, 1, __ATOMIC_RELEASE) == 0) pthread_cond_signal(&p->done_cv);
         pthread_mutex_unlock(&p->mu);
     }
 }
@@ -393,11 +425,12 @@ void thread_pool_for(struct thread_pool *p, int64_t n, int64_t grain, parallel_f
     p->n_items = n;
     p->chunk = chunk;
     p->next = 0;
-    p->pending = p->n - 1;
-    p->generation++;
+    __atomic_store_n(&p->pending, (uint64_t)(p->n - 1), __ATOMIC_RELAXED);
+    __atomic_add_fetch(&p->generation, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&p->work_cv);
     pthread_mutex_unlock(&p->mu);
     pool_run_chunks(p, 0);
+    pool_spin(&p->pending, 0, true);
     pthread_mutex_lock(&p->mu);
     while (p->pending > 0) pthread_cond_wait(&p->done_cv, &p->mu);
     pthread_mutex_unlock(&p->mu);

@@ -262,7 +262,10 @@ void qdot_rows(int type, const uint8_t *w, size_t row_bytes, const int32_t *rows
                const void *x, int64_t T, float *out, int64_t N) {
 #ifdef QDOT_AVX2
     static int avx2 = -1; /* (a benign race: every thread finds the same) */
-    if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (avx2 < 0) {
+        avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        log_info("cpu: integer dot products in %s", avx2 ? "AVX2" : "plain C (no AVX2, FMA and F16C here)");
+    }
     if (avx2 && !generic) {
         rows_avx2(type, w, row_bytes, rows, K, n0, n1, x, T, out, N);
         return;
