@@ -2,7 +2,7 @@
  * The CPU's integer dot products (qdot.h) against the float32 oracle: the dequantised weights
  * times the inputs rounded as x_round_q8 rounds them, summed in double. Q8_0, Q4_K and Q6_K
  * weights of random blocks (sane scales), rows of several lengths, one to three input rows, a
- * row map; the AVX2 kernels (where the CPU has them) and the plain C ones.
+ * row map; the best kernels the CPU has (AVX-512 VNNI, AVX2), AVX2 at most, and plain C.
  */
 #include <math.h>
 #include <stdio.h>
@@ -29,8 +29,8 @@ static void check(int type, int64_t K, int64_t T, bool map) {
     int32_t rows[37];
     for (int n = 0; n < N; n++) rows[n] = (int32_t)((n * 7) % N);
     qdot_x(x, K, T, xq);
-    for (int g = 0; g < 2; g++) {
-        qdot_set_generic(g);
+    for (int g = 0; g < 3; g++) {
+        qdot_set_isa(g);
         memset(out, 0xff, (size_t)(N * T) * sizeof *out);
         qdot_rows(type, w, rb, map ? rows : NULL, K, 0, 20, xq, T, out, N); /* two ranges, as threads */
         qdot_rows(type, w, rb, map ? rows : NULL, K, 20, N, xq, T, out, N);
@@ -49,10 +49,10 @@ static void check(int type, int64_t K, int64_t T, bool map) {
             }
         }
         fprintf(stderr, "%s K %lld T %lld%s%s: max |qdot - float32| / sum |w x| = %.2g\n", dtype_name(type),
-                (long long)K, (long long)T, map ? " (row map)" : "", g ? " (plain C)" : "", worst);
+                (long long)K, (long long)T, map ? " (row map)" : "", g == 2 ? " (plain C)" : g ? " (AVX2 at most)" : "", worst);
         assert_true(worst < 1e-5);
     }
-    qdot_set_generic(false);
+    qdot_set_isa(0);
     free(w);
     free(x);
     free(xr);
