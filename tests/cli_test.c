@@ -100,6 +100,19 @@ static void test_split_options(void **state) {
     expect_fail(args, "does not fit the devices of the split: device 0 (layers 0-1)");
 }
 
+/* --cpu-moe (docs/MULTIGPU.md): a bad count, a model without experts (exit 1, either backend),
+ * and anvil info's account of what stays in system memory. */
+static void test_cpu_moe_options(void **state) {
+    (void)state;
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --cpu-moe x", "bad --cpu-moe \"x\"");
+    expect_fail("eval -m synthetic:qwen3-tiny --prompt-ids 1 --backend cpu --cpu-moe all", "has no experts");
+    expect_fail("info -m synthetic:qwen3-tiny --cpu-moe 1", "has no experts");
+    char *out = NULL;
+    assert_int_equal(tu_run_anvil(&out, NULL, "info -m synthetic:qwen3moe-tiny --cpu-moe 1 -c 64"), 0);
+    assert_non_null(strstr(out, "the experts of 1 of 2 MoE layers"));
+    free(out);
+}
+
 /* Every command answers --help with its usage on stdout and exit 0, running nothing. */
 static void test_help(void **state) {
     (void)state;
@@ -407,6 +420,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_split_options),
+        cmocka_unit_test(test_cpu_moe_options),
         cmocka_unit_test(test_eval_output),
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_block_types),
