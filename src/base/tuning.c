@@ -145,12 +145,13 @@ static const struct knob KNOBS[] = {
         "expert's rows padded to tiles of 16 or 32 (-1: 32 where the chunk gives each expert "
         "32 rows or more on average, else 16); 0 keeps the float16 copies. H200 pp512: "
         "30B-A3B 5,525 -> ~5,900 t/s, 35B-A3B 3,434 -> 3,884 (docs/perf/log.md §77)."),
-    BOOL("ANVIL_VK_MMQB", C_EXPERIMENT, vk_mmqb, 0,
+    BOOL("ANVIL_VK_MMQB", C_DIAGNOSTIC, vk_mmqb, 1,
          "A batch step's (or a prompt chunk's) products of 16 or 32 rows of Q4_K / Q6_K weights "
          "on the int8 matrix units (shaders/mmqb_cm2.comp, where the device has int8 "
-         "cooperative matrices) instead of mmbx.comp's packed integer dot products: correct "
-         "(3-4e-3 of the outputs' scale against the CPU), its speed not measured yet "
-         "(docs/perf/log.md §77)."),
+         "cooperative matrices; 3-4e-3 of the outputs' scale against the CPU); 0 keeps "
+         "mmbx.comp's packed integer dot products. H200 `--parallel 16 / 32` aggregate t/s: "
+         "8B Q4_K_M 1,684 -> 1,690 / 1,791 -> 2,343, 30B-A3B 636 -> 663 / 922 -> 984 "
+         "(docs/perf/log.md §83)."),
     BOOL("ANVIL_VK_DQ_EMULATE", C_DIAGNOSTIC, vk_dq_emulate, 0,
          "For tests: the float16 weight pieces multiplied with the float32-tile kernel where "
          "there are no cooperative matrices."),

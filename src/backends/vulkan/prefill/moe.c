@@ -251,9 +251,11 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
             struct pc_mmh mh = {base + m.xg, vk_wnode_addr(p->b, mats[w]), outs[w], any, T, K, N,
                                 vk_wnode_kp(p->b, mats[w]), N, 0, p->scale ? MM_XH : 0u, base + m.aux, any, E, k, 0,
                                 base + m.xs};
-            if (st == ANVIL_OK && (st = pf_emit(p, kq[w], (N + VK_CM2_BN - 1) / VK_CM2_BN, (T + bm - 1) / bm, &mh,
-                                                sizeof mh)) == ANVIL_OK) {
-                p->ops[p->n_ops - 1].gz = E;
+            /* mmq_cm2.comp: a grid of the tiles the rows can hold (each workgroup finds its
+             * expert); mm_cm2.comp: every expert's largest count of tiles */
+            if (st == ANVIL_OK && (st = pf_emit(p, kq[w], (N + VK_CM2_BN - 1) / VK_CM2_BN, mmq ? m.R / bm : (T + bm - 1) / bm,
+                                                &mh, sizeof mh)) == ANVIL_OK) {
+                p->ops[p->n_ops - 1].gz = mmq ? 1 : E;
                 p->ops[p->n_ops - 1].overlap = w == 1;
             }
         }

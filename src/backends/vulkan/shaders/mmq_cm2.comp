@@ -31,6 +31,7 @@
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
 
 #define BN 128
 #ifndef BM
@@ -77,7 +78,8 @@ shared uvec2 sxl[BM * XW], sxh[BM * XW];
 #else
 shared uvec2 sx[BM * XW];
 #endif
-shared vec2 sxs[BM * 4]; /* (d, d * sum q) of each row's 4 blocks of the step */
+shared vec2 sxs[BM * 4];
+shared uint sec[8]; /* each subgroup's count of experts before the tile's */ /* (d, d * sum q) of each row's 4 blocks of the step */
 
 #define MAT_A coopmat<int8_t, gl_ScopeSubgroup, 16, 32, gl_MatrixUseA>
 #define MAT_B coopmat<int8_t, gl_ScopeSubgroup, 32, 16, gl_MatrixUseB>
@@ -225,12 +227,21 @@ void store_step(const in uint k0) {
 
 void main() {
     uint tid = gl_LocalInvocationID.x, sg = tid >> 5u;
-    uint n0 = gl_WorkGroupID.x * BN, t0 = gl_WorkGroupID.y * BM;
-    uint e = pc.e0 + gl_WorkGroupID.z, rb = floatBitsToUint(pc.lists.v[e]);
-    uint T = floatBitsToUint(pc.lists.v[e + 1u]) - rb; /* this expert's rows, padded */
-    if (t0 >= T) return;
+    /* workgroup (i, j): outputs n0.. of the j-th tile of BM rows of all the experts' (each
+     * expert's rows padded to whole tiles; a grid of the tiles the rows can hold, not of every
+     * expert's largest count: that one's workgroups were ~8 in 9 empty, each a launch that an
+     * SM running one workgroup at a time waited for, perf log §83). Its expert: the count of
+     * experts whose rows end at or before the tile's first row (the offsets ascend). */
+    uint n0 = gl_WorkGroupID.x * BN, xr = gl_WorkGroupID.y * BM;
+    if (xr >= floatBitsToUint(pc.lists.v[pc.E])) return;
+    uint c = 0u;
+    for (uint i = tid; i < pc.E; i += 256u) c += floatBitsToUint(pc.lists.v[i + 1u]) <= xr ? 1u : 0u;
+    c = subgroupAdd(c);
+    if (subgroupElect()) sec[sg] = c;
+    barrier();
+    uint e = 0u;
+    [[unroll]] for (uint i = 0u; i < 8u; i++) e += sec[i];
     uint wb = (e * pc.N + n0) * (pc.Kp >> 8u); /* the tile's first block */
-    uint xr = rb + t0;
     rxs = (pc.flags & 4u) != 0u ? pc.xs.v[xr + tid / (KS / XQ)] : 1.0;
     MAT_F acc0 = MAT_F(0.0);
 #if BM == 32
