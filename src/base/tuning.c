@@ -346,9 +346,11 @@ static const struct knob KNOBS[] = {
          "Products whose output feeds another QX product round it themselves (QXR: in blocks of "
          "8, the next norm folded in): 8B Q4_K_M 294 -> 308 t/s on the H100 (docs/perf/log.md §33); "
          "0 puts a rounding dispatch before each."),
-    INT("ANVIL_VK_QXT_ALL", C_DIAGNOSTIC, vk_qxt_all, 1, 0, 2, NULL,
+    INT("ANVIL_VK_QXT_ALL", C_DIAGNOSTIC, vk_qxt_all, 1, 0, 3, NULL,
         "Which products that feed no rounding run as teams (QXT) anyway: 1 those of Q4_K and "
-        "Q5_K weights (8B Q4_K_M 308 -> 314 t/s, docs/perf/log.md §35), 0 none, 2 every type's."),
+        "Q5_K weights (8B Q4_K_M 308 -> 314 t/s, docs/perf/log.md §35) and the Q6_K ones whose rows "
+        "are fewer units than their plain kernel's threads (the MoE models' Q6_K LM heads and v "
+        "projections, K = 2048: docs/perf/log.md §84), 0 none, 2 every type's, 3 Q4_K and Q5_K only."),
     INT("ANVIL_VK_BATCH", C_DIAGNOSTIC, vk_batch, 8, 1, 64, NULL,
         "Decode steps recorded in one command buffer and submitted together."),
     INT("ANVIL_SPLIT_FORM", C_DIAGNOSTIC, split_form, 2, 0, 2, NULL,

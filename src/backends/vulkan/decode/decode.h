@@ -171,7 +171,7 @@ struct lower {
     bool use_qx;           /* vk_use_qx when the program was made */
     bool mega_qx;          /* and the persistent step takes the K-quant products (mqx_code) */
     bool qxr; /* integer-dot-product products round their outputs for the next one (qx_round) */
-    int qxt_all; /* the other products as teams too: 0 none, 1 those of Q4_K weights, 2 all (qxt_consumer) */
+    int qxt_all; /* the other products as teams too: 0 none, 1 the rule, 2 all, 3 Q4_K and Q5_K (qxt_consumer) */
     /* matvec inputs already rounded to int8 blocks, by input and norm: by qx.comp (blocks of
      * 32, the norm applied) or by their producer (own: blocks of 8, the norm's 1 / rms left
      * to the consumer) */
@@ -228,7 +228,7 @@ double qx_readers_mb(struct lower *L, int out);
 int mqx_wt(int type);
 int mqx_code(struct lower *L, int i, int type, uint32_t Kp8);
 bool mqx_small(struct lower *L);
-bool qxt_consumer(const struct lower *L, int type);
+bool qxt_consumer(const struct lower *L, int type, uint32_t K);
 
 /* ---- persistent.c (the persistent step) ---- */
 

@@ -152,7 +152,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
         L->done[a] = L->done[b] = L->done[j] = true;
         pq.m = pc;
         if (qxi >= 0 && vk_pipeline_supported(L->p->b->d, &L->p->b->pl, vk_kernel_qx(VK_OP_MATVEC_SWIGLU, type, true, xm)) &&
-            (qx_round(L, j, pc.rows0, &pq) || qxt_consumer(L, type))) {
+            (qx_round(L, j, pc.rows0, &pq) || qxt_consumer(L, type, pc.K))) {
             qxt = true;
             kern_swiglu = vk_kernel_qx(VK_OP_MATVEC_SWIGLU, type, true, xm);
         }
@@ -212,7 +212,7 @@ static anvil_status lower_matmuls(struct lower *L, int i) {
     if (!pc.normw) pc.normw = pc.x;
     pq.m = pc;
     if (qxi >= 0 && vk_pipeline_supported(L->p->b->d, &L->p->b->pl, vk_kernel_qx(VK_OP_MATVEC, type, true, xm)) &&
-        ((ng == 1 && n->ne[0] < L->p->V && qx_round(L, out_node, pc.rows0, &pq)) || qxt_consumer(L, type))) {
+        ((ng == 1 && n->ne[0] < L->p->V && qx_round(L, out_node, pc.rows0, &pq)) || qxt_consumer(L, type, pc.K))) {
         qxt = true;
         kern = vk_kernel_qx(VK_OP_MATVEC, type, true, xm);
     }

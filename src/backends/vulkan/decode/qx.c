@@ -228,7 +228,14 @@ bool mqx_small(struct lower *L) {
  * 8 times less often). On the H100 (perf rule "teams and wide units") with Q4_K weights and their
  * plain kernels at 2 rows: 8B Q4_K_M +2.1%, 14B +2.4%, 4B +1.0%; Q5_K: 1.7B Q5_K_M +3.2%, the
  * 8B and 4B the same; as teams the Q6_K products lost 1.5% (8B Q6_K) and the Q8_0 ones 0.6%.
- * ANVIL_VK_QXT_ALL: 0 never, 2 every type. */
-bool qxt_consumer(const struct lower *L, int type) {
-    return L->qxt_all == 2 || (L->qxt_all == 1 && (type == DT_Q4_K || type == DT_Q5_K));
+ * A Q6_K product whose rows are fewer units (32 weights) than its plain kernel's threads
+ * (a row of K = 2048 in a Q6_K product of 128 threads: half of them idle) runs as teams of 64
+ * (the MoE models' Q6_K LM heads and v projections: docs/perf/log.md §84).
+ * ANVIL_VK_QXT_ALL: 0 never, 2 every type, 3 Q4_K and Q5_K only. */
+bool qxt_consumer(const struct lower *L, int type, uint32_t K) {
+    if (L->qxt_all == 2) return true;
+    if (L->qxt_all == 0) return false;
+    if (type == DT_Q4_K || type == DT_Q5_K) return true;
+    /* (Q6_K's teams take 64 threads; Q8_0's keep its plain workgroup) */
+    return L->qxt_all == 1 && type == DT_Q6_K && K / 32 < L->p->b->pl.qx_wg[vk_qx_index(type)][0];
 }
