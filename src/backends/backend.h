@@ -228,6 +228,16 @@ struct backend_vtable {
     /* Optional: linking a split's parts on this kind's devices (struct chain_vtable); NULL: a
      * split's hidden state crosses through the host. */
     const struct chain_vtable *chain;
+    /* Optional: one decode step of a batch's sequence alone (docs/BATCHING.md "B = 1"), on a
+     * program compiled from a session graph of one token whose caches are the batch's pool
+     * (graph.kv_block set, n_seqs 0; the batch graphs' states, the same shapes): token at
+     * position pos, blocks[0 .. pos / kv_block] the sequence's block table (struct batch_rows'
+     * row), its next token chosen on the device by sp as a batch row's (struct batch_pick:
+     * counter pos + 1, penalties over history, batch_pick_history(sp, pos) <=
+     * BATCH_PICK_HISTORY) into *out. Only that token crosses. NULL: the backend compiles no
+     * such programs (the caller runs a batch program of one row). */
+    anvil_status (*run_paged)(struct program *p, int32_t token, int pos, const int32_t *blocks,
+                              const struct sampling_params *sp, const int32_t *history, int32_t *out);
 };
 
 /* A vision encoder as a backend runs it: the Qwen3-VL family's ViT (vision/vision.h has its

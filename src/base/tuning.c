@@ -237,6 +237,16 @@ static const struct knob KNOBS[] = {
          "or sample.comp per row, with each sequence's chain, seed and penalty window): only the "
          "token ids come back, not every row's logits (docs/BATCHING.md); 0 reads the logits "
          "back and samples each row on the host."),
+    BOOL("ANVIL_VK_BATCH_PAGED", C_DIAGNOSTIC, vk_batch_paged, 1,
+         "A batch step with one decoding sequence runs the solo decode program over the batch's "
+         "pool (its attention reading the cache through the sequence's block table; its token "
+         "chosen on the device) instead of a batch program of one row (docs/BATCHING.md \"B = "
+         "1\"); 0 keeps the batch program. Models without recurrent layers, blocks of a power of "
+         "two rows."),
+    INT("ANVIL_VK_BATCH_ROWS", C_EXPERIMENT, vk_batch_rows, 1, 1, 32, NULL,
+        "A batch's decode step of two or more sequences runs the program of at least this many "
+        "rows (the power of two at or above it; the rows past the sequences dead): for measuring "
+        "a step's cost by its rows (docs/perf/log.md §85)."),
     BOOL("ANVIL_VK_SPEC_PICK", C_DIAGNOSTIC, vk_spec_pick, 1,
          "A speculative verify step's rows choose their tokens on the device (argmax.comp, or "
          "sample.comp with each row's draft offered by the speculative-sampling rule): only k + 1 "

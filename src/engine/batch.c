@@ -82,6 +82,7 @@ struct anvil_batch {
     anvil_model *model;
     struct backend *backend;
     int V, n_ctx, n_seq_max, kv_block, kv_blocks, max_blocks, prefill_chunk;
+    int rows_min;           /* a decode step of two or more rows runs at least this many (ANVIL_VK_BATCH_ROWS) */
     bool keep_logits;
     bool pick;              /* decode rows chosen on the device where they can be */
     struct bseq *seqs;      /* [n_seq_max] */
@@ -104,6 +105,11 @@ struct anvil_batch {
     int next_id;
     uint64_t clock;
     struct batch_program progs[BATCH_PROGRAMS];
+    /* a step of one decoding sequence: the solo decode program over the pool (run_paged;
+     * ANVIL_VK_BATCH_PAGED), compiled on the first such step; paged_ok: it may be used */
+    struct program *paged;
+    bool paged_ok;
+    int64_t paged_steps;    /* steps it ran */
     float *out;             /* [decode_rows(n_seq_max)][V]: a run's logits */
     int32_t *row_tok, *row_seq, *row_pos; /* [max(decode_rows(n_seq_max), prefill_chunk)] */
     struct batch_pick *pk;  /* [decode_rows(n_seq_max)]: each decode row's choice on the device */
@@ -113,10 +119,11 @@ struct anvil_batch {
     char err[ERRMSG_LEN];
 };
 
-/* The rows of the decode program that runs B sequences: the power of two >= B. */
-static int decode_rows(int B) {
+/* The rows of the decode program that runs B sequences: the power of two >= B, for two or
+ * more at least rows_min (ANVIL_VK_BATCH_ROWS). */
+static int decode_rows(const anvil_batch *b, int B) {
     int R = 1;
-    while (R < B) R *= 2;
+    while (R < B || (B >= 2 && R < b->rows_min)) R *= 2;
     return R;
 }
 
@@ -140,6 +147,7 @@ void anvil_batch_destroy(anvil_batch *b) {
     if (!b) return;
     for (int i = 0; i < BATCH_PROGRAMS; i++)
         if (b->progs[i].p) b->backend->vt->program_destroy(b->progs[i].p);
+    if (b->paged) b->backend->vt->program_destroy(b->paged);
     backend_destroy(b->backend);
     for (int i = 0; b->seqs && i < b->n_seq_max; i++) {
         free(b->seqs[i].tokens);
@@ -230,6 +238,7 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->max_blocks = (b->n_ctx + b->kv_block - 1) / b->kv_block;
     b->prefill_chunk = p.session.prefill_chunk ? p.session.prefill_chunk : t.prefill_chunk;
     b->keep_logits = p.keep_logits != 0;
+    b->rows_min = t.vk_batch_rows;
     if (p.kv_blocks && p.kv_blocks < b->max_blocks) {
         st = err_set(ANVIL_ERR_INVALID_ARG, "a pool of %d blocks of %d rows cannot hold one context of %d",
                      p.kv_blocks, b->kv_block, b->n_ctx);
@@ -261,15 +270,18 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
         return st;
     }
     b->pick = t.vk_batch_pick && b->backend->vt->run_batch_pick;
+    b->paged_ok = b->pick && t.vk_batch_paged && b->backend->vt->run_paged && b->kv_block >= 2 &&
+                  !(b->kv_block & (b->kv_block - 1)); /* (and no recurrent layers: below) */
     for (int l = 0; l < hp->n_layer; l++)
         if (hp->layer_recurrent[l]) b->recurrent = true;
+    b->paged_ok = b->paged_ok && !b->recurrent; /* (a session graph's states: one sequence's slices) */
     /* a recurrent model's prefix cache needs its states' snapshots (states_copy) */
     b->reuse = !p.no_prefix_cache && (!b->recurrent || b->backend->vt->states_copy);
     /* two a sequence, at most 16 (the 35B-A3B's states are ~63 MB a sequence) */
     b->n_snap = b->reuse && b->recurrent ? MIN(2 * b->n_seq_max, BATCH_SNAPSHOTS) : 0;
     b->snap_token = p.snapshot_token;
     b->kv_blocks = p.kv_blocks ? p.kv_blocks : pool_blocks(b);
-    int rows = MAX(decode_rows(b->n_seq_max), b->prefill_chunk);
+    int rows = MAX(decode_rows(b, b->n_seq_max), b->prefill_chunk);
     b->seqs = xcalloc((size_t)b->n_seq_max, sizeof *b->seqs);
     b->tables = xcalloc((size_t)(b->n_seq_max + b->n_snap) * (size_t)b->max_blocks, sizeof *b->tables);
     b->block_snap = xmalloc((size_t)b->kv_blocks * sizeof *b->block_snap);
@@ -280,12 +292,12 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->parent = xmalloc((size_t)b->kv_blocks * sizeof *b->parent);
     b->used = xcalloc((size_t)b->kv_blocks, sizeof *b->used);
     b->block_tok = xmalloc((size_t)b->kv_blocks * (size_t)b->kv_block * sizeof *b->block_tok);
-    b->out = xmalloc((size_t)decode_rows(b->n_seq_max) * (size_t)b->V * sizeof *b->out);
+    b->out = xmalloc((size_t)decode_rows(b, b->n_seq_max) * (size_t)b->V * sizeof *b->out);
     b->row_tok = xmalloc((size_t)rows * sizeof *b->row_tok);
     b->row_seq = xmalloc((size_t)rows * sizeof *b->row_seq);
     b->row_pos = xmalloc((size_t)rows * sizeof *b->row_pos);
-    b->pk = xcalloc((size_t)decode_rows(b->n_seq_max), sizeof *b->pk);
-    b->picked = xmalloc((size_t)decode_rows(b->n_seq_max) * sizeof *b->picked);
+    b->pk = xcalloc((size_t)decode_rows(b, b->n_seq_max), sizeof *b->pk);
+    b->picked = xmalloc((size_t)decode_rows(b, b->n_seq_max) * sizeof *b->picked);
     b->scratch = xmalloc(SAMPLER_SCRATCH_BYTES);
     st = b->seqs && b->tables && b->free_blocks && b->refs && b->parent && b->used && b->block_tok &&
                  b->block_snap && b->snap_block && b->snap_made && b->out && b->row_tok && b->row_seq &&
@@ -603,6 +615,36 @@ static anvil_status program_for(anvil_batch *b, int T, bool last_only, struct pr
     return ANVIL_OK;
 }
 
+/* A step of the one decoding sequence q (row 0 of b->row_*, chosen on the device by b->pk[0]) on
+ * the solo decode program over the pool, its token into b->picked[0]; *ran false (nothing run)
+ * where that program cannot be made: the caller then runs the batch program of one row. The
+ * program is made on the first such step from the session graph of one token over the pool's
+ * rows, its caches the batch's (the same states, the same shapes), read through q's blocks. */
+static anvil_status run_paged(anvil_batch *b, struct bseq *q, bool *ran) {
+    *ran = false;
+    if (!b->paged) {
+        struct build_opts o = {1, b->kv_blocks * b->kv_block, true, 0, 0, false, false, false, false};
+        struct graph g;
+        anvil_status st = model_build_graph(&b->model->model, &o, &g);
+        if (st != ANVIL_OK) return st;
+        g.kv_block = b->kv_block;
+        st = b->backend->vt->compile(b->backend, &g, &b->paged);
+        graph_free(&g);
+        if (st != ANVIL_OK) { /* (a model the paged program does not take: the batch program's) */
+            log_info("batch: steps of one sequence on a batch program: %s", err_get());
+            b->paged = NULL;
+            b->paged_ok = false;
+            return ANVIL_OK;
+        }
+    }
+    *ran = true;
+    b->paged_steps++;
+    return b->backend->vt->run_paged(b->paged, b->row_tok[0], b->row_pos[0], q->blocks, b->pk[0].sp, b->pk[0].history,
+                                     &b->picked[0]);
+}
+
+int64_t batch_paged_steps(const anvil_batch *b) { return b->paged_steps; }
+
 /* Keeps the logits q's next choice is made from, where the batch keeps them. */
 static void keep_logits(anvil_batch *b, struct bseq *q, const float *logits) {
     if (!b->keep_logits) return;
@@ -711,7 +753,7 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
     }
     /* the decode programs are of 1, 2, 4, 8 ... rows: the rest of the step's are dead rows, so
      * that a batch whose size moves reuses a few programs (each is recorded on first use) */
-    int R = decode_rows(B);
+    int R = decode_rows(b, B);
     for (int r = B; r < R; r++) {
         b->row_tok[r] = 0;
         b->row_seq[r] = -1;
@@ -728,7 +770,10 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
         pick |= dev;
         host |= q && !dev;
     }
-    if (B > 0 && st == ANVIL_OK) st = run_rows(b, R, B, false, pick, host ? b->out : NULL);
+    /* one sequence, chosen on the device, no logits wanted: the solo decode program */
+    bool ran = false;
+    if (B == 1 && b->paged_ok && b->pk[0].sp && !host && st == ANVIL_OK) st = run_paged(b, rows[0], &ran);
+    if (B > 0 && !ran && st == ANVIL_OK) st = run_rows(b, R, B, false, pick, host ? b->out : NULL);
     for (int r = 0; r < B && st == ANVIL_OK; r++) {
         struct bseq *q = rows[r];
         float *logits = b->out + (size_t)r * (size_t)b->V;

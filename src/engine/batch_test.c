@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "anvil.h"
+#include "engine_impl.h"
 #include "sampler.h"
 #include "testutil.h"
 
@@ -52,6 +53,8 @@ struct job {
     bool done;
     float max_diff;
 };
+
+static int64_t paged_steps; /* the last run_batch's steps on its paged decode program */
 
 struct collect {
     int32_t *toks;
@@ -166,6 +169,7 @@ static int run_batch(anvil_model *m, struct job *jobs, int n_jobs, const anvil_b
     if (anvil_batch_device_choices(b) != (device ? decode_choices : 0))
         fail_msg("%lld tokens chosen on the device, %lld expected", (long long)anvil_batch_device_choices(b),
                  (long long)(device ? decode_choices : 0));
+    paged_steps = batch_paged_steps(b);
     free(scratch);
     free(logits);
     anvil_batch_destroy(b);
@@ -253,6 +257,8 @@ static void check_model(const char *path, anvil_backend_kind be, bool only_ids) 
         }
         bp.keep_logits = 0;
         run_batch(m, jobs, 7, &bp, device);
+        /* its steps of one sequence ran on the paged decode program (the scenario has some) */
+        assert_true(paged_steps > 0);
     }
     for (int i = 0; i < 7; i++) {
         struct job *j = &jobs[i];
@@ -604,6 +610,77 @@ static void test_q8_cache_vulkan(void **state) {
     with_q8("reference/qwen3moe-tiny", ANVIL_BACKEND_VULKAN);
 }
 
+/* A batch's steps of one decoding sequence run the solo decode program over the pool
+ * (docs/BATCHING.md "B = 1": its attention reading the cache through the sequence's block
+ * table). One slot, so that every decode step is one row: the dense and MoE models, the cache
+ * in float32, float16 and q8_0, greedy and seeded sampling with penalties, the second prompt
+ * reading the first's blocks from the prefix cache, the third filling the context. Each gives
+ * its solo session's tokens, and every decode step ran on the paged program. */
+static void check_paged(const char *model, anvil_kv_cache kv) {
+    anvil_model_params mp = {2};
+    anvil_model *m;
+    const char *path = tu_testdata(model);
+    if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
+    int V = anvil_model_vocab_size(m);
+    char golden[512];
+    snprintf(golden, sizeof golden, "%s/golden.json", path);
+    char *text = tu_read_file(golden, NULL);
+    assert_non_null(text);
+    int n_ids;
+    int32_t *ids = tu_json_ids(text, "prompt_ids", &n_ids), two[N_CTX];
+    free(text);
+    assert_true(n_ids >= 8 && n_ids < N_CTX / 2);
+    for (int i = 0; i < N_CTX; i++) two[i] = ids[i % n_ids] * 7 % V;
+    struct job jobs[3];
+    init_job(&jobs[0], ids, n_ids, 24, 0);      /* greedy, over several blocks */
+    init_job(&jobs[1], ids, n_ids, 16, 0);      /* its blocks from the cache; sampled */
+    jobs[1].gp.sampling.temperature = 0.9f;
+    jobs[1].gp.sampling.top_k = 40;
+    jobs[1].gp.sampling.repeat_penalty = 1.3f;
+    jobs[1].gp.sampling.frequency_penalty = 0.4f;
+    jobs[1].gp.sampling.penalty_last_n = 6;
+    jobs[1].gp.sampling.seed = 7;
+    init_job(&jobs[2], two, N_CTX - 6, 10, 0);  /* fills the context */
+    anvil_session *solo = tu_session_kv(m, ANVIL_BACKEND_VULKAN, N_CTX, kv);
+    for (int i = 0; i < 3; i++) run_solo(m, solo, &jobs[i]);
+    anvil_session_destroy(solo);
+    anvil_batch_params bp = anvil_batch_default_params();
+    bp.session.backend = ANVIL_BACKEND_VULKAN;
+    bp.session.n_ctx = N_CTX;
+    bp.session.kv_cache = kv;
+    bp.session.prefill_chunk = 5;
+    bp.n_seq_max = 1;
+    bp.kv_block = 4;
+    run_batch(m, jobs, 3, &bp, true);
+    int64_t decode_steps = 0;
+    for (int i = 0; i < 3; i++) {
+        struct job *j = &jobs[i];
+        if (j->n_got != j->n_solo || j->stop != j->solo_stop)
+            fail_msg("%s: sequence %d: %d tokens (stop %d) in the batch, %d (stop %d) alone", path, i, j->n_got,
+                     j->stop, j->n_solo, j->solo_stop);
+        for (int t = 0; t < j->n_got; t++)
+            if (j->got[t] != j->solo[t])
+                fail_msg("%s: sequence %d: token %d is %d in the batch, %d alone", path, i, t, j->got[t], j->solo[t]);
+        decode_steps += j->n_choices - 1;
+        free(j->solo_logits);
+    }
+    assert_int_equal(jobs[2].stop, ANVIL_STOP_CONTEXT);
+    assert_true(jobs[1].cached > 0);
+    assert_int_equal(paged_steps, decode_steps);
+    free(ids);
+    anvil_model_close(m);
+}
+
+static void test_paged_vulkan(void **state) {
+    (void)state;
+    vulkan_or_skip();
+    check_paged("reference/qwen3-tiny", ANVIL_KV_F32);
+    check_paged("reference/qwen3-tiny", ANVIL_KV_F16);
+    check_paged("reference/qwen3-tiny", ANVIL_KV_Q8_0);
+    sanitized_cut();
+    check_paged("reference/qwen3moe-tiny", ANVIL_KV_F16);
+}
+
 static void test_pool_by_memory(void **state) {
     (void)state;
     vulkan_or_skip();
@@ -722,6 +799,7 @@ int main(void) {
         cmocka_unit_test(test_prefix_cache_vulkan),
         cmocka_unit_test(test_q8_cache),
         cmocka_unit_test(test_q8_cache_vulkan),
+        cmocka_unit_test(test_paged_vulkan),
         cmocka_unit_test(test_pool_by_memory),
         cmocka_unit_test(test_limits),
     };

@@ -103,6 +103,9 @@ struct sampling_params;
  * ANVIL_VK_SPEC_PICK=0): the caller then evaluates and chooses from the logits. */
 anvil_status session_eval_pick(anvil_session *s, const int32_t *tokens, int n, const struct sampling_params *sp,
                                const int32_t *drafts, int32_t *picked);
+/* For tests: the steps a batch ran on its paged decode program (engine/batch.c run_paged). */
+int64_t batch_paged_steps(const anvil_batch *b);
+
 /* The context a session or batch takes where its caller gives none: the model's trained one,
  * at most 4096 tokens (4096 where the file says none). */
 static inline int default_n_ctx(const struct hparams *hp) {

@@ -157,7 +157,10 @@ struct node {
 struct graph {
     int n_tokens;     /* T */
     int n_seqs;       /* 0: a session's graph; else a batch graph of n_seqs sequences */
-    int kv_block;     /* a batch graph's cache rows per block (the caches' S a multiple of it) */
+    int kv_block;     /* a batch graph's cache rows per block (the caches' S a multiple of it);
+                         on a session graph of one token (n_seqs 0) a paged one: its caches a
+                         batch's pool, read through one sequence's block table
+                         (backend_vtable.run_paged; engine/batch.c sets it) */
     struct node *nodes;
     int n_nodes, cap_nodes;
     int output;       /* the node whose values a run returns (f32, {N, rows}) */

@@ -865,6 +865,7 @@ static const struct backend_vtable cpu_vtable = {
     cpu_read_aux, cpu_states_copy, NULL, /* run_argmax: the host chooses */
     NULL, /* free_bytes: host memory */
     NULL, /* chain: a split's parts on the CPU cross in host memory as they are */
+    NULL, /* run_paged: a batch's steps run its batch programs (the reference) */
 };
 
 anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens, int pos0,

@@ -964,6 +964,7 @@ static const struct backend_vtable vk_vtable = {
     vk_run_argmax,
     vk_free_bytes,
     &vk_chain_vt,
+    vk_run_paged,
 };
 
 void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t max_memory) {

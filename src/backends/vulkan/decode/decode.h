@@ -84,6 +84,10 @@ struct vk_program {
     /* ---- set at creation (program.c), read-only afterwards ---- */
     struct vk_backend *b;
     int n_ctx;
+    /* a paged cache (graph.kv_block on a session graph: a batch's pool, run_paged): log2 of its
+     * block's rows, the block table at the control block's data[3 n_ctx]; 0: the cache's rows
+     * are the positions */
+    uint32_t kv_shift;
     uint32_t V; /* the LM head's rows (UINT32_MAX where the program has none: hidden) */
     /* a layer split's part before the last (graph.hidden_out): the step ends in the hidden
      * state at logits_off (out_n floats), no token is chosen and the position does not advance

@@ -28,9 +28,10 @@ static uint32_t mega_kind(const struct vk_dispatch *d, int *type, bool attn) {
     if (!ki->qx && (ki->op == VK_OP_MATVEC || ki->op == VK_OP_MATVEC_SWIGLU) &&
         vk_kernel_for(VK_OP_MEGA, ki->dtype) != K_NONE)
         t = ki->dtype, kind = ki->op == VK_OP_MATVEC ? MEGA_PH_MATVEC : MEGA_PH_SWIGLU;
-    if (d->k == K_ATTENTION) { /* float output only, at most 64 chunks (mega.comp's merge; ANVIL_VK_ATTN_CHUNKS) */
+    if (d->k == K_ATTENTION) { /* float output only, at most 64 chunks (mega.comp's merge; ANVIL_VK_ATTN_CHUNKS), not
+                                  a paged cache (mega.comp reads the rows as the positions) */
         const struct pc_attn *pa = (const struct pc_attn *)d->push;
-        return attn && !pa->xq && !pa->gate && (pa->NC & 0xffff) <= 64 ? MEGA_PH_ATTN : 0;
+        return attn && !pa->xq && !pa->gate && !(pa->NC & ATTN_NC_PAGED_MASK) && (pa->NC & 0xfff) <= 64 ? MEGA_PH_ATTN : 0;
     }
     if (!kind || d->overlap || (*type >= 0 && t != *type)) return 0;
     if (((const struct pc_matvec *)d->push)->Kp8 > MEGA_XS4 / 2) return 0; /* its input fits shared memory */

@@ -128,6 +128,15 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
         st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph has no KV cache");
         goto done;
     }
+    if (g->kv_block && !g->n_seqs) { /* a batch's pool (docs/BATCHING.md "B = 1") */
+        while (p->kv_shift < 16 && (1 << p->kv_shift) < g->kv_block) p->kv_shift++;
+        if (g->kv_block != 1 << p->kv_shift || p->kv_shift < 1 || p->kv_shift > 15 || p->n_ctx % g->kv_block ||
+            g->hidden_out) {
+            st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a paged decode program needs blocks of a power of two "
+                         "2 .. 32768 rows (not %d) dividing its %d", g->kv_block, p->n_ctx);
+            goto done;
+        }
+    }
     p->hidden = g->hidden_out;
     p->out_n = (uint32_t)g->nodes[g->output].ne[0];
     p->V = p->hidden ? UINT32_MAX : p->out_n;
@@ -147,7 +156,8 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
     L.sized = true;
     st = vk_buffer_create(b->d, L.plan.size + L.arena_size, VK_MEM_DEVICE, "activations", &p->arena);
     if (st == ANVIL_OK)
-        st = vk_buffer_create(b->d, sizeof(struct vk_ctl) + (size_t)p->n_ctx * 12, VK_MEM_CONTROL,
+        st = vk_buffer_create(b->d, sizeof(struct vk_ctl) + (size_t)p->n_ctx * 12 + ((size_t)p->n_ctx >> p->kv_shift) * 4,
+                              VK_MEM_CONTROL,
                               "the control block", &p->ctl);
     if (st == ANVIL_OK)
         st = vk_rope_table(b, g, p->n_ctx, &p->rope);

@@ -67,6 +67,46 @@ anvil_status vk_program_run_argmax(struct vk_program *p, int32_t token, int pos0
     return st;
 }
 
+/* One step of a paged program: the token at pos, the block table and the penalty window
+ * written into the control block, its choice read back. */
+anvil_status vk_run_paged(struct program *pp, int32_t token, int pos, const int32_t *blocks,
+                          const struct sampling_params *sp, const int32_t *history, int32_t *out) {
+    struct vk_prog *g = (struct vk_prog *)pp;
+    struct vk_program *p = g->decode;
+    if (!p || !p->kv_shift || p->hidden || p->in_bytes)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: run_paged needs a paged session program");
+    int n_hist = batch_pick_history(sp, pos);
+    if (pos < 0 || pos >= p->n_ctx || n_hist > BATCH_PICK_HISTORY || (sp->penalties && !history))
+        return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: no paged step at position %d (pool of %d rows, a penalty "
+                       "window of %d)", pos, p->n_ctx, n_hist);
+    anvil_status st = vk_prog_rope_shift(g, 0);
+    if (st != ANVIL_OK) return st;
+    ctl_reset(p, token, pos);
+    volatile struct vk_ctl *c = p->ctl.map;
+    c->budget = 1; /* one token chosen, then the step stops */
+    ctl_set_sampling(c, p->V, sp);
+    if (sp->greedy) c->s_K = 1; /* (with penalties: candidate 0 alone, as a batch row's record) */
+    /* the window before pos (the step adds pos's own), then the table up to pos's block */
+    volatile uint32_t *hist = c->data + 2 * (size_t)p->n_ctx, *tab = c->data + 3 * (size_t)p->n_ctx;
+    for (int i = pos - n_hist; i < pos; i++) hist[i] = (uint32_t)history[i];
+    uint32_t last = (uint32_t)pos >> p->kv_shift, stride = (uint32_t)p->n_ctx >> p->kv_shift;
+    for (uint32_t i = 0; i <= last; i++) {
+        if ((uint32_t)blocks[i] >= stride)
+            return err_set(ANVIL_ERR_RANGE, "vulkan: block %u of the sequence is %d, past the pool's %u", i, blocks[i],
+                           stride);
+        tab[i] = (uint32_t)blocks[i];
+    }
+    bool sample = !sp->greedy || sp->penalties;
+    uint64_t v;
+    st = vk_submit(p->b->d, sample ? &p->cb_single_s : &p->cb_single, 1, &v);
+    if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
+    if (st == ANVIL_OK) st = mega_fault(p);
+    if (st == ANVIL_OK && (c->n_out != 1 || c->token >= p->V))
+        st = err_set(ANVIL_ERR_BACKEND, "vulkan: the paged step chose no token (%u of %u)", c->token, p->V);
+    if (st == ANVIL_OK) *out = (int32_t)c->token;
+    return st;
+}
+
 anvil_status vk_program_read_aux(struct vk_program *p, float *out) {
     if (!p->aux_bytes) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: the program keeps no aux node");
     memcpy(out, (const char *)p->readback.map + p->aux_rb, p->aux_bytes);

@@ -68,6 +68,13 @@ shared vec4 ys[GW + 1][D4]; /* the same, rotated */
 shared vec4 vnew[D4];
 shared bool last_wg;
 uint NC, n_rot; /* the chunks of the grid, the rotated dims (pc.NC) */
+uint kvb;       /* a paged cache: log2 of its block's rows (pc.NC, ATTN_NC_PAGED), else 0 */
+
+/* position p's cache row: p, or through the block table of a paged cache (contract.h) */
+uint crow(uint p) {
+    if (kvb == 0u) return p;
+    return pc.ctl.data[3u * pc.ctl.n_ctx + (p >> kvb)] << kvb | p & ((1u << kvb) - 1u);
+}
 
 /* a pass's rows from memory, zero past the end and for the current position's row (not in
  * the cache yet: pass_patch puts it in): this lane's pieces of k row base + lane / LPR, and
@@ -79,8 +86,9 @@ const bool KQW = KVQ8 && LPR == 4u && D4 % 16u == 0u;
 void pass_load_k(uint base, uint end, uint pos, uint j, uint lane, out vec4 kr[KPL]) {
     uint p = base + lane / LPR;
     bool live = p < end && p != pos;
+    uint row = live ? crow(p) : 0u;
     if (KQW) {
-        uint r0 = (p * pc.Hkv + j) * D4 + lane % LPR, sw[(KPL + 3u) / 4u];
+        uint r0 = (row * pc.Hkv + j) * D4 + lane % LPR, sw[(KPL + 3u) / 4u];
         for (uint m = 0; m < (KPL + 3u) / 4u; m++) sw[m] = live ? KvWords(pc.kc).v[kvq_scale_word(r0 + 16u * m)] : 0u;
         for (uint i = 0; i < KPL; i++)
             kr[i] = live ? kvq_deq(KvWords(pc.kc).v[kvq_word(r0 + i * LPR)], kvq_d(sw[i / 4u], r0 + i * LPR)) : vec4(0.0);
@@ -88,16 +96,20 @@ void pass_load_k(uint base, uint end, uint pos, uint j, uint lane, out vec4 kr[K
     }
     for (uint i = 0; i < KPL; i++) {
         uint c4 = lane % LPR + i * LPR;
-        kr[i] = live && c4 < D4 ? kv_get(pc.kc, (p * pc.Hkv + j) * D4 + c4) : vec4(0.0);
+        kr[i] = live && c4 < D4 ? kv_get(pc.kc, (row * pc.Hkv + j) * D4 + c4) : vec4(0.0);
     }
 }
 
 void pass_load_v(uint base, uint end, uint pos, uint j, uint lane, out vec4 vr[RPS][CPL]) {
-    for (uint r = 0; r < RPS; r++)
+    for (uint r = 0; r < RPS; r++) {
+        uint q = base + r;
+        bool live = q < end && q != pos;
+        uint row = live ? crow(q) : 0u;
         for (uint k = 0; k < CPL; k++) {
-            uint q = base + r, c4 = lane + k * SG;
-            vr[r][k] = q < end && q != pos && c4 < D4 ? kv_get(pc.vc, (q * pc.Hkv + j) * D4 + c4) : vec4(0.0);
+            uint c4 = lane + k * SG;
+            vr[r][k] = live && c4 < D4 ? kv_get(pc.vc, (row * pc.Hkv + j) * D4 + c4) : vec4(0.0);
         }
+    }
 }
 
 /* the current position's k and v rows from shared memory, where the pass holds it */
@@ -129,7 +141,8 @@ void merge_load(uint c0, uint NE, uint mlb, uint h, uint base, out float mv[8], 
 
 void main() {
     if (pc.ctl.stop != 0u) return;
-    NC = pc.NC & 0xffffu;
+    NC = pc.NC & 0xfffu;
+    kvb = pc.NC >> 12 & 0xfu;
     n_rot = pc.NC >> 16;
     uint jg = gl_WorkGroupID.x, j = jg / GS, c = gl_WorkGroupID.y;
     uint h0 = j * G + jg % GS * GW; /* the workgroup's first query head */
@@ -205,14 +218,14 @@ void main() {
                    32, a block 8 consecutive invocations (D4 and the workgroup multiples of 8) */
         if (mine)
             for (uint e4 = t; e4 < 2u * D4; e4 += gl_WorkGroupSize.x) {
-                uint d4 = e4 % D4, row = (pos * pc.Hkv + j) * D4 + d4;
+                uint d4 = e4 % D4, row = (crow(pos) * pc.Hkv + j) * D4 + d4;
                 if (e4 < D4) ys[GW][d4] = kvq_put_lanes(pc.kc, row, ys[GW][d4], jg % GS == 0u);
                 else vnew[d4] = kvq_put_lanes(pc.vc, row, vnew[d4], jg % GS == 0u);
             }
         barrier();
     } else if (mine && jg % GS == 0u) /* the cache rows of this position, for the steps to come */
         for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) {
-            uint row = (pos * pc.Hkv + j) * D4 + d4;
+            uint row = (crow(pos) * pc.Hkv + j) * D4 + d4;
             kv_put(pc.kc, row, ys[GW][d4]);
             kv_put(pc.vc, row, vnew[d4]);
         }

@@ -77,8 +77,13 @@
 #define EW_SWIGLU 2u      /* out = silu(a) * b */
 #define EW_RMS_NORM 3u    /* per row of ne0: out = a / rms(a) * b */
 
-/* struct pc_attn's NC: the chunks, and the rotated dims n_rot in its high half */
+/* struct pc_attn's NC: the chunks (bits 0-11), and the rotated dims n_rot in its high half;
+ * bits 12-15 (ATTN_NC_PAGED), where not 0, say the cache is a batch's pool of blocks of 1 <<
+ * that many rows read by a session's decode program (docs/BATCHING.md "B = 1"): position p's
+ * row is data[3 n_ctx + p / block] * block + p % block of the control block (its block table) */
 #define ATTN_NC_ROT(NC, n_rot) ((NC) | (n_rot) << 16)
+#define ATTN_NC_PAGED(shift) ((shift) << 12)
+#define ATTN_NC_PAGED_MASK 0xf000u
 
 /* gdn.comp's flags (struct pc_gdn) */
 #define GDN_A_LOG 1u /* the decay rate is -exp(A) (A holds A_log), else A itself */
