@@ -466,6 +466,10 @@ int anvil_batch_kv_blocks(const anvil_batch *b, int *total);
 /* The pool's blocks that no sequence holds but the prefix cache keeps for a later prompt (free
  * for any sequence that needs room). */
 int anvil_batch_kv_cached_blocks(const anvil_batch *b);
+/* 1 where a step of one decoding sequence runs the solo decode program over the pool
+ * (docs/BATCHING.md "B = 1": about a session's speed), 0 where it runs a batch program of one
+ * row (the CPU backend, models with recurrent layers, a layer split, ANVIL_VK_BATCH_PAGED=0). */
+int anvil_batch_paged_decode(const anvil_batch *b);
 /* The prompt tokens of sequence id read from the prefix cache instead of prefilled (0 until
  * its prompt starts; -1 for no such sequence). */
 int anvil_batch_cached_tokens(const anvil_batch *b, int id);

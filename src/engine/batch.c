@@ -645,6 +645,8 @@ static anvil_status run_paged(anvil_batch *b, struct bseq *q, bool *ran) {
 
 int64_t batch_paged_steps(const anvil_batch *b) { return b->paged_steps; }
 
+int anvil_batch_paged_decode(const anvil_batch *b) { return b && b->paged_ok; }
+
 /* Keeps the logits q's next choice is made from, where the batch keeps them. */
 static void keep_logits(anvil_batch *b, struct bseq *q, const float *logits) {
     if (!b->keep_logits) return;

@@ -48,6 +48,7 @@ static double now(void) {
 static char *tokenizer_dir;
 static struct server *live; /* the server running, stopped by the teardown if a check failed */
 static int kv_pool;         /* --kv-pool of the batch servers start() makes (0: the default) */
+static int batch_parallel = 4; /* check_model's batch server's --parallel (0: the default, what fits) */
 
 /* A server of model on backend be with that many slots, ready; fails the test if it cannot be
  * started. model must outlive it. */
@@ -77,6 +78,7 @@ static void stop(void) {
 
 static int teardown(void **state) {
     (void)state;
+    batch_parallel = 4;
     if (live) stop();
     return 0;
 }
@@ -391,8 +393,10 @@ static void check_model(const char *rel, anvil_backend_kind be) {
 
     /* all at once on 4 slots, twice: the second time in the opposite order, each request in
      * another slot, on blocks and state slices that others used */
-    srv = start(model, be, 4);
+    srv = start(model, be, batch_parallel);
     port = server_port(srv);
+    if (!batch_parallel) /* what fits: the batch's slots */
+        assert_int_equal(metric(port, "anvil_parallel"), SERVER_FIT_SLOTS);
     for (int round = 0; round < 2; round++) {
         int order[N];
         for (int i = 0; i < N; i++) order[i] = round ? N - 1 - i : i;
@@ -465,6 +469,29 @@ static void test_dense_vulkan(void **state) {
 static void test_moe_vulkan(void **state) {
     (void)state;
     if (vulkan()) check_model("reference/qwen3moe-tiny", ANVIL_BACKEND_VULKAN);
+}
+
+/* --parallel's default, what fits: on Vulkan the scenario's batch server is one of
+ * SERVER_FIT_SLOTS slots (the dense model: its steps of one sequence on the decode program);
+ * on the CPU backend, and for a hybrid model (whose batch decodes one sequence on a batch
+ * program), one request at a time. */
+static void check_fit_one(const char *rel, anvil_backend_kind be) {
+    char *model = strdup(tu_testdata(rel));
+    int port = server_port(start(model, be, 0));
+    assert_int_equal(metric(port, "anvil_parallel"), 1);
+    assert_true(metric(port, "anvil_kv_blocks_total") == 0);
+    stop();
+    free(model);
+}
+
+static void test_fit(void **state) {
+    (void)state;
+    check_fit_one("reference/qwen3-tiny", ANVIL_BACKEND_CPU);
+    if (!vulkan()) return;
+    check_fit_one("reference/qwen3_5-tiny", ANVIL_BACKEND_VULKAN);
+    batch_parallel = 0;
+    check_model("reference/qwen3-tiny", ANVIL_BACKEND_VULKAN);
+    batch_parallel = 4;
 }
 
 /* The scenario with a pool of one context (--kv-pool 256: 4 blocks): the story's 200 tokens
@@ -611,6 +638,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_teardown(test_moe_vulkan, teardown),
         cmocka_unit_test_teardown(test_hybrid_vulkan, teardown),
         cmocka_unit_test_teardown(test_small_pool_cpu, teardown),
+        cmocka_unit_test_teardown(test_fit, teardown),
         cmocka_unit_test_teardown(test_hybrid_chat_reuse, teardown),
         cmocka_unit_test_teardown(test_prefix_reuse, teardown),
     };

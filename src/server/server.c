@@ -17,7 +17,7 @@ void server_options_default(struct server_options *o) {
     o->max_tokens = 4096;
     o->default_max_tokens = 512;
     o->max_queue = 256;
-    o->parallel = 1;
+    o->parallel = 0; /* what fits (load) */
     o->max_connections = 2048;
     o->max_connections_per_ip = 128;
     o->timeout_s = 60;
@@ -406,19 +406,38 @@ static anvil_status load(struct server *s) {
         snprintf(why, sizeof why, "%s", anvil_last_error());
         return err_set(st, "serve --spec: %s", why);
     }
-    if (s->opt.parallel > 1) {
+    /* --parallel's default (0), what fits: a batch of up to SERVER_FIT_SLOTS requests, its cache
+     * as many of their whole contexts as the device's free memory holds (at least one; the
+     * requests past it wait for room: anvil_batch_fits), where the batch decodes one sequence
+     * at a session's speed (anvil_batch_paged_decode: on a GPU, models without recurrent
+     * layers); else one at a time on the session, and so with --spec */
+    bool fit = s->opt.parallel == 0;
+    int parallel = s->opt.parallel;
+    if (fit)
+        parallel = (s->opt.spec && s->opt.spec->kind != ANVIL_SPEC_NONE) || mi.recurrent ||
+                           !strcmp(anvil_session_backend_name(s->session), "cpu") ? 1 : SERVER_FIT_SLOTS;
+    if (parallel > 1) {
         anvil_batch_params bp = anvil_batch_default_params();
         bp.session = s->opt.session;
-        bp.n_seq_max = s->opt.parallel;
+        bp.n_seq_max = parallel;
         bp.snapshot_token = s->im_start; /* a hybrid's states kept where each turn starts too */
         if (s->opt.kv_pool > 0) bp.kv_blocks = (s->opt.kv_pool + bp.kv_block - 1) / bp.kv_block;
         if ((st = anvil_batch_create(s->model, &bp, &s->batch)) != ANVIL_OK) {
             char why[256];
             snprintf(why, sizeof why, "%s", anvil_last_error());
-            return err_set(st, "serve --parallel %d: %s", s->opt.parallel, why);
+            return err_set(st, "serve --parallel %d: %s", parallel, why);
         }
-        anvil_batch_kv_blocks(s->batch, &s->kv_total);
+        if (fit && !anvil_batch_paged_decode(s->batch)) {
+            anvil_batch_destroy(s->batch);
+            s->batch = NULL;
+            parallel = 1;
+        }
+        if (s->batch) anvil_batch_kv_blocks(s->batch, &s->kv_total);
     }
+    if (fit) log_info("serve: --parallel %d (what fits)", parallel);
+    pthread_mutex_lock(&s->mu);
+    s->opt.parallel = parallel;
+    pthread_mutex_unlock(&s->mu);
     return jvocab_build(s->text, s->n_vocab, &s->jvocab);
 }
 
@@ -505,7 +524,7 @@ anvil_status server_start(const struct server_options *o, struct server **out) {
     if (o->max_body < 64 || o->max_json_depth < 2 || o->max_tokens < 1 ||
         o->default_max_tokens < 1 || o->max_queue < 1 || o->max_connections < 1 ||
         o->max_connections_per_ip < 0 || o->request_timeout_s < 1 || o->parse_budget < o->max_body ||
-        o->parallel < 1 || o->parallel > 256 || o->kv_pool < 0 ||
+        o->parallel < 0 || o->parallel > 256 || o->kv_pool < 0 ||
         o->timeout_s < 1 || o->port < 0 || o->port > 65535 || o->max_prompt_tokens < 0)
         return err_set(ANVIL_ERR_INVALID_ARG, "serve: an option is out of range");
     if (o->spec && o->spec->kind == ANVIL_SPEC_ORACLE)

@@ -60,7 +60,9 @@ struct server_options {
     int default_max_tokens;  /* used when a request gives none (still capped by the context) */
     int max_queue;           /* waiting generation requests beyond this get 503 */
     int parallel;            /* requests generating at once (1: one at a time on the session;
-                                more: continuous batching, docs/BATCHING.md) */
+                                more: continuous batching, docs/BATCHING.md; 0, the default:
+                                what fits, SERVER_FIT_SLOTS where the batch decodes one
+                                sequence at a session's speed, else 1) */
     int kv_pool;             /* parallel > 1: the tokens the batch's cache holds in all (whole
                                 blocks, at least one context; 0: parallel whole contexts) */
     int max_connections;     /* simultaneous connections, all clients together */
@@ -81,6 +83,10 @@ struct server_options {
      * parallel 1: the batch does not speculate. */
     const anvil_spec *spec;
 };
+
+/* The requests --parallel's default batches on a GPU (the pool: as many of their contexts as
+ * the free memory holds). */
+#define SERVER_FIT_SLOTS 16
 
 void server_options_default(struct server_options *o);
 
