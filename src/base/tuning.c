@@ -237,12 +237,14 @@ static const struct knob KNOBS[] = {
          "or sample.comp per row, with each sequence's chain, seed and penalty window): only the "
          "token ids come back, not every row's logits (docs/BATCHING.md); 0 reads the logits "
          "back and samples each row on the host."),
-    BOOL("ANVIL_VK_BATCH_PAGED", C_DIAGNOSTIC, vk_batch_paged, 1,
-         "A batch step with one decoding sequence runs the solo decode program over the batch's "
-         "pool (its attention reading the cache through the sequence's block table; its token "
-         "chosen on the device) instead of a batch program of one row (docs/BATCHING.md \"B = "
-         "1\"); 0 keeps the batch program. Models without recurrent layers, blocks of a power of "
-         "two rows."),
+    INT("ANVIL_VK_BATCH_PAGED", C_DIAGNOSTIC, vk_batch_paged, 1, 0, 2, NULL,
+        "A batch step with one decoding sequence runs the solo decode program over the batch's "
+        "pool (its attention reading the cache through the sequence's block table; its token "
+        "chosen on the device) instead of a batch program of one row (docs/BATCHING.md \"B = "
+        "1\"); 0 keeps the batch program. Models without recurrent layers, blocks of a power of "
+        "two rows. 2, for measuring the table's cost: the attention reads the pool's rows as the "
+        "positions (right only where the sequence's blocks are the pool's first, in order: "
+        "`bench --parallel 1`)."),
     INT("ANVIL_VK_BATCH_ROWS", C_EXPERIMENT, vk_batch_rows, 1, 1, 32, NULL,
         "A batch's decode step of two or more sequences runs the program of at least this many "
         "rows (the power of two at or above it; the rows past the sequences dead): for measuring "

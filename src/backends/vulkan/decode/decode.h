@@ -88,6 +88,10 @@ struct vk_program {
      * block's rows, the block table at the control block's data[3 n_ctx]; 0: the cache's rows
      * are the positions */
     uint32_t kv_shift;
+    /* its steps (run_paged) and their host time: writing the control block, the submission, the
+     * wait (reported with ANVIL_VK_PROFILE=1 when the program is destroyed) */
+    int64_t paged_steps;
+    double paged_s[3];
     uint32_t V; /* the LM head's rows (UINT32_MAX where the program has none: hidden) */
     /* a layer split's part before the last (graph.hidden_out): the step ends in the hidden
      * state at logits_off (out_n floats), no token is chosen and the position does not advance

@@ -317,7 +317,7 @@ static anvil_status lower_attention(struct lower *L, int i) {
     }
     pa.ctl = L->p->ctl.addr;
     pa.Hkv = Hkv;
-    pa.NC = ATTN_NC_ROT(nc, (uint32_t)qr->p.i[0]) | ATTN_NC_PAGED(L->p->kv_shift);
+    pa.NC = ATTN_NC_ROT(nc, (uint32_t)qr->p.i[0]) | ATTN_NC_PAGED(L->p->b->d->tune.vk_batch_paged == 2 ? 0 : L->p->kv_shift);
     pa.eps = qn->p.f[0];
     pa.scale = a->p.f[0];
     return emit_dispatch(L->p, K_ATTENTION, Hkv * gs, nc, &pa, sizeof pa);

@@ -18,6 +18,7 @@
  * (shared with the prefill program) is made here too.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -206,6 +207,10 @@ done:
 void vk_program_destroy(struct vk_program *p) {
     if (!p) return;
     struct vk_device *d = p->b->d;
+    if (p->paged_steps && d->tune.vk_profile)
+        fprintf(stderr, "paged decode program: %lld steps, host time a step: %.1f us writing the control block, "
+                "%.1f us submitting, %.1f us waiting\n", (long long)p->paged_steps, 1e6 * p->paged_s[0] / (double)p->paged_steps,
+                1e6 * p->paged_s[1] / (double)p->paged_steps, 1e6 * p->paged_s[2] / (double)p->paged_steps);
     if (vk_idle(d)) { /* else abandoned with the device (vk_idle) */
         if (p->clk.map && p->clk_kind) mega_clock_report(p);
         VkCommandBuffer cbs[9] = {p->cb_one, p->cb_batch, p->cb_copy, p->cb_single, p->cb_prof, p->cb_batch_s,

@@ -81,6 +81,7 @@ anvil_status vk_run_paged(struct program *pp, int32_t token, int pos, const int3
                        "window of %d)", pos, p->n_ctx, n_hist);
     anvil_status st = vk_prog_rope_shift(g, 0);
     if (st != ANVIL_OK) return st;
+    double t0 = time_now();
     ctl_reset(p, token, pos);
     volatile struct vk_ctl *c = p->ctl.map;
     c->budget = 1; /* one token chosen, then the step stops */
@@ -98,8 +99,15 @@ anvil_status vk_run_paged(struct program *pp, int32_t token, int pos, const int3
     }
     bool sample = !sp->greedy || sp->penalties;
     uint64_t v;
+    double t1 = time_now();
     st = vk_submit(p->b->d, sample ? &p->cb_single_s : &p->cb_single, 1, &v);
+    double t2 = time_now();
     if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
+    double t3 = time_now();
+    p->paged_steps++;
+    p->paged_s[0] += t1 - t0;
+    p->paged_s[1] += t2 - t1;
+    p->paged_s[2] += t3 - t2;
     if (st == ANVIL_OK) st = mega_fault(p);
     if (st == ANVIL_OK && (c->n_out != 1 || c->token >= p->V))
         st = err_set(ANVIL_ERR_BACKEND, "vulkan: the paged step chose no token (%u of %u)", c->token, p->V);
