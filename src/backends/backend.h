@@ -100,6 +100,25 @@ static inline int batch_pick_history(const struct sampling_params *sp, int pos) 
     return sp->window < 0 || sp->window > pos ? pos : sp->window - 1;
 }
 
+/* A step of a batch's sequence on a paged program (backend_vtable.run_paged): the token at
+ * position pos, its next token chosen by sp as a batch row's (struct batch_pick: counter pos +
+ * 1, penalties over history, batch_pick_history(sp, pos) <= BATCH_PICK_HISTORY). */
+struct paged_step {
+    int32_t token;
+    int pos;
+    const int32_t *blocks;  /* the sequence's block table (struct batch_rows' row), up to the
+                               block of pos (of pos + 1 with ahead) */
+    const struct sampling_params *sp;
+    const int32_t *history; /* the tokens at positions 0 .. pos (where sp->penalties) */
+    /* the step at pos is on the device already: the last call's ahead (token, sp and history
+     * are then those of that call) */
+    bool queued;
+    /* also queue the step at pos + 1, fed the token chosen at pos, before waiting for this
+     * one: the next call's queued step. A call that is not its continuation (queued false)
+     * waits for it first and throws it away (it wrote its cache row at pos + 1 only). */
+    bool ahead;
+};
+
 /* One dispatch of a device program, timed (backend_vtable.time). */
 struct dispatch_time {
     const char *kernel; /* its kernel's name (static) */
@@ -228,16 +247,12 @@ struct backend_vtable {
     /* Optional: linking a split's parts on this kind's devices (struct chain_vtable); NULL: a
      * split's hidden state crosses through the host. */
     const struct chain_vtable *chain;
-    /* Optional: one decode step of a batch's sequence alone (docs/BATCHING.md "B = 1"), on a
-     * program compiled from a session graph of one token whose caches are the batch's pool
-     * (graph.kv_block set, n_seqs 0; the batch graphs' states, the same shapes): token at
-     * position pos, blocks[0 .. pos / kv_block] the sequence's block table (struct batch_rows'
-     * row), its next token chosen on the device by sp as a batch row's (struct batch_pick:
-     * counter pos + 1, penalties over history, batch_pick_history(sp, pos) <=
-     * BATCH_PICK_HISTORY) into *out. Only that token crosses. NULL: the backend compiles no
-     * such programs (the caller runs a batch program of one row). */
-    anvil_status (*run_paged)(struct program *p, int32_t token, int pos, const int32_t *blocks,
-                              const struct sampling_params *sp, const int32_t *history, int32_t *out);
+    /* Optional: one decode step of a batch's sequence alone (docs/BATCHING.md "B = 1", struct
+     * paged_step), on a program compiled from a session graph of one token whose caches are the
+     * batch's pool (graph.kv_block set, n_seqs 0; the batch graphs' states, the same shapes),
+     * its next token chosen on the device into *out. Only that token crosses. NULL: the backend
+     * compiles no such programs (the caller runs a batch program of one row). */
+    anvil_status (*run_paged)(struct program *p, const struct paged_step *s, int32_t *out);
 };
 
 /* A vision encoder as a backend runs it: the Qwen3-VL family's ViT (vision/vision.h has its

@@ -109,7 +109,9 @@ struct anvil_batch {
      * ANVIL_VK_BATCH_PAGED), compiled on the first such step; paged_ok: it may be used */
     struct program *paged;
     bool paged_ok;
+    bool ahead_ok;          /* its step after may be queued ahead (ANVIL_VK_BATCH_PAGED 1, 2) */
     int64_t paged_steps;    /* steps it ran */
+    int ahead_id, ahead_pos; /* the sequence whose step at ahead_pos is queued there (0: none) */
     float *out;             /* [decode_rows(n_seq_max)][V]: a run's logits */
     int32_t *row_tok, *row_seq, *row_pos; /* [max(decode_rows(n_seq_max), prefill_chunk)] */
     struct batch_pick *pk;  /* [decode_rows(n_seq_max)]: each decode row's choice on the device */
@@ -272,6 +274,7 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->pick = t.vk_batch_pick && b->backend->vt->run_batch_pick;
     b->paged_ok = b->pick && t.vk_batch_paged && b->backend->vt->run_paged && b->kv_block >= 2 &&
                   !(b->kv_block & (b->kv_block - 1)); /* (and no recurrent layers: below) */
+    b->ahead_ok = t.vk_batch_paged != 3;
     for (int l = 0; l < hp->n_layer; l++)
         if (hp->layer_recurrent[l]) b->recurrent = true;
     b->paged_ok = b->paged_ok && !b->recurrent; /* (a session graph's states: one sequence's slices) */
@@ -615,12 +618,17 @@ static anvil_status program_for(anvil_batch *b, int T, bool last_only, struct pr
     return ANVIL_OK;
 }
 
-/* A step of the one decoding sequence q (row 0 of b->row_*, chosen on the device by b->pk[0]) on
- * the solo decode program over the pool, its token into b->picked[0]; *ran false (nothing run)
- * where that program cannot be made: the caller then runs the batch program of one row. The
- * program is made on the first such step from the session graph of one token over the pool's
- * rows, its caches the batch's (the same states, the same shapes), read through q's blocks. */
-static anvil_status run_paged(anvil_batch *b, struct bseq *q, bool *ran) {
+/* A step of q, the one decoding sequence (chosen on the device), on the solo decode program
+ * over the pool, its token into *tok; queued: the step is the one the last call queued ahead.
+ * The next step is queued ahead too (the device feeds it the token chosen here) where it will
+ * run alone: no other sequence in the batch, its token needed (the budget and the context go
+ * on past this step's), chosen on the device; the next call takes it (queued), or a later
+ * call not taking it has the backend throw it away (it wrote q's cache row at pos + 1, which
+ * q never registered: it left). *ran false (nothing run) where the program cannot be made: the
+ * caller then runs the batch program of one row. The program is made on the first such step
+ * from the session graph of one token over the pool's rows, its caches the batch's (the same
+ * states, the same shapes), read through q's blocks. */
+static anvil_status run_paged(anvil_batch *b, struct bseq *q, bool queued, int32_t *tok, bool *ran) {
     *ran = false;
     if (!b->paged) {
         struct build_opts o = {1, b->kv_blocks * b->kv_block, true, 0, 0, false, false, false, false};
@@ -638,9 +646,17 @@ static anvil_status run_paged(anvil_batch *b, struct bseq *q, bool *ran) {
         }
     }
     *ran = true;
+    bool ahead = b->ahead_ok && anvil_batch_active(b) == 1 && q->n_generated + 1 < q->gp.max_tokens &&
+                 q->pos + 1 < b->n_ctx && batch_pick_history(&q->sp, q->pos + 1) <= BATCH_PICK_HISTORY;
+    if (ahead) grow(b, q, q->pos + 2); /* (within its promise: the row is needed) */
+    struct paged_step s = {q->tokens[q->pos], q->pos, q->blocks, &q->sp, q->tokens, queued, ahead};
+    anvil_status st = b->backend->vt->run_paged(b->paged, &s, tok);
     b->paged_steps++;
-    return b->backend->vt->run_paged(b->paged, b->row_tok[0], b->row_pos[0], q->blocks, b->pk[0].sp, b->pk[0].history,
-                                     &b->picked[0]);
+    if (st == ANVIL_OK && ahead) {
+        b->ahead_id = q->id;
+        b->ahead_pos = q->pos + 1;
+    }
+    return st;
 }
 
 int64_t batch_paged_steps(const anvil_batch *b) { return b->paged_steps; }
@@ -741,7 +757,24 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
         if ((st = take_snapshot(b, q, at)) != ANVIL_OK) break;
         if (last) choose(b, q, b->out, &ev[(*n_ev)++]);
     }
-    /* 2. one token for every other running sequence: the one it chose last enters the cache */
+    /* 2. one token for every other running sequence: the one it chose last enters the cache.
+     * First the sequence whose step the last one queued ahead on the paged program, if it
+     * still decodes there: its token is that step's */
+    struct bseq *a = b->ahead_id ? find(b, b->ahead_id) : NULL;
+    if (a && (a->ended || a->stepped || a->pos != b->ahead_pos)) a = NULL;
+    b->ahead_id = 0;
+    int32_t a_tok = -1;
+    bool a_ran = false;
+    if (a && st == ANVIL_OK) {
+        a->stepped = true; /* (not a row below) */
+        st = run_paged(b, a, true, &a_tok, &a_ran);
+    }
+    if (a_ran && st == ANVIL_OK) {
+        a->pos++;
+        check_blocks(b, a);
+        deliver(b, a, a_tok, &ev[(*n_ev)++]);
+        b->device_choices++;
+    }
     int B = 0;
     struct bseq *rows[1024];
     for (int i = 0; i < b->n_seq_max && st == ANVIL_OK; i++) {
@@ -774,7 +807,8 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
     }
     /* one sequence, chosen on the device, no logits wanted: the solo decode program */
     bool ran = false;
-    if (B == 1 && b->paged_ok && b->pk[0].sp && !host && st == ANVIL_OK) st = run_paged(b, rows[0], &ran);
+    if (B == 1 && b->paged_ok && b->pk[0].sp && !host && st == ANVIL_OK)
+        st = run_paged(b, rows[0], false, &b->picked[0], &ran);
     if (B > 0 && !ran && st == ANVIL_OK) st = run_rows(b, R, B, false, pick, host ? b->out : NULL);
     for (int r = 0; r < B && st == ANVIL_OK; r++) {
         struct bseq *q = rows[r];

@@ -614,8 +614,9 @@ static void test_q8_cache_vulkan(void **state) {
  * (docs/BATCHING.md "B = 1": its attention reading the cache through the sequence's block
  * table). One slot, so that every decode step is one row: the dense and MoE models, the cache
  * in float32, float16 and q8_0, greedy and seeded sampling with penalties, the second prompt
- * reading the first's blocks from the prefix cache, the third filling the context. Each gives
- * its solo session's tokens, and every decode step ran on the paged program. */
+ * reading the first's blocks from the prefix cache (the first ending at a stop id, its next
+ * step queued ahead and thrown away), the third filling the context. Each gives its solo
+ * session's tokens, and every decode step ran on the paged program. */
 static void check_paged(const char *model, anvil_kv_cache kv) {
     anvil_model_params mp = {2};
     anvil_model *m;
@@ -642,6 +643,13 @@ static void check_paged(const char *model, anvil_kv_cache kv) {
     jobs[1].gp.sampling.seed = 7;
     init_job(&jobs[2], two, N_CTX - 6, 10, 0);  /* fills the context */
     anvil_session *solo = tu_session_kv(m, ANVIL_BACKEND_VULKAN, N_CTX, kv);
+    /* the first stops at a stop id midway, with its next step queued ahead (thrown away) */
+    run_solo(m, solo, &jobs[0]);
+    assert_true(jobs[0].n_solo > 12);
+    jobs[0].stop_ids[0] = jobs[0].solo[10];
+    jobs[0].gp.stop_tokens = jobs[0].stop_ids;
+    jobs[0].gp.n_stop_tokens = 1;
+    free(jobs[0].solo_logits);
     for (int i = 0; i < 3; i++) run_solo(m, solo, &jobs[i]);
     anvil_session_destroy(solo);
     anvil_batch_params bp = anvil_batch_default_params();
@@ -664,6 +672,7 @@ static void check_paged(const char *model, anvil_kv_cache kv) {
         decode_steps += j->n_choices - 1;
         free(j->solo_logits);
     }
+    assert_int_equal(jobs[0].stop, ANVIL_STOP_EOS);
     assert_int_equal(jobs[2].stop, ANVIL_STOP_CONTEXT);
     assert_true(jobs[1].cached > 0);
     assert_int_equal(paged_steps, decode_steps);

@@ -104,8 +104,7 @@ struct vk_prog {
 anvil_status vk_prog_rope_shift(struct vk_prog *p, int shift);
 /* backend_vtable.run_paged (decode/run.c): one step of a paged decode program (a batch's
  * sequence over its pool, docs/BATCHING.md "B = 1") */
-anvil_status vk_run_paged(struct program *p, int32_t token, int pos, const int32_t *blocks,
-                          const struct sampling_params *sp, const int32_t *history, int32_t *out);
+anvil_status vk_run_paged(struct program *p, const struct paged_step *s, int32_t *out);
 /* A layer split's chain on Vulkan devices (chain.c) */
 extern const struct chain_vtable vk_chain_vt;
 

@@ -92,6 +92,12 @@ struct vk_program {
      * wait (reported with ANVIL_VK_PROFILE=1 when the program is destroyed) */
     int64_t paged_steps;
     double paged_s[3];
+    /* the step queued ahead (struct paged_step): its position (-1: none) and timeline value;
+     * the tokens read from the generated ring since the control block was set; the variant */
+    int paged_q;
+    uint64_t paged_qv;
+    uint32_t paged_read;
+    bool paged_sample;
     uint32_t V; /* the LM head's rows (UINT32_MAX where the program has none: hidden) */
     /* a layer split's part before the last (graph.hidden_out): the step ends in the hidden
      * state at logits_off (out_n floats), no token is chosen and the position does not advance

@@ -107,6 +107,7 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
     struct vk_program *p = xcalloc(1, sizeof *p);
     if (!p) return ANVIL_ERR_NOMEM;
     p->b = b;
+    p->paged_q = -1;
     int n = g->n_nodes;
     struct lower L = {.p = p, .g = g, .used = xcalloc((size_t)n, sizeof(bool)),
                       .done = xcalloc((size_t)n, sizeof(bool)), .use_qx = vk_use_qx(b->d)};
@@ -208,8 +209,8 @@ void vk_program_destroy(struct vk_program *p) {
     if (!p) return;
     struct vk_device *d = p->b->d;
     if (p->paged_steps && d->tune.vk_profile)
-        fprintf(stderr, "paged decode program: %lld steps, host time a step: %.1f us writing the control block, "
-                "%.1f us submitting, %.1f us waiting\n", (long long)p->paged_steps, 1e6 * p->paged_s[0] / (double)p->paged_steps,
+        fprintf(stderr, "paged decode program: %lld steps, host time a step: %.1f us writing the control block and submitting, "
+                "%.1f us queueing the next, %.1f us waiting\n", (long long)p->paged_steps, 1e6 * p->paged_s[0] / (double)p->paged_steps,
                 1e6 * p->paged_s[1] / (double)p->paged_steps, 1e6 * p->paged_s[2] / (double)p->paged_steps);
     if (vk_idle(d)) { /* else abandoned with the device (vk_idle) */
         if (p->clk.map && p->clk_kind) mega_clock_report(p);

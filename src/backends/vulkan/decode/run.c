@@ -68,51 +68,72 @@ anvil_status vk_program_run_argmax(struct vk_program *p, int32_t token, int pos0
 }
 
 /* One step of a paged program: the token at pos, the block table and the penalty window
- * written into the control block, its choice read back. */
-anvil_status vk_run_paged(struct program *pp, int32_t token, int pos, const int32_t *blocks,
-                          const struct sampling_params *sp, const int32_t *history, int32_t *out) {
+ * written into the control block (unless the step is queued already), the step submitted, the
+ * next one too where s->ahead (the position and the token advance on the device), the first's
+ * choice read back from the generated ring. */
+anvil_status vk_run_paged(struct program *pp, const struct paged_step *s, int32_t *out) {
     struct vk_prog *g = (struct vk_prog *)pp;
     struct vk_program *p = g->decode;
     if (!p || !p->kv_shift || p->hidden || p->in_bytes)
         return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: run_paged needs a paged session program");
-    int n_hist = batch_pick_history(sp, pos);
-    if (pos < 0 || pos >= p->n_ctx || n_hist > BATCH_PICK_HISTORY || (sp->penalties && !history))
+    struct vk_device *d = p->b->d;
+    const struct sampling_params *sp = s->sp;
+    int pos = s->pos, n_hist = batch_pick_history(sp, pos + s->ahead);
+    if (pos < 0 || pos + s->ahead >= p->n_ctx || n_hist > BATCH_PICK_HISTORY || (sp->penalties && !s->history) ||
+        (s->queued && p->paged_q != pos))
         return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: no paged step at position %d (pool of %d rows, a penalty "
-                       "window of %d)", pos, p->n_ctx, n_hist);
-    anvil_status st = vk_prog_rope_shift(g, 0);
-    if (st != ANVIL_OK) return st;
-    double t0 = time_now();
-    ctl_reset(p, token, pos);
+                       "window of %d, the step queued at %d)", pos, p->n_ctx, n_hist, p->paged_q);
     volatile struct vk_ctl *c = p->ctl.map;
-    c->budget = 1; /* one token chosen, then the step stops */
-    ctl_set_sampling(c, p->V, sp);
-    if (sp->greedy) c->s_K = 1; /* (with penalties: candidate 0 alone, as a batch row's record) */
-    /* the window before pos (the step adds pos's own), then the table up to pos's block */
-    volatile uint32_t *hist = c->data + 2 * (size_t)p->n_ctx, *tab = c->data + 3 * (size_t)p->n_ctx;
-    for (int i = pos - n_hist; i < pos; i++) hist[i] = (uint32_t)history[i];
-    uint32_t last = (uint32_t)pos >> p->kv_shift, stride = (uint32_t)p->n_ctx >> p->kv_shift;
-    for (uint32_t i = 0; i <= last; i++) {
-        if ((uint32_t)blocks[i] >= stride)
-            return err_set(ANVIL_ERR_RANGE, "vulkan: block %u of the sequence is %d, past the pool's %u", i, blocks[i],
-                           stride);
-        tab[i] = (uint32_t)blocks[i];
+    volatile uint32_t *tab = c->data + 3 * (size_t)p->n_ctx;
+    uint32_t stride = (uint32_t)p->n_ctx >> p->kv_shift, last = (uint32_t)(pos + s->ahead) >> p->kv_shift;
+    for (uint32_t i = s->queued ? last : 0; i <= last; i++)
+        if ((uint32_t)s->blocks[i] >= stride)
+            return err_set(ANVIL_ERR_RANGE, "vulkan: block %u of the sequence is %d, past the pool's %u", i,
+                           s->blocks[i], stride);
+    double t0 = time_now();
+    anvil_status st = ANVIL_OK;
+    uint64_t v = p->paged_qv;
+    VkCommandBuffer *cb = p->paged_sample ? &p->cb_single_s : &p->cb_single;
+    if (!s->queued) {
+        if (p->paged_q >= 0 && (st = vk_wait(d, p->paged_qv)) != ANVIL_OK) return st; /* (thrown away) */
+        p->paged_q = -1;
+        if ((st = vk_prog_rope_shift(g, 0)) != ANVIL_OK) return st;
+        ctl_reset(p, s->token, pos);
+        c->budget = 1; /* one token chosen, then the step stops */
+        ctl_set_sampling(c, p->V, sp);
+        if (sp->greedy) c->s_K = 1; /* (with penalties: candidate 0 alone, as a batch row's record) */
+        /* the window before pos (each step adds its own token), then the table up to pos's block */
+        volatile uint32_t *hist = c->data + 2 * (size_t)p->n_ctx;
+        for (int i = pos - batch_pick_history(sp, pos); i < pos; i++) hist[i] = (uint32_t)s->history[i];
+        for (uint32_t i = 0; i <= (uint32_t)pos >> p->kv_shift; i++) tab[i] = (uint32_t)s->blocks[i];
+        p->paged_read = 0;
+        p->paged_sample = !sp->greedy || sp->penalties;
+        cb = p->paged_sample ? &p->cb_single_s : &p->cb_single;
+        st = vk_submit(d, cb, 1, &v);
     }
-    bool sample = !sp->greedy || sp->penalties;
-    uint64_t v;
     double t1 = time_now();
-    st = vk_submit(p->b->d, sample ? &p->cb_single_s : &p->cb_single, 1, &v);
+    p->paged_q = -1;
+    if (st == ANVIL_OK && s->ahead) { /* its table entry, one more token allowed, then the step */
+        tab[last] = (uint32_t)s->blocks[last];
+        c->budget = c->budget + 1;
+        st = vk_submit(d, cb, 1, &p->paged_qv);
+        if (st == ANVIL_OK) p->paged_q = pos + 1;
+    }
     double t2 = time_now();
-    if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
+    if (st == ANVIL_OK) st = vk_wait(d, v);
     double t3 = time_now();
     p->paged_steps++;
     p->paged_s[0] += t1 - t0;
     p->paged_s[1] += t2 - t1;
     p->paged_s[2] += t3 - t2;
     if (st == ANVIL_OK) st = mega_fault(p);
-    if (st == ANVIL_OK && (c->n_out != 1 || c->token >= p->V))
-        st = err_set(ANVIL_ERR_BACKEND, "vulkan: the paged step chose no token (%u of %u)", c->token, p->V);
-    if (st == ANVIL_OK) *out = (int32_t)c->token;
-    return st;
+    if (st != ANVIL_OK) return st;
+    uint32_t tok = c->data[p->n_ctx + p->paged_read];
+    if (c->n_out <= p->paged_read || tok >= p->V)
+        return err_set(ANVIL_ERR_BACKEND, "vulkan: the paged step chose no token (%u of %u)", tok, p->V);
+    p->paged_read++;
+    *out = (int32_t)tok;
+    return ANVIL_OK;
 }
 
 anvil_status vk_program_read_aux(struct vk_program *p, float *out) {
