@@ -245,10 +245,6 @@ static const struct knob KNOBS[] = {
         "two rows. 2, for measuring the table's cost: the attention reads the pool's rows as the "
         "positions (right only where the sequence's blocks are the pool's first, in order: "
         "`bench --parallel 1`)."),
-    INT("ANVIL_VK_BATCH_ROWS", C_EXPERIMENT, vk_batch_rows, 1, 1, 32, NULL,
-        "A batch's decode step of two or more sequences runs the program of at least this many "
-        "rows (the power of two at or above it; the rows past the sequences dead): for measuring "
-        "a step's cost by its rows (docs/perf/log.md §85)."),
     BOOL("ANVIL_VK_SPEC_PICK", C_DIAGNOSTIC, vk_spec_pick, 1,
          "A speculative verify step's rows choose their tokens on the device (argmax.comp, or "
          "sample.comp with each row's draft offered by the speculative-sampling rule): only k + 1 "

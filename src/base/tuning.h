@@ -88,7 +88,6 @@ struct tuning {
     int vk_batch_mmb;        /* ANVIL_VK_BATCH_MMB */
     int vk_batch_pick;       /* ANVIL_VK_BATCH_PICK */
     int vk_batch_paged;      /* ANVIL_VK_BATCH_PAGED */
-    int vk_batch_rows;       /* ANVIL_VK_BATCH_ROWS */
     int vk_spec_pick;        /* ANVIL_VK_SPEC_PICK */
     int vk_batch_attn;       /* ANVIL_VK_BATCH_ATTN */
     int vk_moe_cm2;          /* ANVIL_VK_MOE_CM2 */

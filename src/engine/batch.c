@@ -82,7 +82,6 @@ struct anvil_batch {
     anvil_model *model;
     struct backend *backend;
     int V, n_ctx, n_seq_max, kv_block, kv_blocks, max_blocks, prefill_chunk;
-    int rows_min;           /* a decode step of two or more rows runs at least this many (ANVIL_VK_BATCH_ROWS) */
     bool keep_logits;
     bool pick;              /* decode rows chosen on the device where they can be */
     struct bseq *seqs;      /* [n_seq_max] */
@@ -121,11 +120,10 @@ struct anvil_batch {
     char err[ERRMSG_LEN];
 };
 
-/* The rows of the decode program that runs B sequences: the power of two >= B, for two or
- * more at least rows_min (ANVIL_VK_BATCH_ROWS). */
-static int decode_rows(const anvil_batch *b, int B) {
+/* The rows of the decode program that runs B sequences: the power of two >= B. */
+static int decode_rows(int B) {
     int R = 1;
-    while (R < B || (B >= 2 && R < b->rows_min)) R *= 2;
+    while (R < B) R *= 2;
     return R;
 }
 
@@ -240,7 +238,6 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->max_blocks = (b->n_ctx + b->kv_block - 1) / b->kv_block;
     b->prefill_chunk = p.session.prefill_chunk ? p.session.prefill_chunk : t.prefill_chunk;
     b->keep_logits = p.keep_logits != 0;
-    b->rows_min = t.vk_batch_rows;
     if (p.kv_blocks && p.kv_blocks < b->max_blocks) {
         st = err_set(ANVIL_ERR_INVALID_ARG, "a pool of %d blocks of %d rows cannot hold one context of %d",
                      p.kv_blocks, b->kv_block, b->n_ctx);
@@ -284,7 +281,7 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->n_snap = b->reuse && b->recurrent ? MIN(2 * b->n_seq_max, BATCH_SNAPSHOTS) : 0;
     b->snap_token = p.snapshot_token;
     b->kv_blocks = p.kv_blocks ? p.kv_blocks : pool_blocks(b);
-    int rows = MAX(decode_rows(b, b->n_seq_max), b->prefill_chunk);
+    int rows = MAX(decode_rows(b->n_seq_max), b->prefill_chunk);
     b->seqs = xcalloc((size_t)b->n_seq_max, sizeof *b->seqs);
     b->tables = xcalloc((size_t)(b->n_seq_max + b->n_snap) * (size_t)b->max_blocks, sizeof *b->tables);
     b->block_snap = xmalloc((size_t)b->kv_blocks * sizeof *b->block_snap);
@@ -295,12 +292,12 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->parent = xmalloc((size_t)b->kv_blocks * sizeof *b->parent);
     b->used = xcalloc((size_t)b->kv_blocks, sizeof *b->used);
     b->block_tok = xmalloc((size_t)b->kv_blocks * (size_t)b->kv_block * sizeof *b->block_tok);
-    b->out = xmalloc((size_t)decode_rows(b, b->n_seq_max) * (size_t)b->V * sizeof *b->out);
+    b->out = xmalloc((size_t)decode_rows(b->n_seq_max) * (size_t)b->V * sizeof *b->out);
     b->row_tok = xmalloc((size_t)rows * sizeof *b->row_tok);
     b->row_seq = xmalloc((size_t)rows * sizeof *b->row_seq);
     b->row_pos = xmalloc((size_t)rows * sizeof *b->row_pos);
-    b->pk = xcalloc((size_t)decode_rows(b, b->n_seq_max), sizeof *b->pk);
-    b->picked = xmalloc((size_t)decode_rows(b, b->n_seq_max) * sizeof *b->picked);
+    b->pk = xcalloc((size_t)decode_rows(b->n_seq_max), sizeof *b->pk);
+    b->picked = xmalloc((size_t)decode_rows(b->n_seq_max) * sizeof *b->picked);
     b->scratch = xmalloc(SAMPLER_SCRATCH_BYTES);
     st = b->seqs && b->tables && b->free_blocks && b->refs && b->parent && b->used && b->block_tok &&
                  b->block_snap && b->snap_block && b->snap_made && b->out && b->row_tok && b->row_seq &&
@@ -788,7 +785,7 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
     }
     /* the decode programs are of 1, 2, 4, 8 ... rows: the rest of the step's are dead rows, so
      * that a batch whose size moves reuses a few programs (each is recorded on first use) */
-    int R = decode_rows(b, B);
+    int R = decode_rows(B);
     for (int r = B; r < R; r++) {
         b->row_tok[r] = 0;
         b->row_seq[r] = -1;
