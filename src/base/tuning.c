@@ -237,14 +237,15 @@ static const struct knob KNOBS[] = {
          "or sample.comp per row, with each sequence's chain, seed and penalty window): only the "
          "token ids come back, not every row's logits (docs/BATCHING.md); 0 reads the logits "
          "back and samples each row on the host."),
-    INT("ANVIL_VK_BATCH_PAGED", C_DIAGNOSTIC, vk_batch_paged, 1, 0, 2, NULL,
+    INT("ANVIL_VK_BATCH_PAGED", C_DIAGNOSTIC, vk_batch_paged, 1, 0, 3, NULL,
         "A batch step with one decoding sequence runs the solo decode program over the batch's "
         "pool (its attention reading the cache through the sequence's block table; its token "
         "chosen on the device) instead of a batch program of one row (docs/BATCHING.md \"B = "
         "1\"); 0 keeps the batch program. Models without recurrent layers, blocks of a power of "
-        "two rows. 2, for measuring the table's cost: the attention reads the pool's rows as the "
-        "positions (right only where the sequence's blocks are the pool's first, in order: "
-        "`bench --parallel 1`)."),
+        "two rows; the sequence's next step queued ahead where it will run alone. For measuring: "
+        "3 without queueing ahead; 2 the attention reading the pool's rows as the positions "
+        "(right only where the sequence's blocks are the pool's first, in order: `bench "
+        "--parallel 1`)."),
     BOOL("ANVIL_VK_SPEC_PICK", C_DIAGNOSTIC, vk_spec_pick, 1,
          "A speculative verify step's rows choose their tokens on the device (argmax.comp, or "
          "sample.comp with each row's draft offered by the speculative-sampling rule): only k + 1 "

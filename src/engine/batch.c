@@ -108,7 +108,7 @@ struct anvil_batch {
      * ANVIL_VK_BATCH_PAGED), compiled on the first such step; paged_ok: it may be used */
     struct program *paged;
     bool paged_ok;
-    bool ahead_ok;          /* its step after may be queued ahead (ANVIL_VK_BATCH_PAGED 1, 2) */
+    bool ahead_ok;          /* its step after may be queued ahead (ANVIL_VK_BATCH_PAGED 1, 2; not 3) */
     int64_t paged_steps;    /* steps it ran */
     int ahead_id, ahead_pos; /* the sequence whose step at ahead_pos is queued there (0: none) */
     float *out;             /* [decode_rows(n_seq_max)][V]: a run's logits */

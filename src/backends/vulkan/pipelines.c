@@ -838,7 +838,8 @@ anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enu
         vals[ATTN_SPEC_NSG] = out->attn_nsg;
         vals[ATTN_SPEC_LPR] = out->attn_lpr;
         vals[ATTN_SPEC_GS] = out->attn_gs;
-        n = ATTN_SPEC_GS + 1;
+        vals[ATTN_SPEC_PAGED] = k == K_ATTENTION && out->attn_paged;
+        n = ATTN_SPEC_PAGED + 1;
     } else if (ki->specs == SPECS_MEGA) {
         vals[SPEC_WG] = out->mega_wg;
         vals[MEGA_SPEC_G] = (uint32_t)attn_g;

@@ -462,6 +462,8 @@ struct vk_pipelines {
     uint32_t attn_nsg;  /* and its subgroups per workgroup */
     uint32_t attn_lpr;  /* and its lanes a cache row (0: the shader's rule) */
     uint32_t attn_gs;   /* and the workgroups a kv head's query heads are split over */
+    bool attn_paged;    /* attention.comp's cache read through a block table: a batch's backend,
+                           whose only decode program is paged (ATTN_SPEC_PAGED) */
     uint32_t matvec_wg, matvec_nr, matvec_nr_q;
     uint32_t matvec_nr_moe; /* the experts' kernels' rows per workgroup, 0: as the kind's */
     /* per weight kind, for tuning: ANVIL_VK_MATVEC_NR_<KIND> / _WG_<KIND> (KIND as in

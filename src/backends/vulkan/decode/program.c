@@ -130,6 +130,13 @@ anvil_status vk_program_create(struct vk_backend *b, const struct graph *g, stru
         st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: the graph has no KV cache");
         goto done;
     }
+    /* a paged program's attention is a pipeline of its own (ATTN_SPEC_PAGED), for the backend's
+     * decode programs all (a batch's: that one only) */
+    if ((g->kv_block && !g->n_seqs) != b->pl.attn_paged && b->pl.p[K_ATTENTION]) {
+        st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: paged and unpaged decode programs on one backend");
+        goto done;
+    }
+    b->pl.attn_paged = g->kv_block && !g->n_seqs;
     if (g->kv_block && !g->n_seqs) { /* a batch's pool (docs/BATCHING.md "B = 1") */
         while (p->kv_shift < 16 && (1 << p->kv_shift) < g->kv_block) p->kv_shift++;
         if (g->kv_block != 1 << p->kv_shift || p->kv_shift < 1 || p->kv_shift > 15 || p->n_ctx % g->kv_block ||

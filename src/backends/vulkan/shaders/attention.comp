@@ -47,6 +47,9 @@ const uint D4 = D / 4;
 const uint CPL = (D4 + SG - 1) / SG; /* vec4 chunks of a row per lane */
 const uint DL = (D + SG - 1) / SG;   /* values of a row per lane */
 const uint RS = (GW + NSG) / NSG;    /* q/k rows a subgroup normalises, at most */
+/* the cache a batch's pool read through the sequence's block table (contract.h ATTN_NC_PAGED):
+ * a pipeline of its own, so that a session's attention computes no row */
+layout(constant_id = ATTN_SPEC_PAGED) const bool PAGED = false;
 layout(constant_id = ATTN_SPEC_LPR) const uint LPRC = 0; /* lanes per cache row (ANVIL_VK_ATTN_LPR), 0: the rule */
 /* lanes per cache row: 4, 8 for heads of 256 or more (Qwen3.6's: each lane's share of a k row
  * and its prefetch halve; perf rule "decode attention's shape") */
@@ -72,7 +75,7 @@ uint kvb;       /* a paged cache: log2 of its block's rows (pc.NC, ATTN_NC_PAGED
 
 /* position p's cache row: p, or through the block table of a paged cache (contract.h) */
 uint crow(uint p) {
-    if (kvb == 0u) return p;
+    if (!PAGED || kvb == 0u) return p;
     return pc.ctl.data[3u * pc.ctl.n_ctx + (p >> kvb)] << kvb | p & ((1u << kvb) - 1u);
 }
 

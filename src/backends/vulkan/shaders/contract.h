@@ -243,6 +243,7 @@
 #define ATTN_SPEC_NSG 4
 #define ATTN_SPEC_LPR 5
 #define ATTN_SPEC_GS 6
+#define ATTN_SPEC_PAGED 7 /* attention.comp: the cache read through a block table (a batch's) */
 
 /* attn_flash.comp, attn_prefill.comp (G only) */
 #define FLASH_SPEC_G 0
