@@ -274,22 +274,21 @@ struct thread_pool {
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
-    uint64_t generation;   /* bumped for every parallel loop (under mu; polled atomically) */
-    uint64_t pending;      /* workers still running the current loop (likewise) */
-    bool quit;
-    /* the current loop */
+    /* bumped (under mu) for every parallel loop, and to quit; read atomically by the workers
+     * that poll for it */
+    uint64_t generation;
+    uint64_t pending;      /* workers still running the current loop (atomic) */
+    bool quit;             /* (atomic) */
+    /* the current loop, written before generation is bumped */
     parallel_fn fn;
     void *ctx;
     int64_t n_items, chunk;
-    int64_t next; /* next chunk start, taken under mu */
+    int64_t next; /* next chunk start (atomic: taken without a lock) */
 };
 
 static void pool_run_chunks(struct thread_pool *p, int thread) {
     for (;;) {
-        pthread_mutex_lock(&p->mu);
-        int64_t b = p->next;
-        p->next += p->chunk;
-        pthread_mutex_unlock(&p->mu);
+        int64_t b = __atomic_fetch_add(&p->next, p->chunk, __ATOMIC_RELAXED);
         if (b >= p->n_items) break;
         int64_t e = MIN(b + p->chunk, p->n_items);
         p->fn(p->ctx, b, e, thread);
@@ -338,19 +337,19 @@ static void *pool_worker(void *arg) {
     free(wa);
     uint64_t seen = 0;
     for (;;) {
-        pool_spin(&p->generation, seen, false);
-        pthread_mutex_lock(&p->mu);
-        while (!p->quit && p->generation == seen) pthread_cond_wait(&p->work_cv, &p->mu);
-        if (p->quit) {
+        if (!pool_spin(&p->generation, seen, false)) {
+            pthread_mutex_lock(&p->mu);
+            while (__atomic_load_n(&p->generation, __ATOMIC_ACQUIRE) == seen) pthread_cond_wait(&p->work_cv, &p->mu);
             pthread_mutex_unlock(&p->mu);
-            return NULL;
         }
-        seen = p->generation;
-        pthread_mutex_unlock(&p->mu);
+        if (__atomic_load_n(&p->quit, __ATOMIC_ACQUIRE)) return NULL;
+        seen = __atomic_load_n(&p->generation, __ATOMIC_ACQUIRE);
         pool_run_chunks(p, index);
-        pthread_mutex_lock(&p->mu);
-        if (__atomic_sub_fetch(&p->pending, 1, __ATOMIC_RELEASE) == 0) pthread_cond_signal(&p->done_cv);
-        pthread_mutex_unlock(&p->mu);
+        if (__atomic_sub_fetch(&p->pending, 1, __ATOMIC_ACQ_REL) == 0) { /* the last: wake the caller */
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done_cv);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
 }
 
@@ -396,7 +395,8 @@ anvil_status thread_pool_create(int n_threads, struct thread_pool **out) {
 void thread_pool_destroy(struct thread_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->quit = true;
+    __atomic_store_n(&p->quit, true, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&p->generation, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&p->work_cv);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
@@ -424,16 +424,17 @@ void thread_pool_for(struct thread_pool *p, int64_t n, int64_t grain, parallel_f
     p->ctx = ctx;
     p->n_items = n;
     p->chunk = chunk;
-    p->next = 0;
+    __atomic_store_n(&p->next, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&p->pending, (uint64_t)(p->n - 1), __ATOMIC_RELAXED);
-    __atomic_add_fetch(&p->generation, 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&p->generation, 1, __ATOMIC_RELEASE); /* (publishes the loop) */
     pthread_cond_broadcast(&p->work_cv);
     pthread_mutex_unlock(&p->mu);
     pool_run_chunks(p, 0);
-    pool_spin(&p->pending, 0, true);
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0) pthread_cond_wait(&p->done_cv, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    if (!pool_spin(&p->pending, 0, true)) {
+        pthread_mutex_lock(&p->mu);
+        while (__atomic_load_n(&p->pending, __ATOMIC_ACQUIRE) > 0) pthread_cond_wait(&p->done_cv, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+    }
 }
 
 #ifdef ANVIL_SANITIZE

@@ -96,6 +96,9 @@ static const struct knob KNOBS[] = {
          "(the small-batch products), and the experts' gate/up inputs of steps of 2 to "
          "ANVIL_VK_MOE_FEW rows, as the Vulkan integer-dot-product path does: the oracle for that "
          "path (vulkan_test, ops_test)."),
+    INT("ANVIL_CPU_ISA", C_DIAGNOSTIC, cpu_isa, 0, 0, 2, NULL,
+        "The CPU's integer dot products (--cpu-moe's experts, backends/cpu/qdot.h) at most of a "
+        "level: 0 the best the CPU has (AVX-512 VNNI for Q4_K, AVX2), 1 AVX2, 2 plain C."),
     INT("ANVIL_CPU_GDN_CHUNK", C_DIAGNOSTIC, cpu_gdn_chunk, 0, 0, 4096, NULL,
         "The CPU backend's Gated DeltaNet over a prompt (more than one token) in chunks of this "
         "many tokens, as matrix products within a chunk (the chunked form, the Vulkan prefill's); "

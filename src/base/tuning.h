@@ -50,6 +50,7 @@ struct tuning {
     int vk_qx;               /* ANVIL_VK_QX: -1 auto, 0 off, 1 on */
     int cpu_qx;              /* ANVIL_CPU_QX */
     int cpu_gdn_chunk;       /* ANVIL_CPU_GDN_CHUNK (0: the recurrent form) */
+    int cpu_isa;             /* ANVIL_CPU_ISA: 0 best, 1 AVX2 at most, 2 plain C */
     int vk_gdn_chunk;        /* ANVIL_VK_GDN_CHUNK: 1 the chunked form in prefill, 0 the recurrent */
     int vk_coopmat;          /* ANVIL_VK_COOPMAT */
     int vk_cm2;              /* ANVIL_VK_CM2 */

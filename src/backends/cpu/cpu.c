@@ -883,6 +883,8 @@ bool backend_is_cpu(const struct backend *b) { return b && b->vt == &cpu_vtable;
 
 void backend_cpu_set_int_dot(struct backend *b, bool on) {
     if (backend_is_cpu(b)) ((struct cpu_backend *)b)->int_dot = on;
+    struct tuning t;
+    if (on && tuning_read(&t) == ANVIL_OK) qdot_set_isa(t.cpu_isa); /* (the process's: a diagnostic) */
 }
 
 anvil_status backend_cpu_create(int n_threads, int kv_type, struct backend **out) {

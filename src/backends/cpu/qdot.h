@@ -52,8 +52,8 @@ bool qmoe_supported(const struct qmoe *m);
 bool qmoe_run(const struct qmoe *m, struct thread_pool *pool, const float *x, const int32_t *ids, const float *wts,
               struct qmoe_scratch *s, float *out);
 
-/* Tests: the kernels at most of a level even where the CPU has faster ones: 0 the best there
- * is (AVX-512 VNNI, AVX2), 1 AVX2 at most, 2 plain C. */
+/* The kernels at most of a level even where the CPU has faster ones (tests, ANVIL_CPU_ISA): 0
+ * the best there is (AVX-512 VNNI, AVX2), 1 AVX2 at most, 2 plain C. */
 void qdot_set_isa(int cap);
 
 #endif
