@@ -40,6 +40,17 @@ struct cpu_backend {
                        ANVIL_VK_MOE_QX) */
     bool int_dot;  /* matmuls of Q8_0, Q4_K, Q6_K weights by integer dot products of inputs
                       rounded to int8 blocks (qdot.h: --cpu-moe's experts), not float32 */
+    /* the programs' intermediates, one set for all (they run one at a time; --cpu-moe compiles a
+     * program a layer, whose scratch for a 2048-token chunk of the 30B was ~0.4 GB each):
+     * op_scratch those of OP_MOE and OP_GDN (the largest need of every program compiled),
+     * op_iscratch OP_MOE's routing (expert ids, token lists), qx the integer dot products'
+     * rounded inputs (qdot_x, grown at a run), qmoe qmoe_run's */
+    float *op_scratch;
+    int32_t *op_iscratch;
+    int64_t op_need, op_ineed;
+    void *qx;
+    size_t qx_bytes;
+    struct qmoe_scratch qmoe;
     int gdn_chunk; /* ANVIL_CPU_GDN_CHUNK: the Gated DeltaNet of T > 1 tokens in chunks of this many
                       (gdn.h's chunked form), 0: token by token (the recurrent form) */
 };
@@ -53,8 +64,6 @@ struct cpu_program {
     int n_slabs;
     float *scratch;      /* per thread: max_k floats of dequantised weight rows */
     int64_t scratch_per_thread;
-    float *op_scratch;   /* intermediates of OP_MOE and OP_GDN (the largest one's need) */
-    int32_t *op_iscratch; /* OP_MOE routing: expert ids, token lists */
     /* the run's inputs */
     const int32_t *tokens;
     const struct run_extras *extras; /* NULL, or a multimodal run's (backend_cpu_run_extras) */
@@ -71,9 +80,6 @@ struct cpu_program {
     bool round_x;
     int round_rows, round_moe;
     bool int_dot;     /* cpu_backend.int_dot when compiled */
-    void *qx;         /* its rounded inputs (qdot_x), grown to the largest product's */
-    size_t qx_bytes;
-    struct qmoe_scratch qmoe; /* the experts' (qmoe_run) */
 };
 
 #define MATMUL_ROWS 8 /* weight rows dequantised together, reused across all T inputs */
@@ -118,7 +124,7 @@ static void matmul_rows(void *ctx, int64_t begin, int64_t end, int thread) {
 static void qdot_task(void *ctx, int64_t begin, int64_t end, int thread) {
     (void)thread;
     struct matmul_job *j = ctx;
-    qdot_rows(j->type, j->w, j->row_bytes, j->rows, j->K, begin * MATMUL_ROWS, MIN(end * MATMUL_ROWS, j->N), j->p->qx,
+    qdot_rows(j->type, j->w, j->row_bytes, j->rows, j->K, begin * MATMUL_ROWS, MIN(end * MATMUL_ROWS, j->N), j->p->b->qx,
               j->T, j->out, j->N);
 }
 
@@ -128,12 +134,13 @@ static void matmul_raw(struct cpu_program *p, const float *x, int type, const vo
     struct matmul_job j = {x, data, rows, out, K, N, T, 0, dtype_traits(type)->to_f32, p, type};
     dtype_row_size(type, K, &j.row_bytes);
     size_t need = (size_t)T * qdot_x_bytes(K);
-    if (p->int_dot && qdot_supported(type, K) && need > p->qx_bytes) { /* (the first run's; else the float path) */
-        void *q = realloc(p->qx, need);
-        if (q) p->qx = q, p->qx_bytes = need;
+    struct cpu_backend *b = p->b;
+    if (p->int_dot && qdot_supported(type, K) && need > b->qx_bytes) { /* (the first run's; else the float path) */
+        void *q = realloc(b->qx, need);
+        if (q) b->qx = q, b->qx_bytes = need;
     }
-    if (p->int_dot && qdot_supported(type, K) && need <= p->qx_bytes) {
-        qdot_x(x, K, T, p->qx);
+    if (p->int_dot && qdot_supported(type, K) && need <= b->qx_bytes) {
+        qdot_x(x, K, T, b->qx);
         thread_pool_for(p->b->pool, (j.N + MATMUL_ROWS - 1) / MATMUL_ROWS, 1, qdot_task, &j);
         return;
     }
@@ -146,8 +153,8 @@ static void op_matmul(struct cpu_program *p, const struct node *n, const struct 
     const struct tensor_info *w = wn->weight;
     int64_t K = wn->ne[0], T = node_nelem(n) / wn->ne[1];
     if (p->round_x && (T == 1 || T <= p->round_rows) && dtype_rounds_x(w->type)) {
-        for (int64_t t = 0; t < T; t++) x_round_q8(x + t * K, p->op_scratch + t * K, K);
-        x = p->op_scratch;
+        for (int64_t t = 0; t < T; t++) x_round_q8(x + t * K, p->b->op_scratch + t * K, K);
+        x = p->b->op_scratch;
     }
     matmul_raw(p, x, w->type, w->data, wn->op == OP_WEIGHT_ROWS ? wn->rows : NULL, wn->ne[0],
                wn->ne[1], node_nelem(n) / wn->ne[1], out);
@@ -170,8 +177,8 @@ static void op_moe(struct cpu_program *p, const struct node *n, const float *x,
     int64_t C = n->ne[0], T = n->ne[1], E = gn->ne[2], F = gn->ne[1];
     int k = n->p.i[0];
     bool norm = n->p.i[1];
-    int32_t *ids = p->op_iscratch, *list = ids + T * k; /* ids {k, T}; list: tokens of e */
-    float *wts = p->op_scratch, *xg = wts + T * k, *hg = xg + C * T, *hu = hg + F * T,
+    int32_t *ids = p->b->op_iscratch, *list = ids + T * k; /* ids {k, T}; list: tokens of e */
+    float *wts = p->b->op_scratch, *xg = wts + T * k, *hg = xg + C * T, *hu = hg + F * T,
           *yd = hu + F * T;
     for (int64_t t = 0; t < T; t++) {
         const float *l = logits + t * E;
@@ -199,7 +206,7 @@ static void op_moe(struct cpu_program *p, const struct node *n, const float *x,
         for (int i = 0; i < 3; i++) dtype_row_size(q.types[i], i < 2 ? C : F, &q.row_bytes[i]);
         for (int64_t e = 0; e < E && E <= 512; e++)
             ws[0][e] = expert_slice(gn, e), ws[1][e] = expert_slice(un, e), ws[2][e] = expert_slice(dn, e);
-        if (E <= 512 && qmoe_supported(&q) && qmoe_run(&q, p->b->pool, x, ids, wts, &p->qmoe, out)) return;
+        if (E <= 512 && qmoe_supported(&q) && qmoe_run(&q, p->b->pool, x, ids, wts, &p->b->qmoe, out)) return;
     }
     memset(out, 0, (size_t)(C * T) * sizeof(float));
     for (int64_t e = 0; e < E; e++) {
@@ -267,7 +274,7 @@ static void gdn_rows(struct cpu_program *p, const struct node *n, int64_t r0, in
     const float *x = p->bufs[n->src[0]] + r0 * Cc, *w = p->bufs[n->src[3]];
     float *cs = p->bufs[n->src[6]] + (int64_t)seq * (Kc - 1) * Cc; /* its slices of the states */
     float *S = p->bufs[n->src[7]] + (int64_t)seq * Hv * Dk * Dv;
-    float *xc = p->op_scratch;
+    float *xc = p->b->op_scratch;
     if (p->row_pos[r0] == 0) { /* a new sequence */
         memset(cs, 0, (size_t)((Kc - 1) * Cc) * sizeof(float));
         memset(S, 0, (size_t)(Hv * Dk * Dv) * sizeof(float));
@@ -593,10 +600,6 @@ static void cpu_program_destroy(struct program *prog) {
     free(p->slabs);
     free(p->bufs);
     free(p->scratch);
-    free(p->op_scratch);
-    free(p->qx);
-    free(p->qmoe.buf);
-    free(p->op_iscratch);
     free(p->row_seq);
     free(p->row_pos);
     graph_free(&p->g);
@@ -768,11 +771,17 @@ static anvil_status cpu_compile(struct backend *base, const struct graph *g, str
     }
     p->scratch_per_thread = max_k;
     p->scratch = xmalloc((size_t)thread_pool_size(b->pool) * (size_t)max_k * sizeof(float));
-    p->op_scratch = xmalloc((size_t)MAX(op_need, 1) * sizeof(float));
-    p->op_iscratch = xmalloc((size_t)MAX(op_ineed, 1) * sizeof(int32_t));
+    if (op_need > b->op_need || !b->op_scratch) {
+        float *f = realloc(b->op_scratch, (size_t)MAX(op_need, 1) * sizeof(float));
+        if (f) b->op_scratch = f, b->op_need = MAX(op_need, 1);
+    }
+    if (op_ineed > b->op_ineed || !b->op_iscratch) {
+        int32_t *q = realloc(b->op_iscratch, (size_t)MAX(op_ineed, 1) * sizeof(int32_t));
+        if (q) b->op_iscratch = q, b->op_ineed = MAX(op_ineed, 1);
+    }
     p->row_seq = xmalloc((size_t)MAX(g->n_tokens, 1) * sizeof(int32_t));
     p->row_pos = xmalloc((size_t)MAX(g->n_tokens, 1) * sizeof(int32_t));
-    if (!p->scratch || !p->op_scratch || !p->op_iscratch || !p->row_seq || !p->row_pos) {
+    if (!p->scratch || b->op_need < op_need || b->op_ineed < op_ineed || !p->row_seq || !p->row_pos) {
         st = ANVIL_ERR_NOMEM;
         goto fail;
     }
@@ -793,6 +802,10 @@ static void cpu_destroy(struct backend *base) {
         free(b->states[i].hist);
     }
     free(b->states);
+    free(b->op_scratch);
+    free(b->op_iscratch);
+    free(b->qx);
+    free(b->qmoe.buf);
     thread_pool_destroy(b->pool);
     free(b);
 }
