@@ -163,7 +163,8 @@ typedef struct anvil_session_params {
     /* Vulkan, a mixture-of-experts model: the experts of its first cpu_moe MoE layers (< 0: of
      * all) stay in system memory and run on the CPU backend's n_threads threads, the rest of
      * the model on the GPU (llama.cpp's --n-cpu-moe; docs/MULTIGPU.md); 0: none. A model
-     * without experts is ANVIL_ERR_INVALID_ARG; on the CPU backend it changes nothing. */
+     * without experts is ANVIL_ERR_INVALID_ARG; on the CPU backend it changes nothing. With it,
+     * prompts go in chunks of at most 512 tokens unless prefill_chunk says otherwise. */
     int cpu_moe;
 } anvil_session_params;
 

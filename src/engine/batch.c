@@ -237,6 +237,7 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->kv_block = p.kv_block ? p.kv_block : 64;
     b->max_blocks = (b->n_ctx + b->kv_block - 1) / b->kv_block;
     b->prefill_chunk = p.session.prefill_chunk ? p.session.prefill_chunk : t.prefill_chunk;
+    if (p.session.cpu_moe && !p.session.prefill_chunk) b->prefill_chunk = MIN(b->prefill_chunk, CPU_MOE_CHUNK);
     b->keep_logits = p.keep_logits != 0;
     if (p.kv_blocks && p.kv_blocks < b->max_blocks) {
         st = err_set(ANVIL_ERR_INVALID_ARG, "a pool of %d blocks of %d rows cannot hold one context of %d",

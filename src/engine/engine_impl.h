@@ -114,6 +114,8 @@ static inline int default_n_ctx(const struct hparams *hp) {
 /* The Vulkan backend p asks for: one device (p->device, or devices[0]), or a layer split over
  * p->devices for a model of n_layers layers (backend_split_create); bad indices, shares or
  * modes are ANVIL_ERR_INVALID_ARG. */
+/* The prefill chunk with --cpu-moe unless one is asked for (session.c). */
+#define CPU_MOE_CHUNK 512
 anvil_status session_vulkan_backend(const anvil_session_params *p, int kv_type, int n_layers, struct backend **out);
 struct tuning;
 /* The attention caches' type (ANVIL_KV_F16, _F32 or _Q8_0): kv, or ANVIL_KV_CACHE (t) where kv is

@@ -269,6 +269,9 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     if (st == ANVIL_OK) st = tuning_read(&t);
     s->mark = -1;
     s->prefill_chunk = p.prefill_chunk > 0 ? p.prefill_chunk : t.prefill_chunk;
+    /* --cpu-moe: a program a part, each with its intermediates for a chunk (49 of the 30B's),
+     * and the CPU's experts as fast a row in any chunk: chunks of 512 unless asked */
+    if (p.cpu_moe && p.prefill_chunk <= 0) s->prefill_chunk = MIN(s->prefill_chunk, CPU_MOE_CHUNK);
     s->spec_pick = t.vk_spec_pick;
     if (st == ANVIL_OK && (p.prefill_chunk < 0 || p.gpu_timeout_s < 0 || (p.gpu_timeout_s > 0 && p.gpu_timeout_s < 1) ||
                            !(p.gpu_timeout_s <= 1e6)))
