@@ -614,6 +614,67 @@ static void test_moe_down_qx(void **state) {
     anvil_model_close(m);
 }
 
+/* Q6_K products whose rows are fewer units than their plain kernel's threads run as teams
+ * (decode/qx.c qxt_consumer, ANVIL_VK_QXT_ALL=1: the MoE models' LM heads and v projections of
+ * K = 2048): on qwen3-tiny-k:q6_k (K = 256) every product's plain kernel (matvec_qx_q6_k*) gives
+ * way to teams, none with =3 (Q4_K and Q5_K only); the same dispatch counts, the decode rows
+ * within test_against_cpu_qx's bound of the CPU's rounded-input rows and near each other. */
+static void test_q6k_short_teams(void **state) {
+    (void)state;
+#ifdef TU_SANITIZED
+    skip(); /* the host code is test_against_cpu_qx's */
+#endif
+    setenv("ANVIL_VK_QX", "1", 1);
+    setenv("ANVIL_CPU_QX", "1", 1);
+    setenv("ANVIL_VK_MEGA", "0", 1);
+    setenv("ANVIL_VK_QX_MIN_MB", "0", 1);
+    anvil_model *m;
+    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:q6_k", NULL, &m), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    float *a = malloc(sizeof(float) * (size_t)V), *b[2] = {malloc(sizeof(float) * (size_t)V), malloc(sizeof(float) * (size_t)V)};
+    anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk[2];
+    int dispatches[2], barriers[2], plain[2];
+    char desc[8192];
+    for (int f = 0; f < 2; f++) {
+        setenv("ANVIL_VK_QXT_ALL", f ? "1" : "3", 1);
+        vk[f] = session(m, ANVIL_BACKEND_VULKAN);
+        program_counts(vk[f], &dispatches[f], &barriers[f]);
+        anvil_session_describe_program(vk[f], desc, sizeof desc);
+        plain[f] = 0;
+        for (const char *p = desc; (p = strstr(p, "matvec_qx_q6_k")) != NULL; p++) plain[f]++;
+    }
+    double worst[2] = {0, 0}, apart = 0;
+    for (int i = 0; i < 6; i++) {
+        int32_t tok = (int32_t)((i * 41 + 5) % V);
+        assert_int_equal(anvil_session_eval(cpu, &tok, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
+        for (int f = 0; f < 2; f++) assert_int_equal(anvil_session_eval(vk[f], &tok, 1, ANVIL_LOGITS_LAST, b[f]), ANVIL_OK);
+        float scale = 0;
+        for (int j = 0; j < V; j++) scale = fmaxf(scale, fabsf(a[j]));
+        for (int f = 0; f < 2; f++) worst[f] = fmax(worst[f], tu_max_diff(a, b[f], (size_t)V) / scale);
+        apart = fmax(apart, tu_max_diff(b[0], b[1], (size_t)V) / scale);
+    }
+    fprintf(stderr, "qwen3-tiny-k Q6_K: short rows as teams: %d -> %d plain products, %d -> %d dispatches; rows "
+            "within %.3g (plain: %.3g) of the CPU's, %.3g of the plain step's\n", plain[0], plain[1], dispatches[0],
+            dispatches[1], worst[1], worst[0], apart);
+    assert_true(plain[0] > 0);
+    assert_int_equal(plain[1], 0);
+    assert_int_equal(dispatches[1], dispatches[0]);
+    assert_int_equal(barriers[1], barriers[0]);
+    assert_true(worst[1] < 0.08 && worst[0] < 0.08);
+    assert_true(apart < 0.03);
+    for (int f = 0; f < 2; f++) anvil_session_destroy(vk[f]);
+    anvil_session_destroy(cpu);
+    unsetenv("ANVIL_VK_QXT_ALL");
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_CPU_QX");
+    unsetenv("ANVIL_VK_MEGA");
+    unsetenv("ANVIL_VK_QX_MIN_MB");
+    free(a);
+    free(b[0]);
+    free(b[1]);
+    anvil_model_close(m);
+}
+
 /* The o projection reads its input rounded by the attention (no qx.comp dispatch), so it
  * takes integer dot products whatever its size where it rounds its own output for the next
  * product, and then every later product of the chain does too (decode/lower.c qx_free): on the
@@ -2005,6 +2066,7 @@ int main(void) {
         cmocka_unit_test(test_moe_down_rounds),
         cmocka_unit_test(test_route_fold),
         cmocka_unit_test(test_moe_down_qx),
+        cmocka_unit_test(test_q6k_short_teams),
         cmocka_unit_test(test_qx_from_attention),
         cmocka_unit_test(test_qx_from_hybrid),
         cmocka_unit_test(test_prefetch),
