@@ -23,6 +23,10 @@ VARIANTS=(
   # (the vision encoder's attention as products)
   "vit_mm_cm2 vit_mm_cm2.comp"
   "vit_mm_cm2_n80 vit_mm_cm2.comp -DBN=80"
+  # (the same as one flash pass: queries x keys a step)
+  "vit_fa_cm2 vit_fa_cm2.comp"
+  "vit_fa_cm2_r128 vit_fa_cm2.comp -DBR=128"
+  "vit_fa_cm2_c128 vit_fa_cm2.comp -DBC=128"
 )
 # the same from the quantised weights themselves (WQ: decoded as the tiles load)
 for t in q4_k q5_k q6_k q8_0; do

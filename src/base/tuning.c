@@ -197,7 +197,7 @@ static const struct knob KNOBS[] = {
         "docs/perf/log.md §20-22), 2 one pass with a lazily moved maximum, as the vision "
         "encoder's (on the H200 8B Q4_K_M pp4096 9,478 -> 10,232 t/s, 30B-A3B pp2048 7,984 -> "
         "8,327; docs/perf/log.md §68); 0 keeps the float32 kernel."),
-    INT("ANVIL_VK_VIT_FLASH", C_DIAGNOSTIC, vk_vit_flash, 4, 0, 6, NULL,
+    INT("ANVIL_VK_VIT_FLASH", C_DIAGNOSTIC, vk_vit_flash, 4, 0, 9, NULL,
         "The vision encoder's attention: 4 as products per head where the device has workgroup "
         "matrices (S = Q K^T on them, vit_mm_cm2.comp; a row softmax writing P in float16; O = "
         "P V; float16 q/k/v, float32 scores, in chunks of ANVIL_VK_VIT_SCORES_MB), else as 2 "
@@ -208,13 +208,17 @@ static const struct knob KNOBS[] = {
         "the sums), 2 one pass with a lazily moved maximum, 3 the same 64 keys a step instead of "
         "32; 0 keeps the float32 kernel (vit.comp MODE 4). 1024x1024 encode on the H200: 1,178 "
         "ms with 0, 210 with 1, 180 with 2, 270 with 3 (docs/perf/log.md §53); with §81's row "
-        "kernels 126.8 with 2, 107.6 with 4 (ANVIL_VK_VIT_MM=2; §81)."),
+        "kernels 126.8 with 2, 107.6 with 4 (ANVIL_VK_VIT_MM=2; §81). 7 one flash pass on "
+        "workgroup matrices (vit_fa_cm2.comp: online softmax, S and P never leave the "
+        "workgroup; 64 queries x 64 keys a step, 8 128 x 64, 9 64 x 128) for heads of up to 80 "
+        "where the device has their row reductions, else as 4 (docs/perf/log.md §89)."),
     INT("ANVIL_VK_VIT_MM", C_DIAGNOSTIC, vk_vit_mm, 2, 0, 3, NULL,
         "The vision attention's products on workgroup matrices (ANVIL_VK_VIT_FLASH=4): 2 whole "
         "tiles of S stored without bounds checks (1024x1024 encode on the H200 122.1 -> 107.6 "
         "ms), 1 O = P V on tiles of 80 columns (vit_mm_cm2_n80) instead of 128 where the "
         "device's N granularity divides 80 (not the H200's 32: its output was wrong before that "
-        "check), 3 both, 0 neither (docs/perf/log.md §81)."),
+        "check), 3 both, 0 neither (docs/perf/log.md §81). With ANVIL_VK_VIT_FLASH=7-9, 2 loads "
+        "k and v without bounds checks where the image's patches fill the key steps (§89)."),
     INT("ANVIL_VK_VIT_SCORES_MB", C_DIAGNOSTIC, vk_vit_scores_mb, 512, 1, 16384, NULL,
         "MiB of float32 scores (float16: half of it, and P as much) the vision encoder's "
         "attention as products (ANVIL_VK_VIT_FLASH=4-6) holds at once: the heads (whole heads "

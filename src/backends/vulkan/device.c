@@ -447,6 +447,15 @@ static bool want_coopmat_i8(VkPhysicalDevice pd) {
     return has_nv_shape(pd, 32, VK_COMPONENT_TYPE_SINT8_NV, VK_COMPONENT_TYPE_SINT32_NV);
 }
 
+/* Whether the workgroup matrices take row reductions and per-element operations (the vision
+ * encoder's flash attention, vit_fa_cm2.comp) */
+static bool want_cm2_reduce(VkPhysicalDevice pd) {
+    struct cm2_features f2 = {.sType = CM2_STYPE_FEATURES};
+    VkPhysicalDeviceFeatures2 f = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f2};
+    vkGetPhysicalDeviceFeatures2(pd, &f);
+    return f2.reductions && f2.perElementOperations;
+}
+
 static bool has_device_ext(VkPhysicalDevice pd, const char *name) {
     uint32_t n = 0;
     if (vkEnumerateDeviceExtensionProperties(pd, NULL, &n, NULL) != VK_SUCCESS || n == 0) return false;
@@ -465,6 +474,7 @@ static void choose_features(struct vk_device *d) {
     d->coopmat = want_coopmat(&d->tune, d->phys, d->subgroup_size);
     d->coopmat2 = d->coopmat && want_coopmat2(&d->tune, d->instance, d->phys, d->props.apiVersion, d->cm2_gran);
     d->coopmat_i8 = d->coopmat2 && want_coopmat_i8(d->phys);
+    d->cm2_reduce = d->coopmat2 && want_cm2_reduce(d->phys);
     if (has_device_ext(d->phys, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
         VkPhysicalDeviceShaderIntegerDotProductFeatures idf = {
             .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES};
@@ -505,7 +515,7 @@ static void choose_features(struct vk_device *d) {
 static uint32_t feature_bits(const struct vk_device *d) {
     return (uint32_t)d->has_budget | (uint32_t)d->coopmat << 1 | (uint32_t)d->coopmat2 << 2 |
            (uint32_t)d->int_dot << 3 | (uint32_t)d->exec_stats << 4 | (uint32_t)d->shader_clock << 5 |
-           (uint32_t)d->coopmat_i8 << 6;
+           (uint32_t)d->coopmat_i8 << 6 | (uint32_t)d->cm2_reduce << 7;
 }
 
 /* The logical device of d's physical device and features, and its queue, into sh. */
@@ -538,6 +548,7 @@ static anvil_status make_logical(const struct vk_device *d, struct vk_shared *sh
         cm2f.pNext = f12.pNext;
         f12.pNext = &cmkf;
     }
+    if (d->cm2_reduce) cm2f.reductions = cm2f.perElementOperations = VK_TRUE;
     if (d->coopmat_i8) {
         cm2f.perElementOperations = VK_TRUE;
         f12.shaderInt8 = VK_TRUE;

@@ -39,6 +39,15 @@ static const uint32_t spv_vit_mm_cm2[] =
 static const uint32_t spv_vit_mm_cm2_n80[] =
 #include "shaders/prebuilt/vit_mm_cm2_n80.inc"
     ;
+static const uint32_t spv_vit_fa_cm2[] =
+#include "shaders/prebuilt/vit_fa_cm2.inc"
+    ;
+static const uint32_t spv_vit_fa_cm2_r128[] =
+#include "shaders/prebuilt/vit_fa_cm2_r128.inc"
+    ;
+static const uint32_t spv_vit_fa_cm2_c128[] =
+#include "shaders/prebuilt/vit_fa_cm2_c128.inc"
+    ;
 static const uint32_t spv_mm_cm2_q4_k[] =
 #include "shaders/prebuilt/mm_cm2_q4_k.inc"
     ;
@@ -202,6 +211,9 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_VIT_SOFTMAX] = KI(spv_vit, "vit_softmax", VK_OP_NONE, 0, VIT_MODE_SOFTMAX, SPECS_MODE, PUSH_VIT),
     [K_VIT_MM_CM2] = KI(spv_vit_mm_cm2, "vit_mm_cm2", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_VITMM),
     [K_VIT_MM_CM2_N80] = KI(spv_vit_mm_cm2_n80, "vit_mm_cm2_n80", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_VITMM),
+    [K_VIT_FA_CM2] = KI(spv_vit_fa_cm2, "vit_fa_cm2", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_VITMM),
+    [K_VIT_FA_CM2_R128] = KI(spv_vit_fa_cm2_r128, "vit_fa_cm2_r128", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_VITMM),
+    [K_VIT_FA_CM2_C128] = KI(spv_vit_fa_cm2_c128, "vit_fa_cm2_c128", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_VITMM),
     [K_VIT_MM] = KI(spv_vit_mm, "vit_mm", VK_OP_NONE, 0, 0, SPECS_NONE, PUSH_VITMM),
     [K_VIT_FLASH] = KI(spv_vit_flash, "vit_flash", VK_OP_NONE, 0, 0, SPECS_VIT_FLASH, PUSH_VIT),
     [K_VIT_FLASH1] = KI(spv_vit_flash1, "vit_flash1", VK_OP_NONE, 0, 0, SPECS_VIT_FLASH, PUSH_VIT),
@@ -606,6 +618,7 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
     case K_MMH_64X64_K32: case K_MMH_MOE: return d->coopmat; /* needs the extension */
     case K_MMH_CM2: case K_MMH_CM2_MOE: case K_MMH_CM2_U: case K_MMH_CM2_MOE_U:
     case K_MMH_CM2_S: case K_MMH_CM2_UK: case K_VIT_MM_CM2: case K_VIT_MM_CM2_N80: return d->coopmat && d->coopmat2;
+    case K_VIT_FA_CM2: case K_VIT_FA_CM2_R128: case K_VIT_FA_CM2_C128: return d->coopmat && d->coopmat2 && d->cm2_reduce;
 #define CM2Q_WANTED(T, t) case K_MMH_CM2_##T: case K_MMH_CM2_MOE_##T:
     VK_CM2Q_TYPES(CM2Q_WANTED) return d->coopmat && d->coopmat2;
     case K_ATTN_FLASH: case K_ATTN_FLASH1: return d->coopmat && d->subgroup_shuffle && vk_flash_fits(attn_g, attn_d, 256) &&
@@ -791,7 +804,8 @@ static anvil_status new_pipeline(struct vk_device *d, enum vk_kernel k, const ui
     *pp = (struct vk_pipe){.k = k, .n = n};
     memcpy(pp->vals, vals, n * sizeof *vals);
     VkResult r = vkCreateComputePipelines(d->dev, d->exec_stats ? VK_NULL_HANDLE : sh->cache, 1, &pci, NULL, &pp->p);
-    if (r != VK_SUCCESS && (is_cm2(k) || k == K_MMH_CM2_UK || k == K_VIT_MM_CM2 || k == K_VIT_MM_CM2_N80)) {
+    if (r != VK_SUCCESS && (is_cm2(k) || k == K_MMH_CM2_UK || k == K_VIT_MM_CM2 || k == K_VIT_MM_CM2_N80 ||
+                              (k >= K_VIT_FA_CM2 && k <= K_VIT_FA_CM2_C128))) {
         /* the kernels compiled by another glslang than the build's (shaders/prebuilt): a
          * driver that turns one down leaves those products on the subgroup matrices */
         log_warn("vulkan: the driver refused %s (%d): those prefill products stay on subgroup matrices",

@@ -186,7 +186,7 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
  * where the device takes them, else K_VIT_ATTN; its grid is (heads, queries / 64), K_VIT_ATTN's
  * (heads, queries / 8). */
 enum vk_kernel vk_vit_attention_kernel(struct vk_backend *b, uint32_t D);
-/* The attention as products (ANVIL_VK_VIT_FLASH=4-6; prefill/vit.c): the product kernel
+/* The attention as products (ANVIL_VK_VIT_FLASH=4-9; prefill/vit.c): the product kernel
  * (K_VIT_MM_CM2 on workgroup matrices, else with 5 and 6 K_VIT_MM), or K_NONE where
  * vk_vit_attention_kernel's runs instead. */
 enum vk_kernel vk_vit_products(struct vk_backend *b);
@@ -198,9 +198,17 @@ struct vit_att {
     uint64_t q, k, v, out, s, p;
     uint32_t N, H, D;
     float scale;
-    bool s16, whole; /* whole: S's whole tiles stored unclamped (ANVIL_VK_VIT_MM & 2) */
+    bool s16, whole; /* whole: S's whole tiles stored unclamped (ANVIL_VK_VIT_MM & 2); with fa: k
+                        and v loaded unclamped where the sizes allow (vk_vit_fa_pc) */
     enum vk_kernel mm, mo;
+    enum vk_kernel fa; /* or one flash pass on workgroup matrices (vk_vit_fa; K_NONE: none) */
 };
+/* The attention as one flash pass on workgroup matrices (ANVIL_VK_VIT_FLASH=7-9;
+ * vit_fa_cm2.comp) for heads of D dimensions where the device takes it, else K_NONE; its grid
+ * is (queries / vk_vit_fa_rows, heads), its push constants vk_vit_fa_pc's. */
+enum vk_kernel vk_vit_fa(struct vk_backend *b, uint32_t D);
+uint32_t vk_vit_fa_rows(enum vk_kernel fa);
+struct pc_vitmm vk_vit_fa_pc(const struct vit_att *a);
 /* A chunk of it: hc heads of R query rows, as many as budget bytes of float32 scores hold
  * (whole heads where one fits, else R a multiple of 128 rows of one head, at least 128) */
 void vk_vit_att_chunk(uint32_t N, uint32_t H, uint64_t budget, uint32_t *hc, uint32_t *R);

@@ -106,6 +106,7 @@ struct vk_device {
                               the prefill's products on mm_cm2.comp */
     uint32_t cm2_gran[3];  /* their M, N, K granularity (float16 products, VK_CM2_THREADS): a
                               workgroup matrix's sides are multiples of it */
+    bool cm2_reduce;       /* and their row reductions and per-element operations (vit_fa_cm2.comp) */
     bool coopmat_i8;       /* and int8 x int8 -> int32 16 x 16 x 32 subgroup matrices, shaderInt8 and
                               per-element operations (want_coopmat_i8): mmq_cm2.comp */
     VkDeviceSize max_mem;  /* ANVIL_VK_MAX_MEMORY: a cap on device memory (0: none) */
@@ -364,6 +365,10 @@ enum vk_kernel {
      * prebuilt; where d->coopmat2; _N80 tiles of 80 columns for O of heads of up to 80), else
      * in float32 tiles (vit_mm.comp) */
     K_VIT_MM_CM2, K_VIT_MM_CM2_N80, K_VIT_MM,
+    /* its attention as one flash pass on workgroup matrices (vit_fa_cm2.comp, prebuilt;
+     * ANVIL_VK_VIT_FLASH=7-9: 64 queries x 64 keys a step, 128 x 64, 64 x 128), where
+     * d->cm2_reduce and a head has at most 80 dimensions */
+    K_VIT_FA_CM2, K_VIT_FA_CM2_R128, K_VIT_FA_CM2_C128,
     /* its attention on cooperative matrices (vit_flash.comp: two passes over the keys; one,
      * ONE_PASS), where d->coopmat and the head padded to vit_dp fits (vk_pipelines.vit_dp) */
     K_VIT_FLASH, K_VIT_FLASH1, K_VIT_FLASH1_BK64 /* (the same, 64 keys a step) */,

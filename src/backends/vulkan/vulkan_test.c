@@ -1053,7 +1053,7 @@ static void test_vit_attention(void **state) {
                 }
                 for (int i = 0; i < D; i++) vmax = fmax(vmax, fabs(o[i] /= l));
             }
-        for (int flash = 0; flash < 8; flash++) {
+        for (int flash = 0; flash < 11; flash++) { /* (8-10: one flash pass, ANVIL_VK_VIT_FLASH=7-9) */
             struct backend *base;
             assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
             struct vk_backend *b = (struct vk_backend *)base;
@@ -1062,9 +1062,10 @@ static void test_vit_attention(void **state) {
              * float16 scores (5), a head a chunk (6), 128 rows (7) */
             uint64_t budget = flash == 6 ? (uint64_t)N * N * 4 : flash == 7 ? (uint64_t)N * 4 * 128 : 1u << 30;
             anvil_status st = flash < 4 ? vk_vit_attention_once(b, q, k, v, N, H, D, flash, got)
+                              : flash >= 8 ? vk_vit_attention_fa(b, q, k, v, N, H, D, flash - 1, got)
                                         : N % 4 ? ANVIL_ERR_INVALID_ARG
                                         : vk_vit_attention_products(b, q, k, v, N, H, D, flash == 5, budget, got);
-            if (flash >= 4 && N % 4) { /* (patches come in merge blocks of 4) */
+            if (flash >= 4 && flash < 8 && N % 4) { /* (patches come in merge blocks of 4) */
                 backend_destroy(base);
                 continue;
             }
@@ -1084,7 +1085,8 @@ static void test_vit_attention(void **state) {
             double tol = (flash ? 3e-2 : 2e-5) * fmax(vmax, 1.0);
             static const char *names[] = {"vit_attention", "vit_flash", "vit_flash1", "vit_flash1_bk64",
                                           "products", "products, float16 scores", "products, a head a chunk",
-                                          "products, 128 rows a chunk"};
+                                          "products, 128 rows a chunk", "flash on workgroup matrices",
+                                          "flash, 128 queries", "flash, 128 keys"};
             fprintf(stderr, "vision attention %s N %d, %d heads of %d: max |gpu - cpu| %.3g of %.3g\n", names[flash],
                     N, H, D, worst, vmax);
             assert_true(worst <= tol);

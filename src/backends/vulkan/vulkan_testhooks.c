@@ -475,3 +475,38 @@ anvil_status vk_vit_attention_products(struct vk_backend *b, const float *q, con
     vk_buffer_destroy(b->d, &buf);
     return st;
 }
+
+anvil_status vk_vit_attention_fa(struct vk_backend *b, const float *q, const float *k, const float *v, int N, int H,
+                                 int D, int variant, float *out) {
+    if (N < 1 || H < 1 || D < 4 || D % 4 || D > 256 || variant < 7 || variant > 9)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vk_vit_attention_fa: %d x %d heads of %d, variant %d", N, H, D, variant);
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
+    struct vit_att a = {.N = (uint32_t)N, .H = (uint32_t)H, .D = (uint32_t)D, .whole = true}; /* (where N allows) */
+    int was = b->d->tune.vk_vit_flash;
+    b->d->tune.vk_vit_flash = variant;
+    a.fa = vk_vit_fa(b, a.D);
+    b->d->tune.vk_vit_flash = was;
+    if (a.fa == K_NONE)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "vk_vit_attention_fa: no workgroup matrices with row reductions");
+    VkDeviceSize n = (VkDeviceSize)N * H * D, o[4];
+    VkDeviceSize size = test_layout(4, (VkDeviceSize[4]){2 * n, 2 * n, 2 * n, 4 * n}, o);
+    struct vk_buffer buf = {0};
+    if ((st = vk_buffer_create(b->d, size, VK_MEM_READBACK, "test vision attention", &buf)) != ANVIL_OK) return st;
+    uint8_t *m = buf.map;
+    memset(m, 0, buf.size);
+    const float *in[3] = {q, k, v};
+    for (int i = 0; i < 3; i++)
+        for (VkDeviceSize j = 0; j < n; j++) ((uint16_t *)(m + o[i]))[j] = f32_to_f16(in[i][j]);
+    a.q = buf.addr + o[0];
+    a.k = buf.addr + o[1];
+    a.v = buf.addr + o[2];
+    a.out = buf.addr + o[3];
+    struct pc_vitmm pc = vk_vit_fa_pc(&a);
+    uint32_t br = vk_vit_fa_rows(a.fa);
+    struct test_dispatch ds[1] = {{a.fa, &pc, sizeof pc, (a.N + br - 1) / br, a.H, 0}};
+    st = test_run(b, ds, 1, VK_NULL_HANDLE);
+    if (st == ANVIL_OK) memcpy(out, m + o[3], 4 * n);
+    vk_buffer_destroy(b->d, &buf);
+    return st;
+}

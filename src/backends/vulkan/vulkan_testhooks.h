@@ -70,5 +70,9 @@ anvil_status vk_vit_attention_once(struct vk_backend *b, const float *q, const f
  * takes heads apart, or rows of one). */
 anvil_status vk_vit_attention_products(struct vk_backend *b, const float *q, const float *k, const float *v, int N,
                                        int H, int D, bool s16, uint64_t budget, float *out);
+/* The same as one flash pass on workgroup matrices (ANVIL_VK_VIT_FLASH=variant, 7-9;
+ * vit_fa_cm2.comp); ANVIL_ERR_UNSUPPORTED where the device cannot run it (lavapipe) */
+anvil_status vk_vit_attention_fa(struct vk_backend *b, const float *q, const float *k, const float *v, int N, int H,
+                                 int D, int variant, float *out);
 
 #endif

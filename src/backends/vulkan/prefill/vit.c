@@ -120,7 +120,29 @@ enum vk_kernel vk_vit_products(struct vk_backend *b) {
     if (b->d->cm2_gran[2] && 32 % b->d->cm2_gran[2] == 0 && /* (its K steps of 32) */
         vk_pipeline_make(b->d, &b->pl, K_VIT_MM_CM2) == ANVIL_OK && b->pl.p[K_VIT_MM_CM2])
         return K_VIT_MM_CM2;
-    return v >= 5 ? K_VIT_MM : K_NONE;
+    return v == 5 || v == 6 ? K_VIT_MM : K_NONE;
+}
+
+enum vk_kernel vk_vit_fa(struct vk_backend *b, uint32_t D) {
+    int v = b->d->tune.vk_vit_flash;
+    enum vk_kernel k = v == 7 ? K_VIT_FA_CM2 : v == 8 ? K_VIT_FA_CM2_R128 : v == 9 ? K_VIT_FA_CM2_C128 : K_NONE;
+    uint32_t br = vk_vit_fa_rows(k), bc = k == K_VIT_FA_CM2_C128 ? 128 : 64;
+    const uint32_t *g = b->d->cm2_gran; /* (the kernel's sides: br, bc, 80 = DK, 96 = DV) */
+    if (k == K_NONE || D > 80 || !b->d->cm2_reduce || !g[0] || !g[1] || !g[2] || br % g[0] || bc % g[1] ||
+        bc % g[2] || 80 % g[2] || 96 % g[1])
+        return K_NONE;
+    return vk_pipeline_make(b->d, &b->pl, k) == ANVIL_OK && b->pl.p[k] ? k : K_NONE;
+}
+
+uint32_t vk_vit_fa_rows(enum vk_kernel fa) { return fa == K_VIT_FA_CM2_R128 ? 128 : 64; }
+
+struct pc_vitmm vk_vit_fa_pc(const struct vit_att *a) {
+    /* (v after k in the same buffer: its offset from k in halves, within 2^32 as the rope's
+     * grid is) */
+    uint32_t zw = (uint32_t)((a->v - a->k) / 2), bc = a->fa == K_VIT_FA_CM2_C128 ? 128 : 64;
+    bool whole = a->whole && a->N % bc == 0 && a->D % 8 == 0 && zw % 8 == 0; /* (C = H D) */
+    return (struct pc_vitmm){.x = a->q, .w = a->k, .y = a->out, .T = a->N, .K = a->D, .sx = a->H * a->D, .zw = zw,
+                             .flags = whole ? VIT_FA_WHOLE : 0u};
 }
 
 void vk_vit_att_kernels(struct vk_backend *b, struct vit_att *a) {
@@ -181,6 +203,13 @@ static anvil_status attention_products(struct vk_prefill *p, const struct vit_at
     return st;
 }
 
+/* The attention as one flash pass (vit_fa_cm2.comp) */
+static anvil_status attention_fa(struct vk_prefill *p, const struct vit_att *a) {
+    struct pc_vitmm pc = vk_vit_fa_pc(a);
+    uint32_t br = vk_vit_fa_rows(a->fa);
+    return pf_emit(p, a->fa, (a->N + br - 1) / br, a->H, &pc, sizeof pc);
+}
+
 /* The op list of one image of gh x gw patches: pixels at px, the embeddings at *out_off. */
 static anvil_status lower(struct vk_prefill *p, const struct vit_desc *d, uint32_t gh, uint32_t gw, uint64_t px,
                           const VkDeviceSize off[8], struct vit_att *pa, uint32_t hc, uint32_t R) {
@@ -204,7 +233,8 @@ static anvil_status lower(struct vk_prefill *p, const struct vit_desc *d, uint32
             (st = product(p, h, blk->qkv, big, 0, N)) != ANVIL_OK ||
             (st = vit_op(p, K_VIT_ROPE, (uint32_t)(((uint64_t)N * 3 * C / (pa->mm != K_NONE ? 2 : 1) + 63) / 64), 0,
                          &rope)) != ANVIL_OK ||
-            (st = pa->mm != K_NONE ? attention_products(p, pa, hc, R) : attention(p, &att)) != ANVIL_OK ||
+            (st = pa->fa != K_NONE ? attention_fa(p, pa)
+                  : pa->mm != K_NONE ? attention_products(p, pa, hc, R) : attention(p, &att)) != ANVIL_OK ||
             (st = product(p, a, blk->out, x, x, N)) != ANVIL_OK ||
             (st = layer_norm(p, d, x, blk->out_b, blk->ln2_w, blk->ln2_b, h, N, blk->up, N)) != ANVIL_OK ||
             (st = product(p, h, blk->up, big, 0, N)) != ANVIL_OK ||
@@ -260,7 +290,9 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
                           .s16 = t->vk_vit_flash == 6, .mm = vk_vit_products(b)};
     uint32_t hc = 0, R = 0;
     VkDeviceSize sbytes = 0;
-    if (att.mm != K_NONE) {
+    att.fa = att.mm == K_VIT_MM_CM2 ? vk_vit_fa(b, att.D) : K_NONE;
+    att.whole = att.fa != K_NONE && (t->vk_vit_mm & 2);
+    if (att.mm != K_NONE && att.fa == K_NONE) {
         vk_vit_att_kernels(b, &att);
         vk_vit_att_chunk(att.N, H, (uint64_t)t->vk_vit_scores_mb << 20, &hc, &R);
         sbytes = round_up((VkDeviceSize)hc * R * att.N * (att.s16 ? 2 : 4), ALIGN);
@@ -289,7 +321,8 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
     if (st == ANVIL_OK) st = take(b, VIT_BUF_PRM, 16, VK_MEM_CONTROL, "vision params", &p->prm);
     struct vk_buffer px = {0}, sc = {0};
     if (st == ANVIL_OK && att.mm != K_NONE) {
-        st = take(b, VIT_BUF_SCORES, sbytes + (VkDeviceSize)hc * R * att.N * 2, VK_MEM_DEVICE, "vision scores", &sc);
+        if (att.fa == K_NONE)
+            st = take(b, VIT_BUF_SCORES, sbytes + (VkDeviceSize)hc * R * att.N * 2, VK_MEM_DEVICE, "vision scores", &sc);
         att.q = p->arena.addr + off[3];
         att.k = p->arena.addr + off[4];
         att.v = p->arena.addr + off[5];

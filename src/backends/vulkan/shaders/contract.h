@@ -134,6 +134,9 @@
 #define VIT_MM_NK 1u  /* w(k, n) at n sw + k (K's rows: S = Q K^T), else at k sw + n (V's rows) */
 #define VIT_MM_Y16 2u /* y float16 (vit_mm_cm2.comp only) */
 #define VIT_MM_WHOLE 4u /* vit_mm_cm2.comp: whole tiles of y stored without bounds checks */
+/* vit_fa_cm2.comp's flags (struct pc_vitmm): k and v loaded without bounds checks (T a multiple
+ * of its keys a step; C, D and v's offset from k multiples of 8) */
+#define VIT_FA_WHOLE 1u
 
 /* mega.comp's phase records (struct vk_phase, 9 uvec4 each: the header, then the
  * dispatch's push constants): the header's kind ... */
