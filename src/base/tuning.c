@@ -197,8 +197,14 @@ static const struct knob KNOBS[] = {
         "docs/perf/log.md §20-22), 2 one pass with a lazily moved maximum, as the vision "
         "encoder's (on the H200 8B Q4_K_M pp4096 9,478 -> 10,232 t/s, 30B-A3B pp2048 7,984 -> "
         "8,327; docs/perf/log.md §68); 0 keeps the float32 kernel."),
-    INT("ANVIL_VK_VIT_FLASH", C_DIAGNOSTIC, vk_vit_flash, 4, 0, 9, NULL,
-        "The vision encoder's attention: 4 as products per head where the device has workgroup "
+    INT("ANVIL_VK_VIT_FLASH", C_DIAGNOSTIC, vk_vit_flash, 8, 0, 9, NULL,
+        "The vision encoder's attention: 8 one flash pass on workgroup matrices (vit_fa_cm2.comp: "
+        "128 queries of a head a workgroup, 64 keys a step, online softmax on the matrices' row "
+        "reductions, S and P never leave the workgroup; heads of up to 80, images whose patches "
+        "fill blocks of 128), else as 4; 7 the same 64 queries a workgroup, 9 64 queries and 128 "
+        "keys a step. 1024x1024 encode on the H200 54.3 ms with 8, 64.9 with 7, 58.5 with 9, "
+        "~108 with 4 (docs/perf/log.md §89). "
+        "4 as products per head where the device has workgroup "
         "matrices (S = Q K^T on them, vit_mm_cm2.comp; a row softmax writing P in float16; O = "
         "P V; float16 q/k/v, float32 scores, in chunks of ANVIL_VK_VIT_SCORES_MB), else as 2 "
         "where it has subgroup ones, else as 0; 5 the products on every device (without "
@@ -208,10 +214,7 @@ static const struct knob KNOBS[] = {
         "the sums), 2 one pass with a lazily moved maximum, 3 the same 64 keys a step instead of "
         "32; 0 keeps the float32 kernel (vit.comp MODE 4). 1024x1024 encode on the H200: 1,178 "
         "ms with 0, 210 with 1, 180 with 2, 270 with 3 (docs/perf/log.md §53); with §81's row "
-        "kernels 126.8 with 2, 107.6 with 4 (ANVIL_VK_VIT_MM=2; §81). 7 one flash pass on "
-        "workgroup matrices (vit_fa_cm2.comp: online softmax, S and P never leave the "
-        "workgroup; 64 queries x 64 keys a step, 8 128 x 64, 9 64 x 128) for heads of up to 80 "
-        "where the device has their row reductions, else as 4 (docs/perf/log.md §89)."),
+        "kernels 126.8 with 2, 107.6 with 4 (ANVIL_VK_VIT_MM=2; §81)."),
     INT("ANVIL_VK_VIT_MM", C_DIAGNOSTIC, vk_vit_mm, 2, 0, 3, NULL,
         "The vision attention's products on workgroup matrices (ANVIL_VK_VIT_FLASH=4): 2 whole "
         "tiles of S stored without bounds checks (1024x1024 encode on the H200 122.1 -> 107.6 "

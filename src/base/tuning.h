@@ -71,7 +71,7 @@ struct tuning {
     int vk_pace;             /* ANVIL_VK_PACE */
     int vk_attn_chunks;      /* ANVIL_VK_ATTN_CHUNKS */
     int vk_flash;            /* ANVIL_VK_FLASH */
-    int vk_vit_flash;        /* ANVIL_VK_VIT_FLASH: 0 off, 1 two passes, 2 one, 4-6 products, 7-9 flash on cm2 */
+    int vk_vit_flash;        /* ANVIL_VK_VIT_FLASH: 0 off, 1 two passes, 2 one, 4-6 products, 7-9 (8 default) flash on cm2 */
     int vk_vit_scores_mb;    /* ANVIL_VK_VIT_SCORES_MB */
     int vk_vit_mm;           /* ANVIL_VK_VIT_MM: 1 O on 80-column tiles, 2 S's whole tiles unclamped */
     int vk_pf_group;         /* ANVIL_VK_PF_GROUP */

@@ -203,11 +203,12 @@ struct vit_att {
     enum vk_kernel mm, mo;
     enum vk_kernel fa; /* or one flash pass on workgroup matrices (vk_vit_fa; K_NONE: none) */
 };
-/* The attention as one flash pass on workgroup matrices (ANVIL_VK_VIT_FLASH=7-9;
+/* The attention as one flash pass on workgroup matrices (ANVIL_VK_VIT_FLASH=7-9, 8 the default;
  * vit_fa_cm2.comp) for heads of D dimensions where the device takes it, else K_NONE; its grid
  * is (queries / vk_vit_fa_rows, heads), its push constants vk_vit_fa_pc's. */
 enum vk_kernel vk_vit_fa(struct vk_backend *b, uint32_t D);
 uint32_t vk_vit_fa_rows(enum vk_kernel fa);
+uint32_t vk_vit_fa_keys(enum vk_kernel fa); /* (its keys a step) */
 struct pc_vitmm vk_vit_fa_pc(const struct vit_att *a);
 /* A chunk of it: hc heads of R query rows, as many as budget bytes of float32 scores hold
  * (whole heads where one fits, else R a multiple of 128 rows of one head, at least 128) */

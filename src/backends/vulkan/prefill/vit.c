@@ -13,7 +13,10 @@
  *                                        those, VIT_OUT_HALF, as bias + GELU's below)
  *   qkv = h Wqkv                         product
  *   q, k, v = rope2d(qkv + qkv_b)        vit MODE 3 (float16 for the products below)
- *   a = attention(q, k, v)               as products where the device has workgroup matrices
+ *   a = attention(q, k, v)               one flash pass on workgroup matrices with row
+ *                                        reductions (vit_fa_cm2.comp, ANVIL_VK_VIT_FLASH=8,
+ *                                        images whose patches fill its blocks of 128); else
+ *                                        as products where the device has workgroup matrices
  *                                        (ANVIL_VK_VIT_FLASH=4): per chunk of heads (or of
  *                                        one head's query rows) S = Q K^T (vit_mm_cm2.comp),
  *                                        P = softmax(S / sqrt(D)) in float16 (vit MODE 5),
@@ -135,11 +138,12 @@ enum vk_kernel vk_vit_fa(struct vk_backend *b, uint32_t D) {
 }
 
 uint32_t vk_vit_fa_rows(enum vk_kernel fa) { return fa == K_VIT_FA_CM2_R128 ? 128 : 64; }
+uint32_t vk_vit_fa_keys(enum vk_kernel fa) { return fa == K_VIT_FA_CM2_C128 ? 128 : 64; }
 
 struct pc_vitmm vk_vit_fa_pc(const struct vit_att *a) {
     /* (v after k in the same buffer: its offset from k in halves, within 2^32 as the rope's
      * grid is) */
-    uint32_t zw = (uint32_t)((a->v - a->k) / 2), bc = a->fa == K_VIT_FA_CM2_C128 ? 128 : 64;
+    uint32_t zw = (uint32_t)((a->v - a->k) / 2), bc = vk_vit_fa_keys(a->fa);
     bool whole = a->whole && a->N % bc == 0 && a->D % 8 == 0 && zw % 8 == 0; /* (C = H D) */
     return (struct pc_vitmm){.x = a->q, .w = a->k, .y = a->out, .T = a->N, .K = a->D, .sx = a->H * a->D, .zw = zw,
                              .flags = whole ? VIT_FA_WHOLE : 0u};
@@ -291,6 +295,9 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
     uint32_t hc = 0, R = 0;
     VkDeviceSize sbytes = 0;
     att.fa = att.mm == K_VIT_MM_CM2 ? vk_vit_fa(b, att.D) : K_NONE;
+    /* (only images whose patches fill its blocks: the sizes checked on the device, §89; the
+     * partial blocks' paths wait for a device run of vulkan_test's test_vit_attention) */
+    if (att.fa != K_NONE && (att.N % vk_vit_fa_rows(att.fa) || att.N % vk_vit_fa_keys(att.fa))) att.fa = K_NONE;
     att.whole = att.fa != K_NONE && (t->vk_vit_mm & 2);
     if (att.mm != K_NONE && att.fa == K_NONE) {
         vk_vit_att_kernels(b, &att);
