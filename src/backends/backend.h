@@ -316,6 +316,9 @@ anvil_status backend_vulkan_create_beside(struct backend *of, struct backend **o
 /* Overrides the device's wait limit (seconds, > 0) and memory cap (bytes, > 0) where given
  * (0: keep the environment's, tuning.h); before anything is allocated. */
 void backend_vulkan_set_limits(struct backend *b, double timeout_s, uint64_t max_memory);
+/* Whether the device's waits poll its timeline (up to a millisecond) before they block: for a
+ * host that waits for many short submissions in turn (--cpu-moe), at the cost of a core. */
+void backend_vulkan_poll_waits(struct backend *b, bool on);
 /* A layer split (backends/split.c, docs/MULTIGPU.md): parts[i] (owned from here on, destroyed
  * with the split or on failure; all the same kind) runs layers [first[i], first[i+1]) of every
  * graph compiled (first[0] = 0, first[n] = the model's layers): the first part also embeds, the

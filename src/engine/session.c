@@ -174,6 +174,7 @@ anvil_status session_vulkan_backend(const anvil_session_params *p, int kv_type, 
             struct tuning t;
             backend_cpu_set_int_dot(cpu, tuning_read(&t) == ANVIL_OK && t.vk_qx != 0);
             struct backend *gpu = *out;
+            backend_vulkan_poll_waits(gpu, true);
             st = backend_cpumoe_create(gpu, cpu, p->cpu_moe, out);
         }
         return st;

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vulkan_impl.h"
+#include "vulkan.h"
 
 anvil_status vk_result(VkResult r, const char *what) {
     if (r == VK_SUCCESS) return ANVIL_OK;
@@ -904,11 +904,13 @@ anvil_status vk_wait(struct vk_device *d, uint64_t value) {
     anvil_status st = check_lost(d);
     if (st != ANVIL_OK) return st;
     VkSemaphoreWaitInfo wi = {VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, NULL, 0, 1, &d->timeline, &value};
-    /* A GPU's short work polled for first (up to VK_POLL_S): a blocking wait's wake-up took
-     * ~0.1-0.2 ms on the H200 (a --cpu-moe decode step waits for 49 short parts, perf log §86).
-     * Not on a CPU device, whose threads do the work this one would take the core from. */
+    /* A GPU's short work polled for first (up to VK_POLL_S) where the backend asked
+     * (backend_vulkan_poll_waits: --cpu-moe, whose decode step waits for 49 short parts; a
+     * blocking wait's wake-up took ~0.1-0.2 ms on the H200, perf log §86). Not elsewhere: the
+     * decode loop's waits polled cost the host ~150 us of CPU a token for no speed (§88). Not
+     * on a CPU device, whose threads do the work this one would take the core from. */
     uint64_t now_v = 0;
-    if (d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU) {
+    if (d->poll_waits && d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU) {
         double until = time_now() + VK_POLL_S;
         while (vkGetSemaphoreCounterValue(d->dev, d->timeline, &now_v) == VK_SUCCESS && now_v < value &&
                time_now() < until) {
@@ -957,4 +959,8 @@ anvil_status vk_cmd_alloc(struct vk_device *d, VkCommandBuffer *cb) {
     VkCommandBufferAllocateInfo ai = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, NULL, d->pool,
                                       VK_COMMAND_BUFFER_LEVEL_PRIMARY, 1};
     return vk_result(vkAllocateCommandBuffers(d->dev, &ai, cb), "vkAllocateCommandBuffers");
+}
+
+void backend_vulkan_poll_waits(struct backend *base, bool on) {
+    ((struct vk_backend *)base)->d->poll_waits = on;
 }

@@ -92,6 +92,7 @@ struct vk_device {
     bool lost, hung; /* hung: a wait timed out (waiting again could block for ever) */
     char lost_msg[256];
     double timeout_s;      /* ANVIL_VK_TIMEOUT: longest wait for one submission (default 120) */
+    bool poll_waits;       /* vk_wait polls before it blocks (backend_vulkan_poll_waits) */
     bool has_budget;       /* VK_EXT_memory_budget enabled */
     bool subgroup_shuffle; /* subgroupShuffleXor (attn_flash.comp) */
     bool exec_stats;       /* ANVIL_VK_PIPELINE_STATS=1 and VK_KHR_pipeline_executable_properties:
