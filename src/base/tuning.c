@@ -200,8 +200,7 @@ static const struct knob KNOBS[] = {
     INT("ANVIL_VK_VIT_FLASH", C_DIAGNOSTIC, vk_vit_flash, 8, 0, 9, NULL,
         "The vision encoder's attention: 8 one flash pass on workgroup matrices (vit_fa_cm2.comp: "
         "128 queries of a head a workgroup, 64 keys a step, online softmax on the matrices' row "
-        "reductions, S and P never leave the workgroup; heads of up to 80, images whose patches "
-        "fill blocks of 128), else as 4; 7 the same 64 queries a workgroup, 9 64 queries and 128 "
+        "reductions, S and P never leave the workgroup; heads of up to 80), else as 4; 7 the same 64 queries a workgroup, 9 64 queries and 128 "
         "keys a step. 1024x1024 encode on the H200 54.3 ms with 8, 64.9 with 7, 58.5 with 9, "
         "~108 with 4 (docs/perf/log.md §89). "
         "4 as products per head where the device has workgroup "

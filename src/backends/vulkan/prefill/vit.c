@@ -14,8 +14,8 @@
  *   qkv = h Wqkv                         product
  *   q, k, v = rope2d(qkv + qkv_b)        vit MODE 3 (float16 for the products below)
  *   a = attention(q, k, v)               one flash pass on workgroup matrices with row
- *                                        reductions (vit_fa_cm2.comp, ANVIL_VK_VIT_FLASH=8,
- *                                        images whose patches fill its blocks of 128); else
+ *                                        reductions (vit_fa_cm2.comp, ANVIL_VK_VIT_FLASH=8);
+ *                                        else
  *                                        as products where the device has workgroup matrices
  *                                        (ANVIL_VK_VIT_FLASH=4): per chunk of heads (or of
  *                                        one head's query rows) S = Q K^T (vit_mm_cm2.comp),
@@ -295,9 +295,8 @@ anvil_status vk_vit_run(struct vk_backend *b, const struct vit_desc *d, const fl
     uint32_t hc = 0, R = 0;
     VkDeviceSize sbytes = 0;
     att.fa = att.mm == K_VIT_MM_CM2 ? vk_vit_fa(b, att.D) : K_NONE;
-    /* (only images whose patches fill its blocks: the sizes checked on the device, §89; the
-     * partial blocks' paths wait for a device run of vulkan_test's test_vit_attention) */
-    if (att.fa != K_NONE && (att.N % vk_vit_fa_rows(att.fa) || att.N % vk_vit_fa_keys(att.fa))) att.fa = K_NONE;
+    /* (any number of patches: the partial blocks' paths checked on the H200 by vulkan_test's
+     * test_vit_attention, 196 / 300 / 64 / 1 / 256 patches, heads of 72, 76 and 32, §88) */
     att.whole = att.fa != K_NONE && (t->vk_vit_mm & 2);
     if (att.mm != K_NONE && att.fa == K_NONE) {
         vk_vit_att_kernels(b, &att);
