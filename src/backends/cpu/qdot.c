@@ -13,6 +13,7 @@
 
 #if defined(__GNUC__) && defined(__x86_64__)
 #define QDOT_AVX2 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -312,7 +313,10 @@ void qdot_rows(int type, const uint8_t *w, size_t row_bytes, const int32_t *rows
     if (avx2 < 0) {
         vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-        avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        /* (F16C from cpuid: clang 14's __builtin_cpu_supports does not know "f16c") */
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+        avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
         vnni &= avx2;
         log_info("cpu: integer dot products in %s", vnni ? "AVX-512 VNNI (Q4_K) and AVX2" : avx2 ? "AVX2" :
                  "plain C (no AVX2, FMA and F16C here)");
