@@ -469,7 +469,7 @@ int anvil_batch_kv_blocks(const anvil_batch *b, int *total);
 int anvil_batch_kv_cached_blocks(const anvil_batch *b);
 /* 1 where a step of one decoding sequence runs the solo decode program over the pool
  * (docs/BATCHING.md "B = 1": about a session's speed), 0 where it runs a batch program of one
- * row (the CPU backend, models with recurrent layers, a layer split, ANVIL_VK_BATCH_PAGED=0). */
+ * row (the CPU backend, a layer split, ANVIL_VK_BATCH_PAGED=0). */
 int anvil_batch_paged_decode(const anvil_batch *b);
 /* The prompt tokens of sequence id read from the prefix cache instead of prefilled (0 until
  * its prompt starts; -1 for no such sequence). */

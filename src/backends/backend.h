@@ -117,6 +117,9 @@ struct paged_step {
      * one: the next call's queued step. A call that is not its continuation (queued false)
      * waits for it first and throws it away (it wrote its cache row at pos + 1 only). */
     bool ahead;
+    /* the sequence's slot: its slices of a hybrid's conv and recurrent states (the program's
+     * states are the batch's, build_opts.state_seqs) */
+    int seq;
 };
 
 /* One dispatch of a device program, timed (backend_vtable.time). */

@@ -182,7 +182,7 @@ static int pool_blocks(anvil_batch *b) {
     int whole = b->n_seq_max * b->max_blocks;
     if (!b->backend->vt->free_bytes) return whole;
     struct build_opts o = {1, b->max_blocks * b->kv_block, true, b->n_seq_max + b->n_snap, b->kv_block,
-                           false, false, false, false};
+                           false, false, false, false, 0};
     struct graph g1, g2;
     if (model_build_graph(&b->model->model, &o, &g1) != ANVIL_OK) return whole;
     o.n_ctx = 2 * b->max_blocks * b->kv_block;
@@ -271,11 +271,10 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     }
     b->pick = t.vk_batch_pick && b->backend->vt->run_batch_pick;
     b->paged_ok = b->pick && t.vk_batch_paged && b->backend->vt->run_paged && b->kv_block >= 2 &&
-                  !(b->kv_block & (b->kv_block - 1)); /* (and no recurrent layers: below) */
+                  !(b->kv_block & (b->kv_block - 1));
     b->ahead_ok = t.vk_batch_paged != 3;
     for (int l = 0; l < hp->n_layer; l++)
         if (hp->layer_recurrent[l]) b->recurrent = true;
-    b->paged_ok = b->paged_ok && !b->recurrent; /* (a session graph's states: one sequence's slices) */
     /* a recurrent model's prefix cache needs its states' snapshots (states_copy) */
     b->reuse = !p.no_prefix_cache && (!b->recurrent || b->backend->vt->states_copy);
     /* two a sequence, at most 16 (the 35B-A3B's states are ~63 MB a sequence) */
@@ -602,7 +601,7 @@ static anvil_status program_for(anvil_batch *b, int T, bool last_only, struct pr
     if (lru->p) b->backend->vt->program_destroy(lru->p);
     lru->p = NULL;
     struct build_opts o = {T, b->kv_blocks * b->kv_block, last_only, b->n_seq_max + b->n_snap, b->kv_block,
-                           false, false, false, false};
+                           false, false, false, false, 0};
     struct graph g;
     anvil_status st = model_build_graph(&b->model->model, &o, &g);
     if (st != ANVIL_OK) return st;
@@ -622,14 +621,17 @@ static anvil_status program_for(anvil_batch *b, int T, bool last_only, struct pr
  * run alone: no other sequence in the batch, its token needed (the budget and the context go
  * on past this step's), chosen on the device; the next call takes it (queued), or a later
  * call not taking it has the backend throw it away (it wrote q's cache row at pos + 1, which
- * q never registered: it left). *ran false (nothing run) where the program cannot be made: the
- * caller then runs the batch program of one row. The program is made on the first such step
+ * q never registered, and advanced a hybrid's states of q's slot: q left). *ran false
+ * (nothing run) where the program cannot be made: the caller then runs the batch program of
+ * one row. The program is made on the first such step
  * from the session graph of one token over the pool's rows, its caches the batch's (the same
- * states, the same shapes), read through q's blocks. */
+ * states, the same shapes: a hybrid's declared as the batch graphs', state_seqs), read through
+ * q's blocks, a hybrid's states at q's slot's slices. */
 static anvil_status run_paged(anvil_batch *b, struct bseq *q, bool queued, int32_t *tok, bool *ran) {
     *ran = false;
     if (!b->paged) {
-        struct build_opts o = {1, b->kv_blocks * b->kv_block, true, 0, 0, false, false, false, false};
+        struct build_opts o = {1, b->kv_blocks * b->kv_block, true, 0, 0, false, false, false, false,
+                               b->n_seq_max + b->n_snap}; /* (a hybrid's states: the batch's) */
         struct graph g;
         anvil_status st = model_build_graph(&b->model->model, &o, &g);
         if (st != ANVIL_OK) return st;
@@ -647,7 +649,7 @@ static anvil_status run_paged(anvil_batch *b, struct bseq *q, bool queued, int32
     bool ahead = b->ahead_ok && anvil_batch_active(b) == 1 && q->n_generated + 1 < q->gp.max_tokens &&
                  q->pos + 1 < b->n_ctx && batch_pick_history(&q->sp, q->pos + 1) <= BATCH_PICK_HISTORY;
     if (ahead) grow(b, q, q->pos + 2); /* (within its promise: the row is needed) */
-    struct paged_step s = {q->tokens[q->pos], q->pos, q->blocks, &q->sp, q->tokens, queued, ahead};
+    struct paged_step s = {q->tokens[q->pos], q->pos, q->blocks, &q->sp, q->tokens, queued, ahead, (int)(q - b->seqs)};
     anvil_status st = b->backend->vt->run_paged(b->paged, &s, tok);
     b->paged_steps++;
     if (st == ANVIL_OK && ahead) {

@@ -55,6 +55,7 @@ struct job {
 };
 
 static int64_t paged_steps; /* the last run_batch's steps on its paged decode program */
+static int64_t lone_steps;  /* ... and its steps of one decoding sequence (one decode choice) */
 
 struct collect {
     int32_t *toks;
@@ -108,6 +109,7 @@ static int run_batch(anvil_model *m, struct job *jobs, int n_jobs, const anvil_b
     for (int i = 0; i < n_jobs; i++) memcpy(jobs[i].seen, jobs[i].prompt, (size_t)jobs[i].n_prompt * sizeof(int32_t));
     anvil_batch_event ev[16];
     int step = 0, finished = 0;
+    lone_steps = 0;
     for (; finished < n_jobs; step++) {
         assert_true(step < 400);
         for (int i = 0; i < n_jobs; i++) {
@@ -128,12 +130,14 @@ static int run_batch(anvil_model *m, struct job *jobs, int n_jobs, const anvil_b
         }
         int n;
         assert_int_equal(anvil_batch_step(b, ev, 16, &n), ANVIL_OK);
+        int decoded = 0; /* (a sequence's first choice ends its prompt: not a decode step's) */
         for (int e = 0; e < n; e++) {
             struct job *j = NULL;
             for (int i = 0; i < n_jobs; i++)
                 if (jobs[i].id == ev[e].id && !jobs[i].done) j = &jobs[i];
             assert_non_null(j);
             assert_true(j->n_choices <= j->n_solo);
+            decoded += j->n_choices > 0;
             if (!j->n_choices) j->cached = anvil_batch_cached_tokens(b, j->id);
             if (bp->keep_logits) {
                 /* the logits this choice was made from, against the solo run's */
@@ -161,6 +165,7 @@ static int run_batch(anvil_model *m, struct job *jobs, int n_jobs, const anvil_b
                 j->id = 0;
             }
         }
+        lone_steps += decoded == 1;
     }
     assert_int_equal(anvil_batch_active(b), 0);
     assert_int_equal(anvil_batch_kv_blocks(b, NULL), 0); /* (the prefix cache's idle blocks apart) */
@@ -690,6 +695,73 @@ static void test_paged_vulkan(void **state) {
     check_paged("reference/qwen3moe-tiny", ANVIL_KV_F16);
 }
 
+/* A hybrid's sequence alone in slot 1 runs the paged program on its slices of the batch's
+ * conv and recurrent states (the control block's seq): the first sequence (slot 0) ends soon,
+ * the second decodes alone, a third joins (slot 0, over the first's old slices) and leaves
+ * while the second goes on. Each gives its solo tokens, and every step of one decoding
+ * sequence ran on the paged program. */
+static void check_paged_join(const char *model) {
+    anvil_model_params mp = {2};
+    anvil_model *m;
+    const char *path = tu_testdata(model);
+    if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
+    int V = anvil_model_vocab_size(m);
+    char golden[512];
+    snprintf(golden, sizeof golden, "%s/golden.json", path);
+    char *text = tu_read_file(golden, NULL);
+    assert_non_null(text);
+    int n_ids;
+    int32_t *ids = tu_json_ids(text, "prompt_ids", &n_ids), two[N_CTX];
+    free(text);
+    assert_true(n_ids >= 8 && n_ids < N_CTX / 2);
+    for (int i = 0; i < N_CTX; i++) two[i] = ids[i % n_ids] * 7 % V;
+    struct job jobs[3];
+    init_job(&jobs[0], ids, n_ids, 3, 0);  /* slot 0, soon done */
+    init_job(&jobs[1], two, 9, 30, 0);     /* slot 1, alone most of its steps */
+    init_job(&jobs[2], two + 3, 7, 5, 14); /* slot 0 again, a while beside it */
+    anvil_session *solo = tu_session_kv(m, ANVIL_BACKEND_VULKAN, N_CTX, ANVIL_KV_F32);
+    for (int i = 0; i < 3; i++) run_solo(m, solo, &jobs[i]);
+    anvil_session_destroy(solo);
+    assert_int_equal(jobs[1].n_solo, 30);
+    anvil_batch_params bp = anvil_batch_default_params();
+    bp.session.backend = ANVIL_BACKEND_VULKAN;
+    bp.session.n_ctx = N_CTX;
+    bp.session.kv_cache = ANVIL_KV_F32;
+    bp.session.prefill_chunk = 5;
+    bp.n_seq_max = 2;
+    bp.kv_block = 4;
+    run_batch(m, jobs, 3, &bp, true);
+    for (int i = 0; i < 3; i++) {
+        struct job *j = &jobs[i];
+        if (j->n_got != j->n_solo || j->stop != j->solo_stop)
+            fail_msg("%s: sequence %d: %d tokens (stop %d) in the batch, %d (stop %d) alone", path, i, j->n_got,
+                     j->stop, j->n_solo, j->solo_stop);
+        for (int t = 0; t < j->n_got; t++)
+            if (j->got[t] != j->solo[t])
+                fail_msg("%s: sequence %d: token %d is %d in the batch, %d alone", path, i, t, j->got[t], j->solo[t]);
+        free(j->solo_logits);
+    }
+    fprintf(stderr, "%s: %lld paged steps, %lld of one decoding sequence\n", path, (long long)paged_steps,
+            (long long)lone_steps);
+    assert_true(lone_steps >= 16);
+    assert_int_equal(paged_steps, lone_steps);
+    free(ids);
+    anvil_model_close(m);
+}
+
+/* The hybrids (Qwen3.5 dense and MoE, Qwen3-Next): check_paged's scenario (the prefix cache
+ * reading a snapshot of the recurrent states), then check_paged_join's. */
+static void test_paged_hybrid_vulkan(void **state) {
+    (void)state;
+    vulkan_or_skip();
+    check_paged("reference/qwen3_5-tiny", ANVIL_KV_F32);
+    check_paged_join("reference/qwen3_5-tiny");
+    sanitized_cut();
+    check_paged("reference/qwen3_5moe-tiny", ANVIL_KV_F16);
+    check_paged_join("reference/qwen3_5moe-tiny");
+    check_paged("reference/qwen3next-tiny", ANVIL_KV_F32);
+}
+
 static void test_pool_by_memory(void **state) {
     (void)state;
     vulkan_or_skip();
@@ -809,6 +881,7 @@ int main(void) {
         cmocka_unit_test(test_q8_cache),
         cmocka_unit_test(test_q8_cache_vulkan),
         cmocka_unit_test(test_paged_vulkan),
+        cmocka_unit_test(test_paged_hybrid_vulkan),
         cmocka_unit_test(test_pool_by_memory),
         cmocka_unit_test(test_limits),
     };

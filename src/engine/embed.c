@@ -27,7 +27,7 @@ static anvil_status embed_program(anvil_session *s, int *T_io, struct program **
     }
     if (s->embed) s->backend->vt->program_destroy(s->embed);
     s->embed = NULL;
-    struct build_opts o = {T, s->n_ctx, true, 0, 0, true, false, false, false};
+    struct build_opts o = {T, s->n_ctx, true, 0, 0, true, false, false, false, 0};
     struct graph g;
     anvil_status st = model_build_graph(&s->model->model, &o, &g);
     if (st != ANVIL_OK) return st;

@@ -237,7 +237,7 @@ anvil_status anvil_kv_cache_size(const anvil_model *m, int n_ctx, anvil_kv_cache
     int kt = ANVIL_KV_F16;
     anvil_status st = tuning_read(&t);
     if (st == ANVIL_OK) st = kv_cache_type(kv, &t, &kt);
-    struct build_opts o = {1, n_ctx, false, 0, 0, false, false, false, false};
+    struct build_opts o = {1, n_ctx, false, 0, 0, false, false, false, false, 0};
     struct graph g;
     if (st == ANVIL_OK) st = model_build_graph(&m->model, &o, &g);
     if (st != ANVIL_OK) return st;
@@ -314,7 +314,7 @@ anvil_status anvil_session_create(anvil_model *model, const anvil_session_params
     s->kv_type = kv_type;
     if (st == ANVIL_OK) {
         /* (keep_hidden stays off until the MTP drafter is turned on: session_keep_hidden) */
-        struct build_opts o = {1, n_ctx, false, 0, 0, false, false, false, false};
+        struct build_opts o = {1, n_ctx, false, 0, 0, false, false, false, false, 0};
         struct graph g;
         st = model_build_graph(&model->model, &o, &g);
         if (st == ANVIL_OK) {
@@ -477,7 +477,7 @@ anvil_status session_keep_hidden(anvil_session *s) {
     if (!s->backend->vt->read_aux)
         return err_set(ANVIL_ERR_UNSUPPORTED, "the %s backend does not hand the final norm's rows to the MTP "
                        "drafter (a layer split does not yet)", s->backend->vt->name);
-    struct build_opts o = {1, s->n_ctx, false, 0, 0, false, false, true, false};
+    struct build_opts o = {1, s->n_ctx, false, 0, 0, false, false, true, false, 0};
     struct graph g;
     struct program *d = NULL;
     anvil_status st = model_build_graph(&s->model->model, &o, &g);
@@ -509,7 +509,7 @@ static anvil_status chunk_program(anvil_session *s, int *T_io, bool last_only, s
     }
     if (s->prefill) s->backend->vt->program_destroy(s->prefill);
     s->prefill = NULL;
-    struct build_opts o = {T, s->n_ctx, last_only, 0, 0, false, false, s->keep_hidden, false};
+    struct build_opts o = {T, s->n_ctx, last_only, 0, 0, false, false, s->keep_hidden, false, 0};
     struct graph g;
     anvil_status st = model_build_graph(&s->model->model, &o, &g);
     if (st != ANVIL_OK) return st;
@@ -540,7 +540,7 @@ static anvil_status verify_program(anvil_session *s, int T, bool last_only, stru
     /* (destroyed first: the backend may move the history slots for a longer T) */
     if (s->verify) s->backend->vt->program_destroy(s->verify);
     s->verify = NULL;
-    struct build_opts o = {T, s->n_ctx, last_only, 0, 0, false, true, s->keep_hidden, false};
+    struct build_opts o = {T, s->n_ctx, last_only, 0, 0, false, true, s->keep_hidden, false, 0};
     struct graph g;
     anvil_status st = model_build_graph(&s->model->model, &o, &g);
     if (st != ANVIL_OK) return st;

@@ -36,7 +36,7 @@ anvil_status anvil_split_plan(anvil_model *model, const anvil_session_params *p,
     anvil_status st = tuning_read(&t);
     if (st == ANVIL_OK) st = kv_cache_type(p->kv_cache, &t, &kv_type);
     if (st == ANVIL_OK) st = split_layers(hp->n_layer, shares, n, first);
-    struct build_opts o = {1, n_ctx, false, 0, 0, false, false, false, false};
+    struct build_opts o = {1, n_ctx, false, 0, 0, false, false, false, false, 0};
     struct graph g = {0};
     if (st == ANVIL_OK) st = model_build_graph(&model->model, &o, &g);
     if (st != ANVIL_OK) return st;

@@ -259,9 +259,11 @@ int graph_gdn(struct graph *g, int qkv, int b, int a, int conv_w, int A, int dt_
     assert(Cc == 2 * (int64_t)n_k_heads * d_k + Hv * Dv && Hv % n_k_heads == 0);
     assert(node_nelem(N(g, conv_w)) == Kc * Cc && Kc >= 1);
     assert(node_nelem(N(g, A)) == Hv && node_nelem(N(g, dt_bias)) == Hv);
-    int64_t seqs = MAX(g->n_seqs, 1);
+    /* a batch graph's slices, or a session graph's one state (of state_seqs where it runs a
+     * batch's sequence: build_opts.state_seqs) */
+    int64_t seqs = N(g, conv_state)->ne[2];
     assert(N(g, conv_state)->ne[0] == Kc - 1 && N(g, conv_state)->ne[1] == Cc &&
-           N(g, conv_state)->ne[2] == seqs);
+           (g->n_seqs ? seqs == g->n_seqs : seqs >= 1));
     assert(sn->ne[1] == d_k && sn->ne[2] == Hv * seqs);
     int s[] = {qkv, b, a, conv_w, A, dt_bias, conv_state, ssm_state};
     int i = append(g, OP_GDN, Dv, Hv, T, s, 8);

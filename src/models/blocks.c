@@ -340,7 +340,7 @@ int block_gdn(struct graph *g, const struct hparams *hp, const struct gdn_weight
         Dv = hp->ssm_d_v, Kc = hp->ssm_conv_kernel;
     int Cc = 2 * Hk * Dk + Hv * Dv;
     char name[48];
-    int seqs = MAX(o->n_seqs, 1); /* a batch graph: a slice per sequence */
+    int seqs = MAX(o->n_seqs ? o->n_seqs : o->state_seqs, 1); /* a batch graph: a slice per sequence */
     snprintf(name, sizeof name, "conv_state.%d", layer);
     int cs = graph_state(g, name, Kc - 1, Cc, seqs);
     snprintf(name, sizeof name, "ssm_state.%d", layer);

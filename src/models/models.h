@@ -33,6 +33,10 @@ struct build_opts {
      * ({V, T} or {V, 1}) out, its shared head norm's rows as aux (with hidden: those rows
      * out, no LM head) */
     bool mtp;
+    /* (a session graph, n_seqs 0) its Gated DeltaNet states declared as a batch graph's of
+     * state_seqs sequences, the sequence it runs picked per step by the control block's seq
+     * (the paged decode program: engine/batch.c run_paged, docs/BATCHING.md "B = 1") */
+    int state_seqs;
 };
 
 /* The MTP layer's input rows out[T][2C] = [enorm(embed(tok[t])); hnorm(h[t])]: tok[t] the

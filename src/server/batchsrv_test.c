@@ -472,9 +472,8 @@ static void test_moe_vulkan(void **state) {
 }
 
 /* --parallel's default, what fits: on Vulkan the scenario's batch server is one of
- * SERVER_FIT_SLOTS slots (the dense model: its steps of one sequence on the decode program);
- * on the CPU backend, and for a hybrid model (whose batch decodes one sequence on a batch
- * program), one request at a time. */
+ * SERVER_FIT_SLOTS slots (its steps of one sequence on the decode program; the hybrid's:
+ * test_hybrid_vulkan); on the CPU backend, one request at a time. */
 static void check_fit_one(const char *rel, anvil_backend_kind be) {
     char *model = strdup(tu_testdata(rel));
     int port = server_port(start(model, be, 0));
@@ -488,7 +487,6 @@ static void test_fit(void **state) {
     (void)state;
     check_fit_one("reference/qwen3-tiny", ANVIL_BACKEND_CPU);
     if (!vulkan()) return;
-    check_fit_one("reference/qwen3_5-tiny", ANVIL_BACKEND_VULKAN);
     batch_parallel = 0;
     check_model("reference/qwen3-tiny", ANVIL_BACKEND_VULKAN);
     batch_parallel = 4;
@@ -521,7 +519,10 @@ static void test_small_pool_cpu(void **state) {
 
 static void test_hybrid_vulkan(void **state) {
     (void)state;
-    if (vulkan()) check_model("reference/qwen3_5-tiny", ANVIL_BACKEND_VULKAN);
+    if (!vulkan()) return;
+    batch_parallel = 0; /* what fits: SERVER_FIT_SLOTS slots for the hybrid too */
+    check_model("reference/qwen3_5-tiny", ANVIL_BACKEND_VULKAN);
+    batch_parallel = 4;
 }
 
 /* A chat's second turn on a hybrid, whose cache is cut back only to a checkpoint (the server

@@ -409,12 +409,12 @@ static anvil_status load(struct server *s) {
     /* --parallel's default (0), what fits: a batch of up to SERVER_FIT_SLOTS requests, its cache
      * as many of their whole contexts as the device's free memory holds (at least one; the
      * requests past it wait for room: anvil_batch_fits), where the batch decodes one sequence
-     * at a session's speed (anvil_batch_paged_decode: on a GPU, models without recurrent
-     * layers); else one at a time on the session, and so with --spec */
+     * at a session's speed (anvil_batch_paged_decode: on a GPU, the hybrids too); else one at
+     * a time on the session, and so with --spec */
     bool fit = s->opt.parallel == 0;
     int parallel = s->opt.parallel;
     if (fit)
-        parallel = (s->opt.spec && s->opt.spec->kind != ANVIL_SPEC_NONE) || mi.recurrent ||
+        parallel = (s->opt.spec && s->opt.spec->kind != ANVIL_SPEC_NONE) ||
                            !strcmp(anvil_session_backend_name(s->session), "cpu") ? 1 : SERVER_FIT_SLOTS;
     if (parallel > 1) {
         anvil_batch_params bp = anvil_batch_default_params();

@@ -32,7 +32,7 @@ static void usage(void) {
             "  --parallel N            requests generating at once, batched (1: one at a time;\n"
             "                          N > 1 keeps a cache of N contexts beside the session's;\n"
             "                          default: what fits, 16 on a GPU with as many contexts as\n"
-            "                          its free memory holds, 1 on the CPU and hybrid models)\n"
+            "                          its free memory holds, 1 on the CPU)\n"
             "  --kv-pool TOKENS        with --parallel: the batch's cache in tokens, all requests\n"
             "                          together (at least one context; requests wait for room)\n"
             "  --max-connections N     simultaneous connections (2048)\n"

@@ -588,7 +588,7 @@ _Static_assert(PC_WORD(pc_attn, q, ATW_Q) && PC_WORD(pc_attn, k, ATW_K) && PC_WO
 struct vk_ctl {
     uint32_t token, pos, stop, n_out, budget, n_feed, feed_idx, n_ctx, n_eos, eos_hit, steps;
     uint32_t fault; /* mega.comp's workgroups did not all meet (the grid was not resident) */
-    uint32_t pad1;
+    uint32_t seq;  /* gdn.comp: the sequence whose slices of the states a step runs (common.glsl) */
     uint32_t hist0; /* the position of data[2 n_ctx]'s token (common.glsl) */
     uint32_t draft; /* a draft offered to the step's choice, plus 1 (0: none; sample.comp) */
     uint32_t pad4;

@@ -27,6 +27,7 @@ void ctl_reset(struct vk_program *p, int32_t token, int pos0) {
     c->eos_hit = 0;
     c->steps = 0;
     c->hist0 = 0;
+    c->seq = 0;
     c->lp_top = 0;
     c->lp_done = 0;
     c->n_bias = 0;
@@ -99,6 +100,7 @@ anvil_status vk_run_paged(struct program *pp, const struct paged_step *s, int32_
         p->paged_q = -1;
         if ((st = vk_prog_rope_shift(g, 0)) != ANVIL_OK) return st;
         ctl_reset(p, s->token, pos);
+        c->seq = (uint32_t)s->seq;
         c->budget = 1; /* one token chosen, then the step stops */
         ctl_set_sampling(c, p->V, sp);
         if (sp->greedy) c->s_K = 1; /* (with penalties: candidate 0 alone, as a batch row's record) */

@@ -145,12 +145,13 @@ layout(buffer_reference, std430, buffer_reference_align = 16) buffer Ctl {
     uint eos_hit;  /* the stop token chosen */
     uint steps;    /* steps that ran (not skipped) */
     uint fault;    /* mega.comp: its workgroups did not all meet (the grid was not resident) */
-    uint pad1;     /* (mega.comp, prefetch.comp: pad1 and pad4 take words nothing reads) */
+    uint seq;      /* gdn.comp (decode): the sequence whose slices of the states it runs (a
+                      paged program's: the batch's states, build_opts.state_seqs; else 0) */
     uint hist0;    /* the position of the history's first token in data[2 n_ctx] (0: the whole
                       history; a batch row's record holds only its penalty window) */
     uint draft;    /* sample.comp: a draft offered to this step's choice, plus 1 (0: none; the
                       speculative-sampling rule of engine/spec.c spec_choose) */
-    uint pad4;
+    uint pad4;     /* (mega.comp, prefetch.comp take it: a word nothing reads) */
     uint eos[16];
     /* the sampling chain's parameters (struct sampling_params), set per request */
     float s_inv_temp, s_rp, s_inv_rp, s_presence, s_frequency, s_top_p, s_min_p;

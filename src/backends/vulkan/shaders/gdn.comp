@@ -120,7 +120,7 @@ void step(uint pos, uint tr, uint pos0) {
         else if (i < 2u * Dk) ks[i - Dk] = y;
         else vs[i - 2u * Dk] = y;
         if ((MODE == GDN_MODE_DECODE || MODE == GDN_MODE_SPLIT) && (i >= 2u * Dk || owner))
-            pc.ring.v[(pos % Kc) * Cc + c] = x;
+            pc.ring.v[rofs + (pos % Kc) * Cc + c] = x;
     }
     barrier();
     float sq = 0.0, sk = 0.0;
@@ -235,6 +235,9 @@ void main() {
     Kc = pc.flags >> 16;
     if (MODE == GDN_MODE_DECODE || MODE == GDN_MODE_SPLIT) {
         if (pc.ctl.stop != 0u) return;
+        uint sq = pc.ctl.seq; /* (a paged program's sequence: its slices of the batch's states) */
+        sofs = sq * pc.Hv * Dk * Dv;
+        rofs = sq * Kc * (2u * pc.Hk * Dk + pc.Hv * Dv);
         step(pc.ctl.pos, 0u, 0u);
         return;
     }

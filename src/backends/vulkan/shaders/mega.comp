@@ -132,7 +132,7 @@ void meet_arrive(uint m) {
 void meet_wait(uint m, uint landed) {
     /* the loads issued for the next phase land while the others arrive (a use the compiler
      * cannot drop, so that it does not sink them past the meeting) */
-    if (landed == 0x9e3779b9u && gl_LocalInvocationID.x == 0xffffu) mp.ctl.pad1 = landed;
+    if (landed == 0x9e3779b9u && gl_LocalInvocationID.x == 0xffffu) mp.ctl.pad4 = landed;
     if (gl_LocalInvocationID.x == 0u) {
         uint want = m * gl_NumWorkGroups.x;
         uint polls = mp.ctl.fault != 0u ? (1u << 22) - 1u : 0u; /* after a fault, no more waiting */
