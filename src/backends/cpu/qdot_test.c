@@ -20,10 +20,10 @@ static void check(int type, int64_t K, int64_t T, bool map) {
     assert_true(dtype_row_size(type, K, &rb));
     uint8_t *w = malloc(rb * (size_t)N);
     struct rng r = {(uint64_t)(type * 1000 + K + T)};
-    for (size_t i = 0; i < rb * (size_t)N; i++) w[i] = (uint8_t)(rng_uniform(&r) * 256);
+    for (size_t i = 0; i < rb * (size_t)N; i++) w[i] = (uint8_t)(rng_next(&r) >> 56); /* (rng_uniform: [-1, 1)) */
     assert_true(dtype_random_scales(type, w, (int64_t)(rb * (size_t)N) / dtype_traits(type)->type_size, 1.0f));
     float *x = malloc((size_t)(K * T) * sizeof *x), *xr = malloc((size_t)K * sizeof *xr), *row = malloc((size_t)K * sizeof *row);
-    for (int64_t i = 0; i < K * T; i++) x[i] = 2 * rng_uniform(&r) - 1 + (i % 97 == 0 ? 8.0f : 0.0f);
+    for (int64_t i = 0; i < K * T; i++) x[i] = rng_uniform(&r) + (i % 97 == 0 ? 8.0f : 0.0f);
     void *xq = malloc(qdot_x_bytes(K) * (size_t)T);
     float *out = malloc((size_t)(N * T) * sizeof *out);
     int32_t rows[37];
