@@ -615,6 +615,33 @@ static void test_q8_cache_vulkan(void **state) {
     with_q8("reference/qwen3moe-tiny", ANVIL_BACKEND_VULKAN);
 }
 
+/* The paged scenarios' model (a test model by its folder, or a synthetic one) and its prompt:
+ * the golden's prompt ids, or for a synthetic model (no golden) 12 of its own; *path the model's
+ * path (static or the test's) and *ids the caller's to free. */
+static anvil_model *paged_model(const char *model, const char **path, int32_t **ids, int *n_ids) {
+    anvil_model_params mp = {2};
+    anvil_model *m;
+    bool synth = !strncmp(model, "synthetic:", 10);
+    *path = synth ? model : tu_testdata(model);
+    if (anvil_model_open(*path, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
+    int V = anvil_model_vocab_size(m);
+    *n_ids = 12;
+    if (synth) {
+        *ids = malloc((size_t)*n_ids * sizeof **ids);
+        assert_non_null(*ids);
+        for (int i = 0; i < *n_ids; i++) (*ids)[i] = (i * 37 + 5) % V;
+    } else {
+        char golden[512];
+        snprintf(golden, sizeof golden, "%s/golden.json", *path);
+        char *text = tu_read_file(golden, NULL);
+        assert_non_null(text);
+        *ids = tu_json_ids(text, "prompt_ids", n_ids);
+        free(text);
+    }
+    assert_true(*n_ids >= 8 && *n_ids < N_CTX / 2);
+    return m;
+}
+
 /* A batch's steps of one decoding sequence run the solo decode program over the pool
  * (docs/BATCHING.md "B = 1": its attention reading the cache through the sequence's block
  * table). One slot, so that every decode step is one row: the dense and MoE models, the cache
@@ -623,26 +650,11 @@ static void test_q8_cache_vulkan(void **state) {
  * step queued ahead and thrown away), the third filling the context. Each gives its solo
  * session's tokens, and every decode step ran on the paged program. */
 static void check_paged(const char *model, anvil_kv_cache kv) {
-    anvil_model_params mp = {2};
-    anvil_model *m;
-    bool synth = !strncmp(model, "synthetic:", 10); /* (no golden: a prompt of its own) */
-    const char *path = synth ? model : tu_testdata(model);
-    if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
+    const char *path;
+    int32_t *ids, two[N_CTX];
+    int n_ids;
+    anvil_model *m = paged_model(model, &path, &ids, &n_ids);
     int V = anvil_model_vocab_size(m);
-    int n_ids = 12;
-    int32_t *ids = NULL, two[N_CTX];
-    if (synth) {
-        ids = malloc((size_t)n_ids * sizeof *ids);
-        for (int i = 0; i < n_ids; i++) ids[i] = (i * 37 + 5) % V;
-    } else {
-        char golden[512];
-        snprintf(golden, sizeof golden, "%s/golden.json", path);
-        char *text = tu_read_file(golden, NULL);
-        assert_non_null(text);
-        ids = tu_json_ids(text, "prompt_ids", &n_ids);
-        free(text);
-    }
-    assert_true(n_ids >= 8 && n_ids < N_CTX / 2);
     for (int i = 0; i < N_CTX; i++) two[i] = ids[i % n_ids] * 7 % V;
     struct job jobs[3];
     init_job(&jobs[0], ids, n_ids, 24, 0);      /* greedy, over several blocks */
@@ -708,26 +720,11 @@ static void test_paged_vulkan(void **state) {
  * while the second goes on. Each gives its solo tokens, and every step of one decoding
  * sequence ran on the paged program. */
 static void check_paged_join(const char *model) {
-    anvil_model_params mp = {2};
-    anvil_model *m;
-    bool synth = !strncmp(model, "synthetic:", 10); /* (no golden: a prompt of its own) */
-    const char *path = synth ? model : tu_testdata(model);
-    if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
+    const char *path;
+    int32_t *ids, two[N_CTX];
+    int n_ids;
+    anvil_model *m = paged_model(model, &path, &ids, &n_ids);
     int V = anvil_model_vocab_size(m);
-    int n_ids = 12;
-    int32_t *ids = NULL, two[N_CTX];
-    if (synth) {
-        ids = malloc((size_t)n_ids * sizeof *ids);
-        for (int i = 0; i < n_ids; i++) ids[i] = (i * 37 + 5) % V;
-    } else {
-        char golden[512];
-        snprintf(golden, sizeof golden, "%s/golden.json", path);
-        char *text = tu_read_file(golden, NULL);
-        assert_non_null(text);
-        ids = tu_json_ids(text, "prompt_ids", &n_ids);
-        free(text);
-    }
-    assert_true(n_ids >= 8 && n_ids < N_CTX / 2);
     for (int i = 0; i < N_CTX; i++) two[i] = ids[i % n_ids] * 7 % V;
     struct job jobs[3];
     init_job(&jobs[0], ids, n_ids, 3, 0);  /* slot 0, soon done */
