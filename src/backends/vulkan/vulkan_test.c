@@ -275,6 +275,24 @@ static double decode_rows_worst(anvil_session *cpu, anvil_session *vk, int V, fl
  * GPU exists or a device is named (ANVIL_DEVICE, --device), else the CPU: a CPU Vulkan device
  * such as lavapipe is usable but slower than the CPU backend (on it `anvil bench`'s default
  * run did not finish in 120 s). */
+/* The integer-dot decode as the tests below hold it against the CPU's rounded inputs: every
+ * product on integer dot products however small, the persistent step off (on NVIDIA it would
+ * take these models' products). "NAME=VALUE" rows, set and unset as one; each test adds its
+ * own knobs. */
+static const char *const qx_env[] = {"ANVIL_VK_QX=1", "ANVIL_CPU_QX=1", "ANVIL_VK_MEGA=0", "ANVIL_VK_QX_MIN_MB=0", NULL};
+
+static void env_rows(const char *const *rows, bool set) {
+    for (; *rows; rows++) {
+        const char *eq = strchr(*rows, '=');
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(eq - *rows), *rows);
+        if (set)
+            setenv(name, eq + 1, 1);
+        else
+            unsetenv(name);
+    }
+}
+
 static void test_auto_backend(void **state) {
     (void)state;
     anvil_model *m;
@@ -387,10 +405,7 @@ static void test_qxr_program(void **state) {
 #ifdef TU_SANITIZED
     skip(); /* the host code is test_against_cpu_qx's */
 #endif
-    setenv("ANVIL_VK_QX", "1", 1);
-    setenv("ANVIL_VK_QX_MIN_MB", "0", 1);
-    setenv("ANVIL_CPU_QX", "1", 1);
-    setenv("ANVIL_VK_MEGA", "0", 1); /* (on NVIDIA the persistent step would take this model's products) */
+    env_rows(qx_env, true);
     anvil_model *m;
     assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:Q4_K_M", NULL, &m), ANVIL_OK);
     int V = anvil_model_vocab_size(m);
@@ -410,10 +425,7 @@ static void test_qxr_program(void **state) {
     assert_int_equal(dispatches[0] - dispatches[1], 3 * 2);
     assert_int_equal(barriers[0] - barriers[1], 3 * 2);
     unsetenv("ANVIL_VK_QXR");
-    unsetenv("ANVIL_VK_MEGA");
-    unsetenv("ANVIL_VK_QX");
-    unsetenv("ANVIL_VK_QX_MIN_MB");
-    unsetenv("ANVIL_CPU_QX");
+    env_rows(qx_env, false);
     free(a);
     free(b);
     anvil_model_close(m);
@@ -445,9 +457,7 @@ static void test_moe_down_rounds(void **state) {
         {"synthetic:qwen3.6-heads:q8_0", "0.1", "moe_down_r_q8_0 ", 4, false},
     };
     setenv("ANVIL_VK_MOE_DQX", "0", 1); /* (the float down projection's rounding: test_moe_down_qx has the other) */
-    setenv("ANVIL_VK_QX", "1", 1);
-    setenv("ANVIL_CPU_QX", "1", 1);
-    setenv("ANVIL_VK_MEGA", "0", 1);
+    env_rows(qx_env, true);
     size_t cap = 1 << 16;
     char *desc = malloc(cap);
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
@@ -480,10 +490,7 @@ static void test_moe_down_rounds(void **state) {
     }
     unsetenv("ANVIL_VK_MOE_DQX");
     unsetenv("ANVIL_VK_QXR");
-    unsetenv("ANVIL_VK_MEGA");
-    unsetenv("ANVIL_VK_QX");
-    unsetenv("ANVIL_VK_QX_MIN_MB");
-    unsetenv("ANVIL_CPU_QX");
+    env_rows(qx_env, false);
     free(desc);
 }
 
@@ -499,10 +506,7 @@ static void test_route_fold(void **state) {
 #ifdef TU_SANITIZED
     skip(); /* the host code is test_against_cpu_qx's */
 #endif
-    setenv("ANVIL_VK_QX", "1", 1);
-    setenv("ANVIL_CPU_QX", "1", 1);
-    setenv("ANVIL_VK_MEGA", "0", 1);
-    setenv("ANVIL_VK_QX_MIN_MB", "0", 1);
+    env_rows(qx_env, true);
     anvil_model *m;
     assert_int_equal(anvil_model_open("synthetic:qwen3moe-k:Q4_K_M", NULL, &m), ANVIL_OK);
     int V = anvil_model_vocab_size(m);
@@ -540,10 +544,7 @@ static void test_route_fold(void **state) {
     for (int f = 0; f < 2; f++) anvil_session_destroy(vk[f]);
     anvil_session_destroy(cpu);
     unsetenv("ANVIL_VK_ROUTE_FOLD");
-    unsetenv("ANVIL_VK_QX");
-    unsetenv("ANVIL_CPU_QX");
-    unsetenv("ANVIL_VK_MEGA");
-    unsetenv("ANVIL_VK_QX_MIN_MB");
+    env_rows(qx_env, false);
     free(a);
     free(b[0]);
     free(b[1]);
@@ -560,10 +561,7 @@ static void test_moe_down_qx(void **state) {
 #ifdef TU_SANITIZED
     skip(); /* the host code is test_against_cpu_qx's */
 #endif
-    setenv("ANVIL_VK_QX", "1", 1);
-    setenv("ANVIL_CPU_QX", "1", 1);
-    setenv("ANVIL_VK_MEGA", "0", 1);
-    setenv("ANVIL_VK_QX_MIN_MB", "0", 1);
+    env_rows(qx_env, true);
     anvil_model *m;
     assert_int_equal(anvil_model_open("synthetic:qwen3moe-k:Q4_K_M", NULL, &m), ANVIL_OK);
     int V = anvil_model_vocab_size(m);
@@ -604,10 +602,7 @@ static void test_moe_down_qx(void **state) {
     for (int f = 0; f < 2; f++) anvil_session_destroy(vk[f]);
     anvil_session_destroy(cpu);
     unsetenv("ANVIL_VK_MOE_DQX");
-    unsetenv("ANVIL_VK_QX");
-    unsetenv("ANVIL_CPU_QX");
-    unsetenv("ANVIL_VK_MEGA");
-    unsetenv("ANVIL_VK_QX_MIN_MB");
+    env_rows(qx_env, false);
     free(a);
     free(b[0]);
     free(b[1]);
@@ -624,10 +619,7 @@ static void test_q6k_short_teams(void **state) {
 #ifdef TU_SANITIZED
     skip(); /* the host code is test_against_cpu_qx's */
 #endif
-    setenv("ANVIL_VK_QX", "1", 1);
-    setenv("ANVIL_CPU_QX", "1", 1);
-    setenv("ANVIL_VK_MEGA", "0", 1);
-    setenv("ANVIL_VK_QX_MIN_MB", "0", 1);
+    env_rows(qx_env, true);
     anvil_model *m;
     assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:q6_k", NULL, &m), ANVIL_OK);
     int V = anvil_model_vocab_size(m);
@@ -665,10 +657,7 @@ static void test_q6k_short_teams(void **state) {
     for (int f = 0; f < 2; f++) anvil_session_destroy(vk[f]);
     anvil_session_destroy(cpu);
     unsetenv("ANVIL_VK_QXT_ALL");
-    unsetenv("ANVIL_VK_QX");
-    unsetenv("ANVIL_CPU_QX");
-    unsetenv("ANVIL_VK_MEGA");
-    unsetenv("ANVIL_VK_QX_MIN_MB");
+    env_rows(qx_env, false);
     free(a);
     free(b[0]);
     free(b[1]);
@@ -687,11 +676,9 @@ static void test_qx_from_attention(void **state) {
 #ifdef TU_SANITIZED
     skip(); /* the host code is test_against_cpu_qx's */
 #endif
-    setenv("ANVIL_VK_QX", "1", 1);
-    setenv("ANVIL_CPU_QX", "1", 1);
-    setenv("ANVIL_VK_MEGA", "0", 1);
+    env_rows(qx_env, true);
+    unsetenv("ANVIL_VK_QX_MIN_MB"); /* the default threshold: the small products take matvec_qxt */
     setenv("ANVIL_VK_PROFILE", "1", 1);
-    unsetenv("ANVIL_VK_QX_MIN_MB");
     anvil_model *m;
     assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:Q4_K_M", NULL, &m), ANVIL_OK);
     int V = anvil_model_vocab_size(m);
@@ -707,9 +694,7 @@ static void test_qx_from_attention(void **state) {
     assert_null(strstr(desc, "  qx "));
     anvil_session_destroy(cpu);
     anvil_session_destroy(vk);
-    unsetenv("ANVIL_VK_QX");
-    unsetenv("ANVIL_CPU_QX");
-    unsetenv("ANVIL_VK_MEGA");
+    env_rows(qx_env, false);
     unsetenv("ANVIL_VK_PROFILE");
     free(a);
     free(b);
