@@ -431,6 +431,20 @@ anvil_status vk_vit_attention_once(struct vk_backend *b, const float *q, const f
     return st;
 }
 
+/* The vision attention's tests: q, k and v as float16 rows at o[0..2], the output at o[3]. */
+static void stage_qkv(const struct vk_buffer *buf, const VkDeviceSize *o, VkDeviceSize n, const float *q,
+                      const float *k, const float *v, struct vit_att *a) {
+    uint8_t *m = buf->map;
+    memset(m, 0, buf->size);
+    const float *in[3] = {q, k, v};
+    for (int i = 0; i < 3; i++)
+        for (VkDeviceSize j = 0; j < n; j++) ((uint16_t *)(m + o[i]))[j] = f32_to_f16(in[i][j]);
+    a->q = buf->addr + o[0];
+    a->k = buf->addr + o[1];
+    a->v = buf->addr + o[2];
+    a->out = buf->addr + o[3];
+}
+
 anvil_status vk_vit_attention_products(struct vk_backend *b, const float *q, const float *k, const float *v, int N,
                                        int H, int D, bool s16, uint64_t budget, float *out) {
     if (N < 1 || N % 4 || H < 1 || D < 4 || D % 4 || D > 256)
@@ -451,14 +465,7 @@ anvil_status vk_vit_attention_products(struct vk_backend *b, const float *q, con
     struct vk_buffer buf = {0};
     if ((st = vk_buffer_create(b->d, size, VK_MEM_READBACK, "test vision attention", &buf)) != ANVIL_OK) return st;
     uint8_t *m = buf.map;
-    memset(m, 0, buf.size);
-    const float *in[3] = {q, k, v};
-    for (int i = 0; i < 3; i++)
-        for (VkDeviceSize j = 0; j < n; j++) ((uint16_t *)(m + o[i]))[j] = f32_to_f16(in[i][j]);
-    a.q = buf.addr + o[0];
-    a.k = buf.addr + o[1];
-    a.v = buf.addr + o[2];
-    a.out = buf.addr + o[3];
+    stage_qkv(&buf, o, n, q, k, v, &a);
     a.s = buf.addr + o[4];
     a.p = buf.addr + o[5];
     /* (prefill/vit.c's chunks, each run alone: they reuse the scores) */
@@ -494,14 +501,7 @@ anvil_status vk_vit_attention_fa(struct vk_backend *b, const float *q, const flo
     struct vk_buffer buf = {0};
     if ((st = vk_buffer_create(b->d, size, VK_MEM_READBACK, "test vision attention", &buf)) != ANVIL_OK) return st;
     uint8_t *m = buf.map;
-    memset(m, 0, buf.size);
-    const float *in[3] = {q, k, v};
-    for (int i = 0; i < 3; i++)
-        for (VkDeviceSize j = 0; j < n; j++) ((uint16_t *)(m + o[i]))[j] = f32_to_f16(in[i][j]);
-    a.q = buf.addr + o[0];
-    a.k = buf.addr + o[1];
-    a.v = buf.addr + o[2];
-    a.out = buf.addr + o[3];
+    stage_qkv(&buf, o, n, q, k, v, &a);
     struct pc_vitmm pc = vk_vit_fa_pc(&a);
     uint32_t br = vk_vit_fa_rows(a.fa);
     struct test_dispatch ds[1] = {{a.fa, &pc, sizeof pc, (a.N + br - 1) / br, a.H, 0}};
