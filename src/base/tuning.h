@@ -60,6 +60,7 @@ struct tuning {
     int vk_moe_decode;       /* ANVIL_VK_MOE_DECODE */
     int vk_moe_mmq;          /* ANVIL_VK_MOE_MMQ */
     int vk_mmqb;             /* ANVIL_VK_MMQB */
+    int vk_mmq_x8;           /* ANVIL_VK_MMQ_X8 */
     int vk_dq_emulate;       /* ANVIL_VK_DQ_EMULATE */
     int vk_f16_scale;        /* ANVIL_VK_F16_SCALE */
     int vk_mega;             /* ANVIL_VK_MEGA: -1 auto, 0 off, 1 on */

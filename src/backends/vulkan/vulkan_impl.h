@@ -315,6 +315,7 @@ enum vk_kernel {
     /* mmq_cm2.comp: the experts' products from their Q4_K / Q6_K blocks on the int8 matrix
      * units, x rounded to int8 in the kernel (vk_mmq_kernel), where d->coopmat_i8 */
     K_MMQ_MOE_Q4_K, K_MMQ_MOE_Q6_K, K_MMQ_MOE16_Q4_K, K_MMQ_MOE16_Q6_K, /* (tiles of 32 rows, of 16) */
+    K_MMQ8_MOE_Q4_K, K_MMQ8_MOE_Q6_K, K_MMQ8_MOE16_Q4_K, K_MMQ8_MOE16_Q6_K, /* (XQ8: x rounded before) */
     K_ATTN_FLASH, /* the prefill's causal attention on cooperative matrices (attn_flash.comp),
                      where d->coopmat and the heads fit it (vk_flash_fits): two passes over
                      the keys */

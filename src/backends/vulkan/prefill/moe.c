@@ -237,20 +237,27 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
         } else {
             bm = VK_CM2_MOE_BM;
         }
+        /* x8: mmq_cm2.comp XQ8 takes x as int8 rows that the gather and the SwiGLU round from
+         * float32 (each block of 32's scales after the rows), instead of float16 rows that each
+         * of its workgroups rounds (ANVIL_VK_MMQ_X8) */
+        bool x8 = mmq && p->b->d->tune.vk_mmq_x8;
+        if (x8)
+            for (int w = 0; w < 3; w++) kq[w] = (enum vk_kernel)(kq[w] + (K_MMQ8_MOE_Q4_K - K_MMQ_MOE_Q4_K));
         struct pc_moe_rows mr = {base + m.lists, base + m.route, pf_addr(p, P, nd->src[0]), base + m.xg, base + m.aux,
-                                 E, k, T, C, bm, m.R, base + m.xs, p->scale};
+                                 E, k, T, C, bm, m.R, base + m.xs, x8 ? MOE_ROWS_Q8 : p->scale};
         st = pf_emit(p, K_MOE_OFFS, 1, 1, &mr, sizeof mr);
         if (st == ANVIL_OK) st = pf_emit(p, K_MOE_GATHER, m.R, 0, &mr, sizeof mr);
         for (int w = 0; w < 3 && decode && st == ANVIL_OK; w++) {
             uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F;
             if (w == 2) { /* gate = silu(gate) * up, and as float16 into xg */
                 struct pc_rows sw = {base + m.gc, base + m.uc, any, base + m.gc, p->prm.addr, F, m.R, 0, 0, 0,
-                                     ROWS_HALF | (p->scale ? ROWS_SCALE : 0u), base + m.xg, base + m.xs, 0};
+                                     x8 ? ROWS_Q8 : ROWS_HALF | (p->scale ? ROWS_SCALE : 0u), base + m.xg, base + m.xs, 0};
                 st = pf_emit(p, K_ROWS_SWIGLU, m.R, 0, &sw, sizeof sw);
             }
+            /* (x8: x's int8 rows at xg, R rows of K bytes, their scales after them) */
             struct pc_mmh mh = {base + m.xg, vk_wnode_addr(p->b, mats[w]), outs[w], any, T, K, N,
-                                vk_wnode_kp(p->b, mats[w]), N, 0, p->scale ? MM_XH : 0u, base + m.aux, any, E, k, 0,
-                                base + m.xs};
+                                vk_wnode_kp(p->b, mats[w]), N, 0, p->scale && !x8 ? MM_XH : 0u, base + m.aux, any, E, k, 0,
+                                x8 ? base + m.xg + (uint64_t)m.R * K : base + m.xs};
             /* mmq_cm2.comp: a grid of the tiles the rows can hold (each workgroup finds its
              * expert); mm_cm2.comp: every expert's largest count of tiles */
             if (st == ANVIL_OK && (st = pf_emit(p, kq[w], (N + VK_CM2_BN - 1) / VK_CM2_BN, mmq ? m.R / bm : (T + bm - 1) / bm,

@@ -130,6 +130,29 @@ vec4 kvq_put_lanes(Floats c, uint i4, vec4 v, bool put) {
     return kvq_put(c, i4, v, m, put);
 }
 #endif
+#ifdef Q8_LANES
+#extension GL_KHR_shader_subgroup_shuffle : require
+/* this invocation's 4 values of a block of 32 that 8 consecutive invocations of a subgroup
+ * hold (all 8 active) rounded to int8 as llama.cpp's q8_1 (d = the block's largest |x| / 127,
+ * q = round(x / d)), packed in element order; ds = (d, d times the sum of the block's 32
+ * int8s: the K-quants' minimums) */
+uint q8_lanes(vec4 v, out vec2 ds) {
+    float m = amax4(v);
+    m = max(m, subgroupShuffleXor(m, 1u));
+    m = max(m, subgroupShuffleXor(m, 2u));
+    m = max(m, subgroupShuffleXor(m, 4u));
+    float id = m > 0.0 ? 127.0 / m : 0.0;
+    ivec4 q = clamp(ivec4(round(v * id)), ivec4(-127), ivec4(127));
+    int s = q.x + q.y + q.z + q.w;
+    s += subgroupShuffleXor(s, 1u);
+    s += subgroupShuffleXor(s, 2u);
+    s += subgroupShuffleXor(s, 4u);
+    ds = vec2(m / 127.0, m / 127.0 * float(s));
+    return (uint(q.x) & 255u) | ((uint(q.y) & 255u) << 8u) | ((uint(q.z) & 255u) << 16u) | (uint(q.w) << 24u);
+}
+layout(buffer_reference, std430, buffer_reference_align = 8) buffer Q8Scales { vec2 v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer Q8Words { uint v[]; };
+#endif
 
 /* Must match struct vk_ctl in vulkan_impl.h. */
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer Ctl {

@@ -115,6 +115,9 @@
                          without it every scale is 1 (the rows as they are) */
 #define ROWS_KV 4u /* MODE 6 (the k norm's rope): also writes its rows, and the v rows at v, into
                       the attention caches h (k) and hs (v) as MODE 4 would */
+#define ROWS_Q8 16u /* swiglu (n % 32 == 0): its rows as int8 in blocks of 32 to h instead (q8_lanes: row
+                       r's n bytes at h + r n, its blocks' (d, d sum q) at h + rows n + 8 (r n / 32
+                       + block); mmq_cm2.comp XQ8's x), nothing to out_ */
 /* rows.comp MODE 6's rows a workgroup for rows of n floats: 4 (32 invocations a row) where
    n % 4 == 0 and n <= 256, else 1 */
 #define ROWS_NR_RPW(n) ((n) % 4u == 0u && (n) <= 256u ? 4u : 1u)
@@ -197,6 +200,7 @@
 
 /* moe_rows.comp */
 #define MOE_ROWS_MODE_OFFSETS 0u /* the experts' row offsets */
+#define MOE_ROWS_Q8 2u /* struct pc_moe_rows scale's bit: MODE 1 writes int8 rows (moe_rows.comp) */
 #define MOE_ROWS_MODE_GATHER 1u /* their x rows gathered */
 #define MOE_ROWS_MODE_SCATTER 2u /* scattered back */
 

@@ -20,6 +20,11 @@
  * per element (coopMatPerElementNV). The next step's W and x are loaded into registers while the
  * step multiplies (global -> shared through registers, double-buffered).
  *
+ * XQ8 (the default, ANVIL_VK_MMQ_X8): x comes rounded already, as int8 rows of K bytes with each
+ * block of 32's (d, d * sum q) after them (pc.xs; moe_rows.comp's gather and rows.comp's SwiGLU
+ * round them from float32, once a row instead of once a workgroup of outputs), and the step
+ * copies them into shared memory as they are.
+ *
  * Rows of an expert are padded to whole tiles of BM; padding rows hold whatever was there and
  * their results are never read. The host takes this kernel only where N % BN == 0 and K % 256 ==
  * 0 (Kp == K). */
@@ -49,6 +54,7 @@ layout(local_size_x = 256) in;
 
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer Floats { float v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer UVec4s { uvec4 v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 8) buffer Vec2s { vec2 v[]; };
 
 layout(push_constant) uniform PC {
     UVec4s x;  /* [rows, K] float16 (moe_rows.comp / rows.comp's rows) */
@@ -104,11 +110,16 @@ uvec4 rq0, rq1, rhd;
 uvec4 rq0, rq1, rqh, rsc;
 uint rd;
 #endif
+#ifdef XQ8
+uvec4 rxq; /* 16 int8s of x: row tid / 8, from column k0 + 16 (tid % 8) (BM 16: threads < 128) */
+vec2 rxd;  /* (d, d sum q) of row tid / 4's block tid % 4 of the step (threads < 4 BM) */
+#else
 uvec4 rx0;
 #if BM == 32
 uvec4 rx1;
 #endif
 float rxs;
+#endif
 
 void load_step(const in uint k0, const in uint wb, const in uint xr) {
     uint tid = gl_LocalInvocationID.x, row = tid >> 1u, hb = tid & 1u;
@@ -128,11 +139,18 @@ void load_step(const in uint k0, const in uint wb, const in uint xr) {
     rsc = pc.w.v[b + 12u];
     rd = pc.w.v[b + 13u].x;
 #endif
+#ifdef XQ8
+    /* x: int8 rows (K bytes each) and their blocks' scales after them (moe_rows.comp,
+     * rows.comp ROWS_Q8) */
+    if (tid < 8u * BM) rxq = pc.x.v[((xr + (tid >> 3u)) * pc.K + k0) / 16u + (tid & 7u)];
+    if (tid < 4u * BM) rxd = Vec2s(pc.xs).v[(xr + (tid >> 2u)) * (pc.K / 32u) + k0 / 32u + (tid & 3u)];
+#else
     /* x: row tid / (KS / XQ), XQ halves from column k0 + XQ (tid % (KS / XQ)) */
     uint xi = ((xr + tid / (KS / XQ)) * pc.K + k0 + XQ * (tid % (KS / XQ))) >> 3u;
     rx0 = pc.x.v[xi];
 #if BM == 32
     rx1 = pc.x.v[xi + 1u];
+#endif
 #endif
 }
 
@@ -165,6 +183,22 @@ void store_step(const in uint k0) {
         sws[row * 8u + 2u * r + hb] = wd * float(bitfieldExtract(int(rsc[sb >> 2u]), int(8u * (sb & 3u)), 8));
     }
 #endif
+#ifdef XQ8
+    if (tid < 8u * BM) { /* 16 int8s: half a block (Q6_K: x twice, the other half zeroed) */
+        uint ox = (tid >> 3u) * XW + 2u * (tid & 7u);
+        bool low = (tid & 1u) == 0u;
+#if defined(W_Q6_K)
+        sxl[ox] = low ? rxq.xy : uvec2(0u);
+        sxl[ox + 1u] = low ? rxq.zw : uvec2(0u);
+        sxh[ox] = !low ? rxq.xy : uvec2(0u);
+        sxh[ox + 1u] = !low ? rxq.zw : uvec2(0u);
+#else
+        sx[ox] = rxq.xy;
+        sx[ox + 1u] = rxq.zw;
+#endif
+    }
+    if (tid < 4u * BM) sxs[tid] = rxd;
+#else
     /* x: XQ halves of a block of 32 (the rest in the next 1 or 3 lanes) */
 #if BM == 32
     vec2 h[8] = vec2[8](unpackHalf2x16(rx0.x), unpackHalf2x16(rx0.y), unpackHalf2x16(rx0.z), unpackHalf2x16(rx0.w),
@@ -215,6 +249,7 @@ void store_step(const in uint k0) {
 #endif
     d *= rxs;
     if (part % LPB == 0u) sxs[xrow * 4u + part / LPB] = vec2(d, d * float(s));
+#endif
 }
 
 /* the int32 tile scaled per element into the float32 sums */
@@ -242,7 +277,9 @@ void main() {
     uint e = 0u;
     [[unroll]] for (uint i = 0u; i < 8u; i++) e += sec[i];
     uint wb = (e * pc.N + n0) * (pc.Kp >> 8u); /* the tile's first block */
+#ifndef XQ8
     rxs = (pc.flags & 4u) != 0u ? pc.xs.v[xr + tid / (KS / XQ)] : 1.0;
+#endif
     MAT_F acc0 = MAT_F(0.0);
 #if BM == 32
     MAT_F acc1 = MAT_F(0.0);

@@ -9,10 +9,14 @@
  *           one of the expert's own (not padding), entry en = its list's (r - offs[e])-th:
  *           map[r] = en, and dst row r = src row en / k (the token's x) as float16, scaled
  *           into its range: x / s, ds[r] = s (half_scale; 1 unless scale); padding rows:
- *           map[r] = ~0, ds[r] = 1
+ *           map[r] = ~0, ds[r] = 1. With scale & MOE_ROWS_Q8 (mmq_cm2.comp XQ8's x): dst row r
+ *           as int8 in blocks of 32 (K bytes at dst + r K, q8_lanes) with each block's (d, d
+ *           sum q) at dst + R K + 8 (r K / 32 + block); padding rows: nothing (their products'
+ *           rows are never read), ds not written
  *   MODE 2  workgroup r: dst row map[r] = src row r times the entry's routing weight (padding
  *           rows: nothing)
  * aux holds offs [E + 1] then map [T * k] (uints). Rows of K floats, K a multiple of 4. */
+#define Q8_LANES
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
@@ -60,8 +64,16 @@ void main() {
             return;
         }
         uint row = en / pc.k;
+        if ((pc.scale & MOE_ROWS_Q8) != 0u) { /* int8 rows (K % 32 == 0), their scales after them */
+            for (uint i = tid; i < K4; i += 128u) {
+                vec2 ds;
+                Q8Words(pc.dst).v[r * K4 + i] = q8_lanes(Vec4s(pc.src).v[row * K4 + i], ds);
+                if ((tid & 7u) == 0u) Q8Scales(pc.dst).v[pc.R * K4 / 2u + r * (K4 / 8u) + i / 8u] = ds;
+            }
+            return;
+        }
         float m = 0.0;
-        for (uint i = tid; i < K4 && pc.scale != 0u; i += 128u) {
+        for (uint i = tid; i < K4 && (pc.scale & 1u) != 0u; i += 128u) {
             vec4 a = abs(Vec4s(pc.src).v[row * K4 + i]);
             m = max(m, max(max(a.x, a.y), max(a.z, a.w)));
         }
@@ -69,7 +81,7 @@ void main() {
         if (subgroupElect()) part[gl_SubgroupID] = floatBitsToUint(m); /* (non-negative: ordered as uints) */
         barrier();
         for (uint g = 0u; g < gl_NumSubgroups; g++) m = max(m, uintBitsToFloat(part[g]));
-        float s = pc.scale != 0u ? half_scale(m) : 1.0, inv = 1.0 / s;
+        float s = (pc.scale & 1u) != 0u ? half_scale(m) : 1.0, inv = 1.0 / s;
         for (uint i = tid; i < K4; i += 128u) Halves4(pc.dst).v[r * K4 + i] = to_halves4(Vec4s(pc.src).v[row * K4 + i] * inv);
         if (tid == 0u) pc.ds.v[r] = s;
     } else {

@@ -31,6 +31,7 @@
  * product's input on workgroup matrices, mm_cm2.comp, which would otherwise take MODE 8 of
  * its own). Rows of a multiple of 4 floats go 4 at a time. */
 #define KVQ8_LANES
+#define Q8_LANES
 #include "common.glsl"
 
 layout(local_size_x = 128) in;
@@ -224,7 +225,14 @@ void main() {
     } else if (MODE == ROWS_MODE_ADD) {
         for (uint i = tid; i < n; i += 128u) pc.out_.v[base + i] = pc.a.v[base + i] + pc.b.v[base + i];
     } else if (MODE == ROWS_MODE_SWIGLU) {
-        if (n % 4u == 0u) {
+        if ((pc.flags & ROWS_Q8) != 0u) { /* (n % 32 == 0) int8 rows at h, the scales after them */
+            for (uint i = tid; i < n / 4u; i += 128u) {
+                vec4 g = Vec4s(pc.a).v[base / 4u + i];
+                vec2 ds;
+                Q8Words(pc.h).v[base / 4u + i] = q8_lanes(g / (1.0 + exp(-g)) * Vec4s(pc.b).v[base / 4u + i], ds);
+                if ((tid & 7u) == 0u) Q8Scales(pc.h).v[pc.rows * n / 8u + base / 32u + i / 8u] = ds;
+            }
+        } else if (n % 4u == 0u) {
             float m = 0.0;
             for (uint i = tid; i < n / 4u; i += 128u) {
                 vec4 g = Vec4s(pc.a).v[base / 4u + i];
