@@ -380,6 +380,44 @@ anvil_status vk_pick_once(struct vk_backend *b, const float *logits, int E, int 
     return st;
 }
 
+anvil_status vk_q8_rows_once(struct vk_backend *b, const float *x, const float *up, int T, int K, int8_t *q, float *ds) {
+    if (T < 1 || K < 32 || K % 32 || T > 4096 || K > 65536)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vk_q8_rows_once: %d rows of %d", T, K);
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
+    uint32_t R = up ? (uint32_t)T : ((uint32_t)T + 15) / 16 * 16, n = (uint32_t)T * (uint32_t)K;
+    /* x, up, the lists (expert 0's count, its entries 0 .. T - 1), aux (offsets 0, R; the rows'
+     * entries), row scales, out (R rows of K int8s, then their blocks' pairs), prm */
+    VkDeviceSize o[7], bytes[7] = {(VkDeviceSize)n * 4, (VkDeviceSize)n * 4, (VkDeviceSize)(1 + T) * 4,
+                                   (VkDeviceSize)(2 + R) * 4, (VkDeviceSize)R * 4,
+                                   (VkDeviceSize)R * (VkDeviceSize)K * 5 / 4, 64};
+    VkDeviceSize size = test_layout(7, bytes, o);
+    struct vk_buffer buf = {0};
+    if ((st = vk_buffer_create(b->d, size, VK_MEM_READBACK, "test q8 rows", &buf)) != ANVIL_OK) return st;
+    uint8_t *m = buf.map;
+    memset(m, 0, buf.size);
+    memcpy(m + o[0], x, (size_t)n * 4);
+    if (up) memcpy(m + o[1], up, (size_t)n * 4);
+    uint32_t *lists = (uint32_t *)(m + o[2]), *aux = (uint32_t *)(m + o[3]);
+    lists[0] = (uint32_t)T;
+    for (int t = 0; t < T; t++) lists[1 + t] = (uint32_t)t;
+    aux[0] = 0, aux[1] = R;
+    uint64_t a = buf.addr;
+    struct pc_moe_rows mr = {a + o[2], a + o[6], a + o[0], a + o[5], a + o[3], 1, 1, (uint32_t)T, (uint32_t)K, 16, R,
+                             a + o[4], MOE_ROWS_Q8};
+    struct pc_rows sw = {a + o[0], a + o[1], a + o[6], a + o[0], a + o[6], (uint32_t)K, R, 0, 0, 0, ROWS_Q8, a + o[5],
+                         a + o[6], a + o[6]};
+    struct test_dispatch one = up ? (struct test_dispatch){K_ROWS_SWIGLU, &sw, sizeof sw, R, 0, 0}
+                                  : (struct test_dispatch){K_MOE_GATHER, &mr, sizeof mr, R, 0, 0};
+    st = test_run(b, &one, 1, VK_NULL_HANDLE);
+    if (st == ANVIL_OK) {
+        memcpy(q, m + o[5], (size_t)n);
+        memcpy(ds, m + o[5] + (VkDeviceSize)R * (VkDeviceSize)K, (size_t)n / 32 * 8);
+    }
+    vk_buffer_destroy(b->d, &buf);
+    return st;
+}
+
 anvil_status vk_f16_once(struct vk_backend *b, const float *x, int n, uint16_t *out) {
     if (n < 8 || n % 8) return err_set(ANVIL_ERR_INVALID_ARG, "vk_f16_once: %d floats", n);
     anvil_status st = test_pipelines(b);

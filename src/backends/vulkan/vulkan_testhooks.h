@@ -53,6 +53,13 @@ anvil_status vk_topk_once(struct vk_backend *b, const float *logits, int E, int 
 anvil_status vk_pick_once(struct vk_backend *b, const float *logits, int E, int k, bool norm, int32_t *ids,
                           float *weights, int32_t *picked);
 
+/* For tests: rows rounded to int8 in blocks of 32 for mmq_cm2.comp XQ8 (common.glsl
+ * q8_lanes): up NULL, x [T, K] gathered by moe_rows.comp MODE 1 (MOE_ROWS_Q8) as one expert's
+ * rows (k = 1, padded to 16); else rows.comp's SwiGLU (ROWS_Q8) of gate rows x and up rows up
+ * [T, K]. Into the caller's q [T, K] int8s and ds [T, K / 32] pairs (d, d times the block's sum
+ * of int8s). K a multiple of 32, else ANVIL_ERR_INVALID_ARG. */
+anvil_status vk_q8_rows_once(struct vk_backend *b, const float *x, const float *up, int T, int K, int8_t *q, float *ds);
+
 /* For tests: n floats (a multiple of 8) to float16 through the shaders' conversion
  * (common.glsl half_rne, by dq.comp over a float32 row), into out [n]. */
 anvil_status vk_f16_once(struct vk_backend *b, const float *x, int n, uint16_t *out);
