@@ -148,10 +148,10 @@ static const struct knob KNOBS[] = {
         "expert's rows padded to tiles of 16 or 32 (-1: 32 where the chunk gives each expert "
         "32 rows or more on average, else 16); 0 keeps the float16 copies. H200 pp512: "
         "30B-A3B 5,525 -> ~5,900 t/s, 35B-A3B 3,434 -> 3,884 (docs/perf/log.md §77)."),
-    BOOL("ANVIL_VK_MMQ_X8", C_DIAGNOSTIC, vk_mmq_x8, 1,
+    BOOL("ANVIL_VK_MMQ_X8", C_EXPERIMENT, vk_mmq_x8, 0,
          "With ANVIL_VK_MOE_MMQ: the experts' inputs rounded to int8 once a row, from float32, by "
          "the gather and the SwiGLU before them (mmq_cm2.comp XQ8), instead of from float16 rows "
-         "by every workgroup of the product (docs/perf/log.md §83); 0 keeps the latter."),
+         "by every workgroup of the product. Not yet run on a GPU (docs/perf/log.md §83)."),
     BOOL("ANVIL_VK_MMQB", C_DIAGNOSTIC, vk_mmqb, 1,
          "A batch step's (or a prompt chunk's) products of 16 or 32 rows of Q4_K / Q6_K weights "
          "on the int8 matrix units (shaders/mmqb_cm2.comp, where the device has int8 "

@@ -223,26 +223,26 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
         int knob = p->b->d->tune.vk_moe_mmq;
         uint32_t bm = knob < 0 ? (T * k >= 32 * E ? 32u : 16u) : (uint32_t)knob;
         bool decode = p->b->d->tune.vk_moe_decode, mmq = bm == 16 || bm == 32;
+        /* x8: mmq_cm2.comp XQ8 takes x as int8 rows that the gather and the SwiGLU round from
+         * float32 (each block of 32's scales after the rows), instead of float16 rows that each
+         * of its workgroups rounds (ANVIL_VK_MMQ_X8): its own kernels (only theirs are made) */
+        bool x8 = p->b->d->tune.vk_mmq_x8 != 0;
+        int x8k = x8 ? K_MMQ8_MOE_Q4_K - K_MMQ_MOE_Q4_K : 0;
         for (int w = 0; w < 3; w++) {
             kq[w] = vk_cm2q_kernel(mats[w]->weight->type, true);
             decode &= vk_pipeline_supported(p->b->d, &p->b->pl, kq[w]);
             /* mmq_cm2.comp: whole tiles of 128 outputs, K whole 256-weight blocks */
             uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F;
-            mmq = mmq && vk_pipeline_supported(p->b->d, &p->b->pl, vk_mmq_kernel(mats[w]->weight->type, bm)) &&
+            mmq = mmq && vk_pipeline_supported(p->b->d, &p->b->pl, (enum vk_kernel)(vk_mmq_kernel(mats[w]->weight->type, bm) + x8k)) &&
                   N % 128 == 0 && K % 256 == 0 && vk_wnode_kp(p->b, mats[w]) == K;
         }
         if (mmq) {
             decode = true;
-            for (int w = 0; w < 3; w++) kq[w] = vk_mmq_kernel(mats[w]->weight->type, bm);
+            for (int w = 0; w < 3; w++) kq[w] = (enum vk_kernel)(vk_mmq_kernel(mats[w]->weight->type, bm) + x8k);
         } else {
             bm = VK_CM2_MOE_BM;
         }
-        /* x8: mmq_cm2.comp XQ8 takes x as int8 rows that the gather and the SwiGLU round from
-         * float32 (each block of 32's scales after the rows), instead of float16 rows that each
-         * of its workgroups rounds (ANVIL_VK_MMQ_X8) */
-        bool x8 = mmq && p->b->d->tune.vk_mmq_x8;
-        if (x8)
-            for (int w = 0; w < 3; w++) kq[w] = (enum vk_kernel)(kq[w] + (K_MMQ8_MOE_Q4_K - K_MMQ_MOE_Q4_K));
+        x8 = x8 && mmq;
         struct pc_moe_rows mr = {base + m.lists, base + m.route, pf_addr(p, P, nd->src[0]), base + m.xg, base + m.aux,
                                  E, k, T, C, bm, m.R, base + m.xs, x8 ? MOE_ROWS_Q8 : p->scale};
         st = pf_emit(p, K_MOE_OFFS, 1, 1, &mr, sizeof mr);
