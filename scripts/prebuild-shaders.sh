@@ -43,6 +43,10 @@ done
 for t in q4_k q6_k; do
   VARIANTS+=("mmq8_cm2_moe_$t mmq_cm2.comp -DW_${t^^} -DXQ8" "mmq8_cm2_moe16_$t mmq_cm2.comp -DW_${t^^} -DBM=16 -DXQ8")
 done
+# (... on workgroups of 128 threads: two an SM)
+for t in q4_k q6_k; do
+  VARIANTS+=("mmq8w_cm2_moe_$t mmq_cm2.comp -DW_${t^^} -DXQ8 -DNT=128" "mmq8w_cm2_moe16_$t mmq_cm2.comp -DW_${t^^} -DBM=16 -DXQ8 -DNT=128")
+done
 # a batch step's products of 16 and 32 rows on them (mmqb_cm2.comp)
 for t in q4_k q6_k; do
   VARIANTS+=("mmqb_cm2_${t}_16 mmqb_cm2.comp -DW_${t^^} -DTT=16" "mmqb_cm2_${t}_32 mmqb_cm2.comp -DW_${t^^} -DTT=32")

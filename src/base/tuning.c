@@ -152,6 +152,13 @@ static const struct knob KNOBS[] = {
          "With ANVIL_VK_MOE_MMQ: the experts' inputs rounded to int8 once a row, from float32, by "
          "the gather and the SwiGLU before them (mmq_cm2.comp XQ8), instead of from float16 rows "
          "by every workgroup of the product. Not yet run on a GPU (docs/perf/log.md §83)."),
+    BOOL("ANVIL_VK_MMQ_SKIP", C_EXPERIMENT, vk_mmq_skip, 0,
+         "With ANVIL_VK_MOE_MMQ's tiles of 32: a tile whose last 16 rows are all padding (its "
+         "expert's rows end in its first half) leaves their products and scaling out "
+         "(mmq_cm2.comp; docs/perf/log.md §91)."),
+    INT("ANVIL_VK_MMQ_WG", C_EXPERIMENT, vk_mmq_wg, 256, 128, 256, NULL,
+        "With ANVIL_VK_MMQ_X8: mmq_cm2.comp's workgroups of 256 threads over 128 outputs, or of "
+        "128 over 64 (two workgroups an SM at its registers; docs/perf/log.md §91)."),
     BOOL("ANVIL_VK_MMQB", C_DIAGNOSTIC, vk_mmqb, 1,
          "A batch step's (or a prompt chunk's) products of 16 or 32 rows of Q4_K / Q6_K weights "
          "on the int8 matrix units (shaders/mmqb_cm2.comp, where the device has int8 "

@@ -96,6 +96,18 @@ static const uint32_t spv_mmq8_cm2_moe16_q4_k[] =
 static const uint32_t spv_mmq8_cm2_moe16_q6_k[] =
 #include "shaders/prebuilt/mmq8_cm2_moe16_q6_k.inc"
     ;
+static const uint32_t spv_mmq8w_cm2_moe_q4_k[] =
+#include "shaders/prebuilt/mmq8w_cm2_moe_q4_k.inc"
+    ;
+static const uint32_t spv_mmq8w_cm2_moe_q6_k[] =
+#include "shaders/prebuilt/mmq8w_cm2_moe_q6_k.inc"
+    ;
+static const uint32_t spv_mmq8w_cm2_moe16_q4_k[] =
+#include "shaders/prebuilt/mmq8w_cm2_moe16_q4_k.inc"
+    ;
+static const uint32_t spv_mmq8w_cm2_moe16_q6_k[] =
+#include "shaders/prebuilt/mmq8w_cm2_moe16_q6_k.inc"
+    ;
 static const uint32_t spv_mmqb_cm2_q4_k_16[] =
 #include "shaders/prebuilt/mmqb_cm2_q4_k_16.inc"
     ;
@@ -248,6 +260,10 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_MMQ8_MOE_Q6_K] = KI(spv_mmq8_cm2_moe_q6_k, "mmq8_experts_q6_k", VK_OP_NONE, DT_Q6_K, 0, SPECS_NONE, PUSH_MMH),
     [K_MMQ8_MOE16_Q4_K] = KI(spv_mmq8_cm2_moe16_q4_k, "mmq8_experts16_q4_k", VK_OP_NONE, DT_Q4_K, 0, SPECS_NONE, PUSH_MMH),
     [K_MMQ8_MOE16_Q6_K] = KI(spv_mmq8_cm2_moe16_q6_k, "mmq8_experts16_q6_k", VK_OP_NONE, DT_Q6_K, 0, SPECS_NONE, PUSH_MMH),
+    [K_MMQ8W_MOE_Q4_K] = KI(spv_mmq8w_cm2_moe_q4_k, "mmq8w_experts_q4_k", VK_OP_NONE, DT_Q4_K, 0, SPECS_NONE, PUSH_MMH),
+    [K_MMQ8W_MOE_Q6_K] = KI(spv_mmq8w_cm2_moe_q6_k, "mmq8w_experts_q6_k", VK_OP_NONE, DT_Q6_K, 0, SPECS_NONE, PUSH_MMH),
+    [K_MMQ8W_MOE16_Q4_K] = KI(spv_mmq8w_cm2_moe16_q4_k, "mmq8w_experts16_q4_k", VK_OP_NONE, DT_Q4_K, 0, SPECS_NONE, PUSH_MMH),
+    [K_MMQ8W_MOE16_Q6_K] = KI(spv_mmq8w_cm2_moe16_q6_k, "mmq8w_experts16_q6_k", VK_OP_NONE, DT_Q6_K, 0, SPECS_NONE, PUSH_MMH),
     [K_MMQB_Q4_K_16] = KI(spv_mmqb_cm2_q4_k_16, "mmqb_q4_k_16", VK_OP_NONE, 0, 16, SPECS_NONE, PUSH_MMB),
     [K_MMQB_Q4_K_32] = KI(spv_mmqb_cm2_q4_k_32, "mmqb_q4_k_32", VK_OP_NONE, 0, 32, SPECS_NONE, PUSH_MMB),
     [K_MMQB_Q6_K_16] = KI(spv_mmqb_cm2_q6_k_16, "mmqb_q6_k_16", VK_OP_NONE, 0, 16, SPECS_NONE, PUSH_MMB),
@@ -628,8 +644,9 @@ static bool qxv_spec(const struct vk_device *d, const struct vk_pipelines *p, in
 static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum vk_kernel k, int attn_g, int attn_d) {
     const struct vk_kernel_info *ki = &kernels[k];
     /* the int8 matrix units' kernels (mmq_cm2.comp, mmqb_cm2.comp) */
-    if (k >= K_MMQ_MOE_Q4_K && k <= K_MMQ8_MOE16_Q6_K)
-        return d->coopmat_i8 && d->tune.vk_moe_mmq != 0 && (k >= K_MMQ8_MOE_Q4_K) == (d->tune.vk_mmq_x8 != 0);
+    if (k >= K_MMQ_MOE_Q4_K && k <= K_MMQ8W_MOE16_Q6_K)
+        return d->coopmat_i8 && d->tune.vk_moe_mmq != 0 && (k >= K_MMQ8_MOE_Q4_K) == (d->tune.vk_mmq_x8 != 0) &&
+               (k >= K_MMQ8W_MOE_Q4_K) == (d->tune.vk_mmq_x8 && d->tune.vk_mmq_wg == 128);
     if (mmb_mmq(k)) return d->coopmat_i8 && d->tune.vk_mmqb;
     switch (k) {
     case K_MMH_64X64_K32: case K_MMH_MOE: return d->coopmat; /* needs the extension */
@@ -745,7 +762,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, in
     for (int k = K_MMH_CM2_Q4_K; k <= K_MMH_CM2_MOE_Q8_0 && st == ANVIL_OK && d->coopmat2; k++)
         st = vk_pipeline_make(d, out, (enum vk_kernel)k);
     /* (the int8 ones only where their knobs may take them: a driver compiles each at start) */
-    for (int k = K_MMQ_MOE_Q4_K; k <= K_MMQ8_MOE16_Q6_K && st == ANVIL_OK; k++)
+    for (int k = K_MMQ_MOE_Q4_K; k <= K_MMQ8W_MOE16_Q6_K && st == ANVIL_OK; k++)
         if (wanted(d, out, (enum vk_kernel)k, attn_g, attn_d)) st = vk_pipeline_make(d, out, (enum vk_kernel)k);
     for (int k = K_MMQB_Q4_K_16; k <= K_MMQB_Q6_K_32 && st == ANVIL_OK; k++)
         if (wanted(d, out, (enum vk_kernel)k, attn_g, attn_d)) st = vk_pipeline_make(d, out, (enum vk_kernel)k);
@@ -756,7 +773,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, in
 static bool is_cm2(enum vk_kernel k) {
     return k == K_MMH_CM2 || k == K_MMH_CM2_MOE || k == K_MMH_CM2_U || k == K_MMH_CM2_MOE_U ||
            k == K_MMH_CM2_S || (k >= K_MMH_CM2_Q4_K && k <= K_MMH_CM2_MOE_Q8_0) ||
-           (k >= K_MMQ_MOE_Q4_K && k <= K_MMQ8_MOE16_Q6_K) ||
+           (k >= K_MMQ_MOE_Q4_K && k <= K_MMQ8W_MOE16_Q6_K) ||
            mmb_mmq(k);
 }
 

@@ -316,6 +316,7 @@ enum vk_kernel {
      * units, x rounded to int8 in the kernel (vk_mmq_kernel), where d->coopmat_i8 */
     K_MMQ_MOE_Q4_K, K_MMQ_MOE_Q6_K, K_MMQ_MOE16_Q4_K, K_MMQ_MOE16_Q6_K, /* (tiles of 32 rows, of 16) */
     K_MMQ8_MOE_Q4_K, K_MMQ8_MOE_Q6_K, K_MMQ8_MOE16_Q4_K, K_MMQ8_MOE16_Q6_K, /* (XQ8: x rounded before) */
+    K_MMQ8W_MOE_Q4_K, K_MMQ8W_MOE_Q6_K, K_MMQ8W_MOE16_Q4_K, K_MMQ8W_MOE16_Q6_K, /* (and 128 threads, BN 64) */
     K_ATTN_FLASH, /* the prefill's causal attention on cooperative matrices (attn_flash.comp),
                      where d->coopmat and the heads fit it (vk_flash_fits): two passes over
                      the keys */

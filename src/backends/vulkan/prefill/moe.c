@@ -227,7 +227,8 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
          * float32 (each block of 32's scales after the rows), instead of float16 rows that each
          * of its workgroups rounds (ANVIL_VK_MMQ_X8): its own kernels (only theirs are made) */
         bool x8 = p->b->d->tune.vk_mmq_x8 != 0;
-        int x8k = x8 ? K_MMQ8_MOE_Q4_K - K_MMQ_MOE_Q4_K : 0;
+        bool wg128 = x8 && p->b->d->tune.vk_mmq_wg == 128; /* (128 threads over 64 outputs) */
+        int x8k = wg128 ? K_MMQ8W_MOE_Q4_K - K_MMQ_MOE_Q4_K : x8 ? K_MMQ8_MOE_Q4_K - K_MMQ_MOE_Q4_K : 0;
         for (int w = 0; w < 3; w++) {
             kq[w] = vk_cm2q_kernel(mats[w]->weight->type, true);
             decode &= vk_pipeline_supported(p->b->d, &p->b->pl, kq[w]);
@@ -256,11 +257,12 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
             }
             /* (x8: x's int8 rows at xg, R rows of K bytes, their scales after them) */
             struct pc_mmh mh = {base + m.xg, vk_wnode_addr(p->b, mats[w]), outs[w], any, T, K, N,
-                                vk_wnode_kp(p->b, mats[w]), N, 0, p->scale && !x8 ? MM_XH : 0u, base + m.aux, any, E, k, 0,
+                                vk_wnode_kp(p->b, mats[w]), N, 0, (p->scale && !x8 ? MM_XH : 0u) | (mmq && p->b->d->tune.vk_mmq_skip ? MM_SKIP : 0u), base + m.aux, any, E, k, 0,
                                 x8 ? base + m.xg + (uint64_t)m.R * K : base + m.xs};
             /* mmq_cm2.comp: a grid of the tiles the rows can hold (each workgroup finds its
              * expert); mm_cm2.comp: every expert's largest count of tiles */
-            if (st == ANVIL_OK && (st = pf_emit(p, kq[w], (N + VK_CM2_BN - 1) / VK_CM2_BN, mmq ? m.R / bm : (T + bm - 1) / bm,
+            uint32_t bn = mmq && wg128 ? VK_CM2_BN / 2 : VK_CM2_BN;
+            if (st == ANVIL_OK && (st = pf_emit(p, kq[w], (N + bn - 1) / bn, mmq ? m.R / bm : (T + bm - 1) / bm,
                                                 &mh, sizeof mh)) == ANVIL_OK) {
                 p->ops[p->n_ops - 1].gz = mmq ? 1 : E;
                 p->ops[p->n_ops - 1].overlap = w == 1;

@@ -107,6 +107,8 @@
                        matrices (ANVIL_VK_DQ_EMULATE, the tests); mm_cm2.comp: the rows were
                        scaled (else every scale is 1 and it multiplies by none; it tests the
                        bare 4u) */
+#define MM_SKIP 8u  /* mmq_cm2.comp (tiles of 32): a tile whose last 16 rows are padding leaves
+                       their products out (it tests the bare 8u, prebuilt) */
 
 /* rows.comp's flags (struct pc_rows) */
 #define ROWS_HALF 1u /* rms_norm and swiglu also write their rows' float16 copies to h, the

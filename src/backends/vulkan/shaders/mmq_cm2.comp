@@ -38,7 +38,13 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 
-#define BN 128
+#ifndef NT
+#define NT 256 /* threads (8 subgroups); 128 (XQ8 only): 4 subgroups over BN = 64 outputs, so that two
+                  workgroups share an SM at the 214 registers a thread that hold one there at 256
+                  (ANVIL_VK_MMQ_WG, perf log §91) */
+#endif
+#define BN (NT / 2)
+#define NS (NT / 32) /* subgroups */
 #ifndef BM
 #define BM 32 /* 16: one 16-wide B matrix a sub-block (experts of few rows: less padding) */
 #endif
@@ -50,7 +56,7 @@
 #define KS 128
 #define RW 9 /* uvec4s a staged row: 128 int8 + 16 bytes of padding (no bank conflicts) */
 
-layout(local_size_x = 256) in;
+layout(local_size_x = NT) in;
 
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer Floats { float v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer UVec4s { uvec4 v[]; };
@@ -85,7 +91,7 @@ shared uvec2 sxl[BM * XW], sxh[BM * XW];
 shared uvec2 sx[BM * XW];
 #endif
 shared vec2 sxs[BM * 4];
-shared uint sec[8]; /* each subgroup's count of experts before the tile's */ /* (d, d * sum q) of each row's 4 blocks of the step */
+shared uint sec[NS]; /* each subgroup's count of experts before the tile's */ /* (d, d * sum q) of each row's 4 blocks of the step */
 
 #define MAT_A coopmat<int8_t, gl_ScopeSubgroup, 16, 32, gl_MatrixUseA>
 #define MAT_B coopmat<int8_t, gl_ScopeSubgroup, 32, 16, gl_MatrixUseB>
@@ -110,7 +116,14 @@ uvec4 rq0, rq1, rhd;
 uvec4 rq0, rq1, rqh, rsc;
 uint rd;
 #endif
+#if NT == 128 && !defined(XQ8)
+#error "NT 128 takes XQ8's x"
+#endif
 #ifdef XQ8
+#define XL (8 * BM / NT) /* uvec4s of x a thread loads a step (NT 256 and BM 16: threads < 128 one) */
+#if XL > 1
+uvec4 rxq2; /* ... and row 16 + tid / 8 (NT 128, BM 32) */
+#endif
 uvec4 rxq; /* 16 int8s of x: row tid / 8, from column k0 + 16 (tid % 8) (BM 16: threads < 128) */
 vec2 rxd;  /* (d, d sum q) of row tid / 4's block tid % 4 of the step (threads < 4 BM) */
 #else
@@ -143,6 +156,9 @@ void load_step(const in uint k0, const in uint wb, const in uint xr) {
     /* x: int8 rows (K bytes each) and their blocks' scales after them (moe_rows.comp,
      * rows.comp ROWS_Q8) */
     if (tid < 8u * BM) rxq = pc.x.v[((xr + (tid >> 3u)) * pc.K + k0) / 16u + (tid & 7u)];
+#if XL > 1
+    rxq2 = pc.x.v[((xr + 16u + (tid >> 3u)) * pc.K + k0) / 16u + (tid & 7u)];
+#endif
     if (tid < 4u * BM) rxd = Vec2s(pc.xs).v[(xr + (tid >> 2u)) * (pc.K / 32u) + k0 / 32u + (tid & 3u)];
 #else
     /* x: row tid / (KS / XQ), XQ halves from column k0 + XQ (tid % (KS / XQ)) */
@@ -192,9 +208,20 @@ void store_step(const in uint k0) {
         sxl[ox + 1u] = low ? rxq.zw : uvec2(0u);
         sxh[ox] = !low ? rxq.xy : uvec2(0u);
         sxh[ox + 1u] = !low ? rxq.zw : uvec2(0u);
+#if XL > 1
+        ox += 16u * XW;
+        sxl[ox] = low ? rxq2.xy : uvec2(0u);
+        sxl[ox + 1u] = low ? rxq2.zw : uvec2(0u);
+        sxh[ox] = !low ? rxq2.xy : uvec2(0u);
+        sxh[ox + 1u] = !low ? rxq2.zw : uvec2(0u);
+#endif
 #else
         sx[ox] = rxq.xy;
         sx[ox + 1u] = rxq.zw;
+#if XL > 1
+        sx[ox + 16u * XW] = rxq2.xy;
+        sx[ox + 16u * XW + 1u] = rxq2.zw;
+#endif
 #endif
     }
     if (tid < 4u * BM) sxs[tid] = rxd;
@@ -270,12 +297,12 @@ void main() {
     uint n0 = gl_WorkGroupID.x * BN, xr = gl_WorkGroupID.y * BM;
     if (xr >= floatBitsToUint(pc.lists.v[pc.E])) return;
     uint c = 0u;
-    for (uint i = tid; i < pc.E; i += 256u) c += floatBitsToUint(pc.lists.v[i + 1u]) <= xr ? 1u : 0u;
+    for (uint i = tid; i < pc.E; i += uint(NT)) c += floatBitsToUint(pc.lists.v[i + 1u]) <= xr ? 1u : 0u;
     c = subgroupAdd(c);
     if (subgroupElect()) sec[sg] = c;
     barrier();
     uint e = 0u;
-    [[unroll]] for (uint i = 0u; i < 8u; i++) e += sec[i];
+    [[unroll]] for (uint i = 0u; i < uint(NS); i++) e += sec[i];
     uint wb = (e * pc.N + n0) * (pc.Kp >> 8u); /* the tile's first block */
 #ifndef XQ8
     rxs = (pc.flags & 4u) != 0u ? pc.xs.v[xr + tid / (KS / XQ)] : 1.0;
@@ -283,6 +310,10 @@ void main() {
     MAT_F acc0 = MAT_F(0.0);
 #if BM == 32
     MAT_F acc1 = MAT_F(0.0);
+    /* flags & 8 (ANVIL_VK_MMQ_SKIP): a tile whose last 16 rows are all padding (the expert's
+     * rows end in its first half: the map's entry of row xr + 16 is ~0, moe_rows.comp) leaves
+     * their products and scaling out (their sums are stored but never read) */
+    bool two = (pc.flags & 8u) == 0u || floatBitsToUint(pc.lists.v[pc.E + 1u + xr + 16u]) != ~0u;
 #endif
     MAT_I zero = MAT_I(0);
     load_step(0u, wb, xr);
@@ -299,9 +330,11 @@ void main() {
             coopMatLoad(b0, sx, 4u * s, XW, gl_CooperativeMatrixLayoutColumnMajor);
             PROD(a, b0, s, 0)
 #if BM == 32
-            MAT_B b1;
-            coopMatLoad(b1, sx, 16u * XW + 4u * s, XW, gl_CooperativeMatrixLayoutColumnMajor);
-            PROD(a, b1, s, 1)
+            if (two) {
+                MAT_B b1;
+                coopMatLoad(b1, sx, 16u * XW + 4u * s, XW, gl_CooperativeMatrixLayoutColumnMajor);
+                PROD(a, b1, s, 1)
+            }
 #endif
 #else
             MAT_B b0, c0;
@@ -310,11 +343,13 @@ void main() {
             PROD(a, b0, 2u * s, 0)
             PROD(a, c0, 2u * s + 1u, 0)
 #if BM == 32
-            MAT_B b1, c1;
-            coopMatLoad(b1, sxl, 16u * XW + 4u * s, XW, gl_CooperativeMatrixLayoutColumnMajor);
-            coopMatLoad(c1, sxh, 16u * XW + 4u * s, XW, gl_CooperativeMatrixLayoutColumnMajor);
-            PROD(a, b1, 2u * s, 1)
-            PROD(a, c1, 2u * s + 1u, 1)
+            if (two) {
+                MAT_B b1, c1;
+                coopMatLoad(b1, sxl, 16u * XW + 4u * s, XW, gl_CooperativeMatrixLayoutColumnMajor);
+                coopMatLoad(c1, sxh, 16u * XW + 4u * s, XW, gl_CooperativeMatrixLayoutColumnMajor);
+                PROD(a, b1, 2u * s, 1)
+                PROD(a, c1, 2u * s + 1u, 1)
+            }
 #endif
 #endif
         }
