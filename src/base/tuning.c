@@ -145,20 +145,23 @@ static const struct knob KNOBS[] = {
         "(shaders/mmq_cm2.comp, where the device has int8 cooperative matrices and the three "
         "matrices are Q4_K or Q6_K): each expert's blocks read as uploaded, x rounded to int8 "
         "in blocks of 32, instead of every expert dequantised to float16 every chunk. Each "
-        "expert's rows padded to tiles of 16 or 32 (-1: 32 where the chunk gives each expert "
-        "32 rows or more on average, else 16); 0 keeps the float16 copies. H200 pp512: "
-        "30B-A3B 5,525 -> ~5,900 t/s, 35B-A3B 3,434 -> 3,884 (docs/perf/log.md §77)."),
-    BOOL("ANVIL_VK_MMQ_X8", C_EXPERIMENT, vk_mmq_x8, 0,
+        "expert's rows padded to tiles of 16 or 32 (-1: 32; tiles of 16 read an expert of ~16 "
+        "rows ~1.5 times: 35B-A3B -25%); 0 keeps the float16 copies. H200 pp512: 30B-A3B "
+        "5,525 -> ~5,900 t/s, 35B-A3B 3,434 -> 3,884 (docs/perf/log.md §77, §91)."),
+    BOOL("ANVIL_VK_MMQ_X8", C_DIAGNOSTIC, vk_mmq_x8, 1,
          "With ANVIL_VK_MOE_MMQ: the experts' inputs rounded to int8 once a row, from float32, by "
-         "the gather and the SwiGLU before them (mmq_cm2.comp XQ8), instead of from float16 rows "
-         "by every workgroup of the product. Not yet run on a GPU (docs/perf/log.md §83)."),
-    BOOL("ANVIL_VK_MMQ_SKIP", C_EXPERIMENT, vk_mmq_skip, 0,
+         "the gather and the SwiGLU before them (mmq_cm2.comp XQ8: 124 registers a thread where "
+         "the kernel rounding them itself takes 214), instead of from float16 rows by every "
+         "workgroup of the product; 0 keeps that (docs/perf/log.md §91)."),
+    BOOL("ANVIL_VK_MMQ_SKIP", C_EXPERIMENT, vk_mmq_skip, 1,
          "With ANVIL_VK_MOE_MMQ's tiles of 32: a tile whose last 16 rows are all padding (its "
          "expert's rows end in its first half) leaves their products and scaling out "
-         "(mmq_cm2.comp; docs/perf/log.md §91)."),
-    INT("ANVIL_VK_MMQ_WG", C_EXPERIMENT, vk_mmq_wg, 256, 128, 256, NULL,
-        "With ANVIL_VK_MMQ_X8: mmq_cm2.comp's workgroups of 256 threads over 128 outputs, or of "
-        "128 over 64 (two workgroups an SM at its registers; docs/perf/log.md §91)."),
+         "(mmq_cm2.comp; unmeasurable on the H200: the kernel waits on latency, docs/perf/log.md "
+         "§91)."),
+    INT("ANVIL_VK_MMQ_WG", C_DIAGNOSTIC, vk_mmq_wg, 128, 128, 256, NULL,
+        "With ANVIL_VK_MMQ_X8: mmq_cm2.comp's workgroups of 128 threads over 64 outputs (four "
+        "an SM at its 124 registers: H200 pp512 30B-A3B 6,950 -> 8,472 t/s, 35B-A3B 4,833 -> "
+        "5,372 with tiles of 32), or 256 over 128 (docs/perf/log.md §91)."),
     BOOL("ANVIL_VK_MMQB", C_DIAGNOSTIC, vk_mmqb, 1,
          "A batch step's (or a prompt chunk's) products of 16 or 32 rows of Q4_K / Q6_K weights "
          "on the int8 matrix units (shaders/mmqb_cm2.comp, where the device has int8 "

@@ -217,11 +217,11 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
          * multiplies their blocks on the int8 matrix units (ANVIL_VK_MOE_MMQ: its tiles' rows
          * bm, each expert's rows padded to them; m.R, sized for VK_CM2_MOE_BM, holds those) */
         enum vk_kernel kq[3];
-        /* mmq's tiles: 32 rows where the chunk gives each expert 32 or more on average (30B-A3B
-         * at 512 tokens: 32), else 16 (35B-A3B: 16), less padding (perf rule "experts on the
-         * int8 matrix units") */
+        /* mmq's tiles: 32 rows (16, less padding where the chunk gives each expert ~16 rows, as
+         * the 35B-A3B's 512 tokens do, read each expert ~1.5 times: 25% slower; perf rule
+         * "experts on the int8 matrix units") */
         int knob = p->b->d->tune.vk_moe_mmq;
-        uint32_t bm = knob < 0 ? (T * k >= 32 * E ? 32u : 16u) : (uint32_t)knob;
+        uint32_t bm = knob < 0 ? 32u : (uint32_t)knob;
         bool decode = p->b->d->tune.vk_moe_decode, mmq = bm == 16 || bm == 32;
         /* x8: mmq_cm2.comp XQ8 takes x as int8 rows that the gather and the SwiGLU round from
          * float32 (each block of 32's scales after the rows), instead of float16 rows that each
