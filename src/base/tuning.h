@@ -123,6 +123,7 @@ struct tuning {
     int vk_qxt_tw1;          /* ANVIL_VK_QXT_TW1 (0: ANVIL_VK_QXT_TW's) */
     int vk_qxt_nr_q6_k;      /* ANVIL_VK_QXT_NR_Q6_K (0: 2) */
     int vk_qxt_tw_swiglu;    /* ANVIL_VK_QXT_TW_SWIGLU (0: the rule) */
+    int vk_iq4_lut;          /* ANVIL_VK_IQ4_LUT */
     int vk_attn_nsg;         /* ANVIL_VK_ATTN_NSG */
     int vk_attn_lpr;         /* ANVIL_VK_ATTN_LPR (0: the shader's rule) */
     int vk_attn_gs;          /* ANVIL_VK_ATTN_GS (0: the rule) */

@@ -730,6 +730,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, in
     out->qxt_tw[1] = knob_wg(d, t->vk_qxt_tw1, out->qxt_tw[0]);
     out->qxt_nr6 = knob_nr(t->vk_qxt_nr_q6_k, 0);
     out->qxt_tw_swiglu = knob_wg(d, t->vk_qxt_tw_swiglu, 0);
+    out->iq4_lut = (uint32_t)t->vk_iq4_lut;
+    /* (form 1's tables are 32 KiB: not beside the kernels' own where shared memory is 32 KiB) */
+    if (out->iq4_lut == 1 && d->props.limits.maxComputeSharedMemorySize < (40u << 10)) out->iq4_lut = 0;
     /* attention.comp's subgroups per workgroup */
     out->attn_nsg = (uint32_t)t->vk_attn_nsg;
     if (out->attn_nsg * d->subgroup_size > d->props.limits.maxComputeWorkGroupSize[0]) out->attn_nsg = 4;
@@ -825,7 +828,8 @@ static anvil_status new_pipeline(struct vk_device *d, enum vk_kernel k, const ui
     anvil_status st = vk_result(vkCreateShaderModule(d->dev, &mi, NULL, &mod), "vkCreateShaderModule");
     if (st != ANVIL_OK) return st;
     VkSpecializationMapEntry ent[VK_PIPE_SPECS];
-    for (uint32_t i = 0; i + 2 < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};
+    for (uint32_t i = 0; i + 3 < n; i++) ent[i] = (VkSpecializationMapEntry){i, i * 4, 4};
+    ent[n - 3] = (VkSpecializationMapEntry){SPEC_IQ4L, (n - 3) * 4, 4}; /* wlow.glsl's IQ4L */
     ent[n - 2] = (VkSpecializationMapEntry){SPEC_KV16, (n - 2) * 4, 4}; /* common.glsl's KV16 */
     ent[n - 1] = (VkSpecializationMapEntry){SPEC_KVQ8, (n - 1) * 4, 4}; /* and KVQ8 */
     VkSpecializationInfo si = {n, ent, n * 4, vals};
@@ -923,7 +927,9 @@ anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enu
         vals[MMB_SPEC_WG] = (uint32_t)d->tune.vk_mmbx_wg / 32u * 32u;
         n = MMB_SPEC_WG + 1;
     }
-    /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*, then SPEC_KV16 and SPEC_KVQ8) */
+    /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*, then SPEC_IQ4L, SPEC_KV16
+     * and SPEC_KVQ8) */
+    vals[n++] = out->iq4_lut;
     vals[n++] = kv_type == ANVIL_KV_F16;
     vals[n++] = kv_type == ANVIL_KV_Q8_0;
     struct vk_shared *sh = d->sh;

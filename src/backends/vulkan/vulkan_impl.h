@@ -486,6 +486,7 @@ struct vk_pipelines {
      * weights (ANVIL_VK_QXT_NR_Q6_K), threads a team of the SwiGLUs (ANVIL_VK_QXT_TW_SWIGLU,
      * over the others) */
     uint32_t qxt_tw[3], qxt_nr6, qxt_tw_swiglu;
+    uint32_t iq4_lut; /* wlow.glsl's IQ4 lookup form (SPEC_IQ4L, ANVIL_VK_IQ4_LUT) */
     /* mega.comp: workgroups (0: no persistent step), threads per workgroup, groups of 8
      * weights a lane loads at a time, subgroups per workgroup taking attention units, rows a
      * subgroup multiplies at once, attention's lanes a row and rows a chunk; MQX: slots of 64

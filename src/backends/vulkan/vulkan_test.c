@@ -1500,7 +1500,7 @@ static uint8_t *qx_weights(int type, int K, int N, float *wf, struct tensor_info
  * in blocks of 8 from the GPU's outputs (each within half a step of v * 127 / max|v|, the
  * scales and sums of squares to 1e-5), and the next product from that rounding. Returns the
  * cases checked, -1 where the device has no integer dot products. */
-static int qxr_kernels_check(void) {
+static int qxr_kernels_check(bool iq4) {
     struct backend *base;
     assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
     struct vk_backend *b = (struct vk_backend *)base;
@@ -1508,16 +1508,21 @@ static int qxr_kernels_check(void) {
         backend_destroy(base);
         return -1;
     }
-    static const struct { int ta, tc, swiglu, res, norm, K, N1, N2; } cases[] = {
+    static const struct qxr_case { int ta, tc, swiglu, res, norm, K, N1, N2; } k_cases[] = {
         {DT_Q4_K, DT_Q6_K, 0, 1, 1, 1280, 512, 37},  {DT_Q6_K, DT_Q4_K, 0, 1, 0, 256, 256, 300},
         {DT_Q8_0, DT_Q8_0, 0, 0, 1, 384, 256, 61},   {DT_Q4_K, DT_Q4_K, 1, 0, 0, 1280, 256, 129},
         {DT_Q5_K, DT_Q6_K, 1, 0, 1, 512, 512, 3},    {DT_Q6_K, DT_Q8_0, 1, 0, 0, 256, 768, 77},
         {DT_Q8_0, DT_Q5_K, 1, 0, 1, 256, 256, 40},   {DT_Q5_K, DT_Q8_0, 0, 1, 1, 768, 256, 9},
+    }, iq4_cases[] = { /* (test_iq4_lookups) */
+        {DT_IQ4_XS, DT_IQ4_XS, 1, 0, 1, 1280, 512, 37}, {DT_IQ4_XS, DT_IQ4_NL, 0, 1, 0, 512, 256, 61},
+        {DT_IQ4_NL, DT_IQ4_XS, 1, 0, 0, 256, 768, 40},  {DT_IQ4_NL, DT_Q4_K, 0, 1, 1, 768, 256, 9},
     };
+    const struct qxr_case *cases = iq4 ? iq4_cases : k_cases;
+    size_t n_cases = iq4 ? sizeof iq4_cases / sizeof *iq4_cases : sizeof k_cases / sizeof *k_cases;
     struct tensor_info infos[3 * 8];
     uint8_t *datas[3 * 8];
     int n_inf = 0, checked = 0;
-    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+    for (size_t ci = 0; ci < n_cases; ci++) {
         int K = cases[ci].K, N1 = cases[ci].N1, N2 = cases[ci].N2;
         float *wa = malloc(sizeof(float) * (size_t)K * N1), *wb = malloc(sizeof(float) * (size_t)K * N1),
               *wc = malloc(sizeof(float) * (size_t)N1 * N2);
@@ -1606,7 +1611,7 @@ static int qxr_kernels_check(void) {
 static void test_qxr_kernels(void **state) {
     (void)state;
     setenv("ANVIL_VK_QX", "1", 1); /* (lavapipe: the variants are made where the decode takes them) */
-    int checked = qxr_kernels_check();
+    int checked = qxr_kernels_check(false);
     if (checked < 0) skip();
     fprintf(stderr, "products rounding their outputs: %d cases equal to the CPU's (default shapes)\n", checked);
     assert_int_equal(checked, 8);
@@ -1618,11 +1623,31 @@ static void test_qxr_kernels(void **state) {
     };
     size_t n_env = sizeof env / sizeof *env;
     for (size_t i = 0; i < n_env; i++) setenv(env[i][0], env[i][1], 1);
-    checked = qxr_kernels_check();
+    checked = qxr_kernels_check(false);
     for (size_t i = 0; i < n_env; i++) unsetenv(env[i][0]);
     fprintf(stderr, "products rounding their outputs: %d cases equal to the CPU's (other shapes)\n", checked);
     unsetenv("ANVIL_VK_QX");
     assert_int_equal(checked, 8);
+}
+
+/* The IQ4_NL / IQ4_XS products' lookup forms (wlow.glsl SPEC_IQ4L, ANVIL_VK_IQ4_LUT 0-3) on
+ * qxr_kernels_check's path: the teams rounding their outputs (SwiGLU, residual) and the next
+ * product (XM 1, 2), each against the CPU. Form 1 (32 KiB of tables) where the device's
+ * shared memory holds it (not lavapipe's 32 KiB: it falls back to 0 there). */
+static void test_iq4_lookups(void **state) {
+    (void)state;
+    setenv("ANVIL_VK_QX", "1", 1);
+    for (int lut = 0; lut < 4; lut++) {
+        char v[8];
+        snprintf(v, sizeof v, "%d", lut);
+        setenv("ANVIL_VK_IQ4_LUT", v, 1);
+        int checked = qxr_kernels_check(true);
+        if (checked < 0) skip();
+        fprintf(stderr, "IQ4 lookups, ANVIL_VK_IQ4_LUT=%d: %d cases equal to the CPU's\n", lut, checked);
+        assert_int_equal(checked, 4);
+    }
+    unsetenv("ANVIL_VK_IQ4_LUT");
+    unsetenv("ANVIL_VK_QX");
 }
 
 /* The MoE router kernel (moe_topk.comp), and the experts' gate/up choosing them itself
@@ -2049,6 +2074,7 @@ int main(void) {
         cmocka_unit_test(test_logprobs_generation),
         cmocka_unit_test(test_qx_kernels),
         cmocka_unit_test(test_qxr_kernels),
+        cmocka_unit_test(test_iq4_lookups),
         cmocka_unit_test(test_qxr_program),
         cmocka_unit_test(test_moe_down_rounds),
         cmocka_unit_test(test_route_fold),

@@ -234,6 +234,7 @@
 #define SPEC_WG 0    /* local_size_x_id where a kernel's workgroup size is specialised */
 #define SPEC_MODE 0  /* the MODE of mm.comp, gdn.comp, gdn_chunk.comp, rows.comp, moe_rows.comp,
                         moe_topk.comp, vit.comp, logprobs.comp (its values: *_MODE_* above) */
+#define SPEC_IQ4L 28 /* wlow.glsl's IQ4 lookup form (every kernel; ANVIL_VK_IQ4_LUT) */
 #define SPEC_KV16 29 /* common.glsl's KV16 (every kernel) */
 #define SPEC_KVQ8 30 /* common.glsl's KVQ8 (every kernel) */
 

@@ -79,7 +79,12 @@ shared bool last_r;
 #ifdef QX
 /* one group of 8 weights (so.x * qi + so.y) times its 8 rounded inputs (xd * xq, summing to xs) */
 float qdot(uvec2 xq, float xd, float xs, uvec2 qi, vec2 so) {
+#ifdef W_NO_MIN
+    /* (no min: 0 * xs would stay, as would the inputs' sums behind it) */
+    return so.x * xd * float(WDOT(xq.x, qi.x) + WDOT(xq.y, qi.y));
+#else
     return so.x * xd * float(WDOT(xq.x, qi.x) + WDOT(xq.y, qi.y)) + so.y * xs;
+#endif
 }
 #endif
 

@@ -65,7 +65,9 @@ float half_lo(uint u) { return unpackHalf2x16(u).x; }
 
 /* unit_bytes(w, row, U, u, qi, so): group g's 8 weights are so[g].x * qi[g] + so[g].y, the
  * integers in qi[g] (element order, four a uint): signed where W_SIGNED (WDOT sdot4), else
- * unsigned (sudot4). unit_load (the float kernels) and unit_load_i (QX) both take them. */
+ * unsigned (sudot4). unit_load (the float kernels) and unit_load_i (QX) both take them.
+ * W_NO_MIN: so[g].y is always 0 (the i-quants but IQ1's), so the QX products skip the inputs'
+ * sums. */
 #if defined(W_Q2_K) || defined(W_Q3_K)
 /* Q2_K: scales[16] (4-bit scale | 4-bit min << 4, a sub-block of 16), qs[64], d, dmin.
  * Q3_K: hmask[32] (the third bit), qs[64], scales[12] (16 6-bit signed scales - 32), d.
@@ -122,6 +124,7 @@ uint unit_pos(uint u, uint g) { return 32u * u + 8u * g; }
 
 #if defined(W_IQ4_NL) || defined(W_IQ4_XS)
 #define W_SIGNED
+#define W_NO_MIN
 /* IQ4's 16 int8 levels (iq_tables.h) never come from memory: each workgroup builds from
  * these constants a table of 256 byte pairs in shared memory, entry b the levels of b's low
  * nibble (bits 0-7) and high nibble (bits 16-23), with no global read and one barrier before
@@ -143,25 +146,71 @@ uint iq4_level(uint n) {
 uint iq4_pair(uint b) { return iq4_level(b & 15u) | (iq4_level(b >> 4u) << 16u); }
 #ifdef W_TABLE_GLOBAL
 #define W_INIT(w)
-#define KV2(b) iq4_pair(b)
-#else
-shared uint kv2[256];
-#define W_INIT(w)                                                                                  \
-    {                                                                                              \
-        uint n_ = gl_WorkGroupSize.x * gl_WorkGroupSize.y * gl_WorkGroupSize.z;                    \
-        for (uint i_ = gl_LocalInvocationIndex; i_ < 256u; i_ += n_) kv2[i_] = iq4_pair(i_);       \
-        barrier();                                                                                 \
-    }
-#define KV2(b) kv2[b]
-#endif
 /* the levels of the four low nibbles of u's bytes (*lo, element order) and of its four high
- * nibbles (*hi): four lookups */
+ * nibbles (*hi) */
 void kv8(uint u, out uint lo, out uint hi) {
-    uint a = KV2(u & 255u) | (KV2(bitfieldExtract(u, 8, 8)) << 8u);  /* lo0 lo1 hi0 hi1 */
-    uint c = KV2(bitfieldExtract(u, 16, 8)) | (KV2(u >> 24u) << 8u); /* lo2 lo3 hi2 hi3 */
+    uint a = iq4_pair(u & 255u) | (iq4_pair(bitfieldExtract(u, 8, 8)) << 8u);  /* lo0 lo1 hi0 hi1 */
+    uint c = iq4_pair(bitfieldExtract(u, 16, 8)) | (iq4_pair(u >> 24u) << 8u); /* lo2 lo3 hi2 hi3 */
     lo = (a & 0xFFFFu) | (c << 16u);
     hi = (a >> 16u) | (c & 0xFFFF0000u);
 }
+#else
+/* The lookup's form (SPEC_IQ4L, ANVIL_VK_IQ4_LUT; perf log §94):
+ *   0  kv2: 256 byte pairs (1 KiB), four lookups and ~10 instructions to put 8 weights together;
+ *   1  the same table once per lane of a subgroup of 32 (32 KiB: lane l reads bank l, no bank
+ *      conflicts where 32 lanes' random bytes met ~3.5 times in a bank);
+ *   2  kv4: four tables of 256 (8 KiB), table k giving a byte's two levels already at byte k of
+ *      the low-nibble word (.x) and of the high-nibble word (.y): four 8-byte lookups OR-ed;
+ *   3  kv4's first table (2 KiB), the levels shifted to byte k by the reader. */
+layout(constant_id = SPEC_IQ4L) const uint IQ4L = 0u;
+shared uint kv2[IQ4L == 0u ? 256u : IQ4L == 1u ? 8192u : 1u];
+shared uvec2 kv4[IQ4L == 2u ? 1024u : IQ4L == 3u ? 256u : 1u];
+#define W_INIT(w)                                                                                  \
+    {                                                                                              \
+        uint n_ = gl_WorkGroupSize.x * gl_WorkGroupSize.y * gl_WorkGroupSize.z;                    \
+        if (IQ4L == 0u)                                                                            \
+            for (uint i_ = gl_LocalInvocationIndex; i_ < 256u; i_ += n_) kv2[i_] = iq4_pair(i_);   \
+        else if (IQ4L == 1u)                                                                       \
+            for (uint i_ = gl_LocalInvocationIndex; i_ < 8192u; i_ += n_) kv2[i_] = iq4_pair(i_ >> 5u); \
+        else                                                                                       \
+            for (uint i_ = gl_LocalInvocationIndex; i_ < (IQ4L == 2u ? 1024u : 256u); i_ += n_) {   \
+                uint b_ = i_ & 255u, k_ = 8u * (i_ >> 8u);                                         \
+                kv4[i_] = uvec2(iq4_level(b_ & 15u) << k_, iq4_level(b_ >> 4u) << k_);             \
+            }                                                                                      \
+        barrier();                                                                                 \
+    }
+/* the levels of the four low nibbles of u's bytes (*lo, element order) and of its four high
+ * nibbles (*hi): four lookups */
+void kv8(uint u, out uint lo, out uint hi) {
+    uint b0 = u & 255u, b1 = bitfieldExtract(u, 8, 8), b2 = bitfieldExtract(u, 16, 8), b3 = u >> 24u;
+    if (IQ4L >= 2u) {
+        uvec2 t0 = kv4[b0], t1, t2, t3;
+        if (IQ4L == 2u) {
+            t1 = kv4[256u + b1];
+            t2 = kv4[512u + b2];
+            t3 = kv4[768u + b3];
+        } else {
+            t1 = kv4[b1] << 8u;
+            t2 = kv4[b2] << 16u;
+            t3 = kv4[b3] << 24u;
+        }
+        lo = t0.x | t1.x | t2.x | t3.x;
+        hi = t0.y | t1.y | t2.y | t3.y;
+        return;
+    }
+    uint a, c;
+    if (IQ4L == 1u) {
+        uint l = gl_LocalInvocationIndex & 31u;
+        a = kv2[b0 * 32u + l] | (kv2[b1 * 32u + l] << 8u); /* lo0 lo1 hi0 hi1 */
+        c = kv2[b2 * 32u + l] | (kv2[b3 * 32u + l] << 8u); /* lo2 lo3 hi2 hi3 */
+    } else {
+        a = kv2[b0] | (kv2[b1] << 8u);
+        c = kv2[b2] | (kv2[b3] << 8u);
+    }
+    lo = (a & 0xFFFFu) | (c << 16u);
+    hi = (a >> 16u) | (c & 0xFFFF0000u);
+}
+#endif
 #if defined(W_IQ4_NL)
 #define BW 36u /* a super-block of 8 blocks */
 layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer WQ { uvec4 v[]; };
@@ -217,6 +266,7 @@ void unit_bytes(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG]
 #endif
 #if !defined(W_IQ1_S) && !defined(W_IQ1_M)
 #define W_SIGNED
+#define W_NO_MIN
 #endif
 #define TABLE_BYTES (GRID_WORDS * 4u)
 #ifdef W_TABLE_GLOBAL
