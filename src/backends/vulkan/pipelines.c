@@ -731,8 +731,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, in
     out->qxt_nr6 = knob_nr(t->vk_qxt_nr_q6_k, 0);
     out->qxt_tw_swiglu = knob_wg(d, t->vk_qxt_tw_swiglu, 0);
     out->iq4_lut = (uint32_t)t->vk_iq4_lut;
-    /* (form 1's tables are 32 KiB: not beside the kernels' own where shared memory is 32 KiB) */
-    if (out->iq4_lut == 1 && d->props.limits.maxComputeSharedMemorySize < (40u << 10)) out->iq4_lut = 0;
+    /* (forms 1 and 4's tables are 32 KiB: not beside the kernels' own where shared memory is 32 KiB) */
+    if ((out->iq4_lut == 1 || out->iq4_lut == 4) && d->props.limits.maxComputeSharedMemorySize < (40u << 10)) out->iq4_lut = 0;
     /* attention.comp's subgroups per workgroup */
     out->attn_nsg = (uint32_t)t->vk_attn_nsg;
     if (out->attn_nsg * d->subgroup_size > d->props.limits.maxComputeWorkGroupSize[0]) out->attn_nsg = 4;

@@ -1632,12 +1632,12 @@ static void test_qxr_kernels(void **state) {
 
 /* The IQ4_NL / IQ4_XS products' lookup forms (wlow.glsl SPEC_IQ4L, ANVIL_VK_IQ4_LUT 0-3) on
  * qxr_kernels_check's path: the teams rounding their outputs (SwiGLU, residual) and the next
- * product (XM 1, 2), each against the CPU. Form 1 (32 KiB of tables) where the device's
- * shared memory holds it (not lavapipe's 32 KiB: it falls back to 0 there). */
+ * product (XM 1, 2), each against the CPU. Forms 1 and 4 (32 KiB of tables) where the device's
+ * shared memory holds them (not lavapipe's 32 KiB: they fall back to 0 there). */
 static void test_iq4_lookups(void **state) {
     (void)state;
     setenv("ANVIL_VK_QX", "1", 1);
-    for (int lut = 0; lut < 4; lut++) {
+    for (int lut = 0; lut < 5; lut++) {
         char v[8];
         snprintf(v, sizeof v, "%d", lut);
         setenv("ANVIL_VK_IQ4_LUT", v, 1);

@@ -161,9 +161,13 @@ void kv8(uint u, out uint lo, out uint hi) {
  *      conflicts where 32 lanes' random bytes met ~3.5 times in a bank);
  *   2  kv4: four tables of 256 (8 KiB), table k giving a byte's two levels already at byte k of
  *      the low-nibble word (.x) and of the high-nibble word (.y): four 8-byte lookups OR-ed;
- *   3  kv4's first table (2 KiB), the levels shifted to byte k by the reader. */
+ *   3  kv4's first table (2 KiB), the levels shifted to byte k by the reader;
+ *   4  two tables of byte pairs, the second's shifted by a byte (so that two lookups OR-ed give
+ *      a word of four levels), each once per 16 lanes (32 KiB: at most 2 lanes a bank). */
 layout(constant_id = SPEC_IQ4L) const uint IQ4L = 0u;
-shared uint kv2[IQ4L == 0u ? 256u : IQ4L == 1u ? 8192u : 1u];
+#define IQ4C1 32u /* copies of form 1's table */
+#define IQ4C4 16u /* and of form 4's two */
+shared uint kv2[IQ4L == 0u ? 256u : IQ4L == 1u ? 256u * IQ4C1 : IQ4L == 4u ? 512u * IQ4C4 : 1u];
 shared uvec2 kv4[IQ4L == 2u ? 1024u : IQ4L == 3u ? 256u : 1u];
 #define W_INIT(w)                                                                                  \
     {                                                                                              \
@@ -171,7 +175,10 @@ shared uvec2 kv4[IQ4L == 2u ? 1024u : IQ4L == 3u ? 256u : 1u];
         if (IQ4L == 0u)                                                                            \
             for (uint i_ = gl_LocalInvocationIndex; i_ < 256u; i_ += n_) kv2[i_] = iq4_pair(i_);   \
         else if (IQ4L == 1u)                                                                       \
-            for (uint i_ = gl_LocalInvocationIndex; i_ < 8192u; i_ += n_) kv2[i_] = iq4_pair(i_ >> 5u); \
+            for (uint i_ = gl_LocalInvocationIndex; i_ < 256u * IQ4C1; i_ += n_) kv2[i_] = iq4_pair(i_ / IQ4C1); \
+        else if (IQ4L == 4u)                                                                       \
+            for (uint i_ = gl_LocalInvocationIndex; i_ < 512u * IQ4C4; i_ += n_)                   \
+                kv2[i_] = iq4_pair((i_ / IQ4C4) & 255u) << (i_ >= 256u * IQ4C4 ? 8u : 0u);         \
         else                                                                                       \
             for (uint i_ = gl_LocalInvocationIndex; i_ < (IQ4L == 2u ? 1024u : 256u); i_ += n_) {   \
                 uint b_ = i_ & 255u, k_ = 8u * (i_ >> 8u);                                         \
@@ -183,7 +190,7 @@ shared uvec2 kv4[IQ4L == 2u ? 1024u : IQ4L == 3u ? 256u : 1u];
  * nibbles (*hi): four lookups */
 void kv8(uint u, out uint lo, out uint hi) {
     uint b0 = u & 255u, b1 = bitfieldExtract(u, 8, 8), b2 = bitfieldExtract(u, 16, 8), b3 = u >> 24u;
-    if (IQ4L >= 2u) {
+    if (IQ4L == 2u || IQ4L == 3u) {
         uvec2 t0 = kv4[b0], t1, t2, t3;
         if (IQ4L == 2u) {
             t1 = kv4[256u + b1];
@@ -199,10 +206,14 @@ void kv8(uint u, out uint lo, out uint hi) {
         return;
     }
     uint a, c;
-    if (IQ4L == 1u) {
-        uint l = gl_LocalInvocationIndex & 31u;
-        a = kv2[b0 * 32u + l] | (kv2[b1 * 32u + l] << 8u); /* lo0 lo1 hi0 hi1 */
-        c = kv2[b2 * 32u + l] | (kv2[b3 * 32u + l] << 8u); /* lo2 lo3 hi2 hi3 */
+    if (IQ4L == 4u) {
+        uint l = gl_LocalInvocationIndex % IQ4C4, t1 = 256u * IQ4C4 + l;
+        a = kv2[b0 * IQ4C4 + l] | kv2[b1 * IQ4C4 + t1]; /* lo0 lo1 hi0 hi1 */
+        c = kv2[b2 * IQ4C4 + l] | kv2[b3 * IQ4C4 + t1]; /* lo2 lo3 hi2 hi3 */
+    } else if (IQ4L == 1u) {
+        uint l = gl_LocalInvocationIndex % IQ4C1;
+        a = kv2[b0 * IQ4C1 + l] | (kv2[b1 * IQ4C1 + l] << 8u); /* lo0 lo1 hi0 hi1 */
+        c = kv2[b2 * IQ4C1 + l] | (kv2[b3 * IQ4C1 + l] << 8u); /* lo2 lo3 hi2 hi3 */
     } else {
         a = kv2[b0] | (kv2[b1] << 8u);
         c = kv2[b2] | (kv2[b3] << 8u);
