@@ -148,6 +148,18 @@ struct chain_vtable {
     /* As backend_vtable.generate over the whole split: steps queued on every device, each part's
      * waiting on the part before on the device, the choice made on the last. */
     anvil_status (*generate)(struct chain *c, const struct gen_request *r, struct gen_result *res);
+    /* A batch step's parts linked the same way: p[0..n-1] compiled from the parts of one batch
+     * graph whose every row has its logits (graph.n_seqs > 0), part k's hidden rows crossing to
+     * part k + 1 through memory both devices import, each part's submission waiting for the
+     * one before on the device. Freed with batch_destroy before the programs. */
+    anvil_status (*batch_create)(struct program **p, int n, struct chain **out);
+    void (*batch_destroy)(struct chain *c);
+    /* Every part's step on rows r submitted (each part's inputs written; the last part's rows
+     * with pk[t].sp choose on its device, pk may be NULL; its logits kept where logits), nothing
+     * waited for; batch_wait waits for the last part, the choices into tokens, the logits into
+     * out (where kept). One submission at a time. */
+    anvil_status (*batch_submit)(struct chain *c, const struct batch_rows *r, const struct batch_pick *pk, bool logits);
+    anvil_status (*batch_wait)(struct chain *c, const struct batch_pick *pk, int32_t *tokens, float *out);
 };
 
 struct backend_vtable {
@@ -256,6 +268,19 @@ struct backend_vtable {
      * its next token chosen on the device into *out. Only that token crosses. NULL: the backend
      * compiles no such programs (the caller runs a batch program of one row). */
     anvil_status (*run_paged)(struct program *p, const struct paged_step *s, int32_t *out);
+    /* Optional: run_batch_pick in two halves (pk may be NULL: no row chooses), so that the host
+     * can submit other programs' steps before it waits for this one (a layer split's batch
+     * pipelined over its devices, docs/MULTIGPU.md): batch_submit writes the rows' inputs and
+     * submits; batch_wait waits for that submission and reads the choices (pk as given to the
+     * submit) into tokens and, where the submit asked for them (logits), the logits into out.
+     * A program has one submission at a time, and nothing else runs it in between; programs
+     * submitted one after the other run in that order on each device. */
+    anvil_status (*batch_submit)(struct program *p, const struct batch_rows *r, const struct batch_pick *pk,
+                                 bool logits);
+    anvil_status (*batch_wait)(struct program *p, const struct batch_pick *pk, int32_t *tokens, float *out);
+    /* Optional: the devices a step passes through one after the other, each free for another
+     * program's step once this one's part on it is done (a chained layer split's parts); NULL: 1. */
+    int (*stages)(struct backend *b);
 };
 
 /* A vision encoder as a backend runs it: the Qwen3-VL family's ViT (vision/vision.h has its

@@ -40,12 +40,24 @@ struct split_prog {
                                      a run's rope positions, the others do not */
     float *cross[2]; /* the hidden state between parts, [T][C] each (ping-pong) */
     struct chain *chain; /* a decode step's programs chained (split_backend.chain), or NULL */
+    /* a batch step's programs chained (batch graphs of every row's logits), or NULL; pending:
+     * a step submitted (batch_submit) and not yet waited for; without a chain it ran at the
+     * submit, its choices in ptok [T] and its logits in pout [T][V] (made on first use) */
+    struct chain *bchain;
+    bool pending, plogits;
+    int T, V;
+    int32_t *ptok;
+    float *pout;
+    size_t pout_n;
 };
 
 static void split_prog_destroy(struct program *pp) {
     struct split_prog *p = (struct split_prog *)pp;
     if (!p) return;
     if (p->chain) p->b->chain->destroy(p->chain);
+    if (p->bchain) p->b->chain->batch_destroy(p->bchain);
+    free(p->ptok);
+    free(p->pout);
     for (int i = 0; i < p->b->n; i++)
         if (p->p[i]) p->b->parts[i]->vt->program_destroy(p->p[i]);
     free(p->cross[0]);
@@ -111,6 +123,20 @@ static anvil_status split_compile(struct backend *base, const struct graph *g, s
     /* a decode step (one token, logits out) chained across the devices */
     if (st == ANVIL_OK && b->chain && g->n_tokens == 1 && !g->n_seqs && g->nodes[g->output].op == OP_MATMUL)
         st = b->chain->create(p->p, b->n, &p->chain);
+    /* a batch step's (every row's logits: the decode rows of a batch, not its prompt chunks) */
+    const struct node *o = &g->nodes[g->output];
+    if (st == ANVIL_OK && b->chain && g->n_seqs && node_nelem(o) == o->ne[0] * g->n_tokens) {
+        st = b->chain->batch_create(p->p, b->n, &p->bchain);
+        if (st == ANVIL_ERR_UNSUPPORTED) { /* (the rows then cross through the host) */
+            log_info("split: a batch step's parts not chained: %s", err_get());
+            st = ANVIL_OK;
+        }
+    }
+    if (p) {
+        p->T = g->n_tokens;
+        p->V = (int)o->ne[0];
+    }
+    if (st == ANVIL_OK && !(p->ptok = xmalloc((size_t)g->n_tokens * sizeof *p->ptok))) st = ANVIL_ERR_NOMEM;
     if (st != ANVIL_OK) {
         split_prog_destroy((struct program *)p);
         return st;
@@ -123,7 +149,7 @@ static anvil_status split_compile(struct backend *base, const struct graph *g, s
  * next part's rows or, for the last, to out. x: the run's extras (images' rows go to the
  * first part, which embeds; rope positions to every part); r: a batch run's rows. */
 static anvil_status run_parts(struct split_prog *p, const int32_t *tokens, int pos0, const struct run_extras *x,
-                              const struct batch_rows *r, float *out) {
+                              const struct batch_rows *r, const struct batch_pick *pk, int32_t *picked, float *out) {
     struct split_backend *b = p->b;
     if (p->chain && !r) {
         b->chained_steps++;
@@ -138,7 +164,8 @@ static anvil_status run_parts(struct split_prog *p, const int32_t *tokens, int p
         if (r) {
             struct batch_rows ri = *r;
             ri.input = in;
-            st = vt->run_batch(p->p[i], &ri, dst);
+            /* the last part's rows choose on its device where asked (only their ids cross) */
+            st = pk && i + 1 == b->n ? vt->run_batch_pick(p->p[i], &ri, pk, picked, dst) : vt->run_batch(p->p[i], &ri, dst);
             continue;
         }
         /* images' rows go to the first part (it embeds), rope positions to the parts that
@@ -157,16 +184,66 @@ static anvil_status run_parts(struct split_prog *p, const int32_t *tokens, int p
 }
 
 static anvil_status split_run(struct program *pp, const int32_t *tokens, int pos0, float *out) {
-    return run_parts((struct split_prog *)pp, tokens, pos0, NULL, NULL, out);
+    return run_parts((struct split_prog *)pp, tokens, pos0, NULL, NULL, NULL, NULL, out);
 }
 
 static anvil_status split_run_extras(struct program *pp, const int32_t *tokens, int pos0, const struct run_extras *x,
                                      float *out) {
-    return run_parts((struct split_prog *)pp, tokens, pos0, x, NULL, out);
+    return run_parts((struct split_prog *)pp, tokens, pos0, x, NULL, NULL, NULL, out);
 }
 
 static anvil_status split_run_batch(struct program *pp, const struct batch_rows *r, float *out) {
-    return run_parts((struct split_prog *)pp, r->tokens, 0, NULL, r, out);
+    return run_parts((struct split_prog *)pp, r->tokens, 0, NULL, r, NULL, NULL, out);
+}
+
+/* A batch step submitted: its parts chained on the devices (nothing waited for), else run
+ * through the host now, its results kept for split_batch_wait. */
+static anvil_status split_batch_submit(struct program *pp, const struct batch_rows *r, const struct batch_pick *pk,
+                                       bool logits) {
+    struct split_prog *p = (struct split_prog *)pp;
+    struct split_backend *b = p->b;
+    if (p->pending) return err_set(ANVIL_ERR_INVALID_ARG, "split: a batch step is submitted already");
+    anvil_status st;
+    if (p->bchain) {
+        st = b->chain->batch_submit(p->bchain, r, pk, logits);
+        b->chained_steps += st == ANVIL_OK;
+    } else {
+        size_t n = logits ? (size_t)p->T * (size_t)p->V : 0;
+        if (n > p->pout_n) {
+            free(p->pout);
+            p->pout_n = (p->pout = xmalloc(n * sizeof *p->pout)) ? n : 0;
+            if (!p->pout) return ANVIL_ERR_NOMEM;
+        }
+        bool any = false;
+        for (int t = 0; pk && t < p->T; t++) any |= pk[t].sp != NULL;
+        st = run_parts(p, r->tokens, 0, NULL, r, any ? pk : NULL, p->ptok, logits ? p->pout : NULL);
+    }
+    p->pending = st == ANVIL_OK;
+    p->plogits = logits;
+    return st;
+}
+
+static anvil_status split_batch_wait(struct program *pp, const struct batch_pick *pk, int32_t *tokens, float *out) {
+    struct split_prog *p = (struct split_prog *)pp;
+    if (!p->pending) return err_set(ANVIL_ERR_INVALID_ARG, "split: no batch step to wait for");
+    p->pending = false;
+    if (p->bchain) return p->b->chain->batch_wait(p->bchain, pk, tokens, p->plogits ? out : NULL);
+    for (int t = 0; pk && t < p->T; t++)
+        if (pk[t].sp) tokens[t] = p->ptok[t];
+    if (p->plogits && out) memcpy(out, p->pout, (size_t)p->T * (size_t)p->V * sizeof *out);
+    return ANVIL_OK;
+}
+
+static anvil_status split_run_batch_pick(struct program *pp, const struct batch_rows *r, const struct batch_pick *pk,
+                                         int32_t *tokens, float *out) {
+    anvil_status st = split_batch_submit(pp, r, pk, out != NULL);
+    return st == ANVIL_OK ? split_batch_wait(pp, pk, tokens, out) : st;
+}
+
+/* A chained split's parts are stages a batch's steps can be pipelined over. */
+static int split_stages(struct backend *base) {
+    struct split_backend *b = (struct split_backend *)base;
+    return b->chain ? b->n : 1;
 }
 
 /* The device-side generate loop over a chain (split_backend_create offers it only where the
@@ -317,11 +394,12 @@ anvil_status backend_split_create(struct backend **parts, const int *first, int 
     b->kv_type = kv_type;
     memcpy(b->parts, parts, (size_t)n * sizeof *parts);
     memcpy(b->first, first, (size_t)(n + 1) * sizeof *first);
-    bool batch = true, extras = true, states = true, rewind = true, copy = true;
+    bool batch = true, extras = true, states = true, rewind = true, copy = true, pick = true;
     size_t k = 0;
     for (int i = 0; i < n; i++) {
         const struct backend_vtable *vt = parts[i]->vt;
         batch &= vt->run_batch != NULL;
+        pick &= vt->run_batch_pick != NULL;
         extras &= vt->run_extras != NULL;
         states &= vt->states_save && vt->states_restore;
         rewind &= vt->states_rewind != NULL;
@@ -364,6 +442,10 @@ anvil_status backend_split_create(struct backend **parts, const int *first, int 
         .states_rewind = rewind ? split_states_rewind : NULL,
         .capacity = split_capacity,
         .states_copy = copy ? split_states_copy : NULL,
+        .run_batch_pick = batch && pick ? split_run_batch_pick : NULL,
+        .batch_submit = batch && pick ? split_batch_submit : NULL,
+        .batch_wait = batch && pick ? split_batch_wait : NULL,
+        .stages = split_stages,
     };
     b->base.vt = &b->vt;
     *out = &b->base;

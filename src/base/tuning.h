@@ -108,6 +108,7 @@ struct tuning {
     int vk_qxt_all;          /* ANVIL_VK_QXT_ALL */
     int vk_batch;            /* ANVIL_VK_BATCH */
     int split_form;          /* ANVIL_SPLIT_FORM */
+    int split_pipe;          /* ANVIL_SPLIT_PIPE */
     /* experiment */
     int vk_dq_max_mb;        /* ANVIL_VK_DQ_MAX_MB */
     int vk_matvec_wg;        /* ANVIL_VK_MATVEC_WG */

@@ -42,90 +42,9 @@
 
 #include "anvil.h"
 #include "base/tuning.h"
+#include "batch_impl.h"
 #include "engine_impl.h"
 #include "sampler.h"
-
-#define BATCH_PROGRAMS 8   /* compiled programs kept (by rows and kind), least recently used out */
-#define BATCH_SNAPSHOTS 16 /* the most recurrent-state snapshots a batch keeps (the prefix cache) */
-
-/* One slot: a sequence, from its add to its remove. */
-struct bseq {
-    int id;            /* 0: the slot is free */
-    bool ended;        /* stopped: runs no more, holds no blocks, waits for its remove */
-    uint64_t arrival;  /* prompts prefill oldest first */
-    int32_t *tokens;   /* [n_ctx + 1]: the prompt, then the generated tokens */
-    int n_prompt;
-    int n_known;       /* prompt + generated tokens */
-    int pos;           /* tokens in the cache: the next row's position */
-    int n_generated;
-    anvil_generate_params gp; /* gp.stop_tokens points at stop */
-    struct sampling_params sp; /* gp.sampling prepared (sampler_prepare) */
-    int32_t *stop;
-    int32_t *blocks;   /* its row of the block tables: [max_blocks] */
-    int n_blocks;      /* blocks it holds */
-    int n_checked;     /* its blocks registered (or adopted) so far, from the first */
-    int n_cached;      /* prompt tokens adopted from the prefix cache */
-    int promised;      /* blocks it may still take */
-    bool stepped;      /* ran this step already */
-    float *logits;     /* keep_logits: [V], the logits of its last choice */
-    bool has_logits;
-};
-
-struct batch_program {
-    struct program *p;
-    int T;
-    bool last_only;
-    uint64_t used;
-};
-
-struct anvil_batch {
-    anvil_model *model;
-    struct backend *backend;
-    int V, n_ctx, n_seq_max, kv_block, kv_blocks, max_blocks, prefill_chunk;
-    bool keep_logits;
-    bool pick;              /* decode rows chosen on the device where they can be */
-    struct bseq *seqs;      /* [n_seq_max] */
-    int32_t *tables;        /* [n_seq_max + n_snap][max_blocks] (the snapshots' rows unused) */
-    int32_t *free_blocks;   /* [kv_blocks]: a stack of the pool's free blocks (not registered) */
-    int n_free, promised;   /* the stack's blocks; of them and the idle ones, promised to running sequences */
-    bool reuse;             /* the prefix cache is on */
-    int n_idle;             /* registered blocks no sequence holds */
-    int32_t *refs;          /* [kv_blocks]: sequences holding each block */
-    int32_t *parent;        /* [kv_blocks]: a registered block's parent (-1: the first), else -2 */
-    uint64_t *used;         /* [kv_blocks]: when an idle block was last held */
-    int32_t *block_tok;     /* [kv_blocks][kv_block]: a registered block's tokens */
-    bool recurrent;         /* the model has recurrent layers: chains end at snapshots */
-    int kv_type;            /* the attention caches' (anvil_kv_cache) */
-    int32_t snap_token;     /* anvil_batch_params.snapshot_token */
-    int n_snap;             /* snapshots: the graphs' sequences n_seq_max .. n_seq_max + n_snap - 1 */
-    int32_t *block_snap;    /* [kv_blocks]: the snapshot of the states at a block's end, or -1 */
-    int32_t *snap_block;    /* [n_snap]: the block a snapshot belongs to, or -1 */
-    uint64_t *snap_made;    /* [n_snap]: when it was made */
-    int next_id;
-    uint64_t clock;
-    struct batch_program progs[BATCH_PROGRAMS];
-    /* a step of one decoding sequence: the solo decode program over the pool (run_paged;
-     * ANVIL_VK_BATCH_PAGED), compiled on the first such step; paged_ok: it may be used */
-    struct program *paged;
-    bool paged_ok;
-    bool ahead_ok;          /* its step after may be queued ahead (ANVIL_VK_BATCH_PAGED 1, 2; not 3) */
-    int64_t paged_steps;    /* steps it ran */
-    int ahead_id, ahead_pos; /* the sequence whose step at ahead_pos is queued there (0: none) */
-    float *out;             /* [decode_rows(n_seq_max)][V]: a run's logits */
-    int32_t *row_tok, *row_seq, *row_pos; /* [max(decode_rows(n_seq_max), prefill_chunk)] */
-    struct batch_pick *pk;  /* [decode_rows(n_seq_max)]: each decode row's choice on the device */
-    int32_t *picked;        /* [decode_rows(n_seq_max)]: the tokens chosen there */
-    int64_t device_choices; /* tokens chosen there, in all */
-    void *scratch;          /* SAMPLER_SCRATCH_BYTES */
-    char err[ERRMSG_LEN];
-};
-
-/* The rows of the decode program that runs B sequences: the power of two >= B. */
-static int decode_rows(int B) {
-    int R = 1;
-    while (R < B) R *= 2;
-    return R;
-}
 
 static anvil_status keep(anvil_batch *b, anvil_status st) {
     if (st != ANVIL_OK && b) snprintf(b->err, ERRMSG_LEN, "%s", err_get());
@@ -149,6 +68,7 @@ void anvil_batch_destroy(anvil_batch *b) {
         if (b->progs[i].p) b->backend->vt->program_destroy(b->progs[i].p);
     if (b->paged) b->backend->vt->program_destroy(b->paged);
     backend_destroy(b->backend);
+    batch_pipe_free(b);
     for (int i = 0; b->seqs && i < b->n_seq_max; i++) {
         free(b->seqs[i].tokens);
         free(b->seqs[i].stop);
@@ -273,6 +193,8 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->paged_ok = b->pick && t.vk_batch_paged && b->backend->vt->run_paged && b->kv_block >= 2 &&
                   !(b->kv_block & (b->kv_block - 1));
     b->ahead_ok = t.vk_batch_paged != 3;
+    b->groups = batch_pipe_groups(b, t.split_pipe);
+    b->group_min = batch_pipe_group_min(t.split_pipe);
     for (int l = 0; l < hp->n_layer; l++)
         if (hp->layer_recurrent[l]) b->recurrent = true;
     /* a recurrent model's prefix cache needs its states' snapshots (states_copy) */
@@ -409,6 +331,7 @@ anvil_status anvil_batch_add(anvil_batch *b, const int32_t *prompt, int n_prompt
     q->promised = need;
     b->promised += need;
     q->ended = q->has_logits = q->stepped = false;
+    q->flight = 0;
     q->arrival = ++b->clock;
     q->id = *id = b->next_id++;
     if (b->next_id <= 0) b->next_id = 1; /* after 2^31 adds: ids are unique among the live ones */
@@ -479,7 +402,7 @@ anvil_status anvil_batch_logits(const anvil_batch *b, int id, float *out) {
 }
 
 /* Gives q the blocks its positions below end reach (promised at its add). */
-static void grow(anvil_batch *b, struct bseq *q, int end) {
+void batch_grow(anvil_batch *b, struct bseq *q, int end) {
     while (q->n_blocks * b->kv_block < end) {
         int32_t k = take_block(b);
         b->refs[k] = 1;
@@ -566,7 +489,7 @@ static anvil_status take_snapshot(anvil_batch *b, struct bseq *q, int at) {
  * and lets its own go (the chain goes on through it). Every full block q holds is registered
  * (its own, adopted, or another's in its place), and registered blocks are unregistered only
  * when idle, with their descendants, so q's parent block is always registered. */
-static void check_blocks(anvil_batch *b, struct bseq *q) {
+void batch_check_blocks(anvil_batch *b, struct bseq *q) {
     if (!b->reuse) return;
     for (; (q->n_checked + 1) * b->kv_block <= q->pos; q->n_checked++) {
         int32_t k = q->blocks[q->n_checked];
@@ -587,17 +510,19 @@ static void check_blocks(anvil_batch *b, struct bseq *q) {
 }
 
 /* The program for T rows (last_only: the last row's logits only), compiled on first use. */
-static anvil_status program_for(anvil_batch *b, int T, bool last_only, struct program **out) {
-    struct batch_program *lru = &b->progs[0];
+anvil_status batch_program_for(anvil_batch *b, int T, bool last_only, struct batch_program **out) {
+    struct batch_program *lru = NULL;
     for (int i = 0; i < BATCH_PROGRAMS; i++) {
         struct batch_program *bp = &b->progs[i];
+        if (bp->busy) continue;
         if (bp->p && bp->T == T && bp->last_only == last_only) {
             bp->used = ++b->clock;
-            *out = bp->p;
+            *out = bp;
             return ANVIL_OK;
         }
-        if (!bp->p || (lru->p && bp->used < lru->used)) lru = bp;
+        if (!lru || !bp->p || (lru->p && bp->used < lru->used)) lru = bp;
     }
+    if (!lru) return err_set(ANVIL_ERR_BACKEND, "batch: every program has a step in flight");
     if (lru->p) b->backend->vt->program_destroy(lru->p);
     lru->p = NULL;
     struct build_opts o = {T, b->kv_blocks * b->kv_block, last_only, b->n_seq_max + b->n_snap, b->kv_block,
@@ -611,7 +536,7 @@ static anvil_status program_for(anvil_batch *b, int T, bool last_only, struct pr
     lru->T = T;
     lru->last_only = last_only;
     lru->used = ++b->clock;
-    *out = lru->p;
+    *out = lru;
     return ANVIL_OK;
 }
 
@@ -648,7 +573,7 @@ static anvil_status run_paged(anvil_batch *b, struct bseq *q, bool queued, int32
     *ran = true;
     bool ahead = b->ahead_ok && anvil_batch_active(b) == 1 && q->n_generated + 1 < q->gp.max_tokens &&
                  q->pos + 1 < b->n_ctx && batch_pick_history(&q->sp, q->pos + 1) <= BATCH_PICK_HISTORY;
-    if (ahead) grow(b, q, q->pos + 2); /* (within its promise: the row is needed) */
+    if (ahead) batch_grow(b, q, q->pos + 2); /* (within its promise: the row is needed) */
     struct paged_step s = {q->tokens[q->pos], q->pos, q->blocks, &q->sp, q->tokens, queued, ahead, (int)(q - b->seqs)};
     anvil_status st = b->backend->vt->run_paged(b->paged, &s, tok);
     b->paged_steps++;
@@ -661,17 +586,22 @@ static anvil_status run_paged(anvil_batch *b, struct bseq *q, bool queued, int32
 
 int64_t batch_paged_steps(const anvil_batch *b) { return b->paged_steps; }
 
+int64_t batch_pipe_counts(const anvil_batch *b, int64_t *dropped) {
+    if (dropped) *dropped = b->dropped;
+    return b->overlapped;
+}
+
 int anvil_batch_paged_decode(const anvil_batch *b) { return b && b->paged_ok; }
 
 /* Keeps the logits q's next choice is made from, where the batch keeps them. */
-static void keep_logits(anvil_batch *b, struct bseq *q, const float *logits) {
+void batch_keep_logits(anvil_batch *b, struct bseq *q, const float *logits) {
     if (!b->keep_logits) return;
     memcpy(q->logits, logits, (size_t)b->V * sizeof *logits);
     q->has_logits = true;
 }
 
 /* q's next token is tok: reports it in *ev, as anvil_session_generate would. */
-static void deliver(anvil_batch *b, struct bseq *q, int32_t tok, anvil_batch_event *ev) {
+void batch_deliver(anvil_batch *b, struct bseq *q, int32_t tok, anvil_batch_event *ev) {
     ev->id = q->id;
     ev->token = tok;
     ev->stop = ANVIL_STOP_NONE;
@@ -690,10 +620,10 @@ static void deliver(anvil_batch *b, struct bseq *q, int32_t tok, anvil_batch_eve
 }
 
 /* Chooses q's next token on the host from its logits (modified: penalties) and delivers it. */
-static void choose(anvil_batch *b, struct bseq *q, float *logits, anvil_batch_event *ev) {
-    keep_logits(b, q, logits); /* (before the penalties) */
+void batch_choose(anvil_batch *b, struct bseq *q, float *logits, anvil_batch_event *ev) {
+    batch_keep_logits(b, q, logits); /* (before the penalties) */
     int32_t tok = sampler_sample_prepared(logits, b->V, &q->sp, q->tokens, q->pos, (uint32_t)q->pos, b->scratch);
-    deliver(b, q, tok, ev);
+    batch_deliver(b, q, tok, ev);
 }
 
 /* Runs rows [0, T) of b->row_* (their sequences' blocks grown; rows from n_live on dead: a
@@ -702,9 +632,10 @@ static void choose(anvil_batch *b, struct bseq *q, float *logits, anvil_batch_ev
  * error, never a garbage token). pick: the rows with b->pk[t].sp choose on the device, into
  * b->picked (run_batch_pick). */
 static anvil_status run_rows(anvil_batch *b, int T, int n_live, bool last_only, bool pick, float *out) {
-    struct program *p;
-    anvil_status st = program_for(b, T, last_only, &p);
+    struct batch_program *bp;
+    anvil_status st = batch_program_for(b, T, last_only, &bp);
     if (st != ANVIL_OK) return st;
+    struct program *p = bp->p;
     struct batch_rows r = {b->row_tok, b->row_seq, b->row_pos, b->tables, b->max_blocks, NULL};
     st = pick ? b->backend->vt->run_batch_pick(p, &r, b->pk, b->picked, out) : b->backend->vt->run_batch(p, &r, out);
     if (st != ANVIL_OK || !out) return st;
@@ -741,7 +672,7 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
         if ((st = adopt(b, q)) != ANVIL_OK) break;
         int T = MIN(q->n_prompt - q->pos, budget), at = snap_after(b, q, q->pos);
         if (q->pos + T > at) T = at - q->pos; /* a chunk ends at the snapshot's point */
-        grow(b, q, q->pos + T);
+        batch_grow(b, q, q->pos + T);
         for (int t = 0; t < T; t++) {
             b->row_tok[t] = q->tokens[q->pos + t];
             b->row_seq[t] = (int32_t)(q - b->seqs);
@@ -753,11 +684,17 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
         q->pos += T;
         q->stepped = true;
         budget -= T;
-        check_blocks(b, q);
+        batch_check_blocks(b, q);
         if ((st = take_snapshot(b, q, at)) != ANVIL_OK) break;
-        if (last) choose(b, q, b->out, &ev[(*n_ev)++]);
+        if (last) batch_choose(b, q, b->out, &ev[(*n_ev)++]);
     }
     /* 2. one token for every other running sequence: the one it chose last enters the cache.
+     * Over a chained layer split, in groups whose steps are pipelined over the devices */
+    if (b->groups > 1) {
+        if (st == ANVIL_OK) st = batch_pipe_step(b, ev, n_ev);
+        return keep(b, st);
+    }
+    /*
      * First the sequence whose step the last one queued ahead on the paged program, if it
      * still decodes there: its token is that step's */
     struct bseq *a = b->ahead_id ? find(b, b->ahead_id) : NULL;
@@ -771,8 +708,8 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
     }
     if (a_ran && st == ANVIL_OK) {
         a->pos++;
-        check_blocks(b, a);
-        deliver(b, a, a_tok, &ev[(*n_ev)++]);
+        batch_check_blocks(b, a);
+        batch_deliver(b, a, a_tok, &ev[(*n_ev)++]);
         b->device_choices++;
     }
     int B = 0;
@@ -780,7 +717,7 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
     for (int i = 0; i < b->n_seq_max && st == ANVIL_OK; i++) {
         struct bseq *q = &b->seqs[i];
         if (!q->id || q->ended || q->stepped || q->pos < q->n_prompt) continue;
-        grow(b, q, q->pos + 1);
+        batch_grow(b, q, q->pos + 1);
         b->row_tok[B] = q->tokens[q->pos];
         b->row_seq[B] = i;
         b->row_pos[B] = q->pos;
@@ -814,13 +751,13 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
         struct bseq *q = rows[r];
         float *logits = b->out + (size_t)r * (size_t)b->V;
         q->pos++;
-        check_blocks(b, q);
+        batch_check_blocks(b, q);
         if (!b->pk[r].sp) {
-            choose(b, q, logits, &ev[(*n_ev)++]);
+            batch_choose(b, q, logits, &ev[(*n_ev)++]);
             continue;
         }
-        if (host) keep_logits(b, q, logits);
-        deliver(b, q, b->picked[r], &ev[(*n_ev)++]);
+        if (host) batch_keep_logits(b, q, logits);
+        batch_deliver(b, q, b->picked[r], &ev[(*n_ev)++]);
         b->device_choices++;
     }
     return keep(b, st);

@@ -56,6 +56,8 @@ struct job {
 
 static int64_t paged_steps; /* the last run_batch's steps on its paged decode program */
 static int64_t lone_steps;  /* ... and its steps of one decoding sequence (one decode choice) */
+static int64_t pipe_overlapped, pipe_dropped; /* ... and its pipelined group steps (batch_pipe_counts) */
+static bool split_pipe;     /* check_model's batch over a split of two logical devices, pipelined */
 
 struct collect {
     int32_t *toks;
@@ -175,6 +177,7 @@ static int run_batch(anvil_model *m, struct job *jobs, int n_jobs, const anvil_b
         fail_msg("%lld tokens chosen on the device, %lld expected", (long long)anvil_batch_device_choices(b),
                  (long long)(device ? decode_choices : 0));
     paged_steps = batch_paged_steps(b);
+    pipe_overlapped = batch_pipe_counts(b, &pipe_dropped);
     free(scratch);
     free(logits);
     anvil_batch_destroy(b);
@@ -253,8 +256,17 @@ static void check_model(const char *path, anvil_backend_kind be, bool only_ids) 
     bp.n_seq_max = 3;
     bp.kv_block = 4;              /* 16 blocks a context: reused out of order */
     bp.keep_logits = 1;
+    if (split_pipe) { /* the layers split over two logical devices, the decode rows in groups */
+        bp.session.n_devices = 2;
+        bp.session.devices[0] = bp.session.devices[1] = 0;
+    }
     bool device = be == ANVIL_BACKEND_VULKAN;
     run_batch(m, jobs, 7, &bp, device);
+    if (split_pipe) {
+        fprintf(stderr, "%s [vulkan, devices 0,0, pipelined]: %lld group steps overlapped, %lld rows dropped\n", path,
+                (long long)pipe_overlapped, (long long)pipe_dropped);
+        assert_true(pipe_overlapped > 0);
+    }
     if (only_ids) { /* again, only the ids crossing from the device */
         for (int i = 0; i < 7; i++) {
             jobs[i].id = jobs[i].n_got = jobs[i].n_choices = 0;
@@ -374,6 +386,23 @@ static void test_hybrid_35_moe_vulkan(void **state) {
     (void)state;
     vulkan_or_skip();
     check_model(tu_testdata("reference/qwen3_5moe-tiny"), ANVIL_BACKEND_VULKAN, false);
+}
+
+/* The scenario with the batch's layers split over two logical devices made from one (devices
+ * {0, 0}, chained), its decoding sequences in groups of at least one whose steps are pipelined
+ * (ANVIL_SPLIT_PIPE=2: over 2-3 sequences too), against the solo runs on one device: dense,
+ * MoE, and the hybrids, whose DeltaNet states of each sequence live on the part holding those
+ * layers. Sequences join, are cancelled and stop while other groups' steps are in flight. */
+static void test_split_pipe_vulkan(void **state) {
+    (void)state;
+    vulkan_or_skip();
+    const char *names[] = {"reference/qwen3-tiny", "reference/qwen3moe-tiny", "reference/qwen3_5-tiny",
+                           "reference/qwen3_5moe-tiny"};
+    setenv("ANVIL_SPLIT_PIPE", "2", 1);
+    split_pipe = true;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) check_model(tu_testdata(names[i]), ANVIL_BACKEND_VULKAN, false);
+    split_pipe = false;
+    unsetenv("ANVIL_SPLIT_PIPE");
 }
 
 static void test_kquant_gguf_vulkan(void **state) {
@@ -888,6 +917,7 @@ int main(void) {
         cmocka_unit_test(test_hybrid_35_vulkan),
         cmocka_unit_test(test_hybrid_35_moe_vulkan),
         cmocka_unit_test(test_kquant_gguf_vulkan),
+        cmocka_unit_test(test_split_pipe_vulkan),
         cmocka_unit_test(test_wide_vulkan),
         cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_prefix_cache_vulkan),

@@ -105,6 +105,10 @@ anvil_status session_eval_pick(anvil_session *s, const int32_t *tokens, int n, c
                                const int32_t *drafts, int32_t *picked);
 /* For tests: the steps a batch ran on its paged decode program (engine/batch.c run_paged). */
 int64_t batch_paged_steps(const anvil_batch *b);
+/* A batch's group steps submitted while another group's was in flight (decode rows pipelined
+ * over a split's devices, batch_pipe.c); *dropped: rows whose sequence left while in flight.
+ * For tests. */
+int64_t batch_pipe_counts(const anvil_batch *b, int64_t *dropped);
 
 /* The context a session or batch takes where its caller gives none: the model's trained one,
  * at most 4096 tokens (4096 where the file says none). */

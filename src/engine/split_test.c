@@ -407,6 +407,82 @@ static void test_vulkan_split_batch(void **state) {
     }
 }
 
+/* Pipelined groups (engine/batch_pipe.c; ANVIL_SPLIT_PIPE=2: groups of one sequence too) on
+ * devices[n] (n 0: one device, no groups): three greedy sequences, the first removed after its
+ * third token while its next step is in flight (the split's groups {0, 1} and {2}: the first
+ * group's step is submitted again before a call returns), a fourth joining into its slot at
+ * once, then a fifth when the second ends; the tokens into tok[5][8] (0-padded), the fourth's
+ * last logits into logits[V]; returns the rows dropped (batch_pipe_counts). */
+static int64_t run_pipe(anvil_model *m, int n, const int *devices, int32_t tok[5][8], float *logits) {
+    anvil_batch_params bp = anvil_batch_default_params();
+    bp.session.backend = ANVIL_BACKEND_VULKAN;
+    bp.session.n_ctx = 32;
+    bp.session.n_devices = n;
+    for (int i = 0; i < n; i++) bp.session.devices[i] = devices[i];
+    bp.n_seq_max = 3;
+    bp.kv_block = 8;
+    bp.keep_logits = 1;
+    anvil_batch *b;
+    if (anvil_batch_create(m, &bp, &b) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
+    anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0, NULL, NULL, NULL};
+    gp.sampling.temperature = 0;
+    const int32_t other[] = {77, 512, 9, 1300, 42, 6};
+    const int32_t *prompts[5] = {prompt, steps, other, other + 2, prompt + 1};
+    const int n_prompts[5] = {N_OF(prompt), N_OF(steps), N_OF(other), 4, 3};
+    int ids[5] = {0}, got[5] = {0};
+    memset(tok, 0, 5 * 8 * sizeof(int32_t));
+    for (int i = 0; i < 3; i++) assert_int_equal(anvil_batch_add(b, prompts[i], n_prompts[i], &gp, &ids[i]), ANVIL_OK);
+    while (anvil_batch_active(b) > 0) {
+        anvil_batch_event ev[3];
+        int n_ev;
+        assert_int_equal(anvil_batch_step(b, ev, 3, &n_ev), ANVIL_OK);
+        for (int e = 0; e < n_ev; e++) {
+            int q = 0;
+            while (q < 5 && ids[q] != ev[e].id) q++;
+            assert_true(q < 5);
+            if (ev[e].token >= 0 && got[q] < 8) tok[q][got[q]++] = ev[e].token;
+            if (q == 3 && ev[e].token >= 0) assert_int_equal(anvil_batch_logits(b, ids[3], logits), ANVIL_OK);
+            if (ev[e].stop != ANVIL_STOP_NONE || (q == 0 && got[0] == 3)) {
+                assert_int_equal(anvil_batch_remove(b, ids[q]), ANVIL_OK);
+                ids[q] = -1;
+                int join = q == 0 ? 3 : q == 1 ? 4 : -1; /* (into the slot just freed) */
+                if (join > 0)
+                    assert_int_equal(anvil_batch_add(b, prompts[join], n_prompts[join], &gp, &ids[join]), ANVIL_OK);
+            }
+        }
+    }
+    int64_t dropped;
+    batch_pipe_counts(b, &dropped);
+    anvil_batch_destroy(b);
+    return dropped;
+}
+
+static void test_vulkan_split_pipe(void **state) {
+    (void)state;
+    char why[256];
+    if (!tu_vulkan(why, sizeof why)) return;
+    const int two[2] = {0, 0};
+    setenv("ANVIL_SPLIT_PIPE", "2", 1);
+    for (size_t i = 0; i < N_OF(models); i++) {
+        anvil_model *m = open_model(models[i]);
+        int V = anvil_model_vocab_size(m);
+        float *one = malloc((size_t)V * sizeof *one), *split = malloc((size_t)V * sizeof *split);
+        int32_t t1[5][8], t2[5][8];
+        run_pipe(m, 0, NULL, t1, one);
+        int64_t dropped = run_pipe(m, 2, two, t2, split);
+        float d = tu_max_diff(one, split, (size_t)V);
+        fprintf(stderr, "%s [vulkan batch, devices 0,0, pipelined]: %lld rows dropped, max |split - one| = %.3g\n",
+                models[i], (long long)dropped, (double)d);
+        assert_true(dropped > 0); /* (the first sequence's in-flight step) */
+        assert_true(d < 1e-3f);
+        assert_memory_equal(t1, t2, sizeof t1);
+        free(one);
+        free(split);
+        anvil_model_close(m);
+    }
+    unsetenv("ANVIL_SPLIT_PIPE");
+}
+
 /* Speculative decoding's rollback over a split (the states saved, kept per row and restored on
  * every device): the prompt, a mark, 4 drafts in one eval (the verify program), a rewind to 2
  * of them, then a rewind to the mark after another eval (the saved states), then the steps;
@@ -544,6 +620,7 @@ int main(void) {
         cmocka_unit_test(test_vulkan_split_sampled),
         cmocka_unit_test(test_vulkan_split_stop),
         cmocka_unit_test(test_vulkan_split_batch),
+        cmocka_unit_test(test_vulkan_split_pipe),
         cmocka_unit_test(test_vulkan_split_rewind),
         cmocka_unit_test(test_vulkan_split_image),
         cmocka_unit_test(test_split_errors),

@@ -879,6 +879,7 @@ static const struct backend_vtable cpu_vtable = {
     NULL, /* free_bytes: host memory */
     NULL, /* chain: a split's parts on the CPU cross in host memory as they are */
     NULL, /* run_paged: a batch's steps run its batch programs (the reference) */
+    NULL, NULL, NULL, /* batch_submit, batch_wait, stages: one step at a time */
 };
 
 anvil_status backend_cpu_run_extras(struct program *prog, const int32_t *tokens, int pos0,

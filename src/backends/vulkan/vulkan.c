@@ -965,6 +965,7 @@ static const struct backend_vtable vk_vtable = {
     vk_free_bytes,
     &vk_chain_vt,
     vk_run_paged,
+    NULL, NULL, NULL, /* batch_submit, batch_wait, stages: one device (a split pipelines its parts) */
 };
 
 void backend_vulkan_set_limits(struct backend *base, double timeout_s, uint64_t max_memory) {

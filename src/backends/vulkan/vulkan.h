@@ -174,6 +174,19 @@ anvil_status vk_prefill_run_batch(struct vk_prefill *p, const struct batch_rows 
  * (backend_vtable.run_batch_pick; prefill/pick.c). */
 anvil_status vk_prefill_run_batch_pick(struct vk_prefill *p, const struct batch_rows *r, const struct batch_pick *pk,
                                        int32_t *tokens, float *out);
+/* run_batch_pick's halves, for a submission the caller makes (a layer split's batch chain,
+ * decode/chain.c): rows r's params and the choosing rows' records (pk may be NULL: none
+ * chooses) written, and the command buffers to submit, in order, into cbs[*n] (at most 3: the
+ * program, the logits' copy where logits, the choosing kernel); then, after that submission,
+ * the logits (where out) and the choices (rows with pk[t].sp) read. */
+anvil_status vk_prefill_batch_prepare(struct vk_prefill *p, const struct batch_rows *r, const struct batch_pick *pk,
+                                      bool logits, VkCommandBuffer *cbs, uint32_t *n);
+anvil_status vk_prefill_batch_read(struct vk_prefill *p, const struct batch_pick *pk, int32_t *tokens, float *out);
+/* What a chain needs of a program for its crossings: its device, its arena and the output
+ * rows' place there, its input rows' buffer (the recording copies it into the arena first)
+ * and their bytes (0: no input). */
+void vk_prefill_crossing(const struct vk_prefill *p, struct vk_device **d, VkBuffer *arena, VkDeviceSize *out_off,
+                         VkDeviceSize *out_bytes, VkBuffer *input, VkDeviceSize *in_bytes);
 /* A session's program of a few rows with every row's logits (a verify step's), each row t
  * also choosing its next token on the device (backend_vtable.run_pick; prefill/pick.c). */
 anvil_status vk_prefill_run_pick(struct vk_prefill *p, const int32_t *tokens, int pos0, const struct sampling_params *sp,

@@ -397,4 +397,144 @@ static anvil_status chain_generate(struct chain *cc, const struct gen_request *r
     return vk_program_generate_on(c->p[c->n - 1], r, &h, res);
 }
 
-const struct chain_vtable vk_chain_vt = {chain_supported, chain_create, chain_destroy, chain_run, chain_generate};
+/* ---- a batch step's parts (prefill programs of a batch graph) ---- */
+
+/* Part i's programs and its crossings: cb_in copies the hidden rows from the link before into
+ * the program's input rows (which its recording copies into its arena first), cb_out copies
+ * its output rows into the link after. */
+struct vk_bchain {
+    int n;
+    struct vk_prefill *p[ANVIL_MAX_DEVICES];
+    struct link link[ANVIL_MAX_DEVICES - 1];
+    VkCommandBuffer in[ANVIL_MAX_DEVICES], out[ANVIL_MAX_DEVICES];
+    struct vk_device *last;
+    uint64_t value; /* the last part's submission (0: none waiting) */
+};
+
+static void bchain_destroy(struct chain *cc) {
+    struct vk_bchain *c = (struct vk_bchain *)cc;
+    if (!c) return;
+    bool idle = true;
+    struct vk_device *d[ANVIL_MAX_DEVICES];
+    for (int i = 0; i < c->n; i++) {
+        VkBuffer a, in;
+        VkDeviceSize o, ob, ib;
+        vk_prefill_crossing(c->p[i], &d[i], &a, &o, &ob, &in, &ib);
+        idle &= vk_idle(d[i]);
+    }
+    if (!idle) return; /* (abandoned with a device that stopped answering) */
+    for (int i = 0; i < c->n; i++) {
+        if (c->in[i]) vkFreeCommandBuffers(d[i]->dev, d[i]->pool, 1, &c->in[i]);
+        if (c->out[i]) vkFreeCommandBuffers(d[i]->dev, d[i]->pool, 1, &c->out[i]);
+    }
+    for (int i = 0; i < c->n; i++) { /* (as chain_destroy: lavapipe's queue thread) */
+        pthread_mutex_lock(&d[i]->sh->queue_lock);
+        vkQueueWaitIdle(d[i]->queue);
+        pthread_mutex_unlock(&d[i]->sh->queue_lock);
+    }
+    for (int k = 0; k < c->n - 1; k++) link_free(&c->link[k]);
+    free(c);
+}
+
+/* A command buffer of one copy of bytes from src (at so) to dst (at 0), between barriers. */
+static anvil_status record_cross(struct vk_device *d, VkBuffer src, VkDeviceSize so, VkBuffer dst, VkDeviceSize bytes,
+                                 VkCommandBuffer *out) {
+    anvil_status st = vk_cmd_alloc(d, out);
+    VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL, 0, NULL};
+    if (st == ANVIL_OK) st = vk_result(vkBeginCommandBuffer(*out, &bi), "vkBeginCommandBuffer");
+    if (st != ANVIL_OK) return st;
+    copy_barrier(*out, true);
+    VkBufferCopy c = {so, 0, bytes};
+    vkCmdCopyBuffer(*out, src, dst, 1, &c);
+    barrier(*out, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+            STAGE_C | VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
+            RW | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_HOST_READ_BIT);
+    return vk_result(vkEndCommandBuffer(*out), "vkEndCommandBuffer");
+}
+
+static anvil_status bchain_create(struct program **pp, int n, struct chain **out) {
+    *out = NULL;
+    if (n < 2 || n > ANVIL_MAX_DEVICES) return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: a chain of %d parts", n);
+    struct vk_bchain *c = xcalloc(1, sizeof *c);
+    if (!c) return ANVIL_ERR_NOMEM;
+    c->n = n;
+    struct vk_device *d[ANVIL_MAX_DEVICES];
+    VkBuffer arena[ANVIL_MAX_DEVICES], input[ANVIL_MAX_DEVICES];
+    VkDeviceSize oo[ANVIL_MAX_DEVICES], ob[ANVIL_MAX_DEVICES], ib[ANVIL_MAX_DEVICES];
+    anvil_status st = ANVIL_OK;
+    for (int i = 0; i < n && st == ANVIL_OK; i++) {
+        c->p[i] = ((struct vk_prog *)pp[i])->prefill;
+        if (!c->p[i]) {
+            st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: part %d is not a batch program", i);
+            break;
+        }
+        vk_prefill_crossing(c->p[i], &d[i], &arena[i], &oo[i], &ob[i], &input[i], &ib[i]);
+        if (!ib[i] != !i) st = err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: part %d is not a split's batch program", i);
+        else if (i && ib[i] != ob[i - 1])
+            st = err_set(ANVIL_ERR_BACKEND, "vulkan: part %d's output (%llu bytes) is not part %d's input", i - 1,
+                         (unsigned long long)ob[i - 1], i);
+    }
+    c->last = st == ANVIL_OK ? d[n - 1] : NULL;
+    for (int k = 0; k < n - 1 && st == ANVIL_OK; k++) {
+        struct link *l = &c->link[k];
+        l->from = d[k];
+        l->to = d[k + 1];
+        st = xmem_init(&l->mem, ob[k], MAX(l->from->host_ptr_align, l->to->host_ptr_align));
+        if (st == ANVIL_OK) st = link_sems(l);
+        VkBuffer from = VK_NULL_HANDLE, to = VK_NULL_HANDLE;
+        if (st == ANVIL_OK) st = xmem_on(&l->mem, d[k], &from);
+        if (st == ANVIL_OK) st = xmem_on(&l->mem, d[k + 1], &to);
+        if (st == ANVIL_OK) st = record_cross(d[k], arena[k], oo[k], from, ob[k], &c->out[k]);
+        if (st == ANVIL_OK) st = record_cross(d[k + 1], to, 0, input[k + 1], ob[k], &c->in[k + 1]);
+    }
+    if (st != ANVIL_OK) {
+        if (c->last) bchain_destroy((struct chain *)c);
+        else free(c);
+        return st;
+    }
+    *out = (struct chain *)c;
+    return ANVIL_OK;
+}
+
+static anvil_status bchain_submit(struct chain *cc, const struct batch_rows *r, const struct batch_pick *pk,
+                                  bool logits) {
+    struct vk_bchain *c = (struct vk_bchain *)cc;
+    if (c->value) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: a batch chain's step is submitted already");
+    anvil_status st = ANVIL_OK;
+    for (int i = 0; i < c->n && st == ANVIL_OK; i++) {
+        bool last = i == c->n - 1;
+        VkCommandBuffer cbs[5];
+        uint32_t m = 0;
+        if (c->in[i]) cbs[m++] = c->in[i];
+        uint32_t k;
+        st = vk_prefill_batch_prepare(c->p[i], r, last ? pk : NULL, last && logits, cbs + m, &k);
+        m += k;
+        if (c->out[i]) cbs[m++] = c->out[i];
+        if (st != ANVIL_OK) break;
+        /* after the part before (on the device, or the host waits where the link relays) */
+        struct link *w = i ? &c->link[i - 1] : NULL, *s = last ? NULL : &c->link[i];
+        if (w && w->relay && w->done) st = vk_wait(w->from, w->done);
+        if (w && w->relay) w = NULL;
+        struct vk_sync sy = {w ? w->wait : VK_NULL_HANDLE, w ? w->value : 0, s && !s->relay ? s->sig : VK_NULL_HANDLE,
+                             s && !s->relay ? s->value + 1 : 0};
+        uint64_t v = 0;
+        struct vk_device *d = last ? c->last : c->link[i].from;
+        if (st == ANVIL_OK) st = vk_submit_sync(d, cbs, m, &sy, &v);
+        if (st == ANVIL_OK && s && !s->relay) s->value++;
+        if (st == ANVIL_OK && s) s->done = v;
+        if (st == ANVIL_OK && last) c->value = v;
+    }
+    return st;
+}
+
+static anvil_status bchain_wait(struct chain *cc, const struct batch_pick *pk, int32_t *tokens, float *out) {
+    struct vk_bchain *c = (struct vk_bchain *)cc;
+    if (!c->value) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: a batch chain waits for no step");
+    uint64_t v = c->value;
+    c->value = 0;
+    anvil_status st = vk_wait(c->last, v);
+    return st == ANVIL_OK ? vk_prefill_batch_read(c->p[c->n - 1], pk, tokens, out) : st;
+}
+
+const struct chain_vtable vk_chain_vt = {chain_supported, chain_create, chain_destroy, chain_run, chain_generate,
+                                         bchain_create, bchain_destroy, bchain_submit, bchain_wait};

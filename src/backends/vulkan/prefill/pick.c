@@ -127,19 +127,19 @@ static void write_record(struct vk_prefill *p, uint32_t t, int32_t token, int po
     for (int i = 0; i < n; i++) c->data[i] = (uint32_t)history[pos - n + i];
 }
 
-/* Submits the program, the logits' copy where out, the choosing kernel where any row chooses
- * (sample: sample.comp, else argmax.comp), waits, and reads the R rows' choices where pk (those
- * with a chain) into tokens. */
-static anvil_status submit_pick(struct vk_prefill *p, bool any, bool sample, const struct batch_pick *pk,
-                                const struct sampling_params *sp, int32_t *tokens, float *out) {
-    VkCommandBuffer cbs[3] = {p->cb};
-    uint32_t n = 1;
-    if (out) cbs[n++] = p->cb_copy;
-    if (any) cbs[n++] = sample ? p->cb_sample : p->cb_argmax;
-    uint64_t v;
-    anvil_status st = vk_submit(p->b->d, cbs, n, &v);
-    if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
-    if (st != ANVIL_OK) return st;
+/* The command buffers of a submission into cbs[*n]: the program, the logits' copy where
+ * logits, the choosing kernel where any row chooses (sample: sample.comp, else argmax.comp). */
+static void pick_cbs(struct vk_prefill *p, bool logits, bool any, bool sample, VkCommandBuffer *cbs, uint32_t *n) {
+    *n = 0;
+    cbs[(*n)++] = p->cb;
+    if (logits) cbs[(*n)++] = p->cb_copy;
+    if (any) cbs[(*n)++] = sample ? p->cb_sample : p->cb_argmax;
+}
+
+/* After a submission: the logits into out (where), the choices of the R rows where pk (those
+ * with a chain; else every row where sp) into tokens. */
+static anvil_status pick_read(struct vk_prefill *p, const struct batch_pick *pk, const struct sampling_params *sp,
+                              int32_t *tokens, float *out) {
     if (out) memcpy(out, p->readback.map, p->out_bytes);
     if (p->queries) pf_profile_read(p);
     for (uint32_t t = 0; t < p->R; t++) {
@@ -152,26 +152,70 @@ static anvil_status submit_pick(struct vk_prefill *p, bool any, bool sample, con
     return ANVIL_OK;
 }
 
-anvil_status vk_prefill_run_batch_pick(struct vk_prefill *p, const struct batch_rows *r, const struct batch_pick *pk,
-                                       int32_t *tokens, float *out) {
-    if (!p->n_seqs || p->R != (uint32_t)p->T || p->in_bytes)
-        return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: choices on the device need a whole model's batch program "
-                       "with every row's logits");
+/* Submits the program and what it needs of the rest (pick_cbs), waits, reads (pick_read). */
+static anvil_status submit_pick(struct vk_prefill *p, bool any, bool sample, const struct batch_pick *pk,
+                                const struct sampling_params *sp, int32_t *tokens, float *out) {
+    VkCommandBuffer cbs[3];
+    uint32_t n;
+    pick_cbs(p, out != NULL, any, sample, cbs, &n);
+    uint64_t v;
+    anvil_status st = vk_submit(p->b->d, cbs, n, &v);
+    if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
+    return st == ANVIL_OK ? pick_read(p, pk, sp, tokens, out) : st;
+}
+
+anvil_status vk_prefill_batch_prepare(struct vk_prefill *p, const struct batch_rows *r, const struct batch_pick *pk,
+                                      bool logits, VkCommandBuffer *cbs, uint32_t *n) {
+    *n = 0;
+    if (!p->n_seqs) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: rows of sequences need a batch program");
     bool any = false, sample = false;
-    for (uint32_t t = 0; t < p->R; t++) {
+    for (uint32_t t = 0; pk && t < p->R; t++) {
         const struct sampling_params *sp = pk[t].sp;
         if (!sp) continue;
-        if (r->seq[t] < 0 || batch_pick_history(sp, r->pos[t]) > BATCH_PICK_HISTORY ||
+        if (p->R != (uint32_t)p->T || r->seq[t] < 0 || batch_pick_history(sp, r->pos[t]) > BATCH_PICK_HISTORY ||
             (sp->penalties && !pk[t].history))
             return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: batch row %u: no choice on the device for it", t);
         any = true;
         sample |= !sp->greedy || sp->penalties;
     }
-    anvil_status st = p->cb_sample ? ANVIL_OK : pick_setup(p);
+    anvil_status st = !any || p->cb_sample ? ANVIL_OK : pick_setup(p);
     if (st == ANVIL_OK) st = pf_batch_params(p, r);
     if (st != ANVIL_OK) return st;
-    for (uint32_t t = 0; t < p->R; t++) write_record(p, t, r->tokens[t], r->pos[t], pk[t].sp, pk[t].history, -1);
-    return submit_pick(p, any, sample, pk, NULL, tokens, out);
+    for (uint32_t t = 0; any && t < p->R; t++)
+        write_record(p, t, r->tokens[t], r->pos[t], pk[t].sp, pk[t].history, -1);
+    pick_cbs(p, logits, any, sample, cbs, n);
+    return ANVIL_OK;
+}
+
+anvil_status vk_prefill_batch_read(struct vk_prefill *p, const struct batch_pick *pk, int32_t *tokens, float *out) {
+    return pick_read(p, pk, NULL, tokens, out);
+}
+
+void vk_prefill_crossing(const struct vk_prefill *p, struct vk_device **d, VkBuffer *arena, VkDeviceSize *out_off,
+                         VkDeviceSize *out_bytes, VkBuffer *input, VkDeviceSize *in_bytes) {
+    *d = p->b->d;
+    *arena = p->arena.buf;
+    *out_off = p->out_off;
+    *out_bytes = p->out_bytes;
+    *input = p->input.buf;
+    *in_bytes = p->in_bytes;
+}
+
+anvil_status vk_prefill_run_batch_pick(struct vk_prefill *p, const struct batch_rows *r, const struct batch_pick *pk,
+                                       int32_t *tokens, float *out) {
+    if (!p->n_seqs || p->R != (uint32_t)p->T)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: choices on the device need a batch program with every row's "
+                       "logits");
+    if (p->in_bytes && !r->input) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: the program's input rows are not given");
+    VkCommandBuffer cbs[3];
+    uint32_t n;
+    anvil_status st = vk_prefill_batch_prepare(p, r, pk, out != NULL, cbs, &n);
+    if (st != ANVIL_OK) return st;
+    if (p->in_bytes) memcpy(p->input.map, r->input, p->in_bytes); /* (a split's last part, its rows through the host) */
+    uint64_t v;
+    st = vk_submit(p->b->d, cbs, n, &v);
+    if (st == ANVIL_OK) st = vk_wait(p->b->d, v);
+    return st == ANVIL_OK ? pick_read(p, pk, NULL, tokens, out) : st;
 }
 
 anvil_status vk_prefill_run_pick(struct vk_prefill *p, const int32_t *tokens, int pos0, const struct sampling_params *sp,
