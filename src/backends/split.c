@@ -11,7 +11,11 @@
  * kind can (backend_vtable.chain: on Vulkan devices, host memory both import and shared
  * timeline semaphores): every part's step submitted at once, the devices handing the hidden
  * state and their completion to each other, and the device-side generate loop over them.
- * ANVIL_SPLIT_FORM picks an earlier form, for measuring.
+ * A batch step's programs (every row's logits: a batch's decode rows) are chained the same way
+ * (chain_vtable.batch_*), their rows choosing on the last device, and submitted without a wait
+ * (batch_submit, batch_wait), so that a batch can keep several groups' steps in flight, one on
+ * each device (engine/batch_pipe.c; stages: the parts). ANVIL_SPLIT_FORM picks an earlier form,
+ * for measuring.
  */
 #include <stdio.h>
 #include <stdlib.h>
