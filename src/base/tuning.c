@@ -276,6 +276,11 @@ static const struct knob KNOBS[] = {
          "(docs/SPECULATIVE.md); 0 reads the logits back. The host still chooses where the "
          "generation has logit hooks (bias, logprobs, on_logits). 8B Q4_K_M on the H200, "
          "--spec oracle --spec-n 3: 646.6 t/s with 0, 984.5 with 1 (docs/perf/log.md §64)."),
+    BOOL("ANVIL_VK_STATES_WAIT", C_DIAGNOSTIC, vk_states_wait, 0,
+         "The recurrent states' copies of a speculative step (the mark's save, a rewind's "
+         "history slot back) wait on the host for the GPU to finish them; 0 (the default) only "
+         "submits them, recorded once, and the queue runs them before the next step "
+         "(docs/SPECULATIVE.md)."),
     INT("ANVIL_VK_MMB_RS", C_DIAGNOSTIC, vk_mmb_rs, 2, 1, 8, NULL,
         "mmb.comp's rows of the weights a subgroup: more rows, fewer workgroups reading all "
         "of the inputs, more registers."),

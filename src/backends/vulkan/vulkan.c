@@ -80,25 +80,6 @@ uint64_t vk_hist_addr(struct vk_backend *b, int state) {
     return 0;
 }
 
-/* Room for the history slots (vk_backend.hist) of a graph whose OP_GDN nodes keep theirs
- * (graph.h, p.i[4]): T - 1 slots, the buffer made (or made anew, larger: the programs that
- * wrote the old one are the caller's to have destroyed) before the program is lowered. */
-static anvil_status hist_slots(struct vk_backend *b, const struct graph *g) {
-    int need = 0;
-    for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i].op == OP_GDN && g->nodes[i].p.i[4]) need = MAX(need, (int)g->nodes[i].ne[2] - 1);
-    if (need <= b->hist_slots || !b->n_rec) return ANVIL_OK;
-    if (b->hist.buf) {
-        if (!vk_idle(b->d)) return err_set(ANVIL_ERR_BACKEND, "vulkan: the device stopped answering");
-        vk_buffer_destroy(b->d, &b->hist);
-        b->hist_slots = 0;
-    }
-    anvil_status st = vk_buffer_create(b->d, (VkDeviceSize)need * b->rec_bytes, VK_MEM_DEVICE,
-                                       "the recurrent states' history", &b->hist);
-    if (st == ANVIL_OK) b->hist_slots = need;
-    return st;
-}
-
 /* How each weight type lies in device memory (common.glsl reads it): rows padded to whole
  * super-blocks of sb_weights; quantized blocks regrouped by pack (NULL: the file's bytes as
  * they are). */
@@ -653,7 +634,7 @@ static anvil_status vk_compile(struct backend *base, const struct graph *g, stru
     }
     anvil_status st = upload_weights(b, first_new);
     if (st == ANVIL_OK) st = bind_states(b, g);
-    if (st == ANVIL_OK) st = hist_slots(b, g);
+    if (st == ANVIL_OK) st = vk_hist_slots(b, g);
     if (st == ANVIL_OK && !b->have_pl) {
         st = vk_pipelines_create(b->d, attn_g ? attn_g : 1, attn_d ? attn_d : 128, b->kv_type, &b->pl);
         b->have_pl = st == ANVIL_OK;
@@ -813,6 +794,7 @@ static void vk_destroy(struct backend *base) {
         vk_buffer_destroy(b->d, &b->states);
         vk_buffer_destroy(b->d, &b->saved);
         vk_buffer_destroy(b->d, &b->hist);
+        vk_states_drop(b);
         for (size_t i = 0; i < ARRAY_LEN(b->vit_buf); i++) vk_buffer_destroy(b->d, &b->vit_buf[i]);
         if (b->have_pl) vk_pipelines_destroy(b->d, &b->pl);
     }
@@ -821,6 +803,8 @@ static void vk_destroy(struct backend *base) {
     free(b->state_ne);
     free(b->rec);
     free(b->rec_seq);
+    free(b->cp);
+    free(b->cp_v);
     vk_device_destroy(b->d);
     free(b);
 }
@@ -846,84 +830,6 @@ static anvil_status vk_time(struct program *pp, int pos, int reps, struct dispat
 }
 
 static const char *vk_device_name(struct backend *base) { return ((struct vk_backend *)base)->d->props.deviceName; }
-
-/* Copies regions[n] from buffer src to dst in a command buffer of its own, submitted and waited
- * for: a barrier before it orders it after every earlier step, one after it before every later
- * one. */
-static anvil_status submit_copies(struct vk_backend *b, VkBuffer src, VkBuffer dst, const VkBufferCopy *regions, int n) {
-    VkCommandBuffer cb;
-    anvil_status st = vk_cmd_alloc(b->d, &cb);
-    if (st != ANVIL_OK) return st;
-    VkCommandBufferBeginInfo bi = {VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, NULL,
-                                   VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, NULL};
-    vkBeginCommandBuffer(cb, &bi);
-    VkMemoryBarrier before = {VK_STRUCTURE_TYPE_MEMORY_BARRIER, NULL, VK_ACCESS_MEMORY_WRITE_BIT,
-                              VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT},
-                    after = {VK_STRUCTURE_TYPE_MEMORY_BARRIER, NULL, VK_ACCESS_TRANSFER_WRITE_BIT,
-                             VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT};
-    vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &before, 0,
-                         NULL, 0, NULL);
-    vkCmdCopyBuffer(cb, src, dst, (uint32_t)n, regions);
-    vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &after, 0,
-                         NULL, 0, NULL);
-    st = vk_result(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
-    uint64_t v;
-    if (st == ANVIL_OK) st = vk_submit(b->d, &cb, 1, &v);
-    if (st == ANVIL_OK) st = vk_wait(b->d, v);
-    if (st == ANVIL_OK || vk_idle(b->d)) vkFreeCommandBuffers(b->d->dev, b->d->pool, 1, &cb);
-    if (st == ANVIL_OK) st = vk_check_validation(b->d);
-    return st;
-}
-
-/* The recurrent states into their copy (save) or back (backend_vtable.states_save and
- * states_restore), or history slot row back (row >= 0: states_rewind): one copy per state.
- * Its cost: the states' bytes read and written once (Qwen3.6-35B-A3B: ~63 MiB, some 50 us at
- * an H100's bandwidth) plus a submit and a wait on the host. */
-static anvil_status copy_states(struct vk_backend *b, bool save, int row) {
-    if (!b->n_rec) return ANVIL_OK;
-    anvil_status st = ANVIL_OK;
-    if (row >= b->hist_slots) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: no recurrent states kept after row %d", row);
-    if (!save && row < 0 && !b->saved.buf) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: no saved recurrent states to restore");
-    if (save && !b->saved.buf &&
-        (st = vk_buffer_create(b->d, b->rec_bytes, VK_MEM_DEVICE, "the saved recurrent states", &b->saved)) != ANVIL_OK)
-        return st;
-    if (save) return submit_copies(b, b->states.buf, b->saved.buf, b->rec, b->n_rec);
-    if (row < 0) return submit_copies(b, b->saved.buf, b->states.buf, b->rec + b->n_rec, b->n_rec);
-    VkBufferCopy *from = xmalloc((size_t)b->n_rec * sizeof *from); /* the history's regions */
-    if (!from) return ANVIL_ERR_NOMEM;
-    for (int i = 0; i < b->n_rec; i++)
-        from[i] = (VkBufferCopy){(VkDeviceSize)b->hist_slots * b->rec[i].dstOffset + (VkDeviceSize)row * b->rec[i].size,
-                                 b->rec[i].srcOffset, b->rec[i].size};
-    st = submit_copies(b, b->hist.buf, b->states.buf, from, b->n_rec);
-    free(from);
-    return st;
-}
-
-/* Sequence from's slices of the recurrent states over sequence to's (backend_vtable.states_copy). */
-static anvil_status vk_states_copy(struct backend *base, int n_seqs, int from, int to) {
-    struct vk_backend *b = (struct vk_backend *)base;
-    if (n_seqs < 1 || from < 0 || to < 0 || from >= n_seqs || to >= n_seqs)
-        return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: no sequences %d and %d of %d", from, to, n_seqs);
-    if (!b->n_rec || from == to) return ANVIL_OK;
-    VkBufferCopy *r = xmalloc((size_t)b->n_rec * sizeof *r);
-    if (!r) return ANVIL_ERR_NOMEM;
-    for (int i = 0; i < b->n_rec; i++) {
-        VkDeviceSize n = b->rec_seq[i];
-        r[i] = (VkBufferCopy){b->rec[i].srcOffset + (VkDeviceSize)from * n, b->rec[i].srcOffset + (VkDeviceSize)to * n, n};
-    }
-    anvil_status st = submit_copies(b, b->states.buf, b->states.buf, r, b->n_rec);
-    free(r);
-    return st;
-}
-
-static anvil_status vk_states_save(struct backend *base) { return copy_states((struct vk_backend *)base, true, -1); }
-
-static anvil_status vk_states_restore(struct backend *base) { return copy_states((struct vk_backend *)base, false, -1); }
-
-static anvil_status vk_states_rewind(struct backend *base, int row) {
-    if (row < 0) return err_set(ANVIL_ERR_INVALID_ARG, "vulkan: no recurrent states kept after row %d", row);
-    return copy_states((struct vk_backend *)base, false, row);
-}
 
 static anvil_status vk_read_aux(struct program *pp, float *out) {
     struct vk_prog *p = (struct vk_prog *)pp;

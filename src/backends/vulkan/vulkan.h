@@ -63,6 +63,13 @@ struct vk_backend {
      * rec[i].size bytes at hist_slots * rec[i].dstOffset (slot t's at + t * size) */
     struct vk_buffer hist;
     int hist_slots;
+    /* the copies above as command buffers recorded once and submitted without a host wait
+     * (copy_states): cp[0] the save, cp[1] the restore, cp[2 + t] history slot t back; cp_v[i]
+     * the timeline value of cp[i]'s last submission (n_cp of each; freed with the backend, the
+     * slots' when the history is made anew) */
+    VkCommandBuffer *cp;
+    uint64_t *cp_v;
+    int n_cp;
     /* prefill/vit.c: the last image's buffers (VIT_BUF_*), taken by the next image where large
      * enough (allocating them per image cost ~20 ms of a 1024x1024 encode on the H200) */
     struct vk_buffer vit_buf[7];
@@ -241,5 +248,15 @@ void vk_vit_att_ops(const struct vit_att *a, uint32_t h0, uint32_t hc, uint32_t 
  * ANVIL_ERR_UNSUPPORTED. */
 anvil_status vk_prefill_run_mm(struct vk_prefill *p, const int32_t *tokens, int pos0, const struct run_extras *x,
                                float *out);
+
+/* states.c: the recurrent states' copies (the backend's vtable entries), room for their
+ * history slots before a program of graph g is lowered, and the copies' command buffers freed
+ * at the backend's destroy */
+anvil_status vk_states_save(struct backend *base);
+anvil_status vk_states_restore(struct backend *base);
+anvil_status vk_states_rewind(struct backend *base, int row);
+anvil_status vk_states_copy(struct backend *base, int n_seqs, int from, int to);
+anvil_status vk_hist_slots(struct vk_backend *b, const struct graph *g);
+void vk_states_drop(struct vk_backend *b);
 
 #endif
