@@ -301,6 +301,12 @@ static const struct knob KNOBS[] = {
         "t/s at 2, 534 / 942 / 1,478 at 4; --parallel 16 / 32: 1,258 / - at 2, 1,660 / 1,771 at "
         "4, 1,533 / 1,645 at 8 in passes of 8 rows of x, 1,308 / 1,360 at 8 in passes of 16: "
         "214 registers a thread where 4 take 152)."),
+    BOOL("ANVIL_VK_FEW_ROUND", C_DIAGNOSTIC, vk_few_round, 1,
+         "In a program of a few rows (a verify step), rows read only by its integer-dot products "
+         "are rounded for them by the kernel that writes them, where it holds whole blocks: the "
+         "attention's heads (attn_split.comp), the DeltaNet's gated norm (in the out projection's "
+         "rounding, one dispatch for three), the next norm after the hybrids' shared-expert tail "
+         "(rows.comp): no mmb_round.comp dispatch and barrier of their own; 0 keeps them apart."),
     INT("ANVIL_VK_MMBX_CH", C_DIAGNOSTIC, vk_mmbx_ch, 0, 0, 32, NULL,
         "mmbx.comp's rows of x a pass over the weights at 16 and 32 rows (each pass its own "
         "sums and their reduction, the weights loaded again from the caches): fewer, more rows "

@@ -94,6 +94,7 @@ struct tuning {
     int vk_batch_paged;      /* ANVIL_VK_BATCH_PAGED */
     int vk_spec_pick;        /* ANVIL_VK_SPEC_PICK */
     int vk_states_wait;      /* ANVIL_VK_STATES_WAIT */
+    int vk_few_round;        /* ANVIL_VK_FEW_ROUND */
     int vk_batch_attn;       /* ANVIL_VK_BATCH_ATTN */
     int vk_moe_cm2;          /* ANVIL_VK_MOE_CM2 */
     int vk_moe_few;          /* ANVIL_VK_MOE_FEW */

@@ -247,6 +247,72 @@ static void test_prompt_qx(void **state) {
     unsetenv("ANVIL_CPU_QX");
 }
 
+/* The prompt program's kernel count ("prefill chunk of T tokens: N kernels: ...") and whether it
+ * names kernel name. */
+static int prefill_kernels(const anvil_session *s, const char *name, bool *has) {
+    char desc[2048];
+    s->backend->vt->describe(s->prefill, desc, sizeof desc);
+    int T = 0, n = 0;
+    assert_int_equal(sscanf(desc, "prefill chunk of %d tokens: %d kernels", &T, &n), 2);
+    *has = strstr(desc, name) != NULL;
+    return n;
+}
+
+/* Rows read only by a few-row program's integer-dot products rounded for them by the kernel that
+ * writes them (ANVIL_VK_FEW_ROUND): the attention's for the o projection (attn_split.comp rq),
+ * the hybrid's gated norm (mmb_round.comp MMB_RND_GNORM) and the next norm after its shared
+ * expert's tail (rows.comp ROWS_RND). They give the rows the roundings' own dispatches give
+ * (ANVIL_VK_FEW_ROUND=0), to float32 rounding, with fewer dispatches. Prompts of 4 and 7 tokens,
+ * and 4 tokens after 30 (the attention's chunks merged by their last workgroup), Q8_0 and the
+ * K-quants. Fails when a fold rounds the wrong rows or leaves the norm out. */
+static void test_prompt_round_fold(void **state) {
+    (void)state;
+    static const char *specs[] = {"synthetic:qwen3-tiny:q8_0", "synthetic:qwen3-tiny-k:Q4_K_M",
+                                  "synthetic:qwen3-tiny-k:q6_k", "synthetic:qwen3.6-heads:q8_0"};
+    /* kernels fewer: the dense models' 1 a layer (the attention's); the hybrid's gated norms
+     * (norm, SwiGLU and rounding in one) 2 a DeltaNet layer (3 of its 4), and the next norm's
+     * rounding by the shared expert's tail after each layer but the one before its attention
+     * layer (whose gate product reads the norm's rows after the attention: they are written as
+     * floats there; readers_next) */
+    static const int fewer[] = {1 * 2, 1 * 2, 1 * 2, 2 * 3 + 3};
+    setenv("ANVIL_VK_QX", "1", 1);
+    setenv("ANVIL_VK_QX_MIN_MB", "0", 1);
+    int32_t prompt[64];
+    for (int i = 0; i < 64; i++) prompt[i] = (int32_t)((i * 37 + 11) % 500);
+    for (size_t s = 0; s < sizeof specs / sizeof *specs; s++)
+        for (int c = 0; c < (fewer[s] == 2 ? 3 : 1); c++) {
+            int T = c == 1 ? 7 : 4, at = c == 2 ? 30 : 0; /* T rows at position at (a context of 40) */
+            anvil_model *m;
+            assert_int_equal(anvil_model_open(specs[s], NULL, &m), ANVIL_OK);
+            int V = anvil_model_vocab_size(m);
+            float *r[2];
+            int n[2];
+            for (int f = 0; f < 2; f++) {
+                setenv("ANVIL_VK_FEW_ROUND", f ? "1" : "0", 1);
+                anvil_session *vk = session(m, ANVIL_BACKEND_VULKAN);
+                r[f] = malloc(sizeof(float) * (size_t)T * (size_t)V);
+                if (at) assert_int_equal(anvil_session_eval(vk, prompt, at, ANVIL_LOGITS_NONE, NULL), ANVIL_OK);
+                assert_int_equal(anvil_session_eval(vk, prompt + at, T, ANVIL_LOGITS_ALL, r[f]), ANVIL_OK);
+                bool has;
+                n[f] = prefill_kernels(vk, "mmbx_", &has);
+                assert_true(has);
+                anvil_session_destroy(vk);
+            }
+            double worst = 0, mean = 0;
+            for (int t = 0; t < T; t++) rel_diff(r[0] + (size_t)t * V, r[1] + (size_t)t * V, V, &worst, &mean);
+            fprintf(stderr, "%s, %d tokens at %d: rows rounded where they are written: %d kernels where %d, rows "
+                    "within %.3g of the logits' scale\n", specs[s], T, at, n[1], n[0], worst);
+            assert_int_equal(n[1], n[0] - fewer[s]);
+            assert_true(worst < 1e-4);
+            free(r[0]);
+            free(r[1]);
+            anvil_model_close(m);
+        }
+    unsetenv("ANVIL_VK_FEW_ROUND");
+    unsetenv("ANVIL_VK_QX");
+    unsetenv("ANVIL_VK_QX_MIN_MB");
+}
+
 /* A Vulkan session's decode step as --trace counts it: dispatches and barriers per token. */
 static void program_counts(const anvil_session *vk, int *dispatches, int *barriers) {
     char desc[4096];
@@ -2092,6 +2158,7 @@ int main(void) {
         cmocka_unit_test(test_against_cpu),
         cmocka_unit_test(test_against_cpu_qx),
         cmocka_unit_test(test_prompt_qx),
+        cmocka_unit_test(test_prompt_round_fold),
         cmocka_unit_test(test_overlap),
         cmocka_unit_test(test_shared_expert_overlap),
         cmocka_unit_test(test_qx_cached_input),

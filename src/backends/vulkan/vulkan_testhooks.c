@@ -406,7 +406,7 @@ anvil_status vk_q8_rows_once(struct vk_backend *b, const float *x, const float *
     struct pc_moe_rows mr = {a + o[2], a + o[6], a + o[0], a + o[5], a + o[3], 1, 1, (uint32_t)T, (uint32_t)K, 16, R,
                              a + o[4], MOE_ROWS_Q8};
     struct pc_rows sw = {a + o[0], a + o[1], a + o[6], a + o[0], a + o[6], (uint32_t)K, R, 0, 0, 0, ROWS_Q8, a + o[5],
-                         a + o[6], a + o[6]};
+                         a + o[6], a + o[6], 0};
     struct test_dispatch one = up ? (struct test_dispatch){K_ROWS_SWIGLU, &sw, sizeof sw, R, 0, 0}
                                   : (struct test_dispatch){K_MOE_GATHER, &mr, sizeof mr, R, 0, 0};
     st = test_run(b, &one, 1, VK_NULL_HANDLE);

@@ -37,7 +37,7 @@ bool pf_x_half(const struct vk_prefill *p, uint32_t T, uint32_t K) { return x_ha
 /* x [T, K] floats as float16 rows into xh, where p->scale each scaled into float16's range,
  * their scales at xs (rows.comp MODE 8; K a multiple of 8) */
 static anvil_status emit_x_half(struct vk_prefill *p, const struct pc_mm *mm) {
-    struct pc_rows xq = {mm->x, 0, 0, 0, 0, mm->K, mm->T, 0, 0, 0, p->scale ? ROWS_SCALE : 0u, p->xh.addr, p->xs, 0};
+    struct pc_rows xq = {mm->x, 0, 0, 0, 0, mm->K, mm->T, 0, 0, 0, p->scale ? ROWS_SCALE : 0u, p->xh.addr, p->xs, 0, 0};
     return pf_emit_op(p, K_ROWS_HALF, mm->T, 0, &xq, sizeof xq);
 }
 

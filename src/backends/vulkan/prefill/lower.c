@@ -314,7 +314,7 @@ static bool beside_ring(const struct vk_prefill *p, uint64_t out, uint64_t bytes
 anvil_status pf_emit_round(struct vk_prefill *p, uint64_t x, uint64_t bw, uint64_t y, uint32_t rows, uint32_t K,
                            uint32_t Kp, float eps, uint32_t flags) {
     VkDeviceSize qbytes = round_up((VkDeviceSize)rows * Kp, 256);
-    struct pc_mmb_round rd = {x, p->mmbq.addr, p->mmbq.addr + qbytes, rows, K, Kp, bw, y, eps, flags};
+    struct pc_mmb_round rd = {x, p->mmbq.addr, p->mmbq.addr + qbytes, rows, K, Kp, bw, y, eps, flags, 0, 0};
     anvil_status st = pf_emit(p, K_MMB_ROUND, (Kp + 1023) / 1024, rows, &rd, sizeof rd);
     p->mmbq_of = flags ? y : x;
     p->mmbq_kp = Kp;
@@ -344,6 +344,46 @@ static enum vk_kernel mmb_qx_of(struct vk_prefill *p, struct graph_plan *P, int 
     return vk_mmb_qx(b->d, &b->pl, wn->weight->type, rows);
 }
 
+/* Whether the readers of node i's rows are lowered right after it, nothing between them that
+ * emits a kernel (only weights and views): a rounding folded into the op that writes node i's
+ * input (rows_round, the attention's and the gated norm's) leaves node i's own
+ * float rows unwritten, so its readers must all take the rounded rows, which a kernel emitted
+ * between them would make them forget (pf_emit: mmbq_of). */
+static bool readers_next(const struct graph_plan *P, int i) {
+    for (int j = i + 1; j < P->g->n_nodes && j <= P->last[i]; j++) {
+        const struct node *nd = NODE(P, j);
+        bool reads = false;
+        for (int s = 0; s < GRAPH_MAX_SRC; s++)
+            if (nd->src[s] >= 0 && P->root[nd->src[s]] == i) reads = true;
+        if (reads ? nd->op != OP_MATMUL && nd->op != OP_RESHAPE
+                  : nd->op != OP_WEIGHT && nd->op != OP_WEIGHT_STACK && nd->op != OP_WEIGHT_ROWS && nd->op != OP_RESHAPE)
+            return false;
+    }
+    return true;
+}
+
+/* The rounding of an rms_norm's rows (of x, its weights bw; of the op's output) for the
+ * products that read them folded into the op just emitted, where that is rows.comp's shared
+ * expert tail (MODE 5, ROWS_ADD2) writing x, a workgroup a whole row (ROWS_RND; perf rule
+ * "few-row products"; ANVIL_VK_FEW_ROUND). False (nothing changed) where it is not. */
+static bool rows_round(struct vk_prefill *p, bool next, uint64_t x, uint64_t bw, uint64_t of, uint32_t rows,
+                       uint32_t K, uint32_t Kp, float eps) {
+    if (!next || !p->b->d->tune.vk_few_round || !p->mmbq.buf || !p->n_ops || K % 32 || Kp % 32 || Kp < K) return false;
+    struct pf_op *o = &p->ops[p->n_ops - 1];
+    struct pc_rows *r = (struct pc_rows *)o->push;
+    if (o->k != K_ROWS_SIGMUL || !(r->flags & ROWS_ADD2) || r->out_ != x || r->n != K || r->rows != rows) return false;
+    r->flags |= ROWS_RND;
+    r->h = p->mmbq.addr;
+    r->hs = p->mmbq.addr + round_up((VkDeviceSize)rows * Kp, 256);
+    r->n_rot = Kp;
+    r->nw = bw;
+    r->eps = eps;
+    p->mmbq_of = of;
+    p->mmbq_kp = Kp;
+    p->mmbq_bytes = (uint64_t)rows * K * 4;
+    return true;
+}
+
 /* Whether every reader of node i (a row-wise op's output: an rms_norm's, a SwiGLU's) is a
  * product reading it whole as its input on integer dot products of one padded length: then
  * mmb_round.comp computes the op itself as it rounds the rows for them (perf rule "few-row
@@ -364,6 +404,60 @@ static bool rounds_for_products(struct vk_prefill *p, struct graph_plan *P, int 
         n++;
     }
     return n == P->n_readers[i];
+}
+
+/* Whether every reader of node i's rows (through views: [T, HD], an attention's or a gated
+ * norm's heads) is a few-row product reading them whole as its input (of length HD) on integer
+ * dot products, of one padded length *Kp: then the op that writes them rounds them for them
+ * (attn_split.comp rq, mmb_round.comp MMB_RND_GNORM). */
+static bool view_rounds(struct vk_prefill *p, struct graph_plan *P, int i, uint32_t HD, uint32_t *Kp) {
+    if (!p->b->d->tune.vk_few_round || !p->mmbq.buf || P->root[i] != i || P->n_readers[i] < 1) return false;
+    *Kp = 0;
+    int n = 0;
+    for (int j = i + 1; j < P->g->n_nodes && j <= P->last[i]; j++) {
+        const struct node *nd = NODE(P, j);
+        bool reads = false;
+        for (int s = 0; s < GRAPH_MAX_SRC; s++)
+            if (nd->src[s] >= 0 && P->root[nd->src[s]] == i) reads = true;
+        if (!reads || nd->op == OP_RESHAPE) continue;
+        uint32_t kp = 0;
+        enum vk_kernel k = P->root[nd->src[0]] != i || P->root[nd->src[1]] == i || NODE(P, nd->src[0])->ne[0] != HD ||
+                                   P->view[nd->src[0]] ? K_NONE : mmb_qx_of(p, P, j, &kp);
+        if (k == K_NONE || (*Kp && kp != *Kp)) return false;
+        *Kp = kp;
+        n++;
+    }
+    return n > 0 && *Kp == HD && readers_next(P, i);
+}
+
+/* Whether rms_norm i is a gated norm (the DeltaNet's: its only reader a SwiGLU j = silu(z) *
+ * norm of its shape) whose rows go only to few-row products on mmbx.comp of padded length *Kp,
+ * its rows' (ANVIL_VK_FEW_ROUND): then j, else -1. */
+static int gated_norm(struct vk_prefill *p, struct graph_plan *P, int i, uint32_t *Kp) {
+    const struct node *nd = NODE(P, i);
+    uint32_t gs = (uint32_t)nd->ne[0];
+    if (!p->b->d->tune.vk_mmb_fuse || P->root[i] != i || P->n_readers[i] != 1 || gs % 32 || 1024 % gs ||
+        (P->g->aux >= 0 && P->root[P->g->aux] == i))
+        return -1;
+    int j = -1;
+    for (int k = i + 1; k < P->g->n_nodes && k <= P->last[i] && j < 0; k++)
+        for (int s = 0; s < GRAPH_MAX_SRC; s++)
+            if (NODE(P, k)->src[s] >= 0 && P->root[NODE(P, k)->src[s]] == i) j = k;
+    if (j < 0) return -1;
+    const struct node *sw = NODE(P, j);
+    int64_t n = node_nelem(nd);
+    if (sw->op != OP_SWIGLU || sw->src[1] != i || P->root[sw->src[0]] == i || node_nelem(sw) != n ||
+        node_nelem(NODE(P, sw->src[0])) != n || P->view[sw->src[0]] || sw->ne[0] != nd->ne[0])
+        return -1;
+    /* the SwiGLU's rows as the products read them: [T, K], K a multiple of the groups */
+    for (int k = j + 1; k < P->g->n_nodes && k <= P->last[j]; k++) {
+        const struct node *r = NODE(P, k);
+        if (r->op == OP_MATMUL && P->root[r->src[0]] == j) {
+            uint32_t K = (uint32_t)NODE(P, r->src[0])->ne[0];
+            return K % gs == 0 && n % K == 0 && view_rounds(p, P, j, K, Kp) ? j : -1;
+        }
+    }
+    return -1;
 }
 
 /* Whether product i is a MoE's router (an OP_MOE reads it as its logits). */
@@ -406,7 +500,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                                rows, ne0, 0, vk_weight_kp(b, w) / 8, 0, 0, 0, 0, 0, 0, 0};
             st = pf_emit(p, vk_kernel_for(VK_OP_EMBED_ROWS, w->type), rows, 0, &pc, sizeof pc);
             if (st == ANVIL_OK && p->mm && p->images.buf) { /* images' rows over the tokens' */
-                struct pc_rows pi = {any, any, p->images.addr, pf_addr(p, P, i), prm, ne0, rows, 1, 0, 0, 0, 0, 0, 0};
+                struct pc_rows pi = {any, any, p->images.addr, pf_addr(p, P, i), prm, ne0, rows, 1, 0, 0, 0, 0, 0, 0, 0};
                 st = pf_emit(p, K_ROWS_IMAGE, rows, 0, &pi, sizeof pi);
             }
             break;
@@ -414,7 +508,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
         case OP_RMS_NORM: {
             const struct node *w = NODE(P, nd->src[1]);
             struct pc_rows pc = {pf_addr(p, P, nd->src[0]), vk_weight_addr(b, w->weight, true, nd->p.i[0] != 0), any,
-                                 pf_addr(p, P, i), prm, ne0, rows, 0, 0, nd->p.f[0], 0, 0, 0, 0};
+                                 pf_addr(p, P, i), prm, ne0, rows, 0, 0, nd->p.f[0], 0, 0, 0, 0, 0};
             /* the q/k norms: their rope, the norm's only reader, in the same kernel */
             int j = graph_fuse_norm_rope(P, i);
             const struct node *rn = j > i ? NODE(P, j) : NULL;
@@ -443,6 +537,24 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             }
             uint32_t Kp;
             bool ring = beside_ring(p, pc.out_, (uint64_t)rows * ne0 * 4);
+            int gj = gated_norm(p, P, i, &Kp);
+            if (gj >= 0) {
+                /* the DeltaNet's gated norm (norm -> SwiGLU with z) read only by the out
+                 * projection's few-row product: computed by its input's rounding, one dispatch
+                 * where it took three (norm, SwiGLU, rounding) */
+                const struct node *sw = NODE(P, gj);
+                uint32_t T = (uint32_t)(node_nelem(nd) / Kp);
+                st = pf_emit_round(p, pc.a, pc.b, any, T, Kp, Kp, nd->p.f[0], MMB_RND_GNORM);
+                if (st == ANVIL_OK) {
+                    struct pc_mmb_round *r = (struct pc_mmb_round *)p->ops[p->n_ops - 1].push;
+                    r->z = pf_addr(p, P, sw->src[0]);
+                    r->gs = ne0;
+                    p->ops[p->n_ops - 1].overlap = ring;
+                    p->mmbq_of = pf_addr(p, P, gj);
+                }
+                done[gj] = true;
+                break;
+            }
             if (g->aux >= 0 && P->root[g->aux] == i) { /* rows a run keeps (read_aux): as floats */
                 st = pf_emit(p, K_ROWS_NORM, rows, 0, &pc, sizeof pc);
                 if (st == ANVIL_OK && ring) p->ops[p->n_ops - 1].overlap = true;
@@ -450,6 +562,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
             }
             if (ne0 % 8 == 0 && rounds_for_products(p, P, i, &Kp)) {
                 /* read only by few-row products on integer dot products: normed as rounded */
+                if (!ring && rows_round(p, readers_next(P, i), pc.a, pc.b, pc.out_, rows, ne0, Kp, nd->p.f[0])) break;
                 st = pf_emit_round(p, pc.a, pc.b, pc.out_, rows, ne0, Kp, nd->p.f[0], MMB_RND_NORM);
                 if (st == ANVIL_OK && ring) p->ops[p->n_ops - 1].overlap = true;
                 break;
@@ -608,7 +721,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
         }
         case OP_ROPE: {
             struct pc_rows pc = {pf_addr(p, P, nd->src[0]), any, p->rope.addr, pf_addr(p, P, i), prm, ne0, rows,
-                                 (uint32_t)nd->ne[1], (uint32_t)nd->p.i[0], 0, 0, 0, 0, 0};
+                                 (uint32_t)nd->ne[1], (uint32_t)nd->p.i[0], 0, 0, 0, 0, 0, 0};
             st = pf_emit(p, K_ROWS_ROPE, rows, 0, &pc, sizeof pc);
             break;
         }
@@ -619,7 +732,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 break;
             }
             struct pc_rows pc = {pf_addr(p, P, nd->src[0]), pf_addr(p, P, nd->src[1]), any, pf_addr(p, P, i), prm, ne0,
-                                 rows, 0, 0, 0, 0, 0, 0, 0};
+                                 rows, 0, 0, 0, 0, 0, 0, 0, 0};
             uint32_t Kp;
             if (nd->op == OP_SWIGLU && ne0 % 8 == 0 && rounds_for_products(p, P, i, &Kp)) {
                 st = pf_emit_round(p, pc.a, pc.b, pc.out_, rows, ne0, Kp, 0.0f, MMB_RND_SWIGLU);
@@ -648,7 +761,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 break;
             }
             struct pc_rows pc = {pf_addr(p, P, nd->src[0]), pf_addr(p, P, nd->src[1]), any, pf_addr(p, P, i), prm, ne0,
-                                 rows, gN == 1 ? 1 : ne0, 0, 0, 0, 0, 0, 0};
+                                 rows, gN == 1 ? 1 : ne0, 0, 0, 0, 0, 0, 0, 0};
             int a1, a2, y, x;
             if (shared_tail(p, P, i, &a1, &a2, &y, &x)) {
                 pc.flags = ROWS_ADD2;
@@ -669,7 +782,7 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 break;
             }
             uint64_t kc = vk_state_addr(b, NODE(P, nd->src[3])->state), vc = vk_state_addr(b, NODE(P, nd->src[4])->state);
-            struct pc_rows kv = {pf_addr(p, P, nd->src[1]), pf_addr(p, P, nd->src[2]), kc, vc, prm, D, T * Hkv, Hkv, 0, 0, 0, 0, 0, 0};
+            struct pc_rows kv = {pf_addr(p, P, nd->src[1]), pf_addr(p, P, nd->src[2]), kc, vc, prm, D, T * Hkv, Hkv, 0, 0, 0, 0, 0, 0, 0};
             if (!kv_by_norm(p, &kv)) st = pf_emit(p, K_ROWS_KVWRITE, T * Hkv, 0, &kv, sizeof kv);
             struct pc_attn_pf pa = {pf_addr(p, P, nd->src[0]), kc, vc, pf_addr(p, P, i), prm, T, H, Hkv, D, nd->p.f[0]};
             uint32_t tq = 64 / (H / Hkv); /* attn_flash.comp's query tokens per workgroup */
@@ -682,10 +795,24 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 uint32_t gx = Hkv * b->pl.attn_gs, nc = pf_attn_chunks(p, Hkv, T);
                 bool parts = nc > 1 && p->attn.buf;
                 struct pc_attn_split ps = {pa.q, kc, vc, pa.out_, prm, parts ? p->attn.addr : any,
-                                           parts ? p->attn.addr + p->attn_cnt : any, T, H, Hkv, parts ? nc : 1,
-                                           nd->p.f[0]};
+                                           parts ? p->attn.addr + p->attn_cnt : any, any, any, T, H, Hkv,
+                                           parts ? nc : 1, nd->p.f[0], 0};
+                /* its rows read only by few-row products (the o projection): rounded for them
+                 * by the workgroups that write them (ANVIL_VK_FEW_ROUND), no mmb_round.comp */
+                uint32_t Kp;
+                bool rq = D % 32 == 0 && view_rounds(p, P, i, H * D, &Kp);
+                if (rq) {
+                    ps.xq = p->mmbq.addr;
+                    ps.xqd = p->mmbq.addr + round_up((VkDeviceSize)T * Kp, 256);
+                    ps.rq = 1;
+                }
                 st = pf_emit(p, K_ATTN_SPLIT, gx, ps.NC, &ps, sizeof ps);
                 if (st == ANVIL_OK) p->ops[p->n_ops - 1].gz = T;
+                if (st == ANVIL_OK && rq) { /* (after pf_emit, which forgets mmbq's rows) */
+                    p->mmbq_of = pa.out_;
+                    p->mmbq_kp = Kp;
+                    p->mmbq_bytes = (uint64_t)T * H * D * 4;
+                }
             } else if (st == ANVIL_OK && p->flash && (int)D == b->pl.attn_d) { /* the pipeline's D */
                 st = pf_emit(p, pf_flash_kernel(p), Hkv, (T + tq - 1) / tq, &pa, sizeof pa);
             } else if (st == ANVIL_OK) {

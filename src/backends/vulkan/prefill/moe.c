@@ -252,7 +252,7 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
             uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F;
             if (w == 2) { /* gate = silu(gate) * up, and as float16 into xg */
                 struct pc_rows sw = {base + m.gc, base + m.uc, any, base + m.gc, p->prm.addr, F, m.R, 0, 0, 0,
-                                     x8 ? ROWS_Q8 : ROWS_HALF | (p->scale ? ROWS_SCALE : 0u), base + m.xg, base + m.xs, 0};
+                                     x8 ? ROWS_Q8 : ROWS_HALF | (p->scale ? ROWS_SCALE : 0u), base + m.xg, base + m.xs, 0, 0};
                 st = pf_emit(p, K_ROWS_SWIGLU, m.R, 0, &sw, sizeof sw);
             }
             /* (x8: x's int8 rows at xg, R rows of K bytes, their scales after them) */
@@ -281,7 +281,7 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
                 uint64_t dqa = p->dq.addr + (VkDeviceSize)(n_pc & 1) * half;
                 if (w == 2 && e0 == 0 && st == ANVIL_OK) { /* gate = silu(gate) * up, and as float16 into xg */
                     struct pc_rows sw = {base + m.gc, base + m.uc, any, base + m.gc, p->prm.addr, F, m.R, 0, 0, 0,
-                                         ROWS_HALF | (p->scale ? ROWS_SCALE : 0u), base + m.xg, base + m.xs, 0};
+                                         ROWS_HALF | (p->scale ? ROWS_SCALE : 0u), base + m.xg, base + m.xs, 0, 0};
                     st = pf_emit(p, K_ROWS_SWIGLU, m.R, 0, &sw, sizeof sw);
                 }
                 struct pc_mmh mh = {base + m.xg, dqa, outs[w], any, T, K, N, Kp, N, 0, p->scale ? MM_XH : 0u,
@@ -320,7 +320,7 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
                     p->ops[p->n_ops - 1].gz = ne;
             }
             if (w == 1 && st == ANVIL_OK) { /* act = silu(gate) * up */
-                struct pc_rows sw = {base + m.act, base + m.up, any, base + m.act, p->prm.addr, F, T * k, 0, 0, 0, 0, 0, 0, 0};
+                struct pc_rows sw = {base + m.act, base + m.up, any, base + m.act, p->prm.addr, F, T * k, 0, 0, 0, 0, 0, 0, 0, 0};
                 st = pf_emit(p, K_ROWS_SWIGLU, T * k, 0, &sw, sizeof sw);
             }
         }

@@ -17,13 +17,16 @@
  * zeroes them first) merges the NE partials: out = sum_c w_c o_c / sum_c w_c l_c, w_c =
  * e^(m_c - M). A dead row (sequence ~0: padding a step to the program's rows) writes zeros.
  *   q [T, H, D] (normed, rotated), caches [S, Hkv, D] (KV16: float16), out [T, H, D];
- *   part: o [T, H, NC, D], then (m, l) [T, H, NC, 2]; cnt [T, Hkv * GS]. */
+ *   part: o [T, H, NC, D], then (m, l) [T, H, NC, 2]; cnt [T, Hkv * GS].
+ * pc.rq: the workgroup that writes a head's output also rounds it for the o projection (into
+ * xq, xqd: round_out). */
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
 
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CFloats { float v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CVec4s { vec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) coherent buffer Counters { uint v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer UInts { uint v[]; };
 
 layout(local_size_x_id = ATTN_SPEC_WG) in;              /* NSG * SG */
 layout(constant_id = ATTN_SPEC_G) const uint G = 2;     /* query heads per kv head */
@@ -86,6 +89,32 @@ void merge_load(uint c0, uint NE, uint mlb, uint base, out float mv[8], out floa
     }
 }
 
+/* pc.rq: the GW heads' outputs (in so, normalised) rounded for the next products as
+ * mmb_round.comp rounds a row (blocks of 32, a head's D a whole number of them), where a
+ * dispatch of its own would sit between the attention and the o projection (perf rule
+ * "few-row products"); a thread a block */
+void round_out(uint t, uint h0, bool dead) {
+    barrier();
+    uint B = D / 32u, Kb = pc.H * B;
+    for (uint i = gl_LocalInvocationID.x; i < GW * B; i += gl_WorkGroupSize.x) {
+        uint g = i / B, k0 = i % B * 8u, b = (h0 + g) * B + i % B;
+        float amax = 0.0;
+        for (uint k = 0u; k < 8u && !dead; k++) {
+            vec4 a = abs(so[g][k0 + k]);
+            amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+        }
+        float id = amax > 0.0 ? 127.0 / amax : 0.0;
+        int qs = 0;
+        for (uint k = 0u; k < 8u; k++) {
+            ivec4 q = dead ? ivec4(0) : ivec4(roundEven(so[g][k0 + k] * id));
+            qs += q.x + q.y + q.z + q.w;
+            pc.xq.v[(t * Kb + b) * 8u + k] = pack_i8x4(q);
+        }
+        pc.xqd.v[t * Kb + b] = amax / 127.0;
+        pc.xqd.v[(pc.T + t) * Kb + b] = amax / 127.0 * float(qs);
+    }
+}
+
 void main() {
     uint jg = gl_WorkGroupID.x, j = jg / GS, c = gl_WorkGroupID.y, t = gl_WorkGroupID.z;
     uint h0 = j * G + jg % GS * GW; /* the workgroup's first query head */
@@ -98,6 +127,7 @@ void main() {
     if (sq == 0xffffffffu) { /* a dead row */
         if (c == 0u)
             for (uint i = tid; i < GW * D; i += gl_WorkGroupSize.x) pc.out_.v[(t * pc.H + h0) * D + i] = 0.0;
+        if (c == 0u && pc.rq != 0u) round_out(t, h0, true);
         return;
     }
     kvb = plain ? 0u : prm_u(bw);
@@ -181,8 +211,11 @@ void main() {
         for (uint s = 0; s < NSG; s++) lsum += (sm[s][g] == -1.0 / 0.0 ? 0.0 : exp(sm[s][g] - M)) * sl[s][g];
         uint h = h0 + g;
         if (NE == 1u) { /* the whole row here */
-            for (uint d4 = tid; d4 < D4; d4 += gl_WorkGroupSize.x)
-                Vec4s(pc.out_).v[(t * pc.H + h) * D4 + d4] = so[g][d4] / lsum;
+            for (uint d4 = tid; d4 < D4; d4 += gl_WorkGroupSize.x) {
+                vec4 a = so[g][d4] / lsum;
+                Vec4s(pc.out_).v[(t * pc.H + h) * D4 + d4] = a;
+                so[g][d4] = a; /* (the thread's own element: for round_out) */
+            }
             continue;
         }
         uint p = (t * pc.H + h) * pc.NC + c, ml = T * pc.H * pc.NC * D + p * 2u;
@@ -192,7 +225,10 @@ void main() {
         }
         for (uint d4 = tid; d4 < D4; d4 += gl_WorkGroupSize.x) CVec4s(pc.part).v[p * D4 + d4] = so[g][d4];
     }
-    if (NE == 1u) return;
+    if (NE == 1u) {
+        if (pc.rq != 0u) round_out(t, h0, false);
+        return;
+    }
     /* the last workgroup of the row's group merges: the partials must be visible first */
     memoryBarrierBuffer();
     barrier();
@@ -236,5 +272,7 @@ void main() {
             }
         }
         Vec4s(pc.out_).v[(t * pc.H + h) * D4 + d4] = a / Ls;
+        so[g][d4] = a / Ls; /* (free since the partial went out: for round_out) */
     }
+    if (pc.rq != 0u) round_out(t, h0, false);
 }

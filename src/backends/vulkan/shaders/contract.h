@@ -67,6 +67,7 @@
  * rounds them (and written to y) */
 #define MMB_RND_NORM 1u   /* rms_norm: x * b / rms(x) */
 #define MMB_RND_SWIGLU 2u /* swiglu: silu(x) * b */
+#define MMB_RND_GNORM 4u  /* a gated norm: x * b / rms(its group of gs) * silu(z) (the DeltaNet's) */
 
 /* qx.comp's flags (struct pc_qx) */
 #define QX_NORM 1u /* x * normw / rms(x) rounded */
@@ -125,6 +126,11 @@
 #define ROWS_NR_RPW(n) ((n) % 4u == 0u && (n) <= 256u ? 4u : 1u)
 #define ROWS_ADD2 8u /* MODE 5: out = v + (c + a * sigmoid(b)) (a hybrid's shared expert gated, added
                         to the mixture and the residual: one dispatch for three) */
+
+#define ROWS_RND 32u /* MODE 5 with ROWS_ADD2, n % 32 == 0 and the workgroup's row whole: out also
+                        rms-normed (nw, eps) and rounded for the next products as mmb_round.comp
+                        rounds it (q at h, scales and sums at hs, Kp a row: rows' stride), so that
+                        no rounding dispatch of its own follows (the hybrids' every layer) */
 
 /* vit.comp's flags (struct pc_vit) */
 #define VIT_PRE_BIAS 1u  /* MODE 0: a bias added to the row first (and written back) */

@@ -10,7 +10,11 @@
  *   MMB_RND_NORM    x * b / rms(x) (b the norm's weights; each workgroup sums the whole row's
  *                   squares itself: a few KiB from L2, where a kernel of its own costs a
  *                   dispatch and a barrier)
- *   MMB_RND_SWIGLU  silu(x) * b (b the up rows [T, K]), as rows.comp computes them */
+ *   MMB_RND_SWIGLU  silu(x) * b (b the up rows [T, K]), as rows.comp computes them
+ *   MMB_RND_GNORM   the DeltaNet's gated norm: x * b / rms(x's group) * silu(z), groups of gs
+ *                   (a head's Dv, dividing 1024; b [gs]), as rows.comp's norm and swiglu
+ *                   compute it in two dispatches; its rows not written (its readers are all
+ *                   products) */
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
@@ -40,10 +44,21 @@ void main() {
         float inv = 1.0 / sqrt(tot / float(pc.K) + pc.eps);
         v = v * inv * (in_ ? pc.b.v[i] : vec4(0.0));
         barrier();
+    } else if ((pc.flags & MMB_RND_GNORM) != 0u) {
+        /* the group's threads (gs / 4, consecutive) sum their squares through shared memory */
+        red[t] = dot(v, v);
+        barrier();
+        uint tg = pc.gs >> 2u, g0 = t - t % tg;
+        float ss = 0.0;
+        for (uint k = 0u; k < tg; k++) ss += red[g0 + k];
+        float inv = 1.0 / sqrt(ss / float(pc.gs) + pc.eps);
+        vec4 g = in_ ? pc.z.v[row * K4 + i] : vec4(0.0);
+        v = v * inv * (in_ ? pc.b.v[i % tg] : vec4(0.0)) * (g / (1.0 + exp(-g)));
+        barrier();
     } else if ((pc.flags & MMB_RND_SWIGLU) != 0u && in_) {
         v = v / (1.0 + exp(-v)) * pc.b.v[row * K4 + i];
     }
-    if (pc.flags != 0u && in_) pc.y.v[row * K4 + i] = v;
+    if (pc.flags != 0u && pc.flags != MMB_RND_GNORM && in_) pc.y.v[row * K4 + i] = v;
     vec4 a = abs(v);
     red[t] = max(max(a.x, a.y), max(a.z, a.w));
     barrier();

@@ -239,9 +239,11 @@
     ADDR(Floats, d)         /* [T, Kp / 32] the blocks' scales, then [T, Kp / 32] their sums */ \
     U32(T) U32(K) U32(Kp) \
     ADDR(Vec4s, b)          /* MMB_RND_NORM: the norm's weights [K]; MMB_RND_SWIGLU: up [T, K] */ \
-    ADDR(Vec4s, y)          /* the rows rounded, written too (flags) [T, K] */ \
+    ADDR(Vec4s, y)          /* the rows rounded, written too (flags but MMB_RND_GNORM) [T, K] */ \
     F32(eps) \
-    U32(flags)              /* MMB_RND_NORM, MMB_RND_SWIGLU */
+    U32(flags)              /* MMB_RND_NORM, MMB_RND_SWIGLU, MMB_RND_GNORM */ \
+    ADDR(Vec4s, z)          /* MMB_RND_GNORM: the gate [T, K] */ \
+    U32(gs)                 /* MMB_RND_GNORM: the norm's groups' length (b: [gs]) */
 
 /* mm_h.comp (and mm_cm2.comp, whose block says the same): float16 products on cooperative
  * matrices; GATHER: the experts, workgroup z taking expert e0 + z (mm_h.comp) */
@@ -270,7 +272,9 @@
     U32(flags)              /* ROWS_HALF: rms_norm and swiglu also write float16 rows to h */ \
     ADDR(Floats, h)         /* [rows, n] float16 (ROWS_HALF, MODE 8) */ \
     ADDR(Floats, hs)        /* [rows] their scales (half_scale) */ \
-    ADDR(Floats, v)         /* ROWS_KV: the v rows [rows, n] (h, hs: the k and v caches) */
+    ADDR(Floats, v)         /* ROWS_KV: the v rows [rows, n] (h, hs: the k and v caches) */ \
+    ADDR(Floats, nw)        /* ROWS_RND: the next norm's weights [n] (h: the int8s, hs: the \
+                               scales and sums, as mmb_round.comp's q and d; eps: the norm's) */
 
 /* moe_rows.comp: the experts' row offsets (MODE 0), their x rows gathered (1), scattered back (2) */
 #define PC_MOE_ROWS(ADDR, U32, F32) \
@@ -296,8 +300,10 @@
     ADDR(Floats, prm)       /* the params block */ \
     ADDR(CFloats, part)     /* o [T, H, NC, D], then (m, l) [T, H, NC, 2] (NC > 1) */ \
     ADDR(Counters, cnt)     /* [T, Hkv * GS], zero before the layer (NC > 1) */ \
+    ADDR(UInts, xq)         /* rq: out rounded for the next products, [T, H D / 4] four int8 a uint */ \
+    ADDR(Floats, xqd)       /* [T, H D / 32] the blocks' scales, then [T, H D / 32] d times their sums */ \
     U32(T) U32(H) U32(Hkv) U32(NC) \
-    F32(scale)
+    F32(scale) U32(rq)
 
 /* mega.comp reads a phase's push constants (a PC_MATVEC or a PC_ATTN, vk_phase) as 32-bit
  * words: their fields' word indices (byte offset / 4; vulkan_impl.h checks them against the

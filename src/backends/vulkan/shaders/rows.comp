@@ -37,6 +37,9 @@
 layout(local_size_x = 128) in;
 layout(constant_id = SPEC_MODE) const uint MODE = 0;
 
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer UInts { uint v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) coherent buffer CVec4s { vec4 v[]; };
+
 PC_BLOCK(PC_ROWS, pc) /* push.h */
 
 shared float red[128];
@@ -243,6 +246,49 @@ void main() {
             for (uint i = tid; i < n; i += 128u) {
                 float g = pc.a.v[base + i];
                 put1(base, i, g / (1.0 + exp(-g)) * pc.b.v[base + i]);
+            }
+        }
+    } else if (MODE == ROWS_MODE_SIGMOID_MUL && n % 4u == 0u) {
+        /* four elements a load: a row of a few rows' step is a workgroup's (the 35B's 2048: 4
+         * rounds of loads a thread, where one element a load took 16, ~10 us on the H200) */
+        float ss = 0.0;
+        for (uint i = tid; i < n / 4u; i += 128u) {
+            uint b4 = base / 4u + i;
+            vec4 g = pc.H == 1u ? vec4(pc.b.v[r]) : Vec4s(pc.b).v[b4];
+            vec4 y = Vec4s(pc.a).v[b4] / (1.0 + exp(-g));
+            if ((pc.flags & ROWS_ADD2) != 0u) y = Vec4s(pc.v).v[b4] + (Vec4s(pc.c).v[b4] + y);
+            CVec4s(pc.out_).v[b4] = y;
+            ss += dot(y, y);
+        }
+        if ((pc.flags & ROWS_RND) != 0u) {
+            /* the next norm's rows rounded (a thread a block of 32, mmb_round.comp's layout;
+             * the blocks past n zero, to the products' Kp = pc.n_rot) */
+            ss = subgroupAdd(ss);
+            if (subgroupElect()) red[gl_SubgroupID] = ss;
+            memoryBarrierBuffer();
+            barrier();
+            float tot = 0.0;
+            for (uint s = 0u; s < gl_NumSubgroups; s++) tot += red[s];
+            float inv = 1.0 / sqrt(tot / float(n) + pc.eps);
+            uint Kp = pc.n_rot, Kb = Kp / 32u;
+            for (uint bk = tid; bk < Kb; bk += 128u) {
+                vec4 v[8];
+                float amax = 0.0;
+                for (uint k = 0u; k < 8u; k++) {
+                    uint e = bk * 32u + k * 4u;
+                    v[k] = e < n ? CVec4s(pc.out_).v[(base + e) / 4u] * inv * Vec4s(pc.nw).v[e / 4u] : vec4(0.0);
+                    vec4 a = abs(v[k]);
+                    amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+                }
+                float id = amax > 0.0 ? 127.0 / amax : 0.0;
+                int qs = 0;
+                for (uint k = 0u; k < 8u; k++) {
+                    ivec4 q = ivec4(roundEven(v[k] * id));
+                    qs += q.x + q.y + q.z + q.w;
+                    UInts(pc.h).v[(r * Kp + bk * 32u) / 4u + k] = pack_i8x4(q);
+                }
+                pc.hs.v[r * Kb + bk] = amax / 127.0;
+                pc.hs.v[(pc.rows + r) * Kb + bk] = amax / 127.0 * float(qs);
             }
         }
     } else if (MODE == ROWS_MODE_SIGMOID_MUL) {
