@@ -464,6 +464,10 @@ static const struct knob KNOBS[] = {
         "Decode-attention workgroups a kv head's query heads are split over (a divisor of them; "
         "the rule: one per 4 heads where there are 8 or more, as Qwen3-30B-A3B's, else 1: 30B-A3B "
         "Q4_K_M decode 260 -> 280 t/s on the H100, docs/perf/log.md §38)."),
+    INT("ANVIL_VK_ATTN_TWO", C_EXPERIMENT, vk_attn_two, 0, 0, 1, NULL,
+        "Decode attention takes each block of its chunk's rows in two phases: every row's scores "
+        "into shared memory, one maximum and sum a head, then the v rows weighted from shared "
+        "memory (no subgroup reductions or shuffles per pass; docs/perf/log.md §92)."),
     INT("ANVIL_VK_BATCH_ATTN", C_EXPERIMENT, vk_batch_attn, 1024, 1, 65536, NULL,
         "A batch program's attention (attn_split.comp, docs/BATCHING.md) splits each row's "
         "positions into chunks, enough for about this many workgroups over the program's rows "

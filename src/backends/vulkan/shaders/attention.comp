@@ -57,6 +57,16 @@ const uint LPR = LPRC != 0u ? (LPRC < SG ? LPRC : SG) : SG < 4u ? SG : D >= 256u
 const uint RPS = SG / LPR;           /* rows per subgroup pass */
 const uint KPL = (D4 + LPR - 1) / LPR; /* vec4 pieces of a k row per lane */
 const uint RPC = NSG * RPS;          /* cache rows per chunk before another chunk is used */
+/* TWO (ANVIL_VK_ATTN_TWO): a chunk's rows in blocks of BR, each in two phases. The scores: the
+ * passes above without v, each row's GW scores into ss; then one maximum and one sum a head
+ * over the block (a subgroup a head), ss turned into the weights e^(s - M); then the values:
+ * a subgroup every NSG-th row of the block, a lane its vec4s of the row, each weight read from
+ * shared memory (one broadcast). No subgroup reduction, exp or shuffle per pass and head; the
+ * block's maximum is the workgroup's, so the subgroups' outputs add without rescaling. */
+layout(constant_id = ATTN_SPEC_TWO) const uint TWOC = 0;
+const bool TWO = TWOC != 0u;
+const uint BR = TWO ? 128u : 1u; /* rows a block */
+const uint VB = CPL > 1u ? 8u : 16u; /* v rows a subgroup loads at once (64 registers) */
 
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer QBytes { uint v[]; };
 
@@ -69,6 +79,8 @@ shared vec4 so[GW][D4]; /* the subgroups' outputs, combined one subgroup at a ti
 shared float xs[GW + 1][D]; /* normalised rows: the workgroup's GW query heads, then k */
 shared vec4 ys[GW + 1][D4]; /* the same, rotated */
 shared vec4 vnew[D4];
+shared float ss[BR][GW];       /* TWO: the block's scores, then weights */
+shared float smx[GW], scr[GW]; /* TWO: the running maximum, its correction a block */
 shared bool last_wg;
 uint NC, n_rot; /* the chunks of the grid, the rotated dims (pc.NC) */
 uint kvb;       /* a paged cache: log2 of its block's rows (pc.NC, ATTN_NC_PAGED), else 0 */
@@ -128,6 +140,20 @@ void pass_patch(uint base, uint pos, uint lane, inout vec4 kr[KPL], inout vec4 v
             uint c4 = lane + k * SG;
             if (base + r == pos && c4 < D4) vr[r][k] = vnew[c4];
         }
+}
+
+/* TWO: v rows r0, r0 + NSG, ... (VB of them, those before b1) of the block, this lane's vec4s;
+ * the current position's from shared memory */
+void load_vb(uint r0, uint b1, uint pos, uint j, uint lane, out vec4 vb[VB][CPL]) {
+    for (uint u = 0; u < VB; u++) {
+        uint q = r0 + u * NSG;
+        bool live = q < b1 && q != pos;
+        uint row = live ? crow(q) : 0u;
+        for (uint k = 0; k < CPL; k++) {
+            uint c4 = lane + k * SG;
+            vb[u][k] = q == pos && c4 < D4 ? vnew[c4] : live && c4 < D4 ? kv_get(pc.vc, (row * pc.Hkv + j) * D4 + c4) : vec4(0.0);
+        }
+    }
 }
 
 /* the merge's batch of chunks c0 .. c0 + 7 of query head h: m (-inf past NE, where nothing
@@ -240,6 +266,83 @@ void main() {
         l[g] = 0.0;
         for (uint k = 0; k < CPL; k++) o[g][k] = vec4(0.0);
     }
+    if (TWO) {
+        float mr[GW], lr[GW]; /* the running maximum and sum, the same in every thread */
+        for (uint g = 0; g < GW; g++) {
+            mr[g] = -1.0 / 0.0;
+            lr[g] = 0.0;
+        }
+        for (uint b0 = begin; b0 < end; b0 += BR) {
+            uint b1 = min(b0 + BR, end);
+            for (uint base = b0 + sg * RPS; base < b1; base += NSG * RPS) {
+                /* the next pass's k: this block's, else the next block's first */
+                uint nx = base + NSG * RPS < b1 ? base + NSG * RPS : b1 + sg * RPS;
+                vec4 kn[KPL];
+                pass_load_k(nx, nx < b1 ? b1 : min(b1 + BR, end), pos, j, lane, kn);
+                if (pos >= base && pos < base + RPS && base + lane / LPR == pos)
+                    for (uint i = 0; i < KPL; i++) {
+                        uint c4 = lane % LPR + i * LPR;
+                        if (c4 < D4) kr[i] = ys[GW][c4];
+                    }
+                uint r = base + lane / LPR;
+                for (uint g = 0; g < GW; g++) {
+                    float sc = 0.0;
+                    for (uint i = 0; i < KPL; i++) {
+                        uint c4 = lane % LPR + i * LPR;
+                        sc += dot(ys[g][min(c4, D4 - 1u)], kr[i]); /* kr is zero past D4 */
+                    }
+                    for (uint w = 1u; w < LPR; w <<= 1u) sc += subgroupShuffleXor(sc, w);
+                    if (lane % LPR == 0u && r < b1) ss[r - b0][g] = sc * pc.scale;
+                }
+                for (uint i = 0; i < KPL; i++) kr[i] = kn[i];
+            }
+            /* (kr now holds the next block's first pass, loaded above); the first v rows load
+             * under the maximum and sum */
+            vec4 vb[VB][CPL];
+            load_vb(b0 + sg, b1, pos, j, lane, vb);
+            barrier();
+            uint nb = b1 - b0;
+            for (uint g = sg; g < GW; g += NSG) {
+                float mx = -1.0 / 0.0;
+                for (uint r = lane; r < nb; r += SG) mx = max(mx, ss[r][g]);
+                float mn = max(mr[g], subgroupMax(mx)); /* finite: the block has rows */
+                float sum = 0.0;
+                for (uint r = lane; r < nb; r += SG) {
+                    float e = exp(ss[r][g] - mn);
+                    ss[r][g] = e;
+                    sum += e;
+                }
+                sum = subgroupAdd(sum);
+                if (lane == 0u) {
+                    smx[g] = mn;
+                    scr[g] = sum;
+                }
+            }
+            barrier();
+            for (uint g = 0; g < GW; g++) {
+                float mn = smx[g], corr = exp(mr[g] - mn); /* 0 on the first block */
+                lr[g] = lr[g] * corr + scr[g];
+                mr[g] = mn;
+                for (uint k = 0; k < CPL; k++) o[g][k] *= corr;
+            }
+            for (uint r0 = b0 + sg; r0 < b1; r0 += NSG * VB) {
+                if (r0 != b0 + sg) load_vb(r0, b1, pos, j, lane, vb);
+                for (uint u = 0; u < VB; u++) {
+                    uint q = r0 + u * NSG;
+                    if (q >= b1) break;
+                    for (uint g = 0; g < GW; g++) {
+                        float e = ss[q - b0][g];
+                        for (uint k = 0; k < CPL; k++) o[g][k] += e * vb[u][k];
+                    }
+                }
+            }
+            barrier(); /* ss is the next block's */
+        }
+        for (uint g = 0; g < GW; g++) { /* the subgroups share the maximum: their outputs add */
+            m[g] = mr[g];
+            l[g] = sg == 0u ? lr[g] : 0.0;
+        }
+    } else
     /* by far the most time goes here: a pass's RPS rows are loaded at once, its k during
      * the previous pass (the first pass's k and v before the norms). Prefetching v as well
      * costs registers enough to halve the workgroups resident at long contexts. */

@@ -260,6 +260,7 @@
 #define ATTN_SPEC_LPR 5
 #define ATTN_SPEC_GS 6
 #define ATTN_SPEC_PAGED 7 /* attention.comp: the cache read through a block table (a batch's) */
+#define ATTN_SPEC_TWO 8   /* attention.comp: each block of a chunk in two phases, scores then values (ANVIL_VK_ATTN_TWO) */
 
 /* attn_flash.comp, attn_prefill.comp (G only) */
 #define FLASH_SPEC_G 0
