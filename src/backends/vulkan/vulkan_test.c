@@ -1170,8 +1170,11 @@ static void test_long_attention(void **state) {
     skip();
 #endif
     static const char *specs[] = {"synthetic:qwen3-tiny-k:q4_k", "synthetic:qwen3-heads:q8_0"};
-    static const char *chunks[] = {"1", "3", "64", "3", "64"};
-    static const anvil_kv_cache caches[] = {ANVIL_KV_F16, ANVIL_KV_F32, ANVIL_KV_F16, ANVIL_KV_Q8_0, ANVIL_KV_Q8_0};
+    static const char *chunks[] = {"1", "3", "64", "3", "64", "1", "3"};
+    static const anvil_kv_cache caches[] = {ANVIL_KV_F16, ANVIL_KV_F32, ANVIL_KV_F16, ANVIL_KV_Q8_0, ANVIL_KV_Q8_0,
+                                            ANVIL_KV_F16, ANVIL_KV_Q8_0};
+    /* the last two on the kernel's other loop (ANVIL_VK_ATTN_TWO=1, an experiment: blocks of scores, then values) */
+    static const char *two[] = {NULL, NULL, NULL, NULL, NULL, "1", "1"};
     static const anvil_kv_cache types[] = {ANVIL_KV_F32, ANVIL_KV_F16, ANVIL_KV_Q8_0}; /* the CPU's runs */
     enum { N = 90 };
     int fails = 0;
@@ -1196,13 +1199,15 @@ static void test_long_attention(void **state) {
         for (size_t c = 0; c < sizeof caches / sizeof *caches; c++) {
             int k = caches[c] == ANVIL_KV_F32 ? 0 : caches[c] == ANVIL_KV_F16 ? 1 : 2;
             setenv("ANVIL_VK_ATTN_CHUNKS", chunks[c], 1);
+            if (two[c]) setenv("ANVIL_VK_ATTN_TWO", two[c], 1);
             anvil_session *vk = tu_session_kv(m, ANVIL_BACKEND_VULKAN, 128, caches[c]);
+            unsetenv("ANVIL_VK_ATTN_TWO");
             assert_int_equal(anvil_session_eval(vk, prompt, N, ANVIL_LOGITS_ALL, b), ANVIL_OK);
             float d = tu_max_diff(a[k], b, N * (size_t)V);
             fprintf(stderr,
-                    "%s, %s attention chunks, %s cache, %d decode steps: max |vulkan - cpu| = %.3g (the float16 "
+                    "%s, %s attention chunks%s, %s cache, %d decode steps: max |vulkan - cpu| = %.3g (the float16 "
                     "cache moves the CPU's rows by %.3g, q8_0 by %.3g)\n",
-                    specs[s], chunks[c], anvil_kv_cache_name(caches[c]), N, (double)d, (double)rounding,
+                    specs[s], chunks[c], two[c] ? " (ANVIL_VK_ATTN_TWO=1)" : "", anvil_kv_cache_name(caches[c]), N, (double)d, (double)rounding,
                     (double)rounding8);
             /* q8_0: a quant at a rounding tie where the two sides' k differ by an ulp moves by
              * 1/127 of its block's largest value (16x a float16 tie; measured 7.3e-4 on the
