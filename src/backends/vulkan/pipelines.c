@@ -929,8 +929,11 @@ anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enu
         n = MMB_SPEC_WG + 1;
     }
     /* (vals[] is indexed by the constants' ids: contract.h's *_SPEC_*, then SPEC_IQ4L, SPEC_KV16
-     * and SPEC_KVQ8) */
-    vals[n++] = out->iq4_lut;
+     * and SPEC_KVQ8. SPEC_IQ4L only where the kernel reads IQ4 weights, 0 elsewhere: in every
+     * pipeline's data a form other than 0 changed every kernel's cache key, and a process then
+     * compiled all its pipelines again: over 20 s on the H200, perf log §94) */
+    bool iq4 = (ki->op != VK_OP_NONE && (ki->dtype == DT_IQ4_NL || ki->dtype == DT_IQ4_XS)) || strstr(ki->name, "iq4_");
+    vals[n++] = iq4 ? out->iq4_lut : 0u;
     vals[n++] = kv_type == ANVIL_KV_F16;
     vals[n++] = kv_type == ANVIL_KV_Q8_0;
     struct vk_shared *sh = d->sh;
