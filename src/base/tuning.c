@@ -159,9 +159,14 @@ static const struct knob KNOBS[] = {
          "(mmq_cm2.comp; unmeasurable on the H200: the kernel waits on latency, docs/perf/log.md "
          "§91)."),
     INT("ANVIL_VK_MMQ_WG", C_DIAGNOSTIC, vk_mmq_wg, 128, 128, 256, NULL,
-        "With ANVIL_VK_MMQ_X8: mmq_cm2.comp's workgroups of 128 threads over 64 outputs (four "
-        "an SM at its 124 registers: H200 pp512 30B-A3B 6,950 -> 8,472 t/s, 35B-A3B 4,833 -> "
+        "With ANVIL_VK_MMQ_X8: mmq_cm2.comp's workgroups of 128 threads over 64 outputs (three "
+        "an SM at its 130 registers: H200 pp512 30B-A3B 6,950 -> 8,472 t/s, 35B-A3B 4,833 -> "
         "5,372 with tiles of 32), or 256 over 128 (docs/perf/log.md §91)."),
+    BOOL("ANVIL_VK_MOE_RSUM", C_DIAGNOSTIC, vk_moe_rsum, 1,
+         "The MoE prefill over the experts' compact rows: each token's outputs summed from the "
+         "down product's rows through the gather's inverse map, four columns a thread; 0 "
+         "scatters them into slots first and sums a column a thread (H200, a 30B-A3B layer "
+         "730 -> 689 us, docs/perf/log.md §91)."),
     BOOL("ANVIL_VK_MMQB", C_DIAGNOSTIC, vk_mmqb, 1,
          "A batch step's (or a prompt chunk's) products of 16 or 32 rows of Q4_K / Q6_K weights "
          "on the int8 matrix units (shaders/mmqb_cm2.comp, where the device has int8 "

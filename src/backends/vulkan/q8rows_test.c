@@ -4,7 +4,8 @@
  * (ROWS_Q8), against the rounding they implement (llama.cpp's q8_1: per block of 32, d =
  * max |v| / 127, q = round(v / d), the pair (d, d * sum q) after the rows) on random rows. The
  * product that reads them needs int8 cooperative matrices (anvil ops checks it on such a GPU);
- * these two run on any device, lavapipe included.
+ * these two run on any device, lavapipe included. And the sum of each token's expert outputs
+ * over those rows, through slots or through the gather's inverse map (MM_ROWS).
  */
 #include <math.h>
 #include <stdio.h>
@@ -79,6 +80,52 @@ static void test_q8_rows(void **state) {
     backend_destroy(base);
 }
 
+/* The sum of each token's k expert outputs over the compact rows: through slots (the scatter)
+ * and through the gather's inverse map (MM_ROWS, ANVIL_VK_MOE_RSUM), both against the host's
+ * sum; the padding rows hold NaN, so a read of one shows */
+static void test_moe_sum(void **state) {
+    (void)state;
+    struct backend *base;
+    assert_int_equal(backend_vulkan_create(-1, true, &base), ANVIL_OK);
+    struct vk_backend *b = (struct vk_backend *)base;
+    static const int shapes[][5] = {{37, 4, 16, 64, 16}, {5, 8, 128, 32, 32}, {64, 2, 3, 8, 32}, {1, 1, 1, 4, 16}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int T = shapes[si][0], k = shapes[si][1], E = shapes[si][2], C = shapes[si][3], bm = shapes[si][4], n = T * k;
+        int32_t *ids = malloc((size_t)n * 4);
+        float *w = malloc((size_t)n * 4), *y = malloc((size_t)n * C * 4), *want = calloc((size_t)T * C, 4),
+              *got = malloc((size_t)T * C * 4);
+        assert_non_null(ids && w && y && want && got);
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < k; j++) { /* k distinct experts a token, skewed towards the low ones */
+                int e;
+                bool dup;
+                do {
+                    e = (int)(rnd() % (uint32_t)E) % ((int)(rnd() % 2u) ? E : (E + 1) / 2);
+                    dup = false;
+                    for (int i = 0; i < j; i++) dup |= ids[t * k + i] == e;
+                } while (dup);
+                ids[t * k + j] = e;
+                w[t * k + j] = rndf();
+            }
+        for (size_t i = 0; i < (size_t)n * C; i++) y[i] = rndf() * 4.0f;
+        for (int en = 0; en < n; en++)
+            for (int c = 0; c < C; c++) want[(size_t)(en / k) * C + c] += w[en] * y[(size_t)en * C + c];
+        for (int rsum = 0; rsum < 2; rsum++) {
+            assert_int_equal(vk_moe_sum_once(b, T, k, E, C, bm, ids, w, y, rsum, got), ANVIL_OK);
+            for (size_t i = 0; i < (size_t)T * C; i++)
+                if (!(fabsf(got[i] - want[i]) <= 1e-5f * (1.0f + fabsf(want[i]))))
+                    fail_msg("moe sum (T %d k %d E %d C %d bm %d, rsum %d): [%zu] %g, %g wanted", T, k, E, C, bm, rsum,
+                             i, (double)got[i], (double)want[i]);
+        }
+        free(ids), free(w), free(y), free(want), free(got);
+    }
+    int32_t id0 = 1;
+    float w0 = 1, y0[4] = {0}, o0[4];
+    assert_int_equal(vk_moe_sum_once(b, 1, 1, 1, 4, 16, &id0, &w0, y0, true, o0), ANVIL_ERR_INVALID_ARG);
+    assert_int_equal(vk_check_validation(b->d), ANVIL_OK);
+    backend_destroy(base);
+}
+
 int main(void) {
     char why[256];
     if (!tu_vulkan(why, sizeof why)) { /* (the validation layer on where it is installed) */
@@ -87,6 +134,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_q8_rows),
+        cmocka_unit_test(test_moe_sum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -389,7 +389,7 @@ anvil_status vk_q8_rows_once(struct vk_backend *b, const float *x, const float *
     /* x, up, the lists (expert 0's count, its entries 0 .. T - 1), aux (offsets 0, R; the rows'
      * entries), row scales, out (R rows of K int8s, then their blocks' pairs), prm */
     VkDeviceSize o[7], bytes[7] = {(VkDeviceSize)n * 4, (VkDeviceSize)n * 4, (VkDeviceSize)(1 + T) * 4,
-                                   (VkDeviceSize)(2 + R) * 4, (VkDeviceSize)R * 4,
+                                   (VkDeviceSize)(2 + R + T) * 4, (VkDeviceSize)R * 4,
                                    (VkDeviceSize)R * (VkDeviceSize)K * 5 / 4, 64};
     VkDeviceSize size = test_layout(7, bytes, o);
     struct vk_buffer buf = {0};
@@ -414,6 +414,70 @@ anvil_status vk_q8_rows_once(struct vk_backend *b, const float *x, const float *
         memcpy(q, m + o[5], (size_t)n);
         memcpy(ds, m + o[5] + (VkDeviceSize)R * (VkDeviceSize)K, (size_t)n / 32 * 8);
     }
+    vk_buffer_destroy(b->d, &buf);
+    return st;
+}
+
+anvil_status vk_moe_sum_once(struct vk_backend *b, int T, int k, int E, int C, int bm, const int32_t *ids, const float *w,
+                             const float *y, bool rsum, float *out) {
+    if (T < 1 || k < 1 || k > 64 || E < k || E > 1024 || C < 4 || C % 4 || (bm != 16 && bm != 32) || T > 4096)
+        return err_set(ANVIL_ERR_INVALID_ARG, "vk_moe_sum_once: T %d k %d E %d C %d bm %d", T, k, E, C, bm);
+    for (int i = 0; i < T * k; i++)
+        if (ids[i] < 0 || ids[i] >= E) return err_set(ANVIL_ERR_INVALID_ARG, "vk_moe_sum_once: expert %d", ids[i]);
+    anvil_status st = test_pipelines(b);
+    if (st != ANVIL_OK) return st;
+    uint32_t n = (uint32_t)(T * k), R = (n + (uint32_t)E * (bm - 1) + bm - 1) / bm * bm;
+    /* lists (counts, entries), route, aux (offsets, map, inverse), x and its gathered float16
+     * rows with their scales, the down's rows, slots, out, prm */
+    VkDeviceSize o[10], bytes[10] = {((VkDeviceSize)E + (VkDeviceSize)E * T) * 4, (VkDeviceSize)T * 128 * 4,
+                                     ((VkDeviceSize)E + 1 + R + n) * 4, (VkDeviceSize)T * C * 4, (VkDeviceSize)R * C * 2,
+                                     (VkDeviceSize)R * 4, (VkDeviceSize)R * C * 4, (VkDeviceSize)n * C * 4,
+                                     (VkDeviceSize)T * C * 4, 64};
+    VkDeviceSize size = test_layout(10, bytes, o);
+    struct vk_buffer buf = {0};
+    if ((st = vk_buffer_create(b->d, size, VK_MEM_READBACK, "test moe sum", &buf)) != ANVIL_OK) return st;
+    uint8_t *m = buf.map;
+    memset(m, 0, buf.size);
+    uint32_t *lists = (uint32_t *)(m + o[0]);
+    float *route = (float *)(m + o[1]), *dc = (float *)(m + o[6]);
+    /* each expert's entries in order, as moe_topk.comp MODE 2 lists them; the rows the gather
+     * will give them (offsets of counts rounded up to bm) */
+    uint32_t *offs = calloc((size_t)E + 1, 4);
+    if (!offs) {
+        vk_buffer_destroy(b->d, &buf);
+        return err_set(ANVIL_ERR_NOMEM, "vk_moe_sum_once");
+    }
+    for (uint32_t en = 0; en < n; en++) {
+        uint32_t e = (uint32_t)ids[en];
+        lists[E + e * T + lists[e]++] = en;
+        route[(en / k) * 128 + en % k] = (float)e;
+        route[(en / k) * 128 + 64 + en % k] = w[en];
+    }
+    for (int e = 0; e < E; e++) offs[e + 1] = offs[e] + (lists[e] + bm - 1) / bm * bm;
+    for (size_t i = 0; i < (size_t)R * C; i++) dc[i] = NAN; /* padding rows: never read */
+    for (int e = 0; e < E; e++)
+        for (uint32_t i = 0; i < lists[e]; i++)
+            memcpy(dc + (size_t)(offs[e] + i) * C, y + (size_t)lists[E + e * T + i] * C, (size_t)C * 4);
+    free(offs);
+    uint64_t a = buf.addr;
+    struct pc_moe_rows mr = {a + o[0], a + o[1], a + o[3], a + o[4], a + o[2], (uint32_t)E, (uint32_t)k, (uint32_t)T,
+                             (uint32_t)C, (uint32_t)bm, R, a + o[5], 0};
+    struct pc_moe_rows sc = {a + o[0], a + o[1], a + o[6], a + o[7], a + o[2], (uint32_t)E, (uint32_t)k, (uint32_t)T,
+                             (uint32_t)C, (uint32_t)bm, R, 0, 0};
+    struct pc_mm sum = {a + o[7], a + o[9], a + o[8], a + o[9], a + o[9], (uint32_t)T, 0, (uint32_t)C, 0, 0, a + o[9],
+                        0, 0, (uint32_t)E, (uint32_t)k, 0};
+    if (rsum) {
+        sum.x = a + o[6];
+        sum.flags = MM_ROWS;
+        sum.lists = a + o[2] + ((VkDeviceSize)E + 1 + R) * 4;
+        sum.route = a + o[1];
+    }
+    uint32_t nsum = ((uint32_t)(T * C) / (rsum ? 4u : 1u) + 255) / 256;
+    struct test_dispatch ds[4] = {{K_MOE_OFFS, &mr, sizeof mr, 1, 0, 0}, {K_MOE_GATHER, &mr, sizeof mr, R, 0, 0},
+                                  {K_MOE_SCATTER, &sc, sizeof sc, R, 0, 0}, {K_MM_REDUCE, &sum, sizeof sum, nsum, 0, 0}};
+    if (rsum) ds[2] = ds[3];
+    st = test_run(b, ds, rsum ? 3 : 4, VK_NULL_HANDLE);
+    if (st == ANVIL_OK) memcpy(out, m + o[8], (size_t)T * C * 4);
     vk_buffer_destroy(b->d, &buf);
     return st;
 }

@@ -60,6 +60,16 @@ anvil_status vk_pick_once(struct vk_backend *b, const float *logits, int E, int 
  * of int8s). K a multiple of 32, else ANVIL_ERR_INVALID_ARG. */
 anvil_status vk_q8_rows_once(struct vk_backend *b, const float *x, const float *up, int T, int K, int8_t *q, float *ds);
 
+/* For tests: a mixture's outputs summed per token over its experts' compact rows: entries t k +
+ * j (T tokens, k each) routed to experts ids [T k] < E with weights w [T k]; the offsets and
+ * the gather (moe_rows.comp MODE 0, 1: each expert's rows padded to bm, the map and its
+ * inverse), the down product's rows [R, C] filled by the host from y [T k, C] (entry en's at
+ * its row; padding rows NaN), then either the scatter into slots and their sum (rsum false) or
+ * mm.comp MODE 4 MM_ROWS through the inverse map: out [T, C] = sum_j w[t k + j] y[t k + j].
+ * C a multiple of 4, bm 16 or 32, else ANVIL_ERR_INVALID_ARG. */
+anvil_status vk_moe_sum_once(struct vk_backend *b, int T, int k, int E, int C, int bm, const int32_t *ids, const float *w,
+                             const float *y, bool rsum, float *out);
+
 /* For tests: n floats (a multiple of 8) to float16 through the shaders' conversion
  * (common.glsl half_rne, by dq.comp over a float32 row), into out [n]. */
 anvil_status vk_f16_once(struct vk_backend *b, const float *x, int n, uint16_t *out);

@@ -108,6 +108,10 @@
                        matrices (ANVIL_VK_DQ_EMULATE, the tests); mm_cm2.comp: the rows were
                        scaled (else every scale is 1 and it multiplies by none; it tests the
                        bare 4u) */
+#define MM_ROWS 16u /* mm.comp MODE 4: x is the experts' rows laid out compact (moe_rows.comp), lists
+                       the inverse of the gather's map (entry t k + q -> its row), route the
+                       routing weights: y[t] = sum_q w(t, q) x[row of t k + q], 4 columns a
+                       thread (the scatter into slots left out) */
 #define MM_SKIP 8u  /* mmq_cm2.comp (tiles of 32): a tile whose last 16 rows are padding leaves
                        their products out (it tests the bare 8u, prebuilt) */
 

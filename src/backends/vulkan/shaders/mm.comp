@@ -144,6 +144,18 @@ void experts() {
 /* MODE 4: y[t][n] = sum over the k slots of x[t * k + slot][n] (the experts' outputs). */
 void reduce_slots() {
     uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+    if ((pc.flags & MM_ROWS) != 0u) { /* (N % 4 == 0) */
+        uint N4 = pc.N / 4u;
+        if (i >= pc.T * N4) return;
+        uint t = i / N4, n = i - t * N4;
+        vec4 s = vec4(0.0);
+        for (uint q = 0u; q < pc.k; q++) {
+            uint r = floatBitsToUint(pc.lists.v[t * pc.k + q]);
+            s += pc.route.v[t * 128u + 64u + q] * Vec4s(pc.x).v[r * N4 + n];
+        }
+        Vec4s(pc.y).v[i] = s;
+        return;
+    }
     if (i >= pc.T * pc.N) return;
     uint t = i / pc.N, n = i - t * pc.N;
     float s = 0.0;

@@ -15,7 +15,8 @@
  *           rows are never read), ds not written
  *   MODE 2  workgroup r: dst row map[r] = src row r times the entry's routing weight (padding
  *           rows: nothing)
- * aux holds offs [E + 1] then map [T * k] (uints). Rows of K floats, K a multiple of 4. */
+ * aux holds offs [E + 1], the map [R] of rows to entries, then its inverse [T * k] (entry -> row:
+ * mm.comp MODE 4 MM_ROWS sums the rows through it) (uints). Rows of K floats, K a multiple of 4. */
 #define Q8_LANES
 #include "common.glsl"
 
@@ -59,6 +60,7 @@ void main() {
         bool own = r < offs(pc.E) && at < floatBitsToUint(pc.lists.v[lo]);
         uint en = own ? floatBitsToUint(pc.lists.v[pc.E + lo * pc.T + at]) : ~0u;
         if (tid == 0u) pc.aux.v[pc.E + 1u + r] = uintBitsToFloat(en);
+        if (tid == 0u && own) pc.aux.v[pc.E + 1u + pc.R + en] = uintBitsToFloat(r);
         if (!own) {
             if (tid == 0u) pc.ds.v[r] = 1.0;
             return;
