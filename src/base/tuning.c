@@ -409,12 +409,12 @@ static const struct knob KNOBS[] = {
         "cannot share a semaphore, the host waits between them; else 1); 1 each device's decode program (the parts before the last ending in the hidden "
         "state), the crossing through the host (a wait, a read and a write per boundary); 0 the "
         "first form (1, but the parts before the last as one-row prefill programs). For measuring."),
-    INT("ANVIL_SPLIT_PIPE", C_DIAGNOSTIC, split_pipe, 0, 0, 16, NULL,
+    INT("ANVIL_SPLIT_PIPE", C_DIAGNOSTIC, split_pipe, 0, 0, 12, NULL,
         "How a batch's decoding sequences run over a chained layer split (docs/MULTIGPU.md "
-        "\"Pipelining\"): 0 in as many groups as the split has devices (fewer where a group would "
-        "have one sequence), each group's step in flight while the others' run on the other "
-        "devices; 1 one group (every device in turn, the others idle); N at most N groups. For "
-        "measuring."),
+        "\"How a batch's decode steps run\"): 0 in groups of about 8 (at least one a device, "
+        "none of one sequence), each group's step in flight while the others' run on the other "
+        "devices; 1 one group (every device in turn, the others idle); N N groups (of one "
+        "sequence too). For measuring."),
     /* ---- experiment ---- */
     INT("ANVIL_VK_DQ_MAX_MB", C_EXPERIMENT, vk_dq_max_mb, 256, 1, 4096, NULL,
         "The largest float16 weight piece the prefill dequantises at once (MiB): 64 MiB pieces "

@@ -195,6 +195,8 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->ahead_ok = t.vk_batch_paged != 3;
     b->groups = batch_pipe_groups(b, t.split_pipe);
     b->group_min = batch_pipe_group_min(t.split_pipe);
+    b->stages = b->backend->vt->stages ? b->backend->vt->stages(b->backend) : 1;
+    b->group_rows = t.split_pipe > 1 ? 0 : BATCH_GROUP_ROWS;
     for (int l = 0; l < hp->n_layer; l++)
         if (hp->layer_recurrent[l]) b->recurrent = true;
     /* a recurrent model's prefix cache needs its states' snapshots (states_copy) */

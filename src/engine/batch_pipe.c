@@ -25,9 +25,9 @@
  * row it reads before it reads it (and starts its slot's states at position 0, or copies a
  * snapshot over them); the row's token is dropped (its slot's id is another's by then).
  *
- * Sizes: G = min(groups, live sequences / 2) groups (at least one; a group of one sequence runs
- * a one-row program, much slower per row than a larger one), each at most ceil(live / G)
- * sequences; sequences beyond that wait a round (held), joining the next group resubmitted, so
+ * Sizes: G = ceil(live sequences / 8) groups (BATCH_GROUP_ROWS), at least one a device, at
+ * most live / 2 (a group of one sequence runs a one-row program, much slower per row than a
+ * larger one), each at most ceil(live / G) sequences; sequences beyond that wait a round (held), joining the next group resubmitted, so
  * joiners and leavers even the groups out again.
  */
 #include <math.h>
@@ -41,7 +41,14 @@ int batch_pipe_groups(const anvil_batch *b, int split_pipe) {
     if (!vt->batch_submit || !vt->batch_wait || !vt->stages || split_pipe == 1) return 1;
     int n = vt->stages(b->backend);
     if (n < 2) return 1;
-    return MIN(split_pipe > 1 ? split_pipe : n, BATCH_GROUPS / 2);
+    return split_pipe > 1 ? MIN(split_pipe, BATCH_GROUPS_MAX) : BATCH_GROUPS_MAX;
+}
+
+/* The groups n decoding sequences are cut into: ceil(n / group_rows), at least one a device,
+ * or as ANVIL_SPLIT_PIPE sets them; within groups, and of at least group_min sequences. */
+static int group_count(const anvil_batch *b, int n) {
+    int G = b->group_rows ? MAX(b->stages, (n + b->group_rows - 1) / b->group_rows) : b->groups;
+    return MAX(1, MIN(MIN(G, b->groups), n / b->group_min));
 }
 
 void batch_pipe_free(anvil_batch *b) {
@@ -159,7 +166,7 @@ anvil_status batch_pipe_step(anvil_batch *b, anvil_batch_event *ev, int *n_ev) {
         if (q->flight) n_live++;
         else if (!q->stepped && q->pos >= q->n_prompt) free_slots[n_free++] = i;
     }
-    int n = n_free + n_live, G = MAX(1, MIN(b->groups, n / b->group_min)), per = MAX(1, (n + G - 1) / G);
+    int n = n_free + n_live, G = group_count(b, n), per = MAX(1, (n + G - 1) / G);
     anvil_status st = ANVIL_OK;
     int k = 0; /* free ones taken; those past k are held for a resubmitted group, or the next call */
     while (st == ANVIL_OK && b->n_fly < G && k < n_free) {

@@ -476,6 +476,16 @@ static void test_vulkan_split_pipe(void **state) {
         assert_true(dropped > 0); /* (the first sequence's in-flight step) */
         assert_true(d < 1e-3f);
         assert_memory_equal(t1, t2, sizeof t1);
+        if (i == 0) { /* three groups over the two devices (one holds two groups' parts at once) */
+            setenv("ANVIL_SPLIT_PIPE", "3", 1);
+            dropped = run_pipe(m, 2, two, t2, split);
+            setenv("ANVIL_SPLIT_PIPE", "2", 1);
+            d = tu_max_diff(one, split, (size_t)V);
+            fprintf(stderr, "%s [vulkan batch, devices 0,0, three groups]: max |split - one| = %.3g\n", models[i],
+                    (double)d);
+            assert_true(dropped > 0 && d < 1e-3f);
+            assert_memory_equal(t1, t2, sizeof t1);
+        }
 #ifndef TU_SANITIZED
         if (i == 0) { /* on two logical devices (no shared semaphore: the host waits between the parts) */
             setenv("ANVIL_VK_FAULT", "oom:1000000", 1);
