@@ -411,8 +411,8 @@ static const struct knob KNOBS[] = {
         "first form (1, but the parts before the last as one-row prefill programs). For measuring."),
     INT("ANVIL_SPLIT_PIPE", C_DIAGNOSTIC, split_pipe, 0, 0, 12, NULL,
         "How a batch's decoding sequences run over a chained layer split (docs/MULTIGPU.md "
-        "\"How a batch's decode steps run\"): 0 in groups of about 8 (at least one a device, "
-        "none of one sequence), each group's step in flight while the others' run on the other "
+        "\"How a batch's decode steps run\"): 0 in a group a device (a MoE model's of about 8 "
+        "sequences, at least one a device; none of one sequence), each group's step in flight while the others' run on the other "
         "devices; 1 one group (every device in turn, the others idle); N N groups (of one "
         "sequence too). For measuring."),
     /* ---- experiment ---- */

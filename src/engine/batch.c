@@ -196,7 +196,10 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     b->groups = batch_pipe_groups(b, t.split_pipe);
     b->group_min = batch_pipe_group_min(t.split_pipe);
     b->stages = b->backend->vt->stages ? b->backend->vt->stages(b->backend) : 1;
-    b->group_rows = t.split_pipe > 1 ? 0 : BATCH_GROUP_ROWS;
+    if (t.split_pipe > 1) b->stages = b->groups; /* (the groups ANVIL_SPLIT_PIPE sets) */
+    /* a MoE model's groups of about 8 (§93 run 2, 30B-A3B at 32 sequences: 4 groups 1,670 t/s, 2
+     * groups of 16 1,398); a dense model's one a device (8B: 2 groups 3,185, 4 of 8 2,796) */
+    b->group_rows = t.split_pipe <= 1 && hp->n_expert > 0 ? BATCH_GROUP_ROWS : 0;
     for (int l = 0; l < hp->n_layer; l++)
         if (hp->layer_recurrent[l]) b->recurrent = true;
     /* a recurrent model's prefix cache needs its states' snapshots (states_copy) */

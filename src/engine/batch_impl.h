@@ -104,8 +104,8 @@ struct anvil_batch {
     /* the decode rows pipelined over a layer split's devices (batch_pipe.c): at most groups of
      * them (1: none); the groups in flight, oldest first (fly[n_fly], indices into grp) */
     int groups, group_min;  /* ... of at least group_min sequences each (but where all are fewer) */
-    int stages, group_rows; /* the split's devices; the sequences a group aims at (0: groups sets
-                               the count: ANVIL_SPLIT_PIPE > 1) */
+    int stages, group_rows; /* the split's devices (ANVIL_SPLIT_PIPE's groups where it sets them);
+                               the sequences a MoE model's group aims at (0: one group a stage) */
     struct batch_group grp[BATCH_GROUPS];
     int fly[BATCH_GROUPS], n_fly;
     int64_t overlapped;     /* group steps submitted while another's was in flight */
@@ -139,10 +139,9 @@ anvil_status batch_program_for(anvil_batch *b, int T, bool last_only, struct bat
 /* The groups a batch's decoding sequences may be cut into on b's backend (its stages, within
  * ANVIL_SPLIT_PIPE): 1 where nothing is pipelined. */
 int batch_pipe_groups(const anvil_batch *b, int split_pipe);
-/* The sequences a group aims at by default: 8 (one device runs several groups' parts back to
- * back where there are more, so that the host's hand-over between a group's step and its next
- * leaves no device idle; and a MoE model's steps of at most 15 rows keep each row's experts on
- * the decode's kernels). */
+/* The sequences a MoE model's group aims at: 8 (its steps of at most 15 rows keep each row's
+ * experts on the decode's kernels; over 15 they take the prefill's grouped experts, slower per
+ * row: §93 run 2). A dense model's groups are one a device (more, smaller groups lost there). */
 #define BATCH_GROUP_ROWS 8
 /* The fewest sequences in a group: 2 (a group of one runs a one-row program, far slower per
  * row than a larger one's), 1 where ANVIL_SPLIT_PIPE sets the groups (tests, measuring). */

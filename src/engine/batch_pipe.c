@@ -25,8 +25,9 @@
  * row it reads before it reads it (and starts its slot's states at position 0, or copies a
  * snapshot over them); the row's token is dropped (its slot's id is another's by then).
  *
- * Sizes: G = ceil(live sequences / 8) groups (BATCH_GROUP_ROWS), at least one a device, at
- * most live / 2 (a group of one sequence runs a one-row program, much slower per row than a
+ * Sizes: G = one group a device; a MoE model's ceil(live sequences / 8) (BATCH_GROUP_ROWS:
+ * its steps of at most 15 rows read each row's experts on the decode's kernels), at least one a
+ * device; at most live / 2 (a group of one sequence runs a one-row program, much slower per row than a
  * larger one), each at most ceil(live / G) sequences; sequences beyond that wait a round (held), joining the next group resubmitted, so
  * joiners and leavers even the groups out again.
  */
@@ -44,10 +45,11 @@ int batch_pipe_groups(const anvil_batch *b, int split_pipe) {
     return split_pipe > 1 ? MIN(split_pipe, BATCH_GROUPS_MAX) : BATCH_GROUPS_MAX;
 }
 
-/* The groups n decoding sequences are cut into: ceil(n / group_rows), at least one a device,
- * or as ANVIL_SPLIT_PIPE sets them; within groups, and of at least group_min sequences. */
+/* The groups n decoding sequences are cut into: one a device (or as ANVIL_SPLIT_PIPE sets
+ * them), more where group_rows asks (a MoE model: ceil(n / group_rows)); within groups, and of
+ * at least group_min sequences. */
 static int group_count(const anvil_batch *b, int n) {
-    int G = b->group_rows ? MAX(b->stages, (n + b->group_rows - 1) / b->group_rows) : b->groups;
+    int G = b->group_rows ? MAX(b->stages, (n + b->group_rows - 1) / b->group_rows) : b->stages;
     return MAX(1, MIN(MIN(G, b->groups), n / b->group_min));
 }
 
