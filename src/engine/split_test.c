@@ -348,20 +348,27 @@ static void test_vulkan_split_stop(void **state) {
     anvil_model_close(m);
 }
 
-/* Two sequences through a batch (batch graphs: run_batch) on devices[n] (n 0: one device):
- * their greedy tokens into tok [2][6] (in step order per sequence) and the last logits of
- * sequence 1 into logits[V]. */
-static void run_batch(anvil_model *m, int n, const int *devices, int32_t tok[2][6], float *logits) {
+/* A Vulkan batch of n_seq sequences on devices[n] (n 0: one device), 32 positions, blocks of
+ * kv_block, every row's logits kept. */
+static anvil_batch *batch_on(anvil_model *m, int n, const int *devices, int n_seq, int kv_block) {
     anvil_batch_params bp = anvil_batch_default_params();
     bp.session.backend = ANVIL_BACKEND_VULKAN;
     bp.session.n_ctx = 32;
     bp.session.n_devices = n;
     for (int i = 0; i < n; i++) bp.session.devices[i] = devices[i];
-    bp.n_seq_max = 2;
-    bp.kv_block = 16;
+    bp.n_seq_max = n_seq;
+    bp.kv_block = kv_block;
     bp.keep_logits = 1;
     anvil_batch *b;
     if (anvil_batch_create(m, &bp, &b) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
+    return b;
+}
+
+/* Two sequences through a batch (batch graphs: run_batch) on devices[n] (n 0: one device):
+ * their greedy tokens into tok [2][6] (in step order per sequence) and the last logits of
+ * sequence 1 into logits[V]. */
+static void run_batch(anvil_model *m, int n, const int *devices, int32_t tok[2][6], float *logits) {
+    anvil_batch *b = batch_on(m, n, devices, 2, 16);
     anvil_generate_params gp = {anvil_sampling_default(), 6, NULL, 0, NULL, NULL, NULL};
     gp.sampling.temperature = 0;
     int ids[2], got[2] = {0, 0};
@@ -414,16 +421,7 @@ static void test_vulkan_split_batch(void **state) {
  * once, then a fifth when the second ends; the tokens into tok[5][8] (0-padded), the fourth's
  * last logits into logits[V]; returns the rows dropped (batch_pipe_counts). */
 static int64_t run_pipe(anvil_model *m, int n, const int *devices, int32_t tok[5][8], float *logits) {
-    anvil_batch_params bp = anvil_batch_default_params();
-    bp.session.backend = ANVIL_BACKEND_VULKAN;
-    bp.session.n_ctx = 32;
-    bp.session.n_devices = n;
-    for (int i = 0; i < n; i++) bp.session.devices[i] = devices[i];
-    bp.n_seq_max = 3;
-    bp.kv_block = 8;
-    bp.keep_logits = 1;
-    anvil_batch *b;
-    if (anvil_batch_create(m, &bp, &b) != ANVIL_OK) fail_msg("%s", anvil_model_errmsg(m));
+    anvil_batch *b = batch_on(m, n, devices, 3, 8);
     anvil_generate_params gp = {anvil_sampling_default(), 8, NULL, 0, NULL, NULL, NULL};
     gp.sampling.temperature = 0;
     const int32_t other[] = {77, 512, 9, 1300, 42, 6};
