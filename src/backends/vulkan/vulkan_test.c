@@ -560,6 +560,51 @@ static void test_moe_down_rounds(void **state) {
     free(desc);
 }
 
+/* A knob's A/B on one model's decode (qx_env set by the caller): a Vulkan session with the knob
+ * at value[0] and one at value[1], their dispatches and barriers a step, the times name[k] (NULL:
+ * none) stands in each's program, and 6 decode rows (tokens i * mul + add) against the CPU's:
+ * worst[f] the largest difference of the rows' scale, apart the two sessions' rows from each
+ * other. The knob is unset after. */
+struct knob_ab {
+    int dispatches[2], barriers[2], named[2][2];
+    double worst[2], apart;
+};
+
+static void knob_ab(const char *spec, const char *knob, const char *const value[2], const char *const name[2], int mul,
+                    int add, struct knob_ab *r) {
+    memset(r, 0, sizeof *r);
+    anvil_model *m;
+    assert_int_equal(anvil_model_open(spec, NULL, &m), ANVIL_OK);
+    int V = anvil_model_vocab_size(m);
+    float *a = malloc(sizeof(float) * (size_t)V), *b[2] = {malloc(sizeof(float) * (size_t)V), malloc(sizeof(float) * (size_t)V)};
+    anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk[2];
+    char desc[8192];
+    for (int f = 0; f < 2; f++) {
+        setenv(knob, value[f], 1);
+        vk[f] = session(m, ANVIL_BACKEND_VULKAN);
+        program_counts(vk[f], &r->dispatches[f], &r->barriers[f]);
+        anvil_session_describe_program(vk[f], desc, sizeof desc);
+        for (int k = 0; k < 2 && name[k]; k++)
+            for (const char *p = desc; (p = strstr(p, name[k])) != NULL; p++) r->named[f][k]++;
+    }
+    for (int i = 0; i < 6; i++) {
+        int32_t tok = (int32_t)((i * mul + add) % V);
+        assert_int_equal(anvil_session_eval(cpu, &tok, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
+        for (int f = 0; f < 2; f++) assert_int_equal(anvil_session_eval(vk[f], &tok, 1, ANVIL_LOGITS_LAST, b[f]), ANVIL_OK);
+        float scale = 0;
+        for (int j = 0; j < V; j++) scale = fmaxf(scale, fabsf(a[j]));
+        for (int f = 0; f < 2; f++) r->worst[f] = fmax(r->worst[f], tu_max_diff(a, b[f], (size_t)V) / scale);
+        r->apart = fmax(r->apart, tu_max_diff(b[0], b[1], (size_t)V) / scale);
+    }
+    for (int f = 0; f < 2; f++) anvil_session_destroy(vk[f]);
+    anvil_session_destroy(cpu);
+    unsetenv(knob);
+    free(a);
+    free(b[0]);
+    free(b[1]);
+    anvil_model_close(m);
+}
+
 /* The MoE router folded into the o projection (ANVIL_VK_ROUTE_FOLD, matvec.comp RFOLD): on
  * qwen3moe-k Q4_K_M (2 layers, 8 experts, top 2; the o projection as teams rounding its output for
  * the experts) the step loses the router's dispatch and barrier a layer, the o projection's
@@ -573,48 +618,19 @@ static void test_route_fold(void **state) {
     skip(); /* the host code is test_against_cpu_qx's */
 #endif
     env_rows(qx_env, true);
-    anvil_model *m;
-    assert_int_equal(anvil_model_open("synthetic:qwen3moe-k:Q4_K_M", NULL, &m), ANVIL_OK);
-    int V = anvil_model_vocab_size(m);
-    float *a = malloc(sizeof(float) * (size_t)V), *b[2] = {malloc(sizeof(float) * (size_t)V), malloc(sizeof(float) * (size_t)V)};
-    anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk[2];
-    int dispatches[2], barriers[2], folded[2];
-    char desc[8192];
-    for (int f = 0; f < 2; f++) {
-        setenv("ANVIL_VK_ROUTE_FOLD", f ? "1" : "0", 1);
-        vk[f] = session(m, ANVIL_BACKEND_VULKAN);
-        program_counts(vk[f], &dispatches[f], &barriers[f]);
-        anvil_session_describe_program(vk[f], desc, sizeof desc);
-        folded[f] = 0;
-        for (const char *p = desc; (p = strstr(p, "matvec_qxtr_")) != NULL; p++) folded[f]++;
-    }
-    double worst = 0, apart = 0;
-    for (int i = 0; i < 6; i++) {
-        int32_t tok = (int32_t)((i * 41 + 7) % V);
-        assert_int_equal(anvil_session_eval(cpu, &tok, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
-        for (int f = 0; f < 2; f++) assert_int_equal(anvil_session_eval(vk[f], &tok, 1, ANVIL_LOGITS_LAST, b[f]), ANVIL_OK);
-        float scale = 0;
-        for (int j = 0; j < V; j++) scale = fmaxf(scale, fabsf(a[j]));
-        worst = fmax(worst, tu_max_diff(a, b[1], (size_t)V) / scale);
-        apart = fmax(apart, tu_max_diff(b[0], b[1], (size_t)V) / scale);
-    }
+    struct knob_ab r;
+    knob_ab("synthetic:qwen3moe-k:Q4_K_M", "ANVIL_VK_ROUTE_FOLD", (const char *[2]){"0", "1"},
+            (const char *[2]){"matvec_qxtr_", NULL}, 41, 7, &r);
     fprintf(stderr, "qwen3moe-k Q4_K_M: the router folded: %d -> %d dispatches, %d -> %d barriers, %d folded; rows "
-            "within %.3g of the CPU's, %.3g of the unfolded step's\n", dispatches[0], dispatches[1], barriers[0],
-            barriers[1], folded[1], worst, apart);
-    assert_int_equal(folded[0], 0);
-    assert_int_equal(folded[1], 2);
-    assert_int_equal(dispatches[1], dispatches[0] - 2);
-    assert_int_equal(barriers[1], barriers[0] - 2);
-    assert_true(worst < 0.08);
-    assert_true(apart < 2e-3);
-    for (int f = 0; f < 2; f++) anvil_session_destroy(vk[f]);
-    anvil_session_destroy(cpu);
-    unsetenv("ANVIL_VK_ROUTE_FOLD");
+            "within %.3g of the CPU's, %.3g of the unfolded step's\n", r.dispatches[0], r.dispatches[1], r.barriers[0],
+            r.barriers[1], r.named[1][0], r.worst[1], r.apart);
+    assert_int_equal(r.named[0][0], 0);
+    assert_int_equal(r.named[1][0], 2);
+    assert_int_equal(r.dispatches[1], r.dispatches[0] - 2);
+    assert_int_equal(r.barriers[1], r.barriers[0] - 2);
+    assert_true(r.worst[1] < 0.08);
+    assert_true(r.apart < 2e-3);
     env_rows(qx_env, false);
-    free(a);
-    free(b[0]);
-    free(b[1]);
-    anvil_model_close(m);
 }
 
 /* The experts' down projection on integer dot products (ANVIL_VK_MOE_DQX): on qwen3moe-k Q4_K_M
@@ -628,51 +644,21 @@ static void test_moe_down_qx(void **state) {
     skip(); /* the host code is test_against_cpu_qx's */
 #endif
     env_rows(qx_env, true);
-    anvil_model *m;
-    assert_int_equal(anvil_model_open("synthetic:qwen3moe-k:Q4_K_M", NULL, &m), ANVIL_OK);
-    int V = anvil_model_vocab_size(m);
-    float *a = malloc(sizeof(float) * (size_t)V), *b[2] = {malloc(sizeof(float) * (size_t)V), malloc(sizeof(float) * (size_t)V)};
-    anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk[2];
-    int dispatches[2], barriers[2], rq[2], gq[2];
-    char desc[8192];
-    for (int f = 0; f < 2; f++) {
-        setenv("ANVIL_VK_MOE_DQX", f ? "1" : "0", 1);
-        vk[f] = session(m, ANVIL_BACKEND_VULKAN);
-        program_counts(vk[f], &dispatches[f], &barriers[f]);
-        anvil_session_describe_program(vk[f], desc, sizeof desc);
-        rq[f] = gq[f] = 0;
-        for (const char *p = desc; (p = strstr(p, "moe_down_rq_q")) != NULL; p++) rq[f]++;
-        for (const char *p = desc; (p = strstr(p, "moe_gu_qxt_q4_k_x2")) != NULL; p++) gq[f]++;
-    }
-    double worst[2] = {0, 0}, apart = 0;
-    for (int i = 0; i < 6; i++) {
-        int32_t tok = (int32_t)((i * 43 + 9) % V);
-        assert_int_equal(anvil_session_eval(cpu, &tok, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
-        for (int f = 0; f < 2; f++) assert_int_equal(anvil_session_eval(vk[f], &tok, 1, ANVIL_LOGITS_LAST, b[f]), ANVIL_OK);
-        float scale = 0;
-        for (int j = 0; j < V; j++) scale = fmaxf(scale, fabsf(a[j]));
-        for (int f = 0; f < 2; f++) worst[f] = fmax(worst[f], tu_max_diff(a, b[f], (size_t)V) / scale);
-        apart = fmax(apart, tu_max_diff(b[0], b[1], (size_t)V) / scale);
-    }
+    struct knob_ab r;
+    knob_ab("synthetic:qwen3moe-k:Q4_K_M", "ANVIL_VK_MOE_DQX", (const char *[2]){"0", "1"},
+            (const char *[2]){"moe_down_rq_q", "moe_gu_qxt_q4_k_x2"}, 43, 9, &r);
     fprintf(stderr, "qwen3moe-k Q4_K_M: the down projection on integer dot products: %d -> %d dispatches, %d -> %d "
             "barriers, %d gate/up as teams, %d downs; rows within %.3g (float down: %.3g) of the CPU's, %.3g of the "
-            "float down's\n", dispatches[0], dispatches[1], barriers[0], barriers[1], gq[1], rq[1], worst[1], worst[0],
-            apart);
-    assert_int_equal(rq[0] + gq[0], 0);
-    assert_int_equal(rq[1], 2);
-    assert_int_equal(gq[1], 2);
-    assert_int_equal(dispatches[1], dispatches[0]);
-    assert_int_equal(barriers[1], barriers[0]);
-    assert_true(worst[1] < 0.08);
-    assert_true(apart < 0.03);
-    for (int f = 0; f < 2; f++) anvil_session_destroy(vk[f]);
-    anvil_session_destroy(cpu);
-    unsetenv("ANVIL_VK_MOE_DQX");
+            "float down's\n", r.dispatches[0], r.dispatches[1], r.barriers[0], r.barriers[1], r.named[1][1],
+            r.named[1][0], r.worst[1], r.worst[0], r.apart);
+    assert_int_equal(r.named[0][0] + r.named[0][1], 0);
+    assert_int_equal(r.named[1][0], 2);
+    assert_int_equal(r.named[1][1], 2);
+    assert_int_equal(r.dispatches[1], r.dispatches[0]);
+    assert_int_equal(r.barriers[1], r.barriers[0]);
+    assert_true(r.worst[1] < 0.08);
+    assert_true(r.apart < 0.03);
     env_rows(qx_env, false);
-    free(a);
-    free(b[0]);
-    free(b[1]);
-    anvil_model_close(m);
 }
 
 /* Q6_K products whose rows are fewer units than their plain kernel's threads run as teams
@@ -686,48 +672,19 @@ static void test_q6k_short_teams(void **state) {
     skip(); /* the host code is test_against_cpu_qx's */
 #endif
     env_rows(qx_env, true);
-    anvil_model *m;
-    assert_int_equal(anvil_model_open("synthetic:qwen3-tiny-k:q6_k", NULL, &m), ANVIL_OK);
-    int V = anvil_model_vocab_size(m);
-    float *a = malloc(sizeof(float) * (size_t)V), *b[2] = {malloc(sizeof(float) * (size_t)V), malloc(sizeof(float) * (size_t)V)};
-    anvil_session *cpu = session(m, ANVIL_BACKEND_CPU), *vk[2];
-    int dispatches[2], barriers[2], plain[2];
-    char desc[8192];
-    for (int f = 0; f < 2; f++) {
-        setenv("ANVIL_VK_QXT_ALL", f ? "1" : "3", 1);
-        vk[f] = session(m, ANVIL_BACKEND_VULKAN);
-        program_counts(vk[f], &dispatches[f], &barriers[f]);
-        anvil_session_describe_program(vk[f], desc, sizeof desc);
-        plain[f] = 0;
-        for (const char *p = desc; (p = strstr(p, "matvec_qx_q6_k")) != NULL; p++) plain[f]++;
-    }
-    double worst[2] = {0, 0}, apart = 0;
-    for (int i = 0; i < 6; i++) {
-        int32_t tok = (int32_t)((i * 41 + 5) % V);
-        assert_int_equal(anvil_session_eval(cpu, &tok, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
-        for (int f = 0; f < 2; f++) assert_int_equal(anvil_session_eval(vk[f], &tok, 1, ANVIL_LOGITS_LAST, b[f]), ANVIL_OK);
-        float scale = 0;
-        for (int j = 0; j < V; j++) scale = fmaxf(scale, fabsf(a[j]));
-        for (int f = 0; f < 2; f++) worst[f] = fmax(worst[f], tu_max_diff(a, b[f], (size_t)V) / scale);
-        apart = fmax(apart, tu_max_diff(b[0], b[1], (size_t)V) / scale);
-    }
+    struct knob_ab r;
+    knob_ab("synthetic:qwen3-tiny-k:q6_k", "ANVIL_VK_QXT_ALL", (const char *[2]){"3", "1"},
+            (const char *[2]){"matvec_qx_q6_k", NULL}, 41, 5, &r);
     fprintf(stderr, "qwen3-tiny-k Q6_K: short rows as teams: %d -> %d plain products, %d -> %d dispatches; rows "
-            "within %.3g (plain: %.3g) of the CPU's, %.3g of the plain step's\n", plain[0], plain[1], dispatches[0],
-            dispatches[1], worst[1], worst[0], apart);
-    assert_true(plain[0] > 0);
-    assert_int_equal(plain[1], 0);
-    assert_int_equal(dispatches[1], dispatches[0]);
-    assert_int_equal(barriers[1], barriers[0]);
-    assert_true(worst[1] < 0.08 && worst[0] < 0.08);
-    assert_true(apart < 0.03);
-    for (int f = 0; f < 2; f++) anvil_session_destroy(vk[f]);
-    anvil_session_destroy(cpu);
-    unsetenv("ANVIL_VK_QXT_ALL");
+            "within %.3g (plain: %.3g) of the CPU's, %.3g of the plain step's\n", r.named[0][0], r.named[1][0],
+            r.dispatches[0], r.dispatches[1], r.worst[1], r.worst[0], r.apart);
+    assert_true(r.named[0][0] > 0);
+    assert_int_equal(r.named[1][0], 0);
+    assert_int_equal(r.dispatches[1], r.dispatches[0]);
+    assert_int_equal(r.barriers[1], r.barriers[0]);
+    assert_true(r.worst[1] < 0.08 && r.worst[0] < 0.08);
+    assert_true(r.apart < 0.03);
     env_rows(qx_env, false);
-    free(a);
-    free(b[0]);
-    free(b[1]);
-    anvil_model_close(m);
 }
 
 /* The o projection reads its input rounded by the attention (no qx.comp dispatch), so it
