@@ -184,6 +184,30 @@ static int run_batch(anvil_model *m, struct job *jobs, int n_jobs, const anvil_b
     return step;
 }
 
+/* Job i's tokens in the batch are its solo run's (a prefix where !whole: it left early), and
+ * where whole as many, with the same stop. */
+static void check_solo_tokens(const char *path, int i, const struct job *j, bool whole) {
+    if (whole && (j->n_got != j->n_solo || j->stop != j->solo_stop))
+        fail_msg("%s: sequence %d: %d tokens (stop %d) in the batch, %d (stop %d) alone", path, i, j->n_got, j->stop,
+                 j->n_solo, j->solo_stop);
+    for (int t = 0; t < j->n_got; t++)
+        if (j->got[t] != j->solo[t])
+            fail_msg("%s: sequence %d: token %d is %d in the batch, %d alone", path, i, t, j->got[t], j->solo[t]);
+}
+
+/* The paged scenarios' Vulkan batch: n_seq sequences of N_CTX positions, blocks of 4, prompts
+ * in chunks of 5. */
+static anvil_batch_params paged_params(anvil_kv_cache kv, int n_seq) {
+    anvil_batch_params bp = anvil_batch_default_params();
+    bp.session.backend = ANVIL_BACKEND_VULKAN;
+    bp.session.n_ctx = N_CTX;
+    bp.session.kv_cache = kv;
+    bp.session.prefill_chunk = 5;
+    bp.n_seq_max = n_seq;
+    bp.kv_block = 4;
+    return bp;
+}
+
 static void init_job(struct job *j, const int32_t *ids, int n, int max_tokens, int join) {
     memset(j, 0, sizeof *j);
     memcpy(j->prompt, ids, (size_t)n * sizeof *ids);
@@ -279,16 +303,9 @@ static void check_model(const char *path, anvil_backend_kind be, bool only_ids) 
     }
     for (int i = 0; i < 7; i++) {
         struct job *j = &jobs[i];
-        if (j->cancel >= 0) { /* what it gave before it left */
+        if (j->cancel >= 0) /* what it gave before it left */
             assert_true(j->n_got < j->n_solo);
-        } else {
-            if (j->n_got != j->n_solo || j->stop != j->solo_stop)
-                fail_msg("%s: sequence %d: %d tokens (stop %d) in the batch, %d (stop %d) alone", path, i,
-                         j->n_got, j->stop, j->n_solo, j->solo_stop);
-        }
-        for (int t = 0; t < j->n_got; t++)
-            if (j->got[t] != j->solo[t])
-                fail_msg("%s: sequence %d: token %d is %d in the batch, %d alone", path, i, t, j->got[t], j->solo[t]);
+        check_solo_tokens(path, i, j, j->cancel < 0);
         if (j->max_diff > tol)
             fail_msg("%s: sequence %d: logits %g from its solo run's (tolerance %g)", path, i, (double)j->max_diff,
                      (double)tol);
@@ -705,23 +722,12 @@ static void check_paged(const char *model, anvil_kv_cache kv) {
     free(jobs[0].solo_logits);
     for (int i = 0; i < 3; i++) run_solo(m, solo, &jobs[i]);
     anvil_session_destroy(solo);
-    anvil_batch_params bp = anvil_batch_default_params();
-    bp.session.backend = ANVIL_BACKEND_VULKAN;
-    bp.session.n_ctx = N_CTX;
-    bp.session.kv_cache = kv;
-    bp.session.prefill_chunk = 5;
-    bp.n_seq_max = 1;
-    bp.kv_block = 4;
+    anvil_batch_params bp = paged_params(kv, 1);
     run_batch(m, jobs, 3, &bp, true);
     int64_t decode_steps = 0;
     for (int i = 0; i < 3; i++) {
         struct job *j = &jobs[i];
-        if (j->n_got != j->n_solo || j->stop != j->solo_stop)
-            fail_msg("%s: sequence %d: %d tokens (stop %d) in the batch, %d (stop %d) alone", path, i, j->n_got,
-                     j->stop, j->n_solo, j->solo_stop);
-        for (int t = 0; t < j->n_got; t++)
-            if (j->got[t] != j->solo[t])
-                fail_msg("%s: sequence %d: token %d is %d in the batch, %d alone", path, i, t, j->got[t], j->solo[t]);
+        check_solo_tokens(path, i, j, true);
         decode_steps += j->n_choices - 1;
         free(j->solo_logits);
     }
@@ -763,22 +769,11 @@ static void check_paged_join(const char *model) {
     for (int i = 0; i < 3; i++) run_solo(m, solo, &jobs[i]);
     anvil_session_destroy(solo);
     assert_int_equal(jobs[1].n_solo, 30);
-    anvil_batch_params bp = anvil_batch_default_params();
-    bp.session.backend = ANVIL_BACKEND_VULKAN;
-    bp.session.n_ctx = N_CTX;
-    bp.session.kv_cache = ANVIL_KV_F32;
-    bp.session.prefill_chunk = 5;
-    bp.n_seq_max = 2;
-    bp.kv_block = 4;
+    anvil_batch_params bp = paged_params(ANVIL_KV_F32, 2);
     run_batch(m, jobs, 3, &bp, true);
     for (int i = 0; i < 3; i++) {
         struct job *j = &jobs[i];
-        if (j->n_got != j->n_solo || j->stop != j->solo_stop)
-            fail_msg("%s: sequence %d: %d tokens (stop %d) in the batch, %d (stop %d) alone", path, i, j->n_got,
-                     j->stop, j->n_solo, j->solo_stop);
-        for (int t = 0; t < j->n_got; t++)
-            if (j->got[t] != j->solo[t])
-                fail_msg("%s: sequence %d: token %d is %d in the batch, %d alone", path, i, t, j->got[t], j->solo[t]);
+        check_solo_tokens(path, i, j, true);
         free(j->solo_logits);
     }
     fprintf(stderr, "%s: %lld paged steps, %lld of one decoding sequence\n", path, (long long)paged_steps,
