@@ -42,6 +42,8 @@ static const struct shape shapes[] = {
     {"qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, false},
     {"qwen3-14b", 40, 5120, 40, 8, 128, 17408, 151936, false},
     {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, false},
+    /* larger than one 80 GB GPU (issue #41's layer split): Q4_K_M ~142 GB */
+    {"qwen3-235b-a22b", 94, 4096, 64, 4, 128, 12288, 151936, false},
     {"qwen3.6-35b-a3b", 40, 2048, 16, 2, 256, 0, 248320, false},
     {"qwen3moe-tiny", 2, 128, 4, 2, 32, 256, 512, false},
     /* MoE of K-quant widths (whole 256-blocks) */
@@ -72,6 +74,7 @@ struct moe_shape {
 
 static const struct moe_shape moe_shapes[] = {
     {"qwen3-30b-a3b", ARCH_QWEN3_MOE, 128, 8, 768, 0, 0, 0, 0, 0, 0, 1.0f, 1e6f},
+    {"qwen3-235b-a22b", ARCH_QWEN3_MOE, 128, 8, 1536, 0, 0, 0, 0, 0, 0, 1.0f, 1e6f},
     {"qwen3.6-35b-a3b", ARCH_QWEN35_MOE, 256, 8, 512, 512, 4, 16, 32, 128, 128, 0.25f, 1e7f},
     {"qwen3moe-tiny", ARCH_QWEN3_MOE, 8, 2, 64, 0, 0, 0, 0, 0, 0, 1.0f, 1e6f},
     {"qwen3moe-k", ARCH_QWEN3_MOE, 8, 2, 256, 0, 0, 0, 0, 0, 0, 1.0f, 1e6f},

@@ -108,7 +108,8 @@ static void usage(FILE *f) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\nmodels (-m): a Hugging Face directory, a .gguf file, or synthetic:NAME[:TYPE]\n"
-               "(qwen3-tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b)\n"
+               "(qwen3-tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, qwen3-30b-a3b,\n"
+               " qwen3-235b-a22b, qwen3.6-35b-a3b; README.md lists them all)\n"
                "options as getopt_long reads them: --temp 0.5 or --temp=0.5, -n 8 or -n8\n");
 }
 
