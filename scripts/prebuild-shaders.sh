@@ -2,7 +2,8 @@
 # Compiles the kernels that Debian 12's glslc cannot (GL_NV_cooperative_matrix2 needs glslang
 # 14.3 or newer) into src/backends/vulkan/shaders/prebuilt/NAME.inc, the form glslc -mfmt=c
 # writes, which the build embeds as it embeds the others. Each file records the source's
-# sha256; the test prebuilt_shaders_current fails when a source changed and this was not rerun.
+# sha256 (and, where it includes files, the sha256 of their sha256s, a line each, depth first); the test
+# prebuilt_shaders_current fails when either changed and this was not rerun.
 #   GLSLANG=/path/to/glslang scripts/prebuild-shaders.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,10 +48,24 @@ done
 for t in q4_k q6_k; do
   VARIANTS+=("mmq8w_cm2_moe_$t mmq_cm2.comp -DW_${t^^} -DXQ8 -DNT=128" "mmq8w_cm2_moe16_$t mmq_cm2.comp -DW_${t^^} -DBM=16 -DXQ8 -DNT=128")
 done
+# (... and of the low-bit types: W_LOW, XQ8 on 128 threads, tiles of 32 rows)
+for t in q2_k q3_k iq4_nl iq4_xs iq3_xxs iq3_s iq2_xxs iq2_xs iq2_s iq1_s iq1_m; do
+  VARIANTS+=("mmq8w_cm2_moe_$t mmq_cm2.comp -DW_${t^^} -DXQ8 -DNT=128")
+done
 # a batch step's products of 16 and 32 rows on them (mmqb_cm2.comp)
 for t in q4_k q6_k; do
   VARIANTS+=("mmqb_cm2_${t}_16 mmqb_cm2.comp -DW_${t^^} -DTT=16" "mmqb_cm2_${t}_32 mmqb_cm2.comp -DW_${t^^} -DTT=32")
 done
+# the sha256 of each file FILE includes ("..."), a line each, each followed by its own includes',
+# depth first (check_prebuilt.cmake lists them alike)
+includes() {
+  local d i
+  d=$(dirname "$1")
+  { grep -E '^[[:space:]]*#include "' "$1" || true; } | sed -E 's/^[^"]*"([^"]+)".*/\1/' | while read -r i; do
+    sha256sum "$d/$i" | cut -d' ' -f1
+    includes "$d/$i"
+  done
+}
 version=$("$GLSLANG" --version | sed -n 's/^Glslang Version: //p')
 mkdir -p "$OUT"
 tmp=$(mktemp)
@@ -60,8 +75,10 @@ for v in "${VARIANTS[@]}"; do
   # shellcheck disable=SC2086
   "$GLSLANG" -V --target-env vulkan1.3 $defs -x -o "$tmp" "$SRC/$src" > /dev/null
   sum=$(sha256sum "$SRC/$src" | cut -d' ' -f1)
+  inc=$(includes "$SRC/$src")
+  if [ -n "$inc" ]; then inc="includes sha256 $(printf '%s\n' "$inc" | sha256sum | cut -d' ' -f1); "; fi
   {
-    echo "/* $name: $src $defs, glslang $version; source sha256 $sum */"
+    echo "/* $name: $src $defs, glslang $version; ${inc}source sha256 $sum */"
     echo "{"
     grep -v '^[[:space:]]*//' "$tmp"
     echo "}"

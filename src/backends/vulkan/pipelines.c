@@ -14,113 +14,7 @@
 #include "vulkan_impl.h"
 
 #include "shaders/spirv.inc" /* spv_NAME[]: module.cmake's SPIR-V variants, by name */
-/* (compiled by scripts/prebuild-shaders.sh: shaders/prebuilt) */
-static const uint32_t spv_mm_cm2[] =
-#include "shaders/prebuilt/mm_cm2.inc"
-    ;
-static const uint32_t spv_mm_cm2_moe[] =
-#include "shaders/prebuilt/mm_cm2_moe.inc"
-    ;
-static const uint32_t spv_mm_cm2_u[] =
-#include "shaders/prebuilt/mm_cm2_u.inc"
-    ;
-static const uint32_t spv_mm_cm2_moe_u[] =
-#include "shaders/prebuilt/mm_cm2_moe_u.inc"
-    ;
-static const uint32_t spv_mm_cm2_s[] =
-#include "shaders/prebuilt/mm_cm2_s.inc"
-    ;
-static const uint32_t spv_mm_cm2_uk[] =
-#include "shaders/prebuilt/mm_cm2_uk.inc"
-    ;
-static const uint32_t spv_vit_mm_cm2[] =
-#include "shaders/prebuilt/vit_mm_cm2.inc"
-    ;
-static const uint32_t spv_vit_mm_cm2_n80[] =
-#include "shaders/prebuilt/vit_mm_cm2_n80.inc"
-    ;
-static const uint32_t spv_vit_fa_cm2[] =
-#include "shaders/prebuilt/vit_fa_cm2.inc"
-    ;
-static const uint32_t spv_vit_fa_cm2_r128[] =
-#include "shaders/prebuilt/vit_fa_cm2_r128.inc"
-    ;
-static const uint32_t spv_vit_fa_cm2_c128[] =
-#include "shaders/prebuilt/vit_fa_cm2_c128.inc"
-    ;
-static const uint32_t spv_mm_cm2_q4_k[] =
-#include "shaders/prebuilt/mm_cm2_q4_k.inc"
-    ;
-static const uint32_t spv_mm_cm2_moe_q4_k[] =
-#include "shaders/prebuilt/mm_cm2_moe_q4_k.inc"
-    ;
-static const uint32_t spv_mm_cm2_q5_k[] =
-#include "shaders/prebuilt/mm_cm2_q5_k.inc"
-    ;
-static const uint32_t spv_mm_cm2_moe_q5_k[] =
-#include "shaders/prebuilt/mm_cm2_moe_q5_k.inc"
-    ;
-static const uint32_t spv_mm_cm2_q6_k[] =
-#include "shaders/prebuilt/mm_cm2_q6_k.inc"
-    ;
-static const uint32_t spv_mm_cm2_moe_q6_k[] =
-#include "shaders/prebuilt/mm_cm2_moe_q6_k.inc"
-    ;
-static const uint32_t spv_mm_cm2_q8_0[] =
-#include "shaders/prebuilt/mm_cm2_q8_0.inc"
-    ;
-static const uint32_t spv_mm_cm2_moe_q8_0[] =
-#include "shaders/prebuilt/mm_cm2_moe_q8_0.inc"
-    ;
-static const uint32_t spv_mmq_cm2_moe_q4_k[] =
-#include "shaders/prebuilt/mmq_cm2_moe_q4_k.inc"
-    ;
-static const uint32_t spv_mmq_cm2_moe_q6_k[] =
-#include "shaders/prebuilt/mmq_cm2_moe_q6_k.inc"
-    ;
-static const uint32_t spv_mmq_cm2_moe16_q4_k[] =
-#include "shaders/prebuilt/mmq_cm2_moe16_q4_k.inc"
-    ;
-static const uint32_t spv_mmq_cm2_moe16_q6_k[] =
-#include "shaders/prebuilt/mmq_cm2_moe16_q6_k.inc"
-    ;
-static const uint32_t spv_mmq8_cm2_moe_q4_k[] =
-#include "shaders/prebuilt/mmq8_cm2_moe_q4_k.inc"
-    ;
-static const uint32_t spv_mmq8_cm2_moe_q6_k[] =
-#include "shaders/prebuilt/mmq8_cm2_moe_q6_k.inc"
-    ;
-static const uint32_t spv_mmq8_cm2_moe16_q4_k[] =
-#include "shaders/prebuilt/mmq8_cm2_moe16_q4_k.inc"
-    ;
-static const uint32_t spv_mmq8_cm2_moe16_q6_k[] =
-#include "shaders/prebuilt/mmq8_cm2_moe16_q6_k.inc"
-    ;
-static const uint32_t spv_mmq8w_cm2_moe_q4_k[] =
-#include "shaders/prebuilt/mmq8w_cm2_moe_q4_k.inc"
-    ;
-static const uint32_t spv_mmq8w_cm2_moe_q6_k[] =
-#include "shaders/prebuilt/mmq8w_cm2_moe_q6_k.inc"
-    ;
-static const uint32_t spv_mmq8w_cm2_moe16_q4_k[] =
-#include "shaders/prebuilt/mmq8w_cm2_moe16_q4_k.inc"
-    ;
-static const uint32_t spv_mmq8w_cm2_moe16_q6_k[] =
-#include "shaders/prebuilt/mmq8w_cm2_moe16_q6_k.inc"
-    ;
-static const uint32_t spv_mmqb_cm2_q4_k_16[] =
-#include "shaders/prebuilt/mmqb_cm2_q4_k_16.inc"
-    ;
-static const uint32_t spv_mmqb_cm2_q4_k_32[] =
-#include "shaders/prebuilt/mmqb_cm2_q4_k_32.inc"
-    ;
-static const uint32_t spv_mmqb_cm2_q6_k_16[] =
-#include "shaders/prebuilt/mmqb_cm2_q6_k_16.inc"
-    ;
-static const uint32_t spv_mmqb_cm2_q6_k_32[] =
-#include "shaders/prebuilt/mmqb_cm2_q6_k_32.inc"
-    ;
-
+#include "shaders/prebuilt.inc" /* spv_NAME[]: the prebuilt SPIR-V, by name */
 /* Which specialisation constants a kernel takes (vk_pipelines_create), by their ids in
  * contract.h: matvec.comp's (MV_SPEC_*: its QX variants' beyond the plain ones too),
  * attention.comp's (attn_split.comp's too), mega.comp's, attn_flash.comp's and
@@ -264,6 +158,8 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_MMQ8W_MOE_Q6_K] = KI(spv_mmq8w_cm2_moe_q6_k, "mmq8w_experts_q6_k", VK_OP_NONE, DT_Q6_K, 0, SPECS_NONE, PUSH_MMH),
     [K_MMQ8W_MOE16_Q4_K] = KI(spv_mmq8w_cm2_moe16_q4_k, "mmq8w_experts16_q4_k", VK_OP_NONE, DT_Q4_K, 0, SPECS_NONE, PUSH_MMH),
     [K_MMQ8W_MOE16_Q6_K] = KI(spv_mmq8w_cm2_moe16_q6_k, "mmq8w_experts16_q6_k", VK_OP_NONE, DT_Q6_K, 0, SPECS_NONE, PUSH_MMH),
+#define MMQL_KI(T, t) [K_MMQL_##T] = KI(spv_mmq8w_cm2_moe_##t, "mmq8w_experts_" #t, VK_OP_NONE, DT_##T, 0, SPECS_NONE, PUSH_MMH),
+    VK_MMQL_TYPES(MMQL_KI)
     [K_MMQB_Q4_K_16] = KI(spv_mmqb_cm2_q4_k_16, "mmqb_q4_k_16", VK_OP_NONE, 0, 16, SPECS_NONE, PUSH_MMB),
     [K_MMQB_Q4_K_32] = KI(spv_mmqb_cm2_q4_k_32, "mmqb_q4_k_32", VK_OP_NONE, 0, 32, SPECS_NONE, PUSH_MMB),
     [K_MMQB_Q6_K_16] = KI(spv_mmqb_cm2_q6_k_16, "mmqb_q6_k_16", VK_OP_NONE, 0, 16, SPECS_NONE, PUSH_MMB),
@@ -647,6 +543,8 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
     if (k >= K_MMQ_MOE_Q4_K && k <= K_MMQ8W_MOE16_Q6_K)
         return d->coopmat_i8 && d->tune.vk_moe_mmq != 0 && (k >= K_MMQ8_MOE_Q4_K) == (d->tune.vk_mmq_x8 != 0) &&
                (k >= K_MMQ8W_MOE_Q4_K) == (d->tune.vk_mmq_x8 && d->tune.vk_mmq_wg == 128);
+    if (k >= K_MMQL_Q2_K && k <= K_MMQL_IQ1_M)
+        return d->coopmat_i8 && d->tune.vk_moe_mmq != 0 && d->tune.vk_mmq_x8 && d->tune.vk_mmq_wg == 128;
     if (mmb_mmq(k)) return d->coopmat_i8 && d->tune.vk_mmqb;
     switch (k) {
     case K_MMH_64X64_K32: case K_MMH_MOE: return d->coopmat; /* needs the extension */
@@ -765,6 +663,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, in
     for (int k = K_MMH_CM2_Q4_K; k <= K_MMH_CM2_MOE_Q8_0 && st == ANVIL_OK && d->coopmat2; k++)
         st = vk_pipeline_make(d, out, (enum vk_kernel)k);
     /* (the int8 ones only where their knobs may take them: a driver compiles each at start) */
+    /* (the low-bit types' K_MMQL_* on first use: prefill/moe.c) */
     for (int k = K_MMQ_MOE_Q4_K; k <= K_MMQ8W_MOE16_Q6_K && st == ANVIL_OK; k++)
         if (wanted(d, out, (enum vk_kernel)k, attn_g, attn_d)) st = vk_pipeline_make(d, out, (enum vk_kernel)k);
     for (int k = K_MMQB_Q4_K_16; k <= K_MMQB_Q6_K_32 && st == ANVIL_OK; k++)
@@ -776,14 +675,23 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, in
 static bool is_cm2(enum vk_kernel k) {
     return k == K_MMH_CM2 || k == K_MMH_CM2_MOE || k == K_MMH_CM2_U || k == K_MMH_CM2_MOE_U ||
            k == K_MMH_CM2_S || (k >= K_MMH_CM2_Q4_K && k <= K_MMH_CM2_MOE_Q8_0) ||
-           (k >= K_MMQ_MOE_Q4_K && k <= K_MMQ8W_MOE16_Q6_K) ||
+           (k >= K_MMQ_MOE_Q4_K && k <= K_MMQL_IQ1_M) ||
            mmb_mmq(k);
 }
 
-enum vk_kernel vk_mmq_kernel(int dtype, uint32_t bm) {
+enum vk_kernel vk_mmq_kernel(int dtype, uint32_t bm, bool x8, bool wg128) {
     int t = dtype == DT_Q4_K ? 0 : dtype == DT_Q6_K ? 1 : -1;
-    if (t < 0 || (bm != 16 && bm != 32)) return K_NONE;
-    return (enum vk_kernel)(K_MMQ_MOE_Q4_K + t + (bm == 16 ? 2 : 0));
+    if (bm != 16 && bm != 32) return K_NONE;
+    if (t >= 0) {
+        int form = x8 && wg128 ? K_MMQ8W_MOE_Q4_K - K_MMQ_MOE_Q4_K : x8 ? K_MMQ8_MOE_Q4_K - K_MMQ_MOE_Q4_K : 0;
+        return (enum vk_kernel)(K_MMQ_MOE_Q4_K + form + t + (bm == 16 ? 2 : 0));
+    }
+    if (bm != 32 || !x8 || !wg128) return K_NONE;
+    switch (dtype) {
+#define MMQL_OF(T, t) case DT_##T: return K_MMQL_##T;
+    VK_MMQL_TYPES(MMQL_OF)
+    default: return K_NONE;
+    }
 }
 
 enum vk_kernel vk_cm2q_kernel(int dtype, bool moe) {

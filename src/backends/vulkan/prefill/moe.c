@@ -228,18 +228,20 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
          * of its workgroups rounds (ANVIL_VK_MMQ_X8): its own kernels (only theirs are made) */
         bool x8 = p->b->d->tune.vk_mmq_x8 != 0;
         bool wg128 = x8 && p->b->d->tune.vk_mmq_wg == 128; /* (128 threads over 64 outputs) */
-        int x8k = wg128 ? K_MMQ8W_MOE_Q4_K - K_MMQ_MOE_Q4_K : x8 ? K_MMQ8_MOE_Q4_K - K_MMQ_MOE_Q4_K : 0;
         for (int w = 0; w < 3; w++) {
             kq[w] = vk_cm2q_kernel(mats[w]->weight->type, true);
             decode &= vk_pipeline_supported(p->b->d, &p->b->pl, kq[w]);
             /* mmq_cm2.comp: whole tiles of 128 outputs, K whole 256-weight blocks */
             uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F;
-            mmq = mmq && vk_pipeline_supported(p->b->d, &p->b->pl, (enum vk_kernel)(vk_mmq_kernel(mats[w]->weight->type, bm) + x8k)) &&
+            enum vk_kernel km = vk_mmq_kernel(mats[w]->weight->type, bm, x8, wg128);
+            if (km >= K_MMQL_Q2_K && km <= K_MMQL_IQ1_M && mmq) /* (the low-bit types': made on first use) */
+                st = vk_pipeline_make(p->b->d, &p->b->pl, km);
+            mmq = mmq && st == ANVIL_OK && vk_pipeline_supported(p->b->d, &p->b->pl, km) &&
                   N % 128 == 0 && K % 256 == 0 && vk_wnode_kp(p->b, mats[w]) == K;
         }
         if (mmq) {
             decode = true;
-            for (int w = 0; w < 3; w++) kq[w] = (enum vk_kernel)(vk_mmq_kernel(mats[w]->weight->type, bm) + x8k);
+            for (int w = 0; w < 3; w++) kq[w] = vk_mmq_kernel(mats[w]->weight->type, bm, x8, wg128);
         } else {
             bm = VK_CM2_MOE_BM;
         }

@@ -25,6 +25,15 @@
  * round them from float32, once a row instead of once a workgroup of outputs), and the step
  * copies them into shared memory as they are.
  *
+ * W_LOW (the low-bit types of wlow.glsl: Q2_K, Q3_K and the i-quants; XQ8 only): W's quants come
+ * through wlow.glsl's unit_bytes (a unit of 32 weights as four groups of 8 integers, each group's
+ * scale and min) and are staged as int8 as they are, with each sub-block's scale aside: of 32
+ * weights (S32: IQ4_NL, IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S) or of 16 (SC16: Q2_K, Q3_K, IQ2_XS,
+ * IQ2_S, IQ1_M; x twice as for Q6_K). The mins fold into the integers where they are a fixed
+ * multiple of the scale (Q3_K: q - 4; IQ1: 8 q - 8 -+ 1 under scale / 8, the +-1/8 shift made
+ * exact); Q2_K's own mins (SMIN) take x's sums over each 16 (from its int8 rows) as Q4_K's do
+ * over 32.
+ *
  * Rows of an expert are padded to whole tiles of BM; padding rows hold whatever was there and
  * their results are never read. The host takes this kernel only where N % BN == 0 and K % 256 ==
  * 0 (Kp == K). */
@@ -37,6 +46,28 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#if defined(W_Q2_K) || defined(W_Q3_K) || defined(W_IQ4_NL) || defined(W_IQ4_XS) || defined(W_IQ3_XXS) || \
+    defined(W_IQ3_S) || defined(W_IQ2_XXS) || defined(W_IQ2_XS) || defined(W_IQ2_S) || defined(W_IQ1_S) || \
+    defined(W_IQ1_M)
+#define W_LOW
+#extension GL_EXT_buffer_reference_uvec2 : require
+#extension GL_GOOGLE_include_directive : require
+#ifndef XQ8
+#error "W_LOW takes XQ8's x"
+#endif
+#include "contract.h"
+#include "wlow.glsl" /* (its W, UG, unit_bytes, W_INIT) */
+#if defined(W_Q2_K) || defined(W_Q3_K) || defined(W_IQ2_XS) || defined(W_IQ2_S) || defined(W_IQ1_M)
+#define SC16 /* a scale a 16 weights */
+#if defined(W_Q2_K)
+#define SMIN /* and a min */
+#endif
+#endif
+#endif
+/* x's blocks of 32 staged twice, the high / low 16 zeroed (a 32-wide product a 16-weight sub-block) */
+#if defined(W_Q6_K) || defined(SC16)
+#define XSPLIT
+#endif
 
 #ifndef NT
 #define NT 256 /* threads (8 subgroups); 128 (XQ8 only): 4 subgroups over BN = 64 outputs, so that two
@@ -64,7 +95,11 @@ layout(buffer_reference, std430, buffer_reference_align = 8) buffer Vec2s { vec2
 
 layout(push_constant) uniform PC {
     UVec4s x;  /* [rows, K] float16 (moe_rows.comp / rows.comp's rows) */
+#ifdef W_LOW
+    W w;
+#else
     UVec4s w;  /* the stacked experts' blocks: expert e's N rows of Kp / 256 blocks from e * N */
+#endif
     Floats y;  /* [rows, ldy] from column nb */
     Floats res;
     uint T, K, N, Kp, ldy, nb, flags;
@@ -79,18 +114,28 @@ shared vec2 sws[BN * 4]; /* (d * sc, -dmin * m) of each row's 4 sub-blocks of th
 #elif defined(W_Q6_K)
 #define BQ 14 /* ql[128], qh[64], scales[16], d, padding */
 shared float sws[BN * 8]; /* d * sc of each row's 8 16-weight sub-blocks of the step */
+#elif defined(SC16)
+shared float sws[BN * 8]; /* each row's 8 16-weight sub-blocks' scales */
+#ifdef SMIN
+shared float swm[BN * 8]; /* ... and mins */
+#endif
+#elif defined(W_LOW)
+shared float sws[BN * 4]; /* each row's 4 32-weight sub-blocks' scales */
 #else
-#error "W_Q4_K or W_Q6_K"
+#error "W_Q4_K, W_Q6_K or a low-bit type"
 #endif
 shared uvec4 sw[BN * RW];
 /* x's int8 rows, as uvec2s (XQ 8 writes one) */
 #define XW (2 * RW) /* uvec2s a staged row */
-#if defined(W_Q6_K)
+#ifdef XSPLIT
 shared uvec2 sxl[BM * XW], sxh[BM * XW];
 #else
 shared uvec2 sx[BM * XW];
 #endif
 shared vec2 sxs[BM * 4];
+#ifdef SMIN
+shared float sxq[BM * 8]; /* the sum of each row's int8s over each 16 of the step */
+#endif
 shared uint sec[NS]; /* each subgroup's count of experts before the tile's */ /* (d, d * sum q) of each row's 4 blocks of the step */
 
 #define MAT_A coopmat<int8_t, gl_ScopeSubgroup, 16, 32, gl_MatrixUseA>
@@ -103,6 +148,15 @@ float scale_el(const in uint r, const in uint c, const in float v, const in uint
     vec2 w = sws[(r0 + r) * 4u + s], x = sxs[(c0 + c) * 4u + s];
     return v * (w.x * x.x) + w.y * x.y;
 }
+#elif defined(SMIN)
+float scale_el(const in uint r, const in uint c, const in float v, const in uint s, const in uint r0, const in uint c0) {
+    uint w = (r0 + r) * 8u + s, x = c0 + c;
+    return (v * sws[w] + swm[w] * sxq[x * 8u + s]) * sxs[x * 4u + (s >> 1u)].x;
+}
+#elif defined(W_LOW) && !defined(SC16)
+float scale_el(const in uint r, const in uint c, const in float v, const in uint s, const in uint r0, const in uint c0) {
+    return v * (sws[(r0 + r) * 4u + s] * sxs[(c0 + c) * 4u + s].x);
+}
 #else
 float scale_el(const in uint r, const in uint c, const in float v, const in uint s, const in uint r0, const in uint c0) {
     return v * (sws[(r0 + r) * 8u + s] * sxs[(c0 + c) * 4u + (s >> 1u)].x);
@@ -112,6 +166,12 @@ float scale_el(const in uint r, const in uint c, const in float v, const in uint
 /* the step's loads, in registers until stored */
 #if defined(W_Q4_K)
 uvec4 rq0, rq1, rhd;
+#elif defined(W_LOW)
+uvec4 rq[4]; /* the thread's 64 weights as int8, in sw's order */
+vec4 rsc;    /* their sub-blocks' scales (S32: .xy) */
+#ifdef SMIN
+vec4 rmn;
+#endif
 #else
 uvec4 rq0, rq1, rqh, rsc;
 uint rd;
@@ -136,13 +196,54 @@ float rxs;
 
 void load_step(const in uint k0, const in uint wb, const in uint xr) {
     uint tid = gl_LocalInvocationID.x, row = tid >> 1u, hb = tid & 1u;
+#ifndef W_LOW
     uint b = (wb + row * (pc.Kp >> 8u) + (k0 >> 8u)) * BQ, hf = (k0 >> 7u) & 1u;
+#endif
 #if defined(W_Q4_K)
     /* this thread's 64 weights of the half block: group j = 2 hf + hb, bytes 32 j .. 32 j + 31 */
     uint j = 2u * hf + hb;
     rhd = pc.w.v[b];
     rq0 = pc.w.v[b + 1u + 2u * j];
     rq1 = pc.w.v[b + 2u + 2u * j];
+#elif defined(W_LOW)
+    /* units k0 / 32 + 2 hb and + 1 of row wb + row: the i-quants' 64 weights from 64 hb of the
+     * step; Q2_K / Q3_K's weights 32 g + 16 hb + 8 i (wlow.glsl's unit_pos) */
+    uint U = pc.Kp >> 5u, u0 = (k0 >> 5u) + 2u * hb;
+    [[unroll]] for (uint i = 0u; i < 2u; i++) {
+        uvec2 qi[UG];
+        vec2 so[UG];
+        unit_bytes(pc.w, wb + row, U, u0 + i, qi, so);
+        [[unroll]] for (uint g = 0u; g < 4u; g++) {
+#if defined(W_IQ1_S) || defined(W_IQ1_M)
+            /* q + delta - 1 (q 0 .. 2, delta +-1/8) as 8 q - (8 - 8 delta) under scale / 8 */
+            uint m = so[g].x != 0.0 ? uint(round(-8.0 * so[g].y / so[g].x)) : 8u;
+            qi[g] = (((qi[g] << 3u) | 0x80808080u) - m * 0x01010101u) ^ 0x80808080u;
+            so[g].x *= 0.125;
+#elif defined(W_Q3_K)
+            qi[g] = ((qi[g] | 0x80808080u) - 0x04040404u) ^ 0x80808080u; /* q - 4 */
+#endif
+#if defined(W_Q2_K) || defined(W_Q3_K)
+            if (i == 0u) rq[g].xy = qi[g];
+            else rq[g].zw = qi[g];
+#endif
+        }
+#if defined(W_Q2_K) || defined(W_Q3_K)
+        /* (the two units' sub-blocks of 16 are the same four) */
+        rsc = vec4(so[0].x, so[1].x, so[2].x, so[3].x);
+#ifdef SMIN
+        rmn = vec4(so[0].y, so[1].y, so[2].y, so[3].y);
+#endif
+#else
+        rq[2u * i] = uvec4(qi[0], qi[1]);
+        rq[2u * i + 1u] = uvec4(qi[2], qi[3]);
+#ifdef SC16
+        rsc[2u * i] = so[0].x;
+        rsc[2u * i + 1u] = so[2].x;
+#else
+        rsc[i] = so[0].x;
+#endif
+#endif
+    }
 #else
     /* weights 32 r + 16 hb + i of the half block (r = 0..3, i = 0..15): ql bytes 64 hf + 32 (r & 1)
      * + 16 hb + i, qh bytes 32 hf + 16 hb + i */
@@ -170,6 +271,18 @@ void load_step(const in uint k0, const in uint wb, const in uint xr) {
 #endif
 }
 
+#ifdef SMIN
+/* the sum of 16 int8s */
+int sum16(const in uvec4 q) {
+    int s = 0;
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        int w = int(q[i]);
+        s += bitfieldExtract(w, 0, 8) + bitfieldExtract(w, 8, 8) + bitfieldExtract(w, 16, 8) + bitfieldExtract(w, 24, 8);
+    }
+    return s;
+}
+#endif
+
 uint pack_q(const in vec4 v, const in float id) {
     ivec4 q = clamp(ivec4(round(v * id)), ivec4(-127), ivec4(127));
     return (uint(q.x) & 255u) | ((uint(q.y) & 255u) << 8u) | ((uint(q.z) & 255u) << 16u) | (uint(q.w) << 24u);
@@ -189,6 +302,22 @@ void store_step(const in uint k0) {
     sws[row * 4u + 2u * hb] = vec2(dm.x * float(f & 63u), -dm.y * float((f >> 6u) & 63u));
     f >>= 12u;
     sws[row * 4u + 2u * hb + 1u] = vec2(dm.x * float(f & 63u), -dm.y * float((f >> 6u) & 63u));
+#elif defined(W_Q2_K) || defined(W_Q3_K)
+    [[unroll]] for (uint g = 0u; g < 4u; g++) {
+        sw[row * RW + 2u * g + hb] = rq[g];
+        sws[row * 8u + 2u * g + hb] = rsc[g];
+#ifdef SMIN
+        swm[row * 8u + 2u * g + hb] = rmn[g];
+#endif
+    }
+#elif defined(W_LOW)
+    [[unroll]] for (uint j = 0u; j < 4u; j++) sw[row * RW + 4u * hb + j] = rq[j];
+#ifdef SC16
+    [[unroll]] for (uint j = 0u; j < 4u; j++) sws[row * 8u + 4u * hb + j] = rsc[j];
+#else
+    sws[row * 4u + 2u * hb] = rsc.x;
+    sws[row * 4u + 2u * hb + 1u] = rsc.y;
+#endif
 #else
     float wd = unpackHalf2x16(rd).x;
     [[unroll]] for (uint r = 0u; r < 4u; r++) {
@@ -203,7 +332,13 @@ void store_step(const in uint k0) {
     if (tid < 8u * BM) { /* 16 int8s: half a block (Q6_K: x twice, the other half zeroed) */
         uint ox = (tid >> 3u) * XW + 2u * (tid & 7u);
         bool low = (tid & 1u) == 0u;
-#if defined(W_Q6_K)
+#ifdef SMIN
+        sxq[(tid >> 3u) * 8u + (tid & 7u)] = float(sum16(rxq));
+#if XL > 1
+        sxq[(16u + (tid >> 3u)) * 8u + (tid & 7u)] = float(sum16(rxq2));
+#endif
+#endif
+#ifdef XSPLIT
         sxl[ox] = low ? rxq.xy : uvec2(0u);
         sxl[ox + 1u] = low ? rxq.zw : uvec2(0u);
         sxh[ox] = !low ? rxq.xy : uvec2(0u);
@@ -296,6 +431,9 @@ void main() {
      * experts whose rows end at or before the tile's first row (the offsets ascend). */
     uint n0 = gl_WorkGroupID.x * BN, xr = gl_WorkGroupID.y * BM;
     if (xr >= floatBitsToUint(pc.lists.v[pc.E])) return;
+#ifdef W_LOW
+    W_INIT(pc.w) /* (the grid or IQ4's byte pairs into shared memory; a barrier) */
+#endif
     uint c = 0u;
     for (uint i = tid; i < pc.E; i += uint(NT)) c += floatBitsToUint(pc.lists.v[i + 1u]) <= xr ? 1u : 0u;
     c = subgroupAdd(c);
@@ -303,7 +441,11 @@ void main() {
     barrier();
     uint e = 0u;
     [[unroll]] for (uint i = 0u; i < uint(NS); i++) e += sec[i];
+#ifdef W_LOW
+    uint wb = e * pc.N + n0; /* the tile's first row */
+#else
     uint wb = (e * pc.N + n0) * (pc.Kp >> 8u); /* the tile's first block */
+#endif
 #ifndef XQ8
     rxs = (pc.flags & 4u) != 0u ? pc.xs.v[xr + tid / (KS / XQ)] : 1.0;
 #endif
@@ -325,7 +467,7 @@ void main() {
         [[unroll]] for (uint s = 0u; s < 4u; s++) {
             MAT_A a;
             coopMatLoad(a, sw, sg * 16u * RW + 2u * s, RW, gl_CooperativeMatrixLayoutRowMajor);
-#if defined(W_Q4_K)
+#ifndef XSPLIT
             MAT_B b0;
             coopMatLoad(b0, sx, 4u * s, XW, gl_CooperativeMatrixLayoutColumnMajor);
             PROD(a, b0, s, 0)
