@@ -455,11 +455,13 @@ static const struct knob KNOBS[] = {
         "Rows a team of Q6_K weights (4 lost: 300 against 309 t/s, docs/perf/log.md §33)."),
     INT("ANVIL_VK_QXT_TW_SWIGLU", C_EXPERIMENT, vk_qxt_tw_swiglu, 0, 1, 1024, "the rule",
         "Threads a team of the SwiGLU products (32 for Q4_K and Q5_K: +0.3-0.7%, docs/perf/log.md §36)."),
-    INT("ANVIL_VK_IQ4_LUT", C_EXPERIMENT, vk_iq4_lut, 0, 0, 4, NULL,
+    INT("ANVIL_VK_IQ4_LUT", C_EXPERIMENT, vk_iq4_lut, 0, 0, 5, NULL,
         "How the IQ4_NL / IQ4_XS kernels look their levels up (shaders/wlow.glsl): 0 a table of "
         "256 byte pairs, 1 that table once per lane (no bank conflicts, 32 KiB), 2 four tables "
         "placing each level at its byte (8 KiB), 3 one such table and shifts, 4 two tables of byte pairs "
-        "(the second a byte up) once per 16 lanes (32 KiB) (docs/perf/log.md §94)."),
+        "(the second a byte up) once per 16 lanes (32 KiB) (docs/perf/log.md §94); 5 the nibbles "
+        "reordered at upload so that a byte holds two neighbouring weights, a lookup of a byte giving "
+        "half a word of four levels (docs/perf/log.md §102)."),
     INT("ANVIL_VK_ATTN_NSG", C_EXPERIMENT, vk_attn_nsg, 4, 1, 8, NULL,
         "Subgroups per decode-attention workgroup."),
     {"ANVIL_VK_ATTN_LPR", K_INT, C_EXPERIMENT, F(vk_attn_lpr), 0, 2, 16, -1, "the shader's rule", NULL, 0,

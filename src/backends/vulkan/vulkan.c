@@ -315,7 +315,22 @@ struct repack_ctx {
     const struct vk_weight *w; /* NULL: src holds the rows one after another */
     const uint8_t *src;
     size_t blocks_in, sb_out; /* per row: the file's blocks in, super-blocks out */
+    int iq4_at;               /* >= 0: where an IQ4 super-block's nibbles start, to be reordered */
 };
+
+/* ANVIL_VK_IQ4_LUT=5 (wlow.glsl's form 5): the 16 bytes of nibbles of each of 8 sub-blocks of 32
+ * (byte j: weight j in its low nibble, j + 16 in its high) reordered so that byte k holds
+ * weights 2k (low) and 2k + 1 (high) */
+static void iq4_pairs(uint8_t *qs) {
+    for (int s = 0; s < 8; s++) {
+        uint8_t *b = qs + 16 * s, w[32];
+        for (int j = 0; j < 16; j++) {
+            w[j] = b[j] & 15;
+            w[j + 16] = b[j] >> 4;
+        }
+        for (int k = 0; k < 16; k++) b[k] = (uint8_t)(w[2 * k] | w[2 * k + 1] << 4);
+    }
+}
 
 static void fill_repack(void *dst, size_t offset, size_t n, void *ctx) {
     const struct repack_ctx *q = ctx;
@@ -332,6 +347,7 @@ static void fill_repack(void *dst, size_t offset, size_t n, void *ctx) {
                                      : q->src + row * q->blocks_in * l->block_bytes;
             l->pack(rs + blk * l->block_bytes, b, sb);
         }
+        if (q->iq4_at >= 0) iq4_pairs(sb + q->iq4_at);
         size_t k = MIN(n - done, l->sb_bytes - c);
         memcpy(o + done, sb + c, k);
         done += k;
@@ -458,8 +474,10 @@ static anvil_status upload_weights(struct vk_backend *b, int first) {
         }
         const struct vk_layout *l = w->as_f32 ? NULL : layout_of(w->t->type);
         if (l && l->pack) {
+            /* (IQ4_XS: the nibbles after d, scales_h and scales_l; IQ4_NL's super-block: first) */
+            int iq4 = b->d->tune.vk_iq4_lut != 5 ? -1 : l->type == DT_IQ4_XS ? 8 : l->type == DT_IQ4_NL ? 0 : -1;
             struct repack_ctx q = {l, w, w->t->data, (size_t)n / (size_t)tr->block_size,
-                                   w->Kp / (size_t)l->sb_weights};
+                                   w->Kp / (size_t)l->sb_weights, iq4};
             st = vk_upload(&u, &w->buf, w->pre, bytes, fill_repack, &q);
         } else {
             if (l && tr->block_size > 1) /* whole blocks, as in the file (K-quants: Kp = n) */

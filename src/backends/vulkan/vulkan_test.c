@@ -1658,14 +1658,14 @@ static void test_qxr_kernels(void **state) {
     assert_int_equal(checked, 8);
 }
 
-/* The IQ4_NL / IQ4_XS products' lookup forms (wlow.glsl SPEC_IQ4L, ANVIL_VK_IQ4_LUT 0-3) on
+/* The IQ4_NL / IQ4_XS products' lookup forms (wlow.glsl SPEC_IQ4L, ANVIL_VK_IQ4_LUT 0-5; 5 with its own upload) on
  * qxr_kernels_check's path: the teams rounding their outputs (SwiGLU, residual) and the next
  * product (XM 1, 2), each against the CPU. Forms 1 and 4 (32 KiB of tables) where the device's
  * shared memory holds them (not lavapipe's 32 KiB: they fall back to 0 there). */
 static void test_iq4_lookups(void **state) {
     (void)state;
     setenv("ANVIL_VK_QX", "1", 1);
-    for (int lut = 0; lut < 5; lut++) {
+    for (int lut = 0; lut < 6; lut++) {
         char v[8];
         snprintf(v, sizeof v, "%d", lut);
         setenv("ANVIL_VK_IQ4_LUT", v, 1);

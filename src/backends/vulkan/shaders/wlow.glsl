@@ -144,8 +144,29 @@ uint iq4_level(uint n) {
 }
 /* the pair of levels of byte b */
 uint iq4_pair(uint b) { return iq4_level(b & 15u) | (iq4_level(b >> 4u) << 16u); }
+/* ... side by side (form 5's bytes: two neighbouring weights) */
+uint iq4_pair2(uint b) { return iq4_level(b & 15u) | (iq4_level(b >> 4u) << 8u); }
+/* The lookup's form (SPEC_IQ4L, ANVIL_VK_IQ4_LUT; perf log §94, §102):
+ *   0  kv2: 256 byte pairs (1 KiB), four lookups and ~10 instructions to put 8 weights together;
+ *   1  the same table once per lane of a subgroup of 32 (32 KiB: lane l reads bank l, no bank
+ *      conflicts where 32 lanes' random bytes met ~3.5 times in a bank);
+ *   2  kv4: four tables of 256 (8 KiB), table k giving a byte's two levels already at byte k of
+ *      the low-nibble word (.x) and of the high-nibble word (.y): four 8-byte lookups OR-ed;
+ *   3  kv4's first table (2 KiB), the levels shifted to byte k by the reader;
+ *   4  two tables of byte pairs, the second's shifted by a byte (so that two lookups OR-ed give
+ *      a word of four levels), each once per 16 lanes (32 KiB: at most 2 lanes a bank);
+ *   5  the nibbles reordered at upload (vulkan.c iq4_pairs: byte k of a sub-block of 32 holds
+ *      weights 2k and 2k + 1, low nibble first), so that a word of nibbles is 8 neighbouring
+ *      weights; kv2: each byte's two levels side by side, twice (1 KiB), two lookups and one
+ *      bitwise select a word of four levels. */
+layout(constant_id = SPEC_IQ4L) const uint IQ4L = 0u;
 #ifdef W_TABLE_GLOBAL
 #define W_INIT(w)
+/* form 5: the levels of u's 8 nibbles in order, two words */
+uvec2 kvw(uint u) {
+    return uvec2(iq4_pair2(u & 255u) | (iq4_pair2(bitfieldExtract(u, 8, 8)) << 16u),
+                 iq4_pair2(bitfieldExtract(u, 16, 8)) | (iq4_pair2(u >> 24u) << 16u));
+}
 /* the levels of the four low nibbles of u's bytes (*lo, element order) and of its four high
  * nibbles (*hi) */
 void kv8(uint u, out uint lo, out uint hi) {
@@ -155,25 +176,17 @@ void kv8(uint u, out uint lo, out uint hi) {
     hi = (a >> 16u) | (c & 0xFFFF0000u);
 }
 #else
-/* The lookup's form (SPEC_IQ4L, ANVIL_VK_IQ4_LUT; perf log §94):
- *   0  kv2: 256 byte pairs (1 KiB), four lookups and ~10 instructions to put 8 weights together;
- *   1  the same table once per lane of a subgroup of 32 (32 KiB: lane l reads bank l, no bank
- *      conflicts where 32 lanes' random bytes met ~3.5 times in a bank);
- *   2  kv4: four tables of 256 (8 KiB), table k giving a byte's two levels already at byte k of
- *      the low-nibble word (.x) and of the high-nibble word (.y): four 8-byte lookups OR-ed;
- *   3  kv4's first table (2 KiB), the levels shifted to byte k by the reader;
- *   4  two tables of byte pairs, the second's shifted by a byte (so that two lookups OR-ed give
- *      a word of four levels), each once per 16 lanes (32 KiB: at most 2 lanes a bank). */
-layout(constant_id = SPEC_IQ4L) const uint IQ4L = 0u;
 #define IQ4C1 32u /* copies of form 1's table */
 #define IQ4C4 16u /* and of form 4's two */
-shared uint kv2[IQ4L == 0u ? 256u : IQ4L == 1u ? 256u * IQ4C1 : IQ4L == 4u ? 512u * IQ4C4 : 1u];
+shared uint kv2[IQ4L == 0u || IQ4L == 5u ? 256u : IQ4L == 1u ? 256u * IQ4C1 : IQ4L == 4u ? 512u * IQ4C4 : 1u];
 shared uvec2 kv4[IQ4L == 2u ? 1024u : IQ4L == 3u ? 256u : 1u];
 #define W_INIT(w)                                                                                  \
     {                                                                                              \
         uint n_ = gl_WorkGroupSize.x * gl_WorkGroupSize.y * gl_WorkGroupSize.z;                    \
         if (IQ4L == 0u)                                                                            \
             for (uint i_ = gl_LocalInvocationIndex; i_ < 256u; i_ += n_) kv2[i_] = iq4_pair(i_);   \
+        else if (IQ4L == 5u)                                                                       \
+            for (uint i_ = gl_LocalInvocationIndex; i_ < 256u; i_ += n_) kv2[i_] = iq4_pair2(i_) * 0x10001u; \
         else if (IQ4L == 1u)                                                                       \
             for (uint i_ = gl_LocalInvocationIndex; i_ < 256u * IQ4C1; i_ += n_) kv2[i_] = iq4_pair(i_ / IQ4C1); \
         else if (IQ4L == 4u)                                                                       \
@@ -221,6 +234,11 @@ void kv8(uint u, out uint lo, out uint hi) {
     lo = (a & 0xFFFFu) | (c << 16u);
     hi = (a >> 16u) | (c & 0xFFFF0000u);
 }
+/* form 5: the levels of u's 8 nibbles in order (each byte's pair twice in its entry: a select) */
+uvec2 kvw(uint u) {
+    uint e0 = kv2[u & 255u], e1 = kv2[bitfieldExtract(u, 8, 8)], e2 = kv2[bitfieldExtract(u, 16, 8)], e3 = kv2[u >> 24u];
+    return uvec2((e0 & 0xFFFFu) | (e1 & 0xFFFF0000u), (e2 & 0xFFFFu) | (e3 & 0xFFFF0000u));
+}
 #endif
 #if defined(W_IQ4_NL)
 #define BW 36u /* a super-block of 8 blocks */
@@ -244,6 +262,14 @@ void unit_bytes(W w, uint row, uint U, uint u, out uvec2 qi[UG], out vec2 so[UG]
     ls |= ((h.x >> (16u + 2u * ib)) & 3u) << 4u;
     float dl = half_lo(h.x) * float(int(ls) - 32);
 #endif
+    if (IQ4L == 5u) { /* word g: weights 8 g .. 8 g + 7 */
+        qi[0] = kvw(q.x);
+        qi[1] = kvw(q.y);
+        qi[2] = kvw(q.z);
+        qi[3] = kvw(q.w);
+        for (uint g = 0u; g < 4u; g++) so[g] = vec2(dl, 0.0);
+        return;
+    }
     /* the low nibbles of the 16 bytes are weights 0 .. 15, the high ones 16 .. 31 */
     kv8(q.x, qi[0].x, qi[2].x);
     kv8(q.y, qi[0].y, qi[2].y);
