@@ -475,6 +475,14 @@ static const struct knob KNOBS[] = {
         "Decode attention takes each block of its chunk's rows in two phases: every row's scores "
         "into shared memory, one maximum and sum a head, then the v rows weighted from shared "
         "memory (no subgroup reductions or shuffles per pass; docs/perf/log.md §92)."),
+    INT("ANVIL_VK_ATTN_WHOLE", C_EXPERIMENT, vk_attn_whole, 0, 0, 1, NULL,
+        "Decode attention's chunks are whole passes of their subgroups: the fewest passes a "
+        "chunk, then the fewest chunks for them (0: n / chunks rows each, the last pass of some "
+        "subgroups nearly empty; docs/perf/log.md §99)."),
+    INT("ANVIL_VK_ATTN_WMERGE", C_EXPERIMENT, vk_attn_wmerge, 0, 0, 1, NULL,
+        "Decode attention's merge takes every chunk's weight first (a subgroup a head, a lane a "
+        "chunk), then sums the outputs 8 chunks a load round (0: each thread a running maximum "
+        "over batches of 8 chunks; docs/perf/log.md §99)."),
     INT("ANVIL_VK_BATCH_ATTN", C_EXPERIMENT, vk_batch_attn, 1024, 1, 65536, NULL,
         "A batch program's attention (attn_split.comp, docs/BATCHING.md) splits each row's "
         "positions into chunks, enough for about this many workgroups over the program's rows "

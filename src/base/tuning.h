@@ -132,6 +132,8 @@ struct tuning {
     int vk_attn_lpr;         /* ANVIL_VK_ATTN_LPR (0: the shader's rule) */
     int vk_attn_gs;          /* ANVIL_VK_ATTN_GS (0: the rule) */
     int vk_attn_two;         /* ANVIL_VK_ATTN_TWO */
+    int vk_attn_whole;       /* ANVIL_VK_ATTN_WHOLE */
+    int vk_attn_wmerge;      /* ANVIL_VK_ATTN_WMERGE */
     int vk_mega_grid;        /* ANVIL_VK_MEGA_GRID (0: the SM count) */
     int vk_mega_wg;          /* ANVIL_VK_MEGA_WG (0: 256) */
     int vk_mega_r;           /* ANVIL_VK_MEGA_R */

@@ -687,6 +687,38 @@ static void test_q6k_short_teams(void **state) {
     env_rows(qx_env, false);
 }
 
+/* Decode attention's chunks of whole passes (ANVIL_VK_ATTN_WHOLE) and its merge taking the
+ * chunks' weights first (ANVIL_VK_ATTN_WMERGE), each against the kernel without it, on the tiny
+ * model with the o projection on the attention's int8 rounding (the merge rounds its output,
+ * merge_round): one subgroup a workgroup (ANVIL_VK_ATTN_NSG=1, 2 rows a pass on lavapipe's
+ * subgroups of 8) and 2 chunks at most, so that the 6 steps' lengths split 3 / 4 ways and
+ * merge; the same dispatches, rows within test_against_cpu_qx's bound of the CPU's rounded-input
+ * rows and near the other form's (the same sums in another order: an int8 at a rounding tie). */
+static void test_attention_forms(void **state) {
+    (void)state;
+#ifdef TU_SANITIZED
+    skip(); /* the host code is test_against_cpu_qx's */
+#endif
+    env_rows(qx_env, true);
+    setenv("ANVIL_VK_ATTN_NSG", "1", 1);
+    setenv("ANVIL_VK_ATTN_CHUNKS", "2", 1);
+    static const char *const knob[2] = {"ANVIL_VK_ATTN_WHOLE", "ANVIL_VK_ATTN_WMERGE"};
+    for (int f = 0; f < 2; f++) {
+        struct knob_ab r;
+        knob_ab("synthetic:qwen3-tiny-k:q4_k", knob[f], (const char *[2]){"0", "1"}, (const char *[2]){NULL, NULL}, 37,
+                3, &r);
+        fprintf(stderr, "qwen3-tiny-k Q4_K: %s: rows within %.3g (off: %.3g) of the CPU's, %.3g of the step without it\n",
+                knob[f], r.worst[1], r.worst[0], r.apart);
+        assert_int_equal(r.dispatches[1], r.dispatches[0]);
+        assert_int_equal(r.barriers[1], r.barriers[0]);
+        assert_true(r.worst[1] < 0.08 && r.worst[0] < 0.08);
+        assert_true(r.apart < 2e-3);
+    }
+    unsetenv("ANVIL_VK_ATTN_NSG");
+    unsetenv("ANVIL_VK_ATTN_CHUNKS");
+    env_rows(qx_env, false);
+}
+
 /* The o projection reads its input rounded by the attention (no qx.comp dispatch), so it
  * takes integer dot products whatever its size where it rounds its own output for the next
  * product, and then every later product of the chain does too (decode/lower.c qx_free): on the
@@ -1127,11 +1159,14 @@ static void test_long_attention(void **state) {
     skip();
 #endif
     static const char *specs[] = {"synthetic:qwen3-tiny-k:q4_k", "synthetic:qwen3-heads:q8_0"};
-    static const char *chunks[] = {"1", "3", "64", "3", "64", "1", "3"};
+    static const char *chunks[] = {"1", "3", "64", "3", "64", "1", "3", "3", "64"};
     static const anvil_kv_cache caches[] = {ANVIL_KV_F16, ANVIL_KV_F32, ANVIL_KV_F16, ANVIL_KV_Q8_0, ANVIL_KV_Q8_0,
-                                            ANVIL_KV_F16, ANVIL_KV_Q8_0};
-    /* the last two on the kernel's other loop (ANVIL_VK_ATTN_TWO=1, an experiment: blocks of scores, then values) */
-    static const char *two[] = {NULL, NULL, NULL, NULL, NULL, "1", "1"};
+                                            ANVIL_KV_F16, ANVIL_KV_Q8_0, ANVIL_KV_F16, ANVIL_KV_Q8_0};
+    /* two on the kernel's other loop (ANVIL_VK_ATTN_TWO=1, an experiment: blocks of scores, then
+     * values), the last two with chunks of whole passes and the merge's weights first
+     * (ANVIL_VK_ATTN_WHOLE=1, ANVIL_VK_ATTN_WMERGE=1) */
+    static const char *two[] = {NULL, NULL, NULL, NULL, NULL, "1", "1", NULL, NULL};
+    static const bool form[] = {false, false, false, false, false, false, false, true, true};
     static const anvil_kv_cache types[] = {ANVIL_KV_F32, ANVIL_KV_F16, ANVIL_KV_Q8_0}; /* the CPU's runs */
     enum { N = 90 };
     int fails = 0;
@@ -1157,14 +1192,21 @@ static void test_long_attention(void **state) {
             int k = caches[c] == ANVIL_KV_F32 ? 0 : caches[c] == ANVIL_KV_F16 ? 1 : 2;
             setenv("ANVIL_VK_ATTN_CHUNKS", chunks[c], 1);
             if (two[c]) setenv("ANVIL_VK_ATTN_TWO", two[c], 1);
+            if (form[c]) {
+                setenv("ANVIL_VK_ATTN_WHOLE", "1", 1);
+                setenv("ANVIL_VK_ATTN_WMERGE", "1", 1);
+            }
             anvil_session *vk = tu_session_kv(m, ANVIL_BACKEND_VULKAN, 128, caches[c]);
             unsetenv("ANVIL_VK_ATTN_TWO");
+            unsetenv("ANVIL_VK_ATTN_WHOLE");
+            unsetenv("ANVIL_VK_ATTN_WMERGE");
             assert_int_equal(anvil_session_eval(vk, prompt, N, ANVIL_LOGITS_ALL, b), ANVIL_OK);
             float d = tu_max_diff(a[k], b, N * (size_t)V);
             fprintf(stderr,
                     "%s, %s attention chunks%s, %s cache, %d decode steps: max |vulkan - cpu| = %.3g (the float16 "
                     "cache moves the CPU's rows by %.3g, q8_0 by %.3g)\n",
-                    specs[s], chunks[c], two[c] ? " (ANVIL_VK_ATTN_TWO=1)" : "", anvil_kv_cache_name(caches[c]), N, (double)d, (double)rounding,
+                    specs[s], chunks[c], two[c] ? " (ANVIL_VK_ATTN_TWO=1)" : form[c] ? " (WHOLE=1 WMERGE=1)" : "",
+                    anvil_kv_cache_name(caches[c]), N, (double)d, (double)rounding,
                     (double)rounding8);
             /* q8_0: a quant at a rounding tie where the two sides' k differ by an ulp moves by
              * 1/127 of its block's largest value (16x a float16 tie; measured 7.3e-4 on the
@@ -2108,6 +2150,7 @@ int main(void) {
         cmocka_unit_test(test_route_fold),
         cmocka_unit_test(test_moe_down_qx),
         cmocka_unit_test(test_q6k_short_teams),
+        cmocka_unit_test(test_attention_forms),
         cmocka_unit_test(test_qx_from_attention),
         cmocka_unit_test(test_qx_from_hybrid),
         cmocka_unit_test(test_prefetch),

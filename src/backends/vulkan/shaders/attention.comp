@@ -67,6 +67,20 @@ layout(constant_id = ATTN_SPEC_TWO) const uint TWOC = 0;
 const bool TWO = TWOC != 0u;
 const uint BR = TWO ? 128u : 1u; /* rows a block */
 const uint VB = CPL > 1u ? 8u : 16u; /* v rows a subgroup loads at once (64 registers) */
+layout(constant_id = ATTN_SPEC_FORM) const uint FORM = 0; /* ATTN_FORM_* */
+/* WHOLE: a chunk is whole passes of its subgroups, L = RPC ceil(n / (NC RPC)) rows, and NE =
+ * ceil(n / L) chunks: the fewest passes a subgroup, then the fewest chunks (so the fewest
+ * partials to merge) for them. Else L = ceil(n / NE): at n = 4,097 and 64 chunks, 65 rows each,
+ * one subgroup's third pass a row and 64 partials where 43 chunks of 3 passes do */
+const bool WHOLE = (FORM & ATTN_FORM_WHOLE) != 0u;
+/* WMERGE: the merge's weights first, a subgroup a query head and a lane a chunk: (m, l) of
+ * every chunk loaded at once, one maximum and one sum over the subgroup, the weights e^(m_c -
+ * M) into shared memory (sw); then each lane sums its vec4s of the output over the chunks, OB
+ * loads a batch with the next batch in flight, no running maximum */
+const bool WMERGE = (FORM & ATTN_FORM_WMERGE) != 0u;
+const uint MCN = 64u;                   /* the most chunks (ANVIL_VK_ATTN_CHUNKS' range) */
+const uint MCL = (MCN + SG - 1u) / SG;  /* chunks a lane weighs */
+const uint OB = CPL > 1u ? 4u : 8u;     /* chunks a load batch of the merge's outputs */
 
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer QBytes { uint v[]; };
 
@@ -81,6 +95,7 @@ shared vec4 ys[GW + 1][D4]; /* the same, rotated */
 shared vec4 vnew[D4];
 shared float ss[BR][GW];       /* TWO: the block's scores, then weights */
 shared float smx[GW], scr[GW]; /* TWO: the running maximum, its correction a block */
+shared float sw[WMERGE ? GW : 1u][MCN]; /* WMERGE: each chunk's weight a head */
 shared bool last_wg;
 uint NC, n_rot; /* the chunks of the grid, the rotated dims (pc.NC) */
 uint kvb;       /* a paged cache: log2 of its block's rows (pc.NC, ATTN_NC_PAGED), else 0 */
@@ -168,6 +183,23 @@ void merge_load(uint c0, uint NE, uint mlb, uint h, uint base, out float mv[8], 
     }
 }
 
+/* the output's vec4 a (values o4 .. o4 + 3) rounded to int8 for the o projection (pc.xq: qx.comp's
+ * layout); a block of 32 values is 8 consecutive lanes, each lane's amax over them by shuffles (so
+ * every lane of the subgroup comes here); st: this lane's values are output */
+void merge_round(vec4 a, uint o4, bool st) {
+    vec4 av = abs(a);
+    float amax = max(max(av.x, av.y), max(av.z, av.w));
+    amax = max(amax, subgroupShuffleXor(amax, 1u));
+    amax = max(amax, subgroupShuffleXor(amax, 2u));
+    amax = max(amax, subgroupShuffleXor(amax, 4u));
+    float id = amax > 0.0 ? 127.0 / amax : 0.0;
+    ivec4 q = ivec4(roundEven(a * id));
+    uint vi = o4 / 4u, Kq = (pc.Hkv * G * D + 255u) & ~255u;
+    if (!st) return;
+    pc.xq.v[vi] = pack_i8x4(q);
+    if ((vi & 7u) == 0u) pc.xq.v[Kq / 4u + vi / 8u] = floatBitsToUint(amax / 127.0);
+}
+
 void main() {
     if (pc.ctl.stop != 0u) return;
     NC = pc.NC & 0xfffu;
@@ -177,9 +209,15 @@ void main() {
     uint h0 = j * G + jg % GS * GW; /* the workgroup's first query head */
     uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
     uint n = pc.ctl.pos + 1u;
-    uint NE = min(NC, (n + RPC - 1u) / RPC);
+    uint NE, L;
+    if (WHOLE) {
+        L = RPC * ((n + NC * RPC - 1u) / (NC * RPC));
+        NE = (n + L - 1u) / L;
+    } else {
+        NE = min(NC, (n + RPC - 1u) / RPC);
+        L = (n + NE - 1u) / NE;
+    }
     if (c >= NE) return;
-    uint L = (n + NE - 1u) / NE;
     uint begin = min(c * L, n), end = min(begin + L, n);
 
     uint pos = n - 1u, t = gl_LocalInvocationID.x;
@@ -415,6 +453,68 @@ void main() {
     memoryBarrierBuffer();
     if (t == 0u) pc.cnt.v[jg] = 0u; /* ready for the next step */
     uint mlb = pc.Hkv * G * NC * D;
+    if (WMERGE) {
+        for (uint g = sg; g < GW; g += NSG) { /* the same for the whole subgroup */
+            uint h = h0 + g, base = h * NC * D4;
+            float mw[MCL], lw[MCL];
+            for (uint i = 0; i < MCL; i++) {
+                uint cc = lane + i * SG, ml = mlb + (h * NC + cc) * 2u;
+                bool live = cc < NE;
+                mw[i] = live ? pc.part.v[ml] : -1.0 / 0.0;
+                lw[i] = live ? pc.part.v[ml + 1u] : 0.0;
+            }
+            vec4 ov[OB][CPL]; /* the first batch's outputs load under the weights */
+            for (uint u = 0; u < OB; u++)
+                for (uint k = 0; k < CPL; k++) {
+                    uint c4 = lane + k * SG;
+                    ov[u][k] = u < NE && c4 < D4 ? CVec4s(pc.part).v[base + u * D4 + c4] : vec4(0.0);
+                }
+            float mx = -1.0 / 0.0;
+            for (uint i = 0; i < MCL; i++) mx = max(mx, mw[i]);
+            float M = subgroupMax(mx), ls = 0.0; /* M finite: chunk 0 holds the position */
+            for (uint i = 0; i < MCL; i++) {
+                uint cc = lane + i * SG;
+                float w = exp(mw[i] - M); /* 0 for an empty chunk or one past NE */
+                ls += w * lw[i];
+                if (cc < MCN) sw[g][cc] = w;
+            }
+            float Ls = subgroupAdd(ls);
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            vec4 a[CPL];
+            for (uint k = 0; k < CPL; k++) a[k] = vec4(0.0);
+            for (uint c0 = 0; c0 < NE; c0 += OB) {
+                vec4 on[OB][CPL];
+                for (uint u = 0; u < OB; u++)
+                    for (uint k = 0; k < CPL; k++) {
+                        uint cc = c0 + OB + u, c4 = lane + k * SG;
+                        on[u][k] = cc < NE && c4 < D4 ? CVec4s(pc.part).v[base + cc * D4 + c4] : vec4(0.0);
+                    }
+                for (uint u = 0; u < OB; u++) {
+                    float w = c0 + u < NE ? sw[g][c0 + u] : 0.0;
+                    for (uint k = 0; k < CPL; k++) a[k] += w * ov[u][k];
+                }
+                for (uint u = 0; u < OB; u++)
+                    for (uint k = 0; k < CPL; k++) ov[u][k] = on[u][k];
+            }
+            for (uint k = 0; k < CPL; k++) {
+                uint c4 = lane + k * SG, o4 = h * D + 4u * c4;
+                bool in_ = c4 < D4;
+                vec4 r = a[k] * (1.0 / Ls);
+                if (uvec2(pc.gate) != uvec2(0u) && in_)
+                    r /= 1.0 + exp(-vec4(pc.gate.v[o4], pc.gate.v[o4 + 1u], pc.gate.v[o4 + 2u], pc.gate.v[o4 + 3u]));
+                if (in_) {
+                    pc.out_.v[o4] = r.x;
+                    pc.out_.v[o4 + 1u] = r.y;
+                    pc.out_.v[o4 + 2u] = r.z;
+                    pc.out_.v[o4 + 3u] = r.w;
+                }
+                if (uvec2(pc.xq) != uvec2(0u)) /* a block is 8 consecutive lanes' vec4s */
+                    merge_round(r, o4, in_);
+            }
+        }
+        return;
+    }
     for (uint i = t; i < GW * D4; i += gl_WorkGroupSize.x) {
         uint g = i / D4, d4 = i % D4, h = h0 + g, base = h * NC * D4 + d4;
         vec4 a = vec4(0.0);
@@ -455,18 +555,8 @@ void main() {
         pc.out_.v[o4 + 1u] = a.y;
         pc.out_.v[o4 + 2u] = a.z;
         pc.out_.v[o4 + 3u] = a.w;
-        if (uvec2(pc.xq) != uvec2(0u)) {
-            /* a block is 8 consecutive lanes (GW * D4 and the workgroup are multiples of 8) */
-            vec4 av = abs(a);
-            float amax = max(max(av.x, av.y), max(av.z, av.w));
-            amax = max(amax, subgroupShuffleXor(amax, 1u));
-            amax = max(amax, subgroupShuffleXor(amax, 2u));
-            amax = max(amax, subgroupShuffleXor(amax, 4u));
-            float id = amax > 0.0 ? 127.0 / amax : 0.0;
-            ivec4 q = ivec4(roundEven(a * id));
-            uint vi = o4 / 4u, Kq = (pc.Hkv * G * D + 255u) & ~255u;
-            pc.xq.v[vi] = pack_i8x4(q);
-            if ((vi & 7u) == 0u) pc.xq.v[Kq / 4u + vi / 8u] = floatBitsToUint(amax / 127.0);
-        }
+        if (uvec2(pc.xq) != uvec2(0u)) /* a block is 8 consecutive lanes (GW * D4 and the
+                                           workgroup are multiples of 8) */
+            merge_round(a, o4, true);
     }
 }

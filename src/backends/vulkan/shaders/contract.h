@@ -265,6 +265,9 @@
 #define ATTN_SPEC_GS 6
 #define ATTN_SPEC_PAGED 7 /* attention.comp: the cache read through a block table (a batch's) */
 #define ATTN_SPEC_TWO 8   /* attention.comp: each block of a chunk in two phases, scores then values (ANVIL_VK_ATTN_TWO) */
+#define ATTN_SPEC_FORM 9  /* attention.comp: ATTN_FORM_* bits */
+#define ATTN_FORM_WHOLE 1u /* chunks of whole passes (ANVIL_VK_ATTN_WHOLE) */
+#define ATTN_FORM_WMERGE 2u /* the merge takes the chunks' weights first (ANVIL_VK_ATTN_WMERGE) */
 
 /* attn_flash.comp, attn_prefill.comp (G only) */
 #define FLASH_SPEC_G 0
