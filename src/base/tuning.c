@@ -483,6 +483,10 @@ static const struct knob KNOBS[] = {
         "Decode attention's merge takes every chunk's weight first (a subgroup a head, a lane a "
         "chunk), then sums the outputs 8 chunks a load round (0: each thread a running maximum "
         "over batches of 8 chunks; docs/perf/log.md §99)."),
+    INT("ANVIL_VK_ATTN_COMB", C_EXPERIMENT, vk_attn_comb, 0, 0, 1, NULL,
+        "Decode attention's subgroups each write their outputs to shared memory of their own, "
+        "combined after one barrier by every thread (where the device's shared memory holds them; "
+        "0: one subgroup at a time, a barrier each; docs/perf/log.md §99)."),
     INT("ANVIL_VK_BATCH_ATTN", C_EXPERIMENT, vk_batch_attn, 1024, 1, 65536, NULL,
         "A batch program's attention (attn_split.comp, docs/BATCHING.md) splits each row's "
         "positions into chunks, enough for about this many workgroups over the program's rows "

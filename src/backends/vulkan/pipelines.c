@@ -645,6 +645,10 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, in
     size_t G = (size_t)attn_g, D = (size_t)attn_d;
     size_t attn_shared = 8 * out->attn_nsg * G + 4 * G * D + 8 * (G + 1) * D + 4 * D + 16 + (t->vk_attn_two ? 4 * 128 * G + 8 * G : 0) +
                          (t->vk_attn_wmerge ? 4 * 64 * G : 0);
+    /* the subgroups' outputs each in shared memory of its own where it fits (ANVIL_VK_ATTN_COMB) */
+    size_t comb_shared = attn_shared + 4 * G * D * (out->attn_nsg - 1);
+    out->attn_form = (t->vk_attn_whole ? ATTN_FORM_WHOLE : 0u) | (t->vk_attn_wmerge ? ATTN_FORM_WMERGE : 0u) |
+                     (t->vk_attn_comb && comb_shared <= d->props.limits.maxComputeSharedMemorySize ? ATTN_FORM_COMB : 0u);
     if (attn_shared > d->props.limits.maxComputeSharedMemorySize)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention with %d query heads per kv head of "
                        "dim %d needs %zu bytes of shared memory; %s has %u", attn_g, attn_d, attn_shared,
@@ -801,8 +805,7 @@ anvil_status vk_pipeline_make(struct vk_device *d, struct vk_pipelines *out, enu
         vals[ATTN_SPEC_GS] = out->attn_gs;
         vals[ATTN_SPEC_PAGED] = k == K_ATTENTION && out->attn_paged;
         vals[ATTN_SPEC_TWO] = k == K_ATTENTION ? (uint32_t)d->tune.vk_attn_two : 0;
-        vals[ATTN_SPEC_FORM] = k != K_ATTENTION ? 0u
-                               : (d->tune.vk_attn_whole ? ATTN_FORM_WHOLE : 0u) | (d->tune.vk_attn_wmerge ? ATTN_FORM_WMERGE : 0u);
+        vals[ATTN_SPEC_FORM] = k == K_ATTENTION ? out->attn_form : 0u;
         n = ATTN_SPEC_FORM + 1;
     } else if (ki->specs == SPECS_MEGA) {
         vals[SPEC_WG] = out->mega_wg;

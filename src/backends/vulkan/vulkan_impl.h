@@ -479,6 +479,7 @@ struct vk_pipelines {
     uint32_t attn_nsg;  /* and its subgroups per workgroup */
     uint32_t attn_lpr;  /* and its lanes a cache row (0: the shader's rule) */
     uint32_t attn_gs;   /* and the workgroups a kv head's query heads are split over */
+    uint32_t attn_form; /* and its ATTN_FORM_* bits (contract.h) */
     bool attn_paged;    /* attention.comp's cache read through a block table: a batch's backend,
                            whose only decode program is paged (ATTN_SPEC_PAGED) */
     uint32_t matvec_wg, matvec_nr, matvec_nr_q;

@@ -687,12 +687,12 @@ static void test_q6k_short_teams(void **state) {
     env_rows(qx_env, false);
 }
 
-/* Decode attention's chunks of whole passes (ANVIL_VK_ATTN_WHOLE) and its merge taking the
- * chunks' weights first (ANVIL_VK_ATTN_WMERGE), each against the kernel without it, on the tiny
- * model with the o projection on the attention's int8 rounding (the merge rounds its output,
- * merge_round): one subgroup a workgroup (ANVIL_VK_ATTN_NSG=1, 2 rows a pass on lavapipe's
- * subgroups of 8) and 2 chunks at most, so that the 6 steps' lengths split 3 / 4 ways and
- * merge; the same dispatches, rows within test_against_cpu_qx's bound of the CPU's rounded-input
+/* Decode attention's chunks of whole passes (ANVIL_VK_ATTN_WHOLE), its merge taking the
+ * chunks' weights first (ANVIL_VK_ATTN_WMERGE) and its subgroups combined after one barrier
+ * (ANVIL_VK_ATTN_COMB), each against the kernel without it, on the tiny model with the o
+ * projection on the attention's int8 rounding (the merge rounds its output, merge_round): two
+ * subgroups a workgroup (ANVIL_VK_ATTN_NSG=2, 2 rows a pass each on lavapipe's subgroups of 8)
+ * and 2 chunks at most, so that the 6 steps' lengths split 3 / 4 rows a chunk and merge; the same dispatches, rows within test_against_cpu_qx's bound of the CPU's rounded-input
  * rows and near the other form's (the same sums in another order: an int8 at a rounding tie). */
 static void test_attention_forms(void **state) {
     (void)state;
@@ -700,10 +700,10 @@ static void test_attention_forms(void **state) {
     skip(); /* the host code is test_against_cpu_qx's */
 #endif
     env_rows(qx_env, true);
-    setenv("ANVIL_VK_ATTN_NSG", "1", 1);
+    setenv("ANVIL_VK_ATTN_NSG", "2", 1);
     setenv("ANVIL_VK_ATTN_CHUNKS", "2", 1);
-    static const char *const knob[2] = {"ANVIL_VK_ATTN_WHOLE", "ANVIL_VK_ATTN_WMERGE"};
-    for (int f = 0; f < 2; f++) {
+    static const char *const knob[3] = {"ANVIL_VK_ATTN_WHOLE", "ANVIL_VK_ATTN_WMERGE", "ANVIL_VK_ATTN_COMB"};
+    for (int f = 0; f < 3; f++) {
         struct knob_ab r;
         knob_ab("synthetic:qwen3-tiny-k:q4_k", knob[f], (const char *[2]){"0", "1"}, (const char *[2]){NULL, NULL}, 37,
                 3, &r);
@@ -1163,8 +1163,8 @@ static void test_long_attention(void **state) {
     static const anvil_kv_cache caches[] = {ANVIL_KV_F16, ANVIL_KV_F32, ANVIL_KV_F16, ANVIL_KV_Q8_0, ANVIL_KV_Q8_0,
                                             ANVIL_KV_F16, ANVIL_KV_Q8_0, ANVIL_KV_F16, ANVIL_KV_Q8_0};
     /* two on the kernel's other loop (ANVIL_VK_ATTN_TWO=1, an experiment: blocks of scores, then
-     * values), the last two with chunks of whole passes and the merge's weights first
-     * (ANVIL_VK_ATTN_WHOLE=1, ANVIL_VK_ATTN_WMERGE=1) */
+     * values), the last two with chunks of whole passes, the merge's weights first and the
+     * subgroups combined after one barrier (ANVIL_VK_ATTN_WHOLE=1, _WMERGE=1, _COMB=1) */
     static const char *two[] = {NULL, NULL, NULL, NULL, NULL, "1", "1", NULL, NULL};
     static const bool form[] = {false, false, false, false, false, false, false, true, true};
     static const anvil_kv_cache types[] = {ANVIL_KV_F32, ANVIL_KV_F16, ANVIL_KV_Q8_0}; /* the CPU's runs */
@@ -1195,17 +1195,19 @@ static void test_long_attention(void **state) {
             if (form[c]) {
                 setenv("ANVIL_VK_ATTN_WHOLE", "1", 1);
                 setenv("ANVIL_VK_ATTN_WMERGE", "1", 1);
+                setenv("ANVIL_VK_ATTN_COMB", "1", 1);
             }
             anvil_session *vk = tu_session_kv(m, ANVIL_BACKEND_VULKAN, 128, caches[c]);
             unsetenv("ANVIL_VK_ATTN_TWO");
             unsetenv("ANVIL_VK_ATTN_WHOLE");
             unsetenv("ANVIL_VK_ATTN_WMERGE");
+            unsetenv("ANVIL_VK_ATTN_COMB");
             assert_int_equal(anvil_session_eval(vk, prompt, N, ANVIL_LOGITS_ALL, b), ANVIL_OK);
             float d = tu_max_diff(a[k], b, N * (size_t)V);
             fprintf(stderr,
                     "%s, %s attention chunks%s, %s cache, %d decode steps: max |vulkan - cpu| = %.3g (the float16 "
                     "cache moves the CPU's rows by %.3g, q8_0 by %.3g)\n",
-                    specs[s], chunks[c], two[c] ? " (ANVIL_VK_ATTN_TWO=1)" : form[c] ? " (WHOLE=1 WMERGE=1)" : "",
+                    specs[s], chunks[c], two[c] ? " (ANVIL_VK_ATTN_TWO=1)" : form[c] ? " (WHOLE=1 WMERGE=1 COMB=1)" : "",
                     anvil_kv_cache_name(caches[c]), N, (double)d, (double)rounding,
                     (double)rounding8);
             /* q8_0: a quant at a rounding tie where the two sides' k differ by an ulp moves by

@@ -87,9 +87,14 @@ layout(buffer_reference, std430, buffer_reference_align = 16) buffer QBytes { ui
 PC_BLOCK(PC_ATTN, pc) /* push.h */
 
 shared float sm[NSG][GW], sl[NSG][GW];
-shared vec4 so[GW][D4]; /* the subgroups' outputs, combined one subgroup at a time; before
-                          that, so[0] holds this position's rope table: (cos, sin) of pair i
-                          in so[0][i / 2].xy or .zw (no room for another array at G = 8, D = 256) */
+/* COMB: the subgroups' outputs each into shared memory of its own (so[sg * GW + g]), then
+ * combined with one barrier, every thread a vec4 of the workgroup's partial (else one subgroup
+ * at a time adds its weighted output into so[g], a barrier each: shared memory for one, where
+ * G = 8 heads of D = 256 must fit in 32 KiB) */
+const bool COMB = (FORM & ATTN_FORM_COMB) != 0u;
+shared vec4 so[COMB ? NSG * GW : GW][D4]; /* the subgroups' outputs; before that, so[0] holds
+                          this position's rope table: (cos, sin) of pair i in so[0][i / 2].xy
+                          or .zw (no room for another array at G = 8, D = 256) */
 shared float xs[GW + 1][D]; /* normalised rows: the workgroup's GW query heads, then k */
 shared vec4 ys[GW + 1][D4]; /* the same, rotated */
 shared vec4 vnew[D4];
@@ -415,9 +420,34 @@ void main() {
             sm[sg][g] = m[g];
             sl[sg][g] = l[g];
         }
+    if (COMB) {
+        for (uint g = 0; g < GW; g++)
+            for (uint k = 0; k < CPL; k++) {
+                uint c4 = lane + k * SG;
+                if (c4 < D4) so[sg * GW + g][c4] = o[g][k];
+            }
+        barrier();
+        for (uint i = t; i < GW * D4; i += gl_WorkGroupSize.x) {
+            uint g = i / D4, d4 = i % D4, h = h0 + g;
+            float M = -1.0 / 0.0;
+            for (uint s = 0; s < NSG; s++) M = max(M, sm[s][g]);
+            vec4 a = vec4(0.0);
+            float lsum = 0.0;
+            for (uint s = 0; s < NSG; s++) {
+                float w = sm[s][g] == -1.0 / 0.0 ? 0.0 : exp(sm[s][g] - M);
+                a += w * so[s * GW + g][d4];
+                lsum += w * sl[s][g];
+            }
+            CVec4s(pc.part).v[(h * NC + c) * D4 + d4] = a;
+            if (d4 == 0u) {
+                uint ml = pc.Hkv * G * NC * D + (h * NC + c) * 2u;
+                pc.part.v[ml] = M;
+                pc.part.v[ml + 1u] = lsum;
+            }
+        }
+    } else {
     barrier();
-    /* combine the subgroups: one at a time adds its weighted output into so (shared memory
-     * for one: G = 8 heads of D = 256 must fit in 32 KiB) */
+    /* combine the subgroups: one at a time adds its weighted output into so */
     for (uint s = 0; s < NSG; s++) {
         if (sg == s)
             for (uint g = 0; g < GW; g++) {
@@ -442,6 +472,7 @@ void main() {
             pc.part.v[ml + 1u] = lsum;
         }
         for (uint d4 = t; d4 < D4; d4 += gl_WorkGroupSize.x) CVec4s(pc.part).v[(h * NC + c) * D4 + d4] = so[g][d4];
+    }
     }
     /* the last workgroup of kv head j (of its query heads' group) merges: the partials must be
      * visible first */

@@ -268,6 +268,7 @@
 #define ATTN_SPEC_FORM 9  /* attention.comp: ATTN_FORM_* bits */
 #define ATTN_FORM_WHOLE 1u /* chunks of whole passes (ANVIL_VK_ATTN_WHOLE) */
 #define ATTN_FORM_WMERGE 2u /* the merge takes the chunks' weights first (ANVIL_VK_ATTN_WMERGE) */
+#define ATTN_FORM_COMB 4u  /* the subgroups' outputs combined with one barrier (ANVIL_VK_ATTN_COMB) */
 
 /* attn_flash.comp, attn_prefill.comp (G only) */
 #define FLASH_SPEC_G 0
