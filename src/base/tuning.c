@@ -487,6 +487,10 @@ static const struct knob KNOBS[] = {
         "Decode attention's subgroups each write their outputs to shared memory of their own, "
         "combined after one barrier by every thread (where the device's shared memory holds them; "
         "0: one subgroup at a time, a barrier each; docs/perf/log.md §99)."),
+    INT("ANVIL_VK_ATTN_TREE", C_EXPERIMENT, vk_attn_tree, 0, 0, 1, NULL,
+        "Decode attention's partials merged in two levels past 8 chunks: the last workgroup of "
+        "each block of 8 chunks merges the block's, the last of the blocks those (two merges of "
+        "8 on the step's path, not one of every chunk; docs/perf/log.md §99)."),
     INT("ANVIL_VK_BATCH_ATTN", C_EXPERIMENT, vk_batch_attn, 1024, 1, 65536, NULL,
         "A batch program's attention (attn_split.comp, docs/BATCHING.md) splits each row's "
         "positions into chunks, enough for about this many workgroups over the program's rows "

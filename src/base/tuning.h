@@ -135,6 +135,7 @@ struct tuning {
     int vk_attn_whole;       /* ANVIL_VK_ATTN_WHOLE */
     int vk_attn_wmerge;      /* ANVIL_VK_ATTN_WMERGE */
     int vk_attn_comb;        /* ANVIL_VK_ATTN_COMB */
+    int vk_attn_tree;        /* ANVIL_VK_ATTN_TREE */
     int vk_mega_grid;        /* ANVIL_VK_MEGA_GRID (0: the SM count) */
     int vk_mega_wg;          /* ANVIL_VK_MEGA_WG (0: 256) */
     int vk_mega_r;           /* ANVIL_VK_MEGA_R */

@@ -648,6 +648,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, in
     /* the subgroups' outputs each in shared memory of its own where it fits (ANVIL_VK_ATTN_COMB) */
     size_t comb_shared = attn_shared + 4 * G * D * (out->attn_nsg - 1);
     out->attn_form = (t->vk_attn_whole ? ATTN_FORM_WHOLE : 0u) | (t->vk_attn_wmerge ? ATTN_FORM_WMERGE : 0u) |
+                     (t->vk_attn_tree ? ATTN_FORM_TREE : 0u) |
                      (t->vk_attn_comb && comb_shared <= d->props.limits.maxComputeSharedMemorySize ? ATTN_FORM_COMB : 0u);
     if (attn_shared > d->props.limits.maxComputeSharedMemorySize)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention with %d query heads per kv head of "

@@ -562,7 +562,7 @@ static void test_moe_down_rounds(void **state) {
 
 /* A knob's A/B on one model's decode (qx_env set by the caller): a Vulkan session with the knob
  * at value[0] and one at value[1], their dispatches and barriers a step, the times name[k] (NULL:
- * none) stands in each's program, and 6 decode rows (tokens i * mul + add) against the CPU's:
+ * none) stands in each's program, and steps decode rows (tokens i * mul + add) against the CPU's:
  * worst[f] the largest difference of the rows' scale, apart the two sessions' rows from each
  * other. The knob is unset after. */
 struct knob_ab {
@@ -571,7 +571,7 @@ struct knob_ab {
 };
 
 static void knob_ab(const char *spec, const char *knob, const char *const value[2], const char *const name[2], int mul,
-                    int add, struct knob_ab *r) {
+                    int add, int steps, struct knob_ab *r) {
     memset(r, 0, sizeof *r);
     anvil_model *m;
     assert_int_equal(anvil_model_open(spec, NULL, &m), ANVIL_OK);
@@ -587,7 +587,7 @@ static void knob_ab(const char *spec, const char *knob, const char *const value[
         for (int k = 0; k < 2 && name[k]; k++)
             for (const char *p = desc; (p = strstr(p, name[k])) != NULL; p++) r->named[f][k]++;
     }
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < steps; i++) {
         int32_t tok = (int32_t)((i * mul + add) % V);
         assert_int_equal(anvil_session_eval(cpu, &tok, 1, ANVIL_LOGITS_LAST, a), ANVIL_OK);
         for (int f = 0; f < 2; f++) assert_int_equal(anvil_session_eval(vk[f], &tok, 1, ANVIL_LOGITS_LAST, b[f]), ANVIL_OK);
@@ -620,7 +620,7 @@ static void test_route_fold(void **state) {
     env_rows(qx_env, true);
     struct knob_ab r;
     knob_ab("synthetic:qwen3moe-k:Q4_K_M", "ANVIL_VK_ROUTE_FOLD", (const char *[2]){"0", "1"},
-            (const char *[2]){"matvec_qxtr_", NULL}, 41, 7, &r);
+            (const char *[2]){"matvec_qxtr_", NULL}, 41, 7, 6, &r);
     fprintf(stderr, "qwen3moe-k Q4_K_M: the router folded: %d -> %d dispatches, %d -> %d barriers, %d folded; rows "
             "within %.3g of the CPU's, %.3g of the unfolded step's\n", r.dispatches[0], r.dispatches[1], r.barriers[0],
             r.barriers[1], r.named[1][0], r.worst[1], r.apart);
@@ -646,7 +646,7 @@ static void test_moe_down_qx(void **state) {
     env_rows(qx_env, true);
     struct knob_ab r;
     knob_ab("synthetic:qwen3moe-k:Q4_K_M", "ANVIL_VK_MOE_DQX", (const char *[2]){"0", "1"},
-            (const char *[2]){"moe_down_rq_q", "moe_gu_qxt_q4_k_x2"}, 43, 9, &r);
+            (const char *[2]){"moe_down_rq_q", "moe_gu_qxt_q4_k_x2"}, 43, 9, 6, &r);
     fprintf(stderr, "qwen3moe-k Q4_K_M: the down projection on integer dot products: %d -> %d dispatches, %d -> %d "
             "barriers, %d gate/up as teams, %d downs; rows within %.3g (float down: %.3g) of the CPU's, %.3g of the "
             "float down's\n", r.dispatches[0], r.dispatches[1], r.barriers[0], r.barriers[1], r.named[1][1],
@@ -674,7 +674,7 @@ static void test_q6k_short_teams(void **state) {
     env_rows(qx_env, true);
     struct knob_ab r;
     knob_ab("synthetic:qwen3-tiny-k:q6_k", "ANVIL_VK_QXT_ALL", (const char *[2]){"3", "1"},
-            (const char *[2]){"matvec_qx_q6_k", NULL}, 41, 5, &r);
+            (const char *[2]){"matvec_qx_q6_k", NULL}, 41, 5, 6, &r);
     fprintf(stderr, "qwen3-tiny-k Q6_K: short rows as teams: %d -> %d plain products, %d -> %d dispatches; rows "
             "within %.3g (plain: %.3g) of the CPU's, %.3g of the plain step's\n", r.named[0][0], r.named[1][0],
             r.dispatches[0], r.dispatches[1], r.worst[1], r.worst[0], r.apart);
@@ -688,25 +688,31 @@ static void test_q6k_short_teams(void **state) {
 }
 
 /* Decode attention's chunks of whole passes (ANVIL_VK_ATTN_WHOLE), its merge taking the
- * chunks' weights first (ANVIL_VK_ATTN_WMERGE) and its subgroups combined after one barrier
- * (ANVIL_VK_ATTN_COMB), each against the kernel without it, on the tiny model with the o
- * projection on the attention's int8 rounding (the merge rounds its output, merge_round): two
- * subgroups a workgroup (ANVIL_VK_ATTN_NSG=2, 2 rows a pass each on lavapipe's subgroups of 8)
- * and 2 chunks at most, so that the 6 steps' lengths split 3 / 4 rows a chunk and merge; the same dispatches, rows within test_against_cpu_qx's bound of the CPU's rounded-input
- * rows and near the other form's (the same sums in another order: an int8 at a rounding tie). */
+ * chunks' weights first (ANVIL_VK_ATTN_WMERGE), its subgroups combined after one barrier
+ * (ANVIL_VK_ATTN_COMB) and its merge in two levels (ANVIL_VK_ATTN_TREE), each against the kernel
+ * without it, on the tiny model with the o projection on the attention's int8 rounding (the
+ * merge rounds its output, store_out): the first three on two subgroups a workgroup
+ * (ANVIL_VK_ATTN_NSG=2, 2 rows a pass each on lavapipe's subgroups of 8) and 2 chunks at most, so
+ * that the 6 steps' lengths split 3 / 4 rows a chunk and merge; the tree on one subgroup of a
+ * row a pass (ANVIL_VK_ATTN_LPR=8), so that 12 steps make up to 12 chunks (blocks of 8 and 4);
+ * the same dispatches, rows within test_against_cpu_qx's bound of the CPU's rounded-input rows
+ * and near the other form's (the same sums in another order: an int8 at a rounding tie). */
 static void test_attention_forms(void **state) {
     (void)state;
 #ifdef TU_SANITIZED
     skip(); /* the host code is test_against_cpu_qx's */
 #endif
     env_rows(qx_env, true);
-    setenv("ANVIL_VK_ATTN_NSG", "2", 1);
-    setenv("ANVIL_VK_ATTN_CHUNKS", "2", 1);
-    static const char *const knob[3] = {"ANVIL_VK_ATTN_WHOLE", "ANVIL_VK_ATTN_WMERGE", "ANVIL_VK_ATTN_COMB"};
-    for (int f = 0; f < 3; f++) {
+    static const char *const knob[4] = {"ANVIL_VK_ATTN_WHOLE", "ANVIL_VK_ATTN_WMERGE", "ANVIL_VK_ATTN_COMB",
+                                        "ANVIL_VK_ATTN_TREE"};
+    for (int f = 0; f < 4; f++) {
+        setenv("ANVIL_VK_ATTN_NSG", f < 3 ? "2" : "1", 1);
+        setenv("ANVIL_VK_ATTN_CHUNKS", f < 3 ? "2" : "64", 1);
+        if (f == 3) setenv("ANVIL_VK_ATTN_LPR", "8", 1);
         struct knob_ab r;
         knob_ab("synthetic:qwen3-tiny-k:q4_k", knob[f], (const char *[2]){"0", "1"}, (const char *[2]){NULL, NULL}, 37,
-                3, &r);
+                3, f < 3 ? 6 : 12, &r);
+        unsetenv("ANVIL_VK_ATTN_LPR");
         fprintf(stderr, "qwen3-tiny-k Q4_K: %s: rows within %.3g (off: %.3g) of the CPU's, %.3g of the step without it\n",
                 knob[f], r.worst[1], r.worst[0], r.apart);
         assert_int_equal(r.dispatches[1], r.dispatches[0]);
@@ -1163,8 +1169,9 @@ static void test_long_attention(void **state) {
     static const anvil_kv_cache caches[] = {ANVIL_KV_F16, ANVIL_KV_F32, ANVIL_KV_F16, ANVIL_KV_Q8_0, ANVIL_KV_Q8_0,
                                             ANVIL_KV_F16, ANVIL_KV_Q8_0, ANVIL_KV_F16, ANVIL_KV_Q8_0};
     /* two on the kernel's other loop (ANVIL_VK_ATTN_TWO=1, an experiment: blocks of scores, then
-     * values), the last two with chunks of whole passes, the merge's weights first and the
-     * subgroups combined after one barrier (ANVIL_VK_ATTN_WHOLE=1, _WMERGE=1, _COMB=1) */
+     * values), the last two with chunks of whole passes, the merge's weights first, the
+     * subgroups combined after one barrier and the merge in two levels past 8 chunks
+     * (ANVIL_VK_ATTN_WHOLE=1, _WMERGE=1, _COMB=1, _TREE=1) */
     static const char *two[] = {NULL, NULL, NULL, NULL, NULL, "1", "1", NULL, NULL};
     static const bool form[] = {false, false, false, false, false, false, false, true, true};
     static const anvil_kv_cache types[] = {ANVIL_KV_F32, ANVIL_KV_F16, ANVIL_KV_Q8_0}; /* the CPU's runs */
@@ -1196,18 +1203,20 @@ static void test_long_attention(void **state) {
                 setenv("ANVIL_VK_ATTN_WHOLE", "1", 1);
                 setenv("ANVIL_VK_ATTN_WMERGE", "1", 1);
                 setenv("ANVIL_VK_ATTN_COMB", "1", 1);
+                setenv("ANVIL_VK_ATTN_TREE", "1", 1);
             }
             anvil_session *vk = tu_session_kv(m, ANVIL_BACKEND_VULKAN, 128, caches[c]);
             unsetenv("ANVIL_VK_ATTN_TWO");
             unsetenv("ANVIL_VK_ATTN_WHOLE");
             unsetenv("ANVIL_VK_ATTN_WMERGE");
             unsetenv("ANVIL_VK_ATTN_COMB");
+            unsetenv("ANVIL_VK_ATTN_TREE");
             assert_int_equal(anvil_session_eval(vk, prompt, N, ANVIL_LOGITS_ALL, b), ANVIL_OK);
             float d = tu_max_diff(a[k], b, N * (size_t)V);
             fprintf(stderr,
                     "%s, %s attention chunks%s, %s cache, %d decode steps: max |vulkan - cpu| = %.3g (the float16 "
                     "cache moves the CPU's rows by %.3g, q8_0 by %.3g)\n",
-                    specs[s], chunks[c], two[c] ? " (ANVIL_VK_ATTN_TWO=1)" : form[c] ? " (WHOLE=1 WMERGE=1 COMB=1)" : "",
+                    specs[s], chunks[c], two[c] ? " (ANVIL_VK_ATTN_TWO=1)" : form[c] ? " (WHOLE=1 WMERGE=1 COMB=1 TREE=1)" : "",
                     anvil_kv_cache_name(caches[c]), N, (double)d, (double)rounding,
                     (double)rounding8);
             /* q8_0: a quant at a rounding tie where the two sides' k differ by an ulp moves by

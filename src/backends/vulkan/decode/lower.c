@@ -281,9 +281,13 @@ static anvil_status lower_attention(struct lower *L, int i) {
      * between steps) */
     uint32_t gs = L->p->b->pl.attn_gs;
     VkDeviceSize part = L->arena_size;
-    L->arena_size += round_up((VkDeviceSize)H * nc * (D + 2) * 4, ALIGN);
+    /* (ATTN_FORM_TREE: then the second level's, a partial a block of 8 chunks, and a counter
+     * a block) */
+    bool tree = (L->p->b->pl.attn_form & ATTN_FORM_TREE) != 0;
+    VkDeviceSize nb8 = tree ? (nc + 7) / 8 : 0;
+    L->arena_size += round_up(((VkDeviceSize)H * nc * (D + 2) + 3) / 4 * 16 + H * nb8 * (D + 2) * 4, ALIGN);
     VkDeviceSize cnt = L->arena_size;
-    L->arena_size += round_up((VkDeviceSize)Hkv * gs * 4, ALIGN);
+    L->arena_size += round_up((VkDeviceSize)Hkv * gs * (1 + nb8) * 4, ALIGN);
     struct pc_attn pa = {0};
     pa.q = node_addr(L, q_raw);
     pa.k = node_addr(L, k_raw);

@@ -78,6 +78,10 @@ const bool WHOLE = (FORM & ATTN_FORM_WHOLE) != 0u;
  * M) into shared memory (sw); then each lane sums its vec4s of the output over the chunks, OB
  * loads a batch with the next batch in flight, no running maximum */
 const bool WMERGE = (FORM & ATTN_FORM_WMERGE) != 0u;
+/* TREE: more than 8 chunks merge in two levels, blocks of 8 chunks by the last of each to
+ * finish, then the blocks' by the last of them: two merges of at most 8 partials, each all its
+ * loads at once, on the step's path instead of ceil(NE / 8) batches */
+const bool TREE = (FORM & ATTN_FORM_TREE) != 0u;
 const uint MCN = 64u;                   /* the most chunks (ANVIL_VK_ATTN_CHUNKS' range) */
 const uint MCL = (MCN + SG - 1u) / SG;  /* chunks a lane weighs */
 const uint OB = CPL > 1u ? 4u : 8u;     /* chunks a load batch of the merge's outputs */
@@ -203,6 +207,46 @@ void merge_round(vec4 a, uint o4, bool st) {
     if (!st) return;
     pc.xq.v[vi] = pack_i8x4(q);
     if ((vi & 7u) == 0u) pc.xq.v[Kq / 4u + vi / 8u] = floatBitsToUint(amax / 127.0);
+}
+
+/* the merged output's vec4 a (values o4 .. o4 + 3), normalised: the output gate applied (as
+ * ew.comp's sigmoid_mul), stored, and rounded for the o projection (merge_round); st: this lane's
+ * values are output (every lane comes here, for merge_round's shuffles) */
+void store_out(vec4 a, uint o4, bool st) {
+    if (uvec2(pc.gate) != uvec2(0u) && st)
+        a /= 1.0 + exp(-vec4(pc.gate.v[o4], pc.gate.v[o4 + 1u], pc.gate.v[o4 + 2u], pc.gate.v[o4 + 3u]));
+    if (st) {
+        pc.out_.v[o4] = a.x;
+        pc.out_.v[o4 + 1u] = a.y;
+        pc.out_.v[o4 + 2u] = a.z;
+        pc.out_.v[o4 + 3u] = a.w;
+    }
+    if (uvec2(pc.xq) != uvec2(0u)) merge_round(a, o4, st);
+}
+
+/* TREE: up to 8 partials merged at once, all their loads in flight: entries e = 0 .. n - 1 of
+ * o at vec4 ob + e * D4, of (m, l) at float mb + 2 e; a = sum_e w_e o_e, Ls = sum_e w_e l_e,
+ * w_e = e^(m_e - M), M = max_e m_e (finite: the first entry holds rows) */
+void merge8(uint ob, uint mb, uint n, out vec4 a, out float M, out float Ls) {
+    float mv[8], lv[8];
+    vec4 v[8];
+    for (uint u = 0; u < 8u; u++) {
+        bool live = u < n;
+        mv[u] = live ? pc.part.v[mb + 2u * u] : -1.0 / 0.0;
+        lv[u] = live ? pc.part.v[mb + 2u * u + 1u] : 0.0;
+        v[u] = live ? CVec4s(pc.part).v[ob + u * D4] : vec4(0.0);
+    }
+    M = mv[0];
+    for (uint u = 1; u < 8u; u++) M = max(M, mv[u]);
+    a = vec4(0.0);
+    Ls = 0.0;
+    for (uint u = 0; u < 8u; u++) {
+        float w = mv[u] == -1.0 / 0.0 ? 0.0 : exp(mv[u] - M); /* 0 for an empty chunk or one
+                                                                  past n (a block of empty
+                                                                  chunks: M = -inf, a = 0) */
+        a += w * v[u];
+        Ls += w * lv[u];
+    }
 }
 
 void main() {
@@ -478,6 +522,45 @@ void main() {
      * visible first */
     memoryBarrierBuffer();
     barrier();
+    if (TREE && NE > 8u) {
+        /* the last of each block of 8 chunks merges the block's partials into one of the
+         * second level's (after the first level's: o [H, NB8, D], then (m, l) [H, NB8, 2]),
+         * the last of the blocks those; counters: the kv head's (group's) at jg, its blocks'
+         * at Hkv GS + jg NB8 + b */
+        uint NB8 = (NC + 7u) / 8u, b = c / 8u, nb = (NE + 7u) / 8u, HG = pc.Hkv * GS;
+        uint p2 = (pc.Hkv * G * NC * (D + 2u) + 3u) & ~3u, m2 = p2 + pc.Hkv * G * NB8 * D;
+        if (t == 0u) last_wg = atomicAdd(pc.cnt.v[HG + jg * NB8 + b], 1u) == min(8u, NE - 8u * b) - 1u;
+        barrier();
+        if (!last_wg) return;
+        memoryBarrierBuffer();
+        if (t == 0u) pc.cnt.v[HG + jg * NB8 + b] = 0u;
+        for (uint i = t; i < GW * D4; i += gl_WorkGroupSize.x) {
+            uint g = i / D4, d4 = i % D4, h = h0 + g;
+            vec4 a;
+            float M, Ls;
+            merge8((h * NC + 8u * b) * D4 + d4, pc.Hkv * G * NC * D + (h * NC + 8u * b) * 2u, min(8u, NE - 8u * b), a, M, Ls);
+            CVec4s(pc.part).v[p2 / 4u + (h * NB8 + b) * D4 + d4] = a;
+            if (d4 == 0u) {
+                pc.part.v[m2 + (h * NB8 + b) * 2u] = M;
+                pc.part.v[m2 + (h * NB8 + b) * 2u + 1u] = Ls;
+            }
+        }
+        memoryBarrierBuffer();
+        barrier();
+        if (t == 0u) last_wg = atomicAdd(pc.cnt.v[jg], 1u) == nb - 1u;
+        barrier();
+        if (!last_wg) return;
+        memoryBarrierBuffer();
+        if (t == 0u) pc.cnt.v[jg] = 0u;
+        for (uint i = t; i < GW * D4; i += gl_WorkGroupSize.x) {
+            uint g = i / D4, d4 = i % D4, h = h0 + g;
+            vec4 a;
+            float M, Ls;
+            merge8(p2 / 4u + h * NB8 * D4 + d4, m2 + h * NB8 * 2u, nb, a, M, Ls);
+            store_out(a * (1.0 / Ls), h * D + 4u * d4, true);
+        }
+        return;
+    }
     if (t == 0u) last_wg = atomicAdd(pc.cnt.v[jg], 1u) == NE - 1u;
     barrier();
     if (!last_wg) return;
@@ -531,17 +614,7 @@ void main() {
             for (uint k = 0; k < CPL; k++) {
                 uint c4 = lane + k * SG, o4 = h * D + 4u * c4;
                 bool in_ = c4 < D4;
-                vec4 r = a[k] * (1.0 / Ls);
-                if (uvec2(pc.gate) != uvec2(0u) && in_)
-                    r /= 1.0 + exp(-vec4(pc.gate.v[o4], pc.gate.v[o4 + 1u], pc.gate.v[o4 + 2u], pc.gate.v[o4 + 3u]));
-                if (in_) {
-                    pc.out_.v[o4] = r.x;
-                    pc.out_.v[o4 + 1u] = r.y;
-                    pc.out_.v[o4 + 2u] = r.z;
-                    pc.out_.v[o4 + 3u] = r.w;
-                }
-                if (uvec2(pc.xq) != uvec2(0u)) /* a block is 8 consecutive lanes' vec4s */
-                    merge_round(r, o4, in_);
+                store_out(a[k] * (1.0 / Ls), o4, in_); /* a block: 8 consecutive lanes' vec4s */
             }
         }
         return;
@@ -578,16 +651,7 @@ void main() {
                 v[u] = vn[u];
             }
         }
-        a *= 1.0 / Ls;
-        uint o4 = h * D + 4u * d4;
-        if (uvec2(pc.gate) != uvec2(0u)) /* the output gate, as ew.comp's sigmoid_mul */
-            a /= 1.0 + exp(-vec4(pc.gate.v[o4], pc.gate.v[o4 + 1u], pc.gate.v[o4 + 2u], pc.gate.v[o4 + 3u]));
-        pc.out_.v[o4] = a.x;
-        pc.out_.v[o4 + 1u] = a.y;
-        pc.out_.v[o4 + 2u] = a.z;
-        pc.out_.v[o4 + 3u] = a.w;
-        if (uvec2(pc.xq) != uvec2(0u)) /* a block is 8 consecutive lanes (GW * D4 and the
-                                           workgroup are multiples of 8) */
-            merge_round(a, o4, true);
+        /* a block is 8 consecutive lanes (GW * D4 and the workgroup are multiples of 8) */
+        store_out(a * (1.0 / Ls), h * D + 4u * d4, true);
     }
 }

@@ -269,6 +269,7 @@
 #define ATTN_FORM_WHOLE 1u /* chunks of whole passes (ANVIL_VK_ATTN_WHOLE) */
 #define ATTN_FORM_WMERGE 2u /* the merge takes the chunks' weights first (ANVIL_VK_ATTN_WMERGE) */
 #define ATTN_FORM_COMB 4u  /* the subgroups' outputs combined with one barrier (ANVIL_VK_ATTN_COMB) */
+#define ATTN_FORM_TREE 8u  /* more than 8 chunks merged in two levels (ANVIL_VK_ATTN_TREE) */
 
 /* attn_flash.comp, attn_prefill.comp (G only) */
 #define FLASH_SPEC_G 0
