@@ -207,9 +207,10 @@ static const struct knob KNOBS[] = {
     BOOL("ANVIL_VK_PACE", C_DIAGNOSTIC, vk_pace, 1,
          "The host sleeps through most of a batch of decode steps before waiting for it "
          "(docs/perf/log.md §11); 0 waits at once."),
-    INT("ANVIL_VK_ATTN_CHUNKS", C_DIAGNOSTIC, vk_attn_chunks, 64, 1, 64, NULL,
+    INT("ANVIL_VK_ATTN_CHUNKS", C_DIAGNOSTIC, vk_attn_chunks, 64, 1, 128, NULL,
         "The most chunks a decode attention splits the cache into (one is used per 32 cached "
-        "rows with subgroups of 32, per 16 for heads of 256)."),
+        "rows with subgroups of 32, per 16 for heads of 256; past 64 no persistent step takes "
+        "the attention)."),
     INT("ANVIL_VK_FLASH", C_DIAGNOSTIC, vk_flash, 2, 0, 2, NULL,
         "The prefill's causal attention on cooperative matrices (attn_flash.comp, float16 q/k/v): "
         "1 two passes over the keys (8B Q4_K_M pp4096 2011 -> 4304 t/s with the rest of "

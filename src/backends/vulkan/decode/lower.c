@@ -276,7 +276,8 @@ static anvil_status lower_attention(struct lower *L, int i) {
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention shape D=%u H=%u Hkv=%u unsupported", D, H, Hkv);
     if (kn->p.f[0] != qn->p.f[0])
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: q and k norms with different eps");
-    uint32_t nc = (uint32_t)L->p->b->d->tune.vk_attn_chunks; /* (at most 64: mega.comp's merge) */
+    uint32_t nc = (uint32_t)L->p->b->d->tune.vk_attn_chunks; /* (past 64: not in mega.comp, whose
+                                                                  merge takes 64, persistent.c) */
     /* partials: H x NC x (D + 2) floats, and a counter per kv head and query-head group (zero
      * between steps) */
     uint32_t gs = L->p->b->pl.attn_gs;

@@ -82,7 +82,7 @@ const bool WMERGE = (FORM & ATTN_FORM_WMERGE) != 0u;
  * finish, then the blocks' by the last of them: two merges of at most 8 partials, each all its
  * loads at once, on the step's path instead of ceil(NE / 8) batches */
 const bool TREE = (FORM & ATTN_FORM_TREE) != 0u;
-const uint MCN = 64u;                   /* the most chunks (ANVIL_VK_ATTN_CHUNKS' range) */
+const uint MCN = 128u;                  /* the most chunks (ANVIL_VK_ATTN_CHUNKS' range) */
 const uint MCL = (MCN + SG - 1u) / SG;  /* chunks a lane weighs */
 const uint OB = CPL > 1u ? 4u : 8u;     /* chunks a load batch of the merge's outputs */
 
@@ -554,9 +554,15 @@ void main() {
         if (t == 0u) pc.cnt.v[jg] = 0u;
         for (uint i = t; i < GW * D4; i += gl_WorkGroupSize.x) {
             uint g = i / D4, d4 = i % D4, h = h0 + g;
-            vec4 a;
-            float M, Ls;
-            merge8(p2 / 4u + h * NB8 * D4 + d4, m2 + h * NB8 * 2u, nb, a, M, Ls);
+            vec4 a, a2 = vec4(0.0);
+            float M, Ls, M2 = -1.0 / 0.0, L2 = 0.0;
+            merge8(p2 / 4u + h * NB8 * D4 + d4, m2 + h * NB8 * 2u, min(nb, 8u), a, M, Ls);
+            if (nb > 8u) { /* more than 64 chunks: the blocks in two batches (at most 128) */
+                merge8(p2 / 4u + (h * NB8 + 8u) * D4 + d4, m2 + (h * NB8 + 8u) * 2u, nb - 8u, a2, M2, L2);
+                float Mx = max(M, M2), w1 = exp(M - Mx), w2 = exp(M2 - Mx); /* M finite: block 0's */
+                a = w1 * a + w2 * a2;
+                Ls = w1 * Ls + w2 * L2;
+            }
             store_out(a * (1.0 / Ls), h * D + 4u * d4, true);
         }
         return;
