@@ -649,7 +649,9 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, in
     size_t comb_shared = attn_shared + 4 * G * D * (out->attn_nsg - 1);
     out->attn_form = (t->vk_attn_whole ? ATTN_FORM_WHOLE : 0u) | (t->vk_attn_wmerge ? ATTN_FORM_WMERGE : 0u) |
                      (t->vk_attn_tree ? ATTN_FORM_TREE : 0u) |
-                     (t->vk_attn_comb && comb_shared <= d->props.limits.maxComputeSharedMemorySize ? ATTN_FORM_COMB : 0u);
+                     (t->vk_attn_comb && comb_shared <= d->props.limits.maxComputeSharedMemorySize
+                          ? t->vk_attn_comb == 1 ? ATTN_FORM_COMB : t->vk_attn_comb == 2 ? ATTN_FORM_COMB2 : ATTN_FORM_SOBIG
+                          : 0u);
     if (attn_shared > d->props.limits.maxComputeSharedMemorySize)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention with %d query heads per kv head of "
                        "dim %d needs %zu bytes of shared memory; %s has %u", attn_g, attn_d, attn_shared,

@@ -689,9 +689,10 @@ static void test_q6k_short_teams(void **state) {
 
 /* Decode attention's chunks of whole passes (ANVIL_VK_ATTN_WHOLE), its merge taking the
  * chunks' weights first (ANVIL_VK_ATTN_WMERGE), its subgroups combined after one barrier
- * (ANVIL_VK_ATTN_COMB) and its merge in two levels (ANVIL_VK_ATTN_TREE), each against the kernel
+ * (ANVIL_VK_ATTN_COMB=1, or each weighing its own first: =2) and its merge in two levels
+ * (ANVIL_VK_ATTN_TREE), each against the kernel
  * without it, on the tiny model with the o projection on the attention's int8 rounding (the
- * merge rounds its output, store_out): the first three on two subgroups a workgroup
+ * merge rounds its output, store_out): the first four on two subgroups a workgroup
  * (ANVIL_VK_ATTN_NSG=2, 2 rows a pass each on lavapipe's subgroups of 8) and 2 chunks at most, so
  * that the 6 steps' lengths split 3 / 4 rows a chunk and merge; the tree on one subgroup of a
  * row a pass (ANVIL_VK_ATTN_LPR=8), so that 12 steps make up to 12 chunks (blocks of 8 and 4);
@@ -703,18 +704,20 @@ static void test_attention_forms(void **state) {
     skip(); /* the host code is test_against_cpu_qx's */
 #endif
     env_rows(qx_env, true);
-    static const char *const knob[4] = {"ANVIL_VK_ATTN_WHOLE", "ANVIL_VK_ATTN_WMERGE", "ANVIL_VK_ATTN_COMB",
-                                        "ANVIL_VK_ATTN_TREE"};
-    for (int f = 0; f < 4; f++) {
-        setenv("ANVIL_VK_ATTN_NSG", f < 3 ? "2" : "1", 1);
-        setenv("ANVIL_VK_ATTN_CHUNKS", f < 3 ? "2" : "64", 1);
-        if (f == 3) setenv("ANVIL_VK_ATTN_LPR", "8", 1);
+    static const char *const knob[5] = {"ANVIL_VK_ATTN_WHOLE", "ANVIL_VK_ATTN_WMERGE", "ANVIL_VK_ATTN_COMB",
+                                        "ANVIL_VK_ATTN_COMB", "ANVIL_VK_ATTN_TREE"};
+    static const char *const on[5] = {"1", "1", "1", "2", "1"};
+    for (int f = 0; f < 5; f++) {
+        bool tree = f == 4;
+        setenv("ANVIL_VK_ATTN_NSG", tree ? "1" : "2", 1);
+        setenv("ANVIL_VK_ATTN_CHUNKS", tree ? "64" : "2", 1);
+        if (tree) setenv("ANVIL_VK_ATTN_LPR", "8", 1);
         struct knob_ab r;
-        knob_ab("synthetic:qwen3-tiny-k:q4_k", knob[f], (const char *[2]){"0", "1"}, (const char *[2]){NULL, NULL}, 37,
-                3, f < 3 ? 6 : 12, &r);
+        knob_ab("synthetic:qwen3-tiny-k:q4_k", knob[f], (const char *[2]){"0", on[f]}, (const char *[2]){NULL, NULL}, 37,
+                3, tree ? 12 : 6, &r);
         unsetenv("ANVIL_VK_ATTN_LPR");
-        fprintf(stderr, "qwen3-tiny-k Q4_K: %s: rows within %.3g (off: %.3g) of the CPU's, %.3g of the step without it\n",
-                knob[f], r.worst[1], r.worst[0], r.apart);
+        fprintf(stderr, "qwen3-tiny-k Q4_K: %s=%s: rows within %.3g (off: %.3g) of the CPU's, %.3g of the step without it\n",
+                knob[f], on[f], r.worst[1], r.worst[0], r.apart);
         assert_int_equal(r.dispatches[1], r.dispatches[0]);
         assert_int_equal(r.barriers[1], r.barriers[0]);
         assert_true(r.worst[1] < 0.08 && r.worst[0] < 0.08);

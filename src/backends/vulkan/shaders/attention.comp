@@ -96,7 +96,11 @@ shared float sm[NSG][GW], sl[NSG][GW];
  * at a time adds its weighted output into so[g], a barrier each: shared memory for one, where
  * G = 8 heads of D = 256 must fit in 32 KiB) */
 const bool COMB = (FORM & ATTN_FORM_COMB) != 0u;
-shared vec4 so[COMB ? NSG * GW : GW][D4]; /* the subgroups' outputs; before that, so[0] holds
+/* COMB2: each subgroup weighs its own outputs (e^(m_s - M) from the maximum over the
+ * subgroups) into its share, and the threads add the shares; SOBIG: COMB's shared memory with
+ * the combine of neither (a diagnostic: what the larger array alone does to the registers) */
+const bool COMB2 = (FORM & ATTN_FORM_COMB2) != 0u, SOBIG = (FORM & ATTN_FORM_SOBIG) != 0u;
+shared vec4 so[COMB || COMB2 || SOBIG ? NSG * GW : GW][D4]; /* the subgroups' outputs; before that, so[0] holds
                           this position's rope table: (cos, sin) of pair i in so[0][i / 2].xy
                           or .zw (no room for another array at G = 8, D = 256) */
 shared float xs[GW + 1][D]; /* normalised rows: the workgroup's GW query heads, then k */
@@ -484,6 +488,32 @@ void main() {
             }
             CVec4s(pc.part).v[(h * NC + c) * D4 + d4] = a;
             if (d4 == 0u) {
+                uint ml = pc.Hkv * G * NC * D + (h * NC + c) * 2u;
+                pc.part.v[ml] = M;
+                pc.part.v[ml + 1u] = lsum;
+            }
+        }
+    } else if (COMB2) {
+        barrier();
+        for (uint g = 0; g < GW; g++) {
+            float M = -1.0 / 0.0;
+            for (uint s = 0; s < NSG; s++) M = max(M, sm[s][g]);
+            float w = m[g] == -1.0 / 0.0 ? 0.0 : exp(m[g] - M);
+            for (uint k = 0; k < CPL; k++) {
+                uint c4 = lane + k * SG;
+                if (c4 < D4) so[sg * GW + g][c4] = w * o[g][k];
+            }
+        }
+        barrier();
+        for (uint i = t; i < GW * D4; i += gl_WorkGroupSize.x) {
+            uint g = i / D4, d4 = i % D4, h = h0 + g;
+            vec4 a = vec4(0.0);
+            for (uint s = 0; s < NSG; s++) a += so[s * GW + g][d4];
+            CVec4s(pc.part).v[(h * NC + c) * D4 + d4] = a;
+            if (d4 == 0u) {
+                float M = -1.0 / 0.0, lsum = 0.0;
+                for (uint s = 0; s < NSG; s++) M = max(M, sm[s][g]);
+                for (uint s = 0; s < NSG; s++) lsum += (sm[s][g] == -1.0 / 0.0 ? 0.0 : exp(sm[s][g] - M)) * sl[s][g];
                 uint ml = pc.Hkv * G * NC * D + (h * NC + c) * 2u;
                 pc.part.v[ml] = M;
                 pc.part.v[ml + 1u] = lsum;

@@ -270,6 +270,8 @@
 #define ATTN_FORM_WMERGE 2u /* the merge takes the chunks' weights first (ANVIL_VK_ATTN_WMERGE) */
 #define ATTN_FORM_COMB 4u  /* the subgroups' outputs combined with one barrier (ANVIL_VK_ATTN_COMB) */
 #define ATTN_FORM_TREE 8u  /* more than 8 chunks merged in two levels (ANVIL_VK_ATTN_TREE) */
+#define ATTN_FORM_COMB2 16u /* the subgroups' weighted outputs added after two barriers (ANVIL_VK_ATTN_COMB=2) */
+#define ATTN_FORM_SOBIG 32u /* COMB's shared memory, today's combine (ANVIL_VK_ATTN_COMB=3, a diagnostic) */
 
 /* attn_flash.comp, attn_prefill.comp (G only) */
 #define FLASH_SPEC_G 0
