@@ -22,9 +22,11 @@ layout(constant_id = SPEC_MODE) const uint MODE = 0;
 PC_BLOCK(PC_MM, pc) /* push.h */
 
 const uint BM = 64, BN = 64, BK = 32, PAD = 68;
-shared float xs[BK][PAD];
-shared float ws[BK][PAD];
-shared float wu[BK][PAD]; /* MODE 2, gated: the up experts' tile */
+/* the tiles k-major, as vec4s of 4 rows (MODE 0 reads a thread's 4 rows and 4 outputs in one
+ * load each) */
+shared vec4 xs[BK][PAD / 4];
+shared vec4 ws[BK][PAD / 4];
+shared vec4 wu[BK][PAD / 4]; /* MODE 2, gated: the up experts' tile */
 
 /* the unit and group holding row element p (a multiple of 8): the inverse of unit_pos */
 void unit_of(uint p, out uint u, out uint g) {
@@ -98,7 +100,7 @@ void experts() {
     uint Kp = pc.Kp8 * 8u;
     for (uint k0 = 0u; k0 < pc.K; k0 += BK) {
         uint k = k0 + lo;
-        for (uint q = 0u; q < 8u; q++) xs[lo + q][lr] = (have && k + q < pc.K) ? pc.x.v[xrow * pc.K + k + q] : 0.0;
+        for (uint q = 0u; q < 8u; q++) xs[lo + q][lr >> 2u][lr & 3u] = (have && k + q < pc.K) ? pc.x.v[xrow * pc.K + k + q] : 0.0;
         uint n = n0 + lr;
         vec4 a = vec4(0.0), b = vec4(0.0), c = vec4(0.0), d = vec4(0.0);
         if (n < pc.N && k < Kp) {
@@ -106,18 +108,18 @@ void experts() {
             if (gated) load_octet(pc.w1, e * pc.N + n, k, c, d);
         }
         for (uint q = 0u; q < 4u; q++) {
-            ws[lo + q][lr] = a[q];
-            ws[lo + 4u + q][lr] = b[q];
-            wu[lo + q][lr] = c[q];
-            wu[lo + 4u + q][lr] = d[q];
+            ws[lo + q][lr >> 2u][lr & 3u] = a[q];
+            ws[lo + 4u + q][lr >> 2u][lr & 3u] = b[q];
+            wu[lo + q][lr >> 2u][lr & 3u] = c[q];
+            wu[lo + 4u + q][lr >> 2u][lr & 3u] = d[q];
         }
         barrier();
         for (uint kk = 0u; kk < BK; kk++) {
             float xv[4], wv[4], uv[4];
-            for (uint i = 0u; i < 4u; i++) xv[i] = xs[kk][ty + 16u * i];
+            for (uint i = 0u; i < 4u; i++) xv[i] = xs[kk][(ty >> 2u) + 4u * i][ty & 3u];
             for (uint j = 0u; j < 4u; j++) {
-                wv[j] = ws[kk][tx + 16u * j];
-                uv[j] = wu[kk][tx + 16u * j];
+                wv[j] = ws[kk][(tx >> 2u) + 4u * j][tx & 3u];
+                uv[j] = wu[kk][(tx >> 2u) + 4u * j][tx & 3u];
             }
             for (uint i = 0u; i < 4u; i++)
                 for (uint j = 0u; j < 4u; j++) {
@@ -179,63 +181,74 @@ void main() {
     }
     uint tid = gl_LocalInvocationID.x;
     uint n0 = gl_WorkGroupID.x * BN, t0 = gl_WorkGroupID.y * BM;
+    /* the thread's outputs: rows t0 + 4 ty .. + 3, columns n0 + 4 tx .. + 3 (one vec4 of each
+     * tile a k); it loads row lr's octet lo of each tile */
     uint tx = tid & 15u, ty = tid >> 4u;
-    uint lr = tid >> 2u, lo = (tid & 3u) * 8u; /* the tile row and octet this thread loads */
-    float acc[4][4];
-    for (uint i = 0u; i < 4u; i++)
-        for (uint j = 0u; j < 4u; j++) acc[i][j] = 0.0;
+    uint lr = tid >> 2u, lo = (tid & 3u) * 8u;
+    vec4 acc[4];
+    for (uint i = 0u; i < 4u; i++) acc[i] = vec4(0.0);
     uint Kp = pc.Kp8 * 8u;
     /* split K (a grid of S > 1 in z, for products of few tiles): workgroup z sums its own
      * range of K, a multiple of BK, into partials laid out [T][S][N] (no residual), which
      * reduce_slots (MODE 4, k = S) adds up */
     uint S = gl_NumWorkGroups.z, kr = (pc.K + S * BK - 1u) / (S * BK) * BK;
     uint kb = gl_WorkGroupID.z * kr, ke = min(pc.K, kb + kr);
+    /* a step's x and W octets, loaded into registers while the step before multiplies */
+    vec4 xa = vec4(0.0), xb = vec4(0.0), wa = vec4(0.0), wb = vec4(0.0);
+    uint t = t0 + lr, n = n0 + lr;
+    bool x4 = (pc.K & 3u) == 0u && (pc.flags & MM_XH) == 0u; /* (whole vec4s of x's rows) */
     for (uint k0 = kb; k0 < ke; k0 += BK) {
-        /* x tile: rows t0 .. t0+63, columns k0 .. k0+31 (zero past T and K) */
-        uint t = t0 + lr, k = k0 + lo;
-        if ((pc.flags & MM_XH) != 0u) { /* float16 rows (K % 8 == 0: whole octets) */
-            vec4 a = vec4(0.0), b = vec4(0.0);
-            if (t < pc.T && k < ke) {
-                uint o = (t * pc.K + k) >> 2u;
-                a = halves4(Halves4(pc.x).v[o]);
-                b = halves4(Halves4(pc.x).v[o + 1u]);
-            }
-            for (uint e = 0u; e < 4u; e++) {
-                xs[lo + e][lr] = a[e];
-                xs[lo + 4u + e][lr] = b[e];
-            }
-        } else {
-            for (uint e = 0u; e < 8u; e++)
-                xs[lo + e][lr] = (t < pc.T && k + e < ke) ? pc.x.v[t * pc.K + k + e] : 0.0;
+        if (k0 == kb) { /* (the first step's loads; later steps' came in the loop) */
+            uint k = k0 + lo;
+#define LOAD_STEP(k)                                                                           \
+            xa = xb = wa = wb = vec4(0.0);                                                     \
+            if ((pc.flags & MM_XH) != 0u) { /* float16 rows (K % 8 == 0: whole octets) */       \
+                if (t < pc.T && (k) < ke) {                                                    \
+                    uint o = (t * pc.K + (k)) >> 2u;                                           \
+                    xa = halves4(Halves4(pc.x).v[o]);                                          \
+                    xb = halves4(Halves4(pc.x).v[o + 1u]);                                     \
+                }                                                                              \
+            } else if (x4 && t < pc.T && (k) + 8u <= ke) {                                     \
+                xa = Vec4s(pc.x).v[(t * pc.K + (k)) >> 2u];                                    \
+                xb = Vec4s(pc.x).v[((t * pc.K + (k)) >> 2u) + 1u];                             \
+            } else if (t < pc.T) {                                                             \
+                for (uint e = 0u; e < 4u; e++) {                                               \
+                    xa[e] = (k) + e < ke ? pc.x.v[t * pc.K + (k) + e] : 0.0;                   \
+                    xb[e] = (k) + 4u + e < ke ? pc.x.v[t * pc.K + (k) + 4u + e] : 0.0;         \
+                }                                                                              \
+            }                                                                                  \
+            /* W: rows n0 .. n0+63, dequantised (the padding past K holds zero weights) */    \
+            if (n < pc.N && (k) < Kp) load_octet(pc.w, n, (k), wa, wb);
+            LOAD_STEP(k)
         }
-        /* W tile: rows n0 .. n0+63, dequantised (the padding past K holds zero weights) */
-        uint n = n0 + lr;
-        vec4 a = vec4(0.0), b = vec4(0.0);
-        if (n < pc.N && k < Kp) load_octet(pc.w, n, k, a, b);
+        /* x tile: rows t0 .. t0+63, columns k0 .. k0+31 (zero past T and K); W tile */
         for (uint e = 0u; e < 4u; e++) {
-            ws[lo + e][lr] = a[e];
-            ws[lo + 4u + e][lr] = b[e];
+            xs[lo + e][lr >> 2u][lr & 3u] = xa[e];
+            xs[lo + 4u + e][lr >> 2u][lr & 3u] = xb[e];
+            ws[lo + e][lr >> 2u][lr & 3u] = wa[e];
+            ws[lo + 4u + e][lr >> 2u][lr & 3u] = wb[e];
         }
         barrier();
+        if (k0 + BK < ke) {
+            uint k = k0 + BK + lo;
+            LOAD_STEP(k)
+        }
         for (uint kk = 0u; kk < BK; kk++) {
-            float xv[4], wv[4];
-            for (uint i = 0u; i < 4u; i++) xv[i] = xs[kk][ty + 16u * i];
-            for (uint j = 0u; j < 4u; j++) wv[j] = ws[kk][tx + 16u * j];
-            for (uint i = 0u; i < 4u; i++)
-                for (uint j = 0u; j < 4u; j++) acc[i][j] += xv[i] * wv[j];
+            vec4 xv = xs[kk][ty], wv = ws[kk][tx];
+            for (uint i = 0u; i < 4u; i++) acc[i] += xv[i] * wv;
         }
         barrier();
     }
     for (uint i = 0u; i < 4u; i++) {
-        uint t = t0 + ty + 16u * i;
-        if (t >= pc.T) break;
+        uint tr = t0 + 4u * ty + i;
+        if (tr >= pc.T) break;
         for (uint j = 0u; j < 4u; j++) {
-            uint n = n0 + tx + 16u * j;
-            if (n >= pc.N) continue;
+            uint nc = n0 + 4u * tx + j;
+            if (nc >= pc.N) continue;
             float v = acc[i][j];
-            if ((pc.flags & MM_XH) != 0u) v *= pc.xs.v[t];
-            if ((pc.flags & MM_RES) != 0u) v += pc.res.v[t * pc.N + n];
-            pc.y.v[(t * S + gl_WorkGroupID.z) * pc.N + n] = v;
+            if ((pc.flags & MM_XH) != 0u) v *= pc.xs.v[tr];
+            if ((pc.flags & MM_RES) != 0u) v += pc.res.v[tr * pc.N + nc];
+            pc.y.v[(tr * S + gl_WorkGroupID.z) * pc.N + nc] = v;
         }
     }
 }
