@@ -162,6 +162,20 @@ static const struct knob KNOBS[] = {
         "With ANVIL_VK_MMQ_X8: mmq_cm2.comp's workgroups of 128 threads over 64 outputs (three "
         "an SM at its 130 registers: H200 pp512 30B-A3B 6,950 -> 8,472 t/s, 35B-A3B 4,833 -> "
         "5,372 with tiles of 32), or 256 over 128 (docs/perf/log.md §91)."),
+    INT("ANVIL_VK_MM_SPLIT", C_EXPERIMENT, vk_mm_split, 128, 16, 4096, NULL,
+        "The prefill's float32 products of few 64 x 64 tiles (mm.comp MODE 0: routers, the "
+        "30B-A3B's k and v) split K into partial sums to about this many workgroups, at most 8 "
+        "ways (docs/perf/log.md §98)."),
+    BOOL("ANVIL_VK_MM_BESIDE", C_EXPERIMENT, vk_mm_beside, 0,
+         "The prefill's narrow float32 products (mm.comp MODE 0: the 30B-A3B's k and v) beside "
+         "the sibling products before them (q's, k's), K not split: no partial sums and no "
+         "barriers between them (docs/perf/log.md §98)."),
+    BOOL("ANVIL_VK_MOE_GU", C_EXPERIMENT, vk_moe_gu, 0,
+         "With ANVIL_VK_MMQ_WG 128 and tiles of 32 (Q4_K / Q6_K gate and up): the experts' gate "
+         "and up products in one (mmq_cm2.comp GU: each workgroup's 64 rows of W the gate's 32 "
+         "outputs and the up's), the SwiGLU and h's int8 rounding in its epilogue: no SwiGLU "
+         "dispatch, no float32 gate and up rows, one barrier fewer a MoE layer "
+         "(docs/perf/log.md §98)."),
     BOOL("ANVIL_VK_MOE_RSUM", C_DIAGNOSTIC, vk_moe_rsum, 1,
          "The MoE prefill over the experts' compact rows: each token's outputs summed from the "
          "down product's rows through the gather's inverse map, four columns a thread; 0 "

@@ -63,6 +63,9 @@ struct tuning {
     int vk_mmq_x8;           /* ANVIL_VK_MMQ_X8 */
     int vk_mmq_skip;         /* ANVIL_VK_MMQ_SKIP */
     int vk_mmq_wg;           /* ANVIL_VK_MMQ_WG */
+    int vk_moe_gu;           /* ANVIL_VK_MOE_GU */
+    int vk_mm_beside;        /* ANVIL_VK_MM_BESIDE */
+    int vk_mm_split;         /* ANVIL_VK_MM_SPLIT */
     int vk_moe_rsum;         /* ANVIL_VK_MOE_RSUM */
     int vk_dq_emulate;       /* ANVIL_VK_DQ_EMULATE */
     int vk_f16_scale;        /* ANVIL_VK_F16_SCALE */

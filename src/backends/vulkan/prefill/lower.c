@@ -206,11 +206,12 @@ VkDeviceSize pf_dq_scratch_size(struct vk_backend *b, struct graph_plan *P, bool
 }
 
 /* Ways to split K of a float32 product of T rows, N outputs (mm.comp's 64 x 64 tiles) when
- * it has too few tiles to fill a GPU: to ~128 workgroups, at most 8 ways, two K steps each at
- * least (the 30B-A3B's router, 16 tiles, and its k and v, 64). 1: not split. */
-uint32_t pf_split_k(uint32_t T, uint32_t N, uint32_t K) {
+ * it has too few tiles to fill a GPU: to ~ANVIL_VK_MM_SPLIT workgroups (128), at most 8 ways,
+ * two K steps each at least (the 30B-A3B's router, 16 tiles, and its k and v, 64). 1: not
+ * split. */
+uint32_t pf_split_k(const struct vk_device *d, uint32_t T, uint32_t N, uint32_t K) {
     uint32_t tiles = ((N + 63) / 64) * ((T + 63) / 64);
-    uint32_t S = MIN(MIN(128 / MAX(tiles, 1u), 8u), K / 64);
+    uint32_t S = MIN(MIN((uint32_t)d->tune.vk_mm_split / MAX(tiles, 1u), 8u), K / 64);
     return S >= 2 ? S : 1;
 }
 
@@ -278,6 +279,36 @@ static bool kv_by_norm(struct vk_prefill *p, const struct pc_rows *kv) {
 
 /* Whether the byte ranges [a, a + na) and [b, b + nb) share a byte. */
 static bool ranges_meet(uint64_t a, uint64_t na, uint64_t b, uint64_t nb) { return a < b + nb && b < a + na; }
+
+/* Whether a float32 product reading x (xb bytes) and writing y (yb) may run beside the ops just
+ * before it, with no barrier between them: each op back to the last barrier a whole product,
+ * mm_cm2.comp's on float16 rows or mm.comp's (not split: its rows its own) or a split product's
+ * sum, reading nothing this one writes and writing nothing it reads (ANVIL_VK_MM_BESIDE). */
+static bool beside_product(const struct vk_prefill *p, uint64_t x, uint64_t xb, uint64_t y, uint64_t yb) {
+    int i = p->n_ops - 1;
+    for (; i >= 0 && i >= p->n_ops - 4; i--) {
+        const struct pf_op *o = &p->ops[i];
+        uint64_t oy, ores, on;
+        bool res;
+        if (o->k == K_MMH_CM2 || o->k == K_MMH_CM2_U || o->k == K_MMH_CM2_S) {
+            const struct pc_mmh *m = (const struct pc_mmh *)o->push;
+            oy = m->y, ores = m->res, res = (m->flags & MM_RES) != 0, on = (uint64_t)m->T * m->ldy * 4;
+            if (ranges_meet(m->x, (uint64_t)m->T * m->K * 4, y, yb)) return false;
+        } else if ((vk_kernel_info(o->k)->op == VK_OP_MM && o->gz <= 1) ||
+                   (o->k == K_MM_REDUCE && !((const struct pc_mm *)o->push)->flags)) { /* (a split's sum: k partials) */
+            const struct pc_mm *m = (const struct pc_mm *)o->push;
+            oy = m->y, ores = m->res, res = (m->flags & MM_RES) != 0, on = (uint64_t)m->T * m->N * 4;
+            if (ranges_meet(m->x, (uint64_t)m->T * (o->k == K_MM_REDUCE ? m->N * m->k : m->K) * 4, y, yb)) return false;
+        } else if (vk_kernel_info(o->k)->op == VK_OP_DQ && o->overlap) { /* (a weight's float16 copy hoisted) */
+            continue;
+        } else {
+            return false;
+        }
+        if (ranges_meet(oy, on, y, yb) || ranges_meet(oy, on, x, xb) || (res && ranges_meet(ores, on, y, yb))) return false;
+        if (!o->overlap) return true; /* (a barrier before it orders what came before) */
+    }
+    return false;
+}
 
 /* Whether sigmoid_mul node i (a hybrid's shared expert gated: sh * sigmoid(logit)) is added
  * to the mixture's output (*a1 = y + it, its only reader) and that to the residual (*a2 = x +
@@ -706,7 +737,20 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 st = pf_emit_mmh(p, kind, &pc, sibling);
                 break;
             }
-            uint32_t S = pc.flags ? 1 : pf_split_k(rows, ne0, pc.K);
+            /* ANVIL_VK_MM_BESIDE: a narrow product beside the sibling product just before it (the
+             * 30B-A3B's k beside q, v beside k: they read the same rows, and the plan keeps
+             * siblings' outputs apart), K not split; the first of two narrow siblings not split
+             * either (the pair fills the GPU that one alone needed the split for): no partial
+             * sums, no barriers between them */
+            bool beside = false, pair = false;
+            if (b->d->tune.vk_mm_beside && !pc.flags && st == ANVIL_OK) {
+                st = pf_flush_group(p);
+                beside = sibling && st == ANVIL_OK && beside_product(p, pc.x, (uint64_t)rows * pc.K * 4, pc.y,
+                                                                      (uint64_t)rows * ne0 * 4);
+                const struct node *nx = sib.at < sib.n ? NODE(P, sib.run[sib.at]) : NULL;
+                pair = nx && nx->op == OP_MATMUL && nx->ne[0] <= 512 && nx->ne[1] == nd->ne[1];
+            }
+            uint32_t S = pc.flags || beside || pair ? 1 : pf_split_k(b->d, rows, ne0, pc.K);
             if (S > 1 && (VkDeviceSize)S * rows * ne0 * 4 <= p->part.size) {
                 /* few tiles: K split S ways into partials, added up by mm.comp MODE 4 */
                 struct pc_mm sum = {p->part.addr, any, pc.y, any, prm, rows, 0, ne0, 0, 0, 0, 0, 0, 0, S, 0};
@@ -716,7 +760,9 @@ anvil_status pf_lower(struct vk_prefill *p, struct graph_plan *P) {
                 if (st == ANVIL_OK) st = pf_emit(p, K_MM_REDUCE, (rows * ne0 + 255) / 256, 0, &sum, sizeof sum);
                 break;
             }
-            st = pf_emit(p, vk_kernel_for(VK_OP_MM, wn->weight->type), (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc);
+            if (st == ANVIL_OK)
+                st = pf_emit(p, vk_kernel_for(VK_OP_MM, wn->weight->type), (ne0 + 63) / 64, (rows + 63) / 64, &pc, sizeof pc);
+            if (st == ANVIL_OK && beside) p->ops[p->n_ops - 1].overlap = true;
             break;
         }
         case OP_ROPE: {

@@ -280,7 +280,7 @@ anvil_status pf_insert_op(struct vk_prefill *p, int at, enum vk_kernel k, uint32
                           size_t size);
 uint64_t pf_addr(struct vk_prefill *p, struct graph_plan *P, int i);
 VkDeviceSize pf_dq_scratch_size(struct vk_backend *b, struct graph_plan *P, bool groups, VkDeviceSize *max_run);
-uint32_t pf_split_k(uint32_t T, uint32_t N, uint32_t K);
+uint32_t pf_split_k(const struct vk_device *d, uint32_t T, uint32_t N, uint32_t K);
 /* attn_split.comp's chunks a row (its grid's y) for T rows of Hkv kv heads */
 uint32_t pf_attn_chunks(const struct vk_prefill *p, uint32_t Hkv, uint32_t T);
 VkDeviceSize pf_gdn_scratch(struct vk_prefill *p, const struct graph_plan *P, int i);

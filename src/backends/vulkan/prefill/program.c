@@ -188,7 +188,7 @@ anvil_status vk_prefill_create(struct vk_backend *b, const struct graph *g, stru
             const struct node *nd = &g->nodes[i];
             if (nd->op != OP_MATMUL) continue;
             uint32_t N = (uint32_t)nd->ne[0], T = (uint32_t)(node_nelem(nd) / MAX(nd->ne[0], 1));
-            uint32_t S = pf_split_k(T, N, (uint32_t)g->nodes[nd->src[0]].ne[0]);
+            uint32_t S = pf_split_k(b->d, T, N, (uint32_t)g->nodes[nd->src[0]].ne[0]);
             if (S > 1) part = MAX(part, (VkDeviceSize)S * T * N * 4);
         }
         if (st == ANVIL_OK && part) st = vk_buffer_create(b->d, part, VK_MEM_DEVICE, "prefill partial sums", &p->part);
