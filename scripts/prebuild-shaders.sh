@@ -52,6 +52,10 @@ done
 for t in q2_k q3_k iq4_nl iq4_xs iq3_xxs iq3_s iq2_xxs iq2_xs iq2_s iq1_s iq1_m; do
   VARIANTS+=("mmq8w_cm2_moe_$t mmq_cm2.comp -DW_${t^^} -DXQ8 -DNT=128")
 done
+# (the gate and up products in one, the SwiGLU and h's rounding in its epilogue: GU)
+for t in q4_k q6_k; do
+  VARIANTS+=("mmq8g_cm2_moe_$t mmq_cm2.comp -DW_${t^^} -DXQ8 -DNT=128 -DGU")
+done
 # a batch step's products of 16 and 32 rows on them (mmqb_cm2.comp)
 for t in q4_k q6_k; do
   VARIANTS+=("mmqb_cm2_${t}_16 mmqb_cm2.comp -DW_${t^^} -DTT=16" "mmqb_cm2_${t}_32 mmqb_cm2.comp -DW_${t^^} -DTT=32")

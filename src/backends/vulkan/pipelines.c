@@ -158,6 +158,8 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_MMQ8W_MOE_Q6_K] = KI(spv_mmq8w_cm2_moe_q6_k, "mmq8w_experts_q6_k", VK_OP_NONE, DT_Q6_K, 0, SPECS_NONE, PUSH_MMH),
     [K_MMQ8W_MOE16_Q4_K] = KI(spv_mmq8w_cm2_moe16_q4_k, "mmq8w_experts16_q4_k", VK_OP_NONE, DT_Q4_K, 0, SPECS_NONE, PUSH_MMH),
     [K_MMQ8W_MOE16_Q6_K] = KI(spv_mmq8w_cm2_moe16_q6_k, "mmq8w_experts16_q6_k", VK_OP_NONE, DT_Q6_K, 0, SPECS_NONE, PUSH_MMH),
+    [K_MMQ8G_MOE_Q4_K] = KI(spv_mmq8g_cm2_moe_q4_k, "mmq8g_experts_q4_k", VK_OP_NONE, DT_Q4_K, 0, SPECS_NONE, PUSH_MMH),
+    [K_MMQ8G_MOE_Q6_K] = KI(spv_mmq8g_cm2_moe_q6_k, "mmq8g_experts_q6_k", VK_OP_NONE, DT_Q6_K, 0, SPECS_NONE, PUSH_MMH),
 #define MMQL_KI(T, t) [K_MMQL_##T] = KI(spv_mmq8w_cm2_moe_##t, "mmq8w_experts_" #t, VK_OP_NONE, DT_##T, 0, SPECS_NONE, PUSH_MMH),
     VK_MMQL_TYPES(MMQL_KI)
     [K_MMQB_Q4_K_16] = KI(spv_mmqb_cm2_q4_k_16, "mmqb_q4_k_16", VK_OP_NONE, 0, 16, SPECS_NONE, PUSH_MMB),
@@ -545,6 +547,8 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
                (k >= K_MMQ8W_MOE_Q4_K) == (d->tune.vk_mmq_x8 && d->tune.vk_mmq_wg == 128);
     if (k >= K_MMQL_Q2_K && k <= K_MMQL_IQ1_M)
         return d->coopmat_i8 && d->tune.vk_moe_mmq != 0 && d->tune.vk_mmq_x8 && d->tune.vk_mmq_wg == 128;
+    if (k == K_MMQ8G_MOE_Q4_K || k == K_MMQ8G_MOE_Q6_K)
+        return d->coopmat_i8 && d->tune.vk_moe_mmq != 0 && d->tune.vk_mmq_x8 && d->tune.vk_mmq_wg == 128 && d->tune.vk_moe_gu;
     if (mmb_mmq(k)) return d->coopmat_i8 && d->tune.vk_mmqb;
     switch (k) {
     case K_MMH_64X64_K32: case K_MMH_MOE: return d->coopmat; /* needs the extension */
@@ -676,6 +680,8 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, in
         if (wanted(d, out, (enum vk_kernel)k, attn_g, attn_d)) st = vk_pipeline_make(d, out, (enum vk_kernel)k);
     for (int k = K_MMQB_Q4_K_16; k <= K_MMQB_Q6_K_32 && st == ANVIL_OK; k++)
         if (wanted(d, out, (enum vk_kernel)k, attn_g, attn_d)) st = vk_pipeline_make(d, out, (enum vk_kernel)k);
+    for (int k = K_MMQ8G_MOE_Q4_K; k <= K_MMQ8G_MOE_Q6_K && st == ANVIL_OK; k++)
+        if (wanted(d, out, (enum vk_kernel)k, attn_g, attn_d)) st = vk_pipeline_make(d, out, (enum vk_kernel)k);
     return st;
 }
 
@@ -683,7 +689,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, in
 static bool is_cm2(enum vk_kernel k) {
     return k == K_MMH_CM2 || k == K_MMH_CM2_MOE || k == K_MMH_CM2_U || k == K_MMH_CM2_MOE_U ||
            k == K_MMH_CM2_S || (k >= K_MMH_CM2_Q4_K && k <= K_MMH_CM2_MOE_Q8_0) ||
-           (k >= K_MMQ_MOE_Q4_K && k <= K_MMQL_IQ1_M) ||
+           (k >= K_MMQ_MOE_Q4_K && k <= K_MMQ8G_MOE_Q6_K) ||
            mmb_mmq(k);
 }
 
@@ -700,6 +706,10 @@ enum vk_kernel vk_mmq_kernel(int dtype, uint32_t bm, bool x8, bool wg128) {
     VK_MMQL_TYPES(MMQL_OF)
     default: return K_NONE;
     }
+}
+
+enum vk_kernel vk_mmq_gu_kernel(int dtype) {
+    return dtype == DT_Q4_K ? K_MMQ8G_MOE_Q4_K : dtype == DT_Q6_K ? K_MMQ8G_MOE_Q6_K : K_NONE;
 }
 
 enum vk_kernel vk_cm2q_kernel(int dtype, bool moe) {

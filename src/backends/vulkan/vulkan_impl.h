@@ -325,6 +325,7 @@ enum vk_kernel {
     /* ... and of the low-bit types (mmq_cm2.comp W_LOW: wlow.glsl's units staged as int8), XQ8 on
      * 128 threads in tiles of 32 rows only */
     VK_MMQL_TYPES(VK_MMQL_KERNEL)
+    K_MMQ8G_MOE_Q4_K, K_MMQ8G_MOE_Q6_K, /* (GU: the gate and up in one, the SwiGLU in its epilogue: vk_mmq_gu_kernel) */
     K_ATTN_FLASH, /* the prefill's causal attention on cooperative matrices (attn_flash.comp),
                      where d->coopmat and the heads fit it (vk_flash_fits): two passes over
                      the keys */
@@ -403,6 +404,9 @@ enum vk_kernel {
 /* mm_cm2.comp's kernel decoding weights of type dtype itself (MOE: the experts'), or K_NONE
  * for a type it does not decode; made only where the device takes it (vk_pipeline_supported) */
 enum vk_kernel vk_cm2q_kernel(int dtype, bool moe);
+/* mmq_cm2.comp GU's kernel (the gate and up products in one, the SwiGLU and h's int8 rounding in
+ * its epilogue) for gate / up weights of dtype (Q4_K, Q6_K), else K_NONE */
+enum vk_kernel vk_mmq_gu_kernel(int dtype);
 /* mmq_cm2.comp's experts' kernel for weights of dtype in tiles of bm (16 or 32) rows, x rounded
  * by the kernel or before it (x8), on 128 threads (wg128, with x8): Q4_K and Q6_K in each form,
  * the low-bit types of VK_MMQL_TYPES in tiles of 32 with x8 and wg128 only; else K_NONE */

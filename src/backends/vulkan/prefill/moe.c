@@ -246,13 +246,19 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
             bm = VK_CM2_MOE_BM;
         }
         x8 = x8 && mmq;
+        /* gu: the gate and up in one product, the SwiGLU and h's rounding in its epilogue, h's
+         * int8 rows at gc (their scales after them) for the down (ANVIL_VK_MOE_GU) */
+        enum vk_kernel kgu = vk_mmq_gu_kernel(gn->weight->type);
+        bool gu = x8 && wg128 && bm == 32 && p->b->d->tune.vk_moe_gu && F % 32 == 0 && kgu != K_NONE &&
+                  vk_pipeline_supported(p->b->d, &p->b->pl, kgu);
         struct pc_moe_rows mr = {base + m.lists, base + m.route, pf_addr(p, P, nd->src[0]), base + m.xg, base + m.aux,
                                  E, k, T, C, bm, m.R, base + m.xs, x8 ? MOE_ROWS_Q8 : p->scale};
         st = pf_emit(p, K_MOE_OFFS, 1, 1, &mr, sizeof mr);
         if (st == ANVIL_OK) st = pf_emit(p, K_MOE_GATHER, m.R, 0, &mr, sizeof mr);
         for (int w = 0; w < 3 && decode && st == ANVIL_OK; w++) {
             uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F;
-            if (w == 2) { /* gate = silu(gate) * up, and as float16 into xg */
+            if (gu && w == 1) continue;
+            if (w == 2 && !gu) { /* gate = silu(gate) * up, and as float16 into xg */
                 struct pc_rows sw = {base + m.gc, base + m.uc, any, base + m.gc, p->prm.addr, F, m.R, 0, 0, 0,
                                      x8 ? ROWS_Q8 : ROWS_HALF | (p->scale ? ROWS_SCALE : 0u), base + m.xg, base + m.xs, 0, 0};
                 st = pf_emit(p, K_ROWS_SWIGLU, m.R, 0, &sw, sizeof sw);
@@ -261,10 +267,18 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
             struct pc_mmh mh = {base + m.xg, vk_wnode_addr(p->b, mats[w]), outs[w], any, T, K, N,
                                 vk_wnode_kp(p->b, mats[w]), N, 0, (p->scale && !x8 ? MM_XH : 0u) | (mmq && p->b->d->tune.vk_mmq_skip ? MM_SKIP : 0u), base + m.aux, any, E, k, 0,
                                 x8 ? base + m.xg + (uint64_t)m.R * K : base + m.xs};
+            if (gu && w == 0) { /* (the up's weights in res, h's scales at route) */
+                mh.res = vk_wnode_addr(p->b, un);
+                mh.route = base + m.gc + (uint64_t)m.R * F;
+            } else if (gu) { /* (the down's x: h) */
+                mh.x = base + m.gc;
+                mh.xs = base + m.gc + (uint64_t)m.R * F;
+            }
             /* mmq_cm2.comp: a grid of the tiles the rows can hold (each workgroup finds its
              * expert); mm_cm2.comp: every expert's largest count of tiles */
             uint32_t bn = mmq && wg128 ? VK_CM2_BN / 2 : VK_CM2_BN;
-            if (st == ANVIL_OK && (st = pf_emit(p, kq[w], (N + bn - 1) / bn, mmq ? m.R / bm : (T + bm - 1) / bm,
+            if (st == ANVIL_OK && (st = pf_emit(p, gu && w == 0 ? kgu : kq[w], gu && w == 0 ? F / 32 : (N + bn - 1) / bn,
+                                                mmq ? m.R / bm : (T + bm - 1) / bm,
                                                 &mh, sizeof mh)) == ANVIL_OK) {
                 p->ops[p->n_ops - 1].gz = mmq ? 1 : E;
                 p->ops[p->n_ops - 1].overlap = w == 1;

@@ -25,6 +25,13 @@
  * round them from float32, once a row instead of once a workgroup of outputs), and the step
  * copies them into shared memory as they are.
  *
+ * GU (ANVIL_VK_MOE_GU, Q4_K / Q6_K with XQ8 on 128 threads): the gate and up products in one,
+ * each workgroup's 64 staged rows of W the gate's 32 outputs n0 .. n0 + 31 (pc.w) and the up's
+ * same (pc.res); the epilogue applies h = silu(gate) * up and rounds h to int8 as rows.comp
+ * ROWS_Q8 does (the 32 outputs are one block of 32 of the down product's x): y gets h's int8
+ * rows of N bytes, pc.route their blocks' (d, d * sum q). No SwiGLU dispatch, no float32 gate
+ * and up rows, one barrier fewer.
+ *
  * W_LOW (the low-bit types of wlow.glsl: Q2_K, Q3_K and the i-quants; XQ8 only): W's quants come
  * through wlow.glsl's unit_bytes (a unit of 32 weights as four groups of 8 integers, each group's
  * scale and min) and are staged as int8 as they are, with each sub-block's scale aside: of 32
@@ -92,6 +99,7 @@ layout(local_size_x = NT) in;
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer Floats { float v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer UVec4s { uvec4 v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer Vec2s { vec2 v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 8) buffer UVec2s { uvec2 v[]; };
 
 layout(push_constant) uniform PC {
     UVec4s x;  /* [rows, K] float16 (moe_rows.comp / rows.comp's rows) */
@@ -176,6 +184,9 @@ vec4 rmn;
 uvec4 rq0, rq1, rqh, rsc;
 uint rd;
 #endif
+#if defined(GU) && (NT != 128 || BM != 32 || !defined(XQ8) || defined(W_LOW))
+#error "GU takes Q4_K or Q6_K, XQ8, NT 128 and BM 32"
+#endif
 #if NT == 128 && !defined(XQ8)
 #error "NT 128 takes XQ8's x"
 #endif
@@ -196,15 +207,20 @@ float rxs;
 
 void load_step(const in uint k0, const in uint wb, const in uint xr) {
     uint tid = gl_LocalInvocationID.x, row = tid >> 1u, hb = tid & 1u;
-#ifndef W_LOW
+#ifdef GU
+    /* rows 0..31 of the staged W the gate's outputs n0 .., rows 32..63 the up's same */
+    UVec4s wp = row < 32u ? pc.w : UVec4s(pc.res);
+    uint b = (wb + (row & 31u) * (pc.Kp >> 8u) + (k0 >> 8u)) * BQ, hf = (k0 >> 7u) & 1u;
+#elif !defined(W_LOW)
+    UVec4s wp = pc.w;
     uint b = (wb + row * (pc.Kp >> 8u) + (k0 >> 8u)) * BQ, hf = (k0 >> 7u) & 1u;
 #endif
 #if defined(W_Q4_K)
     /* this thread's 64 weights of the half block: group j = 2 hf + hb, bytes 32 j .. 32 j + 31 */
     uint j = 2u * hf + hb;
-    rhd = pc.w.v[b];
-    rq0 = pc.w.v[b + 1u + 2u * j];
-    rq1 = pc.w.v[b + 2u + 2u * j];
+    rhd = wp.v[b];
+    rq0 = wp.v[b + 1u + 2u * j];
+    rq1 = wp.v[b + 2u + 2u * j];
 #elif defined(W_LOW)
     /* units k0 / 32 + 2 hb and + 1 of row wb + row: the i-quants' 64 weights from 64 hb of the
      * step; Q2_K / Q3_K's weights 32 g + 16 hb + 8 i (wlow.glsl's unit_pos) */
@@ -247,11 +263,11 @@ void load_step(const in uint k0, const in uint wb, const in uint xr) {
 #else
     /* weights 32 r + 16 hb + i of the half block (r = 0..3, i = 0..15): ql bytes 64 hf + 32 (r & 1)
      * + 16 hb + i, qh bytes 32 hf + 16 hb + i */
-    rq0 = pc.w.v[b + 4u * hf + hb];
-    rq1 = pc.w.v[b + 4u * hf + 2u + hb];
-    rqh = pc.w.v[b + 8u + 2u * hf + hb];
-    rsc = pc.w.v[b + 12u];
-    rd = pc.w.v[b + 13u].x;
+    rq0 = wp.v[b + 4u * hf + hb];
+    rq1 = wp.v[b + 4u * hf + 2u + hb];
+    rqh = wp.v[b + 8u + 2u * hf + hb];
+    rsc = wp.v[b + 12u];
+    rd = wp.v[b + 13u].x;
 #endif
 #ifdef XQ8
     /* x: int8 rows (K bytes each) and their blocks' scales after them (moe_rows.comp,
@@ -429,7 +445,11 @@ void main() {
      * expert's largest count: that one's workgroups were ~8 in 9 empty, each a launch that an
      * SM running one workgroup at a time waited for, perf log §83). Its expert: the count of
      * experts whose rows end at or before the tile's first row (the offsets ascend). */
+#ifdef GU
+    uint n0 = gl_WorkGroupID.x * (BN / 2u), xr = gl_WorkGroupID.y * BM; /* (the gate's and the up's outputs n0 ..) */
+#else
     uint n0 = gl_WorkGroupID.x * BN, xr = gl_WorkGroupID.y * BM;
+#endif
     if (xr >= floatBitsToUint(pc.lists.v[pc.E])) return;
 #ifdef W_LOW
     W_INIT(pc.w) /* (the grid or IQ4's byte pairs into shared memory; a barrier) */
@@ -496,10 +516,40 @@ void main() {
 #endif
         }
     }
+#ifdef GU
+    /* the tile into shared memory (sw's words, read no more: rows of BM, the gate's 32
+     * outputs then the up's, LY uvec4s a row), then h = silu(gate) * up rounded to int8 a
+     * row's 32 outputs at a time (rows.comp ROWS_Q8's rounding: one block of 32 of down's x),
+     * four lanes a row, eight outputs a lane */
+    barrier();
+    const uint LY = BN / 4u + 1u;
+    coopMatStore(acc0, sw, 4u * sg, LY, gl_CooperativeMatrixLayoutColumnMajor);
+    coopMatStore(acc1, sw, 16u * LY + 4u * sg, LY, gl_CooperativeMatrixLayoutColumnMajor);
+    barrier();
+    uint r = tid >> 2u, q = tid & 3u;
+    vec4 g0 = uintBitsToFloat(sw[r * LY + 2u * q]), g1 = uintBitsToFloat(sw[r * LY + 2u * q + 1u]);
+    vec4 h0 = g0 / (1.0 + exp(-g0)) * uintBitsToFloat(sw[r * LY + 8u + 2u * q]);
+    vec4 h1 = g1 / (1.0 + exp(-g1)) * uintBitsToFloat(sw[r * LY + 9u + 2u * q]);
+    vec4 a = max(abs(h0), abs(h1));
+    float m = max(max(a.x, a.y), max(a.z, a.w));
+    m = max(m, subgroupShuffleXor(m, 1u));
+    m = max(m, subgroupShuffleXor(m, 2u));
+    float id = m > 0.0 ? 127.0 / m : 0.0;
+    ivec4 q0 = clamp(ivec4(round(h0 * id)), ivec4(-127), ivec4(127)), q1 = clamp(ivec4(round(h1 * id)), ivec4(-127), ivec4(127));
+    int sq = q0.x + q0.y + q0.z + q0.w + q1.x + q1.y + q1.z + q1.w;
+    sq += subgroupShuffleXor(sq, 1u);
+    sq += subgroupShuffleXor(sq, 2u);
+    /* y: h's int8 rows of N bytes; pc.route: their blocks' (d, d * sum q) */
+    uvec2 w2 = uvec2((uint(q0.x) & 255u) | ((uint(q0.y) & 255u) << 8u) | ((uint(q0.z) & 255u) << 16u) | (uint(q0.w) << 24u),
+                     (uint(q1.x) & 255u) | ((uint(q1.y) & 255u) << 8u) | ((uint(q1.z) & 255u) << 16u) | (uint(q1.w) << 24u));
+    UVec2s(pc.y).v[((xr + r) * pc.N + n0) / 8u + q] = w2;
+    if (q == 0u) Vec2s(pc.route).v[(xr + r) * (pc.N / 32u) + n0 / 32u] = vec2(m / 127.0, m / 127.0 * float(sq));
+#else
     /* y's rows xr .. xr + BM - 1, columns nb + n0 + 16 sg ..: the tile transposed */
     uint yo = xr * pc.ldy + pc.nb + n0 + sg * 16u;
     coopMatStore(acc0, pc.y.v, yo, pc.ldy, gl_CooperativeMatrixLayoutColumnMajor);
 #if BM == 32
     coopMatStore(acc1, pc.y.v, yo + 16u * pc.ldy, pc.ldy, gl_CooperativeMatrixLayoutColumnMajor);
+#endif
 #endif
 }
