@@ -358,7 +358,7 @@ static const struct knob KNOBS[] = {
     BOOL("ANVIL_VK_MOE_CM2", C_DIAGNOSTIC, vk_moe_cm2, 1,
          "MoE prefill experts on workgroup matrices over rows laid out expert after expert "
          "(30B-A3B Q4_K_M pp512 3930 -> 5515 t/s); 0 keeps the gathered subgroup-matrix tiles."),
-    INT("ANVIL_VK_MOE_FEW", C_DIAGNOSTIC, vk_moe_few, 15, 0, 15, NULL,
+    INT("ANVIL_VK_MOE_FEW", C_DIAGNOSTIC, vk_moe_few, 15, 0, 32, NULL,
         "MoE steps of 2 to this many rows (a speculative verify step, a batch of a few "
         "sequences, a short prompt chunk) run each row's chosen experts on the decode's "
         "matrix-vector kernels (gate/up -> SwiGLU, then the weighted down projection summed; on "
