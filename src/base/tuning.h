@@ -115,6 +115,7 @@ struct tuning {
     int vk_batch;            /* ANVIL_VK_BATCH */
     int split_form;          /* ANVIL_SPLIT_FORM */
     int split_pipe;          /* ANVIL_SPLIT_PIPE */
+    int batch_moe_rows;      /* ANVIL_BATCH_MOE_ROWS */
     /* experiment */
     int vk_dq_max_mb;        /* ANVIL_VK_DQ_MAX_MB */
     int vk_matvec_wg;        /* ANVIL_VK_MATVEC_WG */

@@ -200,6 +200,7 @@ anvil_status anvil_batch_create(anvil_model *model, const anvil_batch_params *pa
     /* a MoE model's groups of about 8 (§93 run 2, 30B-A3B at 32 sequences: 4 groups 1,670 t/s, 2
      * groups of 16 1,398); a dense model's one a device (8B: 2 groups 3,185, 4 of 8 2,796) */
     b->group_rows = t.split_pipe <= 1 && hp->n_expert > 0 ? BATCH_GROUP_ROWS : 0;
+    b->sub_rows = b->groups <= 1 && hp->n_expert > 0 ? t.batch_moe_rows : 0;
     for (int l = 0; l < hp->n_layer; l++)
         if (hp->layer_recurrent[l]) b->recurrent = true;
     /* a recurrent model's prefix cache needs its states' snapshots (states_copy) */
@@ -591,6 +592,8 @@ static anvil_status run_paged(anvil_batch *b, struct bseq *q, bool queued, int32
 
 int64_t batch_paged_steps(const anvil_batch *b) { return b->paged_steps; }
 
+int64_t batch_sub_steps(const anvil_batch *b) { return b->sub_steps; }
+
 int64_t batch_pipe_counts(const anvil_batch *b, int64_t *dropped) {
     if (dropped) *dropped = b->dropped;
     return b->overlapped;
@@ -663,6 +666,58 @@ static struct bseq *next_prompt(anvil_batch *b) {
     return best;
 }
 
+/* One decode step of the B sequences rows[0 .. B) (their blocks grown), a row each, their
+ * tokens delivered into ev; all: the step's decoding sequences in all (one alone may take the
+ * solo decode program over the pool). */
+static anvil_status decode_rows_step(anvil_batch *b, struct bseq **rows, int B, int all, anvil_batch_event *ev,
+                                     int *n_ev) {
+    anvil_status st = ANVIL_OK;
+    for (int r = 0; r < B; r++) {
+        struct bseq *q = rows[r];
+        b->row_tok[r] = q->tokens[q->pos];
+        b->row_seq[r] = (int32_t)(q - b->seqs);
+        b->row_pos[r] = q->pos;
+    }
+    /* the decode programs are of 1, 2, 4, 8 ... rows: the rest of the step's are dead rows, so
+     * that a batch whose size moves reuses a few programs (each is recorded on first use) */
+    int R = decode_rows(B);
+    for (int r = B; r < R; r++) {
+        b->row_tok[r] = 0;
+        b->row_seq[r] = -1;
+        b->row_pos[r] = 0;
+    }
+    /* each row chosen on the device where it can be (its penalty window within the records');
+     * the logits come back only for the rest, or to be kept */
+    bool pick = false, host = b->keep_logits;
+    for (int r = 0; r < R; r++) {
+        struct bseq *q = r < B ? rows[r] : NULL;
+        bool dev = q && b->pick && batch_pick_history(&q->sp, q->pos) <= BATCH_PICK_HISTORY;
+        b->pk[r].sp = dev ? &q->sp : NULL;
+        b->pk[r].history = dev ? q->tokens : NULL;
+        pick |= dev;
+        host |= q && !dev;
+    }
+    /* one sequence, chosen on the device, no logits wanted: the solo decode program */
+    bool ran = false;
+    if (all == 1 && b->paged_ok && b->pk[0].sp && !host)
+        st = run_paged(b, rows[0], false, &b->picked[0], &ran);
+    if (!ran && st == ANVIL_OK) st = run_rows(b, R, B, false, pick, host ? b->out : NULL);
+    for (int r = 0; r < B && st == ANVIL_OK; r++) {
+        struct bseq *q = rows[r];
+        float *logits = b->out + (size_t)r * (size_t)b->V;
+        q->pos++;
+        batch_check_blocks(b, q);
+        if (!b->pk[r].sp) {
+            batch_choose(b, q, logits, &ev[(*n_ev)++]);
+            continue;
+        }
+        if (host) batch_keep_logits(b, q, logits);
+        batch_deliver(b, q, b->picked[r], &ev[(*n_ev)++]);
+        b->device_choices++;
+    }
+    return st;
+}
+
 anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, int *n_ev) {
     if (!b || !ev || !n_ev || cap < b->n_seq_max)
         return keep(b, err_set(ANVIL_ERR_INVALID_ARG, "anvil_batch_step: bad arguments (room for "
@@ -723,47 +778,12 @@ anvil_status anvil_batch_step(anvil_batch *b, anvil_batch_event *ev, int cap, in
         struct bseq *q = &b->seqs[i];
         if (!q->id || q->ended || q->stepped || q->pos < q->n_prompt) continue;
         batch_grow(b, q, q->pos + 1);
-        b->row_tok[B] = q->tokens[q->pos];
-        b->row_seq[B] = i;
-        b->row_pos[B] = q->pos;
         rows[B++] = q;
     }
-    /* the decode programs are of 1, 2, 4, 8 ... rows: the rest of the step's are dead rows, so
-     * that a batch whose size moves reuses a few programs (each is recorded on first use) */
-    int R = decode_rows(B);
-    for (int r = B; r < R; r++) {
-        b->row_tok[r] = 0;
-        b->row_seq[r] = -1;
-        b->row_pos[r] = 0;
-    }
-    /* each row chosen on the device where it can be (its penalty window within the records');
-     * the logits come back only for the rest, or to be kept */
-    bool pick = false, host = b->keep_logits;
-    for (int r = 0; r < R; r++) {
-        struct bseq *q = r < B ? rows[r] : NULL;
-        bool dev = q && b->pick && batch_pick_history(&q->sp, q->pos) <= BATCH_PICK_HISTORY;
-        b->pk[r].sp = dev ? &q->sp : NULL;
-        b->pk[r].history = dev ? q->tokens : NULL;
-        pick |= dev;
-        host |= q && !dev;
-    }
-    /* one sequence, chosen on the device, no logits wanted: the solo decode program */
-    bool ran = false;
-    if (B == 1 && b->paged_ok && b->pk[0].sp && !host && st == ANVIL_OK)
-        st = run_paged(b, rows[0], false, &b->picked[0], &ran);
-    if (B > 0 && !ran && st == ANVIL_OK) st = run_rows(b, R, B, false, pick, host ? b->out : NULL);
-    for (int r = 0; r < B && st == ANVIL_OK; r++) {
-        struct bseq *q = rows[r];
-        float *logits = b->out + (size_t)r * (size_t)b->V;
-        q->pos++;
-        batch_check_blocks(b, q);
-        if (!b->pk[r].sp) {
-            batch_choose(b, q, logits, &ev[(*n_ev)++]);
-            continue;
-        }
-        if (host) batch_keep_logits(b, q, logits);
-        batch_deliver(b, q, b->picked[r], &ev[(*n_ev)++]);
-        b->device_choices++;
-    }
+    /* a MoE model's rows in steps of at most sub_rows (ANVIL_BATCH_MOE_ROWS), one after the other */
+    int per = b->sub_rows > 0 ? b->sub_rows : MAX(B, 1);
+    b->sub_steps += B > per;
+    for (int r0 = 0; r0 < B && st == ANVIL_OK; r0 += per)
+        st = decode_rows_step(b, rows + r0, MIN(per, B - r0), B, ev, n_ev);
     return keep(b, st);
 }

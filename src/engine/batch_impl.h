@@ -94,6 +94,7 @@ struct anvil_batch {
     bool paged_ok;
     bool ahead_ok;          /* its step after may be queued ahead (ANVIL_VK_BATCH_PAGED 1, 2; not 3) */
     int64_t paged_steps;    /* steps it ran */
+    int64_t sub_steps;      /* decode steps run as several programs (sub_rows) */
     int ahead_id, ahead_pos; /* the sequence whose step at ahead_pos is queued there (0: none) */
     float *out;             /* [decode_rows(n_seq_max)][V]: a run's logits */
     int32_t *row_tok, *row_seq, *row_pos; /* [max(decode_rows(n_seq_max), prefill_chunk)] */
@@ -104,6 +105,7 @@ struct anvil_batch {
     /* the decode rows pipelined over a layer split's devices (batch_pipe.c): at most groups of
      * them (1: none); the groups in flight, oldest first (fly[n_fly], indices into grp) */
     int groups, group_min;  /* ... of at least group_min sequences each (but where all are fewer) */
+    int sub_rows;           /* one device: a MoE model's decode rows in steps of at most this many (0: one) */
     int stages, group_rows; /* the split's devices (ANVIL_SPLIT_PIPE's groups where it sets them);
                                the sequences a MoE model's group aims at (0: one group a stage) */
     struct batch_group grp[BATCH_GROUPS];

@@ -57,6 +57,7 @@ struct job {
 static int64_t paged_steps; /* the last run_batch's steps on its paged decode program */
 static int64_t lone_steps;  /* ... and its steps of one decoding sequence (one decode choice) */
 static int64_t pipe_overlapped, pipe_dropped; /* ... and its pipelined group steps (batch_pipe_counts) */
+static int64_t sub_steps;   /* ... and its decode steps run as several programs (batch_sub_steps) */
 static bool split_pipe;     /* check_model's batch over a split of two logical devices, pipelined */
 
 struct collect {
@@ -178,6 +179,7 @@ static int run_batch(anvil_model *m, struct job *jobs, int n_jobs, const anvil_b
                  (long long)(device ? decode_choices : 0));
     paged_steps = batch_paged_steps(b);
     pipe_overlapped = batch_pipe_counts(b, &pipe_dropped);
+    sub_steps = batch_sub_steps(b);
     free(scratch);
     free(logits);
     anvil_batch_destroy(b);
@@ -403,6 +405,49 @@ static void test_hybrid_35_moe_vulkan(void **state) {
     (void)state;
     vulkan_or_skip();
     check_model(tu_testdata("reference/qwen3_5moe-tiny"), ANVIL_BACKEND_VULKAN, false);
+}
+
+/* A MoE model's batch of 12 sequences decoding at once (greedy, budgets apart, so the steps'
+ * rows fall from 12): on one device the steps of more than 8 rows run as steps of 8 and the rest
+ * (ANVIL_BATCH_MOE_ROWS, default 8), or all in one program (=0, a 16-row one); both give each
+ * sequence its solo run's tokens, and logits within 1e-3 of it. */
+static void test_moe_wide_vulkan(void **state) {
+    (void)state;
+    vulkan_or_skip();
+    const char *path = tu_testdata("reference/qwen3moe-tiny");
+    anvil_model_params mp = {2};
+    anvil_model *m;
+    if (anvil_model_open(path, &mp, &m) != ANVIL_OK) fail_msg("%s", anvil_last_error());
+    int V = anvil_model_vocab_size(m);
+    struct job jobs[12];
+    anvil_session *solo = tu_session(m, ANVIL_BACKEND_VULKAN, N_CTX);
+    for (int i = 0; i < 12; i++) {
+        int32_t p[8];
+        for (int k = 0; k < 8; k++) p[k] = (i * 41 + k * 13 + 7) % V;
+        init_job(&jobs[i], p, 3 + i % 6, 3 + i % 5, 0);
+        run_solo(m, solo, &jobs[i]);
+    }
+    anvil_session_destroy(solo);
+    anvil_batch_params bp = anvil_batch_default_params();
+    bp.session.backend = ANVIL_BACKEND_VULKAN;
+    bp.session.n_ctx = N_CTX;
+    bp.n_seq_max = 12;
+    bp.kv_block = 4;
+    bp.keep_logits = 1;
+    for (int r = 0; r < 2; r++) {
+        if (r) setenv("ANVIL_BATCH_MOE_ROWS", "0", 1);
+        for (int i = 0; i < 12; i++) jobs[i].id = jobs[i].n_got = jobs[i].n_choices = jobs[i].done = 0;
+        run_batch(m, jobs, 12, &bp, true);
+        assert_true(r ? sub_steps == 0 : sub_steps > 0); /* (steps of 12 .. 9 rows cut in two) */
+        for (int i = 0; i < 12; i++) {
+            check_solo_tokens(path, i, &jobs[i], true);
+            if (jobs[i].max_diff > 1e-3f) fail_msg("sequence %d: logits %g from its solo run's", i, (double)jobs[i].max_diff);
+            jobs[i].max_diff = 0;
+        }
+    }
+    unsetenv("ANVIL_BATCH_MOE_ROWS");
+    for (int i = 0; i < 12; i++) free(jobs[i].solo_logits);
+    anvil_model_close(m);
 }
 
 /* The scenario with the batch's layers split over two logical devices made from one (devices
@@ -912,6 +957,7 @@ int main(void) {
         cmocka_unit_test(test_hybrid_35_vulkan),
         cmocka_unit_test(test_hybrid_35_moe_vulkan),
         cmocka_unit_test(test_kquant_gguf_vulkan),
+        cmocka_unit_test(test_moe_wide_vulkan),
         cmocka_unit_test(test_split_pipe_vulkan),
         cmocka_unit_test(test_wide_vulkan),
         cmocka_unit_test(test_prefix_cache),

@@ -109,6 +109,8 @@ int64_t batch_paged_steps(const anvil_batch *b);
  * over a split's devices, batch_pipe.c); *dropped: rows whose sequence left while in flight.
  * For tests. */
 int64_t batch_pipe_counts(const anvil_batch *b, int64_t *dropped);
+/* A batch's decode steps run as more than one program (a MoE model's, ANVIL_BATCH_MOE_ROWS). For tests. */
+int64_t batch_sub_steps(const anvil_batch *b);
 
 /* The context a session or batch takes where its caller gives none: the model's trained one,
  * at most 4096 tokens (4096 where the file says none). */
