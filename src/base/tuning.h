@@ -102,6 +102,7 @@ struct tuning {
     int vk_batch_attn;       /* ANVIL_VK_BATCH_ATTN */
     int vk_moe_cm2;          /* ANVIL_VK_MOE_CM2 */
     int vk_moe_few;          /* ANVIL_VK_MOE_FEW */
+    int vk_moe_pairs;        /* ANVIL_VK_MOE_PAIRS */
     int vk_route_fuse;       /* ANVIL_VK_ROUTE_FUSE */
     int vk_route_fold;       /* ANVIL_VK_ROUTE_FOLD */
     int vk_moe_pick;         /* ANVIL_VK_MOE_PICK */

@@ -171,6 +171,7 @@ static const struct vk_kernel_info kernels[K_COUNT] = {
     [K_ATTN_SPLIT] = KI(spv_attn_split, "attn_split", VK_OP_NONE, 0, 0, SPECS_ATTN, PUSH_ATTN_SPLIT),
     [K_MOE_ROUTE] = KI(spv_moe_topk, "moe_route", VK_OP_NONE, 0, TOPK_MODE_ROUTE, SPECS_MODE, PUSH_TOPK),
     [K_MOE_BUCKET] = KI(spv_moe_topk, "moe_bucket", VK_OP_NONE, 0, TOPK_MODE_BUCKET, SPECS_MODE, PUSH_TOPK),
+    [K_MOE_PAIRS] = KI(spv_moe_topk, "moe_pairs", VK_OP_NONE, 0, TOPK_MODE_PAIRS, SPECS_MODE, PUSH_TOPK),
     [K_MOE_OFFS] = KI(spv_moe_rows, "moe_offsets", VK_OP_NONE, 0, MOE_ROWS_MODE_OFFSETS, SPECS_MODE, PUSH_MOE_ROWS),
     [K_MOE_GATHER] = KI(spv_moe_rows, "moe_gather", VK_OP_NONE, 0, MOE_ROWS_MODE_GATHER, SPECS_MODE, PUSH_MOE_ROWS),
     [K_MOE_SCATTER] = KI(spv_moe_rows, "moe_scatter", VK_OP_NONE, 0, MOE_ROWS_MODE_SCATTER, SPECS_MODE, PUSH_MOE_ROWS),

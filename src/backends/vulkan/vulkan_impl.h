@@ -331,8 +331,9 @@ enum vk_kernel {
                      the keys */
     K_ATTN_FLASH1, /* (the same in one pass, ONE_PASS: ANVIL_VK_FLASH=2) */
     K_ATTN_SPLIT, /* a batch program's attention split over each row's positions (attn_split.comp) */
-    /* moe_topk.comp for the prefill: MODE 1 routes every token, MODE 2 sorts them by expert */
-    K_MOE_ROUTE, K_MOE_BUCKET,
+    /* moe_topk.comp for the prefill: MODE 1 routes every token, MODE 2 sorts them by expert,
+     * MODE 3 lists a few rows' choices ordered by expert */
+    K_MOE_ROUTE, K_MOE_BUCKET, K_MOE_PAIRS,
     /* moe_rows.comp: MODE 0 the experts' row offsets, 1 their x rows gathered, 2 scattered back */
     K_MOE_OFFS, K_MOE_GATHER, K_MOE_SCATTER,
     /* gdn.comp for the prefill: MODE 1 a chunk's tokens in turn, MODE 2 the conv ring; MODE 3

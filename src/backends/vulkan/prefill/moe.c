@@ -135,6 +135,15 @@ static anvil_status lower_few(struct vk_prefill *p, struct graph_plan *P, int i,
     anvil_status st = pf_emit(p, K_MOE_ROUTE, T, 1, &pt, sizeof pt);
     if (st == ANVIL_OK && kq != K_NONE && !rounded && (st = pf_emit_round(p, x, any, any, T, C, Kp, 0.0f, 0u)) == ANVIL_OK)
         p->ops[p->n_ops - 1].overlap = true;
+    /* from ANVIL_VK_MOE_PAIRS rows the (row, expert) pairs ordered by expert for the gate/up, so
+     * that the rows of one expert run in turn and the later ones find its weights in L2 (the
+     * lists' place is free in a few rows' layout) */
+    int from = b->d->tune.vk_moe_pairs;
+    bool pairs = from > 0 && T >= (uint32_t)from && vk_pipeline_supported(b->d, &b->pl, K_MOE_PAIRS);
+    if (pairs && st == ANVIL_OK) {
+        pt.logits = base + m.lists;
+        st = pf_emit(p, K_MOE_PAIRS, 1, 1, &pt, sizeof pt);
+    }
     /* the down projection's rows of the gate/up's are read to its Kp: past F they must be zero */
     if (vk_wnode_kp(b, dn) > F) p->moe_zero = true;
     enum vk_kernel kgu = kq != K_NONE ? kq : vk_kernel_for(VK_OP_MOE_GU, gn->weight->type),
@@ -150,6 +159,10 @@ static anvil_status lower_few(struct vk_prefill *p, struct graph_plan *P, int i,
     pc.w1 = vk_wnode_addr(b, un);
     pc.o0 = pc.o2 = pc.res = base + m.few;
     pc.o1 = base + m.route;
+    if (pairs) {
+        pc.o2 = base + m.lists;
+        pc.flags = MV_PAIRS;
+    }
     pc.Kp8 = Kp / 8;
     pc.K = C;
     pc.rows0 = F;

@@ -54,6 +54,8 @@
 #define MV_TOPK 8u       /* MODE 2: each workgroup chooses its expert from the router's logits (o2) */
 #define MV_ROUND 16u     /* QXT: the outputs rounded for the next product into xq */
 #define MV_ROUND_NW 32u  /* QXT: the outputs times the next norm's weights nw rounded (XM 2) */
+#define MV_PAIRS 128u   /* MODE 2 of a few rows: workgroup (i, s, z) takes the pair o2[z * k + s] (t * k + slot: of
+                          * the k x T (row, chosen expert) pairs, ordered by expert: moe_topk.comp MODE 3) */
 #define MV_RFOLD 64u     /* QXT RFOLD: the MoE router folded in (w1 its F32 weights [E, rows0], o2
                           * the workgroups' partial logits (RF_BYTES), o1 the routing buffer,
                           * route_k k | norm << 16 | E << 17; eps the router's norm's) */
@@ -209,6 +211,7 @@
 #define TOPK_MODE_DECODE 0u /* one token's router */
 #define TOPK_MODE_ROUTE 1u /* every token's */
 #define TOPK_MODE_BUCKET 2u /* the choices sorted by expert */
+#define TOPK_MODE_PAIRS 3u /* the choices as one list ordered by expert (a few rows' experts) */
 
 /* moe_rows.comp */
 #define MOE_ROWS_MODE_OFFSETS 0u /* the experts' row offsets */

@@ -16,6 +16,8 @@
  *   rows at strides from the shapes: its input at z * Kp (MODE 2: floats, or QX int8s with
  *   their scales at normw + z * Kp / 32), its routing at o1 + z * 128, its MODE 2 outputs at
  *   o0 + z * rows1 * rows2 (MODE 3's input likewise), its MODE 3 output (and res) at o0 + z * rows0.
+ *   MV_PAIRS (MODE 2 of a few rows): workgroup (i, s, z) takes the (row, expert) pair o2[z * k + s]
+ *   (t * k + slot), the pairs ordered by expert, so that the rows of one expert run in turn.
  *   So too MODE 0 of float weights (a few rows' router, prefill/lower.c): row z's input at
  *   z * Kp floats, its output (and res) at o0 + z * rows0.
  * K = input width (Kp = the rows' padded length, common.glsl; x is zero past K).
@@ -214,6 +216,13 @@ void main() {
 #else
     uint zr = MODE >= MV_MODE_MOE_GU ? gl_WorkGroupID.z : 0u;
 #endif
+    /* MODE 2's expert slot (rank s); MV_PAIRS: row and slot from the ordered pairs */
+    uint slot = gl_WorkGroupID.y;
+    if (MODE == MV_MODE_MOE_GU && (pc.flags & MV_PAIRS) != 0u) {
+        uint pr = floatBitsToUint(pc.o2.v[zr * gl_NumWorkGroups.y + slot]);
+        zr = pr / gl_NumWorkGroups.y;
+        slot = pr - zr * gl_NumWorkGroups.y;
+    }
 #ifdef QXT
     /* the thread's team and its index in it */
     uint TW = gl_WorkGroupSize.x / NT, team = gl_LocalInvocationID.x / TW, tl = gl_LocalInvocationID.x % TW;
@@ -338,7 +347,7 @@ void main() {
          * how many bytes each thread has in flight */
         uint rbase = 0u;
         if (MODE == MV_MODE_MOE_GU)
-            rbase = ((pc.flags & MV_TOPK) != 0u ? pick_expert() : floatBitsToUint(pc.o1.v[zr * 128u + gl_WorkGroupID.y])) * pc.rows0;
+            rbase = ((pc.flags & MV_TOPK) != 0u ? pick_expert() : floatBitsToUint(pc.o1.v[zr * 128u + slot])) * pc.rows0;
         for (uint u0 = TID; u0 < U; u0 += TWS * PIPE) {
             for (uint p = 0u; p < PIPE; p++) {
                 uint up = u0 + p * TWS;
@@ -585,7 +594,7 @@ void main() {
     a *= scale;
     if (GATED) {
         b *= scale;
-        pc.o0.v[MODE == MV_MODE_MOE_GU ? (zr * pc.rows1 + gl_WorkGroupID.y) * pc.rows2 + g : g] = a / (1.0 + exp(-a)) * b;
+        pc.o0.v[MODE == MV_MODE_MOE_GU ? (zr * pc.rows1 + slot) * pc.rows2 + g : g] = a / (1.0 + exp(-a)) * b;
     } else if (g < pc.rows0) {
         uint gz = g + zr * pc.rows0;
         pc.o0.v[gz] = (pc.flags & MV_RES) != 0u ? pc.res.v[gz] + a : a;

@@ -7,7 +7,12 @@
  *           per token.
  *   MODE 2 (prefill): one workgroup sorts the T tokens' k choices by expert, into the lists
  *           buffer (given as `logits`): [0, E) the count of each expert, then at E + e * T
- *           the entries t * k + slot that chose expert e (in no particular order). */
+ *           the entries t * k + slot that chose expert e (in no particular order).
+ *   MODE 3 (a few rows' experts, prefill/moe.c lower_few): one workgroup orders the T tokens' k
+ *           choices by expert, into `logits` as one list of the T * k entries t * k + slot (the
+ *           experts in increasing id, one expert's entries side by side), so that matvec.comp's
+ *           workgroups of the rows that chose one expert run one after the other (MV_PAIRS),
+ *           the later ones finding its weights in L2. */
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
@@ -34,7 +39,42 @@ void bucket() {
     for (uint e = t; e < pc.E; e += 256u) pc.logits.v[e] = uintBitsToFloat(cnt[e]);
 }
 
+shared uint sgsum[64];
+
+void pairs() {
+    uint t = gl_LocalInvocationID.x, n = pc.T * pc.k;
+    for (uint e = t; e < pc.E; e += 256u) cnt[e] = 0u;
+    barrier();
+    for (uint i = t; i < n; i += 256u) atomicAdd(cnt[floatBitsToUint(pc.route.v[i / pc.k * 128u + i % pc.k])], 1u);
+    barrier();
+    /* each expert's first place: thread t sums experts 4t .. 4t + 3 (E <= EMAX = 1024) */
+    uint c[4], s = 0u;
+    for (uint j = 0u; j < 4u; j++) {
+        uint e = 4u * t + j;
+        c[j] = e < pc.E ? cnt[e] : 0u;
+        s += c[j];
+    }
+    uint pre = subgroupExclusiveAdd(s);
+    if (gl_SubgroupInvocationID == gl_SubgroupSize - 1u) sgsum[gl_SubgroupID] = pre + s;
+    barrier();
+    for (uint g = 0u; g < gl_SubgroupID; g++) pre += sgsum[g];
+    for (uint j = 0u; j < 4u; j++) {
+        uint e = 4u * t + j;
+        if (e < pc.E) cnt[e] = pre;
+        pre += c[j];
+    }
+    barrier();
+    for (uint i = t; i < n; i += 256u) {
+        uint at = atomicAdd(cnt[floatBitsToUint(pc.route.v[i / pc.k * 128u + i % pc.k])], 1u);
+        pc.logits.v[at] = uintBitsToFloat(i);
+    }
+}
+
 void main() {
+    if (MODE == TOPK_MODE_PAIRS) {
+        pairs();
+        return;
+    }
     if (MODE == TOPK_MODE_BUCKET) {
         bucket();
         return;
