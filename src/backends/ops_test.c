@@ -243,15 +243,16 @@ static void test_small_batch_ffn(void **state) {
     unsetenv("ANVIL_CPU_QX");
 }
 
-/* The experts of a few rows (2 .. ANVIL_VK_MOE_FEW = 15: a verify step, a small batch) on the
+/* The experts of a few rows (2 .. ANVIL_VK_MOE_FEW = 32: a verify step, a batch step) on the
  * decode's matrix-vector kernels (prefill/moe.c lower_few: each row's routing, its k experts'
  * gate/up -> SwiGLU, the weighted down projection summed into its row, a grid of the rows in
  * z) against the CPU, to float32 rounding: on float inputs, and on integer dot products (the
  * rows rounded in blocks of 32 by mmb_round.comp, the gate/up on moe_gu_qx_*) against the CPU
  * rounding the experts' inputs alike (ANVIL_CPU_QX=1; unrounded they move the outputs ~1% of
  * their scale). The low-bit types take the same kernel. The router runs a row each on the
- * decode's matvec. 16 rows, and ANVIL_VK_MOE_FEW=0, keep the prefill's tiles (mm_experts_*) and
- * the router on mmb.comp. */
+ * decode's matvec. From ANVIL_VK_MOE_PAIRS rows the gate/up takes the (row, expert) pairs
+ * ordered by expert (moe_pairs), the same products in another order. 40 rows, and ANVIL_VK_MOE_FEW=0, keep the prefill's tiles
+ * (mm_experts_*) and the router on mmb.comp. */
 static void test_few_rows_moe(void **state) {
     (void)state;
     static const struct {
@@ -261,6 +262,7 @@ static void test_few_rows_moe(void **state) {
     } cases[] = {
         {DT_Q4_K, 2, false, NULL}, {DT_BF16, 7, false, NULL}, {DT_Q6_K, 15, false, NULL}, {DT_Q4_K, 4, true, NULL},
         {DT_Q8_0, 2, true, NULL},  {DT_Q5_K, 9, true, NULL},  {DT_Q6_K, 15, true, NULL},  {DT_Q4_K, 16, true, NULL},
+        {DT_Q6_K, 32, true, "ANVIL_VK_MOE_PAIRS=16"}, {DT_Q4_K, 24, true, "ANVIL_VK_MOE_PAIRS=0"}, {DT_Q4_K, 40, true, NULL},
         {DT_Q4_K, 4, true, "ANVIL_VK_MOE_FEW=0"}, {DT_Q8_0, 3, true, "ANVIL_VK_MOE_QX=0"}, {DT_Q3_K, 5, true, NULL},
         {DT_IQ4_XS, 6, true, NULL},
     };
@@ -275,7 +277,9 @@ static void test_few_rows_moe(void **state) {
         char name[96];
         struct ops_result r;
         run_with(&c, &o, qx, cases[i].knob, name, sizeof name, &r);
-        bool tiles = cases[i].T > 15 || (cases[i].knob && !strcmp(cases[i].knob, "ANVIL_VK_MOE_FEW=0"));
+        bool tiles = cases[i].T > 32 || (cases[i].knob && !strcmp(cases[i].knob, "ANVIL_VK_MOE_FEW=0"));
+        if (cases[i].knob && strstr(cases[i].knob, "PAIRS")) /* (ordered where the knob says) */
+            assert_true(!strcmp(cases[i].knob, "ANVIL_VK_MOE_PAIRS=16") == (strstr(r.kernels, "moe_pairs") != NULL));
         bool rounded = qx && !tiles && !(cases[i].knob && !strcmp(cases[i].knob, "ANVIL_VK_MOE_QX=0"));
         char want[32];
         kernel_name(want, sizeof want, tiles ? "mm_experts_" : rounded ? "moe_gu_qx_" : "moe_gu_", cases[i].type);

@@ -358,16 +358,16 @@ static const struct knob KNOBS[] = {
     BOOL("ANVIL_VK_MOE_CM2", C_DIAGNOSTIC, vk_moe_cm2, 1,
          "MoE prefill experts on workgroup matrices over rows laid out expert after expert "
          "(30B-A3B Q4_K_M pp512 3930 -> 5515 t/s); 0 keeps the gathered subgroup-matrix tiles."),
-    INT("ANVIL_VK_MOE_FEW", C_DIAGNOSTIC, vk_moe_few, 15, 0, 32, NULL,
-        "MoE steps of 2 to this many rows (a speculative verify step, a batch of a few "
-        "sequences, a short prompt chunk) run each row's chosen experts on the decode's "
+    INT("ANVIL_VK_MOE_FEW", C_DIAGNOSTIC, vk_moe_few, 32, 0, 32, NULL,
+        "MoE steps of 2 to this many rows (a speculative verify step, a batch's decode step, a "
+        "short prompt chunk) run each row's chosen experts on the decode's "
         "matrix-vector kernels (gate/up -> SwiGLU, then the weighted down projection summed; on "
         "integer dot products where ANVIL_VK_MOE_QX and the device take them), every expert's "
         "weights read once per row that chose it, and their narrow float products (the router, "
         "a shared expert's gate logit) on the decode's matvec over a grid of the rows; 0 keeps them on the "
-        "prefill's float32 tiles and mmb.comp, as every step of 16 rows or more is. H200, "
+        "prefill's tiles and mmb.comp, as every step of more rows is. H200, "
         "--spec oracle --spec-n 3: Qwen3.6-35B-A3B Q4_K_M 84 -> 447 t/s, Qwen3-30B-A3B 126 -> "
-        "729 (docs/perf/log.md §69)."),
+        "729 (docs/perf/log.md §69); 30B-A3B `--parallel 16` 767 (15: the tiles) -> 1,162 (§97)."),
     INT("ANVIL_VK_MOE_PAIRS", C_DIAGNOSTIC, vk_moe_pairs, 16, 0, 32, NULL,
         "A few rows' experts (ANVIL_VK_MOE_FEW) over at least this many rows: the (row, chosen "
         "expert) pairs ordered by expert (moe_topk.comp MODE 3, one dispatch) for the gate/up, so "
@@ -429,12 +429,13 @@ static const struct knob KNOBS[] = {
         "cannot share a semaphore, the host waits between them; else 1); 1 each device's decode program (the parts before the last ending in the hidden "
         "state), the crossing through the host (a wait, a read and a write per boundary); 0 the "
         "first form (1, but the parts before the last as one-row prefill programs). For measuring."),
-    INT("ANVIL_BATCH_MOE_ROWS", C_DIAGNOSTIC, batch_moe_rows, 8, 0, 1024, NULL,
+    INT("ANVIL_BATCH_MOE_ROWS", C_DIAGNOSTIC, batch_moe_rows, 32, 0, 1024, NULL,
         "A mixture-of-experts model's batch decode step on one device runs its sequences in "
-        "steps of at most this many rows, one after the other (a step of 2-15 rows reads each "
-        "row's experts on the decode's kernels; 16 and more took the prefill's tiles, mostly "
-        "padding: H200, Qwen3-30B-A3B, a 16-row step 20.9 ms against 8.7 for 8, docs/perf/log.md "
-        "§97); 0 runs them all in one step."),
+        "steps of at most this many rows, one after the other, each within the few rows' experts "
+        "(ANVIL_VK_MOE_FEW) rather than on the prefill's tiles, mostly padding at a step's few "
+        "rows an expert (H200, Qwen3-30B-A3B `--parallel 16`: one step on the tiles 767 t/s, two "
+        "of 8 922, one on the few rows' experts 1,162; docs/perf/log.md §97); 0 runs them all in "
+        "one step."),
     INT("ANVIL_SPLIT_PIPE", C_DIAGNOSTIC, split_pipe, 0, 0, 12, NULL,
         "How a batch's decoding sequences run over a chained layer split (docs/MULTIGPU.md "
         "\"How a batch's decode steps run\"): 0 in a group a device (a MoE model's of about 8 "

@@ -408,9 +408,10 @@ static void test_hybrid_35_moe_vulkan(void **state) {
 }
 
 /* A MoE model's batch of 12 sequences decoding at once (greedy, budgets apart, so the steps'
- * rows fall from 12): on one device the steps of more than 8 rows run as steps of 8 and the rest
- * (ANVIL_BATCH_MOE_ROWS, default 8), or all in one program (=0, a 16-row one); both give each
- * sequence its solo run's tokens, and logits within 1e-3 of it. */
+ * rows fall from 12): its steps of more than 8 rows as steps of 8 and the rest
+ * (ANVIL_BATCH_MOE_ROWS=8), or all in one program of 16 rows (the default), its experts a row
+ * each (ANVIL_VK_MOE_FEW) or on the prefill's tiles (=15): each gives every sequence its solo
+ * run's tokens, and logits within 1e-3 of it. */
 static void test_moe_wide_vulkan(void **state) {
     (void)state;
     vulkan_or_skip();
@@ -434,8 +435,9 @@ static void test_moe_wide_vulkan(void **state) {
     bp.n_seq_max = 12;
     bp.kv_block = 4;
     bp.keep_logits = 1;
-    for (int r = 0; r < 2; r++) {
-        if (r) setenv("ANVIL_BATCH_MOE_ROWS", "0", 1);
+    for (int r = 0; r < 3; r++) {
+        setenv("ANVIL_BATCH_MOE_ROWS", r ? "0" : "8", 1);
+        if (r == 2) setenv("ANVIL_VK_MOE_FEW", "15", 1);
         for (int i = 0; i < 12; i++) jobs[i].id = jobs[i].n_got = jobs[i].n_choices = jobs[i].done = 0;
         run_batch(m, jobs, 12, &bp, true);
         assert_true(r ? sub_steps == 0 : sub_steps > 0); /* (steps of 12 .. 9 rows cut in two) */
@@ -446,6 +448,7 @@ static void test_moe_wide_vulkan(void **state) {
         }
     }
     unsetenv("ANVIL_BATCH_MOE_ROWS");
+    unsetenv("ANVIL_VK_MOE_FEW");
     for (int i = 0; i < 12; i++) free(jobs[i].solo_logits);
     anvil_model_close(m);
 }
