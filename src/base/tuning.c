@@ -368,7 +368,7 @@ static const struct knob KNOBS[] = {
         "prefill's tiles and mmb.comp, as every step of more rows is. H200, "
         "--spec oracle --spec-n 3: Qwen3.6-35B-A3B Q4_K_M 84 -> 447 t/s, Qwen3-30B-A3B 126 -> "
         "729 (docs/perf/log.md §69); 30B-A3B `--parallel 16` 767 (15: the tiles) -> 1,162 (§97)."),
-    INT("ANVIL_VK_MOE_PAIRS", C_DIAGNOSTIC, vk_moe_pairs, 16, 0, 32, NULL,
+    INT("ANVIL_VK_MOE_PAIRS", C_DIAGNOSTIC, vk_moe_pairs, 0, 0, 32, NULL,
         "A few rows' experts (ANVIL_VK_MOE_FEW) over at least this many rows: the (row, chosen "
         "expert) pairs ordered by expert (moe_topk.comp MODE 3, one dispatch) for the gate/up, so "
         "that the rows that chose one expert run one after the other, the later ones reading its "
