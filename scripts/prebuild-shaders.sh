@@ -48,8 +48,8 @@ done
 for t in q4_k q6_k; do
   VARIANTS+=("mmq8w_cm2_moe_$t mmq_cm2.comp -DW_${t^^} -DXQ8 -DNT=128" "mmq8w_cm2_moe16_$t mmq_cm2.comp -DW_${t^^} -DBM=16 -DXQ8 -DNT=128")
 done
-# (... and of the low-bit types: W_LOW, XQ8 on 128 threads, tiles of 32 rows)
-for t in q2_k q3_k iq4_nl iq4_xs iq3_xxs iq3_s iq2_xxs iq2_xs iq2_s iq1_s iq1_m; do
+# (... and of Q8_0, Q5_K and the low-bit types: XQ8 on 128 threads, tiles of 32 rows)
+for t in q8_0 q5_k q2_k q3_k iq4_nl iq4_xs iq3_xxs iq3_s iq2_xxs iq2_xs iq2_s iq1_s iq1_m; do
   VARIANTS+=("mmq8w_cm2_moe_$t mmq_cm2.comp -DW_${t^^} -DXQ8 -DNT=128")
 done
 # (the gate and up products in one, the SwiGLU and h's rounding in its epilogue: GU)

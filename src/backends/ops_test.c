@@ -352,6 +352,34 @@ static void test_q8_cache(void **state) {
     }
 }
 
+/* One region of test_low_bit_types against the CPU: the kernel family it must run where named;
+ * the prefill's experts on the int8 matrix units where the device has them (mmq8w_experts_*, x
+ * rounded to int8: 3e-2), else on mm.comp's float tiles, never dequantised to float16 copies */
+static void low_bit_case(const struct ops_opts *o, enum ops_kind kind, const char *what, const char *family, int type) {
+    struct ops_case c = find_case(kind, type, what, 40, 70);
+    char name[96], kernel[64] = "";
+    ops_case_name(&c, name, sizeof name);
+    struct ops_result r;
+    anvil_status st = ops_run(&c, o, &r);
+    if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
+    fprintf(stderr, "%s: max |vulkan - cpu| %.3g (%.3g of %.3g); kernels %s\n", name, r.max_abs, r.rel, r.max_ref,
+            r.kernels);
+    assert_true(r.checked && r.pass);
+    assert_true(r.max_ref > 0);
+    bool int8 = strstr(r.kernels, "mmq8w_experts_") != NULL;
+    assert_true(r.rel < (int8 ? 3e-2 : 2e-3));
+    if (kind == OPS_MOE_PREFILL) {
+        char mm[64], mmq[64];
+        kernel_name(mm, sizeof mm, "mm_experts_", type);
+        kernel_name(mmq, sizeof mmq, "mmq8w_experts_", type);
+        if (!strstr(r.kernels, mm) && !strstr(r.kernels, mmq)) fail_msg("%s: no %s or %s in %s", name, mm, mmq, r.kernels);
+    }
+    if (family) {
+        kernel_name(kernel, sizeof kernel, family, type);
+        if (!strstr(r.kernels, kernel)) fail_msg("%s: no %s in %s", name, kernel, r.kernels);
+    }
+}
+
 /* The low-bit types (Q2_K, Q3_K, the i-quants: shaders/wlow.glsl) in every kernel that reads
  * weights, on random blocks (every scale, sign and grid index pattern comes up): the decode's
  * products (one block a row, and rows of 3 blocks: attn_q 256 x 512, ffn_down 768 x 256), its
@@ -367,9 +395,7 @@ static void test_low_bit_types(void **state) {
     } regions[] = {
         {OPS_MATVEC, "attn_q", "matvec_"}, {OPS_MATVEC, "ffn_down", "matvec_"}, {OPS_FFN, NULL, "matvec_swiglu_"},
         {OPS_MOE, NULL, "moe_down_"},      {OPS_EMBED, NULL, "embed_"},         {OPS_MM, "ffn_up", NULL},
-        /* the prefill's experts: on the int8 matrix units where the device has them
-         * (mmq8w_experts_*, x rounded to int8: 3e-2), else on mm.comp's float tiles */
-        {OPS_MOE_PREFILL, NULL, NULL},
+        {OPS_MOE_PREFILL, NULL, NULL}, /* (the prefill's experts: low_bit_case) */
     };
     struct ops_opts o;
     ops_opts_default(&o);
@@ -380,29 +406,11 @@ static void test_low_bit_types(void **state) {
 #ifdef TU_SANITIZED
             if ((t + i) % 4) continue; /* the host code is every type's */
 #endif
-            struct ops_case c = find_case(regions[i].kind, types[t], regions[i].what, 40, 70);
-            char name[96], kernel[64] = "";
-            ops_case_name(&c, name, sizeof name);
-            struct ops_result r;
-            anvil_status st = ops_run(&c, &o, &r);
-            if (st != ANVIL_OK) fail_msg("%s: %s", name, anvil_last_error());
-            fprintf(stderr, "%s: max |vulkan - cpu| %.3g (%.3g of %.3g); kernels %s\n", name, r.max_abs, r.rel,
-                    r.max_ref, r.kernels);
-            assert_true(r.checked && r.pass);
-            assert_true(r.max_ref > 0);
-            bool int8 = strstr(r.kernels, "mmq8w_experts_") != NULL;
-            assert_true(r.rel < (int8 ? 3e-2 : 2e-3));
-            if (regions[i].kind == OPS_MOE_PREFILL) { /* (not dequantised to float16 copies) */
-                char mm[64], mmq[64];
-                kernel_name(mm, sizeof mm, "mm_experts_", types[t]);
-                kernel_name(mmq, sizeof mmq, "mmq8w_experts_", types[t]);
-                if (!strstr(r.kernels, mm) && !strstr(r.kernels, mmq)) fail_msg("%s: no %s or %s in %s", name, mm, mmq, r.kernels);
-            }
-            if (regions[i].kernel) {
-                kernel_name(kernel, sizeof kernel, regions[i].kernel, types[t]);
-                if (!strstr(r.kernels, kernel)) fail_msg("%s: no %s in %s", name, kernel, r.kernels);
-            }
+            low_bit_case(&o, regions[i].kind, regions[i].what, regions[i].kernel, types[t]);
         }
+    /* (the other types the experts' int8 products take besides Q4_K and Q6_K) */
+    low_bit_case(&o, OPS_MOE_PREFILL, NULL, NULL, DT_Q5_K);
+    low_bit_case(&o, OPS_MOE_PREFILL, NULL, NULL, DT_Q8_0);
     /* the decode's products on integer dot products (wlow.glsl unit_load_i; the SwiGLU as teams
      * rounding their outputs), the CPU rounding their inputs alike, where the device has them
      * (lavapipe does) */

@@ -490,7 +490,7 @@ static const struct knob KNOBS[] = {
         "placing each level at its byte (8 KiB), 3 one such table and shifts, 4 two tables of byte pairs "
         "(the second a byte up) once per 16 lanes (32 KiB) (docs/perf/log.md §94); 5 the nibbles "
         "reordered at upload so that a byte holds two neighbouring weights, a lookup of a byte giving "
-        "half a word of four levels (docs/perf/log.md §102)."),
+        "half a word of four levels (docs/perf/log.md §102: every form but 0 lost on the H200)."),
     INT("ANVIL_VK_ATTN_NSG", C_EXPERIMENT, vk_attn_nsg, 4, 1, 8, NULL,
         "Subgroups per decode-attention workgroup."),
     {"ANVIL_VK_ATTN_LPR", K_INT, C_EXPERIMENT, F(vk_attn_lpr), 0, 2, 16, -1, "the shader's rule", NULL, 0,

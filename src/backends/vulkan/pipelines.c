@@ -546,7 +546,7 @@ static bool wanted(const struct vk_device *d, const struct vk_pipelines *p, enum
     if (k >= K_MMQ_MOE_Q4_K && k <= K_MMQ8W_MOE16_Q6_K)
         return d->coopmat_i8 && d->tune.vk_moe_mmq != 0 && (k >= K_MMQ8_MOE_Q4_K) == (d->tune.vk_mmq_x8 != 0) &&
                (k >= K_MMQ8W_MOE_Q4_K) == (d->tune.vk_mmq_x8 && d->tune.vk_mmq_wg == 128);
-    if (k >= K_MMQL_Q2_K && k <= K_MMQL_IQ1_M)
+    if (k >= K_MMQL_Q8_0 && k <= K_MMQL_IQ1_M)
         return d->coopmat_i8 && d->tune.vk_moe_mmq != 0 && d->tune.vk_mmq_x8 && d->tune.vk_mmq_wg == 128;
     if (k == K_MMQ8G_MOE_Q4_K || k == K_MMQ8G_MOE_Q6_K)
         return d->coopmat_i8 && d->tune.vk_moe_mmq != 0 && d->tune.vk_mmq_x8 && d->tune.vk_mmq_wg == 128 && d->tune.vk_moe_gu;
@@ -676,7 +676,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, in
     for (int k = K_MMH_CM2_Q4_K; k <= K_MMH_CM2_MOE_Q8_0 && st == ANVIL_OK && d->coopmat2; k++)
         st = vk_pipeline_make(d, out, (enum vk_kernel)k);
     /* (the int8 ones only where their knobs may take them: a driver compiles each at start) */
-    /* (the low-bit types' K_MMQL_* on first use: prefill/moe.c) */
+    /* (VK_MMQL_TYPES' K_MMQL_* on first use: prefill/moe.c) */
     for (int k = K_MMQ_MOE_Q4_K; k <= K_MMQ8W_MOE16_Q6_K && st == ANVIL_OK; k++)
         if (wanted(d, out, (enum vk_kernel)k, attn_g, attn_d)) st = vk_pipeline_make(d, out, (enum vk_kernel)k);
     for (int k = K_MMQB_Q4_K_16; k <= K_MMQB_Q6_K_32 && st == ANVIL_OK; k++)

@@ -267,8 +267,9 @@ enum vk_op {
 #define VK_CM2Q_TYPES(X) X(Q4_K, q4_k) X(Q5_K, q5_k) X(Q6_K, q6_k) X(Q8_0, q8_0)
 #define VK_CM2Q_KERNELS(T, t) K_MMH_CM2_##T, K_MMH_CM2_MOE_##T,
 
-/* The low-bit weight types whose experts mmq_cm2.comp multiplies on the int8 matrix units */
-#define VK_MMQL_TYPES(X) X(Q2_K, q2_k) X(Q3_K, q3_k) X(IQ4_NL, iq4_nl) X(IQ4_XS, iq4_xs) X(IQ3_XXS, iq3_xxs) \
+/* The weight types besides Q4_K and Q6_K whose experts mmq_cm2.comp multiplies on the int8
+ * matrix units (K_MMQL_Q8_0 .. K_MMQL_IQ1_M) */
+#define VK_MMQL_TYPES(X) X(Q8_0, q8_0) X(Q5_K, q5_k) X(Q2_K, q2_k) X(Q3_K, q3_k) X(IQ4_NL, iq4_nl) X(IQ4_XS, iq4_xs) X(IQ3_XXS, iq3_xxs) \
     X(IQ3_S, iq3_s) X(IQ2_XXS, iq2_xxs) X(IQ2_XS, iq2_xs) X(IQ2_S, iq2_s) X(IQ1_S, iq1_s) X(IQ1_M, iq1_m)
 #define VK_MMQL_KERNEL(T, t) K_MMQL_##T,
 
@@ -322,8 +323,8 @@ enum vk_kernel {
     K_MMQ_MOE_Q4_K, K_MMQ_MOE_Q6_K, K_MMQ_MOE16_Q4_K, K_MMQ_MOE16_Q6_K, /* (tiles of 32 rows, of 16) */
     K_MMQ8_MOE_Q4_K, K_MMQ8_MOE_Q6_K, K_MMQ8_MOE16_Q4_K, K_MMQ8_MOE16_Q6_K, /* (XQ8: x rounded before) */
     K_MMQ8W_MOE_Q4_K, K_MMQ8W_MOE_Q6_K, K_MMQ8W_MOE16_Q4_K, K_MMQ8W_MOE16_Q6_K, /* (and 128 threads, BN 64) */
-    /* ... and of the low-bit types (mmq_cm2.comp W_LOW: wlow.glsl's units staged as int8), XQ8 on
-     * 128 threads in tiles of 32 rows only */
+    /* ... and of Q8_0, Q5_K and the low-bit types (mmq_cm2.comp W_Q8_0, W_Q5_K, W_LOW: wlow.glsl's
+     * units staged as int8), XQ8 on 128 threads in tiles of 32 rows only */
     VK_MMQL_TYPES(VK_MMQL_KERNEL)
     K_MMQ8G_MOE_Q4_K, K_MMQ8G_MOE_Q6_K, /* (GU: the gate and up in one, the SwiGLU in its epilogue: vk_mmq_gu_kernel) */
     K_ATTN_FLASH, /* the prefill's causal attention on cooperative matrices (attn_flash.comp),
@@ -410,7 +411,7 @@ enum vk_kernel vk_cm2q_kernel(int dtype, bool moe);
 enum vk_kernel vk_mmq_gu_kernel(int dtype);
 /* mmq_cm2.comp's experts' kernel for weights of dtype in tiles of bm (16 or 32) rows, x rounded
  * by the kernel or before it (x8), on 128 threads (wg128, with x8): Q4_K and Q6_K in each form,
- * the low-bit types of VK_MMQL_TYPES in tiles of 32 with x8 and wg128 only; else K_NONE */
+ * the types of VK_MMQL_TYPES in tiles of 32 with x8 and wg128 only; else K_NONE */
 enum vk_kernel vk_mmq_kernel(int dtype, uint32_t bm, bool x8, bool wg128);
 
 /* The push-constant layouts (shaders/push.h), one struct pc_* each */

@@ -247,7 +247,7 @@ anvil_status pf_lower_moe(struct vk_prefill *p, struct graph_plan *P, int i, boo
             /* mmq_cm2.comp: whole tiles of 128 outputs, K whole 256-weight blocks */
             uint32_t N = w < 2 ? F : C, K = w < 2 ? C : F;
             enum vk_kernel km = vk_mmq_kernel(mats[w]->weight->type, bm, x8, wg128);
-            if (km >= K_MMQL_Q2_K && km <= K_MMQL_IQ1_M && mmq) /* (the low-bit types': made on first use) */
+            if (km >= K_MMQL_Q8_0 && km <= K_MMQL_IQ1_M && mmq) /* (VK_MMQL_TYPES': made on first use) */
                 st = vk_pipeline_make(p->b->d, &p->b->pl, km);
             mmq = mmq && st == ANVIL_OK && vk_pipeline_supported(p->b->d, &p->b->pl, km) &&
                   N % 128 == 0 && K % 256 == 0 && vk_wnode_kp(p->b, mats[w]) == K;

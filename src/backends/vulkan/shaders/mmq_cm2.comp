@@ -41,6 +41,10 @@
  * exact); Q2_K's own mins (SMIN) take x's sums over each 16 (from its int8 rows) as Q4_K's do
  * over 32.
  *
+ * W_Q5_K: Q4_K's path with each weight's fifth bit from qh (values 0 .. 31). W_Q8_0: its 128-weight
+ * super-blocks (vulkan.c: four blocks' int8s, then their four d) staged as they are, a scale a 32
+ * (XQ8 only, as W_LOW).
+ *
  * Rows of an expert are padded to whole tiles of BM; padding rows hold whatever was there and
  * their results are never read. The host takes this kernel only where N % BN == 0 and K % 256 ==
  * 0 (Kp == K). */
@@ -70,6 +74,15 @@
 #define SMIN /* and a min */
 #endif
 #endif
+#endif
+#if defined(W_Q8_0) || defined(W_Q5_K)
+#extension GL_EXT_buffer_reference_uvec2 : require
+#ifndef XQ8
+#error "W_Q8_0 and W_Q5_K take XQ8's x"
+#endif
+#endif
+#if defined(W_Q8_0)
+#define W_S32 /* a scale a 32 weights, no min (as the i-quants of 32) */
 #endif
 /* x's blocks of 32 staged twice, the high / low 16 zeroed (a 32-wide product a 16-weight sub-block) */
 #if defined(W_Q6_K) || defined(SC16)
@@ -116,8 +129,12 @@ layout(push_constant) uniform PC {
     Floats xs; /* [rows] the scales of x's float16 rows (flags & 4) */
 } pc;
 
+#if defined(W_Q4_K) || defined(W_Q5_K)
 #if defined(W_Q4_K)
 #define BQ 9 /* uvec4s a block: the header (d, dmin, the scales and mins), 128 bytes of nibbles */
+#else
+#define BQ 11 /* the header, qh[32], qs[128] */
+#endif
 shared vec2 sws[BN * 4]; /* (d * sc, -dmin * m) of each row's 4 sub-blocks of the step */
 #elif defined(W_Q6_K)
 #define BQ 14 /* ql[128], qh[64], scales[16], d, padding */
@@ -127,10 +144,10 @@ shared float sws[BN * 8]; /* each row's 8 16-weight sub-blocks' scales */
 #ifdef SMIN
 shared float swm[BN * 8]; /* ... and mins */
 #endif
-#elif defined(W_LOW)
+#elif defined(W_LOW) || defined(W_S32)
 shared float sws[BN * 4]; /* each row's 4 32-weight sub-blocks' scales */
 #else
-#error "W_Q4_K, W_Q6_K or a low-bit type"
+#error "W_Q4_K, W_Q5_K, W_Q6_K, W_Q8_0 or a low-bit type"
 #endif
 shared uvec4 sw[BN * RW];
 /* x's int8 rows, as uvec2s (XQ 8 writes one) */
@@ -151,7 +168,7 @@ shared uint sec[NS]; /* each subgroup's count of experts before the tile's */ /*
 #define MAT_I coopmat<int32_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 #define MAT_F coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
-#if defined(W_Q4_K)
+#if defined(W_Q4_K) || defined(W_Q5_K)
 float scale_el(const in uint r, const in uint c, const in float v, const in uint s, const in uint r0, const in uint c0) {
     vec2 w = sws[(r0 + r) * 4u + s], x = sxs[(c0 + c) * 4u + s];
     return v * (w.x * x.x) + w.y * x.y;
@@ -161,7 +178,7 @@ float scale_el(const in uint r, const in uint c, const in float v, const in uint
     uint w = (r0 + r) * 8u + s, x = c0 + c;
     return (v * sws[w] + swm[w] * sxq[x * 8u + s]) * sxs[x * 4u + (s >> 1u)].x;
 }
-#elif defined(W_LOW) && !defined(SC16)
+#elif (defined(W_LOW) && !defined(SC16)) || defined(W_S32)
 float scale_el(const in uint r, const in uint c, const in float v, const in uint s, const in uint r0, const in uint c0) {
     return v * (sws[(r0 + r) * 4u + s] * sxs[(c0 + c) * 4u + s].x);
 }
@@ -174,7 +191,9 @@ float scale_el(const in uint r, const in uint c, const in float v, const in uint
 /* the step's loads, in registers until stored */
 #if defined(W_Q4_K)
 uvec4 rq0, rq1, rhd;
-#elif defined(W_LOW)
+#elif defined(W_Q5_K)
+uvec4 rq0, rq1, rhd, rqh0, rqh1;
+#elif defined(W_LOW) || defined(W_Q8_0)
 uvec4 rq[4]; /* the thread's 64 weights as int8, in sw's order */
 vec4 rsc;    /* their sub-blocks' scales (S32: .xy) */
 #ifdef SMIN
@@ -184,7 +203,7 @@ vec4 rmn;
 uvec4 rq0, rq1, rqh, rsc;
 uint rd;
 #endif
-#if defined(GU) && (NT != 128 || BM != 32 || !defined(XQ8) || defined(W_LOW))
+#if defined(GU) && (NT != 128 || BM != 32 || !defined(XQ8) || defined(W_LOW) || defined(W_Q5_K) || defined(W_Q8_0))
 #error "GU takes Q4_K or Q6_K, XQ8, NT 128 and BM 32"
 #endif
 #if NT == 128 && !defined(XQ8)
@@ -211,11 +230,26 @@ void load_step(const in uint k0, const in uint wb, const in uint xr) {
     /* rows 0..31 of the staged W the gate's outputs n0 .., rows 32..63 the up's same */
     UVec4s wp = row < 32u ? pc.w : UVec4s(pc.res);
     uint b = (wb + (row & 31u) * (pc.Kp >> 8u) + (k0 >> 8u)) * BQ, hf = (k0 >> 7u) & 1u;
-#elif !defined(W_LOW)
+#elif !defined(W_LOW) && !defined(W_Q8_0)
     UVec4s wp = pc.w;
     uint b = (wb + row * (pc.Kp >> 8u) + (k0 >> 8u)) * BQ, hf = (k0 >> 7u) & 1u;
 #endif
-#if defined(W_Q4_K)
+#if defined(W_Q5_K)
+    /* Q4_K's half block, and the whole qh (the fifth bits of all 8 sub-blocks) */
+    uint j = 2u * hf + hb;
+    rhd = wp.v[b];
+    rqh0 = wp.v[b + 1u];
+    rqh1 = wp.v[b + 2u];
+    rq0 = wp.v[b + 3u + 2u * j];
+    rq1 = wp.v[b + 4u + 2u * j];
+#elif defined(W_Q8_0)
+    /* super-block (wb + row) Kp / 128 + k0 / 128 (136 bytes: 8-byte aligned): blocks 2 hb, 2 hb + 1 */
+    uint sbb = ((wb + row) * (pc.Kp >> 7u) + (k0 >> 7u)) * 17u; /* (uvec2s) */
+    UVec2s w2 = UVec2s(uvec2(pc.w));
+    [[unroll]] for (uint i = 0u; i < 4u; i++) rq[i] = uvec4(w2.v[sbb + 8u * hb + 2u * i], w2.v[sbb + 8u * hb + 2u * i + 1u]);
+    uvec2 dd = w2.v[sbb + 16u]; /* the four d */
+    rsc.xy = unpackHalf2x16(hb == 0u ? dd.x : dd.y);
+#elif defined(W_Q4_K)
     /* this thread's 64 weights of the half block: group j = 2 hf + hb, bytes 32 j .. 32 j + 31 */
     uint j = 2u * hf + hb;
     rhd = wp.v[b];
@@ -306,12 +340,20 @@ uint pack_q(const in vec4 v, const in float id) {
 
 void store_step(const in uint k0) {
     uint tid = gl_LocalInvocationID.x, row = tid >> 1u, hb = tid & 1u, hf = (k0 >> 7u) & 1u;
-#if defined(W_Q4_K)
+#if defined(W_Q4_K) || defined(W_Q5_K)
     uint o = row * RW + 4u * hb;
+#if defined(W_Q5_K)
+    uint j5 = 2u * hf + hb; /* (qh bit 2 j5 for the low nibbles, 2 j5 + 1 for the high) */
+    sw[o] = (rq0 & 0x0F0F0F0Fu) | (((rqh0 >> (2u * j5)) & 0x01010101u) << 4u);
+    sw[o + 1u] = (rq1 & 0x0F0F0F0Fu) | (((rqh1 >> (2u * j5)) & 0x01010101u) << 4u);
+    sw[o + 2u] = ((rq0 >> 4u) & 0x0F0F0F0Fu) | (((rqh0 >> (2u * j5 + 1u)) & 0x01010101u) << 4u);
+    sw[o + 3u] = ((rq1 >> 4u) & 0x0F0F0F0Fu) | (((rqh1 >> (2u * j5 + 1u)) & 0x01010101u) << 4u);
+#else
     sw[o] = rq0 & 0x0F0F0F0Fu;
     sw[o + 1u] = rq1 & 0x0F0F0F0Fu;
     sw[o + 2u] = (rq0 >> 4u) & 0x0F0F0F0Fu;
     sw[o + 3u] = (rq1 >> 4u) & 0x0F0F0F0Fu;
+#endif
     vec2 dm = unpackHalf2x16(rhd.x);
     uint j = 2u * hf + hb;
     uint f = ((rhd[1u + (j >> 1u)] >> (16u * (j & 1u))) & 0xFFFFu) | (((rhd.w >> (8u * j)) & 0xFFu) << 16u);
@@ -326,7 +368,7 @@ void store_step(const in uint k0) {
         swm[row * 8u + 2u * g + hb] = rmn[g];
 #endif
     }
-#elif defined(W_LOW)
+#elif defined(W_LOW) || defined(W_Q8_0)
     [[unroll]] for (uint j = 0u; j < 4u; j++) sw[row * RW + 4u * hb + j] = rq[j];
 #ifdef SC16
     [[unroll]] for (uint j = 0u; j < 4u; j++) sws[row * 8u + 4u * hb + j] = rsc[j];
