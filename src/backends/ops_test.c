@@ -250,9 +250,10 @@ static void test_small_batch_ffn(void **state) {
  * rows rounded in blocks of 32 by mmb_round.comp, the gate/up on moe_gu_qx_*) against the CPU
  * rounding the experts' inputs alike (ANVIL_CPU_QX=1; unrounded they move the outputs ~1% of
  * their scale). The low-bit types take the same kernel. The router runs a row each on the
- * decode's matvec. From ANVIL_VK_MOE_PAIRS rows the gate/up takes the (row, expert) pairs
- * ordered by expert (moe_pairs), the same products in another order. 40 rows, and ANVIL_VK_MOE_FEW=0, keep the prefill's tiles
- * (mm_experts_*) and the router on mmb.comp. */
+ * decode's matvec; the down at 4 rows a workgroup, and 2 and 3 (ANVIL_VK_MOE_DOWN_NR). From
+ * ANVIL_VK_MOE_PAIRS rows the gate/up takes the (row, expert) pairs ordered by expert
+ * (moe_pairs), the same products in another order. 40 rows, and ANVIL_VK_MOE_FEW=0, keep the
+ * prefill's tiles (mm_experts_*) and the router on mmb.comp. */
 static void test_few_rows_moe(void **state) {
     (void)state;
     static const struct {
@@ -264,7 +265,7 @@ static void test_few_rows_moe(void **state) {
         {DT_Q8_0, 2, true, NULL},  {DT_Q5_K, 9, true, NULL},  {DT_Q6_K, 15, true, NULL},  {DT_Q4_K, 16, true, NULL},
         {DT_Q6_K, 32, true, "ANVIL_VK_MOE_PAIRS=16"}, {DT_Q4_K, 24, true, "ANVIL_VK_MOE_PAIRS=0"}, {DT_Q4_K, 40, true, NULL},
         {DT_Q4_K, 4, true, "ANVIL_VK_MOE_FEW=0"}, {DT_Q8_0, 3, true, "ANVIL_VK_MOE_QX=0"}, {DT_Q3_K, 5, true, NULL},
-        {DT_IQ4_XS, 6, true, NULL},
+        {DT_IQ4_XS, 6, true, NULL}, {DT_Q6_K, 5, true, "ANVIL_VK_MOE_DOWN_NR=2"}, {DT_Q4_K, 3, false, "ANVIL_VK_MOE_DOWN_NR=3"},
     };
     struct ops_opts o;
     ops_opts_default(&o);

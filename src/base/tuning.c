@@ -389,6 +389,11 @@ static const struct knob KNOBS[] = {
          "Decode: where the router's matvec cannot choose the experts (ANVIL_VK_ROUTE_FUSE), the "
          "experts' gate/up workgroups choose them from its logits (up to 512 experts; 35B-A3B "
          "Q4_K_M +2.3% on the H200); 0 leaves it to moe_topk.comp."),
+    INT("ANVIL_VK_MOE_DOWN_NR", C_EXPERIMENT, vk_moe_down_nr, 4, 0, 8, NULL,
+        "Rows a workgroup of the experts' down projection that does not round its outputs "
+        "(moe_down_<type>: a few rows' step, each row's k experts; the decode's rounds, "
+        "moe_down_r / _rq): more rows, the k experts' float inputs loaded once for more of them; "
+        "0: ANVIL_VK_MATVEC_NR_MOE's, else the kind's (2)."),
     BOOL("ANVIL_VK_MOE_QX", C_DIAGNOSTIC, vk_moe_qx, 1,
          "Decode: the experts' gate/up on integer dot products, their normed input rounded by the "
          "product before the router (the o projection: QXT), and those of a few-row step "

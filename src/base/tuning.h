@@ -106,6 +106,7 @@ struct tuning {
     int vk_route_fuse;       /* ANVIL_VK_ROUTE_FUSE */
     int vk_route_fold;       /* ANVIL_VK_ROUTE_FOLD */
     int vk_moe_pick;         /* ANVIL_VK_MOE_PICK */
+    int vk_moe_down_nr;      /* ANVIL_VK_MOE_DOWN_NR */
     int vk_moe_qx;           /* ANVIL_VK_MOE_QX */
     int vk_moe_dqx;          /* ANVIL_VK_MOE_DQX */
     int vk_gdn_qx;           /* ANVIL_VK_GDN_QX */

@@ -436,6 +436,8 @@ bool vk_matvec_spec(const struct vk_pipelines *p, enum vk_kernel k, uint32_t val
     uint32_t mode = ki->mode;
     vals[SPEC_WG] = p->matvec_wg_kind[kind] ? p->matvec_wg_kind[kind] : p->matvec_wg;
     vals[MV_SPEC_NR] = float_rows(p, kind, mode);
+    /* the plain experts' down, a few rows' (the decode's rounds its outputs: moe_down_r / _rq) */
+    if (ki->op == VK_OP_MOE_DOWN && !ki->qx && p->moe_down_nr) vals[MV_SPEC_NR] = p->moe_down_nr;
     vals[MV_SPEC_MODE] = mode;
     vals[MV_SPEC_PIPE] = 1; /* (2 lost: perf rule "big products at the roofline") */
     if (ki->qx && mode == MV_MODE_MOE_GU) {
@@ -622,6 +624,7 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, in
     out->matvec_nr = (uint32_t)t->vk_matvec_nr;
     out->matvec_nr_q = (uint32_t)t->vk_matvec_nr_q;
     out->matvec_nr_moe = (uint32_t)t->vk_matvec_nr_moe;
+    out->moe_down_nr = (uint32_t)t->vk_moe_down_nr;
     for (int i = 0; i < VK_WEIGHT_KINDS; i++) { /* (the knobs' arrays in weight-kind order, tuning.h) */
         out->matvec_nr_kind[i] = knob_nr(t->vk_matvec_nr_kind[i], 0);
         out->matvec_wg_kind[i] = knob_wg(d, t->vk_matvec_wg_kind[i], 0);

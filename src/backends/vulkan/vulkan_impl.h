@@ -490,6 +490,7 @@ struct vk_pipelines {
                            whose only decode program is paged (ATTN_SPEC_PAGED) */
     uint32_t matvec_wg, matvec_nr, matvec_nr_q;
     uint32_t matvec_nr_moe; /* the experts' kernels' rows per workgroup, 0: as the kind's */
+    uint32_t moe_down_nr;   /* the plain experts' down's (moe_down_<type>: a few rows'), 0: as above */
     /* per weight kind, for tuning: ANVIL_VK_MATVEC_NR_<KIND> / _WG_<KIND> (KIND as in
      * the type's name, dtype_name: Q6_K), 0 where not set */
     uint32_t matvec_nr_kind[VK_WEIGHT_KINDS], matvec_wg_kind[VK_WEIGHT_KINDS];
