@@ -392,8 +392,9 @@ static const struct knob KNOBS[] = {
     INT("ANVIL_VK_MOE_DOWN_NR", C_EXPERIMENT, vk_moe_down_nr, 4, 0, 8, NULL,
         "Rows a workgroup of the experts' down projection that does not round its outputs "
         "(moe_down_<type>: a few rows' step, each row's k experts; the decode's rounds, "
-        "moe_down_r / _rq): more rows, the k experts' float inputs loaded once for more of them; "
-        "0: ANVIL_VK_MATVEC_NR_MOE's, else the kind's (2)."),
+        "moe_down_r / _rq): more rows, the k experts' float inputs loaded once for more of them "
+        "(35B-A3B Q4_K_M on the H200, a verify step of 4 rows: 6.23 ms at 2, 6.18-6.19 at 4; "
+        "docs/perf/log.md §100); 0: ANVIL_VK_MATVEC_NR_MOE's, else the kind's (2)."),
     BOOL("ANVIL_VK_MOE_QX", C_DIAGNOSTIC, vk_moe_qx, 1,
          "Decode: the experts' gate/up on integer dot products, their normed input rounded by the "
          "product before the router (the o projection: QXT), and those of a few-row step "
