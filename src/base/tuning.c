@@ -511,10 +511,11 @@ static const struct knob KNOBS[] = {
         "Decode attention takes each block of its chunk's rows in two phases: every row's scores "
         "into shared memory, one maximum and sum a head, then the v rows weighted from shared "
         "memory (no subgroup reductions or shuffles per pass; docs/perf/log.md §92)."),
-    INT("ANVIL_VK_ATTN_WHOLE", C_EXPERIMENT, vk_attn_whole, 0, 0, 1, NULL,
+    INT("ANVIL_VK_ATTN_WHOLE", C_EXPERIMENT, vk_attn_whole, 1, 0, 1, NULL,
         "Decode attention's chunks are whole passes of their subgroups: the fewest passes a "
         "chunk, then the fewest chunks for them (0: n / chunks rows each, the last pass of some "
-        "subgroups nearly empty; docs/perf/log.md §99)."),
+        "subgroups nearly empty: at 4,097-4,224 rows 64 chunks where 43-44 of as many passes do; "
+        "docs/perf/log.md §99)."),
     INT("ANVIL_VK_ATTN_WMERGE", C_EXPERIMENT, vk_attn_wmerge, 0, 0, 1, NULL,
         "Decode attention's merge takes every chunk's weight first (a subgroup a head, a lane a "
         "chunk), then sums the outputs 8 chunks a load round (0: each thread a running maximum "
@@ -524,10 +525,11 @@ static const struct knob KNOBS[] = {
         "combined after one barrier by every thread (where the device's shared memory holds them; "
         "2: each subgroup weighs its own first, two barriers; 3: the memory only, a diagnostic; "
         "0: one subgroup at a time, a barrier each; docs/perf/log.md §99)."),
-    INT("ANVIL_VK_ATTN_TREE", C_EXPERIMENT, vk_attn_tree, 0, 0, 1, NULL,
-        "Decode attention's partials merged in two levels past 8 chunks: the last workgroup of "
+    INT("ANVIL_VK_ATTN_TREE", C_EXPERIMENT, vk_attn_tree, 1, 0, 1, NULL,
+        "Decode attention's partials merged in two levels past 32 chunks: the last workgroup of "
         "each block of 8 chunks merges the block's, the last of the blocks those (two merges of "
-        "8 on the step's path, not one of every chunk; docs/perf/log.md §99)."),
+        "8 on the step's path, not one of every chunk: H200 30B-A3B at 4,160 rows 29.65 -> 28.30 "
+        "us; docs/perf/log.md §99)."),
     INT("ANVIL_VK_BATCH_ATTN", C_EXPERIMENT, vk_batch_attn, 1024, 1, 65536, NULL,
         "A batch program's attention (attn_split.comp, docs/BATCHING.md) splits each row's "
         "positions into chunks, enough for about this many workgroups over the program's rows "

@@ -695,7 +695,8 @@ static void test_q6k_short_teams(void **state) {
  * merge rounds its output, store_out): the first four on two subgroups a workgroup
  * (ANVIL_VK_ATTN_NSG=2, 2 rows a pass each on lavapipe's subgroups of 8) and 2 chunks at most, so
  * that the 6 steps' lengths split 3 / 4 rows a chunk and merge; the tree on one subgroup of a
- * row a pass (ANVIL_VK_ATTN_LPR=8), so that 12 steps make up to 12 chunks (blocks of 8 and 4);
+ * row a pass (ANVIL_VK_ATTN_LPR=8), so that 40 steps make up to 40 chunks (past 32 the tree:
+ * blocks of 8);
  * the same dispatches, rows within test_against_cpu_qx's bound of the CPU's rounded-input rows
  * and near the other form's (the same sums in another order: an int8 at a rounding tie). */
 static void test_attention_forms(void **state) {
@@ -714,7 +715,7 @@ static void test_attention_forms(void **state) {
         if (tree) setenv("ANVIL_VK_ATTN_LPR", "8", 1);
         struct knob_ab r;
         knob_ab("synthetic:qwen3-tiny-k:q4_k", knob[f], (const char *[2]){"0", on[f]}, (const char *[2]){NULL, NULL}, 37,
-                3, tree ? 12 : 6, &r);
+                3, tree ? 40 : 6, &r);
         unsetenv("ANVIL_VK_ATTN_LPR");
         fprintf(stderr, "qwen3-tiny-k Q4_K: %s=%s: rows within %.3g (off: %.3g) of the CPU's, %.3g of the step without it\n",
                 knob[f], on[f], r.worst[1], r.worst[0], r.apart);

@@ -78,10 +78,13 @@ const bool WHOLE = (FORM & ATTN_FORM_WHOLE) != 0u;
  * M) into shared memory (sw); then each lane sums its vec4s of the output over the chunks, OB
  * loads a batch with the next batch in flight, no running maximum */
 const bool WMERGE = (FORM & ATTN_FORM_WMERGE) != 0u;
-/* TREE: more than 8 chunks merge in two levels, blocks of 8 chunks by the last of each to
- * finish, then the blocks' by the last of them: two merges of at most 8 partials, each all its
- * loads at once, on the step's path instead of ceil(NE / 8) batches */
+/* TREE: more than TREE_MIN chunks merge in two levels, blocks of 8 chunks by the last of each
+ * to finish, then the blocks' by the last of them: two merges of at most 8 partials, each all
+ * its loads at once, and one more counter on the step's path instead of ceil(NE / 8) batches
+ * (H200, 30B-A3B at 4,160 rows, 64 chunks: 29.65 -> 28.30 us; the break-even from that, a
+ * batch ~0.35 us against the counter's ~0.8: ~4 batches, so 32 chunks) */
 const bool TREE = (FORM & ATTN_FORM_TREE) != 0u;
+const uint TREE_MIN = 32u;
 const uint MCN = 128u;                  /* the most chunks (ANVIL_VK_ATTN_CHUNKS' range) */
 const uint MCL = (MCN + SG - 1u) / SG;  /* chunks a lane weighs */
 const uint OB = CPL > 1u ? 4u : 8u;     /* chunks a load batch of the merge's outputs */
@@ -108,7 +111,9 @@ shared vec4 ys[GW + 1][D4]; /* the same, rotated */
 shared vec4 vnew[D4];
 shared float ss[BR][GW];       /* TWO: the block's scores, then weights */
 shared float smx[GW], scr[GW]; /* TWO: the running maximum, its correction a block */
-shared float sw[WMERGE ? GW : 1u][MCN]; /* WMERGE: each chunk's weight a head */
+/* (nothing where WMERGE is off: on the H200 a kernel of more than ~9.2 KiB of shared memory is
+ * made with ~155-163 registers instead of 128, 3 workgroups an SM or fewer, perf log §99) */
+shared float sw[WMERGE ? GW : 1u][WMERGE ? MCN : 1u]; /* WMERGE: each chunk's weight a head */
 shared bool last_wg;
 uint NC, n_rot; /* the chunks of the grid, the rotated dims (pc.NC) */
 uint kvb;       /* a paged cache: log2 of its block's rows (pc.NC, ATTN_NC_PAGED), else 0 */
@@ -552,7 +557,7 @@ void main() {
      * visible first */
     memoryBarrierBuffer();
     barrier();
-    if (TREE && NE > 8u) {
+    if (TREE && NE > TREE_MIN) {
         /* the last of each block of 8 chunks merges the block's partials into one of the
          * second level's (after the first level's: o [H, NB8, D], then (m, l) [H, NB8, 2]),
          * the last of the blocks those; counters: the kv head's (group's) at jg, its blocks'
