@@ -520,10 +520,11 @@ static const struct knob KNOBS[] = {
         "Decode attention's merge takes every chunk's weight first (a subgroup a head, a lane a "
         "chunk), then sums the outputs 8 chunks a load round (0: each thread a running maximum "
         "over batches of 8 chunks; docs/perf/log.md §99)."),
-    INT("ANVIL_VK_ATTN_COMB", C_EXPERIMENT, vk_attn_comb, 0, 0, 3, NULL,
+    INT("ANVIL_VK_ATTN_COMB", C_EXPERIMENT, vk_attn_comb, 0, 0, 4, NULL,
         "Decode attention's subgroups each write their outputs to shared memory of their own, "
         "combined after one barrier by every thread (where the device's shared memory holds them; "
         "2: each subgroup weighs its own first, two barriers; 3: the memory only, a diagnostic; "
+        "4: as 2 in the arrays dead after the passes, no memory of its own, at most 4 subgroups; "
         "0: one subgroup at a time, a barrier each; docs/perf/log.md §99)."),
     INT("ANVIL_VK_ATTN_TREE", C_EXPERIMENT, vk_attn_tree, 1, 0, 1, NULL,
         "Decode attention's partials merged in two levels past 32 chunks: the last workgroup of "

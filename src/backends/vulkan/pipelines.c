@@ -652,13 +652,16 @@ anvil_status vk_pipelines_create(struct vk_device *d, int attn_g, int attn_d, in
      * dispatch */
     size_t G = (size_t)attn_g, D = (size_t)attn_d;
     size_t attn_shared = 8 * out->attn_nsg * G + 4 * G * D + 8 * (G + 1) * D + 4 * D + 16 + (t->vk_attn_two ? 4 * 128 * G + 8 * G : 0) +
-                         (t->vk_attn_wmerge ? 4 * 128 * G : 0);
+                         (t->vk_attn_wmerge && D < 128 ? 4 * 128 * G : 0);
     /* the subgroups' outputs each in shared memory of its own where it fits (ANVIL_VK_ATTN_COMB) */
     size_t comb_shared = attn_shared + 4 * G * D * (out->attn_nsg - 1);
     out->attn_form = (t->vk_attn_whole ? ATTN_FORM_WHOLE : 0u) | (t->vk_attn_wmerge ? ATTN_FORM_WMERGE : 0u) |
                      (t->vk_attn_tree ? ATTN_FORM_TREE : 0u) |
                      (t->vk_attn_comb && comb_shared <= d->props.limits.maxComputeSharedMemorySize
-                          ? t->vk_attn_comb == 1 ? ATTN_FORM_COMB : t->vk_attn_comb == 2 ? ATTN_FORM_COMB2 : ATTN_FORM_SOBIG
+                          ? t->vk_attn_comb == 1   ? ATTN_FORM_COMB
+                            : t->vk_attn_comb == 2 ? ATTN_FORM_COMB2
+                            : t->vk_attn_comb == 3 ? ATTN_FORM_SOBIG
+                                                   : ATTN_FORM_COMB4
                           : 0u);
     if (attn_shared > d->props.limits.maxComputeSharedMemorySize)
         return err_set(ANVIL_ERR_UNSUPPORTED, "vulkan: attention with %d query heads per kv head of "

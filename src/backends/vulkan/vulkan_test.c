@@ -689,10 +689,11 @@ static void test_q6k_short_teams(void **state) {
 
 /* Decode attention's chunks of whole passes (ANVIL_VK_ATTN_WHOLE), its merge taking the
  * chunks' weights first (ANVIL_VK_ATTN_WMERGE), its subgroups combined after one barrier
- * (ANVIL_VK_ATTN_COMB=1, or each weighing its own first: =2) and its merge in two levels
+ * (ANVIL_VK_ATTN_COMB=1, or each weighing its own first: =2, in the dead arrays: =4) and its
+ * merge in two levels
  * (ANVIL_VK_ATTN_TREE), each against the kernel
  * without it, on the tiny model with the o projection on the attention's int8 rounding (the
- * merge rounds its output, store_out): the first four on two subgroups a workgroup
+ * merge rounds its output, store_out): the first five on two subgroups a workgroup
  * (ANVIL_VK_ATTN_NSG=2, 2 rows a pass each on lavapipe's subgroups of 8) and 2 chunks at most, so
  * that the 6 steps' lengths split 3 / 4 rows a chunk and merge; the tree on one subgroup of a
  * row a pass (ANVIL_VK_ATTN_LPR=8), so that 40 steps make up to 40 chunks (past 32 the tree:
@@ -705,11 +706,11 @@ static void test_attention_forms(void **state) {
     skip(); /* the host code is test_against_cpu_qx's */
 #endif
     env_rows(qx_env, true);
-    static const char *const knob[5] = {"ANVIL_VK_ATTN_WHOLE", "ANVIL_VK_ATTN_WMERGE", "ANVIL_VK_ATTN_COMB",
-                                        "ANVIL_VK_ATTN_COMB", "ANVIL_VK_ATTN_TREE"};
-    static const char *const on[5] = {"1", "1", "1", "2", "1"};
-    for (int f = 0; f < 5; f++) {
-        bool tree = f == 4;
+    static const char *const knob[6] = {"ANVIL_VK_ATTN_WHOLE", "ANVIL_VK_ATTN_WMERGE", "ANVIL_VK_ATTN_COMB",
+                                        "ANVIL_VK_ATTN_COMB",  "ANVIL_VK_ATTN_COMB",   "ANVIL_VK_ATTN_TREE"};
+    static const char *const on[6] = {"1", "1", "1", "2", "4", "1"};
+    for (int f = 0; f < 6; f++) {
+        bool tree = f == 5;
         setenv("ANVIL_VK_ATTN_NSG", tree ? "1" : "2", 1);
         setenv("ANVIL_VK_ATTN_CHUNKS", tree ? "64" : "2", 1);
         if (tree) setenv("ANVIL_VK_ATTN_LPR", "8", 1);
@@ -1174,8 +1175,8 @@ static void test_long_attention(void **state) {
                                             ANVIL_KV_F16, ANVIL_KV_Q8_0, ANVIL_KV_F16, ANVIL_KV_Q8_0};
     /* two on the kernel's other loop (ANVIL_VK_ATTN_TWO=1, an experiment: blocks of scores, then
      * values), the last two with chunks of whole passes, the merge's weights first, the
-     * subgroups combined after one barrier and the merge in two levels past 8 chunks
-     * (ANVIL_VK_ATTN_WHOLE=1, _WMERGE=1, _COMB=1, _TREE=1) */
+     * subgroups combined after one barrier (the q8_0 one: in the dead arrays) and the merge in
+     * two levels (ANVIL_VK_ATTN_WHOLE=1, _WMERGE=1, _COMB=1 / 4, _TREE=1) */
     static const char *two[] = {NULL, NULL, NULL, NULL, NULL, "1", "1", NULL, NULL};
     static const bool form[] = {false, false, false, false, false, false, false, true, true};
     static const anvil_kv_cache types[] = {ANVIL_KV_F32, ANVIL_KV_F16, ANVIL_KV_Q8_0}; /* the CPU's runs */
@@ -1206,7 +1207,7 @@ static void test_long_attention(void **state) {
             if (form[c]) {
                 setenv("ANVIL_VK_ATTN_WHOLE", "1", 1);
                 setenv("ANVIL_VK_ATTN_WMERGE", "1", 1);
-                setenv("ANVIL_VK_ATTN_COMB", "1", 1);
+                setenv("ANVIL_VK_ATTN_COMB", c == 7 ? "1" : "4", 1);
                 setenv("ANVIL_VK_ATTN_TREE", "1", 1);
             }
             anvil_session *vk = tu_session_kv(m, ANVIL_BACKEND_VULKAN, 128, caches[c]);
@@ -1220,7 +1221,7 @@ static void test_long_attention(void **state) {
             fprintf(stderr,
                     "%s, %s attention chunks%s, %s cache, %d decode steps: max |vulkan - cpu| = %.3g (the float16 "
                     "cache moves the CPU's rows by %.3g, q8_0 by %.3g)\n",
-                    specs[s], chunks[c], two[c] ? " (ANVIL_VK_ATTN_TWO=1)" : form[c] ? " (WHOLE=1 WMERGE=1 COMB=1 TREE=1)" : "",
+                    specs[s], chunks[c], two[c] ? " (ANVIL_VK_ATTN_TWO=1)" : form[c] ? c == 7 ? " (WHOLE=1 WMERGE=1 COMB=1 TREE=1)" : " (WHOLE=1 WMERGE=1 COMB=4 TREE=1)" : "",
                     anvil_kv_cache_name(caches[c]), N, (double)d, (double)rounding,
                     (double)rounding8);
             /* q8_0: a quant at a rounding tie where the two sides' k differ by an ulp moves by

@@ -103,6 +103,11 @@ const bool COMB = (FORM & ATTN_FORM_COMB) != 0u;
  * subgroups) into its share, and the threads add the shares; SOBIG: COMB's shared memory with
  * the combine of neither (a diagnostic: what the larger array alone does to the registers) */
 const bool COMB2 = (FORM & ATTN_FORM_COMB2) != 0u, SOBIG = (FORM & ATTN_FORM_SOBIG) != 0u;
+/* COMB4: COMB2 in the arrays dead after the passes, no shared memory of its own: subgroups 1,
+ * 2, 3 weigh their outputs into so, ys and xs (as floats), subgroup 0 adds them to its own
+ * (at most 4 subgroups; on the H200 a kernel past ~9.2 KiB of shared memory gets 155-163
+ * registers instead of 128: perf log §99) */
+const bool COMB4 = (FORM & ATTN_FORM_COMB4) != 0u && NSG <= 4u;
 shared vec4 so[COMB || COMB2 || SOBIG ? NSG * GW : GW][D4]; /* the subgroups' outputs; before that, so[0] holds
                           this position's rope table: (cos, sin) of pair i in so[0][i / 2].xy
                           or .zw (no room for another array at G = 8, D = 256) */
@@ -113,7 +118,9 @@ shared float ss[BR][GW];       /* TWO: the block's scores, then weights */
 shared float smx[GW], scr[GW]; /* TWO: the running maximum, its correction a block */
 /* (nothing where WMERGE is off: on the H200 a kernel of more than ~9.2 KiB of shared memory is
  * made with ~155-163 registers instead of 128, 3 workgroups an SM or fewer, perf log §99) */
-shared float sw[WMERGE ? GW : 1u][WMERGE ? MCN : 1u]; /* WMERGE: each chunk's weight a head */
+/* (SWX: in xs, dead by the merge, where a row of it holds MCN weights) */
+const bool SWX = D >= MCN;
+shared float sw[WMERGE && !SWX ? GW : 1u][WMERGE && !SWX ? MCN : 1u]; /* WMERGE: each chunk's weight a head */
 shared bool last_wg;
 uint NC, n_rot; /* the chunks of the grid, the rotated dims (pc.NC) */
 uint kvb;       /* a paged cache: log2 of its block's rows (pc.NC, ATTN_NC_PAGED), else 0 */
@@ -498,6 +505,48 @@ void main() {
                 pc.part.v[ml + 1u] = lsum;
             }
         }
+    } else if (COMB4) {
+        barrier();
+        for (uint g = 0; g < GW; g++) {
+            float M = -1.0 / 0.0;
+            for (uint s = 0; s < NSG; s++) M = max(M, sm[s][g]);
+            float w = m[g] == -1.0 / 0.0 ? 0.0 : exp(m[g] - M);
+            for (uint k = 0; k < CPL; k++) {
+                uint c4 = lane + k * SG;
+                vec4 x = w * o[g][k];
+                if (c4 >= D4) continue;
+                if (sg == 1u) so[g][c4] = x;
+                else if (sg == 2u) ys[g][c4] = x;
+                else if (sg == 3u) {
+                    xs[g][4u * c4] = x.x;
+                    xs[g][4u * c4 + 1u] = x.y;
+                    xs[g][4u * c4 + 2u] = x.z;
+                    xs[g][4u * c4 + 3u] = x.w;
+                } else o[g][k] = x;
+            }
+        }
+        barrier();
+        if (sg == 0u)
+            for (uint g = 0; g < GW; g++) {
+                uint h = h0 + g;
+                for (uint k = 0; k < CPL; k++) {
+                    uint c4 = lane + k * SG;
+                    if (c4 >= D4) continue;
+                    vec4 a = o[g][k];
+                    if (NSG > 1u) a += so[g][c4];
+                    if (NSG > 2u) a += ys[g][c4];
+                    if (NSG > 3u) a += vec4(xs[g][4u * c4], xs[g][4u * c4 + 1u], xs[g][4u * c4 + 2u], xs[g][4u * c4 + 3u]);
+                    CVec4s(pc.part).v[(h * NC + c) * D4 + c4] = a;
+                }
+                if (lane == 0u) {
+                    float M = -1.0 / 0.0, lsum = 0.0;
+                    for (uint s = 0; s < NSG; s++) M = max(M, sm[s][g]);
+                    for (uint s = 0; s < NSG; s++) lsum += (sm[s][g] == -1.0 / 0.0 ? 0.0 : exp(sm[s][g] - M)) * sl[s][g];
+                    uint ml = pc.Hkv * G * NC * D + (h * NC + c) * 2u;
+                    pc.part.v[ml] = M;
+                    pc.part.v[ml + 1u] = lsum;
+                }
+            }
     } else if (COMB2) {
         barrier();
         for (uint g = 0; g < GW; g++) {
@@ -631,7 +680,10 @@ void main() {
                 uint cc = lane + i * SG;
                 float w = exp(mw[i] - M); /* 0 for an empty chunk or one past NE */
                 ls += w * lw[i];
-                if (cc < MCN) sw[g][cc] = w;
+                if (cc < MCN) {
+                    if (SWX) xs[g][cc] = w;
+                    else sw[g][cc] = w;
+                }
             }
             float Ls = subgroupAdd(ls);
             subgroupMemoryBarrierShared();
@@ -646,7 +698,7 @@ void main() {
                         on[u][k] = cc < NE && c4 < D4 ? CVec4s(pc.part).v[base + cc * D4 + c4] : vec4(0.0);
                     }
                 for (uint u = 0; u < OB; u++) {
-                    float w = c0 + u < NE ? sw[g][c0 + u] : 0.0;
+                    float w = c0 + u >= NE ? 0.0 : SWX ? xs[g][c0 + u] : sw[g][c0 + u];
                     for (uint k = 0; k < CPL; k++) a[k] += w * ov[u][k];
                 }
                 for (uint u = 0; u < OB; u++)

@@ -275,6 +275,7 @@
 #define ATTN_FORM_TREE 8u  /* more than 8 chunks merged in two levels (ANVIL_VK_ATTN_TREE) */
 #define ATTN_FORM_COMB2 16u /* the subgroups' weighted outputs added after two barriers (ANVIL_VK_ATTN_COMB=2) */
 #define ATTN_FORM_SOBIG 32u /* COMB's shared memory, today's combine (ANVIL_VK_ATTN_COMB=3, a diagnostic) */
+#define ATTN_FORM_COMB4 64u /* COMB2 in the arrays dead after the passes (ANVIL_VK_ATTN_COMB=4) */
 
 /* attn_flash.comp, attn_prefill.comp (G only) */
 #define FLASH_SPEC_G 0
