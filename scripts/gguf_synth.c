@@ -66,58 +66,10 @@ static anvil_status write_tokenizer(struct gguf_writer *w, int nv) {
 
 static anvil_status write_model(const struct model_file *mf, const char *ftype_name, struct gguf_writer *w) {
     const struct hparams *hp = &mf->hp;
-    const char *a = hp->arch == ARCH_QWEN3 ? "qwen3" : hp->arch == ARCH_QWEN3_MOE ? "qwen3moe" : "qwen35moe";
-    char k[128];
-    anvil_status st = gguf_writer_set_str(w, "general.architecture", a);
-#define U32(s, v)                                                                                  \
-    do {                                                                                           \
-        snprintf(k, sizeof k, "%s.%s", a, s);                                                      \
-        if (st == ANVIL_OK) st = gguf_writer_set_u32(w, k, (uint32_t)(v));                         \
-    } while (0)
-#define F32(s, v)                                                                                  \
-    do {                                                                                           \
-        snprintf(k, sizeof k, "%s.%s", a, s);                                                      \
-        if (st == ANVIL_OK) st = gguf_writer_set_f32(w, k, (v));                                   \
-    } while (0)
     const struct ftype_info *ft = ftype_name ? ftype_from_name(ftype_name) : NULL;
+    anvil_status st = gguf_write_arch_keys(w, hp);
     if (st == ANVIL_OK) st = gguf_writer_set_u32(w, "general.quantization_version", 2);
     if (st == ANVIL_OK && ft) st = gguf_writer_set_u32(w, "general.file_type", (uint32_t)ft->ftype);
-    U32("block_count", hp->n_layer);
-    U32("context_length", hp->n_ctx_train);
-    U32("embedding_length", hp->n_embd);
-    U32("feed_forward_length", hp->n_ff);
-    U32("attention.head_count", hp->n_head);
-    U32("attention.head_count_kv", hp->n_head_kv);
-    U32("attention.key_length", hp->head_dim);
-    U32("attention.value_length", hp->head_dim);
-    F32("rope.freq_base", hp->rope_theta);
-    F32("attention.layer_norm_rms_epsilon", hp->rms_eps);
-    if (hp->n_expert) {
-        U32("expert_count", hp->n_expert);
-        U32("expert_used_count", hp->n_expert_used);
-        U32("expert_feed_forward_length", hp->n_ff_exp);
-        if (hp->n_ff_shexp) U32("expert_shared_feed_forward_length", hp->n_ff_shexp);
-        snprintf(k, sizeof k, "%s.expert_weights_norm", a);
-        if (st == ANVIL_OK) st = gguf_writer_set_bool(w, k, true);
-    }
-    if (hp->arch == ARCH_QWEN35_MOE) {
-        U32("rope.dimension_count", hp->n_rot);
-        U32("ssm.conv_kernel", hp->ssm_conv_kernel);
-        U32("ssm.state_size", hp->ssm_d_k);
-        U32("ssm.group_count", hp->ssm_n_k_heads);
-        U32("ssm.time_step_rank", hp->ssm_n_v_heads);
-        U32("ssm.inner_size", hp->ssm_n_v_heads * hp->ssm_d_v);
-        U32("full_attention_interval", 4);
-        bool rec[MAX_LAYERS];
-        for (int l = 0; l < hp->n_layer; l++) rec[l] = hp->layer_recurrent[l];
-        snprintf(k, sizeof k, "%s.attention.recurrent_layers", a);
-        if (st == ANVIL_OK) st = gguf_writer_set_arr(w, k, GGUF_BOOL, rec, (uint64_t)hp->n_layer);
-        int32_t sec[4] = {hp->mrope_sections[0], hp->mrope_sections[1], hp->mrope_sections[2], 0};
-        snprintf(k, sizeof k, "%s.rope.dimension_sections", a);
-        if (st == ANVIL_OK) st = gguf_writer_set_arr(w, k, GGUF_I32, sec, 4);
-    }
-#undef U32
-#undef F32
     if (st == ANVIL_OK) st = write_tokenizer(w, hp->n_vocab);
     char mtp[32]; /* the MTP layer's prefix */
     snprintf(mtp, sizeof mtp, "blk.%d.", hp->n_layer);

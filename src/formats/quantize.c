@@ -245,22 +245,18 @@ static bool requires_imatrix(const char *name, int type, int ftype) {
     }
 }
 
-/* The key/values of a Hugging Face checkpoint's architecture (qwen3 only). */
-static anvil_status write_hf_metadata(struct gguf_writer *w, const struct model_file *mf) {
-    const struct hparams *hp = &mf->hp;
+anvil_status gguf_write_arch_keys(struct gguf_writer *w, const struct hparams *hp) {
+    if (hp->arch != ARCH_QWEN3 && hp->arch != ARCH_QWEN3_MOE && hp->arch != ARCH_QWEN35_MOE)
+        return err_set(ANVIL_ERR_UNSUPPORTED, "writing the GGUF keys of a %s model is not supported "
+                       "(qwen3, qwen3moe and qwen35moe only)", arch_name(hp->arch));
     const char *a = arch_name(hp->arch);
     char key[96];
     anvil_status st = gguf_writer_set_str(w, "general.architecture", a);
-#define U32(suffix, v)                                                                     \
-    if (st == ANVIL_OK) {                                                                  \
-        snprintf(key, sizeof key, "%s.%s", a, suffix);                                     \
-        st = gguf_writer_set_u32(w, key, (uint32_t)(v));                                   \
-    }
-#define F32(suffix, v)                                                                     \
-    if (st == ANVIL_OK) {                                                                  \
-        snprintf(key, sizeof key, "%s.%s", a, suffix);                                     \
-        st = gguf_writer_set_f32(w, key, v);                                               \
-    }
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", a, suffix), key)
+#define U32(suffix, v) \
+    if (st == ANVIL_OK) st = gguf_writer_set_u32(w, KEY(suffix), (uint32_t)(v))
+#define F32(suffix, v) \
+    if (st == ANVIL_OK) st = gguf_writer_set_f32(w, KEY(suffix), v)
     U32("block_count", hp->n_layer);
     U32("context_length", hp->n_ctx_train);
     U32("embedding_length", hp->n_embd);
@@ -271,8 +267,31 @@ static anvil_status write_hf_metadata(struct gguf_writer *w, const struct model_
     F32("attention.layer_norm_rms_epsilon", hp->rms_eps);
     U32("attention.key_length", hp->head_dim);
     U32("attention.value_length", hp->head_dim);
+    if (hp->n_expert) {
+        U32("expert_count", hp->n_expert);
+        U32("expert_used_count", hp->n_expert_used);
+        U32("expert_feed_forward_length", hp->n_ff_exp);
+        if (hp->n_ff_shexp) U32("expert_shared_feed_forward_length", hp->n_ff_shexp);
+        if (st == ANVIL_OK) st = gguf_writer_set_bool(w, KEY("expert_weights_norm"), true);
+    }
+    if (hp->arch == ARCH_QWEN35_MOE) {
+        U32("rope.dimension_count", hp->n_rot);
+        U32("ssm.conv_kernel", hp->ssm_conv_kernel);
+        U32("ssm.state_size", hp->ssm_d_k);
+        U32("ssm.group_count", hp->ssm_n_k_heads);
+        U32("ssm.time_step_rank", hp->ssm_n_v_heads);
+        U32("ssm.inner_size", hp->ssm_n_v_heads * hp->ssm_d_v);
+        U32("full_attention_interval", 4);
+        bool rec[MAX_LAYERS];
+        for (int l = 0; l < hp->n_layer; l++) rec[l] = hp->layer_recurrent[l];
+        if (st == ANVIL_OK)
+            st = gguf_writer_set_arr(w, KEY("attention.recurrent_layers"), GGUF_BOOL, rec, (uint64_t)hp->n_layer);
+        int32_t sec[4] = {hp->mrope_sections[0], hp->mrope_sections[1], hp->mrope_sections[2], 0};
+        if (st == ANVIL_OK) st = gguf_writer_set_arr(w, KEY("rope.dimension_sections"), GGUF_I32, sec, 4);
+    }
 #undef U32
 #undef F32
+#undef KEY
     return st;
 }
 
@@ -549,7 +568,7 @@ anvil_status gguf_quantize(const char *in, const char *out, const char *type,
                 st = gguf_writer_copy_kv(w, kv);
         }
     } else {
-        st = write_hf_metadata(w, mf);
+        st = gguf_write_arch_keys(w, &mf->hp);
         if (st == ANVIL_OK) st = write_hf_tokenizer(w, mf);
     }
     if (st == ANVIL_OK) st = gguf_writer_set_u32(w, "general.quantization_version", GGML_QNT_VERSION);

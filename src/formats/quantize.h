@@ -65,6 +65,12 @@ struct quantize_stats {
     uint64_t bytes[DT_COUNT]; /* bytes written per type */
 };
 
+/* Writes the architecture's keys of a model of hyperparameters hp into w: general.architecture
+ * and `ARCH.*` as llama.cpp's converter names them (qwen3, qwen3moe, qwen35moe; anything else
+ * ANVIL_ERR_UNSUPPORTED with a message). Nothing is allocated for the caller. */
+struct gguf_writer;
+anvil_status gguf_write_arch_keys(struct gguf_writer *w, const struct hparams *hp);
+
 /* Writes model in (any model path) as GGUF file out of file type `type`, n_threads threads
  * (0: all cores). From a GGUF input every metadata pair is copied (tokenizer included) and
  * general.file_type / general.quantization_version are set; from a Hugging Face checkpoint
