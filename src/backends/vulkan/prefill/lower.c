@@ -375,6 +375,13 @@ static enum vk_kernel mmb_qx_of(struct vk_prefill *p, struct graph_plan *P, int 
     return vk_mmb_qx(b->d, &b->pl, wn->weight->type, rows);
 }
 
+/* Whether node nd reads node i's rows (i a root: directly or through a view of them). */
+static bool reads_rows(const struct graph_plan *P, const struct node *nd, int i) {
+    for (int s = 0; s < GRAPH_MAX_SRC; s++)
+        if (nd->src[s] >= 0 && P->root[nd->src[s]] == i) return true;
+    return false;
+}
+
 /* Whether the readers of node i's rows are lowered right after it, nothing between them that
  * emits a kernel (only weights and views): a rounding folded into the op that writes node i's
  * input (rows_round, the attention's and the gated norm's) leaves node i's own
@@ -383,9 +390,7 @@ static enum vk_kernel mmb_qx_of(struct vk_prefill *p, struct graph_plan *P, int 
 static bool readers_next(const struct graph_plan *P, int i) {
     for (int j = i + 1; j < P->g->n_nodes && j <= P->last[i]; j++) {
         const struct node *nd = NODE(P, j);
-        bool reads = false;
-        for (int s = 0; s < GRAPH_MAX_SRC; s++)
-            if (nd->src[s] >= 0 && P->root[nd->src[s]] == i) reads = true;
+        bool reads = reads_rows(P, nd, i);
         if (reads ? nd->op != OP_MATMUL && nd->op != OP_RESHAPE
                   : nd->op != OP_WEIGHT && nd->op != OP_WEIGHT_STACK && nd->op != OP_WEIGHT_ROWS && nd->op != OP_RESHAPE)
             return false;
@@ -425,9 +430,7 @@ static bool rounds_for_products(struct vk_prefill *p, struct graph_plan *P, int 
     *Kp = 0;
     for (int j = i + 1; j < P->g->n_nodes && j <= P->last[i]; j++) {
         const struct node *nd = NODE(P, j);
-        bool reads = false;
-        for (int s = 0; s < GRAPH_MAX_SRC; s++)
-            if (nd->src[s] >= 0 && P->root[nd->src[s]] == i) reads = true;
+        bool reads = reads_rows(P, nd, i);
         if (!reads) continue;
         uint32_t kp = 0;
         if (nd->src[0] != i || nd->src[1] == i || mmb_qx_of(p, P, j, &kp) == K_NONE || (*Kp && kp != *Kp)) return false;
@@ -447,9 +450,7 @@ static bool view_rounds(struct vk_prefill *p, struct graph_plan *P, int i, uint3
     int n = 0;
     for (int j = i + 1; j < P->g->n_nodes && j <= P->last[i]; j++) {
         const struct node *nd = NODE(P, j);
-        bool reads = false;
-        for (int s = 0; s < GRAPH_MAX_SRC; s++)
-            if (nd->src[s] >= 0 && P->root[nd->src[s]] == i) reads = true;
+        bool reads = reads_rows(P, nd, i);
         if (!reads || nd->op == OP_RESHAPE) continue;
         uint32_t kp = 0;
         enum vk_kernel k = P->root[nd->src[0]] != i || P->root[nd->src[1]] == i || NODE(P, nd->src[0])->ne[0] != HD ||
@@ -472,8 +473,7 @@ static int gated_norm(struct vk_prefill *p, struct graph_plan *P, int i, uint32_
         return -1;
     int j = -1;
     for (int k = i + 1; k < P->g->n_nodes && k <= P->last[i] && j < 0; k++)
-        for (int s = 0; s < GRAPH_MAX_SRC; s++)
-            if (NODE(P, k)->src[s] >= 0 && P->root[NODE(P, k)->src[s]] == i) j = k;
+        if (reads_rows(P, NODE(P, k), i)) j = k;
     if (j < 0) return -1;
     const struct node *sw = NODE(P, j);
     int64_t n = node_nelem(nd);
