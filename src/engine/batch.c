@@ -608,6 +608,19 @@ void batch_keep_logits(anvil_batch *b, struct bseq *q, const float *logits) {
     q->has_logits = true;
 }
 
+void batch_row_done(anvil_batch *b, struct bseq *q, float *logits, bool device_chose, int32_t picked,
+                    anvil_batch_event *ev, int *n_ev) {
+    q->pos++;
+    batch_check_blocks(b, q);
+    if (!device_chose) {
+        batch_choose(b, q, logits, &ev[(*n_ev)++]);
+        return;
+    }
+    if (logits) batch_keep_logits(b, q, logits);
+    batch_deliver(b, q, picked, &ev[(*n_ev)++]);
+    b->device_choices++;
+}
+
 /* q's next token is tok: reports it in *ev, as anvil_session_generate would. */
 void batch_deliver(anvil_batch *b, struct bseq *q, int32_t tok, anvil_batch_event *ev) {
     ev->id = q->id;
@@ -705,15 +718,7 @@ static anvil_status decode_rows_step(anvil_batch *b, struct bseq **rows, int B, 
     for (int r = 0; r < B && st == ANVIL_OK; r++) {
         struct bseq *q = rows[r];
         float *logits = b->out + (size_t)r * (size_t)b->V;
-        q->pos++;
-        batch_check_blocks(b, q);
-        if (!b->pk[r].sp) {
-            batch_choose(b, q, logits, &ev[(*n_ev)++]);
-            continue;
-        }
-        if (host) batch_keep_logits(b, q, logits);
-        batch_deliver(b, q, b->picked[r], &ev[(*n_ev)++]);
-        b->device_choices++;
+        batch_row_done(b, q, !b->pk[r].sp || host ? logits : NULL, b->pk[r].sp != NULL, b->picked[r], ev, n_ev);
     }
     return st;
 }

@@ -132,6 +132,11 @@ void batch_deliver(anvil_batch *b, struct bseq *q, int32_t tok, anvil_batch_even
 void batch_choose(anvil_batch *b, struct bseq *q, float *logits, anvil_batch_event *ev);
 /* Keeps the logits q's next choice is made from, where the batch keeps them. */
 void batch_keep_logits(anvil_batch *b, struct bseq *q, const float *logits);
+/* Decode row q of a step done: its position advanced, its filled blocks registered, its next
+ * token chosen on the host from logits (device_chose false) or the device's `picked` delivered
+ * (logits, if not NULL, kept for the next choice); one event in ev[(*n_ev)++]. */
+void batch_row_done(anvil_batch *b, struct bseq *q, float *logits, bool device_chose, int32_t picked,
+                    anvil_batch_event *ev, int *n_ev);
 /* The program for T rows (last_only: the last row's logits only), compiled on first use; one
  * whose step is in flight (busy) is neither taken nor evicted. */
 anvil_status batch_program_for(anvil_batch *b, int T, bool last_only, struct batch_program **out);

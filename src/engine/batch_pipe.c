@@ -145,16 +145,8 @@ static anvil_status wait_oldest(anvil_batch *b, int *gi, anvil_batch_event *ev, 
             if (!isfinite(logits[i]))
                 return err_set(ANVIL_ERR_FORMAT, "%s: the model computed a non-finite logit (%g for token %d): its "
                                "weights are likely NaN or Inf", b->model->file->path, (double)logits[i], i);
-        q->pos++;
         q->stepped = true;
-        batch_check_blocks(b, q);
-        if (!g->pk[r].sp) {
-            batch_choose(b, q, logits, &ev[(*n_ev)++]);
-            continue;
-        }
-        if (logits) batch_keep_logits(b, q, logits);
-        batch_deliver(b, q, g->picked[r], &ev[(*n_ev)++]);
-        b->device_choices++;
+        batch_row_done(b, q, logits, g->pk[r].sp != NULL, g->picked[r], ev, n_ev);
     }
     return st;
 }
