@@ -690,15 +690,12 @@ static void test_q6k_short_teams(void **state) {
 /* Decode attention's chunks of whole passes (ANVIL_VK_ATTN_WHOLE), its merge taking the
  * chunks' weights first (ANVIL_VK_ATTN_WMERGE), its subgroups combined after one barrier
  * (ANVIL_VK_ATTN_COMB=1, or each weighing its own first: =2, in the dead arrays: =4) and its
- * merge in two levels
- * (ANVIL_VK_ATTN_TREE), each against the kernel
- * without it, on the tiny model with the o projection on the attention's int8 rounding (the
+ * merge in two levels (ANVIL_VK_ATTN_TREE), each against the kernel without it, on the tiny model with the o projection on the attention's int8 rounding (the
  * merge rounds its output, store_out): the first five on two subgroups a workgroup
  * (ANVIL_VK_ATTN_NSG=2, 2 rows a pass each on lavapipe's subgroups of 8) and 2 chunks at most, so
  * that the 6 steps' lengths split 3 / 4 rows a chunk and merge; the tree on one subgroup of a
  * row a pass (ANVIL_VK_ATTN_LPR=8), so that 40 steps make up to 40 chunks (past 32 the tree:
- * blocks of 8);
- * the same dispatches, rows within test_against_cpu_qx's bound of the CPU's rounded-input rows
+ * blocks of 8); the same dispatches, rows within test_against_cpu_qx's bound of the CPU's rounded-input rows
  * and near the other form's (the same sums in another order: an int8 at a rounding tie). */
 static void test_attention_forms(void **state) {
     (void)state;
